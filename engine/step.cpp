@@ -1,0 +1,1 @@
+#include "engine/step.hpp"  // placeholder

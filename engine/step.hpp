@@ -1,0 +1,57 @@
+#pragma once
+/// \file
+/// The contract between the scheduler and a model runner: one forward step
+/// over a flattened batch of tokens from several sequences (prefill chunks and
+/// decode tokens mixed, Sarathi / vLLM-v1 style).
+
+#include <cstdint>
+#include <vector>
+
+#include "common/result.hpp"
+
+namespace shardline::engine {
+
+/// One sequence's part of a step.
+struct StepSeq {
+  std::uint64_t seq_id = 0;
+  int num_computed_tokens = 0;  ///< tokens already in the KV cache before this step
+  int num_new_tokens = 0;       ///< tokens computed this step (chunk length, 1 for decode)
+  bool needs_logits = false;    ///< true when this step reaches the sequence's last known token
+  std::vector<std::int32_t> block_table;  // [ceil((num_computed_tokens + num_new_tokens) / block_size)]
+};
+
+/// A whole step, flattened. Token rows are ordered by sequence (seqs[0]'s
+/// tokens first). Built by `make_step_input`.
+struct StepInput {
+  std::vector<StepSeq> seqs;
+  std::vector<std::int32_t> token_ids;     // [num_tokens]
+  std::vector<std::int32_t> positions;     // [num_tokens] absolute positions
+  std::vector<std::int32_t> slot_mapping;  // [num_tokens] block_id * block_size + offset
+  std::vector<std::int32_t> logits_rows;   // [num_logits] token rows whose logits are needed
+  int block_size = 0;
+
+  [[nodiscard]] int num_tokens() const { return static_cast<int>(token_ids.size()); }
+  [[nodiscard]] int num_logits() const { return static_cast<int>(logits_rows.size()); }
+};
+
+/// Logits of one step: one row per entry of StepInput::logits_rows, in order.
+struct StepOutput {
+  std::vector<float> logits;  // [num_logits, vocab]
+  int vocab_size = 0;
+};
+
+/// Something that runs forward steps (the CPU model runner, later CUDA and
+/// sharded runners). Implementations own the KV cache memory laid out as
+/// `num_kv_blocks` blocks of `block_size` tokens.
+class ModelExecutor {
+ public:
+  virtual ~ModelExecutor() = default;
+  /// Runs one step. Errors: invalid_argument (token id out of range, slot
+  /// outside the cache), internal.
+  [[nodiscard]] virtual Result<StepOutput> execute(const StepInput& input) = 0;
+  [[nodiscard]] virtual int vocab_size() const = 0;
+  [[nodiscard]] virtual int num_kv_blocks() const = 0;
+  [[nodiscard]] virtual int block_size() const = 0;
+};
+
+}  // namespace shardline::engine

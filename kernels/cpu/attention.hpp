@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// Paged grouped-query attention on CPU, one kernel for prefill (causal, any
+/// chunk of a prompt) and decode (one query token). PagedAttention (Kwon et
+/// al., SOSP'23): the KV cache is split in fixed-size blocks addressed through
+/// a per-sequence block table.
+///
+/// Batch invariance: each query token's output depends only on its own q, its
+/// position and the cached K/V of its sequence, and keys are visited in the
+/// same fixed tiling (per KV block, from position 0) whatever the chunking or
+/// batch. So a token's output is bit-identical at any chunking.
+
+#include <cstdint>
+#include <span>
+
+namespace shardline::kernels::cpu {
+
+/// One layer's paged KV cache, "HND" layout per block:
+/// k, v: [num_blocks, num_kv_heads, block_size, head_dim] floats.
+struct KvCacheLayer {
+  float* k = nullptr;
+  float* v = nullptr;
+  int num_blocks = 0;
+  int block_size = 0;  ///< tokens per block
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+/// Writes the K and V rows of `num_tokens` tokens into their cache slots.
+/// k, v: rows of num_kv_heads * head_dim floats with stride `row_stride`.
+/// slot_mapping[t] = block_id * block_size + offset_in_block; a negative slot
+/// skips the token.
+void write_kv(const float* k, const float* v, int row_stride, int num_tokens,
+              const std::int32_t* slot_mapping, const KvCacheLayer& cache);
+
+/// A sequence's slice of the batch for attention.
+struct AttentionSeq {
+  int q_start = 0;       ///< first row of this sequence in q / out
+  int num_q = 0;         ///< query tokens this step (prompt chunk, or 1 for decode)
+  int context_len = 0;   ///< tokens in the cache after this step (incl. these num_q)
+  const std::int32_t* block_table = nullptr;  ///< [ceil(context_len / block_size)]
+};
+
+/// out[t, h*d:(h+1)*d] = softmax(q_t,h . K^T * scale) V over the keys of
+/// positions 0..p_t (causal; p_t = context_len - num_q + i for the i-th query
+/// of its sequence). Query head h reads KV head h / (num_heads / num_kv_heads).
+/// q: rows of num_heads * head_dim with stride q_stride; out: [rows, num_heads*head_dim]
+/// with stride out_stride. K/V of this step's tokens must already be written.
+/// Parallel over (sequence, query token, kv head) with OpenMP.
+void paged_attention(const float* q, int q_stride, std::span<const AttentionSeq> seqs,
+                     const KvCacheLayer& cache, int num_heads, float scale, float* out,
+                     int out_stride);
+
+}  // namespace shardline::kernels::cpu

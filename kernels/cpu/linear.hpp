@@ -1,0 +1,57 @@
+#pragma once
+/// \file
+/// Batch-invariant linear layer y = x W^T (+ bias) on CPU (AVX-512).
+///
+/// Why not plain OpenBLAS sgemm: OpenBLAS picks different kernels by problem
+/// size (small-matrix kernels, GEMV for M=1, different threading splits), so a
+/// row's result can change with the number of rows in the batch. Here every
+/// output element y[i, n] is accumulated over k = 0..K-1 in one fixed order
+/// that does not depend on M, on the row's position in the batch, or on the
+/// thread count: a request's logits are bit-identical alone or batched.
+/// Weights are packed once into column panels for the register-blocked
+/// micro-kernel; BF16 weights are widened to F32 in-register (F32 compute).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/dtype.hpp"
+
+namespace shardline::kernels::cpu {
+
+/// A weight matrix W [n, k] (row-major, nn.Linear layout) repacked for
+/// `linear()`. Owns its memory. Movable, not copyable.
+class PackedLinear {
+ public:
+  PackedLinear() = default;
+  /// Packs `w` (row-major [n, k], element type `dtype`: f32 or bf16).
+  /// The packed copy keeps `dtype` (BF16 stays BF16 in memory).
+  [[nodiscard]] static PackedLinear pack(const void* w, DType dtype, int n, int k);
+
+  [[nodiscard]] int out_features() const { return n_; }  ///< n
+  [[nodiscard]] int in_features() const { return k_; }   ///< k
+  [[nodiscard]] DType dtype() const { return dtype_; }
+  [[nodiscard]] std::size_t bytes() const { return bytes_; }  ///< packed size
+  [[nodiscard]] const void* data() const { return data_.get(); }
+
+ private:
+  struct Free { void operator()(void* p) const noexcept; };
+  std::unique_ptr<void, Free> data_;
+  std::size_t bytes_ = 0;
+  int n_ = 0;
+  int k_ = 0;
+  DType dtype_ = DType::f32;
+};
+
+/// y[m, n] = x[m, k] * W^T (+ bias[n] if non-null). `x` rows are contiguous
+/// with stride `x_stride` (>= k) floats, `y` with stride `y_stride` (>= n).
+/// Parallel over output columns with OpenMP (num threads = omp_get_max_threads()).
+/// m may be 0 (no-op).
+void linear(const float* x, int m, int x_stride, const PackedLinear& w, const float* bias,
+            float* y, int y_stride);
+
+/// Reference (naive, same per-element accumulation order) for tests.
+void linear_reference(const float* x, int m, int x_stride, const void* w, DType dtype, int n,
+                      int k, const float* bias, float* y, int y_stride);
+
+}  // namespace shardline::kernels::cpu

@@ -1,0 +1,1 @@
+#include "model/config.hpp"  // placeholder

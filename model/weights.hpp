@@ -1,0 +1,104 @@
+#pragma once
+/// \file
+/// In-memory model weights. Matrices are row-major `[out_features, in_features]`
+/// (the Hugging Face / PyTorch `nn.Linear` layout) stored as F32 or BF16
+/// (`--dtype`); all compute is F32. The loader fuses q/k/v into one QKV matrix
+/// and gate/up into one gate_up matrix so a layer runs two big GEMMs instead of
+/// five.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/result.hpp"
+#include "model/config.hpp"
+
+namespace shardline::model {
+
+using shardline::DType;
+
+/// A non-owning 2-D view over weight storage: `rows x cols`, row-major,
+/// contiguous (row stride = cols). `dtype` is F32 or BF16 (F16 files are
+/// converted at load).
+struct Matrix {
+  DType dtype = DType::f32;
+  int rows = 0;
+  int cols = 0;
+  const void* data = nullptr;
+
+  [[nodiscard]] bool empty() const { return data == nullptr; }
+  [[nodiscard]] std::size_t bytes() const {
+    return static_cast<std::size_t>(rows) * cols * dtype_size(dtype);
+  }
+};
+
+/// A 1-D F32 vector (norm weights, biases). Empty when absent.
+struct Vector {
+  int size = 0;
+  const float* data = nullptr;
+  [[nodiscard]] bool empty() const { return data == nullptr; }
+};
+
+struct LayerWeights {
+  Vector input_norm;       // [hidden]
+  Matrix qkv;              // [(heads + 2 * kv_heads) * head_dim, hidden]; rows: q, then k, then v
+  Vector qkv_bias;         // [(heads + 2 * kv_heads) * head_dim] (Qwen2 / attention_bias only)
+  Vector q_norm;           // [head_dim] (Qwen3 only)
+  Vector k_norm;           // [head_dim] (Qwen3 only)
+  Matrix o_proj;           // [hidden, heads * head_dim]
+  Vector post_attention_norm;  // [hidden]
+  Matrix gate_up;          // [2 * intermediate, hidden]; rows: gate, then up
+  Matrix down_proj;        // [hidden, intermediate]
+};
+
+/// All weights of a model plus the storage that backs them.
+struct ModelWeights {
+  ModelConfig config;
+  DType dtype = DType::f32;      ///< storage dtype of matrices (f32 or bf16)
+  Matrix embed_tokens;           // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  Vector final_norm;             // [hidden]
+  Matrix lm_head;                // [vocab, hidden]; aliases embed_tokens when tied
+
+  /// Owned buffers the views above point into (64-byte aligned).
+  std::vector<std::shared_ptr<void>> storage;
+
+  /// Total bytes of all matrices and vectors (tied lm_head counted once).
+  [[nodiscard]] std::size_t total_bytes() const;
+};
+
+/// How to obtain weights.
+enum class LoadFormat {
+  safetensors,  ///< model.safetensors or model.safetensors.index.json in the folder
+  dummy,        ///< seeded random weights with config.json's shapes
+};
+
+struct LoadOptions {
+  LoadFormat format = LoadFormat::safetensors;
+  DType dtype = DType::f32;     ///< storage dtype in memory: f32 or bf16
+  std::uint64_t seed = 0;       ///< for dummy weights
+  int num_layers_override = 0;  ///< >0: keep only the first N layers (smoke tests)
+};
+
+/// Loads `dir` (config.json + weights). Safetensors files are memory-mapped,
+/// validated, converted to `options.dtype` and fused.
+/// Errors (each names the file and, where relevant, the tensor):
+///   not_found: config.json, model.safetensors / index, a shard, or a tensor missing;
+///   corrupt: header length past EOF, bad header JSON, data offsets outside the
+///            file or overlapping, size disagreeing with shape x dtype;
+///   mismatch: a tensor's shape disagrees with config.json;
+///   unsupported: architecture or a tensor dtype other than F32/F16/BF16.
+[[nodiscard]] Result<ModelWeights> load_model(const std::filesystem::path& dir,
+                                              const LoadOptions& options);
+
+/// Dummy weights for an already-parsed config (shapes from `config`): values
+/// drawn uniformly from [-a, a] with a = 1/sqrt(in_features) from a seeded
+/// counter-based generator; norm weights are 1.
+[[nodiscard]] Result<ModelWeights> make_dummy_weights(const ModelConfig& config,
+                                                      const LoadOptions& options);
+
+}  // namespace shardline::model
