@@ -15,6 +15,7 @@ packages=(
   libcli11-dev
   libspdlog-dev libfmt-dev
   libpcre2-dev
+  libutf8proc-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev
 )
