@@ -1,1 +1,230 @@
-#include "kernels/cpu/linear.hpp"  // placeholder: implemented by the kernels work
+#include "kernels/cpu/linear.hpp"
+
+#include "kernels/cpu/vec_math.hpp"  // first: includes immintrin.h
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+// Accumulation order (the batch-invariance contract, shared by every path
+// below and by linear_reference): for each output element
+//   acc = +0.0f;  for kk in 0..k-1: acc = fma(x[i, kk], W[j, kk], acc);
+//   y[i, j] = bias ? acc + bias[j] : acc;
+// One FMA chain per element, strictly sequential in k. Tiling over m (row
+// tiles of 1..kMr rows), over n (masked tail panel) and the thread split only
+// decide *which* element a register holds, never the order of its chain.
+//
+// Packed layout: W is cut into panels of kNr = 64 output columns (the last one
+// zero-padded). Panel p holds, for kk = 0..k-1, the 64 weights W[p*64 + c, kk]:
+//   F32:  64 floats in column order c = 0..63 (4 zmm).
+//   BF16: 64 bf16 as two 512-bit words; 32-bit lane l of word h holds column
+//         32h + l in its low half and column 32h + 16 + l in its high half, so
+//         widening to F32 is one shift (low) or one AND (high) per 16 columns.
+
+namespace shardline::kernels::cpu {
+namespace {
+
+constexpr int kNr = 64;              // output columns per packed panel
+constexpr int kMr = 6;               // rows per register tile (6 x 4 zmm accumulators)
+constexpr std::size_t kXBlockBytes = 384 * 1024;  // x rows kept hot in L2 per pass
+
+[[nodiscard]] std::size_t panel_elems(int k) { return static_cast<std::size_t>(k) * kNr; }
+
+/// Weight W[j, kk] from the packed copy (any column j < padded n).
+[[nodiscard, maybe_unused]] float packed_at(const void* data, DType dt, int k, int j, int kk) {
+  const std::size_t base = (j / kNr) * panel_elems(k) + static_cast<std::size_t>(kk) * kNr;
+  const int c = j % kNr;
+  if (dt == DType::f32) return static_cast<const float*>(data)[base + c];
+  const int h = c / 32, r = c % 32;  // word h, lane r % 16, half r / 16
+  const int slot = h * 32 + (r % 16) * 2 + r / 16;
+  return bf16_to_f32(static_cast<const std::uint16_t*>(data)[base + slot]);
+}
+
+#if defined(__AVX512F__)
+
+/// Register tile: rows [0, M) x 64 columns of one panel over the full k.
+/// `ncols` (1..64) valid columns are stored; padded ones are discarded.
+template <int M, bool kBf16>
+[[gnu::always_inline]] inline void micro_tile(const float* x, long x_stride, const void* panel,
+                                              int k, const float* bias, float* y, long y_stride,
+                                              int ncols) {
+  __m512 acc[M][4];
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  const float* xr[M];
+  for (int r = 0; r < M; ++r) xr[r] = x + r * x_stride;
+
+  if constexpr (kBf16) {
+    const __m512i* w = static_cast<const __m512i*>(panel);  // 2 words per kk
+    const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+    for (int kk = 0; kk < k; ++kk, w += 2) {
+      const __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 1);
+      const __m512 b[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)),
+                           _mm512_castsi512_ps(_mm512_and_si512(w0, hi_mask)),
+                           _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)),
+                           _mm512_castsi512_ps(_mm512_and_si512(w1, hi_mask))};
+      for (int r = 0; r < M; ++r) {
+        const __m512 a = _mm512_set1_ps(xr[r][kk]);
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(a, b[c], acc[r][c]);
+      }
+    }
+  } else {
+    const float* w = static_cast<const float*>(panel);
+    for (int kk = 0; kk < k; ++kk, w += kNr) {
+      const __m512 b[4] = {_mm512_load_ps(w), _mm512_load_ps(w + 16), _mm512_load_ps(w + 32),
+                           _mm512_load_ps(w + 48)};
+      for (int r = 0; r < M; ++r) {
+        const __m512 a = _mm512_set1_ps(xr[r][kk]);
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(a, b[c], acc[r][c]);
+      }
+    }
+  }
+
+  for (int c = 0; c < 4; ++c) {
+    const int valid = std::clamp(ncols - 16 * c, 0, 16);
+    if (valid == 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
+    for (int r = 0; r < M; ++r) {
+      const __m512 v = bias ? _mm512_add_ps(acc[r][c], b) : acc[r][c];
+      _mm512_mask_storeu_ps(y + r * y_stride + 16 * c, mask, v);
+    }
+  }
+}
+
+template <bool kBf16>
+void tile_dispatch(int rows, const float* x, long xs, const void* panel, int k, const float* bias,
+                   float* y, long ys, int ncols) {
+  switch (rows) {
+    case 6: micro_tile<6, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
+    case 5: micro_tile<5, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
+    case 4: micro_tile<4, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
+    case 3: micro_tile<3, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
+    case 2: micro_tile<2, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
+    default: micro_tile<1, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
+  }
+}
+
+/// One thread's share: panels [p0, p1) for all m rows, blocked over m so that
+/// an x block (mc rows) stays in L2 while the panels stream past it, and each
+/// panel stays in L2 while the row tiles of the block sweep it.
+template <bool kBf16>
+void linear_panels(const float* x, int m, long xs, const PackedLinear& w, const float* bias,
+                   float* y, long ys, int p0, int p1) {
+  const int k = w.in_features(), n = w.out_features();
+  const std::size_t pbytes = panel_elems(k) * dtype_size(w.dtype());
+  const auto* base = static_cast<const char*>(w.data());
+  const int mc = std::max(kMr, static_cast<int>(kXBlockBytes / (4u * std::max(k, 1))) / kMr * kMr);
+  for (int i0 = 0; i0 < m; i0 += mc) {
+    const int i1 = std::min(m, i0 + mc);
+    for (int p = p0; p < p1; ++p) {
+      const int j0 = p * kNr, ncols = std::min(kNr, n - j0);
+      const void* panel = base + p * pbytes;
+      const float* b = bias ? bias + j0 : nullptr;
+      for (int i = i0; i < i1; i += kMr)
+        tile_dispatch<kBf16>(std::min(kMr, i1 - i), x + i * xs, xs, panel, k, b, y + i * ys + j0,
+                             ys, ncols);
+    }
+  }
+}
+
+#endif  // __AVX512F__
+
+}  // namespace
+
+void PackedLinear::Free::operator()(void* p) const noexcept { std::free(p); }
+
+PackedLinear PackedLinear::pack(const void* w, DType dtype, int n, int k) {
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    throw std::invalid_argument("PackedLinear::pack: weights must be F32 or BF16");
+  PackedLinear out;
+  out.n_ = n;
+  out.k_ = k;
+  out.dtype_ = dtype;
+  const int panels = (n + kNr - 1) / kNr;
+  const std::size_t elems = static_cast<std::size_t>(panels) * panel_elems(k);
+  out.bytes_ = elems * dtype_size(dtype);
+  const std::size_t alloc = std::max<std::size_t>(64, (out.bytes_ + 63) / 64 * 64);
+  void* mem = std::aligned_alloc(64, alloc);
+  if (mem == nullptr) throw std::bad_alloc();
+  std::memset(mem, 0, alloc);  // zero padding of the last panel
+  out.data_.reset(mem);
+
+  if (dtype == DType::f32) {
+    const auto* src = static_cast<const float*>(w);  // [n, k]
+    auto* dst = static_cast<float*>(mem);
+    for (int j = 0; j < n; ++j)
+      for (int kk = 0; kk < k; ++kk)
+        dst[(j / kNr) * panel_elems(k) + static_cast<std::size_t>(kk) * kNr + j % kNr] =
+            src[static_cast<std::size_t>(j) * k + kk];
+  } else {
+    const auto* src = static_cast<const std::uint16_t*>(w);  // [n, k] bf16 bits
+    auto* dst = static_cast<std::uint16_t*>(mem);
+    for (int j = 0; j < n; ++j) {
+      const int c = j % kNr, h = c / 32, r = c % 32;
+      const int slot = h * 32 + (r % 16) * 2 + r / 16;  // see layout comment
+      for (int kk = 0; kk < k; ++kk)
+        dst[(j / kNr) * panel_elems(k) + static_cast<std::size_t>(kk) * kNr + slot] =
+            src[static_cast<std::size_t>(j) * k + kk];
+    }
+  }
+  return out;
+}
+
+void linear(const float* x, int m, int x_stride, const PackedLinear& w, const float* bias,
+            float* y, int y_stride) {
+  if (m <= 0 || w.out_features() <= 0) return;
+  const int n = w.out_features();
+  const int panels = (n + kNr - 1) / kNr;
+#if defined(__AVX512F__)
+  const bool bf16 = w.dtype() == DType::bf16;
+  // Contiguous panel ranges per thread: each thread streams its own slice of W.
+#pragma omp parallel num_threads(std::min(omp_get_max_threads(), panels))
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int p0 = static_cast<int>(static_cast<long>(panels) * t / nt);
+    const int p1 = static_cast<int>(static_cast<long>(panels) * (t + 1) / nt);
+    if (bf16)
+      linear_panels<true>(x, m, x_stride, w, bias, y, y_stride, p0, p1);
+    else
+      linear_panels<false>(x, m, x_stride, w, bias, y, y_stride, p0, p1);
+  }
+#else
+  // Portable fallback: same per-element chain, read from the packed copy.
+  (void)panels;
+  const int k = w.in_features();
+#pragma omp parallel for schedule(static)
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      const float* xi = x + static_cast<long>(i) * x_stride;
+      float acc = 0.0f;
+      for (int kk = 0; kk < k; ++kk) acc = std::fma(xi[kk], packed_at(w.data(), w.dtype(), k, j, kk), acc);
+      y[static_cast<long>(i) * y_stride + j] = bias ? acc + bias[j] : acc;
+    }
+#endif
+}
+
+void linear_reference(const float* x, int m, int x_stride, const void* w, DType dtype, int n,
+                      int k, const float* bias, float* y, int y_stride) {
+  for (int i = 0; i < m; ++i) {
+    const float* xi = x + static_cast<long>(i) * x_stride;  // [k]
+    for (int j = 0; j < n; ++j) {
+      const std::size_t row = static_cast<std::size_t>(j) * k;
+      float acc = 0.0f;
+      for (int kk = 0; kk < k; ++kk) {
+        const float wv = dtype == DType::f32
+                             ? static_cast<const float*>(w)[row + kk]
+                             : bf16_to_f32(static_cast<const std::uint16_t*>(w)[row + kk]);
+        acc = std::fma(xi[kk], wv, acc);
+      }
+      y[static_cast<long>(i) * y_stride + j] = bias ? acc + bias[j] : acc;
+    }
+  }
+}
+
+}  // namespace shardline::kernels::cpu
