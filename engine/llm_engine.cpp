@@ -1,0 +1,220 @@
+#include "engine/llm_engine.hpp"
+
+#include <algorithm>
+#include <span>
+#include <string>
+
+#include "engine/rng.hpp"
+#include "engine/sampler.hpp"
+
+namespace shardline::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LlmEngine>> LlmEngine::create(ModelExecutor& executor, const model::Tokenizer& tokenizer,
+                                                     EngineConfig config) {
+  auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "engine config: " + m); };
+  if (config.max_num_seqs < 1) return bad("max_num_seqs must be >= 1");
+  if (config.max_num_batched_tokens < 1) return bad("max_num_batched_tokens must be >= 1");
+  if (config.max_model_len < 1) return bad("max_model_len must be >= 1");
+  if (executor.block_size() < 1) return bad("executor block_size must be >= 1");
+  if (executor.vocab_size() < 1) return bad("executor vocab_size must be >= 1");
+  const long long capacity = static_cast<long long>(executor.num_kv_blocks()) * executor.block_size();
+  if (capacity < config.max_model_len)
+    return make_error(ErrorCode::out_of_memory,
+                      "KV cache of " + std::to_string(executor.num_kv_blocks()) + " blocks x " +
+                          std::to_string(executor.block_size()) + " tokens = " + std::to_string(capacity) +
+                          " tokens cannot hold one max_model_len=" + std::to_string(config.max_model_len) +
+                          " sequence; raise the KV memory budget or lower max_model_len");
+  return std::unique_ptr<LlmEngine>(new LlmEngine(executor, tokenizer, std::move(config)));
+}
+
+LlmEngine::LlmEngine(ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config)
+    : executor_(&executor),
+      tokenizer_(&tokenizer),
+      config_(std::move(config)),
+      scheduler_(SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.max_model_len},
+                 executor.num_kv_blocks(), executor.block_size()) {}
+
+Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
+                              const SamplingParams& params) {
+  const std::string who = "request " + std::to_string(request_id) + ": ";
+  if (Status s = params.validate(); !s.ok()) return make_error(s.error().code, who + s.error().message);
+  const int vocab = executor_->vocab_size();
+  for (auto id : prompt_token_ids)
+    if (id < 0 || id >= vocab)
+      return make_error(ErrorCode::invalid_argument,
+                        who + "prompt token id " + std::to_string(id) + " outside vocab of " + std::to_string(vocab));
+  auto seq = std::make_unique<Sequence>();
+  seq->id = request_id;
+  seq->prompt_ids = std::move(prompt_token_ids);
+  seq->params = params;
+  seq->seed = params.has_seed ? params.seed : mix_seed(config_.seed, request_id);
+  if (!params.ignore_eos)
+    for (int id : config_.eos_token_ids) seq->min_tokens_masked_ids.push_back(id);
+  for (int id : params.stop_token_ids) seq->min_tokens_masked_ids.push_back(id);
+  seq->output_ids.reserve(static_cast<std::size_t>(params.max_tokens));
+  if (!seq->prompt_ids.empty())
+    seq->detokenizer = std::make_unique<model::IncrementalDetokenizer>(*tokenizer_, seq->prompt_ids,
+                                                                       config_.skip_special_tokens);
+  return scheduler_.add(std::move(seq));
+}
+
+bool LlmEngine::abort_request(std::uint64_t request_id) {
+  std::unique_ptr<Sequence> seq = scheduler_.finish(request_id, FinishReason::abort);
+  if (!seq) return false;
+  aborted_.push_back(to_output(*seq));
+  return true;
+}
+
+RequestOutput LlmEngine::to_output(Sequence& seq) {
+  if (seq.detokenizer && seq.finish_reason != FinishReason::stop) {
+    (void)seq.detokenizer->finish();
+    seq.text = seq.detokenizer->text();
+  }
+  RequestOutput out;
+  out.request_id = seq.id;
+  out.prompt_token_ids = std::move(seq.prompt_ids);
+  out.token_ids = std::move(seq.output_ids);
+  out.text = std::move(seq.text);
+  out.finish_reason = seq.finish_reason;
+  out.stop_reason = std::move(seq.stop_reason);
+  out.num_preemptions = seq.num_preemptions;
+  out.logits = std::move(seq.captured_logits);
+  return out;
+}
+
+FinishReason LlmEngine::check_stop(Sequence& seq) {
+  const std::int32_t last = seq.output_ids.back();
+  const std::size_t old_len = seq.text.size();
+  if (seq.detokenizer) {
+    (void)seq.detokenizer->push(last);
+    seq.text = seq.detokenizer->text();
+  }
+  const SamplingParams& p = seq.params;
+  if (seq.num_output_tokens() >= p.min_tokens) {
+    // Stop strings: earliest match that ends in the new text.
+    std::size_t best = std::string::npos;
+    const std::string* best_stop = nullptr;
+    for (const std::string& stop : p.stop) {
+      const std::size_t from = old_len >= stop.size() - 1 ? old_len - (stop.size() - 1) : 0;
+      const std::size_t at = seq.text.find(stop, from);
+      if (at != std::string::npos && at < best) {
+        best = at;
+        best_stop = &stop;
+      }
+    }
+    if (best_stop != nullptr) {
+      seq.text.resize(best);
+      seq.stop_reason = *best_stop;
+      return FinishReason::stop;
+    }
+    if (!p.ignore_eos && std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), last) !=
+                             config_.eos_token_ids.end())
+      return FinishReason::stop;
+    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), last) != p.stop_token_ids.end()) {
+      seq.stop_reason = std::to_string(last);
+      return FinishReason::stop;
+    }
+  }
+  if (seq.num_output_tokens() >= p.max_tokens || seq.num_tokens() >= config_.max_model_len)
+    return FinishReason::length;
+  return FinishReason::none;
+}
+
+Result<std::vector<RequestOutput>> LlmEngine::step() {
+  const auto t0 = Clock::now();
+  std::vector<RequestOutput> results = std::move(aborted_);
+  aborted_.clear();
+  if (!scheduler_.has_unfinished()) return results;
+
+  SchedulerOutput sched = scheduler_.schedule();
+  StepStats stats;
+  stats.schedule_ms = ms_since(t0);
+  if (config_.check_integrity)
+    if (Status s = scheduler_.check_integrity(); !s.ok()) return s.error();
+  if (sched.empty())
+    return make_error(ErrorCode::internal, "scheduler planned an empty step with " +
+                                               std::to_string(scheduler_.num_waiting()) + " waiting requests");
+
+  const auto t_exec = Clock::now();
+  Result<StepOutput> exec = executor_->execute(sched.input);
+  if (!exec.ok()) return std::move(exec).error();
+  stats.execute_ms = ms_since(t_exec);
+  const StepOutput& logits = exec.value();
+  const int num_logits = sched.input.num_logits();
+  const auto vocab = static_cast<std::size_t>(logits.vocab_size);
+  if (logits.vocab_size < 1 || logits.logits.size() != vocab * static_cast<std::size_t>(num_logits))
+    return make_error(ErrorCode::internal, "executor returned " + std::to_string(logits.logits.size()) +
+                                               " logits for " + std::to_string(num_logits) + " rows of vocab " +
+                                               std::to_string(logits.vocab_size));
+
+  std::vector<std::int32_t> sampled;
+  std::vector<Sequence*> sampled_seqs;
+  sampled.reserve(static_cast<std::size_t>(num_logits));
+  std::vector<float> scratch(vocab);
+  for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
+    if (!sched.input.seqs[i].needs_logits) continue;
+    Sequence& seq = *sched.scheduled[i].seq;
+    const float* row = logits.logits.data() + sampled.size() * vocab;
+    if (config_.capture_logits) seq.captured_logits.emplace_back(row, row + vocab);
+    scratch.assign(row, row + vocab);
+    SampleContext ctx;
+    ctx.seed = seq.seed;
+    ctx.position = seq.num_tokens();
+    ctx.prompt_ids = seq.prompt_ids;
+    ctx.output_ids = seq.output_ids;
+    ctx.min_tokens_masked_ids = seq.min_tokens_masked_ids;
+    sampled.push_back(sample(scratch, seq.params, ctx));
+    sampled_seqs.push_back(&seq);
+  }
+  scheduler_.update(sched, sampled);
+
+  for (Sequence* seq : sampled_seqs) {
+    const FinishReason reason = check_stop(*seq);
+    if (reason == FinishReason::none) continue;
+    const std::uint64_t id = seq->id;
+    std::unique_ptr<Sequence> done = scheduler_.finish(id, reason);
+    results.push_back(to_output(*done));
+  }
+  std::sort(results.begin(), results.end(),
+            [](const RequestOutput& a, const RequestOutput& b) { return a.request_id < b.request_id; });
+
+  stats.num_seqs = static_cast<int>(sched.scheduled.size());
+  stats.num_prefill_tokens = sched.num_prefill_tokens;
+  stats.num_decode_tokens = sched.num_decode_tokens;
+  stats.num_preemptions = sched.num_preemptions;
+  stats.step_ms = ms_since(t0);
+  step_stats_.push_back(stats);
+  if (step_callback_) step_callback_(stats);
+  return results;
+}
+
+Result<std::vector<RequestOutput>> LlmEngine::generate(const std::vector<std::vector<std::int32_t>>& prompts,
+                                                       const SamplingParams& params) {
+  if (has_unfinished())
+    return make_error(ErrorCode::invalid_argument, "generate: requests are already in flight");
+  if (Status s = params.validate(); !s.ok()) return s.error();
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    if (Status s = add_request(i, prompts[i], params); !s.ok()) {
+      for (std::size_t j = 0; j < i; ++j) (void)scheduler_.finish(j, FinishReason::abort);
+      return s.error();
+    }
+  }
+  std::vector<RequestOutput> outputs(prompts.size());
+  while (has_unfinished()) {
+    Result<std::vector<RequestOutput>> r = step();
+    if (!r.ok()) return std::move(r).error();
+    for (RequestOutput& o : r.value()) outputs[o.request_id] = std::move(o);
+  }
+  return outputs;
+}
+
+}  // namespace shardline::engine

@@ -1,0 +1,118 @@
+#pragma once
+/// \file
+/// The offline engine loop: requests in, finished generations out. Each
+/// `step()` schedules (Orca iteration-level batching, Sarathi-Serve chunked
+/// prefill, vLLM paged KV with recompute preemption), runs one ModelExecutor
+/// step, samples every sequence whose chunk reached its last token at that
+/// token's position (Philox keyed by the request seed, so results do not
+/// depend on the batch), then applies stop rules and frees finished requests.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "engine/sampling_params.hpp"
+#include "engine/scheduler.hpp"
+#include "engine/sequence.hpp"
+#include "engine/step.hpp"
+#include "model/tokenizer.hpp"
+
+namespace shardline::engine {
+
+struct EngineConfig {
+  int max_num_seqs = 256;             ///< concurrently running requests at most
+  int max_num_batched_tokens = 2048;  ///< tokens per step at most
+  int max_model_len = 4096;           ///< prompt + output tokens at most (cap: "length")
+  std::vector<int> eos_token_ids;     ///< from ModelConfig::eos_token_ids
+  std::uint64_t seed = 0;             ///< base of per-request seeds when params.has_seed is false
+  bool skip_special_tokens = true;    ///< for the output text
+  bool capture_logits = false;        ///< keep each generated step's raw logits row (before penalties)
+  bool check_integrity = false;       ///< verify scheduler / block invariants every step (tests, debug)
+};
+
+struct RequestOutput {
+  std::uint64_t request_id = 0;
+  std::vector<std::int32_t> prompt_token_ids;
+  std::vector<std::int32_t> token_ids;  ///< generated ids, including a final EOS / stop id
+  std::string text;                     ///< detokenized output; a matched stop string and after are cut
+  FinishReason finish_reason = FinishReason::none;
+  std::string stop_reason;  ///< matched stop string, or the stop token id as text ("" otherwise)
+  int num_preemptions = 0;
+  /// With capture_logits: one raw logits row [vocab] per generated token.
+  std::vector<std::vector<float>> logits;
+};
+
+/// Statistics of one step, for the benchmark.
+struct StepStats {
+  int num_seqs = 0;
+  int num_prefill_tokens = 0;
+  int num_decode_tokens = 0;
+  int num_preemptions = 0;
+  double schedule_ms = 0.0;
+  double execute_ms = 0.0;
+  double step_ms = 0.0;  ///< whole step wall time
+};
+
+class LlmEngine {
+ public:
+  /// Checks the config against the executor's KV cache. Errors:
+  /// invalid_argument (non-positive limits, block size mismatch),
+  /// out_of_memory (the cache cannot hold one max_model_len sequence:
+  /// num_kv_blocks * block_size < max_model_len).
+  [[nodiscard]] static Result<std::unique_ptr<LlmEngine>> create(ModelExecutor& executor,
+                                                                 const model::Tokenizer& tokenizer,
+                                                                 EngineConfig config);
+
+  /// Queues a request. Errors: invalid_argument (bad params naming the field,
+  /// empty prompt, prompt longer than max_model_len, token id outside the
+  /// vocab, duplicate id), out_of_memory (prompt + max_tokens never fits the cache).
+  [[nodiscard]] Status add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
+                                   const SamplingParams& params);
+
+  /// Finishes a request now with finish_reason "abort"; its output is
+  /// returned by the next step(). False when unknown.
+  bool abort_request(std::uint64_t request_id);
+
+  /// Runs one iteration. Returns the requests that finished in it (in
+  /// request-id order). Errors: whatever the executor returns; internal
+  /// (broken invariant, wrong logits shape).
+  [[nodiscard]] Result<std::vector<RequestOutput>> step();
+
+  [[nodiscard]] bool has_unfinished() const { return scheduler_.has_unfinished() || !aborted_.empty(); }
+
+  /// Adds `prompts` as requests 0..n-1 (params validated first; nothing is
+  /// added on error) and steps until all finish. Outputs in prompt order.
+  /// Errors: invalid_argument (also when requests are already in flight),
+  /// any add_request / step error.
+  [[nodiscard]] Result<std::vector<RequestOutput>> generate(const std::vector<std::vector<std::int32_t>>& prompts,
+                                                            const SamplingParams& params);
+
+  [[nodiscard]] const std::vector<StepStats>& step_stats() const { return step_stats_; }
+  void clear_step_stats() { step_stats_.clear(); }
+  /// Called after every step with its statistics (optional).
+  void set_step_callback(std::function<void(const StepStats&)> cb) { step_callback_ = std::move(cb); }
+
+  [[nodiscard]] const Scheduler& scheduler() const { return scheduler_; }
+  [[nodiscard]] const EngineConfig& config() const { return config_; }
+
+ private:
+  LlmEngine(ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config);
+
+  /// Stop rules after a token was appended; the finish reason or none.
+  FinishReason check_stop(Sequence& seq);
+  static RequestOutput to_output(Sequence& seq);
+
+  ModelExecutor* executor_;
+  const model::Tokenizer* tokenizer_;
+  EngineConfig config_;
+  Scheduler scheduler_;
+  std::vector<RequestOutput> aborted_;
+  std::vector<StepStats> step_stats_;
+  std::function<void(const StepStats&)> step_callback_;
+};
+
+}  // namespace shardline::engine

@@ -1,0 +1,134 @@
+#include "engine/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "engine/rng.hpp"
+
+namespace shardline::engine {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void apply_penalties(std::span<float> logits, const SamplingParams& p, const SampleContext& ctx) {
+  const auto vocab = static_cast<std::int64_t>(logits.size());
+  auto in_range = [&](std::int32_t id) { return id >= 0 && id < vocab; };
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(logits.size(), false);
+    auto mark = [&](std::span<const std::int32_t> ids) {
+      for (auto id : ids)
+        if (in_range(id)) seen[id] = true;
+    };
+    mark(ctx.prompt_ids);
+    mark(ctx.output_ids);
+    for (std::int64_t i = 0; i < vocab; ++i) {
+      if (!seen[i]) continue;
+      logits[i] = logits[i] > 0.0f ? logits[i] / p.repetition_penalty : logits[i] * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::vector<std::int32_t> counts(logits.size(), 0);
+    for (auto id : ctx.output_ids)
+      if (in_range(id)) ++counts[id];
+    for (std::int64_t i = 0; i < vocab; ++i) {
+      if (counts[i] == 0) continue;
+      logits[i] -= p.frequency_penalty * static_cast<float>(counts[i]) + p.presence_penalty;
+    }
+  }
+}
+
+}  // namespace
+
+std::int32_t argmax(std::span<const float> values) {
+  std::int32_t best = 0;
+  for (std::size_t i = 1; i < values.size(); ++i)
+    if (values[i] > values[best] || std::isnan(values[best])) best = static_cast<std::int32_t>(i);
+  return best;
+}
+
+std::int32_t sample(std::span<float> logits, const SamplingParams& params, const SampleContext& ctx) {
+  if (logits.empty()) return 0;
+  const auto vocab = static_cast<std::int64_t>(logits.size());
+
+  apply_penalties(logits, params, ctx);
+  if (static_cast<int>(ctx.output_ids.size()) < params.min_tokens)
+    for (auto id : ctx.min_tokens_masked_ids)
+      if (id >= 0 && id < vocab) logits[id] = kNegInf;
+
+  if (params.temperature == 0.0f) return argmax(logits);
+
+  for (auto& l : logits) l /= params.temperature;
+  const float max_logit = logits[argmax(logits)];
+  if (!(max_logit > kNegInf)) return argmax(logits);  // everything masked
+
+  const bool use_top_k = params.top_k > 0 && params.top_k < vocab;
+  const bool truncate = use_top_k || params.top_p < 1.0f || params.min_p > 0.0f;
+  const double u = philox_uniform(ctx.seed, static_cast<std::uint64_t>(ctx.position));
+
+  if (!truncate) {  // full distribution, inverse CDF in id order
+    std::vector<double> probs(logits.size());
+    double total = 0.0;
+    for (std::int64_t i = 0; i < vocab; ++i) total += probs[i] = std::exp(double(logits[i]) - max_logit);
+    const double target = u * total;
+    double cum = 0.0;
+    std::int32_t last_nonzero = 0;
+    for (std::int64_t i = 0; i < vocab; ++i) {
+      if (probs[i] == 0.0) continue;
+      last_nonzero = static_cast<std::int32_t>(i);
+      cum += probs[i];
+      if (cum > target) return last_nonzero;
+    }
+    return last_nonzero;
+  }
+
+  // Candidates sorted by logit descending, id ascending on ties.
+  std::vector<std::int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto better = [&](std::int32_t a, std::int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::size_t n = order.size();
+  if (use_top_k) {
+    n = static_cast<std::size_t>(params.top_k);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(), better);
+  } else {
+    std::sort(order.begin(), order.end(), better);
+  }
+  while (n > 1 && !(logits[order[n - 1]] > kNegInf)) --n;  // drop masked tokens
+
+  std::vector<double> probs(n);
+  double total = 0.0;
+  for (std::size_t i = 0; i < n; ++i) total += probs[i] = std::exp(double(logits[order[i]]) - max_logit);
+
+  if (params.top_p < 1.0f) {  // smallest prefix with cumulative prob >= top_p
+    const double threshold = double(params.top_p) * total;
+    double cum = 0.0;
+    std::size_t keep = 0;
+    while (keep < n) {
+      cum += probs[keep++];
+      if (cum >= threshold) break;
+    }
+    n = std::max<std::size_t>(keep, 1);
+  }
+  if (params.min_p > 0.0f) {  // drop p < min_p * p_max (scale-invariant)
+    const double threshold = double(params.min_p) * probs[0];
+    std::size_t keep = 1;
+    while (keep < n && probs[keep] >= threshold) ++keep;
+    n = keep;
+  }
+
+  total = 0.0;
+  for (std::size_t i = 0; i < n; ++i) total += probs[i];
+  const double target = u * total;
+  double cum = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    cum += probs[i];
+    if (cum > target) return order[i];
+  }
+  return order[n - 1];
+}
+
+}  // namespace shardline::engine

@@ -1,0 +1,188 @@
+#include "engine/scheduler.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace shardline::engine {
+
+StepInput make_step_input(std::span<const ScheduledSeq> scheduled, const BlockManager& blocks) {
+  StepInput in;
+  in.block_size = blocks.block_size();
+  in.seqs.reserve(scheduled.size());
+  int row = 0;
+  for (const ScheduledSeq& s : scheduled) {
+    const Sequence& seq = *s.seq;
+    StepSeq ss;
+    ss.seq_id = seq.id;
+    ss.num_computed_tokens = seq.num_computed_tokens;
+    ss.num_new_tokens = s.num_new_tokens;
+    const int end = seq.num_computed_tokens + s.num_new_tokens;
+    ss.needs_logits = end == seq.num_tokens();
+    const auto& table = blocks.block_table(seq.id);
+    const int num_table_blocks = blocks.blocks_for_tokens(end);
+    ss.block_table.assign(table.begin(), table.begin() + std::min<std::ptrdiff_t>(num_table_blocks, table.size()));
+    for (int pos = seq.num_computed_tokens; pos < end; ++pos, ++row) {
+      in.token_ids.push_back(seq.token_at(pos));
+      in.positions.push_back(pos);
+      in.slot_mapping.push_back(table[static_cast<std::size_t>(pos / in.block_size)] * in.block_size +
+                                pos % in.block_size);
+    }
+    if (ss.needs_logits) in.logits_rows.push_back(row - 1);
+    in.seqs.push_back(std::move(ss));
+  }
+  return in;
+}
+
+Scheduler::Scheduler(SchedulerConfig config, int num_kv_blocks, int block_size)
+    : config_(config), blocks_(num_kv_blocks, block_size) {}
+
+Status Scheduler::add(std::unique_ptr<Sequence> seq) {
+  const std::string who = "request " + std::to_string(seq->id) + ": ";
+  if (seqs_.count(seq->id) != 0)
+    return make_error(ErrorCode::invalid_argument, who + "duplicate request id");
+  if (seq->prompt_ids.empty()) return make_error(ErrorCode::invalid_argument, who + "empty prompt");
+  if (seq->num_prompt_tokens() > config_.max_model_len)
+    return make_error(ErrorCode::invalid_argument,
+                      who + "prompt has " + std::to_string(seq->num_prompt_tokens()) +
+                          " tokens, more than max_model_len " + std::to_string(config_.max_model_len));
+  const long long max_len = std::min<long long>(
+      static_cast<long long>(seq->num_prompt_tokens()) + seq->params.max_tokens, config_.max_model_len);
+  const long long need = (max_len + blocks_.block_size() - 1) / blocks_.block_size();
+  if (need > blocks_.num_blocks())
+    return make_error(ErrorCode::out_of_memory,
+                      who + "prompt + max_tokens = " + std::to_string(max_len) + " tokens need " +
+                          std::to_string(need) + " KV blocks, the whole cache has " +
+                          std::to_string(blocks_.num_blocks()));
+  seq->status = SeqStatus::waiting;
+  seq->num_computed_tokens = 0;
+  seq->arrival = next_arrival_++;
+  Sequence* raw = seq.get();
+  seqs_.emplace(raw->id, std::move(seq));
+  waiting_.push_back(raw);
+  return Status::ok_status();
+}
+
+void Scheduler::insert_by_arrival(std::deque<Sequence*>& queue, Sequence* seq) {
+  auto it = std::upper_bound(queue.begin(), queue.end(), seq,
+                             [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  queue.insert(it, seq);
+}
+
+void Scheduler::insert_by_arrival(std::vector<Sequence*>& queue, Sequence* seq) {
+  auto it = std::upper_bound(queue.begin(), queue.end(), seq,
+                             [](const Sequence* a, const Sequence* b) { return a->arrival < b->arrival; });
+  queue.insert(it, seq);
+}
+
+void Scheduler::preempt_last_running() {
+  Sequence* victim = running_.back();
+  running_.pop_back();
+  blocks_.free(victim->id);
+  victim->num_computed_tokens = 0;
+  victim->status = SeqStatus::waiting;
+  ++victim->num_preemptions;
+  ++total_preemptions_;
+  insert_by_arrival(waiting_, victim);  // ahead of everything that arrived later
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int budget = config_.max_num_batched_tokens;
+  auto record = [&](Sequence* seq, int n) {
+    const bool decode = n == 1 && seq->num_output_tokens() > 0 && seq->num_computed_tokens == seq->num_tokens() - 1;
+    (decode ? out.num_decode_tokens : out.num_prefill_tokens) += n;
+    out.scheduled.push_back({seq, n});
+    budget -= n;
+  };
+
+  // 1. Running sequences, oldest first; preempt from the newest end.
+  for (std::size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
+    const int end = seq->num_computed_tokens + n;
+    bool self_preempted = false;
+    while (!blocks_.can_grow(seq->id, end)) {
+      const bool is_self = running_.back() == seq;
+      preempt_last_running();
+      ++out.num_preemptions;
+      if (is_self) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;  // it was the last running sequence
+    (void)blocks_.allocate_slots(seq->id, end);  // cannot fail: can_grow checked
+    record(seq, n);
+    ++i;
+  }
+
+  // 2. Admit waiting sequences FCFS (not in a step that had to preempt).
+  while (out.num_preemptions == 0 && budget > 0 && !waiting_.empty() &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);  // chunk to fit
+    if (!blocks_.can_grow(seq->id, seq->num_computed_tokens + n)) break;
+    (void)blocks_.allocate_slots(seq->id, seq->num_computed_tokens + n);
+    waiting_.pop_front();
+    seq->status = SeqStatus::running;
+    insert_by_arrival(running_, seq);
+    record(seq, n);
+  }
+
+  out.input = make_step_input(out.scheduled, blocks_);
+  return out;
+}
+
+void Scheduler::update(const SchedulerOutput& out, std::span<const std::int32_t> sampled) {
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
+    Sequence* seq = out.scheduled[i].seq;
+    seq->num_computed_tokens += out.scheduled[i].num_new_tokens;
+    if (out.input.seqs[i].needs_logits && next < sampled.size()) seq->output_ids.push_back(sampled[next++]);
+  }
+}
+
+std::unique_ptr<Sequence> Scheduler::finish(std::uint64_t seq_id, FinishReason reason) {
+  const auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return nullptr;
+  std::unique_ptr<Sequence> seq = std::move(it->second);
+  seqs_.erase(it);
+  blocks_.free(seq_id);
+  std::erase(running_, seq.get());
+  std::erase(waiting_, seq.get());
+  seq->status = SeqStatus::finished;
+  seq->finish_reason = reason;
+  return seq;
+}
+
+Sequence* Scheduler::get(std::uint64_t seq_id) {
+  const auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+Status Scheduler::check_integrity() const {
+  if (Status s = blocks_.check_integrity(); !s.ok()) return s;
+  auto fail = [](const std::string& m) { return make_error(ErrorCode::internal, "scheduler: " + m); };
+  if (static_cast<int>(running_.size()) > config_.max_num_seqs)
+    return fail(std::to_string(running_.size()) + " running sequences > max_num_seqs");
+  if (running_.size() + waiting_.size() != seqs_.size())
+    return fail("running + waiting != live sequences (a request was lost)");
+  for (const Sequence* s : running_) {
+    if (s->status != SeqStatus::running) return fail("sequence in running queue not running");
+    if (blocks_.num_tokens_covered(s->id) < s->num_computed_tokens)
+      return fail("sequence " + std::to_string(s->id) + " computed " + std::to_string(s->num_computed_tokens) +
+                  " tokens but its table covers " + std::to_string(blocks_.num_tokens_covered(s->id)));
+  }
+  for (const Sequence* s : waiting_) {
+    if (s->status != SeqStatus::waiting) return fail("sequence in waiting queue not waiting");
+    if (blocks_.has_seq(s->id) || s->num_computed_tokens != 0)
+      return fail("waiting sequence " + std::to_string(s->id) + " holds KV blocks");
+  }
+  for (std::size_t i = 1; i < running_.size(); ++i)
+    if (running_[i - 1]->arrival >= running_[i]->arrival) return fail("running queue out of arrival order");
+  for (std::size_t i = 1; i < waiting_.size(); ++i)
+    if (waiting_[i - 1]->arrival >= waiting_[i]->arrival) return fail("waiting queue out of arrival order");
+  return Status::ok_status();
+}
+
+}  // namespace shardline::engine

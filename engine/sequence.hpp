@@ -1,0 +1,66 @@
+#pragma once
+/// \file
+/// Per-request state shared by the scheduler and the engine. One request is
+/// one sequence (no beam search / n > 1).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampling_params.hpp"
+#include "model/tokenizer.hpp"
+
+namespace shardline::engine {
+
+enum class SeqStatus { waiting, running, finished };
+
+enum class FinishReason { none, stop, length, abort };
+
+/// "stop" / "length" / "abort" ("" for none) — OpenAI / vLLM finish_reason.
+[[nodiscard]] constexpr const char* finish_reason_name(FinishReason r) noexcept {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::abort: return "abort";
+    case FinishReason::none: break;
+  }
+  return "";
+}
+
+struct Sequence {
+  std::uint64_t id = 0;
+  std::uint64_t arrival = 0;  ///< admission order (scheduler-assigned, FCFS priority)
+  std::vector<std::int32_t> prompt_ids;
+  std::vector<std::int32_t> output_ids;
+  SamplingParams params;
+  std::uint64_t seed = 0;  ///< effective RNG key (params.seed or derived from the id)
+  /// Ids masked while output_ids.size() < params.min_tokens.
+  std::vector<std::int32_t> min_tokens_masked_ids;
+
+  SeqStatus status = SeqStatus::waiting;
+  /// Tokens whose KV is in the cache. Reset to 0 by preemption (recompute).
+  int num_computed_tokens = 0;
+  int num_preemptions = 0;
+
+  FinishReason finish_reason = FinishReason::none;
+  std::string stop_reason;  ///< the matched stop string, or the stop token id as text
+  std::string text;         ///< detokenized output (stop string and what follows cut)
+  std::unique_ptr<model::IncrementalDetokenizer> detokenizer;  ///< engine-owned, may be null
+  std::vector<std::vector<float>> captured_logits;  ///< EngineConfig::capture_logits rows
+
+  /// Prompt plus generated tokens: every token with a known id.
+  [[nodiscard]] int num_tokens() const {
+    return static_cast<int>(prompt_ids.size() + output_ids.size());
+  }
+  [[nodiscard]] int num_prompt_tokens() const { return static_cast<int>(prompt_ids.size()); }
+  [[nodiscard]] int num_output_tokens() const { return static_cast<int>(output_ids.size()); }
+  /// Token id at absolute position `pos` (< num_tokens()).
+  [[nodiscard]] std::int32_t token_at(int pos) const {
+    return pos < num_prompt_tokens() ? prompt_ids[static_cast<std::size_t>(pos)]
+                                     : output_ids[static_cast<std::size_t>(pos - num_prompt_tokens())];
+  }
+  [[nodiscard]] bool is_finished() const { return status == SeqStatus::finished; }
+};
+
+}  // namespace shardline::engine

@@ -1,0 +1,236 @@
+#include "engine/sampler.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "engine/rng.hpp"
+
+namespace shardline::engine {
+namespace {
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  return p;
+}
+
+std::int32_t draw(std::vector<float> logits, const SamplingParams& p, std::uint64_t seed, int position) {
+  SampleContext ctx;
+  ctx.seed = seed;
+  ctx.position = position;
+  return sample(logits, p, ctx);
+}
+
+// log of a probability table, so softmax gives it back.
+std::vector<float> logits_of(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+std::map<int, int> histogram(const std::vector<float>& logits, const SamplingParams& p, int n) {
+  std::map<int, int> h;
+  for (int s = 0; s < n; ++s) ++h[draw(logits, p, mix_seed(99, s), 3)];
+  return h;
+}
+
+TEST(Sampler, GreedyTiesGoToLowestId) {
+  EXPECT_EQ(draw({1.0f, 3.0f, 3.0f, 2.0f}, greedy(), 0, 0), 1);
+  EXPECT_EQ(draw({-5.0f, -1.0f, -1.0f}, greedy(), 0, 0), 1);
+  EXPECT_EQ(argmax(std::vector<float>{0.0f, 0.0f}), 0);
+}
+
+TEST(Sampler, TopKOneIsGreedy) {
+  SamplingParams p;
+  p.top_k = 1;
+  for (int pos = 0; pos < 200; ++pos) ASSERT_EQ(draw({0.1f, 0.5f, 0.4f, 0.45f}, p, 7, pos), 1);
+}
+
+TEST(Sampler, TopKKeepsExactlyK) {
+  SamplingParams p;
+  p.top_k = 2;
+  const auto h = histogram(logits_of({0.1, 0.4, 0.2, 0.3}), p, 20000);
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_GT(h.at(1), 0);
+  EXPECT_GT(h.at(3), 0);
+  // Renormalised 0.4 / 0.7.
+  EXPECT_NEAR(h.at(1) / 20000.0, 0.4 / 0.7, 0.015);
+}
+
+TEST(Sampler, TopKTieKeepsLowerId) {
+  SamplingParams p;
+  p.top_k = 1;
+  for (int pos = 0; pos < 50; ++pos) ASSERT_EQ(draw({0.0f, 2.0f, 2.0f}, p, 1, pos), 1);
+}
+
+TEST(Sampler, TopPKeepsSmallestSetReachingP) {
+  const auto logits = logits_of({0.5, 0.3, 0.15, 0.05});
+  SamplingParams p;
+  p.top_p = 0.75f;  // 0.5 < 0.75 <= 0.8 -> {0, 1}
+  auto h = histogram(logits, p, 20000);
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_NEAR(h[0] / 20000.0, 0.5 / 0.8, 0.015);
+  p.top_p = 0.45f;  // first token alone reaches it
+  h = histogram(logits, p, 2000);
+  EXPECT_EQ(h.size(), 1u);
+  EXPECT_EQ(h.begin()->first, 0);
+  p.top_p = 0.9f;  // 0.95 needed -> {0, 1, 2}
+  h = histogram(logits, p, 20000);
+  EXPECT_EQ(h.size(), 3u);
+  EXPECT_EQ(h.count(3), 0u);
+}
+
+TEST(Sampler, MinPDropsBelowFractionOfMax) {
+  const auto logits = logits_of({0.5, 0.3, 0.15, 0.05});
+  SamplingParams p;
+  p.min_p = 0.25f;  // threshold 0.125 -> drops only 0.05
+  auto h = histogram(logits, p, 20000);
+  EXPECT_EQ(h.size(), 3u);
+  EXPECT_EQ(h.count(3), 0u);
+  EXPECT_NEAR(h[2] / 20000.0, 0.15 / 0.95, 0.015);
+  p.min_p = 0.7f;  // threshold 0.35 -> only token 0
+  h = histogram(logits, p, 2000);
+  EXPECT_EQ(h.size(), 1u);
+}
+
+TEST(Sampler, TopKTopPMinPCompose) {
+  const auto logits = logits_of({0.05, 0.4, 0.1, 0.3, 0.15});
+  SamplingParams p;
+  p.top_k = 3;   // {1, 3, 4} -> renormalised 0.4/0.85, 0.3/0.85, 0.15/0.85
+  p.top_p = 0.8f;  // 0.47, 0.82 -> {1, 3}
+  const auto h = histogram(logits, p, 4000);
+  EXPECT_EQ(h.size(), 2u);
+  EXPECT_GT(h.at(1), 0);
+  EXPECT_GT(h.at(3), 0);
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveMultipliesNegative) {
+  std::vector<float> logits{2.0f, -2.0f, 1.0f, 4.0f};
+  SamplingParams p = greedy();
+  p.repetition_penalty = 2.0f;
+  const std::vector<std::int32_t> prompt{0, 1}, output{1, 3};
+  SampleContext ctx;
+  ctx.prompt_ids = prompt;
+  ctx.output_ids = output;
+  const auto id = sample(logits, p, ctx);
+  EXPECT_EQ(logits, (std::vector<float>{1.0f, -4.0f, 1.0f, 2.0f}));
+  EXPECT_EQ(id, 3);
+}
+
+TEST(Sampler, PresenceAndFrequencyOverOutputOnly) {
+  std::vector<float> logits{1.0f, 1.0f, 1.0f};
+  SamplingParams p = greedy();
+  p.presence_penalty = 0.25f;
+  p.frequency_penalty = 0.5f;
+  const std::vector<std::int32_t> prompt{0, 0, 0}, output{2, 2, 1};
+  SampleContext ctx;
+  ctx.prompt_ids = prompt;
+  ctx.output_ids = output;
+  EXPECT_EQ(sample(logits, p, ctx), 0);
+  EXPECT_EQ(logits, (std::vector<float>{1.0f, 0.25f, -0.25f}));
+}
+
+TEST(Sampler, MinTokensMasksStopIdsOnlyBeforeMinTokens) {
+  SamplingParams p = greedy();
+  p.min_tokens = 2;
+  const std::vector<std::int32_t> masked{2};
+  std::vector<std::int32_t> output{5};
+  SampleContext ctx;
+  ctx.output_ids = output;
+  ctx.min_tokens_masked_ids = masked;
+  std::vector<float> logits{0.0f, 1.0f, 9.0f};
+  EXPECT_EQ(sample(logits, p, ctx), 1);
+  EXPECT_TRUE(std::isinf(logits[2]));
+  output.push_back(6);
+  ctx.output_ids = output;
+  logits = {0.0f, 1.0f, 9.0f};
+  EXPECT_EQ(sample(logits, p, ctx), 2);
+}
+
+TEST(Sampler, AllMaskedFallsBackWithoutCrash) {
+  SamplingParams p;
+  p.min_tokens = 1;
+  const std::vector<std::int32_t> masked{0, 1};
+  SampleContext ctx;
+  ctx.min_tokens_masked_ids = masked;
+  std::vector<float> logits{1.0f, 2.0f};
+  const auto id = sample(logits, p, ctx);
+  EXPECT_TRUE(id == 0 || id == 1);
+}
+
+TEST(Sampler, SameSeedAndPositionSameToken) {
+  std::vector<float> logits(64, 0.0f);  // uniform
+  SamplingParams p;
+  for (int pos = 0; pos < 100; ++pos) ASSERT_EQ(draw(logits, p, 5, pos), draw(logits, p, 5, pos));
+  std::set<int> distinct;
+  for (int pos = 0; pos < 100; ++pos) distinct.insert(draw(logits, p, 5, pos));
+  EXPECT_GT(distinct.size(), 40u);  // ~ 64 * (1 - e^{-100/64}) = 50 expected
+  int same = 0;
+  for (int pos = 0; pos < 1000; ++pos) same += draw(logits, p, 5, pos) == draw(logits, p, 6, pos);
+  EXPECT_LT(same, 60);  // ~ 1000/64 expected by chance
+}
+
+TEST(Sampler, DistributionMatchesSoftmaxWithTemperature) {
+  const std::vector<float> logits{0.0f, 1.0f, 2.0f, 0.5f, -1.0f, 1.5f};
+  SamplingParams p;
+  p.temperature = 0.7f;
+  constexpr int kN = 60000;
+  std::vector<int> counts(logits.size(), 0);
+  for (int s = 0; s < kN; ++s) ++counts[draw(logits, p, mix_seed(3, s), 11)];
+  double z = 0.0;
+  for (float l : logits) z += std::exp(l / 0.7);
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    EXPECT_NEAR(counts[i] / double(kN), std::exp(logits[i] / 0.7) / z, 0.008) << "token " << i;
+}
+
+TEST(Sampler, NegativeInfinityNeverSampled) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const std::vector<float> logits{ninf, 0.0f, ninf, 0.0f};
+  SamplingParams p;
+  p.top_p = 0.99f;
+  for (int pos = 0; pos < 500; ++pos) {
+    const auto id = draw(logits, p, 1, pos);
+    ASSERT_TRUE(id == 1 || id == 3);
+  }
+}
+
+TEST(SamplingParams, ValidateNamesTheField) {
+  auto field_error = [](auto mutate) {
+    SamplingParams p;
+    mutate(p);
+    const Status s = p.validate();
+    return s.ok() ? std::string("ok") : s.error().message;
+  };
+  EXPECT_EQ(field_error([](SamplingParams&) {}), "ok");
+  EXPECT_NE(field_error([](SamplingParams& p) { p.temperature = -1; }).find("temperature"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.temperature = NAN; }).find("temperature"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.top_p = 0; }).find("top_p"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.top_p = 1.5f; }).find("top_p"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.min_p = -0.1f; }).find("min_p"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.top_k = -2; }).find("top_k"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.repetition_penalty = 0; }).find("repetition_penalty"),
+            std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.max_tokens = 0; }).find("max_tokens"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.min_tokens = 17; }).find("min_tokens"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.min_tokens = -1; }).find("min_tokens"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.stop = {""}; }).find("stop"), std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.stop_token_ids = {-3}; }).find("stop_token_ids"),
+            std::string::npos);
+  EXPECT_NE(field_error([](SamplingParams& p) { p.presence_penalty = 3; }).find("presence_penalty"),
+            std::string::npos);
+  SamplingParams p;
+  p.top_k = -1;
+  p.min_tokens = 16;
+  p.temperature = 0;
+  EXPECT_TRUE(p.validate().ok());
+  p.top_p = 0;
+  EXPECT_EQ(p.validate().error().code, ErrorCode::invalid_argument);
+}
+
+}  // namespace
+}  // namespace shardline::engine
