@@ -1,1 +1,22 @@
-int main() { return 0; }  // placeholder
+// `shardline`: command-line entry point. See README.md and docs/cli.md.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <iostream>
+
+#include "cli/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Shardline: offline, throughput-first LLM inference"};
+  app.require_subcommand(1);
+  std::function<int()> run;
+  shardline::cli::add_generate_command(app, run);
+  shardline::cli::add_tokenize_command(app, run);
+  shardline::cli::add_bench_command(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return run ? run() : 2;
+}

@@ -1,0 +1,222 @@
+#include "bench/throughput.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/hardware.hpp"
+#include "bench/roofline.hpp"
+#include "kernels/cpu/linear.hpp"
+
+namespace shardline::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// Per-step record of the measuring executor.
+struct StepRecord {
+  int num_tokens = 0;
+  int num_prefill_tokens = 0;  ///< tokens at positions < input_len
+  int num_seqs = 0;
+  double model_ms = 0;
+  StepCost cost;
+};
+
+/// A ModelExecutor decorator that times every step and prices it.
+class MeasuringExecutor final : public engine::ModelExecutor {
+ public:
+  MeasuringExecutor(engine::ModelExecutor& inner, const model::ModelConfig& config,
+                    double weight_elem_bytes, int input_len)
+      : inner_(inner), config_(config), weight_elem_bytes_(weight_elem_bytes), input_len_(input_len) {}
+
+  Result<engine::StepOutput> execute(const engine::StepInput& in) override {
+    StepRecord r;
+    r.num_tokens = in.num_tokens();
+    r.num_seqs = static_cast<int>(in.seqs.size());
+    for (std::int32_t p : in.positions) r.num_prefill_tokens += p < input_len_ ? 1 : 0;
+    r.cost = step_cost(config_, weight_elem_bytes_, in);
+    const auto t0 = Clock::now();
+    auto out = inner_.execute(in);
+    r.model_ms = ms_since(t0);
+    records_.push_back(r);
+    return out;
+  }
+  int vocab_size() const override { return inner_.vocab_size(); }
+  int num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  int block_size() const override { return inner_.block_size(); }
+  const std::vector<StepRecord>& records() const { return records_; }
+
+ private:
+  engine::ModelExecutor& inner_;
+  const model::ModelConfig& config_;
+  double weight_elem_bytes_;
+  int input_len_;
+  std::vector<StepRecord> records_;
+};
+
+/// Shardline's own linear layer on a 2048^3 problem (the GEMM the model runs).
+double measure_linear_gflops(int n = 2048, int repeats = 3) {
+  std::vector<float> w(static_cast<std::size_t>(n) * n), x(w.size()), y(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    w[i] = static_cast<float>((i * 7) % 13) * 0.01f;
+    x[i] = static_cast<float>((i * 5) % 11) * 0.01f;
+  }
+  const auto packed = kernels::cpu::PackedLinear::pack(w.data(), DType::f32, n, n);
+  kernels::cpu::linear(x.data(), n, n, packed, nullptr, y.data(), n);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    kernels::cpu::linear(x.data(), n, n, packed, nullptr, y.data(), n);
+    best = std::min(best, ms_since(t0) / 1e3);
+  }
+  return 2.0 * n * static_cast<double>(n) * n / best / 1e9;
+}
+
+}  // namespace
+
+std::string ThroughputReport::to_json() const {
+  nlohmann::json j{{"model", model},
+                   {"dtype", dtype},
+                   {"num_prompts", num_prompts},
+                   {"input_len", input_len},
+                   {"output_len", output_len},
+                   {"max_batch", max_batch},
+                   {"threads", threads},
+                   {"elapsed_s", elapsed_s},
+                   {"total_tok_s", total_tok_s},
+                   {"prefill_tok_s", prefill_tok_s},
+                   {"decode_tok_s", decode_tok_s},
+                   {"decode_step_ms", decode_step_ms},
+                   {"roofline_step_ms", roofline_step_ms},
+                   {"roofline_ratio", roofline_ratio},
+                   {"prefill_gflops", prefill_gflops},
+                   {"prefill_gemm_ratio", prefill_gemm_ratio},
+                   {"membw_gbs", membw_gbs},
+                   {"gemm_gflops", gemm_gflops},
+                   {"openblas_gflops", openblas_gflops},
+                   {"linear_gflops", linear_gflops},
+                   {"num_steps", num_steps},
+                   {"num_decode_steps", num_decode_steps},
+                   {"num_preemptions", num_preemptions},
+                   {"kv_cache_bytes", kv_cache_bytes},
+                   {"weight_bytes", weight_bytes}};
+  return j.dump();
+}
+
+Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
+  if (o.num_prompts <= 0 || o.input_len <= 0 || o.output_len <= 0 || o.max_batch <= 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "bench: --num-prompts, --input-len, --output-len and --max-batch must be > 0");
+  ThroughputReport rep;
+  rep.num_prompts = o.num_prompts;
+  rep.input_len = o.input_len;
+  rep.output_len = o.output_len;
+  rep.max_batch = o.max_batch;
+  rep.model = o.engine.model_dir;
+  rep.dtype = dtype_name(o.engine.dtype);
+  const int threads = o.engine.num_threads > 0 ? o.engine.num_threads : omp_get_num_procs();
+  rep.threads = threads;
+
+  // Hardware limits, measured now on this machine.
+  rep.membw_gbs = measure_triad_bandwidth_gbs(threads);
+  rep.openblas_gflops = measure_sgemm_gflops(threads);
+  omp_set_num_threads(threads);
+  rep.linear_gflops = measure_linear_gflops();
+  rep.gemm_gflops = std::max(rep.openblas_gflops, rep.linear_gflops);
+
+  engine::CpuEngineOptions eo = o.engine;
+  eo.num_threads = threads;
+  eo.max_num_seqs = o.max_batch;
+  eo.max_model_len = o.input_len + o.output_len;
+  auto built = engine::build_cpu_engine(eo);
+  if (!built) return std::move(built).error();
+  engine::CpuEngine& e = *built;
+  rep.kv_cache_bytes = e.kv_cache_bytes;
+  const double elem_bytes = static_cast<double>(dtype_size(o.engine.dtype));
+
+  // The engine must run on the measuring executor: build a second engine over it.
+  MeasuringExecutor measuring(*e.runner, e.weights->config, elem_bytes, o.input_len);
+  engine::EngineConfig ec = e.engine->config();
+  auto eng = engine::LlmEngine::create(measuring, *e.tokenizer, ec);
+  if (!eng) return std::move(eng).error();
+
+  // Random prompts (seeded, fixed), avoiding special ids.
+  const int vocab = e.weights->config.vocab_size;
+  std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(o.num_prompts));
+  std::uint64_t state = o.prompt_seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& p : prompts) {
+    p.resize(static_cast<std::size_t>(o.input_len));
+    for (auto& t : p) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      t = static_cast<std::int32_t>(3 + (state >> 33) % static_cast<std::uint64_t>(vocab - 3));
+    }
+  }
+  engine::SamplingParams sp;
+  sp.temperature = 0.0f;
+  sp.max_tokens = o.output_len;
+  sp.ignore_eos = true;
+
+  const auto t0 = Clock::now();
+  auto outputs = (*eng)->generate(prompts, sp);
+  rep.elapsed_s = ms_since(t0) / 1e3;
+  if (!outputs) return std::move(outputs).error();
+
+  long generated = 0;
+  for (const auto& out : *outputs) generated += static_cast<long>(out.token_ids.size());
+  rep.total_tok_s = (static_cast<double>(o.num_prompts) * o.input_len + generated) / rep.elapsed_s;
+  for (const auto& s : (*eng)->step_stats()) rep.num_preemptions += s.num_preemptions;
+
+  double prefill_ms = 0, prefill_flops = 0, decode_ms = 0;
+  long prefill_tokens = 0, decode_tokens = 0;
+  std::vector<double> full_decode_ms, full_decode_roof;
+  const auto& recs = measuring.records();
+  rep.num_steps = static_cast<int>(recs.size());
+  int max_decode_batch = 0;
+  for (const StepRecord& r : recs)
+    if (r.num_prefill_tokens == 0) max_decode_batch = std::max(max_decode_batch, r.num_tokens);
+  for (const StepRecord& r : recs) {
+    if (r.num_prefill_tokens > 0) {
+      prefill_ms += r.model_ms;
+      prefill_flops += r.cost.flops;
+      prefill_tokens += r.num_prefill_tokens;
+    } else {
+      decode_ms += r.model_ms;
+      decode_tokens += r.num_tokens;
+      ++rep.num_decode_steps;
+      if (r.num_tokens == max_decode_batch) {
+        full_decode_ms.push_back(r.model_ms);
+        full_decode_roof.push_back(r.cost.roofline_ms(rep.membw_gbs, rep.gemm_gflops));
+      }
+    }
+  }
+  if (prefill_ms > 0) {
+    rep.prefill_tok_s = prefill_tokens / (prefill_ms / 1e3);
+    rep.prefill_gflops = prefill_flops / (prefill_ms / 1e3) / 1e9;
+    rep.prefill_gemm_ratio = rep.prefill_gflops / rep.gemm_gflops;
+  }
+  if (decode_ms > 0) rep.decode_tok_s = decode_tokens / (decode_ms / 1e3);
+  rep.decode_step_ms = median(full_decode_ms);
+  rep.roofline_step_ms = median(full_decode_roof);
+  if (rep.roofline_step_ms > 0) rep.roofline_ratio = rep.decode_step_ms / rep.roofline_step_ms;
+  rep.weight_bytes = static_cast<double>(e.runner->packed_weight_bytes());
+  return rep;
+}
+
+}  // namespace shardline::bench

@@ -1,0 +1,55 @@
+#pragma once
+/// \file
+/// Offline throughput benchmark (the setting of vLLM's `benchmark_throughput`):
+/// N prompts of random token ids x (input_len in, output_len out, ignore_eos),
+/// all submitted at once, run to completion by the engine. The machine's
+/// memory bandwidth and GEMM peak are measured in the same run, and every
+/// model step is timed and compared with its roofline (bench/roofline.hpp).
+
+#include <cstdint>
+#include <string>
+
+#include "common/result.hpp"
+#include "engine/cpu_engine.hpp"
+
+namespace shardline::bench {
+
+struct ThroughputOptions {
+  engine::CpuEngineOptions engine;  ///< model / shape, dtype, KV, threads, token budget
+  int num_prompts = 64;
+  int input_len = 128;   ///< prompt tokens per request
+  int output_len = 128;  ///< generated tokens per request (ignore_eos)
+  int max_batch = 64;    ///< running sequences at most (engine max_num_seqs)
+  std::uint64_t prompt_seed = 1;  ///< seed of the random prompt ids
+};
+
+struct ThroughputReport {
+  int num_prompts = 0, input_len = 0, output_len = 0, max_batch = 0, threads = 0;
+  std::string model;
+  std::string dtype;
+  double elapsed_s = 0;          ///< wall time of the whole run (scheduling + sampling included)
+  double total_tok_s = 0;        ///< (prompt + generated tokens) / elapsed_s
+  double prefill_tok_s = 0;      ///< prompt tokens / model time of steps that carry prefill
+  double decode_tok_s = 0;       ///< decode tokens / model time of pure-decode steps
+  double decode_step_ms = 0;     ///< median model time of pure-decode steps at full batch
+  double roofline_step_ms = 0;   ///< median roofline of those steps
+  double roofline_ratio = 0;     ///< decode_step_ms / roofline_step_ms
+  double prefill_gflops = 0;     ///< achieved FLOP rate of prefill-carrying steps
+  double prefill_gemm_ratio = 0; ///< prefill_gflops / gemm_gflops
+  double membw_gbs = 0;          ///< STREAM triad, same run
+  double gemm_gflops = 0;        ///< max(OpenBLAS sgemm, Shardline linear) on 2048^3, same run
+  double openblas_gflops = 0;    ///< OpenBLAS sgemm on 2048^3
+  double linear_gflops = 0;      ///< Shardline's batch-invariant linear on 2048^3
+  int num_steps = 0, num_decode_steps = 0, num_preemptions = 0;
+  std::uint64_t kv_cache_bytes = 0;
+  double weight_bytes = 0;
+
+  /// One JSON object (a single line when dumped).
+  [[nodiscard]] std::string to_json() const;
+};
+
+/// Runs the benchmark. Errors: engine build errors, invalid_argument for
+/// non-positive sizes.
+[[nodiscard]] Result<ThroughputReport> run_throughput(const ThroughputOptions& options);
+
+}  // namespace shardline::bench

@@ -1,0 +1,61 @@
+// `shardline bench`: offline throughput benchmark with same-run hardware limits.
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "bench/throughput.hpp"
+#include "cli/commands.hpp"
+#include "cli/engine_flags.hpp"
+
+namespace shardline::cli {
+
+namespace {
+
+struct BenchArgs {
+  std::string model_dir;
+  std::string shape_dir;
+  EngineFlags engine;
+  bench::ThroughputOptions options;
+};
+
+int run_bench(BenchArgs& a) {
+  const std::string dir = a.model_dir.empty() ? a.shape_dir : a.model_dir;
+  if (dir.empty() || (!a.model_dir.empty() && !a.shape_dir.empty())) {
+    std::cerr << "error: give exactly one of --model or --shape\n";
+    return 2;
+  }
+  if (!a.shape_dir.empty() && a.engine.load_format == "auto") a.engine.load_format = "dummy";
+  auto eo = to_engine_options(a.engine, dir);
+  if (!eo) {
+    std::cerr << "error: " << eo.error().to_string() << "\n";
+    return 2;
+  }
+  a.options.engine = *eo;
+  auto rep = bench::run_throughput(a.options);
+  if (!rep) {
+    std::cerr << "error: " << rep.error().to_string() << "\n";
+    return 1;
+  }
+  std::cout << rep->to_json() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Offline throughput benchmark; prints one JSON line (tokens/s, step times, roofline)");
+  cmd->add_option("--model", a->model_dir, "Hugging Face model folder (real weights)");
+  cmd->add_option("--shape", a->shape_dir,
+                  "Folder with a config.json only; implies --load-format dummy");
+  add_engine_flags(*cmd, a->engine);
+  cmd->add_option("--num-prompts", a->options.num_prompts, "Requests")->capture_default_str();
+  cmd->add_option("--input-len", a->options.input_len, "Prompt tokens per request")->capture_default_str();
+  cmd->add_option("--output-len", a->options.output_len, "Generated tokens per request")
+      ->capture_default_str();
+  cmd->add_option("--max-batch", a->options.max_batch, "Running sequences at most")->capture_default_str();
+  cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
+}
+
+}  // namespace shardline::cli

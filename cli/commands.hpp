@@ -1,0 +1,17 @@
+#pragma once
+/// \file
+/// The `shardline` subcommands. Each registers its flags on a CLI11 app and
+/// returns the process exit code when run (0 ok, 1 runtime error, 2 usage).
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace shardline::cli {
+
+/// Adds a subcommand; `run` is set to the function to call when it is chosen.
+void add_tokenize_command(CLI::App& app, std::function<int()>& run);
+void add_generate_command(CLI::App& app, std::function<int()>& run);
+void add_bench_command(CLI::App& app, std::function<int()>& run);
+
+}  // namespace shardline::cli

@@ -1,0 +1,65 @@
+#include "cli/engine_flags.hpp"
+
+#include <filesystem>
+
+namespace shardline::cli {
+
+void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
+  cmd.add_option("--dtype", f.dtype, "Weight storage in memory: f32 or bf16 (compute is always F32)")
+      ->capture_default_str();
+  cmd.add_option("--load-format", f.load_format,
+                 "auto (safetensors if present), safetensors, or dummy (seeded random weights with "
+                 "config.json's shapes)")
+      ->capture_default_str();
+  cmd.add_option("--kv-cache-bytes", f.kv_cache_bytes,
+                 "KV cache budget in bytes (0: --kv-cache-memory-fraction of free memory)");
+  cmd.add_option("--kv-cache-memory-fraction", f.kv_cache_memory_fraction,
+                 "Fraction of MemAvailable for the KV cache when --kv-cache-bytes is 0")
+      ->capture_default_str();
+  cmd.add_option("--block-size", f.block_size, "Tokens per KV block")->capture_default_str();
+  cmd.add_option("--max-num-seqs", f.max_num_seqs, "Running sequences per step at most")
+      ->capture_default_str();
+  cmd.add_option("--max-num-batched-tokens", f.max_num_batched_tokens,
+                 "Tokens per step at most (prefill chunks + decodes)")
+      ->capture_default_str();
+  cmd.add_option("--max-model-len", f.max_model_len,
+                 "Prompt + output tokens at most (0: config max_position_embeddings)");
+  cmd.add_option("--threads", f.threads, "Compute threads (0: all cores)");
+  cmd.add_option("--num-layers", f.num_layers, "Keep only the first N layers (smoke tests; 0: all)");
+  cmd.add_option("--seed", f.seed, "Seed of dummy weights and of requests without their own seed")
+      ->capture_default_str();
+}
+
+Result<engine::CpuEngineOptions> to_engine_options(const EngineFlags& f, const std::string& model_dir) {
+  engine::CpuEngineOptions o;
+  o.model_dir = model_dir;
+  if (f.dtype == "f32" || f.dtype == "float32") {
+    o.dtype = DType::f32;
+  } else if (f.dtype == "bf16" || f.dtype == "bfloat16") {
+    o.dtype = DType::bf16;
+  } else {
+    return make_error(ErrorCode::invalid_argument, "--dtype must be f32 or bf16, got '" + f.dtype + "'");
+  }
+  namespace fs = std::filesystem;
+  if (f.load_format == "dummy") {
+    o.load_format = model::LoadFormat::dummy;
+  } else if (f.load_format == "safetensors" || f.load_format == "auto") {
+    o.load_format = model::LoadFormat::safetensors;
+  } else {
+    return make_error(ErrorCode::invalid_argument,
+                      "--load-format must be auto, safetensors or dummy, got '" + f.load_format + "'");
+  }
+  if (f.kv_cache_bytes < 0) return make_error(ErrorCode::invalid_argument, "--kv-cache-bytes must be >= 0");
+  o.kv_cache_bytes = static_cast<std::uint64_t>(f.kv_cache_bytes);
+  o.kv_cache_memory_fraction = f.kv_cache_memory_fraction;
+  o.block_size = f.block_size;
+  o.max_num_seqs = f.max_num_seqs;
+  o.max_num_batched_tokens = f.max_num_batched_tokens;
+  o.max_model_len = f.max_model_len;
+  o.num_threads = f.threads;
+  o.num_layers_override = f.num_layers;
+  o.seed = f.seed;
+  return o;
+}
+
+}  // namespace shardline::cli

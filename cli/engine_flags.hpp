@@ -1,0 +1,37 @@
+#pragma once
+/// \file
+/// Flags shared by every command that builds a CPU engine (generate, bench):
+/// model loading, KV cache budget, batching limits and threads.
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "common/result.hpp"
+#include "engine/cpu_engine.hpp"
+
+namespace shardline::cli {
+
+struct EngineFlags {
+  std::string dtype = "f32";
+  std::string load_format = "auto";
+  long long kv_cache_bytes = 0;
+  double kv_cache_memory_fraction = 0.5;
+  int block_size = 16;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 0;
+  int threads = 0;
+  int num_layers = 0;
+  unsigned long long seed = 0;
+};
+
+/// Registers the flags on `cmd`.
+void add_engine_flags(CLI::App& cmd, EngineFlags& f);
+
+/// Fills engine options from the flags (model_dir set by the caller).
+/// Errors: invalid_argument for an unknown --dtype / --load-format.
+[[nodiscard]] Result<engine::CpuEngineOptions> to_engine_options(const EngineFlags& f,
+                                                                const std::string& model_dir);
+
+}  // namespace shardline::cli

@@ -1,0 +1,55 @@
+#pragma once
+/// \file
+/// Wires a CPU device: loads a model folder (or dummy weights of a shape),
+/// its tokenizer, packs the weights into a CpuModelRunner with a KV cache
+/// sized from a byte budget, and builds an LlmEngine over them. Used by the
+/// CLI (`generate`, `bench`) and the golden tests.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/result.hpp"
+#include "engine/llm_engine.hpp"
+#include "model/cpu_runner.hpp"
+#include "model/tokenizer.hpp"
+#include "model/weights.hpp"
+
+namespace shardline::engine {
+
+struct CpuEngineOptions {
+  std::string model_dir;  ///< HF model folder, or a shape folder with --load-format dummy
+  model::LoadFormat load_format = model::LoadFormat::safetensors;
+  DType dtype = DType::f32;       ///< weight storage: f32 or bf16
+  std::uint64_t seed = 0;         ///< dummy weights and default request seeds
+  int num_layers_override = 0;    ///< > 0: first N layers only (smoke tests)
+  int block_size = 16;            ///< tokens per KV block
+  std::uint64_t kv_cache_bytes = 0;        ///< KV budget; 0 = fraction of free memory
+  double kv_cache_memory_fraction = 0.5;   ///< of MemAvailable after loading weights
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 0;          ///< 0 = config max_position_embeddings
+  int num_threads = 0;            ///< OpenMP threads for kernels; 0 = all cores
+  bool capture_logits = false;
+  bool check_integrity = false;
+};
+
+/// A ready CPU engine. Member order matters: the engine refers to the runner
+/// and tokenizer, so it is declared (and destroyed) last.
+struct CpuEngine {
+  std::shared_ptr<const model::ModelWeights> weights;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::unique_ptr<model::CpuModelRunner> runner;
+  std::unique_ptr<LlmEngine> engine;
+  std::uint64_t kv_cache_bytes = 0;  ///< what was allocated
+  int num_kv_blocks = 0;
+};
+
+/// Builds it. The KV cache gets min(budget, what max_num_seqs sequences of
+/// max_model_len tokens can use) blocks. A model folder without tokenizer
+/// files gets an IdTokenizer (ids as text). Errors: whatever loading returns
+/// (each names the file / tensor), invalid_argument for bad options,
+/// out_of_memory when the budget cannot hold one max_model_len sequence.
+[[nodiscard]] Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& options);
+
+}  // namespace shardline::engine
