@@ -1,0 +1,221 @@
+// Golden, through the whole engine (scheduler, block manager, runner,
+// sampler, detokenizer) on the shipped stories260K: the reference greedy ids
+// and top-5 logits, alone and in a batch of 64 at several chunkings and under
+// KV preemption, with logits bit-identical to the request running alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/cpu_engine.hpp"
+
+namespace shardline::engine {
+namespace {
+
+const std::string kModelDir = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
+constexpr int kMaxTokens = 48;
+
+struct RefCase {
+  std::string prompt;
+  std::vector<std::int32_t> prompt_ids;
+  std::vector<std::int32_t> generated_ids;
+  std::string full_text;
+  std::vector<std::vector<std::pair<int, float>>> top5;
+};
+
+std::vector<RefCase> load_reference() {
+  std::ifstream in(kModelDir + "/reference_greedy.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::vector<RefCase> out;
+  for (const auto& c : j.at("cases")) {
+    RefCase r;
+    r.prompt = c.at("prompt").get<std::string>();
+    r.prompt_ids = c.at("prompt_ids").get<std::vector<std::int32_t>>();
+    r.generated_ids = c.at("generated_ids").get<std::vector<std::int32_t>>();
+    r.full_text = c.at("full_text").get<std::string>();
+    for (const auto& step : c.at("step_top5_logits")) {
+      std::vector<std::pair<int, float>> s;
+      for (const auto& e : step) s.emplace_back(e.at(0).get<int>(), e.at(1).get<float>());
+      r.top5.push_back(s);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+CpuEngine make_engine(int max_num_batched_tokens, std::uint64_t kv_cache_bytes = 8u << 20,
+                      int max_num_seqs = 64) {
+  CpuEngineOptions o;
+  o.model_dir = kModelDir;
+  o.block_size = 16;
+  o.kv_cache_bytes = kv_cache_bytes;
+  o.max_num_seqs = max_num_seqs;
+  o.max_num_batched_tokens = max_num_batched_tokens;
+  o.capture_logits = true;
+  o.check_integrity = true;
+  auto e = build_cpu_engine(o);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+  return std::move(e).value();
+}
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = kMaxTokens;
+  return p;
+}
+
+/// 61 filler requests: different prompts and lengths, seeded sampling, so the
+/// batch around the reference requests is as unlike "alone" as possible.
+void add_fillers(LlmEngine& engine, const model::Tokenizer& tok, std::uint64_t first_id) {
+  const char* starts[] = {"The cat", "A big dog ran to the", "Sam and Mia went to the park and",
+                          "One day", "There was a boy who liked to play with his red car in the"};
+  for (int i = 0; i < 61; ++i) {
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.top_p = 0.9f;
+    p.seed = 1000 + static_cast<std::uint64_t>(i);
+    p.has_seed = true;
+    p.max_tokens = 20 + i % 40;
+    ASSERT_TRUE(engine.add_request(first_id + static_cast<std::uint64_t>(i),
+                                   tok.encode(starts[i % 5], true), p).ok());
+  }
+}
+
+std::map<std::uint64_t, RequestOutput> run_all(LlmEngine& engine) {
+  std::map<std::uint64_t, RequestOutput> out;
+  while (engine.has_unfinished()) {
+    auto step = engine.step();
+    EXPECT_TRUE(step.ok()) << (step.ok() ? "" : step.error().to_string());
+    if (!step.ok()) break;
+    for (auto& o : *step) out[o.request_id] = std::move(o);
+  }
+  return out;
+}
+
+void expect_reference(const RefCase& ref, const RequestOutput& out, const std::string& where) {
+  ASSERT_EQ(out.token_ids, ref.generated_ids) << where;
+  EXPECT_EQ(ref.prompt + out.text, ref.full_text) << where;
+  ASSERT_EQ(out.logits.size(), static_cast<std::size_t>(kMaxTokens)) << where;
+  for (int s = 0; s < kMaxTokens; ++s) {
+    const std::vector<float>& l = out.logits[s];
+    std::vector<int> idx(l.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int a, int b) { return l[a] > l[b]; });
+    for (int r = 0; r < 5; ++r) {
+      EXPECT_EQ(idx[r], ref.top5[s][r].first) << where << " step " << s << " rank " << r;
+      EXPECT_NEAR(l[ref.top5[s][r].first], ref.top5[s][r].second, 1e-4) << where << " step " << s;
+    }
+  }
+}
+
+bool bit_identical(const RequestOutput& a, const RequestOutput& b) {
+  if (a.token_ids != b.token_ids || a.logits.size() != b.logits.size()) return false;
+  for (std::size_t s = 0; s < a.logits.size(); ++s)
+    if (a.logits[s].size() != b.logits[s].size() ||
+        std::memcmp(a.logits[s].data(), b.logits[s].data(), a.logits[s].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+class CpuEngineGolden : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    refs_ = load_reference();
+    ASSERT_EQ(refs_.size(), 3u);
+    // Alone: each reference prompt in its own engine, whole prompt in one step.
+    for (const RefCase& r : refs_) {
+      CpuEngine e = make_engine(2048);
+      ASSERT_TRUE(e.engine->add_request(7, e.tokenizer->encode(r.prompt, true), greedy()).ok());
+      auto outs = run_all(*e.engine);
+      ASSERT_EQ(outs.size(), 1u);
+      alone_.push_back(outs.at(7));
+    }
+  }
+  std::vector<RefCase> refs_;
+  std::vector<RequestOutput> alone_;
+};
+
+TEST_F(CpuEngineGolden, AloneMatchesReferenceIdsTextAndTop5) {
+  for (std::size_t i = 0; i < refs_.size(); ++i) {
+    EXPECT_EQ(alone_[i].prompt_token_ids, refs_[i].prompt_ids);
+    expect_reference(refs_[i], alone_[i], "alone case " + std::to_string(i));
+  }
+}
+
+// The three reference requests inside a batch of 64, at token budgets that
+// chunk prompts differently (7, 64 and 2048 tokens per step): reference ids,
+// and logits bit-identical to running alone.
+TEST_F(CpuEngineGolden, BatchOf64AtAnyChunkingIsBitIdenticalToAlone) {
+  for (int budget : {64, 7, 2048}) {
+    CpuEngine e = make_engine(budget);
+    for (std::size_t i = 0; i < refs_.size(); ++i)
+      ASSERT_TRUE(e.engine->add_request(i, e.tokenizer->encode(refs_[i].prompt, true), greedy()).ok());
+    add_fillers(*e.engine, *e.tokenizer, 100);
+    auto outs = run_all(*e.engine);
+    ASSERT_EQ(outs.size(), 64u) << "budget " << budget;
+    for (std::size_t i = 0; i < refs_.size(); ++i) {
+      const std::string where = "budget " + std::to_string(budget) + " case " + std::to_string(i);
+      expect_reference(refs_[i], outs.at(i), where);
+      EXPECT_TRUE(bit_identical(outs.at(i), alone_[i])) << where << ": logits differ from alone";
+    }
+  }
+}
+
+// A KV cache too small for the batch forces recompute preemption; every
+// request still finishes, the reference ones with bit-identical logits.
+TEST_F(CpuEngineGolden, PreemptionUnderTinyKvCacheKeepsOutputsIdentical) {
+  // stories260K: 5 layers * 4 kv heads * 8 dims * 2 (K,V) * 4 bytes = 1280 bytes/token.
+  // 64 blocks of 16 tokens: room for ~16 sequences of ~60 tokens, far fewer than 64.
+  CpuEngine e = make_engine(256, 64ull * 16 * 1280);
+  ASSERT_EQ(e.num_kv_blocks, 64);
+  for (std::size_t i = 0; i < refs_.size(); ++i)
+    ASSERT_TRUE(e.engine->add_request(i, e.tokenizer->encode(refs_[i].prompt, true), greedy()).ok());
+  add_fillers(*e.engine, *e.tokenizer, 100);
+  auto outs = run_all(*e.engine);
+  ASSERT_EQ(outs.size(), 64u);
+  int preemptions = 0;
+  for (const auto& s : e.engine->step_stats()) preemptions += s.num_preemptions;
+  EXPECT_GT(preemptions, 0) << "the test must actually preempt";
+  for (std::size_t i = 0; i < refs_.size(); ++i) {
+    expect_reference(refs_[i], outs.at(i), "preempted case " + std::to_string(i));
+    EXPECT_TRUE(bit_identical(outs.at(i), alone_[i])) << "case " << i;
+  }
+}
+
+// Seeded sampling: a request's tokens depend on (seed, position) only, not on
+// its batch or chunking.
+TEST(CpuEngineSeeded, SeededSamplingIsBatchInvariant) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = 40;
+  p.top_p = 0.95f;
+  p.seed = 1234;
+  p.has_seed = true;
+  p.max_tokens = 40;
+  CpuEngine alone = make_engine(2048);
+  ASSERT_TRUE(alone.engine->add_request(5, alone.tokenizer->encode("Once upon a time", true), p).ok());
+  const RequestOutput a = run_all(*alone.engine).at(5);
+
+  CpuEngine batched = make_engine(5);
+  ASSERT_TRUE(batched.engine->add_request(5, batched.tokenizer->encode("Once upon a time", true), p).ok());
+  add_fillers(*batched.engine, *batched.tokenizer, 100);
+  const RequestOutput b = run_all(*batched.engine).at(5);
+  EXPECT_TRUE(bit_identical(a, b));
+  EXPECT_EQ(a.text, b.text);
+
+  // A different seed gives a different story (the seed is really used).
+  p.seed = 99;
+  CpuEngine other = make_engine(2048);
+  ASSERT_TRUE(other.engine->add_request(5, other.tokenizer->encode("Once upon a time", true), p).ok());
+  EXPECT_NE(run_all(*other.engine).at(5).token_ids, a.token_ids);
+}
+
+}  // namespace
+}  // namespace shardline::engine
