@@ -7,52 +7,25 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <numeric>
 
-#include <nlohmann/json.hpp>
-
 #include "engine/cpu_engine.hpp"
+#include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
 namespace {
 
-const std::string kModelDir = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
 constexpr int kMaxTokens = 48;
+using RefCase = testing_support::StoriesCase;
+using testing_support::kStoriesDir;
 
-struct RefCase {
-  std::string prompt;
-  std::vector<std::int32_t> prompt_ids;
-  std::vector<std::int32_t> generated_ids;
-  std::string full_text;
-  std::vector<std::vector<std::pair<int, float>>> top5;
-};
-
-std::vector<RefCase> load_reference() {
-  std::ifstream in(kModelDir + "/reference_greedy.json");
-  const nlohmann::json j = nlohmann::json::parse(in);
-  std::vector<RefCase> out;
-  for (const auto& c : j.at("cases")) {
-    RefCase r;
-    r.prompt = c.at("prompt").get<std::string>();
-    r.prompt_ids = c.at("prompt_ids").get<std::vector<std::int32_t>>();
-    r.generated_ids = c.at("generated_ids").get<std::vector<std::int32_t>>();
-    r.full_text = c.at("full_text").get<std::string>();
-    for (const auto& step : c.at("step_top5_logits")) {
-      std::vector<std::pair<int, float>> s;
-      for (const auto& e : step) s.emplace_back(e.at(0).get<int>(), e.at(1).get<float>());
-      r.top5.push_back(s);
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
+std::vector<RefCase> load_reference() { return testing_support::load_stories_reference(); }
 
 CpuEngine make_engine(int max_num_batched_tokens, std::uint64_t kv_cache_bytes = 8u << 20,
                       int max_num_seqs = 64) {
   CpuEngineOptions o;
-  o.model_dir = kModelDir;
+  o.model_dir = kStoriesDir;
   o.block_size = 16;
   o.kv_cache_bytes = kv_cache_bytes;
   o.max_num_seqs = max_num_seqs;
@@ -103,16 +76,8 @@ void expect_reference(const RefCase& ref, const RequestOutput& out, const std::s
   ASSERT_EQ(out.token_ids, ref.generated_ids) << where;
   EXPECT_EQ(ref.prompt + out.text, ref.full_text) << where;
   ASSERT_EQ(out.logits.size(), static_cast<std::size_t>(kMaxTokens)) << where;
-  for (int s = 0; s < kMaxTokens; ++s) {
-    const std::vector<float>& l = out.logits[s];
-    std::vector<int> idx(l.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int a, int b) { return l[a] > l[b]; });
-    for (int r = 0; r < 5; ++r) {
-      EXPECT_EQ(idx[r], ref.top5[s][r].first) << where << " step " << s << " rank " << r;
-      EXPECT_NEAR(l[ref.top5[s][r].first], ref.top5[s][r].second, 1e-4) << where << " step " << s;
-    }
-  }
+  for (int s = 0; s < kMaxTokens; ++s)
+    testing_support::expect_top5(out.logits[s], ref.top5[s], where + " step " + std::to_string(s));
 }
 
 bool bit_identical(const RequestOutput& a, const RequestOutput& b) {

@@ -8,44 +8,22 @@
 #include <algorithm>
 #include <cstring>
 #include <cmath>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "model/cpu_runner.hpp"
 #include "model/weights.hpp"
+#include "tests/support/stories_reference.hpp"
 
 namespace shardline::model {
 namespace {
 
-const std::string kModelDir = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
+using testing_support::expect_top5;
+using testing_support::kStoriesDir;
+using RefCase = testing_support::StoriesCase;
 
-struct RefCase {
-  std::vector<std::int32_t> prompt_ids;
-  std::vector<std::int32_t> generated_ids;
-  std::vector<std::vector<std::pair<int, float>>> top5;  // [step][5]
-};
-
-std::vector<RefCase> load_reference() {
-  std::ifstream in(kModelDir + "/reference_greedy.json");
-  const nlohmann::json j = nlohmann::json::parse(in);
-  std::vector<RefCase> out;
-  for (const auto& c : j.at("cases")) {
-    RefCase r;
-    r.prompt_ids = c.at("prompt_ids").get<std::vector<std::int32_t>>();
-    r.generated_ids = c.at("generated_ids").get<std::vector<std::int32_t>>();
-    for (const auto& step : c.at("step_top5_logits")) {
-      std::vector<std::pair<int, float>> s;
-      for (const auto& e : step) s.emplace_back(e.at(0).get<int>(), e.at(1).get<float>());
-      r.top5.push_back(s);
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
+std::vector<RefCase> load_reference() { return testing_support::load_stories_reference(); }
 
 constexpr int kBlockSize = 4;  // small, so sequences cross many block boundaries
 
@@ -114,22 +92,10 @@ int argmax(const std::vector<float>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-void expect_top5(const std::vector<float>& logits, const std::vector<std::pair<int, float>>& ref,
-                 const std::string& where) {
-  std::vector<int> idx(logits.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(),
-                    [&](int a, int b) { return logits[a] > logits[b]; });
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_EQ(idx[i], ref[i].first) << where << " rank " << i;
-    EXPECT_NEAR(logits[ref[i].first], ref[i].second, 1e-4) << where << " token " << ref[i].first;
-  }
-}
-
 std::unique_ptr<CpuModelRunner> make_runner(DType dtype, int num_blocks = 256) {
   LoadOptions opts;
   opts.dtype = dtype;
-  auto w = load_model(kModelDir, opts);
+  auto w = load_model(kStoriesDir, opts);
   EXPECT_TRUE(w.ok()) << (w.ok() ? "" : w.error().to_string());
   if (!w.ok()) return nullptr;
   auto shared = std::make_shared<const ModelWeights>(std::move(w).value());
