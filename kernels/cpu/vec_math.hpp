@@ -7,6 +7,8 @@
 // (_mm512_undefined_*); the state at the header's lines is what counts, so
 // this header must be included before anything else pulls in immintrin.h.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Same for -Wuninitialized (_mm512_shuffle_f32x4, _mm512_unpack*_pd with -O3).
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 namespace shardline::kernels::cpu::detail {
