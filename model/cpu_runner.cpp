@@ -2,7 +2,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -33,6 +36,9 @@ Result<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(
     return make_error(ErrorCode::invalid_argument,
                       "cpu runner: block_size must be > 0 (got " +
                           std::to_string(options.block_size) + ")");
+  if (options.kv_cache_dtype != DType::f32 && options.kv_cache_dtype != DType::bf16)
+    return make_error(ErrorCode::invalid_argument, std::string("cpu runner: KV cache dtype must be F32 or BF16, got ") +
+                                                       dtype_name(options.kv_cache_dtype));
   if (options.num_threads > 0) omp_set_num_threads(options.num_threads);
 
   std::unique_ptr<CpuModelRunner> r(new CpuModelRunner(weights, options));
@@ -56,16 +62,16 @@ Result<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(
   }
   r->inv_freq_ = kc::rope_inv_freq(rp);
 
-  r->kv_layer_floats_ = static_cast<std::size_t>(options.num_kv_blocks) * c.num_key_value_heads *
-                        options.block_size * c.head_dim;
-  try {
-    r->kv_cache_.resize(2 * r->kv_layer_floats_ * weights->layers.size());
-  } catch (const std::bad_alloc&) {
+  r->kv_layer_bytes_ = static_cast<std::size_t>(options.num_kv_blocks) * c.num_key_value_heads *
+                       options.block_size * c.head_dim * dtype_size(options.kv_cache_dtype);
+  r->kv_cache_bytes_ = 2 * r->kv_layer_bytes_ * weights->layers.size();
+  void* kv = std::aligned_alloc(64, (std::max<std::size_t>(r->kv_cache_bytes_, 64) + 63) / 64 * 64);
+  if (kv == nullptr)
     return make_error(ErrorCode::out_of_memory,
-                      "cpu runner: cannot allocate the KV cache (" +
-                          std::to_string(2 * r->kv_layer_floats_ * weights->layers.size() * 4) +
+                      "cpu runner: cannot allocate the KV cache (" + std::to_string(r->kv_cache_bytes_) +
                           " bytes for " + std::to_string(options.num_kv_blocks) + " blocks)");
-  }
+  std::memset(kv, 0, r->kv_cache_bytes_);  // fault the pages in now, not during steps
+  r->kv_cache_.reset(kv);
   return r;
 }
 
@@ -75,11 +81,20 @@ std::size_t CpuModelRunner::packed_weight_bytes() const {
   return b;
 }
 
+void CpuModelRunner::FreeDeleter::operator()(void* p) const noexcept { std::free(p); }
+
 kc::KvCacheLayer CpuModelRunner::kv_layer(int layer) {
   const ModelConfig& c = config();
-  float* base = kv_cache_.data() + 2 * kv_layer_floats_ * static_cast<std::size_t>(layer);
-  return kc::KvCacheLayer{base, base + kv_layer_floats_, options_.num_kv_blocks, options_.block_size,
-                          c.num_key_value_heads, c.head_dim};
+  char* base = static_cast<char*>(kv_cache_.get()) + 2 * kv_layer_bytes_ * static_cast<std::size_t>(layer);
+  kc::KvCacheLayer l;
+  l.k = base;
+  l.v = base + kv_layer_bytes_;
+  l.dtype = options_.kv_cache_dtype;
+  l.num_blocks = options_.num_kv_blocks;
+  l.block_size = options_.block_size;
+  l.num_kv_heads = c.num_key_value_heads;
+  l.head_dim = c.head_dim;
+  return l;
 }
 
 void CpuModelRunner::ensure_scratch(int num_tokens) {

@@ -29,14 +29,16 @@ struct CpuRunnerOptions {
   int num_kv_blocks = 0;  ///< blocks in the paged KV cache (> 0)
   int block_size = 16;    ///< tokens per KV block
   int num_threads = 0;    ///< OpenMP threads for kernels; 0 = leave as is
+  DType kv_cache_dtype = DType::f32;  ///< f32 (exact) or bf16 (half the KV bytes)
 };
 
 class CpuModelRunner final : public engine::ModelExecutor {
  public:
   /// Packs the weights for the GEMM kernels and allocates the KV cache
-  /// (2 * layers * num_kv_blocks * kv_heads * block_size * head_dim floats).
-  /// Errors: invalid_argument (num_kv_blocks or block_size <= 0),
-  /// out_of_memory (KV cache allocation failed).
+  /// (2 * layers * num_kv_blocks * kv_heads * block_size * head_dim elements
+  /// of kv_cache_dtype, zeroed up front so no page faults land in steps).
+  /// Errors: invalid_argument (num_kv_blocks or block_size <= 0, KV dtype not
+  /// f32/bf16), out_of_memory (KV cache allocation failed).
   [[nodiscard]] static Result<std::unique_ptr<CpuModelRunner>> create(
       std::shared_ptr<const ModelWeights> weights, const CpuRunnerOptions& options);
 
@@ -52,7 +54,7 @@ class CpuModelRunner final : public engine::ModelExecutor {
   /// Bytes of packed weights the GEMMs stream per step (for rooflines).
   [[nodiscard]] std::size_t packed_weight_bytes() const;
   /// Bytes of the KV cache (K and V, all layers).
-  [[nodiscard]] std::size_t kv_cache_bytes() const { return kv_cache_.size() * sizeof(float); }
+  [[nodiscard]] std::size_t kv_cache_bytes() const { return kv_cache_bytes_; }
 
  private:
   struct PackedLayer {
@@ -72,8 +74,12 @@ class CpuModelRunner final : public engine::ModelExecutor {
   std::vector<PackedLayer> layers_;
   kernels::cpu::PackedLinear lm_head_;  // [vocab, hidden]
   std::vector<float> inv_freq_;         // [head_dim / 2]
-  std::vector<float> kv_cache_;         // [layers, 2, num_kv_blocks, kv_heads, block_size, head_dim]
-  std::size_t kv_layer_floats_ = 0;     ///< floats of one layer's K (or V)
+  struct FreeDeleter {
+    void operator()(void* p) const noexcept;
+  };
+  std::unique_ptr<void, FreeDeleter> kv_cache_;  // [layers, 2, num_kv_blocks, kv_heads, block_size, head_dim]
+  std::size_t kv_cache_bytes_ = 0;
+  std::size_t kv_layer_bytes_ = 0;  ///< bytes of one layer's K (or V)
 
   // Scratch, grown to the largest step seen.
   int scratch_tokens_ = 0;

@@ -321,11 +321,11 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
 
   // 1. scores
   const QkFn qk = qk_for(d);
-  for (int tb = 0; tb < kPrefetchTiles; ++tb) prefetch_tile(cache.k, cache, table, kh, tb, pmax + 1);
+  for (int tb = 0; tb < kPrefetchTiles; ++tb) prefetch_tile(static_cast<const float*>(cache.k), cache, table, kh, tb, pmax + 1);
   for (int tb = 0; tb < ntile; ++tb) {
     const int j0 = tb * kTile;
-    prefetch_tile(cache.k, cache, table, kh, tb + kPrefetchTiles, pmax + 1);
-    tile_rows(cache.k, cache, table, kh, j0, std::min(kTile, pmax - j0 + 1), rows);
+    prefetch_tile(static_cast<const float*>(cache.k), cache, table, kh, tb + kPrefetchTiles, pmax + 1);
+    tile_rows(static_cast<const float*>(cache.k), cache, table, kh, j0, std::min(kTile, pmax - j0 + 1), rows);
     int x = 0;
     while (x < nqh && pos[x] < j0) ++x;  // query heads that see no key of this tile
     if (d % 16 == 0 && nqh - x >= kTransposeMin) {  // transpose once, share across heads
@@ -335,7 +335,7 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
       for (; x < nqh; ++x) _mm512_store_ps(sp[x] + j0, qk(qp[x], d, rows, scale));
     }
   }
-  for (int tb = 0; tb < kPrefetchTiles; ++tb) prefetch_tile(cache.v, cache, table, kh, tb, pmax + 1);
+  for (int tb = 0; tb < kPrefetchTiles; ++tb) prefetch_tile(static_cast<const float*>(cache.v), cache, table, kh, tb, pmax + 1);
 
   // 2. softmax numerators (in place) and 1 / sum
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -364,8 +364,8 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
   // 3. weighted sum of V rows
   for (int tb = 0; tb < ntile; ++tb) {
     const int j0 = tb * kTile;
-    prefetch_tile(cache.v, cache, table, kh, tb + kPrefetchTiles, pmax + 1);
-    tile_rows(cache.v, cache, table, kh, j0, std::min(kTile, pmax - j0 + 1), rows);
+    prefetch_tile(static_cast<const float*>(cache.v), cache, table, kh, tb + kPrefetchTiles, pmax + 1);
+    tile_rows(static_cast<const float*>(cache.v), cache, table, kh, j0, std::min(kTile, pmax - j0 + 1), rows);
     for (int x = 0; x < nqh; ++x) ep[x] = sp[x] + j0;
     int x = 0;
     while (x < nqh && pos[x] < j0) ++x;
@@ -432,8 +432,8 @@ void write_kv(const float* k, const float* v, int row_stride, int num_tokens,
     for (int h = 0; h < cache.num_kv_heads; ++h) {
       const long dst = (block * cache.num_kv_heads + h) * head_stride + off * cache.head_dim;
       const long src = static_cast<long>(t) * row_stride + static_cast<long>(h) * cache.head_dim;
-      std::memcpy(cache.k + dst, k + src, row_bytes);
-      std::memcpy(cache.v + dst, v + src, row_bytes);
+      std::memcpy(static_cast<float*>(cache.k) + dst, k + src, row_bytes);
+      std::memcpy(static_cast<float*>(cache.v) + dst, v + src, row_bytes);
     }
   }
 }
@@ -490,8 +490,8 @@ void paged_attention(const float* q, int q_stride, std::span<const AttentionSeq>
       const int i = static_cast<int>(local / hkv), kh = static_cast<int>(local % hkv);
       const int npos = seq.context_len - seq.num_q + i + 1;  // causal: positions 0..p
       const long row = seq.q_start + i;
-      gather_rows(cache.k, cache, seq.block_table, kh, npos, krows);
-      gather_rows(cache.v, cache, seq.block_table, kh, npos, vrows);
+      gather_rows(static_cast<const float*>(cache.k), cache, seq.block_table, kh, npos, krows);
+      gather_rows(static_cast<const float*>(cache.v), cache, seq.block_table, kh, npos, vrows);
       scores.resize(static_cast<std::size_t>(group) * npos);
       attend_scalar(q + row * q_stride + static_cast<long>(kh) * group * d, d, group, scale,
                     krows.data(), vrows.data(), npos, scores.data(),

@@ -13,13 +13,18 @@
 #include <cstdint>
 #include <span>
 
+#include "common/dtype.hpp"
+
 namespace shardline::kernels::cpu {
 
 /// One layer's paged KV cache, "HND" layout per block:
-/// k, v: [num_blocks, num_kv_heads, block_size, head_dim] floats.
+/// k, v: [num_blocks, num_kv_heads, block_size, head_dim] elements of `dtype`
+/// (F32, or BF16 — vLLM's `--kv-cache-dtype` — rounded to nearest even on
+/// write and widened exactly on read; attention math is F32 either way).
 struct KvCacheLayer {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
+  DType dtype = DType::f32;  ///< f32 or bf16
   int num_blocks = 0;
   int block_size = 0;  ///< tokens per block
   int num_kv_heads = 0;

@@ -26,7 +26,7 @@ struct Fixture {
     const std::size_t n = static_cast<std::size_t>(num_blocks) * kv_heads * bs * d;
     k_cache.assign(n, std::nanf(""));  // unwritten slots must never be read
     v_cache.assign(n, std::nanf(""));
-    cache = {k_cache.data(), v_cache.data(), num_blocks, bs, kv_heads, d};
+    cache = {k_cache.data(), v_cache.data(), DType::f32, num_blocks, bs, kv_heads, d};
     free_blocks.resize(num_blocks);
     std::iota(free_blocks.begin(), free_blocks.end(), 0);
     std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
