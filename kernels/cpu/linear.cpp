@@ -47,12 +47,28 @@ constexpr std::size_t kXBlockBytes = 384 * 1024;  // x rows kept hot in L2 per p
 
 #if defined(__AVX512F__)
 
+/// Lines of the next panel to pull into L2 while a tile runs: `lines` cache
+/// lines from `next`, `per_k` of them per k step (the tile sweeps k once).
+struct Prefetch {
+  const char* next = nullptr;
+  int lines = 0;
+  int per_k = 0;
+};
+
+[[gnu::always_inline]] inline void prefetch_step(const Prefetch& pf, int kk) {
+  const int first = kk * pf.per_k;
+  const int last = std::min(first + pf.per_k, pf.lines);
+  for (int l = first; l < last; ++l) __builtin_prefetch(pf.next + static_cast<long>(l) * 64, 0, 2);
+}
+
 /// Register tile: rows [0, M) x 64 columns of one panel over the full k.
 /// `ncols` (1..64) valid columns are stored; padded ones are discarded.
+/// Meanwhile a slice of the next panel is prefetched into L2, so the first
+/// tile of that panel does not stall on DRAM (weights stream once per step).
 template <int M, bool kBf16>
 [[gnu::always_inline]] inline void micro_tile(const float* x, long x_stride, const void* panel,
                                               int k, const float* bias, float* y, long y_stride,
-                                              int ncols) {
+                                              int ncols, const Prefetch& pf) {
   __m512 acc[M][4];
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -63,6 +79,7 @@ template <int M, bool kBf16>
     const __m512i* w = static_cast<const __m512i*>(panel);  // 2 words per kk
     const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
     for (int kk = 0; kk < k; ++kk, w += 2) {
+      prefetch_step(pf, kk);
       const __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 1);
       const __m512 b[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)),
                            _mm512_castsi512_ps(_mm512_and_si512(w0, hi_mask)),
@@ -76,6 +93,7 @@ template <int M, bool kBf16>
   } else {
     const float* w = static_cast<const float*>(panel);
     for (int kk = 0; kk < k; ++kk, w += kNr) {
+      prefetch_step(pf, kk);
       const __m512 b[4] = {_mm512_load_ps(w), _mm512_load_ps(w + 16), _mm512_load_ps(w + 32),
                            _mm512_load_ps(w + 48)};
       for (int r = 0; r < M; ++r) {
@@ -99,14 +117,14 @@ template <int M, bool kBf16>
 
 template <bool kBf16>
 void tile_dispatch(int rows, const float* x, long xs, const void* panel, int k, const float* bias,
-                   float* y, long ys, int ncols) {
+                   float* y, long ys, int ncols, const Prefetch& pf) {
   switch (rows) {
-    case 6: micro_tile<6, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
-    case 5: micro_tile<5, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
-    case 4: micro_tile<4, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
-    case 3: micro_tile<3, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
-    case 2: micro_tile<2, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
-    default: micro_tile<1, kBf16>(x, xs, panel, k, bias, y, ys, ncols); break;
+    case 6: micro_tile<6, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    case 5: micro_tile<5, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    case 4: micro_tile<4, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    case 3: micro_tile<3, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    case 2: micro_tile<2, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    default: micro_tile<1, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
   }
 }
 
@@ -120,15 +138,27 @@ void linear_panels(const float* x, int m, long xs, const PackedLinear& w, const 
   const std::size_t pbytes = panel_elems(k) * dtype_size(w.dtype());
   const auto* base = static_cast<const char*>(w.data());
   const int mc = std::max(kMr, static_cast<int>(kXBlockBytes / (4u * std::max(k, 1))) / kMr * kMr);
+  const int panel_lines = static_cast<int>(pbytes / 64);
   for (int i0 = 0; i0 < m; i0 += mc) {
     const int i1 = std::min(m, i0 + mc);
+    const int tiles = (i1 - i0 + kMr - 1) / kMr;
+    // Each of the block's tiles prefetches its share of the next panel.
+    const int lines_per_tile = (panel_lines + tiles - 1) / tiles;
+    const int per_k = (lines_per_tile + k - 1) / std::max(k, 1);
     for (int p = p0; p < p1; ++p) {
       const int j0 = p * kNr, ncols = std::min(kNr, n - j0);
-      const void* panel = base + p * pbytes;
+      const char* panel = base + p * pbytes;
       const float* b = bias ? bias + j0 : nullptr;
-      for (int i = i0; i < i1; i += kMr)
+      for (int t = 0, i = i0; i < i1; ++t, i += kMr) {
+        Prefetch pf;  // a lone tile streams the panel once: hardware prefetch does better
+        if (p + 1 < p1 && tiles > 1) {
+          const int first = t * lines_per_tile;
+          pf = Prefetch{panel + pbytes + static_cast<long>(first) * 64,
+                        std::max(0, std::min(lines_per_tile, panel_lines - first)), per_k};
+        }
         tile_dispatch<kBf16>(std::min(kMr, i1 - i), x + i * xs, xs, panel, k, b, y + i * ys + j0,
-                             ys, ncols);
+                             ys, ncols, pf);
+      }
     }
   }
 }
