@@ -10,7 +10,7 @@ double StepCost::roofline_ms(double membw_gbs, double gemm_gflops) const {
   return std::max(mem_ms, compute_ms);
 }
 
-StepCost step_cost(const model::ModelConfig& c, double weight_elem_bytes,
+StepCost step_cost(const model::ModelConfig& c, double weight_elem_bytes, double kv_elem_bytes,
                    const engine::StepInput& step) {
   const double hidden = c.hidden_size;
   const double layer_params = hidden * c.qkv_rows() +                                 // qkv
@@ -27,7 +27,7 @@ StepCost step_cost(const model::ModelConfig& c, double weight_elem_bytes,
   cost.flops = 2.0 * n * layers * layer_params + 2.0 * num_logits * lm_head_params;
 
   // Attention: each query token at position p attends p + 1 keys.
-  const double kv_token_bytes = 2.0 * c.num_key_value_heads * c.head_dim * sizeof(float);  // K and V
+  const double kv_token_bytes = 2.0 * c.num_key_value_heads * c.head_dim * kv_elem_bytes;  // K and V
   double attended = 0;  // sum over query tokens of keys attended
   double kv_read_tokens = 0;
   for (const engine::StepSeq& s : step.seqs) {

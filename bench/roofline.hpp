@@ -25,8 +25,8 @@ struct StepCost {
 };
 
 /// Cost of `step` for a model with `config`, weights of `weight_elem_bytes`
-/// bytes per element (4 for F32, 2 for BF16) and F32 KV.
+/// and KV cache of `kv_elem_bytes` bytes per element (4 for F32, 2 for BF16).
 [[nodiscard]] StepCost step_cost(const model::ModelConfig& config, double weight_elem_bytes,
-                                 const engine::StepInput& step);
+                                 double kv_elem_bytes, const engine::StepInput& step);
 
 }  // namespace shardline::bench

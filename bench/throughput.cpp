@@ -43,15 +43,16 @@ struct StepRecord {
 class MeasuringExecutor final : public engine::ModelExecutor {
  public:
   MeasuringExecutor(engine::ModelExecutor& inner, const model::ModelConfig& config,
-                    double weight_elem_bytes, int input_len)
-      : inner_(inner), config_(config), weight_elem_bytes_(weight_elem_bytes), input_len_(input_len) {}
+                    double weight_elem_bytes, double kv_elem_bytes, int input_len)
+      : inner_(inner), config_(config), weight_elem_bytes_(weight_elem_bytes),
+        kv_elem_bytes_(kv_elem_bytes), input_len_(input_len) {}
 
   Result<engine::StepOutput> execute(const engine::StepInput& in) override {
     StepRecord r;
     r.num_tokens = in.num_tokens();
     r.num_seqs = static_cast<int>(in.seqs.size());
     for (std::int32_t p : in.positions) r.num_prefill_tokens += p < input_len_ ? 1 : 0;
-    r.cost = step_cost(config_, weight_elem_bytes_, in);
+    r.cost = step_cost(config_, weight_elem_bytes_, kv_elem_bytes_, in);
     const auto t0 = Clock::now();
     auto out = inner_.execute(in);
     r.model_ms = ms_since(t0);
@@ -67,6 +68,7 @@ class MeasuringExecutor final : public engine::ModelExecutor {
   engine::ModelExecutor& inner_;
   const model::ModelConfig& config_;
   double weight_elem_bytes_;
+  double kv_elem_bytes_;
   int input_len_;
   std::vector<StepRecord> records_;
 };
@@ -94,6 +96,7 @@ double measure_linear_gflops(int n = 2048, int repeats = 3) {
 std::string ThroughputReport::to_json() const {
   nlohmann::json j{{"model", model},
                    {"dtype", dtype},
+                   {"kv_cache_dtype", kv_cache_dtype},
                    {"num_prompts", num_prompts},
                    {"input_len", input_len},
                    {"output_len", output_len},
@@ -131,6 +134,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.max_batch = o.max_batch;
   rep.model = o.engine.model_dir;
   rep.dtype = dtype_name(o.engine.dtype);
+  rep.kv_cache_dtype = dtype_name(o.engine.kv_cache_dtype);
   const int threads = o.engine.num_threads > 0 ? o.engine.num_threads : omp_get_num_procs();
   rep.threads = threads;
 
@@ -152,7 +156,8 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   const double elem_bytes = static_cast<double>(dtype_size(o.engine.dtype));
 
   // The engine must run on the measuring executor: build a second engine over it.
-  MeasuringExecutor measuring(*e.runner, e.weights->config, elem_bytes, o.input_len);
+  MeasuringExecutor measuring(*e.runner, e.weights->config, elem_bytes,
+                              static_cast<double>(dtype_size(o.engine.kv_cache_dtype)), o.input_len);
   engine::EngineConfig ec = e.engine->config();
   auto eng = engine::LlmEngine::create(measuring, *e.tokenizer, ec);
   if (!eng) return std::move(eng).error();

@@ -26,7 +26,8 @@ struct ThroughputOptions {
 struct ThroughputReport {
   int num_prompts = 0, input_len = 0, output_len = 0, max_batch = 0, threads = 0;
   std::string model;
-  std::string dtype;
+  std::string dtype;           ///< weight storage
+  std::string kv_cache_dtype;  ///< KV cache storage
   double elapsed_s = 0;          ///< wall time of the whole run (scheduling + sampling included)
   double total_tok_s = 0;        ///< (prompt + generated tokens) / elapsed_s
   double prefill_tok_s = 0;      ///< prompt tokens / model time of steps that carry prefill

@@ -7,6 +7,9 @@ namespace shardline::cli {
 void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--dtype", f.dtype, "Weight storage in memory: f32 or bf16 (compute is always F32)")
       ->capture_default_str();
+  cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                 "KV cache storage: f32 (exact) or bf16 (half the bytes; attention math stays F32)")
+      ->capture_default_str();
   cmd.add_option("--load-format", f.load_format,
                  "auto (safetensors if present), safetensors, or dummy (seeded random weights with "
                  "config.json's shapes)")
@@ -40,7 +43,14 @@ Result<engine::CpuEngineOptions> to_engine_options(const EngineFlags& f, const s
   } else {
     return make_error(ErrorCode::invalid_argument, "--dtype must be f32 or bf16, got '" + f.dtype + "'");
   }
-  namespace fs = std::filesystem;
+  if (f.kv_cache_dtype == "f32" || f.kv_cache_dtype == "float32") {
+    o.kv_cache_dtype = DType::f32;
+  } else if (f.kv_cache_dtype == "bf16" || f.kv_cache_dtype == "bfloat16") {
+    o.kv_cache_dtype = DType::bf16;
+  } else {
+    return make_error(ErrorCode::invalid_argument,
+                      "--kv-cache-dtype must be f32 or bf16, got '" + f.kv_cache_dtype + "'");
+  }
   if (f.load_format == "dummy") {
     o.load_format = model::LoadFormat::dummy;
   } else if (f.load_format == "safetensors" || f.load_format == "auto") {

@@ -14,6 +14,7 @@ namespace shardline::cli {
 
 struct EngineFlags {
   std::string dtype = "f32";
+  std::string kv_cache_dtype = "f32";
   std::string load_format = "auto";
   long long kv_cache_bytes = 0;
   double kv_cache_memory_fraction = 0.5;

@@ -40,8 +40,9 @@ Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
   if (max_model_len <= 0)
     return make_error(ErrorCode::invalid_argument,
                       "max_model_len unknown: config.json has no max_position_embeddings; pass --max-model-len");
+  const int kv_elem_bytes = static_cast<int>(dtype_size(o.kv_cache_dtype));
   const std::uint64_t block_bytes = kv_bytes_per_block(c.num_hidden_layers, c.num_key_value_heads,
-                                                       c.head_dim, o.block_size, sizeof(float));
+                                                       c.head_dim, o.block_size, kv_elem_bytes);
   std::uint64_t budget = o.kv_cache_bytes;
   if (budget == 0) {
     auto avail = available_memory_bytes();
@@ -49,7 +50,7 @@ Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
     budget = static_cast<std::uint64_t>(static_cast<double>(*avail) * o.kv_cache_memory_fraction);
   }
   const std::int64_t budget_blocks = num_kv_blocks_for_budget(
-      budget, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, o.block_size, sizeof(float));
+      budget, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, o.block_size, kv_elem_bytes);
   const std::int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size;
   const std::int64_t useful_blocks = blocks_per_seq * std::max(1, o.max_num_seqs);
   const std::int64_t num_blocks = std::min(budget_blocks, useful_blocks);
@@ -64,7 +65,7 @@ Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
   e.kv_cache_bytes = static_cast<std::uint64_t>(num_blocks) * block_bytes;
 
   auto runner = model::CpuModelRunner::create(
-      e.weights, model::CpuRunnerOptions{e.num_kv_blocks, o.block_size, o.num_threads});
+      e.weights, model::CpuRunnerOptions{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype});
   if (!runner) return std::move(runner).error();
   e.runner = std::move(runner).value();
 

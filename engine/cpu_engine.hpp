@@ -21,6 +21,7 @@ struct CpuEngineOptions {
   std::string model_dir;  ///< HF model folder, or a shape folder with --load-format dummy
   model::LoadFormat load_format = model::LoadFormat::safetensors;
   DType dtype = DType::f32;       ///< weight storage: f32 or bf16
+  DType kv_cache_dtype = DType::f32;  ///< KV cache storage: f32 (exact) or bf16
   std::uint64_t seed = 0;         ///< dummy weights and default request seeds
   int num_layers_override = 0;    ///< > 0: first N layers only (smoke tests)
   int block_size = 16;            ///< tokens per KV block
