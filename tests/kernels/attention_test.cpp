@@ -1,32 +1,55 @@
 #include "kernels/cpu/attention.hpp"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <bit>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
+
+#include "common/dtype.hpp"
 
 namespace shardline::kernels::cpu {
 namespace {
+
+/// K/V values as the cache holds them: BF16-rounded for a BF16 cache.
+std::vector<float> as_stored(std::vector<float> x, DType dtype) {
+  if (dtype == DType::bf16)
+    for (float& e : x) e = bf16_to_f32(f32_to_bf16(e));
+  return x;
+}
 
 /// A paged cache with blocks handed out in shuffled order, plus the dense
 /// K/V/Q of every sequence for the reference.
 struct Fixture {
   int block_size, num_heads, num_kv_heads, head_dim;
-  std::vector<float> k_cache, v_cache;  // [num_blocks, hkv, block_size, d]
+  DType dtype;
+  std::vector<float> k_cache, v_cache;  // F32: [num_blocks, hkv, block_size, d]
+  std::vector<std::uint16_t> k_bf16, v_bf16;  // BF16: same shape
   KvCacheLayer cache;
   std::vector<int> free_blocks;
   std::mt19937 rng{42};
 
-  Fixture(int bs, int heads, int kv_heads, int d, int num_blocks)
-      : block_size(bs), num_heads(heads), num_kv_heads(kv_heads), head_dim(d) {
+  Fixture(int bs, int heads, int kv_heads, int d, int num_blocks, DType dt = DType::f32)
+      : block_size(bs), num_heads(heads), num_kv_heads(kv_heads), head_dim(d), dtype(dt) {
     const std::size_t n = static_cast<std::size_t>(num_blocks) * kv_heads * bs * d;
-    k_cache.assign(n, std::nanf(""));  // unwritten slots must never be read
-    v_cache.assign(n, std::nanf(""));
-    cache = {k_cache.data(), v_cache.data(), DType::f32, num_blocks, bs, kv_heads, d};
+    // unwritten slots must never be read: NaN
+    if (dt == DType::bf16) {
+      k_bf16.assign(n, 0x7fc0);
+      v_bf16.assign(n, 0x7fc0);
+      cache = {k_bf16.data(), v_bf16.data(), dt, num_blocks, bs, kv_heads, d};
+    } else {
+      k_cache.assign(n, std::nanf(""));
+      v_cache.assign(n, std::nanf(""));
+      cache = {k_cache.data(), v_cache.data(), dt, num_blocks, bs, kv_heads, d};
+    }
     free_blocks.resize(num_blocks);
     std::iota(free_blocks.begin(), free_blocks.end(), 0);
     std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
@@ -85,11 +108,13 @@ struct Shape {
   int block_size, heads, kv_heads, head_dim;
 };
 
-class PagedAttentionTest : public ::testing::TestWithParam<Shape> {};
+class PagedAttentionTest : public ::testing::TestWithParam<std::tuple<Shape, DType>> {};
 
+// The reference uses the K/V as stored (BF16-rounded for a BF16 cache), so the
+// tolerance is the same for both dtypes.
 TEST_P(PagedAttentionTest, MatchesDenseCausalGqa) {
-  const Shape sh = GetParam();
-  Fixture f(sh.block_size, sh.heads, sh.kv_heads, sh.head_dim, 256);
+  const auto [sh, dtype] = GetParam();
+  Fixture f(sh.block_size, sh.heads, sh.kv_heads, sh.head_dim, 256, dtype);
   const int row = sh.kv_heads * sh.head_dim, qrow = sh.heads * sh.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim));
   // (context_len, num_q): prefill from 0, chunk mid-prompt, decode steps.
@@ -120,17 +145,18 @@ TEST_P(PagedAttentionTest, MatchesDenseCausalGqa) {
   for (std::size_t s = 0; s < seqs.size(); ++s)
     for (int i = 0; i < batch[s].num_q; ++i) {
       const int p = batch[s].context_len - batch[s].num_q + i;
-      const auto ref = reference(f, &seqs[s].q[i * qrow], seqs[s].k, seqs[s].v, p, scale);
+      const auto ref = reference(f, &seqs[s].q[i * qrow], as_stored(seqs[s].k, dtype),
+                                 as_stored(seqs[s].v, dtype), p, scale);
       const float* o = &out[(batch[s].q_start + i) * out_stride];
       for (int e = 0; e < qrow; ++e) ASSERT_NEAR(o[e], ref[e], 2e-5) << "seq " << s << " q " << i << " e " << e;
     }
 }
 
 TEST_P(PagedAttentionTest, ChunkingInvariantBitExact) {
-  const Shape sh = GetParam();
+  const auto [sh, dtype] = GetParam();
   const int prompt = 37, row = sh.kv_heads * sh.head_dim, qrow = sh.heads * sh.head_dim;
   const float scale = 0.125f;
-  Fixture f(sh.block_size, sh.heads, sh.kv_heads, sh.head_dim, 64);
+  Fixture f(sh.block_size, sh.heads, sh.kv_heads, sh.head_dim, 64, dtype);
   const auto k = f.randn(static_cast<std::size_t>(prompt) * row), v = f.randn(k.size());
   const auto q = f.randn(static_cast<std::size_t>(prompt) * qrow);
 
@@ -157,24 +183,150 @@ TEST_P(PagedAttentionTest, ChunkingInvariantBitExact) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, PagedAttentionTest,
-                         ::testing::Values(Shape{16, 4, 2, 8}, Shape{4, 4, 2, 8}, Shape{16, 12, 12, 64},
-                                           Shape{4, 6, 2, 64}, Shape{16, 8, 2, 128},
-                                           Shape{4, 4, 1, 128}, Shape{16, 2, 2, 24}));
+// A decode token's output must not depend on the batch: decode items take all
+// KV heads of a sequence (or slices of them, with few sequences or threads),
+// and must match a lone decode, at 1 or more threads, and a prefill of the
+// same token.
+TEST_P(PagedAttentionTest, DecodeBatchInvariantBitExact) {
+  const auto [sh, dtype] = GetParam();
+  const int row = sh.kv_heads * sh.head_dim, qrow = sh.heads * sh.head_dim;
+  const int ctxs[] = {1, 16, 17, 40, 64, 5, 33, 48, 3, 70, 31, 2, 100, 9, 47, 21, 80, 12, 64, 1};
+  const int nseq = static_cast<int>(std::size(ctxs));
+  Fixture f(sh.block_size, sh.heads, sh.kv_heads, sh.head_dim, 512, dtype);
+  const float scale = 0.3f;
+  std::vector<std::vector<float>> ks, vs;
+  std::vector<std::vector<std::int32_t>> tables;
+  std::vector<AttentionSeq> batch;
+  for (int s = 0; s < nseq; ++s) {
+    ks.push_back(f.randn(static_cast<std::size_t>(ctxs[s]) * row));
+    vs.push_back(f.randn(ks.back().size()));
+    tables.push_back(f.alloc_table(ctxs[s]));
+    f.write(ks[s], vs[s], tables[s], 0, ctxs[s]);
+    batch.push_back({s, 1, ctxs[s], tables[s].data()});
+  }
+  const auto q = f.randn(static_cast<std::size_t>(nseq) * qrow);
+  std::vector<float> batched(q.size()), alone(q.size()), one_thread(q.size());
+  paged_attention(q.data(), qrow, batch, f.cache, sh.heads, scale, batched.data(), qrow);
+  for (int s = 0; s < nseq; ++s) {
+    const AttentionSeq seq{0, 1, ctxs[s], tables[s].data()};
+    paged_attention(q.data() + static_cast<std::size_t>(s) * qrow, qrow, {&seq, 1}, f.cache, sh.heads,
+                    scale, alone.data() + static_cast<std::size_t>(s) * qrow, qrow);
+  }
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  paged_attention(q.data(), qrow, batch, f.cache, sh.heads, scale, one_thread.data(), qrow);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(std::memcmp(batched.data(), alone.data(), sizeof(float) * q.size()), 0);
+  EXPECT_EQ(std::memcmp(batched.data(), one_thread.data(), sizeof(float) * q.size()), 0);
+
+  // The last token of sequence 4 as part of a prefill of its whole prompt.
+  const int s = 4, ctx = ctxs[s];
+  std::vector<float> qp(static_cast<std::size_t>(ctx) * qrow, 0.5f), outp(qp.size());
+  std::copy_n(&q[static_cast<std::size_t>(s) * qrow], qrow, &qp[static_cast<std::size_t>(ctx - 1) * qrow]);
+  const AttentionSeq pre{0, ctx, ctx, tables[s].data()};
+  paged_attention(qp.data(), qrow, {&pre, 1}, f.cache, sh.heads, scale, outp.data(), qrow);
+  EXPECT_EQ(std::memcmp(&outp[static_cast<std::size_t>(ctx - 1) * qrow], &batched[static_cast<std::size_t>(s) * qrow],
+                        sizeof(float) * qrow), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PagedAttentionTest,
+    ::testing::Combine(::testing::Values(Shape{16, 4, 2, 8}, Shape{4, 4, 2, 8}, Shape{16, 12, 12, 64},
+                                         Shape{4, 6, 2, 64}, Shape{16, 8, 2, 128}, Shape{4, 4, 1, 128},
+                                         Shape{16, 2, 2, 24}, Shape{32, 8, 8, 64}),
+                       ::testing::Values(DType::f32, DType::bf16)),
+    [](const auto& info) {
+      const Shape sh = std::get<0>(info.param);
+      return "bs" + std::to_string(sh.block_size) + "_h" + std::to_string(sh.heads) + "_kv" +
+             std::to_string(sh.kv_heads) + "_d" + std::to_string(sh.head_dim) + "_" +
+             dtype_name(std::get<1>(info.param));
+    });
 
 TEST(PagedAttention, LongContextDecode) {
-  Fixture f(16, 8, 2, 128, 70);
-  const int ctx = 1000, row = 2 * 128, qrow = 8 * 128;
-  const auto k = f.randn(static_cast<std::size_t>(ctx) * row), v = f.randn(k.size());
-  const auto q = f.randn(qrow);
-  const auto table = f.alloc_table(ctx);
-  f.write(k, v, table, 0, ctx);
-  std::vector<float> out(qrow);
-  const AttentionSeq seq{0, 1, ctx, table.data()};
-  const float scale = 1.0f / std::sqrt(128.0f);
-  paged_attention(q.data(), qrow, {&seq, 1}, f.cache, 8, scale, out.data(), qrow);
-  const auto ref = reference(f, q.data(), k, v, ctx - 1, scale);
-  for (int e = 0; e < qrow; ++e) ASSERT_NEAR(out[e], ref[e], 1e-5) << e;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    Fixture f(16, 8, 2, 128, 70, dtype);
+    const int ctx = 1000, row = 2 * 128, qrow = 8 * 128;
+    const auto k = f.randn(static_cast<std::size_t>(ctx) * row), v = f.randn(k.size());
+    const auto q = f.randn(qrow);
+    const auto table = f.alloc_table(ctx);
+    f.write(k, v, table, 0, ctx);
+    std::vector<float> out(qrow);
+    const AttentionSeq seq{0, 1, ctx, table.data()};
+    const float scale = 1.0f / std::sqrt(128.0f);
+    paged_attention(q.data(), qrow, {&seq, 1}, f.cache, 8, scale, out.data(), qrow);
+    const auto ref = reference(f, q.data(), as_stored(k, dtype), as_stored(v, dtype), ctx - 1, scale);
+    for (int e = 0; e < qrow; ++e) ASSERT_NEAR(out[e], ref[e], 1e-5) << dtype_name(dtype) << " " << e;
+  }
+}
+
+// BF16 vs F32 KV cache on the same data: the outputs differ by no more than the
+// exact (double) attention moves when K/V are rounded to BF16, plus the F32
+// kernel error of each side.
+TEST(PagedAttention, Bf16CacheCloseToF32) {
+  const int bs = 16, heads = 8, kv_heads = 2, d = 64, ctx = 300;
+  const int row = kv_heads * d, qrow = heads * d;
+  Fixture f32(bs, heads, kv_heads, d, 32, DType::f32), bf(bs, heads, kv_heads, d, 32, DType::bf16);
+  const auto k = f32.randn(static_cast<std::size_t>(ctx) * row), v = f32.randn(k.size());
+  const auto q = f32.randn(static_cast<std::size_t>(4) * qrow);
+  const auto table = f32.alloc_table(ctx);
+  f32.write(k, v, table, 0, ctx);
+  bf.write(k, v, table, 0, ctx);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // the last 4 tokens as a prefill chunk, then the last one as a decode step
+  for (int nq : {4, 1}) {
+    const AttentionSeq seq{0, nq, ctx, table.data()};
+    const float* qs = q.data() + static_cast<std::size_t>(4 - nq) * qrow;
+    std::vector<float> out_f(static_cast<std::size_t>(nq) * qrow), out_b(out_f.size());
+    paged_attention(qs, qrow, {&seq, 1}, f32.cache, heads, scale, out_f.data(), qrow);
+    paged_attention(qs, qrow, {&seq, 1}, bf.cache, heads, scale, out_b.data(), qrow);
+    double max_diff = 0;
+    for (int i = 0; i < nq; ++i) {
+      const int p = ctx - nq + i;
+      const auto ref_f = reference(f32, qs + static_cast<std::size_t>(i) * qrow, k, v, p, scale);
+      const auto ref_b = reference(f32, qs + static_cast<std::size_t>(i) * qrow, as_stored(k, DType::bf16),
+                                   as_stored(v, DType::bf16), p, scale);
+      for (int e = 0; e < qrow; ++e) {
+        const double diff = std::abs(static_cast<double>(out_b[i * qrow + e]) - out_f[i * qrow + e]);
+        max_diff = std::max(max_diff, diff);
+        ASSERT_LE(diff, std::abs(ref_b[e] - ref_f[e]) + 4e-5) << "nq " << nq << " q " << i << " e " << e;
+      }
+    }
+    // BF16 keeps 8 significand bits: outputs of size ~0.1 move by ~1e-3, not more.
+    EXPECT_LT(max_diff, 1e-2);
+    EXPECT_GT(max_diff, 0.0);  // the cache really is BF16
+  }
+}
+
+// BF16 cache: each element is f32_to_bf16 of its input (round to nearest
+// even, NaN kept), vector body and masked tail (head_dim 24) alike.
+TEST(WriteKv, Bf16RoundsToNearestEven) {
+  Fixture f(4, 2, 2, 24, 2, DType::bf16);
+  std::vector<float> k = f.randn(2 * 48), v = f.randn(2 * 48);
+  const float special[] = {1.0f + 0x1p-8f,  // tie, even below: rounds down
+                           1.0f + 0x3p-8f,  // tie, odd below: rounds up
+                           1.0f + 0x1p-8f + 0x1p-20f, -3.0e38f, 3.4e38f, 1e-40f, -0.0f,
+                           std::numeric_limits<float>::infinity(), std::nanf(""),
+                           std::bit_cast<float>(0x7f800001u)};
+  for (std::size_t i = 0; i < std::size(special); ++i) {
+    k[i] = special[i];
+    v[46 - i] = special[i];  // head 1, some in the masked tail
+  }
+  const std::int32_t slots[] = {6, 1};  // block 1 offset 2; block 0 offset 1
+  write_kv(k.data(), v.data(), 48, 2, slots, f.cache);
+  for (int t = 0; t < 2; ++t)
+    for (int h = 0; h < 2; ++h)
+      for (int i = 0; i < 24; ++i) {
+        const int block = slots[t] / 4, off = slots[t] % 4;
+        const std::size_t dst = ((static_cast<std::size_t>(block) * 2 + h) * 4 + off) * 24 + i;
+        const std::size_t src = static_cast<std::size_t>(t) * 48 + h * 24 + i;
+        EXPECT_EQ(f.k_bf16[dst], f32_to_bf16(k[src])) << t << " " << h << " " << i;
+        EXPECT_EQ(f.v_bf16[dst], f32_to_bf16(v[src])) << t << " " << h << " " << i;
+      }
+  EXPECT_EQ(f32_to_bf16(special[0]), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(special[1]), 0x3f82);
+  int written = 0;
+  for (std::uint16_t x : f.k_bf16) written += x != 0x7fc0;
+  EXPECT_GE(written, 2 * 2 * 24 - 2);  // all but the NaN inputs (same bits)
 }
 
 TEST(WriteKv, NegativeSlotSkipped) {
