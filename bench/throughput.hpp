@@ -37,8 +37,8 @@ struct ThroughputReport {
   double roofline_ratio = 0;     ///< decode_step_ms / roofline_step_ms
   double prefill_gflops = 0;     ///< achieved FLOP rate of prefill-carrying steps
   double prefill_gemm_ratio = 0; ///< prefill_gflops / gemm_gflops
-  double membw_gbs = 0;          ///< STREAM triad, same run
-  double gemm_gflops = 0;        ///< max(OpenBLAS sgemm, Shardline linear) on 2048^3, same run
+  double membw_gbs = 0;          ///< STREAM triad, best of before and after the run
+  double gemm_gflops = 0;        ///< max(OpenBLAS sgemm, Shardline linear) on 2048^3, best of before/after
   double openblas_gflops = 0;    ///< OpenBLAS sgemm on 2048^3
   double linear_gflops = 0;      ///< Shardline's batch-invariant linear on 2048^3
   int num_steps = 0, num_decode_steps = 0, num_preemptions = 0;

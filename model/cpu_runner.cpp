@@ -65,13 +65,12 @@ Result<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(
   r->kv_layer_bytes_ = static_cast<std::size_t>(options.num_kv_blocks) * c.num_key_value_heads *
                        options.block_size * c.head_dim * dtype_size(options.kv_cache_dtype);
   r->kv_cache_bytes_ = 2 * r->kv_layer_bytes_ * weights->layers.size();
-  void* kv = std::aligned_alloc(64, (std::max<std::size_t>(r->kv_cache_bytes_, 64) + 63) / 64 * 64);
-  if (kv == nullptr)
+  r->kv_cache_ = allocate_aligned(r->kv_cache_bytes_);
+  if (!r->kv_cache_)
     return make_error(ErrorCode::out_of_memory,
                       "cpu runner: cannot allocate the KV cache (" + std::to_string(r->kv_cache_bytes_) +
                           " bytes for " + std::to_string(options.num_kv_blocks) + " blocks)");
-  std::memset(kv, 0, r->kv_cache_bytes_);  // fault the pages in now, not during steps
-  r->kv_cache_.reset(kv);
+  std::memset(r->kv_cache_.get(), 0, r->kv_cache_bytes_);  // fault the pages in now, not during steps
   return r;
 }
 
@@ -80,8 +79,6 @@ std::size_t CpuModelRunner::packed_weight_bytes() const {
   for (const PackedLayer& l : layers_) b += l.qkv.bytes() + l.o_proj.bytes() + l.gate_up.bytes() + l.down.bytes();
   return b;
 }
-
-void CpuModelRunner::FreeDeleter::operator()(void* p) const noexcept { std::free(p); }
 
 kc::KvCacheLayer CpuModelRunner::kv_layer(int layer) {
   const ModelConfig& c = config();

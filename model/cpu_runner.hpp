@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/memory.hpp"
 #include "common/result.hpp"
 #include "engine/step.hpp"
 #include "kernels/cpu/attention.hpp"
@@ -74,10 +75,7 @@ class CpuModelRunner final : public engine::ModelExecutor {
   std::vector<PackedLayer> layers_;
   kernels::cpu::PackedLinear lm_head_;  // [vocab, hidden]
   std::vector<float> inv_freq_;         // [head_dim / 2]
-  struct FreeDeleter {
-    void operator()(void* p) const noexcept;
-  };
-  std::unique_ptr<void, FreeDeleter> kv_cache_;  // [layers, 2, num_kv_blocks, kv_heads, block_size, head_dim]
+  AlignedBuffer kv_cache_;  // [layers, 2, num_kv_blocks, kv_heads, block_size, head_dim]
   std::size_t kv_cache_bytes_ = 0;
   std::size_t kv_layer_bytes_ = 0;  ///< bytes of one layer's K (or V)
 

@@ -167,8 +167,6 @@ void linear_panels(const float* x, int m, long xs, const PackedLinear& w, const 
 
 }  // namespace
 
-void PackedLinear::Free::operator()(void* p) const noexcept { std::free(p); }
-
 PackedLinear PackedLinear::pack(const void* w, DType dtype, int n, int k) {
   if (dtype != DType::f32 && dtype != DType::bf16)
     throw std::invalid_argument("PackedLinear::pack: weights must be F32 or BF16");
@@ -179,11 +177,10 @@ PackedLinear PackedLinear::pack(const void* w, DType dtype, int n, int k) {
   const int panels = (n + kNr - 1) / kNr;
   const std::size_t elems = static_cast<std::size_t>(panels) * panel_elems(k);
   out.bytes_ = elems * dtype_size(dtype);
-  const std::size_t alloc = std::max<std::size_t>(64, (out.bytes_ + 63) / 64 * 64);
-  void* mem = std::aligned_alloc(64, alloc);
-  if (mem == nullptr) throw std::bad_alloc();
-  std::memset(mem, 0, alloc);  // zero padding of the last panel
-  out.data_.reset(mem);
+  out.data_ = allocate_aligned(out.bytes_);
+  if (!out.data_) throw std::bad_alloc();
+  void* mem = out.data_.get();
+  std::memset(mem, 0, out.bytes_);  // zero padding of the last panel
 
   if (dtype == DType::f32) {
     const auto* src = static_cast<const float*>(w);  // [n, k]

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "common/dtype.hpp"
+#include "common/memory.hpp"
 
 namespace shardline::kernels::cpu {
 
@@ -35,8 +36,7 @@ class PackedLinear {
   [[nodiscard]] const void* data() const { return data_.get(); }
 
  private:
-  struct Free { void operator()(void* p) const noexcept; };
-  std::unique_ptr<void, Free> data_;
+  AlignedBuffer data_;  // huge-page backed when large
   std::size_t bytes_ = 0;
   int n_ = 0;
   int k_ = 0;

@@ -170,8 +170,8 @@ void check_arch(const std::string& arch, bool tied, const std::string& rope_scal
   ASSERT_TRUE(w.ok()) << w.error().to_string();
   randomise_norms(*w, 5);
   auto weights = std::make_shared<const ModelWeights>(std::move(w).value());
-  if (arch == "Qwen2ForCausalLM") ASSERT_FALSE(weights->layers[0].qkv_bias.empty());
-  if (arch == "Qwen3ForCausalLM") ASSERT_FALSE(weights->layers[0].q_norm.empty());
+  EXPECT_EQ(weights->layers[0].qkv_bias.empty(), arch != "Qwen2ForCausalLM");
+  EXPECT_EQ(weights->layers[0].q_norm.empty(), arch != "Qwen3ForCausalLM");
 
   std::vector<std::int32_t> tokens;
   for (int i = 0; i < 21; ++i) tokens.push_back((i * 29 + 7) % 64);
