@@ -37,15 +37,19 @@ struct StepRecord {
   int num_seqs = 0;
   double model_ms = 0;
   StepCost cost;
+  model::StepProfile profile;
 };
 
-/// A ModelExecutor decorator that times every step and prices it.
+/// A ModelExecutor decorator that times every step, prices it, and keeps the
+/// runner's per-op profile.
 class MeasuringExecutor final : public engine::ModelExecutor {
  public:
-  MeasuringExecutor(engine::ModelExecutor& inner, const model::ModelConfig& config,
-                    double weight_elem_bytes, double kv_elem_bytes, int input_len)
-      : inner_(inner), config_(config), weight_elem_bytes_(weight_elem_bytes),
-        kv_elem_bytes_(kv_elem_bytes), input_len_(input_len) {}
+  MeasuringExecutor(model::CpuModelRunner& inner, double weight_elem_bytes, double kv_elem_bytes,
+                    int input_len)
+      : inner_(inner), config_(inner.config()), weight_elem_bytes_(weight_elem_bytes),
+        kv_elem_bytes_(kv_elem_bytes), input_len_(input_len) {
+    inner_.set_profiling(true);
+  }
 
   Result<engine::StepOutput> execute(const engine::StepInput& in) override {
     StepRecord r;
@@ -56,6 +60,7 @@ class MeasuringExecutor final : public engine::ModelExecutor {
     const auto t0 = Clock::now();
     auto out = inner_.execute(in);
     r.model_ms = ms_since(t0);
+    r.profile = inner_.last_profile();
     records_.push_back(r);
     return out;
   }
@@ -65,7 +70,7 @@ class MeasuringExecutor final : public engine::ModelExecutor {
   const std::vector<StepRecord>& records() const { return records_; }
 
  private:
-  engine::ModelExecutor& inner_;
+  model::CpuModelRunner& inner_;
   const model::ModelConfig& config_;
   double weight_elem_bytes_;
   double kv_elem_bytes_;
@@ -108,6 +113,10 @@ std::string ThroughputReport::to_json() const {
                    {"decode_tok_s", decode_tok_s},
                    {"decode_step_ms", decode_step_ms},
                    {"roofline_step_ms", roofline_step_ms},
+                   {"decode_gemm_ms", decode_gemm_ms},
+                   {"decode_attention_ms", decode_attention_ms},
+                   {"decode_logits_ms", decode_logits_ms},
+                   {"decode_other_ms", decode_other_ms},
                    {"roofline_ratio", roofline_ratio},
                    {"prefill_gflops", prefill_gflops},
                    {"prefill_gemm_ratio", prefill_gemm_ratio},
@@ -160,7 +169,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   const double elem_bytes = static_cast<double>(dtype_size(o.engine.dtype));
 
   // The engine must run on the measuring executor: build a second engine over it.
-  MeasuringExecutor measuring(*e.runner, e.weights->config, elem_bytes,
+  MeasuringExecutor measuring(*e.runner, elem_bytes,
                               static_cast<double>(dtype_size(o.engine.kv_cache_dtype)), o.input_len);
   engine::EngineConfig ec = e.engine->config();
   auto eng = engine::LlmEngine::create(measuring, *e.tokenizer, ec);
@@ -195,7 +204,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
 
   double prefill_ms = 0, prefill_flops = 0, decode_ms = 0;
   long prefill_tokens = 0, decode_tokens = 0;
-  std::vector<double> full_decode_ms, full_decode_roof;
+  std::vector<double> full_decode_ms, full_decode_roof, gemm_ms, attention_ms, logits_ms, other_ms;
   const auto& recs = measuring.records();
   rep.num_steps = static_cast<int>(recs.size());
   int max_decode_batch = 0;
@@ -213,6 +222,10 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
       if (r.num_tokens == max_decode_batch) {
         full_decode_ms.push_back(r.model_ms);
         full_decode_roof.push_back(r.cost.roofline_ms(rep.membw_gbs, rep.gemm_gflops));
+        gemm_ms.push_back(r.profile.gemm_ms);
+        attention_ms.push_back(r.profile.attention_ms);
+        logits_ms.push_back(r.profile.logits_ms);
+        other_ms.push_back(r.profile.other_ms);
       }
     }
   }
@@ -223,6 +236,10 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   }
   if (decode_ms > 0) rep.decode_tok_s = decode_tokens / (decode_ms / 1e3);
   rep.decode_step_ms = median(full_decode_ms);
+  rep.decode_gemm_ms = median(gemm_ms);
+  rep.decode_attention_ms = median(attention_ms);
+  rep.decode_logits_ms = median(logits_ms);
+  rep.decode_other_ms = median(other_ms);
   rep.roofline_step_ms = median(full_decode_roof);
   if (rep.roofline_step_ms > 0) rep.roofline_ratio = rep.decode_step_ms / rep.roofline_step_ms;
   rep.weight_bytes = static_cast<double>(e.runner->packed_weight_bytes());

@@ -35,6 +35,11 @@ struct ThroughputReport {
   double decode_step_ms = 0;     ///< median model time of pure-decode steps at full batch
   double roofline_step_ms = 0;   ///< median roofline of those steps
   double roofline_ratio = 0;     ///< decode_step_ms / roofline_step_ms
+  // Medians over the same decode steps, from the runner's per-op profile:
+  double decode_gemm_ms = 0;       ///< QKV, o_proj, gate_up, down_proj
+  double decode_attention_ms = 0;  ///< KV scatter + paged attention
+  double decode_logits_ms = 0;     ///< final norm + lm_head
+  double decode_other_ms = 0;      ///< norms, RoPE, SwiGLU, residual adds
   double prefill_gflops = 0;     ///< achieved FLOP rate of prefill-carrying steps
   double prefill_gemm_ratio = 0; ///< prefill_gflops / gemm_gflops
   double membw_gbs = 0;          ///< STREAM triad, best of before and after the run

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,22 @@ namespace shardline::model {
 namespace kc = kernels::cpu;
 
 namespace {
+
+/// Adds the time since the last mark to a profile bucket (no-op when off).
+class OpTimer {
+ public:
+  explicit OpTimer(bool on) : on_(on), last_(on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  void add_to(double& bucket) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    bucket += std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point last_;
+};
 
 kc::PackedLinear pack(const Matrix& m) { return kc::PackedLinear::pack(m.data, m.dtype, m.rows, m.cols); }
 
@@ -159,8 +176,11 @@ Result<engine::StepOutput> CpuModelRunner::execute(const engine::StepInput& in) 
 
   engine::StepOutput out;
   out.vocab_size = c.vocab_size;
+  profile_ = StepProfile{};
   if (n == 0) return out;
   ensure_scratch(n);
+  OpTimer timer(profiling_);
+  StepProfile& p = profile_;
 
   std::vector<kc::AttentionSeq> attn_seqs;
   attn_seqs.reserve(in.seqs.size());
@@ -188,7 +208,9 @@ Result<engine::StepOutput> CpuModelRunner::execute(const engine::StepInput& in) 
     const kc::KvCacheLayer cache = kv_layer(static_cast<int>(l));
 
     kc::rms_norm(residual, hidden, lw.input_norm.data, normed, hidden, n, hidden, eps);
+    timer.add_to(p.other_ms);
     kc::linear(normed, n, hidden, pl.qkv, lw.qkv_bias.data, qkv, qkv_rows);
+    timer.add_to(p.gemm_ms);
     float* q = qkv;                  // rows of stride qkv_rows: [n, heads * hd]
     float* k = qkv + heads * hd;     // [n, kv_heads * hd]
     float* v = k + kv_heads * hd;    // [n, kv_heads * hd]
@@ -202,14 +224,22 @@ Result<engine::StepOutput> CpuModelRunner::execute(const engine::StepInput& in) 
     }
     kc::rope(q, n, qkv_rows, heads, hd, in.positions.data(), inv_freq_.data());
     kc::rope(k, n, qkv_rows, kv_heads, hd, in.positions.data(), inv_freq_.data());
+    timer.add_to(p.other_ms);
     kc::write_kv(k, v, qkv_rows, n, in.slot_mapping.data(), cache);
     kc::paged_attention(q, qkv_rows, attn_seqs, cache, heads, scale, attn, heads * hd);
+    timer.add_to(p.attention_ms);
     kc::linear(attn, n, heads * hd, pl.o_proj, nullptr, proj, hidden);
+    timer.add_to(p.gemm_ms);
     kc::add_rms_norm(residual, proj, lw.post_attention_norm.data, normed, n, hidden, eps);
+    timer.add_to(p.other_ms);
     kc::linear(normed, n, hidden, pl.gate_up, nullptr, gate_up, 2 * inter);
+    timer.add_to(p.gemm_ms);
     kc::silu_and_mul(gate_up, act, n, inter);
+    timer.add_to(p.other_ms);
     kc::linear(act, n, inter, pl.down, nullptr, proj, hidden);
+    timer.add_to(p.gemm_ms);
     kc::add_inplace(residual, proj, static_cast<long>(n) * hidden);
+    timer.add_to(p.other_ms);
   }
 
   // Final norm and logits only for the rows the scheduler asked for.
@@ -222,6 +252,7 @@ Result<engine::StepOutput> CpuModelRunner::execute(const engine::StepInput& in) 
   }
   out.logits.resize(static_cast<std::size_t>(num_logits) * c.vocab_size);
   kc::linear(normed, num_logits, hidden, lm_head_, nullptr, out.logits.data(), c.vocab_size);
+  timer.add_to(p.logits_ms);
   return out;
 }
 

@@ -26,6 +26,15 @@
 
 namespace shardline::model {
 
+/// Where a step's time went (ms), accumulated while profiling is on.
+struct StepProfile {
+  double gemm_ms = 0;       ///< QKV, o_proj, gate_up, down_proj
+  double attention_ms = 0;  ///< KV scatter + paged attention
+  double logits_ms = 0;     ///< final norm + lm_head
+  double other_ms = 0;      ///< embedding, norms, RoPE, SwiGLU, residual adds
+  [[nodiscard]] double total_ms() const { return gemm_ms + attention_ms + logits_ms + other_ms; }
+};
+
 struct CpuRunnerOptions {
   int num_kv_blocks = 0;  ///< blocks in the paged KV cache (> 0)
   int block_size = 16;    ///< tokens per KV block
@@ -52,6 +61,10 @@ class CpuModelRunner final : public engine::ModelExecutor {
   [[nodiscard]] int block_size() const override { return options_.block_size; }
 
   [[nodiscard]] const ModelConfig& config() const { return weights_->config; }
+  /// Times each op family of every step (a few clock reads per layer).
+  void set_profiling(bool on) { profiling_ = on; }
+  /// The last step's profile (zeros unless profiling).
+  [[nodiscard]] const StepProfile& last_profile() const { return profile_; }
   /// Bytes of packed weights the GEMMs stream per step (for rooflines).
   [[nodiscard]] std::size_t packed_weight_bytes() const;
   /// Bytes of the KV cache (K and V, all layers).
@@ -78,6 +91,9 @@ class CpuModelRunner final : public engine::ModelExecutor {
   AlignedBuffer kv_cache_;  // [layers, 2, num_kv_blocks, kv_heads, block_size, head_dim]
   std::size_t kv_cache_bytes_ = 0;
   std::size_t kv_layer_bytes_ = 0;  ///< bytes of one layer's K (or V)
+
+  bool profiling_ = false;
+  StepProfile profile_;
 
   // Scratch, grown to the largest step seen.
   int scratch_tokens_ = 0;
