@@ -15,6 +15,8 @@ packages=(
   libcli11-dev
   libspdlog-dev libfmt-dev
   libpcre2-dev
+  libssl-dev
+  libcpp-httplib-dev
   libutf8proc-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev

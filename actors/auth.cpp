@@ -1,0 +1,95 @@
+#include "actors/auth.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace shardline::actors {
+
+namespace {
+
+constexpr std::size_t kSecretBytes = 32;
+
+std::string to_hex(const unsigned char* data, std::size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (std::size_t i = 0; i < n; ++i) {
+    out[2 * i] = digits[data[i] >> 4];
+    out[2 * i + 1] = digits[data[i] & 15];
+  }
+  return out;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+Result<ClusterKey> ClusterKey::generate() {
+  ClusterKey k;
+  k.secret_.resize(kSecretBytes);
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(k.secret_.data()), kSecretBytes) != 1)
+    return make_error(ErrorCode::internal, "cluster key: the random generator failed");
+  return k;
+}
+
+Result<ClusterKey> ClusterKey::load(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) return make_error(ErrorCode::not_found, file.string() + ": cluster key file not found");
+  std::string hex;
+  std::getline(in, hex);
+  while (!hex.empty() && (hex.back() == '\r' || hex.back() == ' ')) hex.pop_back();
+  if (hex.size() != 2 * kSecretBytes)
+    return make_error(ErrorCode::corrupt, file.string() + ": a cluster key is 64 hex digits, found " +
+                                              std::to_string(hex.size()) + " characters");
+  ClusterKey k;
+  k.secret_.resize(kSecretBytes);
+  for (std::size_t i = 0; i < kSecretBytes; ++i) {
+    const int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return make_error(ErrorCode::corrupt, file.string() + ": cluster key is not hex");
+    k.secret_[i] = static_cast<char>(hi * 16 + lo);
+  }
+  return k;
+}
+
+Status ClusterKey::save(const std::filesystem::path& file) const {
+  if (std::filesystem::exists(file))
+    return make_error(ErrorCode::invalid_argument, file.string() + ": exists; not overwriting a cluster key");
+  if (file.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(file.parent_path(), ec);
+  }
+  {
+    std::ofstream out(file);
+    if (!out) return make_error(ErrorCode::io, file.string() + ": cannot write the cluster key");
+    out << to_hex(reinterpret_cast<const unsigned char*>(secret_.data()), secret_.size()) << "\n";
+    if (!out) return make_error(ErrorCode::io, file.string() + ": write failed");
+  }
+  if (::chmod(file.c_str(), 0600) != 0)
+    return make_error(ErrorCode::io, file.string() + ": cannot set mode 0600");
+  return Status::ok_status();
+}
+
+std::string ClusterKey::sign(std::string_view message) const {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &len);
+  return to_hex(mac, len);
+}
+
+bool ClusterKey::verify(std::string_view message, std::string_view tag) const {
+  const std::string expected = sign(message);
+  return tag.size() == expected.size() && CRYPTO_memcmp(tag.data(), expected.data(), expected.size()) == 0;
+}
+
+}  // namespace shardline::actors

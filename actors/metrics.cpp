@@ -1,0 +1,87 @@
+#include "actors/metrics.hpp"
+
+#include <httplib.h>
+
+#include <charconv>
+#include <sstream>
+
+namespace shardline::actors {
+
+void MetricsRegistry::describe(const std::string& name, const std::string& type, const std::string& help) {
+  std::lock_guard lock(mu_);
+  Family& f = families_[name];
+  f.type = type;
+  f.help = help;
+}
+
+void MetricsRegistry::add(const std::string& name, const std::string& labels, double delta) {
+  std::lock_guard lock(mu_);
+  families_[name].samples[labels] += delta;
+}
+
+void MetricsRegistry::set(const std::string& name, const std::string& labels, double value) {
+  std::lock_guard lock(mu_);
+  families_[name].samples[labels] = value;
+}
+
+double MetricsRegistry::get(const std::string& name, const std::string& labels) const {
+  std::lock_guard lock(mu_);
+  const auto f = families_.find(name);
+  if (f == families_.end()) return 0;
+  const auto s = f->second.samples.find(labels);
+  return s == f->second.samples.end() ? 0 : s->second;
+}
+
+std::string MetricsRegistry::render() const {
+  std::lock_guard lock(mu_);
+  std::ostringstream out;
+  out.precision(17);
+  for (const auto& [name, f] : families_) {
+    if (!f.help.empty()) out << "# HELP " << name << " " << f.help << "\n";
+    if (!f.type.empty()) out << "# TYPE " << name << " " << f.type << "\n";
+    for (const auto& [labels, value] : f.samples) {
+      out << name;
+      if (!labels.empty()) out << "{" << labels << "}";
+      out << " " << value << "\n";
+    }
+  }
+  return out.str();
+}
+
+Result<std::pair<std::string, int>> parse_host_port(const std::string& hp) {
+  const auto colon = hp.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return make_error(ErrorCode::invalid_argument, "'" + hp + "' is not HOST:PORT");
+  int port = -1;
+  const char* b = hp.data() + colon + 1;
+  const char* e = hp.data() + hp.size();
+  const auto [p, ec] = std::from_chars(b, e, port);
+  if (ec != std::errc() || p != e || port < 0 || port > 65535)
+    return make_error(ErrorCode::invalid_argument, "'" + hp + "': port must be 0..65535");
+  return std::make_pair(hp.substr(0, colon), port);
+}
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const MetricsRegistry& registry,
+                                                            const std::string& host_port) {
+  auto hp = parse_host_port(host_port);
+  if (!hp) return std::move(hp).error();
+  std::unique_ptr<MetricsServer> s(new MetricsServer());
+  s->server_ = std::make_unique<httplib::Server>();
+  s->server_->Get("/metrics", [&registry](const httplib::Request&, httplib::Response& res) {
+    res.set_content(registry.render(), "text/plain; version=0.0.4");
+  });
+  const auto& [host, port] = *hp;
+  s->port_ = port == 0 ? s->server_->bind_to_any_port(host) : (s->server_->bind_to_port(host, port) ? port : -1);
+  if (s->port_ <= 0)
+    return make_error(ErrorCode::io, "metrics: cannot listen on " + host_port);
+  httplib::Server* srv = s->server_.get();
+  s->thread_ = std::thread([srv] { srv->listen_after_bind(); });
+  return s;
+}
+
+MetricsServer::~MetricsServer() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace shardline::actors

@@ -1,0 +1,65 @@
+#pragma once
+/// \file
+/// Prometheus metrics of a node: a registry of named counters and gauges
+/// (thread-safe; workers update them from their own threads) rendered in the
+/// Prometheus text exposition format, served over HTTP at `/metrics`
+/// (`--metrics HOST:PORT`).
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/result.hpp"
+
+namespace httplib {
+class Server;
+}
+
+namespace shardline::actors {
+
+class MetricsRegistry {
+ public:
+  /// A metric family: `name` (e.g. "shardline_generation_tokens_total"),
+  /// `type` "counter" or "gauge", one HELP line. Labels are part of the key,
+  /// e.g. add("shardline_requests_total", "state=\"done\"", 1).
+  void describe(const std::string& name, const std::string& type, const std::string& help);
+  void add(const std::string& name, const std::string& labels, double delta);
+  void set(const std::string& name, const std::string& labels, double value);
+  [[nodiscard]] double get(const std::string& name, const std::string& labels = "") const;
+  /// The text exposition format (families sorted by name).
+  [[nodiscard]] std::string render() const;
+
+ private:
+  struct Family {
+    std::string type;
+    std::string help;
+    std::map<std::string, double> samples;  // labels -> value
+  };
+  mutable std::mutex mu_;
+  std::map<std::string, Family> families_;
+};
+
+/// Serves a registry on HOST:PORT in a background thread until destroyed.
+class MetricsServer {
+ public:
+  /// Binds and starts serving. Errors: invalid_argument (bad address), io (bind failed).
+  [[nodiscard]] static Result<std::unique_ptr<MetricsServer>> start(const MetricsRegistry& registry,
+                                                                    const std::string& host_port);
+  ~MetricsServer();
+  [[nodiscard]] int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+/// Splits "HOST:PORT" (PORT may be 0). Errors: invalid_argument naming the text.
+[[nodiscard]] Result<std::pair<std::string, int>> parse_host_port(const std::string& host_port);
+
+}  // namespace shardline::actors

@@ -1,0 +1,52 @@
+#pragma once
+/// \file
+/// The unit of work of an offline job: one input line of an OpenAI Batch
+/// JSONL shard, as a request (parsed) and as a result (to be written as one
+/// output line). Plain structs shared by the orchestrator, the workers and
+/// the message codec (messages/).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/sampling_params.hpp"
+
+namespace shardline::orchestrator {
+
+/// One input line, parsed and validated as far as the orchestrator can
+/// without a tokenizer (the worker checks prompt length against the context).
+struct BatchRequest {
+  std::uint64_t job_id = 0;
+  std::uint64_t line_index = 0;  ///< 0-based index over all shards of the job, in order
+  std::string custom_id;         ///< from the line, or the 1-based line number as text
+  std::string prompt;            ///< text prompt (empty when prompt_token_ids is given)
+  std::vector<std::int32_t> prompt_token_ids;  ///< a prompt given as token ids
+  engine::SamplingParams params;  ///< has_seed set when the line gave "seed"
+  bool return_token_ids = false;
+  int n = 1;  ///< choices per prompt (>= 1); choice i samples with seed + i
+};
+
+/// One choice of a completion.
+struct BatchChoice {
+  int index = 0;
+  std::string text;
+  std::string finish_reason;  ///< "stop" or "length"
+  std::vector<std::int32_t> token_ids;  ///< filled when return_token_ids
+};
+
+/// The result of one input line: a completion or a per-line error.
+struct BatchResult {
+  std::uint64_t job_id = 0;
+  std::uint64_t line_index = 0;
+  std::string custom_id;
+  bool ok = false;
+  // ok == true:
+  std::vector<BatchChoice> choices;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;  ///< over all choices
+  // ok == false (OpenAI batch error object):
+  std::string error_code;     ///< e.g. "invalid_json", "missing_prompt", "context_length_exceeded"
+  std::string error_message;  ///< human-readable, names the field
+};
+
+}  // namespace shardline::orchestrator

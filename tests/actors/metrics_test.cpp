@@ -1,0 +1,54 @@
+// Prometheus registry rendering and the HTTP endpoint on loopback.
+#include "actors/metrics.hpp"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+namespace shardline::actors {
+namespace {
+
+TEST(Metrics, RendersTextExpositionFormat) {
+  MetricsRegistry r;
+  r.describe("shardline_requests_total", "counter", "Requests finished, by state.");
+  r.add("shardline_requests_total", "state=\"done\"", 3);
+  r.add("shardline_requests_total", "state=\"done\"", 2);
+  r.add("shardline_requests_total", "state=\"failed\"", 1);
+  r.describe("shardline_kv_blocks_used", "gauge", "KV blocks in use.");
+  r.set("shardline_kv_blocks_used", "", 7);
+  EXPECT_EQ(r.get("shardline_requests_total", "state=\"done\""), 5);
+  EXPECT_EQ(r.render(),
+            "# HELP shardline_kv_blocks_used KV blocks in use.\n"
+            "# TYPE shardline_kv_blocks_used gauge\n"
+            "shardline_kv_blocks_used 7\n"
+            "# HELP shardline_requests_total Requests finished, by state.\n"
+            "# TYPE shardline_requests_total counter\n"
+            "shardline_requests_total{state=\"done\"} 5\n"
+            "shardline_requests_total{state=\"failed\"} 1\n");
+}
+
+TEST(Metrics, ServedOverHttp) {
+  MetricsRegistry r;
+  r.describe("shardline_engine_steps_total", "counter", "Engine steps.");
+  r.add("shardline_engine_steps_total", "", 42);
+  auto server = MetricsServer::start(r, "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.error().to_string();
+  httplib::Client client("127.0.0.1", (*server)->port());
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->body.find("shardline_engine_steps_total 42"), std::string::npos) << res->body;
+}
+
+TEST(Metrics, BadAddressIsAClearError) {
+  MetricsRegistry r;
+  auto s = MetricsServer::start(r, "no-port");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code, ErrorCode::invalid_argument);
+  EXPECT_FALSE(parse_host_port("host:99999").ok());
+  auto ok = parse_host_port("127.0.0.1:8080");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->second, 8080);
+}
+
+}  // namespace
+}  // namespace shardline::actors
