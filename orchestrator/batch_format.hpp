@@ -1,0 +1,96 @@
+#pragma once
+/// \file
+/// The OpenAI Batch JSONL format: one input line → a BatchRequest (or a
+/// per-line error), one BatchResult → one output line.
+///
+/// Input lines (one JSON object per line) come in two forms:
+///  - the OpenAI Batch form
+///      {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+///       "body": {"model": "m", "prompt": "Hello", "max_tokens": 32, ...}}
+///    `method` and `url` may be left out (they default to POST and
+///    /v1/completions); `custom_id` may be left out (it defaults to the
+///    1-based line number, see below). Top-level keys other than these four
+///    are unknown_parameter errors. A line is in this form when it has any of
+///    the keys "body", "method" or "url".
+///  - the plain form: the body keys at the top level, {"prompt": "Hello",
+///    "max_tokens": 32}, plus an optional "custom_id".
+///
+/// Body keys: model (string, ignored: the job's model answers), prompt (a
+/// non-empty string, or a non-empty array of token ids in [0, 2^31)),
+/// max_tokens (default 16), temperature (default 1.0), top_p, top_k, min_p,
+/// seed (any 64-bit integer; negative values wrap to uint64), stop (string or
+/// array of strings), n (1..128), return_token_ids (bool), presence_penalty,
+/// frequency_penalty, repetition_penalty, min_tokens, ignore_eos (bool),
+/// stop_token_ids (array of integers). A key with the value null counts as
+/// not given. Integers may be written as integral floats (16.0).
+///
+/// Errors (BatchResult.ok == false, error_code, error_message naming the field):
+///   invalid_json       the line is not JSON or not a JSON object
+///   missing_prompt     no "prompt" (or no "body" in the OpenAI form)
+///   invalid_parameter  a value of the wrong type or out of range
+///                      (ranges from engine::SamplingParams::validate)
+///   unknown_parameter  a key that is not in the lists above
+///   unsupported_url    url other than /v1/completions ("/v1/chat/completions":
+///                      "chat completions are not supported yet")
+///   invalid_method     method other than "POST"
+///
+/// Blank lines (only whitespace, including a lone '\r') are skipped by the
+/// job manager: they get no line index and no output line. `line_index` is the
+/// 0-based index over the non-blank lines of all shards of a job, in order, and
+/// the default custom_id is `std::to_string(line_index + 1)`.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "orchestrator/batch_types.hpp"
+
+namespace shardline::orchestrator {
+
+/// A parsed input line: a request, or an error result (ok == false) that is
+/// committed as is.
+struct BatchLine {
+  std::variant<BatchRequest, BatchResult> value;
+
+  [[nodiscard]] bool is_request() const noexcept { return value.index() == 0; }
+  [[nodiscard]] const BatchRequest& request() const { return std::get<0>(value); }
+  [[nodiscard]] BatchRequest& request() { return std::get<0>(value); }
+  [[nodiscard]] const BatchResult& error() const { return std::get<1>(value); }
+  [[nodiscard]] BatchResult& error() { return std::get<1>(value); }
+};
+
+/// True when the line holds only whitespace (such lines are skipped).
+[[nodiscard]] bool is_blank_line(std::string_view line) noexcept;
+
+/// Parses one input line. Never throws. A blank line gives an invalid_json
+/// error (callers skip blank lines before calling).
+[[nodiscard]] BatchLine parse_batch_line(std::string_view line, std::uint64_t job_id,
+                                         std::uint64_t line_index);
+
+/// `custom_id` used when a line gives none: the 1-based line number.
+[[nodiscard]] std::string default_custom_id(std::uint64_t line_index);
+
+/// A per-line error result.
+[[nodiscard]] BatchResult make_error_result(std::uint64_t job_id, std::uint64_t line_index,
+                                            std::string custom_id, std::string code,
+                                            std::string message);
+
+/// One output line (no trailing newline), keys in a fixed order:
+///   {"id":"batch_req_<job>_<line>","custom_id":...,
+///    "response":{"status_code":200,"request_id":"<prefix><job>_<line>",
+///      "body":{"object":"text_completion","model":<model>,
+///        "choices":[{"index","text","finish_reason",["token_ids",]"logprobs":null}],
+///        "usage":{"prompt_tokens","completion_tokens","total_tokens"}}},
+///    "error":null}
+/// or for an error result
+///   {"id":...,"custom_id":...,"response":null,"error":{"code":...,"message":...}}
+/// <line> is the 0-based line index. "token_ids" is written for every choice
+/// when any choice of the result carries token ids (workers fill them only
+/// when the request asked with return_token_ids). Invalid UTF-8 in texts is
+/// replaced by U+FFFD. No timestamps: the same result always gives the same
+/// bytes.
+[[nodiscard]] std::string format_result_line(const BatchResult& result, std::string_view model,
+                                             std::string_view request_id_prefix);
+
+}  // namespace shardline::orchestrator

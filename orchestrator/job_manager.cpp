@@ -1,0 +1,439 @@
+#include "orchestrator/job_manager.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "orchestrator/batch_format.hpp"
+
+namespace shardline::orchestrator {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string default_model_name(const std::string& model_dir) {
+  fs::path p(model_dir);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // trailing '/'
+  std::string name = p.filename().string();
+  return name.empty() ? model_dir : name;
+}
+
+/// Same file, even through different spellings of the path.
+bool same_path(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const auto ca = fs::weakly_canonical(a, ec);
+  if (ec) return a == b;
+  const auto cb = fs::weakly_canonical(b, ec);
+  if (ec) return a == b;
+  return ca == cb;
+}
+
+}  // namespace
+
+// ---- ShardReader --------------------------------------------------------------
+
+Result<bool> JobManager::ShardReader::next(std::string& line) {
+  while (!done) {
+    if (!in.is_open()) {
+      if (shard >= paths.size()) {
+        done = true;
+        break;
+      }
+      in.open(paths[shard], std::ios::binary);
+      if (!in.is_open()) return make_error(ErrorCode::not_found, "input shard " + paths[shard] + ": cannot open");
+    }
+    if (std::getline(in, line)) {
+      if (is_blank_line(line)) continue;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      ++next_index;
+      return true;
+    }
+    if (in.bad()) return make_error(ErrorCode::io, "input shard " + paths[shard] + ": read error");
+    in.close();
+    ++shard;
+  }
+  return false;
+}
+
+// ---- JobManager -----------------------------------------------------------------
+
+JobManager::JobManager(std::unique_ptr<JobStore> store, JobManagerOptions options)
+    : store_(std::move(store)), options_(std::move(options)) {
+  if (!options_.clock) options_.clock = steady_seconds;
+  if (options_.commit_batch == 0) options_.commit_batch = 1;
+}
+
+JobManager::~JobManager() = default;
+
+double JobManager::now() const { return options_.clock(); }
+
+Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir, JobManagerOptions options) {
+  std::error_code ec;
+  fs::create_directories(data_dir, ec);
+  if (ec) return make_error(ErrorCode::io, "data dir " + data_dir + ": " + ec.message());
+  auto store = JobStore::open((fs::path(data_dir) / "jobs.db").string());
+  if (!store.ok()) return store.error();
+  std::unique_ptr<JobManager> m(new JobManager(std::move(store.value()), std::move(options)));
+  auto records = m->store_->list_jobs();
+  if (!records.ok()) return records.error();
+  for (auto& rec : *records) {
+    const std::uint64_t id = rec.id;
+    Job& j = m->jobs_[id];
+    j.rec = std::move(rec);
+    if (!active(j)) continue;
+    // Inputs must be what was submitted: line indexes depend on them.
+    std::string changed;
+    for (std::size_t i = 0; i < j.rec.spec.input_paths.size() && changed.empty(); ++i) {
+      const auto& path = j.rec.spec.input_paths[i];
+      const auto size = fs::file_size(path, ec);
+      if (ec) changed = "input shard " + path + ": " + ec.message();
+      else if (i < j.rec.input_sizes.size() && size != j.rec.input_sizes[i])
+        changed = "input shard " + path + " changed since submit (" + std::to_string(j.rec.input_sizes[i]) +
+                  " -> " + std::to_string(size) + " bytes)";
+    }
+    if (!changed.empty()) {
+      m->fail_job(j, changed);
+      continue;
+    }
+    if (Status st = m->activate(j); !st.ok()) m->fail_job(j, st.error().to_string());
+  }
+  return m;
+}
+
+Status JobManager::activate(Job& j) {
+  auto w = OutputWriter::open(*store_, j.rec.id, j.rec.spec.output_path, j.rec.total_lines);
+  if (!w.ok()) return w.error();
+  j.writer = std::move(w.value());
+  j.reader = std::make_unique<ShardReader>();
+  j.reader->paths = j.rec.spec.input_paths;
+  return advance_output(j);
+}
+
+void JobManager::fail_job(Job& j, const std::string& why) {
+  j.rec.state = JobState::failed;
+  j.rec.error = why;
+  j.rec.finished_unix_ms = unix_ms_now();
+  (void)store_->update_job(j.rec);  // best effort: an I/O error here leaves it unfinished
+  j.writer.reset();
+  j.reader.reset();
+  j.retry.clear();
+  j.in_flight.clear();
+  if (j.session_started && j.session_t1 < 0) j.session_t1 = now();
+}
+
+Status JobManager::advance_output(Job& j) {
+  if (!j.writer) return Status::ok_status();
+  auto n = j.writer->advance();
+  if (!n.ok()) return n.error();
+  if (j.writer->complete()) {
+    j.rec.state = JobState::done;
+    j.rec.finished_unix_ms = unix_ms_now();
+    if (Status st = store_->update_job(j.rec); !st.ok()) return st;
+    j.writer.reset();
+    j.reader.reset();
+    j.retry.clear();
+    j.in_flight.clear();
+    if (j.session_started && j.session_t1 < 0) j.session_t1 = now();
+  }
+  return Status::ok_status();
+}
+
+StoredResult JobManager::to_stored(const Job& j, const BatchResult& r) const {
+  StoredResult s;
+  s.line_index = r.line_index;
+  s.line = format_result_line(r, j.rec.spec.model_name, j.rec.spec.request_id_prefix);
+  s.ok = r.ok;
+  if (r.ok) {
+    s.prompt_tokens = static_cast<std::uint64_t>(std::max(0, r.prompt_tokens));
+    s.completion_tokens = static_cast<std::uint64_t>(std::max(0, r.completion_tokens));
+  }
+  return s;
+}
+
+Status JobManager::commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added) {
+  if (batch.empty()) return Status::ok_status();
+  auto n = store_->put_results(j.rec.id, batch);
+  batch.clear();
+  if (!n.ok()) return n.error();
+  if (added != nullptr) *added += *n;
+  return Status::ok_status();
+}
+
+Result<std::uint64_t> JobManager::submit(JobSpec spec) {
+  if (spec.input_paths.empty()) return make_error(ErrorCode::invalid_argument, "job: no input shards");
+  if (spec.output_path.empty()) return make_error(ErrorCode::invalid_argument, "job: no output path");
+  for (const auto& in : spec.input_paths)
+    if (same_path(in, spec.output_path))
+      return make_error(ErrorCode::invalid_argument, "job: output " + spec.output_path + " is also an input");
+  for (const auto& [id, j] : jobs_)
+    if (active(j) && same_path(j.rec.spec.output_path, spec.output_path))
+      return make_error(ErrorCode::invalid_argument, "job: output " + spec.output_path +
+                                                         " is the output of unfinished job " + std::to_string(id));
+  if (spec.model_name.empty()) spec.model_name = default_model_name(spec.model_dir);
+
+  JobRecord rec;
+  rec.created_unix_ms = unix_ms_now();
+  // Pass 1: sizes and line count (nothing is created when a shard is unreadable).
+  {
+    std::error_code ec;
+    for (const auto& path : spec.input_paths) {
+      const auto size = fs::file_size(path, ec);
+      if (ec) return make_error(ErrorCode::not_found, "input shard " + path + ": " + ec.message());
+      rec.input_sizes.push_back(size);
+    }
+    ShardReader counter;
+    counter.paths = spec.input_paths;
+    std::string line;
+    for (;;) {
+      auto more = counter.next(line);
+      if (!more.ok()) return more.error();
+      if (!*more) break;
+    }
+    rec.total_lines = counter.next_index;
+  }
+  rec.spec = std::move(spec);
+  rec.state = JobState::queued;
+  auto id = store_->create_job(rec);
+  if (!id.ok()) return id.error();
+  rec.id = *id;
+  Job& j = jobs_[rec.id];
+  j.rec = std::move(rec);
+
+  // Pass 2: commit the parse errors now (good lines are read again lazily).
+  {
+    ShardReader parser;
+    parser.paths = j.rec.spec.input_paths;
+    std::vector<StoredResult> batch;
+    std::string line;
+    for (;;) {
+      auto more = parser.next(line);
+      if (!more.ok()) {
+        fail_job(j, more.error().to_string());
+        return more.error();
+      }
+      if (!*more || parser.next_index > j.rec.total_lines) break;
+      BatchLine parsed = parse_batch_line(line, j.rec.id, parser.next_index - 1);
+      if (parsed.is_request()) continue;
+      batch.push_back(to_stored(j, parsed.error()));
+      if (batch.size() >= options_.commit_batch) {
+        if (Status st = commit(j, batch, nullptr); !st.ok()) {
+          fail_job(j, st.error().to_string());
+          return st.error();
+        }
+      }
+    }
+    if (Status st = commit(j, batch, nullptr); !st.ok()) {
+      fail_job(j, st.error().to_string());
+      return st.error();
+    }
+  }
+  if (Status st = activate(j); !st.ok()) {
+    fail_job(j, st.error().to_string());
+    return st.error();
+  }
+  return j.rec.id;
+}
+
+std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std::string& worker) {
+  std::vector<BatchRequest> out;
+  for (auto& [id, j] : jobs_) {
+    if (out.size() >= max_count) break;
+    if (!active(j)) continue;
+    const std::size_t before = out.size();
+    while (!j.retry.empty() && out.size() < max_count) {
+      auto node = j.retry.extract(j.retry.begin());
+      j.in_flight[node.key()] = InFlight{worker, node.mapped()};
+      out.push_back(std::move(node.mapped()));
+    }
+    std::vector<StoredResult> errors;
+    std::string line;
+    while (j.reader && !j.reader->done && out.size() < max_count) {
+      auto more = j.reader->next(line);
+      if (!more.ok()) {
+        fail_job(j, more.error().to_string());
+        break;
+      }
+      if (!*more) break;
+      const std::uint64_t index = j.reader->next_index - 1;
+      if (index >= j.rec.total_lines) {  // the shard grew; sizes are checked at open
+        j.reader->done = true;
+        break;
+      }
+      auto committed = store_->has_result(j.rec.id, index);
+      if (!committed.ok()) {
+        fail_job(j, committed.error().to_string());
+        break;
+      }
+      if (*committed || j.in_flight.count(index) != 0) continue;
+      BatchLine parsed = parse_batch_line(line, j.rec.id, index);
+      if (!parsed.is_request()) {  // only after a crash during submit
+        errors.push_back(to_stored(j, parsed.error()));
+        continue;
+      }
+      j.in_flight[index] = InFlight{worker, parsed.request()};
+      out.push_back(std::move(parsed.request()));
+    }
+    if (!active(j)) {  // failed while reading: take its requests back
+      out.resize(before);
+      continue;
+    }
+    if (!errors.empty()) {
+      if (Status st = commit(j, errors, nullptr); st.ok()) (void)advance_output(j);
+    }
+    if (out.size() > before) {
+      if (!j.session_started) {
+        j.session_started = true;
+        j.session_t0 = now();
+        auto c = store_->counters(j.rec.id);
+        if (c.ok()) j.session_c0 = *c;
+      }
+      if (j.rec.state == JobState::queued) {
+        j.rec.state = JobState::running;
+        (void)store_->update_job(j.rec);
+      }
+    }
+  }
+  return out;
+}
+
+Result<std::size_t> JobManager::on_results(const std::vector<BatchResult>& results) {
+  std::map<std::uint64_t, std::vector<StoredResult>> per_job;
+  for (const auto& r : results) {
+    auto it = jobs_.find(r.job_id);
+    if (it == jobs_.end() || !active(it->second)) continue;
+    Job& j = it->second;
+    if (r.line_index >= j.rec.total_lines) continue;
+    j.retry.erase(r.line_index);
+    auto f = j.in_flight.find(r.line_index);
+    if (f != j.in_flight.end() && f->second.request.custom_id != r.custom_id) {
+      BatchResult fixed = r;  // the custom_id is the input's, whatever the worker says
+      fixed.custom_id = f->second.request.custom_id;
+      per_job[r.job_id].push_back(to_stored(j, fixed));
+    } else {
+      per_job[r.job_id].push_back(to_stored(j, r));
+    }
+    if (f != j.in_flight.end()) j.in_flight.erase(f);
+  }
+  std::size_t added = 0;
+  Status first_error;
+  for (auto& [id, batch] : per_job) {
+    Job& j = jobs_.at(id);
+    if (Status st = commit(j, batch, &added); !st.ok()) {
+      if (first_error.ok()) first_error = st;
+      continue;
+    }
+    if (Status st = advance_output(j); !st.ok() && first_error.ok()) first_error = st;
+  }
+  if (!first_error.ok()) return first_error.error();
+  return added;
+}
+
+Result<std::size_t> JobManager::on_result(const BatchResult& result) {
+  return on_results(std::vector<BatchResult>{result});
+}
+
+std::size_t JobManager::requeue_in_flight(const std::string& worker) {
+  std::size_t n = 0;
+  for (auto& [id, j] : jobs_) {
+    for (auto it = j.in_flight.begin(); it != j.in_flight.end();) {
+      if (it->second.worker == worker) {
+        j.retry[it->first] = std::move(it->second.request);
+        it = j.in_flight.erase(it);
+        ++n;
+      } else {
+        ++it;
+      }
+    }
+  }
+  return n;
+}
+
+std::size_t JobManager::requeue_all() {
+  std::size_t n = 0;
+  for (auto& [id, j] : jobs_) {
+    for (auto& [line, f] : j.in_flight) j.retry[line] = std::move(f.request);
+    n += j.in_flight.size();
+    j.in_flight.clear();
+  }
+  return n;
+}
+
+JobProgress JobManager::progress_of(const Job& j) const {
+  JobProgress p;
+  p.job_id = j.rec.id;
+  p.state = j.rec.state;
+  p.total = j.rec.total_lines;
+  p.error = j.rec.error;
+  JobCounters c;
+  if (auto cc = store_->counters(j.rec.id); cc.ok()) c = *cc;
+  p.done = c.committed();
+  p.failed = c.failed;
+  p.prompt_tokens = c.prompt_tokens;
+  p.completion_tokens = c.completion_tokens;
+  p.in_flight = j.in_flight.size();
+  p.pending = p.total > p.done + p.in_flight ? p.total - p.done - p.in_flight : 0;
+  if (j.writer) p.written = j.writer->next_line();
+  else if (j.rec.state == JobState::done) p.written = p.total;
+  else if (auto op = store_->output_progress(j.rec.id); op.ok()) p.written = op->next_line;
+
+  if (j.session_started) {
+    const double t1 = j.session_t1 >= 0 ? j.session_t1 : now();
+    const double dt = t1 - j.session_t0;
+    if (dt > 0) {
+      p.tokens_per_s = static_cast<double>(c.completion_tokens - j.session_c0.completion_tokens) / dt;
+      const double lines_per_s = static_cast<double>(c.committed() - j.session_c0.committed()) / dt;
+      if (lines_per_s > 0) p.eta_s = static_cast<double>(p.total - p.done) / lines_per_s;
+    }
+  } else if (j.rec.state == JobState::done && j.rec.finished_unix_ms > j.rec.created_unix_ms) {
+    p.tokens_per_s = static_cast<double>(c.completion_tokens) /
+                     (static_cast<double>(j.rec.finished_unix_ms - j.rec.created_unix_ms) / 1000.0);
+  }
+  if (j.rec.state == JobState::done) p.eta_s = 0.0;
+  else if (j.rec.state == JobState::failed) p.eta_s = -1.0;
+  return p;
+}
+
+Result<JobProgress> JobManager::progress(std::uint64_t job_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return make_error(ErrorCode::not_found, "job " + std::to_string(job_id) + ": no such job");
+  return progress_of(it->second);
+}
+
+std::vector<JobProgress> JobManager::list_jobs() const {
+  std::vector<JobProgress> out;
+  out.reserve(jobs_.size());
+  for (const auto& [id, j] : jobs_) out.push_back(progress_of(j));
+  return out;
+}
+
+Result<JobRecord> JobManager::job(std::uint64_t job_id) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return make_error(ErrorCode::not_found, "job " + std::to_string(job_id) + ": no such job");
+  return it->second.rec;
+}
+
+bool JobManager::has_pending_work() const {
+  for (const auto& [id, j] : jobs_)
+    if (active(j) && (!j.retry.empty() || (j.reader && !j.reader->done))) return true;
+  return false;
+}
+
+bool JobManager::idle() const {
+  for (const auto& [id, j] : jobs_)
+    if (active(j)) return false;
+  return true;
+}
+
+}  // namespace shardline::orchestrator

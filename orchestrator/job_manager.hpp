@@ -1,0 +1,157 @@
+#pragma once
+/// \file
+/// The orchestrator's job logic as a plain class (no threads, no actors: the
+/// orchestrator actor owns one JobManager and calls it from its behaviour).
+///
+/// Life of a job:
+///  - submit(spec): counts the non-blank lines of all shards, stores the job
+///    (state queued), parses every line once and commits the per-line parse
+///    errors as error results right away. Good lines are NOT kept in memory:
+///    they are read again lazily from the shards by next_work().
+///  - next_work(n, worker): hands out up to n pending requests, FIFO over jobs
+///    (lowest job id first; within a job, requeued lines first, then input
+///    order) and marks them in flight on `worker`. The job becomes running.
+///  - on_result(s): commits each result exactly once (duplicates, e.g. from a
+///    retried worker, are ignored), then appends the contiguous committed
+///    prefix to the output file. When every line is committed and written the
+///    job is done.
+///  - requeue_in_flight(worker) when a worker dies; requeue_all() when every
+///    worker is lost. In-flight state is memory only: after a restart
+///    (JobManager::open) everything not committed is pending again, and each
+///    unfinished job's output file is recovered (torn tail truncated).
+/// Memory: O(in-flight + requeued) requests per job, plus one open shard.
+///
+/// Determinism: the output bytes depend only on the committed results, never
+/// on timing, order of arrival, crashes or restarts.
+
+#include <cstdint>
+#include <functional>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "orchestrator/batch_types.hpp"
+#include "orchestrator/job_store.hpp"
+#include "orchestrator/output_writer.hpp"
+
+namespace shardline::orchestrator {
+
+struct JobProgress {
+  std::uint64_t job_id = 0;
+  JobState state = JobState::queued;
+  std::uint64_t total = 0;       ///< lines of the job
+  std::uint64_t done = 0;        ///< committed lines (completions + errors)
+  std::uint64_t failed = 0;      ///< committed error lines (part of done)
+  std::uint64_t in_flight = 0;   ///< handed out, not yet committed
+  std::uint64_t pending = 0;     ///< total - done - in_flight
+  std::uint64_t written = 0;     ///< lines durably in the output file
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t completion_tokens = 0;
+  /// Completion tokens per second since this process started serving the
+  /// job (frozen when it finishes); for a job finished by an earlier process,
+  /// the average over created → finished. 0 when unknown.
+  double tokens_per_s = 0.0;
+  /// Seconds left at the current line rate; 0 when finished, -1 when unknown.
+  double eta_s = -1.0;
+  std::string error;  ///< state failed: why
+};
+
+struct JobManagerOptions {
+  /// Monotonic seconds, for rates (tests inject a fake clock).
+  std::function<double()> clock;
+  /// Results per synchronous store batch while committing parse errors.
+  std::size_t commit_batch = 1024;
+};
+
+class JobManager {
+ public:
+  /// Opens (creating) the state in `data_dir` (RocksDB under data_dir/jobs.db),
+  /// restores every job and recovers the output files of unfinished ones. A
+  /// job whose shard vanished or changed size is marked failed.
+  static Result<std::unique_ptr<JobManager>> open(const std::string& data_dir,
+                                                  JobManagerOptions options = {});
+  ~JobManager();
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  /// Records a job and returns its id. Errors: invalid_argument (no inputs,
+  /// no output, output used by an unfinished job or equal to an input),
+  /// not_found / io (a shard cannot be read; then no job is created).
+  Result<std::uint64_t> submit(JobSpec spec);
+
+  /// Up to max_count pending requests, now in flight on `worker`.
+  std::vector<BatchRequest> next_work(std::size_t max_count, const std::string& worker = {});
+
+  /// Commits results (any order, duplicates ignored, unknown jobs / lines out
+  /// of range ignored) and advances the output files. Returns how many lines
+  /// were newly committed. An error is a store or output I/O failure; the
+  /// results committed before it stay committed and a later call retries the
+  /// output.
+  Result<std::size_t> on_results(const std::vector<BatchResult>& results);
+  Result<std::size_t> on_result(const BatchResult& result);
+
+  /// Makes the in-flight requests of `worker` pending again (first in line).
+  std::size_t requeue_in_flight(const std::string& worker);
+  /// Makes every in-flight request pending again.
+  std::size_t requeue_all();
+
+  [[nodiscard]] Result<JobProgress> progress(std::uint64_t job_id) const;
+  /// Progress of every job, ascending id.
+  [[nodiscard]] std::vector<JobProgress> list_jobs() const;
+  [[nodiscard]] Result<JobRecord> job(std::uint64_t job_id) const;
+  /// True when some unfinished job has requests to hand out (or unread lines).
+  [[nodiscard]] bool has_pending_work() const;
+  /// True when no job is queued or running.
+  [[nodiscard]] bool idle() const;
+
+  [[nodiscard]] JobStore& store() noexcept { return *store_; }
+
+ private:
+  struct InFlight {
+    std::string worker;
+    BatchRequest request;
+  };
+  /// Lazy, blank-skipping line reader over the shards of a job.
+  struct ShardReader {
+    std::vector<std::string> paths;
+    std::size_t shard = 0;
+    std::ifstream in;
+    std::uint64_t next_index = 0;  ///< line index of the next non-blank line
+    bool done = false;
+    /// Next non-blank line into `line` (its index is next_index - 1);
+    /// false at the end.
+    Result<bool> next(std::string& line);
+  };
+  struct Job {
+    JobRecord rec;
+    std::unique_ptr<OutputWriter> writer;  ///< unfinished jobs only
+    std::unique_ptr<ShardReader> reader;   ///< unfinished jobs only
+    std::map<std::uint64_t, BatchRequest> retry;
+    std::map<std::uint64_t, InFlight> in_flight;
+    bool session_started = false;
+    double session_t0 = 0.0;
+    double session_t1 = -1.0;  ///< when it finished in this process
+    JobCounters session_c0;
+  };
+
+  JobManager(std::unique_ptr<JobStore> store, JobManagerOptions options);
+  [[nodiscard]] static bool active(const Job& j) noexcept {
+    return j.rec.state == JobState::queued || j.rec.state == JobState::running;
+  }
+  [[nodiscard]] double now() const;
+  Status activate(Job& j);  ///< opens writer + reader of an unfinished job
+  Status commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added);
+  Status advance_output(Job& j);
+  void fail_job(Job& j, const std::string& why);
+  [[nodiscard]] StoredResult to_stored(const Job& j, const BatchResult& r) const;
+  [[nodiscard]] JobProgress progress_of(const Job& j) const;
+
+  std::unique_ptr<JobStore> store_;
+  JobManagerOptions options_;
+  std::map<std::uint64_t, Job> jobs_;
+};
+
+}  // namespace shardline::orchestrator

@@ -1,0 +1,292 @@
+#include "orchestrator/job_store.hpp"
+
+#include <set>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+namespace shardline::orchestrator {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kMetaNextJob[] = "Mnext_job_id";
+
+void put_be64(std::string& s, std::uint64_t v) {
+  for (int i = 7; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+std::uint64_t get_be64(std::string_view s, std::size_t at) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
+  return v;
+}
+
+std::string job_key(char tag, std::uint64_t job) {
+  std::string k(1, tag);
+  put_be64(k, job);
+  return k;
+}
+
+std::string result_key(std::uint64_t job, std::uint64_t line) {
+  std::string k = job_key('R', job);
+  put_be64(k, line);
+  return k;
+}
+
+Error db_error(const std::string& what, const rocksdb::Status& st) {
+  return make_error(ErrorCode::io, "job store: " + what + ": " + st.ToString());
+}
+
+rocksdb::WriteOptions sync_write() {
+  rocksdb::WriteOptions w;
+  w.sync = true;
+  return w;
+}
+
+std::string encode_counters(const JobCounters& c) {
+  std::string s;
+  put_be64(s, c.ok);
+  put_be64(s, c.failed);
+  put_be64(s, c.prompt_tokens);
+  put_be64(s, c.completion_tokens);
+  return s;
+}
+
+std::string encode_record(const JobRecord& r) {
+  json j;
+  j["id"] = r.id;
+  j["model_dir"] = r.spec.model_dir;
+  j["model_name"] = r.spec.model_name;
+  j["input_paths"] = r.spec.input_paths;
+  j["output_path"] = r.spec.output_path;
+  j["request_id_prefix"] = r.spec.request_id_prefix;
+  j["state"] = job_state_name(r.state);
+  j["created_unix_ms"] = r.created_unix_ms;
+  j["finished_unix_ms"] = r.finished_unix_ms;
+  j["total_lines"] = r.total_lines;
+  j["input_sizes"] = r.input_sizes;
+  j["error"] = r.error;
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<JobRecord> decode_record(std::string_view s) {
+  try {
+    const json j = json::parse(s);
+    JobRecord r;
+    r.id = j.at("id").get<std::uint64_t>();
+    r.spec.model_dir = j.at("model_dir").get<std::string>();
+    r.spec.model_name = j.at("model_name").get<std::string>();
+    r.spec.input_paths = j.at("input_paths").get<std::vector<std::string>>();
+    r.spec.output_path = j.at("output_path").get<std::string>();
+    r.spec.request_id_prefix = j.at("request_id_prefix").get<std::string>();
+    const auto state = j.at("state").get<std::string>();
+    if (state == "queued") r.state = JobState::queued;
+    else if (state == "running") r.state = JobState::running;
+    else if (state == "done") r.state = JobState::done;
+    else if (state == "failed") r.state = JobState::failed;
+    else return make_error(ErrorCode::corrupt, "job store: job record: unknown state '" + state + "'");
+    r.created_unix_ms = j.at("created_unix_ms").get<std::int64_t>();
+    r.finished_unix_ms = j.at("finished_unix_ms").get<std::int64_t>();
+    r.total_lines = j.at("total_lines").get<std::uint64_t>();
+    r.input_sizes = j.at("input_sizes").get<std::vector<std::uint64_t>>();
+    r.error = j.at("error").get<std::string>();
+    return r;
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::corrupt, std::string("job store: job record: ") + e.what());
+  }
+}
+
+}  // namespace
+
+const char* job_state_name(JobState s) noexcept {
+  switch (s) {
+    case JobState::queued: return "queued";
+    case JobState::running: return "running";
+    case JobState::done: return "done";
+    case JobState::failed: return "failed";
+  }
+  return "unknown";
+}
+
+JobStore::JobStore(std::string dir, rocksdb::DB* db, std::uint64_t next_job_id)
+    : dir_(std::move(dir)), db_(db), next_job_id_(next_job_id) {}
+
+JobStore::~JobStore() = default;
+
+Result<std::unique_ptr<JobStore>> JobStore::open(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.max_open_files = 256;
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status st = rocksdb::DB::Open(options, dir, &raw);
+  if (!st.ok()) return db_error("open " + dir, st);
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string v;
+  std::uint64_t next = 1;
+  const rocksdb::Status g = db->Get(rocksdb::ReadOptions(), kMetaNextJob, &v);
+  if (g.ok()) {
+    if (v.size() != 8) return make_error(ErrorCode::corrupt, "job store: next_job_id: bad size");
+    next = get_be64(v, 0);
+  } else if (!g.IsNotFound()) {
+    return db_error("read next_job_id", g);
+  }
+  return std::unique_ptr<JobStore>(new JobStore(dir, db.release(), next));
+}
+
+Result<std::uint64_t> JobStore::create_job(JobRecord record) {
+  std::lock_guard lock(mu_);
+  record.id = next_job_id_;
+  rocksdb::WriteBatch batch;
+  std::string next;
+  put_be64(next, record.id + 1);
+  batch.Put(kMetaNextJob, next);
+  batch.Put(job_key('J', record.id), encode_record(record));
+  batch.Put(job_key('C', record.id), encode_counters(JobCounters{}));
+  const rocksdb::Status st = db_->Write(sync_write(), &batch);
+  if (!st.ok()) return db_error("create job", st);
+  ++next_job_id_;
+  counter_cache_[record.id] = JobCounters{};
+  return record.id;
+}
+
+Status JobStore::update_job(const JobRecord& record) {
+  std::lock_guard lock(mu_);
+  std::string v;
+  const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('J', record.id), &v);
+  if (g.IsNotFound())
+    return make_error(ErrorCode::not_found, "job store: no job " + std::to_string(record.id));
+  if (!g.ok()) return db_error("read job", g);
+  const rocksdb::Status st = db_->Put(sync_write(), job_key('J', record.id), encode_record(record));
+  if (!st.ok()) return db_error("update job", st);
+  return Status::ok_status();
+}
+
+Result<JobRecord> JobStore::get_job(std::uint64_t job_id) {
+  std::string v;
+  const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('J', job_id), &v);
+  if (g.IsNotFound()) return make_error(ErrorCode::not_found, "job store: no job " + std::to_string(job_id));
+  if (!g.ok()) return db_error("read job", g);
+  return decode_record(v);
+}
+
+Result<std::vector<JobRecord>> JobStore::list_jobs() {
+  std::vector<JobRecord> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("J"); it->Valid() && it->key().starts_with("J"); it->Next()) {
+    auto rec = decode_record(it->value().ToStringView());
+    if (!rec.ok()) return rec.error();
+    out.push_back(std::move(rec.value()));
+  }
+  if (!it->status().ok()) return db_error("list jobs", it->status());
+  return out;
+}
+
+Result<JobCounters> JobStore::counters_locked(std::uint64_t job_id) {
+  if (auto it = counter_cache_.find(job_id); it != counter_cache_.end()) return it->second;
+  std::string v;
+  const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('C', job_id), &v);
+  if (g.IsNotFound()) return make_error(ErrorCode::not_found, "job store: no job " + std::to_string(job_id));
+  if (!g.ok()) return db_error("read counters", g);
+  if (v.size() != 32) return make_error(ErrorCode::corrupt, "job store: counters: bad size");
+  JobCounters c{get_be64(v, 0), get_be64(v, 8), get_be64(v, 16), get_be64(v, 24)};
+  counter_cache_[job_id] = c;
+  return c;
+}
+
+Result<JobCounters> JobStore::counters(std::uint64_t job_id) {
+  std::lock_guard lock(mu_);
+  return counters_locked(job_id);
+}
+
+Result<std::uint64_t> JobStore::count_results(std::uint64_t job_id) {
+  auto c = counters(job_id);
+  if (!c.ok()) return c.error();
+  return c->committed();
+}
+
+Result<bool> JobStore::put_result(std::uint64_t job_id, const StoredResult& result) {
+  auto n = put_results(job_id, {result});
+  if (!n.ok()) return n.error();
+  return *n == 1;
+}
+
+Result<std::size_t> JobStore::put_results(std::uint64_t job_id, const std::vector<StoredResult>& results) {
+  std::lock_guard lock(mu_);
+  auto cur = counters_locked(job_id);
+  if (!cur.ok()) return cur.error();
+  JobCounters c = *cur;
+  rocksdb::WriteBatch batch;
+  std::set<std::uint64_t> seen;
+  std::size_t added = 0;
+  std::string existing;
+  for (const auto& r : results) {
+    if (!seen.insert(r.line_index).second) continue;
+    const std::string key = result_key(job_id, r.line_index);
+    const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), key, &existing);
+    if (g.ok()) continue;  // already committed: exactly once
+    if (!g.IsNotFound()) return db_error("read result", g);
+    batch.Put(key, r.line);
+    if (r.ok) ++c.ok;
+    else ++c.failed;
+    c.prompt_tokens += r.prompt_tokens;
+    c.completion_tokens += r.completion_tokens;
+    ++added;
+  }
+  if (added == 0) return std::size_t{0};
+  batch.Put(job_key('C', job_id), encode_counters(c));
+  const rocksdb::Status st = db_->Write(sync_write(), &batch);
+  if (!st.ok()) return db_error("commit results", st);
+  counter_cache_[job_id] = c;
+  return added;
+}
+
+Result<std::optional<std::string>> JobStore::get_result(std::uint64_t job_id, std::uint64_t line_index) {
+  std::string v;
+  const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), result_key(job_id, line_index), &v);
+  if (g.IsNotFound()) return std::optional<std::string>();
+  if (!g.ok()) return db_error("read result", g);
+  return std::optional<std::string>(std::move(v));
+}
+
+Result<bool> JobStore::has_result(std::uint64_t job_id, std::uint64_t line_index) {
+  auto r = get_result(job_id, line_index);
+  if (!r.ok()) return r.error();
+  return r->has_value();
+}
+
+Status JobStore::scan_results(std::uint64_t job_id, std::uint64_t from_line,
+                              const std::function<bool(std::uint64_t, std::string_view)>& fn) {
+  const std::string prefix = job_key('R', job_id);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(result_key(job_id, from_line)); it->Valid(); it->Next()) {
+    const auto key = it->key().ToStringView();
+    if (key.size() != 17 || !key.starts_with(prefix)) break;
+    if (!fn(get_be64(key, 9), it->value().ToStringView())) break;
+  }
+  if (!it->status().ok()) return db_error("scan results", it->status());
+  return Status::ok_status();
+}
+
+Result<OutputProgress> JobStore::output_progress(std::uint64_t job_id) {
+  std::string v;
+  const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('O', job_id), &v);
+  if (g.IsNotFound()) return OutputProgress{};
+  if (!g.ok()) return db_error("read output progress", g);
+  if (v.size() != 16) return make_error(ErrorCode::corrupt, "job store: output progress: bad size");
+  return OutputProgress{get_be64(v, 0), get_be64(v, 8)};
+}
+
+Status JobStore::set_output_progress(std::uint64_t job_id, const OutputProgress& p) {
+  std::string v;
+  put_be64(v, p.offset);
+  put_be64(v, p.next_line);
+  const rocksdb::Status st = db_->Put(sync_write(), job_key('O', job_id), v);
+  if (!st.ok()) return db_error("write output progress", st);
+  return Status::ok_status();
+}
+
+}  // namespace shardline::orchestrator

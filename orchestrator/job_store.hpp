@@ -1,0 +1,139 @@
+#pragma once
+/// \file
+/// Durable job state in RocksDB: job records, committed per-line results,
+/// per-job counters and the output writer's progress.
+///
+/// Keys (one column family; big-endian ids so iteration follows the order):
+///   'M' "next_job_id"           → u64 BE, the next job id (ids start at 1)
+///   'J' job(8)                  → job record (JSON)
+///   'R' job(8) line(8)          → the committed result: the output line itself
+///   'C' job(8)                  → counters: ok, failed, prompt_tokens, completion_tokens (4 × u64 BE)
+///   'O' job(8)                  → output progress: file offset, next line (2 × u64 BE)
+/// Every write is synchronous (WriteOptions::sync, one WriteBatch per call),
+/// so a write that returned is on disk even after `kill -9` or a power cut.
+/// A line is committed iff its 'R' key exists; in-flight state is not stored
+/// (after a restart, everything not committed is pending again).
+///
+/// Not thread-safe by design beyond an internal mutex: callers (one actor)
+/// serialize; the mutex only keeps the counter cache consistent.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.hpp"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace shardline::orchestrator {
+
+enum class JobState { queued, running, done, failed };
+
+/// "queued", "running", "done", "failed".
+[[nodiscard]] const char* job_state_name(JobState s) noexcept;
+
+/// What a user submits.
+struct JobSpec {
+  std::string model_dir;
+  std::string model_name;  ///< "model" in output lines; empty: the model_dir's last component
+  std::vector<std::string> input_paths;  ///< JSONL shards, read in this order
+  std::string output_path;               ///< one output JSONL
+  std::string request_id_prefix = "cmpl-";  ///< response.request_id = prefix + "<job>_<line>"
+};
+
+/// A job as stored.
+struct JobRecord {
+  std::uint64_t id = 0;
+  JobSpec spec;
+  JobState state = JobState::queued;
+  std::int64_t created_unix_ms = 0;
+  std::int64_t finished_unix_ms = 0;        ///< 0 while unfinished
+  std::uint64_t total_lines = 0;            ///< non-blank input lines over all shards
+  std::vector<std::uint64_t> input_sizes;   ///< byte size of each shard at submit
+  std::string error;                        ///< why the job failed (state failed)
+};
+
+/// Committed-result counters of a job (kept with the results, atomically).
+struct JobCounters {
+  std::uint64_t ok = 0;
+  std::uint64_t failed = 0;
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t completion_tokens = 0;
+  [[nodiscard]] std::uint64_t committed() const noexcept { return ok + failed; }
+};
+
+/// Where the output file stands: bytes [0, offset) hold lines [0, next_line).
+struct OutputProgress {
+  std::uint64_t offset = 0;
+  std::uint64_t next_line = 0;
+};
+
+/// A result to commit: the formatted output line plus what the counters need.
+struct StoredResult {
+  std::uint64_t line_index = 0;
+  std::string line;  ///< format_result_line(...), no newline
+  bool ok = false;
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t completion_tokens = 0;
+};
+
+class JobStore {
+ public:
+  /// Opens (creating if missing) the RocksDB database in `dir`.
+  static Result<std::unique_ptr<JobStore>> open(const std::string& dir);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  /// Stores `record` under a fresh id (monotonic, persisted; record.id is
+  /// ignored) and returns the id.
+  Result<std::uint64_t> create_job(JobRecord record);
+  /// Overwrites the stored record of record.id (which must exist).
+  Status update_job(const JobRecord& record);
+  Result<JobRecord> get_job(std::uint64_t job_id);
+  /// All jobs, ascending id.
+  Result<std::vector<JobRecord>> list_jobs();
+
+  /// Commits one result exactly once: true when newly committed, false when
+  /// that line was already committed (then nothing changes).
+  Result<bool> put_result(std::uint64_t job_id, const StoredResult& result);
+  /// Commits many results of one job in one synchronous batch; lines already
+  /// committed (or repeated within `results`) are skipped. Returns how many
+  /// were newly committed.
+  Result<std::size_t> put_results(std::uint64_t job_id, const std::vector<StoredResult>& results);
+  /// The committed output line, or nullopt.
+  Result<std::optional<std::string>> get_result(std::uint64_t job_id, std::uint64_t line_index);
+  Result<bool> has_result(std::uint64_t job_id, std::uint64_t line_index);
+  /// Committed lines of the job (from the counters; no scan).
+  Result<std::uint64_t> count_results(std::uint64_t job_id);
+  Result<JobCounters> counters(std::uint64_t job_id);
+  /// Calls fn(line_index, line) for committed results with line >= from_line,
+  /// ascending, while fn returns true.
+  Status scan_results(std::uint64_t job_id, std::uint64_t from_line,
+                      const std::function<bool(std::uint64_t, std::string_view)>& fn);
+
+  Result<OutputProgress> output_progress(std::uint64_t job_id);
+  Status set_output_progress(std::uint64_t job_id, const OutputProgress& progress);
+
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+
+ private:
+  JobStore(std::string dir, rocksdb::DB* db, std::uint64_t next_job_id);
+  Result<JobCounters> counters_locked(std::uint64_t job_id);
+
+  std::string dir_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::uint64_t next_job_id_;
+  std::mutex mu_;
+  std::map<std::uint64_t, JobCounters> counter_cache_;
+};
+
+}  // namespace shardline::orchestrator

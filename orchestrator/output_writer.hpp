@@ -1,0 +1,63 @@
+#pragma once
+/// \file
+/// Exactly-once, crash-safe output file of one job.
+///
+/// Results are committed to the JobStore in any order; the writer appends the
+/// contiguous committed prefix (lines next_line, next_line+1, ...) to the
+/// file, each followed by '\n', fdatasync()s it, and only then records
+/// {offset, next_line} in the store (synchronous write). On open the file is
+/// truncated to the recorded offset, dropping a torn or unacknowledged tail;
+/// the dropped lines are still committed in the store and are written again,
+/// byte for byte the same. So after any crash and restart the finished file
+/// holds every line exactly once, identical to an uninterrupted run. If the
+/// file is shorter than the recorded offset (deleted or truncated by someone
+/// else), it is rewritten from line 0 out of the store.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/result.hpp"
+#include "orchestrator/job_store.hpp"
+
+namespace shardline::orchestrator {
+
+class OutputWriter {
+ public:
+  /// Opens (creating it and its folder if missing) the output file of a job
+  /// with `total_lines` lines and recovers it (see recover()). `store` must
+  /// outlive the writer.
+  static Result<std::unique_ptr<OutputWriter>> open(JobStore& store, std::uint64_t job_id,
+                                                    std::string path, std::uint64_t total_lines);
+  ~OutputWriter();
+  OutputWriter(const OutputWriter&) = delete;
+  OutputWriter& operator=(const OutputWriter&) = delete;
+
+  /// Truncates the file to the durably recorded offset (rewinding to line 0
+  /// when the file is shorter than that) and syncs it. Called by open().
+  Status recover();
+
+  /// Appends every committed line from next_line() on that is contiguous,
+  /// syncs, records the progress. Returns the number of lines appended.
+  Result<std::uint64_t> advance();
+
+  [[nodiscard]] std::uint64_t next_line() const noexcept { return progress_.next_line; }
+  [[nodiscard]] std::uint64_t offset() const noexcept { return progress_.offset; }
+  [[nodiscard]] std::uint64_t total_lines() const noexcept { return total_lines_; }
+  [[nodiscard]] bool complete() const noexcept { return progress_.next_line >= total_lines_; }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  OutputWriter(JobStore& store, std::uint64_t job_id, std::string path, std::uint64_t total_lines, int fd);
+  Status flush(const std::string& buf, std::uint64_t lines);
+
+  JobStore& store_;
+  std::uint64_t job_id_;
+  std::string path_;
+  std::uint64_t total_lines_;
+  int fd_ = -1;
+  OutputProgress progress_;
+  bool dirty_ = false;  ///< a write failed: bytes past offset may be garbage
+};
+
+}  // namespace shardline::orchestrator

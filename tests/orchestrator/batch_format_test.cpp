@@ -1,0 +1,249 @@
+#include "orchestrator/batch_format.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace shardline::orchestrator {
+namespace {
+
+BatchRequest ok_line(const std::string& line, std::uint64_t index = 0) {
+  BatchLine b = parse_batch_line(line, 7, index);
+  EXPECT_TRUE(b.is_request()) << line << " -> " << (b.is_request() ? "" : b.error().error_message);
+  return b.is_request() ? b.request() : BatchRequest{};
+}
+
+BatchResult err_line(const std::string& line, std::uint64_t index = 0) {
+  BatchLine b = parse_batch_line(line, 7, index);
+  EXPECT_FALSE(b.is_request()) << line;
+  return b.is_request() ? BatchResult{} : b.error();
+}
+
+void expect_error(const std::string& line, const std::string& code, const std::string& field) {
+  BatchResult r = err_line(line);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error_code, code) << line << " -> " << r.error_message;
+  EXPECT_NE(r.error_message.find(field), std::string::npos)
+      << line << ": message '" << r.error_message << "' does not name " << field;
+}
+
+TEST(BatchFormat, OpenAiLineWithEveryField) {
+  const BatchRequest r = ok_line(
+      R"({"custom_id":"req-1","method":"POST","url":"/v1/completions","body":{)"
+      R"("model":"m","prompt":"Hello","max_tokens":32,"temperature":0.5,"top_p":0.9,"top_k":40,)"
+      R"("min_p":0.05,"seed":1234,"stop":["\n","END"],"n":3,"return_token_ids":true,)"
+      R"("presence_penalty":0.5,"frequency_penalty":-0.5,"repetition_penalty":1.1,"min_tokens":4,)"
+      R"("ignore_eos":true,"stop_token_ids":[2,7]}})",
+      5);
+  EXPECT_EQ(r.job_id, 7u);
+  EXPECT_EQ(r.line_index, 5u);
+  EXPECT_EQ(r.custom_id, "req-1");
+  EXPECT_EQ(r.prompt, "Hello");
+  EXPECT_TRUE(r.prompt_token_ids.empty());
+  EXPECT_EQ(r.params.max_tokens, 32);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.top_p, 0.9f);
+  EXPECT_EQ(r.params.top_k, 40);
+  EXPECT_FLOAT_EQ(r.params.min_p, 0.05f);
+  EXPECT_TRUE(r.params.has_seed);
+  EXPECT_EQ(r.params.seed, 1234u);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_EQ(r.n, 3);
+  EXPECT_TRUE(r.return_token_ids);
+  EXPECT_FLOAT_EQ(r.params.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.frequency_penalty, -0.5f);
+  EXPECT_FLOAT_EQ(r.params.repetition_penalty, 1.1f);
+  EXPECT_EQ(r.params.min_tokens, 4);
+  EXPECT_TRUE(r.params.ignore_eos);
+  EXPECT_EQ(r.params.stop_token_ids, (std::vector<int>{2, 7}));
+}
+
+TEST(BatchFormat, Defaults) {
+  const BatchRequest r = ok_line(R"({"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":"x"}})");
+  EXPECT_EQ(r.params.max_tokens, 16);
+  EXPECT_FLOAT_EQ(r.params.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r.params.top_p, 1.0f);
+  EXPECT_EQ(r.params.top_k, 0);
+  EXPECT_FALSE(r.params.has_seed);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_FALSE(r.return_token_ids);
+  EXPECT_TRUE(r.params.stop.empty());
+}
+
+TEST(BatchFormat, PlainLinesAndDefaultCustomId) {
+  const BatchRequest r = ok_line(R"({"prompt":"Once upon a time","max_tokens":8,"stop":"."})", 41);
+  EXPECT_EQ(r.custom_id, "42");
+  EXPECT_EQ(r.prompt, "Once upon a time");
+  EXPECT_EQ(r.params.max_tokens, 8);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"."}));
+  EXPECT_EQ(ok_line(R"({"prompt":"x","custom_id":"mine"})").custom_id, "mine");
+  // OpenAI form without custom_id, method or url.
+  EXPECT_EQ(ok_line(R"({"body":{"prompt":"x"}})", 2).custom_id, "3");
+}
+
+TEST(BatchFormat, TokenIdPrompt) {
+  const BatchRequest r = ok_line(R"({"prompt":[1, 15043, 29892]})");
+  EXPECT_TRUE(r.prompt.empty());
+  EXPECT_EQ(r.prompt_token_ids, (std::vector<std::int32_t>{1, 15043, 29892}));
+}
+
+TEST(BatchFormat, NullMeansDefaultAndIntegralFloatsAreIntegers) {
+  const BatchRequest r = ok_line(R"({"prompt":"x","max_tokens":24.0,"temperature":null,"seed":-1})");
+  EXPECT_EQ(r.params.max_tokens, 24);
+  EXPECT_FLOAT_EQ(r.params.temperature, 1.0f);
+  EXPECT_TRUE(r.params.has_seed);
+  EXPECT_EQ(r.params.seed, ~std::uint64_t{0});
+}
+
+TEST(BatchFormat, InvalidJson) {
+  expect_error("{\"prompt\": ", "invalid_json", "line");
+  expect_error("[1,2]", "invalid_json", "line");
+  expect_error("\"text\"", "invalid_json", "line");
+  EXPECT_EQ(err_line("not json", 9).custom_id, "10");
+}
+
+TEST(BatchFormat, MissingPrompt) {
+  expect_error(R"({"max_tokens":4})", "missing_prompt", "prompt");
+  expect_error(R"({"prompt":null})", "missing_prompt", "prompt");
+  expect_error(R"({"custom_id":"a","url":"/v1/completions","body":{"max_tokens":4}})", "missing_prompt",
+               "body.prompt");
+  expect_error(R"({"custom_id":"a","method":"POST","url":"/v1/completions"})", "missing_prompt", "body");
+}
+
+TEST(BatchFormat, InvalidParameterTypes) {
+  expect_error(R"({"prompt":5})", "invalid_parameter", "prompt");
+  expect_error(R"({"prompt":""})", "invalid_parameter", "prompt");
+  expect_error(R"({"prompt":[]})", "invalid_parameter", "prompt");
+  expect_error(R"({"prompt":["a","b"]})", "invalid_parameter", "prompt");
+  expect_error(R"({"prompt":[1,-2]})", "invalid_parameter", "prompt");
+  expect_error(R"({"prompt":[1,2.5]})", "invalid_parameter", "prompt");
+  expect_error(R"({"prompt":"x","max_tokens":"16"})", "invalid_parameter", "max_tokens");
+  expect_error(R"({"prompt":"x","max_tokens":1.5})", "invalid_parameter", "max_tokens");
+  expect_error(R"({"prompt":"x","max_tokens":99999999999})", "invalid_parameter", "max_tokens");
+  expect_error(R"({"prompt":"x","temperature":"hot"})", "invalid_parameter", "temperature");
+  expect_error(R"({"prompt":"x","top_p":true})", "invalid_parameter", "top_p");
+  expect_error(R"({"prompt":"x","top_k":0.5})", "invalid_parameter", "top_k");
+  expect_error(R"({"prompt":"x","min_p":[0]})", "invalid_parameter", "min_p");
+  expect_error(R"({"prompt":"x","seed":"1"})", "invalid_parameter", "seed");
+  expect_error(R"({"prompt":"x","stop":5})", "invalid_parameter", "stop");
+  expect_error(R"({"prompt":"x","stop":["a",1]})", "invalid_parameter", "stop");
+  expect_error(R"({"prompt":"x","n":"2"})", "invalid_parameter", "n");
+  expect_error(R"({"prompt":"x","return_token_ids":1})", "invalid_parameter", "return_token_ids");
+  expect_error(R"({"prompt":"x","presence_penalty":"a"})", "invalid_parameter", "presence_penalty");
+  expect_error(R"({"prompt":"x","frequency_penalty":{}})", "invalid_parameter", "frequency_penalty");
+  expect_error(R"({"prompt":"x","repetition_penalty":"a"})", "invalid_parameter", "repetition_penalty");
+  expect_error(R"({"prompt":"x","min_tokens":"a"})", "invalid_parameter", "min_tokens");
+  expect_error(R"({"prompt":"x","ignore_eos":"yes"})", "invalid_parameter", "ignore_eos");
+  expect_error(R"({"prompt":"x","stop_token_ids":3})", "invalid_parameter", "stop_token_ids");
+  expect_error(R"({"prompt":"x","stop_token_ids":["a"]})", "invalid_parameter", "stop_token_ids");
+  expect_error(R"({"prompt":"x","model":3})", "invalid_parameter", "model");
+  expect_error(R"({"prompt":"x","custom_id":3})", "invalid_parameter", "custom_id");
+  expect_error(R"({"custom_id":"a","body":[1]})", "invalid_parameter", "body");
+}
+
+TEST(BatchFormat, InvalidParameterRanges) {
+  expect_error(R"({"prompt":"x","max_tokens":0})", "invalid_parameter", "max_tokens");
+  expect_error(R"({"prompt":"x","temperature":-1})", "invalid_parameter", "temperature");
+  expect_error(R"({"prompt":"x","top_p":0})", "invalid_parameter", "top_p");
+  expect_error(R"({"prompt":"x","top_p":1.5})", "invalid_parameter", "top_p");
+  expect_error(R"({"prompt":"x","top_k":-2})", "invalid_parameter", "top_k");
+  expect_error(R"({"prompt":"x","min_p":2})", "invalid_parameter", "min_p");
+  expect_error(R"({"prompt":"x","presence_penalty":3})", "invalid_parameter", "presence_penalty");
+  expect_error(R"({"prompt":"x","frequency_penalty":-3})", "invalid_parameter", "frequency_penalty");
+  expect_error(R"({"prompt":"x","repetition_penalty":0})", "invalid_parameter", "repetition_penalty");
+  expect_error(R"({"prompt":"x","min_tokens":20})", "invalid_parameter", "min_tokens");
+  expect_error(R"({"prompt":"x","n":0})", "invalid_parameter", "n");
+  expect_error(R"({"prompt":"x","n":1000})", "invalid_parameter", "n");
+  expect_error(R"({"prompt":"x","stop":[""]})", "invalid_parameter", "stop");
+  expect_error(R"({"prompt":"x","stop_token_ids":[-1]})", "invalid_parameter", "stop_token_ids");
+  expect_error(R"({"prompt":"x","temperature":1e300})", "invalid_parameter", "temperature");
+}
+
+TEST(BatchFormat, UnknownParameter) {
+  expect_error(R"({"prompt":"x","max_token":4})", "unknown_parameter", "max_token");
+  expect_error(R"({"custom_id":"a","body":{"prompt":"x","logprobs":2}})", "unknown_parameter", "body.logprobs");
+  expect_error(R"({"custom_id":"a","body":{"prompt":"x"},"extra":1})", "unknown_parameter", "extra");
+  // custom_id belongs at the top level of the OpenAI form, not in the body.
+  expect_error(R"({"body":{"prompt":"x","custom_id":"a"}})", "unknown_parameter", "body.custom_id");
+}
+
+TEST(BatchFormat, UnsupportedUrl) {
+  BatchResult r = err_line(R"({"custom_id":"c","method":"POST","url":"/v1/chat/completions","body":{"messages":[]}})");
+  EXPECT_EQ(r.error_code, "unsupported_url");
+  EXPECT_NE(r.error_message.find("chat completions are not supported yet"), std::string::npos);
+  EXPECT_EQ(r.custom_id, "c");
+  expect_error(R"({"custom_id":"c","url":"/v1/embeddings","body":{"prompt":"x"}})", "unsupported_url", "url");
+  expect_error(R"({"custom_id":"c","url":7,"body":{"prompt":"x"}})", "invalid_parameter", "url");
+}
+
+TEST(BatchFormat, InvalidMethod) {
+  expect_error(R"({"custom_id":"c","method":"GET","url":"/v1/completions","body":{"prompt":"x"}})",
+               "invalid_method", "method");
+  expect_error(R"({"custom_id":"c","method":1,"body":{"prompt":"x"}})", "invalid_method", "method");
+}
+
+TEST(BatchFormat, BlankLines) {
+  EXPECT_TRUE(is_blank_line(""));
+  EXPECT_TRUE(is_blank_line(" \t\r"));
+  EXPECT_FALSE(is_blank_line(" {}"));
+  expect_error("", "invalid_json", "line");
+}
+
+BatchResult sample_result() {
+  BatchResult r;
+  r.job_id = 3;
+  r.line_index = 17;
+  r.custom_id = "req-18";
+  r.ok = true;
+  BatchChoice c;
+  c.index = 0;
+  c.text = " there was a \"cat\"\n";
+  c.finish_reason = "length";
+  r.choices.push_back(c);
+  r.prompt_tokens = 5;
+  r.completion_tokens = 8;
+  return r;
+}
+
+TEST(BatchFormat, FormatOkLineExactly) {
+  EXPECT_EQ(format_result_line(sample_result(), "stories260K", "cmpl-"),
+            R"({"id":"batch_req_3_17","custom_id":"req-18","response":{"status_code":200,)"
+            R"("request_id":"cmpl-3_17","body":{"object":"text_completion","model":"stories260K",)"
+            R"("choices":[{"index":0,"text":" there was a \"cat\"\n","finish_reason":"length","logprobs":null}],)"
+            R"("usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}},"error":null})");
+}
+
+TEST(BatchFormat, FormatTokenIdsAndSeveralChoices) {
+  BatchResult r = sample_result();
+  r.choices[0].token_ids = {4, 5};
+  BatchChoice c2;
+  c2.index = 1;
+  c2.text = "b";
+  c2.finish_reason = "stop";
+  c2.token_ids = {9};
+  r.choices.push_back(c2);
+  EXPECT_EQ(format_result_line(r, "m", "p-"),
+            R"({"id":"batch_req_3_17","custom_id":"req-18","response":{"status_code":200,)"
+            R"("request_id":"p-3_17","body":{"object":"text_completion","model":"m","choices":[)"
+            R"({"index":0,"text":" there was a \"cat\"\n","finish_reason":"length","token_ids":[4,5],"logprobs":null},)"
+            R"({"index":1,"text":"b","finish_reason":"stop","token_ids":[9],"logprobs":null}],)"
+            R"("usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}},"error":null})");
+}
+
+TEST(BatchFormat, FormatErrorLineExactly) {
+  const BatchResult r = make_error_result(1, 0, "1", "missing_prompt", "prompt: missing");
+  EXPECT_EQ(format_result_line(r, "m", "cmpl-"),
+            R"({"id":"batch_req_1_0","custom_id":"1","response":null,)"
+            R"("error":{"code":"missing_prompt","message":"prompt: missing"}})");
+}
+
+TEST(BatchFormat, FormatInvalidUtf8IsReplacedNotThrown) {
+  BatchResult r = sample_result();
+  r.choices[0].text = std::string("a\xff") + "b";
+  const std::string line = format_result_line(r, "m", "cmpl-");
+  EXPECT_NE(line.find("a\xEF\xBF\xBD" "b"), std::string::npos);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardline::orchestrator

@@ -1,0 +1,325 @@
+#include "orchestrator/job_manager.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "orchestrator/batch_format.hpp"
+#include "tests/orchestrator/temp_dir.hpp"
+
+namespace shardline::orchestrator {
+namespace {
+
+using testing::read_file;
+using testing::TempDir;
+using testing::write_file;
+
+/// What a worker would answer: deterministic text from the request.
+BatchResult fake_result(const BatchRequest& r) {
+  BatchResult out;
+  out.job_id = r.job_id;
+  out.line_index = r.line_index;
+  out.custom_id = r.custom_id;
+  out.ok = true;
+  for (int i = 0; i < r.n; ++i) {
+    BatchChoice c;
+    c.index = i;
+    c.text = " echo:" + r.prompt + "#" + std::to_string(i);
+    c.finish_reason = "length";
+    if (r.return_token_ids) c.token_ids = {1, 2, 3};
+    out.choices.push_back(c);
+  }
+  out.prompt_tokens = static_cast<int>(r.prompt.size());
+  out.completion_tokens = r.params.max_tokens * r.n;
+  return out;
+}
+
+struct FakeClock {
+  double t = 100.0;
+  std::function<double()> fn() {
+    return [this] { return t; };
+  }
+};
+
+JobSpec spec_for(const TempDir& tmp, std::vector<std::string> inputs, const std::string& out) {
+  JobSpec s;
+  s.model_dir = "/models/stories260K/";
+  s.input_paths = std::move(inputs);
+  s.output_path = tmp.file(out);
+  return s;
+}
+
+/// Runs the job(s) to the end with one fake worker, `batch` requests at a time.
+void drain(JobManager& m, std::size_t batch = 3) {
+  for (int guard = 0; guard < 10000; ++guard) {
+    auto work = m.next_work(batch, "w");
+    if (work.empty()) break;
+    std::vector<BatchResult> results;
+    for (const auto& r : work) results.push_back(fake_result(r));
+    auto n = m.on_results(results);
+    ASSERT_TRUE(n.ok()) << n.error().to_string();
+  }
+}
+
+std::vector<nlohmann::json> read_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::string text = read_file(path);
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const auto nl = text.find('\n', pos);
+    out.push_back(nlohmann::json::parse(text.substr(pos, nl - pos)));
+    pos = nl + 1;
+  }
+  return out;
+}
+
+TEST(JobManager, GoodAndBadLinesGiveOneOutputLineEach) {
+  TempDir tmp;
+  write_file(tmp.file("a.jsonl"),
+             "{\"prompt\":\"p0\",\"max_tokens\":2}\n"
+             "\n"                                   // blank: skipped, not counted
+             "not json\n"                           // line 1
+             "{\"custom_id\":\"x\",\"method\":\"POST\",\"url\":\"/v1/completions\","
+             "\"body\":{\"prompt\":\"p2\",\"n\":2,\"return_token_ids\":true}}\r\n"
+             "{\"max_tokens\":3}\n");               // line 3: missing_prompt
+  write_file(tmp.file("b.jsonl"),
+             "{\"custom_id\":\"c\",\"url\":\"/v1/chat/completions\",\"body\":{}}\n"  // line 4
+             "{\"prompt\":[5,6,7],\"max_tokens\":1}");  // line 5, no final newline
+  auto m = JobManager::open(tmp.file("state"));
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  auto id = (*m)->submit(spec_for(tmp, {tmp.file("a.jsonl"), tmp.file("b.jsonl")}, "out.jsonl"));
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+
+  auto p = *(*m)->progress(*id);
+  EXPECT_EQ(p.total, 6u);
+  EXPECT_EQ(p.done, 3u);  // the three bad lines, committed at submit
+  EXPECT_EQ(p.failed, 3u);
+  EXPECT_EQ(p.state, JobState::queued);
+
+  drain(**m);
+  p = *(*m)->progress(*id);
+  EXPECT_EQ(p.state, JobState::done);
+  EXPECT_EQ(p.done, 6u);
+  EXPECT_EQ(p.failed, 3u);
+  EXPECT_EQ(p.written, 6u);
+  EXPECT_EQ(p.pending, 0u);
+  EXPECT_EQ(p.eta_s, 0.0);
+  EXPECT_EQ(p.prompt_tokens, 2u + 2u + 0u);  // "p0", "p2", and "" for the token-id prompt
+  EXPECT_EQ(p.completion_tokens, 2u + 16u * 2 + 1u);
+
+  const auto lines = read_lines(tmp.file("out.jsonl"));
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_EQ(lines[0]["custom_id"], "1");
+  EXPECT_EQ(lines[0]["response"]["body"]["model"], "stories260K");
+  EXPECT_EQ(lines[0]["response"]["body"]["choices"][0]["text"], " echo:p0#0");
+  EXPECT_EQ(lines[1]["error"]["code"], "invalid_json");
+  EXPECT_EQ(lines[1]["custom_id"], "2");
+  EXPECT_EQ(lines[2]["custom_id"], "x");
+  EXPECT_EQ(lines[2]["response"]["body"]["choices"].size(), 2u);
+  EXPECT_EQ(lines[2]["response"]["body"]["choices"][1]["token_ids"], nlohmann::json({1, 2, 3}));
+  EXPECT_EQ(lines[3]["error"]["code"], "missing_prompt");
+  EXPECT_EQ(lines[4]["error"]["code"], "unsupported_url");
+  EXPECT_EQ(lines[4]["custom_id"], "c");
+  EXPECT_EQ(lines[5]["id"], "batch_req_1_5");
+  EXPECT_TRUE(lines[5]["error"].is_null());
+}
+
+TEST(JobManager, JobsAreServedFifo) {
+  TempDir tmp;
+  write_file(tmp.file("a.jsonl"), "{\"prompt\":\"a0\"}\n{\"prompt\":\"a1\"}\n{\"prompt\":\"a2\"}\n");
+  write_file(tmp.file("b.jsonl"), "{\"prompt\":\"b0\"}\n{\"prompt\":\"b1\"}\n");
+  auto m = JobManager::open(tmp.file("state"));
+  ASSERT_TRUE(m.ok());
+  const auto a = *(*m)->submit(spec_for(tmp, {tmp.file("a.jsonl")}, "a.out"));
+  const auto b = *(*m)->submit(spec_for(tmp, {tmp.file("b.jsonl")}, "b.out"));
+  EXPECT_LT(a, b);
+  auto w1 = (*m)->next_work(2, "w1");
+  ASSERT_EQ(w1.size(), 2u);
+  EXPECT_EQ(w1[0].job_id, a);
+  EXPECT_EQ(w1[0].prompt, "a0");
+  EXPECT_EQ(w1[1].prompt, "a1");
+  auto w2 = (*m)->next_work(3, "w2");
+  ASSERT_EQ(w2.size(), 3u);
+  EXPECT_EQ(w2[0].prompt, "a2");
+  EXPECT_EQ(w2[1].job_id, b);
+  EXPECT_EQ(w2[1].prompt, "b0");
+  EXPECT_EQ(w2[2].prompt, "b1");
+  EXPECT_TRUE((*m)->next_work(5, "w3").empty());
+  EXPECT_EQ((*m)->progress(a)->state, JobState::running);
+  EXPECT_EQ((*m)->progress(a)->in_flight, 3u);
+
+  // w1 dies: its requests come back first.
+  EXPECT_EQ((*m)->requeue_in_flight("w1"), 2u);
+  EXPECT_EQ((*m)->progress(a)->pending, 2u);
+  auto again = (*m)->next_work(10, "w3");
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_EQ(again[0].prompt, "a0");
+  EXPECT_EQ(again[1].prompt, "a1");
+
+  // Results in any order; a duplicate from the "dead" worker is ignored.
+  std::vector<BatchResult> results;
+  for (const auto& r : w2) results.push_back(fake_result(r));
+  for (const auto& r : again) results.push_back(fake_result(r));
+  std::reverse(results.begin(), results.end());
+  EXPECT_EQ(*(*m)->on_results(results), 5u);
+  EXPECT_EQ(*(*m)->on_result(fake_result(w1[0])), 0u);
+  EXPECT_EQ((*m)->progress(a)->state, JobState::done);
+  EXPECT_EQ((*m)->progress(b)->state, JobState::done);
+  EXPECT_TRUE((*m)->idle());
+  const auto jobs = (*m)->list_jobs();
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(read_lines(tmp.file("a.out")).size(), 3u);
+  EXPECT_EQ(read_lines(tmp.file("b.out")).size(), 2u);
+}
+
+TEST(JobManager, RestartRequeuesEverythingUncommittedAndOutputMatchesCleanRun) {
+  TempDir tmp;
+  std::string input;
+  for (int i = 0; i < 40; ++i) {
+    input += (i % 9 == 4) ? "{\"prompt\":\"x\",\"top_p\":7}\n" : "{\"prompt\":\"p" + std::to_string(i) + "\"}\n";
+  }
+  write_file(tmp.file("in.jsonl"), input);
+
+  // Clean run.
+  {
+    auto m = JobManager::open(tmp.file("clean"));
+    ASSERT_TRUE(m.ok());
+    auto spec = spec_for(tmp, {tmp.file("in.jsonl")}, "clean.out");
+    ASSERT_TRUE((*m)->submit(spec).ok());
+    drain(**m, 5);
+  }
+  const std::string clean = read_file(tmp.file("clean.out"));
+  ASSERT_FALSE(clean.empty());
+
+  std::uint64_t job = 0;
+  std::vector<BatchRequest> lost;
+  {
+    auto m = JobManager::open(tmp.file("state"));
+    ASSERT_TRUE(m.ok());
+    job = *(*m)->submit(spec_for(tmp, {tmp.file("in.jsonl")}, "run.out"));
+    auto work = (*m)->next_work(12, "w");
+    // Commit every other one, out of order; the rest are "lost" in the crash.
+    std::vector<BatchResult> some;
+    for (std::size_t i = 0; i < work.size(); ++i) {
+      if (i % 2 == 1) some.push_back(fake_result(work[i]));
+      else lost.push_back(work[i]);
+    }
+    ASSERT_TRUE((*m)->on_results(some).ok());
+    EXPECT_GT((*m)->progress(job)->in_flight, 0u);
+  }  // crash: in-flight state is gone
+  {
+    std::ofstream torn(tmp.file("run.out"), std::ios::binary | std::ios::app);
+    torn << "{\"id\":\"torn";
+  }
+  auto m = JobManager::open(tmp.file("state"));
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  auto p = *(*m)->progress(job);
+  EXPECT_EQ(p.state, JobState::running);
+  EXPECT_EQ(p.in_flight, 0u);
+  EXPECT_EQ(p.pending, p.total - p.done);
+  // The lost requests are handed out again (first, being the lowest lines).
+  auto work = (*m)->next_work(lost.size(), "w2");
+  ASSERT_EQ(work.size(), lost.size());
+  for (std::size_t i = 0; i < lost.size(); ++i) EXPECT_EQ(work[i].line_index, lost[i].line_index);
+  std::vector<BatchResult> results;
+  for (const auto& r : work) results.push_back(fake_result(r));
+  ASSERT_TRUE((*m)->on_results(results).ok());
+  drain(**m, 4);
+  EXPECT_EQ((*m)->progress(job)->state, JobState::done);
+  // Same bytes as the clean run, apart from the job id inside "id"/"request_id".
+  std::string run = read_file(tmp.file("run.out"));
+  EXPECT_EQ(run, clean);
+}
+
+TEST(JobManager, ProgressRatesFollowTheClock) {
+  TempDir tmp;
+  std::string input;
+  for (int i = 0; i < 10; ++i) input += "{\"prompt\":\"p\",\"max_tokens\":10}\n";
+  write_file(tmp.file("in.jsonl"), input);
+  FakeClock clock;
+  JobManagerOptions opts;
+  opts.clock = clock.fn();
+  auto m = JobManager::open(tmp.file("state"), opts);
+  ASSERT_TRUE(m.ok());
+  const auto job = *(*m)->submit(spec_for(tmp, {tmp.file("in.jsonl")}, "out"));
+  EXPECT_EQ((*m)->progress(job)->eta_s, -1.0);
+  auto work = (*m)->next_work(4, "w");
+  clock.t += 2.0;
+  std::vector<BatchResult> results;
+  for (const auto& r : work) results.push_back(fake_result(r));
+  ASSERT_TRUE((*m)->on_results(results).ok());
+  auto p = *(*m)->progress(job);
+  EXPECT_EQ(p.done, 4u);
+  EXPECT_EQ(p.completion_tokens, 40u);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s, 20.0);  // 40 tokens in 2 s
+  EXPECT_DOUBLE_EQ(p.eta_s, 3.0);          // 6 lines left at 2 lines/s
+  EXPECT_EQ(p.written, 4u);
+  drain(**m);
+  clock.t += 100.0;  // frozen once done
+  p = *(*m)->progress(job);
+  EXPECT_EQ(p.state, JobState::done);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s, 50.0);
+  EXPECT_EQ(p.eta_s, 0.0);
+}
+
+TEST(JobManager, SubmitErrorsAndEdgeCases) {
+  TempDir tmp;
+  auto m = JobManager::open(tmp.file("state"));
+  ASSERT_TRUE(m.ok());
+  auto missing = (*m)->submit(spec_for(tmp, {tmp.file("nope.jsonl")}, "out"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, ErrorCode::not_found);
+  EXPECT_TRUE((*m)->list_jobs().empty());
+  EXPECT_FALSE((*m)->submit(spec_for(tmp, {}, "out")).ok());
+
+  write_file(tmp.file("in.jsonl"), "{\"prompt\":\"a\"}\n");
+  EXPECT_FALSE((*m)->submit(spec_for(tmp, {tmp.file("in.jsonl")}, "in.jsonl")).ok());
+  ASSERT_TRUE((*m)->submit(spec_for(tmp, {tmp.file("in.jsonl")}, "out")).ok());
+  auto busy = (*m)->submit(spec_for(tmp, {tmp.file("in.jsonl")}, "out"));
+  ASSERT_FALSE(busy.ok());
+  EXPECT_EQ(busy.error().code, ErrorCode::invalid_argument);
+
+  // Empty and all-bad jobs are done at once.
+  write_file(tmp.file("empty.jsonl"), "\n  \n");
+  auto e = (*m)->submit(spec_for(tmp, {tmp.file("empty.jsonl")}, "empty.out"));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ((*m)->progress(*e)->state, JobState::done);
+  EXPECT_EQ(read_file(tmp.file("empty.out")), "");
+  write_file(tmp.file("bad.jsonl"), "x\ny\n");
+  auto b = (*m)->submit(spec_for(tmp, {tmp.file("bad.jsonl")}, "bad.out"));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*m)->progress(*b)->state, JobState::done);
+  EXPECT_EQ(read_lines(tmp.file("bad.out")).size(), 2u);
+
+  // Results for unknown jobs or lines are ignored.
+  BatchResult stray;
+  stray.job_id = 999;
+  EXPECT_EQ(*(*m)->on_result(stray), 0u);
+  EXPECT_FALSE((*m)->progress(999).ok());
+}
+
+TEST(JobManager, ChangedInputFailsTheJobOnRestart) {
+  TempDir tmp;
+  write_file(tmp.file("in.jsonl"), "{\"prompt\":\"a\"}\n{\"prompt\":\"b\"}\n");
+  std::uint64_t job = 0;
+  {
+    auto m = JobManager::open(tmp.file("state"));
+    ASSERT_TRUE(m.ok());
+    job = *(*m)->submit(spec_for(tmp, {tmp.file("in.jsonl")}, "out"));
+  }
+  write_file(tmp.file("in.jsonl"), "{\"prompt\":\"a\"}\n");
+  auto m = JobManager::open(tmp.file("state"));
+  ASSERT_TRUE(m.ok());
+  auto p = *(*m)->progress(job);
+  EXPECT_EQ(p.state, JobState::failed);
+  EXPECT_NE(p.error.find("in.jsonl"), std::string::npos);
+  EXPECT_TRUE((*m)->next_work(5, "w").empty());
+}
+
+}  // namespace
+}  // namespace shardline::orchestrator
