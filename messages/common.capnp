@@ -1,0 +1,118 @@
+# Structs shared by the per-actor schemas (orchestrator, worker, kvstore).
+# Mirrors of the plain C++ structs in orchestrator/batch_types.hpp,
+# engine/sampling_params.hpp and messages/types.hpp; the codec
+# (messages/codec.cpp) converts between the two.
+#
+# Evolution rules: only add fields (next ordinal), never renumber, retype or
+# remove; bump kSchemaVersion (messages/types.hpp) on incompatible changes.
+# Defaults equal the C++ defaults so that a field a sender does not know
+# about reads as the C++ default.
+@0x82eac8c0e5288e0b;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("shardline::wire");
+
+# shardline::ErrorCode, same order.
+enum ErrorCode {
+  invalidArgument @0;
+  notFound @1;
+  unsupported @2;
+  corrupt @3;
+  mismatch @4;
+  outOfMemory @5;
+  io @6;
+  internal @7;
+}
+
+# A request was refused / failed (any actor's reply).
+struct ErrorReply {
+  code @0 :ErrorCode = internal;
+  message @1 :Text;
+}
+
+# engine::SamplingParams.
+struct SamplingParams {
+  temperature @0 :Float32 = 1.0;
+  topK @1 :Int32 = 0;
+  topP @2 :Float32 = 1.0;
+  minP @3 :Float32 = 0.0;
+  repetitionPenalty @4 :Float32 = 1.0;
+  presencePenalty @5 :Float32 = 0.0;
+  frequencyPenalty @6 :Float32 = 0.0;
+  seed @7 :UInt64;
+  hasSeed @8 :Bool;
+  maxTokens @9 :Int32 = 16;
+  minTokens @10 :Int32 = 0;
+  ignoreEos @11 :Bool;
+  stopTokenIds @12 :List(Int32);
+  stop @13 :List(Text);
+}
+
+# orchestrator::BatchRequest: one input line.
+struct BatchRequest {
+  jobId @0 :UInt64;
+  lineIndex @1 :UInt64;
+  customId @2 :Text;
+  prompt @3 :Text;
+  promptTokenIds @4 :List(Int32);
+  params @5 :SamplingParams;
+  returnTokenIds @6 :Bool;
+  n @7 :Int32 = 1;
+}
+
+# orchestrator::BatchChoice.
+struct BatchChoice {
+  index @0 :Int32;
+  text @1 :Text;
+  finishReason @2 :Text;
+  tokenIds @3 :List(Int32);
+}
+
+# orchestrator::BatchResult: the result of one input line.
+struct BatchResult {
+  jobId @0 :UInt64;
+  lineIndex @1 :UInt64;
+  customId @2 :Text;
+  ok @3 :Bool;
+  choices @4 :List(BatchChoice);
+  promptTokens @5 :Int32;
+  completionTokens @6 :Int32;
+  errorCode @7 :Text;
+  errorMessage @8 :Text;
+}
+
+# Progress of one job (orchestrator -> client).
+struct JobProgress {
+  jobId @0 :UInt64;
+  state @1 :Text;
+  total @2 :UInt64;
+  done @3 :UInt64;
+  failed @4 :UInt64;
+  promptTokens @5 :UInt64;
+  completionTokens @6 :UInt64;
+  tokensPerS @7 :Float64;
+  etaS @8 :Float64;
+  output @9 :Text;
+}
+
+# A worker's state (worker -> orchestrator, worker -> client).
+struct WorkerStatus {
+  workerName @0 :Text;
+  device @1 :Text;
+  state @2 :Text;
+  numRunning @3 :UInt32;
+  numWaiting @4 :UInt32;
+  kvBlocksUsed @5 :UInt64;
+  kvBlocksTotal @6 :UInt64;
+  promptTokens @7 :UInt64;
+  generatedTokens @8 :UInt64;
+  stepsDone @9 :UInt64;
+}
+
+# One actor of the system (orchestrator -> client).
+struct ActorInfo {
+  name @0 :Text;
+  kind @1 :Text;
+  node @2 :Text;
+  state @3 :Text;
+}

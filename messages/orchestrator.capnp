@@ -1,0 +1,74 @@
+# Messages the job orchestrator receives, and its replies to clients.
+@0xe4b1433cc07d7014;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("shardline::wire");
+
+using C = import "common.capnp";
+
+struct SubmitJob {
+  modelDir @0 :Text;
+  inputs @1 :List(Text);   # JSONL shards, in order
+  output @2 :Text;
+}
+
+struct JobStatusQuery {
+  jobId @0 :UInt64;        # 0 = all jobs
+}
+
+struct KillActor {
+  name @0 :Text;
+}
+
+struct WorkerHello {
+  workerName @0 :Text;
+  device @1 :Text;
+  maxBatch @2 :UInt32;
+}
+
+struct WorkerResults {
+  workerName @0 :Text;
+  results @1 :List(C.BatchResult);
+}
+
+struct WorkerHeartbeat {
+  workerName @0 :Text;
+  status @1 :C.WorkerStatus;
+}
+
+struct OrchestratorMessage {
+  version @0 :UInt16;
+  union {
+    submitJob @1 :SubmitJob;
+    jobStatusQuery @2 :JobStatusQuery;
+    actorListQuery @3 :Void;
+    killActor @4 :KillActor;
+    workerHello @5 :WorkerHello;
+    workerResults @6 :WorkerResults;
+    workerHeartbeat @7 :WorkerHeartbeat;
+    shutdown @8 :Void;
+  }
+}
+
+struct JobSubmitted {
+  jobId @0 :UInt64;
+}
+
+struct JobStatusList {
+  jobs @0 :List(C.JobProgress);
+}
+
+struct ActorList {
+  actors @0 :List(C.ActorInfo);
+}
+
+struct OrchestratorReply {
+  version @0 :UInt16;
+  union {
+    jobSubmitted @1 :JobSubmitted;
+    jobStatusList @2 :JobStatusList;
+    actorList @3 :ActorList;
+    ack @4 :Void;
+    errorReply @5 :C.ErrorReply;
+  }
+}

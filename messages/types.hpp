@@ -1,0 +1,185 @@
+#pragma once
+/// \file
+/// Plain C++ structs of the actor messages (see messages/*.capnp for the wire
+/// form and messages/codec.hpp for the conversion). Structs that already
+/// exist elsewhere (orchestrator::BatchRequest / BatchResult / BatchChoice,
+/// engine::SamplingParams, shardline::Error) are reused, not mirrored.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "orchestrator/batch_types.hpp"
+
+namespace shardline::messages {
+
+using orchestrator::BatchChoice;
+using orchestrator::BatchRequest;
+using orchestrator::BatchResult;
+
+/// Every encoded message carries this; a decoder rejects any other value.
+inline constexpr std::uint16_t kSchemaVersion = 1;
+
+/// Encoded messages larger than this are rejected on decode.
+inline constexpr std::size_t kMaxMessageBytes = std::size_t{64} << 20;  // 64 MiB
+
+/// Any list in a message longer than this is rejected on decode.
+inline constexpr std::size_t kMaxListElements = std::size_t{1} << 22;
+
+/// Nesting depth (structs / lists) a decoder follows at most; the deepest
+/// legitimate path is ~5 (message -> results -> choice -> tokenIds).
+inline constexpr int kMaxNestingDepth = 16;
+
+/// At most this many segments in an encoded message.
+inline constexpr std::size_t kMaxSegments = 512;
+
+// ---- payload-free messages (tags) ---------------------------------------------
+
+struct ActorListQuery { bool operator==(const ActorListQuery&) const = default; };
+struct WorkerStatusQuery { bool operator==(const WorkerStatusQuery&) const = default; };
+struct StatsQuery { bool operator==(const StatsQuery&) const = default; };
+struct Shutdown { bool operator==(const Shutdown&) const = default; };
+struct Ack { bool operator==(const Ack&) const = default; };
+
+// ---- shared -------------------------------------------------------------------
+
+/// Progress of one job as reported to clients.
+struct JobProgress {
+  std::uint64_t job_id = 0;
+  std::string state;  ///< e.g. "queued", "running", "done", "failed", "cancelled"
+  std::uint64_t total = 0;   ///< input lines
+  std::uint64_t done = 0;    ///< lines with a result (ok or error)
+  std::uint64_t failed = 0;  ///< lines with an error result
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t completion_tokens = 0;
+  double tokens_per_s = 0.0;
+  double eta_s = 0.0;
+  std::string output;  ///< output file
+  bool operator==(const JobProgress&) const = default;
+};
+
+/// A worker's state.
+struct WorkerStatus {
+  std::string worker_name;
+  std::string device;  ///< e.g. "cpu", "cuda:0"
+  std::string state;   ///< e.g. "idle", "busy", "draining"
+  std::uint32_t num_running = 0;
+  std::uint32_t num_waiting = 0;
+  std::uint64_t kv_blocks_used = 0;
+  std::uint64_t kv_blocks_total = 0;
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t generated_tokens = 0;
+  std::uint64_t steps_done = 0;
+  bool operator==(const WorkerStatus&) const = default;
+};
+
+/// One actor of the system.
+struct ActorInfo {
+  std::string name;
+  std::string kind;   ///< e.g. "orchestrator", "worker", "kvstore"
+  std::string node;
+  std::string state;
+  bool operator==(const ActorInfo&) const = default;
+};
+
+// ---- orchestrator inbox -------------------------------------------------------
+
+/// Start a job: run the model over the JSONL shards, write one output file.
+struct SubmitJob {
+  std::string model_dir;
+  std::vector<std::string> inputs;  ///< JSONL shards, in order
+  std::string output;
+  bool operator==(const SubmitJob&) const = default;
+};
+
+struct JobStatusQuery {
+  std::uint64_t job_id = 0;  ///< 0 = all jobs
+  bool operator==(const JobStatusQuery&) const = default;
+};
+
+struct KillActor {
+  std::string name;
+  bool operator==(const KillActor&) const = default;
+};
+
+struct WorkerHello {
+  std::string worker_name;
+  std::string device;
+  std::uint32_t max_batch = 0;
+  bool operator==(const WorkerHello&) const = default;
+};
+
+struct WorkerResults {
+  std::string worker_name;
+  std::vector<BatchResult> results;
+};
+
+struct WorkerHeartbeat {
+  std::string worker_name;
+  WorkerStatus status;
+  bool operator==(const WorkerHeartbeat&) const = default;
+};
+
+// ---- orchestrator replies -------------------------------------------------------
+
+struct JobSubmitted {
+  std::uint64_t job_id = 0;
+  bool operator==(const JobSubmitted&) const = default;
+};
+
+struct JobStatusList {
+  std::vector<JobProgress> jobs;
+  bool operator==(const JobStatusList&) const = default;
+};
+
+struct ActorList {
+  std::vector<ActorInfo> actors;
+  bool operator==(const ActorList&) const = default;
+};
+
+// ---- worker inbox -----------------------------------------------------------------
+
+struct AssignWork {
+  std::vector<BatchRequest> requests;
+};
+
+struct CancelJob {
+  std::uint64_t job_id = 0;
+  bool operator==(const CancelJob&) const = default;
+};
+
+// ---- kvstore inbox / replies ------------------------------------------------------
+
+struct PutBlocks {
+  std::string key;
+  std::string data;  ///< opaque bytes
+  bool operator==(const PutBlocks&) const = default;
+};
+
+struct GetBlocks {
+  std::string key;
+  bool operator==(const GetBlocks&) const = default;
+};
+
+struct DropBlocks {
+  std::string key;
+  bool operator==(const DropBlocks&) const = default;
+};
+
+struct BlocksData {
+  std::string key;
+  std::string data;  ///< empty when !found
+  bool found = false;
+  bool operator==(const BlocksData&) const = default;
+};
+
+struct KvStoreStats {
+  std::uint64_t num_entries = 0;
+  std::uint64_t bytes_used = 0;
+  std::uint64_t bytes_capacity = 0;
+  bool operator==(const KvStoreStats&) const = default;
+};
+
+}  // namespace shardline::messages

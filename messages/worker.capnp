@@ -1,0 +1,34 @@
+# Messages a (GPU or CPU) worker receives, and its replies.
+@0xd0bade47888eef2b;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("shardline::wire");
+
+using C = import "common.capnp";
+
+struct AssignWork {
+  requests @0 :List(C.BatchRequest);
+}
+
+struct CancelJob {
+  jobId @0 :UInt64;
+}
+
+struct WorkerMessage {
+  version @0 :UInt16;
+  union {
+    assignWork @1 :AssignWork;
+    cancelJob @2 :CancelJob;
+    statusQuery @3 :Void;
+    shutdown @4 :Void;
+  }
+}
+
+struct WorkerReply {
+  version @0 :UInt16;
+  union {
+    status @1 :C.WorkerStatus;
+    ack @2 :Void;
+    errorReply @3 :C.ErrorReply;
+  }
+}

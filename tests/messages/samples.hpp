@@ -1,0 +1,272 @@
+#pragma once
+// Sample messages with non-trivial content for the codec tests, and field-wise
+// comparisons for the structs that have no operator==.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "messages/codec.hpp"
+
+namespace shardline::messages::testing {
+
+inline engine::SamplingParams sample_params(int salt) {
+  engine::SamplingParams p;
+  p.temperature = 0.7f + 0.01f * static_cast<float>(salt);
+  p.top_k = 40 + salt;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  p.repetition_penalty = 1.1f;
+  p.presence_penalty = -0.5f;
+  p.frequency_penalty = 1.25f;
+  p.seed = 0xDEADBEEFCAFEF00Dull + static_cast<std::uint64_t>(salt);
+  p.has_seed = (salt % 2) == 0;
+  p.max_tokens = 128 + salt;
+  p.min_tokens = 3;
+  p.ignore_eos = (salt % 3) == 0;
+  p.stop_token_ids = {2, 13, 32000 + salt};
+  p.stop = {"\n\n", "</s>", std::string("nul\0inside", 10), "ünïcödé ✓"};
+  return p;
+}
+
+inline BatchRequest sample_request(int i) {
+  BatchRequest r;
+  r.job_id = 7;
+  r.line_index = 1000000000000ull + static_cast<std::uint64_t>(i);
+  r.custom_id = "req-" + std::to_string(i);
+  if (i % 2 == 0) {
+    r.prompt = "Once upon a time, line " + std::to_string(i) + " with \"quotes\" and\ttabs";
+  } else {
+    r.prompt_token_ids = {1, 15043, 29892, 3186, i};
+  }
+  r.params = sample_params(i);
+  r.return_token_ids = (i % 2) == 1;
+  r.n = 1 + i % 3;
+  return r;
+}
+
+inline BatchResult sample_result(int i) {
+  BatchResult r;
+  r.job_id = 7;
+  r.line_index = static_cast<std::uint64_t>(i);
+  r.custom_id = "req-" + std::to_string(i);
+  if (i % 3 == 2) {
+    r.ok = false;
+    r.error_code = "context_length_exceeded";
+    r.error_message = "prompt has 5000 tokens, the context is 4096";
+  } else {
+    r.ok = true;
+    for (int c = 0; c < 1 + i % 3; ++c) {
+      BatchChoice ch;
+      ch.index = c;
+      ch.text = " there was a little robot #" + std::to_string(c);
+      ch.finish_reason = c % 2 ? "length" : "stop";
+      ch.token_ids = {727, 471, 263, c, 2};
+      r.choices.push_back(ch);
+    }
+    r.prompt_tokens = 12 + i;
+    r.completion_tokens = 5 * static_cast<int>(r.choices.size());
+  }
+  return r;
+}
+
+inline WorkerStatus sample_status() {
+  WorkerStatus s;
+  s.worker_name = "worker-gpu-0@node-a";
+  s.device = "cuda:0";
+  s.state = "busy";
+  s.num_running = 48;
+  s.num_waiting = 1023;
+  s.kv_blocks_used = 3071;
+  s.kv_blocks_total = 4096;
+  s.prompt_tokens = 123456789012ull;
+  s.generated_tokens = 98765432109ull;
+  s.steps_done = 4000000000ull;
+  return s;
+}
+
+inline JobProgress sample_progress(int i) {
+  JobProgress p;
+  p.job_id = 100 + static_cast<std::uint64_t>(i);
+  p.state = i % 2 ? "running" : "done";
+  p.total = 50000;
+  p.done = 12345 + static_cast<std::uint64_t>(i);
+  p.failed = 17;
+  p.prompt_tokens = 1u << 30;
+  p.completion_tokens = 3u << 29;
+  p.tokens_per_s = 1234.5 + i;
+  p.eta_s = 98.25;
+  p.output = "/data/out/job-" + std::to_string(i) + ".jsonl";
+  return p;
+}
+
+inline std::string binary_blob(std::size_t n, std::uint32_t seed) {
+  std::string s(n, '\0');
+  std::uint32_t x = seed;
+  for (auto& c : s) {
+    x = x * 1664525u + 1013904223u;
+    c = static_cast<char>(x >> 24);
+  }
+  return s;
+}
+
+// ---- comparisons -------------------------------------------------------------
+
+inline void expect_params_eq(const engine::SamplingParams& a, const engine::SamplingParams& b) {
+  EXPECT_EQ(a.temperature, b.temperature);
+  EXPECT_EQ(a.top_k, b.top_k);
+  EXPECT_EQ(a.top_p, b.top_p);
+  EXPECT_EQ(a.min_p, b.min_p);
+  EXPECT_EQ(a.repetition_penalty, b.repetition_penalty);
+  EXPECT_EQ(a.presence_penalty, b.presence_penalty);
+  EXPECT_EQ(a.frequency_penalty, b.frequency_penalty);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.has_seed, b.has_seed);
+  EXPECT_EQ(a.max_tokens, b.max_tokens);
+  EXPECT_EQ(a.min_tokens, b.min_tokens);
+  EXPECT_EQ(a.ignore_eos, b.ignore_eos);
+  EXPECT_EQ(a.stop_token_ids, b.stop_token_ids);
+  EXPECT_EQ(a.stop, b.stop);
+}
+
+inline void expect_request_eq(const BatchRequest& a, const BatchRequest& b) {
+  EXPECT_EQ(a.job_id, b.job_id);
+  EXPECT_EQ(a.line_index, b.line_index);
+  EXPECT_EQ(a.custom_id, b.custom_id);
+  EXPECT_EQ(a.prompt, b.prompt);
+  EXPECT_EQ(a.prompt_token_ids, b.prompt_token_ids);
+  expect_params_eq(a.params, b.params);
+  EXPECT_EQ(a.return_token_ids, b.return_token_ids);
+  EXPECT_EQ(a.n, b.n);
+}
+
+inline void expect_result_eq(const BatchResult& a, const BatchResult& b) {
+  EXPECT_EQ(a.job_id, b.job_id);
+  EXPECT_EQ(a.line_index, b.line_index);
+  EXPECT_EQ(a.custom_id, b.custom_id);
+  EXPECT_EQ(a.ok, b.ok);
+  ASSERT_EQ(a.choices.size(), b.choices.size());
+  for (std::size_t i = 0; i < a.choices.size(); ++i) {
+    EXPECT_EQ(a.choices[i].index, b.choices[i].index);
+    EXPECT_EQ(a.choices[i].text, b.choices[i].text);
+    EXPECT_EQ(a.choices[i].finish_reason, b.choices[i].finish_reason);
+    EXPECT_EQ(a.choices[i].token_ids, b.choices[i].token_ids);
+  }
+  EXPECT_EQ(a.prompt_tokens, b.prompt_tokens);
+  EXPECT_EQ(a.completion_tokens, b.completion_tokens);
+  EXPECT_EQ(a.error_code, b.error_code);
+  EXPECT_EQ(a.error_message, b.error_message);
+}
+
+// ---- every kind of every message, encoded ------------------------------------
+
+inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
+  std::vector<BatchResult> results;
+  for (int i = 0; i < 6; ++i) results.push_back(sample_result(i));
+  return {
+      OrchestratorMsg::of(SubmitJob{"/models/stories15M",
+                                    {"/data/in/shard-000.jsonl", "/data/in/shard-001.jsonl", ""},
+                                    "/data/out/result.jsonl"}),
+      OrchestratorMsg::of(JobStatusQuery{42}),
+      OrchestratorMsg::of(JobStatusQuery{0}),
+      OrchestratorMsg::of(ActorListQuery{}),
+      OrchestratorMsg::of(KillActor{"worker-gpu-1@node-b"}),
+      OrchestratorMsg::of(WorkerHello{"worker-gpu-0@node-a", "cuda:0", 256}),
+      OrchestratorMsg::of(WorkerResults{"worker-gpu-0@node-a", results}),
+      OrchestratorMsg::of(WorkerHeartbeat{"worker-gpu-0@node-a", sample_status()}),
+      OrchestratorMsg::of(Shutdown{}),
+  };
+}
+
+inline std::vector<OrchestratorReply> sample_orchestrator_replies() {
+  return {
+      OrchestratorReply::of(JobSubmitted{0xFFFFFFFFFFFFFFFEull}),
+      OrchestratorReply::of(JobStatusList{{sample_progress(0), sample_progress(1), sample_progress(2)}}),
+      OrchestratorReply::of(JobStatusList{}),
+      OrchestratorReply::of(ActorList{{{"orchestrator", "orchestrator", "node-a", "up"},
+                                       {"worker-gpu-0", "worker", "node-a", "busy"},
+                                       {"kvstore", "kvstore", "node-b", "up"}}}),
+      OrchestratorReply::of(Ack{}),
+      OrchestratorReply::of(Error{ErrorCode::not_found, "no job with id 99"}),
+  };
+}
+
+inline std::vector<WorkerMsg> sample_worker_msgs() {
+  std::vector<BatchRequest> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back(sample_request(i));
+  return {
+      WorkerMsg::of(AssignWork{reqs}),
+      WorkerMsg::of(AssignWork{}),
+      WorkerMsg::of(CancelJob{12345}),
+      WorkerMsg::of(WorkerStatusQuery{}),
+      WorkerMsg::of(Shutdown{}),
+  };
+}
+
+inline std::vector<WorkerReply> sample_worker_replies() {
+  return {
+      WorkerReply::of(sample_status()),
+      WorkerReply::of(Ack{}),
+      WorkerReply::of(Error{ErrorCode::out_of_memory, "KV cache: 4096 blocks needed, 1024 free"}),
+  };
+}
+
+inline std::vector<KvStoreMsg> sample_kvstore_msgs() {
+  return {
+      KvStoreMsg::of(PutBlocks{"job7/seq3/blocks0-15", binary_blob(4096 + 3, 1)}),
+      KvStoreMsg::of(GetBlocks{"job7/seq3/blocks0-15"}),
+      KvStoreMsg::of(DropBlocks{"job7/seq3"}),
+      KvStoreMsg::of(StatsQuery{}),
+  };
+}
+
+inline std::vector<KvStoreReply> sample_kvstore_replies() {
+  return {
+      KvStoreReply::of(BlocksData{"job7/seq3/blocks0-15", binary_blob(777, 2), true}),
+      KvStoreReply::of(BlocksData{"missing", "", false}),
+      KvStoreReply::of(KvStoreStats{12, 1u << 30, 8ull << 30}),
+      KvStoreReply::of(Ack{}),
+      KvStoreReply::of(Error{ErrorCode::io, "rocksdb: disk full"}),
+  };
+}
+
+/// Encoded samples of all six message types.
+inline std::vector<std::string> all_encoded_samples() {
+  std::vector<std::string> out;
+  for (const auto& m : sample_orchestrator_msgs()) out.push_back(encode(m));
+  for (const auto& m : sample_orchestrator_replies()) out.push_back(encode(m));
+  for (const auto& m : sample_worker_msgs()) out.push_back(encode(m));
+  for (const auto& m : sample_worker_replies()) out.push_back(encode(m));
+  for (const auto& m : sample_kvstore_msgs()) out.push_back(encode(m));
+  for (const auto& m : sample_kvstore_replies()) out.push_back(encode(m));
+  return out;
+}
+
+/// Runs every decoder on `bytes`. Each must return a value or an Error (a
+/// crash or escaping exception fails the test binary); decoded values must
+/// re-encode and decode again. Returns how many decoders accepted.
+inline int decode_with_all(std::string_view bytes) {
+  int accepted = 0;
+  auto check = [&](auto result, auto redecode) {
+    if (result.ok()) {
+      ++accepted;
+      auto again = redecode(encode(result.value()));
+      EXPECT_TRUE(again.ok()) << again.error().to_string();
+    } else {
+      EXPECT_FALSE(result.error().message.empty());
+    }
+  };
+  check(decode_orchestrator(bytes), [](std::string_view b) { return decode_orchestrator(b); });
+  check(decode_orchestrator_reply(bytes), [](std::string_view b) { return decode_orchestrator_reply(b); });
+  check(decode_worker(bytes), [](std::string_view b) { return decode_worker(b); });
+  check(decode_worker_reply(bytes), [](std::string_view b) { return decode_worker_reply(b); });
+  check(decode_kvstore(bytes), [](std::string_view b) { return decode_kvstore(b); });
+  check(decode_kvstore_reply(bytes), [](std::string_view b) { return decode_kvstore_reply(b); });
+  return accepted;
+}
+
+}  // namespace shardline::messages::testing
