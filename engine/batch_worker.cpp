@@ -1,0 +1,232 @@
+#include "engine/batch_worker.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "engine/rng.hpp"
+
+namespace shardline::engine {
+
+using orchestrator::BatchChoice;
+using orchestrator::BatchRequest;
+using orchestrator::BatchResult;
+
+namespace {
+
+/// Domain separator of line-derived seeds ("Shardlin"), so they never
+/// coincide with the engine's own mix_seed(engine seed, request id) chain.
+constexpr std::uint64_t kLineSeedDomain = 0x53686172646C696EULL;
+
+}  // namespace
+
+BatchWorker::BatchWorker(CpuEngine engine, std::string name) : engine_(std::move(engine)), name_(std::move(name)) {}
+
+Result<BatchWorker> BatchWorker::create(CpuEngine engine, std::string name) {
+  if (!engine.engine) return make_error(ErrorCode::invalid_argument, "batch worker '" + name + "': no engine");
+  if (!engine.tokenizer) return make_error(ErrorCode::invalid_argument, "batch worker '" + name + "': no tokenizer");
+  return BatchWorker(std::move(engine), std::move(name));
+}
+
+std::uint64_t BatchWorker::derive_choice_seed(std::uint64_t job_id, std::uint64_t line_index, int choice) noexcept {
+  return mix_seed(mix_seed(mix_seed(kLineSeedDomain, job_id), line_index), static_cast<std::uint64_t>(choice));
+}
+
+std::string BatchWorker::context_length_message(int max_model_len, int prompt_tokens, int max_tokens) {
+  const long long total = static_cast<long long>(prompt_tokens) + max_tokens;
+  return "This model's maximum context length is " + std::to_string(max_model_len) +
+         " tokens. However, you requested " + std::to_string(total) + " tokens (" + std::to_string(prompt_tokens) +
+         " in the messages, " + std::to_string(max_tokens) +
+         " in the completion). Please reduce the length of the messages or completion.";
+}
+
+bool BatchWorker::holds(const LineKey& key) const {
+  if (lines_.count(key) != 0) return true;
+  return std::any_of(ready_.begin(), ready_.end(), [&](const BatchResult& r) {
+    return r.job_id == key.first && r.line_index == key.second;
+  });
+}
+
+void BatchWorker::push_error(const BatchRequest& request, std::string code, std::string message) {
+  BatchResult r;
+  r.job_id = request.job_id;
+  r.line_index = request.line_index;
+  r.custom_id = request.custom_id;
+  r.ok = false;
+  r.error_code = std::move(code);
+  r.error_message = std::move(message);
+  ready_.push_back(std::move(r));
+}
+
+void BatchWorker::submit(BatchRequest request) {
+  const LineKey key{request.job_id, request.line_index};
+  if (holds(key)) return;  // re-sent line: one result only
+  LlmEngine& eng = *engine_.engine;
+  const model::Tokenizer& tok = *engine_.tokenizer;
+
+  if (request.n < 1) {
+    push_error(request, "invalid_parameter", "n must be >= 1, got " + std::to_string(request.n));
+    return;
+  }
+  if (Status s = request.params.validate(); !s.ok()) {
+    push_error(request, "invalid_parameter", s.error().message);
+    return;
+  }
+
+  std::vector<std::int32_t> ids;
+  if (!request.prompt_token_ids.empty()) {
+    ids = std::move(request.prompt_token_ids);
+    const int vocab = tok.vocab_size();
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= vocab) {
+        push_error(request, "invalid_parameter",
+                   "prompt token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                       " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+        return;
+      }
+  } else if (!request.prompt.empty()) {
+    ids = tok.encode(request.prompt, /*add_special_tokens=*/true);
+  }
+  if (ids.empty()) {
+    push_error(request, "missing_prompt", "the request has no prompt: 'prompt' is missing or empty");
+    return;
+  }
+
+  const int prompt_tokens = static_cast<int>(ids.size());
+  const int max_model_len = eng.config().max_model_len;
+  if (static_cast<long long>(prompt_tokens) + request.params.max_tokens > max_model_len) {
+    push_error(request, "context_length_exceeded",
+               context_length_message(max_model_len, prompt_tokens, request.params.max_tokens));
+    return;
+  }
+
+  Line line;
+  line.custom_id = request.custom_id;
+  line.return_token_ids = request.return_token_ids;
+  line.prompt_tokens = prompt_tokens;
+  line.choices.resize(static_cast<std::size_t>(request.n));
+  line.done.assign(static_cast<std::size_t>(request.n), false);
+  for (int i = 0; i < request.n; ++i) {
+    SamplingParams p = request.params;
+    p.seed = request.params.has_seed ? request.params.seed + static_cast<std::uint64_t>(i)
+                                     : derive_choice_seed(request.job_id, request.line_index, i);
+    p.has_seed = true;  // never let the engine derive a seed from its request id
+    const std::uint64_t rid = next_request_id_++;
+    // The last choice takes the ids; the others get copies.
+    std::vector<std::int32_t> prompt = i + 1 < request.n ? ids : std::move(ids);
+    Status s = eng.add_request(rid, std::move(prompt), p);
+    if (!s.ok()) {
+      for (std::uint64_t prev : line.request_ids) {
+        (void)eng.abort_request(prev);  // its abort output is ignored (unknown id)
+        requests_.erase(prev);
+      }
+      const bool bad_param = s.error().code == ErrorCode::invalid_argument;
+      push_error(request, bad_param ? "invalid_parameter" : "server_error", s.error().message);
+      return;
+    }
+    line.request_ids.push_back(rid);
+    requests_.emplace(rid, RequestRef{key, i});
+  }
+  lines_.emplace(key, std::move(line));
+}
+
+Result<std::vector<BatchResult>> BatchWorker::step() {
+  LlmEngine& eng = *engine_.engine;
+  if (eng.has_unfinished()) {
+    Result<std::vector<RequestOutput>> outs = eng.step();
+    if (!outs.ok()) return std::move(outs).error();
+    ++steps_done_;
+    eng.clear_step_stats();  // a long-lived worker must not grow them without bound
+    for (RequestOutput& out : outs.value()) {
+      const auto it = requests_.find(out.request_id);
+      if (it == requests_.end()) continue;  // aborted by cancel_job or a failed submit
+      const RequestRef ref = it->second;
+      requests_.erase(it);
+      const auto lit = lines_.find(ref.line);
+      if (lit == lines_.end()) continue;
+      Line& line = lit->second;
+      const auto c = static_cast<std::size_t>(ref.choice);
+      prompt_tokens_ += out.prompt_token_ids.size();
+      generated_tokens_ += out.token_ids.size();
+      line.completion_tokens += static_cast<int>(out.token_ids.size());
+      BatchChoice& choice = line.choices[c];
+      choice.index = ref.choice;
+      choice.text = std::move(out.text);
+      choice.finish_reason = finish_reason_name(out.finish_reason);
+      if (line.return_token_ids) choice.token_ids = std::move(out.token_ids);
+      if (!line.done[c]) {
+        line.done[c] = true;
+        ++line.num_done;
+      }
+      if (line.num_done < static_cast<int>(line.choices.size())) continue;
+      BatchResult r;
+      r.job_id = ref.line.first;
+      r.line_index = ref.line.second;
+      r.custom_id = std::move(line.custom_id);
+      r.ok = true;
+      r.choices = std::move(line.choices);
+      r.prompt_tokens = line.prompt_tokens;
+      r.completion_tokens = line.completion_tokens;
+      ready_.push_back(std::move(r));
+      lines_.erase(lit);
+    }
+  }
+  return drain_ready();
+}
+
+std::vector<BatchResult> BatchWorker::take_finished() { return drain_ready(); }
+
+std::vector<BatchResult> BatchWorker::drain_ready() {
+  std::vector<BatchResult> out = std::move(ready_);
+  ready_.clear();
+  std::sort(out.begin(), out.end(), [](const BatchResult& a, const BatchResult& b) {
+    return std::pair(a.job_id, a.line_index) < std::pair(b.job_id, b.line_index);
+  });
+  for (const BatchResult& r : out) ++(r.ok ? lines_done_ : lines_failed_);
+  return out;
+}
+
+bool BatchWorker::has_work() const {
+  return !ready_.empty() || !lines_.empty() || engine_.engine->has_unfinished();
+}
+
+std::size_t BatchWorker::cancel_job(std::uint64_t job_id) {
+  LlmEngine& eng = *engine_.engine;
+  std::size_t dropped = 0;
+  auto it = lines_.lower_bound(LineKey{job_id, 0});
+  while (it != lines_.end() && it->first.first == job_id) {
+    for (std::uint64_t rid : it->second.request_ids) {
+      if (requests_.erase(rid) != 0) (void)eng.abort_request(rid);
+    }
+    it = lines_.erase(it);
+    ++dropped;
+  }
+  const auto ready_end = std::remove_if(ready_.begin(), ready_.end(),
+                                        [&](const BatchResult& r) { return r.job_id == job_id; });
+  dropped += static_cast<std::size_t>(ready_.end() - ready_end);
+  ready_.erase(ready_end, ready_.end());
+  return dropped;
+}
+
+WorkerStatusSnapshot BatchWorker::status() const {
+  const LlmEngine& eng = *engine_.engine;
+  const Scheduler& sched = eng.scheduler();
+  const BlockManager& blocks = sched.block_manager();
+  WorkerStatusSnapshot s;
+  s.name = name_;
+  s.num_running = sched.num_running();
+  s.num_waiting = sched.num_waiting();
+  s.num_lines = static_cast<int>(lines_.size());
+  s.num_ready = static_cast<int>(ready_.size());
+  s.kv_blocks_total = blocks.num_blocks();
+  s.kv_blocks_used = blocks.num_blocks() - blocks.num_free_blocks();
+  s.block_size = blocks.block_size();
+  s.prompt_tokens = prompt_tokens_;
+  s.generated_tokens = generated_tokens_;
+  s.steps_done = steps_done_;
+  s.lines_done = lines_done_;
+  s.lines_failed = lines_failed_;
+  s.num_preemptions = static_cast<std::uint64_t>(sched.total_preemptions());
+  return s;
+}
+
+}  // namespace shardline::engine
