@@ -13,5 +13,7 @@ namespace shardline::cli {
 void add_tokenize_command(CLI::App& app, std::function<int()>& run);
 void add_generate_command(CLI::App& app, std::function<int()>& run);
 void add_bench_command(CLI::App& app, std::function<int()>& run);
+/// cluster init, node start, job submit/status, actor list/kill, run.
+void add_cluster_commands(CLI::App& app, std::function<int()>& run);
 
 }  // namespace shardline::cli

@@ -1,0 +1,45 @@
+#pragma once
+/// \file
+/// Talks to a node's orchestrator: in-process (`shardline run`) or over TCP
+/// (`shardline job ...`, `shardline actor ...`), signing every command with
+/// the cluster key.
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "actors/auth.hpp"
+#include "common/result.hpp"
+#include "messages/codec.hpp"
+
+namespace shardline::actors {
+
+class Client {
+ public:
+  /// Connects to the node at HOST:PORT with the key in `key_file`.
+  /// Errors: not_found / corrupt (key file), io (unreachable).
+  [[nodiscard]] static Result<std::unique_ptr<Client>> connect(const std::string& host_port,
+                                                              const std::string& key_file);
+  /// A client of an orchestrator in this process.
+  [[nodiscard]] static std::unique_ptr<Client> local(caf::actor_system& system, caf::actor orchestrator,
+                                                     std::shared_ptr<const ClusterKey> key);
+  ~Client();
+
+  /// Sends a command and waits for the reply. A reply of kind error is
+  /// returned as that Error. Errors: io (timeout, connection lost), corrupt
+  /// (undecodable reply), or the orchestrator's own error.
+  [[nodiscard]] Result<messages::OrchestratorReply> call(const messages::OrchestratorMsg& msg,
+                                                        std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+ private:
+  Client() = default;
+  std::unique_ptr<caf::actor_system_config> own_config_;
+  std::unique_ptr<caf::actor_system> own_system_;
+  caf::actor_system* system_ = nullptr;
+  caf::actor orchestrator_;
+  std::shared_ptr<const ClusterKey> key_;
+};
+
+}  // namespace shardline::actors

@@ -1,0 +1,82 @@
+#pragma once
+/// \file
+/// One Shardline node: a CAF actor system with the job orchestrator (unless
+/// the node joins another node's cluster), one worker per device, a KV store,
+/// and a supervisor that restarts crashed workers. It listens on loopback
+/// unless told otherwise; everything that crosses the network is signed with
+/// the cluster key (actors/auth.hpp).
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "actors/actors.hpp"
+#include "actors/auth.hpp"
+#include "actors/metrics.hpp"
+#include "common/result.hpp"
+#include "engine/cpu_engine.hpp"
+
+namespace shardline::actors {
+
+struct NodeOptions {
+  std::string name = "node0";
+  std::string listen;     ///< "HOST:PORT" to accept clients and nodes ("" = in-process only)
+  std::string join;       ///< "HOST:PORT" of the node running the orchestrator ("" = run it here)
+  int num_cpu_devices = 1;  ///< `--devices cpu:N`: N workers, each with its own thread and KV budget
+  std::string data_dir;     ///< durable job state (needed when this node runs the orchestrator)
+  engine::CpuEngineOptions engine;  ///< model_dir, dtype, KV budget per worker, threads per worker
+  int max_batch = 64;       ///< running sequences per worker
+  std::string key_file;     ///< cluster key; required with listen or join
+  std::string metrics;      ///< "HOST:PORT" of the Prometheus endpoint ("" = none)
+  std::uint64_t kv_store_bytes = 256ull << 20;
+  double heartbeat_timeout_s = 30.0;
+};
+
+class Node {
+ public:
+  /// Starts everything; returns when the workers are spawned (they load
+  /// their engines on their own threads). Errors: invalid_argument (bad
+  /// options), not_found / corrupt (key file, model), io (listen failed,
+  /// cannot reach --join), plus JobManager errors for the data dir.
+  [[nodiscard]] static Result<std::unique_ptr<Node>> start(NodeOptions options);
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  /// The orchestrator (local, or a proxy of the joined node's).
+  [[nodiscard]] caf::actor orchestrator() const { return orchestrator_; }
+  [[nodiscard]] const std::shared_ptr<const ClusterKey>& key() const { return key_; }
+  [[nodiscard]] caf::actor_system& system() { return *system_; }
+  [[nodiscard]] int port() const { return port_; }  ///< listening port, 0 if none
+  [[nodiscard]] int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+  [[nodiscard]] const MetricsRegistry& metrics() const { return *metrics_; }
+
+  /// Stops every actor and waits for them (also done by the destructor).
+  void stop();
+
+ private:
+  Node() = default;
+
+  NodeOptions options_;
+  std::shared_ptr<const ClusterKey> key_;
+  std::shared_ptr<MetricsRegistry> metrics_;
+  std::unique_ptr<caf::actor_system_config> config_;
+  std::unique_ptr<caf::actor_system> system_;
+  caf::actor orchestrator_;
+  caf::actor supervisor_;
+  caf::actor kvstore_;
+  std::unique_ptr<MetricsServer> metrics_server_;
+  int port_ = 0;
+  bool stopped_ = false;
+};
+
+/// Parses `--devices`: "cpu:N" (N >= 1). Errors: invalid_argument / unsupported
+/// ("cuda:..." needs the CUDA backend).
+[[nodiscard]] Result<int> parse_cpu_devices(const std::string& devices);
+
+}  // namespace shardline::actors

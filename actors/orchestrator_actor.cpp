@@ -1,0 +1,280 @@
+// The job orchestrator actor: a thin behaviour around orchestrator::JobManager.
+// It registers workers (and monitors them), keeps each one's queue at twice
+// its batch size, commits results, and requeues a dead worker's lines.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+#include "actors/actors.hpp"
+#include "actors/protocol.hpp"
+#include "messages/codec.hpp"
+
+namespace shardline::actors {
+
+namespace {
+
+using messages::OrchestratorMsg;
+using messages::OrchestratorReply;
+using Clock = std::chrono::steady_clock;
+
+struct WorkerEntry {
+  caf::actor handle;
+  std::uint32_t max_batch = 1;
+  std::size_t in_flight = 0;  ///< lines handed out and not yet returned
+  messages::WorkerStatus status;
+  Clock::time_point last_seen;
+};
+
+struct OrchestratorState {
+  OrchestratorConfig config;
+  std::map<std::string, WorkerEntry> workers;
+  static inline const char* name = "shardline.orchestrator";
+};
+
+using OrchestratorActor = caf::stateful_actor<OrchestratorState>;
+
+std::string canonical(const std::string& path) {
+  std::error_code ec;
+  const auto p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : p.string();
+}
+
+messages::JobProgress to_message(const orchestrator::JobProgress& p, const orchestrator::JobManager& jobs) {
+  messages::JobProgress m;
+  m.job_id = p.job_id;
+  m.state = orchestrator::job_state_name(p.state);
+  m.total = p.total;
+  m.done = p.done;
+  m.failed = p.failed;
+  m.prompt_tokens = p.prompt_tokens;
+  m.completion_tokens = p.completion_tokens;
+  m.tokens_per_s = p.tokens_per_s;
+  m.eta_s = p.eta_s;
+  if (auto rec = jobs.job(p.job_id); rec.ok()) m.output = rec->spec.output_path;
+  return m;
+}
+
+/// Hands pending lines to every worker with room (queue = 2 x max_batch).
+void dispatch(OrchestratorActor* self) {
+  OrchestratorState& st = self->state;
+  for (auto& [name, w] : st.workers) {
+    const std::size_t room = 2 * static_cast<std::size_t>(w.max_batch);
+    if (w.in_flight >= room) continue;
+    std::vector<orchestrator::BatchRequest> work = st.config.jobs->next_work(room - w.in_flight, name);
+    if (work.empty()) break;  // nothing pending for anyone
+    w.in_flight += work.size();
+    const Signed s = sign(*st.config.key, messages::encode(messages::WorkerMsg::of(messages::AssignWork{std::move(work)})));
+    self->send(w.handle, msg_atom::value, s.tag, s.bytes);
+  }
+}
+
+void drop_worker(OrchestratorActor* self, const std::string& name, const char* why) {
+  OrchestratorState& st = self->state;
+  const auto it = st.workers.find(name);
+  if (it == st.workers.end()) return;
+  const std::size_t n = st.config.jobs->requeue_in_flight(name);
+  spdlog::warn("orchestrator: worker {} {}; {} lines requeued", name, why, n);
+  st.workers.erase(it);
+  st.config.metrics->add("shardline_worker_failures_total", "", 1);
+  dispatch(self);
+}
+
+void update_job_metrics(OrchestratorState& st) {
+  std::map<std::string, double> by_state{{"queued", 0}, {"running", 0}, {"done", 0}, {"failed", 0}};
+  for (const auto& p : st.config.jobs->list_jobs()) by_state[orchestrator::job_state_name(p.state)] += 1;
+  for (const auto& [state, n] : by_state) st.config.metrics->set("shardline_jobs", "state=\"" + state + "\"", n);
+  st.config.metrics->set("shardline_workers", "", static_cast<double>(st.workers.size()));
+}
+
+std::string handle_client(OrchestratorActor* self, OrchestratorMsg& msg) {
+  OrchestratorState& st = self->state;
+  switch (msg.kind) {
+    case OrchestratorMsg::Kind::submit_job: {
+      const messages::SubmitJob& sj = msg.submit_job;
+      if (canonical(sj.model_dir) != canonical(st.config.model_dir))
+        return messages::encode(OrchestratorReply::of(make_error(
+            ErrorCode::invalid_argument,
+            "this cluster serves the model " + st.config.model_dir + ", not " + sj.model_dir)));
+      orchestrator::JobSpec spec;
+      spec.model_dir = sj.model_dir;
+      spec.input_paths = sj.inputs;
+      spec.output_path = sj.output;
+      auto id = st.config.jobs->submit(std::move(spec));
+      if (!id) return messages::encode(OrchestratorReply::of(id.error()));
+      spdlog::info("orchestrator: job {} submitted ({} shard(s) -> {})", *id, sj.inputs.size(), sj.output);
+      update_job_metrics(st);
+      dispatch(self);
+      return messages::encode(OrchestratorReply::of(messages::JobSubmitted{*id}));
+    }
+    case OrchestratorMsg::Kind::job_status_query: {
+      messages::JobStatusList list;
+      if (msg.job_status_query.job_id == 0) {
+        for (const auto& p : st.config.jobs->list_jobs()) list.jobs.push_back(to_message(p, *st.config.jobs));
+      } else {
+        auto p = st.config.jobs->progress(msg.job_status_query.job_id);
+        if (!p) return messages::encode(OrchestratorReply::of(p.error()));
+        list.jobs.push_back(to_message(*p, *st.config.jobs));
+      }
+      return messages::encode(OrchestratorReply::of(std::move(list)));
+    }
+    case OrchestratorMsg::Kind::actor_list_query: {
+      messages::ActorList list;
+      list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name, "running"});
+      for (const auto& [name, w] : st.workers) {
+        const std::string node = name.substr(0, name.find('/'));
+        const std::string state = w.status.worker_name.empty()
+                                      ? "starting"
+                                      : w.status.state + " running=" + std::to_string(w.status.num_running) +
+                                            " waiting=" + std::to_string(w.status.num_waiting) +
+                                            " kv=" + std::to_string(w.status.kv_blocks_used) + "/" +
+                                            std::to_string(w.status.kv_blocks_total);
+        list.actors.push_back({name, "worker", node, state});
+      }
+      if (st.config.local_actors)
+        for (auto& a : st.config.local_actors()) list.actors.push_back(std::move(a));
+      return messages::encode(OrchestratorReply::of(std::move(list)));
+    }
+    case OrchestratorMsg::Kind::kill_actor: {
+      const std::string& name = msg.kill_actor.name;
+      if (const auto it = st.workers.find(name); it != st.workers.end()) {
+        spdlog::warn("orchestrator: killing {} on request", name);
+        self->send_exit(it->second.handle, caf::exit_reason::kill);
+        return messages::encode(OrchestratorReply::of(messages::Ack{}));
+      }
+      if (st.config.kill_local && st.config.kill_local(name))
+        return messages::encode(OrchestratorReply::of(messages::Ack{}));
+      return messages::encode(OrchestratorReply::of(
+          make_error(ErrorCode::not_found, "no actor named '" + name + "' (see `shardline actor list`)")));
+    }
+    case OrchestratorMsg::Kind::shutdown:
+      self->quit(caf::exit_reason::user_shutdown);
+      return messages::encode(OrchestratorReply::of(messages::Ack{}));
+    default:
+      break;
+  }
+  return messages::encode(OrchestratorReply::of(make_error(ErrorCode::invalid_argument, "unexpected message")));
+}
+
+void handle_worker(OrchestratorActor* self, OrchestratorMsg& msg) {
+  OrchestratorState& st = self->state;
+  switch (msg.kind) {
+    case OrchestratorMsg::Kind::worker_hello: {
+      const std::string& name = msg.worker_hello.worker_name;
+      auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+      if (!sender) return;
+      if (st.workers.count(name)) drop_worker(self, name, "was replaced by a new instance");
+      WorkerEntry w;
+      w.handle = sender;
+      w.max_batch = std::max<std::uint32_t>(1, msg.worker_hello.max_batch);
+      w.last_seen = Clock::now();
+      st.workers[name] = w;
+      self->monitor(sender);
+      spdlog::info("orchestrator: worker {} joined (device {}, batch {})", name, msg.worker_hello.device,
+                   w.max_batch);
+      update_job_metrics(st);
+      dispatch(self);
+      return;
+    }
+    case OrchestratorMsg::Kind::worker_results: {
+      auto& wr = msg.worker_results;
+      if (const auto it = st.workers.find(wr.worker_name); it != st.workers.end()) {
+        it->second.in_flight -= std::min(it->second.in_flight, wr.results.size());
+        it->second.last_seen = Clock::now();
+      }
+      auto committed = st.config.jobs->on_results(wr.results);
+      if (!committed) spdlog::error("orchestrator: committing results failed: {}", committed.error().to_string());
+      update_job_metrics(st);
+      dispatch(self);
+      return;
+    }
+    case OrchestratorMsg::Kind::worker_heartbeat: {
+      if (const auto it = st.workers.find(msg.worker_heartbeat.worker_name); it != st.workers.end()) {
+        it->second.status = msg.worker_heartbeat.status;
+        it->second.last_seen = Clock::now();
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<OrchestratorConfig> cfg) {
+  self->state.config = std::move(*cfg);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    for (const auto& [name, w] : self->state.workers) {
+      if (w.handle.address() == dm.source) {
+        drop_worker(self, name, ("died (" + caf::to_string(dm.reason) + ")").c_str());
+        return;
+      }
+    }
+  });
+  self->send(self, tick_atom::value);
+  update_job_metrics(self->state);
+  return {
+      [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {
+        OrchestratorState& st = self->state;
+        if (!st.config.key->verify(bytes, tag)) {
+          spdlog::warn("orchestrator: refused a message with a bad cluster key tag from {}",
+                       caf::to_string(self->current_sender()));
+          st.config.metrics->add("shardline_auth_failures_total", "", 1);
+          return messages::encode(OrchestratorReply::of(
+              make_error(ErrorCode::invalid_argument, "unauthenticated: wrong or missing cluster key")));
+        }
+        auto msg = messages::decode_orchestrator(bytes);
+        if (!msg) return messages::encode(OrchestratorReply::of(msg.error()));
+        switch (msg->kind) {
+          case OrchestratorMsg::Kind::worker_hello:
+          case OrchestratorMsg::Kind::worker_results:
+          case OrchestratorMsg::Kind::worker_heartbeat:
+            handle_worker(self, *msg);
+            return {};  // workers ignore replies
+          default:
+            return handle_client(self, *msg);
+        }
+      },
+      [self](tick_atom) {
+        // Heartbeat timeouts catch workers whose node vanished without a
+        // connection loss being noticed; then keep the queues full.
+        OrchestratorState& st = self->state;
+        const auto now = Clock::now();
+        std::vector<std::string> silent;
+        for (const auto& [name, w] : st.workers)
+          if (std::chrono::duration<double>(now - w.last_seen).count() > st.config.heartbeat_timeout_s)
+            silent.push_back(name);
+        for (const auto& name : silent) {
+          self->send_exit(st.workers[name].handle, caf::exit_reason::kill);
+          drop_worker(self, name, "missed its heartbeats");
+        }
+        dispatch(self);
+        update_job_metrics(st);
+        self->delayed_send(self, std::chrono::milliseconds(500), tick_atom::value);
+      },
+      [](const std::string&) {},  // replies of workers to our sends
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_orchestrator(caf::actor_system& sys, OrchestratorConfig config) {
+  return sys.spawn(orchestrator_behavior, std::make_shared<OrchestratorConfig>(std::move(config)));
+}
+
+void describe_node_metrics(MetricsRegistry& m) {
+  m.describe("shardline_requests_total", "counter", "Input lines finished by workers of this node, by state.");
+  m.describe("shardline_prompt_tokens_total", "counter", "Prompt tokens of finished lines.");
+  m.describe("shardline_generation_tokens_total", "counter", "Generated tokens of finished lines.");
+  m.describe("shardline_engine_steps_total", "counter", "Engine steps, by worker.");
+  m.describe("shardline_kv_blocks_used", "gauge", "KV cache blocks in use, by worker.");
+  m.describe("shardline_kv_blocks_total", "gauge", "KV cache blocks, by worker.");
+  m.describe("shardline_worker_running_requests", "gauge", "Requests running in the engine, by worker.");
+  m.describe("shardline_worker_waiting_requests", "gauge", "Requests waiting in the engine, by worker.");
+  m.describe("shardline_jobs", "gauge", "Jobs known to the orchestrator, by state.");
+  m.describe("shardline_workers", "gauge", "Workers registered with the orchestrator.");
+  m.describe("shardline_worker_failures_total", "counter", "Workers lost (killed, crashed, silent).");
+  m.describe("shardline_auth_failures_total", "counter", "Messages refused for a bad cluster key tag.");
+}
+
+}  // namespace shardline::actors

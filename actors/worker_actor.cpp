@@ -1,0 +1,150 @@
+// The worker actor: a thin behaviour around engine::BatchWorker.
+#include <spdlog/spdlog.h>
+
+#include "actors/actors.hpp"
+#include "actors/protocol.hpp"
+#include "engine/batch_worker.hpp"
+#include "messages/codec.hpp"
+
+namespace shardline::actors {
+
+namespace {
+
+using messages::WorkerMsg;
+using messages::WorkerReply;
+
+struct WorkerState {
+  WorkerConfig config;
+  std::unique_ptr<engine::BatchWorker> worker;
+  bool step_scheduled = false;
+  static inline const char* name = "shardline.worker";
+};
+
+using WorkerActor = caf::stateful_actor<WorkerState>;
+
+messages::WorkerStatus status_of(const WorkerState& st) {
+  const engine::WorkerStatusSnapshot s = st.worker->status();
+  messages::WorkerStatus w;
+  w.worker_name = st.config.name;
+  w.device = st.config.device;
+  w.state = st.worker->has_work() ? "busy" : "idle";
+  w.num_running = static_cast<std::uint32_t>(s.num_running);
+  w.num_waiting = static_cast<std::uint32_t>(s.num_waiting);
+  w.kv_blocks_used = static_cast<std::uint64_t>(s.kv_blocks_used);
+  w.kv_blocks_total = static_cast<std::uint64_t>(s.kv_blocks_total);
+  w.prompt_tokens = static_cast<std::uint64_t>(s.prompt_tokens);
+  w.generated_tokens = static_cast<std::uint64_t>(s.generated_tokens);
+  w.steps_done = static_cast<std::uint64_t>(s.steps_done);
+  return w;
+}
+
+void to_orchestrator(WorkerActor* self, messages::OrchestratorMsg msg) {
+  const Signed s = sign(*self->state.config.key, messages::encode(msg));
+  self->send(self->state.config.orchestrator, msg_atom::value, s.tag, s.bytes);
+}
+
+void schedule_step(WorkerActor* self) {
+  if (self->state.step_scheduled) return;
+  self->state.step_scheduled = true;
+  self->send(self, step_atom::value);
+}
+
+void export_metrics(WorkerActor* self, const messages::WorkerStatus& s) {
+  MetricsRegistry& m = *self->state.config.metrics;
+  const std::string l = "worker=\"" + self->state.config.name + "\"";
+  m.set("shardline_kv_blocks_used", l, static_cast<double>(s.kv_blocks_used));
+  m.set("shardline_kv_blocks_total", l, static_cast<double>(s.kv_blocks_total));
+  m.set("shardline_worker_running_requests", l, s.num_running);
+  m.set("shardline_worker_waiting_requests", l, s.num_waiting);
+}
+
+caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
+  self->state.config = std::move(config);
+  WorkerState& st = self->state;
+  auto built = engine::build_cpu_engine(st.config.engine);
+  if (!built) {
+    spdlog::error("worker {}: cannot start its engine: {}", st.config.name, built.error().to_string());
+    self->quit(caf::exit_reason::user_shutdown);
+    return {};
+  }
+  auto worker = engine::BatchWorker::create(std::move(built).value(), st.config.name);
+  if (!worker) {
+    spdlog::error("worker {}: {}", st.config.name, worker.error().to_string());
+    self->quit(caf::exit_reason::user_shutdown);
+    return {};
+  }
+  st.worker = std::make_unique<engine::BatchWorker>(std::move(worker).value());
+  to_orchestrator(self, messages::OrchestratorMsg::of(messages::WorkerHello{
+                            st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch)}));
+  self->send(self, beat_atom::value);
+  spdlog::info("worker {} ready", st.config.name);
+
+  return {
+      [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {
+        WorkerState& s = self->state;
+        if (!s.config.key->verify(bytes, tag)) {
+          spdlog::warn("worker {}: refused a message with a bad cluster key tag from {}", s.config.name,
+                       caf::to_string(self->current_sender()));
+          return messages::encode(WorkerReply::of(
+              make_error(ErrorCode::invalid_argument, "unauthenticated: wrong or missing cluster key")));
+        }
+        auto msg = messages::decode_worker(bytes);
+        if (!msg) return messages::encode(WorkerReply::of(msg.error()));
+        switch (msg->kind) {
+          case WorkerMsg::Kind::assign_work:
+            for (auto& r : msg->assign_work.requests) s.worker->submit(std::move(r));
+            schedule_step(self);
+            return messages::encode(WorkerReply::of(messages::Ack{}));
+          case WorkerMsg::Kind::cancel_job:
+            s.worker->cancel_job(msg->cancel_job.job_id);
+            return messages::encode(WorkerReply::of(messages::Ack{}));
+          case WorkerMsg::Kind::status_query:
+            return messages::encode(WorkerReply::of(status_of(s)));
+          case WorkerMsg::Kind::shutdown:
+            self->quit(caf::exit_reason::user_shutdown);
+            return messages::encode(WorkerReply::of(messages::Ack{}));
+        }
+        return messages::encode(WorkerReply::of(make_error(ErrorCode::internal, "unknown message kind")));
+      },
+      [self](step_atom) {
+        WorkerState& s = self->state;
+        s.step_scheduled = false;
+        auto results = s.worker->step();
+        if (!results) {
+          // An engine failure is a crash of this worker: the orchestrator
+          // requeues its work and the node's supervisor restarts it.
+          spdlog::error("worker {}: step failed: {}", s.config.name, results.error().to_string());
+          self->quit(caf::exit_reason::unhandled_exception);
+          return;
+        }
+        if (!results->empty()) {
+          MetricsRegistry& m = *s.config.metrics;
+          for (const auto& r : *results) {
+            m.add("shardline_requests_total", r.ok ? "state=\"done\"" : "state=\"failed\"", 1);
+            m.add("shardline_prompt_tokens_total", "", r.prompt_tokens);
+            m.add("shardline_generation_tokens_total", "", r.completion_tokens);
+          }
+          to_orchestrator(self, messages::OrchestratorMsg::of(
+                                    messages::WorkerResults{s.config.name, std::move(results).value()}));
+        }
+        s.config.metrics->add("shardline_engine_steps_total", "worker=\"" + s.config.name + "\"", 1);
+        if (s.worker->has_work()) schedule_step(self);
+      },
+      [self](beat_atom) {
+        const messages::WorkerStatus status = status_of(self->state);
+        export_metrics(self, status);
+        to_orchestrator(self, messages::OrchestratorMsg::of(
+                                  messages::WorkerHeartbeat{self->state.config.name, status}));
+        self->delayed_send(self, std::chrono::seconds(1), beat_atom::value);
+      },
+      [](const std::string&) {},  // replies of the orchestrator to our sends
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_worker(caf::actor_system& sys, WorkerConfig config) {
+  return sys.spawn<caf::detached>(worker_behavior, std::move(config));
+}
+
+}  // namespace shardline::actors

@@ -1,0 +1,403 @@
+// `shardline cluster init`, `node start`, `job submit|status`, `actor list|kill`, `run`.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/client.hpp"
+#include "actors/node.hpp"
+#include "cli/commands.hpp"
+#include "cli/engine_flags.hpp"
+
+namespace shardline::cli {
+
+namespace {
+
+using messages::OrchestratorMsg;
+using messages::OrchestratorReply;
+
+int fail(const Error& e, int code = 1) {
+  std::cerr << "error: " << e.to_string() << "\n";
+  return code;
+}
+
+std::string default_key_file() {
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.shardline/cluster.key";
+}
+
+// ---- cluster init -------------------------------------------------------------
+
+int run_cluster_init(const std::string& key_file) {
+  auto key = actors::ClusterKey::generate();
+  if (!key) return fail(key.error());
+  if (Status s = key->save(key_file); !s) return fail(s.error());
+  std::cout << "cluster key written to " << key_file << " (mode 0600); give it to every node and client\n";
+  return 0;
+}
+
+// ---- node start ---------------------------------------------------------------
+
+struct NodeArgs {
+  std::string name = "node0";
+  std::string listen = "127.0.0.1:7411";
+  std::string join;
+  std::string devices = "cpu:1";
+  std::string data_dir = "shardline-data";
+  std::string model_dir;
+  std::string key_file = default_key_file();
+  std::string metrics;
+  int max_batch = 64;
+  EngineFlags engine;
+};
+
+Result<actors::NodeOptions> node_options(const NodeArgs& a) {
+  auto devices = actors::parse_cpu_devices(a.devices);
+  if (!devices) return std::move(devices).error();
+  auto eo = to_engine_options(a.engine, a.model_dir);
+  if (!eo) return std::move(eo).error();
+  actors::NodeOptions o;
+  o.name = a.name;
+  o.listen = a.listen;
+  o.join = a.join;
+  o.num_cpu_devices = *devices;
+  o.data_dir = a.data_dir;
+  o.engine = *eo;
+  // Each worker gets its share of the cores unless told otherwise.
+  if (o.engine.num_threads == 0)
+    o.engine.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / *devices);
+  o.max_batch = a.max_batch;
+  o.key_file = a.key_file;
+  o.metrics = a.metrics;
+  return o;
+}
+
+int wait_for_signal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig;
+}
+
+int run_node_start(NodeArgs& a) {
+  // Block the stop signals in every thread; the main thread waits for them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto o = node_options(a);
+  if (!o) return fail(o.error(), 2);
+  if (!o->join.empty()) o->listen.clear();
+  auto node = actors::Node::start(std::move(o).value());
+  if (!node) return fail(node.error());
+  if ((*node)->port() > 0) {
+    const std::string host = a.listen.substr(0, a.listen.rfind(':'));
+    std::cout << "shardline node " << a.name << " listening on " << host << ":" << (*node)->port() << std::endl;
+  } else {
+    std::cout << "shardline node " << a.name << " joined " << a.join << std::endl;
+  }
+  if ((*node)->metrics_port() > 0)
+    std::cout << "metrics on port " << (*node)->metrics_port() << std::endl;
+  const int sig = wait_for_signal();
+  spdlog::info("node {}: signal {}, stopping", a.name, sig);
+  (*node)->stop();
+  return 0;
+}
+
+// ---- job / actor commands -------------------------------------------------------
+
+struct ClientArgs {
+  std::string node = "127.0.0.1:7411";
+  std::string key_file = default_key_file();
+};
+
+void add_client_flags(CLI::App& cmd, ClientArgs& c) {
+  cmd.add_option("--node", c.node, "HOST:PORT of a node running the orchestrator")->capture_default_str();
+  cmd.add_option("--key-file", c.key_file, "Cluster key (from `shardline cluster init`)")->capture_default_str();
+}
+
+std::string format_eta(double s) {
+  if (s < 0) return "?";
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+nlohmann::json to_json(const messages::JobProgress& p) {
+  return {{"job_id", p.job_id},   {"state", p.state},
+          {"total", p.total},     {"done", p.done},
+          {"failed", p.failed},   {"prompt_tokens", p.prompt_tokens},
+          {"completion_tokens", p.completion_tokens},
+          {"tokens_per_s", p.tokens_per_s}, {"eta_s", p.eta_s},
+          {"output", p.output}};
+}
+
+void print_progress_table(const messages::JobStatusList& jobs, const messages::ActorList* actors) {
+  std::printf("%-6s %-8s %14s %8s %12s %12s %10s %8s  %s\n", "JOB", "STATE", "DONE/TOTAL", "FAILED", "PROMPT_TOK",
+              "GEN_TOK", "TOK/S", "ETA", "OUTPUT");
+  for (const auto& p : jobs.jobs) {
+    const std::string frac = std::to_string(p.done) + "/" + std::to_string(p.total);
+    std::printf("%-6llu %-8s %14s %8llu %12llu %12llu %10.1f %8s  %s\n", static_cast<unsigned long long>(p.job_id),
+                p.state.c_str(), frac.c_str(), static_cast<unsigned long long>(p.failed),
+                static_cast<unsigned long long>(p.prompt_tokens), static_cast<unsigned long long>(p.completion_tokens),
+                p.tokens_per_s, format_eta(p.eta_s).c_str(), p.output.c_str());
+  }
+  if (actors) {
+    std::printf("\n%-24s %-12s %-8s %s\n", "ACTOR", "KIND", "NODE", "STATE");
+    for (const auto& a : actors->actors)
+      std::printf("%-24s %-12s %-8s %s\n", a.name.c_str(), a.kind.c_str(), a.node.c_str(), a.state.c_str());
+  }
+  std::fflush(stdout);
+}
+
+struct SubmitArgs {
+  ClientArgs client;
+  std::string model_dir;
+  std::vector<std::string> inputs;
+  std::string output;
+};
+
+std::string absolute(const std::string& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
+
+int run_job_submit(const SubmitArgs& a) {
+  auto client = actors::Client::connect(a.client.node, a.client.key_file);
+  if (!client) return fail(client.error());
+  messages::SubmitJob sj;
+  sj.model_dir = absolute(a.model_dir);
+  for (const auto& in : a.inputs) sj.inputs.push_back(absolute(in));
+  sj.output = absolute(a.output);
+  auto reply = (*client)->call(OrchestratorMsg::of(sj), std::chrono::minutes(5));
+  if (!reply) return fail(reply.error());
+  std::cout << reply->job_submitted.job_id << std::endl;
+  return 0;
+}
+
+struct StatusArgs {
+  ClientArgs client;
+  std::uint64_t job_id = 0;
+  bool watch = false;
+  bool json = false;
+};
+
+int run_job_status(const StatusArgs& a) {
+  auto client = actors::Client::connect(a.client.node, a.client.key_file);
+  if (!client) return fail(client.error());
+  while (true) {
+    auto reply = (*client)->call(OrchestratorMsg::of(messages::JobStatusQuery{a.job_id}));
+    if (!reply) return fail(reply.error());
+    const auto& jobs = reply->job_status_list;
+    if (a.json) {
+      nlohmann::json arr = nlohmann::json::array();
+      for (const auto& p : jobs.jobs) arr.push_back(to_json(p));
+      auto actors_reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
+      nlohmann::json workers = nlohmann::json::array();
+      if (actors_reply)
+        for (const auto& x : actors_reply->actor_list.actors)
+          workers.push_back({{"name", x.name}, {"kind", x.kind}, {"node", x.node}, {"state", x.state}});
+      std::cout << nlohmann::json{{"jobs", arr}, {"actors", workers}}.dump() << std::endl;
+    } else {
+      auto actors_reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
+      if (a.watch) std::cout << "\033[2J\033[H";
+      print_progress_table(jobs, actors_reply ? &actors_reply->actor_list : nullptr);
+    }
+    if (!a.watch) return 0;
+    bool all_finished = !jobs.jobs.empty();
+    for (const auto& p : jobs.jobs) all_finished = all_finished && (p.state == "done" || p.state == "failed");
+    if (all_finished) return 0;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+int run_actor_list(const ClientArgs& c) {
+  auto client = actors::Client::connect(c.node, c.key_file);
+  if (!client) return fail(client.error());
+  auto reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
+  if (!reply) return fail(reply.error());
+  std::printf("%-24s %-12s %-8s %s\n", "ACTOR", "KIND", "NODE", "STATE");
+  for (const auto& x : reply->actor_list.actors)
+    std::printf("%-24s %-12s %-8s %s\n", x.name.c_str(), x.kind.c_str(), x.node.c_str(), x.state.c_str());
+  return 0;
+}
+
+int run_actor_kill(const ClientArgs& c, const std::string& name) {
+  auto client = actors::Client::connect(c.node, c.key_file);
+  if (!client) return fail(client.error());
+  auto reply = (*client)->call(OrchestratorMsg::of(messages::KillActor{name}));
+  if (!reply) return fail(reply.error());
+  std::cout << "killed " << name << std::endl;
+  return 0;
+}
+
+// ---- run (embedded) ------------------------------------------------------------------
+
+struct RunArgs {
+  std::string model_dir;
+  std::vector<std::string> inputs;
+  std::string output;
+  std::string devices = "cpu:1";
+  std::string data_dir;  // default: OUTPUT.shardline
+  std::string metrics;
+  int max_batch = 64;
+  bool quiet = false;
+  EngineFlags engine;
+};
+
+void draw_progress(const messages::JobProgress& p) {
+  const int width = 30;
+  const double frac = p.total ? static_cast<double>(p.done) / static_cast<double>(p.total) : 0.0;
+  const int filled = static_cast<int>(frac * width);
+  std::fprintf(stderr, "\r[%s%s] %llu/%llu lines (%llu failed)  %.0f tok/s  ETA %s   ",
+               std::string(static_cast<std::size_t>(filled), '#').c_str(),
+               std::string(static_cast<std::size_t>(width - filled), ' ').c_str(),
+               static_cast<unsigned long long>(p.done), static_cast<unsigned long long>(p.total),
+               static_cast<unsigned long long>(p.failed), p.tokens_per_s, format_eta(p.eta_s).c_str());
+  std::fflush(stderr);
+}
+
+int run_run(RunArgs& a) {
+  NodeArgs na;
+  na.name = "local";
+  na.listen.clear();
+  na.devices = a.devices;
+  na.data_dir = a.data_dir.empty() ? a.output + ".shardline" : a.data_dir;
+  na.model_dir = a.model_dir;
+  na.key_file.clear();
+  na.metrics = a.metrics;
+  na.max_batch = a.max_batch;
+  na.engine = a.engine;
+  auto o = node_options(na);
+  if (!o) return fail(o.error(), 2);
+  o->key_file.clear();
+  auto node = actors::Node::start(std::move(o).value());
+  if (!node) return fail(node.error());
+  auto client = actors::Client::local((*node)->system(), (*node)->orchestrator(), (*node)->key());
+
+  // Resume an unfinished job writing the same output (after a crash), else submit.
+  const std::string output = absolute(a.output);
+  std::uint64_t job_id = 0;
+  auto existing = client->call(OrchestratorMsg::of(messages::JobStatusQuery{0}));
+  if (!existing) return fail(existing.error());
+  for (const auto& p : existing->job_status_list.jobs)
+    if (p.output == output && p.state != "done" && p.state != "failed") job_id = p.job_id;
+  if (job_id == 0) {
+    messages::SubmitJob sj;
+    sj.model_dir = a.model_dir;
+    for (const auto& in : a.inputs) sj.inputs.push_back(absolute(in));
+    sj.output = output;
+    auto reply = client->call(OrchestratorMsg::of(sj), std::chrono::minutes(5));
+    if (!reply) return fail(reply.error());
+    job_id = reply->job_submitted.job_id;
+  } else if (!a.quiet) {
+    std::cerr << "resuming job " << job_id << " from " << na.data_dir << "\n";
+  }
+  while (true) {
+    auto reply = client->call(OrchestratorMsg::of(messages::JobStatusQuery{job_id}));
+    if (!reply) return fail(reply.error());
+    const messages::JobProgress& p = reply->job_status_list.jobs.at(0);
+    if (!a.quiet) draw_progress(p);
+    if (p.state == "done" || p.state == "failed") {
+      if (!a.quiet) std::fprintf(stderr, "\n");
+      if (p.state == "failed") {
+        std::cerr << "error: job " << job_id << " failed\n";
+        return 1;
+      }
+      if (!a.quiet)
+        std::cerr << "job " << job_id << ": " << p.done << " lines (" << p.failed << " with errors) -> " << p.output
+                  << "\n";
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace
+
+void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
+  // cluster init
+  CLI::App* cluster = app.add_subcommand("cluster", "Cluster set-up");
+  cluster->require_subcommand(1);
+  auto key_file = std::make_shared<std::string>(default_key_file());
+  CLI::App* init = cluster->add_subcommand("init", "Write a new cluster key file");
+  init->add_option("--key-file", *key_file, "Where to write the key")->capture_default_str();
+  init->callback([&run, key_file] { run = [key_file] { return run_cluster_init(*key_file); }; });
+
+  // node start
+  CLI::App* node = app.add_subcommand("node", "Run a node");
+  node->require_subcommand(1);
+  auto na = std::make_shared<NodeArgs>();
+  CLI::App* start = node->add_subcommand("start", "Start a node and serve until SIGINT/SIGTERM");
+  start->add_option("--name", na->name, "Node name (prefixes its actors' names)")->capture_default_str();
+  start->add_option("--listen", na->listen, "HOST:PORT for clients and nodes (loopback by default)")
+      ->capture_default_str();
+  start->add_option("--join", na->join, "HOST:PORT of the node running the orchestrator (this node adds workers)");
+  start->add_option("--devices", na->devices, "Devices: cpu:N (N workers)")->capture_default_str();
+  start->add_option("--data-dir", na->data_dir, "Durable job state (RocksDB)")->capture_default_str();
+  start->add_option("--model", na->model_dir, "Model folder the workers load")->required();
+  start->add_option("--key-file", na->key_file, "Cluster key")->capture_default_str();
+  start->add_option("--metrics", na->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
+  start->add_option("--max-batch", na->max_batch, "Running sequences per worker")->capture_default_str();
+  add_engine_flags(*start, na->engine);
+  start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
+
+  // job submit / status
+  CLI::App* job = app.add_subcommand("job", "Submit jobs and read their progress");
+  job->require_subcommand(1);
+  auto sa = std::make_shared<SubmitArgs>();
+  CLI::App* submit = job->add_subcommand("submit", "Submit a job; prints its id");
+  add_client_flags(*submit, sa->client);
+  submit->add_option("--model", sa->model_dir, "Model folder (must be the one the cluster serves)")->required();
+  submit->add_option("--input", sa->inputs, "JSONL shard (repeatable; read in order)")->required();
+  submit->add_option("--output", sa->output, "Output JSONL")->required();
+  submit->callback([&run, sa] { run = [sa] { return run_job_submit(*sa); }; });
+  auto st = std::make_shared<StatusArgs>();
+  CLI::App* status = job->add_subcommand("status", "Progress of one job or all jobs, and per-worker state");
+  add_client_flags(*status, st->client);
+  status->add_option("job", st->job_id, "Job id (default: all jobs)");
+  status->add_flag("--watch", st->watch, "Refresh every second until the jobs finish");
+  status->add_flag("--json", st->json, "JSON output");
+  status->callback([&run, st] { run = [st] { return run_job_status(*st); }; });
+
+  // actor list / kill
+  CLI::App* actor = app.add_subcommand("actor", "List or kill actors");
+  actor->require_subcommand(1);
+  auto ca = std::make_shared<ClientArgs>();
+  CLI::App* list = actor->add_subcommand("list", "List the actors of the cluster");
+  add_client_flags(*list, *ca);
+  list->callback([&run, ca] { run = [ca] { return run_actor_list(*ca); }; });
+  auto ka = std::make_shared<ClientArgs>();
+  auto kill_name = std::make_shared<std::string>();
+  CLI::App* kill = actor->add_subcommand("kill", "Kill an actor the way a crash would");
+  add_client_flags(*kill, *ka);
+  kill->add_option("name", *kill_name, "Actor name (see `actor list`)")->required();
+  kill->callback([&run, ka, kill_name] { run = [ka, kill_name] { return run_actor_kill(*ka, *kill_name); }; });
+
+  // run
+  auto ra = std::make_shared<RunArgs>();
+  CLI::App* r = app.add_subcommand("run", "Run one offline job in this process (a node, the job, a progress bar)");
+  r->add_option("--model", ra->model_dir, "Model folder")->required();
+  r->add_option("--input", ra->inputs, "JSONL shard (repeatable)")->required();
+  r->add_option("--output", ra->output, "Output JSONL")->required();
+  r->add_option("--devices", ra->devices, "cpu:N")->capture_default_str();
+  r->add_option("--data-dir", ra->data_dir, "Durable state (default: OUTPUT.shardline); rerun to resume");
+  r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
+  r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();
+  r->add_flag("--quiet", ra->quiet, "No progress bar");
+  add_engine_flags(*r, ra->engine);
+  r->callback([&run, ra] { run = [ra] { return run_run(*ra); }; });
+}
+
+}  // namespace shardline::cli
