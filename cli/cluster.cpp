@@ -286,13 +286,15 @@ int run_run(RunArgs& a) {
   if (!node) return fail(node.error());
   auto client = actors::Client::local((*node)->system(), (*node)->orchestrator(), (*node)->key());
 
-  // Resume an unfinished job writing the same output (after a crash), else submit.
+  // The same command again resumes its job: an unfinished job writing the same
+  // output (after a crash) is continued, a finished one is reported; otherwise
+  // a new job is submitted.
   const std::string output = absolute(a.output);
   std::uint64_t job_id = 0;
   auto existing = client->call(OrchestratorMsg::of(messages::JobStatusQuery{0}));
   if (!existing) return fail(existing.error());
   for (const auto& p : existing->job_status_list.jobs)
-    if (p.output == output && p.state != "done" && p.state != "failed") job_id = p.job_id;
+    if (p.output == output) job_id = p.job_id;  // the newest job for this output
   if (job_id == 0) {
     messages::SubmitJob sj;
     sj.model_dir = a.model_dir;
@@ -302,7 +304,7 @@ int run_run(RunArgs& a) {
     if (!reply) return fail(reply.error());
     job_id = reply->job_submitted.job_id;
   } else if (!a.quiet) {
-    std::cerr << "resuming job " << job_id << " from " << na.data_dir << "\n";
+    std::cerr << "continuing job " << job_id << " of " << na.data_dir << "\n";
   }
   while (true) {
     auto reply = client->call(OrchestratorMsg::of(messages::JobStatusQuery{job_id}));

@@ -1,0 +1,189 @@
+// End to end through the `shardline` binary: the embedded `run`, a node and a
+// client in two processes over loopback, per-line errors, the cluster key.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.hpp"
+#include "tests/support/stories_reference.hpp"
+
+namespace shardline {
+namespace {
+
+namespace fs = std::filesystem;
+using testing_support::Child;
+using testing_support::kShardline;
+using testing_support::read_file;
+using testing_support::run_command;
+
+class NodeE2e : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("shardline_e2e_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+std::vector<nlohmann::json> read_jsonl(const std::string& file) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+void write_reference_input(const std::string& file) {
+  std::ofstream out(file);
+  int i = 0;
+  for (const auto& c : testing_support::load_stories_reference()) {
+    nlohmann::json body{{"model", "stories260K"}, {"prompt", c.prompt},     {"max_tokens", 48},
+                        {"temperature", 0},       {"return_token_ids", true}};
+    out << nlohmann::json{{"custom_id", "ref-" + std::to_string(i++)}, {"method", "POST"},
+                          {"url", "/v1/completions"}, {"body", body}}
+               .dump()
+        << "\n";
+  }
+}
+
+TEST_F(NodeE2e, RunGivesTheReferenceTokenIds) {
+  write_reference_input(path("in.jsonl"));
+  const auto r = run_command(kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
+                             path("in.jsonl") + " --output " + path("out.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto lines = read_jsonl(path("out.jsonl"));
+  const auto refs = testing_support::load_stories_reference();
+  ASSERT_EQ(lines.size(), refs.size());
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    EXPECT_EQ(lines[i]["custom_id"], "ref-" + std::to_string(i));
+    const auto& choice = lines[i]["response"]["body"]["choices"][0];
+    EXPECT_EQ(choice["token_ids"].get<std::vector<std::int32_t>>(), refs[i].generated_ids) << i;
+    EXPECT_EQ(refs[i].prompt + choice["text"].get<std::string>(), refs[i].full_text);
+    EXPECT_EQ(lines[i]["response"]["body"]["usage"]["completion_tokens"], 48);
+    EXPECT_TRUE(lines[i]["error"].is_null());
+  }
+}
+
+TEST_F(NodeE2e, BadLinesGetPerLineErrorsAndGoodLinesComplete) {
+  {
+    std::ofstream in(path("in.jsonl"));
+    in << R"({"custom_id": "good-1", "body": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}})" "\n"
+       << R"({"custom_id": "broken", "body": {"prompt": )" "\n"
+       << R"({"custom_id": "no-prompt", "body": {"max_tokens": 8}})" "\n"
+       << R"({"custom_id": "unknown", "body": {"prompt": "hi", "best_of": 3}})" "\n"
+       << R"({"custom_id": "chat", "url": "/v1/chat/completions", "body": {"messages": []}})" "\n"
+       << R"({"custom_id": "too-long", "body": {"prompt": "Once upon a time", "max_tokens": 600}})" "\n"
+       << R"({"prompt": "Lily wanted to", "max_tokens": 8, "temperature": 0})" "\n";
+  }
+  const auto r = run_command(kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
+                             path("in.jsonl") + " --output " + path("out.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto lines = read_jsonl(path("out.jsonl"));
+  ASSERT_EQ(lines.size(), 7u);
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"good-1", ""},
+      {"2", "invalid_json"},  // a malformed line's custom_id cannot be read: its line number
+      {"no-prompt", "missing_prompt"},
+      {"unknown", "unknown_parameter"},
+      {"chat", "unsupported_url"},
+      {"too-long", "context_length_exceeded"},
+      {"7", ""}};
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(lines[i]["custom_id"], expected[i].first);
+    if (expected[i].second.empty()) {
+      EXPECT_TRUE(lines[i]["error"].is_null()) << lines[i].dump();
+      EXPECT_EQ(lines[i]["response"]["status_code"], 200);
+      EXPECT_EQ(lines[i]["response"]["body"]["usage"]["completion_tokens"], 8);
+    } else {
+      EXPECT_TRUE(lines[i]["response"].is_null()) << lines[i].dump();
+      EXPECT_EQ(lines[i]["error"]["code"], expected[i].second) << lines[i].dump();
+      EXPECT_FALSE(lines[i]["error"]["message"].get<std::string>().empty());
+    }
+  }
+  // The last good line is greedy: the same 8 tokens `shardline generate` gives.
+  EXPECT_EQ(lines[6]["response"]["body"]["choices"][0]["text"], " go on a walk.");
+}
+
+TEST_F(NodeE2e, NodeAndClientInTwoProcessesWithKeyAndMetrics) {
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("other.key")).exit_code, 0);
+  write_reference_input(path("in.jsonl"));
+  Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--data-dir",
+              path("data"), "--model", testing_support::kStoriesDir, "--key-file", path("cluster.key")},
+             path("node.log"));
+  ASSERT_TRUE(node.started());
+  const std::string log = node.wait_for_log("metrics on port", std::chrono::seconds(30));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
+  const std::string addr = "127.0.0.1:" + m[1].str();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("metrics on port (\\d+)"))) << log;
+  const int metrics_port = std::stoi(m[1].str());
+  const std::string client = " --node " + addr + " --key-file " + path("cluster.key");
+
+  // A wrong key and a missing key are refused; nothing is submitted.
+  auto wrong = run_command(kShardline + " job submit --node " + addr + " --key-file " + path("other.key") +
+                           " --model " + testing_support::kStoriesDir + " --input " + path("in.jsonl") +
+                           " --output " + path("wrong.jsonl"));
+  EXPECT_EQ(wrong.exit_code, 1) << wrong.out;
+  EXPECT_NE(wrong.out.find("unauthenticated"), std::string::npos) << wrong.out;
+  auto missing = run_command(kShardline + " job status --node " + addr + " --key-file " + path("none.key"));
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.out.find("none.key"), std::string::npos) << missing.out;
+  EXPECT_NE(node.log().find("refused a message with a bad cluster key"), std::string::npos) << node.log();
+
+  auto submit = run_command(kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
+                            " --input " + path("in.jsonl") + " --output " + path("out.jsonl"));
+  ASSERT_EQ(submit.exit_code, 0) << submit.out;
+  EXPECT_EQ(submit.out, "1\n");
+
+  nlohmann::json status;
+  for (int i = 0; i < 300; ++i) {
+    auto s = run_command(kShardline + " job status 1 --json" + client);
+    ASSERT_EQ(s.exit_code, 0) << s.out;
+    status = nlohmann::json::parse(s.out);
+    if (status["jobs"][0]["state"] == "done") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump();
+  EXPECT_EQ(status["jobs"][0]["done"], 3);
+  EXPECT_EQ(status["jobs"][0]["total"], 3);
+  EXPECT_EQ(status["jobs"][0]["completion_tokens"], 3 * 48);
+  bool saw_worker = false;
+  for (const auto& a : status["actors"]) saw_worker = saw_worker || a["name"] == "node0/cpu:0";
+  EXPECT_TRUE(saw_worker) << status.dump();
+  EXPECT_FALSE(fs::exists(path("wrong.jsonl")));
+
+  // The same job through the embedded `run` writes the same bytes.
+  ASSERT_EQ(run_command(kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
+                        path("in.jsonl") + " --output " + path("run.jsonl"))
+                .exit_code,
+            0);
+  EXPECT_EQ(read_file(path("out.jsonl")), read_file(path("run.jsonl")));
+
+  httplib::Client metrics("127.0.0.1", metrics_port);
+  auto res = metrics.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_NE(res->body.find("shardline_requests_total{state=\"done\"} 3"), std::string::npos) << res->body;
+  EXPECT_NE(res->body.find("shardline_generation_tokens_total 144"), std::string::npos) << res->body;
+  EXPECT_NE(res->body.find("shardline_auth_failures_total"), std::string::npos) << res->body;
+
+  auto actors = run_command(kShardline + " actor list" + client);
+  EXPECT_EQ(actors.exit_code, 0);
+  EXPECT_NE(actors.out.find("node0/kvstore"), std::string::npos) << actors.out;
+
+  node.kill(SIGTERM);
+  EXPECT_EQ(node.wait(), 0) << node.log();
+}
+
+}  // namespace
+}  // namespace shardline

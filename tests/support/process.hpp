@@ -1,0 +1,113 @@
+#pragma once
+// Child processes for end-to-end and fault tests: run a command and capture
+// its output, or spawn one in the background (stdout+stderr to a file) to
+// kill it later.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace shardline::testing_support {
+
+inline const std::string kShardline = std::string(SHARDLINE_BINARY_DIR) + "/cli/shardline";
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout + stderr
+};
+
+/// Runs `args` (a shell command line) to completion.
+inline CommandResult run_command(const std::string& args) {
+  CommandResult r;
+  FILE* p = popen((args + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  std::size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A background child with stdout+stderr going to `log_path`.
+class Child {
+ public:
+  Child(const std::vector<std::string>& argv, const std::string& log_path) : log_(log_path) {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    if (posix_spawn(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      wait();
+    }
+  }
+  [[nodiscard]] bool started() const { return pid_ > 0; }
+  void kill(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+  /// Waits for exit; returns the exit code (128 + signal when killed).
+  int wait() {
+    if (reaped_) return code_;
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return code_;
+  }
+  /// True when the child has exited (non-blocking).
+  bool exited() {
+    if (reaped_) return true;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    return reaped_;
+  }
+  [[nodiscard]] std::string log() const { return read_file(log_); }
+  /// Waits until the log contains `needle` (or timeout); returns the log.
+  std::string wait_for_log(const std::string& needle, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::string l = log();
+      if (l.find(needle) != std::string::npos || exited()) return l;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return log();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_;
+  bool reaped_ = false;
+  int code_ = -1;
+};
+
+}  // namespace shardline::testing_support
