@@ -185,5 +185,60 @@ TEST_F(NodeE2e, NodeAndClientInTwoProcessesWithKeyAndMetrics) {
   EXPECT_EQ(node.wait(), 0) << node.log();
 }
 
+TEST_F(NodeE2e, SecondNodeJoinsTheClusterWithItsWorkers) {
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+  {
+    std::ifstream demo(std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/prompts.jsonl");
+    std::ofstream in(path("in.jsonl"));
+    std::string line;
+    for (int i = 0; i < 150 && std::getline(demo, line); ++i) in << line << "\n";
+  }
+  Child a({kShardline, "node", "start", "--name", "a", "--listen", "127.0.0.1:0", "--data-dir", path("data"),
+           "--model", testing_support::kStoriesDir, "--key-file", path("cluster.key")},
+          path("a.log"));
+  std::smatch m;
+  const std::string log = a.wait_for_log("listening on", std::chrono::seconds(30));
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
+  const std::string addr = "127.0.0.1:" + m[1].str();
+  const std::string client = " --node " + addr + " --key-file " + path("cluster.key");
+  // A node with the wrong key cannot join: its worker's hello is refused.
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("other.key")).exit_code, 0);
+  Child intruder({kShardline, "node", "start", "--name", "x", "--join", addr, "--model",
+                  testing_support::kStoriesDir, "--key-file", path("other.key")},
+                 path("x.log"));
+  Child b({kShardline, "node", "start", "--name", "b", "--join", addr, "--model", testing_support::kStoriesDir,
+           "--key-file", path("cluster.key")},
+          path("b.log"));
+  std::string actors;
+  for (int i = 0; i < 100; ++i) {
+    actors = run_command(kShardline + " actor list" + client).out;
+    if (actors.find("b/cpu:0") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(actors.find("a/cpu:0"), std::string::npos) << actors;
+  EXPECT_NE(actors.find("b/cpu:0"), std::string::npos) << actors;
+  EXPECT_EQ(actors.find("x/cpu:0"), std::string::npos) << actors;
+  ASSERT_EQ(run_command(kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
+                        " --input " + path("in.jsonl") + " --output " + path("out.jsonl"))
+                .exit_code,
+            0);
+  nlohmann::json status;
+  for (int i = 0; i < 600; ++i) {
+    status = nlohmann::json::parse(run_command(kShardline + " job status 1 --json" + client).out);
+    if (status["jobs"][0]["state"] == "done") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump();
+  ASSERT_EQ(run_command(kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
+                        path("in.jsonl") + " --output " + path("run.jsonl"))
+                .exit_code,
+            0);
+  EXPECT_TRUE(read_file(path("out.jsonl")) == read_file(path("run.jsonl")));
+  for (Child* c : {&b, &intruder, &a}) {
+    c->kill(SIGTERM);
+    c->wait();
+  }
+}
+
 }  // namespace
 }  // namespace shardline
