@@ -17,10 +17,16 @@
 
 namespace shardline::kernels::cpu {
 
-/// One layer's paged KV cache, "HND" layout per block:
-/// k, v: [num_blocks, num_kv_heads, block_size, head_dim] elements of `dtype`
-/// (F32, or BF16 — vLLM's `--kv-cache-dtype` — rounded to nearest even on
-/// write and widened exactly on read; attention math is F32 either way).
+/// One layer's paged KV cache, per block and KV head a slab of
+/// block_size * head_dim elements of `dtype`:
+///   k: [num_blocks, num_kv_heads, head_dim, block_size]  (K transposed in the
+///      block: row i holds component i of the block's keys, so the scores of
+///      16 keys are the 16 lanes of FMAs of q[i] x row i, no horizontal sums);
+///   v: [num_blocks, num_kv_heads, block_size, head_dim].
+/// Both arrays have the same size; only write_kv and paged_attention know the
+/// inside of a slab (whole blocks can be copied or swapped as bytes).
+/// dtype: F32, or BF16 — vLLM's `--kv-cache-dtype` — rounded to nearest even
+/// on write and widened exactly on read; attention math is F32 either way.
 struct KvCacheLayer {
   void* k = nullptr;
   void* v = nullptr;

@@ -31,7 +31,8 @@ std::vector<float> as_stored(std::vector<float> x, DType dtype) {
 struct Fixture {
   int block_size, num_heads, num_kv_heads, head_dim;
   DType dtype;
-  std::vector<float> k_cache, v_cache;  // F32: [num_blocks, hkv, block_size, d]
+  // F32: K [num_blocks, hkv, d, block_size] (transposed), V [num_blocks, hkv, block_size, d]
+  std::vector<float> k_cache, v_cache;
   std::vector<std::uint16_t> k_bf16, v_bf16;  // BF16: same shape
   KvCacheLayer cache;
   std::vector<int> free_blocks;
@@ -233,7 +234,9 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, PagedAttentionTest,
     ::testing::Combine(::testing::Values(Shape{16, 4, 2, 8}, Shape{4, 4, 2, 8}, Shape{16, 12, 12, 64},
                                          Shape{4, 6, 2, 64}, Shape{16, 8, 2, 128}, Shape{4, 4, 1, 128},
-                                         Shape{16, 2, 2, 24}, Shape{32, 8, 8, 64}),
+                                         Shape{16, 2, 2, 24}, Shape{32, 8, 8, 64},
+                                         Shape{8, 6, 3, 32}, Shape{12, 4, 2, 40}, Shape{48, 4, 4, 64},
+                                         Shape{16, 4, 4, 20}),
                        ::testing::Values(DType::f32, DType::bf16)),
     [](const auto& info) {
       const Shape sh = std::get<0>(info.param);
@@ -317,10 +320,12 @@ TEST(WriteKv, Bf16RoundsToNearestEven) {
     for (int h = 0; h < 2; ++h)
       for (int i = 0; i < 24; ++i) {
         const int block = slots[t] / 4, off = slots[t] % 4;
-        const std::size_t dst = ((static_cast<std::size_t>(block) * 2 + h) * 4 + off) * 24 + i;
+        const std::size_t slab = (static_cast<std::size_t>(block) * 2 + h) * 4 * 24;
+        const std::size_t kdst = slab + static_cast<std::size_t>(i) * 4 + off;  // K: [i][offset]
+        const std::size_t vdst = slab + static_cast<std::size_t>(off) * 24 + i;  // V: [offset][i]
         const std::size_t src = static_cast<std::size_t>(t) * 48 + h * 24 + i;
-        EXPECT_EQ(f.k_bf16[dst], f32_to_bf16(k[src])) << t << " " << h << " " << i;
-        EXPECT_EQ(f.v_bf16[dst], f32_to_bf16(v[src])) << t << " " << h << " " << i;
+        EXPECT_EQ(f.k_bf16[kdst], f32_to_bf16(k[src])) << t << " " << h << " " << i;
+        EXPECT_EQ(f.v_bf16[vdst], f32_to_bf16(v[src])) << t << " " << h << " " << i;
       }
   EXPECT_EQ(f32_to_bf16(special[0]), 0x3f80);
   EXPECT_EQ(f32_to_bf16(special[1]), 0x3f82);
@@ -334,9 +339,9 @@ TEST(WriteKv, NegativeSlotSkipped) {
   const auto k = f.randn(16), v = f.randn(16);
   const std::int32_t slots[] = {5, -1};
   write_kv(k.data(), v.data(), 8, 2, slots, f.cache);
-  // slot 5 = block 1, offset 1 -> [1, 0, 1, :]
+  // slot 5 = block 1, offset 1 -> K [1, 0, :, 1], V [1, 0, 1, :]
   for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(f.k_cache[(4 + 1) * 8 + i], k[i]);
+    EXPECT_EQ(f.k_cache[32 + i * 4 + 1], k[i]);
     EXPECT_EQ(f.v_cache[(4 + 1) * 8 + i], v[i]);
   }
   int written = 0;
