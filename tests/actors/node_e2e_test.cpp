@@ -21,19 +21,7 @@ using testing_support::kShardline;
 using testing_support::read_file;
 using testing_support::run_command;
 
-class NodeE2e : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("shardline_e2e_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+using NodeE2e = testing_support::TempDirTest;
 
 std::vector<nlohmann::json> read_jsonl(const std::string& file) {
   std::vector<nlohmann::json> out;

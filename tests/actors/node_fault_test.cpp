@@ -25,18 +25,8 @@ using testing_support::kShardline;
 using testing_support::read_file;
 using testing_support::run_command;
 
-class NodeFault : public ::testing::Test {
+class NodeFault : public testing_support::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("shardline_fault_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
   /// The first `n` requests of the demo set with `max_tokens` each (seeded
   /// sampling, every 10th line greedy, as in the demo set).
   void write_input(int n, int max_tokens) {
@@ -62,7 +52,6 @@ class NodeFault : public ::testing::Test {
     return read_file(path("clean.jsonl"));
   }
 
-  fs::path dir_;
 };
 
 void expect_each_custom_id_once(const std::string& output, std::size_t n) {

@@ -3,10 +3,7 @@
 // bad flags give a clear error and a non-zero exit, never a crash.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,27 +12,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/process.hpp"
+
+namespace shardline {
 namespace {
 
-const std::string kBin = std::string(SHARDLINE_BINARY_DIR) + "/cli/shardline";
+const std::string& kBin = testing_support::kShardline;
 const std::string kModel = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;  // stdout + stderr
-};
+using CliRun = testing_support::CommandResult;
 
-CliRun run(const std::string& args) {
-  CliRun r;
-  FILE* p = popen((kBin + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  std::size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+CliRun run(const std::string& args) { return testing_support::run_command(kBin + " " + args); }
 
 TEST(CliE2e, GeneratePrintsTheReferenceStory) {
   const CliRun r = run("generate --model " + kModel +
@@ -108,3 +95,4 @@ TEST(CliE2e, BadFlagsAreUsageErrors) {
 }
 
 }  // namespace
+}  // namespace shardline

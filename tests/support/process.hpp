@@ -111,3 +111,27 @@ class Child {
 };
 
 }  // namespace shardline::testing_support
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+namespace shardline::testing_support {
+
+/// A fixture with a fresh temporary folder per test, removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("shardline_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  [[nodiscard]] std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+};
+
+}  // namespace shardline::testing_support
