@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -114,7 +115,14 @@ int run_node_start(NodeArgs& a) {
   const int sig = wait_for_signal();
   spdlog::info("node {}: signal {}, stopping", a.name, sig);
   (*node)->stop();
-  return 0;
+  // Every actor of this node has stopped and all durable state is synced
+  // (RocksDB writes and the output file are synced at each commit). The CAF
+  // 0.17 actor system itself is not torn down: actors that a peer node still
+  // references keep their threads until that connection closes, so
+  // ~actor_system could wait on another process. Exit directly instead.
+  spdlog::shutdown();
+  std::cout.flush();
+  std::_Exit(0);
 }
 
 // ---- job / actor commands -------------------------------------------------------

@@ -170,7 +170,7 @@ TEST_F(NodeE2e, NodeAndClientInTwoProcessesWithKeyAndMetrics) {
   EXPECT_NE(actors.out.find("node0/kvstore"), std::string::npos) << actors.out;
 
   node.kill(SIGTERM);
-  EXPECT_EQ(node.wait(), 0) << node.log();
+  EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
 }
 
 TEST_F(NodeE2e, SecondNodeJoinsTheClusterWithItsWorkers) {
@@ -224,7 +224,7 @@ TEST_F(NodeE2e, SecondNodeJoinsTheClusterWithItsWorkers) {
   EXPECT_TRUE(read_file(path("out.jsonl")) == read_file(path("run.jsonl")));
   for (Child* c : {&b, &intruder, &a}) {
     c->kill(SIGTERM);
-    c->wait();
+    EXPECT_EQ(c->wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << c->log();
   }
 }
 

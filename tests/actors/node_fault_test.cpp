@@ -147,7 +147,7 @@ TEST_F(NodeFault, ActorKillOfTheWorkerStillFinishesTheJob) {
   EXPECT_NE(node.log().find("lines requeued"), std::string::npos) << node.log();
   EXPECT_TRUE(read_file(path("out.jsonl")) == expected) << "output after the worker kill differs";
   node.kill(SIGTERM);
-  EXPECT_EQ(node.wait(), 0);
+  EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
 }
 
 }  // namespace

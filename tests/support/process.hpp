@@ -81,6 +81,19 @@ class Child {
     code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     return code_;
   }
+  /// Waits at most `timeout` for exit; then SIGKILLs the child and returns -1.
+  int wait_or_kill(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!exited()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        wait();
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return code_;
+  }
   /// True when the child has exited (non-blocking).
   bool exited() {
     if (reaped_) return true;
