@@ -1,0 +1,112 @@
+#pragma once
+/// \file
+/// The communicator: one rank's handle on a group of `world_size()` ranks that
+/// move bulk data (activations, KV chunks, weight tiles) between each other.
+/// Backends: in-process shared memory (comm/inproc.hpp), later TCP and NCCL.
+///
+/// Conventions shared by every backend:
+///  - Every call returns a Status; nothing throws. A missing or dead peer
+///    becomes an `ErrorCode::io` Error within the communicator's timeout
+///    (set_timeout), never a hang. The message names the op, this rank and the
+///    peer at fault, e.g. "all_reduce_sum: rank 0 timed out after 200 ms
+///    waiting for rank 3".
+///  - Collectives (barrier, all_reduce_sum, all_gather, reduce_scatter_sum,
+///    all_to_all, broadcast) must be called by every rank of the group, in the
+///    same order, with the same `count` (and `root`). Ranks that disagree all
+///    get `invalid_argument`. A collective that failed on a timeout was not
+///    performed on any rank (all-or-nothing) and may be retried.
+///  - Buffers are F32 and row-major; `count` is in elements. Shapes are given
+///    as [rows, cols]; `world` is world_size().
+///  - Reductions are deterministic: every element is summed in rank order,
+///    ((x_0 + x_1) + x_2) + ... + x_{world-1}, whatever order ranks arrive in,
+///    so results are bit-identical on every rank and across runs.
+///  - A communicator object is used by one thread at a time (its rank's).
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "common/result.hpp"
+
+namespace shardline::comm {
+
+/// Timeout a communicator starts with.
+inline constexpr std::chrono::milliseconds kDefaultTimeout{60'000};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  /// This rank, in [0, world_size()).
+  [[nodiscard]] virtual int rank() const noexcept = 0;
+  [[nodiscard]] virtual int world_size() const noexcept = 0;
+
+  /// How long one call may wait for a peer before it fails with io.
+  /// Non-positive values are clamped to 1 ms.
+  virtual void set_timeout(std::chrono::milliseconds timeout) noexcept = 0;
+  [[nodiscard]] virtual std::chrono::milliseconds timeout() const noexcept = 0;
+
+  // ---- collectives -------------------------------------------------------
+
+  /// Returns once every rank has entered the barrier.
+  [[nodiscard]] virtual Status barrier() = 0;
+
+  /// In place: data[count] <- sum over ranks of data[count] (rank order).
+  [[nodiscard]] virtual Status all_reduce_sum(float* data, std::size_t count) = 0;
+
+  /// send[count] from every rank -> recv[world, count], row k = rank k's send.
+  /// In place is allowed: send == recv + rank() * count.
+  [[nodiscard]] virtual Status all_gather(const float* send, std::size_t count,
+                                          float* recv) = 0;
+
+  /// send[world, count] on every rank -> recv[count] on rank r =
+  /// sum over ranks k of row r of rank k's send (rank order).
+  /// In place is allowed: recv == send + rank() * count.
+  [[nodiscard]] virtual Status reduce_scatter_sum(const float* send, float* recv,
+                                                  std::size_t count) = 0;
+
+  /// send[world, count] -> recv[world, count]: row k of rank r's recv =
+  /// row r of rank k's send. send and recv must not overlap.
+  [[nodiscard]] virtual Status all_to_all(const float* send, float* recv,
+                                          std::size_t count) = 0;
+
+  /// data[count] of rank `root` is copied into data[count] of every rank.
+  [[nodiscard]] virtual Status broadcast(float* data, std::size_t count, int root) = 0;
+
+  // ---- point to point ----------------------------------------------------
+
+  /// Sends `bytes` bytes to `peer` under `tag`. Does not wait for the matching
+  /// recv (the backend buffers the message or writes straight into a recv
+  /// that is already posted), so sends and recvs may be issued in any order.
+  /// Messages from one sender with one tag arrive in the order sent.
+  [[nodiscard]] virtual Status send(const void* data, std::size_t bytes, int peer,
+                                    int tag) = 0;
+
+  /// Receives the next message from `peer` with `tag` into data[bytes]; waits
+  /// up to the timeout. The message must be exactly `bytes` long: otherwise
+  /// this recv fails with mismatch and the message stays queued for a later
+  /// recv of the right size (send still succeeds). Messages sent before the
+  /// peer died are still delivered.
+  [[nodiscard]] virtual Status recv(void* data, std::size_t bytes, int peer,
+                                    int tag) = 0;
+
+  // ---- one-sided ---------------------------------------------------------
+
+  /// Makes data[bytes] readable by every rank under `name` (replacing an
+  /// earlier region of that name). The memory must stay valid until
+  /// unexpose(name) returns or the group goes away. Expose before the peers
+  /// get (e.g. expose, then barrier()).
+  [[nodiscard]] virtual Status expose(std::string name, const void* data,
+                                      std::size_t bytes) = 0;
+
+  /// Withdraws a region; waits for gets in flight on it. not_found if absent.
+  [[nodiscard]] virtual Status unexpose(const std::string& name) = 0;
+
+  /// Copies bytes [offset, offset + bytes) of the region `name` exposed by
+  /// `peer` into dst[bytes]. not_found when `peer` exposes no such region,
+  /// invalid_argument when the range is outside it, io when `peer` is dead.
+  [[nodiscard]] virtual Status get(int peer, std::string name, std::size_t offset,
+                                   void* dst, std::size_t bytes) = 0;
+};
+
+}  // namespace shardline::comm
