@@ -52,7 +52,10 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
   m.completion_tokens = p.completion_tokens;
   m.tokens_per_s = p.tokens_per_s;
   m.eta_s = p.eta_s;
-  if (auto rec = jobs.job(p.job_id); rec.ok()) m.output = rec->spec.output_path;
+  if (auto rec = jobs.job(p.job_id); rec.ok()) {
+    m.output = rec->spec.output_path;
+    m.inputs = rec->spec.input_paths;
+  }
   return m;
 }
 

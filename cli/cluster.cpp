@@ -294,19 +294,21 @@ int run_run(RunArgs& a) {
   if (!node) return fail(node.error());
   auto client = actors::Client::local((*node)->system(), (*node)->orchestrator(), (*node)->key());
 
-  // The same command again resumes its job: an unfinished job writing the same
-  // output (after a crash) is continued, a finished one is reported; otherwise
-  // a new job is submitted.
+  // The same command again resumes its job: the newest job of the data dir
+  // with the same inputs and output is continued if unfinished (after a
+  // crash) or reported if finished; otherwise a new job is submitted.
   const std::string output = absolute(a.output);
+  std::vector<std::string> inputs;
+  for (const auto& in : a.inputs) inputs.push_back(absolute(in));
   std::uint64_t job_id = 0;
   auto existing = client->call(OrchestratorMsg::of(messages::JobStatusQuery{0}));
   if (!existing) return fail(existing.error());
   for (const auto& p : existing->job_status_list.jobs)
-    if (p.output == output) job_id = p.job_id;  // the newest job for this output
+    if (p.output == output && p.inputs == inputs) job_id = p.job_id;
   if (job_id == 0) {
     messages::SubmitJob sj;
     sj.model_dir = a.model_dir;
-    for (const auto& in : a.inputs) sj.inputs.push_back(absolute(in));
+    sj.inputs = inputs;
     sj.output = output;
     auto reply = client->call(OrchestratorMsg::of(sj), std::chrono::minutes(5));
     if (!reply) return fail(reply.error());

@@ -351,6 +351,7 @@ void put(wire::JobProgress::Builder b, const JobProgress& p) {
   b.setTokensPerS(p.tokens_per_s);
   b.setEtaS(p.eta_s);
   b.setOutput(text(p.output));
+  set_texts(b.initInputs(static_cast<unsigned>(p.inputs.size())), p.inputs);
 }
 
 JobProgress get(wire::JobProgress::Reader r) {
@@ -365,6 +366,7 @@ JobProgress get(wire::JobProgress::Reader r) {
   p.tokens_per_s = r.getTokensPerS();
   p.eta_s = r.getEtaS();
   p.output = str(r.getOutput());
+  p.inputs = get_texts(r.getInputs(), "jobProgress.inputs");
   return p;
 }
 

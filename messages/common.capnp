@@ -93,6 +93,7 @@ struct JobProgress {
   tokensPerS @7 :Float64;
   etaS @8 :Float64;
   output @9 :Text;
+  inputs @10 :List(Text);  # the job's shards, in order
 }
 
 # A worker's state (worker -> orchestrator, worker -> client).

@@ -57,6 +57,7 @@ struct JobProgress {
   double tokens_per_s = 0.0;
   double eta_s = 0.0;
   std::string output;  ///< output file
+  std::vector<std::string> inputs;  ///< input shards, in order
   bool operator==(const JobProgress&) const = default;
 };
 

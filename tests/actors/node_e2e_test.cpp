@@ -62,6 +62,30 @@ TEST_F(NodeE2e, RunGivesTheReferenceTokenIds) {
   }
 }
 
+// The same `run` again reports its finished job (nothing is rerun); other
+// inputs into the same output and data dir run as a new job.
+TEST_F(NodeE2e, RunAgainReportsItsJobAndNewInputsRunANewJob) {
+  write_reference_input(path("a.jsonl"));
+  {
+    std::ofstream b(path("b.jsonl"));
+    b << R"({"custom_id": "b-1", "body": {"prompt": "Lily wanted to", "max_tokens": 8, "temperature": 0}})" "\n";
+  }
+  const std::string base = kShardline + " run --model " + testing_support::kStoriesDir + " --output " +
+                           path("out.jsonl") + " --data-dir " + path("data") + " --input ";
+  ASSERT_EQ(run_command(base + path("a.jsonl")).exit_code, 0);
+  const std::string first = read_file(path("out.jsonl"));
+  const auto again = run_command(base + path("a.jsonl"));
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("continuing job 1"), std::string::npos) << again.out;
+  EXPECT_EQ(read_file(path("out.jsonl")), first);
+  const auto other = run_command(base + path("b.jsonl"));
+  ASSERT_EQ(other.exit_code, 0) << other.out;
+  EXPECT_NE(other.out.find("job 2:"), std::string::npos) << other.out;
+  const auto lines = read_jsonl(path("out.jsonl"));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["custom_id"], "b-1");
+}
+
 TEST_F(NodeE2e, BadLinesGetPerLineErrorsAndGoodLinesComplete) {
   {
     std::ofstream in(path("in.jsonl"));

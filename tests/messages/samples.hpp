@@ -101,6 +101,7 @@ inline JobProgress sample_progress(int i) {
   p.tokens_per_s = 1234.5 + i;
   p.eta_s = 98.25;
   p.output = "/data/out/job-" + std::to_string(i) + ".jsonl";
+  p.inputs = {"/data/in/a-" + std::to_string(i) + ".jsonl", "/data/in/b.jsonl"};
   return p;
 }
 
