@@ -122,11 +122,10 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     oc.metrics = node->metrics_;
     oc.heartbeat_timeout_s = o.heartbeat_timeout_s;
     caf::actor kv = node->kvstore_;
-    oc.local_actors = [kv, kvstore_name, name = o.name] {
+    oc.local_actors = [kvstore_name, name = o.name] {
       return std::vector<messages::ActorInfo>{{kvstore_name, "kvstore", name, "running"}};
     };
-    caf::actor_system* sys_ptr = &sys;
-    oc.kill_local = [kv, kvstore_name, sys_ptr](const std::string& n) {
+    oc.kill_local = [kv, kvstore_name](const std::string& n) {
       if (n != kvstore_name) return false;
       caf::anon_send_exit(kv, caf::exit_reason::kill);
       return true;

@@ -208,17 +208,16 @@ int run_job_status(const StatusArgs& a) {
     auto reply = (*client)->call(OrchestratorMsg::of(messages::JobStatusQuery{a.job_id}));
     if (!reply) return fail(reply.error());
     const auto& jobs = reply->job_status_list;
+    auto actors_reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
     if (a.json) {
       nlohmann::json arr = nlohmann::json::array();
       for (const auto& p : jobs.jobs) arr.push_back(to_json(p));
-      auto actors_reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
       nlohmann::json workers = nlohmann::json::array();
       if (actors_reply)
         for (const auto& x : actors_reply->actor_list.actors)
           workers.push_back({{"name", x.name}, {"kind", x.kind}, {"node", x.node}, {"state", x.state}});
       std::cout << nlohmann::json{{"jobs", arr}, {"actors", workers}}.dump() << std::endl;
     } else {
-      auto actors_reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
       if (a.watch) std::cout << "\033[2J\033[H";
       print_progress_table(jobs, actors_reply ? &actors_reply->actor_list : nullptr);
     }
