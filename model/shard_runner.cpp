@@ -1,0 +1,477 @@
+#include "model/shard_runner.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kernels/cpu/ops.hpp"
+
+namespace shardline::model {
+
+namespace kc = kernels::cpu;
+
+namespace {
+
+/// Adds the time since the last mark to a profile bucket (no-op when off).
+class OpTimer {
+ public:
+  explicit OpTimer(bool on) : on_(on), last_(on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  void add_to(double& bucket) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    bucket += std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+struct RowRange {
+  int begin = 0;
+  int count = 0;
+};
+
+/// Packs the rows of `m` named by `ranges`, in order (one contiguous copy
+/// when they are not simply the whole matrix).
+kc::PackedLinear pack_rows(const Matrix& m, const std::vector<RowRange>& ranges) {
+  if (ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].count == m.rows)
+    return kc::PackedLinear::pack(m.data, m.dtype, m.rows, m.cols);
+  const std::size_t row_bytes = static_cast<std::size_t>(m.cols) * dtype_size(m.dtype);
+  int rows = 0;
+  for (const RowRange& r : ranges) rows += r.count;
+  std::vector<std::byte> buf(static_cast<std::size_t>(rows) * row_bytes);
+  std::size_t at = 0;
+  for (const RowRange& r : ranges) {
+    std::memcpy(buf.data() + at, static_cast<const std::byte*>(m.data) + static_cast<std::size_t>(r.begin) * row_bytes,
+                static_cast<std::size_t>(r.count) * row_bytes);
+    at += static_cast<std::size_t>(r.count) * row_bytes;
+  }
+  return kc::PackedLinear::pack(buf.data(), m.dtype, rows, m.cols);
+}
+
+/// Packs columns [begin, begin + count) of `m`.
+kc::PackedLinear pack_cols(const Matrix& m, int begin, int count) {
+  if (begin == 0 && count == m.cols) return kc::PackedLinear::pack(m.data, m.dtype, m.rows, m.cols);
+  const std::size_t es = dtype_size(m.dtype);
+  std::vector<std::byte> buf(static_cast<std::size_t>(m.rows) * count * es);
+  for (int r = 0; r < m.rows; ++r)
+    std::memcpy(buf.data() + static_cast<std::size_t>(r) * count * es,
+                static_cast<const std::byte*>(m.data) + (static_cast<std::size_t>(r) * m.cols + begin) * es,
+                static_cast<std::size_t>(count) * es);
+  return kc::PackedLinear::pack(buf.data(), m.dtype, m.rows, count);
+}
+
+std::vector<float> slice_vector(const Vector& v, const std::vector<RowRange>& ranges) {
+  std::vector<float> out;
+  if (v.empty()) return out;
+  for (const RowRange& r : ranges) out.insert(out.end(), v.data + r.begin, v.data + r.begin + r.count);
+  return out;
+}
+
+Error invalid(const std::string& m) { return make_error(ErrorCode::invalid_argument, "shard: " + m); }
+
+}  // namespace
+
+std::pair<int, int> stage_layer_range(int num_layers, int pp, int stage) {
+  const int base = num_layers / pp;
+  const int extra = num_layers % pp;
+  const int begin = stage * base + std::min(stage, extra);
+  return {begin, begin + base + (stage < extra ? 1 : 0)};
+}
+
+Status check_shardable(const ModelConfig& c, int tp, int sp, int pp) {
+  const auto s = [](int v) { return std::to_string(v); };
+  if (tp < 1 || sp < 1 || pp < 1) return invalid("tp, sp and pp must be >= 1");
+  const int heads = c.num_attention_heads;
+  const int group = c.num_queries_per_kv();
+  if (heads % (tp * sp) != 0)
+    return invalid("tp*sp = " + s(tp * sp) + " must divide num_attention_heads = " + s(heads));
+  const int hq_t = heads / tp;
+  const int hq_attn = hq_t / sp;
+  if (hq_t % group != 0 && group % hq_t != 0)
+    return invalid("tp = " + s(tp) + " gives " + s(hq_t) + " query heads per rank, not aligned with GQA groups of " +
+                   s(group));
+  if (hq_attn % group != 0 && group % hq_attn != 0)
+    return invalid("tp*sp = " + s(tp * sp) + " gives " + s(hq_attn) +
+                   " attended query heads per rank, not aligned with GQA groups of " + s(group));
+  if (c.intermediate_size % tp != 0)
+    return invalid("tp = " + s(tp) + " must divide intermediate_size = " + s(c.intermediate_size));
+  if (pp > c.num_hidden_layers)
+    return invalid("pp = " + s(pp) + " is more than num_hidden_layers = " + s(c.num_hidden_layers));
+  return Status::ok_status();
+}
+
+ShardRunner::ShardRunner(std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
+                         const CpuRunnerOptions& options, ShardComms comms)
+    : weights_(std::move(weights)), spec_(spec), options_(options), comms_(comms) {}
+
+Result<std::unique_ptr<ShardRunner>> ShardRunner::create(std::shared_ptr<const ModelWeights> weights,
+                                                         const ShardSpec& spec, const CpuRunnerOptions& options,
+                                                         ShardComms comms) {
+  if (!weights) return invalid("no weights");
+  if (options.num_kv_blocks <= 0) return invalid("num_kv_blocks must be > 0 (got " + std::to_string(options.num_kv_blocks) + ")");
+  if (options.block_size <= 0) return invalid("block_size must be > 0 (got " + std::to_string(options.block_size) + ")");
+  if (options.kv_cache_dtype != DType::f32 && options.kv_cache_dtype != DType::bf16)
+    return invalid(std::string("KV cache dtype must be F32 or BF16, got ") + dtype_name(options.kv_cache_dtype));
+  const ModelConfig& c = weights->config;
+  if (Status st = check_shardable(c, spec.tp, spec.sp, spec.pp); !st) return st.error();
+  if (spec.tp_rank < 0 || spec.tp_rank >= spec.tp || spec.sp_rank < 0 || spec.sp_rank >= spec.sp ||
+      spec.stage < 0 || spec.stage >= spec.pp)
+    return invalid("rank coordinates outside tp/sp/pp");
+  const auto check_comm = [](comm::Communicator* cm, int size, int rank, const char* what) -> Status {
+    if (size == 1) return Status::ok_status();
+    if (cm == nullptr) return invalid(std::string(what) + " group of size " + std::to_string(size) + " has no communicator");
+    if (cm->world_size() != size || cm->rank() != rank)
+      return invalid(std::string(what) + " communicator is rank " + std::to_string(cm->rank()) + " of " +
+                     std::to_string(cm->world_size()) + ", expected rank " + std::to_string(rank) + " of " +
+                     std::to_string(size));
+    return Status::ok_status();
+  };
+  if (Status st = check_comm(comms.tp, spec.tp, spec.tp_rank, "TP"); !st) return st.error();
+  if (Status st = check_comm(comms.sp, spec.sp, spec.sp_rank, "SP"); !st) return st.error();
+  if (options.num_threads > 0) omp_set_num_threads(options.num_threads);
+
+  std::unique_ptr<ShardRunner> r(new ShardRunner(weights, spec, options, comms));
+  const int hd = c.head_dim;
+  const int heads = c.num_attention_heads;
+  const int kvh = c.num_key_value_heads;
+  const int group = c.num_queries_per_kv();
+  std::tie(r->layer_begin_, r->layer_end_) = stage_layer_range(c.num_hidden_layers, spec.pp, spec.stage);
+  r->hq_t_ = heads / spec.tp;
+  r->kv_t_ = std::max(1, r->hq_t_ / group);
+  const int kv_begin_t = spec.tp_rank * r->hq_t_ / group;
+  r->hq_attn_ = r->hq_t_ / spec.sp;
+  r->kv_attn_ = std::max(1, r->hq_attn_ / group);
+  r->sp_kv_begin_.resize(static_cast<std::size_t>(spec.sp));
+  for (int j = 0; j < spec.sp; ++j)
+    r->sp_kv_begin_[static_cast<std::size_t>(j)] = (spec.tp_rank * r->hq_t_ + j * r->hq_attn_) / group - kv_begin_t;
+  r->inter_t_ = c.intermediate_size / spec.tp;
+  r->vocab_shard_ = (c.vocab_size + spec.tp - 1) / spec.tp;
+  r->vocab_begin_ = std::min(c.vocab_size, spec.tp_rank * r->vocab_shard_);
+  r->vocab_rows_ = std::min(c.vocab_size, r->vocab_begin_ + r->vocab_shard_) - r->vocab_begin_;
+
+  const std::vector<RowRange> qkv_rows = {{spec.tp_rank * r->hq_t_ * hd, r->hq_t_ * hd},
+                                          {(heads + kv_begin_t) * hd, r->kv_t_ * hd},
+                                          {(heads + kvh + kv_begin_t) * hd, r->kv_t_ * hd}};
+  const int inter = c.intermediate_size;
+  const std::vector<RowRange> gate_up_rows = {{spec.tp_rank * r->inter_t_, r->inter_t_},
+                                              {inter + spec.tp_rank * r->inter_t_, r->inter_t_}};
+  for (int l = r->layer_begin_; l < r->layer_end_; ++l) {
+    const LayerWeights& lw = weights->layers[static_cast<std::size_t>(l)];
+    PackedLayer pl;
+    pl.qkv = pack_rows(lw.qkv, qkv_rows);
+    pl.qkv_bias = slice_vector(lw.qkv_bias, qkv_rows);
+    pl.o_proj = pack_cols(lw.o_proj, spec.tp_rank * r->hq_t_ * hd, r->hq_t_ * hd);
+    pl.gate_up = pack_rows(lw.gate_up, gate_up_rows);
+    pl.down = pack_cols(lw.down_proj, spec.tp_rank * r->inter_t_, r->inter_t_);
+    r->layers_.push_back(std::move(pl));
+  }
+  if (spec.last_stage() && r->vocab_rows_ > 0)
+    r->lm_head_ = pack_rows(weights->lm_head, {{r->vocab_begin_, r->vocab_rows_}});
+
+  kc::RopeParams rp;
+  rp.head_dim = hd;
+  rp.theta = c.rope_theta;
+  if (c.rope_scaling && c.rope_scaling->rope_type == "llama3") {
+    rp.llama3_scaling = true;
+    rp.factor = c.rope_scaling->factor;
+    rp.low_freq_factor = c.rope_scaling->low_freq_factor;
+    rp.high_freq_factor = c.rope_scaling->high_freq_factor;
+    rp.original_max_position_embeddings = c.rope_scaling->original_max_position_embeddings;
+  }
+  r->inv_freq_ = kc::rope_inv_freq(rp);
+
+  r->kv_layer_bytes_ = static_cast<std::size_t>(options.num_kv_blocks) * r->kv_attn_ * options.block_size * hd *
+                       dtype_size(options.kv_cache_dtype);
+  r->kv_cache_bytes_ = 2 * r->kv_layer_bytes_ * r->layers_.size();
+  if (r->kv_cache_bytes_ > 0) {
+    r->kv_cache_ = allocate_aligned(r->kv_cache_bytes_);
+    if (!r->kv_cache_)
+      return make_error(ErrorCode::out_of_memory,
+                        "shard: cannot allocate the KV cache (" + std::to_string(r->kv_cache_bytes_) + " bytes for " +
+                            std::to_string(options.num_kv_blocks) + " blocks)");
+    std::memset(r->kv_cache_.get(), 0, r->kv_cache_bytes_);  // fault the pages in now, not during steps
+  }
+  return r;
+}
+
+std::size_t ShardRunner::packed_weight_bytes() const {
+  std::size_t b = lm_head_.bytes();
+  for (const PackedLayer& l : layers_) b += l.qkv.bytes() + l.o_proj.bytes() + l.gate_up.bytes() + l.down.bytes();
+  return b;
+}
+
+kc::KvCacheLayer ShardRunner::kv_layer(int local_layer) {
+  char* base = static_cast<char*>(kv_cache_.get()) + 2 * kv_layer_bytes_ * static_cast<std::size_t>(local_layer);
+  kc::KvCacheLayer l;
+  l.k = base;
+  l.v = base + kv_layer_bytes_;
+  l.dtype = options_.kv_cache_dtype;
+  l.num_blocks = options_.num_kv_blocks;
+  l.block_size = options_.block_size;
+  l.num_kv_heads = kv_attn_;
+  l.head_dim = config().head_dim;
+  return l;
+}
+
+void ShardRunner::ensure_scratch(int num_tokens) {
+  const int c_rows = chunk_rows(num_tokens);
+  if (c_rows <= scratch_tokens_) return;
+  const ModelConfig& c = config();
+  const std::size_t ch = static_cast<std::size_t>(c_rows);
+  const std::size_t n = ch * static_cast<std::size_t>(spec_.sp);
+  const std::size_t hd = static_cast<std::size_t>(c.head_dim);
+  const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
+  const std::size_t attn_w = static_cast<std::size_t>(hq_attn_ + 2 * kv_attn_) * hd;
+  residual_.resize(ch * hidden);
+  normed_.resize(n * hidden);
+  qkv_.resize(ch * static_cast<std::size_t>(hq_t_ + 2 * kv_t_) * hd);
+  proj_.resize(ch * hidden);
+  gate_up_.resize(ch * 2 * static_cast<std::size_t>(inter_t_));
+  act_.resize(ch * static_cast<std::size_t>(inter_t_));
+  attn_.resize(n * static_cast<std::size_t>(hq_attn_) * hd);
+  if (spec_.sp > 1) {
+    a2a_send_.resize(n * attn_w);
+    a2a_recv_.resize(n * attn_w);
+    attn_back_.resize(n * static_cast<std::size_t>(hq_attn_) * hd);
+    attn_t_.resize(ch * static_cast<std::size_t>(hq_t_) * hd);
+    gathered_.resize(n * hidden);
+  }
+  scratch_tokens_ = c_rows;
+}
+
+float* ShardRunner::residual(int num_tokens) {
+  ensure_scratch(num_tokens);
+  return residual_.data();
+}
+
+Status ShardRunner::all_reduce_tp(float* data, std::size_t count) {
+  if (spec_.tp == 1) return Status::ok_status();
+  profile_.comm_bytes += count * sizeof(float);
+  return comms_.tp->all_reduce_sum(data, count);
+}
+
+Status ShardRunner::validate(const engine::StepInput& in) const {
+  const int n = in.num_tokens();
+  const auto bad = [](std::string m) { return Status(make_error(ErrorCode::invalid_argument, "step: " + std::move(m))); };
+  if (static_cast<int>(in.positions.size()) != n || static_cast<int>(in.slot_mapping.size()) != n)
+    return bad("token_ids, positions and slot_mapping differ in length");
+  if (in.block_size != options_.block_size)
+    return bad("block_size " + std::to_string(in.block_size) + " != runner's " + std::to_string(options_.block_size));
+  const int vocab = config().vocab_size;
+  const long num_slots = static_cast<long>(options_.num_kv_blocks) * options_.block_size;
+  for (int t = 0; t < n; ++t) {
+    if (in.token_ids[t] < 0 || in.token_ids[t] >= vocab)
+      return bad("token id " + std::to_string(in.token_ids[t]) + " at row " + std::to_string(t) +
+                 " outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    if (in.positions[t] < 0) return bad("negative position at row " + std::to_string(t));
+    if (in.slot_mapping[t] >= num_slots)
+      return bad("KV slot " + std::to_string(in.slot_mapping[t]) + " outside the cache");
+  }
+  int rows = 0;
+  for (const engine::StepSeq& s : in.seqs) {
+    const int ctx = s.num_computed_tokens + s.num_new_tokens;
+    if (s.num_new_tokens <= 0 || s.num_computed_tokens < 0)
+      return bad("sequence " + std::to_string(s.seq_id) + " has no new tokens");
+    const long blocks_needed = (ctx + options_.block_size - 1) / options_.block_size;
+    if (static_cast<long>(s.block_table.size()) < blocks_needed)
+      return bad("sequence " + std::to_string(s.seq_id) + ": block table too short for " + std::to_string(ctx) + " tokens");
+    for (std::int32_t b : s.block_table)
+      if (b < 0 || b >= options_.num_kv_blocks)
+        return bad("sequence " + std::to_string(s.seq_id) + ": block id " + std::to_string(b) + " outside the cache");
+    rows += s.num_new_tokens;
+  }
+  if (rows != n) return bad("sequences cover " + std::to_string(rows) + " rows, batch has " + std::to_string(n));
+  for (std::int32_t r : in.logits_rows)
+    if (r < 0 || r >= n) return bad("logits row " + std::to_string(r) + " outside the batch");
+  return Status::ok_status();
+}
+
+Status ShardRunner::run_stage(const engine::StepInput& in) {
+  profile_ = StepProfile{};
+  const int n = in.num_tokens();
+  if (n == 0) return Status::ok_status();
+  const ModelConfig& c = config();
+  const int hidden = c.hidden_size;
+  const int hd = c.head_dim;
+  const float eps = c.rms_norm_eps;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int sp = spec_.sp;
+  const int ch = chunk_rows(n);                         // rows of this rank's chunk
+  const int row0 = spec_.sp_rank * ch;                  // its first global row
+  const int real = std::clamp(n - row0, 0, ch);         // its rows that are real tokens
+  const int qkv_w = (hq_t_ + 2 * kv_t_) * hd;           // QKV row width of this TP rank
+  const int attn_w = sp > 1 ? (hq_attn_ + 2 * kv_attn_) * hd : qkv_w;  // row width attention reads
+  ensure_scratch(n);
+  OpTimer timer(profiling_);
+  StepProfile& p = profile_;
+
+  std::vector<kc::AttentionSeq> attn_seqs;
+  attn_seqs.reserve(in.seqs.size());
+  int row = 0;
+  for (const engine::StepSeq& s : in.seqs) {
+    attn_seqs.push_back(kc::AttentionSeq{row, s.num_new_tokens, s.num_computed_tokens + s.num_new_tokens,
+                                         s.block_table.data()});
+    row += s.num_new_tokens;
+  }
+
+  float* residual = residual_.data();  // [ch, hidden]
+  float* normed = normed_.data();      // [ch, hidden]
+  float* qkv = qkv_.data();            // [ch, qkv_w]
+  float* attn = attn_.data();          // [sp * ch, hq_attn * hd]
+  float* proj = proj_.data();          // [ch, hidden]
+  float* gate_up = gate_up_.data();    // [ch, 2 * inter_t]
+  float* act = act_.data();            // [ch, inter_t]
+  const std::size_t chunk_elems = static_cast<std::size_t>(ch) * hidden;
+
+  if (spec_.first_stage()) {
+    kc::embedding(in.token_ids.data() + row0, real, weights_->embed_tokens.data, weights_->embed_tokens.dtype,
+                  hidden, residual);
+    std::fill(residual + static_cast<std::size_t>(real) * hidden, residual + chunk_elems, 0.0f);
+  }
+
+  for (int l = layer_begin_; l < layer_end_; ++l) {
+    const LayerWeights& lw = weights_->layers[static_cast<std::size_t>(l)];
+    const PackedLayer& pl = layers_[static_cast<std::size_t>(l - layer_begin_)];
+    const kc::KvCacheLayer cache = kv_layer(l - layer_begin_);
+
+    kc::rms_norm(residual, hidden, lw.input_norm.data, normed, hidden, ch, hidden, eps);
+    timer.add_to(p.other_ms);
+    kc::linear(normed, ch, hidden, pl.qkv, pl.qkv_bias.empty() ? nullptr : pl.qkv_bias.data(), qkv, qkv_w);
+    timer.add_to(p.gemm_ms);
+    float* q = qkv;                 // [ch, hq_t * hd] (row stride qkv_w)
+    float* k = qkv + hq_t_ * hd;    // [ch, kv_t * hd]
+    if (c.qk_norm) {  // Qwen3: RMSNorm over each head's vector, before RoPE
+      for (int t = 0; t < real; ++t) {
+        float* qt = q + static_cast<std::size_t>(t) * qkv_w;
+        float* kt = k + static_cast<std::size_t>(t) * qkv_w;
+        kc::rms_norm(qt, hd, lw.q_norm.data, qt, hd, hq_t_, hd, eps);
+        kc::rms_norm(kt, hd, lw.k_norm.data, kt, hd, kv_t_, hd, eps);
+      }
+    }
+    kc::rope(q, real, qkv_w, hq_t_, hd, in.positions.data() + row0, inv_freq_.data());
+    kc::rope(k, real, qkv_w, kv_t_, hd, in.positions.data() + row0, inv_freq_.data());
+    timer.add_to(p.other_ms);
+
+    // Attention input: this rank's heads for all tokens.
+    const float* attn_in = qkv;
+    if (sp > 1) {  // Ulysses all-to-all: [ch, heads_t] -> [sp * ch, heads_t / sp] (+ KV replication)
+      const std::size_t hq_bytes = static_cast<std::size_t>(hq_attn_) * hd * sizeof(float);
+      const std::size_t kv_bytes = static_cast<std::size_t>(kv_attn_) * hd * sizeof(float);
+      for (int j = 0; j < sp; ++j) {
+        const int kv0 = sp_kv_begin_[static_cast<std::size_t>(j)];
+        for (int t = 0; t < ch; ++t) {
+          const float* src = qkv + static_cast<std::size_t>(t) * qkv_w;
+          float* dst = a2a_send_.data() + (static_cast<std::size_t>(j) * ch + t) * attn_w;
+          std::memcpy(dst, src + j * hq_attn_ * hd, hq_bytes);
+          std::memcpy(dst + hq_attn_ * hd, src + (hq_t_ + kv0) * hd, kv_bytes);
+          std::memcpy(dst + (hq_attn_ + kv_attn_) * hd, src + (hq_t_ + kv_t_ + kv0) * hd, kv_bytes);
+        }
+      }
+      timer.add_to(p.other_ms);
+      const std::size_t count = static_cast<std::size_t>(ch) * attn_w;
+      p.comm_bytes += count * (sp - 1) * sizeof(float);
+      if (Status st = comms_.sp->all_to_all(a2a_send_.data(), a2a_recv_.data(), count); !st) return st;
+      timer.add_to(p.comm_ms);
+      attn_in = a2a_recv_.data();
+    }
+    const float* kk = attn_in + hq_attn_ * hd;
+    const float* vv = kk + kv_attn_ * hd;
+    kc::write_kv(kk, vv, attn_w, n, in.slot_mapping.data(), cache);
+    kc::paged_attention(attn_in, attn_w, attn_seqs, cache, hq_attn_, scale, attn, hq_attn_ * hd);
+    timer.add_to(p.attention_ms);
+
+    const float* o_in = attn;  // [ch, hq_t * hd]
+    if (sp > 1) {  // back: [sp * ch, heads_t / sp] -> [ch, heads_t]
+      const std::size_t width = static_cast<std::size_t>(hq_attn_) * hd;
+      std::fill(attn + static_cast<std::size_t>(n) * width, attn + static_cast<std::size_t>(sp) * ch * width, 0.0f);
+      const std::size_t count = static_cast<std::size_t>(ch) * width;
+      p.comm_bytes += count * (sp - 1) * sizeof(float);
+      if (Status st = comms_.sp->all_to_all(attn, attn_back_.data(), count); !st) return st;
+      timer.add_to(p.comm_ms);
+      for (int j = 0; j < sp; ++j)
+        for (int t = 0; t < ch; ++t)
+          std::memcpy(attn_t_.data() + static_cast<std::size_t>(t) * hq_t_ * hd + j * width,
+                      attn_back_.data() + (static_cast<std::size_t>(j) * ch + t) * width, width * sizeof(float));
+      timer.add_to(p.other_ms);
+      o_in = attn_t_.data();
+    }
+    kc::linear(o_in, ch, hq_t_ * hd, pl.o_proj, nullptr, proj, hidden);
+    timer.add_to(p.gemm_ms);
+    if (Status st = all_reduce_tp(proj, chunk_elems); !st) return st;
+    timer.add_to(p.comm_ms);
+    kc::add_rms_norm(residual, proj, lw.post_attention_norm.data, normed, ch, hidden, eps);
+    timer.add_to(p.other_ms);
+    kc::linear(normed, ch, hidden, pl.gate_up, nullptr, gate_up, 2 * inter_t_);
+    timer.add_to(p.gemm_ms);
+    kc::silu_and_mul(gate_up, act, ch, inter_t_);
+    timer.add_to(p.other_ms);
+    kc::linear(act, ch, inter_t_, pl.down, nullptr, proj, hidden);
+    timer.add_to(p.gemm_ms);
+    if (Status st = all_reduce_tp(proj, chunk_elems); !st) return st;
+    timer.add_to(p.comm_ms);
+    kc::add_inplace(residual, proj, static_cast<long>(chunk_elems));
+    timer.add_to(p.other_ms);
+  }
+  return Status::ok_status();
+}
+
+Result<engine::StepOutput> ShardRunner::run_logits(const engine::StepInput& in) {
+  const ModelConfig& c = config();
+  engine::StepOutput out;
+  out.vocab_size = c.vocab_size;
+  const int num_logits = in.num_logits();
+  if (num_logits == 0 || in.num_tokens() == 0) return out;
+  if (!spec_.last_stage()) return make_error(ErrorCode::internal, "shard: logits asked of a stage that is not the last");
+  const int hidden = c.hidden_size;
+  const int ch = chunk_rows(in.num_tokens());
+  OpTimer timer(profiling_);
+  StepProfile& p = profile_;
+
+  const float* rows = residual_.data();  // [n, hidden] once gathered
+  if (spec_.sp > 1) {
+    const std::size_t count = static_cast<std::size_t>(ch) * hidden;
+    p.comm_bytes += count * sizeof(float);
+    if (Status st = comms_.sp->all_gather(residual_.data(), count, gathered_.data()); !st) return st.error();
+    timer.add_to(p.comm_ms);
+    rows = gathered_.data();
+  }
+  float* normed = normed_.data();  // [num_logits, hidden]
+  for (int i = 0; i < num_logits; ++i)
+    kc::rms_norm(rows + static_cast<std::size_t>(in.logits_rows[i]) * hidden, hidden, weights_->final_norm.data,
+                 normed + static_cast<std::size_t>(i) * hidden, hidden, 1, hidden, c.rms_norm_eps);
+  const std::size_t vocab = static_cast<std::size_t>(c.vocab_size);
+  out.logits.resize(static_cast<std::size_t>(num_logits) * vocab);
+  if (spec_.tp == 1) {
+    kc::linear(normed, num_logits, hidden, lm_head_, nullptr, out.logits.data(), c.vocab_size);
+    timer.add_to(p.logits_ms);
+    return out;
+  }
+  // Vocabulary-parallel lm_head: each TP rank computes its rows, then all-gather.
+  const std::size_t vs = static_cast<std::size_t>(vocab_shard_);
+  std::vector<float> part(static_cast<std::size_t>(num_logits) * vs, 0.0f);  // [num_logits, vocab_shard]
+  if (vocab_rows_ > 0) kc::linear(normed, num_logits, hidden, lm_head_, nullptr, part.data(), vocab_shard_);
+  timer.add_to(p.logits_ms);
+  std::vector<float> all(static_cast<std::size_t>(spec_.tp) * part.size());  // [tp, num_logits, vocab_shard]
+  p.comm_bytes += part.size() * sizeof(float);
+  if (Status st = comms_.tp->all_gather(part.data(), part.size(), all.data()); !st) return st.error();
+  timer.add_to(p.comm_ms);
+  for (int t = 0; t < spec_.tp; ++t) {
+    const std::size_t begin = static_cast<std::size_t>(t) * vs;
+    if (begin >= vocab) break;
+    const std::size_t cols = std::min(vs, vocab - begin);
+    for (int i = 0; i < num_logits; ++i)
+      std::memcpy(out.logits.data() + static_cast<std::size_t>(i) * vocab + begin,
+                  all.data() + (static_cast<std::size_t>(t) * num_logits + i) * vs, cols * sizeof(float));
+  }
+  timer.add_to(p.other_ms);
+  return out;
+}
+
+}  // namespace shardline::model

@@ -1,0 +1,203 @@
+#pragma once
+/// \file
+/// One rank's share of the Llama / Qwen2 / Qwen3 forward pass on CPU under a
+/// shard spec (TP x SP x PP); with the trivial spec it is the whole model and
+/// CpuModelRunner is a thin wrapper around it.
+///
+/// Sharding (ranks of one engine group; see engine/parallel_config.hpp):
+///  - TP (Megatron-LM, Shoeybi et al. 2019): rank t holds query heads
+///    [t*H/tp, (t+1)*H/tp) and the KV heads they read (a KV head is replicated
+///    on several ranks when tp > kv_heads), the matching o_proj columns, and
+///    FFN columns [t*I/tp, (t+1)*I/tp) of gate and up plus those rows of down.
+///    o_proj and down produce partial sums, all-reduced over the TP group
+///    (rank-order sums: deterministic, within float rounding of one device).
+///    lm_head is split by vocabulary rows and all-gathered: logits are
+///    bit-identical to one device's.
+///  - SP (Ulysses, seed 001 §3, Algorithm 2): the step's num_tokens rows are
+///    split into sp chunks of chunk_rows() = ceil(num_tokens / sp) rows; rank s
+///    owns rows [s*chunk, (s+1)*chunk) (the last chunks padded). Norms, QKV,
+///    o_proj and the FFN run on the chunk; an all-to-all before attention turns
+///    [chunk, heads_t] into [num_tokens, heads_t / sp] and one after it turns
+///    it back. When the heads a rank attends need fewer KV heads than there are
+///    ranks, KV heads are replicated in the all-to-all (Algorithm 1's KV
+///    replication): each rank gets the KV heads its query heads read. With
+///    tp = 1 the logits are bit-identical to one device's (every kernel is
+///    row-independent and batch-invariant).
+///  - PP: stage s holds layers stage_layer_range(L, pp, s); stage 0 embeds,
+///    the last stage computes logits. Moving the residual stream between
+///    stages is the caller's job (engine/parallel_executor.hpp): receive into
+///    residual(), run_stage(), send residual().
+///
+/// The KV cache of a rank holds only the KV heads it attends, for every
+/// token, in its stage's layers: [layers_t, 2, num_kv_blocks, kv_heads_attn,
+/// block_size, head_dim]. Block tables are shared by the whole group.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "common/memory.hpp"
+#include "common/result.hpp"
+#include "engine/step.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/linear.hpp"
+#include "model/weights.hpp"
+
+namespace shardline::model {
+
+/// Where a step's time went (ms), accumulated while profiling is on.
+struct StepProfile {
+  double gemm_ms = 0;       ///< QKV, o_proj, gate_up, down_proj
+  double attention_ms = 0;  ///< KV scatter + paged attention
+  double logits_ms = 0;     ///< final norm + lm_head
+  double other_ms = 0;      ///< embedding, norms, RoPE, SwiGLU, residual adds
+  double comm_ms = 0;       ///< waiting in collectives (TP all-reduce, SP all-to-all, gathers)
+  std::uint64_t comm_bytes = 0;  ///< payload bytes this rank put into collectives this step
+  [[nodiscard]] double total_ms() const {
+    return gemm_ms + attention_ms + logits_ms + other_ms + comm_ms;
+  }
+};
+
+struct CpuRunnerOptions {
+  int num_kv_blocks = 0;  ///< blocks in the paged KV cache (> 0)
+  int block_size = 16;    ///< tokens per KV block
+  int num_threads = 0;    ///< OpenMP threads for kernels; 0 = leave as is
+  DType kv_cache_dtype = DType::f32;  ///< f32 (exact) or bf16 (half the KV bytes)
+};
+
+/// Which part of the model one rank holds.
+struct ShardSpec {
+  int tp = 1;
+  int tp_rank = 0;
+  int sp = 1;
+  int sp_rank = 0;
+  int pp = 1;
+  int stage = 0;
+  [[nodiscard]] bool first_stage() const { return stage == 0; }
+  [[nodiscard]] bool last_stage() const { return stage == pp - 1; }
+  [[nodiscard]] bool is_whole_model() const { return tp == 1 && sp == 1 && pp == 1; }
+};
+
+/// Layers [first, second) of `stage` when `num_layers` are split into `pp`
+/// contiguous stages; the first num_layers % pp stages get one layer more.
+[[nodiscard]] std::pair<int, int> stage_layer_range(int num_layers, int pp, int stage);
+
+/// Checks that `config` can be split tp x sp x pp: heads divisible by tp*sp,
+/// GQA groups aligned with the head split (group size divides the heads per
+/// rank or the reverse), intermediate_size divisible by tp, pp <= layers.
+/// Errors: invalid_argument naming the numbers.
+[[nodiscard]] Status check_shardable(const ModelConfig& config, int tp, int sp, int pp);
+
+/// The group communicators a rank's forward pass uses (null when size 1).
+/// Not owned; they must outlive the runner's steps.
+struct ShardComms {
+  comm::Communicator* tp = nullptr;  ///< the ranks of this stage with this sp_rank
+  comm::Communicator* sp = nullptr;  ///< the ranks of this stage with this tp_rank
+};
+
+class ShardRunner {
+ public:
+  /// Slices and packs this rank's weights and allocates its KV cache.
+  /// Errors: invalid_argument (bad spec or options, see check_shardable;
+  /// a communicator missing or of the wrong size), out_of_memory.
+  [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create(
+      std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
+      const CpuRunnerOptions& options, ShardComms comms = {});
+
+  /// Rows of this rank's chunk of a num_tokens step: ceil(num_tokens / sp).
+  [[nodiscard]] int chunk_rows(int num_tokens) const { return (num_tokens + spec_.sp - 1) / spec_.sp; }
+  /// This rank's residual stream for a num_tokens step: [chunk_rows, hidden],
+  /// valid until the next call with more tokens. Receive a stage's input here.
+  [[nodiscard]] float* residual(int num_tokens);
+
+  /// Checks a step against the cache and vocabulary. Errors: invalid_argument.
+  [[nodiscard]] Status validate(const engine::StepInput& input) const;
+  /// Runs this stage: embeds the chunk (stage 0) or takes residual() as
+  /// input, then runs the stage's layers in place on residual().
+  /// `input` must be validated. Errors: io from a collective.
+  [[nodiscard]] Status run_stage(const engine::StepInput& input);
+  /// Last stage, after run_stage: logits [num_logits, vocab] of the rows in
+  /// input.logits_rows, on every rank of the stage. Errors: io.
+  [[nodiscard]] Result<engine::StepOutput> run_logits(const engine::StepInput& input);
+
+  [[nodiscard]] const ShardSpec& spec() const { return spec_; }
+  [[nodiscard]] const ModelConfig& config() const { return weights_->config; }
+  [[nodiscard]] int layer_begin() const { return layer_begin_; }
+  [[nodiscard]] int layer_end() const { return layer_end_; }
+  [[nodiscard]] int num_kv_blocks() const { return options_.num_kv_blocks; }
+  [[nodiscard]] int block_size() const { return options_.block_size; }
+  [[nodiscard]] const CpuRunnerOptions& options() const { return options_; }
+  /// KV heads this rank stores and attends (after TP/SP split and replication).
+  [[nodiscard]] int kv_heads_attended() const { return kv_attn_; }
+
+  void set_profiling(bool on) { profiling_ = on; }
+  /// This rank's profile of the last step (run_stage + run_logits); comm_bytes
+  /// is counted whether or not profiling is on.
+  [[nodiscard]] const StepProfile& last_profile() const { return profile_; }
+  /// Bytes of packed weights this rank streams per step.
+  [[nodiscard]] std::size_t packed_weight_bytes() const;
+  /// Bytes of this rank's KV cache.
+  [[nodiscard]] std::size_t kv_cache_bytes() const { return kv_cache_bytes_; }
+
+ private:
+  struct PackedLayer {
+    kernels::cpu::PackedLinear qkv;      // [(hq_t + 2 kv_t) * hd, hidden]
+    std::vector<float> qkv_bias;         // [(hq_t + 2 kv_t) * hd] or empty
+    kernels::cpu::PackedLinear o_proj;   // [hidden, hq_t * hd]
+    kernels::cpu::PackedLinear gate_up;  // [2 * inter_t, hidden]
+    kernels::cpu::PackedLinear down;     // [hidden, inter_t]
+  };
+
+  ShardRunner(std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
+              const CpuRunnerOptions& options, ShardComms comms);
+  [[nodiscard]] kernels::cpu::KvCacheLayer kv_layer(int local_layer);
+  void ensure_scratch(int num_tokens);
+  [[nodiscard]] Status all_reduce_tp(float* data, std::size_t count);
+
+  std::shared_ptr<const ModelWeights> weights_;
+  ShardSpec spec_;
+  CpuRunnerOptions options_;
+  ShardComms comms_;
+  int layer_begin_ = 0;
+  int layer_end_ = 0;
+  // Head split (counts per rank).
+  int hq_t_ = 0;        ///< query heads of this TP rank
+  int kv_t_ = 0;        ///< KV heads this TP rank's QKV produces
+  int hq_attn_ = 0;     ///< query heads this rank attends (hq_t / sp)
+  int kv_attn_ = 0;     ///< KV heads this rank attends and caches
+  int inter_t_ = 0;     ///< FFN columns of this TP rank
+  int vocab_begin_ = 0;  ///< lm_head rows of this TP rank: [vocab_begin, vocab_begin + vocab_rows)
+  int vocab_rows_ = 0;
+  int vocab_shard_ = 0;  ///< ceil(vocab / tp): the all-gather stride
+  std::vector<int> sp_kv_begin_;  ///< [sp] first local KV head (of kv_t) sent to each SP rank
+
+  std::vector<PackedLayer> layers_;  ///< this stage's layers
+  kernels::cpu::PackedLinear lm_head_;  // [vocab_rows, hidden] (last stage)
+  std::vector<float> inv_freq_;          // [head_dim / 2]
+  AlignedBuffer kv_cache_;  // [layers_t, 2, num_kv_blocks, kv_attn, block_size, head_dim]
+  std::size_t kv_cache_bytes_ = 0;
+  std::size_t kv_layer_bytes_ = 0;
+
+  bool profiling_ = false;
+  StepProfile profile_;
+
+  // Scratch, grown to the largest step seen (rows: c = chunk rows, n = sp * c).
+  int scratch_tokens_ = 0;
+  std::vector<float> residual_;   // [c, hidden]
+  std::vector<float> normed_;     // [max(c, num_logits), hidden]
+  std::vector<float> qkv_;        // [c, (hq_t + 2 kv_t) * hd]
+  std::vector<float> a2a_send_;   // [sp, c, (hq_attn + 2 kv_attn) * hd]
+  std::vector<float> a2a_recv_;   // [n, (hq_attn + 2 kv_attn) * hd]
+  std::vector<float> attn_;       // [n, hq_attn * hd]
+  std::vector<float> attn_back_;  // [sp, c, hq_attn * hd]
+  std::vector<float> attn_t_;     // [c, hq_t * hd]
+  std::vector<float> proj_;       // [c, hidden]
+  std::vector<float> gate_up_;    // [c, 2 * inter_t]
+  std::vector<float> act_;        // [c, inter_t]
+  std::vector<float> gathered_;   // [n, hidden] (SP: the whole residual for logits)
+};
+
+}  // namespace shardline::model
