@@ -1,0 +1,200 @@
+#include "orchestrator/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace shardline::orchestrator {
+
+namespace {
+
+Status bad(const std::string& m) { return Status(make_error(ErrorCode::invalid_argument, "cost model: " + m)); }
+
+std::string num(double v) { return std::to_string(v); }
+
+bool positive(double v) { return std::isfinite(v) && v > 0; }
+
+}  // namespace
+
+ModelShape ModelShape::from_config(const model::ModelConfig& c) {
+  ModelShape s;
+  s.num_layers = c.num_hidden_layers;
+  s.hidden_size = c.hidden_size;
+  s.num_heads = c.num_attention_heads;
+  s.num_kv_heads = c.num_key_value_heads;
+  s.head_dim = c.head_dim;
+  s.intermediate_size = c.intermediate_size;
+  s.vocab_size = c.vocab_size;
+  return s;
+}
+
+double ModelShape::layer_params() const {
+  const double h = hidden_size, d = head_dim;
+  return h * (num_heads + 2.0 * num_kv_heads) * d + num_heads * d * h + 3.0 * h * intermediate_size;
+}
+
+Status ModelShape::validate() const {
+  const std::pair<const char*, int> fields[] = {
+      {"num_layers", num_layers},     {"hidden_size", hidden_size}, {"num_heads", num_heads},
+      {"num_kv_heads", num_kv_heads}, {"head_dim", head_dim},       {"intermediate_size", intermediate_size},
+      {"vocab_size", vocab_size}};
+  for (const auto& [name, v] : fields)
+    if (v < 1) return bad(std::string("model shape ") + name + " must be >= 1, got " + std::to_string(v));
+  if (num_heads % num_kv_heads != 0)
+    return bad("model shape num_heads (" + std::to_string(num_heads) + ") is not a multiple of num_kv_heads (" +
+               std::to_string(num_kv_heads) + ")");
+  return Status::ok_status();
+}
+
+void StepShape::add_sequence(long long cached_tokens, long long new_tokens) {
+  if (new_tokens <= 0) return;
+  cached_tokens = std::max(0LL, cached_tokens);
+  if (cached_tokens > 0 && new_tokens == 1)
+    num_decode_tokens += 1;
+  else
+    num_prefill_tokens += new_tokens;
+  num_sequences += 1;
+  num_context_tokens += cached_tokens;
+  num_attention_pairs += new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2;
+}
+
+Result<CostModel> CostModel::create(const ModelShape& shape, const ElementSizes& sizes, const HardwareSpec& hw) {
+  if (Status st = shape.validate(); !st) return st.error();
+  if (!positive(sizes.weight_bytes)) return bad("weight_bytes must be > 0, got " + num(sizes.weight_bytes)).error();
+  if (!positive(sizes.kv_bytes)) return bad("kv_bytes must be > 0, got " + num(sizes.kv_bytes)).error();
+  if (!positive(sizes.activation_bytes))
+    return bad("activation_bytes must be > 0, got " + num(sizes.activation_bytes)).error();
+  if (!positive(hw.memory_bw_bytes_per_s))
+    return bad("memory_bw_bytes_per_s must be > 0, got " + num(hw.memory_bw_bytes_per_s)).error();
+  if (!positive(hw.flops_per_s)) return bad("flops_per_s must be > 0, got " + num(hw.flops_per_s)).error();
+  if (!positive(hw.comm_bw_bytes_per_s))
+    return bad("comm_bw_bytes_per_s must be > 0, got " + num(hw.comm_bw_bytes_per_s)).error();
+  if (!std::isfinite(hw.comm_latency_s) || hw.comm_latency_s < 0)
+    return bad("comm_latency_s must be >= 0, got " + num(hw.comm_latency_s)).error();
+  return CostModel(shape, sizes, hw);
+}
+
+Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const StepShape& step) const {
+  if (pc.tp < 1 || pc.pp < 1 || pc.sp < 1 || pc.dp < 1)
+    return bad("parallel degrees must be >= 1, got " + pc.to_string()).error();
+  if (pc.pp > shape_.num_layers)
+    return bad("pp = " + std::to_string(pc.pp) + " exceeds the model's " + std::to_string(shape_.num_layers) +
+               " layers")
+        .error();
+  if (step.num_prefill_tokens < 0 || step.num_decode_tokens < 0 || step.num_sequences < 0 ||
+      step.num_context_tokens < 0 || step.num_attention_pairs < 0)
+    return bad("step counts must be >= 0").error();
+  if (step.num_micro_batches < 1)
+    return bad("num_micro_batches must be >= 1, got " + std::to_string(step.num_micro_batches)).error();
+
+  const double tp = pc.tp, sp = pc.sp;
+  const double M = step.num_micro_batches;
+  const double h = shape_.hidden_size, d = shape_.head_dim;
+  const double hq = shape_.num_heads, hkv = shape_.num_kv_heads;
+  const double wb = sizes_.weight_bytes, kvb = sizes_.kv_bytes, ab = sizes_.activation_bytes;
+  const double bw = hw_.memory_bw_bytes_per_s, peak = hw_.flops_per_s;
+  const double cbw = hw_.comm_bw_bytes_per_s, lat = hw_.comm_latency_s;
+
+  // One micro-batch (balanced split of the step).
+  const double tokens = static_cast<double>(step.num_tokens()) / M;
+  const double seqs = static_cast<double>(step.num_sequences) / M;
+  const double context = static_cast<double>(step.num_context_tokens) / M;
+  const double pairs = static_cast<double>(step.num_attention_pairs) / M;
+  const double tokens_rank = tokens / sp;  // SP splits the rows
+  const double seqs_rank = seqs / sp;
+
+  // Shard of one rank.
+  const double kv_tp = std::max(hkv / tp, 1.0);          // KV heads of the QKV projection shard
+  const double hq_attn = hq / (tp * sp);                 // query heads attended by one rank
+  const double kv_attn = std::max(hkv / (tp * sp), 1.0);  // KV heads attended by one rank
+  const double w_rank = h * d * (hq / tp + 2.0 * kv_tp) + (hq / tp) * d * h + 3.0 * h * shape_.intermediate_size / tp;
+  const double lm_params_rank = static_cast<double>(shape_.vocab_size) * h / tp;
+
+  // Per layer, per rank, one micro-batch (seconds / bytes / FLOPs).
+  const double lin_bytes = w_rank * wb;
+  const double lin_flops = 2.0 * w_rank * tokens_rank;
+  const double attn_bytes = kvb * 2.0 * kv_attn * d * context + ab * (hq_attn + 2.0 * kv_attn) * d * tokens;
+  const double attn_flops = 4.0 * hq_attn * d * pairs;
+  const double t_lin_dm = lin_bytes / bw, t_lin_c = lin_flops / peak;
+  const double t_attn_dm = attn_bytes / bw, t_attn_c = attn_flops / peak;
+
+  double tp_bytes_layer = 0, t_tp_layer = 0;
+  if (pc.tp > 1) {
+    const double sent = 2.0 * (tp - 1.0) / tp * tokens_rank * h * ab;  // ring all-reduce
+    tp_bytes_layer = 2.0 * sent;                                        // after o_proj and down_proj
+    t_tp_layer = 2.0 * (lat + sent / cbw);
+  }
+  double sp_bytes_layer = 0, t_sp_layer = 0;
+  if (pc.sp > 1) {
+    const double frac = (sp - 1.0) / sp;
+    const double sent_qkv = frac * tokens_rank * (hq / tp + 2.0 * kv_tp) * d * ab;
+    const double sent_out = frac * tokens_rank * (hq / tp) * d * ab;
+    sp_bytes_layer = sent_qkv + sent_out;
+    t_sp_layer = 2.0 * lat + sp_bytes_layer / cbw;
+  }
+  const double t_layer = std::max(t_lin_dm, t_lin_c) + std::max(t_attn_dm, t_attn_c) + t_tp_layer + t_sp_layer;
+
+  // lm_head on the last stage (only when logits are computed).
+  const double lm_bytes = seqs > 0 ? lm_params_rank * wb : 0.0;
+  const double lm_flops = 2.0 * lm_params_rank * seqs_rank;
+  const double t_lm = std::max(lm_bytes / bw, lm_flops / peak);
+
+  // PP send of one micro-batch's activations.
+  const double pp_bytes_mb = pc.pp > 1 ? tokens_rank * h * ab : 0.0;
+  const double t_pp = pc.pp > 1 ? lat + pp_bytes_mb / cbw : 0.0;
+
+  StepCost out;
+  out.stages.resize(pc.pp);
+  const int base = shape_.num_layers / pc.pp, extra = shape_.num_layers % pc.pp;
+  if (step.num_tokens() == 0) {  // no forward pass at all
+    for (int s = 0; s < pc.pp; ++s) out.stages[s].num_layers = base + (s < extra ? 1 : 0);
+    return out;
+  }
+  double sum_t = 0, max_t = -1;
+  for (int s = 0; s < pc.pp; ++s) {
+    StageCost& st = out.stages[s];
+    const bool last = s == pc.pp - 1;
+    st.num_layers = base + (s < extra ? 1 : 0);
+    const double n = st.num_layers;
+    st.micro_batch_ms = (n * t_layer + (last ? t_lm : 0.0) + (last ? 0.0 : t_pp)) * 1e3;
+    st.weight_read_ms = (n * t_lin_dm + (last ? lm_bytes / bw : 0.0)) * 1e3;
+    st.kv_read_ms = n * t_attn_dm * 1e3;
+    st.linear_compute_ms = (n * t_lin_c + (last ? lm_flops / peak : 0.0)) * 1e3;
+    st.attention_compute_ms = n * t_attn_c * 1e3;
+    st.tp_comm_ms = n * t_tp_layer * 1e3;
+    st.sp_comm_ms = n * t_sp_layer * 1e3;
+    st.pp_comm_ms = last ? 0.0 : t_pp * 1e3;
+    st.tp_bytes = M * n * tp_bytes_layer;
+    st.sp_bytes = M * n * sp_bytes_layer;
+    st.pp_bytes = last ? 0.0 : M * pp_bytes_mb;
+    sum_t += st.micro_batch_ms;
+    if (st.micro_batch_ms > max_t) {
+      max_t = st.micro_batch_ms;
+      out.bottleneck_stage = s;
+    }
+  }
+
+  const StageCost& b = out.stages[out.bottleneck_stage];
+  const int nb = b.num_layers;
+  const bool b_last = out.bottleneck_stage == pc.pp - 1;
+  out.bubble_ms = sum_t - max_t;
+  out.total_ms = M * max_t + out.bubble_ms;
+  out.weight_read_ms = M * b.weight_read_ms;
+  out.kv_read_ms = M * b.kv_read_ms;
+  out.linear_compute_ms = M * b.linear_compute_ms;
+  out.attention_compute_ms = M * b.attention_compute_ms;
+  out.compute_ms = out.linear_compute_ms + out.attention_compute_ms;
+  out.tp_comm_ms = M * b.tp_comm_ms;
+  out.sp_comm_ms = M * b.sp_comm_ms;
+  out.pp_comm_ms = M * b.pp_comm_ms;
+  out.comm_ms = out.tp_comm_ms + out.sp_comm_ms + out.pp_comm_ms;
+  out.memory_bytes = M * (nb * (lin_bytes + attn_bytes) + (b_last ? lm_bytes : 0.0));
+  out.flops = M * (nb * (lin_flops + attn_flops) + (b_last ? lm_flops : 0.0));
+  out.tp_bytes_per_rank = out.stages[0].tp_bytes;
+  out.sp_bytes_per_rank = out.stages[0].sp_bytes;
+  out.pp_bytes_per_rank = out.stages[0].pp_bytes;
+  out.tokens_per_s = out.total_ms > 0 ? pc.dp * static_cast<double>(step.num_tokens()) / (out.total_ms / 1e3) : 0.0;
+  return out;
+}
+
+}  // namespace shardline::orchestrator

@@ -1,0 +1,197 @@
+#pragma once
+/// \file
+/// Runtime cost model of one engine step under a parallel configuration, after
+/// Seesaw's performance model (seed 000, Appendix A; Table 2 notation: L
+/// layers, W parameters of one layer, h_q heads, h_kv KV heads, d head
+/// dimension, b batch, s sequence length). The planner compares parallel
+/// configurations with it; the hardware numbers are measured at run time
+/// (bench/hardware.hpp: STREAM bandwidth, GEMM FLOP/s) so the model is
+/// calibrated to the machine it plans for.
+///
+/// Per decoder layer and rank (App. A.1, "Runtime Break-Down"):
+///
+///   T_L = max(T_dm^linear, T_comp^linear) + max(T_dm^attn, T_comp^attn) + T_nw
+///
+///  - T_dm^linear = weight bytes of the rank's shard / B_mem. App. A: "2W
+///    bytes" (fp16); here W_rank * weight_bytes, with
+///      W_rank = hidden*d*(h_q/tp + 2*kv_tp) + (h_q/tp)*d*hidden + 3*hidden*I/tp,
+///      kv_tp = max(h_kv/tp, 1) (KV projections replicated when tp > h_kv).
+///    With tp <= h_kv, W_rank = W/tp ("T_dm^linear reduced to 1/TP", A.3).
+///  - T_comp^linear = 2 * W_rank * tokens_rank / FLOPS (App. A: "2Wbs in
+///    prefilling and 2Wb in decoding"); tokens_rank = tokens / sp.
+///  - T_dm^attn = (KV cache read + Q,K,V of the new tokens) / B_mem:
+///      kv_bytes * 2 * kv_attn * d * context_tokens   (App. A decode: 4bs h_kv d)
+///    + act_bytes * (h_q_attn + 2*kv_attn) * d * tokens (App. A prefill: 2bs(h_q+2h_kv)d)
+///    with h_q_attn = h_q/(tp*sp), kv_attn = max(h_kv/(tp*sp), 1) the heads one
+///    rank attends (after SP's all-to-all); context_tokens are the cached
+///    tokens read (StepShape::num_context_tokens).
+///  - T_comp^attn = 4 * h_q_attn * d * attention_pairs / FLOPS (App. A:
+///    "b h_q s^2 d 2" = 2 b h_q s^2 d causal prefill, "2 b h_q s d 2" = 4 b h_q s d
+///    decode; both are 4 h_q d per (query, attended key) pair).
+///  - T_nw: communication, each collective costing latency + bytes this rank
+///    sends / comm bandwidth:
+///     * TP (App. A.1: T_nw(TP) = b * A / B_ar(TP), A = activation of one
+///       request): 2 all-reduces per layer (after o_proj and after down_proj)
+///       of [tokens_rank, hidden] activations; a ring all-reduce sends
+///       2 (tp-1)/tp of the payload per rank. The paper measures the all-reduce
+///       bandwidth B_ar(TP) (tensor size / time) per TP degree; with a ring
+///       over links of comm_bw, B_ar(TP) = comm_bw * tp / (2 (tp-1)), which
+///       is how this model reproduces its "T_nw increases with TP".
+///     * SP (Ulysses, seed 001 Alg. 2; App. A does not cover SP, derived
+///       here): 2 all-to-alls per layer, before attention of the rank's
+///       [tokens_rank, (h_q/tp + 2 kv_tp) d] Q,K,V and after it of the
+///       [tokens_rank, (h_q/tp) d] attention output; an all-to-all sends
+///       (sp-1)/sp of what a rank holds. The extra K,V copies of Alg. 1's KV
+///       replication (when h_kv/tp < sp) are not counted.
+///     * PP: each rank of a stage other than the last sends its
+///       [tokens_rank, hidden] activations to the next stage once per
+///       micro-batch. App. A omits this ("negligible compared to the
+///       all-reduce"); it is counted here because it is cheap to.
+///
+/// The last pipeline stage also runs lm_head for the step's sequences (one
+/// logits row each), max(vocab*hidden/tp * weight_bytes / B_mem,
+/// 2*vocab*hidden/tp * rows_rank / FLOPS) with rows_rank = sequences / sp; App.
+/// A is per layer and leaves it out, but for small models it is a large
+/// share of the weights. Embedding lookup, norms, RoPE and the logits gather
+/// are not modelled.
+///
+/// Pipeline (App. A.3, "Pipeline parallelism"): stage s holds the layers of
+/// model/shard_runner.hpp's stage_layer_range (the first L % pp stages get
+/// one layer more). The step's work is split evenly over M micro-batches
+/// (StepShape::num_micro_batches; balanced, as Token Throttling aims for).
+/// One micro-batch takes t_s on stage s (its layers' T_L, lm_head on the last
+/// stage, the send on the others); M micro-batches through pp stages take
+///
+///   total = sum_s t_s + (M - 1) * max_s t_s = M * t_max + bubble,
+///   bubble = sum_s t_s - t_max  (= (pp - 1) * t for equal stages),
+///
+/// i.e. the App. A.3 steady state (one micro-batch finished per t_max) plus
+/// the fill / drain bubble of a step that starts with an empty pipeline.
+///
+/// DP: the step is one engine group's (one DP replica's); dp replicas run in
+/// parallel on their own steps (App. A.3: micro-batch b / (PP * DP)), so dp
+/// only scales StepCost::tokens_per_s.
+
+#include <vector>
+
+#include "common/result.hpp"
+#include "engine/parallel_config.hpp"
+#include "model/config.hpp"
+
+namespace shardline::orchestrator {
+
+/// Shape numbers of a decoder-only model (Llama / Qwen: gated FFN).
+struct ModelShape {
+  int num_layers = 0;         ///< L
+  int hidden_size = 0;        ///< residual width
+  int num_heads = 0;          ///< h_q
+  int num_kv_heads = 0;       ///< h_kv
+  int head_dim = 0;           ///< d
+  int intermediate_size = 0;  ///< FFN width I (gate, up, down)
+  int vocab_size = 0;
+
+  [[nodiscard]] static ModelShape from_config(const model::ModelConfig& c);
+  /// W: parameters of one decoder layer's matrices (q, k, v, o, gate, up,
+  /// down; biases and norm weights left out):
+  /// hidden*(h_q + 2 h_kv)*d + h_q*d*hidden + 3*hidden*I.
+  [[nodiscard]] double layer_params() const;
+  /// ok, or invalid_argument naming the first non-positive field (or heads
+  /// not a multiple of KV heads).
+  [[nodiscard]] Status validate() const;
+};
+
+/// Bytes per element (App. A assumes float16 throughout: 2).
+struct ElementSizes {
+  double weight_bytes = 2;      ///< weight matrices (4 for F32, 2 for BF16)
+  double kv_bytes = 2;          ///< KV cache
+  double activation_bytes = 2;  ///< activations: Q, K, V and what collectives / sends move
+};
+
+/// One device and its links, measured at run time.
+struct HardwareSpec {
+  double memory_bw_bytes_per_s = 0;  ///< B_HBM: device memory bandwidth, bytes/s (> 0)
+  double flops_per_s = 0;            ///< FLOPS: achievable GEMM rate at the weight dtype, FLOP/s (> 0)
+  double comm_bw_bytes_per_s = 0;    ///< bytes/s one rank sends in a collective or send (> 0)
+  double comm_latency_s = 0;         ///< fixed time per collective or send, seconds (>= 0)
+};
+
+/// The work of one engine step of one engine group: totals over its sequences.
+struct StepShape {
+  long long num_prefill_tokens = 0;   ///< prompt (chunk) tokens computed this step
+  long long num_decode_tokens = 0;    ///< decode tokens (one per decoding sequence)
+  long long num_sequences = 0;        ///< sequences in the step = logits rows
+  long long num_context_tokens = 0;   ///< KV cache tokens read: sum over sequences of tokens cached before the step
+  long long num_attention_pairs = 0;  ///< sum over new tokens of keys attended (cached + new up to and including itself)
+  int num_micro_batches = 1;          ///< M: micro-batches the step is split into (PP), >= 1
+
+  /// Adds one sequence with `cached_tokens` already in the KV cache and
+  /// `new_tokens` computed now (new_tokens <= 0: nothing). It counts as a
+  /// decode when cached_tokens > 0 and new_tokens == 1, else as prefill;
+  /// attention pairs += new * cached + new * (new + 1) / 2.
+  void add_sequence(long long cached_tokens, long long new_tokens);
+  [[nodiscard]] long long num_tokens() const { return num_prefill_tokens + num_decode_tokens; }
+};
+
+/// One pipeline stage, per rank: times for ONE micro-batch, bytes for the step.
+struct StageCost {
+  int num_layers = 0;
+  double micro_batch_ms = 0;         ///< t_s: one micro-batch through this stage
+  double weight_read_ms = 0;         ///< T_dm^linear over the stage's layers (+ lm_head weights on the last)
+  double kv_read_ms = 0;             ///< T_dm^attn over the stage's layers
+  double linear_compute_ms = 0;      ///< T_comp^linear (+ lm_head on the last)
+  double attention_compute_ms = 0;   ///< T_comp^attn
+  double tp_comm_ms = 0, sp_comm_ms = 0, pp_comm_ms = 0;
+  double tp_bytes = 0, sp_bytes = 0, pp_bytes = 0;  ///< bytes one rank sends in the whole step
+};
+
+/// Predicted cost of a step. The component times are raw (bytes / bandwidth,
+/// FLOPs / FLOPS, communication) for one rank of the bottleneck stage over
+/// all M micro-batches; `total_ms` takes the roofline max per part, so
+/// max(data, compute) + comm + bubble <= total <= sum of components + bubble.
+struct StepCost {
+  double total_ms = 0;            ///< predicted wall time of the step
+  double weight_read_ms = 0;
+  double kv_read_ms = 0;
+  double compute_ms = 0;          ///< linear + attention
+  double linear_compute_ms = 0;
+  double attention_compute_ms = 0;
+  double comm_ms = 0;             ///< tp + sp + pp
+  double tp_comm_ms = 0, sp_comm_ms = 0, pp_comm_ms = 0;
+  double bubble_ms = 0;           ///< pipeline fill / drain: sum_s t_s - max_s t_s
+  int bottleneck_stage = 0;       ///< argmax_s t_s (lowest index on ties)
+  double memory_bytes = 0;        ///< bytes one rank of the bottleneck stage reads (weights + attention)
+  double flops = 0;               ///< FLOPs one rank of the bottleneck stage computes
+  /// Bytes one rank of stage 0 sends in the step, per kind (stage 0 has the
+  /// most layers and sends activations when pp > 1, so no rank sends more).
+  double tp_bytes_per_rank = 0, sp_bytes_per_rank = 0, pp_bytes_per_rank = 0;
+  double tokens_per_s = 0;        ///< dp * step tokens / total (0 for an empty step)
+  std::vector<StageCost> stages;  ///< one per pipeline stage
+};
+
+/// App. A cost model for one model on one kind of device.
+class CostModel {
+ public:
+  /// Errors: invalid_argument naming the bad field (non-positive shape
+  /// numbers, heads not a multiple of KV heads, element sizes <= 0,
+  /// bandwidths or FLOPS <= 0, latency < 0, any of them not finite).
+  [[nodiscard]] static Result<CostModel> create(const ModelShape& shape, const ElementSizes& sizes,
+                                                const HardwareSpec& hw);
+
+  /// Predicted cost of `step` under `pc` (a step without tokens runs no
+  /// forward pass and costs 0). Errors: invalid_argument for a degree < 1,
+  /// pp > num_layers, negative step counts or num_micro_batches < 1.
+  [[nodiscard]] Result<StepCost> estimate(const engine::ParallelConfig& pc, const StepShape& step) const;
+
+  [[nodiscard]] const ModelShape& shape() const { return shape_; }
+  [[nodiscard]] const ElementSizes& sizes() const { return sizes_; }
+  [[nodiscard]] const HardwareSpec& hardware() const { return hw_; }
+
+ private:
+  CostModel(const ModelShape& shape, const ElementSizes& sizes, const HardwareSpec& hw)
+      : shape_(shape), sizes_(sizes), hw_(hw) {}
+  ModelShape shape_;
+  ElementSizes sizes_;
+  HardwareSpec hw_;
+};
+
+}  // namespace shardline::orchestrator

@@ -1,0 +1,348 @@
+#include "orchestrator/cost_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "model/shard_runner.hpp"
+
+namespace shardline::orchestrator {
+namespace {
+
+// Tiny model: W = 8*(2+2)*4 + 2*4*8 + 3*8*16 = 128 + 64 + 384 = 576 parameters
+// per layer (1152 bytes at 2 bytes each); lm_head 32*8 = 256 parameters.
+ModelShape tiny() {
+  ModelShape s;
+  s.num_layers = 2;
+  s.hidden_size = 8;
+  s.num_heads = 2;
+  s.num_kv_heads = 1;
+  s.head_dim = 4;
+  s.intermediate_size = 16;
+  s.vocab_size = 32;
+  return s;
+}
+
+// Round numbers so the hand computations below stay readable.
+HardwareSpec slow_hw() {
+  HardwareSpec hw;
+  hw.memory_bw_bytes_per_s = 1000;
+  hw.flops_per_s = 10000;
+  hw.comm_bw_bytes_per_s = 100;
+  hw.comm_latency_s = 0.01;
+  return hw;
+}
+
+CostModel make(const ModelShape& shape, const HardwareSpec& hw, ElementSizes sizes = {}) {
+  Result<CostModel> m = CostModel::create(shape, sizes, hw);
+  EXPECT_TRUE(m.ok()) << m.error().to_string();
+  return std::move(m).value();
+}
+
+StepCost estimate(const CostModel& m, const engine::ParallelConfig& pc, const StepShape& step) {
+  Result<StepCost> c = m.estimate(pc, step);
+  EXPECT_TRUE(c.ok()) << c.error().to_string();
+  return c.ok() ? c.value() : StepCost{};
+}
+
+// 4 decoding sequences with 10 cached tokens each.
+StepShape decode4() {
+  StepShape s;
+  for (int i = 0; i < 4; ++i) s.add_sequence(10, 1);
+  return s;
+}
+
+TEST(CostModel, StepShapeAddSequence) {
+  StepShape s;
+  s.add_sequence(10, 1);  // decode: 11 keys
+  s.add_sequence(0, 8);   // prefill from scratch: 1 + ... + 8 = 36 pairs
+  s.add_sequence(16, 4);  // prefill chunk after 16 cached: 4*16 + 10 = 74 pairs
+  s.add_sequence(5, 0);   // nothing
+  EXPECT_EQ(s.num_decode_tokens, 1);
+  EXPECT_EQ(s.num_prefill_tokens, 12);
+  EXPECT_EQ(s.num_tokens(), 13);
+  EXPECT_EQ(s.num_sequences, 3);
+  EXPECT_EQ(s.num_context_tokens, 26);
+  EXPECT_EQ(s.num_attention_pairs, 11 + 36 + 74);
+}
+
+TEST(CostModel, ShapeFromConfigAndLayerParams) {
+  model::ModelConfig c;
+  c.num_hidden_layers = 2;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 16;
+  c.vocab_size = 32;
+  const ModelShape s = ModelShape::from_config(c);
+  EXPECT_EQ(s.num_layers, 2);
+  EXPECT_EQ(s.num_kv_heads, 1);
+  EXPECT_EQ(s.vocab_size, 32);
+  EXPECT_DOUBLE_EQ(s.layer_params(), 576.0);
+  EXPECT_TRUE(s.validate().ok());
+}
+
+TEST(CostModel, SingleDeviceDecodeByHand) {
+  const CostModel m = make(tiny(), slow_hw());
+  const StepCost c = estimate(m, {}, decode4());
+  // Per layer: weights 1152 B / 1000 = 1.152 s vs 2*576*4 / 1e4 = 0.4608 s.
+  // Attention: KV 2 B * 2 * 1 head * 4 * 40 ctx = 640 B + QKV 2 B * (2+2) * 4 * 4 tokens
+  // = 128 B -> 0.768 s vs 4 * 2 * 4 * 44 pairs / 1e4 = 0.1408 s.
+  // Layer 1.92 s, 2 layers 3.84 s; lm_head 512 B -> 0.512 s vs 2*256*4 / 1e4 = 0.2048 s.
+  EXPECT_NEAR(c.total_ms, 4352.0, 1e-6);
+  EXPECT_NEAR(c.weight_read_ms, 2 * 1152.0 + 512.0, 1e-6);
+  EXPECT_NEAR(c.kv_read_ms, 2 * 768.0, 1e-6);
+  EXPECT_NEAR(c.linear_compute_ms, 2 * 460.8 + 204.8, 1e-6);
+  EXPECT_NEAR(c.attention_compute_ms, 2 * 140.8, 1e-6);
+  EXPECT_DOUBLE_EQ(c.comm_ms, 0.0);
+  EXPECT_DOUBLE_EQ(c.bubble_ms, 0.0);
+  EXPECT_DOUBLE_EQ(c.tp_bytes_per_rank + c.sp_bytes_per_rank + c.pp_bytes_per_rank, 0.0);
+  EXPECT_NEAR(c.memory_bytes, 2 * (1152.0 + 768.0) + 512.0, 1e-9);
+  EXPECT_NEAR(c.flops, 2 * (4608.0 + 1408.0) + 2048.0, 1e-9);
+  EXPECT_NEAR(c.tokens_per_s, 4 / 4.352, 1e-9);
+  ASSERT_EQ(c.stages.size(), 1u);
+  EXPECT_EQ(c.stages[0].num_layers, 2);
+}
+
+TEST(CostModel, TensorParallelByHand) {
+  const CostModel m = make(tiny(), slow_hw());
+  const StepCost c = estimate(m, {.tp = 2}, decode4());
+  // W_rank = 8*4*(1 + 2*max(0.5, 1)) + 1*4*8 + 3*8*16/2 = 96 + 32 + 192 = 320 -> 640 B, 0.64 s
+  // (vs 2*320*4 / 1e4 = 0.256 s). Attention: 1 query head, 1 (replicated) KV head:
+  // 640 + 2*(1+2)*4*4 = 736 B -> 0.736 s (vs 704 FLOPs). All-reduce of 4*8*2 = 64 B: ring
+  // sends 2*(1/2)*64 = 64 B, 0.01 + 0.64 = 0.65 s, twice per layer = 1.3 s.
+  // Layer 2.676 s, 2 layers 5.352 s; lm_head 256 B -> 0.256 s.
+  EXPECT_NEAR(c.total_ms, 5608.0, 1e-6);
+  EXPECT_NEAR(c.tp_comm_ms, 2600.0, 1e-6);
+  EXPECT_NEAR(c.weight_read_ms, 2 * 640.0 + 256.0, 1e-6);
+  EXPECT_NEAR(c.tp_bytes_per_rank, 2 * 2 * 64.0, 1e-9);
+  EXPECT_DOUBLE_EQ(c.sp_bytes_per_rank, 0.0);
+}
+
+TEST(CostModel, PipelineParallelByHand) {
+  const CostModel m = make(tiny(), slow_hw());
+  StepShape step = decode4();
+  step.num_micro_batches = 2;
+  const StepCost c = estimate(m, {.pp = 2}, step);
+  // Micro-batch: 2 tokens, 20 context, 22 pairs, 2 sequences. Layer: max(1.152, 0.2304)
+  // + max((320 + 64) / 1000, 704 / 1e4) = 1.536 s.
+  // Stage 0: 1 layer + send 2*8*2 = 32 B (0.01 + 0.32 s) = 1.866 s.
+  // Stage 1: 1 layer + lm_head max(0.512, 0.1024) = 2.048 s (the bottleneck).
+  ASSERT_EQ(c.stages.size(), 2u);
+  EXPECT_EQ(c.stages[0].num_layers, 1);
+  EXPECT_EQ(c.stages[1].num_layers, 1);
+  EXPECT_NEAR(c.stages[0].micro_batch_ms, 1866.0, 1e-6);
+  EXPECT_NEAR(c.stages[1].micro_batch_ms, 2048.0, 1e-6);
+  EXPECT_EQ(c.bottleneck_stage, 1);
+  // total = t0 + t1 + (M - 1) * max = 1.866 + 2.048 + 2.048.
+  EXPECT_NEAR(c.total_ms, 5962.0, 1e-6);
+  EXPECT_NEAR(c.bubble_ms, 1866.0, 1e-6);
+  EXPECT_NEAR(c.pp_bytes_per_rank, 2 * 32.0, 1e-9);
+  EXPECT_DOUBLE_EQ(c.stages[1].pp_bytes, 0.0);
+  EXPECT_DOUBLE_EQ(c.pp_comm_ms, 0.0);  // the bottleneck (last) stage sends nothing
+  EXPECT_NEAR(c.stages[0].pp_comm_ms, 330.0, 1e-6);
+}
+
+TEST(CostModel, SequenceParallelByHand) {
+  const CostModel m = make(tiny(), slow_hw());
+  StepShape step;
+  step.add_sequence(0, 8);  // 8 tokens, 36 pairs, no cached context
+  const StepCost c = estimate(m, {.sp = 2}, step);
+  // 4 rows per rank; weights replicated over SP: max(1.152, 2*576*4 / 1e4) = 1.152 s.
+  // Attention: 1 query head, 1 KV head per rank over all 8 tokens: 2*(1+2)*4*8 = 192 B
+  // -> 0.192 s (vs 4*1*4*36 = 576 FLOPs). All-to-alls send half of 4*(2+2)*4*2 = 128 B
+  // and half of 4*2*4*2 = 64 B: 96 B, 2*0.01 + 0.96 = 0.98 s.
+  // Layer 2.324 s, 2 layers 4.648 s; lm_head max(0.512, 2*256*0.5 / 1e4) = 0.512 s.
+  EXPECT_NEAR(c.total_ms, 5160.0, 1e-6);
+  EXPECT_NEAR(c.sp_comm_ms, 1960.0, 1e-6);
+  EXPECT_NEAR(c.sp_bytes_per_rank, 2 * 96.0, 1e-9);
+  EXPECT_DOUBLE_EQ(c.tp_bytes_per_rank, 0.0);
+}
+
+ModelShape llama8b() {
+  ModelShape s;
+  s.num_layers = 32;
+  s.hidden_size = 4096;
+  s.num_heads = 32;
+  s.num_kv_heads = 8;
+  s.head_dim = 128;
+  s.intermediate_size = 14336;
+  s.vocab_size = 128256;
+  return s;
+}
+
+HardwareSpec h100ish() {
+  HardwareSpec hw;
+  hw.memory_bw_bytes_per_s = 3.35e12;
+  hw.flops_per_s = 800e12;
+  hw.comm_bw_bytes_per_s = 150e9;
+  hw.comm_latency_s = 10e-6;
+  return hw;
+}
+
+StepShape decode_batch(int seqs, int ctx) {
+  StepShape s;
+  for (int i = 0; i < seqs; ++i) s.add_sequence(ctx, 1);
+  return s;
+}
+
+TEST(CostModel, MoreTensorParallelismLessWeightTimeMoreComm) {
+  const CostModel m = make(llama8b(), h100ish());
+  const StepShape step = decode_batch(64, 1024);
+  double prev_weight = 1e300, prev_comm = -1, prev_bytes = -1;
+  for (int tp : {1, 2, 4, 8}) {
+    const StepCost c = estimate(m, {.tp = tp}, step);
+    EXPECT_LT(c.weight_read_ms, prev_weight) << "tp=" << tp;
+    EXPECT_GT(c.comm_ms, prev_comm) << "tp=" << tp;
+    EXPECT_GT(c.tp_bytes_per_rank, prev_bytes) << "tp=" << tp;
+    if (tp == 1) {
+      EXPECT_DOUBLE_EQ(c.comm_ms, 0.0);
+    }
+    prev_weight = c.weight_read_ms;
+    prev_comm = c.comm_ms;
+    prev_bytes = c.tp_bytes_per_rank;
+  }
+  // Ring volume 2 (tp-1)/tp: tp=2 -> 1x, tp=4 -> 1.5x the payload.
+  const double b2 = estimate(m, {.tp = 2}, step).tp_bytes_per_rank;
+  const double b4 = estimate(m, {.tp = 4}, step).tp_bytes_per_rank;
+  EXPECT_NEAR(b2, 32 * 2 * 64.0 * 4096 * 2, 1e-3);  // layers * 2 all-reduces * [64, 4096] bf16
+  EXPECT_NEAR(b4 / b2, 1.5, 1e-12);
+  // With free communication, decode gets faster with TP (weights are the bottleneck).
+  HardwareSpec fast = h100ish();
+  fast.comm_bw_bytes_per_s = 1e18;
+  fast.comm_latency_s = 0;
+  const CostModel mf = make(llama8b(), fast);
+  EXPECT_LT(estimate(mf, {.tp = 8}, step).total_ms, estimate(mf, {.tp = 1}, step).total_ms);
+}
+
+TEST(CostModel, SingleDeviceIsTheRooflineWhenMemoryBound) {
+  // Decode of a few sequences: every part is memory-bound on an H100-like device.
+  const CostModel m = make(llama8b(), h100ish());
+  const StepCost c = estimate(m, {}, decode_batch(8, 2048));
+  const double roofline_ms =
+      std::max(c.flops / h100ish().flops_per_s, c.memory_bytes / h100ish().memory_bw_bytes_per_s) * 1e3;
+  EXPECT_NEAR(c.total_ms, roofline_ms, 1e-9 * roofline_ms);
+  EXPECT_NEAR(c.total_ms, c.weight_read_ms + c.kv_read_ms, 1e-9 * c.total_ms);
+  // Bytes: 32 layers of W bf16 + lm_head + 8 * 2048 cached tokens of K and V
+  // (8 heads * 128 * 2 B * 2) + Q,K,V of the 8 new tokens.
+  const double w = llama8b().layer_params();
+  const double expect_bytes = 32 * (w * 2 + 8 * 2048 * 2 * 8 * 128 * 2.0 + 8 * (32 + 16) * 128 * 2.0) +
+                              128256.0 * 4096 * 2;
+  EXPECT_NEAR(c.memory_bytes, expect_bytes, 1e-6 * expect_bytes);
+}
+
+TEST(CostModel, SingleDeviceIsTheRooflineWhenComputeBound) {
+  // Peak / bandwidth = 1 FLOP per byte: a 256-token prefill is compute-bound everywhere.
+  HardwareSpec hw = h100ish();
+  hw.flops_per_s = hw.memory_bw_bytes_per_s;
+  const CostModel m = make(llama8b(), hw);
+  StepShape step;
+  for (int i = 0; i < 4; ++i) step.add_sequence(0, 256);
+  const StepCost c = estimate(m, {}, step);
+  const double roofline_ms = std::max(c.flops / hw.flops_per_s, c.memory_bytes / hw.memory_bw_bytes_per_s) * 1e3;
+  EXPECT_NEAR(c.total_ms, roofline_ms, 1e-9 * roofline_ms);
+  EXPECT_NEAR(c.total_ms, c.compute_ms, 1e-9 * c.total_ms);
+  const double w = llama8b().layer_params();
+  const double expect_flops = 32 * (2 * w * 1024 + 4.0 * 32 * 128 * (4 * 256 * 257 / 2)) + 2 * 128256.0 * 4096 * 4;
+  EXPECT_NEAR(c.flops, expect_flops, 1e-9 * expect_flops);
+}
+
+TEST(CostModel, PipelineBubbleAndStageSplit) {
+  const CostModel m = make(llama8b(), h100ish());
+  StepShape step = decode_batch(64, 1024);
+  step.num_micro_batches = 4;
+  const StepCost c = estimate(m, {.pp = 4}, step);
+  ASSERT_EQ(c.stages.size(), 4u);
+  double sum = 0, mx = 0;
+  for (const StageCost& s : c.stages) {
+    EXPECT_EQ(s.num_layers, 8);
+    sum += s.micro_batch_ms;
+    mx = std::max(mx, s.micro_batch_ms);
+  }
+  EXPECT_EQ(c.bottleneck_stage, 3);  // lm_head
+  EXPECT_NEAR(c.bubble_ms, sum - mx, 1e-9);
+  EXPECT_NEAR(c.total_ms, sum + 3 * mx, 1e-9);
+  EXPECT_GT(c.pp_bytes_per_rank, 0.0);
+  // Uneven split: the first L % pp stages get one layer more, as in model/shard_runner.
+  ModelShape odd = tiny();
+  odd.num_layers = 7;
+  const CostModel mo = make(odd, slow_hw());
+  const StepCost co = estimate(mo, {.pp = 3}, decode4());
+  ASSERT_EQ(co.stages.size(), 3u);
+  for (int s = 0; s < 3; ++s) {
+    const auto [first, last] = model::stage_layer_range(7, 3, s);
+    EXPECT_EQ(co.stages[s].num_layers, last - first) << s;
+  }
+}
+
+TEST(CostModel, DataParallelScalesThroughputOnly) {
+  const CostModel m = make(llama8b(), h100ish());
+  const StepShape step = decode_batch(32, 512);
+  const StepCost one = estimate(m, {}, step);
+  const StepCost four = estimate(m, {.dp = 4}, step);
+  EXPECT_DOUBLE_EQ(one.total_ms, four.total_ms);
+  EXPECT_NEAR(four.tokens_per_s, 4 * one.tokens_per_s, 1e-9 * four.tokens_per_s);
+}
+
+TEST(CostModel, EmptyStepCostsNothing) {
+  const CostModel m = make(tiny(), slow_hw());
+  const StepCost c = estimate(m, {.tp = 2, .pp = 2}, StepShape{});
+  EXPECT_DOUBLE_EQ(c.total_ms, 0.0);
+  EXPECT_DOUBLE_EQ(c.tokens_per_s, 0.0);
+  ASSERT_EQ(c.stages.size(), 2u);
+  EXPECT_EQ(c.stages[0].num_layers, 1);
+}
+
+TEST(CostModel, Errors) {
+  const auto expect_bad = [](const Error& e, const std::string& what) {
+    EXPECT_EQ(e.code, ErrorCode::invalid_argument);
+    EXPECT_NE(e.message.find(what), std::string::npos) << e.message;
+  };
+  ModelShape s = tiny();
+  s.head_dim = 0;
+  Result<CostModel> r = CostModel::create(s, {}, slow_hw());
+  ASSERT_FALSE(r.ok());
+  expect_bad(r.error(), "head_dim");
+  s = tiny();
+  s.num_heads = 3;
+  s.num_kv_heads = 2;
+  r = CostModel::create(s, {}, slow_hw());
+  ASSERT_FALSE(r.ok());
+  expect_bad(r.error(), "num_kv_heads");
+  HardwareSpec hw = slow_hw();
+  hw.memory_bw_bytes_per_s = 0;
+  r = CostModel::create(tiny(), {}, hw);
+  ASSERT_FALSE(r.ok());
+  expect_bad(r.error(), "memory_bw_bytes_per_s");
+  hw = slow_hw();
+  hw.comm_latency_s = -1;
+  r = CostModel::create(tiny(), {}, hw);
+  ASSERT_FALSE(r.ok());
+  expect_bad(r.error(), "comm_latency_s");
+  r = CostModel::create(tiny(), {.weight_bytes = 0}, slow_hw());
+  ASSERT_FALSE(r.ok());
+  expect_bad(r.error(), "weight_bytes");
+
+  const CostModel m = make(tiny(), slow_hw());
+  Result<StepCost> c = m.estimate({.tp = 0}, decode4());
+  ASSERT_FALSE(c.ok());
+  expect_bad(c.error(), "tp=0");
+  c = m.estimate({.pp = 3}, decode4());
+  ASSERT_FALSE(c.ok());
+  expect_bad(c.error(), "pp = 3");
+  StepShape step = decode4();
+  step.num_micro_batches = 0;
+  c = m.estimate({}, step);
+  ASSERT_FALSE(c.ok());
+  expect_bad(c.error(), "num_micro_batches");
+  step = decode4();
+  step.num_context_tokens = -1;
+  c = m.estimate({}, step);
+  ASSERT_FALSE(c.ok());
+  expect_bad(c.error(), ">= 0");
+}
+
+}  // namespace
+}  // namespace shardline::orchestrator
