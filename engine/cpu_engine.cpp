@@ -9,6 +9,8 @@
 namespace shardline::engine {
 
 Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
+  if (o.parallel.dp != 1)
+    return make_error(ErrorCode::invalid_argument, "a CpuEngine is one replica: dp must be 1 (build dp engines)");
   if (o.block_size <= 0)
     return make_error(ErrorCode::invalid_argument, "--block-size must be > 0");
   if (o.kv_cache_bytes == 0 && !(o.kv_cache_memory_fraction > 0.0 && o.kv_cache_memory_fraction <= 1.0))
@@ -64,10 +66,18 @@ Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
   e.num_kv_blocks = static_cast<int>(num_blocks);
   e.kv_cache_bytes = static_cast<std::uint64_t>(num_blocks) * block_bytes;
 
-  auto runner = model::CpuModelRunner::create(
-      e.weights, model::CpuRunnerOptions{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype});
-  if (!runner) return std::move(runner).error();
-  e.runner = std::move(runner).value();
+  const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
+  if (o.parallel.group_size() == 1) {
+    auto runner = model::CpuModelRunner::create(e.weights, ro);
+    if (!runner) return std::move(runner).error();
+    e.runner = std::move(runner).value();
+    e.executor = e.runner.get();
+  } else {
+    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro);
+    if (!group) return std::move(group).error();
+    e.group = std::move(group).value();
+    e.executor = &e.group->executor();
+  }
 
   EngineConfig ec;
   ec.max_num_seqs = o.max_num_seqs;
@@ -77,7 +87,8 @@ Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
   ec.seed = o.seed;
   ec.capture_logits = o.capture_logits;
   ec.check_integrity = o.check_integrity;
-  auto engine = LlmEngine::create(*e.runner, *e.tokenizer, ec);
+  ec.token_budget = o.token_budget;
+  auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();
   e.engine = std::move(engine).value();
   return e;

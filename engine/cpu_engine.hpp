@@ -11,6 +11,9 @@
 
 #include "common/result.hpp"
 #include "engine/llm_engine.hpp"
+#include "engine/parallel_config.hpp"
+#include "engine/parallel_executor.hpp"
+#include "engine/token_budget.hpp"
 #include "model/cpu_runner.hpp"
 #include "model/tokenizer.hpp"
 #include "model/weights.hpp"
@@ -30,7 +33,13 @@ struct CpuEngineOptions {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
   int max_model_len = 0;          ///< 0 = config max_position_embeddings
-  int num_threads = 0;            ///< OpenMP threads for kernels; 0 = all cores
+  int num_threads = 0;            ///< OpenMP threads for kernels (per rank); 0 = all cores (split over ranks)
+  /// tp/sp/pp of one engine group (dp must be 1: a replica is one CpuEngine).
+  /// Anything but all-1 builds an in-process InProcEngineGroup.
+  ParallelConfig parallel;
+  /// Per-micro-batch token budget (orchestrator/token_budget_policies.hpp);
+  /// null = fixed budget of max_num_batched_tokens. Shared, not copied.
+  std::shared_ptr<const TokenBudgetPolicy> token_budget;
   bool capture_logits = false;
   bool check_integrity = false;
 };
@@ -40,13 +49,17 @@ struct CpuEngineOptions {
 struct CpuEngine {
   std::shared_ptr<const model::ModelWeights> weights;
   std::unique_ptr<model::Tokenizer> tokenizer;
-  std::unique_ptr<model::CpuModelRunner> runner;
+  std::unique_ptr<model::CpuModelRunner> runner;  ///< single device (parallel.group_size() == 1)
+  std::unique_ptr<InProcEngineGroup> group;        ///< several ranks (otherwise)
+  ModelExecutor* executor = nullptr;               ///< runner or group->executor()
   std::unique_ptr<LlmEngine> engine;
   std::uint64_t kv_cache_bytes = 0;  ///< what was allocated
   int num_kv_blocks = 0;
 };
 
-/// Builds it. The KV cache gets min(budget, what max_num_seqs sequences of
+/// Builds it. With a parallel config, every rank gets the same number of KV
+/// blocks, sized as for one device (each rank stores its heads' and layers'
+/// share of a block). The KV cache gets min(budget, what max_num_seqs sequences of
 /// max_model_len tokens can use) blocks. A model folder without tokenizer
 /// files gets an IdTokenizer (ids as text). Errors: whatever loading returns
 /// (each names the file / tensor), invalid_argument for bad options,

@@ -68,6 +68,10 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
 }
 
 bool LlmEngine::abort_request(std::uint64_t request_id) {
+  if (Sequence* live = scheduler_.get(request_id); live != nullptr && live->in_flight) {
+    live->abort_requested = true;
+    return true;
+  }
   std::unique_ptr<Sequence> seq = scheduler_.finish(request_id, FinishReason::abort);
   if (!seq) return false;
   aborted_.push_back(to_output(*seq));
@@ -135,19 +139,38 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
   aborted_.clear();
   if (!scheduler_.has_unfinished()) return results;
 
-  SchedulerOutput sched = scheduler_.schedule();
-  StepStats stats;
-  stats.schedule_ms = ms_since(t0);
-  if (config_.check_integrity)
-    if (Status s = scheduler_.check_integrity(); !s.ok()) return s.error();
-  if (sched.empty())
+  // Fill the pipeline: one micro-batch per free slot while anything is schedulable.
+  const int depth = std::max(1, executor_->max_in_flight());
+  while (static_cast<int>(in_flight_.size()) < depth) {
+    const auto t_sched = Clock::now();
+    MicroBatchBudget limits;
+    if (config_.token_budget) limits = config_.token_budget->budget(scheduler_.state(depth));
+    SchedulerOutput sched = scheduler_.schedule(config_.token_budget ? &limits : nullptr);
+    InFlight f;
+    f.stats.schedule_ms = ms_since(t_sched);
+    if (config_.check_integrity)
+      if (Status s = scheduler_.check_integrity(); !s.ok()) return s.error();
+    if (sched.empty()) break;
+    f.submitted = Clock::now();
+    if (Status s = executor_->submit(sched.input); !s.ok()) return s.error();
+    f.stats.num_seqs = static_cast<int>(sched.scheduled.size());
+    f.stats.num_prefill_tokens = sched.num_prefill_tokens;
+    f.stats.num_decode_tokens = sched.num_decode_tokens;
+    f.stats.num_preemptions = sched.num_preemptions;
+    f.sched = std::move(sched);
+    in_flight_.push_back(std::move(f));
+  }
+  if (in_flight_.empty())
     return make_error(ErrorCode::internal, "scheduler planned an empty step with " +
                                                std::to_string(scheduler_.num_waiting()) + " waiting requests");
 
-  const auto t_exec = Clock::now();
-  Result<StepOutput> exec = executor_->execute(sched.input);
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  SchedulerOutput& sched = f.sched;
+  StepStats& stats = f.stats;
+  Result<StepOutput> exec = executor_->collect();
   if (!exec.ok()) return std::move(exec).error();
-  stats.execute_ms = ms_since(t_exec);
+  stats.execute_ms = ms_since(f.submitted);
   const StepOutput& logits = exec.value();
   const int num_logits = sched.input.num_logits();
   const auto vocab = static_cast<std::size_t>(logits.vocab_size);
@@ -177,20 +200,21 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
   }
   scheduler_.update(sched, sampled);
 
+  std::vector<std::uint64_t> abort_ids;  // aborts that waited for this micro-batch
+  for (const ScheduledSeq& s : sched.scheduled)
+    if (s.seq->abort_requested) abort_ids.push_back(s.seq->id);
   for (Sequence* seq : sampled_seqs) {
+    if (seq->abort_requested) continue;
     const FinishReason reason = check_stop(*seq);
     if (reason == FinishReason::none) continue;
     const std::uint64_t id = seq->id;
     std::unique_ptr<Sequence> done = scheduler_.finish(id, reason);
     results.push_back(to_output(*done));
   }
+  for (std::uint64_t id : abort_ids) results.push_back(to_output(*scheduler_.finish(id, FinishReason::abort)));
   std::sort(results.begin(), results.end(),
             [](const RequestOutput& a, const RequestOutput& b) { return a.request_id < b.request_id; });
 
-  stats.num_seqs = static_cast<int>(sched.scheduled.size());
-  stats.num_prefill_tokens = sched.num_prefill_tokens;
-  stats.num_decode_tokens = sched.num_decode_tokens;
-  stats.num_preemptions = sched.num_preemptions;
   stats.step_ms = ms_since(t0);
   step_stats_.push_back(stats);
   if (step_callback_) step_callback_(stats);

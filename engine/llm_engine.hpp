@@ -19,6 +19,8 @@
 #include "engine/scheduler.hpp"
 #include "engine/sequence.hpp"
 #include "engine/step.hpp"
+#include "engine/token_budget.hpp"
+#include <deque>
 #include "model/tokenizer.hpp"
 
 namespace shardline::engine {
@@ -32,6 +34,9 @@ struct EngineConfig {
   bool skip_special_tokens = true;    ///< for the output text
   bool capture_logits = false;        ///< keep each generated step's raw logits row (before penalties)
   bool check_integrity = false;       ///< verify scheduler / block invariants every step (tests, debug)
+  /// Per-micro-batch token budget (e.g. gLLM Token Throttling); null = a
+  /// fixed budget of max_num_batched_tokens shared by decodes and prefills.
+  std::shared_ptr<const TokenBudgetPolicy> token_budget;
 };
 
 struct RequestOutput {
@@ -73,13 +78,18 @@ class LlmEngine {
   [[nodiscard]] Status add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
                                    const SamplingParams& params);
 
-  /// Finishes a request now with finish_reason "abort"; its output is
-  /// returned by the next step(). False when unknown.
+  /// Finishes a request now with finish_reason "abort" (one in flight: when
+  /// its micro-batch lands); its output is returned by a later step(). False
+  /// when unknown.
   bool abort_request(std::uint64_t request_id);
 
   /// Runs one iteration. Returns the requests that finished in it (in
-  /// request-id order). Errors: whatever the executor returns; internal
-  /// (broken invariant, wrong logits shape).
+  /// request-id order). With a pipelined executor (max_in_flight() > 1) an
+  /// iteration first submits micro-batches until max_in_flight() are in
+  /// flight or nothing more is schedulable (sequences in flight are not
+  /// scheduled again), then collects the oldest one's logits and samples it
+  /// (gLLM's asynchronous pipeline, seed 004 §3.3). Errors: whatever the
+  /// executor returns; internal (broken invariant, wrong logits shape).
   [[nodiscard]] Result<std::vector<RequestOutput>> step();
 
   [[nodiscard]] bool has_unfinished() const { return scheduler_.has_unfinished() || !aborted_.empty(); }
@@ -111,6 +121,12 @@ class LlmEngine {
   EngineConfig config_;
   Scheduler scheduler_;
   std::vector<RequestOutput> aborted_;
+  struct InFlight {
+    SchedulerOutput sched;
+    StepStats stats;
+    std::chrono::steady_clock::time_point submitted;
+  };
+  std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;
   std::function<void(const StepStats&)> step_callback_;
 };

@@ -74,9 +74,14 @@ void Scheduler::insert_by_arrival(std::vector<Sequence*>& queue, Sequence* seq) 
   queue.insert(it, seq);
 }
 
-void Scheduler::preempt_last_running() {
-  Sequence* victim = running_.back();
-  running_.pop_back();
+Sequence* Scheduler::last_preemptible() const {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it)
+    if (!(*it)->in_flight) return *it;
+  return nullptr;
+}
+
+void Scheduler::preempt(Sequence* victim) {
+  std::erase(running_, victim);
   blocks_.free(victim->id);
   victim->num_computed_tokens = 0;
   victim->status = SeqStatus::waiting;
@@ -85,42 +90,79 @@ void Scheduler::preempt_last_running() {
   insert_by_arrival(waiting_, victim);  // ahead of everything that arrived later
 }
 
-SchedulerOutput Scheduler::schedule() {
+SchedulerState Scheduler::state(int pipeline_depth) const {
+  SchedulerState st;
+  for (const Sequence* s : waiting_) st.num_waiting_prefill_tokens += s->num_tokens() - s->num_computed_tokens;
+  for (const Sequence* s : running_) {
+    const int left = s->num_tokens() - s->num_computed_tokens;
+    if (s->num_output_tokens() > 0 && left <= 1) ++st.num_running_decode_seqs;
+    else st.num_waiting_prefill_tokens += left;
+  }
+  st.num_free_kv_blocks = blocks_.num_free_blocks();
+  st.num_total_kv_blocks = blocks_.num_blocks();
+  st.pipeline_depth = pipeline_depth;
+  st.max_num_batched_tokens = config_.max_num_batched_tokens;
+  return st;
+}
+
+SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits) {
   SchedulerOutput out;
   int budget = config_.max_num_batched_tokens;
+  int decode_left = limits != nullptr ? limits->max_decode_tokens : budget;
+  int prefill_left = limits != nullptr ? limits->max_prefill_tokens : budget;
+  const auto is_decode = [](const Sequence* seq) {
+    return seq->num_output_tokens() > 0 && seq->num_computed_tokens == seq->num_tokens() - 1;
+  };
   auto record = [&](Sequence* seq, int n) {
-    const bool decode = n == 1 && seq->num_output_tokens() > 0 && seq->num_computed_tokens == seq->num_tokens() - 1;
+    const bool decode = n == 1 && is_decode(seq);
     (decode ? out.num_decode_tokens : out.num_prefill_tokens) += n;
+    (decode ? decode_left : prefill_left) -= n;
     out.scheduled.push_back({seq, n});
+    seq->in_flight = true;
     budget -= n;
   };
 
-  // 1. Running sequences, oldest first; preempt from the newest end.
+  // 1. Running sequences, oldest first; preempt from the newest end (never
+  //    one in flight).
   for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
+    const int cap = std::min(budget, is_decode(seq) ? decode_left : prefill_left);
+    if (seq->in_flight || cap <= 0) {
+      ++i;
+      continue;
+    }
+    const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, cap);
     const int end = seq->num_computed_tokens + n;
     bool self_preempted = false;
+    bool blocked = false;
     while (!blocks_.can_grow(seq->id, end)) {
-      const bool is_self = running_.back() == seq;
-      preempt_last_running();
+      Sequence* victim = last_preemptible();
+      if (victim == nullptr) {  // only sequences in flight hold blocks: wait for them
+        blocked = true;
+        break;
+      }
+      preempt(victim);
       ++out.num_preemptions;
-      if (is_self) {
+      if (victim == seq) {
         self_preempted = true;
         break;
       }
     }
-    if (self_preempted) break;  // it was the last running sequence
+    if (self_preempted) break;  // it was the newest preemptible running sequence
+    if (blocked) {
+      ++i;
+      continue;
+    }
     (void)blocks_.allocate_slots(seq->id, end);  // cannot fail: can_grow checked
     record(seq, n);
     ++i;
   }
 
   // 2. Admit waiting sequences FCFS (not in a step that had to preempt).
-  while (out.num_preemptions == 0 && budget > 0 && !waiting_.empty() &&
+  while (out.num_preemptions == 0 && budget > 0 && prefill_left > 0 && !waiting_.empty() &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
-    const int n = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);  // chunk to fit
+    const int n = std::min({seq->num_tokens() - seq->num_computed_tokens, budget, prefill_left});  // chunk to fit
     if (!blocks_.can_grow(seq->id, seq->num_computed_tokens + n)) break;
     (void)blocks_.allocate_slots(seq->id, seq->num_computed_tokens + n);
     waiting_.pop_front();
@@ -137,6 +179,7 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const std::int32_t>
   std::size_t next = 0;
   for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
     Sequence* seq = out.scheduled[i].seq;
+    seq->in_flight = false;
     seq->num_computed_tokens += out.scheduled[i].num_new_tokens;
     if (out.input.seqs[i].needs_logits && next < sampled.size()) seq->output_ids.push_back(sampled[next++]);
   }

@@ -25,6 +25,7 @@
 #include "engine/block_manager.hpp"
 #include "engine/sequence.hpp"
 #include "engine/step.hpp"
+#include "engine/token_budget.hpp"
 
 namespace shardline::engine {
 
@@ -64,10 +65,17 @@ class Scheduler {
   /// out_of_memory (prompt + max_tokens can never fit the whole KV cache).
   [[nodiscard]] Status add(std::unique_ptr<Sequence> seq);
 
-  /// Plans one step. Empty when nothing is unfinished.
-  [[nodiscard]] SchedulerOutput schedule();
+  /// Plans one step (micro-batch). Empty when nothing is schedulable.
+  /// Sequences in flight (an earlier micro-batch not yet updated) are
+  /// skipped and never preempted. `limits` (a TokenBudgetPolicy's answer)
+  /// caps decode and prefill tokens separately, under max_num_batched_tokens;
+  /// null = one shared budget of max_num_batched_tokens.
+  [[nodiscard]] SchedulerOutput schedule(const MicroBatchBudget* limits = nullptr);
+  /// What a token budget policy needs (#WP, #RD, KV blocks) for a pipeline of
+  /// `pipeline_depth` micro-batches.
+  [[nodiscard]] SchedulerState state(int pipeline_depth) const;
 
-  /// Applies a step: advances num_computed_tokens of every scheduled sequence
+  /// Applies a step: clears in_flight and advances num_computed_tokens of every scheduled sequence
   /// and appends `sampled[i]` to the i-th sequence with needs_logits (in
   /// logits_rows order). Does not check stops.
   void update(const SchedulerOutput& out, std::span<const std::int32_t> sampled);
@@ -89,7 +97,9 @@ class Scheduler {
   [[nodiscard]] Status check_integrity() const;
 
  private:
-  void preempt_last_running();
+  /// The newest running sequence not in flight (nullptr if none).
+  [[nodiscard]] Sequence* last_preemptible() const;
+  void preempt(Sequence* victim);
   void insert_by_arrival(std::deque<Sequence*>& queue, Sequence* seq);
   void insert_by_arrival(std::vector<Sequence*>& queue, Sequence* seq);
 

@@ -42,6 +42,10 @@ struct Sequence {
   /// Tokens whose KV is in the cache. Reset to 0 by preemption (recompute).
   int num_computed_tokens = 0;
   int num_preemptions = 0;
+  /// Part of a micro-batch whose logits are not back yet (pipeline
+  /// parallelism): not scheduled again, not preempted, finished only later.
+  bool in_flight = false;
+  bool abort_requested = false;  ///< aborted while in flight: finish when it lands
 
   FinishReason finish_reason = FinishReason::none;
   std::string stop_reason;  ///< the matched stop string, or the stop token id as text

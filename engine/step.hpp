@@ -5,6 +5,7 @@
 /// decode tokens mixed, Sarathi / vLLM-v1 style).
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "common/result.hpp"
@@ -52,6 +53,34 @@ class ModelExecutor {
   [[nodiscard]] virtual int vocab_size() const = 0;
   [[nodiscard]] virtual int num_kv_blocks() const = 0;
   [[nodiscard]] virtual int block_size() const = 0;
+
+  // ---- asynchronous steps (pipeline parallelism) --------------------------
+  // A pipelined executor (PP stages) accepts up to max_in_flight() steps
+  // before the first one's logits are collected; collect() returns them in
+  // submission order. The defaults run the step at submit.
+
+  /// Micro-batches the executor can overlap (the number of pipeline stages).
+  [[nodiscard]] virtual int max_in_flight() const { return 1; }
+  /// Starts a step. Errors: as execute(); invalid_argument when
+  /// max_in_flight() steps are already in flight.
+  [[nodiscard]] virtual Status submit(const StepInput& input) {
+    if (!pending_.empty()) return make_error(ErrorCode::invalid_argument, "executor: a step is already in flight");
+    Result<StepOutput> r = execute(input);
+    if (!r.ok()) return std::move(r).error();
+    pending_.push_back(std::move(r).value());
+    return Status::ok_status();
+  }
+  /// The logits of the oldest step in flight. Errors: invalid_argument when
+  /// none is in flight; whatever the step failed with.
+  [[nodiscard]] virtual Result<StepOutput> collect() {
+    if (pending_.empty()) return make_error(ErrorCode::invalid_argument, "executor: no step in flight");
+    StepOutput out = std::move(pending_.front());
+    pending_.pop_front();
+    return out;
+  }
+
+ private:
+  std::deque<StepOutput> pending_;
 };
 
 }  // namespace shardline::engine

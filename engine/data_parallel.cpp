@@ -1,0 +1,44 @@
+#include "engine/data_parallel.hpp"
+
+#include <omp.h>
+
+#include <thread>
+
+namespace shardline::engine {
+
+Result<std::vector<RequestOutput>> generate_data_parallel(const std::vector<LlmEngine*>& replicas,
+                                                          const std::vector<std::vector<std::int32_t>>& prompts,
+                                                          const SamplingParams& params, int threads_per_replica) {
+  if (replicas.empty()) return make_error(ErrorCode::invalid_argument, "data parallel: no replicas");
+  if (Status s = params.validate(); !s.ok()) return s.error();
+  const std::size_t dp = replicas.size();
+  std::vector<RequestOutput> outputs(prompts.size());
+  std::vector<Status> statuses(dp);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < dp; ++r) {
+    threads.emplace_back([&, r] {
+      if (threads_per_replica > 0) omp_set_num_threads(threads_per_replica);
+      LlmEngine& eng = *replicas[r];
+      for (std::size_t i = r; i < prompts.size(); i += dp) {
+        if (Status s = eng.add_request(i, prompts[i], params); !s.ok()) {
+          statuses[r] = s;
+          return;
+        }
+      }
+      while (eng.has_unfinished()) {
+        Result<std::vector<RequestOutput>> step = eng.step();
+        if (!step.ok()) {
+          statuses[r] = std::move(step).error();
+          return;
+        }
+        for (RequestOutput& o : step.value()) outputs[o.request_id] = std::move(o);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : statuses)
+    if (!s.ok()) return s.error();
+  return outputs;
+}
+
+}  // namespace shardline::engine

@@ -1,0 +1,331 @@
+#include "engine/parallel_executor.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <string>
+
+#include "engine/step_codec.hpp"
+
+namespace shardline::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::int64_t us_since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+}
+
+constexpr std::int32_t kKindStep = 0;
+constexpr std::int32_t kKindShutdown = 1;
+/// How long an idle rank waits for the next step's metadata.
+constexpr std::chrono::hours kIdleWait{24 * 365};
+
+std::size_t activation_bytes(const model::ShardRunner& r, int num_tokens) {
+  return static_cast<std::size_t>(r.chunk_rows(num_tokens)) * r.config().hidden_size * sizeof(float);
+}
+
+}  // namespace
+
+model::ShardSpec shard_spec_of(const ParallelConfig& pc, int group_rank) {
+  const RankCoord c = rank_coord(pc, group_rank);
+  model::ShardSpec s;
+  s.tp = pc.tp;
+  s.tp_rank = c.tp_rank;
+  s.sp = pc.sp;
+  s.sp_rank = c.sp_rank;
+  s.pp = pc.pp;
+  s.stage = c.stage;
+  return s;
+}
+
+Status InProcGroupComms::mark_dead(int group_rank) {
+  if (group_rank < 0 || group_rank >= static_cast<int>(memberships.size()))
+    return make_error(ErrorCode::invalid_argument, "mark_dead: rank " + std::to_string(group_rank) + " not in the group");
+  for (const auto& [group, local] : memberships[static_cast<std::size_t>(group_rank)])
+    if (Status st = groups[static_cast<std::size_t>(group)]->mark_dead(local); !st) return st;
+  return Status::ok_status();
+}
+
+Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc) {
+  const int g = pc.group_size();
+  InProcGroupComms out;
+  out.ranks.resize(static_cast<std::size_t>(g));
+  out.memberships.resize(static_cast<std::size_t>(g));
+  Result<std::shared_ptr<comm::InProcGroup>> world = comm::InProcGroup::create(g);
+  if (!world.ok()) return std::move(world).error();
+  out.groups.push_back(world.value());
+  for (int r = 0; r < g; ++r) {
+    Result<std::unique_ptr<comm::Communicator>> c = world.value()->communicator(r);
+    if (!c.ok()) return std::move(c).error();
+    out.ranks[static_cast<std::size_t>(r)].world = std::move(c).value();
+    out.memberships[static_cast<std::size_t>(r)].emplace_back(0, r);
+  }
+  for (int stage = 0; stage < pc.pp; ++stage) {
+    if (pc.tp > 1) {
+      for (int s = 0; s < pc.sp; ++s) {
+        Result<std::shared_ptr<comm::InProcGroup>> grp = comm::InProcGroup::create(pc.tp);
+        if (!grp.ok()) return std::move(grp).error();
+        out.groups.push_back(grp.value());
+        for (int t = 0; t < pc.tp; ++t) {
+          Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(t);
+          if (!c.ok()) return std::move(c).error();
+          const auto r = static_cast<std::size_t>(group_rank_of(pc, {stage, s, t}));
+          out.ranks[r].tp = std::move(c).value();
+          out.memberships[r].emplace_back(static_cast<int>(out.groups.size()) - 1, t);
+        }
+      }
+    }
+    if (pc.sp > 1) {
+      for (int t = 0; t < pc.tp; ++t) {
+        Result<std::shared_ptr<comm::InProcGroup>> grp = comm::InProcGroup::create(pc.sp);
+        if (!grp.ok()) return std::move(grp).error();
+        out.groups.push_back(grp.value());
+        for (int s = 0; s < pc.sp; ++s) {
+          Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(s);
+          if (!c.ok()) return std::move(c).error();
+          const auto r = static_cast<std::size_t>(group_rank_of(pc, {stage, s, t}));
+          out.ranks[r].sp = std::move(c).value();
+          out.memberships[r].emplace_back(static_cast<int>(out.groups.size()) - 1, s);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// ---- ShardWorker -------------------------------------------------------------
+
+ShardWorker::ShardWorker(ParallelConfig pc, int group_rank, std::unique_ptr<model::ShardRunner> runner,
+                         GroupComms comms, int num_threads)
+    : pc_(pc),
+      rank_(group_rank),
+      coord_(rank_coord(pc, group_rank)),
+      runner_(std::move(runner)),
+      comms_(std::move(comms)),
+      num_threads_(num_threads) {}
+
+Status ShardWorker::serve() {
+  if (num_threads_ > 0) omp_set_num_threads(num_threads_);
+  comm::Communicator& world = *comms_.world;
+  const std::chrono::milliseconds step_timeout = world.timeout();
+  std::vector<std::int32_t> words;
+  for (;;) {
+    std::int32_t header[2] = {0, 0};
+    world.set_timeout(std::chrono::duration_cast<std::chrono::milliseconds>(kIdleWait));
+    Status st = world.recv(header, sizeof header, 0, kTagMetaHeader);
+    world.set_timeout(step_timeout);
+    if (!st) return st;
+    if (header[0] == kKindShutdown) return Status::ok_status();
+    if (header[0] != kKindStep || header[1] < 0)
+      return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": bad step header");
+    words.resize(static_cast<std::size_t>(header[1]));
+    if (Status s = world.recv(words.data(), words.size() * sizeof(std::int32_t), 0, kTagMetaBody); !s) return s;
+    Result<StepInput> in = decode_step(words);
+    if (!in.ok()) return std::move(in).error();
+    const StepInput& step = in.value();
+    const int n = step.num_tokens();
+    if (n == 0) continue;
+    if (coord_.stage > 0) {
+      const int prev = group_rank_of(pc_, {coord_.stage - 1, coord_.sp_rank, coord_.tp_rank});
+      if (Status s = world.recv(runner_->residual(n), activation_bytes(*runner_, n), prev, kTagActivations); !s)
+        return s;
+    }
+    const auto t0 = Clock::now();
+    if (Status s = runner_->run_stage(step); !s) return s;
+    if (!runner_->spec().last_stage()) {
+      busy_us_ += us_since(t0);
+      const int next = group_rank_of(pc_, {coord_.stage + 1, coord_.sp_rank, coord_.tp_rank});
+      if (Status s = world.send(runner_->residual(n), activation_bytes(*runner_, n), next, kTagActivations); !s)
+        return s;
+      continue;
+    }
+    Result<StepOutput> out = runner_->run_logits(step);
+    busy_us_ += us_since(t0);
+    if (!out.ok()) return std::move(out).error();
+    if (pc_.pp > 1 && coord_.sp_rank == 0 && coord_.tp_rank == 0 && step.num_logits() > 0) {
+      const std::vector<float>& l = out.value().logits;
+      if (Status s = world.send(l.data(), l.size() * sizeof(float), 0, kTagLogits); !s) return s;
+    }
+  }
+}
+
+// ---- ParallelExecutor --------------------------------------------------------
+
+ParallelExecutor::ParallelExecutor(ParallelConfig pc, std::unique_ptr<model::ShardRunner> runner, GroupComms comms)
+    : pc_(pc), runner_(std::move(runner)), comms_(std::move(comms)) {}
+
+Result<std::unique_ptr<ParallelExecutor>> ParallelExecutor::create(ParallelConfig pc,
+                                                                  std::unique_ptr<model::ShardRunner> runner,
+                                                                  GroupComms comms) {
+  if (!runner) return make_error(ErrorCode::invalid_argument, "parallel executor: no runner");
+  const model::ShardSpec& s = runner->spec();
+  if (s.tp != pc.tp || s.sp != pc.sp || s.pp != pc.pp || s.stage != 0 || s.sp_rank != 0 || s.tp_rank != 0)
+    return make_error(ErrorCode::invalid_argument, "parallel executor: the runner is not rank 0 of " + pc.to_string());
+  if (pc.group_size() > 1 && (!comms.world || comms.world->world_size() != pc.group_size() || comms.world->rank() != 0))
+    return make_error(ErrorCode::invalid_argument,
+                      "parallel executor: needs rank 0 of a world communicator of " + std::to_string(pc.group_size()) +
+                          " ranks");
+  return std::unique_ptr<ParallelExecutor>(new ParallelExecutor(pc, std::move(runner), std::move(comms)));
+}
+
+ParallelExecutor::~ParallelExecutor() { (void)shutdown(); }
+
+Status ParallelExecutor::shutdown() {
+  if (shut_down_ || pc_.group_size() == 1) return Status::ok_status();
+  shut_down_ = true;
+  const std::int32_t header[2] = {kKindShutdown, 0};
+  Status first;
+  for (int r = 1; r < pc_.group_size(); ++r)
+    if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st && first.ok()) first = st;
+  return first;
+}
+
+Status ParallelExecutor::submit(const StepInput& in) {
+  if (shut_down_) return make_error(ErrorCode::invalid_argument, "parallel executor: shut down");
+  if (static_cast<int>(in_flight_.size()) >= pc_.pp)
+    return make_error(ErrorCode::invalid_argument,
+                      "parallel executor: " + std::to_string(in_flight_.size()) + " micro-batches already in flight");
+  if (Status st = runner_->validate(in); !st) return st;
+  const int n = in.num_tokens();
+  last_meta_bytes_ = 0;
+  last_comm_bytes_ = 0;
+  if (pc_.group_size() > 1) {
+    const std::vector<std::int32_t> words = encode_step(in);
+    const std::int32_t header[2] = {kKindStep, static_cast<std::int32_t>(words.size())};
+    for (int r = 1; r < pc_.group_size(); ++r) {
+      if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
+      if (Status st = comms_.world->send(words.data(), words.size() * sizeof(std::int32_t), r, kTagMetaBody); !st)
+        return st;
+    }
+    last_meta_bytes_ = static_cast<std::uint64_t>(pc_.group_size() - 1) * (sizeof header + words.size() * 4);
+  }
+  InFlight f;
+  f.num_logits = in.num_logits();
+  const auto t0 = Clock::now();
+  if (n > 0) {
+    if (Status st = runner_->run_stage(in); !st) return st;
+  }
+  if (pc_.pp == 1) {
+    Result<StepOutput> out = runner_->run_logits(in);
+    if (!out.ok()) return std::move(out).error();
+    f.ready = true;
+    f.output = std::move(out).value();
+  } else if (n > 0) {
+    const int next = group_rank_of(pc_, {1, 0, 0});
+    const std::size_t bytes = activation_bytes(*runner_, n);
+    if (Status st = comms_.world->send(runner_->residual(n), bytes, next, kTagActivations); !st) return st;
+    last_comm_bytes_ += bytes;
+  } else {
+    f.ready = true;  // nothing to compute
+    f.output.vocab_size = vocab_size();
+  }
+  busy_us_ += us_since(t0);
+  last_comm_bytes_ += runner_->last_profile().comm_bytes;
+  in_flight_.push_back(std::move(f));
+  return Status::ok_status();
+}
+
+Result<StepOutput> ParallelExecutor::collect() {
+  if (in_flight_.empty()) return make_error(ErrorCode::invalid_argument, "parallel executor: no step in flight");
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (f.ready) return std::move(f.output);
+  StepOutput out;
+  out.vocab_size = vocab_size();
+  out.logits.resize(static_cast<std::size_t>(f.num_logits) * static_cast<std::size_t>(out.vocab_size));
+  if (f.num_logits > 0) {
+    const int last = group_rank_of(pc_, {pc_.pp - 1, 0, 0});
+    if (Status st = comms_.world->recv(out.logits.data(), out.logits.size() * sizeof(float), last, kTagLogits); !st)
+      return st.error();
+  }
+  return out;
+}
+
+Result<StepOutput> ParallelExecutor::execute(const StepInput& in) {
+  if (!in_flight_.empty())
+    return make_error(ErrorCode::invalid_argument, "parallel executor: execute() with micro-batches in flight");
+  if (Status st = submit(in); !st) return st.error();
+  return collect();
+}
+
+// ---- InProcEngineGroup -------------------------------------------------------
+
+Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared_ptr<const model::ModelWeights> weights,
+                                                                     ParallelConfig pc,
+                                                                     model::CpuRunnerOptions options) {
+  if (!weights) return make_error(ErrorCode::invalid_argument, "engine group: no weights");
+  if (pc.dp != 1)
+    return make_error(ErrorCode::invalid_argument, "engine group: one group is one replica, dp must be 1 (got " +
+                                                       std::to_string(pc.dp) + ")");
+  if (Status st = model::check_shardable(weights->config, pc.tp, pc.sp, pc.pp); !st) return st.error();
+  std::unique_ptr<InProcEngineGroup> g(new InProcEngineGroup());
+  g->pc_ = pc;
+  const int size = pc.group_size();
+  if (options.num_threads <= 0) {
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    options.num_threads = std::max(1, cores / size);
+  }
+  g->threads_per_rank_ = options.num_threads;
+  Result<InProcGroupComms> comms = make_inproc_group_comms(pc);
+  if (!comms.ok()) return std::move(comms).error();
+  g->comms_ = std::move(comms).value();
+  std::vector<std::unique_ptr<model::ShardRunner>> runners;
+  for (int r = 0; r < size; ++r) {
+    GroupComms& c = g->comms_.ranks[static_cast<std::size_t>(r)];
+    Result<std::unique_ptr<model::ShardRunner>> runner =
+        model::ShardRunner::create(weights, shard_spec_of(pc, r), options, c.shard_comms());
+    if (!runner.ok()) return std::move(runner).error();
+    runners.push_back(std::move(runner).value());
+  }
+  Result<std::unique_ptr<ParallelExecutor>> exec =
+      ParallelExecutor::create(pc, std::move(runners[0]), std::move(g->comms_.ranks[0]));
+  if (!exec.ok()) return std::move(exec).error();
+  g->executor_ = std::move(exec).value();
+  g->statuses_.resize(static_cast<std::size_t>(size));
+  for (int r = 1; r < size; ++r)
+    g->workers_.push_back(std::make_unique<ShardWorker>(pc, r, std::move(runners[static_cast<std::size_t>(r)]),
+                                                        std::move(g->comms_.ranks[static_cast<std::size_t>(r)]),
+                                                        options.num_threads));
+  InProcEngineGroup* self = g.get();
+  for (int r = 1; r < size; ++r) {
+    g->threads_.emplace_back([self, r] {
+      Status st = self->workers_[static_cast<std::size_t>(r - 1)]->serve();
+      if (!st) (void)self->comms_.mark_dead(r);  // peers fail fast instead of waiting out the timeout
+      std::lock_guard lock(self->status_mu_);
+      self->statuses_[static_cast<std::size_t>(r)] = std::move(st);
+    });
+  }
+  return g;
+}
+
+InProcEngineGroup::~InProcEngineGroup() {
+  if (executor_) {
+    if (Status st = executor_->shutdown(); !st)
+      for (int r = 1; r < pc_.group_size(); ++r) (void)comms_.mark_dead(r);
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+std::vector<double> InProcEngineGroup::stage_busy_ms() const {
+  std::vector<double> out(static_cast<std::size_t>(pc_.pp), 0.0);
+  out[0] = executor_->busy_ms();
+  for (int s = 1; s < pc_.pp; ++s) out[static_cast<std::size_t>(s)] = workers_[static_cast<std::size_t>(group_rank_of(pc_, {s, 0, 0}) - 1)]->busy_ms();
+  return out;
+}
+
+Status InProcEngineGroup::kill_rank(int group_rank) {
+  if (group_rank <= 0 || group_rank >= pc_.group_size())
+    return make_error(ErrorCode::invalid_argument, "kill_rank: rank must be in [1, group_size)");
+  return comms_.mark_dead(group_rank);
+}
+
+Status InProcEngineGroup::rank_status(int group_rank) const {
+  std::lock_guard lock(status_mu_);
+  if (group_rank < 0 || group_rank >= static_cast<int>(statuses_.size()))
+    return make_error(ErrorCode::invalid_argument, "rank_status: rank out of range");
+  return statuses_[static_cast<std::size_t>(group_rank)];
+}
+
+}  // namespace shardline::engine

@@ -1,0 +1,182 @@
+#pragma once
+/// \file
+/// An engine group: the ranks that together hold one model replica under a
+/// ParallelConfig (TP x SP x PP), driven by the scheduler of rank 0.
+///
+/// Rank 0 (the driver: stage 0, sp_rank 0, tp_rank 0) runs the engine's
+/// scheduler and is the group's ModelExecutor. For each micro-batch it sends
+/// the step metadata (engine/step_codec.hpp) to every other rank first
+/// (gLLM, seed 004 §3.3), then runs its own shard of stage 0. Every other
+/// rank runs a ShardWorker loop: metadata in, activations from the previous
+/// stage in (stage > 0), its shard, activations out to the same (sp, tp)
+/// coordinate of the next stage; the last stage's (0, 0) rank sends the
+/// logits back to the driver. With PP the driver can submit up to pp
+/// micro-batches before collecting the first (asynchronous pipeline): stage s
+/// works on micro-batch i while stage s+1 works on i-1.
+///
+/// All traffic goes over the group's communicators (any backend: in-process
+/// threads, TCP processes); a dead or silent peer turns into an io error
+/// within the communicator timeout.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/inproc.hpp"
+#include "common/result.hpp"
+#include "engine/parallel_config.hpp"
+#include "engine/step.hpp"
+#include "model/shard_runner.hpp"
+
+namespace shardline::engine {
+
+/// Tags on a group's world communicator.
+enum GroupTag : int {
+  kTagMetaHeader = 101,  ///< driver -> rank: int32[2] {kind (0 step, 1 shutdown), num_words}
+  kTagMetaBody = 102,    ///< driver -> rank: int32[num_words], encode_step()
+  kTagActivations = 103, ///< stage s -> s+1: float[chunk_rows, hidden]
+  kTagLogits = 104,      ///< last stage (0, 0) -> driver: float[num_logits, vocab]
+};
+
+/// The communicators of one rank of a group.
+struct GroupComms {
+  std::unique_ptr<comm::Communicator> world;  ///< all group_size ranks
+  std::unique_ptr<comm::Communicator> tp;     ///< this stage's ranks with this sp_rank (null when tp == 1)
+  std::unique_ptr<comm::Communicator> sp;     ///< this stage's ranks with this tp_rank (null when sp == 1)
+  [[nodiscard]] model::ShardComms shard_comms() const { return {tp.get(), sp.get()}; }
+};
+
+/// In-process communicators for every rank of a group ([group_size], index =
+/// group rank), plus the groups so tests can mark a rank dead.
+struct InProcGroupComms {
+  std::vector<GroupComms> ranks;
+  std::vector<std::shared_ptr<comm::InProcGroup>> groups;  ///< world first, then TP and SP groups
+  /// [group_size]: (index into groups, rank there) of every group a rank is in.
+  std::vector<std::vector<std::pair<int, int>>> memberships;
+  /// Marks `group_rank` dead in every group it belongs to.
+  [[nodiscard]] Status mark_dead(int group_rank);
+};
+[[nodiscard]] Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc);
+
+/// The shard spec of `group_rank` under `pc`.
+[[nodiscard]] model::ShardSpec shard_spec_of(const ParallelConfig& pc, int group_rank);
+
+/// The loop of a rank other than 0. Not thread-safe; serve() runs on the rank's thread.
+class ShardWorker {
+ public:
+  /// `num_threads` > 0 sets the OpenMP threads of the serving thread.
+  ShardWorker(ParallelConfig pc, int group_rank, std::unique_ptr<model::ShardRunner> runner, GroupComms comms,
+              int num_threads);
+  /// Serves steps until the driver sends shutdown (ok) or a step fails (its
+  /// error; the rank should then be treated as dead). While idle it waits for
+  /// metadata without a time limit; a dead driver ends the wait with io.
+  [[nodiscard]] Status serve();
+  /// Milliseconds spent computing (stage + logits) so far.
+  [[nodiscard]] double busy_ms() const { return busy_us_.load() / 1000.0; }
+  [[nodiscard]] model::ShardRunner& runner() { return *runner_; }
+
+ private:
+  ParallelConfig pc_;
+  int rank_;
+  RankCoord coord_;
+  std::unique_ptr<model::ShardRunner> runner_;
+  GroupComms comms_;
+  int num_threads_;
+  std::atomic<std::int64_t> busy_us_{0};
+};
+
+/// Rank 0 of a group as the engine's ModelExecutor.
+class ParallelExecutor final : public ModelExecutor {
+ public:
+  /// `runner` is rank 0's shard, `comms` its communicators.
+  /// Errors: invalid_argument (runner or comms do not match pc).
+  [[nodiscard]] static Result<std::unique_ptr<ParallelExecutor>> create(ParallelConfig pc,
+                                                                         std::unique_ptr<model::ShardRunner> runner,
+                                                                         GroupComms comms);
+  ~ParallelExecutor() override;
+
+  /// submit() then collect(); only when nothing is in flight.
+  [[nodiscard]] Result<StepOutput> execute(const StepInput& input) override;
+  [[nodiscard]] int max_in_flight() const override { return pc_.pp; }
+  [[nodiscard]] Status submit(const StepInput& input) override;
+  [[nodiscard]] Result<StepOutput> collect() override;
+
+  [[nodiscard]] int vocab_size() const override { return runner_->config().vocab_size; }
+  [[nodiscard]] int num_kv_blocks() const override { return runner_->num_kv_blocks(); }
+  [[nodiscard]] int block_size() const override { return runner_->block_size(); }
+
+  /// Tells every other rank to stop serving (idempotent; also done by the destructor).
+  [[nodiscard]] Status shutdown();
+  [[nodiscard]] const ParallelConfig& parallel_config() const { return pc_; }
+  [[nodiscard]] model::ShardRunner& runner() { return *runner_; }
+  /// Milliseconds rank 0 spent computing its stage (and logits when pp == 1).
+  [[nodiscard]] double busy_ms() const { return busy_us_ / 1000.0; }
+  /// Bytes rank 0 sent in collectives and to the next stage during its last step.
+  [[nodiscard]] std::uint64_t last_step_comm_bytes() const { return last_comm_bytes_; }
+  /// Bytes of step metadata sent during the last step (to all ranks).
+  [[nodiscard]] std::uint64_t last_step_meta_bytes() const { return last_meta_bytes_; }
+
+ private:
+  struct InFlight {
+    int num_logits = 0;
+    bool ready = false;  ///< pp == 1: logits computed at submit
+    StepOutput output;
+  };
+  ParallelExecutor(ParallelConfig pc, std::unique_ptr<model::ShardRunner> runner, GroupComms comms);
+
+  ParallelConfig pc_;
+  std::unique_ptr<model::ShardRunner> runner_;
+  GroupComms comms_;
+  std::deque<InFlight> in_flight_;
+  bool shut_down_ = false;
+  std::int64_t busy_us_ = 0;
+  std::uint64_t last_comm_bytes_ = 0;
+  std::uint64_t last_meta_bytes_ = 0;
+};
+
+/// A whole engine group inside this process: rank 0 is the executor (driven
+/// by the caller's thread), ranks 1.. serve on their own threads.
+class InProcEngineGroup {
+ public:
+  /// Builds every rank's shard of `weights` under `pc` (pc.dp must be 1: one
+  /// group is one replica). options.num_threads = OpenMP threads per rank
+  /// (0: cores / group_size, at least 1). Errors: invalid_argument (config not
+  /// shardable, see model::check_shardable), out_of_memory.
+  [[nodiscard]] static Result<std::unique_ptr<InProcEngineGroup>> create(
+      std::shared_ptr<const model::ModelWeights> weights, ParallelConfig pc, model::CpuRunnerOptions options);
+  ~InProcEngineGroup();
+  InProcEngineGroup(const InProcEngineGroup&) = delete;
+  InProcEngineGroup& operator=(const InProcEngineGroup&) = delete;
+
+  [[nodiscard]] ParallelExecutor& executor() { return *executor_; }
+  [[nodiscard]] const ParallelConfig& parallel_config() const { return pc_; }
+  /// Busy milliseconds of the (sp 0, tp 0) rank of each stage: [pp].
+  [[nodiscard]] std::vector<double> stage_busy_ms() const;
+  /// Simulates the death of `group_rank` (> 0): its communicators fail, its
+  /// peers' calls fail with io.
+  [[nodiscard]] Status kill_rank(int group_rank);
+  /// The error a rank's loop ended with (ok while serving or after a clean stop).
+  [[nodiscard]] Status rank_status(int group_rank) const;
+  /// Per-rank OpenMP threads in use.
+  [[nodiscard]] int threads_per_rank() const { return threads_per_rank_; }
+
+ private:
+  InProcEngineGroup() = default;
+  ParallelConfig pc_;
+  int threads_per_rank_ = 1;
+  InProcGroupComms comms_;  // keeps the groups alive
+  std::unique_ptr<ParallelExecutor> executor_;
+  std::vector<std::unique_ptr<ShardWorker>> workers_;  // [group_size - 1], rank r at r - 1
+  std::vector<std::thread> threads_;
+  mutable std::mutex status_mu_;
+  std::vector<Status> statuses_;  // [group_size], guarded by status_mu_
+};
+
+}  // namespace shardline::engine
