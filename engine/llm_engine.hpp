@@ -106,6 +106,9 @@ class LlmEngine {
   /// Called after every step with its statistics (optional).
   void set_step_callback(std::function<void(const StepStats&)> cb) { step_callback_ = std::move(cb); }
 
+  /// Switches the per-micro-batch token budget policy (e.g. per job); null =
+  /// the fixed max_num_batched_tokens budget. Takes effect at the next step.
+  void set_token_budget(std::shared_ptr<const TokenBudgetPolicy> policy) { config_.token_budget = std::move(policy); }
   [[nodiscard]] const Scheduler& scheduler() const { return scheduler_; }
   [[nodiscard]] const EngineConfig& config() const { return config_; }
 
