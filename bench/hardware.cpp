@@ -7,6 +7,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <thread>
+#include <vector>
+
+#include "comm/inproc.hpp"
+#include "common/dtype.hpp"
+#include "kernels/cpu/linear.hpp"
 
 namespace shardline::bench {
 
@@ -71,6 +77,63 @@ double measure_sgemm_gflops(int num_threads, int n, int repeats) {
     best = std::min(best, seconds_since(t0));
   }
   return 2.0 * static_cast<double>(n) * n * n / best / 1e9;
+}
+
+/// Shardline's own linear layer on a 2048^3 problem (the GEMM the model runs).
+double measure_linear_gflops(int n, int repeats) {
+  std::vector<float> w(static_cast<std::size_t>(n) * n), x(w.size()), y(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    w[i] = static_cast<float>((i * 7) % 13) * 0.01f;
+    x[i] = static_cast<float>((i * 5) % 11) * 0.01f;
+  }
+  const auto packed = kernels::cpu::PackedLinear::pack(w.data(), DType::f32, n, n);
+  kernels::cpu::linear(x.data(), n, n, packed, nullptr, y.data(), n);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    kernels::cpu::linear(x.data(), n, n, packed, nullptr, y.data(), n);
+    best = std::min(best, seconds_since(t0));
+  }
+  return 2.0 * n * static_cast<double>(n) * n / best / 1e9;
+}
+
+namespace {
+
+/// Seconds of `repeats` all-reduces of `count` floats on `num_ranks` threads, per call (rank 0's view).
+std::vector<double> time_allreduce(int num_ranks, std::size_t count, int repeats) {
+  auto group = comm::InProcGroup::create(num_ranks).value();
+  std::vector<std::unique_ptr<comm::Communicator>> comms;
+  for (int r = 0; r < num_ranks; ++r) comms.push_back(group->communicator(r).value());
+  std::vector<double> times;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < num_ranks; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> buf(count, 1.0f);
+      (void)comms[static_cast<std::size_t>(r)]->all_reduce_sum(buf.data(), count);  // warm-up
+      for (int i = 0; i < repeats; ++i) {
+        (void)comms[static_cast<std::size_t>(r)]->barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)comms[static_cast<std::size_t>(r)]->all_reduce_sum(buf.data(), count);
+        if (r == 0) times.push_back(seconds_since(t0));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return times;
+}
+
+}  // namespace
+
+double measure_inproc_allreduce_bytes_per_s(int num_ranks, long bytes, int repeats) {
+  const std::vector<double> t = time_allreduce(num_ranks, static_cast<std::size_t>(bytes) / sizeof(float), repeats);
+  const double best = *std::min_element(t.begin(), t.end());
+  return 2.0 * (num_ranks - 1) / num_ranks * static_cast<double>(bytes) / best;
+}
+
+double measure_inproc_allreduce_latency_s(int num_ranks, int repeats) {
+  std::vector<double> t = time_allreduce(num_ranks, 1, repeats);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
 }
 
 }  // namespace shardline::bench

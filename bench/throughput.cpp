@@ -78,24 +78,6 @@ class MeasuringExecutor final : public engine::ModelExecutor {
   std::vector<StepRecord> records_;
 };
 
-/// Shardline's own linear layer on a 2048^3 problem (the GEMM the model runs).
-double measure_linear_gflops(int n = 2048, int repeats = 3) {
-  std::vector<float> w(static_cast<std::size_t>(n) * n), x(w.size()), y(w.size());
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    w[i] = static_cast<float>((i * 7) % 13) * 0.01f;
-    x[i] = static_cast<float>((i * 5) % 11) * 0.01f;
-  }
-  const auto packed = kernels::cpu::PackedLinear::pack(w.data(), DType::f32, n, n);
-  kernels::cpu::linear(x.data(), n, n, packed, nullptr, y.data(), n);  // warm-up
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    kernels::cpu::linear(x.data(), n, n, packed, nullptr, y.data(), n);
-    best = std::min(best, ms_since(t0) / 1e3);
-  }
-  return 2.0 * n * static_cast<double>(n) * n / best / 1e9;
-}
-
 }  // namespace
 
 std::string ThroughputReport::to_json() const {

@@ -2,8 +2,11 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "bench/parallel.hpp"
 #include "bench/throughput.hpp"
+#include "engine/parallel_config.hpp"
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
 
@@ -16,7 +19,35 @@ struct BenchArgs {
   std::string shape_dir;
   EngineFlags engine;
   bench::ThroughputOptions options;
+  std::vector<std::string> parallel;  ///< --parallel, one config each
+  std::string token_budget = "both";
 };
+
+int run_parallel(BenchArgs& a, const engine::CpuEngineOptions& eo) {
+  bench::ParallelBenchOptions po;
+  po.engine = eo;
+  po.num_prompts = a.options.num_prompts;
+  po.input_len = a.options.input_len;
+  po.output_len = a.options.output_len;
+  po.max_batch = a.options.max_batch;
+  for (const std::string& text : a.parallel) {
+    auto pc = engine::parse_parallel_config(text);
+    if (!pc) {
+      std::cerr << "error: " << pc.error().to_string() << "\n";
+      return 2;
+    }
+    po.configs.push_back(*pc);
+  }
+  if (a.token_budget != "both") po.token_budgets = {a.token_budget};
+  auto rep = bench::run_parallel_bench(po);
+  if (!rep) {
+    std::cerr << "error: " << rep.error().to_string() << "\n";
+    return 1;
+  }
+  std::cerr << rep->to_table();
+  std::cout << rep->to_json() << std::endl;
+  return 0;
+}
 
 int run_bench(BenchArgs& a) {
   const std::string dir = a.model_dir.empty() ? a.shape_dir : a.model_dir;
@@ -30,6 +61,7 @@ int run_bench(BenchArgs& a) {
     std::cerr << "error: " << eo.error().to_string() << "\n";
     return 2;
   }
+  if (!a.parallel.empty()) return run_parallel(a, *eo);
   a.options.engine = *eo;
   auto rep = bench::run_throughput(a.options);
   if (!rep) {
@@ -55,6 +87,13 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--output-len", a->options.output_len, "Generated tokens per request")
       ->capture_default_str();
   cmd->add_option("--max-batch", a->options.max_batch, "Running sequences at most")->capture_default_str();
+  cmd->add_option("--parallel", a->parallel,
+                  "Benchmark these parallel configs, e.g. --parallel single --parallel tp=2 --parallel pp=2 "
+                  "(in-process CPU devices; prints a table on stderr and one JSON line)");
+  cmd->add_option("--token-budget", a->token_budget,
+                  "With --parallel, the policies for pp > 1 configs: fixed, throttle or both")
+      ->check(CLI::IsMember({"fixed", "throttle", "both"}))
+      ->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
 }
 

@@ -1,0 +1,275 @@
+#include "bench/parallel.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/hardware.hpp"
+#include "engine/data_parallel.hpp"
+#include "orchestrator/cost_model.hpp"
+#include "orchestrator/token_budget_policies.hpp"
+
+namespace shardline::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<std::vector<std::int32_t>> random_prompts(int num, int len, int vocab, std::uint64_t seed) {
+  std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(num));
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& p : prompts) {
+    p.resize(static_cast<std::size_t>(len));
+    for (auto& t : p) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      t = static_cast<std::int32_t>(3 + (state >> 33) % static_cast<std::uint64_t>(vocab - 3));
+    }
+  }
+  return prompts;
+}
+
+/// One (config, policy) measurement.
+Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine::ParallelConfig& pc,
+                                     const std::string& policy_name, const orchestrator::CostModel& model,
+                                     int cores) {
+  ParallelConfigResult r;
+  r.parallel = pc.to_string();
+  r.token_budget = policy_name;
+  r.num_devices = pc.world_size();
+  r.threads_per_rank = o.engine.num_threads > 0 ? o.engine.num_threads : std::max(1, cores / pc.world_size());
+
+  engine::CpuEngineOptions eo = o.engine;
+  eo.parallel = pc;
+  eo.parallel.dp = 1;
+  eo.num_threads = r.threads_per_rank;
+  eo.max_num_seqs = o.max_batch;
+  eo.max_model_len = o.input_len + o.output_len;
+  Result<std::unique_ptr<engine::TokenBudgetPolicy>> policy =
+      orchestrator::make_token_budget_policy(policy_name, eo.max_num_batched_tokens);
+  if (!policy.ok()) return std::move(policy).error();
+  eo.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(policy).value());
+
+  std::vector<engine::CpuEngine> replicas;
+  for (int d = 0; d < pc.dp; ++d) {
+    omp_set_num_threads(r.threads_per_rank);
+    Result<engine::CpuEngine> e = engine::build_cpu_engine(eo);
+    if (!e.ok()) return std::move(e).error();
+    replicas.push_back(std::move(e).value());
+  }
+  std::vector<engine::LlmEngine*> engines;
+  for (engine::CpuEngine& e : replicas) engines.push_back(e.engine.get());
+  engine::CpuEngine& first = replicas.front();
+
+  const auto prompts = random_prompts(o.num_prompts, o.input_len, first.weights->config.vocab_size, o.prompt_seed);
+  engine::SamplingParams params;
+  params.temperature = 0.0f;
+  params.ignore_eos = true;
+
+  // 1. Prefill only.
+  params.max_tokens = 1;
+  auto t0 = Clock::now();
+  if (auto out = engine::generate_data_parallel(engines, prompts, params, r.threads_per_rank); !out.ok())
+    return std::move(out).error();
+  r.prefill_elapsed_s = seconds_since(t0);
+  for (engine::LlmEngine* e : engines) e->clear_step_stats();
+
+  // 2. The full run; rank 0 of replica 0 records its per-step communication.
+  std::vector<double> step_comm_bytes;
+  engine::ParallelExecutor* exec0 = first.group ? &first.group->executor() : nullptr;
+  first.engine->set_step_callback([&](const engine::StepStats& s) {
+    if (s.num_prefill_tokens == 0 && exec0 != nullptr)
+      step_comm_bytes.push_back(static_cast<double>(exec0->last_step_comm_bytes()));
+  });
+  const std::vector<double> busy_before = first.group ? first.group->stage_busy_ms() : std::vector<double>{};
+  params.max_tokens = o.output_len;
+  t0 = Clock::now();
+  auto out = engine::generate_data_parallel(engines, prompts, params, r.threads_per_rank);
+  r.elapsed_s = seconds_since(t0);
+  first.engine->set_step_callback(nullptr);
+  if (!out.ok()) return std::move(out).error();
+  long generated = 0;
+  for (const auto& x : out.value()) generated += static_cast<long>(x.token_ids.size());
+  const double prompt_tokens = static_cast<double>(o.num_prompts) * o.input_len;
+  r.total_tok_s = (prompt_tokens + static_cast<double>(generated)) / r.elapsed_s;
+  r.prefill_tok_s = prompt_tokens / r.prefill_elapsed_s;
+  if (r.elapsed_s > r.prefill_elapsed_s)
+    r.decode_tok_s = static_cast<double>(generated - o.num_prompts) / (r.elapsed_s - r.prefill_elapsed_s);
+  if (first.group && pc.pp > 1) {
+    const std::vector<double> busy = first.group->stage_busy_ms();
+    double sum = 0;
+    for (std::size_t s = 0; s < busy.size(); ++s) sum += busy[s] - busy_before[s];
+    r.bubble_fraction = std::max(0.0, 1.0 - sum / (pc.pp * r.elapsed_s * 1e3));
+  }
+
+  // Decode micro-batches at the largest decode batch.
+  const auto& stats = first.engine->step_stats();
+  for (const auto& s : stats)
+    if (s.num_prefill_tokens == 0) r.decode_batch = std::max(r.decode_batch, s.num_decode_tokens);
+  std::vector<double> step_ms;
+  for (const auto& s : stats)
+    if (s.num_prefill_tokens == 0 && s.num_decode_tokens == r.decode_batch) step_ms.push_back(s.step_ms);
+  r.decode_step_ms = median(step_ms);
+  r.decode_round_ms = r.decode_step_ms * pc.pp;
+  r.comm_bytes_per_step = median(step_comm_bytes);
+
+  // Cost model: all running sequences (decode_batch per micro-batch, pp
+  // micro-batches) at the mean context of the decode phase.
+  orchestrator::StepShape decode;
+  const long long context = o.input_len + o.output_len / 2;
+  for (int i = 0; i < r.decode_batch * pc.pp; ++i) decode.add_sequence(context, 1);
+  decode.num_micro_batches = pc.pp;
+  engine::ParallelConfig group = pc;
+  group.dp = 1;
+  if (auto c = model.estimate(group, decode); c.ok() && r.decode_batch > 0) {
+    r.predicted_decode_round_ms = c.value().total_ms - c.value().bubble_ms;  // steady state: pipeline stays full
+    r.predicted_decode_step_ms = r.predicted_decode_round_ms / pc.pp;
+    const auto& st = c.value().stages;
+    double sum = 0, tmax = 0;
+    for (const auto& s : st) {
+      sum += s.micro_batch_ms;
+      tmax = std::max(tmax, s.micro_batch_ms);
+    }
+    if (tmax > 0) r.predicted_bubble_fraction = pc.pp > 1 ? 1.0 - sum / (pc.pp * tmax) : 0.0;
+    r.predicted_comm_bytes_per_step =
+        (c.value().tp_bytes_per_rank + c.value().sp_bytes_per_rank + c.value().pp_bytes_per_rank) / pc.pp;
+  }
+  orchestrator::StepShape prefill;
+  const int per_micro_batch = std::max(1, eo.max_num_batched_tokens / o.input_len);
+  for (int i = 0; i < per_micro_batch * pc.pp; ++i) prefill.add_sequence(0, o.input_len);
+  prefill.num_micro_batches = pc.pp;
+  if (auto c = model.estimate(group, prefill); c.ok()) {
+    const double ms = c.value().total_ms - c.value().bubble_ms;
+    if (ms > 0) r.predicted_prefill_tok_s = static_cast<double>(prefill.num_tokens()) / (ms / 1e3) * pc.dp;
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& o) {
+  if (o.configs.empty()) return make_error(ErrorCode::invalid_argument, "bench: no --parallel configs");
+  if (o.num_prompts <= 0 || o.input_len <= 0 || o.output_len <= 0 || o.max_batch <= 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "bench: --num-prompts, --input-len, --output-len and --max-batch must be > 0");
+  for (const std::string& p : o.token_budgets)
+    if (auto policy = orchestrator::make_token_budget_policy(p, 1); !policy.ok()) return std::move(policy).error();
+  ParallelBenchReport rep;
+  rep.model = o.engine.model_dir;
+  rep.num_prompts = o.num_prompts;
+  rep.input_len = o.input_len;
+  rep.output_len = o.output_len;
+  rep.max_batch = o.max_batch;
+  const int cores = std::max(1, omp_get_num_procs());
+  rep.cores = cores;
+  omp_set_num_threads(cores);
+  rep.membw_gbs = measure_triad_bandwidth_gbs(cores);
+  rep.gemm_gflops = measure_linear_gflops();
+  rep.comm_gbs = measure_inproc_allreduce_bytes_per_s(2) / 1e9;
+  rep.comm_latency_us = measure_inproc_allreduce_latency_s(2) * 1e6;
+
+  // The cost model needs the model's shape numbers.
+  Result<model::ModelConfig> cfg = model::load_model_config(o.engine.model_dir);
+  if (!cfg.ok()) return std::move(cfg).error();
+  model::ModelConfig config = cfg.value();
+  if (o.engine.num_layers_override > 0)
+    config.num_hidden_layers = std::min(config.num_hidden_layers, o.engine.num_layers_override);
+  orchestrator::ElementSizes sizes;
+  sizes.weight_bytes = static_cast<double>(dtype_size(o.engine.dtype));
+  sizes.kv_bytes = static_cast<double>(dtype_size(o.engine.kv_cache_dtype));
+  sizes.activation_bytes = 4;  // F32 activations on CPU
+  orchestrator::HardwareSpec hw;
+  // Limits per device: the cores are shared by the ranks of a config, so a
+  // rank gets its share of bandwidth and FLOPs (the model is per rank).
+  hw.memory_bw_bytes_per_s = rep.membw_gbs * 1e9;
+  hw.flops_per_s = rep.gemm_gflops * 1e9;
+  hw.comm_bw_bytes_per_s = rep.comm_gbs * 1e9;
+  hw.comm_latency_s = rep.comm_latency_us * 1e-6;
+  for (const engine::ParallelConfig& pc : o.configs) {
+    // Each of the world_size ranks gets 1 / world_size of the machine.
+    orchestrator::HardwareSpec per_rank = hw;
+    const double share = std::min(1.0, static_cast<double>(cores) / pc.world_size()) / cores;
+    per_rank.memory_bw_bytes_per_s *= share;
+    per_rank.flops_per_s *= share;
+    Result<orchestrator::CostModel> model =
+        orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), sizes, per_rank);
+    if (!model.ok()) return std::move(model).error();
+    std::vector<std::string> policies = {"fixed"};
+    if (pc.pp > 1) policies = o.token_budgets;
+    for (const std::string& p : policies) {
+      Result<ParallelConfigResult> r = run_one(o, pc, p, model.value(), cores);
+      if (!r.ok()) return std::move(r).error();
+      rep.results.push_back(std::move(r).value());
+    }
+  }
+  return rep;
+}
+
+std::string ParallelBenchReport::to_json() const {
+  nlohmann::json configs = nlohmann::json::array();
+  for (const ParallelConfigResult& r : results)
+    configs.push_back({{"parallel", r.parallel},
+                       {"token_budget", r.token_budget},
+                       {"num_devices", r.num_devices},
+                       {"threads_per_rank", r.threads_per_rank},
+                       {"elapsed_s", r.elapsed_s},
+                       {"prefill_elapsed_s", r.prefill_elapsed_s},
+                       {"total_tok_s", r.total_tok_s},
+                       {"prefill_tok_s", r.prefill_tok_s},
+                       {"decode_tok_s", r.decode_tok_s},
+                       {"decode_batch", r.decode_batch},
+                       {"decode_step_ms", r.decode_step_ms},
+                       {"decode_round_ms", r.decode_round_ms},
+                       {"bubble_fraction", r.bubble_fraction},
+                       {"comm_bytes_per_step", r.comm_bytes_per_step},
+                       {"predicted_decode_step_ms", r.predicted_decode_step_ms},
+                       {"predicted_decode_round_ms", r.predicted_decode_round_ms},
+                       {"predicted_prefill_tok_s", r.predicted_prefill_tok_s},
+                       {"predicted_comm_bytes_per_step", r.predicted_comm_bytes_per_step},
+                       {"predicted_bubble_fraction", r.predicted_bubble_fraction}});
+  nlohmann::json j{{"model", model},         {"num_prompts", num_prompts}, {"input_len", input_len},
+                   {"output_len", output_len}, {"max_batch", max_batch},     {"cores", cores},
+                   {"membw_gbs", membw_gbs},   {"gemm_gflops", gemm_gflops}, {"comm_gbs", comm_gbs},
+                   {"comm_latency_us", comm_latency_us}, {"configs", configs}};
+  return j.dump();
+}
+
+std::string ParallelBenchReport::to_table() const {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "# %s, %d prompts x (%d in, %d out), max batch %d, %d cores: triad %.1f GB/s, GEMM %.0f GFLOP/s, "
+                "in-process all-reduce %.1f GB/s + %.1f us\n",
+                model.c_str(), num_prompts, input_len, output_len, max_batch, cores, membw_gbs, gemm_gflops,
+                comm_gbs, comm_latency_us);
+  out += line;
+  std::snprintf(line, sizeof line, "%-22s %-8s %8s %9s %9s %6s %9s %9s %7s %7s %11s %11s\n", "parallel", "budget",
+                "total/s", "prefill/s", "(pred)", "batch", "step ms", "(pred)", "bubble", "(pred)", "comm B/step",
+                "(pred)");
+  out += line;
+  for (const ParallelConfigResult& r : results) {
+    std::snprintf(line, sizeof line, "%-22s %-8s %8.0f %9.0f %9.0f %6d %9.2f %9.2f %7.3f %7.3f %11.0f %11.0f\n",
+                  r.parallel.c_str(), r.token_budget.c_str(), r.total_tok_s, r.prefill_tok_s,
+                  r.predicted_prefill_tok_s, r.decode_batch, r.decode_step_ms, r.predicted_decode_step_ms,
+                  r.bubble_fraction, r.predicted_bubble_fraction, r.comm_bytes_per_step,
+                  r.predicted_comm_bytes_per_step);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace shardline::bench
