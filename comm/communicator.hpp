@@ -2,7 +2,9 @@
 /// \file
 /// The communicator: one rank's handle on a group of `world_size()` ranks that
 /// move bulk data (activations, KV chunks, weight tiles) between each other.
-/// Backends: in-process shared memory (comm/inproc.hpp), later TCP and NCCL.
+/// Backends: in-process shared memory (comm/inproc.hpp), TCP sockets between
+/// processes and hosts (comm/tcp.hpp), NCCL on GPUs (comm/nccl.hpp, CUDA
+/// builds only), and sub-groups of any of them (comm/subgroup.hpp).
 ///
 /// Conventions shared by every backend:
 ///  - Every call returns a Status; nothing throws. A missing or dead peer
@@ -13,17 +15,24 @@
 ///  - Collectives (barrier, all_reduce_sum, all_gather, reduce_scatter_sum,
 ///    all_to_all, broadcast) must be called by every rank of the group, in the
 ///    same order, with the same `count` (and `root`). Ranks that disagree all
-///    get `invalid_argument`. A collective that failed on a timeout was not
-///    performed on any rank (all-or-nothing) and may be retried.
+///    get `invalid_argument` (and the group stays usable).
+///  - A collective that failed with io (timeout, dead peer): in the in-process
+///    backend it was performed on no rank (all-or-nothing) and may be retried.
+///    Over a network (TCP, NCCL, sub-groups of those) that cannot be
+///    guaranteed: the failed collective may have completed on some ranks, so
+///    the group is poisoned — every later collective fails with io at once —
+///    and must be rebuilt. See each backend's header.
 ///  - Buffers are F32 and row-major; `count` is in elements. Shapes are given
 ///    as [rows, cols]; `world` is world_size().
 ///  - Reductions are deterministic: every element is summed in rank order,
 ///    ((x_0 + x_1) + x_2) + ... + x_{world-1}, whatever order ranks arrive in,
-///    so results are bit-identical on every rank and across runs.
+///    so results are bit-identical on every rank and across runs. (Exception:
+///    NCCL, whose reductions follow its ring/tree order; see comm/nccl.hpp.)
 ///  - A communicator object is used by one thread at a time (its rank's).
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "common/result.hpp"
@@ -107,6 +116,18 @@ class Communicator {
   /// invalid_argument when the range is outside it, io when `peer` is dead.
   [[nodiscard]] virtual Status get(int peer, std::string name, std::size_t offset,
                                    void* dst, std::size_t bytes) = 0;
+
+  // ---- accounting --------------------------------------------------------
+
+  /// Payload bytes this rank has sent to other ranks since the communicator
+  /// was made (monotonic; frame headers and handshakes not included): send()
+  /// payloads, the bytes of get() answered from this rank's exposed regions,
+  /// and the share of each collective that leaves this rank in a direct
+  /// exchange (all_gather, all_to_all, reduce_scatter_sum: (world-1) * count
+  /// * 4 bytes; broadcast: that much on the root, 0 elsewhere; all_reduce_sum:
+  /// (count - slice) * 4 + (world-1) * slice * 4, slice = this rank's share
+  /// of count / world). Backends that cannot tell return 0.
+  [[nodiscard]] virtual std::uint64_t bytes_sent() const noexcept { return 0; }
 };
 
 }  // namespace shardline::comm

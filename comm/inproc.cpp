@@ -1,6 +1,7 @@
 #include "comm/inproc.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -101,7 +102,8 @@ struct InProcGroup::Impl {
         posted(static_cast<std::size_t>(w)),
         regions(static_cast<std::size_t>(w)),
         taken(static_cast<std::size_t>(w), 0),
-        dead(static_cast<std::size_t>(w), 0) {}
+        dead(static_cast<std::size_t>(w), 0),
+        sent(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(w))) {}
 
   const int world;
 
@@ -127,6 +129,9 @@ struct InProcGroup::Impl {
   // Written holding both mutexes; read holding either.
   std::vector<char> dead;
   int num_dead = 0;
+
+  // Payload bytes each rank has sent (Communicator::bytes_sent).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> sent;
 
   int first_dead() const {
     for (int k = 0; k < world; ++k)
@@ -161,6 +166,9 @@ class InProcCommunicator final : public Communicator {
     timeout_ = std::max(t, std::chrono::milliseconds(1));
   }
   std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
+  std::uint64_t bytes_sent() const noexcept override {
+    return g_->sent[static_cast<std::size_t>(rank_)].load(std::memory_order_relaxed);
+  }
 
   Status barrier() override {
     Post p;
@@ -252,6 +260,24 @@ class InProcCommunicator final : public Communicator {
 
   Status collective(Post post);
   void run_collective(const Post& mine) const;
+  /// This rank's share of a collective's traffic in a direct exchange (see
+  /// Communicator::bytes_sent).
+  std::uint64_t collective_bytes(const Post& mine) const {
+    const std::uint64_t n = mine.count, peers = static_cast<std::uint64_t>(g_->world - 1);
+    switch (mine.op) {
+      case Op::barrier: return 0;
+      case Op::all_gather:
+      case Op::reduce_scatter_sum:
+      case Op::all_to_all: return peers * n * sizeof(float);
+      case Op::broadcast: return mine.root == rank_ ? peers * n * sizeof(float) : 0;
+      case Op::all_reduce_sum: {
+        const auto [b, e] = slice(mine.count, rank_, g_->world);
+        const std::uint64_t own = e - b;
+        return ((n - own) + peers * own) * sizeof(float);
+      }
+    }
+    return 0;
+  }
 
   std::shared_ptr<InProcGroup::Impl> g_;
   const int rank_;
@@ -336,7 +362,11 @@ Status InProcCommunicator::collective(Post post) {
                               describe(k, p));
     }
   }
-  if (result.ok()) run_collective(mine);
+  if (result.ok()) {
+    run_collective(mine);
+    g.sent[static_cast<std::size_t>(rank_)].fetch_add(collective_bytes(mine),
+                                                       std::memory_order_relaxed);
+  }
 
   // Barrier 2: nobody reuses or returns its buffers while peers touch them.
   // Work between the barriers never blocks, so this wait is bounded.
@@ -442,6 +472,7 @@ Status InProcCommunicator::send(const void* data, std::size_t bytes, int peer, i
     lk.lock();
     pr->state = PostedRecv::State::done;
     g.p2p_cv.notify_all();
+    if (peer != rank_) g.sent[static_cast<std::size_t>(rank_)].fetch_add(bytes, std::memory_order_relaxed);
     return Status();
   }
 
@@ -451,6 +482,7 @@ Status InProcCommunicator::send(const void* data, std::size_t bytes, int peer, i
   m.bytes.resize(bytes);
   if (bytes > 0) std::memcpy(m.bytes.data(), data, bytes);
   g.inbox[static_cast<std::size_t>(peer)].push_back(std::move(m));
+  if (peer != rank_) g.sent[static_cast<std::size_t>(rank_)].fetch_add(bytes, std::memory_order_relaxed);
   return Status();
 }
 
@@ -575,6 +607,7 @@ Status InProcCommunicator::get(int peer, std::string name, std::size_t offset, v
   std::memcpy(dst, static_cast<const std::byte*>(region.data) + offset, bytes);
   lk.lock();
   if (--region.inflight == 0) g.p2p_cv.notify_all();
+  if (peer != rank_) g.sent[static_cast<std::size_t>(peer)].fetch_add(bytes, std::memory_order_relaxed);
   return Status();
 }
 
