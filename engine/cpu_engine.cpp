@@ -1,6 +1,7 @@
 #include "engine/cpu_engine.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include "engine/kv_budget.hpp"
@@ -72,6 +73,15 @@ Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
     if (!runner) return std::move(runner).error();
     e.runner = std::move(runner).value();
     e.executor = e.runner.get();
+  } else if (!o.group_master.empty()) {
+    TcpGroupOptions tcp;
+    tcp.master = o.group_master;
+    tcp.key = o.group_key;
+    tcp.timeout = std::chrono::milliseconds(o.group_timeout_ms);
+    auto exec = create_tcp_group_executor(e.weights, o.parallel, ro, tcp);
+    if (!exec) return std::move(exec).error();
+    e.tcp_executor = std::move(exec).value();
+    e.executor = e.tcp_executor.get();
   } else {
     auto group = InProcEngineGroup::create(e.weights, o.parallel, ro);
     if (!group) return std::move(group).error();

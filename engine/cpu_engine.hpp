@@ -13,6 +13,7 @@
 #include "engine/llm_engine.hpp"
 #include "engine/parallel_config.hpp"
 #include "engine/parallel_executor.hpp"
+#include "engine/tcp_group.hpp"
 #include "engine/token_budget.hpp"
 #include "model/cpu_runner.hpp"
 #include "model/tokenizer.hpp"
@@ -37,6 +38,12 @@ struct CpuEngineOptions {
   /// tp/sp/pp of one engine group (dp must be 1: a replica is one CpuEngine).
   /// Anything but all-1 builds an in-process InProcEngineGroup.
   ParallelConfig parallel;
+  /// Non-empty: the group's other ranks are `shardline shard serve`
+  /// processes joining over TCP at this "host:port" (this process is rank 0
+  /// and binds it); empty: all ranks run in this process.
+  std::string group_master;
+  std::string group_key;  ///< shared secret of the TCP group (e.g. the cluster key)
+  int group_timeout_ms = 60'000;  ///< TCP rendezvous and per-call timeout
   /// Per-micro-batch token budget (orchestrator/token_budget_policies.hpp);
   /// null = fixed budget of max_num_batched_tokens. Shared, not copied.
   std::shared_ptr<const TokenBudgetPolicy> token_budget;
@@ -50,8 +57,9 @@ struct CpuEngine {
   std::shared_ptr<const model::ModelWeights> weights;
   std::unique_ptr<model::Tokenizer> tokenizer;
   std::unique_ptr<model::CpuModelRunner> runner;  ///< single device (parallel.group_size() == 1)
-  std::unique_ptr<InProcEngineGroup> group;        ///< several ranks (otherwise)
-  ModelExecutor* executor = nullptr;               ///< runner or group->executor()
+  std::unique_ptr<InProcEngineGroup> group;        ///< several ranks in this process
+  std::unique_ptr<ParallelExecutor> tcp_executor;  ///< rank 0 of a TCP group (group_master set)
+  ModelExecutor* executor = nullptr;               ///< runner, group->executor() or tcp_executor
   std::unique_ptr<LlmEngine> engine;
   std::uint64_t kv_cache_bytes = 0;  ///< what was allocated
   int num_kv_blocks = 0;

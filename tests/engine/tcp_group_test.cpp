@@ -1,0 +1,148 @@
+// Engine groups over TCP (ranks as threads here; as processes in the e2e
+// test): same tokens and logits as the in-process group, setup mismatches
+// refused with a clear error, a wrong key refused.
+#include "engine/tcp_group.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine/cpu_engine.hpp"
+#include "tests/support/stories_reference.hpp"
+
+namespace shardline::engine {
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  (void)::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  (void)::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+CpuEngineOptions stories(ParallelConfig pc) {
+  CpuEngineOptions o;
+  o.model_dir = testing_support::kStoriesDir;
+  o.kv_cache_bytes = 8u << 20;
+  o.max_num_seqs = 8;
+  o.max_num_batched_tokens = 16;
+  o.capture_logits = true;
+  o.parallel = pc;
+  o.num_threads = 1;
+  return o;
+}
+
+std::shared_ptr<const model::ModelWeights> stories_weights() {
+  return std::make_shared<const model::ModelWeights>(model::load_model(testing_support::kStoriesDir, {}).value());
+}
+
+TEST(TcpGroup, ParsesHostPort) {
+  auto hp = parse_host_port("10.0.0.1:29500");
+  ASSERT_TRUE(hp.ok());
+  EXPECT_EQ(hp.value().first, "10.0.0.1");
+  EXPECT_EQ(hp.value().second, 29500);
+  EXPECT_FALSE(parse_host_port("nohost").ok());
+  EXPECT_FALSE(parse_host_port(":80").ok());
+  EXPECT_FALSE(parse_host_port("h:70000").ok());
+  EXPECT_FALSE(parse_host_port("h:8x").ok());
+}
+
+TEST(TcpGroup, EveryConfigMatchesTheInProcessGroup) {
+  const auto cases = testing_support::load_stories_reference();
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 24;
+  for (ParallelConfig pc : {ParallelConfig{2, 1, 1, 1}, ParallelConfig{1, 2, 1, 1}, ParallelConfig{1, 1, 2, 1},
+                            ParallelConfig{2, 1, 2, 1}}) {
+    SCOPED_TRACE(pc.to_string());
+    auto inproc = build_cpu_engine(stories(pc));
+    ASSERT_TRUE(inproc.ok());
+    auto want = inproc.value().engine->generate(prompts, greedy);
+    ASSERT_TRUE(want.ok());
+
+    const std::string master = "127.0.0.1:" + std::to_string(free_port());
+    std::vector<std::future<Status>> ranks;
+    for (int r = 1; r < pc.group_size(); ++r)
+      ranks.push_back(std::async(std::launch::async, [&, r] {
+        return serve_tcp_group_rank(stories_weights(), pc, r, 1, {master, "secret", std::chrono::milliseconds(20000)});
+      }));
+    CpuEngineOptions o = stories(pc);
+    o.group_master = master;
+    o.group_key = "secret";
+    o.group_timeout_ms = 20000;
+    auto tcp = build_cpu_engine(o);
+    ASSERT_TRUE(tcp.ok()) << tcp.error().to_string();
+    auto got = tcp.value().engine->generate(prompts, greedy);
+    ASSERT_TRUE(got.ok()) << got.error().to_string();
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got.value()[i].token_ids, want.value()[i].token_ids);
+      ASSERT_EQ(got.value()[i].logits.size(), want.value()[i].logits.size());
+      for (std::size_t s = 0; s < want.value()[i].logits.size(); ++s)
+        EXPECT_EQ(0, std::memcmp(got.value()[i].logits[s].data(), want.value()[i].logits[s].data(),
+                                 want.value()[i].logits[s].size() * sizeof(float)))
+            << "TCP and in-process groups sum in the same rank order: bit-identical";
+    }
+    tcp = make_error(ErrorCode::internal, "drop");  // destroys the engine: shuts the group down
+    for (auto& f : ranks) {
+      Status st = f.get();
+      EXPECT_TRUE(st.ok()) << st.error().to_string();
+    }
+  }
+}
+
+TEST(TcpGroup, RankWithAnotherConfigIsRefusedByTheSetup) {
+  const ParallelConfig pc{1, 2, 1, 1};
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  auto rank1 = std::async(std::launch::async, [&] {
+    // Same group size (2), but it believes tp=2: the setup check refuses it.
+    return serve_tcp_group_rank(stories_weights(), ParallelConfig{2, 1, 1, 1}, 1, 1,
+                                {master, "", std::chrono::milliseconds(20000)});
+  });
+  CpuEngineOptions o = stories(pc);
+  o.group_master = master;
+  o.group_timeout_ms = 20000;
+  auto eng = build_cpu_engine(o);
+  ASSERT_TRUE(eng.ok()) << eng.error().to_string();
+  Status st = rank1.get();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::mismatch);
+  EXPECT_NE(st.error().message.find("tp is 2 here but 1 on rank 0"), std::string::npos) << st.error().message;
+  // Rank 0 then fails its first step within the timeout instead of hanging.
+  auto out = eng.value().engine->generate({{1, 2, 3}}, SamplingParams{});
+  EXPECT_FALSE(out.ok());
+}
+
+TEST(TcpGroup, WrongKeyIsRefused) {
+  const ParallelConfig pc{2, 1, 1, 1};
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  auto rank1 = std::async(std::launch::async, [&] {
+    return serve_tcp_group_rank(stories_weights(), pc, 1, 1, {master, "wrong", std::chrono::milliseconds(3000)});
+  });
+  CpuEngineOptions o = stories(pc);
+  o.group_master = master;
+  o.group_key = "right";
+  o.group_timeout_ms = 3000;
+  auto eng = build_cpu_engine(o);
+  EXPECT_FALSE(eng.ok());
+  Status st = rank1.get();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("key"), std::string::npos) << st.error().message;
+}
+
+}  // namespace
+}  // namespace shardline::engine
