@@ -24,6 +24,10 @@ struct BatchRequest {
   engine::SamplingParams params;  ///< has_seed set when the line gave "seed"
   bool return_token_ids = false;
   int n = 1;  ///< choices per prompt (>= 1); choice i samples with seed + i
+  /// The job's per-micro-batch token budget policy (make_token_budget_policy
+  /// names: "fixed", "throttle"); "" = "fixed". Set by JobManager::next_work
+  /// from the job; it never changes the line's tokens, only the pace.
+  std::string token_budget;
 };
 
 /// One choice of a completion.

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "orchestrator/batch_format.hpp"
+#include "orchestrator/job_admission.hpp"
 
 namespace shardline::orchestrator {
 namespace {
@@ -182,6 +183,14 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
       return make_error(ErrorCode::invalid_argument, "job: output " + spec.output_path +
                                                          " is the output of unfinished job " + std::to_string(id));
   if (spec.model_name.empty()) spec.model_name = default_model_name(spec.model_dir);
+  auto budget = normalize_token_budget(spec.token_budget);
+  if (!budget.ok()) return make_error(ErrorCode::invalid_argument, "job: " + budget.error().message);
+  spec.token_budget = std::move(budget).value();
+  if (!spec.parallel.empty()) {
+    auto pc = engine::parse_parallel_config(spec.parallel);
+    if (!pc.ok()) return make_error(ErrorCode::invalid_argument, "job: " + pc.error().message);
+    spec.parallel = pc->to_string();
+  }
 
   JobRecord rec;
   rec.created_unix_ms = unix_ms_now();
@@ -254,6 +263,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
     const std::size_t before = out.size();
     while (!j.retry.empty() && out.size() < max_count) {
       auto node = j.retry.extract(j.retry.begin());
+      node.mapped().token_budget = j.rec.spec.token_budget;
       j.in_flight[node.key()] = InFlight{worker, node.mapped()};
       out.push_back(std::move(node.mapped()));
     }
@@ -282,6 +292,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
         errors.push_back(to_stored(j, parsed.error()));
         continue;
       }
+      parsed.request().token_budget = j.rec.spec.token_budget;
       j.in_flight[index] = InFlight{worker, parsed.request()};
       out.push_back(std::move(parsed.request()));
     }

@@ -77,12 +77,15 @@ class JobManager {
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
-  /// Records a job and returns its id. Errors: invalid_argument (no inputs,
-  /// no output, output used by an unfinished job or equal to an input),
+  /// Records a job and returns its id. spec.token_budget "" becomes "fixed";
+  /// spec.parallel, when given, is stored in canonical form. Errors:
+  /// invalid_argument (no inputs, no output, output used by an unfinished job
+  /// or equal to an input, unknown token budget policy, bad parallel config),
   /// not_found / io (a shard cannot be read; then no job is created).
   Result<std::uint64_t> submit(JobSpec spec);
 
-  /// Up to max_count pending requests, now in flight on `worker`.
+  /// Up to max_count pending requests, now in flight on `worker`; each
+  /// carries its job's token budget policy (BatchRequest::token_budget).
   std::vector<BatchRequest> next_work(std::size_t max_count, const std::string& worker = {});
 
   /// Commits results (any order, duplicates ignored, unknown jobs / lines out

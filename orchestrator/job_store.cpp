@@ -64,6 +64,8 @@ std::string encode_record(const JobRecord& r) {
   j["input_paths"] = r.spec.input_paths;
   j["output_path"] = r.spec.output_path;
   j["request_id_prefix"] = r.spec.request_id_prefix;
+  j["parallel"] = r.spec.parallel;
+  j["token_budget"] = r.spec.token_budget;
   j["state"] = job_state_name(r.state);
   j["created_unix_ms"] = r.created_unix_ms;
   j["finished_unix_ms"] = r.finished_unix_ms;
@@ -83,6 +85,9 @@ Result<JobRecord> decode_record(std::string_view s) {
     r.spec.input_paths = j.at("input_paths").get<std::vector<std::string>>();
     r.spec.output_path = j.at("output_path").get<std::string>();
     r.spec.request_id_prefix = j.at("request_id_prefix").get<std::string>();
+    // Added later: records written before have neither (the defaults apply).
+    r.spec.parallel = j.value("parallel", std::string());
+    r.spec.token_budget = j.value("token_budget", std::string("fixed"));
     const auto state = j.at("state").get<std::string>();
     if (state == "queued") r.state = JobState::queued;
     else if (state == "running") r.state = JobState::running;

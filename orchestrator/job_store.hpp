@@ -47,6 +47,12 @@ struct JobSpec {
   std::vector<std::string> input_paths;  ///< JSONL shards, read in this order
   std::string output_path;               ///< one output JSONL
   std::string request_id_prefix = "cmpl-";  ///< response.request_id = prefix + "<job>_<line>"
+  /// The parallel config the job runs on (engine::ParallelConfig::to_string(),
+  /// e.g. "tp=2,pp=1,sp=1,dp=1"); "" = not recorded (jobs of older versions).
+  std::string parallel;
+  /// Per-micro-batch token budget policy of the job's steps: "fixed" or
+  /// "throttle" (orchestrator/token_budget_policies.hpp).
+  std::string token_budget = "fixed";
 };
 
 /// A job as stored.

@@ -1,0 +1,44 @@
+#include "orchestrator/job_admission.hpp"
+
+#include "orchestrator/token_budget_policies.hpp"
+
+namespace shardline::orchestrator {
+
+std::string group_label(const engine::ParallelConfig& pc) {
+  return "tp=" + std::to_string(pc.tp) + ",pp=" + std::to_string(pc.pp) + ",sp=" + std::to_string(pc.sp);
+}
+
+engine::ParallelConfig group_of(engine::ParallelConfig pc) {
+  pc.dp = 1;
+  return pc;
+}
+
+Status check_job_parallel(const engine::ParallelConfig& asked, const engine::ParallelConfig& cluster_group,
+                          int num_groups) {
+  engine::ParallelConfig cluster = group_of(cluster_group);
+  cluster.dp = num_groups;
+  if (asked == cluster) return {};
+  return make_error(ErrorCode::invalid_argument,
+                    "job asks " + asked.to_string() + "; this cluster's workers are " + std::to_string(num_groups) +
+                        (num_groups == 1 ? " engine group" : " engine groups") + " of [" +
+                        group_label(cluster_group) + "] (" + cluster.to_string() +
+                        "); submit without --parallel, or start the nodes with --parallel " + asked.to_string());
+}
+
+Status check_worker_group(const std::string& worker_name, const engine::ParallelConfig& worker_group,
+                          const engine::ParallelConfig& cluster_group) {
+  if (group_of(worker_group) == group_of(cluster_group)) return {};
+  return make_error(ErrorCode::invalid_argument,
+                    "worker " + worker_name + " runs engine groups of [" + group_label(worker_group) +
+                        "], this cluster's workers run [" + group_label(cluster_group) +
+                        "]; start the node with the same --parallel tp/pp/sp");
+}
+
+Result<std::string> normalize_token_budget(std::string_view name) {
+  if (name.empty()) return std::string("fixed");
+  auto policy = make_token_budget_policy(name, 1);
+  if (!policy) return make_error(ErrorCode::invalid_argument, "--token-budget: " + policy.error().message);
+  return std::string(name);
+}
+
+}  // namespace shardline::orchestrator

@@ -1,0 +1,113 @@
+// Admission of jobs and workers by parallel config and token budget policy
+// (orchestrator/job_admission.hpp), and the worker's per-job token budget
+// switch over a real engine (orchestrator/job_token_budget.hpp).
+#include "orchestrator/job_admission.hpp"
+
+#include <gtest/gtest.h>
+
+#include "engine/cpu_engine.hpp"
+#include "orchestrator/job_token_budget.hpp"
+#include "tests/support/stories_reference.hpp"
+
+namespace shardline::orchestrator {
+namespace {
+
+using engine::ParallelConfig;
+
+TEST(JobAdmission, GroupLabelHasNoDp) {
+  EXPECT_EQ(group_label(ParallelConfig{2, 3, 4, 5}), "tp=2,pp=3,sp=4");
+  EXPECT_EQ(group_of(ParallelConfig{2, 3, 4, 5}), (ParallelConfig{2, 3, 4, 1}));
+}
+
+TEST(JobAdmission, JobMustAskWhatTheWorkersRun) {
+  const ParallelConfig tp2{2, 1, 1, 1};
+  EXPECT_TRUE(check_job_parallel(ParallelConfig{2, 1, 1, 1}, tp2, 1).ok());
+  EXPECT_TRUE(check_job_parallel(ParallelConfig{2, 1, 1, 2}, tp2, 2).ok());
+  // The cluster config's own dp is ignored: the number of groups counts.
+  EXPECT_TRUE(check_job_parallel(ParallelConfig{2, 1, 1, 3}, ParallelConfig{2, 1, 1, 2}, 3).ok());
+
+  const Status other_shape = check_job_parallel(ParallelConfig{1, 2, 1, 1}, tp2, 1);
+  ASSERT_FALSE(other_shape.ok());
+  EXPECT_EQ(other_shape.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(other_shape.error().message,
+            "job asks tp=1,pp=2,sp=1,dp=1; this cluster's workers are 1 engine group of [tp=2,pp=1,sp=1] "
+            "(tp=2,pp=1,sp=1,dp=1); submit without --parallel, or start the nodes with --parallel "
+            "tp=1,pp=2,sp=1,dp=1");
+  const Status other_dp = check_job_parallel(ParallelConfig{1, 1, 1, 1}, ParallelConfig{}, 2);
+  ASSERT_FALSE(other_dp.ok());
+  EXPECT_NE(other_dp.error().message.find("job asks tp=1,pp=1,sp=1,dp=1; this cluster's workers are 2 engine "
+                                          "groups of [tp=1,pp=1,sp=1] (tp=1,pp=1,sp=1,dp=2)"),
+            std::string::npos)
+      << other_dp.error().message;
+}
+
+TEST(JobAdmission, WorkerMustHaveTheClusterGroupShape) {
+  EXPECT_TRUE(check_worker_group("b/cpu:0-1", ParallelConfig{2, 1, 1, 1}, ParallelConfig{2, 1, 1, 4}).ok());
+  const Status st = check_worker_group("b/cpu:0", ParallelConfig{}, ParallelConfig{2, 1, 1, 1});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("worker b/cpu:0 runs engine groups of [tp=1,pp=1,sp=1], this cluster's "
+                                    "workers run [tp=2,pp=1,sp=1]"),
+            std::string::npos)
+      << st.error().message;
+}
+
+TEST(JobAdmission, TokenBudgetNames) {
+  EXPECT_EQ(normalize_token_budget("").value(), "fixed");
+  EXPECT_EQ(normalize_token_budget("fixed").value(), "fixed");
+  EXPECT_EQ(normalize_token_budget("throttle").value(), "throttle");
+  const auto bad = normalize_token_budget("greedy");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(bad.error().message.find("'greedy'"), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("fixed, throttle"), std::string::npos) << bad.error().message;
+}
+
+TEST(JobTokenBudget, SwitchesTheEnginePolicyOnlyWhenTheJobPolicyChanges) {
+  engine::CpuEngineOptions o;
+  o.model_dir = testing_support::kStoriesDir;
+  o.kv_cache_bytes = 4u << 20;
+  o.max_num_seqs = 4;
+  o.max_num_batched_tokens = 64;
+  auto built = engine::build_cpu_engine(o);
+  ASSERT_TRUE(built.ok()) << built.error().to_string();
+  engine::LlmEngine& llm = *built->engine;
+  EXPECT_EQ(llm.config().token_budget, nullptr);
+
+  JobTokenBudget budget(o.max_num_batched_tokens);
+  EXPECT_EQ(budget.current(), "fixed");
+  auto first = budget.use("throttle", llm);
+  ASSERT_TRUE(first.ok()) << first.error().to_string();
+  EXPECT_TRUE(*first);
+  ASSERT_NE(llm.config().token_budget, nullptr);
+  const engine::TokenBudgetPolicy* throttle = llm.config().token_budget.get();
+  EXPECT_EQ(budget.current(), "throttle");
+
+  EXPECT_FALSE(budget.use("throttle", llm).value());  // same job policy: nothing to do
+  EXPECT_EQ(llm.config().token_budget.get(), throttle);
+
+  EXPECT_TRUE(budget.use("", llm).value());  // "" is fixed
+  EXPECT_EQ(budget.current(), "fixed");
+  ASSERT_NE(llm.config().token_budget, nullptr);
+  EXPECT_NE(llm.config().token_budget.get(), throttle);
+  EXPECT_FALSE(budget.use("fixed", llm).value());
+
+  EXPECT_TRUE(budget.use("throttle", llm).value());
+  EXPECT_EQ(llm.config().token_budget.get(), throttle);  // made once, kept
+
+  const auto bad = budget.use("nope", llm);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(llm.config().token_budget.get(), throttle);  // unchanged
+  EXPECT_EQ(budget.current(), "throttle");
+
+  // The engine still generates under the switched policy.
+  engine::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 8;
+  auto out = llm.generate({{1, 403, 407, 261, 378}}, p);
+  ASSERT_TRUE(out.ok()) << out.error().to_string();
+  EXPECT_EQ(out->at(0).token_ids.size(), 8u);
+}
+
+}  // namespace
+}  // namespace shardline::orchestrator
