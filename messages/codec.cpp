@@ -15,6 +15,7 @@
 #include "messages/kvstore.capnp.h"
 #include "messages/orchestrator.capnp.h"
 #include "messages/worker.capnp.h"
+#include "orchestrator/token_budget_policies.hpp"
 
 namespace shardline::messages {
 namespace {
@@ -92,6 +93,28 @@ std::vector<std::int32_t> get_token_ids(capnp::List<std::int32_t>::Reader list,
 
 void check_nonneg(std::int64_t v, const std::string& field) {
   if (v < 0) fail(ErrorCode::invalid_argument, field + " must be >= 0, got " + std::to_string(v));
+}
+
+/// A token budget policy name: "" (the default, fixed) or a known policy.
+std::string get_token_budget(capnp::Text::Reader r, const std::string& field) {
+  std::string name = str(r);
+  // Every request of a job carries the same name: check each new one once.
+  thread_local std::string last_known;
+  if (!name.empty() && name != last_known) {
+    auto policy = orchestrator::make_token_budget_policy(name, 1);
+    if (!policy) fail(ErrorCode::invalid_argument, field + ": " + policy.error().message);
+    last_known = name;
+  }
+  return name;
+}
+
+/// A parallel config as text ("tp=2,pp=1,sp=1,dp=1"); "" reads as nullopt.
+std::optional<engine::ParallelConfig> get_parallel(capnp::Text::Reader r, const std::string& field) {
+  const std::string text = str(r);
+  if (text.empty()) return std::nullopt;
+  auto pc = engine::parse_parallel_config(text);
+  if (!pc) fail(ErrorCode::invalid_argument, field + ": " + pc.error().message);
+  return *pc;
 }
 
 std::string at(const std::string& field, std::size_t i) {
@@ -270,6 +293,7 @@ void put(wire::BatchRequest::Builder b, const BatchRequest& r) {
   put(b.initParams(), r.params);
   b.setReturnTokenIds(r.return_token_ids);
   b.setN(r.n);
+  b.setTokenBudget(text(r.token_budget));
 }
 
 BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
@@ -283,6 +307,7 @@ BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
   q.return_token_ids = r.getReturnTokenIds();
   q.n = r.getN();
   if (q.n < 1) fail(ErrorCode::invalid_argument, field + ".n must be >= 1, got " + std::to_string(q.n));
+  q.token_budget = get_token_budget(r.getTokenBudget(), field + ".tokenBudget");
   return q;
 }
 
@@ -352,6 +377,8 @@ void put(wire::JobProgress::Builder b, const JobProgress& p) {
   b.setEtaS(p.eta_s);
   b.setOutput(text(p.output));
   set_texts(b.initInputs(static_cast<unsigned>(p.inputs.size())), p.inputs);
+  b.setParallel(text(p.parallel));
+  b.setTokenBudget(text(p.token_budget));
 }
 
 JobProgress get(wire::JobProgress::Reader r) {
@@ -367,6 +394,8 @@ JobProgress get(wire::JobProgress::Reader r) {
   p.eta_s = r.getEtaS();
   p.output = str(r.getOutput());
   p.inputs = get_texts(r.getInputs(), "jobProgress.inputs");
+  p.parallel = str(r.getParallel());
+  p.token_budget = str(r.getTokenBudget());
   return p;
 }
 
@@ -403,10 +432,11 @@ void put(wire::ActorInfo::Builder b, const ActorInfo& a) {
   b.setKind(text(a.kind));
   b.setNode(text(a.node));
   b.setState(text(a.state));
+  b.setParallel(text(a.parallel));
 }
 
 ActorInfo get(wire::ActorInfo::Reader r) {
-  return ActorInfo{str(r.getName()), str(r.getKind()), str(r.getNode()), str(r.getState())};
+  return ActorInfo{str(r.getName()), str(r.getKind()), str(r.getNode()), str(r.getState()), str(r.getParallel())};
 }
 
 }  // namespace
@@ -555,6 +585,8 @@ std::string encode(const OrchestratorMsg& msg) {
       b.setModelDir(text(msg.submit_job.model_dir));
       set_texts(b.initInputs(static_cast<unsigned>(msg.submit_job.inputs.size())), msg.submit_job.inputs);
       b.setOutput(text(msg.submit_job.output));
+      if (msg.submit_job.parallel) b.setParallel(text(msg.submit_job.parallel->to_string()));
+      b.setTokenBudget(text(msg.submit_job.token_budget));
       break;
     }
     case K::job_status_query: root.initJobStatusQuery().setJobId(msg.job_status_query.job_id); break;
@@ -565,6 +597,7 @@ std::string encode(const OrchestratorMsg& msg) {
       b.setWorkerName(text(msg.worker_hello.worker_name));
       b.setDevice(text(msg.worker_hello.device));
       b.setMaxBatch(msg.worker_hello.max_batch);
+      b.setParallel(text(msg.worker_hello.parallel.to_string()));
       break;
     }
     case K::worker_results: {
@@ -600,6 +633,8 @@ Result<OrchestratorMsg> decode_orchestrator(std::string_view bytes) noexcept {
             m.submit_job.model_dir = str(r.getModelDir());
             m.submit_job.inputs = get_texts(r.getInputs(), "inputs");
             m.submit_job.output = str(r.getOutput());
+            m.submit_job.parallel = get_parallel(r.getParallel(), "parallel");
+            m.submit_job.token_budget = get_token_budget(r.getTokenBudget(), "tokenBudget");
             break;
           }
           case W::JOB_STATUS_QUERY:
@@ -620,6 +655,11 @@ Result<OrchestratorMsg> decode_orchestrator(std::string_view bytes) noexcept {
             m.worker_hello.worker_name = str(r.getWorkerName());
             m.worker_hello.device = str(r.getDevice());
             m.worker_hello.max_batch = r.getMaxBatch();
+            // "" (a sender without the field) is a single device.
+            m.worker_hello.parallel = get_parallel(r.getParallel(), "parallel").value_or(engine::ParallelConfig{});
+            if (m.worker_hello.parallel.dp != 1)
+              fail(ErrorCode::invalid_argument, "parallel: a worker is one engine group, dp must be 1, got " +
+                                                    std::to_string(m.worker_hello.parallel.dp));
             break;
           }
           case W::WORKER_RESULTS: {

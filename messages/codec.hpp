@@ -19,7 +19,9 @@
 /// sizes add up exactly, no trailing bytes), the schema version, bounds the
 /// Cap'n Proto traversal (2x the message size) and nesting depth
 /// (kMaxNestingDepth), the list lengths (kMaxListElements), and the fields
-/// (enums in range; BatchRequest: n >= 1, token ids >= 0,
+/// (enums in range; BatchRequest: n >= 1, token ids >= 0, tokenBudget "" or
+/// a known policy; SubmitJob: parallel "" or a valid config, tokenBudget as
+/// BatchRequest; WorkerHello: parallel "" (single) or a config with dp = 1;
 /// SamplingParams::validate(); BatchResult: counts and indices >= 0).
 /// Errors name the message (and its kind when known):
 ///   corrupt           the bytes are not a well-formed message of this schema

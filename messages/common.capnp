@@ -58,6 +58,7 @@ struct BatchRequest {
   params @5 :SamplingParams;
   returnTokenIds @6 :Bool;
   n @7 :Int32 = 1;
+  tokenBudget @8 :Text;    # the job's token budget policy ("fixed", "throttle"); "" = fixed
 }
 
 # orchestrator::BatchChoice.
@@ -94,6 +95,8 @@ struct JobProgress {
   etaS @8 :Float64;
   output @9 :Text;
   inputs @10 :List(Text);  # the job's shards, in order
+  parallel @11 :Text;      # the job's parallel config, "tp=2,pp=1,sp=1,dp=1"; "" = not recorded
+  tokenBudget @12 :Text;   # the job's token budget policy
 }
 
 # A worker's state (worker -> orchestrator, worker -> client).
@@ -116,4 +119,5 @@ struct ActorInfo {
   kind @1 :Text;
   node @2 :Text;
   state @3 :Text;
+  parallel @4 :Text;       # a worker's engine group, "tp=2,pp=1,sp=1"; "" for other actors
 }

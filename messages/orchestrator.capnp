@@ -10,6 +10,8 @@ struct SubmitJob {
   modelDir @0 :Text;
   inputs @1 :List(Text);   # JSONL shards, in order
   output @2 :Text;
+  parallel @3 :Text;       # `--parallel` of the job ("tp=2,pp=1,sp=1,dp=1"); "" = not given (any config)
+  tokenBudget @4 :Text;    # `--token-budget`: "fixed" or "throttle"; "" = fixed
 }
 
 struct JobStatusQuery {
@@ -24,6 +26,7 @@ struct WorkerHello {
   workerName @0 :Text;
   device @1 :Text;
   maxBatch @2 :UInt32;
+  parallel @3 :Text;       # the worker's engine group ("tp=2,pp=1,sp=1,dp=1"); "" = a single device
 }
 
 struct WorkerResults {

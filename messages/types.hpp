@@ -7,10 +7,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/result.hpp"
+#include "engine/parallel_config.hpp"
 #include "orchestrator/batch_types.hpp"
 
 namespace shardline::messages {
@@ -58,6 +60,8 @@ struct JobProgress {
   double eta_s = 0.0;
   std::string output;  ///< output file
   std::vector<std::string> inputs;  ///< input shards, in order
+  std::string parallel;      ///< the job's parallel config ("tp=2,pp=1,sp=1,dp=1"); "" = not recorded
+  std::string token_budget;  ///< the job's token budget policy ("fixed", "throttle")
   bool operator==(const JobProgress&) const = default;
 };
 
@@ -82,6 +86,7 @@ struct ActorInfo {
   std::string kind;   ///< e.g. "orchestrator", "worker", "kvstore"
   std::string node;
   std::string state;
+  std::string parallel;  ///< a worker's engine group ("tp=2,pp=1,sp=1"); "" for other actors
   bool operator==(const ActorInfo&) const = default;
 };
 
@@ -92,6 +97,10 @@ struct SubmitJob {
   std::string model_dir;
   std::vector<std::string> inputs;  ///< JSONL shards, in order
   std::string output;
+  /// `--parallel` of the job: it must be what the cluster runs (else the
+  /// submit is refused); nullopt = not given.
+  std::optional<engine::ParallelConfig> parallel;
+  std::string token_budget;  ///< "fixed" or "throttle"; "" = fixed
   bool operator==(const SubmitJob&) const = default;
 };
 
@@ -109,6 +118,7 @@ struct WorkerHello {
   std::string worker_name;
   std::string device;
   std::uint32_t max_batch = 0;
+  engine::ParallelConfig parallel;  ///< the worker's engine group (dp == 1)
   bool operator==(const WorkerHello&) const = default;
 };
 
