@@ -26,6 +26,10 @@ namespace shardline::actors {
 struct OrchestratorConfig {
   std::string node_name;
   std::string model_dir;  ///< the model this cluster serves; jobs must name it
+  /// This node's parallel config: the engine-group shape every worker of the
+  /// cluster must have (tp, pp, sp) and this node's number of groups (dp).
+  /// A job's --parallel must match it (dp counting the groups of joined nodes too).
+  engine::ParallelConfig parallel;
   std::unique_ptr<orchestrator::JobManager> jobs;
   std::shared_ptr<const ClusterKey> key;
   std::shared_ptr<MetricsRegistry> metrics;
@@ -40,18 +44,21 @@ struct OrchestratorConfig {
 [[nodiscard]] caf::actor spawn_orchestrator(caf::actor_system& sys, OrchestratorConfig config);
 
 struct WorkerConfig {
-  std::string name;     ///< e.g. "node0/cpu:0"
+  std::string name;     ///< e.g. "node0/cpu:0", or "node0/cpu:0-1" for an engine group of two devices
   std::string device;   ///< e.g. "cpu"
   std::string node_name;
-  engine::CpuEngineOptions engine;
+  engine::CpuEngineOptions engine;  ///< engine.parallel: the worker's engine group (dp == 1)
   int max_batch = 64;   ///< requests the orchestrator keeps queued here: 2 x max_batch
   caf::actor orchestrator;
   std::shared_ptr<const ClusterKey> key;
   std::shared_ptr<MetricsRegistry> metrics;
 };
 
-/// Spawns a worker on its own thread. It loads its engine, says hello to the
-/// orchestrator, and then steps its engine while it has work.
+/// Spawns a worker on its own thread. It loads its engine (one engine group:
+/// engine.parallel's tp x sp x pp in-process ranks, each on its own thread),
+/// says hello to the orchestrator with its group shape, and then steps its
+/// engine while it has work, under the token budget policy of the job whose
+/// lines it took last.
 [[nodiscard]] caf::actor spawn_worker(caf::actor_system& sys, WorkerConfig config);
 
 struct KvStoreConfig {

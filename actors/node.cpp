@@ -80,6 +80,43 @@ Result<int> parse_cpu_devices(const std::string& devices) {
   return n;
 }
 
+Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel) {
+  NodeDevices out;
+  if (parallel.empty()) {
+    auto n = parse_cpu_devices(devices.empty() ? "cpu:1" : devices);
+    if (!n) return std::move(n).error();
+    out.num_cpu_devices = *n;
+    out.parallel.dp = *n;
+    return out;
+  }
+  auto pc = engine::parse_parallel_config(parallel);
+  if (!pc) return std::move(pc).error();
+  out.parallel = *pc;
+  const int world = pc->world_size();
+  if (world > 64)
+    return make_error(ErrorCode::invalid_argument, "--parallel " + pc->to_string() + " needs " +
+                                                       std::to_string(world) + " devices; a node has at most 64");
+  if (devices.empty()) {
+    out.num_cpu_devices = world;
+    return out;
+  }
+  auto n = parse_cpu_devices(devices);
+  if (!n) return std::move(n).error();
+  if (*n != world)
+    return make_error(ErrorCode::invalid_argument,
+                      "--devices " + devices + " gives " + std::to_string(*n) + " device" + (*n == 1 ? "" : "s") +
+                          " but --parallel " + pc->to_string() + " needs tp*pp*sp*dp = " + std::to_string(world) +
+                          " (leave out --devices to use " + std::to_string(world) + ")");
+  out.num_cpu_devices = *n;
+  return out;
+}
+
+std::string worker_name(const std::string& node, int index, const engine::ParallelConfig& parallel) {
+  const int g = parallel.group_size();
+  const int first = index * g;
+  return node + "/cpu:" + std::to_string(first) + (g == 1 ? "" : "-" + std::to_string(first + g - 1));
+}
+
 Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   std::unique_ptr<Node> node(new Node());
   const bool networked = !o.listen.empty() || !o.join.empty();
@@ -96,6 +133,10 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     node->key_ = std::make_shared<const ClusterKey>(std::move(key).value());
   }
   if (o.num_cpu_devices < 1) return make_error(ErrorCode::invalid_argument, "a node needs at least one device");
+  if (o.num_cpu_devices != o.parallel.world_size())
+    return make_error(ErrorCode::invalid_argument,
+                      std::to_string(o.num_cpu_devices) + " devices but the parallel config " + o.parallel.to_string() +
+                          " needs tp*pp*sp*dp = " + std::to_string(o.parallel.world_size()));
   if (o.join.empty() && o.data_dir.empty())
     return make_error(ErrorCode::invalid_argument, "the node running the orchestrator needs --data-dir");
 
@@ -117,13 +158,14 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     OrchestratorConfig oc;
     oc.node_name = o.name;
     oc.model_dir = o.engine.model_dir;
+    oc.parallel = o.parallel;
     oc.jobs = std::move(jobs).value();
     oc.key = node->key_;
     oc.metrics = node->metrics_;
     oc.heartbeat_timeout_s = o.heartbeat_timeout_s;
     caf::actor kv = node->kvstore_;
     oc.local_actors = [kvstore_name, name = o.name] {
-      return std::vector<messages::ActorInfo>{{kvstore_name, "kvstore", name, "running"}};
+      return std::vector<messages::ActorInfo>{{kvstore_name, "kvstore", name, "running", ""}};
     };
     oc.kill_local = [kv, kvstore_name](const std::string& n) {
       if (n != kvstore_name) return false;
@@ -149,12 +191,15 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   }
 
   std::vector<WorkerConfig> workers;
-  for (int i = 0; i < o.num_cpu_devices; ++i) {
+  engine::ParallelConfig group = o.parallel;
+  group.dp = 1;
+  for (int i = 0; i < o.parallel.dp; ++i) {
     WorkerConfig wc;
-    wc.name = o.name + "/cpu:" + std::to_string(i);
+    wc.name = worker_name(o.name, i, group);
     wc.device = "cpu";
     wc.node_name = o.name;
     wc.engine = o.engine;
+    wc.engine.parallel = group;
     wc.engine.max_num_seqs = o.max_batch;
     wc.max_batch = o.max_batch;
     wc.orchestrator = node->orchestrator_;

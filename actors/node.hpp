@@ -27,9 +27,14 @@ struct NodeOptions {
   std::string name = "node0";
   std::string listen;     ///< "HOST:PORT" to accept clients and nodes ("" = in-process only)
   std::string join;       ///< "HOST:PORT" of the node running the orchestrator ("" = run it here)
-  int num_cpu_devices = 1;  ///< `--devices cpu:N`: N workers, each with its own thread and KV budget
+  int num_cpu_devices = 1;  ///< `--devices cpu:N`: N CPU devices; must equal parallel.world_size()
+  /// `--parallel`: parallel.dp workers, each one engine group of tp x sp x pp
+  /// devices (in-process ranks, each on its own thread, with its own KV cache).
+  engine::ParallelConfig parallel;
   std::string data_dir;     ///< durable job state (needed when this node runs the orchestrator)
-  engine::CpuEngineOptions engine;  ///< model_dir, dtype, KV budget per worker, threads per worker
+  /// model_dir, dtype, KV budget per rank, threads per rank; engine.parallel
+  /// is set per worker from `parallel` (dp = 1).
+  engine::CpuEngineOptions engine;
   int max_batch = 64;       ///< running sequences per worker
   std::string key_file;     ///< cluster key; required with listen or join
   std::string metrics;      ///< "HOST:PORT" of the Prometheus endpoint ("" = none)
@@ -78,5 +83,23 @@ class Node {
 /// Parses `--devices`: "cpu:N" (N >= 1). Errors: invalid_argument / unsupported
 /// ("cuda:..." needs the CUDA backend).
 [[nodiscard]] Result<int> parse_cpu_devices(const std::string& devices);
+
+/// The devices and parallel config of a node from `--devices` and
+/// `--parallel` ("" = not given):
+///  - --parallel given: --devices defaults to cpu:W with W = world_size();
+///    a given --devices must have exactly W devices;
+///  - --parallel not given: --devices cpu:N (default cpu:1) means N
+///    single-device workers, i.e. dp = N.
+/// Errors: invalid_argument (bad --parallel, bad --devices, or a device count
+/// other than the world size, naming both numbers), unsupported (cuda).
+struct NodeDevices {
+  int num_cpu_devices = 1;
+  engine::ParallelConfig parallel;
+};
+[[nodiscard]] Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel);
+
+/// The name of worker `index` (its engine group) on `node`: "node/cpu:I" for
+/// a single device, "node/cpu:A-B" for a group over devices A..B.
+[[nodiscard]] std::string worker_name(const std::string& node, int index, const engine::ParallelConfig& parallel);
 
 }  // namespace shardline::actors

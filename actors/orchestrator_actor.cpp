@@ -10,6 +10,7 @@
 #include "actors/actors.hpp"
 #include "actors/protocol.hpp"
 #include "messages/codec.hpp"
+#include "orchestrator/job_admission.hpp"
 
 namespace shardline::actors {
 
@@ -22,6 +23,7 @@ using Clock = std::chrono::steady_clock;
 struct WorkerEntry {
   caf::actor handle;
   std::uint32_t max_batch = 1;
+  engine::ParallelConfig parallel;  ///< its engine group (dp == 1)
   std::size_t in_flight = 0;  ///< lines handed out and not yet returned
   messages::WorkerStatus status;
   Clock::time_point last_seen;
@@ -55,6 +57,8 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
   if (auto rec = jobs.job(p.job_id); rec.ok()) {
     m.output = rec->spec.output_path;
     m.inputs = rec->spec.input_paths;
+    m.parallel = rec->spec.parallel;
+    m.token_budget = rec->spec.token_budget;
   }
   return m;
 }
@@ -84,6 +88,24 @@ void drop_worker(OrchestratorActor* self, const std::string& name, const char* w
   dispatch(self);
 }
 
+std::string node_of(const std::string& worker_name) { return worker_name.substr(0, worker_name.find('/')); }
+
+/// Engine groups of the cluster: this node's (as configured, registered or
+/// not yet) plus the registered workers of joined nodes.
+int num_groups(const OrchestratorState& st) {
+  int n = st.config.parallel.dp;
+  for (const auto& [name, w] : st.workers)
+    if (node_of(name) != st.config.node_name) ++n;
+  return n;
+}
+
+/// The parallel config a job runs on: the cluster's, with dp = its groups.
+engine::ParallelConfig cluster_config(const OrchestratorState& st) {
+  engine::ParallelConfig pc = orchestrator::group_of(st.config.parallel);
+  pc.dp = num_groups(st);
+  return pc;
+}
+
 void update_job_metrics(OrchestratorState& st) {
   std::map<std::string, double> by_state{{"queued", 0}, {"running", 0}, {"done", 0}, {"failed", 0}};
   for (const auto& p : st.config.jobs->list_jobs()) by_state[orchestrator::job_state_name(p.state)] += 1;
@@ -100,13 +122,20 @@ std::string handle_client(OrchestratorActor* self, OrchestratorMsg& msg) {
         return messages::encode(OrchestratorReply::of(make_error(
             ErrorCode::invalid_argument,
             "this cluster serves the model " + st.config.model_dir + ", not " + sj.model_dir)));
+      if (sj.parallel) {
+        if (Status ok = orchestrator::check_job_parallel(*sj.parallel, st.config.parallel, num_groups(st)); !ok)
+          return messages::encode(OrchestratorReply::of(ok.error()));
+      }
       orchestrator::JobSpec spec;
       spec.model_dir = sj.model_dir;
       spec.input_paths = sj.inputs;
       spec.output_path = sj.output;
-      auto id = st.config.jobs->submit(std::move(spec));
+      spec.parallel = sj.parallel.value_or(cluster_config(st)).to_string();  // what it runs on
+      spec.token_budget = sj.token_budget;
+      auto id = st.config.jobs->submit(spec);
       if (!id) return messages::encode(OrchestratorReply::of(id.error()));
-      spdlog::info("orchestrator: job {} submitted ({} shard(s) -> {})", *id, sj.inputs.size(), sj.output);
+      spdlog::info("orchestrator: job {} submitted ({} shard(s) -> {}; {}, token budget {})", *id, sj.inputs.size(),
+                   sj.output, spec.parallel, sj.token_budget.empty() ? "fixed" : sj.token_budget);
       update_job_metrics(st);
       dispatch(self);
       return messages::encode(OrchestratorReply::of(messages::JobSubmitted{*id}));
@@ -124,16 +153,16 @@ std::string handle_client(OrchestratorActor* self, OrchestratorMsg& msg) {
     }
     case OrchestratorMsg::Kind::actor_list_query: {
       messages::ActorList list;
-      list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name, "running"});
+      list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name, "running", ""});
       for (const auto& [name, w] : st.workers) {
-        const std::string node = name.substr(0, name.find('/'));
+        const std::string node = node_of(name);
         const std::string state = w.status.worker_name.empty()
                                       ? "starting"
                                       : w.status.state + " running=" + std::to_string(w.status.num_running) +
                                             " waiting=" + std::to_string(w.status.num_waiting) +
                                             " kv=" + std::to_string(w.status.kv_blocks_used) + "/" +
                                             std::to_string(w.status.kv_blocks_total);
-        list.actors.push_back({name, "worker", node, state});
+        list.actors.push_back({name, "worker", node, state, orchestrator::group_label(w.parallel)});
       }
       if (st.config.local_actors)
         for (auto& a : st.config.local_actors()) list.actors.push_back(std::move(a));
@@ -167,15 +196,24 @@ void handle_worker(OrchestratorActor* self, OrchestratorMsg& msg) {
       const std::string& name = msg.worker_hello.worker_name;
       auto sender = caf::actor_cast<caf::actor>(self->current_sender());
       if (!sender) return;
+      if (Status ok = orchestrator::check_worker_group(name, msg.worker_hello.parallel, st.config.parallel); !ok) {
+        // Jobs run on one group shape; a node started with another --parallel
+        // is told to stop its worker (a shutdown: its supervisor leaves it).
+        spdlog::warn("orchestrator: refused {}", ok.error().message);
+        const Signed bye = sign(*st.config.key, messages::encode(messages::WorkerMsg::of(messages::Shutdown{})));
+        self->send(sender, msg_atom::value, bye.tag, bye.bytes);
+        return;
+      }
       if (st.workers.count(name)) drop_worker(self, name, "was replaced by a new instance");
       WorkerEntry w;
       w.handle = sender;
       w.max_batch = std::max<std::uint32_t>(1, msg.worker_hello.max_batch);
+      w.parallel = msg.worker_hello.parallel;
       w.last_seen = Clock::now();
       st.workers[name] = w;
       self->monitor(sender);
-      spdlog::info("orchestrator: worker {} joined (device {}, batch {})", name, msg.worker_hello.device,
-                   w.max_batch);
+      spdlog::info("orchestrator: worker {} joined (device {}, [{}], batch {})", name, msg.worker_hello.device,
+                   orchestrator::group_label(w.parallel), w.max_batch);
       update_job_metrics(st);
       dispatch(self);
       return;

@@ -5,6 +5,8 @@
 #include "actors/protocol.hpp"
 #include "engine/batch_worker.hpp"
 #include "messages/codec.hpp"
+#include "orchestrator/job_admission.hpp"
+#include "orchestrator/job_token_budget.hpp"
 
 namespace shardline::actors {
 
@@ -16,6 +18,10 @@ using messages::WorkerReply;
 struct WorkerState {
   WorkerConfig config;
   std::unique_ptr<engine::BatchWorker> worker;
+  /// The LlmEngine inside `worker` (BatchWorker exposes it const only); it
+  /// lives as long as `worker`, which owns it through a unique_ptr.
+  engine::LlmEngine* engine = nullptr;
+  std::unique_ptr<orchestrator::JobTokenBudget> token_budget;
   bool step_scheduled = false;
   static inline const char* name = "shardline.worker";
 };
@@ -67,6 +73,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     self->quit(caf::exit_reason::user_shutdown);
     return {};
   }
+  engine::LlmEngine* llm = built->engine.get();
   auto worker = engine::BatchWorker::create(std::move(built).value(), st.config.name);
   if (!worker) {
     spdlog::error("worker {}: {}", st.config.name, worker.error().to_string());
@@ -74,10 +81,13 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     return {};
   }
   st.worker = std::make_unique<engine::BatchWorker>(std::move(worker).value());
+  st.engine = llm;
+  st.token_budget = std::make_unique<orchestrator::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
   to_orchestrator(self, messages::OrchestratorMsg::of(messages::WorkerHello{
-                            st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch)}));
+                            st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch),
+                            st.config.engine.parallel}));
   self->send(self, beat_atom::value);
-  spdlog::info("worker {} ready", st.config.name);
+  spdlog::info("worker {} ready [{}]", st.config.name, orchestrator::group_label(st.config.engine.parallel));
 
   return {
       [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {
@@ -92,7 +102,16 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
         if (!msg) return messages::encode(WorkerReply::of(msg.error()));
         switch (msg->kind) {
           case WorkerMsg::Kind::assign_work:
-            for (auto& r : msg->assign_work.requests) s.worker->submit(std::move(r));
+            for (auto& r : msg->assign_work.requests) {
+              // The codec checked the name; an error here would be a bug, not bad input.
+              auto switched = s.token_budget->use(r.token_budget, *s.engine);
+              if (!switched)
+                spdlog::error("worker {}: {}", s.config.name, switched.error().to_string());
+              else if (*switched)
+                spdlog::info("worker {}: token budget {} (job {})", s.config.name, s.token_budget->current(),
+                             r.job_id);
+              s.worker->submit(std::move(r));
+            }
             schedule_step(self);
             return messages::encode(WorkerReply::of(messages::Ack{}));
           case WorkerMsg::Kind::cancel_job:
@@ -101,6 +120,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
           case WorkerMsg::Kind::status_query:
             return messages::encode(WorkerReply::of(status_of(s)));
           case WorkerMsg::Kind::shutdown:
+            spdlog::warn("worker {}: told to stop by {}", s.config.name, caf::to_string(self->current_sender()));
             self->quit(caf::exit_reason::user_shutdown);
             return messages::encode(WorkerReply::of(messages::Ack{}));
         }

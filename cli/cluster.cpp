@@ -18,6 +18,8 @@
 #include "actors/node.hpp"
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
+#include "orchestrator/job_admission.hpp"
+#include "orchestrator/token_budget_policies.hpp"
 
 namespace shardline::cli {
 
@@ -52,7 +54,8 @@ struct NodeArgs {
   std::string name = "node0";
   std::string listen = "127.0.0.1:7411";
   std::string join;
-  std::string devices = "cpu:1";
+  std::string devices;   // "" = the --parallel world size (cpu:1 without --parallel)
+  std::string parallel;  // "" = not given: --devices cpu:N is N single-device workers
   std::string data_dir = "shardline-data";
   std::string model_dir;
   std::string key_file = default_key_file();
@@ -62,7 +65,7 @@ struct NodeArgs {
 };
 
 Result<actors::NodeOptions> node_options(const NodeArgs& a) {
-  auto devices = actors::parse_cpu_devices(a.devices);
+  auto devices = actors::resolve_node_devices(a.devices, a.parallel);
   if (!devices) return std::move(devices).error();
   auto eo = to_engine_options(a.engine, a.model_dir);
   if (!eo) return std::move(eo).error();
@@ -70,16 +73,27 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   o.name = a.name;
   o.listen = a.listen;
   o.join = a.join;
-  o.num_cpu_devices = *devices;
+  o.num_cpu_devices = devices->num_cpu_devices;
+  o.parallel = devices->parallel;
   o.data_dir = a.data_dir;
   o.engine = *eo;
-  // Each worker gets its share of the cores unless told otherwise.
+  // Each device (a rank of an engine group) gets its share of the cores
+  // unless told otherwise.
   if (o.engine.num_threads == 0)
-    o.engine.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / *devices);
+    o.engine.num_threads =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / devices->num_cpu_devices);
   o.max_batch = a.max_batch;
   o.key_file = a.key_file;
   o.metrics = a.metrics;
   return o;
+}
+
+/// "2 workers of [tp=2,pp=1,sp=1] on cpu:4, 1 thread per device".
+std::string describe_workers(const actors::NodeOptions& o) {
+  return std::to_string(o.parallel.dp) + (o.parallel.dp == 1 ? " worker" : " workers") + " of [" +
+         orchestrator::group_label(o.parallel) + "] on cpu:" + std::to_string(o.num_cpu_devices) + ", " +
+         std::to_string(o.engine.num_threads) + (o.engine.num_threads == 1 ? " thread" : " threads") +
+         " per device";
 }
 
 int wait_for_signal() {
@@ -102,6 +116,7 @@ int run_node_start(NodeArgs& a) {
   auto o = node_options(a);
   if (!o) return fail(o.error(), 2);
   if (!o->join.empty()) o->listen.clear();
+  const std::string workers = describe_workers(*o);
   auto node = actors::Node::start(std::move(o).value());
   if (!node) return fail(node.error());
   if ((*node)->port() > 0) {
@@ -110,6 +125,7 @@ int run_node_start(NodeArgs& a) {
   } else {
     std::cout << "shardline node " << a.name << " joined " << a.join << std::endl;
   }
+  std::cout << "workers: " << workers << std::endl;
   if ((*node)->metrics_port() > 0)
     std::cout << "metrics on port " << (*node)->metrics_port() << std::endl;
   const int sig = wait_for_signal();
@@ -151,23 +167,33 @@ nlohmann::json to_json(const messages::JobProgress& p) {
           {"failed", p.failed},   {"prompt_tokens", p.prompt_tokens},
           {"completion_tokens", p.completion_tokens},
           {"tokens_per_s", p.tokens_per_s}, {"eta_s", p.eta_s},
-          {"output", p.output}};
+          {"output", p.output},   {"parallel", p.parallel},
+          {"token_budget", p.token_budget}};
+}
+
+void print_actor_table(const messages::ActorList& actors) {
+  std::printf("%-24s %-12s %-8s %-18s %s\n", "ACTOR", "KIND", "NODE", "GROUP", "STATE");
+  for (const auto& a : actors.actors) {
+    const std::string group = a.parallel.empty() ? "-" : "[" + a.parallel + "]";
+    std::printf("%-24s %-12s %-8s %-18s %s\n", a.name.c_str(), a.kind.c_str(), a.node.c_str(), group.c_str(),
+                a.state.c_str());
+  }
 }
 
 void print_progress_table(const messages::JobStatusList& jobs, const messages::ActorList* actors) {
-  std::printf("%-6s %-8s %14s %8s %12s %12s %10s %8s  %s\n", "JOB", "STATE", "DONE/TOTAL", "FAILED", "PROMPT_TOK",
-              "GEN_TOK", "TOK/S", "ETA", "OUTPUT");
+  std::printf("%-6s %-8s %14s %8s %12s %12s %10s %8s  %-20s %-9s %s\n", "JOB", "STATE", "DONE/TOTAL", "FAILED",
+              "PROMPT_TOK", "GEN_TOK", "TOK/S", "ETA", "PARALLEL", "BUDGET", "OUTPUT");
   for (const auto& p : jobs.jobs) {
     const std::string frac = std::to_string(p.done) + "/" + std::to_string(p.total);
-    std::printf("%-6llu %-8s %14s %8llu %12llu %12llu %10.1f %8s  %s\n", static_cast<unsigned long long>(p.job_id),
-                p.state.c_str(), frac.c_str(), static_cast<unsigned long long>(p.failed),
-                static_cast<unsigned long long>(p.prompt_tokens), static_cast<unsigned long long>(p.completion_tokens),
-                p.tokens_per_s, format_eta(p.eta_s).c_str(), p.output.c_str());
+    std::printf("%-6llu %-8s %14s %8llu %12llu %12llu %10.1f %8s  %-20s %-9s %s\n",
+                static_cast<unsigned long long>(p.job_id), p.state.c_str(), frac.c_str(),
+                static_cast<unsigned long long>(p.failed), static_cast<unsigned long long>(p.prompt_tokens),
+                static_cast<unsigned long long>(p.completion_tokens), p.tokens_per_s, format_eta(p.eta_s).c_str(),
+                p.parallel.empty() ? "-" : p.parallel.c_str(), p.token_budget.c_str(), p.output.c_str());
   }
   if (actors) {
-    std::printf("\n%-24s %-12s %-8s %s\n", "ACTOR", "KIND", "NODE", "STATE");
-    for (const auto& a : actors->actors)
-      std::printf("%-24s %-12s %-8s %s\n", a.name.c_str(), a.kind.c_str(), a.node.c_str(), a.state.c_str());
+    std::printf("\n");
+    print_actor_table(*actors);
   }
   std::fflush(stdout);
 }
@@ -177,14 +203,30 @@ struct SubmitArgs {
   std::string model_dir;
   std::vector<std::string> inputs;
   std::string output;
+  std::string parallel;            // "" = not given (whatever the cluster runs)
+  std::string token_budget = "fixed";
 };
+
+/// The job's --parallel and --token-budget, checked before anything is sent.
+Status job_flags(const std::string& parallel, const std::string& token_budget, messages::SubmitJob& sj) {
+  if (!parallel.empty()) {
+    auto pc = engine::parse_parallel_config(parallel);
+    if (!pc) return pc.error();
+    sj.parallel = *pc;
+  }
+  auto budget = orchestrator::normalize_token_budget(token_budget);
+  if (!budget) return budget.error();
+  sj.token_budget = *budget;
+  return {};
+}
 
 std::string absolute(const std::string& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
 
 int run_job_submit(const SubmitArgs& a) {
+  messages::SubmitJob sj;
+  if (Status st = job_flags(a.parallel, a.token_budget, sj); !st) return fail(st.error(), 2);
   auto client = actors::Client::connect(a.client.node, a.client.key_file);
   if (!client) return fail(client.error());
-  messages::SubmitJob sj;
   sj.model_dir = absolute(a.model_dir);
   for (const auto& in : a.inputs) sj.inputs.push_back(absolute(in));
   sj.output = absolute(a.output);
@@ -215,7 +257,11 @@ int run_job_status(const StatusArgs& a) {
       nlohmann::json workers = nlohmann::json::array();
       if (actors_reply)
         for (const auto& x : actors_reply->actor_list.actors)
-          workers.push_back({{"name", x.name}, {"kind", x.kind}, {"node", x.node}, {"state", x.state}});
+          workers.push_back({{"name", x.name},
+                             {"kind", x.kind},
+                             {"node", x.node},
+                             {"state", x.state},
+                             {"parallel", x.parallel}});
       std::cout << nlohmann::json{{"jobs", arr}, {"actors", workers}}.dump() << std::endl;
     } else {
       if (a.watch) std::cout << "\033[2J\033[H";
@@ -234,9 +280,7 @@ int run_actor_list(const ClientArgs& c) {
   if (!client) return fail(client.error());
   auto reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
   if (!reply) return fail(reply.error());
-  std::printf("%-24s %-12s %-8s %s\n", "ACTOR", "KIND", "NODE", "STATE");
-  for (const auto& x : reply->actor_list.actors)
-    std::printf("%-24s %-12s %-8s %s\n", x.name.c_str(), x.kind.c_str(), x.node.c_str(), x.state.c_str());
+  print_actor_table(reply->actor_list);
   return 0;
 }
 
@@ -255,7 +299,9 @@ struct RunArgs {
   std::string model_dir;
   std::vector<std::string> inputs;
   std::string output;
-  std::string devices = "cpu:1";
+  std::string devices;   // "" = the --parallel world size (cpu:1 without --parallel)
+  std::string parallel;  // "" = --devices cpu:N single-device workers
+  std::string token_budget = "fixed";
   std::string data_dir;  // default: OUTPUT.shardline
   std::string metrics;
   int max_batch = 64;
@@ -280,6 +326,7 @@ int run_run(RunArgs& a) {
   na.name = "local";
   na.listen.clear();
   na.devices = a.devices;
+  na.parallel = a.parallel;
   na.data_dir = a.data_dir.empty() ? a.output + ".shardline" : a.data_dir;
   na.model_dir = a.model_dir;
   na.key_file.clear();
@@ -289,6 +336,9 @@ int run_run(RunArgs& a) {
   auto o = node_options(na);
   if (!o) return fail(o.error(), 2);
   o->key_file.clear();
+  messages::SubmitJob sj;
+  if (Status st = job_flags(a.parallel, a.token_budget, sj); !st) return fail(st.error(), 2);
+  if (!a.quiet) std::cerr << "shardline run: " << describe_workers(*o) << "\n";
   auto node = actors::Node::start(std::move(o).value());
   if (!node) return fail(node.error());
   auto client = actors::Client::local((*node)->system(), (*node)->orchestrator(), (*node)->key());
@@ -305,7 +355,6 @@ int run_run(RunArgs& a) {
   for (const auto& p : existing->job_status_list.jobs)
     if (p.output == output && p.inputs == inputs) job_id = p.job_id;
   if (job_id == 0) {
-    messages::SubmitJob sj;
     sj.model_dir = a.model_dir;
     sj.inputs = inputs;
     sj.output = output;
@@ -355,7 +404,12 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   start->add_option("--listen", na->listen, "HOST:PORT for clients and nodes (loopback by default)")
       ->capture_default_str();
   start->add_option("--join", na->join, "HOST:PORT of the node running the orchestrator (this node adds workers)");
-  start->add_option("--devices", na->devices, "Devices: cpu:N (N workers)")->capture_default_str();
+  start->add_option("--devices", na->devices,
+                    "Devices: cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without "
+                    "--parallel, where cpu:N means N single-device workers)");
+  start->add_option("--parallel", na->parallel,
+                    "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: "
+                    "single)");
   start->add_option("--data-dir", na->data_dir, "Durable job state (RocksDB)")->capture_default_str();
   start->add_option("--model", na->model_dir, "Model folder the workers load")->required();
   start->add_option("--key-file", na->key_file, "Cluster key")->capture_default_str();
@@ -373,6 +427,13 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   submit->add_option("--model", sa->model_dir, "Model folder (must be the one the cluster serves)")->required();
   submit->add_option("--input", sa->inputs, "JSONL shard (repeatable; read in order)")->required();
   submit->add_option("--output", sa->output, "Output JSONL")->required();
+  submit->add_option("--parallel", sa->parallel,
+                     "tp=..,pp=..,sp=..,dp=..: the config the job must run on; refused when the cluster's "
+                     "workers run another (default: whatever they run)");
+  submit->add_option("--token-budget", sa->token_budget,
+                     std::string("Per-micro-batch token budget policy of the job: ") +
+                         orchestrator::token_budget_policy_names())
+      ->capture_default_str();
   submit->callback([&run, sa] { run = [sa] { return run_job_submit(*sa); }; });
   auto st = std::make_shared<StatusArgs>();
   CLI::App* status = job->add_subcommand("status", "Progress of one job or all jobs, and per-worker state");
@@ -402,7 +463,14 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--model", ra->model_dir, "Model folder")->required();
   r->add_option("--input", ra->inputs, "JSONL shard (repeatable)")->required();
   r->add_option("--output", ra->output, "Output JSONL")->required();
-  r->add_option("--devices", ra->devices, "cpu:N")->capture_default_str();
+  r->add_option("--devices", ra->devices,
+                "cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without --parallel, where "
+                "cpu:N means N single-device workers)");
+  r->add_option("--parallel", ra->parallel,
+                "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single)");
+  r->add_option("--token-budget", ra->token_budget,
+                std::string("Per-micro-batch token budget policy: ") + orchestrator::token_budget_policy_names())
+      ->capture_default_str();
   r->add_option("--data-dir", ra->data_dir, "Durable state (default: OUTPUT.shardline); rerun to resume");
   r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();

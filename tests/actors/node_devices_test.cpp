@@ -1,0 +1,62 @@
+// `--devices` and `--parallel` of a node (actors/node.hpp): the device count
+// must be the world size, defaults, and worker names per engine group.
+#include <gtest/gtest.h>
+
+#include "actors/node.hpp"
+
+namespace shardline::actors {
+namespace {
+
+using engine::ParallelConfig;
+
+TEST(NodeDevices, WithoutParallelDevicesAreSingleDeviceWorkers) {
+  auto one = resolve_node_devices("", "");
+  ASSERT_TRUE(one.ok()) << one.error().to_string();
+  EXPECT_EQ(one->num_cpu_devices, 1);
+  EXPECT_EQ(one->parallel, ParallelConfig{});
+  auto three = resolve_node_devices("cpu:3", "");
+  ASSERT_TRUE(three.ok()) << three.error().to_string();
+  EXPECT_EQ(three->num_cpu_devices, 3);
+  EXPECT_EQ(three->parallel, (ParallelConfig{1, 1, 1, 3}));
+}
+
+TEST(NodeDevices, ParallelDefaultsDevicesToItsWorldSize) {
+  auto r = resolve_node_devices("", "tp=2,pp=2,dp=2");
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  EXPECT_EQ(r->num_cpu_devices, 8);
+  EXPECT_EQ(r->parallel, (ParallelConfig{2, 2, 1, 2}));
+  auto given = resolve_node_devices("cpu:2", "sp=2");
+  ASSERT_TRUE(given.ok()) << given.error().to_string();
+  EXPECT_EQ(given->num_cpu_devices, 2);
+  auto single = resolve_node_devices("cpu:1", "single");
+  ASSERT_TRUE(single.ok()) << single.error().to_string();
+  EXPECT_EQ(single->parallel, ParallelConfig{});
+}
+
+TEST(NodeDevices, DeviceCountOtherThanTheWorldSizeNamesBothNumbers) {
+  auto r = resolve_node_devices("cpu:3", "tp=2");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(r.error().message,
+            "--devices cpu:3 gives 3 devices but --parallel tp=2,pp=1,sp=1,dp=1 needs tp*pp*sp*dp = 2 "
+            "(leave out --devices to use 2)");
+  auto big = resolve_node_devices("", "tp=16,pp=8");
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.error().message.find("needs 128 devices"), std::string::npos) << big.error().message;
+  auto bad = resolve_node_devices("", "tp=2,tp=2");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("given twice"), std::string::npos) << bad.error().message;
+  auto gpu = resolve_node_devices("cuda:2", "tp=2");
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.error().code, ErrorCode::unsupported);
+}
+
+TEST(NodeDevices, WorkerNamesSpanTheirGroupDevices) {
+  EXPECT_EQ(worker_name("node0", 0, ParallelConfig{}), "node0/cpu:0");
+  EXPECT_EQ(worker_name("node0", 3, ParallelConfig{}), "node0/cpu:3");
+  EXPECT_EQ(worker_name("node0", 0, ParallelConfig{2, 1, 1, 1}), "node0/cpu:0-1");
+  EXPECT_EQ(worker_name("b", 1, ParallelConfig{2, 2, 1, 1}), "b/cpu:4-7");
+}
+
+}  // namespace
+}  // namespace shardline::actors
