@@ -202,7 +202,7 @@ Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& o) {
   for (const engine::ParallelConfig& pc : o.configs) {
     // Each of the world_size ranks gets 1 / world_size of the machine.
     orchestrator::HardwareSpec per_rank = hw;
-    const double share = std::min(1.0, static_cast<double>(cores) / pc.world_size()) / cores;
+    const double share = 1.0 / pc.world_size();
     per_rank.memory_bw_bytes_per_s *= share;
     per_rank.flops_per_s *= share;
     Result<orchestrator::CostModel> model =

@@ -253,7 +253,8 @@ float* ShardRunner::residual(int num_tokens) {
 
 Status ShardRunner::all_reduce_tp(float* data, std::size_t count) {
   if (spec_.tp == 1) return Status::ok_status();
-  profile_.comm_bytes += count * sizeof(float);
+  // Ring-equivalent bytes a rank sends: 2 (tp-1)/tp of the payload.
+  profile_.comm_bytes += 2 * (spec_.tp - 1) * count * sizeof(float) / spec_.tp;
   return comms_.tp->all_reduce_sum(data, count);
 }
 
@@ -437,7 +438,7 @@ Result<engine::StepOutput> ShardRunner::run_logits(const engine::StepInput& in) 
   const float* rows = residual_.data();  // [n, hidden] once gathered
   if (spec_.sp > 1) {
     const std::size_t count = static_cast<std::size_t>(ch) * hidden;
-    p.comm_bytes += count * sizeof(float);
+    p.comm_bytes += (spec_.sp - 1) * count * sizeof(float);  // its share to every peer
     if (Status st = comms_.sp->all_gather(residual_.data(), count, gathered_.data()); !st) return st.error();
     timer.add_to(p.comm_ms);
     rows = gathered_.data();
@@ -459,7 +460,7 @@ Result<engine::StepOutput> ShardRunner::run_logits(const engine::StepInput& in) 
   if (vocab_rows_ > 0) kc::linear(normed, num_logits, hidden, lm_head_, nullptr, part.data(), vocab_shard_);
   timer.add_to(p.logits_ms);
   std::vector<float> all(static_cast<std::size_t>(spec_.tp) * part.size());  // [tp, num_logits, vocab_shard]
-  p.comm_bytes += part.size() * sizeof(float);
+  p.comm_bytes += (spec_.tp - 1) * part.size() * sizeof(float);  // its share to every peer
   if (Status st = comms_.tp->all_gather(part.data(), part.size(), all.data()); !st) return st.error();
   timer.add_to(p.comm_ms);
   for (int t = 0; t < spec_.tp; ++t) {

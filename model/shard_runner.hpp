@@ -55,7 +55,11 @@ struct StepProfile {
   double logits_ms = 0;     ///< final norm + lm_head
   double other_ms = 0;      ///< embedding, norms, RoPE, SwiGLU, residual adds
   double comm_ms = 0;       ///< waiting in collectives (TP all-reduce, SP all-to-all, gathers)
-  std::uint64_t comm_bytes = 0;  ///< payload bytes this rank put into collectives this step
+  /// Bytes this rank sent in collectives this step, ring-equivalent: an
+  /// all-reduce 2 (n-1)/n of the payload, an all-to-all (n-1)/n of what the
+  /// rank holds, an all-gather its share to each of the n-1 peers (the
+  /// convention of orchestrator/cost_model.hpp).
+  std::uint64_t comm_bytes = 0;
   [[nodiscard]] double total_ms() const {
     return gemm_ms + attention_ms + logits_ms + other_ms + comm_ms;
   }

@@ -134,10 +134,17 @@ Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const Ste
   }
   const double t_layer = std::max(t_lin_dm, t_lin_c) + std::max(t_attn_dm, t_attn_c) + t_tp_layer + t_sp_layer;
 
-  // lm_head on the last stage (only when logits are computed).
+  // lm_head on the last stage (only when logits are computed). SP ranks
+  // all-gather the residual first, so each computes every logits row of its
+  // vocabulary shard; TP ranks then all-gather the shards (vocab-parallel).
   const double lm_bytes = seqs > 0 ? lm_params_rank * wb : 0.0;
-  const double lm_flops = 2.0 * lm_params_rank * seqs_rank;
-  const double t_lm = std::max(lm_bytes / bw, lm_flops / peak);
+  const double lm_flops = 2.0 * lm_params_rank * seqs;
+  const double sp_gather_bytes = pc.sp > 1 && seqs > 0 ? (sp - 1.0) * tokens_rank * h * ab : 0.0;
+  const double tp_gather_bytes =
+      pc.tp > 1 && seqs > 0 ? (tp - 1.0) * seqs * std::ceil(shape_.vocab_size / tp) * ab : 0.0;
+  const double t_sp_gather = sp_gather_bytes > 0 ? lat + sp_gather_bytes / cbw : 0.0;
+  const double t_tp_gather = tp_gather_bytes > 0 ? lat + tp_gather_bytes / cbw : 0.0;
+  const double t_lm = std::max(lm_bytes / bw, lm_flops / peak) + t_sp_gather + t_tp_gather;
 
   // PP send of one micro-batch's activations.
   const double pp_bytes_mb = pc.pp > 1 ? tokens_rank * h * ab : 0.0;
@@ -161,11 +168,11 @@ Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const Ste
     st.kv_read_ms = n * t_attn_dm * 1e3;
     st.linear_compute_ms = (n * t_lin_c + (last ? lm_flops / peak : 0.0)) * 1e3;
     st.attention_compute_ms = n * t_attn_c * 1e3;
-    st.tp_comm_ms = n * t_tp_layer * 1e3;
-    st.sp_comm_ms = n * t_sp_layer * 1e3;
+    st.tp_comm_ms = (n * t_tp_layer + (last ? t_tp_gather : 0.0)) * 1e3;
+    st.sp_comm_ms = (n * t_sp_layer + (last ? t_sp_gather : 0.0)) * 1e3;
     st.pp_comm_ms = last ? 0.0 : t_pp * 1e3;
-    st.tp_bytes = M * n * tp_bytes_layer;
-    st.sp_bytes = M * n * sp_bytes_layer;
+    st.tp_bytes = M * (n * tp_bytes_layer + (last ? tp_gather_bytes : 0.0));
+    st.sp_bytes = M * (n * sp_bytes_layer + (last ? sp_gather_bytes : 0.0));
     st.pp_bytes = last ? 0.0 : M * pp_bytes_mb;
     sum_t += st.micro_batch_ms;
     if (st.micro_batch_ms > max_t) {

@@ -50,10 +50,14 @@
 ///
 /// The last pipeline stage also runs lm_head for the step's sequences (one
 /// logits row each), max(vocab*hidden/tp * weight_bytes / B_mem,
-/// 2*vocab*hidden/tp * rows_rank / FLOPS) with rows_rank = sequences / sp; App.
-/// A is per layer and leaves it out, but for small models it is a large
-/// share of the weights. Embedding lookup, norms, RoPE and the logits gather
-/// are not modelled.
+/// 2*vocab*hidden/tp * sequences / FLOPS), as model/shard_runner.cpp does it:
+/// with SP the ranks first all-gather the residual ((sp-1) * tokens_rank *
+/// hidden activations sent per rank) and each computes every logits row of
+/// its vocabulary shard; with TP the shards are all-gathered ((tp-1) *
+/// sequences * ceil(vocab/tp) sent per rank). App. A is per layer and leaves
+/// lm_head out, but for small models it is a large share of the weights and
+/// its gather dominates TP's traffic. Embedding lookup, norms and RoPE are
+/// not modelled.
 ///
 /// Pipeline (App. A.3, "Pipeline parallelism"): stage s holds the layers of
 /// model/shard_runner.hpp's stage_layer_range (the first L % pp stages get

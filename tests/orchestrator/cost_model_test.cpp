@@ -113,11 +113,13 @@ TEST(CostModel, TensorParallelByHand) {
   // (vs 2*320*4 / 1e4 = 0.256 s). Attention: 1 query head, 1 (replicated) KV head:
   // 640 + 2*(1+2)*4*4 = 736 B -> 0.736 s (vs 704 FLOPs). All-reduce of 4*8*2 = 64 B: ring
   // sends 2*(1/2)*64 = 64 B, 0.01 + 0.64 = 0.65 s, twice per layer = 1.3 s.
-  // Layer 2.676 s, 2 layers 5.352 s; lm_head 256 B -> 0.256 s.
-  EXPECT_NEAR(c.total_ms, 5608.0, 1e-6);
-  EXPECT_NEAR(c.tp_comm_ms, 2600.0, 1e-6);
+  // Layer 2.676 s, 2 layers 5.352 s; lm_head 256 B -> 0.256 s, then the
+  // vocab-parallel logits all-gather sends (2-1) * 4 rows * 16 * 2 B = 128 B:
+  // 0.01 + 1.28 = 1.29 s.
+  EXPECT_NEAR(c.total_ms, 5608.0 + 1290.0, 1e-6);
+  EXPECT_NEAR(c.tp_comm_ms, 2600.0 + 1290.0, 1e-6);
   EXPECT_NEAR(c.weight_read_ms, 2 * 640.0 + 256.0, 1e-6);
-  EXPECT_NEAR(c.tp_bytes_per_rank, 2 * 2 * 64.0, 1e-9);
+  EXPECT_NEAR(c.tp_bytes_per_rank, 2 * 2 * 64.0 + 128.0, 1e-9);
   EXPECT_DOUBLE_EQ(c.sp_bytes_per_rank, 0.0);
 }
 
@@ -154,10 +156,12 @@ TEST(CostModel, SequenceParallelByHand) {
   // Attention: 1 query head, 1 KV head per rank over all 8 tokens: 2*(1+2)*4*8 = 192 B
   // -> 0.192 s (vs 4*1*4*36 = 576 FLOPs). All-to-alls send half of 4*(2+2)*4*2 = 128 B
   // and half of 4*2*4*2 = 64 B: 96 B, 2*0.01 + 0.96 = 0.98 s.
-  // Layer 2.324 s, 2 layers 4.648 s; lm_head max(0.512, 2*256*0.5 / 1e4) = 0.512 s.
-  EXPECT_NEAR(c.total_ms, 5160.0, 1e-6);
-  EXPECT_NEAR(c.sp_comm_ms, 1960.0, 1e-6);
-  EXPECT_NEAR(c.sp_bytes_per_rank, 2 * 96.0, 1e-9);
+  // Layer 2.324 s, 2 layers 4.648 s; before lm_head the residual all-gather
+  // sends (2-1) * 4 rows * 8 * 2 B = 64 B: 0.01 + 0.64 = 0.65 s; then every
+  // SP rank computes the one logits row: max(0.512, 2*256*1 / 1e4) = 0.512 s.
+  EXPECT_NEAR(c.total_ms, 5160.0 + 650.0, 1e-6);
+  EXPECT_NEAR(c.sp_comm_ms, 1960.0 + 650.0, 1e-6);
+  EXPECT_NEAR(c.sp_bytes_per_rank, 2 * 96.0 + 64.0, 1e-9);
   EXPECT_DOUBLE_EQ(c.tp_bytes_per_rank, 0.0);
 }
 
@@ -204,11 +208,13 @@ TEST(CostModel, MoreTensorParallelismLessWeightTimeMoreComm) {
     prev_comm = c.comm_ms;
     prev_bytes = c.tp_bytes_per_rank;
   }
-  // Ring volume 2 (tp-1)/tp: tp=2 -> 1x, tp=4 -> 1.5x the payload.
+  // Ring volume 2 (tp-1)/tp of the all-reduces: tp=2 -> 1x, tp=4 -> 1.5x the
+  // payload; plus the logits all-gather, (tp-1) * 64 rows * vocab/tp bf16.
   const double b2 = estimate(m, {.tp = 2}, step).tp_bytes_per_rank;
   const double b4 = estimate(m, {.tp = 4}, step).tp_bytes_per_rank;
-  EXPECT_NEAR(b2, 32 * 2 * 64.0 * 4096 * 2, 1e-3);  // layers * 2 all-reduces * [64, 4096] bf16
-  EXPECT_NEAR(b4 / b2, 1.5, 1e-12);
+  const double all_reduces = 32 * 2 * 64.0 * 4096 * 2;  // layers * 2 all-reduces * [64, 4096] bf16
+  EXPECT_NEAR(b2, all_reduces + 1 * 64.0 * 64128 * 2, 1e-3);
+  EXPECT_NEAR(b4, 1.5 * all_reduces + 3 * 64.0 * 32064 * 2, 1e-3);
   // With free communication, decode gets faster with TP (weights are the bottleneck).
   HardwareSpec fast = h100ish();
   fast.comm_bw_bytes_per_s = 1e18;
