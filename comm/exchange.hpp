@@ -129,6 +129,20 @@ struct CollCall {
   int root = 0;
 };
 
+/// The call of one collective: `op` with its buffers (send == recv in place),
+/// element count and root.
+[[nodiscard]] inline CollCall coll_call(CollOp op, const float* send = nullptr, float* recv = nullptr,
+                                        std::size_t count = 0, int root = 0) {
+  CollCall c;
+  c.op = op;
+  c.send = send;
+  c.recv = recv;
+  c.count = count;
+  c.root = root;
+  return c;
+}
+
+
 /// Runs `call` as rank `rank` of `world` under sequence number `seq` (the
 /// same on every rank). `bytes_sent` grows by the payload bytes posted.
 /// Errors: invalid_argument (bad or disagreeing arguments, on every rank),

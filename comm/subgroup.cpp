@@ -69,51 +69,21 @@ class SubgroupComm final : public Communicator {
   std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
   std::uint64_t bytes_sent() const noexcept override { return bytes_sent_.load(); }
 
-  Status barrier() override {
-    detail::CollCall c;
-    c.op = detail::CollOp::barrier;
-    return collective(c);
-  }
+  Status barrier() override { return collective(detail::coll_call(detail::CollOp::barrier)); }
   Status all_reduce_sum(float* data, std::size_t count) override {
-    detail::CollCall c;
-    c.op = detail::CollOp::all_reduce_sum;
-    c.send = data;
-    c.recv = data;
-    c.count = count;
-    return collective(c);
+    return collective(detail::coll_call(detail::CollOp::all_reduce_sum, data, data, count));
   }
   Status all_gather(const float* send, std::size_t count, float* recv) override {
-    detail::CollCall c;
-    c.op = detail::CollOp::all_gather;
-    c.send = send;
-    c.recv = recv;
-    c.count = count;
-    return collective(c);
+    return collective(detail::coll_call(detail::CollOp::all_gather, send, recv, count));
   }
   Status reduce_scatter_sum(const float* send, float* recv, std::size_t count) override {
-    detail::CollCall c;
-    c.op = detail::CollOp::reduce_scatter_sum;
-    c.send = send;
-    c.recv = recv;
-    c.count = count;
-    return collective(c);
+    return collective(detail::coll_call(detail::CollOp::reduce_scatter_sum, send, recv, count));
   }
   Status all_to_all(const float* send, float* recv, std::size_t count) override {
-    detail::CollCall c;
-    c.op = detail::CollOp::all_to_all;
-    c.send = send;
-    c.recv = recv;
-    c.count = count;
-    return collective(c);
+    return collective(detail::coll_call(detail::CollOp::all_to_all, send, recv, count));
   }
   Status broadcast(float* data, std::size_t count, int root) override {
-    detail::CollCall c;
-    c.op = detail::CollOp::broadcast;
-    c.send = data;
-    c.recv = data;
-    c.count = count;
-    c.root = root;
-    return collective(c);
+    return collective(detail::coll_call(detail::CollOp::broadcast, data, data, count, root));
   }
 
   Status send(const void* data, std::size_t bytes, int peer, int tag) override {
