@@ -207,6 +207,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     wc.metrics = node->metrics_;
     workers.push_back(std::move(wc));
   }
+  node->num_workers_ = static_cast<int>(workers.size());
   node->supervisor_ = sys.spawn(supervisor_behavior, std::move(workers));
 
   if (!o.metrics.empty()) {

@@ -60,6 +60,12 @@ class Node {
   [[nodiscard]] int port() const { return port_; }  ///< listening port, 0 if none
   [[nodiscard]] int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
   [[nodiscard]] const MetricsRegistry& metrics() const { return *metrics_; }
+  /// Workers of this node, and how many of them could not start their engine
+  /// (bad model, a TCP group whose ranks never joined, ...); those are not restarted.
+  [[nodiscard]] int num_workers() const { return num_workers_; }
+  [[nodiscard]] int worker_start_failures() const {
+    return static_cast<int>(metrics_->get("shardline_worker_start_failures_total"));
+  }
 
   /// Stops every actor and waits for them (also done by the destructor).
   void stop();
@@ -70,6 +76,7 @@ class Node {
   NodeOptions options_;
   std::shared_ptr<const ClusterKey> key_;
   std::shared_ptr<MetricsRegistry> metrics_;
+  int num_workers_ = 0;
   std::unique_ptr<caf::actor_system_config> config_;
   std::unique_ptr<caf::actor_system> system_;
   caf::actor orchestrator_;

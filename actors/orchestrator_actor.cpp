@@ -315,6 +315,8 @@ void describe_node_metrics(MetricsRegistry& m) {
   m.describe("shardline_jobs", "gauge", "Jobs known to the orchestrator, by state.");
   m.describe("shardline_workers", "gauge", "Workers registered with the orchestrator.");
   m.describe("shardline_worker_failures_total", "counter", "Workers lost (killed, crashed, silent).");
+  m.describe("shardline_worker_start_failures_total", "counter",
+             "Workers of this node that could not start their engine (not restarted).");
   m.describe("shardline_auth_failures_total", "counter", "Messages refused for a bad cluster key tag.");
 }
 

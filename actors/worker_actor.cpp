@@ -70,6 +70,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   auto built = engine::build_cpu_engine(st.config.engine);
   if (!built) {
     spdlog::error("worker {}: cannot start its engine: {}", st.config.name, built.error().to_string());
+    st.config.metrics->add("shardline_worker_start_failures_total", "", 1);
     self->quit(caf::exit_reason::user_shutdown);
     return {};
   }

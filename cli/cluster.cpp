@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +20,7 @@
 #include "actors/node.hpp"
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
+#include "engine/tcp_group.hpp"
 #include "orchestrator/job_admission.hpp"
 #include "orchestrator/token_budget_policies.hpp"
 
@@ -61,8 +64,36 @@ struct NodeArgs {
   std::string key_file = default_key_file();
   std::string metrics;
   int max_batch = 64;
+  std::string group_master;    // "" = every rank in this process
+  std::string group_key_file;  // shared secret of a TCP group
+  int group_timeout_ms = 60'000;
   EngineFlags engine;
 };
+
+/// --group-master / --group-key-file into the engine options: the engine
+/// group's ranks 1.. are `shardline shard serve` processes over TCP.
+Status tcp_group_flags(const std::string& master, const std::string& key_file, int timeout_ms,
+                       const engine::ParallelConfig& pc, engine::CpuEngineOptions& eo) {
+  if (master.empty()) {
+    if (!key_file.empty())
+      return make_error(ErrorCode::invalid_argument, "--group-key-file needs --group-master");
+    return Status::ok_status();
+  }
+  if (auto hp = engine::parse_host_port(master); !hp) return hp.error();
+  if (pc.dp != 1 || pc.group_size() < 2)
+    return make_error(ErrorCode::invalid_argument,
+                      "--group-master needs one engine group of several ranks (dp=1, tp*pp*sp > 1), got --parallel " +
+                          pc.to_string());
+  if (timeout_ms < 1) return make_error(ErrorCode::invalid_argument, "--group-timeout-ms must be >= 1");
+  eo.group_master = master;
+  eo.group_timeout_ms = timeout_ms;
+  if (!key_file.empty()) {
+    std::ifstream in(key_file, std::ios::binary);
+    if (!in) return make_error(ErrorCode::not_found, "cannot read --group-key-file " + key_file);
+    eo.group_key.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return Status::ok_status();
+}
 
 Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   auto devices = actors::resolve_node_devices(a.devices, a.parallel);
@@ -77,6 +108,7 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   o.parallel = devices->parallel;
   o.data_dir = a.data_dir;
   o.engine = *eo;
+  if (Status st = tcp_group_flags(a.group_master, a.group_key_file, a.group_timeout_ms, o.parallel, o.engine); !st) return st.error();
   // Each device (a rank of an engine group) gets its share of the cores
   // unless told otherwise.
   if (o.engine.num_threads == 0)
@@ -306,6 +338,9 @@ struct RunArgs {
   std::string metrics;
   int max_batch = 64;
   bool quiet = false;
+  std::string group_master;
+  std::string group_key_file;
+  int group_timeout_ms = 60'000;
   EngineFlags engine;
 };
 
@@ -332,6 +367,9 @@ int run_run(RunArgs& a) {
   na.key_file.clear();
   na.metrics = a.metrics;
   na.max_batch = a.max_batch;
+  na.group_master = a.group_master;
+  na.group_key_file = a.group_key_file;
+  na.group_timeout_ms = a.group_timeout_ms;
   na.engine = a.engine;
   auto o = node_options(na);
   if (!o) return fail(o.error(), 2);
@@ -369,6 +407,12 @@ int run_run(RunArgs& a) {
     if (!reply) return fail(reply.error());
     const messages::JobProgress& p = reply->job_status_list.jobs.at(0);
     if (!a.quiet) draw_progress(p);
+    if (p.state != "done" && p.state != "failed" && (*node)->worker_start_failures() >= (*node)->num_workers()) {
+      if (!a.quiet) std::fprintf(stderr, "\n");
+      std::cerr << "error: no worker could start its engine (see the log above); job " << job_id
+                << " stays resumable in " << na.data_dir << "\n";
+      return 1;
+    }
     if (p.state == "done" || p.state == "failed") {
       if (!a.quiet) std::fprintf(stderr, "\n");
       if (p.state == "failed") {
@@ -415,6 +459,14 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   start->add_option("--key-file", na->key_file, "Cluster key")->capture_default_str();
   start->add_option("--metrics", na->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   start->add_option("--max-batch", na->max_batch, "Running sequences per worker")->capture_default_str();
+  start->add_option("--group-master", na->group_master,
+                  "HOST:PORT this process (rank 0) binds; the engine group's other ranks are `shardline shard "
+                  "serve` processes joining there over TCP (needs dp=1)");
+  start->add_option("--group-key-file", na->group_key_file,
+                  "Shared secret the TCP group's ranks must all know (e.g. the cluster key file)");
+  start->add_option("--group-timeout-ms", na->group_timeout_ms,
+                    "How long rank 0 waits for the TCP group's ranks to join, and for any peer in a step")
+      ->capture_default_str();
   add_engine_flags(*start, na->engine);
   start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
 
@@ -475,6 +527,14 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();
   r->add_flag("--quiet", ra->quiet, "No progress bar");
+  r->add_option("--group-master", ra->group_master,
+                  "HOST:PORT this process (rank 0) binds; the engine group's other ranks are `shardline shard "
+                  "serve` processes joining there over TCP (needs dp=1)");
+  r->add_option("--group-key-file", ra->group_key_file,
+                  "Shared secret the TCP group's ranks must all know (e.g. the cluster key file)");
+  r->add_option("--group-timeout-ms", ra->group_timeout_ms,
+                "How long rank 0 waits for the TCP group's ranks to join, and for any peer in a step")
+      ->capture_default_str();
   add_engine_flags(*r, ra->engine);
   r->callback([&run, ra] { run = [ra] { return run_run(*ra); }; });
 }

@@ -87,7 +87,7 @@ void add_shard_commands(CLI::App& app, std::function<int()>& run) {
       ->required();
   cmd->add_option("--rank", a->rank, "This process's rank in the group, in [1, tp*pp*sp)")->capture_default_str();
   cmd->add_option("--group-master", a->master, "Rank 0's HOST:PORT (its --group-master)")->required();
-  cmd->add_option("--key-file", a->key_file, "Shared secret of the group (the cluster key file)");
+  cmd->add_option("--group-key-file", a->key_file, "Shared secret of the group (the same file as rank 0's --group-key-file)");
   cmd->add_option("--timeout-ms", a->timeout_ms, "Rendezvous and per-call timeout")->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_shard_serve(*a); }; });
 }

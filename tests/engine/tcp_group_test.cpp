@@ -9,29 +9,12 @@
 #include <future>
 #include <thread>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "engine/cpu_engine.hpp"
+#include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
 namespace {
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  (void)::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  (void)::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
 
 CpuEngineOptions stories(ParallelConfig pc) {
   CpuEngineOptions o;
@@ -75,7 +58,7 @@ TEST(TcpGroup, EveryConfigMatchesTheInProcessGroup) {
     auto want = inproc.value().engine->generate(prompts, greedy);
     ASSERT_TRUE(want.ok());
 
-    const std::string master = "127.0.0.1:" + std::to_string(free_port());
+    const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
     std::vector<std::future<Status>> ranks;
     for (int r = 1; r < pc.group_size(); ++r)
       ranks.push_back(std::async(std::launch::async, [&, r] {
@@ -107,7 +90,7 @@ TEST(TcpGroup, EveryConfigMatchesTheInProcessGroup) {
 
 TEST(TcpGroup, RankWithAnotherConfigIsRefusedByTheSetup) {
   const ParallelConfig pc{1, 2, 1, 1};
-  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
   auto rank1 = std::async(std::launch::async, [&] {
     // Same group size (2), but it believes tp=2: the setup check refuses it.
     return serve_tcp_group_rank(stories_weights(), ParallelConfig{2, 1, 1, 1}, 1, 1,
@@ -129,7 +112,7 @@ TEST(TcpGroup, RankWithAnotherConfigIsRefusedByTheSetup) {
 
 TEST(TcpGroup, WrongKeyIsRefused) {
   const ParallelConfig pc{2, 1, 1, 1};
-  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
   auto rank1 = std::async(std::launch::async, [&] {
     return serve_tcp_group_rank(stories_weights(), pc, 1, 1, {master, "wrong", std::chrono::milliseconds(3000)});
   });

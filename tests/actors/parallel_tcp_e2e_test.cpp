@@ -1,0 +1,102 @@
+// A whole job through `shardline run --parallel tp=2` (and pp=2) whose
+// engine group spans two processes over TCP: rank 0 in the run's worker,
+// rank 1 a `shardline shard serve` process. The output is byte-identical to
+// the same config with both ranks in one process (the TCP backend sums in the
+// same rank order as the in-process one) and to one device on these lines
+// (see parallel_e2e_test.cpp for why); the shard process stops when the run
+// ends. A shard with the wrong key never joins and the run fails with a
+// clear error instead of hanging.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.hpp"
+#include "tests/support/stories_reference.hpp"
+
+namespace shardline {
+namespace {
+
+using testing_support::Child;
+using testing_support::kShardline;
+using testing_support::read_file;
+using testing_support::run_command;
+
+class ParallelTcpE2e : public testing_support::TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    std::ifstream demo(std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/prompts.jsonl");
+    std::ofstream in(path("in.jsonl"));
+    std::string line;
+    for (int i = 0; i < 24 && std::getline(demo, line); ++i) {
+      auto j = nlohmann::json::parse(line);
+      j["body"]["max_tokens"] = 32;
+      j["body"]["temperature"] = i % 2 == 0 ? 0.0 : 0.8;
+      in << j.dump() << "\n";
+    }
+    std::ofstream(path("key")) << "group secret";
+    std::ofstream(path("wrong")) << "another secret";
+  }
+
+  testing_support::CommandResult run(const std::string& output, const std::string& flags) {
+    return run_command(kShardline + " run --model " + testing_support::kStoriesDir + " --input " + path("in.jsonl") +
+                       " --output " + path(output) + " --max-batch 8 --quiet " + flags);
+  }
+
+  Child shard(const std::string& parallel, const std::string& master, const std::string& key) {
+    return Child({kShardline, "shard", "serve", "--model", testing_support::kStoriesDir, "--parallel", parallel,
+                  "--rank", "1", "--group-master", master, "--group-key-file", path(key), "--threads", "1"},
+                 path("shard.log"));
+  }
+};
+
+TEST_F(ParallelTcpE2e, JobOverTwoProcessesMatchesOneProcess) {
+  for (const std::string parallel : {"tp=2", "pp=2"}) {
+    SCOPED_TRACE(parallel);
+    const auto local = run("local-" + parallel + ".jsonl", "--parallel " + parallel);
+    ASSERT_EQ(local.exit_code, 0) << local.out;
+    const auto single = run("single-" + parallel + ".jsonl", "");
+    ASSERT_EQ(single.exit_code, 0) << single.out;
+
+    const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
+    Child rank1 = shard(parallel, master, "key");  // may start before or after rank 0
+    ASSERT_TRUE(rank1.started());
+    const auto r = run("tcp-" + parallel + ".jsonl",
+                       "--parallel " + parallel + " --group-master " + master + " --group-key-file " + path("key"));
+    ASSERT_EQ(r.exit_code, 0) << r.out << "\nshard:\n" << rank1.log();
+    const std::string got = read_file(path("tcp-" + parallel + ".jsonl"));
+    EXPECT_EQ(std::count(got.begin(), got.end(), '\n'), 24);
+    EXPECT_TRUE(got == read_file(path("local-" + parallel + ".jsonl"))) << "TCP group differs from in-process group";
+    EXPECT_TRUE(got == read_file(path("single-" + parallel + ".jsonl"))) << "differs from one device";
+    // The shard process ends with the run (rank 0 stopped or closed the group).
+    EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), -1) << "shard serve did not stop:\n" << rank1.log();
+    EXPECT_NE(rank1.log().find("shard serve: rank 1 of tp="), std::string::npos) << rank1.log();
+  }
+}
+
+TEST_F(ParallelTcpE2e, ShardWithTheWrongKeyIsRefusedAndTheRunFailsWithinTheTimeout) {
+  const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
+  Child rank1 = shard("tp=2", master, "wrong");
+  const auto r = run("out.jsonl", "--parallel tp=2 --group-master " + master + " --group-key-file " + path("key") +
+                                      " --group-timeout-ms 4000");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("cannot start its engine"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("error: no worker could start its engine"), std::string::npos) << r.out;
+  EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), 0);
+  EXPECT_NE(rank1.log().find("key"), std::string::npos) << rank1.log();
+}
+
+TEST_F(ParallelTcpE2e, GroupMasterNeedsOneGroupOfSeveralRanks) {
+  const auto r = run("out.jsonl", "--parallel dp=2 --group-master 127.0.0.1:1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--group-master needs one engine group of several ranks"), std::string::npos) << r.out;
+  const auto k = run("out.jsonl", "--group-key-file " + path("key"));
+  EXPECT_EQ(k.exit_code, 2) << k.out;
+  EXPECT_NE(k.out.find("--group-key-file needs --group-master"), std::string::npos) << k.out;
+}
+
+}  // namespace
+}  // namespace shardline
