@@ -18,9 +18,6 @@ using messages::WorkerReply;
 struct WorkerState {
   WorkerConfig config;
   std::unique_ptr<engine::BatchWorker> worker;
-  /// The LlmEngine inside `worker` (BatchWorker exposes it const only); it
-  /// lives as long as `worker`, which owns it through a unique_ptr.
-  engine::LlmEngine* engine = nullptr;
   std::unique_ptr<orchestrator::JobTokenBudget> token_budget;
   bool step_scheduled = false;
   static inline const char* name = "shardline.worker";
@@ -74,7 +71,6 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     self->quit(caf::exit_reason::user_shutdown);
     return {};
   }
-  engine::LlmEngine* llm = built->engine.get();
   auto worker = engine::BatchWorker::create(std::move(built).value(), st.config.name);
   if (!worker) {
     spdlog::error("worker {}: {}", st.config.name, worker.error().to_string());
@@ -82,7 +78,6 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     return {};
   }
   st.worker = std::make_unique<engine::BatchWorker>(std::move(worker).value());
-  st.engine = llm;
   st.token_budget = std::make_unique<orchestrator::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
   to_orchestrator(self, messages::OrchestratorMsg::of(messages::WorkerHello{
                             st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch),
@@ -105,7 +100,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
           case WorkerMsg::Kind::assign_work:
             for (auto& r : msg->assign_work.requests) {
               // The codec checked the name; an error here would be a bug, not bad input.
-              auto switched = s.token_budget->use(r.token_budget, *s.engine);
+              auto switched = s.token_budget->use(r.token_budget, s.worker->engine());
               if (!switched)
                 spdlog::error("worker {}: {}", s.config.name, switched.error().to_string());
               else if (*switched)

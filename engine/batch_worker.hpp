@@ -104,6 +104,8 @@ class BatchWorker {
 
   [[nodiscard]] const std::string& name() const { return name_; }
   [[nodiscard]] const LlmEngine& engine() const { return *engine_.engine; }
+  /// For per-job engine settings between steps (e.g. LlmEngine::set_token_budget).
+  [[nodiscard]] LlmEngine& engine() { return *engine_.engine; }
   [[nodiscard]] const model::Tokenizer& tokenizer() const { return *engine_.tokenizer; }
 
   /// The seed of choice `choice` of a line without a seed of its own: a
