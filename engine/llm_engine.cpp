@@ -146,6 +146,11 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
     MicroBatchBudget limits;
     if (config_.token_budget) limits = config_.token_budget->budget(scheduler_.state(depth));
     SchedulerOutput sched = scheduler_.schedule(config_.token_budget ? &limits : nullptr);
+    // A policy may hold everything back (e.g. Token Throttling pauses prefill
+    // when the KV cache is nearly full); with nothing in flight that would
+    // stall the engine, so fall back to the plain budget, whose preemption
+    // always makes progress.
+    if (sched.empty() && config_.token_budget && in_flight_.empty()) sched = scheduler_.schedule(nullptr);
     InFlight f;
     f.stats.schedule_ms = ms_since(t_sched);
     if (config_.check_integrity)

@@ -506,3 +506,26 @@ TEST(LlmEngine, ExecutorErrorsPropagate) {
 
 }  // namespace
 }  // namespace shardline::engine
+
+namespace shardline::engine {
+namespace {
+
+/// A policy that never lets anything through.
+class HoldEverything final : public TokenBudgetPolicy {
+ public:
+  MicroBatchBudget budget(const SchedulerState&) const override { return {0, 0}; }
+  const char* name() const override { return "hold"; }
+};
+
+TEST(LlmEngine, ATokenBudgetPolicyThatHoldsEverythingBackCannotStallTheEngine) {
+  EngineConfig cfg = base_config();
+  cfg.token_budget = std::make_shared<HoldEverything>();
+  Harness h(64, 4, cfg);
+  auto outs = run(*h.engine, {{0, {3, 4, 5}}, {1, {6}}}, greedy(5));
+  EXPECT_EQ(outs.at(0).token_ids.size(), 5u);
+  EXPECT_EQ(outs.at(1).token_ids.size(), 5u);
+  EXPECT_EQ(outs.at(0).finish_reason, FinishReason::length);
+}
+
+}  // namespace
+}  // namespace shardline::engine
