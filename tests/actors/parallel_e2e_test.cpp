@@ -1,6 +1,7 @@
 // End to end through the `shardline` binary with parallel configs on the
 // shipped demo model (stories260K): a whole job through `run` with
-// --parallel tp=2, pp=2 with --token-budget throttle, and dp=2 writes the
+// --parallel tp=2, pp=2 with --token-budget throttle, dp=2, sp=2, pp=5,
+// tp=2,pp=2 and sp=2,tp=2 writes the
 // same bytes as the single-device run; a --devices count other than the
 // world size is a usage error before anything starts; a node refuses a job
 // whose --parallel differs from its workers' and shows each worker's group
@@ -109,6 +110,15 @@ TEST_F(ParallelE2e, RunWithDp2IsByteIdenticalToOneDevice) {
   EXPECT_NE(r.out.find("worker local/cpu:0 ready"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("worker local/cpu:1 ready"), std::string::npos) << r.out;
   EXPECT_TRUE(read_file(path("dp2.jsonl")) == expected) << "dp=2 output differs from one device";
+}
+
+TEST_F(ParallelE2e, RunWithSpAndCombinedConfigsIsByteIdenticalToOneDevice) {
+  const std::string expected = single_output();
+  for (const std::string config : {"sp=2", "tp=2,pp=2", "sp=2,tp=2", "pp=5"}) {
+    const auto r = run("out-" + config + ".jsonl", "--quiet --parallel " + config + " --token-budget throttle");
+    ASSERT_EQ(r.exit_code, 0) << config << "\n" << r.out;
+    EXPECT_TRUE(read_file(path("out-" + config + ".jsonl")) == expected) << config << " output differs from one device";
+  }
 }
 
 TEST_F(ParallelE2e, DevicesOtherThanTheWorldSizeIsAUsageErrorBeforeAnythingStarts) {
