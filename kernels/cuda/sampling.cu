@@ -244,7 +244,14 @@ __global__ void __launch_bounds__(kT)
     };
     lo = bisect_max(at_least_k, true, low_bits);
   }
-  if (lo < kFiniteKeyLo) lo = kFiniteKeyLo;  // drop masked (-inf, NaN) tokens
+  if (lo < kFiniteKeyLo) {  // drop masked (-inf, NaN) tokens; lo = the last candidate's key
+    unsigned long long m = ~0ull;
+    for (int i = tid; i < vocab; i += kT) {
+      const std::uint64_t k = key_of(l[i], i, vocab);
+      if (k >= kFiniteKeyLo && k < m) m = k;
+    }
+    lo = reduce_u<Op::min>(m, s);  // the top token is a candidate: never ~0
+  }
 
   // Sum of weights of the candidates with key >= x.
   auto mass = [&](std::uint64_t x) {
