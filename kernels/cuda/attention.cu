@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/attention.hpp"
 
 // Paged GQA attention, see attention.hpp. Two kernels chosen per sequence by
@@ -41,16 +42,8 @@ constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kGroupChunk = 4;          ///< query heads per register pass in decode
 constexpr int kMaxSharedBytes = 227 * 1024;  ///< sm_90 opt-in dynamic shared memory per CTA
 
-Status launch_status(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Status::ok_status();
-  return make_error(ErrorCode::internal,
-                    std::string("cuda ") + what + ": " + cudaGetErrorString(err));
-}
-
-Status bad_arg(const std::string& why) {
-  return make_error(ErrorCode::invalid_argument, "cuda paged_attention: " + why);
-}
+using detail::launch_status;
+Status bad_arg(const std::string& why) { return detail::bad_arg("paged_attention", why); }
 
 __device__ __forceinline__ float load_kv(const float* p, long i) { return p[i]; }
 __device__ __forceinline__ float load_kv(const std::uint16_t* p, long i) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.hpp"
 
 // Row-wise ops: one block of kRowThreads threads per row, whatever the number
@@ -17,16 +18,8 @@ namespace {
 constexpr int kRowThreads = 256;  ///< threads per row block (power of two)
 constexpr int kEltThreads = 256;  ///< threads per block of element-wise ops
 
-Status launch_status(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Status::ok_status();
-  return make_error(ErrorCode::internal,
-                    std::string("cuda ") + what + ": " + cudaGetErrorString(err));
-}
-
-Status bad_arg(const char* what, const std::string& why) {
-  return make_error(ErrorCode::invalid_argument, std::string("cuda ") + what + ": " + why);
-}
+using detail::launch_status;
+using detail::bad_arg;
 
 __device__ __forceinline__ float bf16_bits_to_f32(std::uint16_t h) {
   return __uint_as_float(static_cast<std::uint32_t>(h) << 16);

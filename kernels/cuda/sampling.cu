@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sampling.hpp"
 
 // One block of kSampleThreads threads per row. A candidate is ordered by its
@@ -24,16 +25,8 @@ constexpr int kT = kSampleThreads;
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr std::uint64_t kFiniteKeyLo = 0x00800000ull << 32;  ///< smallest key with logit > -inf
 
-Status launch_status(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Status::ok_status();
-  return make_error(ErrorCode::internal,
-                    std::string("cuda ") + what + ": " + cudaGetErrorString(err));
-}
-
-Status bad_arg(const char* what, const std::string& why) {
-  return make_error(ErrorCode::invalid_argument, std::string("cuda ") + what + ": " + why);
-}
+using detail::launch_status;
+using detail::bad_arg;
 
 /// engine::philox_uniform(seed, position, 0), bit for bit.
 __device__ __forceinline__ float philox_uniform_dev(std::uint64_t seed, std::uint64_t position) {

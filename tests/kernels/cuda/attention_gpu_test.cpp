@@ -24,9 +24,14 @@
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_buffer.hpp"
+#include "tests/kernels/cuda/gpu_test_util.hpp"
 
 namespace shardline::kernels::cuda {
 namespace {
+
+using gpu_test::download;
+using gpu_test::normalized_error;
+using gpu_test::upload;
 
 constexpr double kTol = 1e-5;
 
@@ -43,18 +48,6 @@ class CudaAttention : public ::testing::Test {
     if (q.devices.empty()) GTEST_SKIP() << "no CUDA device: " << q.error;
   }
 };
-
-/// max |gpu - cpu| / max |cpu| (inf when NaN-ness differs).
-double normalized_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  EXPECT_EQ(gpu.size(), cpu.size());
-  double max_diff = 0.0, max_ref = 0.0;
-  for (std::size_t i = 0; i < std::min(gpu.size(), cpu.size()); ++i) {
-    if (std::isnan(gpu[i]) != std::isnan(cpu[i])) return std::numeric_limits<double>::infinity();
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(gpu[i] - cpu[i])));
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(cpu[i])));
-  }
-  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
-}
 
 struct SeqSpec {
   int num_q;

@@ -23,10 +23,15 @@
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_buffer.hpp"
+#include "tests/kernels/cuda/gpu_test_util.hpp"
 #include "kernels/cuda/ops.hpp"
 
 namespace shardline::kernels::cuda {
 namespace {
+
+using gpu_test::download;
+using gpu_test::normalized_error;
+using gpu_test::upload;
 
 constexpr float kF32Tol = 1e-5f;
 
@@ -45,32 +50,6 @@ std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -
   std::vector<float> v(n);
   for (float& x : v) x = dist(rng);
   return v;
-}
-
-template <class T>
-DeviceBuffer upload(const std::vector<T>& host) {
-  Result<DeviceBuffer> b = DeviceBuffer::from_host(host);
-  EXPECT_TRUE(b.ok()) << b.error().to_string();
-  return b.ok() ? std::move(b).value() : DeviceBuffer();
-}
-
-template <class T>
-std::vector<T> download(const DeviceBuffer& b) {
-  Result<std::vector<T>> h = b.to_host<T>();
-  EXPECT_TRUE(h.ok()) << h.error().to_string();
-  return h.ok() ? std::move(h).value() : std::vector<T>();
-}
-
-/// max |gpu - cpu| / max |cpu| (absolute error when cpu is all zeros).
-double normalized_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  EXPECT_EQ(gpu.size(), cpu.size());
-  double max_diff = 0.0, max_ref = 0.0;
-  for (std::size_t i = 0; i < std::min(gpu.size(), cpu.size()); ++i) {
-    if (std::isnan(gpu[i]) != std::isnan(cpu[i])) return std::numeric_limits<double>::infinity();
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(gpu[i] - cpu[i])));
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(cpu[i])));
-  }
-  return max_ref > 0.0 ? max_diff / max_ref : max_diff;
 }
 
 template <class T>

@@ -25,11 +25,16 @@
 #include "engine/sampling_params.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_buffer.hpp"
+#include "tests/kernels/cuda/gpu_test_util.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/cuda/sampling.hpp"
 
 namespace shardline::kernels::cuda {
 namespace {
+
+using gpu_test::download;
+using gpu_test::normalized_error;
+using gpu_test::upload;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -65,20 +70,6 @@ Outcome run_cpu(const std::vector<RowSpec>& rows) {
     o.logits.push_back(std::move(l));
   }
   return o;
-}
-
-template <class T>
-DeviceBuffer upload(const std::vector<T>& host) {
-  Result<DeviceBuffer> b = DeviceBuffer::from_host(host);
-  EXPECT_TRUE(b.ok()) << b.error().to_string();
-  return b.ok() ? std::move(b).value() : DeviceBuffer();
-}
-
-template <class T>
-std::vector<T> download(const DeviceBuffer& b) {
-  Result<std::vector<T>> h = b.to_host<T>();
-  EXPECT_TRUE(h.ok()) << h.error().to_string();
-  return h.ok() ? std::move(h).value() : std::vector<T>();
 }
 
 Outcome run_gpu(const std::vector<RowSpec>& rows, int vocab) {
