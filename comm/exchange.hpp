@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/communicator.hpp"
 #include "common/result.hpp"
 
 namespace shardline::comm::detail {
@@ -141,6 +142,34 @@ struct CollCall {
   c.root = root;
   return c;
 }
+
+/// The collectives of Communicator, each as one call of `collective(CollCall)`:
+/// the backends built on run_collective (TCP, sub-groups) derive from
+/// CollectivesByCall<TheirBase> and implement only collective().
+template <class Base>
+class CollectivesByCall : public Base {
+ public:
+  [[nodiscard]] Status barrier() override { return collective(coll_call(CollOp::barrier)); }
+  [[nodiscard]] Status all_reduce_sum(float* data, std::size_t count) override {
+    return collective(coll_call(CollOp::all_reduce_sum, data, data, count));
+  }
+  [[nodiscard]] Status all_gather(const float* send, std::size_t count, float* recv) override {
+    return collective(coll_call(CollOp::all_gather, send, recv, count));
+  }
+  [[nodiscard]] Status reduce_scatter_sum(const float* send, float* recv, std::size_t count) override {
+    return collective(coll_call(CollOp::reduce_scatter_sum, send, recv, count));
+  }
+  [[nodiscard]] Status all_to_all(const float* send, float* recv, std::size_t count) override {
+    return collective(coll_call(CollOp::all_to_all, send, recv, count));
+  }
+  [[nodiscard]] Status broadcast(float* data, std::size_t count, int root) override {
+    return collective(coll_call(CollOp::broadcast, data, data, count, root));
+  }
+
+ protected:
+  /// Runs one collective on this backend's transport.
+  [[nodiscard]] virtual Status collective(const CollCall& call) = 0;
+};
 
 
 /// Runs `call` as rank `rank` of `world` under sequence number `seq` (the

@@ -47,7 +47,7 @@ class ParentTimeout {
   std::chrono::milliseconds saved_;
 };
 
-class SubgroupComm final : public Communicator {
+class SubgroupComm final : public detail::CollectivesByCall<Communicator> {
  public:
   SubgroupComm(Communicator& parent, std::vector<int> members, int rank, int tag_base)
       : parent_(parent),
@@ -68,23 +68,6 @@ class SubgroupComm final : public Communicator {
   }
   std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
   std::uint64_t bytes_sent() const noexcept override { return bytes_sent_.load(); }
-
-  Status barrier() override { return collective(detail::coll_call(detail::CollOp::barrier)); }
-  Status all_reduce_sum(float* data, std::size_t count) override {
-    return collective(detail::coll_call(detail::CollOp::all_reduce_sum, data, data, count));
-  }
-  Status all_gather(const float* send, std::size_t count, float* recv) override {
-    return collective(detail::coll_call(detail::CollOp::all_gather, send, recv, count));
-  }
-  Status reduce_scatter_sum(const float* send, float* recv, std::size_t count) override {
-    return collective(detail::coll_call(detail::CollOp::reduce_scatter_sum, send, recv, count));
-  }
-  Status all_to_all(const float* send, float* recv, std::size_t count) override {
-    return collective(detail::coll_call(detail::CollOp::all_to_all, send, recv, count));
-  }
-  Status broadcast(float* data, std::size_t count, int root) override {
-    return collective(detail::coll_call(detail::CollOp::broadcast, data, data, count, root));
-  }
 
   Status send(const void* data, std::size_t bytes, int peer, int tag) override {
     constexpr const char* kOp = "send";
@@ -257,7 +240,7 @@ class SubgroupComm final : public Communicator {
     return Status();
   }
 
-  Status collective(const detail::CollCall& call) {
+  Status collective(const detail::CollCall& call) override {
     const char* name = detail::coll_op_name(static_cast<std::uint8_t>(call.op));
     if (!poisoned_.empty()) {
       return make_error(ErrorCode::io, who(name) + ": the sub-group is poisoned by an earlier failure (" +

@@ -700,7 +700,7 @@ static_assert(sizeof(FrameHeader) == 40);
 
 enum GetStatus : std::uint8_t { kGetOk = 0, kGetNotFound = 1, kGetOutside = 2 };
 
-class TcpComm final : public TcpCommunicator {
+class TcpComm final : public detail::CollectivesByCall<TcpCommunicator> {
  public:
   TcpComm(int rank, int world, std::vector<Fd> conns, std::chrono::milliseconds timeout)
       : rank_(rank), world_(world) {
@@ -764,23 +764,6 @@ class TcpComm final : public TcpCommunicator {
   std::string poisoned() const override {
     std::lock_guard lk(mu_);
     return poisoned_;
-  }
-
-  Status barrier() override { return collective(detail::coll_call(detail::CollOp::barrier)); }
-  Status all_reduce_sum(float* data, std::size_t count) override {
-    return collective(detail::coll_call(detail::CollOp::all_reduce_sum, data, data, count));
-  }
-  Status all_gather(const float* send, std::size_t count, float* recv) override {
-    return collective(detail::coll_call(detail::CollOp::all_gather, send, recv, count));
-  }
-  Status reduce_scatter_sum(const float* send, float* recv, std::size_t count) override {
-    return collective(detail::coll_call(detail::CollOp::reduce_scatter_sum, send, recv, count));
-  }
-  Status all_to_all(const float* send, float* recv, std::size_t count) override {
-    return collective(detail::coll_call(detail::CollOp::all_to_all, send, recv, count));
-  }
-  Status broadcast(float* data, std::size_t count, int root) override {
-    return collective(detail::coll_call(detail::CollOp::broadcast, data, data, count, root));
   }
 
   Status send(const void* data, std::size_t bytes, int peer, int tag) override;
@@ -865,7 +848,7 @@ class TcpComm final : public TcpCommunicator {
                                          peers_[static_cast<std::size_t>(peer)]->dead_reason + ")");
   }
 
-  Status collective(const detail::CollCall& call);
+  Status collective(const detail::CollCall& call) override;
   Status send_frame(int peer, const FrameHeader& h, const void* payload, Clock::time_point deadline,
                     const char* op);
   Status take_coll(int peer, std::uint64_t seq, std::uint8_t phase, detail::CollMsg& out,
