@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -199,12 +200,7 @@ TEST_F(NodeE2e, NodeAndClientInTwoProcessesWithKeyAndMetrics) {
 
 TEST_F(NodeE2e, SecondNodeJoinsTheClusterWithItsWorkers) {
   ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
-  {
-    std::ifstream demo(std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/prompts.jsonl");
-    std::ofstream in(path("in.jsonl"));
-    std::string line;
-    for (int i = 0; i < 150 && std::getline(demo, line); ++i) in << line << "\n";
-  }
+  testing_support::write_demo_prompts(path("in.jsonl"), 150);
   Child a({kShardline, "node", "start", "--name", "a", "--listen", "127.0.0.1:0", "--data-dir", path("data"),
            "--model", testing_support::kStoriesDir, "--key-file", path("cluster.key")},
           path("a.log"));

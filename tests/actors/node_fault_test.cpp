@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -30,14 +31,8 @@ class NodeFault : public testing_support::TempDirTest {
   /// The first `n` requests of the demo set with `max_tokens` each (seeded
   /// sampling, every 10th line greedy, as in the demo set).
   void write_input(int n, int max_tokens) {
-    std::ifstream demo(std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/prompts.jsonl");
-    std::ofstream in(path("in.jsonl"));
-    std::string line;
-    for (int i = 0; i < n && std::getline(demo, line); ++i) {
-      auto j = nlohmann::json::parse(line);
-      j["body"]["max_tokens"] = max_tokens;
-      in << j.dump() << "\n";
-    }
+    testing_support::write_demo_prompts(path("in.jsonl"), n,
+                                        [&](int, nlohmann::json& body) { body["max_tokens"] = max_tokens; });
   }
 
   std::vector<std::string> run_args(const std::string& output, const std::string& data_dir) const {

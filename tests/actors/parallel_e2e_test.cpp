@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -44,12 +45,7 @@ class ParallelE2e : public testing_support::TempDirTest {
   /// temperature 0.8, half of those with their own seed, half without (their
   /// seed is derived from the job and line).
   void write_input() {
-    std::ifstream demo(std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/prompts.jsonl");
-    std::ofstream in(path("in.jsonl"));
-    std::string line;
-    for (int i = 0; i < 40 && std::getline(demo, line); ++i) {
-      auto j = nlohmann::json::parse(line);
-      auto& body = j["body"];
+    testing_support::write_demo_prompts(path("in.jsonl"), 40, [](int i, nlohmann::json& body) {
       body["max_tokens"] = 48;
       if (i % 4 == 0) {
         body["temperature"] = 0.0;
@@ -58,8 +54,7 @@ class ParallelE2e : public testing_support::TempDirTest {
         body["temperature"] = 0.8;
         if (i % 4 == 3) body.erase("seed");
       }
-      in << j.dump() << "\n";
-    }
+    });
   }
 
   /// `shardline run` of the input into `output` with `flags`.

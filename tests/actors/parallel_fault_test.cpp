@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -31,14 +32,8 @@ class ParallelFault : public testing_support::TempDirTest {
   /// with 120 tokens each: long enough to kill the worker mid-job.
   void SetUp() override {
     TempDirTest::SetUp();
-    std::ifstream demo(std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/prompts.jsonl");
-    std::ofstream in(path("in.jsonl"));
-    std::string line;
-    for (int i = 0; i < 300 && std::getline(demo, line); ++i) {
-      auto j = nlohmann::json::parse(line);
-      j["body"]["max_tokens"] = 120;
-      in << j.dump() << "\n";
-    }
+    testing_support::write_demo_prompts(path("in.jsonl"), 300,
+                                        [](int, nlohmann::json& body) { body["max_tokens"] = 120; });
   }
 
   void kill_group_worker_mid_job(const std::string& parallel, const std::string& worker) {
@@ -83,10 +78,11 @@ class ParallelFault : public testing_support::TempDirTest {
         << node.log();
     EXPECT_NE(node.log().find("lines requeued"), std::string::npos) << node.log();
     // Killed well before the end (the usual case): it held lines, and they were requeued.
-    if (done_at_kill < 250)
+    if (done_at_kill < 250) {
       EXPECT_TRUE(std::regex_search(node.log(), std::regex("worker " + worker + " died \\(exit_reason\\(kill\\)\\); "
                                                            "[1-9][0-9]* lines requeued")))
           << "killed at " << done_at_kill << " lines done: " << node.log();
+    }
     // The restarted group registered again under the same name and shape.
     std::string actors;
     for (int i = 0; i < 100; ++i) {

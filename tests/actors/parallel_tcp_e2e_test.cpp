@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -28,15 +29,10 @@ class ParallelTcpE2e : public testing_support::TempDirTest {
  protected:
   void SetUp() override {
     TempDirTest::SetUp();
-    std::ifstream demo(std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/prompts.jsonl");
-    std::ofstream in(path("in.jsonl"));
-    std::string line;
-    for (int i = 0; i < 24 && std::getline(demo, line); ++i) {
-      auto j = nlohmann::json::parse(line);
-      j["body"]["max_tokens"] = 32;
-      j["body"]["temperature"] = i % 2 == 0 ? 0.0 : 0.8;
-      in << j.dump() << "\n";
-    }
+    testing_support::write_demo_prompts(path("in.jsonl"), 24, [](int i, nlohmann::json& body) {
+      body["max_tokens"] = 32;
+      body["temperature"] = i % 2 == 0 ? 0.0 : 0.8;
+    });
     std::ofstream(path("key")) << "group secret";
     std::ofstream(path("wrong")) << "another secret";
   }
