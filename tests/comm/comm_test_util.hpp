@@ -51,6 +51,31 @@ inline std::vector<int> iota_ids(int n) {
   return v;
 }
 
+/// ref_sum over ranks 0..world-1.
+inline std::vector<float> ref_sum(int world, std::size_t base, std::size_t n, int salt = 0) {
+  return ref_sum(iota_ids(world), base, n, salt);
+}
+
+/// `iters` rounds on one rank of a `world`-rank group: an all-reduce of
+/// value(rank, i) that must equal `ref` bit for bit, then an all-gather, a
+/// broadcast from a moving root or a barrier in turn (no deadlock, no drift).
+inline void repeated_collective_mix(Communicator& c, int rank, int world, int iters, const std::vector<float>& ref) {
+  const std::size_t n = ref.size();
+  std::vector<float> data(n), gathered(static_cast<std::size_t>(world) * n);
+  for (int it = 0; it < iters; ++it) {
+    for (std::size_t i = 0; i < n; ++i) data[i] = value(rank, i);
+    Status st = c.all_reduce_sum(data.data(), n);
+    ASSERT_TRUE(st.ok()) << "iteration " << it << ": " << st.error().to_string();
+    ASSERT_TRUE(bits_equal(data.data(), ref.data(), n)) << "iteration " << it;
+    switch (it % 3) {
+      case 0: st = c.all_gather(data.data(), n, gathered.data()); break;
+      case 1: st = c.broadcast(data.data(), n, it % world); break;
+      default: st = c.barrier(); break;
+    }
+    ASSERT_TRUE(st.ok()) << "iteration " << it << ": " << st.error().to_string();
+  }
+}
+
 /// Connects `world` ranks over loopback, one thread each (rank 0 on an
 /// ephemeral port); `tweak(options, rank)` may change each rank's options.
 inline std::vector<std::unique_ptr<TcpCommunicator>> connect_tcp(

@@ -13,9 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "tests/comm/comm_test_util.hpp"
+
 namespace shardline::comm {
 namespace {
 
+using namespace testing;
 using std::chrono::milliseconds;
 
 const int kWorlds[] = {1, 2, 4, 8};
@@ -36,33 +39,6 @@ void run_ranks(int world, const std::function<void(Communicator&, int)>& fn,
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { fn(*comms[r], r); });
   for (auto& t : threads) t.join();
-}
-
-/// Deterministic values spanning many magnitudes, so summation order shows.
-float value(int rank, std::size_t i, int salt = 0) {
-  std::uint32_t x = static_cast<std::uint32_t>(rank) * 2654435761u ^
-                    static_cast<std::uint32_t>(i) * 40503u ^ static_cast<std::uint32_t>(salt) * 97u;
-  x ^= x >> 13;
-  x *= 0x5bd1e995u;
-  x ^= x >> 15;
-  const float mant = static_cast<float>(x & 0xffffu) / 65536.0f - 0.5f;
-  const int exp = static_cast<int>((x >> 16) % 24) - 12;
-  return std::ldexp(mant, exp);
-}
-
-bool bits_equal(const float* a, const float* b, std::size_t n) {
-  return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
-}
-
-/// Serial reference: sum in rank order 0..world-1 of value(k, base + i).
-std::vector<float> ref_sum(int world, std::size_t base, std::size_t n, int salt = 0) {
-  std::vector<float> out(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    float acc = value(0, base + i, salt);
-    for (int k = 1; k < world; ++k) acc += value(k, base + i, salt);
-    out[i] = acc;
-  }
-  return out;
 }
 
 TEST(InProcGroup, CreateAndTakeErrors) {
@@ -455,19 +431,7 @@ TEST(InProc, ThousandRepeatedCollectivesWithoutDeadlock) {
   const auto ref = ref_sum(kWorld, 0, kN);
   run_ranks(kWorld, [&](Communicator& c, int r) {
     c.set_timeout(milliseconds(30000));
-    std::vector<float> data(kN), gathered(kWorld * kN);
-    for (int it = 0; it < kIters; ++it) {
-      for (std::size_t i = 0; i < kN; ++i) data[i] = value(r, i);
-      Status st = c.all_reduce_sum(data.data(), kN);
-      ASSERT_TRUE(st.ok()) << "iteration " << it << ": " << st.error().to_string();
-      ASSERT_TRUE(bits_equal(data.data(), ref.data(), kN)) << "iteration " << it;
-      switch (it % 3) {
-        case 0: st = c.all_gather(data.data(), kN, gathered.data()); break;
-        case 1: st = c.broadcast(data.data(), kN, it % kWorld); break;
-        default: st = c.barrier(); break;
-      }
-      ASSERT_TRUE(st.ok()) << "iteration " << it << ": " << st.error().to_string();
-    }
+    repeated_collective_mix(c, r, kWorld, kIters, ref);
   });
 }
 

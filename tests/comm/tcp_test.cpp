@@ -564,21 +564,7 @@ TEST(Tcp, ManyRepeatedCollectivesWithoutDeadlock) {
   const auto ref = ref_sum(iota_ids(kWorld), 0, kN);
   auto comms = connect_tcp(kWorld);
   ASSERT_EQ(comms.size(), static_cast<std::size_t>(kWorld));
-  run_on<TcpCommunicator>(comms, [&](TcpCommunicator& c, int r) {
-    std::vector<float> data(kN), gathered(kWorld * kN);
-    for (int it = 0; it < kIters; ++it) {
-      for (std::size_t i = 0; i < kN; ++i) data[i] = value(r, i);
-      Status st = c.all_reduce_sum(data.data(), kN);
-      ASSERT_TRUE(st.ok()) << "iteration " << it << ": " << st.error().to_string();
-      ASSERT_TRUE(bits_equal(data.data(), ref.data(), kN)) << "iteration " << it;
-      switch (it % 3) {
-        case 0: st = c.all_gather(data.data(), kN, gathered.data()); break;
-        case 1: st = c.broadcast(data.data(), kN, it % kWorld); break;
-        default: st = c.barrier(); break;
-      }
-      ASSERT_TRUE(st.ok()) << "iteration " << it << ": " << st.error().to_string();
-    }
-  });
+  run_on<TcpCommunicator>(comms, [&](TcpCommunicator& c, int r) { repeated_collective_mix(c, r, kWorld, kIters, ref); });
 }
 
 }  // namespace
