@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/hardware.hpp"
+#include "bench/workload.hpp"
 #include "bench/roofline.hpp"
 #include "kernels/cpu/linear.hpp"
 
@@ -21,13 +22,6 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /// Per-step record of the measuring executor.
@@ -158,16 +152,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   if (!eng) return std::move(eng).error();
 
   // Random prompts (seeded, fixed), avoiding special ids.
-  const int vocab = e.weights->config.vocab_size;
-  std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(o.num_prompts));
-  std::uint64_t state = o.prompt_seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& p : prompts) {
-    p.resize(static_cast<std::size_t>(o.input_len));
-    for (auto& t : p) {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      t = static_cast<std::int32_t>(3 + (state >> 33) % static_cast<std::uint64_t>(vocab - 3));
-    }
-  }
+  const auto prompts = random_prompts(o.num_prompts, o.input_len, e.weights->config.vocab_size, o.prompt_seed);
   engine::SamplingParams sp;
   sp.temperature = 0.0f;
   sp.max_tokens = o.output_len;
