@@ -55,4 +55,16 @@ int group_rank_of(const ParallelConfig& pc, RankCoord c) {
   return c.stage * pc.sp * pc.tp + c.sp_rank * pc.tp + c.tp_rank;
 }
 
+std::vector<int> tp_group_ranks(const ParallelConfig& pc, RankCoord c) {
+  std::vector<int> out;
+  for (int t = 0; t < pc.tp; ++t) out.push_back(group_rank_of(pc, {c.stage, c.sp_rank, t}));
+  return out;
+}
+
+std::vector<int> sp_group_ranks(const ParallelConfig& pc, RankCoord c) {
+  std::vector<int> out;
+  for (int s = 0; s < pc.sp; ++s) out.push_back(group_rank_of(pc, {c.stage, s, c.tp_rank}));
+  return out;
+}
+
 }  // namespace shardline::engine

@@ -17,6 +17,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/result.hpp"
 
@@ -51,5 +52,10 @@ struct RankCoord {
 };
 [[nodiscard]] RankCoord rank_coord(const ParallelConfig& pc, int group_rank);
 [[nodiscard]] int group_rank_of(const ParallelConfig& pc, RankCoord c);
+
+/// Group ranks of the TP group of `c` (its stage and sp_rank; index = tp_rank).
+[[nodiscard]] std::vector<int> tp_group_ranks(const ParallelConfig& pc, RankCoord c);
+/// Group ranks of the SP group of `c` (its stage and tp_rank; index = sp_rank).
+[[nodiscard]] std::vector<int> sp_group_ranks(const ParallelConfig& pc, RankCoord c);
 
 }  // namespace shardline::engine

@@ -62,36 +62,30 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc) {
     out.ranks[static_cast<std::size_t>(r)].world = std::move(c).value();
     out.memberships[static_cast<std::size_t>(r)].emplace_back(0, r);
   }
-  for (int stage = 0; stage < pc.pp; ++stage) {
-    if (pc.tp > 1) {
-      for (int s = 0; s < pc.sp; ++s) {
-        Result<std::shared_ptr<comm::InProcGroup>> grp = comm::InProcGroup::create(pc.tp);
+  // One in-process group per TP group and per SP group of every stage.
+  const auto add_groups = [&](int size, bool tp) -> Status {
+    for (int stage = 0; stage < pc.pp; ++stage) {
+      for (int other = 0; other < (tp ? pc.sp : pc.tp); ++other) {
+        const RankCoord first = tp ? RankCoord{stage, other, 0} : RankCoord{stage, 0, other};
+        const std::vector<int> members = tp ? tp_group_ranks(pc, first) : sp_group_ranks(pc, first);
+        Result<std::shared_ptr<comm::InProcGroup>> grp = comm::InProcGroup::create(size);
         if (!grp.ok()) return std::move(grp).error();
         out.groups.push_back(grp.value());
-        for (int t = 0; t < pc.tp; ++t) {
-          Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(t);
+        for (int local = 0; local < size; ++local) {
+          Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(local);
           if (!c.ok()) return std::move(c).error();
-          const auto r = static_cast<std::size_t>(group_rank_of(pc, {stage, s, t}));
-          out.ranks[r].tp = std::move(c).value();
-          out.memberships[r].emplace_back(static_cast<int>(out.groups.size()) - 1, t);
+          const auto r = static_cast<std::size_t>(members[static_cast<std::size_t>(local)]);
+          (tp ? out.ranks[r].tp : out.ranks[r].sp) = std::move(c).value();
+          out.memberships[r].emplace_back(static_cast<int>(out.groups.size()) - 1, local);
         }
       }
     }
-    if (pc.sp > 1) {
-      for (int t = 0; t < pc.tp; ++t) {
-        Result<std::shared_ptr<comm::InProcGroup>> grp = comm::InProcGroup::create(pc.sp);
-        if (!grp.ok()) return std::move(grp).error();
-        out.groups.push_back(grp.value());
-        for (int s = 0; s < pc.sp; ++s) {
-          Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(s);
-          if (!c.ok()) return std::move(c).error();
-          const auto r = static_cast<std::size_t>(group_rank_of(pc, {stage, s, t}));
-          out.ranks[r].sp = std::move(c).value();
-          out.memberships[r].emplace_back(static_cast<int>(out.groups.size()) - 1, s);
-        }
-      }
-    }
-  }
+    return Status::ok_status();
+  };
+  if (pc.tp > 1)
+    if (Status st = add_groups(pc.tp, true); !st) return st.error();
+  if (pc.sp > 1)
+    if (Status st = add_groups(pc.sp, false); !st) return st.error();
   return out;
 }
 

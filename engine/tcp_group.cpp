@@ -47,16 +47,12 @@ Result<GroupComms> connect_tcp_group(const ParallelConfig& pc, int group_rank, c
   g.world = std::move(world).value();
   const RankCoord me = rank_coord(pc, group_rank);
   if (pc.tp > 1) {
-    std::vector<int> members;
-    for (int t2 = 0; t2 < pc.tp; ++t2) members.push_back(group_rank_of(pc, {me.stage, me.sp_rank, t2}));
-    auto sub = comm::make_subgroup(*g.world, members, kTpTagBase);
+    auto sub = comm::make_subgroup(*g.world, tp_group_ranks(pc, me), kTpTagBase);
     if (!sub.ok()) return std::move(sub).error();
     g.tp = std::move(sub).value();
   }
   if (pc.sp > 1) {
-    std::vector<int> members;
-    for (int s = 0; s < pc.sp; ++s) members.push_back(group_rank_of(pc, {me.stage, s, me.tp_rank}));
-    auto sub = comm::make_subgroup(*g.world, members, kSpTagBase);
+    auto sub = comm::make_subgroup(*g.world, sp_group_ranks(pc, me), kSpTagBase);
     if (!sub.ok()) return std::move(sub).error();
     g.sp = std::move(sub).value();
   }

@@ -101,7 +101,6 @@ Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const Ste
   const double context = static_cast<double>(step.num_context_tokens) / M;
   const double pairs = static_cast<double>(step.num_attention_pairs) / M;
   const double tokens_rank = tokens / sp;  // SP splits the rows
-  const double seqs_rank = seqs / sp;
 
   // Shard of one rank.
   const double kv_tp = std::max(hkv / tp, 1.0);          // KV heads of the QKV projection shard

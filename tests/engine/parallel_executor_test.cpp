@@ -128,7 +128,9 @@ TEST(PipelinedEngine, ThrottleAndFixedBudgetsGiveTheReferenceTokensWithMicroBatc
       }
       EXPECT_EQ(x.token_ids, cases[x.request_id].generated_ids) << "request " << x.request_id;
     }
-    if (std::string(policy) == "throttle") EXPECT_LE(max_batch, 2) << "#D = ceil(4 / 2) decodes per micro-batch";
+    if (std::string(policy) == "throttle") {
+      EXPECT_LE(max_batch, 2) << "#D = ceil(4 / 2) decodes per micro-batch";
+    }
   }
 }
 
