@@ -220,7 +220,8 @@ TEST_F(NodeE2e, SecondNodeJoinsTheClusterWithItsWorkers) {
   std::string actors;
   for (int i = 0; i < 100; ++i) {
     actors = run_command(kShardline + " actor list" + client).out;
-    if (actors.find("b/cpu:0") != std::string::npos) break;
+    // Both workers register on their own time (engine load): wait for both.
+    if (actors.find("a/cpu:0") != std::string::npos && actors.find("b/cpu:0") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_NE(actors.find("a/cpu:0"), std::string::npos) << actors;
