@@ -61,4 +61,31 @@ enum class DType { f32, f16, bf16 };
   return std::bit_cast<float>(bits);
 }
 
+/// F32 -> IEEE half bits, round-to-nearest-even (as CUDA's __float2half_rn):
+/// overflow -> +-inf, results below the half range -> subnormals or +-0,
+/// NaN stays NaN (quiet, sign kept).
+[[nodiscard]] inline std::uint16_t f32_to_f16(float f) noexcept {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // NaN
+  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: rounds to inf
+  if (abs < 0x38800000u) {  // below 2^-14: subnormal half (or zero)
+    if (abs < 0x33000000u) return sign;  // < 2^-25: rounds to 0 (2^-25 itself ties to even 0)
+    const std::uint32_t exp = abs >> 23;              // 102 .. 112
+    const std::uint32_t mant = (abs & 0x7fffffu) | 0x800000u;  // 24-bit significand
+    const std::uint32_t shift = 126 - exp;            // value = mant * 2^(exp-150); half ulp = 2^-24
+    std::uint32_t h = mant >> shift;
+    const std::uint32_t rem = mant & ((1u << shift) - 1u);
+    const std::uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (h & 1u))) ++h;
+    return static_cast<std::uint16_t>(sign | h);
+  }
+  // Normal: rebias the exponent (127 -> 15), round the 13 dropped mantissa bits.
+  std::uint32_t h = ((abs >> 13) - ((127u - 15u) << 10));
+  const std::uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent (to inf at most)
+  return static_cast<std::uint16_t>(sign | h);
+}
+
 }  // namespace shardline
