@@ -71,13 +71,16 @@ std::size_t prefill_smem_bytes(int d) {
          kKeyTile * (sizeof(long) + sizeof(int));
 }
 
+/// D: head_dim rounded up to a multiple of 32 (the tile width); d: the real
+/// head_dim <= D. Components d..D-1 are staged as zeros: they add exact
+/// zeros to the score chains and are never written out.
 template <int D, typename T>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefill_kernel(const float* __restrict__ q, int q_stride, const AttentionSeq* __restrict__ seqs,
                    int max_num_q, const T* __restrict__ kc, const T* __restrict__ vc,
-                   int num_kv_heads, int block_size, int group, float scale,
+                   int num_kv_heads, int block_size, int d, int group, float scale,
                    float* __restrict__ out, int out_stride) {
-  static_assert(D % 32 == 0, "head_dim must be a multiple of 32");
+  static_assert(D % 32 == 0, "the padded head_dim must be a multiple of 32");
   constexpr int DC = D / 32;  // components per lane in P V
   const AttentionSeq seq = seqs[blockIdx.z];
   if (seq.num_q <= 1 || seq.num_q > max_num_q || seq.context_len < seq.num_q) return;
@@ -98,9 +101,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
   for (int idx = tid; idx < kPrefillRows * D; idx += kPrefillThreads) {
     const int r = idx / D, c = idx % D, R = r0 + r;
     float x = 0.0f;
-    if (R < rows) {
+    if (R < rows && c < d) {
       const int i = R / group, h = kh * group + R % group;
-      x = q[static_cast<long>(seq.q_start + i) * q_stride + static_cast<long>(h) * D + c];
+      x = q[static_cast<long>(seq.q_start + i) * q_stride + static_cast<long>(h) * d + c];
     }
     qs[idx] = x;
   }
@@ -118,7 +121,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
   const int last_row = min(rows, r0 + kPrefillRows) - 1;
   const int max_pos = first_pos + last_row / group;
-  const long slab_elems = static_cast<long>(block_size) * D;
+  const long slab_elems = static_cast<long>(block_size) * d;
 
   for (int j0 = 0; j0 <= max_pos; j0 += kKeyTile) {
     if (tid < kKeyTile) {
@@ -136,12 +139,12 @@ __global__ void __launch_bounds__(kPrefillThreads)
     for (int idx = tid; idx < D * kKeyTile; idx += kPrefillThreads) {
       const int kk = idx % kKeyTile, i = idx / kKeyTile;
       const long s = slab[kk];
-      ks[idx] = s >= 0 ? load_kv(kc, s + static_cast<long>(i) * block_size + off[kk]) : 0.0f;
+      ks[idx] = s >= 0 && i < d ? load_kv(kc, s + static_cast<long>(i) * block_size + off[kk]) : 0.0f;
     }
     for (int idx = tid; idx < kKeyTile * D; idx += kPrefillThreads) {
       const int c = idx % D, kk = idx / D;
       const long s = slab[kk];
-      vs[idx] = s >= 0 ? load_kv(vc, s + static_cast<long>(off[kk]) * D + c) : 0.0f;
+      vs[idx] = s >= 0 && c < d ? load_kv(vc, s + static_cast<long>(off[kk]) * d + c) : 0.0f;
     }
     __syncthreads();  // tile staged (and, on the first tile, q)
 
@@ -205,9 +208,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
     if (pos[rr] < 0) continue;
     const int R = r0 + warp * kRowsPerWarp + rr;
     const int i = R / group, h = kh * group + R % group;
-    float* o = out + static_cast<long>(seq.q_start + i) * out_stride + static_cast<long>(h) * D;
+    float* o = out + static_cast<long>(seq.q_start + i) * out_stride + static_cast<long>(h) * d;
 #pragma unroll
-    for (int k = 0; k < DC; ++k) o[lane + 32 * k] = __fdiv_rn(acc[rr][k], l[rr]);
+    for (int k = 0; k < DC; ++k)
+      if (lane + 32 * k < d) o[lane + 32 * k] = __fdiv_rn(acc[rr][k], l[rr]);
   }
 }
 
@@ -375,7 +379,7 @@ Status launch_prefill(const float* q, int q_stride, const AttentionSeq* seqs, in
                   static_cast<unsigned>(cache.num_kv_heads), static_cast<unsigned>(num_seqs));
   kernel<<<grid, kPrefillThreads, smem, stream>>>(
       q, q_stride, seqs, max_num_q, static_cast<const T*>(cache.k), static_cast<const T*>(cache.v),
-      cache.num_kv_heads, cache.block_size, group, scale, out, out_stride);
+      cache.num_kv_heads, cache.block_size, cache.head_dim, group, scale, out, out_stride);
   return launch_status("paged_attention (prefill)");
 }
 
@@ -411,15 +415,16 @@ Status launch_all(const float* q, int q_stride, const AttentionSeq* seqs, int nu
                   int max_num_q, int max_splits, const cpu::KvCacheLayer& cache, int num_heads,
                   int group, float scale, float* out, int out_stride, float* ws, Stream stream) {
   if (max_num_q > 1) {
+    const int d = cache.head_dim;
     const Status s =
-        cache.head_dim == 64
-            ? launch_prefill<64, T>(q, q_stride, seqs, num_seqs, max_num_q, cache, group, scale,
-                                    out, out_stride, stream)
-        : cache.head_dim == 128
-            ? launch_prefill<128, T>(q, q_stride, seqs, num_seqs, max_num_q, cache, group, scale,
-                                     out, out_stride, stream)
-            : launch_prefill<256, T>(q, q_stride, seqs, num_seqs, max_num_q, cache, group, scale,
-                                     out, out_stride, stream);
+        d <= 32    ? launch_prefill<32, T>(q, q_stride, seqs, num_seqs, max_num_q, cache, group,
+                                           scale, out, out_stride, stream)
+        : d <= 64  ? launch_prefill<64, T>(q, q_stride, seqs, num_seqs, max_num_q, cache, group,
+                                           scale, out, out_stride, stream)
+        : d <= 128 ? launch_prefill<128, T>(q, q_stride, seqs, num_seqs, max_num_q, cache, group,
+                                            scale, out, out_stride, stream)
+                   : launch_prefill<256, T>(q, q_stride, seqs, num_seqs, max_num_q, cache, group,
+                                            scale, out, out_stride, stream);
     if (!s.ok()) return s;
   }
   return launch_decode<T>(q, q_stride, seqs, num_seqs, max_splits, cache, num_heads, group, scale,
@@ -443,7 +448,7 @@ Status paged_attention(const float* q, int q_stride, const AttentionSeq* seqs, i
   if (!attention_head_dim_supported(cache.head_dim))
     return make_error(ErrorCode::unsupported, "cuda paged_attention: head_dim " +
                                                   std::to_string(cache.head_dim) +
-                                                  " not supported (64, 128, 256)");
+                                                  " not supported (1 to 256)");
   if (cache.block_size <= 0) return bad_arg("block_size must be positive");
   if (num_heads == 0 || cache.num_kv_heads == 0 || num_heads % cache.num_kv_heads != 0)
     return bad_arg("num_heads " + std::to_string(num_heads) + " is not a positive multiple of " +

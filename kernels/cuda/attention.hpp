@@ -37,9 +37,12 @@ using AttentionSeq = cpu::AttentionSeq;
 /// -- so a token's output is independent of the batch it runs in.
 inline constexpr int kDecodeSplitTokens = 512;
 
-/// Head dims the kernels are built for.
+/// Head dims the kernels handle: any 1..256. The prefill kernel is built for
+/// tiles of 32, 64, 128 and 256 components and zero-pads a head_dim in
+/// between (e.g. stories260K's 8, or 80 / 96), which adds exact zeros to its
+/// dot products; the decode kernel loops over head_dim itself.
 [[nodiscard]] constexpr bool attention_head_dim_supported(int head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return head_dim >= 1 && head_dim <= 256;
 }
 
 /// Bytes of F32 workspace paged_attention needs for the decode partials:
@@ -75,7 +78,7 @@ inline constexpr int kDecodeSplitTokens = 512;
 ///   cache: cpu::KvCacheLayer with device k / v, F32 or BF16
 ///     (k: [num_blocks, num_kv_heads, head_dim, block_size], K transposed in
 ///     the block; v: [num_blocks, num_kv_heads, block_size, head_dim]);
-///     head_dim in {64, 128, 256}; any block_size >= 1;
+///     head_dim in 1..256; any block_size >= 1;
 ///   out: rows of num_heads * head_dim F32 with stride out_stride (must not
 ///     overlap q);
 ///   workspace: >= paged_attention_workspace_bytes(num_seqs, num_heads,

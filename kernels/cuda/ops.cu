@@ -98,12 +98,21 @@ __device__ __forceinline__ float inv_rms_of(float sum_sq, int dim, float eps) {
   return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(sum_sq, static_cast<float>(dim)), eps)));
 }
 
+/// Block b normalises one vector of `dim` floats: with row_ids, input row
+/// row_ids[b] (output row b); otherwise vector b of `heads` per row (head
+/// h = b % heads of row b / heads, at offset h * dim). The reduction is the
+/// same in every case: a vector's result depends only on the vector.
 __global__ void __launch_bounds__(kRowThreads)
     rms_norm_kernel(const float* x, int x_stride, const float* __restrict__ w, float* y,
-                    int y_stride, int dim, float eps) {
+                    int y_stride, int dim, float eps, int heads,
+                    const std::int32_t* __restrict__ row_ids) {
   __shared__ float shm[kRowThreads];
-  const float* xr = x + static_cast<long>(blockIdx.x) * x_stride;
-  float* yr = y + static_cast<long>(blockIdx.x) * y_stride;
+  const long b = blockIdx.x;
+  const long in_row = row_ids != nullptr ? row_ids[b] : b / heads;
+  const long out_row = row_ids != nullptr ? b : b / heads;
+  const long head_off = row_ids != nullptr ? 0 : (b % heads) * dim;
+  const float* xr = x + in_row * x_stride + head_off;
+  float* yr = y + out_row * y_stride + head_off;
   float acc = 0.0f;
   for (int i = threadIdx.x; i < dim; i += kRowThreads) acc = __fmaf_rn(xr[i], xr[i], acc);
   const float r = inv_rms_of(block_sum(acc, shm), dim, eps);  // syncs: x read before y written
@@ -136,6 +145,13 @@ __global__ void add_inplace_kernel(float* __restrict__ residual, const float* __
   const long stride = static_cast<long>(gridDim.x) * blockDim.x;
   for (long i = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     residual[i] = __fadd_rn(residual[i], x[i]);
+}
+
+__global__ void add_bias_kernel(float* __restrict__ y, int y_stride, const float* __restrict__ bias,
+                                int n) {
+  float* yr = y + static_cast<long>(blockIdx.y) * y_stride;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+    yr[j] = __fadd_rn(yr[j], bias[j]);
 }
 
 __global__ void silu_and_mul_kernel(const float* __restrict__ gate_up, float* __restrict__ out,
@@ -240,8 +256,31 @@ Status rms_norm(const float* x, int x_stride, const float* weight, float* y, int
   if (rows == 0 || dim == 0) return Status::ok_status();
   if (x_stride < dim || y_stride < dim) return bad_arg("rms_norm", "stride < dim");
   rms_norm_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(x, x_stride, weight, y,
-                                                                           y_stride, dim, eps);
+                                                                           y_stride, dim, eps, 1, nullptr);
   return launch_status("rms_norm");
+}
+
+Status rms_norm_heads(float* x, int num_tokens, int row_stride, int num_heads, int head_dim,
+                      const float* weight, float eps, Stream stream) {
+  if (num_tokens < 0 || num_heads < 0 || head_dim < 0) return bad_arg("rms_norm_heads", "negative size");
+  if (num_tokens == 0 || num_heads == 0 || head_dim == 0) return Status::ok_status();
+  if (row_stride < num_heads * head_dim) return bad_arg("rms_norm_heads", "row_stride < num_heads * head_dim");
+  const long blocks = static_cast<long>(num_tokens) * num_heads;
+  if (blocks > 0x7fffffffL) return bad_arg("rms_norm_heads", "too many heads");
+  rms_norm_kernel<<<static_cast<unsigned>(blocks), kRowThreads, 0, stream>>>(
+      x, row_stride, weight, x, row_stride, head_dim, eps, num_heads, nullptr);
+  return launch_status("rms_norm_heads");
+}
+
+Status rms_norm_rows(const float* x, int x_stride, const std::int32_t* row_ids, int num_rows,
+                     const float* weight, float* y, int y_stride, int dim, float eps, Stream stream) {
+  if (num_rows < 0 || dim < 0) return bad_arg("rms_norm_rows", "negative size");
+  if (num_rows == 0 || dim == 0) return Status::ok_status();
+  if (x_stride < dim || y_stride < dim) return bad_arg("rms_norm_rows", "stride < dim");
+  if (row_ids == nullptr) return bad_arg("rms_norm_rows", "null row_ids");
+  rms_norm_kernel<<<static_cast<unsigned>(num_rows), kRowThreads, 0, stream>>>(
+      x, x_stride, weight, y, y_stride, dim, eps, 1, row_ids);
+  return launch_status("rms_norm_rows");
 }
 
 Status add_rms_norm(float* residual, const float* x, const float* weight, float* y, int rows,
@@ -260,6 +299,20 @@ Status add_inplace(float* residual, const float* x, long n, Stream stream) {
   const unsigned blocks = static_cast<unsigned>(want < 65535 ? want : 65535);
   add_inplace_kernel<<<blocks, kEltThreads, 0, stream>>>(residual, x, n);
   return launch_status("add_inplace");
+}
+
+Status add_bias(float* y, int y_stride, const float* bias, int rows, int n, Stream stream) {
+  if (rows < 0 || n < 0) return bad_arg("add_bias", "negative size");
+  if (rows == 0 || n == 0) return Status::ok_status();
+  if (y_stride < n) return bad_arg("add_bias", "stride < n");
+  const int xblocks = (n + kEltThreads - 1) / kEltThreads;
+  for (int r0 = 0; r0 < rows; r0 += 65535) {  // gridDim.y limit
+    const int chunk = rows - r0 < 65535 ? rows - r0 : 65535;
+    add_bias_kernel<<<dim3(static_cast<unsigned>(xblocks), static_cast<unsigned>(chunk)), kEltThreads, 0,
+                      stream>>>(y + static_cast<long>(r0) * y_stride, y_stride, bias, n);
+    if (Status s = launch_status("add_bias"); !s.ok()) return s;
+  }
+  return Status::ok_status();
 }
 
 Status silu_and_mul(const float* gate_up, float* out, int rows, int inter, Stream stream) {

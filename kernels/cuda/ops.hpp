@@ -58,6 +58,29 @@ using Stream = CUstream_st*;
 [[nodiscard]] Status rms_norm(const float* x, int x_stride, const float* weight, float* y,
                               int y_stride, int rows, int dim, float eps, Stream stream);
 
+/// Per-head RMSNorm in place (the Qwen3 q / k norm): for each of num_tokens
+/// rows of stride row_stride (F32 elements), the first num_heads vectors of
+/// head_dim floats (head h at offset h * head_dim) are each normalised with
+/// weight [head_dim]. One block per (token, head), the reduction of rms_norm:
+/// the same floats as rms_norm over that vector. Errors: invalid_argument
+/// (negative sizes, row_stride < num_heads * head_dim).
+[[nodiscard]] Status rms_norm_heads(float* x, int num_tokens, int row_stride, int num_heads,
+                                    int head_dim, const float* weight, float eps, Stream stream);
+
+/// RMSNorm of selected rows: y[i, :] = rms_norm(x[row_ids[i], :]) for
+/// i < num_rows (the final norm of the rows whose logits are needed).
+/// row_ids: [num_rows] int32 on the device, each a valid row of x (not
+/// checked); y: [num_rows] rows of stride y_stride. Same floats as rms_norm.
+[[nodiscard]] Status rms_norm_rows(const float* x, int x_stride, const std::int32_t* row_ids,
+                                   int num_rows, const float* weight, float* y, int y_stride,
+                                   int dim, float eps, Stream stream);
+
+/// y[r, j] += bias[j] for r < rows, j < n (the QKV bias of Qwen2; the CPU
+/// linear adds it to the finished dot product the same way). y: rows of
+/// stride y_stride F32; bias: [n] F32.
+[[nodiscard]] Status add_bias(float* y, int y_stride, const float* bias, int rows, int n,
+                              Stream stream);
+
 /// Fused residual add + RMSNorm: residual += x; y = rms_norm(residual).
 /// residual, x, y: [rows, dim] F32 contiguous; weight: [dim]. y may alias x
 /// or residual (element-wise in place). Same reduction as rms_norm.

@@ -259,9 +259,9 @@ TEST(CudaAttentionArgs, RejectedBeforeAnyLaunchAndEmptyBatchIsOk) {
   cpu::KvCacheLayer f16 = cache;
   f16.dtype = DType::f16;
   EXPECT_EQ(code(call(1, 1, 1, f16, heads, row, row, nullptr, 0)), ErrorCode::unsupported);
-  cpu::KvCacheLayer d80 = cache;
-  d80.head_dim = 80;
-  EXPECT_EQ(code(call(1, 1, 1, d80, heads, 80 * heads, 80 * heads, nullptr, 0)),
+  cpu::KvCacheLayer d300 = cache;
+  d300.head_dim = 300;
+  EXPECT_EQ(code(call(1, 1, 1, d300, heads, 300 * heads, 300 * heads, nullptr, 0)),
             ErrorCode::unsupported);
   cpu::KvCacheLayer bs0 = cache;
   bs0.block_size = 0;
@@ -291,7 +291,10 @@ TEST(CudaAttentionArgs, RejectedBeforeAnyLaunchAndEmptyBatchIsOk) {
   EXPECT_EQ(paged_attention_workspace_bytes(5, heads, d, kDecodeSplitTokens), 0u);
   EXPECT_EQ(paged_attention_workspace_bytes(0, heads, d, 8192), 0u);
   EXPECT_TRUE(attention_head_dim_supported(128));
-  EXPECT_FALSE(attention_head_dim_supported(96));
+  EXPECT_TRUE(attention_head_dim_supported(96));
+  EXPECT_TRUE(attention_head_dim_supported(8));
+  EXPECT_FALSE(attention_head_dim_supported(0));
+  EXPECT_FALSE(attention_head_dim_supported(257));
 }
 
 TEST(CudaAttentionArgs, HarnessReferenceIsFiniteDespiteNaNSlots) {
@@ -331,6 +334,18 @@ TEST_F(CudaAttention, SingleTokenAndSingleSequence) {
     expect_matches_cpu({dtype, 16, 8, 4, 128}, {{33, 33}}, 2);  // prompt across 3 blocks
     expect_matches_cpu({dtype, 16, 8, 4, 128}, {{2, 16}}, 3);   // context exactly one block
   }
+}
+
+// Head dims between the kernel's tiles are zero-padded: stories260K's 8, and
+// 80 / 96 / 200 (odd tiles of 32, 128, 256).
+TEST_F(CudaAttention, PaddedHeadDims) {
+  std::uint32_t seed = 40;
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int d : {8, 80, 96, 200}) {
+      const Config cfg{dtype, 16, 4, 2, d};
+      SCOPED_TRACE(describe(cfg));
+      expect_matches_cpu(cfg, {{1, 1}, {7, 7}, {5, 37}, {1, 49}, {1, 600}, {40, 40}}, ++seed);
+    }
 }
 
 TEST_F(CudaAttention, HeadDim256) {
