@@ -175,17 +175,7 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create(std::shared_ptr<const M
   if (spec.last_stage() && r->vocab_rows_ > 0)
     r->lm_head_ = pack_rows(weights->lm_head, {{r->vocab_begin_, r->vocab_rows_}});
 
-  kc::RopeParams rp;
-  rp.head_dim = hd;
-  rp.theta = c.rope_theta;
-  if (c.rope_scaling && c.rope_scaling->rope_type == "llama3") {
-    rp.llama3_scaling = true;
-    rp.factor = c.rope_scaling->factor;
-    rp.low_freq_factor = c.rope_scaling->low_freq_factor;
-    rp.high_freq_factor = c.rope_scaling->high_freq_factor;
-    rp.original_max_position_embeddings = c.rope_scaling->original_max_position_embeddings;
-  }
-  r->inv_freq_ = kc::rope_inv_freq(rp);
+  r->inv_freq_ = kc::rope_inv_freq(rope_params_for(c));
 
   r->kv_layer_bytes_ = static_cast<std::size_t>(options.num_kv_blocks) * r->kv_attn_ * options.block_size * hd *
                        dtype_size(options.kv_cache_dtype);
@@ -258,15 +248,33 @@ Status ShardRunner::all_reduce_tp(float* data, std::size_t count) {
   return comms_.tp->all_reduce_sum(data, count);
 }
 
+kc::RopeParams rope_params_for(const ModelConfig& c) {
+  kc::RopeParams rp;
+  rp.head_dim = c.head_dim;
+  rp.theta = c.rope_theta;
+  if (c.rope_scaling && c.rope_scaling->rope_type == "llama3") {
+    rp.llama3_scaling = true;
+    rp.factor = c.rope_scaling->factor;
+    rp.low_freq_factor = c.rope_scaling->low_freq_factor;
+    rp.high_freq_factor = c.rope_scaling->high_freq_factor;
+    rp.original_max_position_embeddings = c.rope_scaling->original_max_position_embeddings;
+  }
+  return rp;
+}
+
 Status ShardRunner::validate(const engine::StepInput& in) const {
+  return validate_step(in, config().vocab_size, options_.num_kv_blocks, options_.block_size);
+}
+
+Status validate_step(const engine::StepInput& in, int vocab_size, int num_kv_blocks, int block_size) {
   const int n = in.num_tokens();
   const auto bad = [](std::string m) { return Status(make_error(ErrorCode::invalid_argument, "step: " + std::move(m))); };
   if (static_cast<int>(in.positions.size()) != n || static_cast<int>(in.slot_mapping.size()) != n)
     return bad("token_ids, positions and slot_mapping differ in length");
-  if (in.block_size != options_.block_size)
-    return bad("block_size " + std::to_string(in.block_size) + " != runner's " + std::to_string(options_.block_size));
-  const int vocab = config().vocab_size;
-  const long num_slots = static_cast<long>(options_.num_kv_blocks) * options_.block_size;
+  if (in.block_size != block_size)
+    return bad("block_size " + std::to_string(in.block_size) + " != runner's " + std::to_string(block_size));
+  const int vocab = vocab_size;
+  const long num_slots = static_cast<long>(num_kv_blocks) * block_size;
   for (int t = 0; t < n; ++t) {
     if (in.token_ids[t] < 0 || in.token_ids[t] >= vocab)
       return bad("token id " + std::to_string(in.token_ids[t]) + " at row " + std::to_string(t) +
@@ -280,11 +288,11 @@ Status ShardRunner::validate(const engine::StepInput& in) const {
     const int ctx = s.num_computed_tokens + s.num_new_tokens;
     if (s.num_new_tokens <= 0 || s.num_computed_tokens < 0)
       return bad("sequence " + std::to_string(s.seq_id) + " has no new tokens");
-    const long blocks_needed = (ctx + options_.block_size - 1) / options_.block_size;
+    const long blocks_needed = (ctx + block_size - 1) / block_size;
     if (static_cast<long>(s.block_table.size()) < blocks_needed)
       return bad("sequence " + std::to_string(s.seq_id) + ": block table too short for " + std::to_string(ctx) + " tokens");
     for (std::int32_t b : s.block_table)
-      if (b < 0 || b >= options_.num_kv_blocks)
+      if (b < 0 || b >= num_kv_blocks)
         return bad("sequence " + std::to_string(s.seq_id) + ": block id " + std::to_string(b) + " outside the cache");
     rows += s.num_new_tokens;
   }

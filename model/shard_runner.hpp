@@ -44,6 +44,7 @@
 #include "engine/step.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::model {
@@ -95,6 +96,19 @@ struct ShardSpec {
 /// Errors: invalid_argument naming the numbers.
 [[nodiscard]] Status check_shardable(const ModelConfig& config, int tp, int sp, int pp);
 
+/// RoPE parameters of a model (theta, llama3 scaling) for
+/// kernels::cpu::rope_inv_freq; shared by the CPU and CUDA runners.
+[[nodiscard]] kernels::cpu::RopeParams rope_params_for(const ModelConfig& config);
+
+/// Checks a step against a cache of num_kv_blocks blocks of block_size
+/// tokens and a vocabulary of vocab_size ids: lengths agree, token ids in the
+/// vocabulary, positions >= 0, slots and block ids inside the cache, block
+/// tables long enough, sequences covering every row, logits rows inside the
+/// batch. Every runner (CPU shards, CUDA) checks steps with it.
+/// Errors: invalid_argument naming the row / sequence.
+[[nodiscard]] Status validate_step(const engine::StepInput& input, int vocab_size, int num_kv_blocks,
+                                   int block_size);
+
 /// The group communicators a rank's forward pass uses (null when size 1).
 /// Not owned; they must outlive the runner's steps.
 struct ShardComms {
@@ -116,8 +130,8 @@ class ShardRunner {
   /// This rank's residual stream for a num_tokens step: [chunk_rows, hidden],
   /// valid until the next call with more tokens. Receive a stage's input here.
   [[nodiscard]] float* residual(int num_tokens);
-
-  /// Checks a step against the cache and vocabulary. Errors: invalid_argument.
+  /// Checks a step against the cache and vocabulary (validate_step).
+  /// Errors: invalid_argument.
   [[nodiscard]] Status validate(const engine::StepInput& input) const;
   /// Runs this stage: embeds the chunk (stage 0) or takes residual() as
   /// input, then runs the stage's layers in place on residual().
