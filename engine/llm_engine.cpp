@@ -16,6 +16,17 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+/// The sampler's view of a sequence about to get its next token.
+SampleContext sample_context(const Sequence& seq) {
+  SampleContext ctx;
+  ctx.seed = seq.seed;
+  ctx.position = seq.num_tokens();
+  ctx.prompt_ids = seq.prompt_ids;
+  ctx.output_ids = seq.output_ids;
+  ctx.min_tokens_masked_ids = seq.min_tokens_masked_ids;
+  return ctx;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<LlmEngine>> LlmEngine::create(ModelExecutor& executor, const model::Tokenizer& tokenizer,
@@ -141,6 +152,8 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
 
   // Fill the pipeline: one micro-batch per free slot while anything is schedulable.
   const int depth = std::max(1, executor_->max_in_flight());
+  // Device sampling returns ids only: not when the raw logits are captured.
+  const bool device_sampling = executor_->samples_on_device() && !config_.capture_logits;
   while (static_cast<int>(in_flight_.size()) < depth) {
     const auto t_sched = Clock::now();
     MicroBatchBudget limits;
@@ -156,6 +169,17 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
     if (config_.check_integrity)
       if (Status s = scheduler_.check_integrity(); !s.ok()) return s.error();
     if (sched.empty()) break;
+    if (device_sampling) {
+      sched.input.sampling.clear();
+      for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
+        if (!sched.input.seqs[i].needs_logits) continue;
+        const Sequence& seq = *sched.scheduled[i].seq;
+        RowSampling row;
+        row.params = &seq.params;
+        row.ctx = sample_context(seq);
+        sched.input.sampling.push_back(row);
+      }
+    }
     f.submitted = Clock::now();
     if (Status s = executor_->submit(sched.input); !s.ok()) return s.error();
     f.stats.num_seqs = static_cast<int>(sched.scheduled.size());
@@ -179,28 +203,32 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
   const StepOutput& logits = exec.value();
   const int num_logits = sched.input.num_logits();
   const auto vocab = static_cast<std::size_t>(logits.vocab_size);
-  if (logits.vocab_size < 1 || logits.logits.size() != vocab * static_cast<std::size_t>(num_logits))
+  const bool sampled_on_device = !sched.input.sampling.empty();
+  if (sampled_on_device) {
+    if (logits.sampled_token_ids.size() != static_cast<std::size_t>(num_logits))
+      return make_error(ErrorCode::internal, "executor returned " + std::to_string(logits.sampled_token_ids.size()) +
+                                                 " sampled ids for " + std::to_string(num_logits) + " rows");
+  } else if (logits.vocab_size < 1 || logits.logits.size() != vocab * static_cast<std::size_t>(num_logits)) {
     return make_error(ErrorCode::internal, "executor returned " + std::to_string(logits.logits.size()) +
                                                " logits for " + std::to_string(num_logits) + " rows of vocab " +
                                                std::to_string(logits.vocab_size));
+  }
 
   std::vector<std::int32_t> sampled;
   std::vector<Sequence*> sampled_seqs;
   sampled.reserve(static_cast<std::size_t>(num_logits));
-  std::vector<float> scratch(vocab);
+  std::vector<float> scratch(sampled_on_device ? 0 : vocab);
   for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
     if (!sched.input.seqs[i].needs_logits) continue;
     Sequence& seq = *sched.scheduled[i].seq;
-    const float* row = logits.logits.data() + sampled.size() * vocab;
-    if (config_.capture_logits) seq.captured_logits.emplace_back(row, row + vocab);
-    scratch.assign(row, row + vocab);
-    SampleContext ctx;
-    ctx.seed = seq.seed;
-    ctx.position = seq.num_tokens();
-    ctx.prompt_ids = seq.prompt_ids;
-    ctx.output_ids = seq.output_ids;
-    ctx.min_tokens_masked_ids = seq.min_tokens_masked_ids;
-    sampled.push_back(sample(scratch, seq.params, ctx));
+    if (sampled_on_device) {
+      sampled.push_back(logits.sampled_token_ids[sampled.size()]);
+    } else {
+      const float* row = logits.logits.data() + sampled.size() * vocab;
+      if (config_.capture_logits) seq.captured_logits.emplace_back(row, row + vocab);
+      scratch.assign(row, row + vocab);
+      sampled.push_back(sample(scratch, seq.params, sample_context(seq)));
+    }
     sampled_seqs.push_back(&seq);
   }
   scheduler_.update(sched, sampled);

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "engine/sampler.hpp"
+#include "engine/sampling_params.hpp"
 
 namespace shardline::engine {
 
@@ -21,6 +23,14 @@ struct StepSeq {
   std::vector<std::int32_t> block_table;  // [ceil((num_computed_tokens + num_new_tokens) / block_size)]
 };
 
+/// What sampling one logits row needs, for an executor that samples on its
+/// device (ModelExecutor::samples_on_device()). Points into the sequence,
+/// which the engine leaves untouched while its step is in flight.
+struct RowSampling {
+  const SamplingParams* params = nullptr;  ///< valid (SamplingParams::validate)
+  SampleContext ctx;                       ///< seed, position, prompt / output / masked ids
+};
+
 /// A whole step, flattened. Token rows are ordered by sequence (seqs[0]'s
 /// tokens first). Built by `make_step_input`.
 struct StepInput {
@@ -30,15 +40,22 @@ struct StepInput {
   std::vector<std::int32_t> slot_mapping;  // [num_tokens] block_id * block_size + offset
   std::vector<std::int32_t> logits_rows;   // [num_logits] token rows whose logits are needed
   int block_size = 0;
+  /// [num_logits] when the executor samples on its device (one per
+  /// logits_rows entry, in order); empty otherwise. Not part of the wire
+  /// format (engine/step_codec.hpp): only a single-device executor uses it.
+  std::vector<RowSampling> sampling;
 
   [[nodiscard]] int num_tokens() const { return static_cast<int>(token_ids.size()); }
   [[nodiscard]] int num_logits() const { return static_cast<int>(logits_rows.size()); }
 };
 
 /// Logits of one step: one row per entry of StepInput::logits_rows, in order.
+/// An executor that sampled on its device (StepInput::sampling non-empty)
+/// returns the token ids instead and leaves `logits` empty.
 struct StepOutput {
   std::vector<float> logits;  // [num_logits, vocab]
   int vocab_size = 0;
+  std::vector<std::int32_t> sampled_token_ids;  // [num_logits] when sampled on the device, else empty
 };
 
 /// Something that runs forward steps (the CPU model runner, later CUDA and
@@ -53,6 +70,11 @@ class ModelExecutor {
   [[nodiscard]] virtual int vocab_size() const = 0;
   [[nodiscard]] virtual int num_kv_blocks() const = 0;
   [[nodiscard]] virtual int block_size() const = 0;
+  /// True when the executor can sample on its device: given
+  /// StepInput::sampling it returns StepOutput::sampled_token_ids, the same
+  /// ids engine::sample would draw (see kernels/cuda/sampling.hpp for where
+  /// the device may differ), and no logits.
+  [[nodiscard]] virtual bool samples_on_device() const { return false; }
 
   // ---- asynchronous steps (pipeline parallelism) --------------------------
   // A pipelined executor (PP stages) accepts up to max_in_flight() steps

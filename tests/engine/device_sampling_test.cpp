@@ -1,0 +1,162 @@
+// The engine's device-sampling path (ModelExecutor::samples_on_device): the
+// engine hands the executor one RowSampling per logits row and takes the ids
+// it returns. Driven here by a CPU executor that "samples on its device" with
+// engine::sample, so the outputs must be byte-identical to the engine
+// sampling the same logits itself; capture_logits keeps host sampling.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "engine/engine_builder.hpp"
+#include "engine/sampler.hpp"
+#include "tests/support/stories_reference.hpp"
+
+namespace shardline::engine {
+namespace {
+
+/// Runs the wrapped executor, then samples every row the way a device
+/// sampler must: from its RowSampling only.
+class SamplingExecutor final : public ModelExecutor {
+ public:
+  explicit SamplingExecutor(ModelExecutor& inner) : inner_(inner) {}
+  Result<StepOutput> execute(const StepInput& in) override {
+    Result<StepOutput> r = inner_.execute(in);
+    if (!r.ok() || in.sampling.empty()) {
+      ++logits_steps_;
+      return r;
+    }
+    StepOutput out = std::move(r).value();
+    EXPECT_EQ(in.sampling.size(), static_cast<std::size_t>(in.num_logits()));
+    const auto vocab = static_cast<std::size_t>(out.vocab_size);
+    for (std::size_t i = 0; i < in.sampling.size(); ++i) {
+      std::vector<float> row(out.logits.begin() + static_cast<long>(i * vocab),
+                             out.logits.begin() + static_cast<long>((i + 1) * vocab));
+      out.sampled_token_ids.push_back(sample(row, *in.sampling[i].params, in.sampling[i].ctx));
+    }
+    out.logits.clear();
+    ++sampled_steps_;
+    return out;
+  }
+  int vocab_size() const override { return inner_.vocab_size(); }
+  int num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+  int block_size() const override { return inner_.block_size(); }
+  bool samples_on_device() const override { return true; }
+  int sampled_steps_ = 0;
+  int logits_steps_ = 0;
+
+ private:
+  ModelExecutor& inner_;
+};
+
+EngineInstance make_engine() {
+  EngineOptions o;
+  o.model_dir = testing_support::kStoriesDir;
+  o.kv_cache_bytes = 8u << 20;
+  o.max_num_seqs = 16;
+  o.max_num_batched_tokens = 64;
+  auto e = build_engine(o);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+  return std::move(e).value();
+}
+
+/// Mixed sampling parameters: greedy, seeded top-k/top-p, penalties and min_tokens.
+std::vector<SamplingParams> mixed_params() {
+  std::vector<SamplingParams> out;
+  for (int i = 0; i < 12; ++i) {
+    SamplingParams p;
+    p.max_tokens = 10 + 3 * i;
+    p.temperature = i % 3 == 0 ? 0.0f : 0.9f;
+    p.top_k = i % 4 == 1 ? 20 : 0;
+    p.top_p = i % 4 == 2 ? 0.8f : 1.0f;
+    p.repetition_penalty = i % 5 == 3 ? 1.3f : 1.0f;
+    p.frequency_penalty = i % 6 == 4 ? 0.5f : 0.0f;
+    p.min_tokens = i % 4 == 3 ? 8 : 0;
+    p.seed = 77 + static_cast<std::uint64_t>(i);
+    p.has_seed = true;
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::map<std::uint64_t, RequestOutput> run(LlmEngine& engine, const model::Tokenizer& tok) {
+  const auto params = mixed_params();
+  const char* prompts[] = {"Once upon a time", "The dog", "Lily and Ben", "One day a bird"};
+  for (std::size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(engine.add_request(i, tok.encode(prompts[i % 4], true), params[i]).ok());
+  std::map<std::uint64_t, RequestOutput> out;
+  while (engine.has_unfinished()) {
+    auto step = engine.step();
+    EXPECT_TRUE(step.ok()) << (step.ok() ? "" : step.error().to_string());
+    if (!step.ok()) break;
+    for (auto& o : *step) out[o.request_id] = std::move(o);
+  }
+  return out;
+}
+
+TEST(DeviceSampling, EngineUsesTheExecutorsIdsAndGetsTheSameOutputs) {
+  EngineInstance host = make_engine();
+  const auto expected = run(*host.engine, *host.tokenizer);
+  ASSERT_EQ(expected.size(), 12u);
+
+  EngineInstance dev = make_engine();
+  SamplingExecutor exec(*dev.executor);
+  EngineConfig cfg = dev.engine->config();
+  auto engine = LlmEngine::create(exec, *dev.tokenizer, cfg);
+  ASSERT_TRUE(engine.ok());
+  const auto got = run(**engine, *dev.tokenizer);
+  EXPECT_GT(exec.sampled_steps_, 0);
+  EXPECT_EQ(exec.logits_steps_, 0) << "every step with logits rows should be sampled by the executor";
+  ASSERT_EQ(got.size(), expected.size());
+  for (const auto& [id, out] : expected) {
+    EXPECT_EQ(got.at(id).token_ids, out.token_ids) << "request " << id;
+    EXPECT_EQ(got.at(id).text, out.text) << "request " << id;
+    EXPECT_EQ(got.at(id).finish_reason, out.finish_reason) << "request " << id;
+  }
+}
+
+TEST(DeviceSampling, CaptureLogitsKeepsSamplingOnTheHost) {
+  EngineInstance dev = make_engine();
+  SamplingExecutor exec(*dev.executor);
+  EngineConfig cfg = dev.engine->config();
+  cfg.capture_logits = true;
+  auto engine = LlmEngine::create(exec, *dev.tokenizer, cfg);
+  ASSERT_TRUE(engine.ok());
+  const auto got = run(**engine, *dev.tokenizer);
+  EXPECT_EQ(exec.sampled_steps_, 0);
+  EXPECT_GT(exec.logits_steps_, 0);
+  for (const auto& [id, out] : got) EXPECT_EQ(out.logits.size(), out.token_ids.size()) << id;
+}
+
+/// An executor that returns the wrong number of ids is an internal error, not a crash.
+TEST(DeviceSampling, WrongNumberOfIdsIsAnError) {
+  class Broken final : public ModelExecutor {
+   public:
+    explicit Broken(ModelExecutor& inner) : inner_(inner) {}
+    Result<StepOutput> execute(const StepInput& in) override {
+      auto r = inner_.execute(in);
+      if (!r.ok()) return r;
+      StepOutput out;
+      out.vocab_size = r->vocab_size;
+      out.sampled_token_ids.assign(static_cast<std::size_t>(in.num_logits()) + 1, 0);
+      return out;
+    }
+    int vocab_size() const override { return inner_.vocab_size(); }
+    int num_kv_blocks() const override { return inner_.num_kv_blocks(); }
+    int block_size() const override { return inner_.block_size(); }
+    bool samples_on_device() const override { return true; }
+    ModelExecutor& inner_;
+  };
+  EngineInstance dev = make_engine();
+  Broken exec(*dev.executor);
+  auto engine = LlmEngine::create(exec, *dev.tokenizer, dev.engine->config());
+  ASSERT_TRUE(engine.ok());
+  SamplingParams p;
+  ASSERT_TRUE((*engine)->add_request(1, dev.tokenizer->encode("Once", true), p).ok());
+  auto step = (*engine)->step();
+  ASSERT_FALSE(step.ok());
+  EXPECT_EQ(step.error().code, ErrorCode::internal);
+  EXPECT_NE(step.error().message.find("sampled ids"), std::string::npos) << step.error().message;
+}
+
+}  // namespace
+}  // namespace shardline::engine
