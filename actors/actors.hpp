@@ -17,7 +17,7 @@
 
 #include "actors/auth.hpp"
 #include "actors/metrics.hpp"
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 #include "messages/types.hpp"
 #include "orchestrator/job_manager.hpp"
 
@@ -47,7 +47,7 @@ struct WorkerConfig {
   std::string name;     ///< e.g. "node0/cpu:0", or "node0/cpu:0-1" for an engine group of two devices
   std::string device;   ///< e.g. "cpu"
   std::string node_name;
-  engine::CpuEngineOptions engine;  ///< engine.parallel: the worker's engine group (dp == 1)
+  engine::EngineOptions engine;  ///< engine.parallel: the worker's engine group (dp == 1)
   int max_batch = 64;   ///< requests the orchestrator keeps queued here: 2 x max_batch
   caf::actor orchestrator;
   std::shared_ptr<const ClusterKey> key;

@@ -64,7 +64,7 @@ void export_metrics(WorkerActor* self, const messages::WorkerStatus& s) {
 caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   self->state.config = std::move(config);
   WorkerState& st = self->state;
-  auto built = engine::build_cpu_engine(st.config.engine);
+  auto built = engine::build_engine(st.config.engine);
   if (!built) {
     spdlog::error("worker {}: cannot start its engine: {}", st.config.name, built.error().to_string());
     st.config.metrics->add("shardline_worker_start_failures_total", "", 1);

@@ -34,7 +34,7 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   r.num_devices = pc.world_size();
   r.threads_per_rank = o.engine.num_threads > 0 ? o.engine.num_threads : std::max(1, cores / pc.world_size());
 
-  engine::CpuEngineOptions eo = o.engine;
+  engine::EngineOptions eo = o.engine;
   eo.parallel = pc;
   eo.parallel.dp = 1;
   eo.num_threads = r.threads_per_rank;
@@ -45,16 +45,16 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   if (!policy.ok()) return std::move(policy).error();
   eo.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(policy).value());
 
-  std::vector<engine::CpuEngine> replicas;
+  std::vector<engine::EngineInstance> replicas;
   for (int d = 0; d < pc.dp; ++d) {
     omp_set_num_threads(r.threads_per_rank);
-    Result<engine::CpuEngine> e = engine::build_cpu_engine(eo);
+    Result<engine::EngineInstance> e = engine::build_engine(eo);
     if (!e.ok()) return std::move(e).error();
     replicas.push_back(std::move(e).value());
   }
   std::vector<engine::LlmEngine*> engines;
-  for (engine::CpuEngine& e : replicas) engines.push_back(e.engine.get());
-  engine::CpuEngine& first = replicas.front();
+  for (engine::EngineInstance& e : replicas) engines.push_back(e.engine.get());
+  engine::EngineInstance& first = replicas.front();
 
   const auto prompts = random_prompts(o.num_prompts, o.input_len, first.weights->config.vocab_size, o.prompt_seed);
   engine::SamplingParams params;

@@ -24,13 +24,13 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 #include "engine/parallel_config.hpp"
 
 namespace shardline::bench {
 
 struct ParallelBenchOptions {
-  engine::CpuEngineOptions engine;  ///< model / shape, dtype, KV; num_threads = per rank (0: cores / devices)
+  engine::EngineOptions engine;  ///< model / shape, dtype, KV; num_threads = per rank (0: cores / devices)
   std::vector<engine::ParallelConfig> configs;  ///< run in order
   /// Policies for configs with pp > 1 ("fixed", "throttle"); pp == 1 runs "fixed" only.
   std::vector<std::string> token_budgets = {"fixed", "throttle"};

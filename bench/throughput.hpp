@@ -10,12 +10,12 @@
 #include <string>
 
 #include "common/result.hpp"
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 
 namespace shardline::bench {
 
 struct ThroughputOptions {
-  engine::CpuEngineOptions engine;  ///< model / shape, dtype, KV, threads, token budget
+  engine::EngineOptions engine;  ///< model / shape, dtype, KV, threads, token budget
   int num_prompts = 64;
   int input_len = 128;   ///< prompt tokens per request
   int output_len = 128;  ///< generated tokens per request (ignore_eos)
@@ -54,8 +54,9 @@ struct ThroughputReport {
   [[nodiscard]] std::string to_json() const;
 };
 
-/// Runs the benchmark. Errors: engine build errors, invalid_argument for
-/// non-positive sizes.
+/// Runs the benchmark on CPU devices. Errors: engine build errors,
+/// invalid_argument for non-positive sizes or a CUDA device (see
+/// bench/gpu_throughput.hpp).
 [[nodiscard]] Result<ThroughputReport> run_throughput(const ThroughputOptions& options);
 
 }  // namespace shardline::bench

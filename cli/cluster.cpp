@@ -73,7 +73,7 @@ struct NodeArgs {
 /// --group-master / --group-key-file into the engine options: the engine
 /// group's ranks 1.. are `shardline shard serve` processes over TCP.
 Status tcp_group_flags(const std::string& master, const std::string& key_file, int timeout_ms,
-                       const engine::ParallelConfig& pc, engine::CpuEngineOptions& eo) {
+                       const engine::ParallelConfig& pc, engine::EngineOptions& eo) {
   if (master.empty()) {
     if (!key_file.empty())
       return make_error(ErrorCode::invalid_argument, "--group-key-file needs --group-master");
@@ -105,6 +105,8 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   o.listen = a.listen;
   o.join = a.join;
   o.num_cpu_devices = devices->num_cpu_devices;
+  o.device_kind = devices->kind;
+  o.cuda_devices = devices->cuda_devices;
   o.parallel = devices->parallel;
   o.data_dir = a.data_dir;
   o.engine = *eo;
@@ -113,7 +115,7 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   // unless told otherwise.
   if (o.engine.num_threads == 0)
     o.engine.num_threads =
-        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / devices->num_cpu_devices);
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, devices->num_cpu_devices));
   o.max_batch = a.max_batch;
   o.key_file = a.key_file;
   o.metrics = a.metrics;
@@ -122,6 +124,13 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
 
 /// "2 workers of [tp=2,pp=1,sp=1] on cpu:4, 1 thread per device".
 std::string describe_workers(const actors::NodeOptions& o) {
+  if (o.device_kind == engine::DeviceKind::cuda) {
+    std::string list;
+    for (int d : o.cuda_devices) list += (list.empty() ? "" : ",") + std::to_string(d);
+    return std::to_string(o.parallel.dp) + (o.parallel.dp == 1 ? " worker" : " workers") + " on cuda:" + list +
+           " (one device each, --gpu-memory-utilization " + std::to_string(o.engine.gpu_memory_utilization).substr(0, 4) +
+           (o.engine.deterministic ? ", deterministic" : "") + ")";
+  }
   return std::to_string(o.parallel.dp) + (o.parallel.dp == 1 ? " worker" : " workers") + " of [" +
          orchestrator::group_label(o.parallel) + "] on cpu:" + std::to_string(o.num_cpu_devices) + ", " +
          std::to_string(o.engine.num_threads) + (o.engine.num_threads == 1 ? " thread" : " threads") +
@@ -450,7 +459,8 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   start->add_option("--join", na->join, "HOST:PORT of the node running the orchestrator (this node adds workers)");
   start->add_option("--devices", na->devices,
                     "Devices: cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without "
-                    "--parallel, where cpu:N means N single-device workers)");
+                    "--parallel, where cpu:N means N single-device workers); or cuda:LIST (cuda:0, cuda:0,1, "
+                    "cuda:0-3): one single-device worker per GPU");
   start->add_option("--parallel", na->parallel,
                     "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: "
                     "single)");
@@ -517,7 +527,8 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--output", ra->output, "Output JSONL")->required();
   r->add_option("--devices", ra->devices,
                 "cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without --parallel, where "
-                "cpu:N means N single-device workers)");
+                "cpu:N means N single-device workers); or cuda:LIST (cuda:0, cuda:0,1, cuda:0-3): one "
+                "single-device worker per GPU");
   r->add_option("--parallel", ra->parallel,
                 "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single)");
   r->add_option("--token-budget", ra->token_budget,

@@ -1,11 +1,14 @@
 #include "cli/engine_flags.hpp"
 
+#include <charconv>
 #include <filesystem>
 
 namespace shardline::cli {
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
-  cmd.add_option("--dtype", f.dtype, "Weight storage in memory: f32 or bf16 (compute is always F32)")
+  cmd.add_option("--dtype", f.dtype,
+                 "Weight storage in memory: f32 or bf16 (CUDA also f16); CPU compute is F32, CUDA GEMMs run in "
+                 "the weight dtype with F32 accumulation")
       ->capture_default_str();
   cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype,
                  "KV cache storage: f32 (exact) or bf16 (half the bytes; attention math stays F32)")
@@ -31,18 +34,46 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--num-layers", f.num_layers, "Keep only the first N layers (smoke tests; 0: all)");
   cmd.add_option("--seed", f.seed, "Seed of dummy weights and of requests without their own seed")
       ->capture_default_str();
+  cmd.add_option("--gpu-memory-utilization", f.gpu_memory_utilization,
+                 "CUDA: fraction of each GPU's memory for weights, activations and KV cache")
+      ->capture_default_str();
+  cmd.add_flag("--deterministic", f.deterministic,
+               "CUDA: batch-invariant GEMMs, so a request's output does not depend on its batch (slower)");
+  cmd.add_flag("--enforce-eager", f.enforce_eager, "CUDA: no CUDA graphs for decode steps");
 }
 
-Result<engine::CpuEngineOptions> to_engine_options(const EngineFlags& f, const std::string& model_dir) {
-  engine::CpuEngineOptions o;
+void add_device_flag(CLI::App& cmd, EngineFlags& f) {
+  cmd.add_option("--device", f.device, "cpu, or cuda:N (one GPU)")->capture_default_str();
+}
+
+Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std::string& model_dir) {
+  engine::EngineOptions o;
   o.model_dir = model_dir;
   if (f.dtype == "f32" || f.dtype == "float32") {
     o.dtype = DType::f32;
   } else if (f.dtype == "bf16" || f.dtype == "bfloat16") {
     o.dtype = DType::bf16;
+  } else if (f.dtype == "f16" || f.dtype == "float16") {
+    o.dtype = DType::f16;
   } else {
-    return make_error(ErrorCode::invalid_argument, "--dtype must be f32 or bf16, got '" + f.dtype + "'");
+    return make_error(ErrorCode::invalid_argument, "--dtype must be f32, bf16 or f16, got '" + f.dtype + "'");
   }
+  if (f.device.empty() || f.device == "cpu" || f.device == "cpu:0") {
+    o.device = engine::DeviceKind::cpu;
+  } else {
+    int index = -1;
+    const char* b = f.device.data() + 5;
+    const char* e = f.device.data() + f.device.size();
+    const bool cuda_prefix = f.device.rfind("cuda:", 0) == 0;
+    const auto [p, ec] = cuda_prefix ? std::from_chars(b, e, index) : std::from_chars_result{b, std::errc::invalid_argument};
+    if (!cuda_prefix || ec != std::errc() || p != e || index < 0)
+      return make_error(ErrorCode::invalid_argument, "--device must be cpu or cuda:N, got '" + f.device + "'");
+    o.device = engine::DeviceKind::cuda;
+    o.device_index = index;
+  }
+  o.gpu_memory_utilization = f.gpu_memory_utilization;
+  o.deterministic = f.deterministic;
+  o.cuda_graphs = !f.enforce_eager;
   if (f.kv_cache_dtype == "f32" || f.kv_cache_dtype == "float32") {
     o.kv_cache_dtype = DType::f32;
   } else if (f.kv_cache_dtype == "bf16" || f.kv_cache_dtype == "bfloat16") {

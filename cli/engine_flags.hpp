@@ -1,14 +1,15 @@
 #pragma once
 /// \file
-/// Flags shared by every command that builds a CPU engine (generate, bench):
-/// model loading, KV cache budget, batching limits and threads.
+/// Flags shared by every command that builds an engine (run, node start,
+/// generate, bench): model loading, KV cache budget, batching limits,
+/// threads, and the CUDA options.
 
 #include <CLI/CLI.hpp>
 
 #include <string>
 
 #include "common/result.hpp"
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 
 namespace shardline::cli {
 
@@ -25,14 +26,20 @@ struct EngineFlags {
   int threads = 0;
   int num_layers = 0;
   unsigned long long seed = 0;
+  double gpu_memory_utilization = 0.9;
+  bool deterministic = false;
+  bool enforce_eager = false;
+  std::string device;  ///< --device of generate / bench ("" = cpu); run / node use --devices
 };
 
 /// Registers the flags on `cmd`.
 void add_engine_flags(CLI::App& cmd, EngineFlags& f);
+/// Registers --device (cpu or cuda:N) for single-engine commands (generate, bench).
+void add_device_flag(CLI::App& cmd, EngineFlags& f);
 
 /// Fills engine options from the flags (model_dir set by the caller).
-/// Errors: invalid_argument for an unknown --dtype / --load-format.
-[[nodiscard]] Result<engine::CpuEngineOptions> to_engine_options(const EngineFlags& f,
+/// Errors: invalid_argument for an unknown --dtype / --load-format / --device.
+[[nodiscard]] Result<engine::EngineOptions> to_engine_options(const EngineFlags& f,
                                                                 const std::string& model_dir);
 
 }  // namespace shardline::cli

@@ -8,7 +8,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 
 namespace shardline::cli {
 
@@ -37,12 +37,12 @@ int run_generate(GenerateArgs& a) {
     std::cerr << "error: " << st.error().to_string() << "\n";
     return 2;
   }
-  auto built = engine::build_cpu_engine(*options);
+  auto built = engine::build_engine(*options);
   if (!built) {
     std::cerr << "error: " << built.error().to_string() << "\n";
     return 1;
   }
-  engine::CpuEngine& e = *built;
+  engine::EngineInstance& e = *built;
   std::vector<std::vector<std::int32_t>> prompt_ids;
   prompt_ids.reserve(a.prompts.size());
   for (const std::string& p : a.prompts) prompt_ids.push_back(e.tokenizer->encode(p, true));
@@ -77,6 +77,7 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--prompt", a->prompts, "A prompt (repeat for several; they run as one batch)")
       ->required();
   add_engine_flags(*cmd, a->engine);
+  add_device_flag(*cmd, a->engine);
   engine::SamplingParams& s = a->sampling;
   cmd->add_option("--max-tokens", s.max_tokens, "Generated tokens at most")->capture_default_str();
   cmd->add_option("--min-tokens", s.min_tokens, "Stop ids / EOS are ignored before this many");

@@ -19,9 +19,9 @@ constexpr std::uint64_t kLineSeedDomain = 0x53686172646C696EULL;
 
 }  // namespace
 
-BatchWorker::BatchWorker(CpuEngine engine, std::string name) : engine_(std::move(engine)), name_(std::move(name)) {}
+BatchWorker::BatchWorker(EngineInstance engine, std::string name) : engine_(std::move(engine)), name_(std::move(name)) {}
 
-Result<BatchWorker> BatchWorker::create(CpuEngine engine, std::string name) {
+Result<BatchWorker> BatchWorker::create(EngineInstance engine, std::string name) {
   if (!engine.engine) return make_error(ErrorCode::invalid_argument, "batch worker '" + name + "': no engine");
   if (!engine.tokenizer) return make_error(ErrorCode::invalid_argument, "batch worker '" + name + "': no tokenizer");
   return BatchWorker(std::move(engine), std::move(name));

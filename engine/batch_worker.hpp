@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// A device's share of offline jobs: BatchRequests (parsed input lines) in,
-/// BatchResults (output lines) out, over one CpuEngine. A plain,
+/// BatchResults (output lines) out, over one EngineInstance. A plain,
 /// single-threaded class with no threads of its own: the worker actor owns
 /// one and calls it from its own thread (submit as lines arrive, step while
 /// has_work(), cancel_job on job cancellation, status for heartbeats).
@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 #include "orchestrator/batch_types.hpp"
 
 namespace shardline::engine {
@@ -61,11 +61,11 @@ class BatchWorker {
  public:
   /// Takes the engine (its weights, tokenizer, runner and LlmEngine).
   /// Precondition: engine.engine and engine.tokenizer are non-null (see create()).
-  BatchWorker(CpuEngine engine, std::string name);
+  BatchWorker(EngineInstance engine, std::string name);
 
   /// As the constructor, checked. Errors: invalid_argument (engine or
   /// tokenizer missing).
-  [[nodiscard]] static Result<BatchWorker> create(CpuEngine engine, std::string name);
+  [[nodiscard]] static Result<BatchWorker> create(EngineInstance engine, std::string name);
 
   BatchWorker(BatchWorker&&) = default;
   BatchWorker& operator=(BatchWorker&&) = default;
@@ -140,7 +140,7 @@ class BatchWorker {
   [[nodiscard]] bool holds(const LineKey& key) const;
   std::vector<orchestrator::BatchResult> drain_ready();
 
-  CpuEngine engine_;
+  EngineInstance engine_;
   std::string name_;
   std::uint64_t next_request_id_ = 1;
   std::map<LineKey, Line> lines_;                       ///< accepted, in the engine

@@ -1,30 +1,102 @@
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 
+#include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
 #include "model/id_tokenizer.hpp"
+#if SHARDLINE_HAVE_CUDA
+#include "kernels/cuda/device.hpp"
+#include "model/cuda/cuda_runner.hpp"
+#endif
 
 namespace shardline::engine {
 
-Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
+namespace {
+
+#if SHARDLINE_HAVE_CUDA
+/// The KV bytes plan_gpu_memory leaves on the device for this model (checked
+/// before the weights are loaded, so a model that cannot fit fails fast).
+Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
+  auto cfg = model::load_model_config(o.model_dir);
+  if (!cfg) return std::move(cfg).error();
+  model::ModelConfig c = std::move(cfg).value();
+  if (o.num_layers_override > 0 && o.num_layers_override < c.num_hidden_layers)
+    c.num_hidden_layers = o.num_layers_override;
+  const int max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+  const kernels::cuda::DeviceQuery q = kernels::cuda::query_devices();
+  if (o.device_index < 0 || o.device_index >= static_cast<int>(q.devices.size()))
+    return make_error(ErrorCode::not_found,
+                      "--devices cuda:" + std::to_string(o.device_index) + ": " +
+                          (q.devices.empty() ? "no CUDA device (" + q.error + ")"
+                                             : "only " + std::to_string(q.devices.size()) + " CUDA device(s)"));
+  const kernels::cuda::DeviceInfo& d = q.devices[static_cast<std::size_t>(o.device_index)];
+  GpuMemoryPlanInput pi;
+  pi.total_bytes = d.total_memory_bytes;
+  pi.free_bytes = d.free_memory_bytes;
+  pi.gpu_memory_utilization = o.gpu_memory_utilization;
+  pi.weight_bytes = weight_bytes_for(c, o.dtype);
+  pi.activation_bytes = activation_bytes_for(c, std::max(o.max_num_batched_tokens, o.max_num_seqs), o.max_num_seqs);
+  pi.num_layers = c.num_hidden_layers;
+  pi.num_kv_heads = c.num_key_value_heads;
+  pi.head_dim = c.head_dim;
+  pi.block_size = o.block_size;
+  pi.kv_dtype = o.kv_cache_dtype;
+  pi.max_model_len = max_model_len;
+  auto plan = plan_gpu_memory(pi);
+  if (!plan)
+    return make_error(plan.error().code, "cuda:" + std::to_string(o.device_index) + " (" + d.name + "): " +
+                                             plan.error().message);
+  return plan->kv_bytes;
+}
+#endif
+
+}  // namespace
+
+Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (o.parallel.dp != 1)
-    return make_error(ErrorCode::invalid_argument, "a CpuEngine is one replica: dp must be 1 (build dp engines)");
+    return make_error(ErrorCode::invalid_argument, "a EngineInstance is one replica: dp must be 1 (build dp engines)");
   if (o.block_size <= 0)
     return make_error(ErrorCode::invalid_argument, "--block-size must be > 0");
   if (o.kv_cache_bytes == 0 && !(o.kv_cache_memory_fraction > 0.0 && o.kv_cache_memory_fraction <= 1.0))
     return make_error(ErrorCode::invalid_argument, "--kv-cache-memory-fraction must be in (0, 1]");
 
+  const bool cuda = o.device == DeviceKind::cuda;
+  if (cuda) {
+#if !SHARDLINE_HAVE_CUDA
+    return make_error(ErrorCode::unsupported, "--devices cuda:" + std::to_string(o.device_index) +
+                                                  ": this build has no CUDA backend (configure with SHARDLINE_CUDA=ON "
+                                                  "where nvcc is installed)");
+#endif
+    if (o.parallel.group_size() != 1)
+      return make_error(ErrorCode::unsupported, "--devices cuda: engine groups (tp/pp/sp > 1) run on CPU devices only "
+                                                "so far; use dp for several GPUs");
+    if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
+      return make_error(ErrorCode::invalid_argument, "--gpu-memory-utilization must be in (0, 1]");
+  }
+  if (!cuda && o.dtype == DType::f16)
+    return make_error(ErrorCode::invalid_argument, "--dtype f16 is for CUDA devices; CPU weights are f32 or bf16");
+
+  std::uint64_t cuda_kv_bytes = 0;
+#if SHARDLINE_HAVE_CUDA
+  if (cuda) {
+    auto kv = plan_cuda_kv_bytes(o);
+    if (!kv) return std::move(kv).error();
+    cuda_kv_bytes = *kv;
+  }
+#endif
+
   model::LoadOptions lo;
   lo.format = o.load_format;
-  lo.dtype = o.dtype;
+  // F16 weights are loaded in F32 and rounded once, on upload to the device.
+  lo.dtype = o.dtype == DType::f16 ? DType::f32 : o.dtype;
   lo.seed = o.seed;
   lo.num_layers_override = o.num_layers_override;
   auto weights = model::load_model(o.model_dir, lo);
   if (!weights) return std::move(weights).error();
-  CpuEngine e;
+  EngineInstance e;
   e.weights = std::make_shared<const model::ModelWeights>(std::move(weights).value());
   const model::ModelConfig& c = e.weights->config;
 
@@ -47,7 +119,9 @@ Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
   const std::uint64_t block_bytes = kv_bytes_per_block(c.num_hidden_layers, c.num_key_value_heads,
                                                        c.head_dim, o.block_size, kv_elem_bytes);
   std::uint64_t budget = o.kv_cache_bytes;
-  if (budget == 0) {
+  if (cuda) {
+    budget = budget == 0 ? cuda_kv_bytes : std::min(budget, cuda_kv_bytes);
+  } else if (budget == 0) {
     auto avail = available_memory_bytes();
     if (!avail) return std::move(avail).error();
     budget = static_cast<std::uint64_t>(static_cast<double>(*avail) * o.kv_cache_memory_fraction);
@@ -68,7 +142,25 @@ Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& o) {
   e.kv_cache_bytes = static_cast<std::uint64_t>(num_blocks) * block_bytes;
 
   const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
-  if (o.parallel.group_size() == 1) {
+  if (cuda) {
+#if SHARDLINE_HAVE_CUDA
+    model::CudaRunnerOptions co;
+    co.device_index = o.device_index;
+    co.num_kv_blocks = e.num_kv_blocks;
+    co.block_size = o.block_size;
+    co.weight_dtype = o.dtype;
+    co.kv_cache_dtype = o.kv_cache_dtype;
+    co.max_num_batched_tokens = o.max_num_batched_tokens;
+    co.max_num_seqs = o.max_num_seqs;
+    co.max_model_len = max_model_len;
+    co.deterministic = o.deterministic;
+    co.cuda_graphs = o.cuda_graphs;
+    auto runner = model::CudaModelRunner::create(e.weights, co);
+    if (!runner) return std::move(runner).error();
+    e.device_runner = std::move(runner).value();
+    e.executor = e.device_runner.get();
+#endif
+  } else if (o.parallel.group_size() == 1) {
     auto runner = model::CpuModelRunner::create(e.weights, ro);
     if (!runner) return std::move(runner).error();
     e.runner = std::move(runner).value();

@@ -1,9 +1,11 @@
 #pragma once
 /// \file
-/// Wires a CPU device: loads a model folder (or dummy weights of a shape),
-/// its tokenizer, packs the weights into a CpuModelRunner with a KV cache
-/// sized from a byte budget, and builds an LlmEngine over them. Used by the
-/// CLI (`generate`, `bench`) and the golden tests.
+/// Wires a device: loads a model folder (or dummy weights of a shape) and its
+/// tokenizer, builds the runner -- a CpuModelRunner (or an engine group of
+/// CPU ranks) with a KV cache sized from a byte budget, or a CUDA runner with
+/// a KV cache sized by engine/gpu_memory_plan.hpp -- and an LlmEngine over
+/// it. Used by the CLI (`run`, `generate`, `bench`), the workers and the
+/// golden tests.
 
 #include <cstdint>
 #include <memory>
@@ -21,10 +23,22 @@
 
 namespace shardline::engine {
 
-struct CpuEngineOptions {
+/// Where an engine runs (`--devices cpu:N` / `cuda:N`).
+enum class DeviceKind { cpu, cuda };
+
+struct EngineOptions {
   std::string model_dir;  ///< HF model folder, or a shape folder with --load-format dummy
   model::LoadFormat load_format = model::LoadFormat::safetensors;
-  DType dtype = DType::f32;       ///< weight storage: f32 or bf16
+  DType dtype = DType::f32;       ///< weight storage: f32 or bf16 (cuda also f16)
+  DeviceKind device = DeviceKind::cpu;
+  int device_index = 0;           ///< cuda:N
+  /// cuda: fraction of the device's total memory this engine may take
+  /// (weights + activations + KV cache), vLLM's --gpu-memory-utilization.
+  double gpu_memory_utilization = 0.9;
+  /// cuda: batch-invariant GEMMs, so a request's logits do not depend on its
+  /// batch (the CPU kernels always are).
+  bool deterministic = false;
+  bool cuda_graphs = true;        ///< cuda: capture decode steps as CUDA graphs
   DType kv_cache_dtype = DType::f32;  ///< KV cache storage: f32 (exact) or bf16
   std::uint64_t seed = 0;         ///< dummy weights and default request seeds
   int num_layers_override = 0;    ///< > 0: first N layers only (smoke tests)
@@ -35,7 +49,7 @@ struct CpuEngineOptions {
   int max_num_batched_tokens = 2048;
   int max_model_len = 0;          ///< 0 = config max_position_embeddings
   int num_threads = 0;            ///< OpenMP threads for kernels (per rank); 0 = all cores (split over ranks)
-  /// tp/sp/pp of one engine group (dp must be 1: a replica is one CpuEngine).
+  /// tp/sp/pp of one engine group (dp must be 1: a replica is one EngineInstance).
   /// Anything but all-1 builds an in-process InProcEngineGroup.
   ParallelConfig parallel;
   /// Non-empty: the group's other ranks are `shardline shard serve`
@@ -53,13 +67,14 @@ struct CpuEngineOptions {
 
 /// A ready CPU engine. Member order matters: the engine refers to the runner
 /// and tokenizer, so it is declared (and destroyed) last.
-struct CpuEngine {
+struct EngineInstance {
   std::shared_ptr<const model::ModelWeights> weights;
   std::unique_ptr<model::Tokenizer> tokenizer;
-  std::unique_ptr<model::CpuModelRunner> runner;  ///< single device (parallel.group_size() == 1)
+  std::unique_ptr<model::CpuModelRunner> runner;  ///< single CPU device (parallel.group_size() == 1)
+  std::unique_ptr<ModelExecutor> device_runner;    ///< a CUDA device (model::CudaModelRunner)
   std::unique_ptr<InProcEngineGroup> group;        ///< several ranks in this process
   std::unique_ptr<ParallelExecutor> tcp_executor;  ///< rank 0 of a TCP group (group_master set)
-  ModelExecutor* executor = nullptr;               ///< runner, group->executor() or tcp_executor
+  ModelExecutor* executor = nullptr;  ///< runner, device_runner, group->executor() or tcp_executor
   std::unique_ptr<LlmEngine> engine;
   std::uint64_t kv_cache_bytes = 0;  ///< what was allocated
   int num_kv_blocks = 0;
@@ -69,9 +84,14 @@ struct CpuEngine {
 /// blocks, sized as for one device (each rank stores its heads' and layers'
 /// share of a block). The KV cache gets min(budget, what max_num_seqs sequences of
 /// max_model_len tokens can use) blocks. A model folder without tokenizer
-/// files gets an IdTokenizer (ids as text). Errors: whatever loading returns
-/// (each names the file / tensor), invalid_argument for bad options,
-/// out_of_memory when the budget cannot hold one max_model_len sequence.
-[[nodiscard]] Result<CpuEngine> build_cpu_engine(const CpuEngineOptions& options);
+/// files gets an IdTokenizer (ids as text). On a CUDA device the budget is
+/// plan_gpu_memory's KV space (or kv_cache_bytes when given, if smaller) and
+/// the engine group must be a single device. Errors: whatever loading
+/// returns (each names the file / tensor), invalid_argument for bad options,
+/// out_of_memory when the budget cannot hold one max_model_len sequence (on
+/// CUDA: when the model does not fit, with the sizes in GiB); not_found (no
+/// such CUDA device); unsupported (a CUDA device in a build without CUDA, or
+/// a parallel group on CUDA).
+[[nodiscard]] Result<EngineInstance> build_engine(const EngineOptions& options);
 
 }  // namespace shardline::engine

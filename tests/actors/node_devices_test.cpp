@@ -2,6 +2,8 @@
 // must be the world size, defaults, and worker names per engine group.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "actors/node.hpp"
 
 namespace shardline::actors {
@@ -49,6 +51,27 @@ TEST(NodeDevices, DeviceCountOtherThanTheWorldSizeNamesBothNumbers) {
   auto gpu = resolve_node_devices("cuda:2", "tp=2");
   ASSERT_FALSE(gpu.ok());
   EXPECT_EQ(gpu.error().code, ErrorCode::unsupported);
+}
+
+TEST(NodeDevices, CudaDevicesAreOneSingleDeviceWorkerEach) {
+  auto one = resolve_node_devices("cuda:0", "");
+  ASSERT_TRUE(one.ok()) << one.error().to_string();
+  EXPECT_EQ(one->kind, engine::DeviceKind::cuda);
+  EXPECT_EQ(one->cuda_devices, std::vector<int>{0});
+  EXPECT_EQ(one->parallel, ParallelConfig{});
+  auto list = resolve_node_devices("cuda:0-2,5", "dp=4");
+  ASSERT_TRUE(list.ok()) << list.error().to_string();
+  EXPECT_EQ(list->cuda_devices, (std::vector<int>{0, 1, 2, 5}));
+  EXPECT_EQ(list->parallel, (ParallelConfig{1, 1, 1, 4}));
+  auto count = resolve_node_devices("cuda:0,1", "dp=3");
+  ASSERT_FALSE(count.ok());
+  EXPECT_EQ(count.error().code, ErrorCode::invalid_argument);
+  for (const char* bad : {"cuda:", "cuda:x", "cuda:1-0", "cuda:0,0", "cuda:64", "cuda:-1", "cuda:0,", "gpu:0"}) {
+    auto r = resolve_node_devices(bad, "");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code, ErrorCode::invalid_argument) << bad;
+    EXPECT_NE(r.error().message.find(bad), std::string::npos) << r.error().message;
+  }
 }
 
 TEST(NodeDevices, WorkerNamesSpanTheirGroupDevices) {

@@ -33,7 +33,7 @@ constexpr int kMaxTokens = 48;
 /// A small KV cache: 2 MiB is about 100 blocks of 16 tokens (stories260K
 /// keeps 1,280 bytes of K and V per token in f32).
 BatchWorker make_worker(const std::string& name = "cpu0", std::uint64_t kv_cache_bytes = 2u << 20) {
-  CpuEngineOptions o;
+  EngineOptions o;
   o.model_dir = kStoriesDir;
   o.block_size = 16;
   o.kv_cache_bytes = kv_cache_bytes;
@@ -41,7 +41,7 @@ BatchWorker make_worker(const std::string& name = "cpu0", std::uint64_t kv_cache
   o.max_num_batched_tokens = 256;
   o.num_threads = 1;
   o.check_integrity = true;
-  auto e = build_cpu_engine(o);
+  auto e = build_engine(o);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
   auto w = BatchWorker::create(std::move(e).value(), name);
   EXPECT_TRUE(w.ok()) << (w.ok() ? "" : w.error().to_string());

@@ -10,7 +10,7 @@
 #include <map>
 #include <numeric>
 
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -22,9 +22,9 @@ using testing_support::kStoriesDir;
 
 std::vector<RefCase> load_reference() { return testing_support::load_stories_reference(); }
 
-CpuEngine make_engine(int max_num_batched_tokens, std::uint64_t kv_cache_bytes = 8u << 20,
+EngineInstance make_engine(int max_num_batched_tokens, std::uint64_t kv_cache_bytes = 8u << 20,
                       int max_num_seqs = 64) {
-  CpuEngineOptions o;
+  EngineOptions o;
   o.model_dir = kStoriesDir;
   o.block_size = 16;
   o.kv_cache_bytes = kv_cache_bytes;
@@ -32,7 +32,7 @@ CpuEngine make_engine(int max_num_batched_tokens, std::uint64_t kv_cache_bytes =
   o.max_num_batched_tokens = max_num_batched_tokens;
   o.capture_logits = true;
   o.check_integrity = true;
-  auto e = build_cpu_engine(o);
+  auto e = build_engine(o);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
   return std::move(e).value();
 }
@@ -96,7 +96,7 @@ class CpuEngineGolden : public ::testing::Test {
     ASSERT_EQ(refs_.size(), 3u);
     // Alone: each reference prompt in its own engine, whole prompt in one step.
     for (const RefCase& r : refs_) {
-      CpuEngine e = make_engine(2048);
+      EngineInstance e = make_engine(2048);
       ASSERT_TRUE(e.engine->add_request(7, e.tokenizer->encode(r.prompt, true), greedy()).ok());
       auto outs = run_all(*e.engine);
       ASSERT_EQ(outs.size(), 1u);
@@ -119,7 +119,7 @@ TEST_F(CpuEngineGolden, AloneMatchesReferenceIdsTextAndTop5) {
 // and logits bit-identical to running alone.
 TEST_F(CpuEngineGolden, BatchOf64AtAnyChunkingIsBitIdenticalToAlone) {
   for (int budget : {64, 7, 2048}) {
-    CpuEngine e = make_engine(budget);
+    EngineInstance e = make_engine(budget);
     for (std::size_t i = 0; i < refs_.size(); ++i)
       ASSERT_TRUE(e.engine->add_request(i, e.tokenizer->encode(refs_[i].prompt, true), greedy()).ok());
     add_fillers(*e.engine, *e.tokenizer, 100);
@@ -138,7 +138,7 @@ TEST_F(CpuEngineGolden, BatchOf64AtAnyChunkingIsBitIdenticalToAlone) {
 TEST_F(CpuEngineGolden, PreemptionUnderTinyKvCacheKeepsOutputsIdentical) {
   // stories260K: 5 layers * 4 kv heads * 8 dims * 2 (K,V) * 4 bytes = 1280 bytes/token.
   // 64 blocks of 16 tokens: room for ~16 sequences of ~60 tokens, far fewer than 64.
-  CpuEngine e = make_engine(256, 64ull * 16 * 1280);
+  EngineInstance e = make_engine(256, 64ull * 16 * 1280);
   ASSERT_EQ(e.num_kv_blocks, 64);
   for (std::size_t i = 0; i < refs_.size(); ++i)
     ASSERT_TRUE(e.engine->add_request(i, e.tokenizer->encode(refs_[i].prompt, true), greedy()).ok());
@@ -164,11 +164,11 @@ TEST(CpuEngineSeeded, SeededSamplingIsBatchInvariant) {
   p.seed = 1234;
   p.has_seed = true;
   p.max_tokens = 40;
-  CpuEngine alone = make_engine(2048);
+  EngineInstance alone = make_engine(2048);
   ASSERT_TRUE(alone.engine->add_request(5, alone.tokenizer->encode("Once upon a time", true), p).ok());
   const RequestOutput a = run_all(*alone.engine).at(5);
 
-  CpuEngine batched = make_engine(5);
+  EngineInstance batched = make_engine(5);
   ASSERT_TRUE(batched.engine->add_request(5, batched.tokenizer->encode("Once upon a time", true), p).ok());
   add_fillers(*batched.engine, *batched.tokenizer, 100);
   const RequestOutput b = run_all(*batched.engine).at(5);
@@ -177,7 +177,7 @@ TEST(CpuEngineSeeded, SeededSamplingIsBatchInvariant) {
 
   // A different seed gives a different story (the seed is really used).
   p.seed = 99;
-  CpuEngine other = make_engine(2048);
+  EngineInstance other = make_engine(2048);
   ASSERT_TRUE(other.engine->add_request(5, other.tokenizer->encode("Once upon a time", true), p).ok());
   EXPECT_NE(run_all(*other.engine).at(5).token_ids, a.token_ids);
 }

@@ -5,13 +5,13 @@
 
 #include <cmath>
 
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 
 namespace shardline::engine {
 namespace {
 
 void run_shape(const std::string& shape, DType dtype, int num_layers) {
-  CpuEngineOptions o;
+  EngineOptions o;
   o.model_dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/" + shape;
   o.load_format = model::LoadFormat::dummy;
   o.dtype = dtype;
@@ -21,7 +21,7 @@ void run_shape(const std::string& shape, DType dtype, int num_layers) {
   o.kv_cache_bytes = 64ull << 20;
   o.max_num_batched_tokens = 16;  // chunk the 20-token prompt
   o.capture_logits = true;
-  auto e = build_cpu_engine(o);
+  auto e = build_engine(o);
   ASSERT_TRUE(e.ok()) << e.error().to_string();
   EXPECT_EQ(static_cast<int>(e->weights->layers.size()), num_layers);
   SamplingParams p;

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <thread>
 
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 #include "orchestrator/token_budget_policies.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -18,8 +18,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-CpuEngineOptions stories(ParallelConfig pc) {
-  CpuEngineOptions o;
+EngineOptions stories(ParallelConfig pc) {
+  EngineOptions o;
   o.model_dir = testing_support::kStoriesDir;
   o.kv_cache_bytes = 8u << 20;
   o.max_num_seqs = 16;
@@ -46,7 +46,7 @@ StepInput simple_step(int n) {
 TEST(ParallelExecutor, DeadPeerFailsTheStepWithinTheTimeout) {
   for (ParallelConfig pc : {ParallelConfig{2, 1, 1, 1}, ParallelConfig{1, 2, 1, 1}, ParallelConfig{1, 1, 2, 1}}) {
     SCOPED_TRACE(pc.to_string());
-    Result<CpuEngine> e = build_cpu_engine(stories(pc));
+    Result<EngineInstance> e = build_engine(stories(pc));
     ASSERT_TRUE(e.ok()) << e.error().to_string();
     ParallelExecutor& exec = e.value().group->executor();
     ASSERT_TRUE(exec.execute(simple_step(5)).ok());  // healthy first
@@ -61,7 +61,7 @@ TEST(ParallelExecutor, DeadPeerFailsTheStepWithinTheTimeout) {
 }
 
 TEST(ParallelExecutor, AtMostPpMicroBatchesInFlightCollectedInOrder) {
-  Result<CpuEngine> e = build_cpu_engine(stories({1, 2, 1, 1}));
+  Result<EngineInstance> e = build_engine(stories({1, 2, 1, 1}));
   ASSERT_TRUE(e.ok());
   ParallelExecutor& exec = e.value().group->executor();
   ASSERT_TRUE(exec.submit(simple_step(3)).ok());
@@ -75,7 +75,7 @@ TEST(ParallelExecutor, AtMostPpMicroBatchesInFlightCollectedInOrder) {
 }
 
 TEST(ParallelExecutor, RejectsABadStepBeforeSendingIt) {
-  Result<CpuEngine> e = build_cpu_engine(stories({2, 1, 1, 1}));
+  Result<EngineInstance> e = build_engine(stories({2, 1, 1, 1}));
   ASSERT_TRUE(e.ok());
   ParallelExecutor& exec = e.value().group->executor();
   StepInput bad = simple_step(3);
@@ -91,10 +91,10 @@ TEST(PipelinedEngine, ThrottleAndFixedBudgetsGiveTheReferenceTokensWithMicroBatc
   const auto cases = testing_support::load_stories_reference();
   for (const char* policy : {"fixed", "throttle"}) {
     SCOPED_TRACE(policy);
-    CpuEngineOptions o = stories({1, 2, 1, 1});
+    EngineOptions o = stories({1, 2, 1, 1});
     o.token_budget = std::shared_ptr<const TokenBudgetPolicy>(
         orchestrator::make_token_budget_policy(policy, o.max_num_batched_tokens).value());
-    Result<CpuEngine> e = build_cpu_engine(o);
+    Result<EngineInstance> e = build_engine(o);
     ASSERT_TRUE(e.ok());
     LlmEngine& eng = *e.value().engine;
     SamplingParams greedy;

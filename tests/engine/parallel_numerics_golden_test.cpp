@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 #include "engine/data_parallel.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -30,8 +30,8 @@ struct Run {
   std::vector<RequestOutput> outputs;
 };
 
-CpuEngineOptions stories_options(int max_num_batched_tokens) {
-  CpuEngineOptions o;
+EngineOptions stories_options(int max_num_batched_tokens) {
+  EngineOptions o;
   o.model_dir = kStoriesDir;
   o.block_size = 16;
   o.kv_cache_bytes = 8u << 20;
@@ -42,8 +42,8 @@ CpuEngineOptions stories_options(int max_num_batched_tokens) {
   return o;
 }
 
-CpuEngineOptions qwen3_options() {
-  CpuEngineOptions o;
+EngineOptions qwen3_options() {
+  EngineOptions o;
   o.model_dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/qwen3-0.6b";
   o.load_format = model::LoadFormat::dummy;
   o.num_layers_override = 5;
@@ -58,20 +58,20 @@ CpuEngineOptions qwen3_options() {
 }
 
 /// Runs `prompts` under `pc` (dp replicas of tp x sp x pp groups).
-Result<std::vector<RequestOutput>> run_config(CpuEngineOptions o, const ParallelConfig& pc,
+Result<std::vector<RequestOutput>> run_config(EngineOptions o, const ParallelConfig& pc,
                                               const std::vector<std::vector<std::int32_t>>& prompts,
                                               const SamplingParams& params) {
   ParallelConfig group = pc;
   group.dp = 1;
   o.parallel = group;
-  std::vector<CpuEngine> replicas;
+  std::vector<EngineInstance> replicas;
   std::vector<LlmEngine*> engines;
   for (int r = 0; r < pc.dp; ++r) {
-    Result<CpuEngine> e = build_cpu_engine(o);
+    Result<EngineInstance> e = build_engine(o);
     if (!e.ok()) return std::move(e).error();
     replicas.push_back(std::move(e).value());
   }
-  for (CpuEngine& e : replicas) engines.push_back(e.engine.get());
+  for (EngineInstance& e : replicas) engines.push_back(e.engine.get());
   return generate_data_parallel(engines, prompts, params, pc.dp > 1 ? 1 : 0);
 }
 
@@ -99,9 +99,10 @@ void expect_matches(const std::vector<RequestOutput>& got, const std::vector<Req
       ASSERT_EQ(got[i].logits[s].size(), ref[i].logits[s].size());
       for (std::size_t v = 0; v < ref[i].logits[s].size(); ++v)
         max_diff = std::max(max_diff, std::fabs(got[i].logits[s][v] - ref[i].logits[s][v]));
-      if (exact)
+      if (exact) {
         EXPECT_EQ(0, std::memcmp(got[i].logits[s].data(), ref[i].logits[s].data(), ref[i].logits[s].size() * 4))
             << pc.to_string() << " request " << i << " step " << s << " not bit-identical";
+      }
     }
   }
   EXPECT_LE(max_diff, 1e-4f) << pc.to_string();
@@ -155,14 +156,14 @@ TEST(ParallelNumerics, DummyQwen3EveryConfigMatchesSingleDevice) {
 }
 
 TEST(ParallelNumerics, UnshardableConfigIsAClearError) {
-  CpuEngineOptions o = stories_options(64);
+  EngineOptions o = stories_options(64);
   o.parallel = {3, 1, 1, 1};  // 8 heads do not split over 3 ranks
-  Result<CpuEngine> e = build_cpu_engine(o);
+  Result<EngineInstance> e = build_engine(o);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.error().code, ErrorCode::invalid_argument);
   EXPECT_NE(e.error().message.find("num_attention_heads = 8"), std::string::npos) << e.error().message;
   o.parallel = {1, 6, 1, 1};  // 5 layers
-  e = build_cpu_engine(o);
+  e = build_engine(o);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().message.find("num_hidden_layers = 5"), std::string::npos) << e.error().message;
 }

@@ -9,15 +9,15 @@
 #include <future>
 #include <thread>
 
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
 namespace {
 
-CpuEngineOptions stories(ParallelConfig pc) {
-  CpuEngineOptions o;
+EngineOptions stories(ParallelConfig pc) {
+  EngineOptions o;
   o.model_dir = testing_support::kStoriesDir;
   o.kv_cache_bytes = 8u << 20;
   o.max_num_seqs = 8;
@@ -53,7 +53,7 @@ TEST(TcpGroup, EveryConfigMatchesTheInProcessGroup) {
   for (ParallelConfig pc : {ParallelConfig{2, 1, 1, 1}, ParallelConfig{1, 2, 1, 1}, ParallelConfig{1, 1, 2, 1},
                             ParallelConfig{2, 1, 2, 1}}) {
     SCOPED_TRACE(pc.to_string());
-    auto inproc = build_cpu_engine(stories(pc));
+    auto inproc = build_engine(stories(pc));
     ASSERT_TRUE(inproc.ok());
     auto want = inproc.value().engine->generate(prompts, greedy);
     ASSERT_TRUE(want.ok());
@@ -64,11 +64,11 @@ TEST(TcpGroup, EveryConfigMatchesTheInProcessGroup) {
       ranks.push_back(std::async(std::launch::async, [&, r] {
         return serve_tcp_group_rank(stories_weights(), pc, r, 1, {master, "secret", std::chrono::milliseconds(20000)});
       }));
-    CpuEngineOptions o = stories(pc);
+    EngineOptions o = stories(pc);
     o.group_master = master;
     o.group_key = "secret";
     o.group_timeout_ms = 20000;
-    auto tcp = build_cpu_engine(o);
+    auto tcp = build_engine(o);
     ASSERT_TRUE(tcp.ok()) << tcp.error().to_string();
     auto got = tcp.value().engine->generate(prompts, greedy);
     ASSERT_TRUE(got.ok()) << got.error().to_string();
@@ -96,10 +96,10 @@ TEST(TcpGroup, RankWithAnotherConfigIsRefusedByTheSetup) {
     return serve_tcp_group_rank(stories_weights(), ParallelConfig{2, 1, 1, 1}, 1, 1,
                                 {master, "", std::chrono::milliseconds(20000)});
   });
-  CpuEngineOptions o = stories(pc);
+  EngineOptions o = stories(pc);
   o.group_master = master;
   o.group_timeout_ms = 20000;
-  auto eng = build_cpu_engine(o);
+  auto eng = build_engine(o);
   ASSERT_TRUE(eng.ok()) << eng.error().to_string();
   Status st = rank1.get();
   ASSERT_FALSE(st.ok());
@@ -116,11 +116,11 @@ TEST(TcpGroup, WrongKeyIsRefused) {
   auto rank1 = std::async(std::launch::async, [&] {
     return serve_tcp_group_rank(stories_weights(), pc, 1, 1, {master, "wrong", std::chrono::milliseconds(3000)});
   });
-  CpuEngineOptions o = stories(pc);
+  EngineOptions o = stories(pc);
   o.group_master = master;
   o.group_key = "right";
   o.group_timeout_ms = 3000;
-  auto eng = build_cpu_engine(o);
+  auto eng = build_engine(o);
   EXPECT_FALSE(eng.ok());
   Status st = rank1.get();
   ASSERT_FALSE(st.ok());

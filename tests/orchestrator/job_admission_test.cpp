@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/cpu_engine.hpp"
+#include "engine/engine_builder.hpp"
 #include "orchestrator/job_token_budget.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -63,12 +63,12 @@ TEST(JobAdmission, TokenBudgetNames) {
 }
 
 TEST(JobTokenBudget, SwitchesTheEnginePolicyOnlyWhenTheJobPolicyChanges) {
-  engine::CpuEngineOptions o;
+  engine::EngineOptions o;
   o.model_dir = testing_support::kStoriesDir;
   o.kv_cache_bytes = 4u << 20;
   o.max_num_seqs = 4;
   o.max_num_batched_tokens = 64;
-  auto built = engine::build_cpu_engine(o);
+  auto built = engine::build_engine(o);
   ASSERT_TRUE(built.ok()) << built.error().to_string();
   engine::LlmEngine& llm = *built->engine;
   EXPECT_EQ(llm.config().token_budget, nullptr);

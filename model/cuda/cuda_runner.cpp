@@ -1,0 +1,708 @@
+#include "model/cuda/cuda_runner.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/ops.hpp"
+#include "kernels/cuda/sampling.hpp"
+#include "model/shard_runner.hpp"
+
+namespace shardline::model {
+namespace kcu = kernels::cuda;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+Status cuda_status(const char* what, cudaError_t err) {
+  if (err == cudaSuccess) return Status::ok_status();
+  (void)cudaGetLastError();
+  const ErrorCode code = err == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::internal;
+  return make_error(code, std::string("cuda runner: ") + what + ": " + cudaGetErrorString(err));
+}
+
+constexpr std::size_t kAlign = 256;
+
+std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+/// Bump allocator over byte offsets (the arena is allocated once the total is known).
+struct Layout {
+  std::size_t bytes = 0;
+  std::size_t take(std::size_t n) {
+    const std::size_t off = bytes;
+    bytes = align_up(bytes + n);
+    return off;
+  }
+};
+
+bool has_penalties(const engine::SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
+/// Converts `count` elements of `src` (F32 or BF16) to `dst_dtype` into dst.
+void convert_matrix(const void* src, DType src_dtype, std::size_t count, DType dst_dtype, void* dst) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, count * dtype_size(src_dtype));
+    return;
+  }
+  const auto* sf = static_cast<const float*>(src);
+  const auto* sb = static_cast<const std::uint16_t*>(src);
+  const auto elem = [&](std::size_t i) { return src_dtype == DType::f32 ? sf[i] : bf16_to_f32(sb[i]); };
+  const auto n = static_cast<long>(count);
+  if (dst_dtype == DType::f32) {
+    auto* d = static_cast<float*>(dst);
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; ++i) d[i] = elem(static_cast<std::size_t>(i));
+  } else if (dst_dtype == DType::bf16) {
+    auto* d = static_cast<std::uint16_t*>(dst);
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; ++i) d[i] = f32_to_bf16(elem(static_cast<std::size_t>(i)));
+  } else {
+    auto* d = static_cast<std::uint16_t*>(dst);
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < n; ++i) d[i] = f32_to_f16(elem(static_cast<std::size_t>(i)));
+  }
+}
+
+}  // namespace
+
+std::vector<int> default_cuda_graph_batch_sizes(int max_num_seqs) {
+  std::vector<int> sizes;
+  for (int b : {1, 2, 4})
+    if (b <= max_num_seqs) sizes.push_back(b);
+  for (int b = 8; b <= max_num_seqs; b += 8) sizes.push_back(b);
+  if (max_num_seqs > 0 && (sizes.empty() || sizes.back() != max_num_seqs)) sizes.push_back(max_num_seqs);
+  return sizes;
+}
+
+/// Device pointers of one layer's weights.
+struct DeviceLayer {
+  const float* input_norm = nullptr;     // [hidden]
+  const void* qkv = nullptr;             // [qkv_rows, hidden]
+  const float* qkv_bias = nullptr;       // [qkv_rows] or null
+  const float* q_norm = nullptr;         // [head_dim] or null
+  const float* k_norm = nullptr;         // [head_dim] or null
+  const void* o_proj = nullptr;          // [hidden, heads * head_dim]
+  const float* post_attention_norm = nullptr;  // [hidden]
+  const void* gate_up = nullptr;         // [2 * inter, hidden]
+  const void* down = nullptr;            // [hidden, inter]
+};
+
+struct CudaModelRunner::Impl {
+  ModelConfig c;
+  CudaRunnerOptions o;
+  DType wdt = DType::bf16;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<kcu::GemmContext> gemm;
+  kcu::GemmMode mode = kcu::GemmMode::fast;
+
+  kcu::DeviceBuffer weights;     // arena
+  kcu::DeviceBuffer kv;          // [layers, 2, num_kv_blocks, kv_heads, ...]
+  kcu::DeviceBuffer act;         // activations arena
+  kcu::DeviceBuffer meta;        // step metadata (fixed layout)
+  kcu::DeviceBuffer workspace;   // attention split-decode partials
+  kcu::DeviceBuffer sample_ids;  // penalty / masked id lists of the rows sampled
+  void* meta_host = nullptr;     // pinned mirror of `meta`
+
+  std::vector<DeviceLayer> layers;
+  const void* embed = nullptr;       // [vocab, hidden]
+  const void* lm_head = nullptr;     // [vocab, hidden]
+  const float* final_norm = nullptr;  // [hidden]
+  const float* inv_freq = nullptr;   // [head_dim / 2]
+  std::size_t kv_layer_bytes = 0;    // one of K or V of one layer
+
+  int rows_cap = 0;        // activation rows
+  int seqs_cap = 0;        // sequences / logits rows
+  int max_blocks = 0;      // block-table entries per sequence
+  int qkv_rows = 0;
+  // Activations.
+  float* residual = nullptr;   // [rows_cap, hidden]
+  float* normed = nullptr;     // [rows_cap, hidden]
+  float* qkv = nullptr;        // [rows_cap, qkv_rows]
+  float* attn = nullptr;       // [rows_cap, heads * head_dim]
+  float* gate_up = nullptr;    // [rows_cap, 2 * inter]
+  float* mlp = nullptr;        // [rows_cap, inter]
+  float* logits_in = nullptr;  // [seqs_cap, hidden]
+  float* logits = nullptr;     // [seqs_cap, vocab]
+  // Metadata offsets (bytes) in meta / meta_host.
+  std::size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_seqs = 0,
+              off_tables = 0, off_pad_table = 0, off_sample_rows = 0, off_sampled = 0;
+
+  std::vector<std::int32_t> extra_host;  // penalty / masked ids of the last step (read by an async copy)
+  std::map<int, cudaGraphExec_t> graphs;  // decode batch size -> graph
+  std::string graph_error;
+
+  ~Impl() {
+    for (auto& [b, g] : graphs) (void)cudaGraphExecDestroy(g);
+    if (meta_host != nullptr) (void)cudaFreeHost(meta_host);
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+
+  template <class T>
+  T* host(std::size_t off) { return reinterpret_cast<T*>(static_cast<char*>(meta_host) + off); }
+  template <class T>
+  T* dev(std::size_t off) { return reinterpret_cast<T*>(meta.as<char>() + off); }
+
+  [[nodiscard]] kernels::cpu::KvCacheLayer kv_layer(int l) {
+    kernels::cpu::KvCacheLayer k;
+    char* base = kv.as<char>() + static_cast<std::size_t>(l) * 2 * kv_layer_bytes;
+    k.k = base;
+    k.v = base + kv_layer_bytes;
+    k.dtype = o.kv_cache_dtype;
+    k.num_blocks = o.num_kv_blocks;
+    k.block_size = o.block_size;
+    k.num_kv_heads = c.num_key_value_heads;
+    k.head_dim = c.head_dim;
+    return k;
+  }
+
+  Status copy_meta(std::size_t off, std::size_t bytes) {
+    if (bytes == 0) return Status::ok_status();
+    return cuda_status("metadata copy", cudaMemcpyAsync(meta.as<char>() + off, static_cast<char*>(meta_host) + off,
+                                                        bytes, cudaMemcpyHostToDevice, stream));
+  }
+
+  /// Enqueues the forward pass over the metadata in `meta`: num_rows token
+  /// rows of num_seqs sequences, logits of num_logits rows into `logits`.
+  Status forward(int num_rows, int num_seqs, int max_num_q, int max_context_len, int num_logits) {
+    const int hidden = c.hidden_size;
+    const int hd = c.head_dim;
+    const int heads = c.num_attention_heads;
+    const int kvh = c.num_key_value_heads;
+    const int inter = c.intermediate_size;
+    const float eps = c.rms_norm_eps;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const auto* tokens = dev<std::int32_t>(off_tokens);
+    const auto* positions = dev<std::int32_t>(off_positions);
+    const auto* slots = dev<std::int32_t>(off_slots);
+    const auto* seqs = dev<kcu::AttentionSeq>(off_seqs);
+    const auto* logits_rows = dev<std::int32_t>(off_logits_rows);
+    const int attn_w = heads * hd;
+
+    if (Status s = kcu::embedding(tokens, num_rows, embed, wdt, hidden, residual, stream); !s) return s;
+    for (std::size_t l = 0; l < layers.size(); ++l) {
+      const DeviceLayer& w = layers[l];
+      const kernels::cpu::KvCacheLayer cache = kv_layer(static_cast<int>(l));
+      if (Status s = kcu::rms_norm(residual, hidden, w.input_norm, normed, hidden, num_rows, hidden, eps, stream); !s)
+        return s;
+      if (Status s = gemm->linear(normed, hidden, num_rows, hidden, w.qkv, wdt, qkv_rows, qkv, qkv_rows, false, mode,
+                                  stream);
+          !s)
+        return s;
+      if (w.qkv_bias != nullptr)
+        if (Status s = kcu::add_bias(qkv, qkv_rows, w.qkv_bias, num_rows, qkv_rows, stream); !s) return s;
+      float* q = qkv;                    // [rows, heads * hd], row stride qkv_rows
+      float* k = qkv + heads * hd;       // [rows, kvh * hd]
+      const float* v = k + kvh * hd;     // [rows, kvh * hd]
+      if (w.q_norm != nullptr) {  // Qwen3: RMSNorm per head before RoPE
+        if (Status s = kcu::rms_norm_heads(q, num_rows, qkv_rows, heads, hd, w.q_norm, eps, stream); !s) return s;
+        if (Status s = kcu::rms_norm_heads(k, num_rows, qkv_rows, kvh, hd, w.k_norm, eps, stream); !s) return s;
+      }
+      if (Status s = kcu::rope(q, num_rows, qkv_rows, heads, hd, positions, inv_freq, stream); !s) return s;
+      if (Status s = kcu::rope(k, num_rows, qkv_rows, kvh, hd, positions, inv_freq, stream); !s) return s;
+      if (Status s = kcu::write_kv(k, v, qkv_rows, num_rows, slots, cache, stream); !s) return s;
+      if (Status s = kcu::paged_attention(q, qkv_rows, seqs, num_seqs, max_num_q, max_context_len, cache, heads, scale,
+                                          attn, attn_w, workspace.data(), workspace.size_bytes(), stream);
+          !s)
+        return s;
+      // residual += attn . o_proj^T (the GEMM adds into its output: one rounding, as a separate add)
+      if (Status s = gemm->linear(attn, attn_w, num_rows, attn_w, w.o_proj, wdt, hidden, residual, hidden, true, mode,
+                                  stream);
+          !s)
+        return s;
+      if (Status s = kcu::rms_norm(residual, hidden, w.post_attention_norm, normed, hidden, num_rows, hidden, eps,
+                                   stream);
+          !s)
+        return s;
+      if (Status s = gemm->linear(normed, hidden, num_rows, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter,
+                                  false, mode, stream);
+          !s)
+        return s;
+      if (Status s = kcu::silu_and_mul(gate_up, mlp, num_rows, inter, stream); !s) return s;
+      if (Status s = gemm->linear(mlp, inter, num_rows, inter, w.down, wdt, hidden, residual, hidden, true, mode,
+                                  stream);
+          !s)
+        return s;
+    }
+    if (num_logits == 0) return Status::ok_status();
+    if (Status s = kcu::rms_norm_rows(residual, hidden, logits_rows, num_logits, final_norm, logits_in, hidden, hidden,
+                                      eps, stream);
+        !s)
+      return s;
+    return gemm->linear(logits_in, hidden, num_logits, hidden, lm_head, wdt, c.vocab_size, logits, c.vocab_size,
+                        false, mode, stream);
+  }
+
+  /// Writes padding rows [from, to) of a decode batch into the host mirror:
+  /// token 0 at position 0, no KV slot, a one-token context on block 0.
+  void pad_decode_rows(int from, int to) {
+    auto* tok = host<std::int32_t>(off_tokens);
+    auto* pos = host<std::int32_t>(off_positions);
+    auto* slot = host<std::int32_t>(off_slots);
+    auto* lrows = host<std::int32_t>(off_logits_rows);
+    auto* seq = host<kcu::AttentionSeq>(off_seqs);
+    for (int i = from; i < to; ++i) {
+      tok[i] = 0;
+      pos[i] = 0;
+      slot[i] = -1;
+      lrows[i] = i;
+      seq[i] = kcu::AttentionSeq{i, 1, 1, dev<std::int32_t>(off_pad_table)};
+    }
+  }
+
+  Status upload_decode_rows(int rows) {
+    const auto n = static_cast<std::size_t>(rows);
+    for (std::size_t off : {off_tokens, off_positions, off_slots, off_logits_rows})
+      if (Status s = copy_meta(off, n * sizeof(std::int32_t)); !s) return s;
+    return copy_meta(off_seqs, n * sizeof(kcu::AttentionSeq));
+  }
+
+  /// Captures one decode graph per batch size (after an eager warm-up of the
+  /// same shape, so cuBLASLt has chosen its algorithms outside the capture).
+  Status capture_graphs(const std::vector<int>& sizes) {
+    for (int b : sizes) {
+      pad_decode_rows(0, b);
+      if (Status s = upload_decode_rows(b); !s) return s;
+      if (Status s = forward(b, b, 1, o.max_model_len, b); !s) return s;
+      if (Status s = cuda_status("graph warm-up", cudaStreamSynchronize(stream)); !s) return s;
+      if (Status s = cuda_status("begin capture", cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)); !s)
+        return s;
+      const Status fwd = forward(b, b, 1, o.max_model_len, b);
+      cudaGraph_t graph = nullptr;
+      const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+      if (!fwd) {
+        if (graph != nullptr) (void)cudaGraphDestroy(graph);
+        return fwd;
+      }
+      if (Status s = cuda_status("end capture", end); !s) return s;
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      (void)cudaGraphDestroy(graph);
+      if (Status s = cuda_status("graph instantiate", inst); !s) return s;
+      graphs.emplace(b, exec);
+    }
+    return cuda_status("graph capture", cudaStreamSynchronize(stream));
+  }
+};
+
+CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options)
+    : impl_(std::move(impl)), config_(std::move(config)), options_(std::move(options)) {}
+
+CudaModelRunner::~CudaModelRunner() {
+  if (impl_) (void)cudaSetDevice(options_.device_index);
+}
+
+std::vector<int> CudaModelRunner::captured_batch_sizes() const {
+  std::vector<int> out;
+  for (const auto& [b, g] : impl_->graphs) out.push_back(b);
+  return out;
+}
+
+Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr<const ModelWeights> weights,
+                                                                 const CudaRunnerOptions& options) {
+  const auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "cuda runner: " + m); };
+  if (!weights) return bad("no weights");
+  const ModelConfig& c = weights->config;
+  CudaRunnerOptions o = options;
+  if (o.num_kv_blocks <= 0 || o.block_size <= 0) return bad("num_kv_blocks and block_size must be > 0");
+  if (o.max_num_batched_tokens <= 0 || o.max_num_seqs <= 0 || o.max_model_len <= 0)
+    return bad("max_num_batched_tokens, max_num_seqs and max_model_len must be > 0");
+  if (o.kv_cache_dtype != DType::f32 && o.kv_cache_dtype != DType::bf16)
+    return bad(std::string("KV cache dtype ") + dtype_name(o.kv_cache_dtype) + " not supported (f32 or bf16)");
+  if (!kcu::attention_head_dim_supported(c.head_dim))
+    return bad("head_dim " + std::to_string(c.head_dim) + " not supported by the CUDA attention (1 to 256)");
+  if (c.num_attention_heads % c.num_key_value_heads != 0) return bad("num_heads is not a multiple of num_kv_heads");
+  for (int b : o.cuda_graph_batch_sizes)
+    if (b <= 0 || b > o.max_num_seqs) return bad("CUDA graph batch size " + std::to_string(b) + " outside [1, max_num_seqs]");
+  if (o.cuda_graph_batch_sizes.empty()) o.cuda_graph_batch_sizes = default_cuda_graph_batch_sizes(o.max_num_seqs);
+  std::sort(o.cuda_graph_batch_sizes.begin(), o.cuda_graph_batch_sizes.end());
+  o.cuda_graph_batch_sizes.erase(std::unique(o.cuda_graph_batch_sizes.begin(), o.cuda_graph_batch_sizes.end()),
+                                 o.cuda_graph_batch_sizes.end());
+
+  int count = 0;
+  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_error(ErrorCode::not_found, std::string("cuda:") + std::to_string(o.device_index) +
+                                                ": no CUDA device (" + cudaGetErrorString(err) + ")");
+  }
+  if (o.device_index < 0 || o.device_index >= count)
+    return make_error(ErrorCode::not_found, "cuda:" + std::to_string(o.device_index) + ": only " +
+                                                std::to_string(count) + " CUDA device(s)");
+  if (Status s = cuda_status("set device", cudaSetDevice(o.device_index)); !s) return s.error();
+
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.c = c;
+  m.o = o;
+  m.mode = o.deterministic ? kcu::GemmMode::batch_invariant : kcu::GemmMode::fast;
+  const DType wdt = o.weight_dtype;
+  if (wdt != DType::f32 && wdt != DType::bf16 && wdt != DType::f16)
+    return bad(std::string("weight dtype ") + dtype_name(wdt) + " not supported");
+  m.wdt = wdt;
+  if (Status s = cuda_status("stream", cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking)); !s)
+    return s.error();
+
+  const int hidden = c.hidden_size;
+  const int hd = c.head_dim;
+  m.qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
+  const int inter = c.intermediate_size;
+
+  // ---- weights: one arena -------------------------------------------------
+  struct Upload {
+    std::size_t off;
+    const void* src;
+    DType src_dtype;
+    std::size_t count;
+    bool matrix;  // converted to wdt; vectors stay F32
+  };
+  std::vector<Upload> uploads;
+  Layout wl;
+  const auto add_matrix = [&](const Matrix& mat) -> std::size_t {
+    const std::size_t n = static_cast<std::size_t>(mat.rows) * mat.cols;
+    const std::size_t off = wl.take(n * dtype_size(wdt));
+    uploads.push_back({off, mat.data, mat.dtype, n, true});
+    return off;
+  };
+  const auto add_vector = [&](const Vector& v) -> std::size_t {
+    const std::size_t off = wl.take(static_cast<std::size_t>(v.size) * sizeof(float));
+    uploads.push_back({off, v.data, DType::f32, static_cast<std::size_t>(v.size), false});
+    return off;
+  };
+  struct LayerOffsets {
+    std::size_t input_norm, qkv, qkv_bias = SIZE_MAX, q_norm = SIZE_MAX, k_norm = SIZE_MAX, o_proj, post, gate_up,
+                                 down;
+  };
+  std::vector<LayerOffsets> lo;
+  const std::size_t embed_off = add_matrix(weights->embed_tokens);
+  for (const LayerWeights& lw : weights->layers) {
+    LayerOffsets x{};
+    x.qkv_bias = x.q_norm = x.k_norm = SIZE_MAX;
+    x.input_norm = add_vector(lw.input_norm);
+    x.qkv = add_matrix(lw.qkv);
+    if (!lw.qkv_bias.empty()) x.qkv_bias = add_vector(lw.qkv_bias);
+    if (!lw.q_norm.empty()) x.q_norm = add_vector(lw.q_norm);
+    if (!lw.k_norm.empty()) x.k_norm = add_vector(lw.k_norm);
+    x.o_proj = add_matrix(lw.o_proj);
+    x.post = add_vector(lw.post_attention_norm);
+    x.gate_up = add_matrix(lw.gate_up);
+    x.down = add_matrix(lw.down_proj);
+    lo.push_back(x);
+  }
+  const bool tied = weights->lm_head.data == weights->embed_tokens.data;
+  const std::size_t lm_off = tied ? embed_off : add_matrix(weights->lm_head);
+  const std::size_t norm_off = add_vector(weights->final_norm);
+  const std::vector<float> inv_freq = kernels::cpu::rope_inv_freq(rope_params_for(c));
+  const std::size_t freq_off = wl.take(inv_freq.size() * sizeof(float));
+  uploads.push_back({freq_off, inv_freq.data(), DType::f32, inv_freq.size(), false});
+
+  {
+    auto buf = kcu::DeviceBuffer::allocate(wl.bytes);
+    if (!buf) return make_error(buf.error().code, "model weights (" + std::to_string(wl.bytes) + " bytes): " +
+                                                      buf.error().message);
+    m.weights = std::move(buf).value();
+  }
+  std::vector<char> staging;
+  for (const Upload& u : uploads) {
+    const DType dst = u.matrix ? wdt : DType::f32;
+    const std::size_t bytes = u.count * dtype_size(dst);
+    const void* src = u.src;
+    if (u.src_dtype != dst) {
+      staging.resize(bytes);
+      convert_matrix(u.src, u.src_dtype, u.count, dst, staging.data());
+      src = staging.data();
+    }
+    if (Status s = cuda_status("weight upload", cudaMemcpy(m.weights.as<char>() + u.off, src, bytes,
+                                                           cudaMemcpyHostToDevice));
+        !s)
+      return s.error();
+  }
+  staging = {};
+  char* wbase = m.weights.as<char>();
+  const auto fptr = [&](std::size_t off) { return off == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(wbase + off); };
+  m.embed = wbase + embed_off;
+  m.lm_head = wbase + lm_off;
+  m.final_norm = fptr(norm_off);
+  m.inv_freq = fptr(freq_off);
+  for (const LayerOffsets& x : lo) {
+    DeviceLayer d;
+    d.input_norm = fptr(x.input_norm);
+    d.qkv = wbase + x.qkv;
+    d.qkv_bias = fptr(x.qkv_bias);
+    d.q_norm = fptr(x.q_norm);
+    d.k_norm = fptr(x.k_norm);
+    d.o_proj = wbase + x.o_proj;
+    d.post_attention_norm = fptr(x.post);
+    d.gate_up = wbase + x.gate_up;
+    d.down = wbase + x.down;
+    m.layers.push_back(d);
+  }
+
+  // ---- KV cache -------------------------------------------------------------
+  m.kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * c.num_key_value_heads * o.block_size * hd *
+                     dtype_size(o.kv_cache_dtype);
+  const std::size_t kv_bytes = 2 * m.kv_layer_bytes * m.layers.size();
+  {
+    auto buf = kcu::DeviceBuffer::allocate(kv_bytes);
+    if (!buf) return make_error(buf.error().code, "KV cache (" + std::to_string(o.num_kv_blocks) + " blocks, " +
+                                                      std::to_string(kv_bytes) + " bytes): " + buf.error().message);
+    m.kv = std::move(buf).value();
+    if (Status s = m.kv.fill_bytes(0); !s) return s.error();
+  }
+
+  // ---- activations ------------------------------------------------------------
+  m.seqs_cap = o.max_num_seqs;
+  m.rows_cap = std::max(o.max_num_batched_tokens, o.max_num_seqs);
+  m.max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
+  const auto rows = static_cast<std::size_t>(m.rows_cap);
+  const auto seqs = static_cast<std::size_t>(m.seqs_cap);
+  Layout al;
+  const std::size_t a_res = al.take(rows * hidden * 4), a_norm = al.take(rows * hidden * 4),
+                    a_qkv = al.take(rows * m.qkv_rows * 4), a_attn = al.take(rows * c.num_attention_heads * hd * 4),
+                    a_gu = al.take(rows * 2 * inter * 4), a_mlp = al.take(rows * inter * 4),
+                    a_lin = al.take(seqs * hidden * 4), a_log = al.take(seqs * c.vocab_size * 4);
+  {
+    auto buf = kcu::DeviceBuffer::allocate(al.bytes);
+    if (!buf) return make_error(buf.error().code, "activations (" + std::to_string(al.bytes) + " bytes): " +
+                                                      buf.error().message);
+    m.act = std::move(buf).value();
+  }
+  char* abase = m.act.as<char>();
+  m.residual = reinterpret_cast<float*>(abase + a_res);
+  m.normed = reinterpret_cast<float*>(abase + a_norm);
+  m.qkv = reinterpret_cast<float*>(abase + a_qkv);
+  m.attn = reinterpret_cast<float*>(abase + a_attn);
+  m.gate_up = reinterpret_cast<float*>(abase + a_gu);
+  m.mlp = reinterpret_cast<float*>(abase + a_mlp);
+  m.logits_in = reinterpret_cast<float*>(abase + a_lin);
+  m.logits = reinterpret_cast<float*>(abase + a_log);
+
+  const std::size_t ws_bytes = kcu::paged_attention_workspace_bytes(m.seqs_cap, c.num_attention_heads, hd, o.max_model_len);
+  {
+    auto buf = kcu::DeviceBuffer::allocate(ws_bytes);
+    if (!buf) return make_error(buf.error().code, "attention workspace: " + buf.error().message);
+    m.workspace = std::move(buf).value();
+  }
+
+  // ---- step metadata (fixed addresses) ------------------------------------------
+  Layout ml;
+  m.off_tokens = ml.take(rows * 4);
+  m.off_positions = ml.take(rows * 4);
+  m.off_slots = ml.take(rows * 4);
+  m.off_logits_rows = ml.take(seqs * 4);
+  m.off_seqs = ml.take(seqs * sizeof(kcu::AttentionSeq));
+  m.off_tables = ml.take(seqs * static_cast<std::size_t>(m.max_blocks) * 4);
+  m.off_pad_table = ml.take(4);
+  m.off_sample_rows = ml.take(seqs * sizeof(kcu::SampleRow));
+  m.off_sampled = ml.take(seqs * 4);
+  {
+    auto buf = kcu::DeviceBuffer::allocate(ml.bytes);
+    if (!buf) return make_error(buf.error().code, "step metadata: " + buf.error().message);
+    m.meta = std::move(buf).value();
+    if (Status s = m.meta.fill_bytes(0); !s) return s.error();  // the pad table's block 0
+  }
+  if (Status s = cuda_status("pinned metadata", cudaMallocHost(&m.meta_host, ml.bytes)); !s) return s.error();
+  std::memset(m.meta_host, 0, ml.bytes);
+
+  {
+    auto g = kcu::GemmContext::create(m.rows_cap, std::max({hidden, inter, c.num_attention_heads * hd}));
+    if (!g) return g.error();
+    m.gemm = std::move(g).value();
+  }
+
+  if (o.cuda_graphs) {
+    if (Status s = m.capture_graphs(o.cuda_graph_batch_sizes); !s) {
+      // Graphs are an optimisation: run eagerly and say why.
+      for (auto& [b, g] : m.graphs) (void)cudaGraphExecDestroy(g);
+      m.graphs.clear();
+      m.graph_error = s.error().message;
+      (void)cudaGetLastError();
+      (void)cudaStreamSynchronize(m.stream);
+    }
+  }
+
+  auto runner = std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(impl), c, o));
+  runner->weight_bytes_ = wl.bytes;
+  runner->kv_cache_bytes_ = kv_bytes;
+  return runner;
+}
+
+const std::string& CudaModelRunner::graph_capture_error() const { return impl_->graph_error; }
+
+Result<engine::StepOutput> CudaModelRunner::execute(const engine::StepInput& in) {
+  Impl& m = *impl_;
+  const auto t0 = Clock::now();
+  last_stats_ = CudaStepStats{};
+  if (Status s = validate_step(in, config_.vocab_size, options_.num_kv_blocks, options_.block_size); !s)
+    return s.error();
+  engine::StepOutput out;
+  out.vocab_size = config_.vocab_size;
+  const int n = in.num_tokens();
+  const int num_seqs = static_cast<int>(in.seqs.size());
+  const int num_logits = in.num_logits();
+  const auto bad = [](const std::string& msg) { return make_error(ErrorCode::invalid_argument, "step: " + msg); };
+  if (!in.sampling.empty() && static_cast<int>(in.sampling.size()) != num_logits)
+    return bad("sampling has " + std::to_string(in.sampling.size()) + " rows for " + std::to_string(num_logits) +
+               " logits rows");
+  if (n == 0) return out;
+  if (n > m.rows_cap) return bad(std::to_string(n) + " tokens > max_num_batched_tokens " + std::to_string(m.rows_cap));
+  if (num_seqs > m.seqs_cap || num_logits > m.seqs_cap)
+    return bad(std::to_string(num_seqs) + " sequences / " + std::to_string(num_logits) + " logits rows > max_num_seqs " +
+               std::to_string(m.seqs_cap));
+  if (Status s = cuda_status("set device", cudaSetDevice(options_.device_index)); !s) return s.error();
+
+  // ---- pack the metadata into the pinned mirror ------------------------------
+  std::memcpy(m.host<std::int32_t>(m.off_tokens), in.token_ids.data(), static_cast<std::size_t>(n) * 4);
+  std::memcpy(m.host<std::int32_t>(m.off_positions), in.positions.data(), static_cast<std::size_t>(n) * 4);
+  std::memcpy(m.host<std::int32_t>(m.off_slots), in.slot_mapping.data(), static_cast<std::size_t>(n) * 4);
+  std::memcpy(m.host<std::int32_t>(m.off_logits_rows), in.logits_rows.data(), static_cast<std::size_t>(num_logits) * 4);
+  auto* seqs = m.host<kcu::AttentionSeq>(m.off_seqs);
+  auto* tables = m.host<std::int32_t>(m.off_tables);
+  int row = 0, max_num_q = 0, max_ctx = 0;
+  bool decode_only = true;
+  for (int i = 0; i < num_seqs; ++i) {
+    const engine::StepSeq& s = in.seqs[static_cast<std::size_t>(i)];
+    const int ctx = s.num_computed_tokens + s.num_new_tokens;
+    if (ctx > options_.max_model_len)
+      return bad("sequence " + std::to_string(s.seq_id) + " reaches " + std::to_string(ctx) +
+                 " tokens > max_model_len " + std::to_string(options_.max_model_len));
+    const int nblocks = (ctx + options_.block_size - 1) / options_.block_size;
+    std::memcpy(tables + static_cast<std::size_t>(i) * m.max_blocks, s.block_table.data(),
+                static_cast<std::size_t>(nblocks) * 4);
+    seqs[i] = kcu::AttentionSeq{row, s.num_new_tokens, ctx,
+                                m.dev<std::int32_t>(m.off_tables) + static_cast<std::size_t>(i) * m.max_blocks};
+    row += s.num_new_tokens;
+    max_num_q = std::max(max_num_q, s.num_new_tokens);
+    max_ctx = std::max(max_ctx, ctx);
+    decode_only = decode_only && s.num_new_tokens == 1 && s.needs_logits;
+  }
+  // A decode step of every sequence, logits in row order: a graph fits.
+  int graph_batch = 0;
+  if (decode_only && num_logits == num_seqs) {
+    const auto it = m.graphs.lower_bound(num_seqs);
+    if (it != m.graphs.end()) graph_batch = it->first;
+  }
+  if (graph_batch > 0) m.pad_decode_rows(num_seqs, graph_batch);
+  const int rows_up = std::max(n, graph_batch);
+  const int seqs_up = std::max(num_seqs, graph_batch);
+  for (std::size_t off : {m.off_tokens, m.off_positions, m.off_slots})
+    if (Status s = m.copy_meta(off, static_cast<std::size_t>(rows_up) * 4); !s) return s.error();
+  if (Status s = m.copy_meta(m.off_logits_rows, static_cast<std::size_t>(std::max(num_logits, graph_batch)) * 4); !s)
+    return s.error();
+  if (Status s = m.copy_meta(m.off_seqs, static_cast<std::size_t>(seqs_up) * sizeof(kcu::AttentionSeq)); !s)
+    return s.error();
+  if (Status s = m.copy_meta(m.off_tables, static_cast<std::size_t>(num_seqs) * m.max_blocks * 4); !s) return s.error();
+  last_stats_.upload_ms = ms_since(t0);
+
+  // ---- forward ---------------------------------------------------------------------
+  const auto t1 = Clock::now();
+  if (graph_batch > 0) {
+    last_stats_.used_graph = true;
+    last_stats_.padded_batch = graph_batch;
+    if (Status s = cuda_status("graph launch", cudaGraphLaunch(m.graphs.at(graph_batch), m.stream)); !s)
+      return s.error();
+  } else {
+    if (Status s = m.forward(n, num_seqs, max_num_q, max_ctx, num_logits); !s) return s.error();
+  }
+
+  // ---- sampling or logits ------------------------------------------------------------
+  const std::size_t vocab = static_cast<std::size_t>(config_.vocab_size);
+  if (num_logits > 0 && !in.sampling.empty()) {
+    std::vector<std::int32_t>& extra = m.extra_host;  // penalty ids, output counts and masked ids of every row
+    extra.clear();
+    struct Spans {
+      std::size_t ids = 0, counts = 0, masked = 0;
+      int num_ids = 0, num_masked = 0;
+    };
+    std::vector<Spans> spans(static_cast<std::size_t>(num_logits));
+    for (int i = 0; i < num_logits; ++i) {
+      const engine::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
+      Spans& sp = spans[static_cast<std::size_t>(i)];
+      if (has_penalties(*rs.params)) {
+        const kcu::PenaltyList pl = kcu::make_penalty_list(rs.ctx.prompt_ids, rs.ctx.output_ids, config_.vocab_size);
+        sp.num_ids = static_cast<int>(pl.ids.size());
+        sp.ids = extra.size();
+        extra.insert(extra.end(), pl.ids.begin(), pl.ids.end());
+        sp.counts = extra.size();
+        extra.insert(extra.end(), pl.output_counts.begin(), pl.output_counts.end());
+      }
+      if (rs.params->min_tokens > 0 && static_cast<int>(rs.ctx.output_ids.size()) < rs.params->min_tokens) {
+        sp.num_masked = static_cast<int>(rs.ctx.min_tokens_masked_ids.size());
+        sp.masked = extra.size();
+        extra.insert(extra.end(), rs.ctx.min_tokens_masked_ids.begin(), rs.ctx.min_tokens_masked_ids.end());
+      }
+    }
+    if (extra.size() * 4 > m.sample_ids.size_bytes()) {
+      if (Status s = cuda_status("sync", cudaStreamSynchronize(m.stream)); !s) return s.error();
+      m.sample_ids.reset();
+      auto buf = kcu::DeviceBuffer::allocate(std::max<std::size_t>(extra.size() * 4 * 2, 1 << 16));
+      if (!buf) return buf.error();
+      m.sample_ids = std::move(buf).value();
+    }
+    const auto* extra_dev = m.sample_ids.as<std::int32_t>();
+    auto* rows_host = m.host<kcu::SampleRow>(m.off_sample_rows);
+    for (int i = 0; i < num_logits; ++i) {
+      const engine::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
+      const Spans& sp = spans[static_cast<std::size_t>(i)];
+      kcu::SampleRow r = kcu::make_sample_row(*rs.params, rs.ctx);
+      if (sp.num_ids > 0) {
+        r.penalty_ids = extra_dev + sp.ids;
+        r.output_counts = extra_dev + sp.counts;
+        r.num_penalty_ids = sp.num_ids;
+      }
+      if (sp.num_masked > 0) {
+        r.masked_ids = extra_dev + sp.masked;
+        r.num_masked_ids = sp.num_masked;
+      }
+      rows_host[i] = r;
+    }
+    // `extra` lives in the runner until the next step, after this one's sync.
+    if (!extra.empty())
+      if (Status s = cuda_status("sampling ids", cudaMemcpyAsync(m.sample_ids.data(), extra.data(), extra.size() * 4,
+                                                                 cudaMemcpyHostToDevice, m.stream));
+          !s)
+        return s.error();
+    if (Status s = m.copy_meta(m.off_sample_rows, static_cast<std::size_t>(num_logits) * sizeof(kcu::SampleRow)); !s)
+      return s.error();
+    if (Status s = kcu::sample(m.logits, num_logits, config_.vocab_size, m.dev<kcu::SampleRow>(m.off_sample_rows),
+                               m.dev<std::int32_t>(m.off_sampled), m.stream);
+        !s)
+      return s.error();
+    if (Status s = cuda_status("sampled ids", cudaMemcpyAsync(m.host<std::int32_t>(m.off_sampled),
+                                                              m.dev<std::int32_t>(m.off_sampled),
+                                                              static_cast<std::size_t>(num_logits) * 4,
+                                                              cudaMemcpyDeviceToHost, m.stream));
+        !s)
+      return s.error();
+    if (Status s = cuda_status("step", cudaStreamSynchronize(m.stream)); !s) return s.error();
+    const auto* ids = m.host<std::int32_t>(m.off_sampled);
+    out.sampled_token_ids.assign(ids, ids + num_logits);
+  } else {
+    out.logits.resize(static_cast<std::size_t>(num_logits) * vocab);
+    if (num_logits > 0)
+      if (Status s = cuda_status("logits copy", cudaMemcpyAsync(out.logits.data(), m.logits,
+                                                                out.logits.size() * sizeof(float),
+                                                                cudaMemcpyDeviceToHost, m.stream));
+          !s)
+        return s.error();
+    if (Status s = cuda_status("step", cudaStreamSynchronize(m.stream)); !s) return s.error();
+  }
+  last_stats_.forward_ms = ms_since(t1);
+  return out;
+}
+
+}  // namespace shardline::model

@@ -1,0 +1,140 @@
+#pragma once
+/// \file
+/// The Llama / Qwen2 / Qwen3 forward pass on one NVIDIA GPU over a paged KV
+/// cache: the `engine::ModelExecutor` a `cuda:N` device runs. The same
+/// forward as model/shard_runner.hpp's whole-model shard (and the same KV
+/// layout, step contract and sampling rules), built from the kernels of
+/// kernels/cuda/:
+///
+///   embedding -> per layer: RMSNorm -> QKV GEMM (+bias) -> [Qwen3 q/k
+///   RMSNorm] -> RoPE -> KV scatter -> paged attention (FlashAttention-2
+///   prefill / Flash-Decoding decode) -> o_proj GEMM accumulated into the
+///   residual -> RMSNorm -> gate_up GEMM -> SwiGLU -> down GEMM accumulated
+///   into the residual; then the final RMSNorm of the rows whose logits are
+///   needed -> lm_head GEMM -> logits [num_logits, vocab] F32 -> optionally
+///   batched sampling on the device (kernels/cuda/sampling.hpp).
+///
+/// Device memory (all cudaMalloc, sized once at create()):
+///  - weights: one arena, matrices in `weight_dtype` (F32 / BF16 / F16;
+///    converted on the host while uploading), norms and biases F32; a tied
+///    lm_head is the embedding table;
+///  - KV cache: [layers, 2, num_kv_blocks, ...] in the layout of
+///    cpu::KvCacheLayer, `kv_cache_dtype` F32 or BF16;
+///  - activations for max(max_num_batched_tokens, largest graph batch) rows,
+///    logits for max_num_seqs rows, the decode split workspace;
+///  - step metadata at fixed addresses (so captured graphs can replay it),
+///    written each step from a pinned host mirror.
+/// engine/gpu_memory_plan.hpp decides num_kv_blocks from what is free.
+///
+/// CUDA graphs: decode-only steps (every sequence has one new token and
+/// needs its logits) whose batch fits a captured size run as one graph
+/// launch (vLLM's approach: the batch is padded to the next captured size;
+/// padded rows write no KV and their logits are dropped). Mixed and prefill
+/// steps run eagerly (their GEMMs dominate the launch overhead).
+///
+/// Determinism: with `deterministic`, every GEMM uses
+/// kernels::cuda::GemmMode::batch_invariant; every other kernel is
+/// batch-invariant already (one CTA per row / per (split, head, sequence)
+/// with fixed reduction orders, splits a function of the context length
+/// only). A request's logits are then bit-identical alone or in any batch,
+/// eager or through a graph. Without it, cuBLASLt chooses algorithms by
+/// shape, so logits can differ in the last bits with the batch size.
+///
+/// Threading: not thread-safe; one caller (the worker) at a time. The runner
+/// owns a non-blocking CUDA stream; execute() returns after the step's
+/// results are on the host.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/result.hpp"
+#include "engine/step.hpp"
+#include "model/weights.hpp"
+
+namespace shardline::model {
+
+struct CudaRunnerOptions {
+  int device_index = 0;              ///< cuda:N
+  int num_kv_blocks = 0;             ///< blocks of the paged KV cache (> 0)
+  int block_size = 16;               ///< tokens per KV block
+  DType weight_dtype = DType::bf16;  ///< matrices on the device: f32 (golden tests), bf16 or f16
+  DType kv_cache_dtype = DType::bf16;  ///< f32 or bf16
+  int max_num_batched_tokens = 2048;  ///< rows of one step at most
+  int max_num_seqs = 256;             ///< sequences (and logits rows) of one step at most
+  int max_model_len = 4096;           ///< tokens of one sequence at most
+  bool deterministic = false;         ///< batch-invariant GEMMs (see the file comment)
+  bool cuda_graphs = true;            ///< capture decode steps
+  /// Decode batch sizes to capture; empty = 1, 2, 4, 8, 16, 24, ... (steps
+  /// of 8) up to max_num_seqs, as vLLM does.
+  std::vector<int> cuda_graph_batch_sizes;
+};
+
+/// Where a step went on the device, for benchmarks (ms of host wall time).
+struct CudaStepStats {
+  bool used_graph = false;  ///< the step replayed a captured decode graph
+  int padded_batch = 0;     ///< rows the graph ran (>= the step's rows)
+  double upload_ms = 0;     ///< host packing + metadata copy enqueue
+  double forward_ms = 0;    ///< forward + logits (enqueue to the end of the D2H copy)
+};
+
+class CudaModelRunner final : public engine::ModelExecutor {
+ public:
+  /// Uploads the weights, allocates the KV cache and workspaces on device
+  /// `options.device_index`, and captures the decode graphs.
+  /// Errors: invalid_argument (non-positive sizes, dtypes not supported:
+  /// weight f32/bf16/f16, KV f32/bf16; head_dim outside 1..256);
+  /// not_found (no such device, or no driver: with the CUDA message);
+  /// out_of_memory (a device allocation failed: names what and how many
+  /// bytes); internal (a CUDA or cuBLAS call failed).
+  [[nodiscard]] static Result<std::unique_ptr<CudaModelRunner>> create(
+      std::shared_ptr<const ModelWeights> weights, const CudaRunnerOptions& options);
+  ~CudaModelRunner() override;
+  CudaModelRunner(const CudaModelRunner&) = delete;
+  CudaModelRunner& operator=(const CudaModelRunner&) = delete;
+
+  /// Runs one step. With input.sampling (one entry per logits row) it samples
+  /// on the device and returns sampled_token_ids; otherwise the logits.
+  /// Errors: invalid_argument (model::validate_step's checks; more tokens,
+  /// sequences or context than the options allow); internal (CUDA).
+  [[nodiscard]] Result<engine::StepOutput> execute(const engine::StepInput& input) override;
+
+  [[nodiscard]] int vocab_size() const override { return config_.vocab_size; }
+  [[nodiscard]] int num_kv_blocks() const override { return options_.num_kv_blocks; }
+  [[nodiscard]] int block_size() const override { return options_.block_size; }
+  [[nodiscard]] bool samples_on_device() const override { return true; }
+
+  [[nodiscard]] const ModelConfig& config() const { return config_; }
+  [[nodiscard]] const CudaRunnerOptions& options() const { return options_; }
+  /// Bytes of weights on the device (matrices in weight_dtype, vectors F32).
+  [[nodiscard]] std::size_t weight_bytes() const { return weight_bytes_; }
+  /// Bytes of the KV cache (K and V, all layers).
+  [[nodiscard]] std::size_t kv_cache_bytes() const { return kv_cache_bytes_; }
+  /// Decode batch sizes with a captured graph, ascending.
+  [[nodiscard]] std::vector<int> captured_batch_sizes() const;
+  /// Why decode graphs were not captured ("" when they were, or were off):
+  /// a failed capture leaves the runner working eagerly.
+  [[nodiscard]] const std::string& graph_capture_error() const;
+  /// The last step's statistics.
+  [[nodiscard]] const CudaStepStats& last_step_stats() const { return last_stats_; }
+
+ private:
+  struct Impl;
+  explicit CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options);
+
+  std::unique_ptr<Impl> impl_;
+  ModelConfig config_;
+  CudaRunnerOptions options_;
+  std::size_t weight_bytes_ = 0;
+  std::size_t kv_cache_bytes_ = 0;
+  CudaStepStats last_stats_;
+};
+
+/// The default decode graph batch sizes for max_num_seqs (see
+/// CudaRunnerOptions::cuda_graph_batch_sizes).
+[[nodiscard]] std::vector<int> default_cuda_graph_batch_sizes(int max_num_seqs);
+
+}  // namespace shardline::model

@@ -1,0 +1,294 @@
+// The CUDA runner through the whole engine on the shipped stories260K
+// (model/cuda/cuda_runner.hpp): FP32 weights give the reference greedy ids and
+// top-5 logits; the deterministic mode gives logits bit-identical alone and
+// in a batch of 64 (eager prefill, graph decode at any batch size); the
+// device sampler draws the ids the CPU sampler draws from the same logits;
+// bad steps are refused without breaking the runner. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "engine/engine_builder.hpp"
+#include "kernels/cuda/device.hpp"
+#include "model/cuda/cuda_runner.hpp"
+#include "tests/support/stories_reference.hpp"
+
+namespace shardline::engine {
+namespace {
+
+constexpr int kMaxTokens = 48;
+using testing_support::kStoriesDir;
+
+class CudaRunnerGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const kernels::cuda::DeviceQuery q = kernels::cuda::query_devices();
+    if (q.devices.empty()) GTEST_SKIP() << "no CUDA device: " << q.error;
+  }
+
+  static EngineInstance make(int max_num_batched_tokens, bool deterministic, bool capture_logits,
+                             DType dtype = DType::f32, bool graphs = true) {
+    EngineOptions o;
+    o.model_dir = kStoriesDir;
+    o.device = DeviceKind::cuda;
+    o.dtype = dtype;
+    o.kv_cache_dtype = DType::f32;
+    o.gpu_memory_utilization = 0.5;
+    o.kv_cache_bytes = 8u << 20;
+    o.max_num_seqs = 64;
+    o.max_num_batched_tokens = max_num_batched_tokens;
+    o.deterministic = deterministic;
+    o.cuda_graphs = graphs;
+    o.capture_logits = capture_logits;
+    o.check_integrity = true;
+    auto e = build_engine(o);
+    EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+    return std::move(e).value();
+  }
+};
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = kMaxTokens;
+  return p;
+}
+
+std::map<std::uint64_t, RequestOutput> run_all(LlmEngine& engine) {
+  std::map<std::uint64_t, RequestOutput> out;
+  while (engine.has_unfinished()) {
+    auto step = engine.step();
+    EXPECT_TRUE(step.ok()) << (step.ok() ? "" : step.error().to_string());
+    if (!step.ok()) break;
+    for (auto& o : *step) out[o.request_id] = std::move(o);
+  }
+  return out;
+}
+
+void add_fillers(LlmEngine& engine, const model::Tokenizer& tok, std::uint64_t first_id, int n) {
+  const char* starts[] = {"The cat", "A big dog ran to the", "Sam and Mia went to the park and", "One day",
+                          "There was a boy who liked to play with his red car in the"};
+  for (int i = 0; i < n; ++i) {
+    SamplingParams p;
+    p.temperature = 0.8f;
+    p.top_p = 0.9f;
+    p.seed = 1000 + static_cast<std::uint64_t>(i);
+    p.has_seed = true;
+    p.max_tokens = 20 + i % 40;
+    ASSERT_TRUE(engine.add_request(first_id + static_cast<std::uint64_t>(i), tok.encode(starts[i % 5], true), p).ok());
+  }
+}
+
+bool bit_identical(const RequestOutput& a, const RequestOutput& b) {
+  if (a.token_ids != b.token_ids || a.logits.size() != b.logits.size()) return false;
+  for (std::size_t s = 0; s < a.logits.size(); ++s)
+    if (a.logits[s].size() != b.logits[s].size() ||
+        std::memcmp(a.logits[s].data(), b.logits[s].data(), a.logits[s].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+void expect_reference(const testing_support::StoriesCase& ref, const RequestOutput& out, const std::string& where) {
+  ASSERT_EQ(out.token_ids, ref.generated_ids) << where;
+  EXPECT_EQ(ref.prompt + out.text, ref.full_text) << where;
+  ASSERT_EQ(out.logits.size(), static_cast<std::size_t>(kMaxTokens)) << where;
+  for (int s = 0; s < kMaxTokens; ++s)
+    testing_support::expect_top5(out.logits[s], ref.top5[s], where + " step " + std::to_string(s));
+}
+
+// FP32 weights and KV, cuBLAS FP32 (no TF32) and the batch-invariant GEMM:
+// the reference ids, text and top-5 logits within 1e-4.
+TEST_F(CudaRunnerGpu, Stories260KFp32GivesTheReference) {
+  const auto refs = testing_support::load_stories_reference();
+  ASSERT_EQ(refs.size(), 3u);
+  for (bool deterministic : {false, true})
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      EngineInstance e = make(2048, deterministic, true);
+      ASSERT_NE(e.device_runner, nullptr);
+      ASSERT_TRUE(e.engine->add_request(7, e.tokenizer->encode(refs[i].prompt, true), greedy()).ok());
+      auto outs = run_all(*e.engine);
+      ASSERT_EQ(outs.size(), 1u);
+      EXPECT_EQ(outs.at(7).prompt_token_ids, refs[i].prompt_ids);
+      expect_reference(refs[i], outs.at(7),
+                       std::string(deterministic ? "deterministic" : "fast") + " case " + std::to_string(i));
+    }
+}
+
+// Greedy ids from the device sampler (no logits captured) are the reference's.
+TEST_F(CudaRunnerGpu, DeviceGreedySamplingGivesTheReferenceIds) {
+  const auto refs = testing_support::load_stories_reference();
+  EngineInstance e = make(2048, false, false);
+  for (std::size_t i = 0; i < refs.size(); ++i)
+    ASSERT_TRUE(e.engine->add_request(i, e.tokenizer->encode(refs[i].prompt, true), greedy()).ok());
+  auto outs = run_all(*e.engine);
+  ASSERT_EQ(outs.size(), refs.size());
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    EXPECT_EQ(outs.at(i).token_ids, refs[i].generated_ids) << "case " << i;
+    EXPECT_TRUE(outs.at(i).logits.empty());
+  }
+}
+
+// Deterministic mode: the three reference requests inside a batch of 64 at
+// token budgets 7, 64 and 2048 (prefill chunked differently; decode through
+// graphs of other batch sizes) have logits bit-identical to running alone.
+TEST_F(CudaRunnerGpu, DeterministicModeIsBitIdenticalAloneAndBatched) {
+  const auto refs = testing_support::load_stories_reference();
+  std::vector<RequestOutput> alone;
+  for (const auto& r : refs) {
+    EngineInstance e = make(2048, true, true);
+    ASSERT_TRUE(e.engine->add_request(7, e.tokenizer->encode(r.prompt, true), greedy()).ok());
+    alone.push_back(run_all(*e.engine).at(7));
+  }
+  for (int budget : {64, 7, 2048}) {
+    EngineInstance e = make(budget, true, true);
+    for (std::size_t i = 0; i < refs.size(); ++i)
+      ASSERT_TRUE(e.engine->add_request(i, e.tokenizer->encode(refs[i].prompt, true), greedy()).ok());
+    add_fillers(*e.engine, *e.tokenizer, 100, 61);
+    auto outs = run_all(*e.engine);
+    ASSERT_EQ(outs.size(), 64u) << "budget " << budget;
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      const std::string where = "budget " + std::to_string(budget) + " case " + std::to_string(i);
+      expect_reference(refs[i], outs.at(i), where);
+      EXPECT_TRUE(bit_identical(outs.at(i), alone[i])) << where << ": logits differ from alone";
+    }
+  }
+}
+
+// Graph replay and eager decode compute the same logits (deterministic mode).
+TEST_F(CudaRunnerGpu, GraphAndEagerDecodeAgreeBitForBit) {
+  const auto refs = testing_support::load_stories_reference();
+  EngineInstance graphs = make(2048, true, true, DType::f32, true);
+  auto* runner = static_cast<model::CudaModelRunner*>(graphs.device_runner.get());
+  EXPECT_EQ(runner->graph_capture_error(), "");
+  EXPECT_FALSE(runner->captured_batch_sizes().empty());
+  EngineInstance eager = make(2048, true, true, DType::f32, false);
+  auto* eager_runner = static_cast<model::CudaModelRunner*>(eager.device_runner.get());
+  EXPECT_TRUE(eager_runner->captured_batch_sizes().empty());
+  for (EngineInstance* e : {&graphs, &eager}) {
+    for (std::size_t i = 0; i < refs.size(); ++i)
+      ASSERT_TRUE(e->engine->add_request(i, e->tokenizer->encode(refs[i].prompt, true), greedy()).ok());
+    add_fillers(*e->engine, *e->tokenizer, 100, 5);
+  }
+  int graph_steps = 0;
+  graphs.engine->set_step_callback([&](const StepStats&) { graph_steps += runner->last_step_stats().used_graph; });
+  const auto a = run_all(*graphs.engine);
+  const auto b = run_all(*eager.engine);
+  EXPECT_GT(graph_steps, 0) << "decode steps should replay graphs";
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [id, out] : a) EXPECT_TRUE(bit_identical(out, b.at(id))) << "request " << id;
+}
+
+// The device sampler draws exactly what engine::sample draws from the same
+// logits: penalties, min_tokens, top-k / top-p / min-p, seeded.
+TEST_F(CudaRunnerGpu, DeviceSamplingMatchesHostSamplingOnTheSameLogits) {
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 16; ++i) {
+    SamplingParams p;
+    p.max_tokens = 30;
+    p.temperature = i % 4 == 0 ? 0.0f : 0.7f + 0.1f * static_cast<float>(i % 3);
+    p.top_k = i % 3 == 1 ? 25 : 0;
+    p.top_p = i % 3 == 2 ? 0.85f : 1.0f;
+    p.min_p = i % 5 == 4 ? 0.05f : 0.0f;
+    p.repetition_penalty = i % 4 == 3 ? 1.2f : 1.0f;
+    p.presence_penalty = i % 6 == 5 ? 0.4f : 0.0f;
+    p.frequency_penalty = i % 7 == 6 ? 0.3f : 0.0f;
+    p.min_tokens = i % 8 == 7 ? 12 : 0;
+    p.seed = 500 + static_cast<std::uint64_t>(i);
+    p.has_seed = true;
+    params.push_back(p);
+  }
+  const char* prompts[] = {"Once upon a time", "The little girl", "Tom had a", "In the park"};
+  std::map<std::uint64_t, RequestOutput> outs[2];
+  for (int host = 0; host < 2; ++host) {
+    EngineInstance e = make(256, true, host == 1);  // capture_logits: sample on the host
+    for (std::size_t i = 0; i < params.size(); ++i)
+      ASSERT_TRUE(e.engine->add_request(i, e.tokenizer->encode(prompts[i % 4], true), params[i]).ok());
+    outs[host] = run_all(*e.engine);
+  }
+  ASSERT_EQ(outs[0].size(), params.size());
+  for (const auto& [id, out] : outs[1]) {
+    EXPECT_EQ(outs[0].at(id).token_ids, out.token_ids) << "request " << id;
+    EXPECT_EQ(outs[0].at(id).finish_reason, out.finish_reason) << "request " << id;
+  }
+}
+
+// BF16 weights (tensor cores) stay close to the FP32 reference: the top-1 of
+// the first steps is the reference's (later steps may drift on near-ties).
+TEST_F(CudaRunnerGpu, Bf16AndF16WeightsStayCloseToTheReference) {
+  const auto refs = testing_support::load_stories_reference();
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    EngineInstance e = make(2048, false, true, dtype);
+    ASSERT_TRUE(e.engine->add_request(1, e.tokenizer->encode(refs[0].prompt, true), greedy()).ok());
+    const RequestOutput out = run_all(*e.engine).at(1);
+    ASSERT_EQ(out.logits.size(), static_cast<std::size_t>(kMaxTokens));
+    for (int s = 0; s < 4; ++s) EXPECT_EQ(out.token_ids[s], refs[0].generated_ids[s]) << dtype_name(dtype) << " step " << s;
+    const float ref_top = refs[0].top5[0][0].second;
+    EXPECT_NEAR(out.logits[0][refs[0].top5[0][0].first], ref_top, 0.05f * std::max(1.0f, std::fabs(ref_top)))
+        << dtype_name(dtype);
+  }
+}
+
+// A step with an id outside the vocabulary is refused before anything runs;
+// the runner then runs a good step as if nothing happened.
+TEST_F(CudaRunnerGpu, BadStepIsRefusedAndTheRunnerGoesOn) {
+  EngineInstance e = make(2048, true, false);
+  ModelExecutor& x = *e.executor;
+  StepInput in;
+  in.block_size = x.block_size();
+  StepSeq s;
+  s.seq_id = 1;
+  s.num_new_tokens = 3;
+  s.needs_logits = true;
+  s.block_table = {0};
+  in.seqs = {s};
+  in.token_ids = {1, 9999, 3};
+  in.positions = {0, 1, 2};
+  in.slot_mapping = {0, 1, 2};
+  in.logits_rows = {2};
+  auto bad = x.execute(in);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(bad.error().message.find("9999"), std::string::npos) << bad.error().message;
+  in.token_ids = {1, 400, 3};
+  auto good = x.execute(in);
+  ASSERT_TRUE(good.ok()) << good.error().to_string();
+  EXPECT_EQ(good->logits.size(), static_cast<std::size_t>(x.vocab_size()));
+  // More rows than the runner holds (max(max_num_batched_tokens 16,
+  // max_num_seqs 64) = 64) is refused with the numbers.
+  EngineInstance small = make(16, true, false);
+  constexpr int kRows = 65;
+  StepInput big = in;
+  big.seqs[0].num_new_tokens = kRows;
+  big.seqs[0].block_table = {0, 1, 2, 3, 4};
+  big.token_ids.assign(kRows, 1);
+  big.positions.resize(kRows);
+  big.slot_mapping.resize(kRows);
+  for (int t = 0; t < kRows; ++t)
+    big.positions[static_cast<std::size_t>(t)] = big.slot_mapping[static_cast<std::size_t>(t)] = t;
+  big.logits_rows = {kRows - 1};
+  auto refused = small.executor->execute(big);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("max_num_batched_tokens"), std::string::npos) << refused.error().message;
+}
+
+// A model that cannot fit in --gpu-memory-utilization is refused before its
+// weights are loaded, with the sizes in GiB.
+TEST_F(CudaRunnerGpu, ModelThatDoesNotFitIsRefusedWithSizes) {
+  EngineOptions o;
+  o.model_dir = std::string(SHARDLINE_SOURCE_DIR) + "/bench/shapes/llama-3.1-8b";
+  if (!std::filesystem::exists(o.model_dir + "/config.json")) o.model_dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/llama-3.1-8b";
+  o.load_format = model::LoadFormat::dummy;
+  o.device = DeviceKind::cuda;
+  o.dtype = DType::bf16;
+  o.gpu_memory_utilization = 0.05;
+  auto e = build_engine(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().code, ErrorCode::out_of_memory);
+  EXPECT_NE(e.error().message.find("GiB"), std::string::npos) << e.error().message;
+}
+
+}  // namespace
+}  // namespace shardline::engine
