@@ -29,7 +29,7 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   const kernels::cuda::DeviceQuery q = kernels::cuda::query_devices();
   if (o.device_index < 0 || o.device_index >= static_cast<int>(q.devices.size()))
     return make_error(ErrorCode::not_found,
-                      "--devices cuda:" + std::to_string(o.device_index) + ": " +
+                      "cuda:" + std::to_string(o.device_index) + ": " +
                           (q.devices.empty() ? "no CUDA device (" + q.error + ")"
                                              : "only " + std::to_string(q.devices.size()) + " CUDA device(s)"));
   const kernels::cuda::DeviceInfo& d = q.devices[static_cast<std::size_t>(o.device_index)];
@@ -66,7 +66,7 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   const bool cuda = o.device == DeviceKind::cuda;
   if (cuda) {
 #if !SHARDLINE_HAVE_CUDA
-    return make_error(ErrorCode::unsupported, "--devices cuda:" + std::to_string(o.device_index) +
+    return make_error(ErrorCode::unsupported, "cuda:" + std::to_string(o.device_index) +
                                                   ": this build has no CUDA backend (configure with SHARDLINE_CUDA=ON "
                                                   "where nvcc is installed)");
 #endif

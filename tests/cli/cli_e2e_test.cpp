@@ -3,7 +3,6 @@
 // bad flags give a clear error and a non-zero exit, never a crash.
 #include <gtest/gtest.h>
 
-
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,6 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.hpp"
+#if SHARDLINE_HAVE_CUDA
+#include "kernels/cuda/device.hpp"
+#endif
 
 namespace shardline {
 namespace {
@@ -92,6 +94,55 @@ TEST(CliE2e, BadFlagsAreUsageErrors) {
   r = run("generate --model " + kModel + " --prompt hi --top-p 1.5");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("top_p"), std::string::npos) << r.out;
+}
+
+bool have_cuda_device() {
+#if SHARDLINE_HAVE_CUDA
+  return !kernels::cuda::query_devices().devices.empty();
+#else
+  return false;
+#endif
+}
+
+// Without a GPU (or without the CUDA backend), a cuda device is refused with
+// the reason, the job stays resumable, and bad device lists are usage errors.
+TEST(CliE2e, CudaDeviceWithoutAGpuIsAClearError) {
+  if (have_cuda_device()) GTEST_SKIP() << "a CUDA device is present: tests/cli/cuda_run_gpu_test.cpp runs it";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardline_cli_cuda_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream in(dir / "in.jsonl");
+    in << R"({"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":"Once","max_tokens":4}})" << "\n";
+  }
+  const std::string io = " --input " + (dir / "in.jsonl").string() + " --output " + (dir / "out.jsonl").string();
+  CliRun r = run("run --model " + kModel + io + " --devices cuda:0 --quiet");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("cuda:0"), std::string::npos) << r.out;
+  EXPECT_TRUE(r.out.find("no CUDA device") != std::string::npos ||
+              r.out.find("no CUDA backend") != std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("resumable"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "out.jsonl") && fs::file_size(dir / "out.jsonl") > 0) << "no output without a worker";
+
+  r = run("generate --model " + kModel + " --prompt hi --device cuda:0");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("cuda:0"), std::string::npos) << r.out;
+
+  r = run("run --model " + kModel + io + " --devices cuda:x --quiet");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("cuda:LIST"), std::string::npos) << r.out;
+  r = run("run --model " + kModel + io + " --devices cuda:0 --parallel tp=2 --quiet");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("unsupported"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel + " --prompt hi --dtype f16");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--dtype f16 is for CUDA devices"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel + " --prompt hi --device gpu0");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--device must be cpu or cuda:N"), std::string::npos) << r.out;
+  fs::remove_all(dir);
 }
 
 }  // namespace
