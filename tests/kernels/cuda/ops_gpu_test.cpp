@@ -200,6 +200,77 @@ TEST_F(CudaOps, RmsNormInPlacePerHeadLikeQwen3QkNorm) {
       ASSERT_EQ(got[static_cast<std::size_t>(t) * row_stride + i], x[static_cast<std::size_t>(t) * row_stride + i]);
 }
 
+// rms_norm_heads: one launch for every (token, head), bit-identical to the
+// per-token rms_norm launches above (same kernel, same reduction).
+TEST_F(CudaOps, RmsNormHeadsEqualsPerTokenRmsNorm) {
+  for (int head_dim : {8, 128}) {
+    const int tokens = 9, heads = 6, row_stride = heads * head_dim + 2 * head_dim + 3;
+    const std::vector<float> x = random_floats(static_cast<std::size_t>(tokens) * row_stride, 13 + head_dim);
+    const std::vector<float> w = random_floats(head_dim, 14, 0.5f, 1.5f);
+    std::vector<float> want = x;
+    for (int t = 0; t < tokens; ++t) {
+      float* row = want.data() + static_cast<std::size_t>(t) * row_stride;
+      cpu::rms_norm(row, head_dim, w.data(), row, head_dim, heads, head_dim, 1e-6f);
+    }
+    DeviceBuffer a = upload(x), b = upload(x), dw = upload(w);
+    for (int t = 0; t < tokens; ++t) {
+      float* row = a.as<float>() + static_cast<std::size_t>(t) * row_stride;
+      ASSERT_STATUS_OK(rms_norm(row, head_dim, dw.as<float>(), row, head_dim, heads, head_dim, 1e-6f, nullptr));
+    }
+    ASSERT_STATUS_OK(rms_norm_heads(b.as<float>(), tokens, row_stride, heads, head_dim, dw.as<float>(), 1e-6f,
+                                    nullptr));
+    ASSERT_STATUS_OK(synchronize(nullptr));
+    const std::vector<float> got = download<float>(b);
+    expect_bits_equal(got, download<float>(a), "rms_norm_heads vs rms_norm per token");
+    EXPECT_LT(normalized_error(got, want), kF32Tol) << "head_dim " << head_dim;
+  }
+  EXPECT_EQ(rms_norm_heads(nullptr, 2, 10, 2, 8, nullptr, 1e-6f, nullptr).error().code,
+            ErrorCode::invalid_argument);  // row_stride < heads * head_dim
+  EXPECT_TRUE(rms_norm_heads(nullptr, 0, 10, 2, 8, nullptr, 1e-6f, nullptr).ok());
+}
+
+// rms_norm_rows: the final norm of the logits rows, picked by index (repeats
+// allowed), equal to rms_norm of each picked row.
+TEST_F(CudaOps, RmsNormRowsPicksRowsByIndex) {
+  const int rows = 20, dim = 300, ys = dim + 4;
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(rows) * dim, 31);
+  const std::vector<float> w = random_floats(dim, 32, 0.5f, 1.5f);
+  const std::vector<std::int32_t> picks = {19, 0, 7, 7, 12};
+  std::vector<float> want(picks.size() * ys, -5.0f);
+  for (std::size_t i = 0; i < picks.size(); ++i)
+    cpu::rms_norm(x.data() + static_cast<std::size_t>(picks[i]) * dim, dim, w.data(), want.data() + i * ys, ys, 1,
+                  dim, 1e-5f);
+  DeviceBuffer dx = upload(x), dw = upload(w), dp = upload(picks), dy = upload(std::vector<float>(want.size(), -5.0f));
+  ASSERT_STATUS_OK(rms_norm_rows(dx.as<float>(), dim, dp.as<std::int32_t>(), static_cast<int>(picks.size()),
+                                 dw.as<float>(), dy.as<float>(), ys, dim, 1e-5f, nullptr));
+  ASSERT_STATUS_OK(synchronize(nullptr));
+  const std::vector<float> got = download<float>(dy);
+  EXPECT_LT(normalized_error(got, want), kF32Tol);
+  for (std::size_t i = 0; i < picks.size(); ++i)  // stride gaps untouched
+    for (int c = dim; c < ys; ++c) ASSERT_EQ(got[i * ys + static_cast<std::size_t>(c)], -5.0f);
+  EXPECT_EQ(rms_norm_rows(dx.as<float>(), dim, nullptr, 1, dw.as<float>(), dy.as<float>(), ys, dim, 1e-5f, nullptr)
+                .error()
+                .code,
+            ErrorCode::invalid_argument);
+}
+
+// add_bias: exactly the CPU linear's `acc + bias[j]` (one F32 add per element).
+TEST_F(CudaOps, AddBiasIsExact) {
+  for (int rows : {0, 1, 70000}) {  // 70000 > 65535: several launches
+    const int n = 96, stride = 100;
+    const std::vector<float> y = random_floats(static_cast<std::size_t>(rows) * stride + 1, 41 + rows);
+    const std::vector<float> bias = random_floats(n, 42);
+    std::vector<float> want = y;
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < n; ++j) want[static_cast<std::size_t>(r) * stride + j] += bias[j];
+    DeviceBuffer dy = upload(y), db = upload(bias);
+    ASSERT_STATUS_OK(add_bias(dy.as<float>(), stride, db.as<float>(), rows, n, nullptr));
+    ASSERT_STATUS_OK(synchronize(nullptr));
+    expect_bits_equal(download<float>(dy), want, "add_bias rows=" + std::to_string(rows));
+  }
+  EXPECT_EQ(add_bias(nullptr, 5, nullptr, 1, 6, nullptr).error().code, ErrorCode::invalid_argument);
+}
+
 TEST_F(CudaOps, RmsNormIsBatchInvariantAndDeterministic) {
   const int dim = 4096, rows = 37;
   const std::vector<float> x = random_floats(static_cast<std::size_t>(rows) * dim, 21);
