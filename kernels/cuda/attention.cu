@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -16,7 +17,8 @@
 //                         CTA's 64 (row = (token, head of the group)); lane =
 //                         key of the 32-key tile for the scores and the
 //                         softmax, lane = components lane + 32 k for P V.
-//   decode_kernel<T>      grid (max_splits, kv heads, seqs), 128 threads.
+//   decode_kernel<T>      grid (min(max_splits, ~1024 / (kv heads * seqs)), kv heads, seqs),
+//                         128 threads, each CTA looping over its share of the splits.
 //   combine_kernel        grid (num_heads, seqs), 128 threads.
 //
 // Every float op of a (token, head) is a function of its q, its position and
@@ -40,6 +42,9 @@ constexpr int kKeyTile = 32;  ///< keys per prefill tile (= lanes)
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kGroupChunk = 4;          ///< query heads per register pass in decode
+/// Decode CTAs to aim for (about 8 per SM of an H100): with fewer (KV head,
+/// sequence) pairs than this, several CTAs share a sequence's splits.
+constexpr int kDecodeTargetCtas = 1024;
 constexpr int kMaxSharedBytes = 227 * 1024;  ///< sm_90 opt-in dynamic shared memory per CTA
 
 using detail::launch_status;
@@ -239,11 +244,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const AttentionSeq seq = seqs[blockIdx.z];
   if (seq.num_q != 1 || seq.context_len < 1) return;
   const int nsplit = ceil_div(seq.context_len, kDecodeSplitTokens);
-  const int sp = blockIdx.x;
-  if (nsplit > max_splits || sp >= nsplit) return;
+  if (nsplit > max_splits || static_cast<int>(blockIdx.x) >= nsplit) return;
   const int kh = blockIdx.y;
-  const int k0 = sp * kDecodeSplitTokens;
-  const int n = min(kDecodeSplitTokens, seq.context_len - k0);  // keys k0 .. k0+n-1, all <= p
 
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);  // [group][d]
@@ -257,79 +259,86 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const float* qrow = q + static_cast<long>(seq.q_start) * q_stride + static_cast<long>(kh) * group * d;
   for (int idx = tid; idx < group * d; idx += kDecodeThreads) qs[idx] = qrow[idx];
   const long slab_elems = static_cast<long>(block_size) * d;
-  for (int t = tid; t < n; t += kDecodeThreads) {
-    const int j = k0 + t;
-    slab[t] = (static_cast<long>(seq.block_table[j / block_size]) * num_kv_heads + kh) * slab_elems;
-    off[t] = j % block_size;
-  }
-  __syncthreads();
+  // The CTA computes splits blockIdx.x, blockIdx.x + gridDim.x, ...: a
+  // split's floats depend only on the split, not on which CTA computes it.
+  for (int sp = blockIdx.x; sp < nsplit; sp += gridDim.x) {
+    const int k0 = sp * kDecodeSplitTokens;
+    const int n = min(kDecodeSplitTokens, seq.context_len - k0);  // keys k0 .. k0+n-1, all <= p
+    for (int t = tid; t < n; t += kDecodeThreads) {
+      const int j = k0 + t;
+      slab[t] = (static_cast<long>(seq.block_table[j / block_size]) * num_kv_heads + kh) * slab_elems;
+      off[t] = j % block_size;
+    }
+    __syncthreads();
 
-  // Scores: thread per key, FMA chain over i in order, kGroupChunk heads per pass.
-  for (int t = tid; t < n; t += kDecodeThreads) {
-    const T* kp = kc + slab[t] + off[t];
-    for (int g0 = 0; g0 < group; g0 += kGroupChunk) {
-      float a[kGroupChunk] = {};
-      for (int i = 0; i < d; ++i) {
-        const float kv = load_kv(kp, static_cast<long>(i) * block_size);
+    // Scores: thread per key, FMA chain over i in order, kGroupChunk heads per pass.
+    for (int t = tid; t < n; t += kDecodeThreads) {
+      const T* kp = kc + slab[t] + off[t];
+      for (int g0 = 0; g0 < group; g0 += kGroupChunk) {
+        float a[kGroupChunk] = {};
+        for (int i = 0; i < d; ++i) {
+          const float kv = load_kv(kp, static_cast<long>(i) * block_size);
+#pragma unroll
+          for (int u = 0; u < kGroupChunk; ++u)
+            if (g0 + u < group) a[u] = __fmaf_rn(qs[(g0 + u) * d + i], kv, a[u]);
+        }
 #pragma unroll
         for (int u = 0; u < kGroupChunk; ++u)
-          if (g0 + u < group) a[u] = __fmaf_rn(qs[(g0 + u) * d + i], kv, a[u]);
+          if (g0 + u < group) sc[(g0 + u) * kDecodeSplitTokens + t] = __fmul_rn(a[u], scale);
       }
-#pragma unroll
-      for (int u = 0; u < kGroupChunk; ++u)
-        if (g0 + u < group) sc[(g0 + u) * kDecodeSplitTokens + t] = __fmul_rn(a[u], scale);
     }
-  }
-  __syncthreads();
+    __syncthreads();
 
-  // Softmax of the split per head: warp per head; lane-strided partials, then butterfly.
-  for (int g = warp; g < group; g += kDecodeWarps) {
-    float* sg = sc + g * kDecodeSplitTokens;
-    float mx = -INFINITY;
-    for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sg[t]);
-    mx = warp_max(mx);
-    float sum = 0.0f;
-    for (int t = lane; t < n; t += 32) {
-      const float e = expf(sg[t] - mx);
-      sg[t] = e;
-      sum = __fadd_rn(sum, e);
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) {
-      ms[g] = mx;
-      ls[g] = sum;
-    }
-  }
-  __syncthreads();
-
-  // P V: thread per component, keys in order.
-  for (int c = tid; c < d; c += kDecodeThreads) {
-    for (int g0 = 0; g0 < group; g0 += kGroupChunk) {
-      float a[kGroupChunk] = {};
-      for (int t = 0; t < n; ++t) {
-        const float v = load_kv(vc, slab[t] + static_cast<long>(off[t]) * d + c);
-#pragma unroll
-        for (int u = 0; u < kGroupChunk; ++u)
-          if (g0 + u < group) a[u] = __fmaf_rn(sc[(g0 + u) * kDecodeSplitTokens + t], v, a[u]);
+    // Softmax of the split per head: warp per head; lane-strided partials, then butterfly.
+    for (int g = warp; g < group; g += kDecodeWarps) {
+      float* sg = sc + g * kDecodeSplitTokens;
+      float mx = -INFINITY;
+      for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sg[t]);
+      mx = warp_max(mx);
+      float sum = 0.0f;
+      for (int t = lane; t < n; t += 32) {
+        const float e = expf(sg[t] - mx);
+        sg[t] = e;
+        sum = __fadd_rn(sum, e);
       }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        ms[g] = mx;
+        ls[g] = sum;
+      }
+    }
+    __syncthreads();
+
+    // P V: thread per component, keys in order.
+    for (int c = tid; c < d; c += kDecodeThreads) {
+      for (int g0 = 0; g0 < group; g0 += kGroupChunk) {
+        float a[kGroupChunk] = {};
+        for (int t = 0; t < n; ++t) {
+          const float v = load_kv(vc, slab[t] + static_cast<long>(off[t]) * d + c);
 #pragma unroll
-      for (int u = 0; u < kGroupChunk; ++u) {
-        const int g = g0 + u;
-        if (g >= group) break;
-        const int h = kh * group + g;
-        if (nsplit == 1) {
-          out[static_cast<long>(seq.q_start) * out_stride + static_cast<long>(h) * d + c] =
-              __fdiv_rn(a[u], ls[g]);
-        } else {
-          float* p = ws + ((static_cast<long>(blockIdx.z) * num_heads + h) * max_splits + sp) * (d + 2);
-          p[2 + c] = a[u];
-          if (c == 0) {
-            p[0] = ms[g];
-            p[1] = ls[g];
+          for (int u = 0; u < kGroupChunk; ++u)
+            if (g0 + u < group) a[u] = __fmaf_rn(sc[(g0 + u) * kDecodeSplitTokens + t], v, a[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kGroupChunk; ++u) {
+          const int g = g0 + u;
+          if (g >= group) break;
+          const int h = kh * group + g;
+          if (nsplit == 1) {
+            out[static_cast<long>(seq.q_start) * out_stride + static_cast<long>(h) * d + c] =
+                __fdiv_rn(a[u], ls[g]);
+          } else {
+            float* p = ws + ((static_cast<long>(blockIdx.z) * num_heads + h) * max_splits + sp) * (d + 2);
+            p[2 + c] = a[u];
+            if (c == 0) {
+              p[0] = ms[g];
+              p[1] = ls[g];
+            }
           }
         }
       }
     }
+    __syncthreads();  // the next split reuses sc, ms, ls, slab and off
   }
 }
 
@@ -396,7 +405,12 @@ Status launch_decode(const float* q, int q_stride, const AttentionSeq* seqs, int
     return make_error(ErrorCode::internal, std::string("cuda paged_attention (decode shared memory): ") +
                                                cudaGetErrorString(err));
   }
-  const dim3 grid(static_cast<unsigned>(max_splits), static_cast<unsigned>(cache.num_kv_heads),
+  // At most max_splits CTAs per (KV head, sequence), fewer when the batch
+  // alone fills the GPU: a grid sized for max_context_len (e.g. a CUDA graph
+  // captured for max_model_len) must not launch mostly-idle CTAs.
+  const int ctas_per_split = cache.num_kv_heads * num_seqs;
+  const int grid_x = std::max(1, std::min(max_splits, (kDecodeTargetCtas + ctas_per_split - 1) / ctas_per_split));
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(cache.num_kv_heads),
                   static_cast<unsigned>(num_seqs));
   kernel<<<grid, kDecodeThreads, smem, stream>>>(
       q, q_stride, seqs, max_splits, static_cast<const T*>(cache.k), static_cast<const T*>(cache.v),

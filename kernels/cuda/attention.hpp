@@ -95,8 +95,11 @@ inline constexpr int kDecodeSplitTokens = 512;
 ///     sum l, accumulator acc in registers). A row skips the tiles past its
 ///     own position, so its float ops depend only on its q, its position and
 ///     the K/V of positions 0..p (not on the chunk, the batch or its CTA).
-///   * num_q == 1 (decode): Flash-Decoding. One CTA per (split of
-///     kDecodeSplitTokens positions, KV head, sequence), all query heads of
+///   * num_q == 1 (decode): Flash-Decoding. Each split of
+///     kDecodeSplitTokens positions of a (KV head, sequence) is computed by
+///     one CTA -- up to one CTA per split, fewer when the batch alone fills
+///     the GPU (a CTA then loops over several splits, so a grid sized for a
+///     long max_context_len launches no idle CTAs) -- with all query heads of
 ///     the group together: scores of the split in shared memory, exact
 ///     softmax of the split (max, exp, sum), P V. A context of a single split
 ///     writes out = acc / l directly; otherwise the partials (m, l, acc) go to
