@@ -45,6 +45,12 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   pi.block_size = o.block_size;
   pi.kv_dtype = o.kv_cache_dtype;
   pi.max_model_len = max_model_len;
+  model::CudaRunnerOptions ro;
+  ro.block_size = o.block_size;
+  ro.max_num_batched_tokens = o.max_num_batched_tokens;
+  ro.max_num_seqs = o.max_num_seqs;
+  ro.max_model_len = max_model_len;
+  pi.reserved_bytes += model::cuda_runner_workspace_bytes(c, ro);  // metadata, GEMM and attention workspaces
   auto plan = plan_gpu_memory(pi);
   if (!plan)
     return make_error(plan.error().code, "cuda:" + std::to_string(o.device_index) + " (" + d.name + "): " +
@@ -98,7 +104,7 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (!weights) return std::move(weights).error();
   EngineInstance e;
   e.weights = std::make_shared<const model::ModelWeights>(std::move(weights).value());
-  const model::ModelConfig& c = e.weights->config;
+  const model::ModelConfig c = e.weights->config;
 
   namespace fs = std::filesystem;
   const fs::path dir(o.model_dir);
@@ -159,6 +165,11 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
     if (!runner) return std::move(runner).error();
     e.device_runner = std::move(runner).value();
     e.executor = e.device_runner.get();
+    // The matrices now live on the GPU: keep the config, free the host copy.
+    auto config_only = std::make_shared<model::ModelWeights>();
+    config_only->config = c;
+    config_only->dtype = e.weights->dtype;
+    e.weights = std::move(config_only);
 #endif
   } else if (o.parallel.group_size() == 1) {
     auto runner = model::CpuModelRunner::create(e.weights, ro);

@@ -68,6 +68,8 @@ struct EngineOptions {
 /// A ready CPU engine. Member order matters: the engine refers to the runner
 /// and tokenizer, so it is declared (and destroyed) last.
 struct EngineInstance {
+  /// The weights (CPU devices); on a CUDA device only the config and dtype
+  /// (the matrices were uploaded and their host copy freed).
   std::shared_ptr<const model::ModelWeights> weights;
   std::unique_ptr<model::Tokenizer> tokenizer;
   std::unique_ptr<model::CpuModelRunner> runner;  ///< single CPU device (parallel.group_size() == 1)

@@ -51,7 +51,6 @@ namespace {
 
 using detail::launch_status;
 
-constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;  ///< cuBLASLt workspace
 constexpr int kCastThreads = 256;
 
 constexpr int kMmaThreads = 128;                  ///< 4 warps
@@ -481,7 +480,7 @@ struct GemmContext::Impl {
     cublasLtMatmulPreference_t pref = nullptr;
     st = cublasLtMatmulPreferenceCreate(&pref);
     if (st != CUBLAS_STATUS_SUCCESS) return cublas_error("preference", st).error();
-    const std::uint64_t ws = kWorkspaceBytes;
+    const std::uint64_t ws = kGemmWorkspaceBytes;
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                               sizeof(ws));
     const std::pair<cublasLtMatmulPreferenceAttributes_t, std::uint32_t> aligns[] = {
@@ -530,7 +529,7 @@ struct GemmContext::Impl {
     if (!pl.has_algo) return false;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     const cublasStatus_t st = cublasLtMatmul(lt, pl.desc, &alpha, w, pl.a, act, pl.b, &beta, y, pl.c,
-                                             y, pl.c, &pl.algo, workspace, kWorkspaceBytes, stream);
+                                             y, pl.c, &pl.algo, workspace, kGemmWorkspaceBytes, stream);
     if (st != CUBLAS_STATUS_SUCCESS) return cublas_error("matmul", st).error();
     return true;
   }
@@ -551,7 +550,7 @@ Result<std::unique_ptr<GemmContext>> GemmContext::create(int max_rows, int max_k
     (void)cudaGetLastError();
     return cublas_error("create", st).error();
   }
-  if (cudaError_t err = cudaMalloc(&im.workspace, kWorkspaceBytes); err != cudaSuccess) {
+  if (cudaError_t err = cudaMalloc(&im.workspace, kGemmWorkspaceBytes); err != cudaSuccess) {
     im.workspace = nullptr;
     return cuda_error("workspace", err).error();
   }

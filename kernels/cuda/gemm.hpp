@@ -84,6 +84,9 @@ enum class GemmMode {
   return "?";
 }
 
+/// Bytes of the cuBLASLt workspace a GemmContext allocates.
+inline constexpr std::size_t kGemmWorkspaceBytes = std::size_t{32} << 20;
+
 /// Output tile of one thread block of the batch-invariant kernels (rows of y
 /// x columns of y), the same for every m and every weight dtype.
 inline constexpr int kInvariantTileM = 64;

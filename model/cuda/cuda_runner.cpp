@@ -153,6 +153,23 @@ struct CudaModelRunner::Impl {
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
   }
 
+  /// Places the metadata regions (sets the off_* members); returns the total.
+  Layout layout_metadata() {
+    const auto rows = static_cast<std::size_t>(rows_cap);
+    const auto seqs = static_cast<std::size_t>(seqs_cap);
+    Layout ml;
+    off_tokens = ml.take(rows * 4);
+    off_positions = ml.take(rows * 4);
+    off_slots = ml.take(rows * 4);
+    off_logits_rows = ml.take(seqs * 4);
+    off_seqs = ml.take(seqs * sizeof(kcu::AttentionSeq));
+    off_tables = ml.take(seqs * static_cast<std::size_t>(max_blocks) * 4);
+    off_pad_table = ml.take(4);
+    off_sample_rows = ml.take(seqs * sizeof(kcu::SampleRow));
+    off_sampled = ml.take(seqs * 4);
+    return ml;
+  }
+
   template <class T>
   T* host(std::size_t off) { return reinterpret_cast<T*>(static_cast<char*>(meta_host) + off); }
   template <class T>
@@ -299,6 +316,22 @@ struct CudaModelRunner::Impl {
     return cuda_status("graph capture", cudaStreamSynchronize(stream));
   }
 };
+
+std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunnerOptions& o) {
+  if (o.max_num_batched_tokens <= 0 || o.max_num_seqs <= 0 || o.max_model_len <= 0 || o.block_size <= 0) return 0;
+  CudaModelRunner::Impl m;
+  m.rows_cap = std::max(o.max_num_batched_tokens, o.max_num_seqs);
+  m.seqs_cap = o.max_num_seqs;
+  m.max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
+  const std::uint64_t metadata = m.layout_metadata().bytes;
+  const int max_k = std::max({c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim});
+  const std::uint64_t cast_scratch = static_cast<std::uint64_t>(m.rows_cap) *
+                                     static_cast<std::uint64_t>(kcu::cast_row_stride(max_k)) * 2;
+  const std::uint64_t attention =
+      kcu::paged_attention_workspace_bytes(m.seqs_cap, c.num_attention_heads, c.head_dim, o.max_model_len);
+  const std::uint64_t logits_in = static_cast<std::uint64_t>(m.seqs_cap) * c.hidden_size * 4;
+  return metadata + cast_scratch + attention + logits_in + kcu::kGemmWorkspaceBytes;
+}
 
 CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options)
     : impl_(std::move(impl)), config_(std::move(config)), options_(std::move(options)) {}
@@ -499,16 +532,7 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   }
 
   // ---- step metadata (fixed addresses) ------------------------------------------
-  Layout ml;
-  m.off_tokens = ml.take(rows * 4);
-  m.off_positions = ml.take(rows * 4);
-  m.off_slots = ml.take(rows * 4);
-  m.off_logits_rows = ml.take(seqs * 4);
-  m.off_seqs = ml.take(seqs * sizeof(kcu::AttentionSeq));
-  m.off_tables = ml.take(seqs * static_cast<std::size_t>(m.max_blocks) * 4);
-  m.off_pad_table = ml.take(4);
-  m.off_sample_rows = ml.take(seqs * sizeof(kcu::SampleRow));
-  m.off_sampled = ml.take(seqs * 4);
+  const Layout ml = m.layout_metadata();
   {
     auto buf = kcu::DeviceBuffer::allocate(ml.bytes);
     if (!buf) return make_error(buf.error().code, "step metadata: " + buf.error().message);
@@ -523,6 +547,10 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
     if (!g) return g.error();
     m.gemm = std::move(g).value();
   }
+
+  // The uploads and memsets above ran on the legacy default stream, which
+  // the runner's non-blocking stream does not wait for: finish them first.
+  if (Status s = cuda_status("setup", cudaDeviceSynchronize()); !s) return s.error();
 
   if (o.cuda_graphs) {
     if (Status s = m.capture_graphs(o.cuda_graph_batch_sizes); !s) {
@@ -544,6 +572,14 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
 const std::string& CudaModelRunner::graph_capture_error() const { return impl_->graph_error; }
 
 Result<engine::StepOutput> CudaModelRunner::execute(const engine::StepInput& in) {
+  Result<engine::StepOutput> out = run_step(in);
+  // A step that failed after queueing copies from the pinned mirror must not
+  // leave them in flight: the next step rewrites the mirror.
+  if (!out.ok()) (void)cudaStreamSynchronize(impl_->stream);
+  return out;
+}
+
+Result<engine::StepOutput> CudaModelRunner::run_step(const engine::StepInput& in) {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
   last_stats_ = CudaStepStats{};
@@ -571,7 +607,8 @@ Result<engine::StepOutput> CudaModelRunner::execute(const engine::StepInput& in)
   std::memcpy(m.host<std::int32_t>(m.off_slots), in.slot_mapping.data(), static_cast<std::size_t>(n) * 4);
   std::memcpy(m.host<std::int32_t>(m.off_logits_rows), in.logits_rows.data(), static_cast<std::size_t>(num_logits) * 4);
   auto* seqs = m.host<kcu::AttentionSeq>(m.off_seqs);
-  auto* tables = m.host<std::int32_t>(m.off_tables);
+  auto* tables = m.host<std::int32_t>(m.off_tables);  // packed: each sequence's used entries, back to back
+  std::size_t table_entries = 0;
   int row = 0, max_num_q = 0, max_ctx = 0;
   bool decode_only = true;
   for (int i = 0; i < num_seqs; ++i) {
@@ -580,11 +617,10 @@ Result<engine::StepOutput> CudaModelRunner::execute(const engine::StepInput& in)
     if (ctx > options_.max_model_len)
       return bad("sequence " + std::to_string(s.seq_id) + " reaches " + std::to_string(ctx) +
                  " tokens > max_model_len " + std::to_string(options_.max_model_len));
-    const int nblocks = (ctx + options_.block_size - 1) / options_.block_size;
-    std::memcpy(tables + static_cast<std::size_t>(i) * m.max_blocks, s.block_table.data(),
-                static_cast<std::size_t>(nblocks) * 4);
-    seqs[i] = kcu::AttentionSeq{row, s.num_new_tokens, ctx,
-                                m.dev<std::int32_t>(m.off_tables) + static_cast<std::size_t>(i) * m.max_blocks};
+    const auto nblocks = static_cast<std::size_t>((ctx + options_.block_size - 1) / options_.block_size);
+    std::memcpy(tables + table_entries, s.block_table.data(), nblocks * 4);
+    seqs[i] = kcu::AttentionSeq{row, s.num_new_tokens, ctx, m.dev<std::int32_t>(m.off_tables) + table_entries};
+    table_entries += nblocks;
     row += s.num_new_tokens;
     max_num_q = std::max(max_num_q, s.num_new_tokens);
     max_ctx = std::max(max_ctx, ctx);
@@ -605,7 +641,7 @@ Result<engine::StepOutput> CudaModelRunner::execute(const engine::StepInput& in)
     return s.error();
   if (Status s = m.copy_meta(m.off_seqs, static_cast<std::size_t>(seqs_up) * sizeof(kcu::AttentionSeq)); !s)
     return s.error();
-  if (Status s = m.copy_meta(m.off_tables, static_cast<std::size_t>(num_seqs) * m.max_blocks * 4); !s) return s.error();
+  if (Status s = m.copy_meta(m.off_tables, table_entries * 4); !s) return s.error();
   last_stats_.upload_ms = ms_since(t0);
 
   // ---- forward ---------------------------------------------------------------------

@@ -123,7 +123,9 @@ class CudaModelRunner final : public engine::ModelExecutor {
 
  private:
   struct Impl;
+  friend std::uint64_t cuda_runner_workspace_bytes(const ModelConfig&, const CudaRunnerOptions&);
   explicit CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options);
+  [[nodiscard]] Result<engine::StepOutput> run_step(const engine::StepInput& input);
 
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
@@ -132,6 +134,13 @@ class CudaModelRunner final : public engine::ModelExecutor {
   std::size_t kv_cache_bytes_ = 0;
   CudaStepStats last_stats_;
 };
+
+/// Device bytes the runner allocates beyond the weights, the KV cache and
+/// engine::activation_bytes_for's activations: the step metadata, the GEMM
+/// cast scratch, cuBLASLt's workspace, the split-decode workspace (which
+/// grows with max_model_len) and the final-norm rows. The memory plan sets
+/// this much aside. 0 for non-positive sizes.
+[[nodiscard]] std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& config, const CudaRunnerOptions& options);
 
 /// The default decode graph batch sizes for max_num_seqs (see
 /// CudaRunnerOptions::cuda_graph_batch_sizes).
