@@ -75,7 +75,11 @@ Status DeviceBuffer::copy_to_host(void* dst, std::size_t bytes, std::size_t offs
 
 Status DeviceBuffer::fill_bytes(int value) {
   if (bytes_ == 0) return Status::ok_status();
-  const cudaError_t err = cudaMemset(ptr_, value, bytes_);
+  cudaError_t err = cudaMemset(ptr_, value, bytes_);
+  if (err != cudaSuccess) return cuda_error(ErrorCode::internal, "memset", err);
+  // cudaMemset may return before the device has finished; the documented
+  // contract is synchronous (work on other streams may read the bytes next).
+  err = cudaStreamSynchronize(nullptr);
   if (err != cudaSuccess) return cuda_error(ErrorCode::internal, "memset", err);
   return Status::ok_status();
 }
