@@ -112,6 +112,10 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   if (o.num_prompts <= 0 || o.input_len <= 0 || o.output_len <= 0 || o.max_batch <= 0)
     return make_error(ErrorCode::invalid_argument,
                       "bench: --num-prompts, --input-len, --output-len and --max-batch must be > 0");
+  if (o.engine.device != engine::DeviceKind::cpu)
+    return make_error(ErrorCode::invalid_argument,
+                      "bench: run_throughput measures CPU devices only; a cuda:N device goes through "
+                      "run_gpu_throughput (bench/gpu_throughput.hpp)");
   ThroughputReport rep;
   rep.num_prompts = o.num_prompts;
   rep.input_len = o.input_len;
@@ -134,13 +138,13 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   };
   measure_limits();
 
-  engine::CpuEngineOptions eo = o.engine;
+  engine::EngineOptions eo = o.engine;
   eo.num_threads = threads;
   eo.max_num_seqs = o.max_batch;
   eo.max_model_len = o.input_len + o.output_len;
-  auto built = engine::build_cpu_engine(eo);
+  auto built = engine::build_engine(eo);
   if (!built) return std::move(built).error();
-  engine::CpuEngine& e = *built;
+  engine::EngineInstance& e = *built;
   rep.kv_cache_bytes = e.kv_cache_bytes;
   const double elem_bytes = static_cast<double>(dtype_size(o.engine.dtype));
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu_throughput.hpp"
 #include "bench/parallel.hpp"
 #include "bench/throughput.hpp"
 #include "engine/parallel_config.hpp"
@@ -23,7 +24,7 @@ struct BenchArgs {
   std::string token_budget = "both";
 };
 
-int run_parallel(BenchArgs& a, const engine::CpuEngineOptions& eo) {
+int run_parallel(BenchArgs& a, const engine::EngineOptions& eo) {
   bench::ParallelBenchOptions po;
   po.engine = eo;
   po.num_prompts = a.options.num_prompts;
@@ -63,6 +64,16 @@ int run_bench(BenchArgs& a) {
   }
   if (!a.parallel.empty()) return run_parallel(a, *eo);
   a.options.engine = *eo;
+  if (eo->device == engine::DeviceKind::cuda) {
+    auto rep = bench::run_gpu_throughput(a.options);
+    if (!rep) {
+      std::cerr << "error: " << rep.error().to_string() << "\n";
+      return 1;
+    }
+    std::cerr << rep->to_table();
+    std::cout << rep->to_json() << std::endl;
+    return 0;
+  }
   auto rep = bench::run_throughput(a.options);
   if (!rep) {
     std::cerr << "error: " << rep.error().to_string() << "\n";
@@ -82,6 +93,7 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--shape", a->shape_dir,
                   "Folder with a config.json only; implies --load-format dummy");
   add_engine_flags(*cmd, a->engine);
+  add_device_flag(*cmd, a->engine);
   cmd->add_option("--num-prompts", a->options.num_prompts, "Requests")->capture_default_str();
   cmd->add_option("--input-len", a->options.input_len, "Prompt tokens per request")->capture_default_str();
   cmd->add_option("--output-len", a->options.output_len, "Generated tokens per request")
