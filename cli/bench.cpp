@@ -24,6 +24,19 @@ struct BenchArgs {
   std::string token_budget = "both";
 };
 
+/// A report's table on stderr and its JSON line on stdout; exit code 0, or 1
+/// with the error.
+template <class Report>
+int print_report(const Result<Report>& rep) {
+  if (!rep) {
+    std::cerr << "error: " << rep.error().to_string() << "\n";
+    return 1;
+  }
+  std::cerr << rep->to_table();
+  std::cout << rep->to_json() << std::endl;
+  return 0;
+}
+
 int run_parallel(BenchArgs& a, const engine::EngineOptions& eo) {
   bench::ParallelBenchOptions po;
   po.engine = eo;
@@ -40,14 +53,7 @@ int run_parallel(BenchArgs& a, const engine::EngineOptions& eo) {
     po.configs.push_back(*pc);
   }
   if (a.token_budget != "both") po.token_budgets = {a.token_budget};
-  auto rep = bench::run_parallel_bench(po);
-  if (!rep) {
-    std::cerr << "error: " << rep.error().to_string() << "\n";
-    return 1;
-  }
-  std::cerr << rep->to_table();
-  std::cout << rep->to_json() << std::endl;
-  return 0;
+  return print_report(bench::run_parallel_bench(po));
 }
 
 int run_bench(BenchArgs& a) {
@@ -64,16 +70,7 @@ int run_bench(BenchArgs& a) {
   }
   if (!a.parallel.empty()) return run_parallel(a, *eo);
   a.options.engine = *eo;
-  if (eo->device == engine::DeviceKind::cuda) {
-    auto rep = bench::run_gpu_throughput(a.options);
-    if (!rep) {
-      std::cerr << "error: " << rep.error().to_string() << "\n";
-      return 1;
-    }
-    std::cerr << rep->to_table();
-    std::cout << rep->to_json() << std::endl;
-    return 0;
-  }
+  if (eo->device == engine::DeviceKind::cuda) return print_report(bench::run_gpu_throughput(a.options));
   auto rep = bench::run_throughput(a.options);
   if (!rep) {
     std::cerr << "error: " << rep.error().to_string() << "\n";

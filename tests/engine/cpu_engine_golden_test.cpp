@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "engine/engine_builder.hpp"
+#include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -44,49 +45,15 @@ SamplingParams greedy() {
   return p;
 }
 
-/// 61 filler requests: different prompts and lengths, seeded sampling, so the
-/// batch around the reference requests is as unlike "alone" as possible.
-void add_fillers(LlmEngine& engine, const model::Tokenizer& tok, std::uint64_t first_id) {
-  const char* starts[] = {"The cat", "A big dog ran to the", "Sam and Mia went to the park and",
-                          "One day", "There was a boy who liked to play with his red car in the"};
-  for (int i = 0; i < 61; ++i) {
-    SamplingParams p;
-    p.temperature = 0.8f;
-    p.top_p = 0.9f;
-    p.seed = 1000 + static_cast<std::uint64_t>(i);
-    p.has_seed = true;
-    p.max_tokens = 20 + i % 40;
-    ASSERT_TRUE(engine.add_request(first_id + static_cast<std::uint64_t>(i),
-                                   tok.encode(starts[i % 5], true), p).ok());
-  }
-}
+using testing_support::bit_identical;
+using testing_support::run_all;
 
-std::map<std::uint64_t, RequestOutput> run_all(LlmEngine& engine) {
-  std::map<std::uint64_t, RequestOutput> out;
-  while (engine.has_unfinished()) {
-    auto step = engine.step();
-    EXPECT_TRUE(step.ok()) << (step.ok() ? "" : step.error().to_string());
-    if (!step.ok()) break;
-    for (auto& o : *step) out[o.request_id] = std::move(o);
-  }
-  return out;
+void add_fillers(LlmEngine& engine, const model::Tokenizer& tok, std::uint64_t first_id) {
+  testing_support::add_fillers(engine, tok, first_id, 61);
 }
 
 void expect_reference(const RefCase& ref, const RequestOutput& out, const std::string& where) {
-  ASSERT_EQ(out.token_ids, ref.generated_ids) << where;
-  EXPECT_EQ(ref.prompt + out.text, ref.full_text) << where;
-  ASSERT_EQ(out.logits.size(), static_cast<std::size_t>(kMaxTokens)) << where;
-  for (int s = 0; s < kMaxTokens; ++s)
-    testing_support::expect_top5(out.logits[s], ref.top5[s], where + " step " + std::to_string(s));
-}
-
-bool bit_identical(const RequestOutput& a, const RequestOutput& b) {
-  if (a.token_ids != b.token_ids || a.logits.size() != b.logits.size()) return false;
-  for (std::size_t s = 0; s < a.logits.size(); ++s)
-    if (a.logits[s].size() != b.logits[s].size() ||
-        std::memcmp(a.logits[s].data(), b.logits[s].data(), a.logits[s].size() * sizeof(float)) != 0)
-      return false;
-  return true;
+  testing_support::expect_reference(ref, out, kMaxTokens, where);
 }
 
 class CpuEngineGolden : public ::testing::Test {

@@ -9,6 +9,7 @@
 
 #include "engine/engine_builder.hpp"
 #include "engine/sampler.hpp"
+#include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -83,14 +84,7 @@ std::map<std::uint64_t, RequestOutput> run(LlmEngine& engine, const model::Token
   const char* prompts[] = {"Once upon a time", "The dog", "Lily and Ben", "One day a bird"};
   for (std::size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(engine.add_request(i, tok.encode(prompts[i % 4], true), params[i]).ok());
-  std::map<std::uint64_t, RequestOutput> out;
-  while (engine.has_unfinished()) {
-    auto step = engine.step();
-    EXPECT_TRUE(step.ok()) << (step.ok() ? "" : step.error().to_string());
-    if (!step.ok()) break;
-    for (auto& o : *step) out[o.request_id] = std::move(o);
-  }
-  return out;
+  return testing_support::run_all(engine);
 }
 
 TEST(DeviceSampling, EngineUsesTheExecutorsIdsAndGetsTheSameOutputs) {

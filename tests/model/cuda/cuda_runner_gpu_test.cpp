@@ -14,6 +14,7 @@
 #include "engine/engine_builder.hpp"
 #include "kernels/cuda/device.hpp"
 #include "model/cuda/cuda_runner.hpp"
+#include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -57,46 +58,12 @@ SamplingParams greedy() {
   return p;
 }
 
-std::map<std::uint64_t, RequestOutput> run_all(LlmEngine& engine) {
-  std::map<std::uint64_t, RequestOutput> out;
-  while (engine.has_unfinished()) {
-    auto step = engine.step();
-    EXPECT_TRUE(step.ok()) << (step.ok() ? "" : step.error().to_string());
-    if (!step.ok()) break;
-    for (auto& o : *step) out[o.request_id] = std::move(o);
-  }
-  return out;
-}
-
-void add_fillers(LlmEngine& engine, const model::Tokenizer& tok, std::uint64_t first_id, int n) {
-  const char* starts[] = {"The cat", "A big dog ran to the", "Sam and Mia went to the park and", "One day",
-                          "There was a boy who liked to play with his red car in the"};
-  for (int i = 0; i < n; ++i) {
-    SamplingParams p;
-    p.temperature = 0.8f;
-    p.top_p = 0.9f;
-    p.seed = 1000 + static_cast<std::uint64_t>(i);
-    p.has_seed = true;
-    p.max_tokens = 20 + i % 40;
-    ASSERT_TRUE(engine.add_request(first_id + static_cast<std::uint64_t>(i), tok.encode(starts[i % 5], true), p).ok());
-  }
-}
-
-bool bit_identical(const RequestOutput& a, const RequestOutput& b) {
-  if (a.token_ids != b.token_ids || a.logits.size() != b.logits.size()) return false;
-  for (std::size_t s = 0; s < a.logits.size(); ++s)
-    if (a.logits[s].size() != b.logits[s].size() ||
-        std::memcmp(a.logits[s].data(), b.logits[s].data(), a.logits[s].size() * sizeof(float)) != 0)
-      return false;
-  return true;
-}
+using testing_support::add_fillers;
+using testing_support::bit_identical;
+using testing_support::run_all;
 
 void expect_reference(const testing_support::StoriesCase& ref, const RequestOutput& out, const std::string& where) {
-  ASSERT_EQ(out.token_ids, ref.generated_ids) << where;
-  EXPECT_EQ(ref.prompt + out.text, ref.full_text) << where;
-  ASSERT_EQ(out.logits.size(), static_cast<std::size_t>(kMaxTokens)) << where;
-  for (int s = 0; s < kMaxTokens; ++s)
-    testing_support::expect_top5(out.logits[s], ref.top5[s], where + " step " + std::to_string(s));
+  testing_support::expect_reference(ref, out, kMaxTokens, where);
 }
 
 // FP32 weights and KV, cuBLAS FP32 (no TF32) and the batch-invariant GEMM:

@@ -1,0 +1,67 @@
+#pragma once
+// Driving an LlmEngine to completion in tests, and comparing its outputs:
+// shared by the CPU golden tests, the device-sampling tests and the CUDA
+// runner tests.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "engine/llm_engine.hpp"
+#include "tests/support/stories_reference.hpp"
+
+namespace shardline::testing_support {
+
+/// Steps until every request finished; outputs by request id. A failed step
+/// fails the test and stops.
+inline std::map<std::uint64_t, engine::RequestOutput> run_all(engine::LlmEngine& engine) {
+  std::map<std::uint64_t, engine::RequestOutput> out;
+  while (engine.has_unfinished()) {
+    auto step = engine.step();
+    EXPECT_TRUE(step.ok()) << (step.ok() ? "" : step.error().to_string());
+    if (!step.ok()) break;
+    for (auto& o : *step) out[o.request_id] = std::move(o);
+  }
+  return out;
+}
+
+/// `n` filler requests with ids first_id.. : different prompts and lengths,
+/// seeded top-p sampling, so a batch around the requests under test is as
+/// unlike "alone" as possible.
+inline void add_fillers(engine::LlmEngine& engine, const model::Tokenizer& tok, std::uint64_t first_id, int n) {
+  const char* starts[] = {"The cat", "A big dog ran to the", "Sam and Mia went to the park and", "One day",
+                          "There was a boy who liked to play with his red car in the"};
+  for (int i = 0; i < n; ++i) {
+    engine::SamplingParams p;
+    p.temperature = 0.8f;
+    p.top_p = 0.9f;
+    p.seed = 1000 + static_cast<std::uint64_t>(i);
+    p.has_seed = true;
+    p.max_tokens = 20 + i % 40;
+    ASSERT_TRUE(engine.add_request(first_id + static_cast<std::uint64_t>(i), tok.encode(starts[i % 5], true), p).ok());
+  }
+}
+
+/// Same token ids and bit-identical captured logits.
+inline bool bit_identical(const engine::RequestOutput& a, const engine::RequestOutput& b) {
+  if (a.token_ids != b.token_ids || a.logits.size() != b.logits.size()) return false;
+  for (std::size_t s = 0; s < a.logits.size(); ++s)
+    if (a.logits[s].size() != b.logits[s].size() ||
+        std::memcmp(a.logits[s].data(), b.logits[s].data(), a.logits[s].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+/// A greedy stories260K output is the reference: ids, text, and the top-5
+/// logits of each of its `max_tokens` steps (captured logits) within 1e-4.
+inline void expect_reference(const StoriesCase& ref, const engine::RequestOutput& out, int max_tokens,
+                             const std::string& where) {
+  ASSERT_EQ(out.token_ids, ref.generated_ids) << where;
+  EXPECT_EQ(ref.prompt + out.text, ref.full_text) << where;
+  ASSERT_EQ(out.logits.size(), static_cast<std::size_t>(max_tokens)) << where;
+  for (int s = 0; s < max_tokens; ++s) expect_top5(out.logits[s], ref.top5[s], where + " step " + std::to_string(s));
+}
+
+}  // namespace shardline::testing_support
