@@ -1,0 +1,1192 @@
+// FAKE CUDA device (a test double): the CUDA runtime calls of
+// model/cuda/cuda_runner.cpp and the kernels::cuda API, defined on the CPU.
+// See fake_device.hpp for the model of the device. Single-threaded use only
+// (the runner's contract); kernels may use OpenMP inside.
+#include "tests/model/cuda/fake_device.hpp"
+
+// The declarations every definition below must match exactly.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "engine/rng.hpp"
+#include "engine/sampler.hpp"
+#include "engine/sampling_params.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/ops.hpp"
+#include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/device.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+#include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/ops.hpp"
+#include "kernels/cuda/sampling.hpp"
+
+namespace fake_detail {
+
+/// One kernel or copy: runs (checks its ranges, computes) when executed.
+struct Op {
+  std::string name;
+  bool kernel = true;
+  std::function<void()> run;
+};
+
+}  // namespace fake_detail
+
+// The opaque runtime types (only forward-declared by driver_types.h).
+struct CUstream_st {
+  unsigned flags = 0;
+  bool legacy = false;
+  bool capturing = false;
+  bool invalidated = false;  ///< the capture hit a prohibited call
+  std::vector<fake_detail::Op> captured;
+  std::deque<fake_detail::Op> pending;  ///< deferred mode: queued, not run yet
+};
+struct CUgraph_st {
+  std::vector<fake_detail::Op> ops;
+};
+struct CUgraphExec_st {
+  std::vector<fake_detail::Op> ops;
+};
+
+namespace fake_detail {
+
+using shardline::testing_support::fake_cuda::Counters;
+using shardline::testing_support::fake_cuda::Execution;
+
+enum class MemKind { device, pinned };
+
+struct Alloc {
+  std::size_t bytes = 0;
+  MemKind kind = MemKind::device;
+};
+
+struct Injection {
+  cudaError_t error = cudaSuccess;
+  int skip = 0;
+};
+
+struct State {
+  Execution mode = Execution::immediate;
+  Counters counters;
+  std::vector<std::string> anomalies;
+  std::map<std::uintptr_t, Alloc> allocs;  // by first byte
+  std::deque<std::pair<void*, std::size_t>> quarantine;
+  std::size_t quarantine_bytes = 0;
+  std::set<CUstream_st*> streams;
+  std::set<CUgraph_st*> graphs;
+  std::set<CUgraphExec_st*> execs;
+  int device_count = 1;
+  std::map<std::string, Injection> injections;
+  std::map<std::string, long> kernel_runs;  // by kernel name
+  CUstream_st legacy;
+  State() { legacy.legacy = true; }
+};
+
+State& st() {
+  static State s;
+  return s;
+}
+
+thread_local cudaError_t last_error = cudaSuccess;
+
+constexpr std::size_t kQuarantineBytes = std::size_t{256} << 20;
+
+cudaError_t fail(cudaError_t e) {
+  last_error = e;
+  return e;
+}
+
+void anomaly(const std::string& what) { st().anomalies.push_back(what); }
+
+/// A pending fault injection for `call` fires (and is consumed) here.
+bool injected(const char* call, cudaError_t* err) {
+  auto& inj = st().injections;
+  const auto it = inj.find(call);
+  if (it == inj.end()) return false;
+  if (it->second.skip > 0) {
+    --it->second.skip;
+    return false;
+  }
+  *err = it->second.error;
+  inj.erase(it);
+  return true;
+}
+
+// ---- memory --------------------------------------------------------------------
+
+const Alloc* find_alloc(std::uintptr_t a, std::uintptr_t* begin) {
+  auto& m = st().allocs;
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return nullptr;
+  --it;
+  if (a >= it->first + it->second.bytes) return nullptr;
+  *begin = it->first;
+  return &it->second;
+}
+
+/// [p, p + bytes) inside one live allocation of `kind`.
+bool in_memory(const void* p, std::size_t bytes, MemKind kind) {
+  if (bytes == 0) return true;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::uintptr_t begin = 0;
+  const Alloc* al = find_alloc(a, &begin);
+  return al != nullptr && al->kind == kind && a + bytes <= begin + al->bytes && a + bytes >= a;
+}
+
+bool check(const char* op, const char* what, const void* p, std::size_t bytes, MemKind kind = MemKind::device) {
+  if (in_memory(p, bytes, kind)) return true;
+  anomaly(std::string(op) + ": " + what + " [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" +
+          std::to_string(bytes) + ") is not inside one live " + (kind == MemKind::device ? "device" : "pinned") +
+          " allocation");
+  return false;
+}
+
+/// Bytes spanned by `rows` rows of `width` elements with row stride `stride`.
+std::size_t span_bytes(long rows, long stride, long width, std::size_t elem) {
+  if (rows <= 0 || width <= 0) return 0;
+  return static_cast<std::size_t>((rows - 1) * stride + width) * elem;
+}
+
+const void* offset(const void* base, long long bytes) {
+  return reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(base) + static_cast<std::uintptr_t>(bytes));
+}
+
+void* allocate(std::size_t bytes, MemKind kind) {
+  const std::size_t rounded = (bytes + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
+  if (p == nullptr) return nullptr;
+  std::memset(p, 0xFF, rounded);  // "uninitialised": NaN floats, -1 ints
+  st().allocs[reinterpret_cast<std::uintptr_t>(p)] = Alloc{bytes, kind};
+  return p;
+}
+
+bool release(void* p, MemKind kind) {
+  auto& m = st().allocs;
+  const auto it = m.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == m.end() || it->second.kind != kind) return false;
+  const std::size_t bytes = it->second.bytes;
+  m.erase(it);
+  // Quarantine: a stale pointer must never land in a newer buffer.
+  State& s = st();
+  s.quarantine.emplace_back(p, bytes);
+  s.quarantine_bytes += bytes;
+  while (s.quarantine_bytes > kQuarantineBytes && !s.quarantine.empty()) {
+    std::free(s.quarantine.front().first);
+    s.quarantine_bytes -= s.quarantine.front().second;
+    s.quarantine.pop_front();
+  }
+  return true;
+}
+
+// ---- streams -------------------------------------------------------------------
+
+CUstream_st* resolve(cudaStream_t s) {
+  State& g = st();
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return &g.legacy;
+  return g.streams.count(s) != 0 ? s : nullptr;
+}
+
+bool capture_active() {
+  for (CUstream_st* s : st().streams)
+    if (s->capturing) return true;
+  return false;
+}
+
+void run(Op& op) {
+  Counters& c = st().counters;
+  ++c.ops_run;
+  if (op.kernel) {
+    ++c.kernels_run;
+    ++st().kernel_runs[op.name];
+  }
+  op.run();
+}
+
+void drain(CUstream_st* q) {
+  while (!q->pending.empty()) {
+    Op op = std::move(q->pending.front());
+    q->pending.pop_front();
+    run(op);
+  }
+}
+
+/// The legacy stream waits for (and is waited on by) blocking streams only.
+void drain_blocking() {
+  for (CUstream_st* s : st().streams)
+    if ((s->flags & cudaStreamNonBlocking) == 0) drain(s);
+}
+
+/// Completes the legacy default stream's work (and the blocking streams').
+void drain_legacy() {
+  drain_blocking();
+  drain(&st().legacy);
+}
+
+void drain_all() {
+  for (CUstream_st* s : st().streams) drain(s);
+  drain(&st().legacy);
+}
+
+/// A call CUDA prohibits while a stream captures (thread-local mode, one
+/// thread): invalidates the capture and fails.
+bool prohibited_during_capture(const char* call, cudaError_t* err) {
+  if (!capture_active()) return false;
+  for (CUstream_st* s : st().streams)
+    if (s->capturing) s->invalidated = true;
+  anomaly(std::string(call) + " during a stream capture (invalidates it)");
+  *err = fail(cudaErrorStreamCaptureUnsupported);
+  return true;
+}
+
+cudaError_t enqueue(cudaStream_t stream, Op op) {
+  CUstream_st* q = resolve(stream);
+  if (q == nullptr) {
+    anomaly(op.name + ": queued on an unknown stream");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (q->capturing) {
+    if (q->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+    q->captured.push_back(std::move(op));
+    ++st().counters.ops_captured;
+    return cudaSuccess;
+  }
+  if (q->legacy) {
+    cudaError_t err = cudaSuccess;
+    if (prohibited_during_capture((op.name + " on the legacy stream").c_str(), &err)) return err;
+    drain_blocking();  // the legacy stream's work follows the blocking streams'
+  }
+  if (st().mode == Execution::immediate)
+    run(op);
+  else
+    q->pending.push_back(std::move(op));
+  return cudaSuccess;
+}
+
+/// Where a host-side copy endpoint lives.
+enum class Where { device, pinned, pageable };
+Where where(const void* p) {
+  std::uintptr_t begin = 0;
+  const Alloc* a = find_alloc(reinterpret_cast<std::uintptr_t>(p), &begin);
+  if (a == nullptr) return Where::pageable;
+  return a->kind == MemKind::device ? Where::device : Where::pinned;
+}
+
+/// Checks a copy's endpoints against its kind; the error or success.
+cudaError_t check_copy_kind(const char* call, void* dst, const void* src, std::size_t count, cudaMemcpyKind kind) {
+  const Where d = where(dst), s = where(src);
+  bool ok = true;
+  switch (kind) {
+    case cudaMemcpyHostToDevice: ok = d == Where::device && s != Where::device; break;
+    case cudaMemcpyDeviceToHost: ok = s == Where::device && d != Where::device; break;
+    case cudaMemcpyDeviceToDevice: ok = s == Where::device && d == Where::device; break;
+    case cudaMemcpyHostToHost: ok = s != Where::device && d != Where::device; break;
+    case cudaMemcpyDefault: break;
+    default: ok = false;
+  }
+  if (!ok) {
+    anomaly(std::string(call) + ": endpoints do not match cudaMemcpyKind " + std::to_string(static_cast<int>(kind)));
+    return fail(cudaErrorInvalidValue);
+  }
+  if (d != Where::pageable && !in_memory(dst, count, d == Where::device ? MemKind::device : MemKind::pinned)) {
+    anomaly(std::string(call) + ": destination range overruns its allocation (" + std::to_string(count) + " bytes)");
+    return fail(cudaErrorInvalidValue);
+  }
+  if (s != Where::pageable && !in_memory(src, count, s == Where::device ? MemKind::device : MemKind::pinned)) {
+    anomaly(std::string(call) + ": source range overruns its allocation (" + std::to_string(count) + " bytes)");
+    return fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+/// The copy as an operation: at run time both ranges must still be live.
+Op copy_op(void* dst, const void* src, std::size_t count) {
+  const Where d = where(dst), s = where(src);
+  return Op{"cudaMemcpyAsync", false, [=] {
+              if (d != Where::pageable &&
+                  !check("cudaMemcpyAsync", "destination", dst, count,
+                         d == Where::device ? MemKind::device : MemKind::pinned))
+                return;
+              if (s != Where::pageable &&
+                  !check("cudaMemcpyAsync", "source", src, count, s == Where::device ? MemKind::device : MemKind::pinned))
+                return;
+              std::memmove(dst, src, count);
+            }};
+}
+
+}  // namespace fake_detail
+
+// ==== the CUDA runtime API (exact declarations of cuda_runtime_api.h) ===========
+
+using namespace fake_detail;
+
+extern "C" {
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error (fake device)";
+    case cudaErrorInvalidValue: return "invalid argument (fake device)";
+    case cudaErrorMemoryAllocation: return "out of memory (fake device)";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected (fake device)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal (fake device)";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle (fake device)";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state (fake device)";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing (fake device)";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture (fake device)";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream (fake device)";
+    case cudaErrorLaunchFailure: return "unspecified launch failure (fake device)";
+    default: return "fake device error";
+  }
+}
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = last_error;
+  last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  cudaError_t err;
+  if (injected("cudaGetDeviceCount", &err)) return fail(err);
+  if (count == nullptr) return fail(cudaErrorInvalidValue);
+  if (st().device_count < 0) return fail(cudaErrorNoDevice);
+  *count = st().device_count;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  cudaError_t err;
+  if (injected("cudaSetDevice", &err)) return fail(err);
+  if (device < 0 || device >= st().device_count) return fail(cudaErrorInvalidDevice);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+  cudaError_t err;
+  if (injected("cudaStreamCreateWithFlags", &err)) return fail(err);
+  if (pStream == nullptr || (flags & ~static_cast<unsigned>(cudaStreamNonBlocking)) != 0) return fail(cudaErrorInvalidValue);
+  auto* s = new CUstream_st;
+  s->flags = flags;
+  st().streams.insert(s);
+  *pStream = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  State& g = st();
+  if (stream == nullptr || g.streams.count(stream) == 0) {
+    anomaly("cudaStreamDestroy of an unknown stream");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (stream->capturing) anomaly("cudaStreamDestroy of a capturing stream");
+  drain(stream);  // its queued work completes, then the resources go
+  g.streams.erase(stream);
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  cudaError_t err;
+  if (injected("cudaStreamSynchronize", &err)) return fail(err);
+  CUstream_st* q = resolve(stream);
+  if (q == nullptr) {
+    anomaly("cudaStreamSynchronize of an unknown stream");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (q->capturing || (q->legacy && capture_active())) {
+    prohibited_during_capture("cudaStreamSynchronize", &err);
+    return err;
+  }
+  if (q->legacy)
+    drain_legacy();
+  else
+    drain(q);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  cudaError_t err;
+  if (injected("cudaDeviceSynchronize", &err)) return fail(err);
+  if (prohibited_during_capture("cudaDeviceSynchronize", &err)) return err;
+  drain_all();
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  cudaError_t err;
+  if (injected("cudaMemcpy", &err)) return fail(err);
+  if (prohibited_during_capture("cudaMemcpy", &err)) return err;
+  if (count == 0) return cudaSuccess;
+  if ((err = check_copy_kind("cudaMemcpy", dst, src, count, kind)) != cudaSuccess) return err;
+  // On the legacy stream, which the runner's non-blocking stream neither
+  // waits for nor is waited on by. Host to device from pageable memory
+  // returns once the source is staged, device to device at once: the copy
+  // itself may land later. Every other direction returns when it is done.
+  const Where d = where(dst), s = where(src);
+  if (d == Where::device && s == Where::pageable) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
+    return enqueue(nullptr, Op{"cudaMemcpy", false, [=] {
+                                 if (check("cudaMemcpy", "destination", dst, count)) std::memcpy(dst, staged->data(), count);
+                               }});
+  }
+  if (d == Where::device && s == Where::device) return enqueue(nullptr, copy_op(dst, src, count));
+  drain_legacy();
+  std::memmove(dst, src, count);
+  ++st().counters.ops_run;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  cudaError_t err;
+  if (injected("cudaMemcpyAsync", &err)) return fail(err);
+  CUstream_st* q = resolve(stream);
+  if (q == nullptr) {
+    anomaly("cudaMemcpyAsync on an unknown stream");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (count == 0) return cudaSuccess;
+  if ((err = check_copy_kind("cudaMemcpyAsync", dst, src, count, kind)) != cudaSuccess) return err;
+  const Where d = where(dst), s = where(src);
+  if (d == Where::pageable || s == Where::pageable) {
+    if (q->capturing || (q->legacy && capture_active())) {
+      prohibited_during_capture("cudaMemcpyAsync of pageable host memory", &err);
+      return err;
+    }
+    if (s == Where::pageable && d == Where::device) {
+      // From pageable memory: the source is staged before the call returns,
+      // the copy lands in stream order.
+      auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                        static_cast<const char*>(src) + count);
+      return enqueue(stream, Op{"cudaMemcpyAsync", false, [=] {
+                                  if (check("cudaMemcpyAsync", "destination", dst, count))
+                                    std::memcpy(dst, staged->data(), count);
+                                }});
+    }
+    // To (or between) pageable memory: the call returns once the copy is
+    // done, after the stream's earlier work.
+    if (q->legacy)
+      drain_legacy();
+    else
+      drain(q);
+    Op op = copy_op(dst, src, count);
+    run(op);
+    return cudaSuccess;
+  }
+  return enqueue(stream, copy_op(dst, src, count));
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  cudaError_t err;
+  if (injected("cudaMallocHost", &err)) return fail(err);
+  if (prohibited_during_capture("cudaMallocHost", &err)) return err;
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  *ptr = allocate(std::max<std::size_t>(size, 1), MemKind::pinned);
+  return *ptr == nullptr ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  cudaError_t err;
+  if (prohibited_during_capture("cudaFreeHost", &err)) return err;
+  if (ptr == nullptr) return cudaSuccess;
+  drain_all();  // cudaFreeHost waits for the device, as on a GPU
+  if (!release(ptr, MemKind::pinned)) {
+    anomaly("cudaFreeHost of a pointer cudaMallocHost did not return");
+    return fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  cudaError_t err;
+  if (injected("cudaStreamBeginCapture", &err)) return fail(err);
+  CUstream_st* q = resolve(stream);
+  if (q == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (q->legacy) return fail(cudaErrorStreamCaptureUnsupported);
+  if (q->capturing) return fail(cudaErrorIllegalState);
+  if (mode != cudaStreamCaptureModeThreadLocal && mode != cudaStreamCaptureModeGlobal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return fail(cudaErrorInvalidValue);
+  q->capturing = true;
+  q->invalidated = false;
+  q->captured.clear();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  CUstream_st* q = resolve(stream);
+  if (q == nullptr || pGraph == nullptr) return fail(cudaErrorInvalidValue);
+  if (!q->capturing) return fail(cudaErrorIllegalState);
+  q->capturing = false;
+  std::vector<Op> ops = std::move(q->captured);
+  q->captured.clear();
+  cudaError_t err;
+  if (q->invalidated || injected("cudaStreamEndCapture", &err)) {
+    *pGraph = nullptr;
+    q->invalidated = false;
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  auto* g = new CUgraph_st{std::move(ops)};
+  st().graphs.insert(g);
+  ++st().counters.graphs_captured;
+  *pGraph = g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph, unsigned long long flags) {
+  cudaError_t err;
+  if (injected("cudaGraphInstantiate", &err)) return fail(err);
+  if (pGraphExec == nullptr || graph == nullptr || st().graphs.count(graph) == 0) return fail(cudaErrorInvalidValue);
+  if (flags != 0) return fail(cudaErrorInvalidValue);  // the fake supports plain instantiation only
+  auto* e = new CUgraphExec_st{graph->ops};
+  st().execs.insert(e);
+  *pGraphExec = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (graph == nullptr || st().graphs.erase(graph) == 0) {
+    anomaly("cudaGraphDestroy of an unknown graph");
+    return fail(cudaErrorInvalidValue);
+  }
+  delete graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+  if (graphExec == nullptr || st().execs.erase(graphExec) == 0) {
+    anomaly("cudaGraphExecDestroy of an unknown graph exec");
+    return fail(cudaErrorInvalidValue);
+  }
+  delete graphExec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  cudaError_t err;
+  if (injected("cudaGraphLaunch", &err)) return fail(err);
+  if (graphExec == nullptr || st().execs.count(graphExec) == 0) {
+    anomaly("cudaGraphLaunch of an unknown graph exec");
+    return fail(cudaErrorInvalidValue);
+  }
+  if (resolve(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  ++st().counters.graph_launches;
+  for (const Op& op : graphExec->ops) {
+    ++st().counters.graph_ops_replayed;
+    if ((err = enqueue(stream, op)) != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // extern "C"
+
+// ==== the fake's control API ====================================================
+
+namespace shardline::testing_support::fake_cuda {
+
+void reset(Execution mode) {
+  State& g = st();
+  g.mode = mode;
+  g.counters = Counters{};
+  g.anomalies.clear();
+  g.injections.clear();
+  g.kernel_runs.clear();
+  g.device_count = 1;
+  last_error = cudaSuccess;
+}
+
+Execution execution() { return st().mode; }
+std::vector<std::string> anomalies() { return st().anomalies; }
+Counters counters() { return st().counters; }
+long kernel_runs(const std::string& name) {
+  const auto it = st().kernel_runs.find(name);
+  return it == st().kernel_runs.end() ? 0 : it->second;
+}
+
+std::size_t live_device_bytes() {
+  std::size_t n = 0;
+  for (const auto& [a, al] : st().allocs)
+    if (al.kind == MemKind::device) n += al.bytes;
+  return n;
+}
+int live_device_allocations() {
+  int n = 0;
+  for (const auto& [a, al] : st().allocs) n += al.kind == MemKind::device;
+  return n;
+}
+int live_pinned_allocations() {
+  int n = 0;
+  for (const auto& [a, al] : st().allocs) n += al.kind == MemKind::pinned;
+  return n;
+}
+int live_streams() { return static_cast<int>(st().streams.size()); }
+int live_graphs() { return static_cast<int>(st().graphs.size()); }
+int live_graph_execs() { return static_cast<int>(st().execs.size()); }
+int pending_ops() {
+  int n = 0;
+  for (CUstream_st* s : st().streams) n += static_cast<int>(s->pending.size());
+  return n + static_cast<int>(st().legacy.pending.size());
+}
+void set_device_count(int n) { st().device_count = n; }
+void fail_call(const std::string& call, int error, int skip) {
+  st().injections[call] = Injection{static_cast<cudaError_t>(error), skip};
+}
+
+}  // namespace shardline::testing_support::fake_cuda
+
+// ==== kernels::cuda on the CPU ====================================================
+
+namespace shardline::kernels::cuda {
+namespace {
+
+namespace cpu = shardline::kernels::cpu;
+
+Error bad(const std::string& why) { return make_error(ErrorCode::invalid_argument, "fake cuda: " + why); }
+
+Status launch_status(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return Status::ok_status();
+  (void)cudaGetLastError();
+  return make_error(ErrorCode::internal, "fake cuda: " + what + ": " + cudaGetErrorString(e));
+}
+
+/// Queues a kernel on `stream` (recorded instead while it captures).
+Status launch(Stream stream, const char* name, std::function<void()> body) {
+  return launch_status(enqueue(stream, Op{name, true, std::move(body)}), name);
+}
+
+bool dtype_ok(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16; }
+
+float widen(const void* w, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(w)[i];
+    case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(w)[i]);
+    default: return f16_to_f32(static_cast<const std::uint16_t*>(w)[i]);
+  }
+}
+
+bool check_cache(const char* op, const cpu::KvCacheLayer& c) {
+  const std::size_t bytes = static_cast<std::size_t>(c.num_blocks) * c.num_kv_heads * c.block_size * c.head_dim *
+                            dtype_size(c.dtype);
+  return check(op, "K cache", c.k, bytes) && check(op, "V cache", c.v, bytes);
+}
+
+/// y[i, :] = x[i, :] . w^T (+ y) row by row, k in order 0..K-1 (F32; w widened exactly).
+void gemm_rows(const float* x, int x_stride, int m, int k, const void* w, DType w_dtype, int n, float* y,
+               int y_stride, bool accumulate) {
+#pragma omp parallel for schedule(static) if (static_cast<long>(m) * n * k > 65536)
+  for (int i = 0; i < m; ++i) {
+    std::vector<float> xr(static_cast<std::size_t>(k));
+    for (int j = 0; j < k; ++j) xr[static_cast<std::size_t>(j)] = x[static_cast<long>(i) * x_stride + j];
+    float* yr = y + static_cast<long>(i) * y_stride;
+    for (int c = 0; c < n; ++c) {
+      float acc = 0.0f;
+      const std::size_t w0 = static_cast<std::size_t>(c) * k;
+      for (int j = 0; j < k; ++j) acc += xr[static_cast<std::size_t>(j)] * widen(w, w_dtype, w0 + j);
+      yr[c] = accumulate ? yr[c] + acc : acc;
+    }
+  }
+}
+
+}  // namespace
+
+Status synchronize(Stream stream) { return launch_status(cudaStreamSynchronize(stream), "synchronize"); }
+
+Status embedding(const std::int32_t* token_ids, int num_tokens, const void* table, DType dtype, int hidden,
+                 float* out, Stream stream) {
+  if (num_tokens < 0 || hidden < 0) return bad("embedding: negative size");
+  if (!dtype_ok(dtype)) return make_error(ErrorCode::unsupported, "fake cuda: embedding dtype");
+  if (num_tokens == 0 || hidden == 0) return Status::ok_status();
+  if (token_ids == nullptr || table == nullptr || out == nullptr) return bad("embedding: null pointer");
+  return launch(stream, "embedding", [=] {
+    const char* op = "embedding";
+    const std::size_t row = static_cast<std::size_t>(hidden) * dtype_size(dtype);
+    if (!check(op, "token_ids", token_ids, static_cast<std::size_t>(num_tokens) * 4) ||
+        !check(op, "out", out, static_cast<std::size_t>(num_tokens) * hidden * 4))
+      return;
+    for (int t = 0; t < num_tokens; ++t)
+      if (!check(op, "table row", offset(table, static_cast<long long>(token_ids[t]) * static_cast<long long>(row)), row))
+        return;
+    cpu::embedding(token_ids, num_tokens, table, dtype, hidden, out);
+  });
+}
+
+Status rms_norm(const float* x, int x_stride, const float* weight, float* y, int y_stride, int rows, int dim, float eps,
+                Stream stream) {
+  if (rows < 0 || dim < 0) return bad("rms_norm: negative size");
+  if (rows == 0 || dim == 0) return Status::ok_status();
+  if (x_stride < dim || y_stride < dim) return bad("rms_norm: stride < dim");
+  if (x == nullptr || weight == nullptr || y == nullptr) return bad("rms_norm: null pointer");
+  return launch(stream, "rms_norm", [=] {
+    const char* op = "rms_norm";
+    if (!check(op, "x", x, span_bytes(rows, x_stride, dim, 4)) || !check(op, "y", y, span_bytes(rows, y_stride, dim, 4)) ||
+        !check(op, "weight", weight, static_cast<std::size_t>(dim) * 4))
+      return;
+    cpu::rms_norm(x, x_stride, weight, y, y_stride, rows, dim, eps);
+  });
+}
+
+Status rms_norm_heads(float* x, int num_tokens, int row_stride, int num_heads, int head_dim, const float* weight,
+                      float eps, Stream stream) {
+  if (num_tokens < 0 || num_heads < 0 || head_dim < 0) return bad("rms_norm_heads: negative size");
+  if (row_stride < num_heads * head_dim) return bad("rms_norm_heads: row_stride < num_heads * head_dim");
+  if (num_tokens == 0 || num_heads == 0 || head_dim == 0) return Status::ok_status();
+  if (x == nullptr || weight == nullptr) return bad("rms_norm_heads: null pointer");
+  return launch(stream, "rms_norm_heads", [=] {
+    const char* op = "rms_norm_heads";
+    if (!check(op, "x", x, span_bytes(num_tokens, row_stride, num_heads * head_dim, 4)) ||
+        !check(op, "weight", weight, static_cast<std::size_t>(head_dim) * 4))
+      return;
+    for (int t = 0; t < num_tokens; ++t) {
+      float* xt = x + static_cast<long>(t) * row_stride;
+      cpu::rms_norm(xt, head_dim, weight, xt, head_dim, num_heads, head_dim, eps);
+    }
+  });
+}
+
+Status rms_norm_rows(const float* x, int x_stride, const std::int32_t* row_ids, int num_rows, const float* weight,
+                     float* y, int y_stride, int dim, float eps, Stream stream) {
+  if (num_rows < 0 || dim < 0) return bad("rms_norm_rows: negative size");
+  if (num_rows == 0 || dim == 0) return Status::ok_status();
+  if (x_stride < dim || y_stride < dim) return bad("rms_norm_rows: stride < dim");
+  if (x == nullptr || row_ids == nullptr || weight == nullptr || y == nullptr) return bad("rms_norm_rows: null pointer");
+  return launch(stream, "rms_norm_rows", [=] {
+    const char* op = "rms_norm_rows";
+    if (!check(op, "row_ids", row_ids, static_cast<std::size_t>(num_rows) * 4) ||
+        !check(op, "y", y, span_bytes(num_rows, y_stride, dim, 4)) ||
+        !check(op, "weight", weight, static_cast<std::size_t>(dim) * 4))
+      return;
+    for (int i = 0; i < num_rows; ++i) {
+      const float* xr = static_cast<const float*>(offset(x, static_cast<long long>(row_ids[i]) * x_stride * 4));
+      if (!check(op, "x row", xr, static_cast<std::size_t>(dim) * 4)) return;
+    }
+    for (int i = 0; i < num_rows; ++i)
+      cpu::rms_norm(x + static_cast<long>(row_ids[i]) * x_stride, x_stride, weight, y + static_cast<long>(i) * y_stride,
+                    y_stride, 1, dim, eps);
+  });
+}
+
+Status add_bias(float* y, int y_stride, const float* bias, int rows, int n, Stream stream) {
+  if (rows < 0 || n < 0) return bad("add_bias: negative size");
+  if (rows == 0 || n == 0) return Status::ok_status();
+  if (y_stride < n) return bad("add_bias: y_stride < n");
+  if (y == nullptr || bias == nullptr) return bad("add_bias: null pointer");
+  return launch(stream, "add_bias", [=] {
+    if (!check("add_bias", "y", y, span_bytes(rows, y_stride, n, 4)) ||
+        !check("add_bias", "bias", bias, static_cast<std::size_t>(n) * 4))
+      return;
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < n; ++j) y[static_cast<long>(r) * y_stride + j] += bias[j];
+  });
+}
+
+Status add_rms_norm(float* residual, const float* x, const float* weight, float* y, int rows, int dim, float eps,
+                    Stream stream) {
+  if (rows < 0 || dim < 0) return bad("add_rms_norm: negative size");
+  if (rows == 0 || dim == 0) return Status::ok_status();
+  if (residual == nullptr || x == nullptr || weight == nullptr || y == nullptr) return bad("add_rms_norm: null pointer");
+  return launch(stream, "add_rms_norm", [=] {
+    const std::size_t bytes = static_cast<std::size_t>(rows) * dim * 4;
+    if (!check("add_rms_norm", "residual", residual, bytes) || !check("add_rms_norm", "x", x, bytes) ||
+        !check("add_rms_norm", "y", y, bytes) || !check("add_rms_norm", "weight", weight, static_cast<std::size_t>(dim) * 4))
+      return;
+    cpu::add_rms_norm(residual, x, weight, y, rows, dim, eps);
+  });
+}
+
+Status add_inplace(float* residual, const float* x, long n, Stream stream) {
+  if (n < 0) return bad("add_inplace: negative size");
+  if (n == 0) return Status::ok_status();
+  if (residual == nullptr || x == nullptr) return bad("add_inplace: null pointer");
+  return launch(stream, "add_inplace", [=] {
+    if (!check("add_inplace", "residual", residual, static_cast<std::size_t>(n) * 4) ||
+        !check("add_inplace", "x", x, static_cast<std::size_t>(n) * 4))
+      return;
+    cpu::add_inplace(residual, x, n);
+  });
+}
+
+Status silu_and_mul(const float* gate_up, float* out, int rows, int inter, Stream stream) {
+  if (rows < 0 || inter < 0) return bad("silu_and_mul: negative size");
+  if (rows == 0 || inter == 0) return Status::ok_status();
+  if (gate_up == nullptr || out == nullptr) return bad("silu_and_mul: null pointer");
+  return launch(stream, "silu_and_mul", [=] {
+    if (!check("silu_and_mul", "gate_up", gate_up, static_cast<std::size_t>(rows) * 2 * inter * 4) ||
+        !check("silu_and_mul", "out", out, static_cast<std::size_t>(rows) * inter * 4))
+      return;
+    cpu::silu_and_mul(gate_up, out, rows, inter);
+  });
+}
+
+Status rope(float* x, int num_tokens, int row_stride, int num_heads, int head_dim, const std::int32_t* positions,
+            const float* inv_freq, Stream stream) {
+  if (num_tokens < 0 || num_heads < 0 || head_dim < 0) return bad("rope: negative size");
+  if (head_dim % 2 != 0) return bad("rope: odd head_dim");
+  if (row_stride < num_heads * head_dim) return bad("rope: row_stride < num_heads * head_dim");
+  if (num_tokens == 0 || num_heads == 0 || head_dim == 0) return Status::ok_status();
+  if (x == nullptr || positions == nullptr || inv_freq == nullptr) return bad("rope: null pointer");
+  return launch(stream, "rope", [=] {
+    if (!check("rope", "x", x, span_bytes(num_tokens, row_stride, num_heads * head_dim, 4)) ||
+        !check("rope", "positions", positions, static_cast<std::size_t>(num_tokens) * 4) ||
+        !check("rope", "inv_freq", inv_freq, static_cast<std::size_t>(head_dim / 2) * 4))
+      return;
+    cpu::rope(x, num_tokens, row_stride, num_heads, head_dim, positions, inv_freq);
+  });
+}
+
+Status write_kv(const float* k, const float* v, int row_stride, int num_tokens, const std::int32_t* slot_mapping,
+                const cpu::KvCacheLayer& cache, Stream stream) {
+  if (num_tokens < 0) return bad("write_kv: negative size");
+  if (cache.dtype != DType::f32 && cache.dtype != DType::bf16)
+    return make_error(ErrorCode::unsupported, "fake cuda: write_kv dtype");
+  if (num_tokens == 0) return Status::ok_status();
+  const int width = cache.num_kv_heads * cache.head_dim;
+  if (row_stride < width) return bad("write_kv: row_stride < num_kv_heads * head_dim");
+  if (k == nullptr || v == nullptr || slot_mapping == nullptr || cache.k == nullptr || cache.v == nullptr)
+    return bad("write_kv: null pointer");
+  const cpu::KvCacheLayer c = cache;
+  return launch(stream, "write_kv", [=] {
+    const char* op = "write_kv";
+    if (!check(op, "slot_mapping", slot_mapping, static_cast<std::size_t>(num_tokens) * 4) ||
+        !check(op, "k", k, span_bytes(num_tokens, row_stride, width, 4)) ||
+        !check(op, "v", v, span_bytes(num_tokens, row_stride, width, 4)) || !check_cache(op, c))
+      return;
+    const long slots = static_cast<long>(c.num_blocks) * c.block_size;
+    for (int t = 0; t < num_tokens; ++t) {
+      const std::int32_t slot = slot_mapping[t];
+      if (slot < 0 || slot >= slots) continue;  // skipped, as documented
+      cpu::write_kv(k + static_cast<long>(t) * row_stride, v + static_cast<long>(t) * row_stride, row_stride, 1, &slot, c);
+    }
+  });
+}
+
+Status paged_attention(const float* q, int q_stride, const AttentionSeq* seqs, int num_seqs, int max_num_q,
+                       int max_context_len, const cpu::KvCacheLayer& cache, int num_heads, float scale, float* out,
+                       int out_stride, void* workspace, std::size_t workspace_bytes, Stream stream) {
+  const int hd = cache.head_dim;
+  const int kvh = cache.num_kv_heads;
+  if (num_seqs < 0 || max_num_q < 0 || max_context_len < 0 || num_heads < 0 || kvh < 0 || hd < 0)
+    return bad("paged_attention: negative size");
+  if (cache.dtype != DType::f32 && cache.dtype != DType::bf16)
+    return make_error(ErrorCode::unsupported, "fake cuda: paged_attention KV dtype");
+  if (!attention_head_dim_supported(hd)) return make_error(ErrorCode::unsupported, "fake cuda: head_dim");
+  if (num_seqs == 0 || max_num_q == 0) return Status::ok_status();
+  if (kvh == 0 || num_heads % kvh != 0) return bad("paged_attention: num_heads not a multiple of num_kv_heads");
+  if (q_stride < num_heads * hd || out_stride < num_heads * hd) return bad("paged_attention: stride");
+  if (q == nullptr || seqs == nullptr || out == nullptr || cache.k == nullptr || cache.v == nullptr)
+    return bad("paged_attention: null pointer");
+  if (max_context_len < max_num_q) return bad("paged_attention: max_context_len < max_num_q");
+  if (num_seqs > 65535 || kvh > 65535) return bad("paged_attention: grid limit");
+  const std::size_t need = paged_attention_workspace_bytes(num_seqs, num_heads, hd, max_context_len);
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr))
+    return bad("paged_attention: workspace of " + std::to_string(workspace_bytes) + " bytes < " + std::to_string(need));
+  const cpu::KvCacheLayer c = cache;
+  return launch(stream, "paged_attention", [=] {
+    const char* op = "paged_attention";
+    if (!check(op, "seqs", seqs, static_cast<std::size_t>(num_seqs) * sizeof(AttentionSeq)) || !check_cache(op, c))
+      return;
+    if (need > 0 && !check(op, "workspace", workspace, need)) return;
+    const auto splits = [](int len) { return (len + kDecodeSplitTokens - 1) / kDecodeSplitTokens; };
+    std::vector<AttentionSeq> run;
+    for (int i = 0; i < num_seqs; ++i) {
+      const AttentionSeq s = seqs[i];
+      const std::string who = std::string(op) + ": sequence " + std::to_string(i);
+      if (s.num_q <= 0) continue;
+      if (s.num_q > max_num_q) {
+        anomaly(who + " has num_q " + std::to_string(s.num_q) + " > max_num_q " + std::to_string(max_num_q) +
+                " (the kernel skips it)");
+        continue;
+      }
+      if (s.num_q == 1 && splits(s.context_len) > splits(max_context_len)) {
+        anomaly(who + " has context_len " + std::to_string(s.context_len) + " beyond max_context_len " +
+                std::to_string(max_context_len) + " (the decode kernel skips it)");
+        continue;
+      }
+      if (s.context_len < s.num_q || s.q_start < 0) {
+        anomaly(who + ": context_len " + std::to_string(s.context_len) + " < num_q or negative q_start");
+        continue;
+      }
+      const int nblocks = (s.context_len + c.block_size - 1) / c.block_size;
+      if (!check(op, "block table", s.block_table, static_cast<std::size_t>(nblocks) * 4)) continue;
+      bool ok = true;
+      for (int b = 0; b < nblocks && ok; ++b)
+        if (s.block_table[b] < 0 || s.block_table[b] >= c.num_blocks) {
+          anomaly(who + ": block id " + std::to_string(s.block_table[b]) + " outside the cache");
+          ok = false;
+        }
+      ok = ok && check(op, "q rows", offset(q, static_cast<long long>(s.q_start) * q_stride * 4),
+                       span_bytes(s.num_q, q_stride, static_cast<long>(num_heads) * hd, 4));
+      ok = ok && check(op, "out rows", offset(out, static_cast<long long>(s.q_start) * out_stride * 4),
+                       span_bytes(s.num_q, out_stride, static_cast<long>(num_heads) * hd, 4));
+      if (ok) run.push_back(s);
+    }
+    cpu::paged_attention(q, q_stride, std::span<const AttentionSeq>(run), c, num_heads, scale, out, out_stride);
+  });
+}
+
+// ---- GEMM ------------------------------------------------------------------------
+
+// As the real context: a cuBLASLt workspace (unused here) and a cast scratch
+// of max_rows x cast_row_stride(max_k) 16-bit elements in device memory,
+// into which 16-bit-weight linears cast x before their GEMM.
+struct GemmContext::Impl {
+  DeviceBuffer workspace;
+  DeviceBuffer scratch;
+  std::set<std::tuple<int, int, int, int, int, int, bool>> plans;  // fast-mode problems seen
+};
+
+Result<std::unique_ptr<GemmContext>> GemmContext::create(int max_rows, int max_k) {
+  if (max_rows < 0 || max_k < 0) return bad("GemmContext: negative limits");
+  auto g = std::unique_ptr<GemmContext>(new GemmContext());
+  g->impl_ = std::make_unique<Impl>();
+  g->max_rows_ = max_rows;
+  g->max_k_ = max_k;
+  auto ws = DeviceBuffer::allocate(kGemmWorkspaceBytes);
+  if (!ws) return std::move(ws).error();
+  g->impl_->workspace = std::move(ws).value();
+  auto sc = DeviceBuffer::allocate(static_cast<std::size_t>(max_rows) * static_cast<std::size_t>(cast_row_stride(max_k)) * 2);
+  if (!sc) return std::move(sc).error();
+  g->impl_->scratch = std::move(sc).value();
+  return g;
+}
+
+GemmContext::~GemmContext() = default;
+
+std::size_t GemmContext::cached_plans() const noexcept { return impl_ ? impl_->plans.size() : 0; }
+
+Status GemmContext::linear(const float* x, int x_stride, int m, int k, const void* w, DType w_dtype, int n, float* y,
+                           int y_stride, bool accumulate, GemmMode mode, Stream stream) {
+  if (Status s = check_linear_args(x, x_stride, m, k, w, w_dtype, n, y, y_stride, mode, max_rows_, max_k_); !s) return s;
+  if (m == 0) return Status::ok_status();
+  if (mode == GemmMode::fast)
+    impl_->plans.emplace(m, n, k, static_cast<int>(w_dtype), x_stride, y_stride, accumulate);
+  auto* scratch = impl_->scratch.as<std::uint16_t>();
+  return launch(stream, "linear", [=] {
+    const char* op = "linear";
+    if (!check(op, "x", x, span_bytes(m, x_stride, k, 4)) ||
+        !check(op, "w", w, static_cast<std::size_t>(n) * k * dtype_size(w_dtype)) ||
+        !check(op, "y", y, span_bytes(m, y_stride, n, 4)))
+      return;
+    if (w_dtype == DType::f32) {
+      gemm_rows(x, x_stride, m, k, w, w_dtype, n, y, y_stride, accumulate);
+      return;
+    }
+    // 16-bit weights: x cast to the weight dtype into the scratch, then the GEMM on it.
+    const long xs16 = cast_row_stride(k);
+    if (!check(op, "cast scratch", scratch, span_bytes(m, xs16, k, 2))) return;
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < k; ++j) {
+        const float v = x[static_cast<long>(i) * x_stride + j];
+        scratch[i * xs16 + j] = w_dtype == DType::bf16 ? f32_to_bf16(v) : f32_to_f16(v);
+      }
+    std::vector<float> xf(static_cast<std::size_t>(m) * k);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < k; ++j) xf[static_cast<std::size_t>(i) * k + j] = widen(scratch, w_dtype, i * xs16 + j);
+    gemm_rows(xf.data(), k, m, k, w, w_dtype, n, y, y_stride, accumulate);
+  });
+}
+
+Status GemmContext::linear_lowp(const void* x16, int x_stride, int m, int k, const void* w, DType dtype, int n,
+                                float* y, int y_stride, bool accumulate, Stream stream) {
+  if (Status s = check_linear_args(x16, x_stride, m, k, w, dtype, n, y, y_stride, GemmMode::fast, m, k); !s) return s;
+  if (dtype == DType::f32) return make_error(ErrorCode::unsupported, "fake cuda: linear_lowp of F32");
+  if (m == 0) return Status::ok_status();
+  return launch(stream, "linear_lowp", [=] {
+    const char* op = "linear_lowp";
+    if (!check(op, "x16", x16, span_bytes(m, x_stride, k, 2)) ||
+        !check(op, "w", w, static_cast<std::size_t>(n) * k * 2) || !check(op, "y", y, span_bytes(m, y_stride, n, 4)))
+      return;
+    std::vector<float> xf(static_cast<std::size_t>(m) * k);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < k; ++j)
+        xf[static_cast<std::size_t>(i) * k + j] = widen(x16, dtype, static_cast<std::size_t>(i) * x_stride + j);
+    gemm_rows(xf.data(), k, m, k, w, dtype, n, y, y_stride, accumulate);
+  });
+}
+
+Status cast_f32(const float* x, long n, DType dtype, void* out, Stream stream) {
+  if (n < 0) return bad("cast_f32: negative size");
+  if (!dtype_ok(dtype)) return make_error(ErrorCode::unsupported, "fake cuda: cast_f32 dtype");
+  if (n == 0) return Status::ok_status();
+  if (x == nullptr || out == nullptr) return bad("cast_f32: null pointer");
+  return launch(stream, "cast_f32", [=] {
+    if (!check("cast_f32", "x", x, static_cast<std::size_t>(n) * 4) ||
+        !check("cast_f32", "out", out, static_cast<std::size_t>(n) * dtype_size(dtype)))
+      return;
+    for (long i = 0; i < n; ++i) {
+      if (dtype == DType::f32) static_cast<float*>(out)[i] = x[i];
+      else if (dtype == DType::bf16) static_cast<std::uint16_t*>(out)[i] = f32_to_bf16(x[i]);
+      else static_cast<std::uint16_t*>(out)[i] = f32_to_f16(x[i]);
+    }
+  });
+}
+
+// ---- sampling ----------------------------------------------------------------------
+
+Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows, std::int32_t* out_ids, Stream stream) {
+  if (num_rows < 0 || vocab < 0) return bad("sample: negative size");
+  if (num_rows == 0) return Status::ok_status();
+  if (logits == nullptr || rows == nullptr || out_ids == nullptr) return bad("sample: null pointer");
+  return launch(stream, "sample", [=] {
+    const char* op = "sample";
+    if (!check(op, "logits", logits, static_cast<std::size_t>(num_rows) * vocab * 4) ||
+        !check(op, "rows", rows, static_cast<std::size_t>(num_rows) * sizeof(SampleRow)) ||
+        !check(op, "out_ids", out_ids, static_cast<std::size_t>(num_rows) * 4))
+      return;
+    for (int i = 0; i < num_rows; ++i) {
+      const SampleRow r = rows[i];
+      if (r.num_penalty_ids < 0 || r.num_masked_ids < 0 || r.num_output_tokens < 0) {
+        anomaly("sample: row " + std::to_string(i) + " has negative counts");
+        return;
+      }
+      const auto np = static_cast<std::size_t>(r.num_penalty_ids);
+      if (!check(op, "penalty_ids", r.penalty_ids, np * 4) || !check(op, "output_counts", r.output_counts, np * 4) ||
+          !check(op, "masked_ids", r.masked_ids, static_cast<std::size_t>(r.num_masked_ids) * 4))
+        return;
+      for (std::size_t j = 0; j < np; ++j)
+        if (r.output_counts[j] < 0 || (j > 0 && r.penalty_ids[j] <= r.penalty_ids[j - 1])) {
+          anomaly("sample: row " + std::to_string(i) + ": penalty list not distinct ascending ids with counts >= 0");
+          return;
+        }
+      // The engine::SamplingParams + SampleContext the row stands for: the
+      // listed ids as the prompt, each id repeated by its output count (then
+      // out-of-range padding up to num_output_tokens) as the output.
+      engine::SamplingParams p;
+      p.temperature = r.temperature;
+      p.top_k = r.top_k;
+      p.top_p = r.top_p;
+      p.min_p = r.min_p;
+      p.repetition_penalty = r.repetition_penalty;
+      p.presence_penalty = r.presence_penalty;
+      p.frequency_penalty = r.frequency_penalty;
+      p.min_tokens = r.min_tokens;
+      std::vector<std::int32_t> prompt(r.penalty_ids, r.penalty_ids + np);
+      std::vector<std::int32_t> output;
+      for (std::size_t j = 0; j < np; ++j) output.insert(output.end(), static_cast<std::size_t>(r.output_counts[j]), r.penalty_ids[j]);
+      if (static_cast<int>(output.size()) > r.num_output_tokens) {
+        anomaly("sample: row " + std::to_string(i) + " counts more output tokens than num_output_tokens");
+        return;
+      }
+      output.resize(static_cast<std::size_t>(r.num_output_tokens), -1);
+      std::vector<std::int32_t> masked(r.masked_ids, r.masked_ids + r.num_masked_ids);
+      engine::SampleContext ctx;
+      ctx.seed = r.seed;
+      ctx.position = r.position;
+      ctx.prompt_ids = prompt;
+      ctx.output_ids = output;
+      ctx.min_tokens_masked_ids = masked;
+      out_ids[i] = vocab == 0 ? 0 : engine::sample(std::span<float>(logits + static_cast<long>(i) * vocab, vocab), p, ctx);
+    }
+  });
+}
+
+Status philox_uniforms(const std::uint64_t* seeds, const std::int32_t* positions, int n, float* out, Stream stream) {
+  if (n < 0) return bad("philox_uniforms: negative size");
+  if (n == 0) return Status::ok_status();
+  if (seeds == nullptr || positions == nullptr || out == nullptr) return bad("philox_uniforms: null pointer");
+  return launch(stream, "philox_uniforms", [=] {
+    if (!check("philox_uniforms", "seeds", seeds, static_cast<std::size_t>(n) * 8) ||
+        !check("philox_uniforms", "positions", positions, static_cast<std::size_t>(n) * 4) ||
+        !check("philox_uniforms", "out", out, static_cast<std::size_t>(n) * 4))
+      return;
+    for (int i = 0; i < n; ++i) out[i] = engine::philox_uniform(seeds[i], static_cast<std::uint64_t>(positions[i]));
+  });
+}
+
+// ---- DeviceBuffer --------------------------------------------------------------------
+
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
+  other.ptr_ = nullptr;
+  other.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    ptr_ = other.ptr_;
+    bytes_ = other.bytes_;
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+Result<DeviceBuffer> DeviceBuffer::allocate(std::size_t bytes) {
+  if (bytes == 0) return DeviceBuffer{};
+  cudaError_t err;
+  if (injected("cudaMalloc", &err) || prohibited_during_capture("cudaMalloc", &err)) {
+    const ErrorCode code = err == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::internal;
+    return make_error(code, "cudaMalloc of " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(fail(err)));
+  }
+  DeviceBuffer b;
+  b.ptr_ = fake_detail::allocate(bytes, MemKind::device);
+  if (b.ptr_ == nullptr) return make_error(ErrorCode::out_of_memory, "cudaMalloc of " + std::to_string(bytes) + " bytes");
+  b.bytes_ = bytes;
+  return b;
+}
+
+Status DeviceBuffer::copy_from_host(const void* src, std::size_t bytes, std::size_t off) {
+  if (off > bytes_ || bytes > bytes_ - off) return bad("copy_from_host: range exceeds the buffer");
+  if (bytes == 0) return Status::ok_status();
+  return launch_status(cudaMemcpy(static_cast<char*>(ptr_) + off, src, bytes, cudaMemcpyHostToDevice), "copy_from_host");
+}
+
+Status DeviceBuffer::copy_to_host(void* dst, std::size_t bytes, std::size_t off) const {
+  if (off > bytes_ || bytes > bytes_ - off) return bad("copy_to_host: range exceeds the buffer");
+  if (bytes == 0) return Status::ok_status();
+  return launch_status(cudaMemcpy(dst, static_cast<const char*>(ptr_) + off, bytes, cudaMemcpyDeviceToHost),
+                       "copy_to_host");
+}
+
+Status DeviceBuffer::fill_bytes(int value) {
+  if (ptr_ == nullptr) return Status::ok_status();
+  cudaError_t err;
+  if (prohibited_during_capture("cudaMemset", &err)) return launch_status(err, "fill_bytes");
+  drain_legacy();  // cudaMemset on the legacy stream, then cudaStreamSynchronize(nullptr)
+  std::memset(ptr_, value, bytes_);
+  return Status::ok_status();
+}
+
+void DeviceBuffer::reset() noexcept {
+  if (ptr_ == nullptr) return;
+  if (capture_active()) anomaly("cudaFree during a stream capture");
+  drain_all();  // cudaFree waits for the device, as on a GPU
+  if (!release(ptr_, MemKind::device)) anomaly("cudaFree of an unknown device pointer");
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+// ---- devices -------------------------------------------------------------------------
+
+DeviceQuery query_devices() {
+  DeviceQuery q;
+  if (st().device_count < 0) {
+    q.error = cudaGetErrorString(cudaErrorNoDevice);
+    return q;
+  }
+  for (int i = 0; i < st().device_count; ++i) {
+    DeviceInfo d;
+    d.index = i;
+    d.name = "fake CUDA device (CPU test double)";
+    d.sm_major = 9;
+    d.total_memory_bytes = std::size_t{80} << 30;
+    d.free_memory_bytes = d.total_memory_bytes;
+    q.devices.push_back(d);
+  }
+  return q;
+}
+
+}  // namespace shardline::kernels::cuda

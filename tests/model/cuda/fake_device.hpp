@@ -1,0 +1,93 @@
+#pragma once
+// A FAKE CUDA device for tests (a test double, not a CUDA implementation):
+// tests/model/cuda/fake_device.cpp defines, on the CPU, the CUDA runtime
+// calls model/cuda/cuda_runner.cpp makes (cudaMemcpyAsync, streams, graph
+// capture / replay, pinned memory, ...) and the kernels::cuda API it uses
+// (embedding, rms_norm, rope, write_kv, paged_attention, GemmContext,
+// sample, DeviceBuffer, ...), so that the real runner's host logic runs end
+// to end on a machine without a GPU. The test executable compiles
+// cuda_runner.cpp with this file instead of linking cudart / shardline_cuda.
+//
+// Model of the device:
+//  - device memory is host memory (256-byte aligned, filled with 0xFF bytes
+//    -- NaN floats, -1 ints -- when allocated, like uninitialised memory);
+//    freeing waits for the device (cudaFree / cudaFreeHost synchronise, as
+//    on a GPU); freed blocks are quarantined, so stale pointers never alias
+//    new buffers;
+//  - every kernel and copy is an operation queued on a stream. In
+//    Execution::immediate it runs at once; in Execution::deferred it runs
+//    only when the program must wait for it (cudaStreamSynchronize,
+//    cudaDeviceSynchronize, a copy to pageable host memory, ...): the two
+//    extremes of a real GPU's timing. The legacy default stream defers too:
+//    a cudaMemcpy from pageable memory to the device returns once its source
+//    is staged and lands at the legacy stream's next synchronisation, which
+//    the runner's non-blocking stream does not wait for (as on a GPU);
+//  - while a stream captures, operations queued on it are recorded into the
+//    graph instead of running; cudaGraphLaunch queues the recorded
+//    operations in order. Operations capture their pointer and size
+//    arguments by value and read memory when they run, as a graph replay
+//    does. Calls CUDA forbids during a (thread-local) capture -- cudaMalloc,
+//    cudaMemcpy, memset, synchronisation, copies of pageable memory -- fail
+//    with cudaErrorStreamCaptureUnsupported, invalidate the capture and are
+//    recorded as anomalies (so is a cudaFree);
+//  - kernels compute with the CPU reference kernels (kernels/cpu) and
+//    engine::sample, row by row (GEMMs: a plain F32 loop over k in order,
+//    16-bit weights widened exactly after x is cast to their dtype in the
+//    context's scratch, as the real fast path does): a row's result depends
+//    only on that row. Host-side argument checks mirror the real kernels';
+//  - when an operation runs it checks every range it reads or writes lies in
+//    one live device allocation (pinned host memory for copies from / to
+//    it), every block id of a block table is inside the KV cache, and every
+//    attention sequence is within the max_num_q / max_context_len bounds it
+//    was launched with. A violation is recorded as an anomaly (and the
+//    operation is skipped, like a faulting kernel): tests expect none.
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace shardline::testing_support::fake_cuda {
+
+enum class Execution { immediate, deferred };
+
+struct Counters {
+  long ops_run = 0;          ///< kernels and async copies executed (eager or replayed)
+  long ops_captured = 0;     ///< operations recorded into graphs
+  long graphs_captured = 0;  ///< successful cudaStreamEndCapture
+  long graph_launches = 0;
+  long graph_ops_replayed = 0;
+  long kernels_run = 0;      ///< kernels (not copies) executed
+};
+
+/// Starts a fresh fake: sets the execution mode, clears counters, anomalies
+/// and fault injections, 1 device. Expects no live streams or allocations.
+void reset(Execution mode);
+[[nodiscard]] Execution execution();
+
+/// What went wrong on the device (out-of-bounds ranges, use after free, bad
+/// block ids, skipped attention sequences, misused API); empty when fine.
+[[nodiscard]] std::vector<std::string> anomalies();
+[[nodiscard]] Counters counters();
+/// Executions of the kernel `name` ("embedding", "linear", "sample", ...).
+[[nodiscard]] long kernel_runs(const std::string& name);
+
+/// Live resources (for leak checks after a runner is destroyed).
+[[nodiscard]] std::size_t live_device_bytes();
+[[nodiscard]] int live_device_allocations();
+[[nodiscard]] int live_pinned_allocations();
+[[nodiscard]] int live_streams();
+[[nodiscard]] int live_graphs();
+[[nodiscard]] int live_graph_execs();
+/// Operations queued and not run yet (deferred mode), all streams.
+[[nodiscard]] int pending_ops();
+
+/// cudaGetDeviceCount's answer (default 1; negative: cudaErrorNoDevice).
+void set_device_count(int n);
+
+/// Fault injection: the next call of `call` (a runtime name such as
+/// "cudaGraphInstantiate", "cudaMallocHost", "cudaStreamBeginCapture", or
+/// "cudaMalloc" for DeviceBuffer::allocate) after `skip` successful ones
+/// fails with `error` (a cudaError_t value). One pending injection per name.
+void fail_call(const std::string& call, int error, int skip = 0);
+
+}  // namespace shardline::testing_support::fake_cuda
