@@ -139,7 +139,11 @@ class CudaModelRunner final : public engine::ModelExecutor {
 /// engine::activation_bytes_for's activations: the step metadata, the GEMM
 /// cast scratch, cuBLASLt's workspace, the split-decode workspace (which
 /// grows with max_model_len) and the final-norm rows. The memory plan sets
-/// this much aside. 0 for non-positive sizes.
+/// this much aside. Not included: the id lists of rows sampled with
+/// penalties or min_tokens, allocated on demand (64 KiB at least, twice the
+/// largest step's lists: about 8 bytes per prompt + output token of those
+/// rows), which the plan's fixed 512 MiB reserve absorbs. 0 for
+/// non-positive sizes.
 [[nodiscard]] std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& config, const CudaRunnerOptions& options);
 
 /// The default decode graph batch sizes for max_num_seqs (see
