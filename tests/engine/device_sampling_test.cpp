@@ -60,27 +60,8 @@ EngineInstance make_engine() {
   return std::move(e).value();
 }
 
-/// Mixed sampling parameters: greedy, seeded top-k/top-p, penalties and min_tokens.
-std::vector<SamplingParams> mixed_params() {
-  std::vector<SamplingParams> out;
-  for (int i = 0; i < 12; ++i) {
-    SamplingParams p;
-    p.max_tokens = 10 + 3 * i;
-    p.temperature = i % 3 == 0 ? 0.0f : 0.9f;
-    p.top_k = i % 4 == 1 ? 20 : 0;
-    p.top_p = i % 4 == 2 ? 0.8f : 1.0f;
-    p.repetition_penalty = i % 5 == 3 ? 1.3f : 1.0f;
-    p.frequency_penalty = i % 6 == 4 ? 0.5f : 0.0f;
-    p.min_tokens = i % 4 == 3 ? 8 : 0;
-    p.seed = 77 + static_cast<std::uint64_t>(i);
-    p.has_seed = true;
-    out.push_back(p);
-  }
-  return out;
-}
-
 std::map<std::uint64_t, RequestOutput> run(LlmEngine& engine, const model::Tokenizer& tok) {
-  const auto params = mixed_params();
+  const auto params = testing_support::mixed_sampling_params(12, 24);
   const char* prompts[] = {"Once upon a time", "The dog", "Lily and Ben", "One day a bird"};
   for (std::size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(engine.add_request(i, tok.encode(prompts[i % 4], true), params[i]).ok());

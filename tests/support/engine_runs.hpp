@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/llm_engine.hpp"
 #include "tests/support/stories_reference.hpp"
@@ -42,6 +43,29 @@ inline void add_fillers(engine::LlmEngine& engine, const model::Tokenizer& tok, 
     p.max_tokens = 20 + i % 40;
     ASSERT_TRUE(engine.add_request(first_id + static_cast<std::uint64_t>(i), tok.encode(starts[i % 5], true), p).ok());
   }
+}
+
+/// `n` requests' sampling parameters that exercise every sampler path:
+/// greedy, temperatures 0.7-0.9, top-k, top-p, min-p, repetition / presence /
+/// frequency penalties, min_tokens, each with its own seed.
+inline std::vector<engine::SamplingParams> mixed_sampling_params(int n, int max_tokens) {
+  std::vector<engine::SamplingParams> params;
+  for (int i = 0; i < n; ++i) {
+    engine::SamplingParams p;
+    p.max_tokens = max_tokens;
+    p.temperature = i % 4 == 0 ? 0.0f : 0.7f + 0.1f * static_cast<float>(i % 3);
+    p.top_k = i % 3 == 1 ? 25 : 0;
+    p.top_p = i % 3 == 2 ? 0.85f : 1.0f;
+    p.min_p = i % 5 == 4 ? 0.05f : 0.0f;
+    p.repetition_penalty = i % 4 == 3 ? 1.2f : 1.0f;
+    p.presence_penalty = i % 6 == 5 ? 0.4f : 0.0f;
+    p.frequency_penalty = i % 7 == 6 ? 0.3f : 0.0f;
+    p.min_tokens = i % 8 == 7 ? 12 : 0;
+    p.seed = 500 + static_cast<std::uint64_t>(i);
+    p.has_seed = true;
+    params.push_back(p);
+  }
+  return params;
 }
 
 /// Same token ids and bit-identical captured logits.

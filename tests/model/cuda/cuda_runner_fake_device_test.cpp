@@ -391,22 +391,7 @@ TEST_P(CudaRunnerFakeDevice, Bf16BatchedIsBitIdenticalToAlone) {
 // same runner's logits; greedy device sampling gives the reference ids.
 TEST_P(CudaRunnerFakeDevice, DeviceSamplingMatchesHostSampling) {
   const auto refs = testing_support::load_stories_reference();
-  std::vector<SamplingParams> params;
-  for (int i = 0; i < 16; ++i) {
-    SamplingParams p;
-    p.max_tokens = 30;
-    p.temperature = i % 4 == 0 ? 0.0f : 0.7f + 0.1f * static_cast<float>(i % 3);
-    p.top_k = i % 3 == 1 ? 25 : 0;
-    p.top_p = i % 3 == 2 ? 0.85f : 1.0f;
-    p.min_p = i % 5 == 4 ? 0.05f : 0.0f;
-    p.repetition_penalty = i % 4 == 3 ? 1.2f : 1.0f;
-    p.presence_penalty = i % 6 == 5 ? 0.4f : 0.0f;
-    p.frequency_penalty = i % 7 == 6 ? 0.3f : 0.0f;
-    p.min_tokens = i % 8 == 7 ? 12 : 0;
-    p.seed = 500 + static_cast<std::uint64_t>(i);
-    p.has_seed = true;
-    params.push_back(p);
-  }
+  std::vector<SamplingParams> params = testing_support::mixed_sampling_params(16, 30);
   // min_tokens masking that decides the output: case 0's first greedy token
   // as a stop token, masked for the first 4 tokens (greedy and sampled).
   const std::int32_t masked_first = refs[0].generated_ids[0];
