@@ -63,7 +63,7 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
 
 Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (o.parallel.dp != 1)
-    return make_error(ErrorCode::invalid_argument, "a EngineInstance is one replica: dp must be 1 (build dp engines)");
+    return make_error(ErrorCode::invalid_argument, "an EngineInstance is one replica: dp must be 1 (build dp engines)");
   if (o.block_size <= 0)
     return make_error(ErrorCode::invalid_argument, "--block-size must be > 0");
   if (o.kv_cache_bytes == 0 && !(o.kv_cache_memory_fraction > 0.0 && o.kv_cache_memory_fraction <= 1.0))
