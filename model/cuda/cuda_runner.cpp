@@ -16,6 +16,7 @@
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/cuda/sampling.hpp"
+#include "model/cuda/penalty_cache.hpp"
 #include "model/shard_runner.hpp"
 
 namespace shardline::model {
@@ -144,6 +145,7 @@ struct CudaModelRunner::Impl {
               off_tables = 0, off_pad_table = 0, off_sample_rows = 0, off_sampled = 0;
 
   std::vector<std::int32_t> extra_host;  // penalty / masked ids of the last step (read by an async copy)
+  PenaltyCache penalties;                // per-sequence penalty lists, updated step by step
   std::map<int, cudaGraphExec_t> graphs;  // decode batch size -> graph
   std::string graph_error;
 
@@ -665,11 +667,20 @@ Result<engine::StepOutput> CudaModelRunner::run_step(const engine::StepInput& in
       int num_ids = 0, num_masked = 0;
     };
     std::vector<Spans> spans(static_cast<std::size_t>(num_logits));
+    std::vector<std::uint64_t> row_seq_ids;  // the sequence of each logits row (rows follow seqs' order)
+    row_seq_ids.reserve(static_cast<std::size_t>(num_logits));
+    for (const engine::StepSeq& sq : in.seqs)
+      if (sq.needs_logits) row_seq_ids.push_back(sq.seq_id);
+    if (static_cast<int>(row_seq_ids.size()) != num_logits)
+      return bad(std::to_string(num_logits) + " logits rows for " + std::to_string(row_seq_ids.size()) +
+                 " sequences that need logits");
     for (int i = 0; i < num_logits; ++i) {
       const engine::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
       Spans& sp = spans[static_cast<std::size_t>(i)];
       if (has_penalties(*rs.params)) {
-        const kcu::PenaltyList pl = kcu::make_penalty_list(rs.ctx.prompt_ids, rs.ctx.output_ids, config_.vocab_size);
+        const kcu::PenaltyList& pl =
+            m.penalties.get(row_seq_ids[static_cast<std::size_t>(i)], rs.ctx.prompt_ids, rs.ctx.output_ids,
+                            config_.vocab_size);
         sp.num_ids = static_cast<int>(pl.ids.size());
         sp.ids = extra.size();
         extra.insert(extra.end(), pl.ids.begin(), pl.ids.end());
@@ -727,6 +738,7 @@ Result<engine::StepOutput> CudaModelRunner::run_step(const engine::StepInput& in
     if (Status s = cuda_status("step", cudaStreamSynchronize(m.stream)); !s) return s.error();
     const auto* ids = m.host<std::int32_t>(m.off_sampled);
     out.sampled_token_ids.assign(ids, ids + num_logits);
+    m.penalties.end_step();
   } else {
     out.logits.resize(static_cast<std::size_t>(num_logits) * vocab);
     if (num_logits > 0)
