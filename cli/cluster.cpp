@@ -137,6 +137,28 @@ std::string describe_workers(const actors::NodeOptions& o) {
          " per device";
 }
 
+/// --devices and --parallel of `run` and `node start`.
+void add_placement_flags(CLI::App& cmd, std::string& devices, std::string& parallel) {
+  cmd.add_option("--devices", devices,
+                 "cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without --parallel, where "
+                 "cpu:N means N single-device workers); or cuda:LIST (cuda:0, cuda:0,1, cuda:0-3): one "
+                 "single-device worker per GPU");
+  cmd.add_option("--parallel", parallel,
+                 "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single)");
+}
+
+/// --group-master, --group-key-file and --group-timeout-ms of `run` and `node start`.
+void add_tcp_group_flags(CLI::App& cmd, std::string& master, std::string& key_file, int& timeout_ms) {
+  cmd.add_option("--group-master", master,
+                 "HOST:PORT this process (rank 0) binds; the engine group's other ranks are `shardline shard "
+                 "serve` processes joining there over TCP (needs dp=1)");
+  cmd.add_option("--group-key-file", key_file,
+                 "Shared secret the TCP group's ranks must all know (e.g. the cluster key file)");
+  cmd.add_option("--group-timeout-ms", timeout_ms,
+                 "How long rank 0 waits for the TCP group's ranks to join, and for any peer in a step")
+      ->capture_default_str();
+}
+
 int wait_for_signal() {
   sigset_t set;
   sigemptyset(&set);
@@ -457,26 +479,13 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   start->add_option("--listen", na->listen, "HOST:PORT for clients and nodes (loopback by default)")
       ->capture_default_str();
   start->add_option("--join", na->join, "HOST:PORT of the node running the orchestrator (this node adds workers)");
-  start->add_option("--devices", na->devices,
-                    "Devices: cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without "
-                    "--parallel, where cpu:N means N single-device workers); or cuda:LIST (cuda:0, cuda:0,1, "
-                    "cuda:0-3): one single-device worker per GPU");
-  start->add_option("--parallel", na->parallel,
-                    "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: "
-                    "single)");
+  add_placement_flags(*start, na->devices, na->parallel);
   start->add_option("--data-dir", na->data_dir, "Durable job state (RocksDB)")->capture_default_str();
   start->add_option("--model", na->model_dir, "Model folder the workers load")->required();
   start->add_option("--key-file", na->key_file, "Cluster key")->capture_default_str();
   start->add_option("--metrics", na->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   start->add_option("--max-batch", na->max_batch, "Running sequences per worker")->capture_default_str();
-  start->add_option("--group-master", na->group_master,
-                  "HOST:PORT this process (rank 0) binds; the engine group's other ranks are `shardline shard "
-                  "serve` processes joining there over TCP (needs dp=1)");
-  start->add_option("--group-key-file", na->group_key_file,
-                  "Shared secret the TCP group's ranks must all know (e.g. the cluster key file)");
-  start->add_option("--group-timeout-ms", na->group_timeout_ms,
-                    "How long rank 0 waits for the TCP group's ranks to join, and for any peer in a step")
-      ->capture_default_str();
+  add_tcp_group_flags(*start, na->group_master, na->group_key_file, na->group_timeout_ms);
   add_engine_flags(*start, na->engine);
   start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
 
@@ -525,12 +534,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--model", ra->model_dir, "Model folder")->required();
   r->add_option("--input", ra->inputs, "JSONL shard (repeatable)")->required();
   r->add_option("--output", ra->output, "Output JSONL")->required();
-  r->add_option("--devices", ra->devices,
-                "cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without --parallel, where "
-                "cpu:N means N single-device workers); or cuda:LIST (cuda:0, cuda:0,1, cuda:0-3): one "
-                "single-device worker per GPU");
-  r->add_option("--parallel", ra->parallel,
-                "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single)");
+  add_placement_flags(*r, ra->devices, ra->parallel);
   r->add_option("--token-budget", ra->token_budget,
                 std::string("Per-micro-batch token budget policy: ") + orchestrator::token_budget_policy_names())
       ->capture_default_str();
@@ -538,14 +542,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();
   r->add_flag("--quiet", ra->quiet, "No progress bar");
-  r->add_option("--group-master", ra->group_master,
-                  "HOST:PORT this process (rank 0) binds; the engine group's other ranks are `shardline shard "
-                  "serve` processes joining there over TCP (needs dp=1)");
-  r->add_option("--group-key-file", ra->group_key_file,
-                  "Shared secret the TCP group's ranks must all know (e.g. the cluster key file)");
-  r->add_option("--group-timeout-ms", ra->group_timeout_ms,
-                "How long rank 0 waits for the TCP group's ranks to join, and for any peer in a step")
-      ->capture_default_str();
+  add_tcp_group_flags(*r, ra->group_master, ra->group_key_file, ra->group_timeout_ms);
   add_engine_flags(*r, ra->engine);
   r->callback([&run, ra] { run = [ra] { return run_run(*ra); }; });
 }
