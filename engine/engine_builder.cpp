@@ -17,6 +17,22 @@ namespace shardline::engine {
 namespace {
 
 #if SHARDLINE_HAVE_CUDA
+/// The CUDA runner's options for these engine options (num_kv_blocks left 0:
+/// the memory plan decides it).
+model::CudaRunnerOptions cuda_runner_options(const EngineOptions& o, int max_model_len) {
+  model::CudaRunnerOptions co;
+  co.device_index = o.device_index;
+  co.block_size = o.block_size;
+  co.weight_dtype = o.dtype;
+  co.kv_cache_dtype = o.kv_cache_dtype;
+  co.max_num_batched_tokens = o.max_num_batched_tokens;
+  co.max_num_seqs = o.max_num_seqs;
+  co.max_model_len = max_model_len;
+  co.deterministic = o.deterministic;
+  co.cuda_graphs = o.cuda_graphs;
+  return co;
+}
+
 /// The KV bytes plan_gpu_memory leaves on the device for this model (checked
 /// before the weights are loaded, so a model that cannot fit fails fast).
 Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
@@ -45,12 +61,8 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   pi.block_size = o.block_size;
   pi.kv_dtype = o.kv_cache_dtype;
   pi.max_model_len = max_model_len;
-  model::CudaRunnerOptions ro;
-  ro.block_size = o.block_size;
-  ro.max_num_batched_tokens = o.max_num_batched_tokens;
-  ro.max_num_seqs = o.max_num_seqs;
-  ro.max_model_len = max_model_len;
-  pi.reserved_bytes += model::cuda_runner_workspace_bytes(c, ro);  // metadata, GEMM and attention workspaces
+  // metadata, GEMM and attention workspaces
+  pi.reserved_bytes += model::cuda_runner_workspace_bytes(c, cuda_runner_options(o, max_model_len));
   auto plan = plan_gpu_memory(pi);
   if (!plan)
     return make_error(plan.error().code, "cuda:" + std::to_string(o.device_index) + " (" + d.name + "): " +
@@ -150,17 +162,8 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
   if (cuda) {
 #if SHARDLINE_HAVE_CUDA
-    model::CudaRunnerOptions co;
-    co.device_index = o.device_index;
+    model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
     co.num_kv_blocks = e.num_kv_blocks;
-    co.block_size = o.block_size;
-    co.weight_dtype = o.dtype;
-    co.kv_cache_dtype = o.kv_cache_dtype;
-    co.max_num_batched_tokens = o.max_num_batched_tokens;
-    co.max_num_seqs = o.max_num_seqs;
-    co.max_model_len = max_model_len;
-    co.deterministic = o.deterministic;
-    co.cuda_graphs = o.cuda_graphs;
     auto runner = model::CudaModelRunner::create(e.weights, co);
     if (!runner) return std::move(runner).error();
     e.device_runner = std::move(runner).value();
