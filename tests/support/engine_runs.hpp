@@ -68,6 +68,25 @@ inline std::vector<engine::SamplingParams> mixed_sampling_params(int n, int max_
   return params;
 }
 
+/// A three-token prefill of sequence 1 (ids 1, 400, 3 at positions 0..2)
+/// in block 0, with the logits of its last row: the smallest valid step of
+/// the stories260K runners' error-path tests.
+inline engine::StepInput three_token_step(int block_size) {
+  engine::StepInput in;
+  in.block_size = block_size;
+  engine::StepSeq s;
+  s.seq_id = 1;
+  s.num_new_tokens = 3;
+  s.needs_logits = true;
+  s.block_table = {0};
+  in.seqs = {s};
+  in.token_ids = {1, 400, 3};
+  in.positions = {0, 1, 2};
+  in.slot_mapping = {0, 1, 2};
+  in.logits_rows = {2};
+  return in;
+}
+
 /// Same token ids and bit-identical captured logits.
 inline bool bit_identical(const engine::RequestOutput& a, const engine::RequestOutput& b) {
   if (a.token_ids != b.token_ids || a.logits.size() != b.logits.size()) return false;

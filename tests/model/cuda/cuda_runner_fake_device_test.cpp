@@ -641,29 +641,14 @@ TEST_P(CudaRunnerFakeDevice, OtherArchitecturesMatchTheCpuRunner) {
   }
 }
 
-// A three-token prefill of seq 1 in blocks {0}, logits of its last row.
-StepInput small_step(int block_size) {
-  StepInput in;
-  in.block_size = block_size;
-  StepSeq s;
-  s.seq_id = 1;
-  s.num_new_tokens = 3;
-  s.needs_logits = true;
-  s.block_table = {0};
-  in.seqs = {s};
-  in.token_ids = {1, 400, 3};
-  in.positions = {0, 1, 2};
-  in.slot_mapping = {0, 1, 2};
-  in.logits_rows = {2};
-  return in;
-}
+using testing_support::three_token_step;
 
 // 5. Bad steps are refused with invalid_argument before anything runs, and
 // the runner then computes a good step exactly as a fresh runner does.
 TEST_P(CudaRunnerFakeDevice, BadStepsAreRefusedAndTheRunnerGoesOn) {
   Instance fresh = make(Config{});
   ASSERT_NE(fresh.runner, nullptr);
-  auto expected = fresh.runner->execute(small_step(16));
+  auto expected = fresh.runner->execute(three_token_step(16));
   ASSERT_TRUE(expected.ok()) << expected.error().to_string();
   ASSERT_EQ(expected->logits.size(), 512u);
 
@@ -671,7 +656,7 @@ TEST_P(CudaRunnerFakeDevice, BadStepsAreRefusedAndTheRunnerGoesOn) {
   ASSERT_NE(e.runner, nullptr);
   ModelExecutor& x = *e.runner;
   {  // a token id outside the vocabulary
-    StepInput in = small_step(16);
+    StepInput in = three_token_step(16);
     in.token_ids[1] = 9999;
     auto bad = x.execute(in);
     ASSERT_FALSE(bad.ok());
@@ -679,7 +664,7 @@ TEST_P(CudaRunnerFakeDevice, BadStepsAreRefusedAndTheRunnerGoesOn) {
     EXPECT_NE(bad.error().message.find("9999"), std::string::npos) << bad.error().message;
   }
   {  // a context beyond max_model_len
-    StepInput in = small_step(16);
+    StepInput in = three_token_step(16);
     in.seqs[0].num_computed_tokens = kMaxModelLen;
     in.seqs[0].block_table.assign(33, 0);
     in.positions = {kMaxModelLen, kMaxModelLen + 1, kMaxModelLen + 2};
@@ -689,7 +674,7 @@ TEST_P(CudaRunnerFakeDevice, BadStepsAreRefusedAndTheRunnerGoesOn) {
     EXPECT_NE(bad.error().message.find("max_model_len"), std::string::npos) << bad.error().message;
   }
   {  // sampling rows that do not match the logits rows
-    StepInput in = small_step(16);
+    StepInput in = three_token_step(16);
     SamplingParams p = greedy();
     in.sampling.resize(2);
     for (RowSampling& r : in.sampling) r.params = &p;
@@ -697,7 +682,7 @@ TEST_P(CudaRunnerFakeDevice, BadStepsAreRefusedAndTheRunnerGoesOn) {
     ASSERT_FALSE(bad.ok());
     EXPECT_EQ(bad.error().code, ErrorCode::invalid_argument);
   }
-  auto good = x.execute(small_step(16));
+  auto good = x.execute(three_token_step(16));
   ASSERT_TRUE(good.ok()) << good.error().to_string();
   ASSERT_EQ(good->logits.size(), expected->logits.size());
   EXPECT_EQ(good->logits, expected->logits);
@@ -709,7 +694,7 @@ TEST_P(CudaRunnerFakeDevice, BadStepsAreRefusedAndTheRunnerGoesOn) {
   Instance small = make(s);
   ASSERT_NE(small.runner, nullptr);
   constexpr int kRows = 65;
-  StepInput big = small_step(16);
+  StepInput big = three_token_step(16);
   big.seqs[0].num_new_tokens = kRows;
   big.seqs[0].block_table = {0, 1, 2, 3, 4};
   big.token_ids.assign(kRows, 1);

@@ -188,18 +188,8 @@ TEST_F(CudaRunnerGpu, Bf16AndF16WeightsStayCloseToTheReference) {
 TEST_F(CudaRunnerGpu, BadStepIsRefusedAndTheRunnerGoesOn) {
   EngineInstance e = make(2048, true, false);
   ModelExecutor& x = *e.executor;
-  StepInput in;
-  in.block_size = x.block_size();
-  StepSeq s;
-  s.seq_id = 1;
-  s.num_new_tokens = 3;
-  s.needs_logits = true;
-  s.block_table = {0};
-  in.seqs = {s};
-  in.token_ids = {1, 9999, 3};
-  in.positions = {0, 1, 2};
-  in.slot_mapping = {0, 1, 2};
-  in.logits_rows = {2};
+  StepInput in = testing_support::three_token_step(x.block_size());
+  in.token_ids[1] = 9999;
   auto bad = x.execute(in);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code, ErrorCode::invalid_argument);
