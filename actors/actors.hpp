@@ -2,7 +2,7 @@
 /// \file
 /// The actors of a node. Each is a thin CAF behaviour around a plain class:
 /// the job orchestrator around orchestrator::JobManager, a worker (one per
-/// device, on its own thread) around engine::BatchWorker, the KV store around
+/// device, on its own thread) around worker::BatchWorker, the KV store around
 /// kvstore::HostKvStore. Messages are signed Cap'n Proto bytes
 /// (actors/protocol.hpp); a message with a bad tag is refused, logged, and
 /// answered with an "unauthenticated" error.

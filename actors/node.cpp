@@ -75,7 +75,7 @@ Result<DeviceList> parse_devices(const std::string& devices) {
     return ec == std::errc() && p == text.data() + text.size();
   };
   if (devices.rfind("cuda:", 0) == 0) {
-    out.kind = engine::DeviceKind::cuda;
+    out.kind = model::DeviceKind::cuda;
     const std::string_view list = std::string_view(devices).substr(5);
     const auto bad = [&] {
       return make_error(ErrorCode::invalid_argument,
@@ -130,7 +130,7 @@ Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::
                                                            " devices but --parallel " + pc->to_string() + " needs " +
                                                            std::to_string(pc->dp));
     }
-    out.kind = engine::DeviceKind::cuda;
+    out.kind = model::DeviceKind::cuda;
     out.cuda_devices = list->indices;
     out.num_cpu_devices = 0;
     out.parallel.dp = n;
@@ -188,7 +188,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     if (!key) return std::move(key).error();
     node->key_ = std::make_shared<const ClusterKey>(std::move(key).value());
   }
-  const bool cuda = o.device_kind == engine::DeviceKind::cuda;
+  const bool cuda = o.device_kind == model::DeviceKind::cuda;
   if (cuda) {
     if (o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) != o.parallel.dp ||
         o.parallel.group_size() != 1)
@@ -266,12 +266,12 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
       const int d = o.cuda_devices[static_cast<std::size_t>(i)];
       wc.name = o.name + "/cuda:" + std::to_string(d);
       wc.device = "cuda:" + std::to_string(d);
-      wc.engine.device = engine::DeviceKind::cuda;
+      wc.engine.device = model::DeviceKind::cuda;
       wc.engine.device_index = d;
     } else {
       wc.name = worker_name(o.name, i, group);
       wc.device = "cpu";
-      wc.engine.device = engine::DeviceKind::cpu;
+      wc.engine.device = model::DeviceKind::cpu;
     }
     wc.engine.max_num_seqs = o.max_batch;
     wc.max_batch = o.max_batch;

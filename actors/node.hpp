@@ -30,7 +30,7 @@ struct NodeOptions {
   int num_cpu_devices = 1;  ///< `--devices cpu:N`: N CPU devices; must equal parallel.world_size()
   /// `--devices cuda:LIST`: one single-device worker per listed GPU
   /// (parallel.dp == cuda_devices.size(), tp = pp = sp = 1).
-  engine::DeviceKind device_kind = engine::DeviceKind::cpu;
+  model::DeviceKind device_kind = model::DeviceKind::cpu;
   std::vector<int> cuda_devices;
   /// `--parallel`: parallel.dp workers, each one engine group of tp x sp x pp
   /// devices (in-process ranks, each on its own thread, with its own KV cache).
@@ -94,7 +94,7 @@ class Node {
 /// A parsed `--devices`: "cpu:N" (N >= 1: devices 0..N-1) or "cuda:LIST"
 /// with LIST indices and ranges, e.g. cuda:0, cuda:0,2, cuda:0-3.
 struct DeviceList {
-  engine::DeviceKind kind = engine::DeviceKind::cpu;
+  model::DeviceKind kind = model::DeviceKind::cpu;
   std::vector<int> indices;  ///< device indices, in the order given
 };
 /// Errors: invalid_argument (not cpu:N / cuda:LIST, N outside [1, 64], an
@@ -114,7 +114,7 @@ struct DeviceList {
 /// tp / pp / sp > 1).
 struct NodeDevices {
   int num_cpu_devices = 1;  ///< 0 with cuda
-  engine::DeviceKind kind = engine::DeviceKind::cpu;
+  model::DeviceKind kind = model::DeviceKind::cpu;
   std::vector<int> cuda_devices;  ///< with cuda: the GPUs, one worker each
   engine::ParallelConfig parallel;
 };

@@ -69,7 +69,7 @@ void dispatch(OrchestratorActor* self) {
   for (auto& [name, w] : st.workers) {
     const std::size_t room = 2 * static_cast<std::size_t>(w.max_batch);
     if (w.in_flight >= room) continue;
-    std::vector<orchestrator::BatchRequest> work = st.config.jobs->next_work(room - w.in_flight, name);
+    std::vector<worker::BatchRequest> work = st.config.jobs->next_work(room - w.in_flight, name);
     if (work.empty()) break;  // nothing pending for anyone
     w.in_flight += work.size();
     const Signed s = sign(*st.config.key, messages::encode(messages::WorkerMsg::of(messages::AssignWork{std::move(work)})));

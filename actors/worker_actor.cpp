@@ -1,12 +1,12 @@
-// The worker actor: a thin behaviour around engine::BatchWorker.
+// The worker actor: a thin behaviour around worker::BatchWorker.
 #include <spdlog/spdlog.h>
 
 #include "actors/actors.hpp"
 #include "actors/protocol.hpp"
-#include "engine/batch_worker.hpp"
+#include "worker/batch_worker.hpp"
 #include "messages/codec.hpp"
 #include "orchestrator/job_admission.hpp"
-#include "orchestrator/job_token_budget.hpp"
+#include "worker/job_token_budget.hpp"
 
 namespace shardline::actors {
 
@@ -17,8 +17,8 @@ using messages::WorkerReply;
 
 struct WorkerState {
   WorkerConfig config;
-  std::unique_ptr<engine::BatchWorker> worker;
-  std::unique_ptr<orchestrator::JobTokenBudget> token_budget;
+  std::unique_ptr<worker::BatchWorker> worker;
+  std::unique_ptr<worker::JobTokenBudget> token_budget;
   bool step_scheduled = false;
   static inline const char* name = "shardline.worker";
 };
@@ -26,7 +26,7 @@ struct WorkerState {
 using WorkerActor = caf::stateful_actor<WorkerState>;
 
 messages::WorkerStatus status_of(const WorkerState& st) {
-  const engine::WorkerStatusSnapshot s = st.worker->status();
+  const worker::WorkerStatusSnapshot s = st.worker->status();
   messages::WorkerStatus w;
   w.worker_name = st.config.name;
   w.device = st.config.device;
@@ -71,14 +71,14 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     self->quit(caf::exit_reason::user_shutdown);
     return {};
   }
-  auto worker = engine::BatchWorker::create(std::move(built).value(), st.config.name);
+  auto worker = worker::BatchWorker::create(std::move(built).value(), st.config.name);
   if (!worker) {
     spdlog::error("worker {}: {}", st.config.name, worker.error().to_string());
     self->quit(caf::exit_reason::user_shutdown);
     return {};
   }
-  st.worker = std::make_unique<engine::BatchWorker>(std::move(worker).value());
-  st.token_budget = std::make_unique<orchestrator::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
+  st.worker = std::make_unique<worker::BatchWorker>(std::move(worker).value());
+  st.token_budget = std::make_unique<worker::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
   to_orchestrator(self, messages::OrchestratorMsg::of(messages::WorkerHello{
                             st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch),
                             st.config.engine.parallel}));

@@ -167,20 +167,20 @@ struct StepRecord {
 
 /// Times every step, prices it, and keeps the runner's per-step statistics.
 /// Forwards everything else (sampling on the device included) to the runner.
-class TimingExecutor final : public engine::ModelExecutor {
+class TimingExecutor final : public model::ModelExecutor {
  public:
   TimingExecutor(model::CudaModelRunner& inner, double weight_elem_bytes, double kv_elem_bytes, int input_len)
       : inner_(inner), weight_elem_bytes_(weight_elem_bytes), kv_elem_bytes_(kv_elem_bytes),
         input_len_(input_len) {}
 
-  Result<engine::StepOutput> execute(const engine::StepInput& in) override {
+  Result<model::StepOutput> execute(const model::StepInput& in) override {
     StepRecord r;
     r.num_tokens = in.num_tokens();
     r.num_seqs = static_cast<int>(in.seqs.size());
     for (std::int32_t p : in.positions) r.num_prompt_tokens += p < input_len_ ? 1 : 0;
     r.pure_decode = r.num_prompt_tokens == 0 &&
                     std::all_of(in.seqs.begin(), in.seqs.end(),
-                                [](const engine::StepSeq& s) { return s.num_new_tokens == 1; });
+                                [](const model::StepSeq& s) { return s.num_new_tokens == 1; });
     r.cost = step_cost(inner_.config(), weight_elem_bytes_, kv_elem_bytes_, in);
     const auto t0 = Clock::now();
     auto out = inner_.execute(in);
@@ -221,7 +221,7 @@ Result<GpuThroughputReport> run_gpu_throughput(const ThroughputOptions& o) {
   if (o.num_prompts <= 0 || o.input_len <= 0 || o.output_len <= 0 || o.max_batch <= 0)
     return make_error(ErrorCode::invalid_argument,
                       "bench: --num-prompts, --input-len, --output-len and --max-batch must be > 0");
-  if (o.engine.device != engine::DeviceKind::cuda)
+  if (o.engine.device != model::DeviceKind::cuda)
     return make_error(ErrorCode::invalid_argument, "bench: run_gpu_throughput needs --device cuda:N");
   if (o.engine.parallel.group_size() != 1)
     return make_error(ErrorCode::unsupported, "bench --device cuda: one GPU only (no --parallel)");
@@ -265,7 +265,7 @@ Result<GpuThroughputReport> run_gpu_throughput(const ThroughputOptions& o) {
     auto built = engine::build_engine(eo);
     if (!built) return std::move(built).error();
     engine::EngineInstance& e = *built;
-    auto* runner = dynamic_cast<model::CudaModelRunner*>(e.device_runner.get());
+    auto* runner = e.executor_as<model::CudaModelRunner>();
     if (runner == nullptr)
       return make_error(ErrorCode::internal, "bench: the cuda engine has no CudaModelRunner");
     rep.setup_s = ms_since(t_setup) / 1e3;
@@ -283,7 +283,7 @@ Result<GpuThroughputReport> run_gpu_throughput(const ThroughputOptions& o) {
     if (!eng) return std::move(eng).error();
 
     const auto prompts = random_prompts(o.num_prompts, o.input_len, e.weights->config.vocab_size, o.prompt_seed);
-    engine::SamplingParams sp;
+    sampling::SamplingParams sp;
     sp.temperature = 0.0f;
     sp.max_tokens = o.output_len;
     sp.ignore_eos = true;

@@ -14,7 +14,7 @@
 #include "bench/workload.hpp"
 #include "engine/data_parallel.hpp"
 #include "orchestrator/cost_model.hpp"
-#include "orchestrator/token_budget_policies.hpp"
+#include "engine/policies/token_budget_policies.hpp"
 
 namespace shardline::bench {
 
@@ -41,7 +41,7 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   eo.max_num_seqs = o.max_batch;
   eo.max_model_len = o.input_len + o.output_len;
   Result<std::unique_ptr<engine::TokenBudgetPolicy>> policy =
-      orchestrator::make_token_budget_policy(policy_name, eo.max_num_batched_tokens);
+      engine::make_token_budget_policy(policy_name, eo.max_num_batched_tokens);
   if (!policy.ok()) return std::move(policy).error();
   eo.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(policy).value());
 
@@ -57,7 +57,7 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   engine::EngineInstance& first = replicas.front();
 
   const auto prompts = random_prompts(o.num_prompts, o.input_len, first.weights->config.vocab_size, o.prompt_seed);
-  engine::SamplingParams params;
+  sampling::SamplingParams params;
   params.temperature = 0.0f;
   params.ignore_eos = true;
 
@@ -71,12 +71,13 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
 
   // 2. The full run; rank 0 of replica 0 records its per-step communication.
   std::vector<double> step_comm_bytes;
-  engine::ParallelExecutor* exec0 = first.group ? &first.group->executor() : nullptr;
+  engine::InProcEngineGroup* group0 = first.executor_as<engine::InProcEngineGroup>();
+  engine::ParallelExecutor* exec0 = group0 ? &group0->executor() : nullptr;
   first.engine->set_step_callback([&](const engine::StepStats& s) {
     if (s.num_prefill_tokens == 0 && exec0 != nullptr)
       step_comm_bytes.push_back(static_cast<double>(exec0->last_step_comm_bytes()));
   });
-  const std::vector<double> busy_before = first.group ? first.group->stage_busy_ms() : std::vector<double>{};
+  const std::vector<double> busy_before = group0 ? group0->stage_busy_ms() : std::vector<double>{};
   params.max_tokens = o.output_len;
   t0 = Clock::now();
   auto out = engine::generate_data_parallel(engines, prompts, params, r.threads_per_rank);
@@ -90,8 +91,8 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   r.prefill_tok_s = prompt_tokens / r.prefill_elapsed_s;
   if (r.elapsed_s > r.prefill_elapsed_s)
     r.decode_tok_s = static_cast<double>(generated - o.num_prompts) / (r.elapsed_s - r.prefill_elapsed_s);
-  if (first.group && pc.pp > 1) {
-    const std::vector<double> busy = first.group->stage_busy_ms();
+  if (group0 && pc.pp > 1) {
+    const std::vector<double> busy = group0->stage_busy_ms();
     double sum = 0;
     for (std::size_t s = 0; s < busy.size(); ++s) sum += busy[s] - busy_before[s];
     r.bubble_fraction = std::max(0.0, 1.0 - sum / (pc.pp * r.elapsed_s * 1e3));
@@ -148,7 +149,7 @@ Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& o) {
     return make_error(ErrorCode::invalid_argument,
                       "bench: --num-prompts, --input-len, --output-len and --max-batch must be > 0");
   for (const std::string& p : o.token_budgets)
-    if (auto policy = orchestrator::make_token_budget_policy(p, 1); !policy.ok()) return std::move(policy).error();
+    if (Status st = engine::check_token_budget_policy_name(p); !st) return st.error();
   ParallelBenchReport rep;
   rep.model = o.engine.model_dir;
   rep.num_prompts = o.num_prompts;

@@ -11,7 +11,7 @@ double StepCost::roofline_ms(double membw_gbs, double gemm_gflops) const {
 }
 
 StepCost step_cost(const model::ModelConfig& c, double weight_elem_bytes, double kv_elem_bytes,
-                   const engine::StepInput& step) {
+                   const model::StepInput& step) {
   const double hidden = c.hidden_size;
   const double layer_params = hidden * c.qkv_rows() +                                 // qkv
                               static_cast<double>(c.num_attention_heads) * c.head_dim * hidden +  // o
@@ -30,7 +30,7 @@ StepCost step_cost(const model::ModelConfig& c, double weight_elem_bytes, double
   const double kv_token_bytes = 2.0 * c.num_key_value_heads * c.head_dim * kv_elem_bytes;  // K and V
   double attended = 0;  // sum over query tokens of keys attended
   double kv_read_tokens = 0;
-  for (const engine::StepSeq& s : step.seqs) {
+  for (const model::StepSeq& s : step.seqs) {
     const double ctx = s.num_computed_tokens + s.num_new_tokens;
     const double first = s.num_computed_tokens + 1;  // keys seen by the first new token
     attended += (first + ctx) * s.num_new_tokens / 2.0;

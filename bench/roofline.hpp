@@ -10,7 +10,7 @@
 
 #include <cstddef>
 
-#include "engine/step.hpp"
+#include "model/executor.hpp"
 #include "model/config.hpp"
 
 namespace shardline::bench {
@@ -27,6 +27,6 @@ struct StepCost {
 /// Cost of `step` for a model with `config`, weights of `weight_elem_bytes`
 /// and KV cache of `kv_elem_bytes` bytes per element (4 for F32, 2 for BF16).
 [[nodiscard]] StepCost step_cost(const model::ModelConfig& config, double weight_elem_bytes,
-                                 double kv_elem_bytes, const engine::StepInput& step);
+                                 double kv_elem_bytes, const model::StepInput& step);
 
 }  // namespace shardline::bench

@@ -36,7 +36,7 @@ struct StepRecord {
 
 /// A ModelExecutor decorator that times every step, prices it, and keeps the
 /// runner's per-op profile.
-class MeasuringExecutor final : public engine::ModelExecutor {
+class MeasuringExecutor final : public model::ModelExecutor {
  public:
   MeasuringExecutor(model::CpuModelRunner& inner, double weight_elem_bytes, double kv_elem_bytes,
                     int input_len)
@@ -45,7 +45,7 @@ class MeasuringExecutor final : public engine::ModelExecutor {
     inner_.set_profiling(true);
   }
 
-  Result<engine::StepOutput> execute(const engine::StepInput& in) override {
+  Result<model::StepOutput> execute(const model::StepInput& in) override {
     StepRecord r;
     r.num_tokens = in.num_tokens();
     r.num_seqs = static_cast<int>(in.seqs.size());
@@ -112,7 +112,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   if (o.num_prompts <= 0 || o.input_len <= 0 || o.output_len <= 0 || o.max_batch <= 0)
     return make_error(ErrorCode::invalid_argument,
                       "bench: --num-prompts, --input-len, --output-len and --max-batch must be > 0");
-  if (o.engine.device != engine::DeviceKind::cpu)
+  if (o.engine.device != model::DeviceKind::cpu)
     return make_error(ErrorCode::invalid_argument,
                       "bench: run_throughput measures CPU devices only; a cuda:N device goes through "
                       "run_gpu_throughput (bench/gpu_throughput.hpp)");
@@ -149,7 +149,9 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   const double elem_bytes = static_cast<double>(dtype_size(o.engine.dtype));
 
   // The engine must run on the measuring executor: build a second engine over it.
-  MeasuringExecutor measuring(*e.runner, elem_bytes,
+  auto* cpu_runner = e.executor_as<model::CpuModelRunner>();
+  if (cpu_runner == nullptr) return make_error(ErrorCode::internal, "bench: the CPU engine has no CpuModelRunner");
+  MeasuringExecutor measuring(*cpu_runner, elem_bytes,
                               static_cast<double>(dtype_size(o.engine.kv_cache_dtype)), o.input_len);
   engine::EngineConfig ec = e.engine->config();
   auto eng = engine::LlmEngine::create(measuring, *e.tokenizer, ec);
@@ -157,7 +159,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
 
   // Random prompts (seeded, fixed), avoiding special ids.
   const auto prompts = random_prompts(o.num_prompts, o.input_len, e.weights->config.vocab_size, o.prompt_seed);
-  engine::SamplingParams sp;
+  sampling::SamplingParams sp;
   sp.temperature = 0.0f;
   sp.max_tokens = o.output_len;
   sp.ignore_eos = true;
@@ -213,7 +215,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.decode_other_ms = median(other_ms);
   rep.roofline_step_ms = median(full_decode_roof);
   if (rep.roofline_step_ms > 0) rep.roofline_ratio = rep.decode_step_ms / rep.roofline_step_ms;
-  rep.weight_bytes = static_cast<double>(e.runner->packed_weight_bytes());
+  rep.weight_bytes = static_cast<double>(cpu_runner->packed_weight_bytes());
   return rep;
 }
 

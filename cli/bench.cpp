@@ -70,7 +70,7 @@ int run_bench(BenchArgs& a) {
   }
   if (!a.parallel.empty()) return run_parallel(a, *eo);
   a.options.engine = *eo;
-  if (eo->device == engine::DeviceKind::cuda) return print_report(bench::run_gpu_throughput(a.options));
+  if (eo->device == model::DeviceKind::cuda) return print_report(bench::run_gpu_throughput(a.options));
   auto rep = bench::run_throughput(a.options);
   if (!rep) {
     std::cerr << "error: " << rep.error().to_string() << "\n";

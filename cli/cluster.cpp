@@ -22,7 +22,7 @@
 #include "cli/engine_flags.hpp"
 #include "engine/tcp_group.hpp"
 #include "orchestrator/job_admission.hpp"
-#include "orchestrator/token_budget_policies.hpp"
+#include "engine/policies/token_budget_policies.hpp"
 
 namespace shardline::cli {
 
@@ -124,7 +124,7 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
 
 /// "2 workers of [tp=2,pp=1,sp=1] on cpu:4, 1 thread per device".
 std::string describe_workers(const actors::NodeOptions& o) {
-  if (o.device_kind == engine::DeviceKind::cuda) {
+  if (o.device_kind == model::DeviceKind::cuda) {
     std::string list;
     for (int d : o.cuda_devices) list += (list.empty() ? "" : ",") + std::to_string(d);
     return std::to_string(o.parallel.dp) + (o.parallel.dp == 1 ? " worker" : " workers") + " on cuda:" + list +
@@ -503,7 +503,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
                      "workers run another (default: whatever they run)");
   submit->add_option("--token-budget", sa->token_budget,
                      std::string("Per-micro-batch token budget policy of the job: ") +
-                         orchestrator::token_budget_policy_names())
+                         engine::token_budget_policy_names())
       ->capture_default_str();
   submit->callback([&run, sa] { run = [sa] { return run_job_submit(*sa); }; });
   auto st = std::make_shared<StatusArgs>();
@@ -536,7 +536,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--output", ra->output, "Output JSONL")->required();
   add_placement_flags(*r, ra->devices, ra->parallel);
   r->add_option("--token-budget", ra->token_budget,
-                std::string("Per-micro-batch token budget policy: ") + orchestrator::token_budget_policy_names())
+                std::string("Per-micro-batch token budget policy: ") + engine::token_budget_policy_names())
       ->capture_default_str();
   r->add_option("--data-dir", ra->data_dir, "Durable state (default: OUTPUT.shardline); rerun to resume");
   r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");

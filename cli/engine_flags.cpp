@@ -59,7 +59,7 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
     return make_error(ErrorCode::invalid_argument, "--dtype must be f32, bf16 or f16, got '" + f.dtype + "'");
   }
   if (f.device.empty() || f.device == "cpu" || f.device == "cpu:0") {
-    o.device = engine::DeviceKind::cpu;
+    o.device = model::DeviceKind::cpu;
   } else {
     int index = -1;
     const char* b = f.device.data() + 5;
@@ -68,7 +68,7 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
     const auto [p, ec] = cuda_prefix ? std::from_chars(b, e, index) : std::from_chars_result{b, std::errc::invalid_argument};
     if (!cuda_prefix || ec != std::errc() || p != e || index < 0)
       return make_error(ErrorCode::invalid_argument, "--device must be cpu or cuda:N, got '" + f.device + "'");
-    o.device = engine::DeviceKind::cuda;
+    o.device = model::DeviceKind::cuda;
     o.device_index = index;
   }
   o.gpu_memory_utilization = f.gpu_memory_utilization;

@@ -18,7 +18,7 @@ struct GenerateArgs {
   std::string model_dir;
   std::vector<std::string> prompts;
   EngineFlags engine;
-  engine::SamplingParams sampling;
+  sampling::SamplingParams sampling;
   long long request_seed = -1;
   bool json = false;
 };
@@ -78,7 +78,7 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
       ->required();
   add_engine_flags(*cmd, a->engine);
   add_device_flag(*cmd, a->engine);
-  engine::SamplingParams& s = a->sampling;
+  sampling::SamplingParams& s = a->sampling;
   cmd->add_option("--max-tokens", s.max_tokens, "Generated tokens at most")->capture_default_str();
   cmd->add_option("--min-tokens", s.min_tokens, "Stop ids / EOS are ignored before this many");
   cmd->add_option("--temperature", s.temperature, "0 = greedy")->capture_default_str();

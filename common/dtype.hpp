@@ -7,7 +7,27 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/host_device.hpp"
+
 namespace shardline {
+
+namespace detail {
+/// The float whose bits are `u` / the bits of `f`, on host and device.
+[[nodiscard]] SHARDLINE_HOST_DEVICE inline float u32_as_f32(std::uint32_t u) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  return std::bit_cast<float>(u);
+#endif
+}
+[[nodiscard]] SHARDLINE_HOST_DEVICE inline std::uint32_t f32_as_u32(float f) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  return std::bit_cast<std::uint32_t>(f);
+#endif
+}
+}  // namespace detail
 
 /// Element type of stored tensors.
 enum class DType { f32, f16, bf16 };
@@ -26,20 +46,20 @@ enum class DType { f32, f16, bf16 };
 }
 
 /// BF16 bits -> F32 (exact).
-[[nodiscard]] inline float bf16_to_f32(std::uint16_t h) noexcept {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
+[[nodiscard]] SHARDLINE_HOST_DEVICE inline float bf16_to_f32(std::uint16_t h) noexcept {
+  return detail::u32_as_f32(static_cast<std::uint32_t>(h) << 16);
 }
 
 /// F32 -> BF16 bits, round-to-nearest-even; NaN stays NaN.
-[[nodiscard]] inline std::uint16_t f32_to_bf16(float f) noexcept {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+[[nodiscard]] SHARDLINE_HOST_DEVICE inline std::uint16_t f32_to_bf16(float f) noexcept {
+  std::uint32_t u = detail::f32_as_u32(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
 }
 
 /// IEEE half bits -> F32 (exact, incl. subnormals, inf, NaN).
-[[nodiscard]] inline float f16_to_f32(std::uint16_t h) noexcept {
+[[nodiscard]] SHARDLINE_HOST_DEVICE inline float f16_to_f32(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t mant = h & 0x3ffu;
@@ -58,14 +78,14 @@ enum class DType { f32, f16, bf16 };
   } else {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
-  return std::bit_cast<float>(bits);
+  return detail::u32_as_f32(bits);
 }
 
 /// F32 -> IEEE half bits, round-to-nearest-even (as CUDA's __float2half_rn):
 /// overflow -> +-inf, results below the half range -> subnormals or +-0,
 /// NaN stays NaN (quiet, sign kept).
-[[nodiscard]] inline std::uint16_t f32_to_f16(float f) noexcept {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+[[nodiscard]] SHARDLINE_HOST_DEVICE inline std::uint16_t f32_to_f16(float f) noexcept {
+  const std::uint32_t u = detail::f32_as_u32(f);
   const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // NaN

@@ -8,7 +8,7 @@ namespace shardline::engine {
 
 Result<std::vector<RequestOutput>> generate_data_parallel(const std::vector<LlmEngine*>& replicas,
                                                           const std::vector<std::vector<std::int32_t>>& prompts,
-                                                          const SamplingParams& params, int threads_per_replica) {
+                                                          const sampling::SamplingParams& params, int threads_per_replica) {
   if (replicas.empty()) return make_error(ErrorCode::invalid_argument, "data parallel: no replicas");
   if (Status s = params.validate(); !s.ok()) return s.error();
   const std::size_t dp = replicas.size();

@@ -20,6 +20,6 @@ namespace shardline::engine {
 /// first replica error.
 [[nodiscard]] Result<std::vector<RequestOutput>> generate_data_parallel(
     const std::vector<LlmEngine*>& replicas, const std::vector<std::vector<std::int32_t>>& prompts,
-    const SamplingParams& params, int threads_per_replica = 0);
+    const sampling::SamplingParams& params, int threads_per_replica = 0);
 
 }  // namespace shardline::engine

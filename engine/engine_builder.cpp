@@ -81,7 +81,7 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (o.kv_cache_bytes == 0 && !(o.kv_cache_memory_fraction > 0.0 && o.kv_cache_memory_fraction <= 1.0))
     return make_error(ErrorCode::invalid_argument, "--kv-cache-memory-fraction must be in (0, 1]");
 
-  const bool cuda = o.device == DeviceKind::cuda;
+  const bool cuda = o.device == model::DeviceKind::cuda;
   if (cuda) {
 #if !SHARDLINE_HAVE_CUDA
     return make_error(ErrorCode::unsupported, "cuda:" + std::to_string(o.device_index) +
@@ -160,25 +160,24 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   e.kv_cache_bytes = static_cast<std::uint64_t>(num_blocks) * block_bytes;
 
   const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
-  if (cuda) {
+  if (cuda || o.parallel.group_size() == 1) {
+    model::DeviceExecutorOptions dev;
+    dev.device = o.device;
+    dev.cpu = ro;
 #if SHARDLINE_HAVE_CUDA
-    model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
-    co.num_kv_blocks = e.num_kv_blocks;
-    auto runner = model::CudaModelRunner::create(e.weights, co);
-    if (!runner) return std::move(runner).error();
-    e.device_runner = std::move(runner).value();
-    e.executor = e.device_runner.get();
-    // The matrices now live on the GPU: keep the config, free the host copy.
-    auto config_only = std::make_shared<model::ModelWeights>();
-    config_only->config = c;
-    config_only->dtype = e.weights->dtype;
-    e.weights = std::move(config_only);
+    dev.cuda = cuda_runner_options(o, max_model_len);
+    dev.cuda.num_kv_blocks = e.num_kv_blocks;
 #endif
-  } else if (o.parallel.group_size() == 1) {
-    auto runner = model::CpuModelRunner::create(e.weights, ro);
-    if (!runner) return std::move(runner).error();
-    e.runner = std::move(runner).value();
-    e.executor = e.runner.get();
+    auto exec = model::make_device_executor(e.weights, dev);
+    if (!exec) return std::move(exec).error();
+    e.executor = std::move(exec).value();
+    if (cuda) {
+      // The matrices now live on the GPU: keep the config, free the host copy.
+      auto config_only = std::make_shared<model::ModelWeights>();
+      config_only->config = c;
+      config_only->dtype = e.weights->dtype;
+      e.weights = std::move(config_only);
+    }
   } else if (!o.group_master.empty()) {
     TcpGroupOptions tcp;
     tcp.master = o.group_master;
@@ -186,13 +185,11 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
     tcp.timeout = std::chrono::milliseconds(o.group_timeout_ms);
     auto exec = create_tcp_group_executor(e.weights, o.parallel, ro, tcp);
     if (!exec) return std::move(exec).error();
-    e.tcp_executor = std::move(exec).value();
-    e.executor = e.tcp_executor.get();
+    e.executor = std::move(exec).value();
   } else {
     auto group = InProcEngineGroup::create(e.weights, o.parallel, ro);
     if (!group) return std::move(group).error();
-    e.group = std::move(group).value();
-    e.executor = &e.group->executor();
+    e.executor = std::move(group).value();
   }
 
   EngineConfig ec;

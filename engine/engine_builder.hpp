@@ -16,21 +16,19 @@
 #include "engine/parallel_config.hpp"
 #include "engine/parallel_executor.hpp"
 #include "engine/tcp_group.hpp"
-#include "engine/token_budget.hpp"
-#include "model/cpu_runner.hpp"
+#include "engine/policies/token_budget.hpp"
+#include "model/device_executor.hpp"
+#include "model/executor.hpp"
 #include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::engine {
 
-/// Where an engine runs (`--devices cpu:N` / `cuda:N`).
-enum class DeviceKind { cpu, cuda };
-
 struct EngineOptions {
   std::string model_dir;  ///< HF model folder, or a shape folder with --load-format dummy
   model::LoadFormat load_format = model::LoadFormat::safetensors;
   DType dtype = DType::f32;       ///< weight storage: f32 or bf16 (cuda also f16)
-  DeviceKind device = DeviceKind::cpu;
+  model::DeviceKind device = model::DeviceKind::cpu;
   int device_index = 0;           ///< cuda:N
   /// cuda: fraction of the device's total memory this engine may take
   /// (weights + activations + KV cache), vLLM's --gpu-memory-utilization.
@@ -58,28 +56,33 @@ struct EngineOptions {
   std::string group_master;
   std::string group_key;  ///< shared secret of the TCP group (e.g. the cluster key)
   int group_timeout_ms = 60'000;  ///< TCP rendezvous and per-call timeout
-  /// Per-micro-batch token budget (orchestrator/token_budget_policies.hpp);
+  /// Per-micro-batch token budget (engine/policies/token_budget_policies.hpp);
   /// null = fixed budget of max_num_batched_tokens. Shared, not copied.
   std::shared_ptr<const TokenBudgetPolicy> token_budget;
   bool capture_logits = false;
   bool check_integrity = false;
 };
 
-/// A ready CPU engine. Member order matters: the engine refers to the runner
+/// A ready engine. Member order matters: the engine refers to the executor
 /// and tokenizer, so it is declared (and destroyed) last.
 struct EngineInstance {
   /// The weights (CPU devices); on a CUDA device only the config and dtype
   /// (the matrices were uploaded and their host copy freed).
   std::shared_ptr<const model::ModelWeights> weights;
   std::unique_ptr<model::Tokenizer> tokenizer;
-  std::unique_ptr<model::CpuModelRunner> runner;  ///< single CPU device (parallel.group_size() == 1)
-  std::unique_ptr<ModelExecutor> device_runner;    ///< a CUDA device (model::CudaModelRunner)
-  std::unique_ptr<InProcEngineGroup> group;        ///< several ranks in this process
-  std::unique_ptr<ParallelExecutor> tcp_executor;  ///< rank 0 of a TCP group (group_master set)
-  ModelExecutor* executor = nullptr;  ///< runner, device_runner, group->executor() or tcp_executor
+  /// What runs the steps: one device's runner (model::make_device_executor),
+  /// an InProcEngineGroup, or rank 0 of a TCP group (a ParallelExecutor).
+  std::unique_ptr<model::ModelExecutor> executor;
   std::unique_ptr<LlmEngine> engine;
   std::uint64_t kv_cache_bytes = 0;  ///< what was allocated
   int num_kv_blocks = 0;
+
+  /// The executor as a T (e.g. InProcEngineGroup, model::CpuModelRunner), or
+  /// null when it is another kind.
+  template <class T>
+  [[nodiscard]] T* executor_as() const {
+    return dynamic_cast<T*>(executor.get());
+  }
 };
 
 /// Builds it. With a parallel config, every rank gets the same number of KV

@@ -4,8 +4,8 @@
 #include <span>
 #include <string>
 
-#include "engine/rng.hpp"
-#include "engine/sampler.hpp"
+#include "sampling/rng.hpp"
+#include "sampling/sampler.hpp"
 
 namespace shardline::engine {
 namespace {
@@ -17,8 +17,8 @@ double ms_since(Clock::time_point t0) {
 }
 
 /// The sampler's view of a sequence about to get its next token.
-SampleContext sample_context(const Sequence& seq) {
-  SampleContext ctx;
+sampling::SampleContext sample_context(const Sequence& seq) {
+  sampling::SampleContext ctx;
   ctx.seed = seq.seed;
   ctx.position = seq.num_tokens();
   ctx.prompt_ids = seq.prompt_ids;
@@ -29,7 +29,7 @@ SampleContext sample_context(const Sequence& seq) {
 
 }  // namespace
 
-Result<std::unique_ptr<LlmEngine>> LlmEngine::create(ModelExecutor& executor, const model::Tokenizer& tokenizer,
+Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& executor, const model::Tokenizer& tokenizer,
                                                      EngineConfig config) {
   auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "engine config: " + m); };
   if (config.max_num_seqs < 1) return bad("max_num_seqs must be >= 1");
@@ -47,7 +47,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(ModelExecutor& executor, co
   return std::unique_ptr<LlmEngine>(new LlmEngine(executor, tokenizer, std::move(config)));
 }
 
-LlmEngine::LlmEngine(ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config)
+LlmEngine::LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config)
     : executor_(&executor),
       tokenizer_(&tokenizer),
       config_(std::move(config)),
@@ -55,7 +55,7 @@ LlmEngine::LlmEngine(ModelExecutor& executor, const model::Tokenizer& tokenizer,
                  executor.num_kv_blocks(), executor.block_size()) {}
 
 Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
-                              const SamplingParams& params) {
+                              const sampling::SamplingParams& params) {
   const std::string who = "request " + std::to_string(request_id) + ": ";
   if (Status s = params.validate(); !s.ok()) return make_error(s.error().code, who + s.error().message);
   const int vocab = executor_->vocab_size();
@@ -67,7 +67,7 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
   seq->id = request_id;
   seq->prompt_ids = std::move(prompt_token_ids);
   seq->params = params;
-  seq->seed = params.has_seed ? params.seed : mix_seed(config_.seed, request_id);
+  seq->seed = params.has_seed ? params.seed : sampling::mix_seed(config_.seed, request_id);
   if (!params.ignore_eos)
     for (int id : config_.eos_token_ids) seq->min_tokens_masked_ids.push_back(id);
   for (int id : params.stop_token_ids) seq->min_tokens_masked_ids.push_back(id);
@@ -113,7 +113,7 @@ FinishReason LlmEngine::check_stop(Sequence& seq) {
     (void)seq.detokenizer->push(last);
     seq.text = seq.detokenizer->text();
   }
-  const SamplingParams& p = seq.params;
+  const sampling::SamplingParams& p = seq.params;
   if (seq.num_output_tokens() >= p.min_tokens) {
     // Stop strings: earliest match that ends in the new text.
     std::size_t best = std::string::npos;
@@ -150,7 +150,24 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
   aborted_.clear();
   if (!scheduler_.has_unfinished()) return results;
 
-  // Fill the pipeline: one micro-batch per free slot while anything is schedulable.
+  if (Status s = fill_pipeline(); !s.ok()) return s.error();
+  if (in_flight_.empty())
+    return make_error(ErrorCode::internal, "scheduler planned an empty step with " +
+                                               std::to_string(scheduler_.num_waiting()) + " waiting requests");
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  Result<model::StepOutput> output = collect_oldest(f);
+  if (!output.ok()) return std::move(output).error();
+  const std::vector<Sequence*> sampled = sample_rows(f, output.value());
+  finish_sequences(f.sched, sampled, results);
+
+  f.stats.step_ms = ms_since(t0);
+  step_stats_.push_back(f.stats);
+  if (step_callback_) step_callback_(f.stats);
+  return results;
+}
+
+Status LlmEngine::fill_pipeline() {
   const int depth = std::max(1, executor_->max_in_flight());
   // Device sampling returns ids only: not when the raw logits are captured.
   const bool device_sampling = executor_->samples_on_device() && !config_.capture_logits;
@@ -167,21 +184,11 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
     InFlight f;
     f.stats.schedule_ms = ms_since(t_sched);
     if (config_.check_integrity)
-      if (Status s = scheduler_.check_integrity(); !s.ok()) return s.error();
+      if (Status s = scheduler_.check_integrity(); !s.ok()) return s;
     if (sched.empty()) break;
-    if (device_sampling) {
-      sched.input.sampling.clear();
-      for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
-        if (!sched.input.seqs[i].needs_logits) continue;
-        const Sequence& seq = *sched.scheduled[i].seq;
-        RowSampling row;
-        row.params = &seq.params;
-        row.ctx = sample_context(seq);
-        sched.input.sampling.push_back(row);
-      }
-    }
+    if (device_sampling) attach_device_sampling(sched);
     f.submitted = Clock::now();
-    if (Status s = executor_->submit(sched.input); !s.ok()) return s.error();
+    if (Status s = executor_->submit(sched.input); !s.ok()) return s;
     f.stats.num_seqs = static_cast<int>(sched.scheduled.size());
     f.stats.num_prefill_tokens = sched.num_prefill_tokens;
     f.stats.num_decode_tokens = sched.num_decode_tokens;
@@ -189,73 +196,84 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
     f.sched = std::move(sched);
     in_flight_.push_back(std::move(f));
   }
-  if (in_flight_.empty())
-    return make_error(ErrorCode::internal, "scheduler planned an empty step with " +
-                                               std::to_string(scheduler_.num_waiting()) + " waiting requests");
+  return Status::ok_status();
+}
 
-  InFlight f = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  SchedulerOutput& sched = f.sched;
-  StepStats& stats = f.stats;
-  Result<StepOutput> exec = executor_->collect();
-  if (!exec.ok()) return std::move(exec).error();
-  stats.execute_ms = ms_since(f.submitted);
-  const StepOutput& logits = exec.value();
-  const int num_logits = sched.input.num_logits();
-  const auto vocab = static_cast<std::size_t>(logits.vocab_size);
-  const bool sampled_on_device = !sched.input.sampling.empty();
-  if (sampled_on_device) {
-    if (logits.sampled_token_ids.size() != static_cast<std::size_t>(num_logits))
-      return make_error(ErrorCode::internal, "executor returned " + std::to_string(logits.sampled_token_ids.size()) +
-                                                 " sampled ids for " + std::to_string(num_logits) + " rows");
-  } else if (logits.vocab_size < 1 || logits.logits.size() != vocab * static_cast<std::size_t>(num_logits)) {
-    return make_error(ErrorCode::internal, "executor returned " + std::to_string(logits.logits.size()) +
-                                               " logits for " + std::to_string(num_logits) + " rows of vocab " +
-                                               std::to_string(logits.vocab_size));
+void LlmEngine::attach_device_sampling(SchedulerOutput& sched) const {
+  sched.input.sampling.clear();
+  for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
+    if (!sched.input.seqs[i].needs_logits) continue;
+    const Sequence& seq = *sched.scheduled[i].seq;
+    model::RowSampling row;
+    row.params = &seq.params;
+    row.ctx = sample_context(seq);
+    sched.input.sampling.push_back(row);
   }
+}
 
+Result<model::StepOutput> LlmEngine::collect_oldest(InFlight& f) {
+  Result<model::StepOutput> exec = executor_->collect();
+  if (!exec.ok()) return std::move(exec).error();
+  f.stats.execute_ms = ms_since(f.submitted);
+  const model::StepOutput& out = exec.value();
+  const int num_logits = f.sched.input.num_logits();
+  const auto vocab = static_cast<std::size_t>(out.vocab_size);
+  if (!f.sched.input.sampling.empty()) {
+    if (out.sampled_token_ids.size() != static_cast<std::size_t>(num_logits))
+      return make_error(ErrorCode::internal, "executor returned " + std::to_string(out.sampled_token_ids.size()) +
+                                                 " sampled ids for " + std::to_string(num_logits) + " rows");
+  } else if (out.vocab_size < 1 || out.logits.size() != vocab * static_cast<std::size_t>(num_logits)) {
+    return make_error(ErrorCode::internal, "executor returned " + std::to_string(out.logits.size()) +
+                                               " logits for " + std::to_string(num_logits) + " rows of vocab " +
+                                               std::to_string(out.vocab_size));
+  }
+  return exec;
+}
+
+std::vector<Sequence*> LlmEngine::sample_rows(const InFlight& f, const model::StepOutput& output) {
+  const SchedulerOutput& sched = f.sched;
+  const bool sampled_on_device = !sched.input.sampling.empty();
+  const auto vocab = static_cast<std::size_t>(output.vocab_size);
   std::vector<std::int32_t> sampled;
   std::vector<Sequence*> sampled_seqs;
-  sampled.reserve(static_cast<std::size_t>(num_logits));
+  sampled.reserve(static_cast<std::size_t>(sched.input.num_logits()));
   std::vector<float> scratch(sampled_on_device ? 0 : vocab);
   for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
     if (!sched.input.seqs[i].needs_logits) continue;
     Sequence& seq = *sched.scheduled[i].seq;
     if (sampled_on_device) {
-      sampled.push_back(logits.sampled_token_ids[sampled.size()]);
+      sampled.push_back(output.sampled_token_ids[sampled.size()]);
     } else {
-      const float* row = logits.logits.data() + sampled.size() * vocab;
+      const float* row = output.logits.data() + sampled.size() * vocab;
       if (config_.capture_logits) seq.captured_logits.emplace_back(row, row + vocab);
       scratch.assign(row, row + vocab);
-      sampled.push_back(sample(scratch, seq.params, sample_context(seq)));
+      sampled.push_back(sampling::sample(scratch, seq.params, sample_context(seq)));
     }
     sampled_seqs.push_back(&seq);
   }
   scheduler_.update(sched, sampled);
+  return sampled_seqs;
+}
 
+void LlmEngine::finish_sequences(const SchedulerOutput& sched, const std::vector<Sequence*>& sampled,
+                                 std::vector<RequestOutput>& results) {
   std::vector<std::uint64_t> abort_ids;  // aborts that waited for this micro-batch
   for (const ScheduledSeq& s : sched.scheduled)
     if (s.seq->abort_requested) abort_ids.push_back(s.seq->id);
-  for (Sequence* seq : sampled_seqs) {
+  for (Sequence* seq : sampled) {
     if (seq->abort_requested) continue;
     const FinishReason reason = check_stop(*seq);
     if (reason == FinishReason::none) continue;
-    const std::uint64_t id = seq->id;
-    std::unique_ptr<Sequence> done = scheduler_.finish(id, reason);
+    std::unique_ptr<Sequence> done = scheduler_.finish(seq->id, reason);
     results.push_back(to_output(*done));
   }
   for (std::uint64_t id : abort_ids) results.push_back(to_output(*scheduler_.finish(id, FinishReason::abort)));
   std::sort(results.begin(), results.end(),
             [](const RequestOutput& a, const RequestOutput& b) { return a.request_id < b.request_id; });
-
-  stats.step_ms = ms_since(t0);
-  step_stats_.push_back(stats);
-  if (step_callback_) step_callback_(stats);
-  return results;
 }
 
 Result<std::vector<RequestOutput>> LlmEngine::generate(const std::vector<std::vector<std::int32_t>>& prompts,
-                                                       const SamplingParams& params) {
+                                                       const sampling::SamplingParams& params) {
   if (has_unfinished())
     return make_error(ErrorCode::invalid_argument, "generate: requests are already in flight");
   if (Status s = params.validate(); !s.ok()) return s.error();

@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/sampling_params.hpp"
+#include "sampling/sampling_params.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/sequence.hpp"
-#include "engine/step.hpp"
-#include "engine/token_budget.hpp"
+#include "model/executor.hpp"
+#include "engine/policies/token_budget.hpp"
 #include <deque>
 #include "model/tokenizer.hpp"
 
@@ -68,7 +68,7 @@ class LlmEngine {
   /// invalid_argument (non-positive limits, block size mismatch),
   /// out_of_memory (the cache cannot hold one max_model_len sequence:
   /// num_kv_blocks * block_size < max_model_len).
-  [[nodiscard]] static Result<std::unique_ptr<LlmEngine>> create(ModelExecutor& executor,
+  [[nodiscard]] static Result<std::unique_ptr<LlmEngine>> create(model::ModelExecutor& executor,
                                                                  const model::Tokenizer& tokenizer,
                                                                  EngineConfig config);
 
@@ -76,7 +76,7 @@ class LlmEngine {
   /// empty prompt, prompt longer than max_model_len, token id outside the
   /// vocab, duplicate id), out_of_memory (prompt + max_tokens never fits the cache).
   [[nodiscard]] Status add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
-                                   const SamplingParams& params);
+                                   const sampling::SamplingParams& params);
 
   /// Finishes a request now with finish_reason "abort" (one in flight: when
   /// its micro-batch lands); its output is returned by a later step(). False
@@ -99,7 +99,7 @@ class LlmEngine {
   /// Errors: invalid_argument (also when requests are already in flight),
   /// any add_request / step error.
   [[nodiscard]] Result<std::vector<RequestOutput>> generate(const std::vector<std::vector<std::int32_t>>& prompts,
-                                                            const SamplingParams& params);
+                                                            const sampling::SamplingParams& params);
 
   [[nodiscard]] const std::vector<StepStats>& step_stats() const { return step_stats_; }
   void clear_step_stats() { step_stats_.clear(); }
@@ -113,22 +113,41 @@ class LlmEngine {
   [[nodiscard]] const EngineConfig& config() const { return config_; }
 
  private:
-  LlmEngine(ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config);
+  LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config);
 
-  /// Stop rules after a token was appended; the finish reason or none.
-  FinishReason check_stop(Sequence& seq);
-  static RequestOutput to_output(Sequence& seq);
-
-  ModelExecutor* executor_;
-  const model::Tokenizer* tokenizer_;
-  EngineConfig config_;
-  Scheduler scheduler_;
-  std::vector<RequestOutput> aborted_;
   struct InFlight {
     SchedulerOutput sched;
     StepStats stats;
     std::chrono::steady_clock::time_point submitted;
   };
+
+  // The phases of step(), in order (schedule -> execute -> sample -> finish).
+  /// Schedules and submits micro-batches while the executor has a free slot
+  /// (max_in_flight) and anything is schedulable. Errors: the executor's
+  /// submit errors; internal (check_integrity).
+  [[nodiscard]] Status fill_pipeline();
+  /// Gives each logits row of `sched` what the device needs to sample it.
+  void attach_device_sampling(SchedulerOutput& sched) const;
+  /// Collects the oldest micro-batch's output and checks its shape (logits
+  /// [num_logits, vocab], or num_logits sampled ids). Errors: the executor's;
+  /// internal for a wrong shape.
+  [[nodiscard]] Result<model::StepOutput> collect_oldest(InFlight& f);
+  /// Samples every logits row of `f` (or takes the device's ids), appends
+  /// the tokens (Scheduler::update) and returns the sequences that got one.
+  [[nodiscard]] std::vector<Sequence*> sample_rows(const InFlight& f, const model::StepOutput& output);
+  /// Applies the stop rules to `sampled` and finishes the stopped and the
+  /// abort-requested sequences of `sched` into `results`.
+  void finish_sequences(const SchedulerOutput& sched, const std::vector<Sequence*>& sampled,
+                        std::vector<RequestOutput>& results);
+  /// Stop rules after a token was appended; the finish reason or none.
+  FinishReason check_stop(Sequence& seq);
+  static RequestOutput to_output(Sequence& seq);
+
+  model::ModelExecutor* executor_;
+  const model::Tokenizer* tokenizer_;
+  EngineConfig config_;
+  Scheduler scheduler_;
+  std::vector<RequestOutput> aborted_;
   std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;
   std::function<void(const StepStats&)> step_callback_;

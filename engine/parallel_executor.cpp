@@ -116,9 +116,9 @@ Status ShardWorker::serve() {
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": bad step header");
     words.resize(static_cast<std::size_t>(header[1]));
     if (Status s = world.recv(words.data(), words.size() * sizeof(std::int32_t), 0, kTagMetaBody); !s) return s;
-    Result<StepInput> in = decode_step(words);
+    Result<model::StepInput> in = decode_step(words);
     if (!in.ok()) return std::move(in).error();
-    const StepInput& step = in.value();
+    const model::StepInput& step = in.value();
     const int n = step.num_tokens();
     if (n == 0) continue;
     if (coord_.stage > 0) {
@@ -135,7 +135,7 @@ Status ShardWorker::serve() {
         return s;
       continue;
     }
-    Result<StepOutput> out = runner_->run_logits(step);
+    Result<model::StepOutput> out = runner_->run_logits(step);
     busy_us_ += us_since(t0);
     if (!out.ok()) return std::move(out).error();
     if (pc_.pp > 1 && coord_.sp_rank == 0 && coord_.tp_rank == 0 && step.num_logits() > 0) {
@@ -176,7 +176,7 @@ Status ParallelExecutor::shutdown() {
   return first;
 }
 
-Status ParallelExecutor::submit(const StepInput& in) {
+Status ParallelExecutor::submit(const model::StepInput& in) {
   if (shut_down_) return make_error(ErrorCode::invalid_argument, "parallel executor: shut down");
   if (static_cast<int>(in_flight_.size()) >= pc_.pp)
     return make_error(ErrorCode::invalid_argument,
@@ -202,7 +202,7 @@ Status ParallelExecutor::submit(const StepInput& in) {
     if (Status st = runner_->run_stage(in); !st) return st;
   }
   if (pc_.pp == 1) {
-    Result<StepOutput> out = runner_->run_logits(in);
+    Result<model::StepOutput> out = runner_->run_logits(in);
     if (!out.ok()) return std::move(out).error();
     f.ready = true;
     f.output = std::move(out).value();
@@ -221,12 +221,12 @@ Status ParallelExecutor::submit(const StepInput& in) {
   return Status::ok_status();
 }
 
-Result<StepOutput> ParallelExecutor::collect() {
+Result<model::StepOutput> ParallelExecutor::collect() {
   if (in_flight_.empty()) return make_error(ErrorCode::invalid_argument, "parallel executor: no step in flight");
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
   if (f.ready) return std::move(f.output);
-  StepOutput out;
+  model::StepOutput out;
   out.vocab_size = vocab_size();
   out.logits.resize(static_cast<std::size_t>(f.num_logits) * static_cast<std::size_t>(out.vocab_size));
   if (f.num_logits > 0) {
@@ -237,7 +237,7 @@ Result<StepOutput> ParallelExecutor::collect() {
   return out;
 }
 
-Result<StepOutput> ParallelExecutor::execute(const StepInput& in) {
+Result<model::StepOutput> ParallelExecutor::execute(const model::StepInput& in) {
   if (!in_flight_.empty())
     return make_error(ErrorCode::invalid_argument, "parallel executor: execute() with micro-batches in flight");
   if (Status st = submit(in); !st) return st.error();

@@ -32,7 +32,7 @@
 #include "comm/inproc.hpp"
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
-#include "engine/step.hpp"
+#include "model/executor.hpp"
 #include "model/shard_runner.hpp"
 
 namespace shardline::engine {
@@ -93,7 +93,7 @@ class ShardWorker {
 };
 
 /// Rank 0 of a group as the engine's ModelExecutor.
-class ParallelExecutor final : public ModelExecutor {
+class ParallelExecutor final : public model::ModelExecutor {
  public:
   /// `runner` is rank 0's shard, `comms` its communicators.
   /// Errors: invalid_argument (runner or comms do not match pc).
@@ -103,10 +103,10 @@ class ParallelExecutor final : public ModelExecutor {
   ~ParallelExecutor() override;
 
   /// submit() then collect(); only when nothing is in flight.
-  [[nodiscard]] Result<StepOutput> execute(const StepInput& input) override;
+  [[nodiscard]] Result<model::StepOutput> execute(const model::StepInput& input) override;
   [[nodiscard]] int max_in_flight() const override { return pc_.pp; }
-  [[nodiscard]] Status submit(const StepInput& input) override;
-  [[nodiscard]] Result<StepOutput> collect() override;
+  [[nodiscard]] Status submit(const model::StepInput& input) override;
+  [[nodiscard]] Result<model::StepOutput> collect() override;
 
   [[nodiscard]] int vocab_size() const override { return runner_->config().vocab_size; }
   [[nodiscard]] int num_kv_blocks() const override { return runner_->num_kv_blocks(); }
@@ -127,7 +127,7 @@ class ParallelExecutor final : public ModelExecutor {
   struct InFlight {
     int num_logits = 0;
     bool ready = false;  ///< pp == 1: logits computed at submit
-    StepOutput output;
+    model::StepOutput output;
   };
   ParallelExecutor(ParallelConfig pc, std::unique_ptr<model::ShardRunner> runner, GroupComms comms);
 
@@ -142,8 +142,10 @@ class ParallelExecutor final : public ModelExecutor {
 };
 
 /// A whole engine group inside this process: rank 0 is the executor (driven
-/// by the caller's thread), ranks 1.. serve on their own threads.
-class InProcEngineGroup {
+/// by the caller's thread), ranks 1.. serve on their own threads. The group
+/// is itself the engine's ModelExecutor: every step goes to rank 0's
+/// ParallelExecutor.
+class InProcEngineGroup final : public model::ModelExecutor {
  public:
   /// Builds every rank's shard of `weights` under `pc` (pc.dp must be 1: one
   /// group is one replica). options.num_threads = OpenMP threads per rank
@@ -151,9 +153,20 @@ class InProcEngineGroup {
   /// shardable, see model::check_shardable), out_of_memory.
   [[nodiscard]] static Result<std::unique_ptr<InProcEngineGroup>> create(
       std::shared_ptr<const model::ModelWeights> weights, ParallelConfig pc, model::CpuRunnerOptions options);
-  ~InProcEngineGroup();
+  ~InProcEngineGroup() override;
   InProcEngineGroup(const InProcEngineGroup&) = delete;
   InProcEngineGroup& operator=(const InProcEngineGroup&) = delete;
+
+  // model::ModelExecutor, forwarded to rank 0's ParallelExecutor.
+  [[nodiscard]] Result<model::StepOutput> execute(const model::StepInput& input) override {
+    return executor_->execute(input);
+  }
+  [[nodiscard]] int max_in_flight() const override { return executor_->max_in_flight(); }
+  [[nodiscard]] Status submit(const model::StepInput& input) override { return executor_->submit(input); }
+  [[nodiscard]] Result<model::StepOutput> collect() override { return executor_->collect(); }
+  [[nodiscard]] int vocab_size() const override { return executor_->vocab_size(); }
+  [[nodiscard]] int num_kv_blocks() const override { return executor_->num_kv_blocks(); }
+  [[nodiscard]] int block_size() const override { return executor_->block_size(); }
 
   [[nodiscard]] ParallelExecutor& executor() { return *executor_; }
   [[nodiscard]] const ParallelConfig& parallel_config() const { return pc_; }

@@ -5,14 +5,14 @@
 
 namespace shardline::engine {
 
-StepInput make_step_input(std::span<const ScheduledSeq> scheduled, const BlockManager& blocks) {
-  StepInput in;
+model::StepInput make_step_input(std::span<const ScheduledSeq> scheduled, const BlockManager& blocks) {
+  model::StepInput in;
   in.block_size = blocks.block_size();
   in.seqs.reserve(scheduled.size());
   int row = 0;
   for (const ScheduledSeq& s : scheduled) {
     const Sequence& seq = *s.seq;
-    StepSeq ss;
+    model::StepSeq ss;
     ss.seq_id = seq.id;
     ss.num_computed_tokens = seq.num_computed_tokens;
     ss.num_new_tokens = s.num_new_tokens;

@@ -24,8 +24,8 @@
 #include "common/result.hpp"
 #include "engine/block_manager.hpp"
 #include "engine/sequence.hpp"
-#include "engine/step.hpp"
-#include "engine/token_budget.hpp"
+#include "model/executor.hpp"
+#include "engine/policies/token_budget.hpp"
 
 namespace shardline::engine {
 
@@ -44,11 +44,11 @@ struct ScheduledSeq {
 /// Builds the flattened StepInput for `scheduled` (token ids, absolute
 /// positions, slot_mapping from the block tables, logits_rows for sequences
 /// whose chunk reaches their last known token).
-[[nodiscard]] StepInput make_step_input(std::span<const ScheduledSeq> scheduled, const BlockManager& blocks);
+[[nodiscard]] model::StepInput make_step_input(std::span<const ScheduledSeq> scheduled, const BlockManager& blocks);
 
 struct SchedulerOutput {
   std::vector<ScheduledSeq> scheduled;  ///< same order as input.seqs
-  StepInput input;
+  model::StepInput input;
   int num_prefill_tokens = 0;  ///< prompt / recompute tokens
   int num_decode_tokens = 0;   ///< single-token steps on a generated token
   int num_preemptions = 0;     ///< sequences preempted while building this step

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampling_params.hpp"
+#include "sampling/sampling_params.hpp"
 #include "model/tokenizer.hpp"
 
 namespace shardline::engine {
@@ -33,7 +33,7 @@ struct Sequence {
   std::uint64_t arrival = 0;  ///< admission order (scheduler-assigned, FCFS priority)
   std::vector<std::int32_t> prompt_ids;
   std::vector<std::int32_t> output_ids;
-  SamplingParams params;
+  sampling::SamplingParams params;
   std::uint64_t seed = 0;  ///< effective RNG key (params.seed or derived from the id)
   /// Ids masked while output_ids.size() < params.min_tokens.
   std::vector<std::int32_t> min_tokens_masked_ids;

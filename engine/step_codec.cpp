@@ -8,17 +8,17 @@ namespace {
 constexpr std::int32_t kVersion = 1;
 }
 
-std::vector<std::int32_t> encode_step(const StepInput& in) {
+std::vector<std::int32_t> encode_step(const model::StepInput& in) {
   std::vector<std::int32_t> w;
   std::size_t size = 5 + 4 * in.token_ids.size() + in.logits_rows.size();
-  for (const StepSeq& s : in.seqs) size += 6 + s.block_table.size();
+  for (const model::StepSeq& s : in.seqs) size += 6 + s.block_table.size();
   w.reserve(size);
   w.push_back(kVersion);
   w.push_back(static_cast<std::int32_t>(in.seqs.size()));
   w.push_back(in.num_tokens());
   w.push_back(in.num_logits());
   w.push_back(in.block_size);
-  for (const StepSeq& s : in.seqs) {
+  for (const model::StepSeq& s : in.seqs) {
     w.push_back(static_cast<std::int32_t>(static_cast<std::uint32_t>(s.seq_id & 0xffffffffu)));
     w.push_back(static_cast<std::int32_t>(static_cast<std::uint32_t>(s.seq_id >> 32)));
     w.push_back(s.num_computed_tokens);
@@ -34,7 +34,7 @@ std::vector<std::int32_t> encode_step(const StepInput& in) {
   return w;
 }
 
-Result<StepInput> decode_step(std::span<const std::int32_t> w) {
+Result<model::StepInput> decode_step(std::span<const std::int32_t> w) {
   std::size_t at = 0;
   const auto corrupt = [](const std::string& m) { return make_error(ErrorCode::corrupt, "step metadata: " + m); };
   const auto take = [&](std::size_t n) { return at + n <= w.size(); };
@@ -42,11 +42,11 @@ Result<StepInput> decode_step(std::span<const std::int32_t> w) {
   if (w[0] != kVersion) return corrupt("version " + std::to_string(w[0]) + ", expected 1");
   const std::int32_t num_seqs = w[1], num_tokens = w[2], num_logits = w[3];
   if (num_seqs < 0 || num_tokens < 0 || num_logits < 0) return corrupt("negative count");
-  StepInput in;
+  model::StepInput in;
   in.block_size = w[4];
   at = 5;
   in.seqs.resize(static_cast<std::size_t>(num_seqs));
-  for (StepSeq& s : in.seqs) {
+  for (model::StepSeq& s : in.seqs) {
     if (!take(6)) return corrupt("truncated sequence header");
     s.seq_id = static_cast<std::uint64_t>(static_cast<std::uint32_t>(w[at])) |
                (static_cast<std::uint64_t>(static_cast<std::uint32_t>(w[at + 1])) << 32);

@@ -14,13 +14,13 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/step.hpp"
+#include "model/executor.hpp"
 
 namespace shardline::engine {
 
-[[nodiscard]] std::vector<std::int32_t> encode_step(const StepInput& input);
+[[nodiscard]] std::vector<std::int32_t> encode_step(const model::StepInput& input);
 
 /// Errors: corrupt (wrong version, truncated, negative counts, trailing words).
-[[nodiscard]] Result<StepInput> decode_step(std::span<const std::int32_t> words);
+[[nodiscard]] Result<model::StepInput> decode_step(std::span<const std::int32_t> words);
 
 }  // namespace shardline::engine

@@ -15,9 +15,14 @@
 #include "messages/kvstore.capnp.h"
 #include "messages/orchestrator.capnp.h"
 #include "messages/worker.capnp.h"
-#include "orchestrator/token_budget_policies.hpp"
+#include "engine/policies/token_budget_policies.hpp"
 
 namespace shardline::messages {
+
+using worker::BatchChoice;
+using worker::BatchRequest;
+using worker::BatchResult;
+
 namespace {
 
 // ============================================================================
@@ -98,13 +103,9 @@ void check_nonneg(std::int64_t v, const std::string& field) {
 /// A token budget policy name: "" (the default, fixed) or a known policy.
 std::string get_token_budget(capnp::Text::Reader r, const std::string& field) {
   std::string name = str(r);
-  // Every request of a job carries the same name: check each new one once.
-  thread_local std::string last_known;
-  if (!name.empty() && name != last_known) {
-    auto policy = orchestrator::make_token_budget_policy(name, 1);
-    if (!policy) fail(ErrorCode::invalid_argument, field + ": " + policy.error().message);
-    last_known = name;
-  }
+  if (name.empty()) return name;
+  if (Status st = engine::check_token_budget_policy_name(name); !st)
+    fail(ErrorCode::invalid_argument, field + ": " + st.error().message);
   return name;
 }
 
@@ -245,7 +246,7 @@ Error get(wire::ErrorReply::Reader r) {
 
 // ---- SamplingParams ----
 
-void put(wire::SamplingParams::Builder b, const engine::SamplingParams& p) {
+void put(wire::SamplingParams::Builder b, const sampling::SamplingParams& p) {
   b.setTemperature(p.temperature);
   b.setTopK(p.top_k);
   b.setTopP(p.top_p);
@@ -262,8 +263,8 @@ void put(wire::SamplingParams::Builder b, const engine::SamplingParams& p) {
   set_texts(b.initStop(static_cast<unsigned>(p.stop.size())), p.stop);
 }
 
-engine::SamplingParams get(wire::SamplingParams::Reader r, const std::string& field) {
-  engine::SamplingParams p;
+sampling::SamplingParams get(wire::SamplingParams::Reader r, const std::string& field) {
+  sampling::SamplingParams p;
   p.temperature = r.getTemperature();
   p.top_k = r.getTopK();
   p.top_p = r.getTopP();

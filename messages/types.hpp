@@ -2,8 +2,8 @@
 /// \file
 /// Plain C++ structs of the actor messages (see messages/*.capnp for the wire
 /// form and messages/codec.hpp for the conversion). Structs that already
-/// exist elsewhere (orchestrator::BatchRequest / BatchResult / BatchChoice,
-/// engine::SamplingParams, shardline::Error) are reused, not mirrored.
+/// exist elsewhere (worker::BatchRequest / BatchResult / BatchChoice,
+/// sampling::SamplingParams, shardline::Error) are reused, not mirrored.
 
 #include <cstddef>
 #include <cstdint>
@@ -13,13 +13,13 @@
 
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
-#include "orchestrator/batch_types.hpp"
+#include "worker/batch_types.hpp"
 
 namespace shardline::messages {
 
-using orchestrator::BatchChoice;
-using orchestrator::BatchRequest;
-using orchestrator::BatchResult;
+using worker::BatchChoice;
+using worker::BatchRequest;
+using worker::BatchResult;
 
 /// Every encoded message carries this; a decoder rejects any other value.
 inline constexpr std::uint16_t kSchemaVersion = 1;
@@ -124,7 +124,7 @@ struct WorkerHello {
 
 struct WorkerResults {
   std::string worker_name;
-  std::vector<BatchResult> results;
+  std::vector<worker::BatchResult> results;
 };
 
 struct WorkerHeartbeat {
@@ -153,7 +153,7 @@ struct ActorList {
 // ---- worker inbox -----------------------------------------------------------------
 
 struct AssignWork {
-  std::vector<BatchRequest> requests;
+  std::vector<worker::BatchRequest> requests;
 };
 
 struct CancelJob {

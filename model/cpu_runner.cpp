@@ -12,7 +12,7 @@ Result<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(std::shared_ptr<c
   return std::unique_ptr<CpuModelRunner>(new CpuModelRunner(std::move(shard).value()));
 }
 
-Result<engine::StepOutput> CpuModelRunner::execute(const engine::StepInput& in) {
+Result<model::StepOutput> CpuModelRunner::execute(const model::StepInput& in) {
   if (Status st = shard_->validate(in); !st) return st.error();
   if (Status st = shard_->run_stage(in); !st) return st.error();
   return shard_->run_logits(in);

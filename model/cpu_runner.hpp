@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The Llama / Qwen2 / Qwen3 forward pass on CPU over a paged KV cache: the
-/// `engine::ModelExecutor` a CPU device runs.
+/// `model::ModelExecutor` a CPU device runs.
 ///
 /// One step takes a flattened batch of tokens from many sequences (prefill
 /// chunks and decode tokens mixed) and returns logits for the rows the
@@ -19,13 +19,13 @@
 
 #include "common/memory.hpp"
 #include "common/result.hpp"
-#include "engine/step.hpp"
+#include "model/executor.hpp"
 #include "model/shard_runner.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::model {
 
-class CpuModelRunner final : public engine::ModelExecutor {
+class CpuModelRunner final : public model::ModelExecutor {
  public:
   /// Packs the weights for the GEMM kernels and allocates the KV cache
   /// (2 * layers * num_kv_blocks * kv_heads * block_size * head_dim elements
@@ -37,7 +37,7 @@ class CpuModelRunner final : public engine::ModelExecutor {
 
   /// Runs one step. Errors: invalid_argument when a token id, position, slot
   /// or block id is out of range, or the step is inconsistent (sizes).
-  [[nodiscard]] Result<engine::StepOutput> execute(const engine::StepInput& input) override;
+  [[nodiscard]] Result<model::StepOutput> execute(const model::StepInput& input) override;
 
   [[nodiscard]] int vocab_size() const override { return config().vocab_size; }
   [[nodiscard]] int num_kv_blocks() const override { return shard_->num_kv_blocks(); }

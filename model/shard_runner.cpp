@@ -262,47 +262,12 @@ kc::RopeParams rope_params_for(const ModelConfig& c) {
   return rp;
 }
 
-Status ShardRunner::validate(const engine::StepInput& in) const {
+Status ShardRunner::validate(const model::StepInput& in) const {
   return validate_step(in, config().vocab_size, options_.num_kv_blocks, options_.block_size);
 }
 
-Status validate_step(const engine::StepInput& in, int vocab_size, int num_kv_blocks, int block_size) {
-  const int n = in.num_tokens();
-  const auto bad = [](std::string m) { return Status(make_error(ErrorCode::invalid_argument, "step: " + std::move(m))); };
-  if (static_cast<int>(in.positions.size()) != n || static_cast<int>(in.slot_mapping.size()) != n)
-    return bad("token_ids, positions and slot_mapping differ in length");
-  if (in.block_size != block_size)
-    return bad("block_size " + std::to_string(in.block_size) + " != runner's " + std::to_string(block_size));
-  const int vocab = vocab_size;
-  const long num_slots = static_cast<long>(num_kv_blocks) * block_size;
-  for (int t = 0; t < n; ++t) {
-    if (in.token_ids[t] < 0 || in.token_ids[t] >= vocab)
-      return bad("token id " + std::to_string(in.token_ids[t]) + " at row " + std::to_string(t) +
-                 " outside the vocabulary [0, " + std::to_string(vocab) + ")");
-    if (in.positions[t] < 0) return bad("negative position at row " + std::to_string(t));
-    if (in.slot_mapping[t] >= num_slots)
-      return bad("KV slot " + std::to_string(in.slot_mapping[t]) + " outside the cache");
-  }
-  int rows = 0;
-  for (const engine::StepSeq& s : in.seqs) {
-    const int ctx = s.num_computed_tokens + s.num_new_tokens;
-    if (s.num_new_tokens <= 0 || s.num_computed_tokens < 0)
-      return bad("sequence " + std::to_string(s.seq_id) + " has no new tokens");
-    const long blocks_needed = (ctx + block_size - 1) / block_size;
-    if (static_cast<long>(s.block_table.size()) < blocks_needed)
-      return bad("sequence " + std::to_string(s.seq_id) + ": block table too short for " + std::to_string(ctx) + " tokens");
-    for (std::int32_t b : s.block_table)
-      if (b < 0 || b >= num_kv_blocks)
-        return bad("sequence " + std::to_string(s.seq_id) + ": block id " + std::to_string(b) + " outside the cache");
-    rows += s.num_new_tokens;
-  }
-  if (rows != n) return bad("sequences cover " + std::to_string(rows) + " rows, batch has " + std::to_string(n));
-  for (std::int32_t r : in.logits_rows)
-    if (r < 0 || r >= n) return bad("logits row " + std::to_string(r) + " outside the batch");
-  return Status::ok_status();
-}
 
-Status ShardRunner::run_stage(const engine::StepInput& in) {
+Status ShardRunner::run_stage(const model::StepInput& in) {
   profile_ = StepProfile{};
   const int n = in.num_tokens();
   if (n == 0) return Status::ok_status();
@@ -324,7 +289,7 @@ Status ShardRunner::run_stage(const engine::StepInput& in) {
   std::vector<kc::AttentionSeq> attn_seqs;
   attn_seqs.reserve(in.seqs.size());
   int row = 0;
-  for (const engine::StepSeq& s : in.seqs) {
+  for (const model::StepSeq& s : in.seqs) {
     attn_seqs.push_back(kc::AttentionSeq{row, s.num_new_tokens, s.num_computed_tokens + s.num_new_tokens,
                                          s.block_table.data()});
     row += s.num_new_tokens;
@@ -431,9 +396,9 @@ Status ShardRunner::run_stage(const engine::StepInput& in) {
   return Status::ok_status();
 }
 
-Result<engine::StepOutput> ShardRunner::run_logits(const engine::StepInput& in) {
+Result<model::StepOutput> ShardRunner::run_logits(const model::StepInput& in) {
   const ModelConfig& c = config();
-  engine::StepOutput out;
+  model::StepOutput out;
   out.vocab_size = c.vocab_size;
   const int num_logits = in.num_logits();
   if (num_logits == 0 || in.num_tokens() == 0) return out;

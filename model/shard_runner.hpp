@@ -41,7 +41,7 @@
 #include "comm/communicator.hpp"
 #include "common/memory.hpp"
 #include "common/result.hpp"
-#include "engine/step.hpp"
+#include "model/executor.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -100,15 +100,6 @@ struct ShardSpec {
 /// kernels::cpu::rope_inv_freq; shared by the CPU and CUDA runners.
 [[nodiscard]] kernels::cpu::RopeParams rope_params_for(const ModelConfig& config);
 
-/// Checks a step against a cache of num_kv_blocks blocks of block_size
-/// tokens and a vocabulary of vocab_size ids: lengths agree, token ids in the
-/// vocabulary, positions >= 0, slots and block ids inside the cache, block
-/// tables long enough, sequences covering every row, logits rows inside the
-/// batch. Every runner (CPU shards, CUDA) checks steps with it.
-/// Errors: invalid_argument naming the row / sequence.
-[[nodiscard]] Status validate_step(const engine::StepInput& input, int vocab_size, int num_kv_blocks,
-                                   int block_size);
-
 /// The group communicators a rank's forward pass uses (null when size 1).
 /// Not owned; they must outlive the runner's steps.
 struct ShardComms {
@@ -132,14 +123,14 @@ class ShardRunner {
   [[nodiscard]] float* residual(int num_tokens);
   /// Checks a step against the cache and vocabulary (validate_step).
   /// Errors: invalid_argument.
-  [[nodiscard]] Status validate(const engine::StepInput& input) const;
+  [[nodiscard]] Status validate(const model::StepInput& input) const;
   /// Runs this stage: embeds the chunk (stage 0) or takes residual() as
   /// input, then runs the stage's layers in place on residual().
   /// `input` must be validated. Errors: io from a collective.
-  [[nodiscard]] Status run_stage(const engine::StepInput& input);
+  [[nodiscard]] Status run_stage(const model::StepInput& input);
   /// Last stage, after run_stage: logits [num_logits, vocab] of the rows in
   /// input.logits_rows, on every rank of the stage. Errors: io.
-  [[nodiscard]] Result<engine::StepOutput> run_logits(const engine::StepInput& input);
+  [[nodiscard]] Result<model::StepOutput> run_logits(const model::StepInput& input);
 
   [[nodiscard]] const ShardSpec& spec() const { return spec_; }
   [[nodiscard]] const ModelConfig& config() const { return weights_->config; }

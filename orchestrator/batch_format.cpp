@@ -10,6 +10,10 @@
 #include <nlohmann/json.hpp>
 
 namespace shardline::orchestrator {
+
+using worker::BatchRequest;
+using worker::BatchResult;
+
 namespace {
 
 using json = nlohmann::json;

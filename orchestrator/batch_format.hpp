@@ -28,7 +28,7 @@
 ///   invalid_json       the line is not JSON or not a JSON object
 ///   missing_prompt     no "prompt" (or no "body" in the OpenAI form)
 ///   invalid_parameter  a value of the wrong type or out of range
-///                      (ranges from engine::SamplingParams::validate)
+///                      (ranges from sampling::SamplingParams::validate)
 ///   unknown_parameter  a key that is not in the lists above
 ///   unsupported_url    url other than /v1/completions ("/v1/chat/completions":
 ///                      "chat completions are not supported yet")
@@ -44,20 +44,20 @@
 #include <string_view>
 #include <variant>
 
-#include "orchestrator/batch_types.hpp"
+#include "worker/batch_types.hpp"
 
 namespace shardline::orchestrator {
 
 /// A parsed input line: a request, or an error result (ok == false) that is
 /// committed as is.
 struct BatchLine {
-  std::variant<BatchRequest, BatchResult> value;
+  std::variant<worker::BatchRequest, worker::BatchResult> value;
 
   [[nodiscard]] bool is_request() const noexcept { return value.index() == 0; }
-  [[nodiscard]] const BatchRequest& request() const { return std::get<0>(value); }
-  [[nodiscard]] BatchRequest& request() { return std::get<0>(value); }
-  [[nodiscard]] const BatchResult& error() const { return std::get<1>(value); }
-  [[nodiscard]] BatchResult& error() { return std::get<1>(value); }
+  [[nodiscard]] const worker::BatchRequest& request() const { return std::get<0>(value); }
+  [[nodiscard]] worker::BatchRequest& request() { return std::get<0>(value); }
+  [[nodiscard]] const worker::BatchResult& error() const { return std::get<1>(value); }
+  [[nodiscard]] worker::BatchResult& error() { return std::get<1>(value); }
 };
 
 /// True when the line holds only whitespace (such lines are skipped).
@@ -72,7 +72,7 @@ struct BatchLine {
 [[nodiscard]] std::string default_custom_id(std::uint64_t line_index);
 
 /// A per-line error result.
-[[nodiscard]] BatchResult make_error_result(std::uint64_t job_id, std::uint64_t line_index,
+[[nodiscard]] worker::BatchResult make_error_result(std::uint64_t job_id, std::uint64_t line_index,
                                             std::string custom_id, std::string code,
                                             std::string message);
 
@@ -90,7 +90,7 @@ struct BatchLine {
 /// when the request asked with return_token_ids). Invalid UTF-8 in texts is
 /// replaced by U+FFFD. No timestamps: the same result always gives the same
 /// bytes.
-[[nodiscard]] std::string format_result_line(const BatchResult& result, std::string_view model,
+[[nodiscard]] std::string format_result_line(const worker::BatchResult& result, std::string_view model,
                                              std::string_view request_id_prefix);
 
 }  // namespace shardline::orchestrator

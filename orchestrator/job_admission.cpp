@@ -1,6 +1,6 @@
 #include "orchestrator/job_admission.hpp"
 
-#include "orchestrator/token_budget_policies.hpp"
+#include "engine/policies/token_budget_policies.hpp"
 
 namespace shardline::orchestrator {
 
@@ -36,8 +36,8 @@ Status check_worker_group(const std::string& worker_name, const engine::Parallel
 
 Result<std::string> normalize_token_budget(std::string_view name) {
   if (name.empty()) return std::string("fixed");
-  auto policy = make_token_budget_policy(name, 1);
-  if (!policy) return make_error(ErrorCode::invalid_argument, "--token-budget: " + policy.error().message);
+  if (Status st = engine::check_token_budget_policy_name(name); !st)
+    return make_error(ErrorCode::invalid_argument, "--token-budget: " + st.error().message);
   return std::string(name);
 }
 

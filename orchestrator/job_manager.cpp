@@ -10,6 +10,10 @@
 #include "orchestrator/job_admission.hpp"
 
 namespace shardline::orchestrator {
+
+using worker::BatchRequest;
+using worker::BatchResult;
+
 namespace {
 
 namespace fs = std::filesystem;

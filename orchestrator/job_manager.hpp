@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "orchestrator/batch_types.hpp"
+#include "worker/batch_types.hpp"
 #include "orchestrator/job_store.hpp"
 #include "orchestrator/output_writer.hpp"
 
@@ -86,15 +86,15 @@ class JobManager {
 
   /// Up to max_count pending requests, now in flight on `worker`; each
   /// carries its job's token budget policy (BatchRequest::token_budget).
-  std::vector<BatchRequest> next_work(std::size_t max_count, const std::string& worker = {});
+  std::vector<worker::BatchRequest> next_work(std::size_t max_count, const std::string& worker = {});
 
   /// Commits results (any order, duplicates ignored, unknown jobs / lines out
   /// of range ignored) and advances the output files. Returns how many lines
   /// were newly committed. An error is a store or output I/O failure; the
   /// results committed before it stay committed and a later call retries the
   /// output.
-  Result<std::size_t> on_results(const std::vector<BatchResult>& results);
-  Result<std::size_t> on_result(const BatchResult& result);
+  Result<std::size_t> on_results(const std::vector<worker::BatchResult>& results);
+  Result<std::size_t> on_result(const worker::BatchResult& result);
 
   /// Makes the in-flight requests of `worker` pending again (first in line).
   std::size_t requeue_in_flight(const std::string& worker);
@@ -115,7 +115,7 @@ class JobManager {
  private:
   struct InFlight {
     std::string worker;
-    BatchRequest request;
+    worker::BatchRequest request;
   };
   /// Lazy, blank-skipping line reader over the shards of a job.
   struct ShardReader {
@@ -132,7 +132,7 @@ class JobManager {
     JobRecord rec;
     std::unique_ptr<OutputWriter> writer;  ///< unfinished jobs only
     std::unique_ptr<ShardReader> reader;   ///< unfinished jobs only
-    std::map<std::uint64_t, BatchRequest> retry;
+    std::map<std::uint64_t, worker::BatchRequest> retry;
     std::map<std::uint64_t, InFlight> in_flight;
     bool session_started = false;
     double session_t0 = 0.0;
@@ -149,7 +149,7 @@ class JobManager {
   Status commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added);
   Status advance_output(Job& j);
   void fail_job(Job& j, const std::string& why);
-  [[nodiscard]] StoredResult to_stored(const Job& j, const BatchResult& r) const;
+  [[nodiscard]] StoredResult to_stored(const Job& j, const worker::BatchResult& r) const;
   [[nodiscard]] JobProgress progress_of(const Job& j) const;
 
   std::unique_ptr<JobStore> store_;

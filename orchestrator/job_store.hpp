@@ -51,7 +51,7 @@ struct JobSpec {
   /// e.g. "tp=2,pp=1,sp=1,dp=1"); "" = not recorded (jobs of older versions).
   std::string parallel;
   /// Per-micro-batch token budget policy of the job's steps: "fixed" or
-  /// "throttle" (orchestrator/token_budget_policies.hpp).
+  /// "throttle" (engine/policies/token_budget_policies.hpp).
   std::string token_budget = "fixed";
 };
 

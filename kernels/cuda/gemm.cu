@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/dtype.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/launch.cuh"
 
@@ -84,18 +85,10 @@ Status cuda_error(const char* what, cudaError_t err) {
 
 // ---- cast ------------------------------------------------------------------------
 
-/// Same bits as shardline::f32_to_bf16: round to nearest even, quiet NaN.
-__device__ __forceinline__ std::uint16_t f32_to_bf16_bits(float f) {
-  std::uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
 template <DType D>
 __device__ __forceinline__ std::uint16_t to_16bit(float f) {
   if constexpr (D == DType::bf16) {
-    return f32_to_bf16_bits(f);
+    return shardline::f32_to_bf16(f);
   } else {
     return __half_as_ushort(__float2half_rn(f));
   }

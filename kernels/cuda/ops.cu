@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/dtype.hpp"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.hpp"
 
@@ -21,44 +22,6 @@ constexpr int kEltThreads = 256;  ///< threads per block of element-wise ops
 using detail::launch_status;
 using detail::bad_arg;
 
-__device__ __forceinline__ float bf16_bits_to_f32(std::uint16_t h) {
-  return __uint_as_float(static_cast<std::uint32_t>(h) << 16);
-}
-
-/// Same bits as shardline::f32_to_bf16: round to nearest even, quiet NaN.
-__device__ __forceinline__ std::uint16_t f32_to_bf16_bits(float f) {
-  std::uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-/// Same as shardline::f16_to_f32 (exact, incl. subnormals, inf, NaN).
-__device__ __forceinline__ float f16_bits_to_f32(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::uint32_t exp = (h >> 10) & 0x1fu;
-  std::uint32_t mant = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {
-      exp = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      mant &= 0x3ffu;
-      bits = sign | (exp << 23) | (mant << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  return __uint_as_float(bits);
-}
-
 // ---- embedding ---------------------------------------------------------------
 
 template <DType D>
@@ -71,9 +34,9 @@ __global__ void embedding_kernel(const std::int32_t* __restrict__ ids, const voi
     if constexpr (D == DType::f32) {
       o[i] = static_cast<const float*>(table)[row + i];
     } else if constexpr (D == DType::bf16) {
-      o[i] = bf16_bits_to_f32(static_cast<const std::uint16_t*>(table)[row + i]);
+      o[i] = shardline::bf16_to_f32(static_cast<const std::uint16_t*>(table)[row + i]);
     } else {
-      o[i] = f16_bits_to_f32(static_cast<const std::uint16_t*>(table)[row + i]);
+      o[i] = shardline::f16_to_f32(static_cast<const std::uint16_t*>(table)[row + i]);
     }
   }
 }
@@ -207,8 +170,8 @@ __global__ void write_kv_kernel(const float* __restrict__ k, const float* __rest
   for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
     const long kd = kdst + static_cast<long>(c) * block_size;
     if constexpr (BF16) {
-      static_cast<std::uint16_t*>(kc)[kd] = f32_to_bf16_bits(k[src + c]);
-      static_cast<std::uint16_t*>(vc)[vdst + c] = f32_to_bf16_bits(v[src + c]);
+      static_cast<std::uint16_t*>(kc)[kd] = shardline::f32_to_bf16(k[src + c]);
+      static_cast<std::uint16_t*>(vc)[vdst + c] = shardline::f32_to_bf16(v[src + c]);
     } else {
       static_cast<float*>(kc)[kd] = k[src + c];
       static_cast<float*>(vc)[vdst + c] = v[src + c];

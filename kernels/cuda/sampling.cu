@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sampling.hpp"
+#include "sampling/rng.hpp"
 
 // One block of kSampleThreads threads per row. A candidate is ordered by its
 // 64-bit key (ordered logit bits << 32 | (vocab - 1 - id)): larger key =
@@ -27,32 +28,6 @@ constexpr std::uint64_t kFiniteKeyLo = 0x00800000ull << 32;  ///< smallest key w
 
 using detail::launch_status;
 using detail::bad_arg;
-
-/// engine::philox_uniform(seed, position, 0), bit for bit.
-__device__ __forceinline__ float philox_uniform_dev(std::uint64_t seed, std::uint64_t position) {
-  constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-  constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
-  std::uint32_t c0 = static_cast<std::uint32_t>(position),
-                c1 = static_cast<std::uint32_t>(position >> 32), c2 = 0u, c3 = 0u;
-#pragma unroll
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 += kW0;
-      k1 += kW1;
-    }
-    const std::uint64_t p0 = static_cast<std::uint64_t>(kM0) * c0;
-    const std::uint64_t p1 = static_cast<std::uint64_t>(kM1) * c2;
-    const auto hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
-    const auto hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
-    const std::uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0;
-  }
-  return __fmul_rn(static_cast<float>(c0 >> 8), 1.0f / 16777216.0f);
-}
 
 /// Monotone map of a float to uint32 (NaN -> 0, below -inf; -0 == +0).
 __device__ __forceinline__ std::uint32_t ordered_bits(float v) {
@@ -134,7 +109,7 @@ __device__ std::uint64_t bisect_max(Pred pred, bool high, int low_bits) {
   return prefix;
 }
 
-/// engine::argmax over the row: max key, all-NaN -> vocab - 1.
+/// sampling::argmax over the row: max key, all-NaN -> vocab - 1.
 __device__ int row_argmax(const float* l, int vocab, Shared& s) {
   unsigned long long best = 0;
   for (int i = threadIdx.x; i < vocab; i += kT) {
@@ -197,7 +172,7 @@ __global__ void __launch_bounds__(kT)
 
   const bool use_top_k = p.top_k > 0 && p.top_k < vocab;
   const bool truncate = use_top_k || p.top_p < 1.0f || p.min_p > 0.0f;
-  const double u = philox_uniform_dev(p.seed, static_cast<std::uint64_t>(p.position));
+  const double u = sampling::philox_uniform(p.seed, static_cast<std::uint64_t>(p.position));
   const int low_bits = vocab > 1 ? 32 - __clz(static_cast<unsigned>(vocab - 1)) : 0;
 
   if (!truncate) {  // full distribution, inverse CDF in id order (key = vocab - 1 - id)
@@ -288,7 +263,7 @@ __global__ void philox_kernel(const std::uint64_t* __restrict__ seeds,
                               const std::int32_t* __restrict__ positions, int n,
                               float* __restrict__ out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = philox_uniform_dev(seeds[i], static_cast<std::uint64_t>(positions[i]));
+  if (i < n) out[i] = sampling::philox_uniform(seeds[i], static_cast<std::uint64_t>(positions[i]));
 }
 
 }  // namespace
@@ -298,7 +273,7 @@ Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows,
   if (num_rows < 0 || vocab < 0) return bad_arg("sample", "negative size");
   if (num_rows == 0) return Status::ok_status();
   if (out_ids == nullptr) return bad_arg("sample", "null out_ids");
-  if (vocab == 0) {  // engine::sample on an empty row returns 0
+  if (vocab == 0) {  // sampling::sample on an empty row returns 0
     const cudaError_t err =
         cudaMemsetAsync(out_ids, 0, static_cast<std::size_t>(num_rows) * sizeof(std::int32_t), stream);
     if (err != cudaSuccess)

@@ -1,17 +1,17 @@
 #pragma once
 /// \file
-/// Batched GPU token sampling: the device counterpart of engine::sample
-/// (engine/sampler.hpp) for `num_rows` logits rows at once, with the same
+/// Batched GPU token sampling: the device counterpart of sampling::sample
+/// (sampling/sampler.hpp) for `num_rows` logits rows at once, with the same
 /// order of operations per row:
 ///   1. penalties: repetition (CTRL-style, over prompt + output ids), then
 ///      presence / frequency (OpenAI-style, over output counts);
 ///   2. min_tokens masking (ids -> -inf while num_output_tokens < min_tokens);
 ///   3. temperature == 0: greedy argmax (lowest id on ties, NaN never wins,
-///      all-NaN -> vocab - 1, exactly engine::argmax);
+///      all-NaN -> vocab - 1, exactly sampling::argmax);
 ///   4. otherwise logits /= temperature; everything masked -> argmax; then
 ///      top-k -> drop masked -> top-p -> min-p over the candidates sorted by
 ///      (logit desc, id asc), and the inverse-CDF draw with the Philox uniform
-///      of (seed, position) (engine::philox_uniform); without any truncation
+///      of (seed, position) (sampling::philox_uniform); without any truncation
 ///      the draw is over the full distribution in id order, as on the CPU.
 ///
 /// Plain C++ header (no cuda_runtime.h needed); same conventions as
@@ -29,8 +29,8 @@
 /// Exactness vs the CPU sampler:
 ///  - penalties, masking, temperature, greedy argmax, top-k membership, the
 ///    dropping of masked tokens and the Philox uniform are bit-exact, so
-///    greedy ids are always identical to engine::sample's.
-///    One caveat: engine/sampler.cpp computes the OpenAI term
+///    greedy ids are always identical to sampling::sample's.
+///    One caveat: sampling/sampler.cpp computes the OpenAI term
 ///    `frequency_penalty * count + presence_penalty` in plain C++, which GCC
 ///    contracts into one FMA when it may (C++ defaults to -ffp-contract=fast;
 ///    the default -march=native build on any x86-64 with FMA, and aarch64).
@@ -66,8 +66,8 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/sampler.hpp"
-#include "engine/sampling_params.hpp"
+#include "sampling/sampler.hpp"
+#include "sampling/sampling_params.hpp"
 
 struct CUstream_st;  // = cudaStream_t's pointee (driver_types.h)
 
@@ -79,8 +79,8 @@ using Stream = CUstream_st*;
 inline constexpr int kSampleThreads = 512;
 
 /// Per-row sampling parameters, POD, in *device* memory (one per row). Field
-/// for field the engine::SamplingParams + engine::SampleContext that
-/// engine::sample uses (build it with make_sample_row); the parameters must be
+/// for field the sampling::SamplingParams + sampling::SampleContext that
+/// sampling::sample uses (build it with make_sample_row); the parameters must be
 /// valid (SamplingParams::validate), as on the CPU.
 struct SampleRow {
   float temperature = 1.0f;          ///< 0 = greedy
@@ -143,8 +143,8 @@ struct PenaltyList {
 /// (penalty_ids, output_counts, masked_ids) and their counts are left for the
 /// caller to fill with device copies of make_penalty_list(...) and
 /// ctx.min_tokens_masked_ids.
-[[nodiscard]] inline SampleRow make_sample_row(const engine::SamplingParams& params,
-                                               const engine::SampleContext& ctx) {
+[[nodiscard]] inline SampleRow make_sample_row(const sampling::SamplingParams& params,
+                                               const sampling::SampleContext& ctx) {
   SampleRow r;
   r.temperature = params.temperature;
   r.top_k = params.top_k;
@@ -161,16 +161,16 @@ struct PenaltyList {
 }
 
 /// Samples one token per row. logits: [num_rows, vocab] F32 contiguous on the
-/// device, modified in place exactly like engine::sample modifies its row
+/// device, modified in place exactly like sampling::sample modifies its row
 /// (penalties, masks, then / temperature unless greedy); rows: [num_rows]
 /// SampleRow on the device; out_ids: [num_rows] int32 on the device.
-/// vocab == 0 gives id 0 for every row (as engine::sample on an empty row).
+/// vocab == 0 gives id 0 for every row (as sampling::sample on an empty row).
 /// Errors: invalid_argument for negative sizes or null pointers with
 /// num_rows > 0 (nothing launched); num_rows == 0 launches nothing.
 [[nodiscard]] Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows,
                             std::int32_t* out_ids, Stream stream);
 
-/// out[i] = engine::philox_uniform(seeds[i], uint64(positions[i])) computed on
+/// out[i] = sampling::philox_uniform(seeds[i], uint64(positions[i])) computed on
 /// the device with the same Philox4x32-10 as sample() uses (for tests).
 /// seeds: [n] uint64, positions: [n] int32, out: [n] F32, all on the device.
 [[nodiscard]] Status philox_uniforms(const std::uint64_t* seeds, const std::int32_t* positions,

@@ -51,7 +51,7 @@ struct Layout {
   }
 };
 
-bool has_penalties(const engine::SamplingParams& p) {
+bool has_penalties(const sampling::SamplingParams& p) {
   return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
 }
 
@@ -92,6 +92,46 @@ std::vector<int> default_cuda_graph_batch_sizes(int max_num_seqs) {
 }
 
 /// Device pointers of one layer's weights.
+namespace {
+
+/// The options checked against the model, with the graph batch sizes
+/// defaulted, sorted and unique. Errors: invalid_argument.
+Result<CudaRunnerOptions> checked_options(const ModelConfig& c, CudaRunnerOptions o) {
+  const auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "cuda runner: " + m); };
+  if (o.num_kv_blocks <= 0 || o.block_size <= 0) return bad("num_kv_blocks and block_size must be > 0");
+  if (o.max_num_batched_tokens <= 0 || o.max_num_seqs <= 0 || o.max_model_len <= 0)
+    return bad("max_num_batched_tokens, max_num_seqs and max_model_len must be > 0");
+  if (o.kv_cache_dtype != DType::f32 && o.kv_cache_dtype != DType::bf16)
+    return bad(std::string("KV cache dtype ") + dtype_name(o.kv_cache_dtype) + " not supported (f32 or bf16)");
+  if (!kcu::attention_head_dim_supported(c.head_dim))
+    return bad("head_dim " + std::to_string(c.head_dim) + " not supported by the CUDA attention (1 to 256)");
+  if (c.num_attention_heads % c.num_key_value_heads != 0) return bad("num_heads is not a multiple of num_kv_heads");
+  for (int b : o.cuda_graph_batch_sizes)
+    if (b <= 0 || b > o.max_num_seqs) return bad("CUDA graph batch size " + std::to_string(b) + " outside [1, max_num_seqs]");
+  if (o.cuda_graph_batch_sizes.empty()) o.cuda_graph_batch_sizes = default_cuda_graph_batch_sizes(o.max_num_seqs);
+  std::sort(o.cuda_graph_batch_sizes.begin(), o.cuda_graph_batch_sizes.end());
+  o.cuda_graph_batch_sizes.erase(std::unique(o.cuda_graph_batch_sizes.begin(), o.cuda_graph_batch_sizes.end()),
+                                 o.cuda_graph_batch_sizes.end());
+  return o;
+}
+
+/// Makes device_index the current device. Errors: not_found (no driver or
+/// device, with the CUDA message), internal.
+Status select_device(int device_index) {
+  int count = 0;
+  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return make_error(ErrorCode::not_found, std::string("cuda:") + std::to_string(device_index) +
+                                                ": no CUDA device (" + cudaGetErrorString(err) + ")");
+  }
+  if (device_index < 0 || device_index >= count)
+    return make_error(ErrorCode::not_found, "cuda:" + std::to_string(device_index) + ": only " +
+                                                std::to_string(count) + " CUDA device(s)");
+  return cuda_status("set device", cudaSetDevice(device_index));
+}
+
+}  // namespace
+
 struct DeviceLayer {
   const float* input_norm = nullptr;     // [hidden]
   const void* qkv = nullptr;             // [qkv_rows, hidden]
@@ -317,6 +357,202 @@ struct CudaModelRunner::Impl {
     }
     return cuda_status("graph capture", cudaStreamSynchronize(stream));
   }
+
+  /// Uploads every weight into one device arena: matrices converted to
+  /// `wdt`, norms, biases and RoPE frequencies as F32; a tied lm_head shares
+  /// the embedding. Sets the layer pointers. Returns the arena's bytes.
+  /// Errors: out_of_memory (the arena), internal (a copy failed).
+  Result<std::size_t> upload_weights(const ModelWeights& host) {
+    struct Upload {
+      std::size_t off;
+      const void* src;
+      DType src_dtype;
+      std::size_t count;
+      bool matrix;  // converted to wdt; vectors stay F32
+    };
+    std::vector<Upload> uploads;
+    Layout wl;
+    const auto add_matrix = [&](const Matrix& mat) -> std::size_t {
+      const std::size_t n = static_cast<std::size_t>(mat.rows) * mat.cols;
+      const std::size_t off = wl.take(n * dtype_size(wdt));
+      uploads.push_back({off, mat.data, mat.dtype, n, true});
+      return off;
+    };
+    const auto add_vector = [&](const Vector& v) -> std::size_t {
+      const std::size_t off = wl.take(static_cast<std::size_t>(v.size) * sizeof(float));
+      uploads.push_back({off, v.data, DType::f32, static_cast<std::size_t>(v.size), false});
+      return off;
+    };
+    struct LayerOffsets {
+      std::size_t input_norm, qkv, qkv_bias = SIZE_MAX, q_norm = SIZE_MAX, k_norm = SIZE_MAX, o_proj, post, gate_up,
+                                   down;
+    };
+    std::vector<LayerOffsets> lo;
+    const std::size_t embed_off = add_matrix(host.embed_tokens);
+    for (const LayerWeights& lw : host.layers) {
+      LayerOffsets x{};
+      x.qkv_bias = x.q_norm = x.k_norm = SIZE_MAX;
+      x.input_norm = add_vector(lw.input_norm);
+      x.qkv = add_matrix(lw.qkv);
+      if (!lw.qkv_bias.empty()) x.qkv_bias = add_vector(lw.qkv_bias);
+      if (!lw.q_norm.empty()) x.q_norm = add_vector(lw.q_norm);
+      if (!lw.k_norm.empty()) x.k_norm = add_vector(lw.k_norm);
+      x.o_proj = add_matrix(lw.o_proj);
+      x.post = add_vector(lw.post_attention_norm);
+      x.gate_up = add_matrix(lw.gate_up);
+      x.down = add_matrix(lw.down_proj);
+      lo.push_back(x);
+    }
+    const bool tied = host.lm_head.data == host.embed_tokens.data;
+    const std::size_t lm_off = tied ? embed_off : add_matrix(host.lm_head);
+    const std::size_t norm_off = add_vector(host.final_norm);
+    const std::vector<float> freqs = kernels::cpu::rope_inv_freq(rope_params_for(c));
+    const std::size_t freq_off = wl.take(freqs.size() * sizeof(float));
+    uploads.push_back({freq_off, freqs.data(), DType::f32, freqs.size(), false});
+
+    {
+      auto buf = kcu::DeviceBuffer::allocate(wl.bytes);
+      if (!buf) return make_error(buf.error().code, "model weights (" + std::to_string(wl.bytes) + " bytes): " +
+                                                        buf.error().message);
+      weights = std::move(buf).value();
+    }
+    std::vector<char> staging;
+    for (const Upload& u : uploads) {
+      const DType dst = u.matrix ? wdt : DType::f32;
+      const std::size_t bytes = u.count * dtype_size(dst);
+      const void* src = u.src;
+      if (u.src_dtype != dst) {
+        staging.resize(bytes);
+        convert_matrix(u.src, u.src_dtype, u.count, dst, staging.data());
+        src = staging.data();
+      }
+      if (Status s = cuda_status("weight upload", cudaMemcpy(weights.as<char>() + u.off, src, bytes,
+                                                             cudaMemcpyHostToDevice));
+          !s)
+        return s.error();
+    }
+    staging = {};
+    char* wbase = weights.as<char>();
+    const auto fptr = [&](std::size_t off) { return off == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(wbase + off); };
+    embed = wbase + embed_off;
+    lm_head = wbase + lm_off;
+    final_norm = fptr(norm_off);
+    inv_freq = fptr(freq_off);
+    for (const LayerOffsets& x : lo) {
+      DeviceLayer d;
+      d.input_norm = fptr(x.input_norm);
+      d.qkv = wbase + x.qkv;
+      d.qkv_bias = fptr(x.qkv_bias);
+      d.q_norm = fptr(x.q_norm);
+      d.k_norm = fptr(x.k_norm);
+      d.o_proj = wbase + x.o_proj;
+      d.post_attention_norm = fptr(x.post);
+      d.gate_up = wbase + x.gate_up;
+      d.down = wbase + x.down;
+      layers.push_back(d);
+    }
+    return wl.bytes;
+  }
+
+  /// Allocates the paged KV cache ([layers, 2, num_kv_blocks, kv_heads,
+  /// block_size, head_dim] in o.kv_cache_dtype), zeroed. Returns its bytes.
+  /// Errors: out_of_memory naming the blocks and bytes.
+  Result<std::size_t> allocate_kv_cache() {
+    kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * c.num_key_value_heads * o.block_size * c.head_dim *
+                       dtype_size(o.kv_cache_dtype);
+    const std::size_t kv_bytes = 2 * kv_layer_bytes * layers.size();
+    {
+      auto buf = kcu::DeviceBuffer::allocate(kv_bytes);
+      if (!buf) return make_error(buf.error().code, "KV cache (" + std::to_string(o.num_kv_blocks) + " blocks, " +
+                                                        std::to_string(kv_bytes) + " bytes): " + buf.error().message);
+      kv = std::move(buf).value();
+      if (Status s = kv.fill_bytes(0); !s) return s.error();
+    }
+    return kv_bytes;
+  }
+
+  /// Allocates the activation arena (sized for max_num_batched_tokens rows
+  /// and max_num_seqs logits rows) and the split-decode attention workspace.
+  /// Errors: out_of_memory.
+  Status allocate_activations() {
+    const int hidden = c.hidden_size;
+    const int hd = c.head_dim;
+    const int inter = c.intermediate_size;
+    seqs_cap = o.max_num_seqs;
+    rows_cap = std::max(o.max_num_batched_tokens, o.max_num_seqs);
+    max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
+    const auto rows = static_cast<std::size_t>(rows_cap);
+    const auto seqs = static_cast<std::size_t>(seqs_cap);
+    Layout al;
+    const std::size_t a_res = al.take(rows * hidden * 4), a_norm = al.take(rows * hidden * 4),
+                      a_qkv = al.take(rows * qkv_rows * 4), a_attn = al.take(rows * c.num_attention_heads * hd * 4),
+                      a_gu = al.take(rows * 2 * inter * 4), a_mlp = al.take(rows * inter * 4),
+                      a_lin = al.take(seqs * hidden * 4), a_log = al.take(seqs * c.vocab_size * 4);
+    {
+      auto buf = kcu::DeviceBuffer::allocate(al.bytes);
+      if (!buf) return make_error(buf.error().code, "activations (" + std::to_string(al.bytes) + " bytes): " +
+                                                        buf.error().message);
+      act = std::move(buf).value();
+    }
+    char* abase = act.as<char>();
+    residual = reinterpret_cast<float*>(abase + a_res);
+    normed = reinterpret_cast<float*>(abase + a_norm);
+    qkv = reinterpret_cast<float*>(abase + a_qkv);
+    attn = reinterpret_cast<float*>(abase + a_attn);
+    gate_up = reinterpret_cast<float*>(abase + a_gu);
+    mlp = reinterpret_cast<float*>(abase + a_mlp);
+    logits_in = reinterpret_cast<float*>(abase + a_lin);
+    logits = reinterpret_cast<float*>(abase + a_log);
+
+    const std::size_t ws_bytes = kcu::paged_attention_workspace_bytes(seqs_cap, c.num_attention_heads, hd, o.max_model_len);
+    {
+      auto buf = kcu::DeviceBuffer::allocate(ws_bytes);
+      if (!buf) return make_error(buf.error().code, "attention workspace: " + buf.error().message);
+      workspace = std::move(buf).value();
+    }
+    return Status::ok_status();
+  }
+
+  /// Allocates the step metadata at fixed device addresses (what decode
+  /// graphs replay from), its pinned host mirror, and the GEMM context.
+  /// After allocate_activations (which sets the row and sequence caps).
+  /// Errors: out_of_memory, internal.
+  Status allocate_metadata() {
+    const int hidden = c.hidden_size;
+    const int hd = c.head_dim;
+    const int inter = c.intermediate_size;
+    const Layout ml = layout_metadata();
+    {
+      auto buf = kcu::DeviceBuffer::allocate(ml.bytes);
+      if (!buf) return make_error(buf.error().code, "step metadata: " + buf.error().message);
+      meta = std::move(buf).value();
+      if (Status s = meta.fill_bytes(0); !s) return s.error();  // the pad table's block 0
+    }
+    if (Status s = cuda_status("pinned metadata", cudaMallocHost(&meta_host, ml.bytes)); !s) return s.error();
+    std::memset(meta_host, 0, ml.bytes);
+
+    {
+      auto g = kcu::GemmContext::create(rows_cap, std::max({hidden, inter, c.num_attention_heads * hd}));
+      if (!g) return g.error();
+      gemm = std::move(g).value();
+    }
+    return Status::ok_status();
+  }
+
+  /// Captures the decode graphs when asked; a failed capture leaves the
+  /// runner eager and records why (graph_error).
+  void capture_graphs_or_run_eager() {
+    if (o.cuda_graphs) {
+      if (Status s = capture_graphs(o.cuda_graph_batch_sizes); !s) {
+        // Graphs are an optimisation: run eagerly and say why.
+        for (auto& [b, g] : graphs) (void)cudaGraphExecDestroy(g);
+        graphs.clear();
+        graph_error = s.error().message;
+        (void)cudaGetLastError();
+        (void)cudaStreamSynchronize(stream);
+      }
+    }
+  }
 };
 
 std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunnerOptions& o) {
@@ -350,35 +586,12 @@ std::vector<int> CudaModelRunner::captured_batch_sizes() const {
 
 Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr<const ModelWeights> weights,
                                                                  const CudaRunnerOptions& options) {
-  const auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "cuda runner: " + m); };
-  if (!weights) return bad("no weights");
+  if (!weights) return make_error(ErrorCode::invalid_argument, "cuda runner: no weights");
   const ModelConfig& c = weights->config;
-  CudaRunnerOptions o = options;
-  if (o.num_kv_blocks <= 0 || o.block_size <= 0) return bad("num_kv_blocks and block_size must be > 0");
-  if (o.max_num_batched_tokens <= 0 || o.max_num_seqs <= 0 || o.max_model_len <= 0)
-    return bad("max_num_batched_tokens, max_num_seqs and max_model_len must be > 0");
-  if (o.kv_cache_dtype != DType::f32 && o.kv_cache_dtype != DType::bf16)
-    return bad(std::string("KV cache dtype ") + dtype_name(o.kv_cache_dtype) + " not supported (f32 or bf16)");
-  if (!kcu::attention_head_dim_supported(c.head_dim))
-    return bad("head_dim " + std::to_string(c.head_dim) + " not supported by the CUDA attention (1 to 256)");
-  if (c.num_attention_heads % c.num_key_value_heads != 0) return bad("num_heads is not a multiple of num_kv_heads");
-  for (int b : o.cuda_graph_batch_sizes)
-    if (b <= 0 || b > o.max_num_seqs) return bad("CUDA graph batch size " + std::to_string(b) + " outside [1, max_num_seqs]");
-  if (o.cuda_graph_batch_sizes.empty()) o.cuda_graph_batch_sizes = default_cuda_graph_batch_sizes(o.max_num_seqs);
-  std::sort(o.cuda_graph_batch_sizes.begin(), o.cuda_graph_batch_sizes.end());
-  o.cuda_graph_batch_sizes.erase(std::unique(o.cuda_graph_batch_sizes.begin(), o.cuda_graph_batch_sizes.end()),
-                                 o.cuda_graph_batch_sizes.end());
-
-  int count = 0;
-  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return make_error(ErrorCode::not_found, std::string("cuda:") + std::to_string(o.device_index) +
-                                                ": no CUDA device (" + cudaGetErrorString(err) + ")");
-  }
-  if (o.device_index < 0 || o.device_index >= count)
-    return make_error(ErrorCode::not_found, "cuda:" + std::to_string(o.device_index) + ": only " +
-                                                std::to_string(count) + " CUDA device(s)");
-  if (Status s = cuda_status("set device", cudaSetDevice(o.device_index)); !s) return s.error();
+  Result<CudaRunnerOptions> checked = checked_options(c, options);
+  if (!checked) return std::move(checked).error();
+  const CudaRunnerOptions o = std::move(checked).value();
+  if (Status s = select_device(o.device_index); !s) return s.error();
 
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
@@ -387,207 +600,48 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   m.mode = o.deterministic ? kcu::GemmMode::batch_invariant : kcu::GemmMode::fast;
   const DType wdt = o.weight_dtype;
   if (wdt != DType::f32 && wdt != DType::bf16 && wdt != DType::f16)
-    return bad(std::string("weight dtype ") + dtype_name(wdt) + " not supported");
+    return make_error(ErrorCode::invalid_argument,
+                      std::string("cuda runner: weight dtype ") + dtype_name(wdt) + " not supported");
   m.wdt = wdt;
   if (Status s = cuda_status("stream", cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking)); !s)
     return s.error();
 
-  const int hidden = c.hidden_size;
-  const int hd = c.head_dim;
-  m.qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd;
-  const int inter = c.intermediate_size;
+  m.qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
 
-  // ---- weights: one arena -------------------------------------------------
-  struct Upload {
-    std::size_t off;
-    const void* src;
-    DType src_dtype;
-    std::size_t count;
-    bool matrix;  // converted to wdt; vectors stay F32
-  };
-  std::vector<Upload> uploads;
-  Layout wl;
-  const auto add_matrix = [&](const Matrix& mat) -> std::size_t {
-    const std::size_t n = static_cast<std::size_t>(mat.rows) * mat.cols;
-    const std::size_t off = wl.take(n * dtype_size(wdt));
-    uploads.push_back({off, mat.data, mat.dtype, n, true});
-    return off;
-  };
-  const auto add_vector = [&](const Vector& v) -> std::size_t {
-    const std::size_t off = wl.take(static_cast<std::size_t>(v.size) * sizeof(float));
-    uploads.push_back({off, v.data, DType::f32, static_cast<std::size_t>(v.size), false});
-    return off;
-  };
-  struct LayerOffsets {
-    std::size_t input_norm, qkv, qkv_bias = SIZE_MAX, q_norm = SIZE_MAX, k_norm = SIZE_MAX, o_proj, post, gate_up,
-                                 down;
-  };
-  std::vector<LayerOffsets> lo;
-  const std::size_t embed_off = add_matrix(weights->embed_tokens);
-  for (const LayerWeights& lw : weights->layers) {
-    LayerOffsets x{};
-    x.qkv_bias = x.q_norm = x.k_norm = SIZE_MAX;
-    x.input_norm = add_vector(lw.input_norm);
-    x.qkv = add_matrix(lw.qkv);
-    if (!lw.qkv_bias.empty()) x.qkv_bias = add_vector(lw.qkv_bias);
-    if (!lw.q_norm.empty()) x.q_norm = add_vector(lw.q_norm);
-    if (!lw.k_norm.empty()) x.k_norm = add_vector(lw.k_norm);
-    x.o_proj = add_matrix(lw.o_proj);
-    x.post = add_vector(lw.post_attention_norm);
-    x.gate_up = add_matrix(lw.gate_up);
-    x.down = add_matrix(lw.down_proj);
-    lo.push_back(x);
-  }
-  const bool tied = weights->lm_head.data == weights->embed_tokens.data;
-  const std::size_t lm_off = tied ? embed_off : add_matrix(weights->lm_head);
-  const std::size_t norm_off = add_vector(weights->final_norm);
-  const std::vector<float> inv_freq = kernels::cpu::rope_inv_freq(rope_params_for(c));
-  const std::size_t freq_off = wl.take(inv_freq.size() * sizeof(float));
-  uploads.push_back({freq_off, inv_freq.data(), DType::f32, inv_freq.size(), false});
-
-  {
-    auto buf = kcu::DeviceBuffer::allocate(wl.bytes);
-    if (!buf) return make_error(buf.error().code, "model weights (" + std::to_string(wl.bytes) + " bytes): " +
-                                                      buf.error().message);
-    m.weights = std::move(buf).value();
-  }
-  std::vector<char> staging;
-  for (const Upload& u : uploads) {
-    const DType dst = u.matrix ? wdt : DType::f32;
-    const std::size_t bytes = u.count * dtype_size(dst);
-    const void* src = u.src;
-    if (u.src_dtype != dst) {
-      staging.resize(bytes);
-      convert_matrix(u.src, u.src_dtype, u.count, dst, staging.data());
-      src = staging.data();
-    }
-    if (Status s = cuda_status("weight upload", cudaMemcpy(m.weights.as<char>() + u.off, src, bytes,
-                                                           cudaMemcpyHostToDevice));
-        !s)
-      return s.error();
-  }
-  staging = {};
-  char* wbase = m.weights.as<char>();
-  const auto fptr = [&](std::size_t off) { return off == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(wbase + off); };
-  m.embed = wbase + embed_off;
-  m.lm_head = wbase + lm_off;
-  m.final_norm = fptr(norm_off);
-  m.inv_freq = fptr(freq_off);
-  for (const LayerOffsets& x : lo) {
-    DeviceLayer d;
-    d.input_norm = fptr(x.input_norm);
-    d.qkv = wbase + x.qkv;
-    d.qkv_bias = fptr(x.qkv_bias);
-    d.q_norm = fptr(x.q_norm);
-    d.k_norm = fptr(x.k_norm);
-    d.o_proj = wbase + x.o_proj;
-    d.post_attention_norm = fptr(x.post);
-    d.gate_up = wbase + x.gate_up;
-    d.down = wbase + x.down;
-    m.layers.push_back(d);
-  }
-
-  // ---- KV cache -------------------------------------------------------------
-  m.kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * c.num_key_value_heads * o.block_size * hd *
-                     dtype_size(o.kv_cache_dtype);
-  const std::size_t kv_bytes = 2 * m.kv_layer_bytes * m.layers.size();
-  {
-    auto buf = kcu::DeviceBuffer::allocate(kv_bytes);
-    if (!buf) return make_error(buf.error().code, "KV cache (" + std::to_string(o.num_kv_blocks) + " blocks, " +
-                                                      std::to_string(kv_bytes) + " bytes): " + buf.error().message);
-    m.kv = std::move(buf).value();
-    if (Status s = m.kv.fill_bytes(0); !s) return s.error();
-  }
-
-  // ---- activations ------------------------------------------------------------
-  m.seqs_cap = o.max_num_seqs;
-  m.rows_cap = std::max(o.max_num_batched_tokens, o.max_num_seqs);
-  m.max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
-  const auto rows = static_cast<std::size_t>(m.rows_cap);
-  const auto seqs = static_cast<std::size_t>(m.seqs_cap);
-  Layout al;
-  const std::size_t a_res = al.take(rows * hidden * 4), a_norm = al.take(rows * hidden * 4),
-                    a_qkv = al.take(rows * m.qkv_rows * 4), a_attn = al.take(rows * c.num_attention_heads * hd * 4),
-                    a_gu = al.take(rows * 2 * inter * 4), a_mlp = al.take(rows * inter * 4),
-                    a_lin = al.take(seqs * hidden * 4), a_log = al.take(seqs * c.vocab_size * 4);
-  {
-    auto buf = kcu::DeviceBuffer::allocate(al.bytes);
-    if (!buf) return make_error(buf.error().code, "activations (" + std::to_string(al.bytes) + " bytes): " +
-                                                      buf.error().message);
-    m.act = std::move(buf).value();
-  }
-  char* abase = m.act.as<char>();
-  m.residual = reinterpret_cast<float*>(abase + a_res);
-  m.normed = reinterpret_cast<float*>(abase + a_norm);
-  m.qkv = reinterpret_cast<float*>(abase + a_qkv);
-  m.attn = reinterpret_cast<float*>(abase + a_attn);
-  m.gate_up = reinterpret_cast<float*>(abase + a_gu);
-  m.mlp = reinterpret_cast<float*>(abase + a_mlp);
-  m.logits_in = reinterpret_cast<float*>(abase + a_lin);
-  m.logits = reinterpret_cast<float*>(abase + a_log);
-
-  const std::size_t ws_bytes = kcu::paged_attention_workspace_bytes(m.seqs_cap, c.num_attention_heads, hd, o.max_model_len);
-  {
-    auto buf = kcu::DeviceBuffer::allocate(ws_bytes);
-    if (!buf) return make_error(buf.error().code, "attention workspace: " + buf.error().message);
-    m.workspace = std::move(buf).value();
-  }
-
-  // ---- step metadata (fixed addresses) ------------------------------------------
-  const Layout ml = m.layout_metadata();
-  {
-    auto buf = kcu::DeviceBuffer::allocate(ml.bytes);
-    if (!buf) return make_error(buf.error().code, "step metadata: " + buf.error().message);
-    m.meta = std::move(buf).value();
-    if (Status s = m.meta.fill_bytes(0); !s) return s.error();  // the pad table's block 0
-  }
-  if (Status s = cuda_status("pinned metadata", cudaMallocHost(&m.meta_host, ml.bytes)); !s) return s.error();
-  std::memset(m.meta_host, 0, ml.bytes);
-
-  {
-    auto g = kcu::GemmContext::create(m.rows_cap, std::max({hidden, inter, c.num_attention_heads * hd}));
-    if (!g) return g.error();
-    m.gemm = std::move(g).value();
-  }
-
+  Result<std::size_t> weight_bytes = m.upload_weights(*weights);
+  if (!weight_bytes) return std::move(weight_bytes).error();
+  Result<std::size_t> kv_bytes = m.allocate_kv_cache();
+  if (!kv_bytes) return std::move(kv_bytes).error();
+  if (Status s = m.allocate_activations(); !s) return s.error();
+  if (Status s = m.allocate_metadata(); !s) return s.error();
   // The uploads and memsets above ran on the legacy default stream, which
   // the runner's non-blocking stream does not wait for: finish them first.
   if (Status s = cuda_status("setup", cudaDeviceSynchronize()); !s) return s.error();
-
-  if (o.cuda_graphs) {
-    if (Status s = m.capture_graphs(o.cuda_graph_batch_sizes); !s) {
-      // Graphs are an optimisation: run eagerly and say why.
-      for (auto& [b, g] : m.graphs) (void)cudaGraphExecDestroy(g);
-      m.graphs.clear();
-      m.graph_error = s.error().message;
-      (void)cudaGetLastError();
-      (void)cudaStreamSynchronize(m.stream);
-    }
-  }
+  m.capture_graphs_or_run_eager();
 
   auto runner = std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(impl), c, o));
-  runner->weight_bytes_ = wl.bytes;
-  runner->kv_cache_bytes_ = kv_bytes;
+  runner->weight_bytes_ = *weight_bytes;
+  runner->kv_cache_bytes_ = *kv_bytes;
   return runner;
 }
 
 const std::string& CudaModelRunner::graph_capture_error() const { return impl_->graph_error; }
 
-Result<engine::StepOutput> CudaModelRunner::execute(const engine::StepInput& in) {
-  Result<engine::StepOutput> out = run_step(in);
+Result<model::StepOutput> CudaModelRunner::execute(const model::StepInput& in) {
+  Result<model::StepOutput> out = run_step(in);
   // A step that failed after queueing copies from the pinned mirror must not
   // leave them in flight: the next step rewrites the mirror.
   if (!out.ok()) (void)cudaStreamSynchronize(impl_->stream);
   return out;
 }
 
-Result<engine::StepOutput> CudaModelRunner::run_step(const engine::StepInput& in) {
+Result<model::StepOutput> CudaModelRunner::run_step(const model::StepInput& in) {
   Impl& m = *impl_;
   const auto t0 = Clock::now();
   last_stats_ = CudaStepStats{};
   if (Status s = validate_step(in, config_.vocab_size, options_.num_kv_blocks, options_.block_size); !s)
     return s.error();
-  engine::StepOutput out;
+  model::StepOutput out;
   out.vocab_size = config_.vocab_size;
   const int n = in.num_tokens();
   const int num_seqs = static_cast<int>(in.seqs.size());
@@ -614,7 +668,7 @@ Result<engine::StepOutput> CudaModelRunner::run_step(const engine::StepInput& in
   int row = 0, max_num_q = 0, max_ctx = 0;
   bool decode_only = true;
   for (int i = 0; i < num_seqs; ++i) {
-    const engine::StepSeq& s = in.seqs[static_cast<std::size_t>(i)];
+    const model::StepSeq& s = in.seqs[static_cast<std::size_t>(i)];
     const int ctx = s.num_computed_tokens + s.num_new_tokens;
     if (ctx > options_.max_model_len)
       return bad("sequence " + std::to_string(s.seq_id) + " reaches " + std::to_string(ctx) +
@@ -669,13 +723,13 @@ Result<engine::StepOutput> CudaModelRunner::run_step(const engine::StepInput& in
     std::vector<Spans> spans(static_cast<std::size_t>(num_logits));
     std::vector<std::uint64_t> row_seq_ids;  // the sequence of each logits row (rows follow seqs' order)
     row_seq_ids.reserve(static_cast<std::size_t>(num_logits));
-    for (const engine::StepSeq& sq : in.seqs)
+    for (const model::StepSeq& sq : in.seqs)
       if (sq.needs_logits) row_seq_ids.push_back(sq.seq_id);
     if (static_cast<int>(row_seq_ids.size()) != num_logits)
       return bad(std::to_string(num_logits) + " logits rows for " + std::to_string(row_seq_ids.size()) +
                  " sequences that need logits");
     for (int i = 0; i < num_logits; ++i) {
-      const engine::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
+      const model::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
       Spans& sp = spans[static_cast<std::size_t>(i)];
       if (has_penalties(*rs.params)) {
         const kcu::PenaltyList& pl =
@@ -703,7 +757,7 @@ Result<engine::StepOutput> CudaModelRunner::run_step(const engine::StepInput& in
     const auto* extra_dev = m.sample_ids.as<std::int32_t>();
     auto* rows_host = m.host<kcu::SampleRow>(m.off_sample_rows);
     for (int i = 0; i < num_logits; ++i) {
-      const engine::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
+      const model::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
       const Spans& sp = spans[static_cast<std::size_t>(i)];
       kcu::SampleRow r = kcu::make_sample_row(*rs.params, rs.ctx);
       if (sp.num_ids > 0) {

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The Llama / Qwen2 / Qwen3 forward pass on one NVIDIA GPU over a paged KV
-/// cache: the `engine::ModelExecutor` a `cuda:N` device runs. The same
+/// cache: the `model::ModelExecutor` a `cuda:N` device runs. The same
 /// forward as model/shard_runner.hpp's whole-model shard (and the same KV
 /// layout, step contract and sampling rules), built from the kernels of
 /// kernels/cuda/:
@@ -52,7 +52,7 @@
 
 #include "common/dtype.hpp"
 #include "common/result.hpp"
-#include "engine/step.hpp"
+#include "model/executor.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::model {
@@ -81,7 +81,7 @@ struct CudaStepStats {
   double forward_ms = 0;    ///< forward + logits (enqueue to the end of the D2H copy)
 };
 
-class CudaModelRunner final : public engine::ModelExecutor {
+class CudaModelRunner final : public model::ModelExecutor {
  public:
   /// Uploads the weights, allocates the KV cache and workspaces on device
   /// `options.device_index`, and captures the decode graphs.
@@ -100,7 +100,7 @@ class CudaModelRunner final : public engine::ModelExecutor {
   /// on the device and returns sampled_token_ids; otherwise the logits.
   /// Errors: invalid_argument (model::validate_step's checks; more tokens,
   /// sequences or context than the options allow); internal (CUDA).
-  [[nodiscard]] Result<engine::StepOutput> execute(const engine::StepInput& input) override;
+  [[nodiscard]] Result<model::StepOutput> execute(const model::StepInput& input) override;
 
   [[nodiscard]] int vocab_size() const override { return config_.vocab_size; }
   [[nodiscard]] int num_kv_blocks() const override { return options_.num_kv_blocks; }
@@ -125,7 +125,7 @@ class CudaModelRunner final : public engine::ModelExecutor {
   struct Impl;
   friend std::uint64_t cuda_runner_workspace_bytes(const ModelConfig&, const CudaRunnerOptions&);
   explicit CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options);
-  [[nodiscard]] Result<engine::StepOutput> run_step(const engine::StepInput& input);
+  [[nodiscard]] Result<model::StepOutput> run_step(const model::StepInput& input);
 
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;

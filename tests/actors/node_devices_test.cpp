@@ -56,7 +56,7 @@ TEST(NodeDevices, DeviceCountOtherThanTheWorldSizeNamesBothNumbers) {
 TEST(NodeDevices, CudaDevicesAreOneSingleDeviceWorkerEach) {
   auto one = resolve_node_devices("cuda:0", "");
   ASSERT_TRUE(one.ok()) << one.error().to_string();
-  EXPECT_EQ(one->kind, engine::DeviceKind::cuda);
+  EXPECT_EQ(one->kind, model::DeviceKind::cuda);
   EXPECT_EQ(one->cuda_devices, std::vector<int>{0});
   EXPECT_EQ(one->parallel, ParallelConfig{});
   auto list = resolve_node_devices("cuda:0-2,5", "dp=4");

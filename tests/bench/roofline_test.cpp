@@ -18,10 +18,10 @@ model::ModelConfig tiny() {
   return c;
 }
 
-engine::StepInput step(std::vector<std::pair<int, int>> computed_and_new, int num_logits) {
-  engine::StepInput in;
+model::StepInput step(std::vector<std::pair<int, int>> computed_and_new, int num_logits) {
+  model::StepInput in;
   for (auto [computed, fresh] : computed_and_new) {
-    engine::StepSeq s;
+    model::StepSeq s;
     s.num_computed_tokens = computed;
     s.num_new_tokens = fresh;
     in.seqs.push_back(s);

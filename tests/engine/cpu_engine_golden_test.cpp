@@ -38,8 +38,8 @@ EngineInstance make_engine(int max_num_batched_tokens, std::uint64_t kv_cache_by
   return std::move(e).value();
 }
 
-SamplingParams greedy() {
-  SamplingParams p;
+sampling::SamplingParams greedy() {
+  sampling::SamplingParams p;
   p.temperature = 0.0f;
   p.max_tokens = kMaxTokens;
   return p;
@@ -124,7 +124,7 @@ TEST_F(CpuEngineGolden, PreemptionUnderTinyKvCacheKeepsOutputsIdentical) {
 // Seeded sampling: a request's tokens depend on (seed, position) only, not on
 // its batch or chunking.
 TEST(CpuEngineSeeded, SeededSamplingIsBatchInvariant) {
-  SamplingParams p;
+  sampling::SamplingParams p;
   p.temperature = 1.0f;
   p.top_k = 40;
   p.top_p = 0.95f;

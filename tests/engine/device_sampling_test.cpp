@@ -1,14 +1,14 @@
 // The engine's device-sampling path (ModelExecutor::samples_on_device): the
 // engine hands the executor one RowSampling per logits row and takes the ids
 // it returns. Driven here by a CPU executor that "samples on its device" with
-// engine::sample, so the outputs must be byte-identical to the engine
+// sampling::sample, so the outputs must be byte-identical to the engine
 // sampling the same logits itself; capture_logits keeps host sampling.
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "engine/engine_builder.hpp"
-#include "engine/sampler.hpp"
+#include "sampling/sampler.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -17,22 +17,22 @@ namespace {
 
 /// Runs the wrapped executor, then samples every row the way a device
 /// sampler must: from its RowSampling only.
-class SamplingExecutor final : public ModelExecutor {
+class SamplingExecutor final : public model::ModelExecutor {
  public:
-  explicit SamplingExecutor(ModelExecutor& inner) : inner_(inner) {}
-  Result<StepOutput> execute(const StepInput& in) override {
-    Result<StepOutput> r = inner_.execute(in);
+  explicit SamplingExecutor(model::ModelExecutor& inner) : inner_(inner) {}
+  Result<model::StepOutput> execute(const model::StepInput& in) override {
+    Result<model::StepOutput> r = inner_.execute(in);
     if (!r.ok() || in.sampling.empty()) {
       ++logits_steps_;
       return r;
     }
-    StepOutput out = std::move(r).value();
+    model::StepOutput out = std::move(r).value();
     EXPECT_EQ(in.sampling.size(), static_cast<std::size_t>(in.num_logits()));
     const auto vocab = static_cast<std::size_t>(out.vocab_size);
     for (std::size_t i = 0; i < in.sampling.size(); ++i) {
       std::vector<float> row(out.logits.begin() + static_cast<long>(i * vocab),
                              out.logits.begin() + static_cast<long>((i + 1) * vocab));
-      out.sampled_token_ids.push_back(sample(row, *in.sampling[i].params, in.sampling[i].ctx));
+      out.sampled_token_ids.push_back(sampling::sample(row, *in.sampling[i].params, in.sampling[i].ctx));
     }
     out.logits.clear();
     ++sampled_steps_;
@@ -46,7 +46,7 @@ class SamplingExecutor final : public ModelExecutor {
   int logits_steps_ = 0;
 
  private:
-  ModelExecutor& inner_;
+  model::ModelExecutor& inner_;
 };
 
 EngineInstance make_engine() {
@@ -104,13 +104,13 @@ TEST(DeviceSampling, CaptureLogitsKeepsSamplingOnTheHost) {
 
 /// An executor that returns the wrong number of ids is an internal error, not a crash.
 TEST(DeviceSampling, WrongNumberOfIdsIsAnError) {
-  class Broken final : public ModelExecutor {
+  class Broken final : public model::ModelExecutor {
    public:
-    explicit Broken(ModelExecutor& inner) : inner_(inner) {}
-    Result<StepOutput> execute(const StepInput& in) override {
+    explicit Broken(model::ModelExecutor& inner) : inner_(inner) {}
+    Result<model::StepOutput> execute(const model::StepInput& in) override {
       auto r = inner_.execute(in);
       if (!r.ok()) return r;
-      StepOutput out;
+      model::StepOutput out;
       out.vocab_size = r->vocab_size;
       out.sampled_token_ids.assign(static_cast<std::size_t>(in.num_logits()) + 1, 0);
       return out;
@@ -119,13 +119,13 @@ TEST(DeviceSampling, WrongNumberOfIdsIsAnError) {
     int num_kv_blocks() const override { return inner_.num_kv_blocks(); }
     int block_size() const override { return inner_.block_size(); }
     bool samples_on_device() const override { return true; }
-    ModelExecutor& inner_;
+    model::ModelExecutor& inner_;
   };
   EngineInstance dev = make_engine();
   Broken exec(*dev.executor);
   auto engine = LlmEngine::create(exec, *dev.tokenizer, dev.engine->config());
   ASSERT_TRUE(engine.ok());
-  SamplingParams p;
+  sampling::SamplingParams p;
   ASSERT_TRUE((*engine)->add_request(1, dev.tokenizer->encode("Once", true), p).ok());
   auto step = (*engine)->step();
   ASSERT_FALSE(step.ok());

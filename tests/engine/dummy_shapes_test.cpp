@@ -24,7 +24,7 @@ void run_shape(const std::string& shape, DType dtype, int num_layers) {
   auto e = build_engine(o);
   ASSERT_TRUE(e.ok()) << e.error().to_string();
   EXPECT_EQ(static_cast<int>(e->weights->layers.size()), num_layers);
-  SamplingParams p;
+  sampling::SamplingParams p;
   p.temperature = 0.0f;
   p.max_tokens = 4;
   p.ignore_eos = true;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampler.hpp"
+#include "sampling/sampler.hpp"
 
 namespace shardline::engine {
 namespace {
@@ -19,7 +19,7 @@ constexpr std::int32_t kEos = 31;
 /// logits row hashes the sequence's cached tokens found via its block table.
 /// Wrong slots, stale blocks or a broken recompute change (or fail) outputs.
 /// The favoured next token is (last_token * 7 + position) % vocab.
-class FakeExecutor final : public ModelExecutor {
+class FakeExecutor final : public model::ModelExecutor {
  public:
   FakeExecutor(int num_blocks, int block_size)
       : num_blocks_(num_blocks), block_size_(block_size),
@@ -30,7 +30,7 @@ class FakeExecutor final : public ModelExecutor {
   int num_steps = 0;
   int max_step_tokens = 0;
 
-  Result<StepOutput> execute(const StepInput& in) override {
+  Result<model::StepOutput> execute(const model::StepInput& in) override {
     ++num_steps;
     max_step_tokens = std::max(max_step_tokens, in.num_tokens());
     for (int r = 0; r < in.num_tokens(); ++r) {
@@ -41,10 +41,10 @@ class FakeExecutor final : public ModelExecutor {
       cache_tok_[slot] = in.token_ids[r];
       cache_pos_[slot] = in.positions[r];
     }
-    StepOutput out;
+    model::StepOutput out;
     out.vocab_size = kVocab;
     int row = 0;
-    for (const StepSeq& s : in.seqs) {
+    for (const model::StepSeq& s : in.seqs) {
       row += s.num_new_tokens;
       if (!s.needs_logits) continue;
       if (in.logits_rows[out.logits.size() / kVocab] != row - 1)
@@ -135,7 +135,7 @@ struct Harness {
 
 /// Runs requests (id -> prompt) to completion; returns outputs by id.
 std::map<std::uint64_t, RequestOutput> run(LlmEngine& engine, const std::map<std::uint64_t, std::vector<std::int32_t>>& reqs,
-                                           const SamplingParams& params) {
+                                           const sampling::SamplingParams& params) {
   for (const auto& [id, prompt] : reqs) {
     const Status s = engine.add_request(id, prompt, params);
     EXPECT_TRUE(s.ok()) << s.error().to_string();
@@ -151,16 +151,16 @@ std::map<std::uint64_t, RequestOutput> run(LlmEngine& engine, const std::map<std
   return outs;
 }
 
-SamplingParams greedy(int max_tokens) {
-  SamplingParams p;
+sampling::SamplingParams greedy(int max_tokens) {
+  sampling::SamplingParams p;
   p.temperature = 0.0f;
   p.max_tokens = max_tokens;
   p.ignore_eos = true;
   return p;
 }
 
-SamplingParams random_params(int max_tokens) {
-  SamplingParams p;
+sampling::SamplingParams random_params(int max_tokens) {
+  sampling::SamplingParams p;
   p.temperature = 0.9f;
   p.top_p = 0.95f;
   p.top_k = 20;
@@ -188,7 +188,7 @@ void expect_same_tokens(const std::map<std::uint64_t, RequestOutput>& a, const s
 class BatchIndependence : public ::testing::TestWithParam<bool> {};
 
 TEST_P(BatchIndependence, OutputsIndependentOfBatchChunkingAndPreemption) {
-  const SamplingParams params = GetParam() ? random_params(20) : greedy(20);
+  const sampling::SamplingParams params = GetParam() ? random_params(20) : greedy(20);
   const auto prompts = as_map(test_prompts());
   // Reference: each request alone, big cache, big budget.
   std::map<std::uint64_t, RequestOutput> solo;
@@ -421,11 +421,11 @@ TEST(LlmEngine, CaptureLogitsKeepsRawRows) {
     // Re-applying the sampler to the captured row reproduces the token.
     std::vector<std::int32_t> out_so_far(o.token_ids.begin(), o.token_ids.begin() + k);
     std::vector<float> row = o.logits[k];
-    SampleContext ctx;
+    sampling::SampleContext ctx;
     ctx.prompt_ids = o.prompt_token_ids;
     ctx.output_ids = out_so_far;
     ctx.position = 3 + static_cast<int>(k);
-    EXPECT_EQ(sample(row, p, ctx), o.token_ids[k]);
+    EXPECT_EQ(sampling::sample(row, p, ctx), o.token_ids[k]);
   }
 }
 
@@ -488,9 +488,9 @@ TEST(LlmEngine, AbortReturnsPartialOutput) {
 }
 
 TEST(LlmEngine, ExecutorErrorsPropagate) {
-  class Broken final : public ModelExecutor {
+  class Broken final : public model::ModelExecutor {
    public:
-    Result<StepOutput> execute(const StepInput&) override { return make_error(ErrorCode::internal, "boom"); }
+    Result<model::StepOutput> execute(const model::StepInput&) override { return make_error(ErrorCode::internal, "boom"); }
     int vocab_size() const override { return kVocab; }
     int num_kv_blocks() const override { return 64; }
     int block_size() const override { return 4; }

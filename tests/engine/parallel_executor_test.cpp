@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "engine/engine_builder.hpp"
-#include "orchestrator/token_budget_policies.hpp"
+#include "engine/policies/token_budget_policies.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -30,8 +30,8 @@ EngineOptions stories(ParallelConfig pc) {
 }
 
 /// A one-sequence step at position 0..n-1 in block 0.
-StepInput simple_step(int n) {
-  StepInput in;
+model::StepInput simple_step(int n) {
+  model::StepInput in;
   in.block_size = 16;
   in.seqs.push_back({1, 0, n, true, {0}});
   for (int i = 0; i < n; ++i) {
@@ -48,11 +48,11 @@ TEST(ParallelExecutor, DeadPeerFailsTheStepWithinTheTimeout) {
     SCOPED_TRACE(pc.to_string());
     Result<EngineInstance> e = build_engine(stories(pc));
     ASSERT_TRUE(e.ok()) << e.error().to_string();
-    ParallelExecutor& exec = e.value().group->executor();
+    ParallelExecutor& exec = e.value().executor_as<InProcEngineGroup>()->executor();
     ASSERT_TRUE(exec.execute(simple_step(5)).ok());  // healthy first
-    ASSERT_TRUE(e.value().group->kill_rank(1).ok());
+    ASSERT_TRUE(e.value().executor_as<InProcEngineGroup>()->kill_rank(1).ok());
     const auto t0 = Clock::now();
-    Result<StepOutput> r = exec.execute(simple_step(5));
+    Result<model::StepOutput> r = exec.execute(simple_step(5));
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code, ErrorCode::io) << r.error().to_string();
@@ -63,7 +63,7 @@ TEST(ParallelExecutor, DeadPeerFailsTheStepWithinTheTimeout) {
 TEST(ParallelExecutor, AtMostPpMicroBatchesInFlightCollectedInOrder) {
   Result<EngineInstance> e = build_engine(stories({1, 2, 1, 1}));
   ASSERT_TRUE(e.ok());
-  ParallelExecutor& exec = e.value().group->executor();
+  ParallelExecutor& exec = e.value().executor_as<InProcEngineGroup>()->executor();
   ASSERT_TRUE(exec.submit(simple_step(3)).ok());
   ASSERT_TRUE(exec.submit(simple_step(3)).ok());
   Status third = exec.submit(simple_step(3));  // pp = 2 in flight at most
@@ -77,14 +77,14 @@ TEST(ParallelExecutor, AtMostPpMicroBatchesInFlightCollectedInOrder) {
 TEST(ParallelExecutor, RejectsABadStepBeforeSendingIt) {
   Result<EngineInstance> e = build_engine(stories({2, 1, 1, 1}));
   ASSERT_TRUE(e.ok());
-  ParallelExecutor& exec = e.value().group->executor();
-  StepInput bad = simple_step(3);
+  ParallelExecutor& exec = e.value().executor_as<InProcEngineGroup>()->executor();
+  model::StepInput bad = simple_step(3);
   bad.token_ids[1] = 1 << 20;
-  Result<StepOutput> r = exec.execute(bad);
+  Result<model::StepOutput> r = exec.execute(bad);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
   EXPECT_TRUE(exec.execute(simple_step(3)).ok()) << "the group still works after a rejected step";
-  EXPECT_TRUE(e.value().group->rank_status(1).ok());
+  EXPECT_TRUE(e.value().executor_as<InProcEngineGroup>()->rank_status(1).ok());
 }
 
 TEST(PipelinedEngine, ThrottleAndFixedBudgetsGiveTheReferenceTokensWithMicroBatchesInFlight) {
@@ -93,15 +93,15 @@ TEST(PipelinedEngine, ThrottleAndFixedBudgetsGiveTheReferenceTokensWithMicroBatc
     SCOPED_TRACE(policy);
     EngineOptions o = stories({1, 2, 1, 1});
     o.token_budget = std::shared_ptr<const TokenBudgetPolicy>(
-        orchestrator::make_token_budget_policy(policy, o.max_num_batched_tokens).value());
+        engine::make_token_budget_policy(policy, o.max_num_batched_tokens).value());
     Result<EngineInstance> e = build_engine(o);
     ASSERT_TRUE(e.ok());
     LlmEngine& eng = *e.value().engine;
-    SamplingParams greedy;
+    sampling::SamplingParams greedy;
     greedy.temperature = 0;
     greedy.max_tokens = 48;
     for (std::size_t i = 0; i < cases.size(); ++i) ASSERT_TRUE(eng.add_request(i, cases[i].prompt_ids, greedy).ok());
-    SamplingParams filler = greedy;
+    sampling::SamplingParams filler = greedy;
     filler.max_tokens = 40;
     filler.ignore_eos = true;
     ASSERT_TRUE(eng.add_request(100, cases[0].prompt_ids, filler).ok());  // aborted in flight below

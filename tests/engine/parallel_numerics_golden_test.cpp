@@ -60,7 +60,7 @@ EngineOptions qwen3_options() {
 /// Runs `prompts` under `pc` (dp replicas of tp x sp x pp groups).
 Result<std::vector<RequestOutput>> run_config(EngineOptions o, const ParallelConfig& pc,
                                               const std::vector<std::vector<std::int32_t>>& prompts,
-                                              const SamplingParams& params) {
+                                              const sampling::SamplingParams& params) {
   ParallelConfig group = pc;
   group.dp = 1;
   o.parallel = group;
@@ -113,7 +113,7 @@ TEST(ParallelNumerics, Stories260KEveryConfigMatchesReferenceAndSingleDevice) {
   const auto cases = testing_support::load_stories_reference();
   std::vector<std::vector<std::int32_t>> prompts;
   for (const auto& c : cases) prompts.push_back(c.prompt_ids);
-  SamplingParams greedy;
+  sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 48;
   // A budget of 7 tokens: prompts are chunked and SP chunks are uneven.
@@ -141,7 +141,7 @@ TEST(ParallelNumerics, DummyQwen3EveryConfigMatchesSingleDevice) {
       {151643, 785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 576},
       {9707, 11, 1879},
       {40, 1079, 264, 2083, 1614, 323, 358, 1366, 311, 1492, 498, 449, 2146, 2797, 4755, 30, 21927}};
-  SamplingParams greedy;
+  sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 6;
   greedy.ignore_eos = true;

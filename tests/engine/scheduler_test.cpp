@@ -37,7 +37,7 @@ RunResult run_to_completion(Scheduler& sched) {
     EXPECT_TRUE(sched.check_integrity().ok()) << sched.check_integrity().error().message;
     EXPECT_FALSE(out.empty()) << "livelock at step " << r.steps;
     if (out.empty()) break;
-    const StepInput& in = out.input;
+    const model::StepInput& in = out.input;
     EXPECT_LE(in.num_tokens(), cfg.max_num_batched_tokens);
     EXPECT_LE(static_cast<int>(in.seqs.size()), cfg.max_num_seqs);
     EXPECT_EQ(in.num_tokens(), out.num_prefill_tokens + out.num_decode_tokens);
@@ -48,7 +48,7 @@ RunResult run_to_completion(Scheduler& sched) {
     int row = 0;
     std::vector<std::int32_t> sampled;
     for (std::size_t i = 0; i < in.seqs.size(); ++i) {
-      const StepSeq& ss = in.seqs[i];
+      const model::StepSeq& ss = in.seqs[i];
       const Sequence& seq = *out.scheduled[i].seq;
       for (int k = 0; k < ss.num_new_tokens; ++k, ++row) {
         const int pos = ss.num_computed_tokens + k;
@@ -200,7 +200,7 @@ TEST(Scheduler, MakeStepInputUsesBlockTables) {
   seq->num_computed_tokens = 3;
   ASSERT_TRUE(bm.allocate_slots(5, 6).ok());
   const std::vector<ScheduledSeq> sched{{seq.get(), 3}};
-  const StepInput in = make_step_input(sched, bm);
+  const model::StepInput in = make_step_input(sched, bm);
   const auto& table = bm.block_table(5);
   ASSERT_EQ(table.size(), 2u);
   EXPECT_EQ(in.positions, (std::vector<std::int32_t>{3, 4, 5}));

@@ -5,8 +5,8 @@
 namespace shardline::engine {
 namespace {
 
-StepInput sample_step() {
-  StepInput in;
+model::StepInput sample_step() {
+  model::StepInput in;
   in.block_size = 16;
   in.seqs.push_back({0x1234'5678'9abc'def0ull, 0, 3, true, {7}});
   in.seqs.push_back({42, 17, 1, true, {1, 9}});
@@ -18,10 +18,10 @@ StepInput sample_step() {
 }
 
 TEST(StepCodec, RoundTripsEveryField) {
-  const StepInput in = sample_step();
-  Result<StepInput> out = decode_step(encode_step(in));
+  const model::StepInput in = sample_step();
+  Result<model::StepInput> out = decode_step(encode_step(in));
   ASSERT_TRUE(out.ok()) << out.error().to_string();
-  const StepInput& o = out.value();
+  const model::StepInput& o = out.value();
   EXPECT_EQ(o.block_size, 16);
   ASSERT_EQ(o.seqs.size(), 2u);
   EXPECT_EQ(o.seqs[0].seq_id, in.seqs[0].seq_id);
@@ -35,9 +35,9 @@ TEST(StepCodec, RoundTripsEveryField) {
 }
 
 TEST(StepCodec, EmptyStepRoundTrips) {
-  StepInput in;
+  model::StepInput in;
   in.block_size = 8;
-  Result<StepInput> out = decode_step(encode_step(in));
+  Result<model::StepInput> out = decode_step(encode_step(in));
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out.value().num_tokens(), 0);
 }
@@ -45,13 +45,13 @@ TEST(StepCodec, EmptyStepRoundTrips) {
 TEST(StepCodec, RejectsEveryTruncationAndTrailingWords) {
   const std::vector<std::int32_t> w = encode_step(sample_step());
   for (std::size_t n = 0; n < w.size(); ++n) {
-    Result<StepInput> r = decode_step(std::span(w.data(), n));
+    Result<model::StepInput> r = decode_step(std::span(w.data(), n));
     ASSERT_FALSE(r.ok()) << "prefix of " << n << " words decoded";
     EXPECT_EQ(r.error().code, ErrorCode::corrupt);
   }
   std::vector<std::int32_t> longer = w;
   longer.push_back(0);
-  Result<StepInput> r = decode_step(longer);
+  Result<model::StepInput> r = decode_step(longer);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("trailing"), std::string::npos);
 }

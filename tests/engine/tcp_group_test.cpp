@@ -47,7 +47,7 @@ TEST(TcpGroup, EveryConfigMatchesTheInProcessGroup) {
   const auto cases = testing_support::load_stories_reference();
   std::vector<std::vector<std::int32_t>> prompts;
   for (const auto& c : cases) prompts.push_back(c.prompt_ids);
-  SamplingParams greedy;
+  sampling::SamplingParams greedy;
   greedy.temperature = 0;
   greedy.max_tokens = 24;
   for (ParallelConfig pc : {ParallelConfig{2, 1, 1, 1}, ParallelConfig{1, 2, 1, 1}, ParallelConfig{1, 1, 2, 1},
@@ -106,7 +106,7 @@ TEST(TcpGroup, RankWithAnotherConfigIsRefusedByTheSetup) {
   EXPECT_EQ(st.error().code, ErrorCode::mismatch);
   EXPECT_NE(st.error().message.find("tp is 2 here but 1 on rank 0"), std::string::npos) << st.error().message;
   // Rank 0 then fails its first step within the timeout instead of hanging.
-  auto out = eng.value().engine->generate({{1, 2, 3}}, SamplingParams{});
+  auto out = eng.value().engine->generate({{1, 2, 3}}, sampling::SamplingParams{});
   EXPECT_FALSE(out.ok());
 }
 

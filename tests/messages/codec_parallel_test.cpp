@@ -13,6 +13,9 @@
 #include "messages/worker.capnp.h"
 
 namespace shardline::messages {
+
+using worker::BatchRequest;
+
 namespace {
 
 std::string flat(capnp::MessageBuilder& mb) {

@@ -17,6 +17,10 @@
 #include "samples.hpp"
 
 namespace shardline::messages {
+
+using worker::BatchRequest;
+using worker::BatchResult;
+
 namespace {
 
 using namespace shardline::messages::testing;  // NOLINT

@@ -14,8 +14,8 @@
 
 namespace shardline::messages::testing {
 
-inline engine::SamplingParams sample_params(int salt) {
-  engine::SamplingParams p;
+inline sampling::SamplingParams sample_params(int salt) {
+  sampling::SamplingParams p;
   p.temperature = 0.7f + 0.01f * static_cast<float>(salt);
   p.top_k = 40 + salt;
   p.top_p = 0.9f;
@@ -33,8 +33,8 @@ inline engine::SamplingParams sample_params(int salt) {
   return p;
 }
 
-inline BatchRequest sample_request(int i) {
-  BatchRequest r;
+inline worker::BatchRequest sample_request(int i) {
+  worker::BatchRequest r;
   r.job_id = 7;
   r.line_index = 1000000000000ull + static_cast<std::uint64_t>(i);
   r.custom_id = "req-" + std::to_string(i);
@@ -49,8 +49,8 @@ inline BatchRequest sample_request(int i) {
   return r;
 }
 
-inline BatchResult sample_result(int i) {
-  BatchResult r;
+inline worker::BatchResult sample_result(int i) {
+  worker::BatchResult r;
   r.job_id = 7;
   r.line_index = static_cast<std::uint64_t>(i);
   r.custom_id = "req-" + std::to_string(i);
@@ -61,7 +61,7 @@ inline BatchResult sample_result(int i) {
   } else {
     r.ok = true;
     for (int c = 0; c < 1 + i % 3; ++c) {
-      BatchChoice ch;
+      worker::BatchChoice ch;
       ch.index = c;
       ch.text = " there was a little robot #" + std::to_string(c);
       ch.finish_reason = c % 2 ? "length" : "stop";
@@ -117,7 +117,7 @@ inline std::string binary_blob(std::size_t n, std::uint32_t seed) {
 
 // ---- comparisons -------------------------------------------------------------
 
-inline void expect_params_eq(const engine::SamplingParams& a, const engine::SamplingParams& b) {
+inline void expect_params_eq(const sampling::SamplingParams& a, const sampling::SamplingParams& b) {
   EXPECT_EQ(a.temperature, b.temperature);
   EXPECT_EQ(a.top_k, b.top_k);
   EXPECT_EQ(a.top_p, b.top_p);
@@ -134,7 +134,7 @@ inline void expect_params_eq(const engine::SamplingParams& a, const engine::Samp
   EXPECT_EQ(a.stop, b.stop);
 }
 
-inline void expect_request_eq(const BatchRequest& a, const BatchRequest& b) {
+inline void expect_request_eq(const worker::BatchRequest& a, const worker::BatchRequest& b) {
   EXPECT_EQ(a.job_id, b.job_id);
   EXPECT_EQ(a.line_index, b.line_index);
   EXPECT_EQ(a.custom_id, b.custom_id);
@@ -145,7 +145,7 @@ inline void expect_request_eq(const BatchRequest& a, const BatchRequest& b) {
   EXPECT_EQ(a.n, b.n);
 }
 
-inline void expect_result_eq(const BatchResult& a, const BatchResult& b) {
+inline void expect_result_eq(const worker::BatchResult& a, const worker::BatchResult& b) {
   EXPECT_EQ(a.job_id, b.job_id);
   EXPECT_EQ(a.line_index, b.line_index);
   EXPECT_EQ(a.custom_id, b.custom_id);
@@ -166,7 +166,7 @@ inline void expect_result_eq(const BatchResult& a, const BatchResult& b) {
 // ---- every kind of every message, encoded ------------------------------------
 
 inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
-  std::vector<BatchResult> results;
+  std::vector<worker::BatchResult> results;
   for (int i = 0; i < 6; ++i) results.push_back(sample_result(i));
   return {
       OrchestratorMsg::of(SubmitJob{"/models/stories15M",
@@ -197,7 +197,7 @@ inline std::vector<OrchestratorReply> sample_orchestrator_replies() {
 }
 
 inline std::vector<WorkerMsg> sample_worker_msgs() {
-  std::vector<BatchRequest> reqs;
+  std::vector<worker::BatchRequest> reqs;
   for (int i = 0; i < 5; ++i) reqs.push_back(sample_request(i));
   return {
       WorkerMsg::of(AssignWork{reqs}),

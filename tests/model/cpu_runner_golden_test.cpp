@@ -48,11 +48,11 @@ class Driver {
 
   /// Runs one step over `chunks`; returns one logits row per chunk that needs logits.
   std::vector<std::vector<float>> step(const std::vector<Chunk>& chunks) {
-    engine::StepInput in;
+    model::StepInput in;
     in.block_size = kBlockSize;
     for (const Chunk& c : chunks) {
       Seq& s = seqs_[c.seq];
-      engine::StepSeq ss;
+      model::StepSeq ss;
       ss.seq_id = static_cast<std::uint64_t>(c.seq);
       ss.num_computed_tokens = s.num_computed;
       ss.num_new_tokens = static_cast<int>(c.tokens.size());
@@ -210,12 +210,12 @@ TEST(CpuRunnerGolden, LogitsBitIdenticalAloneVsBatchedAndChunked) {
 TEST(CpuRunner, BadStepIsRejectedAndRunnerStillWorks) {
   auto runner = make_runner(DType::f32, 8);
   ASSERT_TRUE(runner);
-  engine::StepInput in;
+  model::StepInput in;
   in.block_size = kBlockSize;
   in.token_ids = {1, 9999};
   in.positions = {0, 1};
   in.slot_mapping = {0, 1};
-  engine::StepSeq s;
+  model::StepSeq s;
   s.num_new_tokens = 2;
   s.needs_logits = true;
   s.block_table = {0};

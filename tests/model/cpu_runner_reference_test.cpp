@@ -179,9 +179,9 @@ void check_arch(const std::string& arch, bool tied, const std::string& rope_scal
 
   auto runner = CpuModelRunner::create(weights, CpuRunnerOptions{8, 4, 0});
   ASSERT_TRUE(runner.ok()) << runner.error().to_string();
-  engine::StepInput in;
+  model::StepInput in;
   in.block_size = 4;
-  engine::StepSeq s;
+  model::StepSeq s;
   s.num_new_tokens = static_cast<int>(tokens.size());
   s.needs_logits = true;
   s.block_table = {7, 2, 5, 0, 3, 1};  // scattered blocks

@@ -5,6 +5,11 @@
 #include <string>
 
 namespace shardline::orchestrator {
+
+using worker::BatchChoice;
+using worker::BatchRequest;
+using worker::BatchResult;
+
 namespace {
 
 BatchRequest ok_line(const std::string& line, std::uint64_t index = 0) {

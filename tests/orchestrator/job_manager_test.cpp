@@ -13,6 +13,11 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
+
+using worker::BatchChoice;
+using worker::BatchRequest;
+using worker::BatchResult;
+
 namespace {
 
 using testing::read_file;

@@ -35,7 +35,7 @@ inline void add_fillers(engine::LlmEngine& engine, const model::Tokenizer& tok, 
   const char* starts[] = {"The cat", "A big dog ran to the", "Sam and Mia went to the park and", "One day",
                           "There was a boy who liked to play with his red car in the"};
   for (int i = 0; i < n; ++i) {
-    engine::SamplingParams p;
+    sampling::SamplingParams p;
     p.temperature = 0.8f;
     p.top_p = 0.9f;
     p.seed = 1000 + static_cast<std::uint64_t>(i);
@@ -48,10 +48,10 @@ inline void add_fillers(engine::LlmEngine& engine, const model::Tokenizer& tok, 
 /// `n` requests' sampling parameters that exercise every sampler path:
 /// greedy, temperatures 0.7-0.9, top-k, top-p, min-p, repetition / presence /
 /// frequency penalties, min_tokens, each with its own seed.
-inline std::vector<engine::SamplingParams> mixed_sampling_params(int n, int max_tokens) {
-  std::vector<engine::SamplingParams> params;
+inline std::vector<sampling::SamplingParams> mixed_sampling_params(int n, int max_tokens) {
+  std::vector<sampling::SamplingParams> params;
   for (int i = 0; i < n; ++i) {
-    engine::SamplingParams p;
+    sampling::SamplingParams p;
     p.max_tokens = max_tokens;
     p.temperature = i % 4 == 0 ? 0.0f : 0.7f + 0.1f * static_cast<float>(i % 3);
     p.top_k = i % 3 == 1 ? 25 : 0;
@@ -71,10 +71,10 @@ inline std::vector<engine::SamplingParams> mixed_sampling_params(int n, int max_
 /// A three-token prefill of sequence 1 (ids 1, 400, 3 at positions 0..2)
 /// in block 0, with the logits of its last row: the smallest valid step of
 /// the stories260K runners' error-path tests.
-inline engine::StepInput three_token_step(int block_size) {
-  engine::StepInput in;
+inline model::StepInput three_token_step(int block_size) {
+  model::StepInput in;
   in.block_size = block_size;
-  engine::StepSeq s;
+  model::StepSeq s;
   s.seq_id = 1;
   s.num_new_tokens = 3;
   s.needs_logits = true;

@@ -1,4 +1,4 @@
-// kernels::cuda::sample (label gpu) against engine::sample, row by row.
+// kernels::cuda::sample (label gpu) against sampling::sample, row by row.
 // Without a device every test that needs one skips; the host-side argument
 // checks and the host helpers (make_penalty_list, make_sample_row) run
 // everywhere.
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/rng.hpp"
-#include "engine/sampler.hpp"
-#include "engine/sampling_params.hpp"
+#include "sampling/rng.hpp"
+#include "sampling/sampler.hpp"
+#include "sampling/sampling_params.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "tests/kernels/cuda/gpu_test_util.hpp"
@@ -47,10 +47,10 @@ class CudaSampling : public ::testing::Test {
   }
 };
 
-/// One row: its logits and everything engine::sample gets.
+/// One row: its logits and everything sampling::sample gets.
 struct RowSpec {
   std::vector<float> logits;
-  engine::SamplingParams params;
+  sampling::SamplingParams params;
   std::uint64_t seed = 0;
   int position = 0;
   std::vector<std::int32_t> prompt, output, masked;
@@ -65,8 +65,8 @@ Outcome run_cpu(const std::vector<RowSpec>& rows) {
   Outcome o;
   for (const RowSpec& r : rows) {
     std::vector<float> l = r.logits;
-    engine::SampleContext ctx{r.seed, r.position, r.prompt, r.output, r.masked};
-    o.ids.push_back(engine::sample(l, r.params, ctx));
+    sampling::SampleContext ctx{r.seed, r.position, r.prompt, r.output, r.masked};
+    o.ids.push_back(sampling::sample(l, r.params, ctx));
     o.logits.push_back(std::move(l));
   }
   return o;
@@ -82,7 +82,7 @@ Outcome run_gpu(const std::vector<RowSpec>& rows, int vocab) {
   for (const RowSpec& r : rows) {
     EXPECT_EQ(static_cast<int>(r.logits.size()), vocab);
     logits.insert(logits.end(), r.logits.begin(), r.logits.end());
-    engine::SampleContext ctx{r.seed, r.position, r.prompt, r.output, r.masked};
+    sampling::SampleContext ctx{r.seed, r.position, r.prompt, r.output, r.masked};
     SampleRow s = make_sample_row(r.params, ctx);
     const PenaltyList pl = make_penalty_list(r.prompt, r.output, vocab);
     pen_off.push_back(ints.size());
@@ -127,7 +127,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-/// Whether this build's engine::sample fuses frequency_penalty * count +
+/// Whether this build's sampling::sample fuses frequency_penalty * count +
 /// presence_penalty into one FMA (as the device does; see sampling.hpp). If
 /// not, rows with presence / frequency penalties are not compared.
 bool cpu_fuses_penalty() {
@@ -137,13 +137,13 @@ bool cpu_fuses_penalty() {
     const float unfused = prod + pp;
     const float fused = std::fma(fp, static_cast<float>(c), pp);
     if (fused == unfused) continue;
-    engine::SamplingParams p;
+    sampling::SamplingParams p;
     p.temperature = 0.0f;
     p.frequency_penalty = fp;
     p.presence_penalty = pp;
     std::vector<float> l{0.0f, 0.0f};
     const std::vector<std::int32_t> out(static_cast<std::size_t>(c), 0);
-    (void)engine::sample(l, p, engine::SampleContext{0, 0, {}, out, {}});
+    (void)sampling::sample(l, p, sampling::SampleContext{0, 0, {}, out, {}});
     return l[0] == -fused;
   }
   return true;
@@ -186,8 +186,8 @@ std::vector<std::int32_t> random_ids(int n, int vocab, std::uint32_t seed) {
 }
 
 /// A mix of parameter combinations (index i picks one).
-engine::SamplingParams params_combo(int i) {
-  engine::SamplingParams p;
+sampling::SamplingParams params_combo(int i) {
+  sampling::SamplingParams p;
   switch (i % 10) {
     case 0: break;  // plain temperature 1
     case 1: p.temperature = 0.7f; p.top_k = 40; break;
@@ -207,7 +207,7 @@ RowSpec make_row(int vocab, int i, float scale, bool quantize) {
   RowSpec r;
   r.logits = random_logits(vocab, 1000u + static_cast<std::uint32_t>(i), scale, quantize);
   r.params = params_combo(i);
-  r.seed = engine::mix_seed(42, static_cast<std::uint64_t>(i));
+  r.seed = sampling::mix_seed(42, static_cast<std::uint64_t>(i));
   r.position = 17 + 3 * i;
   r.prompt = random_ids(20, vocab, 7u * i + 1);
   r.prompt.push_back(-1);      // ignored
@@ -252,7 +252,7 @@ TEST(CudaSamplingArgs, PenaltyListAndRowMirrorTheContext) {
   EXPECT_EQ(pl.ids, (std::vector<std::int32_t>{3, 5, 7, 99}));
   EXPECT_EQ(pl.output_counts, (std::vector<std::int32_t>{1, 0, 3, 1}));
 
-  engine::SamplingParams p;
+  sampling::SamplingParams p;
   p.temperature = 0.5f;
   p.top_k = 7;
   p.top_p = 0.9f;
@@ -261,7 +261,7 @@ TEST(CudaSamplingArgs, PenaltyListAndRowMirrorTheContext) {
   p.presence_penalty = 0.2f;
   p.frequency_penalty = 0.3f;
   p.min_tokens = 4;
-  const engine::SampleContext ctx{123456789012345ull, 77, prompt, output, {}};
+  const sampling::SampleContext ctx{123456789012345ull, 77, prompt, output, {}};
   const SampleRow r = make_sample_row(p, ctx);
   EXPECT_EQ(r.temperature, 0.5f);
   EXPECT_EQ(r.top_k, 7);
@@ -284,7 +284,7 @@ TEST_F(CudaSampling, PhiloxUniformsAreBitExact) {
   std::vector<std::uint64_t> seeds;
   std::vector<std::int32_t> positions;
   for (int i = 0; i < 1000; ++i) {
-    seeds.push_back(engine::mix_seed(i, 99));
+    seeds.push_back(sampling::mix_seed(i, 99));
     positions.push_back(i % 7 == 0 ? -i : i * 31);
   }
   DeviceBuffer ds = upload(seeds), dp = upload(positions);
@@ -293,7 +293,7 @@ TEST_F(CudaSampling, PhiloxUniformsAreBitExact) {
                                    static_cast<int>(seeds.size()), dout.as<float>(), nullptr));
   const std::vector<float> got = download<float>(dout);
   for (std::size_t i = 0; i < seeds.size(); ++i)
-    ASSERT_EQ(got[i], engine::philox_uniform(seeds[i], static_cast<std::uint64_t>(positions[i])))
+    ASSERT_EQ(got[i], sampling::philox_uniform(seeds[i], static_cast<std::uint64_t>(positions[i])))
         << i;
 }
 

@@ -55,6 +55,9 @@ using testing_support::add_fillers;
 using testing_support::bit_identical;
 using testing_support::kStoriesDir;
 using testing_support::run_all;
+using model::ModelExecutor;
+using model::RowSampling;
+using model::StepInput;
 
 constexpr int kMaxTokens = 48;
 constexpr int kMaxNumSeqs = 64;
@@ -138,8 +141,8 @@ Instance make(const Config& s) {
   return e;
 }
 
-SamplingParams greedy() {
-  SamplingParams p;
+sampling::SamplingParams greedy() {
+  sampling::SamplingParams p;
   p.temperature = 0.0f;
   p.max_tokens = kMaxTokens;
   return p;
@@ -242,7 +245,7 @@ TEST_P(CudaRunnerFakeDevice, Stories260KAloneGivesTheReference) {
 TEST_P(CudaRunnerFakeDevice, BatchedThroughGraphsIsBitIdenticalToAloneEager) {
   const auto refs = testing_support::load_stories_reference();
   const std::vector<std::int32_t> long_ids = long_prompt(refs[1].full_text, 600);
-  SamplingParams long_params = greedy();
+  sampling::SamplingParams long_params = greedy();
   long_params.max_tokens = 16;
   std::vector<RequestOutput> alone;
   for (std::size_t i = 0; i <= refs.size(); ++i) {
@@ -391,12 +394,12 @@ TEST_P(CudaRunnerFakeDevice, Bf16BatchedIsBitIdenticalToAlone) {
 // same runner's logits; greedy device sampling gives the reference ids.
 TEST_P(CudaRunnerFakeDevice, DeviceSamplingMatchesHostSampling) {
   const auto refs = testing_support::load_stories_reference();
-  std::vector<SamplingParams> params = testing_support::mixed_sampling_params(16, 30);
+  std::vector<sampling::SamplingParams> params = testing_support::mixed_sampling_params(16, 30);
   // min_tokens masking that decides the output: case 0's first greedy token
   // as a stop token, masked for the first 4 tokens (greedy and sampled).
   const std::int32_t masked_first = refs[0].generated_ids[0];
   for (int i = 0; i < 2; ++i) {
-    SamplingParams p;
+    sampling::SamplingParams p;
     p.max_tokens = 12;
     p.temperature = i == 0 ? 0.0f : 0.3f;
     p.seed = 77;
@@ -598,7 +601,7 @@ TEST_P(CudaRunnerFakeDevice, OtherArchitecturesMatchTheCpuRunner) {
     ec.eos_token_ids = {2};
     ec.capture_logits = true;
     ec.check_integrity = true;
-    SamplingParams p = greedy();
+    sampling::SamplingParams p = greedy();
     p.max_tokens = 8;
     p.ignore_eos = true;
     std::map<std::uint64_t, RequestOutput> outs[2];
@@ -675,7 +678,7 @@ TEST_P(CudaRunnerFakeDevice, BadStepsAreRefusedAndTheRunnerGoesOn) {
   }
   {  // sampling rows that do not match the logits rows
     StepInput in = three_token_step(16);
-    SamplingParams p = greedy();
+    sampling::SamplingParams p = greedy();
     in.sampling.resize(2);
     for (RowSampling& r : in.sampling) r.params = &p;
     auto bad = x.execute(in);

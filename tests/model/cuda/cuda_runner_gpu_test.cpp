@@ -22,6 +22,8 @@ namespace {
 
 constexpr int kMaxTokens = 48;
 using testing_support::kStoriesDir;
+using model::ModelExecutor;
+using model::StepInput;
 
 class CudaRunnerGpu : public ::testing::Test {
  protected:
@@ -34,7 +36,7 @@ class CudaRunnerGpu : public ::testing::Test {
                              DType dtype = DType::f32, bool graphs = true) {
     EngineOptions o;
     o.model_dir = kStoriesDir;
-    o.device = DeviceKind::cuda;
+    o.device = model::DeviceKind::cuda;
     o.dtype = dtype;
     o.kv_cache_dtype = DType::f32;
     o.gpu_memory_utilization = 0.5;
@@ -51,8 +53,8 @@ class CudaRunnerGpu : public ::testing::Test {
   }
 };
 
-SamplingParams greedy() {
-  SamplingParams p;
+sampling::SamplingParams greedy() {
+  sampling::SamplingParams p;
   p.temperature = 0.0f;
   p.max_tokens = kMaxTokens;
   return p;
@@ -74,7 +76,7 @@ TEST_F(CudaRunnerGpu, Stories260KFp32GivesTheReference) {
   for (bool deterministic : {false, true})
     for (std::size_t i = 0; i < refs.size(); ++i) {
       EngineInstance e = make(2048, deterministic, true);
-      ASSERT_NE(e.device_runner, nullptr);
+      ASSERT_NE(e.executor_as<model::CudaModelRunner>(), nullptr);
       ASSERT_TRUE(e.engine->add_request(7, e.tokenizer->encode(refs[i].prompt, true), greedy()).ok());
       auto outs = run_all(*e.engine);
       ASSERT_EQ(outs.size(), 1u);
@@ -128,11 +130,11 @@ TEST_F(CudaRunnerGpu, DeterministicModeIsBitIdenticalAloneAndBatched) {
 TEST_F(CudaRunnerGpu, GraphAndEagerDecodeAgreeBitForBit) {
   const auto refs = testing_support::load_stories_reference();
   EngineInstance graphs = make(2048, true, true, DType::f32, true);
-  auto* runner = static_cast<model::CudaModelRunner*>(graphs.device_runner.get());
+  auto* runner = graphs.executor_as<model::CudaModelRunner>();
   EXPECT_EQ(runner->graph_capture_error(), "");
   EXPECT_FALSE(runner->captured_batch_sizes().empty());
   EngineInstance eager = make(2048, true, true, DType::f32, false);
-  auto* eager_runner = static_cast<model::CudaModelRunner*>(eager.device_runner.get());
+  auto* eager_runner = eager.executor_as<model::CudaModelRunner>();
   EXPECT_TRUE(eager_runner->captured_batch_sizes().empty());
   for (EngineInstance* e : {&graphs, &eager}) {
     for (std::size_t i = 0; i < refs.size(); ++i)
@@ -148,10 +150,10 @@ TEST_F(CudaRunnerGpu, GraphAndEagerDecodeAgreeBitForBit) {
   for (const auto& [id, out] : a) EXPECT_TRUE(bit_identical(out, b.at(id))) << "request " << id;
 }
 
-// The device sampler draws exactly what engine::sample draws from the same
+// The device sampler draws exactly what sampling::sample draws from the same
 // logits: penalties, min_tokens, top-k / top-p / min-p, seeded.
 TEST_F(CudaRunnerGpu, DeviceSamplingMatchesHostSamplingOnTheSameLogits) {
-  std::vector<SamplingParams> params = testing_support::mixed_sampling_params(16, 30);
+  std::vector<sampling::SamplingParams> params = testing_support::mixed_sampling_params(16, 30);
   const char* prompts[] = {"Once upon a time", "The little girl", "Tom had a", "In the park"};
   std::map<std::uint64_t, RequestOutput> outs[2];
   for (int host = 0; host < 2; ++host) {
@@ -223,7 +225,7 @@ TEST_F(CudaRunnerGpu, ModelThatDoesNotFitIsRefusedWithSizes) {
   o.model_dir = std::string(SHARDLINE_SOURCE_DIR) + "/bench/shapes/llama-3.1-8b";
   if (!std::filesystem::exists(o.model_dir + "/config.json")) o.model_dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/llama-3.1-8b";
   o.load_format = model::LoadFormat::dummy;
-  o.device = DeviceKind::cuda;
+  o.device = model::DeviceKind::cuda;
   o.dtype = DType::bf16;
   o.gpu_memory_utilization = 0.05;
   auto e = build_engine(o);

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "common/dtype.hpp"
-#include "engine/rng.hpp"
-#include "engine/sampler.hpp"
-#include "engine/sampling_params.hpp"
+#include "sampling/rng.hpp"
+#include "sampling/sampler.hpp"
+#include "sampling/sampling_params.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/attention.hpp"
@@ -1059,10 +1059,10 @@ Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows, std
           anomaly("sample: row " + std::to_string(i) + ": penalty list not distinct ascending ids with counts >= 0");
           return;
         }
-      // The engine::SamplingParams + SampleContext the row stands for: the
+      // The sampling::SamplingParams + SampleContext the row stands for: the
       // listed ids as the prompt, each id repeated by its output count (then
       // out-of-range padding up to num_output_tokens) as the output.
-      engine::SamplingParams p;
+      sampling::SamplingParams p;
       p.temperature = r.temperature;
       p.top_k = r.top_k;
       p.top_p = r.top_p;
@@ -1080,13 +1080,13 @@ Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows, std
       }
       output.resize(static_cast<std::size_t>(r.num_output_tokens), -1);
       std::vector<std::int32_t> masked(r.masked_ids, r.masked_ids + r.num_masked_ids);
-      engine::SampleContext ctx;
+      sampling::SampleContext ctx;
       ctx.seed = r.seed;
       ctx.position = r.position;
       ctx.prompt_ids = prompt;
       ctx.output_ids = output;
       ctx.min_tokens_masked_ids = masked;
-      out_ids[i] = vocab == 0 ? 0 : engine::sample(std::span<float>(logits + static_cast<long>(i) * vocab, vocab), p, ctx);
+      out_ids[i] = vocab == 0 ? 0 : sampling::sample(std::span<float>(logits + static_cast<long>(i) * vocab, vocab), p, ctx);
     }
   });
 }
@@ -1100,7 +1100,7 @@ Status philox_uniforms(const std::uint64_t* seeds, const std::int32_t* positions
         !check("philox_uniforms", "positions", positions, static_cast<std::size_t>(n) * 4) ||
         !check("philox_uniforms", "out", out, static_cast<std::size_t>(n) * 4))
       return;
-    for (int i = 0; i < n; ++i) out[i] = engine::philox_uniform(seeds[i], static_cast<std::uint64_t>(positions[i]));
+    for (int i = 0; i < n; ++i) out[i] = sampling::philox_uniform(seeds[i], static_cast<std::uint64_t>(positions[i]));
   });
 }
 

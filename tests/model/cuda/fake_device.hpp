@@ -31,7 +31,7 @@
 //    with cudaErrorStreamCaptureUnsupported, invalidate the capture and are
 //    recorded as anomalies (so is a cudaFree);
 //  - kernels compute with the CPU reference kernels (kernels/cpu) and
-//    engine::sample, row by row (GEMMs: a plain F32 loop over k in order,
+//    sampling::sample, row by row (GEMMs: a plain F32 loop over k in order,
 //    16-bit weights widened exactly after x is cast to their dtype in the
 //    context's scratch, as the real fast path does): a row's result depends
 //    only on that row. Host-side argument checks mirror the real kernels';

@@ -1,4 +1,4 @@
-#include "engine/sampler.hpp"
+#include "sampling/sampler.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,9 +6,9 @@
 #include <numeric>
 #include <vector>
 
-#include "engine/rng.hpp"
+#include "sampling/rng.hpp"
 
-namespace shardline::engine {
+namespace shardline::sampling {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -131,4 +131,4 @@ std::int32_t sample(std::span<float> logits, const SamplingParams& params, const
   return order[n - 1];
 }
 
-}  // namespace shardline::engine
+}  // namespace shardline::sampling

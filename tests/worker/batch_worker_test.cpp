@@ -4,7 +4,7 @@
 // what else runs, in which order, or on which worker), per-line errors,
 // job cancellation and status counts.
 
-#include "engine/batch_worker.hpp"
+#include "worker/batch_worker.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -20,12 +20,9 @@
 
 #include "tests/support/stories_reference.hpp"
 
-namespace shardline::engine {
+namespace shardline::worker {
 namespace {
 
-using orchestrator::BatchChoice;
-using orchestrator::BatchRequest;
-using orchestrator::BatchResult;
 using testing_support::kStoriesDir;
 
 constexpr int kMaxTokens = 48;
@@ -33,7 +30,7 @@ constexpr int kMaxTokens = 48;
 /// A small KV cache: 2 MiB is about 100 blocks of 16 tokens (stories260K
 /// keeps 1,280 bytes of K and V per token in f32).
 BatchWorker make_worker(const std::string& name = "cpu0", std::uint64_t kv_cache_bytes = 2u << 20) {
-  EngineOptions o;
+  engine::EngineOptions o;
   o.model_dir = kStoriesDir;
   o.block_size = 16;
   o.kv_cache_bytes = kv_cache_bytes;
@@ -41,7 +38,7 @@ BatchWorker make_worker(const std::string& name = "cpu0", std::uint64_t kv_cache
   o.max_num_batched_tokens = 256;
   o.num_threads = 1;
   o.check_integrity = true;
-  auto e = build_engine(o);
+  auto e = engine::build_engine(o);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
   auto w = BatchWorker::create(std::move(e).value(), name);
   EXPECT_TRUE(w.ok()) << (w.ok() ? "" : w.error().to_string());
@@ -533,4 +530,4 @@ TEST(BatchWorker, DemoDatasetRunsToCompletion) {
 }
 
 }  // namespace
-}  // namespace shardline::engine
+}  // namespace shardline::worker

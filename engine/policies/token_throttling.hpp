@@ -14,9 +14,9 @@
 /// #MaxP = 2048, #MinP = 32, KV_thresh = 0.05.
 
 #include "common/result.hpp"
-#include "engine/token_budget.hpp"
+#include "engine/policies/token_budget.hpp"
 
-namespace shardline::orchestrator {
+namespace shardline::engine {
 
 /// Hyperparameters of Token Throttling (names as in seed 004 §3.1).
 struct TokenThrottlingParams {
@@ -59,13 +59,13 @@ struct TokenThrottlingParams {
 /// are this implementation's integer rounding. Clamping #P to #WP changes
 /// nothing that is scheduled (there is no more to prefill); clamping to the
 /// cap keeps decodes-first within the engine's per-step limit.
-class TokenThrottling final : public engine::TokenBudgetPolicy {
+class TokenThrottling final : public TokenBudgetPolicy {
  public:
   /// Precondition: params.validate() is ok (make_token_budget_policy checks);
   /// out-of-range values are clamped into range here.
   explicit TokenThrottling(TokenThrottlingParams params = {});
 
-  [[nodiscard]] engine::MicroBatchBudget budget(const engine::SchedulerState& state) const override;
+  [[nodiscard]] MicroBatchBudget budget(const SchedulerState& state) const override;
   /// "throttle".
   [[nodiscard]] const char* name() const override { return "throttle"; }
   [[nodiscard]] const TokenThrottlingParams& params() const { return p_; }
@@ -85,4 +85,4 @@ class TokenThrottling final : public engine::TokenBudgetPolicy {
   TokenThrottlingParams p_;
 };
 
-}  // namespace shardline::orchestrator
+}  // namespace shardline::engine

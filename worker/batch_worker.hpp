@@ -35,9 +35,9 @@
 
 #include "common/result.hpp"
 #include "engine/engine_builder.hpp"
-#include "orchestrator/batch_types.hpp"
+#include "worker/batch_types.hpp"
 
-namespace shardline::engine {
+namespace shardline::worker {
 
 /// What a worker reports in its heartbeats / progress answers.
 struct WorkerStatusSnapshot {
@@ -61,11 +61,11 @@ class BatchWorker {
  public:
   /// Takes the engine (its weights, tokenizer, runner and LlmEngine).
   /// Precondition: engine.engine and engine.tokenizer are non-null (see create()).
-  BatchWorker(EngineInstance engine, std::string name);
+  BatchWorker(engine::EngineInstance engine, std::string name);
 
   /// As the constructor, checked. Errors: invalid_argument (engine or
   /// tokenizer missing).
-  [[nodiscard]] static Result<BatchWorker> create(EngineInstance engine, std::string name);
+  [[nodiscard]] static Result<BatchWorker> create(engine::EngineInstance engine, std::string name);
 
   BatchWorker(BatchWorker&&) = default;
   BatchWorker& operator=(BatchWorker&&) = default;
@@ -78,19 +78,19 @@ class BatchWorker {
   /// queued as an error result instead. A line whose (job_id, line_index) is
   /// already held here (running or its result not yet taken) is ignored, so
   /// a re-sent line yields one result.
-  void submit(orchestrator::BatchRequest request);
+  void submit(BatchRequest request);
 
   /// Runs one engine step (when the engine has work) and returns the results
   /// ready now: queued error results plus every line whose choices have all
   /// finished, sorted by (job_id, line_index). Choices are in index order.
   /// Errors: whatever LlmEngine::step returns (the queued error results stay
   /// queued for the next call).
-  [[nodiscard]] Result<std::vector<orchestrator::BatchResult>> step();
+  [[nodiscard]] Result<std::vector<BatchResult>> step();
 
   /// Returns the results ready now without running the engine: the error
   /// results queued by submit() (step() returns completed lines as soon as
   /// they finish, so nothing else is ever held back).
-  [[nodiscard]] std::vector<orchestrator::BatchResult> take_finished();
+  [[nodiscard]] std::vector<BatchResult> take_finished();
 
   /// True while anything is queued, running, or ready to be returned.
   [[nodiscard]] bool has_work() const;
@@ -103,9 +103,9 @@ class BatchWorker {
   [[nodiscard]] WorkerStatusSnapshot status() const;
 
   [[nodiscard]] const std::string& name() const { return name_; }
-  [[nodiscard]] const LlmEngine& engine() const { return *engine_.engine; }
+  [[nodiscard]] const engine::LlmEngine& engine() const { return *engine_.engine; }
   /// For per-job engine settings between steps (e.g. LlmEngine::set_token_budget).
-  [[nodiscard]] LlmEngine& engine() { return *engine_.engine; }
+  [[nodiscard]] engine::LlmEngine& engine() { return *engine_.engine; }
   [[nodiscard]] const model::Tokenizer& tokenizer() const { return *engine_.tokenizer; }
 
   /// The seed of choice `choice` of a line without a seed of its own: a
@@ -125,7 +125,7 @@ class BatchWorker {
     bool return_token_ids = false;
     int prompt_tokens = 0;
     int completion_tokens = 0;
-    std::vector<orchestrator::BatchChoice> choices;  ///< index i = choice i
+    std::vector<BatchChoice> choices;  ///< index i = choice i
     std::vector<std::uint64_t> request_ids;          ///< engine id of choice i
     std::vector<bool> done;
     int num_done = 0;
@@ -136,16 +136,16 @@ class BatchWorker {
     int choice = 0;
   };
 
-  void push_error(const orchestrator::BatchRequest& request, std::string code, std::string message);
+  void push_error(const BatchRequest& request, std::string code, std::string message);
   [[nodiscard]] bool holds(const LineKey& key) const;
-  std::vector<orchestrator::BatchResult> drain_ready();
+  std::vector<BatchResult> drain_ready();
 
-  EngineInstance engine_;
+  engine::EngineInstance engine_;
   std::string name_;
   std::uint64_t next_request_id_ = 1;
   std::map<LineKey, Line> lines_;                       ///< accepted, in the engine
   std::unordered_map<std::uint64_t, RequestRef> requests_;  ///< engine id -> line, choice
-  std::vector<orchestrator::BatchResult> ready_;        ///< to be returned
+  std::vector<BatchResult> ready_;        ///< to be returned
   std::uint64_t prompt_tokens_ = 0;
   std::uint64_t generated_tokens_ = 0;
   std::uint64_t steps_done_ = 0;
@@ -153,4 +153,4 @@ class BatchWorker {
   std::uint64_t lines_failed_ = 0;
 };
 
-}  // namespace shardline::engine
+}  // namespace shardline::worker

@@ -14,9 +14,9 @@
 
 #include "common/result.hpp"
 #include "engine/llm_engine.hpp"
-#include "engine/token_budget.hpp"
+#include "engine/policies/token_budget.hpp"
 
-namespace shardline::orchestrator {
+namespace shardline::worker {
 
 class JobTokenBudget {
  public:
@@ -40,4 +40,4 @@ class JobTokenBudget {
   std::map<std::string, std::shared_ptr<const engine::TokenBudgetPolicy>, std::less<>> policies_;
 };
 
-}  // namespace shardline::orchestrator
+}  // namespace shardline::worker

@@ -8,7 +8,7 @@
 
 #include "common/result.hpp"
 
-namespace shardline::engine {
+namespace shardline::sampling {
 
 struct SamplingParams {
   float temperature = 1.0f;  ///< 0 = greedy (argmax)
@@ -30,4 +30,4 @@ struct SamplingParams {
   [[nodiscard]] Status validate() const;
 };
 
-}  // namespace shardline::engine
+}  // namespace shardline::sampling

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/sampling_params.hpp"
+#include "sampling/sampling_params.hpp"
 
-namespace shardline::engine {
+namespace shardline::sampling {
 
 /// What the sampler needs besides the logits and the params.
 struct SampleContext {
@@ -35,4 +35,4 @@ struct SampleContext {
 /// Index of the largest value (lowest index on ties; NaN never wins).
 [[nodiscard]] std::int32_t argmax(std::span<const float> values);
 
-}  // namespace shardline::engine
+}  // namespace shardline::sampling

@@ -1,10 +1,10 @@
-#include "orchestrator/token_budget_policies.hpp"
+#include "engine/policies/token_budget_policies.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-namespace shardline::orchestrator {
+namespace shardline::engine {
 namespace {
 
 engine::SchedulerState busy_state() {
@@ -56,6 +56,23 @@ TEST(TokenBudgetPolicies, UnknownNameIsInvalidArgument) {
   }
 }
 
+TEST(TokenBudgetPolicies, NameCheckAgreesWithTheFactory) {
+  // Every listed name passes the check and makes a policy of that name;
+  // anything else fails both with the same message.
+  for (const char* name : {"fixed", "throttle"}) {
+    EXPECT_TRUE(check_token_budget_policy_name(name).ok()) << name;
+    auto p = make_token_budget_policy(name, 512);
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_EQ(std::string((*p)->name()), name);
+  }
+  for (const char* name : {"sarathi", "", "Fixed", "throttling"}) {
+    const Status st = check_token_budget_policy_name(name);
+    ASSERT_FALSE(st.ok()) << name;
+    EXPECT_EQ(st.error().code, ErrorCode::invalid_argument);
+    EXPECT_EQ(st.error().message, make_token_budget_policy(name, 512).error().message);
+  }
+}
+
 TEST(TokenBudgetPolicies, NonPositiveCapIsInvalidArgument) {
   for (const char* name : {"fixed", "throttle"}) {
     auto p = make_token_budget_policy(name, 0);
@@ -66,4 +83,4 @@ TEST(TokenBudgetPolicies, NonPositiveCapIsInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace shardline::orchestrator
+}  // namespace shardline::engine

@@ -1,4 +1,4 @@
-#include "engine/rng.hpp"
+#include "sampling/rng.hpp"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace shardline::engine {
+namespace shardline::sampling {
 namespace {
 
 // Known-answer vectors from Random123's kat_vectors (philox4x32 10 rounds).
@@ -76,4 +76,4 @@ TEST(Philox, UniformOverSeeds) {
 }
 
 }  // namespace
-}  // namespace shardline::engine
+}  // namespace shardline::sampling

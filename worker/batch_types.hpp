@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/sampling_params.hpp"
+#include "sampling/sampling_params.hpp"
 
-namespace shardline::orchestrator {
+namespace shardline::worker {
 
 /// One input line, parsed and validated as far as the orchestrator can
 /// without a tokenizer (the worker checks prompt length against the context).
@@ -21,7 +21,7 @@ struct BatchRequest {
   std::string custom_id;         ///< from the line, or the 1-based line number as text
   std::string prompt;            ///< text prompt (empty when prompt_token_ids is given)
   std::vector<std::int32_t> prompt_token_ids;  ///< a prompt given as token ids
-  engine::SamplingParams params;  ///< has_seed set when the line gave "seed"
+  sampling::SamplingParams params;  ///< has_seed set when the line gave "seed"
   bool return_token_ids = false;
   int n = 1;  ///< choices per prompt (>= 1); choice i samples with seed + i
   /// The job's per-micro-batch token budget policy (make_token_budget_policy
@@ -53,4 +53,4 @@ struct BatchResult {
   std::string error_message;  ///< human-readable, names the field
 };
 
-}  // namespace shardline::orchestrator
+}  // namespace shardline::worker

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/sampler.hpp"
-#include "engine/sampling_params.hpp"
+#include "sampling/sampler.hpp"
+#include "sampling/sampling_params.hpp"
 
-namespace shardline::engine {
+namespace shardline::model {
 
 /// One sequence's part of a step.
 struct StepSeq {
@@ -27,8 +27,8 @@ struct StepSeq {
 /// device (ModelExecutor::samples_on_device()). Points into the sequence,
 /// which the engine leaves untouched while its step is in flight.
 struct RowSampling {
-  const SamplingParams* params = nullptr;  ///< valid (SamplingParams::validate)
-  SampleContext ctx;                       ///< seed, position, prompt / output / masked ids
+  const sampling::SamplingParams* params = nullptr;  ///< valid (SamplingParams::validate)
+  sampling::SampleContext ctx;                       ///< seed, position, prompt / output / masked ids
 };
 
 /// A whole step, flattened. Token rows are ordered by sequence (seqs[0]'s
@@ -72,7 +72,7 @@ class ModelExecutor {
   [[nodiscard]] virtual int block_size() const = 0;
   /// True when the executor can sample on its device: given
   /// StepInput::sampling it returns StepOutput::sampled_token_ids, the same
-  /// ids engine::sample would draw (see kernels/cuda/sampling.hpp for where
+  /// ids sampling::sample would draw (see kernels/cuda/sampling.hpp for where
   /// the device may differ), and no logits.
   [[nodiscard]] virtual bool samples_on_device() const { return false; }
 
@@ -105,4 +105,13 @@ class ModelExecutor {
   std::deque<StepOutput> pending_;
 };
 
-}  // namespace shardline::engine
+/// Checks a step against a cache of num_kv_blocks blocks of block_size
+/// tokens and a vocabulary of vocab_size ids: lengths agree, token ids in the
+/// vocabulary, positions >= 0, slots and block ids inside the cache, block
+/// tables long enough, sequences covering every row, logits rows inside the
+/// batch. Every runner (CPU shards, CUDA) checks steps with it.
+/// Errors: invalid_argument naming the row / sequence.
+[[nodiscard]] Status validate_step(const StepInput& input, int vocab_size, int num_kv_blocks,
+                                   int block_size);
+
+}  // namespace shardline::model

@@ -8,12 +8,17 @@
 #include <string_view>
 
 #include "common/result.hpp"
-#include "engine/token_budget.hpp"
+#include "engine/policies/token_budget.hpp"
 
-namespace shardline::orchestrator {
+namespace shardline::engine {
 
 /// Names accepted by make_token_budget_policy, for help texts: "fixed, throttle".
 [[nodiscard]] const char* token_budget_policy_names() noexcept;
+
+/// Checks that `name` is one of token_budget_policy_names(), without making
+/// a policy (what the message codec and job admission check). Errors:
+/// invalid_argument naming the policy and listing the valid names.
+[[nodiscard]] Status check_token_budget_policy_name(std::string_view name);
 
 /// Makes the policy called `name` for an engine whose per-step cap is
 /// `max_num_batched_tokens` tokens:
@@ -24,7 +29,7 @@ namespace shardline::orchestrator {
 ///                #MinP = min(32, #MaxP).
 /// Errors: invalid_argument for an unknown name (the message names it and
 /// lists the valid names) or max_num_batched_tokens < 1.
-[[nodiscard]] Result<std::unique_ptr<engine::TokenBudgetPolicy>> make_token_budget_policy(
+[[nodiscard]] Result<std::unique_ptr<TokenBudgetPolicy>> make_token_budget_policy(
     std::string_view name, int max_num_batched_tokens);
 
-}  // namespace shardline::orchestrator
+}  // namespace shardline::engine

@@ -1,8 +1,8 @@
-#include "orchestrator/fixed_token_budget.hpp"
+#include "engine/policies/fixed_token_budget.hpp"
 
 #include <gtest/gtest.h>
 
-namespace shardline::orchestrator {
+namespace shardline::engine {
 namespace {
 
 engine::SchedulerState state(int wp, int rd, int cap = 2048) {
@@ -87,4 +87,4 @@ TEST(FixedTokenBudget, NegativeCountsAndBadBudgetAreHarmless) {
 }
 
 }  // namespace
-}  // namespace shardline::orchestrator
+}  // namespace shardline::engine

@@ -1,20 +1,23 @@
-#include "engine/batch_worker.hpp"
+#include "worker/batch_worker.hpp"
 
 #include <algorithm>
 #include <utility>
 
-#include "engine/rng.hpp"
+#include "sampling/rng.hpp"
 
-namespace shardline::engine {
+namespace shardline::worker {
 
-using orchestrator::BatchChoice;
-using orchestrator::BatchRequest;
-using orchestrator::BatchResult;
+using engine::EngineInstance;
+using engine::LlmEngine;
+using engine::BlockManager;
+using engine::RequestOutput;
+using engine::Scheduler;
+
 
 namespace {
 
 /// Domain separator of line-derived seeds ("Shardlin"), so they never
-/// coincide with the engine's own mix_seed(engine seed, request id) chain.
+/// coincide with the engine's own sampling::mix_seed(engine seed, request id) chain.
 constexpr std::uint64_t kLineSeedDomain = 0x53686172646C696EULL;
 
 }  // namespace
@@ -28,7 +31,7 @@ Result<BatchWorker> BatchWorker::create(EngineInstance engine, std::string name)
 }
 
 std::uint64_t BatchWorker::derive_choice_seed(std::uint64_t job_id, std::uint64_t line_index, int choice) noexcept {
-  return mix_seed(mix_seed(mix_seed(kLineSeedDomain, job_id), line_index), static_cast<std::uint64_t>(choice));
+  return sampling::mix_seed(sampling::mix_seed(sampling::mix_seed(kLineSeedDomain, job_id), line_index), static_cast<std::uint64_t>(choice));
 }
 
 std::string BatchWorker::context_length_message(int max_model_len, int prompt_tokens, int max_tokens) {
@@ -106,7 +109,7 @@ void BatchWorker::submit(BatchRequest request) {
   line.choices.resize(static_cast<std::size_t>(request.n));
   line.done.assign(static_cast<std::size_t>(request.n), false);
   for (int i = 0; i < request.n; ++i) {
-    SamplingParams p = request.params;
+    sampling::SamplingParams p = request.params;
     p.seed = request.params.has_seed ? request.params.seed + static_cast<std::uint64_t>(i)
                                      : derive_choice_seed(request.job_id, request.line_index, i);
     p.has_seed = true;  // never let the engine derive a seed from its request id
@@ -229,4 +232,4 @@ WorkerStatusSnapshot BatchWorker::status() const {
   return s;
 }
 
-}  // namespace shardline::engine
+}  // namespace shardline::worker

@@ -1,8 +1,8 @@
-#include "orchestrator/token_throttling.hpp"
+#include "engine/policies/token_throttling.hpp"
 
 #include <gtest/gtest.h>
 
-namespace shardline::orchestrator {
+namespace shardline::engine {
 namespace {
 
 // Paper defaults (seed 004 §4.1): #T = 8, #MinP = 32, #MaxP = 2048, KV_thresh = 0.05.
@@ -195,4 +195,4 @@ TEST(TokenThrottling, ValidateNamesTheBadParameter) {
 }
 
 }  // namespace
-}  // namespace shardline::orchestrator
+}  // namespace shardline::engine

@@ -1,10 +1,10 @@
-#include "orchestrator/token_throttling.hpp"
+#include "engine/policies/token_throttling.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-namespace shardline::orchestrator {
+namespace shardline::engine {
 
 namespace {
 
@@ -65,17 +65,17 @@ int TokenThrottling::decode_tokens(int running_decode_seqs, int pipeline_depth) 
   return static_cast<int>((rd + pp - 1) / pp);
 }
 
-engine::MicroBatchBudget TokenThrottling::budget(const engine::SchedulerState& s) const {
+MicroBatchBudget TokenThrottling::budget(const SchedulerState& s) const {
   const int cap = std::max(0, s.max_num_batched_tokens);
   const int wp = std::max(0, s.num_waiting_prefill_tokens);
   double kv_free = 1.0;
   if (s.num_total_kv_blocks > 0)
     kv_free = std::clamp(static_cast<double>(std::max(0, s.num_free_kv_blocks)) / s.num_total_kv_blocks, 0.0, 1.0);
 
-  engine::MicroBatchBudget b;
+  MicroBatchBudget b;
   b.max_decode_tokens = std::min(decode_tokens(s.num_running_decode_seqs, s.pipeline_depth), cap);
   b.max_prefill_tokens = std::min({prefill_tokens(wp, kv_free), wp, cap - b.max_decode_tokens});
   return b;
 }
 
-}  // namespace shardline::orchestrator
+}  // namespace shardline::engine

@@ -6,9 +6,9 @@
 /// first (one token per running decode sequence) and chunked prefill fills
 /// the rest of the budget.
 
-#include "engine/token_budget.hpp"
+#include "engine/policies/token_budget.hpp"
 
-namespace shardline::orchestrator {
+namespace shardline::engine {
 
 /// A fixed token budget per micro-batch.
 ///
@@ -27,13 +27,13 @@ namespace shardline::orchestrator {
 /// Note for pipeline parallelism: #RD counts decode sequences in flight too,
 /// so when some of them are in flight the scheduler schedules fewer decodes
 /// than max_decode_tokens and the micro-batch stays below B.
-class FixedTokenBudget final : public engine::TokenBudgetPolicy {
+class FixedTokenBudget final : public TokenBudgetPolicy {
  public:
   /// `token_budget`: tokens per micro-batch; values < 1 are treated as 1
   /// (make_token_budget_policy rejects them with invalid_argument).
   explicit FixedTokenBudget(int token_budget);
 
-  [[nodiscard]] engine::MicroBatchBudget budget(const engine::SchedulerState& state) const override;
+  [[nodiscard]] MicroBatchBudget budget(const SchedulerState& state) const override;
   /// "fixed".
   [[nodiscard]] const char* name() const override { return "fixed"; }
   [[nodiscard]] int token_budget() const { return token_budget_; }
@@ -42,4 +42,4 @@ class FixedTokenBudget final : public engine::TokenBudgetPolicy {
   int token_budget_;
 };
 
-}  // namespace shardline::orchestrator
+}  // namespace shardline::engine

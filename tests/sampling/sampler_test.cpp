@@ -1,4 +1,4 @@
-#include "engine/sampler.hpp"
+#include "sampling/sampler.hpp"
 
 #include <gtest/gtest.h>
 
@@ -8,9 +8,9 @@
 #include <set>
 #include <vector>
 
-#include "engine/rng.hpp"
+#include "sampling/rng.hpp"
 
-namespace shardline::engine {
+namespace shardline::sampling {
 namespace {
 
 SamplingParams greedy() {
@@ -233,4 +233,4 @@ TEST(SamplingParams, ValidateNamesTheField) {
 }
 
 }  // namespace
-}  // namespace shardline::engine
+}  // namespace shardline::sampling

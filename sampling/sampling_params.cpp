@@ -1,9 +1,9 @@
-#include "engine/sampling_params.hpp"
+#include "sampling/sampling_params.hpp"
 
 #include <cmath>
 #include <string>
 
-namespace shardline::engine {
+namespace shardline::sampling {
 namespace {
 
 Status bad(const std::string& field, const std::string& why) {
@@ -39,4 +39,4 @@ Status SamplingParams::validate() const {
   return Status::ok_status();
 }
 
-}  // namespace shardline::engine
+}  // namespace shardline::sampling
