@@ -1,11 +1,8 @@
 #include "comm/tcp_handshake.hpp"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-
 #include <cstdint>
+
+#include "comm/crypto.hpp"
 
 namespace shardline::comm::tcp_detail {
 
@@ -28,38 +25,29 @@ IoResult recv_msg(int fd, Clock::time_point deadline, std::string& body) {
 }
 
 std::string nonce_bytes(std::size_t n) {
+  Result<std::string> r = random_bytes(n);
+  if (r.ok()) return std::move(r).value();
+  // Fall back to a weaker source rather than failing the rendezvous.
   std::string s(n, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(s.data()), static_cast<int>(n)) != 1) {
-    // Fall back to a weaker source rather than failing the rendezvous.
-    std::uint64_t x = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) ^
-                      reinterpret_cast<std::uintptr_t>(&s);
-    for (auto& c : s) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      c = static_cast<char>(x >> 56);
-    }
+  std::uint64_t x = static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) ^
+                    reinterpret_cast<std::uintptr_t>(&s);
+  for (auto& c : s) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    c = static_cast<char>(x >> 56);
   }
   return s;
 }
 
 namespace {
 
+/// HMAC-SHA256(key, label | '\0' | hello | nonce); empty if OpenSSL fails.
 std::string hmac(const std::string& key, std::string_view label, std::string_view hello,
                  std::string_view nonce) {
   std::string data;
   data.reserve(label.size() + 1 + hello.size() + nonce.size());
   data.append(label).push_back('\0');
   data.append(hello).append(nonce);
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-            reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &len)) {
-    return {};
-  }
-  return std::string(reinterpret_cast<const char*>(mac), len);
-}
-
-bool same_mac(const std::string& a, const std::string& b) {
-  return !a.empty() && a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  return hmac_sha256(key, data);
 }
 
 }  // namespace
@@ -115,7 +103,7 @@ Status connector_handshake(int fd, const TcpOptions& o, int to, std::uint64_t se
   }
   std::string proof;
   if (!o.key.empty()) {
-    if (!same_mac(peer_mac, hmac(o.key, "shardline-tcp-v1 acceptor", hello, peer_nonce))) {
+    if (!mac_equal(peer_mac, hmac(o.key, "shardline-tcp-v1 acceptor", hello, peer_nonce))) {
       const std::string reason = "wrong key: rank " + std::to_string(o.rank) +
                                  " and rank " + std::to_string(to) + " hold different keys";
       (void)send_msg(fd, reject_body(ErrorCode::invalid_argument, reason), deadline);
@@ -207,7 +195,7 @@ Result<Hello> acceptor_handshake(
     return refuse(ErrorCode::io, "protocol error (expected a proof)");
   }
   if (!o.key.empty() &&
-      !same_mac(proof, hmac(o.key, "shardline-tcp-v1 connector", h.body, my_nonce))) {
+      !mac_equal(proof, hmac(o.key, "shardline-tcp-v1 connector", h.body, my_nonce))) {
     return refuse(ErrorCode::invalid_argument,
                   "wrong key: rank " + std::to_string(h.from) + " could not prove knowledge of rank " +
                       std::to_string(o.rank) + "'s key (the keys differ)");

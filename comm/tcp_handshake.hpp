@@ -120,8 +120,8 @@ struct Reader {
 /// length of 0 or over kMaxHandshakeMessage fails with error.
 [[nodiscard]] IoResult recv_msg(int fd, Clock::time_point deadline, std::string& body);
 
-/// Random bytes for nonces and session ids: OpenSSL's RAND_bytes, or, should
-/// it fail, a weaker clock-seeded source rather than
+/// Random bytes for nonces and session ids: comm::random_bytes (OpenSSL),
+/// or, should it fail, a weaker clock-seeded source rather than
 /// failing the rendezvous.
 [[nodiscard]] std::string nonce_bytes(std::size_t n);
 
