@@ -1,13 +1,11 @@
 #include "actors/auth.hpp"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
 #include <sys/stat.h>
 
 #include <fstream>
 #include <sstream>
+
+#include "comm/crypto.hpp"
 
 namespace shardline::actors {
 
@@ -35,10 +33,10 @@ int hex_value(char c) {
 }  // namespace
 
 Result<ClusterKey> ClusterKey::generate() {
+  Result<std::string> secret = comm::random_bytes(kSecretBytes);
+  if (!secret) return make_error(secret.error().code, "cluster key: " + secret.error().message);
   ClusterKey k;
-  k.secret_.resize(kSecretBytes);
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(k.secret_.data()), kSecretBytes) != 1)
-    return make_error(ErrorCode::internal, "cluster key: the random generator failed");
+  k.secret_ = std::move(secret).value();
   return k;
 }
 
@@ -80,16 +78,12 @@ Status ClusterKey::save(const std::filesystem::path& file) const {
 }
 
 std::string ClusterKey::sign(std::string_view message) const {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &len);
-  return to_hex(mac, len);
+  const std::string mac = comm::hmac_sha256(secret_, message);
+  return to_hex(reinterpret_cast<const unsigned char*>(mac.data()), mac.size());
 }
 
 bool ClusterKey::verify(std::string_view message, std::string_view tag) const {
-  const std::string expected = sign(message);
-  return tag.size() == expected.size() && CRYPTO_memcmp(tag.data(), expected.data(), expected.size()) == 0;
+  return comm::mac_equal(tag, sign(message));
 }
 
 }  // namespace shardline::actors

@@ -20,7 +20,8 @@ namespace shardline::actors {
 /// A cluster secret (32 random bytes).
 class ClusterKey {
  public:
-  /// Generates a new random key (OpenSSL RAND_bytes).
+  /// Generates a new random key (comm::random_bytes: OpenSSL RAND_bytes).
+  /// Errors: internal (the random generator failed).
   [[nodiscard]] static Result<ClusterKey> generate();
   /// Reads a key file (64 hex digits, optional trailing newline).
   /// Errors: not_found, corrupt (wrong length or non-hex; names the file).
@@ -29,9 +30,10 @@ class ClusterKey {
   /// file. Errors: invalid_argument (exists), io.
   [[nodiscard]] Status save(const std::filesystem::path& file) const;
 
-  /// HMAC-SHA256 of `message`, as 64 hex digits.
+  /// HMAC-SHA256 of `message` (comm::hmac_sha256), as 64 hex digits.
   [[nodiscard]] std::string sign(std::string_view message) const;
-  /// Constant-time comparison of `tag` with sign(message).
+  /// Constant-time comparison of `tag` with sign(message) (comm::mac_equal;
+  /// an empty tag never verifies).
   [[nodiscard]] bool verify(std::string_view message, std::string_view tag) const;
 
  private:

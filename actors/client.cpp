@@ -2,15 +2,15 @@
 
 #include <caf/io/all.hpp>
 
-#include "actors/metrics.hpp"
 #include "actors/protocol.hpp"
+#include "comm/address.hpp"
 
 namespace shardline::actors {
 
 Result<std::unique_ptr<Client>> Client::connect(const std::string& host_port, const std::string& key_file) {
   auto key = ClusterKey::load(key_file);
   if (!key) return std::move(key).error();
-  auto hp = parse_host_port(host_port);
+  auto hp = comm::parse_host_port(host_port);
   if (!hp) return std::move(hp).error();
   std::unique_ptr<Client> c(new Client());
   c->key_ = std::make_shared<const ClusterKey>(std::move(key).value());

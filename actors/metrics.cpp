@@ -2,8 +2,9 @@
 
 #include <httplib.h>
 
-#include <charconv>
 #include <sstream>
+
+#include "comm/address.hpp"
 
 namespace shardline::actors {
 
@@ -48,22 +49,9 @@ std::string MetricsRegistry::render() const {
   return out.str();
 }
 
-Result<std::pair<std::string, int>> parse_host_port(const std::string& hp) {
-  const auto colon = hp.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return make_error(ErrorCode::invalid_argument, "'" + hp + "' is not HOST:PORT");
-  int port = -1;
-  const char* b = hp.data() + colon + 1;
-  const char* e = hp.data() + hp.size();
-  const auto [p, ec] = std::from_chars(b, e, port);
-  if (ec != std::errc() || p != e || port < 0 || port > 65535)
-    return make_error(ErrorCode::invalid_argument, "'" + hp + "': port must be 0..65535");
-  return std::make_pair(hp.substr(0, colon), port);
-}
-
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const MetricsRegistry& registry,
                                                             const std::string& host_port) {
-  auto hp = parse_host_port(host_port);
+  auto hp = comm::parse_host_port(host_port);
   if (!hp) return std::move(hp).error();
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->server_ = std::make_unique<httplib::Server>();

@@ -59,7 +59,4 @@ class MetricsServer {
   int port_ = 0;
 };
 
-/// Splits "HOST:PORT" (PORT may be 0). Errors: invalid_argument naming the text.
-[[nodiscard]] Result<std::pair<std::string, int>> parse_host_port(const std::string& host_port);
-
 }  // namespace shardline::actors

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "actors/protocol.hpp"
+#include "comm/address.hpp"
 #include "messages/codec.hpp"
 
 namespace shardline::actors {
@@ -58,7 +59,7 @@ caf::behavior supervisor_behavior(caf::stateful_actor<SupervisorState>* self, st
 }
 
 Result<caf::actor> connect_orchestrator(caf::actor_system& sys, const std::string& host_port) {
-  auto hp = parse_host_port(host_port);
+  auto hp = comm::parse_host_port(host_port);
   if (!hp) return std::move(hp).error();
   auto remote = sys.middleman().remote_actor(hp->first, static_cast<std::uint16_t>(hp->second));
   if (!remote)
@@ -244,7 +245,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   }
 
   if (!o.listen.empty()) {
-    auto hp = parse_host_port(o.listen);
+    auto hp = comm::parse_host_port(o.listen);
     if (!hp) return std::move(hp).error();
     if (!o.join.empty())
       return make_error(ErrorCode::invalid_argument, "--listen and --join together are not supported yet");

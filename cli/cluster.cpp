@@ -20,6 +20,7 @@
 #include "actors/node.hpp"
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
+#include "comm/address.hpp"
 #include "engine/tcp_group.hpp"
 #include "orchestrator/job_admission.hpp"
 #include "engine/policies/token_budget_policies.hpp"
@@ -79,7 +80,7 @@ Status tcp_group_flags(const std::string& master, const std::string& key_file, i
       return make_error(ErrorCode::invalid_argument, "--group-key-file needs --group-master");
     return Status::ok_status();
   }
-  if (auto hp = engine::parse_host_port(master); !hp) return hp.error();
+  if (auto hp = comm::parse_host_port(master); !hp) return hp.error();
   if (pc.dp != 1 || pc.group_size() < 2)
     return make_error(ErrorCode::invalid_argument,
                       "--group-master needs one engine group of several ranks (dp=1, tp*pp*sp > 1), got --parallel " +

@@ -149,7 +149,7 @@ class TcpGroup {
   /// fault; called twice).
   [[nodiscard]] Result<std::unique_ptr<TcpCommunicator>> connect();
 
-  struct State;  // comm/tcp.cpp
+  struct State;  // comm/tcp_rendezvous.cpp
 
  private:
   explicit TcpGroup(std::unique_ptr<State> state);

@@ -1,7 +1,6 @@
 #include "engine/tcp_group.hpp"
 
-#include <charconv>
-
+#include "comm/address.hpp"
 #include "comm/subgroup.hpp"
 
 namespace shardline::engine {
@@ -15,22 +14,8 @@ constexpr int kSpTagBase = 2 << 24;
 
 }  // namespace
 
-Result<std::pair<std::string, int>> parse_host_port(const std::string& text) {
-  const std::size_t colon = text.rfind(':');
-  const auto bad = [&] {
-    return make_error(ErrorCode::invalid_argument, "'" + text + "' is not host:port (port in [0, 65535])");
-  };
-  if (colon == std::string::npos || colon == 0) return bad();
-  int port = -1;
-  const char* b = text.data() + colon + 1;
-  const char* e = text.data() + text.size();
-  const auto [end, ec] = std::from_chars(b, e, port);
-  if (ec != std::errc() || end != e || port < 0 || port > 65535) return bad();
-  return std::pair<std::string, int>{text.substr(0, colon), port};
-}
-
 Result<GroupComms> connect_tcp_group(const ParallelConfig& pc, int group_rank, const TcpGroupOptions& o) {
-  Result<std::pair<std::string, int>> addr = parse_host_port(o.master);
+  Result<std::pair<std::string, int>> addr = comm::parse_host_port(o.master);
   if (!addr.ok()) return std::move(addr).error();
   if (group_rank != 0 && addr.value().second == 0)
     return make_error(ErrorCode::invalid_argument, "rank " + std::to_string(group_rank) + " needs rank 0's port");

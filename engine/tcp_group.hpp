@@ -26,9 +26,6 @@
 
 namespace shardline::engine {
 
-/// "host:port" -> (host, port). Errors: invalid_argument.
-[[nodiscard]] Result<std::pair<std::string, int>> parse_host_port(const std::string& text);
-
 struct TcpGroupOptions {
   std::string master = "127.0.0.1:0";  ///< rank 0's address; rank 0 binds it
   std::string key;                     ///< shared secret (e.g. the cluster key); empty = none

@@ -32,15 +32,19 @@ std::shared_ptr<const model::ModelWeights> stories_weights() {
   return std::make_shared<const model::ModelWeights>(model::load_model(testing_support::kStoriesDir, {}).value());
 }
 
-TEST(TcpGroup, ParsesHostPort) {
-  auto hp = parse_host_port("10.0.0.1:29500");
-  ASSERT_TRUE(hp.ok());
-  EXPECT_EQ(hp.value().first, "10.0.0.1");
-  EXPECT_EQ(hp.value().second, 29500);
-  EXPECT_FALSE(parse_host_port("nohost").ok());
-  EXPECT_FALSE(parse_host_port(":80").ok());
-  EXPECT_FALSE(parse_host_port("h:70000").ok());
-  EXPECT_FALSE(parse_host_port("h:8x").ok());
+// HOST:PORT parsing itself is tested in tests/comm/address_test.cpp.
+TEST(TcpGroup, BadMasterAddressIsRefusedBeforeConnecting) {
+  const ParallelConfig pc{2, 1, 1, 1};
+  for (const std::string master : {"nohost", ":80", "h:70000", "h:8x"}) {
+    auto g = connect_tcp_group(pc, 0, {master, "", std::chrono::milliseconds(1000)});
+    ASSERT_FALSE(g.ok()) << master;
+    EXPECT_EQ(g.error().code, ErrorCode::invalid_argument) << master;
+    EXPECT_NE(g.error().message.find("'" + master + "'"), std::string::npos) << g.error().message;
+  }
+  auto g = connect_tcp_group(pc, 1, {"127.0.0.1:0", "", std::chrono::milliseconds(1000)});
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(g.error().message.find("needs rank 0's port"), std::string::npos) << g.error().message;
 }
 
 TEST(TcpGroup, EveryConfigMatchesTheInProcessGroup) {

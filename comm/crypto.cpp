@@ -1,0 +1,42 @@
+#include "comm/crypto.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <climits>
+
+namespace shardline::comm {
+
+Result<std::string> random_bytes(std::size_t n) {
+  if (n > static_cast<std::size_t>(INT_MAX)) {
+    return make_error(ErrorCode::invalid_argument,
+                      "random_bytes: " + std::to_string(n) + " bytes is more than one call may ask");
+  }
+  std::string s(n, '\0');
+  if (n > 0 && RAND_bytes(reinterpret_cast<unsigned char*>(s.data()), static_cast<int>(n)) != 1) {
+    return make_error(ErrorCode::internal, "the random generator failed");
+  }
+  return s;
+}
+
+std::string hmac_sha256(std::string_view key, std::string_view data) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  // HMAC() takes the key length as an int: a longer key would be truncated,
+  // so refuse it (keys here are a few dozen bytes).
+  if (key.size() > static_cast<std::size_t>(INT_MAX)) return {};
+  const char* key_bytes = key.empty() ? "" : key.data();  // never null: null means "reuse"
+  if (!HMAC(EVP_sha256(), key_bytes, static_cast<int>(key.size()),
+            reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &len)) {
+    return {};
+  }
+  return std::string(reinterpret_cast<const char*>(mac), len);
+}
+
+bool mac_equal(std::string_view a, std::string_view b) noexcept {
+  return !a.empty() && a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace shardline::comm

@@ -1,0 +1,34 @@
+#pragma once
+/// \file
+/// The few cryptographic primitives Shardline uses, on OpenSSL (libcrypto):
+/// random bytes, HMAC-SHA256 and a constant-time MAC comparison. Used by the
+/// TCP handshake (comm/tcp_handshake.cpp) and the cluster key
+/// (actors/auth.hpp). Keys and MACs are raw bytes in std::string.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "common/result.hpp"
+
+namespace shardline::comm {
+
+/// Bytes of an HMAC-SHA256 MAC.
+inline constexpr std::size_t kHmacSha256Bytes = 32;
+
+/// `n` bytes from OpenSSL's CSPRNG (RAND_bytes).
+/// Errors: internal ("the random generator failed"), invalid_argument (n
+/// over INT_MAX).
+[[nodiscard]] Result<std::string> random_bytes(std::size_t n);
+
+/// HMAC-SHA256(key, data): kHmacSha256Bytes raw bytes. Any key length
+/// (RFC 2104). Empty only if OpenSSL fails (out of memory); mac_equal never
+/// accepts an empty MAC.
+[[nodiscard]] std::string hmac_sha256(std::string_view key, std::string_view data);
+
+/// Whether two MACs are equal, in time independent of where they differ
+/// (CRYPTO_memcmp; the lengths are compared first, they are not secret).
+/// False when either is empty.
+[[nodiscard]] bool mac_equal(std::string_view a, std::string_view b) noexcept;
+
+}  // namespace shardline::comm

@@ -1,0 +1,78 @@
+// comm/crypto.hpp: HMAC-SHA256 against the RFC 4231 test vectors, the MAC
+// comparison, and random bytes.
+#include "comm/crypto.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace shardline::comm {
+namespace {
+
+std::string hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+TEST(Crypto, HmacSha256MatchesRfc4231) {
+  // RFC 4231 section 4.2, test case 1.
+  EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  // Test case 2: a key shorter than the output.
+  EXPECT_EQ(hex(hmac_sha256("Jefe", "what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  // Test case 6: a key longer than SHA-256's block, hashed first.
+  EXPECT_EQ(hex(hmac_sha256(std::string(131, '\xaa'),
+                            "Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  EXPECT_EQ(hmac_sha256("key", "data").size(), kHmacSha256Bytes);
+}
+
+TEST(Crypto, HmacSha256OfAnEmptyKeyAndMessage) {
+  EXPECT_EQ(hex(hmac_sha256("", "")),
+            "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
+}
+
+TEST(Crypto, HmacSha256TakesEveryByteOfKeyAndData) {
+  const std::string key("k\0y", 3), data("d\0ta", 4);
+  const std::string mac = hmac_sha256(key, data);
+  EXPECT_NE(mac, hmac_sha256(std::string("k\0z", 3), data));
+  EXPECT_NE(mac, hmac_sha256(key, std::string("d\0tb", 4)));
+  EXPECT_NE(mac, hmac_sha256("k", data));  // a C-string view would stop at the NUL
+}
+
+TEST(Crypto, MacEqual) {
+  const std::string mac = hmac_sha256("key", "data");
+  EXPECT_TRUE(mac_equal(mac, hmac_sha256("key", "data")));
+  std::string last = mac;
+  last.back() = static_cast<char>(last.back() ^ 1);
+  EXPECT_FALSE(mac_equal(mac, last));
+  std::string first = mac;
+  first.front() = static_cast<char>(first.front() ^ 0x80);
+  EXPECT_FALSE(mac_equal(mac, first));
+  EXPECT_FALSE(mac_equal(mac, mac.substr(0, mac.size() - 1)));  // a prefix is no match
+  EXPECT_FALSE(mac_equal(mac.substr(0, mac.size() - 1), mac));
+  EXPECT_FALSE(mac_equal("", ""));                                // an empty MAC never verifies
+  EXPECT_FALSE(mac_equal(mac, ""));
+}
+
+TEST(Crypto, RandomBytes) {
+  auto a = random_bytes(32);
+  auto b = random_bytes(32);
+  ASSERT_TRUE(a.ok()) << a.error().to_string();
+  ASSERT_TRUE(b.ok()) << b.error().to_string();
+  EXPECT_EQ(a->size(), 32u);
+  EXPECT_NE(*a, *b);  // 2^-256 to fail by chance
+  EXPECT_NE(*a, std::string(32, '\0'));
+  auto none = random_bytes(0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
+}  // namespace
+}  // namespace shardline::comm
