@@ -78,6 +78,7 @@ JobManager::JobManager(std::unique_ptr<JobStore> store, JobManagerOptions option
     : store_(std::move(store)), options_(std::move(options)) {
   if (!options_.clock) options_.clock = steady_seconds;
   if (options_.commit_batch == 0) options_.commit_batch = 1;
+  if (!options_.file_system) options_.file_system = posix_file_system();
 }
 
 JobManager::~JobManager() = default;
@@ -86,9 +87,12 @@ double JobManager::now() const { return options_.clock(); }
 
 Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir, JobManagerOptions options) {
   std::error_code ec;
-  fs::create_directories(data_dir, ec);
-  if (ec) return make_error(ErrorCode::io, "data dir " + data_dir + ": " + ec.message());
-  auto store = JobStore::open((fs::path(data_dir) / "jobs.db").string());
+  const std::string db_dir = (fs::path(data_dir) / "jobs.db").string();
+  // Durably: RocksDB syncs what it writes inside jobs.db, not the folders above it.
+  const auto file_system = options.file_system ? options.file_system : posix_file_system();
+  if (Status st = create_directories_durably(*file_system, db_dir); !st.ok())
+    return make_error(ErrorCode::io, "data dir " + data_dir + ": " + st.error().message);
+  auto store = JobStore::open(db_dir, options.store);
   if (!store.ok()) return store.error();
   std::unique_ptr<JobManager> m(new JobManager(std::move(store.value()), std::move(options)));
   auto records = m->store_->list_jobs();
@@ -118,7 +122,7 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
 }
 
 Status JobManager::activate(Job& j) {
-  auto w = OutputWriter::open(*store_, j.rec.id, j.rec.spec.output_path, j.rec.total_lines);
+  auto w = OutputWriter::open(*store_, j.rec.id, j.rec.spec.output_path, j.rec.total_lines, options_.file_system);
   if (!w.ok()) return w.error();
   j.writer = std::move(w.value());
   j.reader = std::make_unique<ShardReader>();

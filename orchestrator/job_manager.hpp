@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file_system.hpp"
 #include "common/result.hpp"
 #include "worker/batch_types.hpp"
 #include "orchestrator/job_store.hpp"
@@ -64,11 +65,17 @@ struct JobManagerOptions {
   std::function<double()> clock;
   /// Results per synchronous store batch while committing parse errors.
   std::size_t commit_batch = 1024;
+  /// The file system of the output files and of the data dir's folders;
+  /// null: posix_file_system(). Tests inject a fault-injecting one.
+  std::shared_ptr<FileSystem> file_system;
+  /// Options of the JobStore under data_dir/jobs.db (its RocksDB file system).
+  JobStoreOptions store;
 };
 
 class JobManager {
  public:
-  /// Opens (creating) the state in `data_dir` (RocksDB under data_dir/jobs.db),
+  /// Opens (creating) the state in `data_dir` (RocksDB under data_dir/jobs.db;
+  /// the folders are created durably, see create_directories_durably()),
   /// restores every job and recovers the output files of unfinished ones. A
   /// job whose shard vanished or changed size is marked failed.
   static Result<std::unique_ptr<JobManager>> open(const std::string& data_dir,

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 #include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
@@ -117,15 +119,20 @@ const char* job_state_name(JobState s) noexcept {
   return "unknown";
 }
 
-JobStore::JobStore(std::string dir, rocksdb::DB* db, std::uint64_t next_job_id)
-    : dir_(std::move(dir)), db_(db), next_job_id_(next_job_id) {}
+JobStore::JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, rocksdb::DB* db, std::uint64_t next_job_id)
+    : dir_(std::move(dir)), env_(std::move(env)), db_(db), next_job_id_(next_job_id) {}
 
 JobStore::~JobStore() = default;
 
-Result<std::unique_ptr<JobStore>> JobStore::open(const std::string& dir) {
+Result<std::unique_ptr<JobStore>> JobStore::open(const std::string& dir, JobStoreOptions store_options) {
   rocksdb::Options options;
   options.create_if_missing = true;
   options.max_open_files = 256;
+  std::unique_ptr<rocksdb::Env> env;
+  if (store_options.file_system) {
+    env = rocksdb::NewCompositeEnv(store_options.file_system);
+    options.env = env.get();
+  }
   rocksdb::DB* raw = nullptr;
   const rocksdb::Status st = rocksdb::DB::Open(options, dir, &raw);
   if (!st.ok()) return db_error("open " + dir, st);
@@ -139,7 +146,7 @@ Result<std::unique_ptr<JobStore>> JobStore::open(const std::string& dir) {
   } else if (!g.IsNotFound()) {
     return db_error("read next_job_id", g);
   }
-  return std::unique_ptr<JobStore>(new JobStore(dir, db.release(), next));
+  return std::unique_ptr<JobStore>(new JobStore(dir, std::move(env), db.release(), next));
 }
 
 Result<std::uint64_t> JobStore::create_job(JobRecord record) {

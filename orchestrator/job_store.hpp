@@ -10,7 +10,9 @@
 ///   'C' job(8)                  → counters: ok, failed, prompt_tokens, completion_tokens (4 × u64 BE)
 ///   'O' job(8)                  → output progress: file offset, next line (2 × u64 BE)
 /// Every write is synchronous (WriteOptions::sync, one WriteBatch per call),
-/// so a write that returned is on disk even after `kill -9` or a power cut.
+/// so a write that returned is on disk even after `kill -9` or a power cut
+/// (tests/orchestrator/unsynced_writes_fault_test.cpp checks this on a
+/// file system that drops unsynced writes, see JobStoreOptions).
 /// A line is committed iff its 'R' key exists; in-flight state is not stored
 /// (after a restart, everything not committed is pending again).
 ///
@@ -31,7 +33,9 @@
 
 namespace rocksdb {
 class DB;
-}
+class Env;
+class FileSystem;
+}  // namespace rocksdb
 
 namespace shardline::orchestrator {
 
@@ -91,10 +95,18 @@ struct StoredResult {
   std::uint64_t completion_tokens = 0;
 };
 
+struct JobStoreOptions {
+  /// The file system RocksDB runs on; null: RocksDB's default (POSIX). Tests
+  /// inject one that drops unsynced writes at a simulated crash
+  /// (tests/support/fault_injection_rocksdb_fs.hpp).
+  std::shared_ptr<rocksdb::FileSystem> file_system;
+};
+
 class JobStore {
  public:
-  /// Opens (creating if missing) the RocksDB database in `dir`.
-  static Result<std::unique_ptr<JobStore>> open(const std::string& dir);
+  /// Opens (creating if missing) the RocksDB database in `dir`. Errors: io
+  /// (RocksDB cannot open it), corrupt (a bad next_job_id).
+  static Result<std::unique_ptr<JobStore>> open(const std::string& dir, JobStoreOptions options = {});
   ~JobStore();
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
@@ -132,10 +144,11 @@ class JobStore {
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
-  JobStore(std::string dir, rocksdb::DB* db, std::uint64_t next_job_id);
+  JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, rocksdb::DB* db, std::uint64_t next_job_id);
   Result<JobCounters> counters_locked(std::uint64_t job_id);
 
   std::string dir_;
+  std::unique_ptr<rocksdb::Env> env_;  ///< over options.file_system; null: the default Env. Outlives db_.
   std::unique_ptr<rocksdb::DB> db_;
   std::uint64_t next_job_id_;
   std::mutex mu_;

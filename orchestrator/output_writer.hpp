@@ -12,11 +12,18 @@
 /// holds every line exactly once, identical to an uninterrupted run. If the
 /// file is shorter than the recorded offset (deleted or truncated by someone
 /// else), it is rewritten from line 0 out of the store.
+///
+/// All file I/O goes through a FileSystem (common/file_system.hpp): missing
+/// folders are created durably (each one's parent synced), a new file's folder
+/// is synced, and every append is synced before its progress is recorded.
+/// tests/orchestrator/unsynced_writes_fault_test.cpp checks this against a
+/// file system that drops unsynced writes at a simulated crash.
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "common/file_system.hpp"
 #include "common/result.hpp"
 #include "orchestrator/job_store.hpp"
 
@@ -26,9 +33,11 @@ class OutputWriter {
  public:
   /// Opens (creating it and its folder if missing) the output file of a job
   /// with `total_lines` lines and recovers it (see recover()). `store` must
-  /// outlive the writer.
+  /// outlive the writer. `fs`: the file system to write through; null:
+  /// posix_file_system(). Errors: io (from the file system or the store).
   static Result<std::unique_ptr<OutputWriter>> open(JobStore& store, std::uint64_t job_id,
-                                                    std::string path, std::uint64_t total_lines);
+                                                    std::string path, std::uint64_t total_lines,
+                                                    std::shared_ptr<FileSystem> fs = nullptr);
   ~OutputWriter();
   OutputWriter(const OutputWriter&) = delete;
   OutputWriter& operator=(const OutputWriter&) = delete;
@@ -48,14 +57,16 @@ class OutputWriter {
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
  private:
-  OutputWriter(JobStore& store, std::uint64_t job_id, std::string path, std::uint64_t total_lines, int fd);
+  OutputWriter(JobStore& store, std::uint64_t job_id, std::string path, std::uint64_t total_lines,
+               std::shared_ptr<FileSystem> fs, std::unique_ptr<WritableFile> file);
   Status flush(const std::string& buf, std::uint64_t lines);
 
   JobStore& store_;
   std::uint64_t job_id_;
   std::string path_;
   std::uint64_t total_lines_;
-  int fd_ = -1;
+  std::shared_ptr<FileSystem> fs_;
+  std::unique_ptr<WritableFile> file_;
   OutputProgress progress_;
   bool dirty_ = false;  ///< a write failed: bytes past offset may be garbage
 };
