@@ -36,7 +36,8 @@ TEST(Metrics, ServedOverHttp) {
   auto res = client.Get("/metrics");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
-  EXPECT_NE(res->body.find("shardline_engine_steps_total 42"), std::string::npos) << res->body;
+  EXPECT_EQ(res->body, r.render());  // exactly the registry's text, not a line of it
+  EXPECT_NE(res->body.find("shardline_engine_steps_total 42\n"), std::string::npos) << res->body;
 }
 
 TEST(Metrics, BadAddressIsAClearError) {

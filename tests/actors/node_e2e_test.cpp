@@ -186,8 +186,9 @@ TEST_F(NodeE2e, NodeAndClientInTwoProcessesWithKeyAndMetrics) {
   httplib::Client metrics("127.0.0.1", metrics_port);
   auto res = metrics.Get("/metrics");
   ASSERT_TRUE(res);
-  EXPECT_NE(res->body.find("shardline_requests_total{state=\"done\"} 3"), std::string::npos) << res->body;
-  EXPECT_NE(res->body.find("shardline_generation_tokens_total 144"), std::string::npos) << res->body;
+  // Whole sample lines: "... 3" alone would also match 30 or 3.5.
+  EXPECT_NE(res->body.find("shardline_requests_total{state=\"done\"} 3\n"), std::string::npos) << res->body;
+  EXPECT_NE(res->body.find("shardline_generation_tokens_total 144\n"), std::string::npos) << res->body;
   EXPECT_NE(res->body.find("shardline_auth_failures_total"), std::string::npos) << res->body;
 
   auto actors = run_command(kShardline + " actor list" + client);

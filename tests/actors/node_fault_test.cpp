@@ -1,15 +1,19 @@
 // Fault tests: kill -9 of the node at random points of a 200-request job,
 // restart, and the finished output is byte-identical to a run without kills
-// (every custom_id exactly once); `actor kill` of the worker mid-job and the
-// job still finishes with the same bytes.
+// (every custom_id exactly once); `actor kill` of the worker mid-job (it
+// holds unfinished lines, which are requeued) and the job still finishes with
+// the same bytes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <regex>
 #include <set>
+#include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -105,11 +109,14 @@ TEST_F(NodeFault, KillNineAtRandomPointsThenRestartGivesIdenticalOutput) {
 }
 
 TEST_F(NodeFault, ActorKillOfTheWorkerStillFinishesTheJob) {
-  write_input(120, 120);
+  constexpr int kLines = 120, kMaxBatch = 32;
+  write_input(kLines, 120);
   const std::string expected = clean_output();
+  expect_each_custom_id_once(expected, kLines);
   ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
   Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
-              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--max-batch", "32"},
+              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--max-batch",
+              std::to_string(kMaxBatch)},
              path("node.log"));
   const std::string log = node.wait_for_log("listening on", std::chrono::seconds(30));
   std::smatch m;
@@ -119,12 +126,18 @@ TEST_F(NodeFault, ActorKillOfTheWorkerStillFinishesTheJob) {
                         " --input " + path("in.jsonl") + " --output " + path("out.jsonl"))
                 .exit_code,
             0);
-  // Wait for some progress, then kill the worker the way a crash would.
-  for (int i = 0; i < 200; ++i) {
+  // Wait for some progress, then kill the worker the way a crash would:
+  // mid-job, so that it holds lines it has not finished.
+  int done_before_kill = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
     auto s = nlohmann::json::parse(run_command(kShardline + " job status 1 --json" + client).out);
-    if (s["jobs"][0]["done"].get<int>() >= 32) break;
+    done_before_kill = s["jobs"][0]["done"].get<int>();
+    if (done_before_kill >= kMaxBatch) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  ASSERT_GE(done_before_kill, kMaxBatch) << "no progress before the kill: " << node.log();
+  ASSERT_LT(done_before_kill, kLines) << "the job finished before the kill";
   auto kill = run_command(kShardline + " actor kill node0/cpu:0" + client);
   ASSERT_EQ(kill.exit_code, 0) << kill.out;
   auto unknown = run_command(kShardline + " actor kill node0/cpu:9" + client);
@@ -138,9 +151,24 @@ TEST_F(NodeFault, ActorKillOfTheWorkerStillFinishesTheJob) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
-  EXPECT_NE(node.log().find("restarting it"), std::string::npos) << node.log();
-  EXPECT_NE(node.log().find("lines requeued"), std::string::npos) << node.log();
-  EXPECT_TRUE(read_file(path("out.jsonl")) == expected) << "output after the worker kill differs";
+  EXPECT_NE(node.log().find("worker node0/cpu:0 died (exit_reason(kill)); restarting it"), std::string::npos)
+      << node.log();
+  // The kill landed while the worker held lines: the orchestrator requeued
+  // them (at least one, at most its queue of 2 x max batch, and none that
+  // were done before the kill).
+  const std::string node_log = node.log();
+  std::smatch requeued;
+  const std::regex requeue_line("worker node0/cpu:0 died \\(exit_reason\\(kill\\)\\); (\\d+) lines requeued");
+  ASSERT_TRUE(std::regex_search(node_log, requeued, requeue_line)) << node_log;
+  const int n = std::stoi(requeued[1].str());
+  RecordProperty("requeued", n);
+  RecordProperty("done_before_kill", done_before_kill);
+  EXPECT_GE(n, 1) << "the kill did not land mid-job (killed at " << done_before_kill << " lines done)";
+  EXPECT_LE(n, 2 * kMaxBatch);
+  EXPECT_LE(n, kLines - done_before_kill);
+  const std::string got = read_file(path("out.jsonl"));
+  expect_each_custom_id_once(got, kLines);
+  EXPECT_TRUE(got == expected) << "output after the worker kill differs";
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
 }

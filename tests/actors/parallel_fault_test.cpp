@@ -8,6 +8,7 @@
 // device on a set without such a line.)
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -28,6 +29,8 @@ using testing_support::run_command;
 
 class ParallelFault : public testing_support::TempDirTest {
  protected:
+  static constexpr int kMaxBatch = 8;
+
   /// The first 300 demo requests (seeded sampling, every 10th line greedy)
   /// with 120 tokens each: long enough to kill the worker mid-job.
   void SetUp() override {
@@ -45,8 +48,8 @@ class ParallelFault : public testing_support::TempDirTest {
 
     ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
     Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
-                testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--max-batch", "8", "--parallel",
-                parallel},
+                testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--max-batch",
+                std::to_string(kMaxBatch), "--parallel", parallel},
                path("node.log"));
     const std::string log = node.wait_for_log("listening on", std::chrono::seconds(30));
     std::smatch m;
@@ -58,12 +61,16 @@ class ParallelFault : public testing_support::TempDirTest {
                   .exit_code,
               0);
     int done_at_kill = 0;
-    for (int i = 0; i < 200; ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (std::chrono::steady_clock::now() < deadline) {
       auto s = nlohmann::json::parse(run_command(kShardline + " job status 1 --json" + client).out);
       done_at_kill = s["jobs"][0]["done"].get<int>();
       if (done_at_kill >= 16) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+    // Killed well before the end, so that it holds lines when it dies.
+    ASSERT_GE(done_at_kill, 16) << "no progress before the kill: " << node.log();
+    ASSERT_LT(done_at_kill, 250) << "the job was nearly done before the kill";
     auto kill = run_command(kShardline + " actor kill " + worker + client);
     ASSERT_EQ(kill.exit_code, 0) << kill.out;
 
@@ -76,13 +83,17 @@ class ParallelFault : public testing_support::TempDirTest {
     ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
     EXPECT_NE(node.log().find("worker " + worker + " died (exit_reason(kill)); restarting it"), std::string::npos)
         << node.log();
-    EXPECT_NE(node.log().find("lines requeued"), std::string::npos) << node.log();
-    // Killed well before the end (the usual case): it held lines, and they were requeued.
-    if (done_at_kill < 250) {
-      EXPECT_TRUE(std::regex_search(node.log(), std::regex("worker " + worker + " died \\(exit_reason\\(kill\\)\\); "
-                                                           "[1-9][0-9]* lines requeued")))
-          << "killed at " << done_at_kill << " lines done: " << node.log();
-    }
+    // It held lines, and they were requeued: at least one, at most its queue
+    // (2 x max batch).
+    const std::string node_log = node.log();
+    std::smatch requeued;
+    const std::regex requeue_line("worker " + worker + " died \\(exit_reason\\(kill\\)\\); (\\d+) lines requeued");
+    ASSERT_TRUE(std::regex_search(node_log, requeued, requeue_line)) << node_log;
+    const int n = std::stoi(requeued[1].str());
+    RecordProperty("requeued", n);
+    RecordProperty("done_before_kill", done_at_kill);
+    EXPECT_GE(n, 1) << "killed at " << done_at_kill << " lines done: " << node_log;
+    EXPECT_LE(n, 2 * kMaxBatch);
     // The restarted group registered again under the same name and shape.
     std::string actors;
     for (int i = 0; i < 100; ++i) {

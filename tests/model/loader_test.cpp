@@ -5,8 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
 #include <functional>
 #include <cmath>
 #include <cstring>
@@ -189,14 +187,10 @@ class LoaderTest : public ::testing::Test {
 
 }  // namespace
 
+// How long these loads take is measured in bench/micro_bench.cpp.
 TEST(Loader, Stories260KF32) {
-  const auto t0 = std::chrono::steady_clock::now();
   auto r = sm::load_model(kStories, {});
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(r.ok()) << r.error().to_string();
-  std::printf("[ timing ] load stories260K f32: %.2f ms\n", ms);
-  RecordProperty("load_ms", std::to_string(ms));
   const sm::ModelWeights& w = r.value();
   EXPECT_EQ(w.dtype, DType::f32);
   EXPECT_EQ(w.config.num_hidden_layers, 5);
@@ -567,12 +561,8 @@ TEST(DummyWeights, Llama31_8bOneLayerDeterministic) {
   opt.num_layers_override = 1;
   std::vector<std::uint64_t> first;
   {
-    const auto t0 = std::chrono::steady_clock::now();
     auto r = sm::load_model(kShapes / "llama-3.1-8b", opt);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(r.ok()) << r.error().to_string();
-    std::printf("[ timing ] dummy llama-3.1-8b (1 layer, bf16, %.2f GB): %.2f s\n",
-                static_cast<double>(r->total_bytes()) / 1e9, s);
     const sm::ModelWeights& w = r.value();
     ASSERT_EQ(w.layers.size(), 1u);
     expect_matrix(w.embed_tokens, DType::bf16, 128256, 4096);
@@ -599,20 +589,14 @@ TEST(DummyWeights, Llama31_8bOneLayerDeterministic) {
   EXPECT_EQ(fingerprints(r.value()), first);
 }
 
-TEST(DummyWeights, Stories110mSpeedAndLayerStability) {
+TEST(DummyWeights, Stories110mLayerStability) {
   auto cfg = sm::load_model_config(kShapes / "stories110m");
   ASSERT_TRUE(cfg.ok()) << cfg.error().to_string();
   sm::LoadOptions opt;
   opt.format = sm::LoadFormat::dummy;
   opt.seed = 42;
-  const auto t0 = std::chrono::steady_clock::now();
   auto full = sm::make_dummy_weights(cfg.value(), opt);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(full.ok()) << full.error().to_string();
-  std::printf("[ timing ] dummy stories110m (%lld params, f32): %.3f s\n",
-              cfg->num_parameters(), s);
-  RecordProperty("dummy_stories110m_s", std::to_string(s));
-  EXPECT_LT(s, 30.0);  // ~1 s expected on 2 idle cores; generous for loaded CI
   EXPECT_EQ(full->total_bytes(), static_cast<std::size_t>(cfg->num_parameters()) * 4);
   ASSERT_EQ(full->layers.size(), 12u);
   expect_uniform_range(full->layers[11].gate_up);

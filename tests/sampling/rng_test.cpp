@@ -38,13 +38,42 @@ TEST(Philox, UnitFloatRange) {
   EXPECT_FLOAT_EQ(u32_to_unit_float(0x80000000u), 0.5f);
 }
 
-TEST(Philox, SameKeyAndCounterSameValue) {
-  EXPECT_EQ(philox_uniform(42, 7), philox_uniform(42, 7));
+// philox_uniform keys Philox with the seed and counts with {position lo,
+// position hi, stream, 0}, then maps word 0. The words below come from an
+// independent Philox4x32-10 (written from the Random123 spec in Python and
+// checked against the three known-answer vectors above).
+TEST(Philox, UniformKnownValues) {
+  EXPECT_EQ(philox_uniform(0, 0), u32_to_unit_float(0x6627e8d5u));  // the zero KAT vector's word 0
+  EXPECT_EQ(philox_uniform(42, 7), u32_to_unit_float(0x5bbd83b1u));
+  EXPECT_EQ(philox_uniform(42, 8), u32_to_unit_float(0x8c4a529cu));
+  EXPECT_EQ(philox_uniform(43, 7), u32_to_unit_float(0x80f7e4c9u));
+  EXPECT_EQ(philox_uniform(42, 7, 1), u32_to_unit_float(0x4c78c45fu));
+  EXPECT_EQ(philox_uniform(1ull << 32, 7), u32_to_unit_float(0xe62a60c3u));
+  EXPECT_EQ(philox_uniform(1, 1ull << 32), u32_to_unit_float(0x833ff8dcu));
+  EXPECT_EQ(philox_uniform(0x299f31d0a4093822ull, 0x85a308d3243f6a88ull, 0x13198a2eu),
+            u32_to_unit_float(0xae120e9du));
+  EXPECT_EQ(philox_uniform(0x299f31d0a4093822ull, 0x85a308d3243f6a88ull, 0x13198a2eu),
+            u32_to_unit_float(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0u},
+                                            {0xa4093822u, 0x299f31d0u})[0]));
+}
+
+TEST(Philox, DistinctKeysAndCountersDistinctValues) {
   EXPECT_NE(philox_uniform(42, 7), philox_uniform(42, 8));
   EXPECT_NE(philox_uniform(42, 7), philox_uniform(43, 7));
   EXPECT_NE(philox_uniform(42, 7, 0), philox_uniform(42, 7, 1));
   EXPECT_NE(philox_uniform(1ull << 32, 7), philox_uniform(0, 7));  // high seed bits matter
   EXPECT_NE(philox_uniform(1, 1ull << 32), philox_uniform(1, 0));  // high position bits matter
+}
+
+// mix_seed is a hash-combine step followed by the SplitMix64 finalizer
+// (Steele, Lea, Flood, OOPSLA'14; Vigna's splitmix64.c). mix_seed(0, 0)
+// finalizes the golden gamma, which is SplitMix64's first output from state 0:
+// 0xe220a8397b1dcdaf. The other values come from the same independent Python
+// implementation as the Philox words above.
+TEST(MixSeed, KnownValues) {
+  EXPECT_EQ(mix_seed(0, 0), 0xe220a8397b1dcdafull);
+  EXPECT_EQ(mix_seed(42, 7), 0x00dca12dcaa9cc19ull);
+  EXPECT_NE(mix_seed(42, 7), mix_seed(7, 42));
 }
 
 TEST(Philox, UniformOverPositionsChiSquare) {

@@ -166,7 +166,15 @@ TEST(Sampler, AllMaskedFallsBackWithoutCrash) {
 TEST(Sampler, SameSeedAndPositionSameToken) {
   std::vector<float> logits(64, 0.0f);  // uniform
   SamplingParams p;
-  for (int pos = 0; pos < 100; ++pos) ASSERT_EQ(draw(logits, p, 5, pos), draw(logits, p, 5, pos));
+  // Uniform over 64 ids with no truncation: the inverse CDF in id order picks
+  // floor(u * 64), the top 6 bits of Philox word 0 keyed by (seed, position).
+  // Known tokens for seed 5, positions 0-7 (from an independent Philox4x32-10):
+  const std::vector<int> known{49, 22, 61, 42, 43, 33, 63, 40};
+  for (int pos = 0; pos < 8; ++pos) EXPECT_EQ(draw(logits, p, 5, pos), known[pos]) << "position " << pos;
+  for (int pos = 0; pos < 100; ++pos) {
+    const auto word = philox4x32_10({static_cast<std::uint32_t>(pos), 0u, 0u, 0u}, {5u, 0u})[0];
+    ASSERT_EQ(draw(logits, p, 5, pos), static_cast<std::int32_t>(word >> 26)) << "position " << pos;
+  }
   std::set<int> distinct;
   for (int pos = 0; pos < 100; ++pos) distinct.insert(draw(logits, p, 5, pos));
   EXPECT_GT(distinct.size(), 40u);  // ~ 64 * (1 - e^{-100/64}) = 50 expected

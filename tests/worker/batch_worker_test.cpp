@@ -202,7 +202,14 @@ TEST(BatchWorker, UnseededChoicesDeriveFromJobLineChoice) {
   EXPECT_NE(other_line.choices[0].token_ids, a.choices[0].token_ids);
   EXPECT_NE(other_job.choices[0].token_ids, a.choices[0].token_ids);
 
-  EXPECT_EQ(BatchWorker::derive_choice_seed(3, 7, 1), BatchWorker::derive_choice_seed(3, 7, 1));
+  // The SplitMix64 chain mix_seed(mix_seed(mix_seed("Shardlin", job), line), choice),
+  // pinned to values of an independent Python implementation: every worker
+  // kind must derive these same seeds, or a line retried elsewhere would
+  // sample other tokens.
+  EXPECT_EQ(BatchWorker::derive_choice_seed(3, 7, 0), 0x4b4cd0b74ea59154ull);
+  EXPECT_EQ(BatchWorker::derive_choice_seed(3, 7, 1), 0xd998535e4a7644fbull);
+  EXPECT_EQ(BatchWorker::derive_choice_seed(7, 3, 0), 0xe2bd1dc52d3bffdeull);
+  EXPECT_EQ(BatchWorker::derive_choice_seed(0, 0, 0), 0x20c03a0da7d7c0c7ull);
   EXPECT_NE(BatchWorker::derive_choice_seed(3, 7, 0), BatchWorker::derive_choice_seed(3, 7, 1));
   EXPECT_NE(BatchWorker::derive_choice_seed(3, 7, 0), BatchWorker::derive_choice_seed(7, 3, 0));
 }

@@ -1,0 +1,188 @@
+// Micro-benchmarks (Google Benchmark) of the costs that unit tests check
+// only for correctness: decoding hostile messages, loading a small model,
+// generating seeded dummy weights. Timings belong here, not in ctest, where
+// a loaded machine would turn them into flaky failures.
+//
+//   ./build/bench/shardline_micro_bench [--benchmark_filter=REGEX]
+//
+// The models come from the shared/ folder (SHARDLINE_SHARED_DIR at build
+// time, or the environment variable of the same name at run time).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "messages/codec.hpp"
+#include "model/config.hpp"
+#include "model/weights.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace shardline;  // NOLINT
+
+fs::path shared_dir() {
+  if (const char* dir = std::getenv("SHARDLINE_SHARED_DIR"); dir && *dir) return dir;
+  return SHARDLINE_SHARED_DIR;
+}
+
+// ---- messages -------------------------------------------------------------------
+
+orchestrator::BatchRequest request(int i) {
+  orchestrator::BatchRequest r;
+  r.job_id = 7;
+  r.line_index = static_cast<std::uint64_t>(i);
+  r.custom_id = "req-" + std::to_string(i);
+  r.prompt = "Once upon a time, line " + std::to_string(i);
+  r.prompt_token_ids = {1, 15043, 29892, 3186, i};
+  r.params.temperature = 0.7f;
+  r.params.top_k = 40;
+  r.params.stop_token_ids = {2, 13};
+  r.params.stop = {"\n\n", "</s>"};
+  r.n = 1 + i % 3;
+  return r;
+}
+
+orchestrator::BatchResult result(int i) {
+  orchestrator::BatchResult r;
+  r.job_id = 7;
+  r.line_index = static_cast<std::uint64_t>(i);
+  r.custom_id = "req-" + std::to_string(i);
+  r.ok = true;
+  r.choices.push_back({0, " there was a little robot", "stop", {727, 471, 263, 2}});
+  r.prompt_tokens = 12 + i;
+  r.completion_tokens = 4;
+  return r;
+}
+
+/// One encoded message of each inbox that carries lists and nested structs.
+std::vector<std::string> encoded_samples() {
+  std::vector<orchestrator::BatchRequest> requests;
+  std::vector<orchestrator::BatchResult> results;
+  for (int i = 0; i < 5; ++i) {
+    requests.push_back(request(i));
+    results.push_back(result(i));
+  }
+  messages::WorkerStatus status;
+  status.worker_name = "node0/cpu:0";
+  status.state = "busy";
+  return {
+      messages::encode(messages::WorkerMsg::of(messages::AssignWork{requests})),
+      messages::encode(messages::OrchestratorMsg::of(messages::WorkerResults{"node0/cpu:0", results})),
+      messages::encode(messages::OrchestratorMsg::of(messages::WorkerHeartbeat{"node0/cpu:0", status})),
+      messages::encode(messages::KvStoreMsg::of(messages::PutBlocks{"job7/seq3", std::string(4099, 'x')})),
+  };
+}
+
+void put_le32(std::string& s, std::size_t at, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) s[at + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+
+/// The seeded mutations of tests/messages/codec_robustness_test.cpp
+/// (SeededRandomMutations): bit flips, random bytes, boundary u32s, copied
+/// pointer words, truncation with an honest segment table.
+std::vector<std::string> mutated_messages(int n) {
+  const auto samples = encoded_samples();
+  std::mt19937_64 rng(20240611);
+  std::vector<std::string> out;
+  out.reserve(static_cast<std::size_t>(n));
+  for (int round = 0; round < n; ++round) {
+    std::string b = samples[rng() % samples.size()];
+    const std::size_t lo = (rng() % 8 == 0) ? 0 : 8;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      const std::size_t at = lo + rng() % (b.size() - lo);
+      switch (rng() % 5) {
+        case 0: b[at] = static_cast<char>(b[at] ^ (1 << (rng() % 8))); break;
+        case 1: b[at] = static_cast<char>(rng()); break;
+        case 2:
+          if (at + 4 <= b.size()) {
+            static const std::uint32_t kInteresting[] = {0u, 1u, 0x7FFFFFFFu, 0x80000000u,
+                                                         0xFFFFFFFFu, 0x1FFFFFFFu, 0xFFFFFFFCu};
+            put_le32(b, at, kInteresting[rng() % std::size(kInteresting)]);
+          }
+          break;
+        case 3: {
+          const std::size_t words = b.size() / 8;
+          const std::size_t from = rng() % words, to = 1 + rng() % (words - 1);
+          b.replace(to * 8, 8, b.substr(from * 8, 8));
+          break;
+        }
+        case 4:
+          if (const std::size_t seg = b.size() / 8 - 1; seg >= 2 && b[0] == 0) {
+            b.resize(b.size() - 8 * (1 + rng() % std::min<std::size_t>(3, seg - 1)));
+            put_le32(b, 4, static_cast<std::uint32_t>(b.size() / 8 - 1));
+          }
+          break;
+      }
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+/// One mutated message through all six decoders per item; the counter
+/// `accepted` is the share of decodes that returned a value.
+void BM_DecodeMutatedMessages(benchmark::State& state) {
+  const auto inputs = mutated_messages(12000);
+  std::size_t i = 0, accepted = 0, decodes = 0;
+  for (auto _ : state) {
+    const std::string_view b = inputs[i++ % inputs.size()];
+    accepted += messages::decode_orchestrator(b).ok() + messages::decode_orchestrator_reply(b).ok() +
+                messages::decode_worker(b).ok() + messages::decode_worker_reply(b).ok() +
+                messages::decode_kvstore(b).ok() + messages::decode_kvstore_reply(b).ok();
+    decodes += 6;
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()));
+  state.counters["accepted"] = decodes ? static_cast<double>(accepted) / static_cast<double>(decodes) : 0.0;
+}
+BENCHMARK(BM_DecodeMutatedMessages);
+
+// ---- model loading --------------------------------------------------------------
+
+/// Reads stories260K (f32 safetensors) from shared/models.
+void BM_LoadStories260K(benchmark::State& state) {
+  const fs::path dir = shared_dir() / "models" / "stories260K";
+  for (auto _ : state) {
+    auto w = model::load_model(dir, {});
+    if (!w.ok()) {
+      state.SkipWithError(w.error().to_string().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(w.value().total_bytes());
+  }
+}
+BENCHMARK(BM_LoadStories260K)->Unit(benchmark::kMillisecond);
+
+/// Seeded dummy weights of the stories110m shape (f32, ~440 MB): the
+/// generator that `--load-format dummy` benchmarks start with.
+void BM_DummyWeightsStories110m(benchmark::State& state) {
+  auto cfg = model::load_model_config(shared_dir() / "models" / "shapes" / "stories110m");
+  if (!cfg.ok()) {
+    state.SkipWithError(cfg.error().to_string().c_str());
+    return;
+  }
+  model::LoadOptions opt;
+  opt.format = model::LoadFormat::dummy;
+  opt.seed = 42;
+  for (auto _ : state) {
+    auto w = model::make_dummy_weights(cfg.value(), opt);
+    if (!w.ok()) {
+      state.SkipWithError(w.error().to_string().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(w.value().total_bytes());
+  }
+  state.counters["params"] = static_cast<double>(cfg->num_parameters());
+}
+BENCHMARK(BM_DummyWeightsStories110m)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
