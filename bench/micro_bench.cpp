@@ -34,8 +34,8 @@ fs::path shared_dir() {
 
 // ---- messages -------------------------------------------------------------------
 
-orchestrator::BatchRequest request(int i) {
-  orchestrator::BatchRequest r;
+worker::BatchRequest request(int i) {
+  worker::BatchRequest r;
   r.job_id = 7;
   r.line_index = static_cast<std::uint64_t>(i);
   r.custom_id = "req-" + std::to_string(i);
@@ -49,8 +49,8 @@ orchestrator::BatchRequest request(int i) {
   return r;
 }
 
-orchestrator::BatchResult result(int i) {
-  orchestrator::BatchResult r;
+worker::BatchResult result(int i) {
+  worker::BatchResult r;
   r.job_id = 7;
   r.line_index = static_cast<std::uint64_t>(i);
   r.custom_id = "req-" + std::to_string(i);
@@ -63,8 +63,8 @@ orchestrator::BatchResult result(int i) {
 
 /// One encoded message of each inbox that carries lists and nested structs.
 std::vector<std::string> encoded_samples() {
-  std::vector<orchestrator::BatchRequest> requests;
-  std::vector<orchestrator::BatchResult> results;
+  std::vector<worker::BatchRequest> requests;
+  std::vector<worker::BatchResult> results;
   for (int i = 0; i < 5; ++i) {
     requests.push_back(request(i));
     results.push_back(result(i));

@@ -71,9 +71,9 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
 }
 #endif
 
-}  // namespace
-
-Result<EngineInstance> build_engine(const EngineOptions& o) {
+/// The option checks that need no model. Errors: invalid_argument,
+/// unsupported (cuda without the backend, or a group on cuda).
+Status check_engine_options(const EngineOptions& o) {
   if (o.parallel.dp != 1)
     return make_error(ErrorCode::invalid_argument, "an EngineInstance is one replica: dp must be 1 (build dp engines)");
   if (o.block_size <= 0)
@@ -96,16 +96,12 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   }
   if (!cuda && o.dtype == DType::f16)
     return make_error(ErrorCode::invalid_argument, "--dtype f16 is for CUDA devices; CPU weights are f32 or bf16");
+  return Status::ok_status();
+}
 
-  std::uint64_t cuda_kv_bytes = 0;
-#if SHARDLINE_HAVE_CUDA
-  if (cuda) {
-    auto kv = plan_cuda_kv_bytes(o);
-    if (!kv) return std::move(kv).error();
-    cuda_kv_bytes = *kv;
-  }
-#endif
-
+/// Loads the weights and the tokenizer (an IdTokenizer for a folder without
+/// tokenizer files) into a new instance.
+Result<EngineInstance> load_model_and_tokenizer(const EngineOptions& o) {
   model::LoadOptions lo;
   lo.format = o.load_format;
   // F16 weights are loaded in F32 and rounded once, on upload to the device.
@@ -116,7 +112,7 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (!weights) return std::move(weights).error();
   EngineInstance e;
   e.weights = std::make_shared<const model::ModelWeights>(std::move(weights).value());
-  const model::ModelConfig c = e.weights->config;
+  const model::ModelConfig& c = e.weights->config;
 
   namespace fs = std::filesystem;
   const fs::path dir(o.model_dir);
@@ -128,11 +124,16 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
     e.tokenizer = std::make_unique<model::IdTokenizer>(
         c.vocab_size, c.bos_token_id, c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front());
   }
+  return e;
+}
 
-  const int max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
-  if (max_model_len <= 0)
-    return make_error(ErrorCode::invalid_argument,
-                      "max_model_len unknown: config.json has no max_position_embeddings; pass --max-model-len");
+/// Sizes the KV cache of `e` (num_kv_blocks, kv_cache_bytes): the budget
+/// (cuda: the memory plan's KV space, else --kv-cache-bytes or a fraction of
+/// free memory), capped at what max_num_seqs sequences of max_model_len can
+/// use. Errors: out_of_memory when one max_model_len sequence does not fit.
+Status size_kv_cache(const EngineOptions& o, std::uint64_t cuda_kv_bytes, int max_model_len, EngineInstance& e) {
+  const model::ModelConfig& c = e.weights->config;
+  const bool cuda = o.device == model::DeviceKind::cuda;
   const int kv_elem_bytes = static_cast<int>(dtype_size(o.kv_cache_dtype));
   const std::uint64_t block_bytes = kv_bytes_per_block(c.num_hidden_layers, c.num_key_value_heads,
                                                        c.head_dim, o.block_size, kv_elem_bytes);
@@ -158,7 +159,15 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
                           " (raise --kv-cache-bytes or lower --max-model-len)");
   e.num_kv_blocks = static_cast<int>(num_blocks);
   e.kv_cache_bytes = static_cast<std::uint64_t>(num_blocks) * block_bytes;
+  return Status::ok_status();
+}
 
+/// The executor of `e`: one device's runner, rank 0 of a TCP group, or an
+/// in-process engine group. On a CUDA device the host copy of the matrices
+/// is freed once they are uploaded.
+Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& e) {
+  const model::ModelConfig c = e.weights->config;
+  const bool cuda = o.device == model::DeviceKind::cuda;
   const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
   if (cuda || o.parallel.group_size() == 1) {
     model::DeviceExecutorOptions dev;
@@ -191,6 +200,31 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
     if (!group) return std::move(group).error();
     e.executor = std::move(group).value();
   }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Result<EngineInstance> build_engine(const EngineOptions& o) {
+  if (Status s = check_engine_options(o); !s) return s.error();
+  std::uint64_t cuda_kv_bytes = 0;
+#if SHARDLINE_HAVE_CUDA
+  if (o.device == model::DeviceKind::cuda) {
+    auto kv = plan_cuda_kv_bytes(o);
+    if (!kv) return std::move(kv).error();
+    cuda_kv_bytes = *kv;
+  }
+#endif
+  auto loaded = load_model_and_tokenizer(o);
+  if (!loaded) return std::move(loaded).error();
+  EngineInstance e = std::move(loaded).value();
+  const model::ModelConfig c = e.weights->config;  // a copy: make_executor may free the host weights
+  const int max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+  if (max_model_len <= 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "max_model_len unknown: config.json has no max_position_embeddings; pass --max-model-len");
+  if (Status s = size_kv_cache(o, cuda_kv_bytes, max_model_len, e); !s) return s.error();
+  if (Status s = make_executor(o, max_model_len, e); !s) return s.error();
 
   EngineConfig ec;
   ec.max_num_seqs = o.max_num_seqs;

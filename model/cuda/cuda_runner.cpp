@@ -553,6 +553,152 @@ struct CudaModelRunner::Impl {
       }
     }
   }
+
+  /// What pack_step found out about a step.
+  struct PackedStep {
+    int graph_batch = 0;  ///< > 0: replay the decode graph of this batch size
+    int max_num_q = 0;    ///< most new tokens of one sequence
+    int max_context_len = 0;
+  };
+
+  /// Packs a step's metadata into the pinned mirror (block tables back to
+  /// back), pads a decode batch up to a captured graph's size, and enqueues
+  /// the copies to the device. Errors: invalid_argument (a sequence longer
+  /// than max_model_len), internal (a copy failed).
+  Result<PackedStep> pack_step(const model::StepInput& in) {
+    const int n = in.num_tokens();
+    const int num_seqs = static_cast<int>(in.seqs.size());
+    const int num_logits = in.num_logits();
+    const auto bad_step = [](const std::string& msg) { return make_error(ErrorCode::invalid_argument, "step: " + msg); };
+    std::memcpy(host<std::int32_t>(off_tokens), in.token_ids.data(), static_cast<std::size_t>(n) * 4);
+    std::memcpy(host<std::int32_t>(off_positions), in.positions.data(), static_cast<std::size_t>(n) * 4);
+    std::memcpy(host<std::int32_t>(off_slots), in.slot_mapping.data(), static_cast<std::size_t>(n) * 4);
+    std::memcpy(host<std::int32_t>(off_logits_rows), in.logits_rows.data(), static_cast<std::size_t>(num_logits) * 4);
+    auto* seqs = host<kcu::AttentionSeq>(off_seqs);
+    auto* tables = host<std::int32_t>(off_tables);  // packed: each sequence's used entries, back to back
+    std::size_t table_entries = 0;
+    int row = 0, max_num_q = 0, max_ctx = 0;
+    bool decode_only = true;
+    for (int i = 0; i < num_seqs; ++i) {
+      const model::StepSeq& s = in.seqs[static_cast<std::size_t>(i)];
+      const int ctx = s.num_computed_tokens + s.num_new_tokens;
+      if (ctx > o.max_model_len)
+        return bad_step("sequence " + std::to_string(s.seq_id) + " reaches " + std::to_string(ctx) +
+                        " tokens > max_model_len " + std::to_string(o.max_model_len));
+      const auto nblocks = static_cast<std::size_t>((ctx + o.block_size - 1) / o.block_size);
+      std::memcpy(tables + table_entries, s.block_table.data(), nblocks * 4);
+      seqs[i] = kcu::AttentionSeq{row, s.num_new_tokens, ctx, dev<std::int32_t>(off_tables) + table_entries};
+      table_entries += nblocks;
+      row += s.num_new_tokens;
+      max_num_q = std::max(max_num_q, s.num_new_tokens);
+      max_ctx = std::max(max_ctx, ctx);
+      decode_only = decode_only && s.num_new_tokens == 1 && s.needs_logits;
+    }
+    // A decode step of every sequence, logits in row order: a graph fits.
+    int graph_batch = 0;
+    if (decode_only && num_logits == num_seqs) {
+      const auto it = graphs.lower_bound(num_seqs);
+      if (it != graphs.end()) graph_batch = it->first;
+    }
+    if (graph_batch > 0) pad_decode_rows(num_seqs, graph_batch);
+    const int rows_up = std::max(n, graph_batch);
+    const int seqs_up = std::max(num_seqs, graph_batch);
+    for (std::size_t off : {off_tokens, off_positions, off_slots})
+      if (Status s = copy_meta(off, static_cast<std::size_t>(rows_up) * 4); !s) return s.error();
+    if (Status s = copy_meta(off_logits_rows, static_cast<std::size_t>(std::max(num_logits, graph_batch)) * 4); !s)
+      return s.error();
+    if (Status s = copy_meta(off_seqs, static_cast<std::size_t>(seqs_up) * sizeof(kcu::AttentionSeq)); !s)
+      return s.error();
+    if (Status s = copy_meta(off_tables, table_entries * 4); !s) return s.error();
+    return PackedStep{graph_batch, max_num_q, max_ctx};
+  }
+
+  /// Samples the step's num_logits rows on the device (penalty and masked
+  /// id lists uploaded alongside) and returns the ids, after the stream's
+  /// sync. Errors: invalid_argument (rows and sequences disagree), internal.
+  Result<std::vector<std::int32_t>> sample_on_device(const model::StepInput& in, int num_logits) {
+    std::vector<std::int32_t>& extra = extra_host;  // penalty ids, output counts and masked ids of every row
+    extra.clear();
+    struct Spans {
+      std::size_t ids = 0, counts = 0, masked = 0;
+      int num_ids = 0, num_masked = 0;
+    };
+    std::vector<Spans> spans(static_cast<std::size_t>(num_logits));
+    std::vector<std::uint64_t> row_seq_ids;  // the sequence of each logits row (rows follow seqs' order)
+    row_seq_ids.reserve(static_cast<std::size_t>(num_logits));
+    for (const model::StepSeq& sq : in.seqs)
+      if (sq.needs_logits) row_seq_ids.push_back(sq.seq_id);
+    if (static_cast<int>(row_seq_ids.size()) != num_logits)
+      return make_error(ErrorCode::invalid_argument, "step: " + std::to_string(num_logits) + " logits rows for " +
+                                                         std::to_string(row_seq_ids.size()) +
+                                                         " sequences that need logits");
+    for (int i = 0; i < num_logits; ++i) {
+      const model::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
+      Spans& sp = spans[static_cast<std::size_t>(i)];
+      if (has_penalties(*rs.params)) {
+        const kcu::PenaltyList& pl =
+            penalties.get(row_seq_ids[static_cast<std::size_t>(i)], rs.ctx.prompt_ids, rs.ctx.output_ids,
+                            c.vocab_size);
+        sp.num_ids = static_cast<int>(pl.ids.size());
+        sp.ids = extra.size();
+        extra.insert(extra.end(), pl.ids.begin(), pl.ids.end());
+        sp.counts = extra.size();
+        extra.insert(extra.end(), pl.output_counts.begin(), pl.output_counts.end());
+      }
+      if (rs.params->min_tokens > 0 && static_cast<int>(rs.ctx.output_ids.size()) < rs.params->min_tokens) {
+        sp.num_masked = static_cast<int>(rs.ctx.min_tokens_masked_ids.size());
+        sp.masked = extra.size();
+        extra.insert(extra.end(), rs.ctx.min_tokens_masked_ids.begin(), rs.ctx.min_tokens_masked_ids.end());
+      }
+    }
+    if (extra.size() * 4 > sample_ids.size_bytes()) {
+      if (Status s = cuda_status("sync", cudaStreamSynchronize(stream)); !s) return s.error();
+      sample_ids.reset();
+      auto buf = kcu::DeviceBuffer::allocate(std::max<std::size_t>(extra.size() * 4 * 2, 1 << 16));
+      if (!buf) return buf.error();
+      sample_ids = std::move(buf).value();
+    }
+    const auto* extra_dev = sample_ids.as<std::int32_t>();
+    auto* rows_host = host<kcu::SampleRow>(off_sample_rows);
+    for (int i = 0; i < num_logits; ++i) {
+      const model::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
+      const Spans& sp = spans[static_cast<std::size_t>(i)];
+      kcu::SampleRow r = kcu::make_sample_row(*rs.params, rs.ctx);
+      if (sp.num_ids > 0) {
+        r.penalty_ids = extra_dev + sp.ids;
+        r.output_counts = extra_dev + sp.counts;
+        r.num_penalty_ids = sp.num_ids;
+      }
+      if (sp.num_masked > 0) {
+        r.masked_ids = extra_dev + sp.masked;
+        r.num_masked_ids = sp.num_masked;
+      }
+      rows_host[i] = r;
+    }
+    // `extra` lives in the runner until the next step, after this one's sync.
+    if (!extra.empty())
+      if (Status s = cuda_status("sampling ids", cudaMemcpyAsync(sample_ids.data(), extra.data(), extra.size() * 4,
+                                                                 cudaMemcpyHostToDevice, stream));
+          !s)
+        return s.error();
+    if (Status s = copy_meta(off_sample_rows, static_cast<std::size_t>(num_logits) * sizeof(kcu::SampleRow)); !s)
+      return s.error();
+    if (Status s = kcu::sample(logits, num_logits, c.vocab_size, dev<kcu::SampleRow>(off_sample_rows),
+                               dev<std::int32_t>(off_sampled), stream);
+        !s)
+      return s.error();
+    if (Status s = cuda_status("sampled ids", cudaMemcpyAsync(host<std::int32_t>(off_sampled),
+                                                              dev<std::int32_t>(off_sampled),
+                                                              static_cast<std::size_t>(num_logits) * 4,
+                                                              cudaMemcpyDeviceToHost, stream));
+        !s)
+      return s.error();
+    if (Status s = cuda_status("step", cudaStreamSynchronize(stream)); !s) return s.error();
+    const auto* ids = host<std::int32_t>(off_sampled);
+    std::vector<std::int32_t> out(ids, ids + num_logits);
+    penalties.end_step();
+    return out;
+  }
 };
 
 std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunnerOptions& o) {
@@ -657,144 +803,27 @@ Result<model::StepOutput> CudaModelRunner::run_step(const model::StepInput& in) 
                std::to_string(m.seqs_cap));
   if (Status s = cuda_status("set device", cudaSetDevice(options_.device_index)); !s) return s.error();
 
-  // ---- pack the metadata into the pinned mirror ------------------------------
-  std::memcpy(m.host<std::int32_t>(m.off_tokens), in.token_ids.data(), static_cast<std::size_t>(n) * 4);
-  std::memcpy(m.host<std::int32_t>(m.off_positions), in.positions.data(), static_cast<std::size_t>(n) * 4);
-  std::memcpy(m.host<std::int32_t>(m.off_slots), in.slot_mapping.data(), static_cast<std::size_t>(n) * 4);
-  std::memcpy(m.host<std::int32_t>(m.off_logits_rows), in.logits_rows.data(), static_cast<std::size_t>(num_logits) * 4);
-  auto* seqs = m.host<kcu::AttentionSeq>(m.off_seqs);
-  auto* tables = m.host<std::int32_t>(m.off_tables);  // packed: each sequence's used entries, back to back
-  std::size_t table_entries = 0;
-  int row = 0, max_num_q = 0, max_ctx = 0;
-  bool decode_only = true;
-  for (int i = 0; i < num_seqs; ++i) {
-    const model::StepSeq& s = in.seqs[static_cast<std::size_t>(i)];
-    const int ctx = s.num_computed_tokens + s.num_new_tokens;
-    if (ctx > options_.max_model_len)
-      return bad("sequence " + std::to_string(s.seq_id) + " reaches " + std::to_string(ctx) +
-                 " tokens > max_model_len " + std::to_string(options_.max_model_len));
-    const auto nblocks = static_cast<std::size_t>((ctx + options_.block_size - 1) / options_.block_size);
-    std::memcpy(tables + table_entries, s.block_table.data(), nblocks * 4);
-    seqs[i] = kcu::AttentionSeq{row, s.num_new_tokens, ctx, m.dev<std::int32_t>(m.off_tables) + table_entries};
-    table_entries += nblocks;
-    row += s.num_new_tokens;
-    max_num_q = std::max(max_num_q, s.num_new_tokens);
-    max_ctx = std::max(max_ctx, ctx);
-    decode_only = decode_only && s.num_new_tokens == 1 && s.needs_logits;
-  }
-  // A decode step of every sequence, logits in row order: a graph fits.
-  int graph_batch = 0;
-  if (decode_only && num_logits == num_seqs) {
-    const auto it = m.graphs.lower_bound(num_seqs);
-    if (it != m.graphs.end()) graph_batch = it->first;
-  }
-  if (graph_batch > 0) m.pad_decode_rows(num_seqs, graph_batch);
-  const int rows_up = std::max(n, graph_batch);
-  const int seqs_up = std::max(num_seqs, graph_batch);
-  for (std::size_t off : {m.off_tokens, m.off_positions, m.off_slots})
-    if (Status s = m.copy_meta(off, static_cast<std::size_t>(rows_up) * 4); !s) return s.error();
-  if (Status s = m.copy_meta(m.off_logits_rows, static_cast<std::size_t>(std::max(num_logits, graph_batch)) * 4); !s)
-    return s.error();
-  if (Status s = m.copy_meta(m.off_seqs, static_cast<std::size_t>(seqs_up) * sizeof(kcu::AttentionSeq)); !s)
-    return s.error();
-  if (Status s = m.copy_meta(m.off_tables, table_entries * 4); !s) return s.error();
+  Result<Impl::PackedStep> packed = m.pack_step(in);
+  if (!packed) return std::move(packed).error();
   last_stats_.upload_ms = ms_since(t0);
 
-  // ---- forward ---------------------------------------------------------------------
   const auto t1 = Clock::now();
-  if (graph_batch > 0) {
+  if (packed->graph_batch > 0) {
     last_stats_.used_graph = true;
-    last_stats_.padded_batch = graph_batch;
-    if (Status s = cuda_status("graph launch", cudaGraphLaunch(m.graphs.at(graph_batch), m.stream)); !s)
+    last_stats_.padded_batch = packed->graph_batch;
+    if (Status s = cuda_status("graph launch", cudaGraphLaunch(m.graphs.at(packed->graph_batch), m.stream)); !s)
       return s.error();
   } else {
-    if (Status s = m.forward(n, num_seqs, max_num_q, max_ctx, num_logits); !s) return s.error();
+    if (Status s = m.forward(n, num_seqs, packed->max_num_q, packed->max_context_len, num_logits); !s)
+      return s.error();
   }
 
-  // ---- sampling or logits ------------------------------------------------------------
-  const std::size_t vocab = static_cast<std::size_t>(config_.vocab_size);
   if (num_logits > 0 && !in.sampling.empty()) {
-    std::vector<std::int32_t>& extra = m.extra_host;  // penalty ids, output counts and masked ids of every row
-    extra.clear();
-    struct Spans {
-      std::size_t ids = 0, counts = 0, masked = 0;
-      int num_ids = 0, num_masked = 0;
-    };
-    std::vector<Spans> spans(static_cast<std::size_t>(num_logits));
-    std::vector<std::uint64_t> row_seq_ids;  // the sequence of each logits row (rows follow seqs' order)
-    row_seq_ids.reserve(static_cast<std::size_t>(num_logits));
-    for (const model::StepSeq& sq : in.seqs)
-      if (sq.needs_logits) row_seq_ids.push_back(sq.seq_id);
-    if (static_cast<int>(row_seq_ids.size()) != num_logits)
-      return bad(std::to_string(num_logits) + " logits rows for " + std::to_string(row_seq_ids.size()) +
-                 " sequences that need logits");
-    for (int i = 0; i < num_logits; ++i) {
-      const model::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
-      Spans& sp = spans[static_cast<std::size_t>(i)];
-      if (has_penalties(*rs.params)) {
-        const kcu::PenaltyList& pl =
-            m.penalties.get(row_seq_ids[static_cast<std::size_t>(i)], rs.ctx.prompt_ids, rs.ctx.output_ids,
-                            config_.vocab_size);
-        sp.num_ids = static_cast<int>(pl.ids.size());
-        sp.ids = extra.size();
-        extra.insert(extra.end(), pl.ids.begin(), pl.ids.end());
-        sp.counts = extra.size();
-        extra.insert(extra.end(), pl.output_counts.begin(), pl.output_counts.end());
-      }
-      if (rs.params->min_tokens > 0 && static_cast<int>(rs.ctx.output_ids.size()) < rs.params->min_tokens) {
-        sp.num_masked = static_cast<int>(rs.ctx.min_tokens_masked_ids.size());
-        sp.masked = extra.size();
-        extra.insert(extra.end(), rs.ctx.min_tokens_masked_ids.begin(), rs.ctx.min_tokens_masked_ids.end());
-      }
-    }
-    if (extra.size() * 4 > m.sample_ids.size_bytes()) {
-      if (Status s = cuda_status("sync", cudaStreamSynchronize(m.stream)); !s) return s.error();
-      m.sample_ids.reset();
-      auto buf = kcu::DeviceBuffer::allocate(std::max<std::size_t>(extra.size() * 4 * 2, 1 << 16));
-      if (!buf) return buf.error();
-      m.sample_ids = std::move(buf).value();
-    }
-    const auto* extra_dev = m.sample_ids.as<std::int32_t>();
-    auto* rows_host = m.host<kcu::SampleRow>(m.off_sample_rows);
-    for (int i = 0; i < num_logits; ++i) {
-      const model::RowSampling& rs = in.sampling[static_cast<std::size_t>(i)];
-      const Spans& sp = spans[static_cast<std::size_t>(i)];
-      kcu::SampleRow r = kcu::make_sample_row(*rs.params, rs.ctx);
-      if (sp.num_ids > 0) {
-        r.penalty_ids = extra_dev + sp.ids;
-        r.output_counts = extra_dev + sp.counts;
-        r.num_penalty_ids = sp.num_ids;
-      }
-      if (sp.num_masked > 0) {
-        r.masked_ids = extra_dev + sp.masked;
-        r.num_masked_ids = sp.num_masked;
-      }
-      rows_host[i] = r;
-    }
-    // `extra` lives in the runner until the next step, after this one's sync.
-    if (!extra.empty())
-      if (Status s = cuda_status("sampling ids", cudaMemcpyAsync(m.sample_ids.data(), extra.data(), extra.size() * 4,
-                                                                 cudaMemcpyHostToDevice, m.stream));
-          !s)
-        return s.error();
-    if (Status s = m.copy_meta(m.off_sample_rows, static_cast<std::size_t>(num_logits) * sizeof(kcu::SampleRow)); !s)
-      return s.error();
-    if (Status s = kcu::sample(m.logits, num_logits, config_.vocab_size, m.dev<kcu::SampleRow>(m.off_sample_rows),
-                               m.dev<std::int32_t>(m.off_sampled), m.stream);
-        !s)
-      return s.error();
-    if (Status s = cuda_status("sampled ids", cudaMemcpyAsync(m.host<std::int32_t>(m.off_sampled),
-                                                              m.dev<std::int32_t>(m.off_sampled),
-                                                              static_cast<std::size_t>(num_logits) * 4,
-                                                              cudaMemcpyDeviceToHost, m.stream));
-        !s)
-      return s.error();
-    if (Status s = cuda_status("step", cudaStreamSynchronize(m.stream)); !s) return s.error();
-    const auto* ids = m.host<std::int32_t>(m.off_sampled);
-    out.sampled_token_ids.assign(ids, ids + num_logits);
-    m.penalties.end_step();
+    Result<std::vector<std::int32_t>> ids = m.sample_on_device(in, num_logits);
+    if (!ids) return std::move(ids).error();
+    out.sampled_token_ids = std::move(ids).value();
   } else {
-    out.logits.resize(static_cast<std::size_t>(num_logits) * vocab);
+    out.logits.resize(static_cast<std::size_t>(num_logits) * static_cast<std::size_t>(config_.vocab_size));
     if (num_logits > 0)
       if (Status s = cuda_status("logits copy", cudaMemcpyAsync(out.logits.data(), m.logits,
                                                                 out.logits.size() * sizeof(float),

@@ -15,34 +15,20 @@
 #include <vector>
 
 #include "orchestrator/job_manager.hpp"
+#include "tests/orchestrator/fake_worker.hpp"
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
 
-using worker::BatchChoice;
 using worker::BatchRequest;
 using worker::BatchResult;
 
 namespace {
 
+using testing::fake_result;
 using testing::read_file;
 using testing::TempDir;
 using testing::write_file;
-
-BatchResult fake_result(const BatchRequest& r) {
-  BatchResult out;
-  out.job_id = r.job_id;
-  out.line_index = r.line_index;
-  out.custom_id = r.custom_id;
-  out.ok = true;
-  BatchChoice c;
-  c.text = " out:" + r.prompt;
-  c.finish_reason = "stop";
-  out.choices.push_back(c);
-  out.prompt_tokens = 3;
-  out.completion_tokens = 4;
-  return out;
-}
 
 JobSpec spec_for(const TempDir& tmp, const std::string& out) {
   JobSpec s;

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orchestrator/job_manager.hpp"
+#include "tests/orchestrator/fake_worker.hpp"
 #include "tests/orchestrator/temp_dir.hpp"
 #include "tests/support/fault_injection_fs.hpp"
 #include "tests/support/fault_injection_rocksdb_fs.hpp"
@@ -33,6 +34,8 @@ using shardline::testing_support::CrashSwitch;
 using shardline::testing_support::FaultInjectionFileSystem;
 using shardline::testing_support::FaultInjectionRocksDbFs;
 using shardline::testing_support::UnsyncedData;
+using worker::BatchResult;
+using testing::fake_result;
 using testing::read_file;
 using testing::TempDir;
 using testing::write_file;
@@ -104,21 +107,6 @@ struct Acked {
 };
 
 enum class Life { finished, cut };
-
-BatchResult fake_result(const BatchRequest& r) {
-  BatchResult out;
-  out.job_id = r.job_id;
-  out.line_index = r.line_index;
-  out.custom_id = r.custom_id;
-  out.ok = true;
-  BatchChoice c;
-  c.text = " out:" + r.prompt;
-  c.finish_reason = "stop";
-  out.choices.push_back(c);
-  out.prompt_tokens = 3;
-  out.completion_tokens = 4;
-  return out;
-}
 
 void expect_acked_survived(JobManager& m, const Acked& acked) {
   if (!acked.job) return;
