@@ -27,13 +27,16 @@ struct NodeOptions {
   std::string name = "node0";
   std::string listen;     ///< "HOST:PORT" to accept clients and nodes ("" = in-process only)
   std::string join;       ///< "HOST:PORT" of the node running the orchestrator ("" = run it here)
-  int num_cpu_devices = 1;  ///< `--devices cpu:N`: N CPU devices; must equal parallel.world_size()
-  /// `--devices cuda:LIST`: one single-device worker per listed GPU
-  /// (parallel.dp == cuda_devices.size(), tp = pp = sp = 1).
+  // The devices and parallel config, already resolved from `--devices` and
+  // `--parallel` (cli/devices.hpp, resolve_node_devices); start() checks
+  // that they agree.
+  int num_cpu_devices = 1;  ///< N CPU devices (`--devices cpu:N`); must equal parallel.world_size()
+  /// With cuda: one single-device worker per listed GPU (`--devices
+  /// cuda:LIST`; parallel.dp == cuda_devices.size(), tp = pp = sp = 1).
   model::DeviceKind device_kind = model::DeviceKind::cpu;
   std::vector<int> cuda_devices;
-  /// `--parallel`: parallel.dp workers, each one engine group of tp x sp x pp
-  /// devices (in-process ranks, each on its own thread, with its own KV cache).
+  /// parallel.dp workers, each one engine group of tp x sp x pp devices
+  /// (in-process ranks, each on its own thread, with its own KV cache).
   engine::ParallelConfig parallel;
   std::string data_dir;     ///< durable job state (needed when this node runs the orchestrator)
   /// model_dir, dtype, KV budget per rank, threads per rank; engine.parallel
@@ -90,35 +93,6 @@ class Node {
   int port_ = 0;
   bool stopped_ = false;
 };
-
-/// A parsed `--devices`: "cpu:N" (N >= 1: devices 0..N-1) or "cuda:LIST"
-/// with LIST indices and ranges, e.g. cuda:0, cuda:0,2, cuda:0-3.
-struct DeviceList {
-  model::DeviceKind kind = model::DeviceKind::cpu;
-  std::vector<int> indices;  ///< device indices, in the order given
-};
-/// Errors: invalid_argument (not cpu:N / cuda:LIST, N outside [1, 64], an
-/// index outside [0, 63] or named twice).
-[[nodiscard]] Result<DeviceList> parse_devices(const std::string& devices);
-
-/// The devices and parallel config of a node from `--devices` and
-/// `--parallel` ("" = not given):
-///  - --parallel given: --devices defaults to cpu:W with W = world_size();
-///    a given --devices must have exactly W devices;
-///  - --parallel not given: --devices cpu:N (default cpu:1) means N
-///    single-device workers, i.e. dp = N;
-///  - --devices cuda:LIST: one single-device worker per GPU (dp = the
-///    count); a --parallel must then be dp only.
-/// Errors: invalid_argument (bad --parallel, bad --devices, or a device count
-/// other than the world size, naming both numbers), unsupported (cuda with
-/// tp / pp / sp > 1).
-struct NodeDevices {
-  int num_cpu_devices = 1;  ///< 0 with cuda
-  model::DeviceKind kind = model::DeviceKind::cpu;
-  std::vector<int> cuda_devices;  ///< with cuda: the GPUs, one worker each
-  engine::ParallelConfig parallel;
-};
-[[nodiscard]] Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel);
 
 /// The name of worker `index` (its engine group) on `node`: "node/cpu:I" for
 /// a single device, "node/cpu:A-B" for a group over devices A..B.

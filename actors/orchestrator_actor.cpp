@@ -1,16 +1,19 @@
-// The job orchestrator actor: a thin behaviour around orchestrator::JobManager.
-// It registers workers (and monitors them), keeps each one's queue at twice
-// its batch size, commits results, and requeues a dead worker's lines.
+// The job orchestrator actor: a thin behaviour around orchestrator::JobManager
+// and orchestrator::WorkerPool (the worker registry: hello checks, in-flight
+// counts, queue room, heartbeat timeouts, requeues). It keeps the workers'
+// actor handles, monitors them, and sends what the pool hands out.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "actors/actors.hpp"
 #include "actors/protocol.hpp"
 #include "messages/codec.hpp"
 #include "orchestrator/job_admission.hpp"
+#include "orchestrator/worker_pool.hpp"
 
 namespace shardline::actors {
 
@@ -18,20 +21,12 @@ namespace {
 
 using messages::OrchestratorMsg;
 using messages::OrchestratorReply;
-using Clock = std::chrono::steady_clock;
-
-struct WorkerEntry {
-  caf::actor handle;
-  std::uint32_t max_batch = 1;
-  engine::ParallelConfig parallel;  ///< its engine group (dp == 1)
-  std::size_t in_flight = 0;  ///< lines handed out and not yet returned
-  messages::WorkerStatus status;
-  Clock::time_point last_seen;
-};
+using Clock = orchestrator::WorkerPool::Clock;
 
 struct OrchestratorState {
   OrchestratorConfig config;
-  std::map<std::string, WorkerEntry> workers;
+  std::optional<orchestrator::WorkerPool> pool;  ///< over *config.jobs
+  std::map<std::string, caf::actor> handles;     ///< the pool's workers, by name
   static inline const char* name = "shardline.orchestrator";
 };
 
@@ -63,54 +58,39 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
   return m;
 }
 
-/// Hands pending lines to every worker with room (queue = 2 x max_batch).
+/// A heartbeat's status as the pool keeps it; none while the worker has no
+/// name in it yet (shown as "starting").
+std::optional<orchestrator::WorkerLoad> load_of(const messages::WorkerStatus& s) {
+  if (s.worker_name.empty()) return std::nullopt;
+  return orchestrator::WorkerLoad{s.state, s.num_running, s.num_waiting, s.kv_blocks_used, s.kv_blocks_total};
+}
+
+/// Sends the pool's hand-outs (each worker's queue up to 2 x max_batch).
 void dispatch(OrchestratorActor* self) {
   OrchestratorState& st = self->state;
-  for (auto& [name, w] : st.workers) {
-    const std::size_t room = 2 * static_cast<std::size_t>(w.max_batch);
-    if (w.in_flight >= room) continue;
-    std::vector<worker::BatchRequest> work = st.config.jobs->next_work(room - w.in_flight, name);
-    if (work.empty()) break;  // nothing pending for anyone
-    w.in_flight += work.size();
-    const Signed s = sign(*st.config.key, messages::encode(messages::WorkerMsg::of(messages::AssignWork{std::move(work)})));
-    self->send(w.handle, msg_atom::value, s.tag, s.bytes);
+  for (orchestrator::Assignment& a : st.pool->dispatch()) {
+    const Signed s =
+        sign(*st.config.key, messages::encode(messages::WorkerMsg::of(messages::AssignWork{std::move(a.work)})));
+    if (const auto h = st.handles.find(a.worker); h != st.handles.end())
+      self->send(h->second, msg_atom::value, s.tag, s.bytes);
   }
 }
 
 void drop_worker(OrchestratorActor* self, const std::string& name, const char* why) {
   OrchestratorState& st = self->state;
-  const auto it = st.workers.find(name);
-  if (it == st.workers.end()) return;
-  const std::size_t n = st.config.jobs->requeue_in_flight(name);
-  spdlog::warn("orchestrator: worker {} {}; {} lines requeued", name, why, n);
-  st.workers.erase(it);
+  const std::optional<std::size_t> n = st.pool->remove(name);
+  if (!n) return;
+  spdlog::warn("orchestrator: worker {} {}; {} lines requeued", name, why, *n);
+  st.handles.erase(name);
   st.config.metrics->add("shardline_worker_failures_total", "", 1);
   dispatch(self);
-}
-
-std::string node_of(const std::string& worker_name) { return worker_name.substr(0, worker_name.find('/')); }
-
-/// Engine groups of the cluster: this node's (as configured, registered or
-/// not yet) plus the registered workers of joined nodes.
-int num_groups(const OrchestratorState& st) {
-  int n = st.config.parallel.dp;
-  for (const auto& [name, w] : st.workers)
-    if (node_of(name) != st.config.node_name) ++n;
-  return n;
-}
-
-/// The parallel config a job runs on: the cluster's, with dp = its groups.
-engine::ParallelConfig cluster_config(const OrchestratorState& st) {
-  engine::ParallelConfig pc = orchestrator::group_of(st.config.parallel);
-  pc.dp = num_groups(st);
-  return pc;
 }
 
 void update_job_metrics(OrchestratorState& st) {
   std::map<std::string, double> by_state{{"queued", 0}, {"running", 0}, {"done", 0}, {"failed", 0}};
   for (const auto& p : st.config.jobs->list_jobs()) by_state[orchestrator::job_state_name(p.state)] += 1;
   for (const auto& [state, n] : by_state) st.config.metrics->set("shardline_jobs", "state=\"" + state + "\"", n);
-  st.config.metrics->set("shardline_workers", "", static_cast<double>(st.workers.size()));
+  st.config.metrics->set("shardline_workers", "", static_cast<double>(st.pool->size()));
 }
 
 std::string handle_client(OrchestratorActor* self, OrchestratorMsg& msg) {
@@ -123,14 +103,14 @@ std::string handle_client(OrchestratorActor* self, OrchestratorMsg& msg) {
             ErrorCode::invalid_argument,
             "this cluster serves the model " + st.config.model_dir + ", not " + sj.model_dir)));
       if (sj.parallel) {
-        if (Status ok = orchestrator::check_job_parallel(*sj.parallel, st.config.parallel, num_groups(st)); !ok)
+        if (Status ok = orchestrator::check_job_parallel(*sj.parallel, st.config.parallel, st.pool->num_groups()); !ok)
           return messages::encode(OrchestratorReply::of(ok.error()));
       }
       orchestrator::JobSpec spec;
       spec.model_dir = sj.model_dir;
       spec.input_paths = sj.inputs;
       spec.output_path = sj.output;
-      spec.parallel = sj.parallel.value_or(cluster_config(st)).to_string();  // what it runs on
+      spec.parallel = sj.parallel.value_or(st.pool->cluster_config()).to_string();  // what it runs on
       spec.token_budget = sj.token_budget;
       auto id = st.config.jobs->submit(spec);
       if (!id) return messages::encode(OrchestratorReply::of(id.error()));
@@ -154,25 +134,17 @@ std::string handle_client(OrchestratorActor* self, OrchestratorMsg& msg) {
     case OrchestratorMsg::Kind::actor_list_query: {
       messages::ActorList list;
       list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name, "running", ""});
-      for (const auto& [name, w] : st.workers) {
-        const std::string node = node_of(name);
-        const std::string state = w.status.worker_name.empty()
-                                      ? "starting"
-                                      : w.status.state + " running=" + std::to_string(w.status.num_running) +
-                                            " waiting=" + std::to_string(w.status.num_waiting) +
-                                            " kv=" + std::to_string(w.status.kv_blocks_used) + "/" +
-                                            std::to_string(w.status.kv_blocks_total);
-        list.actors.push_back({name, "worker", node, state, orchestrator::group_label(w.parallel)});
-      }
+      for (auto& w : st.pool->list())
+        list.actors.push_back({std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group)});
       if (st.config.local_actors)
         for (auto& a : st.config.local_actors()) list.actors.push_back(std::move(a));
       return messages::encode(OrchestratorReply::of(std::move(list)));
     }
     case OrchestratorMsg::Kind::kill_actor: {
       const std::string& name = msg.kill_actor.name;
-      if (const auto it = st.workers.find(name); it != st.workers.end()) {
+      if (const auto it = st.handles.find(name); it != st.handles.end()) {
         spdlog::warn("orchestrator: killing {} on request", name);
-        self->send_exit(it->second.handle, caf::exit_reason::kill);
+        self->send_exit(it->second, caf::exit_reason::kill);
         return messages::encode(OrchestratorReply::of(messages::Ack{}));
       }
       if (st.config.kill_local && st.config.kill_local(name))
@@ -196,22 +168,23 @@ void handle_worker(OrchestratorActor* self, OrchestratorMsg& msg) {
       const std::string& name = msg.worker_hello.worker_name;
       auto sender = caf::actor_cast<caf::actor>(self->current_sender());
       if (!sender) return;
-      if (Status ok = orchestrator::check_worker_group(name, msg.worker_hello.parallel, st.config.parallel); !ok) {
+      auto hello = st.pool->hello(name, msg.worker_hello.max_batch, msg.worker_hello.parallel, Clock::now());
+      if (!hello) {
         // Jobs run on one group shape; a node started with another --parallel
         // is told to stop its worker (a shutdown: its supervisor leaves it).
-        spdlog::warn("orchestrator: refused {}", ok.error().message);
+        spdlog::warn("orchestrator: refused {}", hello.error().message);
         const Signed bye = sign(*st.config.key, messages::encode(messages::WorkerMsg::of(messages::Shutdown{})));
         self->send(sender, msg_atom::value, bye.tag, bye.bytes);
         return;
       }
-      if (st.workers.count(name)) drop_worker(self, name, "was replaced by a new instance");
-      WorkerEntry w;
-      w.handle = sender;
-      w.max_batch = std::max<std::uint32_t>(1, msg.worker_hello.max_batch);
-      w.parallel = msg.worker_hello.parallel;
-      w.last_seen = Clock::now();
-      st.workers[name] = w;
+      if (hello->replaced) {
+        spdlog::warn("orchestrator: worker {} was replaced by a new instance; {} lines requeued", name,
+                     hello->requeued);
+        st.config.metrics->add("shardline_worker_failures_total", "", 1);
+      }
+      st.handles[name] = sender;
       self->monitor(sender);
+      const orchestrator::WorkerPool::Worker& w = *st.pool->find(name);
       spdlog::info("orchestrator: worker {} joined (device {}, [{}], batch {})", name, msg.worker_hello.device,
                    orchestrator::group_label(w.parallel), w.max_batch);
       update_job_metrics(st);
@@ -220,21 +193,14 @@ void handle_worker(OrchestratorActor* self, OrchestratorMsg& msg) {
     }
     case OrchestratorMsg::Kind::worker_results: {
       auto& wr = msg.worker_results;
-      if (const auto it = st.workers.find(wr.worker_name); it != st.workers.end()) {
-        it->second.in_flight -= std::min(it->second.in_flight, wr.results.size());
-        it->second.last_seen = Clock::now();
-      }
-      auto committed = st.config.jobs->on_results(wr.results);
+      auto committed = st.pool->on_results(wr.worker_name, wr.results, Clock::now());
       if (!committed) spdlog::error("orchestrator: committing results failed: {}", committed.error().to_string());
       update_job_metrics(st);
       dispatch(self);
       return;
     }
     case OrchestratorMsg::Kind::worker_heartbeat: {
-      if (const auto it = st.workers.find(msg.worker_heartbeat.worker_name); it != st.workers.end()) {
-        it->second.status = msg.worker_heartbeat.status;
-        it->second.last_seen = Clock::now();
-      }
+      st.pool->heartbeat(msg.worker_heartbeat.worker_name, load_of(msg.worker_heartbeat.status), Clock::now());
       return;
     }
     default:
@@ -243,11 +209,15 @@ void handle_worker(OrchestratorActor* self, OrchestratorMsg& msg) {
 }
 
 caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<OrchestratorConfig> cfg) {
-  self->state.config = std::move(*cfg);
+  OrchestratorState& state = self->state;
+  state.config = std::move(*cfg);
+  state.pool.emplace(*state.config.jobs, orchestrator::WorkerPoolOptions{state.config.node_name, state.config.parallel,
+                                                                          state.config.heartbeat_timeout_s});
   self->set_down_handler([self](caf::down_msg& dm) {
-    for (const auto& [name, w] : self->state.workers) {
-      if (w.handle.address() == dm.source) {
-        drop_worker(self, name, ("died (" + caf::to_string(dm.reason) + ")").c_str());
+    for (const auto& [name, handle] : self->state.handles) {
+      if (handle.address() == dm.source) {
+        const std::string dead = name;  // drop_worker erases the entry
+        drop_worker(self, dead, ("died (" + caf::to_string(dm.reason) + ")").c_str());
         return;
       }
     }
@@ -280,13 +250,8 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
         // Heartbeat timeouts catch workers whose node vanished without a
         // connection loss being noticed; then keep the queues full.
         OrchestratorState& st = self->state;
-        const auto now = Clock::now();
-        std::vector<std::string> silent;
-        for (const auto& [name, w] : st.workers)
-          if (std::chrono::duration<double>(now - w.last_seen).count() > st.config.heartbeat_timeout_s)
-            silent.push_back(name);
-        for (const auto& name : silent) {
-          self->send_exit(st.workers[name].handle, caf::exit_reason::kill);
+        for (const std::string& name : st.pool->silent_workers(Clock::now())) {
+          self->send_exit(st.handles[name], caf::exit_reason::kill);
           drop_worker(self, name, "missed its heartbeats");
         }
         dispatch(self);

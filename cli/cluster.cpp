@@ -19,6 +19,7 @@
 #include "actors/client.hpp"
 #include "actors/node.hpp"
 #include "cli/commands.hpp"
+#include "cli/devices.hpp"
 #include "cli/engine_flags.hpp"
 #include "comm/address.hpp"
 #include "engine/tcp_group.hpp"
@@ -97,7 +98,7 @@ Status tcp_group_flags(const std::string& master, const std::string& key_file, i
 }
 
 Result<actors::NodeOptions> node_options(const NodeArgs& a) {
-  auto devices = actors::resolve_node_devices(a.devices, a.parallel);
+  auto devices = resolve_node_devices(a.devices, a.parallel);
   if (!devices) return std::move(devices).error();
   auto eo = to_engine_options(a.engine, a.model_dir);
   if (!eo) return std::move(eo).error();

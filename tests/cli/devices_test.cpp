@@ -1,12 +1,12 @@
-// `--devices` and `--parallel` of a node (actors/node.hpp): the device count
-// must be the world size, defaults, and worker names per engine group.
+// `--devices` and `--parallel` of a node (cli/devices.hpp): the device count
+// must be the world size, defaults, and CUDA device lists.
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "actors/node.hpp"
+#include "cli/devices.hpp"
 
-namespace shardline::actors {
+namespace shardline::cli {
 namespace {
 
 using engine::ParallelConfig;
@@ -74,12 +74,5 @@ TEST(NodeDevices, CudaDevicesAreOneSingleDeviceWorkerEach) {
   }
 }
 
-TEST(NodeDevices, WorkerNamesSpanTheirGroupDevices) {
-  EXPECT_EQ(worker_name("node0", 0, ParallelConfig{}), "node0/cpu:0");
-  EXPECT_EQ(worker_name("node0", 3, ParallelConfig{}), "node0/cpu:3");
-  EXPECT_EQ(worker_name("node0", 0, ParallelConfig{2, 1, 1, 1}), "node0/cpu:0-1");
-  EXPECT_EQ(worker_name("b", 1, ParallelConfig{2, 2, 1, 1}), "b/cpu:4-7");
-}
-
 }  // namespace
-}  // namespace shardline::actors
+}  // namespace shardline::cli

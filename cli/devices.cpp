@@ -1,0 +1,108 @@
+#include "cli/devices.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <string_view>
+
+namespace shardline::cli {
+
+Result<DeviceList> parse_devices(const std::string& devices) {
+  DeviceList out;
+  const auto number = [](std::string_view text, int& n) {
+    const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+    return ec == std::errc() && p == text.data() + text.size();
+  };
+  if (devices.rfind("cuda:", 0) == 0) {
+    out.kind = model::DeviceKind::cuda;
+    const std::string_view list = std::string_view(devices).substr(5);
+    const auto bad = [&] {
+      return make_error(ErrorCode::invalid_argument,
+                        "--devices cuda:LIST needs device indices like cuda:0, cuda:0,1 or cuda:0-3, got '" + devices + "'");
+    };
+    std::size_t pos = 0;
+    while (pos <= list.size()) {
+      const std::size_t comma = std::min(list.find(',', pos), list.size());
+      const std::string_view item = list.substr(pos, comma - pos);
+      const std::size_t dash = item.find('-');
+      int first = 0, last = 0;
+      if (dash == std::string_view::npos) {
+        if (!number(item, first)) return bad();
+        last = first;
+      } else if (!number(item.substr(0, dash), first) || !number(item.substr(dash + 1), last) || last < first) {
+        return bad();
+      }
+      if (first < 0 || last > 63) return bad();
+      for (int d = first; d <= last; ++d) {
+        if (std::find(out.indices.begin(), out.indices.end(), d) != out.indices.end())
+          return make_error(ErrorCode::invalid_argument, "--devices " + devices + " names cuda:" + std::to_string(d) + " twice");
+        out.indices.push_back(d);
+      }
+      pos = comma + 1;
+    }
+    return out;
+  }
+  if (devices.rfind("cpu:", 0) != 0)
+    return make_error(ErrorCode::invalid_argument, "--devices must be cpu:N or cuda:LIST, got '" + devices + "'");
+  int n = 0;
+  if (!number(std::string_view(devices).substr(4), n) || n < 1 || n > 64)
+    return make_error(ErrorCode::invalid_argument, "--devices cpu:N needs 1 <= N <= 64, got '" + devices + "'");
+  for (int i = 0; i < n; ++i) out.indices.push_back(i);
+  return out;
+}
+
+Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel) {
+  NodeDevices out;
+  if (devices.rfind("cuda", 0) == 0) {
+    auto list = parse_devices(devices);
+    if (!list) return std::move(list).error();
+    const int n = static_cast<int>(list->indices.size());
+    if (!parallel.empty()) {
+      auto pc = engine::parse_parallel_config(parallel);
+      if (!pc) return std::move(pc).error();
+      if (pc->group_size() != 1)
+        return make_error(ErrorCode::unsupported,
+                          "--devices " + devices + " with --parallel " + pc->to_string() +
+                              ": CUDA workers are single devices so far (tp/pp/sp groups run on CPU devices); use dp");
+      if (pc->dp != n)
+        return make_error(ErrorCode::invalid_argument, "--devices " + devices + " gives " + std::to_string(n) +
+                                                           " devices but --parallel " + pc->to_string() + " needs " +
+                                                           std::to_string(pc->dp));
+    }
+    out.kind = model::DeviceKind::cuda;
+    out.cuda_devices = list->indices;
+    out.num_cpu_devices = 0;
+    out.parallel.dp = n;
+    return out;
+  }
+  if (parallel.empty()) {
+    auto list = parse_devices(devices.empty() ? "cpu:1" : devices);
+    if (!list) return std::move(list).error();
+    const int n = static_cast<int>(list->indices.size());
+    out.num_cpu_devices = n;
+    out.parallel.dp = n;
+    return out;
+  }
+  auto pc = engine::parse_parallel_config(parallel);
+  if (!pc) return std::move(pc).error();
+  out.parallel = *pc;
+  const int world = pc->world_size();
+  if (world > 64)
+    return make_error(ErrorCode::invalid_argument, "--parallel " + pc->to_string() + " needs " +
+                                                       std::to_string(world) + " devices; a node has at most 64");
+  if (devices.empty()) {
+    out.num_cpu_devices = world;
+    return out;
+  }
+  auto list = parse_devices(devices);
+  if (!list) return std::move(list).error();
+  const int n = static_cast<int>(list->indices.size());
+  if (n != world)
+    return make_error(ErrorCode::invalid_argument,
+                      "--devices " + devices + " gives " + std::to_string(n) + " device" + (n == 1 ? "" : "s") +
+                          " but --parallel " + pc->to_string() + " needs tp*pp*sp*dp = " + std::to_string(world) +
+                          " (leave out --devices to use " + std::to_string(world) + ")");
+  out.num_cpu_devices = n;
+  return out;
+}
+
+}  // namespace shardline::cli

@@ -1,0 +1,47 @@
+#pragma once
+/// \file
+/// `--devices` and `--parallel` of `shardline run` and `node start`: what
+/// they mean, checked and resolved into the devices and parallel config
+/// that actors::NodeOptions takes.
+
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "engine/parallel_config.hpp"
+#include "model/device_executor.hpp"
+
+namespace shardline::cli {
+
+/// A parsed `--devices`: "cpu:N" (N >= 1: devices 0..N-1) or "cuda:LIST"
+/// with LIST indices and ranges, e.g. cuda:0, cuda:0,2, cuda:0-3.
+struct DeviceList {
+  model::DeviceKind kind = model::DeviceKind::cpu;
+  std::vector<int> indices;  ///< device indices, in the order given
+};
+/// Errors: invalid_argument (not cpu:N / cuda:LIST, N outside [1, 64], an
+/// index outside [0, 63] or named twice).
+[[nodiscard]] Result<DeviceList> parse_devices(const std::string& devices);
+
+/// The devices and parallel config of a node, resolved from its flags.
+struct NodeDevices {
+  int num_cpu_devices = 1;  ///< 0 with cuda
+  model::DeviceKind kind = model::DeviceKind::cpu;
+  std::vector<int> cuda_devices;  ///< with cuda: the GPUs, one worker each
+  engine::ParallelConfig parallel;
+};
+
+/// The devices and parallel config of a node from `--devices` and
+/// `--parallel` ("" = not given):
+///  - --parallel given: --devices defaults to cpu:W with W = world_size();
+///    a given --devices must have exactly W devices;
+///  - --parallel not given: --devices cpu:N (default cpu:1) means N
+///    single-device workers, i.e. dp = N;
+///  - --devices cuda:LIST: one single-device worker per GPU (dp = the
+///    count); a --parallel must then be dp only.
+/// Errors: invalid_argument (bad --parallel, bad --devices, or a device count
+/// other than the world size, naming both numbers), unsupported (cuda with
+/// tp / pp / sp > 1).
+[[nodiscard]] Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel);
+
+}  // namespace shardline::cli
