@@ -34,13 +34,10 @@ using shardline::testing_support::CrashSwitch;
 using shardline::testing_support::FaultInjectionFileSystem;
 using shardline::testing_support::FaultInjectionRocksDbFs;
 using shardline::testing_support::UnsyncedData;
-using worker::BatchResult;
 using testing::fake_result;
 using testing::read_file;
 using testing::TempDir;
 using testing::write_file;
-using worker::BatchChoice;
-using worker::BatchRequest;
 using worker::BatchResult;
 
 /// A job of 26 lines over two shards (plus a blank line); lines 3 and 9 are
