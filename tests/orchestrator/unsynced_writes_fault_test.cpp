@@ -36,6 +36,9 @@ using shardline::testing_support::UnsyncedData;
 using testing::read_file;
 using testing::TempDir;
 using testing::write_file;
+using worker::BatchChoice;
+using worker::BatchRequest;
+using worker::BatchResult;
 
 /// A job of 26 lines over two shards (plus a blank line); lines 3 and 9 are
 /// malformed (committed as errors at submit).
