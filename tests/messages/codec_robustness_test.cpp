@@ -108,7 +108,7 @@ TEST(MessagesCodecRobustness, RandomBytes) {
 }
 
 TEST(MessagesCodecRobustness, HugeDeclaredSegmentSizes) {
-  const std::string good = encode(WorkerMsg::of(AssignWork{{sample_request(0), sample_request(1)}}));
+  const std::string good = encode(WorkerMsg{AssignWork{{sample_request(0), sample_request(1)}}});
   for (std::uint32_t segs : {0u, 1u, 2u, 3u, 511u, 512u, 0x7FFFFFFFu, 0xFFFFFFFFu}) {
     for (std::uint32_t size : {0u, 1u, 0x10000000u, 0x7FFFFFFFu, 0xFFFFFFFFu}) {
       std::string b = good;
