@@ -52,8 +52,8 @@ Result<messages::OrchestratorReply> Client::call(const messages::OrchestratorMsg
             auto reply = messages::decode_orchestrator_reply(bytes);
             if (!reply) {
               out = std::move(reply).error();
-            } else if (reply->kind == messages::OrchestratorReply::Kind::error) {
-              out = reply->error;
+            } else if (auto* error = std::get_if<Error>(&*reply)) {
+              out = std::move(*error);
             } else {
               out = std::move(reply).value();
             }

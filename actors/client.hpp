@@ -9,6 +9,8 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
+#include <variant>
 
 #include "actors/auth.hpp"
 #include "common/result.hpp"
@@ -27,11 +29,25 @@ class Client {
                                                      std::shared_ptr<const ClusterKey> key);
   ~Client();
 
-  /// Sends a command and waits for the reply. A reply of kind error is
-  /// returned as that Error. Errors: io (timeout, connection lost), corrupt
-  /// (undecodable reply), or the orchestrator's own error.
+  /// Sends a command and waits for the reply. An Error reply is returned
+  /// as that Error (the Result never holds the Error alternative). Errors: io
+  /// (timeout, connection lost), corrupt (undecodable reply), or the
+  /// orchestrator's own error.
   [[nodiscard]] Result<messages::OrchestratorReply> call(const messages::OrchestratorMsg& msg,
                                                         std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+  /// call() for a command whose reply is the alternative T, e.g.
+  /// `call<messages::JobSubmitted>(messages::SubmitJob{...})`. Errors: those
+  /// of call(), and corrupt when the reply is another alternative.
+  template <class T>
+  [[nodiscard]] Result<T> call(const messages::OrchestratorMsg& msg,
+                               std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    Result<messages::OrchestratorReply> reply = call(msg, timeout);
+    if (!reply) return std::move(reply).error();
+    if (T* value = std::get_if<T>(&*reply)) return std::move(*value);
+    return make_error(ErrorCode::corrupt, std::string("unexpected reply '") + messages::kind_name(*reply) +
+                                              "' to '" + messages::kind_name(msg) + "'");
+  }
 
  private:
   Client() = default;

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "actors/actors.hpp"
+#include "actors/inbox.hpp"
 #include "actors/protocol.hpp"
 #include "messages/codec.hpp"
 #include "orchestrator/job_admission.hpp"
@@ -19,14 +20,16 @@ namespace shardline::actors {
 
 namespace {
 
-using messages::OrchestratorMsg;
 using messages::OrchestratorReply;
+/// A handler's answer: a reply to a client, nullopt for a worker (no reply).
+using Answer = std::optional<OrchestratorReply>;
 using Clock = orchestrator::WorkerPool::Clock;
 
 struct OrchestratorState {
   OrchestratorConfig config;
   std::optional<orchestrator::WorkerPool> pool;  ///< over *config.jobs
   std::map<std::string, caf::actor> handles;     ///< the pool's workers, by name
+  Inbox inbox;
   static inline const char* name = "shardline.orchestrator";
 };
 
@@ -70,7 +73,7 @@ void dispatch(OrchestratorActor* self) {
   OrchestratorState& st = self->state;
   for (orchestrator::Assignment& a : st.pool->dispatch()) {
     const Signed s =
-        sign(*st.config.key, messages::encode(messages::WorkerMsg::of(messages::AssignWork{std::move(a.work)})));
+        sign(*st.config.key, messages::encode(messages::WorkerMsg{messages::AssignWork{std::move(a.work)}}));
     if (const auto h = st.handles.find(a.worker); h != st.handles.end())
       self->send(h->second, msg_atom::value, s.tag, s.bytes);
   }
@@ -93,119 +96,118 @@ void update_job_metrics(OrchestratorState& st) {
   st.config.metrics->set("shardline_workers", "", static_cast<double>(st.pool->size()));
 }
 
-std::string handle_client(OrchestratorActor* self, OrchestratorMsg& msg) {
+// ---- the inbox: one handler per message ----------------------------------------
+// Clients get a reply; workers ignore replies, so their handlers answer nullopt.
+
+Answer handle(OrchestratorActor* self, const messages::SubmitJob& sj) {
   OrchestratorState& st = self->state;
-  switch (msg.kind) {
-    case OrchestratorMsg::Kind::submit_job: {
-      const messages::SubmitJob& sj = msg.submit_job;
-      if (canonical(sj.model_dir) != canonical(st.config.model_dir))
-        return messages::encode(OrchestratorReply::of(make_error(
-            ErrorCode::invalid_argument,
-            "this cluster serves the model " + st.config.model_dir + ", not " + sj.model_dir)));
-      if (sj.parallel) {
-        if (Status ok = orchestrator::check_job_parallel(*sj.parallel, st.config.parallel, st.pool->num_groups()); !ok)
-          return messages::encode(OrchestratorReply::of(ok.error()));
-      }
-      orchestrator::JobSpec spec;
-      spec.model_dir = sj.model_dir;
-      spec.input_paths = sj.inputs;
-      spec.output_path = sj.output;
-      spec.parallel = sj.parallel.value_or(st.pool->cluster_config()).to_string();  // what it runs on
-      spec.token_budget = sj.token_budget;
-      auto id = st.config.jobs->submit(spec);
-      if (!id) return messages::encode(OrchestratorReply::of(id.error()));
-      spdlog::info("orchestrator: job {} submitted ({} shard(s) -> {}; {}, token budget {})", *id, sj.inputs.size(),
-                   sj.output, spec.parallel, sj.token_budget.empty() ? "fixed" : sj.token_budget);
-      update_job_metrics(st);
-      dispatch(self);
-      return messages::encode(OrchestratorReply::of(messages::JobSubmitted{*id}));
-    }
-    case OrchestratorMsg::Kind::job_status_query: {
-      messages::JobStatusList list;
-      if (msg.job_status_query.job_id == 0) {
-        for (const auto& p : st.config.jobs->list_jobs()) list.jobs.push_back(to_message(p, *st.config.jobs));
-      } else {
-        auto p = st.config.jobs->progress(msg.job_status_query.job_id);
-        if (!p) return messages::encode(OrchestratorReply::of(p.error()));
-        list.jobs.push_back(to_message(*p, *st.config.jobs));
-      }
-      return messages::encode(OrchestratorReply::of(std::move(list)));
-    }
-    case OrchestratorMsg::Kind::actor_list_query: {
-      messages::ActorList list;
-      list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name, "running", ""});
-      for (auto& w : st.pool->list())
-        list.actors.push_back({std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group)});
-      if (st.config.local_actors)
-        for (auto& a : st.config.local_actors()) list.actors.push_back(std::move(a));
-      return messages::encode(OrchestratorReply::of(std::move(list)));
-    }
-    case OrchestratorMsg::Kind::kill_actor: {
-      const std::string& name = msg.kill_actor.name;
-      if (const auto it = st.handles.find(name); it != st.handles.end()) {
-        spdlog::warn("orchestrator: killing {} on request", name);
-        self->send_exit(it->second, caf::exit_reason::kill);
-        return messages::encode(OrchestratorReply::of(messages::Ack{}));
-      }
-      if (st.config.kill_local && st.config.kill_local(name))
-        return messages::encode(OrchestratorReply::of(messages::Ack{}));
-      return messages::encode(OrchestratorReply::of(
-          make_error(ErrorCode::not_found, "no actor named '" + name + "' (see `shardline actor list`)")));
-    }
-    case OrchestratorMsg::Kind::shutdown:
-      self->quit(caf::exit_reason::user_shutdown);
-      return messages::encode(OrchestratorReply::of(messages::Ack{}));
-    default:
-      break;
+  if (canonical(sj.model_dir) != canonical(st.config.model_dir))
+    return make_error(ErrorCode::invalid_argument,
+                      "this cluster serves the model " + st.config.model_dir + ", not " + sj.model_dir);
+  if (sj.parallel) {
+    if (Status ok = orchestrator::check_job_parallel(*sj.parallel, st.config.parallel, st.pool->num_groups()); !ok)
+      return ok.error();
   }
-  return messages::encode(OrchestratorReply::of(make_error(ErrorCode::invalid_argument, "unexpected message")));
+  orchestrator::JobSpec spec;
+  spec.model_dir = sj.model_dir;
+  spec.input_paths = sj.inputs;
+  spec.output_path = sj.output;
+  spec.parallel = sj.parallel.value_or(st.pool->cluster_config()).to_string();  // what it runs on
+  spec.token_budget = sj.token_budget;
+  auto id = st.config.jobs->submit(spec);
+  if (!id) return id.error();
+  spdlog::info("orchestrator: job {} submitted ({} shard(s) -> {}; {}, token budget {})", *id, sj.inputs.size(),
+               sj.output, spec.parallel, sj.token_budget.empty() ? "fixed" : sj.token_budget);
+  update_job_metrics(st);
+  dispatch(self);
+  return messages::JobSubmitted{*id};
 }
 
-void handle_worker(OrchestratorActor* self, OrchestratorMsg& msg) {
+Answer handle(OrchestratorActor* self, const messages::JobStatusQuery& q) {
   OrchestratorState& st = self->state;
-  switch (msg.kind) {
-    case OrchestratorMsg::Kind::worker_hello: {
-      const std::string& name = msg.worker_hello.worker_name;
-      auto sender = caf::actor_cast<caf::actor>(self->current_sender());
-      if (!sender) return;
-      auto hello = st.pool->hello(name, msg.worker_hello.max_batch, msg.worker_hello.parallel, Clock::now());
-      if (!hello) {
-        // Jobs run on one group shape; a node started with another --parallel
-        // is told to stop its worker (a shutdown: its supervisor leaves it).
-        spdlog::warn("orchestrator: refused {}", hello.error().message);
-        const Signed bye = sign(*st.config.key, messages::encode(messages::WorkerMsg::of(messages::Shutdown{})));
-        self->send(sender, msg_atom::value, bye.tag, bye.bytes);
-        return;
-      }
-      if (hello->replaced) {
-        spdlog::warn("orchestrator: worker {} was replaced by a new instance; {} lines requeued", name,
-                     hello->requeued);
-        st.config.metrics->add("shardline_worker_failures_total", "", 1);
-      }
-      st.handles[name] = sender;
-      self->monitor(sender);
-      const orchestrator::WorkerPool::Worker& w = *st.pool->find(name);
-      spdlog::info("orchestrator: worker {} joined (device {}, [{}], batch {})", name, msg.worker_hello.device,
-                   orchestrator::group_label(w.parallel), w.max_batch);
-      update_job_metrics(st);
-      dispatch(self);
-      return;
-    }
-    case OrchestratorMsg::Kind::worker_results: {
-      auto& wr = msg.worker_results;
-      auto committed = st.pool->on_results(wr.worker_name, wr.results, Clock::now());
-      if (!committed) spdlog::error("orchestrator: committing results failed: {}", committed.error().to_string());
-      update_job_metrics(st);
-      dispatch(self);
-      return;
-    }
-    case OrchestratorMsg::Kind::worker_heartbeat: {
-      st.pool->heartbeat(msg.worker_heartbeat.worker_name, load_of(msg.worker_heartbeat.status), Clock::now());
-      return;
-    }
-    default:
-      return;
+  messages::JobStatusList list;
+  if (q.job_id == 0) {
+    for (const auto& p : st.config.jobs->list_jobs()) list.jobs.push_back(to_message(p, *st.config.jobs));
+  } else {
+    auto p = st.config.jobs->progress(q.job_id);
+    if (!p) return p.error();
+    list.jobs.push_back(to_message(*p, *st.config.jobs));
   }
+  return list;
+}
+
+Answer handle(OrchestratorActor* self, const messages::ActorListQuery&) {
+  OrchestratorState& st = self->state;
+  messages::ActorList list;
+  list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name, "running", ""});
+  for (auto& w : st.pool->list())
+    list.actors.push_back({std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group)});
+  if (st.config.local_actors)
+    for (auto& a : st.config.local_actors()) list.actors.push_back(std::move(a));
+  return list;
+}
+
+Answer handle(OrchestratorActor* self, const messages::KillActor& kill) {
+  OrchestratorState& st = self->state;
+  const std::string& name = kill.name;
+  if (const auto it = st.handles.find(name); it != st.handles.end()) {
+    spdlog::warn("orchestrator: killing {} on request", name);
+    self->send_exit(it->second, caf::exit_reason::kill);
+    return messages::Ack{};
+  }
+  if (st.config.kill_local && st.config.kill_local(name)) return messages::Ack{};
+  return make_error(ErrorCode::not_found, "no actor named '" + name + "' (see `shardline actor list`)");
+}
+
+Answer handle(OrchestratorActor* self, const messages::Shutdown&) {
+  self->quit(caf::exit_reason::user_shutdown);
+  return messages::Ack{};
+}
+
+// ---- workers ----------------------------------------------------------------------
+
+Answer handle(OrchestratorActor* self, const messages::WorkerHello& hello) {
+  OrchestratorState& st = self->state;
+  const std::string& name = hello.worker_name;
+  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  if (!sender) return std::nullopt;
+  auto joined = st.pool->hello(name, hello.max_batch, hello.parallel, Clock::now());
+  if (!joined) {
+    // Jobs run on one group shape; a node started with another --parallel
+    // is told to stop its worker (a shutdown: its supervisor leaves it).
+    spdlog::warn("orchestrator: refused {}", joined.error().message);
+    const Signed bye = sign(*st.config.key, messages::encode(messages::WorkerMsg{messages::Shutdown{}}));
+    self->send(sender, msg_atom::value, bye.tag, bye.bytes);
+    return std::nullopt;
+  }
+  if (joined->replaced) {
+    spdlog::warn("orchestrator: worker {} was replaced by a new instance; {} lines requeued", name,
+                 joined->requeued);
+    st.config.metrics->add("shardline_worker_failures_total", "", 1);
+  }
+  st.handles[name] = sender;
+  self->monitor(sender);
+  const orchestrator::WorkerPool::Worker& w = *st.pool->find(name);
+  spdlog::info("orchestrator: worker {} joined (device {}, [{}], batch {})", name, hello.device,
+               orchestrator::group_label(w.parallel), w.max_batch);
+  update_job_metrics(st);
+  dispatch(self);
+  return std::nullopt;
+}
+
+Answer handle(OrchestratorActor* self, const messages::WorkerResults& wr) {
+  OrchestratorState& st = self->state;
+  auto committed = st.pool->on_results(wr.worker_name, wr.results, Clock::now());
+  if (!committed) spdlog::error("orchestrator: committing results failed: {}", committed.error().to_string());
+  update_job_metrics(st);
+  dispatch(self);
+  return std::nullopt;
+}
+
+Answer handle(OrchestratorActor* self, const messages::WorkerHeartbeat& beat) {
+  OrchestratorState& st = self->state;
+  st.pool->heartbeat(beat.worker_name, load_of(beat.status), Clock::now());
+  return std::nullopt;
 }
 
 caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<OrchestratorConfig> cfg) {
@@ -213,6 +215,7 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
   state.config = std::move(*cfg);
   state.pool.emplace(*state.config.jobs, orchestrator::WorkerPoolOptions{state.config.node_name, state.config.parallel,
                                                                           state.config.heartbeat_timeout_s});
+  state.inbox = Inbox("orchestrator", state.config.key, state.config.metrics);
   self->set_down_handler([self](caf::down_msg& dm) {
     for (const auto& [name, handle] : self->state.handles) {
       if (handle.address() == dm.source) {
@@ -226,25 +229,8 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
   update_job_metrics(self->state);
   return {
       [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {
-        OrchestratorState& st = self->state;
-        if (!st.config.key->verify(bytes, tag)) {
-          spdlog::warn("orchestrator: refused a message with a bad cluster key tag from {}",
-                       caf::to_string(self->current_sender()));
-          st.config.metrics->add("shardline_auth_failures_total", "", 1);
-          return messages::encode(OrchestratorReply::of(
-              make_error(ErrorCode::invalid_argument, "unauthenticated: wrong or missing cluster key")));
-        }
-        auto msg = messages::decode_orchestrator(bytes);
-        if (!msg) return messages::encode(OrchestratorReply::of(msg.error()));
-        switch (msg->kind) {
-          case OrchestratorMsg::Kind::worker_hello:
-          case OrchestratorMsg::Kind::worker_results:
-          case OrchestratorMsg::Kind::worker_heartbeat:
-            handle_worker(self, *msg);
-            return {};  // workers ignore replies
-          default:
-            return handle_client(self, *msg);
-        }
+        return self->state.inbox.serve(self->current_sender(), tag, bytes, messages::decode_orchestrator,
+                                       [self](const auto& msg) { return handle(self, msg); });
       },
       [self](tick_atom) {
         // Heartbeat timeouts catch workers whose node vanished without a

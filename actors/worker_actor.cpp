@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/actors.hpp"
+#include "actors/inbox.hpp"
 #include "actors/protocol.hpp"
 #include "worker/batch_worker.hpp"
 #include "messages/codec.hpp"
@@ -12,14 +13,12 @@ namespace shardline::actors {
 
 namespace {
 
-using messages::WorkerMsg;
-using messages::WorkerReply;
-
 struct WorkerState {
   WorkerConfig config;
   std::unique_ptr<worker::BatchWorker> worker;
   std::unique_ptr<worker::JobTokenBudget> token_budget;
   bool step_scheduled = false;
+  Inbox inbox;
   static inline const char* name = "shardline.worker";
 };
 
@@ -41,7 +40,7 @@ messages::WorkerStatus status_of(const WorkerState& st) {
   return w;
 }
 
-void to_orchestrator(WorkerActor* self, messages::OrchestratorMsg msg) {
+void to_orchestrator(WorkerActor* self, const messages::OrchestratorMsg& msg) {
   const Signed s = sign(*self->state.config.key, messages::encode(msg));
   self->send(self->state.config.orchestrator, msg_atom::value, s.tag, s.bytes);
 }
@@ -59,6 +58,36 @@ void export_metrics(WorkerActor* self, const messages::WorkerStatus& s) {
   m.set("shardline_kv_blocks_total", l, static_cast<double>(s.kv_blocks_total));
   m.set("shardline_worker_running_requests", l, s.num_running);
   m.set("shardline_worker_waiting_requests", l, s.num_waiting);
+}
+
+using Reply = messages::WorkerReply;
+
+Reply handle(WorkerActor* self, messages::AssignWork& msg) {
+  WorkerState& s = self->state;
+  for (auto& r : msg.requests) {
+    // The codec checked the name; an error here would be a bug, not bad input.
+    auto switched = s.token_budget->use(r.token_budget, s.worker->engine());
+    if (!switched)
+      spdlog::error("worker {}: {}", s.config.name, switched.error().to_string());
+    else if (*switched)
+      spdlog::info("worker {}: token budget {} (job {})", s.config.name, s.token_budget->current(), r.job_id);
+    s.worker->submit(std::move(r));
+  }
+  schedule_step(self);
+  return messages::Ack{};
+}
+
+Reply handle(WorkerActor* self, const messages::CancelJob& msg) {
+  self->state.worker->cancel_job(msg.job_id);
+  return messages::Ack{};
+}
+
+Reply handle(WorkerActor* self, const messages::WorkerStatusQuery&) { return status_of(self->state); }
+
+Reply handle(WorkerActor* self, const messages::Shutdown&) {
+  spdlog::warn("worker {}: told to stop by {}", self->state.config.name, caf::to_string(self->current_sender()));
+  self->quit(caf::exit_reason::user_shutdown);
+  return messages::Ack{};
 }
 
 caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
@@ -79,48 +108,18 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   }
   st.worker = std::make_unique<worker::BatchWorker>(std::move(worker).value());
   st.token_budget = std::make_unique<worker::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
-  to_orchestrator(self, messages::OrchestratorMsg::of(messages::WorkerHello{
-                            st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch),
-                            st.config.engine.parallel}));
+  // Refusals are not counted here (as before the inbox helper); the orchestrator counts its own.
+  st.inbox = Inbox("worker " + st.config.name, st.config.key, nullptr);
+  to_orchestrator(self, messages::WorkerHello{st.config.name, st.config.device,
+                                              static_cast<std::uint32_t>(st.config.max_batch),
+                                              st.config.engine.parallel});
   self->send(self, beat_atom::value);
   spdlog::info("worker {} ready [{}]", st.config.name, orchestrator::group_label(st.config.engine.parallel));
 
   return {
       [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {
-        WorkerState& s = self->state;
-        if (!s.config.key->verify(bytes, tag)) {
-          spdlog::warn("worker {}: refused a message with a bad cluster key tag from {}", s.config.name,
-                       caf::to_string(self->current_sender()));
-          return messages::encode(WorkerReply::of(
-              make_error(ErrorCode::invalid_argument, "unauthenticated: wrong or missing cluster key")));
-        }
-        auto msg = messages::decode_worker(bytes);
-        if (!msg) return messages::encode(WorkerReply::of(msg.error()));
-        switch (msg->kind) {
-          case WorkerMsg::Kind::assign_work:
-            for (auto& r : msg->assign_work.requests) {
-              // The codec checked the name; an error here would be a bug, not bad input.
-              auto switched = s.token_budget->use(r.token_budget, s.worker->engine());
-              if (!switched)
-                spdlog::error("worker {}: {}", s.config.name, switched.error().to_string());
-              else if (*switched)
-                spdlog::info("worker {}: token budget {} (job {})", s.config.name, s.token_budget->current(),
-                             r.job_id);
-              s.worker->submit(std::move(r));
-            }
-            schedule_step(self);
-            return messages::encode(WorkerReply::of(messages::Ack{}));
-          case WorkerMsg::Kind::cancel_job:
-            s.worker->cancel_job(msg->cancel_job.job_id);
-            return messages::encode(WorkerReply::of(messages::Ack{}));
-          case WorkerMsg::Kind::status_query:
-            return messages::encode(WorkerReply::of(status_of(s)));
-          case WorkerMsg::Kind::shutdown:
-            spdlog::warn("worker {}: told to stop by {}", s.config.name, caf::to_string(self->current_sender()));
-            self->quit(caf::exit_reason::user_shutdown);
-            return messages::encode(WorkerReply::of(messages::Ack{}));
-        }
-        return messages::encode(WorkerReply::of(make_error(ErrorCode::internal, "unknown message kind")));
+        return self->state.inbox.serve(self->current_sender(), tag, bytes, messages::decode_worker,
+                                       [self](auto& msg) { return handle(self, msg); });
       },
       [self](step_atom) {
         WorkerState& s = self->state;
@@ -140,8 +139,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
             m.add("shardline_prompt_tokens_total", "", r.prompt_tokens);
             m.add("shardline_generation_tokens_total", "", r.completion_tokens);
           }
-          to_orchestrator(self, messages::OrchestratorMsg::of(
-                                    messages::WorkerResults{s.config.name, std::move(results).value()}));
+          to_orchestrator(self, messages::WorkerResults{s.config.name, std::move(results).value()});
         }
         s.config.metrics->add("shardline_engine_steps_total", "worker=\"" + s.config.name + "\"", 1);
         if (s.worker->has_work()) schedule_step(self);
@@ -149,8 +147,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
       [self](beat_atom) {
         const messages::WorkerStatus status = status_of(self->state);
         export_metrics(self, status);
-        to_orchestrator(self, messages::OrchestratorMsg::of(
-                                  messages::WorkerHeartbeat{self->state.config.name, status}));
+        to_orchestrator(self, messages::WorkerHeartbeat{self->state.config.name, status});
         self->delayed_send(self, std::chrono::seconds(1), beat_atom::value);
       },
       [](const std::string&) {},  // replies of the orchestrator to our sends

@@ -73,10 +73,10 @@ std::vector<std::string> encoded_samples() {
   status.worker_name = "node0/cpu:0";
   status.state = "busy";
   return {
-      messages::encode(messages::WorkerMsg::of(messages::AssignWork{requests})),
-      messages::encode(messages::OrchestratorMsg::of(messages::WorkerResults{"node0/cpu:0", results})),
-      messages::encode(messages::OrchestratorMsg::of(messages::WorkerHeartbeat{"node0/cpu:0", status})),
-      messages::encode(messages::KvStoreMsg::of(messages::PutBlocks{"job7/seq3", std::string(4099, 'x')})),
+      messages::encode(messages::WorkerMsg{messages::AssignWork{requests}}),
+      messages::encode(messages::OrchestratorMsg{messages::WorkerResults{"node0/cpu:0", results}}),
+      messages::encode(messages::OrchestratorMsg{messages::WorkerHeartbeat{"node0/cpu:0", status}}),
+      messages::encode(messages::KvStoreMsg{messages::PutBlocks{"job7/seq3", std::string(4099, 'x')}}),
   };
 }
 

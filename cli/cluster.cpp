@@ -30,9 +30,6 @@ namespace shardline::cli {
 
 namespace {
 
-using messages::OrchestratorMsg;
-using messages::OrchestratorReply;
-
 int fail(const Error& e, int code = 1) {
   std::cerr << "error: " << e.to_string() << "\n";
   return code;
@@ -295,9 +292,9 @@ int run_job_submit(const SubmitArgs& a) {
   sj.model_dir = absolute(a.model_dir);
   for (const auto& in : a.inputs) sj.inputs.push_back(absolute(in));
   sj.output = absolute(a.output);
-  auto reply = (*client)->call(OrchestratorMsg::of(sj), std::chrono::minutes(5));
+  auto reply = (*client)->call<messages::JobSubmitted>(sj, std::chrono::minutes(5));
   if (!reply) return fail(reply.error());
-  std::cout << reply->job_submitted.job_id << std::endl;
+  std::cout << reply->job_id << std::endl;
   return 0;
 }
 
@@ -312,16 +309,16 @@ int run_job_status(const StatusArgs& a) {
   auto client = actors::Client::connect(a.client.node, a.client.key_file);
   if (!client) return fail(client.error());
   while (true) {
-    auto reply = (*client)->call(OrchestratorMsg::of(messages::JobStatusQuery{a.job_id}));
+    auto reply = (*client)->call<messages::JobStatusList>(messages::JobStatusQuery{a.job_id});
     if (!reply) return fail(reply.error());
-    const auto& jobs = reply->job_status_list;
-    auto actors_reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
+    const messages::JobStatusList& jobs = *reply;
+    auto actors_reply = (*client)->call<messages::ActorList>(messages::ActorListQuery{});
     if (a.json) {
       nlohmann::json arr = nlohmann::json::array();
       for (const auto& p : jobs.jobs) arr.push_back(to_json(p));
       nlohmann::json workers = nlohmann::json::array();
       if (actors_reply)
-        for (const auto& x : actors_reply->actor_list.actors)
+        for (const auto& x : actors_reply->actors)
           workers.push_back({{"name", x.name},
                              {"kind", x.kind},
                              {"node", x.node},
@@ -330,7 +327,7 @@ int run_job_status(const StatusArgs& a) {
       std::cout << nlohmann::json{{"jobs", arr}, {"actors", workers}}.dump() << std::endl;
     } else {
       if (a.watch) std::cout << "\033[2J\033[H";
-      print_progress_table(jobs, actors_reply ? &actors_reply->actor_list : nullptr);
+      print_progress_table(jobs, actors_reply ? &*actors_reply : nullptr);
     }
     if (!a.watch) return 0;
     bool all_finished = !jobs.jobs.empty();
@@ -343,16 +340,16 @@ int run_job_status(const StatusArgs& a) {
 int run_actor_list(const ClientArgs& c) {
   auto client = actors::Client::connect(c.node, c.key_file);
   if (!client) return fail(client.error());
-  auto reply = (*client)->call(OrchestratorMsg::of(messages::ActorListQuery{}));
+  auto reply = (*client)->call<messages::ActorList>(messages::ActorListQuery{});
   if (!reply) return fail(reply.error());
-  print_actor_table(reply->actor_list);
+  print_actor_table(*reply);
   return 0;
 }
 
 int run_actor_kill(const ClientArgs& c, const std::string& name) {
   auto client = actors::Client::connect(c.node, c.key_file);
   if (!client) return fail(client.error());
-  auto reply = (*client)->call(OrchestratorMsg::of(messages::KillActor{name}));
+  auto reply = (*client)->call<messages::Ack>(messages::KillActor{name});
   if (!reply) return fail(reply.error());
   std::cout << "killed " << name << std::endl;
   return 0;
@@ -421,24 +418,24 @@ int run_run(RunArgs& a) {
   std::vector<std::string> inputs;
   for (const auto& in : a.inputs) inputs.push_back(absolute(in));
   std::uint64_t job_id = 0;
-  auto existing = client->call(OrchestratorMsg::of(messages::JobStatusQuery{0}));
+  auto existing = client->call<messages::JobStatusList>(messages::JobStatusQuery{0});
   if (!existing) return fail(existing.error());
-  for (const auto& p : existing->job_status_list.jobs)
+  for (const auto& p : existing->jobs)
     if (p.output == output && p.inputs == inputs) job_id = p.job_id;
   if (job_id == 0) {
     sj.model_dir = a.model_dir;
     sj.inputs = inputs;
     sj.output = output;
-    auto reply = client->call(OrchestratorMsg::of(sj), std::chrono::minutes(5));
+    auto reply = client->call<messages::JobSubmitted>(sj, std::chrono::minutes(5));
     if (!reply) return fail(reply.error());
-    job_id = reply->job_submitted.job_id;
+    job_id = reply->job_id;
   } else if (!a.quiet) {
     std::cerr << "continuing job " << job_id << " of " << na.data_dir << "\n";
   }
   while (true) {
-    auto reply = client->call(OrchestratorMsg::of(messages::JobStatusQuery{job_id}));
+    auto reply = client->call<messages::JobStatusList>(messages::JobStatusQuery{job_id});
     if (!reply) return fail(reply.error());
-    const messages::JobProgress& p = reply->job_status_list.jobs.at(0);
+    const messages::JobProgress& p = reply->jobs.at(0);
     if (!a.quiet) draw_progress(p);
     if (p.state != "done" && p.state != "failed" && (*node)->worker_start_failures() >= (*node)->num_workers()) {
       if (!a.quiet) std::fprintf(stderr, "\n");

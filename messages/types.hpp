@@ -1,14 +1,16 @@
 #pragma once
 /// \file
-/// Plain C++ structs of the actor messages (see messages/*.capnp for the wire
-/// form and messages/codec.hpp for the conversion). Structs that already
-/// exist elsewhere (worker::BatchRequest / BatchResult / BatchChoice,
+/// Plain C++ structs of the actor messages, and each actor's inbox and reply
+/// as a std::variant of them (see messages/*.capnp for the wire form and
+/// messages/codec.hpp for the conversion). Structs that already exist
+/// elsewhere (worker::BatchRequest / BatchResult / BatchChoice,
 /// sampling::SamplingParams, shardline::Error) are reused, not mirrored.
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "common/result.hpp"
@@ -192,5 +194,33 @@ struct KvStoreStats {
   std::uint64_t bytes_capacity = 0;
   bool operator==(const KvStoreStats&) const = default;
 };
+
+// ---- inboxes and replies ------------------------------------------------------------
+//
+// One std::variant per Cap'n Proto root (the struct with `version` and an
+// unnamed union). Its alternatives are listed in the order of the union's
+// members: the variant index is the union's which() (the codec's tables
+// static_assert it). To add a message, see docs/messages.md.
+
+/// What the orchestrator receives (orchestrator.capnp OrchestratorMessage).
+using OrchestratorMsg = std::variant<SubmitJob, JobStatusQuery, ActorListQuery, KillActor, WorkerHello,
+                                     WorkerResults, WorkerHeartbeat, Shutdown>;
+
+/// What the orchestrator answers a client (orchestrator.capnp OrchestratorReply);
+/// Error travels as `errorReply`.
+using OrchestratorReply = std::variant<JobSubmitted, JobStatusList, ActorList, Ack, Error>;
+
+/// What a worker receives (worker.capnp WorkerMessage); WorkerStatusQuery
+/// travels as `statusQuery`.
+using WorkerMsg = std::variant<AssignWork, CancelJob, WorkerStatusQuery, Shutdown>;
+
+/// A worker's answer (worker.capnp WorkerReply); WorkerStatus travels as `status`.
+using WorkerReply = std::variant<WorkerStatus, Ack, Error>;
+
+/// What the KV store receives (kvstore.capnp KvStoreMessage).
+using KvStoreMsg = std::variant<PutBlocks, GetBlocks, DropBlocks, StatsQuery>;
+
+/// The KV store's answer (kvstore.capnp KvStoreReply); KvStoreStats travels as `stats`.
+using KvStoreReply = std::variant<BlocksData, KvStoreStats, Ack, Error>;
 
 }  // namespace shardline::messages

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <variant>
 
 #include "messages/codec.hpp"
 #include "messages/common.capnp.h"
@@ -33,34 +34,35 @@ void expect_error(const R& r, ErrorCode code, const std::string& needle) {
 
 TEST(MessagesCodecParallel, FieldsRoundTrip) {
   SubmitJob sj{"/m", {"/in.jsonl"}, "/out.jsonl", engine::ParallelConfig{2, 2, 1, 3}, "throttle"};
-  auto s = decode_orchestrator(encode(OrchestratorMsg::of(sj)));
+  auto s = decode_orchestrator(encode(OrchestratorMsg{sj}));
   ASSERT_TRUE(s.ok()) << s.error().to_string();
-  EXPECT_EQ(s->submit_job, sj);
+  EXPECT_EQ(std::get<SubmitJob>(*s), sj);
 
   WorkerHello hello{"n/cpu:0-3", "cpu", 64, engine::ParallelConfig{2, 1, 2, 1}};
-  auto h = decode_orchestrator(encode(OrchestratorMsg::of(hello)));
+  auto h = decode_orchestrator(encode(OrchestratorMsg{hello}));
   ASSERT_TRUE(h.ok()) << h.error().to_string();
-  EXPECT_EQ(h->worker_hello, hello);
+  EXPECT_EQ(std::get<WorkerHello>(*h), hello);
 
   JobProgress p;
   p.job_id = 3;
   p.parallel = "tp=2,pp=1,sp=1,dp=2";
   p.token_budget = "throttle";
   ActorInfo a{"n/cpu:0-1", "worker", "n", "idle", "tp=2,pp=1,sp=1"};
-  auto list = decode_orchestrator_reply(encode(OrchestratorReply::of(JobStatusList{{p}})));
+  auto list = decode_orchestrator_reply(encode(OrchestratorReply{JobStatusList{{p}}}));
   ASSERT_TRUE(list.ok()) << list.error().to_string();
-  EXPECT_EQ(list->job_status_list.jobs.at(0), p);
-  auto actors = decode_orchestrator_reply(encode(OrchestratorReply::of(ActorList{{a}})));
+  EXPECT_EQ(std::get<JobStatusList>(*list).jobs.at(0), p);
+  auto actors = decode_orchestrator_reply(encode(OrchestratorReply{ActorList{{a}}}));
   ASSERT_TRUE(actors.ok()) << actors.error().to_string();
-  EXPECT_EQ(actors->actor_list.actors.at(0), a);
+  EXPECT_EQ(std::get<ActorList>(*actors).actors.at(0), a);
 
   BatchRequest r;
   r.job_id = 1;
   r.token_budget = "throttle";
-  auto w = decode_worker(encode(WorkerMsg::of(AssignWork{{r, BatchRequest{}}})));
+  auto w = decode_worker(encode(WorkerMsg{AssignWork{{r, BatchRequest{}}}}));
   ASSERT_TRUE(w.ok()) << w.error().to_string();
-  EXPECT_EQ(w->assign_work.requests.at(0).token_budget, "throttle");
-  EXPECT_EQ(w->assign_work.requests.at(1).token_budget, "");
+  const auto& requests = std::get<AssignWork>(*w).requests;
+  EXPECT_EQ(requests.at(0).token_budget, "throttle");
+  EXPECT_EQ(requests.at(1).token_budget, "");
 }
 
 TEST(MessagesCodecParallel, SendersWithoutTheFieldsReadAsDefaults) {
@@ -74,8 +76,8 @@ TEST(MessagesCodecParallel, SendersWithoutTheFieldsReadAsDefaults) {
     sj.setOutput("/out.jsonl");
     auto d = decode_orchestrator(flat(mb));
     ASSERT_TRUE(d.ok()) << d.error().to_string();
-    EXPECT_FALSE(d->submit_job.parallel.has_value());
-    EXPECT_EQ(d->submit_job.token_budget, "");
+    EXPECT_FALSE(std::get<SubmitJob>(*d).parallel.has_value());
+    EXPECT_EQ(std::get<SubmitJob>(*d).token_budget, "");
   }
   {
     capnp::MallocMessageBuilder mb;
@@ -87,7 +89,7 @@ TEST(MessagesCodecParallel, SendersWithoutTheFieldsReadAsDefaults) {
     h.setMaxBatch(8);
     auto d = decode_orchestrator(flat(mb));
     ASSERT_TRUE(d.ok()) << d.error().to_string();
-    EXPECT_EQ(d->worker_hello.parallel, engine::ParallelConfig{});  // a single device
+    EXPECT_EQ(std::get<WorkerHello>(*d).parallel, engine::ParallelConfig{});  // a single device
   }
 }
 
@@ -110,14 +112,14 @@ TEST(MessagesCodecParallel, BadValuesAreRefused) {
   }
   {
     WorkerHello hello{"n/cpu:0-3", "cpu", 64, engine::ParallelConfig{2, 1, 1, 2}};
-    expect_error(decode_orchestrator(encode(OrchestratorMsg::of(hello))), ErrorCode::invalid_argument,
+    expect_error(decode_orchestrator(encode(OrchestratorMsg{hello})), ErrorCode::invalid_argument,
                  "workerHello: parallel: a worker is one engine group, dp must be 1, got 2");
   }
   {
     BatchRequest good;
     BatchRequest bad;
     bad.token_budget = "fast";
-    expect_error(decode_worker(encode(WorkerMsg::of(AssignWork{{good, bad}}))), ErrorCode::invalid_argument,
+    expect_error(decode_worker(encode(WorkerMsg{AssignWork{{good, bad}}})), ErrorCode::invalid_argument,
                  "requests[1].tokenBudget: unknown token budget policy 'fast'");
   }
 }

@@ -108,25 +108,27 @@ bool in_limits(const BatchResult& r) {
          });
 }
 bool in_limits(const OrchestratorMsg& m) {
-  using K = OrchestratorMsg::Kind;
-  switch (m.kind) {
-    case K::submit_job: return !m.submit_job.parallel || in_limits(*m.submit_job.parallel);
-    case K::worker_hello: return in_limits(m.worker_hello.parallel) && m.worker_hello.parallel.dp == 1;
-    case K::worker_results:
-      return std::all_of(m.worker_results.results.begin(), m.worker_results.results.end(),
-                         [](const BatchResult& r) { return in_limits(r); });
-    default: return true;
-  }
+  if (const auto* sj = std::get_if<SubmitJob>(&m)) return !sj->parallel || in_limits(*sj->parallel);
+  if (const auto* hello = std::get_if<WorkerHello>(&m)) return in_limits(hello->parallel) && hello->parallel.dp == 1;
+  if (const auto* wr = std::get_if<WorkerResults>(&m))
+    return std::all_of(wr->results.begin(), wr->results.end(), [](const BatchResult& r) { return in_limits(r); });
+  return true;
 }
-bool in_limits(const OrchestratorReply& m) { return m.kind != OrchestratorReply::Kind::error || in_limits(m.error); }
+/// A reply is within the limits unless it is an error outside them.
+template <class Reply>
+bool reply_in_limits(const Reply& m) {
+  const auto* e = std::get_if<Error>(&m);
+  return e == nullptr || in_limits(*e);
+}
+bool in_limits(const OrchestratorReply& m) { return reply_in_limits(m); }
 bool in_limits(const WorkerMsg& m) {
-  return m.kind != WorkerMsg::Kind::assign_work ||
-         std::all_of(m.assign_work.requests.begin(), m.assign_work.requests.end(),
-                     [](const BatchRequest& r) { return in_limits(r); });
+  const auto* aw = std::get_if<AssignWork>(&m);
+  return aw == nullptr || std::all_of(aw->requests.begin(), aw->requests.end(),
+                                      [](const BatchRequest& r) { return in_limits(r); });
 }
-bool in_limits(const WorkerReply& m) { return m.kind != WorkerReply::Kind::error || in_limits(m.error); }
+bool in_limits(const WorkerReply& m) { return reply_in_limits(m); }
 bool in_limits(const KvStoreMsg&) { return true; }
-bool in_limits(const KvStoreReply& m) { return m.kind != KvStoreReply::Kind::error || in_limits(m.error); }
+bool in_limits(const KvStoreReply& m) { return reply_in_limits(m); }
 
 /// Counts of what the six decoders did with a set of inputs.
 struct Tally {
@@ -261,7 +263,7 @@ TEST(MessagesCodecRobustness, RandomBytes) {
 }
 
 TEST(MessagesCodecRobustness, HugeDeclaredSegmentSizes) {
-  const std::string good = encode(WorkerMsg::of(AssignWork{{sample_request(0), sample_request(1)}}));
+  const std::string good = encode(WorkerMsg{AssignWork{{sample_request(0), sample_request(1)}}});
   for (std::uint32_t segs : {0u, 1u, 2u, 3u, 511u, 512u, 0x7FFFFFFFu, 0xFFFFFFFFu}) {
     for (std::uint32_t size : {0u, 1u, 0x10000000u, 0x7FFFFFFFu, 0xFFFFFFFFu}) {
       std::string b = good;

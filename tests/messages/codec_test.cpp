@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <variant>
 
 #include "messages/kvstore.capnp.h"
 #include "messages/orchestrator.capnp.h"
@@ -50,163 +51,76 @@ void put_le32(std::string& s, std::size_t at, std::uint32_t v) {
 // round trips
 // ============================================================================
 
-TEST(MessagesCodec, OrchestratorMessagesRoundTrip) {
-  const auto msgs = sample_orchestrator_msgs();
-  for (const auto& m : msgs) {
-    SCOPED_TRACE(kind_name(m.kind));
+/// Encodes each sample, decodes it with `decode`, and checks the same
+/// alternative and content come back and re-encode to the same bytes.
+template <class Msg>
+void expect_round_trips(const std::vector<Msg>& samples, Result<Msg> (*decode)(std::string_view) noexcept) {
+  for (const auto& m : samples) {
+    SCOPED_TRACE(kind_name(m));
     const std::string bytes = encode(m);
     EXPECT_EQ(bytes.size() % 8, 0u);
-    auto d = decode_orchestrator(bytes);
+    auto d = decode(bytes);
     ASSERT_TRUE(d.ok()) << d.error().to_string();
-    ASSERT_EQ(d->kind, m.kind);
-    using K = OrchestratorMsg::Kind;
-    switch (m.kind) {
-      case K::submit_job: EXPECT_EQ(d->submit_job, m.submit_job); break;
-      case K::job_status_query: EXPECT_EQ(d->job_status_query, m.job_status_query); break;
-      case K::kill_actor: EXPECT_EQ(d->kill_actor, m.kill_actor); break;
-      case K::worker_hello: EXPECT_EQ(d->worker_hello, m.worker_hello); break;
-      case K::worker_results: {
-        EXPECT_EQ(d->worker_results.worker_name, m.worker_results.worker_name);
-        ASSERT_EQ(d->worker_results.results.size(), m.worker_results.results.size());
-        for (std::size_t i = 0; i < m.worker_results.results.size(); ++i)
-          expect_result_eq(d->worker_results.results[i], m.worker_results.results[i]);
-        break;
-      }
-      case K::worker_heartbeat: EXPECT_EQ(d->worker_heartbeat, m.worker_heartbeat); break;
-      case K::actor_list_query:
-      case K::shutdown: break;
-    }
+    expect_msg_eq(*d, m);
     // Encoding is deterministic: the decoded value re-encodes to the same bytes.
     EXPECT_EQ(encode(d.value()), bytes);
   }
 }
 
+TEST(MessagesCodec, OrchestratorMessagesRoundTrip) {
+  expect_round_trips(sample_orchestrator_msgs(), decode_orchestrator);
+}
+
 TEST(MessagesCodec, OrchestratorRepliesRoundTrip) {
-  for (const auto& m : sample_orchestrator_replies()) {
-    SCOPED_TRACE(kind_name(m.kind));
-    const std::string bytes = encode(m);
-    auto d = decode_orchestrator_reply(bytes);
-    ASSERT_TRUE(d.ok()) << d.error().to_string();
-    ASSERT_EQ(d->kind, m.kind);
-    using K = OrchestratorReply::Kind;
-    switch (m.kind) {
-      case K::job_submitted: EXPECT_EQ(d->job_submitted, m.job_submitted); break;
-      case K::job_status_list: EXPECT_EQ(d->job_status_list, m.job_status_list); break;
-      case K::actor_list: EXPECT_EQ(d->actor_list, m.actor_list); break;
-      case K::error:
-        EXPECT_EQ(d->error.code, m.error.code);
-        EXPECT_EQ(d->error.message, m.error.message);
-        break;
-      case K::ack: break;
-    }
-    EXPECT_EQ(encode(d.value()), bytes);
-  }
+  expect_round_trips(sample_orchestrator_replies(), decode_orchestrator_reply);
 }
 
-TEST(MessagesCodec, WorkerMessagesRoundTrip) {
-  for (const auto& m : sample_worker_msgs()) {
-    SCOPED_TRACE(kind_name(m.kind));
-    const std::string bytes = encode(m);
-    auto d = decode_worker(bytes);
-    ASSERT_TRUE(d.ok()) << d.error().to_string();
-    ASSERT_EQ(d->kind, m.kind);
-    using K = WorkerMsg::Kind;
-    switch (m.kind) {
-      case K::assign_work:
-        ASSERT_EQ(d->assign_work.requests.size(), m.assign_work.requests.size());
-        for (std::size_t i = 0; i < m.assign_work.requests.size(); ++i)
-          expect_request_eq(d->assign_work.requests[i], m.assign_work.requests[i]);
-        break;
-      case K::cancel_job: EXPECT_EQ(d->cancel_job, m.cancel_job); break;
-      case K::status_query:
-      case K::shutdown: break;
-    }
-    EXPECT_EQ(encode(d.value()), bytes);
-  }
-}
+TEST(MessagesCodec, WorkerMessagesRoundTrip) { expect_round_trips(sample_worker_msgs(), decode_worker); }
 
-TEST(MessagesCodec, WorkerRepliesRoundTrip) {
-  for (const auto& m : sample_worker_replies()) {
-    SCOPED_TRACE(kind_name(m.kind));
-    const std::string bytes = encode(m);
-    auto d = decode_worker_reply(bytes);
-    ASSERT_TRUE(d.ok()) << d.error().to_string();
-    ASSERT_EQ(d->kind, m.kind);
-    if (m.kind == WorkerReply::Kind::status) {
-      EXPECT_EQ(d->status, m.status);
-    }
-    if (m.kind == WorkerReply::Kind::error) {
-      EXPECT_EQ(d->error.code, m.error.code);
-      EXPECT_EQ(d->error.message, m.error.message);
-    }
-    EXPECT_EQ(encode(d.value()), bytes);
-  }
-}
+TEST(MessagesCodec, WorkerRepliesRoundTrip) { expect_round_trips(sample_worker_replies(), decode_worker_reply); }
 
-TEST(MessagesCodec, KvStoreMessagesRoundTrip) {
-  for (const auto& m : sample_kvstore_msgs()) {
-    SCOPED_TRACE(kind_name(m.kind));
-    const std::string bytes = encode(m);
-    auto d = decode_kvstore(bytes);
-    ASSERT_TRUE(d.ok()) << d.error().to_string();
-    ASSERT_EQ(d->kind, m.kind);
-    EXPECT_EQ(d->put_blocks, m.put_blocks);
-    EXPECT_EQ(d->get_blocks, m.get_blocks);
-    EXPECT_EQ(d->drop_blocks, m.drop_blocks);
-    EXPECT_EQ(encode(d.value()), bytes);
-  }
-}
+TEST(MessagesCodec, KvStoreMessagesRoundTrip) { expect_round_trips(sample_kvstore_msgs(), decode_kvstore); }
 
-TEST(MessagesCodec, KvStoreRepliesRoundTrip) {
-  for (const auto& m : sample_kvstore_replies()) {
-    SCOPED_TRACE(kind_name(m.kind));
-    const std::string bytes = encode(m);
-    auto d = decode_kvstore_reply(bytes);
-    ASSERT_TRUE(d.ok()) << d.error().to_string();
-    ASSERT_EQ(d->kind, m.kind);
-    EXPECT_EQ(d->blocks_data, m.blocks_data);
-    EXPECT_EQ(d->stats, m.stats);
-    EXPECT_EQ(d->error.code, m.error.code);
-    EXPECT_EQ(d->error.message, m.error.message);
-    EXPECT_EQ(encode(d.value()), bytes);
-  }
-}
+TEST(MessagesCodec, KvStoreRepliesRoundTrip) { expect_round_trips(sample_kvstore_replies(), decode_kvstore_reply); }
 
 TEST(MessagesCodec, EveryErrorCodeRoundTrips) {
   for (int c = 0; c <= static_cast<int>(ErrorCode::internal); ++c) {
     const Error e{static_cast<ErrorCode>(c), std::string("failure #") + std::to_string(c)};
-    auto d = decode_worker_reply(encode(WorkerReply::of(e)));
+    auto d = decode_worker_reply(encode(WorkerReply{e}));
     ASSERT_TRUE(d.ok()) << d.error().to_string();
-    EXPECT_EQ(d->error.code, e.code);
-    EXPECT_EQ(d->error.message, e.message);
+    ASSERT_TRUE(std::holds_alternative<Error>(*d)) << kind_name(*d);
+    EXPECT_EQ(std::get<Error>(*d).code, e.code);
+    EXPECT_EQ(std::get<Error>(*d).message, e.message);
   }
 }
 
 TEST(MessagesCodec, EmptyStringsAndDefaultsRoundTrip) {
   BatchRequest r;  // all defaults: empty prompt, default sampling params
-  auto d = decode_worker(encode(WorkerMsg::of(AssignWork{{r}})));
+  auto d = decode_worker(encode(WorkerMsg{AssignWork{{r}}}));
   ASSERT_TRUE(d.ok()) << d.error().to_string();
-  ASSERT_EQ(d->assign_work.requests.size(), 1u);
-  expect_request_eq(d->assign_work.requests[0], r);
+  ASSERT_TRUE(std::holds_alternative<AssignWork>(*d)) << kind_name(*d);
+  ASSERT_EQ(std::get<AssignWork>(*d).requests.size(), 1u);
+  expect_request_eq(std::get<AssignWork>(*d).requests[0], r);
 
-  auto s = decode_orchestrator(encode(OrchestratorMsg::of(SubmitJob{})));
+  auto s = decode_orchestrator(encode(OrchestratorMsg{SubmitJob{}}));
   ASSERT_TRUE(s.ok()) << s.error().to_string();
-  EXPECT_EQ(s->submit_job, SubmitJob{});
+  EXPECT_EQ(std::get<SubmitJob>(*s), SubmitJob{});
 }
 
 TEST(MessagesCodec, LargeMessagesSpanSegmentsAndRoundTrip) {
   // 8 MiB of KV data and 20k results: both far beyond the first segment.
   const std::string blob = binary_blob(8u << 20, 9);
-  auto d = decode_kvstore(encode(KvStoreMsg::of(PutBlocks{"big", blob})));
+  auto d = decode_kvstore(encode(KvStoreMsg{PutBlocks{"big", blob}}));
   ASSERT_TRUE(d.ok()) << d.error().to_string();
-  EXPECT_EQ(d->put_blocks.data, blob);
+  EXPECT_EQ(std::get<PutBlocks>(*d).data, blob);
 
   WorkerResults wr{"w", {}};
   for (int i = 0; i < 20000; ++i) wr.results.push_back(sample_result(i));
-  auto r = decode_orchestrator(encode(OrchestratorMsg::of(wr)));
+  auto r = decode_orchestrator(encode(OrchestratorMsg{wr}));
   ASSERT_TRUE(r.ok()) << r.error().to_string();
-  ASSERT_EQ(r->worker_results.results.size(), wr.results.size());
-  expect_result_eq(r->worker_results.results[19999], wr.results[19999]);
+  const auto& results = std::get<WorkerResults>(*r).results;
+  ASSERT_EQ(results.size(), wr.results.size());
+  expect_result_eq(results[19999], wr.results[19999]);
 }
 
 TEST(MessagesCodec, MultiSegmentMessagesFromOtherBuildersDecode) {
@@ -223,8 +137,9 @@ TEST(MessagesCodec, MultiSegmentMessagesFromOtherBuildersDecode) {
   const std::string bytes = flat(mb);
   auto d = decode_orchestrator(bytes);
   ASSERT_TRUE(d.ok()) << d.error().to_string();
-  ASSERT_EQ(d->submit_job.inputs.size(), 40u);
-  EXPECT_EQ(d->submit_job.inputs[39], "/in/shard-39.jsonl");
+  const auto& decoded = std::get<SubmitJob>(*d).inputs;
+  ASSERT_EQ(decoded.size(), 40u);
+  EXPECT_EQ(decoded[39], "/in/shard-39.jsonl");
 
   // Every prefix of a multi-segment message is rejected, never a crash.
   for (std::size_t n = 0; n < bytes.size(); ++n)
@@ -232,12 +147,14 @@ TEST(MessagesCodec, MultiSegmentMessagesFromOtherBuildersDecode) {
 }
 
 TEST(MessagesCodec, KindNames) {
-  EXPECT_STREQ(kind_name(OrchestratorMsg::Kind::submit_job), "submitJob");
-  EXPECT_STREQ(kind_name(OrchestratorReply::Kind::error), "errorReply");
-  EXPECT_STREQ(kind_name(WorkerMsg::Kind::assign_work), "assignWork");
-  EXPECT_STREQ(kind_name(WorkerReply::Kind::status), "status");
-  EXPECT_STREQ(kind_name(KvStoreMsg::Kind::put_blocks), "putBlocks");
-  EXPECT_STREQ(kind_name(KvStoreReply::Kind::stats), "stats");
+  EXPECT_STREQ(kind_name(OrchestratorMsg{SubmitJob{}}), "submitJob");
+  EXPECT_STREQ(kind_name(OrchestratorMsg{Shutdown{}}), "shutdown");
+  EXPECT_STREQ(kind_name(OrchestratorReply{Error{}}), "errorReply");
+  EXPECT_STREQ(kind_name(WorkerMsg{AssignWork{}}), "assignWork");
+  EXPECT_STREQ(kind_name(WorkerMsg{WorkerStatusQuery{}}), "statusQuery");
+  EXPECT_STREQ(kind_name(WorkerReply{WorkerStatus{}}), "status");
+  EXPECT_STREQ(kind_name(KvStoreMsg{PutBlocks{}}), "putBlocks");
+  EXPECT_STREQ(kind_name(KvStoreReply{KvStoreStats{}}), "stats");
 }
 
 // ============================================================================
@@ -280,18 +197,18 @@ TEST(MessagesCodec, RejectsOtherSchemaVersions) {
 TEST(MessagesCodec, RejectsEmptyAndUnalignedSizes) {
   expect_error(decode_orchestrator(""), ErrorCode::corrupt, "orchestrator message: empty message");
   expect_error(decode_worker_reply(""), ErrorCode::corrupt, "worker reply: empty");
-  std::string bytes = encode(KvStoreMsg::of(GetBlocks{"k"}));
+  std::string bytes = encode(KvStoreMsg{GetBlocks{"k"}});
   expect_error(decode_kvstore(bytes.substr(0, bytes.size() - 3)), ErrorCode::corrupt,
                "not a multiple of 8");
   expect_error(decode_kvstore(bytes + "x"), ErrorCode::corrupt, "not a multiple of 8");
 }
 
 TEST(MessagesCodec, DecodesFromUnalignedMemory) {
-  const std::string bytes = encode(KvStoreMsg::of(PutBlocks{"key", binary_blob(100, 3)}));
+  const std::string bytes = encode(KvStoreMsg{PutBlocks{"key", binary_blob(100, 3)}});
   std::string shifted = "x" + bytes;  // data() + 1 is misaligned
   auto d = decode_kvstore(std::string_view(shifted).substr(1));
   ASSERT_TRUE(d.ok()) << d.error().to_string();
-  EXPECT_EQ(d->put_blocks.data, binary_blob(100, 3));
+  EXPECT_EQ(std::get<PutBlocks>(*d).data, binary_blob(100, 3));
 }
 
 TEST(MessagesCodec, RejectsOversizedMessages) {
@@ -300,12 +217,12 @@ TEST(MessagesCodec, RejectsOversizedMessages) {
 }
 
 TEST(MessagesCodec, RejectsTrailingBytes) {
-  const std::string bytes = encode(WorkerMsg::of(CancelJob{5}));
+  const std::string bytes = encode(WorkerMsg{CancelJob{5}});
   expect_error(decode_worker(bytes + std::string(8, '\0')), ErrorCode::corrupt, "segment table declares");
 }
 
 TEST(MessagesCodec, RejectsLyingSegmentTables) {
-  const std::string good = encode(OrchestratorMsg::of(KillActor{"a"}));
+  const std::string good = encode(OrchestratorMsg{KillActor{"a"}});
   ASSERT_TRUE(decode_orchestrator(good).ok());
   {  // huge segment size
     std::string b = good;
@@ -363,8 +280,9 @@ TEST(MessagesCodec, RejectsZeroSizedStructListAmplification) {
   std::string ok = b.substr(0, b.size() - 8) + word(std::uint64_t{2} << 2);
   auto d2 = decode_worker(ok);
   ASSERT_TRUE(d2.ok()) << d2.error().to_string();
-  EXPECT_EQ(d2->assign_work.requests.size(), 2u);
-  EXPECT_EQ(d2->assign_work.requests[0].params.max_tokens, 16);  // schema default
+  const auto& requests = std::get<AssignWork>(*d2).requests;
+  EXPECT_EQ(requests.size(), 2u);
+  EXPECT_EQ(requests[0].params.max_tokens, 16);  // schema default
 }
 
 TEST(MessagesCodec, RejectsUnknownUnionMembers) {
@@ -380,7 +298,7 @@ TEST(MessagesCodec, RejectsUnknownUnionMembers) {
 }
 
 TEST(MessagesCodec, OutOfBoundsPointersNameTheMessageKind) {
-  std::string b = encode(OrchestratorMsg::of(KillActor{"some-actor"}));
+  std::string b = encode(OrchestratorMsg{KillActor{"some-actor"}});
   // Frame words: table, root pointer, root data, pointer to KillActor, KillActor's
   // text pointer (bytes 32..39; the high half is element size 2 (byte) | count << 3).
   ASSERT_EQ(static_cast<unsigned char>(b[36]) & 7u, 2u);
@@ -399,33 +317,33 @@ TEST(MessagesCodec, OutOfBoundsPointersNameTheMessageKind) {
 TEST(MessagesCodec, RejectsInvalidSamplingParams) {
   BatchRequest r = sample_request(0);
   r.params.max_tokens = 0;
-  auto d = decode_worker(encode(WorkerMsg::of(AssignWork{{sample_request(1), r}})));
+  auto d = decode_worker(encode(WorkerMsg{AssignWork{{sample_request(1), r}}}));
   expect_error(d, ErrorCode::invalid_argument, "worker message assignWork: requests[1].params");
   expect_error(d, ErrorCode::invalid_argument, "max_tokens");
 
   r = sample_request(0);
   r.params.top_p = std::numeric_limits<float>::quiet_NaN();
-  expect_error(decode_worker(encode(WorkerMsg::of(AssignWork{{r}}))), ErrorCode::invalid_argument, "top_p");
+  expect_error(decode_worker(encode(WorkerMsg{AssignWork{{r}}})), ErrorCode::invalid_argument, "top_p");
 
   r = sample_request(0);
   r.n = 0;
-  expect_error(decode_worker(encode(WorkerMsg::of(AssignWork{{r}}))), ErrorCode::invalid_argument,
+  expect_error(decode_worker(encode(WorkerMsg{AssignWork{{r}}})), ErrorCode::invalid_argument,
                "requests[0].n must be >= 1");
 
   r = sample_request(1);
   r.prompt_token_ids[2] = -5;
-  expect_error(decode_worker(encode(WorkerMsg::of(AssignWork{{r}}))), ErrorCode::invalid_argument,
+  expect_error(decode_worker(encode(WorkerMsg{AssignWork{{r}}})), ErrorCode::invalid_argument,
                "requests[0].promptTokenIds[2]");
 }
 
 TEST(MessagesCodec, RejectsInvalidResults) {
   BatchResult r = sample_result(1);
   r.completion_tokens = -1;
-  expect_error(decode_orchestrator(encode(OrchestratorMsg::of(WorkerResults{"w", {r}}))),
+  expect_error(decode_orchestrator(encode(OrchestratorMsg{WorkerResults{"w", {r}}})),
                ErrorCode::invalid_argument, "orchestrator message workerResults: results[0].completionTokens");
   r = sample_result(1);
   r.choices[1].token_ids[0] = -1;
-  expect_error(decode_orchestrator(encode(OrchestratorMsg::of(WorkerResults{"w", {r}}))),
+  expect_error(decode_orchestrator(encode(OrchestratorMsg{WorkerResults{"w", {r}}})),
                ErrorCode::invalid_argument, "results[0].choices[1].tokenIds[0]");
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Sample messages with non-trivial content for the codec tests, and field-wise
-// comparisons for the structs that have no operator==.
+// comparisons for the structs that have no operator== (expect_msg_eq compares
+// two messages of any variant).
 
 #include <gtest/gtest.h>
 
@@ -8,6 +9,8 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "messages/codec.hpp"
@@ -143,6 +146,7 @@ inline void expect_request_eq(const worker::BatchRequest& a, const worker::Batch
   expect_params_eq(a.params, b.params);
   EXPECT_EQ(a.return_token_ids, b.return_token_ids);
   EXPECT_EQ(a.n, b.n);
+  EXPECT_EQ(a.token_budget, b.token_budget);
 }
 
 inline void expect_result_eq(const worker::BatchResult& a, const worker::BatchResult& b) {
@@ -163,36 +167,66 @@ inline void expect_result_eq(const worker::BatchResult& a, const worker::BatchRe
   EXPECT_EQ(a.error_message, b.error_message);
 }
 
+/// One alternative's content: operator== where the struct has one, else
+/// field-wise.
+template <class T>
+void expect_same(const T& a, const T& b) {
+  EXPECT_EQ(a, b);
+}
+
+inline void expect_same(const Error& a, const Error& b) {
+  EXPECT_EQ(a.code, b.code);
+  EXPECT_EQ(a.message, b.message);
+}
+
+inline void expect_same(const WorkerResults& a, const WorkerResults& b) {
+  EXPECT_EQ(a.worker_name, b.worker_name);
+  ASSERT_EQ(a.results.size(), b.results.size());
+  for (std::size_t i = 0; i < a.results.size(); ++i) expect_result_eq(a.results[i], b.results[i]);
+}
+
+inline void expect_same(const AssignWork& a, const AssignWork& b) {
+  ASSERT_EQ(a.requests.size(), b.requests.size());
+  for (std::size_t i = 0; i < a.requests.size(); ++i) expect_request_eq(a.requests[i], b.requests[i]);
+}
+
+/// The same alternative with the same content.
+template <class... Ts>
+void expect_msg_eq(const std::variant<Ts...>& a, const std::variant<Ts...>& b) {
+  ASSERT_EQ(a.index(), b.index()) << kind_name(a) << " vs " << kind_name(b);
+  std::visit([&b](const auto& x) { expect_same(x, std::get<std::decay_t<decltype(x)>>(b)); }, a);
+}
+
 // ---- every kind of every message, encoded ------------------------------------
 
 inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
   std::vector<worker::BatchResult> results;
   for (int i = 0; i < 6; ++i) results.push_back(sample_result(i));
   return {
-      OrchestratorMsg::of(SubmitJob{"/models/stories15M",
+      OrchestratorMsg{SubmitJob{"/models/stories15M",
                                     {"/data/in/shard-000.jsonl", "/data/in/shard-001.jsonl", ""},
-                                    "/data/out/result.jsonl", std::nullopt, ""}),
-      OrchestratorMsg::of(JobStatusQuery{42}),
-      OrchestratorMsg::of(JobStatusQuery{0}),
-      OrchestratorMsg::of(ActorListQuery{}),
-      OrchestratorMsg::of(KillActor{"worker-gpu-1@node-b"}),
-      OrchestratorMsg::of(WorkerHello{"worker-gpu-0@node-a", "cuda:0", 256, engine::ParallelConfig{}}),
-      OrchestratorMsg::of(WorkerResults{"worker-gpu-0@node-a", results}),
-      OrchestratorMsg::of(WorkerHeartbeat{"worker-gpu-0@node-a", sample_status()}),
-      OrchestratorMsg::of(Shutdown{}),
+                                    "/data/out/result.jsonl", std::nullopt, ""}},
+      OrchestratorMsg{JobStatusQuery{42}},
+      OrchestratorMsg{JobStatusQuery{0}},
+      OrchestratorMsg{ActorListQuery{}},
+      OrchestratorMsg{KillActor{"worker-gpu-1@node-b"}},
+      OrchestratorMsg{WorkerHello{"worker-gpu-0@node-a", "cuda:0", 256, engine::ParallelConfig{}}},
+      OrchestratorMsg{WorkerResults{"worker-gpu-0@node-a", results}},
+      OrchestratorMsg{WorkerHeartbeat{"worker-gpu-0@node-a", sample_status()}},
+      OrchestratorMsg{Shutdown{}},
   };
 }
 
 inline std::vector<OrchestratorReply> sample_orchestrator_replies() {
   return {
-      OrchestratorReply::of(JobSubmitted{0xFFFFFFFFFFFFFFFEull}),
-      OrchestratorReply::of(JobStatusList{{sample_progress(0), sample_progress(1), sample_progress(2)}}),
-      OrchestratorReply::of(JobStatusList{}),
-      OrchestratorReply::of(ActorList{{{"orchestrator", "orchestrator", "node-a", "up", ""},
+      OrchestratorReply{JobSubmitted{0xFFFFFFFFFFFFFFFEull}},
+      OrchestratorReply{JobStatusList{{sample_progress(0), sample_progress(1), sample_progress(2)}}},
+      OrchestratorReply{JobStatusList{}},
+      OrchestratorReply{ActorList{{{"orchestrator", "orchestrator", "node-a", "up", ""},
                                        {"worker-gpu-0", "worker", "node-a", "busy", "tp=2,pp=1,sp=1"},
-                                       {"kvstore", "kvstore", "node-b", "up", ""}}}),
-      OrchestratorReply::of(Ack{}),
-      OrchestratorReply::of(Error{ErrorCode::not_found, "no job with id 99"}),
+                                       {"kvstore", "kvstore", "node-b", "up", ""}}}},
+      OrchestratorReply{Ack{}},
+      OrchestratorReply{Error{ErrorCode::not_found, "no job with id 99"}},
   };
 }
 
@@ -200,38 +234,38 @@ inline std::vector<WorkerMsg> sample_worker_msgs() {
   std::vector<worker::BatchRequest> reqs;
   for (int i = 0; i < 5; ++i) reqs.push_back(sample_request(i));
   return {
-      WorkerMsg::of(AssignWork{reqs}),
-      WorkerMsg::of(AssignWork{}),
-      WorkerMsg::of(CancelJob{12345}),
-      WorkerMsg::of(WorkerStatusQuery{}),
-      WorkerMsg::of(Shutdown{}),
+      WorkerMsg{AssignWork{reqs}},
+      WorkerMsg{AssignWork{}},
+      WorkerMsg{CancelJob{12345}},
+      WorkerMsg{WorkerStatusQuery{}},
+      WorkerMsg{Shutdown{}},
   };
 }
 
 inline std::vector<WorkerReply> sample_worker_replies() {
   return {
-      WorkerReply::of(sample_status()),
-      WorkerReply::of(Ack{}),
-      WorkerReply::of(Error{ErrorCode::out_of_memory, "KV cache: 4096 blocks needed, 1024 free"}),
+      WorkerReply{sample_status()},
+      WorkerReply{Ack{}},
+      WorkerReply{Error{ErrorCode::out_of_memory, "KV cache: 4096 blocks needed, 1024 free"}},
   };
 }
 
 inline std::vector<KvStoreMsg> sample_kvstore_msgs() {
   return {
-      KvStoreMsg::of(PutBlocks{"job7/seq3/blocks0-15", binary_blob(4096 + 3, 1)}),
-      KvStoreMsg::of(GetBlocks{"job7/seq3/blocks0-15"}),
-      KvStoreMsg::of(DropBlocks{"job7/seq3"}),
-      KvStoreMsg::of(StatsQuery{}),
+      KvStoreMsg{PutBlocks{"job7/seq3/blocks0-15", binary_blob(4096 + 3, 1)}},
+      KvStoreMsg{GetBlocks{"job7/seq3/blocks0-15"}},
+      KvStoreMsg{DropBlocks{"job7/seq3"}},
+      KvStoreMsg{StatsQuery{}},
   };
 }
 
 inline std::vector<KvStoreReply> sample_kvstore_replies() {
   return {
-      KvStoreReply::of(BlocksData{"job7/seq3/blocks0-15", binary_blob(777, 2), true}),
-      KvStoreReply::of(BlocksData{"missing", "", false}),
-      KvStoreReply::of(KvStoreStats{12, 1u << 30, 8ull << 30}),
-      KvStoreReply::of(Ack{}),
-      KvStoreReply::of(Error{ErrorCode::io, "rocksdb: disk full"}),
+      KvStoreReply{BlocksData{"job7/seq3/blocks0-15", binary_blob(777, 2), true}},
+      KvStoreReply{BlocksData{"missing", "", false}},
+      KvStoreReply{KvStoreStats{12, 1u << 30, 8ull << 30}},
+      KvStoreReply{Ack{}},
+      KvStoreReply{Error{ErrorCode::io, "rocksdb: disk full"}},
   };
 }
 

@@ -1,0 +1,163 @@
+// The shared inbox (actors/inbox.hpp) without an actor system: verify ->
+// decode -> dispatch -> encode, the refusal's reply, log line and count.
+#include "actors/inbox.hpp"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <variant>
+
+#include "actors/protocol.hpp"
+
+namespace shardline::actors {
+namespace {
+
+using messages::KvStoreMsg;
+using messages::KvStoreReply;
+
+/// Captures spdlog's default logger (message text only) while alive.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    sink->set_pattern("%v");
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  [[nodiscard]] std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+std::shared_ptr<const ClusterKey> new_key() {
+  auto k = ClusterKey::generate();
+  EXPECT_TRUE(k.ok()) << k.error().to_string();
+  return std::make_shared<const ClusterKey>(std::move(k).value());
+}
+
+/// A handler that records what it was called with and answers stats for a
+/// StatsQuery, the key for a GetBlocks, an Ack otherwise.
+struct Recorder {
+  int calls = 0;
+  std::string last;
+  KvStoreReply operator()(const messages::GetBlocks& m) {
+    ++calls;
+    last = "getBlocks " + m.key;
+    return messages::BlocksData{m.key, "data of " + m.key, true};
+  }
+  KvStoreReply operator()(const messages::StatsQuery&) {
+    ++calls;
+    last = "statsQuery";
+    return messages::KvStoreStats{1, 2, 3};
+  }
+  template <class T>
+  KvStoreReply operator()(const T& m) {
+    ++calls;
+    last = messages::kind_name(KvStoreMsg{m});
+    return messages::Ack{};
+  }
+};
+
+KvStoreReply decoded_reply(const std::string& bytes) {
+  auto r = messages::decode_kvstore_reply(bytes);
+  EXPECT_TRUE(r.ok()) << r.error().to_string();
+  return r.ok() ? std::move(r).value() : KvStoreReply{Error{}};
+}
+
+TEST(Inbox, DispatchesTheDecodedAlternativeAndEncodesItsReply) {
+  const auto key = new_key();
+  auto metrics = std::make_shared<MetricsRegistry>();
+  const Inbox inbox("kvstore node0/kvstore", key, metrics);
+  Recorder rec;
+  const Signed s = sign(*key, messages::encode(KvStoreMsg{messages::GetBlocks{"k1"}}));
+  const KvStoreReply reply = decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec));
+  EXPECT_EQ(rec.calls, 1);
+  EXPECT_EQ(rec.last, "getBlocks k1");
+  ASSERT_TRUE(std::holds_alternative<messages::BlocksData>(reply)) << messages::kind_name(reply);
+  EXPECT_EQ(std::get<messages::BlocksData>(reply), (messages::BlocksData{"k1", "data of k1", true}));
+
+  const Signed q = sign(*key, messages::encode(KvStoreMsg{messages::DropBlocks{"k2"}}));
+  EXPECT_TRUE(std::holds_alternative<messages::Ack>(
+      decoded_reply(inbox.serve({}, q.tag, q.bytes, messages::decode_kvstore, rec))));
+  EXPECT_EQ(rec.last, "dropBlocks");
+  EXPECT_EQ(metrics->get("shardline_auth_failures_total"), 0.0);
+}
+
+TEST(Inbox, RefusesABadTagLogsAndCountsIt) {
+  const auto key = new_key();
+  const auto other = new_key();
+  auto metrics = std::make_shared<MetricsRegistry>();
+  const Inbox inbox("kvstore node0/kvstore", key, metrics);
+  Recorder rec;
+  const std::string bytes = messages::encode(KvStoreMsg{messages::StatsQuery{}});
+  for (const std::string& tag : {other->sign(bytes), std::string(), key->sign(bytes + "x")}) {
+    LogCapture log;
+    const KvStoreReply reply = decoded_reply(inbox.serve({}, tag, bytes, messages::decode_kvstore, rec));
+    ASSERT_TRUE(std::holds_alternative<Error>(reply)) << messages::kind_name(reply);
+    EXPECT_EQ(std::get<Error>(reply).code, ErrorCode::invalid_argument);
+    EXPECT_EQ(std::get<Error>(reply).message, "unauthenticated: wrong or missing cluster key");
+    EXPECT_EQ(log.text().rfind("kvstore node0/kvstore: refused a message with a bad cluster key tag from ", 0), 0u)
+        << log.text();
+  }
+  EXPECT_EQ(rec.calls, 0);
+  EXPECT_EQ(metrics->get("shardline_auth_failures_total"), 3.0);
+
+  // Without a registry the refusal is logged, not counted; without a key every message is refused.
+  const Inbox uncounted("worker w", key, nullptr);
+  EXPECT_TRUE(std::holds_alternative<Error>(
+      decoded_reply(uncounted.serve({}, "", bytes, messages::decode_kvstore, rec))));
+  const Inbox keyless;
+  EXPECT_TRUE(std::holds_alternative<Error>(
+      decoded_reply(keyless.serve({}, key->sign(bytes), bytes, messages::decode_kvstore, rec))));
+  EXPECT_EQ(rec.calls, 0);
+}
+
+TEST(Inbox, AnswersUndecodableBytesWithTheDecodeError) {
+  const auto key = new_key();
+  const Inbox inbox("kvstore n/kvstore", key, nullptr);
+  Recorder rec;
+  // An orchestrator message is not a KV-store message: signed, but its union
+  // member (shutdown, 7) is out of the KV store's range.
+  const std::string bytes = messages::encode(messages::OrchestratorMsg{messages::Shutdown{}});
+  const std::string garbage(16, '\x01');
+  for (const std::string& b : {bytes, garbage, std::string()}) {
+    const KvStoreReply reply = decoded_reply(inbox.serve({}, key->sign(b), b, messages::decode_kvstore, rec));
+    ASSERT_TRUE(std::holds_alternative<Error>(reply)) << messages::kind_name(reply);
+    const auto expected = messages::decode_kvstore(b);
+    ASSERT_FALSE(expected.ok());
+    EXPECT_EQ(std::get<Error>(reply).code, expected.error().code);
+    EXPECT_EQ(std::get<Error>(reply).message, expected.error().message);
+  }
+  EXPECT_EQ(rec.calls, 0);
+}
+
+TEST(Inbox, AnOptionalReplyOfNulloptSendsNoBytes) {
+  const auto key = new_key();
+  const Inbox inbox("orchestrator", key, nullptr);
+  auto handler = [](const auto& m) -> std::optional<messages::OrchestratorReply> {
+    if constexpr (std::is_same_v<std::decay_t<decltype(m)>, messages::JobStatusQuery>)
+      return messages::JobSubmitted{m.job_id};
+    return std::nullopt;
+  };
+  const Signed hb = sign(*key, messages::encode(messages::OrchestratorMsg{messages::WorkerHeartbeat{}}));
+  EXPECT_EQ(inbox.serve({}, hb.tag, hb.bytes, messages::decode_orchestrator, handler), "");
+  const Signed q = sign(*key, messages::encode(messages::OrchestratorMsg{messages::JobStatusQuery{9}}));
+  auto reply = messages::decode_orchestrator_reply(inbox.serve({}, q.tag, q.bytes, messages::decode_orchestrator, handler));
+  ASSERT_TRUE(reply.ok()) << reply.error().to_string();
+  ASSERT_TRUE(std::holds_alternative<messages::JobSubmitted>(*reply)) << messages::kind_name(*reply);
+  EXPECT_EQ(std::get<messages::JobSubmitted>(*reply).job_id, 9u);
+  // A refused message is answered even by an inbox whose handlers answer nullopt.
+  auto refused = messages::decode_orchestrator_reply(inbox.serve({}, "", q.bytes, messages::decode_orchestrator, handler));
+  ASSERT_TRUE(refused.ok()) << refused.error().to_string();
+  EXPECT_TRUE(std::holds_alternative<Error>(*refused));
+}
+
+}  // namespace
+}  // namespace shardline::actors
