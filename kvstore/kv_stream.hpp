@@ -1,0 +1,173 @@
+#pragma once
+/// \file
+/// DéjàVuLib, the KV cache streaming library of DéjàVu (seed 003 §4.1,
+/// Table 1), over Shardline's paged KV caches. Three levels, as in the paper:
+///
+///  - `stream_out` / `stream_in`: given the source (or destination) ranks of
+///    an engine group, their shard layouts and a sequence's block table, find
+///    where each piece of a KV range comes from (or goes to). The cache is
+///    split at the source (each (layer, KV head) is read from the first rank
+///    that holds it: a TP / SP group may replicate a head, a PP group holds
+///    each layer on one stage) and merged at the destination (written into
+///    every rank that holds it), through one layout-free *canonical chunk*.
+///    So a tp=2 group can stream out what a tp=4 or pp=2 group streams in
+///    (Seesaw's re-sharding reuses this).
+///  - `gather` / `scatter`: a non-contiguous region of one rank's paged cache
+///    (blocks of a block table, some layers, some KV heads, a token range)
+///    to / from one contiguous buffer.
+///  - `flush` / `fetch`: one contiguous chunk to / from a target (KvTarget):
+///    local memory, a KV-store actor, or a remote rank over a communicator.
+///
+/// Buffered copies (§4.1.1 (1), Fig. 6a / 7): a step's many small
+/// per-token, per-layer, per-head pieces are gathered into one buffer per
+/// destination and sent as one transfer, never one transfer per piece.
+///
+/// The canonical chunk of a KvRange ("HND" per layer and per K / V):
+///   [layer_end - layer_begin, 2 (K then V), num_kv_heads, token_end - token_begin, head_dim]
+/// elements of KvModelShape::dtype, bit-for-bit the cache's elements. It does
+/// not depend on the block size, the block table or the shard layout, so a
+/// round trip out of one layout and into another is bit-identical.
+///
+/// Thread safety: functions are pure over their arguments; a KvTarget is
+/// used by one thread at a time unless it says otherwise.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/result.hpp"
+
+namespace shardline::kvstore {
+
+/// KV geometry of the whole model, as every rank of a group sees it.
+struct KvModelShape {
+  int num_layers = 0;    ///< transformer layers of the model
+  int num_kv_heads = 0;  ///< KV heads of the model (before any split)
+  int head_dim = 0;      ///< elements per head
+  DType dtype = DType::f32;  ///< element type of the caches and of chunks (f32, bf16 or f16)
+};
+
+/// The layout of one rank's paged KV cache (model/shard_runner.hpp,
+/// kernels/cpu/attention.hpp; the CUDA runner uses the same):
+///   [layer_end - layer_begin, 2 (K, V), num_blocks, kv_heads.size(), block_size, head_dim]
+/// elements, where inside one (layer, K|V, block, head) slab of
+/// block_size * head_dim elements K is stored transposed, [head_dim][block_size],
+/// and V row-major, [block_size][head_dim].
+struct KvRankLayout {
+  int layer_begin = 0;        ///< first model layer this rank caches (its PP stage)
+  int layer_end = 0;          ///< one past its last layer
+  /// Model KV head of each local head slot, in slot order (its TP / SP
+  /// share; with tp * sp > num_kv_heads a head is on several ranks).
+  std::vector<int> kv_heads;
+  int num_blocks = 0;         ///< blocks in this rank's cache
+  int block_size = 0;         ///< tokens per block
+};
+
+/// One rank's KV cache memory (host-addressable: a CPU device's cache, or
+/// a host tier laid out like one).
+struct KvCacheView {
+  void* data = nullptr;  // [layers_local, 2, num_blocks, heads_local, block_size, head_dim] of dtype
+  KvRankLayout layout;
+};
+
+/// A part of one sequence's KV: layers [layer_begin, layer_end) by token
+/// positions [token_begin, token_end).
+struct KvRange {
+  int layer_begin = 0;
+  int layer_end = 0;
+  int token_begin = 0;
+  int token_end = 0;
+  [[nodiscard]] int num_layers() const noexcept { return layer_end - layer_begin; }
+  [[nodiscard]] int num_tokens() const noexcept { return token_end - token_begin; }
+  bool operator==(const KvRange&) const = default;
+};
+
+/// Bytes of the canonical chunk of `range`:
+/// num_layers * 2 * num_kv_heads * num_tokens * head_dim * dtype_size.
+[[nodiscard]] std::size_t chunk_bytes(const KvModelShape& shape, const KvRange& range) noexcept;
+
+/// Bytes of one rank's cache (for allocating a view's memory).
+[[nodiscard]] std::size_t cache_bytes(const KvModelShape& shape, const KvRankLayout& layout) noexcept;
+
+/// Checks a layout against a shape: layers inside [0, num_layers), heads
+/// inside [0, num_kv_heads) and not repeated, positive block size / count.
+/// Errors: invalid_argument naming the field.
+[[nodiscard]] Status check_layout(const KvModelShape& shape, const KvRankLayout& layout);
+
+// ---- gather / scatter: one rank, non-contiguous <-> contiguous ------------------
+
+/// Copies the part of `range` that `view` holds (its layers of the range, all
+/// its head slots) out of the paged cache into `out`, laid out as the
+/// canonical chunk of that sub-range restricted to the rank's heads:
+///   [layers in both, 2, kv_heads.size(), num_tokens, head_dim].
+/// `block_table`: logical block i of the sequence -> physical block of the
+/// rank's cache; it must cover range.token_end. Errors: invalid_argument
+/// (table too short, physical block out of range, `out` too small).
+[[nodiscard]] Status gather(const KvModelShape& shape, const KvCacheView& view,
+                            std::span<const std::int32_t> block_table, const KvRange& range,
+                            std::span<std::byte> out);
+
+/// The reverse of gather: writes `in` (same layout) into the rank's cache.
+[[nodiscard]] Status scatter(const KvModelShape& shape, const KvCacheView& view,
+                             std::span<const std::int32_t> block_table, const KvRange& range,
+                             std::span<const std::byte> in);
+
+// ---- flush / fetch: one contiguous chunk to / from a target --------------------
+
+/// Names one chunk of one request's KV in a target.
+struct KvChunkKey {
+  std::uint64_t job_id = 0;
+  std::uint64_t request_id = 0;  ///< the job's request (line and choice), see the KV store
+  KvRange range;
+  bool operator==(const KvChunkKey&) const = default;
+};
+
+/// Where chunks go and come from.
+class KvTarget {
+ public:
+  virtual ~KvTarget() = default;
+  /// Stores one contiguous chunk under `key` (replacing an equal key).
+  /// Errors: the target's (out_of_memory over a budget, io).
+  [[nodiscard]] virtual Status flush(const KvChunkKey& key, std::span<const std::byte> chunk) = 0;
+  /// The chunk stored under `key`. Errors: not_found, io.
+  [[nodiscard]] virtual Result<std::vector<std::byte>> fetch(const KvChunkKey& key) = 0;
+};
+
+// ---- stream_out / stream_in: a group of ranks <-> one canonical chunk -------------
+
+/// Streams `range` of one sequence out of an engine group: plans which rank
+/// supplies each (layer, head) (the first in `ranks` order holding it),
+/// gathers each source rank's share into one buffer, merges the shares into
+/// the canonical chunk and flushes it to `target` under `key` (key.range must
+/// equal `range`). One transfer per call, whatever the number of pieces.
+/// Errors: invalid_argument (a layer or head of the range that no rank holds,
+/// layouts that disagree with `shape`, a short block table), the target's.
+[[nodiscard]] Status stream_out(const KvModelShape& shape, std::span<const KvCacheView> ranks,
+                                std::span<const std::int32_t> block_table, const KvRange& range,
+                                KvTarget& target, const KvChunkKey& key);
+
+/// Streams `range` into an engine group: fetches the chunk under `key` from
+/// `target`, splits it by destination rank and scatters each rank's share
+/// into its cache; a (layer, head) held by several ranks is written to every
+/// one of them. Errors: invalid_argument (as stream_out; a fetched chunk of
+/// the wrong size), the target's (not_found when the chunk is absent).
+[[nodiscard]] Status stream_in(const KvModelShape& shape, std::span<const KvCacheView> ranks,
+                               std::span<const std::int32_t> block_table, const KvRange& range,
+                               KvTarget& target, const KvChunkKey& key);
+
+/// stream_out's split and merge without a target: `range` of the group into
+/// `chunk` (chunk_bytes(shape, range) bytes). Errors: as stream_out.
+[[nodiscard]] Status copy_out(const KvModelShape& shape, std::span<const KvCacheView> ranks,
+                              std::span<const std::int32_t> block_table, const KvRange& range,
+                              std::span<std::byte> chunk);
+
+/// stream_in's split without a target: `chunk` into every rank holding each
+/// part of `range`. Errors: as stream_in.
+[[nodiscard]] Status copy_in(const KvModelShape& shape, std::span<const KvCacheView> ranks,
+                             std::span<const std::int32_t> block_table, const KvRange& range,
+                             std::span<const std::byte> chunk);
+
+}  // namespace shardline::kvstore
