@@ -235,6 +235,8 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   ec.capture_logits = o.capture_logits;
   ec.check_integrity = o.check_integrity;
   ec.token_budget = o.token_budget;
+  ec.preemption_mode = o.preemption_mode;
+  ec.swap_space_bytes = o.swap_space_bytes;
   auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();
   e.engine = std::move(engine).value();

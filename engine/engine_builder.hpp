@@ -61,6 +61,9 @@ struct EngineOptions {
   std::shared_ptr<const TokenBudgetPolicy> token_budget;
   bool capture_logits = false;
   bool check_integrity = false;
+  /// What a preemption does with the victim's KV (engine/scheduler.hpp).
+  PreemptionMode preemption_mode = PreemptionMode::recompute;
+  std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV
 };
 
 /// A ready engine. Member order matters: the engine refers to the executor

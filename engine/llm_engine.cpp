@@ -51,8 +51,10 @@ LlmEngine::LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tok
     : executor_(&executor),
       tokenizer_(&tokenizer),
       config_(std::move(config)),
-      scheduler_(SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.max_model_len},
-                 executor.num_kv_blocks(), executor.block_size()) {}
+      scheduler_(SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.max_model_len,
+                                 config_.preemption_mode},
+                 executor.num_kv_blocks(), executor.block_size()),
+      kv_io_(executor, config_.swap_space_bytes) {}
 
 Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
                               const sampling::SamplingParams& params) {
@@ -78,6 +80,48 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
   return scheduler_.add(std::move(seq));
 }
 
+Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
+                              const sampling::SamplingParams& params, ResumeState resume) {
+  const std::string who = "request " + std::to_string(request_id) + ": ";
+  const int vocab = executor_->vocab_size();
+  for (auto id : resume.output_ids)
+    if (id < 0 || id >= vocab)
+      return make_error(ErrorCode::invalid_argument,
+                        who + "resumed output token id " + std::to_string(id) + " outside vocab of " +
+                            std::to_string(vocab));
+  if (static_cast<long long>(resume.output_ids.size()) >= params.max_tokens)
+    return make_error(ErrorCode::invalid_argument,
+                      who + "resumes with " + std::to_string(resume.output_ids.size()) +
+                          " generated tokens, max_tokens is " + std::to_string(params.max_tokens) +
+                          ": it had finished");
+  const long long known = static_cast<long long>(prompt_token_ids.size() + resume.output_ids.size());
+  if (resume.num_kv_tokens < 0 || resume.num_kv_tokens >= known)
+    return make_error(ErrorCode::invalid_argument,
+                      who + "resumes " + std::to_string(resume.num_kv_tokens) + " KV positions of " +
+                          std::to_string(known) + " tokens (at most the tokens before the last)");
+  if (scheduler_.get(request_id) != nullptr)
+    return make_error(ErrorCode::invalid_argument, who + "duplicate request id");
+  const bool restore = resume.num_kv_tokens > 0 && kv_io_.can_move_kv();
+  if (restore) {
+    if (Status s = kv_io_.hold_resumed(request_id, resume.num_kv_tokens, std::move(resume.kv_chunk)); !s.ok())
+      return s;
+  } else if (resume.num_kv_tokens > 0) {
+    kv_io_.count_resume_fallback();
+  }
+  if (Status s = add_request(request_id, std::move(prompt_token_ids), params); !s.ok()) {
+    kv_io_.drop(request_id);
+    return s;
+  }
+  Sequence* seq = scheduler_.get(request_id);
+  for (std::int32_t id : resume.output_ids) {
+    seq->output_ids.push_back(id);
+    if (seq->detokenizer) (void)seq->detokenizer->push(id);
+  }
+  if (seq->detokenizer) seq->text = seq->detokenizer->text();
+  seq->num_restore_tokens = restore ? resume.num_kv_tokens : 0;
+  return Status::ok_status();
+}
+
 bool LlmEngine::abort_request(std::uint64_t request_id) {
   if (Sequence* live = scheduler_.get(request_id); live != nullptr && live->in_flight) {
     live->abort_requested = true;
@@ -85,6 +129,7 @@ bool LlmEngine::abort_request(std::uint64_t request_id) {
   }
   std::unique_ptr<Sequence> seq = scheduler_.finish(request_id, FinishReason::abort);
   if (!seq) return false;
+  kv_io_.drop(request_id);
   aborted_.push_back(to_output(*seq));
   return true;
 }
@@ -160,6 +205,7 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
   if (!output.ok()) return std::move(output).error();
   const std::vector<Sequence*> sampled = sample_rows(f, output.value());
   finish_sequences(f.sched, sampled, results);
+  if (Status s = stream_increments(f.sched); !s.ok()) return s.error();
 
   f.stats.step_ms = ms_since(t0);
   step_stats_.push_back(f.stats);
@@ -176,11 +222,15 @@ Status LlmEngine::fill_pipeline() {
     MicroBatchBudget limits;
     if (config_.token_budget) limits = config_.token_budget->budget(scheduler_.state(depth));
     SchedulerOutput sched = scheduler_.schedule(config_.token_budget ? &limits : nullptr);
+    if (Status s = apply_kv_moves(sched); !s.ok()) return s;
     // A policy may hold everything back (e.g. Token Throttling pauses prefill
     // when the KV cache is nearly full); with nothing in flight that would
     // stall the engine, so fall back to the plain budget, whose preemption
     // always makes progress.
-    if (sched.empty() && config_.token_budget && in_flight_.empty()) sched = scheduler_.schedule(nullptr);
+    if (sched.empty() && config_.token_budget && in_flight_.empty()) {
+      sched = scheduler_.schedule(nullptr);
+      if (Status s = apply_kv_moves(sched); !s.ok()) return s;
+    }
     InFlight f;
     f.stats.schedule_ms = ms_since(t_sched);
     if (config_.check_integrity)
@@ -195,6 +245,41 @@ Status LlmEngine::fill_pipeline() {
     f.stats.num_preemptions = sched.num_preemptions;
     f.sched = std::move(sched);
     in_flight_.push_back(std::move(f));
+  }
+  return Status::ok_status();
+}
+
+Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
+  for (const SwapOut& swap : sched.swap_outs) {
+    Result<bool> kept = kv_io_.swap_out(swap);
+    if (!kept.ok()) return kept.error();
+    if (!*kept)  // no room in the swap space: this victim recomputes
+      if (Sequence* seq = scheduler_.get(swap.seq_id); seq != nullptr) seq->num_restore_tokens = 0;
+  }
+  for (const KvRestore& r : sched.restores)
+    if (Status s = kv_io_.restore(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
+      return make_error(ErrorCode::internal, s.error().message);
+  return Status::ok_status();
+}
+
+Status LlmEngine::stream_increments(const SchedulerOutput& sched) {
+  if (!kv_sink_ || !kv_io_.can_move_kv()) return Status::ok_status();
+  for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
+    const std::uint64_t id = sched.input.seqs[i].seq_id;
+    const int n = sched.scheduled[i].num_new_tokens;
+    const bool sampled = sched.input.seqs[i].needs_logits;
+    const Sequence* seq = scheduler_.get(id);  // null: it finished in this step
+    if (seq == nullptr || seq->is_finished()) continue;
+    KvIncrement inc;
+    inc.request_id = id;
+    inc.range = kvstore::KvRange{0, kv_io_.shape().num_layers, seq->num_computed_tokens - n, seq->num_computed_tokens};
+    Result<std::vector<std::byte>> chunk = kv_io_.copy_increment(scheduler_.block_manager().block_table(id),
+                                                                 inc.range.token_begin, inc.range.token_end);
+    if (!chunk.ok()) return make_error(ErrorCode::internal, "KV streaming: " + chunk.error().message);
+    inc.chunk = std::move(chunk).value();
+    if (sampled) inc.new_token_ids.push_back(seq->output_ids.back());
+    inc.num_output_tokens = seq->num_output_tokens();
+    kv_sink_(std::move(inc));
   }
   return Status::ok_status();
 }
@@ -265,9 +350,13 @@ void LlmEngine::finish_sequences(const SchedulerOutput& sched, const std::vector
     const FinishReason reason = check_stop(*seq);
     if (reason == FinishReason::none) continue;
     std::unique_ptr<Sequence> done = scheduler_.finish(seq->id, reason);
+    kv_io_.drop(seq->id);
     results.push_back(to_output(*done));
   }
-  for (std::uint64_t id : abort_ids) results.push_back(to_output(*scheduler_.finish(id, FinishReason::abort)));
+  for (std::uint64_t id : abort_ids) {
+    kv_io_.drop(id);
+    results.push_back(to_output(*scheduler_.finish(id, FinishReason::abort)));
+  }
   std::sort(results.begin(), results.end(),
             [](const RequestOutput& a, const RequestOutput& b) { return a.request_id < b.request_id; });
 }

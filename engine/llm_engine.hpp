@@ -16,6 +16,7 @@
 
 #include "common/result.hpp"
 #include "sampling/sampling_params.hpp"
+#include "engine/kv_cache_io.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/sequence.hpp"
 #include "model/executor.hpp"
@@ -37,6 +38,32 @@ struct EngineConfig {
   /// Per-micro-batch token budget (e.g. gLLM Token Throttling); null = a
   /// fixed budget of max_num_batched_tokens shared by decodes and prefills.
   std::shared_ptr<const TokenBudgetPolicy> token_budget;
+  /// What a preemption does with the victim's KV (engine/scheduler.hpp).
+  /// Swap needs host-addressable caches (KvCacheIo::can_move_kv); without
+  /// them, or when the swap space is full, a preemption recomputes.
+  PreemptionMode preemption_mode = PreemptionMode::recompute;
+  std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV (vLLM's --swap-space)
+};
+
+/// Where a request resumes after a failure (DéjàVu §4.2.3): the tokens it
+/// had generated, and the KV of its first positions as a KV store kept it.
+struct ResumeState {
+  std::vector<std::int32_t> output_ids;  ///< tokens generated before; generation continues after them
+  /// Positions [0, num_kv_tokens) whose KV `kv_chunk` holds: the canonical
+  /// chunk (kvstore/kv_stream.hpp) of KvRange{0, layers, 0, num_kv_tokens}.
+  /// 0: no KV (everything is recomputed). At most prompt + output tokens - 1.
+  int num_kv_tokens = 0;
+  std::vector<std::byte> kv_chunk;
+};
+
+/// One step's new KV of one running sequence, for token streaming
+/// (DéjàVu §4.1.1 (3)): handed to the stream sink after the step.
+struct KvIncrement {
+  std::uint64_t request_id = 0;
+  kvstore::KvRange range;                   ///< all layers x the positions this step computed
+  std::vector<std::byte> chunk;             ///< canonical chunk of `range`
+  std::vector<std::int32_t> new_token_ids;  ///< tokens this step sampled for it (0 or 1)
+  int num_output_tokens = 0;                ///< its generated tokens after this step
 };
 
 struct RequestOutput {
@@ -77,6 +104,17 @@ class LlmEngine {
   /// vocab, duplicate id), out_of_memory (prompt + max_tokens never fits the cache).
   [[nodiscard]] Status add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
                                    const sampling::SamplingParams& params);
+  /// Queues a request that resumes after a failure: its generated tokens are
+  /// taken as output so far (the text, penalties and stop rules see them),
+  /// the KV of resume.num_kv_tokens positions is copied into the cache when
+  /// it is admitted, and only the positions after them are computed. When
+  /// the KV cannot be restored here (caches not host-addressable) it is
+  /// recomputed and counted (KvIoStats::resume_fallbacks). Errors: as
+  /// add_request; invalid_argument (an output id outside the vocab, as many
+  /// outputs as max_tokens, num_kv_tokens out of range, a chunk of the wrong
+  /// size).
+  [[nodiscard]] Status add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
+                                   const sampling::SamplingParams& params, ResumeState resume);
 
   /// Finishes a request now with finish_reason "abort" (one in flight: when
   /// its micro-batch lands); its output is returned by a later step(). False
@@ -111,6 +149,16 @@ class LlmEngine {
   void set_token_budget(std::shared_ptr<const TokenBudgetPolicy> policy) { config_.token_budget = std::move(policy); }
   [[nodiscard]] const Scheduler& scheduler() const { return scheduler_; }
   [[nodiscard]] const EngineConfig& config() const { return config_; }
+  /// Switches the preemption mode (takes effect at the next preemption).
+  void set_preemption_mode(PreemptionMode mode) {
+    config_.preemption_mode = mode;
+    scheduler_.set_preemption_mode(mode);
+  }
+  /// Receives every running sequence's new KV after each step (token
+  /// streaming); null: none is copied out. Called on the stepping thread:
+  /// the sink must only queue the increment.
+  void set_kv_sink(std::function<void(KvIncrement)> sink) { kv_sink_ = std::move(sink); }
+  [[nodiscard]] const KvCacheIo& kv_io() const { return kv_io_; }
 
  private:
   LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config);
@@ -126,6 +174,12 @@ class LlmEngine {
   /// (max_in_flight) and anything is schedulable. Errors: the executor's
   /// submit errors; internal (check_integrity).
   [[nodiscard]] Status fill_pipeline();
+  /// Moves the KV a schedule asks for before its step runs: swap-outs of
+  /// its preemptions (a victim that does not fit the swap space is switched
+  /// to recompute), then restores of readmitted sequences. Errors: internal.
+  [[nodiscard]] Status apply_kv_moves(const SchedulerOutput& sched);
+  /// Hands the sink each still-running sequence's KV computed by `sched`.
+  [[nodiscard]] Status stream_increments(const SchedulerOutput& sched);
   /// Gives each logits row of `sched` what the device needs to sample it.
   void attach_device_sampling(SchedulerOutput& sched) const;
   /// Collects the oldest micro-batch's output and checks its shape (logits
@@ -147,6 +201,8 @@ class LlmEngine {
   const model::Tokenizer* tokenizer_;
   EngineConfig config_;
   Scheduler scheduler_;
+  KvCacheIo kv_io_;
+  std::function<void(KvIncrement)> kv_sink_;
   std::vector<RequestOutput> aborted_;
   std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;

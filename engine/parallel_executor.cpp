@@ -309,6 +309,16 @@ std::vector<double> InProcEngineGroup::stage_busy_ms() const {
   return out;
 }
 
+kvstore::KvModelShape InProcEngineGroup::kv_model_shape() const { return executor_->runner().kv_model_shape(); }
+
+std::vector<kvstore::KvCacheView> InProcEngineGroup::kv_cache_views() {
+  std::vector<kvstore::KvCacheView> views;
+  views.reserve(static_cast<std::size_t>(pc_.group_size()));
+  views.push_back(executor_->runner().kv_cache_view());
+  for (auto& w : workers_) views.push_back(w->runner().kv_cache_view());
+  return views;
+}
+
 Status InProcEngineGroup::kill_rank(int group_rank) {
   if (group_rank <= 0 || group_rank >= pc_.group_size())
     return make_error(ErrorCode::invalid_argument, "kill_rank: rank must be in [1, group_size)");

@@ -167,6 +167,9 @@ class InProcEngineGroup final : public model::ModelExecutor {
   [[nodiscard]] int vocab_size() const override { return executor_->vocab_size(); }
   [[nodiscard]] int num_kv_blocks() const override { return executor_->num_kv_blocks(); }
   [[nodiscard]] int block_size() const override { return executor_->block_size(); }
+  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override;
+  /// Every rank's cache (they share this process), in group-rank order.
+  [[nodiscard]] std::vector<kvstore::KvCacheView> kv_cache_views() override;
 
   [[nodiscard]] ParallelExecutor& executor() { return *executor_; }
   [[nodiscard]] const ParallelConfig& parallel_config() const { return pc_; }

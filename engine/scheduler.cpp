@@ -33,6 +33,17 @@ model::StepInput make_step_input(std::span<const ScheduledSeq> scheduled, const 
   return in;
 }
 
+const char* preemption_mode_name(PreemptionMode mode) noexcept {
+  return mode == PreemptionMode::swap ? "swap" : "recompute";
+}
+
+Result<PreemptionMode> parse_preemption_mode(const std::string& name) {
+  if (name == "recompute") return PreemptionMode::recompute;
+  if (name == "swap") return PreemptionMode::swap;
+  return make_error(ErrorCode::invalid_argument,
+                    "unknown preemption mode '" + name + "' (choose recompute or swap)");
+}
+
 Scheduler::Scheduler(SchedulerConfig config, int num_kv_blocks, int block_size)
     : config_(config), blocks_(num_kv_blocks, block_size) {}
 
@@ -53,6 +64,10 @@ Status Scheduler::add(std::unique_ptr<Sequence> seq) {
                       who + "prompt + max_tokens = " + std::to_string(max_len) + " tokens need " +
                           std::to_string(need) + " KV blocks, the whole cache has " +
                           std::to_string(blocks_.num_blocks()));
+  if (seq->num_restore_tokens < 0 || seq->num_restore_tokens >= seq->num_tokens())
+    return make_error(ErrorCode::invalid_argument,
+                      who + "restores " + std::to_string(seq->num_restore_tokens) + " KV positions of " +
+                          std::to_string(seq->num_tokens()) + " tokens (at most the tokens before the last)");
   seq->status = SeqStatus::waiting;
   seq->num_computed_tokens = 0;
   seq->arrival = next_arrival_++;
@@ -80,8 +95,16 @@ Sequence* Scheduler::last_preemptible() const {
   return nullptr;
 }
 
-void Scheduler::preempt(Sequence* victim) {
+void Scheduler::preempt(Sequence* victim, SchedulerOutput& out) {
   std::erase(running_, victim);
+  if (config_.preemption_mode == PreemptionMode::swap && victim->num_computed_tokens > 0) {
+    // Positions whose KV is computed; the last known token is never among
+    // them (it is computed by the step that samples the next one).
+    out.swap_outs.push_back({victim->id, blocks_.block_table(victim->id), victim->num_computed_tokens});
+    victim->num_restore_tokens = victim->num_computed_tokens;
+  } else {
+    victim->num_restore_tokens = 0;
+  }
   blocks_.free(victim->id);
   victim->num_computed_tokens = 0;
   victim->status = SeqStatus::waiting;
@@ -92,7 +115,7 @@ void Scheduler::preempt(Sequence* victim) {
 
 SchedulerState Scheduler::state(int pipeline_depth) const {
   SchedulerState st;
-  for (const Sequence* s : waiting_) st.num_waiting_prefill_tokens += s->num_tokens() - s->num_computed_tokens;
+  for (const Sequence* s : waiting_) st.num_waiting_prefill_tokens += s->num_tokens() - s->num_restore_tokens;
   for (const Sequence* s : running_) {
     const int left = s->num_tokens() - s->num_computed_tokens;
     if (s->num_output_tokens() > 0 && left <= 1) ++st.num_running_decode_seqs;
@@ -141,7 +164,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits) {
         blocked = true;
         break;
       }
-      preempt(victim);
+      preempt(victim, out);
       ++out.num_preemptions;
       if (victim == seq) {
         self_preempted = true;
@@ -162,10 +185,16 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits) {
   while (out.num_preemptions == 0 && budget > 0 && prefill_left > 0 && !waiting_.empty() &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
-    const int n = std::min({seq->num_tokens() - seq->num_computed_tokens, budget, prefill_left});  // chunk to fit
-    if (!blocks_.can_grow(seq->id, seq->num_computed_tokens + n)) break;
-    (void)blocks_.allocate_slots(seq->id, seq->num_computed_tokens + n);
+    const int restored = seq->num_restore_tokens;  // KV copied in, not computed
+    const int n = std::min({seq->num_tokens() - restored, budget, prefill_left});  // chunk to fit
+    if (!blocks_.can_grow(seq->id, restored + n)) break;
+    (void)blocks_.allocate_slots(seq->id, restored + n);
     waiting_.pop_front();
+    if (restored > 0) {
+      out.restores.push_back({seq->id, restored});
+      seq->num_computed_tokens = restored;
+      seq->num_restore_tokens = 0;
+    }
     seq->status = SeqStatus::running;
     insert_by_arrival(running_, seq);
     record(seq, n);

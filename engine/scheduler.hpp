@@ -2,7 +2,8 @@
 /// \file
 /// Continuous batching at iteration level (Orca, OSDI'22) with chunked
 /// prefill under a per-step token budget (Sarathi-Serve, OSDI'24) over a
-/// paged KV cache with preemption by recompute (vLLM / PagedAttention, SOSP'23).
+/// paged KV cache with preemption by recompute (vLLM / PagedAttention, SOSP'23)
+/// or by swapping (DéjàVu's microbatch swapping, seed 003 §4.2.2).
 ///
 /// Each `schedule()`: running sequences first, in arrival order (a decode is 1
 /// token; a sequence still prefilling continues with its next chunk); then
@@ -11,13 +12,19 @@
 /// When a running sequence cannot get a block, the most recently arrived
 /// running sequence is preempted: its blocks are freed, num_computed_tokens
 /// reset to 0 and it goes back to the waiting queue ahead of everything that
-/// arrived later; its generated tokens are kept and re-prefilled. A plain
-/// single-threaded class.
+/// arrived later; its generated tokens are kept. With preemption by
+/// recompute they are re-prefilled; with preemption by swap the schedule
+/// lists the victim's blocks in `swap_outs` (the engine copies that KV to
+/// host memory before the step runs) and, when the sequence is admitted
+/// again, its restored positions in `restores` (the engine copies the KV
+/// back into the new blocks before the step runs): only the tokens after
+/// them are computed. A plain single-threaded class.
 
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -29,10 +36,37 @@
 
 namespace shardline::engine {
 
+/// What a preemption does with the victim's KV.
+enum class PreemptionMode {
+  recompute,  ///< drop it; recompute prompt + generated tokens on readmission (vLLM)
+  swap,       ///< copy it to host memory and back on readmission (DéjàVu §4.2.2)
+};
+
+/// "recompute" / "swap".
+[[nodiscard]] const char* preemption_mode_name(PreemptionMode mode) noexcept;
+/// Parses "recompute" / "swap". Errors: invalid_argument naming the choices.
+[[nodiscard]] Result<PreemptionMode> parse_preemption_mode(const std::string& name);
+
 struct SchedulerConfig {
   int max_num_seqs = 256;              ///< running sequences at most
   int max_num_batched_tokens = 2048;   ///< tokens per step at most (prefill chunks + decodes)
   int max_model_len = 4096;            ///< prompt + output tokens at most
+  PreemptionMode preemption_mode = PreemptionMode::recompute;
+};
+
+/// A swap preemption: the KV the victim had computed, to be copied out
+/// before the step runs (its blocks are free from now on).
+struct SwapOut {
+  std::uint64_t seq_id = 0;
+  std::vector<std::int32_t> block_table;  ///< the victim's blocks at preemption
+  int num_tokens = 0;                     ///< positions [0, num_tokens) to copy out
+};
+
+/// A readmitted sequence whose KV positions [0, num_tokens) the engine must
+/// copy into its (new) blocks before the step runs.
+struct KvRestore {
+  std::uint64_t seq_id = 0;
+  int num_tokens = 0;
 };
 
 /// One sequence's share of a step.
@@ -52,6 +86,8 @@ struct SchedulerOutput {
   int num_prefill_tokens = 0;  ///< prompt / recompute tokens
   int num_decode_tokens = 0;   ///< single-token steps on a generated token
   int num_preemptions = 0;     ///< sequences preempted while building this step
+  std::vector<SwapOut> swap_outs;   ///< swap preemptions of this step, in order
+  std::vector<KvRestore> restores;  ///< admissions that restore KV instead of recomputing it
   [[nodiscard]] bool empty() const { return scheduled.empty(); }
 };
 
@@ -64,6 +100,8 @@ class Scheduler {
   /// invalid_argument (duplicate id, empty prompt, prompt > max_model_len),
   /// out_of_memory (prompt + max_tokens can never fit the whole KV cache).
   [[nodiscard]] Status add(std::unique_ptr<Sequence> seq);
+  /// Switches how later preemptions treat the victim's KV.
+  void set_preemption_mode(PreemptionMode mode) noexcept { config_.preemption_mode = mode; }
 
   /// Plans one step (micro-batch). Empty when nothing is schedulable.
   /// Sequences in flight (an earlier micro-batch not yet updated) are
@@ -99,7 +137,7 @@ class Scheduler {
  private:
   /// The newest running sequence not in flight (nullptr if none).
   [[nodiscard]] Sequence* last_preemptible() const;
-  void preempt(Sequence* victim);
+  void preempt(Sequence* victim, SchedulerOutput& out);
   void insert_by_arrival(std::deque<Sequence*>& queue, Sequence* seq);
   void insert_by_arrival(std::vector<Sequence*>& queue, Sequence* seq);
 

@@ -39,8 +39,13 @@ struct Sequence {
   std::vector<std::int32_t> min_tokens_masked_ids;
 
   SeqStatus status = SeqStatus::waiting;
-  /// Tokens whose KV is in the cache. Reset to 0 by preemption (recompute).
+  /// Tokens whose KV is in the cache. Reset to 0 by preemption.
   int num_computed_tokens = 0;
+  /// Waiting only: positions [0, num_restore_tokens) whose KV the engine
+  /// holds outside the cache (swapped out by a swap preemption, or fetched
+  /// from a KV store to resume after a failure) and copies back in when the
+  /// scheduler admits the sequence, instead of recomputing them. 0: none.
+  int num_restore_tokens = 0;
   int num_preemptions = 0;
   /// Part of a micro-batch whose logits are not back yet (pipeline
   /// parallelism): not scheduled again, not preempted, finished only later.

@@ -42,6 +42,8 @@ class CpuModelRunner final : public model::ModelExecutor {
   [[nodiscard]] int vocab_size() const override { return config().vocab_size; }
   [[nodiscard]] int num_kv_blocks() const override { return shard_->num_kv_blocks(); }
   [[nodiscard]] int block_size() const override { return shard_->block_size(); }
+  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override { return shard_->kv_model_shape(); }
+  [[nodiscard]] std::vector<kvstore::KvCacheView> kv_cache_views() override { return {shard_->kv_cache_view()}; }
 
   [[nodiscard]] const ModelConfig& config() const { return shard_->config(); }
   /// Times each op family of every step (a few clock reads per layer).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "kvstore/kv_stream.hpp"
 #include "sampling/sampler.hpp"
 #include "sampling/sampling_params.hpp"
 
@@ -75,6 +76,19 @@ class ModelExecutor {
   /// ids sampling::sample would draw (see kernels/cuda/sampling.hpp for where
   /// the device may differ), and no logits.
   [[nodiscard]] virtual bool samples_on_device() const { return false; }
+
+  // ---- KV streaming (DéjàVu, kvstore/kv_stream.hpp) -------------------------
+
+  /// The model's KV geometry (layers, KV heads, head_dim, cache dtype).
+  /// All zero for an executor whose caches cannot be streamed.
+  [[nodiscard]] virtual kvstore::KvModelShape kv_model_shape() const { return {}; }
+  /// Every rank's KV cache as a host-addressable view, in group-rank order
+  /// (one view for a single device). Empty when the caches are not
+  /// host-addressable (a CUDA device, ranks in other processes): then KV
+  /// cannot be swapped, streamed or restored, and the engine recomputes.
+  /// The memory may be read or written between steps, and while a step is
+  /// in flight for blocks no in-flight step uses.
+  [[nodiscard]] virtual std::vector<kvstore::KvCacheView> kv_cache_views() { return {}; }
 
   // ---- asynchronous steps (pipeline parallelism) --------------------------
   // A pipelined executor (PP stages) accepts up to max_in_flight() steps

@@ -197,6 +197,26 @@ std::size_t ShardRunner::packed_weight_bytes() const {
   return b;
 }
 
+kvstore::KvModelShape ShardRunner::kv_model_shape() const {
+  const ModelConfig& c = config();
+  return kvstore::KvModelShape{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, options_.kv_cache_dtype};
+}
+
+kvstore::KvCacheView ShardRunner::kv_cache_view() {
+  kvstore::KvCacheView v;
+  v.data = kv_cache_.get();
+  v.layout.layer_begin = layer_begin_;
+  v.layout.layer_end = layer_end_;
+  v.layout.num_blocks = options_.num_kv_blocks;
+  v.layout.block_size = options_.block_size;
+  // Local slot i holds the i-th KV head read by the first query head this
+  // rank attends (the same arithmetic as sp_kv_begin_ in create()).
+  const int group = config().num_queries_per_kv();
+  const int first = (spec_.tp_rank * hq_t_ + spec_.sp_rank * hq_attn_) / group;
+  for (int i = 0; i < kv_attn_; ++i) v.layout.kv_heads.push_back(first + i);
+  return v;
+}
+
 kc::KvCacheLayer ShardRunner::kv_layer(int local_layer) {
   char* base = static_cast<char*>(kv_cache_.get()) + 2 * kv_layer_bytes_ * static_cast<std::size_t>(local_layer);
   kc::KvCacheLayer l;

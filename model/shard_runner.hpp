@@ -45,6 +45,7 @@
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/ops.hpp"
+#include "kvstore/kv_stream.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::model {
@@ -141,6 +142,11 @@ class ShardRunner {
   [[nodiscard]] const CpuRunnerOptions& options() const { return options_; }
   /// KV heads this rank stores and attends (after TP/SP split and replication).
   [[nodiscard]] int kv_heads_attended() const { return kv_attn_; }
+  /// The model's KV geometry with this runner's cache dtype.
+  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const;
+  /// This rank's cache as a streamable view: its stage's layers and, per
+  /// local head slot, the model KV head it holds.
+  [[nodiscard]] kvstore::KvCacheView kv_cache_view();
 
   void set_profiling(bool on) { profiling_ = on; }
   /// This rank's profile of the last step (run_stage + run_logits); comm_bytes

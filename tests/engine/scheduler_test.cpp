@@ -175,6 +175,80 @@ TEST(Scheduler, PreemptedSequenceRecomputesPromptPlusOutput) {
   EXPECT_TRUE(saw_recompute);
 }
 
+TEST(Scheduler, SwapPreemptionListsTheVictimsKvAndRestoresIt) {
+  // The same squeeze as above with preemption by swap: the victim's computed
+  // positions are listed for swap-out with its block table (before the
+  // blocks are reused), and its readmission lists them for restore, so only
+  // the tokens after them are scheduled.
+  Scheduler sched({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 64,
+                   .preemption_mode = PreemptionMode::swap},
+                  4, 4);
+  ASSERT_TRUE(sched.add(make_seq(0, 4, 8)).ok());
+  ASSERT_TRUE(sched.add(make_seq(1, 4, 8)).ok());
+  std::map<std::uint64_t, SwapOut> swapped;
+  int num_restores = 0;
+  while (sched.has_unfinished()) {
+    SchedulerOutput out = sched.schedule();
+    ASSERT_TRUE(sched.check_integrity().ok());
+    for (const SwapOut& so : out.swap_outs) {
+      const Sequence* victim = sched.get(so.seq_id);
+      ASSERT_NE(victim, nullptr);
+      EXPECT_EQ(victim->status, SeqStatus::waiting);
+      EXPECT_EQ(victim->num_restore_tokens, so.num_tokens);
+      EXPECT_EQ(so.num_tokens, victim->num_tokens() - 1);  // every known token but the last
+      EXPECT_EQ(static_cast<int>(so.block_table.size()), (so.num_tokens + 3) / 4) << "its table covers its KV";
+      swapped[so.seq_id] = so;
+    }
+    for (const KvRestore& r : out.restores) {
+      ++num_restores;
+      ASSERT_EQ(swapped.count(r.seq_id), 1u);
+      EXPECT_EQ(r.num_tokens, swapped[r.seq_id].num_tokens);
+      for (std::size_t i = 0; i < out.scheduled.size(); ++i) {
+        if (out.scheduled[i].seq->id != r.seq_id) continue;
+        EXPECT_EQ(out.input.seqs[i].num_computed_tokens, r.num_tokens);
+        EXPECT_EQ(out.scheduled[i].num_new_tokens, 1) << "only the last known token is computed";
+      }
+    }
+    std::vector<std::int32_t> sampled(static_cast<std::size_t>(out.input.num_logits()), 3);
+    std::vector<std::uint64_t> ids;
+    for (const auto& s : out.scheduled) ids.push_back(s.seq->id);
+    sched.update(out, sampled);
+    for (auto id : ids)
+      if (sched.get(id)->num_output_tokens() == 8) (void)sched.finish(id, FinishReason::length);
+  }
+  EXPECT_FALSE(swapped.empty());
+  EXPECT_EQ(num_restores, static_cast<int>(swapped.size()));
+}
+
+TEST(Scheduler, RecomputePreemptionListsNoSwaps) {
+  Scheduler sched({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 64}, 4, 4);
+  ASSERT_TRUE(sched.add(make_seq(0, 4, 8)).ok());
+  ASSERT_TRUE(sched.add(make_seq(1, 4, 8)).ok());
+  int preemptions = 0;
+  while (sched.has_unfinished()) {
+    SchedulerOutput out = sched.schedule();
+    preemptions += out.num_preemptions;
+    EXPECT_TRUE(out.swap_outs.empty());
+    EXPECT_TRUE(out.restores.empty());
+    std::vector<std::int32_t> sampled(static_cast<std::size_t>(out.input.num_logits()), 3);
+    std::vector<std::uint64_t> ids;
+    for (const auto& s : out.scheduled) ids.push_back(s.seq->id);
+    sched.update(out, sampled);
+    for (auto id : ids)
+      if (sched.get(id)->num_output_tokens() == 8) (void)sched.finish(id, FinishReason::length);
+  }
+  EXPECT_GT(preemptions, 0);
+}
+
+TEST(Scheduler, PreemptionModeNames) {
+  EXPECT_EQ(parse_preemption_mode("swap").value(), PreemptionMode::swap);
+  EXPECT_EQ(parse_preemption_mode("recompute").value(), PreemptionMode::recompute);
+  auto bad = parse_preemption_mode("spill");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("recompute or swap"), std::string::npos);
+  EXPECT_STREQ(preemption_mode_name(PreemptionMode::swap), "swap");
+}
+
 TEST(Scheduler, RejectsRequestsThatCanNeverFit) {
   Scheduler sched({.max_num_seqs = 4, .max_num_batched_tokens = 64, .max_model_len = 100}, 4, 4);
   Status s = sched.add(make_seq(1, 10, 7));  // 17 tokens > 16

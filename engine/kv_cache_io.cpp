@@ -1,0 +1,90 @@
+#include "engine/kv_cache_io.hpp"
+
+#include <string>
+
+namespace shardline::engine {
+
+KvCacheIo::KvCacheIo(model::ModelExecutor& executor, std::uint64_t swap_space_bytes)
+    : shape_(executor.kv_model_shape()),
+      views_(executor.kv_cache_views()),
+      swap_space_bytes_(swap_space_bytes) {
+  if (shape_.num_layers <= 0 || shape_.num_kv_heads <= 0 || shape_.head_dim <= 0) views_.clear();
+}
+
+std::size_t KvCacheIo::bytes_for(int num_tokens) const noexcept {
+  return kvstore::chunk_bytes(shape_, kvstore::KvRange{0, shape_.num_layers, 0, num_tokens});
+}
+
+Result<bool> KvCacheIo::swap_out(const SwapOut& swap) {
+  const std::size_t bytes = bytes_for(swap.num_tokens);
+  if (!can_move_kv() || stats_.swap_space_bytes_used + bytes > swap_space_bytes_ || held_.count(swap.seq_id) != 0) {
+    ++stats_.swap_fallbacks;
+    return false;
+  }
+  Held h;
+  h.num_tokens = swap.num_tokens;
+  h.swapped = true;
+  h.chunk.resize(bytes);
+  const kvstore::KvRange range{0, shape_.num_layers, 0, swap.num_tokens};
+  if (Status s = kvstore::copy_out(shape_, views_, swap.block_table, range, h.chunk); !s.ok())
+    return make_error(ErrorCode::internal, "swap out of request " + std::to_string(swap.seq_id) + ": " +
+                                               s.error().message);
+  stats_.swap_space_bytes_used += bytes;
+  stats_.swapped_out_bytes += bytes;
+  ++stats_.swap_outs;
+  held_.emplace(swap.seq_id, std::move(h));
+  return true;
+}
+
+Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk) {
+  const std::string who = "request " + std::to_string(seq_id) + ": ";
+  if (!can_move_kv())
+    return make_error(ErrorCode::invalid_argument, who + "this executor's KV caches cannot be restored");
+  if (num_tokens <= 0 || chunk.size() != bytes_for(num_tokens))
+    return make_error(ErrorCode::invalid_argument,
+                      who + "a resumed KV chunk of " + std::to_string(chunk.size()) + " bytes does not hold " +
+                          std::to_string(num_tokens) + " positions (" + std::to_string(bytes_for(num_tokens)) +
+                          " bytes)");
+  drop(seq_id);
+  held_.emplace(seq_id, Held{num_tokens, false, std::move(chunk)});
+  return Status::ok_status();
+}
+
+Status KvCacheIo::restore(const KvRestore& restore, const std::vector<std::int32_t>& block_table) {
+  const auto it = held_.find(restore.seq_id);
+  const std::string who = "restore of request " + std::to_string(restore.seq_id) + ": ";
+  if (it == held_.end()) return make_error(ErrorCode::not_found, who + "no KV held for it");
+  if (it->second.num_tokens != restore.num_tokens)
+    return make_error(ErrorCode::invalid_argument, who + std::to_string(restore.num_tokens) +
+                                                       " positions asked, " +
+                                                       std::to_string(it->second.num_tokens) + " held");
+  const kvstore::KvRange range{0, shape_.num_layers, 0, restore.num_tokens};
+  if (Status s = kvstore::copy_in(shape_, views_, block_table, range, it->second.chunk); !s.ok())
+    return make_error(s.error().code, who + s.error().message);
+  if (it->second.swapped) {
+    ++stats_.swap_ins;
+    stats_.swapped_in_bytes += it->second.chunk.size();
+  } else {
+    stats_.restored_tokens += static_cast<std::uint64_t>(restore.num_tokens);
+  }
+  drop(restore.seq_id);
+  return Status::ok_status();
+}
+
+Result<std::vector<std::byte>> KvCacheIo::copy_increment(const std::vector<std::int32_t>& block_table,
+                                                         int token_begin, int token_end) {
+  const kvstore::KvRange range{0, shape_.num_layers, token_begin, token_end};
+  std::vector<std::byte> chunk(kvstore::chunk_bytes(shape_, range));
+  if (Status s = kvstore::copy_out(shape_, views_, block_table, range, chunk); !s.ok()) return s.error();
+  stats_.streamed_bytes += chunk.size();
+  return chunk;
+}
+
+void KvCacheIo::drop(std::uint64_t seq_id) {
+  const auto it = held_.find(seq_id);
+  if (it == held_.end()) return;
+  if (it->second.swapped) stats_.swap_space_bytes_used -= it->second.chunk.size();
+  held_.erase(it);
+}
+
+}  // namespace shardline::engine

@@ -1,0 +1,100 @@
+#pragma once
+/// \file
+/// The engine's KV movement between its executor's paged caches and host
+/// memory, over DéjàVuLib (kvstore/kv_stream.hpp): the *cache manager* of a
+/// DéjàVu worker (seed 003 §4, Fig. 5). It
+///  - swaps a preempted sequence's KV out to a host swap space and back in
+///    when the sequence is readmitted (microbatch swapping, §4.2.2; the swap
+///    space is vLLM's `--swap-space`: a byte budget, beyond which a
+///    preemption falls back to recompute);
+///  - holds the KV a resumed request brings from a KV store until the
+///    scheduler admits it (recovery from the last replicated token, §4.2.3);
+///  - copies out each step's new KV of a sequence as one canonical chunk
+///    for token streaming (§4.1.1 (3)).
+/// Every copy is split at the source and merged at the destination by
+/// copy_out / copy_in, so it works for any engine group whose caches are
+/// host-addressable (a CPU device, an in-process TP / SP / PP group).
+/// A plain single-threaded class owned by the LlmEngine.
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "common/result.hpp"
+#include "engine/scheduler.hpp"
+#include "kvstore/kv_stream.hpp"
+#include "model/executor.hpp"
+
+namespace shardline::engine {
+
+/// Counters of the cache manager (monotonic).
+struct KvIoStats {
+  std::uint64_t swap_outs = 0;            ///< preemptions whose KV went to the swap space
+  std::uint64_t swap_ins = 0;             ///< readmissions that copied it back
+  std::uint64_t swap_fallbacks = 0;       ///< swap preemptions that recomputed instead (no room, no views)
+  std::uint64_t swapped_out_bytes = 0;    ///< bytes copied to the swap space
+  std::uint64_t swapped_in_bytes = 0;     ///< bytes copied back
+  std::uint64_t restored_tokens = 0;      ///< KV positions restored from a KV store (resumed requests)
+  std::uint64_t resume_fallbacks = 0;     ///< resumed requests whose KV could not be restored (recomputed)
+  std::uint64_t streamed_bytes = 0;       ///< bytes copied out for token streaming
+  std::uint64_t swap_space_bytes_used = 0;  ///< now, not monotonic
+};
+
+class KvCacheIo {
+ public:
+  /// `executor` must outlive this object. `swap_space_bytes`: host memory
+  /// for swapped-out KV.
+  KvCacheIo(model::ModelExecutor& executor, std::uint64_t swap_space_bytes);
+
+  /// True when the executor's caches can be copied (host-addressable views).
+  [[nodiscard]] bool can_move_kv() const noexcept { return !views_.empty(); }
+  [[nodiscard]] const kvstore::KvModelShape& shape() const noexcept { return shape_; }
+  /// Bytes of `num_tokens` positions of one sequence (all layers).
+  [[nodiscard]] std::size_t bytes_for(int num_tokens) const noexcept;
+
+  /// Copies a swap preemption's KV into the swap space. False (and nothing
+  /// kept) when it does not fit the budget or the caches cannot be copied:
+  /// the caller then recomputes the sequence. Errors: internal (a copy
+  /// failed on a valid table: a bug).
+  [[nodiscard]] Result<bool> swap_out(const SwapOut& swap);
+
+  /// Keeps the KV of positions [0, num_tokens) of a resumed request (the
+  /// canonical chunk of KvRange{0, layers, 0, num_tokens}) until restore().
+  /// Errors: invalid_argument (wrong chunk size, caches not copyable).
+  [[nodiscard]] Status hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk);
+
+  /// Copies the held KV of `restore.seq_id` (swapped or resumed) into the
+  /// blocks of `block_table` and forgets it. Errors: not_found (nothing held
+  /// for it: a bug), invalid_argument (token count mismatch).
+  [[nodiscard]] Status restore(const KvRestore& restore, const std::vector<std::int32_t>& block_table);
+
+  /// Copies positions [token_begin, token_end) of a running sequence out of
+  /// the caches as one canonical chunk (all layers). Errors: invalid_argument.
+  [[nodiscard]] Result<std::vector<std::byte>> copy_increment(const std::vector<std::int32_t>& block_table,
+                                                              int token_begin, int token_end);
+
+  /// Forgets whatever is held for `seq_id` (it finished or was aborted).
+  void drop(std::uint64_t seq_id);
+  /// Whether KV is held for `seq_id`.
+  [[nodiscard]] bool holds(std::uint64_t seq_id) const { return held_.count(seq_id) != 0; }
+
+  /// Counts a resumed request whose KV was not restored.
+  void count_resume_fallback() noexcept { ++stats_.resume_fallbacks; }
+  [[nodiscard]] const KvIoStats& stats() const noexcept { return stats_; }
+
+ private:
+  struct Held {
+    int num_tokens = 0;
+    bool swapped = false;  ///< in the swap space (counts against its budget); else resumed
+    std::vector<std::byte> chunk;  // canonical chunk of KvRange{0, layers, 0, num_tokens}
+  };
+
+  kvstore::KvModelShape shape_;
+  std::vector<kvstore::KvCacheView> views_;
+  std::uint64_t swap_space_bytes_;
+  std::unordered_map<std::uint64_t, Held> held_;
+  KvIoStats stats_;
+};
+
+}  // namespace shardline::engine
