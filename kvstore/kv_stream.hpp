@@ -92,25 +92,38 @@ struct KvRange {
 /// Bytes of one rank's cache (for allocating a view's memory).
 [[nodiscard]] std::size_t cache_bytes(const KvModelShape& shape, const KvRankLayout& layout) noexcept;
 
-/// Checks a layout against a shape: layers inside [0, num_layers), heads
-/// inside [0, num_kv_heads) and not repeated, positive block size / count.
-/// Errors: invalid_argument naming the field.
+/// Checks a layout against a shape: the shape itself (positive num_layers,
+/// num_kv_heads, head_dim), layers a non-empty part of [0, num_layers),
+/// heads non-empty, inside [0, num_kv_heads) and not repeated, positive block
+/// size / count. Errors: invalid_argument naming the field.
 [[nodiscard]] Status check_layout(const KvModelShape& shape, const KvRankLayout& layout);
+
+/// Bytes that gather writes (and scatter reads) for `range` on a rank of
+/// `layout`: layers in both * 2 * kv_heads.size() * num_tokens * head_dim *
+/// dtype_size (0 when the rank holds no layer of the range).
+[[nodiscard]] std::size_t gather_bytes(const KvModelShape& shape, const KvRankLayout& layout,
+                                       const KvRange& range) noexcept;
 
 // ---- gather / scatter: one rank, non-contiguous <-> contiguous ------------------
 
 /// Copies the part of `range` that `view` holds (its layers of the range, all
 /// its head slots) out of the paged cache into `out`, laid out as the
-/// canonical chunk of that sub-range restricted to the rank's heads:
+/// canonical chunk of that sub-range restricted to the rank's heads, in slot
+/// order:
 ///   [layers in both, 2, kv_heads.size(), num_tokens, head_dim].
 /// `block_table`: logical block i of the sequence -> physical block of the
-/// rank's cache; it must cover range.token_end. Errors: invalid_argument
-/// (table too short, physical block out of range, `out` too small).
+/// rank's cache; it must cover range.token_end. A range must be non-empty:
+/// 0 <= layer_begin < layer_end <= num_layers, 0 <= token_begin < token_end.
+/// Writes the first gather_bytes() bytes of `out`. Errors: invalid_argument
+/// (bad shape / layout / range, table too short, physical block out of
+/// range, `out` smaller than gather_bytes()).
 [[nodiscard]] Status gather(const KvModelShape& shape, const KvCacheView& view,
                             std::span<const std::int32_t> block_table, const KvRange& range,
                             std::span<std::byte> out);
 
-/// The reverse of gather: writes `in` (same layout) into the rank's cache.
+/// The reverse of gather: writes `in` (same layout, exactly gather_bytes()
+/// bytes) into the rank's cache; touches no other element. Errors: as gather
+/// (`in` of another size).
 [[nodiscard]] Status scatter(const KvModelShape& shape, const KvCacheView& view,
                              std::span<const std::int32_t> block_table, const KvRange& range,
                              std::span<const std::byte> in);
@@ -125,6 +138,13 @@ struct KvChunkKey {
   bool operator==(const KvChunkKey&) const = default;
 };
 
+/// One chunk of a batch buffer (KvTarget::flush_batch).
+struct KvChunkRef {
+  KvChunkKey key;
+  std::size_t offset = 0;  ///< first byte in the buffer
+  std::size_t bytes = 0;   ///< length
+};
+
 /// Where chunks go and come from.
 class KvTarget {
  public:
@@ -134,17 +154,27 @@ class KvTarget {
   [[nodiscard]] virtual Status flush(const KvChunkKey& key, std::span<const std::byte> chunk) = 0;
   /// The chunk stored under `key`. Errors: not_found, io.
   [[nodiscard]] virtual Result<std::vector<std::byte>> fetch(const KvChunkKey& key) = 0;
+  /// Stores several chunks that lie in one buffer (buffered copies: a target
+  /// that moves data does it in one transfer). chunks[i] is bytes
+  /// [offset, offset + bytes) of `buffer`. The default calls flush() per
+  /// chunk, in order, stopping at the first error. Errors: invalid_argument
+  /// (a chunk outside `buffer`), the target's.
+  [[nodiscard]] virtual Status flush_batch(std::span<const KvChunkRef> chunks,
+                                           std::span<const std::byte> buffer);
 };
 
 // ---- stream_out / stream_in: a group of ranks <-> one canonical chunk -------------
 
 /// Streams `range` of one sequence out of an engine group: plans which rank
 /// supplies each (layer, head) (the first in `ranks` order holding it),
-/// gathers each source rank's share into one buffer, merges the shares into
-/// the canonical chunk and flushes it to `target` under `key` (key.range must
-/// equal `range`). One transfer per call, whatever the number of pieces.
+/// gathers every piece straight into its place in one buffer holding the
+/// canonical chunk (the merge) and flushes it to `target` under `key`
+/// (key.range must equal `range`). One transfer per call, whatever the number
+/// of pieces. The buffer is a per-thread scratch reused across calls (up to
+/// 64 MiB; a larger chunk gets a buffer of its own).
 /// Errors: invalid_argument (a layer or head of the range that no rank holds,
-/// layouts that disagree with `shape`, a short block table), the target's.
+/// layouts that disagree with `shape`, a short block table, key.range !=
+/// range, an empty `ranks`), the target's.
 [[nodiscard]] Status stream_out(const KvModelShape& shape, std::span<const KvCacheView> ranks,
                                 std::span<const std::int32_t> block_table, const KvRange& range,
                                 KvTarget& target, const KvChunkKey& key);
@@ -157,6 +187,21 @@ class KvTarget {
 [[nodiscard]] Status stream_in(const KvModelShape& shape, std::span<const KvCacheView> ranks,
                                std::span<const std::int32_t> block_table, const KvRange& range,
                                KvTarget& target, const KvChunkKey& key);
+
+/// One sequence of a batch streamed by stream_out_batch.
+struct KvStreamItem {
+  std::span<const std::int32_t> block_table;  ///< the sequence's blocks (shared by the group)
+  KvRange range;                              ///< what to stream
+  KvChunkKey key;                             ///< where it goes (key.range == range)
+};
+
+/// stream_out for a whole batch of sequences of one group (e.g. one decode
+/// step's increments): every item's canonical chunk goes into one buffer, in
+/// item order, and the buffer reaches `target` in one flush_batch call.
+/// Nothing is flushed when an item is invalid. Errors: as stream_out (the
+/// message names the item), the target's.
+[[nodiscard]] Status stream_out_batch(const KvModelShape& shape, std::span<const KvCacheView> ranks,
+                                      std::span<const KvStreamItem> items, KvTarget& target);
 
 /// stream_out's split and merge without a target: `range` of the group into
 /// `chunk` (chunk_bytes(shape, range) bytes). Errors: as stream_out.
