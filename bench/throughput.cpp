@@ -61,6 +61,8 @@ class MeasuringExecutor final : public model::ModelExecutor {
   int vocab_size() const override { return inner_.vocab_size(); }
   int num_kv_blocks() const override { return inner_.num_kv_blocks(); }
   int block_size() const override { return inner_.block_size(); }
+  kvstore::KvModelShape kv_model_shape() const override { return inner_.kv_model_shape(); }
+  std::vector<kvstore::KvCacheView> kv_cache_views() override { return inner_.kv_cache_views(); }
   const std::vector<StepRecord>& records() const { return records_; }
 
  private:
@@ -103,6 +105,11 @@ std::string ThroughputReport::to_json() const {
                    {"num_steps", num_steps},
                    {"num_decode_steps", num_decode_steps},
                    {"num_preemptions", num_preemptions},
+                   {"preemption_mode", preemption_mode},
+                   {"num_swap_outs", num_swap_outs},
+                   {"num_swap_fallbacks", num_swap_fallbacks},
+                   {"swapped_out_bytes", swapped_out_bytes},
+                   {"computed_tokens", computed_tokens},
                    {"kv_cache_bytes", kv_cache_bytes},
                    {"weight_bytes", weight_bytes}};
   return j.dump();
@@ -173,7 +180,14 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   long generated = 0;
   for (const auto& out : *outputs) generated += static_cast<long>(out.token_ids.size());
   rep.total_tok_s = (static_cast<double>(o.num_prompts) * o.input_len + generated) / rep.elapsed_s;
-  for (const auto& s : (*eng)->step_stats()) rep.num_preemptions += s.num_preemptions;
+  for (const auto& s : (*eng)->step_stats()) {
+    rep.num_preemptions += s.num_preemptions;
+    rep.computed_tokens += s.num_prefill_tokens + s.num_decode_tokens;
+  }
+  rep.preemption_mode = engine::preemption_mode_name(ec.preemption_mode);
+  rep.num_swap_outs = static_cast<int>((*eng)->kv_io().stats().swap_outs);
+  rep.num_swap_fallbacks = static_cast<int>((*eng)->kv_io().stats().swap_fallbacks);
+  rep.swapped_out_bytes = static_cast<double>((*eng)->kv_io().stats().swapped_out_bytes);
 
   double prefill_ms = 0, prefill_flops = 0, decode_ms = 0;
   long prefill_tokens = 0, decode_tokens = 0;

@@ -47,6 +47,13 @@ struct ThroughputReport {
   double openblas_gflops = 0;    ///< OpenBLAS sgemm on 2048^3
   double linear_gflops = 0;      ///< Shardline's batch-invariant linear on 2048^3
   int num_steps = 0, num_decode_steps = 0, num_preemptions = 0;
+  std::string preemption_mode;     ///< "recompute" or "swap"
+  int num_swap_outs = 0;           ///< preemptions whose KV went to the swap space
+  int num_swap_fallbacks = 0;      ///< swap preemptions that recomputed (swap space full)
+  double swapped_out_bytes = 0;    ///< KV bytes copied to the swap space
+  /// Token positions the model computed (prompt + generated - 1 per request
+  /// without preemption; more when preemptions recompute).
+  long long computed_tokens = 0;
   std::uint64_t kv_cache_bytes = 0;
   double weight_bytes = 0;
 

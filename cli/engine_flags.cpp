@@ -40,6 +40,12 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_flag("--deterministic", f.deterministic,
                "CUDA: batch-invariant GEMMs, so a request's output does not depend on its batch (slower)");
   cmd.add_flag("--enforce-eager", f.enforce_eager, "CUDA: no CUDA graphs for decode steps");
+  cmd.add_option("--preemption-mode", f.preemption_mode,
+                 "When KV blocks run out: recompute (drop the victim's KV, re-prefill it later) or swap (copy "
+                 "it to host memory and back, DéjàVu's microbatch swapping; CPU devices and in-process groups)")
+      ->capture_default_str();
+  cmd.add_option("--swap-space", f.swap_space_gib, "Host memory for swapped-out KV, GiB (per engine)")
+      ->capture_default_str();
 }
 
 void add_device_flag(CLI::App& cmd, EngineFlags& f) {
@@ -100,6 +106,11 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
   o.num_threads = f.threads;
   o.num_layers_override = f.num_layers;
   o.seed = f.seed;
+  auto mode = engine::parse_preemption_mode(f.preemption_mode);
+  if (!mode) return make_error(ErrorCode::invalid_argument, "--preemption-mode: " + mode.error().message);
+  o.preemption_mode = *mode;
+  if (!(f.swap_space_gib >= 0.0)) return make_error(ErrorCode::invalid_argument, "--swap-space must be >= 0");
+  o.swap_space_bytes = static_cast<std::uint64_t>(f.swap_space_gib * static_cast<double>(1ull << 30));
   return o;
 }
 

@@ -94,6 +94,13 @@ TEST(CliE2e, BadFlagsAreUsageErrors) {
   r = run("generate --model " + kModel + " --prompt hi --top-p 1.5");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("top_p"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel + " --prompt hi --preemption-mode spill");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--preemption-mode"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("recompute or swap"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel + " --prompt hi --swap-space -1");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--swap-space"), std::string::npos) << r.out;
 }
 
 bool have_cuda_device() {
