@@ -119,6 +119,7 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
   }
   if (seq->detokenizer) seq->text = seq->detokenizer->text();
   seq->num_restore_tokens = restore ? resume.num_kv_tokens : 0;
+  seq->num_streamed_tokens = resume.num_kv_tokens;  // the store has them already
   return Status::ok_status();
 }
 
@@ -263,23 +264,24 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
 }
 
 Status LlmEngine::stream_increments(const SchedulerOutput& sched) {
-  if (!kv_sink_ || !kv_io_.can_move_kv()) return Status::ok_status();
-  for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
-    const std::uint64_t id = sched.input.seqs[i].seq_id;
-    const int n = sched.scheduled[i].num_new_tokens;
-    const bool sampled = sched.input.seqs[i].needs_logits;
-    const Sequence* seq = scheduler_.get(id);  // null: it finished in this step
-    if (seq == nullptr || seq->is_finished()) continue;
+  if (kv_sink_ == nullptr || !kv_io_.can_move_kv() || !kv_sink_->accepting()) return Status::ok_status();
+  for (const model::StepSeq& step_seq : sched.input.seqs) {
+    // By id: a sequence that finished in this step is gone (its pointer in
+    // sched.scheduled dangles).
+    const std::uint64_t id = step_seq.seq_id;
+    Sequence* seq = scheduler_.get(id);
+    if (seq == nullptr || seq->is_finished() || seq->num_computed_tokens <= seq->num_streamed_tokens) continue;
     KvIncrement inc;
     inc.request_id = id;
-    inc.range = kvstore::KvRange{0, kv_io_.shape().num_layers, seq->num_computed_tokens - n, seq->num_computed_tokens};
+    inc.range = kvstore::KvRange{0, kv_io_.shape().num_layers, seq->num_streamed_tokens, seq->num_computed_tokens};
     Result<std::vector<std::byte>> chunk = kv_io_.copy_increment(scheduler_.block_manager().block_table(id),
                                                                  inc.range.token_begin, inc.range.token_end);
     if (!chunk.ok()) return make_error(ErrorCode::internal, "KV streaming: " + chunk.error().message);
     inc.chunk = std::move(chunk).value();
-    if (sampled) inc.new_token_ids.push_back(seq->output_ids.back());
-    inc.num_output_tokens = seq->num_output_tokens();
-    kv_sink_(std::move(inc));
+    for (int p = inc.range.token_begin; p <= inc.range.token_end; ++p) inc.token_ids.push_back(seq->token_at(p));
+    inc.num_prompt_tokens = seq->num_prompt_tokens();
+    seq->num_streamed_tokens = seq->num_computed_tokens;
+    kv_sink_->push(std::move(inc));
   }
   return Status::ok_status();
 }

@@ -56,14 +56,30 @@ struct ResumeState {
   std::vector<std::byte> kv_chunk;
 };
 
-/// One step's new KV of one running sequence, for token streaming
-/// (DéjàVu §4.1.1 (3)): handed to the stream sink after the step.
+/// New KV of one running sequence, for token streaming (DéjàVu §4.1.1 (3)):
+/// the positions computed since its last increment, handed to the stream
+/// sink after a step.
 struct KvIncrement {
   std::uint64_t request_id = 0;
-  kvstore::KvRange range;                   ///< all layers x the positions this step computed
-  std::vector<std::byte> chunk;             ///< canonical chunk of `range`
-  std::vector<std::int32_t> new_token_ids;  ///< tokens this step sampled for it (0 or 1)
-  int num_output_tokens = 0;                ///< its generated tokens after this step
+  kvstore::KvRange range;          ///< all layers x positions [token_begin, token_end)
+  std::vector<std::byte> chunk;    ///< canonical chunk of `range`
+  /// Token ids at positions [token_begin, token_end + 1): the tokens whose KV
+  /// the chunk holds, and the newest known token (its KV comes later).
+  std::vector<std::int32_t> token_ids;
+  int num_prompt_tokens = 0;       ///< positions below this are prompt, the rest generated
+};
+
+/// Where a step's new KV goes (the worker's streaming queue). Backpressure
+/// that never blocks the step loop: while the sink is not accepting, the
+/// engine leaves the KV in its cache and later hands over one catch-up
+/// increment from the last streamed position.
+class KvStreamSink {
+ public:
+  virtual ~KvStreamSink() = default;
+  /// Whether the sink takes increments after this step.
+  [[nodiscard]] virtual bool accepting() const = 0;
+  /// Takes one increment (called on the stepping thread: only queue it).
+  virtual void push(KvIncrement increment) = 0;
 };
 
 struct RequestOutput {
@@ -155,9 +171,8 @@ class LlmEngine {
     scheduler_.set_preemption_mode(mode);
   }
   /// Receives every running sequence's new KV after each step (token
-  /// streaming); null: none is copied out. Called on the stepping thread:
-  /// the sink must only queue the increment.
-  void set_kv_sink(std::function<void(KvIncrement)> sink) { kv_sink_ = std::move(sink); }
+  /// streaming); null: none is copied out. Not owned; must outlive its use.
+  void set_kv_sink(KvStreamSink* sink) { kv_sink_ = sink; }
   [[nodiscard]] const KvCacheIo& kv_io() const { return kv_io_; }
 
  private:
@@ -178,7 +193,8 @@ class LlmEngine {
   /// its preemptions (a victim that does not fit the swap space is switched
   /// to recompute), then restores of readmitted sequences. Errors: internal.
   [[nodiscard]] Status apply_kv_moves(const SchedulerOutput& sched);
-  /// Hands the sink each still-running sequence's KV computed by `sched`.
+  /// Hands the sink, when it accepts, each still-running sequence of
+  /// `sched` whose KV is computed past what it streamed before.
   [[nodiscard]] Status stream_increments(const SchedulerOutput& sched);
   /// Gives each logits row of `sched` what the device needs to sample it.
   void attach_device_sampling(SchedulerOutput& sched) const;
@@ -202,7 +218,7 @@ class LlmEngine {
   EngineConfig config_;
   Scheduler scheduler_;
   KvCacheIo kv_io_;
-  std::function<void(KvIncrement)> kv_sink_;
+  KvStreamSink* kv_sink_ = nullptr;
   std::vector<RequestOutput> aborted_;
   std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;

@@ -46,6 +46,9 @@ struct Sequence {
   /// from a KV store to resume after a failure) and copies back in when the
   /// scheduler admits the sequence, instead of recomputing them. 0: none.
   int num_restore_tokens = 0;
+  /// Positions [0, num_streamed_tokens) whose KV the engine has handed to
+  /// its stream sink (or that a resumed request brought from a KV store).
+  int num_streamed_tokens = 0;
   int num_preemptions = 0;
   /// Part of a micro-batch whose logits are not back yet (pipeline
   /// parallelism): not scheduled again, not preempted, finished only later.

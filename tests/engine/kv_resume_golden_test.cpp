@@ -104,7 +104,26 @@ struct HostTier {
 struct Reference {
   std::map<std::uint64_t, RequestOutput> outputs;
   std::map<std::uint64_t, std::unique_ptr<HostTier>> tiers;
-  std::map<std::uint64_t, std::vector<int>> increments_per_output;  ///< [k] = increments seen when k tokens were out
+};
+
+/// A sink that merges every increment into per-request host tiers, and
+/// checks each increment's token ids against the request's known tokens.
+struct TierSink final : KvStreamSink {
+  std::map<std::uint64_t, std::unique_ptr<HostTier>>* tiers = nullptr;
+  int accept_every = 1;  ///< accept after every k-th step only (backpressure)
+  mutable int asked = 0;
+  int pushes = 0;
+  std::vector<std::pair<std::uint64_t, std::vector<std::int32_t>>> tokens;  ///< (id, token ids at token_begin..)
+  std::vector<int> begins;
+  bool accepting() const override { return asked++ % accept_every == 0; }
+  void push(KvIncrement inc) override {
+    ++pushes;
+    tokens.emplace_back(inc.request_id, inc.token_ids);
+    begins.push_back(inc.range.token_begin);
+    EXPECT_GT(inc.range.num_tokens(), 0);
+    EXPECT_EQ(static_cast<int>(inc.token_ids.size()), inc.range.num_tokens() + 1);
+    (*tiers)[inc.request_id]->merge(inc);
+  }
 };
 
 Reference run_reference(const std::vector<Request>& reqs, ParallelConfig pc = {}) {
@@ -112,10 +131,9 @@ Reference run_reference(const std::vector<Request>& reqs, ParallelConfig pc = {}
   Reference ref;
   const kvstore::KvModelShape shape = e.executor->kv_model_shape();
   for (std::uint64_t id = 0; id < reqs.size(); ++id) ref.tiers[id] = std::make_unique<HostTier>(shape);
-  e.engine->set_kv_sink([&ref](KvIncrement inc) {
-    EXPECT_EQ(inc.range.token_end - inc.range.token_begin > 0, true);
-    ref.tiers[inc.request_id]->merge(inc);
-  });
+  TierSink sink;
+  sink.tiers = &ref.tiers;
+  e.engine->set_kv_sink(&sink);
   for (std::uint64_t id = 0; id < reqs.size(); ++id)
     EXPECT_TRUE(e.engine->add_request(id, reqs[id].prompt, reqs[id].params).ok());
   ref.outputs = run_all(*e.engine);
@@ -153,7 +171,9 @@ void resume_all(const std::vector<Request>& reqs, const Reference& ref, int k, i
   std::map<std::uint64_t, std::unique_ptr<HostTier>> recomputed;
   const kvstore::KvModelShape shape = e.executor->kv_model_shape();
   for (std::uint64_t id = 0; id < reqs.size(); ++id) recomputed[id] = std::make_unique<HostTier>(shape);
-  e.engine->set_kv_sink([&recomputed](KvIncrement inc) { recomputed[inc.request_id]->merge(inc); });
+  TierSink sink;
+  sink.tiers = &recomputed;
+  e.engine->set_kv_sink(&sink);
   int expected_computed = 0;
   int expected_restored = 0;
   std::map<std::uint64_t, int> restored_at;
@@ -225,6 +245,45 @@ TEST_F(KvResumeGolden, TensorParallelGroupResumesOnItsOwnLayout) {
   const ParallelConfig tp2{.tp = 2, .pp = 1, .sp = 1, .dp = 1};
   const Reference ref = run_reference(reqs_, tp2);
   resume_all(reqs_, ref, 15, 0, tp2);
+}
+
+TEST_F(KvResumeGolden, BackpressureStreamsCatchUpIncrementsWithoutLosingKv) {
+  // A sink that accepts after every fourth step only: the engine never
+  // blocks, keeps the KV in its cache meanwhile and later hands over one
+  // increment from the last streamed position. The merged KV equals what
+  // an always-accepting sink got, and every increment's token ids are the
+  // request's tokens at those positions.
+  const Reference ref = run_reference(reqs_);
+  EngineInstance e = make_engine();
+  std::map<std::uint64_t, std::unique_ptr<HostTier>> tiers;
+  for (std::uint64_t id = 0; id < reqs_.size(); ++id) tiers[id] = std::make_unique<HostTier>(e.executor->kv_model_shape());
+  TierSink slow;
+  slow.tiers = &tiers;
+  slow.accept_every = 4;
+  e.engine->set_kv_sink(&slow);
+  for (std::uint64_t id = 0; id < reqs_.size(); ++id)
+    ASSERT_TRUE(e.engine->add_request(id, reqs_[id].prompt, reqs_[id].params).ok());
+  auto out = run_all(*e.engine);
+  int multi_token_decode_catchups = 0;
+  for (std::size_t i = 0; i < slow.tokens.size(); ++i) {
+    const auto& [id, toks] = slow.tokens[i];
+    std::vector<std::int32_t> all = reqs_[id].prompt;
+    all.insert(all.end(), out.at(id).token_ids.begin(), out.at(id).token_ids.end());
+    const int b = slow.begins[i];
+    ASSERT_LE(b + toks.size(), all.size());
+    EXPECT_TRUE(std::equal(toks.begin(), toks.end(), all.begin() + b)) << "request " << id << " at " << b;
+    if (b >= static_cast<int>(reqs_[id].prompt.size()) && toks.size() > 2) ++multi_token_decode_catchups;
+  }
+  EXPECT_GT(multi_token_decode_catchups, 0) << "decode increments were merged while the sink refused";
+  for (std::uint64_t id = 0; id < reqs_.size(); ++id) {
+    const int covered = tiers[id]->covered;
+    EXPECT_EQ(covered, tiers[id]->end) << "no gap";
+    EXPECT_GT(covered, static_cast<int>(reqs_[id].prompt.size()));
+    EXPECT_LE(covered, ref.tiers.at(id)->covered);
+    const auto a = ref.tiers.at(id)->prefix(covered);
+    const auto b = tiers[id]->prefix(covered);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << "request " << id;
+  }
 }
 
 TEST_F(KvResumeGolden, BadResumeStatesAreRefusedAndNothingElseIsLost) {
