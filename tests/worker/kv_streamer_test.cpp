@@ -1,0 +1,160 @@
+#include "worker/kv_streamer.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+
+#include "kvstore/kv_targets.hpp"
+
+namespace shardline::worker {
+namespace {
+
+/// A target that can be held shut (flush_batch waits until opened) and made
+/// to fail its next N flushes; everything else goes to a MemoryKvTarget.
+class GatedTarget final : public kvstore::KvTarget {
+ public:
+  kvstore::MemoryKvTarget memory;
+  std::atomic<int> fail_next{0};
+  std::atomic<int> calls{0};
+
+  void close() {
+    std::lock_guard<std::mutex> l(mu_);
+    open_ = false;
+  }
+  void open() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  /// Waits until a flush_batch call is blocked on the gate.
+  void wait_blocked() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return waiting_ > 0; });
+  }
+  Status flush(const kvstore::KvChunkKey& key, std::span<const std::byte> chunk) override {
+    return memory.flush(key, chunk);
+  }
+  Result<std::vector<std::byte>> fetch(const kvstore::KvChunkKey& key) override { return memory.fetch(key); }
+  Status flush_batch(std::span<const kvstore::KvChunkRef> chunks, std::span<const std::byte> buffer) override {
+    ++calls;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      ++waiting_;
+      cv_.notify_all();
+      cv_.wait(l, [this] { return open_; });
+      --waiting_;
+    }
+    if (fail_next > 0) {
+      --fail_next;
+      return make_error(ErrorCode::io, "store restarting");
+    }
+    return memory.flush_batch(chunks, buffer);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int waiting_ = 0;
+};
+
+QueuedIncrement increment(std::uint64_t job, std::uint64_t request, int begin, int end, std::size_t bytes) {
+  QueuedIncrement inc;
+  inc.key = {job, request, kvstore::KvRange{0, 2, begin, end}};
+  inc.chunk.resize(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) inc.chunk[i] = static_cast<std::byte>((request * 31 + begin + i) & 0xff);
+  for (int p = begin; p <= end; ++p) inc.token_ids.push_back(p * 10);
+  inc.num_prompt_tokens = 3;
+  return inc;
+}
+
+TEST(KvStreamer, FlushesEveryIncrementInOrderAndReportsIt) {
+  auto target = std::make_shared<GatedTarget>();
+  std::vector<kvstore::KvChunkKey> reported;
+  std::mutex mu;
+  KvStreamer streamer(target, {}, [&](std::vector<QueuedIncrement> flushed) {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& inc : flushed) {
+      EXPECT_TRUE(inc.chunk.empty()) << "chunks are released before the report";
+      EXPECT_EQ(inc.token_ids.size(), static_cast<std::size_t>(inc.key.range.num_tokens() + 1));
+      reported.push_back(inc.key);
+    }
+  });
+  for (int t = 0; t < 20; ++t) streamer.push(increment(1, 7, t, t + 1, 64));
+  ASSERT_TRUE(streamer.drain(std::chrono::seconds(10)));
+  const KvStreamerStats s = streamer.stats();
+  EXPECT_EQ(s.pushed, 20u);
+  EXPECT_EQ(s.flushed, 20u);
+  EXPECT_EQ(s.flushed_bytes, 20u * 64);
+  EXPECT_EQ(s.queued_bytes, 0u);
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(reported.size(), 20u);
+  for (int t = 0; t < 20; ++t) {
+    EXPECT_EQ(reported[static_cast<std::size_t>(t)].range.token_begin, t) << "in push order";
+    auto got = target->memory.fetch(reported[static_cast<std::size_t>(t)]);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(*got, increment(1, 7, t, t + 1, 64).chunk);
+  }
+}
+
+TEST(KvStreamer, BackpressureWithoutBlockingThenOneBatch) {
+  auto target = std::make_shared<GatedTarget>();
+  KvStreamer streamer(target, KvStreamerOptions{.max_queued_bytes = 1000});
+  target->close();
+  streamer.push(increment(1, 1, 0, 1, 100));
+  target->wait_blocked();  // the first batch is held at the store
+  // The step loop keeps pushing (push never waits for the store) until the
+  // streamer stops accepting: the engine then keeps its KV in the cache.
+  int pushed = 1;
+  while (streamer.accepting()) streamer.push(increment(1, 1, pushed, pushed + 1, 100)), ++pushed;
+  EXPECT_EQ(pushed, 11) << "1000 bytes accepted, the 11th push went over";
+  EXPECT_FALSE(streamer.accepting());
+  EXPECT_EQ(streamer.stats().queued_bytes, 1100u);
+  target->open();
+  ASSERT_TRUE(streamer.drain(std::chrono::seconds(10)));
+  EXPECT_TRUE(streamer.accepting());
+  const KvStreamerStats s = streamer.stats();
+  EXPECT_EQ(s.flushed, 11u);
+  EXPECT_EQ(s.batches, 2u) << "what queued behind the held batch went as one buffered batch";
+  EXPECT_EQ(s.max_queued_bytes_seen, 1100u);
+}
+
+TEST(KvStreamer, FailedFlushesAreRetriedInOrder) {
+  auto target = std::make_shared<GatedTarget>();
+  target->fail_next = 3;
+  KvStreamer streamer(target, KvStreamerOptions{.retry_interval = std::chrono::milliseconds(5)});
+  for (int t = 0; t < 5; ++t) streamer.push(increment(2, 3, t, t + 1, 32));
+  ASSERT_TRUE(streamer.drain(std::chrono::seconds(10)));
+  const KvStreamerStats s = streamer.stats();
+  EXPECT_EQ(s.failed_flushes, 3u);
+  EXPECT_EQ(s.flushed, 5u);
+  for (int t = 0; t < 5; ++t) EXPECT_TRUE(target->memory.fetch({2, 3, kvstore::KvRange{0, 2, t, t + 1}}).ok()) << t;
+}
+
+TEST(KvStreamer, ForgetRequestDropsOnlyItsQueuedIncrements) {
+  auto target = std::make_shared<GatedTarget>();
+  KvStreamer streamer(target);
+  target->close();
+  streamer.push(increment(1, 1, 0, 1, 10));
+  target->wait_blocked();
+  streamer.push(increment(1, 2, 0, 1, 10));
+  streamer.push(increment(1, 1, 1, 2, 10));
+  streamer.push(increment(2, 2, 0, 1, 10));
+  streamer.push(increment(1, 2, 1, 2, 10));
+  EXPECT_EQ(streamer.forget_request(1, 2), 2u);
+  EXPECT_EQ(streamer.forget_request(1, 2), 0u);
+  EXPECT_EQ(streamer.stats().queued_bytes, 30u) << "the held batch and two survivors";
+  target->open();
+  ASSERT_TRUE(streamer.drain(std::chrono::seconds(10)));
+  EXPECT_TRUE(target->memory.fetch({1, 1, kvstore::KvRange{0, 2, 1, 2}}).ok());
+  EXPECT_TRUE(target->memory.fetch({2, 2, kvstore::KvRange{0, 2, 0, 1}}).ok());
+  EXPECT_FALSE(target->memory.fetch({1, 2, kvstore::KvRange{0, 2, 0, 1}}).ok());
+  EXPECT_EQ(streamer.stats().forgotten, 2u);
+}
+
+}  // namespace
+}  // namespace shardline::worker

@@ -1,0 +1,115 @@
+#include "worker/kv_streamer.hpp"
+
+#include <algorithm>
+
+namespace shardline::worker {
+
+KvStreamer::KvStreamer(std::shared_ptr<kvstore::KvTarget> target, KvStreamerOptions options,
+                       FlushedCallback on_flushed)
+    : target_(std::move(target)), options_(options), on_flushed_(std::move(on_flushed)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+KvStreamer::~KvStreamer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+bool KvStreamer::accepting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_.queued_bytes <= options_.max_queued_bytes;
+}
+
+void KvStreamer::push(QueuedIncrement increment) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.queued_bytes += increment.chunk.size();
+    stats_.max_queued_bytes_seen = std::max(stats_.max_queued_bytes_seen, stats_.queued_bytes);
+    ++stats_.pushed;
+    queue_.push_back(std::move(increment));
+  }
+  cv_.notify_one();
+}
+
+std::size_t KvStreamer::forget_request(std::uint64_t job_id, std::uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->key.job_id == job_id && it->key.request_id == request_id) {
+      stats_.queued_bytes -= it->chunk.size();
+      it = queue_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  stats_.forgotten += n;
+  if (queue_.empty() && !in_flight_) drained_.notify_all();
+  return n;
+}
+
+bool KvStreamer::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return drained_.wait_for(lock, timeout, [this] { return queue_.empty() && !in_flight_; });
+}
+
+KvStreamerStats KvStreamer::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void KvStreamer::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    // Take everything queued as one batch: one buffer, one transfer.
+    std::vector<QueuedIncrement> batch(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+    queue_.clear();
+    in_flight_ = true;
+    lock.unlock();
+
+    std::vector<kvstore::KvChunkRef> refs;
+    std::size_t total = 0;
+    for (const QueuedIncrement& inc : batch) total += inc.chunk.size();
+    std::vector<std::byte> buffer;
+    buffer.reserve(total);
+    for (const QueuedIncrement& inc : batch) {
+      refs.push_back({inc.key, buffer.size(), inc.chunk.size()});
+      buffer.insert(buffer.end(), inc.chunk.begin(), inc.chunk.end());
+    }
+    const Status s = target_->flush_batch(refs, buffer);
+
+    lock.lock();
+    if (!s.ok()) {
+      in_flight_ = false;
+      // Put the batch back in front, in order, and retry after a pause (the
+      // store may be restarting). forget_request may have dropped some of
+      // its requests meanwhile: they were not in the queue, so they come back;
+      // the store's garbage collection removes them.
+      ++stats_.failed_flushes;
+      for (auto it = batch.rbegin(); it != batch.rend(); ++it) queue_.push_front(std::move(*it));
+      cv_.wait_for(lock, options_.retry_interval, [this] { return stop_; });
+      if (stop_) return;
+      continue;
+    }
+    ++stats_.batches;
+    stats_.flushed += batch.size();
+    stats_.flushed_bytes += total;
+    stats_.queued_bytes -= total;
+    if (on_flushed_) {
+      for (QueuedIncrement& inc : batch) std::vector<std::byte>().swap(inc.chunk);
+      lock.unlock();
+      on_flushed_(std::move(batch));
+      lock.lock();
+    }
+    in_flight_ = false;  // after the callback: drain() means "flushed and reported"
+    if (queue_.empty()) drained_.notify_all();
+  }
+}
+
+}  // namespace shardline::worker
