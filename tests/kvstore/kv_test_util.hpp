@@ -31,7 +31,8 @@ inline std::vector<int> rank_kv_heads(int H, int kvh, int tp, int sp, int tp_ran
   return heads;
 }
 
-/// The caches of one engine group: ranks in (stage, tp_rank, sp_rank) order.
+/// The caches of one engine group, in group rank order (docs/parallel.md):
+/// rank = stage * (sp * tp) + sp_rank * tp + tp_rank.
 struct Group {
   KvModelShape shape;
   std::vector<KvRankLayout> layouts;
@@ -48,8 +49,8 @@ inline Group make_group(const KvModelShape& shape, int H, int tp, int sp, int pp
            std::to_string(shape.num_kv_heads) + "_bs" + std::to_string(block_size) + "_" + dtype_name(shape.dtype);
   for (int s = 0; s < pp; ++s) {
     const auto [l0, l1] = model::stage_layer_range(shape.num_layers, pp, s);
-    for (int t = 0; t < tp; ++t) {
-      for (int r = 0; r < sp; ++r) {
+    for (int r = 0; r < sp; ++r) {
+      for (int t = 0; t < tp; ++t) {
         g.layouts.push_back({l0, l1, rank_kv_heads(H, shape.num_kv_heads, tp, sp, t, r), num_blocks, block_size});
       }
     }
