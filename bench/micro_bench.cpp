@@ -1,6 +1,7 @@
 // Micro-benchmarks (Google Benchmark) of the costs that unit tests check
 // only for correctness: decoding hostile messages, loading a small model,
-// generating seeded dummy weights. Timings belong here, not in ctest, where
+// generating seeded dummy weights, streaming KV increments (DéjàVuLib's
+// buffered copies, docs/kv-streaming.md). Timings belong here, not in ctest, where
 // a loaded machine would turn them into flaky failures.
 //
 //   ./build/bench/shardline_micro_bench [--benchmark_filter=REGEX]
@@ -15,9 +16,15 @@
 #include <filesystem>
 #include <iterator>
 #include <random>
+#include <cstring>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/inproc.hpp"
+#include "kvstore/kv_stream.hpp"
+#include "kvstore/kv_targets.hpp"
 #include "messages/codec.hpp"
 #include "model/config.hpp"
 #include "model/weights.hpp"
@@ -182,6 +189,149 @@ void BM_DummyWeightsStories110m(benchmark::State& state) {
   state.counters["params"] = static_cast<double>(cfg->num_parameters());
 }
 BENCHMARK(BM_DummyWeightsStories110m)->Unit(benchmark::kMillisecond);
+
+// ---- KV streaming: buffered copies (DéjàVu Fig. 7) --------------------------------------
+
+/// One decode step's KV increment of a batch (1 token x 12 layers x 12 KV
+/// heads x head_dim 64, f32, block 16: the stories110m shape) of 64
+/// sequences on one rank, each sequence's new token in the middle of a
+/// block, streamed to a target three ways:
+///   PerPiece:    one flush per contiguous piece (layer, K|V, head): 288 per
+///                sequence, 18432 per step (the paper's baseline);
+///   PerSequence: stream_out, one buffered flush per sequence: 64 per step;
+///   Batch:       stream_out_batch, one buffer and one flush for the step.
+/// Memory* flush to a MemoryKvTarget on this thread, Comm* to a CommKvTarget
+/// whose serve_kv_request loop runs on another thread (in-process comm).
+struct KvBench {
+  static constexpr int kBatch = 64, kContext = 128, kPosition = 100;
+  kvstore::KvModelShape shape{12, 12, 64, DType::f32};
+  kvstore::KvCacheView view;
+  std::vector<std::byte> memory;
+  std::vector<std::vector<std::int32_t>> tables;
+
+  KvBench() {
+    const int per_seq = kContext / 16;
+    view.layout = {0, 12, {}, kBatch * per_seq, 16};
+    for (int h = 0; h < 12; ++h) view.layout.kv_heads.push_back(h);
+    memory.resize(kvstore::cache_bytes(shape, view.layout));
+    std::mt19937 rng(7);
+    for (std::size_t i = 0; i < memory.size(); i += 4) {
+      const std::uint32_t v = rng();
+      std::memcpy(memory.data() + i, &v, 4);
+    }
+    view.data = memory.data();
+    std::vector<std::int32_t> blocks(static_cast<std::size_t>(kBatch * per_seq));
+    for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<std::int32_t>(i);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    for (int s = 0; s < kBatch; ++s)
+      tables.emplace_back(blocks.begin() + s * per_seq, blocks.begin() + (s + 1) * per_seq);
+  }
+  [[nodiscard]] kvstore::KvRange range() const { return {0, 12, kPosition, kPosition + 1}; }
+  [[nodiscard]] std::size_t step_bytes() const { return kBatch * kvstore::chunk_bytes(shape, range()); }
+
+  /// The baseline: each contiguous piece of each sequence on its own (K's
+  /// strided column copied to a small buffer first, V sent in place).
+  Status per_piece(kvstore::KvTarget& target) {
+    const int d = shape.head_dim, bs = view.layout.block_size, heads = 12;
+    const auto* cache = static_cast<const float*>(view.data);
+    float k[64];
+    for (int s = 0; s < kBatch; ++s) {
+      const long block = tables[static_cast<std::size_t>(s)][kPosition / bs], off = kPosition % bs;
+      std::uint64_t piece = 0;
+      for (int l = 0; l < 12; ++l)
+        for (int kv = 0; kv < 2; ++kv)
+          for (int h = 0; h < heads; ++h, ++piece) {
+            const float* slab = cache + (((static_cast<long>(l) * 2 + kv) * view.layout.num_blocks + block) * heads + h) *
+                                            static_cast<long>(bs) * d;
+            std::span<const std::byte> bytes;
+            if (kv == 0) {
+              for (int i = 0; i < d; ++i) k[i] = slab[static_cast<long>(i) * bs + off];
+              bytes = std::as_bytes(std::span<const float>(k, static_cast<std::size_t>(d)));
+            } else {
+              bytes = std::as_bytes(std::span<const float>(slab + off * d, static_cast<std::size_t>(d)));
+            }
+            const kvstore::KvChunkKey key{1, static_cast<std::uint64_t>(s) * 1000 + piece, {l, l + 1, kPosition, kPosition + 1}};
+            if (Status st = target.flush(key, bytes); !st) return st;
+          }
+    }
+    return {};
+  }
+  Status per_sequence(kvstore::KvTarget& target) {
+    for (int s = 0; s < kBatch; ++s) {
+      const kvstore::KvChunkKey key{1, static_cast<std::uint64_t>(s), range()};
+      if (Status st = kvstore::stream_out(shape, std::span(&view, 1), tables[static_cast<std::size_t>(s)], range(),
+                                          target, key);
+          !st)
+        return st;
+    }
+    return {};
+  }
+  Status batch(kvstore::KvTarget& target) {
+    std::vector<kvstore::KvStreamItem> items;
+    for (int s = 0; s < kBatch; ++s)
+      items.push_back({tables[static_cast<std::size_t>(s)], range(), {1, static_cast<std::uint64_t>(s), range()}});
+    return kvstore::stream_out_batch(shape, std::span(&view, 1), items, target);
+  }
+};
+
+enum class KvMode { per_piece, per_sequence, batch };
+
+Status kv_step(KvBench& b, KvMode mode, kvstore::KvTarget& target) {
+  switch (mode) {
+    case KvMode::per_piece: return b.per_piece(target);
+    case KvMode::per_sequence: return b.per_sequence(target);
+    case KvMode::batch: return b.batch(target);
+  }
+  return {};
+}
+
+double transfers_per_step(KvMode mode) {
+  return mode == KvMode::per_piece ? KvBench::kBatch * 288.0 : mode == KvMode::per_sequence ? KvBench::kBatch : 1.0;
+}
+
+void BM_KvStreamMemory(benchmark::State& state, KvMode mode) {
+  KvBench b;
+  kvstore::MemoryKvTarget target;
+  for (auto _ : state) {
+    if (Status st = kv_step(b, mode, target); !st) {
+      state.SkipWithError(st.error().to_string().c_str());
+      return;
+    }
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * b.step_bytes()));
+  state.counters["transfers"] = transfers_per_step(mode);
+}
+BENCHMARK_CAPTURE(BM_KvStreamMemory, PerPiece, KvMode::per_piece)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_KvStreamMemory, PerSequence, KvMode::per_sequence)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_KvStreamMemory, Batch, KvMode::batch)->Unit(benchmark::kMicrosecond);
+
+void BM_KvStreamComm(benchmark::State& state, KvMode mode) {
+  KvBench b;
+  auto group = comm::InProcGroup::create(2).value();
+  auto client = group->communicator(0).value();
+  auto server = group->communicator(1).value();
+  kvstore::MemoryKvTarget store;
+  std::thread serve([&] {
+    while (kvstore::serve_kv_request(*server, 0, store).ok()) {
+    }
+  });
+  kvstore::CommKvTarget target(*client, 1);
+  Status st;
+  for (auto _ : state) {
+    if (st = kv_step(b, mode, target); !st) break;
+  }
+  (void)group->mark_dead(0);  // the server's next recv fails: its loop ends
+  serve.join();
+  if (!st) {
+    state.SkipWithError(st.error().to_string().c_str());
+    return;
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * b.step_bytes()));
+  state.counters["transfers"] = transfers_per_step(mode);
+}
+BENCHMARK_CAPTURE(BM_KvStreamComm, PerPiece, KvMode::per_piece)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_KvStreamComm, PerSequence, KvMode::per_sequence)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_KvStreamComm, Batch, KvMode::batch)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 
