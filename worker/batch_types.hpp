@@ -5,6 +5,7 @@
 /// output line). Plain structs shared by the orchestrator, the workers and
 /// the message codec (messages/).
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,23 @@
 #include "sampling/sampling_params.hpp"
 
 namespace shardline::worker {
+
+/// The KV store's request id of choice `choice` of line `line_index`
+/// (n <= 128, so the choice fits the low 8 bits).
+[[nodiscard]] constexpr std::uint64_t kv_request_key(std::uint64_t line_index, int choice) noexcept {
+  return line_index << 8 | static_cast<std::uint64_t>(choice);
+}
+
+/// Where one choice of a line resumes after its worker failed (DéjàVu,
+/// seed 003 §4.2.3): the tokens it had generated and the KV of its first
+/// positions as the KV store kept them.
+struct ChoiceResume {
+  std::vector<std::int32_t> output_ids;  ///< generated tokens known to be durable
+  int num_kv_tokens = 0;                 ///< positions [0, n) of KV in kv_chunk (replicated_tokens)
+  /// Canonical chunk (kvstore/kv_stream.hpp) of all layers x [0, num_kv_tokens);
+  /// fetched from the store by the worker, empty when num_kv_tokens is 0.
+  std::vector<std::byte> kv_chunk;
+};
 
 /// One input line, parsed and validated as far as the orchestrator can
 /// without a tokenizer (the worker checks prompt length against the context).
@@ -28,6 +46,9 @@ struct BatchRequest {
   /// names: "fixed", "throttle"); "" = "fixed". Set by JobManager::next_work
   /// from the job; it never changes the line's tokens, only the pace.
   std::string token_budget;
+  /// [n] when the line resumes after a failure (choice i from resume[i]);
+  /// empty for a fresh line.
+  std::vector<ChoiceResume> resume;
 };
 
 /// One choice of a completion.

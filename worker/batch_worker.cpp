@@ -60,6 +60,46 @@ void BatchWorker::push_error(const BatchRequest& request, std::string code, std:
   ready_.push_back(std::move(r));
 }
 
+class BatchWorker::StreamAdapter final : public engine::KvStreamSink {
+ public:
+  StreamAdapter(KvStreamer* streamer, const std::unordered_map<std::uint64_t, RequestRef>* requests)
+      : streamer_(streamer), requests_(requests) {}
+  bool accepting() const override { return streamer_->accepting(); }
+  void push(engine::KvIncrement inc) override {
+    const auto it = requests_->find(inc.request_id);
+    if (it == requests_->end()) return;  // aborted
+    QueuedIncrement q;
+    q.key = kvstore::KvChunkKey{it->second.line.first, kv_request_key(it->second.line.second, it->second.choice),
+                                inc.range};
+    q.chunk = std::move(inc.chunk);
+    q.token_ids = std::move(inc.token_ids);
+    q.num_prompt_tokens = inc.num_prompt_tokens;
+    streamer_->push(std::move(q));
+  }
+  /// A finished or cancelled choice: its queued KV is garbage.
+  void forget(const RequestRef& ref) {
+    (void)streamer_->forget_request(ref.line.first, kv_request_key(ref.line.second, ref.choice));
+  }
+
+ private:
+  KvStreamer* streamer_;
+  const std::unordered_map<std::uint64_t, RequestRef>* requests_;
+};
+
+BatchWorker::BatchWorker(BatchWorker&&) noexcept = default;
+BatchWorker& BatchWorker::operator=(BatchWorker&&) noexcept = default;
+BatchWorker::~BatchWorker() = default;
+
+void BatchWorker::set_kv_streamer(KvStreamer* streamer) {
+  if (streamer == nullptr) {
+    engine_.engine->set_kv_sink(nullptr);
+    stream_adapter_.reset();
+    return;
+  }
+  stream_adapter_ = std::make_unique<StreamAdapter>(streamer, requests_.get());
+  engine_.engine->set_kv_sink(stream_adapter_.get());
+}
+
 void BatchWorker::submit(BatchRequest request) {
   const LineKey key{request.job_id, request.line_index};
   if (holds(key)) return;  // re-sent line: one result only
@@ -116,18 +156,26 @@ void BatchWorker::submit(BatchRequest request) {
     const std::uint64_t rid = next_request_id_++;
     // The last choice takes the ids; the others get copies.
     std::vector<std::int32_t> prompt = i + 1 < request.n ? ids : std::move(ids);
-    Status s = eng.add_request(rid, std::move(prompt), p);
+    const bool resumes = static_cast<int>(request.resume.size()) == request.n;
+    Status s = Status::ok_status();
+    if (resumes) {
+      ChoiceResume& cr = request.resume[static_cast<std::size_t>(i)];
+      engine::ResumeState rs{std::move(cr.output_ids), cr.num_kv_tokens, std::move(cr.kv_chunk)};
+      s = eng.add_request(rid, std::move(prompt), p, std::move(rs));
+    } else {
+      s = eng.add_request(rid, std::move(prompt), p);
+    }
     if (!s.ok()) {
       for (std::uint64_t prev : line.request_ids) {
         (void)eng.abort_request(prev);  // its abort output is ignored (unknown id)
-        requests_.erase(prev);
+        requests_->erase(prev);
       }
       const bool bad_param = s.error().code == ErrorCode::invalid_argument;
       push_error(request, bad_param ? "invalid_parameter" : "server_error", s.error().message);
       return;
     }
     line.request_ids.push_back(rid);
-    requests_.emplace(rid, RequestRef{key, i});
+    requests_->emplace(rid, RequestRef{key, i});
   }
   lines_.emplace(key, std::move(line));
 }
@@ -140,10 +188,11 @@ Result<std::vector<BatchResult>> BatchWorker::step() {
     ++steps_done_;
     eng.clear_step_stats();  // a long-lived worker must not grow them without bound
     for (RequestOutput& out : outs.value()) {
-      const auto it = requests_.find(out.request_id);
-      if (it == requests_.end()) continue;  // aborted by cancel_job or a failed submit
+      const auto it = requests_->find(out.request_id);
+      if (it == requests_->end()) continue;  // aborted by cancel_job or a failed submit
       const RequestRef ref = it->second;
-      requests_.erase(it);
+      requests_->erase(it);
+      if (stream_adapter_) stream_adapter_->forget(ref);
       const auto lit = lines_.find(ref.line);
       if (lit == lines_.end()) continue;
       Line& line = lit->second;
@@ -198,7 +247,11 @@ std::size_t BatchWorker::cancel_job(std::uint64_t job_id) {
   auto it = lines_.lower_bound(LineKey{job_id, 0});
   while (it != lines_.end() && it->first.first == job_id) {
     for (std::uint64_t rid : it->second.request_ids) {
-      if (requests_.erase(rid) != 0) (void)eng.abort_request(rid);
+      if (const auto r = requests_->find(rid); r != requests_->end()) {
+        if (stream_adapter_) stream_adapter_->forget(r->second);
+        requests_->erase(r);
+        (void)eng.abort_request(rid);
+      }
     }
     it = lines_.erase(it);
     ++dropped;
@@ -229,6 +282,11 @@ WorkerStatusSnapshot BatchWorker::status() const {
   s.lines_done = lines_done_;
   s.lines_failed = lines_failed_;
   s.num_preemptions = static_cast<std::uint64_t>(sched.total_preemptions());
+  const engine::KvIoStats& io = eng.kv_io().stats();
+  s.kv_swap_outs = io.swap_outs;
+  s.kv_restored_tokens = io.restored_tokens;
+  s.kv_resume_fallbacks = io.resume_fallbacks;
+  s.kv_streamed_bytes = io.streamed_bytes;
   return s;
 }
 

@@ -15,6 +15,11 @@
 /// result is byte-identical whatever else the worker runs, in whatever order,
 /// on whichever worker a retry lands — what exactly-once recovery relies on.
 ///
+/// A line with `resume` (its worker failed) continues each choice from the
+/// tokens it had generated and the KV the store kept (LlmEngine's
+/// ResumeState): only the positions after the restored KV are computed, and
+/// the result is byte-identical to an undisturbed run.
+///
 /// Per-line problems never fail the worker: they come back as error
 /// BatchResults (ok == false) from the next step() / take_finished(),
 /// without running the model. Codes (OpenAI batch error objects):
@@ -36,6 +41,7 @@
 #include "common/result.hpp"
 #include "engine/engine_builder.hpp"
 #include "worker/batch_types.hpp"
+#include "worker/kv_streamer.hpp"
 
 namespace shardline::worker {
 
@@ -54,7 +60,11 @@ struct WorkerStatusSnapshot {
   std::uint64_t steps_done = 0;        ///< engine steps run
   std::uint64_t lines_done = 0;        ///< results returned with ok == true
   std::uint64_t lines_failed = 0;      ///< results returned with ok == false
-  std::uint64_t num_preemptions = 0;   ///< engine preemptions (recompute) so far
+  std::uint64_t num_preemptions = 0;   ///< engine preemptions so far (swap or recompute)
+  std::uint64_t kv_swap_outs = 0;      ///< preemptions whose KV went to the host swap space
+  std::uint64_t kv_restored_tokens = 0;   ///< KV positions resumed lines restored from a store
+  std::uint64_t kv_resume_fallbacks = 0;  ///< resumed choices whose KV could not be restored
+  std::uint64_t kv_streamed_bytes = 0;    ///< KV bytes copied out for streaming
 };
 
 class BatchWorker {
@@ -67,8 +77,9 @@ class BatchWorker {
   /// tokenizer missing).
   [[nodiscard]] static Result<BatchWorker> create(engine::EngineInstance engine, std::string name);
 
-  BatchWorker(BatchWorker&&) = default;
-  BatchWorker& operator=(BatchWorker&&) = default;
+  BatchWorker(BatchWorker&&) noexcept;
+  BatchWorker& operator=(BatchWorker&&) noexcept;
+  ~BatchWorker();
   BatchWorker(const BatchWorker&) = delete;
   BatchWorker& operator=(const BatchWorker&) = delete;
 
@@ -101,6 +112,11 @@ class BatchWorker {
   std::size_t cancel_job(std::uint64_t job_id);
 
   [[nodiscard]] WorkerStatusSnapshot status() const;
+
+  /// Streams every running choice's new KV after each step to `streamer`
+  /// under (job_id, kv_request_key(line, choice)); null stops streaming.
+  /// Not owned; it must outlive the worker's steps.
+  void set_kv_streamer(KvStreamer* streamer);
 
   [[nodiscard]] const std::string& name() const { return name_; }
   [[nodiscard]] const engine::LlmEngine& engine() const { return *engine_.engine; }
@@ -140,11 +156,18 @@ class BatchWorker {
   [[nodiscard]] bool holds(const LineKey& key) const;
   std::vector<BatchResult> drain_ready();
 
+  /// The engine's stream sink: engine ids -> (job, KV request key).
+  class StreamAdapter;
+
   engine::EngineInstance engine_;
   std::string name_;
+  std::unique_ptr<StreamAdapter> stream_adapter_;
   std::uint64_t next_request_id_ = 1;
   std::map<LineKey, Line> lines_;                       ///< accepted, in the engine
-  std::unordered_map<std::uint64_t, RequestRef> requests_;  ///< engine id -> line, choice
+  /// engine id -> line, choice; on the heap so the stream adapter's view
+  /// survives moves of the worker.
+  std::unique_ptr<std::unordered_map<std::uint64_t, RequestRef>> requests_ =
+      std::make_unique<std::unordered_map<std::uint64_t, RequestRef>>();
   std::vector<BatchResult> ready_;        ///< to be returned
   std::uint64_t prompt_tokens_ = 0;
   std::uint64_t generated_tokens_ = 0;

@@ -20,6 +20,7 @@
 
 #include "engine/engine_builder.hpp"
 #include "tests/support/engine_runs.hpp"
+#include "tests/support/kv_host_tier.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -64,40 +65,7 @@ std::vector<Request> requests(const model::Tokenizer& tok) {
   return out;
 }
 
-/// A host tier laid out like one whole-model cache (every layer and head),
-/// one block per 16 positions in order: increments are merged into it with
-/// copy_in and cut back out with copy_out, as a KV store would.
-struct HostTier {
-  kvstore::KvModelShape shape;
-  kvstore::KvCacheView view;
-  std::vector<std::byte> memory;
-  std::vector<std::int32_t> table;
-  int covered = 0;  ///< positions [0, covered) merged, contiguously
-  int end = 0;      ///< one past the last position merged
-
-  explicit HostTier(const kvstore::KvModelShape& s, int max_tokens = 256) : shape(s) {
-    view.layout.layer_begin = 0;
-    view.layout.layer_end = s.num_layers;
-    for (int h = 0; h < s.num_kv_heads; ++h) view.layout.kv_heads.push_back(h);
-    view.layout.block_size = 16;
-    view.layout.num_blocks = (max_tokens + 15) / 16;
-    memory.resize(kvstore::cache_bytes(s, view.layout));
-    view.data = memory.data();
-    table.resize(static_cast<std::size_t>(view.layout.num_blocks));
-    std::iota(table.begin(), table.end(), 0);
-  }
-  void merge(const KvIncrement& inc) {
-    ASSERT_TRUE(kvstore::copy_in(shape, std::span(&view, 1), table, inc.range, inc.chunk).ok());
-    if (inc.range.token_begin <= covered) covered = std::max(covered, inc.range.token_end);
-    end = std::max(end, inc.range.token_end);
-  }
-  std::vector<std::byte> prefix(int num_tokens) const {
-    const kvstore::KvRange range{0, shape.num_layers, 0, num_tokens};
-    std::vector<std::byte> chunk(kvstore::chunk_bytes(shape, range));
-    EXPECT_TRUE(kvstore::copy_out(shape, std::span(&view, 1), table, range, chunk).ok());
-    return chunk;
-  }
-};
+using testing_support::HostTier;
 
 /// What a reference run left behind: outputs, and per request the tier of
 /// its streamed KV plus the tier state after each generated token.
@@ -122,7 +90,7 @@ struct TierSink final : KvStreamSink {
     begins.push_back(inc.range.token_begin);
     EXPECT_GT(inc.range.num_tokens(), 0);
     EXPECT_EQ(static_cast<int>(inc.token_ids.size()), inc.range.num_tokens() + 1);
-    (*tiers)[inc.request_id]->merge(inc);
+    (*tiers)[inc.request_id]->merge(inc.range, inc.chunk);
   }
 };
 

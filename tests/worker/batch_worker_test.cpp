@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "kvstore/kv_targets.hpp"
+#include "tests/support/kv_host_tier.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::worker {
@@ -534,6 +536,107 @@ TEST(BatchWorker, DemoDatasetRunsToCompletion) {
     ++ids[r.custom_id];
   }
   EXPECT_EQ(ids.size(), out.size());  // custom_ids are unique
+}
+
+}  // namespace
+}  // namespace shardline::worker
+
+namespace shardline::worker {
+namespace {
+
+// DéjàVu recovery at the worker level: a worker streams its KV to a store
+// (a MemoryKvTarget behind a KvStreamer) and dies mid-job; a fresh worker
+// resumes each line from the tokens and KV the store had (merged the way
+// the KV store's fetch does), computes only the positions after them, and
+// returns results byte-identical to an undisturbed run.
+TEST(BatchWorker, ResumedLinesFromStreamedKvAreByteIdentical) {
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily wanted to", "One day"};
+  auto make_lines = [&] {
+    std::vector<BatchRequest> lines;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      BatchRequest r = seeded(line(3, i, prompts[i], 0.8f, 40), 900 + i);
+      r.n = 2;
+      lines.push_back(std::move(r));
+    }
+    return lines;
+  };
+  BatchWorker reference = make_worker("ref");
+  for (auto& l : make_lines()) reference.submit(std::move(l));
+  const auto want = run_all(reference);
+  ASSERT_EQ(want.size(), prompts.size());
+
+  // The worker that dies: 12 steps, with its streamed KV drained to the store.
+  auto store = std::make_shared<kvstore::MemoryKvTarget>();
+  std::mutex mu;
+  std::map<std::uint64_t, std::vector<std::int32_t>> tokens;  // KV request key -> known tokens
+  std::map<std::uint64_t, int> prompt_len;
+  std::vector<kvstore::KvChunkKey> keys;
+  {
+    KvStreamer streamer(store, {}, [&](std::vector<QueuedIncrement> flushed) {
+      std::lock_guard<std::mutex> l(mu);
+      for (const auto& inc : flushed) {
+        auto& t = tokens[inc.key.request_id];
+        t.resize(static_cast<std::size_t>(inc.key.range.token_begin));  // positions before it are known
+        t.insert(t.end(), inc.token_ids.begin(), inc.token_ids.end());
+        prompt_len[inc.key.request_id] = inc.num_prompt_tokens;
+        keys.push_back(inc.key);
+      }
+    });
+    BatchWorker doomed = make_worker("doomed");
+    doomed.set_kv_streamer(&streamer);
+    for (auto& l : make_lines()) doomed.submit(std::move(l));
+    for (int i = 0; i < 12; ++i) {
+      auto r = doomed.step();
+      ASSERT_TRUE(r.ok());
+      ASSERT_TRUE(r->empty()) << "nothing finishes this early";
+    }
+    ASSERT_TRUE(streamer.drain(std::chrono::seconds(10)));
+    EXPECT_GT(doomed.status().kv_streamed_bytes, 0u);
+  }  // the worker is gone; the store is not
+
+  // What the store can restore per choice: its merged KV and tokens.
+  const kvstore::KvModelShape shape = reference.engine().kv_io().shape();
+  std::map<std::uint64_t, std::unique_ptr<testing_support::HostTier>> tiers;
+  for (const auto& k : keys) {
+    auto& tier = tiers[k.request_id];
+    if (!tier) tier = std::make_unique<testing_support::HostTier>(shape);
+    auto chunk = store->fetch(k);
+    ASSERT_TRUE(chunk.ok());
+    tier->merge(k.range, *chunk);
+  }
+  BatchWorker resumed = make_worker("resumed");
+  std::uint64_t expected_restored = 0;
+  for (auto& l : make_lines()) {
+    l.resume.resize(2);
+    for (int c = 0; c < 2; ++c) {
+      const std::uint64_t key = kv_request_key(l.line_index, c);
+      ASSERT_EQ(tiers.count(key), 1u);
+      const int r = tiers[key]->covered;
+      const auto& t = tokens[key];
+      ChoiceResume& cr = l.resume[static_cast<std::size_t>(c)];
+      cr.output_ids.assign(t.begin() + prompt_len[key], t.end());
+      ASSERT_FALSE(cr.output_ids.empty());
+      ASSERT_EQ(static_cast<int>(t.size()), r + 1) << "the store knows one token past its KV";
+      cr.num_kv_tokens = r;
+      cr.kv_chunk = tiers[key]->prefix(r);
+      expected_restored += static_cast<std::uint64_t>(r);
+    }
+    resumed.submit(std::move(l));
+  }
+  const auto got = run_all(resumed);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [k, w] : want) {
+    const BatchResult& g = got.at(k);
+    ASSERT_EQ(g.choices.size(), w.choices.size());
+    for (std::size_t c = 0; c < w.choices.size(); ++c) {
+      EXPECT_EQ(g.choices[c].text, w.choices[c].text) << "line " << k.second << " choice " << c;
+      EXPECT_EQ(g.choices[c].token_ids, w.choices[c].token_ids) << "line " << k.second << " choice " << c;
+      EXPECT_EQ(g.choices[c].finish_reason, w.choices[c].finish_reason);
+    }
+    EXPECT_EQ(g.completion_tokens, w.completion_tokens);
+  }
+  EXPECT_EQ(resumed.status().kv_restored_tokens, expected_restored);
+  EXPECT_EQ(resumed.status().kv_resume_fallbacks, 0u);
 }
 
 }  // namespace
