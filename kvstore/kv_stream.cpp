@@ -363,6 +363,7 @@ Status stream_out(const KvModelShape& shape, std::span<const KvCacheView> ranks,
 
 Status stream_out_batch(const KvModelShape& shape, std::span<const KvCacheView> ranks,
                         std::span<const KvStreamItem> items, KvTarget& target) {
+  if (items.empty()) return {};
   std::vector<std::vector<Source>> plans;
   std::vector<KvChunkRef> refs;
   plans.reserve(items.size());

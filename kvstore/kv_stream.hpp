@@ -198,7 +198,8 @@ struct KvStreamItem {
 /// stream_out for a whole batch of sequences of one group (e.g. one decode
 /// step's increments): every item's canonical chunk goes into one buffer, in
 /// item order, and the buffer reaches `target` in one flush_batch call.
-/// Nothing is flushed when an item is invalid. Errors: as stream_out (the
+/// Nothing is flushed when an item is invalid, or when there are no items.
+/// Errors: as stream_out (the
 /// message names the item), the target's.
 [[nodiscard]] Status stream_out_batch(const KvModelShape& shape, std::span<const KvCacheView> ranks,
                                       std::span<const KvStreamItem> items, KvTarget& target);

@@ -15,6 +15,7 @@ static_assert(std::endian::native == std::endian::little, "the KV wire format is
 constexpr std::uint32_t kRequestMagic = 0x3153564bu;  // "KVS1"
 constexpr std::uint32_t kReplyMagic = 0x3152564bu;    // "KVR1"
 enum class Op : std::uint32_t { flush = 1, fetch = 2, flush_batch = 3 };
+constexpr std::uint64_t kMaxBatchChunks = std::uint64_t{1} << 24;  // a corrupt count must not allocate without bound
 
 /// Appends / reads fixed-width fields in host (little-endian) order.
 class Writer {
@@ -103,7 +104,7 @@ Status send_reply(comm::Communicator& c, int peer, int tag, const Status& st, st
 
 Status serve_flush_batch(comm::Communicator& c, int peer, MemoryKvTarget& store, KvWireTags tags,
                          std::uint64_t count, std::uint64_t bytes) {
-  if (count > kKvMaxWireBytes / kKvTableEntryBytes) {
+  if (count > kMaxBatchChunks) {
     Status st = wire("kv server: flush_batch of " + std::to_string(count) + " chunks is too large");
     (void)send_reply(c, peer, tags.reply, st, {});
     return st;
@@ -115,20 +116,24 @@ Status serve_flush_batch(comm::Communicator& c, int peer, MemoryKvTarget& store,
   std::vector<KvChunkRef> refs(count);
   Reader r(table.data());
   std::uint64_t offset = 0;
+  bool sizes_ok = true;
   for (KvChunkRef& ref : refs) {
     ref.key = r.get_key();
     ref.bytes = r.get<std::uint64_t>();
     ref.offset = offset;
+    if (ref.bytes > bytes - offset) {  // also catches sums past 2^64
+      sizes_ok = false;
+      break;
+    }
     offset += ref.bytes;
-    if (ref.bytes > kKvMaxWireBytes || offset > bytes) break;
   }
   std::vector<std::byte> payload(bytes);
   if (!payload.empty()) {
     if (Status st = c.recv(payload.data(), payload.size(), peer, tags.request); !st) return st;
   }
-  if (offset != bytes) {
-    Status st = wire("kv server: flush_batch chunk sizes add up to " + std::to_string(offset) +
-                     " bytes, the payload has " + std::to_string(bytes));
+  if (!sizes_ok || offset != bytes) {
+    Status st = wire("kv server: flush_batch chunk sizes do not add up to the payload's " +
+                     std::to_string(bytes) + " bytes");
     (void)send_reply(c, peer, tags.reply, st, {});
     return st;
   }

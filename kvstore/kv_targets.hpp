@@ -89,7 +89,8 @@ inline constexpr std::size_t kKvRequestHeaderBytes = 56;
 inline constexpr std::size_t kKvTableEntryBytes = 40;
 inline constexpr std::size_t kKvReplyHeaderBytes = 16;
 /// Largest payload or message a server or client accepts (a corrupt header
-/// must not make it allocate without bound).
+/// must not make it allocate without bound); a flush_batch also carries at
+/// most 2^24 chunks.
 inline constexpr std::uint64_t kKvMaxWireBytes = std::uint64_t{4} << 30;
 
 /// A KvTarget on another rank: each flush / fetch / flush_batch is one

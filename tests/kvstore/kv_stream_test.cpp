@@ -375,6 +375,8 @@ TEST(KvStream, StreamOutIsOneTransferAndBatchIsOneForAll) {
   ASSERT_FALSE(st.ok());
   EXPECT_THAT(st.error().message, HasSubstr("items[2]"));
   EXPECT_EQ(none.batches + none.flushes, 0);
+  EXPECT_TRUE(stream_out_batch(s, src.views, {}, none).ok());
+  EXPECT_EQ(none.batches + none.flushes, 0);
 }
 
 // ---- group errors --------------------------------------------------------------------------

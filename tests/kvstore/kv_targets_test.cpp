@@ -236,6 +236,27 @@ TEST(CommKvTarget, MalformedRequestIsCorruptOnBothSides) {
   std::int32_t code = 0;
   std::memcpy(&code, reply.data() + 4, 4);
   EXPECT_EQ(code, static_cast<int>(ErrorCode::corrupt));
+
+  // A flush_batch whose table promises more bytes than its payload carries.
+  std::array<std::byte, kKvRequestHeaderBytes> header{};
+  const std::uint32_t magic = 0x3153564bu, op = 3;
+  const std::uint64_t count = 1, bytes = 10;
+  std::memcpy(header.data(), &magic, 4);
+  std::memcpy(header.data() + 4, &op, 4);
+  std::memcpy(header.data() + 40, &count, 8);
+  std::memcpy(header.data() + 48, &bytes, 8);
+  std::array<std::byte, kKvTableEntryBytes> table{};
+  const std::uint64_t chunk = 20;
+  std::memcpy(table.data() + 32, &chunk, 8);
+  const auto payload = bytes_of(10, 5);
+  ASSERT_TRUE(p.client->send(header.data(), header.size(), 1, KvWireTags{}.request).ok());
+  ASSERT_TRUE(p.client->send(table.data(), table.size(), 1, KvWireTags{}.request).ok());
+  ASSERT_TRUE(p.client->send(payload.data(), payload.size(), 1, KvWireTags{}.request).ok());
+  st = serve_kv_request(*p.server, 0, p.store);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::corrupt);
+  EXPECT_THAT(st.error().message, HasSubstr("do not add up"));
+  EXPECT_EQ(p.store.stats().chunks, 0u);
 }
 
 }  // namespace
