@@ -231,6 +231,8 @@ struct KvStore::Impl {
   std::map<RequestId, RequestState> requests;
   std::uint64_t deleted_bytes = 0;
   std::uint64_t compactions = 0;
+  std::uint64_t memory_hits = 0;
+  std::uint64_t disk_reads = 0;
   std::uint64_t gc_pending = 0;  ///< chunk bytes deleted since the last compaction
   std::string gc_begin, gc_end;  ///< the key span deleted since then (empty: none)
 
@@ -246,7 +248,11 @@ struct KvStore::Impl {
   /// A chunk's bytes: the host tier, else RocksDB (then cached).
   Result<std::vector<std::byte>> read(const KvChunkKey& key) {
     const std::string k = encode_key(key);
-    if (const auto* hit = tier.get(k)) return *hit;
+    if (const auto* hit = tier.get(k)) {
+      ++memory_hits;
+      return *hit;
+    }
+    ++disk_reads;
     std::string v;
     const rocksdb::Status st = db->Get(rocksdb::ReadOptions(), k, &v);
     if (st.IsNotFound()) return make_error(ErrorCode::not_found, "kv store: no chunk " + describe(key));
@@ -472,6 +478,8 @@ Result<KvStoreStats> KvStore::stats() const {
   s.memory_chunks = impl_->tier.chunks();
   s.memory_bytes = impl_->tier.bytes();
   s.memory_budget = impl_->options.host_bytes;
+  s.memory_hits = impl_->memory_hits;
+  s.disk_reads = impl_->disk_reads;
   std::uint64_t v = 0;
   if (impl_->db->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) s.memtable_bytes = v;
   if (impl_->db->GetIntProperty(rocksdb::DB::Properties::kLiveSstFilesSize, &v)) s.sst_bytes = v;

@@ -135,6 +135,8 @@ struct KvStoreStats {
   std::uint64_t memory_chunks = 0;     ///< chunks in the host tier
   std::uint64_t memory_bytes = 0;      ///< their bytes (<= memory_budget)
   std::uint64_t memory_budget = 0;     ///< KvStoreOptions::host_bytes
+  std::uint64_t memory_hits = 0;       ///< chunk reads served by the host tier since open
+  std::uint64_t disk_reads = 0;        ///< chunk reads that went to RocksDB since open
   std::uint64_t memtable_bytes = 0;    ///< RocksDB memtables (rocksdb.cur-size-all-mem-tables)
   std::uint64_t sst_bytes = 0;         ///< live SST files (rocksdb.live-sst-files-size)
   std::uint64_t wal_bytes = 0;         ///< WAL files
