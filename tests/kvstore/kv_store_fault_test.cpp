@@ -272,7 +272,9 @@ TEST(KvStorePowerLoss, WalAndNoneLoseAckedChunksButNeverAckWhatTheyLack) {
 }
 
 // The same store, closed and reopened without losing the unsynced bytes (a
-// process crash leaves them with the kernel): every `wal` ack is there.
+// process crash leaves them with the kernel): every `wal` ack is there. (A
+// clean close also flushes the memtable, so this passes even without a WAL;
+// the kill -9 test above is the one that needs the WAL.)
 TEST(KvStorePowerLoss, WalKeepsEveryAckWhenOnlyTheProcessStops) {
   TempDir tmp;
   Machine m;

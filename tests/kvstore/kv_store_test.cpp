@@ -408,7 +408,9 @@ TEST(KvStore, GcKeepsDiskUseBoundedOverALongJob) {
   auto s = open_store(tmp.file("kv"), o);
   constexpr int kRequests = 2000, kSteps = 64, kInFlight = 8, kPrompt = 16;
   std::vector<std::byte> prefill = make_chunk(o.shape, 0, 0, KvRange{0, 4, 0, kPrompt});
-  std::vector<std::byte> step = make_chunk(o.shape, 0, 0, decode_range(o.shape, 0));
+  // Neighbouring chunks differ, so SST block compression does not hide bytes.
+  std::vector<std::vector<std::byte>> steps;
+  for (std::uint64_t i = 0; i < 97; ++i) steps.push_back(make_chunk(o.shape, 0, i, decode_range(o.shape, 0)));
   std::uint64_t written = 0, max_disk = 0;
   for (int first = 0; first < kRequests; first += kInFlight) {
     for (int req = first; req < first + kInFlight; ++req) {
@@ -417,6 +419,7 @@ TEST(KvStore, GcKeepsDiskUseBoundedOverALongJob) {
     }
     for (int t = kPrompt; t < kPrompt + kSteps; ++t)
       for (int req = first; req < first + kInFlight; ++req) {
+        const auto& step = steps[static_cast<std::size_t>(req * kSteps + t) % steps.size()];
         auto ack = s->put(chunk_key(1, static_cast<std::uint64_t>(req), decode_range(o.shape, t)), step);
         ASSERT_TRUE(ack.ok()) << ack.error().to_string();
         ASSERT_EQ(*ack, t + 1);
@@ -443,6 +446,45 @@ TEST(KvStore, GcKeepsDiskUseBoundedOverALongJob) {
   // memtable flushed before it), logs and MANIFEST little.
   EXPECT_LT(max_disk, 12ull << 20) << "disk use grew with the job: deleted KV does not come back";
   EXPECT_LT(st->sst_bytes, 8ull << 20);
+}
+
+/// Requests that lived long enough to reach SST files: once they are
+/// dropped, GC compacts their key span and the SST bytes come back (RocksDB's
+/// own compactions would only get to them after more writes).
+TEST(KvStore, GcCompactsDroppedRequestsOutOfTheSstFiles) {
+  TempDir tmp;
+  KvStoreOptions o;
+  o.shape = KvModelShape{4, 2, 16, DType::f32};  // a decode chunk: 1 KiB
+  o.memtable_bytes = 1 << 20;
+  o.compact_after_bytes = 2 << 20;
+  auto s = open_store(tmp.file("kv"), o);
+  constexpr int kRequests = 96, kPrompt = 16, kSteps = 48;
+  for (std::uint64_t req = 0; req < kRequests; ++req) {  // distinct bytes: SST compression does not hide them
+    const KvRange prompt{0, 4, 0, kPrompt};
+    ASSERT_TRUE(s->put(chunk_key(5, req, prompt), make_chunk(o.shape, 5, req, prompt)).ok());
+    for (int t = kPrompt; t < kPrompt + kSteps; ++t) {
+      const KvRange r = decode_range(o.shape, t);
+      ASSERT_TRUE(s->put(chunk_key(5, req, r), make_chunk(o.shape, 5, req, r)).ok());
+    }
+  }
+  const auto before = s->stats();
+  ASSERT_TRUE(before.ok());
+  for (std::uint64_t req = 0; req < kRequests; ++req) ASSERT_TRUE(s->drop_request(5, req).ok());
+  const auto after = s->stats();
+  ASSERT_TRUE(after.ok());
+  std::printf("gc: %.2f MiB of chunks; before the drops sst %.2f MiB, disk %.2f MiB; after sst %.2f MiB, disk %.2f MiB, "
+              "%llu compactions\n",
+              before->chunk_bytes / 1048576.0, before->sst_bytes / 1048576.0, before->disk_bytes / 1048576.0,
+              after->sst_bytes / 1048576.0, after->disk_bytes / 1048576.0,
+              static_cast<unsigned long long>(after->compactions));
+  EXPECT_EQ(after->deleted_bytes, before->chunk_bytes);
+  EXPECT_GE(before->sst_bytes, 4ull << 20);
+  EXPECT_GE(after->compactions, 2u);
+  // What is left: at most the deletions below the compaction threshold.
+  EXPECT_LE(after->sst_bytes, o.compact_after_bytes) << "dropped requests still take SST space";
+  EXPECT_LT(after->disk_bytes, before->disk_bytes / 2);
+  ASSERT_TRUE(s->compact().ok());
+  EXPECT_LT(s->stats()->sst_bytes, 64u << 10);
 }
 
 }  // namespace
