@@ -32,8 +32,9 @@
 ///
 /// Garbage collection: `drop_request` / `drop_job` delete a key range
 /// (RocksDB DeleteRange, one tombstone) and drop those chunks from the host
-/// tier; once `compact_after_bytes` of chunks were deleted, the deleted key
-/// span is compacted, so their disk space comes back.
+/// tier; once `compact_after_bytes` of chunks were deleted, the key span
+/// from the first to the last deleted key is compacted (live chunks inside
+/// it are rewritten), so their disk space comes back.
 ///
 /// Thread safety: none; one owner (the KV-store actor) serializes calls.
 /// Calls block on RocksDB (a synced write, a GC compaction).
@@ -187,9 +188,11 @@ class KvStore final : public KvTarget {
   /// Errors: invalid_argument (max_tokens < 0), io, corrupt.
   [[nodiscard]] Result<KvPrefix> fetch_prefix(std::uint64_t job_id, std::uint64_t request_id, int max_tokens);
 
-  /// Deletes a request's chunks (no-op when unknown). Errors: io.
+  /// Deletes a request's chunks (no-op when unknown); may run the GC
+  /// compaction. Errors: io (the delete: nothing changed; or the compaction:
+  /// the chunks are deleted, their space comes back at the next one).
   [[nodiscard]] Status drop_request(std::uint64_t job_id, std::uint64_t request_id);
-  /// Deletes every chunk of a job. Errors: io.
+  /// Deletes every chunk of a job. Errors: as drop_request.
   [[nodiscard]] Status drop_job(std::uint64_t job_id);
   /// Compacts the key span deleted since the last compaction now (GC runs
   /// this itself after compact_after_bytes). Errors: io.
