@@ -51,6 +51,10 @@
 
 namespace shardline::kvstore {
 
+/// The default replication factor: with the default sync policy (wal) it
+/// survives kill -9 of any one process and the loss of any one node.
+inline constexpr int kDefaultReplicationFactor = 2;
+
 /// The ring order: `nodes` sorted, repeats removed.
 [[nodiscard]] std::vector<std::string> ring_order(std::span<const std::string> nodes);
 
