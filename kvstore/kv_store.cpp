@@ -1,0 +1,512 @@
+#include "kvstore/kv_store.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <limits>
+#include <list>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
+#include <rocksdb/options.h>
+#include <rocksdb/transaction_log.h>
+#include <rocksdb/write_batch.h>
+
+namespace shardline::kvstore {
+namespace {
+
+void put_be(std::string& s, std::uint64_t v, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+std::uint64_t get_be(std::string_view s, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(i)]);
+  return v;
+}
+
+std::string hex(std::string_view s) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  for (const char c : s) {
+    out.push_back(digits[(static_cast<unsigned char>(c) >> 4) & 0xf]);
+    out.push_back(digits[static_cast<unsigned char>(c) & 0xf]);
+  }
+  return out;
+}
+
+std::string describe(const KvChunkKey& key) {
+  const KvRange& r = key.range;
+  return "job " + std::to_string(key.job_id) + " request " + std::to_string(key.request_id) + " layers [" +
+         std::to_string(r.layer_begin) + ", " + std::to_string(r.layer_end) + ") tokens [" +
+         std::to_string(r.token_begin) + ", " + std::to_string(r.token_end) + ")";
+}
+
+/// chunk_bytes of kv_stream.hpp, computed here (the store does not link the
+/// streaming code).
+std::size_t chunk_size(const KvModelShape& shape, const KvRange& range) {
+  return static_cast<std::size_t>(range.num_layers()) * 2 * static_cast<std::size_t>(shape.num_kv_heads) *
+         static_cast<std::size_t>(range.num_tokens()) * static_cast<std::size_t>(shape.head_dim) *
+         dtype_size(shape.dtype);
+}
+
+Error db_error(const std::string& what, const rocksdb::Status& st) {
+  return make_error(ErrorCode::io, "kv store: " + what + ": " + st.ToString());
+}
+
+/// Key order of ranges inside one request: token_begin, token_end, layers.
+struct RangeLess {
+  bool operator()(const KvRange& a, const KvRange& b) const noexcept {
+    return std::tie(a.token_begin, a.token_end, a.layer_begin, a.layer_end) <
+           std::tie(b.token_begin, b.token_end, b.layer_begin, b.layer_end);
+  }
+};
+
+/// Adds [b, e) to disjoint, non-touching intervals begin -> end.
+void add_interval(std::map<int, int>& m, int b, int e) {
+  auto it = m.upper_bound(b);
+  if (it != m.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second >= b) {
+      b = prev->first;
+      e = std::max(e, prev->second);
+      it = m.erase(prev);
+    }
+  }
+  while (it != m.end() && it->first <= e) {
+    e = std::max(e, it->second);
+    it = m.erase(it);
+  }
+  m.emplace(b, e);
+}
+
+/// What the store knows of one request.
+struct RequestState {
+  std::vector<std::map<int, int>> covered;        ///< per layer: stored token intervals
+  std::map<KvRange, std::uint64_t, RangeLess> chunks;  ///< stored range -> value bytes
+  std::uint64_t bytes = 0;
+  int durable = 0;
+
+  void add(int num_layers, const KvRange& r, std::uint64_t size) {
+    if (covered.empty()) covered.resize(static_cast<std::size_t>(num_layers));
+    auto [it, inserted] = chunks.try_emplace(r, size);
+    if (!inserted) {
+      bytes -= it->second;
+      it->second = size;
+    }
+    bytes += size;
+    for (int l = r.layer_begin; l < r.layer_end; ++l)
+      add_interval(covered[static_cast<std::size_t>(l)], r.token_begin, r.token_end);
+  }
+  void recompute() {
+    int t = std::numeric_limits<int>::max();
+    for (const auto& layer : covered) {
+      const int end = !layer.empty() && layer.begin()->first == 0 ? layer.begin()->second : 0;
+      t = std::min(t, end);
+    }
+    durable = covered.empty() ? 0 : t;
+  }
+};
+
+using RequestId = std::pair<std::uint64_t, std::uint64_t>;
+
+/// The host-memory tier: an LRU of chunks under a byte budget.
+class HostTier {
+ public:
+  explicit HostTier(std::uint64_t budget) : budget_(budget) {}
+
+  void put(const std::string& key, std::span<const std::byte> bytes) {
+    erase(key);
+    if (bytes.size() > budget_) return;
+    lru_.push_front(Entry{key, std::vector<std::byte>(bytes.begin(), bytes.end())});
+    index_[key] = lru_.begin();
+    bytes_ += bytes.size();
+    while (bytes_ > budget_) {
+      bytes_ -= lru_.back().bytes.size();
+      index_.erase(lru_.back().key);
+      lru_.pop_back();
+    }
+  }
+  /// The chunk (now the most recent), or null.
+  const std::vector<std::byte>* get(const std::string& key) {
+    const auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return &it->second->bytes;
+  }
+  void erase(const std::string& key) {
+    const auto it = index_.find(key);
+    if (it == index_.end()) return;
+    bytes_ -= it->second->bytes.size();
+    lru_.erase(it->second);
+    index_.erase(it);
+  }
+  [[nodiscard]] std::uint64_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] std::uint64_t chunks() const noexcept { return index_.size(); }
+
+ private:
+  struct Entry {
+    std::string key;
+    std::vector<std::byte> bytes;
+  };
+  std::uint64_t budget_;
+  std::uint64_t bytes_ = 0;
+  std::list<Entry> lru_;  ///< front: most recently used
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+};
+
+Status check_range(const KvModelShape& shape, const KvChunkKey& key) {
+  const KvRange& r = key.range;
+  if (r.layer_begin < 0 || r.layer_end > shape.num_layers || r.layer_begin >= r.layer_end)
+    return make_error(ErrorCode::invalid_argument, "kv store: chunk " + describe(key) + ": layers outside [0, " +
+                                                       std::to_string(shape.num_layers) + ") or empty");
+  if (r.token_begin < 0 || r.token_begin >= r.token_end)
+    return make_error(ErrorCode::invalid_argument,
+                      "kv store: chunk " + describe(key) + ": token range negative or empty");
+  return {};
+}
+
+}  // namespace
+
+const char* kv_sync_policy_name(KvSyncPolicy policy) noexcept {
+  switch (policy) {
+    case KvSyncPolicy::none: return "none";
+    case KvSyncPolicy::wal: return "wal";
+    case KvSyncPolicy::fsync: return "fsync";
+  }
+  return "?";
+}
+
+Result<KvSyncPolicy> parse_kv_sync_policy(std::string_view name) {
+  for (const KvSyncPolicy p : {KvSyncPolicy::none, KvSyncPolicy::wal, KvSyncPolicy::fsync})
+    if (name == kv_sync_policy_name(p)) return p;
+  return make_error(ErrorCode::invalid_argument,
+                    "kv sync policy '" + std::string(name) + "': expected one of none, wal, fsync");
+}
+
+std::string encode_request_prefix(std::uint64_t job_id, std::uint64_t request_id) {
+  std::string k;
+  k.reserve(kKvKeyBytes);
+  put_be(k, job_id, 8);
+  put_be(k, request_id, 8);
+  return k;
+}
+
+std::string encode_key(const KvChunkKey& key) {
+  std::string k = encode_request_prefix(key.job_id, key.request_id);
+  put_be(k, static_cast<std::uint32_t>(key.range.token_begin), 4);
+  put_be(k, static_cast<std::uint32_t>(key.range.token_end), 4);
+  put_be(k, static_cast<std::uint16_t>(key.range.layer_begin), 2);
+  put_be(k, static_cast<std::uint16_t>(key.range.layer_end), 2);
+  return k;
+}
+
+Result<KvChunkKey> decode_key(std::string_view bytes) {
+  if (bytes.size() != kKvKeyBytes)
+    return make_error(ErrorCode::corrupt, "kv store: key " + hex(bytes) + ": " + std::to_string(bytes.size()) +
+                                              " bytes, expected " + std::to_string(kKvKeyBytes));
+  const std::uint64_t tb = get_be(bytes, 16, 4), te = get_be(bytes, 20, 4);
+  const std::uint64_t lb = get_be(bytes, 24, 2), le = get_be(bytes, 26, 2);
+  if (te > static_cast<std::uint64_t>(std::numeric_limits<int>::max()) || tb >= te || lb >= le)
+    return make_error(ErrorCode::corrupt, "kv store: key " + hex(bytes) + ": empty or out-of-range token or layer range");
+  KvChunkKey key;
+  key.job_id = get_be(bytes, 0, 8);
+  key.request_id = get_be(bytes, 8, 8);
+  key.range = KvRange{static_cast<int>(lb), static_cast<int>(le), static_cast<int>(tb), static_cast<int>(te)};
+  return key;
+}
+
+struct KvStore::Impl {
+  std::string dir;
+  KvStoreOptions options;
+  std::unique_ptr<rocksdb::Env> env;  // outlives db (declared first)
+  std::unique_ptr<rocksdb::DB> db;
+  HostTier tier;
+  std::map<RequestId, RequestState> requests;
+  std::uint64_t deleted_bytes = 0;
+  std::uint64_t compactions = 0;
+  std::uint64_t memory_hits = 0;
+  std::uint64_t disk_reads = 0;
+  std::uint64_t gc_pending = 0;  ///< chunk bytes deleted since the last compaction
+  std::string gc_begin, gc_end;  ///< the key span deleted since then (empty: none)
+
+  explicit Impl(std::uint64_t host_bytes) : tier(host_bytes) {}
+
+  [[nodiscard]] rocksdb::WriteOptions write_options() const {
+    rocksdb::WriteOptions w;
+    w.disableWAL = options.sync == KvSyncPolicy::none;
+    w.sync = options.sync == KvSyncPolicy::fsync;
+    return w;
+  }
+
+  /// A chunk's bytes: the host tier, else RocksDB (then cached).
+  Result<std::vector<std::byte>> read(const KvChunkKey& key) {
+    const std::string k = encode_key(key);
+    if (const auto* hit = tier.get(k)) {
+      ++memory_hits;
+      return *hit;
+    }
+    ++disk_reads;
+    std::string v;
+    const rocksdb::Status st = db->Get(rocksdb::ReadOptions(), k, &v);
+    if (st.IsNotFound()) return make_error(ErrorCode::not_found, "kv store: no chunk " + describe(key));
+    if (!st.ok()) return db_error("read " + describe(key), st);
+    if (v.size() != chunk_size(options.shape, key.range))
+      return make_error(ErrorCode::corrupt, "kv store: chunk " + describe(key) + ": " + std::to_string(v.size()) +
+                                                " bytes stored, the range needs " +
+                                                std::to_string(chunk_size(options.shape, key.range)));
+    std::vector<std::byte> out(v.size());
+    if (!v.empty()) std::memcpy(out.data(), v.data(), v.size());
+    tier.put(k, out);
+    return out;
+  }
+
+  /// Deletes keys [begin, end) and forgets `ids`.
+  Status drop(const std::string& begin, const std::string& end, const std::vector<RequestId>& ids) {
+    if (ids.empty()) return {};
+    const rocksdb::Status st = db->DeleteRange(write_options(), db->DefaultColumnFamily(), begin, end);
+    if (!st.ok()) return db_error("delete range " + hex(begin), st);
+    for (const RequestId& id : ids) {
+      const auto it = requests.find(id);
+      for (const auto& [range, size] : it->second.chunks) tier.erase(encode_key(KvChunkKey{id.first, id.second, range}));
+      gc_pending += it->second.bytes;
+      deleted_bytes += it->second.bytes;
+      requests.erase(it);
+    }
+    if (gc_begin.empty() || begin < gc_begin) gc_begin = begin;
+    if (gc_end.empty() || end > gc_end) gc_end = end;
+    if (gc_pending >= options.compact_after_bytes) return compact();
+    return {};
+  }
+
+  Status compact() {
+    if (gc_begin.empty()) return {};
+    rocksdb::CompactRangeOptions o;
+    o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+    const rocksdb::Slice b(gc_begin), e(gc_end);
+    const rocksdb::Status st = db->CompactRange(o, &b, &e);
+    if (!st.ok()) return db_error("compact deleted range", st);
+    ++compactions;
+    gc_pending = 0;
+    gc_begin.clear();
+    gc_end.clear();
+    return {};
+  }
+};
+
+KvStore::KvStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvStore::~KvStore() = default;
+
+Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOptions store_options) {
+  const KvModelShape& shape = store_options.shape;
+  if (shape.num_layers < 1 || shape.num_layers > 65535 || shape.num_kv_heads < 1 || shape.head_dim < 1)
+    return make_error(ErrorCode::invalid_argument,
+                      "kv store: shape needs 1..65535 layers and positive num_kv_heads, head_dim (got " +
+                          std::to_string(shape.num_layers) + ", " + std::to_string(shape.num_kv_heads) + ", " +
+                          std::to_string(shape.head_dim) + ")");
+  auto impl = std::make_unique<Impl>(store_options.host_bytes);
+  impl->dir = dir;
+  impl->options = std::move(store_options);
+
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.max_open_files = 256;
+  options.write_buffer_size = static_cast<std::size_t>(std::max<std::uint64_t>(impl->options.memtable_bytes, 64 << 10));
+  options.keep_log_file_num = 2;
+  options.max_log_file_size = 4 << 20;
+  if (impl->options.file_system) {
+    impl->env = rocksdb::NewCompositeEnv(impl->options.file_system);
+    options.env = impl->env.get();
+  }
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status st = rocksdb::DB::Open(options, dir, &raw);
+  if (!st.ok()) return db_error("open " + dir, st);
+  impl->db.reset(raw);
+
+  // Rebuild every request's coverage from what survived.
+  rocksdb::ReadOptions ro;
+  ro.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(impl->db->NewIterator(ro));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const rocksdb::Slice k = it->key();
+    auto key = decode_key(std::string_view(k.data(), k.size()));
+    if (!key.ok()) return std::move(key).error();
+    if (key->range.layer_end > shape.num_layers)
+      return make_error(ErrorCode::corrupt, "kv store: " + dir + ": chunk " + describe(*key) + " beyond the model's " +
+                                                std::to_string(shape.num_layers) + " layers");
+    const std::size_t want = chunk_size(shape, key->range);
+    if (it->value().size() != want)
+      return make_error(ErrorCode::corrupt, "kv store: " + dir + ": chunk " + describe(*key) + ": " +
+                                                std::to_string(it->value().size()) + " bytes stored, the range needs " +
+                                                std::to_string(want));
+    impl->requests[{key->job_id, key->request_id}].add(shape.num_layers, key->range, want);
+  }
+  if (!it->status().ok()) return db_error("scan " + dir, it->status());
+  it.reset();
+  for (auto& [id, state] : impl->requests) state.recompute();
+  return std::unique_ptr<KvStore>(new KvStore(std::move(impl)));
+}
+
+Result<int> KvStore::put(const KvChunkKey& key, std::span<const std::byte> chunk) {
+  const KvChunkWrite w{key, chunk};
+  auto acks = put_many(std::span<const KvChunkWrite>(&w, 1));
+  if (!acks.ok()) return std::move(acks).error();
+  return acks->front();
+}
+
+Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes) {
+  const KvModelShape& shape = impl_->options.shape;
+  rocksdb::WriteBatch batch;
+  std::vector<std::string> keys;
+  keys.reserve(writes.size());
+  for (const KvChunkWrite& w : writes) {
+    if (Status s = check_range(shape, w.key); !s.ok()) return s.error();
+    const std::size_t want = chunk_size(shape, w.key.range);
+    if (w.chunk.size() != want)
+      return make_error(ErrorCode::invalid_argument, "kv store: chunk " + describe(w.key) + ": " +
+                                                         std::to_string(w.chunk.size()) + " bytes, the range needs " +
+                                                         std::to_string(want));
+    keys.push_back(encode_key(w.key));
+    const rocksdb::Status b = batch.Put(
+        keys.back(), rocksdb::Slice(reinterpret_cast<const char*>(w.chunk.data()), w.chunk.size()));
+    if (!b.ok()) return db_error("batch " + describe(w.key), b);
+  }
+  if (writes.empty()) return std::vector<int>{};
+  // The chunks count only once this returned ok: durable at the policy's level.
+  const rocksdb::Status st = impl_->db->Write(impl_->write_options(), &batch);
+  if (!st.ok()) return db_error("write " + std::to_string(writes.size()) + " chunk(s)", st);
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const KvChunkWrite& w = writes[i];
+    impl_->requests[{w.key.job_id, w.key.request_id}].add(shape.num_layers, w.key.range, w.chunk.size());
+    impl_->tier.put(keys[i], w.chunk);
+  }
+  std::vector<int> acks;
+  acks.reserve(writes.size());
+  for (const KvChunkWrite& w : writes) impl_->requests[{w.key.job_id, w.key.request_id}].recompute();
+  for (const KvChunkWrite& w : writes) acks.push_back(impl_->requests[{w.key.job_id, w.key.request_id}].durable);
+  return acks;
+}
+
+Status KvStore::flush(const KvChunkKey& key, std::span<const std::byte> chunk) {
+  auto ack = put(key, chunk);
+  if (!ack.ok()) return std::move(ack).error();
+  return {};
+}
+
+Result<std::vector<std::byte>> KvStore::fetch(const KvChunkKey& key) {
+  if (Status s = check_range(impl_->options.shape, key); !s.ok()) return s.error();
+  return impl_->read(key);
+}
+
+int KvStore::durable_tokens(std::uint64_t job_id, std::uint64_t request_id) const {
+  const auto it = impl_->requests.find({job_id, request_id});
+  return it == impl_->requests.end() ? 0 : it->second.durable;
+}
+
+Result<KvPrefix> KvStore::fetch_prefix(std::uint64_t job_id, std::uint64_t request_id, int max_tokens) {
+  if (max_tokens < 0)
+    return make_error(ErrorCode::invalid_argument, "kv store: fetch_prefix: max_tokens " + std::to_string(max_tokens));
+  KvPrefix out;
+  const auto found = impl_->requests.find({job_id, request_id});
+  if (found == impl_->requests.end()) return out;
+  const RequestState& state = found->second;
+  const int t = std::min(state.durable, max_tokens);
+  if (t == 0) return out;
+  const KvModelShape& shape = impl_->options.shape;
+  out.tokens = t;
+  out.chunk.resize(chunk_size(shape, KvRange{0, shape.num_layers, 0, t}));
+  const std::size_t row = static_cast<std::size_t>(shape.head_dim) * dtype_size(shape.dtype);
+  const std::size_t heads = static_cast<std::size_t>(shape.num_kv_heads);
+  // Ranges in token_begin order: stop at the first one starting at or past t.
+  for (const auto& [r, size] : state.chunks) {
+    if (r.token_begin >= t) break;
+    auto bytes = impl_->read(KvChunkKey{job_id, request_id, r});
+    if (!bytes.ok()) return std::move(bytes).error();
+    const std::size_t src_tokens = static_cast<std::size_t>(r.num_tokens());
+    const std::size_t run = static_cast<std::size_t>(std::min(r.token_end, t) - r.token_begin) * row;
+    for (int l = r.layer_begin; l < r.layer_end; ++l) {
+      for (std::size_t kv = 0; kv < 2; ++kv) {
+        for (std::size_t h = 0; h < heads; ++h) {
+          const std::size_t src_slab = (static_cast<std::size_t>(l - r.layer_begin) * 2 + kv) * heads + h;
+          const std::size_t dst_slab = (static_cast<std::size_t>(l) * 2 + kv) * heads + h;
+          std::memcpy(out.chunk.data() + (dst_slab * static_cast<std::size_t>(t) + static_cast<std::size_t>(r.token_begin)) * row,
+                      bytes->data() + src_slab * src_tokens * row, run);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+Status KvStore::drop_request(std::uint64_t job_id, std::uint64_t request_id) {
+  if (impl_->requests.count({job_id, request_id}) == 0) return {};
+  const std::string begin = encode_request_prefix(job_id, request_id);
+  // Past every 28-byte key of the request, without overflowing request_id.
+  const std::string end = begin + std::string(kKvKeyBytes - kKvRequestPrefixBytes, '\xff') + std::string(1, '\0');
+  return impl_->drop(begin, end, {{job_id, request_id}});
+}
+
+Status KvStore::drop_job(std::uint64_t job_id) {
+  std::vector<RequestId> ids;
+  for (auto it = impl_->requests.lower_bound({job_id, 0}); it != impl_->requests.end() && it->first.first == job_id;
+       ++it)
+    ids.push_back(it->first);
+  std::string begin;
+  put_be(begin, job_id, 8);
+  const std::string end = begin + std::string(kKvKeyBytes - 8, '\xff') + std::string(1, '\0');
+  return impl_->drop(begin, end, ids);
+}
+
+Status KvStore::compact() { return impl_->compact(); }
+
+std::vector<KvRequestCoverage> KvStore::requests() const {
+  std::vector<KvRequestCoverage> out;
+  out.reserve(impl_->requests.size());
+  for (const auto& [id, state] : impl_->requests)
+    out.push_back(KvRequestCoverage{id.first, id.second, state.durable, state.chunks.size(), state.bytes});
+  return out;
+}
+
+Result<KvStoreStats> KvStore::stats() const {
+  KvStoreStats s;
+  s.memory_chunks = impl_->tier.chunks();
+  s.memory_bytes = impl_->tier.bytes();
+  s.memory_budget = impl_->options.host_bytes;
+  s.memory_hits = impl_->memory_hits;
+  s.disk_reads = impl_->disk_reads;
+  std::uint64_t v = 0;
+  if (impl_->db->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) s.memtable_bytes = v;
+  if (impl_->db->GetIntProperty(rocksdb::DB::Properties::kLiveSstFilesSize, &v)) s.sst_bytes = v;
+  rocksdb::VectorLogPtr wals;
+  const rocksdb::Status st = impl_->db->GetSortedWalFiles(wals);
+  if (!st.ok()) return db_error("list WAL files", st);
+  for (const auto& w : wals) s.wal_bytes += w->SizeFileBytes();
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it(impl_->dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code fe;
+    if (it->is_regular_file(fe)) {
+      const auto size = it->file_size(fe);
+      if (!fe) s.disk_bytes += size;  // a file removed meanwhile counts 0
+    }
+  }
+  if (ec) return make_error(ErrorCode::io, "kv store: list " + impl_->dir + ": " + ec.message());
+  s.requests = impl_->requests.size();
+  for (const auto& [id, state] : impl_->requests) {
+    s.chunks += state.chunks.size();
+    s.chunk_bytes += state.bytes;
+  }
+  s.deleted_bytes = impl_->deleted_bytes;
+  s.compactions = impl_->compactions;
+  return s;
+}
+
+const KvStoreOptions& KvStore::options() const noexcept { return impl_->options; }
+const std::string& KvStore::dir() const noexcept { return impl_->dir; }
+
+}  // namespace shardline::kvstore

@@ -1,0 +1,215 @@
+#pragma once
+/// \file
+/// The persistent KV store of one node (DéjàVu §4.2.3's replica memory,
+/// issue "KV-store actors with RocksDB"): canonical KV chunks
+/// (kvstore/kv_stream.hpp) of in-flight requests, in two tiers:
+///
+///  - a host-memory tier: an LRU of recently written or read chunks under a
+///    byte budget (`KvStoreOptions::host_bytes`); `fetch` and `fetch_prefix`
+///    look there first; an evicted chunk stays on disk;
+///  - RocksDB in one directory (the node passes `DATA/kv`): every chunk, with
+///    the durability of the configured KvSyncPolicy.
+///
+/// Key layout (28 bytes, fixed width, big-endian, so RocksDB's bytewise order
+/// is the numeric order and a request's chunks are one key range, in token
+/// order):
+///   job_id u64 | request_id u64 | token_begin u32 | token_end u32 | layer_begin u16 | layer_end u16
+/// Value: the canonical chunk of the key's range, exactly
+/// chunk size = layers * 2 * num_kv_heads * tokens * head_dim * dtype_size bytes
+/// (no header; RocksDB checksums its blocks and WAL records).
+///
+/// Acknowledgements (the paper's (x, j, t)): per (job, request),
+/// `durable_tokens` is the largest t such that every layer in
+/// [0, num_layers) has stored chunks covering positions [0, t) with no gap.
+/// A chunk counts once the write that stored it returned ok, that is once it
+/// is durable at the configured sync level (for `fsync`: once the synced WAL
+/// write returned). Chunks may arrive per layer range (a prefill streamed
+/// layer by layer) or for all layers (a decode step), in any order, and may
+/// overlap earlier ones (a recovered worker resending); overlapping chunks
+/// are expected to hold the same bytes (batch-invariant kernels). On open
+/// the coverage of every request is rebuilt from what RocksDB holds, so a
+/// restarted store acknowledges only what survived.
+///
+/// Garbage collection: `drop_request` / `drop_job` delete a key range
+/// (RocksDB DeleteRange, one tombstone) and drop those chunks from the host
+/// tier; once `compact_after_bytes` of chunks were deleted, the key span
+/// from the first to the last deleted key is compacted (live chunks inside
+/// it are rewritten), so their disk space comes back.
+///
+/// Thread safety: none; one owner (the KV-store actor) serializes calls.
+/// Calls block on RocksDB (a synced write, a GC compaction).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.hpp"
+#include "kvstore/kv_stream.hpp"
+
+namespace rocksdb {
+class FileSystem;
+}  // namespace rocksdb
+
+namespace shardline::kvstore {
+
+/// When a write counts as durable (see docs/kv-store.md for what each
+/// survives, with and without replication).
+enum class KvSyncPolicy {
+  /// RocksDB memtable only (WriteOptions::disableWAL): an ack means "in this
+  /// process's memory". A clean close flushes it to disk; a process crash or
+  /// a power loss loses what was not flushed yet.
+  none,
+  /// WAL written, not fsynced: survives a process crash (kill -9: the kernel
+  /// has the bytes), not a power loss / OS crash.
+  wal,
+  /// WAL fsynced per write batch (WriteOptions::sync): survives a power loss.
+  fsync,
+};
+
+/// "none", "wal" or "fsync".
+[[nodiscard]] const char* kv_sync_policy_name(KvSyncPolicy policy) noexcept;
+
+/// Parses a policy name. Errors: invalid_argument naming the allowed names.
+[[nodiscard]] Result<KvSyncPolicy> parse_kv_sync_policy(std::string_view name);
+
+/// Bytes of an encoded key.
+inline constexpr std::size_t kKvKeyBytes = 28;
+/// Bytes of the (job, request) prefix of a key.
+inline constexpr std::size_t kKvRequestPrefixBytes = 16;
+
+/// The key of a chunk (layout above). Precondition: the range is valid for
+/// the store (0 <= begin < end, tokens < 2^31, layers < 2^16); KvStore
+/// checks this before encoding.
+[[nodiscard]] std::string encode_key(const KvChunkKey& key);
+
+/// The 16-byte (job, request) prefix of every key of a request.
+[[nodiscard]] std::string encode_request_prefix(std::uint64_t job_id, std::uint64_t request_id);
+
+/// Parses a key. Errors: corrupt (not 28 bytes, begin >= end, a token
+/// position >= 2^31).
+[[nodiscard]] Result<KvChunkKey> decode_key(std::string_view bytes);
+
+struct KvStoreOptions {
+  /// KV geometry of the model: num_layers (1 .. 65535) for coverage and
+  /// acks, num_kv_heads, head_dim and dtype for chunk sizes and merging.
+  KvModelShape shape;
+  /// Byte budget of the host-memory tier (0: no tier, every fetch reads
+  /// RocksDB).
+  std::uint64_t host_bytes = 256ull << 20;
+  KvSyncPolicy sync = KvSyncPolicy::wal;
+  /// Compact the deleted key span once this many chunk bytes were deleted.
+  std::uint64_t compact_after_bytes = 64ull << 20;
+  /// RocksDB memtable size (write_buffer_size), bytes.
+  std::uint64_t memtable_bytes = 16ull << 20;
+  /// The file system RocksDB runs on; null: RocksDB's default (POSIX). Tests
+  /// inject one that drops unsynced writes at a simulated crash
+  /// (tests/support/fault_injection_rocksdb_fs.hpp).
+  std::shared_ptr<rocksdb::FileSystem> file_system;
+};
+
+/// One write of `put_many`.
+struct KvChunkWrite {
+  KvChunkKey key;
+  std::span<const std::byte> chunk;  ///< the canonical chunk of key.range
+};
+
+/// A request's durable prefix as one canonical chunk.
+struct KvPrefix {
+  int tokens = 0;                ///< t: the chunk is KvRange{0, num_layers, 0, t}
+  std::vector<std::byte> chunk;  ///< chunk size of that range (empty for t = 0)
+};
+
+/// A request the store holds chunks of.
+struct KvRequestCoverage {
+  std::uint64_t job_id = 0;
+  std::uint64_t request_id = 0;
+  int durable_tokens = 0;
+  std::uint64_t chunks = 0;  ///< stored chunks (RocksDB keys)
+  std::uint64_t bytes = 0;   ///< their value bytes
+};
+
+struct KvStoreStats {
+  std::uint64_t memory_chunks = 0;     ///< chunks in the host tier
+  std::uint64_t memory_bytes = 0;      ///< their bytes (<= memory_budget)
+  std::uint64_t memory_budget = 0;     ///< KvStoreOptions::host_bytes
+  std::uint64_t memory_hits = 0;       ///< chunk reads served by the host tier since open
+  std::uint64_t disk_reads = 0;        ///< chunk reads that went to RocksDB since open
+  std::uint64_t memtable_bytes = 0;    ///< RocksDB memtables (rocksdb.cur-size-all-mem-tables)
+  std::uint64_t sst_bytes = 0;         ///< live SST files (rocksdb.live-sst-files-size)
+  std::uint64_t wal_bytes = 0;         ///< WAL files
+  std::uint64_t disk_bytes = 0;        ///< every file in the directory (SST, WAL, MANIFEST, LOG, ...)
+  std::uint64_t requests = 0;          ///< requests tracked
+  std::uint64_t chunks = 0;            ///< chunks stored
+  std::uint64_t chunk_bytes = 0;       ///< their value bytes
+  std::uint64_t deleted_bytes = 0;     ///< chunk bytes deleted by GC since open
+  std::uint64_t compactions = 0;       ///< GC compactions since open
+};
+
+class KvStore final : public KvTarget {
+ public:
+  /// Opens (creating if missing) the RocksDB database in `dir` and rebuilds
+  /// the coverage of every stored request. Errors: invalid_argument (a bad
+  /// shape), io (RocksDB cannot open it), corrupt (a key that does not
+  /// decode, a value whose size is not its range's chunk size, a layer
+  /// outside the shape: the store was written for another model).
+  [[nodiscard]] static Result<std::unique_ptr<KvStore>> open(const std::string& dir, KvStoreOptions options);
+  ~KvStore() override;
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  /// Stores one chunk (replacing an equal key) and returns the request's new
+  /// durable_tokens: its acknowledgement. Errors: invalid_argument (layers
+  /// outside [0, num_layers), an empty or negative range, a chunk that is not
+  /// the range's chunk size; nothing is written), io (RocksDB; nothing counts).
+  [[nodiscard]] Result<int> put(const KvChunkKey& key, std::span<const std::byte> chunk);
+
+  /// Stores several chunks in one RocksDB write batch (one fsync with
+  /// `fsync`): all or none. Returns each write's request's durable_tokens
+  /// after the batch, in `writes` order. Errors: as put (one invalid write
+  /// rejects the batch).
+  [[nodiscard]] Result<std::vector<int>> put_many(std::span<const KvChunkWrite> writes);
+
+  /// KvTarget: put without the ack.
+  [[nodiscard]] Status flush(const KvChunkKey& key, std::span<const std::byte> chunk) override;
+  /// KvTarget: the chunk stored under exactly `key` (host tier first).
+  /// Errors: not_found, io, corrupt (a stored value of the wrong size).
+  [[nodiscard]] Result<std::vector<std::byte>> fetch(const KvChunkKey& key) override;
+
+  /// The acknowledged prefix of a request (0 when unknown).
+  [[nodiscard]] int durable_tokens(std::uint64_t job_id, std::uint64_t request_id) const;
+
+  /// What recovery needs: the request's positions [0, t),
+  /// t = min(durable_tokens, max_tokens), all layers, merged from the stored
+  /// chunks into one canonical chunk of KvRange{0, num_layers, 0, t}.
+  /// Errors: invalid_argument (max_tokens < 0), io, corrupt.
+  [[nodiscard]] Result<KvPrefix> fetch_prefix(std::uint64_t job_id, std::uint64_t request_id, int max_tokens);
+
+  /// Deletes a request's chunks (no-op when unknown); may run the GC
+  /// compaction. Errors: io (the delete: nothing changed; or the compaction:
+  /// the chunks are deleted, their space comes back at the next one).
+  [[nodiscard]] Status drop_request(std::uint64_t job_id, std::uint64_t request_id);
+  /// Deletes every chunk of a job. Errors: as drop_request.
+  [[nodiscard]] Status drop_job(std::uint64_t job_id);
+  /// Compacts the key span deleted since the last compaction now (GC runs
+  /// this itself after compact_after_bytes). Errors: io.
+  [[nodiscard]] Status compact();
+
+  /// Every request the store holds chunks of, ascending (job, request).
+  [[nodiscard]] std::vector<KvRequestCoverage> requests() const;
+  /// Errors: io (reading the directory).
+  [[nodiscard]] Result<KvStoreStats> stats() const;
+
+  [[nodiscard]] const KvStoreOptions& options() const noexcept;
+  [[nodiscard]] const std::string& dir() const noexcept;
+
+ private:
+  struct Impl;
+  explicit KvStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardline::kvstore
