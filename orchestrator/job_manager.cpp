@@ -295,8 +295,9 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
         fail_job(j, committed.error().to_string());
         break;
       }
-      // Claimed lines (claim_in_flight) are in flight or, requeued, in retry.
-      if (*committed || j.in_flight.count(index) != 0 || j.retry.count(index) != 0) continue;
+      // Lines claimed ahead of the reader (claim_in_flight) are in flight;
+      // requeued, they left retry (taken first, above) before this point.
+      if (*committed || j.in_flight.count(index) != 0) continue;
       BatchLine parsed = parse_batch_line(line, j.rec.id, index);
       if (!parsed.is_request()) {  // only after a crash during submit
         errors.push_back(to_stored(j, parsed.error()));
@@ -334,7 +335,8 @@ void JobManager::mark_started(Job& j) {
 Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const std::vector<LineRef>& lines) {
   std::size_t claimed = 0;
   std::map<std::uint64_t, std::set<std::uint64_t>> unread;  // job -> lines still to read from the shards
-  for (const LineRef& l : lines) {
+  const std::set<LineRef> distinct(lines.begin(), lines.end());
+  for (const LineRef& l : distinct) {
     const auto it = jobs_.find(l.job_id);
     if (it == jobs_.end() || !active(it->second)) continue;
     Job& j = it->second;

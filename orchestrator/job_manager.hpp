@@ -128,8 +128,8 @@ class JobManager {
   /// another worker, committed or unknown is skipped (the worker's result,
   /// if any, is then a duplicate that on_results ignores). Unread lines are
   /// read again from the shards (one pass per job, up to the highest line
-  /// claimed). Returns the number of lines now in flight on `worker` out of
-  /// `lines`. Errors: not_found / io (a shard cannot be read; the lines
+  /// claimed). Returns the number of distinct lines of `lines` now in
+  /// flight on `worker`. Errors: not_found / io (a shard cannot be read; the lines
   /// claimed before it stay claimed), or the store's.
   Result<std::size_t> claim_in_flight(const std::string& worker, const std::vector<LineRef>& lines);
 
