@@ -24,6 +24,9 @@ struct Pending {
 };
 
 struct RelayState {
+  // Not an aggregate: stateful_actor would construct it from the actor
+  // pointer (C++20 parenthesized aggregate init) and make `target` itself.
+  RelayState() = default;
   caf::actor target;  ///< the current orchestrator; null between a kill and the restart
   std::deque<Pending> pending;
   static inline const char* name = "shardline.orchestrator_relay";
