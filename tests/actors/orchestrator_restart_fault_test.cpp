@@ -84,8 +84,8 @@ class OrchestratorRestartFault : public testing_support::TempDirTest {
 };
 
 TEST_F(OrchestratorRestartFault, KilledThreeTimesMidJobTheJobFinishesOnceWithTheCleanBytes) {
-  constexpr int kLines = 120;
-  write_input(kLines, 120);
+  constexpr int kLines = 100;
+  write_input(kLines, 80);
   const std::string expected = clean_output();
   testing_support::expect_each_custom_id_once(expected, kLines);
 
@@ -104,8 +104,8 @@ TEST_F(OrchestratorRestartFault, KilledThreeTimesMidJobTheJobFinishesOnceWithThe
   // Three kills while the workers are busy, by both names the orchestrator answers to.
   std::vector<int> done_at_kill;
   done_at_kill.push_back(kill_orchestrator_at(client, 10, "orchestrator"));
-  done_at_kill.push_back(kill_orchestrator_at(client, 40, "node0/orchestrator"));
-  done_at_kill.push_back(kill_orchestrator_at(client, 70, "orchestrator"));
+  done_at_kill.push_back(kill_orchestrator_at(client, 35, "node0/orchestrator"));
+  done_at_kill.push_back(kill_orchestrator_at(client, 60, "orchestrator"));
   for (int d : done_at_kill) EXPECT_LT(d, kLines) << "the job finished before a kill";
 
   const nlohmann::json status = testing_support::wait_job_done(client, 1, std::chrono::seconds(300));
@@ -142,8 +142,8 @@ TEST_F(OrchestratorRestartFault, KilledThreeTimesMidJobTheJobFinishesOnceWithThe
 }
 
 TEST_F(OrchestratorRestartFault, WorkersOfAJoinedNodeReattachAfterKillsOverLoopback) {
-  constexpr int kLines = 100;
-  write_input(kLines, 100);
+  constexpr int kLines = 80;
+  write_input(kLines, 64);
   const std::string expected = clean_output();
 
   Child a({kShardline, "node", "start", "--name", "a", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
@@ -163,7 +163,7 @@ TEST_F(OrchestratorRestartFault, WorkersOfAJoinedNodeReattachAfterKillsOverLoopb
   submit(client);
 
   kill_orchestrator_at(client, 10, "orchestrator");
-  kill_orchestrator_at(client, 45, "a/orchestrator");
+  kill_orchestrator_at(client, 40, "a/orchestrator");
 
   const nlohmann::json status = testing_support::wait_job_done(client, 1, std::chrono::seconds(300));
   ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << a.log() << b.log();
@@ -172,16 +172,17 @@ TEST_F(OrchestratorRestartFault, WorkersOfAJoinedNodeReattachAfterKillsOverLoopb
   EXPECT_TRUE(got == expected) << "output after the orchestrator kills differs from the clean run";
   EXPECT_NE(run_command(kShardline + " actor list" + client).out.find("restarts=2"), std::string::npos);
 
-  // The joined node never reconnected: its worker was asked to say hello
-  // again (its heartbeat met an orchestrator that did not know it) and
-  // re-attached with its lines, as did the local one.
+  // The joined node never reconnected: after each kill its worker was asked
+  // to say hello again (its heartbeat met an orchestrator that did not know
+  // it) and did, with the lines it held, as did the local one (asked by its
+  // supervisor, and maybe by the orchestrator too).
   const std::string a_log = a.log();
   const std::string b_log = b.log();
-  EXPECT_EQ(testing_support::all_matches(a_log, std::regex("worker b/cpu:0 (joined again holding)")).size(), 2u)
+  const std::regex asked("worker [ab]/cpu:0: (the orchestrator asks for a hello again)");
+  EXPECT_GE(testing_support::all_matches(b_log, asked).size(), 2u) << b_log;
+  EXPECT_GE(testing_support::all_matches(a_log, asked).size(), 2u) << a_log;
+  EXPECT_GE(testing_support::all_matches(a_log, std::regex("worker b/cpu:0 (joined again holding)")).size(), 1u)
       << a_log;
-  EXPECT_EQ(testing_support::all_matches(a_log, std::regex("worker a/cpu:0 (joined again holding)")).size(), 2u)
-      << a_log;
-  EXPECT_NE(b_log.find("worker b/cpu:0: the orchestrator asks for a hello again"), std::string::npos) << b_log;
   EXPECT_EQ(a_log.find("lines requeued"), std::string::npos) << a_log;
   double computed = 0;
   for (int port : {addr.metrics_port, b_addr.metrics_port}) {
