@@ -102,6 +102,10 @@ struct WorkerConfig {
   std::shared_ptr<const ClusterKey> key;
   std::shared_ptr<MetricsRegistry> metrics;
   int heartbeat_ms = 1000;  ///< FailureDetection::heartbeat_ms
+  /// FailureDetection::failure_timeout_ms: a step longer than half of it is
+  /// logged (once per instance), as the orchestrator may take the silence
+  /// for a hang.
+  int failure_timeout_ms = 3000;
   /// Test hook (`SHARDLINE_TEST_STALL_WORKER`, see Node::start): the worker's
   /// thread sticks inside its step number `stall_at_step` (1-based; 0 = never)
   /// for `stall_ms`, beating no heartbeat. A detached CAF actor stuck in C++

@@ -310,6 +310,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     wc.key = node->key_;
     wc.metrics = node->metrics_;
     wc.heartbeat_ms = o.failure.heartbeat_ms;
+    wc.failure_timeout_ms = o.failure.failure_timeout_ms;
     workers.push_back(std::move(wc));
   }
   apply_stall_hook(workers);

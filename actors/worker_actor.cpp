@@ -26,6 +26,7 @@ struct WorkerState {
   /// orchestrator that restarted asks it to say hello again.
   std::set<orchestrator::LineRef> held;
   std::uint64_t steps = 0;
+  bool warned_slow_step = false;
   Inbox inbox;
   static inline const char* name = "shardline.worker";
 };
@@ -163,7 +164,17 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
         s.step_scheduled = false;
         ++s.steps;
         maybe_stall(self);
+        const auto t0 = std::chrono::steady_clock::now();
         auto results = s.worker->step();
+        const auto step_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        if (step_ms > s.config.failure_timeout_ms / 2 && !s.warned_slow_step) {
+          s.warned_slow_step = true;
+          spdlog::warn("worker {}: an engine step took {} ms, more than half of --failure-timeout-ms ({}); the "
+                       "orchestrator may declare this worker dead: raise --failure-timeout-ms or lower "
+                       "--max-num-batched-tokens",
+                       s.config.name, step_ms, s.config.failure_timeout_ms);
+        }
         if (!results) {
           // An engine failure is a crash of this worker: the orchestrator
           // requeues its work and the node's supervisor restarts it.
