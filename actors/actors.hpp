@@ -50,7 +50,7 @@ struct FailureDetection {
 /// out work (WorkerPool::await_workers), and `actor list` shows the count.
 struct OrchestratorRoster {
   std::mutex mu;
-  std::set<std::string> workers;  ///< registered with the current incarnation
+  std::set<std::string> workers;  ///< registered (or awaited) by the current incarnation
   int restarts = 0;               ///< incarnations started after a kill or crash
 };
 

@@ -312,7 +312,8 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
                                            std::chrono::milliseconds(state.config.failure.failure_timeout_ms));
       spdlog::warn("orchestrator: restarted (restart {}); waiting for {} workers to say hello again",
                    roster.restarts, names.size());
-      roster.workers.clear();
+      // The names stay until they are back or the hold ends without them, so
+      // that a kill before then still waits for them next time.
     }
   }
   self->set_down_handler([self](caf::down_msg& dm) {
