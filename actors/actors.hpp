@@ -1,17 +1,26 @@
 #pragma once
 /// \file
 /// The actors of a node. Each is a thin CAF behaviour around a plain class:
-/// the job orchestrator around orchestrator::JobManager, a worker (one per
-/// device, on its own thread) around worker::BatchWorker, the KV store around
-/// kvstore::HostKvStore. Messages are signed Cap'n Proto bytes
+/// the job orchestrator around orchestrator::JobManager and WorkerPool, a
+/// worker (one per device, on its own thread) around worker::BatchWorker, the
+/// KV store around kvstore::HostKvStore. Messages are signed Cap'n Proto bytes
 /// (actors/protocol.hpp); a message with a bad tag is refused, logged, and
 /// answered with an "unauthenticated" error.
+///
+/// Workers, clients and joined nodes never hold the orchestrator itself but
+/// the node's orchestrator relay (spawn_orchestrator_relay), a stable address
+/// that forwards to whichever orchestrator incarnation is current: the node's
+/// supervisor restarts a killed orchestrator from its RocksDB state and hands
+/// the new one to the relay.
 
 #include <caf/all.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +31,28 @@
 #include "orchestrator/job_manager.hpp"
 
 namespace shardline::actors {
+
+/// Heartbeats and failure detection (DéjàVu §4.2.3: 1 s, 3 s).
+struct FailureDetection {
+  int heartbeat_ms = 1000;         ///< `--heartbeat-ms`: a worker beats this often, between engine steps
+  int failure_timeout_ms = 3000;   ///< `--failure-timeout-ms`: a worker silent this long is declared dead
+  /// invalid_argument unless both are positive and the timeout exceeds the interval.
+  [[nodiscard]] Status check() const;
+  /// How often the orchestrator looks for silent workers: a tenth of the
+  /// timeout, between 10 and 250 ms.
+  [[nodiscard]] int tick_ms() const;
+};
+
+/// What the node keeps across orchestrator restarts, owned by the node and
+/// shared by every incarnation (each reads and updates it from its own
+/// behaviour; hence the mutex). It is a hint, not state: a restarted
+/// orchestrator waits for these workers to say hello again before it hands
+/// out work (WorkerPool::await_workers), and `actor list` shows the count.
+struct OrchestratorRoster {
+  std::mutex mu;
+  std::set<std::string> workers;  ///< registered (or awaited) by the current incarnation
+  int restarts = 0;               ///< incarnations started after a kill or crash
+};
 
 struct OrchestratorConfig {
   std::string node_name;
@@ -37,11 +68,29 @@ struct OrchestratorConfig {
   std::function<std::vector<messages::ActorInfo>()> local_actors;
   /// Kills a node-local actor by name the way a crash would; false if unknown.
   std::function<bool(const std::string&)> kill_local;
-  double heartbeat_timeout_s = 30.0;  ///< a worker silent this long is presumed dead
+  FailureDetection failure;
+  /// Shared with the incarnations before and after this one; never null.
+  std::shared_ptr<OrchestratorRoster> roster = std::make_shared<OrchestratorRoster>();
 };
 
-/// Spawns the job orchestrator (one per cluster).
+/// Spawns the job orchestrator (one per cluster). It takes its messages from
+/// the node's relay as (relayed_atom, sender, tag, bytes). `actor kill
+/// orchestrator` (or NODE/orchestrator) makes it quit with exit_reason::kill,
+/// as a crash would; the node's supervisor then starts a new one. When
+/// config.roster->restarts > 0 it is such a restart: it holds its dispatch
+/// until the roster's workers said hello again (each with the lines it
+/// holds) or the failure timeout has passed.
 [[nodiscard]] caf::actor spawn_orchestrator(caf::actor_system& sys, OrchestratorConfig config);
+
+/// Spawns the orchestrator relay: it forwards every (msg_atom, tag, bytes)
+/// to the current orchestrator as (relayed_atom, sender, tag, bytes) and
+/// the orchestrator's reply back to the sender. It learns the current
+/// orchestrator from (orchestrator_atom, actor) messages and monitors it;
+/// while there is none (between a kill and the restart) it queues what
+/// arrives, and what an orchestrator left unanswered when it died
+/// (request_receiver_down) goes to the next one, so no message is lost to a
+/// restart.
+[[nodiscard]] caf::actor spawn_orchestrator_relay(caf::actor_system& sys);
 
 struct WorkerConfig {
   std::string name;     ///< e.g. "node0/cpu:0", or "node0/cpu:0-1" for an engine group of two devices
@@ -49,16 +98,34 @@ struct WorkerConfig {
   std::string node_name;
   engine::EngineOptions engine;  ///< engine.parallel: the worker's engine group (dp == 1)
   int max_batch = 64;   ///< requests the orchestrator keeps queued here: 2 x max_batch
-  caf::actor orchestrator;
+  caf::actor orchestrator;  ///< the orchestrator relay of the node running it (local or remote)
   std::shared_ptr<const ClusterKey> key;
   std::shared_ptr<MetricsRegistry> metrics;
+  int heartbeat_ms = 1000;  ///< FailureDetection::heartbeat_ms
+  /// FailureDetection::failure_timeout_ms: a step longer than half of it is
+  /// logged (once per instance), as the orchestrator may take the silence
+  /// for a hang.
+  int failure_timeout_ms = 3000;
+  /// Test hook (`SHARDLINE_TEST_STALL_WORKER`, see Node::start): the worker's
+  /// thread sticks inside its step number `stall_at_step` (1-based; 0 = never)
+  /// for `stall_ms`, beating no heartbeat. A detached CAF actor stuck in C++
+  /// code cannot be interrupted, so the stall is a sleep in 10 ms slices
+  /// that ends at its deadline; then the thread returns to its mailbox, where
+  /// the kill of the orchestrator that declared it dead is waiting, and the
+  /// supervisor replaces it. `stall_once` (shared by the worker's
+  /// incarnations) makes it fire once per process.
+  std::uint64_t stall_at_step = 0;
+  int stall_ms = 0;
+  std::shared_ptr<std::atomic<bool>> stall_once;
 };
 
 /// Spawns a worker on its own thread. It loads its engine (one engine group:
 /// engine.parallel's tp x sp x pp in-process ranks, each on its own thread),
 /// says hello to the orchestrator with its group shape, and then steps its
 /// engine while it has work, under the token budget policy of the job whose
-/// lines it took last.
+/// lines it took last. Between steps it beats every heartbeat_ms. Told
+/// HelloAgain (an orchestrator restarted and does not know it), it says
+/// hello again with the lines it holds.
 [[nodiscard]] caf::actor spawn_worker(caf::actor_system& sys, WorkerConfig config);
 
 struct KvStoreConfig {

@@ -3,7 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 
 #include "actors/protocol.hpp"
 #include "comm/address.hpp"
@@ -14,29 +18,99 @@ namespace shardline::actors {
 namespace {
 
 using down_atom = caf::atom_constant<caf::atom("sldown")>;
+using restart_atom = caf::atom_constant<caf::atom("slrestart")>;
+
+/// Starts an orchestrator incarnation (opening the JobManager on the data
+/// dir).
+using OrchestratorFactory = std::function<Result<caf::actor>(caf::actor_system&)>;
+
+struct SupervisorConfig {
+  std::vector<WorkerConfig> workers;  ///< one per worker, by index
+  caf::actor relay;                   ///< this node's orchestrator relay (null on a joined node)
+  OrchestratorFactory start_orchestrator;  ///< empty on a joined node
+  std::shared_ptr<OrchestratorRoster> roster;
+  std::shared_ptr<MetricsRegistry> metrics;
+  std::shared_ptr<const ClusterKey> key;
+};
 
 /// Spawns the node's workers and restarts any that die other than by a
-/// shutdown (a kill, a crash), after a short delay.
+/// shutdown (a kill, a crash), after a short delay. On the node running the
+/// orchestrator it does the same for the orchestrator: each incarnation
+/// goes to the relay, and then the workers are told to say hello again.
 struct SupervisorState {
-  std::vector<WorkerConfig> configs;  // one per worker, by index
+  SupervisorConfig config;
   std::vector<caf::actor> workers;
+  caf::actor orchestrator;
   static inline const char* name = "shardline.supervisor";
 };
 
-caf::behavior supervisor_behavior(caf::stateful_actor<SupervisorState>* self, std::vector<WorkerConfig> configs) {
+using SupervisorActor = caf::stateful_actor<SupervisorState>;
+
+/// Installs `orchestrator` as the current incarnation.
+void adopt_orchestrator(SupervisorActor* self, caf::actor orchestrator) {
+  SupervisorState& st = self->state;
+  st.orchestrator = std::move(orchestrator);
+  self->monitor(st.orchestrator);
+  self->send(st.config.relay, orchestrator_atom::value, st.orchestrator);
+}
+
+void restart_orchestrator(SupervisorActor* self) {
+  SupervisorState& st = self->state;
+  auto next = st.config.start_orchestrator(self->system());
+  if (!next) {
+    // E.g. a data dir that cannot be opened now: try again.
+    spdlog::error("supervisor: cannot restart the orchestrator: {}; trying again", next.error().to_string());
+    self->delayed_send(self, std::chrono::milliseconds(500), restart_atom::value);
+    return;
+  }
+  adopt_orchestrator(self, std::move(next).value());
+  // The relay has the new incarnation before any hello below reaches it.
+  // (Workers of joined nodes are asked when their next heartbeat arrives.)
+  const Signed again = sign(*st.config.key, messages::encode(messages::WorkerMsg{messages::HelloAgain{}}));
+  for (const caf::actor& w : st.workers)
+    if (w) self->send(w, msg_atom::value, again.tag, again.bytes);
+  spdlog::info("supervisor: orchestrator restarted");
+}
+
+caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<SupervisorConfig> config) {
   auto& st = self->state;
-  st.configs = std::move(configs);
-  for (const WorkerConfig& c : st.configs) {
+  st.config = std::move(*config);
+  if (st.config.start_orchestrator) {
+    auto first = st.config.start_orchestrator(self->system());
+    if (!first) {  // Node::start opened the data dir just before; unlikely
+      spdlog::error("supervisor: cannot start the orchestrator: {}", first.error().to_string());
+      self->delayed_send(self, std::chrono::milliseconds(500), restart_atom::value);
+    } else {
+      adopt_orchestrator(self, std::move(first).value());
+    }
+  }
+  for (const WorkerConfig& c : st.config.workers) {
     st.workers.push_back(spawn_worker(self->system(), c));
     self->monitor(st.workers.back());
   }
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& st = self->state;
+    const bool shutdown = dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal;
+    if (st.orchestrator && st.orchestrator.address() == dm.source) {
+      // Its state (the JobManager, so the RocksDB lock) is gone already:
+      // stateful_actor destroys it before monitors hear of the exit.
+      st.orchestrator = caf::actor();
+      if (shutdown) return;
+      {
+        std::lock_guard<std::mutex> lock(st.config.roster->mu);
+        ++st.config.roster->restarts;
+      }
+      st.config.metrics->add("shardline_orchestrator_restarts_total", "", 1);
+      spdlog::warn("supervisor: orchestrator died ({}); restarting it", caf::to_string(dm.reason));
+      self->delayed_send(self, std::chrono::milliseconds(100), restart_atom::value);
+      return;
+    }
     for (std::size_t i = 0; i < st.workers.size(); ++i) {
       if (st.workers[i].address() != dm.source) continue;
       st.workers[i] = caf::actor();
-      if (dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal) return;
-      spdlog::warn("supervisor: worker {} died ({}); restarting it", st.configs[i].name, caf::to_string(dm.reason));
+      if (shutdown) return;
+      spdlog::warn("supervisor: worker {} died ({}); restarting it", st.config.workers[i].name,
+                   caf::to_string(dm.reason));
       self->delayed_send(self, std::chrono::milliseconds(300), down_atom::value, static_cast<std::uint64_t>(i));
       return;
     }
@@ -44,16 +118,43 @@ caf::behavior supervisor_behavior(caf::stateful_actor<SupervisorState>* self, st
   self->set_exit_handler([self](caf::exit_msg& em) {
     for (auto& w : self->state.workers)
       if (w) self->send_exit(w, caf::exit_reason::user_shutdown);
+    if (self->state.orchestrator) self->send_exit(self->state.orchestrator, caf::exit_reason::user_shutdown);
     self->quit(em.reason);
   });
   return {
       [self](down_atom, std::uint64_t i) {
         auto& st = self->state;
         if (i >= st.workers.size() || st.workers[i]) return;
-        st.workers[i] = spawn_worker(self->system(), st.configs[i]);
+        st.workers[i] = spawn_worker(self->system(), st.config.workers[i]);
         self->monitor(st.workers[i]);
       },
+      [self](restart_atom) {
+        if (!self->state.orchestrator) restart_orchestrator(self);
+      },
+      [](const std::string&) {},  // the workers' replies to HelloAgain
   };
+}
+
+/// SHARDLINE_TEST_STALL_WORKER=NAME,STEP,MS (read by tests only): worker
+/// NAME of this process sticks in its step STEP for MS ms, once
+/// (WorkerConfig::stall_at_step). Unset or malformed: no stall.
+void apply_stall_hook(std::vector<WorkerConfig>& workers) {
+  const char* env = std::getenv("SHARDLINE_TEST_STALL_WORKER");
+  if (env == nullptr) return;
+  const std::string spec = env;
+  const auto a = spec.find(',');
+  const auto b = a == std::string::npos ? a : spec.find(',', a + 1);
+  if (b == std::string::npos) return;
+  const std::string name = spec.substr(0, a);
+  const std::uint64_t step = std::strtoull(spec.c_str() + a + 1, nullptr, 10);
+  const int ms = std::atoi(spec.c_str() + b + 1);
+  for (WorkerConfig& w : workers) {
+    if (w.name != name) continue;
+    w.stall_at_step = step;
+    w.stall_ms = ms;
+    w.stall_once = std::make_shared<std::atomic<bool>>(false);
+    spdlog::warn("test hook: worker {} will stall for {} ms in step {}", name, ms, step);
+  }
 }
 
 Result<caf::actor> connect_orchestrator(caf::actor_system& sys, const std::string& host_port) {
@@ -66,6 +167,18 @@ Result<caf::actor> connect_orchestrator(caf::actor_system& sys, const std::strin
 }
 
 }  // namespace
+
+Status FailureDetection::check() const {
+  if (heartbeat_ms < 1)
+    return make_error(ErrorCode::invalid_argument, "--heartbeat-ms must be positive, got " + std::to_string(heartbeat_ms));
+  if (failure_timeout_ms <= heartbeat_ms)
+    return make_error(ErrorCode::invalid_argument, "--failure-timeout-ms (" + std::to_string(failure_timeout_ms) +
+                                                       ") must be greater than --heartbeat-ms (" +
+                                                       std::to_string(heartbeat_ms) + ")");
+  return Status::ok_status();
+}
+
+int FailureDetection::tick_ms() const { return std::clamp(failure_timeout_ms / 10, 10, 250); }
 
 std::string worker_name(const std::string& node, int index, const engine::ParallelConfig& parallel) {
   const int g = parallel.group_size();
@@ -103,6 +216,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
                           " needs tp*pp*sp*dp = " + std::to_string(o.parallel.world_size()));
   if (o.join.empty() && o.data_dir.empty())
     return make_error(ErrorCode::invalid_argument, "the node running the orchestrator needs --data-dir");
+  if (Status ok = o.failure.check(); !ok) return ok.error();
 
   node->metrics_ = std::make_shared<MetricsRegistry>();
   describe_node_metrics(*node->metrics_);
@@ -116,28 +230,45 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   const std::string kvstore_name = o.name + "/kvstore";
   node->kvstore_ = spawn_kvstore(sys, KvStoreConfig{kvstore_name, o.kv_store_bytes, node->key_});
 
+  auto roster = std::make_shared<OrchestratorRoster>();
+  OrchestratorFactory start_orchestrator;
   if (o.join.empty()) {
-    auto jobs = orchestrator::JobManager::open(o.data_dir);
-    if (!jobs) return std::move(jobs).error();
-    OrchestratorConfig oc;
-    oc.node_name = o.name;
-    oc.model_dir = o.engine.model_dir;
-    oc.parallel = o.parallel;
-    oc.jobs = std::move(jobs).value();
-    oc.key = node->key_;
-    oc.metrics = node->metrics_;
-    oc.heartbeat_timeout_s = o.heartbeat_timeout_s;
+    // Opened here once so that a bad data dir fails the start; the
+    // supervisor opens it again for each incarnation.
+    auto check = orchestrator::JobManager::open(o.data_dir);
+    if (!check) return std::move(check).error();
+    check->reset();
     caf::actor kv = node->kvstore_;
-    oc.local_actors = [kvstore_name, name = o.name] {
-      return std::vector<messages::ActorInfo>{{kvstore_name, "kvstore", name, "running", ""}};
+    start_orchestrator = [o, kv, kvstore_name, roster, key = node->key_,
+                          metrics = node->metrics_](caf::actor_system& sys) -> Result<caf::actor> {
+      auto jobs = orchestrator::JobManager::open(o.data_dir);
+      if (!jobs) return std::move(jobs).error();
+      OrchestratorConfig oc;
+      oc.node_name = o.name;
+      oc.model_dir = o.engine.model_dir;
+      oc.parallel = o.parallel;
+      oc.jobs = std::move(jobs).value();
+      oc.key = key;
+      oc.metrics = metrics;
+      oc.failure = o.failure;
+      oc.roster = roster;
+      oc.local_actors = [kvstore_name, name = o.name] {
+        return std::vector<messages::ActorInfo>{{kvstore_name, "kvstore", name, "running", ""}};
+      };
+      oc.kill_local = [kv, kvstore_name](const std::string& n) {
+        if (n != kvstore_name) return false;
+        caf::anon_send_exit(kv, caf::exit_reason::kill);
+        return true;
+      };
+      return spawn_orchestrator(sys, std::move(oc));
     };
-    oc.kill_local = [kv, kvstore_name](const std::string& n) {
-      if (n != kvstore_name) return false;
-      caf::anon_send_exit(kv, caf::exit_reason::kill);
-      return true;
-    };
-    node->orchestrator_ = spawn_orchestrator(sys, std::move(oc));
+    // Clients, workers and joined nodes hold the relay, never an
+    // orchestrator incarnation.
+    node->relay_ = spawn_orchestrator_relay(sys);
+    node->orchestrator_ = node->relay_;
   } else {
+    // The joined node's relay: it outlives restarts of the orchestrator
+    // there, so this node never reconnects.
     auto remote = connect_orchestrator(sys, o.join);
     if (!remote) return std::move(remote).error();
     node->orchestrator_ = *remote;
@@ -178,10 +309,20 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     wc.orchestrator = node->orchestrator_;
     wc.key = node->key_;
     wc.metrics = node->metrics_;
+    wc.heartbeat_ms = o.failure.heartbeat_ms;
+    wc.failure_timeout_ms = o.failure.failure_timeout_ms;
     workers.push_back(std::move(wc));
   }
+  apply_stall_hook(workers);
   node->num_workers_ = static_cast<int>(workers.size());
-  node->supervisor_ = sys.spawn(supervisor_behavior, std::move(workers));
+  auto sc = std::make_shared<SupervisorConfig>();
+  sc->workers = std::move(workers);
+  sc->relay = node->relay_;
+  sc->start_orchestrator = std::move(start_orchestrator);
+  sc->roster = roster;
+  sc->metrics = node->metrics_;
+  sc->key = node->key_;
+  node->supervisor_ = sys.spawn(supervisor_behavior, std::move(sc));
 
   if (!o.metrics.empty()) {
     auto server = MetricsServer::start(*node->metrics_, o.metrics);
@@ -196,11 +337,13 @@ void Node::stop() {
   if (stopped_ || !system_) return;
   stopped_ = true;
   metrics_server_.reset();
+  // The supervisor stops the workers and the orchestrator.
   if (supervisor_) caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
   if (kvstore_) caf::anon_send_exit(kvstore_, caf::exit_reason::user_shutdown);
-  if (orchestrator_ && options_.join.empty()) caf::anon_send_exit(orchestrator_, caf::exit_reason::user_shutdown);
+  if (relay_) caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
   supervisor_ = caf::actor();
   kvstore_ = caf::actor();
+  relay_ = caf::actor();
   orchestrator_ = caf::actor();
   system_->await_all_actors_done();
 }

@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// One Shardline node: a CAF actor system with the job orchestrator (unless
-/// the node joins another node's cluster), one worker per device, a KV store,
-/// and a supervisor that restarts crashed workers. It listens on loopback
+/// One Shardline node: a CAF actor system with the job orchestrator and its
+/// relay (unless the node joins another node's cluster), one worker per
+/// device, a KV store, and a supervisor that restarts crashed or killed
+/// workers and orchestrators. It listens on loopback
 /// unless told otherwise; everything that crosses the network is signed with
 /// the cluster key (actors/auth.hpp).
 
@@ -46,7 +47,10 @@ struct NodeOptions {
   std::string key_file;     ///< cluster key; required with listen or join
   std::string metrics;      ///< "HOST:PORT" of the Prometheus endpoint ("" = none)
   std::uint64_t kv_store_bytes = 256ull << 20;
-  double heartbeat_timeout_s = 30.0;
+  /// `--heartbeat-ms` / `--failure-timeout-ms`: how often this node's
+  /// workers beat, and (on the node running the orchestrator) how long a
+  /// silent worker lives on.
+  FailureDetection failure;
 };
 
 class Node {
@@ -60,7 +64,8 @@ class Node {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  /// The orchestrator (local, or a proxy of the joined node's).
+  /// Where to send orchestrator messages: this node's orchestrator relay
+  /// (it survives orchestrator restarts), or a proxy of the joined node's.
   [[nodiscard]] caf::actor orchestrator() const { return orchestrator_; }
   [[nodiscard]] const std::shared_ptr<const ClusterKey>& key() const { return key_; }
   [[nodiscard]] caf::actor_system& system() { return *system_; }
@@ -86,8 +91,9 @@ class Node {
   int num_workers_ = 0;
   std::unique_ptr<caf::actor_system_config> config_;
   std::unique_ptr<caf::actor_system> system_;
-  caf::actor orchestrator_;
-  caf::actor supervisor_;
+  caf::actor orchestrator_;  ///< relay_, or the joined node's relay
+  caf::actor relay_;         ///< null on a joined node
+  caf::actor supervisor_;    ///< workers, and the orchestrator when it runs here
   caf::actor kvstore_;
   std::unique_ptr<MetricsServer> metrics_server_;
   int port_ = 0;

@@ -1,12 +1,15 @@
 // The job orchestrator actor: a thin behaviour around orchestrator::JobManager
 // and orchestrator::WorkerPool (the worker registry: hello checks, in-flight
-// counts, queue room, heartbeat timeouts, requeues). It keeps the workers'
-// actor handles, monitors them, and sends what the pool hands out.
+// counts, queue room, heartbeat timeouts, requeues, the hold after a restart).
+// It keeps the workers' actor handles, monitors them, and sends what the pool
+// hands out. Its messages come through the node's relay (orchestrator_relay.cpp)
+// with the original sender.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 
 #include "actors/actors.hpp"
@@ -30,6 +33,8 @@ struct OrchestratorState {
   std::optional<orchestrator::WorkerPool> pool;  ///< over *config.jobs
   std::map<std::string, caf::actor> handles;     ///< the pool's workers, by name
   Inbox inbox;
+  caf::strong_actor_ptr sender;  ///< of the message being handled (the relay passes it on)
+  Clock::time_point last_tick;
   static inline const char* name = "shardline.orchestrator";
 };
 
@@ -85,8 +90,26 @@ void drop_worker(OrchestratorActor* self, const std::string& name, const char* w
   if (!n) return;
   spdlog::warn("orchestrator: worker {} {}; {} lines requeued", name, why, *n);
   st.handles.erase(name);
+  {
+    std::lock_guard<std::mutex> lock(st.config.roster->mu);
+    st.config.roster->workers.erase(name);
+  }
   st.config.metrics->add("shardline_worker_failures_total", "", 1);
   dispatch(self);
+}
+
+/// A message from worker `name` that the pool does not know (this
+/// orchestrator restarted under it): ask it to say hello again.
+void ask_hello_if_unknown(OrchestratorActor* self, const std::string& name) {
+  OrchestratorState& st = self->state;
+  if (!st.sender || !st.pool->ask_hello(name, Clock::now())) return;
+  const Signed s = sign(*st.config.key, messages::encode(messages::WorkerMsg{messages::HelloAgain{}}));
+  self->send(caf::actor_cast<caf::actor>(st.sender), msg_atom::value, s.tag, s.bytes);
+}
+
+int restarts(const OrchestratorState& st) {
+  std::lock_guard<std::mutex> lock(st.config.roster->mu);
+  return st.config.roster->restarts;
 }
 
 void update_job_metrics(OrchestratorState& st) {
@@ -139,7 +162,10 @@ Answer handle(OrchestratorActor* self, const messages::JobStatusQuery& q) {
 Answer handle(OrchestratorActor* self, const messages::ActorListQuery&) {
   OrchestratorState& st = self->state;
   messages::ActorList list;
-  list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name, "running", ""});
+  list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name,
+                         std::string(st.pool->holding() ? "recovering" : "running") +
+                             " restarts=" + std::to_string(restarts(st)),
+                         ""});
   for (auto& w : st.pool->list())
     list.actors.push_back({std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group)});
   if (st.config.local_actors)
@@ -150,6 +176,13 @@ Answer handle(OrchestratorActor* self, const messages::ActorListQuery&) {
 Answer handle(OrchestratorActor* self, const messages::KillActor& kill) {
   OrchestratorState& st = self->state;
   const std::string& name = kill.name;
+  if (name == "orchestrator" || name == st.config.node_name + "/orchestrator") {
+    // Like a crash: the supervisor starts a new one from the RocksDB state;
+    // the relay hands it what arrives meanwhile. The reply still goes out.
+    spdlog::warn("orchestrator: killing the orchestrator on request");
+    self->quit(caf::exit_reason::kill);
+    return messages::Ack{};
+  }
   if (const auto it = st.handles.find(name); it != st.handles.end()) {
     spdlog::warn("orchestrator: killing {} on request", name);
     self->send_exit(it->second, caf::exit_reason::kill);
@@ -169,9 +202,14 @@ Answer handle(OrchestratorActor* self, const messages::Shutdown&) {
 Answer handle(OrchestratorActor* self, const messages::WorkerHello& hello) {
   OrchestratorState& st = self->state;
   const std::string& name = hello.worker_name;
-  auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+  auto sender = caf::actor_cast<caf::actor>(st.sender);
   if (!sender) return std::nullopt;
-  auto joined = st.pool->hello(name, hello.max_batch, hello.parallel, Clock::now());
+  orchestrator::HelloInfo info;
+  info.max_batch = hello.max_batch;
+  info.group = hello.parallel;
+  info.held = hello.held;
+  info.instance = caf::to_string(sender.address());
+  auto joined = st.pool->hello(name, info, Clock::now());
   if (!joined) {
     // Jobs run on one group shape; a node started with another --parallel
     // is told to stop its worker (a shutdown: its supervisor leaves it).
@@ -185,11 +223,22 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHello& hello) {
                  joined->requeued);
     st.config.metrics->add("shardline_worker_failures_total", "", 1);
   }
+  if (joined->claim_error)
+    spdlog::error("orchestrator: the lines worker {} holds stay pending: {}", name, joined->claim_error->to_string());
+  if (!joined->again) self->monitor(sender);
   st.handles[name] = sender;
-  self->monitor(sender);
+  {
+    std::lock_guard<std::mutex> lock(st.config.roster->mu);
+    st.config.roster->workers.insert(name);
+  }
   const orchestrator::WorkerPool::Worker& w = *st.pool->find(name);
-  spdlog::info("orchestrator: worker {} joined (device {}, [{}], batch {})", name, hello.device,
-               orchestrator::group_label(w.parallel), w.max_batch);
+  if (hello.held.empty())
+    spdlog::info("orchestrator: worker {} joined (device {}, [{}], batch {})", name, hello.device,
+                 orchestrator::group_label(w.parallel), w.max_batch);
+  else
+    spdlog::info("orchestrator: worker {} joined again holding {} lines ({} in flight on it)", name,
+                 hello.held.size(), joined->claimed);
+  if (joined->hold_ended) spdlog::info("orchestrator: every worker is back; dispatching");
   update_job_metrics(st);
   dispatch(self);
   return std::nullopt;
@@ -199,6 +248,7 @@ Answer handle(OrchestratorActor* self, const messages::WorkerResults& wr) {
   OrchestratorState& st = self->state;
   auto committed = st.pool->on_results(wr.worker_name, wr.results, Clock::now());
   if (!committed) spdlog::error("orchestrator: committing results failed: {}", committed.error().to_string());
+  ask_hello_if_unknown(self, wr.worker_name);
   update_job_metrics(st);
   dispatch(self);
   return std::nullopt;
@@ -207,15 +257,65 @@ Answer handle(OrchestratorActor* self, const messages::WorkerResults& wr) {
 Answer handle(OrchestratorActor* self, const messages::WorkerHeartbeat& beat) {
   OrchestratorState& st = self->state;
   st.pool->heartbeat(beat.worker_name, load_of(beat.status), Clock::now());
+  ask_hello_if_unknown(self, beat.worker_name);
   return std::nullopt;
+}
+
+/// Heartbeat timeouts catch workers that hang (their thread does not come
+/// back to its mailbox) and those whose node vanished without a connection
+/// loss being noticed; then keep the queues full.
+void tick(OrchestratorActor* self) {
+  OrchestratorState& st = self->state;
+  const Clock::time_point now = Clock::now();
+  const auto period = std::chrono::milliseconds(st.config.failure.tick_ms());
+  const auto late = now - (st.last_tick + period);
+  st.last_tick = now;
+  if (late > std::chrono::milliseconds(st.config.failure.failure_timeout_ms / 2)) {
+    // This actor could not read its mailbox for a while: the heartbeats
+    // queued behind the stall are not silence.
+    spdlog::warn("orchestrator: stalled for {} ms; heartbeat clocks restarted",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
+    st.pool->excuse_silence(now);
+  }
+  for (const std::string& name : st.pool->silent_workers(now)) {
+    self->send_exit(st.handles[name], caf::exit_reason::kill);
+    drop_worker(self, name, "missed its heartbeats");
+  }
+  for (const std::string& name : st.pool->end_hold_if_due(now)) {
+    spdlog::warn("orchestrator: worker {} did not say hello again after the restart", name);
+    std::lock_guard<std::mutex> lock(st.config.roster->mu);
+    st.config.roster->workers.erase(name);
+  }
+  dispatch(self);
+  update_job_metrics(st);
+  self->delayed_send(self, period, tick_atom::value);
 }
 
 caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<OrchestratorConfig> cfg) {
   OrchestratorState& state = self->state;
   state.config = std::move(*cfg);
-  state.pool.emplace(*state.config.jobs, orchestrator::WorkerPoolOptions{state.config.node_name, state.config.parallel,
-                                                                          state.config.heartbeat_timeout_s});
+  state.pool.emplace(*state.config.jobs,
+                     orchestrator::WorkerPoolOptions{state.config.node_name, state.config.parallel,
+                                                     state.config.failure.failure_timeout_ms / 1000.0,
+                                                     state.config.failure.heartbeat_ms / 1000.0});
   state.inbox = Inbox("orchestrator", state.config.key, state.config.metrics);
+  state.last_tick = Clock::now();
+  {
+    OrchestratorRoster& roster = *state.config.roster;
+    std::lock_guard<std::mutex> lock(roster.mu);
+    if (roster.restarts > 0) {
+      // A restart: the workers the previous incarnation had keep running and
+      // hold lines this one has as pending. Hand out nothing until they said
+      // hello again (with those lines), for at most the failure timeout.
+      const std::vector<std::string> names(roster.workers.begin(), roster.workers.end());
+      state.pool->await_workers(names, state.last_tick +
+                                           std::chrono::milliseconds(state.config.failure.failure_timeout_ms));
+      spdlog::warn("orchestrator: restarted (restart {}); waiting for {} workers to say hello again",
+                   roster.restarts, names.size());
+      // The names stay until they are back or the hold ends without them, so
+      // that a kill before then still waits for them next time.
+    }
+  }
   self->set_down_handler([self](caf::down_msg& dm) {
     for (const auto& [name, handle] : self->state.handles) {
       if (handle.address() == dm.source) {
@@ -228,22 +328,16 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
   self->send(self, tick_atom::value);
   update_job_metrics(self->state);
   return {
-      [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {
-        return self->state.inbox.serve(self->current_sender(), tag, bytes, messages::decode_orchestrator,
-                                       [self](const auto& msg) { return handle(self, msg); });
-      },
-      [self](tick_atom) {
-        // Heartbeat timeouts catch workers whose node vanished without a
-        // connection loss being noticed; then keep the queues full.
+      [self](relayed_atom, caf::strong_actor_ptr& sender, const std::string& tag,
+             const std::string& bytes) -> std::string {
         OrchestratorState& st = self->state;
-        for (const std::string& name : st.pool->silent_workers(Clock::now())) {
-          self->send_exit(st.handles[name], caf::exit_reason::kill);
-          drop_worker(self, name, "missed its heartbeats");
-        }
-        dispatch(self);
-        update_job_metrics(st);
-        self->delayed_send(self, std::chrono::milliseconds(500), tick_atom::value);
+        st.sender = std::move(sender);
+        std::string reply = st.inbox.serve(st.sender, tag, bytes, messages::decode_orchestrator,
+                                           [self](const auto& msg) { return handle(self, msg); });
+        st.sender = nullptr;  // (a quit() destroys the state only after this handler)
+        return reply;
       },
+      [self](tick_atom) { tick(self); },
       [](const std::string&) {},  // replies of workers to our sends
   };
 }
@@ -266,6 +360,8 @@ void describe_node_metrics(MetricsRegistry& m) {
   m.describe("shardline_jobs", "gauge", "Jobs known to the orchestrator, by state.");
   m.describe("shardline_workers", "gauge", "Workers registered with the orchestrator.");
   m.describe("shardline_worker_failures_total", "counter", "Workers lost (killed, crashed, silent).");
+  m.describe("shardline_orchestrator_restarts_total", "counter",
+             "Orchestrators started again by this node's supervisor after a kill or crash.");
   m.describe("shardline_worker_start_failures_total", "counter",
              "Workers of this node that could not start their engine (not restarted).");
   m.describe("shardline_auth_failures_total", "counter", "Messages refused for a bad cluster key tag.");

@@ -4,7 +4,8 @@
 /// `bytes` is an encoded Cap'n Proto message (messages/codec.hpp) for the
 /// receiving actor and `tag` is HMAC-SHA256(cluster secret, bytes)
 /// (actors/auth.hpp). Replies are plain encoded bytes. Internal timers use
-/// their own atoms and never leave the actor.
+/// their own atoms and never leave the actor; the node-local relay and
+/// supervisor atoms never leave the node.
 
 #include <caf/all.hpp>
 
@@ -18,6 +19,11 @@ using msg_atom = caf::atom_constant<caf::atom("slmsg")>;      ///< (msg_atom, ta
 using step_atom = caf::atom_constant<caf::atom("slstep")>;    ///< worker: run one engine step
 using beat_atom = caf::atom_constant<caf::atom("slbeat")>;    ///< worker: send a heartbeat
 using tick_atom = caf::atom_constant<caf::atom("sltick")>;    ///< orchestrator: periodic work
+/// relay -> orchestrator: (relayed_atom, original sender, tag, bytes); the
+/// orchestrator's reply goes back through the relay.
+using relayed_atom = caf::atom_constant<caf::atom("slrelay")>;
+/// supervisor -> relay: (orchestrator_atom, actor), the current orchestrator.
+using orchestrator_atom = caf::atom_constant<caf::atom("slorch")>;
 
 /// A signed message ready to send: (msg_atom, tag, bytes).
 struct Signed {

@@ -1,6 +1,10 @@
 // The worker actor: a thin behaviour around worker::BatchWorker.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <set>
+#include <thread>
+
 #include "actors/actors.hpp"
 #include "actors/inbox.hpp"
 #include "actors/protocol.hpp"
@@ -18,6 +22,11 @@ struct WorkerState {
   std::unique_ptr<worker::BatchWorker> worker;
   std::unique_ptr<worker::JobTokenBudget> token_budget;
   bool step_scheduled = false;
+  /// Lines accepted and not yet answered: what it says it holds when an
+  /// orchestrator that restarted asks it to say hello again.
+  std::set<orchestrator::LineRef> held;
+  std::uint64_t steps = 0;
+  bool warned_slow_step = false;
   Inbox inbox;
   static inline const char* name = "shardline.worker";
 };
@@ -43,6 +52,14 @@ messages::WorkerStatus status_of(const WorkerState& st) {
 void to_orchestrator(WorkerActor* self, const messages::OrchestratorMsg& msg) {
   const Signed s = sign(*self->state.config.key, messages::encode(msg));
   self->send(self->state.config.orchestrator, msg_atom::value, s.tag, s.bytes);
+}
+
+void say_hello(WorkerActor* self) {
+  const WorkerState& st = self->state;
+  messages::WorkerHello hello{st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch),
+                              st.config.engine.parallel};
+  hello.held.assign(st.held.begin(), st.held.end());
+  to_orchestrator(self, hello);
 }
 
 void schedule_step(WorkerActor* self) {
@@ -71,6 +88,7 @@ Reply handle(WorkerActor* self, messages::AssignWork& msg) {
       spdlog::error("worker {}: {}", s.config.name, switched.error().to_string());
     else if (*switched)
       spdlog::info("worker {}: token budget {} (job {})", s.config.name, s.token_budget->current(), r.job_id);
+    s.held.insert(orchestrator::LineRef{r.job_id, r.line_index});
     s.worker->submit(std::move(r));
   }
   schedule_step(self);
@@ -79,7 +97,29 @@ Reply handle(WorkerActor* self, messages::AssignWork& msg) {
 
 Reply handle(WorkerActor* self, const messages::CancelJob& msg) {
   self->state.worker->cancel_job(msg.job_id);
+  auto& held = self->state.held;
+  held.erase(held.lower_bound({msg.job_id, 0}), held.lower_bound({msg.job_id + 1, 0}));
   return messages::Ack{};
+}
+
+Reply handle(WorkerActor* self, const messages::HelloAgain&) {
+  spdlog::info("worker {}: the orchestrator asks for a hello again; {} lines held", self->state.config.name,
+               self->state.held.size());
+  say_hello(self);
+  return messages::Ack{};
+}
+
+/// The test hook of WorkerConfig::stall_at_step: this thread sticks, as a
+/// hung engine would, and sends no heartbeat meanwhile.
+void maybe_stall(WorkerActor* self) {
+  WorkerState& s = self->state;
+  if (s.config.stall_at_step == 0 || s.steps != s.config.stall_at_step || !s.config.stall_once ||
+      s.config.stall_once->exchange(true))
+    return;
+  spdlog::warn("worker {}: test hook: stalling for {} ms in step {}", s.config.name, s.config.stall_ms, s.steps);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(s.config.stall_ms);
+  while (std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  spdlog::warn("worker {}: test hook: stall over", s.config.name);
 }
 
 Reply handle(WorkerActor* self, const messages::WorkerStatusQuery&) { return status_of(self->state); }
@@ -110,9 +150,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   st.token_budget = std::make_unique<worker::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
   // Refusals are not counted here (as before the inbox helper); the orchestrator counts its own.
   st.inbox = Inbox("worker " + st.config.name, st.config.key, nullptr);
-  to_orchestrator(self, messages::WorkerHello{st.config.name, st.config.device,
-                                              static_cast<std::uint32_t>(st.config.max_batch),
-                                              st.config.engine.parallel});
+  say_hello(self);
   self->send(self, beat_atom::value);
   spdlog::info("worker {} ready [{}]", st.config.name, orchestrator::group_label(st.config.engine.parallel));
 
@@ -124,7 +162,19 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
       [self](step_atom) {
         WorkerState& s = self->state;
         s.step_scheduled = false;
+        ++s.steps;
+        maybe_stall(self);
+        const auto t0 = std::chrono::steady_clock::now();
         auto results = s.worker->step();
+        const auto step_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        if (step_ms > s.config.failure_timeout_ms / 2 && !s.warned_slow_step) {
+          s.warned_slow_step = true;
+          spdlog::warn("worker {}: an engine step took {} ms, more than half of --failure-timeout-ms ({}); the "
+                       "orchestrator may declare this worker dead: raise --failure-timeout-ms or lower "
+                       "--max-num-batched-tokens",
+                       s.config.name, step_ms, s.config.failure_timeout_ms);
+        }
         if (!results) {
           // An engine failure is a crash of this worker: the orchestrator
           // requeues its work and the node's supervisor restarts it.
@@ -135,6 +185,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
         if (!results->empty()) {
           MetricsRegistry& m = *s.config.metrics;
           for (const auto& r : *results) {
+            s.held.erase(orchestrator::LineRef{r.job_id, r.line_index});
             m.add("shardline_requests_total", r.ok ? "state=\"done\"" : "state=\"failed\"", 1);
             m.add("shardline_prompt_tokens_total", "", r.prompt_tokens);
             m.add("shardline_generation_tokens_total", "", r.completion_tokens);
@@ -148,7 +199,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
         const messages::WorkerStatus status = status_of(self->state);
         export_metrics(self, status);
         to_orchestrator(self, messages::WorkerHeartbeat{self->state.config.name, status});
-        self->delayed_send(self, std::chrono::seconds(1), beat_atom::value);
+        self->delayed_send(self, std::chrono::milliseconds(self->state.config.heartbeat_ms), beat_atom::value);
       },
       [](const std::string&) {},  // replies of the orchestrator to our sends
   };

@@ -66,6 +66,7 @@ struct NodeArgs {
   std::string group_master;    // "" = every rank in this process
   std::string group_key_file;  // shared secret of a TCP group
   int group_timeout_ms = 60'000;
+  actors::FailureDetection failure;
   EngineFlags engine;
 };
 
@@ -118,6 +119,8 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   o.max_batch = a.max_batch;
   o.key_file = a.key_file;
   o.metrics = a.metrics;
+  if (Status st = a.failure.check(); !st) return st.error();
+  o.failure = a.failure;
   return o;
 }
 
@@ -155,6 +158,17 @@ void add_tcp_group_flags(CLI::App& cmd, std::string& master, std::string& key_fi
                  "Shared secret the TCP group's ranks must all know (e.g. the cluster key file)");
   cmd.add_option("--group-timeout-ms", timeout_ms,
                  "How long rank 0 waits for the TCP group's ranks to join, and for any peer in a step")
+      ->capture_default_str();
+}
+
+/// --heartbeat-ms and --failure-timeout-ms of `run` and `node start`.
+void add_failure_flags(CLI::App& cmd, actors::FailureDetection& f) {
+  cmd.add_option("--heartbeat-ms", f.heartbeat_ms,
+                 "How often each worker sends a heartbeat, between engine steps (a worker stuck in a step sends none)")
+      ->capture_default_str();
+  cmd.add_option("--failure-timeout-ms", f.failure_timeout_ms,
+                 "A worker silent this long is declared dead: killed, its lines requeued, and replaced (must exceed "
+                 "--heartbeat-ms; the orchestrator's node decides)")
       ->capture_default_str();
 }
 
@@ -371,6 +385,7 @@ struct RunArgs {
   std::string group_master;
   std::string group_key_file;
   int group_timeout_ms = 60'000;
+  actors::FailureDetection failure;
   EngineFlags engine;
 };
 
@@ -400,6 +415,7 @@ int run_run(RunArgs& a) {
   na.group_master = a.group_master;
   na.group_key_file = a.group_key_file;
   na.group_timeout_ms = a.group_timeout_ms;
+  na.failure = a.failure;
   na.engine = a.engine;
   auto o = node_options(na);
   if (!o) return fail(o.error(), 2);
@@ -485,6 +501,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   start->add_option("--metrics", na->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   start->add_option("--max-batch", na->max_batch, "Running sequences per worker")->capture_default_str();
   add_tcp_group_flags(*start, na->group_master, na->group_key_file, na->group_timeout_ms);
+  add_failure_flags(*start, na->failure);
   add_engine_flags(*start, na->engine);
   start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
 
@@ -542,6 +559,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();
   r->add_flag("--quiet", ra->quiet, "No progress bar");
   add_tcp_group_flags(*r, ra->group_master, ra->group_key_file, ra->group_timeout_ms);
+  add_failure_flags(*r, ra->failure);
   add_engine_flags(*r, ra->engine);
   r->callback([&run, ra] { run = [ra] { return run_run(*ra); }; });
 }

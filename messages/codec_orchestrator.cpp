@@ -67,6 +67,11 @@ struct Member<OM, WorkerHello> {
     b.setDevice(text(m.device));
     b.setMaxBatch(m.max_batch);
     b.setParallel(text(m.parallel.to_string()));
+    auto held = b.initHeld(static_cast<unsigned>(m.held.size()));
+    for (unsigned i = 0; i < held.size(); ++i) {
+      held[i].setJobId(m.held[i].job_id);
+      held[i].setLineIndex(m.held[i].line_index);
+    }
   }
   static WorkerHello get(OM::Reader root) {
     auto r = root.getWorkerHello();
@@ -79,6 +84,10 @@ struct Member<OM, WorkerHello> {
     if (m.parallel.dp != 1)
       fail(ErrorCode::invalid_argument,
            "parallel: a worker is one engine group, dp must be 1, got " + std::to_string(m.parallel.dp));
+    auto held = r.getHeld();
+    check_len(held, "held");
+    m.held.reserve(held.size());
+    for (auto l : held) m.held.push_back(orchestrator::LineRef{l.getJobId(), l.getLineIndex()});
     return m;
   }
 };

@@ -44,6 +44,13 @@ struct Member<WM, WorkerStatusQuery> {
   static WorkerStatusQuery get(WM::Reader) { return {}; }
 };
 
+template <>
+struct Member<WM, HelloAgain> {
+  static constexpr auto which = WM::HELLO_AGAIN;
+  static void put(WM::Builder root, const HelloAgain&) { root.setHelloAgain(); }
+  static HelloAgain get(WM::Reader) { return {}; }
+};
+
 // ============================================================================
 // WorkerReply
 // ============================================================================

@@ -22,11 +22,17 @@ struct KillActor {
   name @0 :Text;
 }
 
+struct LineRef {
+  jobId @0 :UInt64;
+  lineIndex @1 :UInt64;
+}
+
 struct WorkerHello {
   workerName @0 :Text;
   device @1 :Text;
   maxBatch @2 :UInt32;
   parallel @3 :Text;       # the worker's engine group ("tp=2,pp=1,sp=1,dp=1"); "" = a single device
+  held @4 :List(LineRef);  # lines it holds (saying hello again to a restarted orchestrator)
 }
 
 struct WorkerResults {

@@ -15,6 +15,7 @@
 
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
+#include "orchestrator/job_manager.hpp"
 #include "worker/batch_types.hpp"
 
 namespace shardline::messages {
@@ -43,6 +44,8 @@ inline constexpr std::size_t kMaxSegments = 512;
 
 struct ActorListQuery { bool operator==(const ActorListQuery&) const = default; };
 struct WorkerStatusQuery { bool operator==(const WorkerStatusQuery&) const = default; };
+/// To a worker: the orchestrator does not know you (it restarted); say hello again.
+struct HelloAgain { bool operator==(const HelloAgain&) const = default; };
 struct StatsQuery { bool operator==(const StatsQuery&) const = default; };
 struct Shutdown { bool operator==(const Shutdown&) const = default; };
 struct Ack { bool operator==(const Ack&) const = default; };
@@ -121,6 +124,10 @@ struct WorkerHello {
   std::string device;
   std::uint32_t max_batch = 0;
   engine::ParallelConfig parallel;  ///< the worker's engine group (dp == 1)
+  /// Lines the worker holds (accepted, no result sent yet): empty on its
+  /// first hello; filled when a restarted orchestrator asks it to say hello
+  /// again (HelloAgain), so they stay in flight on it.
+  std::vector<orchestrator::LineRef> held;
   bool operator==(const WorkerHello&) const = default;
 };
 
@@ -212,7 +219,7 @@ using OrchestratorReply = std::variant<JobSubmitted, JobStatusList, ActorList, A
 
 /// What a worker receives (worker.capnp WorkerMessage); WorkerStatusQuery
 /// travels as `statusQuery`.
-using WorkerMsg = std::variant<AssignWork, CancelJob, WorkerStatusQuery, Shutdown>;
+using WorkerMsg = std::variant<AssignWork, CancelJob, WorkerStatusQuery, Shutdown, HelloAgain>;
 
 /// A worker's answer (worker.capnp WorkerReply); WorkerStatus travels as `status`.
 using WorkerReply = std::variant<WorkerStatus, Ack, Error>;

@@ -21,6 +21,7 @@ struct WorkerMessage {
     cancelJob @2 :CancelJob;
     statusQuery @3 :Void;
     shutdown @4 :Void;
+    helloAgain @5 :Void;   # the orchestrator does not know this worker (it restarted): say hello again
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -294,6 +295,8 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
         fail_job(j, committed.error().to_string());
         break;
       }
+      // Lines claimed ahead of the reader (claim_in_flight) are in flight;
+      // requeued, they left retry (taken first, above) before this point.
       if (*committed || j.in_flight.count(index) != 0) continue;
       BatchLine parsed = parse_batch_line(line, j.rec.id, index);
       if (!parsed.is_request()) {  // only after a crash during submit
@@ -311,20 +314,83 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
     if (!errors.empty()) {
       if (Status st = commit(j, errors, nullptr); st.ok()) (void)advance_output(j);
     }
-    if (out.size() > before) {
-      if (!j.session_started) {
-        j.session_started = true;
-        j.session_t0 = now();
-        auto c = store_->counters(j.rec.id);
-        if (c.ok()) j.session_c0 = *c;
-      }
-      if (j.rec.state == JobState::queued) {
-        j.rec.state = JobState::running;
-        (void)store_->update_job(j.rec);
-      }
-    }
+    if (out.size() > before) mark_started(j);
   }
   return out;
+}
+
+void JobManager::mark_started(Job& j) {
+  if (!j.session_started) {
+    j.session_started = true;
+    j.session_t0 = now();
+    auto c = store_->counters(j.rec.id);
+    if (c.ok()) j.session_c0 = *c;
+  }
+  if (j.rec.state == JobState::queued) {
+    j.rec.state = JobState::running;
+    (void)store_->update_job(j.rec);
+  }
+}
+
+Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const std::vector<LineRef>& lines) {
+  std::size_t claimed = 0;
+  std::map<std::uint64_t, std::set<std::uint64_t>> unread;  // job -> lines still to read from the shards
+  const std::set<LineRef> distinct(lines.begin(), lines.end());
+  for (const LineRef& l : distinct) {
+    const auto it = jobs_.find(l.job_id);
+    if (it == jobs_.end() || !active(it->second)) continue;
+    Job& j = it->second;
+    if (l.line_index >= j.rec.total_lines) continue;
+    if (const auto f = j.in_flight.find(l.line_index); f != j.in_flight.end()) {
+      if (f->second.worker == worker) ++claimed;
+      continue;
+    }
+    if (auto r = j.retry.find(l.line_index); r != j.retry.end()) {
+      BatchRequest req = std::move(r->second);
+      j.retry.erase(r);
+      req.token_budget = j.rec.spec.token_budget;
+      j.in_flight[l.line_index] = InFlight{worker, std::move(req)};
+      mark_started(j);
+      ++claimed;
+      continue;
+    }
+    // Pending lines the reader has passed are all in flight or in retry;
+    // the others are unread (or committed).
+    if (!j.reader || l.line_index < j.reader->next_index) continue;
+    auto committed = store_->has_result(j.rec.id, l.line_index);
+    if (!committed.ok()) return committed.error();
+    if (!*committed) unread[l.job_id].insert(l.line_index);
+  }
+  for (const auto& [id, wanted] : unread) {
+    Job& j = jobs_.at(id);
+    ShardReader reader;
+    reader.paths = j.rec.spec.input_paths;
+    std::string line;
+    auto next = wanted.begin();
+    while (next != wanted.end()) {
+      auto more = reader.next(line);
+      if (!more.ok()) return more.error();
+      if (!*more) break;
+      const std::uint64_t index = reader.next_index - 1;
+      if (index != *next) continue;
+      ++next;
+      BatchLine parsed = parse_batch_line(line, j.rec.id, index);
+      if (!parsed.is_request()) continue;  // committed as an error at submit
+      parsed.request().token_budget = j.rec.spec.token_budget;
+      j.in_flight[index] = InFlight{worker, std::move(parsed.request())};
+      mark_started(j);
+      ++claimed;
+    }
+  }
+  return claimed;
+}
+
+std::size_t JobManager::in_flight_count(const std::string& worker) const {
+  std::size_t n = 0;
+  for (const auto& [id, j] : jobs_)
+    for (const auto& [line, f] : j.in_flight)
+      if (f.worker == worker) ++n;
+  return n;
 }
 
 Result<std::size_t> JobManager::on_results(const std::vector<BatchResult>& results) {

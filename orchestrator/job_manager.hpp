@@ -19,6 +19,9 @@
 ///    worker is lost. In-flight state is memory only: after a restart
 ///    (JobManager::open) everything not committed is pending again, and each
 ///    unfinished job's output file is recovered (torn tail truncated).
+///  - claim_in_flight(worker, lines) after a restart of the orchestrator
+///    alone: a worker that lived through it reports the lines it still
+///    holds, and they are in flight on it again instead of pending.
 /// Memory: O(in-flight + requeued) requests per job, plus one open shard.
 ///
 /// Determinism: the output bytes depend only on the committed results, never
@@ -28,6 +31,7 @@
 #include <functional>
 #include <fstream>
 #include <map>
+#include <compare>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +43,13 @@
 #include "orchestrator/output_writer.hpp"
 
 namespace shardline::orchestrator {
+
+/// One input line of a job.
+struct LineRef {
+  std::uint64_t job_id = 0;
+  std::uint64_t line_index = 0;  ///< 0-based, blank lines not counted
+  auto operator<=>(const LineRef&) const = default;
+};
 
 struct JobProgress {
   std::uint64_t job_id = 0;
@@ -108,6 +119,23 @@ class JobManager {
   /// Makes every in-flight request pending again.
   std::size_t requeue_all();
 
+  /// Marks `lines`, which `worker` reports it holds, as in flight on it (so
+  /// next_work() does not hand them out again): used when the orchestrator
+  /// restarted (open() made every uncommitted line pending) and a worker
+  /// that kept running re-registers. A line is claimed when its job is
+  /// unfinished, it exists, has no committed result and is pending; a line
+  /// already in flight on `worker` counts as claimed; one in flight on
+  /// another worker, committed or unknown is skipped (the worker's result,
+  /// if any, is then a duplicate that on_results ignores). Unread lines are
+  /// read again from the shards (one pass per job, up to the highest line
+  /// claimed). Returns the number of distinct lines of `lines` now in
+  /// flight on `worker`. Errors: not_found / io (a shard cannot be read; the lines
+  /// claimed before it stay claimed), or the store's.
+  Result<std::size_t> claim_in_flight(const std::string& worker, const std::vector<LineRef>& lines);
+
+  /// Lines in flight on `worker`, over every job.
+  [[nodiscard]] std::size_t in_flight_count(const std::string& worker) const;
+
   [[nodiscard]] Result<JobProgress> progress(std::uint64_t job_id) const;
   /// Progress of every job, ascending id.
   [[nodiscard]] std::vector<JobProgress> list_jobs() const;
@@ -153,6 +181,7 @@ class JobManager {
   }
   [[nodiscard]] double now() const;
   Status activate(Job& j);  ///< opens writer + reader of an unfinished job
+  void mark_started(Job& j);  ///< work went out: the session's rate clock starts, queued -> running
   Status commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added);
   Status advance_output(Job& j);
   void fail_job(Job& j, const std::string& why);

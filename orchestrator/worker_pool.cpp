@@ -13,17 +13,35 @@ WorkerPool::WorkerPool(JobManager& jobs, WorkerPoolOptions options) : jobs_(jobs
 
 Result<WorkerPool::Hello> WorkerPool::hello(const std::string& name, std::uint32_t max_batch,
                                             const engine::ParallelConfig& group, Clock::time_point now) {
-  if (Status ok = check_worker_group(name, group, options_.parallel); !ok) return ok.error();
+  HelloInfo info;
+  info.max_batch = max_batch;
+  info.group = group;
+  return hello(name, info, now);
+}
+
+Result<WorkerPool::Hello> WorkerPool::hello(const std::string& name, const HelloInfo& info, Clock::time_point now) {
+  if (Status ok = check_worker_group(name, info.group, options_.parallel); !ok) return ok.error();
   Hello out;
-  if (auto requeued = remove(name)) {
+  const auto it = workers_.find(name);
+  if (it != workers_.end() && !info.instance.empty() && it->second.instance == info.instance) {
+    out.again = true;
+  } else if (auto requeued = remove(name)) {
     out.replaced = true;
     out.requeued = *requeued;
   }
-  Worker w;
-  w.max_batch = std::max<std::uint32_t>(1, max_batch);
-  w.parallel = group;
+  Worker& w = workers_[name];
+  w.max_batch = std::max<std::uint32_t>(1, info.max_batch);
+  w.parallel = info.group;
+  w.instance = info.instance;
   w.last_seen = now;
-  workers_[name] = std::move(w);
+  asked_.erase(name);
+  if (!info.held.empty()) {
+    auto claimed = jobs_.claim_in_flight(name, info.held);
+    if (claimed.ok()) out.claimed = *claimed;
+    else out.claim_error = claimed.error();
+  }
+  w.in_flight = jobs_.in_flight_count(name);
+  if (awaited_.erase(name) != 0 && awaited_.empty()) out.hold_ended = true;
   return out;
 }
 
@@ -37,6 +55,7 @@ std::optional<std::size_t> WorkerPool::remove(const std::string& name) {
 
 std::vector<Assignment> WorkerPool::dispatch() {
   std::vector<Assignment> out;
+  if (holding()) return out;
   for (auto& [name, w] : workers_) {
     const std::size_t capacity = queue_capacity(w.max_batch);
     if (w.in_flight >= capacity) continue;
@@ -50,11 +69,39 @@ std::vector<Assignment> WorkerPool::dispatch() {
 
 Result<std::size_t> WorkerPool::on_results(const std::string& name, const std::vector<worker::BatchResult>& results,
                                            Clock::time_point now) {
+  auto committed = jobs_.on_results(results);
   if (const auto it = workers_.find(name); it != workers_.end()) {
-    it->second.in_flight -= std::min(it->second.in_flight, results.size());
+    it->second.in_flight = jobs_.in_flight_count(name);
     it->second.last_seen = now;
   }
-  return jobs_.on_results(results);
+  return committed;
+}
+
+void WorkerPool::await_workers(const std::vector<std::string>& names, Clock::time_point deadline) {
+  awaited_.clear();
+  for (const std::string& n : names)
+    if (workers_.count(n) == 0) awaited_.insert(n);
+  hold_deadline_ = deadline;
+}
+
+std::vector<std::string> WorkerPool::end_hold_if_due(Clock::time_point now) {
+  if (awaited_.empty() || now < hold_deadline_) return {};
+  std::vector<std::string> missing(awaited_.begin(), awaited_.end());
+  awaited_.clear();
+  return missing;
+}
+
+bool WorkerPool::ask_hello(const std::string& name, Clock::time_point now) {
+  if (workers_.count(name) != 0) return false;
+  const auto it = asked_.find(name);
+  if (it != asked_.end() && std::chrono::duration<double>(now - it->second).count() < options_.heartbeat_interval_s)
+    return false;
+  asked_[name] = now;
+  return true;
+}
+
+void WorkerPool::excuse_silence(Clock::time_point now) {
+  for (auto& [name, w] : workers_) w.last_seen = std::max(w.last_seen, now);
 }
 
 void WorkerPool::heartbeat(const std::string& name, std::optional<WorkerLoad> load, Clock::time_point now) {

@@ -12,13 +12,22 @@
 /// leaves by remove() (it died, was killed, or missed its heartbeats: its
 /// in-flight lines are requeued through JobManager::requeue_in_flight). A
 /// second hello under a registered name replaces the first instance the same
-/// way.
+/// way, unless it comes from the same instance (HelloInfo::instance): then
+/// the worker keeps its lines.
+///
+/// After a restart of the orchestrator the pool starts empty while the
+/// workers keep running: each says hello again with the lines it holds
+/// (HelloInfo::held), which become in flight on it (JobManager::
+/// claim_in_flight). Until the workers the previous incarnation knew have
+/// done so, or a deadline passes, dispatch() hands out nothing
+/// (await_workers), so that no held line is handed to a second worker.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,8 +56,25 @@ struct WorkerPoolOptions {
   /// worker of the cluster must have, and this node's number of groups (dp).
   engine::ParallelConfig parallel;
   /// Seconds a worker may stay silent (no heartbeat, no results) before it
-  /// is presumed dead.
-  double heartbeat_timeout_s = 30.0;
+  /// is presumed dead (`--failure-timeout-ms`).
+  double heartbeat_timeout_s = 3.0;
+  /// Seconds between a worker's heartbeats (`--heartbeat-ms`): an unknown
+  /// worker is asked to say hello again at most once per interval
+  /// (ask_hello).
+  double heartbeat_interval_s = 1.0;
+};
+
+/// What a worker says in its hello.
+struct HelloInfo {
+  std::uint32_t max_batch = 1;     ///< 0 counts as 1
+  engine::ParallelConfig group;    ///< its engine group (dp == 1)
+  /// Lines it holds (a worker re-registering after an orchestrator restart):
+  /// they become in flight on it.
+  std::vector<LineRef> held;
+  /// Identifies the worker's instance (e.g. its actor): a hello from the
+  /// instance already registered under the name re-registers it and keeps
+  /// its in-flight lines; "" never matches.
+  std::string instance;
 };
 
 /// Lines handed to one worker by dispatch().
@@ -80,12 +106,17 @@ class WorkerPool {
     std::size_t in_flight = 0;         ///< lines handed out and not yet returned
     std::optional<WorkerLoad> load;    ///< from its last heartbeat; none yet: "starting"
     Clock::time_point last_seen;       ///< hello, results or heartbeat
+    std::string instance;              ///< HelloInfo::instance of its last hello
   };
 
   /// What a hello did.
   struct Hello {
     bool replaced = false;      ///< a worker of the same name was registered and is gone
     std::size_t requeued = 0;   ///< lines of the replaced instance made pending again
+    bool again = false;         ///< the registered instance said hello again (nothing requeued)
+    std::size_t claimed = 0;    ///< held lines now in flight on it
+    std::optional<Error> claim_error;  ///< claiming failed (JobManager::claim_in_flight); it is registered anyway
+    bool hold_ended = false;    ///< it was the last awaited worker (await_workers)
   };
 
   /// `jobs` must outlive the pool.
@@ -98,6 +129,10 @@ class WorkerPool {
   /// cluster's); then nothing changes.
   [[nodiscard]] Result<Hello> hello(const std::string& name, std::uint32_t max_batch,
                                     const engine::ParallelConfig& group, Clock::time_point now);
+  /// As above with the lines the worker holds and its instance (HelloInfo):
+  /// the held lines are claimed after any requeue, and the worker's
+  /// in_flight is then what the JobManager has in flight on it.
+  [[nodiscard]] Result<Hello> hello(const std::string& name, const HelloInfo& info, Clock::time_point now);
 
   /// Removes worker `name` and requeues its in-flight lines. Returns how
   /// many lines were requeued, or nothing when no such worker is registered.
@@ -106,12 +141,36 @@ class WorkerPool {
   /// Hands pending lines (JobManager::next_work) to every worker with queue
   /// room, in name order, until the jobs have nothing pending. Each worker's
   /// in_flight grows by what it got; the caller sends each Assignment.
+  /// Nothing while holding() (await_workers).
   [[nodiscard]] std::vector<Assignment> dispatch();
 
-  /// Commits the results a worker sent (JobManager::on_results) and counts
-  /// them off its in_flight (never below 0); the worker was seen at `now`.
-  /// Results of an unknown worker are committed all the same. Returns the
-  /// lines newly committed; errors are JobManager::on_results'.
+  /// After a restart of the orchestrator: holds dispatch() until every
+  /// worker in `names` has said hello or `deadline` has passed
+  /// (end_hold_if_due), so that lines those workers still hold are claimed
+  /// by them before anything is handed out. Names already registered count
+  /// as arrived; an empty set holds nothing.
+  void await_workers(const std::vector<std::string>& names, Clock::time_point deadline);
+  /// Ends the hold when its deadline has passed at `now`; returns the
+  /// awaited workers that never said hello (then none is awaited).
+  std::vector<std::string> end_hold_if_due(Clock::time_point now);
+  [[nodiscard]] bool holding() const noexcept { return !awaited_.empty(); }
+
+  /// True when a message from worker `name` finds it unregistered (an
+  /// orchestrator restarted under it, or it was dropped while alive) and it
+  /// has not been asked to say hello again within the last
+  /// heartbeat_interval_s; the caller then asks it (HelloAgain).
+  [[nodiscard]] bool ask_hello(const std::string& name, Clock::time_point now);
+
+  /// The caller could not read its messages until `now` (it was blocked,
+  /// e.g. by a long submit): every worker counts as seen at `now`, so that
+  /// heartbeats still queued behind the stall are not taken for silence.
+  void excuse_silence(Clock::time_point now);
+
+  /// Commits the results a worker sent (JobManager::on_results); the worker
+  /// was seen at `now` and its in_flight is then what the JobManager still
+  /// has in flight on it (duplicates count off nothing). Results of an
+  /// unknown worker are committed all the same. Returns the lines newly
+  /// committed; errors are JobManager::on_results'.
   Result<std::size_t> on_results(const std::string& name, const std::vector<worker::BatchResult>& results,
                                  Clock::time_point now);
 
@@ -150,6 +209,9 @@ class WorkerPool {
   JobManager& jobs_;
   WorkerPoolOptions options_;
   std::map<std::string, Worker> workers_;
+  std::set<std::string> awaited_;              ///< await_workers: not yet said hello
+  Clock::time_point hold_deadline_;
+  std::map<std::string, Clock::time_point> asked_;  ///< ask_hello: when each unknown worker was asked
 };
 
 }  // namespace shardline::orchestrator

@@ -211,6 +211,11 @@ inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
       OrchestratorMsg{ActorListQuery{}},
       OrchestratorMsg{KillActor{"worker-gpu-1@node-b"}},
       OrchestratorMsg{WorkerHello{"worker-gpu-0@node-a", "cuda:0", 256, engine::ParallelConfig{}}},
+      OrchestratorMsg{WorkerHello{"worker-gpu-0@node-a",
+                                  "cuda:0",
+                                  256,
+                                  engine::ParallelConfig{},
+                                  {{7, 0}, {7, 1000000000000ull}, {0xFFFFFFFFFFFFFFFFull, 3}}}},
       OrchestratorMsg{WorkerResults{"worker-gpu-0@node-a", results}},
       OrchestratorMsg{WorkerHeartbeat{"worker-gpu-0@node-a", sample_status()}},
       OrchestratorMsg{Shutdown{}},
@@ -239,6 +244,7 @@ inline std::vector<WorkerMsg> sample_worker_msgs() {
       WorkerMsg{CancelJob{12345}},
       WorkerMsg{WorkerStatusQuery{}},
       WorkerMsg{Shutdown{}},
+      WorkerMsg{HelloAgain{}},
   };
 }
 

@@ -1,8 +1,10 @@
 // orchestrator::WorkerPool over a real JobManager in a temp dir: hello
 // (accepted, refused for a wrong group shape, replaced), in-flight counts as
 // lines go out and results come back, queue room, heartbeat timeouts on an
-// injected clock, requeue of a dead worker's lines, and the cluster's group
-// count.
+// injected clock, requeue of a dead worker's lines, the cluster's group
+// count; after a restart of the orchestrator: held lines claimed by a hello,
+// dispatch held until the known workers are back, hello again of the same
+// instance, asking unknown workers to say hello, a stalled orchestrator.
 #include "orchestrator/worker_pool.hpp"
 
 #include <gtest/gtest.h>
@@ -77,6 +79,18 @@ class WorkerPoolTest : public ::testing::Test {
     ParallelConfig pc;
     pc.dp = dp;
     pool_ = std::make_unique<WorkerPool>(*jobs_, WorkerPoolOptions{"node0", pc, heartbeat_timeout_s});
+  }
+
+  /// The orchestrator restarts: the JobManager is opened again on the same
+  /// data dir (every uncommitted line pending) under a new, empty pool.
+  void restart(double heartbeat_timeout_s = 30.0) {
+    pool_.reset();
+    jobs_.reset();
+    auto m = JobManager::open(tmp_.file("state-" + std::to_string(opened_)));
+    ASSERT_TRUE(m.ok()) << m.error().to_string();
+    jobs_ = std::move(m).value();
+    pool_ = std::make_unique<WorkerPool>(*jobs_, WorkerPoolOptions{"node0", ParallelConfig{1, 1, 1, 2},
+                                                                   heartbeat_timeout_s, 1.0});
   }
 
   /// The lines each worker got from one dispatch, by worker.
@@ -341,6 +355,145 @@ TEST_F(WorkerPoolTest, GroupsAreThisNodesDpPlusJoinedNodesWorkers) {
   EXPECT_EQ(pool_->num_groups(), 3);  // a local group is still configured
   EXPECT_EQ(node_of("node1/cpu:0-1"), "node1");
   EXPECT_EQ(node_of("solo"), "solo");
+}
+
+std::vector<LineRef> refs_of(const std::vector<BatchRequest>& work) {
+  std::vector<LineRef> out;
+  for (const auto& r : work) out.push_back(LineRef{r.job_id, r.line_index});
+  return out;
+}
+
+TEST_F(WorkerPoolTest, AfterARestartHeldLinesAreClaimedAndDispatchWaitsForTheKnownWorkers) {
+  open(40, 2);
+  hello("node0/cpu:0", 4);
+  hello("node0/cpu:1", 4);
+  auto before = dispatch();
+  const auto held0 = before.at("node0/cpu:0");
+  auto held1 = before.at("node0/cpu:1");
+  ASSERT_EQ(held0.size(), 8u);
+  ASSERT_EQ(held1.size(), 8u);
+  // cpu:1 finished two before the orchestrator died.
+  ASSERT_TRUE(pool_->on_results("node0/cpu:1", results_for({held1.begin(), held1.begin() + 2}), {}).ok());
+  held1.erase(held1.begin(), held1.begin() + 2);
+
+  restart();
+  const Clock::time_point t0 = Clock::time_point{} + seconds(50);
+  pool_->await_workers({"node0/cpu:0", "node0/cpu:1"}, t0 + seconds(3));
+  EXPECT_TRUE(pool_->holding());
+  EXPECT_TRUE(pool_->dispatch().empty());  // 38 lines pending, but two workers may hold some
+
+  HelloInfo info;
+  info.max_batch = 4;
+  info.held = refs_of(held0);
+  info.instance = "actor-0";
+  auto h0 = pool_->hello("node0/cpu:0", info, t0 + seconds(1));
+  ASSERT_TRUE(h0.ok()) << h0.error().to_string();
+  EXPECT_FALSE(h0->replaced);
+  EXPECT_EQ(h0->claimed, held0.size());
+  EXPECT_FALSE(h0->hold_ended);
+  EXPECT_EQ(pool_->find("node0/cpu:0")->in_flight, held0.size());
+  EXPECT_TRUE(pool_->holding());
+  EXPECT_TRUE(pool_->dispatch().empty());
+  EXPECT_TRUE(pool_->end_hold_if_due(t0 + seconds(2)).empty());  // before the deadline
+
+  info.held = refs_of(held1);
+  info.instance = "actor-1";
+  auto h1 = pool_->hello("node0/cpu:1", info, t0 + seconds(2));
+  ASSERT_TRUE(h1.ok());
+  EXPECT_EQ(h1->claimed, held1.size());
+  EXPECT_TRUE(h1->hold_ended);
+  EXPECT_FALSE(pool_->holding());
+
+  // Now the rest goes out, and nothing either worker holds.
+  std::set<std::uint64_t> held = lines_of(held0);
+  for (auto l : lines_of(held1)) held.insert(l);
+  auto after = dispatch();
+  EXPECT_EQ(after.count("node0/cpu:0"), 0u);  // its queue is full of what it holds
+  ASSERT_EQ(after.at("node0/cpu:1").size(), 8 - held1.size());
+  for (const auto& r : after.at("node0/cpu:1")) EXPECT_EQ(held.count(r.line_index), 0u) << r.line_index;
+  EXPECT_EQ(progress().in_flight, 16u);
+
+  // The held lines' results count them off as usual.
+  ASSERT_TRUE(pool_->on_results("node0/cpu:1", results_for(held1), t0 + seconds(3)).ok());
+  EXPECT_EQ(pool_->find("node0/cpu:1")->in_flight, 2u);
+}
+
+TEST_F(WorkerPoolTest, TheHoldEndsAtItsDeadlineWithTheMissingWorkersNamed) {
+  open(10, 2);
+  const Clock::time_point t0 = Clock::time_point{} + seconds(5);
+  hello("node0/cpu:0", 1, t0);
+  // Registered names count as back; an empty list holds nothing.
+  pool_->await_workers({"node0/cpu:0"}, t0 + seconds(3));
+  EXPECT_FALSE(pool_->holding());
+  pool_->await_workers({}, t0 + seconds(3));
+  EXPECT_FALSE(pool_->holding());
+  pool_->await_workers({"node0/cpu:0", "node0/cpu:1", "node1/cpu:0"}, t0 + seconds(3));
+  EXPECT_TRUE(pool_->holding());
+  EXPECT_TRUE(pool_->dispatch().empty());
+  EXPECT_TRUE(pool_->end_hold_if_due(t0 + seconds(3) - milliseconds(1)).empty());
+  EXPECT_EQ(pool_->end_hold_if_due(t0 + seconds(3)), (std::vector<std::string>{"node0/cpu:1", "node1/cpu:0"}));
+  EXPECT_FALSE(pool_->holding());
+  EXPECT_EQ(dispatch().at("node0/cpu:0").size(), 2u);
+  EXPECT_TRUE(pool_->end_hold_if_due(t0 + seconds(9)).empty());
+}
+
+TEST_F(WorkerPoolTest, AHelloFromTheRegisteredInstanceKeepsItsLines) {
+  HelloInfo info;
+  info.max_batch = 2;
+  info.instance = "actor-7";
+  ASSERT_TRUE(pool_->hello("node0/cpu:0", info, {}).ok());
+  const auto got = dispatch().at("node0/cpu:0");
+  ASSERT_EQ(got.size(), 4u);
+  // The same instance again (asked twice to say hello): nothing requeued.
+  info.held = refs_of(got);
+  auto again = pool_->hello("node0/cpu:0", info, {});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->again);
+  EXPECT_FALSE(again->replaced);
+  EXPECT_EQ(again->requeued, 0u);
+  EXPECT_EQ(again->claimed, 4u);
+  EXPECT_EQ(pool_->find("node0/cpu:0")->in_flight, 4u);
+  EXPECT_EQ(progress().in_flight, 4u);
+  // Another instance under the name (a restarted worker) replaces it.
+  info.instance = "actor-8";
+  info.held.clear();
+  auto other = pool_->hello("node0/cpu:0", info, {});
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(other->replaced);
+  EXPECT_EQ(other->requeued, 4u);
+  EXPECT_EQ(pool_->find("node0/cpu:0")->in_flight, 0u);
+  // No instance never matches.
+  info.instance.clear();
+  EXPECT_TRUE(pool_->hello("node0/cpu:0", info, {})->replaced);
+  EXPECT_TRUE(pool_->hello("node0/cpu:0", info, {})->replaced);
+}
+
+TEST_F(WorkerPoolTest, UnknownWorkersAreAskedToSayHelloOncePerHeartbeatInterval) {
+  restart();  // heartbeat interval 1 s
+  const Clock::time_point t0 = Clock::time_point{} + seconds(5);
+  EXPECT_TRUE(pool_->ask_hello("node1/cpu:0", t0));
+  EXPECT_FALSE(pool_->ask_hello("node1/cpu:0", t0 + milliseconds(999)));
+  EXPECT_TRUE(pool_->ask_hello("node0/cpu:0", t0 + milliseconds(999)));  // per worker
+  EXPECT_TRUE(pool_->ask_hello("node1/cpu:0", t0 + seconds(1)));
+  hello("node1/cpu:0", 1, t0 + seconds(2));
+  EXPECT_FALSE(pool_->ask_hello("node1/cpu:0", t0 + seconds(10)));  // registered
+  ASSERT_TRUE(pool_->remove("node1/cpu:0").has_value());
+  EXPECT_TRUE(pool_->ask_hello("node1/cpu:0", t0 + seconds(10)));  // dropped, yet alive
+}
+
+TEST_F(WorkerPoolTest, AStalledOrchestratorExcusesTheSilenceItCausedItself) {
+  restart(/*heartbeat_timeout_s=*/3.0);
+  const Clock::time_point t0 = Clock::time_point{} + seconds(5);
+  hello("node0/cpu:0", 1, t0);
+  hello("node0/cpu:1", 1, t0 + seconds(2));
+  EXPECT_EQ(pool_->silent_workers(t0 + seconds(4)), (std::vector<std::string>{"node0/cpu:0"}));
+  pool_->excuse_silence(t0 + seconds(4));
+  EXPECT_TRUE(pool_->silent_workers(t0 + seconds(7)).empty());
+  EXPECT_EQ(pool_->silent_workers(t0 + seconds(7) + milliseconds(1)),
+            (std::vector<std::string>{"node0/cpu:0", "node0/cpu:1"}));
+  pool_->heartbeat("node0/cpu:1", std::nullopt, t0 + seconds(9));
+  pool_->excuse_silence(t0 + seconds(8));  // never moves a clock back
+  EXPECT_EQ(pool_->find("node0/cpu:1")->last_seen, t0 + seconds(9));
 }
 
 TEST(WorkerPoolGroups, ClusterConfigKeepsTheGroupShape) {

@@ -1,0 +1,98 @@
+// The orchestrator relay: the node's stable address of its current
+// orchestrator. Workers, clients and joined nodes send to it; it asks the
+// orchestrator (a request, so that a message the orchestrator never handled
+// comes back as request_receiver_down) and hands the reply to the sender.
+// Between a kill and the restart it queues. It holds the orchestrator's
+// handle, and the orchestrator never holds the relay's (no cycle).
+#include <spdlog/spdlog.h>
+
+#include <deque>
+
+#include "actors/actors.hpp"
+#include "actors/protocol.hpp"
+
+namespace shardline::actors {
+
+namespace {
+
+/// A message waiting for an orchestrator.
+struct Pending {
+  caf::response_promise promise;
+  caf::strong_actor_ptr sender;
+  std::string tag;
+  std::string bytes;
+};
+
+struct RelayState {
+  // Not an aggregate: stateful_actor would construct it from the actor
+  // pointer (C++20 parenthesized aggregate init) and make `target` itself.
+  RelayState() = default;
+  caf::actor target;  ///< the current orchestrator; null between a kill and the restart
+  std::deque<Pending> pending;
+  static inline const char* name = "shardline.orchestrator_relay";
+};
+
+using RelayActor = caf::stateful_actor<RelayState>;
+
+/// Queued messages at most; beyond, requests are answered with an error and
+/// worker messages dropped (their heartbeats and hellos come again).
+constexpr std::size_t kMaxPending = 100'000;
+
+void forward(RelayActor* self, Pending p);
+
+void hold(RelayActor* self, Pending p) {
+  if (self->state.pending.size() >= kMaxPending) {
+    if (!p.promise.async()) p.promise.deliver(caf::make_error(caf::sec::request_receiver_down));
+    return;
+  }
+  self->state.pending.push_back(std::move(p));
+}
+
+void forward(RelayActor* self, Pending p) {
+  if (!self->state.target) return hold(self, std::move(p));
+  const caf::actor target = self->state.target;
+  self->request(target, caf::infinite, relayed_atom::value, p.sender, p.tag, p.bytes)
+      .then(
+          [p](std::string& reply) mutable {
+            if (!p.promise.async()) p.promise.deliver(std::move(reply));
+          },
+          [self, p, target](caf::error& e) mutable {
+            // The orchestrator died before it handled this: the next one will.
+            if (e == caf::sec::request_receiver_down) {
+              if (self->state.target == target) self->state.target = caf::actor();
+              return forward(self, std::move(p));
+            }
+            if (!p.promise.async()) p.promise.deliver(std::move(e));
+          });
+}
+
+caf::behavior relay_behavior(RelayActor* self) {
+  self->set_down_handler([self](caf::down_msg& dm) {
+    if (self->state.target && self->state.target.address() == dm.source) self->state.target = caf::actor();
+  });
+  return {
+      [self](msg_atom, std::string& tag, std::string& bytes) {
+        // Before make_response_promise(), which moves the sender out of the
+        // mailbox element.
+        caf::strong_actor_ptr sender = self->current_sender();
+        caf::response_promise promise = self->make_response_promise();
+        forward(self, Pending{std::move(promise), std::move(sender), std::move(tag), std::move(bytes)});
+      },
+      [self](orchestrator_atom, caf::actor orchestrator) {
+        RelayState& st = self->state;
+        if (st.target) self->demonitor(st.target);
+        st.target = std::move(orchestrator);
+        self->monitor(st.target);
+        std::deque<Pending> queued;
+        queued.swap(st.pending);
+        if (!queued.empty()) spdlog::info("orchestrator relay: {} queued messages to the new orchestrator", queued.size());
+        for (Pending& p : queued) forward(self, std::move(p));
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_orchestrator_relay(caf::actor_system& sys) { return sys.spawn(relay_behavior); }
+
+}  // namespace shardline::actors
