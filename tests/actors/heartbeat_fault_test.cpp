@@ -47,31 +47,7 @@ long long stamp_ms(const std::string& log, const std::string& needle) {
   return ((std::stoll(m[1]) * 60 + std::stoll(m[2])) * 60 + std::stoll(m[3])) * 1000 + std::stoll(m[4]);
 }
 
-class HeartbeatFault : public testing_support::TempDirTest {
- protected:
-  void SetUp() override {
-    TempDirTest::SetUp();
-    ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
-  }
-
-  void write_input(int n, int max_tokens) {
-    testing_support::write_demo_prompts(path("in.jsonl"), n,
-                                        [&](int, nlohmann::json& body) { body["max_tokens"] = max_tokens; });
-  }
-
-  std::string clean_output() {
-    const auto r = run_command(kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
-                               path("in.jsonl") + " --output " + path("clean.jsonl") + " --max-batch 8");
-    EXPECT_EQ(r.exit_code, 0) << r.out;
-    return read_file(path("clean.jsonl"));
-  }
-
-  void submit(const std::string& client) {
-    const auto r = run_command(kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
-                               " --input " + path("in.jsonl") + " --output " + path("out.jsonl"));
-    ASSERT_EQ(r.exit_code, 0) << r.out;
-  }
-};
+class HeartbeatFault : public testing_support::ClusterJobTest {};
 
 constexpr int kHeartbeatMs = 200;
 constexpr int kTimeoutMs = 1500;
@@ -82,7 +58,7 @@ TEST_F(HeartbeatFault, AStuckWorkerThreadIsDeclaredDeadWithinTheTimeoutAndReplac
   constexpr int kLines = 60;
   constexpr int kStallMs = 20'000;  // several times what the job takes on the other worker
   write_input(kLines, 64);
-  const std::string expected = clean_output();
+  const std::string expected = clean_output(8);
 
   // node0/cpu:1 sticks in its 10th step (mid-job: it holds lines).
   ::setenv("SHARDLINE_TEST_STALL_WORKER", ("node0/cpu:1,10," + std::to_string(kStallMs)).c_str(), 1);
@@ -153,7 +129,7 @@ TEST_F(HeartbeatFault, ASigstoppedShardServeRankIsDetectedAndItsGroupReplaced) {
   constexpr int kLines = 40;
   constexpr int kGroupTimeoutMs = 10'000;  // the group's own failure detection, slower
   write_input(kLines, 64);
-  const std::string expected = clean_output();
+  const std::string expected = clean_output(8);
   std::ofstream(path("group.key")) << "group secret";
   const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
   auto shard = [&](const std::string& log) {

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -109,5 +110,34 @@ inline std::vector<std::string> all_matches(const std::string& text, const std::
     out.push_back((*it)[1].str());
   return out;
 }
+
+/// A test with a cluster key and a demo-prompt job in its temp dir: the
+/// input, the output of an undisturbed `run`, and `job submit`.
+class ClusterJobTest : public TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+  }
+
+  void write_input(int n, int max_tokens) {
+    write_demo_prompts(path("in.jsonl"), n, [&](int, nlohmann::json& body) { body["max_tokens"] = max_tokens; });
+  }
+
+  /// The output of `run` on one device without failures (batch-invariant:
+  /// the batch size does not change it).
+  std::string clean_output(int max_batch = 16) {
+    const auto r = run_command(kShardline + " run --quiet --model " + kStoriesDir + " --input " + path("in.jsonl") +
+                               " --output " + path("clean.jsonl") + " --max-batch " + std::to_string(max_batch));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    return read_file(path("clean.jsonl"));
+  }
+
+  void submit(const std::string& client) {
+    const auto r = run_command(kShardline + " job submit" + client + " --model " + kStoriesDir + " --input " +
+                               path("in.jsonl") + " --output " + path("out.jsonl"));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  }
+};
 
 }  // namespace shardline::testing_support

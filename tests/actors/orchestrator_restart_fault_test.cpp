@@ -26,32 +26,8 @@ using testing_support::kShardline;
 using testing_support::read_file;
 using testing_support::run_command;
 
-class OrchestratorRestartFault : public testing_support::TempDirTest {
+class OrchestratorRestartFault : public testing_support::ClusterJobTest {
  protected:
-  void SetUp() override {
-    TempDirTest::SetUp();
-    ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
-  }
-
-  void write_input(int n, int max_tokens) {
-    testing_support::write_demo_prompts(path("in.jsonl"), n,
-                                        [&](int, nlohmann::json& body) { body["max_tokens"] = max_tokens; });
-  }
-
-  /// The output of `run` on one device without failures.
-  std::string clean_output() {
-    const auto r = run_command(kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
-                               path("in.jsonl") + " --output " + path("clean.jsonl") + " --max-batch 16");
-    EXPECT_EQ(r.exit_code, 0) << r.out;
-    return read_file(path("clean.jsonl"));
-  }
-
-  void submit(const std::string& client) {
-    const auto r = run_command(kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
-                               " --input " + path("in.jsonl") + " --output " + path("out.jsonl"));
-    ASSERT_EQ(r.exit_code, 0) << r.out;
-  }
-
   /// Waits until `actor list` shows every name in `workers`.
   static std::string wait_for_workers(const std::string& client, const std::vector<std::string>& workers) {
     std::string list;
