@@ -297,13 +297,16 @@ Status scatter(const KvModelShape& shape, const KvCacheView& view, std::span<con
   return {};
 }
 
+Status check_chunk_ref(const KvChunkRef& chunk, std::size_t index, std::size_t buffer_bytes) {
+  if (chunk.offset <= buffer_bytes && chunk.bytes <= buffer_bytes - chunk.offset) return {};
+  return bad("flush_batch: chunks[" + std::to_string(index) + "] (offset " + std::to_string(chunk.offset) +
+             ", bytes " + std::to_string(chunk.bytes) + ") is outside the buffer of " + std::to_string(buffer_bytes) +
+             " bytes");
+}
+
 Status KvTarget::flush_batch(std::span<const KvChunkRef> chunks, std::span<const std::byte> buffer) {
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    if (chunks[i].offset > buffer.size() || chunks[i].bytes > buffer.size() - chunks[i].offset)
-      return bad("flush_batch: chunks[" + std::to_string(i) + "] (offset " + std::to_string(chunks[i].offset) +
-                 ", bytes " + std::to_string(chunks[i].bytes) + ") is outside the buffer of " +
-                 std::to_string(buffer.size()) + " bytes");
-  }
+  for (std::size_t i = 0; i < chunks.size(); ++i)
+    if (Status st = check_chunk_ref(chunks[i], i, buffer.size()); !st) return st;
   for (const KvChunkRef& c : chunks) {
     if (Status st = flush(c.key, buffer.subspan(c.offset, c.bytes)); !st) return st;
   }

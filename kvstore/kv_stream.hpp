@@ -145,6 +145,10 @@ struct KvChunkRef {
   std::size_t bytes = 0;   ///< length
 };
 
+/// Checks that chunks[i] lies inside a buffer of `buffer_bytes`: what every
+/// flush_batch checks first. Errors: invalid_argument naming the chunk.
+[[nodiscard]] Status check_chunk_ref(const KvChunkRef& chunk, std::size_t index, std::size_t buffer_bytes);
+
 /// Where chunks go and come from.
 class KvTarget {
  public:

@@ -186,11 +186,7 @@ Status MemoryKvTarget::flush_batch(std::span<const KvChunkRef> chunks, std::span
   std::map<KvChunkKey, std::uint64_t, KeyLess> final_size;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     const KvChunkRef& c = chunks[i];
-    if (c.offset > buffer.size() || c.bytes > buffer.size() - c.offset)
-      return make_error(ErrorCode::invalid_argument,
-                        "flush_batch: chunks[" + std::to_string(i) + "] (offset " + std::to_string(c.offset) +
-                            ", bytes " + std::to_string(c.bytes) + ") is outside the buffer of " +
-                            std::to_string(buffer.size()) + " bytes");
+    if (Status st = check_chunk_ref(c, i, buffer.size()); !st) return st;
     final_size[c.key] = c.bytes;
   }
   std::uint64_t after = bytes_;
@@ -286,11 +282,7 @@ Status CommKvTarget::flush_batch(std::span<const KvChunkRef> chunks, std::span<c
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     const KvChunkRef& c = chunks[i];
-    if (c.offset > buffer.size() || c.bytes > buffer.size() - c.offset)
-      return make_error(ErrorCode::invalid_argument,
-                        "flush_batch: chunks[" + std::to_string(i) + "] (offset " + std::to_string(c.offset) +
-                            ", bytes " + std::to_string(c.bytes) + ") is outside the buffer of " +
-                            std::to_string(buffer.size()) + " bytes");
+    if (Status st = check_chunk_ref(c, i, buffer.size()); !st) return st;
     packed = packed && c.offset == total;
     total += c.bytes;
   }
