@@ -84,6 +84,35 @@ TEST(MemoryKvTarget, BudgetGivesOutOfMemoryAndChangesNothing) {
   EXPECT_TRUE(*m.fetch(key(1, 1, 0, 1)) == std::vector<std::byte>(buf.begin() + 5, buf.end()));
 }
 
+/// A target with only flush / fetch: flush_batch is KvTarget's default.
+struct FlushOnlyTarget final : KvTarget {
+  MemoryKvTarget inner;
+  Status flush(const KvChunkKey& k, std::span<const std::byte> chunk) override { return inner.flush(k, chunk); }
+  Result<std::vector<std::byte>> fetch(const KvChunkKey& k) override { return inner.fetch(k); }
+};
+
+TEST(MemoryKvTarget, FlushBatchRefusesAChunkOutsideTheBufferAndStoresNothing) {
+  // The same check in MemoryKvTarget and KvTarget's default flush_batch: a
+  // chunk past the end (or an offset past it) names the chunk, and no chunk
+  // of the batch is stored, not even the good one before it.
+  const auto buf = bytes_of(100, 9);
+  const KvChunkRef bad_end[] = {{key(1, 1, 0, 1), 0, 10}, {key(1, 2, 0, 1), 95, 6}};
+  const KvChunkRef bad_offset[] = {{key(1, 1, 0, 1), 0, 10}, {key(1, 2, 0, 1), 101, 0}};
+  MemoryKvTarget memory;
+  FlushOnlyTarget flush_only;
+  for (KvTarget* t : {static_cast<KvTarget*>(&memory), static_cast<KvTarget*>(&flush_only)}) {
+    for (auto refs : {std::span<const KvChunkRef>(bad_end), std::span<const KvChunkRef>(bad_offset)}) {
+      const Status st = t->flush_batch(refs, buf);
+      ASSERT_FALSE(st.ok());
+      EXPECT_EQ(st.error().code, ErrorCode::invalid_argument);
+      EXPECT_THAT(st.error().message, HasSubstr("chunks[1]"));
+      EXPECT_THAT(st.error().message, HasSubstr("outside the buffer of 100 bytes"));
+    }
+  }
+  EXPECT_EQ(memory.stats().chunks, 0u);
+  EXPECT_EQ(flush_only.inner.stats().chunks, 0u);
+}
+
 TEST(MemoryKvTarget, EraseRequestRemovesOnlyThatRequest) {
   MemoryKvTarget m;
   for (std::uint64_t job : {1, 2})
