@@ -11,12 +11,11 @@
 #include <fstream>
 #include <random>
 #include <regex>
-#include <set>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/actors/node_harness.hpp"
 #include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
@@ -26,6 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing_support::Child;
+using testing_support::expect_each_custom_id_once;
 using testing_support::kShardline;
 using testing_support::read_file;
 using testing_support::run_command;
@@ -52,19 +52,6 @@ class NodeFault : public testing_support::TempDirTest {
   }
 
 };
-
-void expect_each_custom_id_once(const std::string& output, std::size_t n) {
-  std::istringstream in(output);
-  std::string line;
-  std::set<std::string> ids;
-  std::size_t lines = 0;
-  while (std::getline(in, line)) {
-    ids.insert(nlohmann::json::parse(line)["custom_id"].get<std::string>());
-    ++lines;
-  }
-  EXPECT_EQ(lines, n);
-  EXPECT_EQ(ids.size(), n);
-}
 
 std::size_t count_lines(const std::string& file) {
   const std::string s = read_file(file);
