@@ -13,28 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "tests/orchestrator/fake_worker.hpp"
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
 namespace {
 
+using testing::fake_result;
 using testing::read_file;
 using testing::TempDir;
 using testing::write_file;
 using worker::BatchRequest;
 using worker::BatchResult;
-
-BatchResult fake_result(const BatchRequest& r) {
-  BatchResult out;
-  out.job_id = r.job_id;
-  out.line_index = r.line_index;
-  out.custom_id = r.custom_id;
-  out.ok = true;
-  out.choices.push_back(worker::BatchChoice{0, " echo:" + r.prompt, "length", {}});
-  out.prompt_tokens = static_cast<int>(r.prompt.size());
-  out.completion_tokens = 1;
-  return out;
-}
 
 std::vector<BatchResult> results_for(const std::vector<BatchRequest>& work) {
   std::vector<BatchResult> out;
