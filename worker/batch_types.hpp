@@ -29,6 +29,24 @@ struct ChoiceResume {
   /// Canonical chunk (kvstore/kv_stream.hpp) of all layers x [0, num_kv_tokens);
   /// fetched from the store by the worker, empty when num_kv_tokens is 0.
   std::vector<std::byte> kv_chunk;
+  bool operator==(const ChoiceResume&) const = default;
+};
+
+/// A choice's replicated progress, as its worker reports it to the
+/// orchestrator after the KV store acknowledged a flush (the paper's
+/// (x, j, t) acknowledgement, seed 003 §4.2.3, with the tokens): positions
+/// [0, replicated_tokens) of its KV are durable at the store's sync level and
+/// held by every replica that counts, and `output_ids` are the tokens it
+/// generated at positions [num_prompt_tokens, replicated_tokens + 1) (empty
+/// while the prompt is not fully replicated). The orchestrator keeps the
+/// latest as the choice's ChoiceResume{output_ids, replicated_tokens}.
+struct KvProgress {
+  std::uint64_t job_id = 0;
+  std::uint64_t line_index = 0;
+  int choice = 0;
+  int replicated_tokens = 0;
+  std::vector<std::int32_t> output_ids;
+  bool operator==(const KvProgress&) const = default;
 };
 
 /// One input line, parsed and validated as far as the orchestrator can
