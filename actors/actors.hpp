@@ -25,8 +25,11 @@
 #include <vector>
 
 #include "actors/auth.hpp"
+#include "actors/kv_client.hpp"
 #include "actors/metrics.hpp"
 #include "engine/engine_builder.hpp"
+#include "kvstore/kv_store.hpp"
+#include "kvstore/replication.hpp"
 #include "messages/types.hpp"
 #include "orchestrator/job_manager.hpp"
 
@@ -117,6 +120,10 @@ struct WorkerConfig {
   std::uint64_t stall_at_step = 0;
   int stall_ms = 0;
   std::shared_ptr<std::atomic<bool>> stall_once;
+  /// The node's KV store (DéjàVu token streaming and recovery); null: no
+  /// streaming, and resumed lines recompute from their tokens.
+  std::shared_ptr<KvStoreLink> kv_store;
+  std::uint64_t kv_queue_bytes = 64ull << 20;  ///< KvStreamerOptions::max_queued_bytes
 };
 
 /// Spawns a worker on its own thread. It loads its engine (one engine group:
@@ -129,11 +136,32 @@ struct WorkerConfig {
 [[nodiscard]] caf::actor spawn_worker(caf::actor_system& sys, WorkerConfig config);
 
 struct KvStoreConfig {
-  std::string name;
-  std::uint64_t capacity_bytes = 1ull << 30;
+  std::string name;       ///< "NODE/kvstore"
+  std::string node_name;
+  std::string dir;        ///< its RocksDB directory, DATA/kv
+  kvstore::KvModelShape shape;  ///< the served model's KV geometry (layers, KV heads, head dim, KV dtype)
+  std::uint64_t capacity_bytes = 256ull << 20;  ///< host-memory tier budget (`--kv-store-bytes`)
+  kvstore::KvSyncPolicy sync = kvstore::KvSyncPolicy::wal;  ///< `--kv-sync`
+  int replication_factor = kvstore::kDefaultReplicationFactor;  ///< `--kv-replication`
   std::shared_ptr<const ClusterKey> key;
+  std::shared_ptr<MetricsRegistry> metrics;
+  /// The orchestrator relay (local or the joined node's) its heartbeats go
+  /// to; they register it, and the orchestrator answers with the ring.
+  caf::actor orchestrator;
+  int heartbeat_ms = 1000;
 };
 
+/// Spawns a KV-store actor on its own thread (RocksDB calls block). It opens
+/// `dir` (creating it; a store written for another model is deleted and
+/// started empty, as it only holds recomputable state), counts what it holds
+/// as its own acknowledged positions, and beats to the orchestrator every
+/// heartbeat_ms. It serves putChunks (store, replicate to the ring
+/// successor, answer chunksAcked: per request the positions this store and
+/// its replica hold), fetchPrefix (a request's durable prefix; when short
+/// here and asked to, the longest any other store of the ring holds),
+/// dropRequests (delete, and the same on the replica) and statsQuery. If
+/// `dir` cannot be opened it quits with unhandled_exception (its
+/// supervisor tries again). See docs/kv-recovery.md.
 [[nodiscard]] caf::actor spawn_kvstore(caf::actor_system& sys, KvStoreConfig config);
 
 /// Registers metric families every node exports.

@@ -1,61 +1,373 @@
-// The KV-store actor: a thin behaviour around kvstore::HostKvStore.
+// The KV-store actor (DéjàVu, seed 003 §4.2.3, issue "KV-store actors with
+// RocksDB"): a thin behaviour around kvstore::KvStore (RocksDB under
+// DATA/kv plus a host-memory tier) and kvstore::AckTracker (replication
+// acks). A worker's PutChunks is stored here, then forwarded to the next
+// store of the ring; the reply to the worker carries, per request, the
+// positions held by this store and every replica that counts (the paper's
+// (x, j, t)). The ring comes from the orchestrator (SetRing, signed, with the
+// stores' handles beside it); the store registers through its heartbeats.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
 #include "actors/actors.hpp"
 #include "actors/inbox.hpp"
 #include "actors/protocol.hpp"
-#include "kvstore/host_kv_store.hpp"
+#include "kvstore/kv_store.hpp"
+#include "kvstore/replication.hpp"
 #include "messages/codec.hpp"
 
 namespace shardline::actors {
 
 namespace {
 
+/// How long a store waits for a peer (replication, fetch) before it answers
+/// without it.
+constexpr auto kPeerTimeout = std::chrono::seconds(3);
+
 struct KvStoreState {
+  KvStoreState() = default;
   KvStoreConfig config;
-  std::unique_ptr<kvstore::HostKvStore> store;
+  std::unique_ptr<kvstore::KvStore> store;
+  std::unique_ptr<kvstore::AckTracker> tracker;
+  std::vector<std::string> ring;               ///< every store, ring order
+  std::map<std::string, caf::actor> peers;     ///< every other store of the ring
+  std::uint64_t replicated_tokens = 0;         ///< acked positions since open
   Inbox inbox;
   static inline const char* name = "shardline.kvstore";
 };
 
+using KvStoreActor = caf::stateful_actor<KvStoreState>;
 using Reply = messages::KvStoreReply;
 
-Reply handle(KvStoreState& st, messages::PutBlocks& m) {
-  const Status s = st.store->put(m.key, std::move(m.data));
-  return s.ok() ? Reply{messages::Ack{}} : Reply{s.error()};
+std::string reply(const Reply& r) { return messages::encode(r); }
+
+/// The replica that counts (f = 2: the ring successor), or null.
+std::pair<std::string, caf::actor> replica_of(const KvStoreState& st) {
+  if (st.tracker->replicas().empty()) return {};
+  const std::string& name = st.tracker->replicas().front();
+  auto it = st.peers.find(name);
+  return it == st.peers.end() ? std::pair<std::string, caf::actor>{} : *it;
 }
 
-Reply handle(KvStoreState& st, const messages::GetBlocks& m) {
-  const std::string* d = st.store->get(m.key);
-  return messages::BlocksData{m.key, d ? *d : std::string(), d != nullptr};
+using RequestKey = std::pair<std::uint64_t, std::uint64_t>;
+
+std::vector<RequestKey> requests_of(const messages::PutChunks& m) {
+  std::set<RequestKey> keys;
+  for (const auto& c : m.chunks) keys.insert({c.key.job_id, c.key.request_id});
+  return {keys.begin(), keys.end()};
 }
 
-Reply handle(KvStoreState& st, const messages::DropBlocks& m) {
-  st.store->drop(m.key);
+/// Stores the chunks; returns each distinct request's durable tokens here.
+Result<std::map<RequestKey, int>> put_local(KvStoreState& st, const messages::PutChunks& m) {
+  std::vector<kvstore::KvChunkWrite> writes;
+  writes.reserve(m.chunks.size());
+  for (const auto& c : m.chunks) writes.push_back(kvstore::KvChunkWrite{c.key, c.chunk});
+  auto durable = st.store->put_many(writes);
+  if (!durable) return std::move(durable).error();
+  std::map<RequestKey, int> out;
+  for (std::size_t i = 0; i < m.chunks.size(); ++i)
+    out[{m.chunks[i].key.job_id, m.chunks[i].key.request_id}] = (*durable)[i];
+  return out;
+}
+
+messages::ChunksAcked acked(const KvStoreState& st, const std::vector<RequestKey>& requests) {
+  messages::ChunksAcked a;
+  for (const auto& [job, req] : requests) a.acks.push_back({job, req, st.tracker->acked_tokens(job, req)});
+  return a;
+}
+
+void count_replicated(KvStoreState& st, const std::vector<RequestKey>& requests, const std::map<RequestKey, int>& before) {
+  std::uint64_t delta = 0;
+  for (const auto& k : requests) {
+    const int now = st.tracker->acked_tokens(k.first, k.second);
+    auto it = before.find(k);
+    const int was = it == before.end() ? 0 : it->second;
+    if (now > was) delta += static_cast<std::uint64_t>(now - was);
+  }
+  st.replicated_tokens += delta;
+  if (delta > 0 && st.config.metrics)
+    st.config.metrics->add("shardline_kv_replicated_tokens_total", "store=\"" + st.config.name + "\"",
+                           static_cast<double>(delta));
+}
+
+/// What goes to the replica: the chunks, except that a request the replica
+/// holds less of than the batch starts at (it restarted, or missed a batch
+/// while it was down) gets its whole durable prefix from here instead
+/// (catch-up).
+messages::PutChunks forward_of(KvStoreState& st, const std::string& replica, messages::PutChunks m) {
+  std::map<RequestKey, int> first;
+  for (const auto& c : m.chunks) {
+    const RequestKey k{c.key.job_id, c.key.request_id};
+    auto it = first.find(k);
+    if (it == first.end() || c.key.range.token_begin < it->second) first[k] = c.key.range.token_begin;
+  }
+  std::set<RequestKey> catch_up;
+  for (const auto& [k, begin] : first)
+    if (st.tracker->replica_tokens(replica, k.first, k.second) < begin) catch_up.insert(k);
+  messages::PutChunks out;
+  out.from_peer = st.config.name;
+  for (auto& c : m.chunks)
+    if (!catch_up.count({c.key.job_id, c.key.request_id})) out.chunks.push_back(std::move(c));
+  for (const RequestKey& k : catch_up) {
+    const int t = st.store->durable_tokens(k.first, k.second);
+    auto prefix = st.store->fetch_prefix(k.first, k.second, t);
+    if (!prefix || prefix->tokens == 0) continue;
+    const kvstore::KvRange range{0, st.config.shape.num_layers, 0, prefix->tokens};
+    out.chunks.push_back(messages::KvChunkData{kvstore::KvChunkKey{k.first, k.second, range}, std::move(prefix->chunk)});
+  }
+  return out;
+}
+
+caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m) {
+  KvStoreState& st = self->state;
+  const std::vector<RequestKey> requests = requests_of(m);
+  auto local = put_local(st, m);
+  if (!local) return reply(local.error());
+  if (!m.from_peer.empty()) {
+    // A peer replicating to us: answer with what we hold.
+    messages::ChunksAcked a;
+    for (const auto& [k, t] : *local) a.acks.push_back({k.first, k.second, st.store->durable_tokens(k.first, k.second)});
+    return reply(a);
+  }
+  std::map<RequestKey, int> before;
+  for (const auto& k : requests) before[k] = st.tracker->acked_tokens(k.first, k.second);
+  for (const auto& [k, t] : *local) st.tracker->on_local(k.first, k.second, t);
+  auto [replica_name, replica] = replica_of(st);
+  if (!replica) {
+    count_replicated(st, requests, before);
+    return reply(acked(st, requests));
+  }
+  const Signed fwd = sign(*st.config.key, messages::encode(messages::KvStoreMsg{forward_of(st, replica_name, std::move(m))}));
+  auto rp = self->make_response_promise<std::string>();
+  self->request(replica, kPeerTimeout, msg_atom::value, fwd.tag, fwd.bytes)
+      .then(
+          [self, rp, requests, before, replica_name](std::string& bytes) mutable {
+            KvStoreState& st = self->state;
+            auto r = messages::decode_kvstore_reply(bytes);
+            if (r) {
+              if (auto* a = std::get_if<messages::ChunksAcked>(&*r))
+                for (const messages::KvAck& ack : a->acks)
+                  (void)st.tracker->on_replica(replica_name, ack.job_id, ack.request_id, ack.tokens);
+              else if (auto* e = std::get_if<Error>(&*r))
+                spdlog::warn("kvstore {}: replica {} refused a batch: {}", st.config.name, replica_name, e->to_string());
+            }
+            count_replicated(st, requests, before);
+            rp.deliver(reply(acked(st, requests)));
+          },
+          [self, rp, requests, replica_name](caf::error& e) mutable {
+            // The replica is down or slow: the chunks are stored here, the
+            // acks do not advance; catch-up resends them later.
+            spdlog::debug("kvstore {}: replica {} did not answer: {}", self->state.config.name, replica_name,
+                          self->system().render(e));
+            rp.deliver(reply(acked(self->state, requests)));
+          });
+  return rp;
+}
+
+caf::result<std::string> handle_fetch(KvStoreActor* self, const messages::FetchPrefix& m) {
+  KvStoreState& st = self->state;
+  auto local = st.store->fetch_prefix(m.job_id, m.request_id, m.max_tokens);
+  auto best = std::make_shared<messages::KvPrefixData>();
+  best->source = st.config.name;
+  if (local) {
+    best->tokens = local->tokens;
+    best->chunk = std::move(local->chunk);
+  } else {
+    spdlog::warn("kvstore {}: fetch of ({}, {}): {}", st.config.name, m.job_id, m.request_id, local.error().to_string());
+  }
+  if (best->tokens >= m.max_tokens || !m.ask_peers || st.peers.empty()) return reply(std::move(*best));
+  // Short here: the nearest stores of the ring may hold it (a replica of a
+  // failed node's store).
+  auto rp = self->make_response_promise<std::string>();
+  auto pending = std::make_shared<std::size_t>(st.peers.size());
+  messages::FetchPrefix ask = m;
+  ask.ask_peers = false;
+  const Signed s = sign(*st.config.key, messages::encode(messages::KvStoreMsg{ask}));
+  auto done = [rp, best, pending]() mutable {
+    if (--*pending == 0) rp.deliver(reply(std::move(*best)));
+  };
+  for (const auto& [name, peer] : st.peers) {
+    self->request(peer, kPeerTimeout, msg_atom::value, s.tag, s.bytes)
+        .then(
+            [best, done](std::string& bytes) mutable {
+              auto r = messages::decode_kvstore_reply(bytes);
+              if (r)
+                if (auto* d = std::get_if<messages::KvPrefixData>(&*r); d && d->tokens > best->tokens) *best = std::move(*d);
+              done();
+            },
+            [done](caf::error&) mutable { done(); });
+  }
+  return rp;
+}
+
+Reply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
+  KvStoreState& st = self->state;
+  Status s = Status::ok_status();
+  if (m.request_ids.empty()) {
+    s = st.store->drop_job(m.job_id);
+    st.tracker->forget_job(m.job_id);
+  } else {
+    for (std::uint64_t r : m.request_ids) {
+      Status one = st.store->drop_request(m.job_id, r);
+      if (!one && s) s = one;
+      st.tracker->forget(m.job_id, r);
+    }
+  }
+  if (m.from_peer.empty()) {
+    auto [name, replica] = replica_of(st);
+    if (replica) {
+      messages::DropRequests fwd = m;
+      fwd.from_peer = st.config.name;
+      const Signed sg = sign(*st.config.key, messages::encode(messages::KvStoreMsg{fwd}));
+      self->send(replica, msg_atom::value, sg.tag, sg.bytes);
+    }
+  }
+  if (!s) return s.error();
   return messages::Ack{};
 }
 
-Reply handle(KvStoreState& st, const messages::StatsQuery&) {
-  const kvstore::HostKvStats s = st.store->stats();
-  return messages::KvStoreStats{s.num_entries, s.bytes_used, s.bytes_capacity};
+messages::KvStoreStats stats_of(const KvStoreState& st) {
+  messages::KvStoreStats out;
+  out.store_name = st.config.name;
+  auto s = st.store->stats();
+  if (s) {
+    out.num_entries = s->memory_chunks;
+    out.bytes_used = s->memory_bytes;
+    out.bytes_capacity = s->memory_budget;
+    out.disk_bytes = s->disk_bytes;
+    out.requests = s->requests;
+    out.chunks = s->chunks;
+  }
+  const auto lag = st.tracker->lag();
+  if (!lag.empty()) {
+    out.replica = lag.front().replica;
+    out.lag_tokens = lag.front().tokens_behind;
+  }
+  out.replicated_tokens = st.replicated_tokens;
+  return out;
 }
 
-caf::behavior kvstore_behavior(caf::stateful_actor<KvStoreState>* self, KvStoreConfig config) {
-  self->state.config = std::move(config);
-  self->state.store = std::make_unique<kvstore::HostKvStore>(self->state.config.capacity_bytes);
-  // Refusals are not counted: the KV store has no metrics registry.
-  self->state.inbox = Inbox("kvstore " + self->state.config.name, self->state.config.key, nullptr);
+/// The orchestrator's ring: every store in ring order with its handle.
+void set_ring(KvStoreActor* self, const messages::SetRing& m, const std::vector<caf::actor>& handles) {
+  KvStoreState& st = self->state;
+  if (handles.size() != m.names.size()) {
+    spdlog::error("kvstore {}: a ring of {} names with {} handles: ignored", st.config.name, m.names.size(),
+                  handles.size());
+    return;
+  }
+  auto replicas = kvstore::replica_peers(m.names, st.config.name, st.config.replication_factor);
+  if (!replicas) {
+    spdlog::warn("kvstore {}: not in the ring: {}", st.config.name, replicas.error().to_string());
+    return;
+  }
+  std::map<std::string, caf::actor> peers;
+  for (std::size_t i = 0; i < m.names.size(); ++i)
+    if (m.names[i] != st.config.name) peers[m.names[i]] = handles[i];
+  const std::vector<std::string> old = st.tracker->replicas();
+  for (const std::string& r : *replicas) {
+    auto was = st.peers.find(r);
+    // Same name, another incarnation: it restarted (from its RocksDB, which
+    // may lack what it missed while down): start over with it.
+    if (was != st.peers.end() && was->second != peers[r]) st.tracker->replica_replaced(r);
+  }
+  st.tracker->set_replicas(*replicas);
+  st.peers = std::move(peers);
+  st.ring = m.names;
+  if (old != *replicas)
+    spdlog::info("kvstore {}: replicates to [{}]", st.config.name, fmt::join(*replicas, ", "));
+}
+
+void heartbeat(KvStoreActor* self) {
+  KvStoreState& st = self->state;
+  const messages::KvStoreStats s = stats_of(st);
+  if (st.config.metrics) {
+    const std::string l = "store=\"" + st.config.name + "\"";
+    st.config.metrics->set("shardline_kv_store_memory_bytes", l, static_cast<double>(s.bytes_used));
+    st.config.metrics->set("shardline_kv_store_disk_bytes", l, static_cast<double>(s.disk_bytes));
+    st.config.metrics->set("shardline_kv_replication_lag_tokens", l, static_cast<double>(s.lag_tokens));
+  }
+  if (st.config.orchestrator) {
+    const Signed sg = sign(*st.config.key, messages::encode(messages::OrchestratorMsg{messages::KvStoreHeartbeat{s}}));
+    self->send(st.config.orchestrator, msg_atom::value, sg.tag, sg.bytes);
+  }
+}
+
+Result<std::unique_ptr<kvstore::KvStore>> open_store(const KvStoreConfig& c) {
+  kvstore::KvStoreOptions o;
+  o.shape = c.shape;
+  o.host_bytes = c.capacity_bytes;
+  o.sync = c.sync;
+  auto store = kvstore::KvStore::open(c.dir, o);
+  if (store || store.error().code != ErrorCode::corrupt) return store;
+  // KV of another model (or a damaged store): it is a cache of recomputable
+  // state, so it is dropped rather than failing the node.
+  spdlog::error("kvstore {}: {}; deleting {} and starting empty", c.name, store.error().to_string(), c.dir);
+  std::error_code ec;
+  std::filesystem::remove_all(c.dir, ec);
+  return kvstore::KvStore::open(c.dir, o);
+}
+
+caf::behavior kvstore_behavior(KvStoreActor* self, KvStoreConfig config) {
+  KvStoreState& st = self->state;
+  st.config = std::move(config);
+  auto store = open_store(st.config);
+  if (!store) {
+    spdlog::error("kvstore {}: cannot open {}: {}", st.config.name, st.config.dir, store.error().to_string());
+    self->quit(caf::exit_reason::unhandled_exception);  // the supervisor tries again
+    return {};
+  }
+  st.store = std::move(store).value();
+  st.tracker = std::make_unique<kvstore::AckTracker>(st.config.replication_factor, std::vector<std::string>{});
+  // What survived in RocksDB counts as held here.
+  for (const kvstore::KvRequestCoverage& r : st.store->requests())
+    st.tracker->on_local(r.job_id, r.request_id, r.durable_tokens);
+  st.inbox = Inbox("kvstore " + st.config.name, st.config.key, st.config.metrics);
+  spdlog::info("kvstore {} ready: {} ({} requests held, sync {}, replication factor {})", st.config.name,
+               st.config.dir, st.tracker->tracked(), kvstore::kv_sync_policy_name(st.config.sync),
+               st.config.replication_factor);
+  heartbeat(self);
+  self->delayed_send(self, std::chrono::milliseconds(st.config.heartbeat_ms), beat_atom::value);
   return {
-      [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {
+      [self](msg_atom, const std::string& tag, const std::string& bytes) -> caf::result<std::string> {
         KvStoreState& st = self->state;
-        return st.inbox.serve(self->current_sender(), tag, bytes, messages::decode_kvstore,
-                              [&st](auto& msg) { return handle(st, msg); });
+        if (Status ok = st.inbox.authenticate(self->current_sender(), tag, bytes); !ok) return reply(ok.error());
+        auto msg = messages::decode_kvstore(bytes);
+        if (!msg) return reply(msg.error());
+        if (auto* put = std::get_if<messages::PutChunks>(&*msg)) return handle_put(self, *put);
+        if (auto* fetch = std::get_if<messages::FetchPrefix>(&*msg)) return handle_fetch(self, *fetch);
+        if (auto* drop = std::get_if<messages::DropRequests>(&*msg)) return reply(handle_drop(self, *drop));
+        if (std::holds_alternative<messages::StatsQuery>(*msg)) return reply(stats_of(st));
+        return reply(Error{ErrorCode::unsupported, std::string("kvstore: ") + messages::kind_name(*msg) +
+                                                       " is not served (putBlocks/getBlocks/dropBlocks are retired; "
+                                                       "setRing comes with the stores' handles)"});
       },
+      [self](ring_atom, const std::string& tag, const std::string& bytes, const std::vector<caf::actor>& handles) {
+        KvStoreState& st = self->state;
+        if (Status ok = st.inbox.authenticate(self->current_sender(), tag, bytes); !ok) return;
+        auto msg = messages::decode_kvstore(bytes);
+        if (!msg || !std::holds_alternative<messages::SetRing>(*msg)) {
+          spdlog::error("kvstore {}: a ring message that is not a setRing: ignored", st.config.name);
+          return;
+        }
+        set_ring(self, std::get<messages::SetRing>(*msg), handles);
+      },
+      [self](beat_atom) {
+        heartbeat(self);
+        self->delayed_send(self, std::chrono::milliseconds(self->state.config.heartbeat_ms), beat_atom::value);
+      },
+      [](const std::string&) {},  // replies to our drops and heartbeats
   };
 }
 
 }  // namespace
 
 caf::actor spawn_kvstore(caf::actor_system& sys, KvStoreConfig config) {
-  return sys.spawn(kvstore_behavior, std::move(config));
+  // Detached: RocksDB writes (a synced WAL) and compactions block.
+  return sys.spawn<caf::detached>(kvstore_behavior, std::move(config));
 }
 
 }  // namespace shardline::actors

@@ -1,5 +1,7 @@
 #include "actors/metrics.hpp"
 
+#include <algorithm>
+
 #include <httplib.h>
 
 #include <sstream>
@@ -40,6 +42,18 @@ std::string MetricsRegistry::render() const {
   for (const auto& [name, f] : families_) {
     if (!f.help.empty()) out << "# HELP " << name << " " << f.help << "\n";
     if (!f.type.empty()) out << "# TYPE " << name << " " << f.type << "\n";
+    for (const auto& [labels, h] : f.histograms) {
+      const std::string sep = labels.empty() ? "" : labels + ",";
+      std::uint64_t cumulative = 0;
+      for (std::size_t i = 0; i < f.buckets.size(); ++i) {
+        cumulative += h.counts[i];
+        out << name << "_bucket{" << sep << "le=\"" << f.buckets[i] << "\"} " << cumulative << "\n";
+      }
+      out << name << "_bucket{" << sep << "le=\"+Inf\"} " << h.count << "\n";
+      const std::string l = labels.empty() ? "" : "{" + labels + "}";
+      out << name << "_sum" << l << " " << h.sum << "\n";
+      out << name << "_count" << l << " " << h.count << "\n";
+    }
     for (const auto& [labels, value] : f.samples) {
       out << name;
       if (!labels.empty()) out << "{" << labels << "}";
@@ -47,6 +61,37 @@ std::string MetricsRegistry::render() const {
     }
   }
   return out.str();
+}
+
+void MetricsRegistry::describe_histogram(const std::string& name, const std::string& help,
+                                         std::vector<double> buckets) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Family& f = families_[name];
+  f.type = "histogram";
+  f.help = help;
+  std::sort(buckets.begin(), buckets.end());
+  f.buckets = std::move(buckets);
+}
+
+void MetricsRegistry::observe(const std::string& name, const std::string& labels, double value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = families_.find(name);
+  if (it == families_.end() || it->second.type != "histogram") return;
+  Family& f = it->second;
+  Histogram& h = f.histograms[labels];
+  h.counts.resize(f.buckets.size(), 0);
+  const auto b = std::lower_bound(f.buckets.begin(), f.buckets.end(), value);
+  if (b != f.buckets.end()) ++h.counts[static_cast<std::size_t>(b - f.buckets.begin())];
+  h.sum += value;
+  ++h.count;
+}
+
+std::uint64_t MetricsRegistry::histogram_count(const std::string& name, const std::string& labels) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = families_.find(name);
+  if (it == families_.end()) return 0;
+  auto h = it->second.histograms.find(labels);
+  return h == it->second.histograms.end() ? 0 : h->second.count;
 }
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const MetricsRegistry& registry,

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/result.hpp"
 
@@ -27,6 +28,13 @@ class MetricsRegistry {
   /// `type` "counter" or "gauge", one HELP line. Labels are part of the key,
   /// e.g. add("shardline_requests_total", "state=\"done\"", 1).
   void describe(const std::string& name, const std::string& type, const std::string& help);
+  /// A histogram family with the given bucket upper bounds (ascending;
+  /// +Inf is implied), rendered as NAME_bucket{le=...}, NAME_sum, NAME_count.
+  void describe_histogram(const std::string& name, const std::string& help, std::vector<double> buckets);
+  /// One observation of a histogram described before (else ignored).
+  void observe(const std::string& name, const std::string& labels, double value);
+  /// Observations of a histogram so far (0 when none).
+  [[nodiscard]] std::uint64_t histogram_count(const std::string& name, const std::string& labels = "") const;
   void add(const std::string& name, const std::string& labels, double delta);
   void set(const std::string& name, const std::string& labels, double value);
   [[nodiscard]] double get(const std::string& name, const std::string& labels = "") const;
@@ -34,10 +42,17 @@ class MetricsRegistry {
   [[nodiscard]] std::string render() const;
 
  private:
+  struct Histogram {
+    std::vector<std::uint64_t> counts;  ///< per bucket (not cumulative)
+    double sum = 0.0;
+    std::uint64_t count = 0;
+  };
   struct Family {
     std::string type;
     std::string help;
     std::map<std::string, double> samples;  // labels -> value
+    std::vector<double> buckets;            // histograms only
+    std::map<std::string, Histogram> histograms;  // labels -> histogram
   };
   mutable std::mutex mu_;
   std::map<std::string, Family> families_;

@@ -11,6 +11,7 @@
 
 #include "actors/protocol.hpp"
 #include "comm/address.hpp"
+#include "model/config.hpp"
 #include "messages/codec.hpp"
 
 namespace shardline::actors {
@@ -19,6 +20,7 @@ namespace {
 
 using down_atom = caf::atom_constant<caf::atom("sldown")>;
 using restart_atom = caf::atom_constant<caf::atom("slrestart")>;
+using kv_restart_atom = caf::atom_constant<caf::atom("slkvrest")>;
 
 /// Starts an orchestrator incarnation (opening the JobManager on the data
 /// dir).
@@ -31,6 +33,11 @@ struct SupervisorConfig {
   std::shared_ptr<OrchestratorRoster> roster;
   std::shared_ptr<MetricsRegistry> metrics;
   std::shared_ptr<const ClusterKey> key;
+  /// The node's KV store (null link: none); the supervisor restarts it from
+  /// its RocksDB and points the link, which the workers hold, at each
+  /// incarnation.
+  KvStoreConfig kvstore;
+  std::shared_ptr<KvStoreLink> kv_link;
 };
 
 /// Spawns the node's workers and restarts any that die other than by a
@@ -41,6 +48,7 @@ struct SupervisorState {
   SupervisorConfig config;
   std::vector<caf::actor> workers;
   caf::actor orchestrator;
+  caf::actor kvstore;
   static inline const char* name = "shardline.supervisor";
 };
 
@@ -72,9 +80,18 @@ void restart_orchestrator(SupervisorActor* self) {
   spdlog::info("supervisor: orchestrator restarted");
 }
 
+void start_kvstore(SupervisorActor* self) {
+  SupervisorState& st = self->state;
+  st.kvstore = spawn_kvstore(self->system(), st.config.kvstore);
+  self->monitor(st.kvstore);
+  st.config.kv_link->set(st.kvstore);
+}
+
 caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<SupervisorConfig> config) {
   auto& st = self->state;
   st.config = std::move(*config);
+  // The store first: the workers stream to it from their first step.
+  if (st.config.kv_link) start_kvstore(self);
   if (st.config.start_orchestrator) {
     auto first = st.config.start_orchestrator(self->system());
     if (!first) {  // Node::start opened the data dir just before; unlikely
@@ -105,6 +122,16 @@ caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<Supervi
       self->delayed_send(self, std::chrono::milliseconds(100), restart_atom::value);
       return;
     }
+    if (st.kvstore && st.kvstore.address() == dm.source) {
+      st.kvstore = caf::actor();
+      st.config.kv_link->set(caf::actor());  // workers buffer and retry meanwhile
+      if (shutdown) return;
+      st.config.metrics->add("shardline_kv_store_restarts_total", "", 1);
+      spdlog::warn("supervisor: kv store {} died ({}); restarting it from its RocksDB", st.config.kvstore.name,
+                   caf::to_string(dm.reason));
+      self->delayed_send(self, std::chrono::milliseconds(100), kv_restart_atom::value);
+      return;
+    }
     for (std::size_t i = 0; i < st.workers.size(); ++i) {
       if (st.workers[i].address() != dm.source) continue;
       st.workers[i] = caf::actor();
@@ -119,6 +146,7 @@ caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<Supervi
     for (auto& w : self->state.workers)
       if (w) self->send_exit(w, caf::exit_reason::user_shutdown);
     if (self->state.orchestrator) self->send_exit(self->state.orchestrator, caf::exit_reason::user_shutdown);
+    if (self->state.kvstore) self->send_exit(self->state.kvstore, caf::exit_reason::user_shutdown);
     self->quit(em.reason);
   });
   return {
@@ -130,6 +158,9 @@ caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<Supervi
       },
       [self](restart_atom) {
         if (!self->state.orchestrator) restart_orchestrator(self);
+      },
+      [self](kv_restart_atom) {
+        if (!self->state.kvstore && self->state.config.kv_link) start_kvstore(self);
       },
       [](const std::string&) {},  // the workers' replies to HelloAgain
   };
@@ -227,8 +258,6 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   node->system_ = std::make_unique<caf::actor_system>(*node->config_);
   caf::actor_system& sys = *node->system_;
 
-  const std::string kvstore_name = o.name + "/kvstore";
-  node->kvstore_ = spawn_kvstore(sys, KvStoreConfig{kvstore_name, o.kv_store_bytes, node->key_});
 
   auto roster = std::make_shared<OrchestratorRoster>();
   OrchestratorFactory start_orchestrator;
@@ -238,8 +267,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     auto check = orchestrator::JobManager::open(o.data_dir);
     if (!check) return std::move(check).error();
     check->reset();
-    caf::actor kv = node->kvstore_;
-    start_orchestrator = [o, kv, kvstore_name, roster, key = node->key_,
+    start_orchestrator = [o, roster, key = node->key_,
                           metrics = node->metrics_](caf::actor_system& sys) -> Result<caf::actor> {
       auto jobs = orchestrator::JobManager::open(o.data_dir);
       if (!jobs) return std::move(jobs).error();
@@ -252,14 +280,6 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
       oc.metrics = metrics;
       oc.failure = o.failure;
       oc.roster = roster;
-      oc.local_actors = [kvstore_name, name = o.name] {
-        return std::vector<messages::ActorInfo>{{kvstore_name, "kvstore", name, "running", ""}};
-      };
-      oc.kill_local = [kv, kvstore_name](const std::string& n) {
-        if (n != kvstore_name) return false;
-        caf::anon_send_exit(kv, caf::exit_reason::kill);
-        return true;
-      };
       return spawn_orchestrator(sys, std::move(oc));
     };
     // Clients, workers and joined nodes hold the relay, never an
@@ -313,9 +333,38 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     wc.failure_timeout_ms = o.failure.failure_timeout_ms;
     workers.push_back(std::move(wc));
   }
+  auto sc = std::make_shared<SupervisorConfig>();
+  // The KV store under DATA/kv (DéjàVu: RocksDB backs replicated KV state).
+  // It needs the model's KV geometry; without a data dir or a readable
+  // model config the node runs without one (lines then resume from their
+  // tokens only).
+  if (o.kv_replication < 1)
+    return make_error(ErrorCode::invalid_argument,
+                      "--kv-replication must be at least 1, got " + std::to_string(o.kv_replication));
+  if (o.data_dir.empty()) {
+    spdlog::warn("node {}: no --data-dir: no KV store, no KV streaming", o.name);
+  } else if (auto cfg = model::load_model_config(o.engine.model_dir); !cfg) {
+    spdlog::warn("node {}: no KV store: {}", o.name, cfg.error().to_string());
+  } else {
+    KvStoreConfig kc;
+    kc.name = o.name + "/kvstore";
+    kc.node_name = o.name;
+    kc.dir = (std::filesystem::path(o.data_dir) / "kv").string();
+    kc.shape = kvstore::KvModelShape{cfg->num_hidden_layers, cfg->num_key_value_heads, cfg->head_dim,
+                                     o.engine.kv_cache_dtype};
+    kc.capacity_bytes = o.kv_store_bytes;
+    kc.sync = o.kv_sync;
+    kc.replication_factor = o.kv_replication;
+    kc.key = node->key_;
+    kc.metrics = node->metrics_;
+    kc.orchestrator = node->orchestrator_;
+    kc.heartbeat_ms = o.failure.heartbeat_ms;
+    sc->kvstore = std::move(kc);
+    sc->kv_link = std::make_shared<KvStoreLink>();
+    for (WorkerConfig& w : workers) w.kv_store = sc->kv_link;
+  }
   apply_stall_hook(workers);
   node->num_workers_ = static_cast<int>(workers.size());
-  auto sc = std::make_shared<SupervisorConfig>();
   sc->workers = std::move(workers);
   sc->relay = node->relay_;
   sc->start_orchestrator = std::move(start_orchestrator);
@@ -339,10 +388,8 @@ void Node::stop() {
   metrics_server_.reset();
   // The supervisor stops the workers and the orchestrator.
   if (supervisor_) caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
-  if (kvstore_) caf::anon_send_exit(kvstore_, caf::exit_reason::user_shutdown);
   if (relay_) caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
   supervisor_ = caf::actor();
-  kvstore_ = caf::actor();
   relay_ = caf::actor();
   orchestrator_ = caf::actor();
   system_->await_all_actors_done();

@@ -46,7 +46,12 @@ struct NodeOptions {
   int max_batch = 64;       ///< running sequences per worker
   std::string key_file;     ///< cluster key; required with listen or join
   std::string metrics;      ///< "HOST:PORT" of the Prometheus endpoint ("" = none)
-  std::uint64_t kv_store_bytes = 256ull << 20;
+  std::uint64_t kv_store_bytes = 256ull << 20;  ///< the KV store's host-memory tier (`--kv-store-bytes`)
+  /// `--kv-sync`: when a KV store write counts as durable (docs/kv-recovery.md).
+  kvstore::KvSyncPolicy kv_sync = kvstore::KvSyncPolicy::wal;
+  /// `--kv-replication`: copies of each KV chunk (this node's store and the
+  /// next f - 1 stores of the ring); 1 = local RocksDB only.
+  int kv_replication = kvstore::kDefaultReplicationFactor;
   /// `--heartbeat-ms` / `--failure-timeout-ms`: how often this node's
   /// workers beat, and (on the node running the orchestrator) how long a
   /// silent worker lives on.
@@ -93,8 +98,7 @@ class Node {
   std::unique_ptr<caf::actor_system> system_;
   caf::actor orchestrator_;  ///< relay_, or the joined node's relay
   caf::actor relay_;         ///< null on a joined node
-  caf::actor supervisor_;    ///< workers, and the orchestrator when it runs here
-  caf::actor kvstore_;
+  caf::actor supervisor_;    ///< workers, the KV store, and the orchestrator when it runs here
   std::unique_ptr<MetricsServer> metrics_server_;
   int port_ = 0;
   bool stopped_ = false;

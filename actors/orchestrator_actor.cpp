@@ -7,16 +7,19 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include "actors/actors.hpp"
 #include "actors/inbox.hpp"
 #include "actors/protocol.hpp"
 #include "messages/codec.hpp"
 #include "orchestrator/job_admission.hpp"
+#include "kvstore/replication.hpp"
 #include "orchestrator/worker_pool.hpp"
 
 namespace shardline::actors {
@@ -28,10 +31,20 @@ using messages::OrchestratorReply;
 using Answer = std::optional<OrchestratorReply>;
 using Clock = orchestrator::WorkerPool::Clock;
 
+/// A KV store of the cluster, as its heartbeats report it.
+struct KvStoreEntry {
+  caf::actor handle;  ///< null while it is down
+  std::string node;
+  messages::KvStoreStats stats;
+  int restarts = 0;   ///< new incarnations seen by this orchestrator
+};
+
 struct OrchestratorState {
   OrchestratorConfig config;
   std::optional<orchestrator::WorkerPool> pool;  ///< over *config.jobs
   std::map<std::string, caf::actor> handles;     ///< the pool's workers, by name
+  std::map<std::string, KvStoreEntry> stores;    ///< every KV store heard of, by name
+  std::set<std::uint64_t> kv_dropped_jobs;       ///< finished jobs whose KV the stores were told to drop
   Inbox inbox;
   caf::strong_actor_ptr sender;  ///< of the message being handled (the relay passes it on)
   Clock::time_point last_tick;
@@ -63,6 +76,8 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
     m.parallel = rec->spec.parallel;
     m.token_budget = rec->spec.token_budget;
   }
+  m.requeued = p.requeued;
+  m.resumed = p.resumed;
   return m;
 }
 
@@ -119,6 +134,64 @@ void update_job_metrics(OrchestratorState& st) {
   st.config.metrics->set("shardline_workers", "", static_cast<double>(st.pool->size()));
 }
 
+// ---- KV stores ----------------------------------------------------------------------
+
+/// Sends every live store the ring of the live stores (ring order, with
+/// their handles beside the signed names).
+void broadcast_ring(OrchestratorActor* self) {
+  OrchestratorState& st = self->state;
+  std::vector<std::string> live;
+  for (const auto& [name, e] : st.stores)
+    if (e.handle) live.push_back(name);
+  messages::SetRing ring{kvstore::ring_order(live)};
+  std::vector<caf::actor> handles;
+  for (const std::string& n : ring.names) handles.push_back(st.stores[n].handle);
+  const Signed s = sign(*st.config.key, messages::encode(messages::KvStoreMsg{ring}));
+  for (const caf::actor& h : handles) self->send(h, ring_atom::value, s.tag, s.bytes, handles);
+}
+
+/// A store's heartbeat registers it (first time, or a new incarnation after
+/// a restart) and keeps its stats for `actor list`.
+void kv_store_seen(OrchestratorActor* self, const std::string& name, const std::string& node,
+                   const messages::KvStoreStats* stats) {
+  OrchestratorState& st = self->state;
+  auto sender = caf::actor_cast<caf::actor>(st.sender);
+  if (!sender || name.empty()) return;
+  KvStoreEntry& e = st.stores[name];
+  if (!node.empty()) e.node = node;
+  if (stats) e.stats = *stats;
+  if (e.handle == sender) return;
+  if (e.handle) {
+    ++e.restarts;
+    spdlog::warn("orchestrator: kv store {} is a new instance (restarted)", name);
+  } else {
+    spdlog::info("orchestrator: kv store {} joined", name);
+  }
+  e.handle = sender;
+  self->monitor(sender);
+  broadcast_ring(self);
+}
+
+/// Finished jobs' KV is garbage on every store (what workers did not drop
+/// line by line: lines whose worker died, a cancelled job).
+void drop_finished_jobs_kv(OrchestratorActor* self) {
+  OrchestratorState& st = self->state;
+  for (const auto& p : st.config.jobs->list_jobs()) {
+    if (p.state == orchestrator::JobState::queued || p.state == orchestrator::JobState::running) continue;
+    if (!st.kv_dropped_jobs.insert(p.job_id).second) continue;
+    const Signed s = sign(*st.config.key,
+                          messages::encode(messages::KvStoreMsg{messages::DropRequests{p.job_id, {}, "orchestrator"}}));
+    for (const auto& [name, e] : st.stores)
+      if (e.handle) self->send(e.handle, msg_atom::value, s.tag, s.bytes);
+  }
+}
+
+std::string mib(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
 // ---- the inbox: one handler per message ----------------------------------------
 // Clients get a reply; workers ignore replies, so their handlers answer nullopt.
 
@@ -168,6 +241,16 @@ Answer handle(OrchestratorActor* self, const messages::ActorListQuery&) {
                          ""});
   for (auto& w : st.pool->list())
     list.actors.push_back({std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group)});
+  for (const auto& [name, e] : st.stores) {
+    const messages::KvStoreStats& k = e.stats;
+    std::string detail = "mem " + mib(k.bytes_used) + " / " + mib(k.bytes_capacity) + ", disk " + mib(k.disk_bytes) +
+                         ", " + std::to_string(k.requests) + " requests, ";
+    detail += k.replica.empty() ? std::string("no replica")
+                                : "replica " + k.replica + " lag " + std::to_string(k.lag_tokens) + " tokens";
+    list.actors.push_back({name, "kvstore", e.node,
+                           std::string(e.handle ? "running" : "down") + " restarts=" + std::to_string(e.restarts),
+                           "", std::move(detail)});
+  }
   if (st.config.local_actors)
     for (auto& a : st.config.local_actors()) list.actors.push_back(std::move(a));
   return list;
@@ -186,6 +269,12 @@ Answer handle(OrchestratorActor* self, const messages::KillActor& kill) {
   if (const auto it = st.handles.find(name); it != st.handles.end()) {
     spdlog::warn("orchestrator: killing {} on request", name);
     self->send_exit(it->second, caf::exit_reason::kill);
+    return messages::Ack{};
+  }
+  if (const auto it = st.stores.find(name); it != st.stores.end() && it->second.handle) {
+    // Like a crash: the store's node restarts it from its RocksDB.
+    spdlog::warn("orchestrator: killing kv store {} on request", name);
+    self->send_exit(it->second.handle, caf::exit_reason::kill);
     return messages::Ack{};
   }
   if (st.config.kill_local && st.config.kill_local(name)) return messages::Ack{};
@@ -249,6 +338,7 @@ Answer handle(OrchestratorActor* self, const messages::WorkerResults& wr) {
   auto committed = st.pool->on_results(wr.worker_name, wr.results, Clock::now());
   if (!committed) spdlog::error("orchestrator: committing results failed: {}", committed.error().to_string());
   ask_hello_if_unknown(self, wr.worker_name);
+  drop_finished_jobs_kv(self);
   update_job_metrics(st);
   dispatch(self);
   return std::nullopt;
@@ -258,6 +348,28 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHeartbeat& beat) {
   OrchestratorState& st = self->state;
   st.pool->heartbeat(beat.worker_name, load_of(beat.status), Clock::now());
   ask_hello_if_unknown(self, beat.worker_name);
+  return std::nullopt;
+}
+
+Answer handle(OrchestratorActor* self, const messages::KvStoreHello& hello) {
+  kv_store_seen(self, hello.store_name, hello.node, nullptr);
+  return std::nullopt;
+}
+
+Answer handle(OrchestratorActor* self, const messages::KvStoreHeartbeat& beat) {
+  const std::string& name = beat.stats.store_name;
+  const auto slash = name.find('/');
+  kv_store_seen(self, name, slash == std::string::npos ? "" : name.substr(0, slash), &beat.stats);
+  return std::nullopt;
+}
+
+/// A worker forwards its store's acks: the orchestrator records each
+/// choice's replicated_tokens (and tokens) in the job state, so that a line
+/// whose worker dies resumes from there.
+Answer handle(OrchestratorActor* self, const messages::KvProgressReport& report) {
+  OrchestratorState& st = self->state;
+  if (Status ok = st.config.jobs->on_kv_progress(report.worker_name, report.progress); !ok)
+    spdlog::error("orchestrator: recording KV progress of {} failed: {}", report.worker_name, ok.error().to_string());
   return std::nullopt;
 }
 
@@ -317,6 +429,14 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
     }
   }
   self->set_down_handler([self](caf::down_msg& dm) {
+    for (auto& [name, e] : self->state.stores) {
+      if (e.handle && e.handle.address() == dm.source) {
+        spdlog::warn("orchestrator: kv store {} is down ({})", name, caf::to_string(dm.reason));
+        e.handle = caf::actor();
+        broadcast_ring(self);
+        return;
+      }
+    }
     for (const auto& [name, handle] : self->state.handles) {
       if (handle.address() == dm.source) {
         const std::string dead = name;  // drop_worker erases the entry
@@ -365,6 +485,27 @@ void describe_node_metrics(MetricsRegistry& m) {
   m.describe("shardline_worker_start_failures_total", "counter",
              "Workers of this node that could not start their engine (not restarted).");
   m.describe("shardline_auth_failures_total", "counter", "Messages refused for a bad cluster key tag.");
+  m.describe("shardline_kv_streamed_bytes_total", "counter",
+             "KV bytes workers of this node streamed to their KV store (DéjàVu token streaming), by worker.");
+  m.describe("shardline_kv_replicated_tokens_total", "counter",
+             "KV positions a store of this node acknowledged as held by it and every replica, by store.");
+  m.describe("shardline_recovered_tokens_total", "counter",
+             "KV positions of resumed requests restored from a KV store instead of recomputed, by worker.");
+  m.describe("shardline_recomputed_tokens_total", "counter",
+             "KV positions computed again, by cause: failure (a resumed request's positions its KV store did "
+             "not have), preemption (recompute preemption).");
+  m.describe("shardline_kv_resume_fallbacks_total", "counter",
+             "Resumed requests whose KV could not be fetched or restored (recomputed from the tokens).");
+  m.describe("shardline_kv_store_memory_bytes", "gauge", "Bytes in a KV store's host-memory tier, by store.");
+  m.describe("shardline_kv_store_disk_bytes", "gauge", "Bytes of a KV store's RocksDB directory, by store.");
+  m.describe("shardline_kv_replication_lag_tokens", "gauge",
+             "Positions a KV store's replica is behind it, by store.");
+  m.describe("shardline_kv_store_restarts_total", "counter",
+             "KV stores started again by this node's supervisor after a kill or crash.");
+  m.describe_histogram("shardline_recovery_seconds",
+                       "Time a worker took to resume a line after a failure: fetching its KV from the stores "
+                       "until the line was submitted to the engine, by worker.",
+                       {0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10});
 }
 
 }  // namespace shardline::actors

@@ -24,6 +24,10 @@ using tick_atom = caf::atom_constant<caf::atom("sltick")>;    ///< orchestrator:
 using relayed_atom = caf::atom_constant<caf::atom("slrelay")>;
 /// supervisor -> relay: (orchestrator_atom, actor), the current orchestrator.
 using orchestrator_atom = caf::atom_constant<caf::atom("slorch")>;
+/// orchestrator -> KV store: (ring_atom, tag, bytes, std::vector<caf::actor>)
+/// where bytes is a signed KvStoreMessage setRing and the handles are the
+/// stores it names, in its order.
+using ring_atom = caf::atom_constant<caf::atom("slring")>;
 
 /// A signed message ready to send: (msg_atom, tag, bytes).
 struct Signed {

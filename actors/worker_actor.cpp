@@ -7,8 +7,11 @@
 
 #include "actors/actors.hpp"
 #include "actors/inbox.hpp"
+#include "actors/kv_client.hpp"
 #include "actors/protocol.hpp"
 #include "worker/batch_worker.hpp"
+#include "worker/kv_progress.hpp"
+#include "worker/kv_streamer.hpp"
 #include "messages/codec.hpp"
 #include "orchestrator/job_admission.hpp"
 #include "worker/job_token_budget.hpp"
@@ -17,9 +20,24 @@ namespace shardline::actors {
 
 namespace {
 
+/// Counters of the BatchWorker already exported to the metrics registry.
+struct Exported {
+  std::uint64_t streamed_bytes = 0;
+  std::uint64_t restored_tokens = 0;
+  std::uint64_t recomputed_tokens = 0;
+  std::uint64_t resume_fallbacks = 0;
+};
+
 struct WorkerState {
   WorkerConfig config;
+  // KV streaming (DéjàVu): the store target and the progress tracker are
+  // shared with the streamer's thread; the streamer is destroyed before
+  // the worker whose steps push into it.
+  std::shared_ptr<ActorKvTarget> kv_target;
+  std::shared_ptr<worker::KvProgressTracker> kv_progress;
   std::unique_ptr<worker::BatchWorker> worker;
+  std::unique_ptr<worker::KvStreamer> kv_streamer;
+  Exported exported;
   std::unique_ptr<worker::JobTokenBudget> token_budget;
   bool step_scheduled = false;
   /// Lines accepted and not yet answered: what it says it holds when an
@@ -77,6 +95,74 @@ void export_metrics(WorkerActor* self, const messages::WorkerStatus& s) {
   m.set("shardline_worker_waiting_requests", l, s.num_waiting);
 }
 
+/// Adds what the worker's KV counters grew by since the last call.
+void export_kv_metrics(WorkerActor* self) {
+  WorkerState& st = self->state;
+  const worker::WorkerStatusSnapshot s = st.worker->status();
+  MetricsRegistry& m = *st.config.metrics;
+  const std::string l = "worker=\"" + st.config.name + "\"";
+  Exported& e = st.exported;
+  auto bump = [&m](const std::string& name, const std::string& labels, std::uint64_t now, std::uint64_t& seen) {
+    if (now > seen) m.add(name, labels, static_cast<double>(now - seen));
+    seen = std::max(seen, now);
+  };
+  bump("shardline_kv_streamed_bytes_total", l, s.kv_streamed_bytes, e.streamed_bytes);
+  bump("shardline_recovered_tokens_total", l, s.kv_restored_tokens, e.restored_tokens);
+  const std::uint64_t recomputed =
+      s.kv_resume_known_positions > s.kv_restored_tokens ? s.kv_resume_known_positions - s.kv_restored_tokens : 0;
+  bump("shardline_recomputed_tokens_total", "cause=\"failure\"," + l, recomputed, e.recomputed_tokens);
+  bump("shardline_kv_resume_fallbacks_total", l, s.kv_resume_fallbacks, e.resume_fallbacks);
+}
+
+/// A resumed line: fetch each choice's replicated KV from the node's store
+/// (which asks the ring when it lacks it). A choice whose KV cannot be
+/// fetched resumes from its tokens alone (recomputed, counted as a fallback
+/// by the engine).
+void fetch_resume_kv(WorkerActor* self, worker::BatchRequest& r) {
+  WorkerState& st = self->state;
+  if (static_cast<int>(r.resume.size()) != r.n) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int c = 0; c < r.n; ++c) {
+    worker::ChoiceResume& cr = r.resume[static_cast<std::size_t>(c)];
+    const std::uint64_t key = worker::kv_request_key(r.line_index, c);
+    if (st.kv_progress) st.kv_progress->seed(r.job_id, key, cr.output_ids);
+    if (cr.num_kv_tokens <= 0 || !st.config.kv_store) continue;
+    auto fetched = fetch_kv_prefix(self->system(), st.config.kv_store->get(), *st.config.key, r.job_id, key,
+                                   cr.num_kv_tokens, std::chrono::seconds(5));
+    if (!fetched) {
+      spdlog::warn("worker {}: line {} of job {} choice {}: cannot fetch its KV ({}); recomputing it",
+                   st.config.name, r.line_index, r.job_id, c, fetched.error().to_string());
+      continue;  // num_kv_tokens stays: the engine counts the fallback
+    }
+    if (fetched->tokens < cr.num_kv_tokens)
+      spdlog::warn("worker {}: line {} of job {} choice {}: the stores hold {} of {} replicated positions",
+                   st.config.name, r.line_index, r.job_id, c, fetched->tokens, cr.num_kv_tokens);
+    if (fetched->tokens > 0) {
+      cr.num_kv_tokens = std::min(cr.num_kv_tokens, fetched->tokens);
+      cr.kv_chunk = std::move(fetched->chunk);
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.config.metrics->observe("shardline_recovery_seconds", "worker=\"" + st.config.name + "\"", s);
+}
+
+/// Deletes the KV of finished lines (and of a cancelled job) in the store,
+/// and forgets their queued increments and progress.
+void drop_kv(WorkerActor* self, std::uint64_t job_id, std::vector<std::uint64_t> request_ids) {
+  WorkerState& st = self->state;
+  if (!st.kv_streamer) return;
+  for (std::uint64_t r : request_ids) {
+    st.kv_streamer->forget_request(job_id, r);
+    st.kv_progress->forget(job_id, r);
+  }
+  if (request_ids.empty()) st.kv_progress->forget_job(job_id);
+  const caf::actor store = st.config.kv_store->get();
+  if (!store) return;  // it restarts; the orchestrator drops the job's KV when the job ends
+  const Signed s =
+      sign(*st.config.key, messages::encode(messages::KvStoreMsg{messages::DropRequests{job_id, std::move(request_ids), ""}}));
+  self->send(store, msg_atom::value, s.tag, s.bytes);
+}
+
 using Reply = messages::WorkerReply;
 
 Reply handle(WorkerActor* self, messages::AssignWork& msg) {
@@ -89,6 +175,7 @@ Reply handle(WorkerActor* self, messages::AssignWork& msg) {
     else if (*switched)
       spdlog::info("worker {}: token budget {} (job {})", s.config.name, s.token_budget->current(), r.job_id);
     s.held.insert(orchestrator::LineRef{r.job_id, r.line_index});
+    if (!r.resume.empty()) fetch_resume_kv(self, r);
     s.worker->submit(std::move(r));
   }
   schedule_step(self);
@@ -97,6 +184,7 @@ Reply handle(WorkerActor* self, messages::AssignWork& msg) {
 
 Reply handle(WorkerActor* self, const messages::CancelJob& msg) {
   self->state.worker->cancel_job(msg.job_id);
+  drop_kv(self, msg.job_id, {});
   auto& held = self->state.held;
   held.erase(held.lower_bound({msg.job_id, 0}), held.lower_bound({msg.job_id + 1, 0}));
   return messages::Ack{};
@@ -148,6 +236,27 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   }
   st.worker = std::make_unique<worker::BatchWorker>(std::move(worker).value());
   st.token_budget = std::make_unique<worker::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
+  if (st.config.kv_store && st.worker->engine().kv_io().can_move_kv()) {
+    // Token streaming to the node's KV store (DéjàVu §4.1.1 (3)), off the
+    // step loop: after each flush the store's acks go to the orchestrator.
+    st.kv_target = std::make_shared<ActorKvTarget>(self->system(), st.config.kv_store, st.config.key);
+    st.kv_progress = std::make_shared<worker::KvProgressTracker>();
+    worker::KvStreamerOptions so;
+    so.max_queued_bytes = st.config.kv_queue_bytes;
+    auto on_flushed = [target = st.kv_target, progress = st.kv_progress, orchestrator = st.config.orchestrator,
+                       key = st.config.key, name = st.config.name](std::vector<worker::QueuedIncrement> flushed) {
+      std::vector<worker::KvProgress> p = progress->on_flushed(flushed, target->take_acks());
+      if (p.empty()) return;
+      const Signed s =
+          sign(*key, messages::encode(messages::OrchestratorMsg{messages::KvProgressReport{name, std::move(p)}}));
+      caf::anon_send(orchestrator, msg_atom::value, s.tag, s.bytes);
+    };
+    st.kv_streamer = std::make_unique<worker::KvStreamer>(st.kv_target, so, std::move(on_flushed));
+    st.worker->set_kv_streamer(st.kv_streamer.get());
+  } else if (st.config.kv_store) {
+    spdlog::warn("worker {}: its engine cannot copy KV out (no KV views): no KV streaming; a failed line "
+                 "resumes from its tokens only", st.config.name);
+  }
   // Refusals are not counted here (as before the inbox helper); the orchestrator counts its own.
   st.inbox = Inbox("worker " + st.config.name, st.config.key, nullptr);
   say_hello(self);
@@ -186,6 +295,12 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
           MetricsRegistry& m = *s.config.metrics;
           for (const auto& r : *results) {
             s.held.erase(orchestrator::LineRef{r.job_id, r.line_index});
+            if (!r.choices.empty()) {
+              std::vector<std::uint64_t> keys;
+              for (int c = 0; c < static_cast<int>(r.choices.size()); ++c)
+                keys.push_back(worker::kv_request_key(r.line_index, c));
+              drop_kv(self, r.job_id, std::move(keys));
+            }
             m.add("shardline_requests_total", r.ok ? "state=\"done\"" : "state=\"failed\"", 1);
             m.add("shardline_prompt_tokens_total", "", r.prompt_tokens);
             m.add("shardline_generation_tokens_total", "", r.completion_tokens);
@@ -193,6 +308,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
           to_orchestrator(self, messages::WorkerResults{s.config.name, std::move(results).value()});
         }
         s.config.metrics->add("shardline_engine_steps_total", "worker=\"" + s.config.name + "\"", 1);
+        export_kv_metrics(self);
         if (s.worker->has_work()) schedule_step(self);
       },
       [self](beat_atom) {

@@ -267,6 +267,12 @@ void put(wire::BatchRequest::Builder b, const worker::BatchRequest& r) {
   b.setReturnTokenIds(r.return_token_ids);
   b.setN(r.n);
   b.setTokenBudget(text(r.token_budget));
+  auto resume = b.initResume(static_cast<unsigned>(r.resume.size()));
+  for (unsigned i = 0; i < r.resume.size(); ++i) {
+    const worker::ChoiceResume& c = r.resume[i];
+    set_list(resume[i].initOutputIds(static_cast<unsigned>(c.output_ids.size())), c.output_ids);
+    resume[i].setNumKvTokens(c.num_kv_tokens);
+  }
 }
 
 BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
@@ -281,6 +287,20 @@ BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
   q.n = r.getN();
   if (q.n < 1) fail(ErrorCode::invalid_argument, field + ".n must be >= 1, got " + std::to_string(q.n));
   q.token_budget = get_token_budget(r.getTokenBudget(), field + ".tokenBudget");
+  auto resume = r.getResume();
+  check_len(resume, field + ".resume");
+  if (resume.size() != 0 && static_cast<int>(resume.size()) != q.n)
+    fail(ErrorCode::invalid_argument, field + ".resume has " + std::to_string(resume.size()) +
+                                          " choices, the line has n = " + std::to_string(q.n));
+  q.resume.reserve(resume.size());
+  for (unsigned i = 0; i < resume.size(); ++i) {
+    const std::string f = at(field + ".resume", i);
+    worker::ChoiceResume c;
+    c.output_ids = get_token_ids(resume[i].getOutputIds(), f + ".outputIds");
+    c.num_kv_tokens = resume[i].getNumKvTokens();
+    check_nonneg(c.num_kv_tokens, f + ".numKvTokens");
+    q.resume.push_back(std::move(c));
+  }
   return q;
 }
 
@@ -352,6 +372,8 @@ void put(wire::JobProgress::Builder b, const JobProgress& p) {
   set_texts(b.initInputs(static_cast<unsigned>(p.inputs.size())), p.inputs);
   b.setParallel(text(p.parallel));
   b.setTokenBudget(text(p.token_budget));
+  b.setRequeued(p.requeued);
+  b.setResumed(p.resumed);
 }
 
 JobProgress get(wire::JobProgress::Reader r) {
@@ -369,6 +391,8 @@ JobProgress get(wire::JobProgress::Reader r) {
   p.inputs = get_texts(r.getInputs(), "jobProgress.inputs");
   p.parallel = str(r.getParallel());
   p.token_budget = str(r.getTokenBudget());
+  p.requeued = r.getRequeued();
+  p.resumed = r.getResumed();
   return p;
 }
 
@@ -406,10 +430,34 @@ void put(wire::ActorInfo::Builder b, const ActorInfo& a) {
   b.setNode(text(a.node));
   b.setState(text(a.state));
   b.setParallel(text(a.parallel));
+  b.setDetail(text(a.detail));
 }
 
 ActorInfo get(wire::ActorInfo::Reader r) {
-  return ActorInfo{str(r.getName()), str(r.getKind()), str(r.getNode()), str(r.getState()), str(r.getParallel())};
+  return ActorInfo{str(r.getName()),  str(r.getKind()),     str(r.getNode()),
+                   str(r.getState()), str(r.getParallel()), str(r.getDetail())};
+}
+
+// ---- KvProgress ----
+
+void put(wire::KvProgress::Builder b, const worker::KvProgress& p) {
+  b.setJobId(p.job_id);
+  b.setLineIndex(p.line_index);
+  b.setChoice(p.choice);
+  b.setReplicatedTokens(p.replicated_tokens);
+  set_list(b.initOutputIds(static_cast<unsigned>(p.output_ids.size())), p.output_ids);
+}
+
+worker::KvProgress get(wire::KvProgress::Reader r, const std::string& field) {
+  worker::KvProgress p;
+  p.job_id = r.getJobId();
+  p.line_index = r.getLineIndex();
+  p.choice = r.getChoice();
+  check_nonneg(p.choice, field + ".choice");
+  p.replicated_tokens = r.getReplicatedTokens();
+  check_nonneg(p.replicated_tokens, field + ".replicatedTokens");
+  p.output_ids = get_token_ids(r.getOutputIds(), field + ".outputIds");
+  return p;
 }
 
 }  // namespace shardline::messages::detail

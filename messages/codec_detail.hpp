@@ -44,6 +44,7 @@
 
 #include "common/result.hpp"
 #include "messages/common.capnp.h"
+#include "messages/kvstore.capnp.h"
 #include "messages/types.hpp"
 
 namespace shardline::messages::detail {
@@ -124,6 +125,10 @@ void put(wire::WorkerStatus::Builder b, const WorkerStatus& s);
 [[nodiscard]] WorkerStatus get(wire::WorkerStatus::Reader r);
 void put(wire::ActorInfo::Builder b, const ActorInfo& a);
 [[nodiscard]] ActorInfo get(wire::ActorInfo::Reader r);
+void put(wire::KvStoreStats::Builder b, const KvStoreStats& m);
+[[nodiscard]] KvStoreStats get(wire::KvStoreStats::Reader r);
+void put(wire::KvProgress::Builder b, const worker::KvProgress& p);
+[[nodiscard]] worker::KvProgress get(wire::KvProgress::Reader r, const std::string& field);
 
 /// Fills `list` (already sized) from `v` with put().
 template <class ListBuilder, class T>

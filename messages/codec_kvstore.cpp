@@ -8,6 +8,49 @@ namespace shardline::messages {
 
 namespace detail {
 
+namespace {
+
+capnp::Data::Reader bytes_of(const std::vector<std::byte>& v) {
+  return capnp::Data::Reader(reinterpret_cast<const kj::byte*>(v.data()), v.size());
+}
+
+std::vector<std::byte> bytes_from(capnp::Data::Reader d) {
+  const auto* p = reinterpret_cast<const std::byte*>(d.begin());
+  return std::vector<std::byte>(p, p + d.size());
+}
+
+std::string request_field(const char* what, std::size_t i) { return at(what, i); }
+
+}  // namespace
+
+void put(wire::KvStoreStats::Builder b, const KvStoreStats& m) {
+  b.setNumEntries(m.num_entries);
+  b.setBytesUsed(m.bytes_used);
+  b.setBytesCapacity(m.bytes_capacity);
+  b.setDiskBytes(m.disk_bytes);
+  b.setRequests(m.requests);
+  b.setChunks(m.chunks);
+  b.setReplica(text(m.replica));
+  b.setLagTokens(m.lag_tokens);
+  b.setReplicatedTokens(m.replicated_tokens);
+  b.setStoreName(text(m.store_name));
+}
+
+KvStoreStats get(wire::KvStoreStats::Reader r) {
+  KvStoreStats m;
+  m.num_entries = r.getNumEntries();
+  m.bytes_used = r.getBytesUsed();
+  m.bytes_capacity = r.getBytesCapacity();
+  m.disk_bytes = r.getDiskBytes();
+  m.requests = r.getRequests();
+  m.chunks = r.getChunks();
+  m.replica = str(r.getReplica());
+  m.lag_tokens = r.getLagTokens();
+  m.replicated_tokens = r.getReplicatedTokens();
+  m.store_name = str(r.getStoreName());
+  return m;
+}
+
 // ============================================================================
 // KvStoreMessage
 // ============================================================================
@@ -49,6 +92,98 @@ struct Member<KM, StatsQuery> {
   static StatsQuery get(KM::Reader) { return {}; }
 };
 
+template <>
+struct Member<KM, PutChunks> {
+  static constexpr auto which = KM::PUT_CHUNKS;
+  static void put(KM::Builder root, const PutChunks& m) {
+    auto b = root.initPutChunks();
+    auto list = b.initChunks(static_cast<unsigned>(m.chunks.size()));
+    for (unsigned i = 0; i < m.chunks.size(); ++i) {
+      const kvstore::KvChunkKey& k = m.chunks[i].key;
+      list[i].setJobId(k.job_id);
+      list[i].setRequestId(k.request_id);
+      list[i].setLayerBegin(k.range.layer_begin);
+      list[i].setLayerEnd(k.range.layer_end);
+      list[i].setTokenBegin(k.range.token_begin);
+      list[i].setTokenEnd(k.range.token_end);
+      list[i].setChunk(bytes_of(m.chunks[i].chunk));
+    }
+    b.setFromPeer(text(m.from_peer));
+  }
+  static PutChunks get(KM::Reader root) {
+    auto r = root.getPutChunks();
+    auto list = r.getChunks();
+    check_len(list, "chunks");
+    PutChunks m;
+    m.chunks.reserve(list.size());
+    for (unsigned i = 0; i < list.size(); ++i) {
+      const auto c = list[i];
+      KvChunkData d;
+      d.key.job_id = c.getJobId();
+      d.key.request_id = c.getRequestId();
+      d.key.range = kvstore::KvRange{c.getLayerBegin(), c.getLayerEnd(), c.getTokenBegin(), c.getTokenEnd()};
+      // The store checks the range against its model shape; here only what
+      // no shape allows.
+      if (d.key.range.layer_begin < 0 || d.key.range.layer_end <= d.key.range.layer_begin ||
+          d.key.range.token_begin < 0 || d.key.range.token_end <= d.key.range.token_begin)
+        fail(ErrorCode::invalid_argument, request_field("chunks", i) + ": empty or negative range");
+      d.chunk = bytes_from(c.getChunk());
+      m.chunks.push_back(std::move(d));
+    }
+    m.from_peer = str(r.getFromPeer());
+    return m;
+  }
+};
+
+template <>
+struct Member<KM, FetchPrefix> {
+  static constexpr auto which = KM::FETCH_PREFIX;
+  static void put(KM::Builder root, const FetchPrefix& m) {
+    auto b = root.initFetchPrefix();
+    b.setJobId(m.job_id);
+    b.setRequestId(m.request_id);
+    b.setMaxTokens(m.max_tokens);
+    b.setAskPeers(m.ask_peers);
+  }
+  static FetchPrefix get(KM::Reader root) {
+    auto r = root.getFetchPrefix();
+    if (r.getMaxTokens() < 0) fail(ErrorCode::invalid_argument, "maxTokens must be >= 0");
+    return FetchPrefix{r.getJobId(), r.getRequestId(), r.getMaxTokens(), r.getAskPeers()};
+  }
+};
+
+template <>
+struct Member<KM, DropRequests> {
+  static constexpr auto which = KM::DROP_REQUESTS;
+  static void put(KM::Builder root, const DropRequests& m) {
+    auto b = root.initDropRequests();
+    b.setJobId(m.job_id);
+    auto ids = b.initRequestIds(static_cast<unsigned>(m.request_ids.size()));
+    for (unsigned i = 0; i < m.request_ids.size(); ++i) ids.set(i, m.request_ids[i]);
+    b.setFromPeer(text(m.from_peer));
+  }
+  static DropRequests get(KM::Reader root) {
+    auto r = root.getDropRequests();
+    auto ids = r.getRequestIds();
+    check_len(ids, "requestIds");
+    DropRequests m;
+    m.job_id = r.getJobId();
+    m.request_ids.reserve(ids.size());
+    for (const std::uint64_t id : ids) m.request_ids.push_back(id);
+    m.from_peer = str(r.getFromPeer());
+    return m;
+  }
+};
+
+template <>
+struct Member<KM, SetRing> {
+  static constexpr auto which = KM::SET_RING;
+  static void put(KM::Builder root, const SetRing& m) {
+    set_texts(root.initSetRing().initNames(static_cast<unsigned>(m.names.size())), m.names);
+  }
+  static SetRing get(KM::Reader root) { return SetRing{get_texts(root.getSetRing().getNames(), "names")}; }
+};
+
 // ============================================================================
 // KvStoreReply (Ack / Error: codec_detail.hpp)
 // ============================================================================
@@ -73,15 +208,48 @@ struct Member<KR, BlocksData> {
 template <>
 struct Member<KR, KvStoreStats> {
   static constexpr auto which = KR::STATS;
-  static void put(KR::Builder root, const KvStoreStats& m) {
-    auto b = root.initStats();
-    b.setNumEntries(m.num_entries);
-    b.setBytesUsed(m.bytes_used);
-    b.setBytesCapacity(m.bytes_capacity);
+  static void put(KR::Builder root, const KvStoreStats& m) { detail::put(root.initStats(), m); }
+  static KvStoreStats get(KR::Reader root) { return detail::get(root.getStats()); }
+};
+
+template <>
+struct Member<KR, ChunksAcked> {
+  static constexpr auto which = KR::CHUNKS_ACKED;
+  static void put(KR::Builder root, const ChunksAcked& m) {
+    auto list = root.initChunksAcked().initAcks(static_cast<unsigned>(m.acks.size()));
+    for (unsigned i = 0; i < m.acks.size(); ++i) {
+      list[i].setJobId(m.acks[i].job_id);
+      list[i].setRequestId(m.acks[i].request_id);
+      list[i].setTokens(m.acks[i].tokens);
+    }
   }
-  static KvStoreStats get(KR::Reader root) {
-    auto r = root.getStats();
-    return KvStoreStats{r.getNumEntries(), r.getBytesUsed(), r.getBytesCapacity()};
+  static ChunksAcked get(KR::Reader root) {
+    auto list = root.getChunksAcked().getAcks();
+    check_len(list, "acks");
+    ChunksAcked m;
+    m.acks.reserve(list.size());
+    for (unsigned i = 0; i < list.size(); ++i) {
+      KvAck a{list[i].getJobId(), list[i].getRequestId(), list[i].getTokens()};
+      if (a.tokens < 0) fail(ErrorCode::invalid_argument, at("acks", i) + ".tokens must be >= 0");
+      m.acks.push_back(a);
+    }
+    return m;
+  }
+};
+
+template <>
+struct Member<KR, KvPrefixData> {
+  static constexpr auto which = KR::PREFIX_DATA;
+  static void put(KR::Builder root, const KvPrefixData& m) {
+    auto b = root.initPrefixData();
+    b.setTokens(m.tokens);
+    b.setChunk(bytes_of(m.chunk));
+    b.setSource(text(m.source));
+  }
+  static KvPrefixData get(KR::Reader root) {
+    auto r = root.getPrefixData();
+    if (r.getTokens() < 0) fail(ErrorCode::invalid_argument, "tokens must be >= 0");
+    return KvPrefixData{r.getTokens(), bytes_from(r.getChunk()), str(r.getSource())};
   }
 };
 

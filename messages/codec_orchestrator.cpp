@@ -126,6 +126,51 @@ struct Member<OM, WorkerHeartbeat> {
   }
 };
 
+template <>
+struct Member<OM, KvStoreHello> {
+  static constexpr auto which = OM::KV_STORE_HELLO;
+  static void put(OM::Builder root, const KvStoreHello& m) {
+    auto b = root.initKvStoreHello();
+    b.setStoreName(text(m.store_name));
+    b.setNode(text(m.node));
+  }
+  static KvStoreHello get(OM::Reader root) {
+    auto r = root.getKvStoreHello();
+    return KvStoreHello{str(r.getStoreName()), str(r.getNode())};
+  }
+};
+
+template <>
+struct Member<OM, KvStoreHeartbeat> {
+  static constexpr auto which = OM::KV_STORE_HEARTBEAT;
+  static void put(OM::Builder root, const KvStoreHeartbeat& m) {
+    detail::put(root.initKvStoreHeartbeat().initStats(), m.stats);
+  }
+  static KvStoreHeartbeat get(OM::Reader root) {
+    return KvStoreHeartbeat{detail::get(root.getKvStoreHeartbeat().getStats())};
+  }
+};
+
+template <>
+struct Member<OM, KvProgressReport> {
+  static constexpr auto which = OM::KV_PROGRESS_REPORT;
+  static void put(OM::Builder root, const KvProgressReport& m) {
+    auto b = root.initKvProgressReport();
+    b.setWorkerName(text(m.worker_name));
+    put_all(b.initProgress(static_cast<unsigned>(m.progress.size())), m.progress);
+  }
+  static KvProgressReport get(OM::Reader root) {
+    auto r = root.getKvProgressReport();
+    auto list = r.getProgress();
+    check_len(list, "progress");
+    KvProgressReport m;
+    m.worker_name = str(r.getWorkerName());
+    m.progress.reserve(list.size());
+    for (unsigned i = 0; i < list.size(); ++i) m.progress.push_back(detail::get(list[i], at("progress", i)));
+    return m;
+  }
+};
+
 // ============================================================================
 // OrchestratorReply
 // ============================================================================

@@ -59,6 +59,22 @@ struct BatchRequest {
   returnTokenIds @6 :Bool;
   n @7 :Int32 = 1;
   tokenBudget @8 :Text;    # the job's token budget policy ("fixed", "throttle"); "" = fixed
+  resume @9 :List(ChoiceResume);  # [n] when the line resumes after a failure; empty for a fresh line
+}
+
+# worker::ChoiceResume without its KV (the worker fetches that from a KV store).
+struct ChoiceResume {
+  outputIds @0 :List(Int32);
+  numKvTokens @1 :Int32;
+}
+
+# worker::KvProgress: a choice's replicated progress (worker -> orchestrator).
+struct KvProgress {
+  jobId @0 :UInt64;
+  lineIndex @1 :UInt64;
+  choice @2 :Int32;
+  replicatedTokens @3 :Int32;
+  outputIds @4 :List(Int32);
 }
 
 # orchestrator::BatchChoice.
@@ -97,6 +113,8 @@ struct JobProgress {
   inputs @10 :List(Text);  # the job's shards, in order
   parallel @11 :Text;      # the job's parallel config, "tp=2,pp=1,sp=1,dp=1"; "" = not recorded
   tokenBudget @12 :Text;   # the job's token budget policy
+  requeued @13 :UInt64;    # lines handed back because their worker failed (this process)
+  resumed @14 :UInt64;     # lines handed out again with replicated KV to resume from (this process)
 }
 
 # A worker's state (worker -> orchestrator, worker -> client).
@@ -120,4 +138,5 @@ struct ActorInfo {
   node @2 :Text;
   state @3 :Text;
   parallel @4 :Text;       # a worker's engine group, "tp=2,pp=1,sp=1"; "" for other actors
+  detail @5 :Text;         # what else its kind reports (a KV store: bytes in memory and on disk, replication lag)
 }

@@ -19,6 +19,44 @@ struct DropBlocks {
   key @0 :Text;
 }
 
+# One canonical KV chunk (kvstore/kv_stream.hpp) of a request.
+struct KvChunk {
+  jobId @0 :UInt64;
+  requestId @1 :UInt64;
+  layerBegin @2 :Int32;
+  layerEnd @3 :Int32;
+  tokenBegin @4 :Int32;
+  tokenEnd @5 :Int32;
+  chunk @6 :Data;
+}
+
+# Store chunks (from a worker's streamer, or from a peer store replicating).
+struct PutChunks {
+  chunks @0 :List(KvChunk);
+  fromPeer @1 :Text;       # "" from a worker; else the replicating store's name (not forwarded again)
+}
+
+# The durable prefix of a request (recovery).
+struct FetchPrefix {
+  jobId @0 :UInt64;
+  requestId @1 :UInt64;
+  maxTokens @2 :Int32;
+  askPeers @3 :Bool;       # when this store holds fewer tokens, ask the other stores of the ring
+}
+
+# Delete requests' KV (their lines finished), or a whole job's.
+struct DropRequests {
+  jobId @0 :UInt64;
+  requestIds @1 :List(UInt64);  # empty = every request of the job
+  fromPeer @2 :Text;            # as PutChunks.fromPeer
+}
+
+# The replication ring (orchestrator -> store); the stores' actor handles
+# travel beside the signed bytes.
+struct SetRing {
+  names @0 :List(Text);    # every store of the cluster, in ring order
+}
+
 struct KvStoreMessage {
   version @0 :UInt16;
   union {
@@ -26,6 +64,10 @@ struct KvStoreMessage {
     getBlocks @2 :GetBlocks;
     dropBlocks @3 :DropBlocks;
     statsQuery @4 :Void;
+    putChunks @5 :PutChunks;
+    fetchPrefix @6 :FetchPrefix;
+    dropRequests @7 :DropRequests;
+    setRing @8 :SetRing;
   }
 }
 
@@ -36,9 +78,33 @@ struct BlocksData {
 }
 
 struct KvStoreStats {
-  numEntries @0 :UInt64;
-  bytesUsed @1 :UInt64;
-  bytesCapacity @2 :UInt64;
+  numEntries @0 :UInt64;     # chunks in the host-memory tier
+  bytesUsed @1 :UInt64;      # their bytes
+  bytesCapacity @2 :UInt64;  # the tier's budget
+  diskBytes @3 :UInt64;      # every file of the store's RocksDB directory
+  requests @4 :UInt64;       # requests with stored chunks
+  chunks @5 :UInt64;         # chunks on disk
+  replica @6 :Text;          # the peer replicated to ("" = none)
+  lagTokens @7 :UInt64;      # positions the replica is behind the local store
+  replicatedTokens @8 :UInt64;  # positions acknowledged by every replica since open
+  storeName @9 :Text;
+}
+
+# The acknowledged prefix of one request: the paper's (x, j, t).
+struct KvAck {
+  jobId @0 :UInt64;
+  requestId @1 :UInt64;
+  tokens @2 :Int32;
+}
+
+struct ChunksAcked {
+  acks @0 :List(KvAck);
+}
+
+struct KvPrefixData {
+  tokens @0 :Int32;
+  chunk @1 :Data;          # canonical chunk of all layers x [0, tokens)
+  source @2 :Text;         # the store that had it
 }
 
 struct KvStoreReply {
@@ -48,5 +114,7 @@ struct KvStoreReply {
     stats @2 :KvStoreStats;
     ack @3 :Void;
     errorReply @4 :C.ErrorReply;
+    chunksAcked @5 :ChunksAcked;
+    prefixData @6 :KvPrefixData;
   }
 }

@@ -5,6 +5,7 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("shardline::wire");
 
 using C = import "common.capnp";
+using KS = import "kvstore.capnp";
 
 struct SubmitJob {
   modelDir @0 :Text;
@@ -45,6 +46,22 @@ struct WorkerHeartbeat {
   status @1 :C.WorkerStatus;
 }
 
+# A KV store registers (and re-registers after a restart).
+struct KvStoreHello {
+  storeName @0 :Text;
+  node @1 :Text;
+}
+
+struct KvStoreHeartbeat {
+  stats @0 :KS.KvStoreStats;
+}
+
+# A worker forwards what its KV store acknowledged.
+struct KvProgressReport {
+  workerName @0 :Text;
+  progress @1 :List(C.KvProgress);
+}
+
 struct OrchestratorMessage {
   version @0 :UInt16;
   union {
@@ -56,6 +73,9 @@ struct OrchestratorMessage {
     workerResults @6 :WorkerResults;
     workerHeartbeat @7 :WorkerHeartbeat;
     shutdown @8 :Void;
+    kvStoreHello @9 :KvStoreHello;
+    kvStoreHeartbeat @10 :KvStoreHeartbeat;
+    kvProgressReport @11 :KvProgressReport;
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
+#include "kvstore/kv_stream.hpp"
 #include "orchestrator/job_manager.hpp"
 #include "worker/batch_types.hpp"
 
@@ -67,6 +68,8 @@ struct JobProgress {
   std::vector<std::string> inputs;  ///< input shards, in order
   std::string parallel;      ///< the job's parallel config ("tp=2,pp=1,sp=1,dp=1"); "" = not recorded
   std::string token_budget;  ///< the job's token budget policy ("fixed", "throttle")
+  std::uint64_t requeued = 0;  ///< failures: lines handed back because their worker failed (this process)
+  std::uint64_t resumed = 0;   ///< recoveries: lines handed out again with replicated KV (this process)
   bool operator==(const JobProgress&) const = default;
 };
 
@@ -92,6 +95,10 @@ struct ActorInfo {
   std::string node;
   std::string state;
   std::string parallel;  ///< a worker's engine group ("tp=2,pp=1,sp=1"); "" for other actors
+  /// What else the kind reports; a KV store: its bytes in memory and on
+  /// disk and its replication lag, e.g. "mem 1.5 MiB / 256 MiB, disk 3.0 MiB,
+  /// 12 requests, replica b/kvstore lag 0 tokens".
+  std::string detail;
   bool operator==(const ActorInfo&) const = default;
 };
 
@@ -140,6 +147,23 @@ struct WorkerHeartbeat {
   std::string worker_name;
   WorkerStatus status;
   bool operator==(const WorkerHeartbeat&) const = default;
+};
+
+/// A KV store registers with the orchestrator (again after a restart); the
+/// orchestrator answers every store with the ring (SetRing).
+struct KvStoreHello {
+  std::string store_name;  ///< "NODE/kvstore"
+  std::string node;
+  bool operator==(const KvStoreHello&) const = default;
+};
+
+
+/// What the orchestrator forwards from a worker: its KV store's
+/// acknowledgements with the tokens (worker::KvProgress).
+struct KvProgressReport {
+  std::string worker_name;
+  std::vector<worker::KvProgress> progress;
+  bool operator==(const KvProgressReport&) const = default;
 };
 
 // ---- orchestrator replies -------------------------------------------------------
@@ -195,11 +219,83 @@ struct BlocksData {
   bool operator==(const BlocksData&) const = default;
 };
 
+/// A KV store's state (its heartbeat to the orchestrator, its stats answer).
 struct KvStoreStats {
-  std::uint64_t num_entries = 0;
-  std::uint64_t bytes_used = 0;
-  std::uint64_t bytes_capacity = 0;
+  std::uint64_t num_entries = 0;     ///< chunks in the host-memory tier
+  std::uint64_t bytes_used = 0;      ///< their bytes
+  std::uint64_t bytes_capacity = 0;  ///< the tier's budget, bytes
+  std::uint64_t disk_bytes = 0;      ///< every file of its RocksDB directory
+  std::uint64_t requests = 0;        ///< requests with stored chunks
+  std::uint64_t chunks = 0;          ///< chunks on disk
+  std::string replica;               ///< the peer it replicates to ("" = none)
+  std::uint64_t lag_tokens = 0;      ///< positions the replica is behind the local store
+  std::uint64_t replicated_tokens = 0;  ///< positions acknowledged by every replica since open
+  std::string store_name;
   bool operator==(const KvStoreStats&) const = default;
+};
+
+/// A store's heartbeat (KV store -> orchestrator).
+struct KvStoreHeartbeat {
+  KvStoreStats stats;
+  bool operator==(const KvStoreHeartbeat&) const = default;
+};
+
+/// One canonical chunk of a request.
+struct KvChunkData {
+  kvstore::KvChunkKey key;
+  std::vector<std::byte> chunk;  ///< kvstore::chunk_bytes(shape, key.range) bytes
+  bool operator==(const KvChunkData&) const = default;
+};
+
+/// Store chunks: from a worker's streamer (from_peer ""), or from the peer
+/// store that replicates to this one (from_peer = its name; not forwarded).
+struct PutChunks {
+  std::vector<KvChunkData> chunks;
+  std::string from_peer;
+  bool operator==(const PutChunks&) const = default;
+};
+
+/// The durable prefix of a request, at most max_tokens positions.
+struct FetchPrefix {
+  std::uint64_t job_id = 0;
+  std::uint64_t request_id = 0;
+  int max_tokens = 0;
+  bool ask_peers = false;  ///< when short here, ask the other stores of the ring
+  bool operator==(const FetchPrefix&) const = default;
+};
+
+/// Delete requests' KV (empty request_ids: the whole job's).
+struct DropRequests {
+  std::uint64_t job_id = 0;
+  std::vector<std::uint64_t> request_ids;
+  std::string from_peer;
+  bool operator==(const DropRequests&) const = default;
+};
+
+/// The replication ring: every store of the cluster, in ring order.
+struct SetRing {
+  std::vector<std::string> names;
+  bool operator==(const SetRing&) const = default;
+};
+
+/// The acknowledged prefix of one request: the paper's (x, j, t).
+struct KvAck {
+  std::uint64_t job_id = 0;
+  std::uint64_t request_id = 0;
+  int tokens = 0;
+  bool operator==(const KvAck&) const = default;
+};
+
+struct ChunksAcked {
+  std::vector<KvAck> acks;
+  bool operator==(const ChunksAcked&) const = default;
+};
+
+struct KvPrefixData {
+  int tokens = 0;
+  std::vector<std::byte> chunk;  ///< all layers x [0, tokens)
+  std::string source;            ///< the store that had it
+  bool operator==(const KvPrefixData&) const = default;
 };
 
 // ---- inboxes and replies ------------------------------------------------------------
@@ -211,7 +307,8 @@ struct KvStoreStats {
 
 /// What the orchestrator receives (orchestrator.capnp OrchestratorMessage).
 using OrchestratorMsg = std::variant<SubmitJob, JobStatusQuery, ActorListQuery, KillActor, WorkerHello,
-                                     WorkerResults, WorkerHeartbeat, Shutdown>;
+                                     WorkerResults, WorkerHeartbeat, Shutdown, KvStoreHello, KvStoreHeartbeat,
+                                     KvProgressReport>;
 
 /// What the orchestrator answers a client (orchestrator.capnp OrchestratorReply);
 /// Error travels as `errorReply`.
@@ -225,9 +322,12 @@ using WorkerMsg = std::variant<AssignWork, CancelJob, WorkerStatusQuery, Shutdow
 using WorkerReply = std::variant<WorkerStatus, Ack, Error>;
 
 /// What the KV store receives (kvstore.capnp KvStoreMessage).
-using KvStoreMsg = std::variant<PutBlocks, GetBlocks, DropBlocks, StatsQuery>;
+/// PutBlocks / GetBlocks / DropBlocks are retired (the opaque-blob store
+/// before issue 11); the store answers them with an `unsupported` error.
+using KvStoreMsg = std::variant<PutBlocks, GetBlocks, DropBlocks, StatsQuery, PutChunks, FetchPrefix, DropRequests,
+                                SetRing>;
 
 /// The KV store's answer (kvstore.capnp KvStoreReply); KvStoreStats travels as `stats`.
-using KvStoreReply = std::variant<BlocksData, KvStoreStats, Ack, Error>;
+using KvStoreReply = std::variant<BlocksData, KvStoreStats, Ack, Error, ChunksAcked, KvPrefixData>;
 
 }  // namespace shardline::messages

@@ -36,10 +36,10 @@ struct ChoiceResume {
 /// orchestrator after the KV store acknowledged a flush (the paper's
 /// (x, j, t) acknowledgement, seed 003 §4.2.3, with the tokens): positions
 /// [0, replicated_tokens) of its KV are durable at the store's sync level and
-/// held by every replica that counts, and `output_ids` are the tokens it
-/// generated at positions [num_prompt_tokens, replicated_tokens + 1) (empty
-/// while the prompt is not fully replicated). The orchestrator keeps the
-/// latest as the choice's ChoiceResume{output_ids, replicated_tokens}.
+/// held by every replica that counts, and `output_ids` are tokens it
+/// generated (at positions from the prompt's end on), such that
+/// ChoiceResume{output_ids, replicated_tokens} is a valid resume
+/// (worker/kv_progress.hpp says how). The orchestrator keeps the latest.
 struct KvProgress {
   std::uint64_t job_id = 0;
   std::uint64_t line_index = 0;

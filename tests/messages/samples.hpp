@@ -49,6 +49,8 @@ inline worker::BatchRequest sample_request(int i) {
   r.params = sample_params(i);
   r.return_token_ids = (i % 2) == 1;
   r.n = 1 + i % 3;
+  if (i % 2 == 1)  // a requeued line resuming from replicated KV (no chunk: the worker fetches it)
+    for (int c = 0; c < r.n; ++c) r.resume.push_back({{100 + c, 200 + i, 3}, 17 + c, {}});
   return r;
 }
 
@@ -105,6 +107,8 @@ inline JobProgress sample_progress(int i) {
   p.eta_s = 98.25;
   p.output = "/data/out/job-" + std::to_string(i) + ".jsonl";
   p.inputs = {"/data/in/a-" + std::to_string(i) + ".jsonl", "/data/in/b.jsonl"};
+  p.requeued = 3 + static_cast<std::uint64_t>(i);
+  p.resumed = 2;
   return p;
 }
 
@@ -147,6 +151,11 @@ inline void expect_request_eq(const worker::BatchRequest& a, const worker::Batch
   EXPECT_EQ(a.return_token_ids, b.return_token_ids);
   EXPECT_EQ(a.n, b.n);
   EXPECT_EQ(a.token_budget, b.token_budget);
+  ASSERT_EQ(a.resume.size(), b.resume.size());
+  for (std::size_t i = 0; i < a.resume.size(); ++i) {
+    EXPECT_EQ(a.resume[i].output_ids, b.resume[i].output_ids);
+    EXPECT_EQ(a.resume[i].num_kv_tokens, b.resume[i].num_kv_tokens);
+  }
 }
 
 inline void expect_result_eq(const worker::BatchResult& a, const worker::BatchResult& b) {
@@ -197,6 +206,28 @@ void expect_msg_eq(const std::variant<Ts...>& a, const std::variant<Ts...>& b) {
   std::visit([&b](const auto& x) { expect_same(x, std::get<std::decay_t<decltype(x)>>(b)); }, a);
 }
 
+inline std::vector<std::byte> sample_chunk(std::size_t n, std::uint32_t seed) {
+  const std::string b = binary_blob(n, seed);
+  std::vector<std::byte> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<std::byte>(b[i]);
+  return out;
+}
+
+inline KvStoreStats sample_kv_stats() {
+  KvStoreStats s;
+  s.num_entries = 40;
+  s.bytes_used = 3u << 20;
+  s.bytes_capacity = 256u << 20;
+  s.disk_bytes = 9u << 20;
+  s.requests = 17;
+  s.chunks = 300;
+  s.replica = "node-b/kvstore";
+  s.lag_tokens = 12;
+  s.replicated_tokens = 1u << 20;
+  s.store_name = "node-a/kvstore";
+  return s;
+}
+
 // ---- every kind of every message, encoded ------------------------------------
 
 inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
@@ -219,6 +250,9 @@ inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
       OrchestratorMsg{WorkerResults{"worker-gpu-0@node-a", results}},
       OrchestratorMsg{WorkerHeartbeat{"worker-gpu-0@node-a", sample_status()}},
       OrchestratorMsg{Shutdown{}},
+      OrchestratorMsg{KvStoreHello{"node-b/kvstore", "node-b"}},
+      OrchestratorMsg{KvStoreHeartbeat{sample_kv_stats()}},
+      OrchestratorMsg{KvProgressReport{"node-a/cpu:0", {{7, 12, 0, 130, {5, 6, 7}}, {7, 12, 1, 3, {}}}}},
   };
 }
 
@@ -229,7 +263,7 @@ inline std::vector<OrchestratorReply> sample_orchestrator_replies() {
       OrchestratorReply{JobStatusList{}},
       OrchestratorReply{ActorList{{{"orchestrator", "orchestrator", "node-a", "up", ""},
                                        {"worker-gpu-0", "worker", "node-a", "busy", "tp=2,pp=1,sp=1"},
-                                       {"kvstore", "kvstore", "node-b", "up", ""}}}},
+                                       {"kvstore", "kvstore", "node-b", "up", "", "mem 1.0 MiB / 256 MiB, disk 2.0 MiB"}}}},
       OrchestratorReply{Ack{}},
       OrchestratorReply{Error{ErrorCode::not_found, "no job with id 99"}},
   };
@@ -262,6 +296,14 @@ inline std::vector<KvStoreMsg> sample_kvstore_msgs() {
       KvStoreMsg{GetBlocks{"job7/seq3/blocks0-15"}},
       KvStoreMsg{DropBlocks{"job7/seq3"}},
       KvStoreMsg{StatsQuery{}},
+      KvStoreMsg{PutChunks{{{{7, 1793, {0, 6, 0, 9}}, sample_chunk(6 * 2 * 9 * 8, 4)},
+                            {{7, 1794, {2, 3, 130, 131}}, sample_chunk(2 * 8, 5)}},
+                           ""}},
+      KvStoreMsg{PutChunks{{}, "node-a/kvstore"}},
+      KvStoreMsg{FetchPrefix{7, 1793, 512, true}},
+      KvStoreMsg{DropRequests{7, {1793, 1794}, ""}},
+      KvStoreMsg{DropRequests{7, {}, "node-a/kvstore"}},
+      KvStoreMsg{SetRing{{"a/kvstore", "b/kvstore"}}},
   };
 }
 
@@ -270,6 +312,10 @@ inline std::vector<KvStoreReply> sample_kvstore_replies() {
       KvStoreReply{BlocksData{"job7/seq3/blocks0-15", binary_blob(777, 2), true}},
       KvStoreReply{BlocksData{"missing", "", false}},
       KvStoreReply{KvStoreStats{12, 1u << 30, 8ull << 30}},
+      KvStoreReply{sample_kv_stats()},
+      KvStoreReply{ChunksAcked{{{7, 1793, 9}, {7, 1794, 0}}}},
+      KvStoreReply{KvPrefixData{9, sample_chunk(6 * 2 * 9 * 8, 6), "node-b/kvstore"}},
+      KvStoreReply{KvPrefixData{0, {}, ""}},
       KvStoreReply{Ack{}},
       KvStoreReply{Error{ErrorCode::io, "rocksdb: disk full"}},
   };

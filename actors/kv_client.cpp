@@ -1,0 +1,81 @@
+#include "actors/kv_client.hpp"
+
+#include "actors/protocol.hpp"
+#include "messages/codec.hpp"
+
+namespace shardline::actors {
+
+Result<messages::KvStoreReply> ask_kv_store(caf::actor_system& system, const caf::actor& store, const ClusterKey& key,
+                                            const messages::KvStoreMsg& msg, std::chrono::milliseconds timeout) {
+  if (!store) return make_error(ErrorCode::io, "no KV store now (it is restarting)");
+  const Signed s = sign(key, messages::encode(msg));
+  caf::scoped_actor self{system};
+  Result<messages::KvStoreReply> out = make_error(ErrorCode::io, "no reply from the KV store");
+  self->request(store, timeout, msg_atom::value, s.tag, s.bytes)
+      .receive(
+          [&out](std::string& bytes) {
+            auto reply = messages::decode_kvstore_reply(bytes);
+            if (!reply) {
+              out = make_error(ErrorCode::io, "KV store reply: " + reply.error().to_string());
+              return;
+            }
+            if (auto* e = std::get_if<Error>(&*reply)) {
+              out = *e;
+              return;
+            }
+            out = std::move(reply).value();
+          },
+          [&out, &system](caf::error& e) {
+            out = make_error(ErrorCode::io, "KV store: " + system.render(e));
+          });
+  return out;
+}
+
+Result<messages::KvPrefixData> fetch_kv_prefix(caf::actor_system& system, const caf::actor& store,
+                                               const ClusterKey& key, std::uint64_t job_id, std::uint64_t request_id,
+                                               int max_tokens, std::chrono::milliseconds timeout) {
+  auto reply =
+      ask_kv_store(system, store, key, messages::FetchPrefix{job_id, request_id, max_tokens, true}, timeout);
+  if (!reply) return std::move(reply).error();
+  auto* data = std::get_if<messages::KvPrefixData>(&*reply);
+  if (data == nullptr) return make_error(ErrorCode::io, "KV store: unexpected reply to fetchPrefix");
+  return std::move(*data);
+}
+
+ActorKvTarget::ActorKvTarget(caf::actor_system& system, std::shared_ptr<KvStoreLink> link,
+                             std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout)
+    : system_(system), link_(std::move(link)), key_(std::move(key)), timeout_(timeout) {}
+
+Status ActorKvTarget::flush(const kvstore::KvChunkKey& key, std::span<const std::byte> chunk) {
+  const kvstore::KvChunkRef ref{key, 0, chunk.size()};
+  return flush_batch(std::span<const kvstore::KvChunkRef>(&ref, 1), chunk);
+}
+
+Result<std::vector<std::byte>> ActorKvTarget::fetch(const kvstore::KvChunkKey&) {
+  return make_error(ErrorCode::unsupported, "ActorKvTarget: fetch a request's prefix with fetch_kv_prefix");
+}
+
+Status ActorKvTarget::flush_batch(std::span<const kvstore::KvChunkRef> chunks, std::span<const std::byte> buffer) {
+  messages::PutChunks put;
+  put.chunks.reserve(chunks.size());
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    const kvstore::KvChunkRef& c = chunks[i];
+    if (Status ok = kvstore::check_chunk_ref(c, i, buffer.size()); !ok) return ok;
+    const std::byte* p = buffer.data() + c.offset;
+    put.chunks.push_back(messages::KvChunkData{c.key, std::vector<std::byte>(p, p + c.bytes)});
+  }
+  auto reply = ask_kv_store(system_, link_->get(), *key_, put, timeout_);
+  if (!reply) return reply.error();
+  auto* acked = std::get_if<messages::ChunksAcked>(&*reply);
+  if (acked == nullptr) return make_error(ErrorCode::io, "KV store: unexpected reply to putChunks");
+  for (const messages::KvAck& a : acked->acks) acks_.push_back(worker::KvStoreAck{a.job_id, a.request_id, a.tokens});
+  return Status::ok_status();
+}
+
+std::vector<worker::KvStoreAck> ActorKvTarget::take_acks() {
+  std::vector<worker::KvStoreAck> out;
+  out.swap(acks_);
+  return out;
+}
+
+}  // namespace shardline::actors

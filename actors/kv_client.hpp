@@ -1,0 +1,88 @@
+#pragma once
+/// \file
+/// How a worker reaches its node's KV-store actor (DéjàVu §4.1's flush /
+/// fetch to "a KV-store actor"): a link that always names the current store
+/// incarnation (the supervisor restarts a killed store and updates it), the
+/// KvTarget the worker's KvStreamer flushes through, and the blocking fetch
+/// of a request's durable prefix that recovery uses.
+///
+/// Both block the calling thread on a CAF request (a scoped actor): call
+/// them from the streamer's thread or from a detached worker actor, never
+/// from an event-based actor on the shared scheduler.
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "actors/auth.hpp"
+#include "common/result.hpp"
+#include "kvstore/kv_stream.hpp"
+#include "messages/types.hpp"
+#include "worker/kv_progress.hpp"
+
+namespace shardline::actors {
+
+/// The node's current KV-store actor (null between a kill and the restart).
+class KvStoreLink {
+ public:
+  void set(caf::actor store) {
+    std::lock_guard<std::mutex> lock(mu_);
+    store_ = std::move(store);
+  }
+  [[nodiscard]] caf::actor get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return store_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  caf::actor store_;
+};
+
+/// A KvTarget over the KV-store actor: flush_batch sends one PutChunks of
+/// every chunk of the batch (one message: the buffered copy's one transfer)
+/// and waits for the store's ChunksAcked, which it keeps for take_acks().
+/// flush() is a batch of one; fetch() is unsupported (recovery uses
+/// fetch_kv_prefix). Errors: io (no store now, it did not answer within
+/// `timeout`, or it answered with an error: the streamer retries).
+class ActorKvTarget final : public kvstore::KvTarget {
+ public:
+  ActorKvTarget(caf::actor_system& system, std::shared_ptr<KvStoreLink> link, std::shared_ptr<const ClusterKey> key,
+                std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+  [[nodiscard]] Status flush(const kvstore::KvChunkKey& key, std::span<const std::byte> chunk) override;
+  [[nodiscard]] Result<std::vector<std::byte>> fetch(const kvstore::KvChunkKey& key) override;
+  [[nodiscard]] Status flush_batch(std::span<const kvstore::KvChunkRef> chunks,
+                                   std::span<const std::byte> buffer) override;
+
+  /// The acknowledgements of the last successful flush (then cleared).
+  [[nodiscard]] std::vector<worker::KvStoreAck> take_acks();
+
+ private:
+  caf::actor_system& system_;
+  std::shared_ptr<KvStoreLink> link_;
+  std::shared_ptr<const ClusterKey> key_;
+  std::chrono::milliseconds timeout_;
+  std::vector<worker::KvStoreAck> acks_;
+};
+
+/// Sends a signed KV-store message and waits for the reply. Errors: io (no
+/// store, timeout, a refused or undecodable reply), or the store's Error.
+[[nodiscard]] Result<messages::KvStoreReply> ask_kv_store(caf::actor_system& system, const caf::actor& store,
+                                                          const ClusterKey& key, const messages::KvStoreMsg& msg,
+                                                          std::chrono::milliseconds timeout);
+
+/// Fetches the durable prefix of (job, request), at most `max_tokens`
+/// positions, from `store` (which asks the other stores of the ring when it
+/// holds fewer). Errors: as ask_kv_store.
+[[nodiscard]] Result<messages::KvPrefixData> fetch_kv_prefix(caf::actor_system& system, const caf::actor& store,
+                                                             const ClusterKey& key, std::uint64_t job_id,
+                                                             std::uint64_t request_id, int max_tokens,
+                                                             std::chrono::milliseconds timeout);
+
+}  // namespace shardline::actors
