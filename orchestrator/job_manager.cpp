@@ -102,7 +102,13 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
     const std::uint64_t id = rec.id;
     Job& j = m->jobs_[id];
     j.rec = std::move(rec);
-    if (!active(j)) continue;
+    auto recovery = m->store_->recovery_counters(id);
+    if (!recovery.ok()) return recovery.error();
+    j.recovery = *recovery;
+    if (!active(j)) {
+      (void)m->store_->delete_resume(id);  // left over by a crash right after it finished
+      continue;
+    }
     // Inputs must be what was submitted: line indexes depend on them.
     std::string changed;
     for (std::size_t i = 0; i < j.rec.spec.input_paths.size() && changed.empty(); ++i) {
@@ -117,7 +123,19 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
       m->fail_job(j, changed);
       continue;
     }
-    if (Status st = m->activate(j); !st.ok()) m->fail_job(j, st.error().to_string());
+    if (Status st = m->activate(j); !st.ok()) {
+      m->fail_job(j, st.error().to_string());
+      continue;
+    }
+    if (!active(j)) continue;  // activate() found it complete
+    auto resume = m->store_->load_resume(id);
+    if (!resume.ok()) return resume.error();
+    for (auto& r : *resume) {
+      if (r.line_index >= j.rec.total_lines) continue;
+      auto committed = m->store_->has_result(id, r.line_index);
+      if (!committed.ok()) return committed.error();
+      if (!*committed) j.resume[r.line_index] = std::move(r.choices);
+    }
   }
   return m;
 }
@@ -136,11 +154,36 @@ void JobManager::fail_job(Job& j, const std::string& why) {
   j.rec.error = why;
   j.rec.finished_unix_ms = unix_ms_now();
   (void)store_->update_job(j.rec);  // best effort: an I/O error here leaves it unfinished
+  finish_cleanup(j);
+}
+
+void JobManager::finish_cleanup(Job& j) {
   j.writer.reset();
   j.reader.reset();
   j.retry.clear();
   j.in_flight.clear();
+  j.resume.clear();
+  // Best effort: what an I/O error leaves behind, open() deletes.
+  (void)store_->delete_resume(j.rec.id);
   if (j.session_started && j.session_t1 < 0) j.session_t1 = now();
+}
+
+bool JobManager::attach_resume(const Job& j, BatchRequest& request) const {
+  const auto it = j.resume.find(request.line_index);
+  if (it == j.resume.end()) {
+    request.resume.clear();
+    return false;
+  }
+  request.resume = it->second;
+  return std::any_of(request.resume.begin(), request.resume.end(),
+                     [](const worker::ChoiceResume& c) { return c.num_kv_tokens > 0; });
+}
+
+void JobManager::add_recovery(Job& j, std::uint64_t requeued, std::uint64_t resumed) {
+  if (requeued == 0 && resumed == 0) return;
+  j.recovery.requeued += requeued;
+  j.recovery.resumed += resumed;
+  (void)store_->set_recovery_counters(j.rec.id, j.recovery);  // best effort: a lost write undercounts
 }
 
 Status JobManager::advance_output(Job& j) {
@@ -151,11 +194,7 @@ Status JobManager::advance_output(Job& j) {
     j.rec.state = JobState::done;
     j.rec.finished_unix_ms = unix_ms_now();
     if (Status st = store_->update_job(j.rec); !st.ok()) return st;
-    j.writer.reset();
-    j.reader.reset();
-    j.retry.clear();
-    j.in_flight.clear();
-    if (j.session_started && j.session_t1 < 0) j.session_t1 = now();
+    finish_cleanup(j);
   }
   return Status::ok_status();
 }
@@ -172,11 +211,13 @@ StoredResult JobManager::to_stored(const Job& j, const BatchResult& r) const {
   return s;
 }
 
-Status JobManager::commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added) {
+Status JobManager::commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added,
+                          const std::vector<std::uint64_t>& drop_resume) {
   if (batch.empty()) return Status::ok_status();
-  auto n = store_->put_results(j.rec.id, batch);
+  auto n = store_->put_results(j.rec.id, batch, drop_resume);
   batch.clear();
   if (!n.ok()) return n.error();
+  for (const std::uint64_t line : drop_resume) j.resume.erase(line);
   if (added != nullptr) *added += *n;
   return Status::ok_status();
 }
@@ -270,9 +311,11 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
     if (out.size() >= max_count) break;
     if (!active(j)) continue;
     const std::size_t before = out.size();
+    std::uint64_t resumed = 0;
     while (!j.retry.empty() && out.size() < max_count) {
       auto node = j.retry.extract(j.retry.begin());
       node.mapped().token_budget = j.rec.spec.token_budget;
+      if (attach_resume(j, node.mapped())) ++resumed;
       j.in_flight[node.key()] = InFlight{worker, node.mapped()};
       out.push_back(std::move(node.mapped()));
     }
@@ -304,6 +347,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
         continue;
       }
       parsed.request().token_budget = j.rec.spec.token_budget;
+      if (attach_resume(j, parsed.request())) ++resumed;  // pending since a restart
       j.in_flight[index] = InFlight{worker, parsed.request()};
       out.push_back(std::move(parsed.request()));
     }
@@ -311,6 +355,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
       out.resize(before);
       continue;
     }
+    add_recovery(j, 0, resumed);
     if (!errors.empty()) {
       if (Status st = commit(j, errors, nullptr); st.ok()) (void)advance_output(j);
     }
@@ -349,6 +394,7 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
       BatchRequest req = std::move(r->second);
       j.retry.erase(r);
       req.token_budget = j.rec.spec.token_budget;
+      (void)attach_resume(j, req);
       j.in_flight[l.line_index] = InFlight{worker, std::move(req)};
       mark_started(j);
       ++claimed;
@@ -377,6 +423,7 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
       BatchLine parsed = parse_batch_line(line, j.rec.id, index);
       if (!parsed.is_request()) continue;  // committed as an error at submit
       parsed.request().token_budget = j.rec.spec.token_budget;
+      (void)attach_resume(j, parsed.request());
       j.in_flight[index] = InFlight{worker, std::move(parsed.request())};
       mark_started(j);
       ++claimed;
@@ -395,6 +442,7 @@ std::size_t JobManager::in_flight_count(const std::string& worker) const {
 
 Result<std::size_t> JobManager::on_results(const std::vector<BatchResult>& results) {
   std::map<std::uint64_t, std::vector<StoredResult>> per_job;
+  std::map<std::uint64_t, std::vector<std::uint64_t>> drop_resume;  // job -> lines whose resume record goes
   for (const auto& r : results) {
     auto it = jobs_.find(r.job_id);
     if (it == jobs_.end() || !active(it->second)) continue;
@@ -410,12 +458,13 @@ Result<std::size_t> JobManager::on_results(const std::vector<BatchResult>& resul
       per_job[r.job_id].push_back(to_stored(j, r));
     }
     if (f != j.in_flight.end()) j.in_flight.erase(f);
+    if (j.resume.count(r.line_index) != 0) drop_resume[r.job_id].push_back(r.line_index);
   }
   std::size_t added = 0;
   Status first_error;
   for (auto& [id, batch] : per_job) {
     Job& j = jobs_.at(id);
-    if (Status st = commit(j, batch, &added); !st.ok()) {
+    if (Status st = commit(j, batch, &added, drop_resume[id]); !st.ok()) {
       if (first_error.ok()) first_error = st;
       continue;
     }
@@ -429,18 +478,49 @@ Result<std::size_t> JobManager::on_result(const BatchResult& result) {
   return on_results(std::vector<BatchResult>{result});
 }
 
+Status JobManager::on_kv_progress(const std::string& worker, std::span<const worker::KvProgress> progress) {
+  std::set<LineRef> changed;
+  for (const worker::KvProgress& p : progress) {
+    const auto it = jobs_.find(p.job_id);
+    if (it == jobs_.end() || !active(it->second)) continue;
+    Job& j = it->second;
+    const auto f = j.in_flight.find(p.line_index);
+    if (f == j.in_flight.end() || f->second.worker != worker) continue;  // stale
+    BatchRequest& request = f->second.request;
+    if (p.choice < 0 || p.choice >= request.n || p.replicated_tokens < 0) continue;
+    const auto r = j.resume.find(p.line_index);
+    const int recorded = r == j.resume.end() || static_cast<std::size_t>(p.choice) >= r->second.size()
+                             ? 0
+                             : r->second[static_cast<std::size_t>(p.choice)].num_kv_tokens;
+    if (p.replicated_tokens <= recorded) continue;  // acks never go back
+    auto& choices = j.resume[p.line_index];
+    choices.resize(static_cast<std::size_t>(request.n));
+    choices[static_cast<std::size_t>(p.choice)] = worker::ChoiceResume{p.output_ids, p.replicated_tokens, {}};
+    request.resume = choices;
+    changed.insert(LineRef{p.job_id, p.line_index});
+  }
+  std::vector<ResumeRecord> records;
+  records.reserve(changed.size());
+  for (const LineRef& l : changed)
+    records.push_back(ResumeRecord{l.job_id, l.line_index, jobs_.at(l.job_id).resume.at(l.line_index)});
+  return store_->put_resume(records);
+}
+
 std::size_t JobManager::requeue_in_flight(const std::string& worker) {
   std::size_t n = 0;
   for (auto& [id, j] : jobs_) {
+    std::uint64_t job_n = 0;
     for (auto it = j.in_flight.begin(); it != j.in_flight.end();) {
       if (it->second.worker == worker) {
-        j.retry[it->first] = std::move(it->second.request);
+        j.retry[it->first] = std::move(it->second.request);  // its resume point goes with it
         it = j.in_flight.erase(it);
-        ++n;
+        ++job_n;
       } else {
         ++it;
       }
     }
+    add_recovery(j, job_n, 0);
+    n += job_n;
   }
   return n;
 }
@@ -449,6 +529,7 @@ std::size_t JobManager::requeue_all() {
   std::size_t n = 0;
   for (auto& [id, j] : jobs_) {
     for (auto& [line, f] : j.in_flight) j.retry[line] = std::move(f.request);
+    add_recovery(j, j.in_flight.size(), 0);
     n += j.in_flight.size();
     j.in_flight.clear();
   }
@@ -461,6 +542,8 @@ JobProgress JobManager::progress_of(const Job& j) const {
   p.state = j.rec.state;
   p.total = j.rec.total_lines;
   p.error = j.rec.error;
+  p.requeued = j.recovery.requeued;
+  p.resumed = j.recovery.resumed;
   JobCounters c;
   if (auto cc = store_->counters(j.rec.id); cc.ok()) c = *cc;
   p.done = c.committed();

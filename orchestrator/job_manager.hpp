@@ -15,10 +15,16 @@
 ///    retried worker, are ignored), then appends the contiguous committed
 ///    prefix to the output file. When every line is committed and written the
 ///    job is done.
+///  - on_kv_progress(worker, progress): a worker reports how far the KV of
+///    its in-flight choices is replicated; the latest becomes the line's
+///    resume point (BatchRequest::resume), in memory and in jobs.db.
 ///  - requeue_in_flight(worker) when a worker dies; requeue_all() when every
-///    worker is lost. In-flight state is memory only: after a restart
-///    (JobManager::open) everything not committed is pending again, and each
-///    unfinished job's output file is recovered (torn tail truncated).
+///    worker is lost. The requeued lines keep their resume point, so the
+///    next worker fetches that KV and recomputes only the positions after
+///    it (DéjàVu, seed 003 §4.2.3). Which line is in flight where is memory
+///    only: after a restart (JobManager::open) everything not committed is
+///    pending again, with its stored resume point, and each unfinished job's
+///    output file is recovered (torn tail truncated).
 ///  - claim_in_flight(worker, lines) after a restart of the orchestrator
 ///    alone: a worker that lived through it reports the lines it still
 ///    holds, and they are in flight on it again instead of pending.
@@ -33,6 +39,7 @@
 #include <map>
 #include <compare>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,6 +76,10 @@ struct JobProgress {
   /// Seconds left at the current line rate; 0 when finished, -1 when unknown.
   double eta_s = -1.0;
   std::string error;  ///< state failed: why
+  /// Failures and recoveries (`job status`), over the job's life. Kept in
+  /// jobs.db without a sync: a power cut may lose the newest increments.
+  std::uint64_t requeued = 0;  ///< lines handed back to pending because their worker failed (each time)
+  std::uint64_t resumed = 0;   ///< lines handed out with some choice's num_kv_tokens > 0 (each time)
 };
 
 struct JobManagerOptions {
@@ -114,9 +125,25 @@ class JobManager {
   Result<std::size_t> on_results(const std::vector<worker::BatchResult>& results);
   Result<std::size_t> on_result(const worker::BatchResult& result);
 
-  /// Makes the in-flight requests of `worker` pending again (first in line).
+  /// Records replicated KV progress that `worker` reports (one entry per
+  /// choice, worker::KvProgress). An entry counts when its line is in flight
+  /// on `worker` (others are stale: lines in flight elsewhere, committed,
+  /// pending, unknown jobs or lines), 0 <= choice < the line's n, and
+  /// replicated_tokens >= 0 is greater than the choice's recorded one (acks
+  /// never go back: a lower or equal one is ignored). It becomes the
+  /// choice's ChoiceResume{output_ids, num_kv_tokens = replicated_tokens}
+  /// (kv_chunk empty: the worker fetches the KV itself) in the line's resume
+  /// vector (sized n; choices without progress keep a default one). Every
+  /// line changed by the call is written to jobs.db in one batch, to the WAL
+  /// without a sync: a record lost to a power cut only means more recompute.
+  /// Error: the store's io error; the memory state is updated even then (the
+  /// lines resume from it while this process lives).
+  Status on_kv_progress(const std::string& worker, std::span<const worker::KvProgress> progress);
+
+  /// Makes the in-flight requests of `worker` pending again (first in line),
+  /// with their recorded resume points. Counts them in JobProgress::requeued.
   std::size_t requeue_in_flight(const std::string& worker);
-  /// Makes every in-flight request pending again.
+  /// Makes every in-flight request pending again (as requeue_in_flight).
   std::size_t requeue_all();
 
   /// Marks `lines`, which `worker` reports it holds, as in flight on it (so
@@ -169,6 +196,9 @@ class JobManager {
     std::unique_ptr<ShardReader> reader;   ///< unfinished jobs only
     std::map<std::uint64_t, worker::BatchRequest> retry;
     std::map<std::uint64_t, InFlight> in_flight;
+    /// Resume points of uncommitted lines ([n] per line), as in jobs.db 'K'.
+    std::map<std::uint64_t, std::vector<worker::ChoiceResume>> resume;
+    RecoveryCounters recovery;
     bool session_started = false;
     double session_t0 = 0.0;
     double session_t1 = -1.0;  ///< when it finished in this process
@@ -182,9 +212,17 @@ class JobManager {
   [[nodiscard]] double now() const;
   Status activate(Job& j);  ///< opens writer + reader of an unfinished job
   void mark_started(Job& j);  ///< work went out: the session's rate clock starts, queued -> running
-  Status commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added);
+  /// Commits `batch` (cleared) and, in the same batch, deletes the resume
+  /// records of `drop_resume` (also from j.resume when it succeeds).
+  Status commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added,
+                const std::vector<std::uint64_t>& drop_resume = {});
   Status advance_output(Job& j);
   void fail_job(Job& j, const std::string& why);
+  void finish_cleanup(Job& j);  ///< a finished job: drops its retry / in-flight state and resume records
+  /// Sets request.resume to the line's resume point (none: empty) and
+  /// returns true when some choice has num_kv_tokens > 0.
+  bool attach_resume(const Job& j, worker::BatchRequest& request) const;
+  void add_recovery(Job& j, std::uint64_t requeued, std::uint64_t resumed);
   [[nodiscard]] StoredResult to_stored(const Job& j, const worker::BatchResult& r) const;
   [[nodiscard]] JobProgress progress_of(const Job& j) const;
 

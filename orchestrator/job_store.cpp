@@ -33,10 +33,29 @@ std::string job_key(char tag, std::uint64_t job) {
   return k;
 }
 
-std::string result_key(std::uint64_t job, std::uint64_t line) {
-  std::string k = job_key('R', job);
+std::string line_key(char tag, std::uint64_t job, std::uint64_t line) {
+  std::string k = job_key(tag, job);
   put_be64(k, line);
   return k;
+}
+
+std::string result_key(std::uint64_t job, std::uint64_t line) { return line_key('R', job, line); }
+
+void put_le32(std::string& s, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+std::uint32_t get_le32(std::string_view s, std::size_t at) {
+  std::uint32_t v = 0;
+  for (std::size_t i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  return v;
+}
+
+/// WAL only: survives a process crash, not necessarily a power cut.
+rocksdb::WriteOptions unsynced_write() {
+  rocksdb::WriteOptions w;
+  w.sync = false;
+  return w;
 }
 
 Error db_error(const std::string& what, const rocksdb::Status& st) {
@@ -226,7 +245,8 @@ Result<bool> JobStore::put_result(std::uint64_t job_id, const StoredResult& resu
   return *n == 1;
 }
 
-Result<std::size_t> JobStore::put_results(std::uint64_t job_id, const std::vector<StoredResult>& results) {
+Result<std::size_t> JobStore::put_results(std::uint64_t job_id, const std::vector<StoredResult>& results,
+                                          const std::vector<std::uint64_t>& drop_resume) {
   std::lock_guard lock(mu_);
   auto cur = counters_locked(job_id);
   if (!cur.ok()) return cur.error();
@@ -248,11 +268,12 @@ Result<std::size_t> JobStore::put_results(std::uint64_t job_id, const std::vecto
     c.completion_tokens += r.completion_tokens;
     ++added;
   }
-  if (added == 0) return std::size_t{0};
-  batch.Put(job_key('C', job_id), encode_counters(c));
+  for (const std::uint64_t line : drop_resume) batch.Delete(line_key('K', job_id, line));
+  if (added == 0 && drop_resume.empty()) return std::size_t{0};
+  if (added > 0) batch.Put(job_key('C', job_id), encode_counters(c));
   const rocksdb::Status st = db_->Write(sync_write(), &batch);
   if (!st.ok()) return db_error("commit results", st);
-  counter_cache_[job_id] = c;
+  if (added > 0) counter_cache_[job_id] = c;
   return added;
 }
 
@@ -298,6 +319,109 @@ Status JobStore::set_output_progress(std::uint64_t job_id, const OutputProgress&
   put_be64(v, p.next_line);
   const rocksdb::Status st = db_->Put(sync_write(), job_key('O', job_id), v);
   if (!st.ok()) return db_error("write output progress", st);
+  return Status::ok_status();
+}
+
+// ---- resume records ('K') and recovery counters ('F') ----------------------------
+
+std::string encode_resume(const std::vector<worker::ChoiceResume>& choices) {
+  std::string s;
+  put_le32(s, static_cast<std::uint32_t>(choices.size()));
+  for (const auto& c : choices) {
+    put_le32(s, static_cast<std::uint32_t>(c.num_kv_tokens));
+    put_le32(s, static_cast<std::uint32_t>(c.output_ids.size()));
+    for (const std::int32_t id : c.output_ids) put_le32(s, static_cast<std::uint32_t>(id));
+  }
+  return s;
+}
+
+Result<std::vector<worker::ChoiceResume>> decode_resume(std::string_view v) {
+  const auto bad = [](const std::string& why) {
+    return make_error(ErrorCode::corrupt, "job store: resume record: " + why);
+  };
+  if (v.size() < 4) return bad("truncated");
+  const std::uint32_t n = get_le32(v, 0);
+  if (n > 128) return bad(std::to_string(n) + " choices (at most 128)");
+  std::vector<worker::ChoiceResume> out(n);
+  std::size_t at = 4;
+  for (auto& c : out) {
+    if (v.size() - at < 8) return bad("truncated");
+    c.num_kv_tokens = static_cast<std::int32_t>(get_le32(v, at));
+    const std::uint32_t ids = get_le32(v, at + 4);
+    at += 8;
+    if (c.num_kv_tokens < 0) return bad("negative num_kv_tokens");
+    if ((v.size() - at) / 4 < ids) return bad("truncated");
+    c.output_ids.resize(ids);
+    for (auto& id : c.output_ids) {
+      id = static_cast<std::int32_t>(get_le32(v, at));
+      at += 4;
+    }
+  }
+  if (at != v.size()) return bad(std::to_string(v.size() - at) + " trailing bytes");
+  return out;
+}
+
+Status JobStore::put_resume(const std::vector<ResumeRecord>& records) {
+  if (records.empty()) return Status::ok_status();
+  rocksdb::WriteBatch batch;
+  for (const auto& r : records) batch.Put(line_key('K', r.job_id, r.line_index), encode_resume(r.choices));
+  const rocksdb::Status st = db_->Write(unsynced_write(), &batch);
+  if (!st.ok()) return db_error("write resume records", st);
+  return Status::ok_status();
+}
+
+Result<std::vector<ResumeRecord>> JobStore::load_resume(std::uint64_t job_id) {
+  std::vector<ResumeRecord> out;
+  const std::string prefix = job_key('K', job_id);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid(); it->Next()) {
+    const auto key = it->key().ToStringView();
+    if (!key.starts_with(prefix)) break;
+    if (key.size() != 17) return make_error(ErrorCode::corrupt, "job store: resume record: bad key size");
+    auto choices = decode_resume(it->value().ToStringView());
+    if (!choices.ok()) return choices.error();
+    out.push_back(ResumeRecord{job_id, get_be64(key, 9), std::move(choices.value())});
+  }
+  if (!it->status().ok()) return db_error("load resume records", it->status());
+  return out;
+}
+
+Status JobStore::delete_resume(std::uint64_t job_id) {
+  const std::string prefix = job_key('K', job_id);
+  rocksdb::WriteBatch batch;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) batch.Delete(it->key());
+  if (!it->status().ok()) return db_error("scan resume records", it->status());
+  if (batch.Count() == 0) return Status::ok_status();
+  const rocksdb::Status st = db_->Write(sync_write(), &batch);
+  if (!st.ok()) return db_error("delete resume records", st);
+  return Status::ok_status();
+}
+
+Result<std::size_t> JobStore::count_resume_records(std::uint64_t job_id) {
+  const std::string prefix = job_key('K', job_id);
+  std::size_t n = 0;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) ++n;
+  if (!it->status().ok()) return db_error("count resume records", it->status());
+  return n;
+}
+
+Result<RecoveryCounters> JobStore::recovery_counters(std::uint64_t job_id) {
+  std::string v;
+  const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('F', job_id), &v);
+  if (g.IsNotFound()) return RecoveryCounters{};
+  if (!g.ok()) return db_error("read recovery counters", g);
+  if (v.size() != 16) return make_error(ErrorCode::corrupt, "job store: recovery counters: bad size");
+  return RecoveryCounters{get_be64(v, 0), get_be64(v, 8)};
+}
+
+Status JobStore::set_recovery_counters(std::uint64_t job_id, const RecoveryCounters& c) {
+  std::string v;
+  put_be64(v, c.requeued);
+  put_be64(v, c.resumed);
+  const rocksdb::Status st = db_->Put(unsynced_write(), job_key('F', job_id), v);
+  if (!st.ok()) return db_error("write recovery counters", st);
   return Status::ok_status();
 }
 

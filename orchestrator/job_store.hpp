@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// Durable job state in RocksDB: job records, committed per-line results,
-/// per-job counters and the output writer's progress.
+/// per-job counters, the output writer's progress, and where in-flight lines
+/// resume after a failure (their replicated KV progress).
 ///
 /// Keys (one column family; big-endian ids so iteration follows the order):
 ///   'M' "next_job_id"           → u64 BE, the next job id (ids start at 1)
@@ -9,12 +10,24 @@
 ///   'R' job(8) line(8)          → the committed result: the output line itself
 ///   'C' job(8)                  → counters: ok, failed, prompt_tokens, completion_tokens (4 × u64 BE)
 ///   'O' job(8)                  → output progress: file offset, next line (2 × u64 BE)
-/// Every write is synchronous (WriteOptions::sync, one WriteBatch per call),
-/// so a write that returned is on disk even after `kill -9` or a power cut
-/// (tests/orchestrator/unsynced_writes_fault_test.cpp checks this on a
-/// file system that drops unsynced writes, see JobStoreOptions).
-/// A line is committed iff its 'R' key exists; in-flight state is not stored
-/// (after a restart, everything not committed is pending again).
+///   'K' job(8) line(8)          → resume record of an uncommitted line (encode: see below)
+///   'F' job(8)                  → recovery counters: requeued, resumed (2 × u64 BE)
+/// Every write of 'M', 'J', 'R', 'C', 'O' is synchronous (WriteOptions::sync,
+/// one WriteBatch per call), so a write that returned is on disk even after
+/// `kill -9` or a power cut (tests/orchestrator/unsynced_writes_fault_test.cpp
+/// checks this on a file system that drops unsynced writes, see
+/// JobStoreOptions). 'K' and 'F' are written to the WAL without a sync: they
+/// survive a process crash (`kill -9`) but a power cut may lose the newest
+/// ones, which only costs recompute (an older or no resume point) or an
+/// undercount; deleting 'K' records rides in synced batches where it can.
+/// A line is committed iff its 'R' key exists; which line is in flight on
+/// which worker is not stored (after a restart, everything not committed is
+/// pending again, with its 'K' resume record if any).
+///
+/// A 'K' value, little-endian fixed-width ints: u32 number of choices, then
+/// per choice: i32 num_kv_tokens (the choice's replicated_tokens, >= 0),
+/// u32 number of output ids, that many i32 output ids. ChoiceResume::kv_chunk
+/// is never stored (the worker fetches the KV from the KV store).
 ///
 /// Not thread-safe by design beyond an internal mutex: callers (one actor)
 /// serialize; the mutex only keeps the counter cache consistent.
@@ -30,6 +43,7 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "worker/batch_types.hpp"
 
 namespace rocksdb {
 class DB;
@@ -95,6 +109,27 @@ struct StoredResult {
   std::uint64_t completion_tokens = 0;
 };
 
+/// Failures and recoveries of a job, for `job status`.
+struct RecoveryCounters {
+  std::uint64_t requeued = 0;  ///< lines handed back to pending because their worker failed
+  std::uint64_t resumed = 0;   ///< lines handed out with some choice's num_kv_tokens > 0
+  bool operator==(const RecoveryCounters&) const = default;
+};
+
+/// Where an uncommitted line resumes: one ChoiceResume per choice
+/// (kv_chunk empty; a choice without progress has num_kv_tokens 0).
+struct ResumeRecord {
+  std::uint64_t job_id = 0;
+  std::uint64_t line_index = 0;
+  std::vector<worker::ChoiceResume> choices;
+};
+
+/// The 'K' value of `choices` (see the file comment; kv_chunk is dropped).
+[[nodiscard]] std::string encode_resume(const std::vector<worker::ChoiceResume>& choices);
+/// Inverse of encode_resume. Errors: corrupt (truncated, trailing bytes,
+/// more than 128 choices, a negative num_kv_tokens).
+[[nodiscard]] Result<std::vector<worker::ChoiceResume>> decode_resume(std::string_view value);
+
 struct JobStoreOptions {
   /// The file system RocksDB runs on; null: RocksDB's default (POSIX). Tests
   /// inject one that drops unsynced writes at a simulated crash
@@ -125,8 +160,11 @@ class JobStore {
   Result<bool> put_result(std::uint64_t job_id, const StoredResult& result);
   /// Commits many results of one job in one synchronous batch; lines already
   /// committed (or repeated within `results`) are skipped. Returns how many
-  /// were newly committed.
-  Result<std::size_t> put_results(std::uint64_t job_id, const std::vector<StoredResult>& results);
+  /// were newly committed. The same batch deletes the resume records of the
+  /// lines `drop_resume` (missing ones are no-ops; they are deleted even when
+  /// no result is new).
+  Result<std::size_t> put_results(std::uint64_t job_id, const std::vector<StoredResult>& results,
+                                  const std::vector<std::uint64_t>& drop_resume = {});
   /// The committed output line, or nullopt.
   Result<std::optional<std::string>> get_result(std::uint64_t job_id, std::uint64_t line_index);
   Result<bool> has_result(std::uint64_t job_id, std::uint64_t line_index);
@@ -140,6 +178,21 @@ class JobStore {
 
   Result<OutputProgress> output_progress(std::uint64_t job_id);
   Status set_output_progress(std::uint64_t job_id, const OutputProgress& progress);
+
+  /// Writes (overwrites) the resume records of `records`, of any jobs, in one
+  /// WriteBatch to the WAL without a sync (see the file comment). Error: io.
+  Status put_resume(const std::vector<ResumeRecord>& records);
+  /// The resume records of a job, ascending line. Errors: io, corrupt.
+  Result<std::vector<ResumeRecord>> load_resume(std::uint64_t job_id);
+  /// Deletes every resume record of a job (one batch, synchronous). Error: io.
+  Status delete_resume(std::uint64_t job_id);
+  /// How many resume records a job has (a scan). Error: io.
+  Result<std::size_t> count_resume_records(std::uint64_t job_id);
+
+  /// The job's recovery counters (zeros when never written). Errors: io, corrupt.
+  Result<RecoveryCounters> recovery_counters(std::uint64_t job_id);
+  /// Overwrites them, to the WAL without a sync. Error: io.
+  Status set_recovery_counters(std::uint64_t job_id, const RecoveryCounters& counters);
 
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
