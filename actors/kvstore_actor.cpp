@@ -50,7 +50,8 @@ std::pair<std::string, caf::actor> replica_of(const KvStoreState& st) {
   if (st.tracker->replicas().empty()) return {};
   const std::string& name = st.tracker->replicas().front();
   auto it = st.peers.find(name);
-  return it == st.peers.end() ? std::pair<std::string, caf::actor>{} : *it;
+  if (it == st.peers.end()) return {};
+  return {it->first, it->second};
 }
 
 using RequestKey = std::pair<std::uint64_t, std::uint64_t>;

@@ -338,10 +338,12 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   // It needs the model's KV geometry; without a data dir or a readable
   // model config the node runs without one (lines then resume from their
   // tokens only).
-  if (o.kv_replication < 1)
+  if (o.kv_replication < 0)
     return make_error(ErrorCode::invalid_argument,
-                      "--kv-replication must be at least 1, got " + std::to_string(o.kv_replication));
-  if (o.data_dir.empty()) {
+                      "--kv-replication must be >= 0, got " + std::to_string(o.kv_replication));
+  if (o.kv_replication == 0) {
+    spdlog::info("node {}: --kv-replication 0: no KV store, no KV streaming", o.name);
+  } else if (o.data_dir.empty()) {
     spdlog::warn("node {}: no --data-dir: no KV store, no KV streaming", o.name);
   } else if (auto cfg = model::load_model_config(o.engine.model_dir); !cfg) {
     spdlog::warn("node {}: no KV store: {}", o.name, cfg.error().to_string());

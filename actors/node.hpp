@@ -50,7 +50,8 @@ struct NodeOptions {
   /// `--kv-sync`: when a KV store write counts as durable (docs/kv-recovery.md).
   kvstore::KvSyncPolicy kv_sync = kvstore::KvSyncPolicy::wal;
   /// `--kv-replication`: copies of each KV chunk (this node's store and the
-  /// next f - 1 stores of the ring); 1 = local RocksDB only.
+  /// next f - 1 stores of the ring); 1 = local RocksDB only; 0 = no KV
+  /// store and no streaming.
   int kv_replication = kvstore::kDefaultReplicationFactor;
   /// `--heartbeat-ms` / `--failure-timeout-ms`: how often this node's
   /// workers beat, and (on the node running the orchestrator) how long a

@@ -25,6 +25,8 @@
 #include "engine/tcp_group.hpp"
 #include "orchestrator/job_admission.hpp"
 #include "engine/policies/token_budget_policies.hpp"
+#include "kvstore/kv_store.hpp"
+#include "kvstore/replication.hpp"
 
 namespace shardline::cli {
 
@@ -52,6 +54,13 @@ int run_cluster_init(const std::string& key_file) {
 
 // ---- node start ---------------------------------------------------------------
 
+/// `--kv-sync`, `--kv-replication`, `--kv-store-mib` of `run` and `node start`.
+struct KvFlags {
+  std::string sync = "wal";
+  int replication = kvstore::kDefaultReplicationFactor;
+  std::uint64_t store_mib = 256;
+};
+
 struct NodeArgs {
   std::string name = "node0";
   std::string listen = "127.0.0.1:7411";
@@ -67,6 +76,7 @@ struct NodeArgs {
   std::string group_key_file;  // shared secret of a TCP group
   int group_timeout_ms = 60'000;
   actors::FailureDetection failure;
+  KvFlags kv;
   EngineFlags engine;
 };
 
@@ -121,6 +131,14 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   o.metrics = a.metrics;
   if (Status st = a.failure.check(); !st) return st.error();
   o.failure = a.failure;
+  auto sync = kvstore::parse_kv_sync_policy(a.kv.sync);
+  if (!sync) return make_error(ErrorCode::invalid_argument, "--kv-sync: " + sync.error().message);
+  o.kv_sync = *sync;
+  if (a.kv.replication < 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "--kv-replication must be >= 0, got " + std::to_string(a.kv.replication));
+  o.kv_replication = a.kv.replication;
+  o.kv_store_bytes = a.kv.store_mib << 20;
   return o;
 }
 
@@ -169,6 +187,19 @@ void add_failure_flags(CLI::App& cmd, actors::FailureDetection& f) {
   cmd.add_option("--failure-timeout-ms", f.failure_timeout_ms,
                  "A worker silent this long is declared dead: killed, its lines requeued, and replaced (must exceed "
                  "--heartbeat-ms; the orchestrator's node decides)")
+      ->capture_default_str();
+}
+
+void add_kv_flags(CLI::App& cmd, KvFlags& kv) {
+  cmd.add_option("--kv-sync", kv.sync,
+                 "When a KV store write counts as durable: none (memory), wal (survives kill -9), fsync (survives "
+                 "power loss); see docs/kv-recovery.md")
+      ->capture_default_str();
+  cmd.add_option("--kv-replication", kv.replication,
+                 "Copies of each request's KV: this node's store plus the next stores of the ring (DéjàVu); "
+                 "1 = local RocksDB only, 0 = no KV streaming (a failed line recomputes from its tokens)")
+      ->capture_default_str();
+  cmd.add_option("--kv-store-mib", kv.store_mib, "Host-memory tier of this node's KV store, MiB")
       ->capture_default_str();
 }
 
@@ -244,27 +275,30 @@ nlohmann::json to_json(const messages::JobProgress& p) {
           {"completion_tokens", p.completion_tokens},
           {"tokens_per_s", p.tokens_per_s}, {"eta_s", p.eta_s},
           {"output", p.output},   {"parallel", p.parallel},
-          {"token_budget", p.token_budget}};
+          {"token_budget", p.token_budget}, {"requeued", p.requeued},
+          {"resumed", p.resumed}};
 }
 
 void print_actor_table(const messages::ActorList& actors) {
-  std::printf("%-24s %-12s %-8s %-18s %s\n", "ACTOR", "KIND", "NODE", "GROUP", "STATE");
+  std::printf("%-24s %-12s %-8s %-18s %-22s %s\n", "ACTOR", "KIND", "NODE", "GROUP", "STATE", "DETAIL");
   for (const auto& a : actors.actors) {
     const std::string group = a.parallel.empty() ? "-" : "[" + a.parallel + "]";
-    std::printf("%-24s %-12s %-8s %-18s %s\n", a.name.c_str(), a.kind.c_str(), a.node.c_str(), group.c_str(),
-                a.state.c_str());
+    std::printf("%-24s %-12s %-8s %-18s %-22s %s\n", a.name.c_str(), a.kind.c_str(), a.node.c_str(), group.c_str(),
+                a.state.c_str(), a.detail.c_str());
   }
 }
 
 void print_progress_table(const messages::JobStatusList& jobs, const messages::ActorList* actors) {
-  std::printf("%-6s %-8s %14s %8s %12s %12s %10s %8s  %-20s %-9s %s\n", "JOB", "STATE", "DONE/TOTAL", "FAILED",
-              "PROMPT_TOK", "GEN_TOK", "TOK/S", "ETA", "PARALLEL", "BUDGET", "OUTPUT");
+  std::printf("%-6s %-8s %14s %8s %12s %12s %10s %8s %9s %8s  %-20s %-9s %s\n", "JOB", "STATE", "DONE/TOTAL",
+              "FAILED", "PROMPT_TOK", "GEN_TOK", "TOK/S", "ETA", "REQUEUED", "RESUMED", "PARALLEL", "BUDGET",
+              "OUTPUT");
   for (const auto& p : jobs.jobs) {
     const std::string frac = std::to_string(p.done) + "/" + std::to_string(p.total);
-    std::printf("%-6llu %-8s %14s %8llu %12llu %12llu %10.1f %8s  %-20s %-9s %s\n",
+    std::printf("%-6llu %-8s %14s %8llu %12llu %12llu %10.1f %8s %9llu %8llu  %-20s %-9s %s\n",
                 static_cast<unsigned long long>(p.job_id), p.state.c_str(), frac.c_str(),
                 static_cast<unsigned long long>(p.failed), static_cast<unsigned long long>(p.prompt_tokens),
                 static_cast<unsigned long long>(p.completion_tokens), p.tokens_per_s, format_eta(p.eta_s).c_str(),
+                static_cast<unsigned long long>(p.requeued), static_cast<unsigned long long>(p.resumed),
                 p.parallel.empty() ? "-" : p.parallel.c_str(), p.token_budget.c_str(), p.output.c_str());
   }
   if (actors) {
@@ -337,7 +371,8 @@ int run_job_status(const StatusArgs& a) {
                              {"kind", x.kind},
                              {"node", x.node},
                              {"state", x.state},
-                             {"parallel", x.parallel}});
+                             {"parallel", x.parallel},
+                             {"detail", x.detail}});
       std::cout << nlohmann::json{{"jobs", arr}, {"actors", workers}}.dump() << std::endl;
     } else {
       if (a.watch) std::cout << "\033[2J\033[H";
@@ -386,6 +421,7 @@ struct RunArgs {
   std::string group_key_file;
   int group_timeout_ms = 60'000;
   actors::FailureDetection failure;
+  KvFlags kv;
   EngineFlags engine;
 };
 
@@ -416,6 +452,7 @@ int run_run(RunArgs& a) {
   na.group_key_file = a.group_key_file;
   na.group_timeout_ms = a.group_timeout_ms;
   na.failure = a.failure;
+  na.kv = a.kv;
   na.engine = a.engine;
   auto o = node_options(na);
   if (!o) return fail(o.error(), 2);
@@ -502,6 +539,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   start->add_option("--max-batch", na->max_batch, "Running sequences per worker")->capture_default_str();
   add_tcp_group_flags(*start, na->group_master, na->group_key_file, na->group_timeout_ms);
   add_failure_flags(*start, na->failure);
+  add_kv_flags(*start, na->kv);
   add_engine_flags(*start, na->engine);
   start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
 
@@ -560,6 +598,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_flag("--quiet", ra->quiet, "No progress bar");
   add_tcp_group_flags(*r, ra->group_master, ra->group_key_file, ra->group_timeout_ms);
   add_failure_flags(*r, ra->failure);
+  add_kv_flags(*r, ra->kv);
   add_engine_flags(*r, ra->engine);
   r->callback([&run, ra] { run = [ra] { return run_run(*ra); }; });
 }
