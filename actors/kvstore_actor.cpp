@@ -302,6 +302,8 @@ Result<std::unique_ptr<kvstore::KvStore>> open_store(const KvStoreConfig& c) {
   o.shape = c.shape;
   o.host_bytes = c.capacity_bytes;
   o.sync = c.sync;
+  std::error_code mk;
+  std::filesystem::create_directories(c.dir, mk);  // a joined node's data dir may not exist yet
   auto store = kvstore::KvStore::open(c.dir, o);
   if (store || store.error().code != ErrorCode::corrupt) return store;
   // KV of another model (or a damaged store): it is a cache of recomputable

@@ -129,7 +129,10 @@ caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<Supervi
       st.config.metrics->add("shardline_kv_store_restarts_total", "", 1);
       spdlog::warn("supervisor: kv store {} died ({}); restarting it from its RocksDB", st.config.kvstore.name,
                    caf::to_string(dm.reason));
-      self->delayed_send(self, std::chrono::milliseconds(100), kv_restart_atom::value);
+      // A kill restarts at once; a store that could not open its directory
+      // (quit with unhandled_exception) is tried again every second.
+      const bool killed = dm.reason == caf::exit_reason::kill;
+      self->delayed_send(self, std::chrono::milliseconds(killed ? 100 : 1000), kv_restart_atom::value);
       return;
     }
     for (std::size_t i = 0; i < st.workers.size(); ++i) {

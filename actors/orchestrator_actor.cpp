@@ -37,6 +37,7 @@ struct KvStoreEntry {
   std::string node;
   messages::KvStoreStats stats;
   int restarts = 0;   ///< new incarnations seen by this orchestrator
+  bool seen = false;  ///< an incarnation registered before
 };
 
 struct OrchestratorState {
@@ -161,13 +162,14 @@ void kv_store_seen(OrchestratorActor* self, const std::string& name, const std::
   if (!node.empty()) e.node = node;
   if (stats) e.stats = *stats;
   if (e.handle == sender) return;
-  if (e.handle) {
+  if (e.seen) {
     ++e.restarts;
     spdlog::warn("orchestrator: kv store {} is a new instance (restarted)", name);
   } else {
     spdlog::info("orchestrator: kv store {} joined", name);
   }
   e.handle = sender;
+  e.seen = true;
   self->monitor(sender);
   broadcast_ring(self);
 }
@@ -492,8 +494,8 @@ void describe_node_metrics(MetricsRegistry& m) {
   m.describe("shardline_recovered_tokens_total", "counter",
              "KV positions of resumed requests restored from a KV store instead of recomputed, by worker.");
   m.describe("shardline_recomputed_tokens_total", "counter",
-             "KV positions computed again, by cause: failure (a resumed request's positions its KV store did "
-             "not have), preemption (recompute preemption).");
+             "KV positions computed again, by cause and worker; cause=\"failure\": positions a resumed request "
+             "had computed before its worker failed that no KV store could restore.");
   m.describe("shardline_kv_resume_fallbacks_total", "counter",
              "Resumed requests whose KV could not be fetched or restored (recomputed from the tokens).");
   m.describe("shardline_kv_store_memory_bytes", "gauge", "Bytes in a KV store's host-memory tier, by store.");

@@ -108,9 +108,8 @@ void export_kv_metrics(WorkerActor* self) {
   };
   bump("shardline_kv_streamed_bytes_total", l, s.kv_streamed_bytes, e.streamed_bytes);
   bump("shardline_recovered_tokens_total", l, s.kv_restored_tokens, e.restored_tokens);
-  const std::uint64_t recomputed =
-      s.kv_resume_known_positions > s.kv_restored_tokens ? s.kv_resume_known_positions - s.kv_restored_tokens : 0;
-  bump("shardline_recomputed_tokens_total", "cause=\"failure\"," + l, recomputed, e.recomputed_tokens);
+  bump("shardline_recomputed_tokens_total", "cause=\"failure\"," + l, s.kv_resume_recomputed_tokens,
+       e.recomputed_tokens);
   bump("shardline_kv_resume_fallbacks_total", l, s.kv_resume_fallbacks, e.resume_fallbacks);
 }
 
@@ -137,10 +136,10 @@ void fetch_resume_kv(WorkerActor* self, worker::BatchRequest& r) {
     if (fetched->tokens < cr.num_kv_tokens)
       spdlog::warn("worker {}: line {} of job {} choice {}: the stores hold {} of {} replicated positions",
                    st.config.name, r.line_index, r.job_id, c, fetched->tokens, cr.num_kv_tokens);
-    if (fetched->tokens > 0) {
-      cr.num_kv_tokens = std::min(cr.num_kv_tokens, fetched->tokens);
-      cr.kv_chunk = std::move(fetched->chunk);
-    }
+    spdlog::debug("worker {}: line {} of job {} choice {}: {} of {} positions from {}", st.config.name,
+                  r.line_index, r.job_id, c, fetched->tokens, cr.num_kv_tokens, fetched->source);
+    cr.num_kv_tokens = std::min(cr.num_kv_tokens, fetched->tokens);
+    cr.kv_chunk = std::move(fetched->chunk);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   st.config.metrics->observe("shardline_recovery_seconds", "worker=\"" + st.config.name + "\"", s);
@@ -236,6 +235,10 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   }
   st.worker = std::make_unique<worker::BatchWorker>(std::move(worker).value());
   st.token_budget = std::make_unique<worker::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
+  for (const char* metric : {"shardline_kv_streamed_bytes_total", "shardline_recovered_tokens_total",
+                             "shardline_kv_resume_fallbacks_total"})
+    st.config.metrics->add(metric, "worker=\"" + st.config.name + "\"", 0);  // shown from the start
+  st.config.metrics->add("shardline_recomputed_tokens_total", "cause=\"failure\",worker=\"" + st.config.name + "\"", 0);
   if (st.config.kv_store && st.worker->engine().kv_io().can_move_kv()) {
     // Token streaming to the node's KV store (DéjàVu §4.1.1 (3)), off the
     // step loop: after each flush the store's acks go to the orchestrator.

@@ -36,7 +36,8 @@ Result<bool> KvCacheIo::swap_out(const SwapOut& swap) {
   return true;
 }
 
-Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk) {
+Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk,
+                               int known_positions) {
   const std::string who = "request " + std::to_string(seq_id) + ": ";
   if (!can_move_kv())
     return make_error(ErrorCode::invalid_argument, who + "this executor's KV caches cannot be restored");
@@ -46,7 +47,7 @@ Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector
                           std::to_string(num_tokens) + " positions (" + std::to_string(bytes_for(num_tokens)) +
                           " bytes)");
   drop(seq_id);
-  held_.emplace(seq_id, Held{num_tokens, false, std::move(chunk)});
+  held_.emplace(seq_id, Held{num_tokens, known_positions, false, std::move(chunk)});
   return Status::ok_status();
 }
 
@@ -66,6 +67,7 @@ Status KvCacheIo::restore(const KvRestore& restore, const std::vector<std::int32
     stats_.swapped_in_bytes += it->second.chunk.size();
   } else {
     stats_.restored_tokens += static_cast<std::uint64_t>(restore.num_tokens);
+    count_resume_recompute(it->second.known_positions - restore.num_tokens);
   }
   drop(restore.seq_id);
   return Status::ok_status();

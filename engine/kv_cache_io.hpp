@@ -17,6 +17,7 @@
 /// A plain single-threaded class owned by the LlmEngine.
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -37,6 +38,10 @@ struct KvIoStats {
   std::uint64_t swapped_in_bytes = 0;     ///< bytes copied back
   std::uint64_t restored_tokens = 0;      ///< KV positions restored from a KV store (resumed requests)
   std::uint64_t resume_fallbacks = 0;     ///< resumed requests whose KV could not be restored (recomputed)
+  /// Positions resumed requests had computed before (prompt + generated
+  /// tokens - 1) that were not restored: computed again, counted when the
+  /// request is restored (or when it falls back to recompute).
+  std::uint64_t resume_recomputed_tokens = 0;
   std::uint64_t streamed_bytes = 0;       ///< bytes copied out for token streaming
   std::uint64_t swap_space_bytes_used = 0;  ///< now, not monotonic
 };
@@ -62,7 +67,10 @@ class KvCacheIo {
   /// Keeps the KV of positions [0, num_tokens) of a resumed request (the
   /// canonical chunk of KvRange{0, layers, 0, num_tokens}) until restore().
   /// Errors: invalid_argument (wrong chunk size, caches not copyable).
-  [[nodiscard]] Status hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk);
+  /// `known_positions`: positions the request had computed before (what is
+  /// not restored of them counts as resume_recomputed_tokens at restore()).
+  [[nodiscard]] Status hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk,
+                                    int known_positions = 0);
 
   /// Copies the held KV of `restore.seq_id` (swapped or resumed) into the
   /// blocks of `block_table` and forgets it. Errors: not_found (nothing held
@@ -80,12 +88,21 @@ class KvCacheIo {
   [[nodiscard]] bool holds(std::uint64_t seq_id) const { return held_.count(seq_id) != 0; }
 
   /// Counts a resumed request whose KV was not restored.
-  void count_resume_fallback() noexcept { ++stats_.resume_fallbacks; }
+  /// `known_positions` of it are computed again.
+  void count_resume_fallback(int known_positions = 0) noexcept {
+    ++stats_.resume_fallbacks;
+    count_resume_recompute(known_positions);
+  }
+  /// A resumed request with no KV to restore: its known positions are computed again.
+  void count_resume_recompute(int known_positions) noexcept {
+    stats_.resume_recomputed_tokens += static_cast<std::uint64_t>(std::max(known_positions, 0));
+  }
   [[nodiscard]] const KvIoStats& stats() const noexcept { return stats_; }
 
  private:
   struct Held {
     int num_tokens = 0;
+    int known_positions = 0;  ///< resumed: positions computed before the failure
     bool swapped = false;  ///< in the swap space (counts against its budget); else resumed
     std::vector<std::byte> chunk;  // canonical chunk of KvRange{0, layers, 0, num_tokens}
   };

@@ -102,11 +102,18 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
   if (scheduler_.get(request_id) != nullptr)
     return make_error(ErrorCode::invalid_argument, who + "duplicate request id");
   const bool restore = resume.num_kv_tokens > 0 && kv_io_.can_move_kv();
+  // Positions the request had computed before it resumed here.
+  const int known_positions =
+      resume.output_ids.empty() ? resume.num_kv_tokens : static_cast<int>(known) - 1;
   if (restore) {
-    if (Status s = kv_io_.hold_resumed(request_id, resume.num_kv_tokens, std::move(resume.kv_chunk)); !s.ok())
+    if (Status s = kv_io_.hold_resumed(request_id, resume.num_kv_tokens, std::move(resume.kv_chunk),
+                                       known_positions);
+        !s.ok())
       return s;
   } else if (resume.num_kv_tokens > 0) {
-    kv_io_.count_resume_fallback();
+    kv_io_.count_resume_fallback(known_positions);
+  } else {
+    kv_io_.count_resume_recompute(known_positions);
   }
   if (Status s = add_request(request_id, std::move(prompt_token_ids), params); !s.ok()) {
     kv_io_.drop(request_id);

@@ -160,11 +160,6 @@ void BatchWorker::submit(BatchRequest request) {
     Status s = Status::ok_status();
     if (resumes) {
       ChoiceResume& cr = request.resume[static_cast<std::size_t>(i)];
-      // Positions the failed worker had computed, as far as anyone knows:
-      // their KV is restored or recomputed here.
-      resume_known_positions_ += cr.output_ids.empty()
-                                     ? static_cast<std::uint64_t>(std::max(cr.num_kv_tokens, 0))
-                                     : prompt.size() + cr.output_ids.size() - 1;
       engine::ResumeState rs{std::move(cr.output_ids), cr.num_kv_tokens, std::move(cr.kv_chunk)};
       s = eng.add_request(rid, std::move(prompt), p, std::move(rs));
     } else {
@@ -291,7 +286,7 @@ WorkerStatusSnapshot BatchWorker::status() const {
   s.kv_swap_outs = io.swap_outs;
   s.kv_restored_tokens = io.restored_tokens;
   s.kv_resume_fallbacks = io.resume_fallbacks;
-  s.kv_resume_known_positions = resume_known_positions_;
+  s.kv_resume_recomputed_tokens = io.resume_recomputed_tokens;
   s.kv_streamed_bytes = io.streamed_bytes;
   return s;
 }

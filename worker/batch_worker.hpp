@@ -66,9 +66,8 @@ struct WorkerStatusSnapshot {
   std::uint64_t kv_resume_fallbacks = 0;  ///< resumed choices whose KV could not be restored
   std::uint64_t kv_streamed_bytes = 0;    ///< KV bytes copied out for streaming
   /// Positions resumed choices had computed before their worker failed (as
-  /// far as their resume says: prompt + output ids - 1); of these,
-  /// kv_restored_tokens were restored and the rest are recomputed.
-  std::uint64_t kv_resume_known_positions = 0;
+  /// far as their resume says) that were not restored: computed again.
+  std::uint64_t kv_resume_recomputed_tokens = 0;
 };
 
 class BatchWorker {
@@ -178,7 +177,6 @@ class BatchWorker {
   std::uint64_t steps_done_ = 0;
   std::uint64_t lines_done_ = 0;
   std::uint64_t lines_failed_ = 0;
-  std::uint64_t resume_known_positions_ = 0;
 };
 
 }  // namespace shardline::worker
