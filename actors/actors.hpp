@@ -95,6 +95,14 @@ struct OrchestratorConfig {
 /// restart.
 [[nodiscard]] caf::actor spawn_orchestrator_relay(caf::actor_system& sys);
 
+/// A joined node's link to the orchestrator's node at `host_port`: its
+/// workers and KV store send to it; it forwards as them (send_as) to the
+/// remote relay. When the connection drops (that node was killed) it queues
+/// and reconnects every 500 ms, so the joined node lives through a restart
+/// of the orchestrator's node. Errors: invalid_argument (bad address), io
+/// (cannot reach it now).
+[[nodiscard]] Result<caf::actor> spawn_remote_link(caf::actor_system& sys, const std::string& host_port);
+
 struct WorkerConfig {
   std::string name;     ///< e.g. "node0/cpu:0", or "node0/cpu:0-1" for an engine group of two devices
   std::string device;   ///< e.g. "cpu"

@@ -191,15 +191,6 @@ void apply_stall_hook(std::vector<WorkerConfig>& workers) {
   }
 }
 
-Result<caf::actor> connect_orchestrator(caf::actor_system& sys, const std::string& host_port) {
-  auto hp = comm::parse_host_port(host_port);
-  if (!hp) return std::move(hp).error();
-  auto remote = sys.middleman().remote_actor(hp->first, static_cast<std::uint16_t>(hp->second));
-  if (!remote)
-    return make_error(ErrorCode::io, "cannot reach the node at " + host_port + ": " + sys.render(remote.error()));
-  return *remote;
-}
-
 }  // namespace
 
 Status FailureDetection::check() const {
@@ -290,11 +281,13 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     node->relay_ = spawn_orchestrator_relay(sys);
     node->orchestrator_ = node->relay_;
   } else {
-    // The joined node's relay: it outlives restarts of the orchestrator
-    // there, so this node never reconnects.
-    auto remote = connect_orchestrator(sys, o.join);
-    if (!remote) return std::move(remote).error();
-    node->orchestrator_ = *remote;
+    // The joined node's link to the remote relay: the relay outlives
+    // restarts of the orchestrator there, and the link reconnects when that
+    // whole node restarts.
+    auto link = spawn_remote_link(sys, o.join);
+    if (!link) return std::move(link).error();
+    node->orchestrator_ = *link;
+    node->link_ = *link;
   }
 
   if (!o.listen.empty()) {
@@ -394,6 +387,8 @@ void Node::stop() {
   // The supervisor stops the workers and the orchestrator.
   if (supervisor_) caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
   if (relay_) caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
+  if (link_) caf::anon_send_exit(link_, caf::exit_reason::user_shutdown);
+  link_ = caf::actor();
   supervisor_ = caf::actor();
   relay_ = caf::actor();
   orchestrator_ = caf::actor();

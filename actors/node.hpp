@@ -99,6 +99,7 @@ class Node {
   std::unique_ptr<caf::actor_system> system_;
   caf::actor orchestrator_;  ///< relay_, or the joined node's relay
   caf::actor relay_;         ///< null on a joined node
+  caf::actor link_;          ///< a joined node's link to the orchestrator's node (null otherwise)
   caf::actor supervisor_;    ///< workers, the KV store, and the orchestrator when it runs here
   std::unique_ptr<MetricsServer> metrics_server_;
   int port_ = 0;

@@ -240,9 +240,9 @@ Answer handle(OrchestratorActor* self, const messages::ActorListQuery&) {
   list.actors.push_back({"orchestrator", "orchestrator", st.config.node_name,
                          std::string(st.pool->holding() ? "recovering" : "running") +
                              " restarts=" + std::to_string(restarts(st)),
-                         ""});
+                         "", ""});
   for (auto& w : st.pool->list())
-    list.actors.push_back({std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group)});
+    list.actors.push_back({std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group), ""});
   for (const auto& [name, e] : st.stores) {
     const messages::KvStoreStats& k = e.stats;
     std::string detail = "mem " + mib(k.bytes_used) + " / " + mib(k.bytes_capacity) + ", disk " + mib(k.disk_bytes) +

@@ -75,7 +75,7 @@ void to_orchestrator(WorkerActor* self, const messages::OrchestratorMsg& msg) {
 void say_hello(WorkerActor* self) {
   const WorkerState& st = self->state;
   messages::WorkerHello hello{st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch),
-                              st.config.engine.parallel};
+                              st.config.engine.parallel, {}};
   hello.held.assign(st.held.begin(), st.held.end());
   to_orchestrator(self, hello);
 }
