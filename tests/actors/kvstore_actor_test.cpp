@@ -1,0 +1,218 @@
+// The KV-store actor in one actor system: two stores in a ring. A worker's
+// putChunks is stored and replicated, and acknowledged only as far as both
+// hold it; a replica that was down and restarted from its RocksDB is caught
+// up; a fetch finds a request on a peer; drops reach the replica; bad
+// messages are refused with a clear error and change nothing.
+#include <gtest/gtest.h>
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include "actors/actors.hpp"
+#include "actors/kv_client.hpp"
+#include "actors/protocol.hpp"
+#include "messages/codec.hpp"
+#include "tests/kvstore/kv_store_test_util.hpp"
+
+namespace shardline::actors {
+namespace {
+
+using kvstore::KvRange;
+using kvstore::testing::make_chunk;
+using kvstore::testing::small_shape;
+using kvstore::testing::TempDir;
+using namespace std::chrono_literals;
+
+class KvStoreActorTest : public ::testing::Test {
+ protected:
+  KvStoreActorTest() : system_(config_) {
+    auto key = ClusterKey::generate();
+    key_ = std::make_shared<const ClusterKey>(std::move(key).value());
+  }
+
+  KvStoreConfig config(const std::string& name, int replication = 2) {
+    KvStoreConfig c;
+    c.name = name;
+    c.node_name = name.substr(0, name.find('/'));
+    c.dir = (std::filesystem::path(dir_.path()) / c.node_name).string();
+    c.shape = small_shape();
+    c.capacity_bytes = 1 << 20;
+    c.replication_factor = replication;
+    c.key = key_;
+    c.heartbeat_ms = 60'000;
+    return c;
+  }
+
+  /// The orchestrator's ring message to every store of it.
+  void set_ring(const std::vector<std::string>& names, const std::vector<caf::actor>& stores) {
+    const Signed s = sign(*key_, messages::encode(messages::KvStoreMsg{messages::SetRing{names}}));
+    for (const caf::actor& h : stores) caf::anon_send(h, ring_atom::value, s.tag, s.bytes, stores);
+    std::this_thread::sleep_for(50ms);  // the ring message is one-way
+  }
+
+  Result<messages::KvStoreReply> ask(const caf::actor& store, const messages::KvStoreMsg& m) {
+    return ask_kv_store(system_, store, *key_, m, 5s);
+  }
+
+  /// putChunks of positions [begin, end) of (job, request), as a worker sends it.
+  std::vector<messages::KvAck> put(const caf::actor& store, std::uint64_t job, std::uint64_t request, int begin,
+                                   int end) {
+    const KvRange r{0, small_shape().num_layers, begin, end};
+    messages::PutChunks p;
+    p.chunks.push_back({{job, request, r}, make_chunk(small_shape(), job, request, r)});
+    auto reply = ask(store, p);
+    EXPECT_TRUE(reply.ok()) << (reply ? "" : reply.error().to_string());
+    if (!reply) return {};
+    auto* a = std::get_if<messages::ChunksAcked>(&*reply);
+    EXPECT_NE(a, nullptr);
+    return a ? a->acks : std::vector<messages::KvAck>{};
+  }
+
+  messages::KvPrefixData fetch(const caf::actor& store, std::uint64_t job, std::uint64_t request, int max_tokens,
+                               bool ask_peers) {
+    auto reply = ask(store, messages::FetchPrefix{job, request, max_tokens, ask_peers});
+    EXPECT_TRUE(reply.ok()) << (reply ? "" : reply.error().to_string());
+    if (!reply) return {};
+    auto* d = std::get_if<messages::KvPrefixData>(&*reply);
+    EXPECT_NE(d, nullptr);
+    return d ? *d : messages::KvPrefixData{};
+  }
+
+  void kill(const caf::actor& a) {
+    caf::scoped_actor self{system_};
+    self->monitor(a);
+    self->send_exit(a, caf::exit_reason::kill);
+    self->receive([](const caf::down_msg&) {});
+  }
+
+  TempDir dir_;
+  caf::actor_system_config config_;
+  caf::actor_system system_;
+  std::shared_ptr<const ClusterKey> key_;
+};
+
+TEST_F(KvStoreActorTest, AcksOnlyWhatTheReplicaHoldsAndCatchesARestartedReplicaUp) {
+  caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
+  caf::actor b = spawn_kvstore(system_, config("b/kvstore"));
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+
+  auto acks = put(a, 1, 5, 0, 3);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].tokens, 3);
+  // The replica holds the same bytes.
+  auto on_b = fetch(b, 1, 5, 100, false);
+  EXPECT_EQ(on_b.tokens, 3);
+  EXPECT_EQ(on_b.chunk, make_chunk(small_shape(), 1, 5, KvRange{0, small_shape().num_layers, 0, 3}));
+  EXPECT_EQ(on_b.source, "b/kvstore");
+
+  // The replica dies: a stores the next positions but does not acknowledge them.
+  kill(b);
+  acks = put(a, 1, 5, 3, 5);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].tokens, 3) << "acknowledged positions the replica does not hold";
+  EXPECT_EQ(fetch(a, 1, 5, 100, false).tokens, 5);  // a has them
+
+  // It restarts from its RocksDB (without what it missed) and rejoins the
+  // ring: the next batch carries the whole prefix, and acks catch up.
+  b = spawn_kvstore(system_, config("b/kvstore"));
+  EXPECT_EQ(fetch(b, 1, 5, 100, false).tokens, 3);  // survived the kill
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  acks = put(a, 1, 5, 5, 6);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].tokens, 6);
+  on_b = fetch(b, 1, 5, 100, false);
+  EXPECT_EQ(on_b.tokens, 6);
+  EXPECT_EQ(on_b.chunk, make_chunk(small_shape(), 1, 5, KvRange{0, small_shape().num_layers, 0, 6}));
+
+  // Stats as `actor list` shows them.
+  auto stats = ask(a, messages::StatsQuery{});
+  ASSERT_TRUE(stats.ok());
+  const auto& s = std::get<messages::KvStoreStats>(*stats);
+  EXPECT_EQ(s.store_name, "a/kvstore");
+  EXPECT_EQ(s.replica, "b/kvstore");
+  EXPECT_EQ(s.lag_tokens, 0u);
+  EXPECT_EQ(s.requests, 1u);
+  EXPECT_GT(s.disk_bytes, 0u);
+  EXPECT_EQ(s.replicated_tokens, 6u);
+  kill(a);
+  kill(b);
+}
+
+TEST_F(KvStoreActorTest, ASingleStoreAcknowledgesItsOwnRocksDb) {
+  caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
+  set_ring({"a/kvstore"}, {a});
+  auto acks = put(a, 2, 1, 0, 4);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].tokens, 4);
+  kill(a);
+}
+
+TEST_F(KvStoreActorTest, FetchFindsARequestOnAPeerAndDropsReachTheReplica) {
+  caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
+  caf::actor b = spawn_kvstore(system_, config("b/kvstore"));
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  // b's worker streamed request 9: b holds it and replicates it to a.
+  ASSERT_EQ(put(b, 3, 9, 0, 4).at(0).tokens, 4);
+  // A request only b holds (stored as a replica write: not forwarded).
+  messages::PutChunks only_b;
+  const KvRange r{0, small_shape().num_layers, 0, 2};
+  only_b.chunks.push_back({{3, 10, r}, make_chunk(small_shape(), 3, 10, r)});
+  only_b.from_peer = "x/kvstore";
+  ASSERT_TRUE(ask(b, only_b).ok());
+  EXPECT_EQ(fetch(a, 3, 10, 2, false).tokens, 0);
+  auto found = fetch(a, 3, 10, 2, true);
+  EXPECT_EQ(found.tokens, 2);
+  EXPECT_EQ(found.source, "b/kvstore");
+  EXPECT_EQ(found.chunk, make_chunk(small_shape(), 3, 10, r));
+  // At most max_tokens positions.
+  EXPECT_EQ(fetch(a, 3, 9, 3, true).tokens, 3);
+
+  // A worker of b drops request 9: gone on both.
+  auto dropped = ask(b, messages::DropRequests{3, {9}, ""});
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_TRUE(std::holds_alternative<messages::Ack>(*dropped));
+  std::this_thread::sleep_for(100ms);  // the forward to a is one-way
+  EXPECT_EQ(fetch(b, 3, 9, 4, false).tokens, 0);
+  EXPECT_EQ(fetch(a, 3, 9, 4, false).tokens, 0);
+  // The whole job.
+  ASSERT_TRUE(ask(b, messages::DropRequests{3, {}, ""}).ok());
+  EXPECT_EQ(fetch(b, 3, 10, 2, false).tokens, 0);
+  kill(a);
+  kill(b);
+}
+
+TEST_F(KvStoreActorTest, BadMessagesAreRefusedAndChangeNothing) {
+  caf::actor a = spawn_kvstore(system_, config("a/kvstore", 1));
+  ASSERT_EQ(put(a, 4, 1, 0, 2).at(0).tokens, 2);
+  // A chunk of the wrong size: the whole batch is refused.
+  messages::PutChunks bad;
+  const KvRange r{0, small_shape().num_layers, 2, 4};
+  bad.chunks.push_back({{4, 1, r}, make_chunk(small_shape(), 4, 1, r)});
+  bad.chunks.push_back({{4, 2, r}, std::vector<std::byte>(3)});
+  auto reply = ask(a, bad);
+  ASSERT_FALSE(reply.ok());
+  EXPECT_EQ(reply.error().code, ErrorCode::invalid_argument) << reply.error().to_string();
+  EXPECT_EQ(fetch(a, 4, 1, 10, false).tokens, 2);  // nothing of the batch was stored
+  // Layers outside the model.
+  messages::PutChunks layers;
+  const KvRange past{0, small_shape().num_layers + 1, 2, 3};
+  layers.chunks.push_back({{4, 1, past}, make_chunk(small_shape(), 4, 1, KvRange{0, small_shape().num_layers, 2, 3})});
+  EXPECT_FALSE(ask(a, layers).ok());
+  // The retired blob messages.
+  auto retired = ask(a, messages::PutBlocks{"k", "v"});
+  ASSERT_FALSE(retired.ok());
+  EXPECT_EQ(retired.error().code, ErrorCode::unsupported);
+  EXPECT_NE(retired.error().message.find("putBlocks"), std::string::npos);
+  // A message signed with another key.
+  auto other = ClusterKey::generate();
+  auto wrong = ask_kv_store(system_, a, *other, messages::FetchPrefix{4, 1, 2, false}, 5s);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.error().message.find("unauthenticated"), std::string::npos) << wrong.error().to_string();
+  EXPECT_EQ(fetch(a, 4, 1, 10, false).tokens, 2);
+  kill(a);
+}
+
+}  // namespace
+}  // namespace shardline::actors
