@@ -394,7 +394,6 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
       BatchRequest req = std::move(r->second);
       j.retry.erase(r);
       req.token_budget = j.rec.spec.token_budget;
-      (void)attach_resume(j, req);
       j.in_flight[l.line_index] = InFlight{worker, std::move(req)};
       mark_started(j);
       ++claimed;
@@ -423,7 +422,6 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
       BatchLine parsed = parse_batch_line(line, j.rec.id, index);
       if (!parsed.is_request()) continue;  // committed as an error at submit
       parsed.request().token_budget = j.rec.spec.token_budget;
-      (void)attach_resume(j, parsed.request());
       j.in_flight[index] = InFlight{worker, std::move(parsed.request())};
       mark_started(j);
       ++claimed;
@@ -486,17 +484,16 @@ Status JobManager::on_kv_progress(const std::string& worker, std::span<const wor
     Job& j = it->second;
     const auto f = j.in_flight.find(p.line_index);
     if (f == j.in_flight.end() || f->second.worker != worker) continue;  // stale
-    BatchRequest& request = f->second.request;
-    if (p.choice < 0 || p.choice >= request.n || p.replicated_tokens < 0) continue;
+    const int n = f->second.request.n;
+    if (p.choice < 0 || p.choice >= n || p.replicated_tokens < 0) continue;
     const auto r = j.resume.find(p.line_index);
     const int recorded = r == j.resume.end() || static_cast<std::size_t>(p.choice) >= r->second.size()
                              ? 0
                              : r->second[static_cast<std::size_t>(p.choice)].num_kv_tokens;
     if (p.replicated_tokens <= recorded) continue;  // acks never go back
     auto& choices = j.resume[p.line_index];
-    choices.resize(static_cast<std::size_t>(request.n));
+    choices.resize(static_cast<std::size_t>(n));
     choices[static_cast<std::size_t>(p.choice)] = worker::ChoiceResume{p.output_ids, p.replicated_tokens, {}};
-    request.resume = choices;
     changed.insert(LineRef{p.job_id, p.line_index});
   }
   std::vector<ResumeRecord> records;
@@ -512,7 +509,7 @@ std::size_t JobManager::requeue_in_flight(const std::string& worker) {
     std::uint64_t job_n = 0;
     for (auto it = j.in_flight.begin(); it != j.in_flight.end();) {
       if (it->second.worker == worker) {
-        j.retry[it->first] = std::move(it->second.request);  // its resume point goes with it
+        j.retry[it->first] = std::move(it->second.request);  // next_work attaches its resume point
         it = j.in_flight.erase(it);
         ++job_n;
       } else {

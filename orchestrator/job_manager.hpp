@@ -133,7 +133,9 @@ class JobManager {
   /// never go back: a lower or equal one is ignored). It becomes the
   /// choice's ChoiceResume{output_ids, num_kv_tokens = replicated_tokens}
   /// (kv_chunk empty: the worker fetches the KV itself) in the line's resume
-  /// vector (sized n; choices without progress keep a default one). Every
+  /// vector (sized n; choices without progress keep a default one), which
+  /// next_work() puts in BatchRequest::resume when it hands the line out
+  /// again (after requeue_in_flight / requeue_all, or a restart). Every
   /// line changed by the call is written to jobs.db in one batch, to the WAL
   /// without a sync: a record lost to a power cut only means more recompute.
   /// Error: the store's io error; the memory state is updated even then (the
@@ -196,7 +198,11 @@ class JobManager {
     std::unique_ptr<ShardReader> reader;   ///< unfinished jobs only
     std::map<std::uint64_t, worker::BatchRequest> retry;
     std::map<std::uint64_t, InFlight> in_flight;
-    /// Resume points of uncommitted lines ([n] per line), as in jobs.db 'K'.
+    /// Resume points of uncommitted lines ([n] per line), as in jobs.db 'K':
+    /// the one source of BatchRequest::resume, which next_work() sets from it
+    /// whenever it hands a line out (so requeued, claimed and reloaded lines
+    /// all go out with their latest point; the requests kept in `retry` and
+    /// `in_flight` hold what went out last).
     std::map<std::uint64_t, std::vector<worker::ChoiceResume>> resume;
     RecoveryCounters recovery;
     bool session_started = false;

@@ -221,8 +221,16 @@ TEST_F(JobManagerResume, AFinishedJobHasNoResumeRecordsLeft) {
     if (r.line_index != 6) results.push_back(fake_result(r));
   ASSERT_TRUE(m_->on_results(results).ok());
   EXPECT_EQ(records(), 1u);
+  // A record the manager does not know of (as a crash could leave behind)
+  // goes with the job too.
+  ASSERT_TRUE(m_->store().put_resume({ResumeRecord{job_, 2, resume_of({{3, {1}}})}}).ok());
+  ASSERT_EQ(records(), 2u);
   ASSERT_TRUE(m_->on_results({fake_result(work[6])}).ok());
   EXPECT_EQ(m_->progress(job_)->state, JobState::done);
+  EXPECT_EQ(records(), 0u);
+  // And open() deletes what is left of a finished job.
+  ASSERT_TRUE(m_->store().put_resume({ResumeRecord{job_, 2, resume_of({{3, {1}}})}}).ok());
+  open();
   EXPECT_EQ(records(), 0u);
 }
 
