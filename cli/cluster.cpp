@@ -462,6 +462,8 @@ int run_run(RunArgs& a) {
   if (!a.quiet) std::cerr << "shardline run: " << describe_workers(*o) << "\n";
   auto node = actors::Node::start(std::move(o).value());
   if (!node) return fail(node.error());
+  // (on stderr: stdout stays for what a script reads; tests read the port here)
+  if ((*node)->metrics_port() > 0) std::cerr << "metrics on port " << (*node)->metrics_port() << std::endl;
   auto client = actors::Client::local((*node)->system(), (*node)->orchestrator(), (*node)->key());
 
   // The same command again resumes its job: the newest job of the data dir
