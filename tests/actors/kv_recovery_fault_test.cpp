@@ -118,5 +118,50 @@ TEST_F(KvRecoveryFault, UnsyncedKvLostAtACrashIsRecomputedNeverUsed) {
   EXPECT_TRUE(got == expected) << "output after losing unsynced KV differs from the clean run";
 }
 
+TEST_F(KvRecoveryFault, KillNineOfAJoinedNodeResumesItsLinesFromItsReplica) {
+  write_input(kLines, 120);
+  const std::string expected = clean_output();
+  const std::vector<std::string> common{"--model", kStoriesDir, "--key-file", path("cluster.key"), "--max-batch",
+                                        std::to_string(kMaxBatch), "--metrics", "127.0.0.1:0"};
+  auto args = [&common](std::vector<std::string> v) {
+    v.insert(v.end(), common.begin(), common.end());
+    return v;
+  };
+  Child a(args({kShardline, "node", "start", "--name", "a", "--listen", "127.0.0.1:0", "--data-dir", path("da")}),
+          path("a.log"));
+  const auto addr = testing_support::wait_for_node(a, true);
+  ASSERT_FALSE(addr.addr.empty()) << a.log();
+  Child b(args({kShardline, "node", "start", "--name", "b", "--join", addr.addr, "--data-dir", path("db")}),
+          path("b.log"));
+  const auto b_addr = testing_support::wait_for_node(b, true);
+  ASSERT_GT(b_addr.metrics_port, 0) << b.log();
+  a.wait_for_log("orchestrator: worker b/cpu:0 joined", std::chrono::seconds(60));
+  const std::string client = testing_support::client_flags(addr.addr, path("cluster.key"));
+  submit(client);
+  // b's store has acknowledged KV (held by a's store too: a replicates b).
+  const std::string b_replicated = "shardline_kv_replicated_tokens_total{store=\"b/kvstore\"}";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && metric(b_addr.metrics_port, b_replicated) < 1000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_GE(metric(b_addr.metrics_port, b_replicated), 1000) << b.log();
+  b.kill(SIGKILL);
+  b.wait();
+  const auto status = testing_support::wait_job_done(client, 1, std::chrono::seconds(180));
+  ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << a.log();
+  const std::string w = "worker=\"a/cpu:0\"";
+  const double recovered = metric(addr.metrics_port, "shardline_recovered_tokens_total{" + w + "}");
+  const double recomputed = metric(addr.metrics_port, "shardline_recomputed_tokens_total{cause=\"failure\"," + w + "}");
+  RecordProperty("recovered_tokens", std::to_string(recovered));
+  RecordProperty("recomputed_tokens", std::to_string(recomputed));
+  EXPECT_GT(status["jobs"][0]["resumed"].get<int>(), 0) << status.dump();
+  EXPECT_GT(recovered, 0) << a.log();
+  EXPECT_EQ(recomputed, 0) << a.log();
+  const std::string got = read_file(path("out.jsonl"));
+  testing_support::expect_each_custom_id_once(got, kLines);
+  EXPECT_TRUE(got == expected) << "output after kill -9 of the joined node differs";
+  a.kill(SIGTERM);
+  EXPECT_EQ(a.wait_or_kill(std::chrono::seconds(20)), 0) << a.log();
+}
+
 }  // namespace
 }  // namespace shardline
