@@ -487,6 +487,8 @@ void describe_node_metrics(MetricsRegistry& m) {
   m.describe("shardline_worker_start_failures_total", "counter",
              "Workers of this node that could not start their engine (not restarted).");
   m.describe("shardline_auth_failures_total", "counter", "Messages refused for a bad cluster key tag.");
+  m.describe("shardline_computed_tokens_total", "counter",
+             "Positions the model computed (prefill and decode, recomputation included), by worker.");
   m.describe("shardline_kv_streamed_bytes_total", "counter",
              "KV bytes workers of this node streamed to their KV store (DéjàVu token streaming), by worker.");
   m.describe("shardline_kv_replicated_tokens_total", "counter",

@@ -22,6 +22,7 @@ namespace {
 
 /// Counters of the BatchWorker already exported to the metrics registry.
 struct Exported {
+  std::uint64_t computed_tokens = 0;
   std::uint64_t streamed_bytes = 0;
   std::uint64_t restored_tokens = 0;
   std::uint64_t recomputed_tokens = 0;
@@ -106,6 +107,7 @@ void export_kv_metrics(WorkerActor* self) {
     if (now > seen) m.add(name, labels, static_cast<double>(now - seen));
     seen = std::max(seen, now);
   };
+  bump("shardline_computed_tokens_total", l, s.computed_tokens, e.computed_tokens);
   bump("shardline_kv_streamed_bytes_total", l, s.kv_streamed_bytes, e.streamed_bytes);
   bump("shardline_recovered_tokens_total", l, s.kv_restored_tokens, e.restored_tokens);
   bump("shardline_recomputed_tokens_total", "cause=\"failure\"," + l, s.kv_resume_recomputed_tokens,

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/hardware.hpp"
+#include "bench/kv_streaming.hpp"
 #include "bench/workload.hpp"
 #include "bench/roofline.hpp"
 #include "kernels/cpu/linear.hpp"
@@ -111,7 +112,17 @@ std::string ThroughputReport::to_json() const {
                    {"swapped_out_bytes", swapped_out_bytes},
                    {"computed_tokens", computed_tokens},
                    {"kv_cache_bytes", kv_cache_bytes},
-                   {"weight_bytes", weight_bytes}};
+                   {"weight_bytes", weight_bytes},
+                   {"step_wall_ms", num_steps > 0 ? elapsed_s * 1e3 / num_steps : 0.0},
+                   {"kv_stream", kv_stream}};
+  if (kv_stream != "off") {
+    j["kv_sync"] = kv_sync;
+    j["kv_streamed_bytes"] = kv_streamed_bytes;
+    j["kv_flush_batches"] = kv_flush_batches;
+    j["kv_acked_tokens"] = kv_acked_tokens;
+    j["kv_max_queued_bytes"] = kv_max_queued_bytes;
+    j["kv_drain_s"] = kv_drain_s;
+  }
   return j.dump();
 }
 
@@ -171,10 +182,37 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   sp.max_tokens = o.output_len;
   sp.ignore_eos = true;
 
+  auto stream_mode = parse_kv_stream_mode(o.kv_stream);
+  if (!stream_mode) return std::move(stream_mode).error();
+  std::unique_ptr<KvStreaming> streaming;
+  rep.kv_stream = kv_stream_mode_name(*stream_mode);
+  if (*stream_mode != KvStreamMode::off) {
+    auto sync = kvstore::parse_kv_sync_policy(o.kv_sync);
+    if (!sync) return std::move(sync).error();
+    rep.kv_sync = o.kv_sync;
+    if (!(*eng)->kv_io().can_move_kv())
+      return make_error(ErrorCode::unsupported, "bench: --kv-stream needs host-addressable KV caches");
+    auto started = KvStreaming::start(*stream_mode, (*eng)->kv_io().shape(), *sync);
+    if (!started) return std::move(started).error();
+    streaming = std::move(started).value();
+    (*eng)->set_kv_sink(streaming->sink());
+  }
+
   const auto t0 = Clock::now();
   auto outputs = (*eng)->generate(prompts, sp);
   rep.elapsed_s = ms_since(t0) / 1e3;
   if (!outputs) return std::move(outputs).error();
+  if (streaming) {
+    auto ks = streaming->finish();
+    if (!ks) return std::move(ks).error();
+    rep.kv_streamed_bytes = static_cast<double>(ks->streamed_bytes);
+    rep.kv_flush_batches = static_cast<long long>(ks->batches);
+    rep.kv_acked_tokens = static_cast<long long>(ks->acked_tokens);
+    rep.kv_max_queued_bytes = static_cast<double>(ks->max_queued_bytes);
+    rep.kv_drain_s = ks->drain_s;
+    (*eng)->set_kv_sink(nullptr);
+    streaming.reset();
+  }
   measure_limits();
 
   long generated = 0;

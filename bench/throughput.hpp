@@ -21,6 +21,10 @@ struct ThroughputOptions {
   int output_len = 128;  ///< generated tokens per request (ignore_eos)
   int max_batch = 64;    ///< running sequences at most (engine max_num_seqs)
   std::uint64_t prompt_seed = 1;  ///< seed of the random prompt ids
+  /// `--kv-stream`: "off", "store" (stream each step's KV to a KV-store
+  /// actor) or "replicated" (and on to its ring successor); bench/kv_streaming.hpp.
+  std::string kv_stream = "off";
+  std::string kv_sync = "none";  ///< `--kv-sync` of the stores (none, wal, fsync)
 };
 
 struct ThroughputReport {
@@ -54,6 +58,14 @@ struct ThroughputReport {
   /// Token positions the model computed (prompt + generated - 1 per request
   /// without preemption; more when preemptions recompute).
   long long computed_tokens = 0;
+  // KV streaming (kv_stream != "off"):
+  std::string kv_stream = "off";
+  std::string kv_sync;
+  double kv_streamed_bytes = 0;    ///< chunk bytes the store accepted
+  long long kv_flush_batches = 0;  ///< flushes (one message each)
+  long long kv_acked_tokens = 0;   ///< positions acknowledged, summed over requests
+  double kv_max_queued_bytes = 0;  ///< the streamer's queue at its fullest
+  double kv_drain_s = 0;           ///< after the last step until the queue was empty (not in elapsed_s)
   std::uint64_t kv_cache_bytes = 0;
   double weight_bytes = 0;
 

@@ -96,6 +96,12 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--output-len", a->options.output_len, "Generated tokens per request")
       ->capture_default_str();
   cmd->add_option("--max-batch", a->options.max_batch, "Running sequences at most")->capture_default_str();
+  cmd->add_option("--kv-stream", a->options.kv_stream,
+                  "Stream each step's KV to a KV-store actor: off, store, or replicated (and on to its ring "
+                  "successor); bench/kv_streaming.hpp")
+      ->capture_default_str();
+  cmd->add_option("--kv-sync", a->options.kv_sync, "Sync policy of those stores: none, wal, fsync")
+      ->capture_default_str();
   cmd->add_option("--parallel", a->parallel,
                   "Benchmark these parallel configs, e.g. --parallel single --parallel tp=2 --parallel pp=2 "
                   "(in-process CPU devices; prints a table on stderr and one JSON line)");

@@ -186,6 +186,8 @@ Result<std::vector<BatchResult>> BatchWorker::step() {
     Result<std::vector<RequestOutput>> outs = eng.step();
     if (!outs.ok()) return std::move(outs).error();
     ++steps_done_;
+    for (const engine::StepStats& st : eng.step_stats())
+      computed_tokens_ += static_cast<std::uint64_t>(st.num_prefill_tokens + st.num_decode_tokens);
     eng.clear_step_stats();  // a long-lived worker must not grow them without bound
     for (RequestOutput& out : outs.value()) {
       const auto it = requests_->find(out.request_id);
@@ -279,6 +281,7 @@ WorkerStatusSnapshot BatchWorker::status() const {
   s.prompt_tokens = prompt_tokens_;
   s.generated_tokens = generated_tokens_;
   s.steps_done = steps_done_;
+  s.computed_tokens = computed_tokens_;
   s.lines_done = lines_done_;
   s.lines_failed = lines_failed_;
   s.num_preemptions = static_cast<std::uint64_t>(sched.total_preemptions());
