@@ -42,7 +42,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_flag("--enforce-eager", f.enforce_eager, "CUDA: no CUDA graphs for decode steps");
   cmd.add_option("--preemption-mode", f.preemption_mode,
                  "When KV blocks run out: recompute (drop the victim's KV, re-prefill it later) or swap (copy "
-                 "it to host memory and back, DéjàVu's microbatch swapping; CPU devices and in-process groups)")
+                 "it to host memory and back, DéjàVu's microbatch swapping; CPU devices and in-process groups; other "
+                 "executors recompute)")
       ->capture_default_str();
   cmd.add_option("--swap-space", f.swap_space_gib, "Host memory for swapped-out KV, GiB (per engine)")
       ->capture_default_str();

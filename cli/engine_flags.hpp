@@ -29,7 +29,7 @@ struct EngineFlags {
   double gpu_memory_utilization = 0.9;
   bool deterministic = false;
   bool enforce_eager = false;
-  std::string preemption_mode = "recompute";
+  std::string preemption_mode = "swap";  // measured faster (docs/kv-recovery.md)
   double swap_space_gib = 4.0;
   std::string device;  ///< --device of generate / bench ("" = cpu); run / node use --devices
 };
