@@ -3,7 +3,7 @@
 /// The actors of a node. Each is a thin CAF behaviour around a plain class:
 /// the job orchestrator around orchestrator::JobManager and WorkerPool, a
 /// worker (one per device, on its own thread) around worker::BatchWorker, the
-/// KV store around kvstore::HostKvStore. Messages are signed Cap'n Proto bytes
+/// KV store around kvstore::KvStore. Messages are signed Cap'n Proto bytes
 /// (actors/protocol.hpp); a message with a bad tag is refused, logged, and
 /// answered with an "unauthenticated" error.
 ///

@@ -64,6 +64,8 @@ class MeasuringExecutor final : public model::ModelExecutor {
   int block_size() const override { return inner_.block_size(); }
   kvstore::KvModelShape kv_model_shape() const override { return inner_.kv_model_shape(); }
   std::vector<kvstore::KvCacheView> kv_cache_views() override { return inner_.kv_cache_views(); }
+  bool supports_layer_kv_hook() const override { return inner_.supports_layer_kv_hook(); }
+  void set_layer_kv_hook(LayerKvHook hook) override { inner_.set_layer_kv_hook(std::move(hook)); }
   const std::vector<StepRecord>& records() const { return records_; }
 
  private:
@@ -196,6 +198,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
     if (!started) return std::move(started).error();
     streaming = std::move(started).value();
     (*eng)->set_kv_sink(streaming->sink());
+    (*eng)->set_stream_prompt_by_layer(true);
   }
 
   const auto t0 = Clock::now();

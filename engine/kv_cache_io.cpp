@@ -73,6 +73,15 @@ Status KvCacheIo::restore(const KvRestore& restore, const std::vector<std::int32
   return Status::ok_status();
 }
 
+Result<std::vector<std::byte>> KvCacheIo::copy_layers(const std::vector<std::int32_t>& block_table,
+                                                      int layer_begin, int layer_end, int token_begin, int token_end) {
+  const kvstore::KvRange range{layer_begin, layer_end, token_begin, token_end};
+  std::vector<std::byte> chunk(kvstore::chunk_bytes(shape_, range));
+  if (Status s = kvstore::copy_out(shape_, views_, block_table, range, chunk); !s.ok()) return s.error();
+  stats_.streamed_bytes += chunk.size();
+  return chunk;
+}
+
 Result<std::vector<std::byte>> KvCacheIo::copy_increment(const std::vector<std::int32_t>& block_table,
                                                          int token_begin, int token_end) {
   const kvstore::KvRange range{0, shape_.num_layers, token_begin, token_end};

@@ -81,6 +81,11 @@ class KvCacheIo {
   /// the caches as one canonical chunk (all layers). Errors: invalid_argument.
   [[nodiscard]] Result<std::vector<std::byte>> copy_increment(const std::vector<std::int32_t>& block_table,
                                                               int token_begin, int token_end);
+  /// As copy_increment, for layers [layer_begin, layer_end) only (a
+  /// layer-by-layer prompt increment). Errors: invalid_argument.
+  [[nodiscard]] Result<std::vector<std::byte>> copy_layers(const std::vector<std::int32_t>& block_table,
+                                                           int layer_begin, int layer_end, int token_begin,
+                                                           int token_end);
 
   /// Forgets whatever is held for `seq_id` (it finished or was aborted).
   void drop(std::uint64_t seq_id);

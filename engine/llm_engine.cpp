@@ -246,7 +246,19 @@ Status LlmEngine::fill_pipeline() {
     if (sched.empty()) break;
     if (device_sampling) attach_device_sampling(sched);
     f.submitted = Clock::now();
-    if (Status s = executor_->submit(sched.input); !s.ok()) return s;
+    int layers_done = 0;
+    Status layer_error = Status::ok_status();
+    const std::vector<LayerStream> by_layer = arm_layer_streaming(sched, &layers_done, &layer_error);
+    Status submitted = executor_->submit(sched.input);
+    if (!by_layer.empty()) {
+      executor_->set_layer_kv_hook({});
+      if (!layer_error.ok()) return layer_error;
+      // Every layer went out: the step-end increment starts after them.
+      if (layers_done == kv_io_.shape().num_layers)
+        for (const LayerStream& ls : by_layer)
+          if (Sequence* seq = scheduler_.get(ls.seq_id); seq != nullptr) seq->num_streamed_tokens = ls.token_end;
+    }
+    if (!submitted.ok()) return submitted;
     f.stats.num_seqs = static_cast<int>(sched.scheduled.size());
     f.stats.num_prefill_tokens = sched.num_prefill_tokens;
     f.stats.num_decode_tokens = sched.num_decode_tokens;
@@ -268,6 +280,46 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
     if (Status s = kv_io_.restore(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);
   return Status::ok_status();
+}
+
+std::vector<LlmEngine::LayerStream> LlmEngine::arm_layer_streaming(const SchedulerOutput& sched, int* layers_done,
+                                                                   Status* error) {
+  std::vector<LayerStream> out;
+  // One step at a time (the hook reads the cache while this step runs).
+  if (!stream_prompt_by_layer_ || kv_sink_ == nullptr || !kv_io_.can_move_kv() ||
+      !executor_->supports_layer_kv_hook() || executor_->max_in_flight() != 1 || sched.num_prefill_tokens == 0 ||
+      !kv_sink_->accepting())
+    return out;
+  for (const model::StepSeq& s : sched.input.seqs) {
+    const Sequence* seq = scheduler_.get(s.seq_id);
+    // A prefill chunk that continues the streamed positions (no catch-up gap).
+    if (seq == nullptr || s.num_new_tokens <= 1 || seq->num_streamed_tokens != s.num_computed_tokens) continue;
+    out.push_back({s.seq_id, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens});
+  }
+  if (out.empty()) return out;
+  executor_->set_layer_kv_hook([this, out, layers_done, error](int layer) {
+    if (!error->ok()) return;
+    for (const LayerStream& ls : out) {
+      Sequence* seq = scheduler_.get(ls.seq_id);
+      if (seq == nullptr) continue;
+      Result<std::vector<std::byte>> chunk = kv_io_.copy_layers(scheduler_.block_manager().block_table(ls.seq_id),
+                                                                layer, layer + 1, ls.token_begin, ls.token_end);
+      if (!chunk.ok()) {
+        *error = make_error(ErrorCode::internal, "KV streaming (layer " + std::to_string(layer) +
+                                                     "): " + chunk.error().message);
+        return;
+      }
+      KvIncrement inc;
+      inc.request_id = ls.seq_id;
+      inc.range = kvstore::KvRange{layer, layer + 1, ls.token_begin, ls.token_end};
+      inc.chunk = std::move(chunk).value();
+      for (int p = ls.token_begin; p < ls.token_end; ++p) inc.token_ids.push_back(seq->token_at(p));
+      inc.num_prompt_tokens = seq->num_prompt_tokens();
+      kv_sink_->push(std::move(inc));
+    }
+    ++*layers_done;
+  });
+  return out;
 }
 
 Status LlmEngine::stream_increments(const SchedulerOutput& sched) {

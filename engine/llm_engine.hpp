@@ -61,10 +61,14 @@ struct ResumeState {
 /// sink after a step.
 struct KvIncrement {
   std::uint64_t request_id = 0;
-  kvstore::KvRange range;          ///< all layers x positions [token_begin, token_end)
+  /// All layers x positions [token_begin, token_end); one layer only for a
+  /// prompt chunk streamed layer by layer (set_stream_prompt_by_layer).
+  kvstore::KvRange range;
   std::vector<std::byte> chunk;    ///< canonical chunk of `range`
   /// Token ids at positions [token_begin, token_end + 1): the tokens whose KV
-  /// the chunk holds, and the newest known token (its KV comes later).
+  /// the chunk holds, and the newest known token (its KV comes later). A
+  /// layer increment has [token_begin, token_end) only: it goes out before
+  /// the step samples.
   std::vector<std::int32_t> token_ids;
   int num_prompt_tokens = 0;       ///< positions below this are prompt, the rest generated
 };
@@ -173,6 +177,14 @@ class LlmEngine {
   /// Receives every running sequence's new KV after each step (token
   /// streaming); null: none is copied out. Not owned; must outlive its use.
   void set_kv_sink(KvStreamSink* sink) { kv_sink_ = sink; }
+  /// With a sink and an executor that supports_layer_kv_hook(): a step's
+  /// prefill chunks (steps of more than one new token per sequence) are
+  /// streamed layer by layer while the forward pass runs, each layer's
+  /// positions as one increment of that layer only (token ids: those
+  /// positions', without the next token), instead of after the step
+  /// (DéjàVu §4.1.1 (3), prompt streaming). Decode steps stream after the
+  /// step as before. Off by default.
+  void set_stream_prompt_by_layer(bool on) { stream_prompt_by_layer_ = on; }
   [[nodiscard]] const KvCacheIo& kv_io() const { return kv_io_; }
 
  private:
@@ -219,6 +231,16 @@ class LlmEngine {
   Scheduler scheduler_;
   KvCacheIo kv_io_;
   KvStreamSink* kv_sink_ = nullptr;
+  bool stream_prompt_by_layer_ = false;
+  /// Arms the executor's layer hook for the prefill chunks of `sched`
+  /// (set_stream_prompt_by_layer); returns the sequences it will stream.
+  struct LayerStream {
+    std::uint64_t seq_id = 0;
+    int token_begin = 0;
+    int token_end = 0;
+  };
+  std::vector<LayerStream> arm_layer_streaming(const SchedulerOutput& sched, int* layers_done,
+                                               Status* error);
   std::vector<RequestOutput> aborted_;
   std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;

@@ -44,6 +44,8 @@ class CpuModelRunner final : public model::ModelExecutor {
   [[nodiscard]] int block_size() const override { return shard_->block_size(); }
   [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override { return shard_->kv_model_shape(); }
   [[nodiscard]] std::vector<kvstore::KvCacheView> kv_cache_views() override { return {shard_->kv_cache_view()}; }
+  [[nodiscard]] bool supports_layer_kv_hook() const override { return true; }
+  void set_layer_kv_hook(LayerKvHook hook) override { shard_->set_layer_kv_hook(std::move(hook)); }
 
   [[nodiscard]] const ModelConfig& config() const { return shard_->config(); }
   /// Times each op family of every step (a few clock reads per layer).

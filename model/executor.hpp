@@ -5,6 +5,7 @@
 /// decode tokens mixed, Sarathi / vLLM-v1 style).
 
 #include <cstdint>
+#include <functional>
 #include <deque>
 #include <vector>
 
@@ -89,6 +90,17 @@ class ModelExecutor {
   /// The memory may be read or written between steps, and while a step is
   /// in flight for blocks no in-flight step uses.
   [[nodiscard]] virtual std::vector<kvstore::KvCacheView> kv_cache_views() { return {}; }
+
+  /// Called on the stepping thread during execute(), right after layer
+  /// `layer`'s new KV was written to the cache: the step's KV of that layer
+  /// may be read from kv_cache_views() then, while later layers compute
+  /// (DéjàVu's layer-by-layer prompt streaming, seed 003 §4.1.1 (3)).
+  using LayerKvHook = std::function<void(int layer)>;
+  /// True when set_layer_kv_hook() takes effect: a single host-addressable
+  /// rank that runs every layer (the CPU runner).
+  [[nodiscard]] virtual bool supports_layer_kv_hook() const { return false; }
+  /// Sets the hook for the following steps; an empty one clears it.
+  virtual void set_layer_kv_hook(LayerKvHook /*hook*/) {}
 
   // ---- asynchronous steps (pipeline parallelism) --------------------------
   // A pipelined executor (PP stages) accepts up to max_in_flight() steps

@@ -378,6 +378,7 @@ Status ShardRunner::run_stage(const model::StepInput& in) {
     const float* kk = attn_in + hq_attn_ * hd;
     const float* vv = kk + kv_attn_ * hd;
     kc::write_kv(kk, vv, attn_w, n, in.slot_mapping.data(), cache);
+    if (layer_kv_hook_) layer_kv_hook_(l);
     kc::paged_attention(attn_in, attn_w, attn_seqs, cache, hq_attn_, scale, attn, hq_attn_ * hd);
     timer.add_to(p.attention_ms);
 

@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -147,6 +148,9 @@ class ShardRunner {
   /// This rank's cache as a streamable view: its stage's layers and, per
   /// local head slot, the model KV head it holds.
   [[nodiscard]] kvstore::KvCacheView kv_cache_view();
+  /// Called after each layer's KV write of a step (ModelExecutor::LayerKvHook,
+  /// with the model layer index); empty: none.
+  void set_layer_kv_hook(std::function<void(int)> hook) { layer_kv_hook_ = std::move(hook); }
 
   void set_profiling(bool on) { profiling_ = on; }
   /// This rank's profile of the last step (run_stage + run_logits); comm_bytes
@@ -213,6 +217,7 @@ class ShardRunner {
   std::vector<float> gate_up_;    // [c, 2 * inter_t]
   std::vector<float> act_;        // [c, inter_t]
   std::vector<float> gathered_;   // [n, hidden] (SP: the whole residual for logits)
+  std::function<void(int)> layer_kv_hook_;  ///< set_layer_kv_hook
 };
 
 }  // namespace shardline::model

@@ -93,11 +93,13 @@ BatchWorker::~BatchWorker() = default;
 void BatchWorker::set_kv_streamer(KvStreamer* streamer) {
   if (streamer == nullptr) {
     engine_.engine->set_kv_sink(nullptr);
+    engine_.engine->set_stream_prompt_by_layer(false);
     stream_adapter_.reset();
     return;
   }
   stream_adapter_ = std::make_unique<StreamAdapter>(streamer, requests_.get());
   engine_.engine->set_kv_sink(stream_adapter_.get());
+  engine_.engine->set_stream_prompt_by_layer(true);
 }
 
 void BatchWorker::submit(BatchRequest request) {

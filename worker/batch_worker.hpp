@@ -117,8 +117,10 @@ class BatchWorker {
 
   [[nodiscard]] WorkerStatusSnapshot status() const;
 
-  /// Streams every running choice's new KV after each step to `streamer`
-  /// under (job_id, kv_request_key(line, choice)); null stops streaming.
+  /// Streams every running choice's new KV to `streamer` under (job_id,
+  /// kv_request_key(line, choice)): prefill chunks layer by layer while the
+  /// step runs (where the executor supports it), decode positions after
+  /// each step; null stops streaming.
   /// Not owned; it must outlive the worker's steps.
   void set_kv_streamer(KvStreamer* streamer);
 
