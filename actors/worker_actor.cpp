@@ -117,8 +117,8 @@ void export_kv_metrics(WorkerActor* self) {
 
 /// A resumed line: fetch each choice's replicated KV from the node's store
 /// (which asks the ring when it lacks it). A choice whose KV cannot be
-/// fetched resumes from its tokens alone (recomputed, counted as a fallback
-/// by the engine).
+/// fetched resumes from its tokens alone (recomputed, and counted as a
+/// fallback); one the stores hold less of resumes from what they hold.
 void fetch_resume_kv(WorkerActor* self, worker::BatchRequest& r) {
   WorkerState& st = self->state;
   if (static_cast<int>(r.resume.size()) != r.n) return;
@@ -131,9 +131,13 @@ void fetch_resume_kv(WorkerActor* self, worker::BatchRequest& r) {
     auto fetched = fetch_kv_prefix(self->system(), st.config.kv_store->get(), *st.config.key, r.job_id, key,
                                    cr.num_kv_tokens, std::chrono::seconds(5));
     if (!fetched) {
+      // E.g. the store is restarting: resume from the tokens alone (the
+      // engine counts the recomputed positions), never fail the line.
       spdlog::warn("worker {}: line {} of job {} choice {}: cannot fetch its KV ({}); recomputing it",
                    st.config.name, r.line_index, r.job_id, c, fetched.error().to_string());
-      continue;  // num_kv_tokens stays: the engine counts the fallback
+      cr.num_kv_tokens = 0;
+      st.config.metrics->add("shardline_kv_resume_fallbacks_total", "worker=\"" + st.config.name + "\"", 1);
+      continue;
     }
     if (fetched->tokens < cr.num_kv_tokens)
       spdlog::warn("worker {}: line {} of job {} choice {}: the stores hold {} of {} replicated positions",
