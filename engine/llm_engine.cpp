@@ -101,7 +101,7 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
                           std::to_string(known) + " tokens (at most the tokens before the last)");
   if (scheduler_.get(request_id) != nullptr)
     return make_error(ErrorCode::invalid_argument, who + "duplicate request id");
-  const bool restore = resume.num_kv_tokens > 0 && kv_io_.can_move_kv();
+  const bool restore = resume.num_kv_tokens > 0 && kv_io_.can_move_kv() && !resume.kv_chunk.empty();
   // Positions the request had computed before it resumed here.
   const int known_positions =
       resume.output_ids.empty() ? resume.num_kv_tokens : static_cast<int>(known) - 1;

@@ -128,7 +128,8 @@ class LlmEngine {
   /// taken as output so far (the text, penalties and stop rules see them),
   /// the KV of resume.num_kv_tokens positions is copied into the cache when
   /// it is admitted, and only the positions after them are computed. When
-  /// the KV cannot be restored here (caches not host-addressable) it is
+  /// the KV cannot be restored here (caches not host-addressable, or no
+  /// chunk: the stores could not give it) it is
   /// recomputed and counted (KvIoStats::resume_fallbacks). Errors: as
   /// add_request; invalid_argument (an output id outside the vocab, as many
   /// outputs as max_tokens, num_kv_tokens out of range, a chunk of the wrong
