@@ -32,9 +32,13 @@ struct KvStoreState {
   KvStoreState() = default;
   KvStoreConfig config;
   std::unique_ptr<kvstore::KvStore> store;
+  /// Null until the first ring arrives: until then nothing is acknowledged
+  /// (the replicas are unknown) and fetches that may ask the ring wait.
   std::unique_ptr<kvstore::AckTracker> tracker;
   std::vector<std::string> ring;               ///< every store, ring order
-  std::map<std::string, caf::actor> peers;     ///< every other store of the ring
+  std::map<std::string, caf::actor> peers;     ///< every other store of the ring (null: down)
+  /// Fetches waiting for the first ring (at most kPeerTimeout).
+  std::vector<std::pair<messages::FetchPrefix, caf::response_promise>> waiting_fetches;
   std::uint64_t replicated_tokens = 0;         ///< acked positions since open
   Inbox inbox;
   static inline const char* name = "shardline.kvstore";
@@ -45,12 +49,17 @@ using Reply = messages::KvStoreReply;
 
 std::string reply(const Reply& r) { return messages::encode(r); }
 
-/// The replica that counts (f = 2: the ring successor), or null.
+using ring_timeout_atom = caf::atom_constant<caf::atom("slkvring")>;
+
+/// The replica that counts (f = 2: the ring successor): its name ("" when
+/// there is none: a single-store ring) and its handle (null while it is
+/// down: the orchestrator keeps a dead store in the ring, so that nothing
+/// is acknowledged past what the replica holds).
 std::pair<std::string, caf::actor> replica_of(const KvStoreState& st) {
-  if (st.tracker->replicas().empty()) return {};
+  if (!st.tracker || st.tracker->replicas().empty()) return {};
   const std::string& name = st.tracker->replicas().front();
   auto it = st.peers.find(name);
-  if (it == st.peers.end()) return {};
+  if (it == st.peers.end()) return {name, caf::actor()};
   return {it->first, it->second};
 }
 
@@ -77,7 +86,8 @@ Result<std::map<RequestKey, int>> put_local(KvStoreState& st, const messages::Pu
 
 messages::ChunksAcked acked(const KvStoreState& st, const std::vector<RequestKey>& requests) {
   messages::ChunksAcked a;
-  for (const auto& [job, req] : requests) a.acks.push_back({job, req, st.tracker->acked_tokens(job, req)});
+  for (const auto& [job, req] : requests)
+    a.acks.push_back({job, req, st.tracker ? st.tracker->acked_tokens(job, req) : 0});
   return a;
 }
 
@@ -134,14 +144,18 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m) 
     for (const auto& [k, t] : *local) a.acks.push_back({k.first, k.second, st.store->durable_tokens(k.first, k.second)});
     return reply(a);
   }
+  // No ring yet: stored, not acknowledged (the tracker takes what RocksDB
+  // holds when the ring comes).
+  if (!st.tracker) return reply(acked(st, requests));
   std::map<RequestKey, int> before;
   for (const auto& k : requests) before[k] = st.tracker->acked_tokens(k.first, k.second);
   for (const auto& [k, t] : *local) st.tracker->on_local(k.first, k.second, t);
   auto [replica_name, replica] = replica_of(st);
-  if (!replica) {
+  if (replica_name.empty()) {  // a single-store ring: its own RocksDB is the copy
     count_replicated(st, requests, before);
     return reply(acked(st, requests));
   }
+  if (!replica) return reply(acked(st, requests));  // the replica is down: no new acks
   const Signed fwd = sign(*st.config.key, messages::encode(messages::KvStoreMsg{forward_of(st, replica_name, std::move(m))}));
   auto rp = self->make_response_promise<std::string>();
   self->request(replica, kPeerTimeout, msg_atom::value, fwd.tag, fwd.bytes)
@@ -169,7 +183,9 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m) 
   return rp;
 }
 
-caf::result<std::string> handle_fetch(KvStoreActor* self, const messages::FetchPrefix& m) {
+/// Answers a fetch into `rp`: this store's prefix, or when it holds fewer
+/// positions and `ask_peers`, the longest any live store of the ring holds.
+void fetch_into(KvStoreActor* self, const messages::FetchPrefix& m, caf::response_promise rp) {
   KvStoreState& st = self->state;
   auto local = st.store->fetch_prefix(m.job_id, m.request_id, m.max_tokens);
   auto best = std::make_shared<messages::KvPrefixData>();
@@ -180,18 +196,23 @@ caf::result<std::string> handle_fetch(KvStoreActor* self, const messages::FetchP
   } else {
     spdlog::warn("kvstore {}: fetch of ({}, {}): {}", st.config.name, m.job_id, m.request_id, local.error().to_string());
   }
-  if (best->tokens >= m.max_tokens || !m.ask_peers || st.peers.empty()) return reply(std::move(*best));
+  std::vector<caf::actor> live;
+  for (const auto& [name, peer] : st.peers)
+    if (peer) live.push_back(peer);
+  if (best->tokens >= m.max_tokens || !m.ask_peers || live.empty()) {
+    rp.deliver(reply(std::move(*best)));
+    return;
+  }
   // Short here: the nearest stores of the ring may hold it (a replica of a
   // failed node's store).
-  auto rp = self->make_response_promise<std::string>();
-  auto pending = std::make_shared<std::size_t>(st.peers.size());
+  auto pending = std::make_shared<std::size_t>(live.size());
   messages::FetchPrefix ask = m;
   ask.ask_peers = false;
   const Signed s = sign(*st.config.key, messages::encode(messages::KvStoreMsg{ask}));
   auto done = [rp, best, pending]() mutable {
     if (--*pending == 0) rp.deliver(reply(std::move(*best)));
   };
-  for (const auto& [name, peer] : st.peers) {
+  for (const caf::actor& peer : live) {
     self->request(peer, kPeerTimeout, msg_atom::value, s.tag, s.bytes)
         .then(
             [best, done](std::string& bytes) mutable {
@@ -202,7 +223,25 @@ caf::result<std::string> handle_fetch(KvStoreActor* self, const messages::FetchP
             },
             [done](caf::error&) mutable { done(); });
   }
+}
+
+caf::result<std::string> handle_fetch(KvStoreActor* self, const messages::FetchPrefix& m) {
+  KvStoreState& st = self->state;
+  auto rp = self->make_response_promise();
+  if (!st.tracker && m.ask_peers) {
+    // Just started: the ring (where the other copies are) comes with the
+    // orchestrator's answer to the first heartbeat.
+    st.waiting_fetches.emplace_back(m, rp);
+    return rp;
+  }
+  fetch_into(self, m, rp);
   return rp;
+}
+
+void serve_waiting_fetches(KvStoreActor* self) {
+  auto waiting = std::move(self->state.waiting_fetches);
+  self->state.waiting_fetches.clear();
+  for (auto& [m, rp] : waiting) fetch_into(self, m, std::move(rp));
 }
 
 Reply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
@@ -210,12 +249,12 @@ Reply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
   Status s = Status::ok_status();
   if (m.request_ids.empty()) {
     s = st.store->drop_job(m.job_id);
-    st.tracker->forget_job(m.job_id);
+    if (st.tracker) st.tracker->forget_job(m.job_id);
   } else {
     for (std::uint64_t r : m.request_ids) {
       Status one = st.store->drop_request(m.job_id, r);
       if (!one && s) s = one;
-      st.tracker->forget(m.job_id, r);
+      if (st.tracker) st.tracker->forget(m.job_id, r);
     }
   }
   if (m.from_peer.empty()) {
@@ -243,7 +282,7 @@ messages::KvStoreStats stats_of(const KvStoreState& st) {
     out.requests = s->requests;
     out.chunks = s->chunks;
   }
-  const auto lag = st.tracker->lag();
+  const auto lag = st.tracker ? st.tracker->lag() : std::vector<kvstore::ReplicaLag>{};
   if (!lag.empty()) {
     out.replica = lag.front().replica;
     out.lag_tokens = lag.front().tokens_behind;
@@ -268,18 +307,27 @@ void set_ring(KvStoreActor* self, const messages::SetRing& m, const std::vector<
   std::map<std::string, caf::actor> peers;
   for (std::size_t i = 0; i < m.names.size(); ++i)
     if (m.names[i] != st.config.name) peers[m.names[i]] = handles[i];
-  const std::vector<std::string> old = st.tracker->replicas();
+  const bool first = !st.tracker;
+  if (first) {
+    // The replicas are known now: what survived in RocksDB counts as held
+    // here, and acknowledgements wait for the replica.
+    st.tracker = std::make_unique<kvstore::AckTracker>(st.config.replication_factor, *replicas);
+    for (const kvstore::KvRequestCoverage& r : st.store->requests())
+      st.tracker->on_local(r.job_id, r.request_id, r.durable_tokens);
+  }
+  const std::vector<std::string> old = first ? std::vector<std::string>{} : st.tracker->replicas();
   for (const std::string& r : *replicas) {
     auto was = st.peers.find(r);
-    // Same name, another incarnation: it restarted (from its RocksDB, which
-    // may lack what it missed while down): start over with it.
+    // Same name, another incarnation (or back from down): it restarted
+    // from its RocksDB, which may lack what it missed: start over with it.
     if (was != st.peers.end() && was->second != peers[r]) st.tracker->replica_replaced(r);
   }
   st.tracker->set_replicas(*replicas);
   st.peers = std::move(peers);
   st.ring = m.names;
-  if (old != *replicas)
+  if (first || old != *replicas)
     spdlog::info("kvstore {}: replicates to [{}]", st.config.name, fmt::join(*replicas, ", "));
+  if (first) serve_waiting_fetches(self);
 }
 
 void heartbeat(KvStoreActor* self) {
@@ -324,15 +372,13 @@ caf::behavior kvstore_behavior(KvStoreActor* self, KvStoreConfig config) {
     return {};
   }
   st.store = std::move(store).value();
-  st.tracker = std::make_unique<kvstore::AckTracker>(st.config.replication_factor, std::vector<std::string>{});
-  // What survived in RocksDB counts as held here.
-  for (const kvstore::KvRequestCoverage& r : st.store->requests())
-    st.tracker->on_local(r.job_id, r.request_id, r.durable_tokens);
   st.inbox = Inbox("kvstore " + st.config.name, st.config.key, st.config.metrics);
   spdlog::info("kvstore {} ready: {} ({} requests held, sync {}, replication factor {})", st.config.name,
-               st.config.dir, st.tracker->tracked(), kvstore::kv_sync_policy_name(st.config.sync),
+               st.config.dir, st.store->requests().size(), kvstore::kv_sync_policy_name(st.config.sync),
                st.config.replication_factor);
   heartbeat(self);
+  // Fetches that wait for the ring wait this long at most.
+  self->delayed_send(self, kPeerTimeout, ring_timeout_atom::value);
   self->delayed_send(self, std::chrono::milliseconds(st.config.heartbeat_ms), beat_atom::value);
   return {
       [self](msg_atom, const std::string& tag, const std::string& bytes) -> caf::result<std::string> {
@@ -357,6 +403,13 @@ caf::behavior kvstore_behavior(KvStoreActor* self, KvStoreConfig config) {
           return;
         }
         set_ring(self, std::get<messages::SetRing>(*msg), handles);
+      },
+      [self](ring_timeout_atom) {
+        if (!self->state.waiting_fetches.empty())
+          spdlog::warn("kvstore {}: no ring after {} s; answering {} fetches from this store alone",
+                       self->state.config.name, std::chrono::seconds(kPeerTimeout).count(),
+                       self->state.waiting_fetches.size());
+        serve_waiting_fetches(self);
       },
       [self](beat_atom) {
         heartbeat(self);

@@ -137,18 +137,20 @@ void update_job_metrics(OrchestratorState& st) {
 
 // ---- KV stores ----------------------------------------------------------------------
 
-/// Sends every live store the ring of the live stores (ring order, with
-/// their handles beside the signed names).
+/// Sends every live store the ring of every store heard of (ring order,
+/// with their handles beside the signed names; null for a store that is
+/// down: it stays in the ring, so its predecessor acknowledges nothing it
+/// does not hold, until it is back and caught up).
 void broadcast_ring(OrchestratorActor* self) {
   OrchestratorState& st = self->state;
-  std::vector<std::string> live;
-  for (const auto& [name, e] : st.stores)
-    if (e.handle) live.push_back(name);
-  messages::SetRing ring{kvstore::ring_order(live)};
+  std::vector<std::string> names;
+  for (const auto& [name, e] : st.stores) names.push_back(name);
+  messages::SetRing ring{kvstore::ring_order(names)};
   std::vector<caf::actor> handles;
   for (const std::string& n : ring.names) handles.push_back(st.stores[n].handle);
   const Signed s = sign(*st.config.key, messages::encode(messages::KvStoreMsg{ring}));
-  for (const caf::actor& h : handles) self->send(h, ring_atom::value, s.tag, s.bytes, handles);
+  for (const caf::actor& h : handles)
+    if (h) self->send(h, ring_atom::value, s.tag, s.bytes, handles);
 }
 
 /// A store's heartbeat registers it (first time, or a new incarnation after

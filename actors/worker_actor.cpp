@@ -128,8 +128,17 @@ void fetch_resume_kv(WorkerActor* self, worker::BatchRequest& r) {
     const std::uint64_t key = worker::kv_request_key(r.line_index, c);
     if (st.kv_progress) st.kv_progress->seed(r.job_id, key, cr.output_ids);
     if (cr.num_kv_tokens <= 0 || !st.config.kv_store) continue;
-    auto fetched = fetch_kv_prefix(self->system(), st.config.kv_store->get(), *st.config.key, r.job_id, key,
-                                   cr.num_kv_tokens, std::chrono::seconds(5));
+    // A store that is restarting (killed just before) is back within a
+    // moment: wait for it, and ask again after an error, for a few seconds.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    Result<messages::KvPrefixData> fetched = make_error(ErrorCode::io, "no KV store now (it is restarting)");
+    while (true) {
+      if (const caf::actor store = st.config.kv_store->get(); store)
+        fetched = fetch_kv_prefix(self->system(), store, *st.config.key, r.job_id, key, cr.num_kv_tokens,
+                                  std::chrono::seconds(5));
+      if (fetched || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     if (!fetched) {
       // E.g. the store is restarting: resume from the tokens alone (the
       // engine counts the recomputed positions), never fail the line.

@@ -124,8 +124,8 @@ TEST(Inbox, AnswersUndecodableBytesWithTheDecodeError) {
   const Inbox inbox("kvstore n/kvstore", key, nullptr);
   Recorder rec;
   // An orchestrator message is not a KV-store message: signed, but its union
-  // member (shutdown, 7) is out of the KV store's range.
-  const std::string bytes = messages::encode(messages::OrchestratorMsg{messages::Shutdown{}});
+  // member (kvProgressReport, 11) is out of the KV store's range (0..8).
+  const std::string bytes = messages::encode(messages::OrchestratorMsg{messages::KvProgressReport{}});
   const std::string garbage(16, '\x01');
   for (const std::string& b : {bytes, garbage, std::string()}) {
     const KvStoreReply reply = decoded_reply(inbox.serve({}, key->sign(b), b, messages::decode_kvstore, rec));

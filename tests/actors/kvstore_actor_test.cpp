@@ -8,6 +8,7 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "actors/actors.hpp"
@@ -183,8 +184,56 @@ TEST_F(KvStoreActorTest, FetchFindsARequestOnAPeerAndDropsReachTheReplica) {
   kill(b);
 }
 
+TEST_F(KvStoreActorTest, NothingIsAcknowledgedBeforeTheRingAndFetchesWaitForIt) {
+  caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
+  caf::actor b = spawn_kvstore(system_, config("b/kvstore"));
+  // b knows its ring and holds request 2 (as a replica write).
+  set_ring({"a/kvstore", "b/kvstore"}, {caf::actor(), b});
+  messages::PutChunks on_b;
+  const KvRange r{0, small_shape().num_layers, 0, 3};
+  on_b.chunks.push_back({{5, 2, r}, make_chunk(small_shape(), 5, 2, r)});
+  on_b.from_peer = "x/kvstore";
+  ASSERT_TRUE(ask(b, on_b).ok());
+  // a does not know its replica yet: it stores, acknowledges nothing.
+  auto acks = put(a, 5, 1, 0, 2);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].tokens, 0);
+  EXPECT_EQ(fetch(a, 5, 1, 10, false).tokens, 2);
+  // A fetch that may ask the ring waits for it, then finds b's copy.
+  auto waiting = std::async(std::launch::async, [&] { return fetch(a, 5, 2, 3, true); });
+  EXPECT_EQ(waiting.wait_for(300ms), std::future_status::timeout) << "answered before the ring came";
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  const auto found = waiting.get();
+  EXPECT_EQ(found.tokens, 3);
+  EXPECT_EQ(found.source, "b/kvstore");
+  // With the ring, what a holds is acknowledged once b holds it too.
+  acks = put(a, 5, 1, 2, 4);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].tokens, 4);
+  EXPECT_EQ(fetch(b, 5, 1, 10, false).tokens, 4);  // caught up from 0
+  kill(a);
+  kill(b);
+}
+
+TEST_F(KvStoreActorTest, ADownReplicaStaysInTheRingAndNothingIsAcknowledgedPastIt) {
+  caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
+  caf::actor b = spawn_kvstore(system_, config("b/kvstore"));
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  ASSERT_EQ(put(a, 6, 1, 0, 2).at(0).tokens, 2);
+  kill(b);
+  // The orchestrator's ring after b died: b is in it, without a handle.
+  set_ring({"a/kvstore", "b/kvstore"}, {a, caf::actor()});
+  EXPECT_EQ(put(a, 6, 1, 2, 5).at(0).tokens, 2);
+  b = spawn_kvstore(system_, config("b/kvstore"));
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  EXPECT_EQ(put(a, 6, 1, 5, 6).at(0).tokens, 6);
+  kill(a);
+  kill(b);
+}
+
 TEST_F(KvStoreActorTest, BadMessagesAreRefusedAndChangeNothing) {
   caf::actor a = spawn_kvstore(system_, config("a/kvstore", 1));
+  set_ring({"a/kvstore"}, {a});
   ASSERT_EQ(put(a, 4, 1, 0, 2).at(0).tokens, 2);
   // A chunk of the wrong size: the whole batch is refused.
   messages::PutChunks bad;
