@@ -141,7 +141,7 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m) 
   if (!m.from_peer.empty()) {
     // A peer replicating to us: answer with what we hold.
     messages::ChunksAcked a;
-    for (const auto& [k, t] : *local) a.acks.push_back({k.first, k.second, st.store->durable_tokens(k.first, k.second)});
+    for (const auto& [k, t] : *local) a.acks.push_back({k.first, k.second, t});  // put_many's acks
     return reply(a);
   }
   // No ring yet: stored, not acknowledged (the tracker takes what RocksDB
