@@ -7,6 +7,7 @@
 #include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
 #include "model/id_tokenizer.hpp"
+#include "model/cpu_runner.hpp"
 #if SHARDLINE_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
 #include "model/cuda/cuda_runner.hpp"
@@ -108,10 +109,14 @@ Result<EngineInstance> load_model_and_tokenizer(const EngineOptions& o) {
   lo.dtype = o.dtype == DType::f16 ? DType::f32 : o.dtype;
   lo.seed = o.seed;
   lo.num_layers_override = o.num_layers_override;
-  auto weights = model::load_model(o.model_dir, lo);
-  if (!weights) return std::move(weights).error();
   EngineInstance e;
-  e.weights = std::make_shared<const model::ModelWeights>(std::move(weights).value());
+  if (o.weights) {
+    e.weights = o.weights;
+  } else {
+    auto weights = model::load_model(o.model_dir, lo);
+    if (!weights) return std::move(weights).error();
+    e.weights = std::make_shared<const model::ModelWeights>(std::move(weights).value());
+  }
   const model::ModelConfig& c = e.weights->config;
 
   namespace fs = std::filesystem;
@@ -169,7 +174,13 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
   const model::ModelConfig c = e.weights->config;
   const bool cuda = o.device == model::DeviceKind::cuda;
   const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
-  if (cuda || o.parallel.group_size() == 1) {
+  if (o.ffn) {
+    if (cuda || o.parallel.group_size() != 1)
+      return make_error(ErrorCode::unsupported, "SiDP weight sharing runs on single CPU devices (dp ranks)");
+    auto exec = model::CpuModelRunner::create(e.weights, ro, o.ffn);
+    if (!exec) return std::move(exec).error();
+    e.executor = std::move(exec).value();
+  } else if (cuda || o.parallel.group_size() == 1) {
     model::DeviceExecutorOptions dev;
     dev.device = o.device;
     dev.cpu = ro;

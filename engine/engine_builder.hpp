@@ -19,6 +19,7 @@
 #include "engine/policies/token_budget.hpp"
 #include "model/device_executor.hpp"
 #include "model/executor.hpp"
+#include "model/ffn_executor.hpp"
 #include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 
@@ -64,6 +65,13 @@ struct EngineOptions {
   /// What a preemption does with the victim's KV (engine/scheduler.hpp).
   PreemptionMode preemption_mode = PreemptionMode::recompute;
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV
+  /// Already-loaded weights to use instead of loading model_dir again (the
+  /// ranks of an in-process group share one load); null = load. model_dir
+  /// still names the tokenizer folder.
+  std::shared_ptr<const model::ModelWeights> weights;
+  /// CPU, single device: the FFN of every layer runs through this (a SiDP
+  /// rank, engine/sidp_group.hpp); the runner packs no FFN weights.
+  std::shared_ptr<model::FfnExecutor> ffn;
 };
 
 /// A ready engine. Member order matters: the engine refers to the executor

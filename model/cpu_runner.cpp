@@ -5,9 +5,10 @@
 namespace shardline::model {
 
 Result<std::unique_ptr<CpuModelRunner>> CpuModelRunner::create(std::shared_ptr<const ModelWeights> weights,
-                                                               const CpuRunnerOptions& options) {
+                                                               const CpuRunnerOptions& options,
+                                                               std::shared_ptr<FfnExecutor> ffn) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "cpu runner: no weights");
-  Result<std::unique_ptr<ShardRunner>> shard = ShardRunner::create(std::move(weights), ShardSpec{}, options);
+  Result<std::unique_ptr<ShardRunner>> shard = ShardRunner::create(std::move(weights), ShardSpec{}, options, {}, std::move(ffn));
   if (!shard.ok()) return std::move(shard).error();
   return std::unique_ptr<CpuModelRunner>(new CpuModelRunner(std::move(shard).value()));
 }

@@ -32,8 +32,11 @@ class CpuModelRunner final : public model::ModelExecutor {
   /// of kv_cache_dtype, zeroed up front so no page faults land in steps).
   /// Errors: invalid_argument (num_kv_blocks or block_size <= 0, KV dtype not
   /// f32/bf16), out_of_memory (KV cache allocation failed).
+  /// With `ffn`, every layer's FFN runs through it (SiDP weight sharing,
+  /// model/sidp/sidp_ffn.hpp) and no FFN weights are packed here.
   [[nodiscard]] static Result<std::unique_ptr<CpuModelRunner>> create(
-      std::shared_ptr<const ModelWeights> weights, const CpuRunnerOptions& options);
+      std::shared_ptr<const ModelWeights> weights, const CpuRunnerOptions& options,
+      std::shared_ptr<FfnExecutor> ffn = nullptr);
 
   /// Runs one step. Errors: invalid_argument when a token id, position, slot
   /// or block id is out of range, or the step is inconsistent (sizes).

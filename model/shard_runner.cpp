@@ -108,12 +108,12 @@ Status check_shardable(const ModelConfig& c, int tp, int sp, int pp) {
 }
 
 ShardRunner::ShardRunner(std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
-                         const CpuRunnerOptions& options, ShardComms comms)
-    : weights_(std::move(weights)), spec_(spec), options_(options), comms_(comms) {}
+                         const CpuRunnerOptions& options, ShardComms comms, std::shared_ptr<FfnExecutor> ffn)
+    : weights_(std::move(weights)), spec_(spec), options_(options), comms_(comms), ffn_(std::move(ffn)) {}
 
 Result<std::unique_ptr<ShardRunner>> ShardRunner::create(std::shared_ptr<const ModelWeights> weights,
                                                          const ShardSpec& spec, const CpuRunnerOptions& options,
-                                                         ShardComms comms) {
+                                                         ShardComms comms, std::shared_ptr<FfnExecutor> ffn) {
   if (!weights) return invalid("no weights");
   if (options.num_kv_blocks <= 0) return invalid("num_kv_blocks must be > 0 (got " + std::to_string(options.num_kv_blocks) + ")");
   if (options.block_size <= 0) return invalid("block_size must be > 0 (got " + std::to_string(options.block_size) + ")");
@@ -137,7 +137,10 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create(std::shared_ptr<const M
   if (Status st = check_comm(comms.sp, spec.sp, spec.sp_rank, "SP"); !st) return st.error();
   if (options.num_threads > 0) omp_set_num_threads(options.num_threads);
 
-  std::unique_ptr<ShardRunner> r(new ShardRunner(weights, spec, options, comms));
+  if (ffn && !spec.is_whole_model())
+    return invalid("an FFN executor (SiDP weight sharing) needs the whole model on each rank (tp = sp = pp = 1)");
+  const bool own_ffn = ffn == nullptr;
+  std::unique_ptr<ShardRunner> r(new ShardRunner(weights, spec, options, comms, std::move(ffn)));
   const int hd = c.head_dim;
   const int heads = c.num_attention_heads;
   const int kvh = c.num_key_value_heads;
@@ -168,8 +171,10 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create(std::shared_ptr<const M
     pl.qkv = pack_rows(lw.qkv, qkv_rows);
     pl.qkv_bias = slice_vector(lw.qkv_bias, qkv_rows);
     pl.o_proj = pack_cols(lw.o_proj, spec.tp_rank * r->hq_t_ * hd, r->hq_t_ * hd);
-    pl.gate_up = pack_rows(lw.gate_up, gate_up_rows);
-    pl.down = pack_cols(lw.down_proj, spec.tp_rank * r->inter_t_, r->inter_t_);
+    if (own_ffn) {
+      pl.gate_up = pack_rows(lw.gate_up, gate_up_rows);
+      pl.down = pack_cols(lw.down_proj, spec.tp_rank * r->inter_t_, r->inter_t_);
+    }
     r->layers_.push_back(std::move(pl));
   }
   if (spec.last_stage() && r->vocab_rows_ > 0)
@@ -288,6 +293,19 @@ Status ShardRunner::validate(const model::StepInput& in) const {
 
 
 Status ShardRunner::run_stage(const model::StepInput& in) {
+  if (!ffn_) return run_layers(in);
+  if (in.num_tokens() == 0) {
+    profile_ = StepProfile{};
+    return Status::ok_status();
+  }
+  if (Status st = ffn_->begin_step(in.num_tokens()); !st) return st;
+  Status st = run_layers(in);
+  if (st) ffn_->end_step();
+  else ffn_->abort_step();
+  return st;
+}
+
+Status ShardRunner::run_layers(const model::StepInput& in) {
   profile_ = StepProfile{};
   const int n = in.num_tokens();
   if (n == 0) return Status::ok_status();
@@ -403,12 +421,17 @@ Status ShardRunner::run_stage(const model::StepInput& in) {
     timer.add_to(p.comm_ms);
     kc::add_rms_norm(residual, proj, lw.post_attention_norm.data, normed, ch, hidden, eps);
     timer.add_to(p.other_ms);
-    kc::linear(normed, ch, hidden, pl.gate_up, nullptr, gate_up, 2 * inter_t_);
-    timer.add_to(p.gemm_ms);
-    kc::silu_and_mul(gate_up, act, ch, inter_t_);
-    timer.add_to(p.other_ms);
-    kc::linear(act, ch, inter_t_, pl.down, nullptr, proj, hidden);
-    timer.add_to(p.gemm_ms);
+    if (ffn_) {  // SiDP: the layer's owner, the WaS cache or CaS computes it
+      if (Status st = ffn_->forward(l, normed, ch, proj); !st) return st;
+      timer.add_to(p.gemm_ms);
+    } else {
+      kc::linear(normed, ch, hidden, pl.gate_up, nullptr, gate_up, 2 * inter_t_);
+      timer.add_to(p.gemm_ms);
+      kc::silu_and_mul(gate_up, act, ch, inter_t_);
+      timer.add_to(p.other_ms);
+      kc::linear(act, ch, inter_t_, pl.down, nullptr, proj, hidden);
+      timer.add_to(p.gemm_ms);
+    }
     if (Status st = all_reduce_tp(proj, chunk_elems); !st) return st;
     timer.add_to(p.comm_ms);
     kc::add_inplace(residual, proj, static_cast<long>(chunk_elems));

@@ -43,6 +43,7 @@
 #include "common/memory.hpp"
 #include "common/result.hpp"
 #include "model/executor.hpp"
+#include "model/ffn_executor.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/ops.hpp"
@@ -112,11 +113,15 @@ struct ShardComms {
 class ShardRunner {
  public:
   /// Slices and packs this rank's weights and allocates its KV cache.
+  /// With `ffn` (whole model only: tp = sp = pp = 1), every layer's FFN runs
+  /// through it and the runner packs no FFN weights (SiDP,
+  /// model/sidp/sidp_ffn.hpp).
   /// Errors: invalid_argument (bad spec or options, see check_shardable;
-  /// a communicator missing or of the wrong size), out_of_memory.
+  /// a communicator missing or of the wrong size; an ffn with a sharded
+  /// spec), out_of_memory.
   [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create(
       std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
-      const CpuRunnerOptions& options, ShardComms comms = {});
+      const CpuRunnerOptions& options, ShardComms comms = {}, std::shared_ptr<FfnExecutor> ffn = nullptr);
 
   /// Rows of this rank's chunk of a num_tokens step: ceil(num_tokens / sp).
   [[nodiscard]] int chunk_rows(int num_tokens) const { return (num_tokens + spec_.sp - 1) / spec_.sp; }
@@ -156,7 +161,10 @@ class ShardRunner {
   /// This rank's profile of the last step (run_stage + run_logits); comm_bytes
   /// is counted whether or not profiling is on.
   [[nodiscard]] const StepProfile& last_profile() const { return profile_; }
-  /// Bytes of packed weights this rank streams per step.
+  /// The FFN executor given to create(), or null.
+  [[nodiscard]] FfnExecutor* ffn() const { return ffn_.get(); }
+  /// Bytes of packed weights this rank streams per step (without the FFNs
+  /// when an FfnExecutor runs them).
   [[nodiscard]] std::size_t packed_weight_bytes() const;
   /// Bytes of this rank's KV cache.
   [[nodiscard]] std::size_t kv_cache_bytes() const { return kv_cache_bytes_; }
@@ -166,12 +174,13 @@ class ShardRunner {
     kernels::cpu::PackedLinear qkv;      // [(hq_t + 2 kv_t) * hd, hidden]
     std::vector<float> qkv_bias;         // [(hq_t + 2 kv_t) * hd] or empty
     kernels::cpu::PackedLinear o_proj;   // [hidden, hq_t * hd]
-    kernels::cpu::PackedLinear gate_up;  // [2 * inter_t, hidden]
-    kernels::cpu::PackedLinear down;     // [hidden, inter_t]
+    kernels::cpu::PackedLinear gate_up;  // [2 * inter_t, hidden] (empty with an FfnExecutor)
+    kernels::cpu::PackedLinear down;     // [hidden, inter_t] (empty with an FfnExecutor)
   };
 
   ShardRunner(std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
-              const CpuRunnerOptions& options, ShardComms comms);
+              const CpuRunnerOptions& options, ShardComms comms, std::shared_ptr<FfnExecutor> ffn);
+  [[nodiscard]] Status run_layers(const model::StepInput& input);
   [[nodiscard]] kernels::cpu::KvCacheLayer kv_layer(int local_layer);
   void ensure_scratch(int num_tokens);
   [[nodiscard]] Status all_reduce_tp(float* data, std::size_t count);
@@ -180,6 +189,7 @@ class ShardRunner {
   ShardSpec spec_;
   CpuRunnerOptions options_;
   ShardComms comms_;
+  std::shared_ptr<FfnExecutor> ffn_;  ///< runs the FFNs when set (SiDP)
   int layer_begin_ = 0;
   int layer_end_ = 0;
   // Head split (counts per rank).

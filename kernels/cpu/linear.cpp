@@ -167,6 +167,21 @@ void linear_panels(const float* x, int m, long xs, const PackedLinear& w, const 
 
 }  // namespace
 
+std::size_t PackedLinear::packed_bytes(DType dtype, int n, int k) {
+  const int panels = (n + kNr - 1) / kNr;
+  return static_cast<std::size_t>(panels) * panel_elems(k) * dtype_size(dtype);
+}
+
+PackedLinear PackedLinear::view(const void* data, DType dtype, int n, int k) {
+  PackedLinear out;
+  out.n_ = n;
+  out.k_ = k;
+  out.dtype_ = dtype;
+  out.bytes_ = packed_bytes(dtype, n, k);
+  out.view_ = data;
+  return out;
+}
+
 PackedLinear PackedLinear::pack(const void* w, DType dtype, int n, int k) {
   if (dtype != DType::f32 && dtype != DType::bf16)
     throw std::invalid_argument("PackedLinear::pack: weights must be F32 or BF16");

@@ -28,15 +28,25 @@ class PackedLinear {
   /// Packs `w` (row-major [n, k], element type `dtype`: f32 or bf16).
   /// The packed copy keeps `dtype` (BF16 stays BF16 in memory).
   [[nodiscard]] static PackedLinear pack(const void* w, DType dtype, int n, int k);
+  /// Bytes pack() produces for an [n, k] matrix of `dtype` (column panels,
+  /// the last one zero-padded): a peer can size a buffer for another rank's
+  /// packed matrix without packing it (SiDP's weight cache slots).
+  [[nodiscard]] static std::size_t packed_bytes(DType dtype, int n, int k);
+  /// A non-owning view of packed bytes laid out as pack() lays them out
+  /// (e.g. a copy of another rank's packed matrix). `data` must hold
+  /// packed_bytes(dtype, n, k) bytes, be 64-byte aligned, and outlive the view.
+  [[nodiscard]] static PackedLinear view(const void* data, DType dtype, int n, int k);
 
   [[nodiscard]] int out_features() const { return n_; }  ///< n
   [[nodiscard]] int in_features() const { return k_; }   ///< k
   [[nodiscard]] DType dtype() const { return dtype_; }
   [[nodiscard]] std::size_t bytes() const { return bytes_; }  ///< packed size
-  [[nodiscard]] const void* data() const { return data_.get(); }
+  [[nodiscard]] const void* data() const { return view_ != nullptr ? view_ : data_.get(); }
+  [[nodiscard]] bool empty() const { return data() == nullptr; }
 
  private:
-  AlignedBuffer data_;  // huge-page backed when large
+  AlignedBuffer data_;  // huge-page backed when large; empty for a view
+  const void* view_ = nullptr;  ///< view(): memory owned elsewhere
   std::size_t bytes_ = 0;
   int n_ = 0;
   int k_ = 0;

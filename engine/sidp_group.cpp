@@ -1,0 +1,176 @@
+#include "engine/sidp_group.hpp"
+
+#include <omp.h>
+
+#include <atomic>
+#include <thread>
+
+#include "model/cpu_runner.hpp"
+
+namespace shardline::engine {
+
+namespace sidp = model::sidp;
+
+SidpGroup::~SidpGroup() {
+  // Engines and FFNs first (their housekeepers use the communicators), then
+  // the owners' regions, then the communicators.
+  for (auto& r : ranks_) {
+    r->instance.engine.reset();
+    r->instance.executor.reset();
+    r->ffn.reset();
+  }
+  for (auto& r : ranks_) r->owner->unload(r->weights_comm.get());
+}
+
+Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, const SidpOptions& o) {
+  if (base.parallel.group_size() != 1 || base.parallel.dp != 1)
+    return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp: each DP rank is one CPU device (tp, pp, sp = 1)");
+  if (base.device != model::DeviceKind::cpu)
+    return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU devices so far");
+  if (o.dp < 2) return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp needs dp >= 2");
+  if (o.cache_slots < 1) return make_error(ErrorCode::invalid_argument, "--sidp-cache-slots must be >= 1");
+
+  std::shared_ptr<const model::ModelWeights> weights = base.weights;
+  if (!weights) {
+    model::LoadOptions lo;
+    lo.format = base.load_format;
+    lo.dtype = base.dtype;
+    lo.seed = base.seed;
+    lo.num_layers_override = base.num_layers_override;
+    auto loaded = model::load_model(base.model_dir, lo);
+    if (!loaded) return std::move(loaded).error();
+    weights = std::make_shared<const model::ModelWeights>(std::move(loaded).value());
+  }
+  auto plan = sidp::parse_plan(o.ownership, weights->config.num_hidden_layers, o.dp);
+  if (!plan) return std::move(plan).error();
+
+  std::unique_ptr<SidpGroup> g(new SidpGroup());
+  g->plan_ = *plan;
+  auto wg = comm::InProcGroup::create(o.dp);
+  auto cg = comm::InProcGroup::create(o.dp);
+  if (!wg) return std::move(wg).error();
+  if (!cg) return std::move(cg).error();
+  g->weights_group_ = *wg;
+  g->compute_group_ = *cg;
+  for (int r = 0; r < o.dp; ++r) {
+    auto rank = std::make_unique<Rank>();
+    auto wc = g->weights_group_->communicator(r);
+    auto cc = g->compute_group_->communicator(r);
+    if (!wc) return std::move(wc).error();
+    if (!cc) return std::move(cc).error();
+    rank->weights_comm = std::move(wc).value();
+    rank->compute_comm = std::move(cc).value();
+    rank->weights_comm->set_timeout(o.comm_timeout);
+    rank->compute_comm->set_timeout(o.comm_timeout);
+    auto owner = sidp::LayerOwner::create(weights, g->plan_, r);
+    if (!owner) return std::move(owner).error();
+    rank->owner = std::move(owner).value();
+    if (Status st = rank->owner->load(rank->weights_comm.get()); !st) return st.error();
+    g->ranks_.push_back(std::move(rank));
+  }
+  for (int r = 0; r < o.dp; ++r) {
+    Rank& rank = g->rank_at(r);
+    sidp::SidpFfnOptions fo;
+    fo.cache.cache_slots = o.cache_slots;
+    fo.cache.owner_wait = o.owner_wait;
+    fo.peak_shifting = o.peak_shifting;
+    fo.initial_mode = o.initial_mode;
+    auto ffn = sidp::SidpFfn::create(g->plan_, r, rank.owner, rank.weights_comm.get(), rank.compute_comm.get(), fo);
+    if (!ffn) return std::move(ffn).error();
+    rank.ffn = std::move(ffn).value();
+    EngineOptions eo = base;
+    eo.weights = weights;
+    eo.ffn = rank.ffn;
+    auto inst = build_engine(eo);
+    if (!inst) return std::move(inst).error();
+    rank.instance = std::move(inst).value();
+  }
+  return g;
+}
+
+std::uint64_t SidpGroup::announce(sidp::SidpMode mode) {
+  const std::uint64_t epoch = ++epoch_;
+  for (auto& r : ranks_) r->ffn->announce(mode, epoch);
+  return epoch;
+}
+
+void SidpGroup::kill_owner(int rank) {
+  Rank& r = rank_at(rank);
+  r.owner->unload(r.weights_comm.get());
+}
+
+Status SidpGroup::respawn_owner(int rank) {
+  Rank& r = rank_at(rank);
+  return r.owner->load(r.weights_comm.get());
+}
+
+void SidpGroup::mark_rank_dead(int rank) {
+  (void)weights_group_->mark_dead(rank);
+  (void)compute_group_->mark_dead(rank);
+}
+
+std::size_t SidpGroup::weight_bytes(int rank) {
+  Rank& r = rank_at(rank);
+  std::size_t b = r.ffn->ffn_weight_bytes();
+  if (auto* cpu = r.instance.executor_as<model::CpuModelRunner>()) b += cpu->packed_weight_bytes();
+  return b;
+}
+
+Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group, const std::vector<std::vector<std::int32_t>>& prompts,
+                                                 const sampling::SamplingParams& params, int threads_per_replica,
+                                                 const SidpStepObserver& observer) {
+  if (Status s = params.validate(); !s.ok()) return s.error();
+  const int dp = group.dp();
+  std::vector<RequestOutput> outputs(prompts.size());
+  std::vector<Status> statuses(static_cast<std::size_t>(dp));
+  std::atomic<int> finished_in_was{0};
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < dp; ++r) {
+    threads.emplace_back([&, r] {
+      if (threads_per_replica > 0) omp_set_num_threads(threads_per_replica);
+      LlmEngine& eng = group.engine(r);
+      sidp::SidpFfn& ffn = group.ffn(r);
+      Status& status = statuses[static_cast<std::size_t>(r)];
+      const auto fail = [&](Status s) {
+        status = std::move(s);
+        failed = true;
+        group.mark_rank_dead(r);  // peers waiting on this rank fail now, not at their timeout
+      };
+      for (std::size_t i = static_cast<std::size_t>(r); i < prompts.size(); i += static_cast<std::size_t>(dp))
+        if (Status s = eng.add_request(i, prompts[i], params); !s.ok()) return fail(s);
+      bool counted = false;
+      while (!failed) {
+        if (eng.has_unfinished()) {
+          Result<std::vector<RequestOutput>> step = eng.step();
+          if (!step.ok()) return fail(std::move(step).error());
+          for (RequestOutput& o : step.value()) outputs[o.request_id] = std::move(o);
+          if (observer && !eng.step_stats().empty()) observer(r, eng.step_stats().back().num_seqs);
+          continue;
+        }
+        if (ffn.mode() == sidp::SidpMode::cas) {  // lockstep: a dummy step until no rank has work
+          Result<bool> any = ffn.dummy_step();
+          if (!any.ok()) return fail(std::move(any).error());
+          if (!*any && ffn.mode() == sidp::SidpMode::cas) break;
+          continue;
+        }
+        if (ffn.join_pending()) {
+          if (Status s = ffn.sync_mode(); !s.ok()) return fail(s);
+          continue;
+        }
+        if (!counted) {
+          counted = true;
+          ++finished_in_was;
+        }
+        if (finished_in_was.load() == dp) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : statuses)
+    if (!s.ok()) return s.error();
+  return outputs;
+}
+
+}  // namespace shardline::engine

@@ -1,0 +1,120 @@
+#pragma once
+/// \file
+/// A SiDP data-parallel group inside one process (seed 002): `dp` engines,
+/// one per CPU device, each a whole-model replica with its own scheduler and
+/// KV cache, whose FFN weights are shared: every layer's FFN lives on one
+/// owner rank (model/sidp/ownership.hpp) and the other ranks run it through
+/// model/sidp/sidp_ffn.hpp (WaS or CaS). The weights are loaded once and
+/// shared by the ranks' runners; each rank's device memory holds the
+/// attention weights of every layer, the FFN weights of its own layers and
+/// its WaS cache slots.
+///
+/// Communicators: two in-process groups over the dp ranks, `weights` (the
+/// owners expose their regions; the housekeepers get) and `compute` (CaS p2p
+/// and the per-step control exchange).
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/inproc.hpp"
+#include "common/result.hpp"
+#include "engine/engine_builder.hpp"
+#include "engine/llm_engine.hpp"
+#include "model/sidp/layer_owner.hpp"
+#include "model/sidp/mode.hpp"
+#include "model/sidp/sidp_ffn.hpp"
+
+namespace shardline::engine {
+
+/// `--weight-sharing sidp` settings.
+struct SidpOptions {
+  int dp = 2;                                  ///< ranks of the group (>= 2)
+  std::string ownership = "balanced";          ///< "balanced" (layer l -> l mod dp) or "0,1,0,1"
+  int cache_slots = 2;                         ///< WaS slots per rank (raised to what the order needs)
+  bool peak_shifting = true;                   ///< §4.2 shifted prefetch order
+  model::sidp::SidpMode initial_mode = model::sidp::SidpMode::was;
+  std::chrono::milliseconds owner_wait{30'000};    ///< a rank waits this long for a down owner
+  std::chrono::milliseconds comm_timeout{60'000};  ///< CaS p2p / control exchange timeout
+};
+
+class SidpGroup {
+ public:
+  /// Loads the model once (or uses base.weights), builds the ownership plan,
+  /// the owners (loaded and exposed), the ranks' SidpFfn and one engine per
+  /// rank from `base` (its parallel config must be single-device).
+  /// Errors: invalid_argument (bad options or plan), whatever building an
+  /// engine returns.
+  [[nodiscard]] static Result<std::unique_ptr<SidpGroup>> create(const EngineOptions& base, const SidpOptions& sidp);
+  ~SidpGroup();
+
+  [[nodiscard]] int dp() const { return static_cast<int>(ranks_.size()); }
+  [[nodiscard]] const model::sidp::OwnershipPlan& plan() const { return plan_; }
+  [[nodiscard]] LlmEngine& engine(int rank) { return *rank_at(rank).instance.engine; }
+  [[nodiscard]] EngineInstance& instance(int rank) { return rank_at(rank).instance; }
+  [[nodiscard]] model::sidp::SidpFfn& ffn(int rank) { return *rank_at(rank).ffn; }
+  [[nodiscard]] model::sidp::LayerOwner& owner(int rank) { return *rank_at(rank).owner; }
+  /// Rank `rank`'s CaS / control communicator (for its bytes_sent()).
+  [[nodiscard]] comm::Communicator& compute_comm(int rank) { return *rank_at(rank).compute_comm; }
+  /// Rank `rank`'s weights communicator (owners expose, housekeepers get).
+  [[nodiscard]] comm::Communicator& weights_comm(int rank) { return *rank_at(rank).weights_comm; }
+
+  /// The orchestrator's directive to every rank: run in `mode` from the next
+  /// step boundary they agree on. Returns the epoch it was given.
+  std::uint64_t announce(model::sidp::SidpMode mode);
+
+  /// Kills rank `rank`'s layer owner: its FFN regions are withdrawn and
+  /// freed; ranks needing them wait (up to owner_wait).
+  void kill_owner(int rank);
+  /// Respawns it: repacks its layers from the host copy of the model and
+  /// exposes them again. Errors: what loading returns.
+  [[nodiscard]] Status respawn_owner(int rank);
+
+  /// Marks `rank` dead in the group's communicators: its peers' pending
+  /// collectives, recvs and gets fail with io at once (a crashed rank).
+  void mark_rank_dead(int rank);
+
+  /// Bytes of weights rank `rank` holds: its runner's packed attention /
+  /// embedding / lm_head weights plus its FFN share (owned layers + slots).
+  [[nodiscard]] std::size_t weight_bytes(int rank);
+
+ private:
+  struct Rank {
+    std::unique_ptr<comm::Communicator> weights_comm;
+    std::unique_ptr<comm::Communicator> compute_comm;
+    std::shared_ptr<model::sidp::LayerOwner> owner;
+    std::shared_ptr<model::sidp::SidpFfn> ffn;
+    EngineInstance instance;
+  };
+  SidpGroup() = default;
+  [[nodiscard]] Rank& rank_at(int rank) { return *ranks_.at(static_cast<std::size_t>(rank)); }
+
+  model::sidp::OwnershipPlan plan_;
+  std::shared_ptr<comm::InProcGroup> weights_group_;
+  std::shared_ptr<comm::InProcGroup> compute_group_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::uint64_t epoch_ = 0;
+};
+
+/// Called after each real step of a rank with the sequences it ran (the
+/// effective batch size the orchestrator's switch policy watches). May call
+/// SidpGroup::announce. Called on the rank's thread.
+using SidpStepObserver = std::function<void(int rank, int num_seqs)>;
+
+/// Generates `prompts` over the group as generate_data_parallel does: prompt
+/// i runs on rank i % dp as request id i, each rank steps on its own thread.
+/// In WaS the ranks are independent; in CaS they step in lockstep and a rank
+/// with no work runs dummy steps (which move no data) until no rank has
+/// work. Errors: invalid_argument, the first rank error (a failed CaS step
+/// fails every rank within the communicator timeout).
+[[nodiscard]] Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group,
+                                                               const std::vector<std::vector<std::int32_t>>& prompts,
+                                                               const sampling::SamplingParams& params,
+                                                               int threads_per_replica = 0,
+                                                               const SidpStepObserver& observer = {});
+
+}  // namespace shardline::engine

@@ -1,0 +1,249 @@
+// SiDP weight sharing (seed 002) through the whole engine, in-process: dp
+// engines whose FFN weights live on one owner per layer give the reference
+// greedy ids and logits bit-identical (memcmp) to one device, in WaS, in CaS
+// and when the mode switches back and forth mid-generation:
+//  - stories260K (5 layers) at dp = 2 and 4, token budgets 7 (chunked
+//    prefill) and 256;
+//  - a dummy Qwen3 shape (qwen3-0.6b, 5 layers) at dp = 2 and 4.
+// Also: CaS dummy skipping, byte-exact (a rank with no work sends nothing
+// but the step control and the outputs of the layers it owns).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/data_parallel.hpp"
+#include "engine/engine_builder.hpp"
+#include "engine/sidp_group.hpp"
+#include "tests/support/stories_reference.hpp"
+
+namespace shardline::engine {
+namespace {
+
+using model::sidp::SidpMode;
+using testing_support::kStoriesDir;
+
+EngineOptions stories_options(int max_num_batched_tokens) {
+  EngineOptions o;
+  o.model_dir = kStoriesDir;
+  o.block_size = 16;
+  o.kv_cache_bytes = 8u << 20;
+  o.max_num_seqs = 16;
+  o.max_num_batched_tokens = max_num_batched_tokens;
+  o.capture_logits = true;
+  o.check_integrity = true;
+  o.num_threads = 1;
+  return o;
+}
+
+/// The dummy Qwen3 weights, generated once for every run of the test (the
+/// 151936 x 1024 embedding dominates the time of a run).
+std::shared_ptr<const model::ModelWeights> qwen3_weights() {
+  static std::shared_ptr<const model::ModelWeights> w = [] {
+    model::LoadOptions lo;
+    lo.format = model::LoadFormat::dummy;
+    lo.num_layers_override = 5;
+    auto loaded = model::load_model(std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/qwen3-0.6b", lo);
+    EXPECT_TRUE(loaded.ok()) << loaded.error().to_string();
+    return loaded.ok() ? std::make_shared<const model::ModelWeights>(std::move(loaded).value()) : nullptr;
+  }();
+  return w;
+}
+
+EngineOptions qwen3_options() {
+  EngineOptions o;
+  o.weights = qwen3_weights();
+  o.model_dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/qwen3-0.6b";
+  o.load_format = model::LoadFormat::dummy;
+  o.num_layers_override = 5;
+  o.block_size = 16;
+  o.kv_cache_bytes = 16u << 20;
+  o.max_model_len = 256;
+  o.max_num_seqs = 8;
+  o.max_num_batched_tokens = 7;
+  o.capture_logits = true;
+  o.check_integrity = true;
+  o.num_threads = 1;
+  return o;
+}
+
+Result<std::vector<RequestOutput>> run_single(const EngineOptions& o,
+                                              const std::vector<std::vector<std::int32_t>>& prompts,
+                                              const sampling::SamplingParams& params) {
+  Result<EngineInstance> e = build_engine(o);
+  if (!e.ok()) return std::move(e).error();
+  std::vector<LlmEngine*> engines = {e->engine.get()};
+  return generate_data_parallel(engines, prompts, params);
+}
+
+/// How a run drives the mode: fixed, or switched by rank 0's step count.
+enum class Drive { was, cas, switching };
+const char* drive_name(Drive d) { return d == Drive::was ? "was" : d == Drive::cas ? "cas" : "switching"; }
+
+struct SidpRun {
+  std::vector<RequestOutput> outputs;
+  std::vector<model::sidp::SidpFfnStats> stats;  // [dp]
+};
+
+Result<SidpRun> run_sidp(const EngineOptions& o, int dp, Drive drive,
+                         const std::vector<std::vector<std::int32_t>>& prompts, const sampling::SamplingParams& params) {
+  SidpOptions so;
+  so.dp = dp;
+  so.initial_mode = drive == Drive::cas ? SidpMode::cas : SidpMode::was;
+  auto group = SidpGroup::create(o, so);
+  if (!group.ok()) return std::move(group).error();
+  SidpGroup& g = **group;
+  std::atomic<int> rank0_steps{0};
+  SidpStepObserver observer;
+  if (drive == Drive::switching) {
+    // WaS -> CaS at rank 0's 3rd step, back at its 8th, CaS again at its 14th.
+    observer = [&g, &rank0_steps](int rank, int) {
+      if (rank != 0) return;
+      const int s = ++rank0_steps;
+      if (s == 3 || s == 14) g.announce(SidpMode::cas);
+      if (s == 8) g.announce(SidpMode::was);
+    };
+  }
+  auto out = generate_sidp(g, prompts, params, 1, observer);
+  if (!out.ok()) return std::move(out).error();
+  SidpRun run;
+  run.outputs = std::move(out).value();
+  for (int r = 0; r < dp; ++r) run.stats.push_back(g.ffn(r).stats());
+  return run;
+}
+
+void expect_bit_identical(const std::vector<RequestOutput>& got, const std::vector<RequestOutput>& ref,
+                          const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_EQ(got[i].token_ids, ref[i].token_ids) << what << " request " << i;
+    ASSERT_EQ(got[i].logits.size(), ref[i].logits.size()) << what << " request " << i;
+    for (std::size_t s = 0; s < ref[i].logits.size(); ++s) {
+      ASSERT_EQ(got[i].logits[s].size(), ref[i].logits[s].size());
+      EXPECT_EQ(0, std::memcmp(got[i].logits[s].data(), ref[i].logits[s].data(), ref[i].logits[s].size() * 4))
+          << what << " request " << i << " step " << s << " not bit-identical";
+    }
+  }
+}
+
+void expect_modes_ran(const SidpRun& run, Drive drive, const std::string& what) {
+  for (std::size_t r = 0; r < run.stats.size(); ++r) {
+    const auto& st = run.stats[r];
+    if (drive == Drive::was) {
+      EXPECT_EQ(st.cas_steps + st.dummy_steps, 0u) << what << " rank " << r;
+      EXPECT_GT(st.cache.fetches, 0u) << what << " rank " << r << " fetched no weights in WaS";
+    }
+    if (drive == Drive::cas) {
+      EXPECT_EQ(st.cache.fetches, 0u) << what << " rank " << r << " fetched weights in CaS";
+      EXPECT_EQ(st.was_steps, 0u) << what << " rank " << r;
+    }
+    if (drive == Drive::switching) {
+      EXPECT_GE(st.switches_to_cas, 1u) << what << " rank " << r;
+      EXPECT_GE(st.switches_to_was, 1u) << what << " rank " << r;
+    }
+  }
+  if (drive != Drive::was) {
+    std::uint64_t fused = 0;
+    for (const auto& st : run.stats) fused += st.cas_fused_gemms;
+    EXPECT_GT(fused, 0u) << what << ": no owner ran a fused CaS GEMM";
+  }
+}
+
+TEST(SidpGolden, Stories260KWasCasAndSwitchingAreBitIdenticalToOneDevice) {
+  const auto cases = testing_support::load_stories_reference();
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  sampling::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 48;
+  for (int budget : {7, 256}) {
+    auto single = run_single(stories_options(budget), prompts, greedy);
+    ASSERT_TRUE(single.ok()) << single.error().to_string();
+    for (std::size_t i = 0; i < cases.size(); ++i) ASSERT_EQ(single->at(i).token_ids, cases[i].generated_ids);
+    for (int dp : {2, 4})
+      for (Drive drive : {Drive::was, Drive::cas, Drive::switching}) {
+        const std::string what = "dp=" + std::to_string(dp) + " " + drive_name(drive) + " budget " +
+                                 std::to_string(budget);
+        SCOPED_TRACE(what);
+        auto got = run_sidp(stories_options(budget), dp, drive, prompts, greedy);
+        ASSERT_TRUE(got.ok()) << got.error().to_string();
+        for (std::size_t i = 0; i < cases.size(); ++i)
+          EXPECT_EQ(got->outputs[i].token_ids, cases[i].generated_ids) << "reference ids, case " << i;
+        expect_bit_identical(got->outputs, *single, what);
+        expect_modes_ran(*got, drive, what);
+      }
+  }
+}
+
+TEST(SidpGolden, DummyQwen3WasCasAndSwitchingAreBitIdenticalToOneDevice) {
+  const std::vector<std::vector<std::int32_t>> prompts = {
+      {151643, 785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13, 576},
+      {9707, 11, 1879},
+      {40, 1079, 264, 2083, 1614, 323, 358, 1366, 311, 1492, 498, 449, 2146, 2797, 4755, 30, 21927},
+      {785, 3974, 13876}};
+  sampling::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 8;
+  greedy.ignore_eos = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto single = run_single(qwen3_options(), prompts, greedy);
+  std::printf("  single %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  ASSERT_TRUE(single.ok()) << single.error().to_string();
+  // dp=4 replicates the 600 MB (F32) lm_head four times: one run, switching.
+  for (const auto& [dp, drive] : {std::pair{2, Drive::was}, std::pair{2, Drive::cas}, std::pair{4, Drive::switching}}) {
+      const std::string what = "qwen3 dp=" + std::to_string(dp) + " " + drive_name(drive);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto got = run_sidp(qwen3_options(), dp, drive, prompts, greedy);
+      ASSERT_TRUE(got.ok()) << got.error().to_string();
+      std::printf("  %-22s %.1f s\n", what.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      expect_bit_identical(got->outputs, *single, what);
+      expect_modes_ran(*got, drive, what);
+    }
+}
+
+// Dummy skipping (§4.3): rank 2 of 3 has no request at all, so every CaS step
+// is a dummy step for it. It never packs or sends rows for the layers others
+// own; what it sends is exactly the step control (2 peers x 4 floats per
+// step) plus the outputs of the layers it owns, for the peers' rows. The
+// owners skip it: (layer, rank 2) pairs are counted as skipped.
+TEST(SidpGolden, CasDummyRankMovesNoActivationData) {
+  const auto cases = testing_support::load_stories_reference();
+  std::vector<std::vector<std::int32_t>> prompts = {cases[0].prompt_ids, cases[1].prompt_ids};
+  sampling::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 16;
+  auto single = run_single(stories_options(64), prompts, greedy);
+  ASSERT_TRUE(single.ok());
+  SidpOptions so;
+  so.dp = 3;
+  so.initial_mode = SidpMode::cas;
+  auto group = SidpGroup::create(stories_options(64), so);
+  ASSERT_TRUE(group.ok()) << group.error().to_string();
+  SidpGroup& g = **group;
+  auto out = generate_sidp(g, prompts, greedy, 1);
+  ASSERT_TRUE(out.ok()) << out.error().to_string();
+  expect_bit_identical(*out, *single, "dp=3 cas with a dummy rank");
+
+  const auto st2 = g.ffn(2).stats();
+  EXPECT_EQ(st2.cas_steps, 0u);
+  EXPECT_GT(st2.dummy_steps, 5u);
+  EXPECT_EQ(st2.cas_rows_sent, 0u) << "the dummy rank sent activation rows";
+  const int hidden = g.instance(0).weights->config.hidden_size;
+  // Rank 2 owns layer 2 of 5 (balanced plan), so its fused rows are all peers'.
+  ASSERT_EQ(g.owner(2).owned_layers(), std::vector<int>({2}));
+  const std::uint64_t control_bytes = st2.dummy_steps * 2 * 4 * sizeof(float);
+  const std::uint64_t served_bytes = st2.cas_fused_rows * hidden * sizeof(float);
+  EXPECT_EQ(g.compute_comm(2).bytes_sent(), control_bytes + served_bytes);
+  const auto st0 = g.ffn(0).stats();
+  EXPECT_GT(st0.cas_peer_skips, 0u) << "owner 0 never skipped the dummy rank";
+  EXPECT_EQ(g.ffn(2).stats().cache.fetches, 0u);
+}
+
+}  // namespace
+}  // namespace shardline::engine
