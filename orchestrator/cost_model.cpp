@@ -203,4 +203,47 @@ Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const Ste
   return out;
 }
 
+double CostModel::ffn_layer_bytes() const {
+  return 3.0 * shape_.hidden_size * static_cast<double>(shape_.intermediate_size) * sizes_.weight_bytes;
+}
+
+double CostModel::sidp_weight_fetch_ms(const LinkSpec& link) const {
+  return (link.latency_s + ffn_layer_bytes() / link.bandwidth_bytes_per_s) * 1e3;
+}
+
+double CostModel::sidp_ffn_gemm_ms(long long batch) const {
+  const double ffn_params = 3.0 * shape_.hidden_size * static_cast<double>(shape_.intermediate_size);
+  const double b = static_cast<double>(std::max(0LL, batch));
+  return std::max(ffn_layer_bytes() / hw_.memory_bw_bytes_per_s, 2.0 * ffn_params * b / hw_.flops_per_s) * 1e3;
+}
+
+Result<SidpSwitchPoint> CostModel::sidp_switch_batch(const LinkSpec& link, long long max_batch) const {
+  if (!positive(link.bandwidth_bytes_per_s))
+    return bad("link bandwidth_bytes_per_s must be > 0, got " + num(link.bandwidth_bytes_per_s)).error();
+  if (!std::isfinite(link.latency_s) || link.latency_s < 0)
+    return bad("link latency_s must be >= 0, got " + num(link.latency_s)).error();
+  if (max_batch < 1) return bad("max_batch must be >= 1, got " + std::to_string(max_batch)).error();
+
+  SidpSwitchPoint out;
+  out.fetch_ms = sidp_weight_fetch_ms(link);
+  out.ffn_weight_read_ms = ffn_layer_bytes() / hw_.memory_bw_bytes_per_s * 1e3;
+  // T_ffn(b) >= T_fetch, with a relative tolerance so that an exact balance
+  // (e.g. no latency and FLOPS * weight_bytes / (2 B_link) an integer) is not
+  // lost to rounding.
+  const auto hides = [&](long long b) { return sidp_ffn_gemm_ms(b) >= out.fetch_ms * (1.0 - 1e-12); };
+  const double ffn_params = 3.0 * shape_.hidden_size * static_cast<double>(shape_.intermediate_size);
+  const double exact = out.fetch_ms / 1e3 * hw_.flops_per_s / (2.0 * ffn_params);
+  long long b = 1;
+  if (!hides(1)) {
+    // Closed form, then a step either way to settle the rounding of ceil().
+    b = exact >= static_cast<double>(max_batch) ? max_batch : std::max(1LL, static_cast<long long>(std::ceil(exact)));
+    while (b > 1 && hides(b - 1)) --b;
+    while (b < max_batch && !hides(b)) ++b;
+  }
+  out.switch_batch = b;
+  out.capped = !hides(b);
+  out.ffn_gemm_ms = sidp_ffn_gemm_ms(b);
+  return out;
+}
+
 }  // namespace shardline::orchestrator

@@ -75,6 +75,30 @@
 /// DP: the step is one engine group's (one DP replica's); dp replicas run in
 /// parallel on their own steps (App. A.3: micro-batch b / (PP * DP)), so dp
 /// only scales StepCost::tokens_per_s.
+///
+/// SiDP weight fetch (seed 002, §4.2-4.3; not in Seesaw's model). Under SiDP
+/// a DP rank holds only the FFN weights of the layers it owns; in WaS it
+/// fetches every other layer's FFN weights from the owner over a link while
+/// it computes (the housekeeper prefetches). Per layer, with F = 3*hidden*I
+/// FFN parameters (gate, up, down; not sharded: SiDP is DP):
+///
+///   T_fetch     = latency_link + F * weight_bytes / B_link
+///   T_ffn(b)    = max(F * weight_bytes / B_mem, 2 * F * b / FLOPS)
+///                 (T_dm / T_comp of the FFN GEMMs of b rows, as above)
+///   b*          = the least integer b >= 1 with T_ffn(b) >= T_fetch
+///               = 1                                  if F*weight_bytes/B_mem >= T_fetch
+///               = ceil(T_fetch * FLOPS / (2 F))      otherwise
+///               = ceil(FLOPS * (latency_link / (2F) + weight_bytes / (2 B_link)))
+///
+/// i.e. the batch from which one rank's FFN GEMM of a layer hides the fetch of
+/// one layer's weights (the issue's "b* is where the FFN GEMM time of a batch
+/// equals the time to fetch that layer's FFN weights"; §4.3: "the minimum
+/// batch size at which forward time can fully hide the cost of weight
+/// fetching"). Without latency, b* = FLOPS * weight_bytes / (2 B_link) does
+/// not depend on the model's shape. Conservative: attention, which also
+/// overlaps the fetch, is left out, and so is a lookahead of more than one
+/// layer. b* is per rank (each WaS rank runs the GEMM of its own rows); a
+/// group of dp balanced ranks reaches it at a total of dp * b* sequences.
 
 #include <vector>
 
@@ -117,6 +141,27 @@ struct HardwareSpec {
   double flops_per_s = 0;            ///< FLOPS: achievable GEMM rate at the weight dtype, FLOP/s (> 0)
   double comm_bw_bytes_per_s = 0;    ///< bytes/s one rank sends in a collective or send (> 0)
   double comm_latency_s = 0;         ///< fixed time per collective or send, seconds (>= 0)
+};
+
+/// The link a SiDP rank fetches non-owned FFN weights over (NVLink on a GPU
+/// node; the communicator's paced link on CPU devices).
+struct LinkSpec {
+  double bandwidth_bytes_per_s = 0;  ///< B_link, bytes/s one fetch gets (> 0)
+  double latency_s = 0;              ///< fixed time per fetch, seconds (>= 0)
+
+  /// From `--link-gbps` (gigabytes/s, 1e9 bytes/s) and `--link-latency-us`.
+  [[nodiscard]] static LinkSpec from_gbps(double gigabytes_per_s, double latency_us) {
+    return LinkSpec{gigabytes_per_s * 1e9, latency_us * 1e-6};
+  }
+};
+
+/// b* and the two times it balances (see the file comment).
+struct SidpSwitchPoint {
+  long long switch_batch = 0;  ///< b*, per rank; max_batch when capped
+  bool capped = false;         ///< no b <= max_batch hides the fetch (T_ffn(max_batch) < T_fetch)
+  double fetch_ms = 0;         ///< T_fetch of one layer's FFN weights
+  double ffn_weight_read_ms = 0;  ///< F * weight_bytes / B_mem: T_ffn's floor
+  double ffn_gemm_ms = 0;      ///< T_ffn(switch_batch)
 };
 
 /// The work of one engine step of one engine group: totals over its sequences.
@@ -185,6 +230,23 @@ class CostModel {
   /// forward pass and costs 0). Errors: invalid_argument for a degree < 1,
   /// pp > num_layers, negative step counts or num_micro_batches < 1.
   [[nodiscard]] Result<StepCost> estimate(const engine::ParallelConfig& pc, const StepShape& step) const;
+
+  /// Default cap of sidp_switch_batch.
+  static constexpr long long kSidpMaxSwitchBatch = 4096;
+
+  /// F * weight_bytes: bytes of one layer's FFN weights (gate, up, down).
+  [[nodiscard]] double ffn_layer_bytes() const;
+  /// T_fetch in ms: time to fetch one layer's FFN weights over `link`.
+  /// Precondition: link.bandwidth_bytes_per_s > 0 (else +inf).
+  [[nodiscard]] double sidp_weight_fetch_ms(const LinkSpec& link) const;
+  /// T_ffn(b) in ms: one layer's FFN GEMMs (gate, up, down) of `batch` rows on
+  /// one rank (batch < 0 read as 0).
+  [[nodiscard]] double sidp_ffn_gemm_ms(long long batch) const;
+  /// b*: the least batch b >= 1 with T_ffn(b) >= T_fetch, capped at
+  /// max_batch (then `capped`). Errors: invalid_argument for a link bandwidth
+  /// <= 0, a latency < 0 (either not finite) or max_batch < 1.
+  [[nodiscard]] Result<SidpSwitchPoint> sidp_switch_batch(const LinkSpec& link,
+                                                          long long max_batch = kSidpMaxSwitchBatch) const;
 
   [[nodiscard]] const ModelShape& shape() const { return shape_; }
   [[nodiscard]] const ElementSizes& sizes() const { return sizes_; }

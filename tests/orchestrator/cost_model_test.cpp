@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "model/shard_runner.hpp"
 
@@ -348,6 +350,155 @@ TEST(CostModel, Errors) {
   c = m.estimate({}, step);
   ASSERT_FALSE(c.ok());
   expect_bad(c.error(), ">= 0");
+}
+
+// SiDP weight fetch (tiny(), slow_hw()): F = 3*8*16 = 384 FFN parameters,
+// 768 bytes; T_dm = 768 / 1000 B/s = 768 ms; T_comp(b) = 2*384*b / 10000 =
+// 76.8 b ms.
+SidpSwitchPoint switch_point(const CostModel& m, LinkSpec link, long long max_batch = 4096) {
+  Result<SidpSwitchPoint> r = m.sidp_switch_batch(link, max_batch);
+  EXPECT_TRUE(r.ok()) << r.error().to_string();
+  return r.ok() ? r.value() : SidpSwitchPoint{};
+}
+
+TEST(CostModel, SidpWeightFetchAndFfnGemmByHand) {
+  const CostModel m = make(tiny(), slow_hw());
+  EXPECT_DOUBLE_EQ(m.ffn_layer_bytes(), 768.0);
+  // 10 ms + 768 B / 100 B/s.
+  EXPECT_DOUBLE_EQ(m.sidp_weight_fetch_ms({.bandwidth_bytes_per_s = 100, .latency_s = 0.01}), 7690.0);
+  EXPECT_DOUBLE_EQ(m.sidp_ffn_gemm_ms(1), 768.0);    // memory-bound: weight streaming
+  EXPECT_DOUBLE_EQ(m.sidp_ffn_gemm_ms(10), 768.0);   // 768 = 768: the knee
+  EXPECT_DOUBLE_EQ(m.sidp_ffn_gemm_ms(20), 1536.0);  // compute-bound
+  EXPECT_DOUBLE_EQ(m.sidp_ffn_gemm_ms(-3), 768.0);
+  // F32 weights double the bytes, not the FLOPs.
+  const CostModel f32 = make(tiny(), slow_hw(), {.weight_bytes = 4});
+  EXPECT_DOUBLE_EQ(f32.ffn_layer_bytes(), 1536.0);
+  EXPECT_DOUBLE_EQ(f32.sidp_ffn_gemm_ms(20), 1536.0);
+  EXPECT_DOUBLE_EQ(f32.sidp_ffn_gemm_ms(1), 1536.0);
+  const LinkSpec l = LinkSpec::from_gbps(900, 2);
+  EXPECT_DOUBLE_EQ(l.bandwidth_bytes_per_s, 900e9);
+  EXPECT_DOUBLE_EQ(l.latency_s, 2e-6);
+}
+
+TEST(CostModel, SidpSwitchBatchByHand) {
+  const CostModel m = make(tiny(), slow_hw());
+  // T_fetch = 7690 ms: b* = ceil(7690 / 76.8) = ceil(100.13) = 101.
+  SidpSwitchPoint p = switch_point(m, {.bandwidth_bytes_per_s = 100, .latency_s = 0.01});
+  EXPECT_EQ(p.switch_batch, 101);
+  EXPECT_FALSE(p.capped);
+  EXPECT_DOUBLE_EQ(p.fetch_ms, 7690.0);
+  EXPECT_DOUBLE_EQ(p.ffn_weight_read_ms, 768.0);
+  EXPECT_NEAR(p.ffn_gemm_ms, 7756.8, 1e-9);
+  EXPECT_LT(m.sidp_ffn_gemm_ms(100), p.fetch_ms);  // b* - 1 does not hide the fetch
+  // No latency: T_fetch = 7680 ms = T_ffn(100) exactly;
+  // b* = FLOPS * weight_bytes / (2 B_link) = 10000 * 2 / 200 = 100.
+  p = switch_point(m, {.bandwidth_bytes_per_s = 100, .latency_s = 0});
+  EXPECT_EQ(p.switch_batch, 100);
+  EXPECT_DOUBLE_EQ(p.ffn_gemm_ms, 7680.0);
+  // Link twice as fast as memory: streaming the weights from memory alone
+  // hides the fetch (384 ms < 768 ms), b* = 1.
+  p = switch_point(m, {.bandwidth_bytes_per_s = 2000, .latency_s = 0});
+  EXPECT_EQ(p.switch_batch, 1);
+  EXPECT_DOUBLE_EQ(p.fetch_ms, 384.0);
+  EXPECT_DOUBLE_EQ(p.ffn_gemm_ms, 768.0);
+  // Link as fast as memory: T_fetch = T_dm, still 1.
+  EXPECT_EQ(switch_point(m, {.bandwidth_bytes_per_s = 1000, .latency_s = 0}).switch_batch, 1);
+  // A hair slower: T_fetch = 768.77 ms, and batches up to 10 are all 768 ms
+  // (memory-bound), so b* jumps to ceil(768.77 / 76.8) = 11.
+  EXPECT_EQ(switch_point(m, {.bandwidth_bytes_per_s = 999, .latency_s = 0}).switch_batch, 11);
+}
+
+TEST(CostModel, SidpSwitchBatchFallsAsTheLinkGetsFaster) {
+  const CostModel m = make(tiny(), slow_hw());
+  long long prev = -1;
+  std::vector<long long> seen;
+  for (double bw : {10.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1000.0, 4000.0}) {
+    const long long b = switch_point(m, {.bandwidth_bytes_per_s = bw, .latency_s = 0.01}).switch_batch;
+    if (prev >= 0) {
+      EXPECT_LE(b, prev) << bw;
+    }
+    prev = b;
+    seen.push_back(b);
+  }
+  // T_fetch = 10 ms + 768 B / B_link; b* = ceil(T_fetch / 76.8 ms) while the
+  // fetch is slower than T_dm = 768 ms:
+  //   10 B/s: 76810 ms -> ceil(1000.13) = 1001    25: 30730 -> 401
+  //   50: 15370 -> 201    100: 7690 -> 101    200: 3850 -> 51
+  //   400: 1930 -> ceil(25.13) = 26    800: 970 -> ceil(12.63) = 13
+  //   1000: 778 -> ceil(10.13) = 11    4000: 202 < 768 -> 1
+  EXPECT_EQ(seen, (std::vector<long long>{1001, 401, 201, 101, 51, 26, 13, 11, 1}));
+  // More latency, larger b*; more FLOPS, larger b* (the GEMM is done sooner).
+  EXPECT_GT(switch_point(m, {.bandwidth_bytes_per_s = 100, .latency_s = 1}).switch_batch, 101);
+  HardwareSpec fast = slow_hw();
+  fast.flops_per_s *= 2;
+  EXPECT_EQ(switch_point(make(tiny(), fast), {.bandwidth_bytes_per_s = 100, .latency_s = 0}).switch_batch, 200);
+}
+
+TEST(CostModel, SidpSwitchBatchIsShapeFreeWithoutLatency) {
+  // b* = ceil(FLOPS * weight_bytes / (2 B_link)) whatever the FFN size, as
+  // long as the fetch is slower than streaming from memory. H200-like:
+  // 989 TFLOP/s BF16, 4.8 TB/s HBM, 900 GB/s NVLink: ceil(1098.9) = 1099.
+  HardwareSpec h200;
+  h200.memory_bw_bytes_per_s = 4.8e12;
+  h200.flops_per_s = 989e12;
+  h200.comm_bw_bytes_per_s = 900e9;
+  h200.comm_latency_s = 0;
+  ModelShape qwen = tiny();
+  qwen.hidden_size = 1024;
+  qwen.num_heads = 16;
+  qwen.num_kv_heads = 8;
+  qwen.head_dim = 128;
+  qwen.intermediate_size = 3072;
+  const LinkSpec nvlink = LinkSpec::from_gbps(900, 0);
+  EXPECT_EQ(switch_point(make(tiny(), h200), nvlink).switch_batch, 1099);
+  EXPECT_EQ(switch_point(make(qwen, h200), nvlink).switch_batch, 1099);
+  // A latency weighs more on a small FFN: 2 us on qwen's 18.9 MB layer is
+  // ceil(989e12 * (2e-6 / (2 * 9437184) + 2 / 1.8e12)) = ceil(1098.9 + 104.8).
+  EXPECT_EQ(switch_point(make(qwen, h200), LinkSpec::from_gbps(900, 2)).switch_batch, 1204);
+}
+
+TEST(CostModel, SidpSwitchBatchKeepsAnExactBalance) {
+  // Without latency and at B_link = FLOPS * weight_bytes / (2 k) = 10000 / k,
+  // T_ffn(k) = T_fetch exactly: b* = k, although the closed form rounds to
+  // k + 1e-15 (and its ceil to k + 1) for many k (14, 15, 28, 30, ...).
+  const CostModel m = make(tiny(), slow_hw());
+  for (long long k = 11; k <= 300; ++k)
+    EXPECT_EQ(switch_point(m, {.bandwidth_bytes_per_s = 10000.0 / static_cast<double>(k), .latency_s = 0}).switch_batch,
+              k);
+}
+
+TEST(CostModel, SidpSwitchBatchCap) {
+  const CostModel m = make(tiny(), slow_hw());
+  // 0.1 B/s: T_fetch = 7680 s, b* = 100000 > 4096.
+  SidpSwitchPoint p = switch_point(m, {.bandwidth_bytes_per_s = 0.1, .latency_s = 0});
+  EXPECT_EQ(p.switch_batch, 4096);
+  EXPECT_TRUE(p.capped);
+  EXPECT_LT(p.ffn_gemm_ms, p.fetch_ms);
+  p = switch_point(m, {.bandwidth_bytes_per_s = 0.1, .latency_s = 0}, 1'000'000);
+  EXPECT_EQ(p.switch_batch, 100000);
+  EXPECT_FALSE(p.capped);
+  p = switch_point(m, {.bandwidth_bytes_per_s = 100, .latency_s = 0.01}, 50);
+  EXPECT_EQ(p.switch_batch, 50);
+  EXPECT_TRUE(p.capped);
+  // Exactly at the cap is not capped.
+  p = switch_point(m, {.bandwidth_bytes_per_s = 100, .latency_s = 0.01}, 101);
+  EXPECT_EQ(p.switch_batch, 101);
+  EXPECT_FALSE(p.capped);
+}
+
+TEST(CostModel, SidpSwitchBatchErrors) {
+  const CostModel m = make(tiny(), slow_hw());
+  const auto expect_bad = [&](LinkSpec link, long long max_batch, const std::string& what) {
+    Result<SidpSwitchPoint> r = m.sidp_switch_batch(link, max_batch);
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+  };
+  expect_bad({.bandwidth_bytes_per_s = 0, .latency_s = 0}, 4096, "bandwidth_bytes_per_s");
+  expect_bad({.bandwidth_bytes_per_s = -5, .latency_s = 0}, 4096, "bandwidth_bytes_per_s");
+  expect_bad({.bandwidth_bytes_per_s = 100, .latency_s = -1}, 4096, "latency_s");
+  expect_bad({.bandwidth_bytes_per_s = 100, .latency_s = std::nan("")}, 4096, "latency_s");
+  expect_bad({.bandwidth_bytes_per_s = 100, .latency_s = 0}, 0, "max_batch");
 }
 
 }  // namespace
