@@ -55,14 +55,14 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "model/sidp/mode.hpp"
 
 namespace shardline::engine {
 
-/// How a SiDP group runs its FFN layers.
-enum class SidpMode {
-  was,  ///< Weight-as-a-Service: each rank fetches non-owned FFN weights and computes its own rows
-  cas,  ///< Compute-as-a-Service: each rank sends its rows to the layer's owner, which computes them
-};
+/// How a SiDP group runs its FFN layers: WaS (Weight-as-a-Service: each rank
+/// fetches non-owned FFN weights and computes its own rows) or CaS
+/// (Compute-as-a-Service: each rank sends its rows to the layer's owner).
+using SidpMode = model::sidp::SidpMode;
 
 /// "was" or "cas".
 [[nodiscard]] const char* to_string(SidpMode mode) noexcept;
