@@ -291,6 +291,33 @@ TEST(PacedCommunicator, GetTakesAtLeastBytesOverBandwidthAndIncastSerializes) {
   EXPECT_GE(std::max(done[1], done[2]) - last_entered, 2 * kSlowTransfer);
 }
 
+TEST(PacedCommunicator, GetAndSendLeavingOneRankShareItsEgress) {
+  // Rank 1 gets from rank 0 while rank 0 sends to rank 2: both leave rank 0
+  // (a get is a transfer owner -> reader), so they serialize.
+  PacedGroup g = paced_group(3, LinkSpec{kSlowGbps, 0});
+  std::vector<Clock::time_point> entered(3), done(3);
+  const std::vector<std::uint8_t> region = pattern(kSlowBytes, 4);
+  run_paced(g, [&](PacedCommunicator& c, int r) {
+    if (r == 0) {
+      ASSERT_TRUE(c.expose("w", region.data(), region.size()).ok());
+    }
+    entered[static_cast<std::size_t>(r)] = Clock::now();
+    ASSERT_TRUE(c.barrier().ok());
+    std::vector<std::uint8_t> buf(kSlowBytes);
+    if (r == 0) {
+      ASSERT_TRUE(c.send(region.data(), region.size(), 2, 1).ok());
+    } else if (r == 1) {
+      ASSERT_TRUE(c.get(0, "w", 0, buf.data(), buf.size()).ok());
+    } else {
+      ASSERT_TRUE(c.recv(buf.data(), buf.size(), 0, 1).ok());
+    }
+    done[static_cast<std::size_t>(r)] = Clock::now();
+    ASSERT_TRUE(c.barrier().ok());
+  });
+  const auto last_entered = std::max({entered[0], entered[1], entered[2]});
+  EXPECT_GE(std::max(done[1], done[2]) - last_entered, 2 * kSlowTransfer);
+}
+
 TEST(PacedCommunicator, SendIsDeliveredNoEarlierThanTheLinkAllows) {
   PacedGroup g = paced_group(2, LinkSpec{kSlowGbps, 1000.0});  // + 1 ms latency
   const std::vector<std::uint8_t> msg = pattern(kSlowBytes, 3);
