@@ -4,7 +4,8 @@
 /// move bulk data (activations, KV chunks, weight tiles) between each other.
 /// Backends: in-process shared memory (comm/inproc.hpp), TCP sockets between
 /// processes and hosts (comm/tcp.hpp), NCCL on GPUs (comm/nccl.hpp, CUDA
-/// builds only), and sub-groups of any of them (comm/subgroup.hpp).
+/// builds only), and sub-groups of any of them (comm/subgroup.hpp). A
+/// decorator, comm/paced.hpp, paces gets and sends to an emulated link.
 ///
 /// Conventions shared by every backend:
 ///  - Every call returns a Status; nothing throws. A missing or dead peer
