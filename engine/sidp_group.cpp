@@ -19,7 +19,7 @@ SidpGroup::~SidpGroup() {
     r->instance.executor.reset();
     r->ffn.reset();
   }
-  for (auto& r : ranks_) r->owner->unload(r->weights_comm.get());
+  for (auto& r : ranks_) r->owner->unload(r->weights_comm);
 }
 
 Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, const SidpOptions& o) {
@@ -52,20 +52,37 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
   if (!cg) return std::move(cg).error();
   g->weights_group_ = *wg;
   g->compute_group_ = *cg;
+  if (o.link.gbps > 0) {
+    auto link = comm::LinkModel::create(o.dp, o.link);
+    if (!link) return std::move(link).error();
+    g->link_ = std::move(link).value();
+  }
   for (int r = 0; r < o.dp; ++r) {
     auto rank = std::make_unique<Rank>();
     auto wc = g->weights_group_->communicator(r);
     auto cc = g->compute_group_->communicator(r);
     if (!wc) return std::move(wc).error();
     if (!cc) return std::move(cc).error();
-    rank->weights_comm = std::move(wc).value();
-    rank->compute_comm = std::move(cc).value();
-    rank->weights_comm->set_timeout(o.comm_timeout);
-    rank->compute_comm->set_timeout(o.comm_timeout);
+    rank->weights_inner = std::move(wc).value();
+    rank->compute_inner = std::move(cc).value();
+    rank->weights_inner->set_timeout(o.comm_timeout);
+    rank->compute_inner->set_timeout(o.comm_timeout);
+    rank->weights_comm = rank->weights_inner.get();
+    rank->compute_comm = rank->compute_inner.get();
+    if (g->link_) {
+      auto wp = comm::PacedCommunicator::create(*rank->weights_inner, g->link_);
+      auto cp = comm::PacedCommunicator::create(*rank->compute_inner, g->link_);
+      if (!wp) return std::move(wp).error();
+      if (!cp) return std::move(cp).error();
+      rank->weights_paced = std::move(wp).value();
+      rank->compute_paced = std::move(cp).value();
+      rank->weights_comm = rank->weights_paced.get();
+      rank->compute_comm = rank->compute_paced.get();
+    }
     auto owner = sidp::LayerOwner::create(weights, g->plan_, r);
     if (!owner) return std::move(owner).error();
     rank->owner = std::move(owner).value();
-    if (Status st = rank->owner->load(rank->weights_comm.get()); !st) return st.error();
+    if (Status st = rank->owner->load(rank->weights_comm); !st) return st.error();
     g->ranks_.push_back(std::move(rank));
   }
   for (int r = 0; r < o.dp; ++r) {
@@ -75,7 +92,7 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
     fo.cache.owner_wait = o.owner_wait;
     fo.peak_shifting = o.peak_shifting;
     fo.initial_mode = o.initial_mode;
-    auto ffn = sidp::SidpFfn::create(g->plan_, r, rank.owner, rank.weights_comm.get(), rank.compute_comm.get(), fo);
+    auto ffn = sidp::SidpFfn::create(g->plan_, r, rank.owner, rank.weights_comm, rank.compute_comm, fo);
     if (!ffn) return std::move(ffn).error();
     rank.ffn = std::move(ffn).value();
     EngineOptions eo = base;
@@ -96,12 +113,12 @@ std::uint64_t SidpGroup::announce(sidp::SidpMode mode) {
 
 void SidpGroup::kill_owner(int rank) {
   Rank& r = rank_at(rank);
-  r.owner->unload(r.weights_comm.get());
+  r.owner->unload(r.weights_comm);
 }
 
 Status SidpGroup::respawn_owner(int rank) {
   Rank& r = rank_at(rank);
-  return r.owner->load(r.weights_comm.get());
+  return r.owner->load(r.weights_comm);
 }
 
 void SidpGroup::mark_rank_dead(int rank) {
@@ -114,6 +131,28 @@ std::size_t SidpGroup::weight_bytes(int rank) {
   std::size_t b = r.ffn->ffn_weight_bytes();
   if (auto* cpu = r.instance.executor_as<model::CpuModelRunner>()) b += cpu->packed_weight_bytes();
   return b;
+}
+
+SidpAutoSwitcher::SidpAutoSwitcher(SidpGroup& group, SidpModePolicy policy)
+    : group_(group), policy_(std::move(policy)), t0_(std::chrono::steady_clock::now()) {}
+
+SidpStepObserver SidpAutoSwitcher::observer() {
+  return [this](int rank, int num_seqs) { observe(rank, num_seqs); };
+}
+
+void SidpAutoSwitcher::observe(int rank, int num_seqs) {
+  std::lock_guard lk(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (!policy_.observe(now, rank, num_seqs).ok()) return;
+  const std::optional<SidpSwitch> sw = policy_.decide(now);
+  if (!sw) return;
+  const std::uint64_t epoch = group_.announce(sw->to);
+  switches_.push_back(Record{sw->to, std::chrono::duration<double>(now - t0_).count(), sw->group_batch, epoch});
+}
+
+std::vector<SidpAutoSwitcher::Record> SidpAutoSwitcher::switches() const {
+  std::lock_guard lk(mu_);
+  return switches_;
 }
 
 Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group, const std::vector<std::vector<std::int32_t>>& prompts,
@@ -140,7 +179,12 @@ Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group, const std::ve
       for (std::size_t i = static_cast<std::size_t>(r); i < prompts.size(); i += static_cast<std::size_t>(dp))
         if (Status s = eng.add_request(i, prompts[i], params); !s.ok()) return fail(s);
       bool counted = false;
+      bool reported_idle = false;
       while (!failed) {
+        if (!eng.has_unfinished() && !reported_idle) {
+          reported_idle = true;
+          if (observer) observer(r, 0);
+        }
         if (eng.has_unfinished()) {
           Result<std::vector<RequestOutput>> step = eng.step();
           if (!step.ok()) return fail(std::move(step).error());

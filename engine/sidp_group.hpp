@@ -17,14 +17,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "comm/inproc.hpp"
+#include "comm/paced.hpp"
 #include "common/result.hpp"
 #include "engine/engine_builder.hpp"
 #include "engine/llm_engine.hpp"
+#include "engine/policies/sidp_mode_policy.hpp"
 #include "model/sidp/layer_owner.hpp"
 #include "model/sidp/mode.hpp"
 #include "model/sidp/sidp_ffn.hpp"
@@ -40,6 +43,10 @@ struct SidpOptions {
   model::sidp::SidpMode initial_mode = model::sidp::SidpMode::was;
   std::chrono::milliseconds owner_wait{30'000};    ///< a rank waits this long for a down owner
   std::chrono::milliseconds comm_timeout{60'000};  ///< CaS p2p / control exchange timeout
+  /// Link emulation (comm/paced.hpp): weight gets and CaS p2p sends are
+  /// paced to this per-rank link, like NVLink between GPUs; gbps 0 = off
+  /// (a get costs one memcpy on the shared memory bus).
+  comm::LinkSpec link{};
 };
 
 class SidpGroup {
@@ -78,14 +85,19 @@ class SidpGroup {
   /// collectives, recvs and gets fail with io at once (a crashed rank).
   void mark_rank_dead(int rank);
 
+  /// The emulated link (null without link emulation).
+  [[nodiscard]] const comm::LinkModel* link() const { return link_.get(); }
+
   /// Bytes of weights rank `rank` holds: its runner's packed attention /
   /// embedding / lm_head weights plus its FFN share (owned layers + slots).
   [[nodiscard]] std::size_t weight_bytes(int rank);
 
  private:
   struct Rank {
-    std::unique_ptr<comm::Communicator> weights_comm;
-    std::unique_ptr<comm::Communicator> compute_comm;
+    std::unique_ptr<comm::Communicator> weights_inner, compute_inner;  ///< the in-process ranks
+    std::unique_ptr<comm::Communicator> weights_paced, compute_paced;  ///< with link emulation, else null
+    comm::Communicator* weights_comm = nullptr;  ///< what the rank uses (paced or inner)
+    comm::Communicator* compute_comm = nullptr;
     std::shared_ptr<model::sidp::LayerOwner> owner;
     std::shared_ptr<model::sidp::SidpFfn> ffn;
     EngineInstance instance;
@@ -96,14 +108,42 @@ class SidpGroup {
   model::sidp::OwnershipPlan plan_;
   std::shared_ptr<comm::InProcGroup> weights_group_;
   std::shared_ptr<comm::InProcGroup> compute_group_;
+  std::shared_ptr<comm::LinkModel> link_;  ///< shared by both groups' ranks (one emulated node)
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::uint64_t epoch_ = 0;
 };
 
 /// Called after each real step of a rank with the sequences it ran (the
-/// effective batch size the orchestrator's switch policy watches). May call
-/// SidpGroup::announce. Called on the rank's thread.
+/// effective batch size the orchestrator's switch policy watches), and once
+/// with 0 when the rank runs out of work. May call SidpGroup::announce.
+/// Called on the rank's thread.
 using SidpStepObserver = std::function<void(int rank, int num_seqs)>;
+
+/// The orchestrator's part for an in-process group (§4.3 "consistent mode
+/// switching"): feeds every rank's step reports to a SidpModePolicy and
+/// broadcasts the switches it decides with SidpGroup::announce. Thread-safe
+/// (ranks report from their own threads).
+class SidpAutoSwitcher {
+ public:
+  struct Record {
+    SidpMode to = SidpMode::cas;
+    double at_s = 0;          ///< seconds since the switcher was made
+    long long group_batch = 0;
+    std::uint64_t epoch = 0;
+  };
+  SidpAutoSwitcher(SidpGroup& group, SidpModePolicy policy);
+  /// The observer to pass to generate_sidp.
+  [[nodiscard]] SidpStepObserver observer();
+  [[nodiscard]] std::vector<Record> switches() const;
+
+ private:
+  void observe(int rank, int num_seqs);
+  SidpGroup& group_;
+  mutable std::mutex mu_;
+  SidpModePolicy policy_;
+  std::chrono::steady_clock::time_point t0_;
+  std::vector<Record> switches_;
+};
 
 /// Generates `prompts` over the group as generate_data_parallel does: prompt
 /// i runs on rank i % dp as request id i, each rank steps on its own thread.
