@@ -1,9 +1,73 @@
 #include "cli/engine_flags.hpp"
 
+#include <array>
+#include <cctype>
 #include <charconv>
 #include <filesystem>
+#include <limits>
 
 namespace shardline::cli {
+
+Result<std::uint64_t> parse_byte_size(std::string_view text) {
+  const auto bad = [text](const std::string& why) {
+    return make_error(ErrorCode::invalid_argument, "size '" + std::string(text) + "': " + why +
+                                                       " (bytes, or a number with K, M, G or T, e.g. 512M, 1.5GiB)");
+  };
+  std::string_view s = text;
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  std::size_t i = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  const std::string_view whole = s.substr(0, i);
+  std::string_view fraction;
+  if (i < s.size() && s[i] == '.') {
+    const std::size_t start = ++i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    fraction = s.substr(start, i - start);
+    if (fraction.empty()) return bad("no digits after the point");
+  }
+  if (whole.empty()) return bad("no number");
+  std::string_view unit = s.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  std::string lower;
+  for (const char c : unit) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+
+  std::uint64_t factor = 0;
+  if (lower.empty() || lower == "b") {
+    factor = 1;
+  } else {
+    constexpr std::array<char, 4> kPrefixes{'k', 'm', 'g', 't'};
+    for (std::size_t p = 0; p < kPrefixes.size(); ++p) {
+      const std::string k(1, kPrefixes[p]);
+      if (lower == k || lower == k + "b" || lower == k + "ib") factor = 1ull << (10 * (p + 1));
+    }
+    if (factor == 0) return bad("unknown unit '" + std::string(unit) + "'");
+  }
+  if (factor == 1 && !fraction.empty()) return bad("a fraction of a byte");
+
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(whole.data(), whole.data() + whole.size(), n);
+  if (ec != std::errc() || end != whole.data() + whole.size() || n > kMax / factor) return bad("too large");
+  std::uint64_t bytes = n * factor;
+  // The fraction, exactly: floor(0.f * factor) with f of at most 12 digits
+  // (factor <= 2^40, so f * factor stays below 2^80 -- split to stay in 64 bits).
+  if (!fraction.empty()) {
+    const std::string_view digits = fraction.substr(0, 12);
+    std::uint64_t f = 0;
+    std::uint64_t scale = 1;
+    for (const char c : digits) {
+      f = f * 10 + static_cast<std::uint64_t>(c - '0');
+      scale *= 10;
+    }
+    // factor = 2^e: floor(f * 2^e / scale) computed as (f * 2^a) * 2^(e-a) / scale in two steps.
+    const std::uint64_t hi = factor >> 20 ? factor >> 20 : 1;  // up to 2^20
+    const std::uint64_t lo = factor / hi;                       // up to 2^20
+    // No overflow: n <= kMax / factor leaves at least factor - 1 above n * factor, and part < factor.
+    bytes += (f * lo / scale) * hi + ((f * lo % scale) * hi) / scale;
+  }
+  return bytes;
+}
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--dtype", f.dtype,
@@ -21,6 +85,12 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "KV cache budget in bytes (0: --kv-cache-memory-fraction of free memory)");
   cmd.add_option("--kv-cache-memory-fraction", f.kv_cache_memory_fraction,
                  "Fraction of MemAvailable for the KV cache when --kv-cache-bytes is 0")
+      ->capture_default_str();
+  cmd.add_option("--device-memory", f.device_memory,
+                 "CPU devices: memory of each emulated device for weights, activations and KV cache, as the GPU "
+                 "memory plan carves it (0: off, the KV cache takes --kv-cache-bytes or a fraction of free memory); "
+                 "bytes, or with a binary unit: 512M, 1.5G, 8GiB (K = KB = KiB = 1024)")
+      ->type_name("SIZE")
       ->capture_default_str();
   cmd.add_option("--block-size", f.block_size, "Tokens per KV block")->capture_default_str();
   cmd.add_option("--max-num-seqs", f.max_num_seqs, "Running sequences per step at most")
@@ -100,6 +170,9 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
   if (f.kv_cache_bytes < 0) return make_error(ErrorCode::invalid_argument, "--kv-cache-bytes must be >= 0");
   o.kv_cache_bytes = static_cast<std::uint64_t>(f.kv_cache_bytes);
   o.kv_cache_memory_fraction = f.kv_cache_memory_fraction;
+  auto device_memory = parse_byte_size(f.device_memory);
+  if (!device_memory) return make_error(ErrorCode::invalid_argument, "--device-memory: " + device_memory.error().message);
+  o.device_memory_bytes = *device_memory;
   o.block_size = f.block_size;
   o.max_num_seqs = f.max_num_seqs;
   o.max_num_batched_tokens = f.max_num_batched_tokens;

@@ -1,12 +1,14 @@
 #pragma once
 /// \file
 /// Flags shared by every command that builds an engine (run, node start,
-/// generate, bench): model loading, KV cache budget, batching limits,
-/// threads, and the CUDA options.
+/// generate, bench): model loading, KV cache budget, the emulated device
+/// memory of CPU devices, batching limits, threads, and the CUDA options.
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "common/result.hpp"
 #include "engine/engine_builder.hpp"
@@ -18,6 +20,7 @@ struct EngineFlags {
   std::string kv_cache_dtype = "f32";
   std::string load_format = "auto";
   long long kv_cache_bytes = 0;
+  std::string device_memory = "0";  ///< --device-memory as given (parse_byte_size)
   double kv_cache_memory_fraction = 0.5;
   int block_size = 16;
   int max_num_seqs = 256;
@@ -34,13 +37,23 @@ struct EngineFlags {
   std::string device;  ///< --device of generate / bench ("" = cpu); run / node use --devices
 };
 
+/// Parses a size in bytes: a decimal number with an optional binary unit,
+/// case-insensitive, spaces allowed between: none or B (bytes), K / KB / KiB
+/// (1024), M / MB / MiB (2^20), G / GB / GiB (2^30), T / TB / TiB (2^40).
+/// With a unit the number may have a fraction ("1.5G" = 1610612736; the
+/// bytes are rounded down). No sign, hex or exponent.
+/// Errors: invalid_argument naming the text (empty, malformed, unknown
+/// unit, fractional bytes, or more than 2^64 - 1 bytes).
+[[nodiscard]] Result<std::uint64_t> parse_byte_size(std::string_view text);
+
 /// Registers the flags on `cmd`.
 void add_engine_flags(CLI::App& cmd, EngineFlags& f);
 /// Registers --device (cpu or cuda:N) for single-engine commands (generate, bench).
 void add_device_flag(CLI::App& cmd, EngineFlags& f);
 
 /// Fills engine options from the flags (model_dir set by the caller).
-/// Errors: invalid_argument for an unknown --dtype / --load-format / --device.
+/// Errors: invalid_argument for an unknown --dtype / --load-format / --device
+/// or a malformed --device-memory.
 [[nodiscard]] Result<engine::EngineOptions> to_engine_options(const EngineFlags& f,
                                                                 const std::string& model_dir);
 

@@ -41,6 +41,10 @@ int run_shard_serve(const ShardServeArgs& a) {
     std::cerr << "error: " << eo.error().to_string() << "\n";
     return 2;
   }
+  if (eo->device_memory_bytes > 0) {
+    std::cerr << "error: --device-memory plans single-device engines; a TCP group rank is not planned\n";
+    return 2;
+  }
   engine::TcpGroupOptions tcp;
   tcp.master = a.master;
   tcp.timeout = std::chrono::milliseconds(a.timeout_ms);

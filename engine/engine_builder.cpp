@@ -6,6 +6,7 @@
 
 #include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
+#include "engine/sidp_memory.hpp"
 #include "model/id_tokenizer.hpp"
 #include "model/cpu_runner.hpp"
 #if SHARDLINE_HAVE_CUDA
@@ -72,6 +73,37 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
 }
 #endif
 
+/// The plan_cpu_memory of a CPU device with --device-memory (checked before
+/// the weights are loaded, so a model that cannot fit fails fast). The
+/// weights are SiDP's when sidp_owned_ffn_layers / sidp_cache_slots say so.
+/// Errors: loading the config; invalid_argument (more owned FFN layers than
+/// the model has); out_of_memory with the sizes.
+Result<GpuMemoryPlan> plan_cpu_device_memory(const EngineOptions& o) {
+  auto cfg = model::load_model_config(o.model_dir);
+  if (!cfg) return std::move(cfg).error();
+  model::ModelConfig c = std::move(cfg).value();
+  if (o.num_layers_override > 0 && o.num_layers_override < c.num_hidden_layers)
+    c.num_hidden_layers = o.num_layers_override;
+  if (o.sidp_owned_ffn_layers > c.num_hidden_layers)
+    return make_error(ErrorCode::invalid_argument,
+                      "SiDP: this rank owns " + std::to_string(o.sidp_owned_ffn_layers) +
+                          " FFN layers but the model has " + std::to_string(c.num_hidden_layers));
+  CpuMemoryPlanInput pi;
+  pi.device_memory_bytes = o.device_memory_bytes;
+  pi.weight_bytes = sidp_weight_bytes_for(c, o.dtype, o.sidp_owned_ffn_layers, o.sidp_cache_slots);
+  pi.activation_bytes = activation_bytes_for(c, std::max(o.max_num_batched_tokens, o.max_num_seqs), o.max_num_seqs);
+  pi.num_layers = c.num_hidden_layers;
+  pi.num_kv_heads = c.num_key_value_heads;
+  pi.head_dim = c.head_dim;
+  pi.block_size = o.block_size;
+  pi.kv_dtype = o.kv_cache_dtype;
+  pi.max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+  auto plan = plan_cpu_memory(pi);
+  if (!plan) return make_error(plan.error().code, "cpu:" + std::to_string(o.device_index) + ": " +
+                                                      plan.error().message);
+  return plan;
+}
+
 /// The option checks that need no model. Errors: invalid_argument,
 /// unsupported (cuda without the backend, or a group on cuda).
 Status check_engine_options(const EngineOptions& o) {
@@ -81,8 +113,21 @@ Status check_engine_options(const EngineOptions& o) {
     return make_error(ErrorCode::invalid_argument, "--block-size must be > 0");
   if (o.kv_cache_bytes == 0 && !(o.kv_cache_memory_fraction > 0.0 && o.kv_cache_memory_fraction <= 1.0))
     return make_error(ErrorCode::invalid_argument, "--kv-cache-memory-fraction must be in (0, 1]");
+  if (o.sidp_owned_ffn_layers < -1 || o.sidp_cache_slots < 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "SiDP memory plan: owned FFN layers must be >= 0 (or -1 for all) and cache slots >= 0, got " +
+                          std::to_string(o.sidp_owned_ffn_layers) + " and " + std::to_string(o.sidp_cache_slots));
 
   const bool cuda = o.device == model::DeviceKind::cuda;
+  if (o.device_memory_bytes > 0) {
+    if (cuda)
+      return make_error(ErrorCode::invalid_argument,
+                        "--device-memory is for CPU devices; a CUDA device's plan takes --gpu-memory-utilization "
+                        "of its real memory");
+    if (o.parallel.group_size() != 1)
+      return make_error(ErrorCode::unsupported, "--device-memory plans single-device engines; engine groups "
+                                                "(tp/pp/sp > 1) are not planned yet");
+  }
   if (cuda) {
 #if !SHARDLINE_HAVE_CUDA
     return make_error(ErrorCode::unsupported, "cuda:" + std::to_string(o.device_index) +
@@ -133,18 +178,19 @@ Result<EngineInstance> load_model_and_tokenizer(const EngineOptions& o) {
 }
 
 /// Sizes the KV cache of `e` (num_kv_blocks, kv_cache_bytes): the budget
-/// (cuda: the memory plan's KV space, else --kv-cache-bytes or a fraction of
+/// (cuda or --device-memory: the memory plan's KV space, capped by
+/// --kv-cache-bytes when given; else --kv-cache-bytes or a fraction of
 /// free memory), capped at what max_num_seqs sequences of max_model_len can
 /// use. Errors: out_of_memory when one max_model_len sequence does not fit.
-Status size_kv_cache(const EngineOptions& o, std::uint64_t cuda_kv_bytes, int max_model_len, EngineInstance& e) {
+Status size_kv_cache(const EngineOptions& o, std::uint64_t plan_kv_bytes, int max_model_len, EngineInstance& e) {
   const model::ModelConfig& c = e.weights->config;
-  const bool cuda = o.device == model::DeviceKind::cuda;
+  const bool planned = o.device == model::DeviceKind::cuda || o.device_memory_bytes > 0;
   const int kv_elem_bytes = static_cast<int>(dtype_size(o.kv_cache_dtype));
   const std::uint64_t block_bytes = kv_bytes_per_block(c.num_hidden_layers, c.num_key_value_heads,
                                                        c.head_dim, o.block_size, kv_elem_bytes);
   std::uint64_t budget = o.kv_cache_bytes;
-  if (cuda) {
-    budget = budget == 0 ? cuda_kv_bytes : std::min(budget, cuda_kv_bytes);
+  if (planned) {
+    budget = budget == 0 ? plan_kv_bytes : std::min(budget, plan_kv_bytes);
   } else if (budget == 0) {
     auto avail = available_memory_bytes();
     if (!avail) return std::move(avail).error();
@@ -218,14 +264,21 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
 
 Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (Status s = check_engine_options(o); !s) return s.error();
-  std::uint64_t cuda_kv_bytes = 0;
+  std::uint64_t plan_kv_bytes = 0;      // cuda or --device-memory: the plan's KV space
+  std::uint64_t plan_weight_bytes = 0;  // --device-memory: the plan's (SiDP-aware) weights
 #if SHARDLINE_HAVE_CUDA
   if (o.device == model::DeviceKind::cuda) {
     auto kv = plan_cuda_kv_bytes(o);
     if (!kv) return std::move(kv).error();
-    cuda_kv_bytes = *kv;
+    plan_kv_bytes = *kv;
   }
 #endif
+  if (o.device != model::DeviceKind::cuda && o.device_memory_bytes > 0) {
+    auto plan = plan_cpu_device_memory(o);
+    if (!plan) return std::move(plan).error();
+    plan_kv_bytes = plan->kv_bytes;
+    plan_weight_bytes = plan->weight_bytes;
+  }
   auto loaded = load_model_and_tokenizer(o);
   if (!loaded) return std::move(loaded).error();
   EngineInstance e = std::move(loaded).value();
@@ -234,7 +287,8 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (max_model_len <= 0)
     return make_error(ErrorCode::invalid_argument,
                       "max_model_len unknown: config.json has no max_position_embeddings; pass --max-model-len");
-  if (Status s = size_kv_cache(o, cuda_kv_bytes, max_model_len, e); !s) return s.error();
+  e.weight_bytes = o.device_memory_bytes > 0 ? plan_weight_bytes : weight_bytes_for(c, o.dtype);
+  if (Status s = size_kv_cache(o, plan_kv_bytes, max_model_len, e); !s) return s.error();
   if (Status s = make_executor(o, max_model_len, e); !s) return s.error();
 
   EngineConfig ec;

@@ -43,6 +43,17 @@ struct EngineOptions {
   int num_layers_override = 0;    ///< > 0: first N layers only (smoke tests)
   int block_size = 16;            ///< tokens per KV block
   std::uint64_t kv_cache_bytes = 0;        ///< KV budget; 0 = fraction of free memory
+  /// cpu: bytes of the emulated device (`--device-memory`); 0 = off (the KV
+  /// cache is sized from kv_cache_bytes / kv_cache_memory_fraction). When
+  /// set, plan_cpu_memory (engine/gpu_memory_plan.hpp) carves the weights,
+  /// the activation workspace and the KV blocks out of it; kv_cache_bytes,
+  /// when also given, caps the KV cache further. Single-device engines only.
+  std::uint64_t device_memory_bytes = 0;
+  /// SiDP weight sharing as the device memory plan counts it
+  /// (engine/sidp_memory.hpp; used only by the plan so far): FFN layers this
+  /// rank owns (-1 = all, plain DP) and WaS cache slots.
+  int sidp_owned_ffn_layers = -1;
+  int sidp_cache_slots = 0;
   double kv_cache_memory_fraction = 0.5;   ///< of MemAvailable after loading weights
   int max_num_seqs = 256;
   int max_num_batched_tokens = 2048;
@@ -87,6 +98,11 @@ struct EngineInstance {
   std::unique_ptr<LlmEngine> engine;
   std::uint64_t kv_cache_bytes = 0;  ///< what was allocated
   int num_kv_blocks = 0;
+  /// Bytes of the weights this engine holds as the memory plan counts them
+  /// (with device_memory_bytes: the plan's, SiDP-aware; otherwise
+  /// weight_bytes_for the loaded config and dtype, the whole model over a
+  /// group's ranks).
+  std::uint64_t weight_bytes = 0;
 
   /// The executor as a T (e.g. InProcEngineGroup, model::CpuModelRunner), or
   /// null when it is another kind.
@@ -102,12 +118,15 @@ struct EngineInstance {
 /// max_model_len tokens can use) blocks. A model folder without tokenizer
 /// files gets an IdTokenizer (ids as text). On a CUDA device the budget is
 /// plan_gpu_memory's KV space (or kv_cache_bytes when given, if smaller) and
-/// the engine group must be a single device. Errors: whatever loading
-/// returns (each names the file / tensor), invalid_argument for bad options,
-/// out_of_memory when the budget cannot hold one max_model_len sequence (on
-/// CUDA: when the model does not fit, with the sizes in GiB); not_found (no
-/// such CUDA device); unsupported (a CUDA device in a build without CUDA, or
-/// a parallel group on CUDA).
+/// the engine group must be a single device; likewise on a CPU device with
+/// device_memory_bytes, with plan_cpu_memory's KV space (checked before the
+/// weights are loaded). Errors: whatever loading
+/// returns (each names the file / tensor), invalid_argument for bad options
+/// (device_memory_bytes on a CUDA device), out_of_memory when the budget
+/// cannot hold one max_model_len sequence (with a memory plan: also when the
+/// model does not fit, with the sizes in GiB); not_found (no such CUDA
+/// device); unsupported (a CUDA device in a build without CUDA, a parallel
+/// group on CUDA, or device_memory_bytes for an engine group).
 [[nodiscard]] Result<EngineInstance> build_engine(const EngineOptions& options);
 
 }  // namespace shardline::engine

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -19,6 +20,22 @@ u64 nonneg(int v) { return v > 0 ? static_cast<u64>(v) : 0; }
 std::string gib(u64 bytes) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(bytes) / static_cast<double>(1ull << 30));
+  return buf;
+}
+
+/// "0.99 MiB", "217.00 KiB", "15.02 GiB", "512 bytes": the largest binary
+/// unit the size reaches (CPU budgets of small models read better).
+std::string human_size(u64 bytes) {
+  constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " bytes";
+  double v = static_cast<double>(bytes) / 1024.0;
+  std::size_t unit = 0;
+  while (v >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    v /= 1024.0;
+    ++unit;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.2f %s", v, kUnits[unit]);
   return buf;
 }
 
@@ -70,17 +87,24 @@ u64 activation_bytes_for(const model::ModelConfig& c, int max_num_batched_tokens
   return sizeof(float) * (tokens * per_token + logits);
 }
 
-Result<GpuMemoryPlan> plan_gpu_memory(const GpuMemoryPlanInput& in) {
-  const double util = in.gpu_memory_utilization;
-  if (!(util > 0.0 && util <= 1.0))  // also rejects NaN
-    return make_error(ErrorCode::invalid_argument,
-                      "--gpu-memory-utilization must be in (0, 1], got " + std::to_string(util));
-  if (in.total_bytes == 0)
-    return make_error(ErrorCode::invalid_argument, "device total memory is 0 bytes");
-  auto positive = [](int v, const char* name) -> Status {
+namespace {
+
+/// How the errors of one kind of device name its budget and what to change.
+struct PlanWording {
+  std::string device_label;  ///< "GPU memory plan" / "CPU memory plan"
+  std::string budget;        ///< "--gpu-memory-utilization 0.90 of 79.10 GiB leaves 71.19 GiB (free now: ...)"
+  std::string fit_advice;    ///< weights do not fit: what to change
+  std::string kv_advice;     ///< no max_model_len sequence fits: what to change
+  std::string (*size)(u64) = gib;  ///< how sizes are written
+};
+
+/// The plan of GpuMemoryPlan's formula, for any device (`in` already
+/// validated for its kind). Errors: invalid_argument, out_of_memory.
+Result<GpuMemoryPlan> plan_device_memory(const GpuMemoryPlanInput& in, const PlanWording& w) {
+  auto positive = [&w](int v, const char* name) -> Status {
     if (v > 0) return Status::ok_status();
     return make_error(ErrorCode::invalid_argument,
-                      std::string("GPU memory plan: ") + name + " must be positive, got " + std::to_string(v));
+                      w.device_label + ": " + name + " must be positive, got " + std::to_string(v));
   };
   for (const Status& s : {positive(in.num_layers, "num_layers"), positive(in.num_kv_heads, "num_kv_heads"),
                           positive(in.head_dim, "head_dim"), positive(in.block_size, "block_size"),
@@ -88,7 +112,7 @@ Result<GpuMemoryPlan> plan_gpu_memory(const GpuMemoryPlanInput& in) {
     if (!s.ok()) return s.error();
 
   GpuMemoryPlan p;
-  p.budget_bytes = static_cast<u64>(std::floor(static_cast<double>(in.total_bytes) * util));
+  p.budget_bytes = static_cast<u64>(std::floor(static_cast<double>(in.total_bytes) * in.gpu_memory_utilization));
   p.budget_bytes = std::min(p.budget_bytes, in.total_bytes);
   p.usable_bytes = std::min(p.budget_bytes, in.free_bytes);
   p.weight_bytes = in.weight_bytes;
@@ -102,13 +126,9 @@ Result<GpuMemoryPlan> plan_gpu_memory(const GpuMemoryPlanInput& in) {
   fixed = in.reserved_bytes > max - fixed ? max : fixed + in.reserved_bytes;
   if (fixed > p.usable_bytes)
     return make_error(ErrorCode::out_of_memory,
-                      "model weights need " + gib(in.weight_bytes) + " (plus activations " +
-                          gib(in.activation_bytes) + " and reserved " + gib(in.reserved_bytes) + " = " +
-                          gib(fixed) + ") but --gpu-memory-utilization " + fixed2(util) + " of " +
-                          gib(in.total_bytes) + " leaves " + gib(p.budget_bytes) +
-                          " (free now: " + gib(in.free_bytes) +
-                          "); use a smaller --dtype, split the model over more devices (--parallel), "
-                          "lower --max-num-batched-tokens, or raise --gpu-memory-utilization");
+                      "model weights need " + w.size(in.weight_bytes) + " (plus activations " +
+                          w.size(in.activation_bytes) + " and reserved " + w.size(in.reserved_bytes) + " = " +
+                          w.size(fixed) + ") but " + w.budget + "; " + w.fit_advice);
 
   const u64 kv_space = p.usable_bytes - fixed;
   const int elem = static_cast<int>(dtype_size(in.kv_dtype));
@@ -126,13 +146,61 @@ Result<GpuMemoryPlan> plan_gpu_memory(const GpuMemoryPlanInput& in) {
                           std::to_string(static_cast<u64>(p.num_kv_blocks) * static_cast<u64>(in.block_size)) +
                           " tokens; one sequence of max_model_len " + std::to_string(in.max_model_len) +
                           " needs " + std::to_string(blocks_per_seq) + " blocks (" +
-                          gib(blocks_per_seq * p.kv_bytes_per_block) + "), but only " + gib(kv_space) +
-                          " is left of " + gib(p.usable_bytes) + " after weights " + gib(in.weight_bytes) +
-                          ", activations " + gib(in.activation_bytes) + " and reserved " +
-                          gib(in.reserved_bytes) +
-                          "; lower --max-model-len or raise --gpu-memory-utilization");
+                          w.size(blocks_per_seq * p.kv_bytes_per_block) + "), but only " + w.size(kv_space) +
+                          " is left of " + w.size(p.usable_bytes) + " after weights " + w.size(in.weight_bytes) +
+                          ", activations " + w.size(in.activation_bytes) + " and reserved " +
+                          w.size(in.reserved_bytes) + "; " + w.kv_advice);
   p.max_concurrent_seqs_at_max_len = static_cast<int>(static_cast<u64>(p.num_kv_blocks) / blocks_per_seq);
   return p;
+}
+
+}  // namespace
+
+Result<GpuMemoryPlan> plan_gpu_memory(const GpuMemoryPlanInput& in) {
+  const double util = in.gpu_memory_utilization;
+  if (!(util > 0.0 && util <= 1.0))  // also rejects NaN
+    return make_error(ErrorCode::invalid_argument,
+                      "--gpu-memory-utilization must be in (0, 1], got " + std::to_string(util));
+  if (in.total_bytes == 0)
+    return make_error(ErrorCode::invalid_argument, "device total memory is 0 bytes");
+  const u64 budget = std::min(
+      static_cast<u64>(std::floor(static_cast<double>(in.total_bytes) * util)), in.total_bytes);
+  PlanWording w;
+  w.device_label = "GPU memory plan";
+  w.budget = "--gpu-memory-utilization " + fixed2(util) + " of " + gib(in.total_bytes) + " leaves " + gib(budget) +
+             " (free now: " + gib(in.free_bytes) + ")";
+  w.fit_advice =
+      "use a smaller --dtype, split the model over more devices (--parallel), "
+      "lower --max-num-batched-tokens, or raise --gpu-memory-utilization";
+  w.kv_advice = "lower --max-model-len or raise --gpu-memory-utilization";
+  return plan_device_memory(in, w);
+}
+
+Result<GpuMemoryPlan> plan_cpu_memory(const CpuMemoryPlanInput& in) {
+  if (in.device_memory_bytes == 0)
+    return make_error(ErrorCode::invalid_argument, "--device-memory must be > 0 bytes");
+  GpuMemoryPlanInput g;
+  g.total_bytes = in.device_memory_bytes;
+  g.free_bytes = in.device_memory_bytes;
+  g.gpu_memory_utilization = 1.0;
+  g.weight_bytes = in.weight_bytes;
+  g.activation_bytes = in.activation_bytes;
+  g.reserved_bytes = in.reserved_bytes;
+  g.num_layers = in.num_layers;
+  g.num_kv_heads = in.num_kv_heads;
+  g.head_dim = in.head_dim;
+  g.block_size = in.block_size;
+  g.kv_dtype = in.kv_dtype;
+  g.max_model_len = in.max_model_len;
+  PlanWording w;
+  w.device_label = "CPU memory plan";
+  w.size = human_size;
+  w.budget = "--device-memory is " + human_size(in.device_memory_bytes) + " (" +
+             std::to_string(in.device_memory_bytes) + " bytes)";
+  w.fit_advice =
+      "use a smaller --dtype, lower --max-num-batched-tokens, or raise --device-memory";
+  w.kv_advice = "lower --max-model-len or raise --device-memory";
+  return plan_device_memory(g, w);
 }
 
 }  // namespace shardline::engine

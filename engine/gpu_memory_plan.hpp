@@ -4,7 +4,8 @@
 /// `--gpu-memory-utilization`: how much of a device's memory the worker may
 /// take, what the model weights, the activation workspace and the fixed
 /// runtime reserve need out of that, and how many paged KV-cache blocks fit in
-/// what is left.
+/// what is left. The same plan serves a CPU device given a `--device-memory`
+/// budget (`plan_cpu_memory`): the budget is then the whole device.
 ///
 /// Pure host-side arithmetic (no CUDA calls), so it is unit-tested on CPU.
 /// The device numbers come from `kernels::cuda::query_devices()`
@@ -101,5 +102,41 @@ struct GpuMemoryPlan {
 ///     79.10 GiB leaves 71.19 GiB (free now: 10.00 GiB)"); or the KV cache left
 ///     over cannot hold one sequence of max_model_len tokens.
 [[nodiscard]] Result<GpuMemoryPlan> plan_gpu_memory(const GpuMemoryPlanInput& input);
+
+/// What a CPU device's plan is computed from: `--device-memory` emulates a
+/// device of that many bytes. Sizes in bytes.
+struct CpuMemoryPlanInput {
+  std::uint64_t device_memory_bytes = 0;  ///< `--device-memory`: the whole budget of this device
+  /// Exact, from `weight_bytes_for` (plain) or `sidp_weight_bytes_for`
+  /// (SiDP weight sharing: engine/sidp_memory.hpp).
+  std::uint64_t weight_bytes = 0;
+  std::uint64_t activation_bytes = 0;  ///< peak workspace, from `activation_bytes_for`
+  /// 0 by default: a CPU device has no driver context, library workspace or
+  /// graph pool hidden from the allocator (what the GPU reserve covers), and
+  /// the process's own memory (code, tokenizer, scheduler tables, thread
+  /// stacks, `--swap-space`, which stands for host memory) is outside the
+  /// emulated device.
+  std::uint64_t reserved_bytes = 0;
+  int num_layers = 0;    ///< KV cache shape, as in GpuMemoryPlanInput
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;
+  DType kv_dtype = DType::f32;
+  int max_model_len = 0;
+};
+
+/// The CPU device's plan: `plan_gpu_memory`'s split with total = free =
+/// budget = usable = `device_memory_bytes` (utilization 1.0: the flag already
+/// states what the engine may take), reserved as given.
+/// Errors (sizes with 2 decimals in the largest binary unit they reach --
+/// KiB, MiB, GiB -- and the budget also in bytes):
+///   invalid_argument: device_memory_bytes 0; num_layers, num_kv_heads,
+///     head_dim, block_size or max_model_len <= 0.
+///   out_of_memory: weights + activations + reserved exceed the budget
+///     ("model weights need 0.99 MiB (plus activations 7.03 MiB and reserved
+///     0 bytes = 8.02 MiB) but --device-memory is 1.00 MiB (1048576 bytes);
+///     ..."), or the KV cache left over cannot hold one sequence of
+///     max_model_len tokens.
+[[nodiscard]] Result<GpuMemoryPlan> plan_cpu_memory(const CpuMemoryPlanInput& input);
 
 }  // namespace shardline::engine

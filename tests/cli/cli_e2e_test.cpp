@@ -103,6 +103,25 @@ TEST(CliE2e, BadFlagsAreUsageErrors) {
   EXPECT_NE(r.out.find("--swap-space"), std::string::npos) << r.out;
 }
 
+// --device-memory on the CPU device: too small is refused with the sizes; a
+// budget that fits generates the reference story; a malformed size is a
+// usage error.
+TEST(CliE2e, DeviceMemoryIsPlannedOrRefusedWithTheSizes) {
+  CliRun r = run("generate --model " + kModel + " --prompt hi --device-memory 1M");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("model weights need 1015.75 KiB (plus activations 7.03 MiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--device-memory is 1.00 MiB (1048576 bytes)"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel +
+          " --prompt 'Once upon a time' --max-tokens 48 --temperature 0 --device-memory 16MiB");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out,
+            "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+            "park. One day, she saw a big, red ball. She wanted to play with it,\n");
+  r = run("generate --model " + kModel + " --prompt hi --device-memory 12X");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--device-memory: size '12X': unknown unit"), std::string::npos) << r.out;
+}
+
 bool have_cuda_device() {
 #if SHARDLINE_HAVE_CUDA
   return !kernels::cuda::query_devices().devices.empty();

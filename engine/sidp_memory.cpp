@@ -1,0 +1,98 @@
+#include "engine/sidp_memory.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "engine/gpu_memory_plan.hpp"
+
+namespace shardline::engine {
+namespace {
+
+using u64 = std::uint64_t;
+
+u64 nonneg(int v) { return v > 0 ? static_cast<u64>(v) : 0; }
+
+/// One rank's capacity under `plan_cpu_memory`; out_of_memory gives 0 blocks.
+Result<RankKvCapacity> rank_capacity(const KvCapacityInput& in, int rank, int owned, int slots) {
+  RankKvCapacity r;
+  r.rank = rank;
+  r.owned_ffn_layers = owned;
+  r.cache_slots = slots;
+  r.weight_bytes = sidp_weight_bytes_for(in.config, in.weight_dtype, owned, slots);
+  CpuMemoryPlanInput pi;
+  pi.device_memory_bytes = in.device_memory_bytes;
+  pi.weight_bytes = r.weight_bytes;
+  pi.activation_bytes = in.activation_bytes;
+  pi.reserved_bytes = in.reserved_bytes;
+  pi.num_layers = in.config.num_hidden_layers;
+  pi.num_kv_heads = in.config.num_key_value_heads;
+  pi.head_dim = in.config.head_dim;
+  pi.block_size = in.block_size;
+  pi.kv_dtype = in.kv_dtype;
+  pi.max_model_len = in.block_size;  // one block: count whatever is left
+  auto plan = plan_cpu_memory(pi);
+  if (!plan) {
+    if (plan.error().code != ErrorCode::out_of_memory) return std::move(plan).error();
+    return r;  // does not fit: no KV blocks
+  }
+  r.num_kv_blocks = plan->num_kv_blocks;
+  r.kv_tokens = static_cast<u64>(plan->num_kv_blocks) * static_cast<u64>(in.block_size);
+  return r;
+}
+
+}  // namespace
+
+u64 ffn_weight_bytes_per_layer(const model::ModelConfig& c, DType weight_dtype) noexcept {
+  // gate_up [2 * inter, hidden] + down_proj [hidden, inter]
+  return 3 * nonneg(c.hidden_size) * nonneg(c.intermediate_size) * dtype_size(weight_dtype);
+}
+
+int sidp_owned_ffn_layer_count(int num_layers, int dp, int rank) noexcept {
+  if (num_layers <= 0 || dp <= 0 || rank < 0 || rank >= dp) return 0;
+  return num_layers / dp + (rank < num_layers % dp ? 1 : 0);
+}
+
+u64 sidp_weight_bytes_for(const model::ModelConfig& c, DType weight_dtype, int num_owned_ffn_layers,
+                          int cache_slots) noexcept {
+  const int layers = std::max(0, c.num_hidden_layers);
+  const int owned = num_owned_ffn_layers < 0 ? layers : std::min(num_owned_ffn_layers, layers);
+  const u64 ffn = ffn_weight_bytes_per_layer(c, weight_dtype);
+  // weight_bytes_for counts every layer's FFN exactly once at `ffn` bytes.
+  const u64 replicated = weight_bytes_for(c, weight_dtype) - static_cast<u64>(layers) * ffn;
+  return replicated + static_cast<u64>(owned) * ffn + nonneg(cache_slots) * ffn;
+}
+
+u64 KvCapacity::plain_kv_tokens() const noexcept {
+  u64 total = 0;
+  for (const RankKvCapacity& r : plain) total += r.kv_tokens;
+  return total;
+}
+
+u64 KvCapacity::sidp_kv_tokens() const noexcept {
+  u64 total = 0;
+  for (const RankKvCapacity& r : sidp) total += r.kv_tokens;
+  return total;
+}
+
+Result<KvCapacity> kv_capacity_plain_vs_sidp(const KvCapacityInput& in) {
+  if (in.dp < 1)
+    return make_error(ErrorCode::invalid_argument, "KV capacity: dp must be >= 1, got " + std::to_string(in.dp));
+  if (in.cache_slots < 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "KV capacity: cache_slots must be >= 0, got " + std::to_string(in.cache_slots));
+  if (in.config.num_hidden_layers <= 0)
+    return make_error(ErrorCode::invalid_argument, "KV capacity: the model has no layers");
+  KvCapacity out;
+  for (int rank = 0; rank < in.dp; ++rank) {
+    auto plain = rank_capacity(in, rank, in.config.num_hidden_layers, 0);
+    if (!plain) return std::move(plain).error();
+    out.plain.push_back(*plain);
+    auto sidp = rank_capacity(in, rank, sidp_owned_ffn_layer_count(in.config.num_hidden_layers, in.dp, rank),
+                              in.cache_slots);
+    if (!sidp) return std::move(sidp).error();
+    out.sidp.push_back(*sidp);
+  }
+  return out;
+}
+
+}  // namespace shardline::engine
