@@ -98,6 +98,9 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
     EngineOptions eo = base;
     eo.weights = weights;
     eo.ffn = rank.ffn;
+    // The device memory plan (--device-memory) counts this rank's FFN share.
+    eo.sidp_owned_ffn_layers = static_cast<int>(rank.owner->owned_layers().size());
+    eo.sidp_cache_slots = rank.ffn->cache_slots();
     auto inst = build_engine(eo);
     if (!inst) return std::move(inst).error();
     rank.instance = std::move(inst).value();
@@ -158,7 +161,19 @@ std::vector<SidpAutoSwitcher::Record> SidpAutoSwitcher::switches() const {
 Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group, const std::vector<std::vector<std::int32_t>>& prompts,
                                                  const sampling::SamplingParams& params, int threads_per_replica,
                                                  const SidpStepObserver& observer) {
-  if (Status s = params.validate(); !s.ok()) return s.error();
+  return generate_sidp(group, prompts, std::vector<sampling::SamplingParams>(prompts.size(), params),
+                       threads_per_replica, observer);
+}
+
+Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group, const std::vector<std::vector<std::int32_t>>& prompts,
+                                                 const std::vector<sampling::SamplingParams>& params,
+                                                 int threads_per_replica, const SidpStepObserver& observer) {
+  if (params.size() != prompts.size())
+    return make_error(ErrorCode::invalid_argument, "generate_sidp: " + std::to_string(params.size()) +
+                                                       " sampling params for " + std::to_string(prompts.size()) +
+                                                       " prompts");
+  for (const sampling::SamplingParams& p : params)
+    if (Status s = p.validate(); !s.ok()) return s.error();
   const int dp = group.dp();
   std::vector<RequestOutput> outputs(prompts.size());
   std::vector<Status> statuses(static_cast<std::size_t>(dp));
@@ -177,7 +192,7 @@ Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group, const std::ve
         group.mark_rank_dead(r);  // peers waiting on this rank fail now, not at their timeout
       };
       for (std::size_t i = static_cast<std::size_t>(r); i < prompts.size(); i += static_cast<std::size_t>(dp))
-        if (Status s = eng.add_request(i, prompts[i], params); !s.ok()) return fail(s);
+        if (Status s = eng.add_request(i, prompts[i], params[i]); !s.ok()) return fail(s);
       bool counted = false;
       bool reported_idle = false;
       while (!failed) {

@@ -156,5 +156,11 @@ class SidpAutoSwitcher {
                                                                const sampling::SamplingParams& params,
                                                                int threads_per_replica = 0,
                                                                const SidpStepObserver& observer = {});
+/// The same with one SamplingParams per prompt (params.size() == prompts.size()).
+[[nodiscard]] Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group,
+                                                               const std::vector<std::vector<std::int32_t>>& prompts,
+                                                               const std::vector<sampling::SamplingParams>& params,
+                                                               int threads_per_replica = 0,
+                                                               const SidpStepObserver& observer = {});
 
 }  // namespace shardline::engine

@@ -245,5 +245,85 @@ TEST(SidpGolden, CasDummyRankMovesNoActivationData) {
   EXPECT_EQ(g.ffn(2).stats().cache.fetches, 0u);
 }
 
+// A long-tailed job under --sidp-mode auto: 14 short requests (16..120
+// tokens) and 2 long ones (400, 480) over dp = 2. The orchestrator's policy
+// (b* = 4 running sequences in the group, dwell 0.1 s) sees the group's
+// batch fall as the short ones finish and switches the group to CaS for the
+// tail; the output is bit-identical to one device's.
+TEST(SidpGolden, AutoSwitchesToCasInTheTailAndKeepsTheOutput) {
+  const auto cases = testing_support::load_stories_reference();
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<sampling::SamplingParams> params;
+  for (int i = 0; i < 16; ++i) {
+    prompts.push_back(cases[static_cast<std::size_t>(i) % cases.size()].prompt_ids);
+    sampling::SamplingParams p;
+    p.temperature = 0.0f;
+    p.ignore_eos = true;
+    p.max_tokens = i < 14 ? 16 + 8 * i : (i == 14 ? 400 : 480);
+    params.push_back(p);
+  }
+  EngineOptions o = stories_options(256);
+  auto single = build_engine(o);
+  ASSERT_TRUE(single.ok());
+  for (std::size_t i = 0; i < prompts.size(); ++i) ASSERT_TRUE(single->engine->add_request(i, prompts[i], params[i]).ok());
+  std::vector<RequestOutput> ref(prompts.size());
+  while (single->engine->has_unfinished()) {
+    auto step = single->engine->step();
+    ASSERT_TRUE(step.ok());
+    for (auto& out : *step) ref[out.request_id] = std::move(out);
+  }
+
+  SidpOptions so;
+  so.dp = 2;
+  auto group = SidpGroup::create(o, so);
+  ASSERT_TRUE(group.ok()) << group.error().to_string();
+  SidpModePolicyOptions po;
+  po.switch_batch = 4;
+  po.min_dwell_s = 0.1;
+  po.num_ranks = 2;
+  auto policy = SidpModePolicy::create(po);
+  ASSERT_TRUE(policy.ok());
+  SidpAutoSwitcher switcher(**group, std::move(policy).value());
+  auto got = generate_sidp(**group, prompts, params, 1, switcher.observer());
+  ASSERT_TRUE(got.ok()) << got.error().to_string();
+  expect_bit_identical(*got, ref, "auto, long tail");
+  const auto sw = switcher.switches();
+  ASSERT_FALSE(sw.empty()) << "the group never switched to CaS in its tail";
+  EXPECT_EQ(sw.front().to, SidpMode::cas);
+  EXPECT_LT(sw.front().group_batch, 4);
+  std::uint64_t cas_work = 0;
+  for (int r = 0; r < 2; ++r) {
+    const auto st = (*group)->ffn(r).stats();
+    EXPECT_GE(st.switches_to_cas, 1u) << "rank " << r;
+    EXPECT_GT(st.was_steps, 0u) << "rank " << r << ": the bulk of the job must run in WaS";
+    cas_work += st.cas_steps + st.dummy_steps;
+  }
+  EXPECT_GT(cas_work, 0u);
+}
+
+// Link emulation (comm/paced.hpp) slows transfers, never changes them.
+TEST(SidpGolden, LinkEmulationKeepsOutputsBitIdentical) {
+  const auto cases = testing_support::load_stories_reference();
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  sampling::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 24;
+  auto single = run_single(stories_options(64), prompts, greedy);
+  ASSERT_TRUE(single.ok());
+  for (SidpMode mode : {SidpMode::was, SidpMode::cas}) {
+    SidpOptions so;
+    so.dp = 2;
+    so.initial_mode = mode;
+    so.link = comm::LinkSpec{2.0, 5.0};
+    auto group = SidpGroup::create(stories_options(64), so);
+    ASSERT_TRUE(group.ok()) << group.error().to_string();
+    auto got = generate_sidp(**group, prompts, greedy, 1);
+    ASSERT_TRUE(got.ok()) << got.error().to_string();
+    expect_bit_identical(*got, *single, std::string("paced ") + model::sidp::mode_name(mode));
+    ASSERT_NE((*group)->link(), nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace shardline::engine
