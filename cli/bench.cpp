@@ -1,11 +1,13 @@
 // `shardline bench`: offline throughput benchmark with same-run hardware limits.
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bench/gpu_throughput.hpp"
 #include "bench/parallel.hpp"
+#include "bench/sidp.hpp"
 #include "bench/throughput.hpp"
 #include "engine/parallel_config.hpp"
 #include "cli/commands.hpp"
@@ -22,7 +24,33 @@ struct BenchArgs {
   bench::ThroughputOptions options;
   std::vector<std::string> parallel;  ///< --parallel, one config each
   std::string token_budget = "both";
+  std::string weight_sharing = "none";
+  bench::SidpBenchOptions sidp;
+  std::string sidp_tables = "capacity,crossover,e2e,peak";
+  std::string sidp_batches = "1,2,4,8,16,32,64,128";
+  std::string sidp_output_range = "16:512";
+  std::string peak_shifting = "on";
 };
+
+/// "1,2,4" -> {1, 2, 4}; a bad item -> nullopt.
+std::optional<std::vector<int>> parse_int_list(const std::string& text) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    try {
+      std::size_t used = 0;
+      const std::string part = text.substr(pos, comma - pos);
+      const int v = std::stoi(part, &used);
+      if (used != part.size() || v <= 0) return std::nullopt;
+      out.push_back(v);
+    } catch (...) {
+      return std::nullopt;
+    }
+    pos = comma + 1;
+  }
+  return out;
+}
 
 /// A report's table on stderr and its JSON line on stdout; exit code 0, or 1
 /// with the error.
@@ -56,6 +84,49 @@ int run_parallel(BenchArgs& a, const engine::EngineOptions& eo) {
   return print_report(bench::run_parallel_bench(po));
 }
 
+int run_sidp(BenchArgs& a, const engine::EngineOptions& eo) {
+  bench::SidpBenchOptions& so = a.sidp;
+  so.engine = eo;
+  if (a.parallel.size() > 1) {
+    std::cerr << "error: --weight-sharing sidp takes one --parallel dp=N\n";
+    return 2;
+  }
+  if (!a.parallel.empty()) {
+    auto pc = engine::parse_parallel_config(a.parallel.front());
+    if (!pc || pc->group_size() != 1) {
+      std::cerr << "error: --weight-sharing sidp needs --parallel dp=N (each rank one device)\n";
+      return 2;
+    }
+    so.dp = pc->dp;
+  }
+  so.tables.clear();
+  for (std::size_t pos = 0; pos <= a.sidp_tables.size();) {
+    const std::size_t comma = std::min(a.sidp_tables.find(',', pos), a.sidp_tables.size());
+    so.tables.push_back(a.sidp_tables.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  auto batches = parse_int_list(a.sidp_batches);
+  if (!batches) {
+    std::cerr << "error: --sidp-batches wants positive integers like 1,2,4\n";
+    return 2;
+  }
+  so.batches = *batches;
+  const std::size_t colon = a.sidp_output_range.find(':');
+  auto lo = parse_int_list(a.sidp_output_range.substr(0, colon));
+  auto hi = colon == std::string::npos ? std::nullopt : parse_int_list(a.sidp_output_range.substr(colon + 1));
+  if (!lo || !hi || lo->size() != 1 || hi->size() != 1 || lo->front() > hi->front()) {
+    std::cerr << "error: --sidp-output-range wants MIN:MAX, e.g. 16:512\n";
+    return 2;
+  }
+  so.e2e_min_output = lo->front();
+  so.e2e_max_output = hi->front();
+  so.e2e_prompts = a.options.num_prompts;
+  so.e2e_input_len = a.options.input_len;
+  so.context_len = a.options.input_len;
+  so.device_memory_bytes = eo.device_memory_bytes;
+  return print_report(bench::run_sidp_bench(so));
+}
+
 int run_bench(BenchArgs& a) {
   const std::string dir = a.model_dir.empty() ? a.shape_dir : a.model_dir;
   if (dir.empty() || (!a.model_dir.empty() && !a.shape_dir.empty())) {
@@ -68,6 +139,7 @@ int run_bench(BenchArgs& a) {
     std::cerr << "error: " << eo.error().to_string() << "\n";
     return 2;
   }
+  if (a.weight_sharing == "sidp") return run_sidp(a, *eo);
   if (!a.parallel.empty()) return run_parallel(a, *eo);
   a.options.engine = *eo;
   if (eo->device == model::DeviceKind::cuda) return print_report(bench::run_gpu_throughput(a.options));
@@ -108,6 +180,32 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--token-budget", a->token_budget,
                   "With --parallel, the policies for pp > 1 configs: fixed, throttle or both")
       ->check(CLI::IsMember({"fixed", "throttle", "both"}))
+      ->capture_default_str();
+  cmd->add_option("--weight-sharing", a->weight_sharing,
+                  "sidp: benchmark SiDP weight sharing over --parallel dp=N in-process CPU devices (KV capacity, "
+                  "decode step vs batch for plain DP / WaS / CaS, a long-tailed job, peak shifting; bench/sidp.hpp)")
+      ->check(CLI::IsMember({"none", "sidp"}))
+      ->capture_default_str();
+  cmd->add_option("--sidp-tables", a->sidp_tables, "Which SiDP tables: capacity,crossover,e2e,peak")
+      ->capture_default_str();
+  cmd->add_option("--sidp-batches", a->sidp_batches, "Batch sizes per rank of the crossover table")
+      ->capture_default_str();
+  cmd->add_option("--sidp-output-range", a->sidp_output_range,
+                  "MIN:MAX generated tokens of the long-tailed job (log-uniform)")
+      ->capture_default_str();
+  cmd->add_option("--sidp-cache-slots", a->sidp.cache_slots, "WaS cache slots per rank")->capture_default_str();
+  cmd->add_option("--sidp-switch-batch", a->sidp.switch_batch,
+                  "Group b* of the auto run (sum of running sequences); 0: the cost model's per-rank b* x dp")
+      ->capture_default_str();
+  cmd->add_option("--sidp-min-dwell", a->sidp.min_dwell_s, "Seconds below b* before switching to CaS")
+      ->capture_default_str();
+  cmd->add_option("--link-gbps", a->sidp.link.gbps,
+                  "Emulated per-rank link bandwidth, GB/s (0: --link-ratio x measured memory bandwidth / dp)")
+      ->capture_default_str();
+  cmd->add_option("--link-latency-us", a->sidp.link.latency_us, "Emulated link latency per transfer, us")
+      ->capture_default_str();
+  cmd->add_option("--link-ratio", a->sidp.link_ratio,
+                  "Link / memory bandwidth when --link-gbps is 0 (H200: 900 / 4800 = 0.19)")
       ->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
 }

@@ -22,4 +22,9 @@ namespace shardline::engine {
     const std::vector<LlmEngine*>& replicas, const std::vector<std::vector<std::int32_t>>& prompts,
     const sampling::SamplingParams& params, int threads_per_replica = 0);
 
+/// The same with one SamplingParams per prompt (params.size() == prompts.size()).
+[[nodiscard]] Result<std::vector<RequestOutput>> generate_data_parallel(
+    const std::vector<LlmEngine*>& replicas, const std::vector<std::vector<std::int32_t>>& prompts,
+    const std::vector<sampling::SamplingParams>& params, int threads_per_replica = 0);
+
 }  // namespace shardline::engine
