@@ -75,17 +75,6 @@ struct Hardware {
   double membw_gbs = 0, gemm_gflops = 0;
 };
 
-Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOptions& o) {
-  model::LoadOptions lo;
-  lo.format = o.load_format;
-  lo.dtype = o.dtype;
-  lo.seed = o.seed;
-  lo.num_layers_override = o.num_layers_override;
-  auto w = model::load_model(o.model_dir, lo);
-  if (!w) return std::move(w).error();
-  return std::make_shared<const model::ModelWeights>(std::move(w).value());
-}
-
 Result<std::unique_ptr<engine::SidpGroup>> make_group(const EngineOptions& eo, int dp, SidpMode mode,
                                                       const comm::LinkSpec& link, int slots, bool peak) {
   engine::SidpOptions so;
@@ -156,7 +145,7 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
   rep.link_gbs = link.gbps;
   rep.link_latency_us = link.latency_us;
 
-  auto weights = load_weights(o.engine);
+  auto weights = engine::load_weights(o.engine);
   if (!weights) return std::move(weights).error();
   const model::ModelConfig& config = (*weights)->config;
   EngineOptions eo = o.engine;

@@ -148,20 +148,10 @@ Status check_engine_options(const EngineOptions& o) {
 /// Loads the weights and the tokenizer (an IdTokenizer for a folder without
 /// tokenizer files) into a new instance.
 Result<EngineInstance> load_model_and_tokenizer(const EngineOptions& o) {
-  model::LoadOptions lo;
-  lo.format = o.load_format;
-  // F16 weights are loaded in F32 and rounded once, on upload to the device.
-  lo.dtype = o.dtype == DType::f16 ? DType::f32 : o.dtype;
-  lo.seed = o.seed;
-  lo.num_layers_override = o.num_layers_override;
+  auto weights = load_weights(o);
+  if (!weights) return std::move(weights).error();
   EngineInstance e;
-  if (o.weights) {
-    e.weights = o.weights;
-  } else {
-    auto weights = model::load_model(o.model_dir, lo);
-    if (!weights) return std::move(weights).error();
-    e.weights = std::make_shared<const model::ModelWeights>(std::move(weights).value());
-  }
+  e.weights = std::move(weights).value();
   const model::ModelConfig& c = e.weights->config;
 
   namespace fs = std::filesystem;
@@ -261,6 +251,19 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
 }
 
 }  // namespace
+
+Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOptions& o) {
+  if (o.weights) return o.weights;
+  model::LoadOptions lo;
+  lo.format = o.load_format;
+  // F16 weights are loaded in F32 and rounded once, on upload to the device.
+  lo.dtype = o.dtype == DType::f16 ? DType::f32 : o.dtype;
+  lo.seed = o.seed;
+  lo.num_layers_override = o.num_layers_override;
+  auto weights = model::load_model(o.model_dir, lo);
+  if (!weights) return std::move(weights).error();
+  return std::make_shared<const model::ModelWeights>(std::move(weights).value());
+}
 
 Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (Status s = check_engine_options(o); !s) return s.error();

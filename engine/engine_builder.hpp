@@ -129,4 +129,9 @@ struct EngineInstance {
 /// group on CUDA, or device_memory_bytes for an engine group).
 [[nodiscard]] Result<EngineInstance> build_engine(const EngineOptions& options);
 
+/// The weights `options` names: options.weights when set, else model_dir
+/// loaded with its load_format, dtype (F16 as F32), seed and layer override.
+/// Errors: what model::load_model returns.
+[[nodiscard]] Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOptions& options);
+
 }  // namespace shardline::engine

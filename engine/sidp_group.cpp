@@ -30,17 +30,9 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
   if (o.dp < 2) return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp needs dp >= 2");
   if (o.cache_slots < 1) return make_error(ErrorCode::invalid_argument, "--sidp-cache-slots must be >= 1");
 
-  std::shared_ptr<const model::ModelWeights> weights = base.weights;
-  if (!weights) {
-    model::LoadOptions lo;
-    lo.format = base.load_format;
-    lo.dtype = base.dtype;
-    lo.seed = base.seed;
-    lo.num_layers_override = base.num_layers_override;
-    auto loaded = model::load_model(base.model_dir, lo);
-    if (!loaded) return std::move(loaded).error();
-    weights = std::make_shared<const model::ModelWeights>(std::move(loaded).value());
-  }
+  auto loaded = load_weights(base);
+  if (!loaded) return std::move(loaded).error();
+  const std::shared_ptr<const model::ModelWeights> weights = std::move(loaded).value();
   auto plan = sidp::parse_plan(o.ownership, weights->config.num_hidden_layers, o.dp);
   if (!plan) return std::move(plan).error();
 

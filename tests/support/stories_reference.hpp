@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -14,9 +15,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/weights.hpp"
+
 namespace shardline::testing_support {
 
 inline const std::string kStoriesDir = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
+
+/// stories260K's weights (F32), loaded once per test binary.
+inline std::shared_ptr<const model::ModelWeights> stories_weights() {
+  static const std::shared_ptr<const model::ModelWeights> w = [] {
+    auto loaded = model::load_model(kStoriesDir, model::LoadOptions{});
+    return loaded.ok() ? std::make_shared<const model::ModelWeights>(std::move(loaded).value()) : nullptr;
+  }();
+  return w;
+}
 
 struct StoriesCase {
   std::string prompt;

@@ -21,14 +21,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::shared_ptr<const ModelWeights> stories() {
-  static auto w = [] {
-    auto loaded = load_model(testing_support::kStoriesDir, LoadOptions{});
-    EXPECT_TRUE(loaded.ok());
-    return std::make_shared<const ModelWeights>(std::move(loaded).value());
-  }();
-  return w;
-}
+std::shared_ptr<const ModelWeights> stories() { return testing_support::stories_weights(); }
 
 /// Rank 0 owns layers 0, 2, 4 of stories260K; rank 1 (the cache under test)
 /// owns 1 and 3 and fetches 0, 2, 4.
