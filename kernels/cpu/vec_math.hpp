@@ -1,6 +1,8 @@
 #pragma once
 /// \file
-/// Private AVX-512 math helpers of the CPU kernels (not part of the API).
+/// Private SIMD math helpers of the CPU kernels (not part of the API):
+/// AVX-512 ones, and AVX2+FMA ones for CPUs without AVX-512 (AMD Zen 2/3)
+/// that give the same bits lane by lane.
 
 #if defined(__AVX512F__)
 // GCC 12 reports -Wmaybe-uninitialized inside its own intrinsic headers
@@ -37,4 +39,6 @@ namespace shardline::kernels::cpu::detail {
 [[nodiscard]] inline float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 }  // namespace shardline::kernels::cpu::detail
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
 #endif
