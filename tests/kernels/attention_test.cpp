@@ -105,6 +105,74 @@ std::vector<double> reference(const Fixture& f, const float* q, const std::vecto
   return out;
 }
 
+#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)) || \
+    (defined(__AVX2__) && defined(__FMA__))
+constexpr bool kSimdOrder = true;  // the AVX-512 or AVX2 path: the order below, bit for bit
+#else
+constexpr bool kSimdOrder = false;  // portable path: an order of its own
+#endif
+
+/// exp16 / exp8 (kernels/cpu/vec_math.hpp) of one lane, in scalar ops.
+float exp_lane(float x) {
+  x = x > -103.0f ? x : -103.0f;  // max_ps, min_ps operand order
+  x = x < 88.7f ? x : 88.7f;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = std::fma(p, r, c);
+  const float pr = p * r;
+  p = std::fma(pr, r, r + 1.0f);
+  return std::ldexp(p, static_cast<int>(n));  // one rounding, like scalef
+}
+
+/// Output of query head h of one token at position p in the documented order
+/// of the SIMD paths (attention.cpp): 8 score chains and their tree, 16-lane
+/// max / sums reduced like GCC's _mm512_reduce_{max,add}_ps, even / odd PV
+/// chains. k, v: dense rows [pos, kv_heads * d] as stored.
+std::vector<float> order_reference(const float* q, const std::vector<float>& k,
+                                   const std::vector<float>& v, int row, int kh, int d, int p,
+                                   float scale) {
+  const int n = p + 1, nt = (n + 15) / 16;
+  std::vector<float> s(static_cast<std::size_t>(nt) * 16, 0.0f);
+  for (int j = 0; j < n; ++j) {
+    float a[8] = {};
+    for (int i = 0; i < d; ++i) a[i % 8] = std::fma(q[i], k[j * row + kh * d + i], a[i % 8]);
+    const float t = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    s[j] = t * scale;
+  }
+  auto mx = [](float a, float b) { return a > b ? a : b; };  // max_ps
+  float lane[16];
+  std::fill(lane, lane + 16, -std::numeric_limits<float>::infinity());
+  for (int j = 0; j < nt * 16; ++j)
+    lane[j % 16] = mx(lane[j % 16], j < n ? s[j] : -std::numeric_limits<float>::infinity());
+  auto reduce = [&](auto op) {
+    float t3[8], t6[4];
+    for (int i = 0; i < 8; ++i) t3[i] = op(lane[8 + i], lane[i]);
+    for (int i = 0; i < 4; ++i) t6[i] = op(t3[4 + i], t3[i]);
+    return op(op(t6[0], t6[2]), op(t6[1], t6[3]));
+  };
+  const float m = reduce(mx);
+  std::fill(lane, lane + 16, 0.0f);
+  for (int j = 0; j < nt * 16; ++j) {
+    const float e = j < n ? exp_lane(s[j] - m) : 0.0f;
+    s[j] = e;
+    lane[j % 16] = lane[j % 16] + e;
+  }
+  const float inv = 1.0f / reduce([](float a, float b) { return a + b; });
+  std::vector<float> out(d);
+  for (int c = 0; c < d; ++c) {
+    float a = 0.0f, b = 0.0f;
+    for (int j = 0; j < n; ++j) {
+      float& acc = j % 2 ? b : a;
+      acc = std::fma(s[j], v[j * row + kh * d + c], acc);
+    }
+    out[c] = (a + b) * inv;
+  }
+  return out;
+}
+
 struct Shape {
   int block_size, heads, kv_heads, head_dim;
 };
@@ -181,6 +249,39 @@ TEST_P(PagedAttentionTest, ChunkingInvariantBitExact) {
   for (int t = 0; t < prompt; ++t) {
     EXPECT_EQ(std::memcmp(&whole[t * qrow], &chunked[t * qrow], sizeof(float) * qrow), 0) << t;
     EXPECT_EQ(std::memcmp(&whole[t * qrow], &tokenwise[t * qrow], sizeof(float) * qrow), 0) << t;
+  }
+}
+
+// The AVX-512 and AVX2 paths give the same bits: both must match the scalar
+// emulation of their documented order, on whichever of them is compiled
+// here; prefill chunks and decode steps, scores spread wide enough (scale 6)
+// that exp underflows to denormals and 0.
+TEST_P(PagedAttentionTest, MatchesSimdOrderBitExact) {
+  if (!kSimdOrder) GTEST_SKIP() << "portable path: not the SIMD order";
+  const auto [sh, dtype] = GetParam();
+  Fixture f(sh.block_size, sh.heads, sh.kv_heads, sh.head_dim, 256, dtype);
+  const int row = sh.kv_heads * sh.head_dim, qrow = sh.heads * sh.head_dim, d = sh.head_dim;
+  const int group = sh.heads / sh.kv_heads;
+  const std::pair<int, int> specs[] = {{37, 37}, {50, 13}, {33, 1}, {100, 1}};
+  for (const float scale : {0.125f, 6.0f}) {
+    for (auto [ctx, nq] : specs) {
+      SCOPED_TRACE(testing::Message() << "scale " << scale << " ctx " << ctx << " nq " << nq);
+      const auto k = f.randn(static_cast<std::size_t>(ctx) * row), v = f.randn(k.size());
+      const auto q = f.randn(static_cast<std::size_t>(nq) * qrow);
+      const auto table = f.alloc_table(ctx);
+      f.write(k, v, table, 0, ctx);
+      std::vector<float> out(q.size());
+      const AttentionSeq seq{0, nq, ctx, table.data()};
+      paged_attention(q.data(), qrow, {&seq, 1}, f.cache, sh.heads, scale, out.data(), qrow);
+      const auto ks = as_stored(k, dtype), vs = as_stored(v, dtype);
+      for (int i = 0; i < nq; ++i)
+        for (int h = 0; h < sh.heads; ++h) {
+          const std::size_t at = static_cast<std::size_t>(i) * qrow + static_cast<std::size_t>(h) * d;
+          const auto ref = order_reference(&q[at], ks, vs, row, h / group, d, ctx - nq + i, scale);
+          ASSERT_EQ(std::memcmp(&out[at], ref.data(), sizeof(float) * d), 0) << "q " << i << " head " << h;
+        }
+      for (std::int32_t b : table) f.free_blocks.push_back(b);
+    }
   }
 }
 
