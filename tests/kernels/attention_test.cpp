@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "tests/kernels/simd_order_reference.hpp"
 
 namespace shardline::kernels::cpu {
 namespace {
@@ -112,21 +113,6 @@ constexpr bool kSimdOrder = true;  // the AVX-512 or AVX2 path: the order below,
 constexpr bool kSimdOrder = false;  // portable path: an order of its own
 #endif
 
-/// exp16 / exp8 (kernels/cpu/vec_math.hpp) of one lane, in scalar ops.
-float exp_lane(float x) {
-  x = x > -103.0f ? x : -103.0f;  // max_ps, min_ps operand order
-  x = x < 88.7f ? x : 88.7f;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(-n, 0.693359375f, x);
-  r = std::fma(-n, -2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    p = std::fma(p, r, c);
-  const float pr = p * r;
-  p = std::fma(pr, r, r + 1.0f);
-  return std::ldexp(p, static_cast<int>(n));  // one rounding, like scalef
-}
-
 /// Output of query head h of one token at position p in the documented order
 /// of the SIMD paths (attention.cpp): 8 score chains and their tree, 16-lane
 /// max / sums reduced like GCC's _mm512_reduce_{max,add}_ps, even / odd PV
@@ -142,25 +128,19 @@ std::vector<float> order_reference(const float* q, const std::vector<float>& k,
     const float t = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
     s[j] = t * scale;
   }
-  auto mx = [](float a, float b) { return a > b ? a : b; };  // max_ps
+  using testing_order::exp_lane, testing_order::max_lane, testing_order::reduce16;
   float lane[16];
   std::fill(lane, lane + 16, -std::numeric_limits<float>::infinity());
   for (int j = 0; j < nt * 16; ++j)
-    lane[j % 16] = mx(lane[j % 16], j < n ? s[j] : -std::numeric_limits<float>::infinity());
-  auto reduce = [&](auto op) {
-    float t3[8], t6[4];
-    for (int i = 0; i < 8; ++i) t3[i] = op(lane[8 + i], lane[i]);
-    for (int i = 0; i < 4; ++i) t6[i] = op(t3[4 + i], t3[i]);
-    return op(op(t6[0], t6[2]), op(t6[1], t6[3]));
-  };
-  const float m = reduce(mx);
+    lane[j % 16] = max_lane(lane[j % 16], j < n ? s[j] : -std::numeric_limits<float>::infinity());
+  const float m = reduce16(lane, max_lane);
   std::fill(lane, lane + 16, 0.0f);
   for (int j = 0; j < nt * 16; ++j) {
     const float e = j < n ? exp_lane(s[j] - m) : 0.0f;
     s[j] = e;
     lane[j % 16] = lane[j % 16] + e;
   }
-  const float inv = 1.0f / reduce([](float a, float b) { return a + b; });
+  const float inv = 1.0f / reduce16(lane, [](float a, float b) { return a + b; });
   std::vector<float> out(d);
   for (int c = 0; c < d; ++c) {
     float a = 0.0f, b = 0.0f;
