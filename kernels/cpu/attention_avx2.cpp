@@ -151,11 +151,17 @@ inline void pv_head(const float* e, const T* const* rows, int n, int d, float in
 struct Scratch {
   std::vector<float> kt;  ///< gathered K tile [head_dim][8]
   std::vector<float> s;   ///< scores, [group][padded positions]
-  std::vector<const void*> rows;  ///< V row of each position
+  std::vector<const float*> rows_f32;  ///< V row of each position (F32 cache)
+  std::vector<const bf16_t*> rows_bf16;  ///< V row of each position (BF16 cache)
+  template <typename T>
+  std::vector<const T*>& rows() {
+    if constexpr (sizeof(T) == 2) return rows_bf16;
+    else return rows_f32;
+  }
 };
 
-/// Query token at position p of `seq` (batch row `row`), KV head kh, all
-/// `group` query heads of it.
+/// One query token at position p (q, out: its `group` query heads of KV head
+/// kh, head_dim apart), against the keys 0..p of its block table.
 template <typename T>
 void attend(const float* q, float* out, int p, const std::int32_t* table, int kh,
             const KvCacheLayer& c, int group, float scale, Scratch& scr) {
@@ -196,8 +202,9 @@ void attend(const float* q, float* out, int p, const std::int32_t* table, int kh
   }
 
   // 2. + 3. softmax, then V rows weighted, per query head
-  scr.rows.resize(n);
-  const T** rows = reinterpret_cast<const T**>(scr.rows.data());
+  std::vector<const T*>& rv = scr.rows<T>();
+  rv.resize(n);
+  const T** rows = rv.data();
   for (int j = 0; j < n; ++j) rows[j] = slab(vbase, j) + static_cast<long>(j % bs) * d;
   for (int g = 0; g < group; ++g) {
     float* sg = s + static_cast<long>(g) * sstride;
