@@ -134,32 +134,40 @@ constexpr bool kSimdOrder = false;
 TEST(RowOps, RmsNormAndSiluMatchSimdOrderBitExact) {
   if (!kSimdOrder) GTEST_SKIP() << "portable path: an order of its own";
   std::mt19937 rng(8);
+  const int rows = 64;  // a last-bit change in one sum rarely survives sqrt and 1/x: many rows
   for (int dim : {8, 16, 32, 77, 768}) {
-    const auto x = randn(dim, rng, 3.0f), w = randn(dim, rng);
-    float lane[16] = {};
-    int i = 0;
-    for (; i + 16 <= dim; i += 16)
-      for (int l = 0; l < 16; ++l) lane[l] = std::fma(x[i + l], x[i + l], lane[l]);
-    float ss = i ? testing_order::reduce16(lane, [](float a, float b) { return a + b; }) : 0.0f;
-    for (; i < dim; ++i) ss = std::fma(x[i], x[i], ss);
-    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + 1e-5f);
-    std::vector<float> y(dim);
-    rms_norm(x.data(), dim, w.data(), y.data(), dim, 1, dim, 1e-5f);
-    for (int c = 0; c < dim; ++c) {
-      const float ref = (x[c] * inv) * w[c];
-      ASSERT_EQ(std::memcmp(&y[c], &ref, sizeof(float)), 0) << dim << " " << c;
+    const auto x = randn(static_cast<std::size_t>(rows) * dim, rng, 3.0f), w = randn(dim, rng);
+    std::vector<float> y(x.size());
+    rms_norm(x.data(), dim, w.data(), y.data(), dim, rows, dim, 1e-5f);
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = &x[static_cast<std::size_t>(r) * dim];
+      float lane[16] = {};
+      int i = 0;
+      for (; i + 16 <= dim; i += 16)
+        for (int l = 0; l < 16; ++l) lane[l] = std::fma(xr[i + l], xr[i + l], lane[l]);
+      float ss = i ? testing_order::reduce16(lane, [](float a, float b) { return a + b; }) : 0.0f;
+      for (; i < dim; ++i) ss = std::fma(xr[i], xr[i], ss);
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + 1e-5f);
+      for (int c = 0; c < dim; ++c) {
+        const float ref = (xr[c] * inv) * w[c];
+        ASSERT_EQ(std::memcmp(&y[static_cast<std::size_t>(r) * dim + c], &ref, sizeof(float)), 0)
+            << dim << " " << r << " " << c;
+      }
     }
   }
   for (int inter : {8, 32, 40, 83}) {
-    const auto gu = randn(static_cast<std::size_t>(2) * inter, rng, 4.0f);
-    std::vector<float> out(inter);
-    silu_and_mul(gu.data(), out.data(), 1, inter);
-    for (int j = 0; j < inter; ++j) {
-      const float g = gu[j], u = gu[inter + j];
-      const float e = j < inter / 16 * 16 ? testing_order::exp_lane(0.0f - g) : std::exp(-g);
-      const float ref = g / (1.0f + e) * u;
-      ASSERT_EQ(std::memcmp(&out[j], &ref, sizeof(float)), 0) << inter << " " << j;
-    }
+    const auto gu = randn(static_cast<std::size_t>(rows) * 2 * inter, rng, 4.0f);
+    std::vector<float> out(static_cast<std::size_t>(rows) * inter);
+    silu_and_mul(gu.data(), out.data(), rows, inter);
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < inter; ++j) {
+        const float g = gu[static_cast<std::size_t>(r) * 2 * inter + j];
+        const float u = gu[static_cast<std::size_t>(r) * 2 * inter + inter + j];
+        const float e = j < inter / 16 * 16 ? testing_order::exp_lane(0.0f - g) : std::exp(-g);
+        const float ref = g / (1.0f + e) * u;
+        ASSERT_EQ(std::memcmp(&out[static_cast<std::size_t>(r) * inter + j], &ref, sizeof(float)), 0)
+            << inter << " " << r << " " << j;
+      }
   }
 }
 
