@@ -68,7 +68,12 @@ namespace shardline::kernels::cpu::detail {
   const __m256i bias = _mm256_set1_epi32(127);
   const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
   const __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+  // Opaque to the optimizer: GCC contracts a multiply feeding an add into an
+  // FMA (-ffp-contract=fast), which would change e.g. SiLU's 1 + e. exp16
+  // ends in scalef, which it cannot contract.
+  asm("" : "+x"(y));
+  return y;
 }
 
 /// hsum16 of the 16 lanes lo[0..7], hi[0..7], in the same order as

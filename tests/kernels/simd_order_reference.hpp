@@ -8,6 +8,13 @@
 
 namespace shardline::kernels::cpu::testing_order {
 
+/// x, opaque to the optimizer: a product stays rounded on its own instead
+/// of being contracted into an FMA with a later sum (-ffp-contract=fast).
+inline float opaque(float x) {
+  asm("" : "+x"(x));
+  return x;
+}
+
 /// exp16 / exp8 of one lane.
 inline float exp_lane(float x) {
   x = x > -103.0f ? x : -103.0f;  // max_ps(x, c), min_ps(x, c): NaN gives c
@@ -19,7 +26,7 @@ inline float exp_lane(float x) {
   for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
                   5.0000001201e-1f})
     p = std::fma(p, r, c);
-  const float pr = p * r;
+  const float pr = opaque(p * r);
   p = std::fma(pr, r, r + 1.0f);
   return std::ldexp(p, static_cast<int>(n));  // one rounding, like scalef
 }
