@@ -2,6 +2,8 @@
 
 #include "kernels/cpu/vec_math.hpp"  // first: includes immintrin.h
 
+#include "kernels/cpu/attention_avx2.hpp"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -53,6 +55,11 @@
 // BF16 KV cache: K/V are rounded to BF16 (nearest even) by write_kv and
 // widened exactly (bits << 16) in registers on read; everything above runs in
 // F32 on the widened values, unchanged.
+//
+// Without AVX-512, the AVX2+FMA path (attention_avx2.cpp) does the same float
+// ops in the same order with 8-lane vectors: same bits. The portable scalar
+// path (neither) keeps a plain order of its own (one FMA chain per score,
+// std::exp, sequential sums): close, not bit-identical.
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define SHARDLINE_ATTENTION_AVX512 1
@@ -689,7 +696,7 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
   }
 }
 
-#else  // portable path
+#elif !defined(SHARDLINE_ATTENTION_AVX2)  // portable path
 
 /// Widens the K (transposed = true) or V rows of positions 0..npos-1 of one
 /// KV head to F32: [npos, head_dim].
@@ -875,6 +882,9 @@ void paged_attention(const float* q, int q_stride, std::span<const AttentionSeq>
                            scale, out, out_stride, scr);
     }
   }
+#elif defined(SHARDLINE_ATTENTION_AVX2)
+  (void)bf16, (void)group;
+  detail::paged_attention_avx2(q, q_stride, seqs, cache, num_heads, scale, out, out_stride);
 #else
   if (bf16)
     paged_attention_scalar<bf16_t>(q, q_stride, seqs, cache, group, scale, out, out_stride);

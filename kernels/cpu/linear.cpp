@@ -25,13 +25,24 @@
 //   BF16: 64 bf16 as two 512-bit words; 32-bit lane l of word h holds column
 //         32h + l in its low half and column 32h + 16 + l in its high half, so
 //         widening to F32 is one shift (low) or one AND (high) per 16 columns.
+//         The AVX2 path reads the same layout 32 bytes at a time: half s of
+//         word h (lanes 8s..8s+7) widens to columns 32h + 8s + 0..7 (shift)
+//         and 32h + 16 + 8s + 0..7 (AND), so no shuffle is needed either.
+// The packing does not depend on the instruction set.
 
 namespace shardline::kernels::cpu {
 namespace {
 
 constexpr int kNr = 64;              // output columns per packed panel
-constexpr int kMr = 6;               // rows per register tile (6 x 4 zmm accumulators)
+#if defined(__AVX512F__)
+constexpr int kMr = 6;  // rows per register tile (6 x 4 zmm accumulators)
 constexpr std::size_t kXBlockBytes = 384 * 1024;  // x rows kept hot in L2 per pass
+#else
+// AVX2: 4 x 2 ymm tiles (6-row tiles measured ~1.5x slower on Zen 3); the
+// x block and a F32 panel (256 KiB at k = 1024) share a 512 KiB L2.
+constexpr int kMr = 4;
+constexpr std::size_t kXBlockBytes = 128 * 1024;
+#endif
 
 [[nodiscard]] std::size_t panel_elems(int k) { return static_cast<std::size_t>(k) * kNr; }
 
@@ -46,6 +57,12 @@ constexpr std::size_t kXBlockBytes = 384 * 1024;  // x rows kept hot in L2 per p
 }
 
 #if defined(__AVX512F__)
+#define SHARDLINE_LINEAR_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SHARDLINE_LINEAR_AVX2 1
+#endif
+
+#if defined(SHARDLINE_LINEAR_AVX512) || defined(SHARDLINE_LINEAR_AVX2)
 
 /// Lines of the next panel to pull into L2 while a tile runs: `lines` cache
 /// lines from `next`, `per_k` of them per k step (the tile sweeps k once).
@@ -60,6 +77,10 @@ struct Prefetch {
   const int last = std::min(first + pf.per_k, pf.lines);
   for (int l = first; l < last; ++l) __builtin_prefetch(pf.next + static_cast<long>(l) * 64, 0, 2);
 }
+
+#endif
+
+#if defined(SHARDLINE_LINEAR_AVX512)
 
 /// Register tile: rows [0, M) x 64 columns of one panel over the full k.
 /// `ncols` (1..64) valid columns are stored; padded ones are discarded.
@@ -128,6 +149,129 @@ void tile_dispatch(int rows, const float* x, long xs, const void* panel, int k, 
   }
 }
 
+#elif defined(SHARDLINE_LINEAR_AVX2)
+
+// AVX2 + FMA (no AVX-512, e.g. AMD Zen 2/3): 16 ymm registers, 8 floats each.
+// A 64-column panel is covered by sub-blocks of NV ymm columns (8 NV output
+// columns) chosen by the row count: 1 x 64, 2 x 32, 3..6 x 16 columns, each
+// sweeping the full k like the AVX-512 tile. Per element it is the same FMA
+// chain in k; only which register holds it changes.
+
+/// First output column (within the panel) of ymm accumulator v of the
+/// sub-block at c0 (the sub-block's offset in F32 elements / BF16 elements of
+/// a kk row of the panel). F32: columns are contiguous. BF16: the 32-byte
+/// chunk q = c0 / 16 + v / 2 is half q % 2 of word q / 2 (see the layout).
+template <bool kBf16>
+[[nodiscard]] constexpr int ymm_col(int c0, int v) {
+  if constexpr (!kBf16) {
+    return c0 + 8 * v;
+  } else {
+    const int q = c0 / 16 + v / 2;
+    return 32 * (q / 2) + 8 * (q % 2) + 16 * (v % 2);
+  }
+}
+
+/// Stores acc (+ bias) into the first `valid` (0..8) of 8 columns.
+[[gnu::always_inline]] inline void store8(float* y, const float* bias, __m256 acc, int valid) {
+  if (valid >= 8) {
+    _mm256_storeu_ps(y, bias ? _mm256_add_ps(acc, _mm256_loadu_ps(bias)) : acc);
+    return;
+  }
+  const __m256i mask =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256 v = bias ? _mm256_add_ps(acc, _mm256_maskload_ps(bias, mask)) : acc;
+  _mm256_maskstore_ps(y, mask, v);
+}
+
+/// Register tile: rows [0, M) x NV ymm columns of the sub-block at c0 of one
+/// panel, over the full k. Columns >= ncols (panel padding) are not stored.
+template <int M, int NV, bool kBf16>
+[[gnu::always_inline]] inline void micro_tile(const float* x, long x_stride, const void* panel,
+                                              int k, int c0, const float* bias, float* y,
+                                              long y_stride, int ncols, const Prefetch& pf) {
+  static_assert(!kBf16 || NV % 2 == 0, "a BF16 chunk widens to two ymm");
+  __m256 acc[M][NV];
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_setzero_ps();
+  const float* xr[M];
+  for (int r = 0; r < M; ++r) xr[r] = x + r * x_stride;
+
+  if constexpr (kBf16) {
+    // 64 bf16 (4 chunks of 32 bytes) per kk; this sub-block's chunks from c0 / 16.
+    const __m256i* w = reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(panel) + c0);
+    const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    for (int kk = 0; kk < k; ++kk, w += kNr / 16) {
+      prefetch_step(pf, kk);
+      __m256 b[NV];
+      for (int h = 0; h < NV / 2; ++h) {
+        const __m256i wv = _mm256_load_si256(w + h);
+        b[2 * h] = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));
+        b[2 * h + 1] = _mm256_castsi256_ps(_mm256_and_si256(wv, hi_mask));
+      }
+      for (int r = 0; r < M; ++r) {
+        const __m256 a = _mm256_broadcast_ss(xr[r] + kk);
+        for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_fmadd_ps(a, b[c], acc[r][c]);
+      }
+    }
+  } else {
+    const float* w = static_cast<const float*>(panel) + c0;
+    for (int kk = 0; kk < k; ++kk, w += kNr) {
+      prefetch_step(pf, kk);
+      __m256 b[NV];
+      for (int c = 0; c < NV; ++c) {
+        b[c] = _mm256_load_ps(w + 8 * c);
+        // Pin b in a register: GCC would fold the load into each row's FMA,
+        // M loads per vector instead of one (load-port bound on Zen 3).
+        if constexpr (M > 1) asm("" : "+x"(b[c]));
+      }
+      for (int r = 0; r < M; ++r) {
+        const __m256 a = _mm256_broadcast_ss(xr[r] + kk);
+        for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_fmadd_ps(a, b[c], acc[r][c]);
+      }
+    }
+  }
+
+  for (int c = 0; c < NV; ++c) {
+    const int col = ymm_col<kBf16>(c0, c);
+    const int valid = std::clamp(ncols - col, 0, 8);
+    if (valid == 0) continue;
+    for (int r = 0; r < M; ++r)
+      store8(y + r * y_stride + col, bias ? bias + col : nullptr, acc[r][c], valid);
+  }
+}
+
+/// All sub-blocks of one panel for M rows. Sub-blocks narrower than the
+/// panel read only part of each kk row of it: the first one pulls the whole
+/// rows into L2 for the others, the second one prefetches the next panel.
+template <int M, int NV, bool kBf16>
+void panel_tile(const float* x, long xs, const void* panel, int k, const float* bias, float* y,
+                long ys, int ncols, const Prefetch& pf) {
+  constexpr int kRowLines = kNr * (kBf16 ? 2 : 4) / 64;  // cache lines per kk row
+  const Prefetch self{static_cast<const char*>(panel), kRowLines * k, kRowLines};
+  for (int c0 = 0; c0 < kNr; c0 += 8 * NV) {
+    if (ymm_col<kBf16>(c0, 0) >= ncols) continue;  // only padding columns
+    const Prefetch& p = 8 * NV == kNr ? pf : c0 == 0 ? self : c0 == 8 * NV ? pf : Prefetch{};
+    micro_tile<M, NV, kBf16>(x, xs, panel, k, c0, bias, y, ys, ncols, p);
+  }
+}
+
+template <bool kBf16>
+void tile_dispatch(int rows, const float* x, long xs, const void* panel, int k, const float* bias,
+                   float* y, long ys, int ncols, const Prefetch& pf) {
+  switch (rows) {
+    case 6: panel_tile<6, 2, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    case 5: panel_tile<5, 2, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    case 4: panel_tile<4, 2, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    case 3: panel_tile<3, 2, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    case 2: panel_tile<2, 4, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+    default: panel_tile<1, 8, kBf16>(x, xs, panel, k, bias, y, ys, ncols, pf); break;
+  }
+}
+
+#endif
+
+#if defined(SHARDLINE_LINEAR_AVX512) || defined(SHARDLINE_LINEAR_AVX2)
+
 /// One thread's share: panels [p0, p1) for all m rows, blocked over m so that
 /// an x block (mc rows) stays in L2 while the panels stream past it, and each
 /// panel stays in L2 while the row tiles of the block sweep it.
@@ -163,7 +307,7 @@ void linear_panels(const float* x, int m, long xs, const PackedLinear& w, const 
   }
 }
 
-#endif  // __AVX512F__
+#endif  // SHARDLINE_LINEAR_AVX512 || SHARDLINE_LINEAR_AVX2
 
 }  // namespace
 
@@ -223,7 +367,7 @@ void linear(const float* x, int m, int x_stride, const PackedLinear& w, const fl
   if (m <= 0 || w.out_features() <= 0) return;
   const int n = w.out_features();
   const int panels = (n + kNr - 1) / kNr;
-#if defined(__AVX512F__)
+#if defined(SHARDLINE_LINEAR_AVX512) || defined(SHARDLINE_LINEAR_AVX2)
   const bool bf16 = w.dtype() == DType::bf16;
   // Contiguous panel ranges per thread: each thread streams its own slice of W.
 #pragma omp parallel num_threads(std::min(omp_get_max_threads(), panels))

@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// Batch-invariant linear layer y = x W^T (+ bias) on CPU (AVX-512).
+/// Batch-invariant linear layer y = x W^T (+ bias) on CPU (AVX-512, AVX2+FMA,
+/// or a portable scalar fallback; the same bits on each).
 ///
 /// Why not plain OpenBLAS sgemm: OpenBLAS picks different kernels by problem
 /// size (small-matrix kernels, GEMV for M=1, different threading splits), so a

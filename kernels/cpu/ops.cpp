@@ -27,6 +27,14 @@ namespace {
     acc = _mm512_fmadd_ps(v, v, acc);
   }
   s = detail::hsum16(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // the 16 lanes as two halves
+  for (; i + 16 <= n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
+  }
+  s = detail::hsum16(lo, hi);
 #endif
   for (; i < n; ++i) s = std::fma(x[i], x[i], s);
   return s;
@@ -107,6 +115,14 @@ void silu_and_mul(const float* gate_up, float* out, int rows, int inter) {
       const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
       const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
       _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (const int full = inter / 16 * 16; i < full; i += 8) {  // the AVX-512 path's 16-blocks
+      const __m256 gv = _mm256_loadu_ps(g + i);
+      const __m256 e = detail::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+      const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
     }
 #endif
     for (; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];

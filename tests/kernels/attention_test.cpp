@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "tests/kernels/simd_order_reference.hpp"
 
 namespace shardline::kernels::cpu {
 namespace {
@@ -105,6 +106,53 @@ std::vector<double> reference(const Fixture& f, const float* q, const std::vecto
   return out;
 }
 
+#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)) || \
+    (defined(__AVX2__) && defined(__FMA__))
+constexpr bool kSimdOrder = true;  // the AVX-512 or AVX2 path: the order below, bit for bit
+#else
+constexpr bool kSimdOrder = false;  // portable path: an order of its own
+#endif
+
+/// Output of query head h of one token at position p in the documented order
+/// of the SIMD paths (attention.cpp): 8 score chains and their tree, 16-lane
+/// max / sums reduced like GCC's _mm512_reduce_{max,add}_ps, even / odd PV
+/// chains. k, v: dense rows [pos, kv_heads * d] as stored.
+std::vector<float> order_reference(const float* q, const std::vector<float>& k,
+                                   const std::vector<float>& v, int row, int kh, int d, int p,
+                                   float scale) {
+  const int n = p + 1, nt = (n + 15) / 16;
+  std::vector<float> s(static_cast<std::size_t>(nt) * 16, 0.0f);
+  for (int j = 0; j < n; ++j) {
+    float a[8] = {};
+    for (int i = 0; i < d; ++i) a[i % 8] = std::fma(q[i], k[j * row + kh * d + i], a[i % 8]);
+    const float t = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    s[j] = testing_order::opaque(t * scale);
+  }
+  using testing_order::exp_lane, testing_order::max_lane, testing_order::reduce16;
+  float lane[16];
+  std::fill(lane, lane + 16, -std::numeric_limits<float>::infinity());
+  for (int j = 0; j < nt * 16; ++j)
+    lane[j % 16] = max_lane(lane[j % 16], j < n ? s[j] : -std::numeric_limits<float>::infinity());
+  const float m = reduce16(lane, max_lane);
+  std::fill(lane, lane + 16, 0.0f);
+  for (int j = 0; j < nt * 16; ++j) {
+    const float e = j < n ? exp_lane(s[j] - m) : 0.0f;
+    s[j] = e;
+    lane[j % 16] = lane[j % 16] + e;
+  }
+  const float inv = 1.0f / reduce16(lane, [](float a, float b) { return a + b; });
+  std::vector<float> out(d);
+  for (int c = 0; c < d; ++c) {
+    float a = 0.0f, b = 0.0f;
+    for (int j = 0; j < n; ++j) {
+      float& acc = j % 2 ? b : a;
+      acc = std::fma(s[j], v[j * row + kh * d + c], acc);
+    }
+    out[c] = (a + b) * inv;
+  }
+  return out;
+}
+
 struct Shape {
   int block_size, heads, kv_heads, head_dim;
 };
@@ -181,6 +229,39 @@ TEST_P(PagedAttentionTest, ChunkingInvariantBitExact) {
   for (int t = 0; t < prompt; ++t) {
     EXPECT_EQ(std::memcmp(&whole[t * qrow], &chunked[t * qrow], sizeof(float) * qrow), 0) << t;
     EXPECT_EQ(std::memcmp(&whole[t * qrow], &tokenwise[t * qrow], sizeof(float) * qrow), 0) << t;
+  }
+}
+
+// The AVX-512 and AVX2 paths give the same bits: both must match the scalar
+// emulation of their documented order, on whichever of them is compiled
+// here; prefill chunks and decode steps, scores spread wide enough (scale 6)
+// that exp underflows to denormals and 0.
+TEST_P(PagedAttentionTest, MatchesSimdOrderBitExact) {
+  if (!kSimdOrder) GTEST_SKIP() << "portable path: not the SIMD order";
+  const auto [sh, dtype] = GetParam();
+  Fixture f(sh.block_size, sh.heads, sh.kv_heads, sh.head_dim, 256, dtype);
+  const int row = sh.kv_heads * sh.head_dim, qrow = sh.heads * sh.head_dim, d = sh.head_dim;
+  const int group = sh.heads / sh.kv_heads;
+  const std::pair<int, int> specs[] = {{37, 37}, {50, 13}, {33, 1}, {100, 1}};
+  for (const float scale : {0.125f, 6.0f}) {
+    for (auto [ctx, nq] : specs) {
+      SCOPED_TRACE(testing::Message() << "scale " << scale << " ctx " << ctx << " nq " << nq);
+      const auto k = f.randn(static_cast<std::size_t>(ctx) * row), v = f.randn(k.size());
+      const auto q = f.randn(static_cast<std::size_t>(nq) * qrow);
+      const auto table = f.alloc_table(ctx);
+      f.write(k, v, table, 0, ctx);
+      std::vector<float> out(q.size());
+      const AttentionSeq seq{0, nq, ctx, table.data()};
+      paged_attention(q.data(), qrow, {&seq, 1}, f.cache, sh.heads, scale, out.data(), qrow);
+      const auto ks = as_stored(k, dtype), vs = as_stored(v, dtype);
+      for (int i = 0; i < nq; ++i)
+        for (int h = 0; h < sh.heads; ++h) {
+          const std::size_t at = static_cast<std::size_t>(i) * qrow + static_cast<std::size_t>(h) * d;
+          const auto ref = order_reference(&q[at], ks, vs, row, h / group, d, ctx - nq + i, scale);
+          ASSERT_EQ(std::memcmp(&out[at], ref.data(), sizeof(float) * d), 0) << "q " << i << " head " << h;
+        }
+      for (std::int32_t b : table) f.free_blocks.push_back(b);
+    }
   }
 }
 

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "tests/kernels/simd_order_reference.hpp"
+
 namespace shardline::kernels::cpu {
 namespace {
 
@@ -117,6 +119,56 @@ TEST(SiluAndMul, MatchesDouble) {
       const double ref = g / (1.0 + std::exp(-g)) * u;
       ASSERT_NEAR(out[r * inter + j], ref, 2e-6 * std::fabs(ref) + 1e-30) << r << " " << j;
     }
+}
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+constexpr bool kSimdOrder = true;
+#else
+constexpr bool kSimdOrder = false;
+#endif
+
+// The AVX-512 and AVX2 paths give the same bits: both must match the scalar
+// emulation of their order (16 lane chains over the full 16-blocks, the
+// lanes reduced like _mm512_reduce_add_ps, the tail in order; SiLU with
+// exp16 on the 16-blocks, std::exp on the tail).
+TEST(RowOps, RmsNormAndSiluMatchSimdOrderBitExact) {
+  if (!kSimdOrder) GTEST_SKIP() << "portable path: an order of its own";
+  std::mt19937 rng(8);
+  const int rows = 64;  // a last-bit change in one sum rarely survives sqrt and 1/x: many rows
+  for (int dim : {8, 16, 32, 77, 768}) {
+    const auto x = randn(static_cast<std::size_t>(rows) * dim, rng, 3.0f), w = randn(dim, rng);
+    std::vector<float> y(x.size());
+    rms_norm(x.data(), dim, w.data(), y.data(), dim, rows, dim, 1e-5f);
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = &x[static_cast<std::size_t>(r) * dim];
+      float lane[16] = {};
+      int i = 0;
+      for (; i + 16 <= dim; i += 16)
+        for (int l = 0; l < 16; ++l) lane[l] = std::fma(xr[i + l], xr[i + l], lane[l]);
+      float ss = i ? testing_order::reduce16(lane, [](float a, float b) { return a + b; }) : 0.0f;
+      for (; i < dim; ++i) ss = std::fma(xr[i], xr[i], ss);
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + 1e-5f);
+      for (int c = 0; c < dim; ++c) {
+        const float ref = (xr[c] * inv) * w[c];
+        ASSERT_EQ(std::memcmp(&y[static_cast<std::size_t>(r) * dim + c], &ref, sizeof(float)), 0)
+            << dim << " " << r << " " << c;
+      }
+    }
+  }
+  for (int inter : {8, 32, 40, 83}) {
+    const auto gu = randn(static_cast<std::size_t>(rows) * 2 * inter, rng, 4.0f);
+    std::vector<float> out(static_cast<std::size_t>(rows) * inter);
+    silu_and_mul(gu.data(), out.data(), rows, inter);
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < inter; ++j) {
+        const float g = gu[static_cast<std::size_t>(r) * 2 * inter + j];
+        const float u = gu[static_cast<std::size_t>(r) * 2 * inter + inter + j];
+        const float e = j < inter / 16 * 16 ? testing_order::exp_lane(0.0f - g) : std::exp(-g);
+        const float ref = g / (1.0f + e) * u;
+        ASSERT_EQ(std::memcmp(&out[static_cast<std::size_t>(r) * inter + j], &ref, sizeof(float)), 0)
+            << inter << " " << r << " " << j;
+      }
+  }
 }
 
 TEST(RopeInvFreq, PlainMatchesFormula) {
