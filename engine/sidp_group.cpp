@@ -5,11 +5,50 @@
 #include <atomic>
 #include <thread>
 
+#include "comm/tcp.hpp"
 #include "model/cpu_runner.hpp"
 
 namespace shardline::engine {
 
 namespace sidp = model::sidp;
+
+namespace {
+
+/// dp TCP communicators over 127.0.0.1, one per rank (the rendezvous of all
+/// ranks runs on threads of this process).
+Result<std::vector<std::unique_ptr<comm::Communicator>>> tcp_groups(int dp, std::chrono::milliseconds timeout) {
+  std::vector<comm::TcpGroup> listening;
+  int master_port = 0;
+  for (int r = 0; r < dp; ++r) {
+    comm::TcpOptions to;
+    to.rank = r;
+    to.world_size = dp;
+    to.master_port = master_port;
+    to.timeout = timeout;
+    auto l = comm::TcpGroup::listen(to);
+    if (!l) return std::move(l).error();
+    if (r == 0) master_port = l->port();
+    listening.push_back(std::move(l).value());
+  }
+  std::vector<std::unique_ptr<comm::TcpCommunicator>> made(static_cast<std::size_t>(dp));
+  std::vector<Status> status(static_cast<std::size_t>(dp));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < dp; ++r)
+    threads.emplace_back([&, r] {
+      auto c = listening[static_cast<std::size_t>(r)].connect();
+      if (c) made[static_cast<std::size_t>(r)] = std::move(c).value();
+      else status[static_cast<std::size_t>(r)] = std::move(c).error();
+    });
+  for (std::thread& t : threads) t.join();
+  std::vector<std::unique_ptr<comm::Communicator>> out;
+  for (int r = 0; r < dp; ++r) {
+    if (!status[static_cast<std::size_t>(r)]) return status[static_cast<std::size_t>(r)].error();
+    out.push_back(std::move(made[static_cast<std::size_t>(r)]));
+  }
+  return out;
+}
+
+}  // namespace
 
 SidpGroup::~SidpGroup() {
   // Engines and FFNs first (their housekeepers use the communicators), then
@@ -38,12 +77,22 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
 
   std::unique_ptr<SidpGroup> g(new SidpGroup());
   g->plan_ = *plan;
-  auto wg = comm::InProcGroup::create(o.dp);
-  auto cg = comm::InProcGroup::create(o.dp);
-  if (!wg) return std::move(wg).error();
-  if (!cg) return std::move(cg).error();
-  g->weights_group_ = *wg;
-  g->compute_group_ = *cg;
+  std::vector<std::unique_ptr<comm::Communicator>> tcp_weights, tcp_compute;
+  if (o.tcp) {
+    auto w = tcp_groups(o.dp, o.comm_timeout);
+    if (!w) return std::move(w).error();
+    auto c = tcp_groups(o.dp, o.comm_timeout);
+    if (!c) return std::move(c).error();
+    tcp_weights = std::move(w).value();
+    tcp_compute = std::move(c).value();
+  } else {
+    auto wg = comm::InProcGroup::create(o.dp);
+    auto cg = comm::InProcGroup::create(o.dp);
+    if (!wg) return std::move(wg).error();
+    if (!cg) return std::move(cg).error();
+    g->weights_group_ = *wg;
+    g->compute_group_ = *cg;
+  }
   if (o.link.gbps > 0) {
     auto link = comm::LinkModel::create(o.dp, o.link);
     if (!link) return std::move(link).error();
@@ -51,12 +100,17 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
   }
   for (int r = 0; r < o.dp; ++r) {
     auto rank = std::make_unique<Rank>();
-    auto wc = g->weights_group_->communicator(r);
-    auto cc = g->compute_group_->communicator(r);
-    if (!wc) return std::move(wc).error();
-    if (!cc) return std::move(cc).error();
-    rank->weights_inner = std::move(wc).value();
-    rank->compute_inner = std::move(cc).value();
+    if (o.tcp) {
+      rank->weights_inner = std::move(tcp_weights[static_cast<std::size_t>(r)]);
+      rank->compute_inner = std::move(tcp_compute[static_cast<std::size_t>(r)]);
+    } else {
+      auto wc = g->weights_group_->communicator(r);
+      auto cc = g->compute_group_->communicator(r);
+      if (!wc) return std::move(wc).error();
+      if (!cc) return std::move(cc).error();
+      rank->weights_inner = std::move(wc).value();
+      rank->compute_inner = std::move(cc).value();
+    }
     rank->weights_inner->set_timeout(o.comm_timeout);
     rank->compute_inner->set_timeout(o.comm_timeout);
     rank->weights_comm = rank->weights_inner.get();
@@ -117,8 +171,10 @@ Status SidpGroup::respawn_owner(int rank) {
 }
 
 void SidpGroup::mark_rank_dead(int rank) {
-  (void)weights_group_->mark_dead(rank);
-  (void)compute_group_->mark_dead(rank);
+  if (weights_group_) (void)weights_group_->mark_dead(rank);
+  if (compute_group_) (void)compute_group_->mark_dead(rank);
+  // TCP: the peers find out at their timeout (the rank's sockets stay open
+  // while its object lives).
 }
 
 std::size_t SidpGroup::weight_bytes(int rank) {

@@ -47,6 +47,10 @@ struct SidpOptions {
   /// paced to this per-rank link, like NVLink between GPUs; gbps 0 = off
   /// (a get costs one memcpy on the shared memory bus).
   comm::LinkSpec link{};
+  /// The ranks' communicators are TCP groups over 127.0.0.1 (comm/tcp.hpp)
+  /// instead of in-process ones: weight reads and activations cross real
+  /// sockets (the ranks still live in this process).
+  bool tcp = false;
 };
 
 class SidpGroup {
