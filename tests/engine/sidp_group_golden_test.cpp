@@ -85,6 +85,16 @@ Result<std::vector<RequestOutput>> run_single(const EngineOptions& o,
 enum class Drive { was, cas, switching };
 const char* drive_name(Drive d) { return d == Drive::was ? "was" : d == Drive::cas ? "cas" : "switching"; }
 
+/// WaS -> CaS at rank 0's 3rd step, back to WaS at its 8th, CaS again at its 14th.
+SidpStepObserver scripted_switches(SidpGroup& g, std::atomic<int>& rank0_steps) {
+  return [&g, &rank0_steps](int rank, int) {
+    if (rank != 0) return;
+    const int s = ++rank0_steps;
+    if (s == 3 || s == 14) g.announce(SidpMode::cas);
+    if (s == 8) g.announce(SidpMode::was);
+  };
+}
+
 struct SidpRun {
   std::vector<RequestOutput> outputs;
   std::vector<model::sidp::SidpFfnStats> stats;  // [dp]
@@ -100,15 +110,7 @@ Result<SidpRun> run_sidp(const EngineOptions& o, int dp, Drive drive,
   SidpGroup& g = **group;
   std::atomic<int> rank0_steps{0};
   SidpStepObserver observer;
-  if (drive == Drive::switching) {
-    // WaS -> CaS at rank 0's 3rd step, back at its 8th, CaS again at its 14th.
-    observer = [&g, &rank0_steps](int rank, int) {
-      if (rank != 0) return;
-      const int s = ++rank0_steps;
-      if (s == 3 || s == 14) g.announce(SidpMode::cas);
-      if (s == 8) g.announce(SidpMode::was);
-    };
-  }
+  if (drive == Drive::switching) observer = scripted_switches(g, rank0_steps);
   auto out = generate_sidp(g, prompts, params, 1, observer);
   if (!out.ok()) return std::move(out).error();
   SidpRun run;
@@ -349,13 +351,7 @@ TEST(SidpGolden, OverTcpSocketsWasCasAndSwitchingAreBitIdentical) {
     SidpGroup& g = **group;
     std::atomic<int> steps{0};
     SidpStepObserver observer;
-    if (drive == Drive::switching)
-      observer = [&g, &steps](int rank, int) {
-        if (rank != 0) return;
-        const int s = ++steps;
-        if (s == 3 || s == 14) g.announce(SidpMode::cas);
-        if (s == 8) g.announce(SidpMode::was);
-      };
+    if (drive == Drive::switching) observer = scripted_switches(g, steps);
     auto got = generate_sidp(g, prompts, greedy, 1, observer);
     ASSERT_TRUE(got.ok()) << what << ": " << got.error().to_string();
     for (std::size_t i = 0; i < cases.size(); ++i)
