@@ -14,6 +14,7 @@
 #include "bench/workload.hpp"
 #include "engine/data_parallel.hpp"
 #include "engine/gpu_memory_plan.hpp"
+#include "engine/kv_budget.hpp"
 #include "engine/sidp_group.hpp"
 #include "engine/sidp_memory.hpp"
 #include "orchestrator/cost_model.hpp"
@@ -170,11 +171,13 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
   rep.predicted_fetch_ms = bstar->fetch_ms;
 
   const int max_out = o.e2e_max_output;
+  // K and V of one token over all layers (a block of one token).
+  const std::uint64_t kv_per_token = engine::kv_bytes_per_block(
+      config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 1,
+      static_cast<int>(dtype_size(eo.kv_cache_dtype)));
   const std::uint64_t activation = engine::activation_bytes_for(config, eo.max_num_batched_tokens, eo.max_num_seqs);
   std::uint64_t budget = o.device_memory_bytes;
   if (budget == 0) {
-    const std::uint64_t kv_per_token = 2ull * config.num_hidden_layers * config.num_key_value_heads *
-                                       config.head_dim * dtype_size(eo.kv_cache_dtype);
     budget = engine::weight_bytes_for(config, eo.dtype) + activation +
              8ull * static_cast<std::uint64_t>(o.e2e_input_len + max_out + eo.block_size) * kv_per_token;
   }
@@ -209,10 +212,7 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
     const int max_b = *std::max_element(o.batches.begin(), o.batches.end());
     co.max_num_seqs = std::max(co.max_num_seqs, max_b);
     co.max_model_len = o.context_len + o.decode_steps + 4;
-    co.kv_cache_bytes = 0;
     co.device_memory_bytes = 0;
-    const std::uint64_t kv_per_token = 2ull * config.num_hidden_layers * config.num_key_value_heads *
-                                       config.head_dim * dtype_size(co.kv_cache_dtype);
     co.kv_cache_bytes = static_cast<std::uint64_t>(max_b) * (co.max_model_len + co.block_size) * kv_per_token;
     std::vector<engine::EngineInstance> reps;
     for (int r = 0; r < o.dp; ++r) {
@@ -312,8 +312,6 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
     po.max_num_seqs = std::max(po.max_num_seqs, o.peak_batch);
     po.max_model_len = o.context_len + o.decode_steps + 4;
     po.device_memory_bytes = 0;
-    const std::uint64_t kv_per_token = 2ull * config.num_hidden_layers * config.num_key_value_heads *
-                                       config.head_dim * dtype_size(po.kv_cache_dtype);
     po.kv_cache_bytes = static_cast<std::uint64_t>(o.peak_batch) * (po.max_model_len + po.block_size) * kv_per_token;
     po.num_threads = std::max(1, rep.cores / o.peak_dp);
     // The same slots either way: peak shifting needs dp - 1 of them.

@@ -31,11 +31,7 @@ EngineOptions stories_options() {
   return o;
 }
 
-std::vector<std::vector<std::int32_t>> prompts() {
-  std::vector<std::vector<std::int32_t>> p;
-  for (const auto& c : testing_support::load_stories_reference()) p.push_back(c.prompt_ids);
-  return p;
-}
+std::vector<std::vector<std::int32_t>> prompts() { return testing_support::stories_prompt_ids(); }
 
 sampling::SamplingParams greedy(int max_tokens) {
   sampling::SamplingParams g;

@@ -158,8 +158,7 @@ void expect_modes_ran(const SidpRun& run, Drive drive, const std::string& what) 
 
 TEST(SidpGolden, Stories260KWasCasAndSwitchingAreBitIdenticalToOneDevice) {
   const auto cases = testing_support::load_stories_reference();
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  const std::vector<std::vector<std::int32_t>> prompts = testing_support::stories_prompt_ids();
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 48;
@@ -306,8 +305,7 @@ TEST(SidpGolden, AutoSwitchesToCasInTheTailAndKeepsTheOutput) {
 // Link emulation (comm/paced.hpp) slows transfers, never changes them.
 TEST(SidpGolden, LinkEmulationKeepsOutputsBitIdentical) {
   const auto cases = testing_support::load_stories_reference();
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  const std::vector<std::vector<std::int32_t>> prompts = testing_support::stories_prompt_ids();
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 24;
@@ -333,8 +331,7 @@ TEST(SidpGolden, LinkEmulationKeepsOutputsBitIdentical) {
 // not wired yet.)
 TEST(SidpGolden, OverTcpSocketsWasCasAndSwitchingAreBitIdentical) {
   const auto cases = testing_support::load_stories_reference();
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  const std::vector<std::vector<std::int32_t>> prompts = testing_support::stories_prompt_ids();
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 48;

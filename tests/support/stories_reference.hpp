@@ -58,6 +58,13 @@ inline std::vector<StoriesCase> load_stories_reference() {
   return out;
 }
 
+/// The reference cases' prompt ids (with BOS), in case order.
+inline std::vector<std::vector<std::int32_t>> stories_prompt_ids() {
+  std::vector<std::vector<std::int32_t>> out;
+  for (const StoriesCase& c : load_stories_reference()) out.push_back(c.prompt_ids);
+  return out;
+}
+
 /// The 5 largest logits are the reference ids, in order, each within 1e-4.
 inline void expect_top5(const std::vector<float>& logits, const std::vector<std::pair<int, float>>& ref,
                         const std::string& where) {
