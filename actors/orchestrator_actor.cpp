@@ -355,6 +355,10 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHeartbeat& beat) {
   return std::nullopt;
 }
 
+Answer handle(OrchestratorActor*, const messages::LayerOwnerHello&) {
+  return std::nullopt;  // registered by the SiDP wiring (to come)
+}
+
 Answer handle(OrchestratorActor* self, const messages::KvStoreHello& hello) {
   kv_store_seen(self, hello.store_name, hello.node, nullptr);
   return std::nullopt;

@@ -224,6 +224,8 @@ void maybe_stall(WorkerActor* self) {
   spdlog::warn("worker {}: test hook: stall over", s.config.name);
 }
 
+Reply handle(WorkerActor*, const messages::SidpSwitch&) { return messages::Ack{}; }
+
 Reply handle(WorkerActor* self, const messages::WorkerStatusQuery&) { return status_of(self->state); }
 
 Reply handle(WorkerActor* self, const messages::Shutdown&) {

@@ -407,6 +407,8 @@ void put(wire::WorkerStatus::Builder b, const WorkerStatus& s) {
   b.setPromptTokens(s.prompt_tokens);
   b.setGeneratedTokens(s.generated_tokens);
   b.setStepsDone(s.steps_done);
+  b.setWeightBytes(s.weight_bytes);
+  b.setSidpMode(text(s.sidp_mode));
 }
 
 WorkerStatus get(wire::WorkerStatus::Reader r) {
@@ -421,7 +423,57 @@ WorkerStatus get(wire::WorkerStatus::Reader r) {
   s.prompt_tokens = r.getPromptTokens();
   s.generated_tokens = r.getGeneratedTokens();
   s.steps_done = r.getStepsDone();
+  s.weight_bytes = r.getWeightBytes();
+  s.sidp_mode = str(r.getSidpMode());
+  check_sidp_mode(s.sidp_mode, "workerStatus.sidpMode", true);
   return s;
+}
+
+// ---- SiDP ----
+
+void check_sidp_mode(const std::string& mode, const std::string& field, bool allow_empty) {
+  if (mode == "was" || mode == "cas" || (allow_empty && mode.empty())) return;
+  fail(ErrorCode::invalid_argument, field + ": a SiDP mode is \"was\" or \"cas\"" +
+                                        std::string(allow_empty ? " (or empty)" : "") + ", got \"" + mode + "\"");
+}
+
+void put(wire::SidpGroupStatus::Builder b, const SidpGroupStatus& g) {
+  b.setGroup(text(g.group));
+  b.setMode(text(g.mode));
+  b.setSetting(text(g.setting));
+  b.setNumRanks(g.num_ranks);
+  b.setSwitchBatch(g.switch_batch);
+  b.setGroupBatch(g.group_batch);
+  auto list = b.initSwitches(static_cast<unsigned>(g.switches.size()));
+  for (unsigned i = 0; i < list.size(); ++i) {
+    const SidpSwitchRecord& s = g.switches[i];
+    list[i].setToMode(text(s.to_mode));
+    list[i].setAtUnixMs(s.at_unix_ms);
+    list[i].setGroupBatch(s.group_batch);
+    list[i].setEpoch(s.epoch);
+  }
+  b.setNumSwitches(g.num_switches);
+}
+
+SidpGroupStatus get(wire::SidpGroupStatus::Reader r, const std::string& field) {
+  SidpGroupStatus g;
+  g.group = str(r.getGroup());
+  g.mode = str(r.getMode());
+  check_sidp_mode(g.mode, field + ".mode", false);
+  g.setting = str(r.getSetting());
+  g.num_ranks = r.getNumRanks();
+  g.switch_batch = r.getSwitchBatch();
+  g.group_batch = r.getGroupBatch();
+  auto list = r.getSwitches();
+  check_len(list, field + ".switches");
+  g.switches.reserve(list.size());
+  for (unsigned i = 0; i < list.size(); ++i) {
+    SidpSwitchRecord s{str(list[i].getToMode()), list[i].getAtUnixMs(), list[i].getGroupBatch(), list[i].getEpoch()};
+    check_sidp_mode(s.to_mode, field + ".switches[" + std::to_string(i) + "].toMode", false);
+    g.switches.push_back(std::move(s));
+  }
+  g.num_switches = r.getNumSwitches();
+  return g;
 }
 
 void put(wire::ActorInfo::Builder b, const ActorInfo& a) {

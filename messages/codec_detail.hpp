@@ -127,6 +127,10 @@ void put(wire::ActorInfo::Builder b, const ActorInfo& a);
 [[nodiscard]] ActorInfo get(wire::ActorInfo::Reader r);
 void put(wire::KvStoreStats::Builder b, const KvStoreStats& m);
 [[nodiscard]] KvStoreStats get(wire::KvStoreStats::Reader r);
+void put(wire::SidpGroupStatus::Builder b, const SidpGroupStatus& g);
+[[nodiscard]] SidpGroupStatus get(wire::SidpGroupStatus::Reader r, const std::string& field);
+/// fail()s with invalid_argument unless `mode` is "was" or "cas" (or "" when allow_empty).
+void check_sidp_mode(const std::string& mode, const std::string& field, bool allow_empty);
 void put(wire::KvProgress::Builder b, const worker::KvProgress& p);
 [[nodiscard]] worker::KvProgress get(wire::KvProgress::Reader r, const std::string& field);
 

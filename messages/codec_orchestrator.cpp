@@ -72,6 +72,9 @@ struct Member<OM, WorkerHello> {
       held[i].setJobId(m.held[i].job_id);
       held[i].setLineIndex(m.held[i].line_index);
     }
+    b.setSidpGroup(text(m.sidp_group));
+    b.setSidpRank(m.sidp_rank);
+    b.setSidpRanks(m.sidp_ranks);
   }
   static WorkerHello get(OM::Reader root) {
     auto r = root.getWorkerHello();
@@ -88,6 +91,45 @@ struct Member<OM, WorkerHello> {
     check_len(held, "held");
     m.held.reserve(held.size());
     for (auto l : held) m.held.push_back(orchestrator::LineRef{l.getJobId(), l.getLineIndex()});
+    m.sidp_group = str(r.getSidpGroup());
+    m.sidp_rank = r.getSidpRank();
+    m.sidp_ranks = r.getSidpRanks();
+    if (!m.sidp_group.empty() && (m.sidp_ranks < 2 || m.sidp_rank >= m.sidp_ranks))
+      fail(ErrorCode::invalid_argument, "sidpRank: a SiDP group has >= 2 ranks and rank < ranks, got rank " +
+                                            std::to_string(m.sidp_rank) + " of " + std::to_string(m.sidp_ranks));
+    return m;
+  }
+};
+
+template <>
+struct Member<OM, LayerOwnerHello> {
+  static constexpr auto which = OM::LAYER_OWNER_HELLO;
+  static void put(OM::Builder root, const LayerOwnerHello& m) {
+    auto b = root.initLayerOwnerHello();
+    b.setOwnerName(text(m.owner_name));
+    b.setNode(text(m.node));
+    b.setGroup(text(m.group));
+    b.setRank(m.rank);
+    auto layers = b.initLayers(static_cast<unsigned>(m.layers.size()));
+    for (unsigned i = 0; i < layers.size(); ++i) layers.set(i, m.layers[i]);
+    b.setWeightBytes(m.weight_bytes);
+    b.setLoaded(m.loaded);
+    b.setLoads(m.loads);
+  }
+  static LayerOwnerHello get(OM::Reader root) {
+    auto r = root.getLayerOwnerHello();
+    LayerOwnerHello m;
+    m.owner_name = str(r.getOwnerName());
+    m.node = str(r.getNode());
+    m.group = str(r.getGroup());
+    m.rank = r.getRank();
+    auto layers = r.getLayers();
+    check_len(layers, "layers");
+    for (std::uint32_t l : layers) m.layers.push_back(l);
+    m.weight_bytes = r.getWeightBytes();
+    m.loaded = r.getLoaded();
+    m.loads = r.getLoads();
+    if (m.owner_name.empty()) fail(ErrorCode::invalid_argument, "ownerName: empty");
     return m;
   }
 };
@@ -188,7 +230,9 @@ template <>
 struct Member<OR, JobStatusList> {
   static constexpr auto which = OR::JOB_STATUS_LIST;
   static void put(OR::Builder root, const JobStatusList& m) {
-    put_all(root.initJobStatusList().initJobs(static_cast<unsigned>(m.jobs.size())), m.jobs);
+    auto b = root.initJobStatusList();
+    put_all(b.initJobs(static_cast<unsigned>(m.jobs.size())), m.jobs);
+    put_all(b.initSidpGroups(static_cast<unsigned>(m.sidp_groups.size())), m.sidp_groups);
   }
   static JobStatusList get(OR::Reader root) {
     auto list = root.getJobStatusList().getJobs();
@@ -196,6 +240,9 @@ struct Member<OR, JobStatusList> {
     JobStatusList m;
     m.jobs.reserve(list.size());
     for (auto j : list) m.jobs.push_back(detail::get(j));
+    auto groups = root.getJobStatusList().getSidpGroups();
+    check_len(groups, "sidpGroups");
+    for (unsigned i = 0; i < groups.size(); ++i) m.sidp_groups.push_back(detail::get(groups[i], at("sidpGroups", i)));
     return m;
   }
 };

@@ -51,6 +51,24 @@ struct Member<WM, HelloAgain> {
   static HelloAgain get(WM::Reader) { return {}; }
 };
 
+template <>
+struct Member<WM, SidpSwitch> {
+  static constexpr auto which = WM::SIDP_SWITCH;
+  static void put(WM::Builder root, const SidpSwitch& m) {
+    auto b = root.initSidpSwitch();
+    b.setGroup(text(m.group));
+    b.setMode(text(m.mode));
+    b.setEpoch(m.epoch);
+  }
+  static SidpSwitch get(WM::Reader root) {
+    auto r = root.getSidpSwitch();
+    SidpSwitch m{str(r.getGroup()), str(r.getMode()), r.getEpoch()};
+    check_sidp_mode(m.mode, "mode", false);
+    if (m.epoch == 0) fail(ErrorCode::invalid_argument, "epoch: must be >= 1");
+    return m;
+  }
+};
+
 // ============================================================================
 // WorkerReply
 // ============================================================================

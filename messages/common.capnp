@@ -129,6 +129,28 @@ struct WorkerStatus {
   promptTokens @7 :UInt64;
   generatedTokens @8 :UInt64;
   stepsDone @9 :UInt64;
+  weightBytes @10 :UInt64;  # bytes of weights the worker's devices hold (SiDP: attention + owned FFN + slots)
+  sidpMode @11 :Text;       # the mode its SiDP rank runs in now, "was" / "cas"; "" = not SiDP
+}
+
+# One WaS <-> CaS switch of a SiDP group (orchestrator -> client).
+struct SidpSwitchRecord {
+  toMode @0 :Text;         # "was" / "cas"
+  atUnixMs @1 :UInt64;     # when the orchestrator broadcast it (wall clock, ms since 1970)
+  groupBatch @2 :UInt64;   # the group's effective batch when it decided
+  epoch @3 :UInt64;        # the epoch broadcast with it
+}
+
+# The switching state of one SiDP DP group (orchestrator -> client).
+struct SidpGroupStatus {
+  group @0 :Text;          # "NODE/sidp"
+  mode @1 :Text;           # "was" / "cas": the mode last broadcast
+  setting @2 :Text;        # "auto" / "was" / "cas"
+  numRanks @3 :UInt32;
+  switchBatch @4 :UInt64;  # b*: threshold on the group's effective batch
+  groupBatch @5 :UInt64;   # the group's effective batch at the last report
+  switches @6 :List(SidpSwitchRecord);  # oldest first (the last 64)
+  numSwitches @7 :UInt64;  # all of them, also those no longer listed
 }
 
 # One actor of the system (orchestrator -> client).

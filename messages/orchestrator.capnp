@@ -34,6 +34,21 @@ struct WorkerHello {
   maxBatch @2 :UInt32;
   parallel @3 :Text;       # the worker's engine group ("tp=2,pp=1,sp=1,dp=1"); "" = a single device
   held @4 :List(LineRef);  # lines it holds (saying hello again to a restarted orchestrator)
+  sidpGroup @5 :Text;      # its SiDP DP group ("NODE/sidp"); "" = not SiDP
+  sidpRank @6 :UInt32;     # its rank in that group
+  sidpRanks @7 :UInt32;    # ranks of that group
+}
+
+# A SiDP layer owner registers, and re-registers every heartbeat with its state.
+struct LayerOwnerHello {
+  ownerName @0 :Text;      # "NODE/cpu:I/owner"
+  node @1 :Text;
+  group @2 :Text;          # its SiDP DP group ("NODE/sidp")
+  rank @3 :UInt32;
+  layers @4 :List(UInt32); # the FFN layers it owns
+  weightBytes @5 :UInt64;  # bytes of packed FFN weights it holds (0 while not loaded)
+  loaded @6 :Bool;
+  loads @7 :UInt32;        # times this owner's layers were loaded in this process (1 + respawns)
 }
 
 struct WorkerResults {
@@ -76,6 +91,7 @@ struct OrchestratorMessage {
     kvStoreHello @9 :KvStoreHello;
     kvStoreHeartbeat @10 :KvStoreHeartbeat;
     kvProgressReport @11 :KvProgressReport;
+    layerOwnerHello @12 :LayerOwnerHello;
   }
 }
 
@@ -85,6 +101,7 @@ struct JobSubmitted {
 
 struct JobStatusList {
   jobs @0 :List(C.JobProgress);
+  sidpGroups @1 :List(C.SidpGroupStatus);  # the cluster's SiDP groups and their switches
 }
 
 struct ActorList {

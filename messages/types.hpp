@@ -85,7 +85,35 @@ struct WorkerStatus {
   std::uint64_t prompt_tokens = 0;
   std::uint64_t generated_tokens = 0;
   std::uint64_t steps_done = 0;
+  /// Bytes of weights the worker's devices hold (under SiDP: the replicated
+  /// attention / embedding / lm_head weights, the owned FFN layers and the
+  /// WaS cache slots).
+  std::uint64_t weight_bytes = 0;
+  std::string sidp_mode;  ///< the mode its SiDP rank runs in now, "was" / "cas"; "" = not SiDP
   bool operator==(const WorkerStatus&) const = default;
+};
+
+/// One WaS <-> CaS switch the orchestrator broadcast to a SiDP group.
+struct SidpSwitchRecord {
+  std::string to_mode;         ///< "was" / "cas"
+  std::uint64_t at_unix_ms = 0;  ///< wall clock, ms since 1970
+  std::uint64_t group_batch = 0; ///< the group's effective batch when it decided
+  std::uint64_t epoch = 0;
+  bool operator==(const SidpSwitchRecord&) const = default;
+};
+
+/// The switching state of one SiDP DP group (seed 002 §4.3).
+struct SidpGroupStatus {
+  std::string group;    ///< "NODE/sidp"
+  std::string mode;     ///< "was" / "cas": the mode last broadcast
+  std::string setting;  ///< "auto" / "was" / "cas"
+  std::uint32_t num_ranks = 0;
+  std::uint64_t switch_batch = 0;  ///< b*, on the group's effective batch
+  std::uint64_t group_batch = 0;   ///< the group's effective batch at the last report
+  std::vector<SidpSwitchRecord> switches;  ///< oldest first; at most the last kMaxListedSwitches
+  std::uint64_t num_switches = 0;          ///< all of them
+  static constexpr std::size_t kMaxListedSwitches = 64;
+  bool operator==(const SidpGroupStatus&) const = default;
 };
 
 /// One actor of the system.
@@ -135,7 +163,26 @@ struct WorkerHello {
   /// first hello; filled when a restarted orchestrator asks it to say hello
   /// again (HelloAgain), so they stay in flight on it.
   std::vector<orchestrator::LineRef> held;
+  /// SiDP (seed 002): the worker is rank `sidp_rank` of the DP group
+  /// `sidp_group` ("NODE/sidp") of `sidp_ranks` ranks; "" = not SiDP.
+  std::string sidp_group;
+  std::uint32_t sidp_rank = 0;
+  std::uint32_t sidp_ranks = 0;
   bool operator==(const WorkerHello&) const = default;
+};
+
+/// A SiDP layer owner (seed 002 §4.1) registers, and re-registers every
+/// heartbeat with its state; `actor list` shows it and `actor kill` reaches it.
+struct LayerOwnerHello {
+  std::string owner_name;  ///< "NODE/cpu:I/owner"
+  std::string node;
+  std::string group;       ///< its SiDP DP group ("NODE/sidp")
+  std::uint32_t rank = 0;
+  std::vector<std::uint32_t> layers;  ///< the FFN layers it owns
+  std::uint64_t weight_bytes = 0;     ///< packed FFN weights it holds (0 while not loaded)
+  bool loaded = false;
+  std::uint32_t loads = 0;            ///< loads of its layers in this process (1 + respawns)
+  bool operator==(const LayerOwnerHello&) const = default;
 };
 
 struct WorkerResults {
@@ -175,6 +222,7 @@ struct JobSubmitted {
 
 struct JobStatusList {
   std::vector<JobProgress> jobs;
+  std::vector<SidpGroupStatus> sidp_groups;  ///< the cluster's SiDP groups and their switches
   bool operator==(const JobStatusList&) const = default;
 };
 
@@ -192,6 +240,15 @@ struct AssignWork {
 struct CancelJob {
   std::uint64_t job_id = 0;
   bool operator==(const CancelJob&) const = default;
+};
+
+/// The orchestrator's SiDP mode directive (seed 002 §4.3 "consistent mode
+/// switching"): every rank of `group` applies it at one step boundary.
+struct SidpSwitch {
+  std::string group;   ///< "NODE/sidp"
+  std::string mode;    ///< "was" / "cas" (checked by the codec)
+  std::uint64_t epoch = 0;  ///< increasing per cluster; older ones are ignored (>= 1)
+  bool operator==(const SidpSwitch&) const = default;
 };
 
 // ---- kvstore inbox / replies ------------------------------------------------------
@@ -308,7 +365,7 @@ struct KvPrefixData {
 /// What the orchestrator receives (orchestrator.capnp OrchestratorMessage).
 using OrchestratorMsg = std::variant<SubmitJob, JobStatusQuery, ActorListQuery, KillActor, WorkerHello,
                                      WorkerResults, WorkerHeartbeat, Shutdown, KvStoreHello, KvStoreHeartbeat,
-                                     KvProgressReport>;
+                                     KvProgressReport, LayerOwnerHello>;
 
 /// What the orchestrator answers a client (orchestrator.capnp OrchestratorReply);
 /// Error travels as `errorReply`.
@@ -316,7 +373,7 @@ using OrchestratorReply = std::variant<JobSubmitted, JobStatusList, ActorList, A
 
 /// What a worker receives (worker.capnp WorkerMessage); WorkerStatusQuery
 /// travels as `statusQuery`.
-using WorkerMsg = std::variant<AssignWork, CancelJob, WorkerStatusQuery, Shutdown, HelloAgain>;
+using WorkerMsg = std::variant<AssignWork, CancelJob, WorkerStatusQuery, Shutdown, HelloAgain, SidpSwitch>;
 
 /// A worker's answer (worker.capnp WorkerReply); WorkerStatus travels as `status`.
 using WorkerReply = std::variant<WorkerStatus, Ack, Error>;

@@ -14,6 +14,14 @@ struct CancelJob {
   jobId @0 :UInt64;
 }
 
+# The orchestrator's SiDP mode directive (seed 002 §4.3 consistent mode
+# switching): every rank of the group applies it at one step boundary.
+struct SidpSwitch {
+  group @0 :Text;          # "NODE/sidp"
+  mode @1 :Text;           # "was" / "cas"
+  epoch @2 :UInt64;        # increasing per cluster; older ones are ignored
+}
+
 struct WorkerMessage {
   version @0 :UInt16;
   union {
@@ -22,6 +30,7 @@ struct WorkerMessage {
     statusQuery @3 :Void;
     shutdown @4 :Void;
     helloAgain @5 :Void;   # the orchestrator does not know this worker (it restarted): say hello again
+    sidpSwitch @6 :SidpSwitch;
   }
 }
 

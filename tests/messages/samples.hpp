@@ -91,7 +91,22 @@ inline WorkerStatus sample_status() {
   s.prompt_tokens = 123456789012ull;
   s.generated_tokens = 98765432109ull;
   s.steps_done = 4000000000ull;
+  s.weight_bytes = 5ull << 30;
+  s.sidp_mode = "cas";
   return s;
+}
+
+inline SidpGroupStatus sample_sidp_group() {
+  SidpGroupStatus g;
+  g.group = "node-a/sidp";
+  g.mode = "cas";
+  g.setting = "auto";
+  g.num_ranks = 4;
+  g.switch_batch = 37;
+  g.group_batch = 5;
+  g.switches = {{"cas", 1795000000123ull, 30, 1}, {"was", 1795000004567ull, 60, 2}, {"cas", 1795000009000ull, 12, 3}};
+  g.num_switches = 3;
+  return g;
 }
 
 inline JobProgress sample_progress(int i) {
@@ -253,6 +268,9 @@ inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
       OrchestratorMsg{KvStoreHello{"node-b/kvstore", "node-b"}},
       OrchestratorMsg{KvStoreHeartbeat{sample_kv_stats()}},
       OrchestratorMsg{KvProgressReport{"node-a/cpu:0", {{7, 12, 0, 130, {5, 6, 7}}, {7, 12, 1, 3, {}}}}},
+      OrchestratorMsg{WorkerHello{"node-a/cpu:1", "cpu", 64, engine::ParallelConfig{}, {}, "node-a/sidp", 1, 4}},
+      OrchestratorMsg{LayerOwnerHello{"node-a/cpu:1/owner", "node-a", "node-a/sidp", 1, {1, 5, 9}, 3u << 20, true, 2}},
+      OrchestratorMsg{LayerOwnerHello{"node-a/cpu:0/owner", "node-a", "node-a/sidp", 0, {}, 0, false, 0}},
   };
 }
 
@@ -261,6 +279,7 @@ inline std::vector<OrchestratorReply> sample_orchestrator_replies() {
       OrchestratorReply{JobSubmitted{0xFFFFFFFFFFFFFFFEull}},
       OrchestratorReply{JobStatusList{{sample_progress(0), sample_progress(1), sample_progress(2)}}},
       OrchestratorReply{JobStatusList{}},
+      OrchestratorReply{JobStatusList{{sample_progress(0)}, {sample_sidp_group(), SidpGroupStatus{"b/sidp", "was", "was", 2, 0, 0, {}, 0}}}},
       OrchestratorReply{ActorList{{{"orchestrator", "orchestrator", "node-a", "up", ""},
                                        {"worker-gpu-0", "worker", "node-a", "busy", "tp=2,pp=1,sp=1"},
                                        {"kvstore", "kvstore", "node-b", "up", "", "mem 1.0 MiB / 256 MiB, disk 2.0 MiB"}}}},
@@ -279,6 +298,8 @@ inline std::vector<WorkerMsg> sample_worker_msgs() {
       WorkerMsg{WorkerStatusQuery{}},
       WorkerMsg{Shutdown{}},
       WorkerMsg{HelloAgain{}},
+      WorkerMsg{SidpSwitch{"node-a/sidp", "cas", 1}},
+      WorkerMsg{SidpSwitch{"node-a/sidp", "was", 0xFFFFFFFFull}},
   };
 }
 
