@@ -35,8 +35,11 @@ Result<std::shared_ptr<SidpFfn>> SidpFfn::create(const OwnershipPlan& plan, int 
   if (!owner) return invalid("no layer owner");
   if (owner->rank() != rank) return invalid("the layer owner is rank " + std::to_string(owner->rank()));
   if (rank < 0 || rank >= plan.dp) return invalid("rank outside the DP group");
+  if (weights_comm == nullptr) return invalid("the weights communicator is missing");
+  if (compute_comm == nullptr && options.initial_mode == SidpMode::cas)
+    return invalid("CaS needs a compute communicator");
   for (comm::Communicator* c : {weights_comm, compute_comm}) {
-    if (c == nullptr) return invalid("a communicator is missing");
+    if (c == nullptr) continue;
     if (c->world_size() != plan.dp || c->rank() != rank)
       return invalid("communicator is rank " + std::to_string(c->rank()) + " of " + std::to_string(c->world_size()) +
                      ", expected rank " + std::to_string(rank) + " of dp=" + std::to_string(plan.dp));
@@ -72,9 +75,36 @@ void SidpFfn::announce(SidpMode mode, std::uint64_t epoch) {
   announced_mode_ = mode;
 }
 
+Status SidpFfn::rebind(comm::Communicator* compute_comm) {
+  if (compute_comm != nullptr) {
+    if (compute_comm == weights_comm_) return invalid("the weights and compute communicators must be different groups");
+    if (compute_comm->world_size() != plan_.dp || compute_comm->rank() != rank_)
+      return invalid("communicator is rank " + std::to_string(compute_comm->rank()) + " of " +
+                     std::to_string(compute_comm->world_size()) + ", expected rank " + std::to_string(rank_) +
+                     " of dp=" + std::to_string(plan_.dp));
+  }
+  mode_ = SidpMode::was;
+  if (cache_) cache_->resume();
+  std::lock_guard lk(mu_);
+  compute_comm_ = compute_comm;
+  broken_ = false;
+  announced_mode_ = SidpMode::was;
+  announced_epoch_ = 0;
+  applied_epoch_ = 0;
+  stats_.applied_epoch = 0;
+  std::fill(step_rows_.begin(), step_rows_.end(), 0);
+  return Status::ok_status();
+}
+
+bool SidpFfn::has_compute_group() const {
+  std::lock_guard lk(mu_);
+  return compute_comm_ != nullptr;
+}
+
 bool SidpFfn::join_pending() const {
   std::lock_guard lk(mu_);
-  return mode_.load() == SidpMode::was && announced_mode_ == SidpMode::cas && announced_epoch_ > applied_epoch_;
+  return compute_comm_ != nullptr && mode_.load() == SidpMode::was && announced_mode_ == SidpMode::cas &&
+         announced_epoch_ > applied_epoch_;
 }
 
 Status SidpFfn::broken_error() const {

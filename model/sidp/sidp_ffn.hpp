@@ -83,7 +83,8 @@ class SidpFfn final : public FfnExecutor {
   /// wait for it). `weights_comm` is the group the owners expose their
   /// regions on (used by this rank's housekeeper thread only);
   /// `compute_comm` is a second group over the same ranks for CaS p2p and
-  /// the step control (used by the stepping thread only). Neither is owned.
+  /// the step control (used by the stepping thread only), or null: none yet
+  /// (WaS only until rebind; initial_mode must then be WaS). Neither is owned.
   /// Errors: invalid_argument (mismatched plan / rank / communicators),
   /// out_of_memory.
   [[nodiscard]] static Result<std::shared_ptr<SidpFfn>> create(const OwnershipPlan& plan, int rank,
@@ -110,6 +111,18 @@ class SidpFfn final : public FfnExecutor {
   /// had rows this step. If the exchange switches the group to WaS, serves
   /// nothing and returns it all the same. Errors: io, invalid_argument (in WaS).
   [[nodiscard]] Result<bool> dummy_step();
+
+  /// At a step boundary, moves this rank to another compute group over the
+  /// same dp ranks (`compute_comm`; a group rebuilt after a rank failed), or,
+  /// with null, to none: the rank then runs WaS only (an announced CaS waits,
+  /// join_pending() is false) until it is rebound. Either way it restarts in
+  /// WaS with no announcement (epochs 0) and no longer broken; the caller
+  /// announces the group's current directive again. The weights communicator
+  /// and the cache stay. Errors: invalid_argument (the communicator is not
+  /// this rank of dp, or is the weights one).
+  [[nodiscard]] Status rebind(comm::Communicator* compute_comm);
+  /// Whether the rank has a compute group (see rebind).
+  [[nodiscard]] bool has_compute_group() const;
 
   // ---- FfnExecutor ----------------------------------------------------------
   [[nodiscard]] Status begin_step(int num_rows) override;
