@@ -28,6 +28,7 @@
 #include "actors/kv_client.hpp"
 #include "actors/metrics.hpp"
 #include "engine/engine_builder.hpp"
+#include "engine/sidp_node.hpp"
 #include "kvstore/kv_store.hpp"
 #include "kvstore/replication.hpp"
 #include "messages/types.hpp"
@@ -132,7 +133,37 @@ struct WorkerConfig {
   /// streaming, and resumed lines recompute from their tokens.
   std::shared_ptr<KvStoreLink> kv_store;
   std::uint64_t kv_queue_bytes = 64ull << 20;  ///< KvStreamerOptions::max_queued_bytes
+  /// `--weight-sharing sidp`: the node's SiDP group this worker is rank
+  /// `sidp_rank` of (its engine comes from SidpNodeGroup::attach, not from
+  /// `engine`); null = no SiDP.
+  std::shared_ptr<engine::SidpNodeGroup> sidp;
+  int sidp_rank = 0;
+  std::string sidp_group;  ///< "NODE/sidp"
 };
+
+/// A SiDP layer owner (seed 002 §4.1): one per device of a SiDP group.
+struct LayerOwnerConfig {
+  std::string name;        ///< "NODE/cpu:I/owner"
+  std::string node_name;
+  std::string group_name;  ///< "NODE/sidp"
+  int rank = 0;
+  std::shared_ptr<engine::SidpNodeGroup> sidp;
+  caf::actor orchestrator;  ///< the orchestrator relay its hellos go to
+  std::shared_ptr<const ClusterKey> key;
+  int heartbeat_ms = 1000;
+};
+
+/// Spawns a layer owner on its own thread: it packs its rank's FFN layers
+/// from the host copy of the model and exposes them on the group's weights
+/// communicator (SidpNodeGroup::load_owner), registers with the orchestrator
+/// (LayerOwnerHello) and again every heartbeat_ms. When it dies (`actor
+/// kill`, a crash) its layers are withdrawn and freed: ranks that need them
+/// wait (WaS gets retry, a CaS owner rank waits for its lease) until the
+/// node's supervisor respawns it, which loads them again; the bytes are the
+/// same, so are the outputs. CaS requests for its layers are computed by its
+/// device's worker, on its weights. If loading fails it quits with
+/// unhandled_exception (the supervisor tries again).
+[[nodiscard]] caf::actor spawn_layer_owner(caf::actor_system& sys, LayerOwnerConfig config);
 
 /// Spawns a worker on its own thread. It loads its engine (one engine group:
 /// engine.parallel's tp x sp x pp in-process ranks, each on its own thread),

@@ -21,6 +21,7 @@ namespace {
 using down_atom = caf::atom_constant<caf::atom("sldown")>;
 using restart_atom = caf::atom_constant<caf::atom("slrestart")>;
 using kv_restart_atom = caf::atom_constant<caf::atom("slkvrest")>;
+using owner_down_atom = caf::atom_constant<caf::atom("slowndn")>;
 
 /// Starts an orchestrator incarnation (opening the JobManager on the data
 /// dir).
@@ -28,6 +29,7 @@ using OrchestratorFactory = std::function<Result<caf::actor>(caf::actor_system&)
 
 struct SupervisorConfig {
   std::vector<WorkerConfig> workers;  ///< one per worker, by index
+  std::vector<LayerOwnerConfig> owners;  ///< SiDP layer owners, by rank (empty without SiDP)
   caf::actor relay;                   ///< this node's orchestrator relay (null on a joined node)
   OrchestratorFactory start_orchestrator;  ///< empty on a joined node
   std::shared_ptr<OrchestratorRoster> roster;
@@ -47,6 +49,7 @@ struct SupervisorConfig {
 struct SupervisorState {
   SupervisorConfig config;
   std::vector<caf::actor> workers;
+  std::vector<caf::actor> owners;
   caf::actor orchestrator;
   caf::actor kvstore;
   static inline const char* name = "shardline.supervisor";
@@ -101,6 +104,11 @@ caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<Supervi
       adopt_orchestrator(self, std::move(first).value());
     }
   }
+  // SiDP owners before the workers: a worker's first WaS gets wait for them.
+  for (const LayerOwnerConfig& c : st.config.owners) {
+    st.owners.push_back(spawn_layer_owner(self->system(), c));
+    self->monitor(st.owners.back());
+  }
   for (const WorkerConfig& c : st.config.workers) {
     st.workers.push_back(spawn_worker(self->system(), c));
     self->monitor(st.workers.back());
@@ -135,6 +143,17 @@ caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<Supervi
       self->delayed_send(self, std::chrono::milliseconds(killed ? 100 : 1000), kv_restart_atom::value);
       return;
     }
+    for (std::size_t i = 0; i < st.owners.size(); ++i) {
+      if (st.owners[i].address() != dm.source) continue;
+      st.owners[i] = caf::actor();
+      if (shutdown) return;
+      // Its layers were withdrawn when it died; ranks needing them wait.
+      st.config.metrics->add("shardline_layer_owner_restarts_total", "owner=\"" + st.config.owners[i].name + "\"", 1);
+      spdlog::warn("supervisor: layer owner {} died ({}); respawning it", st.config.owners[i].name,
+                   caf::to_string(dm.reason));
+      self->delayed_send(self, std::chrono::milliseconds(100), owner_down_atom::value, static_cast<std::uint64_t>(i));
+      return;
+    }
     for (std::size_t i = 0; i < st.workers.size(); ++i) {
       if (st.workers[i].address() != dm.source) continue;
       st.workers[i] = caf::actor();
@@ -148,6 +167,8 @@ caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<Supervi
   self->set_exit_handler([self](caf::exit_msg& em) {
     for (auto& w : self->state.workers)
       if (w) self->send_exit(w, caf::exit_reason::user_shutdown);
+    for (auto& w : self->state.owners)
+      if (w) self->send_exit(w, caf::exit_reason::user_shutdown);
     if (self->state.orchestrator) self->send_exit(self->state.orchestrator, caf::exit_reason::user_shutdown);
     if (self->state.kvstore) self->send_exit(self->state.kvstore, caf::exit_reason::user_shutdown);
     self->quit(em.reason);
@@ -158,6 +179,12 @@ caf::behavior supervisor_behavior(SupervisorActor* self, std::shared_ptr<Supervi
         if (i >= st.workers.size() || st.workers[i]) return;
         st.workers[i] = spawn_worker(self->system(), st.config.workers[i]);
         self->monitor(st.workers[i]);
+      },
+      [self](owner_down_atom, std::uint64_t i) {
+        auto& st = self->state;
+        if (i >= st.owners.size() || st.owners[i]) return;
+        st.owners[i] = spawn_layer_owner(self->system(), st.config.owners[i]);
+        self->monitor(st.owners[i]);
       },
       [self](restart_atom) {
         if (!self->state.orchestrator) restart_orchestrator(self);
@@ -304,6 +331,40 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   std::vector<WorkerConfig> workers;
   engine::ParallelConfig group = o.parallel;
   group.dp = 1;
+  // SiDP: one group over the node's workers, the model loaded once.
+  std::shared_ptr<engine::SidpNodeGroup> sidp;
+  const std::string sidp_group = o.name + "/sidp";
+  std::vector<LayerOwnerConfig> owners;
+  if (o.sidp) {
+    if (cuda)
+      return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU devices so far");
+    if (o.parallel.group_size() != 1 || o.parallel.dp < 2)
+      return make_error(ErrorCode::invalid_argument,
+                        "--weight-sharing sidp needs --parallel dp=N (N >= 2, each rank one device), got " +
+                            o.parallel.to_string());
+    if (!o.engine.group_master.empty())
+      return make_error(ErrorCode::unsupported, "--weight-sharing sidp with --group-master is not built");
+    o.sidp->dp = o.parallel.dp;
+    engine::EngineOptions base = o.engine;
+    base.parallel = group;
+    base.device = model::DeviceKind::cpu;
+    base.max_num_seqs = o.max_batch;
+    auto made = engine::SidpNodeGroup::create(base, *o.sidp);
+    if (!made) return std::move(made).error();
+    sidp = std::move(made).value();
+    for (int i = 0; i < o.parallel.dp; ++i) {
+      LayerOwnerConfig oc;
+      oc.name = worker_name(o.name, i, group) + "/owner";
+      oc.node_name = o.name;
+      oc.group_name = sidp_group;
+      oc.rank = i;
+      oc.sidp = sidp;
+      oc.orchestrator = node->orchestrator_;
+      oc.key = node->key_;
+      oc.heartbeat_ms = o.failure.heartbeat_ms;
+      owners.push_back(std::move(oc));
+    }
+  }
   for (int i = 0; i < o.parallel.dp; ++i) {
     WorkerConfig wc;
     wc.node_name = o.name;
@@ -327,6 +388,11 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     wc.metrics = node->metrics_;
     wc.heartbeat_ms = o.failure.heartbeat_ms;
     wc.failure_timeout_ms = o.failure.failure_timeout_ms;
+    if (sidp) {
+      wc.sidp = sidp;
+      wc.sidp_rank = i;
+      wc.sidp_group = sidp_group;
+    }
     workers.push_back(std::move(wc));
   }
   auto sc = std::make_shared<SupervisorConfig>();
@@ -364,6 +430,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   apply_stall_hook(workers);
   node->num_workers_ = static_cast<int>(workers.size());
   sc->workers = std::move(workers);
+  sc->owners = std::move(owners);
   sc->relay = node->relay_;
   sc->start_orchestrator = std::move(start_orchestrator);
   sc->roster = roster;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@
 #include "actors/metrics.hpp"
 #include "common/result.hpp"
 #include "engine/engine_builder.hpp"
+#include "engine/policies/sidp_mode_policy.hpp"
+#include "engine/sidp_group.hpp"
 
 namespace shardline::actors {
 
@@ -57,6 +60,15 @@ struct NodeOptions {
   /// workers beat, and (on the node running the orchestrator) how long a
   /// silent worker lives on.
   FailureDetection failure;
+  /// `--weight-sharing sidp` (seed 002): the node's dp CPU workers (one
+  /// device each) form one SiDP group "NODE/sidp" whose FFN layers each live
+  /// on one device's layer owner ("NODE/cpu:I/owner"); sidp->dp is set from
+  /// parallel.dp. nullopt = plain DP (every worker holds the whole model).
+  std::optional<engine::SidpOptions> sidp;
+  /// `--sidp-mode`, `--sidp-switch-batch`, `--sidp-hysteresis`,
+  /// `--sidp-min-dwell`: the orchestrator's switching policy for every SiDP
+  /// group of the cluster (used on the node that runs the orchestrator).
+  engine::SidpModePolicyOptions sidp_policy;
 };
 
 class Node {

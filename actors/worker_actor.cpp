@@ -15,6 +15,7 @@
 #include "messages/codec.hpp"
 #include "orchestrator/job_admission.hpp"
 #include "worker/job_token_budget.hpp"
+#include "worker/sidp_stepper.hpp"
 
 namespace shardline::actors {
 
@@ -36,6 +37,10 @@ struct WorkerState {
   // the worker whose steps push into it.
   std::shared_ptr<ActorKvTarget> kv_target;
   std::shared_ptr<worker::KvProgressTracker> kv_progress;
+  /// SiDP (seed 002): this worker's rank of the node's group; destroyed after
+  /// the engine (declared before it), which marks its compute generation dead.
+  std::unique_ptr<worker::SidpStepper> sidp;
+  std::uint64_t weight_bytes = 0;  ///< EngineInstance::weight_bytes of its engine
   std::unique_ptr<worker::BatchWorker> worker;
   std::unique_ptr<worker::KvStreamer> kv_streamer;
   Exported exported;
@@ -65,6 +70,8 @@ messages::WorkerStatus status_of(const WorkerState& st) {
   w.prompt_tokens = static_cast<std::uint64_t>(s.prompt_tokens);
   w.generated_tokens = static_cast<std::uint64_t>(s.generated_tokens);
   w.steps_done = static_cast<std::uint64_t>(s.steps_done);
+  w.weight_bytes = st.weight_bytes;
+  if (st.sidp) w.sidp_mode = st.sidp->mode_name();
   return w;
 }
 
@@ -75,9 +82,17 @@ void to_orchestrator(WorkerActor* self, const messages::OrchestratorMsg& msg) {
 
 void say_hello(WorkerActor* self) {
   const WorkerState& st = self->state;
-  messages::WorkerHello hello{st.config.name, st.config.device, static_cast<std::uint32_t>(st.config.max_batch),
-                              st.config.engine.parallel, {}};
+  messages::WorkerHello hello;
+  hello.worker_name = st.config.name;
+  hello.device = st.config.device;
+  hello.max_batch = static_cast<std::uint32_t>(st.config.max_batch);
+  hello.parallel = st.config.engine.parallel;
   hello.held.assign(st.held.begin(), st.held.end());
+  if (st.sidp) {
+    hello.sidp_group = st.config.sidp_group;
+    hello.sidp_rank = static_cast<std::uint32_t>(st.config.sidp_rank);
+    hello.sidp_ranks = static_cast<std::uint32_t>(st.config.sidp->dp());
+  }
   to_orchestrator(self, hello);
 }
 
@@ -211,6 +226,26 @@ Reply handle(WorkerActor* self, const messages::HelloAgain&) {
   return messages::Ack{};
 }
 
+/// A SiDP step hook failed (not because a peer left: that only moves the
+/// rank to WaS): a crash of this worker, as an engine failure is.
+void sidp_failed(WorkerActor* self, const Error& e) {
+  spdlog::error("worker {}: SiDP step failed: {}", self->state.config.name, e.to_string());
+  self->quit(caf::exit_reason::unhandled_exception);
+}
+
+/// No work: a SiDP rank in CaS takes its lockstep turn (a dummy step), one in
+/// WaS joins a pending switch; then it comes back after the delay the
+/// stepper asks for, or waits for a message (work or a directive).
+void sidp_idle(WorkerActor* self) {
+  WorkerState& s = self->state;
+  auto idle = s.sidp->idle();
+  if (!idle) return sidp_failed(self, idle.error());
+  if (!idle->again) return;
+  if (idle->delay.count() == 0) return schedule_step(self);
+  s.step_scheduled = true;
+  self->delayed_send(self, idle->delay, step_atom::value);
+}
+
 /// The test hook of WorkerConfig::stall_at_step: this thread sticks, as a
 /// hung engine would, and sends no heartbeat meanwhile.
 void maybe_stall(WorkerActor* self) {
@@ -224,7 +259,18 @@ void maybe_stall(WorkerActor* self) {
   spdlog::warn("worker {}: test hook: stall over", s.config.name);
 }
 
-Reply handle(WorkerActor*, const messages::SidpSwitch&) { return messages::Ack{}; }
+Reply handle(WorkerActor* self, const messages::SidpSwitch& sw) {
+  WorkerState& s = self->state;
+  if (!s.sidp || sw.group != s.config.sidp_group)
+    return make_error(ErrorCode::invalid_argument,
+                      "worker " + s.config.name + " is not in SiDP group '" + sw.group + "'");
+  const auto mode = engine::parse_sidp_mode(sw.mode);
+  if (!mode) return mode.error();  // the codec checked it
+  spdlog::info("worker {}: SiDP directive {} (epoch {})", s.config.name, sw.mode, sw.epoch);
+  s.sidp->directive(*mode, sw.epoch);
+  schedule_step(self);  // an idle rank joins the switch at its next boundary
+  return messages::Ack{};
+}
 
 Reply handle(WorkerActor* self, const messages::WorkerStatusQuery&) { return status_of(self->state); }
 
@@ -237,7 +283,21 @@ Reply handle(WorkerActor* self, const messages::Shutdown&) {
 caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   self->state.config = std::move(config);
   WorkerState& st = self->state;
-  auto built = engine::build_engine(st.config.engine);
+  std::unique_ptr<engine::SidpRank> sidp_rank;
+  engine::EngineOptions engine_options = st.config.engine;
+  if (st.config.sidp) {
+    auto r = st.config.sidp->attach(st.config.sidp_rank);
+    if (!r) {
+      spdlog::error("worker {}: cannot join SiDP group {}: {}", st.config.name, st.config.sidp_group,
+                    r.error().to_string());
+      st.config.metrics->add("shardline_worker_start_failures_total", "", 1);
+      self->quit(caf::exit_reason::user_shutdown);
+      return {};
+    }
+    sidp_rank = std::move(r).value();
+    engine_options = sidp_rank->engine_options();
+  }
+  auto built = engine::build_engine(engine_options);
   if (!built) {
     spdlog::error("worker {}: cannot start its engine: {}", st.config.name, built.error().to_string());
     st.config.metrics->add("shardline_worker_start_failures_total", "", 1);
@@ -250,7 +310,19 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     self->quit(caf::exit_reason::user_shutdown);
     return {};
   }
+  st.weight_bytes = worker->engine_instance().weight_bytes;
   st.worker = std::make_unique<worker::BatchWorker>(std::move(worker).value());
+  if (sidp_rank) {
+    // The engine is built: join the group's compute generation (peers that
+    // follow into a new one wait for this rank there).
+    if (Status joined = sidp_rank->join(); !joined) {
+      spdlog::error("worker {}: cannot join SiDP group {}: {}", st.config.name, st.config.sidp_group,
+                    joined.error().to_string());
+      self->quit(caf::exit_reason::unhandled_exception);
+      return {};
+    }
+    st.sidp = std::make_unique<worker::SidpStepper>(std::move(sidp_rank));
+  }
   st.token_budget = std::make_unique<worker::JobTokenBudget>(st.config.engine.max_num_batched_tokens);
   for (const char* metric : {"shardline_kv_streamed_bytes_total", "shardline_recovered_tokens_total",
                              "shardline_kv_resume_fallbacks_total"})
@@ -291,10 +363,18 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
       [self](step_atom) {
         WorkerState& s = self->state;
         s.step_scheduled = false;
+        if (!s.worker->has_work()) {
+          if (s.sidp) sidp_idle(self);
+          return;
+        }
         ++s.steps;
         maybe_stall(self);
+        if (s.sidp)
+          if (Status st = s.sidp->before_step(); !st) return sidp_failed(self, st.error());
         const auto t0 = std::chrono::steady_clock::now();
         auto results = s.worker->step();
+        if (results && s.sidp)
+          if (Status st = s.sidp->after_step(); !st) return sidp_failed(self, st.error());
         const auto step_ms =
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
         if (step_ms > s.config.failure_timeout_ms / 2 && !s.warned_slow_step) {
@@ -329,7 +409,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
         }
         s.config.metrics->add("shardline_engine_steps_total", "worker=\"" + s.config.name + "\"", 1);
         export_kv_metrics(self);
-        if (s.worker->has_work()) schedule_step(self);
+        if (s.worker->has_work() || s.sidp) schedule_step(self);  // a SiDP rank goes on idle (CaS lockstep)
       },
       [self](beat_atom) {
         const messages::WorkerStatus status = status_of(self->state);

@@ -21,6 +21,7 @@
 #include "cli/commands.hpp"
 #include "cli/devices.hpp"
 #include "cli/engine_flags.hpp"
+#include "cli/sidp_flags.hpp"
 #include "comm/address.hpp"
 #include "engine/tcp_group.hpp"
 #include "orchestrator/job_admission.hpp"
@@ -78,6 +79,7 @@ struct NodeArgs {
   actors::FailureDetection failure;
   KvFlags kv;
   EngineFlags engine;
+  SidpFlags sidp;
 };
 
 /// --group-master / --group-key-file into the engine options: the engine
@@ -138,6 +140,7 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
     return make_error(ErrorCode::invalid_argument,
                       "--kv-replication must be >= 0, got " + std::to_string(a.kv.replication));
   o.kv_replication = a.kv.replication;
+  if (Status st = apply_sidp_flags(a.sidp, o); !st) return st.error();
   o.kv_store_bytes = a.kv.store_mib << 20;
   return o;
 }
@@ -151,10 +154,17 @@ std::string describe_workers(const actors::NodeOptions& o) {
            " (one device each, --gpu-memory-utilization " + std::to_string(o.engine.gpu_memory_utilization).substr(0, 4) +
            (o.engine.deterministic ? ", deterministic" : "") + ")";
   }
+  std::string sidp;
+  if (o.sidp)
+    sidp = ", SiDP weight sharing (--sidp-mode " + std::string(engine::to_string(o.sidp_policy.setting)) +
+           (o.sidp_policy.setting == engine::SidpModeSetting::automatic
+                ? ", b* = " + std::to_string(o.sidp_policy.switch_batch) + " running sequences"
+                : std::string()) +
+           ")";
   return std::to_string(o.parallel.dp) + (o.parallel.dp == 1 ? " worker" : " workers") + " of [" +
          orchestrator::group_label(o.parallel) + "] on cpu:" + std::to_string(o.num_cpu_devices) + ", " +
          std::to_string(o.engine.num_threads) + (o.engine.num_threads == 1 ? " thread" : " threads") +
-         " per device";
+         " per device" + sidp;
 }
 
 /// --devices and --parallel of `run` and `node start`.
@@ -423,6 +433,7 @@ struct RunArgs {
   actors::FailureDetection failure;
   KvFlags kv;
   EngineFlags engine;
+  SidpFlags sidp;
 };
 
 void draw_progress(const messages::JobProgress& p) {
@@ -454,6 +465,7 @@ int run_run(RunArgs& a) {
   na.failure = a.failure;
   na.kv = a.kv;
   na.engine = a.engine;
+  na.sidp = a.sidp;
   auto o = node_options(na);
   if (!o) return fail(o.error(), 2);
   o->key_file.clear();
@@ -543,6 +555,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   add_failure_flags(*start, na->failure);
   add_kv_flags(*start, na->kv);
   add_engine_flags(*start, na->engine);
+  add_sidp_flags(*start, na->sidp);
   start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
 
   // job submit / status
@@ -602,6 +615,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   add_failure_flags(*r, ra->failure);
   add_kv_flags(*r, ra->kv);
   add_engine_flags(*r, ra->engine);
+  add_sidp_flags(*r, ra->sidp);
   r->callback([&run, ra] { run = [ra] { return run_run(*ra); }; });
 }
 

@@ -128,6 +128,8 @@ class BatchWorker {
   [[nodiscard]] const engine::LlmEngine& engine() const { return *engine_.engine; }
   /// For per-job engine settings between steps (e.g. LlmEngine::set_token_budget).
   [[nodiscard]] engine::LlmEngine& engine() { return *engine_.engine; }
+  /// The engine's instance (weights, executor, weight bytes).
+  [[nodiscard]] const engine::EngineInstance& engine_instance() const { return engine_; }
   [[nodiscard]] const model::Tokenizer& tokenizer() const { return *engine_.tokenizer; }
 
   /// The seed of choice `choice` of a line without a seed of its own: a

@@ -1,0 +1,120 @@
+#include "cli/sidp_flags.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "bench/hardware.hpp"
+#include "common/dtype.hpp"
+#include "model/config.hpp"
+#include "orchestrator/cost_model.hpp"
+
+namespace shardline::cli {
+
+void add_sidp_flags(CLI::App& cmd, SidpFlags& f) {
+  cmd.add_option("--weight-sharing", f.weight_sharing,
+                 "sidp: the --parallel dp=N CPU workers share the FFN weights, each layer on one device's layer "
+                 "owner (SiDP, docs/sidp.md); none: each worker holds the whole model")
+      ->check(CLI::IsMember({"none", "sidp"}))
+      ->capture_default_str();
+  cmd.add_option("--sidp-ownership", f.ownership, "Which device owns each FFN layer: balanced (layer l on l mod N) "
+                                                  "or a plan, one owner per layer, e.g. 0,1,0,1")
+      ->capture_default_str();
+  cmd.add_option("--sidp-cache-slots", f.cache_slots, "WaS cache slots per device (raised to what the order needs)")
+      ->capture_default_str();
+  cmd.add_option("--sidp-peak-shifting", f.peak_shifting, "Per-rank shifted WaS prefetch order (§4.2)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd.add_option("--sidp-mode", f.mode,
+                 "auto: start in WaS, the orchestrator switches to CaS in the tail; was / cas: stay in one mode")
+      ->check(CLI::IsMember({"auto", "was", "cas"}))
+      ->capture_default_str();
+  cmd.add_option("--sidp-switch-batch", f.switch_batch,
+                 "b*: switch to CaS when the group's running sequences stay below it (0 = from the cost model)")
+      ->capture_default_str();
+  cmd.add_option("--sidp-hysteresis", f.hysteresis, "h: switch back to WaS above b*(1+h)")->capture_default_str();
+  cmd.add_option("--sidp-min-dwell", f.min_dwell_s,
+                 "Seconds below b* before switching to CaS, and the least time between two switches")
+      ->capture_default_str();
+  cmd.add_option("--link-gbps", f.link_gbps,
+                 "Emulated device link (GB/s per rank) that weight gets and CaS sends are paced to, like NVLink "
+                 "(0 = off: a get costs a memcpy)")
+      ->capture_default_str();
+  cmd.add_option("--link-latency-us", f.link_latency_us, "Emulated link latency per transfer, us")
+      ->capture_default_str();
+}
+
+namespace {
+
+/// b* on the group's effective batch: dp x the cost model's per-rank b*.
+Result<long long> cost_model_switch_batch(const actors::NodeOptions& o, const engine::SidpOptions& so) {
+  auto config = model::load_model_config(o.engine.model_dir);
+  if (!config) return std::move(config).error();
+  const int threads = std::max(1, o.engine.num_threads) * o.parallel.dp;
+  const double membw_gbs = bench::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
+  const double gemm_gflops = bench::measure_linear_gflops(512, 2);
+  orchestrator::ElementSizes sizes;
+  sizes.weight_bytes = static_cast<double>(dtype_size(o.engine.dtype));
+  sizes.kv_bytes = static_cast<double>(dtype_size(o.engine.kv_cache_dtype));
+  sizes.activation_bytes = 4;
+  orchestrator::HardwareSpec hw;
+  hw.memory_bw_bytes_per_s = membw_gbs * 1e9 / o.parallel.dp;
+  hw.flops_per_s = gemm_gflops * 1e9 / o.parallel.dp;
+  // Without emulation a weight get is a memcpy on the shared bus.
+  const double link_gbs = so.link.gbps > 0 ? so.link.gbps : membw_gbs / o.parallel.dp;
+  hw.comm_bw_bytes_per_s = link_gbs * 1e9;
+  hw.comm_latency_s = so.link.latency_us * 1e-6;
+  auto cost = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(*config), sizes, hw);
+  if (!cost) return std::move(cost).error();
+  auto point = cost->sidp_switch_batch(orchestrator::LinkSpec::from_gbps(link_gbs, so.link.latency_us));
+  if (!point) return std::move(point).error();
+  const long long group = point->switch_batch * o.parallel.dp;
+  spdlog::info("sidp: b* = {} per rank (cost model: fetch {:.3f} ms per layer at {:.1f} GB/s, FFN GEMM {:.3f} ms; "
+               "measured {:.1f} GB/s, {:.0f} GFLOP/s over {} ranks{}); the group switches below {} running sequences",
+               point->switch_batch, point->fetch_ms, link_gbs, point->ffn_gemm_ms, membw_gbs, gemm_gflops,
+               o.parallel.dp, point->capped ? ", capped" : "", group);
+  return group;
+}
+
+}  // namespace
+
+Status apply_sidp_flags(const SidpFlags& f, actors::NodeOptions& o) {
+  if (f.weight_sharing != "sidp") {
+    if (f.weight_sharing != "none")
+      return make_error(ErrorCode::invalid_argument, "--weight-sharing is none or sidp, got " + f.weight_sharing);
+    return Status::ok_status();
+  }
+  if (o.parallel.dp < 2 || o.parallel.group_size() != 1)
+    return make_error(ErrorCode::invalid_argument,
+                      "--weight-sharing sidp needs --parallel dp=N with N >= 2 (each rank one CPU device), got " +
+                          o.parallel.to_string());
+  if (f.cache_slots < 1)
+    return make_error(ErrorCode::invalid_argument, "--sidp-cache-slots must be >= 1, got " + std::to_string(f.cache_slots));
+  if (f.link_gbps < 0 || f.link_latency_us < 0)
+    return make_error(ErrorCode::invalid_argument, "--link-gbps and --link-latency-us must be >= 0");
+  engine::SidpOptions so;
+  so.dp = o.parallel.dp;
+  so.ownership = f.ownership;
+  so.cache_slots = f.cache_slots;
+  so.peak_shifting = f.peak_shifting == "on";
+  so.link = comm::LinkSpec{f.link_gbps, f.link_latency_us};
+  engine::SidpModePolicyOptions po;
+  auto setting = engine::parse_sidp_mode_setting(f.mode);
+  if (!setting) return make_error(ErrorCode::invalid_argument, "--sidp-mode: " + setting.error().message);
+  po.setting = *setting;
+  po.hysteresis = f.hysteresis;
+  po.min_dwell_s = f.min_dwell_s;
+  po.num_ranks = o.parallel.dp;
+  po.switch_batch = f.switch_batch;
+  if (f.switch_batch < 0)
+    return make_error(ErrorCode::invalid_argument, "--sidp-switch-batch must be >= 0, got " + std::to_string(f.switch_batch));
+  if (po.setting == engine::SidpModeSetting::automatic && f.switch_batch == 0) {
+    auto b = cost_model_switch_batch(o, so);
+    if (!b) return make_error(ErrorCode::invalid_argument, "--sidp-switch-batch from the cost model: " + b.error().message);
+    po.switch_batch = *b;
+  }
+  if (Status st = po.validate(); !st) return st;
+  o.sidp = so;
+  o.sidp_policy = po;
+  return Status::ok_status();
+}
+
+}  // namespace shardline::cli
