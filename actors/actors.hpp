@@ -28,6 +28,7 @@
 #include "actors/kv_client.hpp"
 #include "actors/metrics.hpp"
 #include "engine/engine_builder.hpp"
+#include "engine/policies/sidp_mode_policy.hpp"
 #include "kvstore/kv_store.hpp"
 #include "kvstore/replication.hpp"
 #include "messages/types.hpp"
@@ -55,6 +56,10 @@ struct OrchestratorRoster {
   std::mutex mu;
   std::set<std::string> workers;  ///< registered (or awaited) by the current incarnation
   int restarts = 0;               ///< incarnations started after a kill or crash
+  /// The highest SiDP mode-switch epoch an incarnation has sent
+  /// (orchestrator::SidpSwitcher::last_epoch): the next one continues above
+  /// it, so the ranks never see an epoch go back.
+  std::uint64_t sidp_epoch = 0;
 };
 
 struct OrchestratorConfig {
@@ -72,6 +77,12 @@ struct OrchestratorConfig {
   /// Kills a node-local actor by name the way a crash would; false if unknown.
   std::function<bool(const std::string&)> kill_local;
   FailureDetection failure;
+  /// SiDP mode switching (`--sidp-mode`, `--sidp-switch-batch`,
+  /// `--sidp-hysteresis`, `--sidp-min-dwell`) for every SiDP group of the
+  /// cluster; num_ranks is ignored (each group's comes with its workers'
+  /// hellos). Checked on the first hello of a SiDP worker (a cluster without
+  /// SiDP never checks it): invalid options refuse the SiDP workers.
+  engine::SidpModePolicyOptions sidp_policy;
   /// Shared with the incarnations before and after this one; never null.
   std::shared_ptr<OrchestratorRoster> roster = std::make_shared<OrchestratorRoster>();
 };
