@@ -94,6 +94,11 @@ struct OrchestratorConfig {
 /// config.roster->restarts > 0 it is such a restart: it holds its dispatch
 /// until the roster's workers said hello again (each with the lines it
 /// holds) or the failure timeout has passed.
+///
+/// SiDP (actors/orchestrator_sidp.hpp, docs/sidp.md): it runs the WaS <->
+/// CaS policy of every SiDP group its workers name in their hellos, sends the
+/// group's workers a sidpSwitch for each decision (and a sync when a group is
+/// first complete), and lists and kills the layer owners that say hello.
 [[nodiscard]] caf::actor spawn_orchestrator(caf::actor_system& sys, OrchestratorConfig config);
 
 /// Spawns the orchestrator relay: it forwards every (msg_atom, tag, bytes)
