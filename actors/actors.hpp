@@ -29,6 +29,7 @@
 #include "actors/metrics.hpp"
 #include "engine/engine_builder.hpp"
 #include "engine/sidp_node.hpp"
+#include "engine/policies/sidp_mode_policy.hpp"
 #include "kvstore/kv_store.hpp"
 #include "kvstore/replication.hpp"
 #include "messages/types.hpp"
@@ -56,6 +57,10 @@ struct OrchestratorRoster {
   std::mutex mu;
   std::set<std::string> workers;  ///< registered (or awaited) by the current incarnation
   int restarts = 0;               ///< incarnations started after a kill or crash
+  /// The highest SiDP mode-switch epoch an incarnation has sent
+  /// (orchestrator::SidpSwitcher::last_epoch): the next one continues above
+  /// it, so the ranks never see an epoch go back.
+  std::uint64_t sidp_epoch = 0;
 };
 
 struct OrchestratorConfig {
@@ -73,6 +78,12 @@ struct OrchestratorConfig {
   /// Kills a node-local actor by name the way a crash would; false if unknown.
   std::function<bool(const std::string&)> kill_local;
   FailureDetection failure;
+  /// SiDP mode switching (`--sidp-mode`, `--sidp-switch-batch`,
+  /// `--sidp-hysteresis`, `--sidp-min-dwell`) for every SiDP group of the
+  /// cluster; num_ranks is ignored (each group's comes with its workers'
+  /// hellos). Checked on the first hello of a SiDP worker (a cluster without
+  /// SiDP never checks it): invalid options refuse the SiDP workers.
+  engine::SidpModePolicyOptions sidp_policy;
   /// Shared with the incarnations before and after this one; never null.
   std::shared_ptr<OrchestratorRoster> roster = std::make_shared<OrchestratorRoster>();
 };
@@ -84,6 +95,11 @@ struct OrchestratorConfig {
 /// config.roster->restarts > 0 it is such a restart: it holds its dispatch
 /// until the roster's workers said hello again (each with the lines it
 /// holds) or the failure timeout has passed.
+///
+/// SiDP (actors/orchestrator_sidp.hpp, docs/sidp.md): it runs the WaS <->
+/// CaS policy of every SiDP group its workers name in their hellos, sends the
+/// group's workers a sidpSwitch for each decision (and a sync when a group is
+/// first complete), and lists and kills the layer owners that say hello.
 [[nodiscard]] caf::actor spawn_orchestrator(caf::actor_system& sys, OrchestratorConfig config);
 
 /// Spawns the orchestrator relay: it forwards every (msg_atom, tag, bytes)

@@ -301,6 +301,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
       oc.metrics = metrics;
       oc.failure = o.failure;
       oc.roster = roster;
+      oc.sidp_policy = o.sidp_policy;
       return spawn_orchestrator(sys, std::move(oc));
     };
     // Clients, workers and joined nodes hold the relay, never an

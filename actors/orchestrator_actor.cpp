@@ -3,7 +3,8 @@
 // counts, queue room, heartbeat timeouts, requeues, the hold after a restart).
 // It keeps the workers' actor handles, monitors them, and sends what the pool
 // hands out. Its messages come through the node's relay (orchestrator_relay.cpp)
-// with the original sender.
+// with the original sender. Its SiDP half (mode switching of SiDP groups,
+// layer owners) is OrchestratorSidp (orchestrator_sidp.hpp).
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 
 #include "actors/actors.hpp"
 #include "actors/inbox.hpp"
+#include "actors/orchestrator_sidp.hpp"
 #include "actors/protocol.hpp"
 #include "messages/codec.hpp"
 #include "orchestrator/job_admission.hpp"
@@ -46,6 +48,7 @@ struct OrchestratorState {
   std::map<std::string, caf::actor> handles;     ///< the pool's workers, by name
   std::map<std::string, KvStoreEntry> stores;    ///< every KV store heard of, by name
   std::set<std::uint64_t> kv_dropped_jobs;       ///< finished jobs whose KV the stores were told to drop
+  std::optional<OrchestratorSidp> sidp;          ///< SiDP switching and layer owners
   Inbox inbox;
   caf::strong_actor_ptr sender;  ///< of the message being handled (the relay passes it on)
   Clock::time_point last_tick;
@@ -86,7 +89,8 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
 /// name in it yet (shown as "starting").
 std::optional<orchestrator::WorkerLoad> load_of(const messages::WorkerStatus& s) {
   if (s.worker_name.empty()) return std::nullopt;
-  return orchestrator::WorkerLoad{s.state, s.num_running, s.num_waiting, s.kv_blocks_used, s.kv_blocks_total};
+  return orchestrator::WorkerLoad{s.state,          s.num_running,  s.num_waiting, s.kv_blocks_used,
+                                  s.kv_blocks_total, s.weight_bytes, s.sidp_mode};
 }
 
 /// Sends the pool's hand-outs (each worker's queue up to 2 x max_batch).
@@ -100,10 +104,23 @@ void dispatch(OrchestratorActor* self) {
   }
 }
 
+/// Sends each SiDP directive to the workers it names.
+void send_sidp(OrchestratorActor* self, const OrchestratorSidp::Directives& directives) {
+  OrchestratorState& st = self->state;
+  for (const orchestrator::SidpDirective& d : directives) {
+    const Signed s =
+        sign(*st.config.key, messages::encode(messages::WorkerMsg{OrchestratorSidp::to_message(d)}));
+    for (const std::string& w : d.workers)
+      if (const auto h = st.handles.find(w); h != st.handles.end())
+        self->send(h->second, msg_atom::value, s.tag, s.bytes);
+  }
+}
+
 void drop_worker(OrchestratorActor* self, const std::string& name, const char* why) {
   OrchestratorState& st = self->state;
   const std::optional<std::size_t> n = st.pool->remove(name);
   if (!n) return;
+  st.sidp->left(name, Clock::now());
   spdlog::warn("orchestrator: worker {} {}; {} lines requeued", name, why, *n);
   st.handles.erase(name);
   {
@@ -190,10 +207,15 @@ void drop_finished_jobs_kv(OrchestratorActor* self) {
   }
 }
 
-std::string mib(std::uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
+/// A worker's `actor list` detail from its last heartbeat: "weights 12.3
+/// MiB, kv blocks 5/10, sidp cas".
+std::string worker_detail(const orchestrator::WorkerPool::Worker* w) {
+  if (w == nullptr || !w->load) return "";
+  const orchestrator::WorkerLoad& l = *w->load;
+  std::string d = "weights " + mib(l.weight_bytes) + ", kv blocks " + std::to_string(l.kv_blocks_used) + "/" +
+                  std::to_string(l.kv_blocks_total);
+  if (!l.sidp_mode.empty()) d += ", sidp " + l.sidp_mode;
+  return d;
 }
 
 // ---- the inbox: one handler per message ----------------------------------------
@@ -233,6 +255,7 @@ Answer handle(OrchestratorActor* self, const messages::JobStatusQuery& q) {
     if (!p) return p.error();
     list.jobs.push_back(to_message(*p, *st.config.jobs));
   }
+  list.sidp_groups = st.sidp->groups();
   return list;
 }
 
@@ -243,8 +266,11 @@ Answer handle(OrchestratorActor* self, const messages::ActorListQuery&) {
                          std::string(st.pool->holding() ? "recovering" : "running") +
                              " restarts=" + std::to_string(restarts(st)),
                          "", ""});
-  for (auto& w : st.pool->list())
-    list.actors.push_back({std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group), ""});
+  for (auto& w : st.pool->list()) {
+    std::string detail = worker_detail(st.pool->find(w.name));
+    list.actors.push_back(
+        {std::move(w.name), "worker", std::move(w.node), std::move(w.state), std::move(w.group), std::move(detail)});
+  }
   for (const auto& [name, e] : st.stores) {
     const messages::KvStoreStats& k = e.stats;
     std::string detail = "mem " + mib(k.bytes_used) + " / " + mib(k.bytes_capacity) + ", disk " + mib(k.disk_bytes) +
@@ -255,6 +281,8 @@ Answer handle(OrchestratorActor* self, const messages::ActorListQuery&) {
                            std::string(e.handle ? "running" : "down") + " restarts=" + std::to_string(e.restarts),
                            "", std::move(detail)});
   }
+  for (auto& a : st.sidp->list_owners(Clock::now(), std::chrono::milliseconds(st.config.failure.failure_timeout_ms)))
+    list.actors.push_back(std::move(a));
   if (st.config.local_actors)
     for (auto& a : st.config.local_actors()) list.actors.push_back(std::move(a));
   return list;
@@ -281,6 +309,12 @@ Answer handle(OrchestratorActor* self, const messages::KillActor& kill) {
     self->send_exit(it->second.handle, caf::exit_reason::kill);
     return messages::Ack{};
   }
+  if (caf::actor owner = st.sidp->owner(name)) {
+    // Like a crash: its node's supervisor respawns it, and it reloads its layers.
+    spdlog::warn("orchestrator: killing layer owner {} on request", name);
+    self->send_exit(owner, caf::exit_reason::kill);
+    return messages::Ack{};
+  }
   if (st.config.kill_local && st.config.kill_local(name)) return messages::Ack{};
   return make_error(ErrorCode::not_found, "no actor named '" + name + "' (see `shardline actor list`)");
 }
@@ -302,10 +336,15 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHello& hello) {
   info.group = hello.parallel;
   info.held = hello.held;
   info.instance = caf::to_string(sender.address());
-  auto joined = st.pool->hello(name, info, Clock::now());
+  const bool sidp = !hello.sidp_group.empty();
+  Status sidp_ok = sidp ? st.sidp->check(hello) : Status::ok_status();
+  auto joined = sidp_ok ? st.pool->hello(name, info, Clock::now())
+                        : Result<orchestrator::WorkerPool::Hello>(
+                              make_error(sidp_ok.error().code, "worker " + name + ": " + sidp_ok.error().message));
   if (!joined) {
     // Jobs run on one group shape; a node started with another --parallel
-    // is told to stop its worker (a shutdown: its supervisor leaves it).
+    // (or a SiDP group the orchestrator cannot take) is told to stop its
+    // worker (a shutdown: its supervisor leaves it).
     spdlog::warn("orchestrator: refused {}", joined.error().message);
     const Signed bye = sign(*st.config.key, messages::encode(messages::WorkerMsg{messages::Shutdown{}}));
     self->send(sender, msg_atom::value, bye.tag, bye.bytes);
@@ -332,6 +371,14 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHello& hello) {
     spdlog::info("orchestrator: worker {} joined again holding {} lines ({} in flight on it)", name,
                  hello.held.size(), joined->claimed);
   if (joined->hold_ended) spdlog::info("orchestrator: every worker is back; dispatching");
+  if (sidp) {
+    // The sync when its group is complete for the first time, else its mode.
+    auto directives = st.sidp->joined(hello, Clock::now());
+    if (directives)
+      send_sidp(self, *directives);
+    else  // (checked above: does not happen)
+      spdlog::error("orchestrator: SiDP worker {}: {}", name, directives.error().to_string());
+  }
   update_job_metrics(st);
   dispatch(self);
   return std::nullopt;
@@ -350,13 +397,21 @@ Answer handle(OrchestratorActor* self, const messages::WorkerResults& wr) {
 
 Answer handle(OrchestratorActor* self, const messages::WorkerHeartbeat& beat) {
   OrchestratorState& st = self->state;
-  st.pool->heartbeat(beat.worker_name, load_of(beat.status), Clock::now());
+  const Clock::time_point now = Clock::now();
+  st.pool->heartbeat(beat.worker_name, load_of(beat.status), now);
   ask_hello_if_unknown(self, beat.worker_name);
+  if (st.pool->contains(beat.worker_name) && !beat.status.worker_name.empty())
+    send_sidp(self, st.sidp->heartbeat(beat.worker_name, beat.status.num_running, now));
   return std::nullopt;
 }
 
-Answer handle(OrchestratorActor*, const messages::LayerOwnerHello&) {
-  return std::nullopt;  // registered by the SiDP wiring (to come)
+/// A layer owner's hello (at its start and every heartbeat) registers it,
+/// or a new incarnation of it, for `actor list` and `actor kill`.
+Answer handle(OrchestratorActor* self, const messages::LayerOwnerHello& hello) {
+  OrchestratorState& st = self->state;
+  auto sender = caf::actor_cast<caf::actor>(st.sender);
+  if (st.sidp->owner_seen(sender, hello, Clock::now())) self->monitor(sender);
+  return std::nullopt;
 }
 
 Answer handle(OrchestratorActor* self, const messages::KvStoreHello& hello) {
@@ -406,6 +461,7 @@ void tick(OrchestratorActor* self) {
     std::lock_guard<std::mutex> lock(st.config.roster->mu);
     st.config.roster->workers.erase(name);
   }
+  send_sidp(self, st.sidp->decide(now));  // a dwell can end between heartbeats
   dispatch(self);
   update_job_metrics(st);
   self->delayed_send(self, period, tick_atom::value);
@@ -419,6 +475,7 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
                                                      state.config.failure.failure_timeout_ms / 1000.0,
                                                      state.config.failure.heartbeat_ms / 1000.0});
   state.inbox = Inbox("orchestrator", state.config.key, state.config.metrics);
+  state.sidp.emplace(state.config.sidp_policy, state.config.roster, state.config.metrics);
   state.last_tick = Clock::now();
   {
     OrchestratorRoster& roster = *state.config.roster;
@@ -437,6 +494,7 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
     }
   }
   self->set_down_handler([self](caf::down_msg& dm) {
+    if (self->state.sidp->owner_down(dm.source)) return;
     for (auto& [name, e] : self->state.stores) {
       if (e.handle && e.handle.address() == dm.source) {
         spdlog::warn("orchestrator: kv store {} is down ({})", name, caf::to_string(dm.reason));
@@ -512,6 +570,7 @@ void describe_node_metrics(MetricsRegistry& m) {
              "Positions a KV store's replica is behind it, by store.");
   m.describe("shardline_kv_store_restarts_total", "counter",
              "KV stores started again by this node's supervisor after a kill or crash.");
+  describe_sidp_metrics(m);
   m.describe_histogram("shardline_recovery_seconds",
                        "Time a worker took to resume a line after a failure: fetching its KV from the stores "
                        "until the line was submitted to the engine, by worker.",

@@ -22,6 +22,7 @@
 #include "cli/devices.hpp"
 #include "cli/engine_flags.hpp"
 #include "cli/sidp_flags.hpp"
+#include "cli/sidp_status.hpp"
 #include "comm/address.hpp"
 #include "engine/tcp_group.hpp"
 #include "orchestrator/job_admission.hpp"
@@ -311,6 +312,7 @@ void print_progress_table(const messages::JobStatusList& jobs, const messages::A
                 static_cast<unsigned long long>(p.requeued), static_cast<unsigned long long>(p.resumed),
                 p.parallel.empty() ? "-" : p.parallel.c_str(), p.token_budget.c_str(), p.output.c_str());
   }
+  if (!jobs.sidp_groups.empty()) std::printf("\n%s", format_sidp_groups(jobs.sidp_groups).c_str());
   if (actors) {
     std::printf("\n");
     print_actor_table(*actors);
@@ -383,7 +385,8 @@ int run_job_status(const StatusArgs& a) {
                              {"state", x.state},
                              {"parallel", x.parallel},
                              {"detail", x.detail}});
-      std::cout << nlohmann::json{{"jobs", arr}, {"actors", workers}}.dump() << std::endl;
+      const nlohmann::json out{{"jobs", arr}, {"actors", workers}, {"sidp_groups", sidp_groups_json(jobs.sidp_groups)}};
+      std::cout << out.dump() << std::endl;
     } else {
       if (a.watch) std::cout << "\033[2J\033[H";
       print_progress_table(jobs, actors_reply ? &*actors_reply : nullptr);

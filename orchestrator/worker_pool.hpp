@@ -45,6 +45,8 @@ struct WorkerLoad {
   std::uint32_t num_waiting = 0;
   std::uint64_t kv_blocks_used = 0;
   std::uint64_t kv_blocks_total = 0;
+  std::uint64_t weight_bytes = 0;  ///< weights its devices hold (for `actor list`)
+  std::string sidp_mode;           ///< "was" / "cas" when it is a SiDP rank, else ""
   bool operator==(const WorkerLoad&) const = default;
 };
 
