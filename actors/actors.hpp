@@ -84,6 +84,9 @@ struct OrchestratorConfig {
   /// hellos). Checked on the first hello of a SiDP worker (a cluster without
   /// SiDP never checks it): invalid options refuse the SiDP workers.
   engine::SidpModePolicyOptions sidp_policy;
+  /// What this node's workers run, "none" or "sidp" (`--weight-sharing`); a
+  /// job that names another is refused.
+  std::string weight_sharing = "none";
   /// Shared with the incarnations before and after this one; never null.
   std::shared_ptr<OrchestratorRoster> roster = std::make_shared<OrchestratorRoster>();
 };

@@ -302,6 +302,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
       oc.failure = o.failure;
       oc.roster = roster;
       oc.sidp_policy = o.sidp_policy;
+      oc.weight_sharing = o.sidp ? "sidp" : "none";
       return spawn_orchestrator(sys, std::move(oc));
     };
     // Clients, workers and joined nodes hold the relay, never an

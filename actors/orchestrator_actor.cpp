@@ -230,6 +230,9 @@ Answer handle(OrchestratorActor* self, const messages::SubmitJob& sj) {
     if (Status ok = orchestrator::check_job_parallel(*sj.parallel, st.config.parallel, st.pool->num_groups()); !ok)
       return ok.error();
   }
+  if (!sj.weight_sharing.empty() && sj.weight_sharing != st.config.weight_sharing)
+    return make_error(ErrorCode::invalid_argument, "this cluster runs --weight-sharing " + st.config.weight_sharing +
+                                                       "; the job asks for --weight-sharing " + sj.weight_sharing);
   orchestrator::JobSpec spec;
   spec.model_dir = sj.model_dir;
   spec.input_paths = sj.inputs;

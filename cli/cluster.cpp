@@ -327,6 +327,7 @@ struct SubmitArgs {
   std::string output;
   std::string parallel;            // "" = not given (whatever the cluster runs)
   std::string token_budget = "fixed";
+  std::string weight_sharing;      // "" = not given (whatever the cluster runs)
 };
 
 /// The job's --parallel and --token-budget, checked before anything is sent.
@@ -347,6 +348,7 @@ std::string absolute(const std::string& p) { return std::filesystem::absolute(p)
 int run_job_submit(const SubmitArgs& a) {
   messages::SubmitJob sj;
   if (Status st = job_flags(a.parallel, a.token_budget, sj); !st) return fail(st.error(), 2);
+  sj.weight_sharing = a.weight_sharing;
   auto client = actors::Client::connect(a.client.node, a.client.key_file);
   if (!client) return fail(client.error());
   sj.model_dir = absolute(a.model_dir);
@@ -577,6 +579,10 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
                      std::string("Per-micro-batch token budget policy of the job: ") +
                          engine::token_budget_policy_names())
       ->capture_default_str();
+  submit->add_option("--weight-sharing", sa->weight_sharing,
+                     "none or sidp: what the job expects the cluster to run (refused if it runs the other; "
+                     "default: whatever it runs)")
+      ->check(CLI::IsMember({"none", "sidp"}));
   submit->callback([&run, sa] { run = [sa] { return run_job_submit(*sa); }; });
   auto st = std::make_shared<StatusArgs>();
   CLI::App* status = job->add_subcommand("status", "Progress of one job or all jobs, and per-worker state");

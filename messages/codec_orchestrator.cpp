@@ -24,6 +24,7 @@ struct Member<OM, SubmitJob> {
     b.setOutput(text(m.output));
     if (m.parallel) b.setParallel(text(m.parallel->to_string()));
     b.setTokenBudget(text(m.token_budget));
+    b.setWeightSharing(text(m.weight_sharing));
   }
   static SubmitJob get(OM::Reader root) {
     auto r = root.getSubmitJob();
@@ -33,6 +34,9 @@ struct Member<OM, SubmitJob> {
     m.output = str(r.getOutput());
     m.parallel = get_parallel(r.getParallel(), "parallel");
     m.token_budget = get_token_budget(r.getTokenBudget(), "tokenBudget");
+    m.weight_sharing = str(r.getWeightSharing());
+    if (!m.weight_sharing.empty() && m.weight_sharing != "none" && m.weight_sharing != "sidp")
+      fail(ErrorCode::invalid_argument, "weightSharing: \"none\" or \"sidp\", got \"" + m.weight_sharing + "\"");
     return m;
   }
 };

@@ -13,6 +13,7 @@ struct SubmitJob {
   output @2 :Text;
   parallel @3 :Text;       # `--parallel` of the job ("tp=2,pp=1,sp=1,dp=1"); "" = not given (any config)
   tokenBudget @4 :Text;    # `--token-budget`: "fixed" or "throttle"; "" = fixed
+  weightSharing @5 :Text;  # `--weight-sharing` of the job: "none" or "sidp"; "" = not given (any)
 }
 
 struct JobStatusQuery {

@@ -141,6 +141,9 @@ struct SubmitJob {
   /// submit is refused); nullopt = not given.
   std::optional<engine::ParallelConfig> parallel;
   std::string token_budget;  ///< "fixed" or "throttle"; "" = fixed
+  /// `--weight-sharing` of the job, "none" or "sidp": it must be what the
+  /// cluster runs (else the submit is refused); "" = not given.
+  std::string weight_sharing;
   bool operator==(const SubmitJob&) const = default;
 };
 

@@ -1,6 +1,6 @@
 // SiDP through the whole system (seed 002; docs/sidp.md): `node start
 // --parallel dp=2 --weight-sharing sidp --sidp-mode auto` runs a long-tailed
-// job (output lengths 16 to 480); the orchestrator sees the group's
+// job (output lengths 16 to 460); the orchestrator sees the group's
 // effective batch fall below b* in the tail and broadcasts the switch to CaS,
 // which the metrics and `job status` show; the output is byte-identical to
 // plain data parallelism. `actor list` shows the layer owners and each
@@ -29,14 +29,14 @@ using testing_support::read_file;
 using testing_support::run_command;
 
 constexpr int kLines = 120;
-constexpr int kLongLines = 6;  // the tail: the last lines generate 480 tokens
+constexpr int kLongLines = 6;  // the tail: the last lines generate 460 tokens
 
 class SidpE2e : public testing_support::ClusterJobTest {
  protected:
-  /// Short lines (16 to 79 tokens, ignoring EOS), then kLongLines of 480.
+  /// Short lines (16 to 79 tokens, ignoring EOS), then kLongLines of 460.
   void write_long_tailed_input() {
     testing_support::write_demo_prompts(path("in.jsonl"), kLines, [](int i, nlohmann::json& body) {
-      body["max_tokens"] = i >= kLines - kLongLines ? 480 : 16 + (i * 37) % 64;
+      body["max_tokens"] = i >= kLines - kLongLines ? 460 : 16 + (i * 37) % 64;
       body["ignore_eos"] = true;
     });
   }
@@ -58,7 +58,7 @@ TEST_F(SidpE2e, AutoSwitchesToCasInTheTailThroughTheOrchestratorAndMatchesPlainD
   Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
               kStoriesDir, "--key-file", path("cluster.key"), "--metrics", "127.0.0.1:0", "--parallel", "dp=2",
               "--max-batch", "16", "--weight-sharing", "sidp", "--sidp-mode", "auto", "--sidp-switch-batch", "8",
-              "--sidp-min-dwell", "0.3", "--heartbeat-ms", "100", "--failure-timeout-ms", "20000"},
+              "--sidp-min-dwell", "0.1", "--heartbeat-ms", "50", "--failure-timeout-ms", "20000"},
              path("node.log"));
   const auto addr = testing_support::wait_for_node(node, true);
   ASSERT_FALSE(addr.addr.empty()) << node.log();
@@ -77,7 +77,18 @@ TEST_F(SidpE2e, AutoSwitchesToCasInTheTailThroughTheOrchestratorAndMatchesPlainD
   EXPECT_NE(list.find("layers 1,3"), std::string::npos) << "stories260K has 5 layers: rank 1 owns 1 and 3\n" << list;
   EXPECT_NE(list.find("sidp was"), std::string::npos) << list;
 
-  submit(client);
+  // A job that expects plain DP is refused with the reason; nothing is
+  // created (the real job below is job 1).
+  const auto refused = run_command(kShardline + " job submit" + client + " --model " + kStoriesDir + " --input " +
+                                   path("in.jsonl") + " --output " + path("wrong.jsonl") + " --weight-sharing none");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.out.find("this cluster runs --weight-sharing sidp; the job asks for --weight-sharing none"),
+            std::string::npos)
+      << refused.out;
+  const auto r = run_command(kShardline + " job submit" + client + " --model " + kStoriesDir + " --input " +
+                             path("in.jsonl") + " --output " + path("out.jsonl") + " --weight-sharing sidp");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "1\n");
   const nlohmann::json status = testing_support::wait_job_done(client, 1, std::chrono::seconds(300));
   ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
   const std::string got = read_file(path("out.jsonl"));
@@ -93,10 +104,19 @@ TEST_F(SidpE2e, AutoSwitchesToCasInTheTailThroughTheOrchestratorAndMatchesPlainD
   EXPECT_EQ(group["group"], "node0/sidp");
   EXPECT_EQ(group["switch_batch"], 8);
   ASSERT_GE(group["switches"].size(), 1u) << status.dump();
-  EXPECT_EQ(group["switches"][0]["to_mode"], "cas") << status.dump();
+  EXPECT_EQ(group["switches"][0]["to"], "cas") << status.dump();
   const std::string log = node.log();
   EXPECT_NE(log.find("worker node0/cpu:0: SiDP directive cas"), std::string::npos) << log;
   EXPECT_NE(log.find("worker node0/cpu:1: SiDP directive cas"), std::string::npos) << log;
+  // Every rank runs the mode the group was told last (they report it in
+  // their heartbeats).
+  std::string after;
+  for (int i = 0; i < 50; ++i) {
+    after = run_command(kShardline + " actor list" + client).out;
+    if (after.find("sidp was") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(after.find("sidp was"), std::string::npos) << after << log;
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(30)), 0) << "node did not stop on SIGTERM: " << node.log();
 }

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -79,10 +81,14 @@ class SidpFault : public testing_support::ClusterJobTest {
     EXPECT_TRUE(got == expected_) << mode << ": the output after killing " << victim << " differs from plain DP";
     node.kill(SIGTERM);
     EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(30)), 0) << "node did not stop on SIGTERM: " << node.log();
+    if (const char* dump = std::getenv("SHARDLINE_TEST_DUMP_LOG")) {
+      std::ofstream(std::string(dump) + "." + mode + "." + std::to_string(++dumps_)) << node.log() << list;
+    }
     return node.log() + "\n--- actor list after the job ---\n" + list;
   }
 
   std::string expected_;
+  int dumps_ = 0;
 };
 
 TEST_F(SidpFault, KillingALayerOwnerMidJobInWasAndCasGivesIdenticalOutput) {

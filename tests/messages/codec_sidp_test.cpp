@@ -68,6 +68,21 @@ TEST(MessagesCodecSidp, StatusModesAreChecked) {
   EXPECT_NE(list.error().message.find("sidpGroups[1].switches[1].toMode"), std::string::npos) << list.error().message;
 }
 
+TEST(MessagesCodecSidp, SubmitJobWeightSharingIsNoneSidpOrNotGiven) {
+  for (const std::string ws : {"", "none", "sidp"}) {
+    SubmitJob sj{"/m", {"/in"}, "/out", std::nullopt, "", ws};
+    auto d = decode_orchestrator(encode(OrchestratorMsg{sj}));
+    ASSERT_TRUE(d.ok()) << d.error().to_string();
+    EXPECT_EQ(std::get<SubmitJob>(*d), sj);
+  }
+  SubmitJob bad{"/m", {"/in"}, "/out", std::nullopt, "", "SiDP"};
+  auto d = decode_orchestrator(encode(OrchestratorMsg{bad}));
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.error().message.find("submitJob: weightSharing: \"none\" or \"sidp\", got \"SiDP\""),
+            std::string::npos)
+      << d.error().message;
+}
+
 TEST(MessagesCodecSidp, OwnerHelloNeedsAName) {
   LayerOwnerHello h{"", "n", "n/sidp", 0, {0, 2}, 10, true, 1};
   auto d = decode_orchestrator(encode(OrchestratorMsg{h}));
