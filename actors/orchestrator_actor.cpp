@@ -403,6 +403,8 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHeartbeat& beat) {
   const Clock::time_point now = Clock::now();
   st.pool->heartbeat(beat.worker_name, load_of(beat.status), now);
   ask_hello_if_unknown(self, beat.worker_name);
+  // A SiDP rank's running sequences feed its group's policy (a worker still
+  // starting has no status yet: it reports nothing).
   if (st.pool->contains(beat.worker_name) && !beat.status.worker_name.empty())
     send_sidp(self, st.sidp->heartbeat(beat.worker_name, beat.status.num_running, now));
   return std::nullopt;
