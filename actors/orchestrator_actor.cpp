@@ -415,6 +415,10 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHeartbeat& beat) {
 Answer handle(OrchestratorActor* self, const messages::LayerOwnerHello& hello) {
   OrchestratorState& st = self->state;
   auto sender = caf::actor_cast<caf::actor>(st.sender);
+  if (hello.owner_name.empty() || !sender) {
+    spdlog::warn("orchestrator: ignored a layer owner hello without a name or sender");
+    return std::nullopt;
+  }
   if (st.sidp->owner_seen(sender, hello, Clock::now())) self->monitor(sender);
   return std::nullopt;
 }

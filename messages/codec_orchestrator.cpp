@@ -133,7 +133,6 @@ struct Member<OM, LayerOwnerHello> {
     m.weight_bytes = r.getWeightBytes();
     m.loaded = r.getLoaded();
     m.loads = r.getLoads();
-    if (m.owner_name.empty()) fail(ErrorCode::invalid_argument, "ownerName: empty");
     return m;
   }
 };

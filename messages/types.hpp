@@ -249,8 +249,8 @@ struct CancelJob {
 /// switching"): every rank of `group` applies it at one step boundary.
 struct SidpSwitch {
   std::string group;   ///< "NODE/sidp"
-  std::string mode;    ///< "was" / "cas" (checked by the codec)
-  std::uint64_t epoch = 0;  ///< increasing per cluster; older ones are ignored (>= 1)
+  std::string mode = "was";  ///< "was" / "cas" (checked by the codec)
+  std::uint64_t epoch = 1;   ///< increasing per cluster; older ones are ignored (>= 1)
   bool operator==(const SidpSwitch&) const = default;
 };
 

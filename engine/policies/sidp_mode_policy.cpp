@@ -67,7 +67,8 @@ double SidpModePolicy::switch_back_batch() const {
 }
 
 bool SidpModePolicy::leave_condition() const {
-  if (mode_ == SidpMode::was) return group_batch_ < options_.switch_batch;
+  // An idle group (G = 0) is not a tail: nothing runs that CaS would speed up.
+  if (mode_ == SidpMode::was) return group_batch_ > 0 && group_batch_ < options_.switch_batch;
   return static_cast<double>(group_batch_) > switch_back_batch();
 }
 

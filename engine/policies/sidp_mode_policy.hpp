@@ -16,7 +16,7 @@
 /// Rule, for the group's effective batch G = the sum over the group's ranks
 /// of each rank's latest reported batch (running sequences):
 ///
-///   WaS -> CaS  when G < b*                has held at every report for >= min_dwell_s
+///   WaS -> CaS  when 0 < G < b*            has held at every report for >= min_dwell_s
 ///   CaS -> WaS  when G > b*·(1+h)          has held at every report for >= back_dwell_s
 ///
 /// and in both directions no sooner than min_dwell_s after the previous
@@ -32,6 +32,9 @@
 ///  - The dwell is in seconds, not steps: in WaS the ranks step
 ///    independently, so a group has no common step count to dwell on, and
 ///    the paper places switches at "minute-level" boundaries.
+///  - An idle group (G = 0: no rank runs anything) is not a tail and does not
+///    switch to CaS (it would only make idle ranks poll in lockstep); a
+///    report of 0 restarts the dwell like one at or above b*.
 ///  - back_dwell_s defaults to 0: a burst of work (G > b*·(1+h) at one
 ///    report) switches back to WaS at the next decide() (subject to the
 ///    min_dwell_s spacing), because running a large batch in CaS costs every

@@ -83,12 +83,5 @@ TEST(MessagesCodecSidp, SubmitJobWeightSharingIsNoneSidpOrNotGiven) {
       << d.error().message;
 }
 
-TEST(MessagesCodecSidp, OwnerHelloNeedsAName) {
-  LayerOwnerHello h{"", "n", "n/sidp", 0, {0, 2}, 10, true, 1};
-  auto d = decode_orchestrator(encode(OrchestratorMsg{h}));
-  ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.error().message.find("layerOwnerHello: ownerName: empty"), std::string::npos) << d.error().message;
-}
-
 }  // namespace
 }  // namespace shardline::messages

@@ -158,11 +158,11 @@ TEST(SidpModePolicy, GroupBatchIsTheSumOfLatestReports) {
 
 TEST(SidpModePolicy, NoSwitchUntilEveryRankHasReported) {
   SidpModePolicy p = make(opts());
-  for (long long ms = 0; ms <= 10000; ms += 500) {  // rank 0 alone, idle, for 10 s
-    ASSERT_TRUE(p.observe(at_ms(ms), 0, 0).ok());
+  for (long long ms = 0; ms <= 10000; ms += 500) {  // rank 0 alone, in a tail of 1, for 10 s
+    ASSERT_TRUE(p.observe(at_ms(ms), 0, 1).ok());
     EXPECT_FALSE(p.decide(at_ms(ms)).has_value()) << ms;
   }
-  ASSERT_TRUE(p.observe(at_ms(10000), 1, 0).ok());  // the dwell starts only now
+  ASSERT_TRUE(p.observe(at_ms(10000), 1, 1).ok());  // the dwell starts only now
   EXPECT_FALSE(p.decide(at_ms(12999)).has_value());
   std::optional<SidpSwitch> s = p.decide(at_ms(13000));
   ASSERT_TRUE(s.has_value());
@@ -210,6 +210,27 @@ TEST(SidpModePolicy, LongTailSwitchesOnce) {
   EXPECT_DOUBLE_EQ(s[0].t, 53.0);
 }
 
+TEST(SidpModePolicy, AnIdleGroupIsNotATail) {
+  // Every rank idle for 100 s: G = 0 never switches to CaS.
+  SidpModePolicy p = make(opts());
+  std::vector<Seen> s = run(p, 100000, 1000, [](double, int) { return 0LL; });
+  EXPECT_TRUE(s.empty());
+  EXPECT_EQ(p.mode(), SidpMode::was);
+  // A tail of 3 running sequences after the idle time switches after the
+  // dwell, counted from the first report of it; an idle report in between
+  // restarts the dwell.
+  SidpModePolicy q = make(opts());
+  s = run(q, 20000, 100, [](double t, int r) {
+    if (t < 5.0) return 0LL;
+    if (t == 6.0) return 0LL;
+    return r == 0 ? 3LL : 0LL;
+  });
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_DOUBLE_EQ(seconds(s[0].sw.since), 6.1);
+  EXPECT_DOUBLE_EQ(s[0].t, 9.1);
+  EXPECT_EQ(s[0].sw.group_batch, 3);
+}
+
 TEST(SidpModePolicy, BurstSwitchesBack) {
   // The long tail above, then at t = 200 s a burst of 100 per rank for one
   // report (G = 200 > 125), then 10 per rank.
@@ -231,10 +252,10 @@ TEST(SidpModePolicy, BurstSwitchesBack) {
 }
 
 TEST(SidpModePolicy, BurstRightAfterASwitchWaitsForTheMinimumSpacing) {
-  // Idle from 0 (CaS at 3 s); a burst from 4 s that lasts switches back at
-  // 6 s (3 s after the last switch), not at 4 s.
+  // A tail of 1 per rank from 0 (CaS at 3 s); a burst from 4 s that lasts
+  // switches back at 6 s (3 s after the last switch), not at 4 s.
   SidpModePolicy p = make(opts());
-  std::vector<Seen> s = run(p, 10000, 500, [](double t, int) { return t < 4 ? 0LL : 100LL; });
+  std::vector<Seen> s = run(p, 10000, 500, [](double t, int) { return t < 4 ? 1LL : 100LL; });
   ASSERT_EQ(s.size(), 2u);
   EXPECT_DOUBLE_EQ(s[0].t, 3.0);
   EXPECT_DOUBLE_EQ(s[1].t, 6.0);
@@ -244,7 +265,7 @@ TEST(SidpModePolicy, BurstRightAfterASwitchWaitsForTheMinimumSpacing) {
   // A burst that is over (4 s to 5 s) before the spacing allows a switch
   // leaves the group in CaS.
   SidpModePolicy q = make(opts());
-  s = run(q, 10000, 500, [](double t, int) { return t >= 4 && t < 5 ? 100LL : 0LL; });
+  s = run(q, 10000, 500, [](double t, int) { return t >= 4 && t < 5 ? 100LL : 1LL; });
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(q.mode(), SidpMode::cas);
 }
@@ -253,8 +274,8 @@ TEST(SidpModePolicy, BackDwellDelaysTheSwitchBack) {
   SidpModePolicyOptions o = opts();
   o.back_dwell_s = 2.0;
   SidpModePolicy p = make(o);
-  // Idle (CaS at 3 s), a 1 s burst at 10 s (too short), a lasting one at 20 s.
-  std::vector<Seen> s = run(p, 30000, 500, [](double t, int) { return (t >= 10 && t < 11) || t >= 20 ? 100LL : 0LL; });
+  // A tail (CaS at 3 s), a 1 s burst at 10 s (too short), a lasting one at 20 s.
+  std::vector<Seen> s = run(p, 30000, 500, [](double t, int) { return (t >= 10 && t < 11) || t >= 20 ? 100LL : 1LL; });
   ASSERT_EQ(s.size(), 2u);
   EXPECT_DOUBLE_EQ(s[0].t, 3.0);
   EXPECT_DOUBLE_EQ(s[1].t, 22.0);
@@ -337,9 +358,10 @@ TEST(SidpModePolicy, RandomTracesObeyTheRule) {
       // did; reports of other ranks at the same time may precede it).
       for (const Sample& sm : samples) {
         if (sm.t <= seconds(x.sw.since) || sm.t > x.t) continue;
-        if (mode == SidpMode::was)
+        if (mode == SidpMode::was) {
           EXPECT_LT(sm.group_batch, 100) << "seed " << seed << " t " << sm.t;
-        else
+          EXPECT_GT(sm.group_batch, 0) << "seed " << seed << " t " << sm.t << ": an idle group is not a tail";
+        } else
           EXPECT_GT(sm.group_batch, 125) << "seed " << seed << " t " << sm.t;
       }
       EXPECT_GE(x.t - seconds(x.sw.since), mode == SidpMode::was ? 3.0 : 0.0);
