@@ -290,7 +290,12 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   if (max_model_len <= 0)
     return make_error(ErrorCode::invalid_argument,
                       "max_model_len unknown: config.json has no max_position_embeddings; pass --max-model-len");
-  e.weight_bytes = o.device_memory_bytes > 0 ? plan_weight_bytes : weight_bytes_for(c, o.dtype);
+  // A SiDP rank holds the replicated weights, its owned FFN layers and its
+  // cache slots (engine/sidp_memory.hpp), not the whole model.
+  e.weight_bytes = o.device_memory_bytes > 0   ? plan_weight_bytes
+                   : o.sidp_owned_ffn_layers >= 0 ? sidp_weight_bytes_for(c, o.dtype, o.sidp_owned_ffn_layers,
+                                                                          o.sidp_cache_slots)
+                                                  : weight_bytes_for(c, o.dtype);
   if (Status s = size_kv_cache(o, plan_kv_bytes, max_model_len, e); !s) return s.error();
   if (Status s = make_executor(o, max_model_len, e); !s) return s.error();
 

@@ -99,9 +99,10 @@ struct EngineInstance {
   std::uint64_t kv_cache_bytes = 0;  ///< what was allocated
   int num_kv_blocks = 0;
   /// Bytes of the weights this engine holds as the memory plan counts them
-  /// (with device_memory_bytes: the plan's, SiDP-aware; otherwise
-  /// weight_bytes_for the loaded config and dtype, the whole model over a
-  /// group's ranks).
+  /// (with device_memory_bytes: the plan's, SiDP-aware; a SiDP rank
+  /// (sidp_owned_ffn_layers >= 0): sidp_weight_bytes_for its share;
+  /// otherwise weight_bytes_for the loaded config and dtype, the whole model
+  /// over a group's ranks).
   std::uint64_t weight_bytes = 0;
 
   /// The executor as a T (e.g. InProcEngineGroup, model::CpuModelRunner), or

@@ -76,6 +76,11 @@ TEST_F(SidpE2e, AutoSwitchesToCasInTheTailThroughTheOrchestratorAndMatchesPlainD
   EXPECT_NE(list.find("node0/cpu:1/owner"), std::string::npos) << list;
   EXPECT_NE(list.find("layers 1,3"), std::string::npos) << "stories260K has 5 layers: rank 1 owns 1 and 3\n" << list;
   EXPECT_NE(list.find("sidp was"), std::string::npos) << list;
+  // Each device holds its share: the whole stories260K is 1.0 MiB in F32;
+  // attention, embeddings, its FFN layers and 2 slots are less.
+  std::smatch weights;
+  ASSERT_TRUE(std::regex_search(list, weights, std::regex("node0/cpu:1 .*weights ([0-9.]+) MiB"))) << list;
+  EXPECT_LT(std::stod(weights[1].str()), 0.95) << list;
 
   // A job that expects plain DP is refused with the reason; nothing is
   // created (the real job below is job 1).

@@ -239,7 +239,7 @@ TEST(SidpSwitcher, KeepsTheLast64RecordsAndCountsAll) {
   ASSERT_TRUE(join_ok(s, "n/sidp", 1, 2, "n/cpu:1"));
   std::uint64_t n = 0;
   for (long long i = 0; i < 100; ++i) {
-    const long long each = i % 2 == 0 ? 0 : 10;
+    const long long each = i % 2 == 0 ? 1 : 10;  // a tail of 2 (an idle group is not one), then 20
     s.observe("n/cpu:0", each, at_ms(i));
     s.observe("n/cpu:1", each, at_ms(i));
     n += s.decide(at_ms(i), static_cast<std::uint64_t>(i)).size();
