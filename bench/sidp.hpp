@@ -91,7 +91,8 @@ struct SidpBenchReport {
   std::vector<SidpCapacityRow> capacity;
   std::vector<SidpCrossoverRow> crossover;
   int measured_switch_batch = 0;       ///< per rank; 0 when WaS never caught up
-  long long predicted_switch_batch = 0;  ///< per rank, cost model
+  long long predicted_switch_batch = 0;  ///< per rank, cost model, FFN GEMM only (conservative)
+  long long predicted_overlapped_switch_batch = 0;  ///< per rank, cost model counting the forward pass and dp
   double predicted_fetch_ms = 0;
   std::vector<SidpE2eRow> e2e;
   long long e2e_switch_batch = 0;  ///< group b* the auto run used

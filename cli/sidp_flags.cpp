@@ -64,12 +64,13 @@ Result<long long> cost_model_switch_batch(const actors::NodeOptions& o, const en
   hw.comm_latency_s = so.link.latency_us * 1e-6;
   auto cost = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(*config), sizes, hw);
   if (!cost) return std::move(cost).error();
-  auto point = cost->sidp_switch_batch(orchestrator::LinkSpec::from_gbps(link_gbs, so.link.latency_us));
+  auto point =
+      cost->sidp_switch_batch_overlapped(orchestrator::LinkSpec::from_gbps(link_gbs, so.link.latency_us), o.parallel.dp);
   if (!point) return std::move(point).error();
   const long long group = point->switch_batch * o.parallel.dp;
-  spdlog::info("sidp: b* = {} per rank (cost model: fetch {:.3f} ms per layer at {:.1f} GB/s, FFN GEMM {:.3f} ms; "
+  spdlog::info("sidp: b* = {} per rank (cost model: fetch {:.3f} ms per layer at {:.1f} GB/s, a layer's forward {:.3f} ms; "
                "measured {:.1f} GB/s, {:.0f} GFLOP/s over {} ranks{}); the group switches below {} running sequences",
-               point->switch_batch, point->fetch_ms, link_gbs, point->ffn_gemm_ms, membw_gbs, gemm_gflops,
+               point->switch_batch, point->fetch_ms, link_gbs, point->layer_ms, membw_gbs, gemm_gflops,
                o.parallel.dp, point->capped ? ", capped" : "", group);
   return group;
 }

@@ -217,6 +217,35 @@ double CostModel::sidp_ffn_gemm_ms(long long batch) const {
   return std::max(ffn_layer_bytes() / hw_.memory_bw_bytes_per_s, 2.0 * ffn_params * b / hw_.flops_per_s) * 1e3;
 }
 
+double CostModel::sidp_layer_ms(long long batch) const {
+  const double w = shape_.layer_params();
+  const double b = static_cast<double>(std::max(0LL, batch));
+  return std::max(w * sizes_.weight_bytes / hw_.memory_bw_bytes_per_s, 2.0 * w * b / hw_.flops_per_s) * 1e3;
+}
+
+Result<SidpSwitchPoint> CostModel::sidp_switch_batch_overlapped(const LinkSpec& link, int dp,
+                                                                long long max_batch) const {
+  if (dp < 2) return bad("dp must be >= 2, got " + std::to_string(dp)).error();
+  auto base = sidp_switch_batch(link, max_batch);  // checks the link and max_batch
+  if (!base) return base.error();
+  SidpSwitchPoint out = *base;
+  out.dp = dp;
+  const double hidden_ms = (dp - 1.0) / dp * out.fetch_ms;  // fetch per layer of forward
+  const auto hides = [&](long long b) { return sidp_layer_ms(b) >= hidden_ms * (1.0 - 1e-12); };
+  const double exact = hidden_ms / 1e3 * hw_.flops_per_s / (2.0 * shape_.layer_params());
+  long long b = 1;
+  if (!hides(1)) {
+    b = exact >= static_cast<double>(max_batch) ? max_batch : std::max(1LL, static_cast<long long>(std::ceil(exact)));
+    while (b > 1 && hides(b - 1)) --b;
+    while (b < max_batch && !hides(b)) ++b;
+  }
+  out.switch_batch = b;
+  out.capped = !hides(b);
+  out.ffn_gemm_ms = sidp_ffn_gemm_ms(b);
+  out.layer_ms = sidp_layer_ms(b);
+  return out;
+}
+
 Result<SidpSwitchPoint> CostModel::sidp_switch_batch(const LinkSpec& link, long long max_batch) const {
   if (!positive(link.bandwidth_bytes_per_s))
     return bad("link bandwidth_bytes_per_s must be > 0, got " + num(link.bandwidth_bytes_per_s)).error();

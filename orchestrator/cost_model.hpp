@@ -99,6 +99,20 @@
 /// overlaps the fetch, is left out, and so is a lookahead of more than one
 /// layer. b* is per rank (each WaS rank runs the GEMM of its own rows); a
 /// group of dp balanced ranks reaches it at a total of dp * b* sequences.
+///
+/// The overlapped b* (sidp_switch_batch_overlapped) counts what the
+/// housekeeper's prefetch really overlaps: §4.3 asks for "the minimum batch
+/// size at which forward time can fully hide the cost of weight fetching",
+/// and the prefetch runs during the whole forward pass (attention
+/// projections too), while with dp balanced owners a rank fetches only
+/// (dp - 1) of every dp layers. With W = ModelShape::layer_params() (q, k, v,
+/// o and the FFN):
+///
+///   T_layer(b)  = max(W * weight_bytes / B_mem, 2 * W * b / FLOPS)
+///   b*_overlap  = the least integer b >= 1 with dp * T_layer(b) >= (dp - 1) * T_fetch
+///
+/// Still left out: attention over the KV cache (it grows with the context)
+/// and the slots' lookahead. b*_overlap <= b*.
 
 #include <vector>
 
@@ -162,6 +176,10 @@ struct SidpSwitchPoint {
   double fetch_ms = 0;         ///< T_fetch of one layer's FFN weights
   double ffn_weight_read_ms = 0;  ///< F * weight_bytes / B_mem: T_ffn's floor
   double ffn_gemm_ms = 0;      ///< T_ffn(switch_batch)
+  /// The overlapped model only (else 0): the group size it assumed and
+  /// T_layer(switch_batch), one layer's forward matrices.
+  int dp = 0;
+  double layer_ms = 0;
 };
 
 /// The work of one engine step of one engine group: totals over its sequences.
@@ -247,6 +265,14 @@ class CostModel {
   /// <= 0, a latency < 0 (either not finite) or max_batch < 1.
   [[nodiscard]] Result<SidpSwitchPoint> sidp_switch_batch(const LinkSpec& link,
                                                           long long max_batch = kSidpMaxSwitchBatch) const;
+  /// T_layer(b) in ms: one decoder layer's matrices (q, k, v, o, gate, up,
+  /// down) for `batch` rows on one rank (batch < 0 read as 0).
+  [[nodiscard]] double sidp_layer_ms(long long batch) const;
+  /// b*_overlap (file comment): the least batch b >= 1 with dp * T_layer(b)
+  /// >= (dp - 1) * T_fetch, capped at max_batch. Errors: as
+  /// sidp_switch_batch, and invalid_argument for dp < 2.
+  [[nodiscard]] Result<SidpSwitchPoint> sidp_switch_batch_overlapped(const LinkSpec& link, int dp,
+                                                                     long long max_batch = kSidpMaxSwitchBatch) const;
 
   [[nodiscard]] const ModelShape& shape() const { return shape_; }
   [[nodiscard]] const ElementSizes& sizes() const { return sizes_; }

@@ -486,6 +486,50 @@ TEST(CostModel, SidpSwitchBatchCap) {
   EXPECT_FALSE(p.capped);
 }
 
+// The overlapped b* (tiny(), slow_hw()): W = 8*(2+2)*4 + 2*4*8 + 3*8*16 =
+// 576 parameters, 1152 bytes: T_layer(b) = max(1152 ms, 115.2 b ms).
+TEST(CostModel, SidpOverlappedSwitchBatchByHand) {
+  const CostModel m = make(tiny(), slow_hw());
+  EXPECT_DOUBLE_EQ(tiny().layer_params(), 576.0);
+  EXPECT_DOUBLE_EQ(m.sidp_layer_ms(1), 1152.0);
+  EXPECT_DOUBLE_EQ(m.sidp_layer_ms(20), 2304.0);
+  EXPECT_DOUBLE_EQ(m.sidp_layer_ms(-1), 1152.0);
+  const LinkSpec link{.bandwidth_bytes_per_s = 100, .latency_s = 0.01};  // T_fetch = 7690 ms
+  auto at = [&](int dp, LinkSpec l) {
+    auto r = m.sidp_switch_batch_overlapped(l, dp);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    return r.ok() ? *r : SidpSwitchPoint{};
+  };
+  // dp = 2: T_layer >= 7690 / 2 = 3845 ms -> b >= 33.38 -> 34.
+  SidpSwitchPoint p = at(2, link);
+  EXPECT_EQ(p.switch_batch, 34);
+  EXPECT_EQ(p.dp, 2);
+  EXPECT_FALSE(p.capped);
+  EXPECT_DOUBLE_EQ(p.fetch_ms, 7690.0);
+  EXPECT_NEAR(p.layer_ms, 3916.8, 1e-9);
+  EXPECT_LT(m.sidp_layer_ms(33), 3845.0);
+  // dp = 4: 3/4 of 7690 = 5767.5 ms -> b >= 50.07 -> 51.
+  EXPECT_EQ(at(4, link).switch_batch, 51);
+  // The FFN-only b* of the same link is 101: the overlapped one is below it.
+  EXPECT_EQ(switch_point(m, link).switch_batch, 101);
+  // A fast link: T_fetch = 384 ms, half of it is under the 1152 ms floor.
+  EXPECT_EQ(at(2, {.bandwidth_bytes_per_s = 2000, .latency_s = 0}).switch_batch, 1);
+  // Capped like the FFN-only one.
+  p = m.sidp_switch_batch_overlapped(link, 2, 20).value();
+  EXPECT_EQ(p.switch_batch, 20);
+  EXPECT_TRUE(p.capped);
+  // Never above the FFN-only b*, for any link.
+  for (double bw : {1.0, 10.0, 99.0, 100.0, 333.0, 1000.0, 5000.0})
+    for (int dp : {2, 3, 8})
+      EXPECT_LE(at(dp, {.bandwidth_bytes_per_s = bw, .latency_s = 0.002}).switch_batch,
+                switch_point(m, {.bandwidth_bytes_per_s = bw, .latency_s = 0.002}).switch_batch)
+          << bw << " " << dp;
+  auto bad = m.sidp_switch_batch_overlapped(link, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("dp must be >= 2, got 1"), std::string::npos) << bad.error().message;
+  EXPECT_FALSE(m.sidp_switch_batch_overlapped({.bandwidth_bytes_per_s = 0, .latency_s = 0}, 2).ok());
+}
+
 TEST(CostModel, SidpSwitchBatchErrors) {
   const CostModel m = make(tiny(), slow_hw());
   const auto expect_bad = [&](LinkSpec link, long long max_batch, const std::string& what) {

@@ -52,11 +52,12 @@ sampling::SamplingParams greedy() {
   return p;
 }
 
-std::vector<RequestOutput> run_single(const std::vector<std::vector<std::int32_t>>& prompts) {
+std::vector<RequestOutput> run_single(const std::vector<std::vector<std::int32_t>>& prompts,
+                                      const std::vector<sampling::SamplingParams>& params) {
   auto e = engine::build_engine(stories_options());
   EXPECT_TRUE(e.ok()) << e.error().to_string();
   std::vector<engine::LlmEngine*> engines = {e->engine.get()};
-  auto out = engine::generate_data_parallel(engines, prompts, greedy());
+  auto out = engine::generate_data_parallel(engines, prompts, params);
   EXPECT_TRUE(out.ok()) << out.error().to_string();
   return out.ok() ? std::move(out).value() : std::vector<RequestOutput>{};
 }
@@ -141,9 +142,17 @@ bool drive(Incarnation& inc, std::vector<RequestOutput>& outputs, std::atomic<in
 
 TEST(SidpStepperGolden, DirectivesAtAnyMomentGiveBitIdenticalOutputs) {
   const auto prompts = testing_support::stories_prompt_ids();
-  const auto ref = run_single(prompts);
   for (int dp : {2, 3}) {
     SCOPED_TRACE("dp=" + std::to_string(dp));
+    // Rank 0's requests generate 48 tokens, the others' 12 (EOS ignored):
+    // the others run out of work while rank 0 goes on in CaS, so they take
+    // dummy turns.
+    std::vector<sampling::SamplingParams> params(prompts.size(), greedy());
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      params[i].ignore_eos = true;
+      if (i % static_cast<std::size_t>(dp) != 0) params[i].max_tokens = 12;
+    }
+    const auto ref = run_single(prompts, params);
     auto group = make_group(dp);
     std::vector<RequestOutput> outputs(prompts.size());
     std::vector<model::sidp::SidpFfnStats> stats(static_cast<std::size_t>(dp));
@@ -162,7 +171,7 @@ TEST(SidpStepperGolden, DirectivesAtAnyMomentGiveBitIdenticalOutputs) {
         ++started;
         while (started.load() < dp) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         for (std::size_t i = static_cast<std::size_t>(r); i < prompts.size(); i += static_cast<std::size_t>(dp))
-          ASSERT_TRUE(inc.instance.engine->add_request(i, prompts[i], greedy()).ok());
+          ASSERT_TRUE(inc.instance.engine->add_request(i, prompts[i], params[i]).ok());
         // The orchestrator's broadcast reaches each rank when it reaches it:
         // here rank 0 hands it to every rank's stepper at its steps 3, 9, 16.
         drive(inc, outputs, finished, dp, [&](int steps) {
@@ -195,22 +204,30 @@ TEST(SidpStepperGolden, DirectivesAtAnyMomentGiveBitIdenticalOutputs) {
 
 TEST(SidpStepperGolden, ARestartedRankRebuildsTheGenerationAndTheDirectiveWaitsForIt) {
   const auto prompts = testing_support::stories_prompt_ids();
-  const auto ref = run_single(prompts);
+  const auto ref = run_single(prompts, std::vector<sampling::SamplingParams>(prompts.size(), greedy()));
   constexpr int dp = 2;
   auto group = make_group(dp);
   std::vector<RequestOutput> outputs(prompts.size());
   std::atomic<int> finished{0};
-  std::atomic<bool> rank1_down{false}, directive_given{false};
+  std::atomic<bool> rank0_joined{false}, rank1_down{false}, directive_given{false};
   std::uint64_t rank0_generation = 0, rank1_generation = 0;
   model::sidp::SidpFfnStats stats0, stats1;
   std::thread t0([&] {
     Incarnation inc = start_rank(*group, 0);
+    rank0_joined = true;
     for (std::size_t i = 0; i < prompts.size(); i += dp)
       ASSERT_TRUE(inc.instance.engine->add_request(i, prompts[i], greedy()).ok());
-    drive(inc, outputs, finished, dp, [&](int) {
-      // While rank 1 is down the orchestrator says CaS: rank 0 has no
-      // compute generation, so it keeps running WaS.
-      if (rank1_down && !directive_given) {
+    drive(inc, outputs, finished, dp, [&](int steps) {
+      // At its 2nd step rank 0 waits for rank 1 to go down (rank 1 needs
+      // nothing from this thread in WaS), so the order is fixed. While rank 1
+      // is down the orchestrator says CaS: rank 0 has no compute generation,
+      // so it keeps running WaS.
+      if (steps == 2) {
+        while (!rank1_down) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        // A step boundary: rank 0 finds its generation dead and leaves it.
+        EXPECT_TRUE(inc.stepper->before_step().ok());
+        EXPECT_TRUE(inc.stepper->rank().generation_dead());
+        EXPECT_EQ(inc.stepper->rank().generation(), 0u);
         inc.stepper->directive(SidpMode::cas, 1);
         EXPECT_FALSE(inc.stepper->rank().ffn().join_pending());
         EXPECT_EQ(inc.stepper->rank().ffn().mode(), SidpMode::was);
@@ -226,6 +243,7 @@ TEST(SidpStepperGolden, ARestartedRankRebuildsTheGenerationAndTheDirectiveWaitsF
     std::atomic<int> never{0};
     {
       Incarnation inc = start_rank(*group, 1);
+      while (!rank0_joined) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // both in generation 1
       for (std::size_t i = 1; i < prompts.size(); i += dp)
         ASSERT_TRUE(inc.instance.engine->add_request(i, prompts[i], greedy()).ok());
       drive(inc, first, never, dp, [](int steps) { return steps < 4; });  // "crashes" at its 4th step (WaS)
