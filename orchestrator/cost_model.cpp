@@ -217,6 +217,23 @@ double CostModel::sidp_ffn_gemm_ms(long long batch) const {
   return std::max(ffn_layer_bytes() / hw_.memory_bw_bytes_per_s, 2.0 * ffn_params * b / hw_.flops_per_s) * 1e3;
 }
 
+namespace {
+
+/// The least b in [1, max_batch] with hides(b) (max_batch if none), for a
+/// hides() monotone in b whose compute-bound solution is `exact`: the closed
+/// form, then a step either way to settle the rounding of ceil().
+template <class Hides>
+long long least_hiding_batch(const Hides& hides, double exact, long long max_batch) {
+  if (hides(1)) return 1;
+  long long b =
+      exact >= static_cast<double>(max_batch) ? max_batch : std::max(1LL, static_cast<long long>(std::ceil(exact)));
+  while (b > 1 && hides(b - 1)) --b;
+  while (b < max_batch && !hides(b)) ++b;
+  return b;
+}
+
+}  // namespace
+
 double CostModel::sidp_layer_ms(long long batch) const {
   const double w = shape_.layer_params();
   const double b = static_cast<double>(std::max(0LL, batch));
@@ -232,13 +249,8 @@ Result<SidpSwitchPoint> CostModel::sidp_switch_batch_overlapped(const LinkSpec& 
   out.dp = dp;
   const double hidden_ms = (dp - 1.0) / dp * out.fetch_ms;  // fetch per layer of forward
   const auto hides = [&](long long b) { return sidp_layer_ms(b) >= hidden_ms * (1.0 - 1e-12); };
-  const double exact = hidden_ms / 1e3 * hw_.flops_per_s / (2.0 * shape_.layer_params());
-  long long b = 1;
-  if (!hides(1)) {
-    b = exact >= static_cast<double>(max_batch) ? max_batch : std::max(1LL, static_cast<long long>(std::ceil(exact)));
-    while (b > 1 && hides(b - 1)) --b;
-    while (b < max_batch && !hides(b)) ++b;
-  }
+  const long long b = least_hiding_batch(hides, hidden_ms / 1e3 * hw_.flops_per_s / (2.0 * shape_.layer_params()),
+                                         max_batch);
   out.switch_batch = b;
   out.capped = !hides(b);
   out.ffn_gemm_ms = sidp_ffn_gemm_ms(b);
@@ -261,14 +273,7 @@ Result<SidpSwitchPoint> CostModel::sidp_switch_batch(const LinkSpec& link, long 
   // lost to rounding.
   const auto hides = [&](long long b) { return sidp_ffn_gemm_ms(b) >= out.fetch_ms * (1.0 - 1e-12); };
   const double ffn_params = 3.0 * shape_.hidden_size * static_cast<double>(shape_.intermediate_size);
-  const double exact = out.fetch_ms / 1e3 * hw_.flops_per_s / (2.0 * ffn_params);
-  long long b = 1;
-  if (!hides(1)) {
-    // Closed form, then a step either way to settle the rounding of ceil().
-    b = exact >= static_cast<double>(max_batch) ? max_batch : std::max(1LL, static_cast<long long>(std::ceil(exact)));
-    while (b > 1 && hides(b - 1)) --b;
-    while (b < max_batch && !hides(b)) ++b;
-  }
+  const long long b = least_hiding_batch(hides, out.fetch_ms / 1e3 * hw_.flops_per_s / (2.0 * ffn_params), max_batch);
   out.switch_batch = b;
   out.capped = !hides(b);
   out.ffn_gemm_ms = sidp_ffn_gemm_ms(b);
