@@ -193,6 +193,29 @@ void kv_store_seen(OrchestratorActor* self, const std::string& name, const std::
   broadcast_ring(self);
 }
 
+/// Lines whose results are now durable: their KV is garbage. It is dropped
+/// in the store of the node whose worker finished them (which drops it on
+/// its replica too) only now, after the commit: a line whose result a crash
+/// lost before the commit resumes from that KV. (What other nodes' stores
+/// hold of earlier attempts goes when the job ends.)
+void drop_committed_lines_kv(OrchestratorActor* self, const messages::WorkerResults& wr) {
+  OrchestratorState& st = self->state;
+  const std::string node = orchestrator::node_of(wr.worker_name);
+  caf::actor store;
+  for (const auto& [name, e] : st.stores)
+    if (e.node == node && e.handle) store = e.handle;
+  if (!store) return;  // none, or restarting: the job-end drop collects it
+  std::map<std::uint64_t, std::vector<std::uint64_t>> by_job;
+  for (const worker::BatchResult& r : wr.results)
+    for (int c = 0; c < static_cast<int>(r.choices.size()); ++c)
+      by_job[r.job_id].push_back(worker::kv_request_key(r.line_index, c));
+  for (auto& [job, keys] : by_job) {
+    const Signed s =
+        sign(*st.config.key, messages::encode(messages::KvStoreMsg{messages::DropRequests{job, std::move(keys), ""}}));
+    self->send(store, msg_atom::value, s.tag, s.bytes);
+  }
+}
+
 /// Finished jobs' KV is garbage on every store (what workers did not drop
 /// line by line: lines whose worker died, a cancelled job).
 void drop_finished_jobs_kv(OrchestratorActor* self) {
@@ -391,6 +414,7 @@ Answer handle(OrchestratorActor* self, const messages::WorkerResults& wr) {
   OrchestratorState& st = self->state;
   auto committed = st.pool->on_results(wr.worker_name, wr.results, Clock::now());
   if (!committed) spdlog::error("orchestrator: committing results failed: {}", committed.error().to_string());
+  else drop_committed_lines_kv(self, wr);
   ask_hello_if_unknown(self, wr.worker_name);
   drop_finished_jobs_kv(self);
   update_job_metrics(st);

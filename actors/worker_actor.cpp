@@ -175,9 +175,11 @@ void fetch_resume_kv(WorkerActor* self, worker::BatchRequest& r) {
   st.config.metrics->observe("shardline_recovery_seconds", "worker=\"" + st.config.name + "\"", s);
 }
 
-/// Deletes the KV of finished lines (and of a cancelled job) in the store,
-/// and forgets their queued increments and progress.
-void drop_kv(WorkerActor* self, std::uint64_t job_id, std::vector<std::uint64_t> request_ids) {
+/// Forgets the queued increments and progress of finished lines (or of a
+/// whole job: no request ids). Their KV in the store is the orchestrator's
+/// to drop, once their results are durable (a crash before the commit
+/// resumes them from it).
+void forget_kv(WorkerActor* self, std::uint64_t job_id, const std::vector<std::uint64_t>& request_ids) {
   WorkerState& st = self->state;
   if (!st.kv_streamer) return;
   for (std::uint64_t r : request_ids) {
@@ -185,10 +187,18 @@ void drop_kv(WorkerActor* self, std::uint64_t job_id, std::vector<std::uint64_t>
     st.kv_progress->forget(job_id, r);
   }
   if (request_ids.empty()) st.kv_progress->forget_job(job_id);
+}
+
+/// A cancelled job: forgets it and deletes its KV in the store.
+void drop_job_kv(WorkerActor* self, std::uint64_t job_id) {
+  WorkerState& st = self->state;
+  if (!st.kv_streamer) return;
+  forget_kv(self, job_id, {});
+  const std::vector<std::uint64_t> request_ids;  // the whole job
   const caf::actor store = st.config.kv_store->get();
   if (!store) return;  // it restarts; the orchestrator drops the job's KV when the job ends
   const Signed s =
-      sign(*st.config.key, messages::encode(messages::KvStoreMsg{messages::DropRequests{job_id, std::move(request_ids), ""}}));
+      sign(*st.config.key, messages::encode(messages::KvStoreMsg{messages::DropRequests{job_id, request_ids, ""}}));
   self->send(store, msg_atom::value, s.tag, s.bytes);
 }
 
@@ -213,7 +223,7 @@ Reply handle(WorkerActor* self, messages::AssignWork& msg) {
 
 Reply handle(WorkerActor* self, const messages::CancelJob& msg) {
   self->state.worker->cancel_job(msg.job_id);
-  drop_kv(self, msg.job_id, {});
+  drop_job_kv(self, msg.job_id);
   auto& held = self->state.held;
   held.erase(held.lower_bound({msg.job_id, 0}), held.lower_bound({msg.job_id + 1, 0}));
   return messages::Ack{};
@@ -399,7 +409,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
               std::vector<std::uint64_t> keys;
               for (int c = 0; c < static_cast<int>(r.choices.size()); ++c)
                 keys.push_back(worker::kv_request_key(r.line_index, c));
-              drop_kv(self, r.job_id, std::move(keys));
+              forget_kv(self, r.job_id, keys);
             }
             m.add("shardline_requests_total", r.ok ? "state=\"done\"" : "state=\"failed\"", 1);
             m.add("shardline_prompt_tokens_total", "", r.prompt_tokens);

@@ -1,3 +1,5 @@
+// Finished lines' KV is dropped once their results are committed (not
+// before: a crash in between resumes the line from it).
 // `actor kill NODE/kvstore` mid-job: the store really dies, the node's
 // supervisor restarts it from its RocksDB (`actor list` shows the restart
 // and the store's bytes), the workers keep streaming (buffer and retry), and
@@ -76,6 +78,43 @@ TEST_F(KvStoreE2e, ActorKillOfTheKvStoreMidJobRestartsItAndTheJobFinishes) {
   const auto unknown = run_command(kShardline + " actor kill n9/kvstore" + client);
   EXPECT_NE(unknown.exit_code, 0);
   EXPECT_NE(unknown.out.find("no actor named 'n9/kvstore'"), std::string::npos) << unknown.out;
+  node.kill(SIGTERM);
+  EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << node.log();
+}
+
+TEST_F(KvStoreE2e, FinishedLinesKvIsDroppedOnceTheirResultsAreCommitted) {
+  // The orchestrator drops a line's KV after committing its result, so
+  // mid-job the store holds about the lines in flight (at most 2 x max
+  // batch queued on the worker), not every line finished so far.
+  constexpr int kLines = 120, kMaxBatch = 4;
+  write_input(kLines, 60);
+  Child node({kShardline, "node", "start", "--name", "n0", "--listen", "127.0.0.1:0", "--data-dir", path("data"),
+              "--model", kStoriesDir, "--key-file", path("cluster.key"), "--max-batch", std::to_string(kMaxBatch)},
+             path("node.log"));
+  const auto addr = testing_support::wait_for_node(node, false);
+  ASSERT_FALSE(addr.addr.empty()) << node.log();
+  const std::string client = testing_support::client_flags(addr.addr, path("cluster.key"));
+  submit(client);
+  int done = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && done < kLines / 2) {
+    done = testing_support::job_done(client, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(done, kLines / 2) << node.log();
+  ASSERT_LT(done, kLines) << "the job finished before the check";
+  // The store's request count comes with its heartbeat: read it twice a
+  // heartbeat apart, both times mid-job.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::string list = run_command(kShardline + " actor list" + client).out;
+  const int done_after = testing_support::job_done(client, 1);
+  ASSERT_LT(done_after, kLines) << "the job finished before the check";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(list, m, std::regex("n0/kvstore .* ([0-9]+) requests"))) << list;
+  EXPECT_LE(std::stoi(m[1].str()), 2 * kMaxBatch + 4)
+      << "the store holds the KV of finished lines (" << done << " done)\n" << list;
+  const auto status = testing_support::wait_job_done(client, 1, std::chrono::seconds(180));
+  ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << node.log();
 }
