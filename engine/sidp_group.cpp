@@ -61,13 +61,52 @@ SidpGroup::~SidpGroup() {
   for (auto& r : ranks_) r->owner->unload(r->weights_comm);
 }
 
-Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, const SidpOptions& o) {
+Status check_sidp_options(const EngineOptions& base, const SidpOptions& o) {
   if (base.parallel.group_size() != 1 || base.parallel.dp != 1)
     return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp: each DP rank is one CPU device (tp, pp, sp = 1)");
   if (base.device != model::DeviceKind::cpu)
     return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU devices so far");
-  if (o.dp < 2) return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp needs dp >= 2");
-  if (o.cache_slots < 1) return make_error(ErrorCode::invalid_argument, "--sidp-cache-slots must be >= 1");
+  if (o.dp < 2)
+    return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp needs dp >= 2, got " + std::to_string(o.dp));
+  if (o.cache_slots < 1)
+    return make_error(ErrorCode::invalid_argument,
+                      "--sidp-cache-slots must be >= 1, got " + std::to_string(o.cache_slots));
+  return Status::ok_status();
+}
+
+Result<SidpRankComms> SidpRankComms::wrap(std::vector<std::unique_ptr<comm::Communicator>> inner,
+                                          std::chrono::milliseconds timeout,
+                                          const std::shared_ptr<comm::LinkModel>& link) {
+  SidpRankComms out;
+  out.inner = std::move(inner);
+  for (auto& c : out.inner) {
+    c->set_timeout(timeout);
+    if (!link) continue;
+    auto p = comm::PacedCommunicator::create(*c, link);
+    if (!p) return std::move(p).error();
+    out.paced.push_back(std::move(p).value());
+  }
+  return out;
+}
+
+Result<SidpRankComms> SidpRankComms::in_process(int dp, std::chrono::milliseconds timeout,
+                                                const std::shared_ptr<comm::LinkModel>& link) {
+  auto group = comm::InProcGroup::create(dp);
+  if (!group) return std::move(group).error();
+  std::vector<std::unique_ptr<comm::Communicator>> inner;
+  for (int r = 0; r < dp; ++r) {
+    auto c = (*group)->communicator(r);
+    if (!c) return std::move(c).error();
+    inner.push_back(std::move(c).value());
+  }
+  auto out = wrap(std::move(inner), timeout, link);
+  if (!out) return std::move(out).error();
+  out->group = *group;
+  return out;
+}
+
+Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, const SidpOptions& o) {
+  if (Status ok = check_sidp_options(base, o); !ok) return ok.error();
 
   auto loaded = load_weights(base);
   if (!loaded) return std::move(loaded).error();
@@ -77,54 +116,26 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
 
   std::unique_ptr<SidpGroup> g(new SidpGroup());
   g->plan_ = *plan;
-  std::vector<std::unique_ptr<comm::Communicator>> tcp_weights, tcp_compute;
-  if (o.tcp) {
-    auto w = tcp_groups(o.dp, o.comm_timeout);
-    if (!w) return std::move(w).error();
-    auto c = tcp_groups(o.dp, o.comm_timeout);
-    if (!c) return std::move(c).error();
-    tcp_weights = std::move(w).value();
-    tcp_compute = std::move(c).value();
-  } else {
-    auto wg = comm::InProcGroup::create(o.dp);
-    auto cg = comm::InProcGroup::create(o.dp);
-    if (!wg) return std::move(wg).error();
-    if (!cg) return std::move(cg).error();
-    g->weights_group_ = *wg;
-    g->compute_group_ = *cg;
-  }
   if (o.link.gbps > 0) {
     auto link = comm::LinkModel::create(o.dp, o.link);
     if (!link) return std::move(link).error();
     g->link_ = std::move(link).value();
   }
+  const auto make_comms = [&]() -> Result<SidpRankComms> {
+    if (!o.tcp) return SidpRankComms::in_process(o.dp, o.comm_timeout, g->link_);
+    auto inner = tcp_groups(o.dp, o.comm_timeout);
+    if (!inner) return std::move(inner).error();
+    return SidpRankComms::wrap(std::move(inner).value(), o.comm_timeout, g->link_);
+  };
+  for (SidpRankComms* comms : {&g->weights_, &g->compute_}) {
+    auto made = make_comms();
+    if (!made) return std::move(made).error();
+    *comms = std::move(made).value();
+  }
   for (int r = 0; r < o.dp; ++r) {
     auto rank = std::make_unique<Rank>();
-    if (o.tcp) {
-      rank->weights_inner = std::move(tcp_weights[static_cast<std::size_t>(r)]);
-      rank->compute_inner = std::move(tcp_compute[static_cast<std::size_t>(r)]);
-    } else {
-      auto wc = g->weights_group_->communicator(r);
-      auto cc = g->compute_group_->communicator(r);
-      if (!wc) return std::move(wc).error();
-      if (!cc) return std::move(cc).error();
-      rank->weights_inner = std::move(wc).value();
-      rank->compute_inner = std::move(cc).value();
-    }
-    rank->weights_inner->set_timeout(o.comm_timeout);
-    rank->compute_inner->set_timeout(o.comm_timeout);
-    rank->weights_comm = rank->weights_inner.get();
-    rank->compute_comm = rank->compute_inner.get();
-    if (g->link_) {
-      auto wp = comm::PacedCommunicator::create(*rank->weights_inner, g->link_);
-      auto cp = comm::PacedCommunicator::create(*rank->compute_inner, g->link_);
-      if (!wp) return std::move(wp).error();
-      if (!cp) return std::move(cp).error();
-      rank->weights_paced = std::move(wp).value();
-      rank->compute_paced = std::move(cp).value();
-      rank->weights_comm = rank->weights_paced.get();
-      rank->compute_comm = rank->compute_paced.get();
-    }
+    rank->weights_comm = g->weights_.at(r);
+    rank->compute_comm = g->compute_.at(r);
     auto owner = sidp::LayerOwner::create(weights, g->plan_, r);
     if (!owner) return std::move(owner).error();
     rank->owner = std::move(owner).value();
@@ -171,8 +182,8 @@ Status SidpGroup::respawn_owner(int rank) {
 }
 
 void SidpGroup::mark_rank_dead(int rank) {
-  if (weights_group_) (void)weights_group_->mark_dead(rank);
-  if (compute_group_) (void)compute_group_->mark_dead(rank);
+  if (weights_.group) (void)weights_.group->mark_dead(rank);
+  if (compute_.group) (void)compute_.group->mark_dead(rank);
   // TCP: the peers find out at their timeout (the rank's sockets stay open
   // while its object lives).
 }

@@ -53,6 +53,33 @@ struct SidpOptions {
   bool tcp = false;
 };
 
+/// ok, or the error of options a SiDP group cannot run with: invalid_argument
+/// (a rank that is not one device, dp < 2, cache_slots < 1), unsupported
+/// (not CPU). Shared by SidpGroup and SidpNodeGroup.
+[[nodiscard]] Status check_sidp_options(const EngineOptions& base, const SidpOptions& sidp);
+
+/// The communicators of a SiDP group's dp ranks over one group: each rank's
+/// own (`inner`, given the comm timeout) and, with link emulation, its paced
+/// wrapper (all ranks share one LinkModel: one emulated node); at(r) is the
+/// one rank r uses.
+struct SidpRankComms {
+  std::shared_ptr<comm::InProcGroup> group;                 ///< null when `inner` came from elsewhere (TCP)
+  std::vector<std::unique_ptr<comm::Communicator>> inner;   ///< [dp]
+  std::vector<std::unique_ptr<comm::Communicator>> paced;   ///< [dp], empty without a link
+  [[nodiscard]] comm::Communicator* at(int rank) const {
+    const auto r = static_cast<std::size_t>(rank);
+    return paced.empty() ? inner[r].get() : paced[r].get();
+  }
+  /// Over `inner` (rank r at index r), each given `timeout`, paced by `link`
+  /// when not null. Errors: what PacedCommunicator::create returns.
+  [[nodiscard]] static Result<SidpRankComms> wrap(std::vector<std::unique_ptr<comm::Communicator>> inner,
+                                                  std::chrono::milliseconds timeout,
+                                                  const std::shared_ptr<comm::LinkModel>& link);
+  /// A new in-process group of dp ranks, then wrap. Errors: invalid_argument (dp < 1).
+  [[nodiscard]] static Result<SidpRankComms> in_process(int dp, std::chrono::milliseconds timeout,
+                                                        const std::shared_ptr<comm::LinkModel>& link);
+};
+
 class SidpGroup {
  public:
   /// Loads the model once (or uses base.weights), builds the ownership plan,
@@ -98,9 +125,7 @@ class SidpGroup {
 
  private:
   struct Rank {
-    std::unique_ptr<comm::Communicator> weights_inner, compute_inner;  ///< the in-process ranks
-    std::unique_ptr<comm::Communicator> weights_paced, compute_paced;  ///< with link emulation, else null
-    comm::Communicator* weights_comm = nullptr;  ///< what the rank uses (paced or inner)
+    comm::Communicator* weights_comm = nullptr;  ///< what the rank uses (weights_.at(rank))
     comm::Communicator* compute_comm = nullptr;
     std::shared_ptr<model::sidp::LayerOwner> owner;
     std::shared_ptr<model::sidp::SidpFfn> ffn;
@@ -110,9 +135,9 @@ class SidpGroup {
   [[nodiscard]] Rank& rank_at(int rank) { return *ranks_.at(static_cast<std::size_t>(rank)); }
 
   model::sidp::OwnershipPlan plan_;
-  std::shared_ptr<comm::InProcGroup> weights_group_;
-  std::shared_ptr<comm::InProcGroup> compute_group_;
   std::shared_ptr<comm::LinkModel> link_;  ///< shared by both groups' ranks (one emulated node)
+  SidpRankComms weights_;  ///< owners expose, housekeepers get
+  SidpRankComms compute_;  ///< CaS p2p and the step control
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::uint64_t epoch_ = 0;
 };

@@ -10,25 +10,15 @@ namespace {
 Error invalid(std::string m) { return make_error(ErrorCode::invalid_argument, std::move(m)); }
 }  // namespace
 
-comm::Communicator* SidpNodeGroup::Generation::comm(int rank) const {
-  const auto r = static_cast<std::size_t>(rank);
-  return paced.empty() ? inner[r].get() : paced[r].get();
-}
-
 SidpNodeGroup::~SidpNodeGroup() {
   // The ranks (SidpRank) hold the group, so none is left; withdraw the
   // owners' regions before the communicators go.
   for (int r = 0; r < static_cast<int>(owners_.size()); ++r)
-    owners_[static_cast<std::size_t>(r)]->unload(weights_comm_[static_cast<std::size_t>(r)]);
+    owners_[static_cast<std::size_t>(r)]->unload(weights_comms_.at(r));
 }
 
 Result<std::shared_ptr<SidpNodeGroup>> SidpNodeGroup::create(const EngineOptions& base, const SidpOptions& o) {
-  if (base.parallel.group_size() != 1 || base.parallel.dp != 1)
-    return invalid("--weight-sharing sidp: each DP rank is one CPU device (tp, pp, sp = 1)");
-  if (base.device != model::DeviceKind::cpu)
-    return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU devices so far");
-  if (o.dp < 2) return invalid("--weight-sharing sidp needs dp >= 2, got " + std::to_string(o.dp));
-  if (o.cache_slots < 1) return invalid("--sidp-cache-slots must be >= 1, got " + std::to_string(o.cache_slots));
+  if (Status ok = check_sidp_options(base, o); !ok) return ok.error();
   auto loaded = load_weights(base);
   if (!loaded) return std::move(loaded).error();
   std::shared_ptr<SidpNodeGroup> g(new SidpNodeGroup());
@@ -43,22 +33,10 @@ Result<std::shared_ptr<SidpNodeGroup>> SidpNodeGroup::create(const EngineOptions
     if (!link) return std::move(link).error();
     g->link_ = std::move(link).value();
   }
-  auto wg = comm::InProcGroup::create(o.dp);
-  if (!wg) return std::move(wg).error();
-  g->weights_group_ = *wg;
+  auto weights_comms = SidpRankComms::in_process(o.dp, o.comm_timeout, g->link_);
+  if (!weights_comms) return std::move(weights_comms).error();
+  g->weights_comms_ = std::move(weights_comms).value();
   for (int r = 0; r < o.dp; ++r) {
-    auto c = g->weights_group_->communicator(r);
-    if (!c) return std::move(c).error();
-    (*c)->set_timeout(o.comm_timeout);
-    g->weights_inner_.push_back(std::move(c).value());
-    comm::Communicator* use = g->weights_inner_.back().get();
-    if (g->link_) {
-      auto p = comm::PacedCommunicator::create(*g->weights_inner_.back(), g->link_);
-      if (!p) return std::move(p).error();
-      g->weights_paced_.push_back(std::move(p).value());
-      use = g->weights_paced_.back().get();
-    }
-    g->weights_comm_.push_back(use);
     auto owner = sidp::LayerOwner::create(g->weights_, g->plan_, r);
     if (!owner) return std::move(owner).error();
     g->owners_.push_back(std::move(owner).value());
@@ -68,12 +46,12 @@ Result<std::shared_ptr<SidpNodeGroup>> SidpNodeGroup::create(const EngineOptions
 
 Status SidpNodeGroup::load_owner(int rank) {
   if (rank < 0 || rank >= dp()) return invalid("sidp: no owner rank " + std::to_string(rank));
-  return owners_[static_cast<std::size_t>(rank)]->load(weights_comm_[static_cast<std::size_t>(rank)]);
+  return owners_[static_cast<std::size_t>(rank)]->load(weights_comms_.at(rank));
 }
 
 void SidpNodeGroup::unload_owner(int rank) {
   if (rank < 0 || rank >= dp()) return;
-  owners_[static_cast<std::size_t>(rank)]->unload(weights_comm_[static_cast<std::size_t>(rank)]);
+  owners_[static_cast<std::size_t>(rank)]->unload(weights_comms_.at(rank));
 }
 
 const sidp::LayerOwner& SidpNodeGroup::owner(int rank) const { return *owners_.at(static_cast<std::size_t>(rank)); }
@@ -99,20 +77,9 @@ std::uint64_t SidpNodeGroup::generation() const {
 Result<std::shared_ptr<SidpNodeGroup::Generation>> SidpNodeGroup::make_generation_locked() {
   auto gen = std::make_shared<Generation>();
   gen->id = next_generation_++;
-  auto group = comm::InProcGroup::create(dp());
-  if (!group) return std::move(group).error();
-  gen->group = *group;
-  for (int r = 0; r < dp(); ++r) {
-    auto c = gen->group->communicator(r);
-    if (!c) return std::move(c).error();
-    (*c)->set_timeout(options_.comm_timeout);
-    gen->inner.push_back(std::move(c).value());
-    if (link_) {
-      auto p = comm::PacedCommunicator::create(*gen->inner.back(), link_);
-      if (!p) return std::move(p).error();
-      gen->paced.push_back(std::move(p).value());
-    }
-  }
+  auto comms = SidpRankComms::in_process(dp(), options_.comm_timeout, link_);
+  if (!comms) return std::move(comms).error();
+  gen->comms = std::move(comms).value();
   gen->taken.assign(static_cast<std::size_t>(dp()), false);
   return gen;
 }
@@ -120,7 +87,7 @@ Result<std::shared_ptr<SidpNodeGroup::Generation>> SidpNodeGroup::make_generatio
 void SidpNodeGroup::kill_generation_locked(Generation& g) {
   if (g.dead) return;
   g.dead = true;
-  for (int r = 0; r < dp(); ++r) (void)g.group->mark_dead(r);  // blocked peers wake with io
+  for (int r = 0; r < dp(); ++r) (void)g.comms.group->mark_dead(r);  // blocked peers wake with io
 }
 
 bool SidpNodeGroup::dead(const Generation& g) const {
@@ -152,7 +119,7 @@ Result<std::unique_ptr<SidpRank>> SidpNodeGroup::attach(int rank) {
   fo.cache.owner_wait = options_.owner_wait;
   fo.peak_shifting = options_.peak_shifting;
   fo.initial_mode = sidp::SidpMode::was;
-  auto ffn = sidp::SidpFfn::create(plan_, rank, owners_[r], weights_comm_[r], nullptr, fo);
+  auto ffn = sidp::SidpFfn::create(plan_, rank, owners_[r], weights_comms_.at(rank), nullptr, fo);
   if (!ffn) return std::move(ffn).error();
   std::unique_ptr<SidpRank> out(new SidpRank(shared_from_this(), rank));
   out->ffn_ = std::move(ffn).value();

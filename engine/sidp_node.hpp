@@ -104,12 +104,10 @@ class SidpNodeGroup : public std::enable_shared_from_this<SidpNodeGroup> {
   /// One compute group over the dp ranks.
   struct Generation {
     std::uint64_t id = 0;
-    std::shared_ptr<comm::InProcGroup> group;
-    std::vector<std::unique_ptr<comm::Communicator>> inner;  ///< [dp]
-    std::vector<std::unique_ptr<comm::Communicator>> paced;  ///< [dp] with link emulation, else empty
-    std::vector<bool> taken;                                  ///< [dp]
+    SidpRankComms comms;       ///< in-process, paced with link emulation
+    std::vector<bool> taken;   ///< [dp]
     bool dead = false;
-    [[nodiscard]] comm::Communicator* comm(int rank) const;
+    [[nodiscard]] comm::Communicator* comm(int rank) const { return comms.at(rank); }
   };
   SidpNodeGroup() = default;
   [[nodiscard]] Result<std::shared_ptr<Generation>> make_generation_locked();
@@ -123,10 +121,7 @@ class SidpNodeGroup : public std::enable_shared_from_this<SidpNodeGroup> {
   std::shared_ptr<const model::ModelWeights> weights_;
   model::sidp::OwnershipPlan plan_;
   std::shared_ptr<comm::LinkModel> link_;  ///< shared by both groups' ranks (one emulated node)
-  std::shared_ptr<comm::InProcGroup> weights_group_;
-  std::vector<std::unique_ptr<comm::Communicator>> weights_inner_;  ///< [dp]
-  std::vector<std::unique_ptr<comm::Communicator>> weights_paced_;  ///< [dp] or empty
-  std::vector<comm::Communicator*> weights_comm_;                   ///< [dp] what ranks use
+  SidpRankComms weights_comms_;  ///< the node's lifetime: owners expose, housekeepers get
   std::vector<std::shared_ptr<model::sidp::LayerOwner>> owners_;    ///< [dp]
 
   mutable std::mutex mu_;
