@@ -154,21 +154,14 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
   eo.num_threads = threads;
 
   // The cost model's b*, per rank, with each rank's share of the machine.
-  orchestrator::ElementSizes sizes;
-  sizes.weight_bytes = static_cast<double>(dtype_size(o.engine.dtype));
-  sizes.kv_bytes = static_cast<double>(dtype_size(o.engine.kv_cache_dtype));
-  sizes.activation_bytes = 4;
-  orchestrator::HardwareSpec hw;
-  hw.memory_bw_bytes_per_s = rep.membw_gbs * 1e9 / o.dp;
-  hw.flops_per_s = rep.gemm_gflops * 1e9 / o.dp;
-  hw.comm_bw_bytes_per_s = link.gbps * 1e9;
-  hw.comm_latency_s = link.latency_us * 1e-6;
-  auto cost = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), sizes, hw);
+  const auto link_spec = orchestrator::LinkSpec::from_gbps(link.gbps, link.latency_us);
+  auto cost = orchestrator::CostModel::for_sidp_rank(config, o.engine.dtype, o.engine.kv_cache_dtype,
+                                                     rep.membw_gbs * 1e9, rep.gemm_gflops * 1e9, o.dp, link_spec);
   if (!cost) return std::move(cost).error();
-  auto bstar = cost->sidp_switch_batch(orchestrator::LinkSpec::from_gbps(link.gbps, link.latency_us));
+  auto bstar = cost->sidp_switch_batch(link_spec);
   if (!bstar) return std::move(bstar).error();
   rep.predicted_switch_batch = bstar->switch_batch;
-  auto overlapped = cost->sidp_switch_batch_overlapped(orchestrator::LinkSpec::from_gbps(link.gbps, link.latency_us), o.dp);
+  auto overlapped = cost->sidp_switch_batch_overlapped(link_spec, o.dp);
   if (!overlapped) return std::move(overlapped).error();
   rep.predicted_overlapped_switch_batch = overlapped->switch_batch;
   rep.predicted_fetch_ms = bstar->fetch_ms;

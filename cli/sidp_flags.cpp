@@ -51,21 +51,13 @@ Result<long long> cost_model_switch_batch(const actors::NodeOptions& o, const en
   const int threads = std::max(1, o.engine.num_threads) * o.parallel.dp;
   const double membw_gbs = bench::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
   const double gemm_gflops = bench::measure_linear_gflops(512, 2);
-  orchestrator::ElementSizes sizes;
-  sizes.weight_bytes = static_cast<double>(dtype_size(o.engine.dtype));
-  sizes.kv_bytes = static_cast<double>(dtype_size(o.engine.kv_cache_dtype));
-  sizes.activation_bytes = 4;
-  orchestrator::HardwareSpec hw;
-  hw.memory_bw_bytes_per_s = membw_gbs * 1e9 / o.parallel.dp;
-  hw.flops_per_s = gemm_gflops * 1e9 / o.parallel.dp;
   // Without emulation a weight get is a memcpy on the shared bus.
   const double link_gbs = so.link.gbps > 0 ? so.link.gbps : membw_gbs / o.parallel.dp;
-  hw.comm_bw_bytes_per_s = link_gbs * 1e9;
-  hw.comm_latency_s = so.link.latency_us * 1e-6;
-  auto cost = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(*config), sizes, hw);
+  const auto link = orchestrator::LinkSpec::from_gbps(link_gbs, so.link.latency_us);
+  auto cost = orchestrator::CostModel::for_sidp_rank(*config, o.engine.dtype, o.engine.kv_cache_dtype, membw_gbs * 1e9,
+                                                     gemm_gflops * 1e9, o.parallel.dp, link);
   if (!cost) return std::move(cost).error();
-  auto point =
-      cost->sidp_switch_batch_overlapped(orchestrator::LinkSpec::from_gbps(link_gbs, so.link.latency_us), o.parallel.dp);
+  auto point = cost->sidp_switch_batch_overlapped(link, o.parallel.dp);
   if (!point) return std::move(point).error();
   const long long group = point->switch_batch * o.parallel.dp;
   spdlog::info("sidp: b* = {} per rank (cost model: fetch {:.3f} ms per layer at {:.1f} GB/s, a layer's forward {:.3f} ms; "

@@ -234,6 +234,22 @@ long long least_hiding_batch(const Hides& hides, double exact, long long max_bat
 
 }  // namespace
 
+Result<CostModel> CostModel::for_sidp_rank(const model::ModelConfig& config, DType weight_dtype, DType kv_cache_dtype,
+                                           double machine_memory_bw_bytes_per_s, double machine_flops_per_s, int dp,
+                                           const LinkSpec& link) {
+  if (dp < 1) return bad("dp must be >= 1, got " + std::to_string(dp)).error();
+  ElementSizes sizes;
+  sizes.weight_bytes = static_cast<double>(dtype_size(weight_dtype));
+  sizes.kv_bytes = static_cast<double>(dtype_size(kv_cache_dtype));
+  sizes.activation_bytes = 4;
+  HardwareSpec hw;
+  hw.memory_bw_bytes_per_s = machine_memory_bw_bytes_per_s / dp;
+  hw.flops_per_s = machine_flops_per_s / dp;
+  hw.comm_bw_bytes_per_s = link.bandwidth_bytes_per_s;
+  hw.comm_latency_s = link.latency_s;
+  return create(ModelShape::from_config(config), sizes, hw);
+}
+
 double CostModel::sidp_layer_ms(long long batch) const {
   const double w = shape_.layer_params();
   const double b = static_cast<double>(std::max(0LL, batch));

@@ -116,6 +116,7 @@
 
 #include <vector>
 
+#include "common/dtype.hpp"
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
 #include "model/config.hpp"
@@ -243,6 +244,13 @@ class CostModel {
   /// bandwidths or FLOPS <= 0, latency < 0, any of them not finite).
   [[nodiscard]] static Result<CostModel> create(const ModelShape& shape, const ElementSizes& sizes,
                                                 const HardwareSpec& hw);
+  /// The model of one rank of a SiDP group of `dp` CPU devices sharing one
+  /// machine: each rank gets 1/dp of the machine's measured memory bandwidth
+  /// and GEMM rate (bytes/s, FLOP/s); weights and KV cache in the given
+  /// dtypes, F32 activations; sends over `link`. Errors: as create().
+  [[nodiscard]] static Result<CostModel> for_sidp_rank(const model::ModelConfig& config, DType weight_dtype,
+                                                       DType kv_cache_dtype, double machine_memory_bw_bytes_per_s,
+                                                       double machine_flops_per_s, int dp, const LinkSpec& link);
 
   /// Predicted cost of `step` under `pc` (a step without tokens runs no
   /// forward pass and costs 0). Errors: invalid_argument for a degree < 1,

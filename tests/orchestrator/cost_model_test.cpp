@@ -530,6 +530,30 @@ TEST(CostModel, SidpOverlappedSwitchBatchByHand) {
   EXPECT_FALSE(m.sidp_switch_batch_overlapped({.bandwidth_bytes_per_s = 0, .latency_s = 0}, 2).ok());
 }
 
+TEST(CostModel, ForSidpRankTakesItsShareOfTheMachine) {
+  model::ModelConfig c;
+  c.num_hidden_layers = 2;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 16;
+  c.vocab_size = 32;
+  const LinkSpec link{.bandwidth_bytes_per_s = 100, .latency_s = 0.01};
+  auto m = CostModel::for_sidp_rank(c, DType::bf16, DType::f32, 4000, 40000, 4, link);
+  ASSERT_TRUE(m.ok()) << m.error().to_string();
+  EXPECT_DOUBLE_EQ(m->hardware().memory_bw_bytes_per_s, 1000);
+  EXPECT_DOUBLE_EQ(m->hardware().flops_per_s, 10000);
+  EXPECT_DOUBLE_EQ(m->hardware().comm_bw_bytes_per_s, 100);
+  EXPECT_DOUBLE_EQ(m->hardware().comm_latency_s, 0.01);
+  EXPECT_DOUBLE_EQ(m->sizes().weight_bytes, 2);
+  EXPECT_DOUBLE_EQ(m->sizes().kv_bytes, 4);
+  EXPECT_DOUBLE_EQ(m->sizes().activation_bytes, 4);
+  // tiny() on slow_hw(): the by-hand b* of that test.
+  EXPECT_EQ(m->sidp_switch_batch_overlapped(link, 2).value().switch_batch, 34);
+  EXPECT_FALSE(CostModel::for_sidp_rank(c, DType::bf16, DType::f32, 4000, 40000, 0, link).ok());
+}
+
 TEST(CostModel, SidpSwitchBatchErrors) {
   const CostModel m = make(tiny(), slow_hw());
   const auto expect_bad = [&](LinkSpec link, long long max_batch, const std::string& what) {
