@@ -8,7 +8,11 @@
 
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
+#include "cli/group_flags.hpp"
+#include "cli/sidp_flags.hpp"
 #include "engine/engine_builder.hpp"
+#include "engine/parallel_config.hpp"
+#include "engine/sidp_group.hpp"
 
 namespace shardline::cli {
 
@@ -21,7 +25,42 @@ struct GenerateArgs {
   sampling::SamplingParams sampling;
   long long request_seed = -1;
   bool json = false;
+  std::string parallel;  ///< dp=N with --weight-sharing sidp
+  SidpFlags sidp;
+  GroupFlags group;
 };
+
+/// The prompts over a SiDP group (in this process, or over processes with
+/// --group-master). Errors: bad flags (invalid_argument), what the group returns.
+Result<std::vector<engine::RequestOutput>> generate_sidp(const GenerateArgs& a, const engine::EngineOptions& options,
+                                                         const std::vector<std::vector<std::int32_t>>& prompt_ids) {
+  auto pc = engine::parse_parallel_config(a.parallel.empty() ? "dp=2" : a.parallel);
+  if (!pc) return std::move(pc).error();
+  auto so = to_sidp_options(a.sidp, *pc);
+  if (!so) return std::move(so).error();
+  if (!a.group.master.empty()) {
+    auto tcp = to_tcp_group_options(a.group);
+    if (!tcp) return std::move(tcp).error();
+    so->processes = *tcp;
+  }
+  auto po = to_sidp_policy(a.sidp, options, *so);
+  if (!po) return std::move(po).error();
+  if (po->setting == engine::SidpModeSetting::cas) so->initial_mode = model::sidp::SidpMode::cas;
+  auto policy = engine::SidpModePolicy::create(*po);
+  if (!policy) return std::move(policy).error();
+  if (so->processes)
+    std::cerr << "generate: SiDP rank 0 of dp=" << so->dp << ", waiting for ranks 1.." << so->dp - 1 << " at "
+              << so->processes->master << "\n";
+  auto group = engine::SidpGroup::create(options, *so);
+  if (!group) return std::move(group).error();
+  engine::SidpAutoSwitcher switcher(**group, std::move(policy).value());
+  auto out = engine::generate_sidp(**group, prompt_ids, std::vector<sampling::SamplingParams>(prompt_ids.size(), a.sampling),
+                                   options.num_threads, switcher.observer());
+  for (const auto& sw : switcher.switches())
+    std::cerr << "generate: SiDP switched to " << model::sidp::mode_name(sw.to) << " at " << sw.at_s << " s (group batch "
+              << sw.group_batch << ", epoch " << sw.epoch << ")\n";
+  return out;
+}
 
 int run_generate(GenerateArgs& a) {
   auto options = to_engine_options(a.engine, a.model_dir);
@@ -37,16 +76,32 @@ int run_generate(GenerateArgs& a) {
     std::cerr << "error: " << st.error().to_string() << "\n";
     return 2;
   }
-  auto built = engine::build_engine(*options);
-  if (!built) {
-    std::cerr << "error: " << built.error().to_string() << "\n";
+  const bool sidp = a.sidp.weight_sharing == "sidp";
+  if (!sidp && (!a.parallel.empty() || !a.group.master.empty())) {
+    std::cerr << "error: generate runs one device; --parallel and --group-master need --weight-sharing sidp\n";
+    return 2;
+  }
+  auto tokenizer = model::load_tokenizer(options->model_dir);
+  if (!tokenizer) {
+    std::cerr << "error: " << tokenizer.error().to_string() << "\n";
     return 1;
   }
-  engine::EngineInstance& e = *built;
   std::vector<std::vector<std::int32_t>> prompt_ids;
   prompt_ids.reserve(a.prompts.size());
-  for (const std::string& p : a.prompts) prompt_ids.push_back(e.tokenizer->encode(p, true));
-  auto outputs = e.engine->generate(prompt_ids, a.sampling);
+  for (const std::string& p : a.prompts) prompt_ids.push_back((*tokenizer)->encode(p, true));
+  Result<std::vector<engine::RequestOutput>> outputs = make_error(ErrorCode::internal, "not run");
+  engine::EngineInstance e;
+  if (sidp) {
+    outputs = generate_sidp(a, *options, prompt_ids);
+  } else {
+    auto built = engine::build_engine(*options);
+    if (!built) {
+      std::cerr << "error: " << built.error().to_string() << "\n";
+      return 1;
+    }
+    e = std::move(built).value();
+    outputs = e.engine->generate(prompt_ids, a.sampling);
+  }
   if (!outputs) {
     std::cerr << "error: " << outputs.error().to_string() << "\n";
     return 1;
@@ -93,6 +148,11 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--ignore-eos", s.ignore_eos, "Do not stop at the model's EOS ids");
   cmd->add_option("--stop", s.stop, "Stop string (repeatable); cut from the text");
   cmd->add_option("--stop-token-id", s.stop_token_ids, "Extra stop token id (repeatable)");
+  cmd->add_option("--parallel", a->parallel, "dp=N: a SiDP group of N CPU devices (with --weight-sharing sidp)");
+  add_sidp_flags(*cmd, a->sidp);
+  add_group_flags(*cmd, a->group,
+                  "HOST:PORT this process (SiDP rank 0) binds; ranks 1..N-1 are `shardline shard serve "
+                  "--weight-sharing sidp` processes joining there");
   cmd->add_flag("--json", a->json,
                 "One JSON object per prompt: prompt, prompt_token_ids, token_ids, text, finish_reason");
   cmd->callback([&run, a] { run = [a] { return run_generate(*a); }; });

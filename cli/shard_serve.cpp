@@ -1,15 +1,19 @@
-// `shardline shard serve`: one rank (> 0) of an engine group whose ranks are
-// processes joined over TCP. Rank 0 is the engine inside `shardline run` or
-// `shardline node start` given `--group-master HOST:PORT`.
-#include <fstream>
+// `shardline shard serve`: one rank (> 0) of a group whose ranks are
+// processes joined over TCP:
+//  - an engine group (tp / pp / sp): rank 0 is the engine inside
+//    `shardline run` or `shardline node start` given `--group-master`;
+//  - a SiDP group (`--weight-sharing sidp --parallel dp=N`): rank 0 is
+//    `shardline generate --weight-sharing sidp --group-master` (or any
+//    engine::SidpGroup made with SidpOptions::processes).
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <string>
 
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
+#include "cli/group_flags.hpp"
 #include "engine/parallel_config.hpp"
+#include "engine/sidp_process.hpp"
 #include "engine/tcp_group.hpp"
 
 namespace shardline::cli {
@@ -21,10 +25,32 @@ struct ShardServeArgs {
   EngineFlags engine;
   std::string parallel;
   int rank = 1;
-  std::string master;
-  std::string key_file;
-  int timeout_ms = 60'000;
+  GroupFlags group;
+  std::string weight_sharing = "none";
 };
+
+int run_sidp_serve(const ShardServeArgs& a, const engine::ParallelConfig& pc, const engine::TcpGroupOptions& tcp) {
+  if (pc.dp < 2 || pc.group_size() != 1) {
+    std::cerr << "error: --weight-sharing sidp needs --parallel dp=N (N >= 2, one device per rank), got "
+              << pc.to_string() << "\n";
+    return 2;
+  }
+  auto eo = to_engine_options(a.engine, a.model_dir);
+  if (!eo) {
+    std::cerr << "error: " << eo.error().to_string() << "\n";
+    return 2;
+  }
+  std::cerr << "shard serve: sidp rank " << a.rank << " of dp=" << pc.dp << ", joining " << tcp.master << "\n";
+  Status st = engine::serve_sidp_rank(*eo, pc.dp, a.rank, tcp, [](const std::string& line) {
+    std::cerr << "shard serve: " << line << "\n";
+  });
+  if (!st) {
+    std::cerr << "error: " << st.error().to_string() << "\n";
+    return 1;
+  }
+  std::cerr << "shard serve: sidp rank " << a.rank << " stopped by rank 0\n";
+  return 0;
+}
 
 int run_shard_serve(const ShardServeArgs& a) {
   auto pc = engine::parse_parallel_config(a.parallel);
@@ -32,6 +58,13 @@ int run_shard_serve(const ShardServeArgs& a) {
     std::cerr << "error: " << pc.error().to_string() << "\n";
     return 2;
   }
+  auto tcp_made = to_tcp_group_options(a.group);
+  if (!tcp_made) {
+    std::cerr << "error: " << tcp_made.error().to_string() << "\n";
+    return 2;
+  }
+  const engine::TcpGroupOptions& tcp = *tcp_made;
+  if (a.weight_sharing == "sidp") return run_sidp_serve(a, *pc, tcp);
   if (pc->dp != 1) {
     std::cerr << "error: --parallel of one engine group has dp=1 (got " << pc->to_string() << ")\n";
     return 2;
@@ -45,17 +78,6 @@ int run_shard_serve(const ShardServeArgs& a) {
     std::cerr << "error: --device-memory plans single-device engines; a TCP group rank is not planned\n";
     return 2;
   }
-  engine::TcpGroupOptions tcp;
-  tcp.master = a.master;
-  tcp.timeout = std::chrono::milliseconds(a.timeout_ms);
-  if (!a.key_file.empty()) {
-    std::ifstream in(a.key_file, std::ios::binary);
-    if (!in) {
-      std::cerr << "error: cannot read --key-file " << a.key_file << "\n";
-      return 2;
-    }
-    tcp.key.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
   model::LoadOptions lo;
   lo.format = eo->load_format;
   lo.dtype = eo->dtype;
@@ -67,7 +89,7 @@ int run_shard_serve(const ShardServeArgs& a) {
     return 1;
   }
   auto shared = std::make_shared<const model::ModelWeights>(std::move(weights).value());
-  std::cerr << "shard serve: rank " << a.rank << " of " << pc->to_string() << ", joining " << a.master << "\n";
+  std::cerr << "shard serve: rank " << a.rank << " of " << pc->to_string() << ", joining " << tcp.master << "\n";
   Status st = engine::serve_tcp_group_rank(shared, *pc, a.rank, eo->num_threads, tcp);
   if (!st) {
     std::cerr << "error: " << st.error().to_string() << "\n";
@@ -84,15 +106,24 @@ void add_shard_commands(CLI::App& app, std::function<int()>& run) {
   shard->require_subcommand(1);
   auto a = std::make_shared<ShardServeArgs>();
   CLI::App* cmd = shard->add_subcommand(
-      "serve", "Serve one rank (> 0) of an engine group over TCP until rank 0 stops the group");
+      "serve", "Serve one rank (> 0) of an engine group or a SiDP group over TCP until rank 0 stops the group");
   cmd->add_option("--model", a->model_dir, "Model folder (the same as rank 0's)")->required();
   add_engine_flags(*cmd, a->engine);
-  cmd->add_option("--parallel", a->parallel, "The group's config, e.g. tp=2 (dp=1); the same as rank 0's")
+  cmd->add_option("--parallel", a->parallel,
+                  "The group's config, the same as rank 0's: tp=2 (an engine group, dp=1), or dp=N with "
+                  "--weight-sharing sidp")
       ->required();
-  cmd->add_option("--rank", a->rank, "This process's rank in the group, in [1, tp*pp*sp)")->capture_default_str();
-  cmd->add_option("--group-master", a->master, "Rank 0's HOST:PORT (its --group-master)")->required();
-  cmd->add_option("--group-key-file", a->key_file, "Shared secret of the group (the same file as rank 0's --group-key-file)");
-  cmd->add_option("--timeout-ms", a->timeout_ms, "Rendezvous and per-call timeout")->capture_default_str();
+  cmd->add_option("--rank", a->rank, "This process's rank in the group: [1, tp*pp*sp), or [1, N) for SiDP")
+      ->capture_default_str();
+  cmd->add_option("--weight-sharing", a->weight_sharing,
+                  "sidp: serve one rank of a SiDP group (its layer owner and its own engine; the SiDP settings come "
+                  "from rank 0)")
+      ->check(CLI::IsMember({"none", "sidp"}))
+      ->capture_default_str();
+  cmd->add_option("--group-master", a->group.master, "Rank 0's HOST:PORT (its --group-master)")->required();
+  cmd->add_option("--group-key-file", a->group.key_file,
+                  "Shared secret of the group (the same file as rank 0's --group-key-file)");
+  cmd->add_option("--timeout-ms", a->group.timeout_ms, "Rendezvous and per-call timeout")->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_shard_serve(*a); }; });
 }
 

@@ -45,29 +45,69 @@ void add_sidp_flags(CLI::App& cmd, SidpFlags& f) {
 namespace {
 
 /// b* on the group's effective batch: dp x the cost model's per-rank b*.
-Result<long long> cost_model_switch_batch(const actors::NodeOptions& o, const engine::SidpOptions& so) {
-  auto config = model::load_model_config(o.engine.model_dir);
+Result<long long> cost_model_switch_batch(const engine::EngineOptions& engine, const engine::SidpOptions& so) {
+  auto config = model::load_model_config(engine.model_dir);
   if (!config) return std::move(config).error();
-  const int threads = std::max(1, o.engine.num_threads) * o.parallel.dp;
+  const int dp = so.dp;
+  const int threads = std::max(1, engine.num_threads) * dp;
   const double membw_gbs = bench::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
   const double gemm_gflops = bench::measure_linear_gflops(512, 2);
   // Without emulation a weight get is a memcpy on the shared bus.
-  const double link_gbs = so.link.gbps > 0 ? so.link.gbps : membw_gbs / o.parallel.dp;
+  const double link_gbs = so.link.gbps > 0 ? so.link.gbps : membw_gbs / dp;
   const auto link = orchestrator::LinkSpec::from_gbps(link_gbs, so.link.latency_us);
-  auto cost = orchestrator::CostModel::for_sidp_rank(*config, o.engine.dtype, o.engine.kv_cache_dtype, membw_gbs * 1e9,
-                                                     gemm_gflops * 1e9, o.parallel.dp, link);
+  auto cost = orchestrator::CostModel::for_sidp_rank(*config, engine.dtype, engine.kv_cache_dtype, membw_gbs * 1e9,
+                                                     gemm_gflops * 1e9, dp, link);
   if (!cost) return std::move(cost).error();
-  auto point = cost->sidp_switch_batch_overlapped(link, o.parallel.dp);
+  auto point = cost->sidp_switch_batch_overlapped(link, dp);
   if (!point) return std::move(point).error();
-  const long long group = point->switch_batch * o.parallel.dp;
+  const long long group = point->switch_batch * dp;
   spdlog::info("sidp: b* = {} per rank (cost model: fetch {:.3f} ms per layer at {:.1f} GB/s, a layer's forward {:.3f} ms; "
                "measured {:.1f} GB/s, {:.0f} GFLOP/s over {} ranks{}); the group switches below {} running sequences",
                point->switch_batch, point->fetch_ms, link_gbs, point->layer_ms, membw_gbs, gemm_gflops,
-               o.parallel.dp, point->capped ? ", capped" : "", group);
+               dp, point->capped ? ", capped" : "", group);
   return group;
 }
 
 }  // namespace
+
+Result<engine::SidpOptions> to_sidp_options(const SidpFlags& f, const engine::ParallelConfig& parallel) {
+  if (parallel.dp < 2 || parallel.group_size() != 1)
+    return make_error(ErrorCode::invalid_argument,
+                      "--weight-sharing sidp needs --parallel dp=N with N >= 2 (each rank one CPU device), got " +
+                          parallel.to_string());
+  if (f.cache_slots < 1)
+    return make_error(ErrorCode::invalid_argument, "--sidp-cache-slots must be >= 1, got " + std::to_string(f.cache_slots));
+  if (f.link_gbps < 0 || f.link_latency_us < 0)
+    return make_error(ErrorCode::invalid_argument, "--link-gbps and --link-latency-us must be >= 0");
+  engine::SidpOptions so;
+  so.dp = parallel.dp;
+  so.ownership = f.ownership;
+  so.cache_slots = f.cache_slots;
+  so.peak_shifting = f.peak_shifting == "on";
+  so.link = comm::LinkSpec{f.link_gbps, f.link_latency_us};
+  return so;
+}
+
+Result<engine::SidpModePolicyOptions> to_sidp_policy(const SidpFlags& f, const engine::EngineOptions& engine,
+                                                     const engine::SidpOptions& so) {
+  engine::SidpModePolicyOptions po;
+  auto setting = engine::parse_sidp_mode_setting(f.mode);
+  if (!setting) return make_error(ErrorCode::invalid_argument, "--sidp-mode: " + setting.error().message);
+  po.setting = *setting;
+  po.hysteresis = f.hysteresis;
+  po.min_dwell_s = f.min_dwell_s;
+  po.num_ranks = so.dp;
+  po.switch_batch = f.switch_batch;
+  if (f.switch_batch < 0)
+    return make_error(ErrorCode::invalid_argument, "--sidp-switch-batch must be >= 0, got " + std::to_string(f.switch_batch));
+  if (po.setting == engine::SidpModeSetting::automatic && f.switch_batch == 0) {
+    auto b = cost_model_switch_batch(engine, so);
+    if (!b) return make_error(ErrorCode::invalid_argument, "--sidp-switch-batch from the cost model: " + b.error().message);
+    po.switch_batch = *b;
+  }
+  if (Status st = po.validate(); !st) return st.error();
+  return po;
+}
 
 Status apply_sidp_flags(const SidpFlags& f, actors::NodeOptions& o) {
   if (f.weight_sharing != "sidp") {
@@ -75,38 +115,12 @@ Status apply_sidp_flags(const SidpFlags& f, actors::NodeOptions& o) {
       return make_error(ErrorCode::invalid_argument, "--weight-sharing is none or sidp, got " + f.weight_sharing);
     return Status::ok_status();
   }
-  if (o.parallel.dp < 2 || o.parallel.group_size() != 1)
-    return make_error(ErrorCode::invalid_argument,
-                      "--weight-sharing sidp needs --parallel dp=N with N >= 2 (each rank one CPU device), got " +
-                          o.parallel.to_string());
-  if (f.cache_slots < 1)
-    return make_error(ErrorCode::invalid_argument, "--sidp-cache-slots must be >= 1, got " + std::to_string(f.cache_slots));
-  if (f.link_gbps < 0 || f.link_latency_us < 0)
-    return make_error(ErrorCode::invalid_argument, "--link-gbps and --link-latency-us must be >= 0");
-  engine::SidpOptions so;
-  so.dp = o.parallel.dp;
-  so.ownership = f.ownership;
-  so.cache_slots = f.cache_slots;
-  so.peak_shifting = f.peak_shifting == "on";
-  so.link = comm::LinkSpec{f.link_gbps, f.link_latency_us};
-  engine::SidpModePolicyOptions po;
-  auto setting = engine::parse_sidp_mode_setting(f.mode);
-  if (!setting) return make_error(ErrorCode::invalid_argument, "--sidp-mode: " + setting.error().message);
-  po.setting = *setting;
-  po.hysteresis = f.hysteresis;
-  po.min_dwell_s = f.min_dwell_s;
-  po.num_ranks = o.parallel.dp;
-  po.switch_batch = f.switch_batch;
-  if (f.switch_batch < 0)
-    return make_error(ErrorCode::invalid_argument, "--sidp-switch-batch must be >= 0, got " + std::to_string(f.switch_batch));
-  if (po.setting == engine::SidpModeSetting::automatic && f.switch_batch == 0) {
-    auto b = cost_model_switch_batch(o, so);
-    if (!b) return make_error(ErrorCode::invalid_argument, "--sidp-switch-batch from the cost model: " + b.error().message);
-    po.switch_batch = *b;
-  }
-  if (Status st = po.validate(); !st) return st;
-  o.sidp = so;
-  o.sidp_policy = po;
+  auto so = to_sidp_options(f, o.parallel);
+  if (!so) return so.error();
+  auto po = to_sidp_policy(f, o.engine, *so);
+  if (!po) return po.error();
+  o.sidp = *so;
+  o.sidp_policy = *po;
   return Status::ok_status();
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// `--weight-sharing sidp` and its options on `run` and `node start` (SiDP,
+/// `--weight-sharing sidp` and its options on `run`, `node start` and `generate` (SiDP,
 /// seed 002; docs/sidp.md): the node's dp CPU workers share the FFN weights
 /// through layer owners, and the orchestrator switches the group between
 /// Weight-as-a-Service and Compute-as-a-Service by its effective batch.
@@ -28,6 +28,13 @@ struct SidpFlags {
 };
 
 void add_sidp_flags(CLI::App& cmd, SidpFlags& f);
+
+/// The group's settings from the flags, for `--parallel` (dp >= 2, one
+/// device per rank). Errors: invalid_argument naming the flag.
+[[nodiscard]] Result<engine::SidpOptions> to_sidp_options(const SidpFlags& f, const engine::ParallelConfig& parallel);
+/// The switch policy's settings; b* as apply_sidp_flags says.
+[[nodiscard]] Result<engine::SidpModePolicyOptions> to_sidp_policy(const SidpFlags& f, const engine::EngineOptions& engine,
+                                                                   const engine::SidpOptions& so);
 
 /// Fills o.sidp and o.sidp_policy (o.parallel, o.engine and o.max_batch
 /// must be set). Without --sidp-switch-batch under --sidp-mode auto, b*

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <thread>
 
 #include "comm/tcp.hpp"
@@ -54,11 +55,25 @@ SidpGroup::~SidpGroup() {
   // Engines and FFNs first (their housekeepers use the communicators), then
   // the owners' regions, then the communicators.
   for (auto& r : ranks_) {
+    if (!r) continue;
     r->instance.engine.reset();
     r->instance.executor.reset();
     r->ffn.reset();
   }
-  for (auto& r : ranks_) r->owner->unload(r->weights_comm);
+  for (auto& r : ranks_)
+    if (r) r->owner->unload(r->weights_comm);
+  remote_.reset();  // tells the remote ranks to shut down
+}
+
+SidpGroup::Rank& SidpGroup::rank_at(int rank) {
+  Rank* r = ranks_.at(static_cast<std::size_t>(rank)).get();
+  if (r == nullptr) throw std::out_of_range("SiDP rank " + std::to_string(rank) + " is another process");
+  return *r;
+}
+
+sidp::SidpFfnStats SidpGroup::ffn_stats(int rank) {
+  if (local(rank)) return rank_at(rank).ffn->stats();
+  return remote_->stats(rank);
 }
 
 Status check_sidp_options(const EngineOptions& base, const SidpOptions& o) {
@@ -79,12 +94,15 @@ Result<SidpRankComms> SidpRankComms::wrap(std::vector<std::unique_ptr<comm::Comm
                                           const std::shared_ptr<comm::LinkModel>& link) {
   SidpRankComms out;
   out.inner = std::move(inner);
-  for (auto& c : out.inner) {
+  if (link) out.paced.resize(out.inner.size());
+  for (std::size_t r = 0; r < out.inner.size(); ++r) {
+    comm::Communicator* c = out.inner[r].get();
+    if (c == nullptr) continue;  // a rank in another process
     c->set_timeout(timeout);
     if (!link) continue;
     auto p = comm::PacedCommunicator::create(*c, link);
     if (!p) return std::move(p).error();
-    out.paced.push_back(std::move(p).value());
+    out.paced[r] = std::move(p).value();
   }
   return out;
 }
@@ -114,6 +132,8 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
   auto plan = sidp::parse_plan(o.ownership, weights->config.num_hidden_layers, o.dp);
   if (!plan) return std::move(plan).error();
 
+  if (o.processes && o.tcp)
+    return make_error(ErrorCode::invalid_argument, "SidpOptions: tcp (threads over sockets) and processes exclude each other");
   std::unique_ptr<SidpGroup> g(new SidpGroup());
   g->plan_ = *plan;
   if (o.link.gbps > 0) {
@@ -121,18 +141,46 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
     if (!link) return std::move(link).error();
     g->link_ = std::move(link).value();
   }
-  const auto make_comms = [&]() -> Result<SidpRankComms> {
+  if (o.processes) {
+    SidpProcessSetup setup;
+    setup.dp = o.dp;
+    setup.plan = g->plan_;
+    setup.num_layers = weights->config.num_hidden_layers;
+    setup.hidden_size = weights->config.hidden_size;
+    setup.vocab_size = weights->config.vocab_size;
+    setup.dtype = base.dtype;
+    setup.cache_slots = o.cache_slots;
+    setup.peak_shifting = o.peak_shifting;
+    setup.initial_mode = o.initial_mode;
+    setup.capture_logits = base.capture_logits;
+    setup.owner_wait = o.owner_wait;
+    setup.comm_timeout = o.comm_timeout;
+    setup.link_gbps = o.link.gbps;
+    setup.link_latency_us = o.link.latency_us;
+    auto remote = SidpRemoteRanks::connect(setup, *o.processes);
+    if (!remote) return std::move(remote).error();
+    g->remote_ = std::move(remote).value();
+  }
+  const auto make_comms = [&](bool weights_group) -> Result<SidpRankComms> {
+    if (g->remote_) {
+      std::vector<std::unique_ptr<comm::Communicator>> inner(static_cast<std::size_t>(o.dp));
+      inner[0] = weights_group ? g->remote_->take_weights() : g->remote_->take_compute();
+      return SidpRankComms::wrap(std::move(inner), o.comm_timeout, g->link_);
+    }
     if (!o.tcp) return SidpRankComms::in_process(o.dp, o.comm_timeout, g->link_);
     auto inner = tcp_groups(o.dp, o.comm_timeout);
     if (!inner) return std::move(inner).error();
     return SidpRankComms::wrap(std::move(inner).value(), o.comm_timeout, g->link_);
   };
   for (SidpRankComms* comms : {&g->weights_, &g->compute_}) {
-    auto made = make_comms();
+    auto made = make_comms(comms == &g->weights_);
     if (!made) return std::move(made).error();
     *comms = std::move(made).value();
   }
-  for (int r = 0; r < o.dp; ++r) {
+  g->round_ = std::make_unique<SidpRound>(o.dp);
+  g->ranks_.resize(static_cast<std::size_t>(o.dp));
+  const int num_local = g->remote_ ? 1 : o.dp;
+  for (int r = 0; r < num_local; ++r) {
     auto rank = std::make_unique<Rank>();
     rank->weights_comm = g->weights_.at(r);
     rank->compute_comm = g->compute_.at(r);
@@ -140,9 +188,9 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
     if (!owner) return std::move(owner).error();
     rank->owner = std::move(owner).value();
     if (Status st = rank->owner->load(rank->weights_comm); !st) return st.error();
-    g->ranks_.push_back(std::move(rank));
+    g->ranks_[static_cast<std::size_t>(r)] = std::move(rank);
   }
-  for (int r = 0; r < o.dp; ++r) {
+  for (int r = 0; r < num_local; ++r) {
     Rank& rank = g->rank_at(r);
     sidp::SidpFfnOptions fo;
     fo.cache.cache_slots = o.cache_slots;
@@ -162,13 +210,18 @@ Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, 
     if (!inst) return std::move(inst).error();
     rank.instance = std::move(inst).value();
   }
+  if (g->remote_) {
+    if (Status st = g->remote_->wait_ready(o.processes->timeout); !st) return st.error();
+  }
   return g;
 }
 
 std::uint64_t SidpGroup::announce(sidp::SidpMode mode) {
-  const std::uint64_t epoch = ++epoch_;
-  for (auto& r : ranks_) r->ffn->announce(mode, epoch);
-  return epoch;
+  return round_->announce([&](std::uint64_t epoch) {
+    for (auto& r : ranks_)
+      if (r) r->ffn->announce(mode, epoch);
+    if (remote_) remote_->announce(mode, epoch);
+  });
 }
 
 void SidpGroup::kill_owner(int rank) {
@@ -182,6 +235,7 @@ Status SidpGroup::respawn_owner(int rank) {
 }
 
 void SidpGroup::mark_rank_dead(int rank) {
+  if (!local(rank)) return;  // a process: its sockets close when it dies
   if (weights_.group) (void)weights_.group->mark_dead(rank);
   if (compute_.group) (void)compute_.group->mark_dead(rank);
   // TCP: the peers find out at their timeout (the rank's sockets stay open
@@ -189,6 +243,7 @@ void SidpGroup::mark_rank_dead(int rank) {
 }
 
 std::size_t SidpGroup::weight_bytes(int rank) {
+  if (!local(rank)) return remote_->weight_bytes(rank);
   Rank& r = rank_at(rank);
   std::size_t b = r.ffn->ffn_weight_bytes();
   if (auto* cpu = r.instance.executor_as<model::CpuModelRunner>()) b += cpu->packed_weight_bytes();
@@ -227,67 +282,88 @@ Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group, const std::ve
 Result<std::vector<RequestOutput>> generate_sidp(SidpGroup& group, const std::vector<std::vector<std::int32_t>>& prompts,
                                                  const std::vector<sampling::SamplingParams>& params,
                                                  int threads_per_replica, const SidpStepObserver& observer) {
+  return group.generate(prompts, params, threads_per_replica, observer);
+}
+
+namespace {
+
+/// The hooks of a rank in this process.
+class LocalHooks final : public SidpRoundHooks {
+ public:
+  LocalHooks(int rank, SidpRound& round, std::vector<RequestOutput>& outputs, const SidpStepObserver& observer)
+      : rank_(rank), round_(round), outputs_(outputs), observer_(observer) {}
+  void report(int num_seqs) override {
+    if (observer_) observer_(rank_, num_seqs);
+  }
+  void output(RequestOutput&& out) override { outputs_[out.request_id] = std::move(out); }
+  std::uint64_t announced_epoch() override { return round_.epoch(); }
+  bool idle(std::uint64_t epoch) override { return round_.idle(rank_, epoch); }
+  bool aborted() override { return round_.aborted(); }
+
+ private:
+  int rank_;
+  SidpRound& round_;
+  std::vector<RequestOutput>& outputs_;
+  const SidpStepObserver& observer_;
+};
+
+}  // namespace
+
+Result<std::vector<RequestOutput>> SidpGroup::generate(const std::vector<std::vector<std::int32_t>>& prompts,
+                                                       const std::vector<sampling::SamplingParams>& params,
+                                                       int threads_per_replica, const SidpStepObserver& observer) {
   if (params.size() != prompts.size())
     return make_error(ErrorCode::invalid_argument, "generate_sidp: " + std::to_string(params.size()) +
                                                        " sampling params for " + std::to_string(prompts.size()) +
                                                        " prompts");
   for (const sampling::SamplingParams& p : params)
     if (Status s = p.validate(); !s.ok()) return s.error();
-  const int dp = group.dp();
+  const int n = dp();
+  const std::uint64_t round = ++rounds_;
+  // Every rank idle at the newest epoch ends the round; remote ranks hear it.
+  round_->start([this, round] {
+    if (remote_) remote_->stop(round);
+  });
   std::vector<RequestOutput> outputs(prompts.size());
-  std::vector<Status> statuses(static_cast<std::size_t>(dp));
-  std::atomic<int> finished_in_was{0};
-  std::atomic<bool> failed{false};
+  std::mutex error_mu;
+  Status first_error = Status::ok_status();
+  const auto fail = [&](int r, Status s) {
+    {
+      std::lock_guard lk(error_mu);
+      if (first_error.ok()) first_error = std::move(s);
+    }
+    round_->abort();
+    if (remote_) remote_->abort(round);
+    mark_rank_dead(r);  // local peers waiting on this rank fail now, not at their timeout
+  };
   std::vector<std::thread> threads;
-  for (int r = 0; r < dp; ++r) {
-    threads.emplace_back([&, r] {
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::uint64_t> ids;
+    for (std::size_t i = static_cast<std::size_t>(r); i < prompts.size(); i += static_cast<std::size_t>(n))
+      ids.push_back(i);
+    if (!local(r)) {
+      threads.emplace_back([&, r, ids = std::move(ids)] {
+        std::vector<std::vector<std::int32_t>> ps;
+        std::vector<sampling::SamplingParams> sps;
+        for (std::uint64_t i : ids) {
+          ps.push_back(prompts[i]);
+          sps.push_back(params[i]);
+        }
+        if (Status s = remote_->run_round(r, round, ids, ps, sps, observer, *round_, outputs); !s.ok()) fail(r, s);
+      });
+      continue;
+    }
+    threads.emplace_back([&, r, ids = std::move(ids)] {
       if (threads_per_replica > 0) omp_set_num_threads(threads_per_replica);
-      LlmEngine& eng = group.engine(r);
-      sidp::SidpFfn& ffn = group.ffn(r);
-      Status& status = statuses[static_cast<std::size_t>(r)];
-      const auto fail = [&](Status s) {
-        status = std::move(s);
-        failed = true;
-        group.mark_rank_dead(r);  // peers waiting on this rank fail now, not at their timeout
-      };
-      for (std::size_t i = static_cast<std::size_t>(r); i < prompts.size(); i += static_cast<std::size_t>(dp))
-        if (Status s = eng.add_request(i, prompts[i], params[i]); !s.ok()) return fail(s);
-      bool counted = false;
-      bool reported_idle = false;
-      while (!failed) {
-        if (!eng.has_unfinished() && !reported_idle) {
-          reported_idle = true;
-          if (observer) observer(r, 0);
-        }
-        if (eng.has_unfinished()) {
-          Result<std::vector<RequestOutput>> step = eng.step();
-          if (!step.ok()) return fail(std::move(step).error());
-          for (RequestOutput& o : step.value()) outputs[o.request_id] = std::move(o);
-          if (observer && !eng.step_stats().empty()) observer(r, eng.step_stats().back().num_seqs);
-          continue;
-        }
-        if (ffn.mode() == sidp::SidpMode::cas) {  // lockstep: a dummy step until no rank has work
-          Result<bool> any = ffn.dummy_step();
-          if (!any.ok()) return fail(std::move(any).error());
-          if (!*any && ffn.mode() == sidp::SidpMode::cas) break;
-          continue;
-        }
-        if (ffn.join_pending()) {
-          if (Status s = ffn.sync_mode(); !s.ok()) return fail(s);
-          continue;
-        }
-        if (!counted) {
-          counted = true;
-          ++finished_in_was;
-        }
-        if (finished_in_was.load() == dp) break;
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
+      LlmEngine& eng = engine(r);
+      for (std::uint64_t i : ids)
+        if (Status s = eng.add_request(i, prompts[i], params[i]); !s.ok()) return fail(r, s);
+      LocalHooks hooks(r, *round_, outputs, observer);
+      if (Status s = run_sidp_rank(eng, ffn(r), hooks); !s.ok()) fail(r, s);
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const Status& s : statuses)
-    if (!s.ok()) return s.error();
+  if (!first_error.ok()) return first_error.error();
   return outputs;
 }
 

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@
 #include "engine/engine_builder.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/policies/sidp_mode_policy.hpp"
+#include "engine/sidp_process.hpp"
+#include "engine/sidp_rank_loop.hpp"
+#include "engine/tcp_group.hpp"
 #include "model/sidp/layer_owner.hpp"
 #include "model/sidp/mode.hpp"
 #include "model/sidp/sidp_ffn.hpp"
@@ -51,6 +55,11 @@ struct SidpOptions {
   /// instead of in-process ones: weight reads and activations cross real
   /// sockets (the ranks still live in this process).
   bool tcp = false;
+  /// The ranks are processes (engine/sidp_process.hpp): this process is
+  /// rank 0 and joins the others at `processes->master`; ranks 1..dp-1 are
+  /// `shardline shard serve --weight-sharing sidp` processes, which take
+  /// the SiDP settings above (not `tcp`) from rank 0. Excludes `tcp`.
+  std::optional<TcpGroupOptions> processes;
 };
 
 /// ok, or the error of options a SiDP group cannot run with: invalid_argument
@@ -91,6 +100,14 @@ class SidpGroup {
   ~SidpGroup();
 
   [[nodiscard]] int dp() const { return static_cast<int>(ranks_.size()); }
+  /// Whether rank `rank` lives in this process (all of them, unless the
+  /// group was made with SidpOptions::processes: then rank 0 only). The
+  /// accessors below that return a rank's objects need a local rank.
+  [[nodiscard]] bool local(int rank) const { return ranks_.at(static_cast<std::size_t>(rank)) != nullptr; }
+  /// Rank `rank`'s SiDP counters (a remote rank's as of its last round).
+  [[nodiscard]] model::sidp::SidpFfnStats ffn_stats(int rank);
+  /// The remote ranks (null unless the group spans processes).
+  [[nodiscard]] SidpRemoteRanks* remote() { return remote_.get(); }
   [[nodiscard]] const model::sidp::OwnershipPlan& plan() const { return plan_; }
   [[nodiscard]] LlmEngine& engine(int rank) { return *rank_at(rank).instance.engine; }
   [[nodiscard]] EngineInstance& instance(int rank) { return rank_at(rank).instance; }
@@ -123,6 +140,12 @@ class SidpGroup {
   /// embedding / lm_head weights plus its FFN share (owned layers + slots).
   [[nodiscard]] std::size_t weight_bytes(int rank);
 
+  /// generate_sidp's body (below).
+  [[nodiscard]] Result<std::vector<RequestOutput>> generate(const std::vector<std::vector<std::int32_t>>& prompts,
+                                                            const std::vector<sampling::SamplingParams>& params,
+                                                            int threads_per_replica,
+                                                            const std::function<void(int, int)>& observer);
+
  private:
   struct Rank {
     comm::Communicator* weights_comm = nullptr;  ///< what the rank uses (weights_.at(rank))
@@ -132,14 +155,16 @@ class SidpGroup {
     EngineInstance instance;
   };
   SidpGroup() = default;
-  [[nodiscard]] Rank& rank_at(int rank) { return *ranks_.at(static_cast<std::size_t>(rank)); }
+  [[nodiscard]] Rank& rank_at(int rank);
 
   model::sidp::OwnershipPlan plan_;
   std::shared_ptr<comm::LinkModel> link_;  ///< shared by both groups' ranks (one emulated node)
   SidpRankComms weights_;  ///< owners expose, housekeepers get
   SidpRankComms compute_;  ///< CaS p2p and the step control
-  std::vector<std::unique_ptr<Rank>> ranks_;
-  std::uint64_t epoch_ = 0;
+  std::vector<std::unique_ptr<Rank>> ranks_;  ///< [dp]; null for a remote rank
+  std::unique_ptr<SidpRemoteRanks> remote_;  ///< ranks 1..dp-1 when they are processes
+  std::unique_ptr<SidpRound> round_;         ///< directive epochs and the current round's idle ranks
+  std::uint64_t rounds_ = 0;                 ///< generate calls so far
 };
 
 /// Called after each real step of a rank with the sequences it ran (the
