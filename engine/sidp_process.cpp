@@ -485,12 +485,24 @@ Status serve_sidp_rank(const EngineOptions& base, int dp, int rank, const TcpGro
   if (setup_msg->kind != Kind::setup)
     return fail(corrupt(std::string("expected setup, got ") + kind_name(setup_msg->kind)));
   const json& s = setup_msg->body;
+  // Join the weights and compute groups first, so that rank 0 hears a
+  // mismatch below as this rank's error (not as a rank that never joined).
+  std::unique_ptr<comm::TcpCommunicator> wcomm, ccomm;
+  try {
+    auto w = join_tcp(host, s.at("weights_port").get<int>(), rank, dp, tcp);
+    if (!w) return fail(std::move(w).error());
+    wcomm = std::move(w).value();
+    auto c = join_tcp(host, s.at("compute_port").get<int>(), rank, dp, tcp);
+    if (!c) return fail(std::move(c).error());
+    ccomm = std::move(c).value();
+  } catch (const json::exception& e) {
+    return fail(corrupt(std::string("setup: ") + e.what()));
+  }
   auto loaded = load_weights(base);
   if (!loaded) return fail(std::move(loaded).error());
   const std::shared_ptr<const model::ModelWeights> weights = std::move(loaded).value();
   sidp::OwnershipPlan plan;
   SidpProcessSetup setup;
-  int weights_port = 0, compute_port = 0;
   try {
     const auto mismatch = [&](const std::string& what, long long mine, long long theirs) {
       return make_error(ErrorCode::mismatch, "rank " + std::to_string(rank) + ": " + what + " is " +
@@ -528,28 +540,22 @@ Status serve_sidp_rank(const EngineOptions& base, int dp, int rank, const TcpGro
     setup.comm_timeout = std::chrono::milliseconds(s.at("comm_timeout_ms").get<long long>());
     setup.link_gbps = s.at("link_gbps").get<double>();
     setup.link_latency_us = s.at("link_latency_us").get<double>();
-    weights_port = s.at("weights_port").get<int>();
-    compute_port = s.at("compute_port").get<int>();
   } catch (const json::exception& e) {
     return fail(corrupt(std::string("setup: ") + e.what()));
   }
-  auto wcomm = join_tcp(host, weights_port, rank, dp, tcp);
-  if (!wcomm) return fail(std::move(wcomm).error());
-  auto ccomm = join_tcp(host, compute_port, rank, dp, tcp);
-  if (!ccomm) return fail(std::move(ccomm).error());
-  (*wcomm)->set_timeout(setup.comm_timeout);
-  (*ccomm)->set_timeout(setup.comm_timeout);
-  comm::Communicator* weights_comm = wcomm->get();
-  comm::Communicator* compute_comm = ccomm->get();
+  wcomm->set_timeout(setup.comm_timeout);
+  ccomm->set_timeout(setup.comm_timeout);
+  comm::Communicator* weights_comm = wcomm.get();
+  comm::Communicator* compute_comm = ccomm.get();
   std::unique_ptr<comm::Communicator> paced_w, paced_c;
   if (setup.link_gbps > 0) {
     // This process paces its own transfers; an owner's egress shared by
     // readers in several processes is not modelled across processes.
     auto link = comm::LinkModel::create(dp, comm::LinkSpec{setup.link_gbps, setup.link_latency_us});
     if (!link) return fail(std::move(link).error());
-    auto pw = comm::PacedCommunicator::create(**wcomm, *link);
+    auto pw = comm::PacedCommunicator::create(*wcomm, *link);
     if (!pw) return fail(std::move(pw).error());
-    auto pc = comm::PacedCommunicator::create(**ccomm, *link);
+    auto pc = comm::PacedCommunicator::create(*ccomm, *link);
     if (!pc) return fail(std::move(pc).error());
     paced_w = std::move(pw).value();
     paced_c = std::move(pc).value();

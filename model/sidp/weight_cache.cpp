@@ -54,7 +54,11 @@ Status WeightCache::fetch(int layer, void* dst) {
   const auto deadline = Clock::now() + options_.owner_wait;
   for (;;) {
     Status st = comm_->get(owner, name, 0, dst, layout_.bytes);
-    if (st.ok() || (st.error().code != ErrorCode::not_found && st.error().code != ErrorCode::io)) return st;
+    // not_found: the owner withdrew its regions (killed, respawning): wait.
+    // io: the owner's rank is gone (a dead process, a rank marked dead) or
+    // did not answer within the communicator's timeout: waiting more would
+    // only delay the failure its peers must see.
+    if (st.ok() || st.error().code != ErrorCode::not_found) return st;
     if (Clock::now() >= deadline)
       return make_error(ErrorCode::io, "sidp rank " + std::to_string(rank_) + ": owner " + std::to_string(owner) +
                                            " of layer " + std::to_string(layer) + " did not serve its weights within " +

@@ -8,9 +8,12 @@
 ///    without peak shifting) over and over. For each layer it reserves a free
 ///    slot, reads the owner's region into it with a one-sided get on its own
 ///    communicator (the compute thread never waits on it), and marks the slot
-///    ready. A get that fails because the owner is down (not_found while it
-///    respawns, or io) is retried every `retry_interval` until `owner_wait`
-///    has passed; then the slot carries the error.
+///    ready. A get that fails because the owner is down (not_found: its
+///    regions are withdrawn while it respawns) is retried every
+///    `retry_interval` until `owner_wait` has passed; then the slot carries
+///    the error. io (the owner's rank is dead, e.g. a process that exited,
+///    or it did not answer within the communicator's timeout) fails the
+///    slot at once.
 ///  - The compute thread calls acquire(layer) just before the layer's GEMMs
 ///    (waiting for the transfer if it is still in flight) and release(layer)
 ///    right after them; only then is the slot free for the next prefetch. No

@@ -27,11 +27,13 @@ std::shared_ptr<const ModelWeights> stories() { return testing_support::stories_
 /// owns 1 and 3 and fetches 0, 2, 4.
 struct Fixture {
   OwnershipPlan plan;
+  std::shared_ptr<comm::InProcGroup> group;
   std::unique_ptr<comm::Communicator> c0, c1;
   std::unique_ptr<LayerOwner> owner0;
   Fixture() {
     plan = *balanced_plan(5, 2);
     auto g = comm::InProcGroup::create(2);
+    group = *g;
     c0 = std::move((*g)->communicator(0)).value();
     c1 = std::move((*g)->communicator(1)).value();
     owner0 = std::move(LayerOwner::create(stories(), plan, 0)).value();
@@ -123,6 +125,25 @@ TEST(SidpWeightCache, WaitsForADownOwnerAndRetriesUntilItIsRespawned) {
   EXPECT_EQ(0, std::memcmp(*r, want.data(), want.size()));
   EXPECT_GT(cache->stats().fetch_retries, 0u);
   cache->release(0);
+}
+
+// A dead owner rank (a process that exited) is not waited for: io at once,
+// not after owner_wait (not_found, a withdrawn region, is what is waited for).
+TEST(SidpWeightCache, ADeadOwnerRankFailsAtOnceInsteadOfAfterTheOwnerWait) {
+  Fixture f;
+  ASSERT_TRUE(f.owner0->load(f.c0.get()).ok());
+  ASSERT_TRUE(f.group->mark_dead(0).ok());  // before the housekeeper's first get
+  WeightCacheOptions o;
+  o.owner_wait = 30s;
+  auto cache = f.cache(o);
+  ASSERT_TRUE(cache);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = cache->acquire(0);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::io) << r.error().to_string();
+  EXPECT_LT(s, 5.0) << "waited for a dead owner";
+  EXPECT_EQ(cache->stats().fetch_retries, 0u);
 }
 
 TEST(SidpWeightCache, AnOwnerThatStaysDownIsAnIoErrorNamingIt) {
