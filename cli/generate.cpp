@@ -104,7 +104,8 @@ int run_generate(GenerateArgs& a) {
   }
   if (!outputs) {
     std::cerr << "error: " << outputs.error().to_string() << "\n";
-    return 1;
+    // A SiDP flag the group refuses (dp, ownership plan, ...) is a usage error.
+    return sidp && outputs.error().code == ErrorCode::invalid_argument ? 2 : 1;
   }
   for (std::size_t i = 0; i < outputs->size(); ++i) {
     const engine::RequestOutput& o = (*outputs)[i];

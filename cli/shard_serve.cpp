@@ -35,6 +35,10 @@ int run_sidp_serve(const ShardServeArgs& a, const engine::ParallelConfig& pc, co
               << pc.to_string() << "\n";
     return 2;
   }
+  if (a.rank < 1 || a.rank >= pc.dp) {
+    std::cerr << "error: --rank must be in [1, " << pc.dp << ") for a SiDP group of dp=" << pc.dp << "\n";
+    return 2;
+  }
   auto eo = to_engine_options(a.engine, a.model_dir);
   if (!eo) {
     std::cerr << "error: " << eo.error().to_string() << "\n";

@@ -87,6 +87,57 @@ TEST(CliE2e, CorruptSafetensorsIsAClearError) {
   EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
 }
 
+// generate --weight-sharing sidp: the JSON lines of a SiDP group (WaS, CaS,
+// auto) are those of one device, in one process and with rank 1 a
+// `shard serve --weight-sharing sidp` process.
+TEST(CliE2e, GenerateOverASidpGroupMatchesOneDevice) {
+  const std::string args = "generate --model " + kModel +
+                           " --prompt 'Once upon a time' --prompt 'Lily wanted to' --prompt 'The dog' "
+                           "--max-tokens 24 --temperature 0 --json --threads 1";
+  const CliRun single = run(args);
+  ASSERT_EQ(single.exit_code, 0) << single.out;
+  for (const std::string mode : {"was", "cas"}) {
+    const CliRun r = run(args + " --weight-sharing sidp --parallel dp=2 --sidp-mode " + mode);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(r.out, single.out) << mode;
+  }
+  const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
+  const std::string log = (std::filesystem::temp_directory_path() / ("sidp_rank1_" + std::to_string(getpid()))).string();
+  testing_support::Child rank1({kBin, "shard", "serve", "--weight-sharing", "sidp", "--parallel", "dp=2", "--rank", "1",
+                                "--group-master", master, "--model", kModel, "--threads", "1"},
+                               log);
+  const CliRun r = run(args + " --weight-sharing sidp --parallel dp=2 --sidp-mode auto --sidp-switch-batch 4 "
+                             "--sidp-min-dwell 0 --group-master " + master);
+  ASSERT_EQ(r.exit_code, 0) << r.out << "\nrank 1:\n" << rank1.log();
+  // stderr says where rank 0 waits and when the group switched; stdout is one device's.
+  std::string json_lines;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') json_lines += line + "\n";
+  EXPECT_EQ(json_lines, single.out);
+  EXPECT_NE(r.out.find("SiDP switched to cas"), std::string::npos) << r.out;
+  EXPECT_EQ(rank1.wait_or_kill(std::chrono::seconds(30)), 0) << rank1.log();
+  std::filesystem::remove(log);
+}
+
+TEST(CliE2e, SidpFlagErrorsAreUsageErrors) {
+  CliRun r = run("generate --model " + kModel + " --prompt hi --parallel dp=2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("need --weight-sharing sidp"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel + " --prompt hi --weight-sharing sidp --parallel tp=2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--parallel dp=N"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel + " --prompt hi --weight-sharing sidp --parallel dp=2 --sidp-ownership 0,1,2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("invalid_argument"), std::string::npos) << r.out;
+  r = run("shard serve --model " + kModel + " --weight-sharing sidp --parallel tp=2 --rank 1 --group-master 127.0.0.1:9");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("dp=N"), std::string::npos) << r.out;
+  r = run("shard serve --model " + kModel + " --weight-sharing sidp --parallel dp=2 --rank 2 --group-master 127.0.0.1:9");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--rank must be in [1, 2)"), std::string::npos) << r.out;
+}
+
 TEST(CliE2e, BadFlagsAreUsageErrors) {
   CliRun r = run("generate --model " + kModel + " --prompt hi --dtype f8");
   EXPECT_EQ(r.exit_code, 2) << r.out;
