@@ -12,6 +12,7 @@
 
 #include "comm/address.hpp"
 #include "comm/paced.hpp"
+#include "engine/sidp_wire.hpp"
 #include "model/cpu_runner.hpp"
 #include "model/sidp/layer_owner.hpp"
 
@@ -65,117 +66,6 @@ struct Message {
 };
 
 Error corrupt(const std::string& what) { return make_error(ErrorCode::corrupt, "sidp control: " + what); }
-
-// ---- wire forms --------------------------------------------------------------
-
-json params_to_json(const sampling::SamplingParams& p) {
-  return json{{"temperature", p.temperature},   {"top_k", p.top_k},
-              {"top_p", p.top_p},               {"min_p", p.min_p},
-              {"repetition_penalty", p.repetition_penalty},
-              {"presence_penalty", p.presence_penalty},
-              {"frequency_penalty", p.frequency_penalty},
-              {"seed", p.seed},                 {"has_seed", p.has_seed},
-              {"max_tokens", p.max_tokens},     {"min_tokens", p.min_tokens},
-              {"ignore_eos", p.ignore_eos},     {"stop_token_ids", p.stop_token_ids},
-              {"stop", p.stop}};
-}
-
-sampling::SamplingParams params_from_json(const json& j) {
-  sampling::SamplingParams p;
-  p.temperature = j.at("temperature").get<float>();
-  p.top_k = j.at("top_k").get<int>();
-  p.top_p = j.at("top_p").get<float>();
-  p.min_p = j.at("min_p").get<float>();
-  p.repetition_penalty = j.at("repetition_penalty").get<float>();
-  p.presence_penalty = j.at("presence_penalty").get<float>();
-  p.frequency_penalty = j.at("frequency_penalty").get<float>();
-  p.seed = j.at("seed").get<std::uint64_t>();
-  p.has_seed = j.at("has_seed").get<bool>();
-  p.max_tokens = j.at("max_tokens").get<int>();
-  p.min_tokens = j.at("min_tokens").get<int>();
-  p.ignore_eos = j.at("ignore_eos").get<bool>();
-  p.stop_token_ids = j.at("stop_token_ids").get<std::vector<int>>();
-  p.stop = j.at("stop").get<std::vector<std::string>>();
-  return p;
-}
-
-json output_to_json(const RequestOutput& o) {
-  json logits = json::array();
-  for (const std::vector<float>& row : o.logits) {
-    std::vector<std::uint8_t> bytes(row.size() * sizeof(float));
-    if (!row.empty()) std::memcpy(bytes.data(), row.data(), bytes.size());
-    logits.push_back(json::binary(std::move(bytes)));
-  }
-  return json{{"id", o.request_id},
-              {"prompt", o.prompt_token_ids},
-              {"ids", o.token_ids},
-              {"text", o.text},
-              {"finish", static_cast<int>(o.finish_reason)},
-              {"stop_reason", o.stop_reason},
-              {"preemptions", o.num_preemptions},
-              {"logits", std::move(logits)}};
-}
-
-RequestOutput output_from_json(const json& j) {
-  RequestOutput o;
-  o.request_id = j.at("id").get<std::uint64_t>();
-  o.prompt_token_ids = j.at("prompt").get<std::vector<std::int32_t>>();
-  o.token_ids = j.at("ids").get<std::vector<std::int32_t>>();
-  o.text = j.at("text").get<std::string>();
-  const int finish = j.at("finish").get<int>();
-  if (finish < 0 || finish > static_cast<int>(FinishReason::abort)) throw std::out_of_range("finish reason");
-  o.finish_reason = static_cast<FinishReason>(finish);
-  o.stop_reason = j.at("stop_reason").get<std::string>();
-  o.num_preemptions = j.at("preemptions").get<int>();
-  for (const json& row : j.at("logits")) {
-    const auto& bytes = row.get_binary();
-    if (bytes.size() % sizeof(float) != 0) throw std::out_of_range("logits row bytes");
-    std::vector<float> r(bytes.size() / sizeof(float));
-    if (!r.empty()) std::memcpy(r.data(), bytes.data(), bytes.size());
-    o.logits.push_back(std::move(r));
-  }
-  return o;
-}
-
-json stats_to_json(const sidp::SidpFfnStats& s) {
-  return json{{"was_steps", s.was_steps},
-              {"cas_steps", s.cas_steps},
-              {"dummy_steps", s.dummy_steps},
-              {"cas_rows_sent", s.cas_rows_sent},
-              {"cas_fused_gemms", s.cas_fused_gemms},
-              {"cas_fused_rows", s.cas_fused_rows},
-              {"cas_peer_skips", s.cas_peer_skips},
-              {"switches_to_cas", s.switches_to_cas},
-              {"switches_to_was", s.switches_to_was},
-              {"applied_epoch", s.applied_epoch},
-              {"fetches", s.cache.fetches},
-              {"fetched_bytes", s.cache.fetched_bytes},
-              {"fetch_retries", s.cache.fetch_retries},
-              {"compute_waits", s.cache.compute_waits},
-              {"compute_wait_ms", s.cache.compute_wait_ms},
-              {"fetch_ms", s.cache.fetch_ms}};
-}
-
-sidp::SidpFfnStats stats_from_json(const json& j) {
-  sidp::SidpFfnStats s;
-  s.was_steps = j.at("was_steps").get<std::uint64_t>();
-  s.cas_steps = j.at("cas_steps").get<std::uint64_t>();
-  s.dummy_steps = j.at("dummy_steps").get<std::uint64_t>();
-  s.cas_rows_sent = j.at("cas_rows_sent").get<std::uint64_t>();
-  s.cas_fused_gemms = j.at("cas_fused_gemms").get<std::uint64_t>();
-  s.cas_fused_rows = j.at("cas_fused_rows").get<std::uint64_t>();
-  s.cas_peer_skips = j.at("cas_peer_skips").get<std::uint64_t>();
-  s.switches_to_cas = j.at("switches_to_cas").get<std::uint64_t>();
-  s.switches_to_was = j.at("switches_to_was").get<std::uint64_t>();
-  s.applied_epoch = j.at("applied_epoch").get<std::uint64_t>();
-  s.cache.fetches = j.at("fetches").get<std::uint64_t>();
-  s.cache.fetched_bytes = j.at("fetched_bytes").get<std::uint64_t>();
-  s.cache.fetch_retries = j.at("fetch_retries").get<std::uint64_t>();
-  s.cache.compute_waits = j.at("compute_waits").get<std::uint64_t>();
-  s.cache.compute_wait_ms = j.at("compute_wait_ms").get<double>();
-  s.cache.fetch_ms = j.at("fetch_ms").get<double>();
-  return s;
-}
 
 Result<std::unique_ptr<comm::TcpCommunicator>> join_tcp(const std::string& host, int port, int rank, int dp,
                                                         const TcpGroupOptions& tcp) {
@@ -350,7 +240,7 @@ Status SidpRemoteRanks::run_round(int rank, std::uint64_t round, const std::vect
                                   const std::function<void(int, int)>& observer, SidpRound& sidp_round,
                                   std::vector<RequestOutput>& outputs) {
   json ps = json::array();
-  for (const auto& p : params) ps.push_back(params_to_json(p));
+  for (const auto& p : params) ps.push_back(sidp_wire::params_to_json(p));
   if (Status st = control_->send(rank, Kind::round,
                                  json{{"round", round}, {"ids", ids}, {"prompts", prompts}, {"params", std::move(ps)}});
       !st)
@@ -373,14 +263,18 @@ Status SidpRemoteRanks::run_round(int rank, std::uint64_t round, const std::vect
           break;
         case Kind::done: {
           for (const json& o : b.at("outputs")) {
-            RequestOutput out = output_from_json(o);
+            auto decoded = sidp_wire::output_from_json(o);
+            if (!decoded) return decoded.error();
+            RequestOutput out = std::move(decoded).value();
             if (out.request_id >= outputs.size())
               return corrupt("rank " + std::to_string(rank) + " returned request " + std::to_string(out.request_id));
             outputs[out.request_id] = std::move(out);
           }
+          auto stats = sidp_wire::stats_from_json(b.at("stats"));
+          if (!stats) return stats.error();
           std::lock_guard lk(mu_);
           Peer& p = peers_[static_cast<std::size_t>(rank)];
-          p.stats = stats_from_json(b.at("stats"));
+          p.stats = *stats;
           p.bytes_sent = b.at("bytes_sent").get<std::uint64_t>();
           return Status::ok_status();
         }
@@ -687,7 +581,11 @@ Status serve_sidp_rank(const EngineOptions& base, int dp, int rank, const TcpGro
       round = round_msg.at("round").get<std::uint64_t>();
       ids = round_msg.at("ids").get<std::vector<std::uint64_t>>();
       prompts = round_msg.at("prompts").get<std::vector<std::vector<std::int32_t>>>();
-      for (const json& p : round_msg.at("params")) params.push_back(params_from_json(p));
+      for (const json& p : round_msg.at("params")) {
+        auto decoded = sidp_wire::params_from_json(p);
+        if (!decoded) return fail(decoded.error());
+        params.push_back(*decoded);
+      }
     } catch (const json::exception& e) {
       return fail(corrupt(std::string("round: ") + e.what()));
     }
@@ -701,16 +599,16 @@ Status serve_sidp_rank(const EngineOptions& base, int dp, int rank, const TcpGro
       // A peer failed: the group is broken (its CaS collectives may be
       // poisoned) and is rebuilt, this process with it.
       (void)control.send(0, Kind::done, json{{"round", round}, {"outputs", json::array()},
-                                             {"stats", stats_to_json(ffn->stats())}, {"bytes_sent", 0}});
+                                             {"stats", sidp_wire::stats_to_json(ffn->stats())}, {"bytes_sent", 0}});
       return make_error(ErrorCode::io, "sidp rank " + std::to_string(rank) + ": round " + std::to_string(round) +
                                            " aborted (a peer failed or rank 0 went away); the group must be rebuilt");
     }
     json outs = json::array();
-    for (const RequestOutput& o : hooks.outputs) outs.push_back(output_to_json(o));
+    for (const RequestOutput& o : hooks.outputs) outs.push_back(sidp_wire::output_to_json(o));
     const std::uint64_t sent = weights_comm->bytes_sent() + compute_comm->bytes_sent();
     if (Status st = control.send(0, Kind::done, json{{"round", round},
                                                      {"outputs", std::move(outs)},
-                                                     {"stats", stats_to_json(ffn->stats())},
+                                                     {"stats", sidp_wire::stats_to_json(ffn->stats())},
                                                      {"bytes_sent", sent}});
         !st)
       return st;
