@@ -22,6 +22,7 @@
 #include "engine/engine_builder.hpp"
 #include "engine/sidp_group.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/sidp_golden.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -103,67 +104,17 @@ class SidpProcessGolden : public testing_support::TempDirTest {
   }
 };
 
-Result<std::vector<RequestOutput>> run_single(const EngineOptions& o,
-                                              const std::vector<std::vector<std::int32_t>>& prompts,
-                                              const sampling::SamplingParams& params) {
-  Result<EngineInstance> e = build_engine(o);
-  if (!e.ok()) return std::move(e).error();
-  std::vector<LlmEngine*> engines = {e->engine.get()};
-  return generate_data_parallel(engines, prompts, params);
-}
+using testing_support::expect_bit_identical;
+using testing_support::run_single;
+using testing_support::scripted_switches;
+using Drive = testing_support::SidpDrive;
+using testing_support::drive_name;
 
-void expect_bit_identical(const std::vector<RequestOutput>& got, const std::vector<RequestOutput>& ref,
-                          const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    EXPECT_EQ(got[i].request_id, i) << what;
-    EXPECT_EQ(got[i].token_ids, ref[i].token_ids) << what << " request " << i;
-    EXPECT_EQ(got[i].text, ref[i].text) << what << " request " << i;
-    ASSERT_EQ(got[i].logits.size(), ref[i].logits.size()) << what << " request " << i;
-    for (std::size_t s = 0; s < ref[i].logits.size(); ++s) {
-      ASSERT_EQ(got[i].logits[s].size(), ref[i].logits[s].size());
-      EXPECT_EQ(0, std::memcmp(got[i].logits[s].data(), ref[i].logits[s].data(), ref[i].logits[s].size() * 4))
-          << what << " request " << i << " step " << s << " not bit-identical";
-    }
-  }
-}
-
-enum class Drive { was, cas, switching };
-const char* drive_name(Drive d) { return d == Drive::was ? "was" : d == Drive::cas ? "cas" : "switching"; }
-
-/// WaS -> CaS at rank 0's 3rd step, back to WaS at its 8th, CaS again at its
-/// 14th: rank 0's directives reach the other processes over the control group.
-SidpStepObserver scripted_switches(SidpGroup& g, std::atomic<int>& rank0_steps) {
-  return [&g, &rank0_steps](int rank, int) {
-    if (rank != 0) return;
-    const int s = ++rank0_steps;
-    if (s == 3 || s == 14) g.announce(SidpMode::cas);
-    if (s == 8) g.announce(SidpMode::was);
-  };
-}
-
-/// Every rank (remote ones through their `done`) ran the drive's modes.
+/// Every rank (remote ones as of their last `done`) ran the drive's modes.
 void expect_modes_ran(SidpGroup& g, Drive drive, const std::string& what) {
-  std::uint64_t fused = 0;
-  for (int r = 0; r < g.dp(); ++r) {
-    const model::sidp::SidpFfnStats st = g.ffn_stats(r);
-    fused += st.cas_fused_gemms;
-    if (drive == Drive::was) {
-      EXPECT_EQ(st.cas_steps + st.dummy_steps, 0u) << what << " rank " << r;
-      EXPECT_GT(st.cache.fetches, 0u) << what << " rank " << r << " fetched no weights in WaS";
-    }
-    if (drive == Drive::cas) {
-      EXPECT_EQ(st.cache.fetches, 0u) << what << " rank " << r << " fetched weights in CaS";
-      EXPECT_EQ(st.was_steps, 0u) << what << " rank " << r;
-    }
-    if (drive == Drive::switching) {
-      EXPECT_GE(st.switches_to_cas, 1u) << what << " rank " << r;
-      EXPECT_GE(st.switches_to_was, 1u) << what << " rank " << r;
-    }
-  }
-  if (drive != Drive::was) {
-    EXPECT_GT(fused, 0u) << what << ": no owner ran a fused CaS GEMM";
-  }
+  std::vector<model::sidp::SidpFfnStats> stats;
+  for (int r = 0; r < g.dp(); ++r) stats.push_back(g.ffn_stats(r));
+  testing_support::expect_modes_ran(stats, drive, what);
 }
 
 TEST_F(SidpProcessGolden, Stories260KOverProcessesIsBitIdenticalToOneDevice) {
