@@ -210,6 +210,10 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
   const model::ModelConfig c = e.weights->config;
   const bool cuda = o.device == model::DeviceKind::cuda;
   const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
+  if (o.shift && (cuda || o.ffn || o.parallel.group_size() == 1 || !o.group_master.empty()))
+    return make_error(ErrorCode::unsupported,
+                      "--shift runs on an in-process CPU engine group of sp and / or tp > 1 so far (not a single "
+                      "device, CUDA, SiDP or a TCP group)");
   if (o.ffn) {
     if (cuda || o.parallel.group_size() != 1)
       return make_error(ErrorCode::unsupported, "SiDP weight sharing runs on single CPU devices (dp ranks)");
@@ -243,7 +247,7 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
   } else {
-    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro);
+    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro, o.shift);
     if (!group) return std::move(group).error();
     e.executor = std::move(group).value();
   }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/result.hpp"
@@ -68,6 +69,11 @@ struct EngineOptions {
   std::string group_master;
   std::string group_key;  ///< shared secret of the TCP group (e.g. the cluster key)
   int group_timeout_ms = 60'000;  ///< TCP rendezvous and per-call timeout
+  /// Shift Parallelism (seed 001; engine/parallel_executor.hpp): the group
+  /// also holds the shift config TP = sp*tp over the same devices and KV
+  /// cache, and each step runs in the config the policy picks. In-process
+  /// CPU groups with pp = 1 only; nullopt = off.
+  std::optional<ShiftOptions> shift;
   /// Per-micro-batch token budget (engine/policies/token_budget_policies.hpp);
   /// null = fixed budget of max_num_batched_tokens. Shared, not copied.
   std::shared_ptr<const TokenBudgetPolicy> token_budget;

@@ -19,6 +19,7 @@ std::int64_t us_since(Clock::time_point t0) {
 
 constexpr std::int32_t kKindStep = 0;
 constexpr std::int32_t kKindShutdown = 1;
+constexpr std::int32_t kKindStepShift = 2;  ///< a step in the shift config (Shift Parallelism)
 /// How long an idle rank waits for the next step's metadata.
 constexpr std::chrono::hours kIdleWait{24 * 365};
 
@@ -40,6 +41,21 @@ model::ShardSpec shard_spec_of(const ParallelConfig& pc, int group_rank) {
   return s;
 }
 
+model::ShardSpec shift_spec_of(const ParallelConfig& pc, int group_rank) {
+  const RankCoord c = rank_coord(pc, group_rank);
+  model::ShardSpec s;
+  s.tp = pc.sp * pc.tp;
+  s.tp_rank = c.tp_rank * pc.sp + c.sp_rank;
+  return s;
+}
+
+std::vector<int> shift_group_ranks(const ParallelConfig& pc) {
+  std::vector<int> out;
+  for (int t = 0; t < pc.tp; ++t)
+    for (int s = 0; s < pc.sp; ++s) out.push_back(group_rank_of(pc, {0, s, t}));
+  return out;
+}
+
 Status InProcGroupComms::mark_dead(int group_rank) {
   if (group_rank < 0 || group_rank >= static_cast<int>(memberships.size()))
     return make_error(ErrorCode::invalid_argument, "mark_dead: rank " + std::to_string(group_rank) + " not in the group");
@@ -48,7 +64,7 @@ Status InProcGroupComms::mark_dead(int group_rank) {
   return Status::ok_status();
 }
 
-Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc) {
+Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift) {
   const int g = pc.group_size();
   InProcGroupComms out;
   out.ranks.resize(static_cast<std::size_t>(g));
@@ -86,19 +102,33 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc) {
     if (Status st = add_groups(pc.tp, true); !st) return st.error();
   if (pc.sp > 1)
     if (Status st = add_groups(pc.sp, false); !st) return st.error();
+  if (shift) {
+    const std::vector<int> members = shift_group_ranks(pc);  // [TP' rank] -> group rank
+    Result<std::shared_ptr<comm::InProcGroup>> grp = comm::InProcGroup::create(static_cast<int>(members.size()));
+    if (!grp.ok()) return std::move(grp).error();
+    out.groups.push_back(grp.value());
+    for (std::size_t local = 0; local < members.size(); ++local) {
+      Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(static_cast<int>(local));
+      if (!c.ok()) return std::move(c).error();
+      const auto r = static_cast<std::size_t>(members[local]);
+      out.ranks[r].shift_tp = std::move(c).value();
+      out.memberships[r].emplace_back(static_cast<int>(out.groups.size()) - 1, static_cast<int>(local));
+    }
+  }
   return out;
 }
 
 // ---- ShardWorker -------------------------------------------------------------
 
 ShardWorker::ShardWorker(ParallelConfig pc, int group_rank, std::unique_ptr<model::ShardRunner> runner,
-                         GroupComms comms, int num_threads)
+                         GroupComms comms, int num_threads, std::unique_ptr<model::ShardRunner> shift_runner)
     : pc_(pc),
       rank_(group_rank),
       coord_(rank_coord(pc, group_rank)),
       runner_(std::move(runner)),
       comms_(std::move(comms)),
-      num_threads_(num_threads) {}
+      num_threads_(num_threads),
+      shift_runner_(std::move(shift_runner)) {}
 
 Status ShardWorker::serve() {
   if (num_threads_ > 0) omp_set_num_threads(num_threads_);
@@ -112,8 +142,11 @@ Status ShardWorker::serve() {
     world.set_timeout(step_timeout);
     if (!st) return st;
     if (header[0] == kKindShutdown) return Status::ok_status();
-    if (header[0] != kKindStep || header[1] < 0)
+    if ((header[0] != kKindStep && header[0] != kKindStepShift) || header[1] < 0)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": bad step header");
+    if (header[0] == kKindStepShift && !shift_runner_)
+      return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a shift step but no shift config");
+    model::ShardRunner& runner = header[0] == kKindStepShift ? *shift_runner_ : *runner_;
     words.resize(static_cast<std::size_t>(header[1]));
     if (Status s = world.recv(words.data(), words.size() * sizeof(std::int32_t), 0, kTagMetaBody); !s) return s;
     Result<model::StepInput> in = decode_step(words);
@@ -123,19 +156,19 @@ Status ShardWorker::serve() {
     if (n == 0) continue;
     if (coord_.stage > 0) {
       const int prev = group_rank_of(pc_, {coord_.stage - 1, coord_.sp_rank, coord_.tp_rank});
-      if (Status s = world.recv(runner_->residual(n), activation_bytes(*runner_, n), prev, kTagActivations); !s)
+      if (Status s = world.recv(runner.residual(n), activation_bytes(runner, n), prev, kTagActivations); !s)
         return s;
     }
     const auto t0 = Clock::now();
-    if (Status s = runner_->run_stage(step); !s) return s;
-    if (!runner_->spec().last_stage()) {
+    if (Status s = runner.run_stage(step); !s) return s;
+    if (!runner.spec().last_stage()) {
       busy_us_ += us_since(t0);
       const int next = group_rank_of(pc_, {coord_.stage + 1, coord_.sp_rank, coord_.tp_rank});
-      if (Status s = world.send(runner_->residual(n), activation_bytes(*runner_, n), next, kTagActivations); !s)
+      if (Status s = world.send(runner.residual(n), activation_bytes(runner, n), next, kTagActivations); !s)
         return s;
       continue;
     }
-    Result<model::StepOutput> out = runner_->run_logits(step);
+    Result<model::StepOutput> out = runner.run_logits(step);
     busy_us_ += us_since(t0);
     if (!out.ok()) return std::move(out).error();
     if (pc_.pp > 1 && coord_.sp_rank == 0 && coord_.tp_rank == 0 && step.num_logits() > 0) {
@@ -166,6 +199,29 @@ Result<std::unique_ptr<ParallelExecutor>> ParallelExecutor::create(ParallelConfi
 
 ParallelExecutor::~ParallelExecutor() { (void)shutdown(); }
 
+Status ParallelExecutor::set_shift(std::unique_ptr<model::ShardRunner> shift_runner, ShiftPolicy policy) {
+  if (pc_.pp != 1)
+    return make_error(ErrorCode::invalid_argument, "--shift needs pp = 1 (got " + pc_.to_string() + ")");
+  if (pc_.group_size() < 2)
+    return make_error(ErrorCode::invalid_argument, "--shift needs a group of several devices (sp and / or tp > 1)");
+  if (!shift_runner) return make_error(ErrorCode::invalid_argument, "parallel executor: no shift runner");
+  const model::ShardSpec& s = shift_runner->spec();
+  if (s.tp != pc_.group_size() || s.tp_rank != 0 || s.sp != 1 || s.pp != 1)
+    return make_error(ErrorCode::invalid_argument, "parallel executor: the shift runner is not TP rank 0 of tp=" +
+                                                       std::to_string(pc_.group_size()));
+  shift_runner_ = std::move(shift_runner);
+  shift_policy_ = std::move(policy);
+  return Status::ok_status();
+}
+
+Status ParallelExecutor::set_shift_policy(ShiftPolicy policy) {
+  if (!shift_runner_) return make_error(ErrorCode::invalid_argument, "parallel executor: the group has no shift config");
+  if (!in_flight_.empty())
+    return make_error(ErrorCode::invalid_argument, "parallel executor: shift policy changed with steps in flight");
+  shift_policy_ = std::move(policy);
+  return Status::ok_status();
+}
+
 Status ParallelExecutor::shutdown() {
   if (shut_down_ || pc_.group_size() == 1) return Status::ok_status();
   shut_down_ = true;
@@ -185,9 +241,14 @@ Status ParallelExecutor::submit(const model::StepInput& in) {
   const int n = in.num_tokens();
   last_meta_bytes_ = 0;
   last_comm_bytes_ = 0;
+  // Shift Parallelism (pp = 1): the policy picks this step's config; every
+  // rank runs the same one (the kind in the header).
+  const ShiftMode mode = shift_policy_ ? shift_policy_->decide(n) : ShiftMode::base;
+  model::ShardRunner& runner = mode == ShiftMode::shift ? *shift_runner_ : *runner_;
   if (pc_.group_size() > 1) {
     const std::vector<std::int32_t> words = encode_step(in);
-    const std::int32_t header[2] = {kKindStep, static_cast<std::int32_t>(words.size())};
+    const std::int32_t header[2] = {mode == ShiftMode::shift ? kKindStepShift : kKindStep,
+                                    static_cast<std::int32_t>(words.size())};
     for (int r = 1; r < pc_.group_size(); ++r) {
       if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
       if (Status st = comms_.world->send(words.data(), words.size() * sizeof(std::int32_t), r, kTagMetaBody); !st)
@@ -199,24 +260,33 @@ Status ParallelExecutor::submit(const model::StepInput& in) {
   f.num_logits = in.num_logits();
   const auto t0 = Clock::now();
   if (n > 0) {
-    if (Status st = runner_->run_stage(in); !st) return st;
+    if (Status st = runner.run_stage(in); !st) return st;
   }
   if (pc_.pp == 1) {
-    Result<model::StepOutput> out = runner_->run_logits(in);
+    Result<model::StepOutput> out = runner.run_logits(in);
     if (!out.ok()) return std::move(out).error();
     f.ready = true;
     f.output = std::move(out).value();
   } else if (n > 0) {
     const int next = group_rank_of(pc_, {1, 0, 0});
-    const std::size_t bytes = activation_bytes(*runner_, n);
-    if (Status st = comms_.world->send(runner_->residual(n), bytes, next, kTagActivations); !st) return st;
+    const std::size_t bytes = activation_bytes(runner, n);
+    if (Status st = comms_.world->send(runner.residual(n), bytes, next, kTagActivations); !st) return st;
     last_comm_bytes_ += bytes;
   } else {
     f.ready = true;  // nothing to compute
     f.output.vocab_size = vocab_size();
   }
-  busy_us_ += us_since(t0);
-  last_comm_bytes_ += runner_->last_profile().comm_bytes;
+  const std::int64_t step_us = us_since(t0);
+  busy_us_ += step_us;
+  last_comm_bytes_ += runner.last_profile().comm_bytes;
+  if (shift_policy_ && n > 0) {
+    last_mode_ = mode;
+    ShiftStats& st = shift_stats_;
+    st.switches = shift_policy_->switches();
+    (mode == ShiftMode::shift ? st.shift_steps : st.base_steps) += 1;
+    (mode == ShiftMode::shift ? st.shift_tokens : st.base_tokens) += static_cast<std::uint64_t>(n);
+    (mode == ShiftMode::shift ? st.shift_ms : st.base_ms) += step_us / 1000.0;
+  }
   in_flight_.push_back(std::move(f));
   return Status::ok_status();
 }
@@ -247,13 +317,25 @@ Result<model::StepOutput> ParallelExecutor::execute(const model::StepInput& in) 
 // ---- InProcEngineGroup -------------------------------------------------------
 
 Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared_ptr<const model::ModelWeights> weights,
-                                                                     ParallelConfig pc,
-                                                                     model::CpuRunnerOptions options) {
+                                                                     ParallelConfig pc, model::CpuRunnerOptions options,
+                                                                     std::optional<ShiftOptions> shift) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "engine group: no weights");
   if (pc.dp != 1)
     return make_error(ErrorCode::invalid_argument, "engine group: one group is one replica, dp must be 1 (got " +
                                                        std::to_string(pc.dp) + ")");
   if (Status st = model::check_shardable(weights->config, pc.tp, pc.sp, pc.pp); !st) return st.error();
+  std::optional<ShiftPolicy> policy;
+  if (shift) {
+    if (pc.pp != 1 || pc.group_size() < 2)
+      return make_error(ErrorCode::invalid_argument,
+                        "--shift needs a group of sp and / or tp > 1 with pp = 1, got " + pc.to_string());
+    if (Status st = model::check_shardable(weights->config, pc.group_size(), 1, 1); !st)
+      return make_error(ErrorCode::invalid_argument, "--shift: the shift config tp=" + std::to_string(pc.group_size()) +
+                                                         " cannot shard this model: " + st.error().message);
+    auto made = ShiftPolicy::create(shift->policy);
+    if (!made) return std::move(made).error();
+    policy = std::move(made).value();
+  }
   std::unique_ptr<InProcEngineGroup> g(new InProcEngineGroup());
   g->pc_ = pc;
   const int size = pc.group_size();
@@ -262,7 +344,7 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
     options.num_threads = std::max(1, cores / size);
   }
   g->threads_per_rank_ = options.num_threads;
-  Result<InProcGroupComms> comms = make_inproc_group_comms(pc);
+  Result<InProcGroupComms> comms = make_inproc_group_comms(pc, shift.has_value());
   if (!comms.ok()) return std::move(comms).error();
   g->comms_ = std::move(comms).value();
   std::vector<std::unique_ptr<model::ShardRunner>> runners;
@@ -273,15 +355,29 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
     if (!runner.ok()) return std::move(runner).error();
     runners.push_back(std::move(runner).value());
   }
+  // The shift config's shards: own packed weights, the base shard's KV cache.
+  std::vector<std::unique_ptr<model::ShardRunner>> shift_runners(static_cast<std::size_t>(size));
+  if (shift) {
+    for (int r = 0; r < size; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      auto made = model::ShardRunner::create_sharing_kv(weights, shift_spec_of(pc, r),
+                                                        g->comms_.ranks[i].shift_shard_comms(), *runners[i]);
+      if (!made.ok()) return std::move(made).error();
+      shift_runners[i] = std::move(made).value();
+    }
+  }
   Result<std::unique_ptr<ParallelExecutor>> exec =
       ParallelExecutor::create(pc, std::move(runners[0]), std::move(g->comms_.ranks[0]));
   if (!exec.ok()) return std::move(exec).error();
   g->executor_ = std::move(exec).value();
+  if (shift)
+    if (Status st = g->executor_->set_shift(std::move(shift_runners[0]), std::move(*policy)); !st) return st.error();
   g->statuses_.resize(static_cast<std::size_t>(size));
   for (int r = 1; r < size; ++r)
     g->workers_.push_back(std::make_unique<ShardWorker>(pc, r, std::move(runners[static_cast<std::size_t>(r)]),
                                                         std::move(g->comms_.ranks[static_cast<std::size_t>(r)]),
-                                                        options.num_threads));
+                                                        options.num_threads,
+                                                        std::move(shift_runners[static_cast<std::size_t>(r)])));
   InProcEngineGroup* self = g.get();
   for (int r = 1; r < size; ++r) {
     g->threads_.emplace_back([self, r] {
@@ -316,6 +412,14 @@ std::vector<kvstore::KvCacheView> InProcEngineGroup::kv_cache_views() {
   views.reserve(static_cast<std::size_t>(pc_.group_size()));
   views.push_back(executor_->runner().kv_cache_view());
   for (auto& w : workers_) views.push_back(w->runner().kv_cache_view());
+  return views;
+}
+
+std::vector<kvstore::KvCacheView> InProcEngineGroup::shift_kv_cache_views() {
+  std::vector<kvstore::KvCacheView> views;
+  if (!executor_->has_shift()) return views;
+  views.push_back(executor_->shift_runner()->kv_cache_view());
+  for (auto& w : workers_) views.push_back(w->shift_runner()->kv_cache_view());
   return views;
 }
 

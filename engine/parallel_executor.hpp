@@ -24,6 +24,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "comm/inproc.hpp"
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
+#include "engine/policies/shift_policy.hpp"
 #include "model/executor.hpp"
 #include "model/shard_runner.hpp"
 
@@ -39,7 +41,7 @@ namespace shardline::engine {
 
 /// Tags on a group's world communicator.
 enum GroupTag : int {
-  kTagMetaHeader = 101,  ///< driver -> rank: int32[2] {kind (0 step, 1 shutdown), num_words}
+  kTagMetaHeader = 101,  ///< driver -> rank: int32[2] {kind (0 step, 1 shutdown, 2 step in the shift config), num_words}
   kTagMetaBody = 102,    ///< driver -> rank: int32[num_words], encode_step()
   kTagActivations = 103, ///< stage s -> s+1: float[chunk_rows, hidden]
   kTagLogits = 104,      ///< last stage (0, 0) -> driver: float[num_logits, vocab]
@@ -50,7 +52,12 @@ struct GroupComms {
   std::unique_ptr<comm::Communicator> world;  ///< all group_size ranks
   std::unique_ptr<comm::Communicator> tp;     ///< this stage's ranks with this sp_rank (null when tp == 1)
   std::unique_ptr<comm::Communicator> sp;     ///< this stage's ranks with this tp_rank (null when sp == 1)
+  /// Shift Parallelism: the shift config's TP group over all sp*tp ranks, in
+  /// the §3.3.1 order (this rank is shift_spec_of(...).tp_rank there); null
+  /// without a shift config.
+  std::unique_ptr<comm::Communicator> shift_tp;
   [[nodiscard]] model::ShardComms shard_comms() const { return {tp.get(), sp.get()}; }
+  [[nodiscard]] model::ShardComms shift_shard_comms() const { return {shift_tp.get(), nullptr}; }
 };
 
 /// In-process communicators for every rank of a group ([group_size], index =
@@ -63,17 +70,28 @@ struct InProcGroupComms {
   /// Marks `group_rank` dead in every group it belongs to.
   [[nodiscard]] Status mark_dead(int group_rank);
 };
-[[nodiscard]] Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc);
+/// With `shift`, also the shift config's TP group (GroupComms::shift_tp).
+[[nodiscard]] Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift = false);
 
 /// The shard spec of `group_rank` under `pc`.
 [[nodiscard]] model::ShardSpec shard_spec_of(const ParallelConfig& pc, int group_rank);
+
+/// Shift Parallelism (seed 001 §3.3.1): the shard spec of `group_rank` in
+/// the shift config TP' = sp*tp (pp = 1). Device (sp_rank s, tp_rank t)
+/// attends query-head block t*sp + s in the base config (Ulysses splits
+/// each TP rank's heads over its SP group), so it is TP' rank t*sp + s: the
+/// paper's SP_TP order, with which both configs attend the same KV heads in
+/// the same local slots and no KV moves at a shift.
+[[nodiscard]] model::ShardSpec shift_spec_of(const ParallelConfig& pc, int group_rank);
+/// The group ranks of the shift TP group in TP' rank order ([sp*tp]).
+[[nodiscard]] std::vector<int> shift_group_ranks(const ParallelConfig& pc);
 
 /// The loop of a rank other than 0. Not thread-safe; serve() runs on the rank's thread.
 class ShardWorker {
  public:
   /// `num_threads` > 0 sets the OpenMP threads of the serving thread.
   ShardWorker(ParallelConfig pc, int group_rank, std::unique_ptr<model::ShardRunner> runner, GroupComms comms,
-              int num_threads);
+              int num_threads, std::unique_ptr<model::ShardRunner> shift_runner = nullptr);
   /// Serves steps until the driver sends shutdown (ok) or a step fails (its
   /// error; the rank should then be treated as dead). While idle it waits for
   /// metadata without a time limit; a dead driver ends the wait with io.
@@ -81,6 +99,8 @@ class ShardWorker {
   /// Milliseconds spent computing (stage + logits) so far.
   [[nodiscard]] double busy_ms() const { return busy_us_.load() / 1000.0; }
   [[nodiscard]] model::ShardRunner& runner() { return *runner_; }
+  /// Its shard of the shift config (null without one).
+  [[nodiscard]] model::ShardRunner* shift_runner() { return shift_runner_.get(); }
 
  private:
   ParallelConfig pc_;
@@ -89,7 +109,15 @@ class ShardWorker {
   std::unique_ptr<model::ShardRunner> runner_;
   GroupComms comms_;
   int num_threads_;
+  std::unique_ptr<model::ShardRunner> shift_runner_;  ///< shares runner_'s KV cache; declared after it
   std::atomic<std::int64_t> busy_us_{0};
+};
+
+/// What a group's shift steps did so far (rank 0's count).
+struct ShiftStats {
+  std::uint64_t base_steps = 0, shift_steps = 0, switches = 0;
+  std::uint64_t base_tokens = 0, shift_tokens = 0;
+  double base_ms = 0, shift_ms = 0;  ///< rank 0's compute time in each config
 };
 
 /// Rank 0 of a group as the engine's ModelExecutor.
@@ -123,6 +151,20 @@ class ParallelExecutor final : public model::ModelExecutor {
   /// Bytes of step metadata sent during the last step (to all ranks).
   [[nodiscard]] std::uint64_t last_step_meta_bytes() const { return last_meta_bytes_; }
 
+  /// Shift Parallelism: from now on each step runs in the config `policy`
+  /// picks; `shift_runner` is rank 0's shard of the shift config (TP' rank
+  /// 0, sharing this runner's KV cache). Errors: invalid_argument (pp > 1,
+  /// a group of one device, a runner that is not TP' rank 0 of sp*tp).
+  [[nodiscard]] Status set_shift(std::unique_ptr<model::ShardRunner> shift_runner, ShiftPolicy policy);
+  /// Replaces the policy (e.g. a job's threshold); between steps only.
+  [[nodiscard]] Status set_shift_policy(ShiftPolicy policy);
+  [[nodiscard]] bool has_shift() const { return shift_runner_ != nullptr; }
+  [[nodiscard]] ShiftStats shift_stats() const { return shift_stats_; }
+  /// The config the last step ran in.
+  [[nodiscard]] ShiftMode last_step_mode() const { return last_mode_; }
+  /// Rank 0's shift runner (null without a shift config).
+  [[nodiscard]] model::ShardRunner* shift_runner() { return shift_runner_.get(); }
+
  private:
   struct InFlight {
     int num_logits = 0;
@@ -139,6 +181,16 @@ class ParallelExecutor final : public model::ModelExecutor {
   std::int64_t busy_us_ = 0;
   std::uint64_t last_comm_bytes_ = 0;
   std::uint64_t last_meta_bytes_ = 0;
+  std::unique_ptr<model::ShardRunner> shift_runner_;  ///< shares runner_'s KV cache; declared after it
+  std::optional<ShiftPolicy> shift_policy_;
+  ShiftStats shift_stats_;
+  ShiftMode last_mode_ = ShiftMode::base;
+};
+
+/// Shift Parallelism on an engine group (seed 001): the base config is the
+/// group's `--parallel` SP×TP, the shift config TP over the same devices.
+struct ShiftOptions {
+  ShiftPolicyOptions policy;
 };
 
 /// A whole engine group inside this process: rank 0 is the executor (driven
@@ -151,8 +203,13 @@ class InProcEngineGroup final : public model::ModelExecutor {
   /// group is one replica). options.num_threads = OpenMP threads per rank
   /// (0: cores / group_size, at least 1). Errors: invalid_argument (config not
   /// shardable, see model::check_shardable), out_of_memory.
+  /// With `shift`, every rank also holds its shard of the shift config TP'
+  /// = sp*tp (own packed weights, the base runner's KV cache) and each step
+  /// runs in the config the shift policy picks; pp must be 1 and the model
+  /// shardable over sp*tp TP ranks (invalid_argument otherwise).
   [[nodiscard]] static Result<std::unique_ptr<InProcEngineGroup>> create(
-      std::shared_ptr<const model::ModelWeights> weights, ParallelConfig pc, model::CpuRunnerOptions options);
+      std::shared_ptr<const model::ModelWeights> weights, ParallelConfig pc, model::CpuRunnerOptions options,
+      std::optional<ShiftOptions> shift = std::nullopt);
   ~InProcEngineGroup() override;
   InProcEngineGroup(const InProcEngineGroup&) = delete;
   InProcEngineGroup& operator=(const InProcEngineGroup&) = delete;
@@ -170,6 +227,9 @@ class InProcEngineGroup final : public model::ModelExecutor {
   [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override;
   /// Every rank's cache (they share this process), in group-rank order.
   [[nodiscard]] std::vector<kvstore::KvCacheView> kv_cache_views() override;
+  /// The same caches as the shift config's runners see them (empty without
+  /// a shift config): the same memory and layout as kv_cache_views().
+  [[nodiscard]] std::vector<kvstore::KvCacheView> shift_kv_cache_views();
 
   [[nodiscard]] ParallelExecutor& executor() { return *executor_; }
   [[nodiscard]] const ParallelConfig& parallel_config() const { return pc_; }

@@ -114,6 +114,35 @@ ShardRunner::ShardRunner(std::shared_ptr<const ModelWeights> weights, const Shar
 Result<std::unique_ptr<ShardRunner>> ShardRunner::create(std::shared_ptr<const ModelWeights> weights,
                                                          const ShardSpec& spec, const CpuRunnerOptions& options,
                                                          ShardComms comms, std::shared_ptr<FfnExecutor> ffn) {
+  return create_impl(std::move(weights), spec, options, comms, std::move(ffn), true);
+}
+
+Result<std::unique_ptr<ShardRunner>> ShardRunner::create_sharing_kv(std::shared_ptr<const ModelWeights> weights,
+                                                                    const ShardSpec& spec, ShardComms comms,
+                                                                    ShardRunner& kv_owner) {
+  auto r = create_impl(std::move(weights), spec, kv_owner.options_, comms, nullptr, false);
+  if (!r) return r;
+  const kvstore::KvRankLayout mine = (*r)->kv_cache_view().layout;
+  const kvstore::KvRankLayout theirs = kv_owner.kv_cache_view().layout;
+  const auto heads = [](const std::vector<int>& h) {
+    std::string out;
+    for (int x : h) out += (out.empty() ? "" : ",") + std::to_string(x);
+    return "{" + out + "}";
+  };
+  if (mine.layer_begin != theirs.layer_begin || mine.layer_end != theirs.layer_end ||
+      mine.kv_heads != theirs.kv_heads || (*r)->kv_cache_bytes_ != kv_owner.kv_cache_bytes_)
+    return invalid("the shift runner would attend KV heads " + heads(mine.kv_heads) + " of layers [" +
+                   std::to_string(mine.layer_begin) + ", " + std::to_string(mine.layer_end) + ") but the cache holds " +
+                   heads(theirs.kv_heads) + " of [" + std::to_string(theirs.layer_begin) + ", " +
+                   std::to_string(theirs.layer_end) + ")");
+  (*r)->kv_cache_ = kv_owner.kv_cache_;
+  return r;
+}
+
+Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<const ModelWeights> weights,
+                                                              const ShardSpec& spec, const CpuRunnerOptions& options,
+                                                              ShardComms comms, std::shared_ptr<FfnExecutor> ffn,
+                                                              bool allocate_kv) {
   if (!weights) return invalid("no weights");
   if (options.num_kv_blocks <= 0) return invalid("num_kv_blocks must be > 0 (got " + std::to_string(options.num_kv_blocks) + ")");
   if (options.block_size <= 0) return invalid("block_size must be > 0 (got " + std::to_string(options.block_size) + ")");
@@ -185,8 +214,8 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create(std::shared_ptr<const M
   r->kv_layer_bytes_ = static_cast<std::size_t>(options.num_kv_blocks) * r->kv_attn_ * options.block_size * hd *
                        dtype_size(options.kv_cache_dtype);
   r->kv_cache_bytes_ = 2 * r->kv_layer_bytes_ * r->layers_.size();
-  if (r->kv_cache_bytes_ > 0) {
-    r->kv_cache_ = allocate_aligned(r->kv_cache_bytes_);
+  if (r->kv_cache_bytes_ > 0 && allocate_kv) {
+    r->kv_cache_ = std::shared_ptr<void>(allocate_aligned(r->kv_cache_bytes_));
     if (!r->kv_cache_)
       return make_error(ErrorCode::out_of_memory,
                         "shard: cannot allocate the KV cache (" + std::to_string(r->kv_cache_bytes_) + " bytes for " +

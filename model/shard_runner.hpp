@@ -123,6 +123,16 @@ class ShardRunner {
       std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
       const CpuRunnerOptions& options, ShardComms comms = {}, std::shared_ptr<FfnExecutor> ffn = nullptr);
 
+  /// Shift Parallelism (seed 001 §3.3): a runner for another config of the
+  /// same devices (the shift config TP' = SP×TP, `spec`) that owns no KV
+  /// cache but reads and writes `kv_owner`'s: it packs its own weights for
+  /// `spec` and takes the owner's KV options. The two must attend the same
+  /// KV heads in the same local slots over the same layers (the §3.3.1 head
+  /// order: engine::shift_spec_of). Errors: invalid_argument (as create, or
+  /// the KV layouts differ, naming both head lists), out_of_memory.
+  [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create_sharing_kv(
+      std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec, ShardComms comms, ShardRunner& kv_owner);
+
   /// Rows of this rank's chunk of a num_tokens step: ceil(num_tokens / sp).
   [[nodiscard]] int chunk_rows(int num_tokens) const { return (num_tokens + spec_.sp - 1) / spec_.sp; }
   /// This rank's residual stream for a num_tokens step: [chunk_rows, hidden],
@@ -170,6 +180,9 @@ class ShardRunner {
   [[nodiscard]] std::size_t kv_cache_bytes() const { return kv_cache_bytes_; }
 
  private:
+  [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create_impl(
+      std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec, const CpuRunnerOptions& options,
+      ShardComms comms, std::shared_ptr<FfnExecutor> ffn, bool allocate_kv);
   struct PackedLayer {
     kernels::cpu::PackedLinear qkv;      // [(hq_t + 2 kv_t) * hd, hidden]
     std::vector<float> qkv_bias;         // [(hq_t + 2 kv_t) * hd] or empty
@@ -206,7 +219,9 @@ class ShardRunner {
   std::vector<PackedLayer> layers_;  ///< this stage's layers
   kernels::cpu::PackedLinear lm_head_;  // [vocab_rows, hidden] (last stage)
   std::vector<float> inv_freq_;          // [head_dim / 2]
-  AlignedBuffer kv_cache_;  // [layers_t, 2, num_kv_blocks, kv_attn, block_size, head_dim]
+  /// [layers_t, 2, num_kv_blocks, kv_attn, block_size, head_dim]; shared with
+  /// the runner of the group's other config under Shift Parallelism.
+  std::shared_ptr<void> kv_cache_;
   std::size_t kv_cache_bytes_ = 0;
   std::size_t kv_layer_bytes_ = 0;
 
