@@ -364,6 +364,10 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   say_hello(self);
   self->send(self, beat_atom::value);
   spdlog::info("worker {} ready [{}]", st.config.name, orchestrator::group_label(st.config.engine.parallel));
+  if (const auto& sh = st.config.engine.shift)
+    spdlog::info("worker {}: Shift Parallelism: steps of at most {} tokens run as tp={} (back above {} tokens)",
+                 st.config.name, sh->policy.threshold, st.config.engine.parallel.group_size(),
+                 static_cast<long long>(static_cast<double>(sh->policy.threshold) * (1.0 + sh->policy.hysteresis)));
 
   return {
       [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {

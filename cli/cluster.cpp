@@ -560,6 +560,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   add_failure_flags(*start, na->failure);
   add_kv_flags(*start, na->kv);
   add_engine_flags(*start, na->engine);
+  add_shift_flags(*start, na->engine);
   add_sidp_flags(*start, na->sidp);
   start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
 
@@ -624,6 +625,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   add_failure_flags(*r, ra->failure);
   add_kv_flags(*r, ra->kv);
   add_engine_flags(*r, ra->engine);
+  add_shift_flags(*r, ra->engine);
   add_sidp_flags(*r, ra->sidp);
   r->callback([&run, ra] { run = [ra] { return run_run(*ra); }; });
 }

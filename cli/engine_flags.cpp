@@ -119,6 +119,18 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       ->capture_default_str();
 }
 
+void add_shift_flags(CLI::App& cmd, EngineFlags& f) {
+  cmd.add_flag("--shift", f.shift,
+               "Shift Parallelism: each engine group (--parallel sp=N or sp=N,tp=M, pp=1) also holds the TP config "
+               "over the same devices and KV cache; steps of at most --shift-threshold tokens run in it");
+  cmd.add_option("--shift-threshold", f.shift_threshold,
+                 "Batched tokens per step at or below which a step runs in the shift (TP) config")
+      ->capture_default_str();
+  cmd.add_option("--shift-hysteresis", f.shift_hysteresis,
+                 "h: a shifted group goes back to the base config only above threshold*(1+h) tokens")
+      ->capture_default_str();
+}
+
 void add_device_flag(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--device", f.device, "cpu, or cuda:N (one GPU)")->capture_default_str();
 }
@@ -185,6 +197,13 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
   o.preemption_mode = *mode;
   if (!(f.swap_space_gib >= 0.0)) return make_error(ErrorCode::invalid_argument, "--swap-space must be >= 0");
   o.swap_space_bytes = static_cast<std::uint64_t>(f.swap_space_gib * static_cast<double>(1ull << 30));
+  if (f.shift) {
+    engine::ShiftOptions so;
+    so.policy.threshold = f.shift_threshold;
+    so.policy.hysteresis = f.shift_hysteresis;
+    if (Status st = so.policy.validate(); !st) return st.error();
+    o.shift = so;
+  }
   return o;
 }
 

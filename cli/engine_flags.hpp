@@ -35,7 +35,14 @@ struct EngineFlags {
   std::string preemption_mode = "swap";  // measured faster (docs/kv-recovery.md)
   double swap_space_gib = 4.0;
   std::string device;  ///< --device of generate / bench ("" = cpu); run / node use --devices
+  bool shift = false;               ///< --shift (run, node start)
+  long long shift_threshold = 512;  ///< --shift-threshold: batched tokens (Alg. 3's default)
+  double shift_hysteresis = 0.25;   ///< --shift-hysteresis
 };
+
+/// `--shift`, `--shift-threshold` and `--shift-hysteresis` (Shift
+/// Parallelism on `run` and `node start`; docs/parallel.md).
+void add_shift_flags(CLI::App& cmd, EngineFlags& f);
 
 /// Parses a size in bytes: a decimal number with an optional binary unit,
 /// case-insensitive, spaces allowed between: none or B (bytes), K / KB / KiB

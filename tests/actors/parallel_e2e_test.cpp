@@ -116,6 +116,32 @@ TEST_F(ParallelE2e, RunWithSpAndCombinedConfigsIsByteIdenticalToOneDevice) {
   }
 }
 
+// Shift Parallelism (--shift): every step at or below the threshold runs as
+// tp = sp*tp over the same devices and KV cache. T = 0 never shifts, a mixed
+// threshold shifts the small decode steps of the tail, a huge one shifts
+// every step: all write one device's bytes (TP logits within 1e-4; these
+// lines have no sample on a CDF boundary, see the file comment).
+TEST_F(ParallelE2e, RunWithShiftIsByteIdenticalToOneDevice) {
+  const std::string expected = single_output();
+  for (const std::string config : {"sp=2", "sp=2,tp=2"}) {
+    for (const std::string threshold : {"0", "4", "1000000"}) {
+      const std::string what = config + " T=" + threshold;
+      const auto r = run("shift.jsonl", "--parallel " + config + " --shift --shift-threshold " + threshold);
+      ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.out;
+      EXPECT_NE(r.out.find("Shift Parallelism: steps of at most " + threshold + " tokens run as tp="), std::string::npos)
+          << r.out;
+      EXPECT_TRUE(read_file(path("shift.jsonl")) == expected) << what << " output differs from one device";
+    }
+  }
+  // Refused where it cannot run: one device, or pp > 1.
+  auto r = run("bad.jsonl", "--shift");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--shift"), std::string::npos) << r.out;
+  r = run("bad.jsonl", "--parallel sp=2,pp=2 --shift");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("pp = 1"), std::string::npos) << r.out;
+}
+
 TEST_F(ParallelE2e, DevicesOtherThanTheWorldSizeIsAUsageErrorBeforeAnythingStarts) {
   const auto r = run("x.jsonl", "--parallel tp=2 --devices cpu:3");
   EXPECT_EQ(r.exit_code, 2) << r.out;
