@@ -19,6 +19,7 @@
 
 #include "engine/engine_builder.hpp"
 #include "engine/data_parallel.hpp"
+#include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -43,17 +44,8 @@ EngineOptions stories_options(int max_num_batched_tokens) {
 }
 
 EngineOptions qwen3_options() {
-  EngineOptions o;
-  o.model_dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/qwen3-0.6b";
-  o.load_format = model::LoadFormat::dummy;
-  o.num_layers_override = 5;
-  o.block_size = 16;
-  o.kv_cache_bytes = 16u << 20;
-  o.max_model_len = 256;
-  o.max_num_seqs = 8;
-  o.max_num_batched_tokens = 7;  // chunked prefill: uneven SP chunks
-  o.capture_logits = true;
-  o.check_integrity = true;
+  EngineOptions o = testing_support::dummy_qwen3_options();
+  o.num_threads = 0;  // cores / group size
   return o;
 }
 

@@ -21,6 +21,7 @@
 
 #include "engine/data_parallel.hpp"
 #include "engine/engine_builder.hpp"
+#include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -186,18 +187,7 @@ TEST(ShiftParallel, Stories260KThroughEveryThresholdMatchesReference) {
 }
 
 TEST(ShiftParallel, DummyQwen3MixedThresholdMatchesOneDevice) {
-  EngineOptions o;
-  o.model_dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/qwen3-0.6b";
-  o.load_format = model::LoadFormat::dummy;
-  o.num_layers_override = 5;
-  o.block_size = 16;
-  o.kv_cache_bytes = 16u << 20;
-  o.max_model_len = 256;
-  o.max_num_seqs = 8;
-  o.max_num_batched_tokens = 7;
-  o.capture_logits = true;
-  o.check_integrity = true;
-  o.num_threads = 1;
+  EngineOptions o = testing_support::dummy_qwen3_options();
   auto weights = load_weights(o);
   ASSERT_TRUE(weights.ok());
   o.weights = *weights;

@@ -21,6 +21,7 @@
 #include "engine/engine_builder.hpp"
 #include "engine/sidp_group.hpp"
 #include "tests/support/sidp_golden.hpp"
+#include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -57,19 +58,8 @@ std::shared_ptr<const model::ModelWeights> qwen3_weights() {
 }
 
 EngineOptions qwen3_options() {
-  EngineOptions o;
+  EngineOptions o = testing_support::dummy_qwen3_options();
   o.weights = qwen3_weights();
-  o.model_dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/qwen3-0.6b";
-  o.load_format = model::LoadFormat::dummy;
-  o.num_layers_override = 5;
-  o.block_size = 16;
-  o.kv_cache_bytes = 16u << 20;
-  o.max_model_len = 256;
-  o.max_num_seqs = 8;
-  o.max_num_batched_tokens = 7;
-  o.capture_logits = true;
-  o.check_integrity = true;
-  o.num_threads = 1;
   return o;
 }
 

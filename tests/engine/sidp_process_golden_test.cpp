@@ -23,6 +23,7 @@
 #include "engine/sidp_group.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/sidp_golden.hpp"
+#include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -33,7 +34,6 @@ using testing_support::Child;
 using testing_support::kShardline;
 using testing_support::kStoriesDir;
 
-const std::string kQwen3Dir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/qwen3-0.6b";
 
 EngineOptions stories_options() {
   EngineOptions o;
@@ -48,21 +48,7 @@ EngineOptions stories_options() {
   return o;
 }
 
-EngineOptions qwen3_options() {
-  EngineOptions o;
-  o.model_dir = kQwen3Dir;
-  o.load_format = model::LoadFormat::dummy;
-  o.num_layers_override = 5;
-  o.block_size = 16;
-  o.kv_cache_bytes = 16u << 20;
-  o.max_model_len = 256;
-  o.max_num_seqs = 8;
-  o.max_num_batched_tokens = 7;
-  o.capture_logits = true;
-  o.check_integrity = true;
-  o.num_threads = 1;
-  return o;
-}
+EngineOptions qwen3_options() { return testing_support::dummy_qwen3_options(); }
 
 /// The child's flags for the same engine config as `o` (its own engine).
 std::vector<std::string> engine_args(const EngineOptions& o) {

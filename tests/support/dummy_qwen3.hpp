@@ -1,0 +1,33 @@
+#pragma once
+// The dummy Qwen3 shape the golden tests run beside stories260K: the
+// qwen3-0.6b config (16 heads / 8 KV heads, q/k norm, tied 151936 x 1024
+// embeddings) with seeded random weights, cut to 5 layers.
+#include <string>
+
+#include "engine/engine_builder.hpp"
+
+namespace shardline::testing_support {
+
+inline const std::string kQwen3ShapeDir = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/qwen3-0.6b";
+
+/// Engine options of the dummy shape: 5 layers, 16 MiB of KV in 16-token
+/// blocks, 8 sequences of at most 256 tokens, a 7-token step budget
+/// (chunked prefill, uneven SP chunks), logits captured, integrity checked,
+/// one thread per rank.
+inline engine::EngineOptions dummy_qwen3_options() {
+  engine::EngineOptions o;
+  o.model_dir = kQwen3ShapeDir;
+  o.load_format = model::LoadFormat::dummy;
+  o.num_layers_override = 5;
+  o.block_size = 16;
+  o.kv_cache_bytes = 16u << 20;
+  o.max_model_len = 256;
+  o.max_num_seqs = 8;
+  o.max_num_batched_tokens = 7;
+  o.capture_logits = true;
+  o.check_integrity = true;
+  o.num_threads = 1;
+  return o;
+}
+
+}  // namespace shardline::testing_support
