@@ -144,8 +144,7 @@ TEST(ShiftParallel, BadConfigsAreRefusedClearly) {
 
 TEST(ShiftParallel, Stories260KThroughEveryThresholdMatchesReference) {
   const auto cases = testing_support::load_stories_reference();
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  const std::vector<std::vector<std::int32_t>> prompts = testing_support::stories_prompt_ids();
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 48;
@@ -191,12 +190,7 @@ TEST(ShiftParallel, DummyQwen3MixedThresholdMatchesOneDevice) {
   auto weights = load_weights(o);
   ASSERT_TRUE(weights.ok());
   o.weights = *weights;
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<std::int32_t> p;
-    for (int t = 0; t < 5 + 3 * i; ++t) p.push_back((1000 + 7919 * (i * 31 + t)) % 151936);
-    prompts.push_back(std::move(p));
-  }
+  const std::vector<std::vector<std::int32_t>> prompts = testing_support::dummy_qwen3_prompts();
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 12;
@@ -214,8 +208,7 @@ TEST(ShiftParallel, DummyQwen3MixedThresholdMatchesOneDevice) {
 // Preemptions (recompute and swap) across shifts lose and duplicate nothing.
 TEST(ShiftParallel, TinyKvBudgetPreemptsAcrossShiftsAndKeepsEveryRequestOnce) {
   const auto cases = testing_support::load_stories_reference();
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  const std::vector<std::vector<std::int32_t>> prompts = testing_support::stories_prompt_ids();
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 48;

@@ -156,12 +156,7 @@ TEST_F(SidpProcessGolden, Stories260KOverProcessesIsBitIdenticalToOneDevice) {
 }
 
 TEST_F(SidpProcessGolden, DummyQwen3OverTwoProcessesIsBitIdenticalToOneDevice) {
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<std::int32_t> p;
-    for (int t = 0; t < 5 + 3 * i; ++t) p.push_back((1000 + 7919 * (i * 31 + t)) % 151936);
-    prompts.push_back(std::move(p));
-  }
+  const std::vector<std::vector<std::int32_t>> prompts = testing_support::dummy_qwen3_prompts();
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 12;

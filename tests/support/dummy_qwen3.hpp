@@ -2,7 +2,9 @@
 // The dummy Qwen3 shape the golden tests run beside stories260K: the
 // qwen3-0.6b config (16 heads / 8 KV heads, q/k norm, tied 151936 x 1024
 // embeddings) with seeded random weights, cut to 5 layers.
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/engine_builder.hpp"
 
@@ -28,6 +30,18 @@ inline engine::EngineOptions dummy_qwen3_options() {
   o.check_integrity = true;
   o.num_threads = 1;
   return o;
+}
+
+/// Four prompts of 5, 8, 11 and 14 ids spread over the 151936-id
+/// vocabulary (the dummy weights have no tokenizer worth using).
+inline std::vector<std::vector<std::int32_t>> dummy_qwen3_prompts() {
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::int32_t> p;
+    for (int t = 0; t < 5 + 3 * i; ++t) p.push_back((1000 + 7919 * (i * 31 + t)) % 151936);
+    prompts.push_back(std::move(p));
+  }
+  return prompts;
 }
 
 }  // namespace shardline::testing_support
