@@ -100,7 +100,9 @@ Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const Ste
   const double seqs = static_cast<double>(step.num_sequences) / M;
   const double context = static_cast<double>(step.num_context_tokens) / M;
   const double pairs = static_cast<double>(step.num_attention_pairs) / M;
-  const double tokens_rank = tokens / sp;  // SP splits the rows
+  // SP splits the rows into sp chunks of ceil(tokens / sp), the last padded
+  // (model/shard_runner.hpp chunk_rows): every rank computes a full chunk.
+  const double tokens_rank = std::ceil(tokens / sp - 1e-9);
 
   // Shard of one rank.
   const double kv_tp = std::max(hkv / tp, 1.0);          // KV heads of the QKV projection shard
@@ -234,20 +236,74 @@ long long least_hiding_batch(const Hides& hides, double exact, long long max_bat
 
 }  // namespace
 
-Result<CostModel> CostModel::for_sidp_rank(const model::ModelConfig& config, DType weight_dtype, DType kv_cache_dtype,
-                                           double machine_memory_bw_bytes_per_s, double machine_flops_per_s, int dp,
-                                           const LinkSpec& link) {
-  if (dp < 1) return bad("dp must be >= 1, got " + std::to_string(dp)).error();
+Result<CostModel> CostModel::for_cpu_devices(const model::ModelConfig& config, DType weight_dtype,
+                                             DType kv_cache_dtype, double machine_memory_bw_bytes_per_s,
+                                             double machine_flops_per_s, int num_devices, const LinkSpec& link) {
+  if (num_devices < 1) return bad("num_devices must be >= 1, got " + std::to_string(num_devices)).error();
   ElementSizes sizes;
   sizes.weight_bytes = static_cast<double>(dtype_size(weight_dtype));
   sizes.kv_bytes = static_cast<double>(dtype_size(kv_cache_dtype));
   sizes.activation_bytes = 4;
   HardwareSpec hw;
-  hw.memory_bw_bytes_per_s = machine_memory_bw_bytes_per_s / dp;
-  hw.flops_per_s = machine_flops_per_s / dp;
+  hw.memory_bw_bytes_per_s = machine_memory_bw_bytes_per_s / num_devices;
+  hw.flops_per_s = machine_flops_per_s / num_devices;
   hw.comm_bw_bytes_per_s = link.bandwidth_bytes_per_s;
   hw.comm_latency_s = link.latency_s;
   return create(ModelShape::from_config(config), sizes, hw);
+}
+
+Result<CostModel> CostModel::for_sidp_rank(const model::ModelConfig& config, DType weight_dtype, DType kv_cache_dtype,
+                                           double machine_memory_bw_bytes_per_s, double machine_flops_per_s, int dp,
+                                           const LinkSpec& link) {
+  if (dp < 1) return bad("dp must be >= 1, got " + std::to_string(dp)).error();
+  return for_cpu_devices(config, weight_dtype, kv_cache_dtype, machine_memory_bw_bytes_per_s, machine_flops_per_s, dp,
+                         link);
+}
+
+Result<ShiftThresholdPoint> CostModel::shift_threshold(const engine::ParallelConfig& base,
+                                                       long long context_tokens_per_seq, long long max_tokens) const {
+  if (base.pp != 1) return bad("Shift Parallelism needs pp = 1, got " + base.to_string()).error();
+  if (base.sp < 1 || base.tp < 1 || base.sp * base.tp < 2)
+    return bad("Shift Parallelism needs sp*tp >= 2, got " + base.to_string()).error();
+  if (context_tokens_per_seq < 0)
+    return bad("context_tokens_per_seq must be >= 0, got " + std::to_string(context_tokens_per_seq)).error();
+  if (max_tokens < 1) return bad("max_tokens must be >= 1, got " + std::to_string(max_tokens)).error();
+  engine::ParallelConfig shift = base;
+  shift.tp = base.sp * base.tp;
+  shift.sp = 1;
+  // Both step times of n decoding sequences.
+  const auto times = [&](long long n) -> Result<std::pair<double, double>> {
+    const long long context = std::max(1LL, context_tokens_per_seq);
+    StepShape step;  // n x add_sequence(context, 1)
+    step.num_decode_tokens = n;
+    step.num_sequences = n;
+    step.num_context_tokens = n * context;
+    step.num_attention_pairs = n * (context + 1);
+    auto b = estimate(base, step);
+    if (!b) return b.error();
+    auto s = estimate(shift, step);
+    if (!s) return s.error();
+    return std::pair<double, double>{b->total_ms, s->total_ms};
+  };
+  ShiftThresholdPoint out;
+  out.threshold = max_tokens;
+  out.capped = true;
+  for (long long n = 1; n <= max_tokens; ++n) {
+    auto t = times(n);
+    if (!t) return t.error();
+    if (t->first < t->second) {
+      out.threshold = n - 1;
+      out.capped = false;
+      out.base_next_ms = t->first;
+      out.shift_next_ms = t->second;
+      break;
+    }
+  }
+  auto at = times(std::max(1LL, out.threshold));
+  if (!at) return at.error();
+  out.base_ms = at->first;
+  out.shift_ms = at->second;
+  return out;
 }
 
 double CostModel::sidp_layer_ms(long long batch) const {

@@ -18,7 +18,9 @@
 ///      kv_tp = max(h_kv/tp, 1) (KV projections replicated when tp > h_kv).
 ///    With tp <= h_kv, W_rank = W/tp ("T_dm^linear reduced to 1/TP", A.3).
 ///  - T_comp^linear = 2 * W_rank * tokens_rank / FLOPS (App. A: "2Wbs in
-///    prefilling and 2Wb in decoding"); tokens_rank = tokens / sp.
+///    prefilling and 2Wb in decoding"); tokens_rank = ceil(tokens / sp), the
+///    rows of one SP chunk (the runner pads the last chunk: at small steps
+///    this padding is why the shift config of Shift Parallelism wins).
 ///  - T_dm^attn = (KV cache read + Q,K,V of the new tokens) / B_mem:
 ///      kv_bytes * 2 * kv_attn * d * context_tokens   (App. A decode: 4bs h_kv d)
 ///    + act_bytes * (h_q_attn + 2*kv_attn) * d * tokens (App. A prefill: 2bs(h_q+2h_kv)d)
@@ -183,6 +185,19 @@ struct SidpSwitchPoint {
   double layer_ms = 0;
 };
 
+/// T of Shift Parallelism's per-step switch (seed 001, Alg. 3) as the model
+/// predicts it (CostModel::shift_threshold).
+struct ShiftThresholdPoint {
+  long long threshold = 0;  ///< T: steps of at most T batched tokens run in the shift config
+  bool capped = false;      ///< the shift config is no slower at every n <= max_tokens (T = max_tokens)
+  /// Predicted step times at n = max(T, 1) tokens, ms.
+  double base_ms = 0;
+  double shift_ms = 0;
+  /// ... and at n = T + 1 (the first step the base config wins; 0 when capped).
+  double base_next_ms = 0;
+  double shift_next_ms = 0;
+};
+
 /// The work of one engine step of one engine group: totals over its sequences.
 struct StepShape {
   long long num_prefill_tokens = 0;   ///< prompt (chunk) tokens computed this step
@@ -251,6 +266,32 @@ class CostModel {
   [[nodiscard]] static Result<CostModel> for_sidp_rank(const model::ModelConfig& config, DType weight_dtype,
                                                        DType kv_cache_dtype, double machine_memory_bw_bytes_per_s,
                                                        double machine_flops_per_s, int dp, const LinkSpec& link);
+
+  /// The model of one of `num_devices` CPU devices of one machine (an
+  /// in-process engine group or a SiDP group): each gets 1/num_devices of the
+  /// machine's measured memory bandwidth and GEMM rate (bytes/s, FLOP/s) —
+  /// they share one memory bus —, weights and KV cache in the given dtypes,
+  /// F32 activations, and collectives / sends over `link`. Errors: as
+  /// create(), and invalid_argument for num_devices < 1.
+  [[nodiscard]] static Result<CostModel> for_cpu_devices(const model::ModelConfig& config, DType weight_dtype,
+                                                         DType kv_cache_dtype, double machine_memory_bw_bytes_per_s,
+                                                         double machine_flops_per_s, int num_devices,
+                                                         const LinkSpec& link);
+
+  /// Shift Parallelism's threshold T (seed 001, §3 and Alg. 3) for an engine
+  /// group whose base config is `base` (sp*tp > 1, pp = 1) and whose shift
+  /// config is tp' = sp*tp on the same devices: the model's crossover. A step
+  /// of n tokens is taken as n decoding sequences with
+  /// `context_tokens_per_seq` cached tokens each (attention is the same work
+  /// in both configs: same heads per rank, same KV read; they differ in the
+  /// weight bytes each rank reads, SP's padded chunk, the collectives and
+  /// lm_head). T = (the least n in [1, max_tokens] with base faster than
+  /// shift) - 1; `capped` with T = max_tokens when there is none; T = 0 when
+  /// the base config wins at n = 1. Errors: invalid_argument for pp != 1,
+  /// sp*tp < 2, context_tokens_per_seq < 0 or max_tokens < 1.
+  [[nodiscard]] Result<ShiftThresholdPoint> shift_threshold(const engine::ParallelConfig& base,
+                                                            long long context_tokens_per_seq,
+                                                            long long max_tokens) const;
 
   /// Predicted cost of `step` under `pc` (a step without tokens runs no
   /// forward pass and costs 0). Errors: invalid_argument for a degree < 1,

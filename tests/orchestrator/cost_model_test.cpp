@@ -167,6 +167,76 @@ TEST(CostModel, SequenceParallelByHand) {
   EXPECT_DOUBLE_EQ(c.tp_bytes_per_rank, 0.0);
 }
 
+TEST(CostModel, SequenceParallelPadsTheLastChunk) {
+  // The runner splits n rows into sp chunks of ceil(n / sp) (the last
+  // padded): 7 tokens under sp = 2 cost every rank 4 rows, as 8 do.
+  const CostModel m = make(tiny(), slow_hw());
+  StepShape seven, eight, six;
+  seven.add_sequence(0, 7);
+  eight.add_sequence(0, 8);
+  six.add_sequence(0, 6);
+  const StepCost c7 = estimate(m, {.sp = 2}, seven), c8 = estimate(m, {.sp = 2}, eight),
+                 c6 = estimate(m, {.sp = 2}, six);
+  // Linear FLOPs: 2 layers * 2*576*4 + lm_head 2*256*1 (one sequence) = 9728.
+  EXPECT_NEAR(c7.linear_compute_ms, 9728.0 / 10000 * 1e3, 1e-6);
+  EXPECT_DOUBLE_EQ(c7.linear_compute_ms, c8.linear_compute_ms);
+  EXPECT_LT(c6.linear_compute_ms, c7.linear_compute_ms);
+  EXPECT_DOUBLE_EQ(c7.sp_bytes_per_rank, c8.sp_bytes_per_rank);  // the padded rows are sent too
+}
+
+// A fast link with no latency, so the by-hand sums below stay short.
+HardwareSpec shift_hw() {
+  HardwareSpec hw = slow_hw();
+  hw.comm_bw_bytes_per_s = 1000;
+  hw.comm_latency_s = 0;
+  return hw;
+}
+
+TEST(CostModel, ShiftThresholdByHand) {
+  // Base sp=2 vs shift tp=2 on the tiny model, n decoding sequences with 1
+  // cached token each (c = ceil(n / 2) rows per SP rank), seconds:
+  //  base  = 2 layers * (max(1.152, 2*576*c / 1e4)      linear (W replicated)
+  //                      + 0.04 n                        attention: 16n KV + 24n QKV bytes
+  //                      + 24 c / 1000)                  two all-to-alls
+  //          + max(0.512, 2*256*n / 1e4) + 16 c / 1000   lm_head (full vocab per rank), residual gather
+  //  shift = 2 * (max(0.64, 2*320*n / 1e4)               linear: W_rank = 96 + 32 + 192
+  //               + 0.04 n + 32 n / 1000)                two ring all-reduces of 8n bytes each... x2 sends
+  //          + max(0.256, 2*128*n / 1e4) + 32 n / 1000   lm_head half the vocab, logits gather
+  // n = 13 (c = 7): base 4.4576 > shift 4.2848; n = 14 (c = 7): base 4.5888 < shift 4.6144.
+  const CostModel m = make(tiny(), shift_hw());
+  Result<ShiftThresholdPoint> t = m.shift_threshold({.sp = 2}, 1, 64);
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  EXPECT_EQ(t->threshold, 13);
+  EXPECT_FALSE(t->capped);
+  EXPECT_NEAR(t->base_ms, 4457.6, 1e-6);
+  EXPECT_NEAR(t->shift_ms, 4284.8, 1e-6);
+  EXPECT_NEAR(t->base_next_ms, 4588.8, 1e-6);
+  EXPECT_NEAR(t->shift_next_ms, 4614.4, 1e-6);
+
+  // Below the crossover the cap is the answer.
+  Result<ShiftThresholdPoint> capped = m.shift_threshold({.sp = 2}, 1, 10);
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->threshold, 10);
+  EXPECT_TRUE(capped->capped);
+
+  // A slow link makes TP's all-reduces lose at once: T = 0 (never shift).
+  HardwareSpec slow_link = shift_hw();
+  slow_link.comm_bw_bytes_per_s = 1;
+  Result<ShiftThresholdPoint> never = make(tiny(), slow_link).shift_threshold({.sp = 2}, 1, 64);
+  ASSERT_TRUE(never.ok());
+  EXPECT_EQ(never->threshold, 0);
+  EXPECT_FALSE(never->capped);
+}
+
+TEST(CostModel, ShiftThresholdRejectsBadArguments) {
+  const CostModel m = make(tiny(), shift_hw());
+  for (const engine::ParallelConfig& pc :
+       {engine::ParallelConfig{}, engine::ParallelConfig{.pp = 2, .sp = 2}})
+    EXPECT_EQ(m.shift_threshold(pc, 1, 64).error().code, ErrorCode::invalid_argument) << pc.to_string();
+  EXPECT_EQ(m.shift_threshold({.sp = 2}, -1, 64).error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(m.shift_threshold({.sp = 2}, 1, 0).error().code, ErrorCode::invalid_argument);
+}
+
 ModelShape llama8b() {
   ModelShape s;
   s.num_layers = 32;
