@@ -21,6 +21,7 @@
 #include "cli/commands.hpp"
 #include "cli/devices.hpp"
 #include "cli/engine_flags.hpp"
+#include "cli/shift_threshold.hpp"
 #include "cli/sidp_flags.hpp"
 #include "cli/sidp_status.hpp"
 #include "comm/address.hpp"
@@ -129,6 +130,7 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   if (o.engine.num_threads == 0)
     o.engine.num_threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, devices->num_cpu_devices));
+  if (Status st = resolve_shift_threshold(a.engine, o.parallel, o.engine); !st) return st.error();
   o.max_batch = a.max_batch;
   o.key_file = a.key_file;
   o.metrics = a.metrics;

@@ -124,7 +124,9 @@ void add_shift_flags(CLI::App& cmd, EngineFlags& f) {
                "Shift Parallelism: each engine group (--parallel sp=N or sp=N,tp=M, pp=1) also holds the TP config "
                "over the same devices and KV cache; steps of at most --shift-threshold tokens run in it");
   cmd.add_option("--shift-threshold", f.shift_threshold,
-                 "Batched tokens per step at or below which a step runs in the shift (TP) config")
+                 "Batched tokens per step at or below which a step runs in the shift (TP) config; auto: where the "
+                 "cost model, on this machine's measured bandwidth, GEMM rate and collectives, predicts the base "
+                 "config becomes faster")
       ->capture_default_str();
   cmd.add_option("--shift-hysteresis", f.shift_hysteresis,
                  "h: a shifted group goes back to the base config only above threshold*(1+h) tokens")
@@ -199,7 +201,16 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
   o.swap_space_bytes = static_cast<std::uint64_t>(f.swap_space_gib * static_cast<double>(1ull << 30));
   if (f.shift) {
     engine::ShiftOptions so;
-    so.policy.threshold = f.shift_threshold;
+    if (f.shift_threshold == "auto") {
+      so.policy.threshold = 0;  // set by the caller once the group is known (resolve_shift_threshold)
+    } else {
+      const char* b = f.shift_threshold.data();
+      const char* e = b + f.shift_threshold.size();
+      const auto [p, ec] = std::from_chars(b, e, so.policy.threshold);
+      if (ec != std::errc() || p != e || so.policy.threshold < 0)
+        return make_error(ErrorCode::invalid_argument,
+                          "--shift-threshold must be auto or a token count >= 0, got '" + f.shift_threshold + "'");
+    }
     so.policy.hysteresis = f.shift_hysteresis;
     if (Status st = so.policy.validate(); !st) return st.error();
     o.shift = so;

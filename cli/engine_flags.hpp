@@ -36,7 +36,9 @@ struct EngineFlags {
   double swap_space_gib = 4.0;
   std::string device;  ///< --device of generate / bench ("" = cpu); run / node use --devices
   bool shift = false;               ///< --shift (run, node start)
-  long long shift_threshold = 512;  ///< --shift-threshold: batched tokens (Alg. 3's default)
+  /// --shift-threshold: batched tokens, or "auto" (the cost model's
+  /// crossover, cli/shift_threshold.hpp; ArcticInference's fixed default is 512)
+  std::string shift_threshold = "auto";
   double shift_hysteresis = 0.25;   ///< --shift-hysteresis
 };
 

@@ -133,6 +133,23 @@ TEST_F(ParallelE2e, RunWithShiftIsByteIdenticalToOneDevice) {
       EXPECT_TRUE(read_file(path("shift.jsonl")) == expected) << what << " output differs from one device";
     }
   }
+  // The default threshold is auto: the cost model's crossover on this
+  // machine, logged with what it was computed from.
+  {
+    const auto r = run("shift_auto.jsonl", "--parallel sp=2 --shift");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("shift: T = "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("tokens from the cost model"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("Shift Parallelism: steps of at most "), std::string::npos) << r.out;
+    EXPECT_TRUE(read_file(path("shift_auto.jsonl")) == expected) << "auto threshold: output differs from one device";
+  }
+  for (const std::string bad : {"-3", "12x", "automatic"}) {
+    const auto r = run("bad_t.jsonl", "--parallel sp=2 --shift --shift-threshold " + bad);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.out.find("--shift-threshold must be auto or a token count >= 0, got '" + bad + "'"), std::string::npos)
+        << r.out;
+    EXPECT_FALSE(fs::exists(path("bad_t.jsonl")));
+  }
   // Refused where it cannot run: one device, or pp > 1.
   auto r = run("bad.jsonl", "--shift");
   EXPECT_NE(r.exit_code, 0);
