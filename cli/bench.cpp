@@ -7,6 +7,7 @@
 
 #include "bench/gpu_throughput.hpp"
 #include "bench/parallel.hpp"
+#include "bench/shift.hpp"
 #include "bench/sidp.hpp"
 #include "bench/throughput.hpp"
 #include "engine/parallel_config.hpp"
@@ -30,6 +31,9 @@ struct BenchArgs {
   std::string sidp_batches = "1,2,4,8,16,32,64,128";
   std::string sidp_output_range = "16:512";
   std::string peak_shifting = "on";
+  bench::ShiftBenchOptions shift;
+  std::string shift_long = "8x1024/16", shift_short = "24x64/256";
+  std::string shift_sweep = "1,2,4,8,16,32,64,128,256,512,1024,2048";
 };
 
 /// "1,2,4" -> {1, 2, 4}; a bad item -> nullopt.
@@ -127,6 +131,44 @@ int run_sidp(BenchArgs& a, const engine::EngineOptions& eo) {
   return print_report(bench::run_sidp_bench(so));
 }
 
+int run_shift(BenchArgs& a, const engine::EngineOptions& eo) {
+  bench::ShiftBenchOptions& so = a.shift;
+  if (a.parallel.size() != 1) {
+    std::cerr << "error: --shift takes one --parallel sp=N or sp=N,tp=M (the base config)\n";
+    return 2;
+  }
+  auto pc = engine::parse_parallel_config(a.parallel.front());
+  if (!pc) {
+    std::cerr << "error: " << pc.error().to_string() << "\n";
+    return 2;
+  }
+  so.engine = eo;
+  so.engine.parallel = *pc;
+  so.engine.shift.reset();
+  so.threshold = a.engine.shift_threshold == "auto" ? -1 : eo.shift->policy.threshold;
+  so.hysteresis = a.engine.shift_hysteresis;
+  so.max_batch = a.options.max_batch;
+  for (const auto& [text, cls] : {std::pair<const std::string*, bench::RequestClass*>{&a.shift_long, &so.long_requests},
+                                  {&a.shift_short, &so.short_requests}}) {
+    auto c = bench::parse_request_class(*text);
+    if (!c) {
+      std::cerr << "error: " << c.error().to_string() << "\n";
+      return 2;
+    }
+    *cls = *c;
+  }
+  so.sweep_tokens.clear();
+  if (!a.shift_sweep.empty()) {
+    auto list = parse_int_list(a.shift_sweep);
+    if (!list) {
+      std::cerr << "error: --shift-sweep wants positive integers like 1,2,4 (or \"\" to skip)\n";
+      return 2;
+    }
+    so.sweep_tokens = *list;
+  }
+  return print_report(bench::run_shift_bench(so));
+}
+
 int run_bench(BenchArgs& a) {
   const std::string dir = a.model_dir.empty() ? a.shape_dir : a.model_dir;
   if (dir.empty() || (!a.model_dir.empty() && !a.shape_dir.empty())) {
@@ -140,6 +182,7 @@ int run_bench(BenchArgs& a) {
     return 2;
   }
   if (a.weight_sharing == "sidp") return run_sidp(a, *eo);
+  if (a.engine.shift) return run_shift(a, *eo);
   if (!a.parallel.empty()) return run_parallel(a, *eo);
   a.options.engine = *eo;
   if (eo->device == model::DeviceKind::cuda) return print_report(bench::run_gpu_throughput(a.options));
@@ -206,6 +249,23 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   cmd->add_option("--link-ratio", a->sidp.link_ratio,
                   "Link / memory bandwidth when --link-gbps is 0 (H200: 900 / 4800 = 0.19)")
+      ->capture_default_str();
+  add_shift_flags(*cmd, a->engine);
+  cmd->add_option("--shift-long", a->shift_long,
+                  "With --shift: the long class of the mixed workload, COUNTxINPUT/OUTPUT")
+      ->capture_default_str();
+  cmd->add_option("--shift-short", a->shift_short, "With --shift: the short class, COUNTxINPUT/OUTPUT")
+      ->capture_default_str();
+  cmd->add_option("--arrival-rate", a->shift.arrival_rate,
+                  "With --shift: Poisson arrivals of the mixed workload, requests/s (0: all at once)")
+      ->capture_default_str();
+  cmd->add_option("--shift-sweep", a->shift_sweep,
+                  "With --shift: tokens per step of the crossover sweep (\"\" to skip)")
+      ->capture_default_str();
+  cmd->add_option("--shift-max-decode", a->shift.max_decode_sweep,
+                  "With --shift: decode steps of the sweep up to this many sequences")
+      ->capture_default_str();
+  cmd->add_option("--repeats", a->shift.repeats, "With --shift: runs of each config, alternating")
       ->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
 }

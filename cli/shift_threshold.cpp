@@ -31,7 +31,7 @@ Status resolve_shift_threshold(const EngineFlags& f, const engine::ParallelConfi
   if (!cost) return fail(cost.error().message);
   engine::ParallelConfig base = parallel;
   base.dp = 1;
-  auto t = cost->shift_threshold(base, kShiftThresholdContextTokens, std::max(1, o.max_num_batched_tokens));
+  auto t = cost->shift_threshold(base, orchestrator::CostModel::kShiftThresholdContextTokens, std::max(1, o.max_num_batched_tokens));
   if (!t) return fail(t.error().message);
   o.shift->policy.threshold = t->threshold;
   spdlog::info("shift: T = {} tokens from the cost model{} ({} vs tp={}: {:.3f} vs {:.3f} ms at {} tokens; measured "

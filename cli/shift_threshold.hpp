@@ -17,10 +17,6 @@
 
 namespace shardline::cli {
 
-/// Context tokens per sequence the crossover is computed at. Attention is the
-/// same work in both configs, so T hardly depends on it.
-inline constexpr long long kShiftThresholdContextTokens = 512;
-
 /// When `f.shift` and `f.shift_threshold` is "auto", measures the machine and
 /// sets o.shift->policy.threshold to the cost model's T for the group
 /// `parallel` (o.num_threads threads per device, at most

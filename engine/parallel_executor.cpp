@@ -280,9 +280,10 @@ Status ParallelExecutor::submit(const model::StepInput& in) {
   busy_us_ += step_us;
   last_comm_bytes_ += runner.last_profile().comm_bytes;
   if (shift_policy_ && n > 0) {
-    last_mode_ = mode;
     ShiftStats& st = shift_stats_;
-    st.switches = shift_policy_->switches();
+    // Config changes between consecutive steps, across policy replacements.
+    if (st.base_steps + st.shift_steps > 0 && mode != last_mode_) ++st.switches;
+    last_mode_ = mode;
     (mode == ShiftMode::shift ? st.shift_steps : st.base_steps) += 1;
     (mode == ShiftMode::shift ? st.shift_tokens : st.base_tokens) += static_cast<std::uint64_t>(n);
     (mode == ShiftMode::shift ? st.shift_ms : st.base_ms) += step_us / 1000.0;

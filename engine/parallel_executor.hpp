@@ -115,7 +115,8 @@ class ShardWorker {
 
 /// What a group's shift steps did so far (rank 0's count).
 struct ShiftStats {
-  std::uint64_t base_steps = 0, shift_steps = 0, switches = 0;
+  std::uint64_t base_steps = 0, shift_steps = 0;
+  std::uint64_t switches = 0;  ///< steps whose config differs from the step before (across policy changes)
   std::uint64_t base_tokens = 0, shift_tokens = 0;
   double base_ms = 0, shift_ms = 0;  ///< rank 0's compute time in each config
 };

@@ -232,6 +232,11 @@ Sequence* Scheduler::get(std::uint64_t seq_id) {
   return it == seqs_.end() ? nullptr : it->second.get();
 }
 
+const Sequence* Scheduler::find(std::uint64_t seq_id) const {
+  const auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
 Status Scheduler::check_integrity() const {
   if (Status s = blocks_.check_integrity(); !s.ok()) return s;
   auto fail = [](const std::string& m) { return make_error(ErrorCode::internal, "scheduler: " + m); };

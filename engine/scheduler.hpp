@@ -123,6 +123,8 @@ class Scheduler {
   [[nodiscard]] std::unique_ptr<Sequence> finish(std::uint64_t seq_id, FinishReason reason);
 
   [[nodiscard]] Sequence* get(std::uint64_t seq_id);
+  /// The same, read-only (null when unknown or finished).
+  [[nodiscard]] const Sequence* find(std::uint64_t seq_id) const;
   [[nodiscard]] bool has_unfinished() const { return !seqs_.empty(); }
   [[nodiscard]] int num_waiting() const { return static_cast<int>(waiting_.size()); }
   [[nodiscard]] int num_running() const { return static_cast<int>(running_.size()); }

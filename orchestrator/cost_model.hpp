@@ -278,6 +278,10 @@ class CostModel {
                                                          double machine_flops_per_s, int num_devices,
                                                          const LinkSpec& link);
 
+  /// Context tokens per sequence `--shift-threshold auto` computes T at
+  /// (attention is the same work in both configs, so T hardly depends on it).
+  static constexpr long long kShiftThresholdContextTokens = 512;
+
   /// Shift Parallelism's threshold T (seed 001, §3 and Alg. 3) for an engine
   /// group whose base config is `base` (sp*tp > 1, pp = 1) and whose shift
   /// config is tp' = sp*tp on the same devices: the model's crossover. A step
