@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "bench/hardware.hpp"
 #include "bench/workload.hpp"
@@ -107,6 +108,8 @@ Result<std::vector<ShiftSweepRow>> sweep(Group& g, const ShiftBenchOptions& o, l
         }
       }
     }
+    spdlog::info("bench --shift: n = {}: decode {:.2f} / {:.2f} ms, prefill {:.2f} / {:.2f} ms (base / shift)", n,
+                 median(db), median(ds), median(pb), median(ps));
     row.decode_base_ms = median(db);
     row.decode_shift_ms = median(ds);
     row.prefill_base_ms = median(pb);
@@ -322,6 +325,8 @@ Result<ShiftBenchReport> run_shift_bench(const ShiftBenchOptions& o) {
       for (const auto& [name, t] : {std::pair<std::string, long long>{"base", 0}, {"tp", budget}, {"shift", shift_t}}) {
         auto run = serve_mixed(g, work, name, t, o.hysteresis);
         if (!run) return std::move(run).error();
+        spdlog::info("bench --shift: mixed {} (T = {}): {:.2f} s, {:.1f} tok/s", name, t, run->elapsed_s,
+                     run->total_tok_s);
         rep.runs.push_back(std::move(run).value());
       }
     }
