@@ -44,6 +44,15 @@ Result<PreemptionMode> parse_preemption_mode(const std::string& name) {
                     "unknown preemption mode '" + name + "' (choose recompute or swap)");
 }
 
+const char* schedule_phase_name(SchedulePhase phase) noexcept {
+  switch (phase) {
+    case SchedulePhase::prefill: return "prefill";
+    case SchedulePhase::decode: return "decode";
+    case SchedulePhase::mixed: break;
+  }
+  return "mixed";
+}
+
 Scheduler::Scheduler(SchedulerConfig config, int num_kv_blocks, int block_size)
     : config_(config), blocks_(num_kv_blocks, block_size) {}
 
@@ -113,6 +122,28 @@ void Scheduler::preempt(Sequence* victim, SchedulerOutput& out) {
   insert_by_arrival(waiting_, victim);  // ahead of everything that arrived later
 }
 
+void Scheduler::offload(Sequence* seq, std::vector<SwapOut>& offloads) {
+  std::erase(running_, seq);
+  if (seq->num_computed_tokens > 0) {
+    offloads.push_back({seq->id, blocks_.block_table(seq->id), seq->num_computed_tokens});
+    ++total_offloads_;
+  }
+  seq->num_restore_tokens = seq->num_computed_tokens;
+  blocks_.free(seq->id);
+  seq->num_computed_tokens = 0;
+  seq->status = SeqStatus::waiting;
+  insert_by_arrival(waiting_, seq);
+}
+
+Status Scheduler::offload_resident(std::vector<SwapOut>& offloads) {
+  for (const Sequence* s : running_)
+    if (s->in_flight)
+      return make_error(ErrorCode::invalid_argument,
+                        "scheduler: sequence " + std::to_string(s->id) + " is in flight; drain before a transition");
+  while (!running_.empty()) offload(running_.back(), offloads);
+  return Status::ok_status();
+}
+
 SchedulerState Scheduler::state(int pipeline_depth) const {
   SchedulerState st;
   for (const Sequence* s : waiting_) st.num_waiting_prefill_tokens += s->num_tokens() - s->num_restore_tokens;
@@ -128,7 +159,7 @@ SchedulerState Scheduler::state(int pipeline_depth) const {
   return st;
 }
 
-SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits) {
+SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long admit_kv_tokens) {
   SchedulerOutput out;
   int budget = config_.max_num_batched_tokens;
   int decode_left = limits != nullptr ? limits->max_decode_tokens : budget;
@@ -145,10 +176,23 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits) {
     budget -= n;
   };
 
+  // 0. Prefill phase: sequences whose prefill is done leave for the host KV
+  //    buffer (Seesaw §4.2); they come back in the decode phase.
+  if (phase_ == SchedulePhase::prefill) {
+    std::vector<Sequence*> done;
+    for (Sequence* seq : running_)
+      if (!seq->in_flight && is_decode(seq)) done.push_back(seq);
+    for (Sequence* seq : done) offload(seq, out.offloads);
+  }
+
   // 1. Running sequences, oldest first; preempt from the newest end (never
-  //    one in flight).
+  //    one in flight). The decode phase runs decodes only.
   for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
+    if (phase_ == SchedulePhase::decode && !is_decode(seq)) {
+      ++i;
+      continue;
+    }
     const int cap = std::min(budget, is_decode(seq) ? decode_left : prefill_left);
     if (seq->in_flight || cap <= 0) {
       ++i;
@@ -181,15 +225,27 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits) {
     ++i;
   }
 
-  // 2. Admit waiting sequences FCFS (not in a step that had to preempt).
-  while (out.num_preemptions == 0 && budget > 0 && prefill_left > 0 && !waiting_.empty() &&
-         static_cast<int>(running_.size()) < config_.max_num_seqs) {
-    Sequence* seq = waiting_.front();
+  // 2. Admit waiting sequences FCFS (not in a step that had to preempt). In
+  //    a Seesaw phase only those the phase runs, FCFS among them: prompts
+  //    to prefill (within admit_kv_tokens), or decode-ready sequences.
+  const bool decode_phase = phase_ == SchedulePhase::decode;
+  std::size_t w = 0;
+  while (out.num_preemptions == 0 && budget > 0 && (decode_phase ? decode_left : prefill_left) > 0 &&
+         w < waiting_.size() && static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    Sequence* seq = waiting_[w];
+    if (phase_ != SchedulePhase::mixed && is_decode_ready(*seq) != decode_phase) {
+      ++w;  // not this phase's
+      continue;
+    }
+    if (phase_ == SchedulePhase::prefill && admit_kv_tokens >= 0) {
+      if (seq->num_tokens() > admit_kv_tokens) break;  // the host KV buffer has no room for it
+      admit_kv_tokens -= seq->num_tokens();
+    }
     const int restored = seq->num_restore_tokens;  // KV copied in, not computed
-    const int n = std::min({seq->num_tokens() - restored, budget, prefill_left});  // chunk to fit
+    const int n = std::min({seq->num_tokens() - restored, budget, decode_phase ? decode_left : prefill_left});
     if (!blocks_.can_grow(seq->id, restored + n)) break;
     (void)blocks_.allocate_slots(seq->id, restored + n);
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
     if (restored > 0) {
       out.restores.push_back({seq->id, restored});
       seq->num_computed_tokens = restored;

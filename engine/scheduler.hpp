@@ -47,6 +47,25 @@ enum class PreemptionMode {
 /// Parses "recompute" / "swap". Errors: invalid_argument naming the choices.
 [[nodiscard]] Result<PreemptionMode> parse_preemption_mode(const std::string& name);
 
+/// Which steps the scheduler builds (Seesaw, seed 000 §4.2: a cluster that
+/// alternates between a prefill config and a decode config runs phases of
+/// pure prefill and pure decode, with a host KV buffer between them).
+enum class SchedulePhase {
+  mixed,    ///< continuous batching: decodes and prompt chunks in one step (Orca / Sarathi-Serve)
+  /// Prompt chunks only. A running sequence whose prefill is done (its first
+  /// token sampled) is offloaded: its KV goes to the host KV buffer
+  /// (SchedulerOutput::offloads) and it waits, decode-ready. Decode-ready
+  /// waiting sequences are not admitted.
+  prefill,
+  /// Decodes only. Decode-ready waiting sequences are admitted by restoring
+  /// their KV (SchedulerOutput::restores) and decoding their last token;
+  /// sequences that still need prefill wait for the next prefill phase.
+  decode,
+};
+
+/// "mixed" / "prefill" / "decode".
+[[nodiscard]] const char* schedule_phase_name(SchedulePhase phase) noexcept;
+
 struct SchedulerConfig {
   int max_num_seqs = 256;              ///< running sequences at most
   int max_num_batched_tokens = 2048;   ///< tokens per step at most (prefill chunks + decodes)
@@ -88,6 +107,10 @@ struct SchedulerOutput {
   int num_preemptions = 0;     ///< sequences preempted while building this step
   std::vector<SwapOut> swap_outs;   ///< swap preemptions of this step, in order
   std::vector<KvRestore> restores;  ///< admissions that restore KV instead of recomputing it
+  /// Prefill phase: sequences whose prefill is done, their KV to be copied
+  /// to the host KV buffer before the step runs (their blocks are free from
+  /// now on). Not preemptions: nothing is counted as one.
+  std::vector<SwapOut> offloads;
   [[nodiscard]] bool empty() const { return scheduled.empty(); }
 };
 
@@ -108,7 +131,28 @@ class Scheduler {
   /// skipped and never preempted. `limits` (a TokenBudgetPolicy's answer)
   /// caps decode and prefill tokens separately, under max_num_batched_tokens;
   /// null = one shared budget of max_num_batched_tokens.
-  [[nodiscard]] SchedulerOutput schedule(const MicroBatchBudget* limits = nullptr);
+  /// In the prefill phase, `admit_kv_tokens` >= 0 caps the KV tokens
+  /// (num_tokens() each) of the sequences admitted by this call: the room
+  /// left in the host KV buffer they will be offloaded to; < 0: no cap.
+  [[nodiscard]] SchedulerOutput schedule(const MicroBatchBudget* limits = nullptr, long long admit_kv_tokens = -1);
+
+  /// Seesaw: the kind of steps schedule() builds from now on (mixed by default).
+  void set_phase(SchedulePhase phase) noexcept { phase_ = phase; }
+  [[nodiscard]] SchedulePhase phase() const noexcept { return phase_; }
+  /// A transition: every running sequence leaves the device. One with
+  /// computed KV is offloaded (appended to `offloads`, to be copied to the
+  /// host KV buffer; it waits with num_restore_tokens = its computed
+  /// tokens), one without goes back to waiting. Errors: invalid_argument
+  /// when a sequence is in flight (drain the pipeline first); nothing moved.
+  [[nodiscard]] Status offload_resident(std::vector<SwapOut>& offloads);
+  /// A waiting sequence whose prompt is prefilled and whose KV is held
+  /// outside the cache up to its last token: the decode phase admits it.
+  [[nodiscard]] static bool is_decode_ready(const Sequence& seq) {
+    return seq.status == SeqStatus::waiting && seq.num_output_tokens() > 0 &&
+           seq.num_restore_tokens == seq.num_tokens() - 1;
+  }
+  /// Sequences offloaded so far (prefill ends and transitions).
+  [[nodiscard]] int total_offloads() const { return total_offloads_; }
   /// What a token budget policy needs (#WP, #RD, KV blocks) for a pipeline of
   /// `pipeline_depth` micro-batches.
   [[nodiscard]] SchedulerState state(int pipeline_depth) const;
@@ -140,6 +184,9 @@ class Scheduler {
   /// The newest running sequence not in flight (nullptr if none).
   [[nodiscard]] Sequence* last_preemptible() const;
   void preempt(Sequence* victim, SchedulerOutput& out);
+  /// Moves a running sequence not in flight off the device (its computed KV,
+  /// if any, listed in `offloads`).
+  void offload(Sequence* seq, std::vector<SwapOut>& offloads);
   void insert_by_arrival(std::deque<Sequence*>& queue, Sequence* seq);
   void insert_by_arrival(std::vector<Sequence*>& queue, Sequence* seq);
 
@@ -150,6 +197,8 @@ class Scheduler {
   std::vector<Sequence*> running_;  ///< sorted by arrival
   std::uint64_t next_arrival_ = 0;
   int total_preemptions_ = 0;
+  int total_offloads_ = 0;
+  SchedulePhase phase_ = SchedulePhase::mixed;
 };
 
 }  // namespace shardline::engine
