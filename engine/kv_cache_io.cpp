@@ -15,6 +15,24 @@ std::size_t KvCacheIo::bytes_for(int num_tokens) const noexcept {
   return kvstore::chunk_bytes(shape_, kvstore::KvRange{0, shape_.num_layers, 0, num_tokens});
 }
 
+Result<bool> KvCacheIo::offload(const SwapOut& offload) {
+  const std::uint64_t fallbacks = stats_.swap_fallbacks;
+  Result<bool> kept = swap_out(offload);
+  if (!kept.ok() || !*kept) {
+    stats_.swap_fallbacks = fallbacks;  // not a preemption's fallback
+    if (kept.ok()) ++stats_.offload_fallbacks;
+    return kept;
+  }
+  --stats_.swap_outs;  // counted as an offload instead
+  Held& h = held_.at(offload.seq_id);
+  h.offloaded = true;
+  const std::uint64_t bytes = h.chunk.size();
+  stats_.swapped_out_bytes -= bytes;
+  ++stats_.offloads;
+  stats_.offloaded_bytes += bytes;
+  return true;
+}
+
 Result<bool> KvCacheIo::swap_out(const SwapOut& swap) {
   const std::size_t bytes = bytes_for(swap.num_tokens);
   if (!can_move_kv() || stats_.swap_space_bytes_used + bytes > swap_space_bytes_ || held_.count(swap.seq_id) != 0) {
@@ -47,7 +65,7 @@ Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector
                           std::to_string(num_tokens) + " positions (" + std::to_string(bytes_for(num_tokens)) +
                           " bytes)");
   drop(seq_id);
-  held_.emplace(seq_id, Held{num_tokens, known_positions, false, std::move(chunk)});
+  held_.emplace(seq_id, Held{num_tokens, known_positions, false, false, std::move(chunk)});
   return Status::ok_status();
 }
 
@@ -62,7 +80,10 @@ Status KvCacheIo::restore(const KvRestore& restore, const std::vector<std::int32
   const kvstore::KvRange range{0, shape_.num_layers, 0, restore.num_tokens};
   if (Status s = kvstore::copy_in(shape_, views_, block_table, range, it->second.chunk); !s.ok())
     return make_error(s.error().code, who + s.error().message);
-  if (it->second.swapped) {
+  if (it->second.offloaded) {
+    ++stats_.onboards;
+    stats_.onboarded_bytes += it->second.chunk.size();
+  } else if (it->second.swapped) {
     ++stats_.swap_ins;
     stats_.swapped_in_bytes += it->second.chunk.size();
   } else {

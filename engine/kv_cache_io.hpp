@@ -43,7 +43,12 @@ struct KvIoStats {
   /// request is restored (or when it falls back to recompute).
   std::uint64_t resume_recomputed_tokens = 0;
   std::uint64_t streamed_bytes = 0;       ///< bytes copied out for token streaming
-  std::uint64_t swap_space_bytes_used = 0;  ///< now, not monotonic
+  std::uint64_t offloads = 0;              ///< Seesaw: prefilled sequences whose KV went to the host KV buffer
+  std::uint64_t offload_fallbacks = 0;     ///< ... that did not fit it (they are prefilled again)
+  std::uint64_t offloaded_bytes = 0;       ///< bytes copied to the host KV buffer
+  std::uint64_t onboards = 0;              ///< restores of offloaded KV (the decode phase swapping sequences in)
+  std::uint64_t onboarded_bytes = 0;
+  std::uint64_t swap_space_bytes_used = 0;  ///< now, not monotonic (swap space and host KV buffer)
 };
 
 class KvCacheIo {
@@ -63,6 +68,18 @@ class KvCacheIo {
   /// the caller then recomputes the sequence. Errors: internal (a copy
   /// failed on a valid table: a bug).
   [[nodiscard]] Result<bool> swap_out(const SwapOut& swap);
+
+  /// Seesaw's tiered KV buffer (seed 000 §4.2): copies the KV of a sequence
+  /// leaving the device (a finished prefill, or any resident sequence at a
+  /// transition) into host memory, the same budget as the swap space, as one
+  /// canonical HND chunk, so that restore() can write it into another shard
+  /// layout (the KV re-sharding of §4.1 happens in this copy). False (nothing
+  /// kept) when it does not fit: the caller prefills the sequence again.
+  /// Errors: internal (a copy failed on a valid table: a bug).
+  [[nodiscard]] Result<bool> offload(const SwapOut& offload);
+  /// The executor's caches changed layout (Seesaw switched its config):
+  /// later copies go to and from `views`.
+  void set_views(std::vector<kvstore::KvCacheView> views) { views_ = std::move(views); }
 
   /// Keeps the KV of positions [0, num_tokens) of a resumed request (the
   /// canonical chunk of KvRange{0, layers, 0, num_tokens}) until restore().
@@ -109,6 +126,7 @@ class KvCacheIo {
     int num_tokens = 0;
     int known_positions = 0;  ///< resumed: positions computed before the failure
     bool swapped = false;  ///< in the swap space (counts against its budget); else resumed
+    bool offloaded = false;  ///< Seesaw's host KV buffer (swapped too: the same budget)
     std::vector<std::byte> chunk;  // canonical chunk of KvRange{0, layers, 0, num_tokens}
   };
 
