@@ -144,6 +144,37 @@ Status Scheduler::offload_resident(std::vector<SwapOut>& offloads) {
   return Status::ok_status();
 }
 
+SeesawCounts Scheduler::seesaw_counts(long long host_held_tokens, long long host_capacity_tokens) const {
+  SeesawCounts c;
+  for (const Sequence* s : waiting_) {
+    if (is_decode_ready(*s)) {
+      ++c.host_ready_seqs;
+    } else {
+      if (c.waiting_prompts++ == 0) {
+        c.head_prompt_tokens = s->num_tokens();
+        c.head_prompt_extra_tokens = s->num_tokens() - s->num_restore_tokens;
+      }
+    }
+  }
+  for (const Sequence* s : running_) {
+    const bool decode = s->num_output_tokens() > 0 && s->num_computed_tokens >= s->num_tokens() - 1;
+    if (decode) {
+      ++c.running_decode_seqs;
+      c.running_decode_tokens += s->num_tokens() - 1;  // the KV a transition offloads
+    } else {
+      ++c.prefilling_seqs;
+      c.host_reserved_tokens += s->num_tokens();  // offloaded when its prefill ends
+    }
+  }
+  c.host_held_tokens = host_held_tokens;
+  c.host_capacity_tokens = host_capacity_tokens;
+  c.phase_admitted_tokens = phase_admitted_tokens_;
+  c.free_blocks = blocks_.num_free_blocks();
+  c.total_blocks = blocks_.num_blocks();
+  c.block_size = blocks_.block_size();
+  return c;
+}
+
 SchedulerState Scheduler::state(int pipeline_depth) const {
   SchedulerState st;
   for (const Sequence* s : waiting_) st.num_waiting_prefill_tokens += s->num_tokens() - s->num_restore_tokens;
@@ -241,6 +272,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       if (seq->num_tokens() > admit_kv_tokens) break;  // the host KV buffer has no room for it
       admit_kv_tokens -= seq->num_tokens();
     }
+    if (phase_ == SchedulePhase::prefill) phase_admitted_tokens_ += seq->num_tokens();
     const int restored = seq->num_restore_tokens;  // KV copied in, not computed
     const int n = std::min({seq->num_tokens() - restored, budget, decode_phase ? decode_left : prefill_left});
     if (!blocks_.can_grow(seq->id, restored + n)) break;

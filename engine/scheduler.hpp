@@ -32,6 +32,7 @@
 #include "engine/block_manager.hpp"
 #include "engine/sequence.hpp"
 #include "model/executor.hpp"
+#include "engine/policies/seesaw_policy.hpp"
 #include "engine/policies/token_budget.hpp"
 
 namespace shardline::engine {
@@ -137,7 +138,11 @@ class Scheduler {
   [[nodiscard]] SchedulerOutput schedule(const MicroBatchBudget* limits = nullptr, long long admit_kv_tokens = -1);
 
   /// Seesaw: the kind of steps schedule() builds from now on (mixed by default).
-  void set_phase(SchedulePhase phase) noexcept { phase_ = phase; }
+  /// (Resets the KV tokens admitted in the phase.)
+  void set_phase(SchedulePhase phase) noexcept {
+    phase_ = phase;
+    phase_admitted_tokens_ = 0;
+  }
   [[nodiscard]] SchedulePhase phase() const noexcept { return phase_; }
   /// A transition: every running sequence leaves the device. One with
   /// computed KV is offloaded (appended to `offloads`, to be copied to the
@@ -151,6 +156,10 @@ class Scheduler {
     return seq.status == SeqStatus::waiting && seq.num_output_tokens() > 0 &&
            seq.num_restore_tokens == seq.num_tokens() - 1;
   }
+  /// What Seesaw's phase policy decides from (engine/policies/seesaw_policy.hpp),
+  /// with the host KV buffer's held and capacity KV tokens as the engine
+  /// knows them.
+  [[nodiscard]] SeesawCounts seesaw_counts(long long host_held_tokens, long long host_capacity_tokens) const;
   /// Sequences offloaded so far (prefill ends and transitions).
   [[nodiscard]] int total_offloads() const { return total_offloads_; }
   /// What a token budget policy needs (#WP, #RD, KV blocks) for a pipeline of
@@ -198,6 +207,7 @@ class Scheduler {
   std::uint64_t next_arrival_ = 0;
   int total_preemptions_ = 0;
   int total_offloads_ = 0;
+  long long phase_admitted_tokens_ = 0;  ///< KV tokens (num_tokens) admitted since set_phase
   SchedulePhase phase_ = SchedulePhase::mixed;
 };
 
