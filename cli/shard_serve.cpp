@@ -27,6 +27,7 @@ struct ShardServeArgs {
   int rank = 1;
   GroupFlags group;
   std::string weight_sharing = "none";
+  bool shift = false;  ///< --shift: also hold this rank's shard of the shift config (as rank 0)
 };
 
 int run_sidp_serve(const ShardServeArgs& a, const engine::ParallelConfig& pc, const engine::TcpGroupOptions& tcp) {
@@ -68,7 +69,13 @@ int run_shard_serve(const ShardServeArgs& a) {
     return 2;
   }
   const engine::TcpGroupOptions& tcp = *tcp_made;
-  if (a.weight_sharing == "sidp") return run_sidp_serve(a, *pc, tcp);
+  if (a.weight_sharing == "sidp") {
+    if (a.shift) {
+      std::cerr << "error: --shift serves a rank of an engine group (sp and / or tp > 1), not a SiDP group\n";
+      return 2;
+    }
+    return run_sidp_serve(a, *pc, tcp);
+  }
   if (pc->dp != 1) {
     std::cerr << "error: --parallel of one engine group has dp=1 (got " << pc->to_string() << ")\n";
     return 2;
@@ -93,8 +100,9 @@ int run_shard_serve(const ShardServeArgs& a) {
     return 1;
   }
   auto shared = std::make_shared<const model::ModelWeights>(std::move(weights).value());
-  std::cerr << "shard serve: rank " << a.rank << " of " << pc->to_string() << ", joining " << tcp.master << "\n";
-  Status st = engine::serve_tcp_group_rank(shared, *pc, a.rank, eo->num_threads, tcp);
+  std::cerr << "shard serve: rank " << a.rank << " of " << pc->to_string() << (a.shift ? " with --shift" : "")
+            << ", joining " << tcp.master << "\n";
+  Status st = engine::serve_tcp_group_rank(shared, *pc, a.rank, eo->num_threads, tcp, a.shift);
   if (!st) {
     std::cerr << "error: " << st.error().to_string() << "\n";
     return 1;
@@ -124,6 +132,9 @@ void add_shard_commands(CLI::App& app, std::function<int()>& run) {
                   "from rank 0)")
       ->check(CLI::IsMember({"none", "sidp"}))
       ->capture_default_str();
+  cmd->add_flag("--shift", a->shift,
+                "Shift Parallelism: also hold this rank's shard of the shift config (TP over the group's devices, "
+                "sharing the KV cache); use it exactly when rank 0 runs with --shift (its threshold decides the steps)");
   cmd->add_option("--group-master", a->group.master, "Rank 0's HOST:PORT (its --group-master)")->required();
   cmd->add_option("--group-key-file", a->group.key_file,
                   "Shared secret of the group (the same file as rank 0's --group-key-file)");

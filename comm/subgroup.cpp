@@ -273,7 +273,7 @@ class SubgroupComm final : public detail::CollectivesByCall<Communicator> {
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> make_subgroup(Communicator& parent, std::vector<int> members,
-                                                    int tag_base) {
+                                                    int tag_base, MemberOrder order) {
   const std::string where = "make_subgroup: parent rank " + std::to_string(parent.rank());
   if (members.empty()) return make_error(ErrorCode::invalid_argument, where + ": no members");
   for (std::size_t i = 0; i < members.size(); ++i) {
@@ -282,11 +282,19 @@ Result<std::unique_ptr<Communicator>> make_subgroup(Communicator& parent, std::v
                         where + ": member " + std::to_string(members[i]) + " is out of range [0, " +
                             std::to_string(parent.world_size()) + ")");
     }
-    if (i > 0 && members[i] <= members[i - 1]) {
+    if (order == MemberOrder::increasing && i > 0 && members[i] <= members[i - 1]) {
       return make_error(ErrorCode::invalid_argument,
                         where + ": members must be strictly increasing (" +
                             std::to_string(members[i - 1]) + " then " + std::to_string(members[i]) +
                             ")");
+    }
+  }
+  if (order == MemberOrder::as_given) {
+    std::vector<int> sorted = members;
+    std::sort(sorted.begin(), sorted.end());
+    if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
+      return make_error(ErrorCode::invalid_argument,
+                        where + ": member " + std::to_string(*dup) + " is listed twice");
     }
   }
   auto it = std::find(members.begin(), members.end(), parent.rank());

@@ -11,7 +11,7 @@
 ///   auto sp = make_subgroup(world, {r & 1, (r & 1) + 2}, 2 << 24).value();
 ///
 /// Ranks: sub-group rank i is parent rank members[i]. Every member calls
-/// make_subgroup with the same members and tag_base.
+/// make_subgroup with the same members (in the same order) and tag_base.
 ///
 /// Tags: a sub-group uses the parent tags [tag_base, tag_base +
 /// kSubgroupTagSpan): tag_base + 0..2 carry its collectives (a 48-byte
@@ -52,13 +52,25 @@ inline constexpr int kSubgroupInternalTags = 16;
 /// Largest user tag a sub-group's send / recv accept.
 inline constexpr int kSubgroupMaxTag = kSubgroupTagSpan - kSubgroupInternalTags - 1;
 
-/// The sub-group of `parent` made of the parent ranks `members` (strictly
-/// increasing, each in [0, parent.world_size()), including parent.rank()).
-/// tag_base must be in [0, INT_MAX - kSubgroupTagSpan + 1]. Sends nothing.
-/// Errors: invalid_argument (members empty, unsorted, duplicated, out of
-/// range, or without this rank; tag_base out of range).
-[[nodiscard]] Result<std::unique_ptr<Communicator>> make_subgroup(Communicator& parent,
-                                                                  std::vector<int> members,
-                                                                  int tag_base);
+/// How make_subgroup takes the order of `members`.
+enum class MemberOrder {
+  increasing,  ///< members must be strictly increasing (sub-group ranks follow parent ranks)
+  /// Any order without duplicates: sub-group rank i is members[i], so the
+  /// sub-group's rank order (and its collectives' summation order) may
+  /// differ from the parent's — e.g. the Shift Parallelism TP group in the
+  /// SP_TP head order {0, 2, 1, 3} of seed 001 §3.3.1.
+  as_given,
+};
+
+/// The sub-group of `parent` made of the parent ranks `members` (each in
+/// [0, parent.world_size()), including parent.rank(); strictly increasing
+/// unless `order` is as_given). tag_base must be in [0, INT_MAX -
+/// kSubgroupTagSpan + 1]. Sends nothing.
+/// Errors: invalid_argument (members empty, duplicated, out of range,
+/// unsorted under MemberOrder::increasing, or without this rank; tag_base
+/// out of range).
+[[nodiscard]] Result<std::unique_ptr<Communicator>> make_subgroup(
+    Communicator& parent, std::vector<int> members, int tag_base,
+    MemberOrder order = MemberOrder::increasing);
 
 }  // namespace shardline::comm

@@ -210,10 +210,10 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
   const model::ModelConfig c = e.weights->config;
   const bool cuda = o.device == model::DeviceKind::cuda;
   const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
-  if (o.shift && (cuda || o.ffn || o.parallel.group_size() == 1 || !o.group_master.empty()))
+  if (o.shift && (cuda || o.ffn || o.parallel.group_size() == 1))
     return make_error(ErrorCode::unsupported,
-                      "--shift runs on an in-process CPU engine group of sp and / or tp > 1 so far (not a single "
-                      "device, CUDA, SiDP or a TCP group)");
+                      "--shift runs on a CPU engine group of sp and / or tp > 1 (in one process or over TCP), not on "
+                      "a single device, CUDA or SiDP");
   if (o.ffn) {
     if (cuda || o.parallel.group_size() != 1)
       return make_error(ErrorCode::unsupported, "SiDP weight sharing runs on single CPU devices (dp ranks)");
@@ -243,7 +243,7 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     tcp.master = o.group_master;
     tcp.key = o.group_key;
     tcp.timeout = std::chrono::milliseconds(o.group_timeout_ms);
-    auto exec = create_tcp_group_executor(e.weights, o.parallel, ro, tcp);
+    auto exec = create_tcp_group_executor(e.weights, o.parallel, ro, tcp, o.shift);
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
   } else {

@@ -71,8 +71,9 @@ struct EngineOptions {
   int group_timeout_ms = 60'000;  ///< TCP rendezvous and per-call timeout
   /// Shift Parallelism (seed 001; engine/parallel_executor.hpp): the group
   /// also holds the shift config TP = sp*tp over the same devices and KV
-  /// cache, and each step runs in the config the policy picks. In-process
-  /// CPU groups with pp = 1 only; nullopt = off.
+  /// cache, and each step runs in the config the policy picks. CPU groups
+  /// with pp = 1 only, in this process or over TCP (every `shard serve`
+  /// rank then needs --shift too); nullopt = off.
   std::optional<ShiftOptions> shift;
   /// Per-micro-batch token budget (engine/policies/token_budget_policies.hpp);
   /// null = fixed budget of max_num_batched_tokens. Shared, not copied.

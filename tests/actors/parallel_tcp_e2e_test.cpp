@@ -10,6 +10,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,10 +43,13 @@ class ParallelTcpE2e : public testing_support::TempDirTest {
                        " --output " + path(output) + " --max-batch 8 --quiet " + flags);
   }
 
-  Child shard(const std::string& parallel, const std::string& master, const std::string& key) {
-    return Child({kShardline, "shard", "serve", "--model", testing_support::kStoriesDir, "--parallel", parallel,
-                  "--rank", "1", "--group-master", master, "--group-key-file", path(key), "--threads", "1"},
-                 path("shard.log"));
+  Child shard(const std::string& parallel, const std::string& master, const std::string& key,
+              const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {kShardline,  "shard", "serve",  "--model", testing_support::kStoriesDir,
+                                     "--parallel", parallel, "--rank", "1",       "--group-master",
+                                     master,       "--group-key-file", path(key), "--threads", "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return Child(argv, path("shard.log"));
   }
 };
 
@@ -71,6 +75,34 @@ TEST_F(ParallelTcpE2e, JobOverTwoProcessesMatchesOneProcess) {
     EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), -1) << "shard serve did not stop:\n" << rank1.log();
     EXPECT_NE(rank1.log().find("shard serve: rank 1 of tp="), std::string::npos) << rank1.log();
   }
+}
+
+// Shift Parallelism over two processes: `run --parallel sp=2 --shift` as
+// rank 0 and `shard serve --shift` as rank 1; the prefill steps of 8 prompts
+// run as sp=2, the decode steps of at most 8 sequences as tp=2 over the same
+// KV cache. Greedy lines: byte-identical to one device (TP' logits within
+// 1e-4; engine-level checks of the modes and logits are in
+// tests/engine/tcp_group_shift_golden_test.cpp).
+TEST_F(ParallelTcpE2e, JobWithShiftOverTwoProcessesMatchesOneDevice) {
+  testing_support::write_demo_prompts(path("in.jsonl"), 24, [](int, nlohmann::json& body) {
+    body["max_tokens"] = 32;
+    body["temperature"] = 0.0;
+    body.erase("seed");
+  });
+  const auto single = run("single.jsonl", "");
+  ASSERT_EQ(single.exit_code, 0) << single.out;
+  const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
+  Child rank1 = shard("sp=2", master, "key", {"--shift"});
+  ASSERT_TRUE(rank1.started());
+  const auto r = run("tcp-shift.jsonl", "--parallel sp=2 --shift --shift-threshold 8 --group-master " + master +
+                                            " --group-key-file " + path("key"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << "\nshard:\n" << rank1.log();
+  const std::string got = read_file(path("tcp-shift.jsonl"));
+  EXPECT_EQ(std::count(got.begin(), got.end(), '\n'), 24);
+  EXPECT_TRUE(got == read_file(path("single.jsonl"))) << "the TCP shift group differs from one device";
+  EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), -1) << "shard serve did not stop:\n" << rank1.log();
+  EXPECT_NE(rank1.log().find("shard serve: rank 1 of tp=1,pp=1,sp=2,dp=1 with --shift"), std::string::npos)
+      << rank1.log();
 }
 
 TEST_F(ParallelTcpE2e, ShardWithTheWrongKeyIsRefusedAndTheRunFailsWithinTheTimeout) {

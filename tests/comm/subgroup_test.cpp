@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <memory>
@@ -68,6 +69,75 @@ TEST(Subgroup, MakeSubgroupChecksMembersAndTagBase) {
   std::vector<float> v = {1.0f, 2.0f};
   ASSERT_TRUE((*solo)->all_reduce_sum(v.data(), 2).ok());
   EXPECT_EQ(v[1], 2.0f);
+}
+
+TEST(Subgroup, AsGivenOrderTakesAnyOrderButNoDuplicates) {
+  auto comms = inproc_world(4);
+  Communicator& c = *comms[1];
+  auto swapped = make_subgroup(c, {1, 0}, 0, MemberOrder::as_given);
+  ASSERT_TRUE(swapped.ok()) << swapped.error().to_string();
+  EXPECT_EQ((*swapped)->rank(), 0);
+  EXPECT_EQ((*swapped)->world_size(), 2);
+  for (const std::vector<int>& dup : {std::vector<int>{1, 1}, std::vector<int>{3, 1, 0, 3}}) {
+    auto d = make_subgroup(c, dup, 0, MemberOrder::as_given);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(d.error().message.find("listed twice"), std::string::npos) << d.error().message;
+  }
+  EXPECT_EQ(make_subgroup(c, {1, 4}, 0, MemberOrder::as_given).error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(make_subgroup(c, {2, 0}, 0, MemberOrder::as_given).error().code, ErrorCode::invalid_argument);
+  // The default still wants them increasing.
+  auto inc = make_subgroup(c, {1, 0}, 0);
+  ASSERT_FALSE(inc.ok());
+  EXPECT_NE(inc.error().message.find("strictly increasing"), std::string::npos) << inc.error().message;
+}
+
+/// Every rank of a world of 4 builds the sub-group {0, 2, 1, 3} (the Shift
+/// Parallelism TP group of sp=2,tp=2): sub-group rank i is parent rank
+/// members[i], so sums run in that order and gathers land in it.
+void exercise_permuted(std::vector<std::unique_ptr<Communicator>>& world) {
+  ASSERT_EQ(world.size(), 4u);
+  const std::vector<int> members = {0, 2, 1, 3};
+  run_on<Communicator>(world, [&](Communicator& parent, int r) {
+    auto made = make_subgroup(parent, members, 3 << 24, MemberOrder::as_given);
+    ASSERT_TRUE(made.ok()) << made.error().to_string();
+    Communicator& g = **made;
+    const int me = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+    EXPECT_EQ(g.rank(), me);
+    EXPECT_EQ(g.world_size(), 4);
+    const std::size_t n = 513;
+    std::vector<float> a(n);
+    for (std::size_t i = 0; i < n; ++i) a[i] = value(r, i, 5);
+    ASSERT_TRUE(g.all_reduce_sum(a.data(), n).ok());
+    const auto want = ref_sum(members, 0, n, 5);
+    EXPECT_TRUE(bits_equal(a.data(), want.data(), n)) << "rank " << r << ": not summed in sub-group rank order";
+    const auto parent_order = ref_sum(std::vector<int>{0, 1, 2, 3}, 0, n, 5);
+    EXPECT_FALSE(bits_equal(want.data(), parent_order.data(), n)) << "the values do not show the order";
+    std::vector<float> send(n), gathered(4 * n);
+    for (std::size_t i = 0; i < n; ++i) send[i] = value(r, i, 6);
+    ASSERT_TRUE(g.all_gather(send.data(), n, gathered.data()).ok());
+    for (std::size_t k = 0; k < 4; ++k)
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_EQ(gathered[k * n + i], value(members[k], i, 6)) << "slot " << k << " of rank " << r;
+    // Point to point in sub-group ranks: to the next sub-group rank.
+    const int next = (me + 1) % 4, prev = (me + 3) % 4;
+    const int v = 100 + r;
+    ASSERT_TRUE(g.send(&v, sizeof v, next, 3).ok());
+    int got = -1;
+    ASSERT_TRUE(g.recv(&got, sizeof got, prev, 3).ok());
+    EXPECT_EQ(got, 100 + members[static_cast<std::size_t>(prev)]);
+    ASSERT_TRUE(g.barrier().ok());
+  });
+}
+
+TEST(Subgroup, AsGivenOrderOverInProcParentUsesTheGivenRankOrder) {
+  auto world = inproc_world(4);
+  exercise_permuted(world);
+}
+
+TEST(Subgroup, AsGivenOrderOverTcpParentUsesTheGivenRankOrder) {
+  auto world = tcp_world(4);
+  exercise_permuted(world);
 }
 
 /// Every rank of a world of 4 builds TP {0,1}/{2,3} and SP {0,2}/{1,3}

@@ -114,6 +114,52 @@ TEST(TcpGroup, RankWithAnotherConfigIsRefusedByTheSetup) {
   EXPECT_FALSE(out.ok());
 }
 
+// Shift Parallelism: every rank must agree on --shift (the setup's shift
+// word); a rank that differs fails with mismatch naming it, either way round.
+TEST(TcpGroup, RankWithAnotherShiftSettingIsRefusedByTheSetup) {
+  const ParallelConfig pc{1, 1, 2, 1};
+  for (const bool rank0_shift : {true, false}) {
+    SCOPED_TRACE(rank0_shift ? "rank 0 --shift" : "rank 1 --shift");
+    const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
+    auto rank1 = std::async(std::launch::async, [&] {
+      return serve_tcp_group_rank(stories_weights(), pc, 1, 1, {master, "", std::chrono::milliseconds(20000)},
+                                  /*shift=*/!rank0_shift);
+    });
+    EngineOptions o = stories(pc);
+    o.group_master = master;
+    o.group_timeout_ms = 5000;
+    if (rank0_shift) o.shift = ShiftOptions{};
+    auto eng = build_engine(o);
+    ASSERT_TRUE(eng.ok()) << eng.error().to_string();
+    // (On failure the engine goes first, so its shutdown ends a rank that did join.)
+    ASSERT_EQ(rank1.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+        << "rank 1 joined a group with another --shift";
+    Status st = rank1.get();
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.error().code, ErrorCode::mismatch);
+    const std::string want = rank0_shift ? "rank 1: --shift is off here but on on rank 0"
+                                         : "rank 1: --shift is on here but off on rank 0";
+    EXPECT_NE(st.error().message.find(want), std::string::npos) << st.error().message;
+    auto out = eng.value().engine->generate({{1, 2, 3}}, sampling::SamplingParams{});
+    EXPECT_FALSE(out.ok());
+  }
+}
+
+// A shift config the group cannot run is refused before anyone connects.
+TEST(TcpGroup, ShiftWithPipelineStagesIsRefusedBeforeConnecting) {
+  const ParallelConfig pc{1, 2, 2, 1};
+  const TcpGroupOptions tcp{"127.0.0.1:1", "", std::chrono::milliseconds(20000)};
+  model::CpuRunnerOptions ro{64, 16, 1, DType::f32};
+  auto exec = create_tcp_group_executor(stories_weights(), pc, ro, tcp, ShiftOptions{});
+  ASSERT_FALSE(exec.ok());
+  EXPECT_EQ(exec.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(exec.error().message.find("pp = 1"), std::string::npos) << exec.error().message;
+  Status st = serve_tcp_group_rank(stories_weights(), pc, 1, 1, tcp, /*shift=*/true);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(st.error().message.find("pp = 1"), std::string::npos) << st.error().message;
+}
+
 TEST(TcpGroup, WrongKeyIsRefused) {
   const ParallelConfig pc{2, 1, 1, 1};
   const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
