@@ -171,9 +171,17 @@ Status ShardWorker::serve() {
     Result<model::StepOutput> out = runner.run_logits(step);
     busy_us_ += us_since(t0);
     if (!out.ok()) return std::move(out).error();
-    if (pc_.pp > 1 && coord_.sp_rank == 0 && coord_.tp_rank == 0 && step.num_logits() > 0) {
-      const std::vector<float>& l = out.value().logits;
-      if (Status s = world.send(l.data(), l.size() * sizeof(float), 0, kTagLogits); !s) return s;
+    if (pc_.pp > 1 && coord_.sp_rank == 0 && coord_.tp_rank == 0) {
+      if (step.num_logits() > 0) {
+        const std::vector<float>& l = out.value().logits;
+        if (Status s = world.send(l.data(), l.size() * sizeof(float), 0, kTagLogits); !s) return s;
+      } else {
+        // No logits, but rank 0 must still learn that the step is done: the
+        // engine reads and writes KV between steps (swaps, streaming,
+        // Seesaw's offloads) and must not race this stage's KV writes.
+        const std::int32_t done = 0;
+        if (Status s = world.send(&done, sizeof done, 0, kTagLogits); !s) return s;
+      }
     }
   }
 }
@@ -300,10 +308,13 @@ Result<model::StepOutput> ParallelExecutor::collect() {
   model::StepOutput out;
   out.vocab_size = vocab_size();
   out.logits.resize(static_cast<std::size_t>(f.num_logits) * static_cast<std::size_t>(out.vocab_size));
+  const int last = group_rank_of(pc_, {pc_.pp - 1, 0, 0});
   if (f.num_logits > 0) {
-    const int last = group_rank_of(pc_, {pc_.pp - 1, 0, 0});
     if (Status st = comms_.world->recv(out.logits.data(), out.logits.size() * sizeof(float), last, kTagLogits); !st)
       return st.error();
+  } else {  // the last stage's "done": its KV writes are finished
+    std::int32_t done = -1;
+    if (Status st = comms_.world->recv(&done, sizeof done, last, kTagLogits); !st) return st.error();
   }
   return out;
 }

@@ -44,7 +44,7 @@ enum GroupTag : int {
   kTagMetaHeader = 101,  ///< driver -> rank: int32[2] {kind (0 step, 1 shutdown, 2 step in the shift config), num_words}
   kTagMetaBody = 102,    ///< driver -> rank: int32[num_words], encode_step()
   kTagActivations = 103, ///< stage s -> s+1: float[chunk_rows, hidden]
-  kTagLogits = 104,      ///< last stage (0, 0) -> driver: float[num_logits, vocab]
+  kTagLogits = 104,      ///< last stage (0, 0) -> driver: float[num_logits, vocab]; int32 0 ("done") when num_logits = 0
 };
 
 /// The communicators of one rank of a group.
