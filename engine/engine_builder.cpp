@@ -314,6 +314,7 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   ec.token_budget = o.token_budget;
   ec.preemption_mode = o.preemption_mode;
   ec.swap_space_bytes = o.swap_space_bytes;
+  ec.seesaw = o.seesaw;
   auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();
   e.engine = std::move(engine).value();

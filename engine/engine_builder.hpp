@@ -83,6 +83,8 @@ struct EngineOptions {
   /// What a preemption does with the victim's KV (engine/scheduler.hpp).
   PreemptionMode preemption_mode = PreemptionMode::recompute;
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV
+  /// Seesaw phases (EngineConfig::seesaw); the host KV buffer is the swap space.
+  std::optional<SeesawPolicyOptions> seesaw;
   /// Already-loaded weights to use instead of loading model_dir again (the
   /// ranks of an in-process group share one load); null = load. model_dir
   /// still names the tokenizer folder.

@@ -44,7 +44,22 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& execu
                           std::to_string(executor.block_size()) + " tokens = " + std::to_string(capacity) +
                           " tokens cannot hold one max_model_len=" + std::to_string(config.max_model_len) +
                           " sequence; raise the KV memory budget or lower max_model_len");
-  return std::unique_ptr<LlmEngine>(new LlmEngine(executor, tokenizer, std::move(config)));
+  auto engine = std::unique_ptr<LlmEngine>(new LlmEngine(executor, tokenizer, std::move(config)));
+  if (const auto& so = engine->config_.seesaw) {
+    if (!engine->kv_io_.can_move_kv())
+      return bad("Seesaw needs an executor whose KV caches can be copied to the host (a CPU device or an in-process "
+                 "group)");
+    const std::size_t need = engine->kv_io_.bytes_for(engine->config_.max_model_len);
+    if (engine->config_.swap_space_bytes < need)
+      return bad("Seesaw's host KV buffer of " + std::to_string(engine->config_.swap_space_bytes) +
+                 " bytes cannot hold one max_model_len=" + std::to_string(engine->config_.max_model_len) +
+                 " sequence (" + std::to_string(need) + " bytes)");
+    auto policy = SeesawPolicy::create(*so);
+    if (!policy.ok()) return std::move(policy).error();
+    engine->seesaw_.emplace(std::move(policy).value());
+    engine->scheduler_.set_phase(SchedulePhase::prefill);  // the policy starts in prefill (Fig. 6)
+  }
+  return engine;
 }
 
 LlmEngine::LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config)
@@ -227,16 +242,29 @@ Status LlmEngine::fill_pipeline() {
   const bool device_sampling = executor_->samples_on_device() && !config_.capture_logits;
   while (static_cast<int>(in_flight_.size()) < depth) {
     const auto t_sched = Clock::now();
+    // Seesaw: the phase of this micro-batch; a transition waits until the
+    // pipeline is drained (plan() is pure, so asking again costs nothing).
+    long long admit_kv_tokens = -1;
+    if (seesaw_) {
+      SeesawCounts counts = scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens());
+      SeesawPlan plan = seesaw_->plan(counts);
+      if (plan.phase != seesaw_->phase()) {
+        if (!in_flight_.empty()) break;
+        if (Status s = seesaw_transition(plan.phase, counts); !s.ok()) return s;
+        plan = seesaw_->plan(scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens()));
+      }
+      admit_kv_tokens = plan.admit_kv_tokens;
+    }
     MicroBatchBudget limits;
     if (config_.token_budget) limits = config_.token_budget->budget(scheduler_.state(depth));
-    SchedulerOutput sched = scheduler_.schedule(config_.token_budget ? &limits : nullptr);
+    SchedulerOutput sched = scheduler_.schedule(config_.token_budget ? &limits : nullptr, admit_kv_tokens);
     if (Status s = apply_kv_moves(sched); !s.ok()) return s;
     // A policy may hold everything back (e.g. Token Throttling pauses prefill
     // when the KV cache is nearly full); with nothing in flight that would
     // stall the engine, so fall back to the plain budget, whose preemption
     // always makes progress.
     if (sched.empty() && config_.token_budget && in_flight_.empty()) {
-      sched = scheduler_.schedule(nullptr);
+      sched = scheduler_.schedule(nullptr, admit_kv_tokens);
       if (Status s = apply_kv_moves(sched); !s.ok()) return s;
     }
     InFlight f;
@@ -263,9 +291,46 @@ Status LlmEngine::fill_pipeline() {
     f.stats.num_prefill_tokens = sched.num_prefill_tokens;
     f.stats.num_decode_tokens = sched.num_decode_tokens;
     f.stats.num_preemptions = sched.num_preemptions;
+    if (seesaw_) ++(seesaw_->phase() == SeesawPhase::prefill ? seesaw_stats_.prefill_steps : seesaw_stats_.decode_steps);
     f.sched = std::move(sched);
     in_flight_.push_back(std::move(f));
   }
+  return Status::ok_status();
+}
+
+long long LlmEngine::host_held_tokens() const {
+  const auto per_token = static_cast<long long>(kv_io_.bytes_for(1));
+  const auto used = static_cast<long long>(kv_io_.stats().swap_space_bytes_used);
+  return per_token > 0 ? (used + per_token - 1) / per_token : 0;
+}
+
+long long LlmEngine::host_capacity_tokens() const {
+  const auto per_token = static_cast<long long>(kv_io_.bytes_for(1));
+  return per_token > 0 ? static_cast<long long>(config_.swap_space_bytes) / per_token : 0;
+}
+
+Status LlmEngine::offload_kv(const SwapOut& offload) {
+  Result<bool> kept = kv_io_.offload(offload);
+  if (!kept.ok()) return kept.error();
+  if (!*kept) {  // no room in the host KV buffer: it is prefilled again
+    if (Sequence* seq = scheduler_.get(offload.seq_id); seq != nullptr) seq->num_restore_tokens = 0;
+    return Status::ok_status();
+  }
+  ++seesaw_stats_.offloads;
+  seesaw_stats_.host_peak_tokens = std::max(seesaw_stats_.host_peak_tokens, host_held_tokens());
+  return Status::ok_status();
+}
+
+Status LlmEngine::seesaw_transition(SeesawPhase to, const SeesawCounts& counts) {
+  const auto t0 = Clock::now();
+  std::vector<SwapOut> resident;
+  if (Status s = scheduler_.offload_resident(resident); !s.ok()) return make_error(ErrorCode::internal, s.error().message);
+  for (const SwapOut& o : resident)
+    if (Status s = offload_kv(o); !s.ok()) return s;
+  scheduler_.set_phase(to == SeesawPhase::prefill ? SchedulePhase::prefill : SchedulePhase::decode);
+  seesaw_->on_transition(to, counts);
+  ++seesaw_stats_.transitions;
+  seesaw_stats_.transition_ms += ms_since(t0);
   return Status::ok_status();
 }
 
@@ -276,6 +341,8 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
     if (!*kept)  // no room in the swap space: this victim recomputes
       if (Sequence* seq = scheduler_.get(swap.seq_id); seq != nullptr) seq->num_restore_tokens = 0;
   }
+  for (const SwapOut& o : sched.offloads)
+    if (Status s = offload_kv(o); !s.ok()) return s;
   for (const KvRestore& r : sched.restores)
     if (Status s = kv_io_.restore(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,22 @@ struct EngineConfig {
   /// them, or when the swap space is full, a preemption recomputes.
   PreemptionMode preemption_mode = PreemptionMode::recompute;
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV (vLLM's --swap-space)
+  /// Seesaw (seed 000 §4.2): run phases of pure prefill and pure decode with
+  /// a host KV buffer between them, the phase picked by this policy before
+  /// each micro-batch. The buffer is the swap space (swap_space_bytes; it
+  /// must hold one max_model_len sequence); KvCacheIo must be able to copy
+  /// the caches. A group whose executor switches config per phase re-shards
+  /// the KV in the copies. Unset: continuous batching of both (mixed).
+  std::optional<SeesawPolicyOptions> seesaw;
+};
+
+/// What Seesaw's phases did so far.
+struct SeesawStats {
+  std::uint64_t transitions = 0;
+  std::uint64_t prefill_steps = 0, decode_steps = 0;
+  std::uint64_t offloads = 0;  ///< sequences whose KV went to the host KV buffer (prefill ends and transitions)
+  double transition_ms = 0;    ///< time in transitions: offloading resident KV and switching
+  long long host_peak_tokens = 0;  ///< most KV tokens the host buffer held at once
 };
 
 /// Where a request resumes after a failure (DéjàVu §4.2.3): the tokens it
@@ -187,6 +204,11 @@ class LlmEngine {
   /// step as before. Off by default.
   void set_stream_prompt_by_layer(bool on) { stream_prompt_by_layer_ = on; }
   [[nodiscard]] const KvCacheIo& kv_io() const { return kv_io_; }
+  /// Seesaw's phase (prefill or decode), if the engine runs phases.
+  [[nodiscard]] std::optional<SeesawPhase> seesaw_phase() const {
+    return seesaw_ ? std::optional<SeesawPhase>(seesaw_->phase()) : std::nullopt;
+  }
+  [[nodiscard]] const SeesawStats& seesaw_stats() const { return seesaw_stats_; }
 
  private:
   LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config);
@@ -206,6 +228,16 @@ class LlmEngine {
   /// its preemptions (a victim that does not fit the swap space is switched
   /// to recompute), then restores of readmitted sequences. Errors: internal.
   [[nodiscard]] Status apply_kv_moves(const SchedulerOutput& sched);
+  /// Seesaw: leaves the current phase for `to`: every resident sequence's KV
+  /// goes to the host KV buffer, then the scheduler and the policy switch.
+  /// `counts`: those the plan that chose `to` was made from. Errors: internal.
+  [[nodiscard]] Status seesaw_transition(SeesawPhase to, const SeesawCounts& counts);
+  /// Copies an offload to the host KV buffer; one that does not fit is
+  /// prefilled again. Errors: internal.
+  [[nodiscard]] Status offload_kv(const SwapOut& offload);
+  /// The host KV buffer in KV tokens: held now, and its capacity.
+  [[nodiscard]] long long host_held_tokens() const;
+  [[nodiscard]] long long host_capacity_tokens() const;
   /// Hands the sink, when it accepts, each still-running sequence of
   /// `sched` whose KV is computed past what it streamed before.
   [[nodiscard]] Status stream_increments(const SchedulerOutput& sched);
@@ -246,6 +278,8 @@ class LlmEngine {
   std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;
   std::function<void(const StepStats&)> step_callback_;
+  std::optional<SeesawPolicy> seesaw_;
+  SeesawStats seesaw_stats_;
 };
 
 }  // namespace shardline::engine
