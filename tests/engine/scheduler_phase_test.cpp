@@ -4,6 +4,7 @@
 // those (restoring their KV) and runs decodes only, and a cluster that
 // alternates phases finishes every request once with the same tokens.
 #include "engine/scheduler.hpp"
+#include "tests/support/sequences.hpp"
 
 #include <gtest/gtest.h>
 
@@ -15,14 +16,7 @@
 namespace shardline::engine {
 namespace {
 
-std::unique_ptr<Sequence> make_seq(std::uint64_t id, int prompt_len, int max_tokens) {
-  auto s = std::make_unique<Sequence>();
-  s->id = id;
-  s->prompt_ids.resize(static_cast<std::size_t>(prompt_len));
-  std::iota(s->prompt_ids.begin(), s->prompt_ids.end(), static_cast<std::int32_t>(id * 100));
-  s->params.max_tokens = max_tokens;
-  return s;
-}
+using testing_support::make_seq;
 
 // The fake model: the token sampled at a sequence's n-th known token.
 std::int32_t token_for(const Sequence& seq) { return static_cast<std::int32_t>(seq.id * 1000 + seq.num_tokens()); }

@@ -6,17 +6,13 @@
 #include <numeric>
 
 #include "engine/scheduler.hpp"
+#include "tests/support/sequences.hpp"
 
 namespace shardline::engine {
 namespace {
 
 std::unique_ptr<Sequence> make_seq(std::uint64_t id, int prompt_len, int max_tokens) {
-  auto s = std::make_unique<Sequence>();
-  s->id = id;
-  s->prompt_ids.resize(static_cast<std::size_t>(prompt_len));
-  std::iota(s->prompt_ids.begin(), s->prompt_ids.end(), 1);
-  s->params.max_tokens = max_tokens;
-  return s;
+  return testing_support::make_seq(id, prompt_len, max_tokens, 1);
 }
 
 /// Applies a micro-batch: one sampled token per sequence that needs logits.

@@ -1,4 +1,5 @@
 #include "engine/scheduler.hpp"
+#include "tests/support/sequences.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,14 +11,7 @@
 namespace shardline::engine {
 namespace {
 
-std::unique_ptr<Sequence> make_seq(std::uint64_t id, int prompt_len, int max_tokens) {
-  auto s = std::make_unique<Sequence>();
-  s->id = id;
-  s->prompt_ids.resize(static_cast<std::size_t>(prompt_len));
-  std::iota(s->prompt_ids.begin(), s->prompt_ids.end(), static_cast<std::int32_t>(id * 100));
-  s->params.max_tokens = max_tokens;
-  return s;
-}
+using testing_support::make_seq;
 
 struct RunResult {
   std::map<std::uint64_t, std::vector<std::int32_t>> outputs;

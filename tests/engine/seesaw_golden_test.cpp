@@ -15,6 +15,7 @@
 
 #include "engine/data_parallel.hpp"
 #include "engine/engine_builder.hpp"
+#include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -56,17 +57,7 @@ Result<Run> run(EngineOptions o, const std::vector<std::vector<std::int32_t>>& p
   return Run{std::move(out).value(), e->engine->seesaw_stats(), e->engine->kv_io().stats()};
 }
 
-bool bit_identical(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i].token_ids != b[i].token_ids || a[i].logits.size() != b[i].logits.size()) return false;
-    for (std::size_t s = 0; s < a[i].logits.size(); ++s)
-      if (a[i].logits[s].size() != b[i].logits[s].size() ||
-          std::memcmp(a[i].logits[s].data(), b[i].logits[s].data(), a[i].logits[s].size() * 4) != 0)
-        return false;
-  }
-  return true;
-}
+using testing_support::bit_identical;
 
 TEST(Seesaw, EverySchedulePhasesTheSameTokensAsContinuousBatching) {
   const auto cases = testing_support::load_stories_reference();

@@ -22,6 +22,7 @@
 #include "engine/data_parallel.hpp"
 #include "engine/engine_builder.hpp"
 #include "tests/support/dummy_qwen3.hpp"
+#include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -72,17 +73,7 @@ float max_logit_diff(const std::vector<RequestOutput>& got, const std::vector<Re
   return d;
 }
 
-bool bit_identical(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i].token_ids != b[i].token_ids || a[i].logits.size() != b[i].logits.size()) return false;
-    for (std::size_t s = 0; s < a[i].logits.size(); ++s)
-      if (a[i].logits[s].size() != b[i].logits[s].size() ||
-          std::memcmp(a[i].logits[s].data(), b[i].logits[s].data(), a[i].logits[s].size() * 4) != 0)
-        return false;
-  }
-  return true;
-}
+using testing_support::bit_identical;
 
 TEST(ShiftParallel, ShiftRanksFollowTheSpTpHeadOrder) {
   const ParallelConfig sp2tp2{2, 1, 2, 1};

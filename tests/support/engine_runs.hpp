@@ -97,6 +97,14 @@ inline bool bit_identical(const engine::RequestOutput& a, const engine::RequestO
   return true;
 }
 
+/// The same for two runs' outputs, in order.
+inline bool bit_identical(const std::vector<engine::RequestOutput>& a, const std::vector<engine::RequestOutput>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!bit_identical(a[i], b[i])) return false;
+  return true;
+}
+
 /// A greedy stories260K output is the reference: ids, text, and the top-5
 /// logits of each of its `max_tokens` steps (captured logits) within 1e-4.
 inline void expect_reference(const StoriesCase& ref, const engine::RequestOutput& out, int max_tokens,
