@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -190,6 +191,61 @@ TEST_F(ParallelE2e, DevicesOtherThanTheWorldSizeIsAUsageErrorBeforeAnythingStart
             std::string::npos)
       << budget.out;
   EXPECT_FALSE(fs::exists(path("x.jsonl.shardline")));
+}
+
+// Shift Parallelism as a job: `job submit` to a node started with --shift
+// runs on its shift groups and writes one device's bytes (two jobs, which
+// overlap on the node, so their steps mix both jobs' lines).
+TEST_F(ParallelE2e, SubmittedJobsOnAShiftNodeAreByteIdenticalToOneDevice) {
+  const std::string expected = single_output();
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+  Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
+              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--parallel", "sp=2", "--shift",
+              "--shift-threshold", "4"},
+             path("node.log"));
+  ASSERT_TRUE(node.started());
+  const std::string log = node.wait_for_log("workers:", std::chrono::seconds(30));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
+  const std::string client = " --node 127.0.0.1:" + m[1].str() + " --key-file " + path("cluster.key");
+  const std::string submit = kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
+                             " --input " + path("in.jsonl");
+  const auto first = run_command(submit + " --output " + path("shift1.jsonl") + " --parallel sp=2");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  const auto second = run_command(submit + " --output " + path("shift2.jsonl"));
+  ASSERT_EQ(second.exit_code, 0) << second.out;
+  nlohmann::json status;
+  for (int i = 0; i < 300; ++i) {
+    auto s = run_command(kShardline + " job status --json" + client);
+    ASSERT_EQ(s.exit_code, 0) << s.out;
+    status = nlohmann::json::parse(s.out);
+    if (status["jobs"].size() == 2 && status["jobs"][0]["state"] == "done" && status["jobs"][1]["state"] == "done")
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(status["jobs"].size(), 2u) << status.dump();
+  ASSERT_EQ(status["jobs"][1]["state"], "done") << status.dump() << node.log();
+  EXPECT_NE(node.log().find("Shift Parallelism: steps of at most 4 tokens run as tp=2"), std::string::npos)
+      << node.log();
+  EXPECT_TRUE(read_file(path("shift1.jsonl")) == expected) << "first shift job differs from one device";
+  // Job 2's unseeded lines (every 4th from line 3) take seeds derived from
+  // job id 2; its greedy and seeded lines equal the single-device run's.
+  std::istringstream got2(read_file(path("shift2.jsonl"))), want(expected);
+  std::string got_line, want_line;
+  int line = 0, compared = 0;
+  while (std::getline(want, want_line)) {
+    ASSERT_TRUE(std::getline(got2, got_line)) << "job 2 has fewer lines";
+    if (line++ % 4 == 3) continue;
+    // Ids name the job; the completion must not depend on it.
+    const auto got_json = nlohmann::json::parse(got_line), want_json = nlohmann::json::parse(want_line);
+    EXPECT_EQ(got_json["custom_id"], want_json["custom_id"]);
+    EXPECT_EQ(got_json["response"]["body"]["choices"], want_json["response"]["body"]["choices"])
+        << "job 2 line " << line - 1;
+    ++compared;
+  }
+  EXPECT_EQ(compared, 30);
+  node.kill(SIGTERM);
+  EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
 }
 
 TEST_F(ParallelE2e, NodeRefusesAJobAskingAnotherConfigAndShowsGroupsAndPolicies) {
