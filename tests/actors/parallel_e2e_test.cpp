@@ -73,6 +73,22 @@ class ParallelE2e : public testing_support::TempDirTest {
     return out;
   }
 
+  /// `job status --json` of the node at `client` until its two jobs are
+  /// done (30 s at most); the last status read.
+  nlohmann::json status_when_two_jobs_done(const std::string& client) {
+    nlohmann::json status;
+    for (int i = 0; i < 300; ++i) {
+      auto s = run_command(kShardline + " job status --json" + client);
+      EXPECT_EQ(s.exit_code, 0) << s.out;
+      if (s.exit_code != 0) break;
+      status = nlohmann::json::parse(s.out);
+      if (status["jobs"].size() == 2 && status["jobs"][0]["state"] == "done" && status["jobs"][1]["state"] == "done")
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return status;
+  }
+
   void SetUp() override {
     TempDirTest::SetUp();
     write_input();
@@ -214,15 +230,7 @@ TEST_F(ParallelE2e, SubmittedJobsOnAShiftNodeAreByteIdenticalToOneDevice) {
   ASSERT_EQ(first.exit_code, 0) << first.out;
   const auto second = run_command(submit + " --output " + path("shift2.jsonl"));
   ASSERT_EQ(second.exit_code, 0) << second.out;
-  nlohmann::json status;
-  for (int i = 0; i < 300; ++i) {
-    auto s = run_command(kShardline + " job status --json" + client);
-    ASSERT_EQ(s.exit_code, 0) << s.out;
-    status = nlohmann::json::parse(s.out);
-    if (status["jobs"].size() == 2 && status["jobs"][0]["state"] == "done" && status["jobs"][1]["state"] == "done")
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const nlohmann::json status = status_when_two_jobs_done(client);
   ASSERT_EQ(status["jobs"].size(), 2u) << status.dump();
   ASSERT_EQ(status["jobs"][1]["state"], "done") << status.dump() << node.log();
   EXPECT_NE(node.log().find("Shift Parallelism: steps of at most 4 tokens run as tp=2"), std::string::npos)
@@ -280,15 +288,7 @@ TEST_F(ParallelE2e, NodeRefusesAJobAskingAnotherConfigAndShowsGroupsAndPolicies)
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
   EXPECT_EQ(plain.out, "2\n");
 
-  nlohmann::json status;
-  for (int i = 0; i < 300; ++i) {
-    auto s = run_command(kShardline + " job status --json" + client);
-    ASSERT_EQ(s.exit_code, 0) << s.out;
-    status = nlohmann::json::parse(s.out);
-    if (status["jobs"].size() == 2 && status["jobs"][0]["state"] == "done" && status["jobs"][1]["state"] == "done")
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const nlohmann::json status = status_when_two_jobs_done(client);
   ASSERT_EQ(status["jobs"].size(), 2u) << status.dump();
   ASSERT_EQ(status["jobs"][1]["state"], "done") << status.dump() << node.log();
   EXPECT_EQ(status["jobs"][0]["parallel"], "tp=2,pp=1,sp=1,dp=1");
