@@ -119,6 +119,21 @@ Status check_engine_options(const EngineOptions& o) {
                           std::to_string(o.sidp_owned_ffn_layers) + " and " + std::to_string(o.sidp_cache_slots));
 
   const bool cuda = o.device == model::DeviceKind::cuda;
+  if (o.parallel_decode && *o.parallel_decode != o.parallel) {
+    const ParallelConfig& cd = *o.parallel_decode;
+    if (!o.seesaw)
+      return make_error(ErrorCode::invalid_argument,
+                        "a decode parallel config (" + cd.to_string() + ") needs Seesaw's phases (--seesaw-policy)");
+    if (cd.dp != 1 || cd.group_size() != o.parallel.group_size())
+      return make_error(ErrorCode::invalid_argument,
+                        "Seesaw: the decode config " + cd.to_string() + " must use the prefill config's " +
+                            std::to_string(o.parallel.group_size()) + " devices with dp = 1 (prefill " +
+                            o.parallel.to_string() + ")");
+    if (cuda || o.ffn || o.shift || !o.group_master.empty())
+      return make_error(ErrorCode::unsupported,
+                        "Seesaw's two parallel configs run on an in-process CPU engine group (not CUDA, SiDP, "
+                        "--shift or a TCP group)");
+  }
   if (o.device_memory_bytes > 0) {
     if (cuda)
       return make_error(ErrorCode::invalid_argument,
@@ -247,7 +262,9 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
   } else {
-    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro, o.shift);
+    std::optional<ParallelConfig> decode;
+    if (o.parallel_decode && *o.parallel_decode != o.parallel) decode = o.parallel_decode;
+    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro, o.shift, decode);
     if (!group) return std::move(group).error();
     e.executor = std::move(group).value();
   }

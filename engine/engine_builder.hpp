@@ -85,6 +85,14 @@ struct EngineOptions {
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV
   /// Seesaw phases (EngineConfig::seesaw); the host KV buffer is the swap space.
   std::optional<SeesawPolicyOptions> seesaw;
+  /// Seesaw's decode config cd (seed 000 §4.1, dynamic model re-sharding):
+  /// with `seesaw`, prefill phases run in `parallel` (cp) and decode phases
+  /// in this config over the same devices (same group size, dp = 1); each
+  /// rank holds a shard of both (weights and KV cache each, "resident"), and
+  /// the KV is re-sharded as it passes through the host buffer. An
+  /// in-process CPU group only (not CUDA, TCP, SiDP or --shift).
+  /// nullopt or equal to `parallel`: one config for both phases.
+  std::optional<ParallelConfig> parallel_decode;
   /// Already-loaded weights to use instead of loading model_dir again (the
   /// ranks of an in-process group share one load); null = load. model_dir
   /// still names the tokenizer folder.

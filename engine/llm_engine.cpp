@@ -58,6 +58,10 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& execu
     if (!policy.ok()) return std::move(policy).error();
     engine->seesaw_.emplace(std::move(policy).value());
     engine->scheduler_.set_phase(SchedulePhase::prefill);  // the policy starts in prefill (Fig. 6)
+    if (executor.has_step_configs()) {  // prefill runs under cp (§4.1)
+      if (Status s = executor.use_step_config(model::StepConfig::prefill); !s) return s.error();
+      engine->kv_io_.set_views(executor.kv_cache_views());
+    }
   }
   return engine;
 }
@@ -237,10 +241,12 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
 }
 
 Status LlmEngine::fill_pipeline() {
-  const int depth = std::max(1, executor_->max_in_flight());
   // Device sampling returns ids only: not when the raw logits are captured.
   const bool device_sampling = executor_->samples_on_device() && !config_.capture_logits;
-  while (static_cast<int>(in_flight_.size()) < depth) {
+  // The depth is read each time: a Seesaw transition may switch to a config
+  // with another number of pipeline stages.
+  while (static_cast<int>(in_flight_.size()) < std::max(1, executor_->max_in_flight())) {
+    const int depth = std::max(1, executor_->max_in_flight());
     const auto t_sched = Clock::now();
     // Seesaw: the phase of this micro-batch; a transition waits until the
     // pipeline is drained (plan() is pure, so asking again costs nothing).
@@ -327,6 +333,17 @@ Status LlmEngine::seesaw_transition(SeesawPhase to, const SeesawCounts& counts) 
   if (Status s = scheduler_.offload_resident(resident); !s.ok()) return make_error(ErrorCode::internal, s.error().message);
   for (const SwapOut& o : resident)
     if (Status s = offload_kv(o); !s.ok()) return s;
+  // Dynamic re-sharding (§4.1): the device KV is empty now; the next phase
+  // runs under its own config, whose caches the host buffer restores into.
+  if (executor_->has_step_configs()) {
+    const auto t_switch = Clock::now();
+    if (Status s = executor_->use_step_config(to == SeesawPhase::prefill ? model::StepConfig::prefill
+                                                                         : model::StepConfig::decode);
+        !s)
+      return s;
+    kv_io_.set_views(executor_->kv_cache_views());
+    seesaw_stats_.switch_ms += ms_since(t_switch);
+  }
   scheduler_.set_phase(to == SeesawPhase::prefill ? SchedulePhase::prefill : SchedulePhase::decode);
   seesaw_->on_transition(to, counts);
   ++seesaw_stats_.transitions;

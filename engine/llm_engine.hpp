@@ -59,6 +59,7 @@ struct SeesawStats {
   std::uint64_t prefill_steps = 0, decode_steps = 0;
   std::uint64_t offloads = 0;  ///< sequences whose KV went to the host KV buffer (prefill ends and transitions)
   double transition_ms = 0;    ///< time in transitions: offloading resident KV and switching
+  double switch_ms = 0;        ///< of which switching the executor's parallel config (cp <-> cd, §4.1)
   long long host_peak_tokens = 0;  ///< most KV tokens the host buffer held at once
 };
 

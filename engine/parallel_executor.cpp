@@ -20,6 +20,7 @@ std::int64_t us_since(Clock::time_point t0) {
 constexpr std::int32_t kKindStep = 0;
 constexpr std::int32_t kKindShutdown = 1;
 constexpr std::int32_t kKindStepShift = 2;  ///< a step in the shift config (Shift Parallelism)
+constexpr std::int32_t kKindStepDecode = 3;  ///< a step in the decode config (Seesaw)
 /// How long an idle rank waits for the next step's metadata.
 constexpr std::chrono::hours kIdleWait{24 * 365};
 
@@ -64,7 +65,10 @@ Status InProcGroupComms::mark_dead(int group_rank) {
   return Status::ok_status();
 }
 
-Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift) {
+Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift, const ParallelConfig* decode) {
+  if (decode != nullptr && decode->group_size() != pc.group_size())
+    return make_error(ErrorCode::invalid_argument, "engine group: the decode config " + decode->to_string() +
+                                                       " has another group size than " + pc.to_string());
   const int g = pc.group_size();
   InProcGroupComms out;
   out.ranks.resize(static_cast<std::size_t>(g));
@@ -78,12 +82,14 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool 
     out.ranks[static_cast<std::size_t>(r)].world = std::move(c).value();
     out.memberships[static_cast<std::size_t>(r)].emplace_back(0, r);
   }
-  // One in-process group per TP group and per SP group of every stage.
-  const auto add_groups = [&](int size, bool tp) -> Status {
-    for (int stage = 0; stage < pc.pp; ++stage) {
-      for (int other = 0; other < (tp ? pc.sp : pc.tp); ++other) {
+  // One in-process group per TP group and per SP group of every stage of
+  // `cfg` (the group's config, or Seesaw's decode config).
+  const auto add_groups = [&](const ParallelConfig& cfg, bool tp, bool of_decode) -> Status {
+    const int size = tp ? cfg.tp : cfg.sp;
+    for (int stage = 0; stage < cfg.pp; ++stage) {
+      for (int other = 0; other < (tp ? cfg.sp : cfg.tp); ++other) {
         const RankCoord first = tp ? RankCoord{stage, other, 0} : RankCoord{stage, 0, other};
-        const std::vector<int> members = tp ? tp_group_ranks(pc, first) : sp_group_ranks(pc, first);
+        const std::vector<int> members = tp ? tp_group_ranks(cfg, first) : sp_group_ranks(cfg, first);
         Result<std::shared_ptr<comm::InProcGroup>> grp = comm::InProcGroup::create(size);
         if (!grp.ok()) return std::move(grp).error();
         out.groups.push_back(grp.value());
@@ -91,7 +97,8 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool 
           Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(local);
           if (!c.ok()) return std::move(c).error();
           const auto r = static_cast<std::size_t>(members[static_cast<std::size_t>(local)]);
-          (tp ? out.ranks[r].tp : out.ranks[r].sp) = std::move(c).value();
+          GroupComms& rc = out.ranks[r];
+          (of_decode ? (tp ? rc.decode_tp : rc.decode_sp) : (tp ? rc.tp : rc.sp)) = std::move(c).value();
           out.memberships[r].emplace_back(static_cast<int>(out.groups.size()) - 1, local);
         }
       }
@@ -99,9 +106,13 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool 
     return Status::ok_status();
   };
   if (pc.tp > 1)
-    if (Status st = add_groups(pc.tp, true); !st) return st.error();
+    if (Status st = add_groups(pc, true, false); !st) return st.error();
   if (pc.sp > 1)
-    if (Status st = add_groups(pc.sp, false); !st) return st.error();
+    if (Status st = add_groups(pc, false, false); !st) return st.error();
+  if (decode != nullptr && decode->tp > 1)
+    if (Status st = add_groups(*decode, true, true); !st) return st.error();
+  if (decode != nullptr && decode->sp > 1)
+    if (Status st = add_groups(*decode, false, true); !st) return st.error();
   if (shift) {
     const std::vector<int> members = shift_group_ranks(pc);  // [TP' rank] -> group rank
     Result<std::shared_ptr<comm::InProcGroup>> grp = comm::InProcGroup::create(static_cast<int>(members.size()));
@@ -121,14 +132,18 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool 
 // ---- ShardWorker -------------------------------------------------------------
 
 ShardWorker::ShardWorker(ParallelConfig pc, int group_rank, std::unique_ptr<model::ShardRunner> runner,
-                         GroupComms comms, int num_threads, std::unique_ptr<model::ShardRunner> shift_runner)
+                         GroupComms comms, int num_threads, std::unique_ptr<model::ShardRunner> shift_runner,
+                         std::optional<DecodeShard> decode)
     : pc_(pc),
       rank_(group_rank),
       coord_(rank_coord(pc, group_rank)),
       runner_(std::move(runner)),
       comms_(std::move(comms)),
       num_threads_(num_threads),
-      shift_runner_(std::move(shift_runner)) {}
+      shift_runner_(std::move(shift_runner)),
+      decode_(std::move(decode)) {
+  if (decode_) decode_coord_ = rank_coord(decode_->pc, group_rank);
+}
 
 Status ShardWorker::serve() {
   if (num_threads_ > 0) omp_set_num_threads(num_threads_);
@@ -142,11 +157,19 @@ Status ShardWorker::serve() {
     world.set_timeout(step_timeout);
     if (!st) return st;
     if (header[0] == kKindShutdown) return Status::ok_status();
-    if ((header[0] != kKindStep && header[0] != kKindStepShift) || header[1] < 0)
+    if ((header[0] != kKindStep && header[0] != kKindStepShift && header[0] != kKindStepDecode) || header[1] < 0)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": bad step header");
     if (header[0] == kKindStepShift && !shift_runner_)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a shift step but no shift config");
-    model::ShardRunner& runner = header[0] == kKindStepShift ? *shift_runner_ : *runner_;
+    if (header[0] == kKindStepDecode && !decode_)
+      return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a decode step but no decode config");
+    // The step's config: the group's own, Shift's TP' (pp = 1, routed like
+    // the base config) or Seesaw's cd, with this rank's place in it.
+    const bool in_decode = header[0] == kKindStepDecode;
+    const ParallelConfig& pc = in_decode ? decode_->pc : pc_;
+    const RankCoord coord = in_decode ? decode_coord_ : coord_;
+    model::ShardRunner& runner =
+        header[0] == kKindStepShift ? *shift_runner_ : in_decode ? *decode_->runner : *runner_;
     words.resize(static_cast<std::size_t>(header[1]));
     if (Status s = world.recv(words.data(), words.size() * sizeof(std::int32_t), 0, kTagMetaBody); !s) return s;
     Result<model::StepInput> in = decode_step(words);
@@ -154,8 +177,8 @@ Status ShardWorker::serve() {
     const model::StepInput& step = in.value();
     const int n = step.num_tokens();
     if (n == 0) continue;
-    if (coord_.stage > 0) {
-      const int prev = group_rank_of(pc_, {coord_.stage - 1, coord_.sp_rank, coord_.tp_rank});
+    if (coord.stage > 0) {
+      const int prev = group_rank_of(pc, {coord.stage - 1, coord.sp_rank, coord.tp_rank});
       if (Status s = world.recv(runner.residual(n), activation_bytes(runner, n), prev, kTagActivations); !s)
         return s;
     }
@@ -163,7 +186,7 @@ Status ShardWorker::serve() {
     if (Status s = runner.run_stage(step); !s) return s;
     if (!runner.spec().last_stage()) {
       busy_us_ += us_since(t0);
-      const int next = group_rank_of(pc_, {coord_.stage + 1, coord_.sp_rank, coord_.tp_rank});
+      const int next = group_rank_of(pc, {coord.stage + 1, coord.sp_rank, coord.tp_rank});
       if (Status s = world.send(runner.residual(n), activation_bytes(runner, n), next, kTagActivations); !s)
         return s;
       continue;
@@ -171,7 +194,7 @@ Status ShardWorker::serve() {
     Result<model::StepOutput> out = runner.run_logits(step);
     busy_us_ += us_since(t0);
     if (!out.ok()) return std::move(out).error();
-    if (pc_.pp > 1 && coord_.sp_rank == 0 && coord_.tp_rank == 0) {
+    if (pc.pp > 1 && coord.sp_rank == 0 && coord.tp_rank == 0) {
       if (step.num_logits() > 0) {
         const std::vector<float>& l = out.value().logits;
         if (Status s = world.send(l.data(), l.size() * sizeof(float), 0, kTagLogits); !s) return s;
@@ -213,12 +236,43 @@ Status ParallelExecutor::set_shift(std::unique_ptr<model::ShardRunner> shift_run
   if (pc_.group_size() < 2)
     return make_error(ErrorCode::invalid_argument, "--shift needs a group of several devices (sp and / or tp > 1)");
   if (!shift_runner) return make_error(ErrorCode::invalid_argument, "parallel executor: no shift runner");
+  if (decode_)
+    return make_error(ErrorCode::invalid_argument, "Seesaw's decode config and --shift cannot be combined");
   const model::ShardSpec& s = shift_runner->spec();
   if (s.tp != pc_.group_size() || s.tp_rank != 0 || s.sp != 1 || s.pp != 1)
     return make_error(ErrorCode::invalid_argument, "parallel executor: the shift runner is not TP rank 0 of tp=" +
                                                        std::to_string(pc_.group_size()));
   shift_runner_ = std::move(shift_runner);
   shift_policy_ = std::move(policy);
+  return Status::ok_status();
+}
+
+Status ParallelExecutor::set_decode_config(DecodeShard decode) {
+  if (shift_runner_)
+    return make_error(ErrorCode::invalid_argument, "Seesaw's decode config and --shift cannot be combined");
+  if (decode.pc.group_size() != pc_.group_size() || decode.pc.dp != 1)
+    return make_error(ErrorCode::invalid_argument, "parallel executor: the decode config " + decode.pc.to_string() +
+                                                       " needs dp = 1 and the group size of " + pc_.to_string());
+  if (!decode.runner) return make_error(ErrorCode::invalid_argument, "parallel executor: no decode runner");
+  const model::ShardSpec& s = decode.runner->spec();
+  if (s.tp != decode.pc.tp || s.sp != decode.pc.sp || s.pp != decode.pc.pp || s.stage != 0 || s.sp_rank != 0 ||
+      s.tp_rank != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "parallel executor: the decode runner is not rank 0 of " + decode.pc.to_string());
+  if (decode.runner->num_kv_blocks() != runner_->num_kv_blocks() ||
+      decode.runner->block_size() != runner_->block_size())
+    return make_error(ErrorCode::invalid_argument,
+                      "parallel executor: the decode config's KV cache has another block geometry");
+  decode_ = std::move(decode);
+  decode_active_ = false;
+  return Status::ok_status();
+}
+
+Status ParallelExecutor::use_step_config(model::StepConfig config) {
+  if (!decode_) return make_error(ErrorCode::unsupported, "parallel executor: the group has one parallel config");
+  if (!in_flight_.empty())
+    return make_error(ErrorCode::invalid_argument, "parallel executor: step config switched with steps in flight");
+  decode_active_ = config == model::StepConfig::decode;
   return Status::ok_status();
 }
 
@@ -242,21 +296,23 @@ Status ParallelExecutor::shutdown() {
 
 Status ParallelExecutor::submit(const model::StepInput& in) {
   if (shut_down_) return make_error(ErrorCode::invalid_argument, "parallel executor: shut down");
-  if (static_cast<int>(in_flight_.size()) >= pc_.pp)
+  const ParallelConfig& pc = active_config();
+  if (static_cast<int>(in_flight_.size()) >= pc.pp)
     return make_error(ErrorCode::invalid_argument,
                       "parallel executor: " + std::to_string(in_flight_.size()) + " micro-batches already in flight");
-  if (Status st = runner_->validate(in); !st) return st;
+  model::ShardRunner& active = decode_active_ ? *decode_->runner : *runner_;
+  if (Status st = active.validate(in); !st) return st;
   const int n = in.num_tokens();
   last_meta_bytes_ = 0;
   last_comm_bytes_ = 0;
   // Shift Parallelism (pp = 1): the policy picks this step's config; every
   // rank runs the same one (the kind in the header).
   const ShiftMode mode = shift_policy_ ? shift_policy_->decide(n) : ShiftMode::base;
-  model::ShardRunner& runner = mode == ShiftMode::shift ? *shift_runner_ : *runner_;
+  model::ShardRunner& runner = mode == ShiftMode::shift ? *shift_runner_ : active;
+  const std::int32_t kind = mode == ShiftMode::shift ? kKindStepShift : decode_active_ ? kKindStepDecode : kKindStep;
   if (pc_.group_size() > 1) {
     const std::vector<std::int32_t> words = encode_step(in);
-    const std::int32_t header[2] = {mode == ShiftMode::shift ? kKindStepShift : kKindStep,
-                                    static_cast<std::int32_t>(words.size())};
+    const std::int32_t header[2] = {kind, static_cast<std::int32_t>(words.size())};
     for (int r = 1; r < pc_.group_size(); ++r) {
       if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
       if (Status st = comms_.world->send(words.data(), words.size() * sizeof(std::int32_t), r, kTagMetaBody); !st)
@@ -264,19 +320,20 @@ Status ParallelExecutor::submit(const model::StepInput& in) {
     }
     last_meta_bytes_ = static_cast<std::uint64_t>(pc_.group_size() - 1) * (sizeof header + words.size() * 4);
   }
+  ++config_steps_[decode_active_ ? 1 : 0];
   InFlight f;
   f.num_logits = in.num_logits();
   const auto t0 = Clock::now();
   if (n > 0) {
     if (Status st = runner.run_stage(in); !st) return st;
   }
-  if (pc_.pp == 1) {
+  if (pc.pp == 1) {
     Result<model::StepOutput> out = runner.run_logits(in);
     if (!out.ok()) return std::move(out).error();
     f.ready = true;
     f.output = std::move(out).value();
   } else if (n > 0) {
-    const int next = group_rank_of(pc_, {1, 0, 0});
+    const int next = group_rank_of(pc, {1, 0, 0});
     const std::size_t bytes = activation_bytes(runner, n);
     if (Status st = comms_.world->send(runner.residual(n), bytes, next, kTagActivations); !st) return st;
     last_comm_bytes_ += bytes;
@@ -308,7 +365,9 @@ Result<model::StepOutput> ParallelExecutor::collect() {
   model::StepOutput out;
   out.vocab_size = vocab_size();
   out.logits.resize(static_cast<std::size_t>(f.num_logits) * static_cast<std::size_t>(out.vocab_size));
-  const int last = group_rank_of(pc_, {pc_.pp - 1, 0, 0});
+  // Nothing is in flight at a config switch: the active config is the step's.
+  const ParallelConfig& pc = active_config();
+  const int last = group_rank_of(pc, {pc.pp - 1, 0, 0});
   if (f.num_logits > 0) {
     if (Status st = comms_.world->recv(out.logits.data(), out.logits.size() * sizeof(float), last, kTagLogits); !st)
       return st.error();
@@ -330,12 +389,25 @@ Result<model::StepOutput> ParallelExecutor::execute(const model::StepInput& in) 
 
 Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared_ptr<const model::ModelWeights> weights,
                                                                      ParallelConfig pc, model::CpuRunnerOptions options,
-                                                                     std::optional<ShiftOptions> shift) {
+                                                                     std::optional<ShiftOptions> shift,
+                                                                     std::optional<ParallelConfig> decode) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "engine group: no weights");
   if (pc.dp != 1)
     return make_error(ErrorCode::invalid_argument, "engine group: one group is one replica, dp must be 1 (got " +
                                                        std::to_string(pc.dp) + ")");
   if (Status st = model::check_shardable(weights->config, pc.tp, pc.sp, pc.pp); !st) return st.error();
+  if (decode) {
+    if (shift) return make_error(ErrorCode::invalid_argument, "Seesaw's decode config and --shift cannot be combined");
+    if (decode->dp != 1 || decode->group_size() != pc.group_size())
+      return make_error(ErrorCode::invalid_argument, "Seesaw: the decode config " + decode->to_string() +
+                                                         " must have dp = 1 and the prefill config's " +
+                                                         std::to_string(pc.group_size()) + " devices (" +
+                                                         pc.to_string() + ")");
+    if (Status st = model::check_shardable(weights->config, decode->tp, decode->sp, decode->pp); !st)
+      return make_error(ErrorCode::invalid_argument,
+                        "Seesaw: the decode config " + decode->to_string() + " cannot shard this model: " +
+                            st.error().message);
+  }
   std::optional<ShiftPolicy> policy;
   if (shift) {
     if (pc.pp != 1 || pc.group_size() < 2)
@@ -356,7 +428,7 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
     options.num_threads = std::max(1, cores / size);
   }
   g->threads_per_rank_ = options.num_threads;
-  Result<InProcGroupComms> comms = make_inproc_group_comms(pc, shift.has_value());
+  Result<InProcGroupComms> comms = make_inproc_group_comms(pc, shift.has_value(), decode ? &*decode : nullptr);
   if (!comms.ok()) return std::move(comms).error();
   g->comms_ = std::move(comms).value();
   std::vector<std::unique_ptr<model::ShardRunner>> runners;
@@ -378,18 +450,33 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
       shift_runners[i] = std::move(made).value();
     }
   }
+  // Seesaw's decode config: own packed weights and KV cache per rank
+  // ("resident" weights: nothing is repacked at a switch).
+  std::vector<std::optional<DecodeShard>> decode_shards(static_cast<std::size_t>(size));
+  if (decode) {
+    for (int r = 0; r < size; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      auto made = model::ShardRunner::create(weights, shard_spec_of(*decode, r), options,
+                                             g->comms_.ranks[i].decode_shard_comms());
+      if (!made.ok()) return std::move(made).error();
+      decode_shards[i] = DecodeShard{*decode, std::move(made).value()};
+    }
+  }
   Result<std::unique_ptr<ParallelExecutor>> exec =
       ParallelExecutor::create(pc, std::move(runners[0]), std::move(g->comms_.ranks[0]));
   if (!exec.ok()) return std::move(exec).error();
   g->executor_ = std::move(exec).value();
   if (shift)
     if (Status st = g->executor_->set_shift(std::move(shift_runners[0]), std::move(*policy)); !st) return st.error();
+  if (decode)
+    if (Status st = g->executor_->set_decode_config(std::move(*decode_shards[0])); !st) return st.error();
   g->statuses_.resize(static_cast<std::size_t>(size));
   for (int r = 1; r < size; ++r)
     g->workers_.push_back(std::make_unique<ShardWorker>(pc, r, std::move(runners[static_cast<std::size_t>(r)]),
                                                         std::move(g->comms_.ranks[static_cast<std::size_t>(r)]),
                                                         options.num_threads,
-                                                        std::move(shift_runners[static_cast<std::size_t>(r)])));
+                                                        std::move(shift_runners[static_cast<std::size_t>(r)]),
+                                                        std::move(decode_shards[static_cast<std::size_t>(r)])));
   InProcEngineGroup* self = g.get();
   for (int r = 1; r < size; ++r) {
     g->threads_.emplace_back([self, r] {
@@ -422,8 +509,9 @@ kvstore::KvModelShape InProcEngineGroup::kv_model_shape() const { return executo
 std::vector<kvstore::KvCacheView> InProcEngineGroup::kv_cache_views() {
   std::vector<kvstore::KvCacheView> views;
   views.reserve(static_cast<std::size_t>(pc_.group_size()));
-  views.push_back(executor_->runner().kv_cache_view());
-  for (auto& w : workers_) views.push_back(w->runner().kv_cache_view());
+  const bool decode = executor_->step_config() == model::StepConfig::decode;
+  views.push_back(decode ? executor_->decode_runner()->kv_cache_view() : executor_->runner().kv_cache_view());
+  for (auto& w : workers_) views.push_back(decode ? w->decode_runner()->kv_cache_view() : w->runner().kv_cache_view());
   return views;
 }
 

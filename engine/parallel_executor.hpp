@@ -17,6 +17,15 @@
 /// All traffic goes over the group's communicators (any backend: in-process
 /// threads, TCP processes); a dead or silent peer turns into an io error
 /// within the communicator timeout.
+///
+/// Seesaw (seed 000 §4.1, dynamic model re-sharding): a group may hold a
+/// second config cd (decode) beside its own cp (prefill) over the same
+/// devices: device d is group rank d in both, and every rank holds a shard
+/// of each (own packed weights and KV cache, "resident" weights). The header
+/// kind tells each rank which shard runs a step; use_step_config() switches
+/// between phases, with nothing in flight. No KV crosses a switch on the
+/// devices: the engine offloads it to its host buffer under one config and
+/// restores it under the other (engine/kv_cache_io.hpp), which re-shards it.
 
 #include <atomic>
 #include <chrono>
@@ -41,7 +50,9 @@ namespace shardline::engine {
 
 /// Tags on a group's world communicator.
 enum GroupTag : int {
-  kTagMetaHeader = 101,  ///< driver -> rank: int32[2] {kind (0 step, 1 shutdown, 2 step in the shift config), num_words}
+  /// driver -> rank: int32[2] {kind, num_words}; kind 0 step, 1 shutdown, 2
+  /// step in the shift config (Shift), 3 step in the decode config (Seesaw)
+  kTagMetaHeader = 101,
   kTagMetaBody = 102,    ///< driver -> rank: int32[num_words], encode_step()
   kTagActivations = 103, ///< stage s -> s+1: float[chunk_rows, hidden]
   kTagLogits = 104,      ///< last stage (0, 0) -> driver: float[num_logits, vocab]; int32 0 ("done") when num_logits = 0
@@ -56,8 +67,19 @@ struct GroupComms {
   /// the §3.3.1 order (this rank is shift_spec_of(...).tp_rank there); null
   /// without a shift config.
   std::unique_ptr<comm::Communicator> shift_tp;
+  /// Seesaw: this rank's TP and SP groups under the decode config cd (null
+  /// when cd has tp == 1 / sp == 1, or without a decode config).
+  std::unique_ptr<comm::Communicator> decode_tp;
+  std::unique_ptr<comm::Communicator> decode_sp;
   [[nodiscard]] model::ShardComms shard_comms() const { return {tp.get(), sp.get()}; }
   [[nodiscard]] model::ShardComms shift_shard_comms() const { return {shift_tp.get(), nullptr}; }
+  [[nodiscard]] model::ShardComms decode_shard_comms() const { return {decode_tp.get(), decode_sp.get()}; }
+};
+
+/// Seesaw: one rank's shard of the decode config cd.
+struct DecodeShard {
+  ParallelConfig pc;                           ///< cd: same group size as the group's own config, dp = 1
+  std::unique_ptr<model::ShardRunner> runner;  ///< shard_spec_of(pc, rank): own weights and KV cache
 };
 
 /// In-process communicators for every rank of a group ([group_size], index =
@@ -70,8 +92,11 @@ struct InProcGroupComms {
   /// Marks `group_rank` dead in every group it belongs to.
   [[nodiscard]] Status mark_dead(int group_rank);
 };
-/// With `shift`, also the shift config's TP group (GroupComms::shift_tp).
-[[nodiscard]] Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift = false);
+/// With `shift`, also the shift config's TP group (GroupComms::shift_tp);
+/// with `decode` (Seesaw's cd, same group size), its TP and SP groups
+/// (GroupComms::decode_tp / decode_sp). The world is shared.
+[[nodiscard]] Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift = false,
+                                                               const ParallelConfig* decode = nullptr);
 
 /// The shard spec of `group_rank` under `pc`.
 [[nodiscard]] model::ShardSpec shard_spec_of(const ParallelConfig& pc, int group_rank);
@@ -90,8 +115,10 @@ struct InProcGroupComms {
 class ShardWorker {
  public:
   /// `num_threads` > 0 sets the OpenMP threads of the serving thread.
+  /// `decode`: the rank's shard of Seesaw's decode config (runs kind-3 steps).
   ShardWorker(ParallelConfig pc, int group_rank, std::unique_ptr<model::ShardRunner> runner, GroupComms comms,
-              int num_threads, std::unique_ptr<model::ShardRunner> shift_runner = nullptr);
+              int num_threads, std::unique_ptr<model::ShardRunner> shift_runner = nullptr,
+              std::optional<DecodeShard> decode = std::nullopt);
   /// Serves steps until the driver sends shutdown (ok) or a step fails (its
   /// error; the rank should then be treated as dead). While idle it waits for
   /// metadata without a time limit; a dead driver ends the wait with io.
@@ -101,6 +128,8 @@ class ShardWorker {
   [[nodiscard]] model::ShardRunner& runner() { return *runner_; }
   /// Its shard of the shift config (null without one).
   [[nodiscard]] model::ShardRunner* shift_runner() { return shift_runner_.get(); }
+  /// Its shard of Seesaw's decode config (null without one).
+  [[nodiscard]] model::ShardRunner* decode_runner() { return decode_ ? decode_->runner.get() : nullptr; }
 
  private:
   ParallelConfig pc_;
@@ -110,6 +139,8 @@ class ShardWorker {
   GroupComms comms_;
   int num_threads_;
   std::unique_ptr<model::ShardRunner> shift_runner_;  ///< shares runner_'s KV cache; declared after it
+  std::optional<DecodeShard> decode_;
+  RankCoord decode_coord_;  ///< this rank under decode_->pc
   std::atomic<std::int64_t> busy_us_{0};
 };
 
@@ -133,7 +164,8 @@ class ParallelExecutor final : public model::ModelExecutor {
 
   /// submit() then collect(); only when nothing is in flight.
   [[nodiscard]] Result<model::StepOutput> execute(const model::StepInput& input) override;
-  [[nodiscard]] int max_in_flight() const override { return pc_.pp; }
+  /// The active config's pipeline depth.
+  [[nodiscard]] int max_in_flight() const override { return active_config().pp; }
   [[nodiscard]] Status submit(const model::StepInput& input) override;
   [[nodiscard]] Result<model::StepOutput> collect() override;
 
@@ -166,6 +198,27 @@ class ParallelExecutor final : public model::ModelExecutor {
   /// Rank 0's shift runner (null without a shift config).
   [[nodiscard]] model::ShardRunner* shift_runner() { return shift_runner_.get(); }
 
+  /// Seesaw (seed 000 §4.1): adds the decode config cd; `decode.runner` is
+  /// rank 0's cd shard (own weights and KV cache). The group's own config is
+  /// cp and stays active until use_step_config(decode). Errors:
+  /// invalid_argument (a shift config, cd of another group size or dp != 1,
+  /// a runner that is not rank 0 of cd).
+  [[nodiscard]] Status set_decode_config(DecodeShard decode);
+  [[nodiscard]] bool has_step_configs() const override { return decode_.has_value(); }
+  /// Switches between cp and cd; only with nothing in flight (invalid_argument).
+  [[nodiscard]] Status use_step_config(model::StepConfig config) override;
+  /// The config the next step runs in (cp unless cd is active).
+  [[nodiscard]] const ParallelConfig& active_config() const { return decode_active_ ? decode_->pc : pc_; }
+  [[nodiscard]] model::StepConfig step_config() const {
+    return decode_active_ ? model::StepConfig::decode : model::StepConfig::prefill;
+  }
+  /// Rank 0's cd shard (null without a decode config).
+  [[nodiscard]] model::ShardRunner* decode_runner() { return decode_ ? decode_->runner.get() : nullptr; }
+  /// Steps submitted in `config` so far (all in prefill without a decode config).
+  [[nodiscard]] std::uint64_t num_steps_in(model::StepConfig config) const {
+    return config_steps_[config == model::StepConfig::decode ? 1 : 0];
+  }
+
  private:
   struct InFlight {
     int num_logits = 0;
@@ -186,6 +239,9 @@ class ParallelExecutor final : public model::ModelExecutor {
   std::optional<ShiftPolicy> shift_policy_;
   ShiftStats shift_stats_;
   ShiftMode last_mode_ = ShiftMode::base;
+  std::optional<DecodeShard> decode_;
+  bool decode_active_ = false;
+  std::uint64_t config_steps_[2] = {0, 0};  ///< steps submitted in cp, cd
 };
 
 /// Shift Parallelism on an engine group (seed 001): the base config is the
@@ -208,9 +264,13 @@ class InProcEngineGroup final : public model::ModelExecutor {
   /// = sp*tp (own packed weights, the base runner's KV cache) and each step
   /// runs in the config the shift policy picks; pp must be 1 and the model
   /// shardable over sp*tp TP ranks (invalid_argument otherwise).
+  /// With `decode` (Seesaw's cd), every rank also holds its shard of cd
+  /// (own packed weights and KV cache of the same num_kv_blocks); steps run
+  /// in pc until use_step_config(decode). cd must have pc's group size, dp =
+  /// 1, and shard the model; not with `shift` (invalid_argument).
   [[nodiscard]] static Result<std::unique_ptr<InProcEngineGroup>> create(
       std::shared_ptr<const model::ModelWeights> weights, ParallelConfig pc, model::CpuRunnerOptions options,
-      std::optional<ShiftOptions> shift = std::nullopt);
+      std::optional<ShiftOptions> shift = std::nullopt, std::optional<ParallelConfig> decode = std::nullopt);
   ~InProcEngineGroup() override;
   InProcEngineGroup(const InProcEngineGroup&) = delete;
   InProcEngineGroup& operator=(const InProcEngineGroup&) = delete;
@@ -225,8 +285,13 @@ class InProcEngineGroup final : public model::ModelExecutor {
   [[nodiscard]] int vocab_size() const override { return executor_->vocab_size(); }
   [[nodiscard]] int num_kv_blocks() const override { return executor_->num_kv_blocks(); }
   [[nodiscard]] int block_size() const override { return executor_->block_size(); }
+  [[nodiscard]] bool has_step_configs() const override { return executor_->has_step_configs(); }
+  [[nodiscard]] Status use_step_config(model::StepConfig config) override {
+    return executor_->use_step_config(config);
+  }
   [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override;
-  /// Every rank's cache (they share this process), in group-rank order.
+  /// Every rank's cache (they share this process), in group-rank order,
+  /// under the active step config (Seesaw's cd caches while it is active).
   [[nodiscard]] std::vector<kvstore::KvCacheView> kv_cache_views() override;
   /// The same caches as the shift config's runners see them (empty without
   /// a shift config): the same memory and layout as kv_cache_views().

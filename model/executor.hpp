@@ -60,6 +60,10 @@ struct StepOutput {
   std::vector<std::int32_t> sampled_token_ids;  // [num_logits] when sampled on the device, else empty
 };
 
+/// Which of an executor's parallel configs a step runs in (Seesaw: cp for
+/// prefill phases, cd for decode phases).
+enum class StepConfig { prefill, decode };
+
 /// Something that runs forward steps (the CPU model runner, later CUDA and
 /// sharded runners). Implementations own the KV cache memory laid out as
 /// `num_kv_blocks` blocks of `block_size` tokens.
@@ -101,6 +105,20 @@ class ModelExecutor {
   [[nodiscard]] virtual bool supports_layer_kv_hook() const { return false; }
   /// Sets the hook for the following steps; an empty one clears it.
   virtual void set_layer_kv_hook(LayerKvHook /*hook*/) {}
+
+  // ---- step configs (Seesaw, seed 000 §4.1) --------------------------------
+  // An executor may hold two parallel configs over the same devices: cp for
+  // prefill, cd for decode. Each step runs in the active one; the KV views
+  // follow it (kv_cache_views() returns the active config's caches).
+
+  /// True when use_step_config() switches between two parallel configs.
+  [[nodiscard]] virtual bool has_step_configs() const { return false; }
+  /// Makes `config` the one the following steps run in, and whose caches
+  /// kv_cache_views() returns. Only with no step in flight. Errors:
+  /// unsupported (no step configs), invalid_argument (steps in flight).
+  [[nodiscard]] virtual Status use_step_config(StepConfig /*config*/) {
+    return make_error(ErrorCode::unsupported, "executor: one parallel config only");
+  }
 
   // ---- asynchronous steps (pipeline parallelism) --------------------------
   // A pipelined executor (PP stages) accepts up to max_in_flight() steps

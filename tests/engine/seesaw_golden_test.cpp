@@ -7,6 +7,13 @@
 // restore, on one device and on an in-process pp=2 group (whose pipeline a
 // transition drains), every schedule gives the single-device mixed run's
 // tokens and logits bit for bit, and the stories260K reference ids.
+//
+// With two parallel configs (§4.1, dynamic re-sharding: prefill under cp,
+// decode under cd over the same devices), every prefill step runs in cp
+// and every decode step in cd, the KV re-sharded on its way through the
+// host buffer. Pairs without TP are bit-identical to one device; with TP
+// in cd the prompt's logits are (cp has no TP) and the rest is within the
+// TP tolerance, with the reference ids.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,6 +22,7 @@
 
 #include "engine/data_parallel.hpp"
 #include "engine/engine_builder.hpp"
+#include "engine/parallel_executor.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -43,6 +51,7 @@ struct Run {
   std::vector<RequestOutput> outputs;
   SeesawStats seesaw;
   KvIoStats kv;
+  std::uint64_t cp_steps = 0, cd_steps = 0;  ///< an engine group's steps in each config (0 on one device)
 };
 
 Result<Run> run(EngineOptions o, const std::vector<std::vector<std::int32_t>>& prompts) {
@@ -54,16 +63,27 @@ Result<Run> run(EngineOptions o, const std::vector<std::vector<std::int32_t>>& p
   std::vector<LlmEngine*> engines = {e->engine.get()};
   auto out = generate_data_parallel(engines, prompts, greedy);
   if (!out.ok()) return std::move(out).error();
-  return Run{std::move(out).value(), e->engine->seesaw_stats(), e->engine->kv_io().stats()};
+  Run r{std::move(out).value(), e->engine->seesaw_stats(), e->engine->kv_io().stats()};
+  if (auto* group = dynamic_cast<InProcEngineGroup*>(e->executor.get()); group != nullptr) {
+    r.cp_steps = group->executor().num_steps_in(model::StepConfig::prefill);
+    r.cd_steps = group->executor().num_steps_in(model::StepConfig::decode);
+  }
+  return r;
 }
 
 using testing_support::bit_identical;
+using testing_support::max_logit_diff;
 
-TEST(Seesaw, EverySchedulePhasesTheSameTokensAsContinuousBatching) {
-  const auto cases = testing_support::load_stories_reference();
+std::vector<std::vector<std::int32_t>> twelve_prompts(const std::vector<testing_support::StoriesCase>& cases) {
   std::vector<std::vector<std::int32_t>> prompts;
   for (int k = 0; k < 4; ++k)
     for (const auto& c : cases) prompts.push_back(c.prompt_ids);
+  return prompts;
+}
+
+TEST(Seesaw, EverySchedulePhasesTheSameTokensAsContinuousBatching) {
+  const auto cases = testing_support::load_stories_reference();
+  const std::vector<std::vector<std::int32_t>> prompts = twelve_prompts(cases);
   const std::size_t n = prompts.size();
 
   auto mixed = run(tiny_options(), prompts);  // today's scheduler on one device
@@ -106,6 +126,95 @@ TEST(Seesaw, EverySchedulePhasesTheSameTokensAsContinuousBatching) {
       }
     }
   }
+}
+
+TEST(Seesaw, PrefillRunsInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
+  const auto cases = testing_support::load_stories_reference();
+  const std::vector<std::vector<std::int32_t>> prompts = twelve_prompts(cases);
+  const std::size_t n = prompts.size();
+  auto single = run(tiny_options(), prompts);
+  ASSERT_TRUE(single.ok()) << single.error().to_string();
+
+  struct Pair {
+    ParallelConfig cp, cd;  // {tp, pp, sp, dp}
+    bool bitwise;           // no TP in either: bit-identical to one device
+  };
+  const Pair pairs[] = {
+      {{1, 2, 1, 1}, {1, 1, 2, 1}, true},   // pp=2 -> sp=2
+      {{1, 1, 2, 1}, {1, 2, 1, 1}, true},   // sp=2 -> pp=2
+      {{1, 2, 1, 1}, {2, 1, 1, 1}, false},  // pp=2 -> tp=2 (the paper's pair)
+      {{1, 4, 1, 1}, {4, 1, 1, 1}, false},  // pp=4 -> tp=4
+      {{1, 4, 1, 1}, {2, 2, 1, 1}, false},  // pp=4 -> tp=2,pp=2 (pipelined decode)
+  };
+  for (const Pair& p : pairs) {
+    for (const PreemptionMode mode : {PreemptionMode::swap, PreemptionMode::recompute}) {
+      const std::string what = p.cp.to_string() + " -> " + p.cd.to_string() + " " + preemption_mode_name(mode);
+      SCOPED_TRACE(what);
+      EngineOptions o = tiny_options();
+      o.parallel = p.cp;
+      o.parallel_decode = p.cd;
+      o.preemption_mode = mode;
+      o.seesaw = SeesawPolicyOptions{};
+      o.swap_space_bytes = 64 * kBytesPerToken;
+      auto got = run(o, prompts);
+      ASSERT_TRUE(got.ok()) << got.error().to_string();
+      ASSERT_EQ(got->outputs.size(), n);
+      for (std::size_t i = 0; i < n; ++i)
+        EXPECT_EQ(got->outputs[i].token_ids, cases[i % cases.size()].generated_ids) << "request " << i;
+      const float d = max_logit_diff(got->outputs, single->outputs);
+      if (p.bitwise) {
+        EXPECT_TRUE(bit_identical(got->outputs, single->outputs)) << "differs from one device";
+      } else {
+        EXPECT_LE(d, 1e-4f);
+        // The first token is sampled at the end of the prefill, under cp (no TP).
+        for (std::size_t i = 0; i < n; ++i)
+          EXPECT_EQ(std::memcmp(got->outputs[i].logits[0].data(), single->outputs[i].logits[0].data(),
+                                got->outputs[i].logits[0].size() * sizeof(float)),
+                    0)
+              << "request " << i << ": the prefill logits differ from one device";
+      }
+      const SeesawStats& s = got->seesaw;
+      std::printf("  %-40s max |logit - single| %.3g, transitions %llu, steps cp %llu / cd %llu, switch %.2f ms\n",
+                  what.c_str(), static_cast<double>(d), static_cast<unsigned long long>(s.transitions),
+                  static_cast<unsigned long long>(got->cp_steps), static_cast<unsigned long long>(got->cd_steps),
+                  s.switch_ms);
+      EXPECT_GE(s.transitions, 3u);
+      // Every prefill micro-batch ran in cp, every decode one in cd.
+      EXPECT_EQ(got->cp_steps, s.prefill_steps);
+      EXPECT_EQ(got->cd_steps, s.decode_steps);
+      EXPECT_GT(got->cd_steps, 0u);
+      EXPECT_GE(got->kv.onboards, n);
+      EXPECT_EQ(got->kv.swap_space_bytes_used, 0u);
+    }
+  }
+}
+
+TEST(Seesaw, ADecodeConfigThatCannotServeIsRefusedClearly) {
+  const auto refused = [](EngineOptions o, ErrorCode code, const std::string& words) {
+    SCOPED_TRACE(words);
+    auto e = build_engine(o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.error().code, code);
+    EXPECT_NE(e.error().message.find(words), std::string::npos) << e.error().message;
+  };
+  EngineOptions o = tiny_options();
+  o.parallel = ParallelConfig{1, 2, 1, 1};
+  o.parallel_decode = ParallelConfig{2, 1, 1, 1};
+  o.swap_space_bytes = 64 * kBytesPerToken;
+  refused(o, ErrorCode::invalid_argument, "needs Seesaw's phases");  // no --seesaw-policy
+  o.seesaw = SeesawPolicyOptions{};
+  o.parallel_decode = ParallelConfig{4, 1, 1, 1};
+  refused(o, ErrorCode::invalid_argument, "must use the prefill config's 2 devices");
+  o.parallel = ParallelConfig{1, 3, 1, 1};
+  o.parallel_decode = ParallelConfig{3, 1, 1, 1};  // 8 heads do not split over 3 TP ranks
+  refused(o, ErrorCode::invalid_argument, "the decode config tp=3,pp=1,sp=1,dp=1 cannot shard this model");
+  o.parallel = ParallelConfig{1, 1, 2, 1};
+  o.parallel_decode = ParallelConfig{2, 1, 1, 1};
+  o.shift = ShiftOptions{};
+  refused(o, ErrorCode::unsupported, "in-process CPU engine group");
+  o.shift.reset();
+  o.parallel_decode = ParallelConfig{1, 1, 2, 1};  // cd = cp: one config, nothing to switch
+  EXPECT_TRUE(build_engine(o).ok());
 }
 
 TEST(Seesaw, AHostBufferBelowOneSequenceIsRefused) {

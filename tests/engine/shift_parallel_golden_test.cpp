@@ -64,16 +64,8 @@ Result<ShiftRun> run(EngineOptions o, const ParallelConfig& pc, long long thresh
   return r;
 }
 
-float max_logit_diff(const std::vector<RequestOutput>& got, const std::vector<RequestOutput>& ref) {
-  float d = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i)
-    for (std::size_t s = 0; s < ref[i].logits.size() && s < got[i].logits.size(); ++s)
-      for (std::size_t v = 0; v < ref[i].logits[s].size(); ++v)
-        d = std::max(d, std::fabs(got[i].logits[s][v] - ref[i].logits[s][v]));
-  return d;
-}
-
 using testing_support::bit_identical;
+using testing_support::max_logit_diff;
 
 TEST(ShiftParallel, ShiftRanksFollowTheSpTpHeadOrder) {
   const ParallelConfig sp2tp2{2, 1, 2, 1};

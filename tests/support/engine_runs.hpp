@@ -4,8 +4,11 @@
 // runner tests.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -103,6 +106,23 @@ inline bool bit_identical(const std::vector<engine::RequestOutput>& a, const std
   for (std::size_t i = 0; i < a.size(); ++i)
     if (!bit_identical(a[i], b[i])) return false;
   return true;
+}
+
+/// The largest |logit - reference| over two runs' captured logits, in order;
+/// infinity when the runs differ in requests, steps or vocabulary.
+inline float max_logit_diff(const std::vector<engine::RequestOutput>& got,
+                            const std::vector<engine::RequestOutput>& ref) {
+  if (got.size() != ref.size()) return std::numeric_limits<float>::infinity();
+  float d = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (got[i].logits.size() != ref[i].logits.size()) return std::numeric_limits<float>::infinity();
+    for (std::size_t s = 0; s < ref[i].logits.size(); ++s) {
+      if (got[i].logits[s].size() != ref[i].logits[s].size()) return std::numeric_limits<float>::infinity();
+      for (std::size_t v = 0; v < ref[i].logits[s].size(); ++v)
+        d = std::max(d, std::fabs(got[i].logits[s][v] - ref[i].logits[s][v]));
+    }
+  }
+  return d;
 }
 
 /// A greedy stories260K output is the reference: ids, text, and the top-5
