@@ -90,7 +90,8 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
 std::optional<orchestrator::WorkerLoad> load_of(const messages::WorkerStatus& s) {
   if (s.worker_name.empty()) return std::nullopt;
   return orchestrator::WorkerLoad{s.state,          s.num_running,  s.num_waiting, s.kv_blocks_used,
-                                  s.kv_blocks_total, s.weight_bytes, s.sidp_mode};
+                                  s.kv_blocks_total, s.weight_bytes, s.sidp_mode,   s.seesaw_phase,
+                                  s.seesaw_transitions};
 }
 
 /// Sends the pool's hand-outs (each worker's queue up to 2 x max_batch).
@@ -231,13 +232,15 @@ void drop_finished_jobs_kv(OrchestratorActor* self) {
 }
 
 /// A worker's `actor list` detail from its last heartbeat: "weights 12.3
-/// MiB, kv blocks 5/10, sidp cas".
+/// MiB, kv blocks 5/10, sidp cas" or "..., seesaw decode (7 transitions)".
 std::string worker_detail(const orchestrator::WorkerPool::Worker* w) {
   if (w == nullptr || !w->load) return "";
   const orchestrator::WorkerLoad& l = *w->load;
   std::string d = "weights " + mib(l.weight_bytes) + ", kv blocks " + std::to_string(l.kv_blocks_used) + "/" +
                   std::to_string(l.kv_blocks_total);
   if (!l.sidp_mode.empty()) d += ", sidp " + l.sidp_mode;
+  if (!l.seesaw_phase.empty())
+    d += ", seesaw " + l.seesaw_phase + " (" + std::to_string(l.seesaw_transitions) + " transitions)";
   return d;
 }
 

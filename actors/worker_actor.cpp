@@ -53,6 +53,19 @@ struct WorkerState {
   bool warned_slow_step = false;
   Inbox inbox;
   static inline const char* name = "shardline.worker";
+
+  WorkerState() = default;
+  WorkerState(const WorkerState&) = delete;
+  WorkerState& operator=(const WorkerState&) = delete;
+  /// Seesaw: what the phases did, once, when the worker stops.
+  ~WorkerState() {
+    if (!worker || !worker->engine().seesaw_phase()) return;
+    const engine::SeesawStats& s = worker->engine().seesaw_stats();
+    spdlog::info("worker {}: Seesaw: {} transitions, {} prefill / {} decode steps, {} offloads to the host KV buffer "
+                 "(peak {} tokens), {:.1f} ms in transitions",
+                 config.name, s.transitions, s.prefill_steps, s.decode_steps, s.offloads, s.host_peak_tokens,
+                 s.transition_ms);
+  }
 };
 
 using WorkerActor = caf::stateful_actor<WorkerState>;
@@ -72,6 +85,10 @@ messages::WorkerStatus status_of(const WorkerState& st) {
   w.steps_done = static_cast<std::uint64_t>(s.steps_done);
   w.weight_bytes = st.weight_bytes;
   if (st.sidp) w.sidp_mode = st.sidp->mode_name();
+  if (const auto phase = st.worker->engine().seesaw_phase()) {
+    w.seesaw_phase = engine::to_string(*phase);
+    w.seesaw_transitions = st.worker->engine().seesaw_stats().transitions;
+  }
   return w;
 }
 
@@ -368,6 +385,13 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     spdlog::info("worker {}: Shift Parallelism: steps of at most {} tokens run as tp={} (back above {} tokens)",
                  st.config.name, sh->policy.threshold, st.config.engine.parallel.group_size(),
                  static_cast<long long>(static_cast<double>(sh->policy.threshold) * (1.0 + sh->policy.hysteresis)));
+  if (const auto& ss = st.config.engine.seesaw) {
+    const engine::ParallelConfig& cp = st.config.engine.parallel;
+    const engine::ParallelConfig cd = st.config.engine.parallel_decode.value_or(cp);
+    spdlog::info("worker {}: Seesaw: prefill as [{}], decode as [{}], {} schedule, host KV buffer {} MiB",
+                 st.config.name, orchestrator::group_label(cp), orchestrator::group_label(cd),
+                 engine::to_string(ss->schedule), st.config.engine.swap_space_bytes >> 20);
+  }
 
   return {
       [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {

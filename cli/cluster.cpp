@@ -131,6 +131,11 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
     o.engine.num_threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, devices->num_cpu_devices));
   if (Status st = resolve_shift_threshold(a.engine, o.parallel, o.engine); !st) return st.error();
+  if (const auto& cd = o.engine.parallel_decode; cd && cd->group_size() != o.parallel.group_size())
+    return make_error(ErrorCode::invalid_argument,
+                      "--parallel-decode " + a.engine.parallel_decode + " must use the " +
+                          std::to_string(o.parallel.group_size()) + " devices of each --parallel group (" +
+                          o.parallel.to_string() + "), got " + std::to_string(cd->group_size()));
   o.max_batch = a.max_batch;
   o.key_file = a.key_file;
   o.metrics = a.metrics;
@@ -176,8 +181,9 @@ void add_placement_flags(CLI::App& cmd, std::string& devices, std::string& paral
                  "cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without --parallel, where "
                  "cpu:N means N single-device workers); or cuda:LIST (cuda:0, cuda:0,1, cuda:0-3): one "
                  "single-device worker per GPU");
-  cmd.add_option("--parallel", parallel,
-                 "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single)");
+  cmd.add_option("--parallel,--parallel-prefill", parallel,
+                 "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single); "
+                 "with --parallel-decode, the config prefill runs in (Seesaw's cp)");
 }
 
 /// --group-master, --group-key-file and --group-timeout-ms of `run` and `node start`.
@@ -563,6 +569,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   add_kv_flags(*start, na->kv);
   add_engine_flags(*start, na->engine);
   add_shift_flags(*start, na->engine);
+  add_seesaw_flags(*start, na->engine);
   add_sidp_flags(*start, na->sidp);
   start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
 
@@ -628,6 +635,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   add_kv_flags(*r, ra->kv);
   add_engine_flags(*r, ra->engine);
   add_shift_flags(*r, ra->engine);
+  add_seesaw_flags(*r, ra->engine);
   add_sidp_flags(*r, ra->sidp);
   r->callback([&run, ra] { run = [ra] { return run_run(*ra); }; });
 }

@@ -133,6 +133,23 @@ void add_shift_flags(CLI::App& cmd, EngineFlags& f) {
       ->capture_default_str();
 }
 
+void add_seesaw_flags(CLI::App& cmd, EngineFlags& f) {
+  cmd.add_option("--parallel-decode", f.parallel_decode,
+                 "Seesaw: each engine group decodes in this config (tp=..,pp=..,sp=.., the same number of devices "
+                 "as --parallel / --parallel-prefill, which prefill runs in); KV moves between them through the host "
+                 "KV buffer. Turns on Seesaw's phases");
+  cmd.add_option("--seesaw-policy", f.seesaw_policy,
+                 "Seesaw's phase schedule: transition-minimizing (default with --parallel-decode), "
+                 "prefill-prioritizing or decode-prioritizing. Alone: phases on one config");
+  cmd.add_option("--host-kv-bytes", f.host_kv_bytes,
+                 "Seesaw's host KV buffer per engine (bytes, or 512M, 4G ...; default: --swap-space); must hold one "
+                 "--max-model-len sequence")
+      ->type_name("SIZE");
+  cmd.add_option("--seesaw-min-prefill-prompts", f.seesaw_min_prefill_prompts,
+                 "transition-minimizing: decode -> prefill needs this many waiting prompts while decodes remain")
+      ->capture_default_str();
+}
+
 void add_device_flag(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--device", f.device, "cpu, or cuda:N (one GPU)")->capture_default_str();
 }
@@ -214,6 +231,35 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
     so.policy.hysteresis = f.shift_hysteresis;
     if (Status st = so.policy.validate(); !st) return st.error();
     o.shift = so;
+  }
+  if (!f.parallel_decode.empty() || !f.seesaw_policy.empty()) {
+    engine::SeesawPolicyOptions so;
+    if (!f.seesaw_policy.empty()) {
+      auto schedule = engine::parse_seesaw_schedule(f.seesaw_policy);
+      if (!schedule) return make_error(ErrorCode::invalid_argument, "--seesaw-policy: " + schedule.error().message);
+      so.schedule = *schedule;
+    }
+    so.min_prefill_prompts = f.seesaw_min_prefill_prompts;
+    if (Status st = so.validate(); !st)
+      return make_error(ErrorCode::invalid_argument, "--seesaw-min-prefill-prompts: " + st.error().message);
+    o.seesaw = so;
+    if (!f.parallel_decode.empty()) {
+      auto cd = engine::parse_parallel_config(f.parallel_decode);
+      if (!cd) return make_error(ErrorCode::invalid_argument, "--parallel-decode: " + cd.error().message);
+      if (cd->dp != 1)
+        return make_error(ErrorCode::invalid_argument,
+                          "--parallel-decode is one engine group's config (tp, pp, sp); dp comes from --parallel, got " +
+                              f.parallel_decode);
+      o.parallel_decode = *cd;
+    }
+    if (!f.host_kv_bytes.empty()) {
+      auto bytes = parse_byte_size(f.host_kv_bytes);
+      if (!bytes) return make_error(ErrorCode::invalid_argument, "--host-kv-bytes: " + bytes.error().message);
+      o.swap_space_bytes = *bytes;  // the host KV buffer is the engine's swap space
+    }
+  } else if (!f.host_kv_bytes.empty()) {
+    return make_error(ErrorCode::invalid_argument, "--host-kv-bytes sizes Seesaw's host KV buffer: it needs "
+                                                   "--parallel-decode or --seesaw-policy");
   }
   return o;
 }

@@ -40,11 +40,24 @@ struct EngineFlags {
   /// crossover, cli/shift_threshold.hpp; ArcticInference's fixed default is 512)
   std::string shift_threshold = "auto";
   double shift_hysteresis = 0.25;   ///< --shift-hysteresis
+  /// Seesaw (run, node start): --parallel-decode, the decode config cd of
+  /// each engine group ("" = none); --seesaw-policy ("" = off unless
+  /// --parallel-decode is given: then transition-minimizing);
+  /// --host-kv-bytes ("" = --swap-space); --seesaw-min-prefill-prompts.
+  std::string parallel_decode;
+  std::string seesaw_policy;
+  std::string host_kv_bytes;
+  int seesaw_min_prefill_prompts = 1;
 };
 
 /// `--shift`, `--shift-threshold` and `--shift-hysteresis` (Shift
 /// Parallelism on `run` and `node start`; docs/parallel.md).
 void add_shift_flags(CLI::App& cmd, EngineFlags& f);
+
+/// `--parallel-decode`, `--seesaw-policy`, `--host-kv-bytes` and
+/// `--seesaw-min-prefill-prompts` (Seesaw on `run` and `node start`;
+/// docs/seesaw.md). `--parallel-prefill` is another name of `--parallel`.
+void add_seesaw_flags(CLI::App& cmd, EngineFlags& f);
 
 /// Parses a size in bytes: a decimal number with an optional binary unit,
 /// case-insensitive, spaces allowed between: none or B (bytes), K / KB / KiB

@@ -409,6 +409,8 @@ void put(wire::WorkerStatus::Builder b, const WorkerStatus& s) {
   b.setStepsDone(s.steps_done);
   b.setWeightBytes(s.weight_bytes);
   b.setSidpMode(text(s.sidp_mode));
+  b.setSeesawPhase(text(s.seesaw_phase));
+  b.setSeesawTransitions(s.seesaw_transitions);
 }
 
 WorkerStatus get(wire::WorkerStatus::Reader r) {
@@ -426,6 +428,12 @@ WorkerStatus get(wire::WorkerStatus::Reader r) {
   s.weight_bytes = r.getWeightBytes();
   s.sidp_mode = str(r.getSidpMode());
   check_sidp_mode(s.sidp_mode, "workerStatus.sidpMode", true);
+  s.seesaw_phase = str(r.getSeesawPhase());
+  if (!s.seesaw_phase.empty() && s.seesaw_phase != "prefill" && s.seesaw_phase != "decode")
+    fail(ErrorCode::invalid_argument,
+         "workerStatus.seesawPhase: a Seesaw phase is \"prefill\" or \"decode\" (or empty), got \"" + s.seesaw_phase +
+             "\"");
+  s.seesaw_transitions = r.getSeesawTransitions();
   return s;
 }
 

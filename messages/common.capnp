@@ -131,6 +131,8 @@ struct WorkerStatus {
   stepsDone @9 :UInt64;
   weightBytes @10 :UInt64;  # bytes of weights the worker's devices hold (SiDP: attention + owned FFN + slots)
   sidpMode @11 :Text;       # the mode its SiDP rank runs in now, "was" / "cas"; "" = not SiDP
+  seesawPhase @12 :Text;    # Seesaw: "prefill" / "decode" now; "" = no phases
+  seesawTransitions @13 :UInt64;  # Seesaw: phase transitions so far
 }
 
 # One WaS <-> CaS switch of a SiDP group (orchestrator -> client).

@@ -90,6 +90,8 @@ struct WorkerStatus {
   /// WaS cache slots).
   std::uint64_t weight_bytes = 0;
   std::string sidp_mode;  ///< the mode its SiDP rank runs in now, "was" / "cas"; "" = not SiDP
+  std::string seesaw_phase;             ///< Seesaw: "prefill" / "decode" now; "" = no phases
+  std::uint64_t seesaw_transitions = 0;  ///< Seesaw: phase transitions (config switches) so far
   bool operator==(const WorkerStatus&) const = default;
 };
 

@@ -47,6 +47,8 @@ struct WorkerLoad {
   std::uint64_t kv_blocks_total = 0;
   std::uint64_t weight_bytes = 0;  ///< weights its devices hold (for `actor list`)
   std::string sidp_mode;           ///< "was" / "cas" when it is a SiDP rank, else ""
+  std::string seesaw_phase;        ///< "prefill" / "decode" when it runs Seesaw's phases, else ""
+  std::uint64_t seesaw_transitions = 0;
   bool operator==(const WorkerLoad&) const = default;
 };
 

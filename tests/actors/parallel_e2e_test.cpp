@@ -5,7 +5,8 @@
 // same bytes as the single-device run; a --devices count other than the
 // world size is a usage error before anything starts; a node refuses a job
 // whose --parallel differs from its workers' and shows each worker's group
-// and each job's config and token budget.
+// and each job's config and token budget. Shift and Seesaw runs and
+// jobs write the same bytes too.
 //
 // Why byte-identical holds: a line's tokens depend only on the line (seeded
 // per (job, line) when it has no seed of its own; job ids are 1 in every run
@@ -27,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/parallel_config.hpp"
 #include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
@@ -71,6 +73,26 @@ class ParallelE2e : public testing_support::TempDirTest {
     const std::string out = read_file(path("single.jsonl"));
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 40);
     return out;
+  }
+
+  /// Job 2 of a node run on the input against the single-device output:
+  /// its unseeded lines (every 4th from line 3) take seeds derived from job
+  /// id 2; its greedy and seeded lines must equal the single-device run's.
+  void expect_second_job_matches(const std::string& output, const std::string& expected) {
+    std::istringstream got2(read_file(path(output))), want(expected);
+    std::string got_line, want_line;
+    int line = 0, compared = 0;
+    while (std::getline(want, want_line)) {
+      ASSERT_TRUE(std::getline(got2, got_line)) << "job 2 has fewer lines";
+      if (line++ % 4 == 3) continue;
+      // Ids name the job; the completion must not depend on it.
+      const auto got_json = nlohmann::json::parse(got_line), want_json = nlohmann::json::parse(want_line);
+      EXPECT_EQ(got_json["custom_id"], want_json["custom_id"]);
+      EXPECT_EQ(got_json["response"]["body"]["choices"], want_json["response"]["body"]["choices"])
+          << "job 2 line " << line - 1;
+      ++compared;
+    }
+    EXPECT_EQ(compared, 30);
   }
 
   /// `job status --json` of the node at `client` until its two jobs are
@@ -143,11 +165,13 @@ TEST_F(ParallelE2e, RunWithShiftIsByteIdenticalToOneDevice) {
   for (const std::string config : {"sp=2", "sp=2,tp=2"}) {
     for (const std::string threshold : {"0", "4", "1000000"}) {
       const std::string what = config + " T=" + threshold;
-      const auto r = run("shift.jsonl", "--parallel " + config + " --shift --shift-threshold " + threshold);
+      // One output per run: `run` with an output it already finished only reports that job.
+      const std::string out = "shift-" + config + "-" + threshold + ".jsonl";
+      const auto r = run(out, "--parallel " + config + " --shift --shift-threshold " + threshold);
       ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.out;
       EXPECT_NE(r.out.find("Shift Parallelism: steps of at most " + threshold + " tokens run as tp="), std::string::npos)
           << r.out;
-      EXPECT_TRUE(read_file(path("shift.jsonl")) == expected) << what << " output differs from one device";
+      EXPECT_TRUE(read_file(path(out)) == expected) << what << " output differs from one device";
     }
   }
   // The default threshold is auto: the cost model's crossover on this
@@ -174,6 +198,54 @@ TEST_F(ParallelE2e, RunWithShiftIsByteIdenticalToOneDevice) {
   r = run("bad.jsonl", "--parallel sp=2,pp=2 --shift");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.out.find("pp = 1"), std::string::npos) << r.out;
+}
+
+// Seesaw (--parallel-prefill cp --parallel-decode cd, seed 000 §4): prefill
+// phases run in cp, decode phases in cd over the same devices, the KV
+// re-sharded on its way through the host KV buffer (1 MiB: 819 stories260K
+// f32 tokens, so several transitions over 40 lines). Every pair writes one
+// device's bytes (cd with TP: within 1e-4, see the file comment).
+TEST_F(ParallelE2e, RunWithSeesawIsByteIdenticalToOneDevice) {
+  const std::string expected = single_output();
+  const std::pair<std::string, std::string> pairs[] = {{"pp=2", "tp=2"}, {"pp=4", "tp=2,pp=2"}, {"sp=2", "pp=2"}};
+  for (const auto& [cp, cd] : pairs) {
+    const std::string out = "seesaw-" + cp + "-" + cd + ".jsonl";
+    const auto r = run(out, "--parallel-prefill " + cp + " --parallel-decode " + cd + " --host-kv-bytes 1M");
+    ASSERT_EQ(r.exit_code, 0) << cp << " -> " << cd << "\n" << r.out;
+    const auto full = [](const std::string& c) { return engine::parse_parallel_config(c).value().to_string(); };
+    const std::string cp_label = full(cp).substr(0, full(cp).rfind(",dp="));
+    const std::string cd_label = full(cd).substr(0, full(cd).rfind(",dp="));
+    EXPECT_NE(r.out.find("Seesaw: prefill as [" + cp_label + "], decode as [" + cd_label +
+                         "], transition-minimizing schedule, host KV buffer 1 MiB"),
+              std::string::npos)
+        << r.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("Seesaw: (\\d+) transitions, (\\d+) prefill / (\\d+) decode")))
+        << r.out;
+    EXPECT_GE(std::stoi(m[1].str()), 3) << r.out;
+    EXPECT_TRUE(read_file(path(out)) == expected) << cp << " -> " << cd << " output differs from one device";
+  }
+  // Usage errors name the flag; nothing starts.
+  const std::pair<std::string, std::string> bad[] = {
+      {"--parallel pp=2 --parallel-decode tp=4", "--parallel-decode tp=4 must use the 2 devices of each --parallel group"},
+      {"--parallel pp=2 --parallel-decode tp=2,dp=2", "dp comes from --parallel"},
+      {"--parallel pp=2 --parallel-decode tp=2 --seesaw-policy eager", "--seesaw-policy: "},
+      {"--parallel pp=2 --host-kv-bytes 1M", "--host-kv-bytes sizes Seesaw's host KV buffer"},
+      {"--parallel pp=2 --parallel-decode tp=2 --host-kv-bytes 1Q", "--host-kv-bytes: size '1Q'"},
+  };
+  for (const auto& [flags, words] : bad) {
+    const auto r = run("bad.jsonl", flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(words), std::string::npos) << flags << "\n" << r.out;
+    EXPECT_FALSE(fs::exists(path("bad.jsonl.shardline"))) << flags;
+  }
+  // A host buffer below one max_model_len sequence (512 tokens = 640 KiB):
+  // the worker cannot start, and the job stays resumable.
+  const auto small = run("small.jsonl", "--parallel pp=2 --parallel-decode tp=2 --host-kv-bytes 600K");
+  EXPECT_NE(small.exit_code, 0) << small.out;
+  EXPECT_NE(small.out.find("cannot hold one max_model_len=512 sequence"), std::string::npos) << small.out;
+  EXPECT_NE(small.out.find("job 1 stays resumable"), std::string::npos) << small.out;
+  EXPECT_EQ(read_file(path("small.jsonl")), "");
 }
 
 TEST_F(ParallelE2e, DevicesOtherThanTheWorldSizeIsAUsageErrorBeforeAnythingStarts) {
@@ -236,24 +308,56 @@ TEST_F(ParallelE2e, SubmittedJobsOnAShiftNodeAreByteIdenticalToOneDevice) {
   EXPECT_NE(node.log().find("Shift Parallelism: steps of at most 4 tokens run as tp=2"), std::string::npos)
       << node.log();
   EXPECT_TRUE(read_file(path("shift1.jsonl")) == expected) << "first shift job differs from one device";
-  // Job 2's unseeded lines (every 4th from line 3) take seeds derived from
-  // job id 2; its greedy and seeded lines equal the single-device run's.
-  std::istringstream got2(read_file(path("shift2.jsonl"))), want(expected);
-  std::string got_line, want_line;
-  int line = 0, compared = 0;
-  while (std::getline(want, want_line)) {
-    ASSERT_TRUE(std::getline(got2, got_line)) << "job 2 has fewer lines";
-    if (line++ % 4 == 3) continue;
-    // Ids name the job; the completion must not depend on it.
-    const auto got_json = nlohmann::json::parse(got_line), want_json = nlohmann::json::parse(want_line);
-    EXPECT_EQ(got_json["custom_id"], want_json["custom_id"]);
-    EXPECT_EQ(got_json["response"]["body"]["choices"], want_json["response"]["body"]["choices"])
-        << "job 2 line " << line - 1;
-    ++compared;
-  }
-  EXPECT_EQ(compared, 30);
+  expect_second_job_matches("shift2.jsonl", expected);
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
+}
+
+// Seesaw as jobs: two jobs submitted to a node started with
+// --parallel-prefill pp=2 --parallel-decode tp=2 run in phases on its group;
+// job status shows the worker's phase and transitions.
+TEST_F(ParallelE2e, SubmittedJobsOnASeesawNodeAreByteIdenticalToOneDevice) {
+  const std::string expected = single_output();
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+  Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
+              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--max-batch", "8",
+              "--parallel-prefill", "pp=2", "--parallel-decode", "tp=2", "--host-kv-bytes", "1M"},
+             path("node.log"));
+  ASSERT_TRUE(node.started());
+  const std::string log = node.wait_for_log("workers:", std::chrono::seconds(30));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
+  const std::string client = " --node 127.0.0.1:" + m[1].str() + " --key-file " + path("cluster.key");
+  const std::string submit = kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
+                             " --input " + path("in.jsonl");
+  // A job's --parallel is the prefill config the node runs.
+  const auto first = run_command(submit + " --output " + path("seesaw1.jsonl") + " --parallel pp=2");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  const auto second = run_command(submit + " --output " + path("seesaw2.jsonl"));
+  ASSERT_EQ(second.exit_code, 0) << second.out;
+  const nlohmann::json status = status_when_two_jobs_done(client);
+  ASSERT_EQ(status["jobs"].size(), 2u) << status.dump();
+  ASSERT_EQ(status["jobs"][1]["state"], "done") << status.dump() << node.log();
+  EXPECT_TRUE(read_file(path("seesaw1.jsonl")) == expected) << "first Seesaw job differs from one device";
+  expect_second_job_matches("seesaw2.jsonl", expected);
+  // The worker's heartbeat carries its phase and transitions.
+  bool shown = false;
+  std::string last;
+  for (int i = 0; i < 50 && !shown; ++i) {
+    const auto s = run_command(kShardline + " job status --json" + client);
+    ASSERT_EQ(s.exit_code, 0) << s.out;
+    last = s.out;
+    const nlohmann::json status_now = nlohmann::json::parse(s.out);
+    for (const auto& a : status_now["actors"])
+      if (a["kind"] == "worker" &&
+          std::regex_search(a["detail"].get<std::string>(), std::regex("seesaw (prefill|decode) \\([1-9]\\d* transitions\\)")))
+        shown = true;
+    if (!shown) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(shown) << "no worker shows its Seesaw phase: " << last;
+  node.kill(SIGTERM);
+  EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
+  EXPECT_TRUE(std::regex_search(node.log(), std::regex("Seesaw: [1-9]\\d* transitions"))) << node.log();
 }
 
 TEST_F(ParallelE2e, NodeRefusesAJobAskingAnotherConfigAndShowsGroupsAndPolicies) {

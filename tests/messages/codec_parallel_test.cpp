@@ -1,4 +1,4 @@
-// The parallel-config and token-budget fields of the messages: they round
+// The parallel-config, token-budget and Seesaw fields of the messages: they round
 // trip, a sender that does not know them (an older build) reads as the
 // defaults, and bad values are refused with invalid_argument naming the field.
 #include <capnp/message.h>
@@ -121,6 +121,18 @@ TEST(MessagesCodecParallel, BadValuesAreRefused) {
     bad.token_budget = "fast";
     expect_error(decode_worker(encode(WorkerMsg{AssignWork{{good, bad}}})), ErrorCode::invalid_argument,
                  "requests[1].tokenBudget: unknown token budget policy 'fast'");
+  }
+  {
+    WorkerStatus s;
+    s.worker_name = "n/cpu:0-1";
+    s.seesaw_phase = "decode";
+    s.seesaw_transitions = 7;
+    auto good = decode_worker_reply(encode(WorkerReply{s}));
+    ASSERT_TRUE(good.ok()) << good.error().to_string();
+    EXPECT_EQ(std::get<WorkerStatus>(*good), s);
+    s.seesaw_phase = "mixed";
+    expect_error(decode_worker_reply(encode(WorkerReply{s})), ErrorCode::invalid_argument,
+                 "workerStatus.seesawPhase: a Seesaw phase is \"prefill\" or \"decode\" (or empty), got \"mixed\"");
   }
 }
 

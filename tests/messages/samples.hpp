@@ -93,6 +93,8 @@ inline WorkerStatus sample_status() {
   s.steps_done = 4000000000ull;
   s.weight_bytes = 5ull << 30;
   s.sidp_mode = "cas";
+  s.seesaw_phase = "decode";
+  s.seesaw_transitions = 1234567;
   return s;
 }
 
