@@ -145,6 +145,10 @@ void add_seesaw_flags(CLI::App& cmd, EngineFlags& f) {
                  "Seesaw's host KV buffer per engine (bytes, or 512M, 4G ...; default: --swap-space); must hold one "
                  "--max-model-len sequence")
       ->type_name("SIZE");
+  cmd.add_option("--reshard-weights", f.reshard_weights,
+                 "Seesaw with --parallel-decode: resident (every rank keeps both configs' weight shards) or reload "
+                 "(it frees the inactive shard and repacks it from host memory at each transition)")
+      ->capture_default_str();
   cmd.add_option("--seesaw-min-prefill-prompts", f.seesaw_min_prefill_prompts,
                  "transition-minimizing: decode -> prefill needs this many waiting prompts while decodes remain")
       ->capture_default_str();
@@ -252,6 +256,9 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
                               f.parallel_decode);
       o.parallel_decode = *cd;
     }
+    auto weights = engine::parse_reshard_weights(f.reshard_weights);
+    if (!weights) return weights.error();
+    o.reshard_weights = *weights;
     if (!f.host_kv_bytes.empty()) {
       auto bytes = parse_byte_size(f.host_kv_bytes);
       if (!bytes) return make_error(ErrorCode::invalid_argument, "--host-kv-bytes: " + bytes.error().message);

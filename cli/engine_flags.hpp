@@ -48,6 +48,7 @@ struct EngineFlags {
   std::string seesaw_policy;
   std::string host_kv_bytes;
   int seesaw_min_prefill_prompts = 1;
+  std::string reshard_weights = "resident";  ///< --reshard-weights resident | reload
 };
 
 /// `--shift`, `--shift-threshold` and `--shift-hysteresis` (Shift

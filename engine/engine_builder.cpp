@@ -262,10 +262,15 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
   } else {
-    std::optional<ParallelConfig> decode;
-    if (o.parallel_decode && *o.parallel_decode != o.parallel) decode = o.parallel_decode;
-    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro, o.shift, decode);
+    std::optional<SeesawGroupOptions> seesaw;
+    if (o.parallel_decode && *o.parallel_decode != o.parallel)
+      seesaw = SeesawGroupOptions{*o.parallel_decode, o.reshard_weights};
+    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro, o.shift, seesaw);
     if (!group) return std::move(group).error();
+    if (seesaw) {  // what the ranks hold: both configs' shards, or (reload) the active one's
+      e.weight_bytes = 0;
+      for (const std::size_t b : (*group)->packed_weight_bytes_per_rank()) e.weight_bytes += b;
+    }
     e.executor = std::move(group).value();
   }
   return Status::ok_status();

@@ -93,6 +93,10 @@ struct EngineOptions {
   /// in-process CPU group only (not CUDA, TCP, SiDP or --shift).
   /// nullopt or equal to `parallel`: one config for both phases.
   std::optional<ParallelConfig> parallel_decode;
+  /// With parallel_decode: keep both shards packed on every rank
+  /// (`resident`), or free the inactive one and repack it from the host
+  /// weights at each transition (`reload`, §4.1).
+  ReshardWeights reshard_weights = ReshardWeights::resident;
   /// Already-loaded weights to use instead of loading model_dir again (the
   /// ranks of an in-process group share one load); null = load. model_dir
   /// still names the tokenizer folder.
@@ -118,8 +122,10 @@ struct EngineInstance {
   /// Bytes of the weights this engine holds as the memory plan counts them
   /// (with device_memory_bytes: the plan's, SiDP-aware; a SiDP rank
   /// (sidp_owned_ffn_layers >= 0): sidp_weight_bytes_for its share;
-  /// otherwise weight_bytes_for the loaded config and dtype, the whole model
-  /// over a group's ranks).
+  /// a Seesaw group with two configs: the packed bytes its ranks hold at
+  /// start, both shards with resident weights, the prefill shards with
+  /// reload; otherwise weight_bytes_for the loaded config and dtype, the
+  /// whole model over a group's ranks).
   std::uint64_t weight_bytes = 0;
 
   /// The executor as a T (e.g. InProcEngineGroup, model::CpuModelRunner), or

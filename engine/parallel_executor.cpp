@@ -21,6 +21,18 @@ constexpr std::int32_t kKindStep = 0;
 constexpr std::int32_t kKindShutdown = 1;
 constexpr std::int32_t kKindStepShift = 2;  ///< a step in the shift config (Shift Parallelism)
 constexpr std::int32_t kKindStepDecode = 3;  ///< a step in the decode config (Seesaw)
+constexpr std::int32_t kKindSwitchConfig = 4;  ///< switch between cp and cd (Seesaw)
+
+/// Seesaw's weight re-sharding on one rank: under reload, frees the
+/// outgoing shard and packs the incoming one. Returns the microseconds spent.
+Result<std::int64_t> reshard_weights(model::ShardRunner& outgoing, model::ShardRunner& incoming, ReshardWeights mode) {
+  const auto t0 = Clock::now();
+  if (mode == ReshardWeights::reload) {
+    outgoing.release_weights();
+    if (Status st = incoming.load_weights(); !st) return st.error();
+  }
+  return us_since(t0);
+}
 /// How long an idle rank waits for the next step's metadata.
 constexpr std::chrono::hours kIdleWait{24 * 365};
 
@@ -29,6 +41,17 @@ std::size_t activation_bytes(const model::ShardRunner& r, int num_tokens) {
 }
 
 }  // namespace
+
+const char* to_string(ReshardWeights weights) noexcept {
+  return weights == ReshardWeights::reload ? "reload" : "resident";
+}
+
+Result<ReshardWeights> parse_reshard_weights(std::string_view text) {
+  if (text == "resident") return ReshardWeights::resident;
+  if (text == "reload") return ReshardWeights::reload;
+  return make_error(ErrorCode::invalid_argument,
+                    "--reshard-weights must be resident or reload, got '" + std::string(text) + "'");
+}
 
 model::ShardSpec shard_spec_of(const ParallelConfig& pc, int group_rank) {
   const RankCoord c = rank_coord(pc, group_rank);
@@ -157,12 +180,33 @@ Status ShardWorker::serve() {
     world.set_timeout(step_timeout);
     if (!st) return st;
     if (header[0] == kKindShutdown) return Status::ok_status();
+    if (header[0] == kKindSwitchConfig) {  // Seesaw: the next steps run in the other config
+      std::int32_t body[2] = {0, 0};
+      if (!decode_ || header[1] != 2)
+        return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a config switch but no decode config");
+      if (Status s = world.recv(body, sizeof body, 0, kTagMetaBody); !s) return s;
+      const bool to_decode = body[0] == 1;
+      std::int64_t us = 0;
+      if (to_decode != decode_active_) {
+        Result<std::int64_t> done = to_decode ? reshard_weights(*runner_, *decode_->runner, decode_->weights)
+                                              : reshard_weights(*decode_->runner, *runner_, decode_->weights);
+        if (!done.ok()) return std::move(done).error();
+        us = *done;
+        decode_active_ = to_decode;
+      }
+      if (Status s = world.send(&us, sizeof us, 0, kTagTransitionAck); !s) return s;
+      continue;
+    }
     if ((header[0] != kKindStep && header[0] != kKindStepShift && header[0] != kKindStepDecode) || header[1] < 0)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": bad step header");
     if (header[0] == kKindStepShift && !shift_runner_)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a shift step but no shift config");
     if (header[0] == kKindStepDecode && !decode_)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a decode step but no decode config");
+    if (decode_ && (header[0] == kKindStepDecode) != decode_active_)
+      return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a step in the " +
+                                                (header[0] == kKindStepDecode ? "decode" : "prefill") +
+                                                " config while the other one is active");
     // The step's config: the group's own, Shift's TP' (pp = 1, routed like
     // the base config) or Seesaw's cd, with this rank's place in it.
     const bool in_decode = header[0] == kKindStepDecode;
@@ -272,7 +316,26 @@ Status ParallelExecutor::use_step_config(model::StepConfig config) {
   if (!decode_) return make_error(ErrorCode::unsupported, "parallel executor: the group has one parallel config");
   if (!in_flight_.empty())
     return make_error(ErrorCode::invalid_argument, "parallel executor: step config switched with steps in flight");
-  decode_active_ = config == model::StepConfig::decode;
+  const bool to_decode = config == model::StepConfig::decode;
+  if (to_decode == decode_active_) return Status::ok_status();
+  // Every rank re-shards at once (on its own thread), rank 0 here.
+  const std::int32_t header[2] = {kKindSwitchConfig, 2};
+  const std::int32_t body[2] = {to_decode ? 1 : 0, decode_->weights == ReshardWeights::reload ? 1 : 0};
+  for (int r = 1; r < pc_.group_size(); ++r) {
+    if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
+    if (Status st = comms_.world->send(body, sizeof body, r, kTagMetaBody); !st) return st;
+  }
+  Result<std::int64_t> mine = to_decode ? reshard_weights(*runner_, *decode_->runner, decode_->weights)
+                                        : reshard_weights(*decode_->runner, *runner_, decode_->weights);
+  if (!mine.ok()) return std::move(mine).error();
+  std::int64_t slowest_us = *mine;
+  for (int r = 1; r < pc_.group_size(); ++r) {
+    std::int64_t us = 0;
+    if (Status st = comms_.world->recv(&us, sizeof us, r, kTagTransitionAck); !st) return st;
+    slowest_us = std::max(slowest_us, us);
+  }
+  decode_active_ = to_decode;
+  last_reshard_ms_ = static_cast<double>(slowest_us) / 1000.0;
   return Status::ok_status();
 }
 
@@ -390,7 +453,9 @@ Result<model::StepOutput> ParallelExecutor::execute(const model::StepInput& in) 
 Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared_ptr<const model::ModelWeights> weights,
                                                                      ParallelConfig pc, model::CpuRunnerOptions options,
                                                                      std::optional<ShiftOptions> shift,
-                                                                     std::optional<ParallelConfig> decode) {
+                                                                     std::optional<SeesawGroupOptions> seesaw) {
+  const std::optional<ParallelConfig> decode =
+      seesaw ? std::optional<ParallelConfig>(seesaw->decode) : std::nullopt;
   if (!weights) return make_error(ErrorCode::invalid_argument, "engine group: no weights");
   if (pc.dp != 1)
     return make_error(ErrorCode::invalid_argument, "engine group: one group is one replica, dp must be 1 (got " +
@@ -459,7 +524,9 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
       auto made = model::ShardRunner::create(weights, shard_spec_of(*decode, r), options,
                                              g->comms_.ranks[i].decode_shard_comms());
       if (!made.ok()) return std::move(made).error();
-      decode_shards[i] = DecodeShard{*decode, std::move(made).value()};
+      decode_shards[i] = DecodeShard{*decode, std::move(made).value(), seesaw->weights};
+      // Reload: only the active config's shard is packed; prefill comes first.
+      if (seesaw->weights == ReshardWeights::reload) decode_shards[i]->runner->release_weights();
     }
   }
   Result<std::unique_ptr<ParallelExecutor>> exec =
@@ -501,6 +568,17 @@ std::vector<double> InProcEngineGroup::stage_busy_ms() const {
   std::vector<double> out(static_cast<std::size_t>(pc_.pp), 0.0);
   out[0] = executor_->busy_ms();
   for (int s = 1; s < pc_.pp; ++s) out[static_cast<std::size_t>(s)] = workers_[static_cast<std::size_t>(group_rank_of(pc_, {s, 0, 0}) - 1)]->busy_ms();
+  return out;
+}
+
+std::vector<std::size_t> InProcEngineGroup::packed_weight_bytes_per_rank() {
+  const auto of = [](model::ShardRunner& main, model::ShardRunner* shift, model::ShardRunner* decode) {
+    return main.packed_weight_bytes() + (shift ? shift->packed_weight_bytes() : 0) +
+           (decode ? decode->packed_weight_bytes() : 0);
+  };
+  std::vector<std::size_t> out;
+  out.push_back(of(executor_->runner(), executor_->shift_runner(), executor_->decode_runner()));
+  for (auto& w : workers_) out.push_back(of(w->runner(), w->shift_runner(), w->decode_runner()));
   return out;
 }
 

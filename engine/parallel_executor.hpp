@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -51,11 +52,30 @@ namespace shardline::engine {
 /// Tags on a group's world communicator.
 enum GroupTag : int {
   /// driver -> rank: int32[2] {kind, num_words}; kind 0 step, 1 shutdown, 2
-  /// step in the shift config (Shift), 3 step in the decode config (Seesaw)
+  /// step in the shift config (Shift), 3 step in the decode config (Seesaw),
+  /// 4 switch config (Seesaw; body int32[2] {0 cp / 1 cd, reload})
   kTagMetaHeader = 101,
   kTagMetaBody = 102,    ///< driver -> rank: int32[num_words], encode_step()
   kTagActivations = 103, ///< stage s -> s+1: float[chunk_rows, hidden]
   kTagLogits = 104,      ///< last stage (0, 0) -> driver: float[num_logits, vocab]; int32 0 ("done") when num_logits = 0
+  kTagTransitionAck = 105,  ///< rank -> driver after a config switch (Seesaw): int64 microseconds re-sharding weights
+};
+
+/// Seesaw (seed 000 §4.1): what each rank does with its weights at a switch
+/// between cp and cd.
+enum class ReshardWeights {
+  resident,  ///< "resident": both shards stay packed (memory of both, no work at a switch)
+  reload,    ///< "reload": the inactive shard is freed and repacked from host memory at each switch
+};
+/// "resident" / "reload".
+[[nodiscard]] const char* to_string(ReshardWeights weights) noexcept;
+/// Parses to_string()'s names. Errors: invalid_argument naming the text.
+[[nodiscard]] Result<ReshardWeights> parse_reshard_weights(std::string_view text);
+
+/// Seesaw's second config of a group.
+struct SeesawGroupOptions {
+  ParallelConfig decode;  ///< cd: the prefill config's group size, dp = 1
+  ReshardWeights weights = ReshardWeights::resident;
 };
 
 /// The communicators of one rank of a group.
@@ -80,6 +100,7 @@ struct GroupComms {
 struct DecodeShard {
   ParallelConfig pc;                           ///< cd: same group size as the group's own config, dp = 1
   std::unique_ptr<model::ShardRunner> runner;  ///< shard_spec_of(pc, rank): own weights and KV cache
+  ReshardWeights weights = ReshardWeights::resident;
 };
 
 /// In-process communicators for every rank of a group ([group_size], index =
@@ -141,6 +162,7 @@ class ShardWorker {
   std::unique_ptr<model::ShardRunner> shift_runner_;  ///< shares runner_'s KV cache; declared after it
   std::optional<DecodeShard> decode_;
   RankCoord decode_coord_;  ///< this rank under decode_->pc
+  bool decode_active_ = false;  ///< the last switch message's config
   std::atomic<std::int64_t> busy_us_{0};
 };
 
@@ -205,8 +227,15 @@ class ParallelExecutor final : public model::ModelExecutor {
   /// a runner that is not rank 0 of cd).
   [[nodiscard]] Status set_decode_config(DecodeShard decode);
   [[nodiscard]] bool has_step_configs() const override { return decode_.has_value(); }
-  /// Switches between cp and cd; only with nothing in flight (invalid_argument).
+  /// Switches between cp and cd: tells every rank (kind 4), which under
+  /// `reload` frees its outgoing shard's packed weights and packs the
+  /// incoming one, does the same on rank 0 and waits for every rank's
+  /// acknowledgement. Only with nothing in flight (invalid_argument); io
+  /// from a dead rank. A switch to the active config does nothing.
   [[nodiscard]] Status use_step_config(model::StepConfig config) override;
+  /// Milliseconds the slowest rank spent re-sharding weights at the last
+  /// switch (0 with resident weights).
+  [[nodiscard]] double last_reshard_ms() const { return last_reshard_ms_; }
   /// The config the next step runs in (cp unless cd is active).
   [[nodiscard]] const ParallelConfig& active_config() const { return decode_active_ ? decode_->pc : pc_; }
   [[nodiscard]] model::StepConfig step_config() const {
@@ -242,6 +271,7 @@ class ParallelExecutor final : public model::ModelExecutor {
   std::optional<DecodeShard> decode_;
   bool decode_active_ = false;
   std::uint64_t config_steps_[2] = {0, 0};  ///< steps submitted in cp, cd
+  double last_reshard_ms_ = 0;
 };
 
 /// Shift Parallelism on an engine group (seed 001): the base config is the
@@ -264,13 +294,14 @@ class InProcEngineGroup final : public model::ModelExecutor {
   /// = sp*tp (own packed weights, the base runner's KV cache) and each step
   /// runs in the config the shift policy picks; pp must be 1 and the model
   /// shardable over sp*tp TP ranks (invalid_argument otherwise).
-  /// With `decode` (Seesaw's cd), every rank also holds its shard of cd
-  /// (own packed weights and KV cache of the same num_kv_blocks); steps run
-  /// in pc until use_step_config(decode). cd must have pc's group size, dp =
-  /// 1, and shard the model; not with `shift` (invalid_argument).
+  /// With `seesaw` (Seesaw's cd), every rank also holds its shard of cd
+  /// (own weights and a KV cache of the same num_kv_blocks); steps run in
+  /// pc until use_step_config(decode). With `reload` weights the cd shards
+  /// start released. cd must have pc's group size, dp = 1, and shard the
+  /// model; not with `shift` (invalid_argument).
   [[nodiscard]] static Result<std::unique_ptr<InProcEngineGroup>> create(
       std::shared_ptr<const model::ModelWeights> weights, ParallelConfig pc, model::CpuRunnerOptions options,
-      std::optional<ShiftOptions> shift = std::nullopt, std::optional<ParallelConfig> decode = std::nullopt);
+      std::optional<ShiftOptions> shift = std::nullopt, std::optional<SeesawGroupOptions> seesaw = std::nullopt);
   ~InProcEngineGroup() override;
   InProcEngineGroup(const InProcEngineGroup&) = delete;
   InProcEngineGroup& operator=(const InProcEngineGroup&) = delete;
@@ -306,6 +337,9 @@ class InProcEngineGroup final : public model::ModelExecutor {
   [[nodiscard]] Status kill_rank(int group_rank);
   /// The error a rank's loop ended with (ok while serving or after a clean stop).
   [[nodiscard]] Status rank_status(int group_rank) const;
+  /// Packed weight bytes every rank holds now, over all its configs'
+  /// shards ([group_size], group-rank order).
+  [[nodiscard]] std::vector<std::size_t> packed_weight_bytes_per_rank();
   /// Per-rank OpenMP threads in use.
   [[nodiscard]] int threads_per_rank() const { return threads_per_rank_; }
 

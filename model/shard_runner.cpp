@@ -168,11 +168,9 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
 
   if (ffn && !spec.is_whole_model())
     return invalid("an FFN executor (SiDP weight sharing) needs the whole model on each rank (tp = sp = pp = 1)");
-  const bool own_ffn = ffn == nullptr;
   std::unique_ptr<ShardRunner> r(new ShardRunner(weights, spec, options, comms, std::move(ffn)));
   const int hd = c.head_dim;
   const int heads = c.num_attention_heads;
-  const int kvh = c.num_key_value_heads;
   const int group = c.num_queries_per_kv();
   std::tie(r->layer_begin_, r->layer_end_) = stage_layer_range(c.num_hidden_layers, spec.pp, spec.stage);
   r->hq_t_ = heads / spec.tp;
@@ -188,26 +186,9 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
   r->vocab_begin_ = std::min(c.vocab_size, spec.tp_rank * r->vocab_shard_);
   r->vocab_rows_ = std::min(c.vocab_size, r->vocab_begin_ + r->vocab_shard_) - r->vocab_begin_;
 
-  const std::vector<RowRange> qkv_rows = {{spec.tp_rank * r->hq_t_ * hd, r->hq_t_ * hd},
-                                          {(heads + kv_begin_t) * hd, r->kv_t_ * hd},
-                                          {(heads + kvh + kv_begin_t) * hd, r->kv_t_ * hd}};
-  const int inter = c.intermediate_size;
-  const std::vector<RowRange> gate_up_rows = {{spec.tp_rank * r->inter_t_, r->inter_t_},
-                                              {inter + spec.tp_rank * r->inter_t_, r->inter_t_}};
-  for (int l = r->layer_begin_; l < r->layer_end_; ++l) {
-    const LayerWeights& lw = weights->layers[static_cast<std::size_t>(l)];
-    PackedLayer pl;
-    pl.qkv = pack_rows(lw.qkv, qkv_rows);
-    pl.qkv_bias = slice_vector(lw.qkv_bias, qkv_rows);
-    pl.o_proj = pack_cols(lw.o_proj, spec.tp_rank * r->hq_t_ * hd, r->hq_t_ * hd);
-    if (own_ffn) {
-      pl.gate_up = pack_rows(lw.gate_up, gate_up_rows);
-      pl.down = pack_cols(lw.down_proj, spec.tp_rank * r->inter_t_, r->inter_t_);
-    }
-    r->layers_.push_back(std::move(pl));
-  }
-  if (spec.last_stage() && r->vocab_rows_ > 0)
-    r->lm_head_ = pack_rows(weights->lm_head, {{r->vocab_begin_, r->vocab_rows_}});
+  r->kv_begin_t_ = kv_begin_t;
+  r->layers_.resize(static_cast<std::size_t>(r->layer_end_ - r->layer_begin_));
+  r->pack_weights();
 
   r->inv_freq_ = kc::rope_inv_freq(rope_params_for(c));
 
@@ -223,6 +204,43 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
     std::memset(r->kv_cache_.get(), 0, r->kv_cache_bytes_);  // fault the pages in now, not during steps
   }
   return r;
+}
+
+void ShardRunner::pack_weights() {
+  const ModelConfig& c = weights_->config;
+  const int hd = c.head_dim;
+  const int heads = c.num_attention_heads;
+  const int kvh = c.num_key_value_heads;
+  const std::vector<RowRange> qkv_rows = {{spec_.tp_rank * hq_t_ * hd, hq_t_ * hd},
+                                          {(heads + kv_begin_t_) * hd, kv_t_ * hd},
+                                          {(heads + kvh + kv_begin_t_) * hd, kv_t_ * hd}};
+  const int inter = c.intermediate_size;
+  const std::vector<RowRange> gate_up_rows = {{spec_.tp_rank * inter_t_, inter_t_},
+                                              {inter + spec_.tp_rank * inter_t_, inter_t_}};
+  for (int l = layer_begin_; l < layer_end_; ++l) {
+    const LayerWeights& lw = weights_->layers[static_cast<std::size_t>(l)];
+    PackedLayer& pl = layers_[static_cast<std::size_t>(l - layer_begin_)];
+    pl.qkv = pack_rows(lw.qkv, qkv_rows);
+    pl.qkv_bias = slice_vector(lw.qkv_bias, qkv_rows);
+    pl.o_proj = pack_cols(lw.o_proj, spec_.tp_rank * hq_t_ * hd, hq_t_ * hd);
+    if (!ffn_) {  // an FfnExecutor (SiDP) runs the FFNs: none packed here
+      pl.gate_up = pack_rows(lw.gate_up, gate_up_rows);
+      pl.down = pack_cols(lw.down_proj, spec_.tp_rank * inter_t_, inter_t_);
+    }
+  }
+  if (spec_.last_stage() && vocab_rows_ > 0) lm_head_ = pack_rows(weights_->lm_head, {{vocab_begin_, vocab_rows_}});
+  weights_packed_ = true;
+}
+
+void ShardRunner::release_weights() {
+  for (PackedLayer& pl : layers_) pl = PackedLayer{};
+  lm_head_ = kc::PackedLinear{};
+  weights_packed_ = false;
+}
+
+Status ShardRunner::load_weights() {
+  if (!weights_packed_) pack_weights();
+  return Status::ok_status();
 }
 
 std::size_t ShardRunner::packed_weight_bytes() const {
@@ -322,6 +340,8 @@ Status ShardRunner::validate(const model::StepInput& in) const {
 
 
 Status ShardRunner::run_stage(const model::StepInput& in) {
+  if (!weights_packed_)
+    return make_error(ErrorCode::invalid_argument, "shard: a step on a rank whose weights are released");
   if (!ffn_) return run_layers(in);
   if (in.num_tokens() == 0) {
     profile_ = StepProfile{};

@@ -179,6 +179,18 @@ class ShardRunner {
   /// Bytes of this rank's KV cache.
   [[nodiscard]] std::size_t kv_cache_bytes() const { return kv_cache_bytes_; }
 
+  /// Seesaw's `--reshard-weights reload` (seed 000 §4.1): frees this rank's
+  /// packed weights (packed_weight_bytes() becomes 0); the host
+  /// ModelWeights, the KV cache and everything else stay. A step must not
+  /// run until load_weights().
+  void release_weights();
+  /// Slices and packs the weights again from the host ModelWeights (a
+  /// no-op when they are packed). Errors: none so far (out of memory
+  /// aborts, as at create()).
+  [[nodiscard]] Status load_weights();
+  /// True unless release_weights() was called since the last pack.
+  [[nodiscard]] bool weights_packed() const { return weights_packed_; }
+
  private:
   [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create_impl(
       std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec, const CpuRunnerOptions& options,
@@ -194,6 +206,8 @@ class ShardRunner {
   ShardRunner(std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
               const CpuRunnerOptions& options, ShardComms comms, std::shared_ptr<FfnExecutor> ffn);
   [[nodiscard]] Status run_layers(const model::StepInput& input);
+  /// Slices and packs layers_ and lm_head_ from weights_ (this rank's shard).
+  void pack_weights();
   [[nodiscard]] kernels::cpu::KvCacheLayer kv_layer(int local_layer);
   void ensure_scratch(int num_tokens);
   [[nodiscard]] Status all_reduce_tp(float* data, std::size_t count);
@@ -214,6 +228,8 @@ class ShardRunner {
   int vocab_begin_ = 0;  ///< lm_head rows of this TP rank: [vocab_begin, vocab_begin + vocab_rows)
   int vocab_rows_ = 0;
   int vocab_shard_ = 0;  ///< ceil(vocab / tp): the all-gather stride
+  int kv_begin_t_ = 0;   ///< first model KV head this TP rank's QKV produces
+  bool weights_packed_ = false;
   std::vector<int> sp_kv_begin_;  ///< [sp] first local KV head (of kv_t) sent to each SP rank
 
   std::vector<PackedLayer> layers_;  ///< this stage's layers

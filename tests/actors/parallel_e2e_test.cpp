@@ -207,16 +207,23 @@ TEST_F(ParallelE2e, RunWithShiftIsByteIdenticalToOneDevice) {
 // device's bytes (cd with TP: within 1e-4, see the file comment).
 TEST_F(ParallelE2e, RunWithSeesawIsByteIdenticalToOneDevice) {
   const std::string expected = single_output();
-  const std::pair<std::string, std::string> pairs[] = {{"pp=2", "tp=2"}, {"pp=4", "tp=2,pp=2"}, {"sp=2", "pp=2"}};
-  for (const auto& [cp, cd] : pairs) {
-    const std::string out = "seesaw-" + cp + "-" + cd + ".jsonl";
-    const auto r = run(out, "--parallel-prefill " + cp + " --parallel-decode " + cd + " --host-kv-bytes 1M");
+  struct Case {
+    std::string cp, cd, weights;
+  };
+  const Case cases[] = {{"pp=2", "tp=2", "resident"},
+                        {"pp=2", "tp=2", "reload"},
+                        {"pp=4", "tp=2,pp=2", "resident"},
+                        {"sp=2", "pp=2", "reload"}};
+  for (const auto& [cp, cd, weights] : cases) {
+    const std::string out = "seesaw-" + cp + "-" + cd + "-" + weights + ".jsonl";
+    const auto r = run(out, "--parallel-prefill " + cp + " --parallel-decode " + cd + " --host-kv-bytes 1M" +
+                                " --reshard-weights " + weights);
     ASSERT_EQ(r.exit_code, 0) << cp << " -> " << cd << "\n" << r.out;
     const auto full = [](const std::string& c) { return engine::parse_parallel_config(c).value().to_string(); };
     const std::string cp_label = full(cp).substr(0, full(cp).rfind(",dp="));
     const std::string cd_label = full(cd).substr(0, full(cd).rfind(",dp="));
     EXPECT_NE(r.out.find("Seesaw: prefill as [" + cp_label + "], decode as [" + cd_label +
-                         "], transition-minimizing schedule, host KV buffer 1 MiB"),
+                         "], transition-minimizing schedule, host KV buffer 1 MiB, " + weights + " weights"),
               std::string::npos)
         << r.out;
     std::smatch m;
@@ -232,6 +239,8 @@ TEST_F(ParallelE2e, RunWithSeesawIsByteIdenticalToOneDevice) {
       {"--parallel pp=2 --parallel-decode tp=2 --seesaw-policy eager", "--seesaw-policy: "},
       {"--parallel pp=2 --host-kv-bytes 1M", "--host-kv-bytes sizes Seesaw's host KV buffer"},
       {"--parallel pp=2 --parallel-decode tp=2 --host-kv-bytes 1Q", "--host-kv-bytes: size '1Q'"},
+      {"--parallel pp=2 --parallel-decode tp=2 --reshard-weights lazy",
+       "--reshard-weights must be resident or reload, got 'lazy'"},
   };
   for (const auto& [flags, words] : bad) {
     const auto r = run("bad.jsonl", flags);

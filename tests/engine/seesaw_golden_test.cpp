@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,14 +48,16 @@ EngineOptions tiny_options() {
   return o;
 }
 
-struct Run {
+struct SeesawRun {
   std::vector<RequestOutput> outputs;
   SeesawStats seesaw;
   KvIoStats kv;
   std::uint64_t cp_steps = 0, cd_steps = 0;  ///< an engine group's steps in each config (0 on one device)
+  bool cp_packed = true, cd_packed = true;    ///< rank 0's shards hold packed weights at the end
+  std::vector<std::size_t> weight_bytes_per_rank;  ///< packed bytes per rank at the end
 };
 
-Result<Run> run(EngineOptions o, const std::vector<std::vector<std::int32_t>>& prompts) {
+Result<SeesawRun> run(EngineOptions o, const std::vector<std::vector<std::int32_t>>& prompts) {
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = 48;
@@ -63,10 +66,16 @@ Result<Run> run(EngineOptions o, const std::vector<std::vector<std::int32_t>>& p
   std::vector<LlmEngine*> engines = {e->engine.get()};
   auto out = generate_data_parallel(engines, prompts, greedy);
   if (!out.ok()) return std::move(out).error();
-  Run r{std::move(out).value(), e->engine->seesaw_stats(), e->engine->kv_io().stats()};
+  SeesawRun r;
+  r.outputs = std::move(out).value();
+  r.seesaw = e->engine->seesaw_stats();
+  r.kv = e->engine->kv_io().stats();
   if (auto* group = dynamic_cast<InProcEngineGroup*>(e->executor.get()); group != nullptr) {
     r.cp_steps = group->executor().num_steps_in(model::StepConfig::prefill);
     r.cd_steps = group->executor().num_steps_in(model::StepConfig::decode);
+    r.cp_packed = group->executor().runner().weights_packed();
+    if (auto* cd = group->executor().decode_runner(); cd != nullptr) r.cd_packed = cd->weights_packed();
+    r.weight_bytes_per_rank = group->packed_weight_bytes_per_rank();
   }
   return r;
 }
@@ -185,6 +194,57 @@ TEST(Seesaw, PrefillRunsInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
       EXPECT_GT(got->cd_steps, 0u);
       EXPECT_GE(got->kv.onboards, n);
       EXPECT_EQ(got->kv.swap_space_bytes_used, 0u);
+    }
+  }
+}
+
+// With swap-only KV moves a pair gives the same bits under every schedule
+// and both weight modes: prefill is cp's, decode cd's, whatever the phases'
+// boundaries (batch invariance), and reload repacks the same bytes.
+TEST(Seesaw, EveryScheduleAndWeightModeGivesThePairsSameBits) {
+  const auto cases = testing_support::load_stories_reference();
+  const std::vector<std::vector<std::int32_t>> prompts = twelve_prompts(cases);
+  const std::size_t n = prompts.size();
+  const std::pair<ParallelConfig, ParallelConfig> pairs[] = {{{1, 2, 1, 1}, {2, 1, 1, 1}},
+                                                             {{1, 4, 1, 1}, {2, 2, 1, 1}}};
+  for (const auto& [cp, cd] : pairs) {
+    std::optional<SeesawRun> first;
+    std::vector<std::size_t> resident_bytes;
+    for (const ReshardWeights weights : {ReshardWeights::resident, ReshardWeights::reload}) {
+      for (const SeesawSchedule schedule : {SeesawSchedule::transition_minimizing, SeesawSchedule::prefill_prioritizing,
+                                            SeesawSchedule::decode_prioritizing}) {
+        const std::string what =
+            cp.to_string() + " -> " + cd.to_string() + " " + to_string(weights) + " " + to_string(schedule);
+        SCOPED_TRACE(what);
+        EngineOptions o = tiny_options();
+        o.parallel = cp;
+        o.parallel_decode = cd;
+        o.reshard_weights = weights;
+        o.preemption_mode = PreemptionMode::swap;
+        o.seesaw = SeesawPolicyOptions{schedule};
+        o.swap_space_bytes = 64 * kBytesPerToken;
+        auto got = run(o, prompts);
+        ASSERT_TRUE(got.ok()) << got.error().to_string();
+        ASSERT_EQ(got->outputs.size(), n);
+        for (std::size_t i = 0; i < n; ++i)
+          EXPECT_EQ(got->outputs[i].token_ids, cases[i % cases.size()].generated_ids) << "request " << i;
+        EXPECT_GE(got->seesaw.transitions, 3u);
+        if (!first) {
+          first = std::move(got).value();
+          resident_bytes = first->weight_bytes_per_rank;
+          continue;
+        }
+        EXPECT_TRUE(bit_identical(got->outputs, first->outputs)) << "differs from resident transition-minimizing";
+        if (weights == ReshardWeights::resident) {
+          EXPECT_TRUE(got->cp_packed && got->cd_packed);
+        } else {
+          // Only the active config's shard is packed; every rank holds less.
+          EXPECT_NE(got->cp_packed, got->cd_packed);
+          ASSERT_EQ(got->weight_bytes_per_rank.size(), resident_bytes.size());
+          for (std::size_t r = 0; r < resident_bytes.size(); ++r)
+            EXPECT_LT(got->weight_bytes_per_rank[r], resident_bytes[r]) << "rank " << r;
+        }
+      }
     }
   }
 }
