@@ -262,8 +262,18 @@ Status LlmEngine::fill_pipeline() {
       admit_kv_tokens = plan.admit_kv_tokens;
     }
     MicroBatchBudget limits;
-    if (config_.token_budget) limits = config_.token_budget->budget(scheduler_.state(depth));
-    SchedulerOutput sched = scheduler_.schedule(config_.token_budget ? &limits : nullptr, admit_kv_tokens);
+    bool limited = config_.token_budget != nullptr;
+    if (limited) limits = config_.token_budget->budget(scheduler_.state(depth));
+    // Seesaw's pipelined decode (§5.1): under a decode config with PP, 1/PP
+    // of the decodes per micro-batch, whatever the token budget.
+    if (seesaw_ && seesaw_->phase() == SeesawPhase::decode && depth > 1) {
+      const int split = pipelined_decode_tokens(scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens()),
+                                                config_.max_num_seqs, depth);
+      if (!limited) limits = MicroBatchBudget{config_.max_num_batched_tokens, split};
+      limits.max_decode_tokens = std::min(limits.max_decode_tokens, split);
+      limited = true;
+    }
+    SchedulerOutput sched = scheduler_.schedule(limited ? &limits : nullptr, admit_kv_tokens);
     if (Status s = apply_kv_moves(sched); !s.ok()) return s;
     // A policy may hold everything back (e.g. Token Throttling pauses prefill
     // when the KV cache is nearly full); with nothing in flight that would

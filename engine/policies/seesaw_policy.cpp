@@ -158,6 +158,15 @@ SeesawPlan SeesawPolicy::plan_decode(const SeesawCounts& c) const {
                                                                        : SeesawReason::prompt_fits_device);
 }
 
+int pipelined_decode_tokens(const SeesawCounts& counts, int max_num_seqs, int pipeline_depth) {
+  const long long onboard = std::clamp(static_cast<long long>(max_num_seqs) - counts.running_decode_seqs -
+                                           counts.prefilling_seqs,
+                                       0LL, counts.host_ready_seqs);
+  const long long resident = counts.running_decode_seqs + onboard;
+  const long long depth = std::max(1, pipeline_depth);
+  return static_cast<int>(std::max(1LL, (resident + depth - 1) / depth));
+}
+
 void SeesawPolicy::on_transition(SeesawPhase to, const SeesawCounts& counts) {
   if (to == phase_) return;
   ++transitions_;

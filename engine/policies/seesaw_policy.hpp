@@ -225,4 +225,14 @@ class SeesawPolicy {
   std::optional<long long> cap_snapshot_;  ///< set by the last decode -> prefill
 };
 
+/// Pipelined decode (§5.1): when the decode config has `pipeline_depth`
+/// stages, each decode micro-batch takes 1/PP of the decodes the device
+/// can run now, so the stages work on different sequences at once:
+/// ceil(R / PP) decode tokens, R = the resident decodes (in flight or not)
+/// plus the host-ready sequences the device can onboard now (up to
+/// `max_num_seqs` running). Without the second term a cap computed before
+/// the admissions would starve them. At least 1; R itself when
+/// pipeline_depth <= 1.
+[[nodiscard]] int pipelined_decode_tokens(const SeesawCounts& counts, int max_num_seqs, int pipeline_depth);
+
 }  // namespace shardline::engine

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -155,6 +156,7 @@ TEST(Seesaw, PrefillRunsInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
       {{1, 4, 1, 1}, {4, 1, 1, 1}, false},  // pp=4 -> tp=4
       {{1, 4, 1, 1}, {2, 2, 1, 1}, false},  // pp=4 -> tp=2,pp=2 (pipelined decode)
   };
+  std::map<PreemptionMode, std::uint64_t> decode_steps_tp4;
   for (const Pair& p : pairs) {
     for (const PreemptionMode mode : {PreemptionMode::swap, PreemptionMode::recompute}) {
       const std::string what = p.cp.to_string() + " -> " + p.cd.to_string() + " " + preemption_mode_name(mode);
@@ -194,6 +196,15 @@ TEST(Seesaw, PrefillRunsInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
       EXPECT_GT(got->cd_steps, 0u);
       EXPECT_GE(got->kv.onboards, n);
       EXPECT_EQ(got->kv.swap_space_bytes_used, 0u);
+      // Pipelined decode (§5.1): a cd with pp = 2 splits each decode batch
+      // in two micro-batches, so pp=4 -> tp=2,pp=2 runs about twice the
+      // decode steps of pp=4 -> tp=4.
+      if (p.cd == ParallelConfig{2, 2, 1, 1}) {
+        ASSERT_TRUE(decode_steps_tp4.count(mode)) << "tp=4 runs before";
+        EXPECT_GE(static_cast<double>(got->cd_steps), 1.4 * static_cast<double>(decode_steps_tp4[mode]));
+      } else if (p.cd.tp == 4) {
+        decode_steps_tp4[mode] = got->cd_steps;
+      }
     }
   }
 }

@@ -526,3 +526,26 @@ TEST(SeesawPolicy, SimulatedScheduleComparison) {
 
 }  // namespace
 }  // namespace shardline::engine
+
+namespace shardline::engine {
+namespace {
+
+// §5.1: each decode micro-batch of a PP decode config takes 1/PP of what
+// the device can decode now: the residents plus what it can onboard.
+TEST(SeesawPipelinedDecode, TakesOnePpthOfResidentAndOnboardableDecodes) {
+  SeesawCounts c;
+  c.running_decode_seqs = 7;
+  EXPECT_EQ(pipelined_decode_tokens(c, 64, 2), 4);  // ceil(7 / 2)
+  EXPECT_EQ(pipelined_decode_tokens(c, 64, 1), 7);
+  EXPECT_EQ(pipelined_decode_tokens(c, 64, 4), 2);
+  c.host_ready_seqs = 9;  // onboardable: 16 in all
+  EXPECT_EQ(pipelined_decode_tokens(c, 64, 2), 8);
+  EXPECT_EQ(pipelined_decode_tokens(c, 10, 2), 5);  // only 3 more fit max_num_seqs: 10 in all
+  c.prefilling_seqs = 2;                            // (none in a decode phase, but they count as running)
+  EXPECT_EQ(pipelined_decode_tokens(c, 10, 2), 4);  // 7 + 1
+  SeesawCounts empty;
+  EXPECT_EQ(pipelined_decode_tokens(empty, 64, 2), 1);  // never 0: a step can always be built
+}
+
+}  // namespace
+}  // namespace shardline::engine
