@@ -515,14 +515,15 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
       shift_runners[i] = std::move(made).value();
     }
   }
-  // Seesaw's decode config: own packed weights and KV cache per rank
-  // ("resident" weights: nothing is repacked at a switch).
+  // Seesaw's decode config: its own packed weights per rank, its cache in
+  // the same KV memory as the prefill config's.
   std::vector<std::optional<DecodeShard>> decode_shards(static_cast<std::size_t>(size));
   if (decode) {
     for (int r = 0; r < size; ++r) {
       const auto i = static_cast<std::size_t>(r);
-      auto made = model::ShardRunner::create(weights, shard_spec_of(*decode, r), options,
-                                             g->comms_.ranks[i].decode_shard_comms());
+      // One KV pool per device: cd's cache lives in cp's KV memory.
+      auto made = model::ShardRunner::create_on_kv_memory(weights, shard_spec_of(*decode, r),
+                                                          g->comms_.ranks[i].decode_shard_comms(), *runners[i]);
       if (!made.ok()) return std::move(made).error();
       decode_shards[i] = DecodeShard{*decode, std::move(made).value(), seesaw->weights};
       // Reload: only the active config's shard is packed; prefill comes first.

@@ -21,7 +21,8 @@
 /// Seesaw (seed 000 §4.1, dynamic model re-sharding): a group may hold a
 /// second config cd (decode) beside its own cp (prefill) over the same
 /// devices: device d is group rank d in both, and every rank holds a shard
-/// of each (own packed weights and KV cache, "resident" weights). The header
+/// of each (own packed weights; one KV memory per device, which each config
+/// lays out its own way: ShardRunner::create_on_kv_memory). The header
 /// kind tells each rank which shard runs a step; use_step_config() switches
 /// between phases, with nothing in flight. No KV crosses a switch on the
 /// devices: the engine offloads it to its host buffer under one config and
@@ -99,7 +100,7 @@ struct GroupComms {
 /// Seesaw: one rank's shard of the decode config cd.
 struct DecodeShard {
   ParallelConfig pc;                           ///< cd: same group size as the group's own config, dp = 1
-  std::unique_ptr<model::ShardRunner> runner;  ///< shard_spec_of(pc, rank): own weights and KV cache
+  std::unique_ptr<model::ShardRunner> runner;  ///< shard_spec_of(pc, rank): own weights, the device's KV memory
   ReshardWeights weights = ReshardWeights::resident;
 };
 
@@ -221,7 +222,7 @@ class ParallelExecutor final : public model::ModelExecutor {
   [[nodiscard]] model::ShardRunner* shift_runner() { return shift_runner_.get(); }
 
   /// Seesaw (seed 000 §4.1): adds the decode config cd; `decode.runner` is
-  /// rank 0's cd shard (own weights and KV cache). The group's own config is
+  /// rank 0's cd shard (own weights, rank 0's KV memory). The group's own config is
   /// cp and stays active until use_step_config(decode). Errors:
   /// invalid_argument (a shift config, cd of another group size or dp != 1,
   /// a runner that is not rank 0 of cd).
@@ -295,7 +296,8 @@ class InProcEngineGroup final : public model::ModelExecutor {
   /// runs in the config the shift policy picks; pp must be 1 and the model
   /// shardable over sp*tp TP ranks (invalid_argument otherwise).
   /// With `seesaw` (Seesaw's cd), every rank also holds its shard of cd
-  /// (own weights and a KV cache of the same num_kv_blocks); steps run in
+  /// (own weights; its cache, of the same num_kv_blocks, in the same KV
+  /// memory as the rank's pc cache); steps run in
   /// pc until use_step_config(decode). With `reload` weights the cd shards
   /// start released. cd must have pc's group size, dp = 1, and shard the
   /// model; not with `shift` (invalid_argument).

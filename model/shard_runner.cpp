@@ -136,6 +136,7 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_sharing_kv(std::shared_
                    heads(theirs.kv_heads) + " of [" + std::to_string(theirs.layer_begin) + ", " +
                    std::to_string(theirs.layer_end) + ")");
   (*r)->kv_cache_ = kv_owner.kv_cache_;
+  (*r)->kv_alloc_bytes_ = kv_owner.kv_alloc_bytes_;
   return r;
 }
 
@@ -195,14 +196,34 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
   r->kv_layer_bytes_ = static_cast<std::size_t>(options.num_kv_blocks) * r->kv_attn_ * options.block_size * hd *
                        dtype_size(options.kv_cache_dtype);
   r->kv_cache_bytes_ = 2 * r->kv_layer_bytes_ * r->layers_.size();
-  if (r->kv_cache_bytes_ > 0 && allocate_kv) {
-    r->kv_cache_ = std::shared_ptr<void>(allocate_aligned(r->kv_cache_bytes_));
-    if (!r->kv_cache_)
-      return make_error(ErrorCode::out_of_memory,
-                        "shard: cannot allocate the KV cache (" + std::to_string(r->kv_cache_bytes_) + " bytes for " +
-                            std::to_string(options.num_kv_blocks) + " blocks)");
-    std::memset(r->kv_cache_.get(), 0, r->kv_cache_bytes_);  // fault the pages in now, not during steps
+  if (r->kv_cache_bytes_ > 0 && allocate_kv)
+    if (Status st = r->allocate_kv_memory(r->kv_cache_bytes_); !st) return st.error();
+  return r;
+}
+
+Status ShardRunner::allocate_kv_memory(std::size_t bytes) {
+  kv_cache_ = std::shared_ptr<void>(allocate_aligned(bytes));
+  if (!kv_cache_)
+    return make_error(ErrorCode::out_of_memory, "shard: cannot allocate the KV cache (" + std::to_string(bytes) +
+                                                    " bytes for " + std::to_string(options_.num_kv_blocks) + " blocks)");
+  std::memset(kv_cache_.get(), 0, bytes);  // fault the pages in now, not during steps
+  kv_alloc_bytes_ = bytes;
+  return Status::ok_status();
+}
+
+Result<std::unique_ptr<ShardRunner>> ShardRunner::create_on_kv_memory(std::shared_ptr<const ModelWeights> weights,
+                                                                      const ShardSpec& spec, ShardComms comms,
+                                                                      ShardRunner& owner) {
+  auto r = create_impl(std::move(weights), spec, owner.options_, comms, nullptr, false);
+  if (!r) return r;
+  if (owner.kv_alloc_bytes_ < (*r)->kv_cache_bytes_) {
+    // This layout needs more bytes per block (e.g. pp=2's 3 of 5 layers x
+    // all heads against tp=2's 5 layers x half the heads): both move to one
+    // allocation of the larger size. Nothing is cached yet.
+    if (Status st = owner.allocate_kv_memory((*r)->kv_cache_bytes_); !st) return st.error();
   }
+  (*r)->kv_cache_ = owner.kv_cache_;
+  (*r)->kv_alloc_bytes_ = owner.kv_alloc_bytes_;
   return r;
 }
 

@@ -133,6 +133,21 @@ class ShardRunner {
   [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create_sharing_kv(
       std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec, ShardComms comms, ShardRunner& kv_owner);
 
+  /// Seesaw (seed 000 §4.1): a runner for the group's other parallel config
+  /// on the same device whose KV cache, in its own layout (`spec`'s layers
+  /// and heads), lives in `owner`'s KV memory: one pool for both configs, as
+  /// on a GPU. Valid because no KV stays on a device across a config switch
+  /// (it goes through the host buffer), and a block is always written before
+  /// it is read. Takes the owner's KV options (blocks, block size, dtype).
+  /// If this layout needs more bytes than the owner allocated, both move to
+  /// one new allocation of that size (call it before any step). Errors: as
+  /// create().
+  [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create_on_kv_memory(
+      std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec, ShardComms comms, ShardRunner& owner);
+  /// Bytes of KV memory this runner's cache lives in (>= kv_cache_bytes();
+  /// shared with the other config's runner under create_on_kv_memory).
+  [[nodiscard]] std::size_t kv_memory_bytes() const { return kv_alloc_bytes_; }
+
   /// Rows of this rank's chunk of a num_tokens step: ceil(num_tokens / sp).
   [[nodiscard]] int chunk_rows(int num_tokens) const { return (num_tokens + spec_.sp - 1) / spec_.sp; }
   /// This rank's residual stream for a num_tokens step: [chunk_rows, hidden],
@@ -208,6 +223,8 @@ class ShardRunner {
   [[nodiscard]] Status run_layers(const model::StepInput& input);
   /// Slices and packs layers_ and lm_head_ from weights_ (this rank's shard).
   void pack_weights();
+  /// Allocates (and faults in) `bytes` of KV memory as kv_cache_.
+  [[nodiscard]] Status allocate_kv_memory(std::size_t bytes);
   [[nodiscard]] kernels::cpu::KvCacheLayer kv_layer(int local_layer);
   void ensure_scratch(int num_tokens);
   [[nodiscard]] Status all_reduce_tp(float* data, std::size_t count);
@@ -238,7 +255,8 @@ class ShardRunner {
   /// [layers_t, 2, num_kv_blocks, kv_attn, block_size, head_dim]; shared with
   /// the runner of the group's other config under Shift Parallelism.
   std::shared_ptr<void> kv_cache_;
-  std::size_t kv_cache_bytes_ = 0;
+  std::size_t kv_cache_bytes_ = 0;  ///< this layout's bytes
+  std::size_t kv_alloc_bytes_ = 0;  ///< bytes of the memory kv_cache_ points to
   std::size_t kv_layer_bytes_ = 0;
 
   bool profiling_ = false;

@@ -57,6 +57,9 @@ struct SeesawRun {
   std::uint64_t cp_steps = 0, cd_steps = 0;  ///< an engine group's steps in each config (0 on one device)
   bool cp_packed = true, cd_packed = true;    ///< rank 0's shards hold packed weights at the end
   std::vector<std::size_t> weight_bytes_per_rank;  ///< packed bytes per rank at the end
+  /// Rank 0's two caches: the same memory, of the larger layout's size.
+  bool kv_memory_shared = false;
+  std::size_t kv_memory_bytes = 0, cp_kv_bytes = 0, cd_kv_bytes = 0;
 };
 
 Result<SeesawRun> run(EngineOptions o, const std::vector<std::vector<std::int32_t>>& prompts, int max_tokens = 48) {
@@ -77,7 +80,15 @@ Result<SeesawRun> run(EngineOptions o, const std::vector<std::vector<std::int32_
     r.cp_steps = group->executor().num_steps_in(model::StepConfig::prefill);
     r.cd_steps = group->executor().num_steps_in(model::StepConfig::decode);
     r.cp_packed = group->executor().runner().weights_packed();
-    if (auto* cd = group->executor().decode_runner(); cd != nullptr) r.cd_packed = cd->weights_packed();
+    if (auto* cd = group->executor().decode_runner(); cd != nullptr) {
+      model::ShardRunner& cp = group->executor().runner();
+      r.cd_packed = cd->weights_packed();
+      r.kv_memory_shared = cd->kv_cache_view().data == cp.kv_cache_view().data &&
+                           cd->kv_memory_bytes() == cp.kv_memory_bytes();
+      r.kv_memory_bytes = cp.kv_memory_bytes();
+      r.cp_kv_bytes = cp.kv_cache_bytes();
+      r.cd_kv_bytes = cd->kv_cache_bytes();
+    }
     r.weight_bytes_per_rank = group->packed_weight_bytes_per_rank();
   }
   return r;
@@ -192,6 +203,11 @@ TEST(Seesaw, PrefillRunsInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
                   static_cast<unsigned long long>(got->cp_steps), static_cast<unsigned long long>(got->cd_steps),
                   s.switch_ms);
       EXPECT_GE(s.transitions, 3u);
+      // One KV memory per device, of the larger layout's size (stories260K
+      // rank 0: pp=2 caches 3 layers x 4 heads, tp=2 and sp=2 5 x 2).
+      EXPECT_TRUE(got->kv_memory_shared);
+      EXPECT_EQ(got->kv_memory_bytes, std::max(got->cp_kv_bytes, got->cd_kv_bytes));
+      EXPECT_NE(got->cp_kv_bytes, got->cd_kv_bytes);
       // Every prefill micro-batch ran in cp, every decode one in cd.
       EXPECT_EQ(got->cp_steps, s.prefill_steps);
       EXPECT_EQ(got->cd_steps, s.decode_steps);
