@@ -22,6 +22,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -94,6 +95,37 @@ class ParallelE2e : public testing_support::TempDirTest {
     }
     EXPECT_EQ(compared, 30);
   }
+
+  /// A `node start` on the demo model with `flags` after the common ones
+  /// (log in node.log), once it listens; client_ then reaches it.
+  std::unique_ptr<Child> start_node(const std::vector<std::string>& flags) {
+    EXPECT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+    std::vector<std::string> argv = {kShardline, "node",  "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"),
+                                     "--model",  testing_support::kStoriesDir, "--key-file", path("cluster.key")};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto node = std::make_unique<Child>(argv, path("node.log"));
+    EXPECT_TRUE(node->started());
+    const std::string log = node->wait_for_log("workers:", std::chrono::seconds(30));
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
+    client_ = " --node 127.0.0.1:" + (m.empty() ? std::string("0") : m[1].str()) + " --key-file " + path("cluster.key");
+    return node;
+  }
+
+  /// Submits the input twice to the node at client_ (into `first` with
+  /// `first_flags`, then into `second`) and waits until both jobs are done;
+  /// the last status read.
+  nlohmann::json submit_two_jobs(const std::string& first, const std::string& first_flags, const std::string& second) {
+    const std::string submit = kShardline + " job submit" + client_ + " --model " + testing_support::kStoriesDir +
+                               " --input " + path("in.jsonl");
+    const auto one = run_command(submit + " --output " + path(first) + " " + first_flags);
+    EXPECT_EQ(one.exit_code, 0) << one.out;
+    const auto two = run_command(submit + " --output " + path(second));
+    EXPECT_EQ(two.exit_code, 0) << two.out;
+    return status_when_two_jobs_done(client_);
+  }
+
+  std::string client_;  ///< --node and --key-file of the node start_node() started
 
   /// `job status --json` of the node at `client` until its two jobs are
   /// done (30 s at most); the last status read.
@@ -295,23 +327,9 @@ TEST_F(ParallelE2e, DevicesOtherThanTheWorldSizeIsAUsageErrorBeforeAnythingStart
 // overlap on the node, so their steps mix both jobs' lines).
 TEST_F(ParallelE2e, SubmittedJobsOnAShiftNodeAreByteIdenticalToOneDevice) {
   const std::string expected = single_output();
-  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
-  Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
-              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--parallel", "sp=2", "--shift",
-              "--shift-threshold", "4"},
-             path("node.log"));
-  ASSERT_TRUE(node.started());
-  const std::string log = node.wait_for_log("workers:", std::chrono::seconds(30));
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
-  const std::string client = " --node 127.0.0.1:" + m[1].str() + " --key-file " + path("cluster.key");
-  const std::string submit = kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
-                             " --input " + path("in.jsonl");
-  const auto first = run_command(submit + " --output " + path("shift1.jsonl") + " --parallel sp=2");
-  ASSERT_EQ(first.exit_code, 0) << first.out;
-  const auto second = run_command(submit + " --output " + path("shift2.jsonl"));
-  ASSERT_EQ(second.exit_code, 0) << second.out;
-  const nlohmann::json status = status_when_two_jobs_done(client);
+  const auto node_ptr = start_node({"--parallel", "sp=2", "--shift", "--shift-threshold", "4"});
+  Child& node = *node_ptr;
+  const nlohmann::json status = submit_two_jobs("shift1.jsonl", "--parallel sp=2", "shift2.jsonl");
   ASSERT_EQ(status["jobs"].size(), 2u) << status.dump();
   ASSERT_EQ(status["jobs"][1]["state"], "done") << status.dump() << node.log();
   EXPECT_NE(node.log().find("Shift Parallelism: steps of at most 4 tokens run as tp=2"), std::string::npos)
@@ -327,24 +345,12 @@ TEST_F(ParallelE2e, SubmittedJobsOnAShiftNodeAreByteIdenticalToOneDevice) {
 // job status shows the worker's phase and transitions.
 TEST_F(ParallelE2e, SubmittedJobsOnASeesawNodeAreByteIdenticalToOneDevice) {
   const std::string expected = single_output();
-  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
-  Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
-              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--max-batch", "8",
-              "--parallel-prefill", "pp=2", "--parallel-decode", "tp=2", "--host-kv-bytes", "1M"},
-             path("node.log"));
-  ASSERT_TRUE(node.started());
-  const std::string log = node.wait_for_log("workers:", std::chrono::seconds(30));
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
-  const std::string client = " --node 127.0.0.1:" + m[1].str() + " --key-file " + path("cluster.key");
-  const std::string submit = kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
-                             " --input " + path("in.jsonl");
+  const auto node_ptr = start_node(
+      {"--max-batch", "8", "--parallel-prefill", "pp=2", "--parallel-decode", "tp=2", "--host-kv-bytes", "1M"});
+  Child& node = *node_ptr;
   // A job's --parallel is the prefill config the node runs.
-  const auto first = run_command(submit + " --output " + path("seesaw1.jsonl") + " --parallel pp=2");
-  ASSERT_EQ(first.exit_code, 0) << first.out;
-  const auto second = run_command(submit + " --output " + path("seesaw2.jsonl"));
-  ASSERT_EQ(second.exit_code, 0) << second.out;
-  const nlohmann::json status = status_when_two_jobs_done(client);
+  const nlohmann::json status = submit_two_jobs("seesaw1.jsonl", "--parallel pp=2", "seesaw2.jsonl");
+  const std::string client = client_;
   ASSERT_EQ(status["jobs"].size(), 2u) << status.dump();
   ASSERT_EQ(status["jobs"][1]["state"], "done") << status.dump() << node.log();
   EXPECT_TRUE(read_file(path("seesaw1.jsonl")) == expected) << "first Seesaw job differs from one device";
@@ -371,16 +377,11 @@ TEST_F(ParallelE2e, SubmittedJobsOnASeesawNodeAreByteIdenticalToOneDevice) {
 
 TEST_F(ParallelE2e, NodeRefusesAJobAskingAnotherConfigAndShowsGroupsAndPolicies) {
   const std::string expected = single_output();
-  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
-  Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
-              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--parallel", "tp=2"},
-             path("node.log"));
-  ASSERT_TRUE(node.started());
-  const std::string log = node.wait_for_log("workers:", std::chrono::seconds(30));
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
+  const auto node_ptr = start_node({"--parallel", "tp=2"});
+  Child& node = *node_ptr;
+  const std::string log = node.log();
   EXPECT_NE(log.find("workers: 1 worker of [tp=2,pp=1,sp=1] on cpu:2"), std::string::npos) << log;
-  const std::string client = " --node 127.0.0.1:" + m[1].str() + " --key-file " + path("cluster.key");
+  const std::string client = client_;
   const std::string submit = kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
                              " --input " + path("in.jsonl");
 

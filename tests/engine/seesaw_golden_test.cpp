@@ -97,6 +97,26 @@ Result<SeesawRun> run(EngineOptions o, const std::vector<std::vector<std::int32_
 using testing_support::bit_identical;
 using testing_support::max_logit_diff;
 
+/// tiny_options with Seesaw's phases from cp to cd under `schedule`, and a
+/// host KV buffer of one max_model_len sequence (the least).
+EngineOptions pair_options(const ParallelConfig& cp, const ParallelConfig& cd, PreemptionMode mode,
+                           SeesawSchedule schedule = SeesawSchedule::transition_minimizing) {
+  EngineOptions o = tiny_options();
+  o.parallel = cp;
+  o.parallel_decode = cd;
+  o.preemption_mode = mode;
+  o.seesaw = SeesawPolicyOptions{schedule};
+  o.swap_space_bytes = 64 * kBytesPerToken;
+  return o;
+}
+
+/// Every request of a run of twelve_prompts generated its reference ids.
+void expect_reference_ids(const SeesawRun& got, const std::vector<testing_support::StoriesCase>& cases) {
+  ASSERT_EQ(got.outputs.size(), 4 * cases.size());
+  for (std::size_t i = 0; i < got.outputs.size(); ++i)
+    EXPECT_EQ(got.outputs[i].token_ids, cases[i % cases.size()].generated_ids) << "request " << i;
+}
+
 std::vector<std::vector<std::int32_t>> twelve_prompts(const std::vector<testing_support::StoriesCase>& cases) {
   std::vector<std::vector<std::int32_t>> prompts;
   for (int k = 0; k < 4; ++k)
@@ -174,17 +194,9 @@ TEST(Seesaw, PrefillRunsInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
     for (const PreemptionMode mode : {PreemptionMode::swap, PreemptionMode::recompute}) {
       const std::string what = p.cp.to_string() + " -> " + p.cd.to_string() + " " + preemption_mode_name(mode);
       SCOPED_TRACE(what);
-      EngineOptions o = tiny_options();
-      o.parallel = p.cp;
-      o.parallel_decode = p.cd;
-      o.preemption_mode = mode;
-      o.seesaw = SeesawPolicyOptions{};
-      o.swap_space_bytes = 64 * kBytesPerToken;
-      auto got = run(o, prompts);
+      auto got = run(pair_options(p.cp, p.cd, mode), prompts);
       ASSERT_TRUE(got.ok()) << got.error().to_string();
-      ASSERT_EQ(got->outputs.size(), n);
-      for (std::size_t i = 0; i < n; ++i)
-        EXPECT_EQ(got->outputs[i].token_ids, cases[i % cases.size()].generated_ids) << "request " << i;
+      expect_reference_ids(*got, cases);
       const float d = max_logit_diff(got->outputs, single->outputs);
       if (p.bitwise) {
         EXPECT_TRUE(bit_identical(got->outputs, single->outputs)) << "differs from one device";
@@ -233,7 +245,6 @@ TEST(Seesaw, PrefillRunsInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
 TEST(Seesaw, EveryScheduleAndWeightModeGivesThePairsSameBits) {
   const auto cases = testing_support::load_stories_reference();
   const std::vector<std::vector<std::int32_t>> prompts = twelve_prompts(cases);
-  const std::size_t n = prompts.size();
   const std::pair<ParallelConfig, ParallelConfig> pairs[] = {{{1, 2, 1, 1}, {2, 1, 1, 1}},
                                                              {{1, 4, 1, 1}, {2, 2, 1, 1}}};
   for (const auto& [cp, cd] : pairs) {
@@ -245,18 +256,11 @@ TEST(Seesaw, EveryScheduleAndWeightModeGivesThePairsSameBits) {
         const std::string what =
             cp.to_string() + " -> " + cd.to_string() + " " + to_string(weights) + " " + to_string(schedule);
         SCOPED_TRACE(what);
-        EngineOptions o = tiny_options();
-        o.parallel = cp;
-        o.parallel_decode = cd;
+        EngineOptions o = pair_options(cp, cd, PreemptionMode::swap, schedule);
         o.reshard_weights = weights;
-        o.preemption_mode = PreemptionMode::swap;
-        o.seesaw = SeesawPolicyOptions{schedule};
-        o.swap_space_bytes = 64 * kBytesPerToken;
         auto got = run(o, prompts);
         ASSERT_TRUE(got.ok()) << got.error().to_string();
-        ASSERT_EQ(got->outputs.size(), n);
-        for (std::size_t i = 0; i < n; ++i)
-          EXPECT_EQ(got->outputs[i].token_ids, cases[i % cases.size()].generated_ids) << "request " << i;
+        expect_reference_ids(*got, cases);
         EXPECT_GE(got->seesaw.transitions, 3u);
         if (!first) {
           first = std::move(got).value();
