@@ -130,6 +130,12 @@ class KvCacheIo {
     std::vector<std::byte> chunk;  // canonical chunk of KvRange{0, layers, 0, num_tokens}
   };
 
+  /// Copies positions [0, move.num_tokens) of a sequence out of the caches
+  /// into the swap space and holds them (`offloaded` marks Seesaw's host
+  /// buffer); false, copying nothing, when the space has no room or the
+  /// sequence already has KV held. Counts no statistics. Errors: internal.
+  [[nodiscard]] Result<bool> copy_and_hold(const SwapOut& move, bool offloaded);
+
   kvstore::KvModelShape shape_;
   std::vector<kvstore::KvCacheView> views_;
   std::uint64_t swap_space_bytes_;

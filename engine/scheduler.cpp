@@ -157,8 +157,7 @@ SeesawCounts Scheduler::seesaw_counts(long long host_held_tokens, long long host
     }
   }
   for (const Sequence* s : running_) {
-    const bool decode = s->num_output_tokens() > 0 && s->num_computed_tokens >= s->num_tokens() - 1;
-    if (decode) {
+    if (s->is_decoding()) {
       ++c.running_decode_seqs;
       c.running_decode_tokens += s->num_tokens() - 1;  // the KV a transition offloads
     } else {
@@ -179,9 +178,8 @@ SchedulerState Scheduler::state(int pipeline_depth) const {
   SchedulerState st;
   for (const Sequence* s : waiting_) st.num_waiting_prefill_tokens += s->num_tokens() - s->num_restore_tokens;
   for (const Sequence* s : running_) {
-    const int left = s->num_tokens() - s->num_computed_tokens;
-    if (s->num_output_tokens() > 0 && left <= 1) ++st.num_running_decode_seqs;
-    else st.num_waiting_prefill_tokens += left;
+    if (s->is_decoding()) ++st.num_running_decode_seqs;
+    else st.num_waiting_prefill_tokens += s->num_tokens() - s->num_computed_tokens;
   }
   st.num_free_kv_blocks = blocks_.num_free_blocks();
   st.num_total_kv_blocks = blocks_.num_blocks();
@@ -195,9 +193,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
   int budget = config_.max_num_batched_tokens;
   int decode_left = limits != nullptr ? limits->max_decode_tokens : budget;
   int prefill_left = limits != nullptr ? limits->max_prefill_tokens : budget;
-  const auto is_decode = [](const Sequence* seq) {
-    return seq->num_output_tokens() > 0 && seq->num_computed_tokens == seq->num_tokens() - 1;
-  };
+  const auto is_decode = [](const Sequence* seq) { return seq->is_decoding(); };
   auto record = [&](Sequence* seq, int n) {
     const bool decode = n == 1 && is_decode(seq);
     (decode ? out.num_decode_tokens : out.num_prefill_tokens) += n;

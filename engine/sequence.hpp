@@ -67,6 +67,12 @@ struct Sequence {
   }
   [[nodiscard]] int num_prompt_tokens() const { return static_cast<int>(prompt_ids.size()); }
   [[nodiscard]] int num_output_tokens() const { return static_cast<int>(output_ids.size()); }
+  /// In its decode phase: prefilled (a token generated) and every position
+  /// but the last token's computed (or all of them, while its decode step is
+  /// in flight). A decode step computes one token.
+  [[nodiscard]] bool is_decoding() const {
+    return num_output_tokens() > 0 && num_computed_tokens >= num_tokens() - 1;
+  }
   /// Token id at absolute position `pos` (< num_tokens()).
   [[nodiscard]] std::int32_t token_at(int pos) const {
     return pos < num_prompt_tokens() ? prompt_ids[static_cast<std::size_t>(pos)]
