@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/workload.hpp"
 #include "comm/inproc.hpp"
 #include "common/dtype.hpp"
 #include "kernels/cpu/linear.hpp"
@@ -17,10 +18,6 @@
 namespace shardline::bench {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 struct FreeDeleter {
   void operator()(float* p) const noexcept { std::free(p); }

@@ -20,10 +20,6 @@ namespace shardline::bench {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 /// One (config, policy) measurement.
 Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine::ParallelConfig& pc,
                                      const std::string& policy_name, const orchestrator::CostModel& model,

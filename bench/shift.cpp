@@ -24,10 +24,6 @@ namespace shardline::bench {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 /// The q-quantile (nearest rank) of `v`; 0 when empty.
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;

@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// Pieces shared by the benchmarks: the seeded random prompts of vLLM's
-/// throughput setting and the median of timings.
+/// throughput setting, the median of timings and a wall clock.
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -14,5 +15,13 @@ namespace shardline::bench {
 
 /// The median of `v` (mean of the middle two for an even count); 0 when empty.
 [[nodiscard]] double median(std::vector<double> v);
+
+/// The benchmarks' wall clock (monotonic).
+using Clock = std::chrono::steady_clock;
+
+/// Seconds from `t0` to now.
+[[nodiscard]] inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 }  // namespace shardline::bench

@@ -3,10 +3,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench/gpu_throughput.hpp"
 #include "bench/parallel.hpp"
+#include "bench/seesaw.hpp"
 #include "bench/shift.hpp"
 #include "bench/sidp.hpp"
 #include "bench/throughput.hpp"
@@ -34,6 +36,12 @@ struct BenchArgs {
   bench::ShiftBenchOptions shift;
   std::string shift_long = "8x1024/16", shift_short = "24x64/256";
   std::string shift_sweep = "1,2,4,8,16,32,64,128,256,512,1024,2048";
+  std::string seesaw;  ///< --seesaw CP:CD ("" = off)
+  std::string seesaw_ratios = "2048/64,1024/256,256/256,128/1024";
+  std::string seesaw_policy_ratios = "1024/256";
+  int seesaw_requests = 16;
+  std::string host_kv_bytes;  ///< "" = --swap-space
+  int seesaw_min_prefill_prompts = 1;
 };
 
 /// "1,2,4" -> {1, 2, 4}; a bad item -> nullopt.
@@ -169,6 +177,39 @@ int run_shift(BenchArgs& a, const engine::EngineOptions& eo) {
   return print_report(bench::run_shift_bench(so));
 }
 
+int run_seesaw(BenchArgs& a, const engine::EngineOptions& eo) {
+  const auto usage = [](const std::string& m) {
+    std::cerr << "error: " << m << "\n";
+    return 2;
+  };
+  if (!a.parallel.empty()) return usage("--seesaw takes both configs as CP:CD (e.g. pp=2:tp=2), not --parallel");
+  if (a.engine.shift || a.weight_sharing != "none") return usage("--seesaw does not go with --shift or --weight-sharing");
+  bench::SeesawBenchOptions so;
+  auto pair = bench::parse_seesaw_pair(a.seesaw);
+  if (!pair) return usage(pair.error().to_string());
+  so.cp = pair->first;
+  so.cd = pair->second;
+  so.engine = eo;
+  if (!a.host_kv_bytes.empty()) {
+    auto bytes = parse_byte_size(a.host_kv_bytes);
+    if (!bytes) return usage("--host-kv-bytes: " + bytes.error().message);
+    so.engine.swap_space_bytes = *bytes;  // the host KV buffer is the engine's swap space
+  }
+  for (const auto& [flag, text, out] :
+       {std::tuple{"--seesaw-ratios", &a.seesaw_ratios, &so.ratios},
+        std::tuple{"--seesaw-policy-ratios", &a.seesaw_policy_ratios, &so.schedule_ratios}}) {
+    auto ratios = bench::parse_seesaw_ratios(*text);
+    if (!ratios) return usage(std::string(flag) + ": " + ratios.error().message);
+    *out = *ratios;
+  }
+  if (so.ratios.empty()) return usage("--seesaw-ratios: give at least one INPUT/OUTPUT ratio");
+  so.num_requests = a.seesaw_requests;
+  so.repeats = a.shift.repeats;
+  so.seesaw.min_prefill_prompts = a.seesaw_min_prefill_prompts;
+  if (Status st = so.seesaw.validate(); !st) return usage("--seesaw-min-prefill-prompts: " + st.error().message);
+  return print_report(bench::run_seesaw_bench(so));
+}
+
 int run_bench(BenchArgs& a) {
   const std::string dir = a.model_dir.empty() ? a.shape_dir : a.model_dir;
   if (dir.empty() || (!a.model_dir.empty() && !a.shape_dir.empty())) {
@@ -181,6 +222,7 @@ int run_bench(BenchArgs& a) {
     std::cerr << "error: " << eo.error().to_string() << "\n";
     return 2;
   }
+  if (!a.seesaw.empty()) return run_seesaw(a, *eo);
   if (a.weight_sharing == "sidp") return run_sidp(a, *eo);
   if (a.engine.shift) return run_shift(a, *eo);
   if (!a.parallel.empty()) return run_parallel(a, *eo);
@@ -265,7 +307,25 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--shift-max-decode", a->shift.max_decode_sweep,
                   "With --shift: decode steps of the sweep up to this many sequences")
       ->capture_default_str();
-  cmd->add_option("--repeats", a->shift.repeats, "With --shift: runs of each config, alternating")
+  cmd->add_option("--seesaw", a->seesaw,
+                  "Benchmark Seesaw CP:CD (e.g. pp=2:tp=2: prefill in pp=2, decode in tp=2) against static cd, cp "
+                  "and dp on the same in-process CPU devices, and its three schedules (bench/seesaw.hpp)");
+  cmd->add_option("--seesaw-ratios", a->seesaw_ratios,
+                  "With --seesaw: INPUT/OUTPUT lengths of the configs table, one offline batch each")
+      ->capture_default_str();
+  cmd->add_option("--seesaw-policy-ratios", a->seesaw_policy_ratios,
+                  "With --seesaw: the ratios of the schedules table (\"\" to skip it)")
+      ->capture_default_str();
+  cmd->add_option("--seesaw-requests", a->seesaw_requests, "With --seesaw: requests per ratio and run")
+      ->capture_default_str();
+  cmd->add_option("--host-kv-bytes", a->host_kv_bytes,
+                  "With --seesaw: Seesaw's host KV buffer (bytes, or 512M, 4G ...; default: --swap-space)")
+      ->type_name("SIZE");
+  cmd->add_option("--seesaw-min-prefill-prompts", a->seesaw_min_prefill_prompts,
+                  "With --seesaw, transition-minimizing: decode -> prefill needs this many waiting prompts while "
+                  "decodes remain")
+      ->capture_default_str();
+  cmd->add_option("--repeats", a->shift.repeats, "With --shift or --seesaw: runs of each config, alternating")
       ->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
 }

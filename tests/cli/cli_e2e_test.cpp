@@ -154,6 +154,28 @@ TEST(CliE2e, BadFlagsAreUsageErrors) {
   EXPECT_NE(r.out.find("--swap-space"), std::string::npos) << r.out;
 }
 
+// bench --seesaw: a malformed pair, ratio or size, or --parallel beside it, is
+// a usage error naming the flag; options the bench refuses exit 1 with its
+// reason. All fail before anything is measured.
+TEST(CliE2e, BenchSeesawFlagErrorsAreUsageErrors) {
+  CliRun r = run("bench --model " + kModel + " --seesaw pp=2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("CP:CD"), std::string::npos) << r.out;
+  r = run("bench --model " + kModel + " --seesaw pp=2:tp=2 --seesaw-ratios 1024");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--seesaw-ratios: a ratio is INPUT/OUTPUT"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("got '1024'"), std::string::npos) << r.out;
+  r = run("bench --model " + kModel + " --seesaw pp=2:tp=2 --host-kv-bytes 12Q");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--host-kv-bytes"), std::string::npos) << r.out;
+  r = run("bench --model " + kModel + " --seesaw pp=2:tp=2 --parallel tp=2");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("not --parallel"), std::string::npos) << r.out;
+  r = run("bench --model " + kModel + " --seesaw tp=2:tp=2");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("bench --seesaw: cp and cd must differ"), std::string::npos) << r.out;
+}
+
 // --device-memory on the CPU device: too small is refused with the sizes; a
 // budget that fits generates the reference story; a malformed size is a
 // usage error.
