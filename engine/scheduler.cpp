@@ -160,6 +160,11 @@ SeesawCounts Scheduler::seesaw_counts(long long host_held_tokens, long long host
     if (s->is_decoding()) {
       ++c.running_decode_seqs;
       c.running_decode_tokens += s->num_tokens() - 1;  // the KV a transition offloads
+      // In a prefill phase a running decode has just been prefilled: the
+      // next schedule offloads it, so its KV is already spoken for in the
+      // host buffer (else the same schedule admits prompts into its room and
+      // the offload falls back to recomputation).
+      if (phase_ == SchedulePhase::prefill) c.host_reserved_tokens += s->num_tokens() - 1;
     } else {
       ++c.prefilling_seqs;
       c.host_reserved_tokens += s->num_tokens();  // offloaded when its prefill ends

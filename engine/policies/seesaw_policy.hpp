@@ -131,7 +131,9 @@ struct SeesawCounts {
   /// Host-ready sequences (waiting, prefilled, KV in the host buffer).
   long long host_ready_seqs = 0;
   /// Host buffer, in KV tokens: held (chunks in it), reserved (by running
-  /// prefills, which offload into it when they finish), capacity.
+  /// prefills, which offload into it when they finish, and in a prefill
+  /// phase by running decodes, just prefilled, which the next schedule
+  /// offloads), capacity.
   long long host_held_tokens = 0;
   long long host_reserved_tokens = 0;
   long long host_capacity_tokens = 0;

@@ -154,12 +154,16 @@ TEST(Seesaw, EverySchedulePhasesTheSameTokensAsContinuousBatching) {
         EXPECT_TRUE(bit_identical(got->outputs, mixed->outputs)) << "tokens or logits differ from the mixed run";
         const SeesawStats& s = got->seesaw;
         std::printf("  %-44s transitions %llu, steps prefill %llu / decode %llu, offloads %llu, onboards %llu, "
-                    "host peak %lld tokens\n",
+                    "host peak %lld tokens, offload fallbacks %llu\n",
                     what.c_str(), static_cast<unsigned long long>(s.transitions),
                     static_cast<unsigned long long>(s.prefill_steps), static_cast<unsigned long long>(s.decode_steps),
                     static_cast<unsigned long long>(s.offloads), static_cast<unsigned long long>(got->kv.onboards),
-                    s.host_peak_tokens);
+                    s.host_peak_tokens, static_cast<unsigned long long>(got->kv.offload_fallbacks));
         EXPECT_GE(s.transitions, 3u);
+        // Prefill admits only what the host buffer can take beside the
+        // sequences about to be offloaded: no offload falls back to
+        // recomputation (2-7 did when they were not counted).
+        EXPECT_EQ(got->kv.offload_fallbacks, 0u);
         EXPECT_GE(s.offloads, n);          // every sequence left the device at least once
         EXPECT_GE(got->kv.onboards, n);    // ... and came back by a restore
         EXPECT_GT(s.prefill_steps, 0u);
@@ -210,11 +214,13 @@ TEST(Seesaw, PrefillRunsInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
               << "request " << i << ": the prefill logits differ from one device";
       }
       const SeesawStats& s = got->seesaw;
-      std::printf("  %-40s max |logit - single| %.3g, transitions %llu, steps cp %llu / cd %llu, switch %.2f ms\n",
+      std::printf("  %-40s max |logit - single| %.3g, transitions %llu, steps cp %llu / cd %llu, switch %.2f ms, "
+                  "offload fallbacks %llu\n",
                   what.c_str(), static_cast<double>(d), static_cast<unsigned long long>(s.transitions),
                   static_cast<unsigned long long>(got->cp_steps), static_cast<unsigned long long>(got->cd_steps),
-                  s.switch_ms);
+                  s.switch_ms, static_cast<unsigned long long>(got->kv.offload_fallbacks));
       EXPECT_GE(s.transitions, 3u);
+      EXPECT_EQ(got->kv.offload_fallbacks, 0u);
       // One KV memory per device, of the larger layout's size (stories260K
       // rank 0: pp=2 caches 3 layers x 4 heads, tp=2 and sp=2 5 x 2).
       EXPECT_TRUE(got->kv_memory_shared);
