@@ -190,6 +190,9 @@ int run_seesaw(BenchArgs& a, const engine::EngineOptions& eo) {
   so.cp = pair->first;
   so.cd = pair->second;
   so.engine = eo;
+  auto weights = engine::parse_reshard_weights(a.engine.reshard_weights);
+  if (!weights) return usage(weights.error().message);
+  so.engine.reshard_weights = *weights;
   if (!a.host_kv_bytes.empty()) {
     auto bytes = parse_byte_size(a.host_kv_bytes);
     if (!bytes) return usage("--host-kv-bytes: " + bytes.error().message);
@@ -321,6 +324,10 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--host-kv-bytes", a->host_kv_bytes,
                   "With --seesaw: Seesaw's host KV buffer (bytes, or 512M, 4G ...; default: --swap-space)")
       ->type_name("SIZE");
+  cmd->add_option("--reshard-weights", a->engine.reshard_weights,
+                  "With --seesaw: resident (both shards packed on every rank) or reload (the inactive shard freed "
+                  "and repacked at each transition)")
+      ->capture_default_str();
   cmd->add_option("--seesaw-min-prefill-prompts", a->seesaw_min_prefill_prompts,
                   "With --seesaw, transition-minimizing: decode -> prefill needs this many waiting prompts while "
                   "decodes remain")

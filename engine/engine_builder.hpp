@@ -88,8 +88,9 @@ struct EngineOptions {
   /// Seesaw's decode config cd (seed 000 §4.1, dynamic model re-sharding):
   /// with `seesaw`, prefill phases run in `parallel` (cp) and decode phases
   /// in this config over the same devices (same group size, dp = 1); each
-  /// rank holds a shard of both (weights and KV cache each, "resident"), and
-  /// the KV is re-sharded as it passes through the host buffer. An
+  /// rank holds its weight shard of both (see reshard_weights) and one KV
+  /// memory that each config lays out its own way, and the KV is re-sharded
+  /// as it passes through the host buffer. An
   /// in-process CPU group only (not CUDA, TCP, SiDP or --shift).
   /// nullopt or equal to `parallel`: one config for both phases.
   std::optional<ParallelConfig> parallel_decode;
