@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -158,22 +159,24 @@ TEST(CliE2e, BadFlagsAreUsageErrors) {
 // a usage error naming the flag; options the bench refuses exit 1 with its
 // reason. All fail before anything is measured.
 TEST(CliE2e, BenchSeesawFlagErrorsAreUsageErrors) {
-  CliRun r = run("bench --model " + kModel + " --seesaw pp=2");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("CP:CD"), std::string::npos) << r.out;
-  r = run("bench --model " + kModel + " --seesaw pp=2:tp=2 --seesaw-ratios 1024");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("--seesaw-ratios: a ratio is INPUT/OUTPUT"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("got '1024'"), std::string::npos) << r.out;
-  r = run("bench --model " + kModel + " --seesaw pp=2:tp=2 --host-kv-bytes 12Q");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("--host-kv-bytes"), std::string::npos) << r.out;
-  r = run("bench --model " + kModel + " --seesaw pp=2:tp=2 --parallel tp=2");
-  EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("not --parallel"), std::string::npos) << r.out;
-  r = run("bench --model " + kModel + " --seesaw tp=2:tp=2");
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("bench --seesaw: cp and cd must differ"), std::string::npos) << r.out;
+  struct Case {
+    std::string flags;
+    int exit_code;
+    std::vector<std::string> words;
+  };
+  const Case cases[] = {
+      {"--seesaw pp=2", 2, {"CP:CD"}},
+      {"--seesaw pp=2:tp=2 --seesaw-ratios 1024", 2, {"--seesaw-ratios: a ratio is INPUT/OUTPUT", "got '1024'"}},
+      {"--seesaw pp=2:tp=2 --host-kv-bytes 12Q", 2, {"--host-kv-bytes"}},
+      {"--seesaw pp=2:tp=2 --reshard-weights lazy", 2, {"--reshard-weights must be resident or reload"}},
+      {"--seesaw pp=2:tp=2 --parallel tp=2", 2, {"not --parallel"}},
+      {"--seesaw tp=2:tp=2", 1, {"bench --seesaw: cp and cd must differ"}},
+  };
+  for (const Case& c : cases) {
+    const CliRun r = run("bench --model " + kModel + " " + c.flags);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.flags << "\n" << r.out;
+    for (const std::string& w : c.words) EXPECT_NE(r.out.find(w), std::string::npos) << c.flags << "\n" << r.out;
+  }
 }
 
 // --device-memory on the CPU device: too small is refused with the sizes; a
