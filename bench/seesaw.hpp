@@ -23,9 +23,10 @@
 /// `engine.kv_cache_bytes` = 0 each engine holds its requests at full length
 /// (max_num_seqs = requests per engine), so no static config is KV-bound;
 /// with a budget B a group gets B (sized as for one device, build_engine)
-/// and each dp replica B / dp. Seesaw's cd has a KV cache of the same block
-/// count besides cp's (docs/seesaw.md), so its memory is twice that. The
-/// host KV buffer is engine.swap_space_bytes.
+/// and each dp replica B / dp. Seesaw's cd cache has the same block count
+/// and lives in cp's KV memory (one pool per device, docs/seesaw.md). The
+/// host KV buffer is engine.swap_space_bytes; engine.reshard_weights picks
+/// resident or reload weights.
 ///
 /// Not emulated: collectives, pipeline sends and KV copies are in-process
 /// memcpy on the one shared memory bus (no paced link), and the ranks share
