@@ -246,29 +246,31 @@ Status LlmEngine::fill_pipeline() {
   // The depth is read each time: a Seesaw transition may switch to a config
   // with another number of pipeline stages.
   while (static_cast<int>(in_flight_.size()) < std::max(1, executor_->max_in_flight())) {
-    const int depth = std::max(1, executor_->max_in_flight());
     const auto t_sched = Clock::now();
     // Seesaw: the phase of this micro-batch; a transition waits until the
     // pipeline is drained (plan() is pure, so asking again costs nothing).
     long long admit_kv_tokens = -1;
+    std::optional<SeesawCounts> counts;  // the counts this micro-batch is planned from
     if (seesaw_) {
-      SeesawCounts counts = scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens());
-      SeesawPlan plan = seesaw_->plan(counts);
+      counts = scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens());
+      SeesawPlan plan = seesaw_->plan(*counts);
       if (plan.phase != seesaw_->phase()) {
         if (!in_flight_.empty()) break;
-        if (Status s = seesaw_transition(plan.phase, counts); !s.ok()) return s;
-        plan = seesaw_->plan(scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens()));
+        if (Status s = seesaw_transition(plan.phase, *counts); !s.ok()) return s;
+        counts = scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens());
+        plan = seesaw_->plan(*counts);
       }
       admit_kv_tokens = plan.admit_kv_tokens;
     }
+    // After any transition: the depth of the config this micro-batch runs in.
+    const int depth = std::max(1, executor_->max_in_flight());
     MicroBatchBudget limits;
     bool limited = config_.token_budget != nullptr;
     if (limited) limits = config_.token_budget->budget(scheduler_.state(depth));
     // Seesaw's pipelined decode (§5.1): under a decode config with PP, 1/PP
     // of the decodes per micro-batch, whatever the token budget.
     if (seesaw_ && seesaw_->phase() == SeesawPhase::decode && depth > 1) {
-      const int split = pipelined_decode_tokens(scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens()),
-                                                config_.max_num_seqs, depth);
+      const int split = pipelined_decode_tokens(*counts, config_.max_num_seqs, depth);
       if (!limited) limits = MicroBatchBudget{config_.max_num_batched_tokens, split};
       limits.max_decode_tokens = std::min(limits.max_decode_tokens, split);
       limited = true;
