@@ -124,11 +124,7 @@ Status check_engine_options(const EngineOptions& o) {
     if (!o.seesaw)
       return make_error(ErrorCode::invalid_argument,
                         "a decode parallel config (" + cd.to_string() + ") needs Seesaw's phases (--seesaw-policy)");
-    if (cd.dp != 1 || cd.group_size() != o.parallel.group_size())
-      return make_error(ErrorCode::invalid_argument,
-                        "Seesaw: the decode config " + cd.to_string() + " must use the prefill config's " +
-                            std::to_string(o.parallel.group_size()) + " devices with dp = 1 (prefill " +
-                            o.parallel.to_string() + ")");
+    if (Status st = check_decode_config(o.parallel, cd); !st) return st;
     if (cuda || o.ffn || o.shift || !o.group_master.empty())
       return make_error(ErrorCode::unsupported,
                         "Seesaw's two parallel configs run on an in-process CPU engine group (not CUDA, SiDP, "

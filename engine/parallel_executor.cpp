@@ -23,13 +23,15 @@ constexpr std::int32_t kKindStepShift = 2;  ///< a step in the shift config (Shi
 constexpr std::int32_t kKindStepDecode = 3;  ///< a step in the decode config (Seesaw)
 constexpr std::int32_t kKindSwitchConfig = 4;  ///< switch between cp and cd (Seesaw)
 
-/// Seesaw's weight re-sharding on one rank: under reload, frees the
-/// outgoing shard and packs the incoming one. Returns the microseconds spent.
-Result<std::int64_t> reshard_weights(model::ShardRunner& outgoing, model::ShardRunner& incoming, ReshardWeights mode) {
+/// Seesaw's weight re-sharding on one rank, switching to cd (`to_decode`)
+/// or back to cp: under reload, frees the outgoing shard and packs the
+/// incoming one. Returns the microseconds spent.
+Result<std::int64_t> reshard_weights(model::ShardRunner& cp, model::ShardRunner& cd, bool to_decode,
+                                     ReshardWeights mode) {
   const auto t0 = Clock::now();
   if (mode == ReshardWeights::reload) {
-    outgoing.release_weights();
-    if (Status st = incoming.load_weights(); !st) return st.error();
+    (to_decode ? cp : cd).release_weights();
+    if (Status st = (to_decode ? cd : cp).load_weights(); !st) return st.error();
   }
   return us_since(t0);
 }
@@ -44,6 +46,14 @@ std::size_t activation_bytes(const model::ShardRunner& r, int num_tokens) {
 
 const char* to_string(ReshardWeights weights) noexcept {
   return weights == ReshardWeights::reload ? "reload" : "resident";
+}
+
+Status check_decode_config(const ParallelConfig& cp, const ParallelConfig& cd) {
+  if (cd.dp != 1 || cd.group_size() != cp.group_size())
+    return make_error(ErrorCode::invalid_argument,
+                      "Seesaw: the decode config " + cd.to_string() + " must use the prefill config's " +
+                          std::to_string(cp.group_size()) + " devices with dp = 1 (prefill " + cp.to_string() + ")");
+  return Status::ok_status();
 }
 
 Result<ReshardWeights> parse_reshard_weights(std::string_view text) {
@@ -89,9 +99,8 @@ Status InProcGroupComms::mark_dead(int group_rank) {
 }
 
 Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift, const ParallelConfig* decode) {
-  if (decode != nullptr && decode->group_size() != pc.group_size())
-    return make_error(ErrorCode::invalid_argument, "engine group: the decode config " + decode->to_string() +
-                                                       " has another group size than " + pc.to_string());
+  if (decode != nullptr)
+    if (Status st = check_decode_config(pc, *decode); !st) return st.error();
   const int g = pc.group_size();
   InProcGroupComms out;
   out.ranks.resize(static_cast<std::size_t>(g));
@@ -188,8 +197,7 @@ Status ShardWorker::serve() {
       const bool to_decode = body[0] == 1;
       std::int64_t us = 0;
       if (to_decode != decode_active_) {
-        Result<std::int64_t> done = to_decode ? reshard_weights(*runner_, *decode_->runner, decode_->weights)
-                                              : reshard_weights(*decode_->runner, *runner_, decode_->weights);
+        Result<std::int64_t> done = reshard_weights(*runner_, *decode_->runner, to_decode, decode_->weights);
         if (!done.ok()) return std::move(done).error();
         us = *done;
         decode_active_ = to_decode;
@@ -294,9 +302,7 @@ Status ParallelExecutor::set_shift(std::unique_ptr<model::ShardRunner> shift_run
 Status ParallelExecutor::set_decode_config(DecodeShard decode) {
   if (shift_runner_)
     return make_error(ErrorCode::invalid_argument, "Seesaw's decode config and --shift cannot be combined");
-  if (decode.pc.group_size() != pc_.group_size() || decode.pc.dp != 1)
-    return make_error(ErrorCode::invalid_argument, "parallel executor: the decode config " + decode.pc.to_string() +
-                                                       " needs dp = 1 and the group size of " + pc_.to_string());
+  if (Status st = check_decode_config(pc_, decode.pc); !st) return st;
   if (!decode.runner) return make_error(ErrorCode::invalid_argument, "parallel executor: no decode runner");
   const model::ShardSpec& s = decode.runner->spec();
   if (s.tp != decode.pc.tp || s.sp != decode.pc.sp || s.pp != decode.pc.pp || s.stage != 0 || s.sp_rank != 0 ||
@@ -325,8 +331,7 @@ Status ParallelExecutor::use_step_config(model::StepConfig config) {
     if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
     if (Status st = comms_.world->send(body, sizeof body, r, kTagMetaBody); !st) return st;
   }
-  Result<std::int64_t> mine = to_decode ? reshard_weights(*runner_, *decode_->runner, decode_->weights)
-                                        : reshard_weights(*decode_->runner, *runner_, decode_->weights);
+  Result<std::int64_t> mine = reshard_weights(*runner_, *decode_->runner, to_decode, decode_->weights);
   if (!mine.ok()) return std::move(mine).error();
   std::int64_t slowest_us = *mine;
   for (int r = 1; r < pc_.group_size(); ++r) {
@@ -454,23 +459,18 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
                                                                      ParallelConfig pc, model::CpuRunnerOptions options,
                                                                      std::optional<ShiftOptions> shift,
                                                                      std::optional<SeesawGroupOptions> seesaw) {
-  const std::optional<ParallelConfig> decode =
-      seesaw ? std::optional<ParallelConfig>(seesaw->decode) : std::nullopt;
   if (!weights) return make_error(ErrorCode::invalid_argument, "engine group: no weights");
   if (pc.dp != 1)
     return make_error(ErrorCode::invalid_argument, "engine group: one group is one replica, dp must be 1 (got " +
                                                        std::to_string(pc.dp) + ")");
   if (Status st = model::check_shardable(weights->config, pc.tp, pc.sp, pc.pp); !st) return st.error();
-  if (decode) {
+  if (seesaw) {
+    const ParallelConfig& cd = seesaw->decode;
     if (shift) return make_error(ErrorCode::invalid_argument, "Seesaw's decode config and --shift cannot be combined");
-    if (decode->dp != 1 || decode->group_size() != pc.group_size())
-      return make_error(ErrorCode::invalid_argument, "Seesaw: the decode config " + decode->to_string() +
-                                                         " must have dp = 1 and the prefill config's " +
-                                                         std::to_string(pc.group_size()) + " devices (" +
-                                                         pc.to_string() + ")");
-    if (Status st = model::check_shardable(weights->config, decode->tp, decode->sp, decode->pp); !st)
+    if (Status st = check_decode_config(pc, cd); !st) return st.error();
+    if (Status st = model::check_shardable(weights->config, cd.tp, cd.sp, cd.pp); !st)
       return make_error(ErrorCode::invalid_argument,
-                        "Seesaw: the decode config " + decode->to_string() + " cannot shard this model: " +
+                        "Seesaw: the decode config " + cd.to_string() + " cannot shard this model: " +
                             st.error().message);
   }
   std::optional<ShiftPolicy> policy;
@@ -493,7 +493,8 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
     options.num_threads = std::max(1, cores / size);
   }
   g->threads_per_rank_ = options.num_threads;
-  Result<InProcGroupComms> comms = make_inproc_group_comms(pc, shift.has_value(), decode ? &*decode : nullptr);
+  Result<InProcGroupComms> comms =
+      make_inproc_group_comms(pc, shift.has_value(), seesaw ? &seesaw->decode : nullptr);
   if (!comms.ok()) return std::move(comms).error();
   g->comms_ = std::move(comms).value();
   std::vector<std::unique_ptr<model::ShardRunner>> runners;
@@ -518,14 +519,14 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
   // Seesaw's decode config: its own packed weights per rank, its cache in
   // the same KV memory as the prefill config's.
   std::vector<std::optional<DecodeShard>> decode_shards(static_cast<std::size_t>(size));
-  if (decode) {
+  if (seesaw) {
     for (int r = 0; r < size; ++r) {
       const auto i = static_cast<std::size_t>(r);
       // One KV pool per device: cd's cache lives in cp's KV memory.
-      auto made = model::ShardRunner::create_on_kv_memory(weights, shard_spec_of(*decode, r),
+      auto made = model::ShardRunner::create_on_kv_memory(weights, shard_spec_of(seesaw->decode, r),
                                                           g->comms_.ranks[i].decode_shard_comms(), *runners[i]);
       if (!made.ok()) return std::move(made).error();
-      decode_shards[i] = DecodeShard{*decode, std::move(made).value(), seesaw->weights};
+      decode_shards[i] = DecodeShard{seesaw->decode, std::move(made).value(), seesaw->weights};
       // Reload: only the active config's shard is packed; prefill comes first.
       if (seesaw->weights == ReshardWeights::reload) decode_shards[i]->runner->release_weights();
     }
@@ -536,7 +537,7 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
   g->executor_ = std::move(exec).value();
   if (shift)
     if (Status st = g->executor_->set_shift(std::move(shift_runners[0]), std::move(*policy)); !st) return st.error();
-  if (decode)
+  if (seesaw)
     if (Status st = g->executor_->set_decode_config(std::move(*decode_shards[0])); !st) return st.error();
   g->statuses_.resize(static_cast<std::size_t>(size));
   for (int r = 1; r < size; ++r)

@@ -73,6 +73,11 @@ enum class ReshardWeights {
 /// Parses to_string()'s names. Errors: invalid_argument naming the text.
 [[nodiscard]] Result<ReshardWeights> parse_reshard_weights(std::string_view text);
 
+/// Seesaw: checks that `cd` can be the decode config of a group whose own
+/// config is `cp`: one group (dp = 1) on the same number of devices.
+/// Errors: invalid_argument naming both configs.
+[[nodiscard]] Status check_decode_config(const ParallelConfig& cp, const ParallelConfig& cd);
+
 /// Seesaw's second config of a group.
 struct SeesawGroupOptions {
   ParallelConfig decode;  ///< cd: the prefill config's group size, dp = 1
