@@ -187,7 +187,6 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
   r->vocab_begin_ = std::min(c.vocab_size, spec.tp_rank * r->vocab_shard_);
   r->vocab_rows_ = std::min(c.vocab_size, r->vocab_begin_ + r->vocab_shard_) - r->vocab_begin_;
 
-  r->kv_begin_t_ = kv_begin_t;
   r->layers_.resize(static_cast<std::size_t>(r->layer_end_ - r->layer_begin_));
   r->pack_weights();
 
@@ -232,9 +231,10 @@ void ShardRunner::pack_weights() {
   const int hd = c.head_dim;
   const int heads = c.num_attention_heads;
   const int kvh = c.num_key_value_heads;
+  const int kv_begin_t = spec_.tp_rank * hq_t_ / c.num_queries_per_kv();  // first KV head of this TP rank's QKV
   const std::vector<RowRange> qkv_rows = {{spec_.tp_rank * hq_t_ * hd, hq_t_ * hd},
-                                          {(heads + kv_begin_t_) * hd, kv_t_ * hd},
-                                          {(heads + kvh + kv_begin_t_) * hd, kv_t_ * hd}};
+                                          {(heads + kv_begin_t) * hd, kv_t_ * hd},
+                                          {(heads + kvh + kv_begin_t) * hd, kv_t_ * hd}};
   const int inter = c.intermediate_size;
   const std::vector<RowRange> gate_up_rows = {{spec_.tp_rank * inter_t_, inter_t_},
                                               {inter + spec_.tp_rank * inter_t_, inter_t_}};

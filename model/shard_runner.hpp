@@ -245,7 +245,6 @@ class ShardRunner {
   int vocab_begin_ = 0;  ///< lm_head rows of this TP rank: [vocab_begin, vocab_begin + vocab_rows)
   int vocab_rows_ = 0;
   int vocab_shard_ = 0;  ///< ceil(vocab / tp): the all-gather stride
-  int kv_begin_t_ = 0;   ///< first model KV head this TP rank's QKV produces
   bool weights_packed_ = false;
   std::vector<int> sp_kv_begin_;  ///< [sp] first local KV head (of kv_t) sent to each SP rank
 
