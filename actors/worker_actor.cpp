@@ -61,10 +61,12 @@ struct WorkerState {
   ~WorkerState() {
     if (!worker || !worker->engine().seesaw_phase()) return;
     const engine::SeesawStats& s = worker->engine().seesaw_stats();
+    const engine::KvMoverStats m = worker->engine().kv_mover_stats();
     spdlog::info("worker {}: Seesaw: {} transitions, {} prefill / {} decode steps, {} offloads to the host KV buffer "
-                 "(peak {} tokens), {:.1f} ms in transitions ({:.1f} ms switching configs)",
+                 "(peak {} tokens), {:.1f} ms in transitions ({:.1f} ms switching configs); {} KV copies, {:.1f} ms, "
+                 "{:.0f}% hidden behind steps",
                  config.name, s.transitions, s.prefill_steps, s.decode_steps, s.offloads, s.host_peak_tokens,
-                 s.transition_ms, s.switch_ms);
+                 s.transition_ms, s.switch_ms, m.num_transfers, m.transfer_ms, 100 * m.hidden_share());
   }
 };
 
@@ -388,12 +390,15 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   if (const auto& ss = st.config.engine.seesaw) {
     const engine::ParallelConfig& cp = st.config.engine.parallel;
     const engine::ParallelConfig cd = st.config.engine.parallel_decode.value_or(cp);
+    const auto& link = st.config.engine.host_link;
     spdlog::info("worker {}: Seesaw: prefill as [{}], decode as [{}], {} schedule, host KV buffer {} MiB, {} weights "
-                 "({:.1f} MiB packed now)",
+                 "({:.1f} MiB packed now), {} KV copies{}",
                  st.config.name, orchestrator::group_label(cp), orchestrator::group_label(cd),
                  engine::to_string(ss->schedule), st.config.engine.swap_space_bytes >> 20,
                  engine::to_string(st.config.engine.reshard_weights),
-                 static_cast<double>(st.weight_bytes) / static_cast<double>(1 << 20));
+                 static_cast<double>(st.weight_bytes) / static_cast<double>(1 << 20),
+                 st.config.engine.seesaw_async_kv ? "async" : "sync",
+                 link ? fmt::format(" over an emulated {} GB/s host link", link->gbps) : std::string());
   }
 
   return {

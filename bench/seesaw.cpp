@@ -40,6 +40,7 @@ struct Plan {
   int replicas = 1;
   std::optional<engine::ParallelConfig> cd;
   std::optional<engine::SeesawPolicyOptions> seesaw;
+  bool async_kv = true;  ///< seesaw: the KV copies on the prefetcher thread
 };
 
 Plan static_plan(const std::string& config, const engine::ParallelConfig& pc) {
@@ -63,6 +64,13 @@ Plan seesaw_plan(const SeesawBenchOptions& o, const std::string& table, engine::
   p.cd = o.cd;
   p.seesaw = o.seesaw;
   p.seesaw->schedule = schedule;
+  p.async_kv = o.engine.seesaw_async_kv;
+  return p;
+}
+
+Plan copy_plan(const SeesawBenchOptions& o, bool async) {
+  Plan p = seesaw_plan(o, "copies", engine::SeesawSchedule::transition_minimizing);
+  p.async_kv = async;
   return p;
 }
 
@@ -78,12 +86,15 @@ Result<SeesawRun> serve(const SeesawBenchOptions& o, const Plan& p, const Seesaw
   r.parallel = p.parallel;
   r.token_budget = p.token_budget;
   r.schedule = p.schedule;
+  if (p.seesaw) r.kv_copy = p.async_kv ? "async" : "sync";
 
   engine::EngineOptions eo = o.engine;
   eo.weights = weights;
   eo.parallel = p.pc;
   eo.parallel_decode = p.cd;
   eo.seesaw = p.seesaw;
+  eo.seesaw_async_kv = p.async_kv;
+  if (!p.seesaw) eo.host_link.reset();  // a static config moves no KV to the host
   eo.shift.reset();
   eo.num_threads = threads_per_rank;
   eo.max_model_len = ratio.input_len + ratio.output_len;
@@ -149,7 +160,11 @@ Result<SeesawRun> serve(const SeesawBenchOptions& o, const Plan& p, const Seesaw
     r.offloads += static_cast<long long>(io.offloads);
     r.onboards += static_cast<long long>(io.onboards);
     r.offload_fallbacks += static_cast<long long>(io.offload_fallbacks);
+    const engine::KvMoverStats mv = e->kv_mover_stats();
+    r.kv_copy_ms += mv.transfer_ms;
+    r.kv_wait_ms += mv.wait_ms;
   }
+  r.hidden_share = r.kv_copy_ms > 0 ? std::clamp(1.0 - r.kv_wait_ms / r.kv_copy_ms, 0.0, 1.0) : 0.0;
   if (r.decode_steps > 0) r.mean_decode_batch = static_cast<double>(decode_tokens) / static_cast<double>(r.decode_steps);
   spdlog::info("bench --seesaw: {} {} {} {}: {:.2f} s, {:.1f} tok/s, {} transitions", r.ratio.to_string(), r.config,
                r.parallel, r.schedule, r.elapsed_s, r.total_tok_s, r.transitions);
@@ -164,7 +179,7 @@ std::vector<SeesawSummary> summarize(const std::vector<SeesawRun>& runs) {
     std::size_t i = 0;
     for (; i < rows.size(); ++i)
       if (rows[i].table == r.table && rows[i].ratio == r.ratio && rows[i].config == r.config &&
-          rows[i].schedule == r.schedule)
+          rows[i].schedule == r.schedule && rows[i].kv_copy == r.kv_copy)
         break;
     if (i == rows.size()) {
       SeesawSummary s;
@@ -174,6 +189,7 @@ std::vector<SeesawSummary> summarize(const std::vector<SeesawRun>& runs) {
       s.parallel = r.parallel;
       s.token_budget = r.token_budget;
       s.schedule = r.schedule;
+      s.kv_copy = r.kv_copy;
       rows.push_back(s);
       groups.emplace_back();
     }
@@ -203,6 +219,9 @@ std::vector<SeesawSummary> summarize(const std::vector<SeesawRun>& runs) {
     s.onboards = med([](const SeesawRun& r) { return static_cast<double>(r.onboards); });
     s.host_peak_tokens = med([](const SeesawRun& r) { return static_cast<double>(r.host_peak_tokens); });
     s.mean_decode_batch = med([](const SeesawRun& r) { return r.mean_decode_batch; });
+    s.kv_copy_ms = med([](const SeesawRun& r) { return r.kv_copy_ms; });
+    s.kv_wait_ms = med([](const SeesawRun& r) { return r.kv_wait_ms; });
+    s.hidden_share = med([](const SeesawRun& r) { return r.hidden_share; });
   }
   for (SeesawSummary& s : rows) {
     if (s.table != "configs" || s.config != "seesaw") continue;
@@ -279,6 +298,11 @@ Result<SeesawBenchReport> run_seesaw_bench(const SeesawBenchOptions& o) {
   rep.num_requests = o.num_requests;
   rep.repeats = o.repeats;
   rep.host_kv_bytes = o.engine.swap_space_bytes;
+  if (o.engine.host_link) {
+    rep.host_link_gbps = o.engine.host_link->gbps;
+    rep.host_link_latency_us = o.engine.host_link->latency_us;
+  }
+  rep.kv_copy = o.engine.seesaw_async_kv ? "async" : "sync";
   const int cores = std::max(1, omp_get_num_procs());
   rep.cores = cores;
   rep.threads_per_rank = o.engine.num_threads > 0 ? o.engine.num_threads : std::max(1, cores / rep.devices);
@@ -303,8 +327,10 @@ Result<SeesawBenchReport> run_seesaw_bench(const SeesawBenchOptions& o) {
        {engine::SeesawSchedule::transition_minimizing, engine::SeesawSchedule::prefill_prioritizing,
         engine::SeesawSchedule::decode_prioritizing})
     schedules.push_back(seesaw_plan(o, "schedules", s));
+  std::vector<Plan> copies = {copy_plan(o, false), copy_plan(o, true)};
 
-  for (const auto& [ratios, plans] : {std::pair{&o.ratios, &configs}, std::pair{&o.schedule_ratios, &schedules}}) {
+  for (const auto& [ratios, plans] : {std::pair{&o.ratios, &configs}, std::pair{&o.schedule_ratios, &schedules},
+                                      std::pair{&o.copy_ratios, &copies}}) {
     for (const SeesawRatio& ratio : *ratios) {
       if (ratio.input_len < 1 || ratio.output_len < 1) return bad("ratios need positive lengths").error();
       const auto prompts = random_prompts(o.num_requests, ratio.input_len, vocab, o.seed);
@@ -333,6 +359,9 @@ std::string SeesawBenchReport::to_json() const {
                                    {"num_requests", num_requests},
                                    {"repeats", repeats},
                                    {"host_kv_bytes", host_kv_bytes},
+                                   {"host_link_gbps", host_link_gbps},
+                                   {"host_link_latency_us", host_link_latency_us},
+                                   {"kv_copy", kv_copy},
                                    {"membw_gbs", membw_gbs},
                                    {"gemm_gflops", gemm_gflops}}
                         .dump();
@@ -345,6 +374,7 @@ std::string SeesawBenchReport::to_json() const {
                                  {"parallel", r.parallel},
                                  {"token_budget", r.token_budget},
                                  {"schedule", r.schedule},
+                                 {"kv_copy", r.kv_copy},
                                  {"elapsed_s", r.elapsed_s},
                                  {"num_requests", r.num_requests},
                                  {"num_generated", r.num_generated},
@@ -361,6 +391,9 @@ std::string SeesawBenchReport::to_json() const {
                                  {"onboards", r.onboards},
                                  {"offload_fallbacks", r.offload_fallbacks},
                                  {"host_peak_tokens", r.host_peak_tokens},
+                                 {"kv_copy_ms", r.kv_copy_ms},
+                                 {"kv_wait_ms", r.kv_wait_ms},
+                                 {"hidden_share", r.hidden_share},
                                  {"weight_bytes", r.weight_bytes},
                                  {"decode_weight_bytes", r.decode_weight_bytes},
                                  {"num_kv_blocks", r.num_kv_blocks}}
@@ -373,6 +406,7 @@ std::string SeesawBenchReport::to_json() const {
                                  {"parallel", s.parallel},
                                  {"token_budget", s.token_budget},
                                  {"schedule", s.schedule},
+                                 {"kv_copy", s.kv_copy},
                                  {"runs", s.runs},
                                  {"total_tok_s", s.total_tok_s},
                                  {"total_tok_s_min", s.total_tok_s_min},
@@ -386,7 +420,10 @@ std::string SeesawBenchReport::to_json() const {
                                  {"offloads", s.offloads},
                                  {"onboards", s.onboards},
                                  {"host_peak_tokens", s.host_peak_tokens},
-                                 {"mean_decode_batch", s.mean_decode_batch}}
+                                 {"mean_decode_batch", s.mean_decode_batch},
+                                 {"kv_copy_ms", s.kv_copy_ms},
+                                 {"kv_wait_ms", s.kv_wait_ms},
+                                 {"hidden_share", s.hidden_share}}
                       .dump();
   return out;
 }
@@ -396,10 +433,11 @@ std::string SeesawBenchReport::to_table() const {
   char line[512];
   std::snprintf(line, sizeof line,
                 "# %s %s (KV %s), cp %s -> cd %s on %d devices x %d threads (%d cores), %d requests per ratio, %d "
-                "repeats, host KV buffer %.1f MiB; triad %.1f GB/s, GEMM %.0f GFLOP/s (0: not measured)\n",
+                "repeats, host KV buffer %.1f MiB, %s KV copies over a host link of %.2f GB/s + %.0f us (0: "
+                "unpaced); triad %.1f GB/s, GEMM %.0f GFLOP/s (0: not measured)\n",
                 model.c_str(), dtype.c_str(), kv_cache_dtype.c_str(), cp.c_str(), cd.c_str(), devices,
                 threads_per_rank, cores, num_requests, repeats, static_cast<double>(host_kv_bytes) / (1 << 20),
-                membw_gbs, gemm_gflops);
+                kv_copy.c_str(), host_link_gbps, host_link_latency_us, membw_gbs, gemm_gflops);
   out += line;
   out += "# configs: medians over the repeats, total tok/s (min-max); speed-up = seesaw / best static\n";
   std::snprintf(line, sizeof line, "%-9s %-10s %-12s %-8s %9s %19s %8s %7s %6s %9s %9s %6s %6s %9s %7s\n", "ratio",
@@ -436,22 +474,41 @@ std::string SeesawBenchReport::to_table() const {
       out += line;
     }
   }
+  bool any_copies = false;
+  for (const SeesawSummary& s : summary) any_copies = any_copies || s.table == "copies";
+  if (any_copies) {
+    out += "# copies (seesaw " + cp + " -> " + cd + ", transition-minimizing): KV copies on the engine's thread "
+           "(sync) or the prefetcher thread (async, §5.2); medians over the repeats\n";
+    std::snprintf(line, sizeof line, "%-9s %-6s %9s %19s %8s %6s %10s %10s %7s %9s\n", "ratio", "copies", "total/s",
+                  "(min-max)", "out/s", "trans", "copy ms", "waited ms", "hidden", "ms/trans");
+    out += line;
+    for (const SeesawSummary& s : summary) {
+      if (s.table != "copies") continue;
+      char range[64];
+      std::snprintf(range, sizeof range, "(%.0f-%.0f)", s.total_tok_s_min, s.total_tok_s_max);
+      std::snprintf(line, sizeof line, "%-9s %-6s %9.1f %19s %8.1f %6.0f %10.1f %10.1f %6.0f%% %9.2f\n",
+                    s.ratio.to_string().c_str(), s.kv_copy.c_str(), s.total_tok_s, range, s.output_tok_s,
+                    s.transitions, s.kv_copy_ms, s.kv_wait_ms, 100 * s.hidden_share, s.transition_ms_per);
+      out += line;
+    }
+  }
   out += "# runs\n";
   std::snprintf(line, sizeof line,
-                "%-9s %-9s %3s %-10s %-12s %-21s %8s %9s %8s %6s %6s %7s %5s %5s %8s %8s %6s %4s %6s %9s %7s %7s\n",
-                "table", "ratio", "rep", "config", "parallel", "schedule", "wall s", "total/s", "out/s", "p.step",
-                "d.step", "dec bat", "preem", "trans", "trans ms", "swtch ms", "offl", "fb", "onb", "host peak", "w MB",
-                "cd MB");
+                "%-9s %-9s %3s %-10s %-12s %-21s %-5s %8s %9s %8s %6s %6s %7s %5s %5s %8s %8s %6s %4s %6s %9s %8s %4s "
+                "%7s %7s\n",
+                "table", "ratio", "rep", "config", "parallel", "schedule", "copy", "wall s", "total/s", "out/s", "p.step",
+                "d.step", "dec bat", "preem", "trans", "trans ms", "swtch ms", "offl", "fb", "onb", "host peak",
+                "copy ms", "hid%", "w MB", "cd MB");
   out += line;
   for (const SeesawRun& r : runs) {
     std::snprintf(line, sizeof line,
-                  "%-9s %-9s %3d %-10s %-12s %-21s %8.2f %9.1f %8.1f %6lld %6lld %7.1f %5lld %5lld %8.2f %8.3f %6lld "
-                  "%4lld %6lld %9lld %7.1f %7.1f\n",
+                  "%-9s %-9s %3d %-10s %-12s %-21s %-5s %8.2f %9.1f %8.1f %6lld %6lld %7.1f %5lld %5lld %8.2f %8.3f "
+                  "%6lld %4lld %6lld %9lld %8.1f %4.0f %7.1f %7.1f\n",
                   r.table.c_str(), r.ratio.to_string().c_str(), r.repeat, r.config.c_str(), r.parallel.c_str(),
-                  r.schedule.c_str(), r.elapsed_s, r.total_tok_s, r.output_tok_s, r.prefill_steps, r.decode_steps,
-                  r.mean_decode_batch, r.preemptions, r.transitions, r.transition_ms, r.switch_ms, r.offloads,
-                  r.offload_fallbacks, r.onboards,
-                  r.host_peak_tokens, static_cast<double>(r.weight_bytes) / 1e6,
+                  r.schedule.c_str(), r.kv_copy.c_str(), r.elapsed_s, r.total_tok_s, r.output_tok_s, r.prefill_steps,
+                  r.decode_steps, r.mean_decode_batch, r.preemptions, r.transitions, r.transition_ms, r.switch_ms,
+                  r.offloads, r.offload_fallbacks, r.onboards, r.host_peak_tokens, r.kv_copy_ms, 100 * r.hidden_share,
+                  static_cast<double>(r.weight_bytes) / 1e6,
                   static_cast<double>(r.decode_weight_bytes) / 1e6);
     out += line;
   }

@@ -13,7 +13,11 @@
 ///     offloads / onboards through the host KV buffer, its peak, the mean
 ///     decode micro-batch and rank 0's packed weights;
 ///  2. schedules (Fig. 2): transition-minimizing vs prefill-prioritizing vs
-///     decode-prioritizing on the same cp -> cd pair, for the ratios asked.
+///     decode-prioritizing on the same cp -> cd pair, for the ratios asked;
+///  3. copies (§5.2): Seesaw with its KV copies on the engine's thread (sync)
+///     against the prefetcher thread (async), over the emulated host link
+///     of engine.host_link when set: tok/s, the copies' time, the time the
+///     engine waited for them and the share hidden behind steps.
 /// Each run builds its engine(s) from one shared load of the weights (not
 /// timed); the wall time covers adding the requests to the last token. The
 /// configs run alternately within each repeat, every run is reported, and
@@ -28,12 +32,14 @@
 /// host KV buffer is engine.swap_space_bytes; engine.reshard_weights picks
 /// resident or reload weights.
 ///
-/// Not emulated: collectives, pipeline sends and KV copies are in-process
-/// memcpy on the one shared memory bus (no paced link), and the ranks share
-/// the cores. The paper's reason to prefill under PP -- avoiding TP's
-/// all-reduces over a slow link -- is therefore mostly absent here: expect
-/// Seesaw at or below static tp. Transfers are synchronous (no §5.2
-/// prefetcher), so their time is in the transitions and the decode steps.
+/// Not emulated: collectives and pipeline sends are in-process memcpy on the
+/// one shared memory bus (no paced link), and the ranks share the cores. The
+/// paper's reason to prefill under PP -- avoiding TP's all-reduces over a
+/// slow link -- is therefore mostly absent here: expect Seesaw at or below
+/// static tp. KV copies to and from the host buffer are paced when
+/// engine.host_link is set (PCIe emulation, engine/kv_mover.hpp), and run on
+/// the prefetcher thread when engine.seesaw_async_kv (the configs and
+/// schedules tables use that setting; the copies table runs both).
 
 #include <cstdint>
 #include <string>
@@ -82,6 +88,8 @@ struct SeesawBenchOptions {
   std::vector<SeesawRatio> ratios = {{2048, 64}, {1024, 256}, {256, 256}, {128, 1024}};
   /// Ratios of the schedules table (empty: skip it).
   std::vector<SeesawRatio> schedule_ratios = {{1024, 256}};
+  /// Ratios of the copies table, sync vs async (empty: skip it).
+  std::vector<SeesawRatio> copy_ratios = {{1024, 256}};
   int num_requests = 16;  ///< per ratio and run
   int repeats = 3;
   std::uint64_t seed = 1;       ///< prompts
@@ -90,13 +98,14 @@ struct SeesawBenchOptions {
 
 /// One served run.
 struct SeesawRun {
-  std::string table;     ///< "configs" or "schedules"
+  std::string table;     ///< "configs", "schedules" or "copies"
   SeesawRatio ratio;
   int repeat = 0;        ///< 0-based
   std::string config;    ///< "static-cd", "static-cp", "static-dp" or "seesaw"
   std::string parallel;  ///< e.g. "tp=2", "pp=2", "dp=2", "pp=2->tp=2"
   std::string token_budget;  ///< "fixed" or "throttle"
   std::string schedule;  ///< seesaw rows: the schedule's name; "" otherwise
+  std::string kv_copy;   ///< seesaw rows: "async" or "sync"; "" otherwise
   double elapsed_s = 0;
   long long num_requests = 0, num_generated = 0;  ///< finished requests, tokens they generated
   double total_tok_s = 0;   ///< (prompt + generated) / elapsed
@@ -110,6 +119,9 @@ struct SeesawRun {
   double switch_ms = 0;      ///< of which switching cp <-> cd
   long long offloads = 0, onboards = 0, offload_fallbacks = 0;
   long long host_peak_tokens = 0;
+  /// The KV mover (KvMoverStats): copies' time (copy + emulated link), the
+  /// time the engine waited for them, and the share hidden (1 - wait / copy).
+  double kv_copy_ms = 0, kv_wait_ms = 0, hidden_share = 0;
   std::uint64_t weight_bytes = 0;         ///< rank 0's packed weights (cp's for seesaw)
   std::uint64_t decode_weight_bytes = 0;  ///< seesaw: rank 0's cd shard besides
   int num_kv_blocks = 0;                  ///< per engine (rank)
@@ -119,7 +131,7 @@ struct SeesawRun {
 struct SeesawSummary {
   std::string table;
   SeesawRatio ratio;
-  std::string config, parallel, token_budget, schedule;
+  std::string config, parallel, token_budget, schedule, kv_copy;
   int runs = 0;
   double total_tok_s = 0, total_tok_s_min = 0, total_tok_s_max = 0;  ///< median, min, max
   double output_tok_s = 0;         ///< median
@@ -131,19 +143,22 @@ struct SeesawSummary {
   double transition_ms_per = 0;    ///< median of transition_ms / transitions
   double switch_ms_per = 0;        ///< median of switch_ms / transitions
   double offloads = 0, onboards = 0, host_peak_tokens = 0, mean_decode_batch = 0;  ///< medians
+  double kv_copy_ms = 0, kv_wait_ms = 0, hidden_share = 0;                         ///< medians
 };
 
 struct SeesawBenchReport {
   std::string model, cp, cd, dtype, kv_cache_dtype;
   int devices = 0, threads_per_rank = 0, cores = 0, num_requests = 0, repeats = 0;
   std::uint64_t host_kv_bytes = 0;
+  double host_link_gbps = 0, host_link_latency_us = 0;  ///< the emulated host link (0: unpaced)
+  std::string kv_copy;                    ///< the configs and schedules tables' "async" / "sync"
   double membw_gbs = 0, gemm_gflops = 0;  ///< 0 when not measured
   std::vector<SeesawRun> runs;            ///< in the order run
   std::vector<SeesawSummary> summary;     ///< per table, ratio, then config / schedule
   /// One JSON object per line: the setup ("row": "setup"), every run
   /// ("row": "run") and every summary row ("row": "summary").
   [[nodiscard]] std::string to_json() const;
-  /// The two tables (medians) and the runs, fixed width, for people.
+  /// The three tables (medians) and the runs, fixed width, for people.
   [[nodiscard]] std::string to_table() const;
 };
 

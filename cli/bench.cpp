@@ -42,6 +42,9 @@ struct BenchArgs {
   int seesaw_requests = 16;
   std::string host_kv_bytes;  ///< "" = --swap-space
   int seesaw_min_prefill_prompts = 1;
+  std::string seesaw_copy_ratios = "1024/256";
+  std::string seesaw_kv_copy = "async";
+  std::string host_link_gbps = "0", host_link_latency_us = "0";
 };
 
 /// "1,2,4" -> {1, 2, 4}; a bad item -> nullopt.
@@ -200,12 +203,19 @@ int run_seesaw(BenchArgs& a, const engine::EngineOptions& eo) {
   }
   for (const auto& [flag, text, out] :
        {std::tuple{"--seesaw-ratios", &a.seesaw_ratios, &so.ratios},
-        std::tuple{"--seesaw-policy-ratios", &a.seesaw_policy_ratios, &so.schedule_ratios}}) {
+        std::tuple{"--seesaw-policy-ratios", &a.seesaw_policy_ratios, &so.schedule_ratios},
+        std::tuple{"--seesaw-copy-ratios", &a.seesaw_copy_ratios, &so.copy_ratios}}) {
     auto ratios = bench::parse_seesaw_ratios(*text);
     if (!ratios) return usage(std::string(flag) + ": " + ratios.error().message);
     *out = *ratios;
   }
   if (so.ratios.empty()) return usage("--seesaw-ratios: give at least one INPUT/OUTPUT ratio");
+  if (a.seesaw_kv_copy != "async" && a.seesaw_kv_copy != "sync")
+    return usage("--seesaw-kv-copy must be async or sync, got '" + a.seesaw_kv_copy + "'");
+  so.engine.seesaw_async_kv = a.seesaw_kv_copy == "async";
+  auto link = parse_host_link(a.host_link_gbps, a.host_link_latency_us);
+  if (!link) return usage(link.error().message);
+  so.engine.host_link = *link;
   so.num_requests = a.seesaw_requests;
   so.repeats = a.shift.repeats;
   so.seesaw.min_prefill_prompts = a.seesaw_min_prefill_prompts;
@@ -331,6 +341,20 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--seesaw-min-prefill-prompts", a->seesaw_min_prefill_prompts,
                   "With --seesaw, transition-minimizing: decode -> prefill needs this many waiting prompts while "
                   "decodes remain")
+      ->capture_default_str();
+  cmd->add_option("--seesaw-copy-ratios", a->seesaw_copy_ratios,
+                  "With --seesaw: the ratios of the copies table, KV copies sync vs async (\"\" to skip it)")
+      ->capture_default_str();
+  cmd->add_option("--seesaw-kv-copy", a->seesaw_kv_copy,
+                  "With --seesaw: async (a prefetcher thread, §5.2) or sync KV copies in the configs and schedules "
+                  "tables")
+      ->capture_default_str();
+  cmd->add_option("--host-link-gbps", a->host_link_gbps,
+                  "With --seesaw: pace the KV copies to an emulated host link (PCIe) of this many GB/s per device "
+                  "(0: unpaced)")
+      ->capture_default_str();
+  cmd->add_option("--host-link-latency-us", a->host_link_latency_us,
+                  "With --seesaw: the emulated host link's cost per copy, in microseconds")
       ->capture_default_str();
   cmd->add_option("--repeats", a->shift.repeats, "With --shift or --seesaw: runs of each config, alternating")
       ->capture_default_str();

@@ -152,6 +152,17 @@ void add_seesaw_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--seesaw-min-prefill-prompts", f.seesaw_min_prefill_prompts,
                  "transition-minimizing: decode -> prefill needs this many waiting prompts while decodes remain")
       ->capture_default_str();
+  cmd.add_option("--seesaw-kv-copy", f.seesaw_kv_copy,
+                 "Seesaw's KV copies to and from the host buffer: async (a prefetcher thread overlaps them with the "
+                 "steps, §5.2) or sync (on the engine's thread, before the step that needs them)")
+      ->capture_default_str();
+  cmd.add_option("--host-link-gbps", f.host_link_gbps,
+                 "Seesaw: emulate a host link (PCIe) of this many GB/s per device for the KV copies; 0: unpaced "
+                 "(a memcpy)")
+      ->capture_default_str();
+  cmd.add_option("--host-link-latency-us", f.host_link_latency_us,
+                 "Seesaw: the emulated host link's fixed cost per copy, in microseconds")
+      ->capture_default_str();
 }
 
 void add_device_flag(CLI::App& cmd, EngineFlags& f) {
@@ -264,11 +275,30 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
       if (!bytes) return make_error(ErrorCode::invalid_argument, "--host-kv-bytes: " + bytes.error().message);
       o.swap_space_bytes = *bytes;  // the host KV buffer is the engine's swap space
     }
-  } else if (!f.host_kv_bytes.empty()) {
-    return make_error(ErrorCode::invalid_argument, "--host-kv-bytes sizes Seesaw's host KV buffer: it needs "
-                                                   "--parallel-decode or --seesaw-policy");
+    if (f.seesaw_kv_copy != "async" && f.seesaw_kv_copy != "sync")
+      return make_error(ErrorCode::invalid_argument,
+                        "--seesaw-kv-copy must be async or sync, got '" + f.seesaw_kv_copy + "'");
+    o.seesaw_async_kv = f.seesaw_kv_copy == "async";
+    auto link = parse_host_link(f.host_link_gbps, f.host_link_latency_us);
+    if (!link) return link.error();
+    o.host_link = *link;
+  } else if (!f.host_kv_bytes.empty() || f.seesaw_kv_copy != "async" || f.host_link_gbps != "0") {
+    return make_error(ErrorCode::invalid_argument, "--host-kv-bytes, --seesaw-kv-copy and --host-link-gbps are "
+                                                   "Seesaw's: they need --parallel-decode or --seesaw-policy");
   }
   return o;
+}
+
+Result<std::optional<comm::LinkSpec>> parse_host_link(const std::string& gbps, const std::string& latency_us) {
+  if (gbps == "0" || gbps == "0.0") {
+    if (latency_us != "0")
+      return make_error(ErrorCode::invalid_argument, "--host-link-latency-us needs --host-link-gbps > 0");
+    return std::optional<comm::LinkSpec>{};
+  }
+  auto spec = comm::parse_link_spec(gbps, latency_us);
+  if (!spec)
+    return make_error(ErrorCode::invalid_argument, "--host-link-gbps / --host-link-latency-us: " + spec.error().message);
+  return std::optional<comm::LinkSpec>{*spec};
 }
 
 }  // namespace shardline::cli

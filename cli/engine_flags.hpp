@@ -7,9 +7,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "comm/paced.hpp"
 #include "common/result.hpp"
 #include "engine/engine_builder.hpp"
 
@@ -49,16 +51,30 @@ struct EngineFlags {
   std::string host_kv_bytes;
   int seesaw_min_prefill_prompts = 1;
   std::string reshard_weights = "resident";  ///< --reshard-weights resident | reload
+  /// --seesaw-kv-copy async | sync: Seesaw's KV copies on a prefetcher
+  /// thread (seed 000 §5.2) or on the engine's thread.
+  std::string seesaw_kv_copy = "async";
+  /// --host-link-gbps / --host-link-latency-us: an emulated host link (PCIe)
+  /// per device for Seesaw's KV copies ("0": none).
+  std::string host_link_gbps = "0";
+  std::string host_link_latency_us = "0";
 };
 
 /// `--shift`, `--shift-threshold` and `--shift-hysteresis` (Shift
 /// Parallelism on `run` and `node start`; docs/parallel.md).
 void add_shift_flags(CLI::App& cmd, EngineFlags& f);
 
-/// `--parallel-decode`, `--seesaw-policy`, `--host-kv-bytes` and
-/// `--seesaw-min-prefill-prompts` (Seesaw on `run` and `node start`;
+/// `--parallel-decode`, `--seesaw-policy`, `--host-kv-bytes`,
+/// `--seesaw-min-prefill-prompts`, `--reshard-weights`, `--seesaw-kv-copy`,
+/// `--host-link-gbps` and `--host-link-latency-us` (Seesaw on `run` and `node start`;
 /// docs/seesaw.md). `--parallel-prefill` is another name of `--parallel`.
 void add_seesaw_flags(CLI::App& cmd, EngineFlags& f);
+
+/// The values of --host-link-gbps and --host-link-latency-us: none for a
+/// bandwidth of 0 (then the latency must be 0 too). Errors: invalid_argument
+/// naming the flags (not a number, negative, a latency without a link).
+[[nodiscard]] Result<std::optional<comm::LinkSpec>> parse_host_link(const std::string& gbps,
+                                                                    const std::string& latency_us);
 
 /// Parses a size in bytes: a decimal number with an optional binary unit,
 /// case-insensitive, spaces allowed between: none or B (bytes), K / KB / KiB

@@ -333,6 +333,8 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   ec.preemption_mode = o.preemption_mode;
   ec.swap_space_bytes = o.swap_space_bytes;
   ec.seesaw = o.seesaw;
+  ec.seesaw_async_kv = o.seesaw_async_kv;
+  ec.host_link = o.host_link;
   auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();
   e.engine = std::move(engine).value();

@@ -98,6 +98,10 @@ struct EngineOptions {
   /// (`resident`), or free the inactive one and repack it from the host
   /// weights at each transition (`reload`, §4.1).
   ReshardWeights reshard_weights = ReshardWeights::resident;
+  /// Seesaw's KV copies on a prefetcher thread (EngineConfig::seesaw_async_kv, §5.2).
+  bool seesaw_async_kv = true;
+  /// Seesaw: an emulated host link per device (EngineConfig::host_link).
+  std::optional<comm::LinkSpec> host_link;
   /// Already-loaded weights to use instead of loading model_dir again (the
   /// ranks of an in-process group share one load); null = load. model_dir
   /// still names the tokenizer folder.

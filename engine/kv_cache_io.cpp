@@ -23,6 +23,7 @@ Result<bool> KvCacheIo::copy_and_hold(const SwapOut& move, bool offloaded) {
   h.num_tokens = move.num_tokens;
   h.swapped = true;
   h.offloaded = offloaded;
+  h.bytes = bytes;
   h.chunk.resize(bytes);
   const kvstore::KvRange range{0, shape_.num_layers, 0, move.num_tokens};
   if (Status s = kvstore::copy_out(shape_, views_, move.block_table, range, h.chunk); !s.ok())
@@ -68,14 +69,19 @@ Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector
                           std::to_string(num_tokens) + " positions (" + std::to_string(bytes_for(num_tokens)) +
                           " bytes)");
   drop(seq_id);
-  held_.emplace(seq_id, Held{num_tokens, known_positions, false, false, std::move(chunk)});
+  Held h;
+  h.num_tokens = num_tokens;
+  h.known_positions = known_positions;
+  h.bytes = chunk.size();
+  h.chunk = std::move(chunk);
+  held_.emplace(seq_id, std::move(h));
   return Status::ok_status();
 }
 
 Status KvCacheIo::restore(const KvRestore& restore, const std::vector<std::int32_t>& block_table) {
   const auto it = held_.find(restore.seq_id);
   const std::string who = "restore of request " + std::to_string(restore.seq_id) + ": ";
-  if (it == held_.end()) return make_error(ErrorCode::not_found, who + "no KV held for it");
+  if (it == held_.end() || it->second.moving) return make_error(ErrorCode::not_found, who + "no KV held for it");
   if (it->second.num_tokens != restore.num_tokens)
     return make_error(ErrorCode::invalid_argument, who + std::to_string(restore.num_tokens) +
                                                        " positions asked, " +
@@ -83,18 +89,22 @@ Status KvCacheIo::restore(const KvRestore& restore, const std::vector<std::int32
   const kvstore::KvRange range{0, shape_.num_layers, 0, restore.num_tokens};
   if (Status s = kvstore::copy_in(shape_, views_, block_table, range, it->second.chunk); !s.ok())
     return make_error(s.error().code, who + s.error().message);
-  if (it->second.offloaded) {
-    ++stats_.onboards;
-    stats_.onboarded_bytes += it->second.chunk.size();
-  } else if (it->second.swapped) {
-    ++stats_.swap_ins;
-    stats_.swapped_in_bytes += it->second.chunk.size();
-  } else {
-    stats_.restored_tokens += static_cast<std::uint64_t>(restore.num_tokens);
-    count_resume_recompute(it->second.known_positions - restore.num_tokens);
-  }
+  count_restore(it->second);
   drop(restore.seq_id);
   return Status::ok_status();
+}
+
+void KvCacheIo::count_restore(const Held& held) noexcept {
+  if (held.offloaded) {
+    ++stats_.onboards;
+    stats_.onboarded_bytes += held.bytes;
+  } else if (held.swapped) {
+    ++stats_.swap_ins;
+    stats_.swapped_in_bytes += held.bytes;
+  } else {
+    stats_.restored_tokens += static_cast<std::uint64_t>(held.num_tokens);
+    count_resume_recompute(held.known_positions - held.num_tokens);
+  }
 }
 
 Result<std::vector<std::byte>> KvCacheIo::copy_layers(const std::vector<std::int32_t>& block_table,
@@ -117,9 +127,119 @@ Result<std::vector<std::byte>> KvCacheIo::copy_increment(const std::vector<std::
 
 void KvCacheIo::drop(std::uint64_t seq_id) {
   const auto it = held_.find(seq_id);
-  if (it == held_.end()) return;
-  if (it->second.swapped) stats_.swap_space_bytes_used -= it->second.chunk.size();
+  if (it == held_.end() || it->second.moving) return;
+  if (it->second.swapped) stats_.swap_space_bytes_used -= it->second.bytes;
   held_.erase(it);
+}
+
+Status KvCacheIo::set_views(std::vector<kvstore::KvCacheView> views) {
+  if (mover_)
+    if (Status s = mover_->set_caches(shape_, views); !s.ok()) return s;
+  views_ = std::move(views);
+  return Status::ok_status();
+}
+
+Status KvCacheIo::start_mover(KvMoverOptions options) {
+  if (mover_) return make_error(ErrorCode::internal, "KV mover started twice");
+  if (!can_move_kv()) return make_error(ErrorCode::internal, "KV mover: this executor's caches cannot be copied");
+  options.num_devices = static_cast<int>(views_.size());
+  auto mover = KvMover::create(std::move(options));
+  if (!mover.ok()) return std::move(mover).error();
+  if (Status s = (*mover)->set_caches(shape_, views_); !s.ok()) return s;
+  mover_ = std::move(mover).value();
+  return Status::ok_status();
+}
+
+bool KvCacheIo::move_pending(std::uint64_t seq_id) const {
+  const auto it = held_.find(seq_id);
+  return it != held_.end() && it->second.moving;
+}
+
+Result<bool> KvCacheIo::begin_offload(const SwapOut& offload) {
+  const std::string who = "offload of request " + std::to_string(offload.seq_id) + ": ";
+  if (!mover_) return make_error(ErrorCode::internal, who + "no KV mover");
+  if (held_.count(offload.seq_id) != 0) return make_error(ErrorCode::internal, who + "KV is held for it already");
+  const std::size_t bytes = bytes_for(offload.num_tokens);
+  if (stats_.swap_space_bytes_used + bytes > swap_space_bytes_) {
+    ++stats_.offload_fallbacks;
+    return false;
+  }
+  Held h;
+  h.num_tokens = offload.num_tokens;
+  h.swapped = true;
+  h.offloaded = true;
+  h.moving = true;
+  h.bytes = bytes;
+  held_.emplace(offload.seq_id, std::move(h));
+  stats_.swap_space_bytes_used += bytes;
+  KvTransfer t;
+  t.direction = KvTransfer::Direction::to_host;
+  t.seq_id = offload.seq_id;
+  t.block_table = offload.block_table;
+  t.range = kvstore::KvRange{0, shape_.num_layers, 0, offload.num_tokens};
+  t.chunk.resize(bytes);
+  mover_->submit(std::move(t));
+  return true;
+}
+
+Status KvCacheIo::begin_onboard(const KvRestore& restore, const std::vector<std::int32_t>& block_table) {
+  const std::string who = "onboard of request " + std::to_string(restore.seq_id) + ": ";
+  if (!mover_) return make_error(ErrorCode::internal, who + "no KV mover");
+  const auto it = held_.find(restore.seq_id);
+  if (it == held_.end() || it->second.moving) return make_error(ErrorCode::not_found, who + "no KV held for it");
+  if (it->second.num_tokens != restore.num_tokens)
+    return make_error(ErrorCode::invalid_argument, who + std::to_string(restore.num_tokens) + " positions asked, " +
+                                                       std::to_string(it->second.num_tokens) + " held");
+  KvTransfer t;
+  t.direction = KvTransfer::Direction::to_device;
+  t.seq_id = restore.seq_id;
+  t.block_table = block_table;
+  t.range = kvstore::KvRange{0, shape_.num_layers, 0, restore.num_tokens};
+  t.chunk = std::move(it->second.chunk);
+  it->second.chunk.clear();
+  it->second.moving = true;
+  mover_->submit(std::move(t));
+  return Status::ok_status();
+}
+
+Result<std::vector<KvCacheIo::MoveDone>> KvCacheIo::apply_moves(std::vector<KvTransferDone> done) {
+  std::vector<MoveDone> out;
+  out.reserve(done.size());
+  for (KvTransferDone& d : done) {
+    const bool to_host = d.transfer.direction == KvTransfer::Direction::to_host;
+    const std::uint64_t id = d.transfer.seq_id;
+    const std::string who = std::string(to_host ? "offload" : "onboard") + " of request " + std::to_string(id) + ": ";
+    if (!d.status.ok()) return make_error(ErrorCode::internal, who + d.status.error().message);
+    const auto it = held_.find(id);
+    if (it == held_.end() || !it->second.moving)
+      return make_error(ErrorCode::internal, who + "a completion for a transfer not started here");
+    it->second.moving = false;
+    if (to_host) {
+      it->second.chunk = std::move(d.transfer.chunk);
+      ++stats_.offloads;
+      stats_.offloaded_bytes += it->second.bytes;
+    } else {
+      count_restore(it->second);
+      drop(id);
+    }
+    out.push_back({id, to_host});
+  }
+  return out;
+}
+
+Result<std::vector<KvCacheIo::MoveDone>> KvCacheIo::poll_moves() {
+  if (!mover_) return std::vector<MoveDone>{};
+  return apply_moves(mover_->poll());
+}
+
+Result<std::vector<KvCacheIo::MoveDone>> KvCacheIo::wait_moves() {
+  if (!mover_) return std::vector<MoveDone>{};
+  return apply_moves(mover_->wait_any());
+}
+
+Result<std::vector<KvCacheIo::MoveDone>> KvCacheIo::drain_moves() {
+  if (!mover_) return std::vector<MoveDone>{};
+  return apply_moves(mover_->drain());
 }
 
 }  // namespace shardline::engine

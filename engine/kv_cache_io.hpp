@@ -19,10 +19,12 @@
 #include <cstddef>
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "common/result.hpp"
+#include "engine/kv_mover.hpp"
 #include "engine/scheduler.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "model/executor.hpp"
@@ -78,8 +80,55 @@ class KvCacheIo {
   /// Errors: internal (a copy failed on a valid table: a bug).
   [[nodiscard]] Result<bool> offload(const SwapOut& offload);
   /// The executor's caches changed layout (Seesaw switched its config):
-  /// later copies go to and from `views`.
-  void set_views(std::vector<kvstore::KvCacheView> views) { views_ = std::move(views); }
+  /// later copies go to and from `views`. Errors: internal while a mover
+  /// transfer is pending (a bug: drain_moves() first).
+  [[nodiscard]] Status set_views(std::vector<kvstore::KvCacheView> views);
+
+  // ---- Seesaw's asynchronous pipeline (seed 000 §5.2, engine/kv_mover.hpp) ----
+  // offload / restore above copy on the caller's thread at once. The
+  // begin_* calls below hand the copy to a KvMover instead (a prefetcher
+  // thread, or the caller's thread in synchronous mode) and the engine
+  // applies its completions later (poll_moves / wait_moves / drain_moves).
+
+  /// Starts the mover (once, before any begin_*). Its devices are the
+  /// executor's KV views. Errors: invalid_argument (a bad link spec),
+  /// internal (already started, or caches that cannot be copied).
+  [[nodiscard]] Status start_mover(KvMoverOptions options);
+  [[nodiscard]] bool has_mover() const noexcept { return mover_ != nullptr; }
+  /// As offload(), on the mover: reserves the bytes in the host KV buffer
+  /// and starts copying positions [0, num_tokens) out of `offload.block_table`,
+  /// which the caller must keep allocated and out of every step until
+  /// the completion is applied. False (nothing started) when the buffer has
+  /// no room (the caller prefills the sequence again). Errors: internal (no
+  /// mover, or KV already held for the sequence).
+  [[nodiscard]] Result<bool> begin_offload(const SwapOut& offload);
+  /// As restore(), on the mover (the prefetcher's swap-in; any held KV:
+  /// offloaded, swapped or resumed, counted as restore() counts it):
+  /// starts copying the held chunk into `block_table`, which the caller must
+  /// keep out of every step until the completion is applied. The bytes stay
+  /// counted until then. Errors: internal (no mover), not_found (nothing
+  /// offloaded held for it), invalid_argument (token count mismatch).
+  [[nodiscard]] Status begin_onboard(const KvRestore& restore, const std::vector<std::int32_t>& block_table);
+  /// A mover transfer whose completion has been applied here.
+  struct MoveDone {
+    std::uint64_t seq_id = 0;
+    bool to_host = false;  ///< an offload (else an onboard)
+  };
+  /// Applies the mover's completions ready now: an offload's chunk is held
+  /// (decode-ready), an onboarded chunk is forgotten. Errors: internal (a
+  /// copy failed: a bug).
+  [[nodiscard]] Result<std::vector<MoveDone>> poll_moves();
+  /// As poll_moves, blocking until at least one is ready (none pending:
+  /// returns empty at once); the time blocked counts as the mover's wait_ms.
+  [[nodiscard]] Result<std::vector<MoveDone>> wait_moves();
+  /// As poll_moves, blocking until nothing is pending.
+  [[nodiscard]] Result<std::vector<MoveDone>> drain_moves();
+  /// Transfers started and not applied yet (0 without a mover).
+  [[nodiscard]] int num_moves_pending() const noexcept { return mover_ ? mover_->num_pending() : 0; }
+  /// Whether a mover transfer of `seq_id` is started and not applied.
+  [[nodiscard]] bool move_pending(std::uint64_t seq_id) const;
+  /// The mover's counters (zero without one).
+  [[nodiscard]] KvMoverStats mover_stats() const { return mover_ ? mover_->stats() : KvMoverStats{}; }
 
   /// Keeps the KV of positions [0, num_tokens) of a resumed request (the
   /// canonical chunk of KvRange{0, layers, 0, num_tokens}) until restore().
@@ -105,6 +154,8 @@ class KvCacheIo {
                                                            int token_end);
 
   /// Forgets whatever is held for `seq_id` (it finished or was aborted).
+  /// Nothing is dropped while a mover transfer of it is pending (the caller
+  /// drains first).
   void drop(std::uint64_t seq_id);
   /// Whether KV is held for `seq_id`.
   [[nodiscard]] bool holds(std::uint64_t seq_id) const { return held_.count(seq_id) != 0; }
@@ -127,8 +178,14 @@ class KvCacheIo {
     int known_positions = 0;  ///< resumed: positions computed before the failure
     bool swapped = false;  ///< in the swap space (counts against its budget); else resumed
     bool offloaded = false;  ///< Seesaw's host KV buffer (swapped too: the same budget)
+    bool moving = false;     ///< with the mover (chunk empty here until its completion)
+    std::size_t bytes = 0;   ///< the chunk's size (counted in the budget when swapped)
     std::vector<std::byte> chunk;  // canonical chunk of KvRange{0, layers, 0, num_tokens}
   };
+  /// Counts a restore of `held` (all its positions) by its kind.
+  void count_restore(const Held& held) noexcept;
+  /// Applies completions (see poll_moves).
+  [[nodiscard]] Result<std::vector<MoveDone>> apply_moves(std::vector<KvTransferDone> done);
 
   /// Copies positions [0, move.num_tokens) of a sequence out of the caches
   /// into the swap space and holds them (`offloaded` marks Seesaw's host
@@ -141,6 +198,7 @@ class KvCacheIo {
   std::uint64_t swap_space_bytes_;
   std::unordered_map<std::uint64_t, Held> held_;
   KvIoStats stats_;
+  std::unique_ptr<KvMover> mover_;  // Seesaw §5.2, when started
 };
 
 }  // namespace shardline::engine

@@ -44,6 +44,8 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& execu
                           std::to_string(executor.block_size()) + " tokens = " + std::to_string(capacity) +
                           " tokens cannot hold one max_model_len=" + std::to_string(config.max_model_len) +
                           " sequence; raise the KV memory budget or lower max_model_len");
+  if (config.host_link && !config.seesaw)
+    return bad("a host link is emulated for Seesaw's KV copies only (set seesaw)");
   auto engine = std::unique_ptr<LlmEngine>(new LlmEngine(executor, tokenizer, std::move(config)));
   if (const auto& so = engine->config_.seesaw) {
     if (!engine->kv_io_.can_move_kv())
@@ -60,8 +62,12 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& execu
     engine->scheduler_.set_phase(SchedulePhase::prefill);  // the policy starts in prefill (Fig. 6)
     if (executor.has_step_configs()) {  // prefill runs under cp (§4.1)
       if (Status s = executor.use_step_config(model::StepConfig::prefill); !s) return s.error();
-      engine->kv_io_.set_views(executor.kv_cache_views());
+      if (Status s = engine->kv_io_.set_views(executor.kv_cache_views()); !s) return s.error();
     }
+    KvMoverOptions mover;
+    mover.async = engine->config_.seesaw_async_kv;
+    mover.host_link = engine->config_.host_link;
+    if (Status s = engine->kv_io_.start_mover(std::move(mover)); !s) return s.error();
   }
   return engine;
 }
@@ -154,6 +160,8 @@ bool LlmEngine::abort_request(std::uint64_t request_id) {
     live->abort_requested = true;
     return true;
   }
+  // A KV copy of it on the mover must land before its blocks are freed.
+  if (kv_io_.move_pending(request_id)) (void)apply_kv_done(kv_io_.drain_moves());
   std::unique_ptr<Sequence> seq = scheduler_.finish(request_id, FinishReason::abort);
   if (!seq) return false;
   kv_io_.drop(request_id);
@@ -252,6 +260,8 @@ Status LlmEngine::fill_pipeline() {
     long long admit_kv_tokens = -1;
     std::optional<SeesawCounts> counts;  // the counts this micro-batch is planned from
     if (seesaw_) {
+      // The prefetcher's finished copies (§5.2): freed blocks, onboarded decodes.
+      if (Status s = apply_kv_done(kv_io_.poll_moves()); !s.ok()) return s;
       counts = scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens());
       SeesawPlan plan = seesaw_->plan(*counts);
       if (plan.phase != seesaw_->phase()) {
@@ -289,7 +299,15 @@ Status LlmEngine::fill_pipeline() {
     f.stats.schedule_ms = ms_since(t_sched);
     if (config_.check_integrity)
       if (Status s = scheduler_.check_integrity(); !s.ok()) return s;
-    if (sched.empty()) break;
+    if (sched.empty()) {
+      // Nothing runs until a KV copy lands (e.g. the first onboards of a
+      // decode phase): the one wait on the mover that is not hidden.
+      if (in_flight_.empty() && kv_io_.num_moves_pending() > 0) {
+        if (Status s = apply_kv_done(kv_io_.wait_moves()); !s.ok()) return s;
+        continue;
+      }
+      break;
+    }
     if (device_sampling) attach_device_sampling(sched);
     f.submitted = Clock::now();
     int layers_done = 0;
@@ -328,10 +346,11 @@ long long LlmEngine::host_capacity_tokens() const {
 }
 
 Status LlmEngine::offload_kv(const SwapOut& offload) {
-  Result<bool> kept = kv_io_.offload(offload);
+  Result<bool> kept = kv_io_.begin_offload(offload);
   if (!kept.ok()) return kept.error();
   if (!*kept) {  // no room in the host KV buffer: it is prefilled again
-    if (Sequence* seq = scheduler_.get(offload.seq_id); seq != nullptr) seq->num_restore_tokens = 0;
+    if (Status s = scheduler_.offload_done(offload.seq_id, false); !s.ok())
+      return make_error(ErrorCode::internal, s.error().message);
     return Status::ok_status();
   }
   ++seesaw_stats_.offloads;
@@ -339,12 +358,30 @@ Status LlmEngine::offload_kv(const SwapOut& offload) {
   return Status::ok_status();
 }
 
+Status LlmEngine::apply_kv_done(Result<std::vector<KvCacheIo::MoveDone>> done) {
+  if (!done.ok()) return std::move(done).error();
+  for (const KvCacheIo::MoveDone& d : *done) {
+    Status s = d.to_host ? scheduler_.offload_done(d.seq_id, true) : scheduler_.onboard_done(d.seq_id);
+    if (!s.ok()) return make_error(ErrorCode::internal, s.error().message);
+  }
+  return Status::ok_status();
+}
+
 Status LlmEngine::seesaw_transition(SeesawPhase to, const SeesawCounts& counts) {
   const auto t0 = Clock::now();
+  // Every copy in flight lands first (onboards of the decode phase, offloads
+  // of the prefill phase), then the resident sequences leave, and their
+  // copies land too: the caches change layout at the switch.
+  auto t_drain = Clock::now();
+  if (Status s = apply_kv_done(kv_io_.drain_moves()); !s.ok()) return s;
+  seesaw_stats_.drain_ms += ms_since(t_drain);
   std::vector<SwapOut> resident;
   if (Status s = scheduler_.offload_resident(resident); !s.ok()) return make_error(ErrorCode::internal, s.error().message);
   for (const SwapOut& o : resident)
     if (Status s = offload_kv(o); !s.ok()) return s;
+  t_drain = Clock::now();
+  if (Status s = apply_kv_done(kv_io_.drain_moves()); !s.ok()) return s;
+  seesaw_stats_.drain_ms += ms_since(t_drain);
   // Dynamic re-sharding (§4.1): the device KV is empty now; the next phase
   // runs under its own config, whose caches the host buffer restores into.
   if (executor_->has_step_configs()) {
@@ -353,7 +390,7 @@ Status LlmEngine::seesaw_transition(SeesawPhase to, const SeesawCounts& counts) 
                                                                          : model::StepConfig::decode);
         !s)
       return s;
-    kv_io_.set_views(executor_->kv_cache_views());
+    if (Status s = kv_io_.set_views(executor_->kv_cache_views()); !s) return s;
     seesaw_stats_.switch_ms += ms_since(t_switch);
   }
   scheduler_.set_phase(to == SeesawPhase::prefill ? SchedulePhase::prefill : SchedulePhase::decode);
@@ -374,6 +411,9 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
     if (Status s = offload_kv(o); !s.ok()) return s;
   for (const KvRestore& r : sched.restores)
     if (Status s = kv_io_.restore(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
+      return make_error(ErrorCode::internal, s.error().message);
+  for (const KvRestore& r : sched.onboards)
+    if (Status s = kv_io_.begin_onboard(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);
   return Status::ok_status();
 }

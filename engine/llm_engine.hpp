@@ -17,6 +17,7 @@
 
 #include "common/result.hpp"
 #include "sampling/sampling_params.hpp"
+#include "comm/paced.hpp"
 #include "engine/kv_cache_io.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/sequence.hpp"
@@ -51,6 +52,14 @@ struct EngineConfig {
   /// the caches. A group whose executor switches config per phase re-shards
   /// the KV in the copies. Unset: continuous batching of both (mixed).
   std::optional<SeesawPolicyOptions> seesaw;
+  /// Seesaw's KV copies (offloads and onboards) run on a prefetcher thread
+  /// while the devices compute (seed 000 §5.2; engine/kv_mover.hpp), or,
+  /// false, on the engine's thread before the step that needs them.
+  bool seesaw_async_kv = true;
+  /// Seesaw: an emulated host link (PCIe) per device that paces every KV
+  /// copy to and from the host buffer (engine/kv_mover.hpp); none: a copy
+  /// costs its memcpy.
+  std::optional<comm::LinkSpec> host_link;
 };
 
 /// What Seesaw's phases did so far.
@@ -61,6 +70,7 @@ struct SeesawStats {
   double transition_ms = 0;    ///< time in transitions: offloading resident KV and switching
   double switch_ms = 0;        ///< of which switching the executor's parallel config (cp <-> cd, §4.1)
   long long host_peak_tokens = 0;  ///< most KV tokens the host buffer held at once
+  double drain_ms = 0;  ///< of transition_ms: waiting for the KV mover before switching (§5.2)
 };
 
 /// Where a request resumes after a failure (DéjàVu §4.2.3): the tokens it
@@ -210,6 +220,9 @@ class LlmEngine {
     return seesaw_ ? std::optional<SeesawPhase>(seesaw_->phase()) : std::nullopt;
   }
   [[nodiscard]] const SeesawStats& seesaw_stats() const { return seesaw_stats_; }
+  /// Seesaw's KV mover: transfers, their time and the share of it hidden
+  /// behind computation (zero without Seesaw).
+  [[nodiscard]] KvMoverStats kv_mover_stats() const { return kv_io_.mover_stats(); }
 
  private:
   LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config);
@@ -227,15 +240,19 @@ class LlmEngine {
   [[nodiscard]] Status fill_pipeline();
   /// Moves the KV a schedule asks for before its step runs: swap-outs of
   /// its preemptions (a victim that does not fit the swap space is switched
-  /// to recompute), then restores of readmitted sequences. Errors: internal.
+  /// to recompute), then restores of readmitted sequences; and starts
+  /// Seesaw's offloads and onboards on the mover. Errors: internal.
   [[nodiscard]] Status apply_kv_moves(const SchedulerOutput& sched);
   /// Seesaw: leaves the current phase for `to`: every resident sequence's KV
   /// goes to the host KV buffer, then the scheduler and the policy switch.
   /// `counts`: those the plan that chose `to` was made from. Errors: internal.
   [[nodiscard]] Status seesaw_transition(SeesawPhase to, const SeesawCounts& counts);
-  /// Copies an offload to the host KV buffer; one that does not fit is
-  /// prefilled again. Errors: internal.
+  /// Starts copying an offload to the host KV buffer on the mover; one that
+  /// does not fit is prefilled again. Errors: internal.
   [[nodiscard]] Status offload_kv(const SwapOut& offload);
+  /// Tells the scheduler about KV copies the mover finished (an offloaded
+  /// sequence frees its blocks, an onboarded one may decode). Errors: internal.
+  [[nodiscard]] Status apply_kv_done(Result<std::vector<KvCacheIo::MoveDone>> done);
   /// The host KV buffer in KV tokens: held now, and its capacity.
   [[nodiscard]] long long host_held_tokens() const;
   [[nodiscard]] long long host_capacity_tokens() const;

@@ -100,7 +100,7 @@ void Scheduler::insert_by_arrival(std::vector<Sequence*>& queue, Sequence* seq) 
 
 Sequence* Scheduler::last_preemptible() const {
   for (auto it = running_.rbegin(); it != running_.rend(); ++it)
-    if (!(*it)->in_flight) return *it;
+    if (!(*it)->in_flight && (*it)->kv_pending == KvPending::none) return *it;
   return nullptr;
 }
 
@@ -127,27 +127,55 @@ void Scheduler::offload(Sequence* seq, std::vector<SwapOut>& offloads) {
   if (seq->num_computed_tokens > 0) {
     offloads.push_back({seq->id, blocks_.block_table(seq->id), seq->num_computed_tokens});
     ++total_offloads_;
+    seq->kv_pending = KvPending::offloading;  // the blocks are read until offload_done
+  } else {
+    blocks_.free(seq->id);
   }
   seq->num_restore_tokens = seq->num_computed_tokens;
-  blocks_.free(seq->id);
   seq->num_computed_tokens = 0;
   seq->status = SeqStatus::waiting;
   insert_by_arrival(waiting_, seq);
 }
 
 Status Scheduler::offload_resident(std::vector<SwapOut>& offloads) {
-  for (const Sequence* s : running_)
+  for (const Sequence* s : running_) {
     if (s->in_flight)
       return make_error(ErrorCode::invalid_argument,
                         "scheduler: sequence " + std::to_string(s->id) + " is in flight; drain before a transition");
+    if (s->kv_pending != KvPending::none)
+      return make_error(ErrorCode::invalid_argument, "scheduler: sequence " + std::to_string(s->id) +
+                                                         " has a KV copy pending; drain the mover before a transition");
+  }
   while (!running_.empty()) offload(running_.back(), offloads);
+  return Status::ok_status();
+}
+
+Status Scheduler::offload_done(std::uint64_t seq_id, bool kept) {
+  Sequence* seq = get(seq_id);
+  if (seq == nullptr) return make_error(ErrorCode::not_found, "scheduler: offload of unknown sequence " + std::to_string(seq_id));
+  if (seq->kv_pending != KvPending::offloading)
+    return make_error(ErrorCode::invalid_argument,
+                      "scheduler: sequence " + std::to_string(seq_id) + " has no offload pending");
+  blocks_.free(seq_id);
+  seq->kv_pending = KvPending::none;
+  if (!kept) seq->num_restore_tokens = 0;  // no room in the host buffer: prefilled again
+  return Status::ok_status();
+}
+
+Status Scheduler::onboard_done(std::uint64_t seq_id) {
+  Sequence* seq = get(seq_id);
+  if (seq == nullptr) return make_error(ErrorCode::not_found, "scheduler: onboard of unknown sequence " + std::to_string(seq_id));
+  if (seq->kv_pending != KvPending::onboarding)
+    return make_error(ErrorCode::invalid_argument,
+                      "scheduler: sequence " + std::to_string(seq_id) + " has no onboard pending");
+  seq->kv_pending = KvPending::none;
   return Status::ok_status();
 }
 
 SeesawCounts Scheduler::seesaw_counts(long long host_held_tokens, long long host_capacity_tokens) const {
   SeesawCounts c;
   for (const Sequence* s : waiting_) {
-    if (is_decode_ready(*s)) {
+    if (is_decode_ready(*s) || s->kv_pending == KvPending::offloading) {  // in the host buffer, or on its way
       ++c.host_ready_seqs;
     } else {
       if (c.waiting_prompts++ == 0) {
@@ -213,7 +241,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
   if (phase_ == SchedulePhase::prefill) {
     std::vector<Sequence*> done;
     for (Sequence* seq : running_)
-      if (!seq->in_flight && is_decode(seq)) done.push_back(seq);
+      if (!seq->in_flight && seq->kv_pending == KvPending::none && is_decode(seq)) done.push_back(seq);
     for (Sequence* seq : done) offload(seq, out.offloads);
   }
 
@@ -221,8 +249,8 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
   //    one in flight). The decode phase runs decodes only.
   for (std::size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    if (phase_ == SchedulePhase::decode && !is_decode(seq)) {
-      ++i;
+    if ((phase_ == SchedulePhase::decode && !is_decode(seq)) || seq->kv_pending != KvPending::none) {
+      ++i;  // not this phase's, or its KV is still being copied in
       continue;
     }
     const int cap = std::min(budget, is_decode(seq) ? decode_left : prefill_left);
@@ -257,16 +285,21 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
     ++i;
   }
 
-  // 2. Admit waiting sequences FCFS (not in a step that had to preempt). In
-  //    a Seesaw phase only those the phase runs, FCFS among them: prompts
-  //    to prefill (within admit_kv_tokens), or decode-ready sequences.
-  const bool decode_phase = phase_ == SchedulePhase::decode;
+  // 2. Admit waiting sequences FCFS (not in a step that had to preempt).
+  //    The decode phase onboards decode-ready sequences instead (its
+  //    prefetches, §5.2): blocks now, the decode once their KV is in.
+  if (phase_ == SchedulePhase::decode) {
+    if (out.num_preemptions == 0) onboard_decode_ready(out);
+    out.input = make_step_input(out.scheduled, blocks_);
+    return out;
+  }
+  //    A prefill phase admits prompts only (within admit_kv_tokens).
   std::size_t w = 0;
-  while (out.num_preemptions == 0 && budget > 0 && (decode_phase ? decode_left : prefill_left) > 0 &&
-         w < waiting_.size() && static_cast<int>(running_.size()) < config_.max_num_seqs) {
+  while (out.num_preemptions == 0 && budget > 0 && prefill_left > 0 && w < waiting_.size() &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_[w];
-    if (phase_ != SchedulePhase::mixed && is_decode_ready(*seq) != decode_phase) {
-      ++w;  // not this phase's
+    if (seq->kv_pending != KvPending::none || (phase_ == SchedulePhase::prefill && is_decode_ready(*seq))) {
+      ++w;  // its KV is on the way out, or it is the decode phase's
       continue;
     }
     if (phase_ == SchedulePhase::prefill && admit_kv_tokens >= 0) {
@@ -275,7 +308,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
     }
     if (phase_ == SchedulePhase::prefill) phase_admitted_tokens_ += seq->num_tokens();
     const int restored = seq->num_restore_tokens;  // KV copied in, not computed
-    const int n = std::min({seq->num_tokens() - restored, budget, decode_phase ? decode_left : prefill_left});
+    const int n = std::min({seq->num_tokens() - restored, budget, prefill_left});
     if (!blocks_.can_grow(seq->id, restored + n)) break;
     (void)blocks_.allocate_slots(seq->id, restored + n);
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
@@ -291,6 +324,26 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
 
   out.input = make_step_input(out.scheduled, blocks_);
   return out;
+}
+
+void Scheduler::onboard_decode_ready(SchedulerOutput& out) {
+  for (std::size_t w = 0; w < waiting_.size() && static_cast<int>(running_.size()) < config_.max_num_seqs;) {
+    Sequence* seq = waiting_[w];
+    if (!is_decode_ready(*seq)) {
+      ++w;  // needs prefill: the next prefill phase's
+      continue;
+    }
+    const int restored = seq->num_restore_tokens;
+    if (!blocks_.can_grow(seq->id, restored + 1)) break;  // FCFS: no free slot for it
+    (void)blocks_.allocate_slots(seq->id, restored + 1);
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
+    out.onboards.push_back({seq->id, restored});
+    seq->num_computed_tokens = restored;
+    seq->num_restore_tokens = 0;
+    seq->kv_pending = KvPending::onboarding;
+    seq->status = SeqStatus::running;
+    insert_by_arrival(running_, seq);
+  }
 }
 
 void Scheduler::update(const SchedulerOutput& out, std::span<const std::int32_t> sampled) {
@@ -335,13 +388,18 @@ Status Scheduler::check_integrity() const {
     return fail("running + waiting != live sequences (a request was lost)");
   for (const Sequence* s : running_) {
     if (s->status != SeqStatus::running) return fail("sequence in running queue not running");
+    if (s->kv_pending == KvPending::offloading)
+      return fail("running sequence " + std::to_string(s->id) + " is being offloaded");
     if (blocks_.num_tokens_covered(s->id) < s->num_computed_tokens)
       return fail("sequence " + std::to_string(s->id) + " computed " + std::to_string(s->num_computed_tokens) +
                   " tokens but its table covers " + std::to_string(blocks_.num_tokens_covered(s->id)));
   }
   for (const Sequence* s : waiting_) {
     if (s->status != SeqStatus::waiting) return fail("sequence in waiting queue not waiting");
-    if (blocks_.has_seq(s->id) || s->num_computed_tokens != 0)
+    if (s->kv_pending == KvPending::onboarding)
+      return fail("waiting sequence " + std::to_string(s->id) + " is being onboarded");
+    // An offloading sequence keeps its blocks until its copy is done.
+    if ((blocks_.has_seq(s->id) && s->kv_pending != KvPending::offloading) || s->num_computed_tokens != 0)
       return fail("waiting sequence " + std::to_string(s->id) + " holds KV blocks");
   }
   for (std::size_t i = 1; i < running_.size(); ++i)

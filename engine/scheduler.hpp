@@ -54,13 +54,18 @@ enum class PreemptionMode {
 enum class SchedulePhase {
   mixed,    ///< continuous batching: decodes and prompt chunks in one step (Orca / Sarathi-Serve)
   /// Prompt chunks only. A running sequence whose prefill is done (its first
-  /// token sampled) is offloaded: its KV goes to the host KV buffer
-  /// (SchedulerOutput::offloads) and it waits, decode-ready. Decode-ready
-  /// waiting sequences are not admitted.
+  /// token sampled) is offloaded: its KV is to be copied to the host KV
+  /// buffer (SchedulerOutput::offloads) and it waits, KvPending::offloading,
+  /// holding its blocks until offload_done() (the copy runs on Seesaw's
+  /// prefetcher thread while later steps compute, §5.2); then it is
+  /// decode-ready. Decode-ready waiting sequences are not admitted.
   prefill,
-  /// Decodes only. Decode-ready waiting sequences are admitted by restoring
-  /// their KV (SchedulerOutput::restores) and decoding their last token;
-  /// sequences that still need prefill wait for the next prefill phase.
+  /// Decodes only. Decode-ready waiting sequences get blocks while there are
+  /// free ones and sequence slots, and their KV is to be copied in
+  /// (SchedulerOutput::onboards: the prefetcher's swap-in, §5.2); they run,
+  /// KvPending::onboarding, and decode from the first schedule after
+  /// onboard_done(). Sequences that still need prefill wait for the next
+  /// prefill phase.
   decode,
 };
 
@@ -109,9 +114,13 @@ struct SchedulerOutput {
   std::vector<SwapOut> swap_outs;   ///< swap preemptions of this step, in order
   std::vector<KvRestore> restores;  ///< admissions that restore KV instead of recomputing it
   /// Prefill phase: sequences whose prefill is done, their KV to be copied
-  /// to the host KV buffer before the step runs (their blocks are free from
-  /// now on). Not preemptions: nothing is counted as one.
+  /// to the host KV buffer (they hold their blocks until offload_done). Not
+  /// preemptions: nothing is counted as one.
   std::vector<SwapOut> offloads;
+  /// Decode phase: decode-ready sequences given blocks, whose held KV
+  /// positions [0, num_tokens) are to be copied in before onboard_done().
+  std::vector<KvRestore> onboards;
+  /// No step to run (KV moves may still be listed).
   [[nodiscard]] bool empty() const { return scheduled.empty(); }
 };
 
@@ -146,14 +155,25 @@ class Scheduler {
   [[nodiscard]] SchedulePhase phase() const noexcept { return phase_; }
   /// A transition: every running sequence leaves the device. One with
   /// computed KV is offloaded (appended to `offloads`, to be copied to the
-  /// host KV buffer; it waits with num_restore_tokens = its computed
-  /// tokens), one without goes back to waiting. Errors: invalid_argument
-  /// when a sequence is in flight (drain the pipeline first); nothing moved.
+  /// host KV buffer; it waits, KvPending::offloading, with
+  /// num_restore_tokens = its computed tokens, until offload_done), one
+  /// without goes back to waiting. Errors: invalid_argument when a sequence
+  /// is in flight (drain the pipeline first) or has a KV copy pending
+  /// (drain the mover first); nothing moved.
   [[nodiscard]] Status offload_resident(std::vector<SwapOut>& offloads);
+  /// The copy of an offloaded sequence's KV finished: its device blocks are
+  /// freed. `kept` false: the host buffer had no room, so nothing is held
+  /// and it is prefilled again. Errors: not_found (unknown id),
+  /// invalid_argument (no offload pending for it).
+  [[nodiscard]] Status offload_done(std::uint64_t seq_id, bool kept);
+  /// The copy of an onboarding sequence's KV finished: it decodes from the
+  /// next schedule. Errors: not_found, invalid_argument (no onboard pending).
+  [[nodiscard]] Status onboard_done(std::uint64_t seq_id);
   /// A waiting sequence whose prompt is prefilled and whose KV is held
-  /// outside the cache up to its last token: the decode phase admits it.
+  /// outside the cache up to its last token (no copy pending): the decode
+  /// phase admits it.
   [[nodiscard]] static bool is_decode_ready(const Sequence& seq) {
-    return seq.status == SeqStatus::waiting && seq.num_output_tokens() > 0 &&
+    return seq.status == SeqStatus::waiting && seq.kv_pending == KvPending::none && seq.num_output_tokens() > 0 &&
            seq.num_restore_tokens == seq.num_tokens() - 1;
   }
   /// What Seesaw's phase policy decides from (engine/policies/seesaw_policy.hpp),
@@ -172,7 +192,8 @@ class Scheduler {
   void update(const SchedulerOutput& out, std::span<const std::int32_t> sampled);
 
   /// Removes a sequence (any state), frees its blocks, marks it finished with
-  /// `reason` and hands it back. nullptr when unknown.
+  /// `reason` and hands it back. nullptr when unknown. The caller makes sure
+  /// no KV copy of it is pending (its blocks would be reused under the copy).
   [[nodiscard]] std::unique_ptr<Sequence> finish(std::uint64_t seq_id, FinishReason reason);
 
   [[nodiscard]] Sequence* get(std::uint64_t seq_id);
@@ -186,16 +207,22 @@ class Scheduler {
   [[nodiscard]] int total_preemptions() const { return total_preemptions_; }
 
   /// Block-manager integrity plus: running tables cover num_computed_tokens,
-  /// waiting sequences hold no blocks, running <= max_num_seqs. Errors: internal.
+  /// waiting sequences hold no blocks (but those being offloaded), running
+  /// <= max_num_seqs. Errors: internal.
   [[nodiscard]] Status check_integrity() const;
 
  private:
-  /// The newest running sequence not in flight (nullptr if none).
+  /// The newest running sequence not in flight and with no KV copy pending
+  /// (nullptr if none).
   [[nodiscard]] Sequence* last_preemptible() const;
   void preempt(Sequence* victim, SchedulerOutput& out);
   /// Moves a running sequence not in flight off the device (its computed KV,
-  /// if any, listed in `offloads`).
+  /// if any, listed in `offloads`; its blocks held until offload_done).
   void offload(Sequence* seq, std::vector<SwapOut>& offloads);
+  /// Decode phase: gives decode-ready waiting sequences blocks for their
+  /// held KV and their last token, FCFS while blocks and slots last, and
+  /// lists them in `out.onboards` (KvPending::onboarding).
+  void onboard_decode_ready(SchedulerOutput& out);
   void insert_by_arrival(std::deque<Sequence*>& queue, Sequence* seq);
   void insert_by_arrival(std::vector<Sequence*>& queue, Sequence* seq);
 

@@ -17,6 +17,15 @@ enum class SeqStatus { waiting, running, finished };
 
 enum class FinishReason { none, stop, length, abort };
 
+/// A copy of the sequence's KV that Seesaw's prefetcher thread is running
+/// (seed 000 §5.2, engine/kv_mover.hpp). While one is pending the sequence
+/// is in no step, cannot be preempted, and keeps its device blocks.
+enum class KvPending {
+  none,
+  offloading,  ///< waiting: its KV is being copied out to the host KV buffer; its blocks are freed when done
+  onboarding,  ///< running: its KV is being copied in from the host (a prefetch); it decodes when done
+};
+
 /// "stop" / "length" / "abort" ("" for none) — OpenAI / vLLM finish_reason.
 [[nodiscard]] constexpr const char* finish_reason_name(FinishReason r) noexcept {
   switch (r) {
@@ -54,6 +63,7 @@ struct Sequence {
   /// parallelism): not scheduled again, not preempted, finished only later.
   bool in_flight = false;
   bool abort_requested = false;  ///< aborted while in flight: finish when it lands
+  KvPending kv_pending = KvPending::none;
 
   FinishReason finish_reason = FinishReason::none;
   std::string stop_reason;  ///< the matched stop string, or the stop token id as text

@@ -236,20 +236,24 @@ TEST_F(ParallelE2e, RunWithShiftIsByteIdenticalToOneDevice) {
 // phases run in cp, decode phases in cd over the same devices, the KV
 // re-sharded on its way through the host KV buffer (1 MiB: 819 stories260K
 // f32 tokens, so several transitions over 40 lines). Every pair writes one
-// device's bytes (cd with TP: within 1e-4, see the file comment).
+// device's bytes (cd with TP: within 1e-4, see the file comment), with its
+// KV copies on the prefetcher thread (the default) or on the engine's, over
+// an emulated host link or not.
 TEST_F(ParallelE2e, RunWithSeesawIsByteIdenticalToOneDevice) {
   const std::string expected = single_output();
   struct Case {
-    std::string cp, cd, weights;
+    std::string cp, cd, weights, copies;
   };
-  const Case cases[] = {{"pp=2", "tp=2", "resident"},
-                        {"pp=2", "tp=2", "reload"},
-                        {"pp=4", "tp=2,pp=2", "resident"},
-                        {"sp=2", "pp=2", "reload"}};
-  for (const auto& [cp, cd, weights] : cases) {
-    const std::string out = "seesaw-" + cp + "-" + cd + "-" + weights + ".jsonl";
+  const Case cases[] = {{"pp=2", "tp=2", "resident", ""},
+                        {"pp=2", "tp=2", "reload", ""},
+                        {"pp=4", "tp=2,pp=2", "resident", " --host-link-gbps 0.05 --host-link-latency-us 100"},
+                        {"pp=2", "tp=2", "resident", " --seesaw-kv-copy sync --host-link-gbps 0.05"},
+                        {"sp=2", "pp=2", "reload", ""}};
+  int n = 0;
+  for (const auto& [cp, cd, weights, copies] : cases) {
+    const std::string out = "seesaw-" + std::to_string(n++) + ".jsonl";
     const auto r = run(out, "--parallel-prefill " + cp + " --parallel-decode " + cd + " --host-kv-bytes 1M" +
-                                " --reshard-weights " + weights);
+                                " --reshard-weights " + weights + copies);
     ASSERT_EQ(r.exit_code, 0) << cp << " -> " << cd << "\n" << r.out;
     const auto full = [](const std::string& c) { return engine::parse_parallel_config(c).value().to_string(); };
     const std::string cp_label = full(cp).substr(0, full(cp).rfind(",dp="));
@@ -258,10 +262,21 @@ TEST_F(ParallelE2e, RunWithSeesawIsByteIdenticalToOneDevice) {
                          "], transition-minimizing schedule, host KV buffer 1 MiB, " + weights + " weights"),
               std::string::npos)
         << r.out;
+    const bool sync = copies.find("sync") != std::string::npos;
+    const bool paced = copies.find("host-link") != std::string::npos;
+    EXPECT_NE(r.out.find(std::string(sync ? "sync" : "async") + " KV copies" +
+                         (paced ? " over an emulated 0.05 GB/s host link" : "")),
+              std::string::npos)
+        << r.out;
     std::smatch m;
     ASSERT_TRUE(std::regex_search(r.out, m, std::regex("Seesaw: (\\d+) transitions, (\\d+) prefill / (\\d+) decode")))
         << r.out;
     EXPECT_GE(std::stoi(m[1].str()), 3) << r.out;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("(\\d+) KV copies, [\\d.]+ ms, (\\d+)% hidden"))) << r.out;
+    EXPECT_GT(std::stoi(m[1].str()), 40) << r.out;  // every line offloaded and onboarded at least once
+    if (sync) {
+      EXPECT_EQ(m[2].str(), "0") << r.out;  // the engine's thread ran every copy
+    }
     EXPECT_TRUE(read_file(path(out)) == expected) << cp << " -> " << cd << " output differs from one device";
   }
   // Usage errors name the flag; nothing starts.
@@ -269,7 +284,13 @@ TEST_F(ParallelE2e, RunWithSeesawIsByteIdenticalToOneDevice) {
       {"--parallel pp=2 --parallel-decode tp=4", "--parallel-decode tp=4 must use the 2 devices of each --parallel group"},
       {"--parallel pp=2 --parallel-decode tp=2,dp=2", "dp comes from --parallel"},
       {"--parallel pp=2 --parallel-decode tp=2 --seesaw-policy eager", "--seesaw-policy: "},
-      {"--parallel pp=2 --host-kv-bytes 1M", "--host-kv-bytes sizes Seesaw's host KV buffer"},
+      {"--parallel pp=2 --host-kv-bytes 1M", "--host-kv-bytes, --seesaw-kv-copy and --host-link-gbps are Seesaw's"},
+      {"--parallel pp=2 --host-link-gbps 1", "--host-kv-bytes, --seesaw-kv-copy and --host-link-gbps are Seesaw's"},
+      {"--parallel pp=2 --parallel-decode tp=2 --seesaw-kv-copy later",
+       "--seesaw-kv-copy must be async or sync, got 'later'"},
+      {"--parallel pp=2 --parallel-decode tp=2 --host-link-latency-us 5",
+       "--host-link-latency-us needs --host-link-gbps > 0"},
+      {"--parallel pp=2 --parallel-decode tp=2 --host-link-gbps fast", "--host-link-gbps / --host-link-latency-us: "},
       {"--parallel pp=2 --parallel-decode tp=2 --host-kv-bytes 1Q", "--host-kv-bytes: size '1Q'"},
       {"--parallel pp=2 --parallel-decode tp=2 --reshard-weights lazy",
        "--reshard-weights must be resident or reload, got 'lazy'"},

@@ -74,6 +74,8 @@ SeesawBenchOptions small() {
   o.cd = {.tp = 2};
   o.ratios = {{40, 4}, {8, 24}};
   o.schedule_ratios = {{16, 16}};
+  o.copy_ratios = {{16, 16}};
+  o.engine.host_link = comm::LinkSpec{0.05, 100};  // 50 MB/s: each copy lasts a few ms
   o.num_requests = 6;
   o.repeats = 2;
   o.measure_hardware = false;
@@ -87,20 +89,24 @@ TEST(SeesawBench, ReportsWhatRan) {
   EXPECT_EQ(rep->devices, 2);
   EXPECT_EQ(rep->cp, "pp=2");
   EXPECT_EQ(rep->cd, "tp=2");
-  // configs: 2 ratios x 2 repeats x 4 configs; schedules: 1 ratio x 2 repeats x 3.
-  ASSERT_EQ(rep->runs.size(), 2u * 2u * 4u + 2u * 3u);
+  // configs: 2 ratios x 2 repeats x 4 configs; schedules: 1 ratio x 2 repeats
+  // x 3; copies: 1 ratio x 2 repeats x (sync, async).
+  ASSERT_EQ(rep->runs.size(), 2u * 2u * 4u + 2u * 3u + 2u * 2u);
   const char* configs[] = {"static-cd", "static-cp", "static-dp", "seesaw"};
   const char* schedules[] = {"transition-minimizing", "prefill-prioritizing", "decode-prioritizing"};
   std::uint64_t tp_weights = 0, dp_weights = 0;
   for (std::size_t i = 0; i < rep->runs.size(); ++i) {
     const SeesawRun& r = rep->runs[i];
-    const bool schedule_table = i >= 16;
-    SCOPED_TRACE(r.table + " " + r.ratio.to_string() + " " + r.config + " " + r.schedule);
-    EXPECT_EQ(r.table, schedule_table ? "schedules" : "configs");
+    const bool copy_table = i >= 22;
+    const bool schedule_table = i >= 16 && !copy_table;
+    SCOPED_TRACE(r.table + " " + r.ratio.to_string() + " " + r.config + " " + r.schedule + " " + r.kv_copy);
+    EXPECT_EQ(r.table, copy_table ? "copies" : schedule_table ? "schedules" : "configs");
     // The configs alternate within each repeat.
-    EXPECT_EQ(r.config, schedule_table ? "seesaw" : configs[i % 4]);
-    EXPECT_EQ(r.repeat, schedule_table ? static_cast<int>((i - 16) / 3) : static_cast<int>(i % 8 / 4));
-    EXPECT_EQ(r.ratio, schedule_table ? (SeesawRatio{16, 16}) : o.ratios[i / 8]);
+    EXPECT_EQ(r.config, schedule_table || copy_table ? "seesaw" : configs[i % 4]);
+    EXPECT_EQ(r.repeat, copy_table       ? static_cast<int>((i - 22) / 2)
+                        : schedule_table ? static_cast<int>((i - 16) / 3)
+                                         : static_cast<int>(i % 8 / 4));
+    EXPECT_EQ(r.ratio, schedule_table || copy_table ? (SeesawRatio{16, 16}) : o.ratios[i / 8]);
     // Every config served every request to its last token.
     EXPECT_EQ(r.num_requests, o.num_requests);
     EXPECT_EQ(r.num_generated, static_cast<long long>(o.num_requests) * r.ratio.output_len);
@@ -113,6 +119,14 @@ TEST(SeesawBench, ReportsWhatRan) {
     if (r.config == "seesaw") {
       EXPECT_EQ(r.parallel, "pp=2->tp=2");
       EXPECT_EQ(r.schedule, schedule_table ? schedules[(i - 16) % 3] : "transition-minimizing");
+      // KV copies: async (the default) but in the copies table's sync runs,
+      // all paced, so they take time; a sync copy is all waited for.
+      EXPECT_EQ(r.kv_copy, copy_table && i % 2 == 0 ? "sync" : "async");
+      EXPECT_GT(r.kv_copy_ms, 0);
+      EXPECT_LE(r.kv_wait_ms, r.kv_copy_ms + 1e-9);
+      if (r.kv_copy == "sync") {
+        EXPECT_EQ(r.hidden_share, 0);
+      }
       EXPECT_EQ(r.token_budget, "fixed");
       EXPECT_GT(r.decode_weight_bytes, 0u);  // rank 0 also holds its tp=2 shard
       // Every prompt went through the host buffer, which holds at most two.
@@ -138,6 +152,8 @@ TEST(SeesawBench, ReportsWhatRan) {
       EXPECT_EQ(r.offloads, 0);
       EXPECT_EQ(r.onboards, 0);
       EXPECT_EQ(r.decode_weight_bytes, 0u);
+      EXPECT_EQ(r.kv_copy, "");
+      EXPECT_EQ(r.kv_copy_ms, 0);
       EXPECT_EQ(r.parallel, r.config == "static-cd" ? "tp=2" : r.config == "static-cp" ? "pp=2" : "dp=2");
       EXPECT_EQ(r.token_budget, r.config == "static-cp" ? "throttle" : "fixed");
       if (r.config == "static-cd") tp_weights = r.weight_bytes;
@@ -152,7 +168,7 @@ TEST(SeesawBench, ReportsWhatRan) {
   EXPECT_GT(dp_weights, tp_weights);
 
   // Summary: one row per (table, ratio, config), with the medians of its runs.
-  ASSERT_EQ(rep->summary.size(), 2u * 4u + 3u);
+  ASSERT_EQ(rep->summary.size(), 2u * 4u + 3u + 2u);
   for (const SeesawSummary& s : rep->summary) {
     EXPECT_EQ(s.runs, 2);
     EXPECT_LE(s.total_tok_s_min, s.total_tok_s);
@@ -176,6 +192,7 @@ TEST(SeesawBench, ReportsWhatRan) {
   }
   EXPECT_EQ(lines, 1 + rep->runs.size() + rep->summary.size());
   EXPECT_NE(rep->to_table().find("pp=2->tp=2"), std::string::npos);
+  EXPECT_NE(rep->to_table().find("# copies"), std::string::npos);
 }
 
 TEST(SeesawBench, RefusesBadOptions) {

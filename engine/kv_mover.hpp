@@ -1,0 +1,173 @@
+#pragma once
+/// \file
+/// Seesaw's asynchronous KV pipeline (seed 000 §5.2): a *prefetcher thread*
+/// that moves KV between the devices' paged caches and the host KV buffer
+/// while the main thread keeps the devices computing.
+///
+/// What the paper describes, and what this class does for it:
+///  - "Overlap swap-out with computation": a prefill's KV is not read until
+///    decoding begins, so its copy to host memory runs while the next
+///    prefill computes. The engine hands each finished prefill's copy-out to
+///    the mover and schedules the next step at once; the sequence's device
+///    blocks stay allocated until the copy is done (the scheduler's
+///    `KvPending::offloading`), then they are freed.
+///  - "Asynchronous swap-in": the prefetcher "is controlled directly by the
+///    scheduler and runs independently of the main thread ... In each
+///    iteration, the scheduler creates new prefetching tasks when there are
+///    free slots in the GPU KV store. Once the prefetcher completes moving the
+///    KV cache for certain sequences, it notifies the scheduler via a shared
+///    queue, allowing those sequences to be scheduled for decoding tasks
+///    later." Here: submit() is the task queue, poll() the shared queue of
+///    completions, `KvPending::onboarding` the sequence the scheduler gave
+///    blocks to and does not decode until its completion is polled.
+/// The main thread blocks on the mover only when it has nothing else to run
+/// (wait_any) or must drain it (a Seesaw transition switches the caches'
+/// layout). The time it blocks is `wait_ms`; the time the transfers took is
+/// `transfer_ms`; the share of transfer time hidden behind computation is
+/// 1 - wait_ms / transfer_ms (KvMoverStats::hidden_share).
+///
+/// The host link. On a GPU the copy runs on a DMA engine over PCIe, at a
+/// bandwidth far below the device's memory (A100: ~25 GB/s against
+/// ~2 TB/s HBM), while the SMs compute. CPU devices are threads on one memory
+/// bus: a "device to host" copy is a memcpy at memory bandwidth and takes a
+/// core from the computation. So, as comm/paced.hpp does for NVLink, the mover
+/// can EMULATE the link: with a LinkSpec, a transfer of B bytes spread over
+/// `num_devices` devices (each device moves its shard over its own link, in
+/// parallel) holds the mover for latency + B / num_devices / bandwidth, the
+/// copy's own time included (it sleeps for the rest, taking no core). Without
+/// one, a transfer costs its memcpy only. Transfers run one at a time, in
+/// submission order (one copy stream per worker, as in the paper).
+///
+/// Synchronous mode (the baseline §5.2 improves on): submit() runs the
+/// transfer on the caller's thread, paced the same way, and queues its
+/// completion; every millisecond of it is waited for (hidden_share 0). The
+/// engine's code path is the same in both modes.
+///
+/// Thread safety: submit / poll / wait_any / drain / stats are for one
+/// (the engine's) thread; the mover thread only runs transfers. A transfer
+/// reads or writes the blocks of one sequence that the scheduler keeps out of
+/// every step until its completion is polled, so the device threads never
+/// touch them meanwhile; the completion's hand-off (a mutex) orders the
+/// copy before any later use of those blocks.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "comm/paced.hpp"
+#include "common/result.hpp"
+#include "kvstore/kv_stream.hpp"
+
+namespace shardline::engine {
+
+/// One sequence's KV moving between the device caches and host memory.
+struct KvTransfer {
+  enum class Direction {
+    to_host,    ///< swap-out / offload: the caches -> `chunk`
+    to_device,  ///< swap-in / onboard (prefetch): `chunk` -> the caches
+  };
+  Direction direction = Direction::to_host;
+  std::uint64_t seq_id = 0;
+  std::vector<std::int32_t> block_table;  ///< the sequence's device blocks
+  kvstore::KvRange range;                 ///< the positions and layers moved
+  /// Canonical chunk of `range` (kvstore::chunk_bytes(shape, range) bytes).
+  /// to_host: sized by the submitter, filled by the mover; to_device: the KV
+  /// to write. Handed back in the completion either way.
+  std::vector<std::byte> chunk;
+};
+
+/// A finished transfer, as poll() returns it.
+struct KvTransferDone {
+  KvTransfer transfer;
+  /// ok, or the copy's error (invalid_argument on a bad table: a bug of the
+  /// submitter; nothing is retried).
+  Status status = Status::ok_status();
+  double transfer_ms = 0;  ///< copy + emulated link time
+};
+
+struct KvMoverOptions {
+  /// true: a prefetcher thread (§5.2); false: transfers run inside submit().
+  bool async = true;
+  /// Emulated host link per device (see the file comment); none: unpaced.
+  std::optional<comm::LinkSpec> host_link;
+  /// Devices the KV of one sequence is spread over (each has its own link).
+  int num_devices = 1;
+};
+
+/// Counters (monotonic).
+struct KvMoverStats {
+  std::uint64_t num_transfers = 0;  ///< completed
+  std::uint64_t bytes_to_host = 0;
+  std::uint64_t bytes_to_device = 0;
+  double transfer_ms = 0;  ///< sum over completed transfers of their copy + link time
+  double wait_ms = 0;      ///< time the engine's thread was blocked on transfers
+  /// 1 - wait_ms / transfer_ms, clamped to [0, 1]; 0 with no transfer.
+  [[nodiscard]] double hidden_share() const noexcept;
+};
+
+class KvMover {
+ public:
+  /// Errors: invalid_argument (num_devices < 1, a bad link spec).
+  [[nodiscard]] static Result<std::unique_ptr<KvMover>> create(KvMoverOptions options);
+  ~KvMover();
+  KvMover(const KvMover&) = delete;
+  KvMover& operator=(const KvMover&) = delete;
+
+  [[nodiscard]] const KvMoverOptions& options() const noexcept { return options_; }
+
+  /// The caches transfers read and write from now on. Errors: internal
+  /// while a transfer is pending (a bug: drain first, or the caches' layout
+  /// changes under a running copy).
+  [[nodiscard]] Status set_caches(kvstore::KvModelShape shape, std::vector<kvstore::KvCacheView> views);
+
+  /// Queues a transfer (async), or runs it now and queues its completion
+  /// (sync). The sequence's blocks must stay untouched until its completion
+  /// is polled.
+  void submit(KvTransfer transfer);
+  /// Transfers submitted whose completion has not been returned yet.
+  [[nodiscard]] int num_pending() const noexcept { return pending_; }
+  /// The completions ready now, in completion order (never blocks).
+  [[nodiscard]] std::vector<KvTransferDone> poll();
+  /// Blocks until at least one completion is ready (none pending: returns
+  /// at once, empty), then returns every ready one. The time blocked counts
+  /// as wait_ms.
+  [[nodiscard]] std::vector<KvTransferDone> wait_any();
+  /// Blocks until every pending transfer is done; returns their completions.
+  [[nodiscard]] std::vector<KvTransferDone> drain();
+
+  /// A snapshot of the counters.
+  [[nodiscard]] KvMoverStats stats() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  explicit KvMover(KvMoverOptions options);
+
+  /// Copies (and paces) one transfer on the calling thread.
+  [[nodiscard]] KvTransferDone run(KvTransfer transfer);
+  void thread_main();
+  /// Takes the ready completions (mu_ held) and counts them.
+  [[nodiscard]] std::vector<KvTransferDone> take_ready_locked();
+
+  const KvMoverOptions options_;
+  std::shared_ptr<comm::LinkModel> link_;  // the host link's time per transfer, when paced
+  int pending_ = 0;  // engine thread only
+  kvstore::KvModelShape shape_;                // written only while nothing is pending
+  std::vector<kvstore::KvCacheView> views_;    // ditto
+  mutable std::mutex mu_;
+  std::condition_variable cv_;        // tasks_ or stop_ changed
+  std::condition_variable done_cv_;   // ready_ grew
+  std::deque<KvTransfer> tasks_;      // guarded by mu_
+  std::vector<KvTransferDone> ready_; // guarded by mu_
+  KvMoverStats stats_;                // guarded by mu_
+  bool stop_ = false;                 // guarded by mu_
+  std::thread thread_;                // async only
+};
+
+}  // namespace shardline::engine
