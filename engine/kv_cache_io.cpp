@@ -15,39 +15,26 @@ std::size_t KvCacheIo::bytes_for(int num_tokens) const noexcept {
   return kvstore::chunk_bytes(shape_, kvstore::KvRange{0, shape_.num_layers, 0, num_tokens});
 }
 
-Result<bool> KvCacheIo::copy_and_hold(const SwapOut& move, bool offloaded) {
+Result<bool> KvCacheIo::copy_and_hold(const SwapOut& move) {
   const std::size_t bytes = bytes_for(move.num_tokens);
   if (!can_move_kv() || stats_.swap_space_bytes_used + bytes > swap_space_bytes_ || held_.count(move.seq_id) != 0)
     return false;
   Held h;
   h.num_tokens = move.num_tokens;
   h.swapped = true;
-  h.offloaded = offloaded;
   h.bytes = bytes;
   h.chunk.resize(bytes);
   const kvstore::KvRange range{0, shape_.num_layers, 0, move.num_tokens};
   if (Status s = kvstore::copy_out(shape_, views_, move.block_table, range, h.chunk); !s.ok())
-    return make_error(ErrorCode::internal, std::string(offloaded ? "offload" : "swap out") + " of request " +
-                                               std::to_string(move.seq_id) + ": " + s.error().message);
+    return make_error(ErrorCode::internal,
+                      "swap out of request " + std::to_string(move.seq_id) + ": " + s.error().message);
   stats_.swap_space_bytes_used += bytes;
   held_.emplace(move.seq_id, std::move(h));
   return true;
 }
 
-Result<bool> KvCacheIo::offload(const SwapOut& offload) {
-  Result<bool> kept = copy_and_hold(offload, true);
-  if (!kept.ok()) return kept;
-  if (!*kept) {
-    ++stats_.offload_fallbacks;
-    return false;
-  }
-  ++stats_.offloads;
-  stats_.offloaded_bytes += bytes_for(offload.num_tokens);
-  return true;
-}
-
 Result<bool> KvCacheIo::swap_out(const SwapOut& swap) {
-  Result<bool> kept = copy_and_hold(swap, false);
+  Result<bool> kept = copy_and_hold(swap);
   if (!kept.ok()) return kept;
   if (!*kept) {
     ++stats_.swap_fallbacks;

@@ -71,36 +71,33 @@ class KvCacheIo {
   /// failed on a valid table: a bug).
   [[nodiscard]] Result<bool> swap_out(const SwapOut& swap);
 
-  /// Seesaw's tiered KV buffer (seed 000 §4.2): copies the KV of a sequence
-  /// leaving the device (a finished prefill, or any resident sequence at a
-  /// transition) into host memory, the same budget as the swap space, as one
-  /// canonical HND chunk, so that restore() can write it into another shard
-  /// layout (the KV re-sharding of §4.1 happens in this copy). False (nothing
-  /// kept) when it does not fit: the caller prefills the sequence again.
-  /// Errors: internal (a copy failed on a valid table: a bug).
-  [[nodiscard]] Result<bool> offload(const SwapOut& offload);
   /// The executor's caches changed layout (Seesaw switched its config):
   /// later copies go to and from `views`. Errors: internal while a mover
   /// transfer is pending (a bug: drain_moves() first).
   [[nodiscard]] Status set_views(std::vector<kvstore::KvCacheView> views);
 
-  // ---- Seesaw's asynchronous pipeline (seed 000 §5.2, engine/kv_mover.hpp) ----
-  // offload / restore above copy on the caller's thread at once. The
-  // begin_* calls below hand the copy to a KvMover instead (a prefetcher
-  // thread, or the caller's thread in synchronous mode) and the engine
-  // applies its completions later (poll_moves / wait_moves / drain_moves).
+  // ---- Seesaw's tiered KV buffer (seed 000 §4.2) and its asynchronous ----
+  // ---- pipeline (§5.2, engine/kv_mover.hpp)                          ----
+  // swap_out / restore copy on the caller's thread at once. Seesaw's copies
+  // go to a KvMover instead (a prefetcher thread, or the caller's thread in
+  // synchronous mode) and the engine applies their completions later
+  // (poll_moves / wait_moves / drain_moves).
 
   /// Starts the mover (once, before any begin_*). Its devices are the
   /// executor's KV views. Errors: invalid_argument (a bad link spec),
   /// internal (already started, or caches that cannot be copied).
   [[nodiscard]] Status start_mover(KvMoverOptions options);
   [[nodiscard]] bool has_mover() const noexcept { return mover_ != nullptr; }
-  /// As offload(), on the mover: reserves the bytes in the host KV buffer
-  /// and starts copying positions [0, num_tokens) out of `offload.block_table`,
-  /// which the caller must keep allocated and out of every step until
-  /// the completion is applied. False (nothing started) when the buffer has
-  /// no room (the caller prefills the sequence again). Errors: internal (no
-  /// mover, or KV already held for the sequence).
+  /// Starts copying the KV of a sequence leaving the device (a finished
+  /// prefill, or any resident sequence at a transition) into the host KV
+  /// buffer (the swap space's budget), as one canonical HND chunk, so that
+  /// an onboard can write it into another shard layout (the KV re-sharding
+  /// of §4.1 happens in these copies). Reserves its bytes now; copies
+  /// positions [0, num_tokens) out of `offload.block_table`, which the
+  /// caller must keep allocated and out of every step until the completion
+  /// is applied. False (nothing started, counted in offload_fallbacks) when
+  /// the buffer has no room: the caller prefills the sequence again.
+  /// Errors: internal (no mover, or KV already held for the sequence).
   [[nodiscard]] Result<bool> begin_offload(const SwapOut& offload);
   /// As restore(), on the mover (the prefetcher's swap-in; any held KV:
   /// offloaded, swapped or resumed, counted as restore() counts it):
@@ -187,11 +184,11 @@ class KvCacheIo {
   /// Applies completions (see poll_moves).
   [[nodiscard]] Result<std::vector<MoveDone>> apply_moves(std::vector<KvTransferDone> done);
 
-  /// Copies positions [0, move.num_tokens) of a sequence out of the caches
-  /// into the swap space and holds them (`offloaded` marks Seesaw's host
-  /// buffer); false, copying nothing, when the space has no room or the
-  /// sequence already has KV held. Counts no statistics. Errors: internal.
-  [[nodiscard]] Result<bool> copy_and_hold(const SwapOut& move, bool offloaded);
+  /// Copies positions [0, move.num_tokens) of a preempted sequence out of
+  /// the caches into the swap space and holds them; false, copying nothing,
+  /// when the space has no room or the sequence already has KV held. Counts
+  /// no statistics. Errors: internal.
+  [[nodiscard]] Result<bool> copy_and_hold(const SwapOut& move);
 
   kvstore::KvModelShape shape_;
   std::vector<kvstore::KvCacheView> views_;
