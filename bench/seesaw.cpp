@@ -95,6 +95,7 @@ Result<SeesawRun> serve(const SeesawBenchOptions& o, const Plan& p, const Seesaw
   eo.seesaw = p.seesaw;
   eo.seesaw_async_kv = p.async_kv;
   if (!p.seesaw) eo.host_link.reset();  // a static config moves no KV to the host
+  if (p.replicas > 1 || p.pc.group_size() == 1) eo.group_link.reset();  // dp replicas do not talk
   eo.shift.reset();
   eo.num_threads = threads_per_rank;
   eo.max_model_len = ratio.input_len + ratio.output_len;
@@ -303,6 +304,10 @@ Result<SeesawBenchReport> run_seesaw_bench(const SeesawBenchOptions& o) {
     rep.host_link_latency_us = o.engine.host_link->latency_us;
   }
   rep.kv_copy = o.engine.seesaw_async_kv ? "async" : "sync";
+  if (o.engine.group_link) {
+    rep.link_gbps = o.engine.group_link->gbps;
+    rep.link_latency_us = o.engine.group_link->latency_us;
+  }
   const int cores = std::max(1, omp_get_num_procs());
   rep.cores = cores;
   rep.threads_per_rank = o.engine.num_threads > 0 ? o.engine.num_threads : std::max(1, cores / rep.devices);
@@ -359,6 +364,8 @@ std::string SeesawBenchReport::to_json() const {
                                    {"num_requests", num_requests},
                                    {"repeats", repeats},
                                    {"host_kv_bytes", host_kv_bytes},
+                                   {"link_gbps", link_gbps},
+                                   {"link_latency_us", link_latency_us},
                                    {"host_link_gbps", host_link_gbps},
                                    {"host_link_latency_us", host_link_latency_us},
                                    {"kv_copy", kv_copy},
@@ -433,11 +440,12 @@ std::string SeesawBenchReport::to_table() const {
   char line[512];
   std::snprintf(line, sizeof line,
                 "# %s %s (KV %s), cp %s -> cd %s on %d devices x %d threads (%d cores), %d requests per ratio, %d "
-                "repeats, host KV buffer %.1f MiB, %s KV copies over a host link of %.2f GB/s + %.0f us (0: "
-                "unpaced); triad %.1f GB/s, GEMM %.0f GFLOP/s (0: not measured)\n",
+                "repeats, host KV buffer %.1f MiB, %s KV copies over a host link of %.2f GB/s + %.0f us, devices "
+                "linked at %.2f GB/s + %.0f us (0: unpaced); triad %.1f GB/s, GEMM %.0f GFLOP/s (0: not measured)\n",
                 model.c_str(), dtype.c_str(), kv_cache_dtype.c_str(), cp.c_str(), cd.c_str(), devices,
                 threads_per_rank, cores, num_requests, repeats, static_cast<double>(host_kv_bytes) / (1 << 20),
-                kv_copy.c_str(), host_link_gbps, host_link_latency_us, membw_gbs, gemm_gflops);
+                kv_copy.c_str(), host_link_gbps, host_link_latency_us, link_gbps, link_latency_us, membw_gbs,
+                gemm_gflops);
   out += line;
   out += "# configs: medians over the repeats, total tok/s (min-max); speed-up = seesaw / best static\n";
   std::snprintf(line, sizeof line, "%-9s %-10s %-12s %-8s %9s %19s %8s %7s %6s %9s %9s %6s %6s %9s %7s\n", "ratio",

@@ -32,11 +32,12 @@
 /// host KV buffer is engine.swap_space_bytes; engine.reshard_weights picks
 /// resident or reload weights.
 ///
-/// Not emulated: collectives and pipeline sends are in-process memcpy on the
-/// one shared memory bus (no paced link), and the ranks share the cores. The
-/// paper's reason to prefill under PP -- avoiding TP's all-reduces over a
-/// slow link -- is therefore mostly absent here: expect Seesaw at or below
-/// static tp. KV copies to and from the host buffer are paced when
+/// Links: with engine.group_link, every group's pipeline sends and TP / SP
+/// collectives are paced to that emulated interconnect (comm/paced.hpp; the
+/// dp replicas do not talk). Without it they are in-process memcpy on the
+/// one shared memory bus, and the paper's reason to prefill under PP --
+/// avoiding TP's all-reduces over a slow link -- is mostly absent: expect
+/// Seesaw at or below static tp. The ranks share the cores either way. KV copies to and from the host buffer are paced when
 /// engine.host_link is set (PCIe emulation, engine/kv_mover.hpp), and run on
 /// the prefetcher thread when engine.seesaw_async_kv (the configs and
 /// schedules tables use that setting; the copies table runs both).
@@ -151,6 +152,7 @@ struct SeesawBenchReport {
   int devices = 0, threads_per_rank = 0, cores = 0, num_requests = 0, repeats = 0;
   std::uint64_t host_kv_bytes = 0;
   double host_link_gbps = 0, host_link_latency_us = 0;  ///< the emulated host link (0: unpaced)
+  double link_gbps = 0, link_latency_us = 0;  ///< the emulated link between a group's devices (0: unpaced)
   std::string kv_copy;                    ///< the configs and schedules tables' "async" / "sync"
   double membw_gbs = 0, gemm_gflops = 0;  ///< 0 when not measured
   std::vector<SeesawRun> runs;            ///< in the order run

@@ -216,6 +216,11 @@ int run_seesaw(BenchArgs& a, const engine::EngineOptions& eo) {
   auto link = parse_host_link(a.host_link_gbps, a.host_link_latency_us);
   if (!link) return usage(link.error().message);
   so.engine.host_link = *link;
+  // SiDP's link flags: the interconnect between each group's devices.
+  if (a.sidp.link.gbps > 0) {
+    if (Status st = comm::validate(a.sidp.link); !st) return usage("--link-gbps / --link-latency-us: " + st.error().message);
+    so.engine.group_link = a.sidp.link;
+  }
   so.num_requests = a.seesaw_requests;
   so.repeats = a.shift.repeats;
   so.seesaw.min_prefill_prompts = a.seesaw_min_prefill_prompts;
@@ -298,7 +303,8 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--sidp-min-dwell", a->sidp.min_dwell_s, "Seconds below b* before switching to CaS")
       ->capture_default_str();
   cmd->add_option("--link-gbps", a->sidp.link.gbps,
-                  "Emulated per-rank link bandwidth, GB/s (0: --link-ratio x measured memory bandwidth / dp)")
+                  "Emulated per-rank link bandwidth, GB/s. SiDP: 0 = --link-ratio x measured memory bandwidth / dp; "
+                  "--seesaw: the link between each group's devices (pipeline sends, TP / SP collectives), 0 = unpaced")
       ->capture_default_str();
   cmd->add_option("--link-latency-us", a->sidp.link.latency_us, "Emulated link latency per transfer, us")
       ->capture_default_str();

@@ -97,7 +97,13 @@ Result<LinkModel::TimePoint> LinkModel::reserve(int src, int dst, std::uint64_t 
   const TimePoint end = start + busy;
   egress_free_[s] = end;
   ingress_free_[d] = end;
+  reserved_bytes_ += bytes;
   return end;
+}
+
+std::uint64_t LinkModel::reserved_bytes() const {
+  std::lock_guard lock(mu_);
+  return reserved_bytes_;
 }
 
 // ---- PacedCommunicator -------------------------------------------------------
@@ -112,7 +118,31 @@ Result<std::unique_ptr<PacedCommunicator>> PacedCommunicator::create(
                       "paced communicator: link model has " + std::to_string(link->world_size()) +
                           " ranks, the communicator " + std::to_string(inner.world_size()));
   }
-  return std::unique_ptr<PacedCommunicator>(new PacedCommunicator(inner, std::move(link)));
+  std::vector<int> ports(static_cast<std::size_t>(inner.world_size()));
+  for (std::size_t r = 0; r < ports.size(); ++r) ports[r] = static_cast<int>(r);
+  return std::unique_ptr<PacedCommunicator>(new PacedCommunicator(inner, std::move(link), nullptr, std::move(ports), false));
+}
+
+Result<std::unique_ptr<PacedCommunicator>> PacedCommunicator::create(std::unique_ptr<Communicator> inner,
+                                                                     std::shared_ptr<LinkModel> link,
+                                                                     std::vector<int> link_ports,
+                                                                     bool pace_collectives) {
+  const auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "paced communicator: " + m); };
+  if (!inner) return bad("no communicator");
+  if (!link) return bad("no link model");
+  if (static_cast<int>(link_ports.size()) != inner->world_size())
+    return bad(std::to_string(link_ports.size()) + " link ports for " + std::to_string(inner->world_size()) + " ranks");
+  std::vector<bool> used(static_cast<std::size_t>(link->world_size()), false);
+  for (const int p : link_ports) {
+    if (p < 0 || p >= link->world_size())
+      return bad("link port " + std::to_string(p) + " outside the link's " + std::to_string(link->world_size()) +
+                 " ports");
+    if (used[static_cast<std::size_t>(p)]) return bad("link port " + std::to_string(p) + " given twice");
+    used[static_cast<std::size_t>(p)] = true;
+  }
+  Communicator& ref = *inner;
+  return std::unique_ptr<PacedCommunicator>(
+      new PacedCommunicator(ref, std::move(link), std::move(inner), std::move(link_ports), pace_collectives));
 }
 
 void PacedCommunicator::wait_until(LinkModel::TimePoint until) {
@@ -129,7 +159,7 @@ Status PacedCommunicator::send(const void* data, std::size_t bytes, int peer, in
   if (peer == me || peer < 0 || peer >= world_size()) {
     return inner_.send(data, bytes, peer, tag);  // no link, or the inner error
   }
-  auto end = link_->reserve(me, peer, bytes, LinkModel::Clock::now());
+  auto end = link_->reserve(port(me), port(peer), bytes, LinkModel::Clock::now());
   if (!end.ok()) return end.error();
   wait_until(end.value());
   Status st = inner_.send(data, bytes, peer, tag);
@@ -146,7 +176,7 @@ Status PacedCommunicator::get(int peer, std::string name, std::size_t offset, vo
   const auto issued = LinkModel::Clock::now();
   Status st = inner_.get(peer, std::move(name), offset, dst, bytes);
   if (!st.ok()) return st;  // nothing moved: the link stays free
-  auto end = link_->reserve(peer, me, bytes, issued);
+  auto end = link_->reserve(port(peer), port(me), bytes, issued);
   if (!end.ok()) return end.error();
   wait_until(end.value());
   paced_bytes_.fetch_add(bytes);

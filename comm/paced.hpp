@@ -33,12 +33,26 @@
 ///    until the link would have delivered the message, then hands it to the
 ///    wrapped communicator, so the receiver cannot see it earlier.
 ///  - Transfers to or from this rank itself use no link and are not paced.
-/// What is not paced: collectives, recv (its message was paced by the
-/// sender), expose / unexpose, barrier. SiDP's data path is one-sided gets
+/// What is not paced: recv (its message was paced by the sender), expose /
+/// unexpose, and -- unless the communicator is created with
+/// `pace_collectives` -- the collectives. SiDP's data path is one-sided gets
 /// (WaS weight fetches) and point-to-point sends (CaS rows and results);
 /// the collectives it uses are small control exchanges. A sub-group built on
 /// a PacedCommunicator (comm/subgroup.hpp) rides its sends, so its
 /// collectives are paced too.
+/// With `pace_collectives` (the in-process engine groups' TP / SP
+/// collectives, whose in-process backend is shared memory, not sends),
+/// every collective is paced as NCCL's ring runs it: after the collective
+/// itself, this rank holds the link to its ring successor ((rank + 1) mod
+/// world) for the bytes a ring moves per rank, issued when the call began:
+///  - all_reduce_sum: 2 (world-1)/world * count * 4 (reduce-scatter + all-gather);
+///  - all_gather, reduce_scatter_sum, all_to_all: (world-1) * count * 4;
+///  - broadcast: count * 4 (a pipelined ring);
+///  - barrier: 0 bytes (the latency alone).
+/// A rank's ports are those of its device: `link_ports` maps the
+/// communicator's ranks to the LinkModel's (a TP group of devices {2, 3}
+/// uses ports 2 and 3), so every group of one engine group shares the
+/// devices' links.
 ///
 /// Limits: pacing never fails a call, even if the wait exceeds the timeout
 /// (the wait is emulated link time, not a dead peer). Each process has its
@@ -104,14 +118,17 @@ class LinkModel {
   /// end, the time the transfer is delivered. src == dst reserves nothing and
   /// returns now. Errors: invalid_argument (a rank out of range).
   [[nodiscard]] Result<TimePoint> reserve(int src, int dst, std::uint64_t bytes, TimePoint now);
+  /// Bytes of every reservation so far (src != dst), over all ports.
+  [[nodiscard]] std::uint64_t reserved_bytes() const;
 
  private:
   LinkModel(int world_size, LinkSpec spec);
 
   const LinkSpec spec_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<TimePoint> egress_free_;   // guarded by mu_
   std::vector<TimePoint> ingress_free_;  // guarded by mu_
+  std::uint64_t reserved_bytes_ = 0;     // guarded by mu_
 };
 
 /// A Communicator whose gets and sends are paced by a shared LinkModel (see
@@ -124,27 +141,37 @@ class PacedCommunicator final : public Communicator {
   /// inner's).
   [[nodiscard]] static Result<std::unique_ptr<PacedCommunicator>> create(
       Communicator& inner, std::shared_ptr<LinkModel> link);
+  /// Owns `inner`; its rank r uses the link's port link_ports[r]; with
+  /// `pace_collectives` the collectives are paced too (see the file
+  /// comment). Errors: invalid_argument (no inner or link, link_ports not
+  /// of inner's world size, a port outside the link's ranks or repeated).
+  [[nodiscard]] static Result<std::unique_ptr<PacedCommunicator>> create(
+      std::unique_ptr<Communicator> inner, std::shared_ptr<LinkModel> link, std::vector<int> link_ports,
+      bool pace_collectives);
 
   int rank() const noexcept override { return inner_.rank(); }
   int world_size() const noexcept override { return inner_.world_size(); }
   void set_timeout(std::chrono::milliseconds t) noexcept override { inner_.set_timeout(t); }
   std::chrono::milliseconds timeout() const noexcept override { return inner_.timeout(); }
 
-  Status barrier() override { return inner_.barrier(); }
+  Status barrier() override {
+    return collective(0, [&] { return inner_.barrier(); });
+  }
   Status all_reduce_sum(float* data, std::size_t count) override {
-    return inner_.all_reduce_sum(data, count);
+    const std::uint64_t w = static_cast<std::uint64_t>(world_size());
+    return collective(2 * (w - 1) * count * 4 / w, [&] { return inner_.all_reduce_sum(data, count); });
   }
   Status all_gather(const float* send, std::size_t count, float* recv) override {
-    return inner_.all_gather(send, count, recv);
+    return collective(ring_bytes(count), [&] { return inner_.all_gather(send, count, recv); });
   }
   Status reduce_scatter_sum(const float* send, float* recv, std::size_t count) override {
-    return inner_.reduce_scatter_sum(send, recv, count);
+    return collective(ring_bytes(count), [&] { return inner_.reduce_scatter_sum(send, recv, count); });
   }
   Status all_to_all(const float* send, float* recv, std::size_t count) override {
-    return inner_.all_to_all(send, recv, count);
+    return collective(ring_bytes(count), [&] { return inner_.all_to_all(send, recv, count); });
   }
   Status broadcast(float* data, std::size_t count, int root) override {
-    return inner_.broadcast(data, count, root);
+    return collective(static_cast<std::uint64_t>(count) * 4, [&] { return inner_.broadcast(data, count, root); });
   }
 
   /// Paced: sleeps until the link delivers, then sends (see file comment).
@@ -172,14 +199,42 @@ class PacedCommunicator final : public Communicator {
   [[nodiscard]] const std::shared_ptr<LinkModel>& link() const noexcept { return link_; }
 
  private:
-  PacedCommunicator(Communicator& inner, std::shared_ptr<LinkModel> link)
-      : inner_(inner), link_(std::move(link)) {}
+  PacedCommunicator(Communicator& inner, std::shared_ptr<LinkModel> link, std::unique_ptr<Communicator> owned,
+                    std::vector<int> link_ports, bool pace_collectives)
+      : owned_(std::move(owned)),
+        inner_(inner),
+        link_(std::move(link)),
+        link_ports_(std::move(link_ports)),
+        pace_collectives_(pace_collectives) {}
 
   /// Sleeps until `until` (if in the future), adding the time to the counter.
   void wait_until(LinkModel::TimePoint until);
+  /// The link's port of communicator rank `r`.
+  [[nodiscard]] int port(int r) const noexcept { return link_ports_[static_cast<std::size_t>(r)]; }
+  /// (world - 1) * count floats, in bytes.
+  [[nodiscard]] std::uint64_t ring_bytes(std::size_t count) const noexcept {
+    return static_cast<std::uint64_t>(world_size() - 1) * count * 4;
+  }
+  /// Runs a collective and, with pace_collectives_, holds the link to the
+  /// ring successor for `bytes` from the call's start (see the file comment).
+  template <typename Op>
+  Status collective(std::uint64_t bytes, Op&& op) {
+    if (!pace_collectives_ || world_size() < 2) return op();
+    const auto issued = LinkModel::Clock::now();
+    Status st = op();
+    if (!st.ok()) return st;
+    auto end = link_->reserve(port(rank()), port((rank() + 1) % world_size()), bytes, issued);
+    if (!end.ok()) return end.error();
+    wait_until(end.value());
+    paced_bytes_.fetch_add(bytes);
+    return st;
+  }
 
+  std::unique_ptr<Communicator> owned_;  // inner_, when created owning it
   Communicator& inner_;
   const std::shared_ptr<LinkModel> link_;
+  const std::vector<int> link_ports_;  // [world_size] -> link port
+  const bool pace_collectives_ = false;
   std::atomic<std::uint64_t> paced_bytes_{0};
   std::atomic<std::uint64_t> link_wait_ns_{0};
 };

@@ -225,6 +225,10 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     return make_error(ErrorCode::unsupported,
                       "--shift runs on a CPU engine group of sp and / or tp > 1 (in one process or over TCP), not on "
                       "a single device, CUDA or SiDP");
+  if (o.group_link && (cuda || o.ffn || o.parallel.group_size() == 1 || !o.group_master.empty()))
+    return make_error(ErrorCode::invalid_argument,
+                      "an emulated group link paces an in-process CPU engine group of tp, pp or sp > 1, not a single "
+                      "device, a TCP group, SiDP or CUDA");
   if (o.ffn) {
     if (cuda || o.parallel.group_size() != 1)
       return make_error(ErrorCode::unsupported, "SiDP weight sharing runs on single CPU devices (dp ranks)");
@@ -261,7 +265,7 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     std::optional<SeesawGroupOptions> seesaw;
     if (o.parallel_decode && *o.parallel_decode != o.parallel)
       seesaw = SeesawGroupOptions{*o.parallel_decode, o.reshard_weights};
-    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro, o.shift, seesaw);
+    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro, o.shift, seesaw, o.group_link);
     if (!group) return std::move(group).error();
     if (seesaw) {  // what the ranks hold: both configs' shards, or (reload) the active one's
       e.weight_bytes = 0;

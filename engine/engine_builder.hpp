@@ -102,6 +102,11 @@ struct EngineOptions {
   bool seesaw_async_kv = true;
   /// Seesaw: an emulated host link per device (EngineConfig::host_link).
   std::optional<comm::LinkSpec> host_link;
+  /// An in-process CPU engine group's devices talk over this emulated
+  /// interconnect (comm/paced.hpp): pipeline sends and TP / SP collectives
+  /// are paced to it (InProcEngineGroup::create). None: shared memory.
+  /// Not for one device, TCP, SiDP or CUDA (invalid_argument).
+  std::optional<comm::LinkSpec> group_link;
   /// Already-loaded weights to use instead of loading model_dir again (the
   /// ranks of an in-process group share one load); null = load. model_dir
   /// still names the tokenizer folder.

@@ -98,10 +98,26 @@ Status InProcGroupComms::mark_dead(int group_rank) {
   return Status::ok_status();
 }
 
-Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift, const ParallelConfig* decode) {
+Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift, const ParallelConfig* decode,
+                                                 std::shared_ptr<comm::LinkModel> link) {
   if (decode != nullptr)
     if (Status st = check_decode_config(pc, *decode); !st) return st.error();
   const int g = pc.group_size();
+  if (link && link->world_size() != g)
+    return make_error(ErrorCode::invalid_argument, "engine group: a link model of " +
+                                                       std::to_string(link->world_size()) + " devices for " +
+                                                       std::to_string(g) + " ranks");
+  // With a link, every communicator is paced on the ports of its members'
+  // devices (group ranks), collectives included.
+  const auto paced = [&](Result<std::unique_ptr<comm::Communicator>> c,
+                         std::vector<int> members) -> Result<std::unique_ptr<comm::Communicator>> {
+    if (!c.ok() || !link) return c;
+    auto p = comm::PacedCommunicator::create(std::move(c).value(), link, std::move(members), true);
+    if (!p.ok()) return std::move(p).error();
+    return std::unique_ptr<comm::Communicator>(std::move(p).value());
+  };
+  std::vector<int> all_ranks(static_cast<std::size_t>(g));
+  for (int r = 0; r < g; ++r) all_ranks[static_cast<std::size_t>(r)] = r;
   InProcGroupComms out;
   out.ranks.resize(static_cast<std::size_t>(g));
   out.memberships.resize(static_cast<std::size_t>(g));
@@ -109,7 +125,7 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool 
   if (!world.ok()) return std::move(world).error();
   out.groups.push_back(world.value());
   for (int r = 0; r < g; ++r) {
-    Result<std::unique_ptr<comm::Communicator>> c = world.value()->communicator(r);
+    Result<std::unique_ptr<comm::Communicator>> c = paced(world.value()->communicator(r), all_ranks);
     if (!c.ok()) return std::move(c).error();
     out.ranks[static_cast<std::size_t>(r)].world = std::move(c).value();
     out.memberships[static_cast<std::size_t>(r)].emplace_back(0, r);
@@ -126,7 +142,7 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool 
         if (!grp.ok()) return std::move(grp).error();
         out.groups.push_back(grp.value());
         for (int local = 0; local < size; ++local) {
-          Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(local);
+          Result<std::unique_ptr<comm::Communicator>> c = paced(grp.value()->communicator(local), members);
           if (!c.ok()) return std::move(c).error();
           const auto r = static_cast<std::size_t>(members[static_cast<std::size_t>(local)]);
           GroupComms& rc = out.ranks[r];
@@ -151,7 +167,7 @@ Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool 
     if (!grp.ok()) return std::move(grp).error();
     out.groups.push_back(grp.value());
     for (std::size_t local = 0; local < members.size(); ++local) {
-      Result<std::unique_ptr<comm::Communicator>> c = grp.value()->communicator(static_cast<int>(local));
+      Result<std::unique_ptr<comm::Communicator>> c = paced(grp.value()->communicator(static_cast<int>(local)), members);
       if (!c.ok()) return std::move(c).error();
       const auto r = static_cast<std::size_t>(members[local]);
       out.ranks[r].shift_tp = std::move(c).value();
@@ -458,7 +474,8 @@ Result<model::StepOutput> ParallelExecutor::execute(const model::StepInput& in) 
 Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared_ptr<const model::ModelWeights> weights,
                                                                      ParallelConfig pc, model::CpuRunnerOptions options,
                                                                      std::optional<ShiftOptions> shift,
-                                                                     std::optional<SeesawGroupOptions> seesaw) {
+                                                                     std::optional<SeesawGroupOptions> seesaw,
+                                                                     std::optional<comm::LinkSpec> link) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "engine group: no weights");
   if (pc.dp != 1)
     return make_error(ErrorCode::invalid_argument, "engine group: one group is one replica, dp must be 1 (got " +
@@ -493,8 +510,15 @@ Result<std::unique_ptr<InProcEngineGroup>> InProcEngineGroup::create(std::shared
     options.num_threads = std::max(1, cores / size);
   }
   g->threads_per_rank_ = options.num_threads;
+  std::shared_ptr<comm::LinkModel> link_model;
+  if (link) {
+    auto made = comm::LinkModel::create(size, *link);
+    if (!made.ok()) return make_error(ErrorCode::invalid_argument, "engine group link: " + made.error().message);
+    link_model = std::move(made).value();
+  }
   Result<InProcGroupComms> comms =
-      make_inproc_group_comms(pc, shift.has_value(), seesaw ? &seesaw->decode : nullptr);
+      make_inproc_group_comms(pc, shift.has_value(), seesaw ? &seesaw->decode : nullptr, link_model);
+  g->link_ = link_model;
   if (!comms.ok()) return std::move(comms).error();
   g->comms_ = std::move(comms).value();
   std::vector<std::unique_ptr<model::ShardRunner>> runners;

@@ -42,6 +42,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/inproc.hpp"
+#include "comm/paced.hpp"
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
 #include "engine/policies/shift_policy.hpp"
@@ -121,9 +122,15 @@ struct InProcGroupComms {
 };
 /// With `shift`, also the shift config's TP group (GroupComms::shift_tp);
 /// with `decode` (Seesaw's cd, same group size), its TP and SP groups
-/// (GroupComms::decode_tp / decode_sp). The world is shared.
+/// (GroupComms::decode_tp / decode_sp). The world is shared. With `link`
+/// (an emulated interconnect of group_size devices, comm/paced.hpp), every
+/// communicator is a PacedCommunicator on its members' device ports, its
+/// collectives paced too: PP's activation sends and TP / SP collectives then
+/// cost what the link would. Errors: invalid_argument (a decode config
+/// that does not fit, a link of another size).
 [[nodiscard]] Result<InProcGroupComms> make_inproc_group_comms(const ParallelConfig& pc, bool shift = false,
-                                                               const ParallelConfig* decode = nullptr);
+                                                               const ParallelConfig* decode = nullptr,
+                                                               std::shared_ptr<comm::LinkModel> link = nullptr);
 
 /// The shard spec of `group_rank` under `pc`.
 [[nodiscard]] model::ShardSpec shard_spec_of(const ParallelConfig& pc, int group_rank);
@@ -306,9 +313,13 @@ class InProcEngineGroup final : public model::ModelExecutor {
   /// pc until use_step_config(decode). With `reload` weights the cd shards
   /// start released. cd must have pc's group size, dp = 1, and shard the
   /// model; not with `shift` (invalid_argument).
+  /// With `link`, the group's devices talk over an emulated interconnect
+  /// (make_inproc_group_comms): pipeline sends and TP / SP collectives are
+  /// paced to it (invalid_argument for a bad spec).
   [[nodiscard]] static Result<std::unique_ptr<InProcEngineGroup>> create(
       std::shared_ptr<const model::ModelWeights> weights, ParallelConfig pc, model::CpuRunnerOptions options,
-      std::optional<ShiftOptions> shift = std::nullopt, std::optional<SeesawGroupOptions> seesaw = std::nullopt);
+      std::optional<ShiftOptions> shift = std::nullopt, std::optional<SeesawGroupOptions> seesaw = std::nullopt,
+      std::optional<comm::LinkSpec> link = std::nullopt);
   ~InProcEngineGroup() override;
   InProcEngineGroup(const InProcEngineGroup&) = delete;
   InProcEngineGroup& operator=(const InProcEngineGroup&) = delete;
@@ -349,12 +360,15 @@ class InProcEngineGroup final : public model::ModelExecutor {
   [[nodiscard]] std::vector<std::size_t> packed_weight_bytes_per_rank();
   /// Per-rank OpenMP threads in use.
   [[nodiscard]] int threads_per_rank() const { return threads_per_rank_; }
+  /// The emulated interconnect of the group's devices (null without one).
+  [[nodiscard]] const std::shared_ptr<comm::LinkModel>& link() const { return link_; }
 
  private:
   InProcEngineGroup() = default;
   ParallelConfig pc_;
   int threads_per_rank_ = 1;
   InProcGroupComms comms_;  // keeps the groups alive
+  std::shared_ptr<comm::LinkModel> link_;  // shared by every paced communicator of comms_
   std::unique_ptr<ParallelExecutor> executor_;
   std::vector<std::unique_ptr<ShardWorker>> workers_;  // [group_size - 1], rank r at r - 1
   std::vector<std::thread> threads_;

@@ -339,5 +339,70 @@ TEST(PacedCommunicator, SendIsDeliveredNoEarlierThanTheLinkAllows) {
   });
 }
 
+
+// ---- paced collectives (the in-process engine groups' TP / SP links) ----------
+
+// A two-rank group on ports {2, 3} of a four-device link: the collectives
+// give the inner results, and each one holds the ring link for the bytes
+// a ring moves per rank (all_reduce_sum 2 (w-1)/w * count * 4), so it lasts
+// at least that long and counts those bytes.
+TEST(PacedCommunicator, OwningWithPacedCollectivesPacesTheRingOnItsDevicesPorts) {
+  auto group = InProcGroup::create(2).value();
+  auto link = LinkModel::create(4, LinkSpec{kSlowGbps, 0}).value();
+  std::vector<std::unique_ptr<PacedCommunicator>> paced;
+  for (int r = 0; r < 2; ++r) {
+    auto c = PacedCommunicator::create(group->communicator(r).value(), link, {2 + r, 3 - r}, true);
+    ASSERT_TRUE(c.ok()) << c.error().to_string();
+    paced.push_back(std::move(c).value());
+  }
+  constexpr std::size_t kCount = kSlowBytes / 4;  // all_reduce over 2 ranks moves kSlowBytes per rank
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      PacedCommunicator& c = *paced[static_cast<std::size_t>(r)];
+      std::vector<float> v(kCount, static_cast<float>(r + 1));
+      const auto t0 = Clock::now();
+      ASSERT_TRUE(c.all_reduce_sum(v.data(), v.size()).ok());
+      EXPECT_GE(Clock::now() - t0, kSlowTransfer);
+      EXPECT_EQ(v.front(), 3.0f);
+      EXPECT_EQ(v.back(), 3.0f);
+      EXPECT_EQ(c.paced_bytes(), kSlowBytes);
+      std::vector<float> all(2 * 4);
+      const std::vector<float> mine(4, static_cast<float>(r));
+      ASSERT_TRUE(c.all_gather(mine.data(), mine.size(), all.data()).ok());
+      EXPECT_EQ(all[0], 0.0f);
+      EXPECT_EQ(all[4], 1.0f);
+      EXPECT_EQ(c.paced_bytes(), kSlowBytes + 16);  // (w-1) * 4 floats
+      ASSERT_TRUE(c.barrier().ok());                // latency only
+      EXPECT_EQ(c.paced_bytes(), kSlowBytes + 16);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(PacedCommunicator, OwningCreateChecksThePorts) {
+  std::vector<std::shared_ptr<InProcGroup>> groups;  // a fresh group per try: a rank is taken once
+  const auto fresh = [&](int rank) {
+    groups.push_back(InProcGroup::create(2).value());
+    return groups.back()->communicator(rank).value();
+  };
+  auto link = LinkModel::create(3, LinkSpec{1, 0}).value();
+  const auto refused = [&](std::vector<int> ports, const std::string& words) {
+    auto c = PacedCommunicator::create(fresh(0), link, std::move(ports), true);
+    ASSERT_FALSE(c.ok()) << words;
+    EXPECT_EQ(c.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(c.error().message.find(words), std::string::npos) << c.error().message;
+  };
+  refused({0}, "1 link ports for 2 ranks");
+  refused({0, 3}, "link port 3 outside the link's 3 ports");
+  refused({1, 1}, "link port 1 given twice");
+  EXPECT_EQ(PacedCommunicator::create(nullptr, link, {0, 1}, true).error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(PacedCommunicator::create(fresh(1), nullptr, {0, 1}, true).error().code, ErrorCode::invalid_argument);
+  auto ok = PacedCommunicator::create(fresh(1), link, {2, 0}, true);
+  ASSERT_TRUE(ok.ok()) << ok.error().to_string();
+  EXPECT_EQ((*ok)->rank(), 1);
+  EXPECT_EQ((*ok)->world_size(), 2);
+}
+
 }  // namespace
 }  // namespace shardline::comm

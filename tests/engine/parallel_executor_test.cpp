@@ -136,3 +136,45 @@ TEST(PipelinedEngine, ThrottleAndFixedBudgetsGiveTheReferenceTokensWithMicroBatc
 
 }  // namespace
 }  // namespace shardline::engine
+
+namespace shardline::engine {
+namespace {
+
+// An emulated interconnect for an in-process group (make_inproc_group_comms
+// with a link): every communicator of every rank is paced on its members'
+// device ports, collectives included; a link of another size is refused.
+TEST(InProcGroupLink, EveryCommunicatorIsPacedOnItsDevicesPorts) {
+  const ParallelConfig pc{2, 2, 1, 1};  // tp=2, pp=2: TP groups {0,1} and {2,3}
+  const ParallelConfig cd{4, 1, 1, 1};
+  auto link = comm::LinkModel::create(4, comm::LinkSpec{0.1, 0}).value();
+  auto comms = make_inproc_group_comms(pc, false, &cd, link);
+  ASSERT_TRUE(comms.ok()) << comms.error().to_string();
+  for (const GroupComms& rc : comms->ranks) {
+    for (const comm::Communicator* c : {rc.world.get(), rc.tp.get(), rc.decode_tp.get()})
+      EXPECT_NE(dynamic_cast<const comm::PacedCommunicator*>(c), nullptr);
+  }
+  // The stage-1 TP group (devices 2 and 3) all-reduces over the link.
+  std::vector<std::thread> threads;
+  for (const int r : {2, 3})
+    threads.emplace_back([&, r] {
+      auto* tp = dynamic_cast<comm::PacedCommunicator*>(comms->ranks[static_cast<std::size_t>(r)].tp.get());
+      std::vector<float> v(1000, 1.0f);
+      ASSERT_TRUE(tp->all_reduce_sum(v.data(), v.size()).ok());
+      EXPECT_EQ(v[0], 2.0f);
+      EXPECT_EQ(tp->paced_bytes(), 4000u);  // 2 (w-1)/w * 1000 floats
+    });
+  for (auto& t : threads) t.join();
+
+  auto wrong = make_inproc_group_comms(pc, false, nullptr, comm::LinkModel::create(2, comm::LinkSpec{1, 0}).value());
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(wrong.error().message.find("a link model of 2 devices for 4 ranks"), std::string::npos)
+      << wrong.error().message;
+  // Unpaced without a link.
+  auto plain = make_inproc_group_comms(pc);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(dynamic_cast<const comm::PacedCommunicator*>(plain->ranks[0].tp.get()), nullptr);
+}
+
+}  // namespace
+}  // namespace shardline::engine

@@ -63,7 +63,7 @@ struct SeesawRun {
 };
 
 Result<SeesawRun> run(EngineOptions o, const std::vector<std::vector<std::int32_t>>& prompts, int max_tokens = 48,
-                      std::optional<KvMoverStats>* mover = nullptr) {
+                      std::optional<KvMoverStats>* mover = nullptr, std::uint64_t* link_bytes = nullptr) {
   sampling::SamplingParams greedy;
   greedy.temperature = 0.0f;
   greedy.max_tokens = max_tokens;
@@ -78,6 +78,8 @@ Result<SeesawRun> run(EngineOptions o, const std::vector<std::vector<std::int32_
   r.seesaw = e->engine->seesaw_stats();
   r.kv = e->engine->kv_io().stats();
   if (mover != nullptr) *mover = e->engine->kv_mover_stats();
+  if (auto* group = e->executor_as<InProcEngineGroup>(); group != nullptr && link_bytes != nullptr)
+    *link_bytes = group->link() ? group->link()->reserved_bytes() : 0;
   if (auto* group = e->executor_as<InProcEngineGroup>(); group != nullptr) {
     r.cp_steps = group->executor().num_steps_in(model::StepConfig::prefill);
     r.cd_steps = group->executor().num_steps_in(model::StepConfig::decode);
@@ -368,6 +370,42 @@ TEST(Seesaw, TheAsynchronousPipelineGivesTheSynchronousBits) {
       }
     }
   }
+}
+
+// An emulated interconnect between the devices (EngineOptions::group_link:
+// pipeline sends and TP collectives paced) makes steps slower, never
+// different: pp=2 -> tp=2 with and without it, copies synchronous, are bit
+// for bit the same.
+TEST(Seesaw, AGroupLinkChangesNoBit) {
+  const auto cases = testing_support::load_stories_reference();
+  const std::vector<std::vector<std::int32_t>> prompts = twelve_prompts(cases);
+  std::optional<SeesawRun> plain;
+  for (const bool linked : {false, true}) {
+    EngineOptions o = pair_options({1, 2, 1, 1}, {2, 1, 1, 1}, PreemptionMode::swap);
+    o.seesaw_async_kv = false;
+    if (linked) o.group_link = comm::LinkSpec{1.0, 5};
+    std::uint64_t link_bytes = 0;
+    auto got = run(o, prompts, 48, nullptr, &link_bytes);
+    ASSERT_TRUE(got.ok()) << got.error().to_string();
+    expect_reference_ids(*got, cases);
+    if (!plain) {
+      EXPECT_EQ(link_bytes, 0u);
+      plain = std::move(got).value();
+      continue;
+    }
+    // pp=2's activation sends and tp=2's all-reduces went over the link.
+    EXPECT_GT(link_bytes, 0u);
+    EXPECT_TRUE(bit_identical(got->outputs, plain->outputs)) << "the paced group differs";
+    EXPECT_EQ(got->seesaw.transitions, plain->seesaw.transitions);
+  }
+  // Only an in-process group of several devices has a group link.
+  EngineOptions one = tiny_options();
+  one.group_link = comm::LinkSpec{1.0, 5};
+  auto refused = build_engine(one);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(refused.error().message.find("in-process CPU engine group"), std::string::npos)
+      << refused.error().message;
 }
 
 // A GQA model with q/k norms (dummy Qwen3, 16 heads over 8 KV heads, 5
