@@ -58,7 +58,7 @@ Plan seesaw_plan(const SeesawBenchOptions& o, const std::string& table, engine::
   p.table = table;
   p.config = "seesaw";
   p.parallel = short_config(o.cp) + "->" + short_config(o.cd);
-  p.token_budget = "fixed";
+  p.token_budget = o.cp.pp > 1 || o.cd.pp > 1 ? "throttle" : "fixed";  // as static cp / cd with pp
   p.schedule = engine::to_string(schedule);
   p.pc = o.cp;
   p.cd = o.cd;

@@ -8,7 +8,8 @@
 ///     as static cd alone, static cp alone (gLLM Token Throttling when it has
 ///     pp > 1, else the fixed budget), static dp (dp = group size replicas of
 ///     one device each, each on its own thread) and Seesaw cp -> cd with the
-///     transition-minimizing schedule (fixed budget). Total and output
+///     transition-minimizing schedule (Token Throttling when cp or cd has
+///     pp > 1, as static cp, else the fixed budget). Total and output
 ///     tokens/s, transitions, time in transitions and in the config switch,
 ///     offloads / onboards through the host KV buffer, its peak, the mean
 ///     decode micro-batch and rank 0's packed weights;

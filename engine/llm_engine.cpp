@@ -161,7 +161,8 @@ bool LlmEngine::abort_request(std::uint64_t request_id) {
     return true;
   }
   // A KV copy of it on the mover must land before its blocks are freed.
-  if (kv_io_.move_pending(request_id)) (void)apply_kv_done(kv_io_.drain_moves());
+  if (kv_io_.move_pending(request_id))
+    if (Status s = apply_kv_done(kv_io_.drain_moves()); !s.ok() && deferred_error_.ok()) deferred_error_ = s;
   std::unique_ptr<Sequence> seq = scheduler_.finish(request_id, FinishReason::abort);
   if (!seq) return false;
   kv_io_.drop(request_id);
@@ -226,6 +227,7 @@ FinishReason LlmEngine::check_stop(Sequence& seq) {
 
 Result<std::vector<RequestOutput>> LlmEngine::step() {
   const auto t0 = Clock::now();
+  if (!deferred_error_.ok()) return deferred_error_.error();
   std::vector<RequestOutput> results = std::move(aborted_);
   aborted_.clear();
   if (!scheduler_.has_unfinished()) return results;

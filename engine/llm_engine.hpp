@@ -293,6 +293,9 @@ class LlmEngine {
   std::vector<LayerStream> arm_layer_streaming(const SchedulerOutput& sched, int* layers_done,
                                                Status* error);
   std::vector<RequestOutput> aborted_;
+  /// An error abort_request() met applying the mover's completions (it
+  /// returns a bool): the next step() returns it.
+  Status deferred_error_ = Status::ok_status();
   std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;
   std::function<void(const StepStats&)> step_callback_;

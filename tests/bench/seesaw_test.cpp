@@ -127,7 +127,7 @@ TEST(SeesawBench, ReportsWhatRan) {
       if (r.kv_copy == "sync") {
         EXPECT_EQ(r.hidden_share, 0);
       }
-      EXPECT_EQ(r.token_budget, "fixed");
+      EXPECT_EQ(r.token_budget, "throttle");  // cp has pp, as static-cp
       EXPECT_GT(r.decode_weight_bytes, 0u);  // rank 0 also holds its tp=2 shard
       // Every prompt went through the host buffer, which holds at most two.
       EXPECT_GE(r.offloads, o.num_requests);
