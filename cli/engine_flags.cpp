@@ -282,7 +282,8 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
     auto link = parse_host_link(f.host_link_gbps, f.host_link_latency_us);
     if (!link) return link.error();
     o.host_link = *link;
-  } else if (!f.host_kv_bytes.empty() || f.seesaw_kv_copy != "async" || f.host_link_gbps != "0") {
+  } else if (!f.host_kv_bytes.empty() || f.seesaw_kv_copy != "async" || f.host_link_gbps != "0" ||
+             f.host_link_latency_us != "0") {
     return make_error(ErrorCode::invalid_argument, "--host-kv-bytes, --seesaw-kv-copy and --host-link-gbps are "
                                                    "Seesaw's: they need --parallel-decode or --seesaw-policy");
   }

@@ -286,6 +286,7 @@ TEST_F(ParallelE2e, RunWithSeesawIsByteIdenticalToOneDevice) {
       {"--parallel pp=2 --parallel-decode tp=2 --seesaw-policy eager", "--seesaw-policy: "},
       {"--parallel pp=2 --host-kv-bytes 1M", "--host-kv-bytes, --seesaw-kv-copy and --host-link-gbps are Seesaw's"},
       {"--parallel pp=2 --host-link-gbps 1", "--host-kv-bytes, --seesaw-kv-copy and --host-link-gbps are Seesaw's"},
+      {"--parallel pp=2 --host-link-latency-us 5", "--host-kv-bytes, --seesaw-kv-copy and --host-link-gbps are Seesaw's"},
       {"--parallel pp=2 --parallel-decode tp=2 --seesaw-kv-copy later",
        "--seesaw-kv-copy must be async or sync, got 'later'"},
       {"--parallel pp=2 --parallel-decode tp=2 --host-link-latency-us 5",
