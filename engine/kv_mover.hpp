@@ -107,7 +107,10 @@ struct KvMoverStats {
   std::uint64_t bytes_to_host = 0;
   std::uint64_t bytes_to_device = 0;
   double transfer_ms = 0;  ///< sum over completed transfers of their copy + link time
-  double wait_ms = 0;      ///< time the engine's thread was blocked on transfers
+  /// Time the engine's thread was blocked on transfers. It includes a
+  /// transfer's wait in the queue and for a core, so it can exceed
+  /// transfer_ms on a loaded machine.
+  double wait_ms = 0;
   /// 1 - wait_ms / transfer_ms, clamped to [0, 1]; 0 with no transfer.
   [[nodiscard]] double hidden_share() const noexcept;
 };

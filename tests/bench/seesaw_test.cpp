@@ -120,11 +120,15 @@ TEST(SeesawBench, ReportsWhatRan) {
       EXPECT_EQ(r.parallel, "pp=2->tp=2");
       EXPECT_EQ(r.schedule, schedule_table ? schedules[(i - 16) % 3] : "transition-minimizing");
       // KV copies: async (the default) but in the copies table's sync runs,
-      // all paced, so they take time; a sync copy is all waited for.
+      // all paced, so they take time; a sync copy is all waited for. (An
+      // async wait can exceed the copies' own time when the prefetcher
+      // thread waits for a core, so only the clamped share is bounded.)
       EXPECT_EQ(r.kv_copy, copy_table && i % 2 == 0 ? "sync" : "async");
       EXPECT_GT(r.kv_copy_ms, 0);
-      EXPECT_LE(r.kv_wait_ms, r.kv_copy_ms + 1e-9);
+      EXPECT_GE(r.hidden_share, 0);
+      EXPECT_LE(r.hidden_share, 1);
       if (r.kv_copy == "sync") {
+        EXPECT_EQ(r.kv_wait_ms, r.kv_copy_ms);
         EXPECT_EQ(r.hidden_share, 0);
       }
       EXPECT_EQ(r.token_budget, "throttle");  // cp has pp, as static-cp

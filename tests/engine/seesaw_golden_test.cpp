@@ -307,8 +307,7 @@ TEST(Seesaw, EveryScheduleAndWeightModeGivesThePairsSameBits) {
 // buffer forcing the transitions. (A sequence recomputed in a prefill phase
 // gets its generated tokens' KV from cp instead of cd, within the TP
 // tolerance, and which ones are depends on when the copies land.) 48
-// requests, so that the host buffer (64 tokens) fills several times. Some of
-// the copy time was hidden.
+// requests, so that the host buffer (64 tokens) fills several times.
 TEST(Seesaw, TheAsynchronousPipelineGivesTheSynchronousBits) {
   const auto cases = testing_support::load_stories_reference();
   std::vector<std::vector<std::int32_t>> prompts;
@@ -366,7 +365,8 @@ TEST(Seesaw, TheAsynchronousPipelineGivesTheSynchronousBits) {
           continue;
         }
         EXPECT_TRUE(bit_identical(got->outputs, sync->outputs)) << "differs from the synchronous copies";
-        EXPECT_LT(mover->wait_ms, mover->transfer_ms) << "no copy time was hidden behind a step";
+        // How much was hidden is timing (printed above; measured by bench
+        // --seesaw's copies table, and bounded in kv_mover_test).
       }
     }
   }
