@@ -210,9 +210,9 @@ int run_seesaw(BenchArgs& a, const engine::EngineOptions& eo) {
     *out = *ratios;
   }
   if (so.ratios.empty()) return usage("--seesaw-ratios: give at least one INPUT/OUTPUT ratio");
-  if (a.seesaw_kv_copy != "async" && a.seesaw_kv_copy != "sync")
-    return usage("--seesaw-kv-copy must be async or sync, got '" + a.seesaw_kv_copy + "'");
-  so.engine.seesaw_async_kv = a.seesaw_kv_copy == "async";
+  auto async = parse_seesaw_kv_copy(a.seesaw_kv_copy);
+  if (!async) return usage(async.error().message);
+  so.engine.seesaw_async_kv = *async;
   auto link = parse_host_link(a.host_link_gbps, a.host_link_latency_us);
   if (!link) return usage(link.error().message);
   so.engine.host_link = *link;

@@ -275,10 +275,9 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
       if (!bytes) return make_error(ErrorCode::invalid_argument, "--host-kv-bytes: " + bytes.error().message);
       o.swap_space_bytes = *bytes;  // the host KV buffer is the engine's swap space
     }
-    if (f.seesaw_kv_copy != "async" && f.seesaw_kv_copy != "sync")
-      return make_error(ErrorCode::invalid_argument,
-                        "--seesaw-kv-copy must be async or sync, got '" + f.seesaw_kv_copy + "'");
-    o.seesaw_async_kv = f.seesaw_kv_copy == "async";
+    auto async = parse_seesaw_kv_copy(f.seesaw_kv_copy);
+    if (!async) return async.error();
+    o.seesaw_async_kv = *async;
     auto link = parse_host_link(f.host_link_gbps, f.host_link_latency_us);
     if (!link) return link.error();
     o.host_link = *link;
@@ -288,6 +287,12 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
                                                    "Seesaw's: they need --parallel-decode or --seesaw-policy");
   }
   return o;
+}
+
+Result<bool> parse_seesaw_kv_copy(const std::string& mode) {
+  if (mode != "async" && mode != "sync")
+    return make_error(ErrorCode::invalid_argument, "--seesaw-kv-copy must be async or sync, got '" + mode + "'");
+  return mode == "async";
 }
 
 Result<std::optional<comm::LinkSpec>> parse_host_link(const std::string& gbps, const std::string& latency_us) {

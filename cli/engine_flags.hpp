@@ -70,6 +70,10 @@ void add_shift_flags(CLI::App& cmd, EngineFlags& f);
 /// docs/seesaw.md). `--parallel-prefill` is another name of `--parallel`.
 void add_seesaw_flags(CLI::App& cmd, EngineFlags& f);
 
+/// The value of --seesaw-kv-copy: true for async, false for sync. Errors:
+/// invalid_argument naming the flag and the two choices.
+[[nodiscard]] Result<bool> parse_seesaw_kv_copy(const std::string& mode);
+
 /// The values of --host-link-gbps and --host-link-latency-us: none for a
 /// bandwidth of 0 (then the latency must be 0 too). Errors: invalid_argument
 /// naming the flags (not a number, negative, a latency without a link).
