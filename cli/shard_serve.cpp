@@ -7,6 +7,7 @@
 //    engine::SidpGroup made with SidpOptions::processes).
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/commands.hpp"
@@ -28,6 +29,8 @@ struct ShardServeArgs {
   GroupFlags group;
   std::string weight_sharing = "none";
   bool shift = false;  ///< --shift: also hold this rank's shard of the shift config (as rank 0)
+  std::string parallel_decode;               ///< --parallel-decode: Seesaw's cd (as rank 0)
+  std::string reshard_weights = "resident";  ///< --reshard-weights (as rank 0)
 };
 
 int run_sidp_serve(const ShardServeArgs& a, const engine::ParallelConfig& pc, const engine::TcpGroupOptions& tcp) {
@@ -70,14 +73,29 @@ int run_shard_serve(const ShardServeArgs& a) {
   }
   const engine::TcpGroupOptions& tcp = *tcp_made;
   if (a.weight_sharing == "sidp") {
-    if (a.shift) {
-      std::cerr << "error: --shift serves a rank of an engine group (sp and / or tp > 1), not a SiDP group\n";
+    if (a.shift || !a.parallel_decode.empty()) {
+      std::cerr << "error: --shift and --parallel-decode serve a rank of an engine group (tp, pp and / or sp > 1), "
+                   "not a SiDP group\n";
       return 2;
     }
     return run_sidp_serve(a, *pc, tcp);
   }
   if (pc->dp != 1) {
     std::cerr << "error: --parallel of one engine group has dp=1 (got " << pc->to_string() << ")\n";
+    return 2;
+  }
+  std::optional<engine::SeesawGroupOptions> seesaw;
+  if (!a.parallel_decode.empty()) {
+    auto cd = engine::parse_parallel_config(a.parallel_decode);
+    auto weights = engine::parse_reshard_weights(a.reshard_weights);
+    if (!cd || !weights) {
+      std::cerr << "error: " << (!cd ? "--parallel-decode: " + cd.error().message : weights.error().to_string())
+                << "\n";
+      return 2;
+    }
+    if (*cd != *pc) seesaw = engine::SeesawGroupOptions{*cd, *weights};
+  } else if (a.reshard_weights != "resident") {
+    std::cerr << "error: --reshard-weights is Seesaw's: it needs --parallel-decode\n";
     return 2;
   }
   auto eo = to_engine_options(a.engine, a.model_dir);
@@ -101,8 +119,11 @@ int run_shard_serve(const ShardServeArgs& a) {
   }
   auto shared = std::make_shared<const model::ModelWeights>(std::move(weights).value());
   std::cerr << "shard serve: rank " << a.rank << " of " << pc->to_string() << (a.shift ? " with --shift" : "")
+            << (seesaw ? " with decode config " + seesaw->decode.to_string() + " (" +
+                             engine::to_string(seesaw->weights) + " weights)"
+                       : std::string())
             << ", joining " << tcp.master << "\n";
-  Status st = engine::serve_tcp_group_rank(shared, *pc, a.rank, eo->num_threads, tcp, a.shift);
+  Status st = engine::serve_tcp_group_rank(shared, *pc, a.rank, eo->num_threads, tcp, a.shift, seesaw);
   if (!st) {
     std::cerr << "error: " << st.error().to_string() << "\n";
     return 1;
@@ -135,6 +156,12 @@ void add_shard_commands(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--shift", a->shift,
                 "Shift Parallelism: also hold this rank's shard of the shift config (TP over the group's devices, "
                 "sharing the KV cache); use it exactly when rank 0 runs with --shift (its threshold decides the steps)");
+  cmd->add_option("--parallel-decode", a->parallel_decode,
+                  "Seesaw: also hold this rank's shard of the decode config cd (the same tp, pp, sp as rank 0's "
+                  "--parallel-decode; the group switches between --parallel and it)");
+  cmd->add_option("--reshard-weights", a->reshard_weights,
+                  "Seesaw with --parallel-decode: resident or reload, as rank 0's")
+      ->capture_default_str();
   cmd->add_option("--group-master", a->group.master, "Rank 0's HOST:PORT (its --group-master)")->required();
   cmd->add_option("--group-key-file", a->group.key_file,
                   "Shared secret of the group (the same file as rank 0's --group-key-file)");

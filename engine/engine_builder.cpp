@@ -125,10 +125,10 @@ Status check_engine_options(const EngineOptions& o) {
       return make_error(ErrorCode::invalid_argument,
                         "a decode parallel config (" + cd.to_string() + ") needs Seesaw's phases (--seesaw-policy)");
     if (Status st = check_decode_config(o.parallel, cd); !st) return st;
-    if (cuda || o.ffn || o.shift || !o.group_master.empty())
+    if (cuda || o.ffn || o.shift)
       return make_error(ErrorCode::unsupported,
-                        "Seesaw's two parallel configs run on an in-process CPU engine group (not CUDA, SiDP, "
-                        "--shift or a TCP group)");
+                        "Seesaw's two parallel configs run on a CPU engine group, in one process or over TCP (not "
+                        "CUDA, SiDP or --shift)");
   }
   if (o.device_memory_bytes > 0) {
     if (cuda)
@@ -258,7 +258,10 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     tcp.master = o.group_master;
     tcp.key = o.group_key;
     tcp.timeout = std::chrono::milliseconds(o.group_timeout_ms);
-    auto exec = create_tcp_group_executor(e.weights, o.parallel, ro, tcp, o.shift);
+    std::optional<SeesawGroupOptions> seesaw;
+    if (o.parallel_decode && *o.parallel_decode != o.parallel)
+      seesaw = SeesawGroupOptions{*o.parallel_decode, o.reshard_weights};
+    auto exec = create_tcp_group_executor(e.weights, o.parallel, ro, tcp, o.shift, seesaw);
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
   } else {

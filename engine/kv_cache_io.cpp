@@ -8,7 +8,25 @@ KvCacheIo::KvCacheIo(model::ModelExecutor& executor, std::uint64_t swap_space_by
     : shape_(executor.kv_model_shape()),
       views_(executor.kv_cache_views()),
       swap_space_bytes_(swap_space_bytes) {
-  if (shape_.num_layers <= 0 || shape_.num_kv_heads <= 0 || shape_.head_dim <= 0) views_.clear();
+  if (views_.empty()) remote_ = executor.kv_copier();
+  if (shape_.num_layers <= 0 || shape_.num_kv_heads <= 0 || shape_.head_dim <= 0) {
+    views_.clear();
+    remote_ = nullptr;
+  }
+}
+
+Status KvCacheIo::copy_out(std::span<const std::int32_t> table, const kvstore::KvRange& range,
+                           std::span<std::byte> chunk) {
+  if (!views_.empty()) return kvstore::copy_out(shape_, views_, table, range, chunk);
+  if (remote_ == nullptr) return make_error(ErrorCode::internal, "this executor's KV caches cannot be copied");
+  return remote_->copy_out(table, range, chunk);
+}
+
+Status KvCacheIo::copy_in(std::span<const std::int32_t> table, const kvstore::KvRange& range,
+                          std::span<const std::byte> chunk) {
+  if (!views_.empty()) return kvstore::copy_in(shape_, views_, table, range, chunk);
+  if (remote_ == nullptr) return make_error(ErrorCode::internal, "this executor's KV caches cannot be copied");
+  return remote_->copy_in(table, range, chunk);
 }
 
 std::size_t KvCacheIo::bytes_for(int num_tokens) const noexcept {
@@ -17,7 +35,7 @@ std::size_t KvCacheIo::bytes_for(int num_tokens) const noexcept {
 
 Result<bool> KvCacheIo::copy_and_hold(const SwapOut& move) {
   const std::size_t bytes = bytes_for(move.num_tokens);
-  if (!can_move_kv() || stats_.swap_space_bytes_used + bytes > swap_space_bytes_ || held_.count(move.seq_id) != 0)
+  if (!can_copy_kv() || stats_.swap_space_bytes_used + bytes > swap_space_bytes_ || held_.count(move.seq_id) != 0)
     return false;
   Held h;
   h.num_tokens = move.num_tokens;
@@ -25,8 +43,8 @@ Result<bool> KvCacheIo::copy_and_hold(const SwapOut& move) {
   h.bytes = bytes;
   h.chunk.resize(bytes);
   const kvstore::KvRange range{0, shape_.num_layers, 0, move.num_tokens};
-  if (Status s = kvstore::copy_out(shape_, views_, move.block_table, range, h.chunk); !s.ok())
-    return make_error(ErrorCode::internal,
+  if (Status s = copy_out(move.block_table, range, h.chunk); !s.ok())
+    return make_error(s.error().code == ErrorCode::io ? ErrorCode::io : ErrorCode::internal,
                       "swap out of request " + std::to_string(move.seq_id) + ": " + s.error().message);
   stats_.swap_space_bytes_used += bytes;
   held_.emplace(move.seq_id, std::move(h));
@@ -74,7 +92,7 @@ Status KvCacheIo::restore(const KvRestore& restore, const std::vector<std::int32
                                                        " positions asked, " +
                                                        std::to_string(it->second.num_tokens) + " held");
   const kvstore::KvRange range{0, shape_.num_layers, 0, restore.num_tokens};
-  if (Status s = kvstore::copy_in(shape_, views_, block_table, range, it->second.chunk); !s.ok())
+  if (Status s = copy_in(block_table, range, it->second.chunk); !s.ok())
     return make_error(s.error().code, who + s.error().message);
   count_restore(it->second);
   drop(restore.seq_id);
@@ -120,19 +138,24 @@ void KvCacheIo::drop(std::uint64_t seq_id) {
 }
 
 Status KvCacheIo::set_views(std::vector<kvstore::KvCacheView> views) {
-  if (mover_)
-    if (Status s = mover_->set_caches(shape_, views); !s.ok()) return s;
+  if (views.empty() && remote_ == nullptr)
+    return make_error(ErrorCode::internal, "KV caches replaced by none (the executor's caches cannot be copied)");
+  if (mover_) {
+    Status s = views.empty() ? mover_->set_copier(remote_) : mover_->set_caches(shape_, views);
+    if (!s.ok()) return s;
+  }
   views_ = std::move(views);
   return Status::ok_status();
 }
 
 Status KvCacheIo::start_mover(KvMoverOptions options) {
   if (mover_) return make_error(ErrorCode::internal, "KV mover started twice");
-  if (!can_move_kv()) return make_error(ErrorCode::internal, "KV mover: this executor's caches cannot be copied");
-  options.num_devices = static_cast<int>(views_.size());
+  if (!can_copy_kv()) return make_error(ErrorCode::internal, "KV mover: this executor's caches cannot be copied");
+  options.num_devices = views_.empty() ? remote_->num_devices() : static_cast<int>(views_.size());
   auto mover = KvMover::create(std::move(options));
   if (!mover.ok()) return std::move(mover).error();
-  if (Status s = (*mover)->set_caches(shape_, views_); !s.ok()) return s;
+  Status set = views_.empty() ? (*mover)->set_copier(remote_) : (*mover)->set_caches(shape_, views_);
+  if (!set.ok()) return set;
   mover_ = std::move(mover).value();
   return Status::ok_status();
 }

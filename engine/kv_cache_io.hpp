@@ -59,8 +59,13 @@ class KvCacheIo {
   /// for swapped-out KV.
   KvCacheIo(model::ModelExecutor& executor, std::uint64_t swap_space_bytes);
 
-  /// True when the executor's caches can be copied (host-addressable views).
+  /// True when the executor's caches are host-addressable views (what
+  /// DéjàVu's per-step streaming and resumed-KV restores need).
   [[nodiscard]] bool can_move_kv() const noexcept { return !views_.empty(); }
+  /// True when whole sequences' KV can be copied out and back: views, or
+  /// the executor's KvCopier (a TCP group's ranks copy their own share on
+  /// request). Swap preemption and Seesaw's host KV buffer need this.
+  [[nodiscard]] bool can_copy_kv() const noexcept { return !views_.empty() || remote_ != nullptr; }
   [[nodiscard]] const kvstore::KvModelShape& shape() const noexcept { return shape_; }
   /// Bytes of `num_tokens` positions of one sequence (all layers).
   [[nodiscard]] std::size_t bytes_for(int num_tokens) const noexcept;
@@ -72,8 +77,9 @@ class KvCacheIo {
   [[nodiscard]] Result<bool> swap_out(const SwapOut& swap);
 
   /// The executor's caches changed layout (Seesaw switched its config):
-  /// later copies go to and from `views`. Errors: internal while a mover
-  /// transfer is pending (a bug: drain_moves() first).
+  /// later copies go to and from `views` (empty with a KvCopier, which
+  /// follows the executor's active config itself). Errors: internal while
+  /// a mover transfer is pending (a bug: drain_moves() first).
   [[nodiscard]] Status set_views(std::vector<kvstore::KvCacheView> views);
 
   // ---- Seesaw's tiered KV buffer (seed 000 §4.2) and its asynchronous ----
@@ -189,9 +195,15 @@ class KvCacheIo {
   /// when the space has no room or the sequence already has KV held. Counts
   /// no statistics. Errors: internal.
   [[nodiscard]] Result<bool> copy_and_hold(const SwapOut& move);
+  /// copy_out / copy_in of whole sequences through the views, else the executor's copier.
+  [[nodiscard]] Status copy_out(std::span<const std::int32_t> table, const kvstore::KvRange& range,
+                                std::span<std::byte> chunk);
+  [[nodiscard]] Status copy_in(std::span<const std::int32_t> table, const kvstore::KvRange& range,
+                               std::span<const std::byte> chunk);
 
   kvstore::KvModelShape shape_;
   std::vector<kvstore::KvCacheView> views_;
+  kvstore::KvCopier* remote_ = nullptr;  // the executor's, when its caches are not views
   std::uint64_t swap_space_bytes_;
   std::unordered_map<std::uint64_t, Held> held_;
   KvIoStats stats_;

@@ -43,8 +43,18 @@ Status KvMover::set_caches(kvstore::KvModelShape shape, std::vector<kvstore::KvC
   if (pending_ != 0)
     return make_error(ErrorCode::internal, "KV mover: the caches changed with " + std::to_string(pending_) +
                                                " transfers pending (drain before a config switch)");
-  shape_ = shape;
-  views_ = std::move(views);
+  owned_ = std::make_unique<kvstore::KvViewsCopier>(shape, std::move(views));
+  copier_ = owned_.get();
+  return Status::ok_status();
+}
+
+Status KvMover::set_copier(kvstore::KvCopier* copier) {
+  if (pending_ != 0)
+    return make_error(ErrorCode::internal, "KV mover: the caches changed with " + std::to_string(pending_) +
+                                               " transfers pending (drain before a config switch)");
+  if (copier == nullptr) return make_error(ErrorCode::internal, "KV mover: no copier");
+  owned_.reset();
+  copier_ = copier;
   return Status::ok_status();
 }
 
@@ -52,8 +62,11 @@ KvTransferDone KvMover::run(KvTransfer transfer) {
   const auto t0 = Clock::now();
   KvTransferDone done;
   const bool to_host = transfer.direction == KvTransfer::Direction::to_host;
-  done.status = to_host ? kvstore::copy_out(shape_, views_, transfer.block_table, transfer.range, transfer.chunk)
-                        : kvstore::copy_in(shape_, views_, transfer.block_table, transfer.range, transfer.chunk);
+  if (copier_ == nullptr)
+    done.status = make_error(ErrorCode::internal, "KV mover: a transfer before set_caches / set_copier");
+  else
+    done.status = to_host ? copier_->copy_out(transfer.block_table, transfer.range, transfer.chunk)
+                          : copier_->copy_in(transfer.block_table, transfer.range, transfer.chunk);
   if (link_ && done.status.ok()) {
     // Each device moves its shard over its own link, in parallel.
     const auto per_device = static_cast<std::uint64_t>(transfer.chunk.size()) /

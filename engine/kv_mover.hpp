@@ -38,6 +38,12 @@
 /// one, a transfer costs its memcpy only. Transfers run one at a time, in
 /// submission order (one copy stream per worker, as in the paper).
 ///
+/// Caches in other processes (a TCP group): the mover's copies go through
+/// the executor's KvCopier (set_copier), whose ranks gather and scatter their
+/// own share when their serving loop reaches the request (between their
+/// steps); the transfer and the link time still overlap the engine thread's
+/// steps.
+///
 /// Synchronous mode (the baseline §5.2 improves on): submit() runs the
 /// transfer on the caller's thread, paced the same way, and queues its
 /// completion; every millisecond of it is waited for (hidden_share 0). The
@@ -129,6 +135,12 @@ class KvMover {
   /// while a transfer is pending (a bug: drain first, or the caches' layout
   /// changes under a running copy).
   [[nodiscard]] Status set_caches(kvstore::KvModelShape shape, std::vector<kvstore::KvCacheView> views);
+  /// As set_caches, for caches that are not host-addressable: transfers go
+  /// through `copier` (not owned; it must outlive the mover and allow calls
+  /// from the mover thread while the engine's thread steps: a TCP group's
+  /// rank 0, engine/parallel_executor.hpp). Errors: as set_caches; internal
+  /// for a null copier.
+  [[nodiscard]] Status set_copier(kvstore::KvCopier* copier);
 
   /// Queues a transfer (async), or runs it now and queues its completion
   /// (sync). The sequence's blocks must stay untouched until its completion
@@ -161,8 +173,9 @@ class KvMover {
   const KvMoverOptions options_;
   std::shared_ptr<comm::LinkModel> link_;  // the host link's time per transfer, when paced
   int pending_ = 0;  // engine thread only
-  kvstore::KvModelShape shape_;                // written only while nothing is pending
-  std::vector<kvstore::KvCacheView> views_;    // ditto
+  // What transfers copy through; written only while nothing is pending.
+  std::unique_ptr<kvstore::KvCopier> owned_;   // set_caches' views
+  kvstore::KvCopier* copier_ = nullptr;        // owned_, or set_copier's
   mutable std::mutex mu_;
   std::condition_variable cv_;        // tasks_ or stop_ changed
   std::condition_variable done_cv_;   // ready_ grew

@@ -48,9 +48,9 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& execu
     return bad("a host link is emulated for Seesaw's KV copies only (set seesaw)");
   auto engine = std::unique_ptr<LlmEngine>(new LlmEngine(executor, tokenizer, std::move(config)));
   if (const auto& so = engine->config_.seesaw) {
-    if (!engine->kv_io_.can_move_kv())
-      return bad("Seesaw needs an executor whose KV caches can be copied to the host (a CPU device or an in-process "
-                 "group)");
+    if (!engine->kv_io_.can_copy_kv())
+      return bad("Seesaw needs an executor whose KV caches can be copied to the host (a CPU device, an in-process "
+                 "group or a TCP group)");
     const std::size_t need = engine->kv_io_.bytes_for(engine->config_.max_model_len);
     if (engine->config_.swap_space_bytes < need)
       return bad("Seesaw's host KV buffer of " + std::to_string(engine->config_.swap_space_bytes) +

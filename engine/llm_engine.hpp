@@ -41,7 +41,7 @@ struct EngineConfig {
   /// fixed budget of max_num_batched_tokens shared by decodes and prefills.
   std::shared_ptr<const TokenBudgetPolicy> token_budget;
   /// What a preemption does with the victim's KV (engine/scheduler.hpp).
-  /// Swap needs host-addressable caches (KvCacheIo::can_move_kv); without
+  /// Swap needs caches that can be copied (KvCacheIo::can_copy_kv); without
   /// them, or when the swap space is full, a preemption recomputes.
   PreemptionMode preemption_mode = PreemptionMode::recompute;
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV (vLLM's --swap-space)

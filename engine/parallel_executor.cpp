@@ -205,6 +205,15 @@ Status ShardWorker::serve() {
     world.set_timeout(step_timeout);
     if (!st) return st;
     if (header[0] == kKindShutdown) return Status::ok_status();
+    if (header[0] == kKindKvOut || header[0] == kKindKvIn || header[0] == kKindKvLayout) {
+      // A KV copy of rank 0's (engine/group_kv.hpp), between two steps.
+      model::ShardRunner& active = decode_active_ ? *decode_->runner : *runner_;
+      if (Status s = serve_kv_request(world, header[0], header[1], active.kv_model_shape(), active.kv_cache_view(),
+                                      decode_active_);
+          !s)
+        return s;
+      continue;
+    }
     if (header[0] == kKindSwitchConfig) {  // Seesaw: the next steps run in the other config
       std::int32_t body[2] = {0, 0};
       if (!decode_ || header[1] != 2)
@@ -343,9 +352,12 @@ Status ParallelExecutor::use_step_config(model::StepConfig config) {
   // Every rank re-shards at once (on its own thread), rank 0 here.
   const std::int32_t header[2] = {kKindSwitchConfig, 2};
   const std::int32_t body[2] = {to_decode ? 1 : 0, decode_->weights == ReshardWeights::reload ? 1 : 0};
-  for (int r = 1; r < pc_.group_size(); ++r) {
-    if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
-    if (Status st = comms_.world->send(body, sizeof body, r, kTagMetaBody); !st) return st;
+  {
+    std::lock_guard meta(meta_mu_);
+    for (int r = 1; r < pc_.group_size(); ++r) {
+      if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
+      if (Status st = comms_.world->send(body, sizeof body, r, kTagMetaBody); !st) return st;
+    }
   }
   Result<std::int64_t> mine = reshard_weights(*runner_, *decode_->runner, to_decode, decode_->weights);
   if (!mine.ok()) return std::move(mine).error();
@@ -357,6 +369,19 @@ Status ParallelExecutor::use_step_config(model::StepConfig config) {
   }
   decode_active_ = to_decode;
   last_reshard_ms_ = static_cast<double>(slowest_us) / 1000.0;
+  return Status::ok_status();
+}
+
+Status ParallelExecutor::enable_kv_copier() {
+  if (pc_.group_size() < 2)
+    return make_error(ErrorCode::invalid_argument, "parallel executor: a group of one has no remote KV");
+  GroupKvCopier::Access a;
+  a.world = comms_.world.get();
+  a.meta_mu = &meta_mu_;
+  a.shape = runner_->kv_model_shape();
+  a.own_view = [this] { return decode_active_ ? decode_->runner->kv_cache_view() : runner_->kv_cache_view(); };
+  a.decode_active = [this] { return decode_active_; };
+  kv_copier_ = std::make_unique<GroupKvCopier>(std::move(a));
   return Status::ok_status();
 }
 
@@ -373,6 +398,7 @@ Status ParallelExecutor::shutdown() {
   shut_down_ = true;
   const std::int32_t header[2] = {kKindShutdown, 0};
   Status first;
+  std::lock_guard meta(meta_mu_);
   for (int r = 1; r < pc_.group_size(); ++r)
     if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st && first.ok()) first = st;
   return first;
@@ -397,6 +423,7 @@ Status ParallelExecutor::submit(const model::StepInput& in) {
   if (pc_.group_size() > 1) {
     const std::vector<std::int32_t> words = encode_step(in);
     const std::int32_t header[2] = {kind, static_cast<std::int32_t>(words.size())};
+    std::lock_guard meta(meta_mu_);
     for (int r = 1; r < pc_.group_size(); ++r) {
       if (Status st = comms_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
       if (Status st = comms_.world->send(words.data(), words.size() * sizeof(std::int32_t), r, kTagMetaBody); !st)

@@ -44,6 +44,7 @@
 #include "comm/inproc.hpp"
 #include "comm/paced.hpp"
 #include "common/result.hpp"
+#include "engine/group_kv.hpp"
 #include "engine/parallel_config.hpp"
 #include "engine/policies/shift_policy.hpp"
 #include "model/executor.hpp"
@@ -55,12 +56,15 @@ namespace shardline::engine {
 enum GroupTag : int {
   /// driver -> rank: int32[2] {kind, num_words}; kind 0 step, 1 shutdown, 2
   /// step in the shift config (Shift), 3 step in the decode config (Seesaw),
-  /// 4 switch config (Seesaw; body int32[2] {0 cp / 1 cd, reload})
+  /// 4 switch config (Seesaw; body int32[2] {0 cp / 1 cd, reload}), 5-7 KV
+  /// copies of ranks in other processes (engine/group_kv.hpp)
   kTagMetaHeader = 101,
   kTagMetaBody = 102,    ///< driver -> rank: int32[num_words], encode_step()
   kTagActivations = 103, ///< stage s -> s+1: float[chunk_rows, hidden]
   kTagLogits = 104,      ///< last stage (0, 0) -> driver: float[num_logits, vocab]; int32 0 ("done") when num_logits = 0
   kTagTransitionAck = 105,  ///< rank -> driver after a config switch (Seesaw): int64 microseconds re-sharding weights
+  kTagKvData = 106,   ///< KV parts of a sequence, both ways (engine/group_kv.hpp)
+  kTagKvReply = 107,  ///< rank -> driver: a KV request's status word (and a layout)
 };
 
 /// Seesaw (seed 000 §4.1): what each rank does with its weights at a switch
@@ -210,6 +214,17 @@ class ParallelExecutor final : public model::ModelExecutor {
 
   /// Tells every other rank to stop serving (idempotent; also done by the destructor).
   [[nodiscard]] Status shutdown();
+
+  /// The group's KV geometry (rank 0's runner's).
+  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override { return runner_->kv_model_shape(); }
+  /// Ranks in other processes: from now on kv_copier() copies sequences'
+  /// KV through every rank's serving loop (engine/group_kv.hpp), from this
+  /// thread or one other, concurrently with steps. Only for a world
+  /// communicator whose send / recv may run on two threads at once (TCP);
+  /// an in-process group copies through its views instead. Errors:
+  /// invalid_argument (a group of one).
+  [[nodiscard]] Status enable_kv_copier();
+  [[nodiscard]] kvstore::KvCopier* kv_copier() override { return kv_copier_.get(); }
   [[nodiscard]] const ParallelConfig& parallel_config() const { return pc_; }
   [[nodiscard]] model::ShardRunner& runner() { return *runner_; }
   /// Milliseconds rank 0 spent computing its stage (and logits when pp == 1).
@@ -285,6 +300,10 @@ class ParallelExecutor final : public model::ModelExecutor {
   bool decode_active_ = false;
   std::uint64_t config_steps_[2] = {0, 0};  ///< steps submitted in cp, cd
   double last_reshard_ms_ = 0;
+  /// Held while a header and its body go out, so the KV copier's requests
+  /// (another thread) never interleave with a step's.
+  std::mutex meta_mu_;
+  std::unique_ptr<GroupKvCopier> kv_copier_;
 };
 
 /// Shift Parallelism on an engine group (seed 001): the base config is the

@@ -8,11 +8,38 @@ namespace shardline::engine {
 namespace {
 
 constexpr int kTagSetup = 100;
-constexpr std::int32_t kSetupVersion = 2;
-constexpr int kSetupWords = 9;
+constexpr std::int32_t kSetupVersion = 3;
+constexpr int kSetupWords = 13;
 constexpr int kTpTagBase = 1 << 24;
 constexpr int kSpTagBase = 2 << 24;
 constexpr int kShiftTagBase = 3 << 24;
+constexpr int kDecodeTpTagBase = 4 << 24;
+constexpr int kDecodeSpTagBase = 5 << 24;
+
+/// Seesaw's decode config must use the group's devices and shard the model
+/// (the checks of InProcEngineGroup::create). Errors: invalid_argument.
+Status check_seesaw_config(const model::ModelConfig& c, const ParallelConfig& pc, const SeesawGroupOptions& seesaw,
+                           bool shift) {
+  if (shift) return make_error(ErrorCode::invalid_argument, "Seesaw's decode config and --shift cannot be combined");
+  if (Status st = check_decode_config(pc, seesaw.decode); !st) return st;
+  if (Status st = model::check_shardable(c, seesaw.decode.tp, seesaw.decode.sp, seesaw.decode.pp); !st)
+    return make_error(ErrorCode::invalid_argument, "Seesaw: the decode config " + seesaw.decode.to_string() +
+                                                       " cannot shard this model: " + st.error().message);
+  return Status::ok_status();
+}
+
+/// A rank's shard of Seesaw's decode config: own packed weights (released
+/// at once under reload: cp is active first), its cache in `base`'s KV memory.
+Result<DecodeShard> make_decode_shard(std::shared_ptr<const model::ModelWeights> weights,
+                                      const SeesawGroupOptions& seesaw, int group_rank, const GroupComms& comms,
+                                      model::ShardRunner& base) {
+  auto made = model::ShardRunner::create_on_kv_memory(std::move(weights), shard_spec_of(seesaw.decode, group_rank),
+                                                      comms.decode_shard_comms(), base);
+  if (!made.ok()) return std::move(made).error();
+  DecodeShard d{seesaw.decode, std::move(made).value(), seesaw.weights};
+  if (seesaw.weights == ReshardWeights::reload) d.runner->release_weights();
+  return d;
+}
 
 /// A shift config needs pp = 1, several devices, and a model TP' = sp*tp can
 /// shard (the checks of InProcEngineGroup::create). Errors: invalid_argument.
@@ -37,7 +64,7 @@ Result<std::unique_ptr<model::ShardRunner>> make_shift_runner(std::shared_ptr<co
 }  // namespace
 
 Result<GroupComms> connect_tcp_group(const ParallelConfig& pc, int group_rank, const TcpGroupOptions& o,
-                                     bool shift) {
+                                     bool shift, const ParallelConfig* decode) {
   Result<std::pair<std::string, int>> addr = comm::parse_host_port(o.master);
   if (!addr.ok()) return std::move(addr).error();
   if (group_rank != 0 && addr.value().second == 0)
@@ -70,6 +97,19 @@ Result<GroupComms> connect_tcp_group(const ParallelConfig& pc, int group_rank, c
     if (!sub.ok()) return std::move(sub).error();
     g.shift_tp = std::move(sub).value();
   }
+  if (decode != nullptr) {  // Seesaw's cd: its own TP and SP groups over the same ranks
+    const RankCoord dme = rank_coord(*decode, group_rank);
+    if (decode->tp > 1) {
+      auto sub = comm::make_subgroup(*g.world, tp_group_ranks(*decode, dme), kDecodeTpTagBase);
+      if (!sub.ok()) return std::move(sub).error();
+      g.decode_tp = std::move(sub).value();
+    }
+    if (decode->sp > 1) {
+      auto sub = comm::make_subgroup(*g.world, sp_group_ranks(*decode, dme), kDecodeSpTagBase);
+      if (!sub.ok()) return std::move(sub).error();
+      g.decode_sp = std::move(sub).value();
+    }
+  }
   return g;
 }
 
@@ -77,9 +117,12 @@ Result<std::unique_ptr<ParallelExecutor>> create_tcp_group_executor(std::shared_
                                                                    const ParallelConfig& pc,
                                                                    const model::CpuRunnerOptions& options,
                                                                    const TcpGroupOptions& tcp,
-                                                                   std::optional<ShiftOptions> shift) {
+                                                                   std::optional<ShiftOptions> shift,
+                                                                   std::optional<SeesawGroupOptions> seesaw) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "tcp group: no weights");
   if (Status st = model::check_shardable(weights->config, pc.tp, pc.sp, pc.pp); !st) return st.error();
+  if (seesaw)
+    if (Status st = check_seesaw_config(weights->config, pc, *seesaw, shift.has_value()); !st) return st.error();
   std::optional<ShiftPolicy> policy;
   if (shift) {
     if (Status st = check_shift_config(weights->config, pc); !st) return st.error();
@@ -87,7 +130,7 @@ Result<std::unique_ptr<ParallelExecutor>> create_tcp_group_executor(std::shared_
     if (!made) return std::move(made).error();
     policy = std::move(made).value();
   }
-  Result<GroupComms> comms = connect_tcp_group(pc, 0, tcp, shift.has_value());
+  Result<GroupComms> comms = connect_tcp_group(pc, 0, tcp, shift.has_value(), seesaw ? &seesaw->decode : nullptr);
   if (!comms.ok()) return std::move(comms).error();
   const std::int32_t setup[kSetupWords] = {kSetupVersion,
                                            pc.tp,
@@ -97,7 +140,11 @@ Result<std::unique_ptr<ParallelExecutor>> create_tcp_group_executor(std::shared_
                                            options.block_size,
                                            options.kv_cache_dtype == DType::bf16 ? 1 : 0,
                                            weights->config.num_hidden_layers,
-                                           shift ? 1 : 0};
+                                           shift ? 1 : 0,
+                                           seesaw ? seesaw->decode.tp : 0,
+                                           seesaw ? seesaw->decode.pp : 0,
+                                           seesaw ? seesaw->decode.sp : 0,
+                                           seesaw && seesaw->weights == ReshardWeights::reload ? 1 : 0};
   for (int r = 1; r < pc.group_size(); ++r)
     if (Status st = comms.value().world->send(setup, sizeof setup, r, kTagSetup); !st) return st.error();
   Result<std::unique_ptr<model::ShardRunner>> runner =
@@ -109,16 +156,27 @@ Result<std::unique_ptr<ParallelExecutor>> create_tcp_group_executor(std::shared_
     if (!made.ok()) return std::move(made).error();
     shift_runner = std::move(made).value();
   }
+  std::optional<DecodeShard> decode;
+  if (seesaw) {
+    auto made = make_decode_shard(weights, *seesaw, 0, comms.value(), *runner.value());
+    if (!made.ok()) return std::move(made).error();
+    decode = std::move(made).value();
+  }
   Result<std::unique_ptr<ParallelExecutor>> exec =
       ParallelExecutor::create(pc, std::move(runner).value(), std::move(comms).value());
   if (!exec.ok()) return std::move(exec).error();
   if (shift)
     if (Status st = exec.value()->set_shift(std::move(shift_runner), std::move(*policy)); !st) return st.error();
+  if (decode)
+    if (Status st = exec.value()->set_decode_config(std::move(*decode)); !st) return st.error();
+  // The ranks' caches are in their processes: KV copies go through their loops.
+  if (Status st = exec.value()->enable_kv_copier(); !st) return st.error();
   return exec;
 }
 
 Status serve_tcp_group_rank(std::shared_ptr<const model::ModelWeights> weights, const ParallelConfig& pc,
-                            int group_rank, int num_threads, const TcpGroupOptions& tcp, bool shift) {
+                            int group_rank, int num_threads, const TcpGroupOptions& tcp, bool shift,
+                            std::optional<SeesawGroupOptions> seesaw) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "tcp group: no weights");
   if (group_rank <= 0 || group_rank >= pc.group_size())
     return make_error(ErrorCode::invalid_argument, "--rank must be in [1, " + std::to_string(pc.group_size()) +
@@ -126,7 +184,9 @@ Status serve_tcp_group_rank(std::shared_ptr<const model::ModelWeights> weights, 
   if (Status st = model::check_shardable(weights->config, pc.tp, pc.sp, pc.pp); !st) return st;
   if (shift)
     if (Status st = check_shift_config(weights->config, pc); !st) return st;
-  Result<GroupComms> comms = connect_tcp_group(pc, group_rank, tcp, shift);
+  if (seesaw)
+    if (Status st = check_seesaw_config(weights->config, pc, *seesaw, shift); !st) return st;
+  Result<GroupComms> comms = connect_tcp_group(pc, group_rank, tcp, shift, seesaw ? &seesaw->decode : nullptr);
   if (!comms.ok()) return std::move(comms).error();
   std::int32_t setup[kSetupWords] = {};
   if (Status st = comms.value().world->recv(setup, sizeof setup, 0, kTagSetup); !st) return st;
@@ -145,6 +205,20 @@ Status serve_tcp_group_rank(std::shared_ptr<const model::ModelWeights> weights, 
     return make_error(ErrorCode::mismatch, "rank " + std::to_string(group_rank) + ": --shift is " +
                                                (shift ? "on" : "off") + " here but " + (setup[8] ? "on" : "off") +
                                                " on rank 0 (start every rank of the group with the same --shift)");
+  const auto cd_str = [](const std::int32_t* w) {
+    if (w[0] == 0) return std::string("none");
+    return ParallelConfig{w[0], w[1], w[2], 1}.to_string();
+  };
+  const std::int32_t mine_cd[3] = {seesaw ? seesaw->decode.tp : 0, seesaw ? seesaw->decode.pp : 0,
+                                   seesaw ? seesaw->decode.sp : 0};
+  if (setup[9] != mine_cd[0] || setup[10] != mine_cd[1] || setup[11] != mine_cd[2])
+    return make_error(ErrorCode::mismatch, "rank " + std::to_string(group_rank) + ": Seesaw's decode config is " +
+                                               cd_str(mine_cd) + " here but " + cd_str(setup + 9) +
+                                               " on rank 0 (start every rank with the same --parallel-decode)");
+  if (seesaw && setup[12] != (seesaw->weights == ReshardWeights::reload ? 1 : 0))
+    return make_error(ErrorCode::mismatch, "rank " + std::to_string(group_rank) + ": --reshard-weights is " +
+                                               to_string(seesaw->weights) + " here but " +
+                                               (setup[12] ? "reload" : "resident") + " on rank 0");
   model::CpuRunnerOptions options;
   options.num_kv_blocks = setup[4];
   options.block_size = setup[5];
@@ -159,8 +233,14 @@ Status serve_tcp_group_rank(std::shared_ptr<const model::ModelWeights> weights, 
     if (!made.ok()) return std::move(made).error();
     shift_runner = std::move(made).value();
   }
+  std::optional<DecodeShard> decode;
+  if (seesaw) {
+    auto made = make_decode_shard(weights, *seesaw, group_rank, comms.value(), *runner.value());
+    if (!made.ok()) return std::move(made).error();
+    decode = std::move(made).value();
+  }
   ShardWorker worker(pc, group_rank, std::move(runner).value(), std::move(comms).value(), num_threads,
-                     std::move(shift_runner));
+                     std::move(shift_runner), std::move(decode));
   return worker.serve();
 }
 

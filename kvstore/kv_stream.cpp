@@ -408,4 +408,47 @@ Status stream_in(const KvModelShape& shape, std::span<const KvCacheView> ranks,
   return copy_in(shape, ranks, block_table, range, *chunk);
 }
 
+namespace {
+
+/// merge_part / split_part: checks the buffers and calls copy_row(chunk
+/// row offset, part row offset, row bytes) for every row the rank holds.
+template <typename CopyRow>
+Status for_part_rows(const char* op, const KvModelShape& shape, const KvRankLayout& layout, const KvRange& range,
+                     std::size_t chunk_size, std::size_t part_size, CopyRow&& copy_row) {
+  if (Status st = check_layout(shape, layout); !st) return bad(std::string(op) + ": layout: " + st.error().message);
+  if (Status st = check_range(shape, range); !st) return bad(std::string(op) + ": " + st.error().message);
+  const std::size_t need_chunk = chunk_bytes(shape, range), need_part = gather_bytes(shape, layout, range);
+  if (chunk_size != need_chunk || part_size != need_part)
+    return bad(std::string(op) + ": chunk of " + std::to_string(chunk_size) + " bytes and part of " +
+               std::to_string(part_size) + ", expected " + std::to_string(need_chunk) + " and " +
+               std::to_string(need_part));
+  const auto [l0, l1] = common_layers(layout, range);
+  const std::size_t row = static_cast<std::size_t>(range.num_tokens()) * shape.head_dim * dtype_size(shape.dtype);
+  std::size_t p = 0;
+  for (int l = l0; l < l1; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::size_t base = (static_cast<std::size_t>(l - range.layer_begin) * 2 + kv) * shape.num_kv_heads;
+      for (const int h : layout.kv_heads) {
+        copy_row((base + static_cast<std::size_t>(h)) * row, p, row);
+        p += row;
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Status merge_part(const KvModelShape& shape, const KvRankLayout& layout, const KvRange& range,
+                  std::span<const std::byte> part, std::span<std::byte> chunk) {
+  return for_part_rows("merge_part", shape, layout, range, chunk.size(), part.size(),
+                       [&](std::size_t c, std::size_t p, std::size_t n) { std::memcpy(&chunk[c], &part[p], n); });
+}
+
+Status split_part(const KvModelShape& shape, const KvRankLayout& layout, const KvRange& range,
+                  std::span<const std::byte> chunk, std::span<std::byte> part) {
+  return for_part_rows("split_part", shape, layout, range, chunk.size(), part.size(),
+                       [&](std::size_t c, std::size_t p, std::size_t n) { std::memcpy(&part[p], &chunk[c], n); });
+}
+
 }  // namespace shardline::kvstore

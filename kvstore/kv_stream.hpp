@@ -220,4 +220,66 @@ struct KvStreamItem {
                              std::span<const std::int32_t> block_table, const KvRange& range,
                              std::span<const std::byte> chunk);
 
+// ---- a rank's part <-> the canonical chunk (groups whose ranks are remote) -----
+
+/// Writes one rank's gathered part of `range` (gather()'s layout for
+/// `layout`: [layers in both, 2, kv_heads.size(), num_tokens, head_dim],
+/// exactly gather_bytes() bytes) into its places in `chunk`, the canonical
+/// chunk of `range` (chunk_bytes() bytes). Only the (layer, head) rows the
+/// rank holds are written. With the parts of every rank of a group merged
+/// in reverse rank order, `chunk` equals copy_out's (the first holder of a
+/// replicated head wins). Errors: invalid_argument (bad shape, layout or
+/// range, a buffer of the wrong size).
+[[nodiscard]] Status merge_part(const KvModelShape& shape, const KvRankLayout& layout, const KvRange& range,
+                                std::span<const std::byte> part, std::span<std::byte> chunk);
+
+/// The reverse of merge_part: the rank's share of `chunk` in gather()'s
+/// layout (what scatter() takes), into `part` (gather_bytes() bytes).
+/// split_part then scatter on every rank equals copy_in. Errors: as merge_part.
+[[nodiscard]] Status split_part(const KvModelShape& shape, const KvRankLayout& layout, const KvRange& range,
+                                std::span<const std::byte> chunk, std::span<std::byte> part);
+
+/// A group's KV caches as copy_out / copy_in reach them: host-addressable
+/// views (KvViewsCopier), or ranks in other processes that gather and
+/// scatter their own share on request (engine/parallel_executor.hpp, a TCP
+/// group's rank 0). One sequence's KV, through its block table, always in
+/// the canonical chunk of the range.
+/// Thread safety: an implementation says; the engine calls one from one
+/// thread at a time (its own, or Seesaw's KV mover thread).
+class KvCopier {
+ public:
+  virtual ~KvCopier() = default;
+  /// Devices the caches are spread over (each has its own host link).
+  [[nodiscard]] virtual int num_devices() const = 0;
+  /// As kvstore::copy_out over the group. Errors: invalid_argument (a bad
+  /// table or range), io (a remote rank is gone), internal (a remote rank
+  /// refused the request).
+  [[nodiscard]] virtual Status copy_out(std::span<const std::int32_t> block_table, const KvRange& range,
+                                        std::span<std::byte> chunk) = 0;
+  /// As kvstore::copy_in over the group; returns once every rank wrote its
+  /// share. Errors: as copy_out.
+  [[nodiscard]] virtual Status copy_in(std::span<const std::int32_t> block_table, const KvRange& range,
+                                       std::span<const std::byte> chunk) = 0;
+};
+
+/// KvCopier over host-addressable views (copy_out / copy_in above).
+/// Stateless apart from the views: safe from several threads at once.
+class KvViewsCopier final : public KvCopier {
+ public:
+  KvViewsCopier(KvModelShape shape, std::vector<KvCacheView> views) : shape_(shape), views_(std::move(views)) {}
+  [[nodiscard]] int num_devices() const override { return static_cast<int>(views_.size()); }
+  [[nodiscard]] Status copy_out(std::span<const std::int32_t> block_table, const KvRange& range,
+                                std::span<std::byte> chunk) override {
+    return kvstore::copy_out(shape_, views_, block_table, range, chunk);
+  }
+  [[nodiscard]] Status copy_in(std::span<const std::int32_t> block_table, const KvRange& range,
+                               std::span<const std::byte> chunk) override {
+    return kvstore::copy_in(shape_, views_, block_table, range, chunk);
+  }
+
+ private:
+  KvModelShape shape_;
+  std::vector<KvCacheView> views_;
+};
+
 }  // namespace shardline::kvstore

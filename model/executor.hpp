@@ -94,6 +94,13 @@ class ModelExecutor {
   /// The memory may be read or written between steps, and while a step is
   /// in flight for blocks no in-flight step uses.
   [[nodiscard]] virtual std::vector<kvstore::KvCacheView> kv_cache_views() { return {}; }
+  /// Caches that are not host-addressable but that the executor can copy on
+  /// request (the ranks of a TCP group gather and scatter their own share):
+  /// copies of the active step config's caches, one sequence at a time,
+  /// from the stepping thread or one other thread (Seesaw's KV mover),
+  /// while steps run for blocks no in-flight step uses. Null when there is
+  /// none (then kv_cache_views() is the only way, or KV cannot be copied).
+  [[nodiscard]] virtual kvstore::KvCopier* kv_copier() { return nullptr; }
 
   /// Called on the stepping thread during execute(), right after layer
   /// `layer`'s new KV was written to the cache: the step's KV of that layer

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,58 @@ TEST_F(ParallelTcpE2e, JobWithShiftOverTwoProcessesMatchesOneDevice) {
   EXPECT_TRUE(got == read_file(path("single.jsonl"))) << "the TCP shift group differs from one device";
   EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), -1) << "shard serve did not stop:\n" << rank1.log();
   EXPECT_NE(rank1.log().find("shard serve: rank 1 of tp=1,pp=1,sp=2,dp=1 with --shift"), std::string::npos)
+      << rank1.log();
+}
+
+// Seesaw over two processes: `run --parallel pp=2 --parallel-decode tp=2`
+// as rank 0 and `shard serve --parallel pp=2 --parallel-decode tp=2` as rank
+// 1. Prefill phases run as pp=2, decode phases as tp=2 over the same two
+// processes; each sequence's KV leaves both processes' caches into rank 0's
+// host KV buffer (1 MiB: several transitions over 24 lines) and comes back
+// re-sharded, each rank gathering and scattering its own share
+// (engine/group_kv.hpp). The lines are one device's bytes, as in one
+// process (tests/actors/parallel_e2e_test.cpp); a rank without the decode
+// config is refused and the run fails clearly.
+TEST_F(ParallelTcpE2e, JobWithSeesawOverTwoProcessesMatchesOneDevice) {
+  const auto single = run("single.jsonl", "");
+  ASSERT_EQ(single.exit_code, 0) << single.out;
+  struct Case {
+    std::string cp, cd, flags;
+  };
+  const Case cases[] = {{"pp=2", "tp=2", ""}, {"sp=2", "pp=2", " --reshard-weights reload --seesaw-kv-copy sync"}};
+  int n = 0;
+  for (const auto& [cp, cd, flags] : cases) {
+    SCOPED_TRACE(cp + " -> " + cd + flags);
+    const std::string out = "tcp-seesaw-" + std::to_string(n++) + ".jsonl";
+    const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
+    std::vector<std::string> extra = {"--parallel-decode", cd};
+    if (flags.find("reload") != std::string::npos) extra.insert(extra.end(), {"--reshard-weights", "reload"});
+    Child rank1 = shard(cp, master, "key", extra);
+    ASSERT_TRUE(rank1.started());
+    const auto r = run(out, "--parallel " + cp + " --parallel-decode " + cd + " --host-kv-bytes 1M" + flags +
+                                " --group-master " + master + " --group-key-file " + path("key"));
+    ASSERT_EQ(r.exit_code, 0) << r.out << "\nshard:\n" << rank1.log();
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("Seesaw: (\\d+) transitions"))) << r.out;
+    EXPECT_GE(std::stoi(m[1].str()), 3) << r.out;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("(\\d+) KV copies"))) << r.out;
+    EXPECT_GE(std::stoi(m[1].str()), 48) << r.out;  // every line offloaded and onboarded
+    const std::string got = read_file(path(out));
+    EXPECT_EQ(std::count(got.begin(), got.end(), '\n'), 24);
+    EXPECT_TRUE(got == read_file(path("single.jsonl"))) << "the TCP Seesaw pair differs from one device";
+    EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), -1) << "shard serve did not stop:\n" << rank1.log();
+    EXPECT_NE(rank1.log().find("with decode config "), std::string::npos) << rank1.log();
+  }
+  // A rank started without the decode config: it refuses rank 0's setup,
+  // and the run fails instead of computing with half a group.
+  const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
+  Child rank1 = shard("pp=2", master, "key");
+  const auto r = run("refused.jsonl", "--parallel pp=2 --parallel-decode tp=2 --group-master " + master +
+                                          " --group-key-file " + path("key") + " --group-timeout-ms 4000");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), 0);
+  EXPECT_NE(rank1.log().find("Seesaw's decode config is none here but tp=2,pp=1,sp=1,dp=1 on rank 0"),
+            std::string::npos)
       << rank1.log();
 }
 

@@ -247,6 +247,71 @@ TEST(KvStream, RoundTripsAreBitIdenticalAcrossLayouts) {
   EXPECT_EQ(cases, 10 * 3 * 3 * 4);
 }
 
+// A group whose ranks are remote (a TCP group's rank 0 asks each rank for its
+// gathered part and merges; engine/parallel_executor.hpp): merge_part over
+// every rank in reverse order is copy_out, split_part + scatter is copy_in.
+TEST(KvStream, PartsMergedAndSplitEqualTheGroupCopies) {
+  int cases = 0;
+  for (const Layout& lo : kLayouts)
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const int bs = 4;
+      const KvModelShape s = shape_of(lo.kv_heads, dt);
+      const int nb = blocks_for(kTokens, bs) + 3;
+      Group src = make_group(s, kHeads, lo.tp, lo.sp, lo.pp, nb, bs);
+      fill_random(src, 11);
+      const auto table = random_table(blocks_for(kTokens, bs), nb, 5);
+      for (KvRange range : {KvRange{0, kLayers, 0, kTokens}, KvRange{1, 4, 3, 29}}) {
+        SCOPED_TRACE(src.name + " tokens [" + std::to_string(range.token_begin) + "," +
+                     std::to_string(range.token_end) + ")");
+        ++cases;
+        std::vector<std::byte> want(chunk_bytes(s, range));
+        ASSERT_TRUE(copy_out(s, src.views, table, range, want).ok());
+        std::vector<std::byte> merged(want.size(), std::byte{0x5a});
+        for (std::size_t r = src.views.size(); r-- > 0;) {
+          std::vector<std::byte> part(gather_bytes(s, src.layouts[r], range));
+          ASSERT_TRUE(gather(s, src.views[r], table, range, part).ok());
+          ASSERT_TRUE(merge_part(s, src.layouts[r], range, part, merged).ok());
+        }
+        EXPECT_TRUE(merged == want) << "merged parts differ from copy_out";
+        std::vector<std::byte> via_copier(want.size());
+        KvViewsCopier copier(s, src.views);
+        EXPECT_EQ(copier.num_devices(), static_cast<int>(src.views.size()));
+        ASSERT_TRUE(copier.copy_out(table, range, via_copier).ok());
+        EXPECT_TRUE(via_copier == want);
+
+        Group by_copy_in = make_group(s, kHeads, lo.tp, lo.sp, lo.pp, nb, bs);
+        Group by_parts = make_group(s, kHeads, lo.tp, lo.sp, lo.pp, nb, bs);
+        fill_random(by_copy_in, 3);
+        fill_random(by_parts, 3);
+        ASSERT_TRUE(copy_in(s, by_copy_in.views, table, range, want).ok());
+        for (std::size_t r = 0; r < by_parts.views.size(); ++r) {
+          std::vector<std::byte> part(gather_bytes(s, by_parts.layouts[r], range));
+          ASSERT_TRUE(split_part(s, by_parts.layouts[r], range, want, part).ok());
+          if (!part.empty()) {
+            ASSERT_TRUE(scatter(s, by_parts.views[r], table, range, part).ok());
+          }
+        }
+        EXPECT_TRUE(by_parts.memory == by_copy_in.memory) << "split + scatter differs from copy_in";
+      }
+    }
+  EXPECT_EQ(cases, 10 * 2 * 2);
+}
+
+TEST(KvStream, PartErrorsNameTheBuffers) {
+  const KvModelShape s = shape_of(2, DType::f32);
+  Group g = make_group(s, kHeads, 2, 1, 1, 8, 4);
+  const KvRange range{0, kLayers, 0, 9};
+  std::vector<std::byte> chunk(chunk_bytes(s, range));
+  std::vector<std::byte> part(gather_bytes(s, g.layouts[0], range) - 1);
+  const Status m = merge_part(s, g.layouts[0], range, part, chunk);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code, ErrorCode::invalid_argument);
+  EXPECT_THAT(m.error().message, HasSubstr("merge_part: chunk of"));
+  const Status sp = split_part(s, g.layouts[0], KvRange{0, kLayers, 5, 5}, chunk, part);
+  ASSERT_FALSE(sp.ok());
+  EXPECT_THAT(sp.error().message, HasSubstr("split_part"));
+}
+
 TEST(KvStream, CrossLayoutStreamThroughAMemoryTarget) {
   // Out of tp=2 (block 4), into tp=4 x pp=2 (block 16, another table and cache size).
   for (int kvh : {4, 2})
