@@ -5,8 +5,11 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
@@ -68,6 +71,193 @@ bool is_ascii(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
+/// A compiled PCRE2 pattern (UTF + UCP, JIT when available).
+struct Regex {
+  pcre2_code* code = nullptr;
+  Regex() = default;
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  ~Regex() {
+    if (code != nullptr) pcre2_code_free(code);
+  }
+};
+
+Result<std::shared_ptr<Regex>> compile_regex(const std::string& pattern, bool literal, const std::string& where) {
+  int err = 0;
+  PCRE2_SIZE offset = 0;
+  // (PCRE2_LITERAL allows UTF but not UCP.)
+  const std::uint32_t flags = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
+  auto re = std::make_shared<Regex>();
+  re->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), flags, &err, &offset, nullptr);
+  if (re->code == nullptr) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    return make_error(ErrorCode::corrupt, where + " regex: " + reinterpret_cast<const char*>(msg));
+  }
+  pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if no JIT
+  return re;
+}
+
+/// A part of a text: [begin, end) and whether the pattern matched it.
+struct Span {
+  std::size_t begin, end;
+  bool is_match;
+};
+
+/// The matches of `re` in `text` and the gaps between them, in order,
+/// covering the whole text (tokenizers' `Pattern::find_matches`; empty
+/// matches are skipped, PCRE2_NOTEMPTY).
+std::vector<Span> find_matches(const Regex& re, std::string_view text) {
+  std::vector<Span> out;
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(re.code, nullptr);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    constexpr std::uint32_t kOptions = PCRE2_NO_UTF_CHECK | PCRE2_NOTEMPTY;
+    int rc = pcre2_match(re.code, subject, text.size(), pos, kOptions, md, nullptr);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)  // pathological input: use the interpreter
+      rc = pcre2_match(re.code, subject, text.size(), pos, kOptions | PCRE2_NO_JIT, md, nullptr);
+    if (rc < 0) break;  // no further match: the rest is one gap
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    if (ov[0] > pos) out.push_back({pos, ov[0], false});
+    out.push_back({ov[0], ov[1], true});
+    pos = ov[1];
+  }
+  if (pos < text.size()) out.push_back({pos, text.size(), false});
+  pcre2_match_data_free(md);
+  return out;
+}
+
+/// tokenizers' SplitDelimiterBehavior.
+enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+
+Result<SplitBehavior> parse_behavior(const std::string& name) {
+  if (name == "Removed") return SplitBehavior::removed;
+  if (name == "Isolated") return SplitBehavior::isolated;
+  if (name == "MergedWithPrevious") return SplitBehavior::merged_with_previous;
+  if (name == "MergedWithNext") return SplitBehavior::merged_with_next;
+  if (name == "Contiguous") return SplitBehavior::contiguous;
+  return make_error(ErrorCode::unsupported, "Split behavior " + name);
+}
+
+/// The pieces of `text` split at the matches of `re` as `behavior` says
+/// (tokenizers' NormalizedString::split), each piece non-empty.
+std::vector<Span> split_spans(const Regex& re, std::string_view text, SplitBehavior behavior, bool invert) {
+  std::vector<Span> m = find_matches(re, text);
+  if (invert)
+    for (Span& x : m) x.is_match = !x.is_match;
+  std::vector<Span> out;
+  switch (behavior) {
+    case SplitBehavior::isolated:
+      out = std::move(m);
+      break;
+    case SplitBehavior::removed:
+      for (const Span& x : m)
+        if (!x.is_match) out.push_back(x);
+      break;
+    case SplitBehavior::merged_with_previous: {
+      bool previous_match = false;
+      for (const Span& x : m) {
+        if (x.is_match && !previous_match && !out.empty())
+          out.back().end = x.end;
+        else
+          out.push_back(x);
+        previous_match = x.is_match;
+      }
+      break;
+    }
+    case SplitBehavior::merged_with_next: {
+      bool previous_match = false;
+      for (auto it = m.rbegin(); it != m.rend(); ++it) {
+        if (it->is_match && !previous_match && !out.empty())
+          out.back().begin = it->begin;
+        else
+          out.push_back(*it);
+        previous_match = it->is_match;
+      }
+      std::reverse(out.begin(), out.end());
+      break;
+    }
+    case SplitBehavior::contiguous: {
+      bool previous_match = false;
+      for (const Span& x : m) {
+        if (x.is_match == previous_match && !out.empty())
+          out.back().end = x.end;
+        else
+          out.push_back(x);
+        previous_match = x.is_match;
+      }
+      break;
+    }
+  }
+  std::erase_if(out, [](const Span& x) { return x.end <= x.begin; });
+  return out;
+}
+
+/// `text` with every match of `re` replaced by `content` (literally).
+std::string replace_all(const Regex& re, std::string_view text, std::string_view content) {
+  std::string out;
+  out.reserve(text.size());
+  for (const Span& x : find_matches(re, text)) {
+    if (x.is_match)
+      out += content;
+    else
+      out.append(text.substr(x.begin, x.end - x.begin));
+  }
+  return out;
+}
+
+/// Rust's char::is_whitespace.
+bool is_whitespace_cp(utf8proc_int32_t cp) {
+  if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || cp == 0x85 || cp == 0x2028 || cp == 0x2029) return true;
+  return cp > 0x7F && utf8proc_category(cp) == UTF8PROC_CATEGORY_ZS;
+}
+
+/// Code points of `text` with their byte offsets: (offset, length, cp).
+template <typename Fn>
+void for_each_cp(std::string_view text, Fn&& fn) {
+  for (std::size_t i = 0; i < text.size();) {
+    utf8proc_int32_t cp = 0;
+    auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + i),
+                              static_cast<utf8proc_ssize_t>(text.size() - i), &cp);
+    if (n <= 0) n = 1;  // invalid byte (utf8_lossy ran before: cannot happen)
+    if (!fn(i, static_cast<std::size_t>(n), cp)) return;
+    i += static_cast<std::size_t>(n);
+  }
+}
+
+bool is_word_char(utf8proc_int32_t cp) {
+  if (cp < 0x80) return std::isalnum(cp) != 0 || cp == '_';
+  const auto c = utf8proc_category(cp);
+  return (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) || c == UTF8PROC_CATEGORY_ND ||
+         c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
+}
+
+/// "<0x0A>" -> 10; -1 when `token` is not a byte-fallback token.
+int byte_fallback_value(std::string_view token) {
+  if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>') return -1;
+  const auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  const int hi = hex(token[3]), lo = hex(token[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+std::string replace_literal(std::string text, std::string_view from, std::string_view to) {
+  if (from.empty()) return text;
+  std::string out;
+  std::size_t pos = 0;
+  for (std::size_t at; (at = text.find(from, pos)) != std::string::npos; pos = at + from.size()) {
+    out.append(text, pos, at - pos);
+    out += to;
+  }
+  out.append(text, pos);
+  return out;
+}
+
 }  // namespace
 
 std::string utf8_lossy(std::string_view s, std::string* tail) {
@@ -117,9 +307,23 @@ std::string utf8_lossy(std::string_view s, std::string* tail) {
   return out;
 }
 
-BpeTokenizer::~BpeTokenizer() {
-  if (regex_ != nullptr) pcre2_code_free(static_cast<pcre2_code*>(regex_));
-}
+struct BpeTokenizer::NormStep {
+  enum class Kind { nfc, nfd, nfkc, nfkd, prepend, replace, strip, lowercase } kind = Kind::nfc;
+  std::string content;           ///< prepend: the prefix; replace: the replacement
+  std::shared_ptr<Regex> regex;  ///< replace: the pattern
+  bool left = false, right = false;  ///< strip
+};
+
+struct BpeTokenizer::PreStep {
+  enum class Kind { split, byte_level, metaspace } kind = Kind::split;
+  std::shared_ptr<Regex> regex;  ///< split; byte_level with use_regex
+  SplitBehavior behavior = SplitBehavior::isolated;
+  bool invert = false;
+  bool add_prefix_space = false;    ///< byte_level
+  std::string replacement;          ///< metaspace ("▁")
+  enum class Prepend { always, first, never } prepend = Prepend::always;  ///< metaspace
+  bool metaspace_split = true;      ///< metaspace: split at each replacement (MergedWithNext)
+};
 
 Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load(const std::filesystem::path& file,
                                                          std::optional<bool> add_bos_token,
@@ -138,18 +342,101 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load(const std::filesystem::
   const auto unsupported = [&](const std::string& what) {
     return make_error(ErrorCode::unsupported, name + ": " + what);
   };
+  /// A string field that may be null or absent ("" then).
+  const auto str_or_empty = [](const json& obj, const char* key) -> std::string {
+    const auto it = obj.find(key);
+    return it == obj.end() || it->is_null() ? std::string() : it->get<std::string>();
+  };
+  /// A Split-style pattern {"String": s} or {"Regex": r}.
+  const auto pattern_of = [&](const json& pat, const std::string& where) -> Result<std::shared_ptr<Regex>> {
+    const bool literal = pat.contains("String");
+    const std::string text = literal ? pat.at("String").get<std::string>() : pat.at("Regex").get<std::string>();
+    auto re = compile_regex(text, literal, where);
+    if (!re.ok()) return make_error(re.error().code, name + ": " + re.error().message);
+    return re;
+  };
   try {
+    // ---- pre-tokenizer first: a ByteLevel one makes the model byte-level ----
+    std::vector<const json*> todo{&doc.at("pre_tokenizer")};
+    while (!todo.empty()) {
+      const json* p = todo.back();
+      todo.pop_back();
+      if (p->is_null()) continue;
+      const auto type = p->at("type").get<std::string>();
+      auto step = std::make_shared<PreStep>();
+      if (type == "Sequence") {
+        const json& list = p->at("pretokenizers");
+        for (auto it = list.rbegin(); it != list.rend(); ++it) todo.push_back(&*it);
+        continue;
+      } else if (type == "ByteLevel") {
+        t->byte_level_ = true;
+        step->kind = PreStep::Kind::byte_level;
+        step->add_prefix_space = p->value("add_prefix_space", false);
+        if (p->value("use_regex", true)) {
+          auto re = compile_regex(kGpt2Pattern, false, "ByteLevel");
+          if (!re.ok()) return std::move(re).error();
+          step->regex = std::move(re).value();
+        }
+      } else if (type == "Split") {
+        auto behavior = parse_behavior(p->value("behavior", std::string("Isolated")));
+        if (!behavior.ok()) return unsupported("pre-tokenizer " + behavior.error().message);
+        auto re = pattern_of(p->at("pattern"), "pre-tokenizer Split");
+        if (!re.ok()) return std::move(re).error();
+        step->regex = std::move(re).value();
+        step->behavior = *behavior;
+        step->invert = p->value("invert", false);
+      } else if (type == "Metaspace") {
+        step->kind = PreStep::Kind::metaspace;
+        step->replacement = p->value("replacement", std::string("\xE2\x96\x81"));
+        std::string scheme = str_or_empty(*p, "prepend_scheme");
+        if (scheme.empty()) scheme = p->value("add_prefix_space", true) ? "always" : "never";
+        if (scheme == "always") step->prepend = PreStep::Prepend::always;
+        else if (scheme == "first") step->prepend = PreStep::Prepend::first;
+        else if (scheme == "never") step->prepend = PreStep::Prepend::never;
+        else return unsupported("Metaspace prepend_scheme " + scheme);
+        step->metaspace_split = p->value("split", true);
+      } else if (type == "Digits") {
+        auto re = compile_regex(R"(\p{N})", false, "Digits");
+        if (!re.ok()) return std::move(re).error();
+        step->regex = std::move(re).value();
+        step->behavior = p->value("individual_digits", false) ? SplitBehavior::isolated : SplitBehavior::contiguous;
+      } else if (type == "Punctuation") {
+        auto behavior = parse_behavior(p->value("behavior", std::string("Isolated")));
+        if (!behavior.ok()) return unsupported("pre-tokenizer Punctuation " + behavior.error().message);
+        // Rust's is_ascii_punctuation || is_punctuation (category P*).
+        auto re = compile_regex(R"([\p{P}\x21-\x2F\x3A-\x40\x5B-\x60\x7B-\x7E])", false, "Punctuation");
+        if (!re.ok()) return std::move(re).error();
+        step->regex = std::move(re).value();
+        step->behavior = *behavior;
+      } else if (type == "Whitespace") {
+        auto re = compile_regex(R"(\w+|[^\w\s]+)", false, "Whitespace");
+        if (!re.ok()) return std::move(re).error();
+        step->regex = std::move(re).value();
+        step->behavior = SplitBehavior::removed;
+        step->invert = true;
+      } else if (type == "WhitespaceSplit") {
+        auto re = compile_regex(R"(\s+)", false, "WhitespaceSplit");
+        if (!re.ok()) return std::move(re).error();
+        step->regex = std::move(re).value();
+        step->behavior = SplitBehavior::removed;
+      } else {
+        return unsupported("pre-tokenizer " + type);
+      }
+      t->pre_tokenizers_.push_back(std::move(step));
+    }
     // ---- model: vocab and merges ----
     const json& model = doc.at("model");
-    if (model.value("type", std::string("BPE")) != "BPE") return unsupported("model type is not BPE");
-    if (!model.value("continuing_subword_prefix", json("")).get<std::string>().empty() ||
-        !model.value("end_of_word_suffix", json("")).get<std::string>().empty()) {
-      return unsupported("BPE subword prefix/suffix");
-    }
+    if (model.value("type", std::string("BPE")) != "BPE")
+      return unsupported("model " + model.value("type", std::string("?")) + " (only BPE is supported)");
+    if (!str_or_empty(model, "continuing_subword_prefix").empty() || !str_or_empty(model, "end_of_word_suffix").empty())
+      return unsupported("BPE continuing_subword_prefix / end_of_word_suffix");
+    if (const auto it = model.find("dropout"); it != model.end() && !it->is_null() && it->get<double>() > 0)
+      return unsupported("BPE dropout (it makes encoding random)");
     t->ignore_merges_ = model.value("ignore_merges", false);
+    t->byte_fallback_ = model.value("byte_fallback", false);
+    t->fuse_unk_ = model.value("fuse_unk", false);
     const json& vocab = model.at("vocab");
     t->tokens_.reserve(vocab.size() + 64);
-    t->vocab_.reserve(vocab.size() + 64);
     std::int32_t max_id = -1;
     for (const auto& [token, id] : vocab.items()) {
       const auto i = id.get<std::int32_t>();
@@ -161,16 +448,29 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load(const std::filesystem::
     for (const json& a : added) max_id = std::max(max_id, a.at("id").get<std::int32_t>());
     t->id_bytes_.resize(static_cast<std::size_t>(max_id + 1));
     t->special_.assign(static_cast<std::size_t>(max_id + 1), false);
-    for (const auto& [token, id] : t->tokens_) {
-      auto raw = byte_level_decode(token);
-      t->id_bytes_[id] = raw ? std::move(*raw) : token;
-      t->vocab_.emplace(t->id_bytes_[id], id);
+    if (const std::string unk = str_or_empty(model, "unk_token"); !unk.empty()) {
+      const auto it = t->tokens_.find(unk);
+      if (it == t->tokens_.end()) return make_error(ErrorCode::corrupt, name + ": unk_token '" + unk + "' is not in the vocab");
+      t->unk_id_ = it->second;
     }
-    for (int b = 0; b < 256; ++b) {
-      std::string s(1, static_cast<char>(b));
-      const auto it = t->vocab_.find(s);
-      if (it == t->vocab_.end()) return unsupported("vocab lacks byte-level token for a byte");
-      t->byte_ids_[b] = it->second;
+    std::fill(std::begin(t->byte_ids_), std::end(t->byte_ids_), -1);
+    if (t->byte_level_) {
+      t->vocab_.reserve(vocab.size() + 64);
+      for (const auto& [token, id] : t->tokens_) {
+        auto raw = byte_level_decode(token);
+        if (raw) t->vocab_.emplace(std::move(*raw), id);
+      }
+      for (int b = 0; b < 256; ++b) {
+        const auto it = t->vocab_.find(std::string(1, static_cast<char>(b)));
+        if (it == t->vocab_.end()) return unsupported("a byte-level vocab without a token for a byte");
+        t->byte_ids_[b] = it->second;
+      }
+    } else if (t->byte_fallback_) {
+      for (int b = 0; b < 256; ++b) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+        if (const auto it = t->tokens_.find(buf); it != t->tokens_.end()) t->byte_ids_[b] = it->second;
+      }
     }
     const json& merges = model.at("merges");
     t->merges_.reserve(merges.size() * 2);
@@ -194,6 +494,68 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load(const std::filesystem::
       }
       t->merges_.try_emplace(pair_key(a->second, b->second), Merge{rank++, c->second});
     }
+    // ---- decoder: each token's bytes ----
+    // Steps applied to one token's string; Strip after Fuse acts on the
+    // whole decoded text (strips_leading_space).
+    std::vector<std::function<std::string(std::string)>> decode_steps;
+    bool fused = false, has_decoder = false;
+    todo = {&doc.at("decoder")};
+    while (!todo.empty()) {
+      const json* d = todo.back();
+      todo.pop_back();
+      if (d->is_null()) continue;
+      has_decoder = true;
+      const auto type = d->at("type").get<std::string>();
+      if (type == "Sequence") {
+        const json& list = d->at("decoders");
+        for (auto it = list.rbegin(); it != list.rend(); ++it) todo.push_back(&*it);
+      } else if (type == "ByteLevel") {
+        decode_steps.emplace_back([](std::string tok) {
+          auto raw = byte_level_decode(tok);
+          return raw ? std::move(*raw) : tok;
+        });
+      } else if (type == "Replace") {
+        const json& pat = d->at("pattern");
+        if (!pat.contains("String")) return unsupported("decoder Replace with a Regex pattern");
+        decode_steps.emplace_back([from = pat.at("String").get<std::string>(),
+                                   to = d->at("content").get<std::string>()](std::string tok) {
+          return replace_literal(std::move(tok), from, to);
+        });
+      } else if (type == "ByteFallback") {
+        decode_steps.emplace_back([](std::string tok) {
+          const int b = byte_fallback_value(tok);
+          return b < 0 ? tok : std::string(1, static_cast<char>(b));
+        });
+      } else if (type == "Fuse") {
+        fused = true;
+      } else if (type == "Strip") {
+        const int start = d->value("start", 0), stop = d->value("stop", 0);
+        if (start == 0 && stop == 0) continue;
+        if (!fused || stop != 0 || start != 1 || d->value("content", std::string(" ")) != " ")
+          return unsupported("decoder Strip other than one leading space after Fuse");
+        t->strips_leading_space_ = true;
+      } else if (type == "Metaspace") {
+        std::string scheme = str_or_empty(*d, "prepend_scheme");
+        if (scheme.empty()) scheme = d->value("add_prefix_space", true) ? "always" : "never";
+        decode_steps.emplace_back([rep = d->value("replacement", std::string("\xE2\x96\x81"))](std::string tok) {
+          return replace_literal(std::move(tok), rep, " ");
+        });
+        if (scheme != "never") t->strips_leading_space_ = true;
+      } else {
+        return unsupported("decoder " + type);
+      }
+    }
+    if (!has_decoder && t->byte_level_) {
+      decode_steps.emplace_back([](std::string tok) {
+        auto raw = byte_level_decode(tok);
+        return raw ? std::move(*raw) : tok;
+      });
+    }
+    for (const auto& [token, id] : t->tokens_) {
+      std::string bytes = token;
+      for (const auto& step : decode_steps) bytes = step(std::move(bytes));
+      t->id_bytes_[static_cast<std::size_t>(id)] = std::move(bytes);
+    }
     // ---- added tokens ----
     for (const json& a : added) {
       const auto id = a.at("id").get<std::int32_t>();
@@ -201,79 +563,51 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load(const std::filesystem::
       t->id_bytes_[id] = content;
       t->special_[id] = a.value("special", false);
       t->tokens_[content] = id;
-      t->added_.push_back({std::move(content), id});
+      t->added_.push_back(
+          {std::move(content), id, a.value("lstrip", false), a.value("rstrip", false), a.value("single_word", false)});
     }
     std::stable_sort(t->added_.begin(), t->added_.end(), [](const AddedToken& x, const AddedToken& y) {
       return x.content.size() > y.content.size();
     });
     // ---- normalizer ----
-    std::vector<const json*> todo{&doc.at("normalizer")};
+    todo = {&doc.at("normalizer")};
     while (!todo.empty()) {
       const json* n = todo.back();
       todo.pop_back();
       if (n->is_null()) continue;
       const auto type = n->at("type").get<std::string>();
+      auto step = std::make_shared<NormStep>();
       if (type == "Sequence") {
         const json& list = n->at("normalizers");
         for (auto it = list.rbegin(); it != list.rend(); ++it) todo.push_back(&*it);
+        continue;
       } else if (type == "NFC") {
-        t->normalizers_.push_back(Normalization::nfc);
+        step->kind = NormStep::Kind::nfc;
       } else if (type == "NFD") {
-        t->normalizers_.push_back(Normalization::nfd);
+        step->kind = NormStep::Kind::nfd;
       } else if (type == "NFKC") {
-        t->normalizers_.push_back(Normalization::nfkc);
+        step->kind = NormStep::Kind::nfkc;
       } else if (type == "NFKD") {
-        t->normalizers_.push_back(Normalization::nfkd);
+        step->kind = NormStep::Kind::nfkd;
+      } else if (type == "Prepend") {
+        step->kind = NormStep::Kind::prepend;
+        step->content = n->at("prepend").get<std::string>();
+      } else if (type == "Replace") {
+        step->kind = NormStep::Kind::replace;
+        auto re = pattern_of(n->at("pattern"), "normalizer Replace");
+        if (!re.ok()) return std::move(re).error();
+        step->regex = std::move(re).value();
+        step->content = n->at("content").get<std::string>();
+      } else if (type == "Strip") {
+        step->kind = NormStep::Kind::strip;
+        step->left = n->value("strip_left", true);
+        step->right = n->value("strip_right", true);
+      } else if (type == "Lowercase") {
+        step->kind = NormStep::Kind::lowercase;
       } else {
         return unsupported("normalizer " + type);
       }
-    }
-    // ---- pre-tokenizer ----
-    std::string pattern;
-    bool literal = false, byte_level_seen = false;
-    todo = {&doc.at("pre_tokenizer")};
-    while (!todo.empty()) {
-      const json* p = todo.back();
-      todo.pop_back();
-      if (p->is_null()) continue;
-      const auto type = p->at("type").get<std::string>();
-      if (type == "Sequence") {
-        const json& list = p->at("pretokenizers");
-        for (auto it = list.rbegin(); it != list.rend(); ++it) todo.push_back(&*it);
-      } else if (type == "ByteLevel") {
-        byte_level_seen = true;
-        t->add_prefix_space_ = p->value("add_prefix_space", false);
-        if (p->value("use_regex", true)) {
-          if (!pattern.empty()) return unsupported("more than one pre-tokenizer regex");
-          pattern = kGpt2Pattern;
-        }
-      } else if (type == "Split") {
-        if (!pattern.empty()) return unsupported("more than one pre-tokenizer regex");
-        if (p->value("behavior", std::string()) != "Isolated" || p->value("invert", false)) {
-          return unsupported("Split pre-tokenizer behavior other than Isolated");
-        }
-        const json& pat = p->at("pattern");
-        literal = pat.contains("String");
-        pattern = literal ? pat.at("String").get<std::string>() : pat.at("Regex").get<std::string>();
-      } else {
-        return unsupported("pre-tokenizer " + type);
-      }
-    }
-    if (!byte_level_seen) return unsupported("not a byte-level BPE tokenizer (no ByteLevel pre-tokenizer)");
-    if (!pattern.empty()) {
-      int err = 0;
-      PCRE2_SIZE offset = 0;
-      const std::uint32_t flags = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-      pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                       flags, &err, &offset, nullptr);
-      if (code == nullptr) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(err, msg, sizeof msg);
-        return make_error(ErrorCode::corrupt, name + ": pre-tokenizer regex: " +
-                                                  reinterpret_cast<const char*>(msg));
-      }
-      pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if no JIT
-      t->regex_ = code;
+      t->normalizers_.push_back(std::move(step));
     }
     // ---- post-processor (specials added with add_special_tokens) ----
     todo = {&doc.at("post_processor")};
@@ -316,82 +650,240 @@ std::vector<std::int32_t> BpeTokenizer::encode(std::string_view text, bool add_s
   out.reserve(text.size() / 3 + 4);
   if (add_special_tokens) out.insert(out.end(), prepend_.begin(), prepend_.end());
   // Split out added tokens (longest match at the earliest position).
+  // single_word: only where no word character touches it; lstrip / rstrip:
+  // the whitespace beside it goes with it.
+  const auto char_before = [&](std::size_t at) -> utf8proc_int32_t {
+    if (at == 0) return -1;
+    std::size_t b = at - 1;
+    while (b > 0 && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
+    utf8proc_int32_t cp = -1;
+    utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + b),
+                     static_cast<utf8proc_ssize_t>(at - b), &cp);
+    return cp;
+  };
+  const auto char_at = [&](std::size_t at) -> utf8proc_int32_t {
+    if (at >= text.size()) return -1;
+    utf8proc_int32_t cp = -1;
+    utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + at),
+                     static_cast<utf8proc_ssize_t>(text.size() - at), &cp);
+    return cp;
+  };
+  const auto find_from = [&](const AddedToken& a, std::size_t from) {
+    for (std::size_t at = text.find(a.content, from); at != std::string_view::npos;
+         at = text.find(a.content, at + 1)) {
+      if (!a.single_word) return at;
+      const auto before = char_before(at), after = char_at(at + a.content.size());
+      if ((before < 0 || !is_word_char(before)) && (after < 0 || !is_word_char(after))) return at;
+    }
+    return std::string_view::npos;
+  };
   std::vector<std::size_t> next(added_.size());
-  for (std::size_t k = 0; k < added_.size(); ++k) next[k] = text.find(added_[k].content);
+  for (std::size_t k = 0; k < added_.size(); ++k) next[k] = find_from(added_[k], 0);
   std::size_t pos = 0;
   while (pos < text.size()) {
     std::size_t best = std::string_view::npos, best_k = 0;
     for (std::size_t k = 0; k < added_.size(); ++k) {
-      if (next[k] != std::string_view::npos && next[k] < pos) next[k] = text.find(added_[k].content, pos);
+      if (next[k] != std::string_view::npos && next[k] < pos) next[k] = find_from(added_[k], pos);
       if (next[k] < best) {
         best = next[k];
         best_k = k;
       }
     }
     if (best == std::string_view::npos) {
-      encode_text(text.substr(pos), out);
+      encode_text(text.substr(pos), pos == 0, out);
       break;
     }
-    encode_text(text.substr(pos, best - pos), out);
-    out.push_back(added_[best_k].id);
-    pos = best + added_[best_k].content.size();
+    const AddedToken& a = added_[best_k];
+    std::size_t seg_end = best, after = best + a.content.size();
+    if (a.lstrip) {
+      while (seg_end > pos) {
+        std::size_t b = seg_end - 1;
+        while (b > pos && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
+        utf8proc_int32_t cp = -1;
+        utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + b),
+                         static_cast<utf8proc_ssize_t>(seg_end - b), &cp);
+        if (cp < 0 || !is_whitespace_cp(cp)) break;
+        seg_end = b;
+      }
+    }
+    if (a.rstrip)
+      for (utf8proc_int32_t cp; (cp = char_at(after)) >= 0 && is_whitespace_cp(cp);) {
+        std::size_t n = 1;
+        while (after + n < text.size() && (static_cast<unsigned char>(text[after + n]) & 0xC0) == 0x80) ++n;
+        after += n;
+      }
+    encode_text(text.substr(pos, seg_end - pos), pos == 0, out);
+    out.push_back(a.id);
+    pos = after;
   }
   if (add_special_tokens) out.insert(out.end(), append_.begin(), append_.end());
   return out;
 }
 
-void BpeTokenizer::encode_text(std::string_view raw, std::vector<std::int32_t>& out) const {
-  if (raw.empty()) return;
-  std::string text = utf8_lossy(raw);
-  if (!is_ascii(text)) {
-    for (const Normalization n : normalizers_) {
-      int options = UTF8PROC_STABLE;
-      if (n == Normalization::nfc || n == Normalization::nfkc) options |= UTF8PROC_COMPOSE;
-      if (n == Normalization::nfd || n == Normalization::nfkd) options |= UTF8PROC_DECOMPOSE;
-      if (n == Normalization::nfkc || n == Normalization::nfkd) options |= UTF8PROC_COMPAT;
-      utf8proc_uint8_t* mapped = nullptr;
-      const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                    static_cast<utf8proc_ssize_t>(text.size()), &mapped,
-                                    static_cast<utf8proc_option_t>(options));
-      if (len >= 0) text.assign(reinterpret_cast<const char*>(mapped), static_cast<std::size_t>(len));
-      std::free(mapped);
+std::string BpeTokenizer::normalize(std::string text) const {
+  for (const auto& step : normalizers_) {
+    using Kind = NormStep::Kind;
+    switch (step->kind) {
+      case Kind::nfc:
+      case Kind::nfd:
+      case Kind::nfkc:
+      case Kind::nfkd: {
+        if (is_ascii(text)) break;  // ASCII is in every normal form
+        int options = UTF8PROC_STABLE;
+        if (step->kind == Kind::nfc || step->kind == Kind::nfkc) options |= UTF8PROC_COMPOSE;
+        if (step->kind == Kind::nfd || step->kind == Kind::nfkd) options |= UTF8PROC_DECOMPOSE;
+        if (step->kind == Kind::nfkc || step->kind == Kind::nfkd) options |= UTF8PROC_COMPAT;
+        utf8proc_uint8_t* mapped = nullptr;
+        const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                      static_cast<utf8proc_ssize_t>(text.size()), &mapped,
+                                      static_cast<utf8proc_option_t>(options));
+        if (len >= 0) text.assign(reinterpret_cast<const char*>(mapped), static_cast<std::size_t>(len));
+        std::free(mapped);
+        break;
+      }
+      case Kind::prepend:
+        if (!text.empty()) text.insert(0, step->content);
+        break;
+      case Kind::replace:
+        text = replace_all(*step->regex, text, step->content);
+        break;
+      case Kind::strip: {
+        std::size_t begin = 0, end = text.size();
+        if (step->left)
+          for_each_cp(text, [&](std::size_t at, std::size_t, utf8proc_int32_t cp) {
+            if (!is_whitespace_cp(cp)) return false;
+            begin = at + 1;
+            while (begin < text.size() && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) ++begin;
+            return true;
+          });
+        if (step->right) {
+          std::size_t last_non_ws = begin;
+          for_each_cp(std::string_view(text).substr(begin), [&](std::size_t at, std::size_t n, utf8proc_int32_t cp) {
+            if (!is_whitespace_cp(cp)) last_non_ws = begin + at + n;
+            return true;
+          });
+          end = last_non_ws;
+        }
+        text = text.substr(begin, end > begin ? end - begin : 0);
+        break;
+      }
+      case Kind::lowercase: {
+        std::string out;
+        out.reserve(text.size());
+        for_each_cp(text, [&](std::size_t, std::size_t, utf8proc_int32_t cp) {
+          utf8proc_uint8_t buf[4];
+          const auto n = utf8proc_encode_char(utf8proc_tolower(cp), buf);
+          out.append(reinterpret_cast<const char*>(buf), static_cast<std::size_t>(n));
+          return true;
+        });
+        text = std::move(out);
+        break;
+      }
     }
   }
-  if (add_prefix_space_ && text.front() != ' ') text.insert(text.begin(), ' ');
-  if (regex_ == nullptr) {
-    encode_word(text, out);
+  return text;
+}
+
+void BpeTokenizer::encode_text(std::string_view raw, bool first_segment, std::vector<std::int32_t>& out) const {
+  if (raw.empty()) return;
+  struct Piece {
+    std::string text;
+    bool at_start;  ///< begins at offset 0 of the input (Metaspace's "first")
+  };
+  std::vector<Piece> pieces;
+  pieces.push_back({normalize(utf8_lossy(raw)), first_segment});
+  std::vector<Piece> next;
+  for (const auto& step : pre_tokenizers_) {
+    next.clear();
+    for (Piece& piece : pieces) {
+      std::string& text = piece.text;
+      const Regex* re = step->regex.get();
+      SplitBehavior behavior = step->behavior;
+      bool invert = step->invert;
+      if (step->kind == PreStep::Kind::byte_level) {
+        if (step->add_prefix_space && (text.empty() || text.front() != ' ')) text.insert(text.begin(), ' ');
+        behavior = SplitBehavior::isolated;
+        invert = false;
+      } else if (step->kind == PreStep::Kind::metaspace) {
+        text = replace_literal(std::move(text), " ", step->replacement);
+        const bool prepend = step->prepend == PreStep::Prepend::always ||
+                             (step->prepend == PreStep::Prepend::first && piece.at_start);
+        if (prepend && text.compare(0, step->replacement.size(), step->replacement) != 0)
+          text.insert(0, step->replacement);
+        if (step->metaspace_split) {  // split at each replacement, merged with what follows
+          bool first = true;
+          std::size_t begin = 0;
+          for (std::size_t at = text.find(step->replacement, 1); begin < text.size();
+               at = text.find(step->replacement, at + 1)) {
+            const std::size_t end = at == std::string::npos ? text.size() : at;
+            if (end > begin) {
+              next.push_back({text.substr(begin, end - begin), piece.at_start && first});
+              first = false;
+            }
+            begin = end;
+            if (at == std::string::npos) break;
+          }
+        } else {
+          next.push_back(std::move(piece));
+        }
+        continue;
+      }
+      if (re == nullptr) {
+        next.push_back(std::move(piece));
+        continue;
+      }
+      bool first = true;
+      for (const Span& x : split_spans(*re, text, behavior, invert)) {
+        next.push_back({text.substr(x.begin, x.end - x.begin), piece.at_start && first && x.begin == 0});
+        first = false;
+      }
+    }
+    pieces.swap(next);
+  }
+  for (const Piece& piece : pieces) encode_word(piece.text, out);
+}
+
+void BpeTokenizer::initial_symbols(std::string_view word, std::vector<std::int32_t>& ids) const {
+  ids.clear();
+  if (byte_level_) {
+    for (const char c : word) ids.push_back(byte_ids_[static_cast<unsigned char>(c)]);
     return;
   }
-  auto* code = static_cast<pcre2_code*>(regex_);
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    // PCRE2_NOTEMPTY: empty matches would only give empty (dropped) pieces.
-    constexpr std::uint32_t kOptions = PCRE2_NO_UTF_CHECK | PCRE2_NOTEMPTY;
-    int rc = pcre2_match(code, subject, text.size(), pos, kOptions, md, nullptr);
-    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {  // pathological input: use the interpreter
-      rc = pcre2_match(code, subject, text.size(), pos, kOptions | PCRE2_NO_JIT, md, nullptr);
+  // Characters (tokenizers' BPE::merge_word): a character in the vocab is
+  // its token; else its bytes' <0xNN> tokens (byte_fallback); else unk,
+  // consecutive unks fused into one with fuse_unk.
+  bool last_unk = false;
+  for_each_cp(word, [&](std::size_t at, std::size_t n, utf8proc_int32_t) {
+    const std::string ch(word.substr(at, n));
+    if (const auto it = tokens_.find(ch); it != tokens_.end()) {
+      ids.push_back(it->second);
+      last_unk = false;
+      return true;
     }
-    if (rc < 0) break;  // no further match: the rest is one gap
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    const std::size_t start = ov[0], end = ov[1];
-    if (start > pos) encode_word(std::string_view(text).substr(pos, start - pos), out);  // gap
-    encode_word(std::string_view(text).substr(start, end - start), out);
-    pos = end;
-  }
-  if (pos < text.size()) encode_word(std::string_view(text).substr(pos), out);
-  pcre2_match_data_free(md);
+    if (byte_fallback_) {
+      bool all = true;
+      for (const char c : ch) all = all && byte_ids_[static_cast<unsigned char>(c)] >= 0;
+      if (all) {
+        for (const char c : ch) ids.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+        last_unk = false;
+        return true;
+      }
+    }
+    if (unk_id_ >= 0 && !(fuse_unk_ && last_unk)) ids.push_back(unk_id_);
+    last_unk = unk_id_ >= 0;  // without an unk token the character is dropped (the tokenizers library errors)
+    return true;
+  });
 }
 
 void BpeTokenizer::encode_word(std::string_view word, std::vector<std::int32_t>& out) const {
   if (word.empty()) return;
-  if (word.size() == 1) {
+  if (byte_level_ && word.size() == 1) {
     out.push_back(byte_ids_[static_cast<unsigned char>(word[0])]);
     return;
   }
-  if (ignore_merges_) {
-    if (const auto it = vocab_.find(std::string(word)); it != vocab_.end()) {
+  if (ignore_merges_) {  // a word that is a token is that token
+    const auto& table = byte_level_ ? vocab_ : tokens_;
+    if (const auto it = table.find(std::string(word)); it != table.end()) {
       out.push_back(it->second);
       return;
     }
@@ -423,11 +915,12 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<std::int32_t>& out) co
     std::int32_t rank, pos, right, left_id, right_id, merged;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
-  const auto n = static_cast<std::int32_t>(word.size());
+  std::vector<std::int32_t> ids;
+  initial_symbols(word, ids);
+  const auto n = static_cast<std::int32_t>(ids.size());
+  if (n == 0) return;
   std::vector<Symbol> sym(static_cast<std::size_t>(n));
-  for (std::int32_t i = 0; i < n; ++i) {
-    sym[i] = {byte_ids_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
-  }
+  for (std::int32_t i = 0; i < n; ++i) sym[i] = {ids[static_cast<std::size_t>(i)], i - 1, i + 1 < n ? i + 1 : -1};
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   const auto consider = [&](std::int32_t left) {
     if (left < 0 || sym[left].next < 0) return;
@@ -459,6 +952,8 @@ std::string BpeTokenizer::decode(std::span<const std::int32_t> ids, bool skip_sp
     if (id < 0 || id >= vocab_size() || (skip_special_tokens && special_[id])) continue;
     bytes += id_bytes_[id];
   }
+  // A Strip-after-Fuse (or Metaspace) decoder drops the text's first space.
+  if (strips_leading_space_ && !bytes.empty() && bytes.front() == ' ') bytes.erase(0, 1);
   return utf8_lossy(bytes);
 }
 

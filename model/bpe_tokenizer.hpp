@@ -1,8 +1,32 @@
 #pragma once
 /// \file
-/// Hugging Face `tokenizer.json` byte-level BPE (GPT-2 / Qwen / Llama-3 style).
-/// Normalizer (NFC/NFD/NFKC/NFKD via utf8proc), pre-tokenizer Split regex
-/// (PCRE2, UTF + UCP, JIT) and ByteLevel, ranked merges, added tokens.
+/// Hugging Face `tokenizer.json` with a BPE model, run as the `tokenizers`
+/// library runs it: added tokens split out first (longest match; `lstrip`,
+/// `rstrip`, `single_word`), then for each remaining segment the normalizer,
+/// the pre-tokenizer and the model, and on `add_special_tokens` the
+/// post-processor's specials.
+///
+/// Supported parts (anything else fails to load with `unsupported` naming
+/// the part):
+///  - normalizers: Sequence, NFC, NFD, NFKC, NFKD (utf8proc), Prepend,
+///    Replace (String or Regex), Strip, Lowercase;
+///  - pre-tokenizers: Sequence, Split (String or Regex; behaviours Removed,
+///    Isolated, MergedWithPrevious, MergedWithNext, Contiguous; invert),
+///    ByteLevel (with or without its GPT-2 regex, add_prefix_space),
+///    Metaspace (replacement, prepend_scheme always / first / never, split),
+///    Digits, Punctuation, Whitespace, WhitespaceSplit (PCRE2, UTF + UCP, JIT);
+///  - model: BPE, byte-level (a ByteLevel pre-tokenizer: symbols are bytes)
+///    or over characters with `byte_fallback` (`<0xNN>` tokens), `unk_token`
+///    and `fuse_unk`; `ignore_merges`; `dropout` null (a set dropout is
+///    refused: it makes encoding random);
+///  - decoders: Sequence, ByteLevel, Replace (String), ByteFallback, Fuse,
+///    Strip (one leading space after Fuse), Metaspace; applied per token at
+///    load, so `token_bytes()` is each token's bytes and a stripped leading
+///    space shows as `strips_leading_space()`;
+///  - post-processors: Sequence, ByteLevel, TemplateProcessing (single).
+/// Known difference: a Split regex that matches the empty string splits
+/// nowhere here (PCRE2_NOTEMPTY), where Rust's regex splits around each
+/// empty match; no shipped tokenizer has such a pattern.
 
 #include <cstdint>
 #include <filesystem>
@@ -33,7 +57,7 @@ class BpeTokenizer final : public Tokenizer {
       const std::filesystem::path& file, std::optional<bool> add_bos_token,
       std::string_view bos_token, std::string_view eos_token);
 
-  ~BpeTokenizer() override;
+  ~BpeTokenizer() override = default;
   BpeTokenizer(const BpeTokenizer&) = delete;
   BpeTokenizer& operator=(const BpeTokenizer&) = delete;
 
@@ -43,7 +67,7 @@ class BpeTokenizer final : public Tokenizer {
                                    bool skip_special_tokens) const override;
   [[nodiscard]] std::string token_bytes(std::int32_t id) const override;
   [[nodiscard]] bool is_special(std::int32_t id) const override;
-  [[nodiscard]] bool strips_leading_space() const override { return false; }
+  [[nodiscard]] bool strips_leading_space() const override { return strips_leading_space_; }
   [[nodiscard]] int vocab_size() const override { return static_cast<int>(id_bytes_.size()); }
   [[nodiscard]] std::int32_t bos_token_id() const override { return bos_id_; }
   [[nodiscard]] std::int32_t eos_token_id() const override { return eos_id_; }
@@ -57,26 +81,35 @@ class BpeTokenizer final : public Tokenizer {
   struct AddedToken {
     std::string content;
     std::int32_t id;
+    bool lstrip = false, rstrip = false, single_word = false;
   };
-  enum class Normalization { none, nfc, nfd, nfkc, nfkd };
+  struct NormStep;  // bpe_tokenizer.cpp
+  struct PreStep;
 
   BpeTokenizer() = default;
-  void encode_text(std::string_view text, std::vector<std::int32_t>& out) const;
+  /// One segment between added tokens: normalize, pre-tokenize, BPE.
+  void encode_text(std::string_view text, bool first_segment, std::vector<std::int32_t>& out) const;
+  [[nodiscard]] std::string normalize(std::string text) const;
   void encode_word(std::string_view word, std::vector<std::int32_t>& out) const;
   void bpe(std::string_view word, std::vector<std::int32_t>& out) const;
+  /// The word's first symbols: bytes (byte-level) or characters with byte fallback / unk.
+  void initial_symbols(std::string_view word, std::vector<std::int32_t>& ids) const;
 
-  std::unordered_map<std::string, std::int32_t> vocab_;   ///< raw bytes -> id
+  std::unordered_map<std::string, std::int32_t> vocab_;   ///< raw bytes -> id (byte-level only)
   std::unordered_map<std::string, std::int32_t> tokens_;  ///< token string -> id
-  std::vector<std::string> id_bytes_;                      ///< id -> raw bytes
+  std::vector<std::string> id_bytes_;                      ///< id -> raw bytes (decoded)
   std::vector<bool> special_;
   std::unordered_map<std::uint64_t, Merge> merges_;  ///< (left id, right id) -> merge
-  std::int32_t byte_ids_[256] = {};
+  std::int32_t byte_ids_[256] = {};  ///< byte-level: the token of each byte; else byte fallback's <0xNN> (-1: none)
   std::vector<AddedToken> added_;  ///< matched in raw text, longest first
-  std::vector<Normalization> normalizers_;
-  void* regex_ = nullptr;  ///< pcre2_code_8*; null: no Split pre-tokenizer
-  bool byte_level_regex_ = false;
-  bool add_prefix_space_ = false;
+  std::vector<std::shared_ptr<NormStep>> normalizers_;
+  std::vector<std::shared_ptr<PreStep>> pre_tokenizers_;
+  bool byte_level_ = false;     ///< symbols are bytes (a ByteLevel pre-tokenizer)
+  bool byte_fallback_ = false;  ///< unknown characters become <0xNN> tokens
+  bool fuse_unk_ = false;
+  std::int32_t unk_id_ = -1;
   bool ignore_merges_ = false;
+  bool strips_leading_space_ = false;  ///< a Strip-after-Fuse or Metaspace decoder
   std::vector<std::int32_t> prepend_, append_;  ///< post-processor specials
   std::int32_t bos_id_ = -1;
   std::int32_t eos_id_ = -1;

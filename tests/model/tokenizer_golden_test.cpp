@@ -59,6 +59,53 @@ TEST(Qwen3TokenizerGolden, DecodeRoundTrips) {
   EXPECT_EQ(tok->decode(chat, /*skip_special_tokens=*/true), "user\nHi");
 }
 
+// Llama 3.1 (byte-level BPE with its own split regex: digits in groups of
+// up to three, ignore_merges, a TemplateProcessing BOS) and Llama 2
+// (BPE over characters with byte fallback, Prepend + Replace normalizers
+// putting U+2581 for spaces, a Replace / ByteFallback / Fuse / Strip
+// decoder): ids from @lenml/tokenizers 3.7.2 (SOURCE.md beside them).
+struct GoldenTokenizer {
+  const char* dir;
+  std::int32_t bos;  ///< what add_special_tokens=true puts first
+  std::int32_t eos;
+  bool strips_leading_space;
+};
+
+class HfTokenizerGolden : public ::testing::TestWithParam<GoldenTokenizer> {};
+
+TEST_P(HfTokenizerGolden, EncodesAllCasesExactlyAndDecodeRoundTrips) {
+  const GoldenTokenizer& g = GetParam();
+  const auto tok = load_or_die(kShared / "tokenizers" / g.dir);
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->bos_token_id(), g.bos);
+  EXPECT_EQ(tok->eos_token_id(), g.eos);
+  EXPECT_TRUE(tok->is_special(g.bos));
+  EXPECT_EQ(tok->strips_leading_space(), g.strips_leading_space);
+  const auto golden = read_json(kShared / "tokenizers" / g.dir / "encode_golden.json");
+  ASSERT_EQ(golden.size(), 12u);
+  for (const auto& c : golden) {
+    const auto text = c["text"].get<std::string>();
+    const auto want = c["ids"].get<std::vector<std::int32_t>>();
+    EXPECT_EQ(tok->encode(text, /*add_special_tokens=*/false), want) << text;
+    std::vector<std::int32_t> with_bos = {g.bos};
+    with_bos.insert(with_bos.end(), want.begin(), want.end());
+    EXPECT_EQ(tok->encode(text, /*add_special_tokens=*/true), with_bos) << text;
+    EXPECT_EQ(tok->decode(want, /*skip_special_tokens=*/false), text) << "round trip";
+    // Streaming the ids after BOS gives the same text.
+    IncrementalDetokenizer detok(*tok, std::span(with_bos).first(1));
+    std::string streamed;
+    for (const std::int32_t id : want) streamed += detok.push(id);
+    streamed += detok.finish();
+    EXPECT_EQ(streamed, tok->decode(want, /*skip_special_tokens=*/true)) << "streamed (specials skipped)";
+    if (text.find("<|") == std::string::npos) EXPECT_EQ(streamed, text);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, HfTokenizerGolden,
+                         ::testing::Values(GoldenTokenizer{"llama3_1", 128000, 128009, false},
+                                           GoldenTokenizer{"llama2", 1, 2, true}),
+                         [](const auto& info) { return std::string(info.param.dir); });
+
 TEST(Stories260KTokenizerGolden, PromptIdsAndTexts) {
   const auto dir = kShared / "models/stories260K";
   const auto tok = load_or_die(dir);
