@@ -20,6 +20,7 @@ packages=(
   libutf8proc-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev
+  python3 python3-jinja2
 )
 
 missing=()
