@@ -1,4 +1,5 @@
-// `shardline tokenize`: prints the token ids of a text.
+// `shardline tokenize`: prints the token ids of a text, or of a conversation
+// rendered with the model's chat template (--messages).
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "model/chat_template.hpp"
 #include "model/tokenizer.hpp"
 
 namespace shardline::cli {
@@ -20,7 +22,49 @@ struct TokenizeArgs {
   std::string file;
   bool json = false;
   bool add_special_tokens = false;
+  std::string messages_file;  ///< --messages: {"messages": [...]} or a bare list
+  std::string chat_template;  ///< --chat-template FILE
+  bool add_generation_prompt = false;
 };
+
+/// --messages: renders the conversation and prints {"prompt", "token_ids"}
+/// (or the prompt, then the ids). The ids are the prompt's without added
+/// specials, as transformers' apply_chat_template(tokenize=True) gives them.
+int run_messages(const TokenizeArgs& a, const model::Tokenizer& tok) {
+  std::ifstream in(a.messages_file, std::ios::binary);
+  if (!in) {
+    std::cerr << "error: cannot read --messages " << a.messages_file << "\n";
+    return 1;
+  }
+  const auto doc = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !(doc.is_array() || (doc.is_object() && doc.contains("messages")))) {
+    std::cerr << "error: --messages " << a.messages_file
+              << ": expected {\"messages\": [...]} or a JSON list of messages\n";
+    return 2;
+  }
+  const nlohmann::ordered_json messages = doc.is_array() ? doc : doc["messages"];
+  const nlohmann::ordered_json kwargs =
+      doc.is_object() && doc.contains("chat_template_kwargs") ? doc["chat_template_kwargs"] : nlohmann::ordered_json::object();
+  auto tpl = model::ChatTemplate::load(a.tokenizer_dir, a.chat_template);
+  if (!tpl) {
+    std::cerr << "error: " << tpl.error().to_string() << "\n";
+    return 1;
+  }
+  auto prompt = tpl->render(messages, a.add_generation_prompt, kwargs);
+  if (!prompt) {
+    std::cerr << "error: " << prompt.error().to_string() << "\n";
+    return 1;
+  }
+  const std::vector<std::int32_t> ids = tok.encode(*prompt, /*add_special_tokens=*/false);
+  if (a.json) {
+    std::cout << nlohmann::ordered_json{{"prompt", *prompt}, {"token_ids", ids}}.dump() << "\n";
+  } else {
+    std::cout << *prompt << "\n";
+    for (std::size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+    std::cout << "\n";
+  }
+  return 0;
+}
 
 int run_tokenize(const TokenizeArgs& a) {
   std::string text = a.text;
@@ -39,6 +83,7 @@ int run_tokenize(const TokenizeArgs& a) {
     std::cerr << "error: " << tok.error().to_string() << "\n";
     return 1;
   }
+  if (!a.messages_file.empty()) return run_messages(a, **tok);
   const std::vector<std::int32_t> ids = (*tok)->encode(text, a.add_special_tokens);
   if (a.json) {
     std::cout << nlohmann::json{{"token_ids", ids}}.dump() << "\n";
@@ -60,12 +105,22 @@ void add_tokenize_command(CLI::App& app, std::function<int()>& run) {
       ->required();
   auto* text = cmd->add_option("--text", args->text, "Text to encode");
   auto* file = cmd->add_option("--file", args->file, "File whose contents to encode");
+  auto* messages = cmd->add_option("--messages", args->messages_file,
+                                   "A conversation ({\"messages\": [...]} or a list of messages) to render with the "
+                                   "model's chat template, then encode");
   text->excludes(file);
+  text->excludes(messages);
+  file->excludes(messages);
+  cmd->add_option("--chat-template", args->chat_template,
+                  "A Jinja chat template file to use instead of the model folder's");
+  cmd->add_flag("--add-generation-prompt", args->add_generation_prompt,
+                "With --messages: end with the assistant turn's opening (add_generation_prompt)");
   cmd->add_flag("--json", args->json, R"(Print {"token_ids": [...]})");
   cmd->add_flag("--add-special-tokens", args->add_special_tokens,
                 "Add the model's BOS token as the model's tokenizer config asks");
-  cmd->callback([&run, args, text, file] {
-    if (text->count() == 0 && file->count() == 0) throw CLI::RequiredError("--text or --file");
+  cmd->callback([&run, args, text, file, messages] {
+    if (text->count() == 0 && file->count() == 0 && messages->count() == 0)
+      throw CLI::RequiredError("--text, --file or --messages");
     run = [args] { return run_tokenize(*args); };
   });
 }

@@ -62,6 +62,62 @@ TEST(CliE2e, TokenizeJson) {
   EXPECT_EQ(r.out, "{\"token_ids\":[9707,11,847,5562,374,18838]}\n");
 }
 
+// tokenize --messages renders the model's chat template (each golden case of
+// Qwen3 and Llama 3.1 exactly) and encodes the prompt without added
+// specials; a folder without a template, a bad messages file and a
+// template's raise_exception are clear errors.
+TEST(CliE2e, TokenizeMessagesRendersTheChatTemplate) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardline_cli_messages_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string shared = SHARDLINE_SHARED_DIR;
+  for (const char* name : {"qwen3", "llama3_1"}) {
+    std::ifstream in(shared + "/tokenizers/" + name + "/chat_template_golden.json");
+    const auto golden = nlohmann::ordered_json::parse(in);
+    int k = 0;
+    for (const auto& c : golden["cases"]) {
+      const fs::path file = dir / (std::string(name) + std::to_string(k++) + ".json");
+      nlohmann::ordered_json doc = {{"messages", c["messages"]}};
+      if (c.contains("enable_thinking")) doc["chat_template_kwargs"] = {{"enable_thinking", c["enable_thinking"]}};
+      std::ofstream(file) << doc.dump();
+      const CliRun r = run("tokenize --tokenizer " + shared + "/tokenizers/" + name + " --messages " + file.string() +
+                           (c["add_generation_prompt"].get<bool>() ? " --add-generation-prompt" : "") + " --json");
+      ASSERT_EQ(r.exit_code, 0) << r.out;
+      const auto out = nlohmann::json::parse(r.out);
+      EXPECT_EQ(out["prompt"], c["text"]) << name << " case " << k;
+      EXPECT_FALSE(out["token_ids"].empty());
+    }
+  }
+  // The Qwen3 prompt's ids: the chat markers are its special tokens.
+  std::ofstream(dir / "hi.json") << R"([{"role": "user", "content": "Hi"}])";
+  CliRun r = run("tokenize --tokenizer " + shared + "/tokenizers/qwen3 --messages " + (dir / "hi.json").string() +
+                 " --add-generation-prompt --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out,
+            "{\"prompt\":\"<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n\",\"token_ids\":[151644,872,198,"
+            "13048,151645,198,151644,77091,198]}\n");
+  // Llama 2's folder has no template: chat_template_missing, unless --chat-template.
+  r = run("tokenize --tokenizer " + shared + "/tokenizers/llama2 --messages " + (dir / "hi.json").string());
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("chat_template_missing"), std::string::npos) << r.out;
+  std::ofstream(dir / "t.jinja") << "{% for m in messages %}{% if m.role != 'user' %}"
+                                    "{{ raise_exception('only user turns here') }}{% endif %}[{{ m.content }}]{% endfor %}";
+  r = run("tokenize --tokenizer " + shared + "/tokenizers/llama2 --messages " + (dir / "hi.json").string() +
+          " --chat-template " + (dir / "t.jinja").string() + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"prompt\":\"[Hi]\""), std::string::npos) << r.out;
+  std::ofstream(dir / "sys.json") << R"({"messages": [{"role": "system", "content": "S"}]})";
+  r = run("tokenize --tokenizer " + shared + "/tokenizers/llama2 --messages " + (dir / "sys.json").string() +
+          " --chat-template " + (dir / "t.jinja").string());
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("only user turns here"), std::string::npos) << r.out;
+  std::ofstream(dir / "bad.json") << R"({"msgs": []})";
+  r = run("tokenize --tokenizer " + shared + "/tokenizers/qwen3 --messages " + (dir / "bad.json").string());
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("expected {\"messages\": [...]}"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
 TEST(CliE2e, MissingModelFolderIsAClearError) {
   const CliRun r = run("generate --model /nonexistent/model --prompt hi");
   EXPECT_EQ(r.exit_code, 1) << r.out;

@@ -1,0 +1,50 @@
+#pragma once
+/// \file
+/// A model's chat template, rendered as transformers' `apply_chat_template`
+/// renders it (model/jinja.hpp): the template comes from `--chat-template
+/// FILE`, else `chat_template.jinja` in the model folder, else
+/// `tokenizer_config.json`'s `chat_template` (a string, or a list of named
+/// templates: the one named "default"). The context is `messages`,
+/// `tools` = none, `documents` = none, `add_generation_prompt`, the
+/// tokenizer config's special tokens (`bos_token`, `eos_token`, ...) and the
+/// request's `chat_template_kwargs`; `raise_exception(msg)` stops rendering
+/// with the template's message.
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/result.hpp"
+#include "model/jinja.hpp"
+
+namespace shardline::model {
+
+class ChatTemplate {
+ public:
+  /// Loads the template of `model_dir` (or `override_file` when not empty).
+  /// Errors: not_found "chat_template_missing: ..." (the folder has none and
+  /// no override), corrupt (tokenizer_config.json unreadable), io (the
+  /// override file), invalid_argument (a template that does not parse: the
+  /// line named).
+  [[nodiscard]] static Result<ChatTemplate> load(const std::filesystem::path& model_dir,
+                                                 const std::filesystem::path& override_file = {});
+
+  /// Renders `messages` (a JSON array of {role, content, ...}). `kwargs`
+  /// (an object, e.g. {"enable_thinking": false}) are extra globals.
+  /// Errors: invalid_argument (messages not an array; the template's
+  /// raise_exception message; a template error naming its line).
+  [[nodiscard]] Result<std::string> render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                           const nlohmann::ordered_json& kwargs = nlohmann::ordered_json::object()) const;
+
+  /// Where the template came from (a path, or "tokenizer_config.json").
+  [[nodiscard]] const std::string& source() const { return source_; }
+
+ private:
+  jinja::Template template_;
+  nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();  ///< bos_token, eos_token, ...
+  std::string source_;
+};
+
+}  // namespace shardline::model
