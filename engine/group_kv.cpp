@@ -168,14 +168,21 @@ Result<const std::vector<kvstore::KvRankLayout>*> GroupKvCopier::layouts_locked(
   return &*cached;
 }
 
+Result<const std::vector<kvstore::KvRankLayout>*> GroupKvCopier::begin_locked(const char* op,
+                                                                              const kvstore::KvRange& range,
+                                                                              std::size_t chunk_size) {
+  const std::size_t need = kvstore::chunk_bytes(a_.shape, range);
+  if (chunk_size != need)
+    return bad(std::string("KV ") + op + ": chunk of " + std::to_string(chunk_size) + " bytes, expected " +
+               std::to_string(need));
+  return layouts_locked();
+}
+
 Status GroupKvCopier::copy_out(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
                                std::span<std::byte> chunk) {
   std::lock_guard lock(mu_);
   const kvstore::KvModelShape& shape = a_.shape;
-  if (chunk.size() != kvstore::chunk_bytes(shape, range))
-    return bad("KV copy_out: chunk of " + std::to_string(chunk.size()) + " bytes, expected " +
-               std::to_string(kvstore::chunk_bytes(shape, range)));
-  auto layouts = layouts_locked();
+  auto layouts = begin_locked("copy_out", range, chunk.size());
   if (!layouts.ok()) return layouts.error();
   const std::vector<kvstore::KvRankLayout>& ls = **layouts;
   const int size = a_.world->world_size();
@@ -213,10 +220,7 @@ Status GroupKvCopier::copy_in(std::span<const std::int32_t> block_table, const k
                               std::span<const std::byte> chunk) {
   std::lock_guard lock(mu_);
   const kvstore::KvModelShape& shape = a_.shape;
-  if (chunk.size() != kvstore::chunk_bytes(shape, range))
-    return bad("KV copy_in: chunk of " + std::to_string(chunk.size()) + " bytes, expected " +
-               std::to_string(kvstore::chunk_bytes(shape, range)));
-  auto layouts = layouts_locked();
+  auto layouts = begin_locked("copy_in", range, chunk.size());
   if (!layouts.ok()) return layouts.error();
   const std::vector<kvstore::KvRankLayout>& ls = **layouts;
   const int size = a_.world->world_size();

@@ -100,6 +100,10 @@ class GroupKvCopier final : public kvstore::KvCopier {
  private:
   /// Every rank's layout under the active config (asked once per config).
   [[nodiscard]] Result<const std::vector<kvstore::KvRankLayout>*> layouts_locked();
+  /// Checks a chunk's size against `range`, then layouts_locked().
+  [[nodiscard]] Result<const std::vector<kvstore::KvRankLayout>*> begin_locked(const char* op,
+                                                                              const kvstore::KvRange& range,
+                                                                              std::size_t chunk_size);
   /// Sends header + body to every rank > 0 under the metadata mutex.
   [[nodiscard]] Status send_request_locked(std::int32_t kind, const std::vector<std::int32_t>& body);
   [[nodiscard]] std::vector<std::int32_t> body_of(std::span<const std::int32_t> table, const kvstore::KvRange& range,

@@ -84,6 +84,15 @@ Result<Run> run(EngineInstance& e, const std::vector<std::vector<std::int32_t>>&
   return r;
 }
 
+/// pair_options as rank 0 of a TCP group at `master`.
+EngineOptions tcp_options(const ParallelConfig& cp, const ParallelConfig& cd, bool async_kv, const std::string& master) {
+  EngineOptions o = pair_options(cp, cd, async_kv);
+  o.group_master = master;
+  o.group_key = "secret";
+  o.group_timeout_ms = 20000;
+  return o;
+}
+
 std::vector<std::vector<std::int32_t>> twelve_prompts(const std::vector<testing_support::StoriesCase>& cases) {
   std::vector<std::vector<std::int32_t>> prompts;
   for (int k = 0; k < 4; ++k)
@@ -126,11 +135,7 @@ TEST(TcpGroupSeesaw, PairsOverTcpGiveTheInProcessBitsAndTheReference) {
 
       const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
       auto ranks = start_ranks(p.cp, SeesawGroupOptions{p.cd, ReshardWeights::resident}, master);
-      EngineOptions o = pair_options(p.cp, p.cd, async_kv);
-      o.group_master = master;
-      o.group_key = "secret";
-      o.group_timeout_ms = 20000;
-      auto tcp = build_engine(o);
+      auto tcp = build_engine(tcp_options(p.cp, p.cd, async_kv, master));
       ASSERT_TRUE(tcp.ok()) << tcp.error().to_string();
       auto got = run(*tcp, prompts);
       ASSERT_TRUE(got.ok()) << got.error().to_string();
@@ -181,11 +186,8 @@ TEST(TcpGroupSeesaw, ReloadedWeightsGiveTheResidentBits) {
   ASSERT_TRUE(want.ok()) << want.error().to_string();
   const std::string master = "127.0.0.1:" + std::to_string(testing_support::free_loopback_port());
   auto ranks = start_ranks(cp, SeesawGroupOptions{cd, ReshardWeights::reload}, master);
-  EngineOptions o = pair_options(cp, cd, false);
+  EngineOptions o = tcp_options(cp, cd, false, master);
   o.reshard_weights = ReshardWeights::reload;
-  o.group_master = master;
-  o.group_key = "secret";
-  o.group_timeout_ms = 20000;
   auto tcp = build_engine(o);
   ASSERT_TRUE(tcp.ok()) << tcp.error().to_string();
   auto got = run(*tcp, prompts);
@@ -207,11 +209,7 @@ TEST(TcpGroupSeesaw, ARankWithAnotherDecodeConfigIsRefused) {
     auto ranks = start_ranks(
         cp, rank_has_cd ? std::optional(SeesawGroupOptions{{1, 1, 2, 1}, ReshardWeights::resident}) : std::nullopt,
         master);
-    EngineOptions o = pair_options(cp, cd, false);
-    o.group_master = master;
-    o.group_key = "secret";
-    o.group_timeout_ms = 20000;
-    auto tcp = build_engine(o);  // rank 0 sends the setup; the rank checks it
+    auto tcp = build_engine(tcp_options(cp, cd, false, master));  // rank 0 sends the setup; the rank checks it
     Status rs = ranks[0].get();
     ASSERT_FALSE(rs.ok());
     EXPECT_EQ(rs.error().code, ErrorCode::mismatch);
