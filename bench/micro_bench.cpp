@@ -9,11 +9,13 @@
 // The models come from the shared/ folder (SHARDLINE_SHARED_DIR at build
 // time, or the environment variable of the same name at run time).
 #include <benchmark/benchmark.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <random>
 #include <cstring>
@@ -27,6 +29,7 @@
 #include "kvstore/kv_targets.hpp"
 #include "messages/codec.hpp"
 #include "model/config.hpp"
+#include "model/tokenizer.hpp"
 #include "model/weights.hpp"
 
 namespace {
@@ -166,6 +169,48 @@ void BM_LoadStories260K(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_LoadStories260K)->Unit(benchmark::kMillisecond);
+
+// ---- tokenizers (issue 15: loading Qwen3's 11 MB tokenizer.json under 1 s) --------
+
+/// Loads a shipped tokenizer.json (vocab, merges, regexes, decoders).
+void BM_TokenizerLoad(benchmark::State& state, const char* name) {
+  const fs::path dir = shared_dir() / "tokenizers" / name;
+  for (auto _ : state) {
+    auto tok = model::load_tokenizer(dir);
+    if (!tok.ok()) {
+      state.SkipWithError(tok.error().to_string().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(tok.value()->vocab_size());
+  }
+}
+BENCHMARK_CAPTURE(BM_TokenizerLoad, qwen3, "qwen3")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TokenizerLoad, llama3_1, "llama3_1")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TokenizerLoad, llama2, "llama2")->Unit(benchmark::kMillisecond);
+
+/// Encodes the golden texts, cold cache each pass (a fresh tokenizer's
+/// word cache is empty): bytes per second of text.
+void BM_TokenizerEncode(benchmark::State& state, const char* name) {
+  const fs::path dir = shared_dir() / "tokenizers" / name;
+  std::ifstream in(dir / "encode_golden.json");
+  const auto golden = nlohmann::json::parse(in, nullptr, false);
+  const auto& cases = golden.is_object() ? golden["cases"] : golden;
+  std::string text;
+  for (int k = 0; k < 20; ++k)
+    for (const auto& c : cases) text += c["text"].get<std::string>() + "\n";
+  auto tok = model::load_tokenizer(dir);
+  if (!tok.ok()) {
+    state.SkipWithError(tok.error().to_string().c_str());
+    return;
+  }
+  std::size_t ids = 0;
+  for (auto _ : state) ids += tok.value()->encode(text, false).size();
+  state.SetBytesProcessed(static_cast<std::int64_t>(text.size() * state.iterations()));
+  state.counters["tokens"] = benchmark::Counter(static_cast<double>(ids), benchmark::Counter::kIsRate);
+}
+BENCHMARK_CAPTURE(BM_TokenizerEncode, qwen3, "qwen3")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TokenizerEncode, llama3_1, "llama3_1")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_TokenizerEncode, llama2, "llama2")->Unit(benchmark::kMillisecond);
 
 /// Seeded dummy weights of the stories110m shape (f32, ~440 MB): the
 /// generator that `--load-format dummy` benchmarks start with.
