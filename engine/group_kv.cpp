@@ -109,10 +109,12 @@ std::vector<std::int32_t> GroupKvCopier::body_of(std::span<const std::int32_t> t
   return body;
 }
 
-Status GroupKvCopier::send_request_locked(std::int32_t kind, const std::vector<std::int32_t>& body) {
-  const std::int32_t header[2] = {kind, static_cast<std::int32_t>(body.size())};
+Status GroupKvCopier::send_request_locked(std::int32_t kind,
+                                          const std::function<std::vector<std::int32_t>(int rank)>& body_for) {
   std::lock_guard meta(*a_.meta_mu);
   for (int r = 1; r < a_.world->world_size(); ++r) {
+    const std::vector<std::int32_t> body = body_for(r);
+    const std::int32_t header[2] = {kind, static_cast<std::int32_t>(body.size())};
     if (Status st = a_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
     if (Status st = a_.world->send(body.data(), body.size() * sizeof(std::int32_t), r, kTagMetaBody); !st) return st;
   }
@@ -127,7 +129,9 @@ Result<const std::vector<kvstore::KvRankLayout>*> GroupKvCopier::layouts_locked(
   const kvstore::KvModelShape& shape = a_.shape;
   std::vector<kvstore::KvRankLayout> layouts(static_cast<std::size_t>(size));
   layouts[0] = a_.own_view().layout;
-  if (Status st = send_request_locked(kKindKvLayout, {decode ? 1 : 0}); !st) return st.error();
+  if (Status st = send_request_locked(kKindKvLayout, [&](int) { return std::vector<std::int32_t>{decode ? 1 : 0}; });
+      !st)
+    return st.error();
   Status first;
   for (int r = 1; r < size; ++r) {
     std::vector<std::int32_t> answer(static_cast<std::size_t>(6 + shape.num_kv_heads));
@@ -191,7 +195,8 @@ Status GroupKvCopier::copy_out(std::span<const std::int32_t> block_table, const 
   const kvstore::KvCacheView own = a_.own_view();
   parts[0].resize(kvstore::gather_bytes(shape, own.layout, range));
   if (Status st = kvstore::gather(shape, own, block_table, range, parts[0]); !st) return st;
-  if (Status st = send_request_locked(kKindKvOut, body_of(block_table, range, 0)); !st) return st;
+  const std::vector<std::int32_t> body = body_of(block_table, range, 0);
+  if (Status st = send_request_locked(kKindKvOut, [&](int) { return body; }); !st) return st;
   Status first;
   for (int r = 1; r < size; ++r) {
     std::int32_t word = 0;
@@ -235,16 +240,10 @@ Status GroupKvCopier::copy_in(std::span<const std::int32_t> block_table, const k
   const kvstore::KvCacheView own = a_.own_view();
   if (!parts[0].empty())
     if (Status st = kvstore::scatter(shape, own, block_table, range, parts[0]); !st) return st;
-  {
-    std::lock_guard meta(*a_.meta_mu);
-    for (int r = 1; r < size; ++r) {
-      const std::vector<std::int32_t> body = body_of(block_table, range, parts[static_cast<std::size_t>(r)].size());
-      const std::int32_t header[2] = {kKindKvIn, static_cast<std::int32_t>(body.size())};
-      if (Status st = a_.world->send(header, sizeof header, r, kTagMetaHeader); !st) return st;
-      if (Status st = a_.world->send(body.data(), body.size() * sizeof(std::int32_t), r, kTagMetaBody); !st)
-        return st;
-    }
-  }
+  if (Status st = send_request_locked(
+          kKindKvIn, [&](int r) { return body_of(block_table, range, parts[static_cast<std::size_t>(r)].size()); });
+      !st)
+    return st;
   for (int r = 1; r < size; ++r) {  // the parts go on their own tag, after the headers
     const auto& part = parts[static_cast<std::size_t>(r)];
     if (part.empty()) continue;

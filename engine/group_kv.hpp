@@ -104,8 +104,9 @@ class GroupKvCopier final : public kvstore::KvCopier {
   [[nodiscard]] Result<const std::vector<kvstore::KvRankLayout>*> begin_locked(const char* op,
                                                                               const kvstore::KvRange& range,
                                                                               std::size_t chunk_size);
-  /// Sends header + body to every rank > 0 under the metadata mutex.
-  [[nodiscard]] Status send_request_locked(std::int32_t kind, const std::vector<std::int32_t>& body);
+  /// Sends header + body_for(rank) to every rank > 0 under the metadata mutex.
+  [[nodiscard]] Status send_request_locked(std::int32_t kind,
+                                           const std::function<std::vector<std::int32_t>(int rank)>& body_for);
   [[nodiscard]] std::vector<std::int32_t> body_of(std::span<const std::int32_t> table, const kvstore::KvRange& range,
                                                   std::uint64_t part_bytes) const;
 
