@@ -184,6 +184,7 @@ RequestOutput LlmEngine::to_output(Sequence& seq) {
   out.stop_reason = std::move(seq.stop_reason);
   out.num_preemptions = seq.num_preemptions;
   out.logits = std::move(seq.captured_logits);
+  out.logprobs = std::move(seq.logprobs);
   return out;
 }
 
@@ -310,7 +311,9 @@ Status LlmEngine::fill_pipeline() {
       }
       break;
     }
-    if (device_sampling) attach_device_sampling(sched);
+    // A row that asks for logprobs needs its logits on the host: such a
+    // micro-batch samples on the host.
+    if (device_sampling && !wants_logprobs(sched)) attach_device_sampling(sched);
     f.submitted = Clock::now();
     int layers_done = 0;
     Status layer_error = Status::ok_status();
@@ -483,6 +486,12 @@ Status LlmEngine::stream_increments(const SchedulerOutput& sched) {
   return Status::ok_status();
 }
 
+bool LlmEngine::wants_logprobs(const SchedulerOutput& sched) {
+  for (std::size_t i = 0; i < sched.scheduled.size(); ++i)
+    if (sched.input.seqs[i].needs_logits && sched.scheduled[i].seq->params.logprobs >= 0) return true;
+  return false;
+}
+
 void LlmEngine::attach_device_sampling(SchedulerOutput& sched) const {
   sched.input.sampling.clear();
   for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
@@ -531,7 +540,10 @@ std::vector<Sequence*> LlmEngine::sample_rows(const InFlight& f, const model::St
       const float* row = output.logits.data() + sampled.size() * vocab;
       if (config_.capture_logits) seq.captured_logits.emplace_back(row, row + vocab);
       scratch.assign(row, row + vocab);
-      sampled.push_back(sampling::sample(scratch, seq.params, sample_context(seq)));
+      const std::int32_t id = sampling::sample(scratch, seq.params, sample_context(seq));
+      if (seq.params.logprobs >= 0)
+        seq.logprobs.push_back(sampling::compute_logprobs({row, vocab}, id, seq.params.logprobs));
+      sampled.push_back(id);
     }
     sampled_seqs.push_back(&seq);
   }

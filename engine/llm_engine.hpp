@@ -124,6 +124,10 @@ struct RequestOutput {
   int num_preemptions = 0;
   /// With capture_logits: one raw logits row [vocab] per generated token.
   std::vector<std::vector<float>> logits;
+  /// With SamplingParams::logprobs >= 0: the logprobs of each token this
+  /// engine sampled, in order ([token_ids.size()] unless the request resumed
+  /// with output ids, which have none: then the last entries).
+  std::vector<sampling::SampleLogprobs> logprobs;
 };
 
 /// Statistics of one step, for the benchmark.
@@ -261,6 +265,8 @@ class LlmEngine {
   [[nodiscard]] Status stream_increments(const SchedulerOutput& sched);
   /// Gives each logits row of `sched` what the device needs to sample it.
   void attach_device_sampling(SchedulerOutput& sched) const;
+  /// True when a row of `sched` that gets logits asks for logprobs.
+  [[nodiscard]] static bool wants_logprobs(const SchedulerOutput& sched);
   /// Collects the oldest micro-batch's output and checks its shape (logits
   /// [num_logits, vocab], or num_logits sampled ids). Errors: the executor's;
   /// internal for a wrong shape.

@@ -10,6 +10,7 @@
 
 #include "sampling/sampling_params.hpp"
 #include "model/tokenizer.hpp"
+#include "sampling/logprobs.hpp"
 
 namespace shardline::engine {
 
@@ -70,6 +71,9 @@ struct Sequence {
   std::string text;         ///< detokenized output (stop string and what follows cut)
   std::unique_ptr<model::IncrementalDetokenizer> detokenizer;  ///< engine-owned, may be null
   std::vector<std::vector<float>> captured_logits;  ///< EngineConfig::capture_logits rows
+  /// With params.logprobs >= 0: one entry per token sampled by this engine
+  /// (a resumed sequence's given output_ids have none).
+  std::vector<sampling::SampleLogprobs> logprobs;
 
   /// Prompt plus generated tokens: every token with a known id.
   [[nodiscard]] int num_tokens() const {

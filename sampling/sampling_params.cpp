@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "sampling/logprobs.hpp"
+
 namespace shardline::sampling {
 namespace {
 
@@ -34,6 +36,9 @@ Status SamplingParams::validate() const {
                                  std::to_string(min_tokens));
   for (int id : stop_token_ids)
     if (id < 0) return bad("stop_token_ids", "must be >= 0, got " + std::to_string(id));
+  if (logprobs < -1 || logprobs > kMaxLogprobs)
+    return bad("logprobs", "must be in [0, " + std::to_string(kMaxLogprobs) + "] (or -1: none), got " +
+                               std::to_string(logprobs));
   for (const auto& s : stop)
     if (s.empty()) return bad("stop", "must not contain an empty string");
   return Status::ok_status();

@@ -25,6 +25,9 @@ struct SamplingParams {
   bool ignore_eos = false;          ///< do not stop at EOS ids (stop_token_ids still apply)
   std::vector<int> stop_token_ids;  ///< extra stop ids (EOS ids come from the model)
   std::vector<std::string> stop;    ///< stop strings; the match is cut from the text
+  /// Logprobs of each generated token (sampling/logprobs.hpp): -1 = none;
+  /// k in [0, kMaxLogprobs] = the sampled token's and the k most likely.
+  int logprobs = -1;
 
   /// Checks ranges. Errors: invalid_argument naming the field.
   [[nodiscard]] Status validate() const;

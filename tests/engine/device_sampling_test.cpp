@@ -102,6 +102,31 @@ TEST(DeviceSampling, CaptureLogitsKeepsSamplingOnTheHost) {
   for (const auto& [id, out] : got) EXPECT_EQ(out.logits.size(), out.token_ids.size()) << id;
 }
 
+// A micro-batch with a row that asks for logprobs needs the logits on the
+// host: it samples there; the others still sample on the device.
+TEST(DeviceSampling, ALogprobsRowSamplesItsMicroBatchOnTheHost) {
+  EngineInstance dev = make_engine();
+  SamplingExecutor exec(*dev.executor);
+  auto engine = LlmEngine::create(exec, *dev.tokenizer, dev.engine->config());
+  ASSERT_TRUE(engine.ok());
+  sampling::SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = 6;
+  p.ignore_eos = true;
+  ASSERT_TRUE((*engine)->add_request(1, dev.tokenizer->encode("Once upon a time", true), p).ok());
+  auto first = testing_support::run_all(**engine);
+  EXPECT_GT(exec.sampled_steps_, 0);
+  EXPECT_EQ(exec.logits_steps_, 0);
+  EXPECT_TRUE(first.at(1).logprobs.empty());
+  p.logprobs = 2;
+  ASSERT_TRUE((*engine)->add_request(2, dev.tokenizer->encode("Once upon a time", true), p).ok());
+  auto second = testing_support::run_all(**engine);
+  EXPECT_EQ(exec.logits_steps_, 6);
+  EXPECT_EQ(second.at(2).token_ids, first.at(1).token_ids);
+  ASSERT_EQ(second.at(2).logprobs.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(second.at(2).logprobs[i].sampled.token_id, second.at(2).token_ids[i]);
+}
+
 /// An executor that returns the wrong number of ids is an internal error, not a crash.
 TEST(DeviceSampling, WrongNumberOfIdsIsAnError) {
   class Broken final : public model::ModelExecutor {

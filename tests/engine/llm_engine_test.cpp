@@ -429,6 +429,37 @@ TEST(LlmEngine, CaptureLogitsKeepsRawRows) {
   }
 }
 
+TEST(LlmEngine, LogprobsAreTheRawRowsLogSoftmaxAndBatchIndependent) {
+  auto cfg = base_config();
+  cfg.capture_logits = true;
+  Harness h(64, 4, cfg);
+  auto p = random_params(6);
+  p.has_seed = true;
+  p.seed = 5;
+  p.temperature = 1.7f;
+  p.repetition_penalty = 1.3f;  // logprobs are of the raw row: penalties and temperature do not change them
+  p.logprobs = 3;
+  const auto o = run(*h.engine, {{0, {1, 2, 3}}}, p).at(0);
+  ASSERT_EQ(o.logprobs.size(), o.token_ids.size());
+  ASSERT_EQ(o.logits.size(), o.token_ids.size());
+  for (std::size_t k = 0; k < o.token_ids.size(); ++k) {
+    EXPECT_EQ(o.logprobs[k], sampling::compute_logprobs(o.logits[k], o.token_ids[k], 3)) << "token " << k;
+    EXPECT_EQ(o.logprobs[k].top.size(), 3u);
+  }
+  // Alone or among other requests (other batches and chunking): the same logprobs.
+  Harness h2(64, 4, base_config());
+  auto others = as_map(test_prompts());
+  others[42] = {1, 2, 3};
+  const auto b = run(*h2.engine, others, p);
+  EXPECT_EQ(b.at(42).token_ids, o.token_ids);
+  EXPECT_EQ(b.at(42).logprobs, o.logprobs);
+  // Not asked: none.
+  auto q = p;
+  q.logprobs = -1;
+  Harness h3(64, 4, base_config());
+  EXPECT_TRUE(run(*h3.engine, {{0, {1, 2, 3}}}, q).at(0).logprobs.empty());
+}
+
 TEST(LlmEngine, StepStatsClassifyPrefillAndDecode) {
   Harness h(64, 4, base_config());
   std::vector<StepStats> seen;
