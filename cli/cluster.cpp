@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "engine/tcp_group.hpp"
 #include "orchestrator/job_admission.hpp"
 #include "engine/policies/token_budget_policies.hpp"
+#include "model/chat_template.hpp"
 #include "kvstore/kv_store.hpp"
 #include "kvstore/replication.hpp"
 
@@ -336,10 +338,23 @@ struct SubmitArgs {
   std::string parallel;            // "" = not given (whatever the cluster runs)
   std::string token_budget = "fixed";
   std::string weight_sharing;      // "" = not given (whatever the cluster runs)
+  std::string chat_template;       // --chat-template FILE; "" = the model folder's
 };
 
-/// The job's --parallel and --token-budget, checked before anything is sent.
-Status job_flags(const std::string& parallel, const std::string& token_budget, messages::SubmitJob& sj) {
+/// The job's --parallel, --token-budget and --chat-template (read and
+/// parsed here, so a broken template refuses the submit instead of failing
+/// every chat line), checked before anything is sent.
+Status job_flags(const std::string& parallel, const std::string& token_budget, const std::string& chat_template,
+                 const std::string& model_dir, messages::SubmitJob& sj) {
+  if (!chat_template.empty()) {
+    std::ifstream in(chat_template, std::ios::binary);
+    if (!in) return make_error(ErrorCode::io, "--chat-template: cannot read " + chat_template);
+    std::ostringstream text;
+    text << in.rdbuf();
+    auto parsed = model::ChatTemplate::from_source(model_dir, text.str(), chat_template);
+    if (!parsed) return make_error(parsed.error().code, "--chat-template: " + parsed.error().message);
+    sj.chat_template = text.str();
+  }
   if (!parallel.empty()) {
     auto pc = engine::parse_parallel_config(parallel);
     if (!pc) return pc.error();
@@ -355,7 +370,8 @@ std::string absolute(const std::string& p) { return std::filesystem::absolute(p)
 
 int run_job_submit(const SubmitArgs& a) {
   messages::SubmitJob sj;
-  if (Status st = job_flags(a.parallel, a.token_budget, sj); !st) return fail(st.error(), 2);
+  if (Status st = job_flags(a.parallel, a.token_budget, a.chat_template, a.model_dir, sj); !st)
+    return fail(st.error(), 2);
   sj.weight_sharing = a.weight_sharing;
   auto client = actors::Client::connect(a.client.node, a.client.key_file);
   if (!client) return fail(client.error());
@@ -436,6 +452,7 @@ struct RunArgs {
   std::string devices;   // "" = the --parallel world size (cpu:1 without --parallel)
   std::string parallel;  // "" = --devices cpu:N single-device workers
   std::string token_budget = "fixed";
+  std::string chat_template;  // --chat-template FILE; "" = the model folder's
   std::string data_dir;  // default: OUTPUT.shardline
   std::string metrics;
   int max_batch = 64;
@@ -483,7 +500,8 @@ int run_run(RunArgs& a) {
   if (!o) return fail(o.error(), 2);
   o->key_file.clear();
   messages::SubmitJob sj;
-  if (Status st = job_flags(a.parallel, a.token_budget, sj); !st) return fail(st.error(), 2);
+  if (Status st = job_flags(a.parallel, a.token_budget, a.chat_template, a.model_dir, sj); !st)
+    return fail(st.error(), 2);
   if (!a.quiet) std::cerr << "shardline run: " << describe_workers(*o) << "\n";
   auto node = actors::Node::start(std::move(o).value());
   if (!node) return fail(node.error());
@@ -593,6 +611,9 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
                      "none or sidp: what the job expects the cluster to run (refused if it runs the other; "
                      "default: whatever it runs)")
       ->check(CLI::IsMember({"none", "sidp"}));
+  submit->add_option("--chat-template", sa->chat_template,
+                     "Jinja chat template FILE for the job's /v1/chat/completions lines (default: the model "
+                     "folder's chat_template.jinja or tokenizer_config.json chat_template)");
   submit->callback([&run, sa] { run = [sa] { return run_job_submit(*sa); }; });
   auto st = std::make_shared<StatusArgs>();
   CLI::App* status = job->add_subcommand("status", "Progress of one job or all jobs, and per-worker state");
@@ -626,6 +647,8 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--token-budget", ra->token_budget,
                 std::string("Per-micro-batch token budget policy: ") + engine::token_budget_policy_names())
       ->capture_default_str();
+  r->add_option("--chat-template", ra->chat_template,
+                "Jinja chat template FILE for /v1/chat/completions lines (default: the model folder's)");
   r->add_option("--data-dir", ra->data_dir, "Durable state (default: OUTPUT.shardline); rerun to resume");
   r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();

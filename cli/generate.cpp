@@ -1,5 +1,7 @@
 // `shardline generate`: continuations of prompts on a CPU device.
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "engine/engine_builder.hpp"
 #include "engine/parallel_config.hpp"
 #include "engine/sidp_group.hpp"
+#include "model/chat_template.hpp"
 
 namespace shardline::cli {
 
@@ -21,6 +24,8 @@ namespace {
 struct GenerateArgs {
   std::string model_dir;
   std::vector<std::string> prompts;
+  std::vector<std::string> messages_files;  ///< --messages: conversations, rendered with the chat template
+  std::string chat_template;                ///< --chat-template FILE
   EngineFlags engine;
   sampling::SamplingParams sampling;
   long long request_seed = -1;
@@ -62,6 +67,29 @@ Result<std::vector<engine::RequestOutput>> generate_sidp(const GenerateArgs& a, 
   return out;
 }
 
+/// A --messages file: the conversation and its chat_template_kwargs.
+struct Conversation {
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+};
+
+Result<Conversation> read_conversation(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return make_error(ErrorCode::io, "cannot read --messages " + file);
+  std::ostringstream text;
+  text << in.rdbuf();
+  const auto doc = nlohmann::ordered_json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !(doc.is_array() || (doc.is_object() && doc.contains("messages"))))
+    return make_error(ErrorCode::invalid_argument,
+                      "--messages " + file + ": expected {\"messages\": [...]} or a JSON list of messages");
+  Conversation c;
+  c.messages = doc.is_array() ? doc : doc["messages"];
+  if (doc.is_object() && doc.contains("chat_template_kwargs")) c.kwargs = doc["chat_template_kwargs"];
+  if (!c.kwargs.is_object())
+    return make_error(ErrorCode::invalid_argument, "--messages " + file + ": chat_template_kwargs must be an object");
+  return c;
+}
+
 int run_generate(GenerateArgs& a) {
   auto options = to_engine_options(a.engine, a.model_dir);
   if (!options) {
@@ -76,6 +104,10 @@ int run_generate(GenerateArgs& a) {
     std::cerr << "error: " << st.error().to_string() << "\n";
     return 2;
   }
+  if (a.prompts.empty() && a.messages_files.empty()) {
+    std::cerr << "error: give --prompt or --messages (at least one)\n";
+    return 2;
+  }
   const bool sidp = a.sidp.weight_sharing == "sidp";
   if (!sidp && (!a.parallel.empty() || !a.group.master.empty())) {
     std::cerr << "error: generate runs one device; --parallel and --group-master need --weight-sharing sidp\n";
@@ -87,8 +119,30 @@ int run_generate(GenerateArgs& a) {
     return 1;
   }
   std::vector<std::vector<std::int32_t>> prompt_ids;
-  prompt_ids.reserve(a.prompts.size());
+  prompt_ids.reserve(a.prompts.size() + a.messages_files.size());
   for (const std::string& p : a.prompts) prompt_ids.push_back((*tokenizer)->encode(p, true));
+  if (!a.messages_files.empty()) {
+    auto tpl = model::ChatTemplate::load(options->model_dir, a.chat_template);
+    if (!tpl) {
+      std::cerr << "error: " << tpl.error().message << "\n";
+      return tpl.error().code == ErrorCode::io ? 2 : 1;  // as `tokenize --messages`
+    }
+    for (const std::string& file : a.messages_files) {
+      auto conversation = read_conversation(file);
+      if (!conversation) {
+        std::cerr << "error: " << conversation.error().message << "\n";
+        return 2;
+      }
+      auto rendered = tpl->render(conversation->messages, /*add_generation_prompt=*/true, conversation->kwargs);
+      if (!rendered) {
+        std::cerr << "error: " << file << ": chat template: " << rendered.error().message << "\n";
+        return 1;
+      }
+      // The template wrote the special tokens itself.
+      prompt_ids.push_back((*tokenizer)->encode(*rendered, /*add_special_tokens=*/false));
+      a.prompts.push_back(std::move(rendered).value());
+    }
+  }
   Result<std::vector<engine::RequestOutput>> outputs = make_error(ErrorCode::internal, "not run");
   engine::EngineInstance e;
   if (sidp) {
@@ -130,8 +184,12 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate continuations of prompts (CPU)");
   cmd->add_option("--model", a->model_dir, "Hugging Face model folder")->required();
-  cmd->add_option("--prompt", a->prompts, "A prompt (repeat for several; they run as one batch)")
-      ->required();
+  cmd->add_option("--prompt", a->prompts, "A prompt (repeat for several; they run as one batch)");
+  cmd->add_option("--messages", a->messages_files,
+                                   "A conversation FILE ({\"messages\": [...]} or a list of messages), rendered with "
+                                   "the chat template and a generation prompt (repeatable; runs with the prompts)");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "Jinja chat template FILE for --messages (default: the model folder's)");
   add_engine_flags(*cmd, a->engine);
   add_device_flag(*cmd, a->engine);
   sampling::SamplingParams& s = a->sampling;

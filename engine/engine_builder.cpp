@@ -167,6 +167,7 @@ Result<EngineInstance> load_model_and_tokenizer(const EngineOptions& o) {
 
   namespace fs = std::filesystem;
   const fs::path dir(o.model_dir);
+  e.tokenizer_dir = o.model_dir;
   if (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "tokenizer.model")) {
     auto tok = model::load_tokenizer(dir);
     if (!tok) return std::move(tok).error();

@@ -123,6 +123,9 @@ struct EngineInstance {
   /// (the matrices were uploaded and their host copy freed).
   std::shared_ptr<const model::ModelWeights> weights;
   std::unique_ptr<model::Tokenizer> tokenizer;
+  /// The folder the tokenizer came from (EngineOptions::model_dir): where
+  /// its chat template is looked up (model/chat_template.hpp).
+  std::string tokenizer_dir;
   /// What runs the steps: one device's runner (model::make_device_executor),
   /// an InProcEngineGroup, or rank 0 of a TCP group (a ParallelExecutor).
   std::unique_ptr<model::ModelExecutor> executor;

@@ -213,6 +213,7 @@ void put(wire::SamplingParams::Builder b, const sampling::SamplingParams& p) {
   b.setIgnoreEos(p.ignore_eos);
   set_list(b.initStopTokenIds(static_cast<unsigned>(p.stop_token_ids.size())), p.stop_token_ids);
   set_texts(b.initStop(static_cast<unsigned>(p.stop.size())), p.stop);
+  b.setLogprobs(p.logprobs);
 }
 
 sampling::SamplingParams get(wire::SamplingParams::Reader r, const std::string& field) {
@@ -231,6 +232,7 @@ sampling::SamplingParams get(wire::SamplingParams::Reader r, const std::string& 
   p.ignore_eos = r.getIgnoreEos();
   p.stop_token_ids = get_list<int>(r.getStopTokenIds(), field + ".stopTokenIds");
   p.stop = get_texts(r.getStop(), field + ".stop");
+  p.logprobs = r.getLogprobs();
   if (Status s = p.validate(); !s) fail(ErrorCode::invalid_argument, field + ": " + s.error().message);
   return p;
 }
@@ -273,6 +275,13 @@ void put(wire::BatchRequest::Builder b, const worker::BatchRequest& r) {
     set_list(resume[i].initOutputIds(static_cast<unsigned>(c.output_ids.size())), c.output_ids);
     resume[i].setNumKvTokens(c.num_kv_tokens);
   }
+  b.setChat(r.chat);
+  b.setMessagesJson(text(r.messages_json));
+  b.setChatTemplateKwargsJson(text(r.chat_template_kwargs_json));
+  b.setAddGenerationPrompt(r.add_generation_prompt);
+  b.setChatTemplate(text(r.chat_template));
+  b.setMaxTokensFromContext(r.max_tokens_from_context);
+  b.setEcho(r.echo);
 }
 
 BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
@@ -301,16 +310,51 @@ BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
     check_nonneg(c.num_kv_tokens, f + ".numKvTokens");
     q.resume.push_back(std::move(c));
   }
+  q.chat = r.getChat();
+  q.messages_json = str(r.getMessagesJson());
+  q.chat_template_kwargs_json = str(r.getChatTemplateKwargsJson());
+  q.add_generation_prompt = r.getAddGenerationPrompt();
+  q.chat_template = str(r.getChatTemplate());
+  q.max_tokens_from_context = r.getMaxTokensFromContext();
+  q.echo = r.getEcho();
+  if (q.chat && q.messages_json.empty()) fail(ErrorCode::invalid_argument, field + ": a chat line without messages");
   return q;
 }
 
 // ---- BatchChoice / BatchResult ----
+
+namespace {
+
+void put(wire::TokenLogprobText::Builder b, const worker::TokenLogprobText& t) {
+  b.setToken(text(t.token));
+  b.setBytes(kj::arrayPtr(reinterpret_cast<const kj::byte*>(t.bytes.data()), t.bytes.size()));
+  b.setLogprob(t.logprob);
+}
+
+worker::TokenLogprobText get(wire::TokenLogprobText::Reader r) {
+  worker::TokenLogprobText t;
+  t.token = str(r.getToken());
+  const auto bytes = r.getBytes();
+  t.bytes.assign(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+  t.logprob = r.getLogprob();
+  return t;
+}
+
+}  // namespace
 
 void put(wire::BatchChoice::Builder b, const BatchChoice& c) {
   b.setIndex(c.index);
   b.setText(text(c.text));
   b.setFinishReason(text(c.finish_reason));
   set_list(b.initTokenIds(static_cast<unsigned>(c.token_ids.size())), c.token_ids);
+  auto lps = b.initLogprobs(static_cast<unsigned>(c.logprobs.size()));
+  for (unsigned i = 0; i < c.logprobs.size(); ++i) {
+    const worker::ChoiceTokenLogprobs& t = c.logprobs[i];
+    put(lps[i].initSampled(), t.sampled);
+    auto top = lps[i].initTop(static_cast<unsigned>(t.top.size()));
+    for (unsigned j = 0; j < t.top.size(); ++j) put(top[j], t.top[j]);
+    lps[i].setTextOffset(t.text_offset);
+  }
 }
 
 BatchChoice get(wire::BatchChoice::Reader r, const std::string& field) {
@@ -320,6 +364,20 @@ BatchChoice get(wire::BatchChoice::Reader r, const std::string& field) {
   c.text = str(r.getText());
   c.finish_reason = str(r.getFinishReason());
   c.token_ids = get_token_ids(r.getTokenIds(), field + ".tokenIds");
+  auto lps = r.getLogprobs();
+  check_len(lps, field + ".logprobs");
+  c.logprobs.reserve(lps.size());
+  for (unsigned i = 0; i < lps.size(); ++i) {
+    const std::string f = at(field + ".logprobs", i);
+    worker::ChoiceTokenLogprobs t;
+    t.sampled = get(lps[i].getSampled());
+    auto top = lps[i].getTop();
+    check_len(top, f + ".top");
+    for (unsigned j = 0; j < top.size(); ++j) t.top.push_back(get(top[j]));
+    t.text_offset = lps[i].getTextOffset();
+    check_nonneg(t.text_offset, f + ".textOffset");
+    c.logprobs.push_back(std::move(t));
+  }
   return c;
 }
 
@@ -334,6 +392,8 @@ void put(wire::BatchResult::Builder b, const BatchResult& r) {
   b.setCompletionTokens(r.completion_tokens);
   b.setErrorCode(text(r.error_code));
   b.setErrorMessage(text(r.error_message));
+  b.setChat(r.chat);
+  b.setLogprobs(r.logprobs);
 }
 
 BatchResult get(wire::BatchResult::Reader r, const std::string& field) {
@@ -353,6 +413,8 @@ BatchResult get(wire::BatchResult::Reader r, const std::string& field) {
   check_nonneg(out.completion_tokens, field + ".completionTokens");
   out.error_code = str(r.getErrorCode());
   out.error_message = str(r.getErrorMessage());
+  out.chat = r.getChat();
+  out.logprobs = r.getLogprobs();
   return out;
 }
 

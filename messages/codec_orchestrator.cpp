@@ -25,6 +25,7 @@ struct Member<OM, SubmitJob> {
     if (m.parallel) b.setParallel(text(m.parallel->to_string()));
     b.setTokenBudget(text(m.token_budget));
     b.setWeightSharing(text(m.weight_sharing));
+    b.setChatTemplate(text(m.chat_template));
   }
   static SubmitJob get(OM::Reader root) {
     auto r = root.getSubmitJob();
@@ -35,6 +36,7 @@ struct Member<OM, SubmitJob> {
     m.parallel = get_parallel(r.getParallel(), "parallel");
     m.token_budget = get_token_budget(r.getTokenBudget(), "tokenBudget");
     m.weight_sharing = str(r.getWeightSharing());
+    m.chat_template = str(r.getChatTemplate());
     if (!m.weight_sharing.empty() && m.weight_sharing != "none" && m.weight_sharing != "sidp")
       fail(ErrorCode::invalid_argument, "weightSharing: \"none\" or \"sidp\", got \"" + m.weight_sharing + "\"");
     return m;

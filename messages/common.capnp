@@ -46,6 +46,7 @@ struct SamplingParams {
   ignoreEos @11 :Bool;
   stopTokenIds @12 :List(Int32);
   stop @13 :List(Text);
+  logprobs @14 :Int32 = -1;   # top logprobs per generated token; -1 = none
 }
 
 # orchestrator::BatchRequest: one input line.
@@ -60,6 +61,13 @@ struct BatchRequest {
   n @7 :Int32 = 1;
   tokenBudget @8 :Text;    # the job's token budget policy ("fixed", "throttle"); "" = fixed
   resume @9 :List(ChoiceResume);  # [n] when the line resumes after a failure; empty for a fresh line
+  chat @10 :Bool;                 # a /v1/chat/completions line
+  messagesJson @11 :Text;         # chat: the messages, a JSON array
+  chatTemplateKwargsJson @12 :Text;  # chat: a JSON object; "" = none
+  addGenerationPrompt @13 :Bool = true;
+  chatTemplate @14 :Text;         # the job's --chat-template text; "" = the model folder's
+  maxTokensFromContext @15 :Bool; # chat without max_tokens: up to the context's end
+  echo @16 :Bool;                 # completions echo
 }
 
 # worker::ChoiceResume without its KV (the worker fetches that from a KV store).
@@ -83,6 +91,21 @@ struct BatchChoice {
   text @1 :Text;
   finishReason @2 :Text;
   tokenIds @3 :List(Int32);
+  logprobs @4 :List(ChoiceTokenLogprobs);  # [generated tokens] when asked for
+}
+
+# worker::TokenLogprobText.
+struct TokenLogprobText {
+  token @0 :Text;
+  bytes @1 :Data;
+  logprob @2 :Float32;
+}
+
+# worker::ChoiceTokenLogprobs.
+struct ChoiceTokenLogprobs {
+  sampled @0 :TokenLogprobText;
+  top @1 :List(TokenLogprobText);
+  textOffset @2 :Int32;
 }
 
 # orchestrator::BatchResult: the result of one input line.
@@ -96,6 +119,8 @@ struct BatchResult {
   completionTokens @6 :Int32;
   errorCode @7 :Text;
   errorMessage @8 :Text;
+  chat @9 :Bool;                 # a chat.completion
+  logprobs @10 :Int32 = -1;      # top logprobs asked for; -1 = none
 }
 
 # Progress of one job (orchestrator -> client).

@@ -14,6 +14,7 @@ struct SubmitJob {
   parallel @3 :Text;       # `--parallel` of the job ("tp=2,pp=1,sp=1,dp=1"); "" = not given (any config)
   tokenBudget @4 :Text;    # `--token-budget`: "fixed" or "throttle"; "" = fixed
   weightSharing @5 :Text;  # `--weight-sharing` of the job: "none" or "sidp"; "" = not given (any)
+  chatTemplate @6 :Text;   # `--chat-template FILE`'s text; "" = the model folder's template
 }
 
 struct JobStatusQuery {

@@ -146,6 +146,9 @@ struct SubmitJob {
   /// `--weight-sharing` of the job, "none" or "sidp": it must be what the
   /// cluster runs (else the submit is refused); "" = not given.
   std::string weight_sharing;
+  /// `--chat-template FILE` of the job, as text: chat lines are rendered
+  /// with it; "" = the model folder's template.
+  std::string chat_template;
   bool operator==(const SubmitJob&) const = default;
 };
 

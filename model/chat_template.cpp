@@ -24,61 +24,79 @@ std::optional<std::string> token_text(const ojson& v) {
   return std::nullopt;
 }
 
+/// `model_dir`'s tokenizer_config.json, parsed (an empty object when the
+/// folder has none).
+Result<ojson> read_config(const std::filesystem::path& model_dir) {
+  const auto config_file = model_dir / "tokenizer_config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(config_file, ec)) return ojson::object();
+  auto text = read_text(config_file);
+  if (!text.ok()) return text.error();
+  ojson config = ojson::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object())
+    return make_error(ErrorCode::corrupt, config_file.string() + ": not a valid JSON object");
+  return config;
+}
+
 }  // namespace
 
-Result<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir,
-                                        const std::filesystem::path& override_file) {
+Result<ChatTemplate> ChatTemplate::from_config(const ojson& config, std::string source, std::string source_name) {
   ChatTemplate t;
-  std::string source;
-  const auto config_file = model_dir / "tokenizer_config.json";
-  ojson config = ojson::object();
-  std::error_code ec;
-  if (std::filesystem::is_regular_file(config_file, ec)) {
-    auto text = read_text(config_file);
-    if (!text.ok()) return text.error();
-    config = ojson::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (config.is_discarded() || !config.is_object())
-      return make_error(ErrorCode::corrupt, config_file.string() + ": not a valid JSON object");
-  }
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})
     if (config.contains(key))
       if (auto v = token_text(config[key])) t.special_tokens_[key] = *v;
-  if (!override_file.empty()) {
-    auto text = read_text(override_file);
-    if (!text.ok()) return make_error(ErrorCode::io, "--chat-template: " + text.error().message);
-    source = std::move(text).value();
-    t.source_ = override_file.string();
-  } else if (std::filesystem::is_regular_file(model_dir / "chat_template.jinja", ec)) {
-    auto text = read_text(model_dir / "chat_template.jinja");
-    if (!text.ok()) return text.error();
-    source = std::move(text).value();
-    t.source_ = (model_dir / "chat_template.jinja").string();
-  } else if (config.contains("chat_template")) {
-    const ojson& ct = config["chat_template"];
-    if (ct.is_string()) {
-      source = ct.get<std::string>();
-    } else if (ct.is_array()) {  // [{"name": ..., "template": ...}]: transformers uses "default"
-      for (const ojson& named : ct)
-        if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
-            named["template"].is_string())
-          source = named["template"].get<std::string>();
-      if (source.empty())
-        return make_error(ErrorCode::not_found, "chat_template_missing: " + config_file.string() +
-                                                    " lists named chat templates but none named 'default'");
-    } else {
-      return make_error(ErrorCode::corrupt, config_file.string() + ": chat_template is neither a string nor a list");
-    }
-    t.source_ = config_file.string();
-  } else {
-    return make_error(ErrorCode::not_found,
-                      "chat_template_missing: " + model_dir.string() +
-                          " has no chat template (tokenizer_config.json chat_template or chat_template.jinja); "
-                          "pass --chat-template FILE");
-  }
+  t.source_ = std::move(source_name);
   auto parsed = jinja::Template::parse(source);
   if (!parsed.ok()) return make_error(parsed.error().code, t.source_ + ": " + parsed.error().message);
   t.template_ = std::move(parsed).value();
   return t;
+}
+
+Result<ChatTemplate> ChatTemplate::from_source(const std::filesystem::path& model_dir, std::string source,
+                                               std::string source_name) {
+  auto config = read_config(model_dir);
+  if (!config.ok()) return config.error();
+  return from_config(*config, std::move(source), std::move(source_name));
+}
+
+Result<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir,
+                                        const std::filesystem::path& override_file) {
+  auto config_read = read_config(model_dir);
+  if (!config_read.ok()) return config_read.error();
+  const ojson& config = *config_read;
+  const auto config_file = model_dir / "tokenizer_config.json";
+  std::error_code ec;
+  if (!override_file.empty()) {
+    auto text = read_text(override_file);
+    if (!text.ok()) return make_error(ErrorCode::io, "--chat-template: " + text.error().message);
+    return from_config(config, std::move(text).value(), override_file.string());
+  }
+  if (std::filesystem::is_regular_file(model_dir / "chat_template.jinja", ec)) {
+    auto text = read_text(model_dir / "chat_template.jinja");
+    if (!text.ok()) return text.error();
+    return from_config(config, std::move(text).value(), (model_dir / "chat_template.jinja").string());
+  }
+  if (!config.contains("chat_template"))
+    return make_error(ErrorCode::not_found,
+                      "chat_template_missing: " + model_dir.string() +
+                          " has no chat template (tokenizer_config.json chat_template or chat_template.jinja); "
+                          "pass --chat-template FILE");
+  const ojson& ct = config["chat_template"];
+  std::string source;
+  if (ct.is_string()) {
+    source = ct.get<std::string>();
+  } else if (ct.is_array()) {  // [{"name": ..., "template": ...}]: transformers uses "default"
+    for (const ojson& named : ct)
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+          named["template"].is_string())
+        source = named["template"].get<std::string>();
+    if (source.empty())
+      return make_error(ErrorCode::not_found, "chat_template_missing: " + config_file.string() +
+                                                  " lists named chat templates but none named 'default'");
+  } else {
+    return make_error(ErrorCode::corrupt, config_file.string() + ": chat_template is neither a string nor a list");
+  }
+  return from_config(config, std::move(source), config_file.string());
 }
 
 Result<std::string> ChatTemplate::render(const ojson& messages, bool add_generation_prompt,

@@ -31,6 +31,13 @@ class ChatTemplate {
   [[nodiscard]] static Result<ChatTemplate> load(const std::filesystem::path& model_dir,
                                                  const std::filesystem::path& override_file = {});
 
+  /// A template given as text (e.g. a job's --chat-template, sent to a
+  /// worker), with `model_dir`'s special tokens; `source_name` names it in
+  /// errors. Errors: corrupt (tokenizer_config.json), invalid_argument (the
+  /// template does not parse: the line named).
+  [[nodiscard]] static Result<ChatTemplate> from_source(const std::filesystem::path& model_dir, std::string source,
+                                                        std::string source_name);
+
   /// Renders `messages` (a JSON array of {role, content, ...}). `kwargs`
   /// (an object, e.g. {"enable_thinking": false}) are extra globals.
   /// Errors: invalid_argument (messages not an array; the template's
@@ -42,6 +49,9 @@ class ChatTemplate {
   [[nodiscard]] const std::string& source() const { return source_; }
 
  private:
+  static Result<ChatTemplate> from_config(const nlohmann::ordered_json& config, std::string source,
+                                          std::string source_name);
+
   jinja::Template template_;
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();  ///< bos_token, eos_token, ...
   std::string source_;

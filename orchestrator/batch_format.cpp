@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sampling/logprobs.hpp"
+
 namespace shardline::orchestrator {
 
 using worker::BatchRequest;
@@ -89,55 +91,195 @@ std::optional<LineError> get_bool(const json& v, const std::string& field, bool&
   return std::nullopt;
 }
 
-bool is_body_key(const std::string& k) {
-  static const char* const kKeys[] = {
-      "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
-      "return_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-      "ignore_eos", "stop_token_ids"};
-  for (const char* key : kKeys)
+/// The completions prompt: a non-empty string or array of token ids.
+std::optional<LineError> parse_prompt(const json* prompt, const std::string& field, BatchRequest& req) {
+  if (prompt == nullptr) return LineError{"missing_prompt", field + ": missing"};
+  if (prompt->is_string()) {
+    req.prompt = prompt->get<std::string>();
+    if (req.prompt.empty()) return LineError{"invalid_parameter", field + ": must not be empty"};
+  } else if (prompt->is_array()) {
+    if (prompt->empty()) return LineError{"invalid_parameter", field + ": must not be empty"};
+    req.prompt_token_ids.reserve(prompt->size());
+    for (const auto& t : *prompt) {
+      if (t.is_string() || t.is_array())
+        return LineError{"invalid_parameter",
+                         field + ": arrays of prompts are not supported (one prompt per line); "
+                                 "an array must hold token ids"};
+      int id = 0;
+      if (auto e = get_int32(t, field + " token id", id)) return e;
+      if (id < 0)
+        return LineError{"invalid_parameter", field + ": token ids must be >= 0, got " + std::to_string(id)};
+      req.prompt_token_ids.push_back(id);
+    }
+  } else {
+    return bad_type(field, "a string or an array of token ids", *prompt);
+  }
+  return std::nullopt;
+}
+
+/// Body keys both endpoints accept (vLLM's extensions included).
+constexpr const char* kCommonKeys[] = {
+    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "logprobs",
+    "return_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+    "ignore_eos", "stop_token_ids",
+    // accepted and ignored: they do not change the output of an offline job
+    "user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"};
+constexpr const char* kCompletionKeys[] = {"prompt", "echo", "best_of", "suffix", "logit_bias", "stream",
+                                           "stream_options"};
+constexpr const char* kChatKeys[] = {
+    "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs", "add_generation_prompt",
+    "logit_bias", "stream", "stream_options", "tools", "tool_choice", "functions", "function_call",
+    "parallel_tool_calls", "response_format", "audio", "modalities", "prediction", "reasoning_effort",
+    "web_search_options", "verbosity"};
+
+template <std::size_t N>
+bool one_of(const std::string& k, const char* const (&keys)[N]) {
+  for (const char* key : keys)
     if (k == key) return true;
   return false;
 }
 
-/// Fills `req` from the body object. `prefix` is "body." or "" (for messages).
+LineError unsupported(const std::string& field, const std::string& why) {
+  return {"unsupported_parameter", field + ": " + why};
+}
+
+/// The refusals: known fields Shardline does not implement, allowed only
+/// with the value that means "off". `chat` picks the endpoint's fields.
+std::optional<LineError> check_refused(const json& body, const std::string& prefix, bool chat) {
+  auto given = [&](const char* k) -> const json* {
+    auto it = body.find(k);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  auto name = [&](const char* k) { return prefix + k; };
+  if (const json* v = given("stream"); v != nullptr && !(v->is_boolean() && !v->get<bool>()))
+    return unsupported(name("stream"), "batch jobs do not stream; leave it out or set it to false");
+  if (given("stream_options") != nullptr)
+    return unsupported(name("stream_options"), "batch jobs do not stream");
+  if (const json* v = given("logit_bias"); v != nullptr && !(v->is_object() && v->empty()))
+    return unsupported(name("logit_bias"), "logit bias is not supported");
+  if (!chat) {
+    if (const json* v = given("suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
+      return unsupported(name("suffix"), "insertion (suffix) is not supported");
+    return std::nullopt;
+  }
+  if (const json* v = given("tools"); v != nullptr && !(v->is_array() && v->empty()))
+    return unsupported(name("tools"), "tool calling is not supported");
+  if (const json* v = given("tool_choice"); v != nullptr && !(v->is_string() && v->get<std::string>() == "none"))
+    return unsupported(name("tool_choice"), "tool calling is not supported (only \"none\")");
+  for (const char* k : {"functions", "function_call"})
+    if (given(k) != nullptr) return unsupported(name(k), "function calling is not supported");
+  if (const json* v = given("response_format");
+      v != nullptr && !(v->is_object() && v->size() == 1 && v->value("type", json()) == "text"))
+    return unsupported(name("response_format"), "structured output is not supported (only {\"type\": \"text\"})");
+  if (const json* v = given("modalities"); v != nullptr && *v != json::array({"text"}))
+    return unsupported(name("modalities"), "only [\"text\"] output is supported");
+  for (const char* k : {"audio", "prediction", "reasoning_effort", "web_search_options", "verbosity"})
+    if (given(k) != nullptr) return unsupported(name(k), "not supported by this server");
+  return std::nullopt;
+}
+
+/// A message's content as the chat template sees it: a string (also from an
+/// array of text parts, joined with "\n" as vLLM does) or null.
+std::optional<LineError> normalize_content(json& message, const std::string& field) {
+  auto it = message.find("content");
+  if (it == message.end() || it->is_null() || it->is_string()) return std::nullopt;
+  if (!it->is_array()) return bad_type(field, "a string, null or an array of content parts", *it);
+  std::string joined;
+  for (std::size_t j = 0; j < it->size(); ++j) {
+    const json& part = (*it)[j];
+    const std::string pf = field + "[" + std::to_string(j) + "]";
+    if (!part.is_object()) return bad_type(pf, "a content part object", part);
+    const json type = part.value("type", json());
+    if (type != "text")
+      return unsupported(pf + ".type", "only text content parts are supported, got " + short_dump(type));
+    auto text = part.find("text");
+    if (text == part.end() || !text->is_string())
+      return bad_type(pf + ".text", "a string", text == part.end() ? json() : *text);
+    if (j > 0) joined += '\n';
+    joined += text->get<std::string>();
+  }
+  *it = joined;
+  return std::nullopt;
+}
+
+std::optional<LineError> parse_messages(const json& v, const std::string& field, BatchRequest& req) {
+  if (!v.is_array()) return bad_type(field, "an array of messages", v);
+  if (v.empty()) return LineError{"invalid_parameter", field + ": must not be empty"};
+  json messages = v;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    json& m = messages[i];
+    const std::string mf = field + "[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad_type(mf, "a message object", m);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string())
+      return LineError{"invalid_parameter", mf + ".role: must be a string"};
+    if (auto e = normalize_content(m, mf + ".content")) return e;
+  }
+  req.messages_json = messages.dump(-1, ' ', false, json::error_handler_t::replace);
+  return std::nullopt;
+}
+
+/// Completions: `logprobs` is the number of top logprobs (0..20). Chat:
+/// `logprobs` is a boolean and `top_logprobs` (0..20) the number, which
+/// needs logprobs = true.
+template <class Field, class Name>
+std::optional<LineError> parse_logprobs(const Field& field, const Name& name, bool chat, BatchRequest& req) {
+  int& k = req.params.logprobs;
+  if (!chat) {
+    if (const json* v = field("logprobs")) {
+      std::int64_t x = 0;
+      if (auto e = get_int(*v, name("logprobs"), 0, sampling::kMaxLogprobs, x)) return e;
+      k = static_cast<int>(x);
+    }
+    return std::nullopt;
+  }
+  bool on = false;
+  if (const json* v = field("logprobs"))
+    if (auto e = get_bool(*v, name("logprobs"), on)) return e;
+  std::int64_t top = 0;
+  if (const json* v = field("top_logprobs")) {
+    if (auto e = get_int(*v, name("top_logprobs"), 0, sampling::kMaxLogprobs, top)) return e;
+    if (!on) return LineError{"invalid_parameter", name("top_logprobs") + ": needs logprobs set to true"};
+  }
+  if (on) k = static_cast<int>(top);
+  return std::nullopt;
+}
+
+/// Fills `req` from the body object. `prefix` is "body." or "" (plain form).
+/// `chat`: a /v1/chat/completions body (messages), else /v1/completions.
 std::optional<LineError> parse_body(const json& body, const std::string& prefix, bool allow_custom_id,
-                                    BatchRequest& req) {
+                                    bool chat, BatchRequest& req) {
   // Unknown keys first: a typo is the likeliest mistake.
   for (auto it = body.begin(); it != body.end(); ++it) {
-    if (is_body_key(it.key())) continue;
+    if (one_of(it.key(), kCommonKeys) || (chat ? one_of(it.key(), kChatKeys) : one_of(it.key(), kCompletionKeys)))
+      continue;
     if (allow_custom_id && it.key() == "custom_id") continue;
-    return LineError{"unknown_parameter", prefix + it.key() + ": unknown parameter"};
+    std::string hint;
+    if (chat && it.key() == "prompt") hint = " (chat lines give \"messages\")";
+    if (!chat && it.key() == "messages") hint = " (a chat line needs \"url\": \"/v1/chat/completions\")";
+    return LineError{"unknown_parameter", prefix + it.key() + ": unknown parameter" + hint};
   }
+  if (auto e = check_refused(body, prefix, chat)) return e;
   auto field = [&](const char* name) -> const json* {
     auto it = body.find(name);
     if (it == body.end() || it->is_null()) return nullptr;
     return &*it;
   };
   auto name = [&](const char* n) { return prefix + n; };
+  req.chat = chat;
 
-  // prompt
-  const json* prompt = field("prompt");
-  if (prompt == nullptr) return LineError{"missing_prompt", name("prompt") + ": missing"};
-  if (prompt->is_string()) {
-    req.prompt = prompt->get<std::string>();
-    if (req.prompt.empty()) return LineError{"invalid_parameter", name("prompt") + ": must not be empty"};
-  } else if (prompt->is_array()) {
-    if (prompt->empty()) return LineError{"invalid_parameter", name("prompt") + ": must not be empty"};
-    req.prompt_token_ids.reserve(prompt->size());
-    for (const auto& t : *prompt) {
-      if (t.is_string() || t.is_array())
-        return LineError{"invalid_parameter",
-                         name("prompt") + ": arrays of prompts are not supported (one prompt per line); "
-                                          "an array must hold token ids"};
-      int id = 0;
-      if (auto e = get_int32(t, name("prompt") + " token id", id)) return e;
-      if (id < 0)
-        return LineError{"invalid_parameter",
-                         name("prompt") + ": token ids must be >= 0, got " + std::to_string(id)};
-      req.prompt_token_ids.push_back(id);
+  if (chat) {
+    const json* messages = field("messages");
+    if (messages == nullptr) return LineError{"missing_prompt", name("messages") + ": missing"};
+    if (auto e = parse_messages(*messages, name("messages"), req)) return e;
+    if (const json* v = field("chat_template_kwargs")) {
+      if (!v->is_object()) return bad_type(name("chat_template_kwargs"), "an object", *v);
+      req.chat_template_kwargs_json = v->dump(-1, ' ', false, json::error_handler_t::replace);
     }
-  } else {
-    return bad_type(name("prompt"), "a string or an array of token ids", *prompt);
+    if (const json* v = field("add_generation_prompt"))
+      if (auto e = get_bool(*v, name("add_generation_prompt"), req.add_generation_prompt)) return e;
+  } else if (auto e = parse_prompt(field("prompt"), name("prompt"), req)) {
+    return e;
   }
 
   if (const json* v = field("model"); v != nullptr && !v->is_string())
@@ -146,6 +288,16 @@ std::optional<LineError> parse_body(const json& body, const std::string& prefix,
   auto& p = req.params;
   if (const json* v = field("max_tokens"))
     if (auto e = get_int32(*v, name("max_tokens"), p.max_tokens)) return e;
+  if (chat) {
+    // vLLM: max_completion_tokens wins over the older max_tokens; with
+    // neither, a chat line may generate to the end of the context.
+    if (const json* v = field("max_completion_tokens")) {
+      if (auto e = get_int32(*v, name("max_completion_tokens"), p.max_tokens)) return e;
+    } else if (field("max_tokens") == nullptr) {
+      p.max_tokens = std::numeric_limits<int>::max();
+      req.max_tokens_from_context = true;
+    }
+  }
   if (const json* v = field("min_tokens"))
     if (auto e = get_int32(*v, name("min_tokens"), p.min_tokens)) return e;
   if (const json* v = field("top_k"))
@@ -204,6 +356,20 @@ std::optional<LineError> parse_body(const json& body, const std::string& prefix,
       p.stop_token_ids.push_back(id);
     }
   }
+  if (auto e = parse_logprobs(field, name, chat, req)) return e;
+  if (!chat) {
+    if (const json* v = field("echo"))
+      if (auto e = get_bool(*v, name("echo"), req.echo)) return e;
+    if (req.echo && p.logprobs >= 0)
+      return unsupported(name("echo"), "echo together with logprobs (prompt logprobs) is not supported");
+    if (const json* v = field("best_of")) {
+      int best_of = 0;
+      if (auto e = get_int32(*v, name("best_of"), best_of)) return e;
+      if (best_of != req.n)
+        return unsupported(name("best_of"), "only best_of equal to n (" + std::to_string(req.n) +
+                                                ") is supported, got " + std::to_string(best_of));
+    }
+  }
   if (Status st = p.validate(); !st.ok()) return LineError{"invalid_parameter", st.error().message};
   return std::nullopt;
 }
@@ -233,7 +399,9 @@ BatchLine parse_impl(std::string_view line, std::uint64_t job_id, std::uint64_t 
 
   const bool wrapped = doc.contains("body") || doc.contains("method") || doc.contains("url");
   if (!wrapped) {
-    if (auto e = parse_body(doc, "", /*allow_custom_id=*/true, req)) return fail(std::move(*e));
+    // The plain form is a completions body, or a chat body when it has "messages".
+    const bool chat = doc.contains("messages") && !doc.contains("prompt");
+    if (auto e = parse_body(doc, "", /*allow_custom_id=*/true, chat, req)) return fail(std::move(*e));
     return BatchLine{std::move(req)};
   }
 
@@ -241,13 +409,16 @@ BatchLine parse_impl(std::string_view line, std::uint64_t job_id, std::uint64_t 
     if (!it->is_string() || it->get<std::string>() != "POST")
       return fail({"invalid_method", "method: must be \"POST\", got " + short_dump(*it)});
   }
+  bool chat = false;
   if (auto it = doc.find("url"); it != doc.end() && !it->is_null()) {
     if (!it->is_string()) return fail(bad_type("url", "a string", *it));
     const auto url = it->get<std::string>();
-    if (url == "/v1/chat/completions")
-      return fail({"unsupported_url", "url: chat completions are not supported yet (" + url + ")"});
-    if (url != "/v1/completions")
-      return fail({"unsupported_url", "url: \"" + url + "\" is not supported; use \"/v1/completions\""});
+    if (url == "/v1/chat/completions") {
+      chat = true;
+    } else if (url != "/v1/completions") {
+      return fail({"unsupported_url", "url: \"" + url +
+                                          "\" is not supported; use \"/v1/completions\" or \"/v1/chat/completions\""});
+    }
   }
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const auto& k = it.key();
@@ -257,7 +428,7 @@ BatchLine parse_impl(std::string_view line, std::uint64_t job_id, std::uint64_t 
   auto body = doc.find("body");
   if (body == doc.end() || body->is_null()) return fail({"missing_prompt", "body: missing"});
   if (!body->is_object()) return fail(bad_type("body", "an object", *body));
-  if (auto e = parse_body(*body, "body.", /*allow_custom_id=*/false, req)) return fail(std::move(*e));
+  if (auto e = parse_body(*body, "body.", /*allow_custom_id=*/false, chat, req)) return fail(std::move(*e));
   return BatchLine{std::move(req)};
 }
 
@@ -292,6 +463,66 @@ BatchLine parse_batch_line(std::string_view line, std::uint64_t job_id, std::uin
   }
 }
 
+namespace {
+
+ojson bytes_array(const std::string& bytes) {
+  ojson a = ojson::array();
+  for (unsigned char b : bytes) a.push_back(static_cast<int>(b));
+  return a;
+}
+
+/// {"token", "logprob", "bytes"} of the chat format.
+ojson chat_entry(const worker::TokenLogprobText& t) {
+  ojson e;
+  e["token"] = t.token;
+  e["logprob"] = t.logprob;
+  e["bytes"] = bytes_array(t.bytes);
+  return e;
+}
+
+/// Chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}], "refusal": null}.
+ojson chat_logprobs(const worker::BatchChoice& c) {
+  ojson content = ojson::array();
+  for (const worker::ChoiceTokenLogprobs& t : c.logprobs) {
+    ojson e = chat_entry(t.sampled);
+    ojson top = ojson::array();
+    for (const worker::TokenLogprobText& alt : t.top) top.push_back(chat_entry(alt));
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  ojson lp;
+  lp["content"] = std::move(content);
+  lp["refusal"] = nullptr;
+  return lp;
+}
+
+/// Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}.
+/// Each top_logprobs entry maps token text -> logprob for the top tokens and
+/// the sampled one (as vLLM writes it); tokens with the same text keep the
+/// first (most likely) value.
+ojson completion_logprobs(const worker::BatchChoice& c) {
+  ojson tokens = ojson::array(), token_logprobs = ojson::array(), top_logprobs = ojson::array(),
+        text_offset = ojson::array();
+  for (const worker::ChoiceTokenLogprobs& t : c.logprobs) {
+    tokens.push_back(t.sampled.token);
+    token_logprobs.push_back(t.sampled.logprob);
+    ojson top = ojson::object();
+    for (const worker::TokenLogprobText& alt : t.top)
+      if (!top.contains(alt.token)) top[alt.token] = alt.logprob;
+    if (!top.contains(t.sampled.token)) top[t.sampled.token] = t.sampled.logprob;
+    top_logprobs.push_back(std::move(top));
+    text_offset.push_back(t.text_offset);
+  }
+  ojson lp;
+  lp["tokens"] = std::move(tokens);
+  lp["token_logprobs"] = std::move(token_logprobs);
+  lp["top_logprobs"] = std::move(top_logprobs);
+  lp["text_offset"] = std::move(text_offset);
+  return lp;
+}
+
+}  // namespace
+
 std::string format_result_line(const BatchResult& r, std::string_view model,
                                std::string_view request_id_prefix) {
   const std::string suffix = std::to_string(r.job_id) + "_" + std::to_string(r.line_index);
@@ -305,14 +536,22 @@ std::string format_result_line(const BatchResult& r, std::string_view model,
     for (const auto& c : r.choices) {
       ojson ch;
       ch["index"] = c.index;
-      ch["text"] = c.text;
+      if (r.chat) {
+        ojson message;
+        message["role"] = "assistant";
+        message["content"] = c.text;
+        ch["message"] = std::move(message);
+      } else {
+        ch["text"] = c.text;
+      }
       ch["finish_reason"] = c.finish_reason;
       if (with_ids) ch["token_ids"] = c.token_ids;
-      ch["logprobs"] = nullptr;
+      if (r.logprobs < 0) ch["logprobs"] = nullptr;
+      else ch["logprobs"] = r.chat ? chat_logprobs(c) : completion_logprobs(c);
       choices.push_back(std::move(ch));
     }
     ojson body;
-    body["object"] = "text_completion";
+    body["object"] = r.chat ? "chat.completion" : "text_completion";
     body["model"] = std::string(model);
     body["choices"] = std::move(choices);
     ojson usage;
@@ -322,7 +561,7 @@ std::string format_result_line(const BatchResult& r, std::string_view model,
     body["usage"] = std::move(usage);
     ojson response;
     response["status_code"] = 200;
-    response["request_id"] = std::string(request_id_prefix) + suffix;
+    response["request_id"] = (r.chat ? "chat" : "") + std::string(request_id_prefix) + suffix;
     response["body"] = std::move(body);
     out["response"] = std::move(response);
     out["error"] = nullptr;

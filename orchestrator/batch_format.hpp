@@ -7,32 +7,52 @@
 ///  - the OpenAI Batch form
 ///      {"custom_id": "a", "method": "POST", "url": "/v1/completions",
 ///       "body": {"model": "m", "prompt": "Hello", "max_tokens": 32, ...}}
+///    with url "/v1/completions" or "/v1/chat/completions".
 ///    `method` and `url` may be left out (they default to POST and
 ///    /v1/completions); `custom_id` may be left out (it defaults to the
 ///    1-based line number, see below). Top-level keys other than these four
 ///    are unknown_parameter errors. A line is in this form when it has any of
 ///    the keys "body", "method" or "url".
 ///  - the plain form: the body keys at the top level, {"prompt": "Hello",
-///    "max_tokens": 32}, plus an optional "custom_id".
+///    "max_tokens": 32}, plus an optional "custom_id"; a chat body when it
+///    has "messages" and no "prompt".
 ///
-/// Body keys: model (string, ignored: the job's model answers), prompt (a
-/// non-empty string, or a non-empty array of token ids in [0, 2^31)),
-/// max_tokens (default 16), temperature (default 1.0), top_p, top_k, min_p,
-/// seed (any 64-bit integer; negative values wrap to uint64), stop (string or
-/// array of strings), n (1..128), return_token_ids (bool), presence_penalty,
+/// Body keys of both endpoints: model (string, ignored: the job's model
+/// answers), max_tokens (completions default 16), temperature (default 1.0),
+/// top_p, top_k, min_p, seed (any 64-bit integer; negative values wrap to
+/// uint64), stop (string or array of strings), n (1..128; choice i samples
+/// with seed + i), return_token_ids (bool), presence_penalty,
 /// frequency_penalty, repetition_penalty, min_tokens, ignore_eos (bool),
-/// stop_token_ids (array of integers). A key with the value null counts as
-/// not given. Integers may be written as integral floats (16.0).
+/// stop_token_ids (array of integers); user, store, metadata, service_tier,
+/// prompt_cache_key and safety_identifier are accepted and ignored.
+/// Completions: prompt (a non-empty string, or a non-empty array of token ids
+/// in [0, 2^31)), logprobs (0..20: the sampled token's logprob and the k most
+/// likely), echo (bool; not with logprobs), best_of (only equal to n).
+/// Chat: messages (a non-empty array of objects with a string "role";
+/// "content" a string, null, or an array of {"type": "text", "text"} parts,
+/// joined with "\n"; other keys go to the template as given),
+/// max_completion_tokens (wins over max_tokens; with neither, up to the end
+/// of the context), logprobs (bool), top_logprobs (0..20, needs logprobs),
+/// chat_template_kwargs (object), add_generation_prompt (bool, default true),
+/// parallel_tool_calls (ignored).
+/// Refused unless "off" (unsupported_parameter): stream (false),
+/// stream_options, logit_bias ({}), suffix (""), tools ([]), tool_choice
+/// ("none"), functions, function_call, response_format ({"type": "text"}),
+/// modalities (["text"]), audio, prediction, reasoning_effort,
+/// web_search_options, verbosity. A key with the value null counts as not
+/// given. Integers may be written as integral floats (16.0).
 ///
 /// Errors (BatchResult.ok == false, error_code, error_message naming the field):
-///   invalid_json       the line is not JSON or not a JSON object
-///   missing_prompt     no "prompt" (or no "body" in the OpenAI form)
-///   invalid_parameter  a value of the wrong type or out of range
-///                      (ranges from sampling::SamplingParams::validate)
-///   unknown_parameter  a key that is not in the lists above
-///   unsupported_url    url other than /v1/completions ("/v1/chat/completions":
-///                      "chat completions are not supported yet")
-///   invalid_method     method other than "POST"
+///   invalid_json           the line is not JSON or not a JSON object
+///   missing_prompt         no "prompt" / "messages" (or no "body" in the OpenAI form)
+///   invalid_parameter      a value of the wrong type or out of range
+///                          (ranges from sampling::SamplingParams::validate)
+///   unknown_parameter      a key that is not in the lists above
+///   unsupported_parameter  a known field with a value Shardline does not implement
+///   unsupported_url        url other than the two endpoints
+///   invalid_method         method other than "POST"
+/// The worker adds chat_template_missing, chat_template_error and
+/// context_length_exceeded (worker/batch_worker.hpp).
 ///
 /// Blank lines (only whitespace, including a lone '\r') are skipped by the
 /// job manager: they get no line index and no output line. `line_index` is the
@@ -80,10 +100,17 @@ struct BatchLine {
 ///   {"id":"batch_req_<job>_<line>","custom_id":...,
 ///    "response":{"status_code":200,"request_id":"<prefix><job>_<line>",
 ///      "body":{"object":"text_completion","model":<model>,
-///        "choices":[{"index","text","finish_reason",["token_ids",]"logprobs":null}],
+///        "choices":[{"index","text","finish_reason",["token_ids",]"logprobs"}],
 ///        "usage":{"prompt_tokens","completion_tokens","total_tokens"}}},
 ///    "error":null}
-/// or for an error result
+/// A chat result has "object":"chat.completion", choices
+/// {"index","message":{"role":"assistant","content"},"finish_reason",
+/// ["token_ids",]"logprobs"} and request_id "chat<prefix>..." (chatcmpl-).
+/// "logprobs" is null unless asked for; then completions write
+/// {"tokens","token_logprobs","top_logprobs":[{text: logprob}],"text_offset"}
+/// and chat writes {"content":[{"token","logprob","bytes","top_logprobs":
+/// [{"token","logprob","bytes"}]}],"refusal":null}.
+/// An error result is
 ///   {"id":...,"custom_id":...,"response":null,"error":{"code":...,"message":...}}
 /// <line> is the 0-based line index. "token_ids" is written for every choice
 /// when any choice of the result carries token ids (workers fill them only

@@ -168,9 +168,16 @@ void JobManager::finish_cleanup(Job& j) {
   if (j.session_started && j.session_t1 < 0) j.session_t1 = now();
 }
 
+void JobManager::apply_job_settings(const Job& j, BatchRequest& request) {
+  request.token_budget = j.rec.spec.token_budget;
+  if (request.chat) request.chat_template = j.rec.spec.chat_template;
+}
+
 bool JobManager::attach_resume(const Job& j, BatchRequest& request) const {
   const auto it = j.resume.find(request.line_index);
-  if (it == j.resume.end()) {
+  // A line with logprobs starts again from its prompt: the logprobs of its
+  // generated tokens were not replicated (the worker drops a resume too).
+  if (it == j.resume.end() || request.params.logprobs >= 0) {
     request.resume.clear();
     return false;
   }
@@ -314,7 +321,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
     std::uint64_t resumed = 0;
     while (!j.retry.empty() && out.size() < max_count) {
       auto node = j.retry.extract(j.retry.begin());
-      node.mapped().token_budget = j.rec.spec.token_budget;
+      apply_job_settings(j, node.mapped());
       if (attach_resume(j, node.mapped())) ++resumed;
       j.in_flight[node.key()] = InFlight{worker, node.mapped()};
       out.push_back(std::move(node.mapped()));
@@ -346,7 +353,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
         errors.push_back(to_stored(j, parsed.error()));
         continue;
       }
-      parsed.request().token_budget = j.rec.spec.token_budget;
+      apply_job_settings(j, parsed.request());
       if (attach_resume(j, parsed.request())) ++resumed;  // pending since a restart
       j.in_flight[index] = InFlight{worker, parsed.request()};
       out.push_back(std::move(parsed.request()));
@@ -393,7 +400,7 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
     if (auto r = j.retry.find(l.line_index); r != j.retry.end()) {
       BatchRequest req = std::move(r->second);
       j.retry.erase(r);
-      req.token_budget = j.rec.spec.token_budget;
+      apply_job_settings(j, req);
       j.in_flight[l.line_index] = InFlight{worker, std::move(req)};
       mark_started(j);
       ++claimed;
@@ -421,7 +428,7 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
       ++next;
       BatchLine parsed = parse_batch_line(line, j.rec.id, index);
       if (!parsed.is_request()) continue;  // committed as an error at submit
-      parsed.request().token_budget = j.rec.spec.token_budget;
+      apply_job_settings(j, parsed.request());
       j.in_flight[index] = InFlight{worker, std::move(parsed.request())};
       mark_started(j);
       ++claimed;

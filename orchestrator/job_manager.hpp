@@ -225,8 +225,12 @@ class JobManager {
   Status advance_output(Job& j);
   void fail_job(Job& j, const std::string& why);
   void finish_cleanup(Job& j);  ///< a finished job: drops its retry / in-flight state and resume records
-  /// Sets request.resume to the line's resume point (none: empty) and
-  /// returns true when some choice has num_kv_tokens > 0.
+  /// The job's settings every line carries: its token budget policy and,
+  /// on chat lines, its --chat-template text.
+  static void apply_job_settings(const Job& j, worker::BatchRequest& request);
+  /// Sets request.resume to the line's resume point (none: empty; always
+  /// none for a line with logprobs) and returns true when some choice has
+  /// num_kv_tokens > 0.
   bool attach_resume(const Job& j, worker::BatchRequest& request) const;
   void add_recovery(Job& j, std::uint64_t requeued, std::uint64_t resumed);
   [[nodiscard]] StoredResult to_stored(const Job& j, const worker::BatchResult& r) const;

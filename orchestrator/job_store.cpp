@@ -87,6 +87,7 @@ std::string encode_record(const JobRecord& r) {
   j["request_id_prefix"] = r.spec.request_id_prefix;
   j["parallel"] = r.spec.parallel;
   j["token_budget"] = r.spec.token_budget;
+  if (!r.spec.chat_template.empty()) j["chat_template"] = r.spec.chat_template;
   j["state"] = job_state_name(r.state);
   j["created_unix_ms"] = r.created_unix_ms;
   j["finished_unix_ms"] = r.finished_unix_ms;
@@ -109,6 +110,7 @@ Result<JobRecord> decode_record(std::string_view s) {
     // Added later: records written before have neither (the defaults apply).
     r.spec.parallel = j.value("parallel", std::string());
     r.spec.token_budget = j.value("token_budget", std::string("fixed"));
+    r.spec.chat_template = j.value("chat_template", std::string());
     const auto state = j.at("state").get<std::string>();
     if (state == "queued") r.state = JobState::queued;
     else if (state == "running") r.state = JobState::running;

@@ -71,6 +71,9 @@ struct JobSpec {
   /// Per-micro-batch token budget policy of the job's steps: "fixed" or
   /// "throttle" (engine/policies/token_budget_policies.hpp).
   std::string token_budget = "fixed";
+  /// `--chat-template`: the template text chat lines are rendered with;
+  /// "" = the model folder's (model/chat_template.hpp).
+  std::string chat_template;
 };
 
 /// A job as stored.

@@ -67,6 +67,46 @@ struct BatchRequest {
   /// [n] when the line resumes after a failure (choice i from resume[i]);
   /// empty for a fresh line.
   std::vector<ChoiceResume> resume;
+
+  // ---- /v1/chat/completions lines ----
+  /// A chat line: the worker renders `messages_json` with the chat template
+  /// (model/chat_template.hpp) and tokenizes the result without adding
+  /// special tokens (the template writes them), as vLLM does.
+  bool chat = false;
+  /// The conversation: a JSON array of messages, as text (content parts
+  /// already joined to strings by the parser).
+  std::string messages_json;
+  /// `chat_template_kwargs`: a JSON object as text ("" = none); extra
+  /// template globals such as Qwen3's enable_thinking.
+  std::string chat_template_kwargs_json;
+  bool add_generation_prompt = true;
+  /// The job's `--chat-template` text; "" = the model folder's template.
+  /// Set by JobManager::next_work from the job, like token_budget.
+  std::string chat_template;
+  /// Chat lines without max_tokens / max_completion_tokens generate up to
+  /// the context's end (max_model_len - prompt tokens), as vLLM does.
+  bool max_tokens_from_context = false;
+
+  /// Completions `echo`: each choice's text starts with the prompt's text.
+  bool echo = false;
+};
+
+/// The logprob of one token as output lines show it.
+struct TokenLogprobText {
+  std::string token;  ///< the token's text, valid UTF-8 (partial characters become U+FFFD)
+  std::string bytes;  ///< the token's raw bytes (Tokenizer::token_bytes)
+  float logprob = 0.0f;
+  bool operator==(const TokenLogprobText&) const = default;
+};
+
+/// One generated token's logprobs (sampling/logprobs.hpp) with texts.
+struct ChoiceTokenLogprobs {
+  TokenLogprobText sampled;
+  std::vector<TokenLogprobText> top;  ///< most likely first
+  /// Completions `text_offset`: where this token's text starts in the
+  /// choice's text, in Unicode code points (after the prompt with echo).
+  int text_offset = 0;
+  bool operator==(const ChoiceTokenLogprobs&) const = default;
 };
 
 /// One choice of a completion.
@@ -75,6 +115,8 @@ struct BatchChoice {
   std::string text;
   std::string finish_reason;  ///< "stop" or "length"
   std::vector<std::int32_t> token_ids;  ///< filled when return_token_ids
+  /// [generated tokens] when the request asked for logprobs; else empty.
+  std::vector<ChoiceTokenLogprobs> logprobs;
 };
 
 /// The result of one input line: a completion or a per-line error.
@@ -84,6 +126,8 @@ struct BatchResult {
   std::string custom_id;
   bool ok = false;
   // ok == true:
+  bool chat = false;   ///< a chat.completion (else a text_completion)
+  int logprobs = -1;   ///< top logprobs asked for (SamplingParams::logprobs); -1 = none
   std::vector<BatchChoice> choices;
   int prompt_tokens = 0;
   int completion_tokens = 0;  ///< over all choices

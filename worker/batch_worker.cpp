@@ -1,8 +1,13 @@
 #include "worker/batch_worker.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
 #include <utility>
 
+#include "model/bpe_tokenizer.hpp"
 #include "sampling/rng.hpp"
 
 namespace shardline::worker {
@@ -58,6 +63,75 @@ void BatchWorker::push_error(const BatchRequest& request, std::string code, std:
   r.error_code = std::move(code);
   r.error_message = std::move(message);
   ready_.push_back(std::move(r));
+}
+
+Result<std::string> BatchWorker::render_chat(const BatchRequest& request) {
+  auto it = chat_templates_.find(request.chat_template);
+  if (it == chat_templates_.end()) {
+    if (chat_templates_.size() >= 16) chat_templates_.clear();  // job templates: a small cache
+    auto loaded = request.chat_template.empty()
+                      ? model::ChatTemplate::load(engine_.tokenizer_dir)
+                      : model::ChatTemplate::from_source(engine_.tokenizer_dir, request.chat_template,
+                                                         "the job's --chat-template");
+    Result<std::shared_ptr<const model::ChatTemplate>> entry =
+        loaded.ok() ? Result<std::shared_ptr<const model::ChatTemplate>>(
+                          std::make_shared<const model::ChatTemplate>(std::move(loaded).value()))
+                    : Result<std::shared_ptr<const model::ChatTemplate>>(std::move(loaded).error());
+    it = chat_templates_.emplace(request.chat_template, std::move(entry)).first;
+  }
+  if (!it->second.ok()) {
+    Error e = it->second.error();
+    constexpr std::string_view kTag = "chat_template_missing: ";
+    if (e.message.rfind(kTag, 0) == 0) e.message.erase(0, kTag.size());
+    return e;
+  }
+  const auto messages = nlohmann::ordered_json::parse(request.messages_json, nullptr, /*allow_exceptions=*/false);
+  if (messages.is_discarded() || !messages.is_array())
+    return make_error(ErrorCode::invalid_argument, "messages: not a JSON array");
+  auto kwargs = nlohmann::ordered_json::object();
+  if (!request.chat_template_kwargs_json.empty()) {
+    kwargs = nlohmann::ordered_json::parse(request.chat_template_kwargs_json, nullptr, /*allow_exceptions=*/false);
+    if (kwargs.is_discarded() || !kwargs.is_object())
+      return make_error(ErrorCode::invalid_argument, "chat_template_kwargs: not a JSON object");
+  }
+  Result<std::string> prompt = (*it->second)->render(messages, request.add_generation_prompt, kwargs);
+  if (!prompt.ok()) return make_error(prompt.error().code, "chat template: " + prompt.error().message);
+  return prompt;
+}
+
+namespace {
+
+/// Code points of valid UTF-8 text.
+int code_points(std::string_view s) {
+  int n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+std::vector<ChoiceTokenLogprobs> BatchWorker::logprob_texts(const std::vector<sampling::SampleLogprobs>& lps,
+                                                            int offset) const {
+  const model::Tokenizer& tok = *engine_.tokenizer;
+  auto text_of = [&](const sampling::TokenLogprob& t) {
+    TokenLogprobText out;
+    out.bytes = tok.token_bytes(t.token_id);
+    out.token = model::utf8_lossy(out.bytes);
+    // JSON has no -inf: vLLM writes -9999.0.
+    out.logprob = std::isfinite(t.logprob) ? t.logprob : -9999.0f;
+    return out;
+  };
+  std::vector<ChoiceTokenLogprobs> out;
+  out.reserve(lps.size());
+  for (const sampling::SampleLogprobs& lp : lps) {
+    ChoiceTokenLogprobs c;
+    c.sampled = text_of(lp.sampled);
+    for (const sampling::TokenLogprob& t : lp.top) c.top.push_back(text_of(t));
+    c.text_offset = offset;
+    offset += code_points(c.sampled.token);
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 class BatchWorker::StreamAdapter final : public engine::KvStreamSink {
@@ -118,7 +192,16 @@ void BatchWorker::submit(BatchRequest request) {
   }
 
   std::vector<std::int32_t> ids;
-  if (!request.prompt_token_ids.empty()) {
+  if (request.chat) {
+    Result<std::string> prompt = render_chat(request);
+    if (!prompt.ok()) {
+      const bool missing = prompt.error().code == ErrorCode::not_found;
+      push_error(request, missing ? "chat_template_missing" : "chat_template_error", prompt.error().message);
+      return;
+    }
+    // The template wrote the special tokens (BOS, role markers) itself.
+    ids = tok.encode(*prompt, /*add_special_tokens=*/false);
+  } else if (!request.prompt_token_ids.empty()) {
     ids = std::move(request.prompt_token_ids);
     const int vocab = tok.vocab_size();
     for (std::size_t i = 0; i < ids.size(); ++i)
@@ -138,15 +221,24 @@ void BatchWorker::submit(BatchRequest request) {
 
   const int prompt_tokens = static_cast<int>(ids.size());
   const int max_model_len = eng.config().max_model_len;
+  if (request.max_tokens_from_context) request.params.max_tokens = std::max(1, max_model_len - prompt_tokens);
   if (static_cast<long long>(prompt_tokens) + request.params.max_tokens > max_model_len) {
     push_error(request, "context_length_exceeded",
                context_length_message(max_model_len, prompt_tokens, request.params.max_tokens));
     return;
   }
 
+  // Logprobs of tokens generated before a failure were not replicated:
+  // such a line starts again from its prompt (same seeds, same result).
+  if (request.params.logprobs >= 0) request.resume.clear();
+
   Line line;
   line.custom_id = request.custom_id;
   line.return_token_ids = request.return_token_ids;
+  line.chat = request.chat;
+  line.logprobs = request.params.logprobs;
+  if (request.echo)
+    line.echo_text = !request.prompt.empty() ? request.prompt : tok.decode(ids, /*skip_special_tokens=*/true);
   line.prompt_tokens = prompt_tokens;
   line.choices.resize(static_cast<std::size_t>(request.n));
   line.done.assign(static_cast<std::size_t>(request.n), false);
@@ -206,7 +298,8 @@ Result<std::vector<BatchResult>> BatchWorker::step() {
       line.completion_tokens += static_cast<int>(out.token_ids.size());
       BatchChoice& choice = line.choices[c];
       choice.index = ref.choice;
-      choice.text = std::move(out.text);
+      choice.text = line.echo_text + out.text;
+      if (line.logprobs >= 0) choice.logprobs = logprob_texts(out.logprobs, code_points(line.echo_text));
       choice.finish_reason = finish_reason_name(out.finish_reason);
       if (line.return_token_ids) choice.token_ids = std::move(out.token_ids);
       if (!line.done[c]) {
@@ -219,6 +312,8 @@ Result<std::vector<BatchResult>> BatchWorker::step() {
       r.line_index = ref.line.second;
       r.custom_id = std::move(line.custom_id);
       r.ok = true;
+      r.chat = line.chat;
+      r.logprobs = line.logprobs;
       r.choices = std::move(line.choices);
       r.prompt_tokens = line.prompt_tokens;
       r.completion_tokens = line.completion_tokens;

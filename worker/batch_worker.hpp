@@ -28,7 +28,18 @@
 ///                            prompt token id outside the vocabulary
 ///   context_length_exceeded  prompt tokens + max_tokens > max_model_len
 ///                            (vLLM's message, with the numbers)
+///   chat_template_missing    a chat line, the model folder has no chat
+///                            template and the job gave none
+///   chat_template_error      a chat line whose template does not parse or
+///                            fails to render (raise_exception: its message)
 ///   server_error             the engine refused the request otherwise
+///
+/// Chat lines (BatchRequest::chat) are rendered with the job's template
+/// (BatchRequest::chat_template) or the model folder's
+/// (EngineInstance::tokenizer_dir), parsed once per template text and kept,
+/// then tokenized without special tokens. A line that asks for logprobs
+/// never resumes from generated tokens (their logprobs were not
+/// replicated): it starts again from its prompt, with the same result.
 
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +51,7 @@
 
 #include "common/result.hpp"
 #include "engine/engine_builder.hpp"
+#include "model/chat_template.hpp"
 #include "worker/batch_types.hpp"
 #include "worker/kv_streamer.hpp"
 
@@ -147,6 +159,9 @@ class BatchWorker {
   struct Line {
     std::string custom_id;
     bool return_token_ids = false;
+    bool chat = false;
+    int logprobs = -1;        ///< SamplingParams::logprobs of the line
+    std::string echo_text;    ///< completions echo: the prompt's text, else ""
     int prompt_tokens = 0;
     int completion_tokens = 0;
     std::vector<BatchChoice> choices;  ///< index i = choice i
@@ -161,6 +176,14 @@ class BatchWorker {
   };
 
   void push_error(const BatchRequest& request, std::string code, std::string message);
+  /// The chat prompt of `request`: its messages rendered with its template.
+  /// Errors: not_found (no template: chat_template_missing), others
+  /// (chat_template_error).
+  [[nodiscard]] Result<std::string> render_chat(const BatchRequest& request);
+  /// One choice's logprobs with token texts (text offsets from `offset`,
+  /// in code points).
+  [[nodiscard]] std::vector<ChoiceTokenLogprobs> logprob_texts(const std::vector<sampling::SampleLogprobs>& lps,
+                                                               int offset) const;
   [[nodiscard]] bool holds(const LineKey& key) const;
   std::vector<BatchResult> drain_ready();
 
@@ -177,6 +200,8 @@ class BatchWorker {
   std::unique_ptr<std::unordered_map<std::uint64_t, RequestRef>> requests_ =
       std::make_unique<std::unordered_map<std::uint64_t, RequestRef>>();
   std::vector<BatchResult> ready_;        ///< to be returned
+  /// Parsed chat templates by template text ("" = the model folder's).
+  std::map<std::string, Result<std::shared_ptr<const model::ChatTemplate>>> chat_templates_;
   std::uint64_t prompt_tokens_ = 0;
   std::uint64_t generated_tokens_ = 0;
   std::uint64_t steps_done_ = 0;

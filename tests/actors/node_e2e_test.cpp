@@ -93,8 +93,8 @@ TEST_F(NodeE2e, BadLinesGetPerLineErrorsAndGoodLinesComplete) {
     in << R"({"custom_id": "good-1", "body": {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}})" "\n"
        << R"({"custom_id": "broken", "body": {"prompt": )" "\n"
        << R"({"custom_id": "no-prompt", "body": {"max_tokens": 8}})" "\n"
-       << R"({"custom_id": "unknown", "body": {"prompt": "hi", "best_of": 3}})" "\n"
-       << R"({"custom_id": "chat", "url": "/v1/chat/completions", "body": {"messages": []}})" "\n"
+       << R"({"custom_id": "unknown", "body": {"prompt": "hi", "frobnicate": 3}})" "\n"
+       << R"({"custom_id": "chat", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}]}})" "\n"
        << R"({"custom_id": "too-long", "body": {"prompt": "Once upon a time", "max_tokens": 600}})" "\n"
        << R"({"prompt": "Lily wanted to", "max_tokens": 8, "temperature": 0})" "\n";
   }
@@ -108,7 +108,7 @@ TEST_F(NodeE2e, BadLinesGetPerLineErrorsAndGoodLinesComplete) {
       {"2", "invalid_json"},  // a malformed line's custom_id cannot be read: its line number
       {"no-prompt", "missing_prompt"},
       {"unknown", "unknown_parameter"},
-      {"chat", "unsupported_url"},
+      {"chat", "chat_template_missing"},  // stories260K has no chat template and the job gave none
       {"too-long", "context_length_exceeded"},
       {"7", ""}};
   for (std::size_t i = 0; i < expected.size(); ++i) {

@@ -118,6 +118,42 @@ TEST(CliE2e, TokenizeMessagesRendersTheChatTemplate) {
   fs::remove_all(dir);
 }
 
+// generate --messages: the conversation rendered with --chat-template, the
+// same prompt ids `tokenize --messages` gives, run with the --prompt ones.
+TEST(CliE2e, GenerateMessagesRendersTheChatTemplate) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardline_cli_gen_messages_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "t.jinja") << "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                                    "{% if add_generation_prompt %}assistant:{% endif %}";
+  std::ofstream(dir / "m.json") << R"({"messages": [{"role": "user", "content": "Tell me about Lily."}]})";
+  const std::string tpl = " --chat-template " + (dir / "t.jinja").string();
+  CliRun tok = run("tokenize --tokenizer " + kModel + " --messages " + (dir / "m.json").string() +
+                   " --add-generation-prompt --json" + tpl);
+  ASSERT_EQ(tok.exit_code, 0) << tok.out;
+  const auto want = nlohmann::json::parse(tok.out);
+  CliRun gen = run("generate --model " + kModel + " --prompt Hello --messages " + (dir / "m.json").string() + tpl +
+                   " --max-tokens 4 --temperature 0 --json");
+  ASSERT_EQ(gen.exit_code, 0) << gen.out;
+  std::istringstream lines(gen.out);
+  std::string first, second;
+  std::getline(lines, first);
+  std::getline(lines, second);
+  const auto chat = nlohmann::json::parse(second);
+  EXPECT_EQ(nlohmann::json::parse(first)["prompt"], "Hello");
+  EXPECT_EQ(chat["prompt"], want["prompt"]);
+  EXPECT_EQ(chat["prompt_token_ids"], want["token_ids"]);
+  EXPECT_EQ(chat["token_ids"].size(), 4u);
+  // No template in the folder and none given; no prompt at all.
+  CliRun missing = run("generate --model " + kModel + " --messages " + (dir / "m.json").string());
+  EXPECT_EQ(missing.exit_code, 1) << missing.out;
+  EXPECT_NE(missing.out.find("chat_template_missing"), std::string::npos) << missing.out;
+  CliRun none = run("generate --model " + kModel);
+  EXPECT_EQ(none.exit_code, 2) << none.out;
+  EXPECT_NE(none.out.find("--prompt or --messages"), std::string::npos) << none.out;
+  fs::remove_all(dir);
+}
+
 TEST(CliE2e, MissingModelFolderIsAClearError) {
   const CliRun r = run("generate --model /nonexistent/model --prompt hi");
   EXPECT_EQ(r.exit_code, 1) << r.out;

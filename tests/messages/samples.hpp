@@ -51,6 +51,17 @@ inline worker::BatchRequest sample_request(int i) {
   r.n = 1 + i % 3;
   if (i % 2 == 1)  // a requeued line resuming from replicated KV (no chunk: the worker fetches it)
     for (int c = 0; c < r.n; ++c) r.resume.push_back({{100 + c, 200 + i, 3}, 17 + c, {}});
+  if (i % 3 == 1) {  // a chat line
+    r.chat = true;
+    r.messages_json = R"([{"role":"system","content":"Be brief ✓"},{"role":"user","content":"Hi )" +
+                      std::to_string(i) + R"("}])";
+    r.chat_template_kwargs_json = R"({"enable_thinking":false})";
+    r.add_generation_prompt = i % 2 == 0;
+    r.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}";
+    r.max_tokens_from_context = true;
+  }
+  r.echo = i % 4 == 2;
+  r.params.logprobs = i % 5 - 1;
   return r;
 }
 
@@ -71,10 +82,17 @@ inline worker::BatchResult sample_result(int i) {
       ch.text = " there was a little robot #" + std::to_string(c);
       ch.finish_reason = c % 2 ? "length" : "stop";
       ch.token_ids = {727, 471, 263, c, 2};
+      if (i % 2 == 0)
+        for (int t = 0; t < 2; ++t)
+          ch.logprobs.push_back({{"\xEF\xBF\xBD", std::string("\xE2\x9C", 2), -0.25f * static_cast<float>(t + 1)},
+                                 {{" there", " there", -0.5f}, {"\n", "\n", -9999.0f}},
+                                 3 * t});
       r.choices.push_back(ch);
     }
     r.prompt_tokens = 12 + i;
     r.completion_tokens = 5 * static_cast<int>(r.choices.size());
+    r.chat = i % 2 == 1;
+    r.logprobs = i % 2 == 0 ? 2 : -1;
   }
   return r;
 }
@@ -156,6 +174,7 @@ inline void expect_params_eq(const sampling::SamplingParams& a, const sampling::
   EXPECT_EQ(a.ignore_eos, b.ignore_eos);
   EXPECT_EQ(a.stop_token_ids, b.stop_token_ids);
   EXPECT_EQ(a.stop, b.stop);
+  EXPECT_EQ(a.logprobs, b.logprobs);
 }
 
 inline void expect_request_eq(const worker::BatchRequest& a, const worker::BatchRequest& b) {
@@ -173,6 +192,13 @@ inline void expect_request_eq(const worker::BatchRequest& a, const worker::Batch
     EXPECT_EQ(a.resume[i].output_ids, b.resume[i].output_ids);
     EXPECT_EQ(a.resume[i].num_kv_tokens, b.resume[i].num_kv_tokens);
   }
+  EXPECT_EQ(a.chat, b.chat);
+  EXPECT_EQ(a.messages_json, b.messages_json);
+  EXPECT_EQ(a.chat_template_kwargs_json, b.chat_template_kwargs_json);
+  EXPECT_EQ(a.add_generation_prompt, b.add_generation_prompt);
+  EXPECT_EQ(a.chat_template, b.chat_template);
+  EXPECT_EQ(a.max_tokens_from_context, b.max_tokens_from_context);
+  EXPECT_EQ(a.echo, b.echo);
 }
 
 inline void expect_result_eq(const worker::BatchResult& a, const worker::BatchResult& b) {
@@ -186,7 +212,10 @@ inline void expect_result_eq(const worker::BatchResult& a, const worker::BatchRe
     EXPECT_EQ(a.choices[i].text, b.choices[i].text);
     EXPECT_EQ(a.choices[i].finish_reason, b.choices[i].finish_reason);
     EXPECT_EQ(a.choices[i].token_ids, b.choices[i].token_ids);
+    EXPECT_EQ(a.choices[i].logprobs, b.choices[i].logprobs);
   }
+  EXPECT_EQ(a.chat, b.chat);
+  EXPECT_EQ(a.logprobs, b.logprobs);
   EXPECT_EQ(a.prompt_tokens, b.prompt_tokens);
   EXPECT_EQ(a.completion_tokens, b.completion_tokens);
   EXPECT_EQ(a.error_code, b.error_code);
@@ -253,7 +282,8 @@ inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
   return {
       OrchestratorMsg{SubmitJob{"/models/stories15M",
                                     {"/data/in/shard-000.jsonl", "/data/in/shard-001.jsonl", ""},
-                                    "/data/out/result.jsonl", std::nullopt, ""}},
+                                    "/data/out/result.jsonl", std::nullopt, "", "",
+                                    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"}},
       OrchestratorMsg{JobStatusQuery{42}},
       OrchestratorMsg{JobStatusQuery{0}},
       OrchestratorMsg{ActorListQuery{}},

@@ -166,19 +166,129 @@ TEST(BatchFormat, InvalidParameterRanges) {
 
 TEST(BatchFormat, UnknownParameter) {
   expect_error(R"({"prompt":"x","max_token":4})", "unknown_parameter", "max_token");
-  expect_error(R"({"custom_id":"a","body":{"prompt":"x","logprobs":2}})", "unknown_parameter", "body.logprobs");
+  expect_error(R"({"custom_id":"a","body":{"prompt":"x","max_completion_tokens":2}})", "unknown_parameter",
+               "body.max_completion_tokens");
   expect_error(R"({"custom_id":"a","body":{"prompt":"x"},"extra":1})", "unknown_parameter", "extra");
   // custom_id belongs at the top level of the OpenAI form, not in the body.
   expect_error(R"({"body":{"prompt":"x","custom_id":"a"}})", "unknown_parameter", "body.custom_id");
 }
 
 TEST(BatchFormat, UnsupportedUrl) {
-  BatchResult r = err_line(R"({"custom_id":"c","method":"POST","url":"/v1/chat/completions","body":{"messages":[]}})");
+  BatchResult r = err_line(R"({"custom_id":"c","url":"/v1/embeddings","body":{"prompt":"x"}})");
   EXPECT_EQ(r.error_code, "unsupported_url");
-  EXPECT_NE(r.error_message.find("chat completions are not supported yet"), std::string::npos);
+  EXPECT_NE(r.error_message.find("/v1/chat/completions"), std::string::npos) << r.error_message;
   EXPECT_EQ(r.custom_id, "c");
-  expect_error(R"({"custom_id":"c","url":"/v1/embeddings","body":{"prompt":"x"}})", "unsupported_url", "url");
   expect_error(R"({"custom_id":"c","url":7,"body":{"prompt":"x"}})", "invalid_parameter", "url");
+}
+
+TEST(BatchFormat, ChatLineWithEveryField) {
+  const BatchRequest r = ok_line(
+      R"({"custom_id":"c1","method":"POST","url":"/v1/chat/completions","body":{"model":"m",)"
+      R"("messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[)"
+      R"({"type":"text","text":"Hello"},{"type":"text","text":"there ✓"}],"name":"ann"},)"
+      R"({"role":"assistant","content":null}],)"
+      R"("max_completion_tokens":20,"max_tokens":99,"temperature":0.7,"top_p":0.9,"top_k":5,"min_p":0.1,)"
+      R"("seed":3,"stop":["\n","END"],"n":2,"logprobs":true,"top_logprobs":4,"presence_penalty":0.5,)"
+      R"("frequency_penalty":0.25,"repetition_penalty":1.1,"min_tokens":1,"ignore_eos":true,)"
+      R"("stop_token_ids":[7],"return_token_ids":true,"chat_template_kwargs":{"enable_thinking":false},)"
+      R"("add_generation_prompt":false,"parallel_tool_calls":true,"user":"u","store":false,)"
+      R"("metadata":{"k":"v"},"stream":false,"tools":[],"tool_choice":"none","logit_bias":{},)"
+      R"("response_format":{"type":"text"},"modalities":["text"]}})");
+  EXPECT_TRUE(r.chat);
+  EXPECT_EQ(r.messages_json,
+            R"([{"content":"Be brief.","role":"system"},{"content":"Hello\nthere ✓","name":"ann","role":"user"},)"
+            R"({"content":null,"role":"assistant"}])");
+  EXPECT_EQ(r.chat_template_kwargs_json, R"({"enable_thinking":false})");
+  EXPECT_FALSE(r.add_generation_prompt);
+  EXPECT_FALSE(r.max_tokens_from_context);
+  EXPECT_EQ(r.params.max_tokens, 20);  // max_completion_tokens wins
+  EXPECT_EQ(r.params.logprobs, 4);
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.params.top_k, 5);
+  EXPECT_EQ(r.params.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(r.return_token_ids);
+  EXPECT_TRUE(r.prompt.empty());
+  EXPECT_TRUE(r.chat_template.empty());  // the job sets it
+}
+
+TEST(BatchFormat, ChatDefaultsAndPlainForm) {
+  const BatchRequest r = ok_line(R"({"url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}]}})");
+  EXPECT_TRUE(r.chat);
+  EXPECT_TRUE(r.max_tokens_from_context);  // no max_tokens: up to the context's end
+  EXPECT_TRUE(r.add_generation_prompt);
+  EXPECT_EQ(r.params.logprobs, -1);
+  const BatchRequest logprobs_only =
+      ok_line(R"({"url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}],"logprobs":true}})");
+  EXPECT_EQ(logprobs_only.params.logprobs, 0);
+  const BatchRequest with_max =
+      ok_line(R"({"url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"hi"}],"max_tokens":5}})");
+  EXPECT_FALSE(with_max.max_tokens_from_context);
+  EXPECT_EQ(with_max.params.max_tokens, 5);
+  // The plain form is a chat body when it has messages.
+  const BatchRequest plain = ok_line(R"({"custom_id":"p","messages":[{"role":"user","content":"hi"}]})");
+  EXPECT_TRUE(plain.chat);
+  EXPECT_EQ(plain.custom_id, "p");
+}
+
+TEST(BatchFormat, ChatErrorsNameTheField) {
+  const std::string url = R"({"url":"/v1/chat/completions","body":)";
+  expect_error(url + R"({}})", "missing_prompt", "body.messages");
+  expect_error(url + R"({"messages":[]}})", "invalid_parameter", "body.messages");
+  expect_error(url + R"({"messages":"hi"}})", "invalid_parameter", "body.messages");
+  expect_error(url + R"({"messages":[{"content":"x"}]}})", "invalid_parameter", "body.messages[0].role");
+  expect_error(url + R"({"messages":[{"role":"user","content":7}]}})", "invalid_parameter", "body.messages[0].content");
+  expect_error(url + R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}})",
+               "unsupported_parameter", "body.messages[0].content[0].type");
+  expect_error(url + R"({"messages":[{"role":"user","content":[{"type":"text"}]}]}})", "invalid_parameter",
+               "body.messages[0].content[0].text");
+  expect_error(url + R"({"messages":[{"role":"user","content":"x"}],"prompt":"x"}})", "unknown_parameter",
+               "body.prompt");
+  expect_error(url + R"({"messages":[{"role":"user","content":"x"}],"echo":true}})", "unknown_parameter", "body.echo");
+  expect_error(url + R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2}})", "invalid_parameter",
+               "body.top_logprobs");
+  expect_error(url + R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}})",
+               "invalid_parameter", "body.top_logprobs");
+  expect_error(url + R"({"messages":[{"role":"user","content":"x"}],"logprobs":2}})", "invalid_parameter",
+               "body.logprobs");
+  expect_error(url + R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]}})",
+               "invalid_parameter", "body.chat_template_kwargs");
+  // A completions line with messages is told where they belong.
+  BatchResult r = err_line(R"({"body":{"messages":[{"role":"user","content":"x"}]}})");
+  EXPECT_EQ(r.error_code, "unknown_parameter");
+  EXPECT_NE(r.error_message.find("/v1/chat/completions"), std::string::npos) << r.error_message;
+}
+
+TEST(BatchFormat, RefusedFieldsGiveUnsupportedParameter) {
+  const std::string chat = R"({"url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"x"}],)";
+  for (const char* f : {R"("stream":true)", R"("stream_options":{"include_usage":true})", R"("logit_bias":{"5":10})",
+                        R"("tools":[{"type":"function"}])", R"("tool_choice":"auto")", R"("functions":[])",
+                        R"("function_call":"auto")", R"("response_format":{"type":"json_object"})",
+                        R"("modalities":["text","audio"])", R"("audio":{})", R"("prediction":{})",
+                        R"("reasoning_effort":"low")", R"("web_search_options":{})", R"("verbosity":"low")"}) {
+    const std::string field = std::string(f).substr(1, std::string(f).find('"', 1) - 1);
+    expect_error(chat + f + "}}", "unsupported_parameter", "body." + field);
+  }
+  const std::string cmpl = R"({"body":{"prompt":"x",)";
+  for (const char* f : {R"("stream":true)", R"("logit_bias":{"5":10})", R"("suffix":"end")", R"("best_of":3)",
+                        R"("echo":true,"logprobs":1)"}) {
+    BatchResult r = err_line(cmpl + f + "}}");
+    EXPECT_EQ(r.error_code, "unsupported_parameter") << f << " -> " << r.error_message;
+  }
+  // The "off" values are accepted.
+  const BatchRequest ok = ok_line(cmpl + R"("stream":false,"logit_bias":{},"suffix":"","best_of":1,"user":"u"}})");
+  EXPECT_FALSE(ok.chat);
+}
+
+TEST(BatchFormat, CompletionsLogprobsAndEcho) {
+  const BatchRequest r = ok_line(R"({"body":{"prompt":"x","logprobs":5,"n":2,"best_of":2}})");
+  EXPECT_EQ(r.params.logprobs, 5);
+  EXPECT_FALSE(r.echo);
+  EXPECT_TRUE(ok_line(R"({"body":{"prompt":"x","echo":true}})").echo);
+  EXPECT_EQ(ok_line(R"({"body":{"prompt":"x","logprobs":0}})").params.logprobs, 0);
+  expect_error(R"({"body":{"prompt":"x","logprobs":21}})", "invalid_parameter", "body.logprobs");
+  expect_error(R"({"body":{"prompt":"x","logprobs":true}})", "invalid_parameter", "body.logprobs");
+  expect_error(R"({"body":{"prompt":"x","echo":1}})", "invalid_parameter", "body.echo");
+  expect_error(R"({"body":{"prompt":"x","top_logprobs":1}})", "unknown_parameter", "body.top_logprobs");
 }
 
 TEST(BatchFormat, InvalidMethod) {
@@ -240,6 +350,46 @@ TEST(BatchFormat, FormatErrorLineExactly) {
   EXPECT_EQ(format_result_line(r, "m", "cmpl-"),
             R"({"id":"batch_req_1_0","custom_id":"1","response":null,)"
             R"("error":{"code":"missing_prompt","message":"prompt: missing"}})");
+}
+
+TEST(BatchFormat, FormatChatLineExactly) {
+  BatchResult r = sample_result();
+  r.chat = true;
+  r.choices[0].text = "Hi!";
+  EXPECT_EQ(format_result_line(r, "m", "cmpl-"),
+            R"({"id":"batch_req_3_17","custom_id":"req-18","response":{"status_code":200,)"
+            R"("request_id":"chatcmpl-3_17","body":{"object":"chat.completion","model":"m","choices":[)"
+            R"({"index":0,"message":{"role":"assistant","content":"Hi!"},"finish_reason":"length","logprobs":null}],)"
+            R"("usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}},"error":null})");
+}
+
+worker::ChoiceTokenLogprobs token_lp(std::string tok, float lp, std::vector<worker::TokenLogprobText> top,
+                                      int offset) {
+  return {{tok, tok, lp}, std::move(top), offset};
+}
+
+TEST(BatchFormat, FormatLogprobsOfBothEndpointsExactly) {
+  BatchResult r = sample_result();
+  r.logprobs = 1;
+  r.choices[0].text = " a\xE2\x9C\x93";
+  r.choices[0].logprobs = {token_lp(" a", -0.5f, {{" b", " b", -0.25f}}, 0),
+                           {{"\xEF\xBF\xBD", std::string("\xE2\x9C", 2), -1.5f}, {{"\xEF\xBF\xBD", std::string("\xE2\x9C", 2), -1.5f}}, 2}};
+  EXPECT_EQ(format_result_line(r, "m", "cmpl-"),
+            R"({"id":"batch_req_3_17","custom_id":"req-18","response":{"status_code":200,)"
+            R"("request_id":"cmpl-3_17","body":{"object":"text_completion","model":"m","choices":[)"
+            R"({"index":0,"text":" a✓","finish_reason":"length","logprobs":{"tokens":[" a","�"],)"
+            R"("token_logprobs":[-0.5,-1.5],"top_logprobs":[{" b":-0.25," a":-0.5},{"�":-1.5}],)"
+            R"("text_offset":[0,2]}}],)"
+            R"("usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}},"error":null})");
+  r.chat = true;
+  EXPECT_EQ(format_result_line(r, "m", "cmpl-"),
+            R"({"id":"batch_req_3_17","custom_id":"req-18","response":{"status_code":200,)"
+            R"("request_id":"chatcmpl-3_17","body":{"object":"chat.completion","model":"m","choices":[)"
+            R"({"index":0,"message":{"role":"assistant","content":" a✓"},"finish_reason":"length","logprobs":{"content":[)"
+            R"({"token":" a","logprob":-0.5,"bytes":[32,97],"top_logprobs":[{"token":" b","logprob":-0.25,"bytes":[32,98]}]},)"
+            R"({"token":"�","logprob":-1.5,"bytes":[226,156],"top_logprobs":[{"token":"�","logprob":-1.5,"bytes":[226,156]}]}],)"
+            R"("refusal":null}}],)"
+            R"("usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}},"error":null})");
 }
 
 TEST(BatchFormat, FormatInvalidUtf8IsReplacedNotThrown) {

@@ -303,3 +303,48 @@ TEST(JobStoreResumeRecord, DecodeRejectsMalformedValues) {
 
 }  // namespace
 }  // namespace shardline::orchestrator
+
+namespace shardline::orchestrator {
+namespace {
+
+// A line with logprobs never gets a resume point (the logprobs of the
+// tokens before the failure were not replicated); a chat line carries the
+// job's --chat-template, a completions line does not; both survive a restart.
+TEST(JobManagerLineSettings, LogprobsLinesStartFromThePromptAndChatLinesCarryTheJobTemplate) {
+  TempDir tmp;
+  write_file(tmp.file("in.jsonl"),
+             "{\"prompt\":\"p0\",\"logprobs\":2}\n"
+             "{\"prompt\":\"p1\"}\n"
+             "{\"url\":\"/v1/chat/completions\",\"body\":{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}}\n");
+  const std::string tpl = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  std::uint64_t job = 0;
+  {
+    auto m = JobManager::open(tmp.file("state"));
+    ASSERT_TRUE(m.ok());
+    JobSpec spec;
+    spec.model_dir = "/models/m";
+    spec.input_paths = {tmp.file("in.jsonl")};
+    spec.output_path = tmp.file("out.jsonl");
+    spec.chat_template = tpl;
+    auto id = (*m)->submit(spec);
+    ASSERT_TRUE(id.ok());
+    job = *id;
+    ASSERT_EQ((*m)->next_work(3, "w1").size(), 3u);
+    const std::vector<KvProgress> progress = {KvProgress{job, 0, 0, 4, {7, 8}}, KvProgress{job, 1, 0, 4, {7, 8}}};
+    ASSERT_TRUE((*m)->on_kv_progress("w1", progress).ok());
+  }
+  auto m = JobManager::open(tmp.file("state"));  // a restart: the three lines are pending again
+  ASSERT_TRUE(m.ok());
+  auto work = (*m)->next_work(3, "w2");
+  ASSERT_EQ(work.size(), 3u);
+  EXPECT_EQ(work[0].params.logprobs, 2);
+  EXPECT_TRUE(work[0].resume.empty());
+  EXPECT_EQ(work[1].resume, resume_of({{4, {7, 8}}}));
+  EXPECT_TRUE(work[0].chat_template.empty());
+  EXPECT_TRUE(work[1].chat_template.empty());
+  EXPECT_TRUE(work[2].chat);
+  EXPECT_EQ(work[2].chat_template, tpl);
+}
+
+}  // namespace
+}  // namespace shardline::orchestrator

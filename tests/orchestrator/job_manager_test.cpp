@@ -128,7 +128,7 @@ TEST(JobManager, GoodAndBadLinesGiveOneOutputLineEach) {
   EXPECT_EQ(lines[2]["response"]["body"]["choices"].size(), 2u);
   EXPECT_EQ(lines[2]["response"]["body"]["choices"][1]["token_ids"], nlohmann::json({1, 2, 3}));
   EXPECT_EQ(lines[3]["error"]["code"], "missing_prompt");
-  EXPECT_EQ(lines[4]["error"]["code"], "unsupported_url");
+  EXPECT_EQ(lines[4]["error"]["code"], "missing_prompt");  // a chat line without messages
   EXPECT_EQ(lines[4]["custom_id"], "c");
   EXPECT_EQ(lines[5]["id"], "batch_req_1_5");
   EXPECT_TRUE(lines[5]["error"].is_null());
