@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
+#include <utility>
 
 namespace shardline::model {
 namespace {
@@ -662,14 +663,16 @@ std::vector<std::int32_t> BpeTokenizer::encode(std::string_view text, bool add_s
   // Split out added tokens (longest match at the earliest position).
   // single_word: only where no word character touches it; lstrip / rstrip:
   // the whitespace beside it goes with it.
-  const auto char_before = [&](std::size_t at) -> utf8proc_int32_t {
-    if (at == 0) return -1;
+  // The code point that ends at `at` and where it starts, looking back no
+  // further than `floor`; -1 when `at` is at the floor.
+  const auto char_before = [&](std::size_t at, std::size_t floor) -> std::pair<utf8proc_int32_t, std::size_t> {
+    if (at <= floor) return {-1, at};
     std::size_t b = at - 1;
-    while (b > 0 && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
+    while (b > floor && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
     utf8proc_int32_t cp = -1;
     utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + b),
                      static_cast<utf8proc_ssize_t>(at - b), &cp);
-    return cp;
+    return {cp, b};
   };
   const auto char_at = [&](std::size_t at) -> utf8proc_int32_t {
     if (at >= text.size()) return -1;
@@ -682,7 +685,7 @@ std::vector<std::int32_t> BpeTokenizer::encode(std::string_view text, bool add_s
     for (std::size_t at = text.find(a.content, from); at != std::string_view::npos;
          at = text.find(a.content, at + 1)) {
       if (!a.single_word) return at;
-      const auto before = char_before(at), after = char_at(at + a.content.size());
+      const auto before = char_before(at, 0).first, after = char_at(at + a.content.size());
       if ((before < 0 || !is_word_char(before)) && (after < 0 || !is_word_char(after))) return at;
     }
     return std::string_view::npos;
@@ -705,16 +708,10 @@ std::vector<std::int32_t> BpeTokenizer::encode(std::string_view text, bool add_s
     }
     const AddedToken& a = added_[best_k];
     std::size_t seg_end = best, after = best + a.content.size();
-    if (a.lstrip) {
-      while (seg_end > pos) {
-        std::size_t b = seg_end - 1;
-        while (b > pos && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
-        utf8proc_int32_t cp = -1;
-        utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + b),
-                         static_cast<utf8proc_ssize_t>(seg_end - b), &cp);
-        if (cp < 0 || !is_whitespace_cp(cp)) break;
-        seg_end = b;
-      }
+    while (a.lstrip) {
+      const auto [cp, b] = char_before(seg_end, pos);
+      if (cp < 0 || !is_whitespace_cp(cp)) break;
+      seg_end = b;
     }
     if (a.rstrip)
       for (utf8proc_int32_t cp; (cp = char_at(after)) >= 0 && is_whitespace_cp(cp);) {
