@@ -90,6 +90,8 @@ class Node {
   [[nodiscard]] int port() const { return port_; }  ///< listening port, 0 if none
   [[nodiscard]] int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
   [[nodiscard]] const MetricsRegistry& metrics() const { return *metrics_; }
+  /// For front ends of the node that count into its metrics (the HTTP API).
+  [[nodiscard]] MetricsRegistry& metrics() { return *metrics_; }
   /// Workers of this node, and how many of them could not start their engine
   /// (bad model, a TCP group whose ranks never joined, ...); those are not restarted.
   [[nodiscard]] int num_workers() const { return num_workers_; }

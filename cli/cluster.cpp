@@ -19,6 +19,9 @@
 
 #include "actors/client.hpp"
 #include "actors/node.hpp"
+#include "api/batch_api.hpp"
+#include "api/client_job_service.hpp"
+#include "api/http_server.hpp"
 #include "cli/commands.hpp"
 #include "cli/devices.hpp"
 #include "cli/engine_flags.hpp"
@@ -76,6 +79,9 @@ struct NodeArgs {
   std::string model_dir;
   std::string key_file = default_key_file();
   std::string metrics;
+  std::string http;            // --http HOST:PORT of the OpenAI Files / Batches API; "" = none
+  std::string api_key_file;    // --api-key-file; "" = loopback only, no keys
+  std::uint64_t max_upload_mib = 200;
   int max_batch = 64;
   std::string group_master;    // "" = every rank in this process
   std::string group_key_file;  // shared secret of a TCP group
@@ -256,8 +262,38 @@ int run_node_start(NodeArgs& a) {
   std::cout << "workers: " << workers << std::endl;
   if ((*node)->metrics_port() > 0)
     std::cout << "metrics on port " << (*node)->metrics_port() << std::endl;
+  // The OpenAI Files / Batches API (docs/http.md): batches become jobs of
+  // this cluster through a client of the node's orchestrator (or its proxy).
+  std::unique_ptr<api::ClientJobService> api_jobs;
+  std::unique_ptr<api::BatchApi> batch_api;
+  std::unique_ptr<api::HttpApiServer> http;
+  if (!a.http.empty()) {
+    api_jobs = std::make_unique<api::ClientJobService>(
+        actors::Client::local((*node)->system(), (*node)->orchestrator(), (*node)->key()));
+    api::BatchApiOptions bo;
+    bo.dir = std::filesystem::path(a.data_dir) / "api";
+    bo.model_dir = std::filesystem::absolute(a.model_dir).lexically_normal().string();
+    bo.max_upload_bytes = a.max_upload_mib << 20;
+    auto opened = api::BatchApi::open(bo, *api_jobs);
+    if (!opened) return fail(opened.error());
+    batch_api = std::move(opened).value();
+    actors::MetricsRegistry& metrics = (*node)->metrics();
+    metrics.describe("shardline_http_auth_failures_total", "counter",
+                     "HTTP API requests refused for a missing or wrong API key.");
+    api::HttpApiOptions ho;
+    ho.host_port = a.http;
+    ho.api_key_file = a.api_key_file;
+    ho.on_auth_failure = [&metrics] { metrics.add("shardline_http_auth_failures_total", "", 1); };
+    auto started = api::HttpApiServer::start(ho, *batch_api);
+    if (!started) return fail(started.error(), started.error().code == ErrorCode::invalid_argument ? 2 : 1);
+    http = std::move(started).value();
+    std::cout << "http api on port " << http->port() << std::endl;
+    if (!http->authenticated())
+      spdlog::warn("http api on {} without --api-key-file: loopback only, no authentication", a.http);
+  }
   const int sig = wait_for_signal();
   spdlog::info("node {}: signal {}, stopping", a.name, sig);
+  http.reset();  // no new batches while the node stops
   (*node)->stop();
   // Every actor of this node has stopped and all durable state is synced
   // (RocksDB writes and the output file are synced at each commit). The CAF
@@ -581,6 +617,14 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   start->add_option("--model", na->model_dir, "Model folder the workers load")->required();
   start->add_option("--key-file", na->key_file, "Cluster key")->capture_default_str();
   start->add_option("--metrics", na->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
+  start->add_option("--http", na->http,
+                    "HOST:PORT of the OpenAI Files and Batches API (docs/http.md); without --api-key-file only a "
+                    "loopback address");
+  start->add_option("--api-key-file", na->api_key_file,
+                    "API keys, one per line: every HTTP request needs Authorization: Bearer KEY");
+  start->add_option("--max-upload-mib", na->max_upload_mib, "Largest file the HTTP API accepts, in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   start->add_option("--max-batch", na->max_batch, "Running sequences per worker")->capture_default_str();
   add_tcp_group_flags(*start, na->group_master, na->group_key_file, na->group_timeout_ms);
   add_failure_flags(*start, na->failure);

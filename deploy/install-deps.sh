@@ -21,7 +21,13 @@ packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   python3 python3-jinja2
+  curl
 )
+# The openai-SDK test runs the official client under Node.js with npm. A
+# machine that has them from elsewhere (e.g. NodeSource's nodejs, which
+# bundles npm) keeps them; otherwise Debian's packages.
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,94 @@
+// The official `openai` SDK (from npm) against a node's Batch API
+// (tests/api/openai_batch.mjs): files.create, batches.create, polling
+// batches.retrieve with request_counts that never go back, files.content.
+// The output equals `shardline run` on the same file byte for byte after
+// the job-id fields; bad lines land in the error file. Skips only when
+// node or npm is not installed.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/api/api_harness.hpp"
+
+namespace shardline::api {
+namespace {
+
+using json = nlohmann::json;
+using testing::ApiNode;
+using testing_support::kShardline;
+using testing_support::read_file;
+using testing_support::run_command;
+
+using OpenAiSdkE2e = testing_support::TempDirTest;
+
+/// Installs the SDK once per build folder; returns its node_modules parent
+/// ("" when node or npm is missing).
+std::string sdk_dir(std::string* why) {
+  if (run_command("command -v node && command -v npm").exit_code != 0) {
+    *why = "node or npm is not installed";
+    return "";
+  }
+  const std::string dir = std::string(SHARDLINE_BINARY_DIR) + "/npm-openai";
+  if (!std::filesystem::exists(dir + "/node_modules/openai/package.json")) {
+    std::filesystem::create_directories(dir);
+    const auto r = run_command("cd " + dir + " && (test -f package.json || echo '{\"private\": true}' > package.json)"
+                               " && npm install --no-audit --no-fund --loglevel=error openai@7");
+    if (r.exit_code != 0) {
+      *why = "npm install openai failed: " + r.out;
+      return "";
+    }
+  }
+  return dir;
+}
+
+TEST_F(OpenAiSdkE2e, TheSdksBatchEqualsRunAndBadLinesGoToTheErrorFile) {
+  std::string why;
+  const std::string sdk = sdk_dir(&why);
+  if (why.find("not installed") != std::string::npos) GTEST_SKIP() << why;
+  ASSERT_FALSE(sdk.empty()) << why;
+  // The script imports 'openai' from next to itself.
+  std::filesystem::copy_file(std::string(SHARDLINE_SOURCE_DIR) + "/tests/api/openai_batch.mjs", sdk + "/openai_batch.mjs",
+                             std::filesystem::copy_options::overwrite_existing);
+
+  const std::string input = testing::demo_prompts(40);
+  std::ofstream(path("prompts.jsonl")) << input;
+  ApiNode node(dir_.string());
+  ASSERT_GT(node.port(), 0) << node.log();
+  auto sdk_run = [&](const std::string& in, const std::string& tag) {
+    return run_command("timeout 300 node " + sdk + "/openai_batch.mjs " + node.url() + "/v1 " + testing::kApiKey +
+                       " " + in + " /v1/completions " + path(tag + ".out.jsonl") + " " + path(tag + ".err.jsonl"));
+  };
+  const auto r = sdk_run(path("prompts.jsonl"), "demo");
+  ASSERT_EQ(r.exit_code, 0) << r.out << node.log();
+  const json summary = json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << r.out;
+  EXPECT_EQ(summary["status"], "completed");
+  EXPECT_EQ(summary["counts"], (json{{"total", 40}, {"completed", 40}, {"failed", 0}}));
+  EXPECT_EQ(summary["metadata"]["test"], "openai-sdk");
+  EXPECT_NE(std::find(summary["listed"].begin(), summary["listed"].end(), summary["id"]), summary["listed"].end());
+
+  const auto run = run_command(kShardline + " run --quiet --threads 1 --model " + testing_support::kStoriesDir +
+                               " --input " + path("prompts.jsonl") + " --output " + path("run.jsonl"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_EQ(testing::normalize_job_ids(read_file(path("demo.out.jsonl"))),
+            testing::normalize_job_ids(read_file(path("run.jsonl"))));
+  EXPECT_TRUE(read_file(path("demo.err.jsonl")).empty());
+
+  // Bad lines: their errors in the error file, the others in the output.
+  std::ofstream(path("mixed.jsonl"))
+      << R"({"custom_id":"ok-1","method":"POST","url":"/v1/completions","body":{"prompt":"Once upon a time","max_tokens":5}})" "\n"
+      << R"({"custom_id":"bad-1","method":"POST","url":"/v1/completions","body":{"prompt":"x","suffix":"y"}})" "\n"
+      << R"({"custom_id":"bad-2","method":"POST","url":"/v1/completions","body":{"prompt":"Once","max_tokens":600}})" "\n";
+  const auto m = sdk_run(path("mixed.jsonl"), "mixed");
+  ASSERT_EQ(m.exit_code, 0) << m.out;
+  const std::string out = read_file(path("mixed.out.jsonl")), err = read_file(path("mixed.err.jsonl"));
+  EXPECT_NE(out.find("\"custom_id\":\"ok-1\""), std::string::npos) << out;
+  EXPECT_EQ(out.find("bad-"), std::string::npos) << out;
+  EXPECT_NE(err.find("\"custom_id\":\"bad-1\""), std::string::npos) << err;
+  EXPECT_NE(err.find("unsupported_parameter"), std::string::npos) << err;
+  EXPECT_NE(err.find("context_length_exceeded"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace shardline::api
