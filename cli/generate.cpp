@@ -1,7 +1,5 @@
 // `shardline generate`: continuations of prompts on a CPU device.
-#include <fstream>
 #include <iostream>
-#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/conversation.hpp"
 #include "cli/engine_flags.hpp"
 #include "cli/group_flags.hpp"
 #include "cli/sidp_flags.hpp"
@@ -67,29 +66,6 @@ Result<std::vector<engine::RequestOutput>> generate_sidp(const GenerateArgs& a, 
   return out;
 }
 
-/// A --messages file: the conversation and its chat_template_kwargs.
-struct Conversation {
-  nlohmann::ordered_json messages;
-  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
-};
-
-Result<Conversation> read_conversation(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return make_error(ErrorCode::io, "cannot read --messages " + file);
-  std::ostringstream text;
-  text << in.rdbuf();
-  const auto doc = nlohmann::ordered_json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !(doc.is_array() || (doc.is_object() && doc.contains("messages"))))
-    return make_error(ErrorCode::invalid_argument,
-                      "--messages " + file + ": expected {\"messages\": [...]} or a JSON list of messages");
-  Conversation c;
-  c.messages = doc.is_array() ? doc : doc["messages"];
-  if (doc.is_object() && doc.contains("chat_template_kwargs")) c.kwargs = doc["chat_template_kwargs"];
-  if (!c.kwargs.is_object())
-    return make_error(ErrorCode::invalid_argument, "--messages " + file + ": chat_template_kwargs must be an object");
-  return c;
-}
-
 int run_generate(GenerateArgs& a) {
   auto options = to_engine_options(a.engine, a.model_dir);
   if (!options) {
@@ -131,7 +107,7 @@ int run_generate(GenerateArgs& a) {
       auto conversation = read_conversation(file);
       if (!conversation) {
         std::cerr << "error: " << conversation.error().message << "\n";
-        return 2;
+        return conversation.error().code == ErrorCode::io ? 1 : 2;  // as `tokenize --messages`
       }
       auto rendered = tpl->render(conversation->messages, /*add_generation_prompt=*/true, conversation->kwargs);
       if (!rendered) {
@@ -186,8 +162,8 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--model", a->model_dir, "Hugging Face model folder")->required();
   cmd->add_option("--prompt", a->prompts, "A prompt (repeat for several; they run as one batch)");
   cmd->add_option("--messages", a->messages_files,
-                                   "A conversation FILE ({\"messages\": [...]} or a list of messages), rendered with "
-                                   "the chat template and a generation prompt (repeatable; runs with the prompts)");
+                  "A conversation FILE ({\"messages\": [...]} or a list of messages), rendered with the chat "
+                  "template and a generation prompt (repeatable; runs with the prompts)");
   cmd->add_option("--chat-template", a->chat_template,
                   "Jinja chat template FILE for --messages (default: the model folder's)");
   add_engine_flags(*cmd, a->engine);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "cli/conversation.hpp"
 #include "model/chat_template.hpp"
 #include "model/tokenizer.hpp"
 
@@ -31,26 +32,17 @@ struct TokenizeArgs {
 /// (or the prompt, then the ids). The ids are the prompt's without added
 /// specials, as transformers' apply_chat_template(tokenize=True) gives them.
 int run_messages(const TokenizeArgs& a, const model::Tokenizer& tok) {
-  std::ifstream in(a.messages_file, std::ios::binary);
-  if (!in) {
-    std::cerr << "error: cannot read --messages " << a.messages_file << "\n";
-    return 1;
+  auto conversation = read_conversation(a.messages_file);
+  if (!conversation) {
+    std::cerr << "error: " << conversation.error().message << "\n";
+    return conversation.error().code == ErrorCode::io ? 1 : 2;
   }
-  const auto doc = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !(doc.is_array() || (doc.is_object() && doc.contains("messages")))) {
-    std::cerr << "error: --messages " << a.messages_file
-              << ": expected {\"messages\": [...]} or a JSON list of messages\n";
-    return 2;
-  }
-  const nlohmann::ordered_json messages = doc.is_array() ? doc : doc["messages"];
-  const nlohmann::ordered_json kwargs =
-      doc.is_object() && doc.contains("chat_template_kwargs") ? doc["chat_template_kwargs"] : nlohmann::ordered_json::object();
   auto tpl = model::ChatTemplate::load(a.tokenizer_dir, a.chat_template);
   if (!tpl) {
     std::cerr << "error: " << tpl.error().to_string() << "\n";
     return 1;
   }
-  auto prompt = tpl->render(messages, a.add_generation_prompt, kwargs);
+  auto prompt = tpl->render(conversation->messages, a.add_generation_prompt, conversation->kwargs);
   if (!prompt) {
     std::cerr << "error: " << prompt.error().to_string() << "\n";
     return 1;
