@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 namespace shardline::api {
 
 namespace fs = std::filesystem;
@@ -434,7 +436,13 @@ ApiResponse BatchApi::retrieve_batch(const std::string& id) {
     if (it == batches_.end()) return api_error(404, "No such Batch object: " + id, "invalid_request_error", "id");
     b = it->second;
   }
-  if (Status s = refresh(b); !s) return api_error(500, "batch " + id + ": " + s.error().message, "server_error");
+  if (Status s = refresh(b); !s) {
+    // The orchestrator restarting, say: answer with what is known (the
+    // next poll tries again) rather than fail a client's polling loop.
+    spdlog::warn("http api: batch {}: cannot read its job's progress: {}", id, s.error().to_string());
+    std::lock_guard<std::mutex> lock(mu_);
+    return {200, batch_object(batches_[id])};
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Batch& stored = batches_[id];
   // A concurrent poll may have finalized it first: keep the final record.

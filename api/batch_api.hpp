@@ -79,6 +79,8 @@ class BatchApi {
 
   /// POST /v1/batches: {input_file_id, endpoint, completion_window, metadata}.
   [[nodiscard]] ApiResponse create_batch(const nlohmann::json& body);
+  /// The batch, refreshed from its job. When the job's progress cannot be
+  /// read (the orchestrator is restarting), the last known state, logged.
   [[nodiscard]] ApiResponse retrieve_batch(const std::string& id);
   /// GET /v1/batches: newest first; `after` is a batch id (the page starts
   /// after it), limit in [1, 100].

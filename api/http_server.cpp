@@ -226,6 +226,7 @@ void HttpApiServer::add_routes(BatchApi& api) {
     res.set_content_provider(static_cast<std::size_t>(f->bytes), "application/octet-stream",
                              [in](std::size_t offset, std::size_t length, httplib::DataSink& sink) {
                                std::string buf(std::min<std::size_t>(length, 1u << 16), '\0');
+                               in->clear();
                                in->seekg(static_cast<std::streamoff>(offset));
                                in->read(buf.data(), static_cast<std::streamsize>(buf.size()));
                                const auto n = static_cast<std::size_t>(in->gcount());

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <set>
 #include <system_error>
+#include <unordered_map>
 #include <utility>
 
 #include "orchestrator/batch_format.hpp"
@@ -277,11 +278,14 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
   Job& j = jobs_[rec.id];
   j.rec = std::move(rec);
 
-  // Pass 2: commit the parse errors now (good lines are read again lazily).
+  // Pass 2: commit the parse errors and the lines whose custom_id an
+  // earlier line has now (good lines are read again lazily; next_work skips
+  // committed ones).
   {
     ShardReader parser;
     parser.paths = j.rec.spec.input_paths;
     std::vector<StoredResult> batch;
+    std::unordered_map<std::string, std::uint64_t> first_line;  // custom_id -> its first line index
     std::string line;
     for (;;) {
       auto more = parser.next(line);
@@ -290,9 +294,20 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
         return more.error();
       }
       if (!*more || parser.next_index > j.rec.total_lines) break;
-      BatchLine parsed = parse_batch_line(line, j.rec.id, parser.next_index - 1);
-      if (parsed.is_request()) continue;
-      batch.push_back(to_stored(j, parsed.error()));
+      const std::uint64_t index = parser.next_index - 1;
+      BatchLine parsed = parse_batch_line(line, j.rec.id, index);
+      const std::string& custom_id = parsed.is_request() ? parsed.request().custom_id : parsed.error().custom_id;
+      const auto [first, fresh] = first_line.emplace(custom_id, index);
+      if (!fresh) {
+        batch.push_back(to_stored(j, make_error_result(j.rec.id, index, custom_id, "duplicate_custom_id",
+                                                       "custom_id: '" + custom_id + "' is also the custom_id of line " +
+                                                           std::to_string(first->second + 1) +
+                                                           "; every line of a job needs its own")));
+      } else if (!parsed.is_request()) {
+        batch.push_back(to_stored(j, parsed.error()));
+      } else {
+        continue;
+      }
       if (batch.size() >= options_.commit_batch) {
         if (Status st = commit(j, batch, nullptr); !st.ok()) {
           fail_job(j, st.error().to_string());

@@ -111,6 +111,8 @@ class JobManager {
   /// invalid_argument (no inputs, no output, output used by an unfinished job
   /// or equal to an input, unknown token budget policy, bad parallel config),
   /// not_found / io (a shard cannot be read; then no job is created).
+  /// Lines that do not parse, and lines whose custom_id an earlier line of
+  /// the job has (duplicate_custom_id), are committed as errors here.
   Result<std::uint64_t> submit(JobSpec spec);
 
   /// Up to max_count pending requests, now in flight on `worker`; each

@@ -39,6 +39,7 @@ class FakeJobs final : public JobService {
   Result<messages::JobProgress> progress(std::uint64_t id) override {
     std::lock_guard<std::mutex> lock(mu);
     ++polls;
+    if (fail_progress) return make_error(ErrorCode::io, "orchestrator restarting");
     if (id == 0 || id > progress_.size()) return make_error(ErrorCode::not_found, "no job");
     return progress_[id - 1];
   }
@@ -53,6 +54,7 @@ class FakeJobs final : public JobService {
   std::mutex mu;
   std::vector<messages::SubmitJob> submitted;
   bool refuse = false;
+  bool fail_progress = false;
   int polls = 0;
 
  private:
@@ -257,6 +259,17 @@ TEST_F(BatchApiTest, AJobThatCannotBeSubmittedOrFailsFailsTheBatch) {
   r = api_->retrieve_batch(r.body["id"]);
   EXPECT_EQ(r.body["status"], "failed");
   EXPECT_EQ(r.body["errors"]["data"][0]["code"], "job_failed");
+}
+
+TEST_F(BatchApiTest, AnUnreadableJobGivesTheLastKnownState) {
+  const std::string file = upload_id(request_line("a") + request_line("b"));
+  const std::string id = create(file).body["id"];
+  jobs_.set(1, "running", 2, 1, 0);
+  const ApiResponse seen = api_->retrieve_batch(id);
+  jobs_.fail_progress = true;
+  const ApiResponse r = api_->retrieve_batch(id);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, seen.body);
 }
 
 TEST_F(BatchApiTest, ListIsNewestFirstAndPages) {

@@ -134,6 +134,56 @@ TEST(JobManager, GoodAndBadLinesGiveOneOutputLineEach) {
   EXPECT_TRUE(lines[5]["error"].is_null());
 }
 
+// A custom_id an earlier line of the job has (its own or the default line
+// number) is the later line's duplicate_custom_id error, committed at submit;
+// the first line runs, and a restart does not run the duplicate either.
+TEST(JobManager, DuplicateCustomIdsAreErrorsOfTheLaterLines) {
+  TempDir tmp;
+  write_file(tmp.file("a.jsonl"),
+             "{\"custom_id\":\"a\",\"prompt\":\"p0\"}\n"
+             "{\"custom_id\":\"b\",\"prompt\":\"p1\"}\n"
+             "{\"custom_id\":\"a\",\"prompt\":\"p2\"}\n"
+             "{\"prompt\":\"p3\"}\n"  // custom_id "4"
+             "not json\n");              // custom_id "5"
+  write_file(tmp.file("b.jsonl"), "{\"custom_id\":\"4\",\"prompt\":\"p5\"}\n{\"custom_id\":\"a\",\"max_tokens\":1}\n");
+  std::uint64_t id = 0;
+  {
+    auto m = JobManager::open(tmp.file("state"));
+    ASSERT_TRUE(m.ok());
+    auto submitted = (*m)->submit(spec_for(tmp, {tmp.file("a.jsonl"), tmp.file("b.jsonl")}, "out.jsonl"));
+    ASSERT_TRUE(submitted.ok()) << submitted.error().to_string();
+    id = *submitted;
+    EXPECT_EQ((*m)->progress(id)->failed, 4u);  // lines 2, 4 (bad JSON), 5, 6
+    auto work = (*m)->next_work(2, "w");  // then the node stops before any result
+    ASSERT_EQ(work.size(), 2u);
+  }
+  auto m = JobManager::open(tmp.file("state"));
+  ASSERT_TRUE(m.ok());
+  std::set<std::uint64_t> ran;
+  for (int guard = 0; guard < 100; ++guard) {
+    auto work = (*m)->next_work(3, "w");
+    if (work.empty()) break;
+    std::vector<BatchResult> results;
+    for (const auto& r : work) {
+      ran.insert(r.line_index);
+      results.push_back(fake_result(r));
+    }
+    ASSERT_TRUE((*m)->on_results(results).ok());
+  }
+  EXPECT_EQ(ran, (std::set<std::uint64_t>{0, 1, 3}));
+  const auto lines = read_lines(tmp.file("out.jsonl"));
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_EQ(lines[2]["error"]["code"], "duplicate_custom_id");
+  EXPECT_EQ(lines[2]["custom_id"], "a");
+  EXPECT_NE(lines[2]["error"]["message"].get<std::string>().find("line 1"), std::string::npos);
+  EXPECT_EQ(lines[3]["custom_id"], "4");
+  EXPECT_TRUE(lines[3]["error"].is_null());
+  EXPECT_EQ(lines[4]["error"]["code"], "invalid_json");
+  EXPECT_EQ(lines[5]["error"]["code"], "duplicate_custom_id");
+  EXPECT_NE(lines[5]["error"]["message"].get<std::string>().find("line 4"), std::string::npos);
+  EXPECT_EQ(lines[6]["error"]["code"], "duplicate_custom_id");  // checked before its own missing prompt
+}
+
 TEST(JobManager, JobsAreServedFifo) {
   TempDir tmp;
   write_file(tmp.file("a.jsonl"), "{\"prompt\":\"a0\"}\n{\"prompt\":\"a1\"}\n{\"prompt\":\"a2\"}\n");
