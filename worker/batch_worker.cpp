@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
-#include <utility>
 
 #include "model/bpe_tokenizer.hpp"
 #include "sampling/rng.hpp"
