@@ -124,19 +124,25 @@ constexpr const char* kCommonKeys[] = {
     "ignore_eos", "stop_token_ids",
     // accepted and ignored: they do not change the output of an offline job
     "user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"};
-constexpr const char* kCompletionKeys[] = {"prompt", "echo", "best_of", "suffix", "logit_bias", "stream",
-                                           "stream_options"};
+/// Known to both endpoints and refused unless "off" (check_refused).
+constexpr const char* kCommonRefusedKeys[] = {"logit_bias", "stream", "stream_options"};
+constexpr const char* kCompletionKeys[] = {"prompt", "echo", "best_of", "suffix"};
 constexpr const char* kChatKeys[] = {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs", "add_generation_prompt",
-    "logit_bias", "stream", "stream_options", "tools", "tool_choice", "functions", "function_call",
-    "parallel_tool_calls", "response_format", "audio", "modalities", "prediction", "reasoning_effort",
-    "web_search_options", "verbosity"};
+    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format", "audio",
+    "modalities", "prediction", "reasoning_effort", "web_search_options", "verbosity"};
 
 template <std::size_t N>
 bool one_of(const std::string& k, const char* const (&keys)[N]) {
   for (const char* key : keys)
     if (k == key) return true;
   return false;
+}
+
+/// obj[key], or null when it is missing or null (a null counts as not given).
+const json* given(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
 }
 
 LineError unsupported(const std::string& field, const std::string& why) {
@@ -146,35 +152,32 @@ LineError unsupported(const std::string& field, const std::string& why) {
 /// The refusals: known fields Shardline does not implement, allowed only
 /// with the value that means "off". `chat` picks the endpoint's fields.
 std::optional<LineError> check_refused(const json& body, const std::string& prefix, bool chat) {
-  auto given = [&](const char* k) -> const json* {
-    auto it = body.find(k);
-    return it == body.end() || it->is_null() ? nullptr : &*it;
-  };
+  auto field = [&](const char* k) { return given(body, k); };
   auto name = [&](const char* k) { return prefix + k; };
-  if (const json* v = given("stream"); v != nullptr && !(v->is_boolean() && !v->get<bool>()))
+  if (const json* v = field("stream"); v != nullptr && !(v->is_boolean() && !v->get<bool>()))
     return unsupported(name("stream"), "batch jobs do not stream; leave it out or set it to false");
-  if (given("stream_options") != nullptr)
+  if (field("stream_options") != nullptr)
     return unsupported(name("stream_options"), "batch jobs do not stream");
-  if (const json* v = given("logit_bias"); v != nullptr && !(v->is_object() && v->empty()))
+  if (const json* v = field("logit_bias"); v != nullptr && !(v->is_object() && v->empty()))
     return unsupported(name("logit_bias"), "logit bias is not supported");
   if (!chat) {
-    if (const json* v = given("suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
+    if (const json* v = field("suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
       return unsupported(name("suffix"), "insertion (suffix) is not supported");
     return std::nullopt;
   }
-  if (const json* v = given("tools"); v != nullptr && !(v->is_array() && v->empty()))
+  if (const json* v = field("tools"); v != nullptr && !(v->is_array() && v->empty()))
     return unsupported(name("tools"), "tool calling is not supported");
-  if (const json* v = given("tool_choice"); v != nullptr && !(v->is_string() && v->get<std::string>() == "none"))
+  if (const json* v = field("tool_choice"); v != nullptr && !(v->is_string() && v->get<std::string>() == "none"))
     return unsupported(name("tool_choice"), "tool calling is not supported (only \"none\")");
   for (const char* k : {"functions", "function_call"})
-    if (given(k) != nullptr) return unsupported(name(k), "function calling is not supported");
-  if (const json* v = given("response_format");
+    if (field(k) != nullptr) return unsupported(name(k), "function calling is not supported");
+  if (const json* v = field("response_format");
       v != nullptr && !(v->is_object() && v->size() == 1 && v->value("type", json()) == "text"))
     return unsupported(name("response_format"), "structured output is not supported (only {\"type\": \"text\"})");
-  if (const json* v = given("modalities"); v != nullptr && *v != json::array({"text"}))
+  if (const json* v = field("modalities"); v != nullptr && *v != json::array({"text"}))
     return unsupported(name("modalities"), "only [\"text\"] output is supported");
   for (const char* k : {"audio", "prediction", "reasoning_effort", "web_search_options", "verbosity"})
-    if (given(k) != nullptr) return unsupported(name(k), "not supported by this server");
+    if (field(k) != nullptr) return unsupported(name(k), "not supported by this server");
   return std::nullopt;
 }
 
@@ -251,7 +254,8 @@ std::optional<LineError> parse_body(const json& body, const std::string& prefix,
                                     bool chat, BatchRequest& req) {
   // Unknown keys first: a typo is the likeliest mistake.
   for (auto it = body.begin(); it != body.end(); ++it) {
-    if (one_of(it.key(), kCommonKeys) || (chat ? one_of(it.key(), kChatKeys) : one_of(it.key(), kCompletionKeys)))
+    if (one_of(it.key(), kCommonKeys) || one_of(it.key(), kCommonRefusedKeys) ||
+        (chat ? one_of(it.key(), kChatKeys) : one_of(it.key(), kCompletionKeys)))
       continue;
     if (allow_custom_id && it.key() == "custom_id") continue;
     std::string hint;
@@ -260,11 +264,7 @@ std::optional<LineError> parse_body(const json& body, const std::string& prefix,
     return LineError{"unknown_parameter", prefix + it.key() + ": unknown parameter" + hint};
   }
   if (auto e = check_refused(body, prefix, chat)) return e;
-  auto field = [&](const char* name) -> const json* {
-    auto it = body.find(name);
-    if (it == body.end() || it->is_null()) return nullptr;
-    return &*it;
-  };
+  auto field = [&](const char* k) { return given(body, k); };
   auto name = [&](const char* n) { return prefix + n; };
   req.chat = chat;
 
