@@ -147,7 +147,7 @@ int restarts(const OrchestratorState& st) {
 }
 
 void update_job_metrics(OrchestratorState& st) {
-  std::map<std::string, double> by_state{{"queued", 0}, {"running", 0}, {"done", 0}, {"failed", 0}};
+  std::map<std::string, double> by_state{{"queued", 0}, {"running", 0}, {"done", 0}, {"failed", 0}, {"cancelled", 0}};
   for (const auto& p : st.config.jobs->list_jobs()) by_state[orchestrator::job_state_name(p.state)] += 1;
   for (const auto& [state, n] : by_state) st.config.metrics->set("shardline_jobs", "state=\"" + state + "\"", n);
   st.config.metrics->set("shardline_workers", "", static_cast<double>(st.pool->size()));
@@ -286,6 +286,27 @@ Answer handle(OrchestratorActor* self, const messages::JobStatusQuery& q) {
     list.jobs.push_back(to_message(*p, *st.config.jobs));
   }
   list.sidp_groups = st.sidp->groups();
+  return list;
+}
+
+Answer handle(OrchestratorActor* self, const messages::JobCancel& c) {
+  OrchestratorState& st = self->state;
+  auto held = st.pool->cancel_job(c.job_id);
+  if (!held) {
+    // The record may be written even when the file is not (cancel() and
+    // open() finish it later): report the error, keep the state current.
+    update_job_metrics(st);
+    return held.error();
+  }
+  spdlog::info("orchestrator: job {} cancelled; {} worker(s) told to drop its lines", c.job_id, held->size());
+  const Signed s = sign(*st.config.key, messages::encode(messages::WorkerMsg{messages::CancelJob{c.job_id}}));
+  for (const std::string& w : *held)
+    if (const auto h = st.handles.find(w); h != st.handles.end()) self->send(h->second, msg_atom::value, s.tag, s.bytes);
+  update_job_metrics(st);
+  drop_finished_jobs_kv(self);
+  dispatch(self);  // their queues have room again
+  messages::JobStatusList list;
+  if (auto p = st.config.jobs->progress(c.job_id); p) list.jobs.push_back(to_message(*p, *st.config.jobs));
   return list;
 }
 

@@ -179,6 +179,8 @@ ojson BatchApi::to_record(const Batch& b) {
   j["finalizing_at"] = b.finalizing_at;
   j["completed_at"] = b.completed_at;
   j["failed_at"] = b.failed_at;
+  j["cancelling_at"] = b.cancelling_at;
+  j["cancelled_at"] = b.cancelled_at;
   return j;
 }
 
@@ -202,6 +204,8 @@ BatchApi::Batch BatchApi::from_record(const json& j) {
   b.finalizing_at = j.value("finalizing_at", std::int64_t{0});
   b.completed_at = j.value("completed_at", std::int64_t{0});
   b.failed_at = j.value("failed_at", std::int64_t{0});
+  b.cancelling_at = j.value("cancelling_at", std::int64_t{0});
+  b.cancelled_at = j.value("cancelled_at", std::int64_t{0});
   return b;
 }
 
@@ -223,8 +227,8 @@ ojson BatchApi::batch_object(const Batch& b) {
   o["completed_at"] = or_null(b.completed_at);
   o["failed_at"] = or_null(b.failed_at);
   o["expired_at"] = nullptr;
-  o["cancelling_at"] = nullptr;
-  o["cancelled_at"] = nullptr;
+  o["cancelling_at"] = or_null(b.cancelling_at);
+  o["cancelled_at"] = or_null(b.cancelled_at);
   ojson counts;
   counts["total"] = b.total;
   counts["completed"] = b.completed;
@@ -392,9 +396,20 @@ Status BatchApi::finalize(Batch& b, const std::string& job_output) {
   return {};
 }
 
+bool BatchApi::final_status(const std::string& status) {
+  return status == "completed" || status == "failed" || status == "cancelled";
+}
+
 Status BatchApi::refresh(Batch& b) {
-  if (b.status != "in_progress" && b.status != "finalizing") return {};
-  auto p = jobs_.progress(b.job_id);
+  if (b.status != "in_progress" && b.status != "finalizing" && b.status != "cancelling") return {};
+  Result<messages::JobProgress> p = make_error(ErrorCode::internal, "unset");
+  if (b.status == "cancelling") {
+    p = jobs_.cancel(b.job_id);
+    // The job finished before the cancel reached it: it ends as it is.
+    if (!p && p.error().code == ErrorCode::invalid_argument) p = jobs_.progress(b.job_id);
+  } else {
+    p = jobs_.progress(b.job_id);
+  }
   if (!p) return p.error();
   b.total = p->total;
   b.failed = p->failed;
@@ -405,21 +420,27 @@ Status BatchApi::refresh(Batch& b) {
     b.errors = {{"object", "list"}, {"data", ojson::array({line_error("job_failed", "the job failed", "", 0)})}};
     return save(b);
   }
-  if (p->state != "done") return {};
+  const bool cancelled = p->state == "cancelled";
+  if (p->state != "done" && !cancelled) return {};
   std::lock_guard<std::mutex> lock(finalize_mu_);
   {
     std::lock_guard<std::mutex> records(mu_);
     const Batch& stored = batches_[b.id];
-    if (stored.status == "completed") {  // another poll finalized it while this one waited
+    if (final_status(stored.status)) {  // another poll finalized it while this one waited
       b = stored;
       return {};
     }
+    if (b.cancelling_at == 0) b.cancelling_at = stored.cancelling_at;  // a cancel came while it read
   }
-  b.status = "finalizing";
-  b.finalizing_at = unix_now();
+  // A cancelled batch goes from cancelling to cancelled (OpenAI has no
+  // finalizing step there).
+  if (!cancelled) {
+    b.status = "finalizing";
+    b.finalizing_at = unix_now();
+  }
   if (Status s = finalize(b, p->output); !s) return s;
-  b.status = "completed";
-  b.completed_at = unix_now();
+  b.status = cancelled ? "cancelled" : "completed";
+  (cancelled ? b.cancelled_at : b.completed_at) = unix_now();
   if (Status s = save(b); !s) return s;
   // Recorded before the finalize lock is let go, so a poll waiting on it
   // sees the completed batch and does not split the output again.
@@ -446,9 +467,32 @@ ApiResponse BatchApi::retrieve_batch(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   Batch& stored = batches_[id];
   // A concurrent poll may have finalized it first: keep the final record.
-  if (stored.status == "completed" || stored.status == "failed") return {200, batch_object(stored)};
+  if (final_status(stored.status)) return {200, batch_object(stored)};
+  // A cancel recorded while this poll read the job's progress wins.
+  if (stored.status == "cancelling" && b.status == "in_progress") return {200, batch_object(stored)};
   stored = b;
   return {200, batch_object(b)};
+}
+
+ApiResponse BatchApi::cancel_batch(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = batches_.find(id);
+    if (it == batches_.end()) return api_error(404, "No such Batch object: " + id, "invalid_request_error", "id");
+    Batch& stored = it->second;
+    if (stored.status == "in_progress") {
+      Batch b = stored;
+      b.status = "cancelling";
+      b.cancelling_at = unix_now();
+      if (Status s = save(b); !s) return api_error(500, s.error().message, "server_error");
+      stored = std::move(b);
+    } else if (stored.status != "cancelling" && stored.status != "cancelled") {
+      return api_error(409, "Cannot cancel a batch with status '" + stored.status + "'", "invalid_request_error",
+                       "", "batch_not_cancellable");
+    }
+  }
+  // Cancels the job (refresh() on a cancelling batch) and finalizes it.
+  return retrieve_batch(id);
 }
 
 ApiResponse BatchApi::list_batches(int limit, const std::string& after) {

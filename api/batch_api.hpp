@@ -14,8 +14,10 @@
 /// written atomically; the files are a FileStore.
 ///
 /// Statuses: validating -> in_progress -> finalizing -> completed; failed
-/// (the input file failed validation: `errors`, or the job failed). Batches
-/// are never expired (completion_window "24h" is accepted and not enforced).
+/// (the input file failed validation: `errors`, or the job failed);
+/// in_progress -> cancelling -> cancelled (`cancel_batch`: the output and
+/// error files hold the lines finished before the cancel). Batches are
+/// never expired (completion_window "24h" is accepted and not enforced).
 
 #include <cstdint>
 #include <filesystem>
@@ -51,6 +53,11 @@ class JobService {
   [[nodiscard]] virtual Result<std::uint64_t> submit(const messages::SubmitJob& job) = 0;
   /// The job's progress. Errors: not_found, io.
   [[nodiscard]] virtual Result<messages::JobProgress> progress(std::uint64_t job_id) = 0;
+  /// Cancels the job (orchestrator::JobManager::cancel: its output file
+  /// keeps the lines committed so far); returns its progress after it.
+  /// Cancelling a cancelled job again succeeds. Errors: not_found,
+  /// invalid_argument (the job is done or failed), io.
+  [[nodiscard]] virtual Result<messages::JobProgress> cancel(std::uint64_t job_id) = 0;
 };
 
 struct BatchApiOptions {
@@ -82,6 +89,14 @@ class BatchApi {
   /// The batch, refreshed from its job. When the job's progress cannot be
   /// read (the orchestrator is restarting), the last known state, logged.
   [[nodiscard]] ApiResponse retrieve_batch(const std::string& id);
+  /// POST /v1/batches/{id}/cancel: an in_progress batch becomes cancelling
+  /// (recorded), its job is cancelled, and once that is done the batch is
+  /// finalized as cancelled with what its job finished; when the cluster
+  /// cannot be reached it stays cancelling and each poll tries again. A
+  /// cancelling or cancelled batch answers as it is (idempotent); a batch
+  /// whose job finished first answers completed. Errors: 404 (no such
+  /// batch), 409 (the batch is completed, failed or finalizing).
+  [[nodiscard]] ApiResponse cancel_batch(const std::string& id);
   /// GET /v1/batches: newest first; `after` is a batch id (the page starts
   /// after it), limit in [1, 100].
   [[nodiscard]] ApiResponse list_batches(int limit, const std::string& after);
@@ -102,6 +117,7 @@ class BatchApi {
     std::string output_file_id, error_file_id;
     std::uint64_t total = 0, completed = 0, failed = 0;
     std::int64_t created_at = 0, in_progress_at = 0, finalizing_at = 0, completed_at = 0, failed_at = 0;
+    std::int64_t cancelling_at = 0, cancelled_at = 0;
   };
 
   BatchApi(BatchApiOptions options, JobService& jobs) : options_(std::move(options)), jobs_(jobs) {}
@@ -114,8 +130,11 @@ class BatchApi {
   /// most 100; `num_requests` gets its number of non-blank lines.
   [[nodiscard]] nlohmann::ordered_json validate_input(const std::string& file_id, const std::string& endpoint,
                                                       std::uint64_t* num_requests) const;
-  /// Reads the job's progress into `b`; finalizes a finished job.
+  /// Reads the job's progress into `b` (a cancelling batch: cancels its job,
+  /// again); finalizes a finished or cancelled job.
   [[nodiscard]] Status refresh(Batch& b);
+  /// True for completed, failed and cancelled: the record changes no more.
+  [[nodiscard]] static bool final_status(const std::string& status);
   /// Splits the job's output into the output and error files.
   [[nodiscard]] Status finalize(Batch& b, const std::string& job_output);
 

@@ -26,6 +26,13 @@ class ClientJobService final : public JobService {
     return reply->jobs.front();
   }
 
+  [[nodiscard]] Result<messages::JobProgress> cancel(std::uint64_t job_id) override {
+    auto reply = client_->call<messages::JobStatusList>(messages::JobCancel{job_id});
+    if (!reply) return std::move(reply).error();
+    if (reply->jobs.empty()) return make_error(ErrorCode::not_found, "no job " + std::to_string(job_id));
+    return reply->jobs.front();
+  }
+
  private:
   std::unique_ptr<actors::Client> client_;
 };

@@ -258,6 +258,9 @@ void HttpApiServer::add_routes(BatchApi& api) {
   srv.Get(R"(/v1/batches/([^/]+))", [&api](const httplib::Request& req, httplib::Response& res) {
     send(res, api.retrieve_batch(req.matches[1]));
   });
+  srv.Post(R"(/v1/batches/([^/]+)/cancel)", [&api](const httplib::Request& req, httplib::Response& res) {
+    send(res, api.cancel_batch(req.matches[1]));
+  });
 }
 
 }  // namespace shardline::api

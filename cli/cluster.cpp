@@ -455,10 +455,23 @@ int run_job_status(const StatusArgs& a) {
     }
     if (!a.watch) return 0;
     bool all_finished = !jobs.jobs.empty();
-    for (const auto& p : jobs.jobs) all_finished = all_finished && (p.state == "done" || p.state == "failed");
+    for (const auto& p : jobs.jobs)
+      all_finished = all_finished && (p.state == "done" || p.state == "failed" || p.state == "cancelled");
     if (all_finished) return 0;
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+}
+
+int run_job_cancel(const ClientArgs& c, std::uint64_t job_id) {
+  auto client = actors::Client::connect(c.node, c.key_file);
+  if (!client) return fail(client.error());
+  auto reply = (*client)->call<messages::JobStatusList>(messages::JobCancel{job_id});
+  if (!reply) return fail(reply.error());
+  if (reply->jobs.empty()) return fail(make_error(ErrorCode::internal, "the orchestrator sent no progress"));
+  const messages::JobProgress& p = reply->jobs.front();
+  std::cout << "job " << p.job_id << " cancelled: " << p.done << " of " << p.total << " lines (" << p.failed
+            << " with errors) in " << p.output << "\n";
+  return 0;
 }
 
 int run_actor_list(const ClientArgs& c) {
@@ -571,16 +584,18 @@ int run_run(RunArgs& a) {
     if (!reply) return fail(reply.error());
     const messages::JobProgress& p = reply->jobs.at(0);
     if (!a.quiet) draw_progress(p);
-    if (p.state != "done" && p.state != "failed" && (*node)->worker_start_failures() >= (*node)->num_workers()) {
+    const bool finished = p.state == "done" || p.state == "failed" || p.state == "cancelled";
+    if (!finished && (*node)->worker_start_failures() >= (*node)->num_workers()) {
       if (!a.quiet) std::fprintf(stderr, "\n");
       std::cerr << "error: no worker could start its engine (see the log above); job " << job_id
                 << " stays resumable in " << na.data_dir << "\n";
       return 1;
     }
-    if (p.state == "done" || p.state == "failed") {
+    if (finished) {
       if (!a.quiet) std::fprintf(stderr, "\n");
-      if (p.state == "failed") {
-        std::cerr << "error: job " << job_id << " failed\n";
+      if (p.state != "done") {
+        std::cerr << "error: job " << job_id << " " << p.state << " (" << p.done << " of " << p.total
+                  << " lines in " << p.output << ")\n";
         return 1;
       }
       if (!a.quiet)
@@ -636,7 +651,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   start->callback([&run, na] { run = [na] { return run_node_start(*na); }; });
 
   // job submit / status
-  CLI::App* job = app.add_subcommand("job", "Submit jobs and read their progress");
+  CLI::App* job = app.add_subcommand("job", "Submit, follow and cancel jobs");
   job->require_subcommand(1);
   auto sa = std::make_shared<SubmitArgs>();
   CLI::App* submit = job->add_subcommand("submit", "Submit a job; prints its id");
@@ -666,6 +681,15 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   status->add_flag("--watch", st->watch, "Refresh every second until the jobs finish");
   status->add_flag("--json", st->json, "JSON output");
   status->callback([&run, st] { run = [st] { return run_job_status(*st); }; });
+  auto cancel_client = std::make_shared<ClientArgs>();
+  auto cancel_id = std::make_shared<std::uint64_t>(0);
+  CLI::App* cancel = job->add_subcommand(
+      "cancel", "Cancel an unfinished job: its output file keeps the lines finished so far, in input order");
+  add_client_flags(*cancel, *cancel_client);
+  cancel->add_option("job", *cancel_id, "Job id")->required();
+  cancel->callback([&run, cancel_client, cancel_id] {
+    run = [cancel_client, cancel_id] { return run_job_cancel(*cancel_client, *cancel_id); };
+  });
 
   // actor list / kill
   CLI::App* actor = app.add_subcommand("actor", "List or kill actors");

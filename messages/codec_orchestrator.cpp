@@ -51,6 +51,13 @@ struct Member<OM, JobStatusQuery> {
 };
 
 template <>
+struct Member<OM, JobCancel> {
+  static constexpr auto which = OM::JOB_CANCEL;
+  static void put(OM::Builder root, const JobCancel& m) { root.initJobCancel().setJobId(m.job_id); }
+  static JobCancel get(OM::Reader root) { return JobCancel{root.getJobCancel().getJobId()}; }
+};
+
+template <>
 struct Member<OM, ActorListQuery> {
   static constexpr auto which = OM::ACTOR_LIST_QUERY;
   static void put(OM::Builder root, const ActorListQuery&) { root.setActorListQuery(); }

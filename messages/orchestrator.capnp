@@ -21,6 +21,11 @@ struct JobStatusQuery {
   jobId @0 :UInt64;        # 0 = all jobs
 }
 
+# Cancel an unfinished job; the reply is a JobStatusList with its progress.
+struct JobCancel {
+  jobId @0 :UInt64;
+}
+
 struct KillActor {
   name @0 :Text;
 }
@@ -94,6 +99,7 @@ struct OrchestratorMessage {
     kvStoreHeartbeat @10 :KvStoreHeartbeat;
     kvProgressReport @11 :KvProgressReport;
     layerOwnerHello @12 :LayerOwnerHello;
+    jobCancel @13 :JobCancel;
   }
 }
 

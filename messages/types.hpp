@@ -157,6 +157,15 @@ struct JobStatusQuery {
   bool operator==(const JobStatusQuery&) const = default;
 };
 
+/// Cancel an unfinished job (`shardline job cancel`, the batch API's
+/// cancel; orchestrator::JobManager::cancel). Reply: a JobStatusList with
+/// the job's progress after it; errors: not_found, invalid_argument (the
+/// job is done or failed).
+struct JobCancel {
+  std::uint64_t job_id = 0;
+  bool operator==(const JobCancel&) const = default;
+};
+
 struct KillActor {
   std::string name;
   bool operator==(const KillActor&) const = default;
@@ -373,7 +382,7 @@ struct KvPrefixData {
 /// What the orchestrator receives (orchestrator.capnp OrchestratorMessage).
 using OrchestratorMsg = std::variant<SubmitJob, JobStatusQuery, ActorListQuery, KillActor, WorkerHello,
                                      WorkerResults, WorkerHeartbeat, Shutdown, KvStoreHello, KvStoreHeartbeat,
-                                     KvProgressReport, LayerOwnerHello>;
+                                     KvProgressReport, LayerOwnerHello, JobCancel>;
 
 /// What the orchestrator answers a client (orchestrator.capnp OrchestratorReply);
 /// Error travels as `errorReply`.

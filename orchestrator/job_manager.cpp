@@ -108,6 +108,11 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
     j.recovery = *recovery;
     if (!active(j)) {
       (void)m->store_->delete_resume(id);  // left over by a crash right after it finished
+      // A crash between the cancel's record and its finished output file.
+      if (j.rec.state == JobState::cancelled) {
+        if (Status st = m->finish_cancelled_output(j); !st.ok())
+          return make_error(st.error().code, "job " + std::to_string(id) + " (cancelled): " + st.error().message);
+      }
       continue;
     }
     // Inputs must be what was submitted: line indexes depend on them.
@@ -148,6 +153,49 @@ Status JobManager::activate(Job& j) {
   j.reader = std::make_unique<ShardReader>();
   j.reader->paths = j.rec.spec.input_paths;
   return advance_output(j);
+}
+
+Status JobManager::finish_cancelled_output(Job& j) {
+  auto op = store_->output_progress(j.rec.id);
+  if (!op.ok()) return op.error();
+  if (op->next_line >= j.rec.total_lines) return Status::ok_status();
+  auto w = OutputWriter::open(*store_, j.rec.id, j.rec.spec.output_path, j.rec.total_lines, options_.file_system);
+  if (!w.ok()) return w.error();
+  auto n = (*w)->finish_partial();
+  if (!n.ok()) return n.error();
+  return Status::ok_status();
+}
+
+Result<std::vector<std::string>> JobManager::cancel(std::uint64_t job_id) {
+  const auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return make_error(ErrorCode::not_found, "job " + std::to_string(job_id) + ": no such job");
+  Job& j = it->second;
+  if (j.rec.state == JobState::cancelled) {
+    if (Status st = finish_cancelled_output(j); !st.ok()) return st.error();
+    return std::vector<std::string>{};
+  }
+  if (!active(j))
+    return make_error(ErrorCode::invalid_argument, "job " + std::to_string(job_id) + " is already " +
+                                                       job_state_name(j.rec.state) + ": nothing to cancel");
+  std::set<std::string> workers;
+  for (const auto& [line, f] : j.in_flight) workers.insert(f.worker);
+  JobRecord rec = j.rec;
+  rec.state = JobState::cancelled;
+  rec.finished_unix_ms = unix_ms_now();
+  if (Status st = store_->update_job(rec); !st.ok()) return st.error();  // still running, as it was
+  j.rec = std::move(rec);
+  // Nothing of it is committed from here on; the writer is done with once
+  // the committed lines are in.
+  Status written = Status::ok_status();
+  if (j.writer) {
+    auto n = j.writer->finish_partial();
+    if (!n.ok()) written = n.error();
+  } else {
+    written = finish_cancelled_output(j);
+  }
+  finish_cleanup(j);
+  if (!written.ok()) return written.error();
+  return std::vector<std::string>(workers.begin(), workers.end());
 }
 
 void JobManager::fail_job(Job& j, const std::string& why) {
@@ -571,9 +619,12 @@ JobProgress JobManager::progress_of(const Job& j) const {
   p.completion_tokens = c.completion_tokens;
   p.in_flight = j.in_flight.size();
   p.pending = p.total > p.done + p.in_flight ? p.total - p.done - p.in_flight : 0;
+  if (j.rec.state == JobState::cancelled) p.pending = 0;  // its uncommitted lines are dropped
   if (j.writer) p.written = j.writer->next_line();
   else if (j.rec.state == JobState::done) p.written = p.total;
-  else if (auto op = store_->output_progress(j.rec.id); op.ok()) p.written = op->next_line;
+  else if (auto op = store_->output_progress(j.rec.id); op.ok())
+    // A cancelled job's finished file holds its committed lines, not all.
+    p.written = j.rec.state == JobState::cancelled && op->next_line >= p.total ? p.done : op->next_line;
 
   if (j.session_started) {
     const double t1 = j.session_t1 >= 0 ? j.session_t1 : now();
@@ -588,7 +639,7 @@ JobProgress JobManager::progress_of(const Job& j) const {
                      (static_cast<double>(j.rec.finished_unix_ms - j.rec.created_unix_ms) / 1000.0);
   }
   if (j.rec.state == JobState::done) p.eta_s = 0.0;
-  else if (j.rec.state == JobState::failed) p.eta_s = -1.0;
+  else if (j.rec.state == JobState::failed || j.rec.state == JobState::cancelled) p.eta_s = -1.0;
   return p;
 }
 

@@ -25,6 +25,10 @@
 ///    only: after a restart (JobManager::open) everything not committed is
 ///    pending again, with its stored resume point, and each unfinished job's
 ///    output file is recovered (torn tail truncated).
+///  - cancel(job): the job stops (state cancelled, durably, first); nothing
+///    more of it is handed out or committed, and its output file gets every
+///    line committed until then, in line order (OutputWriter::
+///    finish_partial). open() finishes that file when a crash came between.
 ///  - claim_in_flight(worker, lines) after a restart of the orchestrator
 ///    alone: a worker that lived through it reports the lines it still
 ///    holds, and they are in flight on it again instead of pending.
@@ -144,6 +148,21 @@ class JobManager {
   /// lines resume from it while this process lives).
   Status on_kv_progress(const std::string& worker, std::span<const worker::KvProgress> progress);
 
+  /// Cancels an unfinished job (the OpenAI batch `cancel`, `shardline job
+  /// cancel`): its state becomes cancelled in jobs.db (synced) before
+  /// anything else, so no later result of it is committed (on_results
+  /// ignores finished jobs); its pending, requeued and in-flight lines are
+  /// dropped, and its output file is finished with the lines committed so
+  /// far, in line order (OutputWriter::finish_partial). Returns the workers
+  /// that had lines of it in flight, in name order (the caller tells them to
+  /// drop the job: CancelJob). Cancelling a cancelled job again returns no
+  /// workers and retries finishing its file when an I/O error stopped that.
+  /// Errors: not_found (no such job), invalid_argument (the job is done or
+  /// failed: nothing to cancel), io (the record or the file could not be
+  /// written; when the record was, the job is cancelled and a later cancel()
+  /// or open() finishes the file).
+  Result<std::vector<std::string>> cancel(std::uint64_t job_id);
+
   /// Makes the in-flight requests of `worker` pending again (first in line),
   /// with their recorded resume points. Counts them in JobProgress::requeued.
   std::size_t requeue_in_flight(const std::string& worker);
@@ -219,6 +238,9 @@ class JobManager {
   }
   [[nodiscard]] double now() const;
   Status activate(Job& j);  ///< opens writer + reader of an unfinished job
+  /// A cancelled job's output: finished with its committed lines (see
+  /// cancel()) unless it already is.
+  Status finish_cancelled_output(Job& j);
   void mark_started(Job& j);  ///< work went out: the session's rate clock starts, queued -> running
   /// Commits `batch` (cleared) and, in the same batch, deletes the resume
   /// records of `drop_resume` (also from j.resume when it succeeds).

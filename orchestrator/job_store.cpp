@@ -116,6 +116,7 @@ Result<JobRecord> decode_record(std::string_view s) {
     else if (state == "running") r.state = JobState::running;
     else if (state == "done") r.state = JobState::done;
     else if (state == "failed") r.state = JobState::failed;
+    else if (state == "cancelled") r.state = JobState::cancelled;
     else return make_error(ErrorCode::corrupt, "job store: job record: unknown state '" + state + "'");
     r.created_unix_ms = j.at("created_unix_ms").get<std::int64_t>();
     r.finished_unix_ms = j.at("finished_unix_ms").get<std::int64_t>();
@@ -136,6 +137,7 @@ const char* job_state_name(JobState s) noexcept {
     case JobState::running: return "running";
     case JobState::done: return "done";
     case JobState::failed: return "failed";
+    case JobState::cancelled: return "cancelled";
   }
   return "unknown";
 }

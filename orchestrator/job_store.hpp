@@ -53,9 +53,11 @@ class FileSystem;
 
 namespace shardline::orchestrator {
 
-enum class JobState { queued, running, done, failed };
+/// cancelled: JobManager::cancel stopped it; its output file holds the
+/// lines committed before that.
+enum class JobState { queued, running, done, failed, cancelled };
 
-/// "queued", "running", "done", "failed".
+/// "queued", "running", "done", "failed", "cancelled".
 [[nodiscard]] const char* job_state_name(JobState s) noexcept;
 
 /// What a user submits.
@@ -82,7 +84,7 @@ struct JobRecord {
   JobSpec spec;
   JobState state = JobState::queued;
   std::int64_t created_unix_ms = 0;
-  std::int64_t finished_unix_ms = 0;        ///< 0 while unfinished
+  std::int64_t finished_unix_ms = 0;        ///< 0 while unfinished (done, failed or cancelled: when)
   std::uint64_t total_lines = 0;            ///< non-blank input lines over all shards
   std::vector<std::uint64_t> input_sizes;   ///< byte size of each shard at submit
   std::string error;                        ///< why the job failed (state failed)

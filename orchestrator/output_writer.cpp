@@ -58,7 +58,7 @@ Status OutputWriter::recover() {
   return Status::ok_status();
 }
 
-Status OutputWriter::flush(const std::string& buf, std::uint64_t lines) {
+Status OutputWriter::flush(const std::string& buf, std::uint64_t next_line) {
   if (dirty_) {
     if (Status st = file_->truncate(progress_.offset); !st.ok()) return output_error(st.error());
     dirty_ = false;
@@ -71,7 +71,7 @@ Status OutputWriter::flush(const std::string& buf, std::uint64_t lines) {
     dirty_ = true;
     return output_error(st.error());
   }
-  const OutputProgress next{progress_.offset + buf.size(), progress_.next_line + lines};
+  const OutputProgress next{progress_.offset + buf.size(), next_line};
   if (Status st = store_.set_output_progress(job_id_, next); !st.ok()) {
     dirty_ = true;  // the bytes are there but unacknowledged: rewrite them next time
     return st;
@@ -96,7 +96,32 @@ Result<std::uint64_t> OutputWriter::advance() {
     });
     if (!scan.ok()) return scan.error();
     if (lines == 0) break;
-    if (Status st = flush(buf, lines); !st.ok()) return st.error();
+    if (Status st = flush(buf, expect); !st.ok()) return st.error();
+    appended += lines;
+  }
+  return appended;
+}
+
+Result<std::uint64_t> OutputWriter::finish_partial() {
+  std::uint64_t appended = 0;
+  while (!complete()) {
+    std::string buf;
+    std::uint64_t lines = 0;
+    std::uint64_t next = total_lines_;  // nothing more committed: the file is finished
+    Status scan = store_.scan_results(job_id_, progress_.next_line, [&](std::uint64_t line, std::string_view text) {
+      if (line >= total_lines_) return false;
+      buf.append(text);
+      buf.push_back('\n');
+      ++lines;
+      next = line + 1;
+      if (buf.size() < kFlushBytes) return true;
+      return false;
+    });
+    if (!scan.ok()) return scan.error();
+    // A chunk that stopped at kFlushBytes records its last line; the last
+    // chunk (the scan ran out of committed lines) records total_lines.
+    if (lines > 0 && buf.size() < kFlushBytes) next = total_lines_;
+    if (Status st = flush(buf, next); !st.ok()) return st.error();
     appended += lines;
   }
   return appended;

@@ -50,6 +50,15 @@ class OutputWriter {
   /// syncs, records the progress. Returns the number of lines appended.
   Result<std::uint64_t> advance();
 
+  /// A cancelled job's file: appends every committed line from next_line()
+  /// on, in line order, skipping the lines that have no result, and then
+  /// records next_line() = total_lines (so complete() holds and a later
+  /// open() leaves the file as it is). Crash-safe as advance(): each chunk
+  /// is synced before its progress is recorded (next_line = the chunk's
+  /// last line + 1), and a rerun after a crash appends the same bytes.
+  /// Results committed after it are not written. Returns the lines appended.
+  Result<std::uint64_t> finish_partial();
+
   [[nodiscard]] std::uint64_t next_line() const noexcept { return progress_.next_line; }
   [[nodiscard]] std::uint64_t offset() const noexcept { return progress_.offset; }
   [[nodiscard]] std::uint64_t total_lines() const noexcept { return total_lines_; }
@@ -59,7 +68,9 @@ class OutputWriter {
  private:
   OutputWriter(JobStore& store, std::uint64_t job_id, std::string path, std::uint64_t total_lines,
                std::shared_ptr<FileSystem> fs, std::unique_ptr<WritableFile> file);
-  Status flush(const std::string& buf, std::uint64_t lines);
+  /// Writes `buf` at the recorded offset, syncs, then records
+  /// {offset + size, next_line}.
+  Status flush(const std::string& buf, std::uint64_t next_line);
 
   JobStore& store_;
   std::uint64_t job_id_;

@@ -77,6 +77,12 @@ Result<std::size_t> WorkerPool::on_results(const std::string& name, const std::v
   return committed;
 }
 
+Result<std::vector<std::string>> WorkerPool::cancel_job(std::uint64_t job_id) {
+  auto held = jobs_.cancel(job_id);
+  for (auto& [name, w] : workers_) w.in_flight = jobs_.in_flight_count(name);
+  return held;
+}
+
 void WorkerPool::await_workers(const std::vector<std::string>& names, Clock::time_point deadline) {
   awaited_.clear();
   for (const std::string& n : names)

@@ -178,6 +178,12 @@ class WorkerPool {
   Result<std::size_t> on_results(const std::string& name, const std::vector<worker::BatchResult>& results,
                                  Clock::time_point now);
 
+  /// Cancels a job (JobManager::cancel); each worker's in_flight is then
+  /// what the JobManager still has in flight on it. Returns the workers that
+  /// held lines of the job (the caller sends them CancelJob, so they drop
+  /// its requests and KV). Errors are JobManager::cancel's.
+  Result<std::vector<std::string>> cancel_job(std::uint64_t job_id);
+
   /// Records a heartbeat: the worker's load (none: it has none to report
   /// yet), seen at `now`. Unknown workers are ignored.
   void heartbeat(const std::string& name, std::optional<WorkerLoad> load, Clock::time_point now);

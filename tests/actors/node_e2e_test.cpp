@@ -199,6 +199,74 @@ TEST_F(NodeE2e, NodeAndClientInTwoProcessesWithKeyAndMetrics) {
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
 }
 
+// `job cancel` stops a running job: its output file keeps the lines finished
+// before it, each as an uncancelled run writes it, in input order.
+TEST_F(NodeE2e, JobCancelKeepsTheFinishedLines) {
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+  ASSERT_EQ(testing_support::write_demo_prompts(path("in.jsonl"), 120), 120);
+  Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
+              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--max-batch", "4", "--threads", "1"},
+             path("node.log"));
+  const std::string log = node.wait_for_log("listening on", std::chrono::seconds(30));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"))) << log;
+  const std::string client = " --node 127.0.0.1:" + m[1].str() + " --key-file " + path("cluster.key");
+  auto submit = run_command(kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
+                            " --input " + path("in.jsonl") + " --output " + path("out.jsonl"));
+  ASSERT_EQ(submit.exit_code, 0) << submit.out;
+  for (int i = 0; i < 600; ++i) {
+    const auto s = nlohmann::json::parse(run_command(kShardline + " job status 1 --json" + client).out);
+    if (s["jobs"][0]["done"].get<int>() >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto cancel = run_command(kShardline + " job cancel 1" + client);
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.out;
+  ASSERT_TRUE(std::regex_search(cancel.out, m, std::regex("job 1 cancelled: (\\d+) of 120 lines \\(0 with errors\\)")))
+      << cancel.out;
+  const int done = std::stoi(m[1].str());
+  EXPECT_GE(done, 3);
+  ASSERT_LT(done, 120) << "the job finished before the cancel";
+  const auto status = nlohmann::json::parse(run_command(kShardline + " job status 1 --json" + client).out);
+  EXPECT_EQ(status["jobs"][0]["state"], "cancelled");
+  EXPECT_EQ(status["jobs"][0]["done"], done);
+
+  ASSERT_EQ(run_command(kShardline + " run --quiet --threads 1 --model " + testing_support::kStoriesDir +
+                        " --input " + path("in.jsonl") + " --output " + path("run.jsonl"))
+                .exit_code,
+            0);
+  const auto want = read_jsonl(path("run.jsonl"));
+  const auto got = read_jsonl(path("out.jsonl"));
+  ASSERT_EQ(static_cast<int>(got.size()), done);
+  std::size_t next = 0;  // got[] is a subsequence of want[] (ignoring the job-id fields)
+  for (const auto& line : got) {
+    while (next < want.size() && want[next]["custom_id"] != line["custom_id"]) ++next;
+    ASSERT_LT(next, want.size()) << "not in input order, or not an input line: " << line.dump();
+    EXPECT_EQ(line["response"]["body"]["choices"], want[next]["response"]["body"]["choices"]);
+    ++next;
+  }
+
+  // Again: fine. An unknown job, or a finished one, is a clear error.
+  EXPECT_EQ(run_command(kShardline + " job cancel 1" + client).exit_code, 0);
+  const auto unknown = run_command(kShardline + " job cancel 99" + client);
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_NE(unknown.out.find("no such job"), std::string::npos) << unknown.out;
+  ASSERT_EQ(testing_support::write_demo_prompts(path("small.jsonl"), 2), 2);
+  ASSERT_EQ(run_command(kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
+                        " --input " + path("small.jsonl") + " --output " + path("small.out.jsonl"))
+                .exit_code,
+            0);
+  for (int i = 0; i < 600; ++i) {
+    const auto s = nlohmann::json::parse(run_command(kShardline + " job status 2 --json" + client).out);
+    if (s["jobs"][0]["state"] == "done") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto finished = run_command(kShardline + " job cancel 2" + client);
+  EXPECT_EQ(finished.exit_code, 1);
+  EXPECT_NE(finished.out.find("job 2 is already done"), std::string::npos) << finished.out;
+  node.kill(SIGTERM);
+  EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << node.log();
+}
+
 TEST_F(NodeE2e, SecondNodeJoinsTheClusterWithItsWorkers) {
   ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
   testing_support::write_demo_prompts(path("in.jsonl"), 150);

@@ -43,6 +43,17 @@ class FakeJobs final : public JobService {
     if (id == 0 || id > progress_.size()) return make_error(ErrorCode::not_found, "no job");
     return progress_[id - 1];
   }
+  Result<messages::JobProgress> cancel(std::uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++cancels;
+    if (fail_cancel) return make_error(ErrorCode::io, "orchestrator restarting");
+    if (id == 0 || id > progress_.size()) return make_error(ErrorCode::not_found, "no job");
+    auto& p = progress_[id - 1];
+    if (p.state == "done" || p.state == "failed")
+      return make_error(ErrorCode::invalid_argument, "job is already " + p.state);
+    p.state = "cancelled";
+    return p;
+  }
   void set(std::uint64_t id, std::string state, std::uint64_t total, std::uint64_t done, std::uint64_t failed) {
     std::lock_guard<std::mutex> lock(mu);
     auto& p = progress_.at(id - 1);
@@ -55,7 +66,9 @@ class FakeJobs final : public JobService {
   std::vector<messages::SubmitJob> submitted;
   bool refuse = false;
   bool fail_progress = false;
+  bool fail_cancel = false;
   int polls = 0;
+  int cancels = 0;
 
  private:
   std::vector<messages::JobProgress> progress_;
@@ -270,6 +283,74 @@ TEST_F(BatchApiTest, AnUnreadableJobGivesTheLastKnownState) {
   const ApiResponse r = api_->retrieve_batch(id);
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, seen.body);
+}
+
+TEST_F(BatchApiTest, CancelFinalizesWithTheLinesFinishedBeforeIt) {
+  const std::string file = upload_id(request_line("a") + request_line("b") + request_line("c"));
+  const std::string id = create(file).body["id"];
+  // Lines a and c finished (c with an error) before the cancel; the job's
+  // output file holds them (JobManager::cancel wrote it).
+  const std::string ok_a = R"({"custom_id":"a","response":{"status_code":200},"error":null})";
+  const std::string err_c = R"({"custom_id":"c","response":null,"error":{"code":"x","message":"y"}})";
+  std::ofstream(jobs_.submitted.at(0).output) << ok_a << "\n" << err_c << "\n";
+  jobs_.set(1, "running", 3, 2, 1);
+  const ApiResponse r = api_->cancel_batch(id);
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(r.body["status"], "cancelled");
+  EXPECT_FALSE(r.body["cancelling_at"].is_null());
+  EXPECT_FALSE(r.body["cancelled_at"].is_null());
+  EXPECT_TRUE(r.body["completed_at"].is_null());
+  EXPECT_EQ(json(r.body["request_counts"]), (json{{"total", 3}, {"completed", 1}, {"failed", 1}}));
+  EXPECT_EQ(testing_support::read_file(api_->files().content_path(r.body["output_file_id"]).string()), ok_a + "\n");
+  EXPECT_EQ(testing_support::read_file(api_->files().content_path(r.body["error_file_id"]).string()), err_c + "\n");
+  EXPECT_EQ(jobs_.cancels, 1);
+  // Again: the same batch, and the job is not asked again.
+  EXPECT_EQ(api_->cancel_batch(id).body, r.body);
+  EXPECT_EQ(api_->retrieve_batch(id).body, r.body);
+  EXPECT_EQ(jobs_.cancels, 1);
+  open();
+  EXPECT_EQ(api_->retrieve_batch(id).body, r.body);
+
+  expect_error(api_->cancel_batch("batch_nope"), 404, "id", "No such Batch object");
+}
+
+TEST_F(BatchApiTest, CancelWhileTheClusterIsUnreachableStaysCancellingUntilAPollGetsThrough) {
+  const std::string file = upload_id(request_line("a"));
+  const std::string id = create(file).body["id"];
+  jobs_.fail_cancel = true;
+  ApiResponse r = api_->cancel_batch(id);
+  EXPECT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(r.body["status"], "cancelling");
+  EXPECT_FALSE(r.body["cancelling_at"].is_null());
+  // A restart keeps the cancel.
+  open();
+  EXPECT_EQ(api_->retrieve_batch(id).body["status"], "cancelling");
+  jobs_.fail_cancel = false;
+  std::ofstream(jobs_.submitted.at(0).output) << "";
+  r = api_->retrieve_batch(id);
+  EXPECT_EQ(r.body["status"], "cancelled");
+  EXPECT_TRUE(r.body["output_file_id"].is_null());  // nothing finished: no files, as OpenAI
+  EXPECT_TRUE(r.body["error_file_id"].is_null());
+}
+
+TEST_F(BatchApiTest, OnlyBatchesInProgressCanBeCancelled) {
+  // A job that finished before the cancel reached it: the batch completes.
+  const std::string file = upload_id(request_line("a"));
+  const std::string raced = create(file).body["id"];
+  std::ofstream(jobs_.submitted.at(0).output) << R"({"custom_id":"a","response":{},"error":null})" << "\n";
+  jobs_.set(1, "done", 1, 1, 0);
+  ApiResponse r = api_->cancel_batch(raced);
+  EXPECT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(r.body["status"], "completed");
+  EXPECT_FALSE(r.body["output_file_id"].is_null());
+  // Completed and failed batches refuse.
+  ApiResponse refused = api_->cancel_batch(raced);
+  expect_error(refused, 409, "", "Cannot cancel a batch with status 'completed'");
+  EXPECT_EQ(refused.body["error"]["code"], "batch_not_cancellable");
+  const std::string bad = upload_id(request_line("a") + request_line("a"));
+  const std::string failed = create(bad).body["id"];
+  expect_error(api_->cancel_batch(failed), 409, "", "status 'failed'");
+  EXPECT_EQ(api_->retrieve_batch(raced).body, r.body);
 }
 
 TEST_F(BatchApiTest, ListIsNewestFirstAndPages) {

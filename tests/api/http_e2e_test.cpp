@@ -3,14 +3,16 @@
 // run` on the same file after the job-id fields), per-line errors in the
 // error file, refused input files, the OpenAI error objects and statuses of
 // bad requests and keys (counted on /metrics), 200 concurrent polls during a
-// running batch, and a node killed with SIGKILL mid-batch whose batch still
-// completes with every custom_id exactly once.
+// running batch, a node killed with SIGKILL mid-batch whose batch still
+// completes with every custom_id exactly once, and a batch cancelled
+// mid-way whose files hold exactly what finished before the cancel.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -48,7 +50,7 @@ json wait_batch(httplib::Client& c, const std::string& id, std::vector<json>* hi
     json b = body(c.Get("/v1/batches/" + id));
     if (history) history->push_back(b);
     const std::string s = b.value("status", "");
-    if (s != "validating" && s != "in_progress" && s != "finalizing") return b;
+    if (s != "validating" && s != "in_progress" && s != "finalizing" && s != "cancelling") return b;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return json();
@@ -135,6 +137,7 @@ TEST_F(HttpE2e, BadRequestsGetOpenAiErrorsAndAuthFailuresAreCounted) {
   expect(node.client("sk-wrong")->Get("/v1/batches"), 401, "Incorrect API key");
   expect(c->Get("/v1/files/file-nope"), 404, "No such File object");
   expect(c->Get("/v1/batches/batch_nope"), 404, "No such Batch object");
+  expect(c->Post("/v1/batches/batch_nope/cancel", "", "application/json"), 404, "No such Batch object");
   expect(c->Get("/v1/nothing"), 404, "Unknown request URL");
   expect(upload(*c, R"({"custom_id":"a"})" "\n", "fine-tune"), 400, "purpose");
   expect(upload(*c, "not json\n"), 400, "Must be .jsonl");
@@ -287,6 +290,76 @@ TEST_F(HttpE2e, ANodeKilledMidBatchFinishesItOnceAfterARestart) {
                                " --input " + path("in.jsonl") + " --output " + path("run.jsonl"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_EQ(testing::normalize_job_ids(out), testing::normalize_job_ids(read_file(path("run.jsonl"))));
+}
+
+TEST_F(HttpE2e, ACancelledBatchKeepsWhatFinishedAndTheNodeRunsTheNext) {
+  const std::string input = testing::demo_prompts(120);
+  ApiNode node(dir_.string(), {"--max-batch", "4", "--metrics", "127.0.0.1:0"});
+  auto c = node.client();
+  const json f = body(upload(*c, input));
+  const std::string id = create_batch(*c, f["id"])["id"];
+  int completed = 0;
+  for (int i = 0; i < 3000 && completed < 5; ++i) {
+    completed = body(c->Get("/v1/batches/" + id))["request_counts"]["completed"].get<int>();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(completed, 5);
+  const json cancelled = body(c->Post("/v1/batches/" + id + "/cancel", "", "application/json"));
+  ASSERT_TRUE(cancelled.value("status", "") == "cancelling" || cancelled.value("status", "") == "cancelled")
+      << cancelled.dump();
+  const json b = wait_batch(*c, id);
+  ASSERT_EQ(b["status"], "cancelled") << b.dump() << node.log();
+  EXPECT_FALSE(b["cancelled_at"].is_null());
+  const int done = b["request_counts"]["completed"].get<int>();
+  EXPECT_GE(done, completed);
+  ASSERT_LT(done, 120) << "the batch finished before the cancel";
+  EXPECT_EQ(b["request_counts"]["failed"], 0);
+  // Its output: the lines that finished, each as `shardline run` writes it,
+  // in input order.
+  const std::string out = c->Get("/v1/files/" + b["output_file_id"].get<std::string>() + "/content")->body;
+  std::ofstream(path("in.jsonl")) << input;
+  const auto run = run_command(kShardline + " run --quiet --threads 1 --model " + testing_support::kStoriesDir +
+                               " --input " + path("in.jsonl") + " --output " + path("run.jsonl"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  std::map<std::string, std::string> want;
+  std::vector<std::string> order;
+  {
+    std::istringstream lines(testing::normalize_job_ids(read_file(path("run.jsonl"))));
+    std::string line;
+    while (std::getline(lines, line)) {
+      const std::string cid = json::parse(line)["custom_id"];
+      want[cid] = line;
+      order.push_back(cid);
+    }
+  }
+  std::istringstream lines(testing::normalize_job_ids(out));
+  std::string line;
+  int n = 0;
+  std::size_t last = 0;
+  while (std::getline(lines, line)) {
+    const std::string cid = json::parse(line)["custom_id"];
+    EXPECT_EQ(line, want[cid]);
+    const std::size_t pos = static_cast<std::size_t>(std::find(order.begin(), order.end(), cid) - order.begin());
+    EXPECT_TRUE(n == 0 || pos > last) << "out of input order: " << cid;
+    last = pos;
+    ++n;
+  }
+  EXPECT_EQ(n, done);
+  // Cancelling again answers the same batch; a completed one refuses.
+  EXPECT_EQ(body(c->Post("/v1/batches/" + id + "/cancel", "", "application/json")), b);
+  // The workers dropped the cancelled lines: the next batch runs at once.
+  const json f2 = body(upload(*c, testing::demo_prompts(3)));
+  const std::string id2 = create_batch(*c, f2["id"])["id"];
+  const json b2 = wait_batch(*c, id2);
+  EXPECT_EQ(b2["status"], "completed") << b2.dump();
+  auto refused = c->Post("/v1/batches/" + id2 + "/cancel", "", "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 409);
+  EXPECT_EQ(body(refused)["error"]["code"], "batch_not_cancellable");
+  httplib::Client m("127.0.0.1", node.metrics_port());
+  auto metrics = m.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("shardline_jobs{state=\"cancelled\"} 1"), std::string::npos) << metrics->body;
 }
 
 }  // namespace

@@ -286,6 +286,7 @@ inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
                                     "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"}},
       OrchestratorMsg{JobStatusQuery{42}},
       OrchestratorMsg{JobStatusQuery{0}},
+      OrchestratorMsg{JobCancel{7}},
       OrchestratorMsg{ActorListQuery{}},
       OrchestratorMsg{KillActor{"worker-gpu-1@node-b"}},
       OrchestratorMsg{WorkerHello{"worker-gpu-0@node-a", "cuda:0", 256, engine::ParallelConfig{}}},
