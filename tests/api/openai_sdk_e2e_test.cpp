@@ -2,9 +2,12 @@
 // (tests/api/openai_batch.mjs): files.create, batches.create, polling
 // batches.retrieve with request_counts that never go back, files.content.
 // The output equals `shardline run` on the same file byte for byte after
-// the job-id fields; bad lines land in the error file. Skips only when
-// node or npm is not installed.
+// the job-id fields; bad lines land in the error file; batches.cancel
+// mid-batch ends `cancelled` with the finished lines. Skips only when node
+// or npm is not installed.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include <filesystem>
 #include <fstream>
@@ -88,6 +91,24 @@ TEST_F(OpenAiSdkE2e, TheSdksBatchEqualsRunAndBadLinesGoToTheErrorFile) {
   EXPECT_NE(err.find("\"custom_id\":\"bad-1\""), std::string::npos) << err;
   EXPECT_NE(err.find("unsupported_parameter"), std::string::npos) << err;
   EXPECT_NE(err.find("context_length_exceeded"), std::string::npos) << err;
+
+  // batches.cancel mid-batch (a node running 4 sequences at a time, so the
+  // batch is still running when the script cancels it).
+  std::filesystem::create_directories(path("slow"));
+  ApiNode slow(path("slow"), {"--max-batch", "4"});
+  std::ofstream(path("long.jsonl")) << testing::demo_prompts(120);
+  const auto c = run_command("timeout 300 node " + sdk + "/openai_batch.mjs " + slow.url() + "/v1 " +
+                             testing::kApiKey + " " + path("long.jsonl") + " /v1/completions " +
+                             path("long.out.jsonl") + " " + path("long.err.jsonl") + " 3");
+  ASSERT_EQ(c.exit_code, 0) << c.out << slow.log();
+  const json cancelled = json::parse(c.out.substr(c.out.find('{')), nullptr, false);
+  EXPECT_EQ(cancelled["status"], "cancelled") << c.out;
+  EXPECT_FALSE(cancelled["cancelled_at"].is_null()) << c.out;
+  const int done = cancelled["counts"]["completed"].get<int>();
+  EXPECT_GE(done, 3);
+  EXPECT_LT(done, 120);
+  const std::string kept = read_file(path("long.out.jsonl"));
+  EXPECT_EQ(std::count(kept.begin(), kept.end(), '\n'), done);
 }
 
 }  // namespace
