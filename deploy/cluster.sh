@@ -51,7 +51,7 @@ while [[ $# -gt 0 ]]; do
     -h|--help) usage 0 ;;
     --) shift; extra=("$@"); break ;;
     start|stop|status) cmd=$1; shift ;;
-    kill) cmd=kill; target=${2:-}; [[ -n $target ]] || die "kill needs a node NAME"; shift 2 ;;
+    kill) cmd="kill"; target=${2:-}; [[ -n $target ]] || die "kill needs a node NAME"; shift 2 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -187,7 +187,7 @@ do_status() {
 
 stop_node() {  # i, signal
   local pid; pid=$(pid_of "$1")
-  [[ -n $pid ]] && on "$1" "kill -$2 $pid 2>/dev/null" || true
+  if [[ -n $pid ]]; then on "$1" "kill -$2 $pid 2>/dev/null" || true; fi
 }
 
 do_stop() {

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "tests/api/api_harness.hpp"
+#include "tests/support/npm.hpp"
 
 namespace shardline::api {
 namespace {
@@ -25,24 +26,10 @@ using testing_support::run_command;
 
 using OpenAiSdkE2e = testing_support::TempDirTest;
 
-/// Installs the SDK once per build folder; returns its node_modules parent
-/// ("" when node or npm is missing).
+/// The official SDK, installed once per build folder ("" when node or npm is
+/// missing).
 std::string sdk_dir(std::string* why) {
-  if (run_command("command -v node && command -v npm").exit_code != 0) {
-    *why = "node or npm is not installed";
-    return "";
-  }
-  const std::string dir = std::string(SHARDLINE_BINARY_DIR) + "/npm-openai";
-  if (!std::filesystem::exists(dir + "/node_modules/openai/package.json")) {
-    std::filesystem::create_directories(dir);
-    const auto r = run_command("cd " + dir + " && (test -f package.json || echo '{\"private\": true}' > package.json)"
-                               " && npm install --no-audit --no-fund --loglevel=error openai@7");
-    if (r.exit_code != 0) {
-      *why = "npm install openai failed: " + r.out;
-      return "";
-    }
-  }
-  return dir;
+  return testing_support::npm_install("npm-openai", "openai@7", "openai/package.json", why);
 }
 
 TEST_F(OpenAiSdkE2e, TheSdksBatchEqualsRunAndBadLinesGoToTheErrorFile) {
