@@ -8,7 +8,7 @@
 #   10    cli
 #    9    bench, api
 #    8    actors
-#    7    messages
+#    7    messages, sim
 #    6    orchestrator
 #    5    worker
 #    4    engine
@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A rank=(
-  [cli]=10 [bench]=9 [api]=9 [actors]=8 [messages]=7 [orchestrator]=6 [worker]=5
+  [cli]=10 [bench]=9 [api]=9 [actors]=8 [messages]=7 [sim]=7 [orchestrator]=6 [worker]=5
   [engine]=4 [model]=3 [kernels]=2 [kvstore]=2 [sampling]=1 [comm]=1 [common]=0
 )
 

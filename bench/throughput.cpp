@@ -106,6 +106,7 @@ std::string ThroughputReport::to_json() const {
                    {"openblas_gflops", openblas_gflops},
                    {"linear_gflops", linear_gflops},
                    {"num_steps", num_steps},
+                   {"model_s", model_s},
                    {"num_decode_steps", num_decode_steps},
                    {"num_preemptions", num_preemptions},
                    {"preemption_mode", preemption_mode},
@@ -239,6 +240,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   for (const StepRecord& r : recs)
     if (r.num_prefill_tokens == 0) max_decode_batch = std::max(max_decode_batch, r.num_tokens);
   for (const StepRecord& r : recs) {
+    rep.model_s += r.model_ms / 1e3;
     if (r.num_prefill_tokens > 0) {
       prefill_ms += r.model_ms;
       prefill_flops += r.cost.flops;

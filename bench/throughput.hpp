@@ -51,6 +51,7 @@ struct ThroughputReport {
   double openblas_gflops = 0;    ///< OpenBLAS sgemm on 2048^3
   double linear_gflops = 0;      ///< Shardline's batch-invariant linear on 2048^3
   int num_steps = 0, num_decode_steps = 0, num_preemptions = 0;
+  double model_s = 0;  ///< model time of every step summed (elapsed_s - model_s: the engine's own time)
   std::string preemption_mode;     ///< "recompute" or "swap"
   int num_swap_outs = 0;           ///< preemptions whose KV went to the swap space
   int num_swap_fallbacks = 0;      ///< swap preemptions that recomputed (swap space full)

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   shardline::cli::add_generate_command(app, run);
   shardline::cli::add_tokenize_command(app, run);
   shardline::cli::add_bench_command(app, run);
+  shardline::cli::add_simulate_command(app, run);
   shardline::cli::add_shard_commands(app, run);
   shardline::cli::add_cluster_commands(app, run);
   try {

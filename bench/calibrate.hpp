@@ -1,0 +1,50 @@
+#pragma once
+/// \file
+/// This machine as a simulator device (sim::DeviceSpec, "cpu"): its limits
+/// measured now, and the cost model's efficiency terms fitted to real engine
+/// steps (`shardline simulate --calibrate`, docs/simulator.md).
+///
+/// Measured (bench/hardware.hpp, all cores): peak_flops = Shardline's own
+/// batch-invariant linear on 2048^3 (the GEMM every step runs),
+/// memory_bw_bytes_per_s = STREAM triad, the in-process all-reduce's
+/// bandwidth and latency for the links (CPU devices are threads of one
+/// process), memory_bytes = MemAvailable. CPU devices share one memory bus.
+///
+/// Fitted (calibrate only): two real decode runs of `shape` on one device,
+/// at a small batch (the step reads weights: memory-bound) and a large one
+/// (compute-bound), each timed by bench::run_throughput (median model time
+/// of pure-decode steps at full batch, plus the engine's own time per step:
+/// scheduling and sampling). With the cost model's raw times at those
+/// batches (data / memory bandwidth, FLOPs / GEMM rate):
+///   step_overhead_ms     = the engine's per-step time outside the model
+///   memory_bw_efficiency = T_mem(small) / measured model time(small), capped at 1
+///   gemm_efficiency      = T_comp(large) / measured model time(large), capped at 1
+/// where the small batch is taken as memory-bound and the large one as
+/// compute-bound; each fitted number's source line gives the measurement.
+
+#include <string>
+
+#include "common/result.hpp"
+#include "sim/hardware_spec.hpp"
+
+namespace shardline::bench {
+
+struct CalibrateOptions {
+  std::string shape_dir;  ///< a model shape folder (config.json); dummy weights
+  int num_threads = 0;    ///< 0: all cores
+  int small_batch = 4;
+  int large_batch = 64;
+  int input_len = 64;
+  int output_len = 32;
+};
+
+/// The CPU device with measured limits and neutral efficiency terms (1, 1,
+/// overhead 0): what `simulate` uses without a calibration file. A few
+/// seconds.
+[[nodiscard]] sim::DeviceSpec measure_cpu_device(int num_threads = 0);
+
+/// measure_cpu_device plus the fitted terms. Errors: engine build errors
+/// (a bad shape folder), invalid_argument (non-positive sizes).
+[[nodiscard]] Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& options);
+
+}  // namespace shardline::bench

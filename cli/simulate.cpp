@@ -1,0 +1,234 @@
+// `shardline simulate`: Shardline's engine over a cost-model executor on a
+// described cluster (sim/simulator.hpp, docs/simulator.md); `--calibrate`
+// fits this machine's CPU device file (bench/calibrate.hpp).
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/calibrate.hpp"
+#include "cli/commands.hpp"
+#include "api/file_store.hpp"
+#include "engine/parallel_config.hpp"
+#include "model/config.hpp"
+#include "sim/simulator.hpp"
+
+namespace shardline::cli {
+namespace {
+
+struct SimulateArgs {
+  std::string model_dir;
+  std::string cluster = "cpu";
+  std::string calibration;  ///< "" = ~/.shardline/cpu-calibration.json
+  bool calibrate = false;
+  std::vector<std::string> parallel;
+  std::string token_budget = "both";
+  long long shift_threshold = 0;  ///< > 0: also a Shift variant of each sp*tp > 1, pp = 1 config
+  double shift_hysteresis = 0.25;
+  int num_prompts = 64, input_len = 128, output_len = 128;
+  int threads = 0;
+  bool json = false;
+  sim::SimOptions options;
+};
+
+std::string default_calibration() {
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.shardline/cpu-calibration.json";
+}
+
+int fail(const Error& e, int code = 1) {
+  std::cerr << "error: " << e.to_string() << "\n";
+  return code;
+}
+
+nlohmann::ordered_json to_json(const sim::SimResult& r) {
+  auto pct = [](const sim::Percentiles& p) {
+    return nlohmann::ordered_json{{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"mean", p.mean}};
+  };
+  return {{"strategy", r.strategy},
+          {"parallel", r.parallel},
+          {"token_budget", r.token_budget},
+          {"num_devices", r.num_devices},
+          {"num_requests", r.num_requests},
+          {"prompt_tokens", r.prompt_tokens},
+          {"generated_tokens", r.generated_tokens},
+          {"elapsed_s", r.elapsed_s},
+          {"prefill_elapsed_s", r.prefill_elapsed_s},
+          {"total_tok_s", r.total_tok_s},
+          {"prefill_tok_s", r.prefill_tok_s},
+          {"decode_tok_s", r.decode_tok_s},
+          {"decode_step_ms", r.decode_step_ms},
+          {"decode_batch", r.decode_batch},
+          {"ttft_ms", pct(r.ttft_ms)},
+          {"tpot_ms", pct(r.tpot_ms)},
+          {"num_kv_blocks", r.num_kv_blocks},
+          {"kv_peak_fraction", r.kv_peak_fraction},
+          {"bubble_fraction", r.bubble_fraction},
+          {"prefill_time_s", r.prefill_time_s},
+          {"decode_time_s", r.decode_time_s},
+          {"num_micro_batches", r.num_micro_batches},
+          {"num_preemptions", r.num_preemptions},
+          {"shift_switches", r.shift_switches},
+          {"shift_step_fraction", r.shift_step_fraction},
+          {"sim_wall_s", r.sim_wall_s}};
+}
+
+int run_calibrate(const SimulateArgs& a) {
+  if (a.model_dir.empty()) return fail(make_error(ErrorCode::invalid_argument, "--calibrate needs --shape or --model"));
+  bench::CalibrateOptions o;
+  o.shape_dir = a.model_dir;
+  o.num_threads = a.threads;
+  std::cerr << "calibrating this machine on " << a.model_dir << " (two decode runs; about a minute)\n";
+  auto d = bench::calibrate_cpu_device(o);
+  if (!d) return fail(d.error());
+  const std::string path = a.calibration.empty() ? default_calibration() : a.calibration;
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (Status st = api::write_file_atomically(path, sim::device_spec_json(*d)); !st.ok()) return fail(st.error());
+  std::cout << sim::device_spec_json(*d);
+  std::cerr << "wrote " << path << "\n";
+  return 0;
+}
+
+int run_simulate(const SimulateArgs& a) {
+  if (a.calibrate) return run_calibrate(a);
+  if (a.model_dir.empty()) return fail(make_error(ErrorCode::invalid_argument, "give --shape DIR or --model DIR"), 2);
+  auto config = model::load_model_config(a.model_dir);
+  if (!config) return fail(config.error(), 2);
+  const std::string calibration = a.calibration.empty() ? default_calibration() : a.calibration;
+  Result<sim::ClusterSpec> cluster = sim::load_cluster(a.cluster, calibration);
+  const bool cpu = a.cluster == "cpu" || a.cluster.rfind("cpux", 0) == 0;
+  if (!cluster && cpu && !std::filesystem::exists(calibration)) {
+    // No calibration yet: this machine's limits measured now, neutral efficiencies.
+    std::cerr << "note: no CPU calibration at " << calibration
+              << "; using limits measured now, uncalibrated (run `shardline simulate --calibrate --shape DIR`)\n";
+    sim::ClusterSpec c;
+    c.device = bench::measure_cpu_device(a.threads);
+    c.name = a.cluster;
+    const auto x = a.cluster.find('x');
+    c.num_devices = x == std::string::npos ? 1 : std::atoi(a.cluster.c_str() + x + 1);
+    cluster = std::move(c);
+  }
+  if (!cluster) return fail(cluster.error(), 2);
+
+  std::vector<std::string> configs = a.parallel.empty() ? std::vector<std::string>{"single"} : a.parallel;
+  std::vector<sim::Strategy> strategies;
+  int most_devices = 1;
+  for (const std::string& text : configs) {
+    auto pc = engine::parse_parallel_config(text);
+    if (!pc) return fail(pc.error(), 2);
+    most_devices = std::max(most_devices, pc->world_size());
+    std::vector<std::string> budgets{"fixed"};
+    if (pc->pp > 1) {
+      if (a.token_budget == "both") budgets = {"fixed", "throttle"};
+      else budgets = {a.token_budget};
+    } else if (a.token_budget != "both") {
+      budgets = {a.token_budget};
+    }
+    for (const std::string& b : budgets) {
+      sim::Strategy s;
+      s.parallel = *pc;
+      s.token_budget = b;
+      strategies.push_back(s);
+      if (a.shift_threshold > 0 && pc->tp * pc->sp > 1 && pc->sp > 1 && pc->pp == 1) {
+        s.shift = engine::ShiftPolicyOptions{a.shift_threshold, a.shift_hysteresis};
+        strategies.push_back(s);
+      }
+    }
+  }
+  // Without a size, a cpu cluster has as many devices as the largest config.
+  if (cpu && a.cluster.find('x') == std::string::npos) cluster->num_devices = most_devices;
+
+  const auto workload = sim::fixed_workload(a.num_prompts, a.input_len, a.output_len);
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  if (!a.json) {
+    std::printf("simulated: %s on %s (%d x %s), %d x (%d in, %d out), max batch %d\n", a.model_dir.c_str(),
+                cluster->name.c_str(), cluster->num_devices, cluster->device.name.c_str(), a.num_prompts, a.input_len,
+                a.output_len, a.options.max_batch);
+    std::printf("%-36s %10s %10s %10s %9s %9s %9s %7s %7s %8s\n", "strategy", "total/s", "prefill/s", "decode/s",
+                "step_ms", "ttft_p50", "tpot_p50", "kv_peak", "bubble", "sim_s");
+  }
+  int failures = 0;
+  for (const sim::Strategy& s : strategies) {
+    auto r = sim::simulate(*config, *cluster, s, workload, a.options);
+    if (!r) {
+      ++failures;
+      if (a.json) results.push_back({{"strategy", s.label()}, {"error", r.error().to_string()}});
+      else std::printf("%-36s error: %s\n", s.label().c_str(), r.error().to_string().c_str());
+      continue;
+    }
+    if (a.json) {
+      results.push_back(to_json(*r));
+    } else {
+      std::printf("%-36s %10.1f %10.1f %10.1f %9.3f %9.2f %9.3f %7.2f %7.3f %8.2f\n", r->strategy.c_str(),
+                  r->total_tok_s, r->prefill_tok_s, r->decode_tok_s, r->decode_step_ms, r->ttft_ms.p50,
+                  r->tpot_ms.p50, r->kv_peak_fraction, r->bubble_fraction, r->sim_wall_s);
+    }
+  }
+  if (a.json) {
+    nlohmann::ordered_json out;
+    out["model"] = a.model_dir;
+    out["cluster"] = cluster->name;
+    out["device"] = cluster->device.name;
+    out["num_devices"] = cluster->num_devices;
+    out["num_prompts"] = a.num_prompts;
+    out["input_len"] = a.input_len;
+    out["output_len"] = a.output_len;
+    out["max_batch"] = a.options.max_batch;
+    out["results"] = std::move(results);
+    std::cout << out.dump() << std::endl;
+  }
+  return failures == static_cast<int>(strategies.size()) ? 1 : 0;
+}
+
+}  // namespace
+
+void add_simulate_command(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<SimulateArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "simulate", "Simulate the engine on a described cluster (cost model calibrated on this machine; "
+                  "docs/simulator.md)");
+  cmd->add_option("--model,--shape", a->model_dir, "Model or shape folder (config.json; no weights are read)");
+  cmd->add_option("--cluster", a->cluster,
+                  "DEVICE or DEVICExN (a10, l20, a100-80gb, h100, h200, cpu; e.g. h200x8, a10x8) or a cluster "
+                  "JSON file")
+      ->capture_default_str();
+  cmd->add_option("--calibration", a->calibration,
+                  "The CPU device file (default ~/.shardline/cpu-calibration.json)");
+  cmd->add_flag("--calibrate", a->calibrate,
+                "Measure this machine and fit the cost model's efficiency terms to real decode steps of --shape; "
+                "writes --calibration");
+  cmd->add_option("--parallel", a->parallel, "A config to simulate (repeatable): single, tp=2, pp=2,dp=4, ...");
+  cmd->add_option("--token-budget", a->token_budget, "fixed, throttle or both (both: pp > 1 configs run each)")
+      ->check(CLI::IsMember({"fixed", "throttle", "both"}))
+      ->capture_default_str();
+  cmd->add_option("--shift-threshold", a->shift_threshold,
+                  "T > 0: also simulate Shift Parallelism for each sp > 1 config (steps of <= T tokens in tp=sp*tp)")
+      ->capture_default_str();
+  cmd->add_option("--shift-hysteresis", a->shift_hysteresis, "Shift's h")->capture_default_str();
+  cmd->add_option("--num-prompts", a->num_prompts, "Requests")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--input-len", a->input_len, "Prompt tokens per request")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--output-len", a->output_len, "Generated tokens per request")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-batch", a->options.max_batch, "Running sequences at most per engine group")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens", a->options.max_num_batched_tokens, "Tokens per step at most")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", a->threads, "Threads for --calibrate and the uncalibrated CPU measurement (0: all)")
+      ->capture_default_str();
+  cmd->add_flag("--json", a->json, "One JSON line with bench's field names");
+  cmd->callback([&run, a] { run = [a] { return run_simulate(*a); }; });
+}
+
+}  // namespace shardline::cli

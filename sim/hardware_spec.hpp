@@ -1,0 +1,113 @@
+#pragma once
+/// \file
+/// What the simulator (sim/simulator.hpp) knows about a cluster: one kind of
+/// device (compute peak, memory bandwidth and size, the links inside and
+/// between nodes, the host link) and how many of them there are. Every
+/// number of a device file carries its source: a datasheet, a published
+/// measurement, a measurement of this machine (`simulate --calibrate`), or
+/// an assumption said as such.
+///
+/// Device files are JSON (sim/devices/*.json, built into the binary):
+///
+///   {"name": "h200", "description": "...", "weight_dtype": "bf16",
+///    "peak_flops": {"value": 9.89e14, "source": "NVIDIA H200 datasheet ..."},
+///    "memory_bw_bytes_per_s": {...}, "memory_bytes": {...},
+///    "memory_utilization": {...}, "devices_per_node": {...},
+///    "intra_node_bw_bytes_per_s": {...}, "intra_node_latency_s": {...},
+///    "inter_node_bw_bytes_per_s": {...}, "inter_node_latency_s": {...},
+///    "host_link_bw_bytes_per_s": {...}, "gemm_efficiency": {...},
+///    "memory_bw_efficiency": {...}, "step_overhead_ms": {...},
+///    "shared_memory_bus": false}
+///
+/// A cluster is named DEVICE or DEVICExN (`h200x8`: 8 H200 in one node;
+/// `h200x64`: 8 nodes of 8, from devices_per_node), or is a JSON file
+/// {"name", "device": NAME or an inline device object, "num_devices"}.
+///
+/// Achievable rates: a device computes at peak_flops * gemm_efficiency and
+/// streams memory at memory_bw_bytes_per_s * memory_bw_efficiency. With
+/// shared_memory_bus (CPU devices: threads of one machine) the devices of a
+/// node share those two rates evenly, as orchestrator::CostModel::
+/// for_cpu_devices assumes.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "common/result.hpp"
+#include "orchestrator/cost_model.hpp"
+
+namespace shardline::sim {
+
+/// One number of a device file and where it comes from.
+struct Sourced {
+  double value = 0;
+  std::string source;
+};
+
+struct DeviceSpec {
+  std::string name;
+  std::string description;
+  DType weight_dtype = DType::bf16;  ///< weights, KV cache and activations as simulated (f32: 4 bytes, else 2)
+  Sourced peak_flops;                ///< dense GEMM FLOP/s at weight_dtype
+  Sourced memory_bw_bytes_per_s;     ///< device memory bandwidth, bytes/s
+  Sourced memory_bytes;              ///< device memory, bytes
+  Sourced memory_utilization;        ///< fraction of memory_bytes the engine may use, (0, 1]
+  Sourced devices_per_node;          ///< devices one node holds (>= 1)
+  Sourced intra_node_bw_bytes_per_s; ///< bytes/s one device sends to a peer of its node (one direction)
+  Sourced intra_node_latency_s;      ///< per collective or send inside a node, seconds
+  Sourced inter_node_bw_bytes_per_s; ///< bytes/s one device sends to another node
+  Sourced inter_node_latency_s;
+  Sourced host_link_bw_bytes_per_s;  ///< device <-> host memory, bytes/s one direction
+  Sourced gemm_efficiency;           ///< achieved fraction of peak_flops, (0, 1]
+  Sourced memory_bw_efficiency;      ///< achieved fraction of memory_bw_bytes_per_s, (0, 1]
+  Sourced step_overhead_ms;          ///< per micro-batch: scheduling, launches, sampling, ms (>= 0)
+  bool shared_memory_bus = false;    ///< the devices of a node share one memory bus and one compute budget
+};
+
+struct ClusterSpec {
+  std::string name;  ///< e.g. "h200x8"
+  DeviceSpec device;
+  int num_devices = 1;
+  [[nodiscard]] int devices_per_node() const;
+  [[nodiscard]] int num_nodes() const;
+};
+
+/// Parses a device file. `origin` names it in errors. Errors: corrupt (not
+/// JSON, a field missing or of the wrong type, a number without a source),
+/// invalid_argument (a value out of its range, an unknown weight_dtype).
+[[nodiscard]] Result<DeviceSpec> parse_device_spec(const std::string& json_text, const std::string& origin);
+
+/// The device file as JSON text (the inverse of parse_device_spec).
+[[nodiscard]] std::string device_spec_json(const DeviceSpec& device);
+
+/// Names of the built-in device files (sorted): a10, a100-80gb, h100, h200, l20.
+[[nodiscard]] std::vector<std::string> device_preset_names();
+
+/// A built-in device. Errors: not_found naming the presets.
+[[nodiscard]] Result<DeviceSpec> device_preset(const std::string& name);
+
+/// A cluster by name (DEVICE or DEVICExN over the built-in devices) or by a
+/// JSON file path. `cpu` / `cpuxN` name this machine's calibrated CPU
+/// device, read from `cpu_calibration_path` (`simulate --calibrate` writes
+/// it). Errors: not_found (no such preset or file), invalid_argument (bad
+/// N), parse errors of the files.
+[[nodiscard]] Result<ClusterSpec> load_cluster(const std::string& name_or_path,
+                                               const std::string& cpu_calibration_path = "");
+
+/// Per-rank hardware of an engine group of `group_size` devices of `cluster`
+/// (orchestrator::CostModel's HardwareSpec): achievable FLOP/s and memory
+/// bandwidth, divided by `active_per_node` (the devices busy on one node,
+/// >= 1) when the node's devices share one memory bus; and the intra-node
+/// link while the group fits in one node, else the inter-node one.
+/// `group_size` and `active_per_node` < 1 count as 1.
+[[nodiscard]] orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size,
+                                                        int active_per_node = 1);
+
+/// Bytes per element of weights, KV and activations for the device's dtype.
+[[nodiscard]] orchestrator::ElementSizes element_sizes(const DeviceSpec& device);
+
+/// Bytes the engine of one device may use: memory_bytes * memory_utilization.
+[[nodiscard]] std::uint64_t usable_memory_bytes(const DeviceSpec& device);
+
+}  // namespace shardline::sim

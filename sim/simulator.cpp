@@ -1,0 +1,276 @@
+#include "sim/simulator.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "engine/gpu_memory_plan.hpp"
+#include "engine/kv_budget.hpp"
+#include "engine/llm_engine.hpp"
+#include "engine/policies/token_budget_policies.hpp"
+#include "model/id_tokenizer.hpp"
+#include "sim/simulated_executor.hpp"
+
+namespace shardline::sim {
+namespace {
+
+double gib(double bytes) { return bytes / double(1ull << 30); }
+
+std::string fixed2(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
+
+Percentiles percentiles(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    const std::size_t i = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size()))) - 1;
+    return v[std::min(i, v.size() - 1)];
+  };
+  p.p50 = at(0.50);
+  p.p90 = at(0.90);
+  p.p99 = at(0.99);
+  double sum = 0;
+  for (const double x : v) sum += x;
+  p.mean = sum / static_cast<double>(v.size());
+  return p;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// One DP replica: its executor and engine.
+struct Replica {
+  std::unique_ptr<SimulatedExecutor> executor;
+  std::unique_ptr<engine::LlmEngine> engine;
+  int outstanding = 0;  ///< requests handed to it and not finished
+  int peak_blocks_used = 0;
+  long long preemptions = 0;
+};
+
+/// What one run (full or prefill-only) gave.
+struct RunOutcome {
+  double elapsed_ms = 0;
+  std::unique_ptr<model::IdTokenizer> tokenizer;  ///< the engines hold it: declared before them
+  std::vector<Replica> replicas;
+};
+
+Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
+                            const std::vector<SimRequest>& workload, const SimOptions& options,
+                            const orchestrator::CostModel& model, int num_kv_blocks, bool prefill_only) {
+  const engine::ParallelConfig& pc = strategy.parallel;
+  int max_len = 1;
+  for (const SimRequest& r : workload) max_len = std::max(max_len, r.prompt_len + (prefill_only ? 1 : r.output_len));
+  RunOutcome out;
+  out.tokenizer = std::make_unique<model::IdTokenizer>(config.vocab_size, -1, -1);
+  for (int d = 0; d < pc.dp; ++d) {
+    SimulatedExecutorOptions eo;
+    eo.config = pc;
+    eo.config.dp = 1;
+    if (strategy.shift) {
+      engine::ParallelConfig shifted;
+      shifted.tp = pc.tp * pc.sp;
+      eo.shift_config = shifted;
+      eo.shift = *strategy.shift;
+    }
+    eo.vocab_size = config.vocab_size;
+    eo.num_kv_blocks = num_kv_blocks;
+    eo.block_size = options.block_size;
+    eo.step_overhead_ms = cluster.device.step_overhead_ms.value;
+    auto ex = SimulatedExecutor::create(model, eo);
+    if (!ex) return ex.error();
+    engine::EngineConfig ec;
+    ec.max_num_seqs = options.max_batch;
+    ec.max_num_batched_tokens = options.max_num_batched_tokens;
+    ec.max_model_len = max_len;
+    auto budget = engine::make_token_budget_policy(strategy.token_budget, options.max_num_batched_tokens);
+    if (!budget) return budget.error();
+    ec.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(budget).value());
+    Replica r;
+    r.executor = std::move(ex).value();
+    auto eng = engine::LlmEngine::create(*r.executor, *out.tokenizer, ec);
+    if (!eng) return eng.error();
+    r.engine = std::move(eng).value();
+    out.replicas.push_back(std::move(r));
+  }
+  const int queue_capacity = 2 * options.max_batch;
+  std::size_t next = 0;
+  auto fill = [&](Replica& r) -> Status {
+    while (r.outstanding < queue_capacity && next < workload.size()) {
+      const SimRequest& q = workload[next];
+      sampling::SamplingParams params;
+      params.temperature = 0;
+      params.ignore_eos = true;
+      params.max_tokens = prefill_only ? 1 : q.output_len;
+      std::vector<std::int32_t> prompt(static_cast<std::size_t>(q.prompt_len), 3);
+      if (Status st = r.engine->add_request(next, std::move(prompt), params); !st.ok()) return st;
+      ++r.outstanding;
+      ++next;
+    }
+    return Status::ok_status();
+  };
+  for (Replica& r : out.replicas)
+    if (Status st = fill(r); !st.ok()) return st.error();
+  for (;;) {
+    Replica* pick = nullptr;
+    for (Replica& r : out.replicas)
+      if (r.engine->has_unfinished() && (pick == nullptr || r.executor->now_ms() < pick->executor->now_ms()))
+        pick = &r;
+    if (pick == nullptr) break;
+    auto finished = pick->engine->step();
+    if (!finished) return finished.error();
+    for (const engine::StepStats& s : pick->engine->step_stats()) pick->preemptions += s.num_preemptions;
+    pick->engine->clear_step_stats();
+    const auto& blocks = pick->engine->scheduler().block_manager();
+    pick->peak_blocks_used = std::max(pick->peak_blocks_used, num_kv_blocks - blocks.num_free_blocks());
+    pick->outstanding -= static_cast<int>(finished->size());
+    if (Status st = fill(*pick); !st.ok()) return st.error();
+  }
+  for (const Replica& r : out.replicas) out.elapsed_ms = std::max(out.elapsed_ms, r.executor->now_ms());
+  return out;
+}
+
+}  // namespace
+
+std::string Strategy::label() const {
+  std::string s = parallel.to_string() + " " + token_budget;
+  if (shift) s += " shift(T=" + std::to_string(shift->threshold) + ")";
+  return s;
+}
+
+std::vector<SimRequest> fixed_workload(int num, int input_len, int output_len) {
+  return std::vector<SimRequest>(static_cast<std::size_t>(std::max(num, 0)), SimRequest{input_len, output_len});
+}
+
+Result<int> kv_blocks_per_group(const model::ModelConfig& config, const ClusterSpec& cluster,
+                                const engine::ParallelConfig& pc, const SimOptions& options) {
+  const DeviceSpec& d = cluster.device;
+  const double usable = static_cast<double>(usable_memory_bytes(d));
+  const double weights = static_cast<double>(engine::weight_bytes_for(config, d.weight_dtype)) / (pc.tp * pc.pp);
+  const double activation =
+      static_cast<double>(engine::activation_bytes_for(config, options.max_num_batched_tokens, options.max_batch)) /
+      pc.tp;
+  const int layers = (config.num_hidden_layers + pc.pp - 1) / pc.pp;
+  const int kv_heads = std::max(1, config.num_key_value_heads / (pc.tp * pc.sp));
+  const double kv_elem = d.weight_dtype == DType::f32 ? 4.0 : 2.0;
+  const double per_block = 2.0 * layers * kv_heads * config.head_dim * options.block_size * kv_elem;
+  const double left = usable - weights - activation;
+  if (left <= 0)
+    return make_error(ErrorCode::out_of_memory,
+                      "on " + d.name + " (" + fixed2(gib(usable)) + " GiB usable per device) the weights of one rank of " +
+                          pc.to_string() + " (" + fixed2(gib(weights)) + " GiB) and its activations (" +
+                          fixed2(gib(activation)) + " GiB) do not fit");
+  const double blocks = std::floor(left / per_block);
+  return static_cast<int>(std::min(blocks, double(std::numeric_limits<int>::max() / 2)));
+}
+
+Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
+                           const std::vector<SimRequest>& workload, const SimOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (workload.empty()) return make_error(ErrorCode::invalid_argument, "simulate: an empty workload");
+  for (const SimRequest& r : workload)
+    if (r.prompt_len < 1 || r.output_len < 1)
+      return make_error(ErrorCode::invalid_argument, "simulate: prompt and output lengths must be >= 1");
+  if (options.max_batch < 1 || options.max_num_batched_tokens < 1 || options.block_size < 1)
+    return make_error(ErrorCode::invalid_argument, "simulate: max_batch, max_num_batched_tokens, block_size >= 1");
+  const engine::ParallelConfig& pc = strategy.parallel;
+  if (pc.tp < 1 || pc.pp < 1 || pc.sp < 1 || pc.dp < 1)
+    return make_error(ErrorCode::invalid_argument, "simulate: parallel degrees must be >= 1");
+  if (pc.world_size() > cluster.num_devices)
+    return make_error(ErrorCode::invalid_argument, "simulate: " + pc.to_string() + " needs " +
+                                                       std::to_string(pc.world_size()) + " devices; cluster " +
+                                                       cluster.name + " has " + std::to_string(cluster.num_devices));
+  const int active_per_node = std::min(pc.world_size(), cluster.devices_per_node());
+  auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config),
+                                               element_sizes(cluster.device),
+                                               group_hardware(cluster, pc.group_size(), active_per_node));
+  if (!model) return model.error();
+  auto blocks = kv_blocks_per_group(config, cluster, pc, options);
+  if (!blocks) return blocks.error();
+  int longest = 0;
+  for (const SimRequest& r : workload) longest = std::max(longest, r.prompt_len + r.output_len);
+  if (static_cast<long long>(*blocks) * options.block_size < longest)
+    return make_error(ErrorCode::out_of_memory, "simulate: " + pc.to_string() + " on " + cluster.device.name +
+                                                    " leaves KV for " +
+                                                    std::to_string(static_cast<long long>(*blocks) * options.block_size) +
+                                                    " tokens per group; the longest request needs " +
+                                                    std::to_string(longest));
+
+  SimResult res;
+  res.strategy = strategy.label();
+  res.parallel = pc.to_string();
+  res.token_budget = strategy.token_budget;
+  res.num_devices = pc.world_size();
+  res.num_requests = static_cast<int>(workload.size());
+  res.num_kv_blocks = *blocks;
+  for (const SimRequest& r : workload) {
+    res.prompt_tokens += r.prompt_len;
+    res.generated_tokens += r.output_len;
+  }
+  auto full = run_once(config, cluster, strategy, workload, options, *model, *blocks, /*prefill_only=*/false);
+  if (!full) return full.error();
+  res.elapsed_s = full->elapsed_ms / 1e3;
+  if (res.elapsed_s > 0) res.total_tok_s = static_cast<double>(res.prompt_tokens + res.generated_tokens) / res.elapsed_s;
+
+  std::vector<double> ttft, tpot, decode_intervals;
+  long long shifted = 0;
+  double bubble_sum = 0;
+  for (const Replica& r : full->replicas) {
+    for (const auto& [id, t] : r.executor->token_times()) {
+      ttft.push_back(t.first_ms);
+      if (t.num_tokens > 1) tpot.push_back((t.last_ms - t.first_ms) / (t.num_tokens - 1));
+    }
+    const auto& recs = r.executor->records();
+    double prev_end = 0;
+    for (const MicroBatchRecord& m : recs) {
+      const double interval = m.end_ms - prev_end;
+      prev_end = std::max(prev_end, m.end_ms);
+      (m.num_prefill_tokens > 0 ? res.prefill_time_s : res.decode_time_s) += interval / 1e3;
+      if (m.num_prefill_tokens == 0 && m.num_decode_tokens > 0) {
+        if (m.num_decode_tokens > res.decode_batch) {
+          res.decode_batch = m.num_decode_tokens;
+          decode_intervals.clear();
+        }
+        if (m.num_decode_tokens == res.decode_batch) decode_intervals.push_back(interval);
+      }
+      if (m.shifted) ++shifted;
+    }
+    res.num_micro_batches += static_cast<long long>(recs.size());
+    res.num_preemptions += r.preemptions;
+    res.shift_switches += r.executor->shift_switches();
+    res.kv_peak_fraction = std::max(res.kv_peak_fraction, double(r.peak_blocks_used) / std::max(1, *blocks));
+    if (pc.pp > 1 && r.executor->now_ms() > 0) {
+      double busy = 0;
+      for (const double b : r.executor->stage_busy_ms()) busy += b;
+      bubble_sum += 1.0 - busy / (pc.pp * r.executor->now_ms());
+    }
+  }
+  res.ttft_ms = percentiles(ttft);
+  res.tpot_ms = percentiles(tpot);
+  res.decode_step_ms = median(decode_intervals);
+  res.bubble_fraction = pc.pp > 1 ? bubble_sum / pc.dp : 0.0;
+  if (res.num_micro_batches > 0) res.shift_step_fraction = double(shifted) / double(res.num_micro_batches);
+
+  if (options.prefill_run) {
+    auto pre = run_once(config, cluster, strategy, workload, options, *model, *blocks, /*prefill_only=*/true);
+    if (!pre) return pre.error();
+    res.prefill_elapsed_s = pre->elapsed_ms / 1e3;
+    if (res.prefill_elapsed_s > 0) res.prefill_tok_s = static_cast<double>(res.prompt_tokens) / res.prefill_elapsed_s;
+    const double decode_s = res.elapsed_s - res.prefill_elapsed_s;
+    if (decode_s > 0)
+      res.decode_tok_s = static_cast<double>(res.generated_tokens - res.num_requests) / decode_s;
+  }
+  res.sim_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace shardline::sim

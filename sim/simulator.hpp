@@ -1,0 +1,115 @@
+#pragma once
+/// \file
+/// The cluster simulator (`shardline simulate`, docs/simulator.md): a
+/// discrete-event run of Shardline's own engine over a workload on a
+/// described cluster. Each DP replica is a real engine::LlmEngine (its
+/// Scheduler, block manager, token budget policy: fixed or gLLM's Token
+/// Throttling) over a SimulatedExecutor, which prices every micro-batch with
+/// the cost model (orchestrator::CostModel, Seesaw App. A) for the cluster's
+/// device and advances a virtual clock. So a scheduling change shows in the
+/// simulator the day it lands: there is no second scheduler to drift.
+///
+/// The run, as the real cluster does it offline: every request arrives at
+/// t = 0; the orchestrator keeps each replica's queue at 2 x max_batch
+/// requests (orchestrator::WorkerPool::queue_capacity), first come first
+/// served; the replica whose engine thread is furthest behind in virtual
+/// time steps next. Requests run with ignore_eos for exactly their
+/// output_len tokens.
+///
+/// Reported as `shardline bench` reports a measured run (same names and
+/// definitions, bench/parallel.hpp): total_tok_s = (prompt + generated) /
+/// elapsed; prefill_tok_s from a second run with one output token each;
+/// decode_tok_s = (generated - num_prompts) / (elapsed - prefill elapsed);
+/// decode_step_ms = median time between the engine's consecutive step()
+/// returns over pure-decode micro-batches at the largest decode batch; plus
+/// TTFT / TPOT percentiles, KV use, the pipeline bubble, phase times and the
+/// simulator's own speed.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "engine/parallel_config.hpp"
+#include "engine/policies/shift_policy.hpp"
+#include "model/config.hpp"
+#include "sim/hardware_spec.hpp"
+
+namespace shardline::sim {
+
+/// One request of a workload: only its token lengths matter.
+struct SimRequest {
+  int prompt_len = 0;  ///< prompt tokens (>= 1)
+  int output_len = 0;  ///< generated tokens (>= 1)
+};
+
+/// A way to run the workload on the cluster.
+struct Strategy {
+  engine::ParallelConfig parallel;   ///< group shape and dp replicas; world_size() <= the cluster's devices
+  std::string token_budget = "fixed";  ///< engine/policies/token_budget_policies.hpp: fixed or throttle
+  /// Shift Parallelism: steps of at most T tokens run in tp' = sp*tp
+  /// (seed 001 Alg. 3); needs sp*tp > 1 and pp = 1.
+  std::optional<engine::ShiftPolicyOptions> shift;
+  /// "tp=2,pp=1,sp=1,dp=4 fixed" and the like.
+  [[nodiscard]] std::string label() const;
+};
+
+struct SimOptions {
+  int max_batch = 256;                 ///< running sequences at most per engine group (`--max-batch`)
+  int max_num_batched_tokens = 2048;   ///< tokens per step at most
+  int block_size = 16;                 ///< KV block, tokens
+  bool prefill_run = true;             ///< also simulate max_tokens = 1 (for prefill_tok_s, decode_tok_s)
+};
+
+/// p50 / p90 / p99 and mean of a latency, ms.
+struct Percentiles {
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0;
+};
+
+struct SimResult {
+  std::string strategy;     ///< Strategy::label()
+  std::string parallel;     ///< ParallelConfig::to_string()
+  std::string token_budget;
+  int num_devices = 0;      ///< world_size()
+  int num_requests = 0;
+  long long prompt_tokens = 0, generated_tokens = 0;
+  double elapsed_s = 0;            ///< virtual seconds until the last request finished
+  double prefill_elapsed_s = 0;    ///< the max_tokens = 1 run (0 without it)
+  double total_tok_s = 0, prefill_tok_s = 0, decode_tok_s = 0;
+  double decode_step_ms = 0;       ///< median, pure-decode micro-batches at the largest decode batch
+  int decode_batch = 0;            ///< sequences in those micro-batches
+  Percentiles ttft_ms, tpot_ms;
+  int num_kv_blocks = 0;           ///< per engine group
+  double kv_peak_fraction = 0;     ///< most blocks in use at once / num_kv_blocks, max over groups
+  double bubble_fraction = 0;      ///< 1 - stage busy time / (pp * elapsed), mean over groups (0 without PP)
+  double prefill_time_s = 0;       ///< virtual time of micro-batches with prefill tokens, summed over groups
+  double decode_time_s = 0;        ///< ... of pure-decode micro-batches
+  long long num_micro_batches = 0;
+  long long num_preemptions = 0;
+  std::uint64_t shift_switches = 0;  ///< Shift: config switches, over groups
+  double shift_step_fraction = 0;    ///< Shift: share of micro-batches in the shift config
+  double sim_wall_s = 0;           ///< real seconds the simulation took (both runs)
+};
+
+/// Simulates `workload` under `strategy` on `cluster` for a model of
+/// `config`. Errors: invalid_argument (an empty workload or a length < 1, a
+/// strategy needing more devices than the cluster has, bad options or
+/// policy names, a shift strategy without sp*tp > 1), out_of_memory (the
+/// weights of a rank do not fit its device, or the KV left cannot hold the
+/// longest request), engine errors.
+[[nodiscard]] Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& cluster,
+                                         const Strategy& strategy, const std::vector<SimRequest>& workload,
+                                         const SimOptions& options = {});
+
+/// KV blocks one engine group of `pc` (dp ignored) gets on `cluster`'s
+/// device: the least over its ranks of (usable memory - the rank's weight
+/// share - the activation workspace) / the rank's bytes per KV block.
+/// Errors: out_of_memory naming the sizes.
+[[nodiscard]] Result<int> kv_blocks_per_group(const model::ModelConfig& config, const ClusterSpec& cluster,
+                                              const engine::ParallelConfig& pc, const SimOptions& options);
+
+/// `num` requests of `input_len` / `output_len` tokens (bench's workload).
+[[nodiscard]] std::vector<SimRequest> fixed_workload(int num, int input_len, int output_len);
+
+}  // namespace shardline::sim

@@ -1,0 +1,123 @@
+// sim/hardware_spec: the built-in device files parse and source every
+// number; clusters by name (DEVICExN, nodes from devices_per_node) and by
+// file; bad files are clear errors; per-rank hardware picks the right link
+// and splits a shared memory bus.
+#include "sim/hardware_spec.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.hpp"
+
+namespace shardline::sim {
+namespace {
+
+using SimHardware = testing_support::TempDirTest;
+
+TEST_F(SimHardware, EveryPresetParsesWithASourcePerNumber) {
+  const auto names = device_preset_names();
+  EXPECT_EQ(names, (std::vector<std::string>{"a10", "a100-80gb", "h100", "h200", "l20"}));
+  for (const std::string& n : names) {
+    auto d = device_preset(n);
+    ASSERT_TRUE(d.ok()) << n << ": " << d.error().to_string();
+    EXPECT_EQ(d->name, n);
+    EXPECT_EQ(d->weight_dtype, DType::bf16);
+    EXPECT_FALSE(d->shared_memory_bus);
+    for (const Sourced* s : {&d->peak_flops, &d->memory_bw_bytes_per_s, &d->memory_bytes, &d->intra_node_bw_bytes_per_s,
+                             &d->host_link_bw_bytes_per_s, &d->gemm_efficiency, &d->step_overhead_ms})
+      EXPECT_FALSE(s->source.empty()) << n;
+    // Round trip through the file format.
+    auto again = parse_device_spec(device_spec_json(*d), "round trip");
+    ASSERT_TRUE(again.ok()) << again.error().to_string();
+    EXPECT_EQ(again->peak_flops.value, d->peak_flops.value);
+    EXPECT_EQ(again->memory_bytes.source, d->memory_bytes.source);
+  }
+  // Datasheet figures the projections depend on.
+  EXPECT_DOUBLE_EQ(device_preset("h200")->memory_bw_bytes_per_s.value, 4.8e12);
+  EXPECT_DOUBLE_EQ(device_preset("h200")->memory_bytes.value, 141e9);
+  EXPECT_DOUBLE_EQ(device_preset("a10")->memory_bytes.value, 24e9);
+  EXPECT_NE(device_preset("a10")->intra_node_bw_bytes_per_s.source.find("PCIe 4.0 x8"), std::string::npos);
+}
+
+TEST_F(SimHardware, ClustersByNameAndByFile) {
+  auto c = load_cluster("h200x8");
+  ASSERT_TRUE(c.ok()) << c.error().to_string();
+  EXPECT_EQ(c->num_devices, 8);
+  EXPECT_EQ(c->num_nodes(), 1);
+  c = load_cluster("h200x64");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->num_nodes(), 8);
+  c = load_cluster("l20");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->num_devices, 1);
+
+  auto missing = load_cluster("tpu-v5x8");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, ErrorCode::not_found);
+  EXPECT_NE(missing.error().message.find("h200"), std::string::npos) << missing.error().message;
+  auto no_cpu = load_cluster("cpux2", path("none.json"));
+  ASSERT_FALSE(no_cpu.ok());
+  EXPECT_NE(no_cpu.error().message.find("--calibrate"), std::string::npos) << no_cpu.error().message;
+
+  // A file naming a preset, and one with an inline device.
+  std::ofstream(path("four.json")) << R"({"name": "four-a100", "device": "a100-80gb", "num_devices": 4})";
+  c = load_cluster(path("four.json"));
+  ASSERT_TRUE(c.ok()) << c.error().to_string();
+  EXPECT_EQ(c->name, "four-a100");
+  EXPECT_EQ(c->num_devices, 4);
+  nlohmann::json inline_device = nlohmann::json::parse(device_spec_json(*device_preset("l20")));
+  inline_device["name"] = "my-l20";
+  std::ofstream(path("mine.json")) << nlohmann::json{{"device", inline_device}, {"num_devices", 2}}.dump();
+  c = load_cluster(path("mine.json"));
+  ASSERT_TRUE(c.ok()) << c.error().to_string();
+  EXPECT_EQ(c->device.name, "my-l20");
+  EXPECT_EQ(c->name, "mine");
+}
+
+TEST_F(SimHardware, BadDeviceFilesAreClearErrors) {
+  nlohmann::json good = nlohmann::json::parse(device_spec_json(*device_preset("h100")));
+  auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return parse_device_spec(j.dump(), "test.json");
+  };
+  EXPECT_TRUE(with([](nlohmann::json&) {}).ok());
+  auto r = with([](nlohmann::json& j) { j.erase("memory_bytes"); });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::corrupt);
+  EXPECT_NE(r.error().message.find("missing 'memory_bytes'"), std::string::npos);
+  r = with([](nlohmann::json& j) { j["peak_flops"]["source"] = ""; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("'peak_flops' has no source"), std::string::npos);
+  r = with([](nlohmann::json& j) { j["gemm_efficiency"]["value"] = 1.5; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+  r = with([](nlohmann::json& j) { j["weight_dtype"] = "int4"; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("weight_dtype"), std::string::npos);
+  EXPECT_FALSE(parse_device_spec("{oops", "x").ok());
+}
+
+TEST_F(SimHardware, GroupHardwarePicksTheLinkAndSplitsASharedBus) {
+  auto c = load_cluster("h100x16");
+  ASSERT_TRUE(c.ok());
+  const auto in_node = group_hardware(*c, 8);
+  EXPECT_DOUBLE_EQ(in_node.comm_bw_bytes_per_s, 450e9);
+  EXPECT_DOUBLE_EQ(in_node.flops_per_s, 989e12 * 0.7);
+  EXPECT_DOUBLE_EQ(in_node.memory_bw_bytes_per_s, 3350e9 * 0.85);
+  const auto across = group_hardware(*c, 16);
+  EXPECT_DOUBLE_EQ(across.comm_bw_bytes_per_s, 50e9);
+  EXPECT_DOUBLE_EQ(group_hardware(*c, 8, 8).flops_per_s, in_node.flops_per_s) << "GPUs do not share a bus";
+  DeviceSpec cpu = *device_preset("h100");
+  cpu.shared_memory_bus = true;
+  ClusterSpec shared{"cpu", cpu, 4};
+  EXPECT_DOUBLE_EQ(group_hardware(shared, 2, 4).memory_bw_bytes_per_s, 3350e9 * 0.85 / 4);
+  EXPECT_DOUBLE_EQ(element_sizes(*device_preset("h200")).weight_bytes, 2.0);
+}
+
+}  // namespace
+}  // namespace shardline::sim
