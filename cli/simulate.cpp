@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/calibrate.hpp"
+#include "bench/parallel.hpp"
 #include "cli/commands.hpp"
 #include "api/file_store.hpp"
 #include "engine/parallel_config.hpp"
@@ -27,6 +28,7 @@ struct SimulateArgs {
   std::string cluster = "cpu";
   std::string calibration;  ///< "" = ~/.shardline/cpu-calibration.json
   bool calibrate = false;
+  bool validate = false;
   std::vector<std::string> parallel;
   std::string token_budget = "both";
   long long shift_threshold = 0;  ///< > 0: also a Shift variant of each sp*tp > 1, pp = 1 config
@@ -34,6 +36,7 @@ struct SimulateArgs {
   int num_prompts = 64, input_len = 128, output_len = 128;
   int threads = 0;
   bool json = false;
+  std::string dispatch = "orchestrator";
   sim::SimOptions options;
 };
 
@@ -96,6 +99,73 @@ int run_calibrate(const SimulateArgs& a) {
   return 0;
 }
 
+/// Runs each --parallel config for real (bench::run_parallel_bench, on this
+/// machine's CPU devices) and simulated on the calibrated CPU device, and
+/// prints both with the simulator's error.
+int run_validate(const SimulateArgs& a, const model::ModelConfig& config, const sim::ClusterSpec& cpu) {
+  bench::ParallelBenchOptions po;
+  po.engine.model_dir = a.model_dir;
+  po.engine.load_format = model::LoadFormat::dummy;
+  po.engine.num_threads = a.threads;
+  po.num_prompts = a.num_prompts;
+  po.input_len = a.input_len;
+  po.output_len = a.output_len;
+  po.max_batch = a.options.max_batch;
+  if (a.token_budget != "both") po.token_budgets = {a.token_budget};
+  for (const std::string& text : a.parallel.empty() ? std::vector<std::string>{"single"} : a.parallel) {
+    auto pc = engine::parse_parallel_config(text);
+    if (!pc) return fail(pc.error(), 2);
+    po.configs.push_back(*pc);
+  }
+  std::cerr << "validating: each config runs for real, then simulated (" << cpu.device.name << " device of "
+            << a.calibration << ")\n";
+  auto measured = bench::run_parallel_bench(po);
+  if (!measured) return fail(measured.error());
+  const auto workload = sim::fixed_workload(a.num_prompts, a.input_len, a.output_len);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  if (!a.json)
+    std::printf("%-34s %12s %12s %7s %12s %12s %7s\n", "strategy", "total/s real", "total/s sim", "error",
+                "step_ms real", "step_ms sim", "error");
+  for (const bench::ParallelConfigResult& m : measured->results) {
+    sim::Strategy s;
+    s.parallel = *engine::parse_parallel_config(m.parallel);
+    s.token_budget = m.token_budget;
+    sim::ClusterSpec c = cpu;
+    c.num_devices = std::max(c.num_devices, s.parallel.world_size());
+    sim::SimOptions so = a.options;
+    so.dispatch = sim::SimOptions::Dispatch::round_robin;  // as in-process DP deals them
+    auto r = sim::simulate(config, c, s, workload, so);
+    if (!r) return fail(r.error());
+    const double total_err = m.total_tok_s > 0 ? r->total_tok_s / m.total_tok_s - 1 : 0;
+    const double step_err = m.decode_step_ms > 0 ? r->decode_step_ms / m.decode_step_ms - 1 : 0;
+    if (a.json) {
+      rows.push_back({{"strategy", s.label()},
+                      {"measured_total_tok_s", m.total_tok_s},
+                      {"simulated_total_tok_s", r->total_tok_s},
+                      {"total_tok_s_error", total_err},
+                      {"measured_decode_step_ms", m.decode_step_ms},
+                      {"simulated_decode_step_ms", r->decode_step_ms},
+                      {"decode_step_ms_error", step_err},
+                      {"measured_prefill_tok_s", m.prefill_tok_s},
+                      {"simulated_prefill_tok_s", r->prefill_tok_s},
+                      {"measured_decode_tok_s", m.decode_tok_s},
+                      {"simulated_decode_tok_s", r->decode_tok_s}});
+    } else {
+      std::printf("%-34s %12.1f %12.1f %+6.1f%% %12.3f %12.3f %+6.1f%%\n", s.label().c_str(), m.total_tok_s,
+                  r->total_tok_s, 100 * total_err, m.decode_step_ms, r->decode_step_ms, 100 * step_err);
+    }
+  }
+  if (a.json) {
+    nlohmann::ordered_json out;
+    out["model"] = a.model_dir;
+    out["membw_gbs"] = measured->membw_gbs;
+    out["gemm_gflops"] = measured->gemm_gflops;
+    out["validation"] = std::move(rows);
+    std::cout << out.dump() << std::endl;
+  }
+  return 0;
+}
+
 int run_simulate(const SimulateArgs& a) {
   if (a.calibrate) return run_calibrate(a);
   if (a.model_dir.empty()) return fail(make_error(ErrorCode::invalid_argument, "give --shape DIR or --model DIR"), 2);
@@ -116,6 +186,10 @@ int run_simulate(const SimulateArgs& a) {
     cluster = std::move(c);
   }
   if (!cluster) return fail(cluster.error(), 2);
+  if (a.validate) {
+    if (!cpu) return fail(make_error(ErrorCode::invalid_argument, "--validate runs on this machine: --cluster cpu"), 2);
+    return run_validate(a, *config, *cluster);
+  }
 
   std::vector<std::string> configs = a.parallel.empty() ? std::vector<std::string>{"single"} : a.parallel;
   std::vector<sim::Strategy> strategies;
@@ -146,6 +220,8 @@ int run_simulate(const SimulateArgs& a) {
   if (cpu && a.cluster.find('x') == std::string::npos) cluster->num_devices = most_devices;
 
   const auto workload = sim::fixed_workload(a.num_prompts, a.input_len, a.output_len);
+  sim::SimOptions options = a.options;
+  if (a.dispatch == "round-robin") options.dispatch = sim::SimOptions::Dispatch::round_robin;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   if (!a.json) {
     std::printf("simulated: %s on %s (%d x %s), %d x (%d in, %d out), max batch %d\n", a.model_dir.c_str(),
@@ -156,7 +232,7 @@ int run_simulate(const SimulateArgs& a) {
   }
   int failures = 0;
   for (const sim::Strategy& s : strategies) {
-    auto r = sim::simulate(*config, *cluster, s, workload, a.options);
+    auto r = sim::simulate(*config, *cluster, s, workload, options);
     if (!r) {
       ++failures;
       if (a.json) results.push_back({{"strategy", s.label()}, {"error", r.error().to_string()}});
@@ -204,6 +280,9 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_flag("--calibrate", a->calibrate,
                 "Measure this machine and fit the cost model's efficiency terms to real decode steps of --shape; "
                 "writes --calibration");
+  cmd->add_flag("--validate", a->validate,
+                "Run each --parallel config for real on this machine's CPU devices too, and print the simulator's "
+                "error beside the measurement");
   cmd->add_option("--parallel", a->parallel, "A config to simulate (repeatable): single, tp=2, pp=2,dp=4, ...");
   cmd->add_option("--token-budget", a->token_budget, "fixed, throttle or both (both: pp > 1 configs run each)")
       ->check(CLI::IsMember({"fixed", "throttle", "both"}))
@@ -226,6 +305,11 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", a->threads, "Threads for --calibrate and the uncalibrated CPU measurement (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--dispatch", a->dispatch,
+                  "How requests reach DP replicas: orchestrator (queues of 2 x max batch, as a cluster) or "
+                  "round-robin (as in-process DP; --validate always uses it)")
+      ->check(CLI::IsMember({"orchestrator", "round-robin"}))
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON line with bench's field names");
   cmd->callback([&run, a] { run = [a] { return run_simulate(*a); }; });

@@ -39,8 +39,10 @@ const Field kFields[] = {
     {"inter_node_latency_s", &DeviceSpec::inter_node_latency_s, 0, false, 1},
     {"host_link_bw_bytes_per_s", &DeviceSpec::host_link_bw_bytes_per_s, 0, true, kInf},
     {"gemm_efficiency", &DeviceSpec::gemm_efficiency, 0, true, 1},
+    {"prefill_gemm_efficiency", &DeviceSpec::prefill_gemm_efficiency, 0, true, 1},
     {"memory_bw_efficiency", &DeviceSpec::memory_bw_efficiency, 0, true, 1},
     {"step_overhead_ms", &DeviceSpec::step_overhead_ms, 0, false, 1e6},
+    {"seq_overhead_ms", &DeviceSpec::seq_overhead_ms, 0, false, 1e6},
 };
 
 Result<std::string> read_text(const std::string& path) {
@@ -175,13 +177,15 @@ Result<ClusterSpec> load_cluster(const std::string& name_or_path, const std::str
   return c;
 }
 
-orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size, int active_per_node) {
+orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size, int active_per_node,
+                                          bool large_steps) {
   const DeviceSpec& d = cluster.device;
   group_size = std::max(group_size, 1);
   active_per_node = std::max(active_per_node, 1);
   const double share = d.shared_memory_bus ? 1.0 / active_per_node : 1.0;
   orchestrator::HardwareSpec hw;
-  hw.flops_per_s = d.peak_flops.value * d.gemm_efficiency.value * share;
+  hw.flops_per_s =
+      d.peak_flops.value * (large_steps ? d.prefill_gemm_efficiency.value : d.gemm_efficiency.value) * share;
   hw.memory_bw_bytes_per_s = d.memory_bw_bytes_per_s.value * d.memory_bw_efficiency.value * share;
   const bool one_node = group_size <= cluster.devices_per_node();
   hw.comm_bw_bytes_per_s = one_node ? d.intra_node_bw_bytes_per_s.value : d.inter_node_bw_bytes_per_s.value;

@@ -16,14 +16,17 @@
 ///    "intra_node_bw_bytes_per_s": {...}, "intra_node_latency_s": {...},
 ///    "inter_node_bw_bytes_per_s": {...}, "inter_node_latency_s": {...},
 ///    "host_link_bw_bytes_per_s": {...}, "gemm_efficiency": {...},
+///    "prefill_gemm_efficiency": {...},
 ///    "memory_bw_efficiency": {...}, "step_overhead_ms": {...},
+///    "seq_overhead_ms": {...},
 ///    "shared_memory_bus": false}
 ///
 /// A cluster is named DEVICE or DEVICExN (`h200x8`: 8 H200 in one node;
 /// `h200x64`: 8 nodes of 8, from devices_per_node), or is a JSON file
 /// {"name", "device": NAME or an inline device object, "num_devices"}.
 ///
-/// Achievable rates: a device computes at peak_flops * gemm_efficiency and
+/// Achievable rates: a device computes at peak_flops * gemm_efficiency
+/// (prefill_gemm_efficiency in steps of kLargeStepTokens tokens or more) and
 /// streams memory at memory_bw_bytes_per_s * memory_bw_efficiency. With
 /// shared_memory_bus (CPU devices: threads of one machine) the devices of a
 /// node share those two rates evenly, as orchestrator::CostModel::
@@ -59,11 +62,18 @@ struct DeviceSpec {
   Sourced inter_node_bw_bytes_per_s; ///< bytes/s one device sends to another node
   Sourced inter_node_latency_s;
   Sourced host_link_bw_bytes_per_s;  ///< device <-> host memory, bytes/s one direction
-  Sourced gemm_efficiency;           ///< achieved fraction of peak_flops, (0, 1]
+  Sourced gemm_efficiency;           ///< achieved fraction of peak_flops in steps of few tokens (decode), (0, 1]
+  /// ... in steps of at least kLargeStepTokens tokens (prefill): GEMMs of
+  /// many rows reach another fraction of the peak than those of a decode batch.
+  Sourced prefill_gemm_efficiency;
   Sourced memory_bw_efficiency;      ///< achieved fraction of memory_bw_bytes_per_s, (0, 1]
-  Sourced step_overhead_ms;          ///< per micro-batch: scheduling, launches, sampling, ms (>= 0)
+  Sourced step_overhead_ms;          ///< per micro-batch: scheduling, launches, ms (>= 0)
+  Sourced seq_overhead_ms;           ///< per sequence of a micro-batch: scheduling, sampling, ms (>= 0)
   bool shared_memory_bus = false;    ///< the devices of a node share one memory bus and one compute budget
 };
+
+/// Tokens from which a step's GEMMs run at prefill_gemm_efficiency.
+inline constexpr long long kLargeStepTokens = 256;
 
 struct ClusterSpec {
   std::string name;  ///< e.g. "h200x8"
@@ -100,9 +110,10 @@ struct ClusterSpec {
 /// bandwidth, divided by `active_per_node` (the devices busy on one node,
 /// >= 1) when the node's devices share one memory bus; and the intra-node
 /// link while the group fits in one node, else the inter-node one.
-/// `group_size` and `active_per_node` < 1 count as 1.
+/// `group_size` and `active_per_node` < 1 count as 1. `large_steps`: the
+/// rate of steps of kLargeStepTokens tokens or more (prefill_gemm_efficiency).
 [[nodiscard]] orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size,
-                                                        int active_per_node = 1);
+                                                        int active_per_node = 1, bool large_steps = false);
 
 /// Bytes per element of weights, KV and activations for the device's dtype.
 [[nodiscard]] orchestrator::ElementSizes element_sizes(const DeviceSpec& device);

@@ -5,7 +5,9 @@
 namespace shardline::sim {
 
 Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const orchestrator::CostModel& model,
-                                                                     SimulatedExecutorOptions options) {
+                                                                     SimulatedExecutorOptions options,
+                                                                     const orchestrator::CostModel* large_model,
+                                                                     long long large_step_tokens) {
   if (options.num_kv_blocks < 1 || options.block_size < 1)
     return make_error(ErrorCode::invalid_argument, "simulated executor: num_kv_blocks and block_size must be >= 1");
   const engine::ParallelConfig& pc = options.config;
@@ -17,7 +19,8 @@ Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const orche
                                                        std::to_string(model.shape().num_layers) + " layers");
   if (options.vocab_size < 1) return make_error(ErrorCode::invalid_argument, "simulated executor: vocab_size < 1");
   options.config.dp = 1;
-  std::unique_ptr<SimulatedExecutor> e(new SimulatedExecutor(model, std::move(options)));
+  std::unique_ptr<SimulatedExecutor> e(
+      new SimulatedExecutor(model, std::move(options), large_model, large_step_tokens));
   if (e->options_.shift_config) {
     if (pc.sp * pc.tp < 2 || pc.pp != 1)
       return make_error(ErrorCode::invalid_argument, "simulated executor: Shift needs sp*tp > 1 and pp = 1");
@@ -44,11 +47,14 @@ Status SimulatedExecutor::submit(const model::StepInput& input) {
     pc = *options_.shift_config;
     shifted = true;
   }
-  auto cost = model_.estimate(pc, shape);
+  const orchestrator::CostModel& m =
+      large_model_ != nullptr && shape.num_tokens() >= large_step_tokens_ ? *large_model_ : model_;
+  auto cost = m.estimate(pc, shape);
   if (!cost) return cost.error();
 
   MicroBatchRecord rec;
-  now_ms_ += options_.step_overhead_ms;  // the engine thread schedules and launches it
+  // The engine thread schedules, launches and (later) samples it.
+  now_ms_ += options_.step_overhead_ms + options_.seq_overhead_ms * static_cast<double>(input.seqs.size());
   rec.submit_ms = now_ms_;
   rec.num_prefill_tokens = static_cast<int>(shape.num_prefill_tokens);
   rec.num_decode_tokens = static_cast<int>(shape.num_decode_tokens);

@@ -9,8 +9,9 @@
 /// so lengths come from the workload).
 ///
 /// Time. The engine thread is at `now()`. Submitting a micro-batch costs the
-/// per-micro-batch overhead on that thread (scheduling, launch, sampling:
-/// DeviceSpec::step_overhead_ms); the micro-batch then enters pipeline stage
+/// engine's own time on that thread (scheduling, launch, sampling:
+/// DeviceSpec::step_overhead_ms + seq_overhead_ms per sequence of the
+/// micro-batch); the micro-batch then enters pipeline stage
 /// 0 when that stage is free, and each stage s starts it when the previous
 /// stage has finished it and stage s is free:
 ///
@@ -50,6 +51,7 @@ struct SimulatedExecutorOptions {
   int num_kv_blocks = 0;  ///< the engine group's KV cache, in blocks (> 0)
   int block_size = 16;
   double step_overhead_ms = 0;  ///< engine-thread time per micro-batch
+  double seq_overhead_ms = 0;   ///< ... plus this per sequence in it
   std::int32_t sampled_token_id = 3;
 };
 
@@ -76,8 +78,12 @@ class SimulatedExecutor final : public model::ModelExecutor {
   /// Errors: invalid_argument (num_kv_blocks or block_size < 1, pp of the
   /// config > the model's layers, a shift config without sp*tp > 1, bad
   /// shift options).
-  [[nodiscard]] static Result<std::unique_ptr<SimulatedExecutor>> create(const orchestrator::CostModel& model,
-                                                                         SimulatedExecutorOptions options);
+  /// `large_model` prices steps of at least `large_step_tokens` tokens (the
+  /// device's GEMM efficiency differs with the rows; null: `model` prices
+  /// every step). Both must outlive the executor.
+  [[nodiscard]] static Result<std::unique_ptr<SimulatedExecutor>> create(
+      const orchestrator::CostModel& model, SimulatedExecutorOptions options,
+      const orchestrator::CostModel* large_model = nullptr, long long large_step_tokens = 256);
 
   [[nodiscard]] Result<model::StepOutput> execute(const model::StepInput& input) override;
   [[nodiscard]] int vocab_size() const override { return options_.vocab_size; }
@@ -105,11 +111,14 @@ class SimulatedExecutor final : public model::ModelExecutor {
     std::size_t record = 0;
     std::vector<std::uint64_t> logits_seqs;  ///< [num_logits] the sequence of each logits row
   };
-  SimulatedExecutor(const orchestrator::CostModel& model, SimulatedExecutorOptions options)
-      : model_(model), options_(std::move(options)), stage_free_ms_(options_.config.pp, 0.0),
+  SimulatedExecutor(const orchestrator::CostModel& model, SimulatedExecutorOptions options,
+                    const orchestrator::CostModel* large_model, long long large_step_tokens)
+      : model_(model), large_model_(large_model), large_step_tokens_(large_step_tokens), options_(std::move(options)), stage_free_ms_(options_.config.pp, 0.0),
         stage_busy_ms_(options_.config.pp, 0.0) {}
 
   const orchestrator::CostModel& model_;
+  const orchestrator::CostModel* large_model_;
+  long long large_step_tokens_;
   SimulatedExecutorOptions options_;
   std::optional<engine::ShiftPolicy> shift_;
   double now_ms_ = 0;

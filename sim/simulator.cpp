@@ -66,7 +66,8 @@ struct RunOutcome {
 
 Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
                             const std::vector<SimRequest>& workload, const SimOptions& options,
-                            const orchestrator::CostModel& model, int num_kv_blocks, bool prefill_only) {
+                            const orchestrator::CostModel& model, const orchestrator::CostModel& large_model,
+                            int num_kv_blocks, bool prefill_only) {
   const engine::ParallelConfig& pc = strategy.parallel;
   int max_len = 1;
   for (const SimRequest& r : workload) max_len = std::max(max_len, r.prompt_len + (prefill_only ? 1 : r.output_len));
@@ -86,7 +87,8 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     eo.num_kv_blocks = num_kv_blocks;
     eo.block_size = options.block_size;
     eo.step_overhead_ms = cluster.device.step_overhead_ms.value;
-    auto ex = SimulatedExecutor::create(model, eo);
+    eo.seq_overhead_ms = cluster.device.seq_overhead_ms.value;
+    auto ex = SimulatedExecutor::create(model, eo, &large_model, kLargeStepTokens);
     if (!ex) return ex.error();
     engine::EngineConfig ec;
     ec.max_num_seqs = options.max_batch;
@@ -102,22 +104,30 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     r.engine = std::move(eng).value();
     out.replicas.push_back(std::move(r));
   }
-  const int queue_capacity = 2 * options.max_batch;
+  const bool round_robin = options.dispatch == SimOptions::Dispatch::round_robin;
+  const std::size_t queue_capacity = round_robin ? workload.size() : 2 * static_cast<std::size_t>(options.max_batch);
   std::size_t next = 0;
-  auto fill = [&](Replica& r) -> Status {
-    while (r.outstanding < queue_capacity && next < workload.size()) {
-      const SimRequest& q = workload[next];
-      sampling::SamplingParams params;
-      params.temperature = 0;
-      params.ignore_eos = true;
-      params.max_tokens = prefill_only ? 1 : q.output_len;
-      std::vector<std::int32_t> prompt(static_cast<std::size_t>(q.prompt_len), 3);
-      if (Status st = r.engine->add_request(next, std::move(prompt), params); !st.ok()) return st;
-      ++r.outstanding;
-      ++next;
-    }
+  auto add = [&](Replica& r, std::size_t i) -> Status {
+    const SimRequest& q = workload[i];
+    sampling::SamplingParams params;
+    params.temperature = 0;
+    params.ignore_eos = true;
+    params.max_tokens = prefill_only ? 1 : q.output_len;
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(q.prompt_len), 3);
+    if (Status st = r.engine->add_request(i, std::move(prompt), params); !st.ok()) return st;
+    ++r.outstanding;
     return Status::ok_status();
   };
+  auto fill = [&](Replica& r) -> Status {
+    if (round_robin) return Status::ok_status();  // all dealt at t = 0
+    while (static_cast<std::size_t>(r.outstanding) < queue_capacity && next < workload.size())
+      if (Status st = add(r, next++); !st.ok()) return st;
+    return Status::ok_status();
+  };
+  if (round_robin) {
+    for (std::size_t i = 0; i < workload.size(); ++i)
+      if (Status st = add(out.replicas[i % out.replicas.size()], i); !st.ok()) return st.error();
+  }
   for (Replica& r : out.replicas)
     if (Status st = fill(r); !st.ok()) return st.error();
   for (;;) {
@@ -194,6 +204,10 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
                                                element_sizes(cluster.device),
                                                group_hardware(cluster, pc.group_size(), active_per_node));
   if (!model) return model.error();
+  auto large_model = orchestrator::CostModel::create(
+      orchestrator::ModelShape::from_config(config), element_sizes(cluster.device),
+      group_hardware(cluster, pc.group_size(), active_per_node, /*large_steps=*/true));
+  if (!large_model) return large_model.error();
   auto blocks = kv_blocks_per_group(config, cluster, pc, options);
   if (!blocks) return blocks.error();
   int longest = 0;
@@ -216,7 +230,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     res.prompt_tokens += r.prompt_len;
     res.generated_tokens += r.output_len;
   }
-  auto full = run_once(config, cluster, strategy, workload, options, *model, *blocks, /*prefill_only=*/false);
+  auto full = run_once(config, cluster, strategy, workload, options, *model, *large_model, *blocks, /*prefill_only=*/false);
   if (!full) return full.error();
   res.elapsed_s = full->elapsed_ms / 1e3;
   if (res.elapsed_s > 0) res.total_tok_s = static_cast<double>(res.prompt_tokens + res.generated_tokens) / res.elapsed_s;
@@ -261,7 +275,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
   if (res.num_micro_batches > 0) res.shift_step_fraction = double(shifted) / double(res.num_micro_batches);
 
   if (options.prefill_run) {
-    auto pre = run_once(config, cluster, strategy, workload, options, *model, *blocks, /*prefill_only=*/true);
+    auto pre = run_once(config, cluster, strategy, workload, options, *model, *large_model, *blocks, /*prefill_only=*/true);
     if (!pre) return pre.error();
     res.prefill_elapsed_s = pre->elapsed_ms / 1e3;
     if (res.prefill_elapsed_s > 0) res.prefill_tok_s = static_cast<double>(res.prompt_tokens) / res.prefill_elapsed_s;

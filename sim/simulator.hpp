@@ -12,8 +12,9 @@
 /// The run, as the real cluster does it offline: every request arrives at
 /// t = 0; the orchestrator keeps each replica's queue at 2 x max_batch
 /// requests (orchestrator::WorkerPool::queue_capacity), first come first
-/// served; the replica whose engine thread is furthest behind in virtual
-/// time steps next. Requests run with ignore_eos for exactly their
+/// served (or round-robin, as in-process DP deals them: SimOptions::
+/// dispatch); the replica whose engine thread is furthest behind in
+/// virtual time steps next. Requests run with ignore_eos for exactly their
 /// output_len tokens.
 ///
 /// Reported as `shardline bench` reports a measured run (same names and
@@ -60,6 +61,13 @@ struct SimOptions {
   int max_num_batched_tokens = 2048;   ///< tokens per step at most
   int block_size = 16;                 ///< KV block, tokens
   bool prefill_run = true;             ///< also simulate max_tokens = 1 (for prefill_tok_s, decode_tok_s)
+  /// How requests reach the DP replicas. orchestrator: as the cluster's
+  /// WorkerPool does (each replica's queue topped up to 2 x max_batch, in
+  /// replica order, as requests finish). round_robin: request i on replica
+  /// i % dp, all at t = 0 (engine/data_parallel.hpp: in-process DP, what
+  /// `bench --parallel dp=N` runs).
+  enum class Dispatch { orchestrator, round_robin };
+  Dispatch dispatch = Dispatch::orchestrator;
 };
 
 /// p50 / p90 / p99 and mean of a latency, ms.

@@ -55,7 +55,8 @@ TEST(Simulator, EveryTokenIsAccountedForAndDecodeStepsCostWhatTheModelSays) {
   EXPECT_GT(r->tpot_ms.p50, 0);
   EXPECT_LE(r->ttft_ms.p50, r->ttft_ms.p99);
 
-  // A full-batch decode step: overhead + the model's step at a context
+  // A full-batch decode step: the engine's own time (per step and per
+  // sequence) + the model's step at a context
   // between the shortest and the longest the decodes saw.
   const int active = 1;
   auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config),
@@ -64,7 +65,7 @@ TEST(Simulator, EveryTokenIsAccountedForAndDecodeStepsCostWhatTheModelSays) {
   auto step_at = [&](int ctx) {
     orchestrator::StepShape s;
     for (int i = 0; i < 32; ++i) s.add_sequence(ctx, 1);
-    return c.device.step_overhead_ms.value + model->estimate({}, s)->total_ms;
+    return c.device.step_overhead_ms.value + 32 * c.device.seq_overhead_ms.value + model->estimate({}, s)->total_ms;
   };
   EXPECT_GE(r->decode_step_ms, step_at(128) - 1e-9);
   EXPECT_LE(r->decode_step_ms, step_at(128 + 64) + 1e-9);
@@ -91,6 +92,27 @@ TEST(Simulator, DataParallelReplicasScaleThroughput) {
   EXPECT_GT(ratio, 3.5);
   EXPECT_LE(ratio, 4.05);
   EXPECT_EQ(four->num_devices, 4);
+}
+
+// The orchestrator tops each worker's queue up to 2 x max_batch in name
+// order, so a job smaller than that lands on the first replica alone;
+// in-process DP deals requests round-robin.
+TEST(Simulator, DispatchDecidesHowASmallJobSpreadsOverReplicas) {
+  const auto config = shape("llama-3.1-8b");
+  const auto c = cluster("h100x2");
+  SimOptions o;
+  o.max_batch = 32;
+  o.prefill_run = false;
+  // Prefill-heavy, so that splitting the requests halves the work of each
+  // replica (a decode step costs about the same at batch 16 as at 32).
+  const auto workload = fixed_workload(32, 1024, 8);
+  auto one = simulate(config, c, strategy("single"), workload, o);
+  auto pulled = simulate(config, c, strategy("dp=2"), workload, o);
+  o.dispatch = SimOptions::Dispatch::round_robin;
+  auto dealt = simulate(config, c, strategy("dp=2"), workload, o);
+  ASSERT_TRUE(one.ok() && pulled.ok() && dealt.ok());
+  EXPECT_DOUBLE_EQ(pulled->elapsed_s, one->elapsed_s) << "all 32 requests on the first replica";
+  EXPECT_LT(dealt->elapsed_s, 0.65 * one->elapsed_s);
 }
 
 TEST(Simulator, PipelineBubblesAndTokenThrottlingComeFromTheSchedule) {
