@@ -102,7 +102,18 @@ int run_calibrate(const SimulateArgs& a) {
 /// Runs each --parallel config for real (bench::run_parallel_bench, on this
 /// machine's CPU devices) and simulated on the calibrated CPU device, and
 /// prints both with the simulator's error.
-int run_validate(const SimulateArgs& a, const model::ModelConfig& config, const sim::ClusterSpec& cpu) {
+int run_validate(const SimulateArgs& a, const model::ModelConfig& config) {
+  // A fresh calibration on the same shape, minutes before the runs it
+  // predicts: this machine's speed drifts with its neighbours' load.
+  bench::CalibrateOptions co;
+  co.shape_dir = a.model_dir;
+  co.num_threads = a.threads;
+  std::cerr << "calibrating on " << a.model_dir << "\n";
+  auto device = bench::calibrate_cpu_device(co);
+  if (!device) return fail(device.error());
+  sim::ClusterSpec cpu;
+  cpu.name = "cpu";
+  cpu.device = *device;
   bench::ParallelBenchOptions po;
   po.engine.model_dir = a.model_dir;
   po.engine.load_format = model::LoadFormat::dummy;
@@ -117,8 +128,7 @@ int run_validate(const SimulateArgs& a, const model::ModelConfig& config, const 
     if (!pc) return fail(pc.error(), 2);
     po.configs.push_back(*pc);
   }
-  std::cerr << "validating: each config runs for real, then simulated (" << cpu.device.name << " device of "
-            << a.calibration << ")\n";
+  std::cerr << "validating: each config runs for real, then simulated on the CPU device calibrated just before\n";
   auto measured = bench::run_parallel_bench(po);
   if (!measured) return fail(measured.error());
   const auto workload = sim::fixed_workload(a.num_prompts, a.input_len, a.output_len);
@@ -171,6 +181,10 @@ int run_simulate(const SimulateArgs& a) {
   if (a.model_dir.empty()) return fail(make_error(ErrorCode::invalid_argument, "give --shape DIR or --model DIR"), 2);
   auto config = model::load_model_config(a.model_dir);
   if (!config) return fail(config.error(), 2);
+  if (a.validate) {
+    if (a.cluster != "cpu") return fail(make_error(ErrorCode::invalid_argument, "--validate runs on this machine: --cluster cpu"), 2);
+    return run_validate(a, *config);
+  }
   const std::string calibration = a.calibration.empty() ? default_calibration() : a.calibration;
   Result<sim::ClusterSpec> cluster = sim::load_cluster(a.cluster, calibration);
   const bool cpu = a.cluster == "cpu" || a.cluster.rfind("cpux", 0) == 0;
@@ -186,10 +200,6 @@ int run_simulate(const SimulateArgs& a) {
     cluster = std::move(c);
   }
   if (!cluster) return fail(cluster.error(), 2);
-  if (a.validate) {
-    if (!cpu) return fail(make_error(ErrorCode::invalid_argument, "--validate runs on this machine: --cluster cpu"), 2);
-    return run_validate(a, *config, *cluster);
-  }
 
   std::vector<std::string> configs = a.parallel.empty() ? std::vector<std::string>{"single"} : a.parallel;
   std::vector<sim::Strategy> strategies;
@@ -281,8 +291,8 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
                 "Measure this machine and fit the cost model's efficiency terms to real decode steps of --shape; "
                 "writes --calibration");
   cmd->add_flag("--validate", a->validate,
-                "Run each --parallel config for real on this machine's CPU devices too, and print the simulator's "
-                "error beside the measurement");
+                "Calibrate on --shape, then run each --parallel config for real on this machine's CPU devices and "
+                "simulated, and print the simulator's error beside the measurement");
   cmd->add_option("--parallel", a->parallel, "A config to simulate (repeatable): single, tp=2, pp=2,dp=4, ...");
   cmd->add_option("--token-budget", a->token_budget, "fixed, throttle or both (both: pp > 1 configs run each)")
       ->check(CLI::IsMember({"fixed", "throttle", "both"}))

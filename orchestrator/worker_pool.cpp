@@ -56,13 +56,19 @@ std::optional<std::size_t> WorkerPool::remove(const std::string& name) {
 std::vector<Assignment> WorkerPool::dispatch() {
   std::vector<Assignment> out;
   if (holding()) return out;
-  for (auto& [name, w] : workers_) {
-    const std::size_t capacity = queue_capacity(w.max_batch);
-    if (w.in_flight >= capacity) continue;
-    std::vector<worker::BatchRequest> work = jobs_.next_work(capacity - w.in_flight, name);
-    if (work.empty()) break;  // nothing pending for anyone
-    w.in_flight += work.size();
-    out.push_back(Assignment{name, std::move(work)});
+  std::map<std::string, std::size_t> slot;  // worker -> its Assignment in `out`
+  for (bool dealt = true; dealt;) {
+    dealt = false;
+    for (auto& [name, w] : workers_) {
+      if (w.in_flight >= queue_capacity(w.max_batch)) continue;
+      std::vector<worker::BatchRequest> work = jobs_.next_work(1, name);
+      if (work.empty()) return out;  // nothing pending for anyone
+      w.in_flight += work.size();
+      dealt = true;
+      const auto [it, fresh] = slot.emplace(name, out.size());
+      if (fresh) out.push_back(Assignment{name, {}});
+      for (auto& r : work) out[it->second].work.push_back(std::move(r));
+    }
   }
   return out;
 }

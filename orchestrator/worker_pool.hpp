@@ -142,10 +142,14 @@ class WorkerPool {
   /// many lines were requeued, or nothing when no such worker is registered.
   std::optional<std::size_t> remove(const std::string& name);
 
-  /// Hands pending lines (JobManager::next_work) to every worker with queue
-  /// room, in name order, until the jobs have nothing pending. Each worker's
-  /// in_flight grows by what it got; the caller sends each Assignment.
-  /// Nothing while holding() (await_workers).
+  /// Hands pending lines (JobManager::next_work) to the workers with queue
+  /// room until every queue is full or the jobs have nothing pending. Lines
+  /// are dealt one per worker per round, in name order, so a job smaller
+  /// than the queues spreads evenly instead of filling the first workers'
+  /// queues and leaving the others idle (what the simulator showed:
+  /// docs/simulator.md). Each worker gets one Assignment, its lines in the
+  /// order dealt; its in_flight grows by their number. Nothing while
+  /// holding() (await_workers).
   [[nodiscard]] std::vector<Assignment> dispatch();
 
   /// After a restart of the orchestrator: holds dispatch() until every

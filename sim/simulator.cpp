@@ -127,9 +127,17 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
   if (round_robin) {
     for (std::size_t i = 0; i < workload.size(); ++i)
       if (Status st = add(out.replicas[i % out.replicas.size()], i); !st.ok()) return st.error();
+  } else {
+    // WorkerPool::dispatch: one request per replica with room per round.
+    for (bool dealt = true; dealt && next < workload.size();) {
+      dealt = false;
+      for (Replica& r : out.replicas) {
+        if (static_cast<std::size_t>(r.outstanding) >= queue_capacity || next >= workload.size()) continue;
+        if (Status st = add(r, next++); !st.ok()) return st.error();
+        dealt = true;
+      }
+    }
   }
-  for (Replica& r : out.replicas)
-    if (Status st = fill(r); !st.ok()) return st.error();
   for (;;) {
     Replica* pick = nullptr;
     for (Replica& r : out.replicas)

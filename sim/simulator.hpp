@@ -10,11 +10,11 @@
 /// simulator the day it lands: there is no second scheduler to drift.
 ///
 /// The run, as the real cluster does it offline: every request arrives at
-/// t = 0; the orchestrator keeps each replica's queue at 2 x max_batch
-/// requests (orchestrator::WorkerPool::queue_capacity), first come first
-/// served (or round-robin, as in-process DP deals them: SimOptions::
-/// dispatch); the replica whose engine thread is furthest behind in
-/// virtual time steps next. Requests run with ignore_eos for exactly their
+/// t = 0; the orchestrator deals them over the replicas' queues of 2 x
+/// max_batch requests (orchestrator::WorkerPool::dispatch) and tops a queue
+/// up as its requests finish (or deals them all round-robin, as in-process
+/// DP does: SimOptions::dispatch); the replica whose engine thread is
+/// furthest behind in virtual time steps next. Requests run with ignore_eos for exactly their
 /// output_len tokens.
 ///
 /// Reported as `shardline bench` reports a measured run (same names and
@@ -62,8 +62,8 @@ struct SimOptions {
   int block_size = 16;                 ///< KV block, tokens
   bool prefill_run = true;             ///< also simulate max_tokens = 1 (for prefill_tok_s, decode_tok_s)
   /// How requests reach the DP replicas. orchestrator: as the cluster's
-  /// WorkerPool does (each replica's queue topped up to 2 x max_batch, in
-  /// replica order, as requests finish). round_robin: request i on replica
+  /// WorkerPool does (queues of 2 x max_batch, dealt one request per
+  /// replica per round, topped up as requests finish). round_robin: request i on replica
   /// i % dp, all at t = 0 (engine/data_parallel.hpp: in-process DP, what
   /// `bench --parallel dp=N` runs).
   enum class Dispatch { orchestrator, round_robin };

@@ -234,7 +234,7 @@ TEST_F(WorkerPoolTest, InFlightCountsLinesOutAndResultsBack) {
   EXPECT_FALSE(pool_->contains("node9/cpu:0"));
 }
 
-TEST_F(WorkerPoolTest, QueueRoomIsTwiceTheBatchInNameOrderUntilNothingIsPending) {
+TEST_F(WorkerPoolTest, QueueRoomIsTwiceTheBatchDealtInNameOrderUntilNothingIsPending) {
   EXPECT_EQ(WorkerPool::queue_capacity(1), 2u);
   EXPECT_EQ(WorkerPool::queue_capacity(64), 128u);
   EXPECT_EQ(pool_->room("node0/cpu:9"), 0u);  // unknown
@@ -243,19 +243,24 @@ TEST_F(WorkerPoolTest, QueueRoomIsTwiceTheBatchInNameOrderUntilNothingIsPending)
   EXPECT_EQ(pool_->room("node0/cpu:0"), 8u);
   EXPECT_EQ(pool_->room("node0/cpu:1"), 6u);
 
+  // One line per worker per round, in name order, until both are full.
   auto first = pool_->dispatch();
   ASSERT_EQ(first.size(), 2u);
   EXPECT_EQ(first[0].worker, "node0/cpu:0");  // name order
-  EXPECT_EQ(first[0].work.size(), 8u);
   EXPECT_EQ(first[1].worker, "node0/cpu:1");
-  EXPECT_EQ(first[1].work.size(), 6u);
-  EXPECT_EQ(first[0].work.front().line_index, 0u);  // input order
-  EXPECT_EQ(first[1].work.front().line_index, 8u);
+  auto lines = [](const std::vector<BatchRequest>& work) {
+    std::vector<std::uint64_t> out;
+    for (const auto& r : work) out.push_back(r.line_index);
+    return out;
+  };
+  EXPECT_EQ(lines(first[0].work), (std::vector<std::uint64_t>{0, 2, 4, 6, 8, 10, 12, 13}));
+  EXPECT_EQ(lines(first[1].work), (std::vector<std::uint64_t>{1, 3, 5, 7, 9, 11}));
   EXPECT_EQ(pool_->room("node0/cpu:0"), 0u);
   EXPECT_EQ(pool_->room("node0/cpu:1"), 0u);
   EXPECT_TRUE(pool_->dispatch().empty());  // both full
 
-  // Room for 5 on cpu:0, 6 lines left: cpu:0 takes 5, then cpu:1 (room 2) the last one.
+  // Room for 5 on cpu:0 and 2 on cpu:1, 6 lines left: dealt 14 15 16 17 18,
+  // then cpu:1 is full and cpu:0 takes the last one.
   ASSERT_TRUE(pool_->on_results("node0/cpu:0", results_for({first[0].work.begin(), first[0].work.begin() + 5}),
                                 Clock::time_point{})
                   .ok());
@@ -263,12 +268,12 @@ TEST_F(WorkerPoolTest, QueueRoomIsTwiceTheBatchInNameOrderUntilNothingIsPending)
                                 Clock::time_point{})
                   .ok());
   auto second = dispatch();
-  EXPECT_EQ(second["node0/cpu:0"].size(), 5u);
-  EXPECT_EQ(second["node0/cpu:1"].size(), 1u);
-  EXPECT_EQ(pool_->room("node0/cpu:1"), 1u);
+  EXPECT_EQ(lines(second["node0/cpu:0"]), (std::vector<std::uint64_t>{14, 16, 18, 19}));
+  EXPECT_EQ(lines(second["node0/cpu:1"]), (std::vector<std::uint64_t>{15, 17}));
+  EXPECT_EQ(pool_->room("node0/cpu:0"), 1u);
   EXPECT_EQ(progress().pending, 0u);
   EXPECT_TRUE(pool_->dispatch().empty());  // nothing pending: room stays
-  EXPECT_EQ(pool_->room("node0/cpu:1"), 1u);
+  EXPECT_EQ(pool_->room("node0/cpu:0"), 1u);
 }
 
 TEST_F(WorkerPoolTest, HeartbeatTimeoutOnTheInjectedClock) {

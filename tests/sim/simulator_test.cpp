@@ -94,10 +94,10 @@ TEST(Simulator, DataParallelReplicasScaleThroughput) {
   EXPECT_EQ(four->num_devices, 4);
 }
 
-// The orchestrator tops each worker's queue up to 2 x max_batch in name
-// order, so a job smaller than that lands on the first replica alone;
-// in-process DP deals requests round-robin.
-TEST(Simulator, DispatchDecidesHowASmallJobSpreadsOverReplicas) {
+// The orchestrator deals a job over the workers' queues one line per worker
+// per round (WorkerPool::dispatch), so a job smaller than the queues still
+// spreads over every replica, as in-process DP's round-robin does.
+TEST(Simulator, ASmallJobSpreadsOverEveryReplica) {
   const auto config = shape("llama-3.1-8b");
   const auto c = cluster("h100x2");
   SimOptions o;
@@ -111,8 +111,8 @@ TEST(Simulator, DispatchDecidesHowASmallJobSpreadsOverReplicas) {
   o.dispatch = SimOptions::Dispatch::round_robin;
   auto dealt = simulate(config, c, strategy("dp=2"), workload, o);
   ASSERT_TRUE(one.ok() && pulled.ok() && dealt.ok());
-  EXPECT_DOUBLE_EQ(pulled->elapsed_s, one->elapsed_s) << "all 32 requests on the first replica";
-  EXPECT_LT(dealt->elapsed_s, 0.65 * one->elapsed_s);
+  EXPECT_LT(pulled->elapsed_s, 0.65 * one->elapsed_s);
+  EXPECT_DOUBLE_EQ(pulled->elapsed_s, dealt->elapsed_s);
 }
 
 TEST(Simulator, PipelineBubblesAndTokenThrottlingComeFromTheSchedule) {

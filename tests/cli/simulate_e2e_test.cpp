@@ -1,0 +1,117 @@
+// `shardline simulate` as a user runs it: JSON with bench's field names for
+// each strategy, the orderings the cost model implies on a GPU cluster
+// (data parallelism wins a prefill-heavy batch job; Shift's decode steps
+// run at full TP's speed; a config that does not fit is a per-strategy
+// error), --calibrate writing a device file whose fitted numbers say how
+// they were fitted, and --validate printing the real and simulated numbers
+// side by side. Not timed: no bound here depends on this machine's speed.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/hardware_spec.hpp"
+#include "tests/support/process.hpp"
+
+namespace shardline {
+namespace {
+
+using json = nlohmann::json;
+using testing_support::kShardline;
+using testing_support::read_file;
+using testing_support::run_command;
+
+using SimulateE2e = testing_support::TempDirTest;
+
+const std::string kShapes = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/";
+
+json results_by_strategy(const std::string& out) {
+  const json j = json::parse(out.substr(out.find('{')), nullptr, false);
+  json by = json::object();
+  if (j.is_discarded()) return by;
+  for (const auto& r : j["results"]) by[r["strategy"].get<std::string>()] = r;
+  return by;
+}
+
+TEST_F(SimulateE2e, StrategiesOnAGpuClusterInJson) {
+  const auto r = run_command(kShardline + " simulate --cluster h200x8 --shape " + kShapes + "llama-3.1-8b" +
+                             " --parallel tp=8 --parallel dp=8 --parallel tp=2,sp=4 --parallel sp=8 --shift-threshold 256"
+                             " --num-prompts 512 --input-len 2048 --output-len 64 --max-batch 128 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const json by = results_by_strategy(r.out);
+  ASSERT_TRUE(by.contains("tp=8,pp=1,sp=1,dp=1 fixed")) << r.out;
+  const json& tp = by["tp=8,pp=1,sp=1,dp=1 fixed"];
+  const json& dp = by["tp=1,pp=1,sp=1,dp=8 fixed"];
+  const json& sp = by["tp=2,pp=1,sp=4,dp=1 fixed"];
+  const json& shift = by["tp=2,pp=1,sp=4,dp=1 fixed shift(T=256)"];
+  for (const char* k : {"total_tok_s", "prefill_tok_s", "decode_tok_s", "decode_step_ms", "ttft_ms", "tpot_ms",
+                        "kv_peak_fraction", "bubble_fraction", "sim_wall_s"})
+    EXPECT_TRUE(tp.contains(k)) << k;
+  EXPECT_EQ(tp["num_devices"], 8);
+  EXPECT_EQ(tp["generated_tokens"], 512 * 64);
+  // A prefill-heavy batch job: 8 replicas without collectives beat one TP=8 group.
+  EXPECT_GT(dp["total_tok_s"].get<double>(), tp["total_tok_s"].get<double>());
+  // Shift runs its decode steps (<= T tokens) in tp=8: the same step as TP.
+  EXPECT_NEAR(shift["decode_step_ms"].get<double>(), tp["decode_step_ms"].get<double>(),
+              1e-6 * tp["decode_step_ms"].get<double>());
+  EXPECT_LT(shift["decode_step_ms"].get<double>(), sp["decode_step_ms"].get<double>());
+  EXPECT_GT(shift["shift_switches"].get<int>(), 0);
+  EXPECT_GE(shift["total_tok_s"].get<double>(), sp["total_tok_s"].get<double>());
+  // sp=8 replicates the weights over 8 ranks: fits an 8B model (16 GB) fine.
+  EXPECT_FALSE(by["tp=1,pp=1,sp=8,dp=1 fixed"].contains("error")) << by.dump();
+
+  // A 70B model does not fit one H200 per replica: a per-strategy error.
+  const auto big = run_command(kShardline + " simulate --cluster h200x8 --shape " + kShapes + "llama-3.1-70b" +
+                               " --parallel dp=8 --parallel tp=8 --num-prompts 8 --input-len 64 --output-len 8 --json");
+  ASSERT_EQ(big.exit_code, 0) << big.out;
+  const json big_by = results_by_strategy(big.out);
+  EXPECT_NE(big_by["tp=1,pp=1,sp=1,dp=8 fixed"].value("error", "").find("do not fit"), std::string::npos)
+      << big.out;
+  EXPECT_GT(big_by["tp=8,pp=1,sp=1,dp=1 fixed"].value("total_tok_s", 0.0), 0.0) << big.out;
+}
+
+TEST_F(SimulateE2e, BadClustersAndConfigsAreClearErrors) {
+  auto r = run_command(kShardline + " simulate --cluster tpu-v5x8 --shape " + kShapes + "llama-3.1-8b");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("no device 'tpu-v5'"), std::string::npos) << r.out;
+  r = run_command(kShardline + " simulate --cluster h100x2 --shape " + kShapes + "llama-3.1-8b --parallel tp=4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("needs 4 devices"), std::string::npos) << r.out;
+  r = run_command(kShardline + " simulate --cluster h100 --shape " + path("nothing"));
+  EXPECT_EQ(r.exit_code, 2);
+}
+
+TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
+  const std::string shape = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
+  const auto cal = run_command(kShardline + " simulate --calibrate --threads 1 --shape " + shape +
+                               " --calibration " + path("cpu.json"));
+  ASSERT_EQ(cal.exit_code, 0) << cal.out;
+  auto device = sim::parse_device_spec(read_file(path("cpu.json")), "cpu.json");
+  ASSERT_TRUE(device.ok()) << device.error().to_string();
+  EXPECT_TRUE(device->shared_memory_bus);
+  EXPECT_EQ(device->weight_dtype, DType::f32);
+  for (const sim::Sourced* s : {&device->gemm_efficiency, &device->prefill_gemm_efficiency,
+                                &device->memory_bw_efficiency, &device->step_overhead_ms})
+    EXPECT_NE(s->source.find("fitted"), std::string::npos) << s->source;
+  EXPECT_NE(device->memory_bw_bytes_per_s.source.find("triad"), std::string::npos);
+
+  // The calibrated device simulates this machine.
+  const auto sim = run_command(kShardline + " simulate --cluster cpux2 --calibration " + path("cpu.json") +
+                               " --shape " + shape + " --parallel single --parallel tp=2 --num-prompts 8 --json");
+  ASSERT_EQ(sim.exit_code, 0) << sim.out;
+  EXPECT_GT(results_by_strategy(sim.out)["tp=2,pp=1,sp=1,dp=1 fixed"].value("total_tok_s", 0.0), 0.0) << sim.out;
+
+  const auto v = run_command(kShardline + " simulate --validate --threads 1 --shape " + shape +
+                             " --parallel single --num-prompts 8 --input-len 16 --output-len 8 --max-batch 8 --json");
+  ASSERT_EQ(v.exit_code, 0) << v.out;
+  const json j = json::parse(v.out.substr(v.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << v.out;
+  ASSERT_EQ(j["validation"].size(), 1u) << v.out;
+  const json& row = j["validation"][0];
+  EXPECT_GT(row["measured_total_tok_s"].get<double>(), 0);
+  EXPECT_GT(row["simulated_total_tok_s"].get<double>(), 0);
+  EXPECT_NEAR(row["total_tok_s_error"].get<double>(),
+              row["simulated_total_tok_s"].get<double>() / row["measured_total_tok_s"].get<double>() - 1, 1e-9);
+}
+
+}  // namespace
+}  // namespace shardline
