@@ -23,6 +23,7 @@
 #include "api/client_job_service.hpp"
 #include "api/http_server.hpp"
 #include "cli/commands.hpp"
+#include "cli/parallel_auto.hpp"
 #include "cli/devices.hpp"
 #include "cli/engine_flags.hpp"
 #include "cli/shift_threshold.hpp"
@@ -191,7 +192,8 @@ void add_placement_flags(CLI::App& cmd, std::string& devices, std::string& paral
                  "single-device worker per GPU");
   cmd.add_option("--parallel,--parallel-prefill", parallel,
                  "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single); "
-                 "with --parallel-decode, the config prefill runs in (Seesaw's cp)");
+                 "with --parallel-decode, the config prefill runs in (Seesaw's cp). `run --parallel auto`: the "
+                 "planner's choice for --devices (default: every core) and the input (docs/simulator.md)");
 }
 
 /// --group-master, --group-key-file and --group-timeout-ms of `run` and `node start`.
@@ -528,6 +530,16 @@ void draw_progress(const messages::JobProgress& p) {
 }
 
 int run_run(RunArgs& a) {
+  if (a.parallel == "auto") {
+    std::vector<std::string> inputs;
+    for (const auto& in : a.inputs) inputs.push_back(in);
+    auto chosen = plan_parallel_auto(a.model_dir, inputs, a.devices, a.token_budget, a.max_batch);
+    if (!chosen) return fail(chosen.error(), 2);
+    if (!a.quiet) std::cerr << "shardline run: --parallel auto: " << chosen->parallel << " on " << chosen->devices
+                            << ". " << chosen->why << "\n";
+    a.parallel = chosen->parallel;
+    a.devices = chosen->devices;
+  }
   NodeArgs na;
   na.name = "local";
   na.listen.clear();

@@ -15,6 +15,8 @@ void add_generate_command(CLI::App& app, std::function<int()>& run);
 void add_bench_command(CLI::App& app, std::function<int()>& run);
 /// `simulate`: the engine on a described cluster (sim/simulator.hpp).
 void add_simulate_command(CLI::App& app, std::function<int()>& run);
+/// `plan`: every strategy ranked by simulated throughput (sim/planner.hpp).
+void add_plan_command(CLI::App& app, std::function<int()>& run);
 /// `shard serve`: a rank of a multi-process (TCP) engine group.
 void add_shard_commands(CLI::App& app, std::function<int()>& run);
 /// cluster init, node start, job submit/status, actor list/kill, run.

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   shardline::cli::add_tokenize_command(app, run);
   shardline::cli::add_bench_command(app, run);
   shardline::cli::add_simulate_command(app, run);
+  shardline::cli::add_plan_command(app, run);
   shardline::cli::add_shard_commands(app, run);
   shardline::cli::add_cluster_commands(app, run);
   try {

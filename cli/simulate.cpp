@@ -18,7 +18,10 @@
 #include "api/file_store.hpp"
 #include "engine/parallel_config.hpp"
 #include "model/config.hpp"
+#include "sim/planner.hpp"
 #include "sim/simulator.hpp"
+#include "sim/workload.hpp"
+#include "model/tokenizer.hpp"
 
 namespace shardline::cli {
 namespace {
@@ -34,6 +37,11 @@ struct SimulateArgs {
   long long shift_threshold = 0;  ///< > 0: also a Shift variant of each sp*tp > 1, pp = 1 config
   double shift_hysteresis = 0.25;
   int num_prompts = 64, input_len = 128, output_len = 128;
+  std::string workload_file;           ///< --workload JSONL ("" = generated)
+  std::string input_dist, output_dist;  ///< "" = --input-len / --output-len
+  std::uint64_t seed = 1;
+  int num_devices = 0;  ///< plan: devices to use (0: the cluster's)
+  int top = 10;         ///< plan: rows printed
   int threads = 0;
   bool json = false;
   std::string dispatch = "orchestrator";
@@ -80,6 +88,24 @@ nlohmann::ordered_json to_json(const sim::SimResult& r) {
           {"shift_switches", r.shift_switches},
           {"shift_step_fraction", r.shift_step_fraction},
           {"sim_wall_s", r.sim_wall_s}};
+}
+
+/// The workload of the flags: a JSONL file's lengths, or generated.
+Result<std::vector<sim::SimRequest>> workload_of(const SimulateArgs& a) {
+  if (!a.workload_file.empty()) {
+    auto tokenizer = model::load_tokenizer(a.model_dir);
+    auto w = sim::workload_from_jsonl(a.workload_file, tokenizer ? tokenizer->get() : nullptr, a.output_len);
+    if (!w) return w.error();
+    if (w->skipped_lines > 0)
+      std::cerr << "note: " << w->skipped_lines << " line(s) of " << a.workload_file << " do not parse (skipped)\n";
+    if (w->requests.empty()) return make_error(ErrorCode::invalid_argument, a.workload_file + ": no request lines");
+    return w->requests;
+  }
+  auto in = sim::parse_length_dist(a.input_dist.empty() ? std::to_string(a.input_len) : a.input_dist);
+  if (!in) return in.error();
+  auto out = sim::parse_length_dist(a.output_dist.empty() ? std::to_string(a.output_len) : a.output_dist);
+  if (!out) return out.error();
+  return sim::generate_workload(a.num_prompts, *in, *out, a.seed);
 }
 
 int run_calibrate(const SimulateArgs& a) {
@@ -229,14 +255,16 @@ int run_simulate(const SimulateArgs& a) {
   // Without a size, a cpu cluster has as many devices as the largest config.
   if (cpu && a.cluster.find('x') == std::string::npos) cluster->num_devices = most_devices;
 
-  const auto workload = sim::fixed_workload(a.num_prompts, a.input_len, a.output_len);
+  auto workload_or = workload_of(a);
+  if (!workload_or) return fail(workload_or.error(), 2);
+  const std::vector<sim::SimRequest>& workload = *workload_or;
   sim::SimOptions options = a.options;
   if (a.dispatch == "round-robin") options.dispatch = sim::SimOptions::Dispatch::round_robin;
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   if (!a.json) {
-    std::printf("simulated: %s on %s (%d x %s), %d x (%d in, %d out), max batch %d\n", a.model_dir.c_str(),
-                cluster->name.c_str(), cluster->num_devices, cluster->device.name.c_str(), a.num_prompts, a.input_len,
-                a.output_len, a.options.max_batch);
+    std::printf("simulated: %s on %s (%d x %s), %zu requests, max batch %d\n", a.model_dir.c_str(),
+                cluster->name.c_str(), cluster->num_devices, cluster->device.name.c_str(), workload.size(),
+                a.options.max_batch);
     std::printf("%-36s %10s %10s %10s %9s %9s %9s %7s %7s %8s\n", "strategy", "total/s", "prefill/s", "decode/s",
                 "step_ms", "ttft_p50", "tpot_p50", "kv_peak", "bubble", "sim_s");
   }
@@ -263,9 +291,7 @@ int run_simulate(const SimulateArgs& a) {
     out["cluster"] = cluster->name;
     out["device"] = cluster->device.name;
     out["num_devices"] = cluster->num_devices;
-    out["num_prompts"] = a.num_prompts;
-    out["input_len"] = a.input_len;
-    out["output_len"] = a.output_len;
+    out["num_requests"] = workload.size();
     out["max_batch"] = a.options.max_batch;
     out["results"] = std::move(results);
     std::cout << out.dump() << std::endl;
@@ -273,7 +299,127 @@ int run_simulate(const SimulateArgs& a) {
   return failures == static_cast<int>(strategies.size()) ? 1 : 0;
 }
 
+/// The cluster of the flags for `plan` (a cpu cluster without a size gets
+/// --devices or 1).
+Result<sim::ClusterSpec> plan_cluster(const SimulateArgs& a) {
+  const std::string calibration = a.calibration.empty() ? default_calibration() : a.calibration;
+  std::string name = a.cluster;
+  if ((name == "cpu") && a.num_devices > 0) name = "cpux" + std::to_string(a.num_devices);
+  auto c = sim::load_cluster(name, calibration);
+  if (!c && name.rfind("cpu", 0) == 0 && !std::filesystem::exists(calibration)) {
+    std::cerr << "note: no CPU calibration at " << calibration << "; using limits measured now, uncalibrated\n";
+    sim::ClusterSpec s;
+    s.name = name;
+    s.device = bench::measure_cpu_device(a.threads);
+    s.num_devices = std::max(1, a.num_devices);
+    return s;
+  }
+  return c;
+}
+
+int run_plan(const SimulateArgs& a) {
+  if (a.model_dir.empty()) return fail(make_error(ErrorCode::invalid_argument, "give --shape DIR or --model DIR"), 2);
+  auto config = model::load_model_config(a.model_dir);
+  if (!config) return fail(config.error(), 2);
+  auto cluster = plan_cluster(a);
+  if (!cluster) return fail(cluster.error(), 2);
+  auto workload = workload_of(a);
+  if (!workload) return fail(workload.error(), 2);
+  sim::PlanOptions po;
+  po.num_devices = a.num_devices;
+  po.shift_threshold = a.shift_threshold > 0 ? a.shift_threshold : 256;
+  po.shift_hysteresis = a.shift_hysteresis;
+  if (a.token_budget != "both") po.token_budgets = {a.token_budget};
+  po.sim = a.options;
+  if (a.dispatch == "round-robin") po.sim.dispatch = sim::SimOptions::Dispatch::round_robin;
+  auto p = sim::plan(*config, *cluster, *workload, po);
+  if (!p) return fail(p.error());
+  if (a.json) {
+    nlohmann::ordered_json out;
+    out["model"] = a.model_dir;
+    out["cluster"] = cluster->name;
+    out["num_requests"] = workload->size();
+    out["best"] = p->ranked.front().strategy.label();
+    out["why"] = p->why;
+    nlohmann::ordered_json ranked = nlohmann::ordered_json::array();
+    for (const auto& e : p->ranked) ranked.push_back(to_json(e.result));
+    out["ranked"] = std::move(ranked);
+    nlohmann::ordered_json infeasible = nlohmann::ordered_json::array();
+    for (const auto& e : p->infeasible) infeasible.push_back({{"strategy", e.strategy.label()}, {"error", e.error}});
+    out["infeasible"] = std::move(infeasible);
+    std::cout << out.dump() << std::endl;
+    return 0;
+  }
+  std::printf("plan: %s on %s (%d x %s), %zu requests, max batch %d: %zu strategies fit, %zu do not\n",
+              a.model_dir.c_str(), cluster->name.c_str(), cluster->num_devices, cluster->device.name.c_str(),
+              workload->size(), a.options.max_batch, p->ranked.size(), p->infeasible.size());
+  std::printf("%4s %-36s %10s %10s %10s %9s %9s %7s %7s\n", "rank", "strategy", "total/s", "prefill/s", "decode/s",
+              "step_ms", "tpot_p50", "kv_peak", "bubble");
+  for (std::size_t i = 0; i < p->ranked.size() && static_cast<int>(i) < a.top; ++i) {
+    const sim::SimResult& r = p->ranked[i].result;
+    std::printf("%4zu %-36s %10.1f %10.1f %10.1f %9.3f %9.3f %7.2f %7.3f\n", i + 1, r.strategy.c_str(), r.total_tok_s,
+                r.prefill_tok_s, r.decode_tok_s, r.decode_step_ms, r.tpot_ms.p50, r.kv_peak_fraction,
+                r.bubble_fraction);
+  }
+  std::printf("best: %s\n", p->why.c_str());
+  return 0;
+}
+
+/// The workload flags `simulate` and `plan` share.
+void add_workload_flags(CLI::App& cmd, SimulateArgs& a) {
+  cmd.add_option("--num-prompts", a.num_prompts, "Requests (generated workloads)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--input-len", a.input_len, "Prompt tokens per request")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--output-len", a.output_len,
+                 "Generated tokens per request (and of --workload chat lines without max_tokens)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--input-dist", a.input_dist,
+                 "Prompt lengths: N, uniform:A:B, loguniform:A:B or lognormal:MEDIAN:SIGMA[:MAX] (instead of "
+                 "--input-len)");
+  cmd.add_option("--output-dist", a.output_dist, "Output lengths, as --input-dist (instead of --output-len)");
+  cmd.add_option("--seed", a.seed, "Seed of the generated lengths")->capture_default_str();
+  cmd.add_option("--workload", a.workload_file,
+                 "A JSONL job file: its lines' token lengths (text prompts counted with the model folder's "
+                 "tokenizer) instead of a generated workload");
+  cmd.add_option("--max-batch", a.options.max_batch, "Running sequences at most per engine group")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--max-num-batched-tokens", a.options.max_num_batched_tokens, "Tokens per step at most")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--dispatch", a.dispatch,
+                 "How requests reach DP replicas: orchestrator (dealt over queues of 2 x max batch, as a cluster) or "
+                 "round-robin (as in-process DP; --validate always uses it)")
+      ->check(CLI::IsMember({"orchestrator", "round-robin"}))
+      ->capture_default_str();
+}
+
 }  // namespace
+
+void add_plan_command(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<SimulateArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Rank every parallel config and policy for a cluster and workload by simulated throughput "
+              "(docs/simulator.md)");
+  cmd->add_option("--model,--shape", a->model_dir, "Model or shape folder (config.json)");
+  cmd->add_option("--cluster", a->cluster, "DEVICE, DEVICExN or a cluster JSON file (as simulate)")
+      ->capture_default_str();
+  cmd->add_option("--devices", a->num_devices, "Devices to use (default: the whole cluster)")->capture_default_str();
+  cmd->add_option("--calibration", a->calibration, "The CPU device file (default ~/.shardline/cpu-calibration.json)");
+  cmd->add_option("--token-budget", a->token_budget, "Policies tried for pp > 1 configs: fixed, throttle or both")
+      ->check(CLI::IsMember({"fixed", "throttle", "both"}))
+      ->capture_default_str();
+  cmd->add_option("--shift-threshold", a->shift_threshold, "Shift candidates' T (default 256)")->capture_default_str();
+  cmd->add_option("--top", a->top, "Rows printed")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Threads of the uncalibrated CPU measurement (0: all)")->capture_default_str();
+  add_workload_flags(*cmd, *a);
+  cmd->add_flag("--json", a->json, "One JSON line: best, why, ranked results, infeasible strategies");
+  cmd->callback([&run, a] { run = [a] { return run_plan(*a); }; });
+}
 
 void add_simulate_command(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<SimulateArgs>();
@@ -301,25 +447,8 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
                   "T > 0: also simulate Shift Parallelism for each sp > 1 config (steps of <= T tokens in tp=sp*tp)")
       ->capture_default_str();
   cmd->add_option("--shift-hysteresis", a->shift_hysteresis, "Shift's h")->capture_default_str();
-  cmd->add_option("--num-prompts", a->num_prompts, "Requests")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--input-len", a->input_len, "Prompt tokens per request")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--output-len", a->output_len, "Generated tokens per request")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--max-batch", a->options.max_batch, "Running sequences at most per engine group")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--max-num-batched-tokens", a->options.max_num_batched_tokens, "Tokens per step at most")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  add_workload_flags(*cmd, *a);
   cmd->add_option("--threads", a->threads, "Threads for --calibrate and the uncalibrated CPU measurement (0: all)")
-      ->capture_default_str();
-  cmd->add_option("--dispatch", a->dispatch,
-                  "How requests reach DP replicas: orchestrator (queues of 2 x max batch, as a cluster) or "
-                  "round-robin (as in-process DP; --validate always uses it)")
-      ->check(CLI::IsMember({"orchestrator", "round-robin"}))
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON line with bench's field names");
   cmd->callback([&run, a] { run = [a] { return run_simulate(*a); }; });

@@ -109,10 +109,9 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
     if (!active(j)) {
       (void)m->store_->delete_resume(id);  // left over by a crash right after it finished
       // A crash between the cancel's record and its finished output file.
-      if (j.rec.state == JobState::cancelled) {
-        if (Status st = m->finish_cancelled_output(j); !st.ok())
-          return make_error(st.error().code, "job " + std::to_string(id) + " (cancelled): " + st.error().message);
-      }
+      // Best effort: a file that cannot be written now must not keep the
+      // orchestrator from starting; `job cancel` again retries and reports.
+      if (j.rec.state == JobState::cancelled) (void)m->finish_cancelled_output(j);
       continue;
     }
     // Inputs must be what was submitted: line indexes depend on them.

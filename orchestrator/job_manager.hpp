@@ -28,7 +28,8 @@
 ///  - cancel(job): the job stops (state cancelled, durably, first); nothing
 ///    more of it is handed out or committed, and its output file gets every
 ///    line committed until then, in line order (OutputWriter::
-///    finish_partial). open() finishes that file when a crash came between.
+///    finish_partial). open() finishes that file when a crash came between
+///    (best effort: cancel() again retries and reports an error).
 ///  - claim_in_flight(worker, lines) after a restart of the orchestrator
 ///    alone: a worker that lived through it reports the lines it still
 ///    holds, and they are in flight on it again instead of pending.

@@ -7,9 +7,13 @@
 // side by side. Not timed: no bound here depends on this machine's speed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <regex>
+
 #include <nlohmann/json.hpp>
 
 #include "sim/hardware_spec.hpp"
+#include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 
 namespace shardline {
@@ -111,6 +115,42 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
   EXPECT_GT(row["simulated_total_tok_s"].get<double>(), 0);
   EXPECT_NEAR(row["total_tok_s_error"].get<double>(),
               row["simulated_total_tok_s"].get<double>() / row["measured_total_tok_s"].get<double>() - 1, 1e-9);
+}
+
+TEST_F(SimulateE2e, PlanRanksStrategiesAndRunParallelAutoUsesItsChoice) {
+  const auto p = run_command(kShardline + " plan --cluster h200x8 --shape " + kShapes + "llama-3.1-8b" +
+                             " --input-dist uniform:512:2048 --output-dist loguniform:8:64 --num-prompts 256"
+                             " --max-batch 64 --json");
+  ASSERT_EQ(p.exit_code, 0) << p.out;
+  const json j = json::parse(p.out.substr(p.out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << p.out;
+  EXPECT_EQ(j["num_requests"], 256);
+  ASSERT_GT(j["ranked"].size(), 5u);
+  EXPECT_EQ(j["best"], j["ranked"][0]["strategy"]);
+  for (std::size_t i = 1; i < j["ranked"].size(); ++i)
+    EXPECT_GE(j["ranked"][i - 1]["total_tok_s"].get<double>(), j["ranked"][i]["total_tok_s"].get<double>());
+  EXPECT_NE(j["why"].get<std::string>().find("runner-up"), std::string::npos);
+  const auto table = run_command(kShardline + " plan --cluster h200x8 --shape " + kShapes + "llama-3.1-8b --top 3");
+  ASSERT_EQ(table.exit_code, 0) << table.out;
+  EXPECT_NE(table.out.find("best: "), std::string::npos) << table.out;
+
+  // run --parallel auto: the planner picks a config for two CPU devices and
+  // the job's own lines, and the job runs on it.
+  testing_support::write_demo_prompts(path("in.jsonl"), 12);
+  const auto run = run_command(kShardline + " run --parallel auto --devices cpu:2 --threads 1 --model " +
+                               std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K --input " +
+                               path("in.jsonl") + " --output " + path("out.jsonl"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(run.out, m, std::regex("--parallel auto: (tp=\\d+,pp=\\d+,sp=\\d+,dp=\\d+) on cpu:2")))
+      << run.out;
+  const std::string out = read_file(path("out.jsonl"));
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 12);
+  const auto bad = run_command(kShardline + " run --parallel auto --devices cuda:0 --model " +
+                               std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K --input " +
+                               path("in.jsonl") + " --output " + path("out2.jsonl"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("plans CPU devices"), std::string::npos) << bad.out;
 }
 
 }  // namespace

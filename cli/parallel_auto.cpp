@@ -1,0 +1,68 @@
+#include "cli/parallel_auto.hpp"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "bench/calibrate.hpp"
+#include "cli/devices.hpp"
+#include "model/config.hpp"
+#include "model/tokenizer.hpp"
+#include "sim/planner.hpp"
+#include "sim/workload.hpp"
+
+namespace shardline::cli {
+
+Result<AutoParallel> plan_parallel_auto(const std::string& model_dir, const std::vector<std::string>& inputs,
+                                        const std::string& devices, const std::string& token_budget,
+                                        int max_batch) {
+  int n = omp_get_num_procs();
+  if (!devices.empty()) {
+    auto list = parse_devices(devices);
+    if (!list) return list.error();
+    if (list->kind != model::DeviceKind::cpu)
+      return make_error(ErrorCode::invalid_argument, "--parallel auto plans CPU devices (cpu:N), not " + devices);
+    n = static_cast<int>(list->indices.size());
+  }
+  auto config = model::load_model_config(model_dir);
+  if (!config) return config.error();
+  auto tokenizer = model::load_tokenizer(model_dir);
+  sim::SimOptions so;
+  so.max_batch = max_batch;
+  std::vector<sim::SimRequest> workload;
+  for (const std::string& path : inputs) {
+    auto w = sim::workload_from_jsonl(path, tokenizer ? tokenizer->get() : nullptr, 256);
+    if (!w) return w.error();
+    workload.insert(workload.end(), w->requests.begin(), w->requests.end());
+  }
+  if (workload.empty()) return make_error(ErrorCode::invalid_argument, "--parallel auto: the input has no request lines");
+
+  const char* home = std::getenv("HOME");
+  const std::string calibration = std::string(home ? home : ".") + "/.shardline/cpu-calibration.json";
+  sim::ClusterSpec cluster;
+  if (auto c = sim::load_cluster("cpux" + std::to_string(n), calibration); c) {
+    cluster = std::move(c).value();
+  } else {
+    cluster.name = "cpux" + std::to_string(n);
+    cluster.device = bench::measure_cpu_device(0);
+    cluster.num_devices = n;
+  }
+  sim::PlanOptions po;
+  po.num_devices = n;
+  po.shift_threshold = 0;  // Shift needs --shift on the real group
+  po.token_budgets = {token_budget.empty() ? std::string("fixed") : token_budget};
+  po.sim = so;
+  po.sim.dispatch = sim::SimOptions::Dispatch::orchestrator;
+  auto p = sim::plan(*config, cluster, workload, po);
+  if (!p) return p.error();
+  const sim::PlanEntry& best = p->ranked.front();
+  AutoParallel out;
+  out.parallel = best.strategy.parallel.to_string();
+  out.devices = "cpu:" + std::to_string(n);
+  out.why = p->why + " (simulated on " + cluster.device.name + ", " + std::to_string(workload.size()) +
+            " requests from the input)";
+  return out;
+}
+
+}  // namespace shardline::cli
