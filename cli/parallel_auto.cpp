@@ -3,7 +3,9 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <filesystem>
+#include <iostream>
 
 #include "bench/calibrate.hpp"
 #include "cli/devices.hpp"
@@ -13,6 +15,26 @@
 #include "sim/workload.hpp"
 
 namespace shardline::cli {
+
+std::string default_cpu_calibration() {
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : ".") + "/.shardline/cpu-calibration.json";
+}
+
+Result<sim::ClusterSpec> load_cluster_or_measure(const std::string& name, const std::string& calibration,
+                                                 int threads) {
+  Result<sim::ClusterSpec> cluster = sim::load_cluster(name, calibration);
+  const bool cpu = name == "cpu" || name.rfind("cpux", 0) == 0;
+  if (cluster || !cpu || std::filesystem::exists(calibration)) return cluster;
+  std::cerr << "note: no CPU calibration at " << calibration
+            << "; using limits measured now, uncalibrated (run `shardline simulate --calibrate --shape DIR`)\n";
+  sim::ClusterSpec c;
+  c.device = bench::measure_cpu_device(threads);
+  c.name = name;
+  const auto x = name.find('x');
+  c.num_devices = x == std::string::npos ? 1 : std::max(1, std::atoi(name.c_str() + x + 1));
+  return c;
+}
 
 Result<AutoParallel> plan_parallel_auto(const std::string& model_dir, const std::vector<std::string>& inputs,
                                         const std::string& devices, const std::string& token_budget,
@@ -38,16 +60,9 @@ Result<AutoParallel> plan_parallel_auto(const std::string& model_dir, const std:
   }
   if (workload.empty()) return make_error(ErrorCode::invalid_argument, "--parallel auto: the input has no request lines");
 
-  const char* home = std::getenv("HOME");
-  const std::string calibration = std::string(home ? home : ".") + "/.shardline/cpu-calibration.json";
-  sim::ClusterSpec cluster;
-  if (auto c = sim::load_cluster("cpux" + std::to_string(n), calibration); c) {
-    cluster = std::move(c).value();
-  } else {
-    cluster.name = "cpux" + std::to_string(n);
-    cluster.device = bench::measure_cpu_device(0);
-    cluster.num_devices = n;
-  }
+  auto cluster_or = load_cluster_or_measure("cpux" + std::to_string(n), default_cpu_calibration(), 0);
+  if (!cluster_or) return cluster_or.error();
+  const sim::ClusterSpec& cluster = *cluster_or;
   sim::PlanOptions po;
   po.num_devices = n;
   po.shift_threshold = 0;  // Shift needs --shift on the real group

@@ -10,8 +10,21 @@
 #include <vector>
 
 #include "common/result.hpp"
+#include "sim/hardware_spec.hpp"
 
 namespace shardline::cli {
+
+/// ~/.shardline/cpu-calibration.json: where `simulate --calibrate` writes
+/// this machine's CPU device.
+[[nodiscard]] std::string default_cpu_calibration();
+
+/// The cluster `name` (sim::load_cluster with `calibration`). A `cpu` /
+/// `cpuxN` cluster whose calibration file does not exist yet is this
+/// machine measured now with `threads` threads, uncalibrated
+/// (bench::measure_cpu_device), said in a note on stderr; plain `cpu` then
+/// has one device. Errors: sim::load_cluster's.
+[[nodiscard]] Result<sim::ClusterSpec> load_cluster_or_measure(const std::string& name,
+                                                               const std::string& calibration, int threads);
 
 struct AutoParallel {
   std::string parallel;      ///< the chosen config, ParallelConfig::to_string()

@@ -15,6 +15,7 @@
 #include "bench/calibrate.hpp"
 #include "bench/parallel.hpp"
 #include "cli/commands.hpp"
+#include "cli/parallel_auto.hpp"
 #include "api/file_store.hpp"
 #include "engine/parallel_config.hpp"
 #include "model/config.hpp"
@@ -47,11 +48,6 @@ struct SimulateArgs {
   std::string dispatch = "orchestrator";
   sim::SimOptions options;
 };
-
-std::string default_calibration() {
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.shardline/cpu-calibration.json";
-}
 
 int fail(const Error& e, int code = 1) {
   std::cerr << "error: " << e.to_string() << "\n";
@@ -116,7 +112,7 @@ int run_calibrate(const SimulateArgs& a) {
   std::cerr << "calibrating this machine on " << a.model_dir << " (two decode runs; about a minute)\n";
   auto d = bench::calibrate_cpu_device(o);
   if (!d) return fail(d.error());
-  const std::string path = a.calibration.empty() ? default_calibration() : a.calibration;
+  const std::string path = a.calibration.empty() ? default_cpu_calibration() : a.calibration;
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   if (Status st = api::write_file_atomically(path, sim::device_spec_json(*d)); !st.ok()) return fail(st.error());
@@ -211,20 +207,9 @@ int run_simulate(const SimulateArgs& a) {
     if (a.cluster != "cpu") return fail(make_error(ErrorCode::invalid_argument, "--validate runs on this machine: --cluster cpu"), 2);
     return run_validate(a, *config);
   }
-  const std::string calibration = a.calibration.empty() ? default_calibration() : a.calibration;
-  Result<sim::ClusterSpec> cluster = sim::load_cluster(a.cluster, calibration);
+  const std::string calibration = a.calibration.empty() ? default_cpu_calibration() : a.calibration;
+  Result<sim::ClusterSpec> cluster = load_cluster_or_measure(a.cluster, calibration, a.threads);
   const bool cpu = a.cluster == "cpu" || a.cluster.rfind("cpux", 0) == 0;
-  if (!cluster && cpu && !std::filesystem::exists(calibration)) {
-    // No calibration yet: this machine's limits measured now, neutral efficiencies.
-    std::cerr << "note: no CPU calibration at " << calibration
-              << "; using limits measured now, uncalibrated (run `shardline simulate --calibrate --shape DIR`)\n";
-    sim::ClusterSpec c;
-    c.device = bench::measure_cpu_device(a.threads);
-    c.name = a.cluster;
-    const auto x = a.cluster.find('x');
-    c.num_devices = x == std::string::npos ? 1 : std::atoi(a.cluster.c_str() + x + 1);
-    cluster = std::move(c);
-  }
   if (!cluster) return fail(cluster.error(), 2);
 
   std::vector<std::string> configs = a.parallel.empty() ? std::vector<std::string>{"single"} : a.parallel;
@@ -302,19 +287,10 @@ int run_simulate(const SimulateArgs& a) {
 /// The cluster of the flags for `plan` (a cpu cluster without a size gets
 /// --devices or 1).
 Result<sim::ClusterSpec> plan_cluster(const SimulateArgs& a) {
-  const std::string calibration = a.calibration.empty() ? default_calibration() : a.calibration;
+  const std::string calibration = a.calibration.empty() ? default_cpu_calibration() : a.calibration;
   std::string name = a.cluster;
   if ((name == "cpu") && a.num_devices > 0) name = "cpux" + std::to_string(a.num_devices);
-  auto c = sim::load_cluster(name, calibration);
-  if (!c && name.rfind("cpu", 0) == 0 && !std::filesystem::exists(calibration)) {
-    std::cerr << "note: no CPU calibration at " << calibration << "; using limits measured now, uncalibrated\n";
-    sim::ClusterSpec s;
-    s.name = name;
-    s.device = bench::measure_cpu_device(a.threads);
-    s.num_devices = std::max(1, a.num_devices);
-    return s;
-  }
-  return c;
+  return load_cluster_or_measure(name, calibration, a.threads);
 }
 
 int run_plan(const SimulateArgs& a) {
