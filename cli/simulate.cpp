@@ -14,6 +14,7 @@
 
 #include "bench/calibrate.hpp"
 #include "bench/parallel.hpp"
+#include "bench/seesaw.hpp"
 #include "cli/commands.hpp"
 #include "cli/parallel_auto.hpp"
 #include "api/file_store.hpp"
@@ -34,6 +35,9 @@ struct SimulateArgs {
   bool calibrate = false;
   bool validate = false;
   std::vector<std::string> parallel;
+  std::vector<std::string> seesaw;  ///< --seesaw CP:CD (repeatable)
+  std::string seesaw_policy = "transition-minimizing";
+  double host_buffer_gib = 80;      ///< Seesaw's host KV buffer per device
   std::string token_budget = "both";
   long long shift_threshold = 0;  ///< > 0: also a Shift variant of each sp*tp > 1, pp = 1 config
   double shift_hysteresis = 0.25;
@@ -83,6 +87,13 @@ nlohmann::ordered_json to_json(const sim::SimResult& r) {
           {"num_preemptions", r.num_preemptions},
           {"shift_switches", r.shift_switches},
           {"shift_step_fraction", r.shift_step_fraction},
+          {"seesaw_transitions", r.seesaw_transitions},
+          {"seesaw_transition_s", r.seesaw_transition_s},
+          {"seesaw_reload_s", r.seesaw_reload_s},
+          {"seesaw_offload_bytes", r.seesaw_offload_bytes},
+          {"seesaw_onboard_bytes", r.seesaw_onboard_bytes},
+          {"seesaw_onboard_wait_s", r.seesaw_onboard_wait_s},
+          {"seesaw_host_peak_bytes", r.seesaw_host_peak_bytes},
           {"sim_wall_s", r.sim_wall_s}};
 }
 
@@ -212,7 +223,8 @@ int run_simulate(const SimulateArgs& a) {
   const bool cpu = a.cluster == "cpu" || a.cluster.rfind("cpux", 0) == 0;
   if (!cluster) return fail(cluster.error(), 2);
 
-  std::vector<std::string> configs = a.parallel.empty() ? std::vector<std::string>{"single"} : a.parallel;
+  std::vector<std::string> configs =
+      a.parallel.empty() && a.seesaw.empty() ? std::vector<std::string>{"single"} : a.parallel;
   std::vector<sim::Strategy> strategies;
   int most_devices = 1;
   for (const std::string& text : configs) {
@@ -236,6 +248,19 @@ int run_simulate(const SimulateArgs& a) {
         strategies.push_back(s);
       }
     }
+  }
+  for (const std::string& text : a.seesaw) {
+    auto pair = bench::parse_seesaw_pair(text);
+    if (!pair) return fail(pair.error(), 2);
+    auto schedule = engine::parse_seesaw_schedule(a.seesaw_policy);
+    if (!schedule) return fail(schedule.error(), 2);
+    most_devices = std::max(most_devices, pair->first.world_size());
+    sim::Strategy s;
+    s.parallel = pair->first;
+    s.token_budget = a.token_budget == "throttle" ? "throttle" : "fixed";
+    s.seesaw = sim::SeesawStrategy{pair->second, {}, a.host_buffer_gib * double(1ull << 30)};
+    s.seesaw->policy.schedule = *schedule;
+    strategies.push_back(s);
   }
   // Without a size, a cpu cluster has as many devices as the largest config.
   if (cpu && a.cluster.find('x') == std::string::npos) cluster->num_devices = most_devices;
@@ -268,6 +293,12 @@ int run_simulate(const SimulateArgs& a) {
       std::printf("%-36s %10.1f %10.1f %10.1f %9.3f %9.2f %9.3f %7.2f %7.3f %8.2f\n", r->strategy.c_str(),
                   r->total_tok_s, r->prefill_tok_s, r->decode_tok_s, r->decode_step_ms, r->ttft_ms.p50,
                   r->tpot_ms.p50, r->kv_peak_fraction, r->bubble_fraction, r->sim_wall_s);
+      if (s.seesaw)
+        std::printf("%-36s   %llu transitions, %.2f s in them (%.2f s reloading weights); KV over the host links: "
+                    "%.2f GB out, %.2f GB in; host buffer peak %.2f GiB\n",
+                    "", static_cast<unsigned long long>(r->seesaw_transitions), r->seesaw_transition_s,
+                    r->seesaw_reload_s, r->seesaw_offload_bytes / 1e9, r->seesaw_onboard_bytes / 1e9,
+                    r->seesaw_host_peak_bytes / double(1ull << 30));
     }
   }
   if (a.json) {
@@ -423,6 +454,15 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
                   "T > 0: also simulate Shift Parallelism for each sp > 1 config (steps of <= T tokens in tp=sp*tp)")
       ->capture_default_str();
   cmd->add_option("--shift-hysteresis", a->shift_hysteresis, "Shift's h")->capture_default_str();
+  cmd->add_option("--seesaw", a->seesaw,
+                  "Seesaw CP:CD (repeatable): prefill phases in CP, decode phases in CD, e.g. pp=8:tp=8 "
+                  "(seed 000; the real engine's phases and policy)");
+  cmd->add_option("--seesaw-policy", a->seesaw_policy,
+                  "transition-minimizing, prefill-prioritizing or decode-prioritizing")
+      ->capture_default_str();
+  cmd->add_option("--host-buffer-gib", a->host_buffer_gib, "Seesaw's host KV buffer per device, GiB (paper: 80)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   add_workload_flags(*cmd, *a);
   cmd->add_option("--threads", a->threads, "Threads for --calibrate and the uncalibrated CPU measurement (0: all)")
       ->capture_default_str();

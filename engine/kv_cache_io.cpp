@@ -41,7 +41,7 @@ Result<bool> KvCacheIo::copy_and_hold(const SwapOut& move) {
   h.num_tokens = move.num_tokens;
   h.swapped = true;
   h.bytes = bytes;
-  h.chunk.resize(bytes);
+  if (copies_bytes()) h.chunk.resize(bytes);
   const kvstore::KvRange range{0, shape_.num_layers, 0, move.num_tokens};
   if (Status s = copy_out(move.block_table, range, h.chunk); !s.ok())
     return make_error(s.error().code == ErrorCode::io ? ErrorCode::io : ErrorCode::internal,
@@ -187,7 +187,7 @@ Result<bool> KvCacheIo::begin_offload(const SwapOut& offload) {
   t.seq_id = offload.seq_id;
   t.block_table = offload.block_table;
   t.range = kvstore::KvRange{0, shape_.num_layers, 0, offload.num_tokens};
-  t.chunk.resize(bytes);
+  if (copies_bytes()) t.chunk.resize(bytes);
   mover_->submit(std::move(t));
   return true;
 }

@@ -67,6 +67,9 @@ class KvCacheIo {
   /// request). Swap preemption and Seesaw's host KV buffer need this.
   [[nodiscard]] bool can_copy_kv() const noexcept { return !views_.empty() || remote_ != nullptr; }
   [[nodiscard]] const kvstore::KvModelShape& shape() const noexcept { return shape_; }
+  /// False when the executor's copier moves no data (the simulator's): held
+  /// chunks are then empty and only their byte counts are kept.
+  [[nodiscard]] bool copies_bytes() const noexcept { return !views_.empty() || remote_ == nullptr || remote_->copies_bytes(); }
   /// Bytes of `num_tokens` positions of one sequence (all layers).
   [[nodiscard]] std::size_t bytes_for(int num_tokens) const noexcept;
 

@@ -251,6 +251,11 @@ class KvCopier {
   virtual ~KvCopier() = default;
   /// Devices the caches are spread over (each has its own host link).
   [[nodiscard]] virtual int num_devices() const = 0;
+  /// False for a copier that moves no data (the cluster simulator's,
+  /// sim/simulated_executor.hpp, which only prices each copy on its
+  /// emulated host link): callers then allocate no chunk and pass an empty
+  /// span. True for every copier that really copies.
+  [[nodiscard]] virtual bool copies_bytes() const { return true; }
   /// As kvstore::copy_out over the group. Errors: invalid_argument (a bad
   /// table or range), io (a remote rank is gone), internal (a remote rank
   /// refused the request).

@@ -4,6 +4,18 @@
 
 namespace shardline::sim {
 
+SimulatedExecutor::SimulatedExecutor(const orchestrator::CostModel& model, SimulatedExecutorOptions options,
+                                     const orchestrator::CostModel* large_model, long long large_step_tokens)
+    : model_(model),
+      large_model_(large_model),
+      large_step_tokens_(large_step_tokens),
+      options_(std::move(options)),
+      active_(options_.config) {
+  const int stages = std::max(options_.config.pp, options_.decode_config ? options_.decode_config->pp : 1);
+  stage_free_ms_.assign(static_cast<std::size_t>(stages), 0.0);
+  stage_busy_ms_.assign(static_cast<std::size_t>(stages), 0.0);
+}
+
 Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const orchestrator::CostModel& model,
                                                                      SimulatedExecutorOptions options,
                                                                      const orchestrator::CostModel* large_model,
@@ -19,6 +31,22 @@ Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const orche
                                                        std::to_string(model.shape().num_layers) + " layers");
   if (options.vocab_size < 1) return make_error(ErrorCode::invalid_argument, "simulated executor: vocab_size < 1");
   options.config.dp = 1;
+  if (options.decode_config) {
+    engine::ParallelConfig& cd = *options.decode_config;
+    cd.dp = 1;
+    if (cd.tp < 1 || cd.pp < 1 || cd.sp < 1 || cd.pp > model.shape().num_layers)
+      return make_error(ErrorCode::invalid_argument, "simulated executor: a bad Seesaw decode config " + cd.to_string());
+    if (cd.group_size() != pc.group_size())
+      return make_error(ErrorCode::invalid_argument, "simulated executor: Seesaw's cp " + pc.to_string() + " and cd " +
+                                                         cd.to_string() + " must use the same number of devices");
+    if (options.shift_config)
+      return make_error(ErrorCode::invalid_argument, "simulated executor: Seesaw does not go with Shift");
+    const kvstore::KvModelShape& ks = options.kv_shape;
+    if (ks.num_layers < 1 || ks.num_kv_heads < 1 || ks.head_dim < 1 || !(options.weight_bytes > 0) ||
+        !(options.host_link_bw_bytes_per_s > 0) || !(options.host_link_latency_ms >= 0))
+      return make_error(ErrorCode::invalid_argument,
+                        "simulated executor: Seesaw needs the KV shape, the weight bytes and a host link (bandwidth > 0)");
+  }
   std::unique_ptr<SimulatedExecutor> e(
       new SimulatedExecutor(model, std::move(options), large_model, large_step_tokens));
   if (e->options_.shift_config) {
@@ -42,7 +70,7 @@ Status SimulatedExecutor::submit(const model::StepInput& input) {
   orchestrator::StepShape shape;
   for (const model::StepSeq& s : input.seqs) shape.add_sequence(s.num_computed_tokens, s.num_new_tokens);
   bool shifted = false;
-  engine::ParallelConfig pc = options_.config;
+  engine::ParallelConfig pc = active_;
   if (shift_ && shift_->decide(shape.num_tokens()) == engine::ShiftMode::shift) {
     pc = *options_.shift_config;
     shifted = true;
@@ -60,8 +88,19 @@ Status SimulatedExecutor::submit(const model::StepInput& input) {
   rec.num_decode_tokens = static_cast<int>(shape.num_decode_tokens);
   rec.num_seqs = static_cast<int>(input.seqs.size());
   rec.shifted = shifted;
-  double t = now_ms_;
-  const std::size_t stages = stage_free_ms_.size();
+  // Seesaw: a sequence whose KV is still on the host link (an onboard) is
+  // not decoded before it lands.
+  double ready = now_ms_;
+  for (const model::StepSeq& s : input.seqs) {
+    if (s.block_table.empty()) continue;
+    const auto it = onboard_ready_ms_.find(s.block_table.front());
+    if (it == onboard_ready_ms_.end()) continue;
+    ready = std::max(ready, it->second);
+    onboard_ready_ms_.erase(it);
+  }
+  seesaw_.onboard_wait_ms += std::max(0.0, ready - std::max(now_ms_, stage_free_ms_[0]));
+  double t = ready;
+  const std::size_t stages = static_cast<std::size_t>(pc.pp);
   for (std::size_t s = 0; s < stages; ++s) {
     // Shift runs pp = 1: one stage whichever config prices the step.
     const double ts = s < cost->stages.size() ? cost->stages[s].micro_batch_ms : 0.0;
@@ -102,6 +141,55 @@ Result<model::StepOutput> SimulatedExecutor::collect() {
     ++t.num_tokens;
   }
   return out;
+}
+
+}  // namespace shardline::sim
+
+namespace shardline::sim {
+
+double SimulatedExecutor::host_copy(double bytes, bool to_host) {
+  const double per_device = bytes / static_cast<double>(active_.group_size());
+  const double start = std::max(link_free_ms_, now_ms_);
+  link_free_ms_ = start + options_.host_link_latency_ms + per_device / options_.host_link_bw_bytes_per_s * 1e3;
+  (to_host ? seesaw_.bytes_to_host : seesaw_.bytes_to_device) += bytes;
+  return link_free_ms_;
+}
+
+Status SimulatedExecutor::HostLinkCopier::copy_out(std::span<const std::int32_t> /*block_table*/,
+                                                   const kvstore::KvRange& range, std::span<std::byte> /*chunk*/) {
+  owner_.host_copy(static_cast<double>(kvstore::chunk_bytes(owner_.options_.kv_shape, range)), /*to_host=*/true);
+  return Status::ok_status();
+}
+
+Status SimulatedExecutor::HostLinkCopier::copy_in(std::span<const std::int32_t> block_table,
+                                                  const kvstore::KvRange& range, std::span<const std::byte> /*chunk*/) {
+  const double lands =
+      owner_.host_copy(static_cast<double>(kvstore::chunk_bytes(owner_.options_.kv_shape, range)), /*to_host=*/false);
+  if (!block_table.empty()) owner_.onboard_ready_ms_[block_table.front()] = lands;
+  return Status::ok_status();
+}
+
+Status SimulatedExecutor::use_step_config(model::StepConfig config) {
+  if (!options_.decode_config)
+    return make_error(ErrorCode::unsupported, "simulated executor: one parallel config only");
+  if (!pending_.empty())
+    return make_error(ErrorCode::invalid_argument, "simulated executor: step config switched with steps in flight");
+  const engine::ParallelConfig& to =
+      config == model::StepConfig::decode ? *options_.decode_config : options_.config;
+  if (to == active_) return Status::ok_status();
+  // The KV copies and every stage finish first; then each device reloads
+  // its shard of the new config from host memory, all in parallel.
+  double start = std::max(now_ms_, link_free_ms_);
+  for (const double f : stage_free_ms_) start = std::max(start, f);
+  const double shard_bytes = options_.weight_bytes / static_cast<double>(to.tp * to.pp);
+  const double reload_ms = options_.host_link_latency_ms + shard_bytes / options_.host_link_bw_bytes_per_s * 1e3;
+  seesaw_.transition_ms += start + reload_ms - now_ms_;
+  seesaw_.reload_ms += reload_ms;
+  ++seesaw_.transitions;
+  now_ms_ = start + reload_ms;
+  for (double& f : stage_free_ms_) f = now_ms_;
+  active_ = to;
+  return Status::ok_status();
 }
 
 }  // namespace shardline::sim

@@ -27,6 +27,27 @@
 /// Shift Parallelism (seed 001 §3, Alg. 3): with a shift config the
 /// executor owns an engine::ShiftPolicy, as the real group's rank 0 does,
 /// and prices each step in the config the policy picks for its token count.
+///
+/// Seesaw (seed 000 §4–5): with a decode config the executor has two step
+/// configs, cp (`config`) and cd, and the real engine's Seesaw phases drive
+/// it (use_step_config, the engine's KvCacheIo and KvMover over kv_copier()).
+/// The copier moves no bytes: it prices each copy on the group's emulated
+/// host links (PCIe), one copy stream per worker as in the paper:
+///
+///   start = max(link_free, now),  link_free = start + latency + bytes / group_size / host_bw
+///
+/// (every device moves its shard over its own link in parallel). An offload
+/// (a finished prefill's KV going to the host KV buffer) overlaps the next
+/// steps (§5.2 "overlap swap-out with computation"). An onboard (the
+/// prefetcher's swap-in) must land before a step that decodes its sequence
+/// starts, so stage 0 of such a step waits for it (§5.2 "asynchronous
+/// swap-in": the sequence is not scheduled before the copy is done). A
+/// transition waits for the link and the pipeline to drain, then re-shards
+/// the weights by reloading the new config's shard of every device from host
+/// memory (§4.1 "model weights are re-sharded by reloading the required
+/// shards from CPU memory"): latency + weight_bytes / (tp*pp) / host_bw. The
+/// engine runs its mover synchronously (EngineConfig::seesaw_async_kv =
+/// false): the copies' virtual time is what overlaps, here.
 
 #include <cstdint>
 #include <deque>
@@ -36,6 +57,7 @@
 
 #include "engine/parallel_config.hpp"
 #include "engine/policies/shift_policy.hpp"
+#include "kvstore/kv_stream.hpp"
 #include "model/executor.hpp"
 #include "orchestrator/cost_model.hpp"
 
@@ -47,6 +69,15 @@ struct SimulatedExecutorOptions {
   /// sp = 1) and the policy's options; none: every step runs in `config`.
   std::optional<engine::ParallelConfig> shift_config;
   engine::ShiftPolicyOptions shift;
+  /// Seesaw: the decode config cd (`config` is cp); none: one config.
+  std::optional<engine::ParallelConfig> decode_config;
+  /// Seesaw's KV copies and weight reloads: the model's KV shape (what a
+  /// copied chunk holds), the whole model's weight bytes, and each device's
+  /// host link.
+  kvstore::KvModelShape kv_shape;
+  double weight_bytes = 0;
+  double host_link_bw_bytes_per_s = 0;
+  double host_link_latency_ms = 0;
   int vocab_size = 32000;
   int num_kv_blocks = 0;  ///< the engine group's KV cache, in blocks (> 0)
   int block_size = 16;
@@ -90,7 +121,14 @@ class SimulatedExecutor final : public model::ModelExecutor {
   [[nodiscard]] int num_kv_blocks() const override { return options_.num_kv_blocks; }
   [[nodiscard]] int block_size() const override { return options_.block_size; }
   [[nodiscard]] bool samples_on_device() const override { return true; }
-  [[nodiscard]] int max_in_flight() const override { return options_.config.pp; }
+  [[nodiscard]] int max_in_flight() const override { return active_.pp; }
+  // Seesaw's two configs and its KV copies (file comment).
+  [[nodiscard]] bool has_step_configs() const override { return options_.decode_config.has_value(); }
+  [[nodiscard]] Status use_step_config(model::StepConfig config) override;
+  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override {
+    return options_.decode_config ? options_.kv_shape : kvstore::KvModelShape{};
+  }
+  [[nodiscard]] kvstore::KvCopier* kv_copier() override { return options_.decode_config ? &copier_ : nullptr; }
   [[nodiscard]] Status submit(const model::StepInput& input) override;
   [[nodiscard]] Result<model::StepOutput> collect() override;
 
@@ -104,6 +142,18 @@ class SimulatedExecutor final : public model::ModelExecutor {
   [[nodiscard]] const std::vector<double>& stage_busy_ms() const { return stage_busy_ms_; }
   /// Shift policy switches so far (0 without Shift).
   [[nodiscard]] std::uint64_t shift_switches() const { return shift_ ? shift_->switches() : 0; }
+  /// Seesaw: config switches, the engine thread's time in them (waiting for
+  /// the link and the pipeline, then reloading weights), of which reloading,
+  /// ms; bytes copied each way on the host links; time the steps waited for
+  /// onboards, ms.
+  struct SeesawTimes {
+    std::uint64_t transitions = 0;
+    double transition_ms = 0;
+    double reload_ms = 0;
+    double bytes_to_host = 0, bytes_to_device = 0;
+    double onboard_wait_ms = 0;
+  };
+  [[nodiscard]] const SeesawTimes& seesaw_times() const { return seesaw_; }
 
  private:
   struct Pending {
@@ -111,16 +161,36 @@ class SimulatedExecutor final : public model::ModelExecutor {
     std::size_t record = 0;
     std::vector<std::uint64_t> logits_seqs;  ///< [num_logits] the sequence of each logits row
   };
+  /// Prices Seesaw's copies on the host links; moves nothing.
+  class HostLinkCopier final : public kvstore::KvCopier {
+   public:
+    explicit HostLinkCopier(SimulatedExecutor& owner) : owner_(owner) {}
+    [[nodiscard]] int num_devices() const override { return owner_.active_.group_size(); }
+    [[nodiscard]] bool copies_bytes() const override { return false; }
+    [[nodiscard]] Status copy_out(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
+                                  std::span<std::byte> chunk) override;
+    [[nodiscard]] Status copy_in(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
+                                 std::span<const std::byte> chunk) override;
+
+   private:
+    SimulatedExecutor& owner_;
+  };
   SimulatedExecutor(const orchestrator::CostModel& model, SimulatedExecutorOptions options,
-                    const orchestrator::CostModel* large_model, long long large_step_tokens)
-      : model_(model), large_model_(large_model), large_step_tokens_(large_step_tokens), options_(std::move(options)), stage_free_ms_(options_.config.pp, 0.0),
-        stage_busy_ms_(options_.config.pp, 0.0) {}
+                    const orchestrator::CostModel* large_model, long long large_step_tokens);
+  /// Puts a copy of `bytes` on the host links; returns when it lands, ms.
+  double host_copy(double bytes, bool to_host);
 
   const orchestrator::CostModel& model_;
   const orchestrator::CostModel* large_model_;
   long long large_step_tokens_;
   SimulatedExecutorOptions options_;
+  engine::ParallelConfig active_;  ///< the config steps run in (cp or cd with Seesaw)
   std::optional<engine::ShiftPolicy> shift_;
+  HostLinkCopier copier_{*this};
+  double link_free_ms_ = 0;
+  /// Onboarded sequences not stepped yet: first block id -> when its KV lands.
+  std::map<std::int32_t, double> onboard_ready_ms_;
+  SeesawTimes seesaw_;
   double now_ms_ = 0;
   std::vector<double> stage_free_ms_;
   std::vector<double> stage_busy_ms_;

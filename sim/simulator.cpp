@@ -10,6 +10,7 @@
 #include "engine/kv_budget.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/policies/token_budget_policies.hpp"
+#include "kvstore/kv_stream.hpp"
 #include "model/id_tokenizer.hpp"
 #include "sim/simulated_executor.hpp"
 
@@ -17,6 +18,11 @@ namespace shardline::sim {
 namespace {
 
 double gib(double bytes) { return bytes / double(1ull << 30); }
+
+/// Seesaw's host link: the fixed time of one DMA copy over PCIe, ms. An
+/// assumption (the order of a cudaMemcpyAsync launch); the device files give
+/// the link's bandwidth.
+constexpr double kHostLinkLatencyMs = 0.01;
 
 std::string fixed2(double v) {
   char buf[32];
@@ -77,6 +83,14 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     SimulatedExecutorOptions eo;
     eo.config = pc;
     eo.config.dp = 1;
+    if (strategy.seesaw) {
+      eo.decode_config = strategy.seesaw->decode;
+      eo.kv_shape = kvstore::KvModelShape{config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                                          cluster.device.weight_dtype == DType::f32 ? DType::f32 : DType::bf16};
+      eo.weight_bytes = static_cast<double>(engine::weight_bytes_for(config, cluster.device.weight_dtype));
+      eo.host_link_bw_bytes_per_s = cluster.device.host_link_bw_bytes_per_s.value;
+      eo.host_link_latency_ms = kHostLinkLatencyMs;
+    }
     if (strategy.shift) {
       engine::ParallelConfig shifted;
       shifted.tp = pc.tp * pc.sp;
@@ -97,6 +111,12 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     auto budget = engine::make_token_budget_policy(strategy.token_budget, options.max_num_batched_tokens);
     if (!budget) return budget.error();
     ec.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(budget).value());
+    if (strategy.seesaw) {
+      ec.seesaw = strategy.seesaw->policy;
+      ec.seesaw_async_kv = false;  // the executor's virtual links overlap the copies
+      ec.swap_space_bytes =
+          static_cast<std::uint64_t>(strategy.seesaw->host_buffer_bytes_per_device * pc.group_size());
+    }
     Replica r;
     r.executor = std::move(ex).value();
     auto eng = engine::LlmEngine::create(*r.executor, *out.tokenizer, ec);
@@ -138,6 +158,7 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
       }
     }
   }
+  std::size_t num_finished = 0;
   for (;;) {
     Replica* pick = nullptr;
     for (Replica& r : out.replicas)
@@ -151,8 +172,21 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     const auto& blocks = pick->engine->scheduler().block_manager();
     pick->peak_blocks_used = std::max(pick->peak_blocks_used, num_kv_blocks - blocks.num_free_blocks());
     pick->outstanding -= static_cast<int>(finished->size());
+    // Every request ends with exactly its tokens (ignore_eos): anything else
+    // is an engine bug the simulation would hide.
+    for (const engine::RequestOutput& f : *finished) {
+      const std::size_t want = prefill_only ? 1 : static_cast<std::size_t>(workload[f.request_id].output_len);
+      if (f.token_ids.size() != want)
+        return make_error(ErrorCode::internal, "simulate: request " + std::to_string(f.request_id) + " ended with " +
+                                                   std::to_string(f.token_ids.size()) + " tokens, not " +
+                                                   std::to_string(want));
+    }
+    num_finished += finished->size();
     if (Status st = fill(*pick); !st.ok()) return st.error();
   }
+  if (num_finished != workload.size())
+    return make_error(ErrorCode::internal, "simulate: " + std::to_string(num_finished) + " of " +
+                                               std::to_string(workload.size()) + " requests finished");
   for (const Replica& r : out.replicas) out.elapsed_ms = std::max(out.elapsed_ms, r.executor->now_ms());
   return out;
 }
@@ -160,6 +194,20 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
 }  // namespace
 
 std::string Strategy::label() const {
+  if (seesaw) {
+    const auto degrees = [](const engine::ParallelConfig& c) {
+      std::string d;
+      for (const auto& [name, v] : {std::pair{"tp", c.tp}, std::pair{"pp", c.pp}, std::pair{"sp", c.sp}})
+        if (v > 1) d += (d.empty() ? "" : ",") + std::string(name) + "=" + std::to_string(v);
+      return d.empty() ? std::string("single") : d;
+    };
+    std::string s = "seesaw " + degrees(parallel) + ":" + degrees(seesaw->decode);
+    if (parallel.dp > 1) s += ",dp=" + std::to_string(parallel.dp);
+    s += " " + token_budget;
+    if (seesaw->policy.schedule != engine::SeesawSchedule::transition_minimizing)
+      s += std::string(" ") + engine::to_string(seesaw->policy.schedule);
+    return s;
+  }
   std::string s = parallel.to_string() + " " + token_budget;
   if (shift) s += " shift(T=" + std::to_string(shift->threshold) + ")";
   return s;
@@ -218,6 +266,21 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
   if (!large_model) return large_model.error();
   auto blocks = kv_blocks_per_group(config, cluster, pc, options);
   if (!blocks) return blocks.error();
+  if (strategy.seesaw) {
+    if (strategy.shift) return make_error(ErrorCode::invalid_argument, "simulate: Seesaw does not go with Shift");
+    engine::ParallelConfig cd = strategy.seesaw->decode;
+    cd.dp = pc.dp;
+    if (cd.group_size() != pc.group_size())
+      return make_error(ErrorCode::invalid_argument, "simulate: Seesaw's cp " + pc.to_string() + " and cd " +
+                                                         cd.to_string() + " must use the same devices");
+    if (Status st = strategy.seesaw->policy.validate(); !st.ok()) return st.error();
+    if (!(strategy.seesaw->host_buffer_bytes_per_device > 0))
+      return make_error(ErrorCode::invalid_argument, "simulate: Seesaw's host KV buffer must be > 0 bytes");
+    // One block table serves both configs: the fewer blocks of the two.
+    auto cd_blocks = kv_blocks_per_group(config, cluster, cd, options);
+    if (!cd_blocks) return cd_blocks.error();
+    *blocks = std::min(*blocks, *cd_blocks);
+  }
   int longest = 0;
   for (const SimRequest& r : workload) longest = std::max(longest, r.prompt_len + r.output_len);
   if (static_cast<long long>(*blocks) * options.block_size < longest)
@@ -269,6 +332,17 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     res.num_micro_batches += static_cast<long long>(recs.size());
     res.num_preemptions += r.preemptions;
     res.shift_switches += r.executor->shift_switches();
+    const SimulatedExecutor::SeesawTimes& st = r.executor->seesaw_times();
+    res.seesaw_transitions += st.transitions;
+    res.seesaw_transition_s += st.transition_ms / 1e3;
+    res.seesaw_reload_s += st.reload_ms / 1e3;
+    res.seesaw_offload_bytes += st.bytes_to_host;
+    res.seesaw_onboard_bytes += st.bytes_to_device;
+    res.seesaw_onboard_wait_s += st.onboard_wait_ms / 1e3;
+    res.seesaw_host_peak_bytes = std::max(
+        res.seesaw_host_peak_bytes, static_cast<double>(r.engine->seesaw_stats().host_peak_tokens) *
+                                        static_cast<double>(kvstore::chunk_bytes(
+                                            r.executor->kv_model_shape(), kvstore::KvRange{0, config.num_hidden_layers, 0, 1})));
     res.kv_peak_fraction = std::max(res.kv_peak_fraction, double(r.peak_blocks_used) / std::max(1, *blocks));
     if (pc.pp > 1 && r.executor->now_ms() > 0) {
       double busy = 0;
@@ -279,7 +353,8 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
   res.ttft_ms = percentiles(ttft);
   res.tpot_ms = percentiles(tpot);
   res.decode_step_ms = median(decode_intervals);
-  res.bubble_fraction = pc.pp > 1 ? bubble_sum / pc.dp : 0.0;
+  // (Seesaw's phases run different stage counts: no single bubble figure.)
+  res.bubble_fraction = pc.pp > 1 && !strategy.seesaw ? bubble_sum / pc.dp : 0.0;
   if (res.num_micro_batches > 0) res.shift_step_fraction = double(shifted) / double(res.num_micro_batches);
 
   if (options.prefill_run) {

@@ -33,6 +33,7 @@
 
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
+#include "engine/policies/seesaw_policy.hpp"
 #include "engine/policies/shift_policy.hpp"
 #include "model/config.hpp"
 #include "sim/hardware_spec.hpp"
@@ -45,6 +46,17 @@ struct SimRequest {
   int output_len = 0;  ///< generated tokens (>= 1)
 };
 
+/// Seesaw (seed 000): phases of prefill in cp (Strategy::parallel) and
+/// decode in cd, with a host KV buffer between them, run by the real
+/// engine's Seesaw code (engine/llm_engine.hpp) and its policy.
+struct SeesawStrategy {
+  engine::ParallelConfig decode;  ///< cd: same devices as cp (tp*pp*sp equal)
+  engine::SeesawPolicyOptions policy;  ///< transition-minimizing by default (§4.2)
+  /// The host KV buffer per device, bytes (the paper allocates 80 GiB of CPU
+  /// memory per GPU, §6.1).
+  double host_buffer_bytes_per_device = 80.0 * double(1ull << 30);
+};
+
 /// A way to run the workload on the cluster.
 struct Strategy {
   engine::ParallelConfig parallel;   ///< group shape and dp replicas; world_size() <= the cluster's devices
@@ -52,7 +64,9 @@ struct Strategy {
   /// Shift Parallelism: steps of at most T tokens run in tp' = sp*tp
   /// (seed 001 Alg. 3); needs sp*tp > 1 and pp = 1.
   std::optional<engine::ShiftPolicyOptions> shift;
-  /// "tp=2,pp=1,sp=1,dp=4 fixed" and the like.
+  /// Seesaw: `parallel` is cp, this holds cd (pp = 1 or not; no Shift).
+  std::optional<SeesawStrategy> seesaw;
+  /// "tp=2,pp=1,sp=1,dp=4 fixed", "seesaw pp=4:tp=4 fixed" and the like.
   [[nodiscard]] std::string label() const;
 };
 
@@ -90,13 +104,22 @@ struct SimResult {
   Percentiles ttft_ms, tpot_ms;
   int num_kv_blocks = 0;           ///< per engine group
   double kv_peak_fraction = 0;     ///< most blocks in use at once / num_kv_blocks, max over groups
-  double bubble_fraction = 0;      ///< 1 - stage busy time / (pp * elapsed), mean over groups (0 without PP)
+  double bubble_fraction = 0;      ///< 1 - stage busy time / (pp * elapsed), mean over groups (0 without PP, and for Seesaw, whose phases run different stage counts)
   double prefill_time_s = 0;       ///< virtual time of micro-batches with prefill tokens, summed over groups
   double decode_time_s = 0;        ///< ... of pure-decode micro-batches
   long long num_micro_batches = 0;
   long long num_preemptions = 0;
   std::uint64_t shift_switches = 0;  ///< Shift: config switches, over groups
   double shift_step_fraction = 0;    ///< Shift: share of micro-batches in the shift config
+  /// Seesaw, summed over groups: cp <-> cd transitions, the engine threads'
+  /// time in them (draining, reloading weights), of which reloading; KV bytes
+  /// over the host links each way; the steps' wait for onboards; the most
+  /// bytes the host KV buffer of one group held.
+  std::uint64_t seesaw_transitions = 0;
+  double seesaw_transition_s = 0, seesaw_reload_s = 0;
+  double seesaw_offload_bytes = 0, seesaw_onboard_bytes = 0;
+  double seesaw_onboard_wait_s = 0;
+  double seesaw_host_peak_bytes = 0;
   double sim_wall_s = 0;           ///< real seconds the simulation took (both runs)
 };
 

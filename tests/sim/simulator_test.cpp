@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/gpu_memory_plan.hpp"
 #include "tests/support/process.hpp"
 
 namespace shardline::sim {
@@ -168,6 +169,86 @@ TEST(Simulator, ShiftRunsSmallStepsInFullTensorParallelism) {
   EXPECT_GT(r->shift_step_fraction, 0.5) << "decode steps of 16 tokens are small";
   EXPECT_LT(r->shift_step_fraction, 1.0) << "prefill steps of 2048 tokens run in SP";
   EXPECT_GT(r->shift_switches, 0u);
+}
+
+// Seesaw (seed 000): the real engine's phases over the simulated executor.
+// Each prompt's KV goes to the host buffer after its prefill and comes back
+// for its decode, and every transition reloads each device's weight shard
+// over its host link.
+TEST(Simulator, SeesawRunsPhasesAndPricesKvCopiesAndWeightReloadsOnTheHostLink) {
+  const auto config = shape("llama-3.1-8b");
+  const auto c = cluster("a10x4");
+  SimOptions o;
+  o.max_batch = 64;
+  o.prefill_run = false;
+  Strategy s = strategy("pp=4");
+  s.seesaw = SeesawStrategy{*engine::parse_parallel_config("tp=4"), {}, 1.0 * double(1ull << 30)};
+  const auto workload = fixed_workload(256, 512, 64);
+  auto r = simulate(config, c, s, workload, o);
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  EXPECT_EQ(r->strategy, "seesaw pp=4:tp=4 fixed");
+  // A 1 GiB buffer per device (4 GiB, 32 Ki tokens of 128 KiB) cannot hold
+  // 256 prompts of 512 tokens (128 Ki tokens): several rounds of phases.
+  const double kv_per_token = 2.0 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2;
+  EXPECT_GE(r->seesaw_transitions, 4u);
+  EXPECT_LE(r->seesaw_host_peak_bytes, 4.0 * double(1ull << 30));
+  EXPECT_GT(r->seesaw_host_peak_bytes, 2.0 * double(1ull << 30));
+  // Every prompt's KV went out after its prefill and came back once.
+  EXPECT_GE(r->seesaw_offload_bytes, 256 * 512 * kv_per_token);
+  EXPECT_DOUBLE_EQ(r->seesaw_offload_bytes, r->seesaw_onboard_bytes);
+  // A transition reloads a quarter of the weights on each device's link.
+  const double reload_s =
+      1e-5 + double(engine::weight_bytes_for(config, c.device.weight_dtype)) / 4 / c.device.host_link_bw_bytes_per_s.value;
+  EXPECT_NEAR(r->seesaw_reload_s, r->seesaw_transitions * reload_s, 1e-9 * r->seesaw_reload_s);
+  EXPECT_GE(r->seesaw_transition_s, r->seesaw_reload_s);
+  EXPECT_EQ(r->bubble_fraction, 0.0);
+
+  // The same on a host link 100 times slower: the copies and reloads cost
+  // more, and the run is slower.
+  ClusterSpec slow = c;
+  slow.device.host_link_bw_bytes_per_s.value /= 100;
+  auto r_slow = simulate(config, slow, s, workload, o);
+  ASSERT_TRUE(r_slow.ok()) << r_slow.error().to_string();
+  EXPECT_NEAR(r_slow->seesaw_reload_s / r_slow->seesaw_transitions, 1e-5 + (reload_s - 1e-5) * 100, 1e-6);
+  EXPECT_GT(r_slow->seesaw_onboard_wait_s, r->seesaw_onboard_wait_s);
+  EXPECT_LT(r_slow->total_tok_s, 0.8 * r->total_tok_s);
+}
+
+// The shape of the paper's result (seed 000 §6.3, CodeLlama-34B on 4 A10
+// with long prompts): prefill in PP and decode in TP beats every static
+// config of vLLM's kind (a fixed token budget, the paper's baseline).
+TEST(Simulator, SeesawBeatsEveryStaticConfigOnPcie) {
+  auto config = model::load_model_config(std::string(SHARDLINE_SOURCE_DIR) + "/bench/shapes/codellama-34b");
+  ASSERT_TRUE(config.ok()) << config.error().to_string();
+  const auto c = cluster("a10x4");
+  SimOptions o;
+  o.max_batch = 128;
+  o.prefill_run = false;
+  const auto workload = fixed_workload(200, 2048, 128);
+  Strategy seesaw = strategy("pp=4");
+  seesaw.seesaw = SeesawStrategy{*engine::parse_parallel_config("tp=4"), {}};
+  auto s = simulate(*config, c, seesaw, workload, o);
+  ASSERT_TRUE(s.ok()) << s.error().to_string();
+  for (const char* p : {"tp=4", "pp=4", "tp=2,pp=2"}) {
+    auto r = simulate(*config, c, strategy(p), workload, o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    EXPECT_GT(s->total_tok_s, 1.15 * r->total_tok_s) << p;
+  }
+}
+
+TEST(Simulator, SeesawConfigsMustShareTheDevices) {
+  const auto config = shape("llama-3.1-8b");
+  Strategy s = strategy("pp=4");
+  s.seesaw = SeesawStrategy{*engine::parse_parallel_config("tp=2"), {}};
+  auto r = simulate(config, cluster("a10x4"), s, fixed_workload(4, 64, 4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(r.error().message.find("same devices"), std::string::npos) << r.error().message;
+  s.seesaw->decode = *engine::parse_parallel_config("tp=4");
+  s.shift = engine::ShiftPolicyOptions{256, 0.25};
+  r = simulate(config, cluster("a10x4"), s, fixed_workload(4, 64, 4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("Shift"), std::string::npos) << r.error().message;
 }
 
 }  // namespace
