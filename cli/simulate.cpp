@@ -38,6 +38,10 @@ struct SimulateArgs {
   std::vector<std::string> seesaw;  ///< --seesaw CP:CD (repeatable)
   std::string seesaw_policy = "transition-minimizing";
   double host_buffer_gib = 80;      ///< Seesaw's host KV buffer per device
+  std::vector<double> fail_at_s;    ///< --fail-at-s (repeatable)
+  int fail_at_token = 0;
+  double failure_detect_s = 3.0;
+  std::string kv_replication = "both";  ///< on, off or both (with failures)
   std::string token_budget = "both";
   long long shift_threshold = 0;  ///< > 0: also a Shift variant of each sp*tp > 1, pp = 1 config
   double shift_hysteresis = 0.25;
@@ -94,6 +98,15 @@ nlohmann::ordered_json to_json(const sim::SimResult& r) {
           {"seesaw_onboard_bytes", r.seesaw_onboard_bytes},
           {"seesaw_onboard_wait_s", r.seesaw_onboard_wait_s},
           {"seesaw_host_peak_bytes", r.seesaw_host_peak_bytes},
+          {"num_failures", r.num_failures},
+          {"failure_downtime_s", r.failure_downtime_s},
+          {"failure_recomputed_tokens", r.failure_recomputed_tokens},
+          {"replicated_bytes", r.replicated_bytes},
+          {"restored_bytes", r.restored_bytes},
+          {"num_failure_hit_requests", r.num_failure_hit_requests},
+          {"first_failure_s", r.first_failure_s},
+          {"failure_latency_ratio", r.failure_latency_ratio},
+          {"failure_free_elapsed_s", r.failure_free_elapsed_s},
           {"sim_wall_s", r.sim_wall_s}};
 }
 
@@ -262,6 +275,20 @@ int run_simulate(const SimulateArgs& a) {
     s.seesaw->policy.schedule = *schedule;
     strategies.push_back(s);
   }
+  // Failures: each static strategy with and / or without KV replication.
+  if (!a.fail_at_s.empty() || a.fail_at_token > 0) {
+    std::vector<sim::Strategy> with_failures;
+    for (const sim::Strategy& base : strategies) {
+      if (base.seesaw) continue;
+      for (const bool replicate : {true, false}) {
+        if ((replicate && a.kv_replication == "off") || (!replicate && a.kv_replication == "on")) continue;
+        sim::Strategy s = base;
+        s.failures = sim::FailureInjection{replicate, a.fail_at_s, a.fail_at_token, 0, a.failure_detect_s};
+        with_failures.push_back(s);
+      }
+    }
+    strategies = std::move(with_failures);
+  }
   // Without a size, a cpu cluster has as many devices as the largest config.
   if (cpu && a.cluster.find('x') == std::string::npos) cluster->num_devices = most_devices;
 
@@ -293,6 +320,12 @@ int run_simulate(const SimulateArgs& a) {
       std::printf("%-36s %10.1f %10.1f %10.1f %9.3f %9.2f %9.3f %7.2f %7.3f %8.2f\n", r->strategy.c_str(),
                   r->total_tok_s, r->prefill_tok_s, r->decode_tok_s, r->decode_step_ms, r->ttft_ms.p50,
                   r->tpot_ms.p50, r->kv_peak_fraction, r->bubble_fraction, r->sim_wall_s);
+      if (s.failures)
+        std::printf("%-36s   %d failure(s), %.2f s down; %d requests hit, finishing %.2fx later on average than "
+                    "without failures; %lld positions recomputed; KV %.2f GB replicated, %.2f GB restored\n",
+                    "", r->num_failures, r->failure_downtime_s, r->num_failure_hit_requests,
+                    r->failure_latency_ratio, r->failure_recomputed_tokens, r->replicated_bytes / 1e9,
+                    r->restored_bytes / 1e9);
       if (s.seesaw)
         std::printf("%-36s   %llu transitions, %.2f s in them (%.2f s reloading weights); KV over the host links: "
                     "%.2f GB out, %.2f GB in; host buffer peak %.2f GiB\n",
@@ -463,6 +496,18 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--host-buffer-gib", a->host_buffer_gib, "Seesaw's host KV buffer per device, GiB (paper: 80)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--fail-at-s", a->fail_at_s,
+                  "Inject a failure of DP group 0 at this virtual time, seconds (repeatable; DéjàVu, seed 003)");
+  cmd->add_option("--fail-at-token", a->fail_at_token,
+                  "Inject one failure when a request of DP group 0 first has this many generated tokens")
+      ->capture_default_str();
+  cmd->add_option("--failure-detect-s", a->failure_detect_s,
+                  "Seconds until a failure is noticed (the orchestrator's heartbeat timeout)")
+      ->capture_default_str();
+  cmd->add_option("--kv-replication", a->kv_replication,
+                  "With failures: on (DéjàVu: resume from the last token), off (restart from scratch) or both")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
   add_workload_flags(*cmd, *a);
   cmd->add_option("--threads", a->threads, "Threads for --calibrate and the uncalibrated CPU measurement (0: all)")
       ->capture_default_str();

@@ -66,9 +66,11 @@ Result<bool> KvCacheIo::swap_out(const SwapOut& swap) {
 Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk,
                                int known_positions) {
   const std::string who = "request " + std::to_string(seq_id) + ": ";
-  if (!can_move_kv())
+  // A copier that moves no bytes (the simulator's) restores an empty chunk.
+  const bool priced_only = can_copy_kv() && !copies_bytes();
+  if (!can_move_kv() && !priced_only)
     return make_error(ErrorCode::invalid_argument, who + "this executor's KV caches cannot be restored");
-  if (num_tokens <= 0 || chunk.size() != bytes_for(num_tokens))
+  if (num_tokens <= 0 || chunk.size() != (priced_only ? 0 : bytes_for(num_tokens)))
     return make_error(ErrorCode::invalid_argument,
                       who + "a resumed KV chunk of " + std::to_string(chunk.size()) + " bytes does not hold " +
                           std::to_string(num_tokens) + " positions (" + std::to_string(bytes_for(num_tokens)) +
@@ -77,7 +79,7 @@ Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector
   Held h;
   h.num_tokens = num_tokens;
   h.known_positions = known_positions;
-  h.bytes = chunk.size();
+  h.bytes = priced_only ? bytes_for(num_tokens) : chunk.size();
   h.chunk = std::move(chunk);
   held_.emplace(seq_id, std::move(h));
   return Status::ok_status();

@@ -137,7 +137,8 @@ class KvCacheIo {
   [[nodiscard]] KvMoverStats mover_stats() const { return mover_ ? mover_->stats() : KvMoverStats{}; }
 
   /// Keeps the KV of positions [0, num_tokens) of a resumed request (the
-  /// canonical chunk of KvRange{0, layers, 0, num_tokens}) until restore().
+  /// canonical chunk of KvRange{0, layers, 0, num_tokens}; empty with a
+  /// copier that moves no bytes) until restore().
   /// Errors: invalid_argument (wrong chunk size, caches not copyable).
   /// `known_positions`: positions the request had computed before (what is
   /// not restored of them counts as resume_recomputed_tokens at restore()).

@@ -126,7 +126,11 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
                           std::to_string(known) + " tokens (at most the tokens before the last)");
   if (scheduler_.get(request_id) != nullptr)
     return make_error(ErrorCode::invalid_argument, who + "duplicate request id");
-  const bool restore = resume.num_kv_tokens > 0 && kv_io_.can_move_kv() && !resume.kv_chunk.empty();
+  // (An executor whose copier moves no bytes, the simulator's, restores
+  // without a chunk: it prices the copy.)
+  const bool restore = resume.num_kv_tokens > 0 &&
+                       ((kv_io_.can_move_kv() && !resume.kv_chunk.empty()) ||
+                        (kv_io_.can_copy_kv() && !kv_io_.copies_bytes() && resume.kv_chunk.empty()));
   // Positions the request had computed before it resumed here.
   const int known_positions =
       resume.output_ids.empty() ? resume.num_kv_tokens : static_cast<int>(known) - 1;

@@ -42,10 +42,16 @@ Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const orche
     if (options.shift_config)
       return make_error(ErrorCode::invalid_argument, "simulated executor: Seesaw does not go with Shift");
     const kvstore::KvModelShape& ks = options.kv_shape;
-    if (ks.num_layers < 1 || ks.num_kv_heads < 1 || ks.head_dim < 1 || !(options.weight_bytes > 0) ||
-        !(options.host_link_bw_bytes_per_s > 0) || !(options.host_link_latency_ms >= 0))
+    if (!(options.weight_bytes > 0) || !(options.kv_link_bw_bytes_per_s > 0))
       return make_error(ErrorCode::invalid_argument,
-                        "simulated executor: Seesaw needs the KV shape, the weight bytes and a host link (bandwidth > 0)");
+                        "simulated executor: Seesaw needs the weight bytes and a host link (bandwidth > 0)");
+  }
+  if (options.kv_link_bw_bytes_per_s > 0 || options.replicate_kv) {
+    const kvstore::KvModelShape& ks = options.kv_shape;
+    if (ks.num_layers < 1 || ks.num_kv_heads < 1 || ks.head_dim < 1 || !(options.kv_link_bw_bytes_per_s > 0) ||
+        !(options.kv_link_latency_ms >= 0))
+      return make_error(ErrorCode::invalid_argument,
+                        "simulated executor: KV copies need the KV shape and a KV link (bandwidth > 0, latency >= 0)");
   }
   std::unique_ptr<SimulatedExecutor> e(
       new SimulatedExecutor(model, std::move(options), large_model, large_step_tokens));
@@ -98,12 +104,22 @@ Status SimulatedExecutor::submit(const model::StepInput& input) {
     ready = std::max(ready, it->second);
     onboard_ready_ms_.erase(it);
   }
-  seesaw_.onboard_wait_ms += std::max(0.0, ready - std::max(now_ms_, stage_free_ms_[0]));
+  rec.kv_wait_ms = std::max(0.0, ready - std::max(now_ms_, stage_free_ms_[0]));
+  link_.onboard_wait_ms += rec.kv_wait_ms;
   double t = ready;
   const std::size_t stages = static_cast<std::size_t>(pc.pp);
   for (std::size_t s = 0; s < stages; ++s) {
     // Shift runs pp = 1: one stage whichever config prices the step.
-    const double ts = s < cost->stages.size() ? cost->stages[s].micro_batch_ms : 0.0;
+    double ts = s < cost->stages.size() ? cost->stages[s].micro_batch_ms : 0.0;
+    if (options_.replicate_kv && shape.num_tokens() > 0) {
+      // Each rank streams its share of the stage's new KV while computing.
+      const kvstore::KvModelShape& ks = options_.kv_shape;
+      const double layers = s < cost->stages.size() ? cost->stages[s].num_layers : 0;
+      const double bytes = 2.0 * layers * ks.num_kv_heads * ks.head_dim * dtype_size(ks.dtype) *
+                           static_cast<double>(shape.num_tokens()) / static_cast<double>(pc.tp * pc.sp);
+      ts = std::max(ts, options_.kv_link_latency_ms + bytes / options_.kv_link_bw_bytes_per_s * 1e3);
+      link_.replicated_bytes += bytes * pc.tp * pc.sp;
+    }
     const double start = std::max(t, stage_free_ms_[s]);
     t = start + ts;
     stage_free_ms_[s] = t;
@@ -150,8 +166,8 @@ namespace shardline::sim {
 double SimulatedExecutor::host_copy(double bytes, bool to_host) {
   const double per_device = bytes / static_cast<double>(active_.group_size());
   const double start = std::max(link_free_ms_, now_ms_);
-  link_free_ms_ = start + options_.host_link_latency_ms + per_device / options_.host_link_bw_bytes_per_s * 1e3;
-  (to_host ? seesaw_.bytes_to_host : seesaw_.bytes_to_device) += bytes;
+  link_free_ms_ = start + options_.kv_link_latency_ms + per_device / options_.kv_link_bw_bytes_per_s * 1e3;
+  (to_host ? link_.bytes_to_host : link_.bytes_to_device) += bytes;
   return link_free_ms_;
 }
 
@@ -182,10 +198,10 @@ Status SimulatedExecutor::use_step_config(model::StepConfig config) {
   double start = std::max(now_ms_, link_free_ms_);
   for (const double f : stage_free_ms_) start = std::max(start, f);
   const double shard_bytes = options_.weight_bytes / static_cast<double>(to.tp * to.pp);
-  const double reload_ms = options_.host_link_latency_ms + shard_bytes / options_.host_link_bw_bytes_per_s * 1e3;
-  seesaw_.transition_ms += start + reload_ms - now_ms_;
-  seesaw_.reload_ms += reload_ms;
-  ++seesaw_.transitions;
+  const double reload_ms = options_.kv_link_latency_ms + shard_bytes / options_.kv_link_bw_bytes_per_s * 1e3;
+  link_.transition_ms += start + reload_ms - now_ms_;
+  link_.reload_ms += reload_ms;
+  ++link_.transitions;
   now_ms_ = start + reload_ms;
   for (double& f : stage_free_ms_) f = now_ms_;
   active_ = to;

@@ -71,13 +71,19 @@ struct SimulatedExecutorOptions {
   engine::ShiftPolicyOptions shift;
   /// Seesaw: the decode config cd (`config` is cp); none: one config.
   std::optional<engine::ParallelConfig> decode_config;
-  /// Seesaw's KV copies and weight reloads: the model's KV shape (what a
-  /// copied chunk holds), the whole model's weight bytes, and each device's
-  /// host link.
+  /// KV copies (kv_copier()) and weight reloads: the model's KV shape (what
+  /// a copied chunk holds), the whole model's weight bytes, and the link of
+  /// each device that KV copies go over: the host link (Seesaw's host KV
+  /// buffer) or the network to the KV replicas (DéjàVu's recovery, which
+  /// restores a resumed request's KV). kv_link_bw_bytes_per_s = 0: no copier.
   kvstore::KvModelShape kv_shape;
   double weight_bytes = 0;
-  double host_link_bw_bytes_per_s = 0;
-  double host_link_latency_ms = 0;
+  double kv_link_bw_bytes_per_s = 0;
+  double kv_link_latency_ms = 0;
+  /// DéjàVu's token streaming (seed 003 §4.1.1): every step's new KV goes to
+  /// a replica over the KV link while the step computes; a stage's time is
+  /// max(its compute, latency + its new KV bytes per rank / bandwidth).
+  bool replicate_kv = false;
   int vocab_size = 32000;
   int num_kv_blocks = 0;  ///< the engine group's KV cache, in blocks (> 0)
   int block_size = 16;
@@ -95,6 +101,7 @@ struct MicroBatchRecord {
   int num_decode_tokens = 0;
   int num_seqs = 0;
   bool shifted = false;   ///< ran in the shift config
+  double kv_wait_ms = 0;  ///< stage 0 waited this long for KV still on a link (onboards, restores)
 };
 
 /// Per request: when its tokens came out (virtual ms).
@@ -126,9 +133,9 @@ class SimulatedExecutor final : public model::ModelExecutor {
   [[nodiscard]] bool has_step_configs() const override { return options_.decode_config.has_value(); }
   [[nodiscard]] Status use_step_config(model::StepConfig config) override;
   [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override {
-    return options_.decode_config ? options_.kv_shape : kvstore::KvModelShape{};
+    return has_copier() ? options_.kv_shape : kvstore::KvModelShape{};
   }
-  [[nodiscard]] kvstore::KvCopier* kv_copier() override { return options_.decode_config ? &copier_ : nullptr; }
+  [[nodiscard]] kvstore::KvCopier* kv_copier() override { return has_copier() ? &copier_ : nullptr; }
   [[nodiscard]] Status submit(const model::StepInput& input) override;
   [[nodiscard]] Result<model::StepOutput> collect() override;
 
@@ -144,16 +151,18 @@ class SimulatedExecutor final : public model::ModelExecutor {
   [[nodiscard]] std::uint64_t shift_switches() const { return shift_ ? shift_->switches() : 0; }
   /// Seesaw: config switches, the engine thread's time in them (waiting for
   /// the link and the pipeline, then reloading weights), of which reloading,
-  /// ms; bytes copied each way on the host links; time the steps waited for
-  /// onboards, ms.
-  struct SeesawTimes {
+  /// ms; bytes copied each way on the KV links (Seesaw's offloads and
+  /// onboards; restores of resumed KV count as to_device); time the steps
+  /// waited for KV to land, ms; bytes streamed to replicas.
+  struct LinkStats {
     std::uint64_t transitions = 0;
     double transition_ms = 0;
     double reload_ms = 0;
     double bytes_to_host = 0, bytes_to_device = 0;
     double onboard_wait_ms = 0;
+    double replicated_bytes = 0;
   };
-  [[nodiscard]] const SeesawTimes& seesaw_times() const { return seesaw_; }
+  [[nodiscard]] const LinkStats& link_stats() const { return link_; }
 
  private:
   struct Pending {
@@ -177,7 +186,8 @@ class SimulatedExecutor final : public model::ModelExecutor {
   };
   SimulatedExecutor(const orchestrator::CostModel& model, SimulatedExecutorOptions options,
                     const orchestrator::CostModel* large_model, long long large_step_tokens);
-  /// Puts a copy of `bytes` on the host links; returns when it lands, ms.
+  [[nodiscard]] bool has_copier() const { return options_.kv_link_bw_bytes_per_s > 0; }
+  /// Puts a copy of `bytes` on the KV links; returns when it lands, ms.
   double host_copy(double bytes, bool to_host);
 
   const orchestrator::CostModel& model_;
@@ -190,7 +200,7 @@ class SimulatedExecutor final : public model::ModelExecutor {
   double link_free_ms_ = 0;
   /// Onboarded sequences not stepped yet: first block id -> when its KV lands.
   std::map<std::int32_t, double> onboard_ready_ms_;
-  SeesawTimes seesaw_;
+  LinkStats link_;
   double now_ms_ = 0;
   std::vector<double> stage_free_ms_;
   std::vector<double> stage_busy_ms_;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <map>
+#include <set>
 
 #include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
@@ -54,11 +56,13 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/// One DP replica: its executor and engine.
+/// One DP replica: its executor and engine (after a failure: the new ones;
+/// the failed executors are kept for their records).
 struct Replica {
   std::unique_ptr<SimulatedExecutor> executor;
   std::unique_ptr<engine::LlmEngine> engine;
-  int outstanding = 0;  ///< requests handed to it and not finished
+  std::vector<std::unique_ptr<SimulatedExecutor>> failed;  ///< executors of the groups that failed, oldest first
+  std::set<std::size_t> live;  ///< requests handed to it and not finished
   int peak_blocks_used = 0;
   long long preemptions = 0;
 };
@@ -68,6 +72,13 @@ struct RunOutcome {
   double elapsed_ms = 0;
   std::unique_ptr<model::IdTokenizer> tokenizer;  ///< the engines hold it: declared before them
   std::vector<Replica> replicas;
+  std::vector<double> finish_ms;      ///< [workload] when each request finished
+  std::vector<int> tokens_before;     ///< [workload] tokens a request resumed with (DéjàVu)
+  int num_failures = 0;
+  double downtime_ms = 0;             ///< summed over failures: detection + restart
+  long long recomputed_tokens = 0;    ///< positions computed again after failures
+  std::vector<std::size_t> hit_by_first_failure;  ///< requests in flight at the first failure
+  double first_failure_ms = -1;
 };
 
 Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
@@ -75,72 +86,94 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
                             const orchestrator::CostModel& model, const orchestrator::CostModel& large_model,
                             int num_kv_blocks, bool prefill_only) {
   const engine::ParallelConfig& pc = strategy.parallel;
+  const std::optional<FailureInjection>& failures = strategy.failures;
   int max_len = 1;
   for (const SimRequest& r : workload) max_len = std::max(max_len, r.prompt_len + (prefill_only ? 1 : r.output_len));
   RunOutcome out;
   out.tokenizer = std::make_unique<model::IdTokenizer>(config.vocab_size, -1, -1);
-  for (int d = 0; d < pc.dp; ++d) {
-    SimulatedExecutorOptions eo;
-    eo.config = pc;
-    eo.config.dp = 1;
-    if (strategy.seesaw) {
-      eo.decode_config = strategy.seesaw->decode;
-      eo.kv_shape = kvstore::KvModelShape{config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                                          cluster.device.weight_dtype == DType::f32 ? DType::f32 : DType::bf16};
-      eo.weight_bytes = static_cast<double>(engine::weight_bytes_for(config, cluster.device.weight_dtype));
-      eo.host_link_bw_bytes_per_s = cluster.device.host_link_bw_bytes_per_s.value;
-      eo.host_link_latency_ms = kHostLinkLatencyMs;
-    }
-    if (strategy.shift) {
-      engine::ParallelConfig shifted;
-      shifted.tp = pc.tp * pc.sp;
-      eo.shift_config = shifted;
-      eo.shift = *strategy.shift;
-    }
-    eo.vocab_size = config.vocab_size;
-    eo.num_kv_blocks = num_kv_blocks;
-    eo.block_size = options.block_size;
-    eo.step_overhead_ms = cluster.device.step_overhead_ms.value;
-    eo.seq_overhead_ms = cluster.device.seq_overhead_ms.value;
+  out.finish_ms.assign(workload.size(), -1.0);
+  out.tokens_before.assign(workload.size(), 0);
+  const kvstore::KvModelShape kv_shape{config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                                       cluster.device.weight_dtype == DType::f32 ? DType::f32 : DType::bf16};
+  const double weight_bytes = static_cast<double>(engine::weight_bytes_for(config, cluster.device.weight_dtype));
+  SimulatedExecutorOptions eo;
+  eo.config = pc;
+  eo.config.dp = 1;
+  if (strategy.seesaw) {
+    eo.decode_config = strategy.seesaw->decode;
+    eo.kv_shape = kv_shape;
+    eo.weight_bytes = weight_bytes;
+    eo.kv_link_bw_bytes_per_s = cluster.device.host_link_bw_bytes_per_s.value;
+    eo.kv_link_latency_ms = kHostLinkLatencyMs;
+  }
+  if (failures && failures->replicate_kv) {
+    // The replicas live on another node: KV streams out, and comes back
+    // after a failure, over the inter-node network.
+    eo.kv_shape = kv_shape;
+    eo.weight_bytes = weight_bytes;
+    eo.kv_link_bw_bytes_per_s = cluster.device.inter_node_bw_bytes_per_s.value;
+    eo.kv_link_latency_ms = cluster.device.inter_node_latency_s.value * 1e3;
+    eo.replicate_kv = true;
+  }
+  if (strategy.shift) {
+    engine::ParallelConfig shifted;
+    shifted.tp = pc.tp * pc.sp;
+    eo.shift_config = shifted;
+    eo.shift = *strategy.shift;
+  }
+  eo.vocab_size = config.vocab_size;
+  eo.num_kv_blocks = num_kv_blocks;
+  eo.block_size = options.block_size;
+  eo.step_overhead_ms = cluster.device.step_overhead_ms.value;
+  eo.seq_overhead_ms = cluster.device.seq_overhead_ms.value;
+  engine::EngineConfig ec;
+  ec.max_num_seqs = options.max_batch;
+  ec.max_num_batched_tokens = options.max_num_batched_tokens;
+  ec.max_model_len = max_len;
+  auto budget = engine::make_token_budget_policy(strategy.token_budget, options.max_num_batched_tokens);
+  if (!budget) return budget.error();
+  ec.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(budget).value());
+  if (strategy.seesaw) {
+    ec.seesaw = strategy.seesaw->policy;
+    ec.seesaw_async_kv = false;  // the executor's virtual links overlap the copies
+    ec.swap_space_bytes = static_cast<std::uint64_t>(strategy.seesaw->host_buffer_bytes_per_device * pc.group_size());
+  }
+  // A group's executor and engine, its clock at `start_ms`.
+  auto start_group = [&](Replica& r, double start_ms) -> Status {
     auto ex = SimulatedExecutor::create(model, eo, &large_model, kLargeStepTokens);
     if (!ex) return ex.error();
-    engine::EngineConfig ec;
-    ec.max_num_seqs = options.max_batch;
-    ec.max_num_batched_tokens = options.max_num_batched_tokens;
-    ec.max_model_len = max_len;
-    auto budget = engine::make_token_budget_policy(strategy.token_budget, options.max_num_batched_tokens);
-    if (!budget) return budget.error();
-    ec.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(budget).value());
-    if (strategy.seesaw) {
-      ec.seesaw = strategy.seesaw->policy;
-      ec.seesaw_async_kv = false;  // the executor's virtual links overlap the copies
-      ec.swap_space_bytes =
-          static_cast<std::uint64_t>(strategy.seesaw->host_buffer_bytes_per_device * pc.group_size());
-    }
-    Replica r;
+    r.engine.reset();
+    if (r.executor) r.failed.push_back(std::move(r.executor));
     r.executor = std::move(ex).value();
+    r.executor->advance_to(start_ms);
     auto eng = engine::LlmEngine::create(*r.executor, *out.tokenizer, ec);
     if (!eng) return eng.error();
     r.engine = std::move(eng).value();
-    out.replicas.push_back(std::move(r));
-  }
+    return Status::ok_status();
+  };
+  out.replicas.resize(static_cast<std::size_t>(pc.dp));
+  for (Replica& r : out.replicas)
+    if (Status st = start_group(r, 0); !st.ok()) return st.error();
+
+  auto params_of = [&](std::size_t i) {
+    sampling::SamplingParams params;
+    params.temperature = 0;
+    params.ignore_eos = true;
+    params.max_tokens = prefill_only ? 1 : workload[i].output_len;
+    return params;
+  };
   const bool round_robin = options.dispatch == SimOptions::Dispatch::round_robin;
   const std::size_t queue_capacity = round_robin ? workload.size() : 2 * static_cast<std::size_t>(options.max_batch);
   std::size_t next = 0;
   auto add = [&](Replica& r, std::size_t i) -> Status {
-    const SimRequest& q = workload[i];
-    sampling::SamplingParams params;
-    params.temperature = 0;
-    params.ignore_eos = true;
-    params.max_tokens = prefill_only ? 1 : q.output_len;
-    std::vector<std::int32_t> prompt(static_cast<std::size_t>(q.prompt_len), 3);
-    if (Status st = r.engine->add_request(i, std::move(prompt), params); !st.ok()) return st;
-    ++r.outstanding;
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(workload[i].prompt_len), 3);
+    if (Status st = r.engine->add_request(i, std::move(prompt), params_of(i)); !st.ok()) return st;
+    r.live.insert(i);
     return Status::ok_status();
   };
   auto fill = [&](Replica& r) -> Status {
     if (round_robin) return Status::ok_status();  // all dealt at t = 0
-    while (static_cast<std::size_t>(r.outstanding) < queue_capacity && next < workload.size())
+    while (r.live.size() < queue_capacity && next < workload.size())
       if (Status st = add(r, next++); !st.ok()) return st;
     return Status::ok_status();
   };
@@ -152,12 +185,58 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     for (bool dealt = true; dealt && next < workload.size();) {
       dealt = false;
       for (Replica& r : out.replicas) {
-        if (static_cast<std::size_t>(r.outstanding) >= queue_capacity || next >= workload.size()) continue;
+        if (r.live.size() >= queue_capacity || next >= workload.size()) continue;
         if (Status st = add(r, next++); !st.ok()) return st.error();
         dealt = true;
       }
     }
   }
+
+  // Tokens request i of `r` has generated so far (resumed ones included).
+  auto generated = [&](const Replica& r, std::size_t i) {
+    const auto& times = r.executor->token_times();
+    const auto it = times.find(i);
+    return out.tokens_before[i] + (it == times.end() ? 0 : it->second.num_tokens);
+  };
+  // DéjàVu §4.2.3: the group of `r` fails now. Its in-flight requests come
+  // back on a restarted group once the failure is noticed and the weights
+  // are loaded again: from their last token with their KV restored from the
+  // replicas, or (no replication) from scratch.
+  auto fail = [&](Replica& r) -> Status {
+    const double fail_ms = r.executor->now_ms();
+    const double reload_ms = weight_bytes / static_cast<double>(pc.tp * pc.pp) /
+                             cluster.device.host_link_bw_bytes_per_s.value * 1e3;
+    const double downtime_ms = failures->detect_s * 1e3 + reload_ms;
+    std::vector<std::pair<std::size_t, int>> lost;
+    for (const std::size_t i : r.live) lost.emplace_back(i, generated(r, i));
+    if (out.num_failures == 0) {
+      out.first_failure_ms = fail_ms;
+      for (const auto& l : lost) out.hit_by_first_failure.push_back(l.first);
+    }
+    ++out.num_failures;
+    out.downtime_ms += downtime_ms;
+    if (Status st = start_group(r, fail_ms + downtime_ms); !st.ok()) return st;
+    for (const auto& [i, gen] : lost) {
+      std::vector<std::int32_t> prompt(static_cast<std::size_t>(workload[i].prompt_len), 3);
+      if (failures->replicate_kv && gen > 0) {
+        engine::ResumeState resume;
+        resume.output_ids.assign(static_cast<std::size_t>(gen), 3);
+        resume.num_kv_tokens = workload[i].prompt_len + gen - 1;
+        if (Status st = r.engine->add_request(i, std::move(prompt), params_of(i), std::move(resume)); !st.ok()) return st;
+        out.tokens_before[i] = gen;
+      } else {
+        if (Status st = r.engine->add_request(i, std::move(prompt), params_of(i)); !st.ok()) return st;
+        out.recomputed_tokens += workload[i].prompt_len + std::max(0, gen - 1);
+        out.tokens_before[i] = 0;
+      }
+    }
+    return Status::ok_status();
+  };
+  std::size_t next_failure_at = 0;
+  bool token_failure_done = false;
+  Replica* failing =
+      failures && !prefill_only ? &out.replicas[static_cast<std::size_t>(failures->group)] : nullptr;
+
   std::size_t num_finished = 0;
   for (;;) {
     Replica* pick = nullptr;
@@ -171,7 +250,6 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     pick->engine->clear_step_stats();
     const auto& blocks = pick->engine->scheduler().block_manager();
     pick->peak_blocks_used = std::max(pick->peak_blocks_used, num_kv_blocks - blocks.num_free_blocks());
-    pick->outstanding -= static_cast<int>(finished->size());
     // Every request ends with exactly its tokens (ignore_eos): anything else
     // is an engine bug the simulation would hide.
     for (const engine::RequestOutput& f : *finished) {
@@ -180,8 +258,25 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
         return make_error(ErrorCode::internal, "simulate: request " + std::to_string(f.request_id) + " ended with " +
                                                    std::to_string(f.token_ids.size()) + " tokens, not " +
                                                    std::to_string(want));
+      pick->live.erase(f.request_id);
+      out.finish_ms[f.request_id] = pick->executor->now_ms();
     }
     num_finished += finished->size();
+    if (pick == failing && !pick->live.empty()) {
+      bool hit = false;
+      if (next_failure_at < failures->at_s.size() && pick->executor->now_ms() >= failures->at_s[next_failure_at] * 1e3) {
+        ++next_failure_at;
+        hit = true;
+      } else if (failures->at_token > 0 && !token_failure_done) {
+        for (const std::size_t i : pick->live)
+          if (generated(*pick, i) >= failures->at_token) {
+            hit = token_failure_done = true;
+            break;
+          }
+      }
+      if (hit)
+        if (Status st = fail(*pick); !st.ok()) return st.error();
+    }
     if (Status st = fill(*pick); !st.ok()) return st.error();
   }
   if (num_finished != workload.size())
@@ -190,6 +285,7 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
   for (const Replica& r : out.replicas) out.elapsed_ms = std::max(out.elapsed_ms, r.executor->now_ms());
   return out;
 }
+
 
 }  // namespace
 
@@ -210,6 +306,7 @@ std::string Strategy::label() const {
   }
   std::string s = parallel.to_string() + " " + token_budget;
   if (shift) s += " shift(T=" + std::to_string(shift->threshold) + ")";
+  if (failures) s += failures->replicate_kv ? " failures+replicated-kv" : " failures";
   return s;
 }
 
@@ -266,6 +363,21 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
   if (!large_model) return large_model.error();
   auto blocks = kv_blocks_per_group(config, cluster, pc, options);
   if (!blocks) return blocks.error();
+  if (strategy.failures) {
+    const FailureInjection& f = *strategy.failures;
+    if (strategy.seesaw)
+      return make_error(ErrorCode::invalid_argument, "simulate: failures are not injected into Seesaw strategies");
+    if (f.group < 0 || f.group >= pc.dp)
+      return make_error(ErrorCode::invalid_argument, "simulate: the failing group " + std::to_string(f.group) +
+                                                         " is not one of the " + std::to_string(pc.dp) + " DP groups");
+    if (!(f.detect_s >= 0) || f.at_token < 0)
+      return make_error(ErrorCode::invalid_argument, "simulate: failure detection time and token must be >= 0");
+    for (std::size_t i = 0; i < f.at_s.size(); ++i)
+      if (!(f.at_s[i] >= 0) || (i > 0 && f.at_s[i] < f.at_s[i - 1]))
+        return make_error(ErrorCode::invalid_argument, "simulate: failure times must be >= 0 and ascending");
+    if (f.at_s.empty() && f.at_token == 0)
+      return make_error(ErrorCode::invalid_argument, "simulate: a failure injection needs times or a token");
+  }
   if (strategy.seesaw) {
     if (strategy.shift) return make_error(ErrorCode::invalid_argument, "simulate: Seesaw does not go with Shift");
     engine::ParallelConfig cd = strategy.seesaw->decode;
@@ -310,35 +422,57 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
   long long shifted = 0;
   double bubble_sum = 0;
   for (const Replica& r : full->replicas) {
-    for (const auto& [id, t] : r.executor->token_times()) {
+    // After failures a group ran on several executors, oldest first.
+    std::vector<const SimulatedExecutor*> executors;
+    for (const auto& f : r.failed) executors.push_back(f.get());
+    executors.push_back(r.executor.get());
+    std::map<std::uint64_t, TokenTimes> times;
+    for (const SimulatedExecutor* e : executors)
+      for (const auto& [id, t] : e->token_times()) {
+        TokenTimes& m = times[id];
+        if (m.first_ms < 0) m.first_ms = t.first_ms;
+        m.last_ms = t.last_ms;
+        m.num_tokens += t.num_tokens;
+      }
+    for (const auto& [id, t] : times) {
       ttft.push_back(t.first_ms);
       if (t.num_tokens > 1) tpot.push_back((t.last_ms - t.first_ms) / (t.num_tokens - 1));
     }
-    const auto& recs = r.executor->records();
     double prev_end = 0;
-    for (const MicroBatchRecord& m : recs) {
-      const double interval = m.end_ms - prev_end;
-      prev_end = std::max(prev_end, m.end_ms);
-      (m.num_prefill_tokens > 0 ? res.prefill_time_s : res.decode_time_s) += interval / 1e3;
-      if (m.num_prefill_tokens == 0 && m.num_decode_tokens > 0) {
-        if (m.num_decode_tokens > res.decode_batch) {
-          res.decode_batch = m.num_decode_tokens;
-          decode_intervals.clear();
+    for (const SimulatedExecutor* e : executors) {
+      const auto& recs = e->records();
+      for (std::size_t k = 0; k < recs.size(); ++k) {
+        const MicroBatchRecord& m = recs[k];
+        const double interval = m.end_ms - prev_end;
+        prev_end = std::max(prev_end, m.end_ms);
+        (m.num_prefill_tokens > 0 ? res.prefill_time_s : res.decode_time_s) += interval / 1e3;
+        // A step that waited for KV on a link, or the first after a restart
+        // (its interval holds the downtime), is not a decode step's time.
+        const bool stalled = m.kv_wait_ms > 0 || (k == 0 && e != executors.front());
+        if (m.num_prefill_tokens == 0 && m.num_decode_tokens > 0 && !stalled) {
+          if (m.num_decode_tokens > res.decode_batch) {
+            res.decode_batch = m.num_decode_tokens;
+            decode_intervals.clear();
+          }
+          if (m.num_decode_tokens == res.decode_batch) decode_intervals.push_back(interval);
         }
-        if (m.num_decode_tokens == res.decode_batch) decode_intervals.push_back(interval);
+        if (m.shifted) ++shifted;
       }
-      if (m.shifted) ++shifted;
+      res.num_micro_batches += static_cast<long long>(recs.size());
+      res.shift_switches += e->shift_switches();
+      const SimulatedExecutor::LinkStats& st = e->link_stats();
+      if (strategy.seesaw) {
+        res.seesaw_transitions += st.transitions;
+        res.seesaw_transition_s += st.transition_ms / 1e3;
+        res.seesaw_reload_s += st.reload_ms / 1e3;
+        res.seesaw_offload_bytes += st.bytes_to_host;
+        res.seesaw_onboard_bytes += st.bytes_to_device;
+        res.seesaw_onboard_wait_s += st.onboard_wait_ms / 1e3;
+      }
+      res.replicated_bytes += st.replicated_bytes;
+      if (strategy.failures) res.restored_bytes += st.bytes_to_device;
     }
-    res.num_micro_batches += static_cast<long long>(recs.size());
     res.num_preemptions += r.preemptions;
-    res.shift_switches += r.executor->shift_switches();
-    const SimulatedExecutor::SeesawTimes& st = r.executor->seesaw_times();
-    res.seesaw_transitions += st.transitions;
-    res.seesaw_transition_s += st.transition_ms / 1e3;
-    res.seesaw_reload_s += st.reload_ms / 1e3;
-    res.seesaw_offload_bytes += st.bytes_to_host;
-    res.seesaw_onboard_bytes += st.bytes_to_device;
-    res.seesaw_onboard_wait_s += st.onboard_wait_ms / 1e3;
     res.seesaw_host_peak_bytes = std::max(
         res.seesaw_host_peak_bytes, static_cast<double>(r.engine->seesaw_stats().host_peak_tokens) *
                                         static_cast<double>(kvstore::chunk_bytes(
@@ -346,7 +480,8 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     res.kv_peak_fraction = std::max(res.kv_peak_fraction, double(r.peak_blocks_used) / std::max(1, *blocks));
     if (pc.pp > 1 && r.executor->now_ms() > 0) {
       double busy = 0;
-      for (const double b : r.executor->stage_busy_ms()) busy += b;
+      for (const SimulatedExecutor* e : executors)
+        for (const double b : e->stage_busy_ms()) busy += b;
       bubble_sum += 1.0 - busy / (pc.pp * r.executor->now_ms());
     }
   }
@@ -357,6 +492,27 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
   res.bubble_fraction = pc.pp > 1 && !strategy.seesaw ? bubble_sum / pc.dp : 0.0;
   if (res.num_micro_batches > 0) res.shift_step_fraction = double(shifted) / double(res.num_micro_batches);
 
+  if (strategy.failures) {
+    res.num_failures = full->num_failures;
+    res.failure_downtime_s = full->downtime_ms / 1e3;
+    res.failure_recomputed_tokens = full->recomputed_tokens;
+    res.num_failure_hit_requests = static_cast<int>(full->hit_by_first_failure.size());
+    res.first_failure_s = full->first_failure_ms / 1e3;
+    // The same run without failures: how much later the requests the first
+    // failure hit finished (DéjàVu Fig. 10's latency increase).
+    // (Replication, and its streaming, stay on: only the failures go.)
+    Strategy clean = strategy;
+    clean.failures->at_s.clear();
+    clean.failures->at_token = 0;
+    auto ref = run_once(config, cluster, clean, workload, options, *model, *large_model, *blocks, /*prefill_only=*/false);
+    if (!ref) return ref.error();
+    res.failure_free_elapsed_s = ref->elapsed_ms / 1e3;
+    double ratio_sum = 0;
+    for (const std::size_t i : full->hit_by_first_failure)
+      if (ref->finish_ms[i] > 0) ratio_sum += full->finish_ms[i] / ref->finish_ms[i];
+    if (!full->hit_by_first_failure.empty())
+      res.failure_latency_ratio = ratio_sum / static_cast<double>(full->hit_by_first_failure.size());
+  }
   if (options.prefill_run) {
     auto pre = run_once(config, cluster, strategy, workload, options, *model, *large_model, *blocks, /*prefill_only=*/true);
     if (!pre) return pre.error();

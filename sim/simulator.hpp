@@ -57,6 +57,27 @@ struct SeesawStrategy {
   double host_buffer_bytes_per_device = 80.0 * double(1ull << 30);
 };
 
+/// DéjàVu (seed 003 §4.2.3, §5.2.3): failures injected into a run. A
+/// failure takes down one DP group (every stage: the restarted group loads
+/// its weights again); the requests it was running come back on the
+/// restarted group once the failure is noticed and the weights are loaded
+/// (detect_s + the rank's weight shard over the host link).
+struct FailureInjection {
+  /// True (DéjàVu): every step's new KV streams to a replica on another
+  /// node (over the inter-node link, overlapped with the step), and a
+  /// request resumes from its last token, its KV restored from the replica
+  /// over that link. False (the paper's baseline): it starts from scratch.
+  bool replicate_kv = true;
+  std::vector<double> at_s;  ///< failures at these virtual times, seconds, ascending
+  /// > 0: one failure when a request of the group first has this many
+  /// generated tokens (the paper's "failure at token generation step N").
+  int at_token = 0;
+  int group = 0;  ///< the DP group that fails
+  /// Until the failure is noticed, seconds (the orchestrator's heartbeat
+  /// timeout, orchestrator::WorkerPoolOptions::heartbeat_timeout_s).
+  double detect_s = 3.0;
+};
+
 /// A way to run the workload on the cluster.
 struct Strategy {
   engine::ParallelConfig parallel;   ///< group shape and dp replicas; world_size() <= the cluster's devices
@@ -66,6 +87,8 @@ struct Strategy {
   std::optional<engine::ShiftPolicyOptions> shift;
   /// Seesaw: `parallel` is cp, this holds cd (pp = 1 or not; no Shift).
   std::optional<SeesawStrategy> seesaw;
+  /// DéjàVu: failures and how the group recovers (not with Seesaw).
+  std::optional<FailureInjection> failures;
   /// "tp=2,pp=1,sp=1,dp=4 fixed", "seesaw pp=4:tp=4 fixed" and the like.
   [[nodiscard]] std::string label() const;
 };
@@ -99,7 +122,10 @@ struct SimResult {
   double elapsed_s = 0;            ///< virtual seconds until the last request finished
   double prefill_elapsed_s = 0;    ///< the max_tokens = 1 run (0 without it)
   double total_tok_s = 0, prefill_tok_s = 0, decode_tok_s = 0;
-  double decode_step_ms = 0;       ///< median, pure-decode micro-batches at the largest decode batch
+  /// Median over pure-decode micro-batches at the largest decode batch
+  /// (leaving out those that waited for KV on a link and the first after a
+  /// restart).
+  double decode_step_ms = 0;
   int decode_batch = 0;            ///< sequences in those micro-batches
   Percentiles ttft_ms, tpot_ms;
   int num_kv_blocks = 0;           ///< per engine group
@@ -120,6 +146,19 @@ struct SimResult {
   double seesaw_offload_bytes = 0, seesaw_onboard_bytes = 0;
   double seesaw_onboard_wait_s = 0;
   double seesaw_host_peak_bytes = 0;
+  /// Failures (DéjàVu): how many, the time the groups were down (detection
+  /// + weight reload), positions computed again, KV bytes streamed to the
+  /// replicas and restored from them, the requests the first failure hit,
+  /// when it came, and their mean finish time over the same run without
+  /// failures (failure_free_elapsed_s is that run's elapsed time).
+  int num_failures = 0;
+  double failure_downtime_s = 0;
+  long long failure_recomputed_tokens = 0;
+  double replicated_bytes = 0, restored_bytes = 0;
+  int num_failure_hit_requests = 0;
+  double first_failure_s = 0;
+  double failure_latency_ratio = 0;
+  double failure_free_elapsed_s = 0;
   double sim_wall_s = 0;           ///< real seconds the simulation took (both runs)
 };
 

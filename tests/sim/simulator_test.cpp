@@ -251,5 +251,75 @@ TEST(Simulator, SeesawConfigsMustShareTheDevices) {
   EXPECT_NE(r.error().message.find("Shift"), std::string::npos) << r.error().message;
 }
 
+// DéjàVu (seed 003 §4.2.3): a failure at a given token. With replicated KV
+// every request resumes from its last token with its KV restored over the
+// network (nothing is computed again); without, each starts from scratch.
+TEST(Simulator, AFailureResumesFromTheLastTokenWithReplicatedKvAndFromScratchWithout) {
+  const auto config = shape("llama-3.1-8b");
+  const auto c = cluster("h100x2");
+  SimOptions o;
+  o.max_batch = 8;
+  o.prefill_run = false;
+  const auto workload = fixed_workload(8, 128, 100);
+  Strategy s = strategy("pp=2");
+  s.failures = FailureInjection{true, {}, 50, 0, 3.0};
+  auto with = simulate(config, c, s, workload, o);
+  ASSERT_TRUE(with.ok()) << with.error().to_string();
+  s.failures->replicate_kv = false;
+  auto without = simulate(config, c, s, workload, o);
+  ASSERT_TRUE(without.ok()) << without.error().to_string();
+  EXPECT_EQ(with->strategy, "tp=1,pp=2,sp=1,dp=1 fixed failures+replicated-kv");
+  EXPECT_EQ(without->strategy, "tp=1,pp=2,sp=1,dp=1 fixed failures");
+
+  // All 8 run in one batch and reach token 50 together.
+  const double kv_per_token = 2.0 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 2;
+  const double weights = double(engine::weight_bytes_for(config, c.device.weight_dtype));
+  for (const SimResult* r : {&*with, &*without}) {
+    EXPECT_EQ(r->num_failures, 1);
+    EXPECT_EQ(r->num_failure_hit_requests, 8);
+    // Noticed after 3 s, then each stage reloads its half of the weights.
+    EXPECT_NEAR(r->failure_downtime_s, 3.0 + weights / 2 / c.device.host_link_bw_bytes_per_s.value, 1e-9);
+    EXPECT_GT(r->elapsed_s, r->failure_free_elapsed_s + r->failure_downtime_s);
+    EXPECT_GT(r->failure_latency_ratio, 1.0);
+  }
+  EXPECT_EQ(with->failure_recomputed_tokens, 0);
+  EXPECT_DOUBLE_EQ(with->restored_bytes, 8 * (128 + 50 - 1) * kv_per_token);
+  // Every position of every request streamed to the replica once (the
+  // last sampled token's KV is computed but never needed: it still streams).
+  EXPECT_GE(with->replicated_bytes, 8 * (128 + 99) * kv_per_token);
+  EXPECT_EQ(without->failure_recomputed_tokens, 8 * (128 + 49));
+  EXPECT_EQ(without->replicated_bytes, 0.0);
+  EXPECT_EQ(without->restored_bytes, 0.0);
+  EXPECT_GT(without->failure_latency_ratio, with->failure_latency_ratio);
+  EXPECT_LT(without->total_tok_s, with->total_tok_s);
+}
+
+TEST(Simulator, FailuresAtGivenTimesEachRestartTheGroup) {
+  const auto config = shape("llama-3.1-8b");
+  SimOptions o;
+  o.max_batch = 16;
+  o.prefill_run = false;
+  Strategy s = strategy("tp=2,dp=2");
+  s.failures = FailureInjection{true, {1.0, 2.5, 1e6}, 0, 1, 0.5};
+  auto r = simulate(config, cluster("h100x4"), s, fixed_workload(64, 256, 400), o);
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  EXPECT_EQ(r->num_failures, 2) << "the third comes after the job; elapsed " << r->elapsed_s;
+  EXPECT_NEAR(r->first_failure_s, 1.0, 0.1);
+
+  // Bad injections are clear errors.
+  s.failures->group = 2;
+  auto bad = simulate(config, cluster("h100x4"), s, fixed_workload(4, 16, 4), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("not one of the 2 DP groups"), std::string::npos) << bad.error().message;
+  s.failures = FailureInjection{true, {3.0, 1.0}, 0, 0, 0.5};
+  bad = simulate(config, cluster("h100x4"), s, fixed_workload(4, 16, 4), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("ascending"), std::string::npos) << bad.error().message;
+  s.failures = FailureInjection{};
+  bad = simulate(config, cluster("h100x4"), s, fixed_workload(4, 16, 4), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("needs times or a token"), std::string::npos) << bad.error().message;
+}
+
 }  // namespace
 }  // namespace shardline::sim
