@@ -73,6 +73,41 @@ TEST_F(SimulateE2e, StrategiesOnAGpuClusterInJson) {
   EXPECT_GT(big_by["tp=8,pp=1,sp=1,dp=1 fixed"].value("total_tok_s", 0.0), 0.0) << big.out;
 }
 
+// The paper strategies from the command line: Seesaw pairs beside static
+// configs, and a failure with and without replicated KV (DéjàVu).
+TEST_F(SimulateE2e, SeesawPairsAndInjectedFailuresFromTheFlags) {
+  const std::string src = SHARDLINE_SOURCE_DIR;
+  auto r = run_command(kShardline + " simulate --cluster a10x4 --shape " + src + "/bench/shapes/codellama-34b" +
+                       " --parallel tp=4 --seesaw pp=4:tp=4 --seesaw pp=2,tp=2:tp=4 --token-budget fixed"
+                       " --num-prompts 64 --input-len 2048 --output-len 64 --host-buffer-gib 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  json by = results_by_strategy(r.out);
+  ASSERT_TRUE(by.contains("seesaw pp=4:tp=4 fixed")) << r.out;
+  ASSERT_TRUE(by.contains("seesaw tp=2,pp=2:tp=4 fixed")) << r.out;
+  EXPECT_GE(by["seesaw pp=4:tp=4 fixed"]["seesaw_transitions"].get<int>(), 2);
+  EXPECT_LE(by["seesaw pp=4:tp=4 fixed"]["seesaw_host_peak_bytes"].get<double>(), 16.0 * (1ull << 30));
+  EXPECT_EQ(by["tp=4,pp=1,sp=1,dp=1 fixed"]["seesaw_transitions"].get<int>(), 0);
+  // cd on other devices than cp: a usage error naming the pair.
+  r = run_command(kShardline + " simulate --cluster a10x4 --shape " + src + "/bench/shapes/codellama-34b" +
+                  " --seesaw pp=4:tp=2 --num-prompts 4 --json");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("same devices"), std::string::npos) << r.out;
+
+  r = run_command(kShardline + " simulate --cluster h100x2 --shape " + kShapes + "llama-3.1-8b" +
+                  " --parallel pp=2 --token-budget throttle --num-prompts 16 --input-len 256 --output-len 200"
+                  " --max-batch 16 --fail-at-token 100 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  by = results_by_strategy(r.out);
+  const json& with = by["tp=1,pp=2,sp=1,dp=1 throttle failures+replicated-kv"];
+  const json& without = by["tp=1,pp=2,sp=1,dp=1 throttle failures"];
+  ASSERT_TRUE(with.is_object() && without.is_object()) << r.out;
+  EXPECT_EQ(with["num_failures"], 1);
+  EXPECT_EQ(with["failure_recomputed_tokens"], 0);
+  EXPECT_GT(with["restored_bytes"].get<double>(), 0);
+  EXPECT_GT(without["failure_recomputed_tokens"].get<long long>(), 16 * 256);
+  EXPECT_GT(without["failure_latency_ratio"].get<double>(), with["failure_latency_ratio"].get<double>());
+}
+
 TEST_F(SimulateE2e, BadClustersAndConfigsAreClearErrors) {
   auto r = run_command(kShardline + " simulate --cluster tpu-v5x8 --shape " + kShapes + "llama-3.1-8b");
   EXPECT_EQ(r.exit_code, 2);
