@@ -41,7 +41,6 @@ Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const orche
                                                          cd.to_string() + " must use the same number of devices");
     if (options.shift_config)
       return make_error(ErrorCode::invalid_argument, "simulated executor: Seesaw does not go with Shift");
-    const kvstore::KvModelShape& ks = options.kv_shape;
     if (!(options.weight_bytes > 0) || !(options.kv_link_bw_bytes_per_s > 0))
       return make_error(ErrorCode::invalid_argument,
                         "simulated executor: Seesaw needs the weight bytes and a host link (bandwidth > 0)");
@@ -94,8 +93,8 @@ Status SimulatedExecutor::submit(const model::StepInput& input) {
   rec.num_decode_tokens = static_cast<int>(shape.num_decode_tokens);
   rec.num_seqs = static_cast<int>(input.seqs.size());
   rec.shifted = shifted;
-  // Seesaw: a sequence whose KV is still on the host link (an onboard) is
-  // not decoded before it lands.
+  // A sequence whose KV is still on a link (Seesaw's onboard, a resumed
+  // request's restore) is not stepped before it lands.
   double ready = now_ms_;
   for (const model::StepSeq& s : input.seqs) {
     if (s.block_table.empty()) continue;
@@ -159,11 +158,8 @@ Result<model::StepOutput> SimulatedExecutor::collect() {
   return out;
 }
 
-}  // namespace shardline::sim
 
-namespace shardline::sim {
-
-double SimulatedExecutor::host_copy(double bytes, bool to_host) {
+double SimulatedExecutor::link_copy(double bytes, bool to_host) {
   const double per_device = bytes / static_cast<double>(active_.group_size());
   const double start = std::max(link_free_ms_, now_ms_);
   link_free_ms_ = start + options_.kv_link_latency_ms + per_device / options_.kv_link_bw_bytes_per_s * 1e3;
@@ -171,16 +167,16 @@ double SimulatedExecutor::host_copy(double bytes, bool to_host) {
   return link_free_ms_;
 }
 
-Status SimulatedExecutor::HostLinkCopier::copy_out(std::span<const std::int32_t> /*block_table*/,
+Status SimulatedExecutor::LinkCopier::copy_out(std::span<const std::int32_t> /*block_table*/,
                                                    const kvstore::KvRange& range, std::span<std::byte> /*chunk*/) {
-  owner_.host_copy(static_cast<double>(kvstore::chunk_bytes(owner_.options_.kv_shape, range)), /*to_host=*/true);
+  owner_.link_copy(static_cast<double>(kvstore::chunk_bytes(owner_.options_.kv_shape, range)), /*to_host=*/true);
   return Status::ok_status();
 }
 
-Status SimulatedExecutor::HostLinkCopier::copy_in(std::span<const std::int32_t> block_table,
+Status SimulatedExecutor::LinkCopier::copy_in(std::span<const std::int32_t> block_table,
                                                   const kvstore::KvRange& range, std::span<const std::byte> /*chunk*/) {
   const double lands =
-      owner_.host_copy(static_cast<double>(kvstore::chunk_bytes(owner_.options_.kv_shape, range)), /*to_host=*/false);
+      owner_.link_copy(static_cast<double>(kvstore::chunk_bytes(owner_.options_.kv_shape, range)), /*to_host=*/false);
   if (!block_table.empty()) owner_.onboard_ready_ms_[block_table.front()] = lands;
   return Status::ok_status();
 }

@@ -149,7 +149,7 @@ class SimulatedExecutor final : public model::ModelExecutor {
   [[nodiscard]] const std::vector<double>& stage_busy_ms() const { return stage_busy_ms_; }
   /// Shift policy switches so far (0 without Shift).
   [[nodiscard]] std::uint64_t shift_switches() const { return shift_ ? shift_->switches() : 0; }
-  /// Seesaw: config switches, the engine thread's time in them (waiting for
+  /// Seesaw's config switches, the engine thread's time in them (waiting for
   /// the link and the pipeline, then reloading weights), of which reloading,
   /// ms; bytes copied each way on the KV links (Seesaw's offloads and
   /// onboards; restores of resumed KV count as to_device); time the steps
@@ -170,10 +170,11 @@ class SimulatedExecutor final : public model::ModelExecutor {
     std::size_t record = 0;
     std::vector<std::uint64_t> logits_seqs;  ///< [num_logits] the sequence of each logits row
   };
-  /// Prices Seesaw's copies on the host links; moves nothing.
-  class HostLinkCopier final : public kvstore::KvCopier {
+  /// Prices KV copies on the KV links (Seesaw's host links, the network to
+  /// the replicas); moves nothing.
+  class LinkCopier final : public kvstore::KvCopier {
    public:
-    explicit HostLinkCopier(SimulatedExecutor& owner) : owner_(owner) {}
+    explicit LinkCopier(SimulatedExecutor& owner) : owner_(owner) {}
     [[nodiscard]] int num_devices() const override { return owner_.active_.group_size(); }
     [[nodiscard]] bool copies_bytes() const override { return false; }
     [[nodiscard]] Status copy_out(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
@@ -188,7 +189,7 @@ class SimulatedExecutor final : public model::ModelExecutor {
                     const orchestrator::CostModel* large_model, long long large_step_tokens);
   [[nodiscard]] bool has_copier() const { return options_.kv_link_bw_bytes_per_s > 0; }
   /// Puts a copy of `bytes` on the KV links; returns when it lands, ms.
-  double host_copy(double bytes, bool to_host);
+  double link_copy(double bytes, bool to_host);
 
   const orchestrator::CostModel& model_;
   const orchestrator::CostModel* large_model_;
@@ -196,7 +197,7 @@ class SimulatedExecutor final : public model::ModelExecutor {
   SimulatedExecutorOptions options_;
   engine::ParallelConfig active_;  ///< the config steps run in (cp or cd with Seesaw)
   std::optional<engine::ShiftPolicy> shift_;
-  HostLinkCopier copier_{*this};
+  LinkCopier copier_{*this};
   double link_free_ms_ = 0;
   /// Onboarded sequences not stepped yet: first block id -> when its KV lands.
   std::map<std::int32_t, double> onboard_ready_ms_;
