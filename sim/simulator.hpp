@@ -165,7 +165,10 @@ struct SimResult {
 /// Simulates `workload` under `strategy` on `cluster` for a model of
 /// `config`. Errors: invalid_argument (an empty workload or a length < 1, a
 /// strategy needing more devices than the cluster has, bad options or
-/// policy names, a shift strategy without sp*tp > 1), out_of_memory (the
+/// policy names, a shift strategy without sp*tp > 1, Seesaw configs on
+/// other devices or with Shift, a failure injection with no time or token,
+/// times not ascending or a group that does not exist), internal (a
+/// request that did not end with exactly its tokens: an engine bug), out_of_memory (the
 /// weights of a rank do not fit its device, or the KV left cannot hold the
 /// longest request), engine errors.
 [[nodiscard]] Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& cluster,
