@@ -69,7 +69,10 @@ TEST_F(SidpE2e, AutoSwitchesToCasInTheTailThroughTheOrchestratorAndMatchesPlainD
   std::string list;
   for (int i = 0; i < 100; ++i) {
     list = run_command(kShardline + " actor list" + client).out;
-    if (list.find("node0/cpu:1/owner") != std::string::npos && list.find("sidp was") != std::string::npos) break;
+    // Both workers' rows too: cpu:0's may report before cpu:1's.
+    if (list.find("node0/cpu:1/owner") != std::string::npos && list.find("sidp was") != std::string::npos &&
+        std::regex_search(list, std::regex("node0/cpu:1 .*weights [0-9.]+ MiB")))
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_NE(list.find("node0/cpu:0/owner"), std::string::npos) << list;
