@@ -42,6 +42,10 @@ struct SimulateArgs {
   int fail_at_token = 0;
   double failure_detect_s = 3.0;
   std::string kv_replication = "both";  ///< on, off or both (with failures)
+  std::string weight_sharing = "none";  ///< none, sidp or both
+  std::string sidp_modes = "auto";      ///< comma list of auto, was, cas
+  long long sidp_switch_batch = 0;
+  double sidp_min_dwell_s = 3.0;
   std::string token_budget = "both";
   long long shift_threshold = 0;  ///< > 0: also a Shift variant of each sp*tp > 1, pp = 1 config
   double shift_hysteresis = 0.25;
@@ -98,6 +102,10 @@ nlohmann::ordered_json to_json(const sim::SimResult& r) {
           {"seesaw_onboard_bytes", r.seesaw_onboard_bytes},
           {"seesaw_onboard_wait_s", r.seesaw_onboard_wait_s},
           {"seesaw_host_peak_bytes", r.seesaw_host_peak_bytes},
+          {"kv_capacity_tokens", r.kv_capacity_tokens},
+          {"sidp_switches", r.sidp_switches},
+          {"sidp_cas_step_fraction", r.sidp_cas_step_fraction},
+          {"sidp_switch_batch", r.sidp_switch_batch},
           {"num_failures", r.num_failures},
           {"failure_downtime_s", r.failure_downtime_s},
           {"failure_recomputed_tokens", r.failure_recomputed_tokens},
@@ -255,7 +263,19 @@ int run_simulate(const SimulateArgs& a) {
       sim::Strategy s;
       s.parallel = *pc;
       s.token_budget = b;
-      strategies.push_back(s);
+      const bool sidp_ok = pc->tp == 1 && pc->pp == 1 && pc->sp == 1 && pc->dp >= 2;
+      if (a.weight_sharing != "sidp" || !sidp_ok) strategies.push_back(s);
+      if (a.weight_sharing != "none" && sidp_ok) {
+        for (std::size_t pos = 0; pos <= a.sidp_modes.size();) {
+          const std::size_t comma = std::min(a.sidp_modes.find(',', pos), a.sidp_modes.size());
+          auto mode = engine::parse_sidp_mode_setting(a.sidp_modes.substr(pos, comma - pos));
+          if (!mode) return fail(mode.error(), 2);
+          sim::Strategy v = s;
+          v.sidp = sim::SidpStrategy{*mode, a.sidp_switch_batch, 0.25, a.sidp_min_dwell_s, 2};
+          strategies.push_back(v);
+          pos = comma + 1;
+        }
+      }
       if (a.shift_threshold > 0 && pc->tp * pc->sp > 1 && pc->sp > 1 && pc->pp == 1) {
         s.shift = engine::ShiftPolicyOptions{a.shift_threshold, a.shift_hysteresis};
         strategies.push_back(s);
@@ -320,6 +340,11 @@ int run_simulate(const SimulateArgs& a) {
       std::printf("%-36s %10.1f %10.1f %10.1f %9.3f %9.2f %9.3f %7.2f %7.3f %8.2f\n", r->strategy.c_str(),
                   r->total_tok_s, r->prefill_tok_s, r->decode_tok_s, r->decode_step_ms, r->ttft_ms.p50,
                   r->tpot_ms.p50, r->kv_peak_fraction, r->bubble_fraction, r->sim_wall_s);
+      if (s.sidp)
+        std::printf("%-36s   KV capacity %lld tokens; b* = %lld running sequences; %lld WaS/CaS switches, %.1f%% of "
+                    "rank steps in CaS\n",
+                    "", r->kv_capacity_tokens, r->sidp_switch_batch, r->sidp_switches,
+                    100 * r->sidp_cas_step_fraction);
       if (s.failures)
         std::printf("%-36s   %d failure(s), %.2f s down; %d requests hit, finishing %.2fx later on average than "
                     "without failures; %lld positions recomputed; KV %.2f GB replicated, %.2f GB restored\n",
@@ -496,6 +521,18 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--host-buffer-gib", a->host_buffer_gib, "Seesaw's host KV buffer per device, GiB (paper: 80)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--weight-sharing", a->weight_sharing,
+                  "sidp: run each --parallel dp=N config (single-device ranks) as a SiDP group; both: with and "
+                  "without (seed 002)")
+      ->check(CLI::IsMember({"none", "sidp", "both"}))
+      ->capture_default_str();
+  cmd->add_option("--sidp-mode", a->sidp_modes, "SiDP modes to simulate, a comma list of auto, was and cas")
+      ->capture_default_str();
+  cmd->add_option("--sidp-switch-batch", a->sidp_switch_batch,
+                  "SiDP's b* on the group's running sequences (0: dp x the cost model's, as the orchestrator)")
+      ->capture_default_str();
+  cmd->add_option("--sidp-min-dwell", a->sidp_min_dwell_s, "SiDP's dwell before a switch, seconds")
+      ->capture_default_str();
   cmd->add_option("--fail-at-s", a->fail_at_s,
                   "Inject a failure of DP group 0 at this virtual time, seconds (repeatable; DéjàVu, seed 003)");
   cmd->add_option("--fail-at-token", a->fail_at_token,

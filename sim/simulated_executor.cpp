@@ -45,6 +45,8 @@ Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const orche
       return make_error(ErrorCode::invalid_argument,
                         "simulated executor: Seesaw needs the weight bytes and a host link (bandwidth > 0)");
   }
+  if (options.price && (pc.pp != 1 || options.decode_config || options.shift_config))
+    return make_error(ErrorCode::invalid_argument, "simulated executor: a price override needs one config with pp = 1");
   if (options.kv_link_bw_bytes_per_s > 0 || options.replicate_kv) {
     const kvstore::KvModelShape& ks = options.kv_shape;
     if (ks.num_layers < 1 || ks.num_kv_heads < 1 || ks.head_dim < 1 || !(options.kv_link_bw_bytes_per_s > 0) ||
@@ -110,6 +112,7 @@ Status SimulatedExecutor::submit(const model::StepInput& input) {
   for (std::size_t s = 0; s < stages; ++s) {
     // Shift runs pp = 1: one stage whichever config prices the step.
     double ts = s < cost->stages.size() ? cost->stages[s].micro_batch_ms : 0.0;
+    if (options_.price && shape.num_tokens() > 0) ts = options_.price(shape, *cost);
     if (options_.replicate_kv && shape.num_tokens() > 0) {
       // Each rank streams its share of the stage's new KV while computing.
       const kvstore::KvModelShape& ks = options_.kv_shape;

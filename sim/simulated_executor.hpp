@@ -51,6 +51,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -84,6 +85,11 @@ struct SimulatedExecutorOptions {
   /// a replica over the KV link while the step computes; a stage's time is
   /// max(its compute, latency + its new KV bytes per rank / bandwidth).
   bool replicate_kv = false;
+  /// SiDP (seed 002): the rank's step time from the step's shape and the
+  /// cost model's estimate of it on one device (WaS: the weight fetches
+  /// overlapped; CaS: the FFN at the layers' owners). Needs pp = 1; null:
+  /// the estimate.
+  std::function<double(const orchestrator::StepShape&, const orchestrator::StepCost&)> price;
   int vocab_size = 32000;
   int num_kv_blocks = 0;  ///< the engine group's KV cache, in blocks (> 0)
   int block_size = 16;

@@ -11,6 +11,7 @@
 #include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
 #include "engine/llm_engine.hpp"
+#include "engine/sidp_memory.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "model/id_tokenizer.hpp"
@@ -79,7 +80,21 @@ struct RunOutcome {
   long long recomputed_tokens = 0;    ///< positions computed again after failures
   std::vector<std::size_t> hit_by_first_failure;  ///< requests in flight at the first failure
   double first_failure_ms = -1;
+  long long sidp_switches = 0;
+  long long sidp_rank_steps = 0, sidp_cas_rank_steps = 0;
 };
+
+/// A SiDP group's shared state while it runs (SidpStrategy).
+struct SidpRun {
+  engine::SidpMode mode = engine::SidpMode::was;
+  long long group_tokens = 0;  ///< G: tokens of the last CaS round (the owners' FFN rows)
+  std::optional<engine::SidpModePolicy> policy;
+};
+
+engine::SidpModePolicy::TimePoint virtual_time(double ms) {
+  return engine::SidpModePolicy::TimePoint(std::chrono::duration_cast<engine::SidpModePolicy::Clock::duration>(
+      std::chrono::duration<double, std::milli>(ms)));
+}
 
 Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
                             const std::vector<SimRequest>& workload, const SimOptions& options,
@@ -139,8 +154,45 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     ec.swap_space_bytes = static_cast<std::uint64_t>(strategy.seesaw->host_buffer_bytes_per_device * pc.group_size());
   }
   // A group's executor and engine, its clock at `start_ms`.
+  // SiDP: each rank prices its steps in the group's current mode.
+  SidpRun sidp_run;
+  const orchestrator::LinkSpec sidp_link{cluster.device.intra_node_bw_bytes_per_s.value,
+                                         cluster.device.intra_node_latency_s.value};
+  if (strategy.sidp) {
+    engine::SidpModePolicyOptions po;
+    po.setting = strategy.sidp->mode;
+    po.switch_batch = strategy.sidp->switch_batch;
+    po.hysteresis = strategy.sidp->hysteresis;
+    po.min_dwell_s = strategy.sidp->min_dwell_s;
+    po.num_ranks = pc.dp;
+    auto policy = engine::SidpModePolicy::create(po);
+    if (!policy) return policy.error();
+    sidp_run.policy.emplace(std::move(policy).value());
+    sidp_run.mode = sidp_run.policy->mode();
+  }
+  auto options_for = [&](std::size_t rank) {
+    SimulatedExecutorOptions o = eo;
+    if (!strategy.sidp) return o;
+    const int layers = config.num_hidden_layers;
+    const int owned = engine::sidp_owned_ffn_layer_count(layers, pc.dp, static_cast<int>(rank));
+    const double fetch_ms = (layers - owned) * model.sidp_weight_fetch_ms(sidp_link);
+    const double row_bytes = static_cast<double>(config.hidden_size) * model.sizes().activation_bytes;
+    o.price = [&model, &sidp_run, sidp_link, layers, fetch_ms, row_bytes](const orchestrator::StepShape& shape,
+                                                                         const orchestrator::StepCost& cost) {
+      const long long n = shape.num_tokens();
+      if (sidp_run.mode == engine::SidpMode::was) return std::max(cost.total_ms, fetch_ms);
+      // CaS: the FFN of every layer runs at its owner over the group's rows;
+      // this rank's rows go there and back.
+      const double own_ffn_ms = layers * model.sidp_ffn_gemm_ms(n);
+      const double send_ms = (sidp_link.latency_s + n * row_bytes / sidp_link.bandwidth_bytes_per_s) * 1e3;
+      return std::max(0.0, cost.total_ms - own_ffn_ms) +
+             layers * (model.sidp_ffn_gemm_ms(std::max(n, sidp_run.group_tokens)) + 2 * send_ms);
+    };
+    return o;
+  };
   auto start_group = [&](Replica& r, double start_ms) -> Status {
-    auto ex = SimulatedExecutor::create(model, eo, &large_model, kLargeStepTokens);
+    auto ex = SimulatedExecutor::create(model, options_for(static_cast<std::size_t>(&r - out.replicas.data())), &large_model,
+                                        kLargeStepTokens);
     if (!ex) return ex.error();
     r.engine.reset();
     if (r.executor) r.failed.push_back(std::move(r.executor));
@@ -151,7 +203,7 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     r.engine = std::move(eng).value();
     return Status::ok_status();
   };
-  out.replicas.resize(static_cast<std::size_t>(pc.dp));
+  out.replicas.resize(static_cast<std::size_t>(pc.dp));  // (never resized again: start_group takes indices from it)
   for (Replica& r : out.replicas)
     if (Status st = start_group(r, 0); !st.ok()) return st.error();
 
@@ -239,45 +291,90 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
 
   std::size_t num_finished = 0;
   for (;;) {
-    Replica* pick = nullptr;
-    for (Replica& r : out.replicas)
-      if (r.engine->has_unfinished() && (pick == nullptr || r.executor->now_ms() < pick->executor->now_ms()))
-        pick = &r;
-    if (pick == nullptr) break;
-    auto finished = pick->engine->step();
-    if (!finished) return finished.error();
-    for (const engine::StepStats& s : pick->engine->step_stats()) pick->preemptions += s.num_preemptions;
-    pick->engine->clear_step_stats();
-    const auto& blocks = pick->engine->scheduler().block_manager();
-    pick->peak_blocks_used = std::max(pick->peak_blocks_used, num_kv_blocks - blocks.num_free_blocks());
-    // Every request ends with exactly its tokens (ignore_eos): anything else
-    // is an engine bug the simulation would hide.
-    for (const engine::RequestOutput& f : *finished) {
-      const std::size_t want = prefill_only ? 1 : static_cast<std::size_t>(workload[f.request_id].output_len);
-      if (f.token_ids.size() != want)
-        return make_error(ErrorCode::internal, "simulate: request " + std::to_string(f.request_id) + " ended with " +
-                                                   std::to_string(f.token_ids.size()) + " tokens, not " +
-                                                   std::to_string(want));
-      pick->live.erase(f.request_id);
-      out.finish_ms[f.request_id] = pick->executor->now_ms();
+    // Who steps next: the replica furthest behind; in SiDP's CaS, every rank
+    // with work, in one lockstep round from a common start.
+    std::vector<Replica*> round;
+    const bool cas = strategy.sidp && sidp_run.mode == engine::SidpMode::cas;
+    if (cas) {
+      double barrier = 0;
+      for (Replica& r : out.replicas)
+        if (r.engine->has_unfinished()) {
+          barrier = std::max(barrier, r.executor->now_ms());
+          round.push_back(&r);
+        }
+      for (Replica* r : round) r->executor->advance_to(barrier);
+    } else {
+      Replica* pick = nullptr;
+      for (Replica& r : out.replicas)
+        if (r.engine->has_unfinished() && (pick == nullptr || r.executor->now_ms() < pick->executor->now_ms()))
+          pick = &r;
+      if (pick != nullptr) round.push_back(pick);
     }
-    num_finished += finished->size();
-    if (pick == failing && !pick->live.empty()) {
-      bool hit = false;
-      if (next_failure_at < failures->at_s.size() && pick->executor->now_ms() >= failures->at_s[next_failure_at] * 1e3) {
-        ++next_failure_at;
-        hit = true;
-      } else if (failures->at_token > 0 && !token_failure_done) {
-        for (const std::size_t i : pick->live)
-          if (generated(*pick, i) >= failures->at_token) {
-            hit = token_failure_done = true;
-            break;
-          }
+    if (round.empty()) break;
+    long long round_tokens = 0;
+    double round_end_ms = 0;
+    for (Replica* pick : round) {
+      auto finished = pick->engine->step();
+      if (!finished) return finished.error();
+      for (const engine::StepStats& s : pick->engine->step_stats()) {
+        pick->preemptions += s.num_preemptions;
+        round_tokens += s.num_prefill_tokens + s.num_decode_tokens;
       }
-      if (hit)
-        if (Status st = fail(*pick); !st.ok()) return st.error();
+      pick->engine->clear_step_stats();
+      if (strategy.sidp) {
+        ++out.sidp_rank_steps;
+        if (cas) ++out.sidp_cas_rank_steps;
+        const int rank = static_cast<int>(pick - out.replicas.data());
+        if (Status st = sidp_run.policy->observe(virtual_time(pick->executor->now_ms()), rank,
+                                                 pick->engine->scheduler().num_running());
+            !st.ok())
+          return st.error();
+        round_end_ms = std::max(round_end_ms, pick->executor->now_ms());
+      }
+      const auto& blocks = pick->engine->scheduler().block_manager();
+      pick->peak_blocks_used = std::max(pick->peak_blocks_used, num_kv_blocks - blocks.num_free_blocks());
+      // Every request ends with exactly its tokens (ignore_eos): anything else
+      // is an engine bug the simulation would hide.
+      for (const engine::RequestOutput& f : *finished) {
+        const std::size_t want = prefill_only ? 1 : static_cast<std::size_t>(workload[f.request_id].output_len);
+        if (f.token_ids.size() != want)
+          return make_error(ErrorCode::internal, "simulate: request " + std::to_string(f.request_id) + " ended with " +
+                                                     std::to_string(f.token_ids.size()) + " tokens, not " +
+                                                     std::to_string(want));
+        pick->live.erase(f.request_id);
+        out.finish_ms[f.request_id] = pick->executor->now_ms();
+      }
+      num_finished += finished->size();
+      if (pick == failing && !pick->live.empty()) {
+        bool hit = false;
+        if (next_failure_at < failures->at_s.size() && pick->executor->now_ms() >= failures->at_s[next_failure_at] * 1e3) {
+          ++next_failure_at;
+          hit = true;
+        } else if (failures->at_token > 0 && !token_failure_done) {
+          for (const std::size_t i : pick->live)
+            if (generated(*pick, i) >= failures->at_token) {
+              hit = token_failure_done = true;
+              break;
+            }
+        }
+        if (hit)
+          if (Status st = fail(*pick); !st.ok()) return st.error();
+      }
+      if (Status st = fill(*pick); !st.ok()) return st.error();
     }
-    if (Status st = fill(*pick); !st.ok()) return st.error();
+    if (strategy.sidp) {
+      // The orchestrator's policy, on the group's running sequences.
+      if (cas) sidp_run.group_tokens = round_tokens;
+      if (const auto sw = sidp_run.policy->decide(virtual_time(round_end_ms)); sw) {
+        sidp_run.mode = sw->to;
+        ++out.sidp_switches;
+        if (sw->to == engine::SidpMode::cas) {
+          // The first CaS round's G: what the ranks run now.
+          sidp_run.group_tokens = 0;
+          for (const Replica& r : out.replicas) sidp_run.group_tokens += r.engine->scheduler().num_running();
+        }
+      }
+    }
   }
   if (num_finished != workload.size())
     return make_error(ErrorCode::internal, "simulate: " + std::to_string(num_finished) + " of " +
@@ -307,6 +404,7 @@ std::string Strategy::label() const {
   std::string s = parallel.to_string() + " " + token_budget;
   if (shift) s += " shift(T=" + std::to_string(shift->threshold) + ")";
   if (failures) s += failures->replicate_kv ? " failures+replicated-kv" : " failures";
+  if (sidp) s += std::string(" sidp(") + engine::to_string(sidp->mode) + ")";
   return s;
 }
 
@@ -378,6 +476,49 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     if (f.at_s.empty() && f.at_token == 0)
       return make_error(ErrorCode::invalid_argument, "simulate: a failure injection needs times or a token");
   }
+  long long kv_capacity_tokens = static_cast<long long>(*blocks) * options.block_size * pc.dp;
+  Strategy resolved = strategy;  // with SiDP's b* filled in
+  if (strategy.sidp) {
+    const SidpStrategy& sd = *strategy.sidp;
+    if (pc.tp != 1 || pc.pp != 1 || pc.sp != 1 || pc.dp < 2 || strategy.shift || strategy.seesaw || strategy.failures)
+      return make_error(ErrorCode::invalid_argument,
+                        "simulate: SiDP runs dp >= 2 single-device ranks (no tp, pp, sp, Shift, Seesaw or failures); got " +
+                            pc.to_string());
+    if (sd.cache_slots < 1) return make_error(ErrorCode::invalid_argument, "simulate: SiDP needs >= 1 cache slot");
+    // Each rank holds the attention side, its own FFN layers and the slots:
+    // the KV gets the rest (engine/sidp_memory.hpp).
+    const DeviceSpec& d = cluster.device;
+    const double usable = static_cast<double>(usable_memory_bytes(d));
+    const double activation = static_cast<double>(
+        engine::activation_bytes_for(config, options.max_num_batched_tokens, options.max_batch));
+    const double kv_elem = d.weight_dtype == DType::f32 ? 4.0 : 2.0;
+    const double per_block = 2.0 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim *
+                             options.block_size * kv_elem;
+    int least = std::numeric_limits<int>::max();
+    kv_capacity_tokens = 0;
+    for (int r = 0; r < pc.dp; ++r) {
+      const int owned = engine::sidp_owned_ffn_layer_count(config.num_hidden_layers, pc.dp, r);
+      const double weights =
+          static_cast<double>(engine::sidp_weight_bytes_for(config, d.weight_dtype, owned, sd.cache_slots));
+      const double left = usable - weights - activation;
+      if (left < per_block)
+        return make_error(ErrorCode::out_of_memory, "on " + d.name + " (" + fixed2(gib(usable)) +
+                                                        " GiB usable per device) SiDP rank " + std::to_string(r) +
+                                                        "'s weights (" + fixed2(gib(weights)) + " GiB) and activations (" +
+                                                        fixed2(gib(activation)) + " GiB) leave no KV");
+      const int rank_blocks = static_cast<int>(std::min(std::floor(left / per_block), double(std::numeric_limits<int>::max() / 2)));
+      least = std::min(least, rank_blocks);
+      kv_capacity_tokens += static_cast<long long>(rank_blocks) * options.block_size;
+    }
+    // Every rank's engine gets the least (one block count per run).
+    *blocks = least;
+    if (sd.switch_batch <= 0) {
+      auto b = model->sidp_switch_batch_overlapped(
+          orchestrator::LinkSpec{d.intra_node_bw_bytes_per_s.value, d.intra_node_latency_s.value}, pc.dp);
+      if (!b) return b.error();
+      resolved.sidp->switch_batch = pc.dp * b->switch_batch;
+    }
+  }
   if (strategy.seesaw) {
     if (strategy.shift) return make_error(ErrorCode::invalid_argument, "simulate: Seesaw does not go with Shift");
     engine::ParallelConfig cd = strategy.seesaw->decode;
@@ -392,6 +533,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     auto cd_blocks = kv_blocks_per_group(config, cluster, cd, options);
     if (!cd_blocks) return cd_blocks.error();
     *blocks = std::min(*blocks, *cd_blocks);
+    kv_capacity_tokens = static_cast<long long>(*blocks) * options.block_size * pc.dp;
   }
   int longest = 0;
   for (const SimRequest& r : workload) longest = std::max(longest, r.prompt_len + r.output_len);
@@ -409,11 +551,12 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
   res.num_devices = pc.world_size();
   res.num_requests = static_cast<int>(workload.size());
   res.num_kv_blocks = *blocks;
+  res.kv_capacity_tokens = kv_capacity_tokens;
   for (const SimRequest& r : workload) {
     res.prompt_tokens += r.prompt_len;
     res.generated_tokens += r.output_len;
   }
-  auto full = run_once(config, cluster, strategy, workload, options, *model, *large_model, *blocks, /*prefill_only=*/false);
+  auto full = run_once(config, cluster, resolved, workload, options, *model, *large_model, *blocks, /*prefill_only=*/false);
   if (!full) return full.error();
   res.elapsed_s = full->elapsed_ms / 1e3;
   if (res.elapsed_s > 0) res.total_tok_s = static_cast<double>(res.prompt_tokens + res.generated_tokens) / res.elapsed_s;
@@ -492,6 +635,12 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
   res.bubble_fraction = pc.pp > 1 && !strategy.seesaw ? bubble_sum / pc.dp : 0.0;
   if (res.num_micro_batches > 0) res.shift_step_fraction = double(shifted) / double(res.num_micro_batches);
 
+  if (resolved.sidp) {
+    res.sidp_switches = full->sidp_switches;
+    res.sidp_switch_batch = resolved.sidp->switch_batch;
+    if (full->sidp_rank_steps > 0)
+      res.sidp_cas_step_fraction = double(full->sidp_cas_rank_steps) / double(full->sidp_rank_steps);
+  }
   if (strategy.failures) {
     res.num_failures = full->num_failures;
     res.failure_downtime_s = full->downtime_ms / 1e3;
@@ -514,7 +663,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
       res.failure_latency_ratio = ratio_sum / static_cast<double>(full->hit_by_first_failure.size());
   }
   if (options.prefill_run) {
-    auto pre = run_once(config, cluster, strategy, workload, options, *model, *large_model, *blocks, /*prefill_only=*/true);
+    auto pre = run_once(config, cluster, resolved, workload, options, *model, *large_model, *blocks, /*prefill_only=*/true);
     if (!pre) return pre.error();
     res.prefill_elapsed_s = pre->elapsed_ms / 1e3;
     if (res.prefill_elapsed_s > 0) res.prefill_tok_s = static_cast<double>(res.prompt_tokens) / res.prefill_elapsed_s;

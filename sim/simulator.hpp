@@ -34,6 +34,7 @@
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
 #include "engine/policies/seesaw_policy.hpp"
+#include "engine/policies/sidp_mode_policy.hpp"
 #include "engine/policies/shift_policy.hpp"
 #include "model/config.hpp"
 #include "sim/hardware_spec.hpp"
@@ -78,6 +79,29 @@ struct FailureInjection {
   double detect_s = 3.0;
 };
 
+/// SiDP (seed 002): a DP group of single-device ranks that share the FFN
+/// weights: each layer's FFN lives on one owner (balanced: layer l on rank
+/// l mod dp), each rank keeps the rest of the model and `cache_slots` FFN
+/// slots, and the KV cache gets the freed memory (engine/sidp_memory.hpp).
+/// Each rank is a real engine. In WaS a rank steps on its own and fetches
+/// the (L - owned) non-owned FFN layers over the intra-node link while it
+/// computes: its step takes max(the step, their fetch). In CaS the ranks
+/// step in lockstep rounds and every layer's FFN runs at its owner for the
+/// whole group's G tokens: a step takes its non-FFN part + L x (T_ffn(G) +
+/// sending its rows there and back). The real orchestrator policy
+/// (engine::SidpModePolicy, on the virtual clock) switches the mode from
+/// the ranks' running sequences.
+struct SidpStrategy {
+  engine::SidpModeSetting mode = engine::SidpModeSetting::automatic;
+  /// b*, on the group's running sequences; 0: dp x the cost model's
+  /// overlapped b* (CostModel::sidp_switch_batch_overlapped), as the real
+  /// orchestrator computes it.
+  long long switch_batch = 0;
+  double hysteresis = 0.25;
+  double min_dwell_s = 3.0;
+  int cache_slots = 2;
+};
+
 /// A way to run the workload on the cluster.
 struct Strategy {
   engine::ParallelConfig parallel;   ///< group shape and dp replicas; world_size() <= the cluster's devices
@@ -89,6 +113,9 @@ struct Strategy {
   std::optional<SeesawStrategy> seesaw;
   /// DéjàVu: failures and how the group recovers (not with Seesaw).
   std::optional<FailureInjection> failures;
+  /// SiDP: `parallel` must be dp >= 2 single-device ranks (no Shift,
+  /// Seesaw or failures).
+  std::optional<SidpStrategy> sidp;
   /// "tp=2,pp=1,sp=1,dp=4 fixed", "seesaw pp=4:tp=4 fixed" and the like.
   [[nodiscard]] std::string label() const;
 };
@@ -128,7 +155,8 @@ struct SimResult {
   double decode_step_ms = 0;
   int decode_batch = 0;            ///< sequences in those micro-batches
   Percentiles ttft_ms, tpot_ms;
-  int num_kv_blocks = 0;           ///< per engine group
+  int num_kv_blocks = 0;           ///< per engine group (SiDP: the least over its ranks)
+  long long kv_capacity_tokens = 0;  ///< KV tokens over all groups (num_kv_blocks x block size x dp; SiDP: summed over ranks)
   double kv_peak_fraction = 0;     ///< most blocks in use at once / num_kv_blocks, max over groups
   double bubble_fraction = 0;      ///< 1 - stage busy time / (pp * elapsed), mean over groups (0 without PP, and for Seesaw, whose phases run different stage counts)
   double prefill_time_s = 0;       ///< virtual time of micro-batches with prefill tokens, summed over groups
@@ -151,6 +179,10 @@ struct SimResult {
   /// replicas and restored from them, the requests the first failure hit,
   /// when it came, and their mean finish time over the same run without
   /// failures (failure_free_elapsed_s is that run's elapsed time).
+  /// SiDP: WaS <-> CaS switches, the share of rank steps in CaS, and b*.
+  long long sidp_switches = 0;
+  double sidp_cas_step_fraction = 0;
+  long long sidp_switch_batch = 0;
   int num_failures = 0;
   double failure_downtime_s = 0;
   long long failure_recomputed_tokens = 0;

@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 
 #include "engine/gpu_memory_plan.hpp"
+#include "engine/sidp_memory.hpp"
+#include "sim/workload.hpp"
+#include <cmath>
 #include "tests/support/process.hpp"
 
 namespace shardline::sim {
@@ -319,6 +322,109 @@ TEST(Simulator, FailuresAtGivenTimesEachRestartTheGroup) {
   bad = simulate(config, cluster("h100x4"), s, fixed_workload(4, 16, 4), o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("needs times or a token"), std::string::npos) << bad.error().message;
+}
+
+// SiDP (seed 002): the ranks share the FFN weights, so each holds about
+// 1/dp of them and the KV cache gets the rest (§4.1).
+TEST(Simulator, SidpRanksHoldTheirShareOfTheFfnAndTheKvGetsTheRest) {
+  const auto config = shape("qwen3-32b");
+  const auto c = cluster("h200x8");
+  SimOptions o;
+  o.max_batch = 64;
+  o.prefill_run = false;
+  const auto workload = fixed_workload(64, 256, 8);
+  auto plain = simulate(config, c, strategy("dp=8"), workload, o);
+  ASSERT_TRUE(plain.ok()) << plain.error().to_string();
+  Strategy s = strategy("dp=8");
+  s.sidp = SidpStrategy{engine::SidpModeSetting::was, 0, 0.25, 3.0, 2};
+  auto sidp = simulate(config, c, s, workload, o);
+  ASSERT_TRUE(sidp.ok()) << sidp.error().to_string();
+  EXPECT_EQ(sidp->strategy, "tp=1,pp=1,sp=1,dp=8 fixed sidp(was)");
+  // Rank by rank, as engine/sidp_memory.hpp counts the weights.
+  const double usable = double(usable_memory_bytes(c.device));
+  const double activation = double(engine::activation_bytes_for(config, o.max_num_batched_tokens, o.max_batch));
+  const double per_block = 2.0 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 16 * 2;
+  long long tokens = 0;
+  for (int r = 0; r < 8; ++r) {
+    const int owned = engine::sidp_owned_ffn_layer_count(config.num_hidden_layers, 8, r);
+    const double weights = double(engine::sidp_weight_bytes_for(config, c.device.weight_dtype, owned, 2));
+    tokens += static_cast<long long>(std::floor((usable - weights - activation) / per_block)) * 16;
+  }
+  EXPECT_EQ(sidp->kv_capacity_tokens, tokens);
+  EXPECT_EQ(plain->kv_capacity_tokens, static_cast<long long>(plain->num_kv_blocks) * 16 * 8);
+  EXPECT_GT(sidp->kv_capacity_tokens, 1.6 * plain->kv_capacity_tokens) << "the paper: up to 1.8x";
+
+  // SiDP needs single-device ranks.
+  Strategy bad = strategy("tp=2,dp=4");
+  bad.sidp = SidpStrategy{};
+  auto r = simulate(config, c, bad, workload, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("single-device ranks"), std::string::npos) << r.error().message;
+}
+
+// WaS: a rank fetches its (L - owned) FFN layers every step while it
+// computes; at a small batch the fetch is the whole step. CaS: the ranks
+// step in lockstep and each layer's FFN runs at its owner for the group.
+TEST(Simulator, SidpWasStepsAreBoundByTheWeightFetchesAndCasStepsByTheOwners) {
+  const auto config = shape("qwen3-32b");
+  const auto c = cluster("h200x8");
+  SimOptions o;
+  o.max_batch = 64;
+  o.prefill_run = false;
+  const auto workload = fixed_workload(512, 64, 32);
+  Strategy was = strategy("dp=8");
+  was.sidp = SidpStrategy{engine::SidpModeSetting::was, 0, 0.25, 3.0, 2};
+  auto w = simulate(config, c, was, workload, o);
+  ASSERT_TRUE(w.ok()) << w.error().to_string();
+  auto cm = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), element_sizes(c.device),
+                                            group_hardware(c, 1, 8));
+  ASSERT_TRUE(cm.ok());
+  const orchestrator::LinkSpec link{c.device.intra_node_bw_bytes_per_s.value, c.device.intra_node_latency_s.value};
+  const double fetch_ms = (64 - 8) * cm->sidp_weight_fetch_ms(link);
+  EXPECT_EQ(w->decode_batch, 64);
+  EXPECT_NEAR(w->decode_step_ms,
+              c.device.step_overhead_ms.value + 64 * c.device.seq_overhead_ms.value + fetch_ms, 1e-6 * fetch_ms);
+  EXPECT_EQ(w->sidp_switches, 0);
+  EXPECT_EQ(w->sidp_cas_step_fraction, 0.0);
+
+  Strategy cas = was;
+  cas.sidp->mode = engine::SidpModeSetting::cas;
+  auto k = simulate(config, c, cas, workload, o);
+  ASSERT_TRUE(k.ok()) << k.error().to_string();
+  EXPECT_EQ(k->sidp_cas_step_fraction, 1.0);
+  // At 64 sequences per rank the owners' FFN for the group's 512 rows still
+  // costs less than fetching the weights; each owner computes all 512.
+  EXPECT_LT(k->decode_step_ms, 0.7 * w->decode_step_ms);
+  EXPECT_GT(k->decode_step_ms, 64 * cm->sidp_ffn_gemm_ms(512)) << "every layer's FFN at its owner, for the group";
+}
+
+// The orchestrator's switching (§4.3) on the virtual clock: WaS for the
+// bulk of a long-tailed job, CaS for its tail, faster than either mode alone.
+TEST(Simulator, SidpAutoSwitchesToCasInTheTailAndBeatsEitherModeAlone) {
+  const auto config = shape("qwen3-32b");
+  const auto c = cluster("h200x8");
+  SimOptions o;
+  o.max_batch = 256;
+  o.prefill_run = false;
+  auto in = parse_length_dist("1024");
+  auto out = parse_length_dist("loguniform:16:2048");
+  ASSERT_TRUE(in.ok() && out.ok());
+  const auto workload = generate_workload(1000, *in, *out, 1);
+  double best_single = 0;
+  SimResult automatic;
+  for (const auto mode : {engine::SidpModeSetting::was, engine::SidpModeSetting::cas, engine::SidpModeSetting::automatic}) {
+    Strategy s = strategy("dp=8");
+    s.sidp = SidpStrategy{mode, 512, 0.25, 0.5, 2};
+    auto r = simulate(config, c, s, workload, o);
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    if (mode == engine::SidpModeSetting::automatic) automatic = *r;
+    else best_single = std::max(best_single, r->total_tok_s);
+  }
+  EXPECT_EQ(automatic.sidp_switch_batch, 512);
+  EXPECT_GE(automatic.sidp_switches, 1);
+  EXPECT_GT(automatic.sidp_cas_step_fraction, 0.0);
+  EXPECT_LT(automatic.sidp_cas_step_fraction, 1.0);
+  EXPECT_GT(automatic.total_tok_s, 1.1 * best_single);
 }
 
 }  // namespace
