@@ -406,13 +406,46 @@ Status job_flags(const std::string& parallel, const std::string& token_budget, c
 
 std::string absolute(const std::string& p) { return std::filesystem::absolute(p).lexically_normal().string(); }
 
+/// `job submit --parallel auto`: the planner's config for the job's lines
+/// on the cluster's devices (every registered worker's engine group, CPU
+/// devices), said on stderr. Errors: not_found (no worker registered),
+/// invalid_argument (CUDA workers), the planner's.
+Result<std::string> plan_for_cluster(actors::Client& client, const SubmitArgs& a) {
+  auto actors = client.call<messages::ActorList>(messages::ActorListQuery{});
+  if (!actors) return actors.error();
+  int num_devices = 0;
+  for (const messages::ActorInfo& info : actors->actors) {
+    if (info.kind != "worker") continue;
+    if (info.name.find("cuda") != std::string::npos)
+      return make_error(ErrorCode::invalid_argument,
+                        "--parallel auto plans for CPU devices; worker " + info.name + " runs on CUDA");
+    auto pc = engine::parse_parallel_config(info.parallel.empty() ? "single" : info.parallel);
+    num_devices += pc ? pc->group_size() : 1;
+  }
+  if (num_devices == 0)
+    return make_error(ErrorCode::not_found, "--parallel auto: no worker has registered with the cluster yet");
+  std::vector<std::string> inputs(a.inputs.begin(), a.inputs.end());
+  auto chosen = plan_parallel_auto(a.model_dir, inputs, "cpu:" + std::to_string(num_devices), a.token_budget,
+                                   engine::EngineConfig{}.max_num_seqs);
+  if (!chosen) return chosen.error();
+  std::cerr << "shardline job submit: --parallel auto: " << chosen->parallel << " on the cluster's "
+            << chosen->devices << ". " << chosen->why << "\n";
+  return chosen->parallel;
+}
+
 int run_job_submit(const SubmitArgs& a) {
   messages::SubmitJob sj;
-  if (Status st = job_flags(a.parallel, a.token_budget, a.chat_template, a.model_dir, sj); !st)
-    return fail(st.error(), 2);
-  sj.weight_sharing = a.weight_sharing;
   auto client = actors::Client::connect(a.client.node, a.client.key_file);
   if (!client) return fail(client.error());
+  std::string parallel = a.parallel;
+  if (parallel == "auto") {
+    auto chosen = plan_for_cluster(**client, a);
+    if (!chosen) return fail(chosen.error(), chosen.error().code == ErrorCode::invalid_argument ? 2 : 1);
+    parallel = *chosen;
+  }
+  if (Status st = job_flags(parallel, a.token_budget, a.chat_template, a.model_dir, sj); !st)
+    return fail(st.error(), 2);
+  sj.weight_sharing = a.weight_sharing;
   sj.model_dir = absolute(a.model_dir);
   for (const auto& in : a.inputs) sj.inputs.push_back(absolute(in));
   sj.output = absolute(a.output);
@@ -673,7 +706,8 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   submit->add_option("--output", sa->output, "Output JSONL")->required();
   submit->add_option("--parallel", sa->parallel,
                      "tp=..,pp=..,sp=..,dp=..: the config the job must run on; refused when the cluster's "
-                     "workers run another (default: whatever they run)");
+                     "workers run another (default: whatever they run). auto: the planner's choice for the job's "
+                     "lines on the cluster's devices (docs/simulator.md)");
   submit->add_option("--token-budget", sa->token_budget,
                      std::string("Per-micro-batch token budget policy of the job: ") +
                          engine::token_budget_policy_names())

@@ -12,7 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/parallel_config.hpp"
 #include "sim/hardware_spec.hpp"
+#include "tests/actors/node_harness.hpp"
+#include <filesystem>
+#include <fstream>
+#include <thread>
 #include "tests/support/demo_prompts.hpp"
 #include "tests/support/process.hpp"
 
@@ -106,6 +111,66 @@ TEST_F(SimulateE2e, SeesawPairsAndInjectedFailuresFromTheFlags) {
   EXPECT_GT(with["restored_bytes"].get<double>(), 0);
   EXPECT_GT(without["failure_recomputed_tokens"].get<long long>(), 16 * 256);
   EXPECT_GT(without["failure_latency_ratio"].get<double>(), with["failure_latency_ratio"].get<double>());
+}
+
+// job submit --parallel auto: the planner picks a config for the job's lines
+// on the cluster's devices (every registered worker's group); the job runs
+// on it when the cluster's workers run it, and is refused naming it when
+// they run another. The CPU device file is fixed (an H100's numbers under
+// HOME/.shardline), so the choice does not depend on this machine's speed.
+TEST_F(SimulateE2e, JobSubmitParallelAutoPlansForTheClustersDevices) {
+  auto h100 = sim::load_cluster("h100");
+  ASSERT_TRUE(h100.ok());
+  std::filesystem::create_directories(path("home/.shardline"));
+  {
+    std::ofstream f(path("home/.shardline/cpu-calibration.json"));
+    f << sim::device_spec_json(h100->device);
+  }
+  const std::string home = "HOME=" + path("home") + " ";
+  const std::string model = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
+  testing_support::write_demo_prompts(path("in.jsonl"), 12);
+  std::string chosen;
+  for (const std::string cluster_parallel : {"dp=2", "tp=2"}) {
+    const std::string dir = path("node-" + cluster_parallel.substr(0, 2));
+    ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + dir + ".key").exit_code, 0);
+    testing_support::Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", dir + "/data",
+                                 "--model", model, "--key-file", dir + ".key", "--parallel", cluster_parallel,
+                                 "--threads", "1"},
+                                dir + ".log");
+    const auto addr = testing_support::wait_for_node(node, false);
+    ASSERT_FALSE(addr.addr.empty()) << node.log();
+    const std::string client = testing_support::client_flags(addr.addr, dir + ".key");
+    for (int i = 0; i < 100; ++i) {  // until every worker has registered
+      const std::string list = run_command(kShardline + " actor list" + client).out;
+      if (std::count(list.begin(), list.end(), '\n') > 0 &&
+          (cluster_parallel == "tp=2" ? list.find("tp=2") != std::string::npos
+                                      : list.find("node0/cpu:1 ") != std::string::npos))
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const auto r = run_command(home + kShardline + " job submit" + client + " --model " + model + " --input " +
+                               path("in.jsonl") + " --output " + dir + "/out.jsonl --parallel auto");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m,
+                                  std::regex("--parallel auto: (tp=\\d+,pp=\\d+,sp=\\d+,dp=\\d+) on the cluster's cpu:2")))
+        << r.out;
+    if (chosen.empty()) chosen = m[1].str();
+    EXPECT_EQ(m[1].str(), chosen) << "the same lines on the same devices: the same choice";
+    const auto running = engine::parse_parallel_config(cluster_parallel);
+    if (chosen == running->to_string()) {
+      ASSERT_EQ(r.exit_code, 0) << r.out;
+      const auto status = testing_support::wait_job_done(client, 1, std::chrono::seconds(120));
+      EXPECT_EQ(status["jobs"][0]["state"], "done") << status.dump();
+      const std::string out = read_file(dir + "/out.jsonl");
+      EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 12);
+    } else {
+      EXPECT_NE(r.exit_code, 0) << r.out;
+      EXPECT_NE(r.out.find("start the nodes with --parallel " + chosen), std::string::npos) << r.out;
+    }
+  }
+  // Either node ran the chosen config or refused it; a 2-device choice of
+  // dp=2 or tp=2 means one of the two nodes ran the job.
+  EXPECT_TRUE(chosen == "tp=1,pp=1,sp=1,dp=2" || chosen == "tp=2,pp=1,sp=1,dp=1") << chosen;
 }
 
 TEST_F(SimulateE2e, BadClustersAndConfigsAreClearErrors) {
