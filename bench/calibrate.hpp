@@ -21,6 +21,13 @@
 ///   gemm_efficiency      = T_comp(large) / measured model time(large), capped at 1
 /// where the small batch is taken as memory-bound and the large one as
 /// compute-bound; each fitted number's source line gives the measurement.
+///
+/// The split fit (on >= 2 threads): the same two runs, each as 2 engines
+/// at once on half the threads (what a config of 2 CPU devices does), and
+/// Shardline's linear on half the threads for the peak. The terms fitted
+/// there go into sim::DeviceSpec::split, which prices runs with 2 or more
+/// busy devices: threads that do not share one GEMM lose less time to
+/// synchronisation than the all-thread device's 1/N slices assume.
 
 #include <string>
 
@@ -36,6 +43,9 @@ struct CalibrateOptions {
   int large_batch = 64;
   int input_len = 64;
   int output_len = 32;
+  /// Also fit the device split over 2 devices running at once
+  /// (sim::DeviceSpec::split), when there are >= 2 threads.
+  bool split = true;
 };
 
 /// The CPU device with measured limits and neutral efficiency terms (1, 1,

@@ -100,6 +100,17 @@ Result<DeviceSpec> parse_device_spec(const std::string& json_text, const std::st
     return make_error(ErrorCode::corrupt, origin + ": " + e.what());
   }
   if (d.name.empty()) return make_error(ErrorCode::corrupt, origin + ": empty 'name'");
+  if (j.contains("split")) {
+    const json& sj = j["split"];
+    if (!sj.is_object() || !j.contains("split_devices") || !j["split_devices"].is_number_integer())
+      return make_error(ErrorCode::corrupt, origin + ": 'split' must be a device object beside an integer 'split_devices'");
+    d.split_devices = j["split_devices"].get<int>();
+    if (d.split_devices < 2) return make_error(ErrorCode::invalid_argument, origin + ": 'split_devices' must be >= 2");
+    if (sj.contains("split")) return make_error(ErrorCode::corrupt, origin + ": a split device has no split of its own");
+    auto split = parse_device_spec(sj.dump(), origin + " (split)");
+    if (!split) return split.error();
+    d.split = std::make_shared<const DeviceSpec>(std::move(split).value());
+  }
   return d;
 }
 
@@ -114,6 +125,10 @@ std::string device_spec_json(const DeviceSpec& d) {
   for (const Field& f : kFields) {
     const Sourced& s = d.*(f.member);
     j[f.key] = {{"value", s.value}, {"source", s.source}};
+  }
+  if (d.split) {
+    j["split_devices"] = d.split_devices;
+    j["split"] = nlohmann::ordered_json::parse(device_spec_json(*d.split));
   }
   return j.dump(2) + "\n";
 }
@@ -177,11 +192,17 @@ Result<ClusterSpec> load_cluster(const std::string& name_or_path, const std::str
   return c;
 }
 
+const DeviceSpec& device_for(const ClusterSpec& cluster, int active_per_node) {
+  const DeviceSpec& d = cluster.device;
+  if (d.shared_memory_bus && d.split && d.split_devices >= 2 && active_per_node >= d.split_devices) return *d.split;
+  return d;
+}
+
 orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size, int active_per_node,
                                           bool large_steps) {
-  const DeviceSpec& d = cluster.device;
-  group_size = std::max(group_size, 1);
   active_per_node = std::max(active_per_node, 1);
+  const DeviceSpec& d = device_for(cluster, active_per_node);
+  group_size = std::max(group_size, 1);
   const double share = d.shared_memory_bus ? 1.0 / active_per_node : 1.0;
   orchestrator::HardwareSpec hw;
   hw.flops_per_s =

@@ -33,6 +33,7 @@
 /// for_cpu_devices assumes.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,16 @@ struct DeviceSpec {
   Sourced step_overhead_ms;          ///< per micro-batch: scheduling, launches, ms (>= 0)
   Sourced seq_overhead_ms;           ///< per sequence of a micro-batch: scheduling, sampling, ms (>= 0)
   bool shared_memory_bus = false;    ///< the devices of a node share one memory bus and one compute budget
+  /// CPU only (`simulate --calibrate` on >= 2 threads): this device as
+  /// calibrated with the machine's threads split over `split_devices`
+  /// devices that run at once, each on its share of the threads. Its
+  /// peak_flops and memory bandwidth are still the machine's totals (each
+  /// busy device gets 1/N); its efficiencies and overheads are fitted on
+  /// those concurrent runs. Threads that do not share one GEMM waste less
+  /// time synchronising, so a config of N devices runs faster than N
+  /// slices of the all-thread device (docs/simulator.md). Null: none.
+  std::shared_ptr<const DeviceSpec> split;
+  int split_devices = 0;
 };
 
 /// Tokens from which a step's GEMMs run at prefill_gemm_efficiency.
@@ -104,6 +115,11 @@ struct ClusterSpec {
 /// N), parse errors of the files.
 [[nodiscard]] Result<ClusterSpec> load_cluster(const std::string& name_or_path,
                                                const std::string& cpu_calibration_path = "");
+
+/// The device a run with `active_per_node` busy devices per node is priced
+/// on: device.split when the node shares one memory bus, has a split fit,
+/// and runs at least split_devices devices at once; else the device.
+[[nodiscard]] const DeviceSpec& device_for(const ClusterSpec& cluster, int active_per_node);
 
 /// Per-rank hardware of an engine group of `group_size` devices of `cluster`
 /// (orchestrator::CostModel's HardwareSpec): achievable FLOP/s and memory

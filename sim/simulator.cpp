@@ -139,8 +139,10 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
   eo.vocab_size = config.vocab_size;
   eo.num_kv_blocks = num_kv_blocks;
   eo.block_size = options.block_size;
-  eo.step_overhead_ms = cluster.device.step_overhead_ms.value;
-  eo.seq_overhead_ms = cluster.device.seq_overhead_ms.value;
+  // The engine's own time as fitted for this many busy devices.
+  const DeviceSpec& priced = device_for(cluster, std::min(pc.world_size(), cluster.devices_per_node()));
+  eo.step_overhead_ms = priced.step_overhead_ms.value;
+  eo.seq_overhead_ms = priced.seq_overhead_ms.value;
   engine::EngineConfig ec;
   ec.max_num_seqs = options.max_batch;
   ec.max_num_batched_tokens = options.max_num_batched_tokens;

@@ -119,5 +119,44 @@ TEST_F(SimHardware, GroupHardwarePicksTheLinkAndSplitsASharedBus) {
   EXPECT_DOUBLE_EQ(element_sizes(*device_preset("h200")).weight_bytes, 2.0);
 }
 
+// A CPU device with a split fit: runs with 2 or more busy devices are priced
+// on the split, a single device on the whole; the split round-trips through
+// the file, and a malformed one is a clear error.
+TEST_F(SimHardware, ACpuSplitFitPricesMultiDeviceRuns) {
+  DeviceSpec cpu = *device_preset("h100");
+  cpu.name = "cpu";
+  cpu.shared_memory_bus = true;
+  DeviceSpec split = cpu;
+  split.gemm_efficiency = {0.9, "fitted on 2 devices"};
+  split.memory_bw_efficiency = {0.5, "fitted on 2 devices"};
+  split.step_overhead_ms = {1.25, "fitted on 2 devices"};
+  cpu.split = std::make_shared<const DeviceSpec>(split);
+  cpu.split_devices = 2;
+  ClusterSpec c{"cpux2", cpu, 2};
+  EXPECT_EQ(&device_for(c, 1), &c.device);
+  EXPECT_EQ(&device_for(c, 2), c.device.split.get());
+  EXPECT_DOUBLE_EQ(group_hardware(c, 1, 1).memory_bw_bytes_per_s, 3350e9 * 0.85);
+  EXPECT_DOUBLE_EQ(group_hardware(c, 1, 2).memory_bw_bytes_per_s, 3350e9 * 0.5 / 2);
+  EXPECT_DOUBLE_EQ(group_hardware(c, 2, 2).flops_per_s, 989e12 * 0.9 / 2);
+
+  auto back = parse_device_spec(device_spec_json(cpu), "cpu.json");
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  ASSERT_NE(back->split, nullptr);
+  EXPECT_EQ(back->split_devices, 2);
+  EXPECT_DOUBLE_EQ(back->split->step_overhead_ms.value, 1.25);
+  EXPECT_EQ(back->split->gemm_efficiency.source, "fitted on 2 devices");
+
+  nlohmann::json j = nlohmann::json::parse(device_spec_json(cpu));
+  j["split_devices"] = 1;
+  auto bad = parse_device_spec(j.dump(), "cpu.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("split_devices"), std::string::npos) << bad.error().message;
+  j["split_devices"] = 2;
+  j["split"].erase("gemm_efficiency");
+  bad = parse_device_spec(j.dump(), "cpu.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("(split): missing 'gemm_efficiency'"), std::string::npos) << bad.error().message;
+}
+
 }  // namespace
 }  // namespace shardline::sim
