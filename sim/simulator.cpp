@@ -155,7 +155,6 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     ec.seesaw_async_kv = false;  // the executor's virtual links overlap the copies
     ec.swap_space_bytes = static_cast<std::uint64_t>(strategy.seesaw->host_buffer_bytes_per_device * pc.group_size());
   }
-  // A group's executor and engine, its clock at `start_ms`.
   // SiDP: each rank prices its steps in the group's current mode.
   SidpRun sidp_run;
   const orchestrator::LinkSpec sidp_link{cluster.device.intra_node_bw_bytes_per_s.value,
@@ -179,19 +178,23 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     const int owned = engine::sidp_owned_ffn_layer_count(layers, pc.dp, static_cast<int>(rank));
     const double fetch_ms = (layers - owned) * model.sidp_weight_fetch_ms(sidp_link);
     const double row_bytes = static_cast<double>(config.hidden_size) * model.sizes().activation_bytes;
-    o.price = [&model, &sidp_run, sidp_link, layers, fetch_ms, row_bytes](const orchestrator::StepShape& shape,
-                                                                         const orchestrator::StepCost& cost) {
+    o.price = [&model, &large_model, &sidp_run, sidp_link, layers, fetch_ms, row_bytes](
+                  const orchestrator::StepShape& shape, const orchestrator::StepCost& cost) {
       const long long n = shape.num_tokens();
       if (sidp_run.mode == engine::SidpMode::was) return std::max(cost.total_ms, fetch_ms);
       // CaS: the FFN of every layer runs at its owner over the group's rows;
-      // this rank's rows go there and back.
-      const double own_ffn_ms = layers * model.sidp_ffn_gemm_ms(n);
+      // this rank's rows go there and back. (GEMMs of many rows run at the
+      // device's prefill efficiency, as the executor prices them.)
+      const auto ffn_ms = [&](long long rows) {
+        return (rows >= kLargeStepTokens ? large_model : model).sidp_ffn_gemm_ms(rows);
+      };
       const double send_ms = (sidp_link.latency_s + n * row_bytes / sidp_link.bandwidth_bytes_per_s) * 1e3;
-      return std::max(0.0, cost.total_ms - own_ffn_ms) +
-             layers * (model.sidp_ffn_gemm_ms(std::max(n, sidp_run.group_tokens)) + 2 * send_ms);
+      return std::max(0.0, cost.total_ms - layers * ffn_ms(n)) +
+             layers * (ffn_ms(std::max(n, sidp_run.group_tokens)) + 2 * send_ms);
     };
     return o;
   };
+  // A group's executor and engine, its clock at `start_ms`.
   auto start_group = [&](Replica& r, double start_ms) -> Status {
     auto ex = SimulatedExecutor::create(model, options_for(static_cast<std::size_t>(&r - out.replicas.data())), &large_model,
                                         kLargeStepTokens);

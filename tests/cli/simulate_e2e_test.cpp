@@ -197,6 +197,22 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
                                 &device->memory_bw_efficiency, &device->step_overhead_ms})
     EXPECT_NE(s->source.find("fitted"), std::string::npos) << s->source;
   EXPECT_NE(device->memory_bw_bytes_per_s.source.find("triad"), std::string::npos);
+  EXPECT_EQ(device->split, nullptr) << "one thread: nothing to split";
+
+  // On 2 threads the machine is also fitted split over 2 devices running at
+  // once, and a 2-device run is priced on that fit.
+  const auto cal2 = run_command(kShardline + " simulate --calibrate --threads 2 --shape " + shape +
+                                " --calibration " + path("cpu2.json"));
+  ASSERT_EQ(cal2.exit_code, 0) << cal2.out;
+  auto device2 = sim::parse_device_spec(read_file(path("cpu2.json")), "cpu2.json");
+  ASSERT_TRUE(device2.ok()) << device2.error().to_string();
+  ASSERT_NE(device2->split, nullptr) << read_file(path("cpu2.json"));
+  EXPECT_EQ(device2->split_devices, 2);
+  for (const sim::Sourced* s : {&device2->split->gemm_efficiency, &device2->split->memory_bw_efficiency,
+                                &device2->split->step_overhead_ms})
+    EXPECT_NE(s->source.find("each of 2 devices running at once"), std::string::npos) << s->source;
+  EXPECT_NE(device2->split->peak_flops.source.find("1 thread(s)"), std::string::npos)
+      << device2->split->peak_flops.source;
 
   // The calibrated device simulates this machine.
   const auto sim = run_command(kShardline + " simulate --cluster cpux2 --calibration " + path("cpu.json") +
