@@ -30,6 +30,14 @@ ClusterSpec cluster(const std::string& name) {
   return *c;
 }
 
+/// Options of a run without the prefill-only second run, at `max_batch`.
+SimOptions full_run_only(int max_batch) {
+  SimOptions o;
+  o.max_batch = max_batch;
+  o.prefill_run = false;
+  return o;
+}
+
 Strategy strategy(const std::string& parallel, const std::string& budget = "fixed") {
   Strategy s;
   s.parallel = *engine::parse_parallel_config(parallel);
@@ -84,9 +92,7 @@ TEST(Simulator, EveryTokenIsAccountedForAndDecodeStepsCostWhatTheModelSays) {
 TEST(Simulator, DataParallelReplicasScaleThroughput) {
   const auto config = shape("llama-3.1-8b");
   const auto c = cluster("h100x8");
-  SimOptions o;
-  o.max_batch = 64;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(64);
   const auto workload = fixed_workload(512, 256, 128);
   auto one = simulate(config, c, strategy("single"), workload, o);
   auto four = simulate(config, c, strategy("dp=4"), workload, o);
@@ -104,9 +110,7 @@ TEST(Simulator, DataParallelReplicasScaleThroughput) {
 TEST(Simulator, ASmallJobSpreadsOverEveryReplica) {
   const auto config = shape("llama-3.1-8b");
   const auto c = cluster("h100x2");
-  SimOptions o;
-  o.max_batch = 32;
-  o.prefill_run = false;
+  SimOptions o = full_run_only(32);
   // Prefill-heavy, so that splitting the requests halves the work of each
   // replica (a decode step costs about the same at batch 16 as at 32).
   const auto workload = fixed_workload(32, 1024, 8);
@@ -122,9 +126,7 @@ TEST(Simulator, ASmallJobSpreadsOverEveryReplica) {
 TEST(Simulator, PipelineBubblesAndTokenThrottlingComeFromTheSchedule) {
   const auto config = shape("llama-3.1-8b");
   const auto c = cluster("l20x4");
-  SimOptions o;
-  o.max_batch = 64;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(64);
   const auto workload = fixed_workload(128, 512, 64);
   auto fixed = simulate(config, c, strategy("pp=4", "fixed"), workload, o);
   auto throttle = simulate(config, c, strategy("pp=4", "throttle"), workload, o);
@@ -162,9 +164,7 @@ TEST(Simulator, KvCapacityBoundsTheBatchAndWeightsMustFit) {
 TEST(Simulator, ShiftRunsSmallStepsInFullTensorParallelism) {
   const auto config = shape("llama-3.1-8b");
   const auto c = cluster("h200x8");
-  SimOptions o;
-  o.max_batch = 16;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(16);
   Strategy s = strategy("sp=8");
   s.shift = engine::ShiftPolicyOptions{256, 0.25};
   auto r = simulate(config, c, s, fixed_workload(64, 1024, 64), o);
@@ -181,9 +181,7 @@ TEST(Simulator, ShiftRunsSmallStepsInFullTensorParallelism) {
 TEST(Simulator, SeesawRunsPhasesAndPricesKvCopiesAndWeightReloadsOnTheHostLink) {
   const auto config = shape("llama-3.1-8b");
   const auto c = cluster("a10x4");
-  SimOptions o;
-  o.max_batch = 64;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(64);
   Strategy s = strategy("pp=4");
   s.seesaw = SeesawStrategy{*engine::parse_parallel_config("tp=4"), {}, 1.0 * double(1ull << 30)};
   const auto workload = fixed_workload(256, 512, 64);
@@ -224,9 +222,7 @@ TEST(Simulator, SeesawBeatsEveryStaticConfigOnPcie) {
   auto config = model::load_model_config(std::string(SHARDLINE_SOURCE_DIR) + "/bench/shapes/codellama-34b");
   ASSERT_TRUE(config.ok()) << config.error().to_string();
   const auto c = cluster("a10x4");
-  SimOptions o;
-  o.max_batch = 128;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(128);
   const auto workload = fixed_workload(200, 2048, 128);
   Strategy seesaw = strategy("pp=4");
   seesaw.seesaw = SeesawStrategy{*engine::parse_parallel_config("tp=4"), {}};
@@ -260,9 +256,7 @@ TEST(Simulator, SeesawConfigsMustShareTheDevices) {
 TEST(Simulator, AFailureResumesFromTheLastTokenWithReplicatedKvAndFromScratchWithout) {
   const auto config = shape("llama-3.1-8b");
   const auto c = cluster("h100x2");
-  SimOptions o;
-  o.max_batch = 8;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(8);
   const auto workload = fixed_workload(8, 128, 100);
   Strategy s = strategy("pp=2");
   s.failures = FailureInjection{true, {}, 50, 0, 3.0};
@@ -299,9 +293,7 @@ TEST(Simulator, AFailureResumesFromTheLastTokenWithReplicatedKvAndFromScratchWit
 
 TEST(Simulator, FailuresAtGivenTimesEachRestartTheGroup) {
   const auto config = shape("llama-3.1-8b");
-  SimOptions o;
-  o.max_batch = 16;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(16);
   Strategy s = strategy("tp=2,dp=2");
   s.failures = FailureInjection{true, {1.0, 2.5, 1e6}, 0, 1, 0.5};
   auto r = simulate(config, cluster("h100x4"), s, fixed_workload(64, 256, 400), o);
@@ -329,9 +321,7 @@ TEST(Simulator, FailuresAtGivenTimesEachRestartTheGroup) {
 TEST(Simulator, SidpRanksHoldTheirShareOfTheFfnAndTheKvGetsTheRest) {
   const auto config = shape("qwen3-32b");
   const auto c = cluster("h200x8");
-  SimOptions o;
-  o.max_batch = 64;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(64);
   const auto workload = fixed_workload(64, 256, 8);
   auto plain = simulate(config, c, strategy("dp=8"), workload, o);
   ASSERT_TRUE(plain.ok()) << plain.error().to_string();
@@ -368,9 +358,7 @@ TEST(Simulator, SidpRanksHoldTheirShareOfTheFfnAndTheKvGetsTheRest) {
 TEST(Simulator, SidpWasStepsAreBoundByTheWeightFetchesAndCasStepsByTheOwners) {
   const auto config = shape("qwen3-32b");
   const auto c = cluster("h200x8");
-  SimOptions o;
-  o.max_batch = 64;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(64);
   const auto workload = fixed_workload(512, 64, 32);
   Strategy was = strategy("dp=8");
   was.sidp = SidpStrategy{engine::SidpModeSetting::was, 0, 0.25, 3.0, 2};
@@ -403,9 +391,7 @@ TEST(Simulator, SidpWasStepsAreBoundByTheWeightFetchesAndCasStepsByTheOwners) {
 TEST(Simulator, SidpAutoSwitchesToCasInTheTailAndBeatsEitherModeAlone) {
   const auto config = shape("qwen3-32b");
   const auto c = cluster("h200x8");
-  SimOptions o;
-  o.max_batch = 256;
-  o.prefill_run = false;
+  const SimOptions o = full_run_only(256);
   auto in = parse_length_dist("1024");
   auto out = parse_length_dist("loguniform:16:2048");
   ASSERT_TRUE(in.ok() && out.ok());
