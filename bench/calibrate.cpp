@@ -154,7 +154,7 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
     if (e > 1.0) {
       d.memory_bw_bytes_per_s.value *= e;  // (the machine's total, raised in proportion)
       d.memory_bw_bytes_per_s.source += "; raised by calibration: " + run;
-      d.memory_bw_efficiency = {1.0, "fitted: 1 (the rate was raised to what the engine reached)"};
+      d.memory_bw_efficiency = {1.0, "fitted: 1 (the rate was raised to what the engine reached" + who + ")"};
     } else {
       d.memory_bw_efficiency = {e, "fitted: " + run};
     }
