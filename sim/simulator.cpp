@@ -417,26 +417,48 @@ std::vector<SimRequest> fixed_workload(int num, int input_len, int output_len) {
   return std::vector<SimRequest>(static_cast<std::size_t>(std::max(num, 0)), SimRequest{input_len, output_len});
 }
 
+namespace {
+
+/// One rank's memory on `d`: usable bytes, what its weights and its
+/// activations (`activation_share` of a whole step's) leave, and the bytes
+/// of one KV block of its `layers` layers and `kv_heads` KV heads.
+struct RankMemory {
+  double usable = 0, weights = 0, activation = 0, left = 0, per_block = 0;
+  /// Whole KV blocks in `left` (capped far below INT_MAX).
+  [[nodiscard]] int blocks() const {
+    return static_cast<int>(std::min(std::floor(left / per_block), double(std::numeric_limits<int>::max() / 2)));
+  }
+};
+
+RankMemory rank_memory(const model::ModelConfig& config, const DeviceSpec& d, double weights, double activation_share,
+                       int layers, int kv_heads, const SimOptions& options) {
+  RankMemory m;
+  m.usable = static_cast<double>(usable_memory_bytes(d));
+  m.weights = weights;
+  m.activation =
+      static_cast<double>(engine::activation_bytes_for(config, options.max_num_batched_tokens, options.max_batch)) *
+      activation_share;
+  const double kv_elem = d.weight_dtype == DType::f32 ? 4.0 : 2.0;
+  m.per_block = 2.0 * layers * kv_heads * config.head_dim * options.block_size * kv_elem;
+  m.left = m.usable - m.weights - m.activation;
+  return m;
+}
+
+}  // namespace
+
 Result<int> kv_blocks_per_group(const model::ModelConfig& config, const ClusterSpec& cluster,
                                 const engine::ParallelConfig& pc, const SimOptions& options) {
   const DeviceSpec& d = cluster.device;
-  const double usable = static_cast<double>(usable_memory_bytes(d));
-  const double weights = static_cast<double>(engine::weight_bytes_for(config, d.weight_dtype)) / (pc.tp * pc.pp);
-  const double activation =
-      static_cast<double>(engine::activation_bytes_for(config, options.max_num_batched_tokens, options.max_batch)) /
-      pc.tp;
-  const int layers = (config.num_hidden_layers + pc.pp - 1) / pc.pp;
-  const int kv_heads = std::max(1, config.num_key_value_heads / (pc.tp * pc.sp));
-  const double kv_elem = d.weight_dtype == DType::f32 ? 4.0 : 2.0;
-  const double per_block = 2.0 * layers * kv_heads * config.head_dim * options.block_size * kv_elem;
-  const double left = usable - weights - activation;
-  if (left <= 0)
+  const RankMemory m =
+      rank_memory(config, d, static_cast<double>(engine::weight_bytes_for(config, d.weight_dtype)) / (pc.tp * pc.pp),
+                  1.0 / pc.tp, (config.num_hidden_layers + pc.pp - 1) / pc.pp,
+                  std::max(1, config.num_key_value_heads / (pc.tp * pc.sp)), options);
+  if (m.left <= 0)
     return make_error(ErrorCode::out_of_memory,
-                      "on " + d.name + " (" + fixed2(gib(usable)) + " GiB usable per device) the weights of one rank of " +
-                          pc.to_string() + " (" + fixed2(gib(weights)) + " GiB) and its activations (" +
-                          fixed2(gib(activation)) + " GiB) do not fit");
-  const double blocks = std::floor(left / per_block);
-  return static_cast<int>(std::min(blocks, double(std::numeric_limits<int>::max() / 2)));
+                      "on " + d.name + " (" + fixed2(gib(m.usable)) + " GiB usable per device) the weights of one rank of " +
+                          pc.to_string() + " (" + fixed2(gib(m.weights)) + " GiB) and its activations (" +
+                          fixed2(gib(m.activation)) + " GiB) do not fit");
+  return m.blocks();
 }
 
 Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
@@ -493,25 +515,19 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     // Each rank holds the attention side, its own FFN layers and the slots:
     // the KV gets the rest (engine/sidp_memory.hpp).
     const DeviceSpec& d = cluster.device;
-    const double usable = static_cast<double>(usable_memory_bytes(d));
-    const double activation = static_cast<double>(
-        engine::activation_bytes_for(config, options.max_num_batched_tokens, options.max_batch));
-    const double kv_elem = d.weight_dtype == DType::f32 ? 4.0 : 2.0;
-    const double per_block = 2.0 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim *
-                             options.block_size * kv_elem;
     int least = std::numeric_limits<int>::max();
     kv_capacity_tokens = 0;
     for (int r = 0; r < pc.dp; ++r) {
       const int owned = engine::sidp_owned_ffn_layer_count(config.num_hidden_layers, pc.dp, r);
-      const double weights =
-          static_cast<double>(engine::sidp_weight_bytes_for(config, d.weight_dtype, owned, sd.cache_slots));
-      const double left = usable - weights - activation;
-      if (left < per_block)
-        return make_error(ErrorCode::out_of_memory, "on " + d.name + " (" + fixed2(gib(usable)) +
+      const RankMemory m = rank_memory(
+          config, d, static_cast<double>(engine::sidp_weight_bytes_for(config, d.weight_dtype, owned, sd.cache_slots)),
+          1.0, config.num_hidden_layers, config.num_key_value_heads, options);
+      if (m.left < m.per_block)
+        return make_error(ErrorCode::out_of_memory, "on " + d.name + " (" + fixed2(gib(m.usable)) +
                                                         " GiB usable per device) SiDP rank " + std::to_string(r) +
-                                                        "'s weights (" + fixed2(gib(weights)) + " GiB) and activations (" +
-                                                        fixed2(gib(activation)) + " GiB) leave no KV");
-      const int rank_blocks = static_cast<int>(std::min(std::floor(left / per_block), double(std::numeric_limits<int>::max() / 2)));
+                                                        "'s weights (" + fixed2(gib(m.weights)) + " GiB) and activations (" +
+                                                        fixed2(gib(m.activation)) + " GiB) leave no KV");
+      const int rank_blocks = m.blocks();
       least = std::min(least, rank_blocks);
       kv_capacity_tokens += static_cast<long long>(rank_blocks) * options.block_size;
     }
