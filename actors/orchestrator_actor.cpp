@@ -455,7 +455,7 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHeartbeat& beat) {
   // A SiDP rank's running sequences feed its group's policy (a worker still
   // starting has no status yet: it reports nothing).
   if (st.pool->contains(beat.worker_name) && !beat.status.worker_name.empty())
-    send_sidp(self, st.sidp->heartbeat(beat.worker_name, beat.status.num_running, now));
+    send_sidp(self, st.sidp->heartbeat(beat.worker_name, beat.status.num_running, now, beat.status.num_waiting));
   return std::nullopt;
 }
 

@@ -70,9 +70,9 @@ Result<OrchestratorSidp::Directives> OrchestratorSidp::joined(const messages::Wo
 }
 
 OrchestratorSidp::Directives OrchestratorSidp::heartbeat(const std::string& name, long long num_running,
-                                                         Clock::time_point now) {
+                                                         Clock::time_point now, long long num_waiting) {
   if (!switcher_) return {};
-  switcher_->observe(name, num_running, now);
+  switcher_->observe(name, num_running, now, num_waiting);
   return decide(now);
 }
 

@@ -57,8 +57,9 @@ class OrchestratorSidp {
   /// if any. Errors: as check().
   [[nodiscard]] Result<Directives> joined(const messages::WorkerHello& hello, Clock::time_point now);
   /// A heartbeat of worker `name` (ignored unless it holds a SiDP rank):
-  /// records its running sequences, then decide().
-  [[nodiscard]] Directives heartbeat(const std::string& name, long long num_running, Clock::time_point now);
+  /// records its running sequences and waiting prompts, then decide().
+  [[nodiscard]] Directives heartbeat(const std::string& name, long long num_running, Clock::time_point now,
+                                     long long num_waiting = 0);
   /// Every group's policy decides at `now` (also on the orchestrator's tick:
   /// a dwell can end between heartbeats). Each switch is logged, counted and
   /// recorded with the wall clock.

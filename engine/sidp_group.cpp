@@ -260,7 +260,9 @@ SidpStepObserver SidpAutoSwitcher::observer() {
 void SidpAutoSwitcher::observe(int rank, int num_seqs) {
   std::lock_guard lk(mu_);
   const auto now = std::chrono::steady_clock::now();
-  if (!policy_.observe(now, rank, num_seqs).ok()) return;
+  // (Called on the rank's own thread after its step: its engine is idle.)
+  const auto waiting = static_cast<long long>(group_.engine(rank).scheduler().num_waiting());
+  if (!policy_.observe(now, rank, num_seqs, waiting).ok()) return;
   const std::optional<SidpSwitch> sw = policy_.decide(now);
   if (!sw) return;
   const std::uint64_t epoch = group_.announce(sw->to);

@@ -82,11 +82,11 @@ std::optional<std::pair<std::string, int>> SidpSwitcher::rank_of(const std::stri
   return it->second;
 }
 
-void SidpSwitcher::observe(const std::string& worker, long long num_running, TimePoint now) {
+void SidpSwitcher::observe(const std::string& worker, long long num_running, TimePoint now, long long num_waiting) {
   const auto it = ranks_.find(worker);
-  if (it == ranks_.end() || num_running < 0) return;
-  // The rank is in range (join checked it) and the count >= 0: cannot fail.
-  (void)groups_.at(it->second.first).policy.observe(now, it->second.second, num_running);
+  if (it == ranks_.end() || num_running < 0 || num_waiting < 0) return;
+  // The rank is in range (join checked it) and the counts >= 0: cannot fail.
+  (void)groups_.at(it->second.first).policy.observe(now, it->second.second, num_running, num_waiting);
 }
 
 void SidpSwitcher::leave(const std::string& worker, TimePoint now) {

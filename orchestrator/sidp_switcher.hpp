@@ -119,9 +119,10 @@ class SidpSwitcher {
   [[nodiscard]] Result<std::optional<SidpDirective>> join(const std::string& group, int rank, int num_ranks,
                                                           const std::string& worker, TimePoint now);
 
-  /// A heartbeat: `worker` runs `num_running` sequences at `now`. Unknown
+  /// A heartbeat: `worker` runs `num_running` sequences and has
+  /// `num_waiting` prompts admitted but not running at `now`. Unknown
   /// workers and negative counts are ignored.
-  void observe(const std::string& worker, long long num_running, TimePoint now);
+  void observe(const std::string& worker, long long num_running, TimePoint now, long long num_waiting = 0);
 
   /// `worker` is dead: its rank reports 0 at `now` and has no worker until
   /// one joins it again. Unknown workers are ignored.

@@ -60,25 +60,28 @@ Result<SidpModePolicy> SidpModePolicy::create(const SidpModePolicyOptions& optio
 SidpModePolicy::SidpModePolicy(const SidpModePolicyOptions& options)
     : options_(options),
       mode_(options.setting == SidpModeSetting::cas ? SidpMode::cas : SidpMode::was),
-      latest_(static_cast<size_t>(options.num_ranks), -1) {}
+      latest_(static_cast<size_t>(options.num_ranks), -1),
+      latest_waiting_(static_cast<size_t>(options.num_ranks), 0) {}
 
 double SidpModePolicy::switch_back_batch() const {
   return static_cast<double>(options_.switch_batch) * (1.0 + options_.hysteresis);
 }
 
 bool SidpModePolicy::leave_condition() const {
-  // An idle group (G = 0) is not a tail: nothing runs that CaS would speed up.
-  if (mode_ == SidpMode::was) return group_batch_ > 0 && group_batch_ < options_.switch_batch;
-  return static_cast<double>(group_batch_) > switch_back_batch();
+  // An idle group (G = 0) is not a tail: nothing runs that CaS would speed
+  // up. Nor is a group with prompts waiting: their prefill is the bulk.
+  if (mode_ == SidpMode::was)
+    return group_batch_ > 0 && group_batch_ < options_.switch_batch && group_waiting_ == 0;
+  return static_cast<double>(group_batch_) > switch_back_batch() || group_waiting_ > 0;
 }
 
-Status SidpModePolicy::observe(TimePoint now, int rank, long long effective_batch) {
+Status SidpModePolicy::observe(TimePoint now, int rank, long long effective_batch, long long waiting_prompts) {
   if (rank < 0 || rank >= options_.num_ranks)
     return bad("report from rank " + std::to_string(rank) + " outside the group's ranks [0, " +
                std::to_string(options_.num_ranks) + ")");
-  if (effective_batch < 0)
-    return bad("rank " + std::to_string(rank) + " reported a negative effective batch " +
-               std::to_string(effective_batch));
+  if (effective_batch < 0 || waiting_prompts < 0)
+    return bad("rank " + std::to_string(rank) + " reported a negative effective batch or waiting count (" +
+               std::to_string(effective_batch) + ", " + std::to_string(waiting_prompts) + ")");
   long long& slot = latest_[static_cast<size_t>(rank)];
   if (slot < 0) {
     ++num_reported_;
@@ -86,6 +89,9 @@ Status SidpModePolicy::observe(TimePoint now, int rank, long long effective_batc
   }
   group_batch_ += effective_batch - slot;
   slot = effective_batch;
+  long long& waiting = latest_waiting_[static_cast<size_t>(rank)];
+  group_waiting_ += waiting_prompts - waiting;
+  waiting = waiting_prompts;
 
   if (!ready() || !leave_condition())
     held_since_.reset();

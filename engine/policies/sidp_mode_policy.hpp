@@ -16,8 +16,15 @@
 /// Rule, for the group's effective batch G = the sum over the group's ranks
 /// of each rank's latest reported batch (running sequences):
 ///
-///   WaS -> CaS  when 0 < G < b*            has held at every report for >= min_dwell_s
-///   CaS -> WaS  when G > b*·(1+h)          has held at every report for >= back_dwell_s
+///   WaS -> CaS  when 0 < G < b* and W = 0       has held at every report for >= min_dwell_s
+///   CaS -> WaS  when G > b*·(1+h) or W > 0      has held at every report for >= back_dwell_s
+///
+/// where W = the sum of the ranks' latest waiting prompts (admitted to a
+/// rank, not yet running). W = 0 is the paper's tail: no prompt is left to
+/// prefill, and only the last sequences decode. The simulator found why it
+/// is needed (docs/simulator.md, SiDP projection): with b* above what the
+/// group can ever run, G alone put a whole job in CaS, where every layer's
+/// FFN runs the group's prefill chunks at one owner.
 ///
 /// and in both directions no sooner than min_dwell_s after the previous
 /// switch (so the policy switches at most once per min_dwell_s, whatever the
@@ -126,10 +133,10 @@ class SidpModePolicy {
   /// Errors: invalid_argument from options.validate().
   [[nodiscard]] static Result<SidpModePolicy> create(const SidpModePolicyOptions& options);
 
-  /// Records rank `rank`'s latest effective batch (running sequences) at
-  /// `now`. Errors: invalid_argument for a rank outside [0, num_ranks) or a
-  /// negative batch (nothing is recorded then).
-  [[nodiscard]] Status observe(TimePoint now, int rank, long long effective_batch);
+  /// Records rank `rank`'s latest effective batch (running sequences) and
+  /// its waiting prompts at `now`. Errors: invalid_argument for a rank
+  /// outside [0, num_ranks) or a negative count (nothing is recorded then).
+  [[nodiscard]] Status observe(TimePoint now, int rank, long long effective_batch, long long waiting_prompts = 0);
 
   /// The switch to broadcast now, if any; the policy's mode is then the new
   /// one (it assumes the orchestrator broadcasts what it returns). Never
@@ -144,6 +151,8 @@ class SidpModePolicy {
   [[nodiscard]] std::optional<TimePoint> last_switch() const { return last_switch_; }
   /// G: the sum of the ranks' latest reports (ranks not yet reported add 0).
   [[nodiscard]] long long group_batch() const { return group_batch_; }
+  /// W: the sum of the ranks' latest waiting prompts.
+  [[nodiscard]] long long group_waiting() const { return group_waiting_; }
   /// Whether every rank has reported at least once.
   [[nodiscard]] bool ready() const { return num_reported_ == options_.num_ranks; }
   /// b*·(1+h): G must exceed it to switch back to WaS.
@@ -160,6 +169,8 @@ class SidpModePolicy {
   std::vector<long long> latest_;     ///< per rank; -1 = not reported yet
   int num_reported_ = 0;
   long long group_batch_ = 0;
+  std::vector<long long> latest_waiting_;  ///< per rank
+  long long group_waiting_ = 0;            ///< W
   std::optional<TimePoint> held_since_;  ///< the leave condition has held at every report since
   long long num_switches_ = 0;
   std::optional<TimePoint> last_switch_;

@@ -404,5 +404,41 @@ TEST(SidpModePolicy, ZeroDwellSwitchesOnTheFirstReport) {
   EXPECT_FALSE(p.decide(at_ms(0)).has_value());  // nothing more until a report changes G
 }
 
+// The tail (seed 002 §4.3): CaS only once no prompt waits to be prefilled.
+// A group below b* with prompts still waiting is the bulk of a job (its
+// batch is only small because the KV cache or max batch caps it); a prompt
+// waiting again in CaS (new work) switches back to WaS.
+TEST(SidpModePolicy, WaitingPromptsKeepWasUntilTheTailAndSendCasBack) {
+  SidpModePolicy p = make(opts());
+  // G = 60 < b* = 100, but rank 1 has 5 prompts waiting: no dwell starts.
+  for (long long ms = 0; ms <= 10'000; ms += 500) {
+    ASSERT_TRUE(p.observe(at_ms(ms), 0, 30, 0).ok());
+    ASSERT_TRUE(p.observe(at_ms(ms), 1, 30, 5).ok());
+    EXPECT_EQ(p.group_waiting(), 5);
+    EXPECT_FALSE(p.decide(at_ms(ms)).has_value()) << "switched with prompts waiting at " << ms << " ms";
+  }
+  // The last prompts are admitted: the dwell starts, and after it, CaS.
+  ASSERT_TRUE(p.observe(at_ms(10'500), 1, 30, 0).ok());
+  EXPECT_EQ(p.group_waiting(), 0);
+  EXPECT_FALSE(p.decide(at_ms(12'000)).has_value());
+  ASSERT_TRUE(p.observe(at_ms(13'500), 0, 30, 0).ok());
+  auto sw = p.decide(at_ms(13'500));
+  ASSERT_TRUE(sw.has_value());
+  EXPECT_EQ(sw->to, SidpMode::cas);
+  EXPECT_EQ(sw->since, at_ms(10'500));
+  // New work arrives (a prompt waits) while G is still small: back to WaS
+  // once the minimum spacing since the last switch has passed.
+  ASSERT_TRUE(p.observe(at_ms(14'000), 0, 20, 3).ok());
+  EXPECT_FALSE(p.decide(at_ms(14'000)).has_value()) << "sooner than min_dwell_s after the last switch";
+  sw = p.decide(at_ms(16'500));
+  ASSERT_TRUE(sw.has_value());
+  EXPECT_EQ(sw->to, SidpMode::was);
+  // A negative waiting count is refused like a negative batch.
+  const Status bad = p.observe(at_ms(17'000), 0, 1, -1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("negative"), std::string::npos);
+  EXPECT_EQ(p.group_waiting(), 3) << "a refused report changes nothing";
+}
+
 }  // namespace
 }  // namespace shardline::engine
