@@ -4,8 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <memory>
 #include <map>
+#include <memory>
+#include <random>
 #include <set>
 
 #include "engine/gpu_memory_plan.hpp"
@@ -87,7 +88,7 @@ struct RunOutcome {
 /// A SiDP group's shared state while it runs (SidpStrategy).
 struct SidpRun {
   engine::SidpMode mode = engine::SidpMode::was;
-  long long group_tokens = 0;  ///< G: tokens of the last CaS round (the owners' FFN rows)
+  int round_ranks = 0;  ///< ranks stepping in the current CaS round
   std::optional<engine::SidpModePolicy> policy;
 };
 
@@ -177,20 +178,31 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     const int layers = config.num_hidden_layers;
     const int owned = engine::sidp_owned_ffn_layer_count(layers, pc.dp, static_cast<int>(rank));
     const double fetch_ms = (layers - owned) * model.sidp_weight_fetch_ms(sidp_link);
+    // On a device that shares one memory bus with its peers (CPU devices),
+    // a fetch is a copy that a core makes while the cores compute: it adds
+    // to the step, at the machine's copy rate shared by every rank's fetches.
+    // A GPU's copy engine overlaps it (the paper's setting, §4.1).
+    const double copy_ms =
+        cluster.device.shared_memory_bus
+            ? pc.dp * (layers - owned) * model.ffn_layer_bytes() / cluster.device.host_link_bw_bytes_per_s.value * 1e3
+            : 0.0;
     const double row_bytes = static_cast<double>(config.hidden_size) * model.sizes().activation_bytes;
-    o.price = [&model, &large_model, &sidp_run, sidp_link, layers, fetch_ms, row_bytes](
+    o.price = [&model, &large_model, &sidp_run, sidp_link, layers, fetch_ms, copy_ms, row_bytes](
                   const orchestrator::StepShape& shape, const orchestrator::StepCost& cost) {
       const long long n = shape.num_tokens();
-      if (sidp_run.mode == engine::SidpMode::was) return std::max(cost.total_ms, fetch_ms);
-      // CaS: the FFN of every layer runs at its owner over the group's rows;
-      // this rank's rows go there and back. (GEMMs of many rows run at the
-      // device's prefill efficiency, as the executor prices them.)
+      if (sidp_run.mode == engine::SidpMode::was) return std::max(cost.total_ms + copy_ms, fetch_ms);
+      // CaS: the FFN of every layer runs at its owner over the group's G
+      // rows; this rank's rows go there and back. G is taken as this rank's
+      // n times the ranks of the round (balanced ranks: the ranks' batches
+      // of one round are not known until each has stepped). (GEMMs of many
+      // rows run at the device's prefill efficiency, as the executor prices
+      // them.)
       const auto ffn_ms = [&](long long rows) {
         return (rows >= kLargeStepTokens ? large_model : model).sidp_ffn_gemm_ms(rows);
       };
       const double send_ms = (sidp_link.latency_s + n * row_bytes / sidp_link.bandwidth_bytes_per_s) * 1e3;
       return std::max(0.0, cost.total_ms - layers * ffn_ms(n)) +
-             layers * (ffn_ms(std::max(n, sidp_run.group_tokens)) + 2 * send_ms);
+             layers * (ffn_ms(n * std::max(1, sidp_run.round_ranks)) + 2 * send_ms);
     };
     return o;
   };
@@ -293,6 +305,13 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
   bool token_failure_done = false;
   Replica* failing =
       failures && !prefill_only ? &out.replicas[static_cast<std::size_t>(failures->group)] : nullptr;
+  // Failures at a rate: exponential gaps of mean mtbf_s, each from the last.
+  std::mt19937_64 failure_rng(failures ? failures->seed : 0);
+  const auto next_gap_ms = [&] {
+    return std::exponential_distribution<double>(1.0 / failures->mtbf_s)(failure_rng) * 1e3;
+  };
+  double next_rate_failure_ms =
+      failures && failures->mtbf_s > 0 ? next_gap_ms() : std::numeric_limits<double>::infinity();
 
   std::size_t num_finished = 0;
   for (;;) {
@@ -308,6 +327,7 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
           round.push_back(&r);
         }
       for (Replica* r : round) r->executor->advance_to(barrier);
+      sidp_run.round_ranks = static_cast<int>(round.size());
     } else {
       Replica* pick = nullptr;
       for (Replica& r : out.replicas)
@@ -316,22 +336,19 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
       if (pick != nullptr) round.push_back(pick);
     }
     if (round.empty()) break;
-    long long round_tokens = 0;
     double round_end_ms = 0;
     for (Replica* pick : round) {
       auto finished = pick->engine->step();
       if (!finished) return finished.error();
-      for (const engine::StepStats& s : pick->engine->step_stats()) {
-        pick->preemptions += s.num_preemptions;
-        round_tokens += s.num_prefill_tokens + s.num_decode_tokens;
-      }
+      for (const engine::StepStats& s : pick->engine->step_stats()) pick->preemptions += s.num_preemptions;
       pick->engine->clear_step_stats();
       if (strategy.sidp) {
         ++out.sidp_rank_steps;
         if (cas) ++out.sidp_cas_rank_steps;
         const int rank = static_cast<int>(pick - out.replicas.data());
         if (Status st = sidp_run.policy->observe(virtual_time(pick->executor->now_ms()), rank,
-                                                 pick->engine->scheduler().num_running());
+                                                 pick->engine->scheduler().num_running(),
+                                                 pick->engine->scheduler().num_waiting());
             !st.ok())
           return st.error();
         round_end_ms = std::max(round_end_ms, pick->executor->now_ms());
@@ -355,6 +372,9 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
         if (next_failure_at < failures->at_s.size() && pick->executor->now_ms() >= failures->at_s[next_failure_at] * 1e3) {
           ++next_failure_at;
           hit = true;
+        } else if (pick->executor->now_ms() >= next_rate_failure_ms) {
+          next_rate_failure_ms = pick->executor->now_ms() + next_gap_ms();
+          hit = true;
         } else if (failures->at_token > 0 && !token_failure_done) {
           for (const std::size_t i : pick->live)
             if (generated(*pick, i) >= failures->at_token) {
@@ -369,15 +389,9 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     }
     if (strategy.sidp) {
       // The orchestrator's policy, on the group's running sequences.
-      if (cas) sidp_run.group_tokens = round_tokens;
       if (const auto sw = sidp_run.policy->decide(virtual_time(round_end_ms)); sw) {
         sidp_run.mode = sw->to;
         ++out.sidp_switches;
-        if (sw->to == engine::SidpMode::cas) {
-          // The first CaS round's G: what the ranks run now.
-          sidp_run.group_tokens = 0;
-          for (const Replica& r : out.replicas) sidp_run.group_tokens += r.engine->scheduler().num_running();
-        }
       }
     }
   }
@@ -495,13 +509,15 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     if (f.group < 0 || f.group >= pc.dp)
       return make_error(ErrorCode::invalid_argument, "simulate: the failing group " + std::to_string(f.group) +
                                                          " is not one of the " + std::to_string(pc.dp) + " DP groups");
-    if (!(f.detect_s >= 0) || f.at_token < 0)
-      return make_error(ErrorCode::invalid_argument, "simulate: failure detection time and token must be >= 0");
+    if (!(f.detect_s >= 0) || f.at_token < 0 || !(f.mtbf_s >= 0) || !std::isfinite(f.mtbf_s))
+      return make_error(ErrorCode::invalid_argument,
+                        "simulate: failure detection time, token and mean time between failures must be >= 0");
     for (std::size_t i = 0; i < f.at_s.size(); ++i)
       if (!(f.at_s[i] >= 0) || (i > 0 && f.at_s[i] < f.at_s[i - 1]))
         return make_error(ErrorCode::invalid_argument, "simulate: failure times must be >= 0 and ascending");
-    if (f.at_s.empty() && f.at_token == 0)
-      return make_error(ErrorCode::invalid_argument, "simulate: a failure injection needs times or a token");
+    if (f.at_s.empty() && f.at_token == 0 && f.mtbf_s == 0)
+      return make_error(ErrorCode::invalid_argument,
+                        "simulate: a failure injection needs times, a token or a mean time between failures");
   }
   long long kv_capacity_tokens = static_cast<long long>(*blocks) * options.block_size * pc.dp;
   Strategy resolved = strategy;  // with SiDP's b* filled in
@@ -674,6 +690,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     Strategy clean = strategy;
     clean.failures->at_s.clear();
     clean.failures->at_token = 0;
+    clean.failures->mtbf_s = 0;
     auto ref = run_once(config, cluster, clean, workload, options, *model, *large_model, *blocks, /*prefill_only=*/false);
     if (!ref) return ref.error();
     res.failure_free_elapsed_s = ref->elapsed_ms / 1e3;

@@ -77,6 +77,12 @@ struct FailureInjection {
   /// Until the failure is noticed, seconds (the orchestrator's heartbeat
   /// timeout, orchestrator::WorkerPoolOptions::heartbeat_timeout_s).
   double detect_s = 3.0;
+  /// > 0: also failures at a rate, as a Poisson process of mean time
+  /// between failures mtbf_s (virtual seconds; exponential gaps, each from
+  /// the previous failure), drawn from `seed`: DéjàVu's "failures at a
+  /// given frequency" (§5.2.3). 0: none.
+  double mtbf_s = 0;
+  std::uint64_t seed = 1;
 };
 
 /// SiDP (seed 002): a DP group of single-device ranks that share the FFN

@@ -313,7 +313,48 @@ TEST(Simulator, FailuresAtGivenTimesEachRestartTheGroup) {
   s.failures = FailureInjection{};
   bad = simulate(config, cluster("h100x4"), s, fixed_workload(4, 16, 4), o);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("needs times or a token"), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("needs times, a token or a mean time between failures"), std::string::npos)
+      << bad.error().message;
+  s.failures = FailureInjection{true, {}, 0, 0, 0.5, -1.0};
+  bad = simulate(config, cluster("h100x4"), s, fixed_workload(4, 16, 4), o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("must be >= 0"), std::string::npos) << bad.error().message;
+}
+
+// DéjàVu's failures at a given frequency (§5.2.3): a Poisson process of
+// mean time between failures mtbf_s, drawn from a seed. The same seed
+// gives the same run; more frequent failures cost more; with replicated KV
+// each costs less than without.
+TEST(Simulator, FailuresAtARateFollowTheirMeanTimeBetweenFailures) {
+  const auto config = shape("llama-3.1-8b");
+  const SimOptions o = full_run_only(16);
+  const auto workload = fixed_workload(64, 256, 400);
+  auto run = [&](double mtbf_s, std::uint64_t seed, bool replicate) {
+    Strategy s = strategy("tp=2,dp=2");
+    s.failures = FailureInjection{replicate, {}, 0, 0, 0.2, mtbf_s, seed};
+    auto r = simulate(config, cluster("h100x4"), s, workload, o);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    return r.ok() ? *r : SimResult{};
+  };
+  const SimResult a = run(1.0, 7, true);
+  const SimResult again = run(1.0, 7, true);
+  EXPECT_EQ(a.num_failures, again.num_failures);
+  EXPECT_DOUBLE_EQ(a.elapsed_s, again.elapsed_s);
+  // The failing group's time divided by the mean gap: about that many
+  // failures (a Poisson count; the bounds hold for this seed and are wide
+  // for any other).
+  ASSERT_GT(a.elapsed_s, 2.0) << "too short a job to see failures at this rate";
+  EXPECT_GE(a.num_failures, 1);
+  EXPECT_LE(a.num_failures, static_cast<int>(4 * a.elapsed_s / 1.0) + 2);
+  const SimResult rare = run(1e6, 7, true);
+  EXPECT_EQ(rare.num_failures, 0);
+  const SimResult frequent = run(0.25, 7, true);
+  EXPECT_GT(frequent.num_failures, a.num_failures);
+  EXPECT_GT(frequent.elapsed_s, rare.elapsed_s);
+  const SimResult without = run(1.0, 7, false);
+  EXPECT_GE(without.num_failures, a.num_failures) << "a job that starts over runs longer, and meets more";
+  EXPECT_GT(without.failure_recomputed_tokens, a.failure_recomputed_tokens);
+  EXPECT_GT(without.elapsed_s, a.elapsed_s);
 }
 
 // SiDP (seed 002): the ranks share the FFN weights, so each holds about
