@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "bench/hardware.hpp"
 #include "bench/workload.hpp"
 #include "engine/data_parallel.hpp"
+#include "engine/sidp_group.hpp"
 #include "orchestrator/cost_model.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 
@@ -22,7 +24,7 @@ namespace {
 
 /// One (config, policy) measurement.
 Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine::ParallelConfig& pc,
-                                     const std::string& policy_name, const orchestrator::CostModel& model,
+                                     const std::string& policy_name, const orchestrator::CostModel* model,
                                      int cores) {
   ParallelConfigResult r;
   r.parallel = pc.to_string();
@@ -42,17 +44,35 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   eo.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(policy).value());
 
   std::vector<engine::EngineInstance> replicas;
-  for (int d = 0; d < pc.dp; ++d) {
+  std::unique_ptr<engine::SidpGroup> sidp;  // o.sidp: the dp ranks as one SiDP group
+  if (o.sidp) {
+    if (pc.dp < 2 || pc.tp * pc.pp * pc.sp != 1)
+      return make_error(ErrorCode::invalid_argument, "bench: SiDP runs dp >= 2 single-device ranks, not " + pc.to_string());
+    engine::SidpOptions so = *o.sidp;
+    so.dp = pc.dp;
     omp_set_num_threads(r.threads_per_rank);
-    Result<engine::EngineInstance> e = engine::build_engine(eo);
-    if (!e.ok()) return std::move(e).error();
-    replicas.push_back(std::move(e).value());
+    auto g = engine::SidpGroup::create(eo, so);
+    if (!g.ok()) return std::move(g).error();
+    sidp = std::move(g).value();
+  } else {
+    for (int d = 0; d < pc.dp; ++d) {
+      omp_set_num_threads(r.threads_per_rank);
+      Result<engine::EngineInstance> e = engine::build_engine(eo);
+      if (!e.ok()) return std::move(e).error();
+      replicas.push_back(std::move(e).value());
+    }
   }
   std::vector<engine::LlmEngine*> engines;
   for (engine::EngineInstance& e : replicas) engines.push_back(e.engine.get());
-  engine::EngineInstance& first = replicas.front();
-
+  if (sidp)
+    for (int d = 0; d < sidp->dp(); ++d) engines.push_back(&sidp->engine(d));
+  engine::EngineInstance& first = sidp ? sidp->instance(0) : replicas.front();
   const auto prompts = random_prompts(o.num_prompts, o.input_len, first.weights->config.vocab_size, o.prompt_seed);
+  const auto generate = [&](const sampling::SamplingParams& params) {
+    return sidp ? engine::generate_sidp(*sidp, prompts, params, r.threads_per_rank)
+                : engine::generate_data_parallel(engines, prompts, params, r.threads_per_rank);
+  };
+
   sampling::SamplingParams params;
   params.temperature = 0.0f;
   params.ignore_eos = true;
@@ -60,10 +80,11 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   // 1. Prefill only.
   params.max_tokens = 1;
   auto t0 = Clock::now();
-  if (auto out = engine::generate_data_parallel(engines, prompts, params, r.threads_per_rank); !out.ok())
-    return std::move(out).error();
-  r.prefill_elapsed_s = seconds_since(t0);
-  for (engine::LlmEngine* e : engines) e->clear_step_stats();
+  if (o.prefill_run) {
+    if (auto out = generate(params); !out.ok()) return std::move(out).error();
+    r.prefill_elapsed_s = seconds_since(t0);
+    for (engine::LlmEngine* e : engines) e->clear_step_stats();
+  }
 
   // 2. The full run; rank 0 of replica 0 records its per-step communication.
   std::vector<double> step_comm_bytes;
@@ -76,7 +97,7 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   const std::vector<double> busy_before = group0 ? group0->stage_busy_ms() : std::vector<double>{};
   params.max_tokens = o.output_len;
   t0 = Clock::now();
-  auto out = engine::generate_data_parallel(engines, prompts, params, r.threads_per_rank);
+  auto out = generate(params);
   r.elapsed_s = seconds_since(t0);
   first.engine->set_step_callback(nullptr);
   if (!out.ok()) return std::move(out).error();
@@ -84,8 +105,8 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   for (const auto& x : out.value()) generated += static_cast<long>(x.token_ids.size());
   const double prompt_tokens = static_cast<double>(o.num_prompts) * o.input_len;
   r.total_tok_s = (prompt_tokens + static_cast<double>(generated)) / r.elapsed_s;
-  r.prefill_tok_s = prompt_tokens / r.prefill_elapsed_s;
-  if (r.elapsed_s > r.prefill_elapsed_s)
+  if (o.prefill_run) r.prefill_tok_s = prompt_tokens / r.prefill_elapsed_s;
+  if (o.prefill_run && r.elapsed_s > r.prefill_elapsed_s)
     r.decode_tok_s = static_cast<double>(generated - o.num_prompts) / (r.elapsed_s - r.prefill_elapsed_s);
   if (group0 && pc.pp > 1) {
     const std::vector<double> busy = group0->stage_busy_ms();
@@ -113,7 +134,8 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   decode.num_micro_batches = pc.pp;
   engine::ParallelConfig group = pc;
   group.dp = 1;
-  if (auto c = model.estimate(group, decode); c.ok() && r.decode_batch > 0) {
+  if (model == nullptr) return r;  // no measured limits: no predictions
+  if (auto c = model->estimate(group, decode); c.ok() && r.decode_batch > 0) {
     r.predicted_decode_round_ms = c.value().total_ms - c.value().bubble_ms;  // steady state: pipeline stays full
     r.predicted_decode_step_ms = r.predicted_decode_round_ms / pc.pp;
     const auto& st = c.value().stages;
@@ -130,7 +152,7 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   const int per_micro_batch = std::max(1, eo.max_num_batched_tokens / o.input_len);
   for (int i = 0; i < per_micro_batch * pc.pp; ++i) prefill.add_sequence(0, o.input_len);
   prefill.num_micro_batches = pc.pp;
-  if (auto c = model.estimate(group, prefill); c.ok()) {
+  if (auto c = model->estimate(group, prefill); c.ok()) {
     const double ms = c.value().total_ms - c.value().bubble_ms;
     if (ms > 0) r.predicted_prefill_tok_s = static_cast<double>(prefill.num_tokens()) / (ms / 1e3) * pc.dp;
   }
@@ -155,10 +177,12 @@ Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& o) {
   const int cores = std::max(1, omp_get_num_procs());
   rep.cores = cores;
   omp_set_num_threads(cores);
-  rep.membw_gbs = measure_triad_bandwidth_gbs(cores);
-  rep.gemm_gflops = measure_linear_gflops();
-  rep.comm_gbs = measure_inproc_allreduce_bytes_per_s(2) / 1e9;
-  rep.comm_latency_us = measure_inproc_allreduce_latency_s(2) * 1e6;
+  if (o.measure_hardware) {
+    rep.membw_gbs = measure_triad_bandwidth_gbs(cores);
+    rep.gemm_gflops = measure_linear_gflops();
+    rep.comm_gbs = measure_inproc_allreduce_bytes_per_s(2) / 1e9;
+    rep.comm_latency_us = measure_inproc_allreduce_latency_s(2) * 1e6;
+  }
 
   // The cost model needs the model's shape numbers.
   Result<model::ModelConfig> cfg = model::load_model_config(o.engine.model_dir);
@@ -183,13 +207,17 @@ Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& o) {
     const double share = 1.0 / pc.world_size();
     per_rank.memory_bw_bytes_per_s *= share;
     per_rank.flops_per_s *= share;
-    Result<orchestrator::CostModel> model =
-        orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), sizes, per_rank);
-    if (!model.ok()) return std::move(model).error();
+    std::optional<orchestrator::CostModel> model;
+    if (o.measure_hardware) {
+      Result<orchestrator::CostModel> m =
+          orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), sizes, per_rank);
+      if (!m.ok()) return std::move(m).error();
+      model = std::move(m).value();
+    }
     std::vector<std::string> policies = {"fixed"};
     if (pc.pp > 1) policies = o.token_budgets;
     for (const std::string& p : policies) {
-      Result<ParallelConfigResult> r = run_one(o, pc, p, model.value(), cores);
+      Result<ParallelConfigResult> r = run_one(o, pc, p, model ? &*model : nullptr, cores);
       if (!r.ok()) return std::move(r).error();
       rep.results.push_back(std::move(r).value());
     }

@@ -20,12 +20,14 @@
 ///  of busy time / (pp * wall) over the full run.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/result.hpp"
 #include "engine/engine_builder.hpp"
 #include "engine/parallel_config.hpp"
+#include "engine/sidp_group.hpp"
 
 namespace shardline::bench {
 
@@ -39,6 +41,17 @@ struct ParallelBenchOptions {
   int output_len = 64;
   int max_batch = 32;  ///< running sequences at most per replica
   std::uint64_t prompt_seed = 1;
+  /// Measure triad, the linear's GFLOP/s and the all-reduce first (a few
+  /// seconds; the report's membw_gbs ... comm_latency_us and the
+  /// predictions); false leaves them 0 (a caller that only wants the runs).
+  bool measure_hardware = true;
+  /// Run the prefill-only run first (prefill_tok_s, decode_tok_s); false
+  /// leaves those 0 and runs the full run only.
+  bool prefill_run = true;
+  /// SiDP (seed 002, engine/sidp_group.hpp): each config must be dp >= 2
+  /// single-device ranks, which run as one SidpGroup with these options
+  /// (its dp is the config's) instead of independent replicas; nullopt = off.
+  std::optional<engine::SidpOptions> sidp;
 };
 
 struct ParallelConfigResult {

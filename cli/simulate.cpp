@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/calibrate.hpp"
-#include "bench/parallel.hpp"
 #include "bench/seesaw.hpp"
+#include "bench/validate.hpp"
 #include "cli/commands.hpp"
 #include "cli/parallel_auto.hpp"
 #include "api/file_store.hpp"
@@ -34,12 +34,15 @@ struct SimulateArgs {
   std::string calibration;  ///< "" = ~/.shardline/cpu-calibration.json
   bool calibrate = false;
   bool validate = false;
+  std::vector<std::string> validate_cases;  ///< --validate-case (repeatable; empty: all)
+  double drift_tolerance = 0.10;            ///< --drift-tolerance of --validate
   std::vector<std::string> parallel;
   std::vector<std::string> seesaw;  ///< --seesaw CP:CD (repeatable)
   std::string seesaw_policy = "transition-minimizing";
   double host_buffer_gib = 80;      ///< Seesaw's host KV buffer per device
   std::vector<double> fail_at_s;    ///< --fail-at-s (repeatable)
   int fail_at_token = 0;
+  double failure_mtbf_s = 0;        ///< --failure-mtbf-s: failures at a rate
   double failure_detect_s = 3.0;
   std::string kv_replication = "both";  ///< on, off or both (with failures)
   std::string weight_sharing = "none";  ///< none, sidp or both
@@ -153,80 +156,68 @@ int run_calibrate(const SimulateArgs& a) {
   return 0;
 }
 
-/// Runs each --parallel config for real (bench::run_parallel_bench, on this
-/// machine's CPU devices) and simulated on the calibrated CPU device, and
-/// prints both with the simulator's error.
-int run_validate(const SimulateArgs& a, const model::ModelConfig& config) {
-  // A fresh calibration on the same shape, minutes before the runs it
-  // predicts: this machine's speed drifts with its neighbours' load.
-  bench::CalibrateOptions co;
-  co.shape_dir = a.model_dir;
-  co.num_threads = a.threads;
-  std::cerr << "calibrating on " << a.model_dir << "\n";
-  auto device = bench::calibrate_cpu_device(co);
-  if (!device) return fail(device.error());
-  sim::ClusterSpec cpu;
-  cpu.name = "cpu";
-  cpu.device = *device;
-  bench::ParallelBenchOptions po;
-  po.engine.model_dir = a.model_dir;
-  po.engine.load_format = model::LoadFormat::dummy;
-  po.engine.num_threads = a.threads;
-  po.num_prompts = a.num_prompts;
-  po.input_len = a.input_len;
-  po.output_len = a.output_len;
-  po.max_batch = a.options.max_batch;
-  if (a.token_budget != "both") po.token_budgets = {a.token_budget};
-  for (const std::string& text : a.parallel.empty() ? std::vector<std::string>{"single"} : a.parallel) {
-    auto pc = engine::parse_parallel_config(text);
-    if (!pc) return fail(pc.error(), 2);
-    po.configs.push_back(*pc);
-  }
-  std::cerr << "validating: each config runs for real, then simulated on the CPU device calibrated just before\n";
-  auto measured = bench::run_parallel_bench(po);
-  if (!measured) return fail(measured.error());
-  const auto workload = sim::fixed_workload(a.num_prompts, a.input_len, a.output_len);
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+/// The validation (bench/validate.hpp): calibrates on the shape, then runs
+/// each case for real and simulated, with a speed probe between cases, and
+/// prints the simulator's error beside each measurement.
+int run_validate(const SimulateArgs& a) {
+  if (!a.parallel.empty())
+    return fail(make_error(ErrorCode::invalid_argument,
+                           "--validate runs named cases (--validate-case), not --parallel configs"),
+                2);
+  bench::ValidateOptions o;
+  o.shape_dir = a.model_dir;
+  o.num_threads = a.threads;
+  o.cases = a.validate_cases;
+  o.num_prompts = a.num_prompts;
+  o.input_len = a.input_len;
+  o.output_len = a.output_len;
+  o.max_batch = a.options.max_batch;
+  o.drift_tolerance = a.drift_tolerance;
+  if (a.shift_threshold > 0) o.shift_threshold = a.shift_threshold;
   if (!a.json)
-    std::printf("%-34s %12s %12s %7s %12s %12s %7s\n", "strategy", "total/s real", "total/s sim", "error",
-                "step_ms real", "step_ms sim", "error");
-  for (const bench::ParallelConfigResult& m : measured->results) {
-    sim::Strategy s;
-    s.parallel = *engine::parse_parallel_config(m.parallel);
-    s.token_budget = m.token_budget;
-    sim::ClusterSpec c = cpu;
-    c.num_devices = std::max(c.num_devices, s.parallel.world_size());
-    sim::SimOptions so = a.options;
-    so.dispatch = sim::SimOptions::Dispatch::round_robin;  // as in-process DP deals them
-    auto r = sim::simulate(config, c, s, workload, so);
-    if (!r) return fail(r.error());
-    const double total_err = m.total_tok_s > 0 ? r->total_tok_s / m.total_tok_s - 1 : 0;
-    const double step_err = m.decode_step_ms > 0 ? r->decode_step_ms / m.decode_step_ms - 1 : 0;
-    if (a.json) {
-      rows.push_back({{"strategy", s.label()},
-                      {"measured_total_tok_s", m.total_tok_s},
-                      {"simulated_total_tok_s", r->total_tok_s},
-                      {"total_tok_s_error", total_err},
-                      {"measured_decode_step_ms", m.decode_step_ms},
-                      {"simulated_decode_step_ms", r->decode_step_ms},
-                      {"decode_step_ms_error", step_err},
-                      {"measured_prefill_tok_s", m.prefill_tok_s},
-                      {"simulated_prefill_tok_s", r->prefill_tok_s},
-                      {"measured_decode_tok_s", m.decode_tok_s},
-                      {"simulated_decode_tok_s", r->decode_tok_s}});
-    } else {
-      std::printf("%-34s %12.1f %12.1f %+6.1f%% %12.3f %12.3f %+6.1f%%\n", s.label().c_str(), m.total_tok_s,
-                  r->total_tok_s, 100 * total_err, m.decode_step_ms, r->decode_step_ms, 100 * step_err);
-    }
+    std::printf("%-14s %10s %10s %7s %12s %10s %7s %7s %8s\n", "case", "tok/s real", "simulated", "error",
+                "step_ms real", "simulated", "error", "steady", "attempts");
+  auto rep = bench::run_validation(o, [&](const bench::ValidationRow& r) {
+    if (a.json) return;
+    std::printf("%-14s %10.1f %10.1f %+6.1f%% %12.2f %10.2f %+6.1f%% %7s %8d\n", r.name.c_str(),
+                r.measured_total_tok_s, r.simulated_total_tok_s, 100 * r.total_tok_s_error, r.measured_decode_step_ms,
+                r.simulated_decode_step_ms, 100 * r.decode_step_ms_error, r.steady ? "yes" : "no", r.attempts);
+    std::fflush(stdout);
+  });
+  if (!rep) return fail(rep.error());
+  if (!a.json) {
+    std::printf("calibration probe %.2f ms; SiDP link %.2f GB/s; %.0f s in all\n", rep->calibration_probe_ms,
+                rep->sidp_link_gbps, rep->wall_s);
+    return 0;
   }
-  if (a.json) {
-    nlohmann::ordered_json out;
-    out["model"] = a.model_dir;
-    out["membw_gbs"] = measured->membw_gbs;
-    out["gemm_gflops"] = measured->gemm_gflops;
-    out["validation"] = std::move(rows);
-    std::cout << out.dump() << std::endl;
-  }
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const bench::ValidationRow& r : rep->rows)
+    rows.push_back({{"case", r.name},
+                    {"strategy", r.strategy},
+                    {"attempts", r.attempts},
+                    {"steady", r.steady},
+                    {"probe_before_ms", r.probe_before_ms},
+                    {"probe_after_ms", r.probe_after_ms},
+                    {"speed", r.speed},
+                    {"measured_total_tok_s", r.measured_total_tok_s},
+                    {"simulated_total_tok_s", r.simulated_total_tok_s},
+                    {"total_tok_s_error", r.total_tok_s_error},
+                    {"measured_decode_step_ms", r.measured_decode_step_ms},
+                    {"simulated_decode_step_ms", r.simulated_decode_step_ms},
+                    {"decode_step_ms_error", r.decode_step_ms_error}});
+  nlohmann::ordered_json out;
+  out["model"] = a.model_dir;
+  out["num_prompts"] = o.num_prompts;
+  out["input_len"] = o.input_len;
+  out["output_len"] = o.output_len;
+  out["max_batch"] = o.max_batch;
+  out["calibration_probe_ms"] = rep->calibration_probe_ms;
+  out["calibration_attempts"] = rep->calibration_attempts;
+  out["sidp_link_gbps"] = rep->sidp_link_gbps;
+  out["wall_s"] = rep->wall_s;
+  out["device"] = nlohmann::ordered_json::parse(sim::device_spec_json(rep->device));
+  out["validation"] = std::move(rows);
+  std::cout << out.dump() << std::endl;
   return 0;
 }
 
@@ -237,7 +228,7 @@ int run_simulate(const SimulateArgs& a) {
   if (!config) return fail(config.error(), 2);
   if (a.validate) {
     if (a.cluster != "cpu") return fail(make_error(ErrorCode::invalid_argument, "--validate runs on this machine: --cluster cpu"), 2);
-    return run_validate(a, *config);
+    return run_validate(a);
   }
   const std::string calibration = a.calibration.empty() ? default_cpu_calibration() : a.calibration;
   Result<sim::ClusterSpec> cluster = load_cluster_or_measure(a.cluster, calibration, a.threads);
@@ -296,14 +287,15 @@ int run_simulate(const SimulateArgs& a) {
     strategies.push_back(s);
   }
   // Failures: each static strategy with and / or without KV replication.
-  if (!a.fail_at_s.empty() || a.fail_at_token > 0) {
+  if (!a.fail_at_s.empty() || a.fail_at_token > 0 || a.failure_mtbf_s > 0) {
     std::vector<sim::Strategy> with_failures;
     for (const sim::Strategy& base : strategies) {
       if (base.seesaw) continue;
       for (const bool replicate : {true, false}) {
         if ((replicate && a.kv_replication == "off") || (!replicate && a.kv_replication == "on")) continue;
         sim::Strategy s = base;
-        s.failures = sim::FailureInjection{replicate, a.fail_at_s, a.fail_at_token, 0, a.failure_detect_s};
+        s.failures = sim::FailureInjection{replicate,        a.fail_at_s,      a.fail_at_token, 0,
+                                           a.failure_detect_s, a.failure_mtbf_s, a.seed};
         with_failures.push_back(s);
       }
     }
@@ -502,8 +494,18 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
                 "Measure this machine and fit the cost model's efficiency terms to real decode steps of --shape; "
                 "writes --calibration");
   cmd->add_flag("--validate", a->validate,
-                "Calibrate on --shape, then run each --parallel config for real on this machine's CPU devices and "
-                "simulated, and print the simulator's error beside the measurement");
+                "Calibrate on --shape, then run each validation case for real on this machine's CPU devices (again "
+                "while a speed probe says the machine is not as fast as when calibrated) and simulated, and print "
+                "the simulator's error beside the measurement "
+                "(default workload: 32 x (64 in, 32 out), max batch 32)");
+  cmd->add_option("--validate-case", a->validate_cases,
+                  "A case of --validate (repeatable; default all): single, tp=2, pp=2-fixed, pp=2-throttle, sp=2, "
+                  "dp=2, shift, seesaw, sidp-was, sidp-cas");
+  cmd->add_option("--drift-tolerance", a->drift_tolerance,
+                  "--validate measures a case again (up to 4 times) while a speed probe around it differs from the "
+                  "calibration's by more than this")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--parallel", a->parallel, "A config to simulate (repeatable): single, tp=2, pp=2,dp=4, ...");
   cmd->add_option("--token-budget", a->token_budget, "fixed, throttle or both (both: pp > 1 configs run each)")
       ->check(CLI::IsMember({"fixed", "throttle", "both"}))
@@ -538,6 +540,11 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--fail-at-token", a->fail_at_token,
                   "Inject one failure when a request of DP group 0 first has this many generated tokens")
       ->capture_default_str();
+  cmd->add_option("--failure-mtbf-s", a->failure_mtbf_s,
+                  "Inject failures of DP group 0 at a rate: exponential gaps of this mean, virtual seconds "
+                  "(a Poisson process drawn from --seed)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--failure-detect-s", a->failure_detect_s,
                   "Seconds until a failure is noticed (the orchestrator's heartbeat timeout)")
       ->capture_default_str();
@@ -549,7 +556,15 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--threads", a->threads, "Threads for --calibrate and the uncalibrated CPU measurement (0: all)")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON line with bench's field names");
-  cmd->callback([&run, a] { run = [a] { return run_simulate(*a); }; });
+  cmd->callback([&run, a, cmd] {
+    if (a->validate) {  // the validation's own workload unless given
+      if (cmd->count("--num-prompts") == 0) a->num_prompts = 32;
+      if (cmd->count("--input-len") == 0) a->input_len = 64;
+      if (cmd->count("--output-len") == 0) a->output_len = 32;
+      if (cmd->count("--max-batch") == 0) a->options.max_batch = 32;
+    }
+    run = [a] { return run_simulate(*a); };
+  });
 }
 
 }  // namespace shardline::cli

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <regex>
 
 #include <nlohmann/json.hpp>
@@ -221,16 +222,39 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
   EXPECT_GT(results_by_strategy(sim.out)["tp=2,pp=1,sp=1,dp=1 fixed"].value("total_tok_s", 0.0), 0.0) << sim.out;
 
   const auto v = run_command(kShardline + " simulate --validate --threads 1 --shape " + shape +
-                             " --parallel single --num-prompts 8 --input-len 16 --output-len 8 --max-batch 8 --json");
+                             " --validate-case single --num-prompts 8 --input-len 16 --output-len 8 --max-batch 8 --json");
   ASSERT_EQ(v.exit_code, 0) << v.out;
   const json j = json::parse(v.out.substr(v.out.find('{')), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << v.out;
   ASSERT_EQ(j["validation"].size(), 1u) << v.out;
   const json& row = j["validation"][0];
+  EXPECT_EQ(row["case"], "single");
   EXPECT_GT(row["measured_total_tok_s"].get<double>(), 0);
   EXPECT_GT(row["simulated_total_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["calibration_probe_ms"].get<double>(), 0);
+  EXPECT_GT(row["probe_before_ms"].get<double>(), 0);
+  EXPECT_GT(row["probe_after_ms"].get<double>(), 0);
+  // The error is the simulation's against the measurement; the row is steady
+  // when both probes were within the tolerance of the calibration's.
   EXPECT_NEAR(row["total_tok_s_error"].get<double>(),
               row["simulated_total_tok_s"].get<double>() / row["measured_total_tok_s"].get<double>() - 1, 1e-9);
+  EXPECT_NEAR(row["decode_step_ms_error"].get<double>(),
+              row["simulated_decode_step_ms"].get<double>() / row["measured_decode_step_ms"].get<double>() - 1, 1e-9);
+  const double cal_ms = j["calibration_probe_ms"].get<double>();
+  const bool steady = std::abs(row["probe_before_ms"].get<double>() / cal_ms - 1) <= 0.1 &&
+                      std::abs(row["probe_after_ms"].get<double>() / cal_ms - 1) <= 0.1;
+  EXPECT_EQ(row["steady"].get<bool>(), steady);
+  EXPECT_TRUE(steady || row["attempts"].get<int>() == 4) << "an unsteady row is measured 4 times";
+  EXPECT_GE(row["attempts"].get<int>(), 1);
+
+  // Bad requests say what is wrong before anything runs.
+  const auto bad = run_command(kShardline + " simulate --validate --shape " + shape + " --validate-case tp=3");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.out.find("unknown validation case 'tp=3'"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("sidp-cas"), std::string::npos) << bad.out;
+  const auto par = run_command(kShardline + " simulate --validate --shape " + shape + " --parallel tp=2");
+  EXPECT_EQ(par.exit_code, 2);
+  EXPECT_NE(par.out.find("--validate-case"), std::string::npos) << par.out;
 }
 
 TEST_F(SimulateE2e, PlanRanksStrategiesAndRunParallelAutoUsesItsChoice) {

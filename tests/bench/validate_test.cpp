@@ -1,0 +1,76 @@
+// The validation's cases (bench/validate.hpp): each name is the strategy it
+// says, and bad requests are refused before anything is measured.
+#include "bench/validate.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace shardline::bench {
+namespace {
+
+TEST(ValidationCases, EachNameIsTheStrategyItSays) {
+  ValidateOptions o;
+  o.shift_threshold = 300;
+  std::set<std::string> labels;
+  for (const std::string& name : validation_case_names()) {
+    auto c = validation_case(name, o);
+    ASSERT_TRUE(c.ok()) << name << ": " << c.error().to_string();
+    EXPECT_EQ(c->name, name);
+    labels.insert(c->strategy.label());
+  }
+  EXPECT_EQ(validation_case_names().size(), 10u);
+  EXPECT_EQ(labels.size(), 10u) << "two cases simulate the same strategy";
+
+  auto pp = validation_case("pp=2-throttle", o);
+  ASSERT_TRUE(pp.ok());
+  EXPECT_EQ(pp->strategy.parallel.pp, 2);
+  EXPECT_EQ(pp->strategy.token_budget, "throttle");
+  EXPECT_EQ(validation_case("pp=2-fixed", o)->strategy.token_budget, "fixed");
+
+  auto shift = validation_case("shift", o);
+  ASSERT_TRUE(shift.ok());
+  ASSERT_TRUE(shift->strategy.shift.has_value());
+  EXPECT_EQ(shift->strategy.shift->threshold, 300);
+  EXPECT_EQ(shift->strategy.parallel.sp, 2);
+
+  auto seesaw = validation_case("seesaw", o);
+  ASSERT_TRUE(seesaw.ok());
+  ASSERT_TRUE(seesaw->strategy.seesaw.has_value());
+  EXPECT_EQ(seesaw->strategy.parallel.pp, 2);
+  EXPECT_EQ(seesaw->strategy.seesaw->decode.tp, 2);
+  EXPECT_EQ(seesaw->strategy.seesaw->decode.pp, 1);
+
+  for (const char* name : {"sidp-was", "sidp-cas"}) {
+    auto s = validation_case(name, o);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(s->strategy.sidp.has_value());
+    EXPECT_EQ(s->strategy.parallel.dp, 2);
+    EXPECT_EQ(s->strategy.sidp->mode, std::string(name) == "sidp-was" ? engine::SidpModeSetting::was
+                                                                        : engine::SidpModeSetting::cas);
+  }
+}
+
+TEST(ValidationCases, AnUnknownCaseIsNamedWithTheValidOnes) {
+  auto c = validation_case("tp=3", ValidateOptions{});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(c.error().message.find("'tp=3'"), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find("single"), std::string::npos) << c.error().message;
+
+  // run_validation refuses it (and bad sizes) before calibrating anything.
+  ValidateOptions o;
+  o.shape_dir = "/nonexistent";
+  o.cases = {"single", "tp=3"};
+  auto r = run_validation(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("'tp=3'"), std::string::npos) << r.error().message;
+  o.cases = {"single"};
+  o.drift_tolerance = 0;
+  r = run_validation(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+}
+
+}  // namespace
+}  // namespace shardline::bench
