@@ -260,8 +260,11 @@ SidpStepObserver SidpAutoSwitcher::observer() {
 void SidpAutoSwitcher::observe(int rank, int num_seqs) {
   std::lock_guard lk(mu_);
   const auto now = std::chrono::steady_clock::now();
-  // (Called on the rank's own thread after its step: its engine is idle.)
-  const auto waiting = static_cast<long long>(group_.engine(rank).scheduler().num_waiting());
+  // A local rank calls this on its own thread after its step (its engine
+  // is idle); a rank in another process reports its running sequences
+  // only, so its waiting prompts count as none.
+  const long long waiting =
+      group_.local(rank) ? static_cast<long long>(group_.engine(rank).scheduler().num_waiting()) : 0;
   if (!policy_.observe(now, rank, num_seqs, waiting).ok()) return;
   const std::optional<SidpSwitch> sw = policy_.decide(now);
   if (!sw) return;
