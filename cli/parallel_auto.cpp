@@ -66,6 +66,8 @@ Result<AutoParallel> plan_parallel_auto(const std::string& model_dir, const std:
   sim::PlanOptions po;
   po.num_devices = n;
   po.shift_threshold = 0;  // Shift needs --shift on the real group
+  po.seesaw = false;       // and Seesaw and SiDP their own flags
+  po.sidp = false;
   po.token_budgets = {token_budget.empty() ? std::string("fixed") : token_budget};
   po.sim = so;
   po.sim.dispatch = sim::SimOptions::Dispatch::orchestrator;

@@ -386,6 +386,7 @@ int run_plan(const SimulateArgs& a) {
   po.num_devices = a.num_devices;
   po.shift_threshold = a.shift_threshold > 0 ? a.shift_threshold : 256;
   po.shift_hysteresis = a.shift_hysteresis;
+  po.seesaw_host_buffer_bytes_per_device = a.host_buffer_gib * double(1ull << 30);
   if (a.token_budget != "both") po.token_budgets = {a.token_budget};
   po.sim = a.options;
   if (a.dispatch == "round-robin") po.sim.dispatch = sim::SimOptions::Dispatch::round_robin;
@@ -471,6 +472,10 @@ void add_plan_command(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::IsMember({"fixed", "throttle", "both"}))
       ->capture_default_str();
   cmd->add_option("--shift-threshold", a->shift_threshold, "Shift candidates' T (default 256)")->capture_default_str();
+  cmd->add_option("--host-buffer-gib", a->host_buffer_gib,
+                  "Seesaw candidates' host KV buffer per device, GiB (paper: 80)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--top", a->top, "Rows printed")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Threads of the uncalibrated CPU measurement (0: all)")->capture_default_str();
   add_workload_flags(*cmd, *a);

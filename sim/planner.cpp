@@ -47,6 +47,29 @@ std::vector<Strategy> candidate_strategies(const model::ModelConfig& config, int
       }
     }
   }
+  const std::string first_budget = options.token_budgets.empty() ? "fixed" : options.token_budgets.front();
+  if (options.seesaw)
+    for (int g = 2; g <= num_devices; ++g) {
+      if (num_devices % g != 0 || !model::check_shardable(config, g, 1, 1).ok() ||
+          !model::check_shardable(config, 1, 1, g).ok())
+        continue;
+      Strategy s;
+      s.parallel.pp = g;
+      s.parallel.dp = num_devices / g;
+      s.token_budget = first_budget;
+      SeesawStrategy seesaw;
+      seesaw.decode.tp = g;
+      seesaw.host_buffer_bytes_per_device = options.seesaw_host_buffer_bytes_per_device;
+      s.seesaw = seesaw;
+      out.push_back(s);
+    }
+  if (options.sidp && num_devices >= 2) {
+    Strategy s;
+    s.parallel.dp = num_devices;
+    s.token_budget = first_budget;
+    s.sidp = SidpStrategy{};
+    out.push_back(s);
+  }
   return out;
 }
 

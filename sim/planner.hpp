@@ -8,7 +8,10 @@
 /// model can be sharded into (model::check_shardable: tp*sp divides the
 /// heads, tp the FFN width, pp <= layers); for pp > 1 each token budget
 /// policy (fixed, gLLM's throttle); for sp > 1 and pp = 1 also Shift
-/// Parallelism (steps of <= T tokens in tp*sp). Each is simulated
+/// Parallelism (steps of <= T tokens in tp*sp); with `seesaw`, for each
+/// group size g > 1, Seesaw with prefill in pp=g and decode in tp=g (dp =
+/// N / g; seed 000's pairing); with `sidp`, for dp = N single-device ranks,
+/// SiDP switching automatically (seed 002, the orchestrator's b*). Each is simulated
 /// (sim::simulate); those that do not fit the devices' memory are set aside
 /// with their reason. The ranking is by total_tok_s (ties: fewer devices
 /// per group, then the label), and `why` compares the best with the
@@ -30,6 +33,13 @@ struct PlanOptions {
   std::vector<std::string> token_budgets = {"fixed", "throttle"};  ///< tried for pp > 1 (pp = 1: the first)
   long long shift_threshold = 256;     ///< Shift candidates' T (0: no Shift candidates)
   double shift_hysteresis = 0.25;
+  /// Seesaw candidates (cp = pp=g, cd = tp=g) and their host KV buffer per
+  /// device, bytes (the paper's 80 GiB). `--parallel auto` leaves them out:
+  /// a real run needs the Seesaw flags.
+  bool seesaw = true;
+  double seesaw_host_buffer_bytes_per_device = 80.0 * double(1ull << 30);
+  /// A SiDP candidate (dp = N, `auto` mode). `--parallel auto` leaves it out.
+  bool sidp = true;
   SimOptions sim;                      ///< max batch, step budget, dispatch
 };
 

@@ -32,13 +32,23 @@ TEST(Planner, CandidatesAreEveryShardableConfigOfTheDeviceCount) {
   for (const char* want : {"tp=8,pp=1,sp=1,dp=1 fixed", "tp=1,pp=1,sp=1,dp=8 fixed", "tp=1,pp=8,sp=1,dp=1 throttle",
                            "tp=2,pp=2,sp=1,dp=2 fixed", "tp=1,pp=1,sp=8,dp=1 fixed shift(T=256)"})
     EXPECT_EQ(labels.count(want), 1u) << want;
+  // Seesaw (prefill in pp=g, decode in tp=g) for g = 2, 4, 8, and SiDP over
+  // 8 single-device ranks.
+  for (const char* want : {"seesaw pp=2:tp=2,dp=4 fixed", "seesaw pp=4:tp=4,dp=2 fixed", "seesaw pp=8:tp=8 fixed",
+                           "tp=1,pp=1,sp=1,dp=8 fixed sidp(auto)"})
+    EXPECT_EQ(labels.count(want), 1u) << want;
   o.shift_threshold = 0;
   o.token_budgets = {"fixed"};
+  o.seesaw = false;
+  o.sidp = false;
   for (const Strategy& s : candidate_strategies(config, 8, o)) {
     EXPECT_FALSE(s.shift.has_value());
+    EXPECT_FALSE(s.seesaw.has_value());
+    EXPECT_FALSE(s.sidp.has_value());
     EXPECT_EQ(s.token_budget, "fixed");
   }
   EXPECT_EQ(candidate_strategies(config, 1, o).size(), 1u);
+  EXPECT_EQ(candidate_strategies(config, 1, PlanOptions{}).size(), 1u) << "one device: no Seesaw or SiDP";
 }
 
 TEST(Planner, RanksByThroughputAndSetsAsideWhatDoesNotFit) {
