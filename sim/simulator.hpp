@@ -91,12 +91,13 @@ struct FailureInjection {
 /// slots, and the KV cache gets the freed memory (engine/sidp_memory.hpp).
 /// Each rank is a real engine. In WaS a rank steps on its own and fetches
 /// the (L - owned) non-owned FFN layers over the intra-node link while it
-/// computes: its step takes max(the step, their fetch). In CaS the ranks
-/// step in lockstep rounds and every layer's FFN runs at its owner for the
-/// whole group's G tokens: a step takes its non-FFN part + L x (T_ffn(G) +
-/// sending its rows there and back). The real orchestrator policy
-/// (engine::SidpModePolicy, on the virtual clock) switches the mode from
-/// the ranks' running sequences.
+/// computes: its step takes max(the step, their fetch), or on a shared
+/// memory bus (CPU devices) the step plus the copy. In CaS the ranks step
+/// in lockstep rounds and every layer's FFN runs at its owner for the
+/// round's G tokens (n x the round's ranks): a step takes its non-FFN part
+/// + L x (T_ffn(G) + sending its rows there and back). The real
+/// orchestrator policy (engine::SidpModePolicy, on the virtual clock)
+/// switches the mode from the ranks' running sequences and waiting prompts.
 struct SidpStrategy {
   engine::SidpModeSetting mode = engine::SidpModeSetting::automatic;
   /// b*, on the group's running sequences; 0: dp x the cost model's
