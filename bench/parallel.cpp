@@ -119,10 +119,7 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   const auto& stats = first.engine->step_stats();
   for (const auto& s : stats)
     if (s.num_prefill_tokens == 0) r.decode_batch = std::max(r.decode_batch, s.num_decode_tokens);
-  std::vector<double> step_ms;
-  for (const auto& s : stats)
-    if (s.num_prefill_tokens == 0 && s.num_decode_tokens == r.decode_batch) step_ms.push_back(s.step_ms);
-  r.decode_step_ms = median(step_ms);
+  r.decode_step_ms = decode_median_ms(*first.engine, r.decode_batch);
   r.decode_round_ms = r.decode_step_ms * pc.pp;
   r.comm_bytes_per_step = median(step_comm_bytes);
 

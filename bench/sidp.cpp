@@ -36,14 +36,6 @@ sampling::SamplingParams greedy(int max_tokens) {
   return p;
 }
 
-/// Median step_ms of `engine`'s pure-decode steps of exactly `batch` sequences.
-double decode_median_ms(const LlmEngine& engine, int batch) {
-  std::vector<double> ms;
-  for (const engine::StepStats& s : engine.step_stats())
-    if (s.num_prefill_tokens == 0 && s.num_decode_tokens == batch) ms.push_back(s.step_ms);
-  return median(ms);
-}
-
 /// (time, rank, running sequences) of every step of every rank.
 struct BatchTrace {
   std::mutex mu;

@@ -13,6 +13,7 @@
 #include "bench/workload.hpp"
 #include "engine/data_parallel.hpp"
 #include "engine/engine_builder.hpp"
+#include "engine/kv_budget.hpp"
 #include "model/config.hpp"
 
 namespace shardline::bench {
@@ -41,10 +42,11 @@ class SpeedProbe {
     eo.max_model_len = o.probe_input_len + o.probe_output_len;
     // KV for the probe's sequences (and a block each of slack), not a share
     // of free memory: the cases' engines need that.
-    const double kv_per_token =
-        2.0 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * sizeof(float);
-    eo.kv_cache_bytes = static_cast<std::uint64_t>(kv_per_token * o.probe_batch *
-                                                   (eo.max_model_len + 2 * eo.block_size));
+    const std::uint64_t kv_per_token =
+        engine::kv_bytes_per_block(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 1,
+                                   static_cast<int>(dtype_size(eo.kv_cache_dtype)));
+    eo.kv_cache_bytes = kv_per_token * static_cast<std::uint64_t>(o.probe_batch) *
+                        static_cast<std::uint64_t>(eo.max_model_len + 2 * eo.block_size);
     omp_set_num_threads(threads);
     auto e = engine::build_engine(eo);
     if (!e) return e.error();
@@ -64,11 +66,9 @@ class SpeedProbe {
     e->clear_step_stats();
     omp_set_num_threads(threads_);
     if (auto out = engine::generate_data_parallel({e}, prompts_, params_, threads_); !out) return out.error();
-    std::vector<double> ms;
-    for (const engine::StepStats& s : e->step_stats())
-      if (s.num_prefill_tokens == 0 && s.num_decode_tokens == batch_) ms.push_back(s.step_ms);
-    if (ms.empty()) return make_error(ErrorCode::internal, "validate: the speed probe ran no full-batch decode step");
-    return median(ms);
+    const double ms = decode_median_ms(*e, batch_);
+    if (!(ms > 0)) return make_error(ErrorCode::internal, "validate: the speed probe ran no full-batch decode step");
+    return ms;
   }
 
  private:

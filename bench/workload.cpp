@@ -1,6 +1,7 @@
 #include "bench/workload.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace shardline::bench {
 
@@ -22,6 +23,13 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double decode_median_ms(const engine::LlmEngine& engine, int batch) {
+  std::vector<double> ms;
+  for (const engine::StepStats& s : engine.step_stats())
+    if (s.num_prefill_tokens == 0 && s.num_decode_tokens == batch) ms.push_back(s.step_ms);
+  return median(std::move(ms));
 }
 
 }  // namespace shardline::bench

@@ -1,11 +1,14 @@
 #pragma once
 /// \file
 /// Pieces shared by the benchmarks: the seeded random prompts of vLLM's
-/// throughput setting, the median of timings and a wall clock.
+/// throughput setting, the median of timings (and of an engine's decode
+/// steps) and a wall clock.
 
 #include <chrono>
 #include <cstdint>
 #include <vector>
+
+#include "engine/llm_engine.hpp"
 
 namespace shardline::bench {
 
@@ -15,6 +18,10 @@ namespace shardline::bench {
 
 /// The median of `v` (mean of the middle two for an even count); 0 when empty.
 [[nodiscard]] double median(std::vector<double> v);
+
+/// The median step_ms of `engine`'s recorded pure-decode steps of exactly
+/// `batch` sequences (its step_stats()); 0 when there are none.
+[[nodiscard]] double decode_median_ms(const engine::LlmEngine& engine, int batch);
 
 /// The benchmarks' wall clock (monotonic).
 using Clock = std::chrono::steady_clock;

@@ -388,7 +388,7 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
       if (Status st = fill(*pick); !st.ok()) return st.error();
     }
     if (strategy.sidp) {
-      // The orchestrator's policy, on the group's running sequences.
+      // The orchestrator's policy, on the ranks' running and waiting counts.
       if (const auto sw = sidp_run.policy->decide(virtual_time(round_end_ms)); sw) {
         sidp_run.mode = sw->to;
         ++out.sidp_switches;
