@@ -28,8 +28,8 @@
 # --keep-directory-symlink), so the machine's own libraries win. Checked here
 # in a mount namespace with those packages' files removed from /usr: unpack,
 # configure, build and load all work. With --prebuilt BUILD_DIR, `pack` also
-# bundles that (CUDA, sm_90a) build's `shardline` and gpu test executables:
-# `run` falls back to them when the build on the device fails.
+# bundles that (CUDA, sm_90a) build's `shardline` and gpu test executables,
+# which `run` uses (see below).
 #
 # The device call (timeout_s 600):
 #   set -o pipefail; bash deploy/gpu-check.sh           (writes its log to $OUT itself)
@@ -41,16 +41,24 @@
 # holds models/shapes/<model>/config.json; where neither has a shape, the
 # copies in bench/shapes/<model>/ are used.
 #
-# Time on the H100 machine (estimated; not yet run there): unpack 5 s,
-# configure 5-20 s, build of shardline + the gpu tests 30-60 s on 16 cores
-# (345 CPU-seconds here: 122-175 s with 2 jobs), gpu tests 40-90 s (each test
-# case is a process, 4 at a time); per model: bench 60-120 s (setup 15-20 s:
-# dummy weights, upload, graph capture; 512k tokens; the ceilings measured
-# before and after), torch reference 40-60 s. About 350-500 s in all. Every
-# step checks the budget (--budget, default 560 s) first and is skipped when
-# too little is left, and each runs under `timeout`. Steps run in priority
-# order: build, gpu tests, llama bench, qwen3 bench, llama torch, qwen3 torch.
-# Smaller runs: --num-prompts, --num-layers, --models, --no-tests, --no-torch,
+# What the first real run found (2026-11-28, one H200, Ubuntu 24.04, glibc
+# 2.39, g++ 13.3, CUDA 13.0, driver 580.159.04):
+#  * a build there fails: Debian's Cap'n Proto 0.9.2 headers do not compile
+#    with g++ 13 in C++20 (capnp/blob.h: no operator== for const char* and
+#    kj::StringPtr). So `run` uses the prebuilt binaries whenever
+#    .gpucheck/prebuilt.tar.gz is there (`--build` builds anyway);
+#  * the machine has libraries of its own under the same sonames (Ubuntu's
+#    libsentencepiece.so.0), which --skip-old-files keeps and which crashed
+#    the prebuilt binaries (SentencePieceProcessor::Normalize, another ABI).
+#    So the packed libraries are also unpacked into a private prefix
+#    ($BUILD-deps) that the prebuilt binaries load first (LD_LIBRARY_PATH).
+# Measured there: unpack 9 s, gpu tests 16 s, per model: bench 22-31 s
+# (setup 7-8 s; 1000 prompts), torch reference 24-28 s; machine start about
+# 30-60 s of device time before the command runs. Every step checks the
+# budget (--budget, default 560 s) first and is skipped when too little is
+# left, and each runs under `timeout`. Steps run in priority order: build,
+# gpu tests, llama bench, qwen3 bench, llama torch, qwen3 torch. Smaller
+# runs: --num-prompts, --num-layers, --models, --no-tests, --no-torch,
 # --quick; torch alone (no build): --no-tests --no-bench.
 set -uo pipefail
 
@@ -80,6 +88,7 @@ DO_TESTS=1
 DO_BENCH=1
 DO_TORCH=1
 FORCE_PREBUILT=0
+FORCE_BUILD=0
 DRY_RUN=0
 PACK_DIR="$REPO/.gpucheck"
 PREBUILT_SRC=""
@@ -106,7 +115,8 @@ Options of run:
   --torch-args "..."           flags for torch_reference.py (default "--cuda-graph"; "" = eager)
   --no-build                   use the build dir as it is
   --no-tests / --no-bench / --no-torch
-  --prebuilt                   use .gpucheck/prebuilt.tar.gz instead of building
+  --prebuilt                   use .gpucheck/prebuilt.tar.gz (the default when it is there)
+  --build                      build on the machine even when a prebuilt bundle is there
   --quick                      smoke run: 200 prompts, no torch reference
   --dry-run                    print what would run
 Options of pack:
@@ -134,6 +144,7 @@ while [[ $# -gt 0 ]]; do
     --bench-args) BENCH_ARGS="$2"; shift 2 ;;
     --torch-args) TORCH_ARGS="$2"; shift 2 ;;
     --no-build) DO_BUILD=0; shift ;;
+    --build) FORCE_BUILD=1; shift ;;
     --no-tests) DO_TESTS=0; shift ;;
     --no-bench) DO_BENCH=0; shift ;;
     --no-torch) DO_TORCH=0; shift ;;
@@ -397,6 +408,15 @@ use_prebuilt() {
   for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
     [[ -d "$d" ]] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   done
+  # The machine's own libraries of the same soname win in / (--skip-old-files)
+  # and may be other versions (Ubuntu's libsentencepiece.so.0 crashed these
+  # binaries): the packed ones, unpacked apart, are loaded first.
+  if [[ -f "$PACK_DIR/deps.tar.gz" ]]; then
+    local deps="$BUILD-deps"
+    if [[ ! -d "$deps/usr" ]]; then mkdir -p "$deps" && tar -C "$deps" -xzf "$PACK_DIR/deps.tar.gz" || return 1; fi
+    export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    note "the prebuilt binaries load the packed libraries first ($deps/usr/lib/x86_64-linux-gnu)"
+  fi
   SL="$dir/bin/shardline"; TEST_DIR="$dir/tests"; USE_CTEST=0
   ldd "$SL" | grep "not found" && note "warning: libraries missing for $SL"
   return 0
@@ -493,6 +513,8 @@ main() {
   environment
   # shardline is needed by the tests and the benchmarks only (not by the torch reference).
   local have_bin=0
+  # A build on the machine fails (header notes); the bundle is the way in.
+  if (( !FORCE_BUILD && DO_BUILD )) && [[ -f "$PACK_DIR/prebuilt.tar.gz" ]]; then FORCE_PREBUILT=1; fi
   if (( DO_TESTS || DO_BENCH )); then
     if (( FORCE_PREBUILT )); then
       install_deps  # the prebuilt binaries link the same shared libraries
