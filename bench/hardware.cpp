@@ -1,10 +1,16 @@
 #include "bench/hardware.hpp"
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <thread>
@@ -77,13 +83,17 @@ double measure_sgemm_gflops(int num_threads, int n, int repeats) {
 }
 
 /// Shardline's own linear layer on a 2048^3 problem (the GEMM the model runs).
-double measure_linear_gflops(int n, int repeats) {
+double measure_linear_gflops(int n, int repeats, DType dtype) {
   std::vector<float> w(static_cast<std::size_t>(n) * n), x(w.size()), y(w.size());
   for (std::size_t i = 0; i < w.size(); ++i) {
     w[i] = static_cast<float>((i * 7) % 13) * 0.01f;
     x[i] = static_cast<float>((i * 5) % 11) * 0.01f;
   }
-  const auto packed = kernels::cpu::PackedLinear::pack(w.data(), DType::f32, n, n);
+  std::vector<std::uint16_t> wb;  // [n, n] BF16 bits
+  if (dtype == DType::bf16)
+    for (const float v : w) wb.push_back(f32_to_bf16(v));
+  const auto packed = dtype == DType::bf16 ? kernels::cpu::PackedLinear::pack(wb.data(), DType::bf16, n, n)
+                                           : kernels::cpu::PackedLinear::pack(w.data(), DType::f32, n, n);
   kernels::cpu::linear(x.data(), n, n, packed, nullptr, y.data(), n);  // warm-up
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
@@ -92,6 +102,85 @@ double measure_linear_gflops(int n, int repeats) {
     best = std::min(best, seconds_since(t0));
   }
   return 2.0 * n * static_cast<double>(n) * n / best / 1e9;
+}
+
+namespace {
+
+/// FLOPs of `iters` rounds of 12 independent register FMAs / dot products
+/// on one thread (the values stay finite: tiny increments). The inner loops
+/// must be unrolled: an array of accumulators left in memory runs at a third
+/// of the peak (store-to-load forwarding, measured).
+double fma_loop_flops(long iters, DType dtype, float* sink) {
+  constexpr int kAcc = 12;  // enough independent chains to cover the FMA latency
+#if defined(__AVX512F__)
+  __m512 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+#if defined(__AVX512BF16__)
+  if (dtype == DType::bf16) {
+    const __m512i a = _mm512_set1_epi32(0x3c003c00), b = _mm512_set1_epi32(0x3c003c00);  // pairs of 2^-7
+    for (long it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+      for (int i = 0; i < kAcc; ++i)
+        acc[i] = _mm512_dpbf16_ps(acc[i], reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+    float s = 0;
+    for (int i = 0; i < kAcc; ++i) s += _mm512_reduce_add_ps(acc[i]);
+    *sink = s;
+    return 64.0 * kAcc * static_cast<double>(iters);
+  }
+#endif
+  (void)dtype;
+  const __m512 a = _mm512_set1_ps(1e-7f), b = _mm512_set1_ps(1e-7f);
+  for (long it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+  float s = 0;
+  for (int i = 0; i < kAcc; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  *sink = s;
+  return 32.0 * kAcc * static_cast<double>(iters);
+#elif defined(__AVX2__) && defined(__FMA__)
+  (void)dtype;
+  __m256 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(1e-7f), b = _mm256_set1_ps(1e-7f);
+  for (long it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(a, b, acc[i]);
+  alignas(32) float lanes[8];
+  float s = 0;
+  for (int i = 0; i < kAcc; ++i) {
+    _mm256_store_ps(lanes, acc[i]);
+    for (float v : lanes) s += v;
+  }
+  *sink = s;
+  return 16.0 * kAcc * static_cast<double>(iters);
+#else
+  (void)dtype;
+  float acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = static_cast<float>(i);
+  for (long it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+    for (int i = 0; i < kAcc; ++i) acc[i] = std::fma(1e-7f, 1e-7f, acc[i]);
+  float s = 0;
+  for (float v : acc) s += v;
+  *sink = s;
+  return 2.0 * kAcc * static_cast<double>(iters);
+#endif
+}
+
+}  // namespace
+
+double measure_fma_peak_gflops(int num_threads, DType dtype, int repeats) {
+  constexpr long kIters = 20'000'000;  // ~0.1 s per thread at the peak
+  double best = 0;
+  std::vector<float> sinks(static_cast<std::size_t>(std::max(1, num_threads)));
+  for (int r = 0; r < repeats; ++r) {
+    double flops = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(num_threads) reduction(+ : flops)
+    flops += fma_loop_flops(kIters, dtype, &sinks[static_cast<std::size_t>(omp_get_thread_num())]);
+    best = std::max(best, flops / seconds_since(t0) / 1e9);
+  }
+  return best;
 }
 
 namespace {

@@ -3,6 +3,8 @@
 /// Hardware limits measured in the same run as a benchmark, so ratios to them
 /// are honest on whatever machine runs it.
 
+#include "common/dtype.hpp"
+
 namespace shardline::bench {
 
 /// STREAM triad a[i] = b[i] + s * c[i] over three arrays of `array_bytes`
@@ -16,9 +18,19 @@ namespace shardline::bench {
 [[nodiscard]] double measure_sgemm_gflops(int num_threads, int n = 2048, int repeats = 3);
 
 /// Shardline's own batch-invariant linear layer (kernels/cpu/linear.hpp) on
-/// an n x n x n F32 problem with the calling thread's OpenMP threads, best of
-/// `repeats`. Returns GFLOP/s.
-[[nodiscard]] double measure_linear_gflops(int n = 2048, int repeats = 3);
+/// an n x n x n problem with F32 or BF16 weights (BF16: BF16 compute,
+/// VDPBF16PS) and the calling thread's OpenMP threads, best of `repeats`.
+/// Returns GFLOP/s.
+[[nodiscard]] double measure_linear_gflops(int n = 2048, int repeats = 3, DType dtype = DType::f32);
+
+/// The instruction peak of the dot products a linear layer in `dtype` runs:
+/// independent register-only FMAs (F32: VFMADD, 32 FLOP per zmm / 16 per
+/// ymm) or BF16 dot products (VDPBF16PS, 64 FLOP per zmm) on `num_threads`
+/// threads, no memory traffic, best of `repeats`. The compute ceiling no
+/// GEMM can pass. Without AVX512-BF16, BF16 compute is emulated with two F32
+/// FMAs per pair (kernels/cpu/linear.cpp), so its peak is the F32 one.
+/// Returns GFLOP/s.
+[[nodiscard]] double measure_fma_peak_gflops(int num_threads, DType dtype, int repeats = 3);
 
 /// An in-process all-reduce (comm/inproc.hpp) of `bytes` of F32 between
 /// `num_ranks` threads, best of `repeats`. Returns the bytes one rank sends

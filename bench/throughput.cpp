@@ -95,16 +95,25 @@ std::string ThroughputReport::to_json() const {
                    {"decode_step_ms", decode_step_ms},
                    {"roofline_step_ms", roofline_step_ms},
                    {"decode_gemm_ms", decode_gemm_ms},
+                   {"decode_gemm_limit_ms", decode_gemm_limit_ms},
                    {"decode_attention_ms", decode_attention_ms},
+                   {"decode_attention_limit_ms", decode_attention_limit_ms},
+                   {"decode_attention_gbs", decode_attention_gbs},
                    {"decode_logits_ms", decode_logits_ms},
+                   {"decode_logits_limit_ms", decode_logits_limit_ms},
                    {"decode_other_ms", decode_other_ms},
+                   {"decode_sample_ms", decode_sample_ms},
+                   {"decode_schedule_ms", decode_schedule_ms},
+                   {"decode_engine_other_ms", decode_engine_other_ms},
                    {"roofline_ratio", roofline_ratio},
                    {"prefill_gflops", prefill_gflops},
                    {"prefill_gemm_ratio", prefill_gemm_ratio},
+                   {"prefill_peak_ratio", prefill_peak_ratio},
                    {"membw_gbs", membw_gbs},
                    {"gemm_gflops", gemm_gflops},
                    {"openblas_gflops", openblas_gflops},
                    {"linear_gflops", linear_gflops},
+                   {"fma_peak_gflops", fma_peak_gflops},
                    {"num_steps", num_steps},
                    {"model_s", model_s},
                    {"num_decode_steps", num_decode_steps},
@@ -150,12 +159,15 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
 
   // Hardware limits, measured on this machine before and after the run; the
   // best of the two is the limit (a neighbour's load can only lower a reading).
+  const DType weight_dtype = o.engine.dtype;
   const auto measure_limits = [&] {
     rep.membw_gbs = std::max(rep.membw_gbs, measure_triad_bandwidth_gbs(threads));
     rep.openblas_gflops = std::max(rep.openblas_gflops, measure_sgemm_gflops(threads));
     omp_set_num_threads(threads);
-    rep.linear_gflops = std::max(rep.linear_gflops, measure_linear_gflops());
-    rep.gemm_gflops = std::max(rep.openblas_gflops, rep.linear_gflops);
+    rep.linear_gflops = std::max(rep.linear_gflops, measure_linear_gflops(2048, 3, weight_dtype));
+    rep.fma_peak_gflops = std::max(rep.fma_peak_gflops, measure_fma_peak_gflops(threads, weight_dtype));
+    // OpenBLAS' sgemm is an F32 GEMM: a peak for F32 weights only.
+    rep.gemm_gflops = weight_dtype == DType::f32 ? std::max(rep.openblas_gflops, rep.linear_gflops) : rep.linear_gflops;
   };
   measure_limits();
 
@@ -234,6 +246,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   double prefill_ms = 0, prefill_flops = 0, decode_ms = 0;
   long prefill_tokens = 0, decode_tokens = 0;
   std::vector<double> full_decode_ms, full_decode_roof, gemm_ms, attention_ms, logits_ms, other_ms;
+  std::vector<double> gemm_limit, attention_limit, attention_gbs, logits_limit;
   const auto& recs = measuring.records();
   rep.num_steps = static_cast<int>(recs.size());
   int max_decode_batch = 0;
@@ -256,6 +269,10 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
         attention_ms.push_back(r.profile.attention_ms);
         logits_ms.push_back(r.profile.logits_ms);
         other_ms.push_back(r.profile.other_ms);
+        gemm_limit.push_back(r.cost.gemm_limit_ms(rep.membw_gbs, rep.gemm_gflops));
+        attention_limit.push_back(r.cost.attention_limit_ms(rep.membw_gbs));
+        if (r.profile.attention_ms > 0) attention_gbs.push_back(r.cost.kv_bytes / (r.profile.attention_ms * 1e6));
+        logits_limit.push_back(r.cost.lm_head_limit_ms(rep.membw_gbs, rep.gemm_gflops));
       }
     }
   }
@@ -263,6 +280,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
     rep.prefill_tok_s = prefill_tokens / (prefill_ms / 1e3);
     rep.prefill_gflops = prefill_flops / (prefill_ms / 1e3) / 1e9;
     rep.prefill_gemm_ratio = rep.prefill_gflops / rep.gemm_gflops;
+    if (rep.fma_peak_gflops > 0) rep.prefill_peak_ratio = rep.prefill_gflops / rep.fma_peak_gflops;
   }
   if (decode_ms > 0) rep.decode_tok_s = decode_tokens / (decode_ms / 1e3);
   rep.decode_step_ms = median(full_decode_ms);
@@ -270,6 +288,21 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.decode_attention_ms = median(attention_ms);
   rep.decode_logits_ms = median(logits_ms);
   rep.decode_other_ms = median(other_ms);
+  rep.decode_gemm_limit_ms = median(gemm_limit);
+  rep.decode_attention_limit_ms = median(attention_limit);
+  rep.decode_attention_gbs = median(attention_gbs);
+  rep.decode_logits_limit_ms = median(logits_limit);
+  // The engine's side of the same steps (full-batch pure decodes).
+  std::vector<double> sample_ms, schedule_ms, engine_other_ms;
+  for (const engine::StepStats& s : (*eng)->step_stats()) {
+    if (s.num_prefill_tokens != 0 || s.num_decode_tokens != max_decode_batch) continue;
+    sample_ms.push_back(s.sample_ms);
+    schedule_ms.push_back(s.schedule_ms);
+    engine_other_ms.push_back(std::max(0.0, s.step_ms - s.schedule_ms - s.execute_ms - s.sample_ms));
+  }
+  rep.decode_sample_ms = median(sample_ms);
+  rep.decode_schedule_ms = median(schedule_ms);
+  rep.decode_engine_other_ms = median(engine_other_ms);
   rep.roofline_step_ms = median(full_decode_roof);
   if (rep.roofline_step_ms > 0) rep.roofline_ratio = rep.decode_step_ms / rep.roofline_step_ms;
   rep.weight_bytes = static_cast<double>(cpu_runner->packed_weight_bytes());

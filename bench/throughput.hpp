@@ -39,17 +39,34 @@ struct ThroughputReport {
   double decode_step_ms = 0;     ///< median model time of pure-decode steps at full batch
   double roofline_step_ms = 0;   ///< median roofline of those steps
   double roofline_ratio = 0;     ///< decode_step_ms / roofline_step_ms
-  // Medians over the same decode steps, from the runner's per-op profile:
+  // Per phase, medians over the same decode steps: the time (the runner's
+  // per-op profile, the engine's step stats) and the phase's own limit at
+  // membw_gbs and gemm_gflops (bench/roofline.hpp), so a reader sees where
+  // the step goes and how far each phase is from what the machine allows.
   double decode_gemm_ms = 0;       ///< QKV, o_proj, gate_up, down_proj
+  double decode_gemm_limit_ms = 0; ///< max(their weight bytes / bw, their FLOPs / gemm peak)
   double decode_attention_ms = 0;  ///< KV scatter + paged attention
+  double decode_attention_limit_ms = 0;  ///< KV bytes read + written / bw
+  double decode_attention_gbs = 0; ///< KV bytes / decode_attention_ms (achieved bandwidth)
   double decode_logits_ms = 0;     ///< final norm + lm_head
-  double decode_other_ms = 0;      ///< norms, RoPE, SwiGLU, residual adds
+  double decode_logits_limit_ms = 0;  ///< max(lm_head bytes / bw, lm_head FLOPs / gemm peak)
+  double decode_other_ms = 0;      ///< norms, RoPE, SwiGLU, residual adds (no limit computed)
+  double decode_sample_ms = 0;     ///< host sampling of the step's rows (engine)
+  double decode_schedule_ms = 0;   ///< the scheduler's plan of the step (engine)
+  double decode_engine_other_ms = 0;  ///< step wall - schedule - execute - sample (outputs, bookkeeping)
   double prefill_gflops = 0;     ///< achieved FLOP rate of prefill-carrying steps
   double prefill_gemm_ratio = 0; ///< prefill_gflops / gemm_gflops
+  double prefill_peak_ratio = 0; ///< prefill_gflops / fma_peak_gflops
   double membw_gbs = 0;          ///< STREAM triad, best of before and after the run
-  double gemm_gflops = 0;        ///< max(OpenBLAS sgemm, Shardline linear) on 2048^3, best of before/after
+  /// The GEMM peak of the run's weight dtype, best of before/after: F32:
+  /// max(OpenBLAS sgemm, Shardline linear) on 2048^3; BF16: Shardline's BF16
+  /// linear on 2048^3 (Debian's OpenBLAS has no sbgemm).
+  double gemm_gflops = 0;
   double openblas_gflops = 0;    ///< OpenBLAS sgemm on 2048^3
-  double linear_gflops = 0;      ///< Shardline's batch-invariant linear on 2048^3
+  double linear_gflops = 0;      ///< Shardline's batch-invariant linear on 2048^3, the run's dtype
+  /// Register-only FMA / VDPBF16PS throughput of the run's dtype on the run's
+  /// threads (bench/hardware.hpp): the instruction ceiling above any GEMM.
+  double fma_peak_gflops = 0;
   int num_steps = 0, num_decode_steps = 0, num_preemptions = 0;
   double model_s = 0;  ///< model time of every step summed (elapsed_s - model_s: the engine's own time)
   std::string preemption_mode;     ///< "recompute" or "swap"

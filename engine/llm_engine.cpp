@@ -245,7 +245,9 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
   in_flight_.pop_front();
   Result<model::StepOutput> output = collect_oldest(f);
   if (!output.ok()) return std::move(output).error();
+  const auto t_sample = Clock::now();
   const std::vector<Sequence*> sampled = sample_rows(f, output.value());
+  f.stats.sample_ms = ms_since(t_sample);
   finish_sequences(f.sched, sampled, results);
   if (Status s = stream_increments(f.sched); !s.ok()) return s.error();
 

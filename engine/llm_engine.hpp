@@ -138,6 +138,7 @@ struct StepStats {
   int num_preemptions = 0;
   double schedule_ms = 0.0;
   double execute_ms = 0.0;
+  double sample_ms = 0.0;  ///< host sampling of the step's logits rows (0 when the executor samples)
   double step_ms = 0.0;  ///< whole step wall time
 };
 

@@ -10,7 +10,21 @@
 /// that does not depend on M, on the row's position in the batch, or on the
 /// thread count: a request's logits are bit-identical alone or batched.
 /// Weights are packed once into column panels for the register-blocked
-/// micro-kernel; BF16 weights are widened to F32 in-register (F32 compute).
+/// micro-kernel.
+///
+/// Two computes, chosen by the weights' dtype:
+///  * F32 weights: F32 compute, one FMA chain per element over k.
+///  * BF16 weights: BF16 compute (issue 17), the field's practice for 16-bit
+///    weights (llama.cpp's F16 path does the same): each row of x is rounded
+///    to BF16 (nearest even) and the products are BF16 x BF16 dot products
+///    with F32 accumulation, AVX512-BF16's VDPBF16PS: per element, k in
+///    pairs, the odd element's product added before the even one's, each sum
+///    rounded to F32, denormal inputs read as zero and denormal sums flushed.
+///    Twice the F32 FMA rate on CPUs with the instruction; elsewhere the same
+///    chain runs as F32 FMAs under DAZ+FTZ, bit for bit (linear.cpp says how
+///    this was checked against the instruction).
+/// Both stay batch-invariant: the rounding of x is per row, and each
+/// element's chain is fixed whatever M, the row's place or the threads.
 
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +41,9 @@ class PackedLinear {
  public:
   PackedLinear() = default;
   /// Packs `w` (row-major [n, k], element type `dtype`: f32 or bf16).
-  /// The packed copy keeps `dtype` (BF16 stays BF16 in memory).
+  /// The packed copy keeps `dtype` (BF16 stays BF16 in memory; k padded to
+  /// even with zeros, as VDPBF16PS reads pairs). Throws invalid_argument for
+  /// another dtype.
   [[nodiscard]] static PackedLinear pack(const void* w, DType dtype, int n, int k);
   /// Bytes pack() produces for an [n, k] matrix of `dtype` (column panels,
   /// the last one zero-padded): a peer can size a buffer for another rank's
@@ -56,12 +72,14 @@ class PackedLinear {
 
 /// y[m, n] = x[m, k] * W^T (+ bias[n] if non-null). `x` rows are contiguous
 /// with stride `x_stride` (>= k) floats, `y` with stride `y_stride` (>= n).
-/// Parallel over output columns with OpenMP (num threads = omp_get_max_threads()).
-/// m may be 0 (no-op).
+/// With BF16 weights x is rounded to BF16 first (into a per-thread scratch of
+/// m * k padded to even, 2 or 4 bytes each), see above. Parallel over output
+/// columns with OpenMP (num threads = omp_get_max_threads()). m may be 0 (no-op).
 void linear(const float* x, int m, int x_stride, const PackedLinear& w, const float* bias,
             float* y, int y_stride);
 
-/// Reference (naive, same per-element accumulation order) for tests.
+/// Reference (naive, same per-element accumulation order and, for BF16, the
+/// same rounding of x and VDPBF16PS chain, in scalar code) for tests.
 void linear_reference(const float* x, int m, int x_stride, const void* w, DType dtype, int n,
                       int k, const float* bias, float* y, int y_stride);
 

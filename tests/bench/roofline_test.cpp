@@ -42,6 +42,28 @@ TEST(Roofline, DecodeStepBytesAndFlops) {
   EXPECT_DOUBLE_EQ(c.flops, 2 * 2 * 2.0 * 576 + 2 * 2.0 * 80 + 2 * 4.0 * 2 * 4 * 8);
 }
 
+TEST(Roofline, PhasesSplitTheStepAndEachHasItsOwnLimit) {
+  // The decode step above, phase by phase (the bench's per-phase report).
+  const StepCost c = step_cost(tiny(), 4.0, 4.0, step({{2, 1}, {4, 1}}, 2));
+  EXPECT_DOUBLE_EQ(c.gemm_weight_bytes, 2 * 576 * 4.0);
+  EXPECT_DOUBLE_EQ(c.lm_head_weight_bytes, 10 * 8 * 4.0);
+  EXPECT_DOUBLE_EQ(c.gemm_flops, 2 * 2 * 2.0 * 576);
+  EXPECT_DOUBLE_EQ(c.lm_head_flops, 2 * 2.0 * 80);
+  EXPECT_DOUBLE_EQ(c.attention_flops, 2 * 4.0 * 2 * 4 * 8);
+  EXPECT_DOUBLE_EQ(c.flops, c.gemm_flops + c.lm_head_flops + c.attention_flops);
+  EXPECT_DOUBLE_EQ(c.weight_bytes, c.gemm_weight_bytes + c.lm_head_weight_bytes);
+  // Limits at 1 GB/s and 1 GFLOP/s (bytes and FLOPs read as ns, so ms = x / 1e6):
+  // GEMM max(4608 B, 4608 FLOP); attention 640 B; lm_head max(320 B, 320 FLOP).
+  EXPECT_DOUBLE_EQ(c.gemm_limit_ms(1.0, 1.0), 4608 / 1e6);
+  EXPECT_DOUBLE_EQ(c.gemm_limit_ms(1.0, 0.5), 2 * 4608 / 1e6);  // compute-bound at half the peak
+  EXPECT_DOUBLE_EQ(c.attention_limit_ms(2.0), 640 / 2e6);
+  EXPECT_DOUBLE_EQ(c.lm_head_limit_ms(0.25, 1.0), 4 * 320 / 1e6);  // memory-bound at a quarter
+  // No logits row: no lm_head bytes, FLOPs or limit.
+  const StepCost p = step_cost(tiny(), 4.0, 4.0, step({{2, 1}}, 0));
+  EXPECT_DOUBLE_EQ(p.lm_head_weight_bytes, 0.0);
+  EXPECT_DOUBLE_EQ(p.lm_head_limit_ms(1.0, 1.0), 0.0);
+}
+
 TEST(Roofline, PrefillChunkAttendsCausally) {
   // A 4-token chunk after 2 cached tokens attends 3+4+5+6 = 18 keys; no logits -> no lm_head.
   const StepCost c = step_cost(tiny(), 2.0, 2.0, step({{2, 4}}, 0));

@@ -3,6 +3,7 @@
 // bad flags give a clear error and a non-zero exit, never a crash.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -53,6 +54,34 @@ TEST(CliE2e, GenerateJsonHasIdsTextAndFinishReason) {
   }
   EXPECT_EQ(n, 2);
   EXPECT_NE(r.out.find("[432,383,286,261,376]"), std::string::npos) << r.out;
+}
+
+// bench reports every decode phase with its own limit, and the GEMM peak of
+// the run's weight dtype: BF16 runs are measured against Shardline's BF16
+// linear (no library BF16 GEMM here), F32 against the better of it and
+// OpenBLAS sgemm; the register-only instruction peak is reported beside them.
+// Values are machine-dependent: only their presence and relations are checked.
+TEST(CliE2e, BenchReportsEachDecodePhaseAgainstItsLimit) {
+  for (const std::string dtype : {"bf16", "f32"}) {
+    SCOPED_TRACE(dtype);
+    const CliRun r = run("bench --model " + kModel + " --num-prompts 8 --input-len 16 --output-len 8 " +
+                         "--max-batch 8 --threads 2 --dtype " + dtype + " --kv-cache-dtype " + dtype);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const std::string last = r.out.substr(r.out.rfind("\n{") == std::string::npos ? 0 : r.out.rfind("\n{") + 1);
+    const auto j = nlohmann::json::parse(last.substr(0, last.find('\n')));
+    EXPECT_EQ(j.at("dtype"), dtype == "bf16" ? "BF16" : "F32");
+    for (const char* key : {"decode_step_ms", "decode_gemm_ms", "decode_gemm_limit_ms", "decode_attention_ms",
+                            "decode_attention_limit_ms", "decode_attention_gbs", "decode_logits_ms",
+                            "decode_logits_limit_ms", "fma_peak_gflops", "linear_gflops", "gemm_gflops",
+                            "membw_gbs", "prefill_gflops", "prefill_peak_ratio"})
+      EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
+    for (const char* key : {"decode_other_ms", "decode_sample_ms", "decode_schedule_ms", "decode_engine_other_ms"})
+      EXPECT_GE(j.at(key).get<double>(), 0.0) << key;
+    const double linear = j.at("linear_gflops"), openblas = j.at("openblas_gflops");
+    EXPECT_DOUBLE_EQ(j.at("gemm_gflops").get<double>(), dtype == "bf16" ? linear : std::max(linear, openblas));
+    // A phase's limit is below the whole step's roofline (it is one term of it).
+    EXPECT_LE(j.at("decode_gemm_limit_ms").get<double>(), j.at("roofline_step_ms").get<double>() * (1 + 1e-9));
+  }
 }
 
 TEST(CliE2e, TokenizeJson) {

@@ -76,7 +76,9 @@ TEST_P(LinearTest, MatchesDoubleReferenceAndNaiveBitExact) {
       for (int j = 0; j < c.n; ++j) {
         double ref = bias[j], mag = std::fabs(bias[j]);
         for (int kk = 0; kk < c.k; ++kk) {
-          const double p = static_cast<double>(x[i * xs + kk]) * wf[static_cast<std::size_t>(j) * c.k + kk];
+          // The BF16 path multiplies x rounded to BF16 (round to nearest even).
+          const float xv = dt == DType::f32 ? x[i * xs + kk] : bf16_to_f32(f32_to_bf16(x[i * xs + kk]));
+          const double p = static_cast<double>(xv) * wf[static_cast<std::size_t>(j) * c.k + kk];
           ref += p;
           mag += std::fabs(p);
         }
@@ -170,10 +172,54 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, LinearTest, ::testing::Values(DType::f32, DType
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 TEST(LinearPack, Bf16KeepsTwoBytesPerWeight) {
-  std::vector<std::uint16_t> w(64 * 10, f32_to_bf16(1.0f));
+  std::vector<std::uint16_t> w(64 * 11, f32_to_bf16(1.0f));
   const auto p = PackedLinear::pack(w.data(), DType::bf16, 64, 10);
   EXPECT_EQ(p.bytes(), 64u * 10u * 2u);
+  // An odd k is padded to whole pairs (VDPBF16PS reads k two at a time).
+  EXPECT_EQ(PackedLinear::pack(w.data(), DType::bf16, 64, 11).bytes(), 64u * 12u * 2u);
+  EXPECT_EQ(PackedLinear::packed_bytes(DType::bf16, 64, 11), 64u * 12u * 2u);
   EXPECT_THROW((void)PackedLinear::pack(w.data(), DType::f16, 64, 10), std::invalid_argument);
+}
+
+// The BF16 path's chain, written out by hand for one element: x rounded to
+// BF16, pairs in order, the odd element's product added before the even
+// one's, each sum rounded to F32; denormal inputs read as zero and denormal
+// sums flush to zero (VDPBF16PS). Each expected value is computed here in
+// double from the rule, independent of linear_reference.
+TEST(LinearBf16, PairOrderRoundingAndDenormalsFollowVdpbf16ps) {
+  auto bits = [](float v) { return f32_to_bf16(v); };
+  auto run = [&](const std::vector<float>& x, const std::vector<std::uint16_t>& w) {
+    const int k = static_cast<int>(x.size());
+    const auto p = PackedLinear::pack(w.data(), DType::bf16, 1, k);
+    float y = -7.0f, yr = -7.0f;
+    linear(x.data(), 1, k, p, nullptr, &y, 1);
+    linear_reference(x.data(), 1, k, w.data(), DType::bf16, 1, k, nullptr, &yr, 1);
+    EXPECT_EQ(std::memcmp(&y, &yr, 4), 0) << y << " vs reference " << yr;
+    return y;
+  };
+  const std::uint16_t one = bits(1.0f);
+  // Order: odd element first. With x = (1, 1, 1.5 * 2^-23, 2^-23): pair 0
+  // gives 2; pair 1 adds 2^-23 (a tie at 2: stays 2), then 1.5 * 2^-23
+  // (rounds up to 2 + 2^-22). Left to right, 2 + 1.5 * 2^-23 -> 2 + 2^-22,
+  // then + 2^-23 ties up to 2 + 2^-21.
+  const float x_order[] = {1.0f, 1.0f, 1.5f * std::ldexp(1.0f, -23), std::ldexp(1.0f, -23)};
+  EXPECT_EQ(run({x_order, x_order + 4}, {one, one, one, one}), 2.0f + std::ldexp(1.0f, -22));
+  // x is rounded to BF16 (8 significant bits), to nearest even: 1 + 2^-8 is
+  // a tie that stays 1; 1 + 3 * 2^-8 is a tie that goes up to 1 + 2^-6.
+  EXPECT_EQ(run({1.0f + std::ldexp(1.0f, -8), 0.0f}, {one, bits(0.0f)}), 1.0f);
+  EXPECT_EQ(run({1.0f + 3 * std::ldexp(1.0f, -8), 0.0f}, {one, bits(0.0f)}),
+            1.0f + std::ldexp(1.0f, -6));
+  // An odd k: the last pair's odd element is zero padding.
+  EXPECT_EQ(run({1.0f, 2.0f, 4.0f}, {one, one, one}), 7.0f);
+  // Denormals. A denormal BF16 weight reads as zero (else 1e30 * 2^-133 ~ 1e-10).
+  EXPECT_EQ(run({1e30f, 0.0f}, {std::uint16_t{0x0001}, bits(0.0f)}), 0.0f);
+  // A denormal x rounds to zero.
+  EXPECT_EQ(run({std::ldexp(1.0f, -130), 0.0f}, {one, bits(0.0f)}), 0.0f);
+  // A denormal sum flushes to zero: pair 0 leaves a = 1.5 * 2^-126; pair 1's
+  // odd product -b (b = 2^-126) gives a - b = 2^-127, denormal: 0; then + b
+  // gives b (without the flush: 2^-127 + b = a).
+  const float a = 1.5f * std::ldexp(1.0f, -126), b = std::ldexp(1.0f, -126);
+  EXPECT_EQ(run({1.0f, 0.0f, 1.0f, -1.0f}, {bits(a), bits(0.0f), bits(b), bits(b)}), b);
 }
 
 }  // namespace

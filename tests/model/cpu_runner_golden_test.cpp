@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <cmath>
 #include <memory>
@@ -127,23 +128,41 @@ TEST(CpuRunnerGolden, Stories260kGreedyAndTop5Logits) {
   }
 }
 
-// The same with BF16 weights: still the reference greedy ids (logits differ
-// by BF16 rounding of the weights, so they are not compared at 1e-4).
-TEST(CpuRunnerGolden, Stories260kBf16GreedyIds) {
+// BF16 weights compute in BF16 (activations rounded to BF16 at each linear
+// layer, VDPBF16PS dot products; kernels/cpu/linear.hpp): with the reference
+// ids fed back at every step (teacher forcing), the greedy id matches the
+// reference at all 48 steps of each case, and the reference's top-5 logits
+// stay within kBf16Top5Bound of the F32 reference.
+//
+// The bound is measured, not chosen: this path gives the same bits on every
+// CPU (AVX512-BF16, AVX-512F, AVX2, scalar), so the largest deviation is one
+// number: 0.073449 (printed below), and the bound is that rounded up to two
+// significant digits. The logits of stories260K span about -15..+15.
+constexpr double kBf16Top5Bound = 0.074;
+
+TEST(CpuRunnerGolden, Stories260kBf16ComputeGreedyIdsAndTop5WithinMeasuredBound) {
   const auto cases = load_reference();
   auto runner = make_runner(DType::bf16);
   ASSERT_TRUE(runner);
   Driver d(*runner);
+  double max_dev = 0.0;
+  int mismatched_ids = 0;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     const RefCase& c = cases[ci];
     const int seq = d.add_seq(static_cast<int>(ci) * 20, 20);
     auto rows = d.step({{seq, c.prompt_ids, true}});
-    // BF16 rounding may flip a near-tie late in a story; the first 16 must hold.
-    for (std::size_t step = 0; step < 16; ++step) {
-      ASSERT_EQ(argmax(rows[0]), c.generated_ids[step]) << "case " << ci << " step " << step;
-      rows = d.step({{seq, {c.generated_ids[step]}, true}});
+    for (std::size_t step = 0; step < c.generated_ids.size(); ++step) {
+      ASSERT_EQ(rows.size(), 1u);
+      for (const auto& [id, logit] : c.top5[step])
+        max_dev = std::max(max_dev, std::fabs(static_cast<double>(rows[0][id]) - logit));
+      if (argmax(rows[0]) != c.generated_ids[step]) ++mismatched_ids;
+      EXPECT_EQ(argmax(rows[0]), c.generated_ids[step]) << "case " << ci << " step " << step;
+      if (step + 1 < c.generated_ids.size()) rows = d.step({{seq, {c.generated_ids[step]}, true}});
     }
   }
+  std::printf("BF16 compute: max |top-5 logit - F32 reference| = %.6f over 3 x 48 steps, %d ids differ\n",
+              max_dev, mismatched_ids);
+  EXPECT_LE(max_dev, kBf16Top5Bound);
 }
 
 // Batch and chunk invariance of the forward pass: the logits of each step are
