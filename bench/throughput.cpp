@@ -109,6 +109,12 @@ std::string ThroughputReport::to_json() const {
                    {"prefill_gflops", prefill_gflops},
                    {"prefill_gemm_ratio", prefill_gemm_ratio},
                    {"prefill_peak_ratio", prefill_peak_ratio},
+                   {"prefill_gemm_phase_gflops", prefill_gemm_phase_gflops},
+                   {"prefill_gemm_phase_ratio", prefill_gemm_phase_ratio},
+                   {"prefill_gemm_s", prefill_gemm_s},
+                   {"prefill_attention_s", prefill_attention_s},
+                   {"prefill_logits_s", prefill_logits_s},
+                   {"prefill_other_s", prefill_other_s},
                    {"membw_gbs", membw_gbs},
                    {"gemm_gflops", gemm_gflops},
                    {"openblas_gflops", openblas_gflops},
@@ -243,7 +249,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.num_swap_fallbacks = static_cast<int>((*eng)->kv_io().stats().swap_fallbacks);
   rep.swapped_out_bytes = static_cast<double>((*eng)->kv_io().stats().swapped_out_bytes);
 
-  double prefill_ms = 0, prefill_flops = 0, decode_ms = 0;
+  double prefill_ms = 0, prefill_flops = 0, prefill_gemm_flops = 0, decode_ms = 0;
   long prefill_tokens = 0, decode_tokens = 0;
   std::vector<double> full_decode_ms, full_decode_roof, gemm_ms, attention_ms, logits_ms, other_ms;
   std::vector<double> gemm_limit, attention_limit, attention_gbs, logits_limit;
@@ -258,6 +264,11 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
       prefill_ms += r.model_ms;
       prefill_flops += r.cost.flops;
       prefill_tokens += r.num_prefill_tokens;
+      prefill_gemm_flops += r.cost.gemm_flops + r.cost.lm_head_flops;
+      rep.prefill_gemm_s += r.profile.gemm_ms / 1e3;
+      rep.prefill_attention_s += r.profile.attention_ms / 1e3;
+      rep.prefill_logits_s += r.profile.logits_ms / 1e3;
+      rep.prefill_other_s += r.profile.other_ms / 1e3;
     } else {
       decode_ms += r.model_ms;
       decode_tokens += r.num_tokens;
@@ -281,6 +292,11 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
     rep.prefill_gflops = prefill_flops / (prefill_ms / 1e3) / 1e9;
     rep.prefill_gemm_ratio = rep.prefill_gflops / rep.gemm_gflops;
     if (rep.fma_peak_gflops > 0) rep.prefill_peak_ratio = rep.prefill_gflops / rep.fma_peak_gflops;
+    const double gemm_phase_s = rep.prefill_gemm_s + rep.prefill_logits_s;
+    if (gemm_phase_s > 0) {
+      rep.prefill_gemm_phase_gflops = prefill_gemm_flops / gemm_phase_s / 1e9;
+      rep.prefill_gemm_phase_ratio = rep.prefill_gemm_phase_gflops / rep.gemm_gflops;
+    }
   }
   if (decode_ms > 0) rep.decode_tok_s = decode_tokens / (decode_ms / 1e3);
   rep.decode_step_ms = median(full_decode_ms);

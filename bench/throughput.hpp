@@ -55,6 +55,12 @@ struct ThroughputReport {
   double decode_schedule_ms = 0;   ///< the scheduler's plan of the step (engine)
   double decode_engine_other_ms = 0;  ///< step wall - schedule - execute - sample (outputs, bookkeeping)
   double prefill_gflops = 0;     ///< achieved FLOP rate of prefill-carrying steps
+  /// The GEMM phase of those steps alone: their layers' and lm_head's FLOPs
+  /// / the time of the gemm and logits ops (the runner's profile).
+  double prefill_gemm_phase_gflops = 0;
+  double prefill_gemm_phase_ratio = 0;  ///< prefill_gemm_phase_gflops / gemm_gflops
+  // Time of the prefill-carrying steps by phase, summed (s).
+  double prefill_gemm_s = 0, prefill_attention_s = 0, prefill_logits_s = 0, prefill_other_s = 0;
   double prefill_gemm_ratio = 0; ///< prefill_gflops / gemm_gflops
   double prefill_peak_ratio = 0; ///< prefill_gflops / fma_peak_gflops
   double membw_gbs = 0;          ///< STREAM triad, best of before and after the run
