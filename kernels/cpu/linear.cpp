@@ -132,8 +132,10 @@ void round_rows_bf16(const float* x, int m, long xs, int k, int kp, XBf16* xb) {
   }
 }
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 /// Sets MXCSR's DAZ and FTZ for its scope: F32 FMAs then read denormal BF16
-/// weights as zero and flush denormal sums, as VDPBF16PS does.
+/// weights as zero and flush denormal sums, as VDPBF16PS does (the SIMD
+/// emulation paths; the portable fallback flushes explicitly, dot_bf16).
 class DazFtzScope {
  public:
   DazFtzScope() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
@@ -144,6 +146,7 @@ class DazFtzScope {
  private:
   unsigned saved_;
 };
+#endif
 
 #if defined(__AVX512F__)
 #define SHARDLINE_LINEAR_AVX512 1
@@ -531,11 +534,10 @@ void linear(const float* x, int m, int x_stride, const PackedLinear& w, const fl
 #else
   // Portable fallback: the same per-element chains, read from the packed copy.
   (void)panels;
-  std::vector<float> xb;  // [m, kp] BF16-rounded x
+  std::vector<XBf16> xb;  // [m, kp] BF16-rounded x (widened: XBf16 is float here)
   if (bf16) {
-    xb.assign(static_cast<std::size_t>(m) * kp, 0.0f);
-    for (int i = 0; i < m; ++i)
-      for (int kk = 0; kk < k; ++kk) xb[static_cast<std::size_t>(i) * kp + kk] = round_bf16(x[static_cast<long>(i) * x_stride + kk]);
+    xb.resize(static_cast<std::size_t>(m) * kp);
+    round_rows_bf16(x, m, x_stride, k, kp, xb.data());
   }
   const auto* wb = static_cast<const std::uint16_t*>(w.data());
 #pragma omp parallel for schedule(static)
