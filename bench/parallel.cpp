@@ -176,7 +176,7 @@ Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& o) {
   omp_set_num_threads(cores);
   if (o.measure_hardware) {
     rep.membw_gbs = measure_triad_bandwidth_gbs(cores);
-    rep.gemm_gflops = measure_linear_gflops();
+    rep.gemm_gflops = measure_linear_gflops(2048, 3, o.engine.dtype);  // the weights' compute
     rep.comm_gbs = measure_inproc_allreduce_bytes_per_s(2) / 1e9;
     rep.comm_latency_us = measure_inproc_allreduce_latency_s(2) * 1e6;
   }

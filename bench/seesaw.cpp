@@ -314,7 +314,7 @@ Result<SeesawBenchReport> run_seesaw_bench(const SeesawBenchOptions& o) {
   if (o.measure_hardware) {
     omp_set_num_threads(cores);
     rep.membw_gbs = measure_triad_bandwidth_gbs(cores);
-    rep.gemm_gflops = measure_linear_gflops();
+    rep.gemm_gflops = measure_linear_gflops(2048, 3, o.engine.dtype);  // the weights' compute
   }
 
   auto weights = engine::load_weights(o.engine);

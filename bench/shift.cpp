@@ -264,7 +264,7 @@ Result<ShiftBenchReport> run_shift_bench(const ShiftBenchOptions& o) {
   rep.threads_per_rank = o.engine.num_threads > 0 ? o.engine.num_threads : std::max(1, cores / rep.devices);
   omp_set_num_threads(cores);
   rep.membw_gbs = measure_triad_bandwidth_gbs(cores);
-  rep.gemm_gflops = measure_linear_gflops();
+  rep.gemm_gflops = measure_linear_gflops(2048, 3, o.engine.dtype);  // the weights' compute
   rep.comm_gbs = measure_inproc_allreduce_bytes_per_s(rep.devices) / 1e9;
   rep.comm_latency_us = measure_inproc_allreduce_latency_s(rep.devices) * 1e6;
 

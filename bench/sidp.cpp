@@ -132,7 +132,7 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
   rep.threads_per_rank = threads;
   omp_set_num_threads(rep.cores);
   rep.membw_gbs = measure_triad_bandwidth_gbs(rep.cores);
-  rep.gemm_gflops = measure_linear_gflops();
+  rep.gemm_gflops = measure_linear_gflops(2048, 3, o.engine.dtype);  // the weights' compute
   comm::LinkSpec link = o.link;
   if (link.gbps <= 0) link = comm::LinkSpec{o.link_ratio * rep.membw_gbs / o.dp, o.link.latency_us};
   rep.link_gbs = link.gbps;

@@ -22,7 +22,7 @@ Status resolve_shift_threshold(const EngineFlags& f, const engine::ParallelConfi
   const int devices = parallel.group_size();
   const int threads = std::max(1, o.num_threads) * devices;
   const double membw_gbs = bench::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
-  const double gemm_gflops = bench::measure_linear_gflops(512, 2);
+  const double gemm_gflops = bench::measure_linear_gflops(512, 2, o.dtype);  // the weights' compute
   const double comm_bytes_per_s = bench::measure_inproc_allreduce_bytes_per_s(devices, 1L << 20, 5);
   const double comm_latency_s = bench::measure_inproc_allreduce_latency_s(devices, 200);
   const orchestrator::LinkSpec link{comm_bytes_per_s, comm_latency_s};

@@ -51,7 +51,7 @@ Result<long long> cost_model_switch_batch(const engine::EngineOptions& engine, c
   const int dp = so.dp;
   const int threads = std::max(1, engine.num_threads) * dp;
   const double membw_gbs = bench::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
-  const double gemm_gflops = bench::measure_linear_gflops(512, 2);
+  const double gemm_gflops = bench::measure_linear_gflops(512, 2, engine.dtype);  // the weights' compute
   // Without emulation a weight get is a memcpy on the shared bus.
   const double link_gbs = so.link.gbps > 0 ? so.link.gbps : membw_gbs / dp;
   const auto link = orchestrator::LinkSpec::from_gbps(link_gbs, so.link.latency_us);
