@@ -142,31 +142,12 @@ inline const T* slab_at(const T* base, const KvCacheLayer& c, const std::int32_t
   return base + (block * c.num_kv_heads + kv_head) * static_cast<long>(c.block_size) * c.head_dim;
 }
 
-/// prefetcht0 that the optimizer cannot drop (GCC 12 deletes loops of
-/// _mm_prefetch whose trip count is not a constant).
-inline void prefetch_line(const void* p) { asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p))); }
-
-/// Prefetches the whole slabs of one KV head holding positions [j0, j1) (clipped to npos).
-template <typename T>
-inline void prefetch_positions(const T* base, const KvCacheLayer& c, const std::int32_t* table,
-                               int kv_head, int j0, int j1, int npos) {
-  j1 = std::min(j1, npos);
-  const int bytes = c.block_size * c.head_dim * static_cast<int>(sizeof(T));
-  for (int b = j0 / c.block_size; b * c.block_size < j1; ++b) {
-    const char* r = reinterpret_cast<const char*>(slab_at(base, c, table, kv_head, b * c.block_size));
-    for (int o = 0; o < bytes; o += 64) prefetch_line(r + o);
-  }
-}
-
 /// BF16 K tile shared by this many query heads or more: widened once to F32
 /// (prefill); fewer read it in place, widening each load.
 constexpr int kWidenMin = 8;
 /// BF16 16-key blocks, fewer query heads per KV head than this in an item
 /// (decode, MHA or GQA group <= 2): scores in the pair form from q pairs.
 constexpr int kPairsMax = 4;
-/// Prefetch distance: about this many bytes of K (or V) ahead of the reads,
-/// in whole walk units (KV blocks are scattered); short: L1 must hold it.
-constexpr int kPrefetchBytes = 4096;
 /// Decode: work items per thread below which decode sequences are split into
 /// KV-head slices (few, long sequences) so that every thread gets work.
 constexpr int kDecodeItemsPerThread = 8;
@@ -555,27 +536,20 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
   const bool direct = bs % kTile == 0;  // tiles read in place (else gathered)
   const int tps = !direct ? 1 : bs == kTile ? 2 : bs / kTile;
   const int nstep = (ntile + tps - 1) / tps;
-  // Prefetch kPrefetchBytes (at least one walk unit = one step of one KV
-  // head) ahead in the walk order (step, kv head).
-  const long unit_bytes = static_cast<long>(tps) * kTile * d * static_cast<long>(sizeof(T));
-  const int pf = static_cast<int>(std::max<long>(1, (kPrefetchBytes + unit_bytes - 1) / unit_bytes));
-  const int nunit = nstep * nh;
-  auto prefetch_unit = [&](const T* base, int w) {
-    if (w >= nunit) return;
-    const int st = w / nh, kh = kh0 + w % nh;
-    const int j0 = st * tps * kTile;
-    if (j0 < npos) prefetch_positions(base, cache, table, kh, j0, j0 + tps * kTile, npos);
-  };
+  // No software prefetch: one prefetcht0 per cache line of the slabs ahead
+  // (4 KB ahead, the walk's order) took 26% of decode attention's time in
+  // `perf` and made it slower on 2026-11-28 (stories110m BF16 decode at
+  // batch 64: attention 24.9 ms without, 27.9 with, medians of 4 alternating
+  // runs; F32 KV even; the GQA 32/8 shape 20% faster without). The hardware
+  // prefetchers follow the runs of whole slabs.
   auto first_seeing = [&](int x, int xe, int j) {  // first query head of [x, xe) with pos >= j
     while (x < xe && pos[x] < j) ++x;
     return x;
   };
 
   // 1. scores
-  for (int w = 0; w < pf; ++w) prefetch_unit(kbase, w);
   for (int st = 0; st < nstep; ++st) {
     for (int kh = kh0; kh < kh1; ++kh) {
-      prefetch_unit(kbase, st * nh + (kh - kh0) + pf);
       const int xb = (kh - kh0) * nseg, xe = xb + nseg;
       const int tend = std::min(ntile, (st + 1) * tps);
       for (int tb = st * tps; tb < tend;) {
@@ -622,7 +596,6 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
       }
     }
   }
-  for (int w = 0; w < pf; ++w) prefetch_unit(vbase, w);
 
   // 2. softmax numerators (in place) and 1 / sum
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -651,7 +624,6 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
   // 3. weighted sum of V rows
   for (int st = 0; st < nstep; ++st) {
     for (int kh = kh0; kh < kh1; ++kh) {
-      prefetch_unit(vbase, st * nh + (kh - kh0) + pf);
       const int xb = (kh - kh0) * nseg, xe = xb + nseg;
       for (int tb = st * tps; tb < std::min(ntile, (st + 1) * tps); ++tb) {
         const int j0 = tb * kTile;
