@@ -80,23 +80,14 @@ constexpr std::size_t kXBlockBytes = 128 * 1024;
 /// A sum as VDPBF16PS writes it: denormals flush to signed zero (FTZ).
 [[nodiscard]] float ftz(float v) { return std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v; }
 
-/// F32 bits -> the bits of the BF16 value VCVTNEPS2BF16 gives, in the high
-/// half (low half zero): round to nearest even, denormals to signed zero,
-/// NaN stays a quiet NaN. Branch-free so the row loop vectorizes.
-[[nodiscard]] inline std::uint32_t round_bf16_bits(std::uint32_t u) {
-  std::uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  r = (u & 0x7f800000u) == 0 ? (u & 0x80000000u) : r;
-  r = (u & 0x7fffffffu) > 0x7f800000u ? ((u | 0x00400000u) & 0xffff0000u) : r;
-  return r;
-}
-/// x rounded to BF16 and widened back to F32 (exact).
+/// x rounded to BF16 as VCVTNEPS2BF16 rounds it, widened back to F32
+/// (exact): denormals go to signed zero, then common/dtype.hpp's
+/// f32_to_bf16 (nearest even; NaN stays a quiet NaN).
 [[nodiscard, maybe_unused]] inline float round_bf16(float x) {
   std::uint32_t u;
   std::memcpy(&u, &x, 4);
-  u = round_bf16_bits(u);
-  float out;
-  std::memcpy(&out, &u, 4);
-  return out;
+  if ((u & 0x7f800000u) == 0) return std::signbit(x) ? -0.0f : 0.0f;
+  return bf16_to_f32(f32_to_bf16(x));
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
