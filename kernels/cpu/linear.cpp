@@ -531,20 +531,23 @@ void linear(const float* x, int m, int x_stride, const PackedLinear& w, const fl
     round_rows_bf16(x, m, x_stride, k, kp, xb.data());
   }
   const auto* wb = static_cast<const std::uint16_t*>(w.data());
-#pragma omp parallel for schedule(static)
-  for (int j = 0; j < n; ++j) {
-    std::vector<std::uint16_t> wrow(bf16 ? kp : 0);
-    for (int kk = 0; kk < (bf16 ? k : 0); ++kk) wrow[kk] = wb[packed_index(DType::bf16, k, j, kk)];
-    for (int i = 0; i < m; ++i) {
-      float acc = 0.0f;
-      if (bf16) {
-        acc = dot_bf16(xb.data() + static_cast<std::size_t>(i) * kp, wrow.data(), k);
-      } else {
-        const float* xi = x + static_cast<long>(i) * x_stride;
-        const auto* wf = static_cast<const float*>(w.data());
-        for (int kk = 0; kk < k; ++kk) acc = std::fma(xi[kk], wf[packed_index(DType::f32, k, j, kk)], acc);
+  const auto* wf = static_cast<const float*>(w.data());
+#pragma omp parallel
+  {
+    std::vector<std::uint16_t> wrow(bf16 ? kp : 0);  // [k] column j of W, one per thread
+#pragma omp for schedule(static)
+    for (int j = 0; j < n; ++j) {
+      for (int kk = 0; kk < (bf16 ? k : 0); ++kk) wrow[kk] = wb[packed_index(DType::bf16, k, j, kk)];
+      for (int i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        if (bf16) {
+          acc = dot_bf16(xb.data() + static_cast<std::size_t>(i) * kp, wrow.data(), k);
+        } else {
+          const float* xi = x + static_cast<long>(i) * x_stride;
+          for (int kk = 0; kk < k; ++kk) acc = std::fma(xi[kk], wf[packed_index(DType::f32, k, j, kk)], acc);
+        }
+        y[static_cast<long>(i) * y_stride + j] = bias ? acc + bias[j] : acc;
       }
-      y[static_cast<long>(i) * y_stride + j] = bias ? acc + bias[j] : acc;
     }
   }
 #endif
