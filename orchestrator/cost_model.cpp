@@ -58,6 +58,19 @@ void StepShape::add_sequence(long long cached_tokens, long long new_tokens) {
   num_attention_pairs += new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2;
 }
 
+double HardwareSpec::flops_at(double rows) const {
+  if (flops_by_rows.empty()) return flops_per_s;
+  if (rows <= flops_by_rows.front().first) return flops_by_rows.front().second;
+  for (std::size_t i = 1; i < flops_by_rows.size(); ++i) {
+    const auto& [r1, f1] = flops_by_rows[i];
+    if (rows <= r1) {
+      const auto& [r0, f0] = flops_by_rows[i - 1];
+      return r1 > r0 ? f0 + (f1 - f0) * (rows - r0) / (r1 - r0) : f1;
+    }
+  }
+  return flops_by_rows.back().second;
+}
+
 Result<CostModel> CostModel::create(const ModelShape& shape, const ElementSizes& sizes, const HardwareSpec& hw) {
   if (Status st = shape.validate(); !st) return st.error();
   if (!positive(sizes.weight_bytes)) return bad("weight_bytes must be > 0, got " + num(sizes.weight_bytes)).error();
@@ -67,6 +80,10 @@ Result<CostModel> CostModel::create(const ModelShape& shape, const ElementSizes&
   if (!positive(hw.memory_bw_bytes_per_s))
     return bad("memory_bw_bytes_per_s must be > 0, got " + num(hw.memory_bw_bytes_per_s)).error();
   if (!positive(hw.flops_per_s)) return bad("flops_per_s must be > 0, got " + num(hw.flops_per_s)).error();
+  for (std::size_t i = 0; i < hw.flops_by_rows.size(); ++i)
+    if (!positive(hw.flops_by_rows[i].first) || !positive(hw.flops_by_rows[i].second) ||
+        (i > 0 && !(hw.flops_by_rows[i].first > hw.flops_by_rows[i - 1].first)))
+      return bad("flops_by_rows must be points of positive rows (ascending) and positive FLOP/s").error();
   if (!positive(hw.comm_bw_bytes_per_s))
     return bad("comm_bw_bytes_per_s must be > 0, got " + num(hw.comm_bw_bytes_per_s)).error();
   if (!std::isfinite(hw.comm_latency_s) || hw.comm_latency_s < 0)
@@ -92,7 +109,7 @@ Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const Ste
   const double h = shape_.hidden_size, d = shape_.head_dim;
   const double hq = shape_.num_heads, hkv = shape_.num_kv_heads;
   const double wb = sizes_.weight_bytes, kvb = sizes_.kv_bytes, ab = sizes_.activation_bytes;
-  const double bw = hw_.memory_bw_bytes_per_s, peak = hw_.flops_per_s;
+  const double bw = hw_.memory_bw_bytes_per_s;
   const double cbw = hw_.comm_bw_bytes_per_s, lat = hw_.comm_latency_s;
 
   // One micro-batch (balanced split of the step).
@@ -103,6 +120,7 @@ Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const Ste
   // SP splits the rows into sp chunks of ceil(tokens / sp), the last padded
   // (model/shard_runner.hpp chunk_rows): every rank computes a full chunk.
   const double tokens_rank = std::ceil(tokens / sp - 1e-9);
+  const double peak = hw_.flops_at(tokens_rank);  // the GEMM rate at the rank's rows
 
   // Shard of one rank.
   const double kv_tp = std::max(hkv / tp, 1.0);          // KV heads of the QKV projection shard
@@ -216,7 +234,7 @@ double CostModel::sidp_weight_fetch_ms(const LinkSpec& link) const {
 double CostModel::sidp_ffn_gemm_ms(long long batch) const {
   const double ffn_params = 3.0 * shape_.hidden_size * static_cast<double>(shape_.intermediate_size);
   const double b = static_cast<double>(std::max(0LL, batch));
-  return std::max(ffn_layer_bytes() / hw_.memory_bw_bytes_per_s, 2.0 * ffn_params * b / hw_.flops_per_s) * 1e3;
+  return std::max(ffn_layer_bytes() / hw_.memory_bw_bytes_per_s, 2.0 * ffn_params * b / hw_.flops_at(b)) * 1e3;
 }
 
 namespace {
@@ -309,7 +327,7 @@ Result<ShiftThresholdPoint> CostModel::shift_threshold(const engine::ParallelCon
 double CostModel::sidp_layer_ms(long long batch) const {
   const double w = shape_.layer_params();
   const double b = static_cast<double>(std::max(0LL, batch));
-  return std::max(w * sizes_.weight_bytes / hw_.memory_bw_bytes_per_s, 2.0 * w * b / hw_.flops_per_s) * 1e3;
+  return std::max(w * sizes_.weight_bytes / hw_.memory_bw_bytes_per_s, 2.0 * w * b / hw_.flops_at(b)) * 1e3;
 }
 
 Result<SidpSwitchPoint> CostModel::sidp_switch_batch_overlapped(const LinkSpec& link, int dp,

@@ -158,6 +158,17 @@ struct HardwareSpec {
   double flops_per_s = 0;            ///< FLOPS: achievable GEMM rate at the weight dtype, FLOP/s (> 0)
   double comm_bw_bytes_per_s = 0;    ///< bytes/s one rank sends in a collective or send (> 0)
   double comm_latency_s = 0;         ///< fixed time per collective or send, seconds (>= 0)
+  /// The achievable GEMM rate by the rows a rank's GEMMs have in a step
+  /// (one micro-batch's tokens on one rank), as points {rows, FLOP/s}
+  /// ascending in rows: linear between points, held flat beyond the ends.
+  /// Empty: flops_per_s at every row count. A calibrated CPU device fills
+  /// it (sim::DeviceSpec::gemm_efficiency_by_rows): at a few dozen rows a
+  /// decode step is neither memory- nor compute-bound, and the engine
+  /// overlaps its weight reads with its FLOPs only in part.
+  std::vector<std::pair<double, double>> flops_by_rows;
+
+  /// flops_per_s, or flops_by_rows at `rows` when it is given.
+  [[nodiscard]] double flops_at(double rows) const;
 };
 
 /// The link a SiDP rank fetches non-owned FFN weights over (NVLink on a GPU

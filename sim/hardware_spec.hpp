@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -68,6 +69,15 @@ struct DeviceSpec {
   /// many rows reach another fraction of the peak than those of a decode batch.
   Sourced prefill_gemm_efficiency;
   Sourced memory_bw_efficiency;      ///< achieved fraction of memory_bw_bytes_per_s, (0, 1]
+  /// Optional (JSON "gemm_efficiency_by_rows": {"value": [[rows, fraction],
+  /// ...], "source": TEXT}): the achieved fraction of peak_flops in steps
+  /// below kLargeStepTokens by the rows a rank's GEMMs have, ascending in
+  /// rows; it replaces gemm_efficiency there (orchestrator::HardwareSpec::
+  /// flops_by_rows: linear between points, flat beyond). `simulate
+  /// --calibrate` fits it to decode steps at several batches; the GPU files
+  /// leave it out.
+  std::vector<std::pair<double, double>> gemm_efficiency_by_rows;
+  std::string gemm_efficiency_by_rows_source;
   Sourced step_overhead_ms;          ///< per micro-batch: scheduling, launches, ms (>= 0)
   Sourced seq_overhead_ms;           ///< per sequence of a micro-batch: scheduling, sampling, ms (>= 0)
   bool shared_memory_bus = false;    ///< the devices of a node share one memory bus and one compute budget

@@ -327,6 +327,44 @@ TEST(CostModel, SingleDeviceIsTheRooflineWhenComputeBound) {
   EXPECT_NEAR(c.flops, expect_flops, 1e-9 * expect_flops);
 }
 
+// flops_by_rows: the GEMM rate by the rank's rows, linear between points and
+// flat beyond; a step's compute is priced at its own rows' rate, and an SP
+// rank's rows are its chunk.
+TEST(CostModel, GemmRateByRowsIsInterpolatedAtTheRanksRows) {
+  HardwareSpec hw = slow_hw();
+  hw.flops_by_rows = {{4, 2000}, {8, 6000}, {32, 9000}};
+  EXPECT_DOUBLE_EQ(hw.flops_at(1), 2000);
+  EXPECT_DOUBLE_EQ(hw.flops_at(4), 2000);
+  EXPECT_DOUBLE_EQ(hw.flops_at(6), 4000);
+  EXPECT_DOUBLE_EQ(hw.flops_at(16), 7000);
+  EXPECT_DOUBLE_EQ(hw.flops_at(64), 9000);
+  EXPECT_DOUBLE_EQ(HardwareSpec{}.flops_at(16), 0) << "no curve: flops_per_s";
+
+  // A compute-bound prefill of 16 tokens (no KV): its compute is priced at
+  // 7000 FLOP/s, as a device of that flat rate prices it.
+  StepShape step;
+  step.add_sequence(0, 16);
+  HardwareSpec flat = hw;
+  flat.flops_by_rows.clear();
+  flat.flops_per_s = 7000;
+  const StepCost curve = estimate(make(tiny(), hw), {}, step);
+  const StepCost same = estimate(make(tiny(), flat), {}, step);
+  EXPECT_NEAR(curve.total_ms, same.total_ms, 1e-9 * same.total_ms);
+  EXPECT_GT(curve.compute_ms, curve.weight_read_ms) << "the example must be compute-bound";
+  // With sp=2 each rank has 8 rows: 6000 FLOP/s.
+  engine::ParallelConfig sp2;
+  sp2.sp = 2;
+  flat.flops_per_s = 6000;
+  EXPECT_NEAR(estimate(make(tiny(), hw), sp2, step).total_ms, estimate(make(tiny(), flat), sp2, step).total_ms,
+              1e-9 * estimate(make(tiny(), flat), sp2, step).total_ms);
+
+  // Points must ascend in rows and be positive.
+  hw.flops_by_rows = {{8, 6000}, {4, 2000}};
+  EXPECT_FALSE(CostModel::create(tiny(), {}, hw).ok());
+  hw.flops_by_rows = {{4, 0}};
+  EXPECT_FALSE(CostModel::create(tiny(), {}, hw).ok());
+}
+
 TEST(CostModel, PipelineBubbleAndStageSplit) {
   const CostModel m = make(llama8b(), h100ish());
   StepShape step = decode_batch(64, 1024);

@@ -160,3 +160,48 @@ TEST_F(SimHardware, ACpuSplitFitPricesMultiDeviceRuns) {
 
 }  // namespace
 }  // namespace shardline::sim
+
+namespace shardline::sim {
+namespace {
+
+// gemm_efficiency_by_rows (a calibrated CPU device's GEMM efficiency by the
+// rows of a step): optional, round-trips through the file, replaces
+// gemm_efficiency in steps below kLargeStepTokens only, and a malformed one
+// is a clear error.
+TEST_F(SimHardware, GemmEfficiencyByRowsPricesSmallStepsOnly) {
+  DeviceSpec cpu = *device_preset("h100");
+  EXPECT_TRUE(cpu.gemm_efficiency_by_rows.empty()) << "the GPU files leave it out";
+  EXPECT_TRUE(group_hardware(ClusterSpec{"h100", cpu, 1}, 1).flops_by_rows.empty());
+  cpu.shared_memory_bus = true;
+  cpu.gemm_efficiency_by_rows = {{4, 0.25}, {32, 0.75}};
+  cpu.gemm_efficiency_by_rows_source = "fitted at batches 4 and 32";
+  ClusterSpec c{"cpux2", cpu, 2};
+  const auto hw = group_hardware(c, 1, 2);
+  ASSERT_EQ(hw.flops_by_rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(hw.flops_by_rows[0].first, 4);
+  EXPECT_DOUBLE_EQ(hw.flops_by_rows[0].second, 989e12 * 0.25 / 2) << "the device's share of the bus";
+  EXPECT_DOUBLE_EQ(hw.flops_at(18), 989e12 * 0.5 / 2);
+  EXPECT_TRUE(group_hardware(c, 1, 2, /*large_steps=*/true).flops_by_rows.empty())
+      << "prefill steps keep prefill_gemm_efficiency";
+
+  auto back = parse_device_spec(device_spec_json(cpu), "cpu.json");
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(back->gemm_efficiency_by_rows, cpu.gemm_efficiency_by_rows);
+  EXPECT_EQ(back->gemm_efficiency_by_rows_source, "fitted at batches 4 and 32");
+
+  nlohmann::json j = nlohmann::json::parse(device_spec_json(cpu));
+  for (const char* bad_points : {"[[32, 0.5], [4, 0.25]]", "[[4, 1.5]]", "[[0, 0.5]]", "[[4]]", "[]"}) {
+    nlohmann::json k = j;
+    k["gemm_efficiency_by_rows"]["value"] = nlohmann::json::parse(bad_points);
+    auto bad = parse_device_spec(k.dump(), "cpu.json");
+    ASSERT_FALSE(bad.ok()) << bad_points;
+    EXPECT_NE(bad.error().message.find("gemm_efficiency_by_rows"), std::string::npos) << bad.error().message;
+  }
+  j["gemm_efficiency_by_rows"]["source"] = "";
+  auto bad = parse_device_spec(j.dump(), "cpu.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("'gemm_efficiency_by_rows' has no source"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardline::sim
