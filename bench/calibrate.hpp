@@ -10,26 +10,48 @@
 /// bandwidth and latency for the links (CPU devices are threads of one
 /// process), memory_bytes = MemAvailable. CPU devices share one memory bus.
 ///
-/// Fitted (calibrate only): two real decode runs of `shape` on one device,
-/// at a small batch (the step reads weights: memory-bound) and a large one
-/// (compute-bound), each timed by bench::run_throughput (median model time
-/// of pure-decode steps at full batch, plus the engine's own time per step:
-/// scheduling and sampling). With the cost model's raw times at those
-/// batches (data / memory bandwidth, FLOPs / GEMM rate):
+/// Fitted (calibrate only): real decode runs of `shape` on one device, at a
+/// small batch (the step reads weights: memory-bound), a large one
+/// (compute-bound) and curve_batches between, each run as the validation's
+/// cases run (bench::run_parallel_bench: the engine on its own thread; the
+/// median model time of pure-decode steps at full batch = step wall minus
+/// the engine's own time, scheduling and sampling; the large batch also
+/// runs prefill-only for the prefill rate). With the cost model's raw times
+/// at those batches (data / memory bandwidth, FLOPs / GEMM rate):
 ///   step_overhead_ms     = the engine's per-step time outside the model
 ///   memory_bw_efficiency = T_mem(small) / measured model time(small), capped at 1
 ///   gemm_efficiency      = T_comp(large) / measured model time(large), capped at 1
 /// where the small batch is taken as memory-bound and the large one as
 /// compute-bound; each fitted number's source line gives the measurement.
 ///
-/// The split fit (on >= 2 threads): the same two runs, each as 2 engines
-/// at once on half the threads (what a config of 2 CPU devices does), and
+/// Between the two a decode step is neither: the engine overlaps its
+/// weight reads with its FLOPs only in part, so a roofline with one GEMM
+/// efficiency prices a batch of 16 or 32 10-17% fast (measured by
+/// `simulate --validate`). So decode runs at curve_batches too, and
+///   gemm_efficiency_by_rows(b) = the fraction of peak_flops at which the
+///       cost model's step at batch b (with the fitted memory terms) takes
+///       the measured model time (bisection; at a memory-bound batch, the
+///       least fraction that keeps the step memory-bound)
+/// for every batch run: the achieved fraction of the GEMM peak by the rows
+/// of the step (sim::DeviceSpec::gemm_efficiency_by_rows).
+///
+/// Repeats. This machine has slow episodes (a neighbour takes part of a
+/// core for tens of seconds) and they only ever slow it. So each
+/// measurement above is made `repeats` times, interleaved (triad, linear,
+/// small run, large run, the split's runs, then again), and the fastest of
+/// each is kept: the machine's undisturbed speed, which a run between two
+/// episodes sees.
+///
+/// The split fit (on >= 2 threads): the same runs, each as 2 engines at
+/// once on half the threads (a dp=2 run: what a config of 2 CPU devices
+/// does; the engines are built first and start together), and
 /// Shardline's linear on half the threads for the peak. The terms fitted
 /// there go into sim::DeviceSpec::split, which prices runs with 2 or more
 /// busy devices: threads that do not share one GEMM lose less time to
 /// synchronisation than the all-thread device's 1/N slices assume.
 
 #include <string>
+#include <vector>
 
 #include "common/result.hpp"
 #include "sim/hardware_spec.hpp"
@@ -41,11 +63,16 @@ struct CalibrateOptions {
   int num_threads = 0;    ///< 0: all cores
   int small_batch = 4;
   int large_batch = 64;
+  /// Decode runs at these batches too (between small and large): with
+  /// those two, the points of gemm_efficiency_by_rows.
+  std::vector<int> curve_batches = {8, 16, 32};
   int input_len = 64;
   int output_len = 32;
   /// Also fit the device split over 2 devices running at once
   /// (sim::DeviceSpec::split), when there are >= 2 threads.
   bool split = true;
+  /// Each measurement made this many times, interleaved; the fastest kept.
+  int repeats = 3;
 };
 
 /// The CPU device with measured limits and neutral efficiency terms (1, 1,

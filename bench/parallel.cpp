@@ -120,6 +120,13 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
   for (const auto& s : stats)
     if (s.num_prefill_tokens == 0) r.decode_batch = std::max(r.decode_batch, s.num_decode_tokens);
   r.decode_step_ms = decode_median_ms(*first.engine, r.decode_batch);
+  {
+    std::vector<double> own;
+    for (const auto& s : stats)
+      if (s.num_prefill_tokens == 0 && s.num_decode_tokens == r.decode_batch)
+        own.push_back(std::max(0.0, s.step_ms - s.execute_ms));
+    r.decode_own_ms = median(std::move(own));
+  }
   r.decode_round_ms = r.decode_step_ms * pc.pp;
   r.comm_bytes_per_step = median(step_comm_bytes);
 
@@ -236,6 +243,7 @@ std::string ParallelBenchReport::to_json() const {
                        {"decode_tok_s", r.decode_tok_s},
                        {"decode_batch", r.decode_batch},
                        {"decode_step_ms", r.decode_step_ms},
+                       {"decode_own_ms", r.decode_own_ms},
                        {"decode_round_ms", r.decode_round_ms},
                        {"bubble_fraction", r.bubble_fraction},
                        {"comm_bytes_per_step", r.comm_bytes_per_step},

@@ -62,6 +62,9 @@ struct ParallelConfigResult {
   double prefill_elapsed_s = 0, elapsed_s = 0;
   double total_tok_s = 0, prefill_tok_s = 0, decode_tok_s = 0;
   double decode_step_ms = 0;   ///< measured, per micro-batch
+  /// The engine's own time in those steps (step wall minus the executor's
+  /// time: scheduling, sampling), median, ms.
+  double decode_own_ms = 0;
   int decode_batch = 0;        ///< sequences in those micro-batches
   double decode_round_ms = 0;  ///< measured, pp * decode_step_ms
   double bubble_fraction = 0;  ///< measured (PP), 0 otherwise
