@@ -5,15 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <memory>
-#include <optional>
 
 #include "bench/calibrate.hpp"
 #include "bench/parallel.hpp"
 #include "bench/workload.hpp"
-#include "engine/data_parallel.hpp"
 #include "engine/engine_builder.hpp"
-#include "engine/kv_budget.hpp"
 #include "model/config.hpp"
 
 namespace shardline::bench {
@@ -27,56 +23,6 @@ engine::ParallelConfig config_of(int tp, int pp, int sp, int dp) {
   pc.dp = dp;
   return pc;
 }
-
-/// The speed probe: one single-device engine on all threads, kept for the
-/// whole validation; each probe is a short decode run at a fixed batch and
-/// returns the median step time of its pure-decode steps at full batch.
-class SpeedProbe {
- public:
-  static Result<SpeedProbe> create(const ValidateOptions& o, const model::ModelConfig& config, int threads) {
-    engine::EngineOptions eo;
-    eo.model_dir = o.shape_dir;
-    eo.load_format = model::LoadFormat::dummy;
-    eo.num_threads = threads;
-    eo.max_num_seqs = o.probe_batch;
-    eo.max_model_len = o.probe_input_len + o.probe_output_len;
-    // KV for the probe's sequences (and a block each of slack), not a share
-    // of free memory: the cases' engines need that.
-    const std::uint64_t kv_per_token =
-        engine::kv_bytes_per_block(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 1,
-                                   static_cast<int>(dtype_size(eo.kv_cache_dtype)));
-    eo.kv_cache_bytes = kv_per_token * static_cast<std::uint64_t>(o.probe_batch) *
-                        static_cast<std::uint64_t>(eo.max_model_len + 2 * eo.block_size);
-    omp_set_num_threads(threads);
-    auto e = engine::build_engine(eo);
-    if (!e) return e.error();
-    SpeedProbe p;
-    p.instance_ = std::make_unique<engine::EngineInstance>(std::move(e).value());
-    p.prompts_ = random_prompts(o.probe_batch, o.probe_input_len, config.vocab_size, 7);
-    p.params_.temperature = 0.0f;
-    p.params_.ignore_eos = true;
-    p.params_.max_tokens = o.probe_output_len;
-    p.threads_ = threads;
-    p.batch_ = o.probe_batch;
-    return p;
-  }
-
-  Result<double> measure() {
-    engine::LlmEngine* e = instance_->engine.get();
-    e->clear_step_stats();
-    omp_set_num_threads(threads_);
-    if (auto out = engine::generate_data_parallel({e}, prompts_, params_, threads_); !out) return out.error();
-    const double ms = decode_median_ms(*e, batch_);
-    if (!(ms > 0)) return make_error(ErrorCode::internal, "validate: the speed probe ran no full-batch decode step");
-    return ms;
-  }
-
- private:
-  std::unique_ptr<engine::EngineInstance> instance_;
-  std::vector<std::vector<std::int32_t>> prompts_;
-  sampling::SamplingParams params_;
-  int threads_ = 1, batch_ = 1;
-};
 
 struct Measured {
   double total_tok_s = 0, decode_step_ms = 0;
@@ -168,13 +114,23 @@ Result<ValidationCase> validation_case(const std::string& name, const ValidateOp
   return c;
 }
 
+bool rounds_agree(const ValidationRow& row, double agreement) {
+  const auto two_best_agree = [agreement](std::vector<double> v, bool higher_is_faster) {
+    if (v.size() < 2) return false;
+    std::sort(v.begin(), v.end());
+    if (higher_is_faster) std::reverse(v.begin(), v.end());
+    return v[0] > 0 && v[1] > 0 && std::abs(v[1] / v[0] - 1) <= agreement;
+  };
+  return two_best_agree(row.round_total_tok_s, true) && two_best_agree(row.round_decode_step_ms, false);
+}
+
 Result<ValidationReport> run_validation(const ValidateOptions& o,
                                         const std::function<void(const ValidationRow&)>& progress) {
-  if (o.num_prompts < 1 || o.input_len < 1 || o.output_len < 2 || o.max_batch < 1 || o.max_attempts < 1 ||
-      !(o.drift_tolerance > 0) || !(o.sidp_link_ratio > 0) || o.probe_batch < 1 || o.probe_output_len < 3)
+  if (o.num_prompts < 1 || o.input_len < 1 || o.output_len < 2 || o.max_batch < 1 || o.min_rounds < 1 ||
+      o.max_rounds < o.min_rounds || o.calibration_repeats < 1 || !(o.agreement > 0) || !(o.sidp_link_ratio > 0))
     return make_error(ErrorCode::invalid_argument,
-                      "validate: need positive sizes, output_len >= 2, max_attempts >= 1, drift_tolerance > 0, "
-                      "sidp_link_ratio > 0 and a probe of >= 3 output tokens");
+                      "validate: need positive sizes, output_len >= 2, 1 <= min_rounds <= max_rounds, "
+                      "calibration_repeats >= 1, agreement > 0 and sidp_link_ratio > 0");
   std::vector<ValidationCase> cases;
   for (const std::string& name : o.cases.empty() ? validation_case_names() : o.cases) {
     auto c = validation_case(name, o);
@@ -190,39 +146,12 @@ Result<ValidationReport> run_validation(const ValidateOptions& o,
   CalibrateOptions co;
   co.shape_dir = o.shape_dir;
   co.num_threads = threads;
-  auto probe = SpeedProbe::create(o, *config, threads);
-  if (!probe) return probe.error();
-  // The calibration, between two probes near the fastest seen: slow
-  // episodes only ever slow the machine, so the fastest probe is its
-  // undisturbed speed, and a calibration taken in an episode (or across its
-  // edge) would bias every prediction.
-  auto first = probe->measure();
-  if (!first) return first.error();
-  auto before_cal = probe->measure();
-  if (!before_cal) return before_cal.error();
-  double fastest_ms = std::min(*first, *before_cal);
-  const auto near_fastest = [&](double ms) { return ms / fastest_ms - 1 <= o.drift_tolerance; };
-  std::optional<sim::DeviceSpec> device;
-  for (rep.calibration_attempts = 1;; ++rep.calibration_attempts) {
-    std::fprintf(stderr, "validate: calibrating on %s\n", o.shape_dir.c_str());
-    auto d = calibrate_cpu_device(co);
-    if (!d) return d.error();
-    device = std::move(d).value();
-    auto after_cal = probe->measure();
-    if (!after_cal) return after_cal.error();
-    fastest_ms = std::min(fastest_ms, *after_cal);
-    rep.calibration_probe_ms = (*before_cal + *after_cal) / 2;
-    const bool steady = near_fastest(*before_cal) && near_fastest(*after_cal);
-    const double before_ms = *before_cal;
-    before_cal = after_cal;
-    if (steady || rep.calibration_attempts >= o.max_attempts) break;
-    std::fprintf(stderr,
-                 "validate: the probes around the calibration took %.1f and %.1f ms, the fastest %.1f; "
-                 "calibrating again\n",
-                 before_ms, *after_cal, fastest_ms);
-  }
+  co.repeats = o.calibration_repeats;
+  std::fprintf(stderr, "validate: calibrating on %s (each measurement %d times)\n", o.shape_dir.c_str(), co.repeats);
+  auto device = calibrate_cpu_device(co);
+  if (!device) return device.error();
   rep.device = *device;
-  const double last_probe_ms = *before_cal;
+  rep.calibration_repeats = co.repeats;
 
   // The SiDP cases' link, real and simulated alike.
   comm::LinkSpec link;
@@ -235,7 +164,7 @@ Result<ValidationReport> run_validation(const ValidateOptions& o,
   so.max_batch = o.max_batch;
   so.dispatch = sim::SimOptions::Dispatch::round_robin;  // as in-process DP deals them
 
-  double before = last_probe_ms;
+  // The simulations first (they do not depend on the rounds).
   for (const ValidationCase& c : cases) {
     sim::ClusterSpec cluster;
     cluster.name = "cpu";
@@ -247,43 +176,38 @@ Result<ValidationReport> run_validation(const ValidateOptions& o,
     }
     auto sim_result = sim::simulate(*config, cluster, c.strategy, workload, so);
     if (!sim_result) return sim_result.error();
-
     ValidationRow row;
     row.name = c.name;
     row.strategy = c.strategy.label();
-    Measured m;
-    const auto near_calibration = [&](double ms) {
-      return std::abs(ms / rep.calibration_probe_ms - 1) <= o.drift_tolerance;
-    };
-    double after = before;
-    for (row.attempts = 1;; ++row.attempts) {
-      auto got = measure_case(c, o, threads, link);
-      if (!got) return got.error();
-      m = *got;
-      auto p = probe->measure();
-      if (!p) return p.error();
-      after = *p;
-      row.steady = near_calibration(before) && near_calibration(after);
-      if (row.steady || row.attempts >= o.max_attempts) break;
-      std::fprintf(stderr,
-                   "validate: %s: the probes around the run took %.1f and %.1f ms, the calibration's %.1f; "
-                   "measuring again\n",
-                   c.name.c_str(), before, after, rep.calibration_probe_ms);
-      before = after;
-    }
-    row.probe_before_ms = before;
-    row.probe_after_ms = after;
-    row.speed = rep.calibration_probe_ms / ((before + after) / 2);
-    row.measured_total_tok_s = m.total_tok_s;
-    row.measured_decode_step_ms = m.decode_step_ms;
     row.simulated_total_tok_s = sim_result->total_tok_s;
     row.simulated_decode_step_ms = sim_result->decode_step_ms;
-    const auto err = [](double simulated, double measured) { return measured > 0 ? simulated / measured - 1 : 0.0; };
-    row.total_tok_s_error = err(row.simulated_total_tok_s, m.total_tok_s);
-    row.decode_step_ms_error = err(row.simulated_decode_step_ms, m.decode_step_ms);
-    if (progress) progress(row);
     rep.rows.push_back(row);
-    before = after;
+  }
+
+  // The real runs, in rounds: an episode falls on different cases in
+  // different rounds, and each case keeps its fastest.
+  const auto err = [](double simulated, double measured) { return measured > 0 ? simulated / measured - 1 : 0.0; };
+  for (int round = 0; round < o.max_rounds; ++round) {
+    bool ran = false;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      ValidationRow& row = rep.rows[i];
+      if (round >= o.min_rounds && row.steady) continue;
+      auto m = measure_case(cases[i], o, threads, link);
+      if (!m) return m.error();
+      ran = true;
+      row.round_total_tok_s.push_back(m->total_tok_s);
+      row.round_decode_step_ms.push_back(m->decode_step_ms);
+      const auto [lo, hi] = std::minmax_element(row.round_total_tok_s.begin(), row.round_total_tok_s.end());
+      row.measured_total_tok_s = *hi;
+      row.spread = *lo > 0 ? *hi / *lo - 1 : 0;
+      row.measured_decode_step_ms = *std::min_element(row.round_decode_step_ms.begin(), row.round_decode_step_ms.end());
+      row.steady = rounds_agree(row, o.agreement);
+      row.total_tok_s_error = err(row.simulated_total_tok_s, row.measured_total_tok_s);
+      row.decode_step_ms_error = err(row.simulated_decode_step_ms, row.measured_decode_step_ms);
+      if (progress) progress(row);
+    }
+    if (!ran) break;
+    rep.rounds = round + 1;
   }
   rep.wall_s = seconds_since(t0);
   return rep;

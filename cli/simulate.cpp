@@ -35,7 +35,10 @@ struct SimulateArgs {
   bool calibrate = false;
   bool validate = false;
   std::vector<std::string> validate_cases;  ///< --validate-case (repeatable; empty: all)
-  double drift_tolerance = 0.10;            ///< --drift-tolerance of --validate
+  double agreement = 0.10;                  ///< --agreement of --validate
+  int validate_rounds = 3;                  ///< --validate-rounds (the fewest)
+  int validate_max_rounds = 5;              ///< --validate-max-rounds
+  int calibration_repeats = 3;              ///< --calibration-repeats of --calibrate and --validate
   std::vector<std::string> parallel;
   std::vector<std::string> seesaw;  ///< --seesaw CP:CD (repeatable)
   std::string seesaw_policy = "transition-minimizing";
@@ -144,7 +147,9 @@ int run_calibrate(const SimulateArgs& a) {
   bench::CalibrateOptions o;
   o.shape_dir = a.model_dir;
   o.num_threads = a.threads;
-  std::cerr << "calibrating this machine on " << a.model_dir << " (two decode runs; about a minute)\n";
+  o.repeats = a.calibration_repeats;
+  std::cerr << "calibrating this machine on " << a.model_dir << " (two decode runs, " << o.repeats
+            << " times each; a minute or more)\n";
   auto d = bench::calibrate_cpu_device(o);
   if (!d) return fail(d.error());
   const std::string path = a.calibration.empty() ? default_cpu_calibration() : a.calibration;
@@ -157,8 +162,8 @@ int run_calibrate(const SimulateArgs& a) {
 }
 
 /// The validation (bench/validate.hpp): calibrates on the shape, then runs
-/// each case for real and simulated, with a speed probe between cases, and
-/// prints the simulator's error beside each measurement.
+/// each case for real in rounds (the fastest kept) and simulated, and prints
+/// the simulator's error beside each measurement.
 int run_validate(const SimulateArgs& a) {
   if (!a.parallel.empty())
     return fail(make_error(ErrorCode::invalid_argument,
@@ -172,33 +177,39 @@ int run_validate(const SimulateArgs& a) {
   o.input_len = a.input_len;
   o.output_len = a.output_len;
   o.max_batch = a.options.max_batch;
-  o.drift_tolerance = a.drift_tolerance;
+  o.agreement = a.agreement;
+  o.min_rounds = a.validate_rounds;
+  o.max_rounds = std::max(a.validate_rounds, a.validate_max_rounds);
+  o.calibration_repeats = a.calibration_repeats;
   if (a.shift_threshold > 0) o.shift_threshold = a.shift_threshold;
-  if (!a.json)
-    std::printf("%-14s %10s %10s %7s %12s %10s %7s %7s %8s\n", "case", "tok/s real", "simulated", "error",
-                "step_ms real", "simulated", "error", "steady", "attempts");
   auto rep = bench::run_validation(o, [&](const bench::ValidationRow& r) {
-    if (a.json) return;
-    std::printf("%-14s %10.1f %10.1f %+6.1f%% %12.2f %10.2f %+6.1f%% %7s %8d\n", r.name.c_str(),
-                r.measured_total_tok_s, r.simulated_total_tok_s, 100 * r.total_tok_s_error, r.measured_decode_step_ms,
-                r.simulated_decode_step_ms, 100 * r.decode_step_ms_error, r.steady ? "yes" : "no", r.attempts);
-    std::fflush(stdout);
+    std::fprintf(stderr, "validate: %-14s round %zu: %8.1f tok/s, decode step %7.2f ms (fastest %.1f, %.2f)\n",
+                 r.name.c_str(), r.round_total_tok_s.size(), r.round_total_tok_s.back(), r.round_decode_step_ms.back(),
+                 r.measured_total_tok_s, r.measured_decode_step_ms);
   });
   if (!rep) return fail(rep.error());
   if (!a.json) {
-    std::printf("calibration probe %.2f ms; SiDP link %.2f GB/s; %.0f s in all\n", rep->calibration_probe_ms,
-                rep->sidp_link_gbps, rep->wall_s);
+    std::printf("%-14s %10s %10s %7s %12s %10s %7s %7s %7s\n", "case", "tok/s real", "simulated", "error",
+                "step_ms real", "simulated", "error", "steady", "spread");
+    for (const bench::ValidationRow& r : rep->rows)
+      std::printf("%-14s %10.1f %10.1f %+6.1f%% %12.2f %10.2f %+6.1f%% %7s %6.0f%%\n", r.name.c_str(),
+                  r.measured_total_tok_s, r.simulated_total_tok_s, 100 * r.total_tok_s_error,
+                  r.measured_decode_step_ms, r.simulated_decode_step_ms, 100 * r.decode_step_ms_error,
+                  r.steady ? "yes" : "no", 100 * r.spread);
+    std::printf("real: the fastest of %d+ rounds; calibration: each measurement %d times; SiDP link %.2f GB/s; "
+                "%.0f s in all\n",
+                o.min_rounds, rep->calibration_repeats, rep->sidp_link_gbps, rep->wall_s);
     return 0;
   }
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const bench::ValidationRow& r : rep->rows)
     rows.push_back({{"case", r.name},
                     {"strategy", r.strategy},
-                    {"attempts", r.attempts},
+                    {"rounds", r.round_total_tok_s.size()},
                     {"steady", r.steady},
-                    {"probe_before_ms", r.probe_before_ms},
-                    {"probe_after_ms", r.probe_after_ms},
-                    {"speed", r.speed},
+                    {"spread", r.spread},
+                    {"round_total_tok_s", r.round_total_tok_s},
+                    {"round_decode_step_ms", r.round_decode_step_ms},
                     {"measured_total_tok_s", r.measured_total_tok_s},
                     {"simulated_total_tok_s", r.simulated_total_tok_s},
                     {"total_tok_s_error", r.total_tok_s_error},
@@ -211,8 +222,9 @@ int run_validate(const SimulateArgs& a) {
   out["input_len"] = o.input_len;
   out["output_len"] = o.output_len;
   out["max_batch"] = o.max_batch;
-  out["calibration_probe_ms"] = rep->calibration_probe_ms;
-  out["calibration_attempts"] = rep->calibration_attempts;
+  out["agreement"] = o.agreement;
+  out["rounds"] = rep->rounds;
+  out["calibration_repeats"] = rep->calibration_repeats;
   out["sidp_link_gbps"] = rep->sidp_link_gbps;
   out["wall_s"] = rep->wall_s;
   out["device"] = nlohmann::ordered_json::parse(sim::device_spec_json(rep->device));
@@ -499,16 +511,28 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
                 "Measure this machine and fit the cost model's efficiency terms to real decode steps of --shape; "
                 "writes --calibration");
   cmd->add_flag("--validate", a->validate,
-                "Calibrate on --shape, then run each validation case for real on this machine's CPU devices (again "
-                "while a speed probe says the machine is not as fast as when calibrated) and simulated, and print "
-                "the simulator's error beside the measurement "
+                "Calibrate on --shape, then run each validation case for real on this machine's CPU devices, in "
+                "rounds, the fastest round kept (slow episodes only ever slow the machine), and simulated, and "
+                "print the simulator's error beside the measurement "
                 "(default workload: 32 x (64 in, 32 out), max batch 32)");
   cmd->add_option("--validate-case", a->validate_cases,
                   "A case of --validate (repeatable; default all): single, tp=2, pp=2-fixed, pp=2-throttle, sp=2, "
                   "dp=2, shift, seesaw, sidp-was, sidp-cas");
-  cmd->add_option("--drift-tolerance", a->drift_tolerance,
-                  "--validate measures a case again (up to 4 times) while a speed probe around it differs from the "
-                  "calibration's by more than this")
+  cmd->add_option("--validate-rounds", a->validate_rounds, "--validate measures every case this many times")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--validate-max-rounds", a->validate_max_rounds,
+                  "--validate measures a case not yet steady (its two fastest rounds differ by more than "
+                  "--agreement) again, up to this many times")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--agreement", a->agreement,
+                  "--validate: a case is steady when its two fastest rounds differ by at most this fraction")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--calibration-repeats", a->calibration_repeats,
+                  "--calibrate and --validate make each calibration measurement this many times, interleaved, "
+                  "and keep the fastest")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--parallel", a->parallel, "A config to simulate (repeatable): single, tp=2, pp=2,dp=4, ...");

@@ -66,10 +66,39 @@ TEST(ValidationCases, AnUnknownCaseIsNamedWithTheValidOnes) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("'tp=3'"), std::string::npos) << r.error().message;
   o.cases = {"single"};
-  o.drift_tolerance = 0;
+  o.agreement = 0;
   r = run_validation(o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+  o.agreement = 0.1;
+  o.min_rounds = 3;
+  o.max_rounds = 2;
+  r = run_validation(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+}
+
+// A case is steady when its two fastest rounds agree on both measurements:
+// the fastest total tok/s (highest) and the fastest decode step (lowest).
+// A slow round (an episode) does not matter; a lone fast one does.
+TEST(ValidationRounds, TheTwoFastestRoundsMustAgreeOnBoth) {
+  ValidationRow row;
+  row.round_total_tok_s = {700};
+  row.round_decode_step_ms = {60};
+  EXPECT_FALSE(rounds_agree(row, 0.1)) << "one round cannot agree with itself";
+  row.round_total_tok_s = {700, 500, 660};  // an episode in round 2
+  row.round_decode_step_ms = {60, 85, 64};
+  EXPECT_TRUE(rounds_agree(row, 0.1));
+  row.round_total_tok_s = {700, 500, 600};  // the fastest seen once: 700 vs 600 is 14%
+  EXPECT_FALSE(rounds_agree(row, 0.1));
+  EXPECT_TRUE(rounds_agree(row, 0.2));
+  row.round_total_tok_s = {700, 690, 500};
+  row.round_decode_step_ms = {85, 60, 70};  // 60 vs 70: the step's two fastest differ by 17%
+  EXPECT_FALSE(rounds_agree(row, 0.1));
+  row.round_decode_step_ms = {85, 60, 65};
+  EXPECT_TRUE(rounds_agree(row, 0.1));
+  row.round_decode_step_ms = {85, 0, 65};  // a round without a decode step measured
+  EXPECT_FALSE(rounds_agree(row, 0.1));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/validate.hpp"
 #include "engine/parallel_config.hpp"
 #include "sim/hardware_spec.hpp"
 #include "tests/actors/node_harness.hpp"
@@ -198,12 +199,25 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
                                 &device->memory_bw_efficiency, &device->step_overhead_ms})
     EXPECT_NE(s->source.find("fitted"), std::string::npos) << s->source;
   EXPECT_NE(device->memory_bw_bytes_per_s.source.find("triad"), std::string::npos);
+  // The GEMM efficiency by rows: one point per decode batch run (4, the
+  // curve's 8, 16, 32, and 64), each run 3 times (the default) and the
+  // fastest kept.
+  ASSERT_EQ(device->gemm_efficiency_by_rows.size(), 5u) << read_file(path("cpu.json"));
+  const double rows[] = {4, 8, 16, 32, 64};
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(device->gemm_efficiency_by_rows[i].first, rows[i]);
+    EXPECT_GT(device->gemm_efficiency_by_rows[i].second, 0);
+    EXPECT_LE(device->gemm_efficiency_by_rows[i].second, 1);
+  }
+  EXPECT_NE(device->gemm_efficiency_by_rows_source.find("fitted"), std::string::npos);
+  EXPECT_NE(device->gemm_efficiency_by_rows_source.find("the fastest of 3 interleaved runs"), std::string::npos)
+      << device->gemm_efficiency_by_rows_source;
   EXPECT_EQ(device->split, nullptr) << "one thread: nothing to split";
 
   // On 2 threads the machine is also fitted split over 2 devices running at
   // once, and a 2-device run is priced on that fit.
-  const auto cal2 = run_command(kShardline + " simulate --calibrate --threads 2 --shape " + shape +
-                                " --calibration " + path("cpu2.json"));
+  const auto cal2 = run_command(kShardline + " simulate --calibrate --threads 2 --calibration-repeats 1 --shape " +
+                                shape + " --calibration " + path("cpu2.json"));
   ASSERT_EQ(cal2.exit_code, 0) << cal2.out;
   auto device2 = sim::parse_device_spec(read_file(path("cpu2.json")), "cpu2.json");
   ASSERT_TRUE(device2.ok()) << device2.error().to_string();
@@ -214,6 +228,10 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
     EXPECT_NE(s->source.find("each of 2 devices running at once"), std::string::npos) << s->source;
   EXPECT_NE(device2->split->peak_flops.source.find("1 thread(s)"), std::string::npos)
       << device2->split->peak_flops.source;
+  EXPECT_EQ(device2->split->gemm_efficiency_by_rows.size(), 5u);
+  EXPECT_NE(device2->split->gemm_efficiency_by_rows_source.find("each of 2 devices running at once"),
+            std::string::npos);
+  EXPECT_EQ(device2->gemm_efficiency.source.find("fastest of"), std::string::npos) << "one run each";
 
   // The calibrated device simulates this machine.
   const auto sim = run_command(kShardline + " simulate --cluster cpux2 --calibration " + path("cpu.json") +
@@ -222,30 +240,38 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
   EXPECT_GT(results_by_strategy(sim.out)["tp=2,pp=1,sp=1,dp=1 fixed"].value("total_tok_s", 0.0), 0.0) << sim.out;
 
   const auto v = run_command(kShardline + " simulate --validate --threads 1 --shape " + shape +
-                             " --validate-case single --num-prompts 8 --input-len 16 --output-len 8 --max-batch 8 --json");
+                             " --validate-case single --num-prompts 8 --input-len 16 --output-len 8 --max-batch 8"
+                             " --validate-rounds 2 --validate-max-rounds 3 --calibration-repeats 1 --json");
   ASSERT_EQ(v.exit_code, 0) << v.out;
-  const json j = json::parse(v.out.substr(v.out.find('{')), nullptr, false);
+  const json j = json::parse(v.out.substr(v.out.rfind("\n{") + 1), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << v.out;
   ASSERT_EQ(j["validation"].size(), 1u) << v.out;
+  EXPECT_EQ(j["calibration_repeats"].get<int>(), 1);
   const json& row = j["validation"][0];
   EXPECT_EQ(row["case"], "single");
-  EXPECT_GT(row["measured_total_tok_s"].get<double>(), 0);
   EXPECT_GT(row["simulated_total_tok_s"].get<double>(), 0);
-  EXPECT_GT(j["calibration_probe_ms"].get<double>(), 0);
-  EXPECT_GT(row["probe_before_ms"].get<double>(), 0);
-  EXPECT_GT(row["probe_after_ms"].get<double>(), 0);
-  // The error is the simulation's against the measurement; the row is steady
-  // when both probes were within the tolerance of the calibration's.
+  // The measurement is the fastest round's; a case runs at least 2 rounds
+  // here and a third only when its two fastest disagree by more than 10%.
+  const std::vector<double> tok_s = row["round_total_tok_s"].get<std::vector<double>>();
+  const std::vector<double> step_ms = row["round_decode_step_ms"].get<std::vector<double>>();
+  ASSERT_GE(tok_s.size(), 2u) << v.out;
+  ASSERT_LE(tok_s.size(), 3u) << v.out;
+  ASSERT_EQ(step_ms.size(), tok_s.size()) << v.out;
+  EXPECT_EQ(row["rounds"].get<std::size_t>(), tok_s.size());
+  EXPECT_EQ(row["measured_total_tok_s"].get<double>(), *std::max_element(tok_s.begin(), tok_s.end()));
+  EXPECT_EQ(row["measured_decode_step_ms"].get<double>(), *std::min_element(step_ms.begin(), step_ms.end()));
+  EXPECT_GT(row["measured_total_tok_s"].get<double>(), 0);
+  bench::ValidationRow parsed;
+  parsed.round_total_tok_s = tok_s;
+  parsed.round_decode_step_ms = step_ms;
+  EXPECT_EQ(row["steady"].get<bool>(), bench::rounds_agree(parsed, 0.1));
+  EXPECT_TRUE(row["steady"].get<bool>() || tok_s.size() == 3u) << "a case not steady runs to the last round";
+  EXPECT_TRUE(!row["steady"].get<bool>() || tok_s.size() == 2u) << "a steady case stops at the fewest rounds";
+  // The error is the simulation's against the measurement.
   EXPECT_NEAR(row["total_tok_s_error"].get<double>(),
               row["simulated_total_tok_s"].get<double>() / row["measured_total_tok_s"].get<double>() - 1, 1e-9);
   EXPECT_NEAR(row["decode_step_ms_error"].get<double>(),
               row["simulated_decode_step_ms"].get<double>() / row["measured_decode_step_ms"].get<double>() - 1, 1e-9);
-  const double cal_ms = j["calibration_probe_ms"].get<double>();
-  const bool steady = std::abs(row["probe_before_ms"].get<double>() / cal_ms - 1) <= 0.1 &&
-                      std::abs(row["probe_after_ms"].get<double>() / cal_ms - 1) <= 0.1;
-  EXPECT_EQ(row["steady"].get<bool>(), steady);
-  EXPECT_TRUE(steady || row["attempts"].get<int>() == 4) << "an unsteady row is measured 4 times";
-  EXPECT_GE(row["attempts"].get<int>(), 1);
 
   // Bad requests say what is wrong before anything runs.
   const auto bad = run_command(kShardline + " simulate --validate --shape " + shape + " --validate-case tp=3");
