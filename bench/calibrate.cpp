@@ -204,8 +204,8 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
                              fmt(" took %.3f ms per model step: %.1f GFLOP/s", large->model_step_ms, decode_rate / 1e9)};
     d.prefill_gemm_efficiency = {prefill_rate > 0 ? prefill_rate / peak : 1.0,
                                  "fitted: prefill on " + shape + who +
-                                     fmt(" ran at %.1f prompt tokens/s (a prefill-only run, wall): %.1f GFLOP/s", large->prefill_tok_s,
-                                         prefill_rate / 1e9)};
+                                     fmt(" ran at %.1f prompt tokens/s (a prefill-only run, wall): %.1f GFLOP/s",
+                                         large->prefill_tok_s, prefill_rate / 1e9)};
   }
   // own = a * steps + b * sequence-steps, from the two runs.
   const double det = small->num_steps * large->seq_steps - large->num_steps * small->seq_steps;
@@ -218,7 +218,8 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
     a = std::max(0.0, (small->own_ms + large->own_ms) / (small->num_steps + large->num_steps));
     b = 0;
   }
-  const std::string runs = fmt("the engine's own time (scheduling, sampling) per decode step was %.3f ms at batch %.0f ",
+  const std::string runs = fmt("the engine's own time (scheduling, sampling) per decode step was %.3f ms at "
+                               "batch %.0f ",
                                small->own_ms, o.small_batch) +
                            fmt("and %.3f ms at batch %.0f (medians); fitted as a + b * sequences per step",
                                large->own_ms, o.large_batch);

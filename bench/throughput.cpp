@@ -167,7 +167,6 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   // best of the two is the limit (a neighbour's load can only lower a reading).
   const DType weight_dtype = o.engine.dtype;
   const auto measure_limits = [&] {
-    if (!o.measure_hardware) return;
     rep.membw_gbs = std::max(rep.membw_gbs, measure_triad_bandwidth_gbs(threads));
     rep.openblas_gflops = std::max(rep.openblas_gflops, measure_sgemm_gflops(threads));
     omp_set_num_threads(threads);
@@ -221,7 +220,6 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
     (*eng)->set_stream_prompt_by_layer(true);
   }
 
-  if (o.before_run) o.before_run();
   const auto t0 = Clock::now();
   auto outputs = (*eng)->generate(prompts, sp);
   rep.elapsed_s = ms_since(t0) / 1e3;
@@ -256,7 +254,6 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   std::vector<double> full_decode_ms, full_decode_roof, gemm_ms, attention_ms, logits_ms, other_ms;
   std::vector<double> gemm_limit, attention_limit, attention_gbs, logits_limit;
   const auto& recs = measuring.records();
-  const bool have_limits = rep.membw_gbs > 0 && rep.gemm_gflops > 0;
   rep.num_steps = static_cast<int>(recs.size());
   int max_decode_batch = 0;
   for (const StepRecord& r : recs)
@@ -278,29 +275,27 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
       ++rep.num_decode_steps;
       if (r.num_tokens == max_decode_batch) {
         full_decode_ms.push_back(r.model_ms);
+        full_decode_roof.push_back(r.cost.roofline_ms(rep.membw_gbs, rep.gemm_gflops));
         gemm_ms.push_back(r.profile.gemm_ms);
         attention_ms.push_back(r.profile.attention_ms);
         logits_ms.push_back(r.profile.logits_ms);
         other_ms.push_back(r.profile.other_ms);
+        gemm_limit.push_back(r.cost.gemm_limit_ms(rep.membw_gbs, rep.gemm_gflops));
+        attention_limit.push_back(r.cost.attention_limit_ms(rep.membw_gbs));
         if (r.profile.attention_ms > 0) attention_gbs.push_back(r.cost.kv_bytes / (r.profile.attention_ms * 1e6));
-        if (have_limits) {
-          full_decode_roof.push_back(r.cost.roofline_ms(rep.membw_gbs, rep.gemm_gflops));
-          gemm_limit.push_back(r.cost.gemm_limit_ms(rep.membw_gbs, rep.gemm_gflops));
-          attention_limit.push_back(r.cost.attention_limit_ms(rep.membw_gbs));
-          logits_limit.push_back(r.cost.lm_head_limit_ms(rep.membw_gbs, rep.gemm_gflops));
-        }
+        logits_limit.push_back(r.cost.lm_head_limit_ms(rep.membw_gbs, rep.gemm_gflops));
       }
     }
   }
   if (prefill_ms > 0) {
     rep.prefill_tok_s = prefill_tokens / (prefill_ms / 1e3);
     rep.prefill_gflops = prefill_flops / (prefill_ms / 1e3) / 1e9;
-    if (have_limits) rep.prefill_gemm_ratio = rep.prefill_gflops / rep.gemm_gflops;
+    rep.prefill_gemm_ratio = rep.prefill_gflops / rep.gemm_gflops;
     if (rep.fma_peak_gflops > 0) rep.prefill_peak_ratio = rep.prefill_gflops / rep.fma_peak_gflops;
     const double gemm_phase_s = rep.prefill_gemm_s + rep.prefill_logits_s;
     if (gemm_phase_s > 0) {
       rep.prefill_gemm_phase_gflops = prefill_gemm_flops / gemm_phase_s / 1e9;
-      if (have_limits) rep.prefill_gemm_phase_ratio = rep.prefill_gemm_phase_gflops / rep.gemm_gflops;
+      rep.prefill_gemm_phase_ratio = rep.prefill_gemm_phase_gflops / rep.gemm_gflops;
     }
   }
   if (decode_ms > 0) rep.decode_tok_s = decode_tokens / (decode_ms / 1e3);

@@ -7,7 +7,6 @@
 /// model step is timed and compared with its roofline (bench/roofline.hpp).
 
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include "common/result.hpp"
@@ -26,14 +25,6 @@ struct ThroughputOptions {
   /// actor) or "replicated" (and on to its ring successor); bench/kv_streaming.hpp.
   std::string kv_stream = "off";
   std::string kv_sync = "none";  ///< `--kv-sync` of the stores (none, wal, fsync)
-  /// Measure the hardware limits (triad, GEMM peaks) before and after the
-  /// run. Off: the limit fields and the ratios to them stay 0 (the
-  /// calibration measures them itself, and concurrent runs must not measure
-  /// while another runs).
-  bool measure_hardware = true;
-  /// Called once the engine is built, right before the timed run (concurrent
-  /// runs meet at a barrier there, so their decode phases overlap).
-  std::function<void()> before_run;
 };
 
 struct ThroughputReport {
