@@ -1,5 +1,7 @@
 #include "engine/data_parallel.hpp"
 
+#include "common/openmp_pool.hpp"
+
 #include <omp.h>
 
 #include <thread>
@@ -25,6 +27,9 @@ Result<std::vector<RequestOutput>> generate_data_parallel(const std::vector<LlmE
   for (const sampling::SamplingParams& p : params)
     if (Status s = p.validate(); !s.ok()) return s.error();
   const std::size_t dp = replicas.size();
+  // This thread only waits now: its idle pool would slow the replicas' teams
+  // (common/openmp_pool.hpp).
+  (void)release_openmp_pool();
   std::vector<RequestOutput> outputs(prompts.size());
   std::vector<Status> statuses(dp);
   std::vector<std::thread> threads;

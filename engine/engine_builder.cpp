@@ -1,5 +1,7 @@
 #include "engine/engine_builder.hpp"
 
+#include "common/openmp_pool.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -346,6 +348,11 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();
   e.engine = std::move(engine).value();
+  // Loading and packing the weights ran parallel regions on this thread; the
+  // engine may step on another (a worker's, a DP replica's), and this
+  // thread's idle pool would slow its team (common/openmp_pool.hpp). A pool
+  // freed here is made again by the next region on this thread.
+  (void)release_openmp_pool();
   return e;
 }
 
