@@ -38,12 +38,10 @@ struct DecodeRun {
 /// device's steps are measured. with_prefill: a prefill-only run first,
 /// for prefill_tok_s (of all devices together, per device).
 ///
-/// An engine on its own thread, not the main one: with libgomp's default
-/// wait policy an engine on the main thread ran its steps 10-15% faster
-/// (measured: 346 against 10,126 context switches for the same workload;
-/// most likely libgomp's short "throttled" spin, which it takes once it
-/// manages more threads than CPUs, the main thread's idle pool included),
-/// and the cases and the workers run engines on threads of their own.
+/// An engine on a thread of its own, as the cases and the workers run
+/// engines. (With an idle OpenMP pool left on the main thread such an
+/// engine ran 10-15% slower; build_engine and generate_data_parallel now
+/// free it: common/openmp_pool.hpp.)
 Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, int devices, bool with_prefill) {
   ParallelBenchOptions po;
   po.engine.model_dir = o.shape_dir;
