@@ -148,8 +148,8 @@ int run_calibrate(const SimulateArgs& a) {
   o.shape_dir = a.model_dir;
   o.num_threads = a.threads;
   o.repeats = a.calibration_repeats;
-  std::cerr << "calibrating this machine on " << a.model_dir << " (two decode runs, " << o.repeats
-            << " times each; a minute or more)\n";
+  std::cerr << "calibrating this machine on " << a.model_dir << " (decode runs at 5 batches, each " << o.repeats
+            << " times; a few minutes)\n";
   auto d = bench::calibrate_cpu_device(o);
   if (!d) return fail(d.error());
   const std::string path = a.calibration.empty() ? default_cpu_calibration() : a.calibration;
