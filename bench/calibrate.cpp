@@ -26,8 +26,6 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {  // (prin
 struct DecodeRun {
   double model_step_ms = 0;     ///< median model time of pure-decode steps at full batch (step wall - own)
   double own_ms = 0;            ///< the engine's own time (scheduling, sampling) in those steps, median
-  double num_steps = 1;         ///< (own_ms is per step)
-  double seq_steps = 0;         ///< sequences in such a step
   double prefill_tok_s = 0;     ///< prompt tokens / wall time of a prefill-only run (with_prefill)
 };
 
@@ -66,7 +64,6 @@ Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, 
   DecodeRun d;
   d.model_step_ms = std::max(0.0, x.decode_step_ms - x.decode_own_ms);
   d.own_ms = x.decode_own_ms;
-  d.seq_steps = batch;
   d.prefill_tok_s = x.prefill_tok_s / devices;
   return d;
 }
@@ -132,6 +129,30 @@ sim::DeviceSpec measure_cpu_device(int num_threads) {
 
 namespace {
 
+/// One of `num_devices` devices sharing d's totals, as the cost model sees
+/// it: the peak at `flops_fraction`, the bandwidth at `memory_fraction`.
+orchestrator::HardwareSpec device_share(const sim::DeviceSpec& d, int num_devices, double flops_fraction,
+                                        double memory_fraction) {
+  const double share = 1.0 / num_devices;
+  orchestrator::HardwareSpec hw;
+  hw.flops_per_s = d.peak_flops.value * flops_fraction * share;
+  hw.memory_bw_bytes_per_s = d.memory_bw_bytes_per_s.value * memory_fraction * share;
+  hw.comm_bw_bytes_per_s = d.intra_node_bw_bytes_per_s.value;
+  hw.comm_latency_s = d.intra_node_latency_s.value;
+  return hw;
+}
+
+/// Calibration runs F32 weights, KV and activations.
+constexpr orchestrator::ElementSizes kF32Sizes{4, 4, 4};
+
+/// A full-batch decode step of a calibration run: `batch` sequences at the
+/// median context of its decode steps.
+orchestrator::StepShape decode_step(const CalibrateOptions& o, int batch) {
+  orchestrator::StepShape s;
+  for (int i = 0; i < batch; ++i) s.add_sequence(o.input_len + o.output_len / 2, 1);
+  return s;
+}
+
 /// Fits d's efficiency terms and overheads to two decode runs of one of
 /// `num_devices` devices that share d's measured totals (peak_flops and
 /// memory bandwidth are the machine's: each device gets 1/num_devices).
@@ -143,19 +164,10 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
   const std::string who = num_devices > 1 ? fmt(" (each of %.0f devices running at once)", num_devices) : "";
   // The cost model's raw times (efficiency 1) at those batches, at the
   // median context of the full-batch decode steps.
-  orchestrator::HardwareSpec hw;
-  hw.flops_per_s = d.peak_flops.value * share;
-  hw.memory_bw_bytes_per_s = d.memory_bw_bytes_per_s.value * share;
-  hw.comm_bw_bytes_per_s = d.intra_node_bw_bytes_per_s.value;
-  hw.comm_latency_s = d.intra_node_latency_s.value;
-  orchestrator::ElementSizes sizes{4, 4, 4};
-  auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), sizes, hw);
+  auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), kF32Sizes,
+                                               device_share(d, num_devices, 1.0, 1.0));
   if (!model) return model.error();
-  auto raw = [&](int batch) -> Result<orchestrator::StepCost> {
-    orchestrator::StepShape s;
-    for (int i = 0; i < batch; ++i) s.add_sequence(o.input_len + o.output_len / 2, 1);
-    return model->estimate(engine::ParallelConfig{}, s);
-  };
+  auto raw = [&](int batch) { return model->estimate(engine::ParallelConfig{}, decode_step(o, batch)); };
   auto rs = raw(o.small_batch);
   auto rl = raw(o.large_batch);
   if (!rs) return rs.error();
@@ -205,15 +217,13 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
                                      fmt(" ran at %.1f prompt tokens/s (a prefill-only run, wall): %.1f GFLOP/s",
                                          large->prefill_tok_s, prefill_rate / 1e9)};
   }
-  // own = a * steps + b * sequence-steps, from the two runs.
-  const double det = small->num_steps * large->seq_steps - large->num_steps * small->seq_steps;
-  double a = 0, b = 0;
-  if (std::abs(det) > 1e-9) {
-    a = (small->own_ms * large->seq_steps - large->own_ms * small->seq_steps) / det;
-    b = (small->num_steps * large->own_ms - large->num_steps * small->own_ms) / det;
-  }
+  // own per step = a + b * sequences: the line through the two runs'
+  // medians (small_batch < large_batch).
+  const double span = o.large_batch - o.small_batch;
+  double a = (small->own_ms * o.large_batch - large->own_ms * o.small_batch) / span;
+  double b = (large->own_ms - small->own_ms) / span;
   if (a < 0 || b < 0) {  // noise: one term only
-    a = std::max(0.0, (small->own_ms + large->own_ms) / (small->num_steps + large->num_steps));
+    a = std::max(0.0, (small->own_ms + large->own_ms) / 2);
     b = 0;
   }
   const std::string runs = fmt("the engine's own time (scheduling, sampling) per decode step was %.3f ms at "
@@ -232,22 +242,15 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
 /// takes the measured model time.
 Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, const CalibrateOptions& o,
                       const std::vector<std::pair<int, DecodeRun>>& runs, int num_devices) {
-  const double share = 1.0 / num_devices;
-  orchestrator::HardwareSpec hw;
-  hw.memory_bw_bytes_per_s = d.memory_bw_bytes_per_s.value * d.memory_bw_efficiency.value * share;
-  hw.comm_bw_bytes_per_s = d.intra_node_bw_bytes_per_s.value;
-  hw.comm_latency_s = d.intra_node_latency_s.value;
-  const orchestrator::ElementSizes sizes{4, 4, 4};
   const auto shape = orchestrator::ModelShape::from_config(config);
   d.gemm_efficiency_by_rows.clear();
   std::string points;
   for (const auto& [batch, run] : runs) {
     if (!(run.model_step_ms > 0)) continue;
-    orchestrator::StepShape step;
-    for (int i = 0; i < batch; ++i) step.add_sequence(o.input_len + o.output_len / 2, 1);
+    const orchestrator::StepShape step = decode_step(o, batch);
     auto step_ms = [&](double e) -> Result<double> {
-      hw.flops_per_s = d.peak_flops.value * share * e;
-      auto model = orchestrator::CostModel::create(shape, sizes, hw);
+      auto model = orchestrator::CostModel::create(shape, kF32Sizes,
+                                                   device_share(d, num_devices, e, d.memory_bw_efficiency.value));
       if (!model) return model.error();
       auto c = model->estimate(engine::ParallelConfig{}, step);
       if (!c) return c.error();
