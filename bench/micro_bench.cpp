@@ -17,14 +17,19 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <numeric>
 #include <random>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
+#include <omp.h>
 #include <vector>
 
+#include "bench/hardware.hpp"
 #include "comm/inproc.hpp"
+#include "kernels/cpu/attention.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "kvstore/kv_targets.hpp"
 #include "messages/codec.hpp"
@@ -379,5 +384,69 @@ BENCHMARK_CAPTURE(BM_KvStreamComm, PerSequence, KvMode::per_sequence)->Unit(benc
 BENCHMARK_CAPTURE(BM_KvStreamComm, Batch, KvMode::batch)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
+
+// ---- decode attention --------------------------------------------------------------
+
+/// One layer's decode attention (kernels/cpu/attention.hpp) at the shape of
+/// issue 17's target: num_seqs sequences of context_len positions, one query
+/// token each, block size 16, shuffled block tables (a long-running cache's
+/// blocks are not in order). Args: num_heads, num_kv_heads, head_dim,
+/// context_len, KV dtype (0 = F32, 1 = BF16), threads. Counters: `kv_gbs`,
+/// the K and V bytes read per second, and `triad_gbs`, the STREAM triad of
+/// the same threads measured just before (bench/hardware.hpp), and their
+/// ratio `of_triad`.
+void BM_DecodeAttention(benchmark::State& state) {
+  const int num_heads = static_cast<int>(state.range(0)), num_kv_heads = static_cast<int>(state.range(1));
+  const int head_dim = static_cast<int>(state.range(2)), context_len = static_cast<int>(state.range(3));
+  const DType dtype = state.range(4) ? DType::bf16 : DType::f32;
+  const int threads = static_cast<int>(state.range(5));
+  constexpr int kNumSeqs = 64, kBlockSize = 16;
+  omp_set_num_threads(threads);
+  const int blocks_per_seq = (context_len + kBlockSize - 1) / kBlockSize;
+  const int num_blocks = kNumSeqs * blocks_per_seq;
+  const std::size_t elem = dtype_size(dtype);
+  const std::size_t slab_elems = static_cast<std::size_t>(num_blocks) * num_kv_heads * kBlockSize * head_dim;
+  std::vector<std::byte> k_cache(slab_elems * elem), v_cache(slab_elems * elem);  // [num_blocks, kv_heads, ...]
+  kernels::cpu::KvCacheLayer cache{k_cache.data(), v_cache.data(), dtype, num_blocks, kBlockSize, num_kv_heads, head_dim};
+  std::vector<std::int32_t> blocks(static_cast<std::size_t>(num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::mt19937 rng(17);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  // fill the cache through write_kv, one position at a time for all sequences
+  const int row = num_kv_heads * head_dim;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> kv_rows(static_cast<std::size_t>(kNumSeqs) * row);  // [num_seqs, kv_heads * head_dim]
+  std::vector<std::int32_t> slots(kNumSeqs);
+  for (int p = 0; p < context_len; ++p) {
+    for (float& x : kv_rows) x = normal(rng);
+    for (int s = 0; s < kNumSeqs; ++s)
+      slots[s] = blocks[static_cast<std::size_t>(s) * blocks_per_seq + p / kBlockSize] * kBlockSize + p % kBlockSize;
+    kernels::cpu::write_kv(kv_rows.data(), kv_rows.data(), row, kNumSeqs, slots.data(), cache);
+  }
+  std::vector<float> q(static_cast<std::size_t>(kNumSeqs) * num_heads * head_dim);  // [num_seqs, heads * head_dim]
+  for (float& x : q) x = normal(rng);
+  std::vector<float> out(q.size());
+  std::vector<kernels::cpu::AttentionSeq> seqs(kNumSeqs);
+  for (int s = 0; s < kNumSeqs; ++s)
+    seqs[s] = {s, 1, context_len, blocks.data() + static_cast<std::size_t>(s) * blocks_per_seq};
+  const double kv_bytes = 2.0 * kNumSeqs * context_len * num_kv_heads * head_dim * static_cast<double>(elem);
+  const double triad = bench::measure_triad_bandwidth_gbs(threads, 256L << 20, 3);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (auto _ : state) {
+    kernels::cpu::paged_attention(q.data(), num_heads * head_dim, seqs, cache, num_heads, scale, out.data(),
+                                  num_heads * head_dim);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double gbs = kv_bytes * static_cast<double>(state.iterations()) / 1e9;
+  state.counters["kv_gbs"] = benchmark::Counter(gbs, benchmark::Counter::kIsRate);
+  state.counters["triad_gbs"] = triad;
+  state.SetLabel(std::string(dtype_name(dtype)) + " KV");
+}
+// stories110m (12 / 12 heads) and llama-1B (32 / 8), 256 positions, F32 and BF16, 1 and 2 threads
+BENCHMARK(BM_DecodeAttention)
+    ->ArgNames({"heads", "kv_heads", "head_dim", "ctx", "bf16", "threads"})
+    ->Args({12, 12, 64, 256, 1, 2})->Args({12, 12, 64, 256, 0, 2})
+    ->Args({32, 8, 64, 256, 1, 2})->Args({12, 12, 64, 256, 1, 1})
+    ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 
 BENCHMARK_MAIN();

@@ -142,6 +142,21 @@ inline const T* slab_at(const T* base, const KvCacheLayer& c, const std::int32_t
   return base + (block * c.num_kv_heads + kv_head) * static_cast<long>(c.block_size) * c.head_dim;
 }
 
+/// prefetcht2 of one cache line, which the optimizer cannot drop (GCC 12
+/// deletes loops of _mm_prefetch whose trip count is not a constant).
+inline void prefetch_l2(const void* p) { asm volatile("prefetcht2 %0" : : "m"(*static_cast<const char*>(p))); }
+
+/// Prefetches the (block of position j, kv head) slab into L2, every cache
+/// line of it; nothing when j is past the context.
+template <typename T>
+inline void prefetch_slab(const T* base, const KvCacheLayer& c, const std::int32_t* table, int kv_head,
+                          int j, int npos) {
+  if (j >= npos) return;
+  const char* r = reinterpret_cast<const char*>(slab_at(base, c, table, kv_head, j));
+  const int bytes = c.block_size * c.head_dim * static_cast<int>(sizeof(T));
+  for (int o = 0; o < bytes; o += 64) prefetch_l2(r + o);
+}
+
 /// BF16 K tile shared by this many query heads or more: widened once to F32
 /// (prefill); fewer read it in place, widening each load.
 constexpr int kWidenMin = 8;
@@ -536,20 +551,34 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
   const bool direct = bs % kTile == 0;  // tiles read in place (else gathered)
   const int tps = !direct ? 1 : bs == kTile ? 2 : bs / kTile;
   const int nstep = (ntile + tps - 1) / tps;
-  // No software prefetch: one prefetcht0 per cache line of the slabs ahead
-  // (4 KB ahead, the walk's order) took 26% of decode attention's time in
-  // `perf` and made it slower on 2026-11-28 (stories110m BF16 decode at
-  // batch 64: attention 24.9 ms without, 27.9 with, medians of 4 alternating
-  // runs; F32 KV even; the GQA 32/8 shape 20% faster without). The hardware
-  // prefetchers follow the runs of whole slabs.
+  // Software prefetch into L2, one walk step ahead: while a step's KV head
+  // kh is read, the slabs of kh in the next step are prefetched (the K walk
+  // runs on into the V walk's first step). Blocks are scattered and each
+  // slab is a few KB, so the hardware prefetchers, which stop at 4 KB pages,
+  // see short runs; one core then keeps too few misses in flight and decode
+  // attention is latency-bound. BM_DecodeAttention (bench/micro_bench.cpp,
+  // 64 x 256 positions, 12 heads, BF16 KV, 2 threads, 2026-11-28) read
+  // 13.9-18.6 GB/s without a prefetch, 13.7-17.4 with prefetcht0,
+  // 13.7-16.5 with prefetchnta, 25.4-26.7 with prefetcht1 and 27.6-30.6
+  // with prefetcht2 (triad 22-31 GB/s); two steps ahead or every other line
+  // were slower. An earlier prefetcht0 4 KB ahead was slower than none.
+  const int nunit = nstep * nh;  // walk units (step, kv head): K's, then V's
+  auto prefetch_unit = [&](int w) {
+    const bool v = w >= nunit;
+    if (v) w -= nunit;
+    if (!direct || w >= nunit) return;
+    const int st = w / nh, kh = kh0 + w % nh;
+    for (int b = 0; b < tps; ++b)
+      prefetch_slab(v ? vbase : kbase, cache, table, kh, st * tps * kTile + b * bs, npos);
+  };
   auto first_seeing = [&](int x, int xe, int j) {  // first query head of [x, xe) with pos >= j
     while (x < xe && pos[x] < j) ++x;
     return x;
   };
-
   // 1. scores
   for (int st = 0; st < nstep; ++st) {
     for (int kh = kh0; kh < kh1; ++kh) {
+      prefetch_unit((st + 1) * nh + (kh - kh0));
       const int xb = (kh - kh0) * nseg, xe = xb + nseg;
       const int tend = std::min(ntile, (st + 1) * tps);
       for (int tb = st * tps; tb < tend;) {
@@ -624,6 +653,7 @@ void attend_item(const float* q, int q_stride, const AttentionSeq& seq, int i0, 
   // 3. weighted sum of V rows
   for (int st = 0; st < nstep; ++st) {
     for (int kh = kh0; kh < kh1; ++kh) {
+      prefetch_unit(nunit + (st + 1) * nh + (kh - kh0));
       const int xb = (kh - kh0) * nseg, xe = xb + nseg;
       for (int tb = st * tps; tb < std::min(ntile, (st + 1) * tps); ++tb) {
         const int j0 = tb * kTile;
