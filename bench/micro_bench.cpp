@@ -446,7 +446,7 @@ void BM_DecodeAttention(benchmark::State& state) {
 BENCHMARK(BM_DecodeAttention)
     ->ArgNames({"heads", "kv_heads", "head_dim", "ctx", "bf16", "threads"})
     ->Args({12, 12, 64, 256, 1, 2})->Args({12, 12, 64, 256, 0, 2})
-    ->Args({32, 8, 64, 256, 1, 2})->Args({12, 12, 64, 256, 1, 1})
+    ->Args({32, 8, 64, 256, 1, 2})->Args({32, 8, 64, 256, 0, 2})->Args({12, 12, 64, 256, 1, 1})
     ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 
 BENCHMARK_MAIN();
