@@ -106,6 +106,7 @@ std::string ThroughputReport::to_json() const {
                    {"decode_schedule_ms", decode_schedule_ms},
                    {"decode_engine_other_ms", decode_engine_other_ms},
                    {"roofline_ratio", roofline_ratio},
+                   {"roofline_total_tok_s", roofline_total_tok_s},
                    {"prefill_gflops", prefill_gflops},
                    {"prefill_gemm_ratio", prefill_gemm_ratio},
                    {"prefill_peak_ratio", prefill_peak_ratio},
@@ -258,8 +259,10 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   int max_decode_batch = 0;
   for (const StepRecord& r : recs)
     if (r.num_prefill_tokens == 0) max_decode_batch = std::max(max_decode_batch, r.num_tokens);
+  double roofline_run_ms = 0;  // every step's roofline
   for (const StepRecord& r : recs) {
     rep.model_s += r.model_ms / 1e3;
+    roofline_run_ms += r.cost.roofline_ms(rep.membw_gbs, rep.gemm_gflops);
     if (r.num_prefill_tokens > 0) {
       prefill_ms += r.model_ms;
       prefill_flops += r.cost.flops;
@@ -321,6 +324,8 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.decode_engine_other_ms = median(engine_other_ms);
   rep.roofline_step_ms = median(full_decode_roof);
   if (rep.roofline_step_ms > 0) rep.roofline_ratio = rep.decode_step_ms / rep.roofline_step_ms;
+  if (roofline_run_ms > 0 && rep.elapsed_s > 0)
+    rep.roofline_total_tok_s = rep.total_tok_s * rep.elapsed_s / (roofline_run_ms / 1e3);
   rep.weight_bytes = static_cast<double>(cpu_runner->packed_weight_bytes());
   return rep;
 }

@@ -39,6 +39,10 @@ struct ThroughputReport {
   double decode_step_ms = 0;     ///< median model time of pure-decode steps at full batch
   double roofline_step_ms = 0;   ///< median roofline of those steps
   double roofline_ratio = 0;     ///< decode_step_ms / roofline_step_ms
+  /// The whole run's limit: (prompt + generated tokens) / the sum over all
+  /// its model steps (prefill and decode) of their rooflines. total_tok_s
+  /// cannot pass it at this run's membw_gbs and gemm_gflops.
+  double roofline_total_tok_s = 0;
   // Per phase, medians over the same decode steps: the time (the runner's
   // per-op profile, the engine's step stats) and the phase's own limit at
   // membw_gbs and gemm_gflops (bench/roofline.hpp), so a reader sees where

@@ -71,8 +71,8 @@ Result<std::uint64_t> parse_byte_size(std::string_view text) {
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--dtype", f.dtype,
-                 "Weight storage in memory: f32 or bf16 (CUDA also f16); CPU compute is F32, CUDA GEMMs run in "
-                 "the weight dtype with F32 accumulation")
+                 "Weights in memory: f32 or bf16 (CUDA also f16); the linear layers compute in the weight "
+                 "dtype with F32 accumulation (CPU BF16: activations rounded to BF16, VDPBF16PS)")
       ->capture_default_str();
   cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype,
                  "KV cache storage: f32 (exact) or bf16 (half the bytes; attention math stays F32)")

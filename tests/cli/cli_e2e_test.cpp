@@ -74,7 +74,7 @@ TEST(CliE2e, BenchReportsEachDecodePhaseAgainstItsLimit) {
                             "decode_attention_limit_ms", "decode_attention_gbs", "decode_logits_ms",
                             "decode_logits_limit_ms", "fma_peak_gflops", "linear_gflops", "gemm_gflops",
                             "membw_gbs", "prefill_gflops", "prefill_peak_ratio", "prefill_gemm_phase_gflops",
-                            "prefill_gemm_s", "prefill_attention_s"})
+                            "prefill_gemm_s", "prefill_attention_s", "roofline_total_tok_s"})
       EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
     for (const char* key : {"decode_other_ms", "decode_sample_ms", "decode_schedule_ms", "decode_engine_other_ms"})
       EXPECT_GE(j.at(key).get<double>(), 0.0) << key;
