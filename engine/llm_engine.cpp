@@ -536,7 +536,7 @@ std::vector<Sequence*> LlmEngine::sample_rows(const InFlight& f, const model::St
   std::vector<std::int32_t> sampled;
   std::vector<Sequence*> sampled_seqs;
   sampled.reserve(static_cast<std::size_t>(sched.input.num_logits()));
-  std::vector<float> scratch(sampled_on_device ? 0 : vocab);
+  std::vector<float> scratch;  // [vocab] when a row's params change its logits
   for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
     if (!sched.input.seqs[i].needs_logits) continue;
     Sequence& seq = *sched.scheduled[i].seq;
@@ -545,8 +545,7 @@ std::vector<Sequence*> LlmEngine::sample_rows(const InFlight& f, const model::St
     } else {
       const float* row = output.logits.data() + sampled.size() * vocab;
       if (config_.capture_logits) seq.captured_logits.emplace_back(row, row + vocab);
-      scratch.assign(row, row + vocab);
-      const std::int32_t id = sampling::sample(scratch, seq.params, sample_context(seq));
+      const std::int32_t id = sampling::sample_row({row, vocab}, seq.params, sample_context(seq), scratch);
       if (seq.params.logprobs >= 0)
         seq.logprobs.push_back(sampling::compute_logprobs({row, vocab}, id, seq.params.logprobs));
       sampled.push_back(id);

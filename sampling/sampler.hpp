@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "sampling/sampling_params.hpp"
 
@@ -31,6 +32,13 @@ struct SampleContext {
 /// ids in the context are ignored. `params` must be valid.
 [[nodiscard]] std::int32_t sample(std::span<float> logits, const SamplingParams& params,
                                   const SampleContext& ctx);
+
+/// sample() of a row that must stay as it is: the row is copied into
+/// `scratch` ([vocab], reused across calls) and sampled there when the
+/// params change logits (penalties, min_tokens masks, a temperature);
+/// a plain greedy row is read in place. Same id as sample() on a copy.
+[[nodiscard]] std::int32_t sample_row(std::span<const float> logits, const SamplingParams& params,
+                                      const SampleContext& ctx, std::vector<float>& scratch);
 
 /// Index of the largest value (lowest index on ties; NaN never wins).
 [[nodiscard]] std::int32_t argmax(std::span<const float> values);

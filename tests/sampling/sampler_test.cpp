@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -43,6 +44,97 @@ TEST(Sampler, GreedyTiesGoToLowestId) {
   EXPECT_EQ(draw({1.0f, 3.0f, 3.0f, 2.0f}, greedy(), 0, 0), 1);
   EXPECT_EQ(draw({-5.0f, -1.0f, -1.0f}, greedy(), 0, 0), 1);
   EXPECT_EQ(argmax(std::vector<float>{0.0f, 0.0f}), 0);
+}
+
+// argmax's definition, as a plain walk: the first index of the largest
+// non-NaN value; all NaN: the last index.
+std::int32_t argmax_reference(const std::vector<float>& v) {
+  std::int32_t best = 0;
+  for (std::size_t i = 1; i < v.size(); ++i)
+    if (v[i] > v[best] || std::isnan(v[best])) best = static_cast<std::int32_t>(i);
+  return best;
+}
+
+// The vectorized argmax agrees with the definition on rows of every length
+// up to 100 and a 32,000 vocabulary, with ties inside and across lanes,
+// NaN and -inf anywhere (first, last, all), and only a few distinct values.
+TEST(Sampler, ArgmaxMatchesTheDefinitionWithTiesNanAndInfinity) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> pick(0, 9);
+  auto row = [&](std::size_t n, int distinct) {
+    std::vector<float> v(n);
+    for (float& x : v) {
+      const int k = pick(rng);
+      x = k == 0 ? nan : k == 1 ? -inf : static_cast<float>(static_cast<int>(rng() % distinct));
+    }
+    return v;
+  };
+  int checked = 0;
+  for (std::size_t n = 1; n <= 100; ++n)
+    for (int distinct : {1, 3, 1000})
+      for (int rep = 0; rep < 20; ++rep) {
+        const std::vector<float> v = row(n, distinct);
+        ASSERT_EQ(argmax(v), argmax_reference(v)) << "n " << n << " distinct " << distinct;
+        ++checked;
+      }
+  for (int rep = 0; rep < 50; ++rep) {
+    std::vector<float> v = row(32000, 7);
+    if (rep % 5 == 0) v.back() = 100.0f;  // the maximum in the tail
+    if (rep % 5 == 1) v[17] = v[33] = 100.0f;  // a tie across lanes: 17 wins
+    if (rep % 5 == 2) v[3] = v[19] = 100.0f;   // a tie within lane 3: 3 wins
+    ASSERT_EQ(argmax(v), argmax_reference(v)) << "rep " << rep;
+  }
+  for (std::size_t n : {16u, 17u, 40u}) {
+    EXPECT_EQ(argmax(std::vector<float>(n, nan)), static_cast<std::int32_t>(n - 1));
+    EXPECT_EQ(argmax(std::vector<float>(n, -inf)), 0);
+    std::vector<float> v(n, nan);
+    v[n / 2] = -inf;
+    EXPECT_EQ(argmax(v), static_cast<std::int32_t>(n / 2));
+    v[n - 1] = 1.0f;
+    v[0] = 1.0f;
+    EXPECT_EQ(argmax(v), 0);
+  }
+  EXPECT_GT(checked, 5000);
+}
+
+// sample_row leaves the row as it was and draws what sample() draws on a
+// copy, for plain greedy rows (read in place) and for every kind of row that
+// changes its logits (penalties, min_tokens masks, temperature, truncation).
+TEST(Sampler, SampleRowDrawsWhatSampleDrawsAndLeavesTheRow) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> row(500);
+  for (float& x : row) x = normal(rng);
+  const std::vector<float> original = row;
+  const std::vector<std::int32_t> prompt{3, 7, 7, 42}, output{argmax(row), 9};
+  const std::vector<std::int32_t> masked{argmax(row)};
+  std::vector<SamplingParams> params(7, greedy());
+  params[1].repetition_penalty = 1.3f;
+  params[2].presence_penalty = 0.5f;
+  params[3].frequency_penalty = 0.7f;
+  params[4].min_tokens = 5;  // masks the row's argmax while fewer outputs
+  params[5] = SamplingParams{};  // temperature 1
+  params[6].temperature = 0.8f, params[6].top_k = 20, params[6].top_p = 0.9f;
+  std::vector<float> scratch;
+  for (std::size_t k = 0; k < params.size(); ++k)
+    for (int position = 0; position < 30; ++position) {
+      SampleContext ctx;
+      ctx.seed = 77;
+      ctx.position = position;
+      ctx.prompt_ids = prompt;
+      ctx.output_ids = output;
+      ctx.min_tokens_masked_ids = masked;
+      std::vector<float> copy = row;
+      const std::int32_t want = sample(copy, params[k], ctx);
+      ASSERT_EQ(sample_row(row, params[k], ctx, scratch), want) << "params " << k << " position " << position;
+      ASSERT_EQ(row, original);
+    }
+  // the min_tokens mask changes a greedy row's answer: sample_row applied it
+  SampleContext ctx;
+  ctx.output_ids = output;
+  ctx.min_tokens_masked_ids = masked;
+  EXPECT_NE(sample_row(row, params[4], ctx, scratch), argmax(row));
 }
 
 TEST(Sampler, TopKOneIsGreedy) {
