@@ -454,4 +454,19 @@ BENCHMARK(BM_DecodeAttention)
     ->Args({32, 8, 64, 256, 1, 2})->Args({32, 8, 64, 256, 0, 2})->Args({12, 12, 64, 256, 1, 1})
     ->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
 
+/// The in-process all-reduce between 2 threads (comm/inproc.hpp) at the
+/// sizes a TP step sends: one F32 (the latency), a batch of 32 and 64 rows
+/// of dim 768 (stories110m), 8 MB (the calibration's bandwidth size).
+/// Counters: `allreduce_us` per call (the best of 30), and the
+/// ring-equivalent bytes a rank sends per second (`send_gbs`).
+void BM_InprocAllReduce(benchmark::State& state) {
+  const long bytes = state.range(0);
+  double bytes_per_s = 0;
+  for (auto _ : state) bytes_per_s = bench::measure_inproc_allreduce_bytes_per_s(2, bytes, 30);
+  state.counters["send_gbs"] = bytes_per_s / 1e9;
+  state.counters["allreduce_us"] = bytes_per_s > 0 ? static_cast<double>(bytes) / bytes_per_s * 1e6 : 0.0;
+}
+BENCHMARK(BM_InprocAllReduce)->Arg(4)->Arg(32 * 768 * 4)->Arg(64 * 768 * 4)->Arg(8L << 20)->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+
 BENCHMARK_MAIN();
