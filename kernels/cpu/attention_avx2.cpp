@@ -148,6 +148,13 @@ inline void pv_head(const float* e, const T* const* rows, int n, int d, float in
   }
 }
 
+/// prefetcht2 of `bytes` from p, a cache line at a time (asm: GCC 12 drops
+/// loops of _mm_prefetch whose trip count is not a constant).
+inline void prefetch_l2(const void* p, long bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (long o = 0; o < bytes; o += 64) asm volatile("prefetcht2 %0" : : "m"(c[o]));
+}
+
 struct Scratch {
   std::vector<float> kt;  ///< gathered K tile [head_dim][8]
   std::vector<float> s;   ///< scores, [group][padded positions]
@@ -176,10 +183,18 @@ void attend(const float* q, float* out, int p, const std::int32_t* table, int kh
     return base + (block * c.num_kv_heads + kh) * static_cast<long>(bs) * d;
   };
 
-  // 1. scores, 8 keys at a time (positions 8u.., all seen by every head)
+  // 1. scores, 8 keys at a time (positions 8u.., all seen by every head).
+  // Blocks are scattered slabs of a few KB: as the walk enters a block it
+  // prefetches the next block's K slab and this block's V slab into L2
+  // (attention.cpp says why and what it measured).
   const bool direct = bs % kLanes == 0;  // a tile lies in one block: read in place
   if (!direct) scr.kt.resize(static_cast<std::size_t>(d) * kLanes);
+  const long slab_bytes = static_cast<long>(bs) * d * static_cast<long>(sizeof(T));
   for (int j0 = 0; j0 < n; j0 += kLanes) {
+    if (j0 % bs < kLanes) {  // the first tile in a block
+      if (j0 + bs < n) prefetch_l2(slab(kbase, j0 + bs), slab_bytes);
+      prefetch_l2(slab(vbase, j0), slab_bytes);
+    }
     if (direct) {
       const T* k = slab(kbase, j0) + j0 % bs;
       for (int g = 0; g < group; ++g)
