@@ -44,10 +44,6 @@ void apply_penalties(std::span<float> logits, const SamplingParams& p, const Sam
   }
 }
 
-}  // namespace
-
-namespace {
-
 /// The definition: the first index of the largest non-NaN value; all NaN:
 /// the last index.
 std::int32_t argmax_scalar(std::span<const float> values) {
