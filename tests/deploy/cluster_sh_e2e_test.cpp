@@ -52,9 +52,14 @@ TEST_F(ClusterSh, ThreeLocalNodesFinishAJobWhenOneIsKilledMidJob) {
   for (const char* w : {"node0/cpu:0", "node1/cpu:0", "node2/cpu:0"})
     EXPECT_NE(status.out.find(w), std::string::npos) << status.out;
 
-  // Long enough that the kill lands mid-job (150 lines finished within the
-  // time `cluster.sh kill` took once, in CI).
-  ASSERT_EQ(testing_support::write_demo_prompts(path("in.jsonl"), 400), 400);
+  // Long enough that the kill lands mid-job. 150 lines of 48 tokens once
+  // finished within the time `cluster.sh kill` took in CI, and once all of
+  // 400 did, in a clean-clone trial under ctest -j3 (three nodes run about
+  // 1,300 such lines a second here). So each line asks for 400 tokens.
+  constexpr int kLines = 400;
+  ASSERT_EQ(testing_support::write_demo_prompts(path("in.jsonl"), kLines,
+                                                [](int, nlohmann::json& body) { body["max_tokens"] = 400; }),
+            kLines);
   const auto submit = run_command(kShardline + " job submit" + client + " --model " + testing_support::kStoriesDir +
                                   " --input " + path("in.jsonl") + " --output " + path("out.jsonl"));
   ASSERT_EQ(submit.exit_code, 0) << submit.out;
@@ -68,7 +73,7 @@ TEST_F(ClusterSh, ThreeLocalNodesFinishAJobWhenOneIsKilledMidJob) {
   ASSERT_EQ(kill.exit_code, 0) << kill.out;
   ASSERT_LT(nlohmann::json::parse(run_command(kShardline + " job status 1 --json" + client).out)["jobs"][0]["done"]
                 .get<int>(),
-            400)
+            kLines)
       << "the job finished before the kill";
   for (int i = 0; i < 1200; ++i) {
     job = nlohmann::json::parse(run_command(kShardline + " job status 1 --json" + client).out)["jobs"][0];
