@@ -10,10 +10,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -50,21 +54,33 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read
-/// it back, close): for a rendezvous address a test hands to processes.
+/// A TCP port on 127.0.0.1 that was free a moment ago: for a rendezvous
+/// address a test hands to processes. It is drawn below the kernel's
+/// ephemeral range (/proc/sys/net/ipv4/ip_local_port_range) and checked
+/// with a bind. A port the kernel handed out for port 0 could be taken by
+/// any outgoing connect() of the tests running beside this one before the
+/// rendezvous binds it; a port below that range is only taken by an
+/// explicit bind.
 inline int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
+  int ephemeral_low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> ephemeral_low;
+  const int low = 10000, high = std::max(low + 1000, ephemeral_low);  // [low, high)
+  static std::atomic<unsigned> calls{0};
+  std::minstd_rand rng(static_cast<unsigned>(::getpid()) * 7919u +
+                       static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()) +
+                       calls.fetch_add(1) * 104729u);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = low + static_cast<int>(rng() % static_cast<unsigned>(high - low));
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
+  return 0;
 }
 
 /// A background child with stdout+stderr going to `log_path`.
