@@ -81,7 +81,7 @@ TEST(Sampler, ArgmaxMatchesTheDefinitionWithTiesNanAndInfinity) {
   for (int rep = 0; rep < 50; ++rep) {
     std::vector<float> v = row(32000, 7);
     if (rep % 5 == 0) v.back() = 100.0f;  // the maximum in the tail
-    if (rep % 5 == 1) v[17] = v[33] = 100.0f;  // a tie across lanes: 17 wins
+    if (rep % 5 == 1) v[18] = v[33] = 100.0f;  // a tie across lanes 2 and 1: 18 wins
     if (rep % 5 == 2) v[3] = v[19] = 100.0f;   // a tie within lane 3: 3 wins
     ASSERT_EQ(argmax(v), argmax_reference(v)) << "rep " << rep;
   }
