@@ -17,6 +17,16 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+/// Whether apply_penalties changes anything.
+bool has_penalties(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
+/// Whether ctx.min_tokens_masked_ids are masked for this token.
+bool min_tokens_masked(const SamplingParams& p, const SampleContext& ctx) {
+  return static_cast<int>(ctx.output_ids.size()) < p.min_tokens;
+}
+
 void apply_penalties(std::span<float> logits, const SamplingParams& p, const SampleContext& ctx) {
   const auto vocab = static_cast<std::int64_t>(logits.size());
   auto in_range = [&](std::int32_t id) { return id >= 0 && id < vocab; };
@@ -57,10 +67,8 @@ std::int32_t argmax_scalar(std::span<const float> values) {
 
 std::int32_t sample_row(std::span<const float> logits, const SamplingParams& params, const SampleContext& ctx,
                         std::vector<float>& scratch) {
-  const bool masks = static_cast<int>(ctx.output_ids.size()) < params.min_tokens && !ctx.min_tokens_masked_ids.empty();
-  const bool penalties = params.repetition_penalty != 1.0f || params.presence_penalty != 0.0f ||
-                         params.frequency_penalty != 0.0f;
-  if (params.temperature == 0.0f && !masks && !penalties) return argmax(logits);
+  const bool masks = min_tokens_masked(params, ctx) && !ctx.min_tokens_masked_ids.empty();
+  if (params.temperature == 0.0f && !masks && !has_penalties(params)) return argmax(logits);
   scratch.assign(logits.begin(), logits.end());
   return sample(scratch, params, ctx);
 }
@@ -106,7 +114,7 @@ std::int32_t sample(std::span<float> logits, const SamplingParams& params, const
   const auto vocab = static_cast<std::int64_t>(logits.size());
 
   apply_penalties(logits, params, ctx);
-  if (static_cast<int>(ctx.output_ids.size()) < params.min_tokens)
+  if (min_tokens_masked(params, ctx))
     for (auto id : ctx.min_tokens_masked_ids)
       if (id >= 0 && id < vocab) logits[id] = kNegInf;
 

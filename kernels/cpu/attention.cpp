@@ -142,19 +142,14 @@ inline const T* slab_at(const T* base, const KvCacheLayer& c, const std::int32_t
   return base + (block * c.num_kv_heads + kv_head) * static_cast<long>(c.block_size) * c.head_dim;
 }
 
-/// prefetcht2 of one cache line, which the optimizer cannot drop (GCC 12
-/// deletes loops of _mm_prefetch whose trip count is not a constant).
-inline void prefetch_l2(const void* p) { asm volatile("prefetcht2 %0" : : "m"(*static_cast<const char*>(p))); }
-
 /// Prefetches the (block of position j, kv head) slab into L2, every cache
 /// line of it; nothing when j is past the context.
 template <typename T>
 inline void prefetch_slab(const T* base, const KvCacheLayer& c, const std::int32_t* table, int kv_head,
                           int j, int npos) {
   if (j >= npos) return;
-  const char* r = reinterpret_cast<const char*>(slab_at(base, c, table, kv_head, j));
-  const int bytes = c.block_size * c.head_dim * static_cast<int>(sizeof(T));
-  for (int o = 0; o < bytes; o += 64) prefetch_l2(r + o);
+  detail::prefetch_l2(slab_at(base, c, table, kv_head, j),
+                      static_cast<long>(c.block_size) * c.head_dim * static_cast<long>(sizeof(T)));
 }
 
 /// BF16 K tile shared by this many query heads or more: widened once to F32

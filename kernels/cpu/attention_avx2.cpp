@@ -148,13 +148,6 @@ inline void pv_head(const float* e, const T* const* rows, int n, int d, float in
   }
 }
 
-/// prefetcht2 of `bytes` from p, a cache line at a time (asm: GCC 12 drops
-/// loops of _mm_prefetch whose trip count is not a constant).
-inline void prefetch_l2(const void* p, long bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (long o = 0; o < bytes; o += 64) asm volatile("prefetcht2 %0" : : "m"(c[o]));
-}
-
 struct Scratch {
   std::vector<float> kt;  ///< gathered K tile [head_dim][8]
   std::vector<float> s;   ///< scores, [group][padded positions]
