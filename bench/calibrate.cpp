@@ -40,16 +40,19 @@ struct DecodeRun {
 /// engines. (With an idle OpenMP pool left on the main thread such an
 /// engine ran 10-15% slower; build_engine and generate_data_parallel now
 /// free it: common/openmp_pool.hpp.)
-Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, int devices, bool with_prefill) {
+///
+/// `pc` other than dp = devices (a tp=2 group for the TP fit): one engine
+/// group of pc's devices at `batch` sequences.
+Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, int devices, bool with_prefill,
+                             engine::ParallelConfig pc = {}) {
   ParallelBenchOptions po;
   po.engine.model_dir = o.shape_dir;
   po.engine.load_format = model::LoadFormat::dummy;
   po.engine.num_threads = threads;
-  engine::ParallelConfig pc;
-  pc.dp = devices;
+  pc.dp = pc.group_size() > 1 ? 1 : devices;
   po.configs = {pc};
   po.token_budgets = {"fixed"};
-  po.num_prompts = batch * devices;
+  po.num_prompts = batch * pc.dp;
   po.input_len = o.input_len;
   po.output_len = o.output_len;
   po.max_batch = batch;
@@ -64,7 +67,7 @@ Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, 
   DecodeRun d;
   d.model_step_ms = std::max(0.0, x.decode_step_ms - x.decode_own_ms);
   d.own_ms = x.decode_own_ms;
-  d.prefill_tok_s = x.prefill_tok_s / devices;
+  d.prefill_tok_s = x.prefill_tok_s / pc.dp;
   return d;
 }
 
@@ -239,11 +242,17 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
 /// d.gemm_efficiency_by_rows fitted to decode runs at several batches (on
 /// one of `num_devices` devices sharing d's totals), after fit_terms: at
 /// each batch, the fraction of peak_flops at which the cost model's step
-/// takes the measured model time.
+/// takes the measured model time. With `tp` > 1 the runs are of one
+/// tensor-parallel group of `tp` of those devices, the step is the cost
+/// model's for that group (its all-reduces priced on d's link), and the
+/// fit goes into d.tp_gemm_efficiency_by_rows.
 Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, const CalibrateOptions& o,
-                      const std::vector<std::pair<int, DecodeRun>>& runs, int num_devices) {
+                      const std::vector<std::pair<int, DecodeRun>>& runs, int num_devices, int tp = 1) {
   const auto shape = orchestrator::ModelShape::from_config(config);
-  d.gemm_efficiency_by_rows.clear();
+  auto& curve = tp > 1 ? d.tp_gemm_efficiency_by_rows : d.gemm_efficiency_by_rows;
+  curve.clear();
+  engine::ParallelConfig pc;
+  pc.tp = tp;
   std::string points;
   for (const auto& [batch, run] : runs) {
     if (!(run.model_step_ms > 0)) continue;
@@ -252,7 +261,7 @@ Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, cons
       auto model = orchestrator::CostModel::create(shape, kF32Sizes,
                                                    device_share(d, num_devices, e, d.memory_bw_efficiency.value));
       if (!model) return model.error();
-      auto c = model->estimate(engine::ParallelConfig{}, step);
+      auto c = model->estimate(pc, step);
       if (!c) return c.error();
       return c->total_ms;
     };
@@ -268,14 +277,17 @@ Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, cons
       if (!t) return t.error();
       (*t > target ? lo : hi) = mid;
     }
-    d.gemm_efficiency_by_rows.emplace_back(batch, hi);
+    curve.emplace_back(batch, hi);
     points += (points.empty() ? "" : ", ") + fmt("%.0f: %.3f ms", batch, run.model_step_ms);
   }
-  d.gemm_efficiency_by_rows_source =
-      "fitted: the fraction of peak_flops at which the cost model's decode step takes the measured model time, at "
-      "each batch run on " +
-      o.shape_dir + (num_devices > 1 ? fmt(" (each of %.0f devices running at once)", num_devices) : "") +
+  const std::string source =
+      "fitted: the fraction of peak_flops at which the cost model's " +
+      (tp > 1 ? fmt("tp=%.0f decode step (its all-reduces priced apart) ", tp) : std::string("decode step ")) +
+      "takes the measured model time, at each batch run on " + o.shape_dir +
+      (tp > 1 ? fmt(" (one tp=%.0f group of 1/%.0f of the machine each)", tp, num_devices)
+              : num_devices > 1 ? fmt(" (each of %.0f devices running at once)", num_devices) : "") +
       " (batch: model ms per step): " + points;
+  (tp > 1 ? d.tp_gemm_efficiency_by_rows_source : d.gemm_efficiency_by_rows_source) = source;
   return Status::ok_status();
 }
 
@@ -302,7 +314,9 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
   // Every measurement `repeats` times, interleaved, the fastest of each kept
   // (slow episodes only ever slow the machine).
   sim::DeviceSpec measured;
-  std::vector<std::pair<int, DecodeRun>> runs, split_runs;  // {batch, fastest run}, ascending
+  std::vector<std::pair<int, DecodeRun>> runs, split_runs, tp_runs;  // {batch, fastest run}, ascending
+  engine::ParallelConfig tp_group;  // the TP fit's group: kDevices devices in tensor parallelism
+  tp_group.tp = kDevices;
   double split_linear = 0;
   for (int r = 0; r < o.repeats; ++r) {
     omp_set_num_threads(threads);
@@ -328,6 +342,13 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
       if (r == 0) split_runs.emplace_back(batches[i], *run);
       else split_runs[i].second = fastest(split_runs[i].second, *run);
     }
+    if (!o.tp_fit) continue;
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      auto run = decode_run(o, batches[i], per_device, kDevices, false, tp_group);
+      if (!run) return run.error();
+      if (r == 0) tp_runs.emplace_back(batches[i], *run);
+      else tp_runs[i].second = fastest(tp_runs[i].second, *run);
+    }
   }
   omp_set_num_threads(threads);
   const std::string best_of = o.repeats > 1 ? fmt(" (the fastest of %.0f interleaved runs)", o.repeats) : "";
@@ -352,6 +373,10 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
     s.gemm_efficiency.source += best_of;
     s.memory_bw_efficiency.source += best_of;
     s.gemm_efficiency_by_rows_source += best_of;
+    if (o.tp_fit) {
+      if (Status st = fit_gemm_curve(s, *config, o, tp_runs, kDevices, kDevices); !st.ok()) return st.error();
+      s.tp_gemm_efficiency_by_rows_source += best_of;
+    }
     d.split = std::make_shared<const sim::DeviceSpec>(std::move(s));
     d.split_devices = kDevices;
   }

@@ -49,6 +49,17 @@
 /// there go into sim::DeviceSpec::split, which prices runs with 2 or more
 /// busy devices: threads that do not share one GEMM lose less time to
 /// synchronisation than the all-thread device's 1/N slices assume.
+///
+/// The TP fit (with the split, tp_fit): decode runs of one tp=2 group (the
+/// 2 devices in tensor parallelism) at the same batches, and the split
+/// device's tp_gemm_efficiency_by_rows fitted to them as above, on the
+/// cost model's tp=2 step. A DP device's curve prices TP ranks 14-25% fast
+/// at batch 32 (measured by `simulate --validate`), and more at larger
+/// batches: TP ranks run in lockstep, an all-reduce after o_proj and after
+/// down_proj of each layer, so each waits for the slower rank and their
+/// memory-bound phases fall at the same time, where DP ranks drift apart
+/// and overlap one's attention with the other's GEMMs
+/// (orchestrator::HardwareSpec::tp_flops_by_rows).
 
 #include <string>
 #include <vector>
@@ -71,6 +82,10 @@ struct CalibrateOptions {
   /// Also fit the device split over 2 devices running at once
   /// (sim::DeviceSpec::split), when there are >= 2 threads.
   bool split = true;
+  /// With split: also fit the split device's TP curve
+  /// (sim::DeviceSpec::tp_gemm_efficiency_by_rows) to decode runs of one
+  /// tp=2 group at the same batches.
+  bool tp_fit = true;
   /// Each measurement made this many times, interleaved; the fastest kept.
   int repeats = 3;
 };

@@ -58,17 +58,39 @@ void StepShape::add_sequence(long long cached_tokens, long long new_tokens) {
   num_attention_pairs += new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2;
 }
 
-double HardwareSpec::flops_at(double rows) const {
-  if (flops_by_rows.empty()) return flops_per_s;
-  if (rows <= flops_by_rows.front().first) return flops_by_rows.front().second;
-  for (std::size_t i = 1; i < flops_by_rows.size(); ++i) {
-    const auto& [r1, f1] = flops_by_rows[i];
+namespace {
+
+/// `points` ({rows, FLOP/s} ascending) at `rows`: linear between points,
+/// flat beyond the ends. Precondition: points not empty.
+double interpolate_flops(const std::vector<std::pair<double, double>>& points, double rows) {
+  if (rows <= points.front().first) return points.front().second;
+  for (std::size_t i = 1; i < points.size(); ++i) {
+    const auto& [r1, f1] = points[i];
     if (rows <= r1) {
-      const auto& [r0, f0] = flops_by_rows[i - 1];
+      const auto& [r0, f0] = points[i - 1];
       return r1 > r0 ? f0 + (f1 - f0) * (rows - r0) / (r1 - r0) : f1;
     }
   }
-  return flops_by_rows.back().second;
+  return points.back().second;
+}
+
+/// Whether `points` are points of positive rows (strictly ascending) and positive FLOP/s.
+bool valid_flops_points(const std::vector<std::pair<double, double>>& points) {
+  for (std::size_t i = 0; i < points.size(); ++i)
+    if (!positive(points[i].first) || !positive(points[i].second) ||
+        (i > 0 && !(points[i].first > points[i - 1].first)))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+double HardwareSpec::flops_at(double rows) const {
+  return flops_by_rows.empty() ? flops_per_s : interpolate_flops(flops_by_rows, rows);
+}
+
+double HardwareSpec::flops_at(double rows, int tp) const {
+  return tp > 1 && !tp_flops_by_rows.empty() ? interpolate_flops(tp_flops_by_rows, rows) : flops_at(rows);
 }
 
 Result<CostModel> CostModel::create(const ModelShape& shape, const ElementSizes& sizes, const HardwareSpec& hw) {
@@ -80,10 +102,10 @@ Result<CostModel> CostModel::create(const ModelShape& shape, const ElementSizes&
   if (!positive(hw.memory_bw_bytes_per_s))
     return bad("memory_bw_bytes_per_s must be > 0, got " + num(hw.memory_bw_bytes_per_s)).error();
   if (!positive(hw.flops_per_s)) return bad("flops_per_s must be > 0, got " + num(hw.flops_per_s)).error();
-  for (std::size_t i = 0; i < hw.flops_by_rows.size(); ++i)
-    if (!positive(hw.flops_by_rows[i].first) || !positive(hw.flops_by_rows[i].second) ||
-        (i > 0 && !(hw.flops_by_rows[i].first > hw.flops_by_rows[i - 1].first)))
-      return bad("flops_by_rows must be points of positive rows (ascending) and positive FLOP/s").error();
+  if (!valid_flops_points(hw.flops_by_rows))
+    return bad("flops_by_rows must be points of positive rows (ascending) and positive FLOP/s").error();
+  if (!valid_flops_points(hw.tp_flops_by_rows))
+    return bad("tp_flops_by_rows must be points of positive rows (ascending) and positive FLOP/s").error();
   if (!positive(hw.comm_bw_bytes_per_s))
     return bad("comm_bw_bytes_per_s must be > 0, got " + num(hw.comm_bw_bytes_per_s)).error();
   if (!std::isfinite(hw.comm_latency_s) || hw.comm_latency_s < 0)
@@ -120,7 +142,7 @@ Result<StepCost> CostModel::estimate(const engine::ParallelConfig& pc, const Ste
   // SP splits the rows into sp chunks of ceil(tokens / sp), the last padded
   // (model/shard_runner.hpp chunk_rows): every rank computes a full chunk.
   const double tokens_rank = std::ceil(tokens / sp - 1e-9);
-  const double peak = hw_.flops_at(tokens_rank);  // the GEMM rate at the rank's rows
+  const double peak = hw_.flops_at(tokens_rank, pc.tp);  // the GEMM rate at the rank's rows
 
   // Shard of one rank.
   const double kv_tp = std::max(hkv / tp, 1.0);          // KV heads of the QKV projection shard

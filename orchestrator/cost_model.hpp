@@ -166,9 +166,22 @@ struct HardwareSpec {
   /// decode step is neither memory- nor compute-bound, and the engine
   /// overlaps its weight reads with its FLOPs only in part.
   std::vector<std::pair<double, double>> flops_by_rows;
+  /// The same for a rank of a tensor-parallel group (tp > 1), in the same
+  /// form; empty: flops_by_rows. TP ranks run in lockstep (an all-reduce
+  /// after o_proj and after down_proj of every layer): each collective
+  /// waits for the slower rank, and the ranks' bandwidth-bound phases
+  /// (attention, weight reads) fall at the same time on a shared memory bus,
+  /// where the ranks of a DP group drift apart and overlap one's attention
+  /// with another's GEMMs. A calibrated CPU device fits it to real tp=2
+  /// decode steps (sim::DeviceSpec::tp_gemm_efficiency_by_rows); the
+  /// collectives themselves stay priced apart (T_nw).
+  std::vector<std::pair<double, double>> tp_flops_by_rows;
 
   /// flops_per_s, or flops_by_rows at `rows` when it is given.
   [[nodiscard]] double flops_at(double rows) const;
+  /// The GEMM rate of a rank of a group of `tp` tensor-parallel ranks at
+  /// `rows`: tp_flops_by_rows when tp > 1 and it is given, else flops_at.
+  [[nodiscard]] double flops_at(double rows, int tp) const;
 };
 
 /// The link a SiDP rank fetches non-owned FFN weights over (NVLink on a GPU

@@ -59,6 +59,40 @@ std::string preset_list() {
   return s + ", cpu";
 }
 
+/// j[key] (optional) as {"value": [[rows, fraction], ...], "source": TEXT}
+/// into points / source. Errors: corrupt (wrong form, no source),
+/// invalid_argument (rows < 1 or not ascending, a fraction outside (0, 1]).
+Status parse_efficiency_curve(const json& j, const std::string& key, const std::string& origin,
+                              std::vector<std::pair<double, double>>& points, std::string& source) {
+  if (!j.contains(key)) return Status::ok_status();
+  const json& v = j[key];
+  const std::string shape = ": '" + key + "' must be {\"value\": [[ROWS, FRACTION], ...], \"source\": TEXT}";
+  if (!v.is_object() || !v.contains("value") || !v["value"].is_array() || v["value"].empty())
+    return make_error(ErrorCode::corrupt, origin + shape);
+  if (!v.contains("source") || !v["source"].is_string() || v["source"].get<std::string>().empty())
+    return make_error(ErrorCode::corrupt, origin + ": '" + key + "' has no source");
+  for (const json& point : v["value"]) {
+    if (!point.is_array() || point.size() != 2 || !point[0].is_number() || !point[1].is_number())
+      return make_error(ErrorCode::corrupt, origin + shape);
+    const double rows = point[0].get<double>(), e = point[1].get<double>();
+    if (!(rows >= 1) || !(e > 0) || !(e <= 1) || (!points.empty() && !(rows > points.back().first)))
+      return make_error(ErrorCode::invalid_argument,
+                        origin + ": '" + key + "' needs rows >= 1 ascending and fractions in (0, 1]");
+    points.emplace_back(rows, e);
+  }
+  source = v["source"].get<std::string>();
+  return Status::ok_status();
+}
+
+/// The inverse of parse_efficiency_curve (nothing for no points).
+void emit_efficiency_curve(nlohmann::ordered_json& j, const std::string& key,
+                           const std::vector<std::pair<double, double>>& points, const std::string& source) {
+  if (points.empty()) return;
+  nlohmann::ordered_json a = nlohmann::ordered_json::array();
+  for (const auto& [rows, e] : points) a.push_back({rows, e});
+  j[key] = {{"value", a}, {"source", source}};
+}
+
 }  // namespace
 
 int ClusterSpec::devices_per_node() const {
@@ -96,25 +130,14 @@ Result<DeviceSpec> parse_device_spec(const std::string& json_text, const std::st
         return make_error(ErrorCode::invalid_argument, origin + ": '" + f.key + "' = " + std::to_string(s.value) +
                                                            " is out of range");
     }
-    if (j.contains("gemm_efficiency_by_rows")) {
-      const json& v = j["gemm_efficiency_by_rows"];
-      const char* shape = ": 'gemm_efficiency_by_rows' must be {\"value\": [[ROWS, FRACTION], ...], \"source\": TEXT}";
-      if (!v.is_object() || !v.contains("value") || !v["value"].is_array() || v["value"].empty())
-        return make_error(ErrorCode::corrupt, origin + shape);
-      if (!v.contains("source") || !v["source"].is_string() || v["source"].get<std::string>().empty())
-        return make_error(ErrorCode::corrupt, origin + ": 'gemm_efficiency_by_rows' has no source");
-      for (const json& point : v["value"]) {
-        if (!point.is_array() || point.size() != 2 || !point[0].is_number() || !point[1].is_number())
-          return make_error(ErrorCode::corrupt, origin + shape);
-        const double rows = point[0].get<double>(), e = point[1].get<double>();
-        if (!(rows >= 1) || !(e > 0) || !(e <= 1) ||
-            (!d.gemm_efficiency_by_rows.empty() && !(rows > d.gemm_efficiency_by_rows.back().first)))
-          return make_error(ErrorCode::invalid_argument,
-                            origin + ": 'gemm_efficiency_by_rows' needs rows >= 1 ascending and fractions in (0, 1]");
-        d.gemm_efficiency_by_rows.emplace_back(rows, e);
-      }
-      d.gemm_efficiency_by_rows_source = v["source"].get<std::string>();
-    }
+    if (Status st = parse_efficiency_curve(j, "gemm_efficiency_by_rows", origin, d.gemm_efficiency_by_rows,
+                                           d.gemm_efficiency_by_rows_source);
+        !st.ok())
+      return st.error();
+    if (Status st = parse_efficiency_curve(j, "tp_gemm_efficiency_by_rows", origin, d.tp_gemm_efficiency_by_rows,
+                                           d.tp_gemm_efficiency_by_rows_source);
+        !st.ok())
+      return st.error();
   } catch (const std::exception& e) {
     return make_error(ErrorCode::corrupt, origin + ": " + e.what());
   }
@@ -145,11 +168,9 @@ std::string device_spec_json(const DeviceSpec& d) {
     const Sourced& s = d.*(f.member);
     j[f.key] = {{"value", s.value}, {"source", s.source}};
   }
-  if (!d.gemm_efficiency_by_rows.empty()) {
-    nlohmann::ordered_json points = nlohmann::ordered_json::array();
-    for (const auto& [rows, e] : d.gemm_efficiency_by_rows) points.push_back({rows, e});
-    j["gemm_efficiency_by_rows"] = {{"value", points}, {"source", d.gemm_efficiency_by_rows_source}};
-  }
+  emit_efficiency_curve(j, "gemm_efficiency_by_rows", d.gemm_efficiency_by_rows, d.gemm_efficiency_by_rows_source);
+  emit_efficiency_curve(j, "tp_gemm_efficiency_by_rows", d.tp_gemm_efficiency_by_rows,
+                        d.tp_gemm_efficiency_by_rows_source);
   if (d.split) {
     j["split_devices"] = d.split_devices;
     j["split"] = nlohmann::ordered_json::parse(device_spec_json(*d.split));
@@ -231,9 +252,12 @@ orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_
   orchestrator::HardwareSpec hw;
   hw.flops_per_s =
       d.peak_flops.value * (large_steps ? d.prefill_gemm_efficiency.value : d.gemm_efficiency.value) * share;
-  if (!large_steps)
+  if (!large_steps) {
     for (const auto& [rows, e] : d.gemm_efficiency_by_rows)
       hw.flops_by_rows.emplace_back(rows, d.peak_flops.value * e * share);
+    for (const auto& [rows, e] : d.tp_gemm_efficiency_by_rows)
+      hw.tp_flops_by_rows.emplace_back(rows, d.peak_flops.value * e * share);
+  }
   hw.memory_bw_bytes_per_s = d.memory_bw_bytes_per_s.value * d.memory_bw_efficiency.value * share;
   const bool one_node = group_size <= cluster.devices_per_node();
   hw.comm_bw_bytes_per_s = one_node ? d.intra_node_bw_bytes_per_s.value : d.inter_node_bw_bytes_per_s.value;

@@ -18,7 +18,9 @@
 ///    "host_link_bw_bytes_per_s": {...}, "gemm_efficiency": {...},
 ///    "prefill_gemm_efficiency": {...},
 ///    "memory_bw_efficiency": {...}, "step_overhead_ms": {...},
-///    "seq_overhead_ms": {...},
+///    "seq_overhead_ms": {...}, "gemm_efficiency_by_rows" and
+///    "tp_gemm_efficiency_by_rows" (optional: {"value": [[rows, fraction],
+///    ...], "source": ...}),
 ///    "shared_memory_bus": false}
 ///
 /// A cluster is named DEVICE or DEVICExN (`h200x8`: 8 H200 in one node;
@@ -78,6 +80,14 @@ struct DeviceSpec {
   /// leave it out.
   std::vector<std::pair<double, double>> gemm_efficiency_by_rows;
   std::string gemm_efficiency_by_rows_source;
+  /// Optional (JSON "tp_gemm_efficiency_by_rows", the same form): the
+  /// fraction of peak_flops a rank of a tensor-parallel group (tp > 1)
+  /// achieves in steps below kLargeStepTokens, by its rows
+  /// (orchestrator::HardwareSpec::tp_flops_by_rows: TP ranks run in
+  /// lockstep). `simulate --calibrate` fits it on the split device to real
+  /// tp=2 decode steps; empty: gemm_efficiency_by_rows prices TP ranks too.
+  std::vector<std::pair<double, double>> tp_gemm_efficiency_by_rows;
+  std::string tp_gemm_efficiency_by_rows_source;
   Sourced step_overhead_ms;          ///< per micro-batch: scheduling, launches, ms (>= 0)
   Sourced seq_overhead_ms;           ///< per sequence of a micro-batch: scheduling, sampling, ms (>= 0)
   bool shared_memory_bus = false;    ///< the devices of a node share one memory bus and one compute budget

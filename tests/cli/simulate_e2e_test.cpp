@@ -231,6 +231,17 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
   EXPECT_EQ(device2->split->gemm_efficiency_by_rows.size(), 5u);
   EXPECT_NE(device2->split->gemm_efficiency_by_rows_source.find("each of 2 devices running at once"),
             std::string::npos);
+  // ... and the split device's TP curve on decode runs of one tp=2 group
+  // at the same batches.
+  ASSERT_EQ(device2->split->tp_gemm_efficiency_by_rows.size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(device2->split->tp_gemm_efficiency_by_rows[i].first, rows[i]);
+    EXPECT_GT(device2->split->tp_gemm_efficiency_by_rows[i].second, 0);
+    EXPECT_LE(device2->split->tp_gemm_efficiency_by_rows[i].second, 1);
+  }
+  EXPECT_NE(device2->split->tp_gemm_efficiency_by_rows_source.find("one tp=2 group"), std::string::npos)
+      << device2->split->tp_gemm_efficiency_by_rows_source;
+  EXPECT_TRUE(device2->tp_gemm_efficiency_by_rows.empty()) << "TP runs 2 devices: the split device holds it";
   EXPECT_EQ(device2->gemm_efficiency.source.find("fastest of"), std::string::npos) << "one run each";
 
   // The calibrated device simulates this machine.

@@ -365,6 +365,47 @@ TEST(CostModel, GemmRateByRowsIsInterpolatedAtTheRanksRows) {
   EXPECT_FALSE(CostModel::create(tiny(), {}, hw).ok());
 }
 
+// tp_flops_by_rows: a TP rank's GEMM rate by its rows (ranks in lockstep);
+// it prices steps of tp > 1 only, and tp = 1 or sp-only groups keep
+// flops_by_rows.
+TEST(CostModel, TensorParallelRanksArePricedOnTheirOwnCurve) {
+  HardwareSpec hw = slow_hw();
+  hw.flops_by_rows = {{4, 2000}, {32, 9000}};
+  hw.tp_flops_by_rows = {{4, 1000}, {32, 5000}};
+  EXPECT_DOUBLE_EQ(hw.flops_at(18, 1), hw.flops_at(18));
+  EXPECT_DOUBLE_EQ(hw.flops_at(18, 2), 3000);
+  EXPECT_DOUBLE_EQ(hw.flops_at(64, 4), 5000);
+  HardwareSpec no_tp = hw;
+  no_tp.tp_flops_by_rows.clear();
+  EXPECT_DOUBLE_EQ(no_tp.flops_at(18, 2), no_tp.flops_at(18)) << "no TP curve: flops_by_rows";
+
+  // A compute-bound prefill of 16 tokens under tp=2: priced as a flat
+  // device of the TP curve's rate at 16 rows (3000 + 2000 * 12 / 28).
+  StepShape step;
+  step.add_sequence(0, 16);
+  engine::ParallelConfig tp2;
+  tp2.tp = 2;
+  HardwareSpec flat = hw;
+  flat.flops_by_rows.clear();
+  flat.tp_flops_by_rows.clear();
+  flat.flops_per_s = 1000 + 4000.0 * 12 / 28;
+  const StepCost curve = estimate(make(tiny(), hw), tp2, step);
+  const StepCost same = estimate(make(tiny(), flat), tp2, step);
+  EXPECT_NEAR(curve.total_ms, same.total_ms, 1e-9 * same.total_ms);
+  EXPECT_GT(curve.compute_ms, curve.weight_read_ms) << "the example must be compute-bound";
+  // sp=2 (tp = 1) stays on flops_by_rows: 8 rows per rank.
+  engine::ParallelConfig sp2;
+  sp2.sp = 2;
+  EXPECT_NEAR(estimate(make(tiny(), hw), sp2, step).total_ms, estimate(make(tiny(), no_tp), sp2, step).total_ms,
+              1e-12);
+  EXPECT_GT(curve.total_ms, estimate(make(tiny(), no_tp), tp2, step).total_ms) << "the slower TP curve is used";
+
+  hw.tp_flops_by_rows = {{8, 6000}, {4, 2000}};
+  auto bad = CostModel::create(tiny(), {}, hw);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("tp_flops_by_rows"), std::string::npos) << bad.error().message;
+}
+
 TEST(CostModel, PipelineBubbleAndStageSplit) {
   const CostModel m = make(llama8b(), h100ish());
   StepShape step = decode_batch(64, 1024);

@@ -203,5 +203,44 @@ TEST_F(SimHardware, GemmEfficiencyByRowsPricesSmallStepsOnly) {
   EXPECT_NE(bad.error().message.find("'gemm_efficiency_by_rows' has no source"), std::string::npos);
 }
 
+// tp_gemm_efficiency_by_rows (a TP rank's curve, fitted on tp=2 runs): the
+// same form, round-trips, fills HardwareSpec::tp_flops_by_rows for small
+// steps only, and a malformed one is a clear error naming it.
+TEST_F(SimHardware, TpGemmEfficiencyByRowsFillsTheTpCurve) {
+  DeviceSpec cpu = *device_preset("h100");
+  EXPECT_TRUE(cpu.tp_gemm_efficiency_by_rows.empty());
+  cpu.shared_memory_bus = true;
+  cpu.gemm_efficiency_by_rows = {{4, 0.25}, {32, 0.75}};
+  cpu.gemm_efficiency_by_rows_source = "fitted at batches 4 and 32";
+  cpu.tp_gemm_efficiency_by_rows = {{4, 0.2}, {32, 0.5}};
+  cpu.tp_gemm_efficiency_by_rows_source = "fitted on tp=2 at batches 4 and 32";
+  ClusterSpec c{"cpux2", cpu, 2};
+  const auto hw = group_hardware(c, 2, 2);
+  ASSERT_EQ(hw.tp_flops_by_rows.size(), 2u);
+  EXPECT_DOUBLE_EQ(hw.tp_flops_by_rows[1].second, 989e12 * 0.5 / 2) << "the device's share of the bus";
+  EXPECT_DOUBLE_EQ(hw.flops_at(18, 2), 989e12 * 0.35 / 2);
+  EXPECT_DOUBLE_EQ(hw.flops_at(18, 1), 989e12 * 0.5 / 2);
+  EXPECT_TRUE(group_hardware(c, 2, 2, /*large_steps=*/true).tp_flops_by_rows.empty());
+
+  auto back = parse_device_spec(device_spec_json(cpu), "cpu.json");
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(back->tp_gemm_efficiency_by_rows, cpu.tp_gemm_efficiency_by_rows);
+  EXPECT_EQ(back->tp_gemm_efficiency_by_rows_source, "fitted on tp=2 at batches 4 and 32");
+  EXPECT_EQ(back->gemm_efficiency_by_rows, cpu.gemm_efficiency_by_rows);
+
+  nlohmann::json j = nlohmann::json::parse(device_spec_json(cpu));
+  for (const char* bad_points : {"[[32, 0.5], [4, 0.25]]", "[[4, 0]]", "[[4, 0.5, 1]]"}) {
+    nlohmann::json k = j;
+    k["tp_gemm_efficiency_by_rows"]["value"] = nlohmann::json::parse(bad_points);
+    auto bad = parse_device_spec(k.dump(), "cpu.json");
+    ASSERT_FALSE(bad.ok()) << bad_points;
+    EXPECT_NE(bad.error().message.find("'tp_gemm_efficiency_by_rows'"), std::string::npos) << bad.error().message;
+  }
+  j["tp_gemm_efficiency_by_rows"].erase("source");
+  auto bad = parse_device_spec(j.dump(), "cpu.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("'tp_gemm_efficiency_by_rows' has no source"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shardline::sim
