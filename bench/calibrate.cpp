@@ -85,10 +85,10 @@ DecodeRun fastest(const DecodeRun& a, const DecodeRun& b) {
 /// its latency lowered): the faster of two measurements of the machine.
 void keep_faster(sim::DeviceSpec& best, const sim::DeviceSpec& b) {
   if (b.peak_flops.value > best.peak_flops.value) best.peak_flops = b.peak_flops;
-  if (b.memory_bw_bytes_per_s.value > best.memory_bw_bytes_per_s.value) {
+  if (b.memory_bw_bytes_per_s.value > best.memory_bw_bytes_per_s.value)
     best.memory_bw_bytes_per_s = b.memory_bw_bytes_per_s;
+  if (b.host_link_bw_bytes_per_s.value > best.host_link_bw_bytes_per_s.value)
     best.host_link_bw_bytes_per_s = b.host_link_bw_bytes_per_s;
-  }
   if (b.intra_node_bw_bytes_per_s.value > best.intra_node_bw_bytes_per_s.value)
     best.intra_node_bw_bytes_per_s = b.intra_node_bw_bytes_per_s;
   if (b.intra_node_latency_s.value < best.intra_node_latency_s.value)
@@ -101,6 +101,7 @@ sim::DeviceSpec measure_cpu_device(int num_threads) {
   const int threads = num_threads > 0 ? num_threads : omp_get_num_procs();
   omp_set_num_threads(threads);
   const double triad = measure_triad_bandwidth_gbs(threads);
+  const double copy = measure_copy_bandwidth_gbs(threads);
   const double linear = measure_linear_gflops();
   const double ar_bw = measure_inproc_allreduce_bytes_per_s(2);
   const double ar_lat = measure_inproc_allreduce_latency_s(2);
@@ -121,7 +122,8 @@ sim::DeviceSpec measure_cpu_device(int num_threads) {
   d.intra_node_latency_s = {ar_lat, now + ": in-process all-reduce of one float, " + fmt("%.1f us", ar_lat * 1e6)};
   d.inter_node_bw_bytes_per_s = {1.25e9, "assumption: 10 Gb/s Ethernet between machines"};
   d.inter_node_latency_s = {50e-6, "assumption: ~50 us per TCP message"};
-  d.host_link_bw_bytes_per_s = {triad * 1e9 / 3, "host memory is device memory: a copy at a third of triad"};
+  d.host_link_bw_bytes_per_s = {copy * 1e9, now + ": host memory is device memory, so a copy is a memcpy: " +
+                                                fmt("%.1f GB/s copied", copy)};
   d.gemm_efficiency = {1.0, "uncalibrated: peak_flops is already a measured rate"};
   d.prefill_gemm_efficiency = {1.0, "uncalibrated: peak_flops is already a measured rate"};
   d.memory_bw_efficiency = {1.0, "uncalibrated: the bandwidth is already a measured rate"};

@@ -8,7 +8,9 @@
 /// batch-invariant linear on 2048^3 (the GEMM every step runs),
 /// memory_bw_bytes_per_s = STREAM triad, the in-process all-reduce's
 /// bandwidth and latency for the links (CPU devices are threads of one
-/// process), memory_bytes = MemAvailable. CPU devices share one memory bus.
+/// process), host_link_bw_bytes_per_s = a memcpy's rate (a Seesaw swap or
+/// a SiDP weight fetch between CPU devices is one), memory_bytes =
+/// MemAvailable. CPU devices share one memory bus.
 ///
 /// Fitted (calibrate only): real decode runs of `shape` on one device, at a
 /// small batch (the step reads weights: memory-bound), a large one

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -58,6 +59,30 @@ double measure_triad_bandwidth_gbs(int num_threads, long array_bytes, int repeat
     best = std::min(best, seconds_since(t0));
   }
   return 3.0 * static_cast<double>(n) * sizeof(float) / best / 1e9;
+}
+
+double measure_copy_bandwidth_gbs(int num_threads, long array_bytes, int repeats) {
+  const long n = array_bytes / static_cast<long>(sizeof(float));
+  AlignedFloats src = aligned_floats(n), dst = aligned_floats(n);
+  const int threads = std::max(1, num_threads);
+  const long share = (n + threads - 1) / threads;
+  // First touch from the threads that will use the pages.
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (long i = 0; i < n; ++i) {
+    src[i] = 1.0f;
+    dst[i] = 0.0f;
+  }
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int t = 0; t < threads; ++t) {
+      const long begin = std::min(n, t * share), end = std::min(n, begin + share);
+      std::memcpy(dst.get() + begin, src.get() + begin, static_cast<std::size_t>(end - begin) * sizeof(float));
+    }
+    best = std::min(best, seconds_since(t0));
+  }
+  return static_cast<double>(n) * sizeof(float) / best / 1e9;
 }
 
 double measure_sgemm_gflops(int num_threads, int n, int repeats) {

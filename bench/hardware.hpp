@@ -13,6 +13,13 @@ namespace shardline::bench {
 [[nodiscard]] double measure_triad_bandwidth_gbs(int num_threads, long array_bytes = 256L << 20,
                                                  int repeats = 5);
 
+/// memcpy of `array_bytes` split over `num_threads` OpenMP threads (each
+/// copies its contiguous share), best of `repeats`: what a copy between two
+/// CPU devices' memories costs (a SiDP weight fetch, a Seesaw KV swap: both
+/// memcpy on this machine). Counts the bytes copied once (a copy reads and
+/// writes each: about half the traffic-counted bandwidth). Returns GB/s.
+[[nodiscard]] double measure_copy_bandwidth_gbs(int num_threads, long array_bytes = 256L << 20, int repeats = 3);
+
 /// OpenBLAS `cblas_sgemm` on square n x n x n F32 matrices with `num_threads`
 /// BLAS threads, best of `repeats`. Returns GFLOP/s (2 n^3 / s / 1e9).
 [[nodiscard]] double measure_sgemm_gflops(int num_threads, int n = 2048, int repeats = 3);
