@@ -55,7 +55,7 @@
 /// The TP fit (with the split, tp_fit): decode runs of one tp=2 group (the
 /// 2 devices in tensor parallelism) at the same batches, and the split
 /// device's tp_gemm_efficiency_by_rows fitted to them as above, on the
-/// cost model's tp=2 step. A DP device's curve prices TP ranks 14-25% fast
+/// cost model's tp=2 step. A DP device's curve prices TP ranks 6-25% fast
 /// at batch 32 (measured by `simulate --validate`), and more at larger
 /// batches: TP ranks run in lockstep, an all-reduce after o_proj and after
 /// down_proj of each layer, so each waits for the slower rank and their
