@@ -29,27 +29,24 @@ struct DecodeRun {
   double prefill_tok_s = 0;     ///< prompt tokens / wall time of a prefill-only run (with_prefill)
 };
 
-/// A decode run of `devices` CPU devices at once (devices x batch prompts
-/// dealt round-robin, each device on `threads` threads), run as the
-/// validation's cases run (bench::run_parallel_bench): the engines are
-/// built first and start together, each on its own thread. The first
-/// device's steps are measured. with_prefill: a prefill-only run first,
-/// for prefill_tok_s (of all devices together, per device).
+/// A decode run of `pc` on CPU devices of `threads` threads each, run as
+/// the validation's cases run (bench::run_parallel_bench): the engines are
+/// built first and start together, each on its own thread. `pc` is either
+/// dp devices at once (dp x batch prompts dealt round-robin; the first
+/// device's steps are measured) or one engine group (the TP fit's tp=2) at
+/// `batch` sequences. with_prefill: a prefill-only run first, for
+/// prefill_tok_s (of all devices together, per DP device).
 ///
 /// An engine on a thread of its own, as the cases and the workers run
 /// engines. (With an idle OpenMP pool left on the main thread such an
 /// engine ran 10-15% slower; build_engine and generate_data_parallel now
 /// free it: common/openmp_pool.hpp.)
-///
-/// `pc` other than dp = devices (a tp=2 group for the TP fit): one engine
-/// group of pc's devices at `batch` sequences.
-Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, int devices, bool with_prefill,
-                             engine::ParallelConfig pc = {}) {
+Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, const engine::ParallelConfig& pc,
+                             bool with_prefill) {
   ParallelBenchOptions po;
   po.engine.model_dir = o.shape_dir;
   po.engine.load_format = model::LoadFormat::dummy;
   po.engine.num_threads = threads;
-  pc.dp = pc.group_size() > 1 ? 1 : devices;
   po.configs = {pc};
   po.token_budgets = {"fixed"};
   po.num_prompts = batch * pc.dp;
@@ -317,6 +314,11 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
   // (slow episodes only ever slow the machine).
   sim::DeviceSpec measured;
   std::vector<std::pair<int, DecodeRun>> runs, split_runs, tp_runs;  // {batch, fastest run}, ascending
+  const auto data_parallel = [](int devices) {
+    engine::ParallelConfig pc;
+    pc.dp = devices;
+    return pc;
+  };
   engine::ParallelConfig tp_group;  // the TP fit's group: kDevices devices in tensor parallelism
   tp_group.tp = kDevices;
   double split_linear = 0;
@@ -329,7 +331,7 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
       keep_faster(measured, m);
     }
     for (std::size_t i = 0; i < batches.size(); ++i) {
-      auto run = decode_run(o, batches[i], threads, 1, i + 1 == batches.size());
+      auto run = decode_run(o, batches[i], threads, data_parallel(1), i + 1 == batches.size());
       if (!run) return run.error();
       if (r == 0) runs.emplace_back(batches[i], *run);
       else runs[i].second = fastest(runs[i].second, *run);
@@ -339,14 +341,14 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
     split_linear = std::max(split_linear, measure_linear_gflops());
     omp_set_num_threads(threads);
     for (std::size_t i = 0; i < batches.size(); ++i) {
-      auto run = decode_run(o, batches[i], per_device, kDevices, i + 1 == batches.size());
+      auto run = decode_run(o, batches[i], per_device, data_parallel(kDevices), i + 1 == batches.size());
       if (!run) return run.error();
       if (r == 0) split_runs.emplace_back(batches[i], *run);
       else split_runs[i].second = fastest(split_runs[i].second, *run);
     }
     if (!o.tp_fit) continue;
     for (std::size_t i = 0; i < batches.size(); ++i) {
-      auto run = decode_run(o, batches[i], per_device, kDevices, false, tp_group);
+      auto run = decode_run(o, batches[i], per_device, tp_group, false);
       if (!run) return run.error();
       if (r == 0) tp_runs.emplace_back(batches[i], *run);
       else tp_runs[i].second = fastest(tp_runs[i].second, *run);
