@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "bench/hardware.hpp"
 #include "bench/parallel.hpp"
 #include "engine/kv_budget.hpp"
+#include "engine/sidp_group.hpp"
+#include "engine/sidp_memory.hpp"
 #include "model/config.hpp"
 #include "orchestrator/cost_model.hpp"
+#include "sim/simulator.hpp"
 
 namespace shardline::bench {
 namespace {
@@ -42,8 +46,9 @@ struct DecodeRun {
 /// engine ran 10-15% slower; build_engine and generate_data_parallel now
 /// free it: common/openmp_pool.hpp.)
 Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, const engine::ParallelConfig& pc,
-                             bool with_prefill) {
+                             bool with_prefill, const std::optional<engine::SidpOptions>& sidp = std::nullopt) {
   ParallelBenchOptions po;
+  po.sidp = sidp;
   po.engine.model_dir = o.shape_dir;
   po.engine.load_format = model::LoadFormat::dummy;
   po.engine.num_threads = threads;
@@ -290,6 +295,50 @@ Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, cons
   return Status::ok_status();
 }
 
+/// s.was_copy_exposed_by_rows (s: the split device of d, its other terms
+/// fitted) fitted to decode runs of one SiDP group of s's devices in WaS
+/// over `link`: at each batch, the fraction f of the group's fetch copy
+/// (sim::sidp_was_copy_ms) at which the simulator's WaS step,
+/// max(T_step + f * copy, T_fetch) with T_step the cost model's rank step on
+/// s, takes the measured model time; clamped to [0, 1] (0 where the
+/// measurement is at or below T_step or T_fetch).
+Status fit_was_copy(sim::DeviceSpec& s, const sim::DeviceSpec& d, const model::ModelConfig& config,
+                    const CalibrateOptions& o, const std::vector<std::pair<int, DecodeRun>>& runs, int num_devices,
+                    const orchestrator::LinkSpec& link) {
+  sim::ClusterSpec cluster;
+  cluster.name = "cpu";
+  cluster.device = d;
+  cluster.device.split = std::make_shared<const sim::DeviceSpec>(s);
+  cluster.device.split_devices = num_devices;
+  cluster.num_devices = num_devices;
+  auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config),
+                                               sim::element_sizes(cluster.device),
+                                               sim::group_hardware(cluster, 1, num_devices));
+  if (!model) return model.error();
+  const int layers = config.num_hidden_layers;
+  const int fetched = layers - engine::sidp_owned_ffn_layer_count(layers, num_devices, 0);  // rank 0's, measured
+  const double copy_ms = sim::sidp_was_copy_ms(cluster.device, *model, num_devices, fetched);
+  const double fetch_ms = fetched * model->sidp_weight_fetch_ms(link);
+  s.was_copy_exposed_by_rows.clear();
+  std::string points;
+  for (const auto& [batch, run] : runs) {
+    if (!(run.model_step_ms > 0) || !(copy_ms > 0)) continue;
+    auto c = model->estimate(engine::ParallelConfig{}, decode_step(o, batch));
+    if (!c) return c.error();
+    const double f = run.model_step_ms <= fetch_ms ? 0.0 : (run.model_step_ms - c->total_ms) / copy_ms;
+    s.was_copy_exposed_by_rows.emplace_back(batch, std::clamp(f, 0.0, 1.0));
+    points += (points.empty() ? "" : ", ") + fmt("%.0f: %.3f ms against %.3f ms", batch, run.model_step_ms, c->total_ms);
+  }
+  s.was_copy_exposed_by_rows_source =
+      fmt("fitted: the fraction of the fetch copy (%.0f ranks x %.0f layers' FFN at host_link_bw_bytes_per_s: ",
+          num_devices, fetched) +
+      fmt("%.3f ms) by which a real SiDP WaS rank's decode step (rank 0 of a dp=%.0f group, ", copy_ms, num_devices) +
+      fmt("its link paced to %.2f GB/s) outlasts the cost model's step, at each batch run on ",
+          link.bandwidth_bytes_per_s / 1e9) +
+      o.shape_dir + " (batch: measured model ms per step against the model's): " + points;
+  return Status::ok_status();
+}
+
 }  // namespace
 
 Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
@@ -313,7 +362,7 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
   // Every measurement `repeats` times, interleaved, the fastest of each kept
   // (slow episodes only ever slow the machine).
   sim::DeviceSpec measured;
-  std::vector<std::pair<int, DecodeRun>> runs, split_runs, tp_runs;  // {batch, fastest run}, ascending
+  std::vector<std::pair<int, DecodeRun>> runs, split_runs, tp_runs, was_runs;  // {batch, fastest run}, ascending
   const auto data_parallel = [](int devices) {
     engine::ParallelConfig pc;
     pc.dp = devices;
@@ -322,11 +371,18 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
   engine::ParallelConfig tp_group;  // the TP fit's group: kDevices devices in tensor parallelism
   tp_group.tp = kDevices;
   double split_linear = 0;
+  // The WaS fit's group: kDevices SiDP ranks in WaS throughout, the link
+  // paced to was_link_ratio x the first measured triad.
+  engine::SidpOptions was;
+  was.dp = kDevices;
+  was.initial_mode = model::sidp::SidpMode::was;
   for (int r = 0; r < o.repeats; ++r) {
     omp_set_num_threads(threads);
     const sim::DeviceSpec m = measure_cpu_device(threads);
     if (r == 0) {
       measured = m;
+      was.link.gbps = o.was_link_ratio * m.memory_bw_bytes_per_s.value / 1e9;
+      was.link.latency_us = o.was_link_latency_us;
     } else {
       keep_faster(measured, m);
     }
@@ -352,6 +408,13 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
       if (!run) return run.error();
       if (r == 0) tp_runs.emplace_back(batches[i], *run);
       else tp_runs[i].second = fastest(tp_runs[i].second, *run);
+    }
+    if (!o.was_fit) continue;
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      auto run = decode_run(o, batches[i], per_device, data_parallel(kDevices), false, was);
+      if (!run) return run.error();
+      if (r == 0) was_runs.emplace_back(batches[i], *run);
+      else was_runs[i].second = fastest(was_runs[i].second, *run);
     }
   }
   omp_set_num_threads(threads);
@@ -380,6 +443,11 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
     if (o.tp_fit) {
       if (Status st = fit_gemm_curve(s, *config, o, tp_runs, kDevices, kDevices); !st.ok()) return st.error();
       s.tp_gemm_efficiency_by_rows_source += best_of;
+    }
+    if (o.was_fit) {
+      const auto link = orchestrator::LinkSpec::from_gbps(was.link.gbps, was.link.latency_us);
+      if (Status st = fit_was_copy(s, d, *config, o, was_runs, kDevices, link); !st.ok()) return st.error();
+      s.was_copy_exposed_by_rows_source += best_of;
     }
     d.split = std::make_shared<const sim::DeviceSpec>(std::move(s));
     d.split_devices = kDevices;

@@ -62,6 +62,15 @@
 /// memory-bound phases fall at the same time, where DP ranks drift apart
 /// and overlap one's attention with the other's GEMMs
 /// (orchestrator::HardwareSpec::tp_flops_by_rows).
+///
+/// The WaS fit (with the split, was_fit): decode runs of one SiDP group of
+/// the 2 devices in WaS (seed 002 §4.1; each rank owns half the FFN layers
+/// and its housekeeper thread fetches the others over a paced link) at the
+/// same batches, and the split device's was_copy_exposed_by_rows fitted to
+/// them: the fraction of the fetch copy that the step shows. The simulator
+/// first added the whole copy and priced WaS's decode step 8-18% slow
+/// (`simulate --validate`, 2026-11-28): a CPU rank's copy runs on a
+/// housekeeper thread beside the compute thread and partly hides.
 
 #include <string>
 #include <vector>
@@ -88,6 +97,14 @@ struct CalibrateOptions {
   /// (sim::DeviceSpec::tp_gemm_efficiency_by_rows) to decode runs of one
   /// tp=2 group at the same batches.
   bool tp_fit = true;
+  /// With split: also fit the split device's WaS copy exposure
+  /// (sim::DeviceSpec::was_copy_exposed_by_rows) to decode runs of one SiDP
+  /// group of its devices in WaS at the same batches, their link paced to
+  /// was_link_ratio x the measured triad (as `simulate --validate` paces
+  /// its SiDP cases) with was_link_latency_us per transfer.
+  bool was_fit = true;
+  double was_link_ratio = 0.19;
+  double was_link_latency_us = 10;
   /// Each measurement made this many times, interleaved; the fastest kept.
   int repeats = 3;
 };

@@ -60,20 +60,6 @@ void StepShape::add_sequence(long long cached_tokens, long long new_tokens) {
 
 namespace {
 
-/// `points` ({rows, FLOP/s} ascending) at `rows`: linear between points,
-/// flat beyond the ends. Precondition: points not empty.
-double interpolate_flops(const std::vector<std::pair<double, double>>& points, double rows) {
-  if (rows <= points.front().first) return points.front().second;
-  for (std::size_t i = 1; i < points.size(); ++i) {
-    const auto& [r1, f1] = points[i];
-    if (rows <= r1) {
-      const auto& [r0, f0] = points[i - 1];
-      return r1 > r0 ? f0 + (f1 - f0) * (rows - r0) / (r1 - r0) : f1;
-    }
-  }
-  return points.back().second;
-}
-
 /// Whether `points` are points of positive rows (strictly ascending) and positive FLOP/s.
 bool valid_flops_points(const std::vector<std::pair<double, double>>& points) {
   for (std::size_t i = 0; i < points.size(); ++i)
@@ -85,12 +71,24 @@ bool valid_flops_points(const std::vector<std::pair<double, double>>& points) {
 
 }  // namespace
 
+double interpolate_by_rows(const std::vector<std::pair<double, double>>& points, double x) {
+  if (x <= points.front().first) return points.front().second;
+  for (std::size_t i = 1; i < points.size(); ++i) {
+    const auto& [x1, y1] = points[i];
+    if (x <= x1) {
+      const auto& [x0, y0] = points[i - 1];
+      return x1 > x0 ? y0 + (y1 - y0) * (x - x0) / (x1 - x0) : y1;
+    }
+  }
+  return points.back().second;
+}
+
 double HardwareSpec::flops_at(double rows) const {
-  return flops_by_rows.empty() ? flops_per_s : interpolate_flops(flops_by_rows, rows);
+  return flops_by_rows.empty() ? flops_per_s : interpolate_by_rows(flops_by_rows, rows);
 }
 
 double HardwareSpec::flops_at(double rows, int tp) const {
-  return tp > 1 && !tp_flops_by_rows.empty() ? interpolate_flops(tp_flops_by_rows, rows) : flops_at(rows);
+  return tp > 1 && !tp_flops_by_rows.empty() ? interpolate_by_rows(tp_flops_by_rows, rows) : flops_at(rows);
 }
 
 Result<CostModel> CostModel::create(const ModelShape& shape, const ElementSizes& sizes, const HardwareSpec& hw) {

@@ -184,6 +184,11 @@ struct HardwareSpec {
   [[nodiscard]] double flops_at(double rows, int tp) const;
 };
 
+/// `points` ({x, y} ascending in x, not empty) at `x`: linear between
+/// points, held flat beyond the ends (the form of the by-rows curves here
+/// and in sim::DeviceSpec).
+[[nodiscard]] double interpolate_by_rows(const std::vector<std::pair<double, double>>& points, double x);
+
 /// The link a SiDP rank fetches non-owned FFN weights over (NVLink on a GPU
 /// node; the communicator's paced link on CPU devices).
 struct LinkSpec {

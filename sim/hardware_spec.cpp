@@ -61,9 +61,11 @@ std::string preset_list() {
 
 /// j[key] (optional) as {"value": [[rows, fraction], ...], "source": TEXT}
 /// into points / source. Errors: corrupt (wrong form, no source),
-/// invalid_argument (rows < 1 or not ascending, a fraction outside (0, 1]).
+/// invalid_argument (rows < 1 or not ascending, a fraction outside (0, 1],
+/// or [0, 1] with `zero_allowed`).
 Status parse_efficiency_curve(const json& j, const std::string& key, const std::string& origin,
-                              std::vector<std::pair<double, double>>& points, std::string& source) {
+                              std::vector<std::pair<double, double>>& points, std::string& source,
+                              bool zero_allowed = false) {
   if (!j.contains(key)) return Status::ok_status();
   const json& v = j[key];
   const std::string shape = ": '" + key + "' must be {\"value\": [[ROWS, FRACTION], ...], \"source\": TEXT}";
@@ -75,9 +77,10 @@ Status parse_efficiency_curve(const json& j, const std::string& key, const std::
     if (!point.is_array() || point.size() != 2 || !point[0].is_number() || !point[1].is_number())
       return make_error(ErrorCode::corrupt, origin + shape);
     const double rows = point[0].get<double>(), e = point[1].get<double>();
-    if (!(rows >= 1) || !(e > 0) || !(e <= 1) || (!points.empty() && !(rows > points.back().first)))
-      return make_error(ErrorCode::invalid_argument,
-                        origin + ": '" + key + "' needs rows >= 1 ascending and fractions in (0, 1]");
+    const bool low = zero_allowed ? !(e >= 0) : !(e > 0);
+    if (!(rows >= 1) || low || !(e <= 1) || (!points.empty() && !(rows > points.back().first)))
+      return make_error(ErrorCode::invalid_argument, origin + ": '" + key + "' needs rows >= 1 ascending and fractions in " +
+                                                         (zero_allowed ? "[0, 1]" : "(0, 1]"));
     points.emplace_back(rows, e);
   }
   source = v["source"].get<std::string>();
@@ -138,6 +141,10 @@ Result<DeviceSpec> parse_device_spec(const std::string& json_text, const std::st
                                            d.tp_gemm_efficiency_by_rows_source);
         !st.ok())
       return st.error();
+    if (Status st = parse_efficiency_curve(j, "was_copy_exposed_by_rows", origin, d.was_copy_exposed_by_rows,
+                                           d.was_copy_exposed_by_rows_source, /*zero_allowed=*/true);
+        !st.ok())
+      return st.error();
   } catch (const std::exception& e) {
     return make_error(ErrorCode::corrupt, origin + ": " + e.what());
   }
@@ -171,6 +178,7 @@ std::string device_spec_json(const DeviceSpec& d) {
   emit_efficiency_curve(j, "gemm_efficiency_by_rows", d.gemm_efficiency_by_rows, d.gemm_efficiency_by_rows_source);
   emit_efficiency_curve(j, "tp_gemm_efficiency_by_rows", d.tp_gemm_efficiency_by_rows,
                         d.tp_gemm_efficiency_by_rows_source);
+  emit_efficiency_curve(j, "was_copy_exposed_by_rows", d.was_copy_exposed_by_rows, d.was_copy_exposed_by_rows_source);
   if (d.split) {
     j["split_devices"] = d.split_devices;
     j["split"] = nlohmann::ordered_json::parse(device_spec_json(*d.split));
@@ -263,6 +271,11 @@ orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_
   hw.comm_bw_bytes_per_s = one_node ? d.intra_node_bw_bytes_per_s.value : d.inter_node_bw_bytes_per_s.value;
   hw.comm_latency_s = one_node ? d.intra_node_latency_s.value : d.inter_node_latency_s.value;
   return hw;
+}
+
+double was_copy_exposed_at(const DeviceSpec& device, double rows) {
+  return device.was_copy_exposed_by_rows.empty() ? 1.0
+                                                 : orchestrator::interpolate_by_rows(device.was_copy_exposed_by_rows, rows);
 }
 
 orchestrator::ElementSizes element_sizes(const DeviceSpec& device) {

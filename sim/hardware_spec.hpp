@@ -19,8 +19,8 @@
 ///    "prefill_gemm_efficiency": {...},
 ///    "memory_bw_efficiency": {...}, "step_overhead_ms": {...},
 ///    "seq_overhead_ms": {...}, "gemm_efficiency_by_rows" and
-///    "tp_gemm_efficiency_by_rows" (optional: {"value": [[rows, fraction],
-///    ...], "source": ...}),
+///    "tp_gemm_efficiency_by_rows", "was_copy_exposed_by_rows" (optional:
+///    {"value": [[rows, fraction], ...], "source": ...}),
 ///    "shared_memory_bus": false}
 ///
 /// A cluster is named DEVICE or DEVICExN (`h200x8`: 8 H200 in one node;
@@ -88,6 +88,17 @@ struct DeviceSpec {
   /// tp=2 decode steps; empty: gemm_efficiency_by_rows prices TP ranks too.
   std::vector<std::pair<double, double>> tp_gemm_efficiency_by_rows;
   std::string tp_gemm_efficiency_by_rows_source;
+  /// Optional (JSON "was_copy_exposed_by_rows", the same form, fractions in
+  /// [0, 1]): with shared_memory_bus, the fraction of a SiDP WaS rank's
+  /// weight-fetch copy (sidp_was_copy_ms, sim/simulator.hpp) that lengthens
+  /// its step, by the rank's rows. A CPU rank's fetch is a memcpy made by
+  /// its housekeeper thread (model/sidp/weight_cache.hpp) on a core the
+  /// compute threads also use, so it neither adds whole to the step nor
+  /// hides whole behind it as a GPU's copy engine does (seed 002 §4.1).
+  /// `simulate --calibrate` fits it on the split device to real WaS decode
+  /// steps; empty: 1 (the whole copy adds).
+  std::vector<std::pair<double, double>> was_copy_exposed_by_rows;
+  std::string was_copy_exposed_by_rows_source;
   Sourced step_overhead_ms;          ///< per micro-batch: scheduling, launches, ms (>= 0)
   Sourced seq_overhead_ms;           ///< per sequence of a micro-batch: scheduling, sampling, ms (>= 0)
   bool shared_memory_bus = false;    ///< the devices of a node share one memory bus and one compute budget
@@ -150,6 +161,10 @@ struct ClusterSpec {
 /// rate of steps of kLargeStepTokens tokens or more (prefill_gemm_efficiency).
 [[nodiscard]] orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size,
                                                         int active_per_node = 1, bool large_steps = false);
+
+/// device.was_copy_exposed_by_rows at `rows` (linear between points, flat
+/// beyond), or 1 when the device has none.
+[[nodiscard]] double was_copy_exposed_at(const DeviceSpec& device, double rows);
 
 /// Bytes per element of weights, KV and activations for the device's dtype.
 [[nodiscard]] orchestrator::ElementSizes element_sizes(const DeviceSpec& device);

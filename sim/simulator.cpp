@@ -97,6 +97,16 @@ engine::SidpModePolicy::TimePoint virtual_time(double ms) {
       std::chrono::duration<double, std::milli>(ms)));
 }
 
+}  // namespace
+
+double sidp_was_copy_ms(const DeviceSpec& device, const orchestrator::CostModel& model, int num_ranks,
+                        int fetched_layers) {
+  if (!device.shared_memory_bus || fetched_layers <= 0) return 0.0;
+  return num_ranks * fetched_layers * model.ffn_layer_bytes() / device.host_link_bw_bytes_per_s.value * 1e3;
+}
+
+namespace {
+
 Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
                             const std::vector<SimRequest>& workload, const SimOptions& options,
                             const orchestrator::CostModel& model, const orchestrator::CostModel& large_model,
@@ -179,18 +189,16 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     const int owned = engine::sidp_owned_ffn_layer_count(layers, pc.dp, static_cast<int>(rank));
     const double fetch_ms = (layers - owned) * model.sidp_weight_fetch_ms(sidp_link);
     // On a device that shares one memory bus with its peers (CPU devices),
-    // a fetch is a copy that a core makes while the cores compute: it adds
-    // to the step, at the machine's copy rate shared by every rank's fetches.
-    // A GPU's copy engine overlaps it (the paper's setting, §4.1).
-    const double copy_ms =
-        cluster.device.shared_memory_bus
-            ? pc.dp * (layers - owned) * model.ffn_layer_bytes() / cluster.device.host_link_bw_bytes_per_s.value * 1e3
-            : 0.0;
+    // a fetch is a copy that a core makes while the cores compute: the
+    // calibrated part of it adds to the step. A GPU's copy engine overlaps
+    // it (the paper's setting, §4.1).
+    const double copy_ms = sidp_was_copy_ms(cluster.device, model, pc.dp, layers - owned);
     const double row_bytes = static_cast<double>(config.hidden_size) * model.sizes().activation_bytes;
-    o.price = [&model, &large_model, &sidp_run, sidp_link, layers, fetch_ms, copy_ms, row_bytes](
+    o.price = [&model, &large_model, &sidp_run, &priced, sidp_link, layers, fetch_ms, copy_ms, row_bytes](
                   const orchestrator::StepShape& shape, const orchestrator::StepCost& cost) {
       const long long n = shape.num_tokens();
-      if (sidp_run.mode == engine::SidpMode::was) return std::max(cost.total_ms + copy_ms, fetch_ms);
+      if (sidp_run.mode == engine::SidpMode::was)
+        return std::max(cost.total_ms + was_copy_exposed_at(priced, static_cast<double>(n)) * copy_ms, fetch_ms);
       // CaS: the FFN of every layer runs at its owner over the group's G
       // rows; this rank's rows go there and back. G is taken as this rank's
       // n times the ranks of the round (balanced ranks: the ranks' batches

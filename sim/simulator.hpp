@@ -221,6 +221,18 @@ struct SimResult {
 [[nodiscard]] Result<int> kv_blocks_per_group(const model::ModelConfig& config, const ClusterSpec& cluster,
                                               const engine::ParallelConfig& pc, const SimOptions& options);
 
+/// SiDP WaS (seed 002 §4.1) on devices sharing one memory bus (CPU
+/// devices): the time, ms, that the copies of one step's weight fetches
+/// take when made by cores. Each of the group's `num_ranks` ranks copies
+/// its `fetched_layers` non-owned FFN layers (model.ffn_layer_bytes() each)
+/// at once, sharing the machine's copy rate (host_link_bw_bytes_per_s, a
+/// measured memcpy on CPU devices). The step gains
+/// was_copy_exposed_at(device, rows) of it (sim/hardware_spec.hpp). 0 on
+/// other devices: a GPU's copy engine makes the fetch while the SMs compute,
+/// so only the link time (T_fetch) can hold the step.
+[[nodiscard]] double sidp_was_copy_ms(const DeviceSpec& device, const orchestrator::CostModel& model, int num_ranks,
+                                      int fetched_layers);
+
 /// `num` requests of `input_len` / `output_len` tokens (bench's workload).
 [[nodiscard]] std::vector<SimRequest> fixed_workload(int num, int input_len, int output_len);
 

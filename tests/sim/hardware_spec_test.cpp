@@ -158,6 +158,40 @@ TEST_F(SimHardware, ACpuSplitFitPricesMultiDeviceRuns) {
   EXPECT_NE(bad.error().message.find("(split): missing 'gemm_efficiency'"), std::string::npos) << bad.error().message;
 }
 
+TEST_F(SimHardware, WasCopyExposedByRowsIsACurveFromZeroToOne) {
+  DeviceSpec cpu = *device_preset("h100");
+  EXPECT_TRUE(cpu.was_copy_exposed_by_rows.empty());
+  EXPECT_DOUBLE_EQ(was_copy_exposed_at(cpu, 32), 1.0) << "no fit: the whole copy adds";
+  cpu.shared_memory_bus = true;
+  cpu.was_copy_exposed_by_rows = {{4, 0.0}, {32, 0.6}};
+  cpu.was_copy_exposed_by_rows_source = "fitted on WaS at batches 4 and 32";
+  EXPECT_DOUBLE_EQ(was_copy_exposed_at(cpu, 2), 0.0) << "flat below the first point";
+  EXPECT_DOUBLE_EQ(was_copy_exposed_at(cpu, 18), 0.3);
+  EXPECT_DOUBLE_EQ(was_copy_exposed_at(cpu, 64), 0.6) << "flat beyond the last point";
+
+  auto back = parse_device_spec(device_spec_json(cpu), "cpu.json");
+  ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(back->was_copy_exposed_by_rows, cpu.was_copy_exposed_by_rows) << "a fraction of 0 is allowed";
+  EXPECT_EQ(back->was_copy_exposed_by_rows_source, "fitted on WaS at batches 4 and 32");
+
+  nlohmann::json j = nlohmann::json::parse(device_spec_json(cpu));
+  for (const char* bad_points : {"[[4, -0.1]]", "[[4, 1.5]]", "[[32, 0.5], [4, 0.25]]"}) {
+    nlohmann::json k = j;
+    k["was_copy_exposed_by_rows"]["value"] = nlohmann::json::parse(bad_points);
+    auto bad = parse_device_spec(k.dump(), "cpu.json");
+    ASSERT_FALSE(bad.ok()) << bad_points;
+    EXPECT_NE(bad.error().message.find("'was_copy_exposed_by_rows' needs rows >= 1 ascending and fractions in [0, 1]"),
+              std::string::npos)
+        << bad.error().message;
+  }
+  // The other curves still refuse 0.
+  nlohmann::json k = j;
+  k["gemm_efficiency_by_rows"] = {{"value", nlohmann::json::parse("[[4, 0]]")}, {"source", "x"}};
+  auto bad = parse_device_spec(k.dump(), "cpu.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("fractions in (0, 1]"), std::string::npos) << bad.error().message;
+}
+
 }  // namespace
 }  // namespace shardline::sim
 

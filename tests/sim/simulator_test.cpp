@@ -427,6 +427,43 @@ TEST(Simulator, SidpWasStepsAreBoundByTheWeightFetchesAndCasStepsByTheOwners) {
   EXPECT_GT(k->decode_step_ms, 64 * cm->sidp_ffn_gemm_ms(512)) << "every layer's FFN at its owner, for the group";
 }
 
+// WaS on devices that share one memory bus (CPU devices): a fetch is a
+// memcpy by a core, and the calibrated fraction of the group's copy time
+// (was_copy_exposed_by_rows) lengthens every WaS step; a GPU's copy engine
+// hides it (the test above: fetch-bound steps, no copy term).
+TEST(Simulator, SidpWasStepsOnASharedBusAddTheExposedPartOfTheFetchCopy) {
+  const auto config = shape("qwen3-32b");
+  ClusterSpec c = cluster("h200x2");
+  c.device.shared_memory_bus = true;
+  c.device.intra_node_bw_bytes_per_s.value = 1e15;  // the link never holds the step: the copy term shows alone
+  const SimOptions o = full_run_only(16);
+  const auto workload = fixed_workload(32, 64, 16);
+  Strategy was = strategy("dp=2");
+  was.sidp = SidpStrategy{engine::SidpModeSetting::was, 0, 0.25, 3.0, 2};
+  auto cm = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), element_sizes(c.device),
+                                            group_hardware(c, 1, 2));
+  ASSERT_TRUE(cm.ok());
+  const double copy_ms = sidp_was_copy_ms(c.device, *cm, 2, 32);
+  EXPECT_DOUBLE_EQ(copy_ms, 2 * 32 * cm->ffn_layer_bytes() / c.device.host_link_bw_bytes_per_s.value * 1e3)
+      << "both ranks copy their 32 fetched layers at the shared copy rate";
+  EXPECT_EQ(sidp_was_copy_ms(cluster("h200x2").device, *cm, 2, 32), 0.0) << "a GPU's copy engine overlaps it";
+
+  auto step_ms = [&](std::vector<std::pair<double, double>> exposed) {
+    ClusterSpec k = c;
+    k.device.was_copy_exposed_by_rows = std::move(exposed);
+    k.device.was_copy_exposed_by_rows_source = "test";
+    auto r = simulate(config, k, was, workload, o);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    EXPECT_EQ(r->decode_batch, 16);
+    return r->decode_step_ms;
+  };
+  const double whole = step_ms({});
+  const double hidden = step_ms({{1, 0.0}});
+  const double quarter = step_ms({{8, 0.0}, {24, 0.5}});  // 0.25 at the 16 rows of a decode step
+  EXPECT_NEAR(whole - hidden, copy_ms, 1e-9 * whole);
+  EXPECT_NEAR(quarter - hidden, 0.25 * copy_ms, 1e-9 * whole);
+}
+
 // The orchestrator's switching (§4.3) on the virtual clock: WaS for the
 // bulk of a long-tailed job, CaS for its tail, faster than either mode alone.
 TEST(Simulator, SidpAutoSwitchesToCasInTheTailAndBeatsEitherModeAlone) {
