@@ -10,6 +10,7 @@
 
 #include "bench/hardware.hpp"
 #include "bench/parallel.hpp"
+#include "engine/parallel_executor.hpp"
 #include "engine/kv_budget.hpp"
 #include "engine/sidp_group.hpp"
 #include "engine/sidp_memory.hpp"
@@ -46,9 +47,11 @@ struct DecodeRun {
 /// engine ran 10-15% slower; build_engine and generate_data_parallel now
 /// free it: common/openmp_pool.hpp.)
 Result<DecodeRun> decode_run(const CalibrateOptions& o, int batch, int threads, const engine::ParallelConfig& pc,
-                             bool with_prefill, const std::optional<engine::SidpOptions>& sidp = std::nullopt) {
+                             bool with_prefill, const std::optional<engine::SidpOptions>& sidp = std::nullopt,
+                             const std::optional<engine::ShiftOptions>& shift = std::nullopt) {
   ParallelBenchOptions po;
   po.sidp = sidp;
+  po.engine.shift = shift;
   po.engine.model_dir = o.shape_dir;
   po.engine.load_format = model::LoadFormat::dummy;
   po.engine.num_threads = threads;
@@ -249,11 +252,17 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
 /// takes the measured model time. With `tp` > 1 the runs are of one
 /// tensor-parallel group of `tp` of those devices, the step is the cost
 /// model's for that group (its all-reduces priced on d's link), and the
-/// fit goes into d.tp_gemm_efficiency_by_rows.
+/// fit goes into d.tp_gemm_efficiency_by_rows, or with `shift` (the runs
+/// are a Shift group's, its decode steps in tp=`tp`) into
+/// d.shift_gemm_efficiency_by_rows.
 Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, const CalibrateOptions& o,
-                      const std::vector<std::pair<int, DecodeRun>>& runs, int num_devices, int tp = 1) {
+                      const std::vector<std::pair<int, DecodeRun>>& runs, int num_devices, int tp = 1,
+                      bool shift = false) {
   const auto shape = orchestrator::ModelShape::from_config(config);
-  auto& curve = tp > 1 ? d.tp_gemm_efficiency_by_rows : d.gemm_efficiency_by_rows;
+  auto& curve = shift ? d.shift_gemm_efficiency_by_rows : tp > 1 ? d.tp_gemm_efficiency_by_rows : d.gemm_efficiency_by_rows;
+  auto& curve_source = shift  ? d.shift_gemm_efficiency_by_rows_source
+                       : tp > 1 ? d.tp_gemm_efficiency_by_rows_source
+                                : d.gemm_efficiency_by_rows_source;
   curve.clear();
   engine::ParallelConfig pc;
   pc.tp = tp;
@@ -288,10 +297,13 @@ Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, cons
       "fitted: the fraction of peak_flops at which the cost model's " +
       (tp > 1 ? fmt("tp=%.0f decode step (its all-reduces priced apart) ", tp) : std::string("decode step ")) +
       "takes the measured model time, at each batch run on " + o.shape_dir +
-      (tp > 1 ? fmt(" (one tp=%.0f group of 1/%.0f of the machine each)", tp, num_devices)
-              : num_devices > 1 ? fmt(" (each of %.0f devices running at once)", num_devices) : "") +
+      (shift   ? fmt(" (one Shift group, base sp=%.0f, its decode steps in tp=%.0f", tp, tp) +
+                     fmt(", of 1/%.0f of the machine each)", num_devices)
+       : tp > 1 ? fmt(" (one tp=%.0f group of 1/%.0f of the machine each)", tp, num_devices)
+       : num_devices > 1 ? fmt(" (each of %.0f devices running at once)", num_devices)
+                         : "") +
       " (batch: model ms per step): " + points;
-  (tp > 1 ? d.tp_gemm_efficiency_by_rows_source : d.gemm_efficiency_by_rows_source) = source;
+  curve_source = source;
   return Status::ok_status();
 }
 
@@ -362,7 +374,7 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
   // Every measurement `repeats` times, interleaved, the fastest of each kept
   // (slow episodes only ever slow the machine).
   sim::DeviceSpec measured;
-  std::vector<std::pair<int, DecodeRun>> runs, split_runs, tp_runs, was_runs;  // {batch, fastest run}, ascending
+  std::vector<std::pair<int, DecodeRun>> runs, split_runs, tp_runs, shift_runs, was_runs;  // {batch, fastest}, ascending
   const auto data_parallel = [](int devices) {
     engine::ParallelConfig pc;
     pc.dp = devices;
@@ -370,6 +382,10 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
   };
   engine::ParallelConfig tp_group;  // the TP fit's group: kDevices devices in tensor parallelism
   tp_group.tp = kDevices;
+  engine::ParallelConfig shift_group;  // the Shift fit's group: base sp=kDevices, decode in tp=kDevices
+  shift_group.sp = kDevices;
+  engine::ShiftOptions shift;
+  shift.policy.threshold = o.shift_threshold;
   double split_linear = 0;
   // The WaS fit's group: kDevices SiDP ranks in WaS throughout, the link
   // paced to was_link_ratio x the first measured triad.
@@ -409,6 +425,13 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
       if (r == 0) tp_runs.emplace_back(batches[i], *run);
       else tp_runs[i].second = fastest(tp_runs[i].second, *run);
     }
+    if (o.shift_fit)
+      for (std::size_t i = 0; i < batches.size(); ++i) {
+        auto run = decode_run(o, batches[i], per_device, shift_group, false, std::nullopt, shift);
+        if (!run) return run.error();
+        if (r == 0) shift_runs.emplace_back(batches[i], *run);
+        else shift_runs[i].second = fastest(shift_runs[i].second, *run);
+      }
     if (!o.was_fit) continue;
     for (std::size_t i = 0; i < batches.size(); ++i) {
       auto run = decode_run(o, batches[i], per_device, data_parallel(kDevices), false, was);
@@ -443,6 +466,11 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
     if (o.tp_fit) {
       if (Status st = fit_gemm_curve(s, *config, o, tp_runs, kDevices, kDevices); !st.ok()) return st.error();
       s.tp_gemm_efficiency_by_rows_source += best_of;
+      if (o.shift_fit) {
+        if (Status st = fit_gemm_curve(s, *config, o, shift_runs, kDevices, kDevices, /*shift=*/true); !st.ok())
+          return st.error();
+        s.shift_gemm_efficiency_by_rows_source += best_of;
+      }
     }
     if (o.was_fit) {
       const auto link = orchestrator::LinkSpec::from_gbps(was.link.gbps, was.link.latency_us);

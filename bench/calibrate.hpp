@@ -63,6 +63,14 @@
 /// and overlap one's attention with the other's GEMMs
 /// (orchestrator::HardwareSpec::tp_flops_by_rows).
 ///
+/// The Shift fit (with the TP fit, shift_fit): decode runs of one Shift
+/// group (seed 001: base sp=2, its decode steps in the shift config tp=2 on
+/// the same devices and KV cache) at the same batches, and the split
+/// device's shift_gemm_efficiency_by_rows fitted to them as the TP curve
+/// is. On this machine a Shift group's tp=2 decode steps ran 0-10% faster
+/// than a plain tp=2 group's (every kernel alike; the cause is not found,
+/// docs/simulator.md), and a TP curve priced them up to 22% slow.
+///
 /// The WaS fit (with the split, was_fit): decode runs of one SiDP group of
 /// the 2 devices in WaS (seed 002 §4.1; each rank owns half the FFN layers
 /// and its housekeeper thread fetches the others over a paced link) at the
@@ -97,6 +105,12 @@ struct CalibrateOptions {
   /// (sim::DeviceSpec::tp_gemm_efficiency_by_rows) to decode runs of one
   /// tp=2 group at the same batches.
   bool tp_fit = true;
+  /// With tp_fit: also fit the split device's Shift curve
+  /// (sim::DeviceSpec::shift_gemm_efficiency_by_rows) to decode runs of one
+  /// Shift group (base sp=2; steps of <= shift_threshold tokens, every
+  /// decode step here, in tp=2) at the same batches.
+  bool shift_fit = true;
+  long long shift_threshold = 256;
   /// With split: also fit the split device's WaS copy exposure
   /// (sim::DeviceSpec::was_copy_exposed_by_rows) to decode runs of one SiDP
   /// group of its devices in WaS at the same batches, their link paced to

@@ -149,6 +149,7 @@ Result<ValidationReport> run_validation(const ValidateOptions& o,
   co.repeats = o.calibration_repeats;
   co.was_link_ratio = o.sidp_link_ratio;  // (the WaS fit's runs paced as the SiDP cases are)
   co.was_link_latency_us = o.sidp_link_latency_us;
+  co.shift_threshold = o.shift_threshold;  // (the Shift fit's group as the shift case's)
   std::fprintf(stderr, "validate: calibrating on %s (each measurement %d times)\n", o.shape_dir.c_str(), co.repeats);
   auto device = calibrate_cpu_device(co);
   if (!device) return device.error();

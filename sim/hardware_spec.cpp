@@ -141,6 +141,10 @@ Result<DeviceSpec> parse_device_spec(const std::string& json_text, const std::st
                                            d.tp_gemm_efficiency_by_rows_source);
         !st.ok())
       return st.error();
+    if (Status st = parse_efficiency_curve(j, "shift_gemm_efficiency_by_rows", origin,
+                                           d.shift_gemm_efficiency_by_rows, d.shift_gemm_efficiency_by_rows_source);
+        !st.ok())
+      return st.error();
     if (Status st = parse_efficiency_curve(j, "was_copy_exposed_by_rows", origin, d.was_copy_exposed_by_rows,
                                            d.was_copy_exposed_by_rows_source, /*zero_allowed=*/true);
         !st.ok())
@@ -178,6 +182,8 @@ std::string device_spec_json(const DeviceSpec& d) {
   emit_efficiency_curve(j, "gemm_efficiency_by_rows", d.gemm_efficiency_by_rows, d.gemm_efficiency_by_rows_source);
   emit_efficiency_curve(j, "tp_gemm_efficiency_by_rows", d.tp_gemm_efficiency_by_rows,
                         d.tp_gemm_efficiency_by_rows_source);
+  emit_efficiency_curve(j, "shift_gemm_efficiency_by_rows", d.shift_gemm_efficiency_by_rows,
+                        d.shift_gemm_efficiency_by_rows_source);
   emit_efficiency_curve(j, "was_copy_exposed_by_rows", d.was_copy_exposed_by_rows, d.was_copy_exposed_by_rows_source);
   if (d.split) {
     j["split_devices"] = d.split_devices;
@@ -252,7 +258,7 @@ const DeviceSpec& device_for(const ClusterSpec& cluster, int active_per_node) {
 }
 
 orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size, int active_per_node,
-                                          bool large_steps) {
+                                          bool large_steps, bool shift_steps) {
   active_per_node = std::max(active_per_node, 1);
   const DeviceSpec& d = device_for(cluster, active_per_node);
   group_size = std::max(group_size, 1);
@@ -263,8 +269,9 @@ orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_
   if (!large_steps) {
     for (const auto& [rows, e] : d.gemm_efficiency_by_rows)
       hw.flops_by_rows.emplace_back(rows, d.peak_flops.value * e * share);
-    for (const auto& [rows, e] : d.tp_gemm_efficiency_by_rows)
-      hw.tp_flops_by_rows.emplace_back(rows, d.peak_flops.value * e * share);
+    const auto& tp_curve = shift_steps && !d.shift_gemm_efficiency_by_rows.empty() ? d.shift_gemm_efficiency_by_rows
+                                                                                   : d.tp_gemm_efficiency_by_rows;
+    for (const auto& [rows, e] : tp_curve) hw.tp_flops_by_rows.emplace_back(rows, d.peak_flops.value * e * share);
   }
   hw.memory_bw_bytes_per_s = d.memory_bw_bytes_per_s.value * d.memory_bw_efficiency.value * share;
   const bool one_node = group_size <= cluster.devices_per_node();

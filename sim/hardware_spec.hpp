@@ -19,7 +19,8 @@
 ///    "prefill_gemm_efficiency": {...},
 ///    "memory_bw_efficiency": {...}, "step_overhead_ms": {...},
 ///    "seq_overhead_ms": {...}, "gemm_efficiency_by_rows" and
-///    "tp_gemm_efficiency_by_rows", "was_copy_exposed_by_rows" (optional:
+///    "tp_gemm_efficiency_by_rows", "shift_gemm_efficiency_by_rows",
+///    "was_copy_exposed_by_rows" (optional:
 ///    {"value": [[rows, fraction], ...], "source": ...}),
 ///    "shared_memory_bus": false}
 ///
@@ -88,6 +89,15 @@ struct DeviceSpec {
   /// tp=2 decode steps; empty: gemm_efficiency_by_rows prices TP ranks too.
   std::vector<std::pair<double, double>> tp_gemm_efficiency_by_rows;
   std::string tp_gemm_efficiency_by_rows_source;
+  /// Optional (JSON "shift_gemm_efficiency_by_rows", the same form): the
+  /// same for the ranks of Shift Parallelism's shift config (seed 001:
+  /// tp' = sp x tp over the base config's devices, sharing its KV cache) in
+  /// steps below kLargeStepTokens; empty: tp_gemm_efficiency_by_rows.
+  /// `simulate --calibrate` fits it on the split device to real decode steps
+  /// of a Shift group (base sp=2, decode in tp=2): on this machine they ran
+  /// up to 10% faster than a plain tp=2 group's (docs/simulator.md).
+  std::vector<std::pair<double, double>> shift_gemm_efficiency_by_rows;
+  std::string shift_gemm_efficiency_by_rows_source;
   /// Optional (JSON "was_copy_exposed_by_rows", the same form, fractions in
   /// [0, 1]): with shared_memory_bus, the fraction of a SiDP WaS rank's
   /// weight-fetch copy (sidp_was_copy_ms, sim/simulator.hpp) that lengthens
@@ -159,8 +169,11 @@ struct ClusterSpec {
 /// link while the group fits in one node, else the inter-node one.
 /// `group_size` and `active_per_node` < 1 count as 1. `large_steps`: the
 /// rate of steps of kLargeStepTokens tokens or more (prefill_gemm_efficiency).
+/// `shift_steps`: the hardware of Shift's shift-config steps (its TP ranks
+/// on shift_gemm_efficiency_by_rows when the device has it).
 [[nodiscard]] orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size,
-                                                        int active_per_node = 1, bool large_steps = false);
+                                                        int active_per_node = 1, bool large_steps = false,
+                                                        bool shift_steps = false);
 
 /// device.was_copy_exposed_by_rows at `rows` (linear between points, flat
 /// beyond), or 1 when the device has none.

@@ -82,8 +82,10 @@ Status SimulatedExecutor::submit(const model::StepInput& input) {
     pc = *options_.shift_config;
     shifted = true;
   }
-  const orchestrator::CostModel& m =
-      large_model_ != nullptr && shape.num_tokens() >= large_step_tokens_ ? *large_model_ : model_;
+  const bool large = large_model_ != nullptr && shape.num_tokens() >= large_step_tokens_;
+  const orchestrator::CostModel& m = large                                         ? *large_model_
+                                     : shifted && options_.shift_model != nullptr ? *options_.shift_model
+                                                                                  : model_;
   auto cost = m.estimate(pc, shape);
   if (!cost) return cost.error();
 

@@ -70,6 +70,10 @@ struct SimulatedExecutorOptions {
   /// sp = 1) and the policy's options; none: every step runs in `config`.
   std::optional<engine::ParallelConfig> shift_config;
   engine::ShiftPolicyOptions shift;
+  /// The cost model of shift-config steps below the large-step size (the
+  /// device's Shift curve, sim::group_hardware(..., shift_steps)); null: the
+  /// executor's model. Not owned; outlives the executor.
+  const orchestrator::CostModel* shift_model = nullptr;
   /// Seesaw: the decode config cd (`config` is cp); none: one config.
   std::optional<engine::ParallelConfig> decode_config;
   /// KV copies (kv_copier()) and weight reloads: the model's KV shape (what

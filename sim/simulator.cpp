@@ -110,7 +110,7 @@ namespace {
 Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
                             const std::vector<SimRequest>& workload, const SimOptions& options,
                             const orchestrator::CostModel& model, const orchestrator::CostModel& large_model,
-                            int num_kv_blocks, bool prefill_only) {
+                            const orchestrator::CostModel* shift_model, int num_kv_blocks, bool prefill_only) {
   const engine::ParallelConfig& pc = strategy.parallel;
   const std::optional<FailureInjection>& failures = strategy.failures;
   int max_len = 1;
@@ -146,6 +146,7 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     shifted.tp = pc.tp * pc.sp;
     eo.shift_config = shifted;
     eo.shift = *strategy.shift;
+    eo.shift_model = shift_model;
   }
   eo.vocab_size = config.vocab_size;
   eo.num_kv_blocks = num_kv_blocks;
@@ -508,6 +509,16 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
       orchestrator::ModelShape::from_config(config), element_sizes(cluster.device),
       group_hardware(cluster, pc.group_size(), active_per_node, /*large_steps=*/true));
   if (!large_model) return large_model.error();
+  // Shift's shift-config steps on the device's Shift curve, where it has one.
+  std::optional<orchestrator::CostModel> shift_model_storage;
+  if (strategy.shift) {
+    auto m = orchestrator::CostModel::create(
+        orchestrator::ModelShape::from_config(config), element_sizes(cluster.device),
+        group_hardware(cluster, pc.group_size(), active_per_node, /*large_steps=*/false, /*shift_steps=*/true));
+    if (!m) return m.error();
+    shift_model_storage.emplace(std::move(m).value());
+  }
+  const orchestrator::CostModel* shift_model = shift_model_storage ? &*shift_model_storage : nullptr;
   auto blocks = kv_blocks_per_group(config, cluster, pc, options);
   if (!blocks) return blocks.error();
   if (strategy.failures) {
@@ -601,7 +612,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     res.prompt_tokens += r.prompt_len;
     res.generated_tokens += r.output_len;
   }
-  auto full = run_once(config, cluster, resolved, workload, options, *model, *large_model, *blocks, /*prefill_only=*/false);
+  auto full = run_once(config, cluster, resolved, workload, options, *model, *large_model, shift_model, *blocks, /*prefill_only=*/false);
   if (!full) return full.error();
   res.elapsed_s = full->elapsed_ms / 1e3;
   if (res.elapsed_s > 0) res.total_tok_s = static_cast<double>(res.prompt_tokens + res.generated_tokens) / res.elapsed_s;
@@ -699,7 +710,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     clean.failures->at_s.clear();
     clean.failures->at_token = 0;
     clean.failures->mtbf_s = 0;
-    auto ref = run_once(config, cluster, clean, workload, options, *model, *large_model, *blocks, /*prefill_only=*/false);
+    auto ref = run_once(config, cluster, clean, workload, options, *model, *large_model, shift_model, *blocks, /*prefill_only=*/false);
     if (!ref) return ref.error();
     res.failure_free_elapsed_s = ref->elapsed_ms / 1e3;
     double ratio_sum = 0;
@@ -709,7 +720,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
       res.failure_latency_ratio = ratio_sum / static_cast<double>(full->hit_by_first_failure.size());
   }
   if (options.prefill_run) {
-    auto pre = run_once(config, cluster, resolved, workload, options, *model, *large_model, *blocks, /*prefill_only=*/true);
+    auto pre = run_once(config, cluster, resolved, workload, options, *model, *large_model, shift_model, *blocks, /*prefill_only=*/true);
     if (!pre) return pre.error();
     res.prefill_elapsed_s = pre->elapsed_ms / 1e3;
     if (res.prefill_elapsed_s > 0) res.prefill_tok_s = static_cast<double>(res.prompt_tokens) / res.prefill_elapsed_s;

@@ -242,6 +242,18 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
   EXPECT_NE(device2->split->tp_gemm_efficiency_by_rows_source.find("one tp=2 group"), std::string::npos)
       << device2->split->tp_gemm_efficiency_by_rows_source;
   EXPECT_TRUE(device2->tp_gemm_efficiency_by_rows.empty()) << "TP runs 2 devices: the split device holds it";
+  // ... and the Shift curve on decode runs of one Shift group (base sp=2,
+  // decode in tp=2) at the same batches.
+  ASSERT_EQ(device2->split->shift_gemm_efficiency_by_rows.size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(device2->split->shift_gemm_efficiency_by_rows[i].first, rows[i]);
+    EXPECT_GT(device2->split->shift_gemm_efficiency_by_rows[i].second, 0);
+    EXPECT_LE(device2->split->shift_gemm_efficiency_by_rows[i].second, 1);
+  }
+  EXPECT_NE(device2->split->shift_gemm_efficiency_by_rows_source.find("one Shift group, base sp=2, its decode steps "
+                                                                       "in tp=2"),
+            std::string::npos)
+      << device2->split->shift_gemm_efficiency_by_rows_source;
   // ... and the part of SiDP WaS's fetch copy that its steps show, on
   // decode runs of one SiDP group in WaS at the same batches.
   ASSERT_EQ(device2->split->was_copy_exposed_by_rows.size(), 5u);

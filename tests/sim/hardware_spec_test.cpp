@@ -256,8 +256,18 @@ TEST_F(SimHardware, TpGemmEfficiencyByRowsFillsTheTpCurve) {
   EXPECT_DOUBLE_EQ(hw.flops_at(18, 1), 989e12 * 0.5 / 2);
   EXPECT_TRUE(group_hardware(c, 2, 2, /*large_steps=*/true).tp_flops_by_rows.empty());
 
+  EXPECT_EQ(group_hardware(c, 2, 2, false, /*shift_steps=*/true).tp_flops_by_rows, hw.tp_flops_by_rows)
+      << "no Shift curve: Shift's steps on the TP curve";
+  cpu.shift_gemm_efficiency_by_rows = {{4, 0.3}, {32, 0.6}};
+  cpu.shift_gemm_efficiency_by_rows_source = "fitted on a Shift group";
+  c.device = cpu;
+  EXPECT_DOUBLE_EQ(group_hardware(c, 2, 2, false, true).flops_at(32, 2), 989e12 * 0.6 / 2);
+  EXPECT_DOUBLE_EQ(group_hardware(c, 2, 2).flops_at(32, 2), 989e12 * 0.5 / 2) << "plain TP keeps its curve";
+
   auto back = parse_device_spec(device_spec_json(cpu), "cpu.json");
   ASSERT_TRUE(back.ok()) << back.error().to_string();
+  EXPECT_EQ(back->shift_gemm_efficiency_by_rows, cpu.shift_gemm_efficiency_by_rows);
+  EXPECT_EQ(back->shift_gemm_efficiency_by_rows_source, "fitted on a Shift group");
   EXPECT_EQ(back->tp_gemm_efficiency_by_rows, cpu.tp_gemm_efficiency_by_rows);
   EXPECT_EQ(back->tp_gemm_efficiency_by_rows_source, "fitted on tp=2 at batches 4 and 32");
   EXPECT_EQ(back->gemm_efficiency_by_rows, cpu.gemm_efficiency_by_rows);

@@ -174,6 +174,37 @@ TEST(Simulator, ShiftRunsSmallStepsInFullTensorParallelism) {
   EXPECT_GT(r->shift_switches, 0u);
 }
 
+// A device with a Shift curve (a calibrated CPU device) prices Shift's
+// small shifted steps on it, and plain tp groups on the TP curve; without
+// one, shifted steps are tp steps.
+TEST(Simulator, ShiftStepsArePricedOnTheDevicesShiftCurveWhereItHasOne) {
+  const auto config = shape("llama-3.1-8b");
+  ClusterSpec c = cluster("h200x2");
+  c.device.tp_gemm_efficiency_by_rows = {{4, 0.01}, {64, 0.02}};  // low: decode steps compute-bound
+  c.device.tp_gemm_efficiency_by_rows_source = "test";
+  const SimOptions o = full_run_only(16);
+  const auto workload = fixed_workload(16, 64, 32);
+  Strategy shift = strategy("sp=2");
+  shift.shift = engine::ShiftPolicyOptions{256, 0.25};
+  auto decode_ms = [&](const ClusterSpec& k, const Strategy& s) {
+    auto r = simulate(config, k, s, workload, o);
+    EXPECT_TRUE(r.ok()) << r.error().to_string();
+    EXPECT_EQ(r->decode_batch, 16);
+    return r->decode_step_ms;
+  };
+  const double tp2 = decode_ms(c, strategy("tp=2"));
+  EXPECT_DOUBLE_EQ(decode_ms(c, shift), tp2) << "no Shift curve: a shifted decode step is a tp=2 step";
+  ClusterSpec with_shift = c;
+  with_shift.device.shift_gemm_efficiency_by_rows = {{4, 0.015}, {64, 0.03}};
+  with_shift.device.shift_gemm_efficiency_by_rows_source = "test";
+  const double shifted = decode_ms(with_shift, shift);
+  EXPECT_LT(shifted, tp2) << "the faster Shift curve";
+  EXPECT_DOUBLE_EQ(decode_ms(with_shift, strategy("tp=2")), tp2) << "a plain tp=2 group keeps the TP curve";
+  ClusterSpec as_tp = c;  // the TP curve set to the Shift curve: tp=2 prices as Shift did
+  as_tp.device.tp_gemm_efficiency_by_rows = with_shift.device.shift_gemm_efficiency_by_rows;
+  EXPECT_DOUBLE_EQ(decode_ms(as_tp, strategy("tp=2")), shifted);
+}
+
 // Seesaw (seed 000): the real engine's phases over the simulated executor.
 // Each prompt's KV goes to the host buffer after its prefill and comes back
 // for its decode, and every transition reloads each device's weight shard
