@@ -27,13 +27,6 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {  // (prin
   return buf;
 }
 
-/// One measured decode run at `batch` sequences per device.
-struct DecodeRun {
-  double model_step_ms = 0;     ///< median model time of pure-decode steps at full batch (step wall - own)
-  double own_ms = 0;            ///< the engine's own time (scheduling, sampling) in those steps, median
-  double prefill_tok_s = 0;     ///< prompt tokens / wall time of a prefill-only run (with_prefill)
-};
-
 /// A decode run of `pc` on CPU devices of `threads` threads each, run as
 /// the validation's cases run (bench::run_parallel_bench): the engines are
 /// built first and start together, each on its own thread. `pc` is either
@@ -353,28 +346,30 @@ Status fit_was_copy(sim::DeviceSpec& s, const sim::DeviceSpec& d, const model::M
 
 }  // namespace
 
-Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
+Result<CpuCalibration> CpuCalibration::create(const CalibrateOptions& o) {
   if (o.small_batch < 1 || o.large_batch <= o.small_batch || o.input_len < 1 || o.output_len < 2 || o.repeats < 1)
     return make_error(ErrorCode::invalid_argument,
                       "calibrate: need 1 <= small batch < large batch, input_len >= 1, output_len >= 2, repeats >= 1");
   auto config = model::load_model_config(o.shape_dir);
   if (!config) return config.error();
-  const int threads = o.num_threads > 0 ? o.num_threads : omp_get_num_procs();
-  constexpr int kDevices = 2;  // the split fit: 2 devices, each on half the threads, running at once
-  const bool split = o.split && threads >= 2;
-  const int per_device = threads / kDevices;
-
+  CpuCalibration c;
+  c.o_ = o;
+  c.config_ = std::make_shared<const model::ModelConfig>(std::move(config).value());
+  c.threads_ = o.num_threads > 0 ? o.num_threads : omp_get_num_procs();
+  c.split_ = o.split && c.threads_ >= 2;
+  c.per_device_ = c.threads_ / kDevices;
   // The batches of the decode runs, ascending: small, the curve's, large.
-  std::vector<int> batches = {o.small_batch, o.large_batch};
+  c.batches_ = {o.small_batch, o.large_batch};
   for (const int b : o.curve_batches)
-    if (b > o.small_batch && b < o.large_batch) batches.push_back(b);
-  std::sort(batches.begin(), batches.end());
-  batches.erase(std::unique(batches.begin(), batches.end()), batches.end());
+    if (b > o.small_batch && b < o.large_batch) c.batches_.push_back(b);
+  std::sort(c.batches_.begin(), c.batches_.end());
+  c.batches_.erase(std::unique(c.batches_.begin(), c.batches_.end()), c.batches_.end());
+  return c;
+}
 
-  // Every measurement `repeats` times, interleaved, the fastest of each kept
-  // (slow episodes only ever slow the machine).
-  sim::DeviceSpec measured;
-  std::vector<std::pair<int, DecodeRun>> runs, split_runs, tp_runs, shift_runs, was_runs;  // {batch, fastest}, ascending
+Status CpuCalibration::measure_round() {
+  const CalibrateOptions& o = o_;
+  const bool first = rounds_ == 0;
   const auto data_parallel = [](int devices) {
     engine::ParallelConfig pc;
     pc.dp = devices;
@@ -386,101 +381,121 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
   shift_group.sp = kDevices;
   engine::ShiftOptions shift;
   shift.policy.threshold = o.shift_threshold;
-  double split_linear = 0;
-  // The WaS fit's group: kDevices SiDP ranks in WaS throughout, the link
-  // paced to was_link_ratio x the first measured triad.
+  // Each measurement's fastest so far (slow episodes only ever slow the machine).
+  const auto keep = [first](std::vector<std::pair<int, DecodeRun>>& runs, std::size_t i, int batch,
+                            const DecodeRun& run) {
+    if (first) runs.emplace_back(batch, run);
+    else runs[i].second = fastest(runs[i].second, run);
+  };
+  omp_set_num_threads(threads_);
+  const sim::DeviceSpec m = measure_cpu_device(threads_);
+  if (first) {
+    measured_ = m;
+    // The WaS fit's group: kDevices SiDP ranks in WaS throughout, the link
+    // paced to was_link_ratio x the first measured triad.
+    was_link_.gbps = o.was_link_ratio * m.memory_bw_bytes_per_s.value / 1e9;
+    was_link_.latency_us = o.was_link_latency_us;
+  } else {
+    keep_faster(measured_, m);
+  }
   engine::SidpOptions was;
   was.dp = kDevices;
   was.initial_mode = model::sidp::SidpMode::was;
-  for (int r = 0; r < o.repeats; ++r) {
-    omp_set_num_threads(threads);
-    const sim::DeviceSpec m = measure_cpu_device(threads);
-    if (r == 0) {
-      measured = m;
-      was.link.gbps = o.was_link_ratio * m.memory_bw_bytes_per_s.value / 1e9;
-      was.link.latency_us = o.was_link_latency_us;
-    } else {
-      keep_faster(measured, m);
-    }
-    for (std::size_t i = 0; i < batches.size(); ++i) {
-      auto run = decode_run(o, batches[i], threads, data_parallel(1), i + 1 == batches.size());
+  was.link = was_link_;
+  const auto done = [&] {
+    omp_set_num_threads(threads_);
+    ++rounds_;
+    return Status::ok_status();
+  };
+  for (std::size_t i = 0; i < batches_.size(); ++i) {
+    auto run = decode_run(o, batches_[i], threads_, data_parallel(1), i + 1 == batches_.size());
+    if (!run) return run.error();
+    keep(runs_, i, batches_[i], *run);
+  }
+  if (!split_) return done();
+  omp_set_num_threads(per_device_);
+  split_linear_ = std::max(split_linear_, measure_linear_gflops());
+  omp_set_num_threads(threads_);
+  for (std::size_t i = 0; i < batches_.size(); ++i) {
+    auto run = decode_run(o, batches_[i], per_device_, data_parallel(kDevices), i + 1 == batches_.size());
+    if (!run) return run.error();
+    keep(split_runs_, i, batches_[i], *run);
+  }
+  if (o.tp_fit) {
+    for (std::size_t i = 0; i < batches_.size(); ++i) {
+      auto run = decode_run(o, batches_[i], per_device_, tp_group, false);
       if (!run) return run.error();
-      if (r == 0) runs.emplace_back(batches[i], *run);
-      else runs[i].second = fastest(runs[i].second, *run);
-    }
-    if (!split) continue;
-    omp_set_num_threads(per_device);
-    split_linear = std::max(split_linear, measure_linear_gflops());
-    omp_set_num_threads(threads);
-    for (std::size_t i = 0; i < batches.size(); ++i) {
-      auto run = decode_run(o, batches[i], per_device, data_parallel(kDevices), i + 1 == batches.size());
-      if (!run) return run.error();
-      if (r == 0) split_runs.emplace_back(batches[i], *run);
-      else split_runs[i].second = fastest(split_runs[i].second, *run);
-    }
-    if (!o.tp_fit) continue;
-    for (std::size_t i = 0; i < batches.size(); ++i) {
-      auto run = decode_run(o, batches[i], per_device, tp_group, false);
-      if (!run) return run.error();
-      if (r == 0) tp_runs.emplace_back(batches[i], *run);
-      else tp_runs[i].second = fastest(tp_runs[i].second, *run);
+      keep(tp_runs_, i, batches_[i], *run);
     }
     if (o.shift_fit)
-      for (std::size_t i = 0; i < batches.size(); ++i) {
-        auto run = decode_run(o, batches[i], per_device, shift_group, false, std::nullopt, shift);
+      for (std::size_t i = 0; i < batches_.size(); ++i) {
+        auto run = decode_run(o, batches_[i], per_device_, shift_group, false, std::nullopt, shift);
         if (!run) return run.error();
-        if (r == 0) shift_runs.emplace_back(batches[i], *run);
-        else shift_runs[i].second = fastest(shift_runs[i].second, *run);
+        keep(shift_runs_, i, batches_[i], *run);
       }
-    if (!o.was_fit) continue;
-    for (std::size_t i = 0; i < batches.size(); ++i) {
-      auto run = decode_run(o, batches[i], per_device, data_parallel(kDevices), false, was);
-      if (!run) return run.error();
-      if (r == 0) was_runs.emplace_back(batches[i], *run);
-      else was_runs[i].second = fastest(was_runs[i].second, *run);
-    }
   }
-  omp_set_num_threads(threads);
-  const std::string best_of = o.repeats > 1 ? fmt(" (the fastest of %.0f interleaved runs)", o.repeats) : "";
-  sim::DeviceSpec d = measured;
-  if (Status st = fit_terms(d, *config, o, runs.front().second, runs.back().second, 1); !st.ok()) return st.error();
-  if (Status st = fit_gemm_curve(d, *config, o, runs, 1); !st.ok()) return st.error();
+  if (o.was_fit)
+    for (std::size_t i = 0; i < batches_.size(); ++i) {
+      auto run = decode_run(o, batches_[i], per_device_, data_parallel(kDevices), false, was);
+      if (!run) return run.error();
+      keep(was_runs_, i, batches_[i], *run);
+    }
+  return done();
+}
+
+Result<sim::DeviceSpec> CpuCalibration::fit() const {
+  if (rounds_ < 1) return make_error(ErrorCode::invalid_argument, "calibrate: fit() before any measure_round()");
+  const CalibrateOptions& o = o_;
+  const model::ModelConfig& config = *config_;
+  const std::string best_of = rounds_ > 1 ? fmt(" (the fastest of %.0f interleaved runs)", rounds_) : "";
+  sim::DeviceSpec d = measured_;
+  if (Status st = fit_terms(d, config, o, runs_.front().second, runs_.back().second, 1); !st.ok()) return st.error();
+  if (Status st = fit_gemm_curve(d, config, o, runs_, 1); !st.ok()) return st.error();
   d.gemm_efficiency.source += best_of;
   d.memory_bw_efficiency.source += best_of;
   d.gemm_efficiency_by_rows_source += best_of;
 
-  if (split) {
-    sim::DeviceSpec s = measured;
+  if (split_) {
+    sim::DeviceSpec s = measured_;
     s.description = "this machine split over " + std::to_string(kDevices) + " CPU devices of " +
-                    std::to_string(per_device) + " thread(s), running at once";
-    s.peak_flops = {split_linear * 1e9 * kDevices,
+                    std::to_string(per_device_) + " thread(s), running at once";
+    s.peak_flops = {split_linear_ * 1e9 * kDevices,
                     fmt("measured on this machine by `shardline simulate`: Shardline's linear on 2048^3 on "
                         "%.0f thread(s), %.1f GFLOP/s, times the devices",
-                        per_device, split_linear)};
-    if (Status st = fit_terms(s, *config, o, split_runs.front().second, split_runs.back().second, kDevices); !st.ok())
+                        per_device_, split_linear_)};
+    if (Status st = fit_terms(s, config, o, split_runs_.front().second, split_runs_.back().second, kDevices);
+        !st.ok())
       return st.error();
-    if (Status st = fit_gemm_curve(s, *config, o, split_runs, kDevices); !st.ok()) return st.error();
+    if (Status st = fit_gemm_curve(s, config, o, split_runs_, kDevices); !st.ok()) return st.error();
     s.gemm_efficiency.source += best_of;
     s.memory_bw_efficiency.source += best_of;
     s.gemm_efficiency_by_rows_source += best_of;
     if (o.tp_fit) {
-      if (Status st = fit_gemm_curve(s, *config, o, tp_runs, kDevices, kDevices); !st.ok()) return st.error();
+      if (Status st = fit_gemm_curve(s, config, o, tp_runs_, kDevices, kDevices); !st.ok()) return st.error();
       s.tp_gemm_efficiency_by_rows_source += best_of;
       if (o.shift_fit) {
-        if (Status st = fit_gemm_curve(s, *config, o, shift_runs, kDevices, kDevices, /*shift=*/true); !st.ok())
+        if (Status st = fit_gemm_curve(s, config, o, shift_runs_, kDevices, kDevices, /*shift=*/true); !st.ok())
           return st.error();
         s.shift_gemm_efficiency_by_rows_source += best_of;
       }
     }
     if (o.was_fit) {
-      const auto link = orchestrator::LinkSpec::from_gbps(was.link.gbps, was.link.latency_us);
-      if (Status st = fit_was_copy(s, d, *config, o, was_runs, kDevices, link); !st.ok()) return st.error();
+      const auto link = orchestrator::LinkSpec::from_gbps(was_link_.gbps, was_link_.latency_us);
+      if (Status st = fit_was_copy(s, d, config, o, was_runs_, kDevices, link); !st.ok()) return st.error();
       s.was_copy_exposed_by_rows_source += best_of;
     }
     d.split = std::make_shared<const sim::DeviceSpec>(std::move(s));
     d.split_devices = kDevices;
   }
   return d;
+}
+
+Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
+  auto c = CpuCalibration::create(o);
+  if (!c) return c.error();
+  for (int r = 0; r < o.repeats; ++r)
+    if (Status st = c->measure_round(); !st.ok()) return st.error();
+  return c->fit();
 }
 
 }  // namespace shardline::bench

@@ -80,10 +80,14 @@
 /// (`simulate --validate`, 2026-11-28): a CPU rank's copy runs on a
 /// housekeeper thread beside the compute thread and partly hides.
 
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "comm/paced.hpp"
 #include "common/result.hpp"
+#include "model/config.hpp"
 #include "sim/hardware_spec.hpp"
 
 namespace shardline::bench {
@@ -121,6 +125,49 @@ struct CalibrateOptions {
   double was_link_latency_us = 10;
   /// Each measurement made this many times, interleaved; the fastest kept.
   int repeats = 3;
+};
+
+/// One measured decode run at `batch` sequences per device.
+struct DecodeRun {
+  double model_step_ms = 0;  ///< median model time of pure-decode steps at full batch (step wall - own), ms
+  double own_ms = 0;         ///< the engine's own time (scheduling, sampling) in those steps, median, ms
+  double prefill_tok_s = 0;  ///< prompt tokens / wall time of a prefill-only run (the large batch's)
+};
+
+/// The calibration made round by round: each measure_round() makes every
+/// measurement once (triad, linear, the decode runs of each fit), keeping
+/// the fastest of each over the rounds; fit() fits the device to the
+/// fastest. calibrate_cpu_device is `repeats` rounds, then fit().
+/// `simulate --validate` interleaves the rounds with its cases' rounds, so
+/// that a slow period of the machine falls on both sides of the comparison.
+class CpuCalibration {
+ public:
+  /// Errors: invalid_argument (non-positive sizes), the shape folder's
+  /// config errors.
+  [[nodiscard]] static Result<CpuCalibration> create(const CalibrateOptions& options);
+  /// One round of every measurement. Errors: engine build and run errors.
+  [[nodiscard]] Status measure_round();
+  /// The device fitted to the fastest of each measurement so far. Errors:
+  /// invalid_argument before the first round.
+  [[nodiscard]] Result<sim::DeviceSpec> fit() const;
+  [[nodiscard]] int rounds() const { return rounds_; }
+  /// The WaS fit's paced link: was_link_ratio x the first round's triad
+  /// (gbps 0 before the first round).
+  [[nodiscard]] const comm::LinkSpec& was_link() const { return was_link_; }
+
+ private:
+  static constexpr int kDevices = 2;  ///< the split fit: 2 devices, each on half the threads, running at once
+  CalibrateOptions o_;
+  std::shared_ptr<const model::ModelConfig> config_;
+  int threads_ = 1, per_device_ = 1;
+  bool split_ = false;
+  std::vector<int> batches_;  ///< of the decode runs, ascending: small, the curve's, large
+  int rounds_ = 0;
+  sim::DeviceSpec measured_;  ///< the machine's limits, the fastest of each
+  double split_linear_ = 0;   ///< GFLOP/s on per_device_ threads, the fastest
+  comm::LinkSpec was_link_;
+  /// {batch, the fastest run}, ascending in batch.
+  std::vector<std::pair<int, DecodeRun>> runs_, split_runs_, tp_runs_, shift_runs_, was_runs_;
 };
 
 /// The CPU device with measured limits and neutral efficiency terms (1, 1,

@@ -150,49 +150,33 @@ Result<ValidationReport> run_validation(const ValidateOptions& o,
   co.was_link_ratio = o.sidp_link_ratio;  // (the WaS fit's runs paced as the SiDP cases are)
   co.was_link_latency_us = o.sidp_link_latency_us;
   co.shift_threshold = o.shift_threshold;  // (the Shift fit's group as the shift case's)
-  std::fprintf(stderr, "validate: calibrating on %s (each measurement %d times)\n", o.shape_dir.c_str(), co.repeats);
-  auto device = calibrate_cpu_device(co);
-  if (!device) return device.error();
-  rep.device = *device;
+  auto calibration = CpuCalibration::create(co);
+  if (!calibration) return calibration.error();
   rep.calibration_repeats = co.repeats;
+  comm::LinkSpec link;  // the SiDP cases' link, real and simulated alike: the calibration's WaS link
 
-  // The SiDP cases' link, real and simulated alike.
-  comm::LinkSpec link;
-  link.gbps = o.sidp_link_ratio * device->memory_bw_bytes_per_s.value / 1e9;
-  link.latency_us = o.sidp_link_latency_us;
-  rep.sidp_link_gbps = link.gbps;
-
-  const auto workload = sim::fixed_workload(o.num_prompts, o.input_len, o.output_len);
-  sim::SimOptions so;
-  so.max_batch = o.max_batch;
-  so.dispatch = sim::SimOptions::Dispatch::round_robin;  // as in-process DP deals them
-
-  // The simulations first (they do not depend on the rounds).
-  for (const ValidationCase& c : cases) {
-    sim::ClusterSpec cluster;
-    cluster.name = "cpu";
-    cluster.device = *device;
-    cluster.num_devices = std::max(1, c.strategy.parallel.world_size());
-    if (c.strategy.sidp) {
-      cluster.device.intra_node_bw_bytes_per_s = {link.gbps * 1e9, "the validation's emulated SiDP link"};
-      cluster.device.intra_node_latency_s = {link.latency_us * 1e-6, "the validation's emulated SiDP link"};
-    }
-    auto sim_result = sim::simulate(*config, cluster, c.strategy, workload, so);
-    if (!sim_result) return sim_result.error();
-    ValidationRow row;
-    row.name = c.name;
-    row.strategy = c.strategy.label();
-    row.simulated_total_tok_s = sim_result->total_tok_s;
-    row.simulated_decode_step_ms = sim_result->decode_step_ms;
-    rep.rows.push_back(row);
+  // Rounds: a calibration round (while calibration_repeats last), then
+  // every case not yet done. A slow period of the machine falls on
+  // different cases in different rounds, and on the calibration as on the
+  // cases; each measurement keeps its fastest.
+  rep.rows.resize(cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    rep.rows[i].name = cases[i].name;
+    rep.rows[i].strategy = cases[i].strategy.label();
   }
-
-  // The real runs, in rounds: an episode falls on different cases in
-  // different rounds, and each case keeps its fastest.
-  const auto err = [](double simulated, double measured) { return measured > 0 ? simulated / measured - 1 : 0.0; };
-  for (int round = 0; round < o.max_rounds; ++round) {
+  for (int round = 0; round < std::max(o.max_rounds, o.calibration_repeats); ++round) {
     bool ran = false;
-    for (std::size_t i = 0; i < cases.size(); ++i) {
+    if (round < o.calibration_repeats) {
+      std::fprintf(stderr, "validate: calibration round %d of %d on %s\n", round + 1, o.calibration_repeats,
+                   o.shape_dir.c_str());
+      if (Status st = calibration->measure_round(); !st.ok()) return st.error();
+      ran = true;
+      if (round == 0) {
+        link = calibration->was_link();
+        rep.sidp_link_gbps = link.gbps;
+      }
+    }
+    for (std::size_t i = 0; i < cases.size() && round < o.max_rounds; ++i) {
       ValidationRow& row = rep.rows[i];
       if (round >= o.min_rounds && row.steady) continue;
       auto m = measure_case(cases[i], o, threads, link);
@@ -205,12 +189,38 @@ Result<ValidationReport> run_validation(const ValidateOptions& o,
       row.spread = *lo > 0 ? *hi / *lo - 1 : 0;
       row.measured_decode_step_ms = *std::min_element(row.round_decode_step_ms.begin(), row.round_decode_step_ms.end());
       row.steady = rounds_agree(row, o.agreement);
-      row.total_tok_s_error = err(row.simulated_total_tok_s, row.measured_total_tok_s);
-      row.decode_step_ms_error = err(row.simulated_decode_step_ms, row.measured_decode_step_ms);
       if (progress) progress(row);
+      rep.rounds = std::max(rep.rounds, round + 1);
     }
     if (!ran) break;
-    rep.rounds = round + 1;
+  }
+
+  // The simulations, on the device fitted to the fastest calibration runs.
+  auto device = calibration->fit();
+  if (!device) return device.error();
+  rep.device = *device;
+  const auto workload = sim::fixed_workload(o.num_prompts, o.input_len, o.output_len);
+  sim::SimOptions so;
+  so.max_batch = o.max_batch;
+  so.dispatch = sim::SimOptions::Dispatch::round_robin;  // as in-process DP deals them
+  const auto err = [](double simulated, double measured) { return measured > 0 ? simulated / measured - 1 : 0.0; };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const ValidationCase& c = cases[i];
+    sim::ClusterSpec cluster;
+    cluster.name = "cpu";
+    cluster.device = *device;
+    cluster.num_devices = std::max(1, c.strategy.parallel.world_size());
+    if (c.strategy.sidp) {
+      cluster.device.intra_node_bw_bytes_per_s = {link.gbps * 1e9, "the validation's emulated SiDP link"};
+      cluster.device.intra_node_latency_s = {link.latency_us * 1e-6, "the validation's emulated SiDP link"};
+    }
+    auto sim_result = sim::simulate(*config, cluster, c.strategy, workload, so);
+    if (!sim_result) return sim_result.error();
+    ValidationRow& row = rep.rows[i];
+    row.simulated_total_tok_s = sim_result->total_tok_s;
+    row.simulated_decode_step_ms = sim_result->decode_step_ms;
+    row.total_tok_s_error = err(row.simulated_total_tok_s, row.measured_total_tok_s);
+    row.decode_step_ms_error = err(row.simulated_decode_step_ms, row.measured_decode_step_ms);
   }
   rep.wall_s = seconds_since(t0);
   return rep;

@@ -3,8 +3,8 @@
 /// The simulator against this machine (`shardline simulate --validate`,
 /// docs/simulator.md "Validation against this machine"). Each case runs for
 /// real, on in-process CPU devices (bench::run_parallel_bench), and
-/// simulated (sim::simulate) on the CPU device calibrated at the start
-/// (bench/calibrate.hpp). The two are compared on total tok/s and on the
+/// simulated (sim::simulate) on the CPU device calibrated in the same
+/// rounds (bench/calibrate.hpp). The two are compared on total tok/s and on the
 /// decode step time (bench's definitions of both).
 ///
 /// Drift control. This machine's speed moves with its neighbours' load: it
@@ -18,7 +18,11 @@
 ///  - The calibration makes each of its measurements `calibration_repeats`
 ///    times, interleaved, and keeps the fastest (bench/calibrate.hpp).
 ///  - The cases run in rounds: case 1, case 2, ..., case 10, then again, so
-///    an episode falls on different cases in different rounds. Each case
+///    an episode falls on different cases in different rounds. Each of the
+///    first `calibration_repeats` rounds begins with a calibration round,
+///    so a slow period falls on the calibration as on the cases: with the
+///    calibration made first, one slow period after it held every case and
+///    put them all 3-18% below the simulation (2026-11-28). Each case
 ///    keeps its fastest total tok/s and its fastest decode step. A case is
 ///    steady when its two fastest rounds agree within `agreement` on both:
 ///    the best was seen twice, so it is the machine's speed, not a fluke.
@@ -60,7 +64,7 @@ struct ValidateOptions {
   double agreement = 0.10;      ///< a case is steady when its two fastest rounds differ by at most this
   int min_rounds = 3;           ///< every case is measured this many times
   int max_rounds = 5;           ///< a case not yet steady is measured again, up to this many times
-  int calibration_repeats = 3;  ///< CalibrateOptions::repeats
+  int calibration_repeats = 3;  ///< calibration rounds (CalibrateOptions::repeats), one before each case round
 };
 
 /// A validated case: its name and what the simulator runs.
@@ -103,8 +107,14 @@ struct ValidationReport {
 /// measurements (false with fewer than 2 rounds).
 [[nodiscard]] bool rounds_agree(const ValidationRow& row, double agreement);
 
-/// Calibrates, then measures each case in rounds and simulates it.
-/// `progress` (optional) sees each row after each of its rounds. Errors: a
+/// Measures in rounds: a calibration round (CpuCalibration::measure_round,
+/// in the first calibration_repeats rounds), then each case not yet done;
+/// then fits the device to the fastest calibration runs and simulates each
+/// case on it. Interleaved, a slow period of the machine falls on the
+/// calibration as on the cases (before, a calibration made minutes before
+/// the cases missed slow periods that then held whole cases).
+/// `progress` (optional) sees each row after each of its rounds (its
+/// simulated values are not known yet). Errors: a
 /// bad case name or shape folder, engine and simulator errors.
 [[nodiscard]] Result<ValidationReport> run_validation(const ValidateOptions& options,
                                                       const std::function<void(const ValidationRow&)>& progress = {});

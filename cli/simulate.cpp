@@ -161,8 +161,9 @@ int run_calibrate(const SimulateArgs& a) {
   return 0;
 }
 
-/// The validation (bench/validate.hpp): calibrates on the shape, then runs
-/// each case for real in rounds (the fastest kept) and simulated, and prints
+/// The validation (bench/validate.hpp): runs calibration rounds on the shape
+/// and each case for real in rounds (the fastest kept), simulates the cases
+/// on the calibrated device, and prints
 /// the simulator's error beside each measurement.
 int run_validate(const SimulateArgs& a) {
   if (!a.parallel.empty())
@@ -511,9 +512,10 @@ void add_simulate_command(CLI::App& app, std::function<int()>& run) {
                 "Measure this machine and fit the cost model's efficiency terms to real decode steps of --shape; "
                 "writes --calibration");
   cmd->add_flag("--validate", a->validate,
-                "Calibrate on --shape, then run each validation case for real on this machine's CPU devices, in "
-                "rounds, the fastest round kept (slow episodes only ever slow the machine), and simulated, and "
-                "print the simulator's error beside the measurement "
+                "Calibrate on --shape and run each validation case for real on this machine's CPU devices, in "
+                "rounds (a calibration round, then every case), the fastest round kept (slow episodes only ever "
+                "slow the machine); simulate the cases on the calibrated device and print the simulator's error "
+                "beside the measurement "
                 "(default workload: 32 x (64 in, 32 out), max batch 32)");
   cmd->add_option("--validate-case", a->validate_cases,
                   "A case of --validate (repeatable; default all): single, tp=2, pp=2-fixed, pp=2-throttle, sp=2, "

@@ -276,12 +276,22 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
 
   const auto v = run_command(kShardline + " simulate --validate --threads 1 --shape " + shape +
                              " --validate-case single --num-prompts 8 --input-len 16 --output-len 8 --max-batch 8"
-                             " --validate-rounds 2 --validate-max-rounds 3 --calibration-repeats 1 --json");
+                             " --validate-rounds 2 --validate-max-rounds 3 --calibration-repeats 2 --json");
   ASSERT_EQ(v.exit_code, 0) << v.out;
+  // A calibration round begins each of the first 2 rounds: a slow period
+  // falls on the calibration as on the cases.
+  const auto at = [&](const std::string& what) { return v.out.find(what); };
+  ASSERT_NE(at("validate: calibration round 1 of 2"), std::string::npos) << v.out;
+  ASSERT_NE(at("validate: calibration round 2 of 2"), std::string::npos) << v.out;
+  ASSERT_NE(at("validate: single         round 2:"), std::string::npos) << v.out;
+  EXPECT_LT(at("validate: calibration round 1 of 2"), at("validate: single         round 1:"));
+  EXPECT_LT(at("validate: single         round 1:"), at("validate: calibration round 2 of 2"));
+  EXPECT_LT(at("validate: calibration round 2 of 2"), at("validate: single         round 2:"));
+  EXPECT_EQ(v.out.find("calibration round 3"), std::string::npos) << v.out;
   const json j = json::parse(v.out.substr(v.out.rfind("\n{") + 1), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << v.out;
   ASSERT_EQ(j["validation"].size(), 1u) << v.out;
-  EXPECT_EQ(j["calibration_repeats"].get<int>(), 1);
+  EXPECT_EQ(j["calibration_repeats"].get<int>(), 2);
   const json& row = j["validation"][0];
   EXPECT_EQ(row["case"], "single");
   EXPECT_GT(row["simulated_total_tok_s"].get<double>(), 0);
