@@ -407,39 +407,33 @@ Status CpuCalibration::measure_round() {
     ++rounds_;
     return Status::ok_status();
   };
-  for (std::size_t i = 0; i < batches_.size(); ++i) {
-    auto run = decode_run(o, batches_[i], threads_, data_parallel(1), i + 1 == batches_.size());
-    if (!run) return run.error();
-    keep(runs_, i, batches_[i], *run);
-  }
+  // A decode run of `pc` at every batch, each kept into `runs`.
+  const auto run_batches = [&](std::vector<std::pair<int, DecodeRun>>& runs, int threads,
+                               const engine::ParallelConfig& pc, bool prefill_at_largest,
+                               const std::optional<engine::SidpOptions>& sidp = std::nullopt,
+                               const std::optional<engine::ShiftOptions>& shift_options = std::nullopt) -> Status {
+    for (std::size_t i = 0; i < batches_.size(); ++i) {
+      auto run = decode_run(o, batches_[i], threads, pc, prefill_at_largest && i + 1 == batches_.size(), sidp,
+                            shift_options);
+      if (!run) return run.error();
+      keep(runs, i, batches_[i], *run);
+    }
+    return Status::ok_status();
+  };
+  if (Status st = run_batches(runs_, threads_, data_parallel(1), true); !st.ok()) return st;
   if (!split_) return done();
   omp_set_num_threads(per_device_);
   split_linear_ = std::max(split_linear_, measure_linear_gflops());
   omp_set_num_threads(threads_);
-  for (std::size_t i = 0; i < batches_.size(); ++i) {
-    auto run = decode_run(o, batches_[i], per_device_, data_parallel(kDevices), i + 1 == batches_.size());
-    if (!run) return run.error();
-    keep(split_runs_, i, batches_[i], *run);
-  }
+  if (Status st = run_batches(split_runs_, per_device_, data_parallel(kDevices), true); !st.ok()) return st;
   if (o.tp_fit) {
-    for (std::size_t i = 0; i < batches_.size(); ++i) {
-      auto run = decode_run(o, batches_[i], per_device_, tp_group, false);
-      if (!run) return run.error();
-      keep(tp_runs_, i, batches_[i], *run);
-    }
+    if (Status st = run_batches(tp_runs_, per_device_, tp_group, false); !st.ok()) return st;
     if (o.shift_fit)
-      for (std::size_t i = 0; i < batches_.size(); ++i) {
-        auto run = decode_run(o, batches_[i], per_device_, shift_group, false, std::nullopt, shift);
-        if (!run) return run.error();
-        keep(shift_runs_, i, batches_[i], *run);
-      }
+      if (Status st = run_batches(shift_runs_, per_device_, shift_group, false, std::nullopt, shift); !st.ok())
+        return st;
   }
   if (o.was_fit)
-    for (std::size_t i = 0; i < batches_.size(); ++i) {
-      auto run = decode_run(o, batches_[i], per_device_, data_parallel(kDevices), false, was);
-      if (!run) return run.error();
-      keep(was_runs_, i, batches_[i], *run);
-    }
+    if (Status st = run_batches(was_runs_, per_device_, data_parallel(kDevices), false, was); !st.ok()) return st;
   return done();
 }
 
