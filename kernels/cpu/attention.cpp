@@ -895,4 +895,35 @@ void paged_attention(const float* q, int q_stride, std::span<const AttentionSeq>
 #endif
 }
 
+std::vector<std::vector<LineRun>> kv_line_runs(std::span<const AttentionSeq> seqs, const KvCacheLayer& cache,
+                                               int num_threads, std::size_t max_bytes) {
+  const int nt = std::max(num_threads, 1);
+  std::vector<std::vector<LineRun>> slices(static_cast<std::size_t>(nt));
+  // paged_attention's order: costliest (longest context) first, stable.
+  std::vector<std::size_t> order(seqs.size());
+  for (std::size_t s = 0; s < order.size(); ++s) order[s] = s;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return seqs[a].context_len > seqs[b].context_len;
+  });
+  const std::size_t block_bytes = static_cast<std::size_t>(cache.num_kv_heads) * cache.block_size *
+                                  cache.head_dim * dtype_size(cache.dtype);  // one block's K (or V), all heads
+  const int lines = static_cast<int>((block_bytes + 63) / 64);
+  const auto* kbase = static_cast<const char*>(cache.k);
+  const auto* vbase = static_cast<const char*>(cache.v);
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const AttentionSeq& seq = seqs[order[i]];
+    std::vector<LineRun>& slice = slices[i % static_cast<std::size_t>(nt)];
+    const int nblocks = (seq.context_len + cache.block_size - 1) / cache.block_size;
+    for (int b = 0; b < nblocks; ++b) {
+      if (max_bytes > 0 && bytes >= max_bytes) return slices;
+      const std::size_t off = static_cast<std::size_t>(seq.block_table[b]) * block_bytes;
+      slice.push_back(LineRun{kbase + off, lines});
+      slice.push_back(LineRun{vbase + off, lines});
+      bytes += 2 * block_bytes;
+    }
+  }
+  return slices;
+}
+
 }  // namespace shardline::kernels::cpu

@@ -10,10 +10,13 @@
 /// same fixed tiling (per KV block, from position 0) whatever the chunking or
 /// batch. So a token's output is bit-identical at any chunking.
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "common/dtype.hpp"
+#include "kernels/cpu/prefetch.hpp"
 
 namespace shardline::kernels::cpu {
 
@@ -61,5 +64,18 @@ struct AttentionSeq {
 void paged_attention(const float* q, int q_stride, std::span<const AttentionSeq> seqs,
                      const KvCacheLayer& cache, int num_heads, float scale, float* out,
                      int out_stride);
+
+/// The cache lines paged_attention() will read for `seqs`, as runs for a
+/// LinePrefetchQueue (prefetch.hpp), in per-thread slices for `num_threads`
+/// threads. Per sequence and KV block: one run of the block's K slabs of all
+/// KV heads (contiguous: [num_kv_heads, head_dim, block_size]) and one of its
+/// V slabs. Sequences are taken in the order paged_attention hands out its
+/// work (costliest, i.e. longest context, first) and dealt to the slices in
+/// turn, so thread t prefetches roughly what it will attend; a line read by
+/// the other core is still in the shared L3. Stops once `max_bytes` are
+/// covered (0: no limit). Reads nothing of the cache.
+[[nodiscard]] std::vector<std::vector<LineRun>> kv_line_runs(std::span<const AttentionSeq> seqs,
+                                                             const KvCacheLayer& cache, int num_threads,
+                                                             std::size_t max_bytes);
 
 }  // namespace shardline::kernels::cpu

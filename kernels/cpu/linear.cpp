@@ -149,16 +149,44 @@ class DazFtzScope {
 
 /// Lines of the next panel to pull into L2 while a tile runs: `lines` cache
 /// lines from `next`, `per_k` of them per k step (the tile sweeps k once).
+/// And the side stream: up to two runs of a later phase's lines
+/// (LinePrefetchQueue), `side_per_k` per k step.
 struct Prefetch {
   const char* next = nullptr;
   int lines = 0;
   int per_k = 0;
+  const char* side0 = nullptr;  ///< first side run
+  const char* side1 = nullptr;  ///< second side run (lines after side0_lines)
+  int side0_lines = 0;
+  int side_lines = 0;  ///< lines of both side runs
+  int side_per_k = 0;
 };
 
 [[gnu::always_inline]] inline void prefetch_step(const Prefetch& pf, int kk) {
   const int first = kk * pf.per_k;
   const int last = std::min(first + pf.per_k, pf.lines);
   for (int l = first; l < last; ++l) __builtin_prefetch(pf.next + static_cast<long>(l) * 64, 0, 2);
+  if (pf.side_per_k == 0) [[likely]] return;  // no side stream: one test a step
+  const int side_first = kk * pf.side_per_k;
+  const int side_last = std::min(side_first + pf.side_per_k, pf.side_lines);
+  for (int l = side_first; l < side_last; ++l)
+    __builtin_prefetch(l < pf.side0_lines ? pf.side0 + static_cast<long>(l) * 64
+                                          : pf.side1 + static_cast<long>(l - pf.side0_lines) * 64,
+                       0, 2);
+}
+
+/// Takes up to two of `thread`'s runs from `side` into pf's side stream,
+/// spread over the tile's `ksteps`.
+void take_side_runs(LinePrefetchQueue* side, int thread, int ksteps, Prefetch& pf) {
+  LineRun run;
+  if (side == nullptr || !side->pop(thread, run)) return;
+  pf.side0 = static_cast<const char*>(run.begin);
+  pf.side0_lines = pf.side_lines = run.lines;
+  if (side->pop(thread, run)) {
+    pf.side1 = static_cast<const char*>(run.begin);
+    pf.side_lines += run.lines;
+  }
+  pf.side_per_k = (pf.side_lines + ksteps - 1) / std::max(ksteps, 1);
 }
 
 #endif
@@ -398,7 +426,7 @@ void tile_dispatch(int rows, const X* x, long xs, const void* panel, int ksteps,
 /// rows of `xs` elements: F32 activations, or BF16-rounded ones (XBf16).
 template <bool kBf16, class X>
 void linear_panels(const X* x, int m, long xs, const PackedLinear& w, const float* bias, float* y,
-                   long ys, int p0, int p1) {
+                   long ys, int p0, int p1, LinePrefetchQueue* side, int thread) {
   const int k = w.in_features(), n = w.out_features();
   const int ksteps = kBf16 ? k_padded(DType::bf16, k) / 2 : k;  // 256-byte steps of a panel
   const std::size_t pbytes = panel_elems(w.dtype(), k) * dtype_size(w.dtype());
@@ -420,9 +448,11 @@ void linear_panels(const X* x, int m, long xs, const PackedLinear& w, const floa
         Prefetch pf;  // a lone tile streams the panel once: hardware prefetch does better
         if (p + 1 < p1 && tiles > 1) {
           const int first = t * lines_per_tile;
-          pf = Prefetch{panel + pbytes + static_cast<long>(first) * 64,
-                        std::max(0, std::min(lines_per_tile, panel_lines - first)), per_k};
+          pf.next = panel + pbytes + static_cast<long>(first) * 64;
+          pf.lines = std::max(0, std::min(lines_per_tile, panel_lines - first));
+          pf.per_k = per_k;
         }
+        take_side_runs(side, thread, ksteps, pf);
         tile_dispatch<kBf16>(std::min(kMr, i1 - i), x + i * xs, xs, panel, ksteps, b,
                              y + i * ys + j0, ys, ncols, pf);
       }
@@ -499,7 +529,7 @@ PackedLinear PackedLinear::pack(const void* w, DType dtype, int n, int k) {
 }
 
 void linear(const float* x, int m, int x_stride, const PackedLinear& w, const float* bias,
-            float* y, int y_stride) {
+            float* y, int y_stride, LinePrefetchQueue* side) {
   if (m <= 0 || w.out_features() <= 0) return;
   const int n = w.out_features(), k = w.in_features();
   const int panels = (n + kNr - 1) / kNr;
@@ -518,13 +548,13 @@ void linear(const float* x, int m, int x_stride, const PackedLinear& w, const fl
     const int p0 = static_cast<int>(static_cast<long>(panels) * t / nt);
     const int p1 = static_cast<int>(static_cast<long>(panels) * (t + 1) / nt);
     if (bf16)
-      linear_panels<true>(xb, m, kp, w, bias, y, y_stride, p0, p1);
+      linear_panels<true>(xb, m, kp, w, bias, y, y_stride, p0, p1, side, t);
     else
-      linear_panels<false>(x, m, x_stride, w, bias, y, y_stride, p0, p1);
+      linear_panels<false>(x, m, x_stride, w, bias, y, y_stride, p0, p1, side, t);
   }
 #else
   // Portable fallback: the same per-element chains, read from the packed copy.
-  (void)panels;
+  (void)panels, (void)side;
   std::vector<XBf16> xb;  // [m, kp] BF16-rounded x (widened: XBf16 is float here)
   if (bf16) {
     xb.resize(static_cast<std::size_t>(m) * kp);
@@ -550,6 +580,14 @@ void linear(const float* x, int m, int x_stride, const PackedLinear& w, const fl
       }
     }
   }
+#endif
+}
+
+bool linear_uses_side_prefetch() {
+#if defined(SHARDLINE_LINEAR_AVX512) || defined(SHARDLINE_LINEAR_AVX2)
+  return true;
+#else
+  return false;
 #endif
 }
 

@@ -32,6 +32,7 @@
 
 #include "common/dtype.hpp"
 #include "common/memory.hpp"
+#include "kernels/cpu/prefetch.hpp"
 
 namespace shardline::kernels::cpu {
 
@@ -75,8 +76,17 @@ class PackedLinear {
 /// With BF16 weights x is rounded to BF16 first (into a per-thread scratch of
 /// m * k padded to even, 2 or 4 bytes each), see above. Parallel over output
 /// columns with OpenMP (num threads = omp_get_max_threads()). m may be 0 (no-op).
+/// `side` (optional): while it computes, OpenMP thread t pops runs of its
+/// slice of the queue, up to two per register tile, and prefetches their
+/// lines into L2 spread over the tile's sweep of k (prefetch.hpp). The
+/// result is the same bits with or without it. The portable build (no AVX)
+/// ignores it.
 void linear(const float* x, int m, int x_stride, const PackedLinear& w, const float* bias,
-            float* y, int y_stride);
+            float* y, int y_stride, LinePrefetchQueue* side = nullptr);
+
+/// True when linear() prefetches a `side` queue (the AVX-512 and AVX2
+/// builds); the portable build ignores it.
+[[nodiscard]] bool linear_uses_side_prefetch();
 
 /// Reference (naive, same per-element accumulation order and, for BF16, the
 /// same rounding of x and VDPBF16PS chain, in scalar code) for tests.
