@@ -83,6 +83,7 @@ std::string ThroughputReport::to_json() const {
   nlohmann::json j{{"model", model},
                    {"dtype", dtype},
                    {"kv_cache_dtype", kv_cache_dtype},
+                   {"step_overlap", step_overlap},
                    {"num_prompts", num_prompts},
                    {"input_len", input_len},
                    {"output_len", output_len},
@@ -161,6 +162,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.model = o.engine.model_dir;
   rep.dtype = dtype_name(o.engine.dtype);
   rep.kv_cache_dtype = dtype_name(o.engine.kv_cache_dtype);
+  rep.step_overlap = model::step_overlap_name(o.engine.step_overlap);
   const int threads = o.engine.num_threads > 0 ? o.engine.num_threads : omp_get_num_procs();
   rep.threads = threads;
 

@@ -32,6 +32,7 @@ struct ThroughputReport {
   std::string model;
   std::string dtype;           ///< weight storage
   std::string kv_cache_dtype;  ///< KV cache storage
+  std::string step_overlap = "none";  ///< --step-overlap (model/shard_runner.hpp's StepOverlap)
   double elapsed_s = 0;          ///< wall time of the whole run (scheduling + sampling included)
   double total_tok_s = 0;        ///< (prompt + generated tokens) / elapsed_s
   double prefill_tok_s = 0;      ///< prompt tokens / model time of steps that carry prefill

@@ -77,6 +77,14 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype,
                  "KV cache storage: f32 (exact) or bf16 (half the bytes; attention math stays F32)")
       ->capture_default_str();
+  cmd.add_option("--step-overlap", f.step_overlap,
+                 "CPU: how a step's phases overlap: none, kv-prefetch (the GEMMs before each attention prefetch "
+                 "its KV) or nano-batch (two half-batches offset by half a layer, NanoFlow-style); the same "
+                 "results either way (docs/performance.md)")
+      ->capture_default_str();
+  cmd.add_option("--overlap-prefetch-mib", f.overlap_prefetch_mib,
+                 "CPU, with --step-overlap: KV MiB one attention's prefetch covers at most (0: all)")
+      ->capture_default_str();
   cmd.add_option("--load-format", f.load_format,
                  "auto (safetensors if present), safetensors, or dummy (seeded random weights with "
                  "config.json's shapes)")
@@ -205,6 +213,13 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
     return make_error(ErrorCode::invalid_argument,
                       "--kv-cache-dtype must be f32 or bf16, got '" + f.kv_cache_dtype + "'");
   }
+  auto overlap = model::parse_step_overlap(f.step_overlap);
+  if (!overlap.ok()) return make_error(ErrorCode::invalid_argument, "--step-overlap: " + overlap.error().message);
+  o.step_overlap = *overlap;
+  if (!(f.overlap_prefetch_mib >= 0) || f.overlap_prefetch_mib > 1e6)
+    return make_error(ErrorCode::invalid_argument,
+                      "--overlap-prefetch-mib must be between 0 and 1e6, got " + std::to_string(f.overlap_prefetch_mib));
+  o.overlap_prefetch_bytes = static_cast<std::size_t>(f.overlap_prefetch_mib * 1048576.0);
   if (f.load_format == "dummy") {
     o.load_format = model::LoadFormat::dummy;
   } else if (f.load_format == "safetensors" || f.load_format == "auto") {

@@ -20,6 +20,8 @@ namespace shardline::cli {
 struct EngineFlags {
   std::string dtype = "f32";
   std::string kv_cache_dtype = "f32";
+  std::string step_overlap = "none";  ///< --step-overlap
+  double overlap_prefetch_mib = 12;   ///< --overlap-prefetch-mib
   std::string load_format = "auto";
   long long kv_cache_bytes = 0;
   std::string device_memory = "0";  ///< --device-memory as given (parse_byte_size)

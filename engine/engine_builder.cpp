@@ -223,7 +223,9 @@ Status size_kv_cache(const EngineOptions& o, std::uint64_t plan_kv_bytes, int ma
 Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& e) {
   const model::ModelConfig c = e.weights->config;
   const bool cuda = o.device == model::DeviceKind::cuda;
-  const model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
+  model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
+  ro.overlap = o.step_overlap;
+  ro.overlap_prefetch_bytes = o.overlap_prefetch_bytes;
   if (o.shift && (cuda || o.ffn || o.parallel.group_size() == 1))
     return make_error(ErrorCode::unsupported,
                       "--shift runs on a CPU engine group of sp and / or tp > 1 (in one process or over TCP), not on "

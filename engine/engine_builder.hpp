@@ -40,6 +40,10 @@ struct EngineOptions {
   bool deterministic = false;
   bool cuda_graphs = true;        ///< cuda: capture decode steps as CUDA graphs
   DType kv_cache_dtype = DType::f32;  ///< KV cache storage: f32 (exact) or bf16
+  /// cpu: how a step's phases overlap, and the KV bytes one attention's
+  /// prefetch covers at most (model/shard_runner.hpp's StepOverlap).
+  model::StepOverlap step_overlap = model::StepOverlap::none;
+  std::size_t overlap_prefetch_bytes = std::size_t{12} << 20;
   std::uint64_t seed = 0;         ///< dummy weights and default request seeds
   int num_layers_override = 0;    ///< > 0: first N layers only (smoke tests)
   int block_size = 16;            ///< tokens per KV block

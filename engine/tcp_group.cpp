@@ -8,8 +8,8 @@ namespace shardline::engine {
 namespace {
 
 constexpr int kTagSetup = 100;
-constexpr std::int32_t kSetupVersion = 3;
-constexpr int kSetupWords = 13;
+constexpr std::int32_t kSetupVersion = 4;
+constexpr int kSetupWords = 15;
 constexpr int kTpTagBase = 1 << 24;
 constexpr int kSpTagBase = 2 << 24;
 constexpr int kShiftTagBase = 3 << 24;
@@ -144,7 +144,9 @@ Result<std::unique_ptr<ParallelExecutor>> create_tcp_group_executor(std::shared_
                                            seesaw ? seesaw->decode.tp : 0,
                                            seesaw ? seesaw->decode.pp : 0,
                                            seesaw ? seesaw->decode.sp : 0,
-                                           seesaw && seesaw->weights == ReshardWeights::reload ? 1 : 0};
+                                           seesaw && seesaw->weights == ReshardWeights::reload ? 1 : 0,
+                                           static_cast<std::int32_t>(options.overlap),
+                                           static_cast<std::int32_t>(options.overlap_prefetch_bytes >> 10)};
   for (int r = 1; r < pc.group_size(); ++r)
     if (Status st = comms.value().world->send(setup, sizeof setup, r, kTagSetup); !st) return st.error();
   Result<std::unique_ptr<model::ShardRunner>> runner =
@@ -224,6 +226,11 @@ Status serve_tcp_group_rank(std::shared_ptr<const model::ModelWeights> weights, 
   options.block_size = setup[5];
   options.kv_cache_dtype = setup[6] == 1 ? DType::bf16 : DType::f32;
   options.num_threads = num_threads;
+  // rank 0's --step-overlap and its prefetch budget (KiB)
+  if (setup[13] < 0 || setup[13] > static_cast<std::int32_t>(model::StepOverlap::nano_batch) || setup[14] < 0)
+    return make_error(ErrorCode::mismatch, "rank " + std::to_string(group_rank) + ": bad step overlap in rank 0's setup");
+  options.overlap = static_cast<model::StepOverlap>(setup[13]);
+  options.overlap_prefetch_bytes = static_cast<std::size_t>(setup[14]) << 10;
   Result<std::unique_ptr<model::ShardRunner>> runner =
       model::ShardRunner::create(weights, shard_spec_of(pc, group_rank), options, comms.value().shard_comms());
   if (!runner.ok()) return std::move(runner).error();

@@ -16,22 +16,6 @@ namespace kc = kernels::cpu;
 
 namespace {
 
-/// Adds the time since the last mark to a profile bucket (no-op when off).
-class OpTimer {
- public:
-  explicit OpTimer(bool on) : on_(on), last_(on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
-  void add_to(double& bucket) {
-    if (!on_) return;
-    const auto now = std::chrono::steady_clock::now();
-    bucket += std::chrono::duration<double, std::milli>(now - last_).count();
-    last_ = now;
-  }
-
- private:
-  bool on_;
-  std::chrono::steady_clock::time_point last_;
-};
-
 struct RowRange {
   int begin = 0;
   int count = 0;
@@ -355,6 +339,38 @@ kc::RopeParams rope_params_for(const ModelConfig& c) {
   return rp;
 }
 
+/// Adds the time since the last mark to a profile bucket (no-op when off).
+class ShardRunner::OpTimer {
+ public:
+  explicit OpTimer(bool on) : on_(on), last_(on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  void add_to(double& bucket) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    bucket += std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+const char* step_overlap_name(StepOverlap overlap) {
+  switch (overlap) {
+    case StepOverlap::none: return "none";
+    case StepOverlap::kv_prefetch: return "kv-prefetch";
+    case StepOverlap::nano_batch: return "nano-batch";
+  }
+  return "none";
+}
+
+Result<StepOverlap> parse_step_overlap(const std::string& name) {
+  for (StepOverlap o : {StepOverlap::none, StepOverlap::kv_prefetch, StepOverlap::nano_batch})
+    if (name == step_overlap_name(o)) return o;
+  return make_error(ErrorCode::invalid_argument,
+                    "step overlap must be none, kv-prefetch or nano-batch, got '" + name + "'");
+}
+
 Status ShardRunner::validate(const model::StepInput& in) const {
   return validate_step(in, config().vocab_size, options_.num_kv_blocks, options_.block_size);
 }
@@ -375,14 +391,116 @@ Status ShardRunner::run_stage(const model::StepInput& in) {
   return st;
 }
 
+kc::LinePrefetchQueue* ShardRunner::plan_kv_prefetch(std::span<const kc::AttentionSeq> seqs, int layer) {
+  if (options_.overlap == StepOverlap::none) return nullptr;
+  prefetch_.assign(kc::kv_line_runs(seqs, kv_layer(layer - layer_begin_), omp_get_max_threads(),
+                                    options_.overlap_prefetch_bytes));
+  return prefetch_.size() > 0 ? &prefetch_ : nullptr;
+}
+
+void ShardRunner::qkv_rows(int l, int r0, int rows, int real, const std::int32_t* positions,
+                           kc::LinePrefetchQueue* side, OpTimer& timer) {
+  const ModelConfig& c = config();
+  const LayerWeights& lw = weights_->layers[static_cast<std::size_t>(l)];
+  const PackedLayer& pl = layers_[static_cast<std::size_t>(l - layer_begin_)];
+  const int hidden = c.hidden_size, hd = c.head_dim;
+  const int qkv_w = (hq_t_ + 2 * kv_t_) * hd;
+  const std::size_t h0 = static_cast<std::size_t>(r0) * hidden;
+  float* normed = normed_.data() + h0;                                  // [rows, hidden]
+  float* q = qkv_.data() + static_cast<std::size_t>(r0) * qkv_w;        // [rows, hq_t * hd] (row stride qkv_w)
+  float* k = q + hq_t_ * hd;                                            // [rows, kv_t * hd]
+  kc::rms_norm(residual_.data() + h0, hidden, lw.input_norm.data, normed, hidden, rows, hidden, c.rms_norm_eps);
+  timer.add_to(profile_.other_ms);
+  kc::linear(normed, rows, hidden, pl.qkv, pl.qkv_bias.empty() ? nullptr : pl.qkv_bias.data(), q, qkv_w, side);
+  timer.add_to(profile_.gemm_ms);
+  if (c.qk_norm) {  // Qwen3: RMSNorm over each head's vector, before RoPE
+    for (int t = 0; t < real; ++t) {
+      float* qt = q + static_cast<std::size_t>(t) * qkv_w;
+      float* kt = k + static_cast<std::size_t>(t) * qkv_w;
+      kc::rms_norm(qt, hd, lw.q_norm.data, qt, hd, hq_t_, hd, c.rms_norm_eps);
+      kc::rms_norm(kt, hd, lw.k_norm.data, kt, hd, kv_t_, hd, c.rms_norm_eps);
+    }
+  }
+  kc::rope(q, real, qkv_w, hq_t_, hd, positions, inv_freq_.data());
+  kc::rope(k, real, qkv_w, kv_t_, hd, positions, inv_freq_.data());
+  timer.add_to(profile_.other_ms);
+}
+
+Status ShardRunner::post_attention_rows(int l, const float* o_in, int r0, int rows, OpTimer& timer) {
+  const ModelConfig& c = config();
+  const LayerWeights& lw = weights_->layers[static_cast<std::size_t>(l)];
+  const PackedLayer& pl = layers_[static_cast<std::size_t>(l - layer_begin_)];
+  const int hidden = c.hidden_size;
+  const std::size_t h0 = static_cast<std::size_t>(r0) * hidden;
+  const std::size_t elems = static_cast<std::size_t>(rows) * hidden;
+  float* residual = residual_.data() + h0;                                      // [rows, hidden]
+  float* normed = normed_.data() + h0;                                          // [rows, hidden]
+  float* proj = proj_.data() + h0;                                              // [rows, hidden]
+  float* gate_up = gate_up_.data() + static_cast<std::size_t>(r0) * 2 * inter_t_;  // [rows, 2 * inter_t]
+  float* act = act_.data() + static_cast<std::size_t>(r0) * inter_t_;             // [rows, inter_t]
+  StepProfile& p = profile_;
+  kc::linear(o_in, rows, hq_t_ * c.head_dim, pl.o_proj, nullptr, proj, hidden);
+  timer.add_to(p.gemm_ms);
+  if (Status st = all_reduce_tp(proj, elems); !st) return st;
+  timer.add_to(p.comm_ms);
+  kc::add_rms_norm(residual, proj, lw.post_attention_norm.data, normed, rows, hidden, c.rms_norm_eps);
+  timer.add_to(p.other_ms);
+  if (ffn_) {  // SiDP: the layer's owner, the WaS cache or CaS computes it
+    if (Status st = ffn_->forward(l, normed, rows, proj); !st) return st;
+    timer.add_to(p.gemm_ms);
+  } else {
+    kc::linear(normed, rows, hidden, pl.gate_up, nullptr, gate_up, 2 * inter_t_);
+    timer.add_to(p.gemm_ms);
+    kc::silu_and_mul(gate_up, act, rows, inter_t_);
+    timer.add_to(p.other_ms);
+    kc::linear(act, rows, inter_t_, pl.down, nullptr, proj, hidden);
+    timer.add_to(p.gemm_ms);
+  }
+  if (Status st = all_reduce_tp(proj, elems); !st) return st;
+  timer.add_to(p.comm_ms);
+  kc::add_inplace(residual, proj, static_cast<long>(elems));
+  timer.add_to(p.other_ms);
+  return Status::ok_status();
+}
+
+namespace {
+
+/// The attention view of a step's sequences (rows in step order).
+std::vector<kc::AttentionSeq> attention_seqs(const model::StepInput& in) {
+  std::vector<kc::AttentionSeq> seqs;
+  seqs.reserve(in.seqs.size());
+  int row = 0;
+  for (const model::StepSeq& s : in.seqs) {
+    seqs.push_back(kc::AttentionSeq{row, s.num_new_tokens, s.num_computed_tokens + s.num_new_tokens,
+                                    s.block_table.data()});
+    row += s.num_new_tokens;
+  }
+  return seqs;
+}
+
+/// The first sequence of nano-batch B: the first boundary at or past half
+/// the rows, so that both halves are non-empty. 0 when there is no such
+/// split (fewer than two sequences).
+std::size_t nano_batch_split(const std::vector<kc::AttentionSeq>& seqs, int num_tokens) {
+  if (seqs.size() < 2) return 0;
+  for (std::size_t s = 1; s < seqs.size(); ++s)
+    if (2 * seqs[s].q_start >= num_tokens) return s;
+  return seqs.size() - 1;
+}
+
+}  // namespace
+
 Status ShardRunner::run_layers(const model::StepInput& in) {
   profile_ = StepProfile{};
   const int n = in.num_tokens();
   if (n == 0) return Status::ok_status();
+  const std::vector<kc::AttentionSeq> attn_seqs = attention_seqs(in);
+  if (options_.overlap == StepOverlap::nano_batch && spec_.tp == 1 && spec_.sp == 1 && !ffn_) {
+    if (const std::size_t split = nano_batch_split(attn_seqs, n); split > 0) return run_layers_nano_batch(in, attn_seqs, split);
+  }
   const ModelConfig& c = config();
   const int hidden = c.hidden_size;
   const int hd = c.head_dim;
-  const float eps = c.rms_norm_eps;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int sp = spec_.sp;
   const int ch = chunk_rows(n);                         // rows of this rank's chunk
@@ -394,22 +512,9 @@ Status ShardRunner::run_layers(const model::StepInput& in) {
   OpTimer timer(profiling_);
   StepProfile& p = profile_;
 
-  std::vector<kc::AttentionSeq> attn_seqs;
-  attn_seqs.reserve(in.seqs.size());
-  int row = 0;
-  for (const model::StepSeq& s : in.seqs) {
-    attn_seqs.push_back(kc::AttentionSeq{row, s.num_new_tokens, s.num_computed_tokens + s.num_new_tokens,
-                                         s.block_table.data()});
-    row += s.num_new_tokens;
-  }
-
   float* residual = residual_.data();  // [ch, hidden]
-  float* normed = normed_.data();      // [ch, hidden]
   float* qkv = qkv_.data();            // [ch, qkv_w]
   float* attn = attn_.data();          // [sp * ch, hq_attn * hd]
-  float* proj = proj_.data();          // [ch, hidden]
-  float* gate_up = gate_up_.data();    // [ch, 2 * inter_t]
-  float* act = act_.data();            // [ch, inter_t]
   const std::size_t chunk_elems = static_cast<std::size_t>(ch) * hidden;
 
   if (spec_.first_stage()) {
@@ -419,27 +524,9 @@ Status ShardRunner::run_layers(const model::StepInput& in) {
   }
 
   for (int l = layer_begin_; l < layer_end_; ++l) {
-    const LayerWeights& lw = weights_->layers[static_cast<std::size_t>(l)];
-    const PackedLayer& pl = layers_[static_cast<std::size_t>(l - layer_begin_)];
     const kc::KvCacheLayer cache = kv_layer(l - layer_begin_);
-
-    kc::rms_norm(residual, hidden, lw.input_norm.data, normed, hidden, ch, hidden, eps);
-    timer.add_to(p.other_ms);
-    kc::linear(normed, ch, hidden, pl.qkv, pl.qkv_bias.empty() ? nullptr : pl.qkv_bias.data(), qkv, qkv_w);
-    timer.add_to(p.gemm_ms);
-    float* q = qkv;                 // [ch, hq_t * hd] (row stride qkv_w)
-    float* k = qkv + hq_t_ * hd;    // [ch, kv_t * hd]
-    if (c.qk_norm) {  // Qwen3: RMSNorm over each head's vector, before RoPE
-      for (int t = 0; t < real; ++t) {
-        float* qt = q + static_cast<std::size_t>(t) * qkv_w;
-        float* kt = k + static_cast<std::size_t>(t) * qkv_w;
-        kc::rms_norm(qt, hd, lw.q_norm.data, qt, hd, hq_t_, hd, eps);
-        kc::rms_norm(kt, hd, lw.k_norm.data, kt, hd, kv_t_, hd, eps);
-      }
-    }
-    kc::rope(q, real, qkv_w, hq_t_, hd, in.positions.data() + row0, inv_freq_.data());
-    kc::rope(k, real, qkv_w, kv_t_, hd, in.positions.data() + row0, inv_freq_.data());
-    timer.add_to(p.other_ms);
+    // StepOverlap::kv_prefetch: layer l's QKV GEMM prefetches its attention's KV.
+    qkv_rows(l, 0, ch, real, in.positions.data() + row0, plan_kv_prefetch(attn_seqs, l), timer);
 
     // Attention input: this rank's heads for all tokens.
     const float* attn_in = qkv;
@@ -485,27 +572,59 @@ Status ShardRunner::run_layers(const model::StepInput& in) {
       timer.add_to(p.other_ms);
       o_in = attn_t_.data();
     }
-    kc::linear(o_in, ch, hq_t_ * hd, pl.o_proj, nullptr, proj, hidden);
-    timer.add_to(p.gemm_ms);
-    if (Status st = all_reduce_tp(proj, chunk_elems); !st) return st;
-    timer.add_to(p.comm_ms);
-    kc::add_rms_norm(residual, proj, lw.post_attention_norm.data, normed, ch, hidden, eps);
-    timer.add_to(p.other_ms);
-    if (ffn_) {  // SiDP: the layer's owner, the WaS cache or CaS computes it
-      if (Status st = ffn_->forward(l, normed, ch, proj); !st) return st;
-      timer.add_to(p.gemm_ms);
-    } else {
-      kc::linear(normed, ch, hidden, pl.gate_up, nullptr, gate_up, 2 * inter_t_);
-      timer.add_to(p.gemm_ms);
-      kc::silu_and_mul(gate_up, act, ch, inter_t_);
-      timer.add_to(p.other_ms);
-      kc::linear(act, ch, inter_t_, pl.down, nullptr, proj, hidden);
-      timer.add_to(p.gemm_ms);
+    if (Status st = post_attention_rows(l, o_in, 0, ch, timer); !st) return st;
+  }
+  return Status::ok_status();
+}
+
+Status ShardRunner::run_layers_nano_batch(const model::StepInput& in, std::span<const kc::AttentionSeq> all_seqs,
+                                          std::size_t split) {
+  const int n = in.num_tokens();
+  const ModelConfig& c = config();
+  const int hidden = c.hidden_size;
+  const int hd = c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int qkv_w = (hq_t_ + 2 * kv_t_) * hd;
+  ensure_scratch(n);
+  OpTimer timer(profiling_);
+  StepProfile& p = profile_;
+  // Nano-batches A = sequences [0, split), B = [split, end): rows [r0, r0 + rows).
+  const std::span<const kc::AttentionSeq> seqs[2] = {all_seqs.first(split), all_seqs.subspan(split)};
+  const int r0[2] = {0, all_seqs[split].q_start};
+  const int rows[2] = {r0[1], n - r0[1]};
+
+  if (spec_.first_stage())
+    kc::embedding(in.token_ids.data(), n, weights_->embed_tokens.data, weights_->embed_tokens.dtype, hidden,
+                  residual_.data());
+  // Half h's layer-l front: QKV (carrying `side`), then its KV written.
+  auto front = [&](int h, int l, kc::LinePrefetchQueue* side) {
+    qkv_rows(l, r0[h], rows[h], rows[h], in.positions.data() + r0[h], side, timer);
+    const float* q = qkv_.data() + static_cast<std::size_t>(r0[h]) * qkv_w;
+    const float* k = q + hq_t_ * hd;
+    kc::write_kv(k, k + kv_t_ * hd, qkv_w, rows[h], in.slot_mapping.data() + r0[h], kv_layer(l - layer_begin_));
+    timer.add_to(p.attention_ms);
+  };
+  auto attend = [&](int h, int l) {
+    kc::paged_attention(qkv_.data(), qkv_w, seqs[h], kv_layer(l - layer_begin_), hq_attn_, scale, attn_.data(),
+                        hq_attn_ * hd);
+    timer.add_to(p.attention_ms);
+  };
+  front(0, layer_begin_, nullptr);
+  front(1, layer_begin_, plan_kv_prefetch(seqs[0], layer_begin_));
+  if (layer_kv_hook_) layer_kv_hook_(layer_begin_);
+  for (int l = layer_begin_; l < layer_end_; ++l) {
+    const bool last = l + 1 == layer_end_;
+    attend(0, l);
+    const float* o_in = attn_.data() + static_cast<std::size_t>(r0[0]) * hq_attn_ * hd;
+    if (Status st = post_attention_rows(l, o_in, r0[0], rows[0], timer); !st) return st;
+    if (!last) front(0, l + 1, plan_kv_prefetch(seqs[1], l));
+    attend(1, l);
+    o_in = attn_.data() + static_cast<std::size_t>(r0[1]) * hq_attn_ * hd;
+    if (Status st = post_attention_rows(l, o_in, r0[1], rows[1], timer); !st) return st;
+    if (!last) {
+      front(1, l + 1, plan_kv_prefetch(seqs[0], l + 1));
+      if (layer_kv_hook_) layer_kv_hook_(l + 1);
     }
-    if (Status st = all_reduce_tp(proj, chunk_elems); !st) return st;
-    timer.add_to(p.comm_ms);
-    kc::add_inplace(residual, proj, static_cast<long>(chunk_elems));
-    timer.add_to(p.other_ms);
   }
   return Status::ok_status();
 }

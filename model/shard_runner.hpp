@@ -36,6 +36,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -69,11 +71,53 @@ struct StepProfile {
   }
 };
 
+/// How a step's phases overlap (issue 17, item 3). Each keeps every result
+/// bit for bit (the same kernels on the same rows; only the order of work
+/// across rows and the cache state differ). docs/performance.md, "Overlap",
+/// has what each measures on this machine.
+enum class StepOverlap {
+  /// Phases one after another: per layer QKV, attention, o_proj, FFN.
+  none,
+  /// Software prefetch of the next phase's bytes during the current GEMM:
+  /// layer l's QKV GEMM, the one right before its attention, carries a
+  /// LinePrefetchQueue of that attention's KV blocks (longest contexts
+  /// first, up to overlap_prefetch_bytes; kernels/cpu/prefetch.hpp), so
+  /// they move while the FMA units work and no other layer's weights pass
+  /// through the cache before the attention reads them. (Spreading the
+  /// queue over o_proj and the FFN of layer l - 1 as well measured worse:
+  /// their 13 MB of BF16 weights evicted it; docs/performance.md.)
+  kv_prefetch,
+  /// NanoFlow-style nano-batches (Zhu et al., NanoFlow, arXiv:2408.12757:
+  /// nano-batching to overlap compute- and memory-bound ops): the step's
+  /// sequences split into two halves A and B (at the first sequence past
+  /// half the rows), offset by half a layer, so that the bandwidth-bound
+  /// attention of one half follows a QKV GEMM of the other that prefetched
+  /// its KV:
+  ///   QKV_A(0); QKV_B(0) [+KV of Attn_A(0)]; then per layer l:
+  ///   Attn_A(l); o/FFN_A(l); QKV_A(l+1) [+KV of Attn_B(l)];
+  ///   Attn_B(l); o/FFN_B(l); QKV_B(l+1) [+KV of Attn_A(l+1)].
+  /// Both cores run both kinds of work (with two cores, giving one to the
+  /// attention takes it from the GEMMs: docs/performance.md). Only on a
+  /// rank with tp = sp = 1 and no FfnExecutor, for steps of two sequences
+  /// or more; other steps run as kv_prefetch.
+  nano_batch,
+};
+
+/// "none", "kv-prefetch" or "nano-batch".
+[[nodiscard]] const char* step_overlap_name(StepOverlap overlap);
+/// Parses step_overlap_name()'s names. Errors: invalid_argument naming them.
+[[nodiscard]] Result<StepOverlap> parse_step_overlap(const std::string& name);
+
 struct CpuRunnerOptions {
   int num_kv_blocks = 0;  ///< blocks in the paged KV cache (> 0)
   int block_size = 16;    ///< tokens per KV block
   int num_threads = 0;    ///< OpenMP threads for kernels; 0 = leave as is
   DType kv_cache_dtype = DType::f32;  ///< f32 (exact) or bf16 (half the KV bytes)
+  StepOverlap overlap = StepOverlap::none;  ///< how the step's phases overlap
+  /// KV bytes one attention's queue prefetches at most (StepOverlap): 12
+  /// MiB, what this machine's L3 keeps for a core pair (a read of a
+  /// buffer runs at L3 speed up to 16 MiB, docs/performance.md). 0: all.
+  std::size_t overlap_prefetch_bytes = std::size_t{12} << 20;
 };
 
 /// Which part of the model one rank holds.
@@ -220,7 +264,27 @@ class ShardRunner {
 
   ShardRunner(std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
               const CpuRunnerOptions& options, ShardComms comms, std::shared_ptr<FfnExecutor> ffn);
+  class OpTimer;
   [[nodiscard]] Status run_layers(const model::StepInput& input);
+  /// StepOverlap::nano_batch (its schedule is there): `seqs` are the step's
+  /// attention sequences, `split` the first of half B.
+  [[nodiscard]] Status run_layers_nano_batch(const model::StepInput& input,
+                                             std::span<const kernels::cpu::AttentionSeq> seqs, std::size_t split);
+  /// Rows [r0, r0 + rows) of the chunk (`real` of them tokens, at
+  /// `positions`): input norm, QKV, Qwen3's q/k norms and RoPE, from
+  /// residual_ into qkv_. `side` rides along the QKV GEMM.
+  void qkv_rows(int layer, int r0, int rows, int real, const std::int32_t* positions,
+                kernels::cpu::LinePrefetchQueue* side, OpTimer& timer);
+  /// Rows [r0, r0 + rows) after attention (`o_in`: their attention output,
+  /// hq_t * hd wide): o_proj (+ TP all-reduce), residual add and norm, the
+  /// FFN (+ all-reduce), residual add. Errors: io from a collective or the
+  /// FfnExecutor.
+  [[nodiscard]] Status post_attention_rows(int layer, const float* o_in, int r0, int rows, OpTimer& timer);
+  /// With a StepOverlap: assigns prefetch_ the KV runs of `seqs`'
+  /// attention in model layer `layer` of this stage (up to
+  /// overlap_prefetch_bytes) and returns it for the QKV GEMM before that
+  /// attention to carry. Null when overlap is none or there is nothing.
+  kernels::cpu::LinePrefetchQueue* plan_kv_prefetch(std::span<const kernels::cpu::AttentionSeq> seqs, int layer);
   /// Slices and packs layers_ and lm_head_ from weights_ (this rank's shard).
   void pack_weights();
   /// Allocates (and faults in) `bytes` of KV memory as kv_cache_.
@@ -276,6 +340,7 @@ class ShardRunner {
   std::vector<float> act_;        // [c, inter_t]
   std::vector<float> gathered_;   // [n, hidden] (SP: the whole residual for logits)
   std::function<void(int)> layer_kv_hook_;  ///< set_layer_kv_hook
+  kernels::cpu::LinePrefetchQueue prefetch_;  ///< StepOverlap's queue for the next QKV GEMM
 };
 
 }  // namespace shardline::model

@@ -83,5 +83,28 @@ TEST(EngineFlags, DeviceMemoryReachesTheEngineOptions) {
   EXPECT_NE(o.error().message.find("--device-memory"), std::string::npos) << o.error().message;
 }
 
+TEST(EngineFlags, StepOverlapAndItsPrefetchBudgetReachTheEngineOptions) {
+  auto o = options_of({});
+  ASSERT_TRUE(o.ok()) << o.error().to_string();
+  EXPECT_EQ(o->step_overlap, model::StepOverlap::none);
+  EXPECT_EQ(o->overlap_prefetch_bytes, std::size_t{12} << 20);
+  o = options_of({"--step-overlap", "nano-batch", "--overlap-prefetch-mib", "0.5"});
+  ASSERT_TRUE(o.ok()) << o.error().to_string();
+  EXPECT_EQ(o->step_overlap, model::StepOverlap::nano_batch);
+  EXPECT_EQ(o->overlap_prefetch_bytes, std::size_t{512} << 10);
+  o = options_of({"--step-overlap", "kv-prefetch", "--overlap-prefetch-mib", "0"});
+  ASSERT_TRUE(o.ok()) << o.error().to_string();
+  EXPECT_EQ(o->step_overlap, model::StepOverlap::kv_prefetch);
+  EXPECT_EQ(o->overlap_prefetch_bytes, 0u);
+  o = options_of({"--step-overlap", "nanoflow"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_EQ(o.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(o.error().message.find("--step-overlap"), std::string::npos) << o.error().message;
+  EXPECT_NE(o.error().message.find("'nanoflow'"), std::string::npos) << o.error().message;
+  o = options_of({"--overlap-prefetch-mib", "-2"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.error().message.find("--overlap-prefetch-mib"), std::string::npos) << o.error().message;
+}
+
 }  // namespace
 }  // namespace shardline::cli

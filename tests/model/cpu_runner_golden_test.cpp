@@ -93,14 +93,17 @@ int argmax(const std::vector<float>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-std::unique_ptr<CpuModelRunner> make_runner(DType dtype, int num_blocks = 256) {
+std::unique_ptr<CpuModelRunner> make_runner(DType dtype, int num_blocks = 256,
+                                            CpuRunnerOptions options = CpuRunnerOptions{}) {
   LoadOptions opts;
   opts.dtype = dtype;
   auto w = load_model(kStoriesDir, opts);
   EXPECT_TRUE(w.ok()) << (w.ok() ? "" : w.error().to_string());
   if (!w.ok()) return nullptr;
   auto shared = std::make_shared<const ModelWeights>(std::move(w).value());
-  auto r = CpuModelRunner::create(shared, CpuRunnerOptions{num_blocks, kBlockSize, 0});
+  options.num_kv_blocks = num_blocks;
+  options.block_size = kBlockSize;
+  auto r = CpuModelRunner::create(shared, options);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
   return r.ok() ? std::move(r).value() : nullptr;
 }
@@ -227,6 +230,78 @@ TEST(CpuRunnerGolden, LogitsBitIdenticalAloneVsBatchedAndChunked) {
       ASSERT_EQ(0, std::memcmp(alone[ci][s].data(), batched[ci][s].data(), alone[ci][s].size() * sizeof(float)))
           << "case " << ci << " step " << s << " differs between alone and batched";
   }
+}
+
+// Every StepOverlap gives the same logits bit for bit (issue 17, item 3):
+// prefill chunks of uneven length next to decode rows, so the nano-batch
+// split falls between sequences of different sizes and moves from step to
+// step; F32 and BF16 weights and KV; prefetch budgets from unbounded down to
+// less than one sequence's KV (the queue stops mid-sequence).
+TEST(CpuRunnerGolden, LogitsBitIdenticalUnderEveryStepOverlap) {
+  const auto cases = load_reference();
+  ASSERT_GE(cases.size(), 3u);
+  auto run = [&](DType dtype, StepOverlap overlap, std::size_t prefetch_bytes) {
+    CpuRunnerOptions o;
+    o.kv_cache_dtype = dtype;
+    o.overlap = overlap;
+    o.overlap_prefetch_bytes = prefetch_bytes;
+    auto runner = make_runner(dtype, 256, o);
+    std::vector<std::vector<float>> logits;
+    if (!runner) return logits;
+    Driver d(*runner);
+    std::vector<int> seqs;
+    for (std::size_t ci = 0; ci < cases.size(); ++ci) seqs.push_back(d.add_seq(static_cast<int>(ci) * 40, 40));
+    // Step 1: case 0's whole prompt alone; step 2: case 0 decodes while the
+    // others prefill in chunks of 3 and 5 tokens; then all decode.
+    for (auto& r : d.step({{seqs[0], cases[0].prompt_ids, true}})) logits.push_back(std::move(r));
+    std::vector<std::size_t> fed(cases.size(), 0);
+    fed[0] = cases[0].prompt_ids.size();
+    std::vector<std::size_t> gen(cases.size(), 0);
+    for (int step = 0; step < 14; ++step) {
+      std::vector<Driver::Chunk> chunks;
+      for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+        const auto& prompt = cases[ci].prompt_ids;
+        if (fed[ci] < prompt.size()) {
+          const std::size_t take = std::min<std::size_t>(ci % 2 == 1 ? 3 : 5, prompt.size() - fed[ci]);
+          chunks.push_back({seqs[ci], {prompt.begin() + static_cast<long>(fed[ci]),
+                                       prompt.begin() + static_cast<long>(fed[ci] + take)},
+                            fed[ci] + take == prompt.size()});
+          fed[ci] += take;
+        } else if (gen[ci] < cases[ci].generated_ids.size()) {
+          chunks.push_back({seqs[ci], {cases[ci].generated_ids[gen[ci]++]}, true});
+        }
+      }
+      for (auto& r : d.step(chunks)) logits.push_back(std::move(r));
+    }
+    return logits;
+  };
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const auto serial = run(dtype, StepOverlap::none, 0);
+    ASSERT_GT(serial.size(), 30u);
+    for (const StepOverlap overlap : {StepOverlap::kv_prefetch, StepOverlap::nano_batch}) {
+      for (const std::size_t budget : {std::size_t{0}, std::size_t{3000}}) {
+        SCOPED_TRACE(testing::Message() << step_overlap_name(overlap) << ", prefetch budget " << budget);
+        const auto overlapped = run(dtype, overlap, budget);
+        ASSERT_EQ(overlapped.size(), serial.size());
+        for (std::size_t i = 0; i < serial.size(); ++i)
+          ASSERT_EQ(0, std::memcmp(serial[i].data(), overlapped[i].data(), serial[i].size() * sizeof(float)))
+              << "logits row " << i << " differs from the serial step's";
+      }
+    }
+  }
+}
+
+TEST(StepOverlap, NamesParseAndABadOneIsRefusedNamingTheChoices) {
+  for (const StepOverlap o : {StepOverlap::none, StepOverlap::kv_prefetch, StepOverlap::nano_batch}) {
+    auto parsed = parse_step_overlap(step_overlap_name(o));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, o);
+  }
+  auto bad = parse_step_overlap("nanoflow");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().to_string().find("none, kv-prefetch or nano-batch"), std::string::npos);
+  EXPECT_NE(bad.error().to_string().find("'nanoflow'"), std::string::npos);
 }
 
 // A malformed step is refused with a clear error, and the runner keeps working.
