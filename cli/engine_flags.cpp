@@ -78,8 +78,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "KV cache storage: f32 (exact) or bf16 (half the bytes; attention math stays F32)")
       ->capture_default_str();
   cmd.add_option("--step-overlap", f.step_overlap,
-                 "CPU: how a step's phases overlap: none, kv-prefetch (the GEMMs before each attention prefetch "
-                 "its KV) or nano-batch (two half-batches offset by half a layer, NanoFlow-style); the same "
+                 "CPU: how a step's phases overlap: none, kv-prefetch (each layer's QKV GEMM prefetches the KV "
+                 "its attention reads next) or nano-batch (two half-batches offset by half a layer, NanoFlow-style); the same "
                  "results either way (docs/performance.md)")
       ->capture_default_str();
   cmd.add_option("--overlap-prefetch-mib", f.overlap_prefetch_mib,
