@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Installs every Debian package Shardline needs to build and test. Idempotent:
-# packages already present are skipped by apt. Runs `apt-get update` itself.
+# Installs every Debian package Shardline needs to build and test, then the
+# Python test bed (deploy/python-env.sh: a pinned venv with transformers +
+# torch for CPU, tokenizers, gguf, jinja2, openai, jsonschema, promql-parser)
+# and the real model of the main job (deploy/fetch-models.sh). Idempotent:
+# packages already present are skipped by apt, an up-to-date venv and a
+# checked model file are kept. Runs `apt-get update` itself.
 # Usage: bash deploy/install-deps.sh      (as root, or with sudo available)
 set -euo pipefail
 
@@ -20,14 +24,9 @@ packages=(
   libutf8proc-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev
-  python3 python3-jinja2
-  curl
+  python3 python3-venv
+  curl unzip
 )
-# The openai-SDK test runs the official client under Node.js with npm. A
-# machine that has them from elsewhere (e.g. NodeSource's nodejs, which
-# bundles npm) keeps them; otherwise Debian's packages.
-command -v node >/dev/null 2>&1 || packages+=(nodejs)
-command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -38,12 +37,13 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages already installed"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+bash "$(dirname "$0")/python-env.sh" >/dev/null
+bash "$(dirname "$0")/fetch-models.sh"
 echo "install-deps: done"

@@ -1,10 +1,10 @@
-// The official `openai` SDK (from npm) against a node's Batch API
-// (tests/api/openai_batch.mjs): files.create, batches.create, polling
-// batches.retrieve with request_counts that never go back, files.content.
-// The output equals `shardline run` on the same file byte for byte after
-// the job-id fields; bad lines land in the error file; batches.cancel
-// mid-batch ends `cancelled` with the finished lines. Skips only when node
-// or npm is not installed.
+// The official `openai` Python SDK (PyPI, pinned in tests/requirements.txt)
+// against a node's Batch API (tests/api/openai_batch.py): files.create,
+// batches.create, polling batches.retrieve with request_counts that never go
+// back, files.content, batches.list. The output equals `shardline run` on the
+// same file byte for byte after the job-id fields; bad lines land in the
+// error file; batches.cancel mid-batch ends `cancelled` with the finished
+// lines. A missing SDK fails the test (deploy/python-env.sh installs it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <fstream>
 
 #include "tests/api/api_harness.hpp"
-#include "tests/support/npm.hpp"
+#include "tests/support/python.hpp"
 
 namespace shardline::api {
 namespace {
@@ -26,27 +26,19 @@ using testing_support::run_command;
 
 using OpenAiSdkE2e = testing_support::TempDirTest;
 
-/// The official SDK, installed once per build folder ("" when node or npm is
-/// missing).
-std::string sdk_dir(std::string* why) {
-  return testing_support::npm_install("npm-openai", "openai@7", "openai/package.json", why);
-}
+const std::string kSdkScript = std::string(SHARDLINE_SOURCE_DIR) + "/tests/api/openai_batch.py";
 
 TEST_F(OpenAiSdkE2e, TheSdksBatchEqualsRunAndBadLinesGoToTheErrorFile) {
-  std::string why;
-  const std::string sdk = sdk_dir(&why);
-  if (why.find("not installed") != std::string::npos) GTEST_SKIP() << why;
-  ASSERT_FALSE(sdk.empty()) << why;
-  // The script imports 'openai' from next to itself.
-  std::filesystem::copy_file(std::string(SHARDLINE_SOURCE_DIR) + "/tests/api/openai_batch.mjs", sdk + "/openai_batch.mjs",
-                             std::filesystem::copy_options::overwrite_existing);
+  const std::string problem = testing_support::python_env_problem("openai");
+  ASSERT_TRUE(problem.empty()) << problem;
 
   const std::string input = testing::demo_prompts(40);
   std::ofstream(path("prompts.jsonl")) << input;
   ApiNode node(dir_.string());
   ASSERT_GT(node.port(), 0) << node.log();
   auto sdk_run = [&](const std::string& in, const std::string& tag) {
-    return run_command("timeout 300 node " + sdk + "/openai_batch.mjs " + node.url() + "/v1 " + testing::kApiKey +
+    return run_command("timeout 300 " + testing_support::kPython + " " + kSdkScript + " " + node.url() + "/v1 " +
+                       testing::kApiKey +
                        " " + in + " /v1/completions " + path(tag + ".out.jsonl") + " " + path(tag + ".err.jsonl"));
   };
   const auto r = sdk_run(path("prompts.jsonl"), "demo");
@@ -84,7 +76,7 @@ TEST_F(OpenAiSdkE2e, TheSdksBatchEqualsRunAndBadLinesGoToTheErrorFile) {
   std::filesystem::create_directories(path("slow"));
   ApiNode slow(path("slow"), {"--max-batch", "4"});
   std::ofstream(path("long.jsonl")) << testing::demo_prompts(120);
-  const auto c = run_command("timeout 300 node " + sdk + "/openai_batch.mjs " + slow.url() + "/v1 " +
+  const auto c = run_command("timeout 300 " + testing_support::kPython + " " + kSdkScript + " " + slow.url() + "/v1 " +
                              testing::kApiKey + " " + path("long.jsonl") + " /v1/completions " +
                              path("long.out.jsonl") + " " + path("long.err.jsonl") + " 3");
   ASSERT_EQ(c.exit_code, 0) << c.out << slow.log();

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "tests/support/python.hpp"
+
 namespace shardline::model::jinja {
 namespace {
 
@@ -130,8 +132,8 @@ ojson context_of(const ojson& messages, bool add_generation_prompt, int variant)
 }
 
 TEST(Jinja, EveryTemplateMatchesPythonJinja2OnTheCorpus) {
-  if (std::system("python3 -c 'import jinja2' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "python3-jinja2 is not installed (deploy/install-deps.sh installs it)";
+  const std::string problem = testing_support::python_env_problem("jinja2");
+  ASSERT_TRUE(problem.empty()) << problem;
   auto templates = shipped_templates();
   ASSERT_GE(templates.size(), 2u) << "qwen3 and llama3_1 ship chat templates";
   templates.insert(templates.end(), kWritten.begin(), kWritten.end());
@@ -155,7 +157,7 @@ TEST(Jinja, EveryTemplateMatchesPythonJinja2OnTheCorpus) {
   const auto dir = std::filesystem::temp_directory_path() / ("shardline_jinja_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "cases.json") << cases.dump();
-  const std::string cmd = "python3 " + (kSource / "tests/model/jinja_oracle.py").string() + " " +
+  const std::string cmd = testing_support::kPython + " " + (kSource / "tests/model/jinja_oracle.py").string() + " " +
                           (dir / "cases.json").string() + " " + (dir / "out.json").string();
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const ojson want = read_json(dir / "out.json");
