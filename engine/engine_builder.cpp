@@ -10,6 +10,7 @@
 #include "engine/kv_budget.hpp"
 #include "engine/sidp_memory.hpp"
 #include "model/id_tokenizer.hpp"
+#include "model/tokenizer.hpp"
 #include "model/cpu_runner.hpp"
 #if SHARDLINE_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
@@ -170,7 +171,7 @@ Result<EngineInstance> load_model_and_tokenizer(const EngineOptions& o) {
   namespace fs = std::filesystem;
   const fs::path dir(o.model_dir);
   e.tokenizer_dir = o.model_dir;
-  if (fs::exists(dir / "tokenizer.json") || fs::exists(dir / "tokenizer.model")) {
+  if (model::has_tokenizer(dir)) {
     auto tok = model::load_tokenizer(dir);
     if (!tok) return std::move(tok).error();
     e.tokenizer = std::move(tok).value();

@@ -330,12 +330,18 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load(const std::filesystem::
                                                          std::optional<bool> add_bos_token,
                                                          std::string_view bos_token,
                                                          std::string_view eos_token) {
-  const std::string name = file.string();
   std::ifstream in(file, std::ios::binary);
-  if (!in) return make_error(ErrorCode::io, name + ": cannot open");
+  if (!in) return make_error(ErrorCode::io, file.string() + ": cannot open");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  json doc = json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
+  return load_json(buffer.str(), file.string(), add_bos_token, bos_token, eos_token);
+}
+
+Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load_json(std::string_view json_text, const std::string& name,
+                                                              std::optional<bool> add_bos_token,
+                                                              std::string_view bos_token,
+                                                              std::string_view eos_token) {
+  json doc = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) {
     return make_error(ErrorCode::corrupt, name + ": not valid JSON");
   }
@@ -461,10 +467,13 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load(const std::filesystem::
         auto raw = byte_level_decode(token);
         if (raw) t->vocab_.emplace(std::move(*raw), id);
       }
+      // A byte without a token (SmolLM2's vocab has none for the bytes no
+      // UTF-8 text holds, 0xC0, 0xC1, 0xF5-0xFF, and a few control
+      // characters) stays -1: its character is unknown to the BPE model and
+      // dropped, or becomes unk, as tokenizers' BPE::merge_word does.
       for (int b = 0; b < 256; ++b) {
         const auto it = t->vocab_.find(std::string(1, static_cast<char>(b)));
-        if (it == t->vocab_.end()) return unsupported("a byte-level vocab without a token for a byte");
-        t->byte_ids_[b] = it->second;
+        if (it != t->vocab_.end()) t->byte_ids_[b] = it->second;
       }
     } else if (t->byte_fallback_) {
       for (int b = 0; b < 256; ++b) {
@@ -853,7 +862,11 @@ void BpeTokenizer::encode_text(std::string_view raw, bool first_segment, std::ve
 void BpeTokenizer::initial_symbols(std::string_view word, std::vector<std::int32_t>& ids) const {
   ids.clear();
   if (byte_level_) {
-    for (const char c : word) ids.push_back(byte_ids_[static_cast<unsigned char>(c)]);
+    for (const char c : word) {
+      const std::int32_t id = byte_ids_[static_cast<unsigned char>(c)];
+      if (id >= 0) ids.push_back(id);
+      else if (unk_id_ >= 0) ids.push_back(unk_id_);
+    }
     return;
   }
   // Characters (tokenizers' BPE::merge_word): a character in the vocab is
@@ -884,7 +897,7 @@ void BpeTokenizer::initial_symbols(std::string_view word, std::vector<std::int32
 
 void BpeTokenizer::encode_word(std::string_view word, std::vector<std::int32_t>& out) const {
   if (word.empty()) return;
-  if (byte_level_ && word.size() == 1) {
+  if (byte_level_ && word.size() == 1 && byte_ids_[static_cast<unsigned char>(word[0])] >= 0) {
     out.push_back(byte_ids_[static_cast<unsigned char>(word[0])]);
     return;
   }

@@ -56,6 +56,11 @@ class BpeTokenizer final : public Tokenizer {
   [[nodiscard]] static Result<std::unique_ptr<BpeTokenizer>> load(
       const std::filesystem::path& file, std::optional<bool> add_bos_token,
       std::string_view bos_token, std::string_view eos_token);
+  /// The same from the text of a tokenizer.json; `name` (a file, or
+  /// "FILE.gguf metadata") prefixes every error.
+  [[nodiscard]] static Result<std::unique_ptr<BpeTokenizer>> load_json(
+      std::string_view json_text, const std::string& name, std::optional<bool> add_bos_token,
+      std::string_view bos_token, std::string_view eos_token);
 
   ~BpeTokenizer() override = default;
   BpeTokenizer(const BpeTokenizer&) = delete;

@@ -1,5 +1,7 @@
 #include "model/chat_template.hpp"
 
+#include "model/gguf/gguf_model.hpp"
+
 #include <fstream>
 #include <sstream>
 
@@ -26,7 +28,7 @@ std::optional<std::string> token_text(const ojson& v) {
 
 /// `model_dir`'s tokenizer_config.json, parsed (an empty object when the
 /// folder has none).
-Result<ojson> read_config(const std::filesystem::path& model_dir) {
+Result<ojson> read_tokenizer_config(const std::filesystem::path& model_dir) {
   const auto config_file = model_dir / "tokenizer_config.json";
   std::error_code ec;
   if (!std::filesystem::is_regular_file(config_file, ec)) return ojson::object();
@@ -35,6 +37,24 @@ Result<ojson> read_config(const std::filesystem::path& model_dir) {
   ojson config = ojson::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded() || !config.is_object())
     return make_error(ErrorCode::corrupt, config_file.string() + ": not a valid JSON object");
+  return config;
+}
+
+/// What a template sees of the model's special tokens: a GGUF model's from
+/// its metadata (bos/eos/unk/pad ids' texts), else tokenizer_config.json.
+Result<ojson> read_config(const std::filesystem::path& model_dir) {
+  auto gguf_path = gguf::find_gguf(model_dir);
+  if (!gguf_path.ok()) return gguf_path.error();
+  if (!gguf_path->has_value()) return read_tokenizer_config(model_dir);
+  auto file = gguf::GgufFile::open(**gguf_path);
+  if (!file.ok()) return file.error();
+  auto specials = gguf::special_token_texts(*file);
+  if (!specials.ok()) return specials.error();
+  ojson config = ojson::object();
+  for (const auto& [name, text] : *specials) config[name] = text;
+  auto source = gguf::chat_template(*file);
+  if (!source.ok()) return source.error();
+  if (source->has_value()) config["chat_template"] = **source;
   return config;
 }
 
@@ -64,14 +84,17 @@ Result<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir,
   auto config_read = read_config(model_dir);
   if (!config_read.ok()) return config_read.error();
   const ojson& config = *config_read;
-  const auto config_file = model_dir / "tokenizer_config.json";
+  auto gguf_path = gguf::find_gguf(model_dir);
+  if (!gguf_path.ok()) return gguf_path.error();
+  const auto config_file = gguf_path->has_value() ? std::filesystem::path(gguf_path->value().string() + " metadata")
+                                                  : model_dir / "tokenizer_config.json";
   std::error_code ec;
   if (!override_file.empty()) {
     auto text = read_text(override_file);
     if (!text.ok()) return make_error(ErrorCode::io, "--chat-template: " + text.error().message);
     return from_config(config, std::move(text).value(), override_file.string());
   }
-  if (std::filesystem::is_regular_file(model_dir / "chat_template.jinja", ec)) {
+  if (!gguf_path->has_value() && std::filesystem::is_regular_file(model_dir / "chat_template.jinja", ec)) {
     auto text = read_text(model_dir / "chat_template.jinja");
     if (!text.ok()) return text.error();
     return from_config(config, std::move(text).value(), (model_dir / "chat_template.jinja").string());
@@ -79,7 +102,8 @@ Result<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir,
   if (!config.contains("chat_template"))
     return make_error(ErrorCode::not_found,
                       "chat_template_missing: " + model_dir.string() +
-                          " has no chat template (tokenizer_config.json chat_template or chat_template.jinja); "
+                          " has no chat template (tokenizer_config.json chat_template, chat_template.jinja or a "
+                          "GGUF's tokenizer.chat_template); "
                           "pass --chat-template FILE");
   const ojson& ct = config["chat_template"];
   std::string source;

@@ -1,5 +1,7 @@
 #include "model/config.hpp"
 
+#include "model/gguf/gguf_model.hpp"
+
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -136,24 +138,27 @@ constexpr int kDefaultMaxPositionEmbeddings = 2048;  // HF LlamaConfig default
   return j;
 }
 
-[[nodiscard]] Status parse_rope_scaling(const json& cfg, const std::string& file,
+/// The rope scaling of `cfg[key]`: `key` is "rope_scaling" (transformers < 5)
+/// or "rope_parameters" (transformers >= 5: the same object plus rope_theta,
+/// with rope_type "default" when unscaled). Errors name `key`.
+[[nodiscard]] Status parse_rope_scaling(const json& cfg, const std::string& key, const std::string& file,
                                         std::optional<RopeScaling>& out) {
   out.reset();
-  const auto it = cfg.find("rope_scaling");
+  const auto it = cfg.find(key);
   if (it == cfg.end() || it->is_null()) return {};
   if (!it->is_object()) {
-    return field_error(ErrorCode::invalid_argument, file, "rope_scaling",
+    return field_error(ErrorCode::invalid_argument, file, key,
                        "expected an object or null, found " + json_type(*it));
   }
   const json& rs = *it;
-  std::string type_field = "rope_scaling.rope_type";
+  std::string type_field = key + ".rope_type";
   auto t = rs.find("rope_type");
   if (t == rs.end() || t->is_null()) {
     t = rs.find("type");
-    type_field = "rope_scaling.type";
+    type_field = key + ".type";
   }
   if (t == rs.end() || t->is_null()) {
-    return field_error(ErrorCode::invalid_argument, file, "rope_scaling.rope_type", "missing");
+    return field_error(ErrorCode::invalid_argument, file, key + ".rope_type", "missing");
   }
   if (!t->is_string()) {
     return field_error(ErrorCode::invalid_argument, file, type_field,
@@ -168,30 +173,30 @@ constexpr int kDefaultMaxPositionEmbeddings = 2048;  // HF LlamaConfig default
   RopeScaling r;
   r.rope_type = type;
   if (rs.find("factor") == rs.end() || rs["factor"].is_null()) {
-    return field_error(ErrorCode::invalid_argument, file, "rope_scaling.factor", "missing");
+    return field_error(ErrorCode::invalid_argument, file, key + ".factor", "missing");
   }
   const std::string f = file;
   if (Status s = read_float(rs, "factor", f, true, r.factor); !s.ok()) {
-    return field_error(ErrorCode::invalid_argument, file, "rope_scaling.factor",
+    return field_error(ErrorCode::invalid_argument, file, key + ".factor",
                        "must be a positive number");
   }
   if (Status s = read_float(rs, "low_freq_factor", f, true, r.low_freq_factor); !s.ok()) {
-    return field_error(ErrorCode::invalid_argument, file, "rope_scaling.low_freq_factor",
+    return field_error(ErrorCode::invalid_argument, file, key + ".low_freq_factor",
                        "must be a positive number");
   }
   if (Status s = read_float(rs, "high_freq_factor", f, true, r.high_freq_factor); !s.ok()) {
-    return field_error(ErrorCode::invalid_argument, file, "rope_scaling.high_freq_factor",
+    return field_error(ErrorCode::invalid_argument, file, key + ".high_freq_factor",
                        "must be a positive number");
   }
   if (Status s = read_positive_int(rs, "original_max_position_embeddings", f, false,
                                    r.original_max_position_embeddings);
       !s.ok()) {
     return field_error(ErrorCode::invalid_argument, file,
-                       "rope_scaling.original_max_position_embeddings",
+                       key + ".original_max_position_embeddings",
                        "must be a positive integer");
   }
   if (!(r.high_freq_factor > r.low_freq_factor)) {
-    return field_error(ErrorCode::invalid_argument, file, "rope_scaling.high_freq_factor",
+    return field_error(ErrorCode::invalid_argument, file, key + ".high_freq_factor",
                        "must be greater than low_freq_factor");
   }
   out = r;
@@ -331,8 +336,28 @@ Result<ModelConfig> parse_model_config(const std::string& config_json,
 
   // ---- scalars ----
   if (s = read_float(cfg, "rms_norm_eps", file, true, c.rms_norm_eps); !s.ok()) return s.error();
-  if (s = read_float(cfg, "rope_theta", file, true, c.rope_theta); !s.ok()) return s.error();
-  if (s = parse_rope_scaling(cfg, file, c.rope_scaling); !s.ok()) return s.error();
+  // transformers >= 5 writes no top-level rope_theta / rope_scaling but one
+  // "rope_parameters" object holding both ({"rope_type": "default" or
+  // "llama3", "rope_theta": ..., the scaling fields}); the top-level fields
+  // win when a config has both.
+  const auto rope_params = cfg.find("rope_parameters");
+  const bool has_rope_params = rope_params != cfg.end() && !rope_params->is_null();
+  if (has_rope_params && !rope_params->is_object()) {
+    return field_error(ErrorCode::invalid_argument, file, "rope_parameters",
+                       "expected an object or null, found " + json_type(*rope_params));
+  }
+  if (const auto it = cfg.find("rope_theta"); (it == cfg.end() || it->is_null()) && has_rope_params) {
+    if (s = read_float(*rope_params, "rope_theta", file, true, c.rope_theta); !s.ok())
+      return field_error(ErrorCode::invalid_argument, file, "rope_parameters.rope_theta",
+                         "must be a positive finite number, found " + rope_params->at("rope_theta").dump());
+  } else if (s = read_float(cfg, "rope_theta", file, true, c.rope_theta); !s.ok()) {
+    return s.error();
+  }
+  if (const auto it = cfg.find("rope_scaling"); (it == cfg.end() || it->is_null()) && has_rope_params) {
+    if (s = parse_rope_scaling(cfg, "rope_parameters", file, c.rope_scaling); !s.ok()) return s.error();
+  } else if (s = parse_rope_scaling(cfg, "rope_scaling", file, c.rope_scaling); !s.ok()) {
+    return s.error();
+  }
   if (s = read_bool(cfg, "tie_word_embeddings", file, c.tie_word_embeddings); !s.ok())
     return s.error();
   bool attention_bias = false;
@@ -375,6 +400,13 @@ Result<ModelConfig> parse_model_config(const std::string& config_json,
 }
 
 Result<ModelConfig> load_model_config(const std::filesystem::path& dir) {
+  auto gguf_path = gguf::find_gguf(dir);
+  if (!gguf_path.ok()) return gguf_path.error();
+  if (gguf_path->has_value()) {
+    auto file = gguf::GgufFile::open(**gguf_path);
+    if (!file.ok()) return file.error();
+    return gguf::model_config(*file);
+  }
   const std::filesystem::path config_path = dir / "config.json";
   const std::filesystem::path gen_path = dir / "generation_config.json";
   std::error_code ec;

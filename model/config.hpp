@@ -63,7 +63,9 @@ struct ModelConfig {
   [[nodiscard]] long long num_parameters() const;
 };
 
-/// Parses `dir/config.json` and, if present, `dir/generation_config.json`.
+/// Parses `dir/config.json` and, if present, `dir/generation_config.json`;
+/// for a GGUF model (`dir` a .gguf file, or a folder holding one and no
+/// config.json) the file's metadata instead (gguf/gguf_model.hpp).
 /// Errors: not_found (no config.json), corrupt (bad JSON; names the file),
 /// unsupported (architecture other than the three above, or rope_scaling type
 /// other than llama3), invalid_argument (missing/non-positive sizes, heads not

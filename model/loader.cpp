@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/gguf/gguf_model.hpp"
 #include "model/safetensors.hpp"
 #include "model/weights.hpp"
 #include "model/weights_internal.hpp"
@@ -341,6 +342,16 @@ class Planner {
 
 Result<ModelWeights> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
   if (Status s = detail::check_storage_dtype(options.dtype); !s.ok()) return s.error();
+  auto gguf_path = gguf::find_gguf(dir);
+  if (!gguf_path.ok()) return gguf_path.error();
+  if (gguf_path->has_value()) {
+    auto file = gguf::GgufFile::open(**gguf_path);
+    if (!file.ok()) return file.error();
+    auto config = gguf::model_config(*file);
+    if (!config.ok()) return config.error();
+    if (options.format == LoadFormat::dummy) return make_dummy_weights(*config, options);
+    return gguf::load_weights(*file, *config, options);
+  }
   auto cfg_r = load_model_config(dir);
   if (!cfg_r.ok()) return std::move(cfg_r).error();
   ModelConfig cfg = std::move(cfg_r).value();

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "model/bpe_tokenizer.hpp"
+#include "model/gguf/gguf_model.hpp"
 #include "model/sentencepiece_tokenizer.hpp"
 
 namespace shardline::model {
@@ -54,8 +55,24 @@ Result<std::unique_ptr<Tokenizer>> upcast(Result<std::unique_ptr<T>> r) {
 
 }  // namespace
 
+bool has_tokenizer(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir / "tokenizer.json", ec) ||
+      std::filesystem::is_regular_file(dir / "tokenizer.model", ec))
+    return true;
+  auto gguf_path = gguf::find_gguf(dir);
+  return !gguf_path.ok() || gguf_path->has_value();  // a GGUF error is the tokenizer's to report
+}
+
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::filesystem::path& dir) {
   try {
+    auto gguf_path = gguf::find_gguf(dir);
+    if (!gguf_path.ok()) return gguf_path.error();
+    if (gguf_path->has_value()) {
+      auto file = gguf::GgufFile::open(**gguf_path);
+      if (!file.ok()) return file.error();
+      return gguf::load_tokenizer(*file);
+    }
     std::error_code ec;
     const auto json_file = dir / "tokenizer.json";
     const auto model_file = dir / "tokenizer.model";

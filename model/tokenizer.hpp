@@ -55,8 +55,14 @@ class Tokenizer {
 /// Loads the tokenizer of `dir`: `tokenizer.json` if present, else
 /// `tokenizer.model`. `dir` may be a model folder or a folder holding only
 /// tokenizer files (tokenizer_config.json is read for add_bos_token, bos/eos).
+/// A GGUF model (`dir` a .gguf file, or a folder holding one and no
+/// config.json) gives the tokenizer of its metadata (gguf/gguf_model.hpp).
 /// Errors: not_found (neither file), corrupt (unparsable file; names it).
 [[nodiscard]] Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::filesystem::path& dir);
+
+/// True when `dir` has a tokenizer load_tokenizer would read (tokenizer.json,
+/// tokenizer.model, or a GGUF file); a random-weights shape folder has none.
+[[nodiscard]] bool has_tokenizer(const std::filesystem::path& dir);
 
 /// Incremental detokenization for streaming output: feed generated ids one at
 /// a time and get only newly completed text. Never emits a broken UTF-8

@@ -1,0 +1,75 @@
+#pragma once
+/// \file
+/// A model from one GGUF file (llama.cpp's format): hyper-parameters from the
+/// `{arch}.*` keys, weights dequantized at load into the engine's storage
+/// dtype, the tokenizer from the `tokenizer.ggml.*` keys and the chat
+/// template from `tokenizer.chat_template`. Architectures `llama`, `qwen2`
+/// and `qwen3` (GGUF names), the same three the safetensors loader takes.
+///
+/// Tensor names are llama.cpp's (`token_embd`, `blk.N.attn_q`, ...). For
+/// `llama`, llama.cpp's converter permutes the rows of attn_q and attn_k
+/// (convert_hf_to_gguf.py `LlamaModel.permute`, for GGML's interleaved RoPE);
+/// the loader undoes it, so the weights are Hugging Face's again and the
+/// engine's rotate-half RoPE applies. `qwen2` and `qwen3` are stored
+/// unpermuted.
+///
+/// Not taken (refused with `unsupported` naming the key or tensor):
+/// `rope_freqs` tensors and `{arch}.rope.scaling.type` other than none
+/// (llama3 / linear / yarn scaling), partial rotary dims, Q8_1 and the
+/// IQ / ternary types, tokenizer models other than `gpt2`, pre-tokenizers
+/// without a mapping (see `pre_tokenizer_regexes`).
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "model/config.hpp"
+#include "model/gguf/gguf_file.hpp"
+#include "model/tokenizer.hpp"
+#include "model/weights.hpp"
+
+namespace shardline::model::gguf {
+
+/// The model's hyper-parameters. Errors: unsupported (architecture, RoPE
+/// scaling, partial rotary), not_found (a required key, named), mismatch (a
+/// key of the wrong type), invalid_argument (values that disagree, e.g. heads
+/// not divisible by KV heads; the message names the GGUF key).
+[[nodiscard]] Result<ModelConfig> model_config(const GgufFile& file);
+
+/// The weights, dequantized (kernels::dequantize_row) and converted to
+/// `options.dtype` (F32 or BF16, round to nearest even), q/k/v and gate/up
+/// fused as the safetensors loader fuses them. Errors: not_found (a tensor,
+/// named), mismatch (a tensor's shape disagrees with the hyper-parameters:
+/// both shapes, in [rows, cols] order), unsupported (a tensor type without a
+/// dequantization), out_of_memory.
+[[nodiscard]] Result<ModelWeights> load_weights(const GgufFile& file, const ModelConfig& config,
+                                                const LoadOptions& options);
+
+/// The Split regexes, applied in order, of llama.cpp's pre-tokenizer
+/// `tokenizer.ggml.pre` = `name` (llama-vocab.cpp); nullopt for a name
+/// without a mapping here.
+[[nodiscard]] std::optional<std::vector<std::string>> pre_tokenizer_regexes(const std::string& name);
+
+/// The tokenizer the file describes, as the text of an equivalent Hugging
+/// Face tokenizer.json (what llama.cpp runs: the pre-tokenizer's regexes as
+/// isolated Splits, byte-level BPE over the file's tokens and merges, control
+/// tokens special and user-defined tokens added). Errors: unsupported
+/// (`tokenizer.ggml.model` other than gpt2, an unknown `tokenizer.ggml.pre`:
+/// both named), not_found / mismatch (keys).
+[[nodiscard]] Result<std::string> tokenizer_json(const GgufFile& file);
+
+/// The tokenizer (a BpeTokenizer over `tokenizer_json`), with BOS / EOS from
+/// `tokenizer.ggml.bos_token_id` / `eos_token_id` and BOS prepended when
+/// `tokenizer.ggml.add_bos_token` is true.
+[[nodiscard]] Result<std::unique_ptr<Tokenizer>> load_tokenizer(const GgufFile& file);
+
+/// `tokenizer.chat_template`, or nullopt when the file has none.
+[[nodiscard]] Result<std::optional<std::string>> chat_template(const GgufFile& file);
+
+/// The special tokens' texts a chat template sees (bos_token, eos_token,
+/// unk_token, pad_token), from the tokenizer ids, as transformers sets them.
+[[nodiscard]] Result<std::vector<std::pair<std::string, std::string>>> special_token_texts(const GgufFile& file);
+
+}  // namespace shardline::model::gguf
