@@ -417,8 +417,10 @@ Result<std::string> tokenizer_json(const GgufFile& f) {
                            std::to_string((*tokens)->size()) + " tokens");
     for (const Value& v : tt->elements) types.push_back(v.int_value);
   }
-  ordered_json vocab = ordered_json::object();
-  ordered_json added = ordered_json::array();
+  // A std::map-backed object: nlohmann::json's linear lookups made this
+  // quadratic in the vocab (8 s for SmolLM2's 49,152 tokens).
+  nlohmann::json vocab = nlohmann::json::object();
+  nlohmann::json added = nlohmann::json::array();
   for (std::size_t id = 0; id < (*tokens)->size(); ++id) {
     const std::string& tok = (**tokens)[id];
     if (!vocab.contains(tok)) vocab[tok] = id;
@@ -432,11 +434,11 @@ Result<std::string> tokenizer_json(const GgufFile& f) {
                        {"normalized", false},
                        {"special", type == kTokenControl}});
   }
-  ordered_json splits = ordered_json::array();
+  nlohmann::json splits = nlohmann::json::array();
   for (const std::string& re : *regexes)
     splits.push_back({{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}, {"invert", false}});
   splits.push_back({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}});
-  ordered_json doc = {
+  nlohmann::json doc = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
