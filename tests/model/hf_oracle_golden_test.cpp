@@ -51,6 +51,7 @@
 #include "model/weights.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/python.hpp"
+#include "tests/support/runner_driver.hpp"
 
 namespace shardline::model {
 namespace {
@@ -172,69 +173,9 @@ void run_oracle(const fs::path& dir, const std::string& case_name, Oracle& o) {
   }
 }
 
-/// Drives a runner with sequences that each own a fixed, disjoint range of
-/// blocks (a stand-in for the block manager), as cpu_runner_golden_test does.
-class Driver {
- public:
-  explicit Driver(CpuModelRunner& runner) : runner_(runner) {}
+using Driver = testing_support::RunnerDriver;
 
-  struct Chunk {
-    int seq = 0;
-    std::vector<std::int32_t> tokens;
-    bool all_logits = false;  // every row's logits, else the last row's
-  };
-
-  int add_seq(int first_block, int num_blocks) {
-    Seq s;
-    for (int b = 0; b < num_blocks; ++b) s.blocks.push_back(first_block + b);
-    seqs_.push_back(s);
-    return static_cast<int>(seqs_.size()) - 1;
-  }
-
-  /// One step over `chunks`; the logits rows asked for, in order.
-  std::vector<std::vector<float>> step(const std::vector<Chunk>& chunks) {
-    StepInput in;
-    in.block_size = kBlockSize;
-    for (const Chunk& c : chunks) {
-      Seq& s = seqs_[c.seq];
-      StepSeq ss;
-      ss.seq_id = static_cast<std::uint64_t>(c.seq);
-      ss.num_computed_tokens = s.num_computed;
-      ss.num_new_tokens = static_cast<int>(c.tokens.size());
-      ss.needs_logits = true;
-      ss.block_table = s.blocks;
-      for (std::size_t i = 0; i < c.tokens.size(); ++i) {
-        const int pos = s.num_computed + static_cast<int>(i);
-        in.token_ids.push_back(c.tokens[i]);
-        in.positions.push_back(pos);
-        in.slot_mapping.push_back(s.blocks[pos / kBlockSize] * kBlockSize + pos % kBlockSize);
-        if (c.all_logits || i + 1 == c.tokens.size())
-          in.logits_rows.push_back(static_cast<int>(in.token_ids.size()) - 1);
-      }
-      s.num_computed += ss.num_new_tokens;
-      in.seqs.push_back(std::move(ss));
-    }
-    auto out = runner_.execute(in);
-    EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.error().to_string());
-    std::vector<std::vector<float>> rows;
-    if (!out.ok()) return rows;
-    const int v = out->vocab_size;
-    for (int i = 0; i < in.num_logits(); ++i)
-      rows.emplace_back(out->logits.begin() + static_cast<long>(i) * v,
-                        out->logits.begin() + static_cast<long>(i + 1) * v);
-    return rows;
-  }
-
- private:
-  struct Seq {
-    std::vector<std::int32_t> blocks;
-    int num_computed = 0;
-  };
-  CpuModelRunner& runner_;
-  std::vector<Seq> seqs_;
-};
-
-int argmax(const std::vector<float>& v) { return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin()); }
+int argmax(const std::vector<float>& v) { return testing_support::argmax_of(v); }
 
 /// "id (logit)" of the two largest logits of `v`.
 std::string top2(const std::vector<float>& v) {
@@ -351,7 +292,7 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
   {
     auto runner = make_runner();
     if (!runner) return res;
-    Driver d(*runner);
+    Driver d(*runner, kBlockSize);
     std::size_t row0 = 0;
     double sum = 0;
     for (int p = 0; p < n; ++p) {
@@ -382,7 +323,7 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
   {
     auto runner = make_runner();
     if (!runner) return res;
-    Driver d(*runner);
+    Driver d(*runner, kBlockSize);
     for (int p = 0; p < n; ++p) {
       const int seq = d.add_seq(p * blocks_per_seq, blocks_per_seq);
       auto rows = d.step({{seq, o.prompts[p], false}});
@@ -403,7 +344,7 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
   {
     auto runner = make_runner();
     if (!runner) return res;
-    Driver d(*runner);
+    Driver d(*runner, kBlockSize);
     std::vector<int> seqs;
     for (int p = 0; p < n; ++p) seqs.push_back(d.add_seq((2 * n - 1 - p) * blocks_per_seq, blocks_per_seq));
     std::vector<Driver::Chunk> chunks;
