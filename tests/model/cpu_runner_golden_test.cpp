@@ -15,6 +15,7 @@
 
 #include "model/cpu_runner.hpp"
 #include "model/weights.hpp"
+#include "tests/support/runner_driver.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::model {
@@ -28,70 +29,8 @@ std::vector<RefCase> load_reference() { return testing_support::load_stories_ref
 
 constexpr int kBlockSize = 4;  // small, so sequences cross many block boundaries
 
-/// Drives a runner with sequences that each own a fixed, disjoint range of
-/// blocks (a stand-in for the block manager).
-class Driver {
- public:
-  explicit Driver(CpuModelRunner& runner) : runner_(runner) {}
-
-  struct Chunk {
-    int seq = 0;                      // index into seqs_
-    std::vector<std::int32_t> tokens;
-    bool needs_logits = true;
-  };
-
-  int add_seq(int first_block, int num_blocks) {
-    Seq s;
-    for (int b = 0; b < num_blocks; ++b) s.blocks.push_back(first_block + b);
-    seqs_.push_back(s);
-    return static_cast<int>(seqs_.size()) - 1;
-  }
-
-  /// Runs one step over `chunks`; returns one logits row per chunk that needs logits.
-  std::vector<std::vector<float>> step(const std::vector<Chunk>& chunks) {
-    model::StepInput in;
-    in.block_size = kBlockSize;
-    for (const Chunk& c : chunks) {
-      Seq& s = seqs_[c.seq];
-      model::StepSeq ss;
-      ss.seq_id = static_cast<std::uint64_t>(c.seq);
-      ss.num_computed_tokens = s.num_computed;
-      ss.num_new_tokens = static_cast<int>(c.tokens.size());
-      ss.needs_logits = c.needs_logits;
-      ss.block_table = s.blocks;
-      for (std::size_t i = 0; i < c.tokens.size(); ++i) {
-        const int pos = s.num_computed + static_cast<int>(i);
-        in.token_ids.push_back(c.tokens[i]);
-        in.positions.push_back(pos);
-        in.slot_mapping.push_back(s.blocks[pos / kBlockSize] * kBlockSize + pos % kBlockSize);
-      }
-      if (c.needs_logits) in.logits_rows.push_back(static_cast<int>(in.token_ids.size()) - 1);
-      s.num_computed += ss.num_new_tokens;
-      in.seqs.push_back(std::move(ss));
-    }
-    auto out = runner_.execute(in);
-    EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.error().to_string());
-    std::vector<std::vector<float>> rows;
-    if (!out.ok()) return rows;
-    const int v = out->vocab_size;
-    for (int i = 0; i < in.num_logits(); ++i)
-      rows.emplace_back(out->logits.begin() + static_cast<long>(i) * v,
-                        out->logits.begin() + static_cast<long>(i + 1) * v);
-    return rows;
-  }
-
- private:
-  struct Seq {
-    std::vector<std::int32_t> blocks;
-    int num_computed = 0;
-  };
-  CpuModelRunner& runner_;
-  std::vector<Seq> seqs_;
-};
-
-int argmax(const std::vector<float>& v) {
-  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
-}
+using Driver = testing_support::RunnerDriver;
+using testing_support::argmax_of;
 
 std::unique_ptr<CpuModelRunner> make_runner(DType dtype, int num_blocks = 256,
                                             CpuRunnerOptions options = CpuRunnerOptions{}) {
@@ -115,7 +54,7 @@ TEST(CpuRunnerGolden, Stories260kGreedyAndTop5Logits) {
   ASSERT_EQ(cases.size(), 3u);
   auto runner = make_runner(DType::f32);
   ASSERT_TRUE(runner);
-  Driver d(*runner);
+  Driver d(*runner, kBlockSize);
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
     const RefCase& c = cases[ci];
     const int seq = d.add_seq(static_cast<int>(ci) * 20, 20);
@@ -124,7 +63,7 @@ TEST(CpuRunnerGolden, Stories260kGreedyAndTop5Logits) {
     for (std::size_t step = 0; step < c.generated_ids.size(); ++step) {
       const std::string where = "case " + std::to_string(ci) + " step " + std::to_string(step);
       expect_top5(rows[0], c.top5[step], where);
-      const int next = argmax(rows[0]);
+      const int next = argmax_of(rows[0]);
       ASSERT_EQ(next, c.generated_ids[step]) << where;
       if (step + 1 < c.generated_ids.size()) rows = d.step({{seq, {next}, true}});
     }
@@ -151,7 +90,7 @@ TEST(CpuRunnerGolden, Stories260kBf16ComputeGreedyIdsAndTop5WithinMeasuredBound)
   const auto cases = load_reference();
   auto runner = make_runner(DType::bf16);
   ASSERT_TRUE(runner);
-  Driver d(*runner);
+  Driver d(*runner, kBlockSize);
   double max_dev = 0.0;
   int mismatched_ids = 0;
   for (std::size_t ci = 0; ci < cases.size(); ++ci) {
@@ -162,8 +101,8 @@ TEST(CpuRunnerGolden, Stories260kBf16ComputeGreedyIdsAndTop5WithinMeasuredBound)
       ASSERT_EQ(rows.size(), 1u);
       for (const auto& [id, logit] : c.top5[step])
         max_dev = std::max(max_dev, std::fabs(static_cast<double>(rows[0][id]) - logit));
-      if (argmax(rows[0]) != c.generated_ids[step]) ++mismatched_ids;
-      EXPECT_EQ(argmax(rows[0]), c.generated_ids[step]) << "case " << ci << " step " << step;
+      if (argmax_of(rows[0]) != c.generated_ids[step]) ++mismatched_ids;
+      EXPECT_EQ(argmax_of(rows[0]), c.generated_ids[step]) << "case " << ci << " step " << step;
       if (step + 1 < c.generated_ids.size()) rows = d.step({{seq, {c.generated_ids[step]}, true}});
     }
   }
@@ -183,7 +122,7 @@ TEST(CpuRunnerGolden, LogitsBitIdenticalAloneVsBatchedAndChunked) {
   {
     auto runner = make_runner(DType::f32);
     ASSERT_TRUE(runner);
-    Driver d(*runner);
+    Driver d(*runner, kBlockSize);
     for (std::size_t ci = 0; ci < cases.size(); ++ci) {
       const int seq = d.add_seq(static_cast<int>(ci) * 20, 20);
       auto rows = d.step({{seq, cases[ci].prompt_ids, true}});
@@ -198,7 +137,7 @@ TEST(CpuRunnerGolden, LogitsBitIdenticalAloneVsBatchedAndChunked) {
   // then decode all together. Blocks are allocated in a different place.
   auto runner = make_runner(DType::f32);
   ASSERT_TRUE(runner);
-  Driver d(*runner);
+  Driver d(*runner, kBlockSize);
   std::vector<int> seqs;
   for (std::size_t ci = 0; ci < cases.size(); ++ci)
     seqs.push_back(d.add_seq(200 - static_cast<int>(ci + 1) * 20, 20));
@@ -248,7 +187,7 @@ TEST(CpuRunnerGolden, LogitsBitIdenticalUnderEveryStepOverlap) {
     auto runner = make_runner(dtype, 256, o);
     std::vector<std::vector<float>> logits;
     if (!runner) return logits;
-    Driver d(*runner);
+    Driver d(*runner, kBlockSize);
     std::vector<int> seqs;
     for (std::size_t ci = 0; ci < cases.size(); ++ci) seqs.push_back(d.add_seq(static_cast<int>(ci) * 40, 40));
     // Step 1: case 0's whole prompt alone; step 2: case 0 decodes while the

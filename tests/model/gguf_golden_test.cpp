@@ -131,7 +131,7 @@ TEST_F(GgufGolden, SmolLm2MatchesTransformersOnChatPrompts) {
     const std::vector<float> ref = read_f32(path("logits_" + std::to_string(k) + ".f32"));
     ASSERT_EQ(ref.size(), ids.size() * static_cast<std::size_t>(vocab)) << where;
     const int seq = driver.add_seq(0, ro.num_kv_blocks);  // sequences run one after another in the same blocks
-    auto rows = driver.step({{seq, ids, /*all_logits=*/true}});
+    auto rows = driver.step({{.seq = seq, .tokens = ids, .all_logits = true}});
     ASSERT_EQ(rows.size(), ids.size()) << where;
     float case_worst = 0.0f;
     for (std::size_t t = 0; t < rows.size(); ++t)
@@ -151,7 +151,7 @@ TEST_F(GgufGolden, SmolLm2MatchesTransformersOnChatPrompts) {
                               << last[static_cast<std::size_t>(ours)] << "), transformers " << theirs
                               << " (our logit " << last[static_cast<std::size_t>(theirs)] << ", gap "
                               << last[static_cast<std::size_t>(ours)] - last[static_cast<std::size_t>(theirs)] << ")";
-      if (step + 1 < kNumNew) last = driver.step({{seq, {theirs}, false}}).at(0);
+      if (step + 1 < kNumNew) last = driver.step({{.seq = seq, .tokens = {theirs}}}).at(0);
     }
   }
   std::printf("  SmolLM2-135M-Instruct Q4_1: 16 prompts, max |logit delta| %.3g (bound %.3g), 64 greedy ids each identical\n",

@@ -297,7 +297,7 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
     double sum = 0;
     for (int p = 0; p < n; ++p) {
       const int seq = d.add_seq(p * blocks_per_seq, blocks_per_seq);
-      const auto rows = d.step({{seq, o.prompts[p], true}});
+      const auto rows = d.step({{.seq = seq, .tokens = o.prompts[p], .all_logits = true}});
       EXPECT_EQ(rows.size(), o.prompts[p].size());
       for (std::size_t t = 0; t < rows.size(); ++t)
         for (int v = 0; v < o.vocab; ++v) {
@@ -326,13 +326,13 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
     Driver d(*runner, kBlockSize);
     for (int p = 0; p < n; ++p) {
       const int seq = d.add_seq(p * blocks_per_seq, blocks_per_seq);
-      auto rows = d.step({{seq, o.prompts[p], false}});
+      auto rows = d.step({{.seq = seq, .tokens = o.prompts[p]}});
       for (int s = 0; s < o.max_new_tokens && rows.size() == 1; ++s) {
         alone[p].push_back(rows[0]);
         const std::string where = case_name + " " + ref.name + " alone: prompt " + std::to_string(p) + " step " +
                                   std::to_string(s);
         if (!check_step(ref, p, s, rows[0], bounds, res, where)) break;
-        if (s + 1 < o.max_new_tokens) rows = d.step({{seq, {next_id(p, s)}, false}});
+        if (s + 1 < o.max_new_tokens) rows = d.step({{.seq = seq, .tokens = {next_id(p, s)}}});
       }
     }
   }
@@ -348,7 +348,7 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
     std::vector<int> seqs;
     for (int p = 0; p < n; ++p) seqs.push_back(d.add_seq((2 * n - 1 - p) * blocks_per_seq, blocks_per_seq));
     std::vector<Driver::Chunk> chunks;
-    for (int p = 0; p < n; ++p) chunks.push_back({seqs[p], o.prompts[p], false});
+    for (int p = 0; p < n; ++p) chunks.push_back({.seq = seqs[p], .tokens = o.prompts[p]});
     for (int s = 0; s < o.max_new_tokens; ++s) {
       const auto rows = d.step(chunks);
       if (rows.size() != chunks.size()) {
@@ -365,7 +365,7 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
               << where << ": logits differ from the prompt's alone";
         }
         if (!check_step(ref, p, s, rows[i], bounds, res, where)) continue;  // drop a diverged prompt
-        next.push_back({chunks[i].seq, {next_id(p, s)}, false});
+        next.push_back({.seq = chunks[i].seq, .tokens = {next_id(p, s)}});
       }
       chunks = std::move(next);
       if (chunks.empty()) break;

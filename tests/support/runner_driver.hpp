@@ -19,7 +19,8 @@ class RunnerDriver {
   struct Chunk {
     int seq = 0;                       ///< from add_seq
     std::vector<std::int32_t> tokens;  ///< appended at the sequence's next positions
-    bool all_logits = false;           ///< logits of every token, not only the last
+    bool needs_logits = true;          ///< false: no logits row for this chunk
+    bool all_logits = false;           ///< with needs_logits: every token's row, not only the last
   };
 
   /// A new sequence over blocks [first_block, first_block + num_blocks).
@@ -40,7 +41,7 @@ class RunnerDriver {
       ss.seq_id = static_cast<std::uint64_t>(c.seq);
       ss.num_computed_tokens = s.num_computed;
       ss.num_new_tokens = static_cast<int>(c.tokens.size());
-      ss.needs_logits = true;
+      ss.needs_logits = c.needs_logits;
       ss.block_table = s.blocks;
       for (std::size_t i = 0; i < c.tokens.size(); ++i) {
         const int pos = s.num_computed + static_cast<int>(i);
@@ -48,7 +49,7 @@ class RunnerDriver {
         in.positions.push_back(pos);
         in.slot_mapping.push_back(s.blocks[static_cast<std::size_t>(pos / block_size_)] * block_size_ +
                                   pos % block_size_);
-        if (c.all_logits || i + 1 == c.tokens.size())
+        if (c.needs_logits && (c.all_logits || i + 1 == c.tokens.size()))
           in.logits_rows.push_back(static_cast<int>(in.token_ids.size()) - 1);
       }
       s.num_computed += ss.num_new_tokens;
