@@ -105,12 +105,8 @@ Result<ModelWeights> make_dummy_weights(const ModelConfig& config, const LoadOpt
     return make_error(ErrorCode::invalid_argument,
                       "make_dummy_weights: config has non-positive sizes (not parsed?)");
   }
-  const int layers = detail::layers_to_keep(config, options.num_layers_override);
-  ModelWeights w;
-  w.config = config;
-  w.config.num_hidden_layers = layers;
-  w.dtype = options.dtype;
-  w.layers.resize(static_cast<std::size_t>(layers));
+  ModelWeights w = detail::empty_weights(config, options);
+  const int layers = w.config.num_hidden_layers;
 
   const int H = config.hidden_size;
   const int I = config.intermediate_size;

@@ -42,11 +42,15 @@ Status check_storage_dtype(DType dtype) {
   return {};
 }
 
-int layers_to_keep(const ModelConfig& config, int num_layers_override) {
-  if (num_layers_override > 0 && num_layers_override < config.num_hidden_layers) {
-    return num_layers_override;
-  }
-  return config.num_hidden_layers;
+ModelWeights empty_weights(const ModelConfig& config, const LoadOptions& options) {
+  int layers = config.num_hidden_layers;
+  if (options.num_layers_override > 0 && options.num_layers_override < layers) layers = options.num_layers_override;
+  ModelWeights w;
+  w.config = config;
+  w.config.num_hidden_layers = layers;
+  w.dtype = options.dtype;
+  w.layers.resize(static_cast<std::size_t>(layers));
+  return w;
 }
 
 namespace {
@@ -361,12 +365,8 @@ Result<ModelWeights> load_model(const std::filesystem::path& dir, const LoadOpti
   if (!src_r.ok()) return std::move(src_r).error();
   const TensorSource& src = src_r.value();
 
-  const int layers = detail::layers_to_keep(cfg, options.num_layers_override);
-  ModelWeights w;
-  w.config = cfg;
-  w.config.num_hidden_layers = layers;
-  w.dtype = options.dtype;
-  w.layers.resize(static_cast<std::size_t>(layers));
+  ModelWeights w = detail::empty_weights(cfg, options);
+  const int layers = w.config.num_hidden_layers;
 
   const std::int64_t H = cfg.hidden_size;
   const std::int64_t I = cfg.intermediate_size;

@@ -23,9 +23,11 @@ inline constexpr std::size_t kWeightAlignment = 64;
 /// invalid_argument unless `dtype` is f32 or bf16 (the storage dtypes).
 [[nodiscard]] Status check_storage_dtype(DType dtype);
 
-/// Number of layers to materialise: `config.num_hidden_layers`, or
-/// `num_layers_override` when that is in (0, num_hidden_layers].
-[[nodiscard]] int layers_to_keep(const ModelConfig& config, int num_layers_override);
+/// Weights with nothing loaded yet: `config` with num_hidden_layers cut to
+/// `options.num_layers_override` when that is in (0, num_hidden_layers],
+/// storage dtype `options.dtype`, one empty LayerWeights per kept layer.
+/// Shared by the safetensors, GGUF and dummy loaders.
+[[nodiscard]] ModelWeights empty_weights(const ModelConfig& config, const LoadOptions& options);
 
 /// Converts `n` elements from `src` (dtype `src_dtype`, possibly unaligned) into
 /// `dst` (dtype `dst_dtype`, f32 or bf16). Large copies run OpenMP-parallel.

@@ -29,13 +29,6 @@ struct FieldKey {
   std::string key;
 };
 
-Result<std::int64_t> required_int(const GgufFile& f, const std::string& key) {
-  auto v = f.get_int(key);
-  if (!v.ok()) return v.error();
-  if (!v->has_value()) return key_error(ErrorCode::not_found, f, key, "is missing");
-  return **v;
-}
-
 }  // namespace
 
 Result<ModelConfig> model_config(const GgufFile& f) {
@@ -166,6 +159,15 @@ Result<ModelConfig> model_config(const GgufFile& f) {
 // ---------------------------------------------------------------------------
 namespace {
 
+/// The GGUF row that holds Hugging Face row `r` of a q or k projection
+/// (rows, or bias elements) that llama.cpp permuted over heads of `head_dim`
+/// rows: HF row (h, j, i), j the half and i the pair, is GGUF row (h, i, j)
+/// (the inverse of convert_hf_to_gguf.py's LlamaModel.permute).
+[[nodiscard]] std::int64_t unpermuted_source_row(std::int64_t r, std::int64_t head_dim) {
+  const std::int64_t h = r / head_dim, rem = r % head_dim, half = head_dim / 2;
+  return h * head_dim + 2 * (rem % half) + rem / half;
+}
+
 /// One destination buffer: the rows of several tensors stacked.
 struct Part {
   const TensorInfo* tensor = nullptr;
@@ -215,11 +217,7 @@ class WeightPlanner {
         std::vector<float> row(static_cast<std::size_t>(cols));  // [cols] F32
 #pragma omp for schedule(static)
         for (std::int64_t r = 0; r < n; ++r) {
-          std::int64_t src = r;
-          if (head_dim > 0) {  // HF row (h, j, i) is GGUF row (h, i, j): j the half, i the pair
-            const std::int64_t h = r / head_dim, rem = r % head_dim, half = head_dim / 2;
-            src = h * head_dim + 2 * (rem % half) + rem / half;
-          }
+          const std::int64_t src = head_dim > 0 ? unpermuted_source_row(r, head_dim) : r;
           if (!kernels::dequantize_row(static_cast<kernels::GgmlType>(t.ggml_type),
                                        t.data + static_cast<std::size_t>(src) * row_bytes, row.data(), cols)
                    .ok()) {
@@ -279,12 +277,10 @@ class WeightPlanner {
           !s.ok())
         return make_error(s.error().code, f_.path().string() + ": tensor '" + p.tensor->name + "': " + s.error().message);
       if (p.permute_heads > 0) {
-        const std::int64_t n = static_cast<std::int64_t>(v.size()), hd = n / p.permute_heads, half = hd / 2;
+        const std::int64_t n = static_cast<std::int64_t>(v.size()), head_dim = n / p.permute_heads;
         std::vector<float> u(v.size());
-        for (std::int64_t r = 0; r < n; ++r) {
-          const std::int64_t h = r / hd, rem = r % hd;
-          u[static_cast<std::size_t>(r)] = v[static_cast<std::size_t>(h * hd + 2 * (rem % half) + rem / half)];
-        }
+        for (std::int64_t r = 0; r < n; ++r)
+          u[static_cast<std::size_t>(r)] = v[static_cast<std::size_t>(unpermuted_source_row(r, head_dim))];
         v.swap(u);
       }
       all.insert(all.end(), v.begin(), v.end());
@@ -305,12 +301,8 @@ class WeightPlanner {
 
 Result<ModelWeights> load_weights(const GgufFile& f, const ModelConfig& cfg, const LoadOptions& options) {
   if (Status s = detail::check_storage_dtype(options.dtype); !s.ok()) return s.error();
-  const int layers = detail::layers_to_keep(cfg, options.num_layers_override);
-  ModelWeights w;
-  w.config = cfg;
-  w.config.num_hidden_layers = layers;
-  w.dtype = options.dtype;
-  w.layers.resize(static_cast<std::size_t>(layers));
+  ModelWeights w = detail::empty_weights(cfg, options);
+  const int layers = w.config.num_hidden_layers;
   const std::int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, D = cfg.head_dim;
   const std::int64_t Q = static_cast<std::int64_t>(cfg.num_attention_heads) * D;
   const std::int64_t KV = static_cast<std::int64_t>(cfg.num_key_value_heads) * D;
