@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <set>
 #include <utility>
 
 #include "kernels/cpu/ggml_quants.hpp"
@@ -79,8 +78,6 @@ class Cursor {
     pos_ += static_cast<std::size_t>(n);
     return s;
   }
-
-  void seek(std::size_t pos) { pos_ = pos; }
 
  private:
   const std::byte* data_;
