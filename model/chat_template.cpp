@@ -40,22 +40,33 @@ Result<ojson> read_tokenizer_config(const std::filesystem::path& model_dir) {
   return config;
 }
 
-/// What a template sees of the model's special tokens: a GGUF model's from
-/// its metadata (bos/eos/unk/pad ids' texts), else tokenizer_config.json.
-Result<ojson> read_config(const std::filesystem::path& model_dir) {
+/// The tokenizer config a template is made from, and where it came from.
+struct TokenizerConfig {
+  ojson config;                  ///< special tokens' texts, maybe "chat_template"
+  std::filesystem::path source;  ///< tokenizer_config.json, or "FILE.gguf metadata"
+  bool from_gguf = false;        ///< a GGUF model (no chat_template.jinja beside it)
+};
+
+/// A GGUF model's from its metadata (bos/eos/unk/pad ids' texts and
+/// tokenizer.chat_template), else tokenizer_config.json.
+Result<TokenizerConfig> read_config(const std::filesystem::path& model_dir) {
   auto gguf_path = gguf::find_gguf(model_dir);
   if (!gguf_path.ok()) return gguf_path.error();
-  if (!gguf_path->has_value()) return read_tokenizer_config(model_dir);
+  if (!gguf_path->has_value()) {
+    auto config = read_tokenizer_config(model_dir);
+    if (!config.ok()) return config.error();
+    return TokenizerConfig{std::move(config).value(), model_dir / "tokenizer_config.json", false};
+  }
   auto file = gguf::GgufFile::open(**gguf_path);
   if (!file.ok()) return file.error();
   auto specials = gguf::special_token_texts(*file);
   if (!specials.ok()) return specials.error();
-  ojson config = ojson::object();
-  for (const auto& [name, text] : *specials) config[name] = text;
+  TokenizerConfig out{ojson::object(), (*gguf_path)->string() + " metadata", true};
+  for (const auto& [name, text] : *specials) out.config[name] = text;
   auto source = gguf::chat_template(*file);
   if (!source.ok()) return source.error();
-  if (source->has_value()) config["chat_template"] = **source;
-  return config;
+  if (source->has_value()) out.config["chat_template"] = **source;
+  return out;
 }
 
 }  // namespace
@@ -76,25 +87,22 @@ Result<ChatTemplate> ChatTemplate::from_source(const std::filesystem::path& mode
                                                std::string source_name) {
   auto config = read_config(model_dir);
   if (!config.ok()) return config.error();
-  return from_config(*config, std::move(source), std::move(source_name));
+  return from_config(config->config, std::move(source), std::move(source_name));
 }
 
 Result<ChatTemplate> ChatTemplate::load(const std::filesystem::path& model_dir,
                                         const std::filesystem::path& override_file) {
   auto config_read = read_config(model_dir);
   if (!config_read.ok()) return config_read.error();
-  const ojson& config = *config_read;
-  auto gguf_path = gguf::find_gguf(model_dir);
-  if (!gguf_path.ok()) return gguf_path.error();
-  const auto config_file = gguf_path->has_value() ? std::filesystem::path(gguf_path->value().string() + " metadata")
-                                                  : model_dir / "tokenizer_config.json";
+  const ojson& config = config_read->config;
+  const std::filesystem::path& config_file = config_read->source;
   std::error_code ec;
   if (!override_file.empty()) {
     auto text = read_text(override_file);
     if (!text.ok()) return make_error(ErrorCode::io, "--chat-template: " + text.error().message);
     return from_config(config, std::move(text).value(), override_file.string());
   }
-  if (!gguf_path->has_value() && std::filesystem::is_regular_file(model_dir / "chat_template.jinja", ec)) {
+  if (!config_read->from_gguf && std::filesystem::is_regular_file(model_dir / "chat_template.jinja", ec)) {
     auto text = read_text(model_dir / "chat_template.jinja");
     if (!text.ok()) return text.error();
     return from_config(config, std::move(text).value(), (model_dir / "chat_template.jinja").string());
