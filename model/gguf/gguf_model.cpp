@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <map>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -379,13 +383,86 @@ std::optional<std::vector<std::string>> pre_tokenizer_regexes(const std::string&
   return std::nullopt;
 }
 
-Result<std::string> tokenizer_json(const GgufFile& f) {
-  auto model = f.get_string("tokenizer.ggml.model");
-  if (!model.ok()) return model.error();
-  if (!model->has_value()) return key_error(ErrorCode::not_found, f, "tokenizer.ggml.model", "is missing");
-  if (**model != "gpt2")
-    return key_error(ErrorCode::unsupported, f, "tokenizer.ggml.model",
-                     "= '" + **model + "' is not supported (gpt2, byte-level BPE, is)");
+namespace {
+
+constexpr int kTokenUnknown = 2;  // llama_token_type UNKNOWN
+
+/// The vocabulary keys every tokenizer model has: tokens and token types.
+struct GgufVocab {
+  std::vector<std::string> tokens;
+  std::vector<std::int64_t> types;  ///< empty, or one per token
+};
+
+Result<GgufVocab> read_vocab(const GgufFile& f) {
+  GgufVocab v;
+  auto tokens = f.get_string_array("tokenizer.ggml.tokens");
+  if (!tokens.ok()) return tokens.error();
+  if (!tokens->has_value()) return key_error(ErrorCode::not_found, f, "tokenizer.ggml.tokens", "is missing");
+  v.tokens = std::move(**tokens);
+  if (const Value* tt = f.find("tokenizer.ggml.token_type"); tt != nullptr) {
+    if (tt->type != ValueType::array || !(tt->elements.empty() || tt->elements.front().is_integer()))
+      return key_error(ErrorCode::mismatch, f, "tokenizer.ggml.token_type", "is not an array of integers");
+    if (tt->elements.size() != v.tokens.size())
+      return key_error(ErrorCode::mismatch, f, "tokenizer.ggml.token_type",
+                       "has " + std::to_string(tt->elements.size()) + " entries for " +
+                           std::to_string(v.tokens.size()) + " tokens");
+    for (const Value& e : tt->elements) v.types.push_back(e.int_value);
+  }
+  return v;
+}
+
+/// token -> id as a std::map-backed object (nlohmann::json's insertion-
+/// ordered object made this quadratic in the vocab: 8 s for SmolLM2's
+/// 49,152 tokens); the first id of a repeated token. And the added tokens:
+/// the types in `special_types` special, USER_DEFINED ones plain.
+void vocab_json(const GgufVocab& v, std::initializer_list<int> special_types, nlohmann::json& vocab,
+                nlohmann::json& added) {
+  vocab = nlohmann::json::object();
+  added = nlohmann::json::array();
+  for (std::size_t id = 0; id < v.tokens.size(); ++id) {
+    const std::string& tok = v.tokens[id];
+    if (!vocab.contains(tok)) vocab[tok] = id;
+    const std::int64_t type = id < v.types.size() ? v.types[id] : 1;
+    const bool special = std::find(special_types.begin(), special_types.end(), type) != special_types.end();
+    if (special || type == kTokenUserDefined)
+      added.push_back({{"id", id},
+                       {"content", tok},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", special}});
+  }
+}
+
+nlohmann::json bpe_model(nlohmann::json vocab, nlohmann::json merges, const nlohmann::json& unk_token,
+                         bool byte_fallback) {
+  return {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", unk_token},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", byte_fallback},
+          {"byte_fallback", byte_fallback},
+          {"ignore_merges", false},
+          {"vocab", std::move(vocab)},
+          {"merges", std::move(merges)}};
+}
+
+nlohmann::json tokenizer_doc(nlohmann::json added, nlohmann::json normalizer, nlohmann::json pre_tokenizer,
+                             nlohmann::json decoder, nlohmann::json model) {
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", std::move(added)},
+          {"normalizer", std::move(normalizer)},
+          {"pre_tokenizer", std::move(pre_tokenizer)},
+          {"post_processor", nullptr},
+          {"decoder", std::move(decoder)},
+          {"model", std::move(model)}};
+}
+
+Result<std::string> gpt2_tokenizer_json(const GgufFile& f) {
   auto pre = f.get_string("tokenizer.ggml.pre");
   if (!pre.ok()) return pre.error();
   const std::string pre_name = pre->value_or("default");
@@ -393,64 +470,162 @@ Result<std::string> tokenizer_json(const GgufFile& f) {
   if (!regexes)
     return key_error(ErrorCode::unsupported, f, "tokenizer.ggml.pre",
                      "= '" + pre_name + "' is not a pre-tokenizer this build maps to llama.cpp's regexes");
-  auto tokens = f.get_string_array("tokenizer.ggml.tokens");
-  if (!tokens.ok()) return tokens.error();
-  if (!tokens->has_value()) return key_error(ErrorCode::not_found, f, "tokenizer.ggml.tokens", "is missing");
+  auto v = read_vocab(f);
+  if (!v.ok()) return v.error();
   auto merges = f.get_string_array("tokenizer.ggml.merges");
   if (!merges.ok()) return merges.error();
   if (!merges->has_value()) return key_error(ErrorCode::not_found, f, "tokenizer.ggml.merges", "is missing");
-  std::vector<std::int64_t> types;
-  if (const Value* tt = f.find("tokenizer.ggml.token_type"); tt != nullptr) {
-    if (tt->type != ValueType::array || !(tt->elements.empty() || tt->elements.front().is_integer()))
-      return key_error(ErrorCode::mismatch, f, "tokenizer.ggml.token_type", "is not an array of integers");
-    if (tt->elements.size() != (*tokens)->size())
-      return key_error(ErrorCode::mismatch, f, "tokenizer.ggml.token_type",
-                       "has " + std::to_string(tt->elements.size()) + " entries for " +
-                           std::to_string((*tokens)->size()) + " tokens");
-    for (const Value& v : tt->elements) types.push_back(v.int_value);
-  }
-  // A std::map-backed object: nlohmann::json's linear lookups made this
-  // quadratic in the vocab (8 s for SmolLM2's 49,152 tokens).
-  nlohmann::json vocab = nlohmann::json::object();
-  nlohmann::json added = nlohmann::json::array();
-  for (std::size_t id = 0; id < (*tokens)->size(); ++id) {
-    const std::string& tok = (**tokens)[id];
-    if (!vocab.contains(tok)) vocab[tok] = id;
-    const std::int64_t type = id < types.size() ? types[id] : 1;
-    if (type == kTokenControl || type == kTokenUserDefined)
-      added.push_back({{"id", id},
-                       {"content", tok},
-                       {"single_word", false},
-                       {"lstrip", false},
-                       {"rstrip", false},
-                       {"normalized", false},
-                       {"special", type == kTokenControl}});
-  }
+  nlohmann::json vocab, added;
+  vocab_json(*v, {kTokenControl}, vocab, added);
   nlohmann::json splits = nlohmann::json::array();
   for (const std::string& re : *regexes)
     splits.push_back({{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"}, {"invert", false}});
-  splits.push_back({{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}});
-  nlohmann::json doc = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", splits}}},
-      {"post_processor", nullptr},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", false},
-        {"vocab", vocab},
-        {"merges", **merges}}}};
-  return doc.dump();
+  const nlohmann::json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  splits.push_back(byte_level);
+  return tokenizer_doc(std::move(added), nullptr, {{"type", "Sequence"}, {"pretokenizers", splits}}, byte_level,
+                       bpe_model(std::move(vocab), std::move(**merges), nullptr, /*byte_fallback=*/false))
+      .dump();
+}
+
+/// Byte offsets of the code point boundaries inside `s` (1..size-1): a
+/// Python string's split points, as generate_merges slices tokens.
+std::vector<std::size_t> inner_boundaries(const std::string& s) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 1; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) out.push_back(i);
+  return out;
+}
+
+std::size_t num_code_points(std::string_view s) {
+  std::size_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> merges_from_scores(const std::vector<std::string>& tokens,
+                                                                    const std::vector<double>& scores) {
+  // transformers' generate_merges(vocab, vocab_scores): vocab = {token: id}
+  // (a repeated token keeps its last id), vocab_scores = dict(zip(tokens,
+  // scores)) (first position, last score); each token's splits into two
+  // vocab tokens sorted by (left id, right id), then all stably sorted by
+  // (score, left length, right length), highest first.
+  std::unordered_map<std::string, std::int64_t> vocab;
+  std::unordered_map<std::string, double> score_of;
+  std::vector<const std::string*> order;
+  vocab.reserve(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    vocab[tokens[i]] = static_cast<std::int64_t>(i);
+    if (score_of.insert_or_assign(tokens[i], scores[i]).second) order.push_back(&tokens[i]);
+  }
+  struct Candidate {
+    std::string left, right;
+    double score;
+    std::size_t left_len, right_len;
+  };
+  std::vector<Candidate> all;
+  std::vector<Candidate> local;
+  for (const std::string* tok : order) {
+    local.clear();
+    for (const std::size_t cut : inner_boundaries(*tok)) {
+      std::string left = tok->substr(0, cut), right = tok->substr(cut);
+      if (vocab.contains(left) && vocab.contains(right))
+        local.push_back({std::move(left), std::move(right), score_of[*tok], 0, 0});
+    }
+    std::stable_sort(local.begin(), local.end(), [&](const Candidate& a, const Candidate& b) {
+      const auto ka = std::pair(vocab[a.left], vocab[a.right]), kb = std::pair(vocab[b.left], vocab[b.right]);
+      return ka < kb;
+    });
+    for (Candidate& c : local) {
+      c.left_len = num_code_points(c.left);
+      c.right_len = num_code_points(c.right);
+      all.push_back(std::move(c));
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tuple(a.score, a.left_len, a.right_len) > std::tuple(b.score, b.left_len, b.right_len);
+  });
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(all.size());
+  for (Candidate& c : all) out.emplace_back(std::move(c.left), std::move(c.right));
+  return out;
+}
+
+namespace {
+
+Result<std::string> llama_tokenizer_json(const GgufFile& f) {
+  auto v = read_vocab(f);
+  if (!v.ok()) return v.error();
+  nlohmann::json merges = nlohmann::json::array();
+  auto file_merges = f.get_string_array("tokenizer.ggml.merges");
+  if (!file_merges.ok()) return file_merges.error();
+  if (file_merges->has_value()) {
+    for (const std::string& m : **file_merges) {
+      const auto sp = m.find(' ');
+      if (sp == std::string::npos)
+        return key_error(ErrorCode::corrupt, f, "tokenizer.ggml.merges", "holds '" + m + "', not 'LEFT RIGHT'");
+      merges.push_back({m.substr(0, sp), m.substr(sp + 1)});
+    }
+  } else {
+    const Value* sc = f.find("tokenizer.ggml.scores");
+    if (sc == nullptr)
+      return key_error(ErrorCode::not_found, f, "tokenizer.ggml.scores",
+                       "is missing (a llama vocabulary without merges needs its scores)");
+    if (sc->type != ValueType::array || !(sc->elements.empty() || sc->elements.front().is_float()))
+      return key_error(ErrorCode::mismatch, f, "tokenizer.ggml.scores", "is not an array of floats");
+    if (sc->elements.size() != v->tokens.size())
+      return key_error(ErrorCode::mismatch, f, "tokenizer.ggml.scores",
+                       "has " + std::to_string(sc->elements.size()) + " entries for " +
+                           std::to_string(v->tokens.size()) + " tokens");
+    std::vector<double> scores;
+    scores.reserve(sc->elements.size());
+    for (const Value& e : sc->elements) scores.push_back(e.float_value);
+    for (auto& [left, right] : merges_from_scores(v->tokens, scores))
+      merges.push_back({std::move(left), std::move(right)});
+  }
+  nlohmann::json unk = nullptr;
+  auto unk_id = f.get_int("tokenizer.ggml.unknown_token_id");
+  if (!unk_id.ok()) return unk_id.error();
+  if (unk_id->has_value()) {
+    if (**unk_id < 0 || static_cast<std::size_t>(**unk_id) >= v->tokens.size())
+      return key_error(ErrorCode::corrupt, f, "tokenizer.ggml.unknown_token_id",
+                       "= " + std::to_string(**unk_id) + " is not a token id");
+    unk = v->tokens[static_cast<std::size_t>(**unk_id)];
+  }
+  auto add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix");
+  if (!add_space_prefix.ok()) return add_space_prefix.error();
+  const bool prefix = add_space_prefix->value_or(true);
+  nlohmann::json vocab, added;
+  vocab_json(*v, {kTokenControl, kTokenUnknown}, vocab, added);
+  // llama.cpp's SPM tokenizer (llm_tokenizer_spm): a space before each run
+  // of text when add_space_prefix (at the start and after a special token,
+  // whether or not the text starts with one, as SentencePiece's
+  // add_dummy_prefix), spaces as U+2581; unknown characters as <0xNN>.
+  nlohmann::json normalizers = nlohmann::json::array();
+  if (prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", "\u2581"}});
+  normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}});
+  nlohmann::json decoders = {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                             {{"type", "ByteFallback"}},
+                             {{"type", "Fuse"}}};
+  if (prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  return tokenizer_doc(std::move(added), {{"type", "Sequence"}, {"normalizers", normalizers}}, nullptr,
+                       {{"type", "Sequence"}, {"decoders", decoders}},
+                       bpe_model(std::move(vocab), std::move(merges), unk, /*byte_fallback=*/true))
+      .dump();
+}
+
+}  // namespace
+
+Result<std::string> tokenizer_json(const GgufFile& f) {
+  auto model = f.get_string("tokenizer.ggml.model");
+  if (!model.ok()) return model.error();
+  if (!model->has_value()) return key_error(ErrorCode::not_found, f, "tokenizer.ggml.model", "is missing");
+  if (**model == "gpt2") return gpt2_tokenizer_json(f);
+  if (**model == "llama") return llama_tokenizer_json(f);
+  return key_error(ErrorCode::unsupported, f, "tokenizer.ggml.model",
+                   "= '" + **model + "' is not supported (gpt2, byte-level BPE, and llama, SentencePiece-style BPE, are)");
 }
 
 Result<std::vector<std::pair<std::string, std::string>>> special_token_texts(const GgufFile& f) {

@@ -16,12 +16,13 @@
 /// Not taken (refused with `unsupported` naming the key or tensor):
 /// `rope_freqs` tensors and `{arch}.rope.scaling.type` other than none
 /// (llama3 / linear / yarn scaling), partial rotary dims, Q8_1 and the
-/// IQ / ternary types, tokenizer models other than `gpt2`, pre-tokenizers
-/// without a mapping (see `pre_tokenizer_regexes`).
+/// IQ / ternary types, tokenizer models other than `gpt2` and `llama`,
+/// pre-tokenizers without a mapping (see `pre_tokenizer_regexes`).
 
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/result.hpp"
@@ -53,12 +54,32 @@ namespace shardline::model::gguf {
 [[nodiscard]] std::optional<std::vector<std::string>> pre_tokenizer_regexes(const std::string& name);
 
 /// The tokenizer the file describes, as the text of an equivalent Hugging
-/// Face tokenizer.json (what llama.cpp runs: the pre-tokenizer's regexes as
-/// isolated Splits, byte-level BPE over the file's tokens and merges, control
-/// tokens special and user-defined tokens added). Errors: unsupported
-/// (`tokenizer.ggml.model` other than gpt2, an unknown `tokenizer.ggml.pre`:
-/// both named), not_found / mismatch (keys).
+/// Face tokenizer.json (what llama.cpp runs), by `tokenizer.ggml.model`:
+///  - `gpt2`: the pre-tokenizer's regexes as isolated Splits, byte-level BPE
+///    over the file's tokens and merges;
+///  - `llama` (SentencePiece-style, llama.cpp's SPM): BPE over characters
+///    with `<0xNN>` byte fallback, its merges from `tokenizer.ggml.merges`
+///    or, as a llama vocabulary has none, from `tokenizer.ggml.scores`
+///    (`merges_from_scores`); spaces as U+2581 and, when
+///    `tokenizer.ggml.add_space_prefix` (default true), a U+2581 before each
+///    run of text as llama.cpp and SentencePiece's add_dummy_prefix put it
+///    (also before text that starts with a space: transformers' GGUF
+///    converter uses a Metaspace that does not, a known difference,
+///    docs/models.md);
+/// control tokens (and `llama`'s UNKNOWN) special, user-defined tokens added.
+/// Errors: unsupported (another `tokenizer.ggml.model`, an unknown
+/// `tokenizer.ggml.pre`: both named), not_found / mismatch / corrupt (keys,
+/// named).
 [[nodiscard]] Result<std::string> tokenizer_json(const GgufFile& file);
+
+/// The BPE merges a SentencePiece vocabulary implies, as transformers'
+/// `generate_merges(vocab, scores)` builds them (tokenization_utils_base.py):
+/// every split of a token (at code point boundaries) into two tokens of the
+/// vocabulary, ranked by the token's score, then the left and right lengths
+/// in code points, highest first (ties keep token order, then (left id,
+/// right id)). `scores` has one entry per token.
+[[nodiscard]] std::vector<std::pair<std::string, std::string>> merges_from_scores(
+    const std::vector<std::string>& tokens, const std::vector<double>& scores);
 
 /// The tokenizer (a BpeTokenizer over `tokenizer_json`), with BOS / EOS from
 /// `tokenizer.ggml.bos_token_id` / `eos_token_id` and BOS prepended when

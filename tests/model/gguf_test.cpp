@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include "model/config.hpp"
@@ -369,6 +370,105 @@ TEST_F(GgufTest, TokenizerMetadataErrors) {
   EXPECT_TRUE(pre_tokenizer_regexes("smollm").has_value());
   EXPECT_EQ(pre_tokenizer_regexes("smollm")->size(), 2u);
   EXPECT_FALSE(pre_tokenizer_regexes("no-such-pre").has_value());
+}
+
+// A `llama` (SentencePiece-style) vocabulary: no merges, scores rank them.
+// Hand-worked: "ab" (-1) > "▁a" (-2) > "▁ab" (-3: "▁a"+"b" before
+// "▁"+"ab", the longer left first) > "ba" (-4).
+GgufWriter tiny_spm() {
+  GgufWriter w = tiny_llama(64, 4, 2, 96, 11);
+  w.put_str("tokenizer.ggml.model", "llama");
+  w.put_str_array("tokenizer.ggml.tokens",
+                  {"<unk>", "<s>", "</s>", "<0x21>", "▁", "a", "b", "ab", "▁a", "▁ab", "ba"});
+  w.put_f32_array("tokenizer.ggml.scores", {0, 0, 0, 0, -100, -101, -102, -1, -2, -3, -4});
+  w.put_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 6, 1, 1, 1, 1, 1, 1, 1});
+  w.put_u32("tokenizer.ggml.unknown_token_id", 0);  // BOS 1, EOS 2 from tiny_llama
+  w.put_bool("tokenizer.ggml.add_bos_token", true);
+  return w;
+}
+
+TEST_F(GgufTest, LlamaVocabularyMergesFromScores) {
+  const std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "<0x21>", "▁", "a",
+                                           "b",     "ab",  "▁a", "▁ab", "ba"};
+  const auto merges = merges_from_scores(tokens, {0, 0, 0, 0, -100, -101, -102, -1, -2, -3, -4});
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"a", "b"}, {"▁", "a"}, {"▁a", "b"}, {"▁", "ab"}, {"b", "a"}};
+  EXPECT_EQ(merges, want);
+
+  tiny_spm().write(path("spm.gguf"));
+  auto t = model::load_tokenizer(path("spm.gguf"));
+  ASSERT_TRUE(t.ok()) << t.error().to_string();
+  const auto& tok = **t;
+  EXPECT_EQ(tok.encode("ab", false), (std::vector<std::int32_t>{9}));
+  EXPECT_EQ(tok.encode("ab", true), (std::vector<std::int32_t>{1, 9}));
+  // "▁bab!": a+b first, then no merge joins b and ab; '!' by its byte token.
+  EXPECT_EQ(tok.encode("bab!", false), (std::vector<std::int32_t>{4, 6, 7, 3}));
+  // The space prefix goes before text that starts with a space too (llama.cpp).
+  EXPECT_EQ(tok.encode(" ab", false), (std::vector<std::int32_t>{4, 9}));
+  // ... and after a special token; 'c' has no byte token: unk.
+  EXPECT_EQ(tok.encode("<s>ab", false), (std::vector<std::int32_t>{1, 9}));
+  EXPECT_EQ(tok.encode("c", false), (std::vector<std::int32_t>{4, 0}));
+  EXPECT_EQ(tok.decode(std::vector<std::int32_t>{4, 9}, false), " ab");
+  EXPECT_EQ(tok.decode(std::vector<std::int32_t>{1, 9, 3, 2}, true), "ab!");
+  EXPECT_TRUE(tok.is_special(0));
+  EXPECT_TRUE(tok.is_special(1));
+  EXPECT_FALSE(tok.is_special(9));
+  EXPECT_EQ(tok.bos_token_id(), 1);
+  EXPECT_EQ(tok.eos_token_id(), 2);
+
+  // add_space_prefix = false: no U+2581 before the text, none stripped.
+  GgufWriter np = tiny_spm();
+  np.put_bool("tokenizer.ggml.add_space_prefix", false);
+  np.write(path("spm-np.gguf"));
+  auto t2 = model::load_tokenizer(path("spm-np.gguf"));
+  ASSERT_TRUE(t2.ok()) << t2.error().to_string();
+  EXPECT_EQ((*t2)->encode("ab", false), (std::vector<std::int32_t>{7}));
+  EXPECT_EQ((*t2)->decode(std::vector<std::int32_t>{4, 7}, false), " ab");
+}
+
+TEST_F(GgufTest, LlamaVocabularyErrorsNameTheKey) {
+  struct Case {
+    const char* name;
+    std::function<void(GgufWriter&)> edit;
+    ErrorCode code;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {"no scores", [](GgufWriter& w) { w.remove("tokenizer.ggml.scores"); }, ErrorCode::not_found,
+       "tokenizer.ggml.scores"},
+      {"short scores", [](GgufWriter& w) {
+         w.remove("tokenizer.ggml.scores");
+         w.put_f32_array("tokenizer.ggml.scores", {0, 0});
+       }, ErrorCode::mismatch,
+       "has 2 entries for 11 tokens"},
+      {"scores of strings", [](GgufWriter& w) {
+         w.remove("tokenizer.ggml.scores");
+         w.put_str_array("tokenizer.ggml.scores", {"x"});
+       },
+       ErrorCode::mismatch, "not an array of floats"},
+      {"bad unk", [](GgufWriter& w) {
+         w.remove("tokenizer.ggml.unknown_token_id");
+         w.put_u32("tokenizer.ggml.unknown_token_id", 99);
+       }, ErrorCode::corrupt,
+       "tokenizer.ggml.unknown_token_id"},
+      {"bad merge", [](GgufWriter& w) { w.put_str_array("tokenizer.ggml.merges", {"ab"}); }, ErrorCode::corrupt,
+       "tokenizer.ggml.merges"},
+      {"unknown model", [](GgufWriter& w) {
+         w.remove("tokenizer.ggml.model");
+         w.put_str("tokenizer.ggml.model", "bert");
+       }, ErrorCode::unsupported,
+       "'bert'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    GgufWriter w = tiny_spm();
+    c.edit(w);
+    w.write(path("bad-spm.gguf"));
+    auto t = model::load_tokenizer(path("bad-spm.gguf"));
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.error().code, c.code) << t.error().to_string();
+    EXPECT_NE(t.error().message.find(c.needle), std::string::npos) << t.error().to_string();
+  }
 }
 
 }  // namespace

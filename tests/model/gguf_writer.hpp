@@ -30,6 +30,17 @@ class GgufWriter {
     for (const auto x : v) body += bytes_of(x);
     kv(key, 9, body);
   }
+  void put_f32_array(const std::string& key, const std::vector<float>& v) {
+    std::string body = bytes_of(std::uint32_t{6}) + bytes_of(static_cast<std::uint64_t>(v.size()));
+    for (const auto x : v) body += bytes_of(x);
+    kv(key, 9, body);
+  }
+  /// Drops every value of `key` (before putting another: a key written twice
+  /// is a duplicate the reader refuses).
+  void remove(const std::string& key) {
+    const std::string prefix = str(key);
+    std::erase_if(kvs_, [&](const std::string& kv) { return kv.compare(0, prefix.size(), prefix) == 0; });
+  }
   /// A raw key-value (type id and encoded value as given).
   void put_raw(const std::string& key, std::uint32_t type, const std::string& value) { kv(key, type, value); }
 
