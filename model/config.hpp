@@ -44,6 +44,11 @@ struct ModelConfig {
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
   std::optional<RopeScaling> rope_scaling;
+  /// Per-frequency RoPE divisors, [head_dim / 2]: inv_freq[i] /=
+  /// rope_freq_factors[i] (llama.cpp's `rope_freqs` tensor, the form its
+  /// GGUF converter gives llama3 scaling; or a GGUF linear scaling factor,
+  /// the same for every frequency). Empty: none.
+  std::vector<float> rope_freq_factors;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  ///< Qwen2 (always) or Llama `attention_bias`
   bool qk_norm = false;   ///< Qwen3

@@ -336,6 +336,7 @@ kc::RopeParams rope_params_for(const ModelConfig& c) {
     rp.high_freq_factor = c.rope_scaling->high_freq_factor;
     rp.original_max_position_embeddings = c.rope_scaling->original_max_position_embeddings;
   }
+  rp.freq_factors = c.rope_freq_factors;
   return rp;
 }
 

@@ -137,7 +137,8 @@ std::vector<float> rope_inv_freq(const RopeParams& p) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(p.head_dim);
     inv[i] = 1.0f / std::pow(p.theta, e);
   }
-  if (!p.llama3_scaling) return inv;
+  for (std::size_t i = 0; i < p.freq_factors.size() && i < inv.size(); ++i) inv[i] /= p.freq_factors[i];
+  if (!p.llama3_scaling) return inv;  // (a model has freq_factors or llama3 scaling, not both)
   // HF _compute_llama3_parameters, in float32 like torch. torch evaluates
   // `scalar / tensor` as tensor.reciprocal() * scalar; mirrored here.
   const float orig = static_cast<float>(p.original_max_position_embeddings);

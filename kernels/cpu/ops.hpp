@@ -44,10 +44,13 @@ struct RopeParams {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_position_embeddings = 8192;
+  /// [head_dim / 2] or empty: inv_freq[i] is divided by freq_factors[i]
+  /// (llama.cpp's rope_freqs: theta = pos * base^(-2i/d) / factor).
+  std::vector<float> freq_factors;
 };
 
 /// inv_freq[i] = 1 / theta^(2i / head_dim), i < head_dim / 2, rescaled per
-/// llama3 when enabled.
+/// llama3 when enabled, then divided by `freq_factors` when given.
 [[nodiscard]] std::vector<float> rope_inv_freq(const RopeParams& p);
 
 /// Applies rotate-half (GPT-NeoX / Hugging Face) RoPE in place to the first

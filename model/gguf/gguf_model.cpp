@@ -1,6 +1,7 @@
 #include "model/gguf/gguf_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -118,15 +119,40 @@ Result<ModelConfig> model_config(const GgufFile& f) {
   if (!theta.ok()) return theta.error();
   c["rope_theta"] = theta->value_or(10000.0);
   fields.push_back({"rope_theta", p + "rope.freq_base"});
-  if (auto st = f.get_string(p + "rope.scaling.type"); !st.ok()) {
-    return st.error();
-  } else if (st->has_value() && **st != "none") {
-    return key_error(ErrorCode::unsupported, f, p + "rope.scaling.type", "= '" + **st + "' is not supported");
+  // RoPE scaling, as llama.cpp reads it: `rope_freqs.weight` ([head_dim /
+  // 2] divisors: its converter's form of llama3 scaling) and
+  // `rope.scaling.type` linear (every frequency divided by
+  // `rope.scaling.factor`); yarn and the rest are refused.
+  std::vector<float> freq_factors;
+  auto scaling_type = f.get_string(p + "rope.scaling.type");
+  if (!scaling_type.ok()) return scaling_type.error();
+  const std::string scaling = scaling_type->value_or("none");
+  if (scaling == "linear") {
+    auto factor = f.get_float(p + "rope.scaling.factor");
+    if (!factor.ok()) return factor.error();
+    if (!factor->has_value() || !(**factor > 0))
+      return key_error(ErrorCode::invalid_argument, f, p + "rope.scaling.factor",
+                       "must be a positive number for linear scaling");
+    freq_factors.assign(static_cast<std::size_t>(head_dim / 2), static_cast<float>(**factor));
+  } else if (scaling != "none") {
+    return key_error(ErrorCode::unsupported, f, p + "rope.scaling.type",
+                     "= '" + scaling + "' is not supported (none, linear, and llama3 as a rope_freqs tensor are)");
   }
-  if (f.find_tensor("rope_freqs.weight") != nullptr)
-    return make_error(ErrorCode::unsupported,
-                      f.path().string() + ": tensor 'rope_freqs.weight' (per-frequency RoPE factors, e.g. llama3 "
-                                          "scaling) is not supported");
+  if (const TensorInfo* rf = f.find_tensor("rope_freqs.weight"); rf != nullptr) {
+    auto tensor_error = [&](const std::string& what) {
+      return make_error(ErrorCode::mismatch, f.path().string() + ": tensor 'rope_freqs.weight' " + what);
+    };
+    if (!freq_factors.empty()) return tensor_error("and rope.scaling.type linear both scale RoPE");
+    if (rf->dims.size() != 1 || rf->dims[0] != head_dim / 2)
+      return tensor_error("must have head_dim / 2 = " + std::to_string(head_dim / 2) + " elements");
+    freq_factors.resize(static_cast<std::size_t>(head_dim / 2));
+    if (Status st = kernels::dequantize_row(static_cast<kernels::GgmlType>(rf->ggml_type), rf->data,
+                                            freq_factors.data(), head_dim / 2);
+        !st.ok())
+      return st.error();
+    for (const float x : freq_factors)
+      if (!(x > 0) || !std::isfinite(x)) return tensor_error("holds " + std::to_string(x) + ", not a positive factor");
+  }
   c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
   if (arch == "llama") c["attention_bias"] = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   if (auto b = f.get_int("tokenizer.ggml.bos_token_id"); !b.ok()) {
@@ -155,6 +181,7 @@ Result<ModelConfig> model_config(const GgufFile& f) {
       }
     return e;
   }
+  cfg->rope_freq_factors = std::move(freq_factors);
   return cfg;
 }
 

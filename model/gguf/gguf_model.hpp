@@ -13,9 +13,13 @@
 /// engine's rotate-half RoPE applies. `qwen2` and `qwen3` are stored
 /// unpermuted.
 ///
-/// Not taken (refused with `unsupported` naming the key or tensor):
-/// `rope_freqs` tensors and `{arch}.rope.scaling.type` other than none
-/// (llama3 / linear / yarn scaling), partial rotary dims, Q8_1 and the
+/// RoPE scaling as llama.cpp takes it: a `rope_freqs.weight` tensor
+/// ([head_dim / 2] divisors of the frequencies, its converter's form of
+/// llama3 scaling) or `{arch}.rope.scaling.type` linear with
+/// `rope.scaling.factor`, both as ModelConfig::rope_freq_factors.
+///
+/// Not taken (refused with `unsupported` naming the key or tensor): other
+/// `rope.scaling.type`s (yarn, ...), partial rotary dims, Q8_1 and the
 /// IQ / ternary types, tokenizer models other than `gpt2` and `llama`,
 /// pre-tokenizers without a mapping (see `pre_tokenizer_regexes`).
 

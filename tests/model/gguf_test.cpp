@@ -18,6 +18,8 @@
 #include "model/gguf/gguf_model.hpp"
 #include "model/tokenizer.hpp"
 #include "model/weights.hpp"
+#include "model/shard_runner.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "tests/model/gguf_writer.hpp"
 #include "tests/support/process.hpp"
 
@@ -370,6 +372,61 @@ TEST_F(GgufTest, TokenizerMetadataErrors) {
   EXPECT_TRUE(pre_tokenizer_regexes("smollm").has_value());
   EXPECT_EQ(pre_tokenizer_regexes("smollm")->size(), 2u);
   EXPECT_FALSE(pre_tokenizer_regexes("no-such-pre").has_value());
+}
+
+// RoPE scaling as llama.cpp stores it: rope_freqs.weight, or linear.
+TEST_F(GgufTest, RopeScalingFromRopeFreqsOrLinear) {
+  {
+    GgufWriter w = tiny_llama();  // head_dim 16: 8 frequencies
+    w.add_f32("rope_freqs.weight", {8}, {1, 1, 1, 1.5f, 2.5f, 8, 8, 8});
+    w.write(path("freqs.gguf"));
+    auto c = load_model_config(path("freqs.gguf"));
+    ASSERT_TRUE(c.ok()) << c.error().to_string();
+    EXPECT_EQ(c->rope_freq_factors, (std::vector<float>{1, 1, 1, 1.5f, 2.5f, 8, 8, 8}));
+    EXPECT_FALSE(c->rope_scaling.has_value());
+    kernels::cpu::RopeParams plain;
+    plain.head_dim = 16;
+    plain.theta = c->rope_theta;
+    const auto base = kernels::cpu::rope_inv_freq(plain);
+    const auto scaled = kernels::cpu::rope_inv_freq(rope_params_for(*c));
+    ASSERT_EQ(scaled.size(), 8u);
+    for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(scaled[i], base[i] / c->rope_freq_factors[i]) << i;
+  }
+  {
+    GgufWriter w = tiny_llama();
+    w.put_str("llama.rope.scaling.type", "linear");
+    w.put_f32("llama.rope.scaling.factor", 4.0f);
+    w.write(path("linear.gguf"));
+    auto c = load_model_config(path("linear.gguf"));
+    ASSERT_TRUE(c.ok()) << c.error().to_string();
+    EXPECT_EQ(c->rope_freq_factors, std::vector<float>(8, 4.0f));
+  }
+  struct Bad {
+    const char* name;
+    std::function<void(GgufWriter&)> edit;
+    ErrorCode code;
+    const char* needle;
+  };
+  const std::vector<Bad> bad = {
+      {"yarn", [](GgufWriter& w) { w.put_str("llama.rope.scaling.type", "yarn"); }, ErrorCode::unsupported,
+       "'yarn'"},
+      {"linear without factor", [](GgufWriter& w) { w.put_str("llama.rope.scaling.type", "linear"); },
+       ErrorCode::invalid_argument, "llama.rope.scaling.factor"},
+      {"short rope_freqs", [](GgufWriter& w) { w.add_f32("rope_freqs.weight", {4}, {1, 1, 1, 1}); },
+       ErrorCode::mismatch, "head_dim / 2 = 8"},
+      {"zero factor", [](GgufWriter& w) { w.add_f32("rope_freqs.weight", {8}, {1, 1, 1, 0, 1, 1, 1, 1}); },
+       ErrorCode::mismatch, "not a positive factor"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.name);
+    GgufWriter w = tiny_llama();
+    b.edit(w);
+    w.write(path("bad-rope.gguf"));
+    auto c = load_model_config(path("bad-rope.gguf"));
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.error().code, b.code) << c.error().to_string();
+    EXPECT_NE(c.error().message.find(b.needle), std::string::npos) << c.error().to_string();
+  }
 }
 
 // A `llama` (SentencePiece-style) vocabulary: no merges, scores rank them.
