@@ -14,12 +14,19 @@ saves it with `save_pretrained` (safetensors) twice:
   OUT_DIR/<case>/f32   the float32 model
   OUT_DIR/<case>/bf16  the same model cast to bfloat16 (dtype "bfloat16")
 
+and once as GGUF (`save_gguf`: F32 tensors under llama.cpp's names and keys,
+llama's q / k rows permuted and llama3 scaling as a `rope_freqs.weight`
+tensor, as llama.cpp's converter writes them):
+
+  OUT_DIR/<case>/gguf/model.gguf
+
 then writes three references, each the prompt logits of 8 seeded random
 prompts (5..40 tokens; every position) and their greedy continuations of 32
 tokens (`generate(do_sample=False, max_new_tokens=32)`, no EOS so all 32 are
 generated), with the top-5 logits of every generated step:
 
   f32         the float32 model in float32.
+  gguf        the same reference, for the GGUF file of the same weights.
   bf16_f32    the bf16 checkpoint upcast to float32 and computed in float32:
               what Shardline computes with `--dtype f32` over a BF16 file
               (the loader widens BF16 to F32 exactly, all compute is F32).
@@ -32,7 +39,7 @@ generated), with the top-5 logits of every generated step:
               accumulation; embeddings, RMSNorm, RoPE, attention, softmax,
               SiLU and the residual stream stay F32, as here.
 
-Files, per case and reference (REF = f32 | bf16_f32 | bf16_bf16):
+Files, per case and reference (REF = f32 | bf16_f32 | bf16_bf16; gguf reuses f32's files):
   OUT_DIR/<case>/REF.prompt_logits.f32   raw little-endian float32, the
       prompts' logits one after the other, each [len, vocab] row-major.
   OUT_DIR/manifest.json  {"vocab_size", "max_new_tokens", "prompts": [[ids]],
@@ -87,6 +94,88 @@ CASES = [
     ("qwen3", Qwen3Config, common(intermediate_size=512, tie_word_embeddings=False, rope_theta=1000000.0,
                                   max_position_embeddings=512, use_sliding_window=False)),
 ]
+
+
+def permute_for_gguf(w, n_head):
+    """llama.cpp's converter reorders a llama q / k projection's rows within
+    each head from rotate-half pairs (i, i + d/2) to interleaved (2i, 2i+1)
+    for GGML's RoPE (the format's convention; Shardline's loader undoes it)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_freqs(theta, head_dim, scaling):
+    """The [head_dim / 2] divisors llama.cpp stores as `rope_freqs.weight` for
+    llama3 scaling: 1 for short wavelengths, `factor` for long ones, and the
+    smooth blend between (Meta's apply_scaling written as divisors)."""
+    import math
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    out = []
+    for f in freqs.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def save_gguf(model, fields, path):
+    """The float32 model as a GGUF file (F32 tensors, llama.cpp's names and
+    keys), written with the gguf package: what llama.cpp's converter makes of
+    it, so Shardline's GGUF loader can be held to the same logits."""
+    import gguf
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+            "Qwen3ForCausalLM": "qwen3"}[model.config.architectures[0]]
+    heads, kv_heads = fields["num_attention_heads"], fields["num_key_value_heads"]
+    w = gguf.GGUFWriter(path, arch)
+    w.add_context_length(fields["max_position_embeddings"])
+    w.add_embedding_length(fields["hidden_size"])
+    w.add_block_count(fields["num_hidden_layers"])
+    w.add_feed_forward_length(fields["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(fields["head_dim"])
+    w.add_value_length(fields["head_dim"])
+    w.add_rope_dimension_count(fields["head_dim"])
+    w.add_rope_freq_base(fields["rope_theta"])
+    w.add_layer_norm_rms_eps(fields["rms_norm_eps"])
+    w.add_vocab_size(VOCAB)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, t in model.state_dict().items():
+        t = t.detach().to(torch.float32).clone()
+        if name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if fields["tie_word_embeddings"]:
+                continue
+            out = "output.weight"
+        else:
+            parts = name.split(".")  # model.layers.N.<module>.<param>
+            module, param = ".".join(parts[3:-1]), parts[-1]
+            out = "blk.%s.%s.%s" % (parts[2], names[module], param)
+            if arch == "llama" and module == "self_attn.q_proj":
+                t = permute_for_gguf(t, heads)
+            elif arch == "llama" and module == "self_attn.k_proj":
+                t = permute_for_gguf(t, kv_heads)
+        w.add_tensor(out, t.numpy())
+    if fields.get("rope_scaling"):
+        w.add_tensor("rope_freqs.weight",
+                     llama3_rope_freqs(fields["rope_theta"], fields["head_dim"], fields["rope_scaling"]).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def make_config(cls, fields):
@@ -174,6 +263,8 @@ def main():
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
         redraw_norms_and_biases(model, 200 + ci)
         model.save_pretrained(os.path.join(case_dir, "f32"))
+        os.makedirs(os.path.join(case_dir, "gguf"), exist_ok=True)
+        save_gguf(model, fields, os.path.join(case_dir, "gguf", "model.gguf"))
         model.to(torch.bfloat16).save_pretrained(os.path.join(case_dir, "bf16"))
         del model
 
@@ -190,6 +281,8 @@ def main():
                          "min_top2_gap": gap}
             print(f"{name} {ref}: smallest top-1 - top-2 logit gap over the greedy steps {gap:.6f}", flush=True)
             del m
+        # The GGUF holds the f32 model's very weights: the same reference.
+        refs["gguf"] = dict(refs["f32"], model="gguf")
         manifest["cases"].append({
             "name": name,
             "architecture": json.load(open(os.path.join(case_dir, "f32", "config.json")))["architectures"][0],

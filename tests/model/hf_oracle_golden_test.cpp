@@ -16,7 +16,7 @@
 //     sides' top-2 logits at that step.
 // Cases (one test each; each runs the oracle for its case only, ~10 s):
 // Llama (untied), Llama (tied, llama3 rope scaling), Qwen2 (q/k/v bias,
-// tied), Qwen3 (q/k RMSNorm, untied); each against three references:
+// tied), Qwen3 (q/k RMSNorm, untied); each against four references:
 //   f32        F32 file, --dtype f32: kF32Bound, free-running greedy ids
 //              identical to HF's.
 //   bf16_f32   BF16 file, --dtype f32 (F32 compute over the BF16 values,
@@ -27,6 +27,11 @@
 //              vs HF with the same rounding (a pre-hook on every nn.Linear):
 //              kBf16ComputeMaxBound / kBf16ComputeMeanBound, greedy
 //              teacher-forced (see there why).
+//   gguf       the F32 model written as GGUF (hf_oracle.py save_gguf: F32
+//              tensors under llama.cpp's names, llama's q/k rows permuted,
+//              llama3 scaling as a rope_freqs tensor), loaded by the GGUF
+//              loader, --dtype f32, against the f32 reference: kF32Bound,
+//              free-running greedy ids identical.
 // Run it directly with OMP_WAIT_POLICY=PASSIVE on a loaded machine (ctest
 // sets it): spinning OpenMP threads beside other work make it 10x slower.
 #include <gtest/gtest.h>
@@ -103,8 +108,8 @@ constexpr double kBf16ComputeMeanBound = 0.008;
 constexpr int kBlockSize = 16;
 
 struct Reference {
-  std::string name;    // f32 | bf16_f32 | bf16_bf16
-  std::string folder;  // f32 | bf16
+  std::string name;    // f32 | bf16_f32 | bf16_bf16 | gguf
+  std::string folder;  // f32 | bf16 | gguf
   std::vector<float> prompt_logits;                 // prompts' rows, one after the other
   std::vector<std::vector<std::int32_t>> generated;  // [prompt][step]
   std::vector<std::vector<std::vector<std::pair<int, float>>>> top5;  // [prompt][step][rank]
@@ -142,7 +147,7 @@ void run_oracle(const fs::path& dir, const std::string& case_name, Oracle& o) {
   ASSERT_EQ(o.case_info.at("name").get<std::string>(), case_name);
   std::size_t rows = 0;
   for (const auto& p : o.prompts) rows += p.size();
-  for (const char* name : {"f32", "bf16_f32", "bf16_bf16"}) {
+  for (const char* name : {"f32", "bf16_f32", "bf16_bf16", "gguf"}) {
     const json& j = o.case_info.at("refs").at(name);
     Reference ref;
     ref.name = name;
@@ -252,13 +257,16 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
   auto weights = std::make_shared<const ModelWeights>(std::move(loaded).value());
 
   // The config.json transformers wrote, as Shardline reads it.
+  // (The GGUF's config comes from its keys: llama3 scaling as rope_freqs.)
   const ModelConfig& c = weights->config;
+  const bool gguf = ref.folder == "gguf";
   EXPECT_EQ(c.architecture_string, o.case_info.at("architecture").get<std::string>());
   EXPECT_EQ(c.tie_word_embeddings, o.case_info.at("tie_word_embeddings").get<bool>());
   EXPECT_EQ(c.tie_word_embeddings, weights->lm_head.data == weights->embed_tokens.data);
   EXPECT_FLOAT_EQ(c.rope_theta, o.case_info.at("rope_theta").get<float>()) << "rope_theta (rope_parameters)";
   const json& scaling = o.case_info.at("rope_scaling");
-  EXPECT_EQ(c.rope_scaling.has_value(), !scaling.is_null()) << "rope scaling (rope_parameters)";
+  EXPECT_EQ(c.rope_scaling.has_value(), !gguf && !scaling.is_null()) << "rope scaling (rope_parameters)";
+  EXPECT_EQ(c.rope_freq_factors.size(), gguf && !scaling.is_null() ? c.head_dim / 2u : 0u) << "GGUF rope_freqs";
   if (c.rope_scaling && !scaling.is_null()) {
     EXPECT_EQ(c.rope_scaling->rope_type, scaling.at("rope_type").get<std::string>());
     EXPECT_FLOAT_EQ(c.rope_scaling->factor, scaling.at("factor").get<float>());
@@ -271,7 +279,7 @@ RefResult check_reference(const fs::path& dir, const Oracle& o, const Reference&
   EXPECT_EQ(c.num_key_value_heads, 2);
   EXPECT_EQ(c.head_dim, 32);
   EXPECT_EQ(c.vocab_size, o.vocab);
-  EXPECT_EQ(c.torch_dtype, ref.folder == "f32" ? "float32" : "bfloat16");
+  EXPECT_EQ(c.torch_dtype, gguf ? "" : ref.folder == "f32" ? "float32" : "bfloat16");
   EXPECT_EQ(weights->layers[0].qkv_bias.empty(), c.arch != Architecture::qwen2);
   EXPECT_EQ(weights->layers[0].q_norm.empty(), c.arch != Architecture::qwen3);
 
