@@ -4,7 +4,8 @@
 // use each construct of the subset are rendered over a generated corpus of
 // conversations (system or not, multi-turn, empty content, unicode,
 // whitespace at the edges, an assistant turn last with and without a
-// generation prompt, broken alternation); each rendering must equal jinja2's
+// generation prompt, broken alternation), with the real model's template
+// from its GGUF too; each rendering must equal jinja2's
 // byte for byte, or both must fail. The chat_template_golden.json files
 // are checked without Python too.
 #include "model/jinja.hpp"
@@ -17,6 +18,8 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "model/gguf/gguf_file.hpp"
+#include "model/gguf/gguf_model.hpp"
 #include "tests/support/python.hpp"
 
 namespace shardline::model::jinja {
@@ -50,6 +53,17 @@ std::vector<std::pair<std::string, std::string>> shipped_templates() {
       out.emplace_back(entry.path().filename().string(), c["chat_template"].get<std::string>());
   }
   return out;
+}
+
+/// The real model's own template, from its GGUF (`tokenizer.chat_template`).
+std::string smollm2_gguf_template() {
+  const auto file = kSource / "models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  auto f = gguf::GgufFile::open(file);
+  EXPECT_TRUE(f.ok()) << (f.ok() ? "" : f.error().to_string()) << " (run `bash deploy/fetch-models.sh`)";
+  if (!f.ok()) return "";
+  auto t = gguf::chat_template(*f);
+  EXPECT_TRUE(t.ok() && t->has_value()) << file << " has no tokenizer.chat_template";
+  return t.ok() && t->has_value() ? **t : "";
 }
 
 /// Templates written to use the subset's constructs (namespace,
@@ -136,6 +150,8 @@ TEST(Jinja, EveryTemplateMatchesPythonJinja2OnTheCorpus) {
   ASSERT_TRUE(problem.empty()) << problem;
   auto templates = shipped_templates();
   ASSERT_GE(templates.size(), 2u) << "qwen3 and llama3_1 ship chat templates";
+  templates.emplace_back("smollm2 gguf", smollm2_gguf_template());
+  ASSERT_FALSE(templates.back().second.empty());
   templates.insert(templates.end(), kWritten.begin(), kWritten.end());
   ojson cases = ojson::array();
   std::vector<std::string> names;
