@@ -176,6 +176,42 @@ void BM_LoadStories260K(benchmark::State& state) {
 }
 BENCHMARK(BM_LoadStories260K)->Unit(benchmark::kMillisecond);
 
+/// Loads a real model into F32 (weights, then tokenizer), state.range(0)
+/// indexing load_models(): SmolLM2-135M-Instruct's GGUF (Q4_1, dequantized
+/// at load) and, where bench/export_safetensors.py wrote them, the same
+/// weights as F32 and BF16 safetensors folders. Counters: `weights_mb` in
+/// memory.
+std::vector<fs::path> load_models() {
+  const fs::path source = SHARDLINE_SOURCE_DIR;
+  std::vector<fs::path> out = {source / "models/smollm2-135m-instruct"};
+  for (const char* name : {"smollm2-135m-instruct-f32-safetensors", "smollm2-135m-instruct-bf16-safetensors"})
+    if (fs::exists(source / "models" / name)) out.push_back(source / "models" / name);
+  return out;
+}
+void BM_LoadModel(benchmark::State& state) {
+  const auto models = load_models();
+  if (static_cast<std::size_t>(state.range(0)) >= models.size()) {
+    state.SkipWithError("not exported: python bench/export_safetensors.py (see its header)");
+    return;
+  }
+  const fs::path dir = models[static_cast<std::size_t>(state.range(0))];
+  state.SetLabel(dir.filename().string());
+  double weights_mb = 0;
+  for (auto _ : state) {
+    auto w = model::load_model(dir, {});
+    auto tok = model::load_tokenizer(dir);
+    if (!w.ok() || !tok.ok()) {
+      state.SkipWithError((w.ok() ? tok.error() : w.error()).to_string().c_str());
+      return;
+    }
+    weights_mb = static_cast<double>(w.value().total_bytes()) / 1e6;
+    benchmark::DoNotOptimize(tok.value()->vocab_size());
+  }
+  state.counters["weights_mb"] = weights_mb;
+}
+BENCHMARK(BM_LoadModel)->DenseRange(0, 2)->Unit(benchmark::kMillisecond)->Iterations(3)->Repetitions(3)
+    ->ReportAggregatesOnly(false);
+
 // ---- tokenizers (issue 15: loading Qwen3's 11 MB tokenizer.json under 1 s) --------
 
 /// Loads a shipped tokenizer.json (vocab, merges, regexes, decoders).
