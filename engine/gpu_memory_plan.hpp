@@ -39,7 +39,7 @@ namespace shardline::engine {
 
 /// Peak activation workspace, in bytes, of one forward step over
 /// `max_num_batched_tokens` tokens (T) of at most `max_num_seqs` (S)
-/// sequences. Every buffer is F32 (all compute is F32) and, to stay an upper
+/// sequences. Every buffer is F32 (activations are F32) and, to stay an upper
 /// bound, all of them are counted as live at once:
 ///   residual    [T, hidden]
 ///   normed      [T, hidden]

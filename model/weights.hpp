@@ -2,7 +2,9 @@
 /// \file
 /// In-memory model weights. Matrices are row-major `[out_features, in_features]`
 /// (the Hugging Face / PyTorch `nn.Linear` layout) stored as F32 or BF16
-/// (`--dtype`); all compute is F32. The loader fuses q/k/v into one QKV matrix
+/// (`--dtype`). Activations are F32; with BF16 weights each linear layer's
+/// input is rounded to BF16 and multiplied with F32 accumulation
+/// (kernels/cpu/linear.hpp). The loader fuses q/k/v into one QKV matrix
 /// and gate/up into one gate_up matrix so a layer runs two big GEMMs instead of
 /// five.
 
