@@ -10,6 +10,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/json_bounded.hpp"
+
 namespace shardline::api {
 
 namespace fs = std::filesystem;
@@ -102,12 +104,14 @@ ApiResponse BatchApi::finish_upload(const FileInfo& file) {
     ++number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ++lines;
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
+    const auto parsed = parse_json_bounded(line);
+    if (!parsed.ok() || !parsed->is_object()) {
       (void)files_->remove(file.id);
+      const std::string why = parsed.ok()                                          ? " is not a JSON object"
+                              : parsed.error().code == ErrorCode::invalid_argument ? ": " + parsed.error().message
+                                                                                   : " is not valid JSON";
       return api_error(400,
-                       "Invalid file format for Batch API. Must be .jsonl: line " + std::to_string(number) +
-                           (j.is_discarded() ? " is not valid JSON" : " is not a JSON object"),
+                       "Invalid file format for Batch API. Must be .jsonl: line " + std::to_string(number) + why,
                        "invalid_request_error", "file", "invalid_file_format");
     }
   }
@@ -257,11 +261,16 @@ ojson BatchApi::validate_input(const std::string& file_id, const std::string& en
     ++number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ++requests;
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-      add(line_error("invalid_json_line", "This line is not parseable as valid JSON.", "", number));
+    const auto parsed = parse_json_bounded(line);
+    if (!parsed.ok() || !parsed->is_object()) {
+      add(line_error("invalid_json_line",
+                     parsed.ok() || parsed.error().code != ErrorCode::invalid_argument
+                         ? "This line is not parseable as valid JSON."
+                         : "This line is not parseable as valid JSON: " + parsed.error().message + ".",
+                     "", number));
       continue;
     }
+    const json& j = *parsed;
     auto id = j.find("custom_id");
     if (id == j.end() || !id->is_string()) {
       add(line_error("missing_required_parameter", "The request is missing a custom_id (a string).", "custom_id",
@@ -377,8 +386,8 @@ Status BatchApi::finalize(Batch& b, const std::string& job_output) {
   std::optional<FileStore::Writer> out, err;
   std::string line;
   while (std::getline(in, line)) {
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    const bool ok = !j.is_discarded() && j.is_object() && j.contains("error") && j["error"].is_null();
+    const auto parsed = parse_json_bounded(line);
+    const bool ok = parsed.ok() && parsed->is_object() && parsed->contains("error") && (*parsed)["error"].is_null();
     std::optional<FileStore::Writer>& w = ok ? out : err;
     if (!w) {
       auto created = files_->create(b.id + (ok ? "_output.jsonl" : "_error.jsonl"), "batch_output");

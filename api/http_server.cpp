@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "common/json_bounded.hpp"
 #include "comm/address.hpp"
 
 namespace shardline::api {
@@ -237,9 +238,12 @@ void HttpApiServer::add_routes(BatchApi& api) {
 
   // ---- batches ----
   srv.Post("/v1/batches", [&api](const httplib::Request& req, httplib::Response& res) {
-    const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded()) return send(res, api_error(400, "The body is not valid JSON"));
-    send(res, api.create_batch(body));
+    const auto body = parse_json_bounded(req.body);
+    if (!body.ok())
+      return send(res, api_error(400, body.error().code == ErrorCode::invalid_argument
+                                          ? "The body is not valid JSON: " + body.error().message
+                                          : "The body is not valid JSON"));
+    send(res, api.create_batch(*body));
   });
   srv.Get("/v1/batches", [&api](const httplib::Request& req, httplib::Response& res) {
     int limit = 20;

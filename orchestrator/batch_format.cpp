@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_bounded.hpp"
+
 #include "sampling/logprobs.hpp"
 
 namespace shardline::orchestrator {
@@ -384,11 +386,14 @@ BatchLine parse_impl(std::string_view line, std::uint64_t job_id, std::uint64_t 
                                        std::move(e.message))};
   };
 
-  json doc = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    std::string msg = is_blank_line(line) ? "line: empty" : "line: not valid JSON";
+  auto parsed = parse_json_bounded(line);
+  if (!parsed.ok()) {
+    std::string msg = is_blank_line(line)                                     ? "line: empty"
+                      : parsed.error().code == ErrorCode::invalid_argument ? "line: " + parsed.error().message
+                                                                            : "line: not valid JSON";
     return fail({"invalid_json", std::move(msg)});
   }
+  json doc = std::move(parsed).value();
   if (!doc.is_object())
     return fail({"invalid_json", std::string("line: must be a JSON object, got ") + type_name(doc)});
 

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_bounded.hpp"
 #include "model/bpe_tokenizer.hpp"
 #include "sampling/rng.hpp"
 
@@ -85,16 +86,17 @@ Result<std::string> BatchWorker::render_chat(const BatchRequest& request) {
     if (e.message.rfind(kTag, 0) == 0) e.message.erase(0, kTag.size());
     return e;
   }
-  const auto messages = nlohmann::ordered_json::parse(request.messages_json, nullptr, /*allow_exceptions=*/false);
-  if (messages.is_discarded() || !messages.is_array())
+  const auto messages = parse_json_bounded<nlohmann::ordered_json>(request.messages_json);
+  if (!messages.ok() || !messages->is_array())
     return make_error(ErrorCode::invalid_argument, "messages: not a JSON array");
   auto kwargs = nlohmann::ordered_json::object();
   if (!request.chat_template_kwargs_json.empty()) {
-    kwargs = nlohmann::ordered_json::parse(request.chat_template_kwargs_json, nullptr, /*allow_exceptions=*/false);
-    if (kwargs.is_discarded() || !kwargs.is_object())
+    auto parsed = parse_json_bounded<nlohmann::ordered_json>(request.chat_template_kwargs_json);
+    if (!parsed.ok() || !parsed->is_object())
       return make_error(ErrorCode::invalid_argument, "chat_template_kwargs: not a JSON object");
+    kwargs = std::move(parsed).value();
   }
-  Result<std::string> prompt = (*it->second)->render(messages, request.add_generation_prompt, kwargs);
+  Result<std::string> prompt = (*it->second)->render(*messages, request.add_generation_prompt, kwargs);
   if (!prompt.ok()) return make_error(prompt.error().code, "chat template: " + prompt.error().message);
   return prompt;
 }

@@ -87,6 +87,36 @@ TEST_F(NodeE2e, RunAgainReportsItsJobAndNewInputsRunANewJob) {
   EXPECT_EQ(lines[0]["custom_id"], "b-1");
 }
 
+// Issue 46, item 5: a line of 100,000 nested arrays killed `run` with
+// SIGSEGV, and every restart of its job died again. Now the line is an
+// invalid_json error, the others complete, and running again finds the job
+// finished with the same output.
+TEST_F(NodeE2e, DeeplyNestedLineIsAPerLineErrorAndTheJobRestarts) {
+  {
+    std::ofstream in(path("in.jsonl"));
+    in << R"({"custom_id": "a", "body": {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}})" "\n"
+       << R"({"custom_id": "deep", "body": {"prompt": "Hi", "max_tokens": )" << std::string(100000, '[')
+       << std::string(100000, ']') << "}}\n"
+       << R"({"custom_id": "b", "body": {"prompt": "Lily wanted to", "max_tokens": 4, "temperature": 0}})" "\n";
+  }
+  const std::string cmd = kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
+                          path("in.jsonl") + " --output " + path("out.jsonl") + " --data-dir " + path("data");
+  const auto r = run_command(cmd);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto lines = read_jsonl(path("out.jsonl"));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_TRUE(lines[0]["error"].is_null()) << lines[0].dump();
+  EXPECT_EQ(lines[1]["custom_id"], "2");  // its custom_id was never read: the line number
+  EXPECT_EQ(lines[1]["error"]["code"], "invalid_json");
+  EXPECT_NE(lines[1]["error"]["message"].get<std::string>().find("nested deeper than 64 levels"), std::string::npos)
+      << lines[1].dump();
+  EXPECT_TRUE(lines[2]["error"].is_null()) << lines[2].dump();
+  const std::string first = read_file(path("out.jsonl"));
+  const auto again = run_command(cmd);
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_EQ(read_file(path("out.jsonl")), first);
+}
+
 TEST_F(NodeE2e, BadLinesGetPerLineErrorsAndGoodLinesComplete) {
   {
     std::ofstream in(path("in.jsonl"));

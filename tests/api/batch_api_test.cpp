@@ -139,6 +139,10 @@ TEST_F(BatchApiTest, UploadsMustBeJsonl) {
   expect_error(bad, 400, "file", "line 2 is not valid JSON");
   EXPECT_EQ(bad.body["error"]["code"], "invalid_file_format");
   expect_error(upload("[1, 2]\n"), 400, "file", "line 1 is not a JSON object");
+  // 100,000 nested arrays: refused by name, not a crash (issue 46, item 5).
+  expect_error(upload(request_line("a") + "{\"custom_id\": \"d\", \"body\": " + std::string(100000, '[') +
+                      std::string(100000, ']') + "}\n"),
+               400, "file", "line 2: JSON nested deeper than 64 levels");
   expect_error(upload("\n \n"), 400, "file", "no requests");
   // The refused uploads are gone; the good one is listed.
   const ApiResponse list = api_->list_files("");

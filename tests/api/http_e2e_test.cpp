@@ -147,6 +147,9 @@ TEST_F(HttpE2e, BadRequestsGetOpenAiErrorsAndAuthFailuresAreCounted) {
          400, "");
   expect(upload(*c, std::string(2u << 20, 'x')), 413, "");
   expect(c->Post("/v1/batches", "{not json", "application/json"), 400, "not valid JSON");
+  expect(c->Post("/v1/batches", "{\"metadata\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+                 "application/json"),
+         400, "nested deeper than 64 levels");
   const json f = body(upload(*c, R"({"custom_id":"a","method":"POST","url":"/v1/completions","body":{"prompt":"x"}})"));
   expect(c->Post("/v1/batches",
                  json{{"input_file_id", f["id"]}, {"endpoint", "/v1/embeddings"}, {"completion_window", "24h"}}.dump(),

@@ -107,6 +107,18 @@ TEST(BatchFormat, InvalidJson) {
   EXPECT_EQ(err_line("not json", 9).custom_id, "10");
 }
 
+// Issue 46, item 5: 100,000 nested arrays crashed the node (SIGSEGV in a
+// recursive dump) and again on every restart. Now a per-line error.
+TEST(BatchFormat, DeeplyNestedLinesAreAPerLineError) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expect_error(R"({"prompt": "Hi", "max_tokens": )" + deep + "}", "invalid_json", "nested deeper than 64 levels");
+  expect_error(R"({"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": )" + deep + "}}",
+               "invalid_json", "nested deeper than 64 levels");
+  expect_error(std::string(1000000, '['), "invalid_json", "nested deeper");
+  // A line nested within the bound is parsed and its field refused as usual.
+  expect_error(R"({"prompt": "Hi", "max_tokens": [[[1]]]})", "invalid_parameter", "max_tokens");
+}
+
 TEST(BatchFormat, MissingPrompt) {
   expect_error(R"({"max_tokens":4})", "missing_prompt", "prompt");
   expect_error(R"({"prompt":null})", "missing_prompt", "prompt");
