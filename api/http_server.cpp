@@ -5,6 +5,8 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -89,12 +91,19 @@ Result<std::unique_ptr<HttpApiServer>> HttpApiServer::start(HttpApiOptions optio
   // it and their SYNs are retried after 1, 3, 7, 15 s... Keep the socket
   // and listen again with the system's maximum (Linux updates the backlog).
   int listen_fd = -1;
+  // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, with
+  // which a second node bound the same port silently and the kernel split
+  // the requests between the two (issue 46, item 3). Now a port in use is
+  // an error at start.
   s->server_->set_socket_options([&listen_fd](socket_t fd) {
-    httplib::default_socket_options(fd);
+    const int yes = 1;
+    (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     listen_fd = fd;
   });
   s->port_ = port == 0 ? s->server_->bind_to_any_port(host) : (s->server_->bind_to_port(host, port) ? port : -1);
-  if (s->port_ <= 0) return make_error(ErrorCode::io, "--http: cannot listen on " + s->options_.host_port);
+  if (s->port_ <= 0)
+    return make_error(ErrorCode::io, "--http: cannot listen on " + s->options_.host_port +
+                                         (port != 0 ? " (is the port in use by another process?)" : ""));
   if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0)
     spdlog::warn("http api: cannot raise the listen backlog: {}", std::strerror(errno));
   httplib::Server* srv = s->server_.get();
@@ -111,10 +120,19 @@ void HttpApiServer::add_routes(BatchApi& api) {
   httplib::Server& srv = *server_;
   srv.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (keys_.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    // "Authorization: Bearer KEY": the scheme is case-insensitive and
+    // followed by one or more spaces (RFC 7235 section 2.1; issue 46, item 4).
     const std::string auth = req.get_header_value("Authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    const bool given = auth.rfind(kBearer, 0) == 0;
-    if (given && keys_.count(auth.substr(kBearer.size())) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    const std::size_t space = auth.find(' ');
+    std::string scheme = auth.substr(0, space);
+    std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const bool given = scheme == "bearer" && space != std::string::npos;
+    const std::string key = given ? auth.substr(auth.find_first_not_of(' ', space) == std::string::npos
+                                                    ? auth.size()
+                                                    : auth.find_first_not_of(' ', space))
+                                  : std::string();
+    if (given && keys_.count(key) != 0) return httplib::Server::HandlerResponse::Unhandled;
     spdlog::warn("http api: {} {} from {}: {}", req.method, req.path, req.remote_addr,
                  given ? "wrong API key" : "no API key");
     if (options_.on_auth_failure) options_.on_auth_failure();

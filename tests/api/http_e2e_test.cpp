@@ -122,6 +122,30 @@ TEST_F(HttpE2e, BadLinesGoToTheErrorFileAndBadFilesFailTheBatch) {
   EXPECT_EQ(b["errors"]["data"][1]["code"], "mismatched_endpoint");
 }
 
+// Issue 46, item 3: cpp-httplib's SO_REUSEPORT let a second node start on a
+// keyed node's --http port, and the kernel split the requests between them.
+// Now the second one exits at start with the port named, and the first
+// keeps answering every request.
+TEST_F(HttpE2e, SecondNodeOnTheSameHttpPortIsAStartError) {
+  ApiNode node(dir_.string());
+  ASSERT_GT(node.port(), 0) << node.log();
+  const std::string port = std::to_string(node.port());
+  std::filesystem::create_directories(path("second"));
+  const auto second = run_command("timeout 60 " + kShardline + " node start --model " + testing_support::kStoriesDir +
+                                  " --listen 127.0.0.1:0 --key-file " + path("cluster.key") + " --data-dir " +
+                                  path("second/data") + " --http 127.0.0.1:" + port + " --threads 1");
+  EXPECT_NE(second.exit_code, 0) << second.out;
+  EXPECT_NE(second.exit_code, 124) << "the second node started: " << second.out;
+  EXPECT_NE(second.out.find("cannot listen on 127.0.0.1:" + port), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("in use"), std::string::npos) << second.out;
+  auto keyless = node.client("");
+  for (int i = 0; i < 6; ++i) {
+    const auto r = keyless->Get("/v1/batches");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << "request " << i << " reached another server";
+  }
+}
+
 TEST_F(HttpE2e, BadRequestsGetOpenAiErrorsAndAuthFailuresAreCounted) {
   ApiNode node(dir_.string(), {"--metrics", "127.0.0.1:0", "--max-upload-mib", "1"});
   auto c = node.client();
@@ -135,6 +159,19 @@ TEST_F(HttpE2e, BadRequestsGetOpenAiErrorsAndAuthFailuresAreCounted) {
   };
   expect(node.client("")->Get("/v1/files"), 401, "didn't provide an API key");
   expect(node.client("sk-wrong")->Get("/v1/batches"), 401, "Incorrect API key");
+  // The scheme is case-insensitive, then one or more spaces (RFC 7235;
+  // issue 46, item 4); another scheme is no key.
+  for (const std::string header : {"bearer " + testing::kApiKey, "BEARER  " + testing::kApiKey, "Bearer " + testing::kApiKey}) {
+    httplib::Client raw("127.0.0.1", node.port());
+    const auto r = raw.Get("/v1/batches", {{"Authorization", header}});
+    ASSERT_TRUE(r) << header;
+    EXPECT_EQ(r->status, 200) << header << ": " << r->body;
+  }
+  {
+    httplib::Client raw("127.0.0.1", node.port());
+    expect(raw.Get("/v1/batches", {{"Authorization", "Basic " + testing::kApiKey}}), 401, "didn't provide an API key");
+    expect(raw.Get("/v1/batches", {{"Authorization", "Bearer"}}), 401, "didn't provide an API key");
+  }
   expect(c->Get("/v1/files/file-nope"), 404, "No such File object");
   expect(c->Get("/v1/batches/batch_nope"), 404, "No such Batch object");
   expect(c->Post("/v1/batches/batch_nope/cancel", "", "application/json"), 404, "No such Batch object");
@@ -156,12 +193,12 @@ TEST_F(HttpE2e, BadRequestsGetOpenAiErrorsAndAuthFailuresAreCounted) {
                  "application/json"),
          400, "Invalid value for 'endpoint'");
   expect(c->Get("/v1/batches?limit=abc"), 400, "limit");
-  // The node is still serving; the two refused keys were counted.
+  // The node is still serving; the four refused requests were counted.
   EXPECT_EQ(c->Get("/v1/files")->status, 200);
   httplib::Client m("127.0.0.1", node.metrics_port());
   auto metrics = m.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->body.find("shardline_http_auth_failures_total 2"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("shardline_http_auth_failures_total 4"), std::string::npos) << metrics->body;
   EXPECT_NE(node.log().find("wrong API key"), std::string::npos);
 }
 
