@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <sstream>
 
@@ -103,10 +104,17 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const MetricsRegistr
   s->server_->Get("/metrics", [&registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry.render(), "text/plain; version=0.0.4");
   });
+  // SO_REUSEADDR without cpp-httplib's SO_REUSEPORT: a port in use is an
+  // error, not a second server sharing it (as the HTTP API's, issue 46).
+  s->server_->set_socket_options([](socket_t fd) {
+    const int yes = 1;
+    (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   const auto& [host, port] = *hp;
   s->port_ = port == 0 ? s->server_->bind_to_any_port(host) : (s->server_->bind_to_port(host, port) ? port : -1);
   if (s->port_ <= 0)
-    return make_error(ErrorCode::io, "metrics: cannot listen on " + host_port);
+    return make_error(ErrorCode::io, "metrics: cannot listen on " + host_port +
+                                         (port != 0 ? " (is the port in use by another process?)" : ""));
   httplib::Server* srv = s->server_.get();
   s->thread_ = std::thread([srv] { srv->listen_after_bind(); });
   return s;

@@ -52,5 +52,18 @@ TEST(Metrics, BadAddressIsAClearError) {
   EXPECT_EQ(bad_port.error().code, ErrorCode::invalid_argument);
 }
 
+// A port already serving metrics is an error for a second server, not a
+// port the two share (cpp-httplib's default SO_REUSEPORT; issue 46).
+TEST(Metrics, PortInUseIsAnError) {
+  MetricsRegistry r;
+  auto first = MetricsServer::start(r, "127.0.0.1:0");
+  ASSERT_TRUE(first.ok()) << first.error().to_string();
+  const std::string addr = "127.0.0.1:" + std::to_string((*first)->port());
+  auto second = MetricsServer::start(r, addr);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().code, ErrorCode::io);
+  EXPECT_NE(second.error().message.find(addr + " (is the port in use"), std::string::npos) << second.error().message;
+}
+
 }  // namespace
 }  // namespace shardline::actors
