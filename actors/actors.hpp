@@ -112,8 +112,11 @@ struct OrchestratorConfig {
 /// while there is none (between a kill and the restart) it queues what
 /// arrives, and what an orchestrator left unanswered when it died
 /// (request_receiver_down) goes to the next one, so no message is lost to a
-/// restart.
-[[nodiscard]] caf::actor spawn_orchestrator_relay(caf::actor_system& sys);
+/// restart. (orchestrator_atom, actor) and exit messages are taken only from
+/// actors of this node; others are logged and counted in `metrics`
+/// (shardline_relay_refused_total; may be null).
+[[nodiscard]] caf::actor spawn_orchestrator_relay(caf::actor_system& sys,
+                                                  std::shared_ptr<MetricsRegistry> metrics = nullptr);
 
 /// A joined node's link to the orchestrator's node at `host_port`: its
 /// workers and KV store send to it; it forwards as them (send_as) to the

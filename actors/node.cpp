@@ -307,7 +307,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     };
     // Clients, workers and joined nodes hold the relay, never an
     // orchestrator incarnation.
-    node->relay_ = spawn_orchestrator_relay(sys);
+    node->relay_ = spawn_orchestrator_relay(sys, node->metrics_);
     node->orchestrator_ = node->relay_;
   } else {
     // The joined node's link to the remote relay: the relay outlives
@@ -455,7 +455,10 @@ void Node::stop() {
   metrics_server_.reset();
   // The supervisor stops the workers and the orchestrator.
   if (supervisor_) caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
-  if (relay_) caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
+  if (relay_) {  // from an actor of this node: the relay ignores anonymous exits
+    caf::scoped_actor self{*system_};
+    self->send_exit(relay_, caf::exit_reason::user_shutdown);
+  }
   if (link_) caf::anon_send_exit(link_, caf::exit_reason::user_shutdown);
   link_ = caf::actor();
   supervisor_ = caf::actor();

@@ -4,9 +4,21 @@
 // comes back as request_receiver_down) and hands the reply to the sender.
 // Between a kill and the restart it queues. It holds the orchestrator's
 // handle, and the orchestrator never holds the relay's (no cycle).
+//
+// The relay is what the node port publishes, so anyone who can reach the
+// port can send it anything. Its control messages (which orchestrator to
+// forward to) and exit messages are taken only from actors of this node:
+// a remote or anonymous `(orchestrator_atom, actor)` once redirected the
+// orchestrator's traffic to a keyless intruder (issue 46, item 1). Refused
+// ones are logged and counted (shardline_relay_refused_total). CAF makes
+// exit_reason::kill fatal before any handler runs, so a kill from a peer
+// still stops it: keeping keyless peers off the port altogether is the
+// transport's work (docs/cluster.md, "Threat model").
 #include <spdlog/spdlog.h>
 
 #include <deque>
+#include <memory>
+#include <string>
 
 #include "actors/actors.hpp"
 #include "actors/protocol.hpp"
@@ -29,6 +41,7 @@ struct RelayState {
   RelayState() = default;
   caf::actor target;  ///< the current orchestrator; null between a kill and the restart
   std::deque<Pending> pending;
+  std::shared_ptr<MetricsRegistry> metrics;  ///< counts refused messages; may be null
   static inline const char* name = "shardline.orchestrator_relay";
 };
 
@@ -66,9 +79,37 @@ void forward(RelayActor* self, Pending p) {
           });
 }
 
-caf::behavior relay_behavior(RelayActor* self) {
+/// Who sent the message being handled, for the log: "node N", or
+/// "an anonymous sender".
+std::string sender_text(const caf::strong_actor_ptr& s) {
+  return s ? "actor " + std::to_string(s->id()) + " of node " + caf::to_string(s->node()) : "an anonymous sender";
+}
+
+/// Logs and counts a message refused because it did not come from an actor
+/// of this node.
+void refuse(RelayActor* self, const std::string& what, const std::string& from) {
+  spdlog::warn("orchestrator relay: refused {} from {}: only this node's actors may send it", what, from);
+  if (self->state.metrics) self->state.metrics->add("shardline_relay_refused_total", "", 1);
+}
+
+/// True when `s` is an actor of this node (not anonymous, not remote).
+bool of_this_node(const RelayActor* self, const caf::strong_actor_ptr& s) { return s && s->node() == self->node(); }
+
+caf::behavior relay_behavior(RelayActor* self, std::shared_ptr<MetricsRegistry> metrics) {
+  self->state.metrics = std::move(metrics);
   self->set_down_handler([self](caf::down_msg& dm) {
     if (self->state.target && self->state.target.address() == dm.source) self->state.target = caf::actor();
+  });
+  self->set_exit_handler([self](caf::exit_msg& em) {
+    // anon_send_exit names the receiver itself as the source (CAF 0.17
+    // send.hpp), also when a peer sends it: so the relay's own address is
+    // an anonymous sender here.
+    const caf::strong_actor_ptr source = caf::actor_cast<caf::strong_actor_ptr>(em.source);
+    const bool anonymous = em.source == self->address();
+    if (anonymous || !of_this_node(self, source))
+      return refuse(self, "an exit message (" + caf::to_string(em.reason) + ")",
+                    anonymous ? sender_text(nullptr) : sender_text(source));
+    self->quit(em.reason);
   });
   return {
       [self](msg_atom, std::string& tag, std::string& bytes) {
@@ -79,6 +120,8 @@ caf::behavior relay_behavior(RelayActor* self) {
         forward(self, Pending{std::move(promise), std::move(sender), std::move(tag), std::move(bytes)});
       },
       [self](orchestrator_atom, caf::actor orchestrator) {
+        if (!of_this_node(self, self->current_sender()))
+          return refuse(self, "a new orchestrator", sender_text(self->current_sender()));
         RelayState& st = self->state;
         if (st.target) self->demonitor(st.target);
         st.target = std::move(orchestrator);
@@ -93,6 +136,8 @@ caf::behavior relay_behavior(RelayActor* self) {
 
 }  // namespace
 
-caf::actor spawn_orchestrator_relay(caf::actor_system& sys) { return sys.spawn(relay_behavior); }
+caf::actor spawn_orchestrator_relay(caf::actor_system& sys, std::shared_ptr<MetricsRegistry> metrics) {
+  return sys.spawn(relay_behavior, std::move(metrics));
+}
 
 }  // namespace shardline::actors

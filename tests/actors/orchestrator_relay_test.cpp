@@ -100,7 +100,7 @@ TEST_F(OrchestratorRelay, QueuesUntilAnOrchestratorAndHandsOverWhatADeadOneLeft)
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_TRUE(record->snapshot().empty());
   caf::actor first = sys_->spawn(fake_orchestrator, std::string("first"), record);
-  caf::anon_send(relay, orchestrator_atom::value, first);
+  client->send(relay, orchestrator_atom::value, first);  // from this node, as the supervisor sends it
   EXPECT_EQ(early.get(), "first:early");
   ASSERT_TRUE(record->wait_for(2));
   EXPECT_EQ(record->snapshot(), (std::vector<std::string>{"first:hello", "first:early"}));
@@ -124,7 +124,7 @@ TEST_F(OrchestratorRelay, QueuesUntilAnOrchestratorAndHandsOverWhatADeadOneLeft)
   EXPECT_EQ(record->snapshot().size(), 4u) << "nothing reaches a dead orchestrator";
   worker->send(relay, msg_atom::value, std::string("tag"), std::string("r3"));  // sent after the death
   caf::actor second = sys_->spawn(fake_orchestrator, std::string("second"), record);
-  caf::anon_send(relay, orchestrator_atom::value, second);
+  client->send(relay, orchestrator_atom::value, second);
   EXPECT_EQ(pending.get(), "second:q2");
   ASSERT_TRUE(record->wait_for(8));
   const auto got = record->snapshot();
@@ -134,7 +134,34 @@ TEST_F(OrchestratorRelay, QueuesUntilAnOrchestratorAndHandsOverWhatADeadOneLeft)
   EXPECT_EQ(ask(client, relay, "q3"), "second:q3");
 
   caf::anon_send_exit(second, caf::exit_reason::user_shutdown);
+  client->send_exit(relay, caf::exit_reason::user_shutdown);
+}
+
+// Control and exit messages are taken only from actors of this node: an
+// anonymous sender (which is what a remote peer's anon_send looks like)
+// cannot redirect the relay nor make it quit (issue 46, item 1); both are
+// counted. (A remote sender is refused by the same check:
+// tests/actors/keyless_client_e2e_test.cpp.)
+TEST_F(OrchestratorRelay, AnonymousControlAndExitMessagesAreRefusedAndCounted) {
+  auto record = std::make_shared<Record>();
+  auto metrics = std::make_shared<MetricsRegistry>();
+  caf::actor relay = spawn_orchestrator_relay(*sys_, metrics);
+  caf::scoped_actor supervisor{*sys_};
+  caf::actor real = sys_->spawn(fake_orchestrator, std::string("real"), record);
+  supervisor->send(relay, orchestrator_atom::value, real);
+  caf::scoped_actor client{*sys_};
+  EXPECT_EQ(ask(client, relay, "q1"), "real:q1");
+
+  caf::actor intruder = sys_->spawn(fake_orchestrator, std::string("intruder"), record);
+  caf::anon_send(relay, orchestrator_atom::value, intruder);
   caf::anon_send_exit(relay, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(relay, caf::exit_reason::unhandled_exception);
+  EXPECT_EQ(ask(client, relay, "q2"), "real:q2") << "the relay still forwards to the real orchestrator";
+  EXPECT_NE(metrics->render().find("shardline_relay_refused_total 3\n"), std::string::npos) << metrics->render();
+
+  caf::anon_send_exit(real, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(intruder, caf::exit_reason::user_shutdown);
+  supervisor->send_exit(relay, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace

@@ -99,7 +99,10 @@ class SidpOrchestrator : public ::testing::Test {
   ~SidpOrchestrator() override {
     for (const caf::actor& a : peers_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     if (orchestrator_) caf::anon_send_exit(orchestrator_, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(relay_, caf::exit_reason::user_shutdown);
+    {  // from an actor of this node: the relay ignores anonymous exits
+      caf::scoped_actor self{*sys_};
+      self->send_exit(relay_, caf::exit_reason::user_shutdown);
+    }
     sys_->await_all_actors_done();
     sys_.reset();
   }
@@ -125,7 +128,8 @@ class SidpOrchestrator : public ::testing::Test {
     oc.sidp_policy.min_dwell_s = 0.2;
     oc.roster = roster_;
     orchestrator_ = spawn_orchestrator(*sys_, std::move(oc));
-    caf::anon_send(relay_, orchestrator_atom::value, orchestrator_);
+    caf::scoped_actor supervisor{*sys_};  // the relay takes a new orchestrator only from this node
+    supervisor->send(relay_, orchestrator_atom::value, orchestrator_);
   }
 
   caf::actor peer(std::shared_ptr<Record> rec) {
