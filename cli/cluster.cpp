@@ -34,6 +34,7 @@
 #include "orchestrator/job_admission.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 #include "model/chat_template.hpp"
+#include "model/tokenizer.hpp"
 #include "kvstore/kv_store.hpp"
 #include "kvstore/replication.hpp"
 
@@ -573,6 +574,16 @@ int run_run(RunArgs& a) {
     a.parallel = chosen->parallel;
     a.devices = chosen->devices;
   }
+  // A folder without a tokenizer would run every line on token ids and
+  // write ids as text, then exit 0 (issue 46, item 12): refuse it before
+  // anything is created, as `generate` does. Dummy weights (benchmark
+  // shapes) are the exception: there the ids are the point.
+  if (a.engine.load_format != "dummy" && !model::has_tokenizer(a.model_dir))
+    return fail(make_error(ErrorCode::not_found,
+                           a.model_dir + " has no tokenizer (tokenizer.json, tokenizer.model or a GGUF file): `run` "
+                                         "writes text, so it needs one (random-weight shapes run with "
+                                         "--load-format dummy)"),
+                2);
   NodeArgs na;
   na.name = "local";
   na.listen.clear();

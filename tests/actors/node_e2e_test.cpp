@@ -117,6 +117,22 @@ TEST_F(NodeE2e, DeeplyNestedLineIsAPerLineErrorAndTheJobRestarts) {
   EXPECT_EQ(read_file(path("out.jsonl")), first);
 }
 
+// Issue 46, item 12: a model folder without a tokenizer ran every line on
+// ids, wrote ids as text and exited 0. Now a usage error before anything is
+// created (no output, no state folder).
+TEST_F(NodeE2e, RunRefusesAModelWithoutATokenizerBeforeCreatingAnything) {
+  std::filesystem::create_directories(path("no-tokenizer"));
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(std::filesystem::path(testing_support::kStoriesDir) / f, path("no-tokenizer") + "/" + f);
+  std::ofstream(path("in.jsonl")) << R"({"prompt": "Once upon a time", "max_tokens": 4})" "\n";
+  const auto r = run_command(kShardline + " run --quiet --model " + path("no-tokenizer") + " --input " +
+                             path("in.jsonl") + " --output " + path("out.jsonl"));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("has no tokenizer"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(path("out.jsonl")));
+  EXPECT_FALSE(std::filesystem::exists(path("out.jsonl.shardline")));
+}
+
 TEST_F(NodeE2e, BadLinesGetPerLineErrorsAndGoodLinesComplete) {
   {
     std::ofstream in(path("in.jsonl"));
