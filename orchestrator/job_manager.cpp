@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/json_bounded.hpp"
 #include "orchestrator/batch_format.hpp"
 #include "orchestrator/job_admission.hpp"
 
@@ -60,8 +61,10 @@ Result<bool> JobManager::ShardReader::next(std::string& line) {
       }
       in.open(paths[shard], std::ios::binary);
       if (!in.is_open()) return make_error(ErrorCode::not_found, "input shard " + paths[shard] + ": cannot open");
+      file_line = 0;
     }
     if (std::getline(in, line)) {
+      ++file_line;
       if (is_blank_line(line)) continue;
       if (!line.empty() && line.back() == '\r') line.pop_back();
       ++next_index;
@@ -310,10 +313,43 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
     ShardReader counter;
     counter.paths = spec.input_paths;
     std::string line;
+    // A shard none of whose lines is a JSON object is not JSONL (a CSV, a
+    // JSON array): refused, naming its first line, rather than a job whose
+    // every line is an invalid_json error (issue 46, item 13). One good
+    // line settles a shard; the rest are only counted.
+    std::size_t shard = counter.shard;
+    bool shard_ok = false;
+    std::string first_bad;
+    auto check_shard = [&]() -> Status {
+      if (shard_ok || first_bad.empty()) return {};
+      return make_error(ErrorCode::invalid_argument,
+                        "input shard " + spec.input_paths[shard] +
+                            " is not JSONL: no line is a JSON object (each line must be one request); " + first_bad);
+    };
     for (;;) {
       auto more = counter.next(line);
       if (!more.ok()) return more.error();
-      if (!*more) break;
+      if (*more && counter.shard != shard) {
+        if (Status st = check_shard(); !st.ok()) return st.error();
+        shard = counter.shard;
+        shard_ok = false;
+        first_bad.clear();
+      }
+      if (!*more) {
+        if (Status st = check_shard(); !st.ok()) return st.error();
+        break;
+      }
+      if (shard_ok) continue;
+      auto parsed = parse_json_bounded(line);
+      if (parsed.ok() && parsed->is_object()) {
+        shard_ok = true;
+      } else if (first_bad.empty()) {
+        const std::string snippet = line.size() > 60 ? line.substr(0, 57) + "..." : line;
+        first_bad = "line " + std::to_string(counter.file_line) + ": " +
+                    (parsed.ok() ? "a JSON " + std::string(parsed->type_name()) + ", not an object"
+                                 : parsed.error().message) +
+                    ": " + nlohmann::json(snippet).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      }
     }
     rec.total_lines = counter.next_index;
   }

@@ -209,6 +209,7 @@ class JobManager {
     std::size_t shard = 0;
     std::ifstream in;
     std::uint64_t next_index = 0;  ///< line index of the next non-blank line
+    std::uint64_t file_line = 0;   ///< 1-based line number in its shard of the last line read
     bool done = false;
     /// Next non-blank line into `line` (its index is next_index - 1);
     /// false at the end.

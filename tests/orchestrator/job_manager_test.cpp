@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <set>
 #include <string>
@@ -339,17 +341,43 @@ TEST(JobManager, SubmitErrorsAndEdgeCases) {
   ASSERT_FALSE(busy.ok());
   EXPECT_EQ(busy.error().code, ErrorCode::invalid_argument);
 
-  // Empty and all-bad jobs are done at once.
+  // An empty job is done at once.
   write_file(tmp.file("empty.jsonl"), "\n  \n");
   auto e = (*m)->submit(spec_for(tmp, {tmp.file("empty.jsonl")}, "empty.out"));
   ASSERT_TRUE(e.ok());
   EXPECT_EQ((*m)->progress(*e)->state, JobState::done);
   EXPECT_EQ(read_file(tmp.file("empty.out")), "");
-  write_file(tmp.file("bad.jsonl"), "x\ny\n");
-  auto b = (*m)->submit(spec_for(tmp, {tmp.file("bad.jsonl")}, "bad.out"));
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ((*m)->progress(*b)->state, JobState::done);
-  EXPECT_EQ(read_lines(tmp.file("bad.out")).size(), 2u);
+  // A shard none of whose lines is a JSON object is not JSONL: the submit is
+  // refused naming the shard, its first line's number and a snippet, and no
+  // job is created (issue 46, item 13: a CSV ran as a job of invalid_json
+  // lines and exited 0).
+  const std::size_t jobs_before = (*m)->list_jobs().size();
+  write_file(tmp.file("table.csv"), "\nid,prompt\n1,hello\n");
+  auto csv = (*m)->submit(spec_for(tmp, {tmp.file("table.csv")}, "csv.out"));
+  ASSERT_FALSE(csv.ok());
+  EXPECT_EQ(csv.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(csv.error().message.find(tmp.file("table.csv") + " is not JSONL"), std::string::npos)
+      << csv.error().message;
+  EXPECT_NE(csv.error().message.find("line 2: not valid JSON: \"id,prompt\""), std::string::npos)
+      << csv.error().message;
+  write_file(tmp.file("array.json"), "[{\"prompt\": \"a\"},\n {\"prompt\": \"b\"}]\n");
+  auto arr = (*m)->submit(spec_for(tmp, {tmp.file("array.json")}, "arr.out"));
+  ASSERT_FALSE(arr.ok());
+  EXPECT_NE(arr.error().message.find("line 1: not valid JSON"), std::string::npos) << arr.error().message;
+  write_file(tmp.file("list.jsonl"), "[1, 2]\n");
+  auto list = (*m)->submit(spec_for(tmp, {tmp.file("in.jsonl"), tmp.file("list.jsonl")}, "list.out"));
+  ASSERT_FALSE(list.ok()) << "the second shard is checked too";
+  EXPECT_NE(list.error().message.find(tmp.file("list.jsonl") + " is not JSONL"), std::string::npos)
+      << list.error().message;
+  EXPECT_NE(list.error().message.find("line 1: a JSON array, not an object"), std::string::npos)
+      << list.error().message;
+  EXPECT_EQ((*m)->list_jobs().size(), jobs_before);
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("csv.out")));
+  // One good line makes a shard JSONL: its bad lines are per-line errors.
+  write_file(tmp.file("mixed.jsonl"), "x\n{\"prompt\":\"a\"}\ny\n");
+  auto b = (*m)->submit(spec_for(tmp, {tmp.file("mixed.jsonl")}, "mixed.out"));
+  ASSERT_TRUE(b.ok()) << b.error().to_string();
+  EXPECT_EQ((*m)->progress(*b)->total, 3u);
 
   // Results for unknown jobs or lines are ignored.
   BatchResult stray;
