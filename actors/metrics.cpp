@@ -5,7 +5,11 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <atomic>
+#include <chrono>
+#include <memory>
 #include <sstream>
+#include <thread>
 
 #include "comm/address.hpp"
 
@@ -116,7 +120,17 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const MetricsRegistr
     return make_error(ErrorCode::io, "metrics: cannot listen on " + host_port +
                                          (port != 0 ? " (is the port in use by another process?)" : ""));
   httplib::Server* srv = s->server_.get();
-  s->thread_ = std::thread([srv] { srv->listen_after_bind(); });
+  auto exited = std::make_shared<std::atomic<bool>>(false);
+  s->thread_ = std::thread([srv, exited] {
+    srv->listen_after_bind();
+    *exited = true;
+  });
+  // Until the thread is in its accept loop, stop() is a no-op (cpp-httplib
+  // 0.11 checks is_running), so a server destroyed at once would never be
+  // joined: wait for the loop (or the thread's end), at most 10 s.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!srv->is_running() && !*exited && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return s;
 }
 

@@ -6,12 +6,16 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "common/json_bounded.hpp"
@@ -107,7 +111,17 @@ Result<std::unique_ptr<HttpApiServer>> HttpApiServer::start(HttpApiOptions optio
   if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0)
     spdlog::warn("http api: cannot raise the listen backlog: {}", std::strerror(errno));
   httplib::Server* srv = s->server_.get();
-  s->thread_ = std::thread([srv] { srv->listen_after_bind(); });
+  auto exited = std::make_shared<std::atomic<bool>>(false);
+  s->thread_ = std::thread([srv, exited] {
+    srv->listen_after_bind();
+    *exited = true;
+  });
+  // Until the thread is in its accept loop, stop() is a no-op (cpp-httplib
+  // 0.11 checks is_running), so a server destroyed at once would never be
+  // joined: wait for the loop (or the thread's end), at most 10 s.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!srv->is_running() && !*exited && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return s;
 }
 

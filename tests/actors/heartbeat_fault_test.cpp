@@ -126,7 +126,10 @@ TEST_F(HeartbeatFault, AStuckWorkerThreadIsDeclaredDeadWithinTheTimeoutAndReplac
 }
 
 TEST_F(HeartbeatFault, ASigstoppedShardServeRankIsDetectedAndItsGroupReplaced) {
-  constexpr int kLines = 40;
+  // Enough lines that the job cannot finish between two status polls (each
+  // a CLI process): with 40, a run beside other tests saw 4 and then 40
+  // done, and the stop came after the job (2026-11-29).
+  constexpr int kLines = 120;
   constexpr int kGroupTimeoutMs = 10'000;  // the group's own failure detection, slower
   write_input(kLines, 64);
   const std::string expected = clean_output(8);
