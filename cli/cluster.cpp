@@ -564,6 +564,9 @@ void draw_progress(const messages::JobProgress& p) {
 }
 
 int run_run(RunArgs& a) {
+  // The progress bar is the run's report: info lines would land before and
+  // inside it. Warnings and errors still show; --quiet keeps errors only.
+  if (user_log_level().empty()) spdlog::set_level(a.quiet ? spdlog::level::err : spdlog::level::warn);
   if (a.parallel == "auto") {
     std::vector<std::string> inputs;
     for (const auto& in : a.inputs) inputs.push_back(in);
@@ -777,7 +780,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--data-dir", ra->data_dir, "Durable state (default: OUTPUT.shardline); rerun to resume");
   r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();
-  r->add_flag("--quiet", ra->quiet, "No progress bar");
+  r->add_flag("--quiet", ra->quiet, "No progress bar, and only errors logged");
   add_tcp_group_flags(*r, ra->group_master, ra->group_key_file, ra->group_timeout_ms);
   add_failure_flags(*r, ra->failure);
   add_kv_flags(*r, ra->kv);

@@ -22,4 +22,8 @@ void add_shard_commands(CLI::App& app, std::function<int()>& run);
 /// cluster init, node start, job submit/status, actor list/kill, run.
 void add_cluster_commands(CLI::App& app, std::function<int()>& run);
 
+/// The `--log-level` given on the command line ("" when none: info, or for
+/// `run` with its progress bar warn, and error with --quiet).
+[[nodiscard]] const std::string& user_log_level();
+
 }  // namespace shardline::cli

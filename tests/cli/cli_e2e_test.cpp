@@ -28,6 +28,40 @@ using CliRun = testing_support::CommandResult;
 
 CliRun run(const std::string& args) { return testing_support::run_command(kBin + " " + args); }
 
+// Issue 46, items 14 and 15: usage errors exit 2 (CLI11's own codes were
+// 106 and 109), and `run`'s progress bar is not buried in info lines:
+// warn by default, errors only with --quiet, --log-level (before or after
+// the subcommand) to see more.
+TEST(CliE2e, UsageErrorsExitTwoAndRunLogsAtWarnUnlessAsked) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardline_cli_log_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "in.jsonl") << R"({"prompt": "Once upon a time", "max_tokens": 4})" "\n";
+  const std::string job = " --model " + kModel + " --input " + (dir / "in.jsonl").string() + " --output ";
+  CliRun r = run("run" + job + (dir / "a.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.find("[info]"), std::string::npos) << r.out;
+  r = run("run --log-level info" + job + (dir / "b.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("[info]"), std::string::npos) << r.out;
+  r = run("--log-level debug run --quiet" + job + (dir / "c.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("[info]"), std::string::npos) << r.out;
+  r = run("run --quiet" + job + (dir / "d.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, "") << "--quiet prints nothing on success";
+
+  r = run("run --log-level loud" + job + (dir / "e.jsonl").string());
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--log-level: loud not in"), std::string::npos) << r.out;
+  r = run("run --no-such-flag" + job + (dir / "f.jsonl").string());
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  r = run("generate --model " + kModel + " --max-tokens abc --prompt x");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(run("--help").exit_code, 0);
+  fs::remove_all(dir);
+}
+
 TEST(CliE2e, GeneratePrintsTheReferenceStory) {
   const CliRun r = run("generate --model " + kModel +
                     " --prompt 'Once upon a time' --max-tokens 48 --temperature 0");
