@@ -32,7 +32,7 @@ class KvRecoveryFault : public testing_support::ClusterJobTest {
   static constexpr int kMaxBatch = 32;
 
   std::vector<std::string> run_args(const std::string& kv_sync) const {
-    return {kShardline, "run",         "--quiet",        "--model",   kStoriesDir,     "--input",
+    return {kShardline, "run", "--log-level", "info", "--quiet",        "--model",   kStoriesDir,     "--input",
             path("in.jsonl"), "--output", path("out.jsonl"), "--data-dir", path("data"), "--max-batch",
             std::to_string(kMaxBatch), "--metrics", "127.0.0.1:0", "--kv-sync", kv_sync};
   }

@@ -63,7 +63,7 @@ class ParallelE2e : public testing_support::TempDirTest {
 
   /// `shardline run` of the input into `output` with `flags`.
   testing_support::CommandResult run(const std::string& output, const std::string& flags) {
-    return run_command(kShardline + " run --model " + testing_support::kStoriesDir + " --input " + path("in.jsonl") +
+    return run_command(kShardline + " run --log-level info --model " + testing_support::kStoriesDir + " --input " + path("in.jsonl") +
                        " --output " + path(output) + " --max-batch 8 " + flags);
   }
 

@@ -40,7 +40,7 @@ class ParallelTcpE2e : public testing_support::TempDirTest {
   }
 
   testing_support::CommandResult run(const std::string& output, const std::string& flags) {
-    return run_command(kShardline + " run --model " + testing_support::kStoriesDir + " --input " + path("in.jsonl") +
+    return run_command(kShardline + " run --log-level info --model " + testing_support::kStoriesDir + " --input " + path("in.jsonl") +
                        " --output " + path(output) + " --max-batch 8 --quiet " + flags);
   }
 
