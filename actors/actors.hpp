@@ -37,6 +37,8 @@
 
 namespace shardline::actors {
 
+class ClusterTls;  // actors/cluster_tls.hpp
+
 /// Heartbeats and failure detection (DéjàVu §4.2.3: 1 s, 3 s).
 struct FailureDetection {
   int heartbeat_ms = 1000;         ///< `--heartbeat-ms`: a worker beats this often, between engine steps
@@ -122,9 +124,10 @@ struct OrchestratorConfig {
 /// workers and KV store send to it; it forwards as them (send_as) to the
 /// remote relay. When the connection drops (that node was killed) it queues
 /// and reconnects every 500 ms, so the joined node lives through a restart
-/// of the orchestrator's node. Errors: invalid_argument (bad address), io
-/// (cannot reach it now).
-[[nodiscard]] Result<caf::actor> spawn_remote_link(caf::actor_system& sys, const std::string& host_port);
+/// of the orchestrator's node. It connects through `tls` (started in
+/// `sys`). Errors: invalid_argument (bad address), io (cannot reach it now).
+[[nodiscard]] Result<caf::actor> spawn_remote_link(caf::actor_system& sys, std::shared_ptr<ClusterTls> tls,
+                                                   const std::string& host_port);
 
 struct WorkerConfig {
   std::string name;     ///< e.g. "node0/cpu:0", or "node0/cpu:0-1" for an engine group of two devices

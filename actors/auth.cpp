@@ -82,6 +82,8 @@ std::string ClusterKey::sign(std::string_view message) const {
   return to_hex(reinterpret_cast<const unsigned char*>(mac.data()), mac.size());
 }
 
+std::string ClusterKey::derive(std::string_view label) const { return comm::hmac_sha256(secret_, label); }
+
 bool ClusterKey::verify(std::string_view message, std::string_view tag) const {
   return comm::mac_equal(tag, sign(message));
 }

@@ -4,10 +4,11 @@
 /// a random 256-bit secret (hex, file mode 0600). Every message between nodes
 /// and every remote command carries HMAC-SHA256(secret, message bytes); the
 /// receiving actor verifies it before decoding and answers an
-/// "unauthenticated" error (and logs the sender) when it does not match. So a
-/// peer without the secret can connect at the TCP level but cannot make any
-/// actor do anything. Not covered (documented in docs/cluster.md): replay of a
-/// captured message and confidentiality (traffic is not encrypted).
+/// "unauthenticated" error (and logs the sender) when it does not match.
+/// Before any message, every connection is mutual TLS with a key derived
+/// from this one (actors/cluster_tls.hpp), so a peer without the secret
+/// cannot connect at all. Not covered (docs/cluster.md, "Threat model"): a
+/// key holder replaying a message it saw.
 
 #include <filesystem>
 #include <string>
@@ -35,6 +36,11 @@ class ClusterKey {
   /// Constant-time comparison of `tag` with sign(message) (comm::mac_equal;
   /// an empty tag never verifies).
   [[nodiscard]] bool verify(std::string_view message, std::string_view tag) const;
+  /// A key for another purpose: HMAC-SHA256(secret, label), 32 raw bytes
+  /// (the HKDF-Expand step of RFC 5869 with one block). Different labels
+  /// give independent keys, and none reveals the secret. Labels in use:
+  /// "shardline node tls v1" (actors/cluster_tls.hpp).
+  [[nodiscard]] std::string derive(std::string_view label) const;
 
  private:
   std::string secret_;  // 32 raw bytes

@@ -2,6 +2,7 @@
 
 #include <caf/io/all.hpp>
 
+#include "actors/cluster_tls.hpp"
 #include "actors/protocol.hpp"
 #include "comm/address.hpp"
 
@@ -14,15 +15,18 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host_port, co
   if (!hp) return std::move(hp).error();
   std::unique_ptr<Client> c(new Client());
   c->key_ = std::make_shared<const ClusterKey>(std::move(key).value());
+  auto tls = ClusterTls::create(*c->key_, nullptr);
+  if (!tls) return std::move(tls).error();
+  c->tls_ = std::move(tls).value();
   c->own_config_ = std::make_unique<caf::actor_system_config>();
   c->own_config_->load<caf::io::middleman>();
   c->own_config_->set("scheduler.max-threads", 1);
   c->own_config_->set("logger.console-verbosity", caf::atom("quiet"));
   c->own_system_ = std::make_unique<caf::actor_system>(*c->own_config_);
   c->system_ = c->own_system_.get();
-  auto remote = c->system_->middleman().remote_actor(hp->first, static_cast<std::uint16_t>(hp->second));
-  if (!remote)
-    return make_error(ErrorCode::io, "cannot reach a node at " + host_port + ": " + c->system_->render(remote.error()));
+  c->tls_->start(*c->system_);
+  auto remote = c->tls_->connect(hp->first, static_cast<std::uint16_t>(hp->second));
+  if (!remote) return std::move(remote).error();
   c->orchestrator_ = *remote;
   return c;
 }
@@ -38,6 +42,7 @@ std::unique_ptr<Client> Client::local(caf::actor_system& system, caf::actor orch
 
 Client::~Client() {
   orchestrator_ = caf::actor();
+  if (tls_) tls_->stop();
   own_system_.reset();
 }
 

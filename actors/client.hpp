@@ -18,10 +18,14 @@
 
 namespace shardline::actors {
 
+class ClusterTls;  // actors/cluster_tls.hpp
+
 class Client {
  public:
-  /// Connects to the node at HOST:PORT with the key in `key_file`.
-  /// Errors: not_found / corrupt (key file), io (unreachable).
+  /// Connects to the node at HOST:PORT with the key in `key_file`, over
+  /// mutual TLS (actors/cluster_tls.hpp). Errors: not_found / corrupt (key
+  /// file), io (unreachable, or a node of another cluster key: its TLS
+  /// handshake fails).
   [[nodiscard]] static Result<std::unique_ptr<Client>> connect(const std::string& host_port,
                                                               const std::string& key_file);
   /// A client of an orchestrator in this process.
@@ -51,6 +55,7 @@ class Client {
 
  private:
   Client() = default;
+  std::shared_ptr<ClusterTls> tls_;  ///< own_system_'s TLS transport (connect() only)
   std::unique_ptr<caf::actor_system_config> own_config_;
   std::unique_ptr<caf::actor_system> own_system_;
   caf::actor_system* system_ = nullptr;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <mutex>
 
+#include "actors/cluster_tls.hpp"
 #include "actors/protocol.hpp"
 #include "comm/address.hpp"
 #include "model/config.hpp"
@@ -272,12 +273,18 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
 
   node->metrics_ = std::make_shared<MetricsRegistry>();
   describe_node_metrics(*node->metrics_);
+  // Mutual TLS on every connection of this node's actor system (the port it
+  // publishes, a joined node's link): only holders of the key get in.
+  auto tls = ClusterTls::create(*node->key_, node->metrics_);
+  if (!tls) return std::move(tls).error();
+  node->tls_ = std::move(tls).value();
   node->config_ = std::make_unique<caf::actor_system_config>();
   node->config_->load<caf::io::middleman>();
   node->config_->set("scheduler.max-threads", 2);
   node->config_->set("logger.console-verbosity", caf::atom("quiet"));
   node->system_ = std::make_unique<caf::actor_system>(*node->config_);
   caf::actor_system& sys = *node->system_;
+  node->tls_->start(sys);
 
 
   auto roster = std::make_shared<OrchestratorRoster>();
@@ -313,7 +320,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     // The joined node's link to the remote relay: the relay outlives
     // restarts of the orchestrator there, and the link reconnects when that
     // whole node restarts.
-    auto link = spawn_remote_link(sys, o.join);
+    auto link = spawn_remote_link(sys, node->tls_, o.join);
     if (!link) return std::move(link).error();
     node->orchestrator_ = *link;
     node->link_ = *link;
@@ -324,9 +331,8 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     if (!hp) return std::move(hp).error();
     if (!o.join.empty())
       return make_error(ErrorCode::invalid_argument, "--listen and --join together are not supported yet");
-    auto port = sys.middleman().publish(node->orchestrator_, static_cast<std::uint16_t>(hp->second),
-                                        hp->first.c_str(), true);
-    if (!port) return make_error(ErrorCode::io, "cannot listen on " + o.listen + ": " + sys.render(port.error()));
+    auto port = node->tls_->publish(node->orchestrator_, hp->first, static_cast<std::uint16_t>(hp->second));
+    if (!port) return std::move(port).error();
     node->port_ = *port;
   }
 
@@ -465,6 +471,7 @@ void Node::stop() {
   relay_ = caf::actor();
   orchestrator_ = caf::actor();
   system_->await_all_actors_done();
+  if (tls_) tls_->stop();
 }
 
 Node::~Node() {

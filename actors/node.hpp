@@ -27,6 +27,8 @@
 
 namespace shardline::actors {
 
+class ClusterTls;  // actors/cluster_tls.hpp
+
 struct NodeOptions {
   std::string name = "node0";
   std::string listen;     ///< "HOST:PORT" to accept clients and nodes ("" = in-process only)
@@ -109,6 +111,7 @@ class Node {
   std::shared_ptr<const ClusterKey> key_;
   std::shared_ptr<MetricsRegistry> metrics_;
   int num_workers_ = 0;
+  std::shared_ptr<ClusterTls> tls_;  ///< this system's TLS transport; stopped before system_ goes
   std::unique_ptr<caf::actor_system_config> config_;
   std::unique_ptr<caf::actor_system> system_;
   caf::actor orchestrator_;  ///< relay_, or the joined node's relay

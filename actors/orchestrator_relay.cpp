@@ -11,9 +11,9 @@
 // a remote or anonymous `(orchestrator_atom, actor)` once redirected the
 // orchestrator's traffic to a keyless intruder (issue 46, item 1). Refused
 // ones are logged and counted (shardline_relay_refused_total). CAF makes
-// exit_reason::kill fatal before any handler runs, so a kill from a peer
-// still stops it: keeping keyless peers off the port altogether is the
-// transport's work (docs/cluster.md, "Threat model").
+// exit_reason::kill fatal before any handler runs, so only the transport
+// can keep a kill out: keyless peers never get past the node port's mutual
+// TLS (actors/cluster_tls.hpp; docs/cluster.md, "Threat model").
 #include <spdlog/spdlog.h>
 
 #include <deque>

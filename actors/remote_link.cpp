@@ -13,6 +13,7 @@
 #include <deque>
 
 #include "actors/actors.hpp"
+#include "actors/cluster_tls.hpp"
 #include "actors/protocol.hpp"
 #include "comm/address.hpp"
 
@@ -32,6 +33,7 @@ struct LinkState {
   LinkState() = default;
   std::string host;
   std::uint16_t port = 0;
+  std::shared_ptr<ClusterTls> tls;  ///< how to reach it
   caf::actor remote;  ///< the orchestrator node's relay; null while disconnected
   std::deque<Queued> queue;
   bool connecting = false;
@@ -63,8 +65,10 @@ void adopt(LinkActor* self, caf::actor remote) {
   for (Queued& m : q) deliver(self, std::move(m));
 }
 
-caf::behavior link_behavior(LinkActor* self, std::string host, std::uint16_t port, caf::actor remote) {
+caf::behavior link_behavior(LinkActor* self, std::shared_ptr<ClusterTls> tls, std::string host, std::uint16_t port,
+                            caf::actor remote) {
   LinkState& st = self->state;
+  st.tls = std::move(tls);
   st.host = std::move(host);
   st.port = port;
   self->set_down_handler([self](caf::down_msg& dm) {
@@ -90,7 +94,7 @@ caf::behavior link_behavior(LinkActor* self, std::string host, std::uint16_t por
       [self](connect_atom) {
         LinkState& st = self->state;
         // Blocks this (detached) actor's thread for the attempt.
-        auto remote = self->system().middleman().remote_actor(st.host, st.port);
+        auto remote = st.tls->connect(st.host, st.port);
         if (!remote) {
           self->delayed_send(self, kRetry, connect_atom::value);
           return;
@@ -103,14 +107,14 @@ caf::behavior link_behavior(LinkActor* self, std::string host, std::uint16_t por
 
 }  // namespace
 
-Result<caf::actor> spawn_remote_link(caf::actor_system& sys, const std::string& host_port) {
+Result<caf::actor> spawn_remote_link(caf::actor_system& sys, std::shared_ptr<ClusterTls> tls,
+                                     const std::string& host_port) {
   auto hp = comm::parse_host_port(host_port);
   if (!hp) return std::move(hp).error();
   const auto port = static_cast<std::uint16_t>(hp->second);
-  auto remote = sys.middleman().remote_actor(hp->first, port);
-  if (!remote)
-    return make_error(ErrorCode::io, "cannot reach the node at " + host_port + ": " + sys.render(remote.error()));
-  return sys.spawn<caf::detached>(link_behavior, hp->first, port, *remote);
+  auto remote = tls->connect(hp->first, port);
+  if (!remote) return std::move(remote).error();
+  return sys.spawn<caf::detached>(link_behavior, std::move(tls), hp->first, port, *remote);
 }
 
 }  // namespace shardline::actors

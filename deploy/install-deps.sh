@@ -19,7 +19,7 @@ packages=(
   libcli11-dev
   libspdlog-dev libfmt-dev
   libpcre2-dev
-  libssl-dev
+  libssl-dev openssl  # openssl: the CLI is the oracle of tests/comm/tls_identity_test.cpp
   libcpp-httplib-dev
   libutf8proc-dev
   libgtest-dev libgmock-dev

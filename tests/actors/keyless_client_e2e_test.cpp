@@ -1,17 +1,20 @@
-// A keyless CAF client against a node's port (issue 46, item 1). The port
-// publishes the orchestrator relay; this test process connects to it as any
-// peer on the network can (`remote_actor`), holding no cluster key, and:
-//   * tells the relay that its own actor is the new orchestrator (as the
-//     node's supervisor does locally), from a named actor and anonymously;
-//   * sends the relay exit messages (user_shutdown, unhandled_exception);
-//   * sends an unsigned request.
-// Before the fix the first made the relay forward the node's traffic (the
-// real clients' job submits and status polls, the workers' hellos and
-// heartbeats) to the intruder. Now: the node keeps serving, a real client's
-// job completes, the intruder receives nothing, and the attempts are logged
-// and counted (shardline_relay_refused_total, shardline_auth_failures_total).
-// exit_reason::kill is not tried: CAF makes it fatal before any handler,
-// so only the transport can keep it out (docs/cluster.md, "Threat model").
+// Peers without the cluster key against a node's port (issue 46, item 1).
+// The port publishes the orchestrator relay over mutual TLS
+// (actors/cluster_tls.hpp). This test process tries, as any peer on the
+// network can:
+//   * a plain CAF client (`remote_actor`, no TLS), which before the fix
+//     could redirect the orchestrator's traffic to itself and stop the
+//     relay with one exit message;
+//   * a TLS client holding another cluster's key;
+//   * raw bytes, an empty connection, and one that stays silent (a TLS
+//     handshake that never comes must not stall anyone else).
+// None gets a connection; the node logs each refusal with the peer's
+// address and counts it (shardline_tls_handshake_failures_total), and a
+// real client's job completes while the silent connection is still open.
+// Then a client with the right key, over TLS, sends what only the node's
+// own actors may send (a new orchestrator, exits) and an unsigned request:
+// the relay refuses them too (defence in depth: shardline_relay_refused_total,
+// shardline_auth_failures_total), and the intruder's actor receives nothing.
 #include <gtest/gtest.h>
 
 #include <caf/all.hpp>
@@ -25,6 +28,12 @@
 #include <string>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "actors/cluster_tls.hpp"
 #include "actors/protocol.hpp"
 #include "tests/actors/node_harness.hpp"
 #include "tests/support/process.hpp"
@@ -47,8 +56,22 @@ caf::behavior intruder(caf::event_based_actor* self, std::shared_ptr<std::atomic
   return {[received](msg_atom, const std::string&, const std::string&) { ++*received; }};
 }
 
-TEST_F(KeylessClient, CannotRedirectTheOrchestratorNorStopTheRelay) {
+/// Opens a TCP connection to 127.0.0.1:`port`, writes `bytes`, and
+/// returns the socket (closed by the caller), or -1.
+int raw_connection(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
+  if (!bytes.empty() && ::write(fd, bytes.data(), bytes.size()) < 0) return -1;
+  return fd;
+}
+
+TEST_F(KeylessClient, CannotConnectAndTheNodeKeepsServing) {
   ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("other.key")).exit_code, 0);
   Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
               testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--metrics", "127.0.0.1:0",
               "--threads", "1"},
@@ -57,31 +80,42 @@ TEST_F(KeylessClient, CannotRedirectTheOrchestratorNorStopTheRelay) {
   ASSERT_FALSE(addr.addr.empty()) << node.log();
   const int port = std::stoi(addr.addr.substr(addr.addr.rfind(':') + 1));
 
-  // The keyless client: its own actor system, no key file anywhere.
-  caf::actor_system_config cfg;
-  cfg.load<caf::io::middleman>();
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
-  caf::actor_system sys{cfg};
-  auto relay = sys.middleman().remote_actor("127.0.0.1", static_cast<std::uint16_t>(port));
-  ASSERT_TRUE(relay) << sys.render(relay.error());
-  auto received = std::make_shared<std::atomic<int>>(0);
-  caf::actor mine = sys.spawn(intruder, received);
+  // 1. A plain CAF client: no TLS, no key.
   {
-    caf::scoped_actor self{sys};
-    self->send(*relay, orchestrator_atom::value, mine);         // hijack, named sender
-    caf::anon_send(*relay, orchestrator_atom::value, mine);     // hijack, anonymous
-    self->send_exit(*relay, caf::exit_reason::user_shutdown);   // stop it
-    caf::anon_send_exit(*relay, caf::exit_reason::unhandled_exception);
-    // An unsigned request is refused by the orchestrator's inbox.
-    std::string reply;
-    self->request(*relay, std::chrono::seconds(30), msg_atom::value, std::string("no-tag"), std::string("bytes"))
-        .receive([&](const std::string& r) { reply = r; }, [&](caf::error& e) { reply = "error " + sys.render(e); });
-    EXPECT_FALSE(reply.empty());
-    EXPECT_EQ(reply.rfind("error", 0), std::string::npos) << "the relay stopped answering: " << reply;
+    caf::actor_system_config cfg;
+    cfg.load<caf::io::middleman>();
+    cfg.set("logger.console-verbosity", caf::atom("quiet"));
+    caf::actor_system sys{cfg};
+    auto relay = sys.middleman().remote_actor("127.0.0.1", static_cast<std::uint16_t>(port));
+    EXPECT_FALSE(relay) << "a keyless plain CAF client reached the relay";
   }
+  // 2. TLS with another cluster's key.
+  {
+    auto other = ClusterKey::load(path("other.key"));
+    ASSERT_TRUE(other);
+    caf::actor_system_config cfg;
+    cfg.load<caf::io::middleman>();
+    cfg.set("logger.console-verbosity", caf::atom("quiet"));
+    caf::actor_system sys{cfg};
+    auto tls = ClusterTls::create(*other, nullptr);
+    ASSERT_TRUE(tls);
+    (*tls)->start(sys);
+    auto relay = (*tls)->connect("127.0.0.1", static_cast<std::uint16_t>(port));
+    ASSERT_FALSE(relay) << "a client of another cluster key reached the relay";
+    EXPECT_NE(relay.error().message.find("TLS handshake failed"), std::string::npos) << relay.error().message;
+    (*tls)->stop();
+  }
+  // 3. Raw bytes, an empty connection, and a silent one left open.
+  for (const std::string bytes : {std::string("GET / HTTP/1.0\r\n\r\n"), std::string()}) {
+    const int fd = raw_connection(port, bytes);
+    ASSERT_GE(fd, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::close(fd);
+  }
+  const int silent = raw_connection(port, "");
+  ASSERT_GE(silent, 0);
 
-  // A real client with the key: its job goes to the real orchestrator and
-  // completes, through the same relay.
+  // A real client with the key: its job completes meanwhile.
   {
     std::ofstream in(path("in.jsonl"));
     for (int i = 0; i < 4; ++i)
@@ -95,14 +129,54 @@ TEST_F(KeylessClient, CannotRedirectTheOrchestratorNorStopTheRelay) {
   ASSERT_FALSE(status.is_null()) << node.log();
   EXPECT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
   EXPECT_EQ(status["jobs"][0]["done"], 4);
+  ::close(silent);
+
+  // 4. With the key, over TLS: what only the node's own actors may send.
+  auto received = std::make_shared<std::atomic<int>>(0);
+  {
+    auto key = ClusterKey::load(path("cluster.key"));
+    ASSERT_TRUE(key);
+    caf::actor_system_config cfg;
+    cfg.load<caf::io::middleman>();
+    cfg.set("logger.console-verbosity", caf::atom("quiet"));
+    caf::actor_system sys{cfg};
+    auto tls = ClusterTls::create(*key, nullptr);
+    ASSERT_TRUE(tls);
+    (*tls)->start(sys);
+    auto relay = (*tls)->connect("127.0.0.1", static_cast<std::uint16_t>(port));
+    ASSERT_TRUE(relay) << relay.error().message;
+    caf::actor mine = sys.spawn(intruder, received);
+    {
+      caf::scoped_actor self{sys};
+      self->send(*relay, orchestrator_atom::value, mine);        // hijack, named sender
+      caf::anon_send(*relay, orchestrator_atom::value, mine);    // hijack, anonymous
+      self->send_exit(*relay, caf::exit_reason::user_shutdown);  // stop it
+      caf::anon_send_exit(*relay, caf::exit_reason::unhandled_exception);
+      // An unsigned request is refused by the orchestrator's inbox.
+      std::string reply;
+      self->request(*relay, std::chrono::seconds(30), msg_atom::value, std::string("no-tag"), std::string("bytes"))
+          .receive([&](const std::string& r) { reply = r; }, [&](caf::error& e) { reply = "error " + sys.render(e); });
+      EXPECT_FALSE(reply.empty());
+      EXPECT_EQ(reply.rfind("error", 0), std::string::npos) << "the relay stopped answering: " << reply;
+    }
+    const auto again = run_command(kShardline + " job status 1" + client);
+    EXPECT_EQ(again.exit_code, 0) << again.out;
+    caf::anon_send_exit(mine, caf::exit_reason::user_shutdown);
+    (*tls)->stop();
+  }
   EXPECT_EQ(received->load(), 0) << "the intruder received the node's traffic";
 
   const std::string log = node.log();
+  // Refused at the handshake: the plain client, the other key, the raw
+  // bytes, the empty and the silent connection.
+  EXPECT_GE(testing_support::all_matches(log, std::regex("tls: refused a connection from (127\\.0\\.0\\.1:\\d+)")).size(),
+            5u)
+      << log;
+  EXPECT_GE(testing_support::metric(addr.metrics_port, "shardline_tls_handshake_failures_total"), 5) << log;
   EXPECT_NE(log.find("refused a new orchestrator"), std::string::npos) << log;
   EXPECT_NE(log.find("refused an exit message"), std::string::npos) << log;
   EXPECT_GE(testing_support::metric(addr.metrics_port, "shardline_relay_refused_total"), 4) << log;
   EXPECT_GE(testing_support::metric(addr.metrics_port, "shardline_auth_failures_total"), 1) << log;
-  caf::anon_send_exit(mine, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace
