@@ -2,13 +2,13 @@
 /// \file
 /// Cluster authentication. `shardline cluster init` writes a key file holding
 /// a random 256-bit secret (hex, file mode 0600). Every message between nodes
-/// and every remote command carries HMAC-SHA256(secret, message bytes); the
+/// and every remote command carries an HMAC-SHA256 tag under the secret; the
 /// receiving actor verifies it before decoding and answers an
 /// "unauthenticated" error (and logs the sender) when it does not match.
 /// Before any message, every connection is mutual TLS with a key derived
 /// from this one (actors/cluster_tls.hpp), so a peer without the secret
-/// cannot connect at all. Not covered (docs/cluster.md, "Threat model"): a
-/// key holder replaying a message it saw.
+/// cannot connect at all. Message tags add a signing time and a nonce so
+/// that each is valid once (actors/replay_guard.hpp).
 
 #include <filesystem>
 #include <string>

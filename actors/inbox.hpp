@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// The opening every actor's inbox shares: verify the message's cluster-key
-/// tag, decode the bytes into the actor's message variant, dispatch the
+/// The opening every actor's inbox shares: verify the message's tag (cluster
+/// key, once: actors/replay_guard.hpp), decode the bytes into the actor's message variant, dispatch the
 /// alternative to its handler, encode the reply.
 ///
 ///     [self](msg_atom, const std::string& tag, const std::string& bytes) -> std::string {
@@ -20,6 +20,7 @@
 #include <variant>
 
 #include "actors/auth.hpp"
+#include "actors/replay_guard.hpp"
 #include "actors/metrics.hpp"
 #include "common/result.hpp"
 #include "messages/codec.hpp"
@@ -37,12 +38,17 @@ class Inbox {
   Inbox(std::string who, std::shared_ptr<const ClusterKey> key, std::shared_ptr<MetricsRegistry> metrics)
       : who_(std::move(who)), key_(std::move(key)), metrics_(std::move(metrics)) {}
 
-  /// Checks `tag` = HMAC(cluster key, bytes). On a mismatch it logs
-  /// "<who>: refused a message with a bad cluster key tag from <sender>",
-  /// counts it, and returns invalid_argument "unauthenticated: wrong or
-  /// missing cluster key".
+  /// Checks `tag` for `bytes` (actors/replay_guard.hpp): signed with the
+  /// cluster key, within the time window, and not seen before. A bad tag is
+  /// logged as "<who>: refused a message with a bad cluster key tag from
+  /// <sender>", counted in shardline_auth_failures_total and answered with
+  /// invalid_argument "unauthenticated: wrong or missing cluster key"; a
+  /// replayed or expired one is logged as "<who>: refused a replayed
+  /// message ..." / "... signed N s from now ...", counted in
+  /// shardline_replays_refused_total and answered with invalid_argument
+  /// "replayed: ..." / "expired: ...".
   [[nodiscard]] Status authenticate(const caf::strong_actor_ptr& sender, std::string_view tag,
-                                    std::string_view bytes) const;
+                                    std::string_view bytes);
 
   /// Verify -> decode -> dispatch -> encode. `decode` is the actor's decoder
   /// (e.g. messages::decode_worker); `handler` is called with the decoded
@@ -54,7 +60,7 @@ class Inbox {
   template <class Msg, class Handler>
   [[nodiscard]] std::string serve(const caf::strong_actor_ptr& sender, std::string_view tag,
                                   std::string_view bytes, Result<Msg> (*decode)(std::string_view) noexcept,
-                                  Handler&& handler) const {
+                                  Handler&& handler) {
     using R = decltype(std::visit(handler, std::declval<Msg&>()));
     using Reply = typename ReplyOf<R>::type;
     if (Status ok = authenticate(sender, tag, bytes); !ok) return messages::encode(Reply{ok.error()});
@@ -83,6 +89,7 @@ class Inbox {
   std::string who_;
   std::shared_ptr<const ClusterKey> key_;
   std::shared_ptr<MetricsRegistry> metrics_;
+  ReplayGuard guard_;
 };
 
 }  // namespace shardline::actors

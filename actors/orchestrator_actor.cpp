@@ -609,6 +609,8 @@ void describe_node_metrics(MetricsRegistry& m) {
   m.describe("shardline_worker_start_failures_total", "counter",
              "Workers of this node that could not start their engine (not restarted).");
   m.describe("shardline_auth_failures_total", "counter", "Messages refused for a bad cluster key tag.");
+  m.describe("shardline_replays_refused_total", "counter",
+             "Signed messages refused as replayed (nonce seen before) or outside the signing-time window.");
   m.describe("shardline_tls_handshake_failures_total", "counter",
              "TLS handshakes on this node's connections that failed: a peer without the cluster key, or not TLS.");
   m.describe("shardline_relay_refused_total", "counter",

@@ -2,8 +2,8 @@
 /// \file
 /// How actors talk: every message is `(shardline_msg_atom, tag, bytes)` where
 /// `bytes` is an encoded Cap'n Proto message (messages/codec.hpp) for the
-/// receiving actor and `tag` is HMAC-SHA256(cluster secret, bytes)
-/// (actors/auth.hpp). Replies are plain encoded bytes. Internal timers use
+/// receiving actor and `tag` is its signature, valid once: signing time,
+/// nonce and HMAC-SHA256 under the cluster key (actors/replay_guard.hpp). Replies are plain encoded bytes. Internal timers use
 /// their own atoms and never leave the actor; the node-local relay and
 /// supervisor atoms never leave the node.
 
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "actors/auth.hpp"
+#include "actors/replay_guard.hpp"
 
 namespace shardline::actors {
 
@@ -36,7 +37,7 @@ struct Signed {
 };
 
 [[nodiscard]] inline Signed sign(const ClusterKey& key, std::string bytes) {
-  std::string tag = key.sign(bytes);
+  std::string tag = make_message_tag(key, bytes);
   return Signed{std::move(tag), std::move(bytes)};
 }
 

@@ -2,7 +2,9 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/core_names.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
 
 #include <climits>
@@ -32,6 +34,27 @@ std::string hmac_sha256(std::string_view key, std::string_view data) {
             reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &len)) {
     return {};
   }
+  return std::string(reinterpret_cast<const char*>(mac), len);
+}
+
+std::string hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts) {
+  // EVP_MAC (OpenSSL 3): the HMAC implementation is fetched once.
+  static EVP_MAC* const hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  if (!hmac) return {};
+  EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(hmac);
+  if (!ctx) return {};
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
+  const unsigned char empty = 0;
+  const auto* key_bytes = key.empty() ? &empty : reinterpret_cast<const unsigned char*>(key.data());
+  bool ok = EVP_MAC_init(ctx, key_bytes, key.size(), params) == 1;
+  for (std::string_view part : parts)
+    if (ok && !part.empty()) ok = EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(part.data()), part.size()) == 1;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  std::size_t len = 0;
+  if (ok) ok = EVP_MAC_final(ctx, mac, &len, sizeof(mac)) == 1;
+  EVP_MAC_CTX_free(ctx);
+  if (!ok) return {};
   return std::string(reinterpret_cast<const char*>(mac), len);
 }
 

@@ -6,6 +6,7 @@
 /// (actors/auth.hpp). Keys and MACs are raw bytes in std::string.
 
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -25,6 +26,11 @@ inline constexpr std::size_t kHmacSha256Bytes = 32;
 /// (RFC 2104). Empty only if OpenSSL fails (out of memory); mac_equal never
 /// accepts an empty MAC.
 [[nodiscard]] std::string hmac_sha256(std::string_view key, std::string_view data);
+
+/// HMAC-SHA256(key, parts[0] || parts[1] || ...) without joining the parts
+/// (a KV chunk may be megabytes): what hmac_sha256 gives for their
+/// concatenation. Empty only if OpenSSL fails.
+[[nodiscard]] std::string hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts);
 
 /// Whether two MACs are equal, in time independent of where they differ
 /// (CRYPTO_memcmp; the lengths are compared first, they are not secret).

@@ -74,7 +74,7 @@ KvStoreReply decoded_reply(const std::string& bytes) {
 TEST(Inbox, DispatchesTheDecodedAlternativeAndEncodesItsReply) {
   const auto key = new_key();
   auto metrics = std::make_shared<MetricsRegistry>();
-  const Inbox inbox("kvstore node0/kvstore", key, metrics);
+  Inbox inbox("kvstore node0/kvstore", key, metrics);
   Recorder rec;
   const Signed s = sign(*key, messages::encode(KvStoreMsg{messages::GetBlocks{"k1"}}));
   const KvStoreReply reply = decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec));
@@ -94,10 +94,12 @@ TEST(Inbox, RefusesABadTagLogsAndCountsIt) {
   const auto key = new_key();
   const auto other = new_key();
   auto metrics = std::make_shared<MetricsRegistry>();
-  const Inbox inbox("kvstore node0/kvstore", key, metrics);
+  Inbox inbox("kvstore node0/kvstore", key, metrics);
   Recorder rec;
   const std::string bytes = messages::encode(KvStoreMsg{messages::StatsQuery{}});
-  for (const std::string& tag : {other->sign(bytes), std::string(), key->sign(bytes + "x")}) {
+  // Another key, none, another message's, and a bare HMAC (no time, no nonce).
+  for (const std::string& tag : {make_message_tag(*other, bytes), std::string(), make_message_tag(*key, bytes + "x"),
+                                 key->sign(bytes)}) {
     LogCapture log;
     const KvStoreReply reply = decoded_reply(inbox.serve({}, tag, bytes, messages::decode_kvstore, rec));
     ASSERT_TRUE(std::holds_alternative<Error>(reply)) << messages::kind_name(reply);
@@ -107,28 +109,64 @@ TEST(Inbox, RefusesABadTagLogsAndCountsIt) {
         << log.text();
   }
   EXPECT_EQ(rec.calls, 0);
-  EXPECT_EQ(metrics->get("shardline_auth_failures_total"), 3.0);
+  EXPECT_EQ(metrics->get("shardline_auth_failures_total"), 4.0);
 
   // Without a registry the refusal is logged, not counted; without a key every message is refused.
-  const Inbox uncounted("worker w", key, nullptr);
+  Inbox uncounted("worker w", key, nullptr);
   EXPECT_TRUE(std::holds_alternative<Error>(
       decoded_reply(uncounted.serve({}, "", bytes, messages::decode_kvstore, rec))));
-  const Inbox keyless;
+  Inbox keyless;
   EXPECT_TRUE(std::holds_alternative<Error>(
-      decoded_reply(keyless.serve({}, key->sign(bytes), bytes, messages::decode_kvstore, rec))));
+      decoded_reply(keyless.serve({}, make_message_tag(*key, bytes), bytes, messages::decode_kvstore, rec))));
   EXPECT_EQ(rec.calls, 0);
+}
+
+TEST(Inbox, RefusesAReplayedOrExpiredMessageLogsAndCountsIt) {
+  const auto key = new_key();
+  auto metrics = std::make_shared<MetricsRegistry>();
+  Inbox inbox("orchestrator", key, metrics);
+  Recorder rec;
+  const Signed s = sign(*key, messages::encode(KvStoreMsg{messages::DropBlocks{"k"}}));
+  EXPECT_TRUE(std::holds_alternative<messages::Ack>(
+      decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec))));
+  EXPECT_EQ(rec.calls, 1);
+  {
+    LogCapture log;
+    const KvStoreReply again = decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec));
+    ASSERT_TRUE(std::holds_alternative<Error>(again)) << messages::kind_name(again);
+    EXPECT_EQ(std::get<Error>(again).code, ErrorCode::invalid_argument);
+    EXPECT_EQ(std::get<Error>(again).message.rfind("replayed:", 0), 0u) << std::get<Error>(again).message;
+    EXPECT_NE(log.text().find("orchestrator: refused a replayed message from "), std::string::npos) << log.text();
+  }
+  {
+    // Signed (correctly) ten minutes ago: outside the five-minute window.
+    const std::string old_tag = make_message_tag(*key, s.bytes, unix_now_ms() - 600'000, std::string(32, 'a'));
+    LogCapture log;
+    const KvStoreReply old = decoded_reply(inbox.serve({}, old_tag, s.bytes, messages::decode_kvstore, rec));
+    ASSERT_TRUE(std::holds_alternative<Error>(old)) << messages::kind_name(old);
+    EXPECT_EQ(std::get<Error>(old).message.rfind("expired: signed -600 s", 0), 0u) << std::get<Error>(old).message;
+    EXPECT_NE(log.text().find("outside the 300 s window"), std::string::npos) << log.text();
+  }
+  EXPECT_EQ(rec.calls, 1);
+  EXPECT_EQ(metrics->get("shardline_replays_refused_total"), 2.0);
+  EXPECT_EQ(metrics->get("shardline_auth_failures_total"), 0.0);
+  // A new signature of the same bytes is a new message.
+  const Signed fresh = sign(*key, s.bytes);
+  EXPECT_TRUE(std::holds_alternative<messages::Ack>(
+      decoded_reply(inbox.serve({}, fresh.tag, fresh.bytes, messages::decode_kvstore, rec))));
+  EXPECT_EQ(rec.calls, 2);
 }
 
 TEST(Inbox, AnswersUndecodableBytesWithTheDecodeError) {
   const auto key = new_key();
-  const Inbox inbox("kvstore n/kvstore", key, nullptr);
+  Inbox inbox("kvstore n/kvstore", key, nullptr);
   Recorder rec;
   // An orchestrator message is not a KV-store message: signed, but its union
   // member (kvProgressReport, 11) is out of the KV store's range (0..8).
   const std::string bytes = messages::encode(messages::OrchestratorMsg{messages::KvProgressReport{}});
   const std::string garbage(16, '\x01');
   for (const std::string& b : {bytes, garbage, std::string()}) {
-    const KvStoreReply reply = decoded_reply(inbox.serve({}, key->sign(b), b, messages::decode_kvstore, rec));
+    const KvStoreReply reply = decoded_reply(inbox.serve({}, make_message_tag(*key, b), b, messages::decode_kvstore, rec));
     ASSERT_TRUE(std::holds_alternative<Error>(reply)) << messages::kind_name(reply);
     const auto expected = messages::decode_kvstore(b);
     ASSERT_FALSE(expected.ok());
@@ -140,7 +178,7 @@ TEST(Inbox, AnswersUndecodableBytesWithTheDecodeError) {
 
 TEST(Inbox, AnOptionalReplyOfNulloptSendsNoBytes) {
   const auto key = new_key();
-  const Inbox inbox("orchestrator", key, nullptr);
+  Inbox inbox("orchestrator", key, nullptr);
   auto handler = [](const auto& m) -> std::optional<messages::OrchestratorReply> {
     if constexpr (std::is_same_v<std::decay_t<decltype(m)>, messages::JobStatusQuery>)
       return messages::JobSubmitted{m.job_id};

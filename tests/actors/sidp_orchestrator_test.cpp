@@ -58,7 +58,7 @@ caf::behavior fake_peer(caf::event_based_actor* self, caf::actor relay, std::sha
         self->send(relay, msg_atom::value, s.tag, s.bytes);
       },
       [=](msg_atom, const std::string& tag, const std::string& bytes) {
-        if (!key->verify(bytes, tag)) return;
+        if (!message_tag_is_authentic(*key, tag, bytes)) return;
         auto msg = messages::decode_worker(bytes);
         if (!msg) return;
         std::lock_guard<std::mutex> lock(rec->mu);

@@ -19,6 +19,16 @@ std::string hex(const std::string& bytes) {
   return out;
 }
 
+TEST(Crypto, HmacSha256OfPartsIsTheHmacOfTheirConcatenation) {
+  // RFC 4231 section 4.3, test case 2, in three parts (one empty).
+  EXPECT_EQ(hex(hmac_sha256("Jefe", {"what do ya", "", " want for nothing?"})),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  const std::string big(1 << 20, 'x');
+  EXPECT_EQ(hmac_sha256("k", {"head.", big}), hmac_sha256("k", "head." + big));
+  EXPECT_EQ(hmac_sha256("", {"a", "b"}), hmac_sha256("", "ab"));
+  EXPECT_NE(hmac_sha256("k", {"ab", "c"}), hmac_sha256("k", "abd"));
+}
+
 TEST(Crypto, HmacSha256MatchesRfc4231) {
   // RFC 4231 section 4.2, test case 1.
   EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")),
