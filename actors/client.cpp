@@ -53,8 +53,13 @@ Result<messages::OrchestratorReply> Client::call(const messages::OrchestratorMsg
   Result<messages::OrchestratorReply> out = make_error(ErrorCode::io, "no reply");
   self->request(orchestrator_, timeout, msg_atom::value, s.tag, s.bytes)
       .receive(
-          [&](const std::string& bytes) {
-            auto reply = messages::decode_orchestrator_reply(bytes);
+          [&](const std::string& sealed) {
+            auto bytes = open_reply(*key_, s.tag, sealed);
+            if (!bytes) {
+              out = make_error(ErrorCode::io, "orchestrator reply: " + bytes.error().message);
+              return;
+            }
+            auto reply = messages::decode_orchestrator_reply(*bytes);
             if (!reply) {
               out = std::move(reply).error();
             } else if (auto* error = std::get_if<Error>(&*reply)) {

@@ -56,22 +56,29 @@ class Inbox {
   /// generic lambda) and returns the actor's reply variant, or
   /// std::optional of it where nullopt means no reply (empty bytes). A
   /// refused tag or undecodable bytes are answered with the Error alternative
-  /// of the reply; the handler is then not called.
+  /// of the reply; the handler is then not called. Replies are sealed to the
+  /// request's tag (seal_reply): the requester opens them with open_reply.
   template <class Msg, class Handler>
   [[nodiscard]] std::string serve(const caf::strong_actor_ptr& sender, std::string_view tag,
                                   std::string_view bytes, Result<Msg> (*decode)(std::string_view) noexcept,
                                   Handler&& handler) {
     using R = decltype(std::visit(handler, std::declval<Msg&>()));
     using Reply = typename ReplyOf<R>::type;
-    if (Status ok = authenticate(sender, tag, bytes); !ok) return messages::encode(Reply{ok.error()});
+    if (Status ok = authenticate(sender, tag, bytes); !ok) return seal(tag, messages::encode(Reply{ok.error()}));
     Result<Msg> msg = decode(bytes);
-    if (!msg) return messages::encode(Reply{msg.error()});
+    if (!msg) return seal(tag, messages::encode(Reply{msg.error()}));
     R reply = std::visit(handler, *msg);
     if constexpr (ReplyOf<R>::optional) {
-      return reply ? messages::encode(*reply) : std::string();
+      return reply ? seal(tag, messages::encode(*reply)) : std::string();
     } else {
-      return messages::encode(reply);
+      return seal(tag, messages::encode(reply));
     }
+  }
+
+  /// `bytes` as a reply to the message tagged `request_tag`
+  /// (seal_reply; unsealed by an inbox without a key).
+  [[nodiscard]] std::string seal(std::string_view request_tag, std::string bytes) const {
+    return key_ ? seal_reply(*key_, request_tag, bytes) : bytes;
   }
 
  private:

@@ -13,8 +13,13 @@ Result<messages::KvStoreReply> ask_kv_store(caf::actor_system& system, const caf
   Result<messages::KvStoreReply> out = make_error(ErrorCode::io, "no reply from the KV store");
   self->request(store, timeout, msg_atom::value, s.tag, s.bytes)
       .receive(
-          [&out](std::string& bytes) {
-            auto reply = messages::decode_kvstore_reply(bytes);
+          [&out, &key, &s](std::string& sealed) {
+            auto bytes = open_reply(key, s.tag, sealed);
+            if (!bytes) {
+              out = make_error(ErrorCode::io, "KV store reply: " + bytes.error().message);
+              return;
+            }
+            auto reply = messages::decode_kvstore_reply(*bytes);
             if (!reply) {
               out = make_error(ErrorCode::io, "KV store reply: " + reply.error().to_string());
               return;

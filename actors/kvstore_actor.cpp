@@ -38,7 +38,12 @@ struct KvStoreState {
   std::vector<std::string> ring;               ///< every store, ring order
   std::map<std::string, caf::actor> peers;     ///< every other store of the ring (null: down)
   /// Fetches waiting for the first ring (at most kPeerTimeout).
-  std::vector<std::pair<messages::FetchPrefix, caf::response_promise>> waiting_fetches;
+  struct WaitingFetch {
+    messages::FetchPrefix fetch;
+    caf::response_promise promise;
+    std::string tag;  ///< of the fetch message: its reply is sealed to it
+  };
+  std::vector<WaitingFetch> waiting_fetches;
   std::uint64_t replicated_tokens = 0;         ///< acked positions since open
   Inbox inbox;
   static inline const char* name = "shardline.kvstore";
@@ -47,7 +52,11 @@ struct KvStoreState {
 using KvStoreActor = caf::stateful_actor<KvStoreState>;
 using Reply = messages::KvStoreReply;
 
-std::string reply(const Reply& r) { return messages::encode(r); }
+/// `r` encoded and sealed as the reply to the message tagged `tag`
+/// (seal_reply).
+std::string reply(const KvStoreState& st, std::string_view tag, const Reply& r) {
+  return seal_reply(*st.config.key, tag, messages::encode(r));
+}
 
 using ring_timeout_atom = caf::atom_constant<caf::atom("slkvring")>;
 
@@ -133,36 +142,38 @@ messages::PutChunks forward_of(KvStoreState& st, const std::string& replica, mes
   return out;
 }
 
-caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m) {
+caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m, const std::string& tag) {
   KvStoreState& st = self->state;
   const std::vector<RequestKey> requests = requests_of(m);
   auto local = put_local(st, m);
-  if (!local) return reply(local.error());
+  if (!local) return reply(st, tag, local.error());
   if (!m.from_peer.empty()) {
     // A peer replicating to us: answer with what we hold.
     messages::ChunksAcked a;
     for (const auto& [k, t] : *local) a.acks.push_back({k.first, k.second, t});  // put_many's acks
-    return reply(a);
+    return reply(st, tag, a);
   }
   // No ring yet: stored, not acknowledged (the tracker takes what RocksDB
   // holds when the ring comes).
-  if (!st.tracker) return reply(acked(st, requests));
+  if (!st.tracker) return reply(st, tag, acked(st, requests));
   std::map<RequestKey, int> before;
   for (const auto& k : requests) before[k] = st.tracker->acked_tokens(k.first, k.second);
   for (const auto& [k, t] : *local) st.tracker->on_local(k.first, k.second, t);
   auto [replica_name, replica] = replica_of(st);
   if (replica_name.empty()) {  // a single-store ring: its own RocksDB is the copy
     count_replicated(st, requests, before);
-    return reply(acked(st, requests));
+    return reply(st, tag, acked(st, requests));
   }
-  if (!replica) return reply(acked(st, requests));  // the replica is down: no new acks
+  if (!replica) return reply(st, tag, acked(st, requests));  // the replica is down: no new acks
   const Signed fwd = sign(*st.config.key, messages::encode(messages::KvStoreMsg{forward_of(st, replica_name, std::move(m))}));
   auto rp = self->make_response_promise<std::string>();
   self->request(replica, kPeerTimeout, msg_atom::value, fwd.tag, fwd.bytes)
       .then(
-          [self, rp, requests, before, replica_name](std::string& bytes) mutable {
+          [self, rp, requests, before, replica_name, tag, fwd_tag = fwd.tag](std::string& sealed) mutable {
             KvStoreState& st = self->state;
-            auto r = messages::decode_kvstore_reply(bytes);
+            auto opened = open_reply(*st.config.key, fwd_tag, sealed);
+            if (!opened) spdlog::warn("kvstore {}: replica {}: {}", st.config.name, replica_name, opened.error().message);
+            auto r = opened ? messages::decode_kvstore_reply(*opened) : Result<Reply>(opened.error());
             if (r) {
               if (auto* a = std::get_if<messages::ChunksAcked>(&*r))
                 for (const messages::KvAck& ack : a->acks)
@@ -171,21 +182,21 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m) 
                 spdlog::warn("kvstore {}: replica {} refused a batch: {}", st.config.name, replica_name, e->to_string());
             }
             count_replicated(st, requests, before);
-            rp.deliver(reply(acked(st, requests)));
+            rp.deliver(reply(st, tag, acked(st, requests)));
           },
-          [self, rp, requests, replica_name](caf::error& e) mutable {
+          [self, rp, requests, replica_name, tag](caf::error& e) mutable {
             // The replica is down or slow: the chunks are stored here, the
             // acks do not advance; catch-up resends them later.
             spdlog::debug("kvstore {}: replica {} did not answer: {}", self->state.config.name, replica_name,
                           self->system().render(e));
-            rp.deliver(reply(acked(self->state, requests)));
+            rp.deliver(reply(self->state, tag, acked(self->state, requests)));
           });
   return rp;
 }
 
 /// Answers a fetch into `rp`: this store's prefix, or when it holds fewer
 /// positions and `ask_peers`, the longest any live store of the ring holds.
-void fetch_into(KvStoreActor* self, const messages::FetchPrefix& m, caf::response_promise rp) {
+void fetch_into(KvStoreActor* self, const messages::FetchPrefix& m, caf::response_promise rp, const std::string& tag) {
   KvStoreState& st = self->state;
   auto local = st.store->fetch_prefix(m.job_id, m.request_id, m.max_tokens);
   auto best = std::make_shared<messages::KvPrefixData>();
@@ -200,7 +211,7 @@ void fetch_into(KvStoreActor* self, const messages::FetchPrefix& m, caf::respons
   for (const auto& [name, peer] : st.peers)
     if (peer) live.push_back(peer);
   if (best->tokens >= m.max_tokens || !m.ask_peers || live.empty()) {
-    rp.deliver(reply(std::move(*best)));
+    rp.deliver(reply(st, tag, std::move(*best)));
     return;
   }
   // Short here: the nearest stores of the ring may hold it (a replica of a
@@ -209,14 +220,15 @@ void fetch_into(KvStoreActor* self, const messages::FetchPrefix& m, caf::respons
   messages::FetchPrefix ask = m;
   ask.ask_peers = false;
   const Signed s = sign(*st.config.key, messages::encode(messages::KvStoreMsg{ask}));
-  auto done = [rp, best, pending]() mutable {
-    if (--*pending == 0) rp.deliver(reply(std::move(*best)));
+  auto done = [self, rp, best, pending, tag]() mutable {
+    if (--*pending == 0) rp.deliver(reply(self->state, tag, std::move(*best)));
   };
   for (const caf::actor& peer : live) {
     self->request(peer, kPeerTimeout, msg_atom::value, s.tag, s.bytes)
         .then(
-            [best, done](std::string& bytes) mutable {
-              auto r = messages::decode_kvstore_reply(bytes);
+            [self, best, done, ask_tag = s.tag](std::string& sealed) mutable {
+              auto opened = open_reply(*self->state.config.key, ask_tag, sealed);
+              auto r = opened ? messages::decode_kvstore_reply(*opened) : Result<Reply>(opened.error());
               if (r)
                 if (auto* d = std::get_if<messages::KvPrefixData>(&*r); d && d->tokens > best->tokens) *best = std::move(*d);
               done();
@@ -225,23 +237,23 @@ void fetch_into(KvStoreActor* self, const messages::FetchPrefix& m, caf::respons
   }
 }
 
-caf::result<std::string> handle_fetch(KvStoreActor* self, const messages::FetchPrefix& m) {
+caf::result<std::string> handle_fetch(KvStoreActor* self, const messages::FetchPrefix& m, const std::string& tag) {
   KvStoreState& st = self->state;
   auto rp = self->make_response_promise();
   if (!st.tracker && m.ask_peers) {
     // Just started: the ring (where the other copies are) comes with the
     // orchestrator's answer to the first heartbeat.
-    st.waiting_fetches.emplace_back(m, rp);
+    st.waiting_fetches.push_back({m, rp, tag});
     return rp;
   }
-  fetch_into(self, m, rp);
+  fetch_into(self, m, rp, tag);
   return rp;
 }
 
 void serve_waiting_fetches(KvStoreActor* self) {
   auto waiting = std::move(self->state.waiting_fetches);
   self->state.waiting_fetches.clear();
-  for (auto& [m, rp] : waiting) fetch_into(self, m, std::move(rp));
+  for (auto& w : waiting) fetch_into(self, w.fetch, std::move(w.promise), w.tag);
 }
 
 Reply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
@@ -383,14 +395,15 @@ caf::behavior kvstore_behavior(KvStoreActor* self, KvStoreConfig config) {
   return {
       [self](msg_atom, const std::string& tag, const std::string& bytes) -> caf::result<std::string> {
         KvStoreState& st = self->state;
-        if (Status ok = st.inbox.authenticate(self->current_sender(), tag, bytes); !ok) return reply(ok.error());
+        if (Status ok = st.inbox.authenticate(self->current_sender(), tag, bytes); !ok)
+          return reply(st, tag, ok.error());
         auto msg = messages::decode_kvstore(bytes);
-        if (!msg) return reply(msg.error());
-        if (auto* put = std::get_if<messages::PutChunks>(&*msg)) return handle_put(self, *put);
-        if (auto* fetch = std::get_if<messages::FetchPrefix>(&*msg)) return handle_fetch(self, *fetch);
-        if (auto* drop = std::get_if<messages::DropRequests>(&*msg)) return reply(handle_drop(self, *drop));
-        if (std::holds_alternative<messages::StatsQuery>(*msg)) return reply(stats_of(st));
-        return reply(Error{ErrorCode::unsupported, std::string("kvstore: ") + messages::kind_name(*msg) +
+        if (!msg) return reply(st, tag, msg.error());
+        if (auto* put = std::get_if<messages::PutChunks>(&*msg)) return handle_put(self, *put, tag);
+        if (auto* fetch = std::get_if<messages::FetchPrefix>(&*msg)) return handle_fetch(self, *fetch, tag);
+        if (auto* drop = std::get_if<messages::DropRequests>(&*msg)) return reply(st, tag, handle_drop(self, *drop));
+        if (std::holds_alternative<messages::StatsQuery>(*msg)) return reply(st, tag, stats_of(st));
+        return reply(st, tag, Error{ErrorCode::unsupported, std::string("kvstore: ") + messages::kind_name(*msg) +
                                                        " is not served (putBlocks/getBlocks/dropBlocks are retired; "
                                                        "setRing comes with the stores' handles)"});
       },

@@ -3,8 +3,10 @@
 /// How actors talk: every message is `(shardline_msg_atom, tag, bytes)` where
 /// `bytes` is an encoded Cap'n Proto message (messages/codec.hpp) for the
 /// receiving actor and `tag` is its signature, valid once: signing time,
-/// nonce and HMAC-SHA256 under the cluster key (actors/replay_guard.hpp). Replies are plain encoded bytes. Internal timers use
-/// their own atoms and never leave the actor; the node-local relay and
+/// nonce and HMAC-SHA256 under the cluster key (actors/replay_guard.hpp).
+/// A reply to a request is its encoded bytes sealed to the request's tag
+/// (seal_reply; the requester checks it with open_reply). Internal timers
+/// use their own atoms and never leave the actor; the node-local relay and
 /// supervisor atoms never leave the node.
 
 #include <caf/all.hpp>

@@ -115,6 +115,32 @@ void ReplayGuard::forget_before(std::int64_t issued_ms) {
   }
 }
 
+namespace {
+std::string reply_seal(const ClusterKey& key, std::string_view request_tag, std::string_view bytes) {
+  return to_hex(comm::hmac_sha256(key.derive("shardline reply seal v1"), {request_tag, ".", bytes}));
+}
+}  // namespace
+
+std::string seal_reply(const ClusterKey& key, std::string_view request_tag, std::string_view bytes) {
+  if (bytes.empty()) return {};
+  std::string out = reply_seal(key, request_tag, bytes);
+  out.append(bytes);
+  return out;
+}
+
+Result<std::string_view> open_reply(const ClusterKey& key, std::string_view request_tag, std::string_view reply) {
+  if (reply.size() <= kReplySealHex)
+    return make_error(ErrorCode::invalid_argument, "unauthenticated reply: " + std::to_string(reply.size()) +
+                                                       " bytes, too short to carry a seal");
+  const std::string_view seal = reply.substr(0, kReplySealHex);
+  const std::string_view bytes = reply.substr(kReplySealHex);
+  if (!comm::mac_equal(seal, reply_seal(key, request_tag, bytes)))
+    return make_error(ErrorCode::invalid_argument,
+                      "unauthenticated reply: its seal does not verify (not from a holder of the cluster key, or "
+                      "not a reply to this request)");
+  return bytes;
+}
+
 const char* verdict_name(ReplayGuard::Verdict v) {
   switch (v) {
     case ReplayGuard::Verdict::accepted:

@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "actors/auth.hpp"
+#include "common/result.hpp"
 
 namespace shardline::actors {
 
@@ -77,5 +78,21 @@ class ReplayGuard {
 };
 
 [[nodiscard]] const char* verdict_name(ReplayGuard::Verdict v);
+
+/// Bytes of a reply's seal: HMAC-SHA256 in hex.
+inline constexpr std::size_t kReplySealHex = 64;
+
+/// A signed reply to the message tagged `request_tag`: the seal
+/// HMAC-SHA256(key derived from the cluster key, request_tag "." bytes), in
+/// hex, followed by `bytes`. Bound to its request's tag, whose nonce no
+/// other message shares, a reply can be neither forged nor an old reply
+/// passed off as this one. Empty bytes (no reply) stay empty.
+[[nodiscard]] std::string seal_reply(const ClusterKey& key, std::string_view request_tag, std::string_view bytes);
+/// The bytes of `reply`, a reply sealed for `request_tag`, or
+/// invalid_argument "unauthenticated reply: ..." (empty, too short, or a
+/// seal that does not verify: not from a holder of the key, or not to this
+/// request). The view points into `reply`.
+[[nodiscard]] Result<std::string_view> open_reply(const ClusterKey& key, std::string_view request_tag,
+                                                  std::string_view reply);
 
 }  // namespace shardline::actors

@@ -7,10 +7,10 @@
 // connection look like an error, and a joined node was cut off by every
 // `shardline actor list`.
 #include "actors/cluster_tls.hpp"
+#include "tests/actors/tls_endpoint.hpp"
+#include "tests/support/loopback.hpp"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,26 +32,6 @@ caf::behavior echo(caf::event_based_actor*) {
   return {[](echo_atom, const std::string& s) { return "echo " + s; }};
 }
 
-/// One actor system with its TLS transport.
-struct Endpoint {
-  explicit Endpoint(const ClusterKey& key, std::shared_ptr<MetricsRegistry> metrics = nullptr) {
-    cfg.load<caf::io::middleman>();
-    cfg.set("logger.console-verbosity", caf::atom("quiet"));
-    sys = std::make_unique<caf::actor_system>(cfg);
-    auto made = ClusterTls::create(key, std::move(metrics));
-    EXPECT_TRUE(made);
-    tls = *made;
-    tls->start(*sys);
-  }
-  ~Endpoint() {
-    tls->stop();
-    sys.reset();
-  }
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  std::shared_ptr<ClusterTls> tls;
-};
-
 /// `request(echo, s)` through `actor`, or the error text.
 std::string ask(caf::actor_system& sys, const caf::actor& actor, const std::string& s) {
   caf::scoped_actor self{sys};
@@ -64,13 +44,8 @@ std::string ask(caf::actor_system& sys, const caf::actor& actor, const std::stri
 /// A TCP connection to 127.0.0.1:`port` that writes `bytes` and is reset
 /// (SO_LINGER 0) when closed.
 void abrupt_connection(std::uint16_t port, const std::string& bytes) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = testing_support::connect_loopback(port);
   ASSERT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
   if (!bytes.empty()) ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   linger l{1, 0};
@@ -83,12 +58,12 @@ TEST(ClusterTls, SameKeyTalksOtherKeyIsRefusedAndAHealthyConnectionOutlivesBadOn
   auto other = ClusterKey::generate();
   ASSERT_TRUE(key && other);
   auto metrics = std::make_shared<MetricsRegistry>();
-  Endpoint server(*key, metrics);
+  TlsEndpoint server(*key, metrics);
   caf::actor published = server.sys->spawn(echo);
   auto port = server.tls->publish(published, "127.0.0.1", 0);
   ASSERT_TRUE(port) << port.error().message;
 
-  Endpoint good(*key);
+  TlsEndpoint good(*key);
   EXPECT_EQ(good.tls->fingerprint_sha256(), server.tls->fingerprint_sha256());
   auto remote = good.tls->connect("127.0.0.1", *port);
   ASSERT_TRUE(remote) << remote.error().message;
@@ -102,7 +77,7 @@ TEST(ClusterTls, SameKeyTalksOtherKeyIsRefusedAndAHealthyConnectionOutlivesBadOn
   });
 
   {
-    Endpoint bad(*other);
+    TlsEndpoint bad(*other);
     EXPECT_NE(bad.tls->fingerprint_sha256(), server.tls->fingerprint_sha256());
     auto refused = bad.tls->connect("127.0.0.1", *port);
     ASSERT_FALSE(refused);
@@ -131,7 +106,7 @@ TEST(ClusterTls, SameKeyTalksOtherKeyIsRefusedAndAHealthyConnectionOutlivesBadOn
 TEST(ClusterTls, AUsedPortIsAnError) {
   auto key = ClusterKey::generate();
   ASSERT_TRUE(key);
-  Endpoint a(*key), b(*key);
+  TlsEndpoint a(*key), b(*key);
   caf::actor x = a.sys->spawn(echo);
   caf::actor y = b.sys->spawn(echo);
   auto port = a.tls->publish(x, "127.0.0.1", 0);

@@ -65,7 +65,16 @@ struct Recorder {
   }
 };
 
-KvStoreReply decoded_reply(const std::string& bytes) {
+/// The reply `sealed` to the message tagged `tag`: its seal checked with
+/// `key` (null: an inbox without a key, which does not seal), decoded.
+KvStoreReply decoded_reply(const std::string& sealed, const std::string& tag, const ClusterKey* key) {
+  std::string bytes = sealed;
+  if (key) {
+    auto opened = open_reply(*key, tag, sealed);
+    EXPECT_TRUE(opened.ok()) << opened.error().to_string();
+    if (!opened) return KvStoreReply{Error{}};
+    bytes = std::string(*opened);
+  }
   auto r = messages::decode_kvstore_reply(bytes);
   EXPECT_TRUE(r.ok()) << r.error().to_string();
   return r.ok() ? std::move(r).value() : KvStoreReply{Error{}};
@@ -77,7 +86,7 @@ TEST(Inbox, DispatchesTheDecodedAlternativeAndEncodesItsReply) {
   Inbox inbox("kvstore node0/kvstore", key, metrics);
   Recorder rec;
   const Signed s = sign(*key, messages::encode(KvStoreMsg{messages::GetBlocks{"k1"}}));
-  const KvStoreReply reply = decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec));
+  const KvStoreReply reply = decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec), s.tag, key.get());
   EXPECT_EQ(rec.calls, 1);
   EXPECT_EQ(rec.last, "getBlocks k1");
   ASSERT_TRUE(std::holds_alternative<messages::BlocksData>(reply)) << messages::kind_name(reply);
@@ -85,7 +94,7 @@ TEST(Inbox, DispatchesTheDecodedAlternativeAndEncodesItsReply) {
 
   const Signed q = sign(*key, messages::encode(KvStoreMsg{messages::DropBlocks{"k2"}}));
   EXPECT_TRUE(std::holds_alternative<messages::Ack>(
-      decoded_reply(inbox.serve({}, q.tag, q.bytes, messages::decode_kvstore, rec))));
+      decoded_reply(inbox.serve({}, q.tag, q.bytes, messages::decode_kvstore, rec), q.tag, key.get())));
   EXPECT_EQ(rec.last, "dropBlocks");
   EXPECT_EQ(metrics->get("shardline_auth_failures_total"), 0.0);
 }
@@ -101,7 +110,7 @@ TEST(Inbox, RefusesABadTagLogsAndCountsIt) {
   for (const std::string& tag : {make_message_tag(*other, bytes), std::string(), make_message_tag(*key, bytes + "x"),
                                  key->sign(bytes)}) {
     LogCapture log;
-    const KvStoreReply reply = decoded_reply(inbox.serve({}, tag, bytes, messages::decode_kvstore, rec));
+    const KvStoreReply reply = decoded_reply(inbox.serve({}, tag, bytes, messages::decode_kvstore, rec), tag, key.get());
     ASSERT_TRUE(std::holds_alternative<Error>(reply)) << messages::kind_name(reply);
     EXPECT_EQ(std::get<Error>(reply).code, ErrorCode::invalid_argument);
     EXPECT_EQ(std::get<Error>(reply).message, "unauthenticated: wrong or missing cluster key");
@@ -114,10 +123,10 @@ TEST(Inbox, RefusesABadTagLogsAndCountsIt) {
   // Without a registry the refusal is logged, not counted; without a key every message is refused.
   Inbox uncounted("worker w", key, nullptr);
   EXPECT_TRUE(std::holds_alternative<Error>(
-      decoded_reply(uncounted.serve({}, "", bytes, messages::decode_kvstore, rec))));
+      decoded_reply(uncounted.serve({}, "", bytes, messages::decode_kvstore, rec), "", key.get())));
   Inbox keyless;
   EXPECT_TRUE(std::holds_alternative<Error>(
-      decoded_reply(keyless.serve({}, make_message_tag(*key, bytes), bytes, messages::decode_kvstore, rec))));
+      decoded_reply(keyless.serve({}, make_message_tag(*key, bytes), bytes, messages::decode_kvstore, rec), "", nullptr)));
   EXPECT_EQ(rec.calls, 0);
 }
 
@@ -128,11 +137,11 @@ TEST(Inbox, RefusesAReplayedOrExpiredMessageLogsAndCountsIt) {
   Recorder rec;
   const Signed s = sign(*key, messages::encode(KvStoreMsg{messages::DropBlocks{"k"}}));
   EXPECT_TRUE(std::holds_alternative<messages::Ack>(
-      decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec))));
+      decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec), s.tag, key.get())));
   EXPECT_EQ(rec.calls, 1);
   {
     LogCapture log;
-    const KvStoreReply again = decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec));
+    const KvStoreReply again = decoded_reply(inbox.serve({}, s.tag, s.bytes, messages::decode_kvstore, rec), s.tag, key.get());
     ASSERT_TRUE(std::holds_alternative<Error>(again)) << messages::kind_name(again);
     EXPECT_EQ(std::get<Error>(again).code, ErrorCode::invalid_argument);
     EXPECT_EQ(std::get<Error>(again).message.rfind("replayed:", 0), 0u) << std::get<Error>(again).message;
@@ -142,7 +151,7 @@ TEST(Inbox, RefusesAReplayedOrExpiredMessageLogsAndCountsIt) {
     // Signed (correctly) ten minutes ago: outside the five-minute window.
     const std::string old_tag = make_message_tag(*key, s.bytes, unix_now_ms() - 600'000, std::string(32, 'a'));
     LogCapture log;
-    const KvStoreReply old = decoded_reply(inbox.serve({}, old_tag, s.bytes, messages::decode_kvstore, rec));
+    const KvStoreReply old = decoded_reply(inbox.serve({}, old_tag, s.bytes, messages::decode_kvstore, rec), old_tag, key.get());
     ASSERT_TRUE(std::holds_alternative<Error>(old)) << messages::kind_name(old);
     EXPECT_EQ(std::get<Error>(old).message.rfind("expired: signed -600 s", 0), 0u) << std::get<Error>(old).message;
     EXPECT_NE(log.text().find("outside the 300 s window"), std::string::npos) << log.text();
@@ -153,7 +162,7 @@ TEST(Inbox, RefusesAReplayedOrExpiredMessageLogsAndCountsIt) {
   // A new signature of the same bytes is a new message.
   const Signed fresh = sign(*key, s.bytes);
   EXPECT_TRUE(std::holds_alternative<messages::Ack>(
-      decoded_reply(inbox.serve({}, fresh.tag, fresh.bytes, messages::decode_kvstore, rec))));
+      decoded_reply(inbox.serve({}, fresh.tag, fresh.bytes, messages::decode_kvstore, rec), fresh.tag, key.get())));
   EXPECT_EQ(rec.calls, 2);
 }
 
@@ -166,7 +175,8 @@ TEST(Inbox, AnswersUndecodableBytesWithTheDecodeError) {
   const std::string bytes = messages::encode(messages::OrchestratorMsg{messages::KvProgressReport{}});
   const std::string garbage(16, '\x01');
   for (const std::string& b : {bytes, garbage, std::string()}) {
-    const KvStoreReply reply = decoded_reply(inbox.serve({}, make_message_tag(*key, b), b, messages::decode_kvstore, rec));
+    const std::string tag = make_message_tag(*key, b);
+    const KvStoreReply reply = decoded_reply(inbox.serve({}, tag, b, messages::decode_kvstore, rec), tag, key.get());
     ASSERT_TRUE(std::holds_alternative<Error>(reply)) << messages::kind_name(reply);
     const auto expected = messages::decode_kvstore(b);
     ASSERT_FALSE(expected.ok());
@@ -187,12 +197,18 @@ TEST(Inbox, AnOptionalReplyOfNulloptSendsNoBytes) {
   const Signed hb = sign(*key, messages::encode(messages::OrchestratorMsg{messages::WorkerHeartbeat{}}));
   EXPECT_EQ(inbox.serve({}, hb.tag, hb.bytes, messages::decode_orchestrator, handler), "");
   const Signed q = sign(*key, messages::encode(messages::OrchestratorMsg{messages::JobStatusQuery{9}}));
-  auto reply = messages::decode_orchestrator_reply(inbox.serve({}, q.tag, q.bytes, messages::decode_orchestrator, handler));
+  const std::string sealed = inbox.serve({}, q.tag, q.bytes, messages::decode_orchestrator, handler);
+  auto opened = open_reply(*key, q.tag, sealed);
+  ASSERT_TRUE(opened) << opened.error().message;
+  auto reply = messages::decode_orchestrator_reply(*opened);
   ASSERT_TRUE(reply.ok()) << reply.error().to_string();
   ASSERT_TRUE(std::holds_alternative<messages::JobSubmitted>(*reply)) << messages::kind_name(*reply);
   EXPECT_EQ(std::get<messages::JobSubmitted>(*reply).job_id, 9u);
   // A refused message is answered even by an inbox whose handlers answer nullopt.
-  auto refused = messages::decode_orchestrator_reply(inbox.serve({}, "", q.bytes, messages::decode_orchestrator, handler));
+  const std::string refused_sealed = inbox.serve({}, "", q.bytes, messages::decode_orchestrator, handler);
+  auto refused_opened = open_reply(*key, "", refused_sealed);
+  ASSERT_TRUE(refused_opened) << refused_opened.error().message;
+  auto refused = messages::decode_orchestrator_reply(*refused_opened);
   ASSERT_TRUE(refused.ok()) << refused.error().to_string();
   EXPECT_TRUE(std::holds_alternative<Error>(*refused));
 }

@@ -28,14 +28,13 @@
 #include <string>
 #include <thread>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "actors/cluster_tls.hpp"
+#include "tests/actors/tls_endpoint.hpp"
 #include "actors/protocol.hpp"
 #include "tests/actors/node_harness.hpp"
+#include "tests/support/loopback.hpp"
 #include "tests/support/process.hpp"
 
 namespace shardline::actors {
@@ -59,13 +58,8 @@ caf::behavior intruder(caf::event_based_actor* self, std::shared_ptr<std::atomic
 /// Opens a TCP connection to 127.0.0.1:`port`, writes `bytes`, and
 /// returns the socket (closed by the caller), or -1.
 int raw_connection(int port, const std::string& bytes) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
-  if (!bytes.empty() && ::write(fd, bytes.data(), bytes.size()) < 0) return -1;
+  const int fd = testing_support::connect_loopback(port);
+  if (fd >= 0 && !bytes.empty() && ::write(fd, bytes.data(), bytes.size()) < 0) return -1;
   return fd;
 }
 
@@ -93,17 +87,10 @@ TEST_F(KeylessClient, CannotConnectAndTheNodeKeepsServing) {
   {
     auto other = ClusterKey::load(path("other.key"));
     ASSERT_TRUE(other);
-    caf::actor_system_config cfg;
-    cfg.load<caf::io::middleman>();
-    cfg.set("logger.console-verbosity", caf::atom("quiet"));
-    caf::actor_system sys{cfg};
-    auto tls = ClusterTls::create(*other, nullptr);
-    ASSERT_TRUE(tls);
-    (*tls)->start(sys);
-    auto relay = (*tls)->connect("127.0.0.1", static_cast<std::uint16_t>(port));
+    TlsEndpoint stranger(*other);
+    auto relay = stranger.connect(port);
     ASSERT_FALSE(relay) << "a client of another cluster key reached the relay";
     EXPECT_NE(relay.error().message.find("TLS handshake failed"), std::string::npos) << relay.error().message;
-    (*tls)->stop();
   }
   // 3. Raw bytes, an empty connection, and a silent one left open.
   for (const std::string bytes : {std::string("GET / HTTP/1.0\r\n\r\n"), std::string()}) {
@@ -136,14 +123,9 @@ TEST_F(KeylessClient, CannotConnectAndTheNodeKeepsServing) {
   {
     auto key = ClusterKey::load(path("cluster.key"));
     ASSERT_TRUE(key);
-    caf::actor_system_config cfg;
-    cfg.load<caf::io::middleman>();
-    cfg.set("logger.console-verbosity", caf::atom("quiet"));
-    caf::actor_system sys{cfg};
-    auto tls = ClusterTls::create(*key, nullptr);
-    ASSERT_TRUE(tls);
-    (*tls)->start(sys);
-    auto relay = (*tls)->connect("127.0.0.1", static_cast<std::uint16_t>(port));
+    TlsEndpoint holder(*key);
+    caf::actor_system& sys = *holder.sys;
+    auto relay = holder.connect(port);
     ASSERT_TRUE(relay) << relay.error().message;
     caf::actor mine = sys.spawn(intruder, received);
     {
@@ -162,7 +144,6 @@ TEST_F(KeylessClient, CannotConnectAndTheNodeKeepsServing) {
     const auto again = run_command(kShardline + " job status 1" + client);
     EXPECT_EQ(again.exit_code, 0) << again.out;
     caf::anon_send_exit(mine, caf::exit_reason::user_shutdown);
-    (*tls)->stop();
   }
   EXPECT_EQ(received->load(), 0) << "the intruder received the node's traffic";
 

@@ -6,11 +6,8 @@
 //   2. Above TLS, by a key holder: a signed submit sent twice, and again
 //      on a new connection, runs once; the copies are refused as replayed,
 //      logged and counted (shardline_replays_refused_total).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <caf/all.hpp>
@@ -23,42 +20,23 @@
 #include <thread>
 
 #include "actors/cluster_tls.hpp"
+#include "tests/actors/tls_endpoint.hpp"
 #include "actors/protocol.hpp"
 #include "messages/codec.hpp"
 #include "tests/actors/node_harness.hpp"
+#include "tests/support/loopback.hpp"
 #include "tests/support/process.hpp"
 
 namespace shardline::actors {
 namespace {
 
 using testing_support::Child;
+using testing_support::connect_loopback;
+using testing_support::listen_loopback;
 using testing_support::kShardline;
 using testing_support::run_command;
 
 using Replay = testing_support::TempDirTest;
-
-int listen_loopback(std::uint16_t& port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof(a);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(fd, 4) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0)
-    return -1;
-  port = ntohs(a.sin_port);
-  return fd;
-}
-
-int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
-  return fd;
-}
 
 /// Forwards one connection accepted on `listener` to 127.0.0.1:`port` and
 /// back until either side closes; returns what the client sent.
@@ -151,21 +129,18 @@ TEST_F(Replay, RecordedBytesAndResentSignedMessagesAreRefusedAndCounted) {
   const Signed s = sign(*key, messages::encode(messages::OrchestratorMsg{job}));
   std::vector<std::string> replies;
   for (int connection = 0; connection < 2; ++connection) {
-    caf::actor_system_config cfg;
-    cfg.load<caf::io::middleman>();
-    cfg.set("logger.console-verbosity", caf::atom("quiet"));
-    caf::actor_system sys{cfg};
-    auto tls = ClusterTls::create(*key, nullptr);
-    ASSERT_TRUE(tls);
-    (*tls)->start(sys);
-    auto relay = (*tls)->connect("127.0.0.1", static_cast<std::uint16_t>(port));
+    TlsEndpoint holder(*key);
+    caf::actor_system& sys = *holder.sys;
+    auto relay = holder.connect(port);
     ASSERT_TRUE(relay) << relay.error().message;
     for (int copy = 0; copy < (connection == 0 ? 2 : 1); ++copy) {
       caf::scoped_actor self{sys};
       self->request(*relay, std::chrono::seconds(30), msg_atom::value, s.tag, s.bytes)
           .receive(
-              [&](const std::string& bytes) {
-                auto r = messages::decode_orchestrator_reply(bytes);
+              [&](const std::string& sealed) {
+                auto bytes = open_reply(*key, s.tag, sealed);
+                ASSERT_TRUE(bytes) << bytes.error().message;
+                auto r = messages::decode_orchestrator_reply(*bytes);
                 ASSERT_TRUE(r.ok());
                 if (auto* e = std::get_if<Error>(&*r))
                   replies.push_back(e->message);
@@ -174,7 +149,6 @@ TEST_F(Replay, RecordedBytesAndResentSignedMessagesAreRefusedAndCounted) {
               },
               [&](caf::error& e) { replies.push_back("error " + sys.render(e)); });
     }
-    (*tls)->stop();
   }
   ASSERT_EQ(replies.size(), 3u);
   EXPECT_EQ(replies[0], "jobSubmitted");

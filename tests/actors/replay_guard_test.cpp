@@ -7,6 +7,7 @@
 
 #include <set>
 #include <string>
+#include <tuple>
 
 namespace shardline::actors {
 namespace {
@@ -72,6 +73,30 @@ TEST(ReplayGuard, FreshTagsHaveDistinctNoncesAndAreAccepted) {
   }
   EXPECT_EQ(nonces.size(), 1000u);
   EXPECT_EQ(guard.remembered(), 1000u);
+}
+
+TEST(ReplySeal, OpensOnlyForItsRequestAndKey) {
+  const ClusterKey key = new_key();
+  const ClusterKey other = new_key();
+  const std::string request = make_message_tag(key, "job status 1");
+  const std::string sealed = seal_reply(key, request, "status of job 1");
+  ASSERT_EQ(sealed.size(), kReplySealHex + 15);
+  auto opened = open_reply(key, request, sealed);
+  ASSERT_TRUE(opened) << opened.error().message;
+  EXPECT_EQ(*opened, "status of job 1");
+  // Another request's tag (an old reply passed off as this one), another
+  // key, altered bytes, no seal, nothing.
+  const std::string later = make_message_tag(key, "job status 1");
+  for (const auto& [tag, reply, k] :
+       {std::tuple{later, sealed, &key}, std::tuple{request, seal_reply(other, request, "status of job 1"), &key},
+        std::tuple{request, sealed.substr(0, sealed.size() - 1) + "2", &key}, std::tuple{request, sealed, &other},
+        std::tuple{request, std::string("status of job 1"), &key}, std::tuple{request, std::string(), &key}}) {
+    auto bad = open_reply(*k, tag, reply);
+    ASSERT_FALSE(bad) << reply;
+    EXPECT_EQ(bad.error().code, ErrorCode::invalid_argument);
+    EXPECT_EQ(bad.error().message.rfind("unauthenticated reply: ", 0), 0u) << bad.error().message;
+  }
+  EXPECT_EQ(seal_reply(key, request, ""), "");  // no reply stays no reply
 }
 
 }  // namespace
