@@ -13,16 +13,6 @@ namespace {
 
 constexpr std::size_t kSecretBytes = 32;
 
-std::string to_hex(const unsigned char* data, std::size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (std::size_t i = 0; i < n; ++i) {
-    out[2 * i] = digits[data[i] >> 4];
-    out[2 * i + 1] = digits[data[i] & 15];
-  }
-  return out;
-}
-
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -36,7 +26,7 @@ Result<ClusterKey> ClusterKey::generate() {
   Result<std::string> secret = comm::random_bytes(kSecretBytes);
   if (!secret) return make_error(secret.error().code, "cluster key: " + secret.error().message);
   ClusterKey k;
-  k.secret_ = std::move(secret).value();
+  k.set_secret(std::move(secret).value());
   return k;
 }
 
@@ -49,13 +39,14 @@ Result<ClusterKey> ClusterKey::load(const std::filesystem::path& file) {
   if (hex.size() != 2 * kSecretBytes)
     return make_error(ErrorCode::corrupt, file.string() + ": a cluster key is 64 hex digits, found " +
                                               std::to_string(hex.size()) + " characters");
-  ClusterKey k;
-  k.secret_.resize(kSecretBytes);
+  std::string secret(kSecretBytes, '\0');
   for (std::size_t i = 0; i < kSecretBytes; ++i) {
     const int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) return make_error(ErrorCode::corrupt, file.string() + ": cluster key is not hex");
-    k.secret_[i] = static_cast<char>(hi * 16 + lo);
+    secret[i] = static_cast<char>(hi * 16 + lo);
   }
+  ClusterKey k;
+  k.set_secret(std::move(secret));
   return k;
 }
 
@@ -69,7 +60,7 @@ Status ClusterKey::save(const std::filesystem::path& file) const {
   {
     std::ofstream out(file);
     if (!out) return make_error(ErrorCode::io, file.string() + ": cannot write the cluster key");
-    out << to_hex(reinterpret_cast<const unsigned char*>(secret_.data()), secret_.size()) << "\n";
+    out << comm::to_hex(secret_) << "\n";
     if (!out) return make_error(ErrorCode::io, file.string() + ": write failed");
   }
   if (::chmod(file.c_str(), 0600) != 0)
@@ -78,8 +69,13 @@ Status ClusterKey::save(const std::filesystem::path& file) const {
 }
 
 std::string ClusterKey::sign(std::string_view message) const {
-  const std::string mac = comm::hmac_sha256(secret_, message);
-  return to_hex(reinterpret_cast<const unsigned char*>(mac.data()), mac.size());
+  return comm::to_hex(comm::hmac_sha256(secret_, message));
+}
+
+void ClusterKey::set_secret(std::string secret) {
+  secret_ = std::move(secret);
+  message_tag_key_ = derive("shardline message tag v1");
+  reply_seal_key_ = derive("shardline reply seal v1");
 }
 
 std::string ClusterKey::derive(std::string_view label) const { return comm::hmac_sha256(secret_, label); }

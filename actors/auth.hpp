@@ -39,11 +39,20 @@ class ClusterKey {
   /// A key for another purpose: HMAC-SHA256(secret, label), 32 raw bytes
   /// (the HKDF-Expand step of RFC 5869 with one block). Different labels
   /// give independent keys, and none reveals the secret. Labels in use:
-  /// "shardline node tls v1" (actors/cluster_tls.hpp).
+  /// "shardline node tls v1" (actors/cluster_tls.hpp), and the two below.
   [[nodiscard]] std::string derive(std::string_view label) const;
+  /// derive("shardline message tag v1") and derive("shardline reply seal
+  /// v1"), computed once with the key: the MAC keys of every message's tag
+  /// and every reply's seal (actors/replay_guard.hpp).
+  [[nodiscard]] const std::string& message_tag_key() const { return message_tag_key_; }
+  [[nodiscard]] const std::string& reply_seal_key() const { return reply_seal_key_; }
 
  private:
+  /// Sets the secret and the keys derived from it.
+  void set_secret(std::string secret);
   std::string secret_;  // 32 raw bytes
+  std::string message_tag_key_;
+  std::string reply_seal_key_;
 };
 
 }  // namespace shardline::actors

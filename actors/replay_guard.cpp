@@ -12,17 +12,6 @@ namespace {
 constexpr std::size_t kNonceHex = 32;
 constexpr std::size_t kMacHex = 64;
 
-std::string to_hex(std::string_view bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * bytes.size());
-  for (unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
-}
-
 bool is_hex(std::string_view s) {
   for (char c : s)
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
@@ -35,8 +24,8 @@ const std::string& nonce_prefix() {
     auto r = comm::random_bytes(8);
     // Without a random generator, the pid and the clock still make process
     // prefixes differ in practice; uniqueness within a process is the counter's.
-    if (!r) return to_hex(std::to_string(unix_now_ms()).substr(0, 8));
-    return to_hex(*r);
+    if (!r) return comm::to_hex(std::to_string(unix_now_ms()).substr(0, 8));
+    return comm::to_hex(*r);
   }();
   return prefix;
 }
@@ -44,15 +33,14 @@ const std::string& nonce_prefix() {
 std::string next_nonce() {
   static std::atomic<std::uint64_t> counter{0};
   const std::uint64_t n = counter.fetch_add(1, std::memory_order_relaxed);
-  std::string c(16, '0');
-  static const char* digits = "0123456789abcdef";
-  for (int i = 15, shift = 0; i >= 0; --i, shift += 4) c[static_cast<std::size_t>(i)] = digits[(n >> shift) & 15];
-  return nonce_prefix() + c;
+  char big_endian[8];
+  for (int i = 0; i < 8; ++i) big_endian[i] = static_cast<char>(n >> (56 - 8 * i));
+  return nonce_prefix() + comm::to_hex(std::string_view(big_endian, 8));
 }
 
 /// The MAC's hex for these fields.
 std::string mac_of(const ClusterKey& key, std::string_view issued, std::string_view nonce, std::string_view bytes) {
-  return to_hex(comm::hmac_sha256(key.derive("shardline message tag v1"), {issued, ".", nonce, ".", bytes}));
+  return comm::to_hex(comm::hmac_sha256(key.message_tag_key(), {issued, ".", nonce, ".", bytes}));
 }
 
 struct ParsedTag {
@@ -117,7 +105,7 @@ void ReplayGuard::forget_before(std::int64_t issued_ms) {
 
 namespace {
 std::string reply_seal(const ClusterKey& key, std::string_view request_tag, std::string_view bytes) {
-  return to_hex(comm::hmac_sha256(key.derive("shardline reply seal v1"), {request_tag, ".", bytes}));
+  return comm::to_hex(comm::hmac_sha256(key.reply_seal_key(), {request_tag, ".", bytes}));
 }
 }  // namespace
 

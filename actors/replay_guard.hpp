@@ -6,7 +6,8 @@
 ///     epoch (decimal);
 ///   * NONCE: 32 hex digits, 16 random bytes drawn once per process followed
 ///     by a 64-bit counter, so no two messages of any process share one;
-///   * MAC: HMAC-SHA256(cluster secret, "ISSUED_MS.NONCE." || bytes), hex.
+///   * MAC: HMAC-SHA256(ClusterKey::message_tag_key(), "ISSUED_MS.NONCE." ||
+///     bytes), hex.
 /// A receiver (ReplayGuard, one per actor's inbox) accepts a message only if
 /// its MAC verifies, it was signed within `window` of the receiver's clock
 /// (either way: clocks of a cluster's machines must agree within it), and
@@ -83,7 +84,7 @@ class ReplayGuard {
 inline constexpr std::size_t kReplySealHex = 64;
 
 /// A signed reply to the message tagged `request_tag`: the seal
-/// HMAC-SHA256(key derived from the cluster key, request_tag "." bytes), in
+/// HMAC-SHA256(ClusterKey::reply_seal_key(), request_tag "." bytes), in
 /// hex, followed by `bytes`. Bound to its request's tag, whose nonce no
 /// other message shares, a reply can be neither forged nor an old reply
 /// passed off as this one. Empty bytes (no reply) stay empty.

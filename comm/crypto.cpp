@@ -58,6 +58,17 @@ std::string hmac_sha256(std::string_view key, std::initializer_list<std::string_
   return std::string(reinterpret_cast<const char*>(mac), len);
 }
 
+std::string to_hex(std::string_view bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out(2 * bytes.size(), '0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    out[2 * i] = digits[c >> 4];
+    out[2 * i + 1] = digits[c & 15];
+  }
+  return out;
+}
+
 bool mac_equal(std::string_view a, std::string_view b) noexcept {
   return !a.empty() && a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }

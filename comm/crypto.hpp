@@ -32,6 +32,9 @@ inline constexpr std::size_t kHmacSha256Bytes = 32;
 /// concatenation. Empty only if OpenSSL fails.
 [[nodiscard]] std::string hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts);
 
+/// `bytes` as lower-case hex digits (two per byte).
+[[nodiscard]] std::string to_hex(std::string_view bytes);
+
 /// Whether two MACs are equal, in time independent of where they differ
 /// (CRYPTO_memcmp; the lengths are compared first, they are not secret).
 /// False when either is empty.

@@ -1,5 +1,7 @@
 #include "comm/tls_identity.hpp"
 
+#include "comm/crypto.hpp"
+
 #include <openssl/bio.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -66,11 +68,7 @@ Result<TlsIdentity> TlsIdentity::create(std::string_view seed, std::string_view 
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int digest_len = 0;
   if (X509_digest(cert, EVP_sha256(), digest, &digest_len) != 1) return openssl_error("cannot hash the certificate");
-  static const char* hex = "0123456789abcdef";
-  for (unsigned int i = 0; i < digest_len; ++i) {
-    id.fingerprint_ += hex[digest[i] >> 4];
-    id.fingerprint_ += hex[digest[i] & 15];
-  }
+  id.fingerprint_ = to_hex(std::string_view(reinterpret_cast<const char*>(digest), digest_len));
   return id;
 }
 

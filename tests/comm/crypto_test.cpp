@@ -9,19 +9,14 @@
 namespace shardline::comm {
 namespace {
 
-std::string hex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
+TEST(Crypto, ToHexIsTwoLowerCaseDigitsPerByte) {
+  EXPECT_EQ(to_hex(std::string("\x00\x0f\xa0\xff", 4)), "000fa0ff");
+  EXPECT_EQ(to_hex(""), "");
 }
 
 TEST(Crypto, HmacSha256OfPartsIsTheHmacOfTheirConcatenation) {
   // RFC 4231 section 4.3, test case 2, in three parts (one empty).
-  EXPECT_EQ(hex(hmac_sha256("Jefe", {"what do ya", "", " want for nothing?"})),
+  EXPECT_EQ(to_hex(hmac_sha256("Jefe", {"what do ya", "", " want for nothing?"})),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
   const std::string big(1 << 20, 'x');
   EXPECT_EQ(hmac_sha256("k", {"head.", big}), hmac_sha256("k", "head." + big));
@@ -31,20 +26,20 @@ TEST(Crypto, HmacSha256OfPartsIsTheHmacOfTheirConcatenation) {
 
 TEST(Crypto, HmacSha256MatchesRfc4231) {
   // RFC 4231 section 4.2, test case 1.
-  EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")),
+  EXPECT_EQ(to_hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")),
             "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
   // Test case 2: a key shorter than the output.
-  EXPECT_EQ(hex(hmac_sha256("Jefe", "what do ya want for nothing?")),
+  EXPECT_EQ(to_hex(hmac_sha256("Jefe", "what do ya want for nothing?")),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
   // Test case 6: a key longer than SHA-256's block, hashed first.
-  EXPECT_EQ(hex(hmac_sha256(std::string(131, '\xaa'),
+  EXPECT_EQ(to_hex(hmac_sha256(std::string(131, '\xaa'),
                             "Test Using Larger Than Block-Size Key - Hash Key First")),
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
   EXPECT_EQ(hmac_sha256("key", "data").size(), kHmacSha256Bytes);
 }
 
 TEST(Crypto, HmacSha256OfAnEmptyKeyAndMessage) {
-  EXPECT_EQ(hex(hmac_sha256("", "")),
+  EXPECT_EQ(to_hex(hmac_sha256("", "")),
             "b613679a0814d9ec772f95d778c35fc5ff1697c493715653c6c712144292c5ad");
 }
 
