@@ -3,10 +3,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509_vfy.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -82,23 +79,12 @@ std::string drain_errors() {
   return out;
 }
 
-/// "ADDR:PORT" of the peer of `fd` (IPv4 or IPv6), or "an unknown peer".
+/// "ADDR:PORT" of the peer of `fd`, or "an unknown peer".
 std::string peer_of(net::native_socket fd) {
-  sockaddr_storage a{};
-  socklen_t n = sizeof(a);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0) return "an unknown peer";
-  char host[INET6_ADDRSTRLEN] = {};
-  if (a.ss_family == AF_INET) {
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-    ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host));
-    return std::string(host) + ":" + std::to_string(ntohs(v4->sin_port));
-  }
-  if (a.ss_family == AF_INET6) {
-    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-    ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host));
-    return "[" + std::string(host) + "]:" + std::to_string(ntohs(v6->sin6_port));
-  }
-  return "an unknown peer";
+  auto addr = net::remote_addr_of_fd(fd);
+  auto port = net::remote_port_of_fd(fd);
+  if (!addr || !port) return "an unknown peer";
+  return *addr + ":" + std::to_string(*port);
 }
 
 /// One TLS connection: the SSL object, its handshake, and the stream it
