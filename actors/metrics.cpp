@@ -3,15 +3,11 @@
 #include <algorithm>
 
 #include <httplib.h>
-#include <sys/socket.h>
 
-#include <atomic>
-#include <chrono>
 #include <memory>
 #include <sstream>
-#include <thread>
 
-#include "comm/address.hpp"
+#include "actors/http_listener.hpp"
 
 namespace shardline::actors {
 
@@ -101,42 +97,19 @@ std::uint64_t MetricsRegistry::histogram_count(const std::string& name, const st
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const MetricsRegistry& registry,
                                                             const std::string& host_port) {
-  auto hp = comm::parse_host_port(host_port);
-  if (!hp) return std::move(hp).error();
-  std::unique_ptr<MetricsServer> s(new MetricsServer());
-  s->server_ = std::make_unique<httplib::Server>();
-  s->server_->Get("/metrics", [&registry](const httplib::Request&, httplib::Response& res) {
+  auto server = std::make_unique<httplib::Server>();
+  server->Get("/metrics", [&registry](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry.render(), "text/plain; version=0.0.4");
   });
-  // SO_REUSEADDR without cpp-httplib's SO_REUSEPORT: a port in use is an
-  // error, not a second server sharing it (as the HTTP API's, issue 46).
-  s->server_->set_socket_options([](socket_t fd) {
-    const int yes = 1;
-    (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  const auto& [host, port] = *hp;
-  s->port_ = port == 0 ? s->server_->bind_to_any_port(host) : (s->server_->bind_to_port(host, port) ? port : -1);
-  if (s->port_ <= 0)
-    return make_error(ErrorCode::io, "metrics: cannot listen on " + host_port +
-                                         (port != 0 ? " (is the port in use by another process?)" : ""));
-  httplib::Server* srv = s->server_.get();
-  auto exited = std::make_shared<std::atomic<bool>>(false);
-  s->thread_ = std::thread([srv, exited] {
-    srv->listen_after_bind();
-    *exited = true;
-  });
-  // Until the thread is in its accept loop, stop() is a no-op (cpp-httplib
-  // 0.11 checks is_running), so a server destroyed at once would never be
-  // joined: wait for the loop (or the thread's end), at most 10 s.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!srv->is_running() && !*exited && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto listener = HttpListener::start(std::move(server), host_port, "metrics", /*max_backlog=*/false);
+  if (!listener) return std::move(listener).error();
+  std::unique_ptr<MetricsServer> s(new MetricsServer());
+  s->listener_ = std::move(listener).value();
   return s;
 }
 
-MetricsServer::~MetricsServer() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
-}
+MetricsServer::~MetricsServer() = default;
+
+int MetricsServer::port() const { return listener_->port(); }
 
 }  // namespace shardline::actors

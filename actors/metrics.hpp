@@ -5,22 +5,18 @@
 /// Prometheus text exposition format, served over HTTP at `/metrics`
 /// (`--metrics HOST:PORT`).
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/result.hpp"
 
-namespace httplib {
-class Server;
-}
-
 namespace shardline::actors {
+
+class HttpListener;  // actors/http_listener.hpp
 
 class MetricsRegistry {
  public:
@@ -65,13 +61,11 @@ class MetricsServer {
   [[nodiscard]] static Result<std::unique_ptr<MetricsServer>> start(const MetricsRegistry& registry,
                                                                     const std::string& host_port);
   ~MetricsServer();
-  [[nodiscard]] int port() const { return port_; }
+  [[nodiscard]] int port() const;
 
  private:
   MetricsServer() = default;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
-  int port_ = 0;
+  std::unique_ptr<HttpListener> listener_;
 };
 
 }  // namespace shardline::actors

@@ -3,22 +3,17 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
-#include <sys/socket.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
 #include <sstream>
-#include <thread>
 #include <utility>
 
 #include "common/json_bounded.hpp"
+#include "actors/http_listener.hpp"
 #include "comm/address.hpp"
 
 namespace shardline::api {
@@ -78,60 +73,32 @@ Result<std::unique_ptr<HttpApiServer>> HttpApiServer::start(HttpApiOptions optio
                                                        "address only (e.g. 127.0.0.1:PORT)");
   }
   s->options_ = std::move(options);
-  s->server_ = std::make_unique<httplib::Server>();
+  auto server = std::make_unique<httplib::Server>();
   const int threads = std::max(1, s->options_.num_threads);
-  s->server_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  server->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
   // Room for the multipart framing around the largest upload.
-  s->server_->set_payload_max_length(static_cast<std::size_t>(api.max_upload_bytes()) + (1u << 20));
+  server->set_payload_max_length(static_cast<std::size_t>(api.max_upload_bytes()) + (1u << 20));
   // cpp-httplib gives each open connection a pool thread: an idle
   // keep-alive connection would hold one (200 polling clients would queue
   // behind 32 idle ones), so every response closes its connection, and a
   // stalled client lets go of its thread after the read timeout.
-  s->server_->set_keep_alive_max_count(1);
-  s->server_->set_read_timeout(10, 0);
-  s->server_->set_write_timeout(10, 0);
-  s->add_routes(api);
+  server->set_keep_alive_max_count(1);
+  server->set_read_timeout(10, 0);
+  server->set_write_timeout(10, 0);
+  s->add_routes(*server, api);
   // cpp-httplib listens with a backlog of 5: a burst of clients overflows
-  // it and their SYNs are retried after 1, 3, 7, 15 s... Keep the socket
-  // and listen again with the system's maximum (Linux updates the backlog).
-  int listen_fd = -1;
-  // SO_REUSEADDR only: cpp-httplib's default also sets SO_REUSEPORT, with
-  // which a second node bound the same port silently and the kernel split
-  // the requests between the two (issue 46, item 3). Now a port in use is
-  // an error at start.
-  s->server_->set_socket_options([&listen_fd](socket_t fd) {
-    const int yes = 1;
-    (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    listen_fd = fd;
-  });
-  s->port_ = port == 0 ? s->server_->bind_to_any_port(host) : (s->server_->bind_to_port(host, port) ? port : -1);
-  if (s->port_ <= 0)
-    return make_error(ErrorCode::io, "--http: cannot listen on " + s->options_.host_port +
-                                         (port != 0 ? " (is the port in use by another process?)" : ""));
-  if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0)
-    spdlog::warn("http api: cannot raise the listen backlog: {}", std::strerror(errno));
-  httplib::Server* srv = s->server_.get();
-  auto exited = std::make_shared<std::atomic<bool>>(false);
-  s->thread_ = std::thread([srv, exited] {
-    srv->listen_after_bind();
-    *exited = true;
-  });
-  // Until the thread is in its accept loop, stop() is a no-op (cpp-httplib
-  // 0.11 checks is_running), so a server destroyed at once would never be
-  // joined: wait for the loop (or the thread's end), at most 10 s.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!srv->is_running() && !*exited && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // it and their SYNs are retried after 1, 3, 7, 15 s... so: SOMAXCONN.
+  auto listener = actors::HttpListener::start(std::move(server), s->options_.host_port, "--http", /*max_backlog=*/true);
+  if (!listener) return std::move(listener).error();
+  s->listener_ = std::move(listener).value();
   return s;
 }
 
-HttpApiServer::~HttpApiServer() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
-}
+HttpApiServer::~HttpApiServer() = default;
 
-void HttpApiServer::add_routes(BatchApi& api) {
-  httplib::Server& srv = *server_;
+int HttpApiServer::port() const { return listener_->port(); }
+
+void HttpApiServer::add_routes(httplib::Server& srv, BatchApi& api) {
   srv.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (keys_.empty()) return httplib::Server::HandlerResponse::Unhandled;
     // "Authorization: Bearer KEY": the scheme is case-insensitive and

@@ -16,13 +16,15 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <thread>
 
 #include "api/batch_api.hpp"
 #include "common/result.hpp"
 
 namespace httplib {
 class Server;
+}
+namespace shardline::actors {
+class HttpListener;  // actors/http_listener.hpp
 }
 
 namespace shardline::api {
@@ -42,17 +44,17 @@ class HttpApiServer {
   /// (key file), io (bind failed).
   [[nodiscard]] static Result<std::unique_ptr<HttpApiServer>> start(HttpApiOptions options, BatchApi& api);
   ~HttpApiServer();
-  [[nodiscard]] int port() const { return port_; }
+  [[nodiscard]] int port() const;
   [[nodiscard]] bool authenticated() const { return !keys_.empty(); }
 
  private:
   HttpApiServer() = default;
-  void add_routes(BatchApi& api);
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  void add_routes(httplib::Server& srv, BatchApi& api);
   std::set<std::string> keys_;
   HttpApiOptions options_;
-  int port_ = 0;
+  /// Last: destroyed (stopped and joined) first, while the handlers'
+  /// keys_ and options_ still exist.
+  std::unique_ptr<actors::HttpListener> listener_;
 };
 
 /// Whether `host` is a loopback address or name.
