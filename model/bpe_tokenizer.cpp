@@ -312,6 +312,7 @@ struct BpeTokenizer::NormStep {
   enum class Kind { nfc, nfd, nfkc, nfkd, prepend, replace, strip, lowercase } kind = Kind::nfc;
   std::string content;           ///< prepend: the prefix; replace: the replacement
   std::shared_ptr<Regex> regex;  ///< replace: the pattern
+  std::optional<std::string> literal;  ///< replace: the pattern when it is a String
   bool left = false, right = false;  ///< strip
 };
 
@@ -392,6 +393,7 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load_json(std::string_view j
         step->regex = std::move(re).value();
         step->behavior = *behavior;
         step->invert = p->value("invert", false);
+        if (*behavior == SplitBehavior::removed) t->drops_non_whitespace_ = true;
       } else if (type == "Metaspace") {
         step->kind = PreStep::Kind::metaspace;
         step->replacement = p->value("replacement", std::string("\xE2\x96\x81"));
@@ -617,6 +619,7 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load_json(std::string_view j
         auto re = pattern_of(n->at("pattern"), "normalizer Replace");
         if (!re.ok()) return std::move(re).error();
         step->regex = std::move(re).value();
+        if (n->at("pattern").contains("String")) step->literal = n->at("pattern").at("String").get<std::string>();
         step->content = n->at("content").get<std::string>();
       } else if (type == "Strip") {
         step->kind = NormStep::Kind::strip;
@@ -662,7 +665,48 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::load_json(std::string_view j
   if (t->prepend_.empty() && t->append_.empty() && add_bos_token.value_or(false) && t->bos_id_ >= 0) {
     t->prepend_.push_back(t->bos_id_);
   }
+  t->count_bound_ = t->make_count_bound();
   return t;
+}
+
+bool BpeTokenizer::covers(std::string_view ch) const {
+  const auto all_bytes = [&] {
+    for (const char c : ch)
+      if (byte_ids_[static_cast<unsigned char>(c)] < 0) return false;
+    return true;
+  };
+  if (byte_level_) return all_bytes();
+  return tokens_.count(std::string(ch)) != 0 || (byte_fallback_ && all_bytes());
+}
+
+TokenCountBound BpeTokenizer::make_count_bound() const {
+  if (drops_non_whitespace_) return {};
+  bool every_byte = byte_level_ || byte_fallback_;
+  for (const std::int32_t id : byte_ids_) every_byte = every_byte && id >= 0;
+  for (const auto& step : normalizers_) {
+    using Kind = NormStep::Kind;
+    // Lowercase changes characters: only harmless when every one is covered.
+    if (step->kind == Kind::lowercase && !every_byte) return {};
+    if (step->kind == Kind::replace) {
+      if (!step->literal) return {};  // a regex may match anything
+      bool stable = false;
+      for_each_cp(*step->literal, [&](std::size_t, std::size_t, utf8proc_int32_t cp) {
+        stable = stable || TokenCountBound::is_stable_char(static_cast<char32_t>(cp));
+        return !stable;
+      });
+      if (stable) return {};
+    }
+  }
+  // Tokens as they stand in the normalized text: bytes for a byte-level
+  // model, else the token strings ("▁the"); added tokens are in both.
+  TokenChars max_chars;
+  if (byte_level_) {
+    for (const std::string& bytes : id_bytes_) max_chars = max_chars.max_with(TokenCountBound::count_token_chars(bytes));
+  } else {
+    for (const auto& [token, id] : tokens_) max_chars = max_chars.max_with(TokenCountBound::count_token_chars(token));
+  }
+  if (every_byte) return TokenCountBound::of(max_chars, nullptr);
+  return TokenCountBound::of(max_chars, [this](std::string_view ch) { return covers(ch); });
 }
 
 std::vector<std::int32_t> BpeTokenizer::encode(std::string_view text, bool add_special_tokens) const {

@@ -38,6 +38,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/token_count_bound.hpp"
 #include "model/tokenizer.hpp"
 
 namespace shardline::model {
@@ -68,6 +69,9 @@ class BpeTokenizer final : public Tokenizer {
 
   [[nodiscard]] std::vector<std::int32_t> encode(std::string_view text,
                                                  bool add_special_tokens) const override;
+  [[nodiscard]] std::size_t min_num_tokens(std::string_view text) const override {
+    return count_bound_.min_num_tokens(text);
+  }
   [[nodiscard]] std::string decode(std::span<const std::int32_t> ids,
                                    bool skip_special_tokens) const override;
   [[nodiscard]] std::string token_bytes(std::int32_t id) const override;
@@ -99,6 +103,11 @@ class BpeTokenizer final : public Tokenizer {
   void bpe(std::string_view word, std::vector<std::int32_t>& out) const;
   /// The word's first symbols: bytes (byte-level) or characters with byte fallback / unk.
   void initial_symbols(std::string_view word, std::vector<std::int32_t>& ids) const;
+  /// Whether the character `ch` (UTF-8) never becomes the unk token.
+  [[nodiscard]] bool covers(std::string_view ch) const;
+  /// min_num_tokens' bound; none when a normalizer or pre-tokenizer can
+  /// change or drop stable characters (token_count_bound.hpp).
+  [[nodiscard]] TokenCountBound make_count_bound() const;
 
   std::unordered_map<std::string, std::int32_t> vocab_;   ///< raw bytes -> id (byte-level only)
   std::unordered_map<std::string, std::int32_t> tokens_;  ///< token string -> id
@@ -114,6 +123,8 @@ class BpeTokenizer final : public Tokenizer {
   bool fuse_unk_ = false;
   std::int32_t unk_id_ = -1;
   bool ignore_merges_ = false;
+  bool drops_non_whitespace_ = false;  ///< a Split pre-tokenizer with behavior Removed (not Whitespace*)
+  TokenCountBound count_bound_;
   bool strips_leading_space_ = false;  ///< a Strip-after-Fuse or Metaspace decoder
   std::vector<std::int32_t> prepend_, append_;  ///< post-processor specials
   std::int32_t bos_id_ = -1;

@@ -55,6 +55,20 @@ Result<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::load(
   t->add_bos_ = add_bos_token.value_or(true);
   t->bos_id_ = bos_token.empty() ? t->sp_->bos_id() : t->token_to_id(bos_token);
   t->eos_id_ = eos_token.empty() ? t->sp_->eos_id() : t->token_to_id(eos_token);
+  // min_num_tokens: pieces as they stand in the normalized text ("▁the");
+  // with byte fallback no character is unknown.
+  TokenChars max_chars;
+  bool byte_fallback = false;
+  for (int id = 0; id < n; ++id) {
+    max_chars = max_chars.max_with(TokenCountBound::count_token_chars(t->sp_->IdToPiece(id)));
+    byte_fallback = byte_fallback || t->sp_->IsByte(id);
+  }
+  const sentencepiece::SentencePieceProcessor* sp = t->sp_.get();
+  t->count_bound_ = byte_fallback ? TokenCountBound::of(max_chars, nullptr)
+                                  : TokenCountBound::of(max_chars, [sp](std::string_view ch) {
+                                      const int id = sp->PieceToId(ch);
+                                      return id >= 0 && !sp->IsUnknown(id);
+                                    });
   // add_dummy_prefix shows as a "▁" on the first piece of any word.
   std::vector<std::string> pieces;
   t->strips_space_ = t->sp_->Encode("a", &pieces).ok() && !pieces.empty() &&

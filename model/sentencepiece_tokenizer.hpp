@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "model/token_count_bound.hpp"
 #include "model/tokenizer.hpp"
 
 namespace sentencepiece {
@@ -35,6 +36,9 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   [[nodiscard]] std::vector<std::int32_t> encode(std::string_view text,
                                                  bool add_special_tokens) const override;
+  [[nodiscard]] std::size_t min_num_tokens(std::string_view text) const override {
+    return count_bound_.min_num_tokens(text);
+  }
   [[nodiscard]] std::string decode(std::span<const std::int32_t> ids,
                                    bool skip_special_tokens) const override;
   [[nodiscard]] std::string token_bytes(std::int32_t id) const override;
@@ -55,6 +59,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   bool strips_space_ = true;
   std::int32_t bos_id_ = -1;
   std::int32_t eos_id_ = -1;
+  TokenCountBound count_bound_;
 };
 
 }  // namespace shardline::model

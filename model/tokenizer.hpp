@@ -5,6 +5,7 @@
 /// (GPT-2 / Qwen style: pre-tokenizer regex with Unicode classes via PCRE2,
 /// byte-to-unicode mapping, ranked merges, added and special tokens).
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -27,6 +28,15 @@ class Tokenizer {
   /// (e.g. "<|im_end|>") are parsed as special tokens (HF tokenizer.json).
   [[nodiscard]] virtual std::vector<std::int32_t> encode(std::string_view text,
                                                          bool add_special_tokens) const = 0;
+
+  /// A lower bound on encode(text, false).size(), from one O(bytes) pass
+  /// over `text` without tokenizing it (model/token_count_bound.hpp); 0 when
+  /// this tokenizer has no bound. The worker refuses a prompt that cannot
+  /// fit the context with it before tokenizing (issue 46, item 6).
+  [[nodiscard]] virtual std::size_t min_num_tokens(std::string_view text) const {
+    (void)text;
+    return 0;
+  }
 
   /// Token ids -> text. Special tokens are skipped when `skip_special_tokens`.
   /// Invalid UTF-8 from incomplete byte tokens becomes U+FFFD.

@@ -51,6 +51,8 @@
 ///   unsupported_parameter  a known field with a value Shardline does not implement
 ///   unsupported_url        url other than the two endpoints
 ///   invalid_method         method other than "POST"
+/// The job manager adds line_too_long (a line over
+/// JobManagerOptions::max_line_bytes, never parsed) and duplicate_custom_id.
 /// The worker adds chat_template_missing, chat_template_error and
 /// context_length_exceeded (worker/batch_worker.hpp).
 ///

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <system_error>
@@ -52,6 +53,37 @@ bool same_path(const std::string& a, const std::string& b) {
 
 // ---- ShardReader --------------------------------------------------------------
 
+bool JobManager::ShardReader::read_line(std::string& line) {
+  constexpr std::size_t kBlockBytes = 64 * 1024;
+  line.clear();
+  line_bytes = 0;
+  too_long = false;
+  bool any = false;
+  for (;;) {
+    if (block_pos >= block.size()) {
+      block.resize(kBlockBytes);
+      in.read(block.data(), static_cast<std::streamsize>(block.size()));
+      block.resize(static_cast<std::size_t>(in.gcount()));
+      block_pos = 0;
+      if (block.empty()) return any;  // end of the shard (a last line without '\n' ends here)
+    }
+    any = true;
+    const char* begin = block.data() + block_pos;
+    const std::size_t avail = block.size() - block_pos;
+    const auto* nl = static_cast<const char*>(std::memchr(begin, '\n', avail));
+    const std::size_t n = nl != nullptr ? static_cast<std::size_t>(nl - begin) : avail;
+    line_bytes += n;
+    if (max_line_bytes != 0 && line_bytes > max_line_bytes) {
+      too_long = true;
+      std::string().swap(line);  // never hold more than the limit
+    } else {
+      line.append(begin, n);
+    }
+    block_pos += n + (nl != nullptr ? 1 : 0);
+    if (nl != nullptr) return true;
+  }
+}
+
 Result<bool> JobManager::ShardReader::next(std::string& line) {
   while (!done) {
     if (!in.is_open()) {
@@ -62,11 +94,18 @@ Result<bool> JobManager::ShardReader::next(std::string& line) {
       in.open(paths[shard], std::ios::binary);
       if (!in.is_open()) return make_error(ErrorCode::not_found, "input shard " + paths[shard] + ": cannot open");
       file_line = 0;
+      block.clear();
+      block_pos = 0;
     }
-    if (std::getline(in, line)) {
+    if (read_line(line)) {
       ++file_line;
-      if (is_blank_line(line)) continue;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!too_long) {
+        if (is_blank_line(line)) continue;
+        if (!line.empty() && line.back() == '\r') {
+          line.pop_back();
+          --line_bytes;
+        }
+      }
       ++next_index;
       return true;
     }
@@ -75,6 +114,16 @@ Result<bool> JobManager::ShardReader::next(std::string& line) {
     ++shard;
   }
   return false;
+}
+
+BatchLine JobManager::parse_read_line(const ShardReader& reader, const std::string& line, std::uint64_t job_id,
+                                      std::uint64_t line_index) {
+  if (!reader.too_long) return parse_batch_line(line, job_id, line_index);
+  return BatchLine{make_error_result(job_id, line_index, default_custom_id(line_index), "line_too_long",
+                                     "line " + std::to_string(reader.file_line) + " of " + reader.shard_path() +
+                                         " is " + std::to_string(reader.line_bytes) +
+                                         " bytes; a line may have at most " + std::to_string(reader.max_line_bytes) +
+                                         " bytes")};
 }
 
 // ---- JobManager -----------------------------------------------------------------
@@ -153,6 +202,7 @@ Status JobManager::activate(Job& j) {
   if (!w.ok()) return w.error();
   j.writer = std::move(w.value());
   j.reader = std::make_unique<ShardReader>();
+  j.reader->max_line_bytes = options_.max_line_bytes;
   j.reader->paths = j.rec.spec.input_paths;
   return advance_output(j);
 }
@@ -312,6 +362,7 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
     }
     ShardReader counter;
     counter.paths = spec.input_paths;
+    counter.max_line_bytes = options_.max_line_bytes;
     std::string line;
     // A shard none of whose lines is a JSON object is not JSONL (a CSV, a
     // JSON array): refused, naming its first line, rather than a job whose
@@ -339,7 +390,7 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
         if (Status st = check_shard(); !st.ok()) return st.error();
         break;
       }
-      if (shard_ok) continue;
+      if (shard_ok || counter.too_long) continue;  // a too-long line settles nothing
       auto parsed = parse_json_bounded(line);
       if (parsed.ok() && parsed->is_object()) {
         shard_ok = true;
@@ -367,6 +418,7 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
   {
     ShardReader parser;
     parser.paths = j.rec.spec.input_paths;
+    parser.max_line_bytes = options_.max_line_bytes;
     std::vector<StoredResult> batch;
     std::unordered_map<std::string, std::uint64_t> first_line;  // custom_id -> its first line index
     std::string line;
@@ -378,7 +430,7 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
       }
       if (!*more || parser.next_index > j.rec.total_lines) break;
       const std::uint64_t index = parser.next_index - 1;
-      BatchLine parsed = parse_batch_line(line, j.rec.id, index);
+      BatchLine parsed = parse_read_line(parser, line, j.rec.id, index);
       const std::string& custom_id = parsed.is_request() ? parsed.request().custom_id : parsed.error().custom_id;
       const auto [first, fresh] = first_line.emplace(custom_id, index);
       if (!fresh) {
@@ -446,7 +498,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
       // Lines claimed ahead of the reader (claim_in_flight) are in flight;
       // requeued, they left retry (taken first, above) before this point.
       if (*committed || j.in_flight.count(index) != 0) continue;
-      BatchLine parsed = parse_batch_line(line, j.rec.id, index);
+      BatchLine parsed = parse_read_line(*j.reader, line, j.rec.id, index);
       if (!parsed.is_request()) {  // only after a crash during submit
         errors.push_back(to_stored(j, parsed.error()));
         continue;
@@ -515,6 +567,7 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
     Job& j = jobs_.at(id);
     ShardReader reader;
     reader.paths = j.rec.spec.input_paths;
+    reader.max_line_bytes = options_.max_line_bytes;
     std::string line;
     auto next = wanted.begin();
     while (next != wanted.end()) {
@@ -524,7 +577,7 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
       const std::uint64_t index = reader.next_index - 1;
       if (index != *next) continue;
       ++next;
-      BatchLine parsed = parse_batch_line(line, j.rec.id, index);
+      BatchLine parsed = parse_read_line(reader, line, j.rec.id, index);
       if (!parsed.is_request()) continue;  // committed as an error at submit
       apply_job_settings(j, parsed.request());
       j.in_flight[index] = InFlight{worker, std::move(parsed.request())};

@@ -51,6 +51,7 @@
 #include "common/file_system.hpp"
 #include "common/result.hpp"
 #include "worker/batch_types.hpp"
+#include "orchestrator/batch_format.hpp"
 #include "orchestrator/job_store.hpp"
 #include "orchestrator/output_writer.hpp"
 
@@ -97,6 +98,11 @@ struct JobManagerOptions {
   std::shared_ptr<FileSystem> file_system;
   /// Options of the JobStore under data_dir/jobs.db (its RocksDB file system).
   JobStoreOptions store;
+  /// The longest input line, in bytes (without its newline), a job takes:
+  /// a longer one is not read into memory but committed at submit as a
+  /// `line_too_long` error (issue 46, item 6). 0: no limit.
+  std::uint64_t max_line_bytes = kDefaultMaxLineBytes;
+  static constexpr std::uint64_t kDefaultMaxLineBytes = 16ull << 20;
 };
 
 class JobManager {
@@ -203,18 +209,34 @@ class JobManager {
     std::string worker;
     worker::BatchRequest request;
   };
-  /// Lazy, blank-skipping line reader over the shards of a job.
+  /// Lazy, blank-skipping line reader over the shards of a job, in 64 KiB
+  /// blocks; a line longer than max_line_bytes is skipped over, not kept.
   struct ShardReader {
     std::vector<std::string> paths;
+    std::uint64_t max_line_bytes = 0;  ///< 0: no limit
     std::size_t shard = 0;
     std::ifstream in;
+    std::string block;             ///< read from `in`, not yet consumed from block_pos
+    std::size_t block_pos = 0;
     std::uint64_t next_index = 0;  ///< line index of the next non-blank line
     std::uint64_t file_line = 0;   ///< 1-based line number in its shard of the last line read
+    std::uint64_t line_bytes = 0;  ///< full length of the last line read (without '\r\n')
+    bool too_long = false;         ///< the last line is longer than max_line_bytes: `line` holds none of it
     bool done = false;
     /// Next non-blank line into `line` (its index is next_index - 1);
-    /// false at the end.
+    /// false at the end. A too-long line counts as non-blank.
     Result<bool> next(std::string& line);
+    /// The shard of the last line read.
+    [[nodiscard]] const std::string& shard_path() const { return paths[shard]; }
+
+   private:
+    /// One raw line of the open shard (kept up to the limit); false at its end.
+    bool read_line(std::string& line);
   };
+  /// The shard line `line` just read by `reader` as a request, or its error
+  /// (a too-long line: line_too_long; else parse_batch_line's).
+  [[nodiscard]] static BatchLine parse_read_line(const ShardReader& reader, const std::string& line,
+                                                         std::uint64_t job_id, std::uint64_t line_index);
   struct Job {
     JobRecord rec;
     std::unique_ptr<OutputWriter> writer;  ///< unfinished jobs only

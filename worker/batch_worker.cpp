@@ -40,10 +40,12 @@ std::uint64_t BatchWorker::derive_choice_seed(std::uint64_t job_id, std::uint64_
   return sampling::mix_seed(sampling::mix_seed(sampling::mix_seed(kLineSeedDomain, job_id), line_index), static_cast<std::uint64_t>(choice));
 }
 
-std::string BatchWorker::context_length_message(int max_model_len, int prompt_tokens, int max_tokens) {
-  const long long total = static_cast<long long>(prompt_tokens) + max_tokens;
-  return "This model's maximum context length is " + std::to_string(max_model_len) +
-         " tokens. However, you requested " + std::to_string(total) + " tokens (" + std::to_string(prompt_tokens) +
+std::string BatchWorker::context_length_message(int max_model_len, std::uint64_t prompt_tokens, int max_tokens,
+                                                bool lower_bound) {
+  const std::uint64_t total = prompt_tokens + static_cast<std::uint64_t>(std::max(max_tokens, 0));
+  const std::string at_least = lower_bound ? "at least " : "";
+  return "This model's maximum context length is " + std::to_string(max_model_len) + " tokens. However, you requested " +
+         at_least + std::to_string(total) + " tokens (" + at_least + std::to_string(prompt_tokens) +
          " in the messages, " + std::to_string(max_tokens) +
          " in the completion). Please reduce the length of the messages or completion.";
 }
@@ -193,6 +195,23 @@ void BatchWorker::submit(BatchRequest request) {
     return;
   }
 
+  // A long prompt that cannot fit is refused before it is tokenized: a line
+  // of megabytes would hold this thread, and so its heartbeats, for seconds
+  // (issue 46, item 6). The bound never refuses a prompt that fits; shorter
+  // prompts are tokenized (milliseconds) for vLLM's exact message.
+  const int max_model_len = eng.config().max_model_len;
+  const auto cannot_fit = [&](std::string_view text) {
+    if (text.size() < kPrecheckPromptBytes) return false;
+    const std::uint64_t min_tokens = tok.min_num_tokens(text);
+    const int min_completion = request.max_tokens_from_context ? 1 : request.params.max_tokens;
+    if (min_tokens + static_cast<std::uint64_t>(std::max(min_completion, 0)) <=
+        static_cast<std::uint64_t>(max_model_len))
+      return false;
+    push_error(request, "context_length_exceeded",
+               context_length_message(max_model_len, min_tokens, min_completion, /*lower_bound=*/true));
+    return true;
+  };
+
   std::vector<std::int32_t> ids;
   if (request.chat) {
     Result<std::string> prompt = render_chat(request);
@@ -201,6 +220,7 @@ void BatchWorker::submit(BatchRequest request) {
       push_error(request, missing ? "chat_template_missing" : "chat_template_error", prompt.error().message);
       return;
     }
+    if (cannot_fit(*prompt)) return;
     // The template wrote the special tokens (BOS, role markers) itself.
     ids = tok.encode(*prompt, /*add_special_tokens=*/false);
   } else if (!request.prompt_token_ids.empty()) {
@@ -214,6 +234,7 @@ void BatchWorker::submit(BatchRequest request) {
         return;
       }
   } else if (!request.prompt.empty()) {
+    if (cannot_fit(request.prompt)) return;
     ids = tok.encode(request.prompt, /*add_special_tokens=*/true);
   }
   if (ids.empty()) {
@@ -222,7 +243,6 @@ void BatchWorker::submit(BatchRequest request) {
   }
 
   const int prompt_tokens = static_cast<int>(ids.size());
-  const int max_model_len = eng.config().max_model_len;
   if (request.max_tokens_from_context) request.params.max_tokens = std::max(1, max_model_len - prompt_tokens);
   if (static_cast<long long>(prompt_tokens) + request.params.max_tokens > max_model_len) {
     push_error(request, "context_length_exceeded",

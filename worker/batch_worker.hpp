@@ -150,8 +150,17 @@ class BatchWorker {
   [[nodiscard]] static std::uint64_t derive_choice_seed(std::uint64_t job_id, std::uint64_t line_index,
                                                         int choice) noexcept;
 
-  /// vLLM's message for prompt + max_tokens > max_model_len.
-  [[nodiscard]] static std::string context_length_message(int max_model_len, int prompt_tokens, int max_tokens);
+  /// Prompts (or rendered chats) of at least this many bytes are checked
+  /// against the context with Tokenizer::min_num_tokens before tokenizing:
+  /// one that cannot fit is a context_length_exceeded error whose message
+  /// says "at least", found in one pass over the bytes.
+  static constexpr std::size_t kPrecheckPromptBytes = 64 * 1024;
+
+  /// vLLM's message for prompt + max_tokens > max_model_len. With
+  /// `lower_bound`, prompt_tokens is a bound found before tokenizing
+  /// (Tokenizer::min_num_tokens) and the message says "at least".
+  [[nodiscard]] static std::string context_length_message(int max_model_len, std::uint64_t prompt_tokens,
+                                                          int max_tokens, bool lower_bound = false);
 
  private:
   using LineKey = std::pair<std::uint64_t, std::uint64_t>;  ///< (job_id, line_index)

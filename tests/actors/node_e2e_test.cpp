@@ -173,6 +173,32 @@ TEST_F(NodeE2e, BadLinesGetPerLineErrorsAndGoodLinesComplete) {
   EXPECT_EQ(lines[6]["response"]["body"]["choices"][0]["text"], " go on a walk.");
 }
 
+// Issue 46, item 6: a 4 MiB prompt line held its worker in the tokenizer past
+// its heartbeats, so the line was requeued and tokenized again, forever. Now
+// the worker refuses it from its length before tokenizing, and a line over
+// the 16 MiB limit is an error at submit, never read into memory.
+TEST_F(NodeE2e, HugePromptLinesAreRefusedAndTheOthersComplete) {
+  std::string prose;
+  while (prose.size() < (4u << 20)) prose += "Once upon a time, there was a little girl named Lily. ";
+  {
+    std::ofstream in(path("in.jsonl"));
+    in << nlohmann::json{{"custom_id", "prose"}, {"prompt", prose}, {"max_tokens", 4}}.dump() << "\n"
+       << R"({"custom_id": "good", "prompt": "Lily wanted to", "max_tokens": 8, "temperature": 0})" "\n"
+       << nlohmann::json{{"custom_id", "over-limit"}, {"prompt", std::string(17u << 20, 'x')}}.dump() << "\n";
+  }
+  const auto r = run_command(kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
+                             path("in.jsonl") + " --output " + path("out.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto lines = read_jsonl(path("out.jsonl"));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["error"]["code"], "context_length_exceeded") << lines[0].dump().substr(0, 400);
+  EXPECT_NE(lines[0]["error"]["message"].get<std::string>().find("at least"), std::string::npos);
+  EXPECT_EQ(lines[1]["response"]["body"]["choices"][0]["text"], " go on a walk.");
+  EXPECT_EQ(lines[2]["custom_id"], "3");
+  EXPECT_EQ(lines[2]["error"]["code"], "line_too_long");
+  EXPECT_NE(lines[2]["error"]["message"].get<std::string>().find("at most 16777216 bytes"), std::string::npos);
+}
+
 TEST_F(NodeE2e, NodeAndClientInTwoProcessesWithKeyAndMetrics) {
   ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
   ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("other.key")).exit_code, 0);

@@ -186,6 +186,54 @@ TEST(JobManager, DuplicateCustomIdsAreErrorsOfTheLaterLines) {
   EXPECT_EQ(lines[6]["error"]["code"], "duplicate_custom_id");  // checked before its own missing prompt
 }
 
+TEST(JobManager, LinesOverTheSizeLimitAreErrorsAndNeverHeld) {
+  TempDir tmp;
+  const std::string huge = "{\"custom_id\":\"big\",\"prompt\":\"" + std::string(5000, 'x') + "\"}";
+  // Blank lines, CRLF, a too-long line in the middle and as the last line
+  // without a newline; the limit (200 bytes) below the 64 KiB read blocks
+  // and a 200 KiB line across several blocks.
+  write_file(tmp.file("a.jsonl"), "{\"custom_id\":\"a\",\"prompt\":\"p0\"}\r\n\n" + huge +
+                                      "\n{\"custom_id\":\"b\",\"prompt\":\"p1\"}\n" + std::string(200 * 1024, 'y') +
+                                      "\n\n" + std::string(201, ' ') + "\n{\"custom_id\":\"c\",\"prompt\":\"" +
+                                      std::string(150, 'z') + "\"}\n" + huge);
+  JobManagerOptions options;
+  options.max_line_bytes = 200;
+  auto m = JobManager::open(tmp.file("state"), options);
+  ASSERT_TRUE(m.ok());
+  auto id = (*m)->submit(spec_for(tmp, {tmp.file("a.jsonl")}, "out.jsonl"));
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+  EXPECT_EQ((*m)->progress(*id)->total, 7u);
+  EXPECT_EQ((*m)->progress(*id)->failed, 4u);  // two huge, the 200 KiB one, the 201 spaces
+  std::set<std::string> ran;
+  for (int guard = 0; guard < 100; ++guard) {
+    auto work = (*m)->next_work(3, "w");
+    if (work.empty()) break;
+    std::vector<BatchResult> results;
+    for (const auto& r : work) {
+      ran.insert(r.custom_id);
+      results.push_back(fake_result(r));
+    }
+    ASSERT_TRUE((*m)->on_results(results).ok());
+  }
+  EXPECT_EQ(ran, (std::set<std::string>{"a", "b", "c"}));
+  const auto lines = read_lines(tmp.file("out.jsonl"));
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_TRUE(lines[0]["error"].is_null());
+  EXPECT_EQ(lines[1]["error"]["code"], "line_too_long");
+  EXPECT_EQ(lines[1]["custom_id"], "2");  // never parsed: the default id
+  EXPECT_EQ(lines[1]["error"]["message"].get<std::string>(),
+            "line 3 of " + tmp.file("a.jsonl") + " is " + std::to_string(huge.size()) +
+                " bytes; a line may have at most 200 bytes");
+  EXPECT_TRUE(lines[2]["error"].is_null());
+  EXPECT_EQ(lines[3]["error"]["code"], "line_too_long");
+  EXPECT_NE(lines[3]["error"]["message"].get<std::string>().find(" is 204800 bytes"), std::string::npos);
+  EXPECT_EQ(lines[4]["error"]["code"], "line_too_long");  // 201 spaces: too long before it is blank
+  EXPECT_TRUE(lines[5]["error"].is_null());
+  EXPECT_EQ(lines[5]["custom_id"], "c");
+  EXPECT_EQ(lines[6]["error"]["code"], "line_too_long");
+  EXPECT_NE(lines[6]["error"]["message"].get<std::string>().find("line 9 of "), std::string::npos);
+}
+
 TEST(JobManager, JobsAreServedFifo) {
   TempDir tmp;
   write_file(tmp.file("a.jsonl"), "{\"prompt\":\"a0\"}\n{\"prompt\":\"a1\"}\n{\"prompt\":\"a2\"}\n");

@@ -354,6 +354,32 @@ TEST(BatchWorker, ErrorResultsComeBackWhileOtherLinesRun) {
   EXPECT_EQ(w.status().lines_done, 2u);
 }
 
+TEST(BatchWorker, MegabytePromptRefusedFromItsLengthBeforeTokenizing) {
+  BatchWorker w = make_worker();
+  ASSERT_EQ(w.engine().config().max_model_len, 512);
+  std::string huge;
+  while (huge.size() < (4u << 20)) huge += "Once upon a time, there was a little girl named Lily. ";
+  w.submit(line(1, 0, huge, 0.0f, 16));
+  // Just over the pre-check size but short enough to fit is tokenized and runs.
+  std::string fits(BatchWorker::kPrecheckPromptBytes + 10, ' ');
+  fits += "Once upon a time";
+  w.submit(line(1, 1, fits, 0.0f, 4));
+  // Short and too long: tokenized, vLLM's exact count.
+  w.submit(line(1, 2, "Once upon a time", 0.0f, 600));
+  const auto out = run_all(w);
+  ASSERT_EQ(out.size(), 3u);
+  const BatchResult& refused = out.at({1, 0});
+  EXPECT_EQ(refused.error_code, "context_length_exceeded");
+  // "at least": the count came from the bound, not from tokenizing 4 MiB.
+  EXPECT_NE(refused.error_message.find("However, you requested at least "), std::string::npos)
+      << refused.error_message;
+  EXPECT_NE(refused.error_message.find(" in the messages, 16 in the completion)"), std::string::npos)
+      << refused.error_message;
+  EXPECT_TRUE(out.at({1, 1}).ok) << out.at({1, 1}).error_message;
+  EXPECT_EQ(out.at({1, 2}).error_code, "context_length_exceeded");
+  EXPECT_EQ(out.at({1, 2}).error_message.find("at least"), std::string::npos) << out.at({1, 2}).error_message;
+}
+
 TEST(BatchWorker, ErrorResultsWithoutStepping) {
   BatchWorker w = make_worker();
   w.submit(line(1, 0, ""));
