@@ -266,6 +266,7 @@ Answer handle(OrchestratorActor* self, const messages::SubmitJob& sj) {
   spec.parallel = sj.parallel.value_or(st.pool->cluster_config()).to_string();  // what it runs on
   spec.token_budget = sj.token_budget;
   spec.chat_template = sj.chat_template;
+  spec.overwrite = sj.overwrite;
   auto id = st.config.jobs->submit(spec);
   if (!id) return id.error();
   spdlog::info("orchestrator: job {} submitted ({} shard(s) -> {}; {}, token budget {})", *id, sj.inputs.size(),

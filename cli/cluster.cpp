@@ -378,6 +378,7 @@ struct SubmitArgs {
   std::string token_budget = "fixed";
   std::string weight_sharing;      // "" = not given (whatever the cluster runs)
   std::string chat_template;       // --chat-template FILE; "" = the model folder's
+  bool overwrite = false;
 };
 
 /// The job's --parallel, --token-budget and --chat-template (read and
@@ -447,6 +448,7 @@ int run_job_submit(const SubmitArgs& a) {
   if (Status st = job_flags(parallel, a.token_budget, a.chat_template, a.model_dir, sj); !st)
     return fail(st.error(), 2);
   sj.weight_sharing = a.weight_sharing;
+  sj.overwrite = a.overwrite;
   sj.model_dir = absolute(a.model_dir);
   for (const auto& in : a.inputs) sj.inputs.push_back(absolute(in));
   sj.output = absolute(a.output);
@@ -542,6 +544,7 @@ struct RunArgs {
   std::string metrics;
   int max_batch = 64;
   bool quiet = false;
+  bool overwrite = false;
   std::string group_master;
   std::string group_key_file;
   int group_timeout_ms = 60'000;
@@ -619,7 +622,8 @@ int run_run(RunArgs& a) {
 
   // The same command again resumes its job: the newest job of the data dir
   // with the same inputs and output is continued if unfinished (after a
-  // crash) or reported if finished; otherwise a new job is submitted.
+  // crash) or reported if finished (with --overwrite: run again); otherwise
+  // a new job is submitted.
   const std::string output = absolute(a.output);
   std::vector<std::string> inputs;
   for (const auto& in : a.inputs) inputs.push_back(absolute(in));
@@ -628,7 +632,11 @@ int run_run(RunArgs& a) {
   if (!existing) return fail(existing.error());
   for (const auto& p : existing->jobs)
     if (p.output == output && p.inputs == inputs) job_id = p.job_id;
+  if (job_id != 0 && a.overwrite)
+    for (const auto& p : existing->jobs)
+      if (p.job_id == job_id && (p.state == "done" || p.state == "failed" || p.state == "cancelled")) job_id = 0;
   if (job_id == 0) {
+    sj.overwrite = a.overwrite;
     sj.model_dir = a.model_dir;
     sj.inputs = inputs;
     sj.output = output;
@@ -733,6 +741,7 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   submit->add_option("--chat-template", sa->chat_template,
                      "Jinja chat template FILE for the job's /v1/chat/completions lines (default: the model "
                      "folder's chat_template.jinja or tokenizer_config.json chat_template)");
+  submit->add_flag("--overwrite", sa->overwrite, "Replace the output file if it exists (else the submit is refused)");
   submit->callback([&run, sa] { run = [sa] { return run_job_submit(*sa); }; });
   auto st = std::make_shared<StatusArgs>();
   CLI::App* status = job->add_subcommand("status", "Progress of one job or all jobs, and per-worker state");
@@ -781,6 +790,9 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
   r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
   r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();
   r->add_flag("--quiet", ra->quiet, "No progress bar, and only errors logged");
+  r->add_flag("--overwrite", ra->overwrite,
+              "Replace the output file if it exists (else refused; a rerun of the same command continues its job, "
+              "or with --overwrite runs a finished one again)");
   add_tcp_group_flags(*r, ra->group_master, ra->group_key_file, ra->group_timeout_ms);
   add_failure_flags(*r, ra->failure);
   add_kv_flags(*r, ra->kv);

@@ -26,6 +26,7 @@ struct Member<OM, SubmitJob> {
     b.setTokenBudget(text(m.token_budget));
     b.setWeightSharing(text(m.weight_sharing));
     b.setChatTemplate(text(m.chat_template));
+    b.setOverwrite(m.overwrite);
   }
   static SubmitJob get(OM::Reader root) {
     auto r = root.getSubmitJob();
@@ -37,6 +38,7 @@ struct Member<OM, SubmitJob> {
     m.token_budget = get_token_budget(r.getTokenBudget(), "tokenBudget");
     m.weight_sharing = str(r.getWeightSharing());
     m.chat_template = str(r.getChatTemplate());
+    m.overwrite = r.getOverwrite();
     if (!m.weight_sharing.empty() && m.weight_sharing != "none" && m.weight_sharing != "sidp")
       fail(ErrorCode::invalid_argument, "weightSharing: \"none\" or \"sidp\", got \"" + m.weight_sharing + "\"");
     return m;

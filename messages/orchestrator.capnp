@@ -15,6 +15,7 @@ struct SubmitJob {
   tokenBudget @4 :Text;    # `--token-budget`: "fixed" or "throttle"; "" = fixed
   weightSharing @5 :Text;  # `--weight-sharing` of the job: "none" or "sidp"; "" = not given (any)
   chatTemplate @6 :Text;   # `--chat-template FILE`'s text; "" = the model folder's template
+  overwrite @7 :Bool;      # `--overwrite`: an existing, non-empty output file may be replaced
 }
 
 struct JobStatusQuery {

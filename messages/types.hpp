@@ -149,6 +149,9 @@ struct SubmitJob {
   /// `--chat-template FILE` of the job, as text: chat lines are rendered
   /// with it; "" = the model folder's template.
   std::string chat_template;
+  /// `--overwrite`: the job may replace an existing, non-empty output file
+  /// (else the submit is refused; orchestrator::JobManager::submit).
+  bool overwrite = false;
   bool operator==(const SubmitJob&) const = default;
 };
 

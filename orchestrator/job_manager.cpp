@@ -149,6 +149,7 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
   auto store = JobStore::open(db_dir, options.store);
   if (!store.ok()) return store.error();
   std::unique_ptr<JobManager> m(new JobManager(std::move(store.value()), std::move(options)));
+  m->data_dir_ = data_dir;
   auto records = m->store_->list_jobs();
   if (!records.ok()) return records.error();
   for (auto& rec : *records) {
@@ -197,7 +198,28 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
   return m;
 }
 
+Result<std::unique_ptr<OutputLock>> JobManager::lock_output(const std::string& output, std::uint64_t job_id) const {
+  const auto folder = fs::path(output).parent_path();
+  if (!folder.empty()) {
+    if (Status st = create_directories_durably(*options_.file_system, folder.string()); !st.ok())
+      return make_error(st.error().code, "output " + output + ": " + st.error().message);
+  }
+  return OutputLock::acquire(output, lock_holder(job_id));
+}
+
+std::string JobManager::lock_holder(std::uint64_t job_id) const {
+  std::error_code ec;
+  const std::string dir = fs::absolute(data_dir_, ec).string();
+  return (job_id ? "job " + std::to_string(job_id) + " of" : std::string("a job submitted to")) + " data dir " +
+         (ec ? data_dir_ : dir) + " (" + OutputLock::this_process() + ")";
+}
+
 Status JobManager::activate(Job& j) {
+  if (!j.lock) {
+    auto lock = lock_output(j.rec.spec.output_path, j.rec.id);
+    if (!lock.ok()) return lock.error();
+    j.lock = std::move(lock).value();
+  }
   auto w = OutputWriter::open(*store_, j.rec.id, j.rec.spec.output_path, j.rec.total_lines, options_.file_system);
   if (!w.ok()) return w.error();
   j.writer = std::move(w.value());
@@ -211,6 +233,12 @@ Status JobManager::finish_cancelled_output(Job& j) {
   auto op = store_->output_progress(j.rec.id);
   if (!op.ok()) return op.error();
   if (op->next_line >= j.rec.total_lines) return Status::ok_status();
+  std::unique_ptr<OutputLock> lock;  // for this write only: the job is finished
+  if (!j.lock) {
+    auto l = lock_output(j.rec.spec.output_path, j.rec.id);
+    if (!l.ok()) return l.error();
+    lock = std::move(l).value();
+  }
   auto w = OutputWriter::open(*store_, j.rec.id, j.rec.spec.output_path, j.rec.total_lines, options_.file_system);
   if (!w.ok()) return w.error();
   auto n = (*w)->finish_partial();
@@ -260,6 +288,7 @@ void JobManager::fail_job(Job& j, const std::string& why) {
 
 void JobManager::finish_cleanup(Job& j) {
   j.writer.reset();
+  j.lock.reset();  // after the writer: its last write is in
   j.reader.reset();
   j.retry.clear();
   j.in_flight.clear();
@@ -340,6 +369,16 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
     if (active(j) && same_path(j.rec.spec.output_path, spec.output_path))
       return make_error(ErrorCode::invalid_argument, "job: output " + spec.output_path +
                                                          " is the output of unfinished job " + std::to_string(id));
+  // A finished job's output, or any other file, is replaced only when asked
+  // (issue 46, item 9): a rerun of `run` continues its job instead.
+  if (std::error_code ec; !spec.overwrite && fs::is_regular_file(spec.output_path, ec) &&
+                          fs::file_size(spec.output_path, ec) > 0 && !ec) {
+    std::string whose;
+    for (const auto& [id, j] : jobs_)
+      if (same_path(j.rec.spec.output_path, spec.output_path)) whose = " (the output of job " + std::to_string(id) + ", " + job_state_name(j.rec.state) + ")";
+    return make_error(ErrorCode::invalid_argument, "job: output " + spec.output_path + " already exists" + whose +
+                                                       ": pass --overwrite to replace it");
+  }
   if (spec.model_name.empty()) spec.model_name = default_model_name(spec.model_dir);
   auto budget = normalize_token_budget(spec.token_budget);
   if (!budget.ok()) return make_error(ErrorCode::invalid_argument, "job: " + budget.error().message);
@@ -349,6 +388,11 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
     if (!pc.ok()) return make_error(ErrorCode::invalid_argument, "job: " + pc.error().message);
     spec.parallel = pc->to_string();
   }
+
+  // Another process writing this output (a `run` with another --data-dir)
+  // is refused before anything is created.
+  auto lock = lock_output(spec.output_path, 0);
+  if (!lock.ok()) return lock.error();
 
   JobRecord rec;
   rec.created_unix_ms = unix_ms_now();
@@ -411,6 +455,8 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
   rec.id = *id;
   Job& j = jobs_[rec.id];
   j.rec = std::move(rec);
+  j.lock = std::move(lock).value();
+  j.lock->describe(lock_holder(j.rec.id));
 
   // Pass 2: commit the parse errors and the lines whose custom_id an
   // earlier line has now (good lines are read again lazily; next_work skips

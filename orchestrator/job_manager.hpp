@@ -53,6 +53,7 @@
 #include "worker/batch_types.hpp"
 #include "orchestrator/batch_format.hpp"
 #include "orchestrator/job_store.hpp"
+#include "orchestrator/output_lock.hpp"
 #include "orchestrator/output_writer.hpp"
 
 namespace shardline::orchestrator {
@@ -120,7 +121,10 @@ class JobManager {
   /// Records a job and returns its id. spec.token_budget "" becomes "fixed";
   /// spec.parallel, when given, is stored in canonical form. Errors:
   /// invalid_argument (no inputs, no output, output used by an unfinished job
-  /// or equal to an input, unknown token budget policy, bad parallel config),
+  /// or equal to an input, an existing non-empty output file without
+  /// spec.overwrite, an output another process holds the lock of (the
+  /// message names it; OutputLock), unknown token budget policy, bad
+  /// parallel config),
   /// not_found / io (a shard cannot be read; then no job is created).
   /// Lines that do not parse, and lines whose custom_id an earlier line of
   /// the job has (duplicate_custom_id), are committed as errors here.
@@ -239,6 +243,7 @@ class JobManager {
                                                          std::uint64_t job_id, std::uint64_t line_index);
   struct Job {
     JobRecord rec;
+    std::unique_ptr<OutputLock> lock;      ///< unfinished jobs only: its output file is ours
     std::unique_ptr<OutputWriter> writer;  ///< unfinished jobs only
     std::unique_ptr<ShardReader> reader;   ///< unfinished jobs only
     std::map<std::uint64_t, worker::BatchRequest> retry;
@@ -261,7 +266,12 @@ class JobManager {
     return j.rec.state == JobState::queued || j.rec.state == JobState::running;
   }
   [[nodiscard]] double now() const;
-  Status activate(Job& j);  ///< opens writer + reader of an unfinished job
+  Status activate(Job& j);  ///< locks the output, opens writer + reader of an unfinished job
+  /// Takes the lock of `output` (creating its folder) for a job of this
+  /// data dir; job_id 0: not created yet.
+  Result<std::unique_ptr<OutputLock>> lock_output(const std::string& output, std::uint64_t job_id) const;
+  /// "job 3 of data dir /abs/dir (pid 123 on host h)"; job_id 0: "a job submitted to ...".
+  [[nodiscard]] std::string lock_holder(std::uint64_t job_id) const;
   /// A cancelled job's output: finished with its committed lines (see
   /// cancel()) unless it already is.
   Status finish_cancelled_output(Job& j);
@@ -285,6 +295,7 @@ class JobManager {
   [[nodiscard]] JobProgress progress_of(const Job& j) const;
 
   std::unique_ptr<JobStore> store_;
+  std::string data_dir_;  ///< named in output locks
   JobManagerOptions options_;
   std::map<std::uint64_t, Job> jobs_;
 };

@@ -76,6 +76,9 @@ struct JobSpec {
   /// `--chat-template`: the template text chat lines are rendered with;
   /// "" = the model folder's (model/chat_template.hpp).
   std::string chat_template;
+  /// `--overwrite`: the submit may replace an existing, non-empty output
+  /// file (JobManager::submit). Not stored: it only matters at submit.
+  bool overwrite = false;
 };
 
 /// A job as stored.

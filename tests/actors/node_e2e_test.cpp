@@ -65,7 +65,7 @@ TEST_F(NodeE2e, RunGivesTheReferenceTokenIds) {
 
 // The same `run` again reports its finished job (nothing is rerun); other
 // inputs into the same output and data dir run as a new job.
-TEST_F(NodeE2e, RunAgainReportsItsJobAndNewInputsRunANewJob) {
+TEST_F(NodeE2e, RunAgainReportsItsJobAndNewInputsRunANewJobWithOverwrite) {
   write_reference_input(path("a.jsonl"));
   {
     std::ofstream b(path("b.jsonl"));
@@ -79,7 +79,14 @@ TEST_F(NodeE2e, RunAgainReportsItsJobAndNewInputsRunANewJob) {
   ASSERT_EQ(again.exit_code, 0) << again.out;
   EXPECT_NE(again.out.find("continuing job 1"), std::string::npos) << again.out;
   EXPECT_EQ(read_file(path("out.jsonl")), first);
-  const auto other = run_command(base + path("b.jsonl"));
+  // Other inputs into the same output: a second job, which replaces the
+  // first one's file only with --overwrite (issue 46, item 9).
+  const auto refused = run_command(base + path("b.jsonl"));
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("already exists (the output of job 1, done): pass --overwrite"), std::string::npos)
+      << refused.out;
+  EXPECT_EQ(read_file(path("out.jsonl")), first);
+  const auto other = run_command(base + path("b.jsonl") + " --overwrite");
   ASSERT_EQ(other.exit_code, 0) << other.out;
   EXPECT_NE(other.out.find("job 2:"), std::string::npos) << other.out;
   const auto lines = read_jsonl(path("out.jsonl"));
@@ -197,6 +204,36 @@ TEST_F(NodeE2e, HugePromptLinesAreRefusedAndTheOthersComplete) {
   EXPECT_EQ(lines[2]["custom_id"], "3");
   EXPECT_EQ(lines[2]["error"]["code"], "line_too_long");
   EXPECT_NE(lines[2]["error"]["message"].get<std::string>().find("at most 16777216 bytes"), std::string::npos);
+}
+
+// Issue 46, item 9: a second job on an existing output silently replaced
+// it. Now it needs --overwrite; a rerun of the same command continues (or
+// reports) its own job as before.
+TEST_F(NodeE2e, RunRefusesAnExistingOutputUnlessOverwrite) {
+  std::ofstream(path("in.jsonl")) << R"({"prompt": "Lily wanted to", "max_tokens": 4, "temperature": 0})" "\n";
+  const std::string base = kShardline + " run --quiet --model " + testing_support::kStoriesDir + " --input " +
+                           path("in.jsonl") + " --output " + path("out.jsonl");
+  ASSERT_EQ(run_command(base).exit_code, 0);
+  const auto first = read_jsonl(path("out.jsonl"));
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(path("out.jsonl.lock")));
+  // The same command: its finished job is reported, nothing is rewritten.
+  const auto again = run_command(base);
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  // Another data dir on the same output: refused, the file untouched.
+  const auto other = run_command(base + " --data-dir " + path("other-state"));
+  EXPECT_EQ(other.exit_code, 1) << other.out;
+  EXPECT_NE(other.out.find("already exists"), std::string::npos) << other.out;
+  EXPECT_NE(other.out.find("pass --overwrite"), std::string::npos) << other.out;
+  EXPECT_EQ(read_jsonl(path("out.jsonl")), first);
+  // With --overwrite it runs again, in either data dir.
+  const auto replaced = run_command(base + " --data-dir " + path("other-state") + " --overwrite");
+  EXPECT_EQ(replaced.exit_code, 0) << replaced.out;
+  const auto rerun = run_command(base + " --overwrite");
+  EXPECT_EQ(rerun.exit_code, 0) << rerun.out;
+  const auto last = read_jsonl(path("out.jsonl"));
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0]["response"]["body"]["choices"], first[0]["response"]["body"]["choices"]);
 }
 
 TEST_F(NodeE2e, NodeAndClientInTwoProcessesWithKeyAndMetrics) {

@@ -283,7 +283,7 @@ inline std::vector<OrchestratorMsg> sample_orchestrator_msgs() {
       OrchestratorMsg{SubmitJob{"/models/stories15M",
                                     {"/data/in/shard-000.jsonl", "/data/in/shard-001.jsonl", ""},
                                     "/data/out/result.jsonl", std::nullopt, "", "",
-                                    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"}},
+                                    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}", true}},
       OrchestratorMsg{JobStatusQuery{42}},
       OrchestratorMsg{JobStatusQuery{0}},
       OrchestratorMsg{JobCancel{7}},
