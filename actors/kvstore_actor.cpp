@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -357,6 +358,20 @@ void heartbeat(KvStoreActor* self) {
   }
 }
 
+/// DIR.corrupt-<unix ms>, not yet taken.
+std::string quarantine_path(const std::string& dir) {
+  std::filesystem::path p(dir);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // trailing '/'
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  for (int i = 0;; ++i) {
+    std::string candidate = p.string() + ".corrupt-" + std::to_string(ms) + (i ? "-" + std::to_string(i) : "");
+    std::error_code ec;
+    if (!std::filesystem::exists(candidate, ec)) return candidate;
+  }
+}
+
 Result<std::unique_ptr<kvstore::KvStore>> open_store(const KvStoreConfig& c) {
   kvstore::KvStoreOptions o;
   o.shape = c.shape;
@@ -366,11 +381,23 @@ Result<std::unique_ptr<kvstore::KvStore>> open_store(const KvStoreConfig& c) {
   std::filesystem::create_directories(c.dir, mk);  // a joined node's data dir may not exist yet
   auto store = kvstore::KvStore::open(c.dir, o);
   if (store || store.error().code != ErrorCode::corrupt) return store;
-  // KV of another model (or a damaged store): it is a cache of recomputable
-  // state, so it is dropped rather than failing the node.
-  spdlog::error("kvstore {}: {}; deleting {} and starting empty", c.name, store.error().to_string(), c.dir);
+  // A damaged store (a garbled .sst or MANIFEST) or KV of another model: it
+  // is a cache of recomputable state, so it is moved aside and the store
+  // starts empty; the lines recompute. Failing instead made the store die
+  // and restart in a loop (issue 46, item 11). Moved, not deleted: what is
+  // in it may matter to whoever debugs the damage.
+  const std::string aside = quarantine_path(c.dir);
   std::error_code ec;
-  std::filesystem::remove_all(c.dir, ec);
+  std::filesystem::rename(c.dir, aside, ec);
+  if (ec) {
+    spdlog::error("kvstore {}: {}; cannot move {} aside ({}): deleting it and starting empty", c.name,
+                  store.error().to_string(), c.dir, ec.message());
+    std::filesystem::remove_all(c.dir, ec);
+  } else {
+    spdlog::error("kvstore {}: {}; moved {} to {} and starting empty (delete it when it is of no more use)", c.name,
+                  store.error().to_string(), c.dir, aside);
+  }
+  std::filesystem::create_directories(c.dir, mk);
   return kvstore::KvStore::open(c.dir, o);
 }
 

@@ -13,6 +13,7 @@
 #include "actors/protocol.hpp"
 #include "comm/address.hpp"
 #include "model/config.hpp"
+#include "model/model_fingerprint.hpp"
 #include "messages/codec.hpp"
 
 namespace shardline::actors {
@@ -292,12 +293,22 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   if (o.join.empty()) {
     // Opened here once so that a bad data dir fails the start; the
     // supervisor opens it again for each incarnation.
-    auto check = orchestrator::JobManager::open(o.data_dir);
+    // Jobs record the model they run on and are not resumed on another one.
+    orchestrator::JobManagerOptions jm;
+    auto fingerprint = model::model_fingerprint(o.engine.model_dir);
+    if (!fingerprint) return make_error(fingerprint.error().code, "--model: " + fingerprint.error().message);
+    jm.model_fingerprint = *fingerprint;
+    jm.model_dir = o.engine.model_dir;
+    auto check = orchestrator::JobManager::open(o.data_dir, jm);
     if (!check) return std::move(check).error();
+    for (const auto& p : (*check)->list_jobs())
+      if ((p.state == orchestrator::JobState::queued || p.state == orchestrator::JobState::running) &&
+          !p.error.empty())
+        spdlog::error("{}", p.error);
     check->reset();
-    start_orchestrator = [o, roster, key = node->key_,
+    start_orchestrator = [o, jm, roster, key = node->key_,
                           metrics = node->metrics_](caf::actor_system& sys) -> Result<caf::actor> {
-      auto jobs = orchestrator::JobManager::open(o.data_dir);
+      auto jobs = orchestrator::JobManager::open(o.data_dir, jm);
       if (!jobs) return std::move(jobs).error();
       OrchestratorConfig oc;
       oc.node_name = o.name;

@@ -82,6 +82,7 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
   }
   m.requeued = p.requeued;
   m.resumed = p.resumed;
+  m.error = p.error;
   return m;
 }
 

@@ -336,7 +336,7 @@ nlohmann::json to_json(const messages::JobProgress& p) {
           {"tokens_per_s", p.tokens_per_s}, {"eta_s", p.eta_s},
           {"output", p.output},   {"parallel", p.parallel},
           {"token_budget", p.token_budget}, {"requeued", p.requeued},
-          {"resumed", p.resumed}};
+          {"resumed", p.resumed}, {"error", p.error}};
 }
 
 void print_actor_table(const messages::ActorList& actors) {
@@ -360,6 +360,7 @@ void print_progress_table(const messages::JobStatusList& jobs, const messages::A
                 static_cast<unsigned long long>(p.completion_tokens), p.tokens_per_s, format_eta(p.eta_s).c_str(),
                 static_cast<unsigned long long>(p.requeued), static_cast<unsigned long long>(p.resumed),
                 p.parallel.empty() ? "-" : p.parallel.c_str(), p.token_budget.c_str(), p.output.c_str());
+    if (!p.error.empty()) std::printf("       %s\n", p.error.c_str());  // why it failed or is held back
   }
   if (!jobs.sidp_groups.empty()) std::printf("\n%s", format_sidp_groups(jobs.sidp_groups).c_str());
   if (actors) {
@@ -652,6 +653,11 @@ int run_run(RunArgs& a) {
     const messages::JobProgress& p = reply->jobs.at(0);
     if (!a.quiet) draw_progress(p);
     const bool finished = p.state == "done" || p.state == "failed" || p.state == "cancelled";
+    if (!finished && !p.error.empty()) {  // held back: recorded with another model (issue 46, item 10)
+      if (!a.quiet) std::fprintf(stderr, "\n");
+      std::cerr << "error: " << p.error << "\n";
+      return 1;
+    }
     if (!finished && (*node)->worker_start_failures() >= (*node)->num_workers()) {
       if (!a.quiet) std::fprintf(stderr, "\n");
       std::cerr << "error: no worker could start its engine (see the log above); job " << job_id
@@ -662,7 +668,7 @@ int run_run(RunArgs& a) {
       if (!a.quiet) std::fprintf(stderr, "\n");
       if (p.state != "done") {
         std::cerr << "error: job " << job_id << " " << p.state << " (" << p.done << " of " << p.total
-                  << " lines in " << p.output << ")\n";
+                  << " lines in " << p.output << ")" << (p.error.empty() ? "" : ": " + p.error) << "\n";
         return 1;
       }
       if (!a.quiet)

@@ -73,4 +73,31 @@ bool mac_equal(std::string_view a, std::string_view b) noexcept {
   return !a.empty() && a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  if (ctx_ != nullptr && EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) != 1) {
+    EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+    ctx_ = nullptr;
+  }
+}
+
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+
+void Sha256::update(std::string_view bytes) {
+  if (ctx_ == nullptr || bytes.empty()) return;
+  if (EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), bytes.data(), bytes.size()) != 1) {
+    EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+    ctx_ = nullptr;
+  }
+}
+
+std::string Sha256::finish() {
+  if (ctx_ == nullptr) return {};
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  const bool ok = EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), digest, &len) == 1;
+  EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+  ctx_ = nullptr;
+  return ok ? std::string(reinterpret_cast<const char*>(digest), len) : std::string();
+}
+
 }  // namespace shardline::comm

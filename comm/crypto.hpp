@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The few cryptographic primitives Shardline uses, on OpenSSL (libcrypto):
-/// random bytes, HMAC-SHA256 and a constant-time MAC comparison. Used by the
+/// random bytes, HMAC-SHA256, SHA-256 and a constant-time MAC comparison. Used by the
 /// TCP handshake (comm/tcp_handshake.cpp) and the cluster key
 /// (actors/auth.hpp). Keys and MACs are raw bytes in std::string.
 
@@ -31,6 +31,24 @@ inline constexpr std::size_t kHmacSha256Bytes = 32;
 /// (a KV chunk may be megabytes): what hmac_sha256 gives for their
 /// concatenation. Empty only if OpenSSL fails.
 [[nodiscard]] std::string hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts);
+
+/// A running SHA-256 (OpenSSL EVP), for hashing data that arrives in
+/// pieces (files, read block by block).
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  /// Adds `bytes` to the hash.
+  void update(std::string_view bytes);
+  /// The 32-byte digest of everything added; ends the hash (a later update
+  /// or finish is an error: empty). Empty if OpenSSL failed.
+  [[nodiscard]] std::string finish();
+
+ private:
+  void* ctx_;  ///< EVP_MD_CTX*; null after finish() or a failure
+};
 
 /// `bytes` as lower-case hex digits (two per byte).
 [[nodiscard]] std::string to_hex(std::string_view bytes);

@@ -52,6 +52,20 @@ class PosixWritableFile final : public WritableFile {
     return static_cast<std::uint64_t>(sb.st_size);
   }
 
+  Result<std::size_t> read_at(std::uint64_t offset, std::span<char> out) override {
+    std::size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return os_error("read", path_, errno);
+      }
+      if (n == 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+    return done;
+  }
+
  private:
   std::string path_;
   int fd_;
@@ -61,9 +75,9 @@ class PosixFileSystem final : public FileSystem {
  public:
   Result<OpenedFile> open_writable(const std::string& path) override {
     // O_EXCL first, so that `created` is exact even when two open at once.
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     bool created = fd >= 0;
-    if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) return os_error("open", path, errno);
     return OpenedFile{std::make_unique<PosixWritableFile>(path, fd), created};
   }

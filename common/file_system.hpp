@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -27,7 +28,7 @@
 
 namespace shardline {
 
-/// A file open for writing.
+/// A file open for writing (and reading back what is in it).
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
@@ -40,6 +41,10 @@ class WritableFile {
   [[nodiscard]] virtual Status sync() = 0;
   /// The current size in bytes. Errors: io.
   [[nodiscard]] virtual Result<std::uint64_t> size() = 0;
+  /// Reads up to out.size() bytes at byte `offset` into `out` (EINTR and
+  /// short reads retried); returns how many were read, fewer only at the
+  /// end of the file. Errors: io.
+  [[nodiscard]] virtual Result<std::size_t> read_at(std::uint64_t offset, std::span<char> out) = 0;
 };
 
 /// What FileSystem::open_writable() returns.
@@ -51,8 +56,8 @@ struct OpenedFile {
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
-  /// Opens `path` for writing, creating it (mode 0644) when missing; never
-  /// truncates. Errors: io (no such folder, not a regular file, no permission).
+  /// Opens `path` for writing (and reading back), creating it (mode 0644)
+  /// when missing; never truncates. Errors: io (no such folder, not a regular file, no permission).
   [[nodiscard]] virtual Result<OpenedFile> open_writable(const std::string& path) = 0;
   /// Creates the one folder `path` (mode 0755; its parent must exist). Returns
   /// true when it created it, false when a folder of that name exists.

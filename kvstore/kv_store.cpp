@@ -56,8 +56,10 @@ std::size_t chunk_size(const KvModelShape& shape, const KvRange& range) {
          dtype_size(shape.dtype);
 }
 
+/// A damaged file (checksum, MANIFEST, block) is `corrupt`, so the store
+/// actor quarantines it (actors/kvstore_actor.cpp); anything else is io.
 Error db_error(const std::string& what, const rocksdb::Status& st) {
-  return make_error(ErrorCode::io, "kv store: " + what + ": " + st.ToString());
+  return make_error(st.IsCorruption() ? ErrorCode::corrupt : ErrorCode::io, "kv store: " + what + ": " + st.ToString());
 }
 
 /// Key order of ranges inside one request: token_begin, token_end, layers.

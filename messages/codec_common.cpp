@@ -436,6 +436,7 @@ void put(wire::JobProgress::Builder b, const JobProgress& p) {
   b.setTokenBudget(text(p.token_budget));
   b.setRequeued(p.requeued);
   b.setResumed(p.resumed);
+  b.setError(text(p.error));
 }
 
 JobProgress get(wire::JobProgress::Reader r) {
@@ -455,6 +456,7 @@ JobProgress get(wire::JobProgress::Reader r) {
   p.token_budget = str(r.getTokenBudget());
   p.requeued = r.getRequeued();
   p.resumed = r.getResumed();
+  p.error = str(r.getError());
   return p;
 }
 

@@ -140,6 +140,7 @@ struct JobProgress {
   tokenBudget @12 :Text;   # the job's token budget policy
   requeued @13 :UInt64;    # lines handed back because their worker failed (this process)
   resumed @14 :UInt64;     # lines handed out again with replicated KV to resume from (this process)
+  error @15 :Text;         # why it failed, or why an unfinished job is held back; "" = nothing to say
 }
 
 # A worker's state (worker -> orchestrator, worker -> client).

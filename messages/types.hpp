@@ -70,6 +70,9 @@ struct JobProgress {
   std::string token_budget;  ///< the job's token budget policy ("fixed", "throttle")
   std::uint64_t requeued = 0;  ///< failures: lines handed back because their worker failed (this process)
   std::uint64_t resumed = 0;   ///< recoveries: lines handed out again with replicated KV (this process)
+  /// Why the job failed, or why an unfinished job is held back (recorded on
+  /// another model than the cluster's); "" = nothing to say.
+  std::string error;
   bool operator==(const JobProgress&) const = default;
 };
 

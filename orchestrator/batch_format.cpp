@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -528,9 +530,37 @@ ojson completion_logprobs(const worker::BatchChoice& c) {
 
 }  // namespace
 
-std::string format_result_line(const BatchResult& r, std::string_view model,
-                               std::string_view request_id_prefix) {
-  const std::string suffix = std::to_string(r.job_id) + "_" + std::to_string(r.line_index);
+std::string new_output_id_key() {
+  std::random_device rd;
+  char hex[33];
+  for (int i = 0; i < 4; ++i) std::snprintf(hex + 8 * i, 9, "%08x", static_cast<unsigned>(rd()));
+  return std::string(hex, 32);
+}
+
+std::string output_line_id(std::string_view key, std::uint64_t line_index) {
+  const auto word = [&](std::size_t at) {
+    std::uint64_t v = 0;
+    for (std::size_t i = at; i < at + 16 && i < key.size(); ++i) {
+      const char c = key[i];
+      v = v << 4 | static_cast<std::uint64_t>(c >= 'a' ? c - 'a' + 10 : c >= 'A' ? c - 'A' + 10 : c - '0');
+    }
+    return v;
+  };
+  const auto mix = [](std::uint64_t z) {  // SplitMix64's finalizer: a bijection of z
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  char out[33];
+  std::snprintf(out, sizeof(out), "%016llx%016llx", static_cast<unsigned long long>(mix(word(0) + line_index)),
+                static_cast<unsigned long long>(mix(word(16) ^ (line_index * 0x9E3779B97F4A7C15ull))));
+  return std::string(out, 32);
+}
+
+std::string format_result_line(const BatchResult& r, std::string_view model, std::string_view request_id_prefix,
+                               std::string_view output_id_key, std::uint64_t input_line) {
+  const std::string suffix = output_id_key.empty() ? std::to_string(r.job_id) + "_" + std::to_string(r.line_index)
+                                                   : output_line_id(output_id_key, r.line_index);
   ojson out;
   out["id"] = "batch_req_" + suffix;
   out["custom_id"] = r.custom_id;
@@ -575,6 +605,7 @@ std::string format_result_line(const BatchResult& r, std::string_view model,
     ojson err;
     err["code"] = r.error_code;
     err["message"] = r.error_message;
+    if (input_line > 0) err["line"] = input_line;
     out["error"] = std::move(err);
   }
   try {

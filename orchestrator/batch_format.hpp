@@ -99,8 +99,8 @@ struct BatchLine {
                                             std::string message);
 
 /// One output line (no trailing newline), keys in a fixed order:
-///   {"id":"batch_req_<job>_<line>","custom_id":...,
-///    "response":{"status_code":200,"request_id":"<prefix><job>_<line>",
+///   {"id":"batch_req_<suffix>","custom_id":...,
+///    "response":{"status_code":200,"request_id":"<prefix><suffix>",
 ///      "body":{"object":"text_completion","model":<model>,
 ///        "choices":[{"index","text","finish_reason",["token_ids",]"logprobs"}],
 ///        "usage":{"prompt_tokens","completion_tokens","total_tokens"}}},
@@ -113,13 +113,28 @@ struct BatchLine {
 /// and chat writes {"content":[{"token","logprob","bytes","top_logprobs":
 /// [{"token","logprob","bytes"}]}],"refusal":null}.
 /// An error result is
-///   {"id":...,"custom_id":...,"response":null,"error":{"code":...,"message":...}}
-/// <line> is the 0-based line index. "token_ids" is written for every choice
+///   {"id":...,"custom_id":...,"response":null,"error":{"code":...,"message":...,"line":N}}
+/// with "line" the 1-based line number of the input line in its shard
+/// (`input_line`, as the `line` of OpenAI's batch errors); left out when 0.
+/// <suffix> is output_line_id(output_id_key, line index): 32 hex digits
+/// unique to the job's key and the line (OpenAI's ids are random too); with
+/// an empty key (jobs of older versions) "<job>_<line>", <line> the 0-based
+/// line index. "token_ids" is written for every choice
 /// when any choice of the result carries token ids (workers fill them only
 /// when the request asked with return_token_ids). Invalid UTF-8 in texts is
 /// replaced by U+FFFD. No timestamps: the same result always gives the same
 /// bytes.
 [[nodiscard]] std::string format_result_line(const worker::BatchResult& result, std::string_view model,
-                                             std::string_view request_id_prefix);
+                                             std::string_view request_id_prefix,
+                                             std::string_view output_id_key = {}, std::uint64_t input_line = 0);
+
+/// A new job's output id key: 32 hex digits from the OS's random source.
+[[nodiscard]] std::string new_output_id_key();
+
+/// The id suffix of line `line_index` under `key` (new_output_id_key()):
+/// 32 hex digits, two keyed SplitMix64 finalizers of the line index. The
+/// first half is a bijection of the index, so the lines of one job never
+/// share an id; other jobs' keys are independent draws.
+[[nodiscard]] std::string output_line_id(std::string_view key, std::uint64_t line_index);
 
 }  // namespace shardline::orchestrator

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/json_bounded.hpp"
+#include "model/model_fingerprint.hpp"
 #include "orchestrator/batch_format.hpp"
 #include "orchestrator/job_admission.hpp"
 
@@ -181,6 +182,15 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
       m->fail_job(j, changed);
       continue;
     }
+    const std::string& have = m->options_.model_fingerprint;
+    if (!have.empty() && !j.rec.spec.model_fingerprint.empty() && j.rec.spec.model_fingerprint != have) {
+      // Kept as it is, unserved: with its own model the job goes on.
+      j.held = "job " + std::to_string(id) + " was started on another model than this node's --model " +
+               m->options_.model_dir + " (model fingerprint " + j.rec.spec.model_fingerprint.substr(0, 12) +
+               " vs " + have.substr(0, 12) + "): its lines so far came from that model; start the node with it to "
+               "go on, or run the job again with --overwrite";
+      continue;
+    }
     if (Status st = m->activate(j); !st.ok()) {
       m->fail_job(j, st.error().to_string());
       continue;
@@ -336,10 +346,11 @@ Status JobManager::advance_output(Job& j) {
   return Status::ok_status();
 }
 
-StoredResult JobManager::to_stored(const Job& j, const BatchResult& r) const {
+StoredResult JobManager::to_stored(const Job& j, const BatchResult& r, std::uint64_t input_line) const {
   StoredResult s;
   s.line_index = r.line_index;
-  s.line = format_result_line(r, j.rec.spec.model_name, j.rec.spec.request_id_prefix);
+  s.line = format_result_line(r, j.rec.spec.model_name, j.rec.spec.request_id_prefix, j.rec.output_id_key,
+                              input_line);
   s.ok = r.ok;
   if (r.ok) {
     s.prompt_tokens = static_cast<std::uint64_t>(std::max(0, r.prompt_tokens));
@@ -379,6 +390,14 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
     return make_error(ErrorCode::invalid_argument, "job: output " + spec.output_path + " already exists" + whose +
                                                        ": pass --overwrite to replace it");
   }
+  if (!options_.model_fingerprint.empty()) {
+    if (auto asked = model::model_fingerprint(spec.model_dir); asked.ok() && *asked != options_.model_fingerprint)
+      return make_error(ErrorCode::invalid_argument,
+                        "job: --model " + spec.model_dir + " is not the model this cluster runs (" +
+                            options_.model_dir + "): its workers would compute every line with " +
+                            options_.model_dir);
+    spec.model_fingerprint = options_.model_fingerprint;
+  }
   if (spec.model_name.empty()) spec.model_name = default_model_name(spec.model_dir);
   auto budget = normalize_token_budget(spec.token_budget);
   if (!budget.ok()) return make_error(ErrorCode::invalid_argument, "job: " + budget.error().message);
@@ -396,6 +415,7 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
 
   JobRecord rec;
   rec.created_unix_ms = unix_ms_now();
+  rec.output_id_key = new_output_id_key();
   // Pass 1: sizes and line count (nothing is created when a shard is unreadable).
   {
     std::error_code ec;
@@ -483,9 +503,10 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
         batch.push_back(to_stored(j, make_error_result(j.rec.id, index, custom_id, "duplicate_custom_id",
                                                        "custom_id: '" + custom_id + "' is also the custom_id of line " +
                                                            std::to_string(first->second + 1) +
-                                                           "; every line of a job needs its own")));
+                                                           "; every line of a job needs its own"),
+                                  parser.file_line));
       } else if (!parsed.is_request()) {
-        batch.push_back(to_stored(j, parsed.error()));
+        batch.push_back(to_stored(j, parsed.error(), parser.file_line));
       } else {
         continue;
       }
@@ -512,7 +533,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
   std::vector<BatchRequest> out;
   for (auto& [id, j] : jobs_) {
     if (out.size() >= max_count) break;
-    if (!active(j)) continue;
+    if (!served(j)) continue;
     const std::size_t before = out.size();
     std::uint64_t resumed = 0;
     while (!j.retry.empty() && out.size() < max_count) {
@@ -546,9 +567,10 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
       if (*committed || j.in_flight.count(index) != 0) continue;
       BatchLine parsed = parse_read_line(*j.reader, line, j.rec.id, index);
       if (!parsed.is_request()) {  // only after a crash during submit
-        errors.push_back(to_stored(j, parsed.error()));
+        errors.push_back(to_stored(j, parsed.error(), j.reader->file_line));
         continue;
       }
+      parsed.request().input_line = j.reader->file_line;
       apply_job_settings(j, parsed.request());
       if (attach_resume(j, parsed.request())) ++resumed;  // pending since a restart
       j.in_flight[index] = InFlight{worker, parsed.request()};
@@ -586,7 +608,7 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
   const std::set<LineRef> distinct(lines.begin(), lines.end());
   for (const LineRef& l : distinct) {
     const auto it = jobs_.find(l.job_id);
-    if (it == jobs_.end() || !active(it->second)) continue;
+    if (it == jobs_.end() || !served(it->second)) continue;
     Job& j = it->second;
     if (l.line_index >= j.rec.total_lines) continue;
     if (const auto f = j.in_flight.find(l.line_index); f != j.in_flight.end()) {
@@ -625,6 +647,7 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
       ++next;
       BatchLine parsed = parse_read_line(reader, line, j.rec.id, index);
       if (!parsed.is_request()) continue;  // committed as an error at submit
+      parsed.request().input_line = reader.file_line;
       apply_job_settings(j, parsed.request());
       j.in_flight[index] = InFlight{worker, std::move(parsed.request())};
       mark_started(j);
@@ -647,17 +670,22 @@ Result<std::size_t> JobManager::on_results(const std::vector<BatchResult>& resul
   std::map<std::uint64_t, std::vector<std::uint64_t>> drop_resume;  // job -> lines whose resume record goes
   for (const auto& r : results) {
     auto it = jobs_.find(r.job_id);
-    if (it == jobs_.end() || !active(it->second)) continue;
+    if (it == jobs_.end() || !served(it->second)) continue;
     Job& j = it->second;
     if (r.line_index >= j.rec.total_lines) continue;
-    j.retry.erase(r.line_index);
+    std::uint64_t input_line = 0;  // known while the line is in flight or requeued here
+    if (const auto rt = j.retry.find(r.line_index); rt != j.retry.end()) {
+      input_line = rt->second.input_line;
+      j.retry.erase(rt);
+    }
     auto f = j.in_flight.find(r.line_index);
+    if (f != j.in_flight.end()) input_line = f->second.request.input_line;
     if (f != j.in_flight.end() && f->second.request.custom_id != r.custom_id) {
       BatchResult fixed = r;  // the custom_id is the input's, whatever the worker says
       fixed.custom_id = f->second.request.custom_id;
-      per_job[r.job_id].push_back(to_stored(j, fixed));
+      per_job[r.job_id].push_back(to_stored(j, fixed, input_line));
     } else {
-      per_job[r.job_id].push_back(to_stored(j, r));
+      per_job[r.job_id].push_back(to_stored(j, r, input_line));
     }
     if (f != j.in_flight.end()) j.in_flight.erase(f);
     if (j.resume.count(r.line_index) != 0) drop_resume[r.job_id].push_back(r.line_index);
@@ -742,7 +770,7 @@ JobProgress JobManager::progress_of(const Job& j) const {
   p.job_id = j.rec.id;
   p.state = j.rec.state;
   p.total = j.rec.total_lines;
-  p.error = j.rec.error;
+  p.error = j.held.empty() ? j.rec.error : j.held;
   p.requeued = j.recovery.requeued;
   p.resumed = j.recovery.resumed;
   JobCounters c;
@@ -798,7 +826,7 @@ Result<JobRecord> JobManager::job(std::uint64_t job_id) const {
 
 bool JobManager::has_pending_work() const {
   for (const auto& [id, j] : jobs_)
-    if (active(j) && (!j.retry.empty() || (j.reader && !j.reader->done))) return true;
+    if (served(j) && (!j.retry.empty() || (j.reader && !j.reader->done))) return true;
   return false;
 }
 

@@ -99,6 +99,15 @@ struct JobManagerOptions {
   std::shared_ptr<FileSystem> file_system;
   /// Options of the JobStore under data_dir/jobs.db (its RocksDB file system).
   JobStoreOptions store;
+  /// model::model_fingerprint of the model this cluster's workers run, and
+  /// its folder (for messages). Set: a submit records it in the job
+  /// (JobSpec::model_fingerprint) and is refused when the job's model_dir is
+  /// readable here and holds another model; open() holds back (does not
+  /// serve, progress().error says why) an unfinished job recorded with
+  /// another model, so two models' lines never share one file (issue 46,
+  /// item 10). "" (tests): no check.
+  std::string model_fingerprint;
+  std::string model_dir;
   /// The longest input line, in bytes (without its newline), a job takes:
   /// a longer one is not read into memory but committed at submit as a
   /// `line_too_long` error (issue 46, item 6). 0: no limit.
@@ -255,6 +264,9 @@ class JobManager {
     /// `in_flight` hold what went out last).
     std::map<std::uint64_t, std::vector<worker::ChoiceResume>> resume;
     RecoveryCounters recovery;
+    /// Why this unfinished job is not served (it was recorded with another
+    /// model than this cluster's); "" = it is.
+    std::string held;
     bool session_started = false;
     double session_t0 = 0.0;
     double session_t1 = -1.0;  ///< when it finished in this process
@@ -265,6 +277,8 @@ class JobManager {
   [[nodiscard]] static bool active(const Job& j) noexcept {
     return j.rec.state == JobState::queued || j.rec.state == JobState::running;
   }
+  /// Unfinished and not held back: its lines are handed out and committed.
+  [[nodiscard]] static bool served(const Job& j) noexcept { return active(j) && j.held.empty(); }
   [[nodiscard]] double now() const;
   Status activate(Job& j);  ///< locks the output, opens writer + reader of an unfinished job
   /// Takes the lock of `output` (creating its folder) for a job of this
@@ -291,7 +305,9 @@ class JobManager {
   /// num_kv_tokens > 0.
   bool attach_resume(const Job& j, worker::BatchRequest& request) const;
   void add_recovery(Job& j, std::uint64_t requeued, std::uint64_t resumed);
-  [[nodiscard]] StoredResult to_stored(const Job& j, const worker::BatchResult& r) const;
+  /// `input_line`: the line's number in its shard (BatchRequest::input_line),
+  /// written as an error's "line"; 0 = not known.
+  [[nodiscard]] StoredResult to_stored(const Job& j, const worker::BatchResult& r, std::uint64_t input_line) const;
   [[nodiscard]] JobProgress progress_of(const Job& j) const;
 
   std::unique_ptr<JobStore> store_;

@@ -58,8 +58,9 @@ rocksdb::WriteOptions unsynced_write() {
   return w;
 }
 
+/// A damaged file is `corrupt` (issue 46, item 11), anything else io.
 Error db_error(const std::string& what, const rocksdb::Status& st) {
-  return make_error(ErrorCode::io, "job store: " + what + ": " + st.ToString());
+  return make_error(st.IsCorruption() ? ErrorCode::corrupt : ErrorCode::io, "job store: " + what + ": " + st.ToString());
 }
 
 rocksdb::WriteOptions sync_write() {
@@ -88,12 +89,14 @@ std::string encode_record(const JobRecord& r) {
   j["parallel"] = r.spec.parallel;
   j["token_budget"] = r.spec.token_budget;
   if (!r.spec.chat_template.empty()) j["chat_template"] = r.spec.chat_template;
+  if (!r.spec.model_fingerprint.empty()) j["model_fingerprint"] = r.spec.model_fingerprint;
   j["state"] = job_state_name(r.state);
   j["created_unix_ms"] = r.created_unix_ms;
   j["finished_unix_ms"] = r.finished_unix_ms;
   j["total_lines"] = r.total_lines;
   j["input_sizes"] = r.input_sizes;
   j["error"] = r.error;
+  if (!r.output_id_key.empty()) j["output_id_key"] = r.output_id_key;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -111,6 +114,8 @@ Result<JobRecord> decode_record(std::string_view s) {
     r.spec.parallel = j.value("parallel", std::string());
     r.spec.token_budget = j.value("token_budget", std::string("fixed"));
     r.spec.chat_template = j.value("chat_template", std::string());
+    r.spec.model_fingerprint = j.value("model_fingerprint", std::string());
+    r.output_id_key = j.value("output_id_key", std::string());
     const auto state = j.at("state").get<std::string>();
     if (state == "queued") r.state = JobState::queued;
     else if (state == "running") r.state = JobState::running;
@@ -313,14 +318,17 @@ Result<OutputProgress> JobStore::output_progress(std::uint64_t job_id) {
   const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('O', job_id), &v);
   if (g.IsNotFound()) return OutputProgress{};
   if (!g.ok()) return db_error("read output progress", g);
-  if (v.size() != 16) return make_error(ErrorCode::corrupt, "job store: output progress: bad size");
-  return OutputProgress{get_be64(v, 0), get_be64(v, 8)};
+  // 16 bytes: written by a version without the checksum.
+  if (v.size() == 16) return OutputProgress{get_be64(v, 0), get_be64(v, 8), kFnv1a64Empty, false};
+  if (v.size() != 24) return make_error(ErrorCode::corrupt, "job store: output progress: bad size");
+  return OutputProgress{get_be64(v, 0), get_be64(v, 8), get_be64(v, 16), true};
 }
 
 Status JobStore::set_output_progress(std::uint64_t job_id, const OutputProgress& p) {
   std::string v;
   put_be64(v, p.offset);
   put_be64(v, p.next_line);
+  if (p.checksummed) put_be64(v, p.prefix_checksum);
   const rocksdb::Status st = db_->Put(sync_write(), job_key('O', job_id), v);
   if (!st.ok()) return db_error("write output progress", st);
   return Status::ok_status();

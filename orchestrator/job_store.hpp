@@ -42,6 +42,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/checksum.hpp"
 #include "common/result.hpp"
 #include "worker/batch_types.hpp"
 
@@ -76,6 +77,10 @@ struct JobSpec {
   /// `--chat-template`: the template text chat lines are rendered with;
   /// "" = the model folder's (model/chat_template.hpp).
   std::string chat_template;
+  /// model::model_fingerprint of the model the job's lines are computed
+  /// with (the cluster's, at submit); "" = not recorded (older versions, or
+  /// a JobManager without JobManagerOptions::model_fingerprint).
+  std::string model_fingerprint;
   /// `--overwrite`: the submit may replace an existing, non-empty output
   /// file (JobManager::submit). Not stored: it only matters at submit.
   bool overwrite = false;
@@ -91,6 +96,11 @@ struct JobRecord {
   std::uint64_t total_lines = 0;            ///< non-blank input lines over all shards
   std::vector<std::uint64_t> input_sizes;   ///< byte size of each shard at submit
   std::string error;                        ///< why the job failed (state failed)
+  /// 32 random hex digits drawn at submit: each output line's id and
+  /// request_id derive from it and the line (format_result_line), so ids are
+  /// unique across jobs and data dirs and the same on every resume. ""
+  /// (jobs of older versions): "batch_req_<job>_<line>".
+  std::string output_id_key;
 };
 
 /// Committed-result counters of a job (kept with the results, atomically).
@@ -106,6 +116,11 @@ struct JobCounters {
 struct OutputProgress {
   std::uint64_t offset = 0;
   std::uint64_t next_line = 0;
+  /// fnv1a64 (common/checksum.hpp) of the file's bytes [0, offset), checked
+  /// when the writer reopens the file (issue 46, item 10).
+  std::uint64_t prefix_checksum = kFnv1a64Empty;
+  /// False for a record of an older version (no checksum kept).
+  bool checksummed = true;
 };
 
 /// A result to commit: the formatted output line plus what the counters need.

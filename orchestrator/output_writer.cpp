@@ -1,6 +1,8 @@
 #include "orchestrator/output_writer.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <span>
 #include <utility>
 
 namespace shardline::orchestrator {
@@ -47,15 +49,37 @@ Status OutputWriter::recover() {
   progress_ = *p;
   auto size = file_->size();
   if (!size.ok()) return output_error(size.error());
-  if (*size < progress_.offset) {
-    // The file lost acknowledged bytes (not by us): rebuild it from the store.
+  bool rebuild = *size < progress_.offset;  // the file lost acknowledged bytes (not by us)
+  if (!rebuild && progress_.checksummed && progress_.offset > 0) {
+    // Its written prefix must be what was written: an edited or damaged
+    // line would otherwise survive the resume (issue 46, item 10).
+    auto sum = prefix_checksum(progress_.offset);
+    if (!sum.ok()) return sum.error();
+    rebuild = *sum != progress_.prefix_checksum;
+  }
+  if (rebuild) {  // rewritten from the store, line 0 on
     progress_ = OutputProgress{};
+    ++rebuilds_;
     if (Status st = store_.set_output_progress(job_id_, progress_); !st.ok()) return st;
   }
   if (Status st = file_->truncate(progress_.offset); !st.ok()) return output_error(st.error());
   if (Status st = file_->sync(); !st.ok()) return output_error(st.error());
   dirty_ = false;
   return Status::ok_status();
+}
+
+Result<std::uint64_t> OutputWriter::prefix_checksum(std::uint64_t bytes) {
+  std::string buf(std::min<std::uint64_t>(bytes, 1 << 20), '\0');
+  std::uint64_t sum = kFnv1a64Empty;
+  for (std::uint64_t at = 0; at < bytes;) {
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), bytes - at));
+    auto n = file_->read_at(at, std::span<char>(buf.data(), want));
+    if (!n.ok()) return output_error(n.error());
+    if (*n == 0) break;  // shorter than recorded: cannot match
+    sum = fnv1a64(sum, std::string_view(buf.data(), *n));
+    at += *n;
+  }
+  return sum;
 }
 
 Status OutputWriter::flush(const std::string& buf, std::uint64_t next_line) {
@@ -71,7 +95,10 @@ Status OutputWriter::flush(const std::string& buf, std::uint64_t next_line) {
     dirty_ = true;
     return output_error(st.error());
   }
-  const OutputProgress next{progress_.offset + buf.size(), next_line};
+  // A record of an older version has no checksum of its prefix: the bytes
+  // written from here on cannot extend one, so it stays without.
+  const OutputProgress next{progress_.offset + buf.size(), next_line, fnv1a64(progress_.prefix_checksum, buf),
+                            progress_.checksummed};
   if (Status st = store_.set_output_progress(job_id_, next); !st.ok()) {
     dirty_ = true;  // the bytes are there but unacknowledged: rewrite them next time
     return st;

@@ -11,7 +11,9 @@
 /// byte for byte the same. So after any crash and restart the finished file
 /// holds every line exactly once, identical to an uninterrupted run. If the
 /// file is shorter than the recorded offset (deleted or truncated by someone
-/// else), it is rewritten from line 0 out of the store.
+/// else), or its first offset bytes no longer have the checksum recorded
+/// with it (OutputProgress::prefix_checksum: a line edited since), it is
+/// rewritten from line 0 out of the store.
 ///
 /// All file I/O goes through a FileSystem (common/file_system.hpp): missing
 /// folders are created durably (each one's parent synced), a new file's folder
@@ -42,9 +44,15 @@ class OutputWriter {
   OutputWriter(const OutputWriter&) = delete;
   OutputWriter& operator=(const OutputWriter&) = delete;
 
-  /// Truncates the file to the durably recorded offset (rewinding to line 0
-  /// when the file is shorter than that) and syncs it. Called by open().
+  /// Truncates the file to the durably recorded offset and syncs it.
+  /// Rewinds to line 0 (the file is rewritten from the store) when the file
+  /// is shorter than that offset or its first `offset` bytes are not what
+  /// was written (their checksum, OutputProgress::prefix_checksum, differs:
+  /// an edited or damaged line). Called by open().
   Status recover();
+
+  /// How many times recover() rewound to line 0 in this writer.
+  [[nodiscard]] int rebuilds() const noexcept { return rebuilds_; }
 
   /// Appends every committed line from next_line() on that is contiguous,
   /// syncs, records the progress. Returns the number of lines appended.
@@ -71,6 +79,8 @@ class OutputWriter {
   /// Writes `buf` at the recorded offset, syncs, then records
   /// {offset + size, next_line}.
   Status flush(const std::string& buf, std::uint64_t next_line);
+  /// fnv1a64 of the file's first `bytes` bytes (fewer if it is shorter).
+  Result<std::uint64_t> prefix_checksum(std::uint64_t bytes);
 
   JobStore& store_;
   std::uint64_t job_id_;
@@ -80,6 +90,7 @@ class OutputWriter {
   std::unique_ptr<WritableFile> file_;
   OutputProgress progress_;
   bool dirty_ = false;  ///< a write failed: bytes past offset may be garbage
+  int rebuilds_ = 0;
 };
 
 }  // namespace shardline::orchestrator

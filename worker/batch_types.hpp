@@ -67,6 +67,10 @@ struct BatchRequest {
   /// [n] when the line resumes after a failure (choice i from resume[i]);
   /// empty for a fresh line.
   std::vector<ChoiceResume> resume;
+  /// The 1-based line number in its shard (blank lines counted), for the
+  /// `line` of the line's error result. The orchestrator's own: not on the
+  /// wire (a worker sees 0).
+  std::uint64_t input_line = 0;
 
   // ---- /v1/chat/completions lines ----
   /// A chat line: the worker renders `messages_json` with the chat template

@@ -22,6 +22,7 @@
 
 #include "tests/actors/node_harness.hpp"
 #include "tests/support/demo_prompts.hpp"
+#include "tests/support/output_ids.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -101,7 +102,7 @@ TEST_F(HeartbeatFault, AStuckWorkerThreadIsDeclaredDeadWithinTheTimeoutAndReplac
 
   const std::string got = read_file(path("out.jsonl"));
   testing_support::expect_each_custom_id_once(got, kLines);
-  EXPECT_TRUE(got == expected) << "output differs from the clean run";
+  EXPECT_TRUE(testing_support::same_output(got, expected)) << "output differs from the clean run";
 
   // When the stuck thread comes back, the kill waiting in its mailbox ends
   // it, and the supervisor replaces it; the new instance joins.
@@ -119,7 +120,7 @@ TEST_F(HeartbeatFault, AStuckWorkerThreadIsDeclaredDeadWithinTheTimeoutAndReplac
       << log;
   const std::string list = run_command(kShardline + " actor list" + client).out;
   EXPECT_NE(list.find("node0/cpu:1"), std::string::npos) << list;
-  EXPECT_TRUE(read_file(path("out.jsonl")) == expected) << "the stuck worker's late results changed the output";
+  EXPECT_TRUE(testing_support::same_output(read_file(path("out.jsonl")), expected)) << "the stuck worker's late results changed the output";
 
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
@@ -197,7 +198,7 @@ TEST_F(HeartbeatFault, ASigstoppedShardServeRankIsDetectedAndItsGroupReplaced) {
       << log;
   const std::string got = read_file(path("out.jsonl"));
   testing_support::expect_each_custom_id_once(got, kLines);
-  EXPECT_TRUE(got == expected) << "output differs from the clean run";
+  EXPECT_TRUE(testing_support::same_output(got, expected)) << "output differs from the clean run";
 
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(30)), 0) << "node did not stop on SIGTERM: " << node.log();

@@ -8,6 +8,8 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -229,6 +231,35 @@ TEST_F(KvStoreActorTest, ADownReplicaStaysInTheRingAndNothingIsAcknowledgedPastI
   EXPECT_EQ(put(a, 6, 1, 5, 6).at(0).tokens, 6);
   kill(a);
   kill(b);
+}
+
+// Issue 46, item 11: a store whose MANIFEST is garbled is moved aside (the
+// path logged) and the actor serves from an empty store, instead of dying
+// and restarting in a loop.
+TEST_F(KvStoreActorTest, ACorruptStoreIsQuarantinedAndStartsEmpty) {
+  const KvStoreConfig c = config("a/kvstore");
+  caf::actor a = spawn_kvstore(system_, c);
+  set_ring({"a/kvstore"}, {a});
+  ASSERT_EQ(put(a, 3, 1, 0, 4).at(0).tokens, 4);
+  kill(a);
+  int garbled = 0;
+  for (const auto& e : std::filesystem::directory_iterator(c.dir))
+    if (e.path().filename().string().starts_with("MANIFEST-")) {
+      std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << std::string(256, '\xA5');
+      ++garbled;
+    }
+  ASSERT_EQ(garbled, 1);
+
+  a = spawn_kvstore(system_, c);
+  set_ring({"a/kvstore"}, {a});
+  EXPECT_EQ(fetch(a, 3, 1, 100, false).tokens, 0);  // empty: the lines recompute
+  EXPECT_EQ(put(a, 3, 1, 0, 2).at(0).tokens, 2);    // and it stores again
+  std::vector<std::string> aside;
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path()))
+    if (e.path().filename().string().starts_with("a.corrupt-")) aside.push_back(e.path().string());
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(aside[0]) / "CURRENT"));  // kept, not deleted
+  kill(a);
 }
 
 TEST_F(KvStoreActorTest, BadMessagesAreRefusedAndChangeNothing) {

@@ -17,6 +17,7 @@
 
 #include "tests/actors/node_harness.hpp"
 #include "tests/support/demo_prompts.hpp"
+#include "tests/support/output_ids.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -92,7 +93,7 @@ TEST_F(NodeFault, KillNineAtRandomPointsThenRestartGivesIdenticalOutput) {
   ASSERT_EQ(last.wait(), 0) << last.log();
   const std::string got = read_file(path("out.jsonl"));
   expect_each_custom_id_once(got, 200);
-  EXPECT_TRUE(got == expected) << "output after kills differs from the clean run";
+  EXPECT_TRUE(testing_support::same_output(got, expected)) << "output after kills differs from the clean run";
 }
 
 TEST_F(NodeFault, ActorKillOfTheWorkerStillFinishesTheJob) {
@@ -155,7 +156,7 @@ TEST_F(NodeFault, ActorKillOfTheWorkerStillFinishesTheJob) {
   EXPECT_LE(n, kLines - done_before_kill);
   const std::string got = read_file(path("out.jsonl"));
   expect_each_custom_id_once(got, kLines);
-  EXPECT_TRUE(got == expected) << "output after the worker kill differs";
+  EXPECT_TRUE(testing_support::same_output(got, expected)) << "output after the worker kill differs";
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
 }

@@ -15,6 +15,7 @@
 
 #include "tests/actors/node_harness.hpp"
 #include "tests/support/demo_prompts.hpp"
+#include "tests/support/output_ids.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -90,7 +91,7 @@ TEST_F(OrchestratorRestartFault, KilledThreeTimesMidJobTheJobFinishesOnceWithThe
   ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
   const std::string got = read_file(path("out.jsonl"));
   testing_support::expect_each_custom_id_once(got, kLines);
-  EXPECT_TRUE(got == expected) << "output after the orchestrator kills differs from the clean run";
+  EXPECT_TRUE(testing_support::same_output(got, expected)) << "output after the orchestrator kills differs from the clean run";
 
   // `actor list` shows the restarts; so does the metric.
   const std::string after = run_command(kShardline + " actor list" + client).out;
@@ -147,7 +148,7 @@ TEST_F(OrchestratorRestartFault, WorkersOfAJoinedNodeReattachAfterKillsOverLoopb
   ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << a.log() << b.log();
   const std::string got = read_file(path("out.jsonl"));
   testing_support::expect_each_custom_id_once(got, kLines);
-  EXPECT_TRUE(got == expected) << "output after the orchestrator kills differs from the clean run";
+  EXPECT_TRUE(testing_support::same_output(got, expected)) << "output after the orchestrator kills differs from the clean run";
   EXPECT_NE(run_command(kShardline + " actor list" + client).out.find("restarts=2"), std::string::npos);
 
   // The joined node never reconnected: after each kill its worker was asked

@@ -31,6 +31,7 @@
 
 #include "engine/parallel_config.hpp"
 #include "tests/support/demo_prompts.hpp"
+#include "tests/support/output_ids.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -155,7 +156,7 @@ TEST_F(ParallelE2e, RunWithTp2IsByteIdenticalToOneDevice) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("1 worker of [tp=2,pp=1,sp=1] on cpu:2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("worker local/cpu:0-1 ready [tp=2,pp=1,sp=1]"), std::string::npos) << r.out;
-  EXPECT_TRUE(read_file(path("tp2.jsonl")) == expected) << "tp=2 output differs from one device";
+  EXPECT_TRUE(testing_support::same_output(read_file(path("tp2.jsonl")), expected)) << "tp=2 output differs from one device";
 }
 
 TEST_F(ParallelE2e, RunWithPp2AndTokenThrottlingIsByteIdenticalToOneDevice) {
@@ -165,7 +166,7 @@ TEST_F(ParallelE2e, RunWithPp2AndTokenThrottlingIsByteIdenticalToOneDevice) {
   EXPECT_NE(r.out.find("1 worker of [tp=1,pp=2,sp=1] on cpu:2"), std::string::npos) << r.out;
   // The worker switched its engine to the job's policy when it took the job's lines.
   EXPECT_NE(r.out.find("worker local/cpu:0-1: token budget throttle (job 1)"), std::string::npos) << r.out;
-  EXPECT_TRUE(read_file(path("pp2.jsonl")) == expected) << "pp=2 output differs from one device";
+  EXPECT_TRUE(testing_support::same_output(read_file(path("pp2.jsonl")), expected)) << "pp=2 output differs from one device";
 }
 
 TEST_F(ParallelE2e, RunWithDp2IsByteIdenticalToOneDevice) {
@@ -175,7 +176,7 @@ TEST_F(ParallelE2e, RunWithDp2IsByteIdenticalToOneDevice) {
   EXPECT_NE(r.out.find("2 workers of [tp=1,pp=1,sp=1] on cpu:2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("worker local/cpu:0 ready"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("worker local/cpu:1 ready"), std::string::npos) << r.out;
-  EXPECT_TRUE(read_file(path("dp2.jsonl")) == expected) << "dp=2 output differs from one device";
+  EXPECT_TRUE(testing_support::same_output(read_file(path("dp2.jsonl")), expected)) << "dp=2 output differs from one device";
 }
 
 TEST_F(ParallelE2e, RunWithSpAndCombinedConfigsIsByteIdenticalToOneDevice) {
@@ -183,7 +184,7 @@ TEST_F(ParallelE2e, RunWithSpAndCombinedConfigsIsByteIdenticalToOneDevice) {
   for (const std::string config : {"sp=2", "tp=2,pp=2", "sp=2,tp=2", "pp=5"}) {
     const auto r = run("out-" + config + ".jsonl", "--quiet --parallel " + config + " --token-budget throttle");
     ASSERT_EQ(r.exit_code, 0) << config << "\n" << r.out;
-    EXPECT_TRUE(read_file(path("out-" + config + ".jsonl")) == expected) << config << " output differs from one device";
+    EXPECT_TRUE(testing_support::same_output(read_file(path("out-" + config + ".jsonl")), expected)) << config << " output differs from one device";
   }
 }
 
@@ -203,7 +204,7 @@ TEST_F(ParallelE2e, RunWithShiftIsByteIdenticalToOneDevice) {
       ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.out;
       EXPECT_NE(r.out.find("Shift Parallelism: steps of at most " + threshold + " tokens run as tp="), std::string::npos)
           << r.out;
-      EXPECT_TRUE(read_file(path(out)) == expected) << what << " output differs from one device";
+      EXPECT_TRUE(testing_support::same_output(read_file(path(out)), expected)) << what << " output differs from one device";
     }
   }
   // The default threshold is auto: the cost model's crossover on this
@@ -214,7 +215,7 @@ TEST_F(ParallelE2e, RunWithShiftIsByteIdenticalToOneDevice) {
     EXPECT_NE(r.out.find("shift: T = "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("tokens from the cost model"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("Shift Parallelism: steps of at most "), std::string::npos) << r.out;
-    EXPECT_TRUE(read_file(path("shift_auto.jsonl")) == expected) << "auto threshold: output differs from one device";
+    EXPECT_TRUE(testing_support::same_output(read_file(path("shift_auto.jsonl")), expected)) << "auto threshold: output differs from one device";
   }
   for (const std::string bad : {"-3", "12x", "automatic"}) {
     const auto r = run("bad_t.jsonl", "--parallel sp=2 --shift --shift-threshold " + bad);
@@ -277,7 +278,7 @@ TEST_F(ParallelE2e, RunWithSeesawIsByteIdenticalToOneDevice) {
     if (sync) {
       EXPECT_EQ(m[2].str(), "0") << r.out;  // the engine's thread ran every copy
     }
-    EXPECT_TRUE(read_file(path(out)) == expected) << cp << " -> " << cd << " output differs from one device";
+    EXPECT_TRUE(testing_support::same_output(read_file(path(out)), expected)) << cp << " -> " << cd << " output differs from one device";
   }
   // Usage errors name the flag; nothing starts.
   const std::pair<std::string, std::string> bad[] = {
@@ -356,7 +357,7 @@ TEST_F(ParallelE2e, SubmittedJobsOnAShiftNodeAreByteIdenticalToOneDevice) {
   ASSERT_EQ(status["jobs"][1]["state"], "done") << status.dump() << node.log();
   EXPECT_NE(node.log().find("Shift Parallelism: steps of at most 4 tokens run as tp=2"), std::string::npos)
       << node.log();
-  EXPECT_TRUE(read_file(path("shift1.jsonl")) == expected) << "first shift job differs from one device";
+  EXPECT_TRUE(testing_support::same_output(read_file(path("shift1.jsonl")), expected)) << "first shift job differs from one device";
   expect_second_job_matches("shift2.jsonl", expected);
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
@@ -375,7 +376,7 @@ TEST_F(ParallelE2e, SubmittedJobsOnASeesawNodeAreByteIdenticalToOneDevice) {
   const std::string client = client_;
   ASSERT_EQ(status["jobs"].size(), 2u) << status.dump();
   ASSERT_EQ(status["jobs"][1]["state"], "done") << status.dump() << node.log();
-  EXPECT_TRUE(read_file(path("seesaw1.jsonl")) == expected) << "first Seesaw job differs from one device";
+  EXPECT_TRUE(testing_support::same_output(read_file(path("seesaw1.jsonl")), expected)) << "first Seesaw job differs from one device";
   expect_second_job_matches("seesaw2.jsonl", expected);
   // The worker's heartbeat carries its phase and transitions.
   bool shown = false;
@@ -444,7 +445,7 @@ TEST_F(ParallelE2e, NodeRefusesAJobAskingAnotherConfigAndShowsGroupsAndPolicies)
   EXPECT_NE(node.log().find("token budget throttle (job 1)"), std::string::npos) << node.log();
   EXPECT_NE(node.log().find("token budget fixed (job 2)"), std::string::npos) << node.log();
 
-  EXPECT_TRUE(read_file(path("tp2.jsonl")) == expected) << "tp=2 job output differs from one device";
+  EXPECT_TRUE(testing_support::same_output(read_file(path("tp2.jsonl")), expected)) << "tp=2 job output differs from one device";
   EXPECT_FALSE(fs::exists(path("pp2.jsonl")));
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/demo_prompts.hpp"
+#include "tests/support/output_ids.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -70,8 +71,8 @@ TEST_F(ParallelTcpE2e, JobOverTwoProcessesMatchesOneProcess) {
     ASSERT_EQ(r.exit_code, 0) << r.out << "\nshard:\n" << rank1.log();
     const std::string got = read_file(path("tcp-" + parallel + ".jsonl"));
     EXPECT_EQ(std::count(got.begin(), got.end(), '\n'), 24);
-    EXPECT_TRUE(got == read_file(path("local-" + parallel + ".jsonl"))) << "TCP group differs from in-process group";
-    EXPECT_TRUE(got == read_file(path("single-" + parallel + ".jsonl"))) << "differs from one device";
+    EXPECT_TRUE(testing_support::same_output(got, read_file(path("local-" + parallel + ".jsonl")))) << "TCP group differs from in-process group";
+    EXPECT_TRUE(testing_support::same_output(got, read_file(path("single-" + parallel + ".jsonl")))) << "differs from one device";
     // The shard process ends with the run (rank 0 stopped or closed the group).
     EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), -1) << "shard serve did not stop:\n" << rank1.log();
     EXPECT_NE(rank1.log().find("shard serve: rank 1 of tp="), std::string::npos) << rank1.log();
@@ -100,7 +101,7 @@ TEST_F(ParallelTcpE2e, JobWithShiftOverTwoProcessesMatchesOneDevice) {
   ASSERT_EQ(r.exit_code, 0) << r.out << "\nshard:\n" << rank1.log();
   const std::string got = read_file(path("tcp-shift.jsonl"));
   EXPECT_EQ(std::count(got.begin(), got.end(), '\n'), 24);
-  EXPECT_TRUE(got == read_file(path("single.jsonl"))) << "the TCP shift group differs from one device";
+  EXPECT_TRUE(testing_support::same_output(got, read_file(path("single.jsonl")))) << "the TCP shift group differs from one device";
   EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), -1) << "shard serve did not stop:\n" << rank1.log();
   EXPECT_NE(rank1.log().find("shard serve: rank 1 of tp=1,pp=1,sp=2,dp=1 with --shift"), std::string::npos)
       << rank1.log();
@@ -141,7 +142,7 @@ TEST_F(ParallelTcpE2e, JobWithSeesawOverTwoProcessesMatchesOneDevice) {
     EXPECT_GE(std::stoi(m[1].str()), 48) << r.out;  // every line offloaded and onboarded
     const std::string got = read_file(path(out));
     EXPECT_EQ(std::count(got.begin(), got.end(), '\n'), 24);
-    EXPECT_TRUE(got == read_file(path("single.jsonl"))) << "the TCP Seesaw pair differs from one device";
+    EXPECT_TRUE(testing_support::same_output(got, read_file(path("single.jsonl")))) << "the TCP Seesaw pair differs from one device";
     EXPECT_NE(rank1.wait_or_kill(std::chrono::seconds(30)), -1) << "shard serve did not stop:\n" << rank1.log();
     EXPECT_NE(rank1.log().find("with decode config "), std::string::npos) << rank1.log();
   }

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/output_ids.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -75,12 +76,9 @@ inline nlohmann::json body(const httplib::Result& r) {
   return r ? nlohmann::json::parse(r->body, nullptr, false) : nlohmann::json();
 }
 
-/// An output line with its job id replaced by J, so outputs of different
-/// jobs over the same input compare byte for byte.
-inline std::string normalize_job_ids(const std::string& text) {
-  static const std::regex id("\"batch_req_\\d+_"), req("\"(chat)?cmpl-\\d+_");
-  return std::regex_replace(std::regex_replace(text, id, "\"batch_req_J_"), req, "\"$1cmpl-J_");
-}
+/// Output lines with their ids replaced (tests/support/output_ids.hpp), so
+/// outputs of different jobs over the same input compare byte for byte.
+inline std::string normalize_job_ids(const std::string& text) { return testing_support::normalize_output_ids(text); }
 
 /// The first `n` lines of the demo prompts.
 inline std::string demo_prompts(std::size_t n) {

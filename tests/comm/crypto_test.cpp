@@ -1,5 +1,5 @@
-// comm/crypto.hpp: HMAC-SHA256 against the RFC 4231 test vectors, the MAC
-// comparison, and random bytes.
+// comm/crypto.hpp: HMAC-SHA256 against the RFC 4231 test vectors, SHA-256
+// against FIPS 180-2's, the MAC comparison, and random bytes.
 #include "comm/crypto.hpp"
 
 #include <gtest/gtest.h>
@@ -22,6 +22,22 @@ TEST(Crypto, HmacSha256OfPartsIsTheHmacOfTheirConcatenation) {
   EXPECT_EQ(hmac_sha256("k", {"head.", big}), hmac_sha256("k", "head." + big));
   EXPECT_EQ(hmac_sha256("", {"a", "b"}), hmac_sha256("", "ab"));
   EXPECT_NE(hmac_sha256("k", {"ab", "c"}), hmac_sha256("k", "abd"));
+}
+
+TEST(Crypto, Sha256MatchesFips180VectorsInPieces) {
+  // FIPS 180-2 appendix B.1 ("abc") and B.2 (the 448-bit message), fed in pieces.
+  Sha256 abc;
+  abc.update("a");
+  abc.update("");
+  abc.update("bc");
+  EXPECT_EQ(to_hex(abc.finish()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(abc.finish(), "");  // ended
+  Sha256 two_blocks;
+  two_blocks.update("abcdbcdecdefdefgefghfghighijhijkijkl");
+  two_blocks.update("jklmklmnlmnomnopnopq");
+  EXPECT_EQ(to_hex(two_blocks.finish()), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Sha256 empty;
+  EXPECT_EQ(to_hex(empty.finish()), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 
 TEST(Crypto, HmacSha256MatchesRfc4231) {

@@ -144,6 +144,7 @@ inline JobProgress sample_progress(int i) {
   p.inputs = {"/data/in/a-" + std::to_string(i) + ".jsonl", "/data/in/b.jsonl"};
   p.requeued = 3 + static_cast<std::uint64_t>(i);
   p.resumed = 2;
+  if (i % 2 == 0) p.error = "job " + std::to_string(p.job_id) + " was started on another model";
   return p;
 }
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 namespace shardline::orchestrator {
@@ -340,6 +341,28 @@ TEST(BatchFormat, FormatOkLineExactly) {
             R"("usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}},"error":null})");
 }
 
+TEST(BatchFormat, OutputIdsDeriveFromTheJobsKeyAndTheLine) {
+  const std::string key = "0123456789abcdef0123456789abcdef";
+  const std::string line = format_result_line(sample_result(), "stories260K", "cmpl-", key);
+  const std::string suffix = output_line_id(key, 17);
+  ASSERT_EQ(suffix.size(), 32u);
+  EXPECT_EQ(suffix.find_first_not_of("0123456789abcdef"), std::string::npos) << suffix;
+  EXPECT_EQ(line.substr(0, 51), R"({"id":"batch_req_)" + suffix + R"(",)");
+  EXPECT_NE(line.find(R"("request_id":"cmpl-)" + suffix + R"(")"), std::string::npos) << line;
+  // Deterministic (a resumed job writes the same bytes), unique per line.
+  EXPECT_EQ(output_line_id(key, 17), suffix);
+  std::set<std::string> seen;
+  for (std::uint64_t i = 0; i < 100000; ++i) seen.insert(output_line_id(key, i).substr(0, 16));
+  EXPECT_EQ(seen.size(), 100000u);  // even the first half alone never repeats
+  // Keys are fresh random draws; another key gives other ids.
+  const std::string k1 = new_output_id_key(), k2 = new_output_id_key();
+  EXPECT_EQ(k1.size(), 32u);
+  EXPECT_EQ(k1.find_first_not_of("0123456789abcdef"), std::string::npos) << k1;
+  EXPECT_NE(k1, k2);
+  EXPECT_NE(output_line_id(k1, 0), output_line_id(k2, 0));
+  EXPECT_NE(output_line_id(key, 0), output_line_id("fedcba9876543210fedcba9876543210", 0));
+}
+
 TEST(BatchFormat, FormatTokenIdsAndSeveralChoices) {
   BatchResult r = sample_result();
   r.choices[0].token_ids = {4, 5};
@@ -362,6 +385,9 @@ TEST(BatchFormat, FormatErrorLineExactly) {
   EXPECT_EQ(format_result_line(r, "m", "cmpl-"),
             R"({"id":"batch_req_1_0","custom_id":"1","response":null,)"
             R"("error":{"code":"missing_prompt","message":"prompt: missing"}})");
+  EXPECT_EQ(format_result_line(r, "m", "cmpl-", {}, 7),
+            R"({"id":"batch_req_1_0","custom_id":"1","response":null,)"
+            R"("error":{"code":"missing_prompt","message":"prompt: missing","line":7}})");
 }
 
 TEST(BatchFormat, FormatChatLineExactly) {

@@ -13,6 +13,7 @@
 
 #include "orchestrator/batch_format.hpp"
 #include "tests/orchestrator/temp_dir.hpp"
+#include "tests/support/output_ids.hpp"
 
 namespace shardline::orchestrator {
 
@@ -132,7 +133,15 @@ TEST(JobManager, GoodAndBadLinesGiveOneOutputLineEach) {
   EXPECT_EQ(lines[3]["error"]["code"], "missing_prompt");
   EXPECT_EQ(lines[4]["error"]["code"], "missing_prompt");  // a chat line without messages
   EXPECT_EQ(lines[4]["custom_id"], "c");
-  EXPECT_EQ(lines[5]["id"], "batch_req_1_5");
+  // Errors name their line in its shard (blank lines counted), as the
+  // `line` of OpenAI's batch errors (issue 46, item 13).
+  EXPECT_EQ(lines[1]["error"]["line"], 3);  // "not json", after a blank line
+  EXPECT_EQ(lines[3]["error"]["line"], 5);
+  EXPECT_EQ(lines[4]["error"]["line"], 1);  // the first line of b.jsonl
+  EXPECT_FALSE(lines[0]["response"].is_null());
+  const std::string key = (*m)->job(*id)->output_id_key;
+  EXPECT_EQ(lines[5]["id"], "batch_req_" + output_line_id(key, 5));
+  EXPECT_EQ(lines[5]["response"]["request_id"], "cmpl-" + output_line_id(key, 5));
   EXPECT_TRUE(lines[5]["error"].is_null());
 }
 
@@ -232,6 +241,35 @@ TEST(JobManager, LinesOverTheSizeLimitAreErrorsAndNeverHeld) {
   EXPECT_EQ(lines[5]["custom_id"], "c");
   EXPECT_EQ(lines[6]["error"]["code"], "line_too_long");
   EXPECT_NE(lines[6]["error"]["message"].get<std::string>().find("line 9 of "), std::string::npos);
+}
+
+TEST(JobManager, WorkerErrorsCarryTheirInputLineThroughRequeues) {
+  TempDir tmp;
+  write_file(tmp.file("a.jsonl"), "\n{\"prompt\":\"p0\"}\n\n\n{\"prompt\":\"p1\"}\n{\"prompt\":\"p2\"}\n");
+  auto m = JobManager::open(tmp.file("state"));
+  ASSERT_TRUE(m.ok());
+  auto id = (*m)->submit(spec_for(tmp, {tmp.file("a.jsonl")}, "out.jsonl"));
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+  auto work = (*m)->next_work(3, "w1");
+  ASSERT_EQ(work.size(), 3u);
+  EXPECT_EQ(work[0].input_line, 2u);
+  EXPECT_EQ(work[1].input_line, 5u);
+  EXPECT_EQ(work[2].input_line, 6u);
+  // w1 dies; its lines go to w2, which fails line 1 and finishes the others.
+  EXPECT_EQ((*m)->requeue_in_flight("w1"), 3u);
+  work = (*m)->next_work(3, "w2");
+  ASSERT_EQ(work.size(), 3u);
+  std::vector<BatchResult> results;
+  for (const auto& r : work) {
+    if (r.line_index == 1) results.push_back(make_error_result(*id, 1, r.custom_id, "context_length_exceeded", "x"));
+    else results.push_back(fake_result(r));
+  }
+  ASSERT_TRUE((*m)->on_results(results).ok());
+  const auto lines = read_lines(tmp.file("out.jsonl"));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1]["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(lines[1]["error"]["line"], 5);
+  EXPECT_FALSE(lines[0].contains("line"));
 }
 
 TEST(JobManager, JobsAreServedFifo) {
@@ -336,9 +374,21 @@ TEST(JobManager, RestartRequeuesEverythingUncommittedAndOutputMatchesCleanRun) {
   ASSERT_TRUE((*m)->on_results(results).ok());
   drain(**m, 4);
   EXPECT_EQ((*m)->progress(job)->state, JobState::done);
-  // Same bytes as the clean run, apart from the job id inside "id"/"request_id".
-  std::string run = read_file(tmp.file("run.out"));
-  EXPECT_EQ(run, clean);
+  // Same bytes as the clean run, apart from the ids (another job's).
+  const std::string run = read_file(tmp.file("run.out"));
+  EXPECT_EQ(testing_support::normalize_output_ids(run), testing_support::normalize_output_ids(clean));
+  // Its own ids are its key's, the same before and after the restart
+  // (issue 46, item 16).
+  const std::string key = (*m)->job(job)->output_id_key;
+  ASSERT_EQ(key.size(), 32u);
+  std::size_t line = 0;
+  for (std::size_t at = 0; at < run.size(); ++line) {
+    const std::size_t nl = run.find('\n', at);
+    ASSERT_NE(nl, std::string::npos);
+    EXPECT_EQ(nlohmann::json::parse(run.substr(at, nl - at))["id"], "batch_req_" + output_line_id(key, line)) << line;
+    at = nl + 1;
+  }
+  EXPECT_EQ(line, 40u);
 }
 
 TEST(JobManager, ProgressRatesFollowTheClock) {

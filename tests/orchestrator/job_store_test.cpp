@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <vector>
 
 #include "tests/orchestrator/temp_dir.hpp"
@@ -135,6 +137,30 @@ TEST(JobStore, OpenFailsCleanly) {
   auto store = JobStore::open(tmp.file("not_a_dir"));
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.error().code, ErrorCode::io);
+}
+
+// Issue 46, item 11: a garbled jobs.db was reported as an io error; it is
+// `corrupt`, naming the path (the job store is the record of truth: it is
+// not moved aside like the KV cache).
+TEST(JobStore, AGarbledStoreIsCorruptNamingItsPath) {
+  TempDir tmp;
+  {
+    auto store = JobStore::open(tmp.file("jobs.db"));
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->create_job(sample_record()).ok());
+  }
+  int garbled = 0;
+  for (const auto& e : std::filesystem::directory_iterator(tmp.file("jobs.db")))
+    if (e.path().filename().string().starts_with("MANIFEST-")) {
+      testing::write_file(e.path().string(), std::string(256, '\xA5'));
+      ++garbled;
+    }
+  ASSERT_EQ(garbled, 1);
+  auto store = JobStore::open(tmp.file("jobs.db"));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.error().code, ErrorCode::corrupt) << store.error().to_string();
+  EXPECT_NE(store.error().message.find(tmp.file("jobs.db")), std::string::npos) << store.error().to_string();
+  EXPECT_EQ(store.error().to_string().rfind("corrupt: job store: open ", 0), 0u) << store.error().to_string();
 }
 
 }  // namespace

@@ -120,7 +120,8 @@ TEST(OutputWriter, UnacknowledgedCompleteLinesAreRewrittenOnce) {
   ASSERT_TRUE(store.ok());
   const auto job = new_job(**store);
   for (std::uint64_t i = 0; i < kLines; ++i) commit(**store, job, i);
-  ASSERT_TRUE((*store)->set_output_progress(job, OutputProgress{line_text(0).size() + 1, 1}).ok());
+  const std::string first = line_text(0) + "\n";
+  ASSERT_TRUE((*store)->set_output_progress(job, OutputProgress{first.size(), 1, fnv1a64(kFnv1a64Empty, first)}).ok());
   testing::write_file(out, line_text(0) + "\n" + line_text(1) + "\n" + line_text(2) + "\n");
   auto w = OutputWriter::open(**store, job, out, kLines);
   ASSERT_TRUE(w.ok());
@@ -148,6 +149,67 @@ TEST(OutputWriter, LostFileIsRebuiltFromTheStore) {
   for (std::uint64_t i = 10; i < kLines; ++i) commit(**store, job, i);
   ASSERT_TRUE((*w)->advance().ok());
   EXPECT_EQ(read_file(out), expected_file());
+}
+
+// Issue 46, item 10: a line edited in the written prefix survived a resume.
+// The prefix's checksum is kept with the progress; a mismatch on reopen
+// rewrites the file from the store. An untouched file is kept as is.
+TEST(OutputWriter, AnEditedPrefixIsRewrittenFromTheStoreOnReopen) {
+  TempDir tmp;
+  const std::string out = tmp.file("out.jsonl");
+  auto store = JobStore::open(tmp.file("db"));
+  ASSERT_TRUE(store.ok());
+  const auto job = new_job(**store);
+  for (std::uint64_t i = 0; i < 20; ++i) commit(**store, job, i);
+  {
+    auto w = OutputWriter::open(**store, job, out, kLines);
+    ASSERT_TRUE(w.ok());
+    ASSERT_EQ(*(*w)->advance(), 20u);
+  }
+  {  // untouched: resumed where it was
+    auto w = OutputWriter::open(**store, job, out, kLines);
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ((*w)->rebuilds(), 0);
+    EXPECT_EQ((*w)->next_line(), 20u);
+  }
+  std::string text = read_file(out);
+  const auto at = text.find("\"line\":7,");
+  ASSERT_NE(at, std::string::npos);
+  text[at + 7] = '8';  // same length: only the checksum can tell
+  testing::write_file(out, text);
+  auto w = OutputWriter::open(**store, job, out, kLines);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->rebuilds(), 1);
+  EXPECT_EQ((*w)->next_line(), 0u);
+  for (std::uint64_t i = 20; i < kLines; ++i) commit(**store, job, i);
+  ASSERT_TRUE((*w)->advance().ok());
+  EXPECT_EQ(read_file(out), expected_file());
+}
+
+// A progress record of a version without checksums (16 bytes) still opens;
+// its prefix cannot be checked, and the file goes on from it.
+TEST(OutputWriter, AnOldProgressRecordWithoutAChecksumIsTrusted) {
+  TempDir tmp;
+  const std::string out = tmp.file("out.jsonl");
+  auto store = JobStore::open(tmp.file("db"));
+  ASSERT_TRUE(store.ok());
+  const auto job = new_job(**store);
+  for (std::uint64_t i = 0; i < kLines; ++i) commit(**store, job, i);
+  const std::string expected = expected_file();
+  const std::string first_five = expected.substr(0, expected.find("{\"line\":5,"));
+  testing::write_file(out, first_five);
+  OutputProgress old{first_five.size(), 5};
+  old.checksummed = false;
+  ASSERT_TRUE((*store)->set_output_progress(job, old).ok());
+  auto reread = (*store)->output_progress(job);
+  ASSERT_TRUE(reread.ok());
+  EXPECT_FALSE(reread->checksummed);
+  auto w = OutputWriter::open(**store, job, out, kLines);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->rebuilds(), 0);
+  EXPECT_EQ((*w)->next_line(), 5u);
+  ASSERT_TRUE((*w)->advance().ok());
+  EXPECT_EQ(read_file(out), expected);
 }
 
 TEST(OutputWriter, EmptyJobIsCompleteAtOnce) {

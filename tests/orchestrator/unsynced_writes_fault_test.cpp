@@ -26,6 +26,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 #include "tests/support/fault_injection_fs.hpp"
 #include "tests/support/fault_injection_rocksdb_fs.hpp"
+#include "tests/support/output_ids.hpp"
 
 namespace shardline::orchestrator {
 namespace {
@@ -205,8 +206,9 @@ void expect_store_kept(const std::string& root, Machine& machine, const Acked& a
 
 /// After a cut, before the restart: the lines reported written are on disk.
 ::testing::AssertionResult written_lines_kept(const std::string& root, const std::string& clean, const Acked& acked) {
-  const std::string kept = read_file(Inputs::output(root));
-  const std::string want = first_lines(clean, acked.written);
+  // Another job than the clean run: its ids differ (issue 46, item 16).
+  const std::string kept = testing_support::normalize_output_ids(read_file(Inputs::output(root)));
+  const std::string want = testing_support::normalize_output_ids(first_lines(clean, acked.written));
   if (kept.starts_with(want)) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << acked.written << " lines (" << want.size()
                                        << " bytes) were reported written; after the cut the file holds "
@@ -246,7 +248,7 @@ void cut_everywhere(UnsyncedData mode) {
     Acked acked;
     ASSERT_EQ(live(in, in.tmp.file("count"), machine.options(), *machine.power, acked), Life::finished);
     life_ops = machine.power->ops();
-    EXPECT_EQ(read_file(Inputs::output(in.tmp.file("count"))), clean);
+    EXPECT_EQ(testing_support::normalize_output_ids(read_file(Inputs::output(in.tmp.file("count")))), testing_support::normalize_output_ids(clean));
   }
   ASSERT_GT(life_ops, 50u);
 
@@ -279,7 +281,7 @@ void cut_everywhere(UnsyncedData mode) {
     ASSERT_EQ(life, Life::finished);
     const std::string out = read_file(Inputs::output(root));
     expect_each_line_once(out, in);
-    ASSERT_EQ(out, clean);
+    ASSERT_EQ(testing_support::normalize_output_ids(out), testing_support::normalize_output_ids(clean));
     ASSERT_FALSE(::testing::Test::HasFailure());
     std::error_code ec;
     std::filesystem::remove_all(root, ec);

@@ -211,6 +211,10 @@ class FaultInjectionFileSystem final : public FileSystem {
       if (fs_.power_->down()) return power_cut("stat", key_);
       return base_->size();
     }
+    Result<std::size_t> read_at(std::uint64_t offset, std::span<char> out) override {
+      if (fs_.power_->down()) return power_cut("read", key_);
+      return base_->read_at(offset, out);
+    }
 
    private:
     FaultInjectionFileSystem& fs_;
