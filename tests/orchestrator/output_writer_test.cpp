@@ -130,25 +130,34 @@ TEST(OutputWriter, UnacknowledgedCompleteLinesAreRewrittenOnce) {
   EXPECT_EQ(read_file(out), expected_file());
 }
 
+/// Commits lines [0, n) and writes them to `out` with a writer closed after.
+void write_first(JobStore& s, std::uint64_t job, const std::string& out, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) commit(s, job, i);
+  auto w = OutputWriter::open(s, job, out, kLines);
+  ASSERT_TRUE(w.ok());
+  ASSERT_EQ(*(*w)->advance(), n);
+}
+
+/// Commits lines [from, kLines) and writes them with `w`: then `out` must be
+/// the whole job, each line once.
+void finish(JobStore& s, std::uint64_t job, OutputWriter& w, std::uint64_t from, const std::string& out) {
+  for (std::uint64_t i = from; i < kLines; ++i) commit(s, job, i);
+  ASSERT_TRUE(w.advance().ok());
+  EXPECT_EQ(read_file(out), expected_file());
+}
+
 TEST(OutputWriter, LostFileIsRebuiltFromTheStore) {
   TempDir tmp;
   const std::string out = tmp.file("out.jsonl");
   auto store = JobStore::open(tmp.file("db"));
   ASSERT_TRUE(store.ok());
   const auto job = new_job(**store);
-  for (std::uint64_t i = 0; i < 10; ++i) commit(**store, job, i);
-  {
-    auto w = OutputWriter::open(**store, job, out, kLines);
-    ASSERT_TRUE(w.ok());
-    ASSERT_EQ(*(*w)->advance(), 10u);
-  }
+  write_first(**store, job, out, 10);
   std::filesystem::remove(out);
   auto w = OutputWriter::open(**store, job, out, kLines);
   ASSERT_TRUE(w.ok());
   EXPECT_EQ((*w)->next_line(), 0u);
-  for (std::uint64_t i = 10; i < kLines; ++i) commit(**store, job, i);
-  ASSERT_TRUE((*w)->advance().ok());
-  EXPECT_EQ(read_file(out), expected_file());
+  finish(**store, job, **w, 10, out);
 }
 
 // Issue 46, item 10: a line edited in the written prefix survived a resume.
@@ -160,12 +169,7 @@ TEST(OutputWriter, AnEditedPrefixIsRewrittenFromTheStoreOnReopen) {
   auto store = JobStore::open(tmp.file("db"));
   ASSERT_TRUE(store.ok());
   const auto job = new_job(**store);
-  for (std::uint64_t i = 0; i < 20; ++i) commit(**store, job, i);
-  {
-    auto w = OutputWriter::open(**store, job, out, kLines);
-    ASSERT_TRUE(w.ok());
-    ASSERT_EQ(*(*w)->advance(), 20u);
-  }
+  write_first(**store, job, out, 20);
   {  // untouched: resumed where it was
     auto w = OutputWriter::open(**store, job, out, kLines);
     ASSERT_TRUE(w.ok());
@@ -181,9 +185,7 @@ TEST(OutputWriter, AnEditedPrefixIsRewrittenFromTheStoreOnReopen) {
   ASSERT_TRUE(w.ok());
   EXPECT_EQ((*w)->rebuilds(), 1);
   EXPECT_EQ((*w)->next_line(), 0u);
-  for (std::uint64_t i = 20; i < kLines; ++i) commit(**store, job, i);
-  ASSERT_TRUE((*w)->advance().ok());
-  EXPECT_EQ(read_file(out), expected_file());
+  finish(**store, job, **w, 20, out);
 }
 
 // A progress record of a version without checksums (16 bytes) still opens;
