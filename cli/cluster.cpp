@@ -1,5 +1,6 @@
 // `shardline cluster init`, `node start`, `job submit|status`, `actor list|kill`, `run`.
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "api/client_job_service.hpp"
 #include "api/http_server.hpp"
 #include "cli/commands.hpp"
+#include "cli/progress_line.hpp"
 #include "cli/parallel_auto.hpp"
 #include "cli/devices.hpp"
 #include "cli/engine_flags.hpp"
@@ -555,22 +557,31 @@ struct RunArgs {
   SidpFlags sidp;
 };
 
-void draw_progress(const messages::JobProgress& p) {
+std::string progress_bar(const messages::JobProgress& p) {
   const int width = 30;
   const double frac = p.total ? static_cast<double>(p.done) / static_cast<double>(p.total) : 0.0;
   const int filled = static_cast<int>(frac * width);
-  std::fprintf(stderr, "\r[%s%s] %llu/%llu lines (%llu failed)  %.0f tok/s  ETA %s   ",
-               std::string(static_cast<std::size_t>(filled), '#').c_str(),
-               std::string(static_cast<std::size_t>(width - filled), ' ').c_str(),
-               static_cast<unsigned long long>(p.done), static_cast<unsigned long long>(p.total),
-               static_cast<unsigned long long>(p.failed), p.tokens_per_s, format_eta(p.eta_s).c_str());
-  std::fflush(stderr);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "[%s%s] %llu/%llu lines (%llu failed)  %.0f tok/s  ETA %s   ",
+                std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                std::string(static_cast<std::size_t>(width - filled), ' ').c_str(),
+                static_cast<unsigned long long>(p.done), static_cast<unsigned long long>(p.total),
+                static_cast<unsigned long long>(p.failed), p.tokens_per_s, format_eta(p.eta_s).c_str());
+  return buf;
 }
 
 int run_run(RunArgs& a) {
   // The progress bar is the run's report: info lines would land before and
   // inside it. Warnings and errors still show; --quiet keeps errors only.
   if (user_log_level().empty()) spdlog::set_level(a.quiet ? spdlog::level::err : spdlog::level::warn);
+  // The bar owns its line: every log line goes through it, above the bar
+  // (set before the node's threads log; the sink outlives them).
+  const auto bar = std::make_shared<ProgressLine>(stderr, ::isatty(STDERR_FILENO) != 0);
+  if (!a.quiet) {
+    auto sink = std::make_shared<ProgressLogSink>(bar);
+    sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%l] %v");
+    spdlog::default_logger()->sinks() = {sink};
+  }
   if (a.parallel == "auto") {
     std::vector<std::string> inputs;
     for (const auto& in : a.inputs) inputs.push_back(in);
@@ -651,21 +662,21 @@ int run_run(RunArgs& a) {
     auto reply = client->call<messages::JobStatusList>(messages::JobStatusQuery{job_id});
     if (!reply) return fail(reply.error());
     const messages::JobProgress& p = reply->jobs.at(0);
-    if (!a.quiet) draw_progress(p);
+    if (!a.quiet) bar->draw(progress_bar(p));
     const bool finished = p.state == "done" || p.state == "failed" || p.state == "cancelled";
     if (!finished && !p.error.empty()) {  // held back: recorded with another model (issue 46, item 10)
-      if (!a.quiet) std::fprintf(stderr, "\n");
+      bar->finish();
       std::cerr << "error: " << p.error << "\n";
       return 1;
     }
     if (!finished && (*node)->worker_start_failures() >= (*node)->num_workers()) {
-      if (!a.quiet) std::fprintf(stderr, "\n");
+      bar->finish();
       std::cerr << "error: no worker could start its engine (see the log above); job " << job_id
                 << " stays resumable in " << na.data_dir << "\n";
       return 1;
     }
     if (finished) {
-      if (!a.quiet) std::fprintf(stderr, "\n");
+      bar->finish();
       if (p.state != "done") {
         std::cerr << "error: job " << job_id << " " << p.state << " (" << p.done << " of " << p.total
                   << " lines in " << p.output << ")" << (p.error.empty() ? "" : ": " + p.error) << "\n";

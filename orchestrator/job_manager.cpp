@@ -386,7 +386,8 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
                           fs::file_size(spec.output_path, ec) > 0 && !ec) {
     std::string whose;
     for (const auto& [id, j] : jobs_)
-      if (same_path(j.rec.spec.output_path, spec.output_path)) whose = " (the output of job " + std::to_string(id) + ", " + job_state_name(j.rec.state) + ")";
+      if (same_path(j.rec.spec.output_path, spec.output_path))
+        whose = " (the output of job " + std::to_string(id) + ", " + job_state_name(j.rec.state) + ")";
     return make_error(ErrorCode::invalid_argument, "job: output " + spec.output_path + " already exists" + whose +
                                                        ": pass --overwrite to replace it");
   }

@@ -60,7 +60,8 @@ rocksdb::WriteOptions unsynced_write() {
 
 /// A damaged file is `corrupt` (issue 46, item 11), anything else io.
 Error db_error(const std::string& what, const rocksdb::Status& st) {
-  return make_error(st.IsCorruption() ? ErrorCode::corrupt : ErrorCode::io, "job store: " + what + ": " + st.ToString());
+  return make_error(st.IsCorruption() ? ErrorCode::corrupt : ErrorCode::io,
+                    "job store: " + what + ": " + st.ToString());
 }
 
 rocksdb::WriteOptions sync_write() {
