@@ -5,11 +5,12 @@
 #include <limits>
 #include <optional>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "comm/crypto.hpp"
 
 #include "common/json_bounded.hpp"
 
@@ -530,11 +531,10 @@ ojson completion_logprobs(const worker::BatchChoice& c) {
 
 }  // namespace
 
-std::string new_output_id_key() {
-  std::random_device rd;
-  char hex[33];
-  for (int i = 0; i < 4; ++i) std::snprintf(hex + 8 * i, 9, "%08x", static_cast<unsigned>(rd()));
-  return std::string(hex, 32);
+Result<std::string> new_output_id_key() {
+  auto bytes = comm::random_bytes(16);
+  if (!bytes.ok()) return bytes.error();
+  return comm::to_hex(*bytes);
 }
 
 std::string output_line_id(std::string_view key, std::uint64_t line_index) {

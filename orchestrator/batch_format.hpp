@@ -66,6 +66,7 @@
 #include <string_view>
 #include <variant>
 
+#include "common/result.hpp"
 #include "worker/batch_types.hpp"
 
 namespace shardline::orchestrator {
@@ -128,8 +129,9 @@ struct BatchLine {
                                              std::string_view request_id_prefix,
                                              std::string_view output_id_key = {}, std::uint64_t input_line = 0);
 
-/// A new job's output id key: 32 hex digits from the OS's random source.
-[[nodiscard]] std::string new_output_id_key();
+/// A new job's output id key: 32 hex digits of 16 bytes from OpenSSL's
+/// CSPRNG (comm::random_bytes). Errors: its internal error.
+[[nodiscard]] Result<std::string> new_output_id_key();
 
 /// The id suffix of line `line_index` under `key` (new_output_id_key()):
 /// 32 hex digits, two keyed SplitMix64 finalizers of the line index. The

@@ -416,7 +416,9 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec) {
 
   JobRecord rec;
   rec.created_unix_ms = unix_ms_now();
-  rec.output_id_key = new_output_id_key();
+  auto output_id_key = new_output_id_key();
+  if (!output_id_key.ok()) return output_id_key.error();
+  rec.output_id_key = std::move(output_id_key).value();
   // Pass 1: sizes and line count (nothing is created when a shard is unreadable).
   {
     std::error_code ec;

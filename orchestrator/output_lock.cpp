@@ -23,6 +23,12 @@ std::string read_holder(int fd) {
   return text.empty() ? "another process" : text;
 }
 
+/// Replaces the lock file's text with `holder` and a newline.
+bool write_holder(int fd, const std::string& holder) {
+  const std::string text = holder + "\n";
+  return ::ftruncate(fd, 0) == 0 && ::pwrite(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size());
+}
+
 }  // namespace
 
 std::string OutputLock::this_process() {
@@ -57,8 +63,7 @@ Result<std::unique_ptr<OutputLock>> OutputLock::acquire(const std::string& outpu
       ::close(fd);
       continue;
     }
-    const std::string text = holder + "\n";
-    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    if (!write_holder(fd, holder)) {
       const int e = errno;
       ::unlink(path.c_str());
       ::close(fd);
@@ -71,10 +76,7 @@ Result<std::unique_ptr<OutputLock>> OutputLock::acquire(const std::string& outpu
                                        " kept being replaced while taking it");
 }
 
-void OutputLock::describe(const std::string& holder) {
-  const std::string text = holder + "\n";
-  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, text.data(), text.size(), 0);
-}
+void OutputLock::describe(const std::string& holder) { (void)write_holder(fd_, holder); }
 
 OutputLock::~OutputLock() {
   ::unlink(path_.c_str());  // before the unlock: a waiter then finds it replaced and retries

@@ -355,7 +355,7 @@ TEST(BatchFormat, OutputIdsDeriveFromTheJobsKeyAndTheLine) {
   for (std::uint64_t i = 0; i < 100000; ++i) seen.insert(output_line_id(key, i).substr(0, 16));
   EXPECT_EQ(seen.size(), 100000u);  // even the first half alone never repeats
   // Keys are fresh random draws; another key gives other ids.
-  const std::string k1 = new_output_id_key(), k2 = new_output_id_key();
+  const std::string k1 = new_output_id_key().value(), k2 = new_output_id_key().value();
   EXPECT_EQ(k1.size(), 32u);
   EXPECT_EQ(k1.find_first_not_of("0123456789abcdef"), std::string::npos) << k1;
   EXPECT_NE(k1, k2);
