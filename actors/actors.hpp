@@ -129,6 +129,18 @@ struct OrchestratorConfig {
 [[nodiscard]] Result<caf::actor> spawn_remote_link(caf::actor_system& sys, std::shared_ptr<ClusterTls> tls,
                                                    const std::string& host_port);
 
+/// Why workers of a node could not start their engine, shared by the node
+/// and its workers: the node's owner prints the cause as its final error
+/// (`run`), not only the log line (issue 46, item 14).
+struct WorkerStartErrors {
+  std::mutex mu;
+  std::vector<std::string> errors;  ///< "node0/cpu:0: out_of_memory: ...", in the order they happened
+  void add(std::string e) {
+    std::lock_guard lock(mu);
+    errors.push_back(std::move(e));
+  }
+};
+
 struct WorkerConfig {
   std::string name;     ///< e.g. "node0/cpu:0", or "node0/cpu:0-1" for an engine group of two devices
   std::string device;   ///< e.g. "cpu"
@@ -138,6 +150,7 @@ struct WorkerConfig {
   caf::actor orchestrator;  ///< the orchestrator relay of the node running it (local or remote)
   std::shared_ptr<const ClusterKey> key;
   std::shared_ptr<MetricsRegistry> metrics;
+  std::shared_ptr<WorkerStartErrors> start_errors;  ///< null: not recorded
   int heartbeat_ms = 1000;  ///< FailureDetection::heartbeat_ms
   /// FailureDetection::failure_timeout_ms: a step longer than half of it is
   /// logged (once per instance), as the orchestrator may take the silence
@@ -205,6 +218,8 @@ struct KvStoreConfig {
   std::string dir;        ///< its RocksDB directory, DATA/kv
   kvstore::KvModelShape shape;  ///< the served model's KV geometry (layers, KV heads, head dim, KV dtype)
   std::uint64_t capacity_bytes = 256ull << 20;  ///< host-memory tier budget (`--kv-store-bytes`)
+  std::uint64_t disk_budget_bytes = 0;          ///< KvStoreOptions::disk_budget_bytes (`--kv-disk-mib`)
+  std::uint64_t disk_reserve_bytes = 256ull << 20;  ///< KvStoreOptions::disk_reserve_bytes (`--kv-disk-reserve-mib`)
   kvstore::KvSyncPolicy sync = kvstore::KvSyncPolicy::wal;  ///< `--kv-sync`
   int replication_factor = kvstore::kDefaultReplicationFactor;  ///< `--kv-replication`
   std::shared_ptr<const ClusterKey> key;

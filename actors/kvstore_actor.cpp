@@ -46,6 +46,7 @@ struct KvStoreState {
   };
   std::vector<WaitingFetch> waiting_fetches;
   std::uint64_t replicated_tokens = 0;         ///< acked positions since open
+  bool refusing = false;  ///< the last put failed (a full disk or the disk budget): logged once until one works
   Inbox inbox;
   static inline const char* name = "shardline.kvstore";
 };
@@ -147,7 +148,17 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m, 
   KvStoreState& st = self->state;
   const std::vector<RequestKey> requests = requests_of(m);
   auto local = put_local(st, m);
-  if (!local) return reply(st, tag, local.error());
+  if (!local) {
+    // A cache that cannot store: the writers keep their chunks queued and
+    // retry, acks stop, a failed line recomputes what was not stored.
+    if (!st.refusing)
+      spdlog::warn("kvstore {}: {}; acks stop until a write works again", st.config.name,
+                   local.error().to_string());
+    st.refusing = true;
+    return reply(st, tag, local.error());
+  }
+  if (st.refusing) spdlog::warn("kvstore {}: stores chunks again", st.config.name);
+  st.refusing = false;
   if (!m.from_peer.empty()) {
     // A peer replicating to us: answer with what we hold.
     messages::ChunksAcked a;
@@ -376,6 +387,8 @@ Result<std::unique_ptr<kvstore::KvStore>> open_store(const KvStoreConfig& c) {
   kvstore::KvStoreOptions o;
   o.shape = c.shape;
   o.host_bytes = c.capacity_bytes;
+  o.disk_budget_bytes = c.disk_budget_bytes;
+  o.disk_reserve_bytes = c.disk_reserve_bytes;
   o.sync = c.sync;
   std::error_code mk;
   std::filesystem::create_directories(c.dir, mk);  // a joined node's data dir may not exist yet

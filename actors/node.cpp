@@ -240,6 +240,25 @@ std::string worker_name(const std::string& node, int index, const engine::Parall
   return node + "/cpu:" + std::to_string(first) + (g == 1 ? "" : "-" + std::to_string(first + g - 1));
 }
 
+namespace {
+
+/// The engine options of this node's worker `i` (its dp replica i).
+engine::EngineOptions worker_engine_options(const NodeOptions& o, int i) {
+  engine::EngineOptions e = o.engine;
+  e.parallel = o.parallel;
+  e.parallel.dp = 1;
+  if (o.device_kind == model::DeviceKind::cuda) {
+    e.device = model::DeviceKind::cuda;
+    e.device_index = o.cuda_devices[static_cast<std::size_t>(i)];
+  } else {
+    e.device = model::DeviceKind::cpu;
+  }
+  e.max_num_seqs = o.max_batch;
+  return e;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   std::unique_ptr<Node> node(new Node());
   const bool networked = !o.listen.empty() || !o.join.empty();
@@ -271,6 +290,14 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   if (o.join.empty() && o.data_dir.empty())
     return make_error(ErrorCode::invalid_argument, "the node running the orchestrator needs --data-dir");
   if (Status ok = o.failure.check(); !ok) return ok.error();
+  // Whatever would keep a worker's engine from starting (a bad model
+  // folder, a tp that does not divide the heads, a missing GPU) fails the
+  // start here, before the data dir or any output exists, with its cause
+  // (issue 46, item 14).
+  for (int i = 0; i < o.parallel.dp; ++i)
+    if (Status ok = engine::preflight_engine(worker_engine_options(o, i)); !ok)
+      return make_error(ok.error().code, "worker " + std::to_string(i) + " cannot start its engine: " +
+                                             ok.error().message);
 
   node->metrics_ = std::make_shared<MetricsRegistry>();
   describe_node_metrics(*node->metrics_);
@@ -387,24 +414,20 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   for (int i = 0; i < o.parallel.dp; ++i) {
     WorkerConfig wc;
     wc.node_name = o.name;
-    wc.engine = o.engine;
-    wc.engine.parallel = group;
+    wc.engine = worker_engine_options(o, i);
     if (cuda) {
       const int d = o.cuda_devices[static_cast<std::size_t>(i)];
       wc.name = o.name + "/cuda:" + std::to_string(d);
       wc.device = "cuda:" + std::to_string(d);
-      wc.engine.device = model::DeviceKind::cuda;
-      wc.engine.device_index = d;
     } else {
       wc.name = worker_name(o.name, i, group);
       wc.device = "cpu";
-      wc.engine.device = model::DeviceKind::cpu;
     }
-    wc.engine.max_num_seqs = o.max_batch;
     wc.max_batch = o.max_batch;
     wc.orchestrator = node->orchestrator_;
     wc.key = node->key_;
     wc.metrics = node->metrics_;
+    wc.start_errors = node->start_errors_;
     wc.heartbeat_ms = o.failure.heartbeat_ms;
     wc.failure_timeout_ms = o.failure.failure_timeout_ms;
     if (sidp) {
@@ -436,6 +459,8 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     kc.shape = kvstore::KvModelShape{cfg->num_hidden_layers, cfg->num_key_value_heads, cfg->head_dim,
                                      o.engine.kv_cache_dtype};
     kc.capacity_bytes = o.kv_store_bytes;
+    kc.disk_budget_bytes = o.kv_disk_bytes;
+    kc.disk_reserve_bytes = o.kv_disk_reserve_bytes;
     kc.sync = o.kv_sync;
     kc.replication_factor = o.kv_replication;
     kc.key = node->key_;

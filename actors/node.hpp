@@ -52,6 +52,11 @@ struct NodeOptions {
   std::string key_file;     ///< cluster key; required with listen or join
   std::string metrics;      ///< "HOST:PORT" of the Prometheus endpoint ("" = none)
   std::uint64_t kv_store_bytes = 256ull << 20;  ///< the KV store's host-memory tier (`--kv-store-bytes`)
+  /// The KV store's budget on disk (`--kv-disk-mib`; 0: none) and the free
+  /// space it leaves on its disk for jobs.db and outputs
+  /// (`--kv-disk-reserve-mib`): kvstore::KvStoreOptions.
+  std::uint64_t kv_disk_bytes = 0;
+  std::uint64_t kv_disk_reserve_bytes = 256ull << 20;
   /// `--kv-sync`: when a KV store write counts as durable (docs/kv-recovery.md).
   kvstore::KvSyncPolicy kv_sync = kvstore::KvSyncPolicy::wal;
   /// `--kv-replication`: copies of each KV chunk (this node's store and the
@@ -100,6 +105,12 @@ class Node {
   [[nodiscard]] int worker_start_failures() const {
     return static_cast<int>(metrics_->get("shardline_worker_start_failures_total"));
   }
+  /// Why the first worker that could not start its engine failed
+  /// ("node0/cpu:0: out_of_memory: ..."); "" when none did.
+  [[nodiscard]] std::string first_worker_start_error() const {
+    std::lock_guard lock(start_errors_->mu);
+    return start_errors_->errors.empty() ? std::string() : start_errors_->errors.front();
+  }
 
   /// Stops every actor and waits for them (also done by the destructor).
   void stop();
@@ -108,6 +119,7 @@ class Node {
   Node() = default;
 
   NodeOptions options_;
+  std::shared_ptr<WorkerStartErrors> start_errors_ = std::make_shared<WorkerStartErrors>();
   std::shared_ptr<const ClusterKey> key_;
   std::shared_ptr<MetricsRegistry> metrics_;
   int num_workers_ = 0;

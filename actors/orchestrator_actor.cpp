@@ -52,6 +52,7 @@ struct OrchestratorState {
   Inbox inbox;
   caf::strong_actor_ptr sender;  ///< of the message being handled (the relay passes it on)
   Clock::time_point last_tick;
+  bool kv_progress_failing = false;  ///< the last KV progress record failed (logged once per run of failures)
   static inline const char* name = "shardline.orchestrator";
 };
 
@@ -83,6 +84,7 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
   m.requeued = p.requeued;
   m.resumed = p.resumed;
   m.error = p.error;
+  m.paused = p.paused;
   return m;
 }
 
@@ -149,8 +151,13 @@ int restarts(const OrchestratorState& st) {
 
 void update_job_metrics(OrchestratorState& st) {
   std::map<std::string, double> by_state{{"queued", 0}, {"running", 0}, {"done", 0}, {"failed", 0}, {"cancelled", 0}};
-  for (const auto& p : st.config.jobs->list_jobs()) by_state[orchestrator::job_state_name(p.state)] += 1;
+  std::map<std::string, double> paused{{"disk_full", 0}, {"io", 0}};
+  for (const auto& p : st.config.jobs->list_jobs()) {
+    by_state[orchestrator::job_state_name(p.state)] += 1;
+    if (!p.paused.empty()) paused[p.paused.substr(0, p.paused.find(':'))] += 1;  // "disk_full: ..." -> disk_full
+  }
   for (const auto& [state, n] : by_state) st.config.metrics->set("shardline_jobs", "state=\"" + state + "\"", n);
+  for (const auto& [reason, n] : paused) st.config.metrics->set("shardline_jobs_paused", "reason=\"" + reason + "\"", n);
   st.config.metrics->set("shardline_workers", "", static_cast<double>(st.pool->size()));
 }
 
@@ -440,8 +447,15 @@ Answer handle(OrchestratorActor* self, const messages::WorkerHello& hello) {
 Answer handle(OrchestratorActor* self, const messages::WorkerResults& wr) {
   OrchestratorState& st = self->state;
   auto committed = st.pool->on_results(wr.worker_name, wr.results, Clock::now());
-  if (!committed) spdlog::error("orchestrator: committing results failed: {}", committed.error().to_string());
-  else drop_committed_lines_kv(self, wr);
+  if (!committed) {
+    // The job is paused, its results kept; tick() retries with back-off.
+    spdlog::error("orchestrator: job paused: {}; its results wait in memory and its writes are retried until "
+                  "they succeed{}",
+                  committed.error().to_string(),
+                  committed.error().code == ErrorCode::disk_full ? " (free space on that disk)" : "");
+  } else {
+    drop_committed_lines_kv(self, wr);
+  }
   ask_hello_if_unknown(self, wr.worker_name);
   drop_finished_jobs_kv(self);
   update_job_metrics(st);
@@ -491,8 +505,15 @@ Answer handle(OrchestratorActor* self, const messages::KvStoreHeartbeat& beat) {
 /// whose worker dies resumes from there.
 Answer handle(OrchestratorActor* self, const messages::KvProgressReport& report) {
   OrchestratorState& st = self->state;
-  if (Status ok = st.config.jobs->on_kv_progress(report.worker_name, report.progress); !ok)
-    spdlog::error("orchestrator: recording KV progress of {} failed: {}", report.worker_name, ok.error().to_string());
+  // Logged once per run of failures (a full disk fails every report); the
+  // lines still resume from the progress held in memory.
+  if (Status ok = st.config.jobs->on_kv_progress(report.worker_name, report.progress); !ok) {
+    if (!st.kv_progress_failing)
+      spdlog::error("orchestrator: recording KV progress of {} failed: {}", report.worker_name, ok.error().to_string());
+    st.kv_progress_failing = true;
+  } else {
+    st.kv_progress_failing = false;
+  }
   return std::nullopt;
 }
 
@@ -522,6 +543,8 @@ void tick(OrchestratorActor* self) {
     st.config.roster->workers.erase(name);
   }
   send_sidp(self, st.sidp->decide(now));  // a dwell can end between heartbeats
+  for (const std::uint64_t id : st.config.jobs->retry_paused())
+    spdlog::warn("orchestrator: job {} resumed: its results and output are written again", id);
   dispatch(self);
   update_job_metrics(st);
   self->delayed_send(self, period, tick_atom::value);
@@ -604,6 +627,9 @@ void describe_node_metrics(MetricsRegistry& m) {
   m.describe("shardline_worker_running_requests", "gauge", "Requests running in the engine, by worker.");
   m.describe("shardline_worker_waiting_requests", "gauge", "Requests waiting in the engine, by worker.");
   m.describe("shardline_jobs", "gauge", "Jobs known to the orchestrator, by state.");
+  m.describe("shardline_jobs_paused", "gauge",
+             "Unfinished jobs paused because a write failed, by reason (disk_full: no space for jobs.db or the "
+             "output file); retried with back-off.");
   m.describe("shardline_workers", "gauge", "Workers registered with the orchestrator.");
   m.describe("shardline_worker_failures_total", "counter", "Workers lost (killed, crashed, silent).");
   m.describe("shardline_orchestrator_restarts_total", "counter",

@@ -319,6 +319,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     if (!r) {
       spdlog::error("worker {}: cannot join SiDP group {}: {}", st.config.name, st.config.sidp_group,
                     r.error().to_string());
+      if (st.config.start_errors) st.config.start_errors->add(st.config.name + ": " + r.error().to_string());
       st.config.metrics->add("shardline_worker_start_failures_total", "", 1);
       self->quit(caf::exit_reason::user_shutdown);
       return {};
@@ -329,6 +330,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   auto built = engine::build_engine(engine_options);
   if (!built) {
     spdlog::error("worker {}: cannot start its engine: {}", st.config.name, built.error().to_string());
+    if (st.config.start_errors) st.config.start_errors->add(st.config.name + ": " + built.error().to_string());
     st.config.metrics->add("shardline_worker_start_failures_total", "", 1);
     self->quit(caf::exit_reason::user_shutdown);
     return {};

@@ -66,11 +66,14 @@ int run_cluster_init(const std::string& key_file) {
 
 // ---- node start ---------------------------------------------------------------
 
-/// `--kv-sync`, `--kv-replication`, `--kv-store-mib` of `run` and `node start`.
+/// `--kv-sync`, `--kv-replication`, `--kv-store-mib`, `--kv-disk-mib`,
+/// `--kv-disk-reserve-mib` of `run` and `node start`.
 struct KvFlags {
   std::string sync = "wal";
   int replication = kvstore::kDefaultReplicationFactor;
   std::uint64_t store_mib = 256;
+  std::uint64_t disk_mib = 0;
+  std::uint64_t disk_reserve_mib = 256;
 };
 
 struct NodeArgs {
@@ -162,6 +165,8 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   o.kv_replication = a.kv.replication;
   if (Status st = apply_sidp_flags(a.sidp, o); !st) return st.error();
   o.kv_store_bytes = a.kv.store_mib << 20;
+  o.kv_disk_bytes = a.kv.disk_mib << 20;
+  o.kv_disk_reserve_bytes = a.kv.disk_reserve_mib << 20;
   return o;
 }
 
@@ -233,6 +238,13 @@ void add_kv_flags(CLI::App& cmd, KvFlags& kv) {
       ->capture_default_str();
   cmd.add_option("--kv-store-mib", kv.store_mib, "Host-memory tier of this node's KV store, MiB")
       ->capture_default_str();
+  cmd.add_option("--kv-disk-mib", kv.disk_mib,
+                 "Most chunk bytes this node's KV store keeps on disk, MiB (0 = no cap); past it, new KV is not "
+                 "stored and a failed line recomputes it")
+      ->capture_default_str();
+  cmd.add_option("--kv-disk-reserve-mib", kv.disk_reserve_mib,
+                 "Free space the KV store leaves on its disk for jobs.db and outputs, MiB (0 = none)")
+      ->capture_default_str();
 }
 
 int wait_for_signal() {
@@ -257,7 +269,9 @@ int run_node_start(NodeArgs& a) {
   if (!o->join.empty()) o->listen.clear();
   const std::string workers = describe_workers(*o);
   auto node = actors::Node::start(std::move(o).value());
-  if (!node) return fail(node.error());
+  // A bad flag value for this model or machine (a tp that does not divide
+  // its heads) is a usage error; a missing or broken model folder is not.
+  if (!node) return fail(node.error(), node.error().code == ErrorCode::invalid_argument ? 2 : 1);
   if ((*node)->port() > 0) {
     const std::string host = a.listen.substr(0, a.listen.rfind(':'));
     std::cout << "shardline node " << a.name << " listening on " << host << ":" << (*node)->port() << std::endl;
@@ -317,6 +331,17 @@ struct ClientArgs {
   std::string key_file = default_key_file();
 };
 
+/// A client of the node at c.node. A node that cannot be reached gets the
+/// hint what to do (issue 46, item 14).
+Result<std::unique_ptr<actors::Client>> connect_node(const ClientArgs& c) {
+  auto client = actors::Client::connect(c.node, c.key_file);
+  if (!client && client.error().message.starts_with("cannot reach a node"))
+    return make_error(client.error().code, client.error().message +
+                                               "; start one with `shardline node start`, or pass --node HOST:PORT of "
+                                               "a running one");
+  return client;
+}
+
 void add_client_flags(CLI::App& cmd, ClientArgs& c) {
   cmd.add_option("--node", c.node, "HOST:PORT of a node running the orchestrator")->capture_default_str();
   cmd.add_option("--key-file", c.key_file, "Cluster key (from `shardline cluster init`)")->capture_default_str();
@@ -338,7 +363,7 @@ nlohmann::json to_json(const messages::JobProgress& p) {
           {"tokens_per_s", p.tokens_per_s}, {"eta_s", p.eta_s},
           {"output", p.output},   {"parallel", p.parallel},
           {"token_budget", p.token_budget}, {"requeued", p.requeued},
-          {"resumed", p.resumed}, {"error", p.error}};
+          {"resumed", p.resumed}, {"error", p.error}, {"paused", p.paused}};
 }
 
 void print_actor_table(const messages::ActorList& actors) {
@@ -356,13 +381,16 @@ void print_progress_table(const messages::JobStatusList& jobs, const messages::A
               "OUTPUT");
   for (const auto& p : jobs.jobs) {
     const std::string frac = std::to_string(p.done) + "/" + std::to_string(p.total);
+    const std::string state = p.paused.empty() ? p.state : "paused";  // unfinished, waiting for a write to succeed
     std::printf("%-6llu %-8s %14s %8llu %12llu %12llu %10.1f %8s %9llu %8llu  %-20s %-9s %s\n",
-                static_cast<unsigned long long>(p.job_id), p.state.c_str(), frac.c_str(),
+                static_cast<unsigned long long>(p.job_id), state.c_str(), frac.c_str(),
                 static_cast<unsigned long long>(p.failed), static_cast<unsigned long long>(p.prompt_tokens),
                 static_cast<unsigned long long>(p.completion_tokens), p.tokens_per_s, format_eta(p.eta_s).c_str(),
                 static_cast<unsigned long long>(p.requeued), static_cast<unsigned long long>(p.resumed),
                 p.parallel.empty() ? "-" : p.parallel.c_str(), p.token_budget.c_str(), p.output.c_str());
     if (!p.error.empty()) std::printf("       %s\n", p.error.c_str());  // why it failed or is held back
+    if (!p.paused.empty())  // a write failed (a full disk): retried until it succeeds
+      std::printf("       paused: %s (retrying)\n", p.paused.c_str());
   }
   if (!jobs.sidp_groups.empty()) std::printf("\n%s", format_sidp_groups(jobs.sidp_groups).c_str());
   if (actors) {
@@ -440,7 +468,7 @@ Result<std::string> plan_for_cluster(actors::Client& client, const SubmitArgs& a
 
 int run_job_submit(const SubmitArgs& a) {
   messages::SubmitJob sj;
-  auto client = actors::Client::connect(a.client.node, a.client.key_file);
+  auto client = connect_node(a.client);
   if (!client) return fail(client.error());
   std::string parallel = a.parallel;
   if (parallel == "auto") {
@@ -469,7 +497,7 @@ struct StatusArgs {
 };
 
 int run_job_status(const StatusArgs& a) {
-  auto client = actors::Client::connect(a.client.node, a.client.key_file);
+  auto client = connect_node(a.client);
   if (!client) return fail(client.error());
   while (true) {
     auto reply = (*client)->call<messages::JobStatusList>(messages::JobStatusQuery{a.job_id});
@@ -504,7 +532,7 @@ int run_job_status(const StatusArgs& a) {
 }
 
 int run_job_cancel(const ClientArgs& c, std::uint64_t job_id) {
-  auto client = actors::Client::connect(c.node, c.key_file);
+  auto client = connect_node(c);
   if (!client) return fail(client.error());
   auto reply = (*client)->call<messages::JobStatusList>(messages::JobCancel{job_id});
   if (!reply) return fail(reply.error());
@@ -516,7 +544,7 @@ int run_job_cancel(const ClientArgs& c, std::uint64_t job_id) {
 }
 
 int run_actor_list(const ClientArgs& c) {
-  auto client = actors::Client::connect(c.node, c.key_file);
+  auto client = connect_node(c);
   if (!client) return fail(client.error());
   auto reply = (*client)->call<messages::ActorList>(messages::ActorListQuery{});
   if (!reply) return fail(reply.error());
@@ -525,7 +553,7 @@ int run_actor_list(const ClientArgs& c) {
 }
 
 int run_actor_kill(const ClientArgs& c, const std::string& name) {
-  auto client = actors::Client::connect(c.node, c.key_file);
+  auto client = connect_node(c);
   if (!client) return fail(client.error());
   auto reply = (*client)->call<messages::Ack>(messages::KillActor{name});
   if (!reply) return fail(reply.error());
@@ -567,6 +595,9 @@ std::string progress_bar(const messages::JobProgress& p) {
                 std::string(static_cast<std::size_t>(width - filled), ' ').c_str(),
                 static_cast<unsigned long long>(p.done), static_cast<unsigned long long>(p.total),
                 static_cast<unsigned long long>(p.failed), p.tokens_per_s, format_eta(p.eta_s).c_str());
+  // Paused by a failed write: the reason's code ("disk_full"), the message
+  // is in the log line above the bar.
+  if (!p.paused.empty()) return std::string(buf) + "PAUSED: " + p.paused.substr(0, p.paused.find(':')) + "   ";
   return buf;
 }
 
@@ -596,6 +627,8 @@ int run_run(RunArgs& a) {
   // write ids as text, then exit 0 (issue 46, item 12): refuse it before
   // anything is created, as `generate` does. Dummy weights (benchmark
   // shapes) are the exception: there the ids are the point.
+  if (std::error_code ec; !std::filesystem::is_directory(a.model_dir, ec))
+    return fail(make_error(ErrorCode::not_found, "--model " + a.model_dir + ": no such folder"));
   if (a.engine.load_format != "dummy" && !model::has_tokenizer(a.model_dir))
     return fail(make_error(ErrorCode::not_found,
                            a.model_dir + " has no tokenizer (tokenizer.json, tokenizer.model or a GGUF file): `run` "
@@ -627,7 +660,9 @@ int run_run(RunArgs& a) {
     return fail(st.error(), 2);
   if (!a.quiet) std::cerr << "shardline run: " << describe_workers(*o) << "\n";
   auto node = actors::Node::start(std::move(o).value());
-  if (!node) return fail(node.error());
+  // A bad flag value for this model or machine (a tp that does not divide
+  // its heads) is a usage error; a missing or broken model folder is not.
+  if (!node) return fail(node.error(), node.error().code == ErrorCode::invalid_argument ? 2 : 1);
   // (on stderr: stdout stays for what a script reads; tests read the port here)
   if ((*node)->metrics_port() > 0) std::cerr << "metrics on port " << (*node)->metrics_port() << std::endl;
   auto client = actors::Client::local((*node)->system(), (*node)->orchestrator(), (*node)->key());
@@ -671,8 +706,10 @@ int run_run(RunArgs& a) {
     }
     if (!finished && (*node)->worker_start_failures() >= (*node)->num_workers()) {
       bar->finish();
-      std::cerr << "error: no worker could start its engine (see the log above); job " << job_id
-                << " stays resumable in " << na.data_dir << "\n";
+      // The cause is the final error (issue 46, item 14): what the first
+      // worker that failed said, not only a log line above.
+      std::cerr << "error: no worker could start its engine: " << (*node)->first_worker_start_error() << "; job "
+                << job_id << " stays resumable in " << na.data_dir << "\n";
       return 1;
     }
     if (finished) {

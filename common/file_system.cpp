@@ -13,7 +13,10 @@ namespace shardline {
 namespace {
 
 Error os_error(const std::string& what, const std::string& path, int err) {
-  return make_error(ErrorCode::io, what + " " + path + ": " + std::strerror(err));
+  // A full disk (or quota) is not a broken file: the caller pauses and
+  // retries once space is back (issue 46, items 7 and 8).
+  const ErrorCode code = err == ENOSPC || err == EDQUOT ? ErrorCode::disk_full : ErrorCode::io;
+  return make_error(code, what + " " + path + ": " + std::strerror(err));
 }
 
 class PosixWritableFile final : public WritableFile {

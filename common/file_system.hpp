@@ -33,11 +33,13 @@ class WritableFile {
  public:
   virtual ~WritableFile() = default;
   /// Writes all of `data` at byte `offset` (short writes and EINTR are
-  /// retried). Errors: io.
+  /// retried). Errors: disk_full (ENOSPC, EDQUOT), io.
   [[nodiscard]] virtual Status write_at(std::uint64_t offset, std::string_view data) = 0;
-  /// Sets the size to `size` bytes (cutting or zero-extending). Errors: io.
+  /// Sets the size to `size` bytes (cutting or zero-extending). Errors:
+  /// disk_full, io.
   [[nodiscard]] virtual Status truncate(std::uint64_t size) = 0;
-  /// Makes the data and the size durable (fdatasync). Errors: io.
+  /// Makes the data and the size durable (fdatasync). Errors: disk_full
+  /// (a delayed allocation found no space), io.
   [[nodiscard]] virtual Status sync() = 0;
   /// The current size in bytes. Errors: io.
   [[nodiscard]] virtual Result<std::uint64_t> size() = 0;
@@ -68,7 +70,9 @@ class FileSystem {
   [[nodiscard]] virtual Status sync_dir(const std::string& path) = 0;
 };
 
-/// The real file system (POSIX calls); one shared, stateless instance.
+/// The real file system (POSIX calls); one shared, stateless instance. Every
+/// call that fails with ENOSPC or EDQUOT returns ErrorCode::disk_full, any
+/// other failure io.
 [[nodiscard]] std::shared_ptr<FileSystem> posix_file_system();
 
 /// The folder holding `path` ("." for a bare name, "/" for "/x").

@@ -10,6 +10,7 @@ const char* error_code_name(ErrorCode code) noexcept {
     case ErrorCode::corrupt: return "corrupt";
     case ErrorCode::mismatch: return "mismatch";
     case ErrorCode::out_of_memory: return "out_of_memory";
+    case ErrorCode::disk_full: return "disk_full";
     case ErrorCode::io: return "io";
     case ErrorCode::internal: return "internal";
   }

@@ -21,6 +21,7 @@ enum class ErrorCode {
   out_of_memory,     ///< a budget (KV blocks, memory) cannot be met
   io,                ///< an OS-level read/write/mmap failure
   internal,          ///< a broken invariant inside Shardline
+  disk_full,         ///< no space left on a disk (ENOSPC, EDQUOT) or a disk byte budget is spent: retry once space is back
 };
 
 /// Name of an error code, e.g. "corrupt".

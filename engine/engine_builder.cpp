@@ -10,6 +10,7 @@
 #include "engine/kv_budget.hpp"
 #include "engine/sidp_memory.hpp"
 #include "model/id_tokenizer.hpp"
+#include "model/shard_runner.hpp"
 #include "model/tokenizer.hpp"
 #include "model/cpu_runner.hpp"
 #if SHARDLINE_HAVE_CUDA
@@ -298,6 +299,33 @@ Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOpti
   auto weights = model::load_model(o.model_dir, lo);
   if (!weights) return std::move(weights).error();
   return std::make_shared<const model::ModelWeights>(std::move(weights).value());
+}
+
+Status preflight_engine(const EngineOptions& o) {
+  if (Status s = check_engine_options(o); !s) return s;
+  auto cfg = model::load_model_config(o.model_dir);
+  if (!cfg) return cfg.error();
+  model::ModelConfig c = std::move(cfg).value();
+  if (o.num_layers_override > 0 && o.num_layers_override < c.num_hidden_layers)
+    c.num_hidden_layers = o.num_layers_override;
+  const ParallelConfig& pc = o.parallel;
+  if (Status st = model::check_shardable(c, pc.tp, pc.sp, pc.pp); !st) return st;
+  if (o.parallel_decode)
+    if (Status st = model::check_shardable(c, o.parallel_decode->tp, o.parallel_decode->sp, o.parallel_decode->pp); !st)
+      return st;
+  if (o.shift)  // the shift config runs the whole group as one TP
+    if (Status st = model::check_shardable(c, pc.group_size(), 1, 1); !st) return st;
+#if SHARDLINE_HAVE_CUDA
+  if (o.device == model::DeviceKind::cuda) {
+    auto kv = plan_cuda_kv_bytes(o);  // the device exists and the model fits
+    if (!kv) return kv.error();
+  }
+#endif
+  if (o.device != model::DeviceKind::cuda && o.device_memory_bytes > 0) {
+    auto plan = plan_cpu_device_memory(o);
+    if (!plan) return plan.error();
+  }
+  return Status::ok_status();
 }
 
 Result<EngineInstance> build_engine(const EngineOptions& o) {

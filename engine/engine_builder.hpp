@@ -170,6 +170,16 @@ struct EngineInstance {
 /// group on CUDA, or device_memory_bytes for an engine group).
 [[nodiscard]] Result<EngineInstance> build_engine(const EngineOptions& options);
 
+/// What build_engine() would refuse, found without loading weights (issue
+/// 46, item 14): the option checks, the model's config.json (a missing or
+/// bad folder), whether `parallel` (and a Seesaw decode config, a Shift
+/// config) shards this model (model::check_shardable: tp*sp must divide the
+/// attention heads, ...), and on a CUDA device that the device exists and
+/// the memory plan fits. A node runs it for every worker before it creates
+/// its data dir or a job's output, so a bad start leaves nothing behind and
+/// its cause is the error. Errors: as build_engine's.
+[[nodiscard]] Status preflight_engine(const EngineOptions& options);
+
 /// The weights `options` names: options.weights when set, else model_dir
 /// loaded with its load_format, dtype (F16 as F32), seed and layer override.
 /// Errors: what model::load_model returns.

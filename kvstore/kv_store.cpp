@@ -1,6 +1,9 @@
 #include "kvstore/kv_store.hpp"
 
+#include "kvstore/rocksdb_support.hpp"
+
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
@@ -10,6 +13,8 @@
 #include <tuple>
 #include <unordered_map>
 #include <utility>
+
+#include <sys/statvfs.h>
 
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
@@ -57,10 +62,9 @@ std::size_t chunk_size(const KvModelShape& shape, const KvRange& range) {
 }
 
 /// A damaged file (checksum, MANIFEST, block) is `corrupt`, so the store
-/// actor quarantines it (actors/kvstore_actor.cpp); anything else is io.
-Error db_error(const std::string& what, const rocksdb::Status& st) {
-  return make_error(st.IsCorruption() ? ErrorCode::corrupt : ErrorCode::io, "kv store: " + what + ": " + st.ToString());
-}
+/// actor quarantines it (actors/kvstore_actor.cpp); a full disk disk_full;
+/// anything else io.
+Error db_error(const std::string& what, const rocksdb::Status& st) { return rocksdb_error("kv store: " + what, st); }
 
 /// Key order of ranges inside one request: token_begin, token_end, layers.
 struct RangeLess {
@@ -228,7 +232,14 @@ struct KvStore::Impl {
   std::string dir;
   KvStoreOptions options;
   std::unique_ptr<rocksdb::Env> env;  // outlives db (declared first)
-  std::unique_ptr<rocksdb::DB> db;
+  rocksdb::Options db_options;        ///< what db was opened with, for reopening
+  std::unique_ptr<rocksdb::DB> db;    ///< null after a failed reopen
+  bool reopen = false;                ///< a write failed and stopped db: reopen before the next write
+  Error stopped;                      ///< why (returned to writes until the reopen)
+  std::chrono::steady_clock::time_point next_probe{};  ///< no free-space probe before
+  std::uint64_t reopens = 0;
+  std::uint64_t refused_writes = 0;   ///< put_many calls refused: the disk budget or the disk was full
+  std::uint64_t held_bytes = 0;       ///< value bytes of every stored chunk (sum of RequestState::bytes)
   HostTier tier;
   std::map<RequestId, RequestState> requests;
   std::uint64_t deleted_bytes = 0;
@@ -239,6 +250,60 @@ struct KvStore::Impl {
   std::string gc_begin, gc_end;  ///< the key span deleted since then (empty: none)
 
   explicit Impl(std::uint64_t host_bytes) : tier(host_bytes) {}
+
+  /// db open and taking writes: after a write that stopped RocksDB (see
+  /// write_failed) it is closed and opened again. The chunks it held are
+  /// still there and their coverage stays as it was (a failed write counted
+  /// nothing). Errors: the open's (disk_full while the disk is full; db is
+  /// then null and the next call tries again).
+  Status ready() {
+    if (db && !reopen) return {};
+    // Once the disk has room (probed at most every reopen_interval_ms: a
+    // put comes with every decode step); until then the open database
+    // still serves reads.
+    const auto now = std::chrono::steady_clock::now();
+    if (db && now < next_probe) return stopped;
+    next_probe = now + std::chrono::milliseconds(options.reopen_interval_ms);
+    if (Status room = probe_free_space(*db_options.env, dir, kReopenProbeBytes); !room.ok()) {
+      stopped = room.error();
+      return room;
+    }
+    db.reset();
+    rocksdb::DB* raw = nullptr;
+    const rocksdb::Status st = rocksdb::DB::Open(db_options, dir, &raw);
+    if (!st.ok()) return db_error("reopen " + dir + " after a failed write", st);  // db null: tried again next call
+    db.reset(raw);
+    reopen = false;
+    ++reopens;
+    return {};
+  }
+
+  /// db open, for a read: a database that stopped taking writes still
+  /// serves reads, so it is reopened only when a failed reopen closed it.
+  Status readable() { return db ? Status{} : ready(); }
+
+  /// The error of a failed write; one that stops RocksDB's writes (a full
+  /// disk, an I/O error) makes the next call reopen the database.
+  Error write_failed(const std::string& what, const rocksdb::Status& st) {
+    Error e = db_error(what, st);
+    if (stops_writes(st)) {
+      reopen = true;
+      stopped = e;
+    }
+    return e;
+  }
+
+  /// Chunk bytes counted against options.disk_budget_bytes: those held and
+  /// those deleted since the last compaction (still on disk).
+  [[nodiscard]] std::uint64_t budgeted_bytes() const { return held_bytes + gc_pending; }
+
+  /// Records a stored chunk of `id` (RequestState::add), keeping held_bytes.
+  void add_chunk(const RequestId& id, const KvRange& range, std::uint64_t size) {
+    RequestState& state = requests[id];
+    const std::uint64_t before = state.bytes;
+    state.add(options.shape.num_layers, range, size);
+    held_bytes += state.bytes - before;
+  }
 
   [[nodiscard]] rocksdb::WriteOptions write_options() const {
     rocksdb::WriteOptions w;
@@ -255,6 +320,7 @@ struct KvStore::Impl {
       return *hit;
     }
     ++disk_reads;
+    if (Status r = readable(); !r.ok()) return r.error();
     std::string v;
     const rocksdb::Status st = db->Get(rocksdb::ReadOptions(), k, &v);
     if (st.IsNotFound()) return make_error(ErrorCode::not_found, "kv store: no chunk " + describe(key));
@@ -272,13 +338,15 @@ struct KvStore::Impl {
   /// Deletes keys [begin, end) and forgets `ids`.
   Status drop(const std::string& begin, const std::string& end, const std::vector<RequestId>& ids) {
     if (ids.empty()) return {};
+    if (Status r = ready(); !r.ok()) return r;
     const rocksdb::Status st = db->DeleteRange(write_options(), db->DefaultColumnFamily(), begin, end);
-    if (!st.ok()) return db_error("delete range " + hex(begin), st);
+    if (!st.ok()) return write_failed("delete range " + hex(begin), st);
     for (const RequestId& id : ids) {
       const auto it = requests.find(id);
       for (const auto& [range, size] : it->second.chunks) tier.erase(encode_key(KvChunkKey{id.first, id.second, range}));
       gc_pending += it->second.bytes;
       deleted_bytes += it->second.bytes;
+      held_bytes -= it->second.bytes;
       requests.erase(it);
     }
     if (gc_begin.empty() || begin < gc_begin) gc_begin = begin;
@@ -289,11 +357,12 @@ struct KvStore::Impl {
 
   Status compact() {
     if (gc_begin.empty()) return {};
+    if (Status r = ready(); !r.ok()) return r;
     rocksdb::CompactRangeOptions o;
     o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
     const rocksdb::Slice b(gc_begin), e(gc_end);
     const rocksdb::Status st = db->CompactRange(o, &b, &e);
-    if (!st.ok()) return db_error("compact deleted range", st);
+    if (!st.ok()) return write_failed("compact deleted range", st);
     ++compactions;
     gc_pending = 0;
     gc_begin.clear();
@@ -316,12 +385,11 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   impl->dir = dir;
   impl->options = std::move(store_options);
 
-  rocksdb::Options options;
+  rocksdb::Options& options = impl->db_options;
   options.create_if_missing = true;
   options.max_open_files = 256;
   options.write_buffer_size = static_cast<std::size_t>(std::max<std::uint64_t>(impl->options.memtable_bytes, 64 << 10));
-  options.keep_log_file_num = 2;
-  options.max_log_file_size = 4 << 20;
+  options.info_log = open_info_log(dir);  // RocksDB's own aborts on a full disk
   if (impl->options.file_system) {
     impl->env = rocksdb::NewCompositeEnv(impl->options.file_system);
     options.env = impl->env.get();
@@ -347,7 +415,7 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
       return make_error(ErrorCode::corrupt, "kv store: " + dir + ": chunk " + describe(*key) + ": " +
                                                 std::to_string(it->value().size()) + " bytes stored, the range needs " +
                                                 std::to_string(want));
-    impl->requests[{key->job_id, key->request_id}].add(shape.num_layers, key->range, want);
+    impl->add_chunk({key->job_id, key->request_id}, key->range, want);
   }
   if (!it->status().ok()) return db_error("scan " + dir, it->status());
   it.reset();
@@ -380,12 +448,44 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes)
     if (!b.ok()) return db_error("batch " + describe(w.key), b);
   }
   if (writes.empty()) return std::vector<int>{};
+  std::uint64_t adding = 0;  // bytes the batch stores
+  for (const KvChunkWrite& w : writes) adding += w.chunk.size();
+  if (const std::uint64_t budget = impl_->options.disk_budget_bytes; budget > 0) {
+    if (impl_->budgeted_bytes() + adding > budget && impl_->gc_pending > 0) {
+      if (Status c = impl_->compact(); !c.ok()) return c.error();  // deleted chunks give their space back first
+    }
+    if (const std::uint64_t held = impl_->budgeted_bytes(); held + adding > budget) {
+      ++impl_->refused_writes;
+      return make_error(ErrorCode::disk_full, "kv store: disk budget of " + std::to_string(budget) + " bytes spent (" +
+                                                  std::to_string(held) + " held, " + std::to_string(adding) +
+                                                  " more asked): chunks not stored");
+    }
+  }
+  if (const std::uint64_t reserve = impl_->options.disk_reserve_bytes; reserve > 0) {
+    struct statvfs vfs {};
+    if (::statvfs(impl_->dir.c_str(), &vfs) == 0) {
+      const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+      if (free_bytes < reserve + adding) {
+        ++impl_->refused_writes;
+        return make_error(ErrorCode::disk_full, "kv store: " + std::to_string(free_bytes) + " bytes free under " +
+                                                    impl_->dir + ", it leaves " + std::to_string(reserve) +
+                                                    " free for jobs.db and outputs: chunks not stored");
+      }
+    }
+  }
+  if (Status r = impl_->ready(); !r.ok()) {
+    ++impl_->refused_writes;
+    return r.error();
+  }
   // The chunks count only once this returned ok: durable at the policy's level.
   const rocksdb::Status st = impl_->db->Write(impl_->write_options(), &batch);
-  if (!st.ok()) return db_error("write " + std::to_string(writes.size()) + " chunk(s)", st);
+  if (!st.ok()) {
+    ++impl_->refused_writes;
+    return impl_->write_failed("write " + std::to_string(writes.size()) + " chunk(s)", st);
+  }
   for (std::size_t i = 0; i < writes.size(); ++i) {
     const KvChunkWrite& w = writes[i];
-    impl_->requests[{w.key.job_id, w.key.request_id}].add(shape.num_layers, w.key.range, w.chunk.size());
+    impl_->add_chunk({w.key.job_id, w.key.request_id}, w.key.range, w.chunk.size());
     impl_->tier.put(keys[i], w.chunk);
   }
   std::vector<int> acks;
@@ -482,6 +582,10 @@ Result<KvStoreStats> KvStore::stats() const {
   s.memory_budget = impl_->options.host_bytes;
   s.memory_hits = impl_->memory_hits;
   s.disk_reads = impl_->disk_reads;
+  s.disk_budget = impl_->options.disk_budget_bytes;
+  s.refused_writes = impl_->refused_writes;
+  s.reopens = impl_->reopens;
+  if (Status r = impl_->readable(); !r.ok()) return r.error();
   std::uint64_t v = 0;
   if (impl_->db->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) s.memtable_bytes = v;
   if (impl_->db->GetIntProperty(rocksdb::DB::Properties::kLiveSstFilesSize, &v)) s.sst_bytes = v;

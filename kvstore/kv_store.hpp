@@ -36,6 +36,12 @@
 /// from the first to the last deleted key is compacted (live chunks inside
 /// it are rewritten), so their disk space comes back.
 ///
+/// A full disk (issue 46, item 7): a failed write returns disk_full and
+/// counts nothing; RocksDB then refuses writes until reopened, so the next
+/// call closes and opens it again (kvstore/rocksdb_support.hpp), trying at
+/// every call while the disk stays full. Its LOG is written by
+/// open_info_log(), which survives a full disk.
+///
 /// Thread safety: none; one owner (the KV-store actor) serializes calls.
 /// Calls block on RocksDB (a synced write, a GC compaction).
 
@@ -105,6 +111,22 @@ struct KvStoreOptions {
   std::uint64_t compact_after_bytes = 64ull << 20;
   /// RocksDB memtable size (write_buffer_size), bytes.
   std::uint64_t memtable_bytes = 16ull << 20;
+  /// Byte budget on disk (0: none): a put that would take the chunk bytes
+  /// held, plus those deleted but not compacted yet, past it first compacts
+  /// the deleted span, then is refused with disk_full (the store is a
+  /// cache: that KV is recomputed if needed). RocksDB's own files (index
+  /// blocks, MANIFEST, LOG) come on top, a few percent.
+  std::uint64_t disk_budget_bytes = 0;
+  /// Free space the store leaves on its disk (0: none): a put that would
+  /// leave less free (statvfs of the directory) is refused with disk_full,
+  /// so that the cache never takes the last space jobs.db and the output
+  /// files on the same disk need.
+  std::uint64_t disk_reserve_bytes = 256ull << 20;
+  /// After a write failed on a full disk: the least time between two
+  /// probes for free space (each writes and syncs 1 MiB,
+  /// kvstore::probe_free_space) before the store reopens RocksDB; writes
+  /// in between are refused at once with that error.
+  std::uint64_t reopen_interval_ms = 1000;
   /// The file system RocksDB runs on; null: RocksDB's default (POSIX). Tests
   /// inject one that drops unsynced writes at a simulated crash
   /// (tests/support/fault_injection_rocksdb_fs.hpp).
@@ -147,6 +169,9 @@ struct KvStoreStats {
   std::uint64_t chunk_bytes = 0;       ///< their value bytes
   std::uint64_t deleted_bytes = 0;     ///< chunk bytes deleted by GC since open
   std::uint64_t compactions = 0;       ///< GC compactions since open
+  std::uint64_t disk_budget = 0;       ///< KvStoreOptions::disk_budget_bytes (0: none)
+  std::uint64_t refused_writes = 0;    ///< put calls refused since open: budget spent or disk full
+  std::uint64_t reopens = 0;           ///< RocksDB closed and opened again after a failed write
 };
 
 class KvStore final : public KvTarget {
@@ -164,7 +189,9 @@ class KvStore final : public KvTarget {
   /// Stores one chunk (replacing an equal key) and returns the request's new
   /// durable_tokens: its acknowledgement. Errors: invalid_argument (layers
   /// outside [0, num_layers), an empty or negative range, a chunk that is not
-  /// the range's chunk size; nothing is written), io (RocksDB; nothing counts).
+  /// the range's chunk size; nothing is written), disk_full (the disk
+  /// budget is spent or the disk is full; nothing counts), io (RocksDB;
+  /// nothing counts).
   [[nodiscard]] Result<int> put(const KvChunkKey& key, std::span<const std::byte> chunk);
 
   /// Stores several chunks in one RocksDB write batch (one fsync with

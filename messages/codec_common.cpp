@@ -252,7 +252,7 @@ void put(wire::ErrorReply::Builder b, const Error& e) {
 
 Error get(wire::ErrorReply::Reader r) {
   const auto code = static_cast<std::uint16_t>(r.getCode());
-  if (code > static_cast<std::uint16_t>(ErrorCode::internal))
+  if (code > static_cast<std::uint16_t>(ErrorCode::disk_full))
     fail(ErrorCode::corrupt, "code: unknown error code " + std::to_string(code));
   return Error{static_cast<ErrorCode>(code), str(r.getMessage())};
 }
@@ -437,6 +437,7 @@ void put(wire::JobProgress::Builder b, const JobProgress& p) {
   b.setRequeued(p.requeued);
   b.setResumed(p.resumed);
   b.setError(text(p.error));
+  b.setPaused(text(p.paused));
 }
 
 JobProgress get(wire::JobProgress::Reader r) {
@@ -457,6 +458,7 @@ JobProgress get(wire::JobProgress::Reader r) {
   p.requeued = r.getRequeued();
   p.resumed = r.getResumed();
   p.error = str(r.getError());
+  p.paused = str(r.getPaused());
   return p;
 }
 

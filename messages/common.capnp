@@ -22,6 +22,7 @@ enum ErrorCode {
   outOfMemory @5;
   io @6;
   internal @7;
+  diskFull @8;
 }
 
 # A request was refused / failed (any actor's reply).
@@ -141,6 +142,7 @@ struct JobProgress {
   requeued @13 :UInt64;    # lines handed back because their worker failed (this process)
   resumed @14 :UInt64;     # lines handed out again with replicated KV to resume from (this process)
   error @15 :Text;         # why it failed, or why an unfinished job is held back; "" = nothing to say
+  paused @16 :Text;        # why a write failed and the job waits to retry it ("disk_full: ..."); "" = not paused
 }
 
 # A worker's state (worker -> orchestrator, worker -> client).

@@ -73,6 +73,9 @@ struct JobProgress {
   /// Why the job failed, or why an unfinished job is held back (recorded on
   /// another model than the cluster's); "" = nothing to say.
   std::string error;
+  /// "" unless the job is paused because a write failed: that error
+  /// ("disk_full: ..."); it resumes by itself once the write succeeds.
+  std::string paused;
   bool operator==(const JobProgress&) const = default;
 };
 

@@ -302,7 +302,9 @@ void JobManager::finish_cleanup(Job& j) {
   j.reader.reset();
   j.retry.clear();
   j.in_flight.clear();
+  j.unsaved.clear();
   j.resume.clear();
+  j.paused.clear();
   // Best effort: what an I/O error leaves behind, open() deletes.
   (void)store_->delete_resume(j.rec.id);
   if (j.session_started && j.session_t1 < 0) j.session_t1 = now();
@@ -536,7 +538,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
   std::vector<BatchRequest> out;
   for (auto& [id, j] : jobs_) {
     if (out.size() >= max_count) break;
-    if (!served(j)) continue;
+    if (!served(j) || !j.paused.empty()) continue;  // a paused job's results could not be stored
     const std::size_t before = out.size();
     std::uint64_t resumed = 0;
     while (!j.retry.empty() && out.size() < max_count) {
@@ -669,8 +671,7 @@ std::size_t JobManager::in_flight_count(const std::string& worker) const {
 }
 
 Result<std::size_t> JobManager::on_results(const std::vector<BatchResult>& results) {
-  std::map<std::uint64_t, std::vector<StoredResult>> per_job;
-  std::map<std::uint64_t, std::vector<std::uint64_t>> drop_resume;  // job -> lines whose resume record goes
+  std::set<std::uint64_t> touched;
   for (const auto& r : results) {
     auto it = jobs_.find(r.job_id);
     if (it == jobs_.end() || !served(it->second)) continue;
@@ -683,28 +684,73 @@ Result<std::size_t> JobManager::on_results(const std::vector<BatchResult>& resul
     }
     auto f = j.in_flight.find(r.line_index);
     if (f != j.in_flight.end()) input_line = f->second.request.input_line;
+    StoredResult stored;
     if (f != j.in_flight.end() && f->second.request.custom_id != r.custom_id) {
       BatchResult fixed = r;  // the custom_id is the input's, whatever the worker says
       fixed.custom_id = f->second.request.custom_id;
-      per_job[r.job_id].push_back(to_stored(j, fixed, input_line));
+      stored = to_stored(j, fixed, input_line);
     } else {
-      per_job[r.job_id].push_back(to_stored(j, r, input_line));
+      stored = to_stored(j, r, input_line);
     }
+    j.unsaved.try_emplace(r.line_index, std::move(stored));  // a duplicate keeps the first
     if (f != j.in_flight.end()) j.in_flight.erase(f);
-    if (j.resume.count(r.line_index) != 0) drop_resume[r.job_id].push_back(r.line_index);
+    touched.insert(r.job_id);
   }
   std::size_t added = 0;
   Status first_error;
-  for (auto& [id, batch] : per_job) {
+  for (const std::uint64_t id : touched) {
     Job& j = jobs_.at(id);
-    if (Status st = commit(j, batch, &added, drop_resume[id]); !st.ok()) {
-      if (first_error.ok()) first_error = st;
-      continue;
-    }
-    if (Status st = advance_output(j); !st.ok() && first_error.ok()) first_error = st;
+    if (!j.paused.empty()) continue;  // its writes wait for retry_paused()'s back-off
+    if (Status st = save(j, &added); !st.ok() && first_error.ok()) first_error = st;
   }
   if (!first_error.ok()) return first_error.error();
   return added;
+}
+
+Status JobManager::save(Job& j, std::size_t* added) {
+  if (!j.unsaved.empty()) {
+    std::vector<StoredResult> batch;
+    std::vector<std::uint64_t> drop_resume;  // lines whose resume record goes with the commit
+    batch.reserve(j.unsaved.size());
+    for (const auto& [line, stored] : j.unsaved) {
+      batch.push_back(stored);
+      if (j.resume.count(line) != 0) drop_resume.push_back(line);
+    }
+    if (Status st = commit(j, batch, added, drop_resume); !st.ok()) {
+      pause(j, st.error());
+      return st;
+    }
+    j.unsaved.clear();
+  }
+  if (Status st = advance_output(j); !st.ok()) {
+    pause(j, st.error());
+    return st;
+  }
+  return Status::ok_status();
+}
+
+void JobManager::pause(Job& j, const Error& why) {
+  j.backoff_s = j.paused.empty() ? kFirstRetryS : std::min(2 * j.backoff_s, kMaxRetryS);
+  if (j.paused.empty()) ++j.pauses;
+  j.paused = why.to_string();
+  j.retry_at_s = now() + j.backoff_s;
+}
+
+std::vector<std::uint64_t> JobManager::retry_paused() {
+  std::vector<std::uint64_t> resumed;
+  const double t = now();
+  for (auto& [id, j] : jobs_) {
+    if (j.paused.empty() || t < j.retry_at_s) continue;
+    if (!served(j)) {  // finished (cancelled) meanwhile: nothing to write
+      j.paused.clear();
+      continue;
+    }
+    if (Status st = save(j, nullptr); !st.ok()) continue;  // paused again, twice as long
+    j.paused.clear();
+    j.backoff_s = 0.0;
+    resumed.push_back(id);
+  }
+  return resumed;
 }
 
 Result<std::size_t> JobManager::on_result(const BatchResult& result) {
@@ -782,7 +828,9 @@ JobProgress JobManager::progress_of(const Job& j) const {
   p.failed = c.failed;
   p.prompt_tokens = c.prompt_tokens;
   p.completion_tokens = c.completion_tokens;
-  p.in_flight = j.in_flight.size();
+  p.in_flight = j.in_flight.size() + j.unsaved.size();
+  p.paused = j.paused;
+  p.pauses = j.pauses;
   p.pending = p.total > p.done + p.in_flight ? p.total - p.done - p.in_flight : 0;
   if (j.rec.state == JobState::cancelled) p.pending = 0;  // its uncommitted lines are dropped
   if (j.writer) p.written = j.writer->next_line();
@@ -829,7 +877,7 @@ Result<JobRecord> JobManager::job(std::uint64_t job_id) const {
 
 bool JobManager::has_pending_work() const {
   for (const auto& [id, j] : jobs_)
-    if (served(j) && (!j.retry.empty() || (j.reader && !j.reader->done))) return true;
+    if (served(j) && j.paused.empty() && (!j.retry.empty() || (j.reader && !j.reader->done))) return true;
   return false;
 }
 

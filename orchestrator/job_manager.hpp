@@ -83,6 +83,11 @@ struct JobProgress {
   /// Seconds left at the current line rate; 0 when finished, -1 when unknown.
   double eta_s = -1.0;
   std::string error;  ///< state failed: why
+  /// "" unless the job is paused: the error of the write that failed
+  /// ("disk_full: write /out/o.jsonl: No space left on device"). A paused
+  /// job stays queued or running; see JobManager::retry_paused().
+  std::string paused;
+  std::uint64_t pauses = 0;  ///< times it was paused since this process opened it
   /// Failures and recoveries (`job status`), over the job's life. Kept in
   /// jobs.db without a sync: a power cut may lose the newest increments.
   std::uint64_t requeued = 0;  ///< lines handed back to pending because their worker failed (each time)
@@ -145,10 +150,23 @@ class JobManager {
 
   /// Commits results (any order, duplicates ignored, unknown jobs / lines out
   /// of range ignored) and advances the output files. Returns how many lines
-  /// were newly committed. An error is a store or output I/O failure; the
-  /// results committed before it stay committed and a later call retries the
-  /// output.
+  /// were newly committed. An error is a store or output write failure (a
+  /// full disk: disk_full; issue 46, items 7 and 8): the job is then paused
+  /// (JobProgress::paused says why). Nothing is lost: the results that could
+  /// not be committed wait in memory (counted in_flight), a paused job hands
+  /// out no more work, its later results wait too, and retry_paused() writes
+  /// them all once the disk has room.
   Result<std::size_t> on_results(const std::vector<worker::BatchResult>& results);
+
+  /// Retries the writes of every paused job whose back-off is due: commits
+  /// its waiting results and advances its output file. A job whose writes
+  /// all succeed resumes (next_work hands its lines out again); one that
+  /// fails again waits twice as long as before (kFirstRetryS, doubling up to
+  /// kMaxRetryS). Returns the ids of the jobs that resumed. The orchestrator
+  /// calls it at every tick.
+  std::vector<std::uint64_t> retry_paused();
+  static constexpr double kFirstRetryS = 0.5;
+  static constexpr double kMaxRetryS = 30.0;
   Result<std::size_t> on_result(const worker::BatchResult& result);
 
   /// Records replicated KV progress that `worker` reports (one entry per
@@ -267,6 +285,15 @@ class JobManager {
     /// Why this unfinished job is not served (it was recorded with another
     /// model than this cluster's); "" = it is.
     std::string held;
+    /// Results taken from workers and not yet in jobs.db (their commit
+    /// failed), by line; save() commits them before anything else.
+    std::map<std::uint64_t, StoredResult> unsaved;
+    /// "" or why the job is paused (Error::to_string() of the failed write);
+    /// retried at retry_at_s (clock seconds), after backoff_s.
+    std::string paused;
+    double retry_at_s = 0.0;
+    double backoff_s = 0.0;
+    std::uint64_t pauses = 0;
     bool session_started = false;
     double session_t0 = 0.0;
     double session_t1 = -1.0;  ///< when it finished in this process
@@ -295,6 +322,12 @@ class JobManager {
   Status commit(Job& j, std::vector<StoredResult>& batch, std::size_t* added,
                 const std::vector<std::uint64_t>& drop_resume = {});
   Status advance_output(Job& j);
+  /// Commits j.unsaved (cleared when it worked) and advances the output;
+  /// on a failure pauses the job (pause()) and returns the error.
+  Status save(Job& j, std::size_t* added);
+  /// Marks the job paused by `why`: the first time it retries after
+  /// kFirstRetryS, then after twice the last wait (at most kMaxRetryS).
+  void pause(Job& j, const Error& why);
   void fail_job(Job& j, const std::string& why);
   void finish_cleanup(Job& j);  ///< a finished job: drops its retry / in-flight state and resume records
   /// The job's settings every line carries: its token budget policy and,

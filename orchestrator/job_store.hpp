@@ -29,8 +29,16 @@
 /// u32 number of output ids, that many i32 output ids. ChoiceResume::kv_chunk
 /// is never stored (the worker fetches the KV from the KV store).
 ///
+/// A full disk (issue 46, items 7 and 8): a write that fails returns
+/// disk_full (io for other I/O errors) and changes nothing; RocksDB then
+/// refuses every write until reopened, so the next call closes the database
+/// and opens it again (kvstore/rocksdb_support.hpp), and keeps trying at
+/// each call while the disk stays full. RocksDB's LOG is written by
+/// kvstore::open_info_log(), which survives a full disk.
+///
 /// Not thread-safe by design beyond an internal mutex: callers (one actor)
-/// serialize; the mutex only keeps the counter cache consistent.
+/// serialize; the mutex keeps the counter cache consistent and the database
+/// in place while a call uses it.
 
 #include <cstdint>
 #include <functional>
@@ -49,6 +57,8 @@
 namespace rocksdb {
 class DB;
 class Env;
+struct Options;
+class Status;
 class FileSystem;
 }  // namespace rocksdb
 
@@ -203,31 +213,53 @@ class JobStore {
   Status set_output_progress(std::uint64_t job_id, const OutputProgress& progress);
 
   /// Writes (overwrites) the resume records of `records`, of any jobs, in one
-  /// WriteBatch to the WAL without a sync (see the file comment). Error: io.
+  /// WriteBatch to the WAL without a sync (see the file comment). Errors:
+  /// disk_full, io.
   Status put_resume(const std::vector<ResumeRecord>& records);
   /// The resume records of a job, ascending line. Errors: io, corrupt.
   Result<std::vector<ResumeRecord>> load_resume(std::uint64_t job_id);
-  /// Deletes every resume record of a job (one batch, synchronous). Error: io.
+  /// Deletes every resume record of a job (one batch, synchronous). Errors:
+  /// disk_full, io.
   Status delete_resume(std::uint64_t job_id);
   /// How many resume records a job has (a scan). Error: io.
   Result<std::size_t> count_resume_records(std::uint64_t job_id);
 
   /// The job's recovery counters (zeros when never written). Errors: io, corrupt.
   Result<RecoveryCounters> recovery_counters(std::uint64_t job_id);
-  /// Overwrites them, to the WAL without a sync. Error: io.
+  /// Overwrites them, to the WAL without a sync. Errors: disk_full, io.
   Status set_recovery_counters(std::uint64_t job_id, const RecoveryCounters& counters);
 
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+  /// How many times the database was closed and opened again after a
+  /// failed write (a full disk: issue 46, items 7 and 8).
+  [[nodiscard]] int reopens() const noexcept { return reopens_; }
 
  private:
-  JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, rocksdb::DB* db, std::uint64_t next_job_id);
+  JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, std::unique_ptr<rocksdb::Options> options,
+           rocksdb::DB* db, std::uint64_t next_job_id);
   Result<JobCounters> counters_locked(std::uint64_t job_id);
+  /// db_ open and taking writes: after a write that stopped RocksDB (see
+  /// write_failed_locked) it is closed and opened again first, once
+  /// kvstore::probe_free_space() finds room. Errors: the probe's (disk_full
+  /// while the disk is still full; db_ stays open for reads), the open's
+  /// (db_ is then null and every call tries again).
+  Status ready_locked();
+  /// db_ open, for a read: a database that stopped taking writes still
+  /// serves reads, so it is reopened only when a failed reopen closed it.
+  Status readable_locked();
+  /// The error of a failed write; one that stops RocksDB's writes
+  /// (kvstore::stops_writes: a full disk, an I/O error) makes the next call
+  /// reopen the database.
+  Error write_failed_locked(const std::string& what, const rocksdb::Status& st);
 
   std::string dir_;
   std::unique_ptr<rocksdb::Env> env_;  ///< over options.file_system; null: the default Env. Outlives db_.
-  std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<rocksdb::Options> options_;  ///< what db_ was opened with, for reopening
+  std::unique_ptr<rocksdb::DB> db_;  ///< null after a failed reopen
   std::uint64_t next_job_id_;
-  std::mutex mu_;
+  bool reopen_ = false;  ///< a write failed and stopped db_: reopen before the next call
+  int reopens_ = 0;
+  std::recursive_mutex mu_;  ///< scan_results' callback may call back in
   std::map<std::uint64_t, JobCounters> counter_cache_;
 };
 

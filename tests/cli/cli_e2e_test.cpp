@@ -363,7 +363,9 @@ bool have_cuda_device() {
 }
 
 // Without a GPU (or without the CUDA backend), a cuda device is refused with
-// the reason, the job stays resumable, and bad device lists are usage errors.
+// the reason before anything is created (issue 46, item 14: it used to
+// leave an empty output and a data dir behind a buried "no worker could
+// start its engine"), and bad device lists are usage errors.
 TEST(CliE2e, CudaDeviceWithoutAGpuIsAClearError) {
   if (have_cuda_device()) GTEST_SKIP() << "a CUDA device is present: tests/cli/cuda_run_gpu_test.cpp runs it";
   namespace fs = std::filesystem;
@@ -381,8 +383,9 @@ TEST(CliE2e, CudaDeviceWithoutAGpuIsAClearError) {
   EXPECT_TRUE(r.out.find("no CUDA device") != std::string::npos ||
               r.out.find("no CUDA backend") != std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("resumable"), std::string::npos) << r.out;
-  EXPECT_FALSE(fs::exists(dir / "out.jsonl") && fs::file_size(dir / "out.jsonl") > 0) << "no output without a worker";
+  EXPECT_NE(r.out.find("cannot start its engine"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "out.jsonl")) << "an output file without a worker";
+  EXPECT_FALSE(fs::exists(dir / "out.jsonl.shardline")) << "a data dir without a worker";
 
   r = run("generate --model " + kModel + " --prompt hi --device cuda:0");
   EXPECT_EQ(r.exit_code, 1) << r.out;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "orchestrator/batch_format.hpp"
+#include "tests/orchestrator/fake_clock.hpp"
 #include "tests/orchestrator/temp_dir.hpp"
 #include "tests/support/output_ids.hpp"
 
@@ -23,6 +24,7 @@ using worker::BatchResult;
 
 namespace {
 
+using testing::FakeClock;
 using testing::read_file;
 using testing::TempDir;
 using testing::write_file;
@@ -46,13 +48,6 @@ BatchResult fake_result(const BatchRequest& r) {
   out.completion_tokens = r.params.max_tokens * r.n;
   return out;
 }
-
-struct FakeClock {
-  double t = 100.0;
-  std::function<double()> fn() {
-    return [this] { return t; };
-  }
-};
 
 JobSpec spec_for(const TempDir& tmp, std::vector<std::string> inputs, const std::string& out) {
   JobSpec s;
