@@ -26,7 +26,10 @@ Result<std::unique_ptr<Client>> Client::connect(const std::string& host_port, co
   c->system_ = c->own_system_.get();
   c->tls_->start(*c->system_);
   auto remote = c->tls_->connect(hp->first, static_cast<std::uint16_t>(hp->second));
-  if (!remote) return std::move(remote).error();
+  if (!remote)
+    return make_error(remote.error().code, remote.error().message +
+                                               "; start one with `shardline node start`, or pass --node HOST:PORT of "
+                                               "a running one");
   c->orchestrator_ = *remote;
   return c;
 }

@@ -25,7 +25,8 @@ class Client {
   /// Connects to the node at HOST:PORT with the key in `key_file`, over
   /// mutual TLS (actors/cluster_tls.hpp). Errors: not_found / corrupt (key
   /// file), io (unreachable, or a node of another cluster key: its TLS
-  /// handshake fails).
+  /// handshake fails; the message says how to start a node or name another,
+  /// issue 46, item 14).
   [[nodiscard]] static Result<std::unique_ptr<Client>> connect(const std::string& host_port,
                                                               const std::string& key_file);
   /// A client of an orchestrator in this process.

@@ -331,17 +331,6 @@ struct ClientArgs {
   std::string key_file = default_key_file();
 };
 
-/// A client of the node at c.node. A node that cannot be reached gets the
-/// hint what to do (issue 46, item 14).
-Result<std::unique_ptr<actors::Client>> connect_node(const ClientArgs& c) {
-  auto client = actors::Client::connect(c.node, c.key_file);
-  if (!client && client.error().message.starts_with("cannot reach a node"))
-    return make_error(client.error().code, client.error().message +
-                                               "; start one with `shardline node start`, or pass --node HOST:PORT of "
-                                               "a running one");
-  return client;
-}
-
 void add_client_flags(CLI::App& cmd, ClientArgs& c) {
   cmd.add_option("--node", c.node, "HOST:PORT of a node running the orchestrator")->capture_default_str();
   cmd.add_option("--key-file", c.key_file, "Cluster key (from `shardline cluster init`)")->capture_default_str();
@@ -468,7 +457,7 @@ Result<std::string> plan_for_cluster(actors::Client& client, const SubmitArgs& a
 
 int run_job_submit(const SubmitArgs& a) {
   messages::SubmitJob sj;
-  auto client = connect_node(a.client);
+  auto client = actors::Client::connect(a.client.node, a.client.key_file);
   if (!client) return fail(client.error());
   std::string parallel = a.parallel;
   if (parallel == "auto") {
@@ -497,7 +486,7 @@ struct StatusArgs {
 };
 
 int run_job_status(const StatusArgs& a) {
-  auto client = connect_node(a.client);
+  auto client = actors::Client::connect(a.client.node, a.client.key_file);
   if (!client) return fail(client.error());
   while (true) {
     auto reply = (*client)->call<messages::JobStatusList>(messages::JobStatusQuery{a.job_id});
@@ -532,7 +521,7 @@ int run_job_status(const StatusArgs& a) {
 }
 
 int run_job_cancel(const ClientArgs& c, std::uint64_t job_id) {
-  auto client = connect_node(c);
+  auto client = actors::Client::connect(c.node, c.key_file);
   if (!client) return fail(client.error());
   auto reply = (*client)->call<messages::JobStatusList>(messages::JobCancel{job_id});
   if (!reply) return fail(reply.error());
@@ -544,7 +533,7 @@ int run_job_cancel(const ClientArgs& c, std::uint64_t job_id) {
 }
 
 int run_actor_list(const ClientArgs& c) {
-  auto client = connect_node(c);
+  auto client = actors::Client::connect(c.node, c.key_file);
   if (!client) return fail(client.error());
   auto reply = (*client)->call<messages::ActorList>(messages::ActorListQuery{});
   if (!reply) return fail(reply.error());
@@ -553,7 +542,7 @@ int run_actor_list(const ClientArgs& c) {
 }
 
 int run_actor_kill(const ClientArgs& c, const std::string& name) {
-  auto client = connect_node(c);
+  auto client = actors::Client::connect(c.node, c.key_file);
   if (!client) return fail(client.error());
   auto reply = (*client)->call<messages::Ack>(messages::KillActor{name});
   if (!reply) return fail(reply.error());

@@ -232,12 +232,11 @@ struct KvStore::Impl {
   std::string dir;
   KvStoreOptions options;
   std::unique_ptr<rocksdb::Env> env;  // outlives db (declared first)
-  rocksdb::Options db_options;        ///< what db was opened with, for reopening
-  std::unique_ptr<rocksdb::DB> db;    ///< null after a failed reopen
-  bool reopen = false;                ///< a write failed and stopped db: reopen before the next write
-  Error stopped;                      ///< why (returned to writes until the reopen)
-  std::chrono::steady_clock::time_point next_probe{};  ///< no free-space probe before
-  std::uint64_t reopens = 0;
+  /// Reopened after a write a full disk failed; the chunks it held are
+  /// still there and their coverage stays as it was (a failed write counted
+  /// nothing). Free space is probed at most every reopen_interval_ms: a
+  /// put comes with every decode step.
+  ReopenableDb db;
   std::uint64_t refused_writes = 0;   ///< put_many calls refused: the disk budget or the disk was full
   std::uint64_t held_bytes = 0;       ///< value bytes of every stored chunk (sum of RequestState::bytes)
   HostTier tier;
@@ -250,48 +249,6 @@ struct KvStore::Impl {
   std::string gc_begin, gc_end;  ///< the key span deleted since then (empty: none)
 
   explicit Impl(std::uint64_t host_bytes) : tier(host_bytes) {}
-
-  /// db open and taking writes: after a write that stopped RocksDB (see
-  /// write_failed) it is closed and opened again. The chunks it held are
-  /// still there and their coverage stays as it was (a failed write counted
-  /// nothing). Errors: the open's (disk_full while the disk is full; db is
-  /// then null and the next call tries again).
-  Status ready() {
-    if (db && !reopen) return {};
-    // Once the disk has room (probed at most every reopen_interval_ms: a
-    // put comes with every decode step); until then the open database
-    // still serves reads.
-    const auto now = std::chrono::steady_clock::now();
-    if (db && now < next_probe) return stopped;
-    next_probe = now + std::chrono::milliseconds(options.reopen_interval_ms);
-    if (Status room = probe_free_space(*db_options.env, dir, kReopenProbeBytes); !room.ok()) {
-      stopped = room.error();
-      return room;
-    }
-    db.reset();
-    rocksdb::DB* raw = nullptr;
-    const rocksdb::Status st = rocksdb::DB::Open(db_options, dir, &raw);
-    if (!st.ok()) return db_error("reopen " + dir + " after a failed write", st);  // db null: tried again next call
-    db.reset(raw);
-    reopen = false;
-    ++reopens;
-    return {};
-  }
-
-  /// db open, for a read: a database that stopped taking writes still
-  /// serves reads, so it is reopened only when a failed reopen closed it.
-  Status readable() { return db ? Status{} : ready(); }
-
-  /// The error of a failed write; one that stops RocksDB's writes (a full
-  /// disk, an I/O error) makes the next call reopen the database.
-  Error write_failed(const std::string& what, const rocksdb::Status& st) {
-    Error e = db_error(what, st);
-    if (stops_writes(st)) {
-      reopen = true;
-      stopped = e;
-    }
-    return e;
-  }
 
   /// Chunk bytes counted against options.disk_budget_bytes: those held and
   /// those deleted since the last compaction (still on disk).
@@ -320,7 +277,7 @@ struct KvStore::Impl {
       return *hit;
     }
     ++disk_reads;
-    if (Status r = readable(); !r.ok()) return r.error();
+    if (Status r = db.readable(); !r.ok()) return r.error();
     std::string v;
     const rocksdb::Status st = db->Get(rocksdb::ReadOptions(), k, &v);
     if (st.IsNotFound()) return make_error(ErrorCode::not_found, "kv store: no chunk " + describe(key));
@@ -338,9 +295,9 @@ struct KvStore::Impl {
   /// Deletes keys [begin, end) and forgets `ids`.
   Status drop(const std::string& begin, const std::string& end, const std::vector<RequestId>& ids) {
     if (ids.empty()) return {};
-    if (Status r = ready(); !r.ok()) return r;
+    if (Status r = db.writable(); !r.ok()) return r;
     const rocksdb::Status st = db->DeleteRange(write_options(), db->DefaultColumnFamily(), begin, end);
-    if (!st.ok()) return write_failed("delete range " + hex(begin), st);
+    if (!st.ok()) return db.write_failed("delete range " + hex(begin), st);
     for (const RequestId& id : ids) {
       const auto it = requests.find(id);
       for (const auto& [range, size] : it->second.chunks) tier.erase(encode_key(KvChunkKey{id.first, id.second, range}));
@@ -357,12 +314,12 @@ struct KvStore::Impl {
 
   Status compact() {
     if (gc_begin.empty()) return {};
-    if (Status r = ready(); !r.ok()) return r;
+    if (Status r = db.writable(); !r.ok()) return r;
     rocksdb::CompactRangeOptions o;
     o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
     const rocksdb::Slice b(gc_begin), e(gc_end);
     const rocksdb::Status st = db->CompactRange(o, &b, &e);
-    if (!st.ok()) return write_failed("compact deleted range", st);
+    if (!st.ok()) return db.write_failed("compact deleted range", st);
     ++compactions;
     gc_pending = 0;
     gc_begin.clear();
@@ -385,19 +342,18 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   impl->dir = dir;
   impl->options = std::move(store_options);
 
-  rocksdb::Options& options = impl->db_options;
+  rocksdb::Options options;
   options.create_if_missing = true;
   options.max_open_files = 256;
   options.write_buffer_size = static_cast<std::size_t>(std::max<std::uint64_t>(impl->options.memtable_bytes, 64 << 10));
-  options.info_log = open_info_log(dir);  // RocksDB's own aborts on a full disk
   if (impl->options.file_system) {
     impl->env = rocksdb::NewCompositeEnv(impl->options.file_system);
     options.env = impl->env.get();
   }
-  rocksdb::DB* raw = nullptr;
-  const rocksdb::Status st = rocksdb::DB::Open(options, dir, &raw);
-  if (!st.ok()) return db_error("open " + dir, st);
-  impl->db.reset(raw);
+  auto db = ReopenableDb::open("kv store", dir, std::move(options),
+                               std::chrono::milliseconds(impl->options.reopen_interval_ms));
+  if (!db.ok()) return std::move(db).error();
+  impl->db = std::move(db).value();
 
   // Rebuild every request's coverage from what survived.
   rocksdb::ReadOptions ro;
@@ -473,7 +429,7 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes)
       }
     }
   }
-  if (Status r = impl_->ready(); !r.ok()) {
+  if (Status r = impl_->db.writable(); !r.ok()) {
     ++impl_->refused_writes;
     return r.error();
   }
@@ -481,7 +437,7 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes)
   const rocksdb::Status st = impl_->db->Write(impl_->write_options(), &batch);
   if (!st.ok()) {
     ++impl_->refused_writes;
-    return impl_->write_failed("write " + std::to_string(writes.size()) + " chunk(s)", st);
+    return impl_->db.write_failed("write " + std::to_string(writes.size()) + " chunk(s)", st);
   }
   for (std::size_t i = 0; i < writes.size(); ++i) {
     const KvChunkWrite& w = writes[i];
@@ -584,8 +540,8 @@ Result<KvStoreStats> KvStore::stats() const {
   s.disk_reads = impl_->disk_reads;
   s.disk_budget = impl_->options.disk_budget_bytes;
   s.refused_writes = impl_->refused_writes;
-  s.reopens = impl_->reopens;
-  if (Status r = impl_->readable(); !r.ok()) return r.error();
+  s.reopens = impl_->db.reopens();
+  if (Status r = impl_->db.readable(); !r.ok()) return r.error();
   std::uint64_t v = 0;
   if (impl_->db->GetIntProperty(rocksdb::DB::Properties::kCurSizeAllMemTables, &v)) s.memtable_bytes = v;
   if (impl_->db->GetIntProperty(rocksdb::DB::Properties::kLiveSstFilesSize, &v)) s.sst_bytes = v;

@@ -14,8 +14,10 @@
 #include <mutex>
 #include <string>
 
+#include <rocksdb/db.h>
 #include <rocksdb/env.h>
 #include <rocksdb/file_system.h>
+#include <rocksdb/options.h>
 #include <rocksdb/status.h>
 
 namespace shardline::kvstore {
@@ -122,5 +124,59 @@ Status probe_free_space(rocksdb::Env& env, const std::string& dir, std::size_t b
 }
 
 std::shared_ptr<rocksdb::Logger> open_info_log(const std::string& dir) { return std::make_shared<InfoLog>(dir); }
+
+ReopenableDb::ReopenableDb() = default;
+ReopenableDb::~ReopenableDb() = default;
+ReopenableDb::ReopenableDb(ReopenableDb&&) noexcept = default;
+ReopenableDb& ReopenableDb::operator=(ReopenableDb&&) noexcept = default;
+
+Result<ReopenableDb> ReopenableDb::open(std::string name, std::string dir, rocksdb::Options options,
+                                        std::chrono::milliseconds probe_interval) {
+  ReopenableDb d;
+  d.name_ = std::move(name);
+  d.dir_ = std::move(dir);
+  d.options_ = std::make_unique<rocksdb::Options>(std::move(options));
+  d.options_->info_log = open_info_log(d.dir_);  // RocksDB's own aborts on a full disk
+  d.probe_interval_ = probe_interval;
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status st = rocksdb::DB::Open(*d.options_, d.dir_, &raw);
+  if (!st.ok()) return d.error("open " + d.dir_, st);
+  d.db_.reset(raw);
+  return d;
+}
+
+Status ReopenableDb::writable() {
+  if (db_ && !reopen_) return {};
+  const auto now = std::chrono::steady_clock::now();
+  if (db_ && now < next_probe_) return stopped_;
+  next_probe_ = now + probe_interval_;
+  if (Status room = probe_free_space(*options_->env, dir_, kReopenProbeBytes); !room.ok()) {
+    stopped_ = room.error();
+    return room;
+  }
+  db_.reset();
+  rocksdb::DB* raw = nullptr;
+  const rocksdb::Status st = rocksdb::DB::Open(*options_, dir_, &raw);
+  if (!st.ok()) return error("reopen " + dir_ + " after a failed write", st);  // closed: the next call tries again
+  db_.reset(raw);
+  reopen_ = false;
+  ++reopens_;
+  return {};
+}
+
+Status ReopenableDb::readable() { return db_ ? Status{} : writable(); }
+
+Error ReopenableDb::write_failed(const std::string& what, const rocksdb::Status& st) {
+  Error e = error(what, st);
+  if (stops_writes(st)) {
+    reopen_ = true;
+    stopped_ = e;
+  }
+  return e;
+}
+
+Error ReopenableDb::error(const std::string& what, const rocksdb::Status& st) const {
+  return rocksdb_error(name_ + ": " + what, st);
+}
 
 }  // namespace shardline::kvstore

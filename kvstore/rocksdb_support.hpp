@@ -6,28 +6,31 @@
 ///  - rocksdb_error(): a failed call as an Error, with the code a caller acts
 ///    on: disk_full for ENOSPC (Status::IsNoSpace()), corrupt for a damaged
 ///    file, io for anything else.
-///  - stops_writes(): whether a failed write left the database refusing
-///    writes. RocksDB 7.8 then holds a background error that DB::Resume()
-///    does not clear for a failed WAL append ("Resource busy", measured on
-///    a 2 MiB tmpfs), so the owner closes the database and opens it again
-///    once probe_free_space() finds room (the open replays the WAL up to
-///    the failed record).
+///  - ReopenableDb: a database that a failed write does not stop for good.
+///    RocksDB 7.8 then holds a background error that DB::Resume() does not
+///    clear for a failed WAL append ("Resource busy", measured on a 2 MiB
+///    tmpfs), so it is closed and opened again once probe_free_space()
+///    finds room (the open replays the WAL up to the failed record).
 ///  - open_info_log(): RocksDB's own LOG file, written by a logger that
 ///    never stops the process. Debian's librocksdb 7.8 is built with
 ///    assertions, and its default logger aborts on the write after a failed
 ///    one (WritableFileWriter::AssertFalseAndGetStatusForPrevError): a full
 ///    disk killed the node that way, and again at every restart.
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
 #include "common/result.hpp"
 
 namespace rocksdb {
+class DB;
 class Env;
 class Logger;
 class Status;
+struct Options;
 }  // namespace rocksdb
 
 namespace shardline::kvstore {
@@ -57,5 +60,60 @@ inline constexpr std::size_t kReopenProbeBytes = 1u << 20;
 /// retried into an abort; when the file cannot be created (no space) the
 /// messages are dropped.
 [[nodiscard]] std::shared_ptr<rocksdb::Logger> open_info_log(const std::string& dir);
+
+/// One RocksDB database that lives through a full disk: after a write that
+/// stopped it (write_failed(), stops_writes()), the next writable() closes
+/// it and opens it again with the same options once probe_free_space()
+/// finds room; until then it keeps serving reads. Used by the KV store and
+/// jobs.db. The Env in the options must outlive it. Not thread-safe: the
+/// owner serializes calls.
+class ReopenableDb {
+ public:
+  ReopenableDb();  ///< closed: every call reopens (fails: nothing to open)
+  ~ReopenableDb();
+  ReopenableDb(ReopenableDb&&) noexcept;
+  ReopenableDb& operator=(ReopenableDb&&) noexcept;
+
+  /// Opens `dir` with `options`, its info_log set to open_info_log(dir).
+  /// `name` starts every error message ("job store"); while the database
+  /// is stopped, free space is probed at most every `probe_interval`
+  /// (writes in between get the last error at once). Errors: those of
+  /// rocksdb_error() ("<name>: open <dir>: ...").
+  [[nodiscard]] static Result<ReopenableDb> open(std::string name, std::string dir, rocksdb::Options options,
+                                                 std::chrono::milliseconds probe_interval);
+
+  /// The open database (null after a failed reopen: call readable() or
+  /// writable() first).
+  [[nodiscard]] rocksdb::DB* operator->() const noexcept { return db_.get(); }
+  [[nodiscard]] rocksdb::DB* get() const noexcept { return db_.get(); }
+
+  /// Open and taking writes: reopens a stopped database once the disk has
+  /// room. Errors: the probe's (disk_full while the disk is full; the
+  /// database stays open for reads), the open's (it is then closed, and the
+  /// next call tries again).
+  [[nodiscard]] Status writable();
+  /// Open, for a read: a stopped database still serves reads, so it is
+  /// reopened only when a failed reopen closed it. Errors: as writable().
+  [[nodiscard]] Status readable();
+  /// The error of a failed write "<name>: <what>: ..."; one that stops
+  /// RocksDB's writes makes the next writable() reopen the database.
+  [[nodiscard]] Error write_failed(const std::string& what, const rocksdb::Status& st);
+  /// rocksdb_error() of a failed call, "<name>: <what>: ...".
+  [[nodiscard]] Error error(const std::string& what, const rocksdb::Status& st) const;
+
+  /// Times the database was closed and opened again after a failed write.
+  [[nodiscard]] std::uint64_t reopens() const noexcept { return reopens_; }
+
+ private:
+  std::string name_;
+  std::string dir_;
+  std::unique_ptr<rocksdb::Options> options_;  ///< what db_ was opened with (destroyed after db_)
+  std::unique_ptr<rocksdb::DB> db_;
+  std::chrono::milliseconds probe_interval_{0};
+  bool reopen_ = false;  ///< a write stopped db_: reopen before the next write
+  Error stopped_;        ///< why (returned to writes until the next probe)
+  std::chrono::steady_clock::time_point next_probe_{};
+  std::uint64_t reopens_ = 0;
+};
 
 }  // namespace shardline::kvstore

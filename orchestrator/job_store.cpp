@@ -1,7 +1,6 @@
 #include "orchestrator/job_store.hpp"
 
-#include "kvstore/rocksdb_support.hpp"
-
+#include <chrono>
 #include <set>
 #include <utility>
 
@@ -150,64 +149,43 @@ const char* job_state_name(JobState s) noexcept {
   return "unknown";
 }
 
-JobStore::JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, std::unique_ptr<rocksdb::Options> options,
-                   rocksdb::DB* db, std::uint64_t next_job_id)
-    : dir_(std::move(dir)), env_(std::move(env)), options_(std::move(options)), db_(db), next_job_id_(next_job_id) {}
+JobStore::JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, kvstore::ReopenableDb db,
+                   std::uint64_t next_job_id)
+    : dir_(std::move(dir)), env_(std::move(env)), db_(std::move(db)), next_job_id_(next_job_id) {}
 
 Status JobStore::ready_locked() {
-  if (db_ && !reopen_) return Status::ok_status();
-  // A failed write left RocksDB refusing writes (rocksdb_support.hpp):
-  // once the disk has room, close it and open it again. Until then the open
-  // database still serves reads.
-  if (Status room = kvstore::probe_free_space(*options_->env, dir_, kvstore::kReopenProbeBytes); !room.ok())
-    return room;
-  db_.reset();
-  rocksdb::DB* raw = nullptr;
-  const rocksdb::Status st = rocksdb::DB::Open(*options_, dir_, &raw);
-  if (!st.ok()) return db_error("reopen " + dir_ + " after a failed write", st);  // db_ null: the next call tries again
-  db_.reset(raw);
-  reopen_ = false;
-  ++reopens_;
-  counter_cache_.clear();  // a record whose sync failed may be in the WAL after all: read them again
+  const std::uint64_t reopens = db_.reopens();
+  if (Status st = db_.writable(); !st.ok()) return st;
+  // Reopened: a record whose sync failed may be in the WAL after all.
+  if (db_.reopens() != reopens) counter_cache_.clear();
   return Status::ok_status();
-}
-
-Status JobStore::readable_locked() {
-  if (db_) return Status::ok_status();
-  return ready_locked();
-}
-
-Error JobStore::write_failed_locked(const std::string& what, const rocksdb::Status& st) {
-  if (kvstore::stops_writes(st)) reopen_ = true;
-  return db_error(what, st);
 }
 
 JobStore::~JobStore() = default;
 
 Result<std::unique_ptr<JobStore>> JobStore::open(const std::string& dir, JobStoreOptions store_options) {
-  auto options = std::make_unique<rocksdb::Options>();
-  options->create_if_missing = true;
-  options->max_open_files = 256;
-  options->info_log = kvstore::open_info_log(dir);  // RocksDB's own aborts on a full disk
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.max_open_files = 256;
   std::unique_ptr<rocksdb::Env> env;
   if (store_options.file_system) {
     env = rocksdb::NewCompositeEnv(store_options.file_system);
-    options->env = env.get();
+    options.env = env.get();
   }
-  rocksdb::DB* raw = nullptr;
-  const rocksdb::Status st = rocksdb::DB::Open(*options, dir, &raw);
-  if (!st.ok()) return db_error("open " + dir, st);
-  std::unique_ptr<rocksdb::DB> db(raw);
+  // Free space is probed at every call while stopped: the job manager's
+  // retries have their own back-off.
+  auto db = kvstore::ReopenableDb::open("job store", dir, std::move(options), std::chrono::milliseconds(0));
+  if (!db.ok()) return std::move(db).error();
   std::string v;
   std::uint64_t next = 1;
-  const rocksdb::Status g = db->Get(rocksdb::ReadOptions(), kMetaNextJob, &v);
+  const rocksdb::Status g = (*db)->Get(rocksdb::ReadOptions(), kMetaNextJob, &v);
   if (g.ok()) {
     if (v.size() != 8) return make_error(ErrorCode::corrupt, "job store: next_job_id: bad size");
     next = get_be64(v, 0);
   } else if (!g.IsNotFound()) {
     return db_error("read next_job_id", g);
   }
-  return std::unique_ptr<JobStore>(new JobStore(dir, std::move(env), std::move(options), db.release(), next));
+  return std::unique_ptr<JobStore>(new JobStore(dir, std::move(env), std::move(db).value(), next));
 }
 
 Result<std::uint64_t> JobStore::create_job(JobRecord record) {
@@ -221,7 +199,7 @@ Result<std::uint64_t> JobStore::create_job(JobRecord record) {
   batch.Put(job_key('J', record.id), encode_record(record));
   batch.Put(job_key('C', record.id), encode_counters(JobCounters{}));
   const rocksdb::Status st = db_->Write(sync_write(), &batch);
-  if (!st.ok()) return write_failed_locked("create job", st);
+  if (!st.ok()) return db_.write_failed("create job", st);
   ++next_job_id_;
   counter_cache_[record.id] = JobCounters{};
   return record.id;
@@ -236,13 +214,13 @@ Status JobStore::update_job(const JobRecord& record) {
     return make_error(ErrorCode::not_found, "job store: no job " + std::to_string(record.id));
   if (!g.ok()) return db_error("read job", g);
   const rocksdb::Status st = db_->Put(sync_write(), job_key('J', record.id), encode_record(record));
-  if (!st.ok()) return write_failed_locked("update job", st);
+  if (!st.ok()) return db_.write_failed("update job", st);
   return Status::ok_status();
 }
 
 Result<JobRecord> JobStore::get_job(std::uint64_t job_id) {
   std::lock_guard lock(mu_);
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   std::string v;
   const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('J', job_id), &v);
   if (g.IsNotFound()) return make_error(ErrorCode::not_found, "job store: no job " + std::to_string(job_id));
@@ -252,7 +230,7 @@ Result<JobRecord> JobStore::get_job(std::uint64_t job_id) {
 
 Result<std::vector<JobRecord>> JobStore::list_jobs() {
   std::lock_guard lock(mu_);
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   std::vector<JobRecord> out;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek("J"); it->Valid() && it->key().starts_with("J"); it->Next()) {
@@ -279,7 +257,7 @@ Result<JobCounters> JobStore::counters_locked(std::uint64_t job_id) {
 Result<JobCounters> JobStore::counters(std::uint64_t job_id) {
   std::lock_guard lock(mu_);
   if (auto it = counter_cache_.find(job_id); it != counter_cache_.end()) return it->second;
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   return counters_locked(job_id);
 }
 
@@ -323,14 +301,14 @@ Result<std::size_t> JobStore::put_results(std::uint64_t job_id, const std::vecto
   if (added == 0 && drop_resume.empty()) return std::size_t{0};
   if (added > 0) batch.Put(job_key('C', job_id), encode_counters(c));
   const rocksdb::Status st = db_->Write(sync_write(), &batch);
-  if (!st.ok()) return write_failed_locked("commit results", st);
+  if (!st.ok()) return db_.write_failed("commit results", st);
   if (added > 0) counter_cache_[job_id] = c;
   return added;
 }
 
 Result<std::optional<std::string>> JobStore::get_result(std::uint64_t job_id, std::uint64_t line_index) {
   std::lock_guard lock(mu_);
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   std::string v;
   const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), result_key(job_id, line_index), &v);
   if (g.IsNotFound()) return std::optional<std::string>();
@@ -347,7 +325,7 @@ Result<bool> JobStore::has_result(std::uint64_t job_id, std::uint64_t line_index
 Status JobStore::scan_results(std::uint64_t job_id, std::uint64_t from_line,
                               const std::function<bool(std::uint64_t, std::string_view)>& fn) {
   std::lock_guard lock(mu_);
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   const std::string prefix = job_key('R', job_id);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(result_key(job_id, from_line)); it->Valid(); it->Next()) {
@@ -361,7 +339,7 @@ Status JobStore::scan_results(std::uint64_t job_id, std::uint64_t from_line,
 
 Result<OutputProgress> JobStore::output_progress(std::uint64_t job_id) {
   std::lock_guard lock(mu_);
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   std::string v;
   const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('O', job_id), &v);
   if (g.IsNotFound()) return OutputProgress{};
@@ -380,7 +358,7 @@ Status JobStore::set_output_progress(std::uint64_t job_id, const OutputProgress&
   put_be64(v, p.next_line);
   if (p.checksummed) put_be64(v, p.prefix_checksum);
   const rocksdb::Status st = db_->Put(sync_write(), job_key('O', job_id), v);
-  if (!st.ok()) return write_failed_locked("write output progress", st);
+  if (!st.ok()) return db_.write_failed("write output progress", st);
   return Status::ok_status();
 }
 
@@ -430,13 +408,13 @@ Status JobStore::put_resume(const std::vector<ResumeRecord>& records) {
   rocksdb::WriteBatch batch;
   for (const auto& r : records) batch.Put(line_key('K', r.job_id, r.line_index), encode_resume(r.choices));
   const rocksdb::Status st = db_->Write(unsynced_write(), &batch);
-  if (!st.ok()) return write_failed_locked("write resume records", st);
+  if (!st.ok()) return db_.write_failed("write resume records", st);
   return Status::ok_status();
 }
 
 Result<std::vector<ResumeRecord>> JobStore::load_resume(std::uint64_t job_id) {
   std::lock_guard lock(mu_);
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   std::vector<ResumeRecord> out;
   const std::string prefix = job_key('K', job_id);
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
@@ -462,13 +440,13 @@ Status JobStore::delete_resume(std::uint64_t job_id) {
   if (!it->status().ok()) return db_error("scan resume records", it->status());
   if (batch.Count() == 0) return Status::ok_status();
   const rocksdb::Status st = db_->Write(sync_write(), &batch);
-  if (!st.ok()) return write_failed_locked("delete resume records", st);
+  if (!st.ok()) return db_.write_failed("delete resume records", st);
   return Status::ok_status();
 }
 
 Result<std::size_t> JobStore::count_resume_records(std::uint64_t job_id) {
   std::lock_guard lock(mu_);
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   const std::string prefix = job_key('K', job_id);
   std::size_t n = 0;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
@@ -479,7 +457,7 @@ Result<std::size_t> JobStore::count_resume_records(std::uint64_t job_id) {
 
 Result<RecoveryCounters> JobStore::recovery_counters(std::uint64_t job_id) {
   std::lock_guard lock(mu_);
-  if (Status ready = readable_locked(); !ready.ok()) return ready.error();
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
   std::string v;
   const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('F', job_id), &v);
   if (g.IsNotFound()) return RecoveryCounters{};
@@ -495,7 +473,7 @@ Status JobStore::set_recovery_counters(std::uint64_t job_id, const RecoveryCount
   put_be64(v, c.requeued);
   put_be64(v, c.resumed);
   const rocksdb::Status st = db_->Put(unsynced_write(), job_key('F', job_id), v);
-  if (!st.ok()) return write_failed_locked("write recovery counters", st);
+  if (!st.ok()) return db_.write_failed("write recovery counters", st);
   return Status::ok_status();
 }
 

@@ -52,13 +52,11 @@
 
 #include "common/checksum.hpp"
 #include "common/result.hpp"
+#include "kvstore/rocksdb_support.hpp"
 #include "worker/batch_types.hpp"
 
 namespace rocksdb {
-class DB;
 class Env;
-struct Options;
-class Status;
 class FileSystem;
 }  // namespace rocksdb
 
@@ -232,33 +230,18 @@ class JobStore {
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
   /// How many times the database was closed and opened again after a
   /// failed write (a full disk: issue 46, items 7 and 8).
-  [[nodiscard]] int reopens() const noexcept { return reopens_; }
+  [[nodiscard]] std::uint64_t reopens() const noexcept { return db_.reopens(); }
 
  private:
-  JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, std::unique_ptr<rocksdb::Options> options,
-           rocksdb::DB* db, std::uint64_t next_job_id);
+  JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, kvstore::ReopenableDb db, std::uint64_t next_job_id);
   Result<JobCounters> counters_locked(std::uint64_t job_id);
-  /// db_ open and taking writes: after a write that stopped RocksDB (see
-  /// write_failed_locked) it is closed and opened again first, once
-  /// kvstore::probe_free_space() finds room. Errors: the probe's (disk_full
-  /// while the disk is still full; db_ stays open for reads), the open's
-  /// (db_ is then null and every call tries again).
+  /// db_.writable(), dropping the counter cache when it reopened.
   Status ready_locked();
-  /// db_ open, for a read: a database that stopped taking writes still
-  /// serves reads, so it is reopened only when a failed reopen closed it.
-  Status readable_locked();
-  /// The error of a failed write; one that stops RocksDB's writes
-  /// (kvstore::stops_writes: a full disk, an I/O error) makes the next call
-  /// reopen the database.
-  Error write_failed_locked(const std::string& what, const rocksdb::Status& st);
 
   std::string dir_;
   std::unique_ptr<rocksdb::Env> env_;  ///< over options.file_system; null: the default Env. Outlives db_.
-  std::unique_ptr<rocksdb::Options> options_;  ///< what db_ was opened with, for reopening
-  std::unique_ptr<rocksdb::DB> db_;  ///< null after a failed reopen
+  kvstore::ReopenableDb db_;           ///< reopened after a write a full disk failed
   std::uint64_t next_job_id_;
-  bool reopen_ = false;  ///< a write failed and stopped db_: reopen before the next call
-  int reopens_ = 0;
   std::recursive_mutex mu_;  ///< scan_results' callback may call back in
   std::map<std::uint64_t, JobCounters> counter_cache_;
 };

@@ -6,14 +6,8 @@
 // failed one (a 3 MiB tmpfs under --data-dir killed the node);
 // `shardline run` on a real full tmpfs is in tests/cli/disk_full_e2e_test.cpp.
 
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <memory>
 
 #include "kvstore/kv_store.hpp"
@@ -149,27 +143,18 @@ TEST(KvStoreDiskFull, TheReserveKeepsTheLastFreeSpaceForJobsDbAndOutputs) {
 // stay there.
 TEST(KvStoreDiskFull, AnUnwritableRocksDbLogNeverAbortsTheProcess) {
   TempDir tmp;
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead
+  const int status = shardline::testing_support::status_of_child([&] {
     KvStoreOptions o;
     o.shape = small_shape();
     o.disk_reserve_bytes = 0;
     auto store = KvStore::open(tmp.file("kv"), o);
-    if (!store.ok()) ::_exit(3);
-    if (!put_step(**store, 1, 0).ok()) ::_exit(4);
-    // Every file stops growing: the LOG's next line fails, and so would
-    // the line after it.
-    std::error_code ec;
-    rlimit limit{};
-    limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(std::filesystem::file_size(tmp.file("kv/LOG"), ec) + 1);
-    if (ec || ::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(5);
+    if (!store.ok()) return 3;
+    if (!put_step(**store, 1, 0).ok()) return 4;
+    // The LOG's next line fails, and so would the line after it.
+    if (!shardline::testing_support::stop_files_growing_past(tmp.file("kv/LOG"))) return 5;
     for (int i = 0; i < 20; ++i) (void)(*store)->stats();  // each lists the WAL files: two LOG lines
-    ::_exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    return 0;
+  });
   ASSERT_TRUE(WIFEXITED(status)) << "the store's process died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }

@@ -8,14 +8,8 @@
 // space is back; the file then holds every line exactly once, as a run on a
 // disk that never filled.
 
-#include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
@@ -262,20 +256,14 @@ TEST(JobManagerDiskFull, ARestartWhilePausedServesTheWaitingLinesAgain) {
 // and an abort to itself.
 TEST(JobStoreDiskFull, AnUnwritableDiskFailsWritesAndNeverAbortsTheProcess) {
   TempDir tmp;
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::signal(SIGXFSZ, SIG_IGN);
+  const int status = testing_support::status_of_child([&] {
     auto store = JobStore::open(tmp.file("jobs.db"));
-    if (!store.ok()) ::_exit(3);
+    if (!store.ok()) return 3;
     JobRecord rec;
     rec.spec.output_path = "/o";
     auto id = (*store)->create_job(rec);
-    if (!id.ok()) ::_exit(4);
-    std::error_code ec;
-    rlimit limit{};
-    limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(std::filesystem::file_size(tmp.file("jobs.db/LOG"), ec) + 1);
-    if (ec || ::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(5);
+    if (!id.ok()) return 4;
+    if (!testing_support::stop_files_growing_past(tmp.file("jobs.db/LOG"))) return 5;
     int failed = 0;
     for (std::uint64_t line = 0; line < 200; ++line) {
       StoredResult r;
@@ -283,10 +271,8 @@ TEST(JobStoreDiskFull, AnUnwritableDiskFailsWritesAndNeverAbortsTheProcess) {
       r.line = std::string(4096, 'x');
       if (!(*store)->put_results(*id, {r}).ok()) ++failed;
     }
-    ::_exit(failed > 0 ? 0 : 6);  // the writes failed, as errors
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    return failed > 0 ? 0 : 6;  // the writes failed, as errors
+  });
   ASSERT_TRUE(WIFEXITED(status)) << "the store's process died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }

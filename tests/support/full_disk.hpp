@@ -11,8 +11,14 @@
 // Reads, deletes, renames and shrinking truncates still work, as on a real
 // full disk. Clearing `full` is freeing space.
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <memory>
@@ -186,5 +192,30 @@ class FullDiskRocksDbFs final : public rocksdb::FileSystemWrapper {
 
   std::shared_ptr<DiskSpace> space_;
 };
+
+/// Runs `body` in a forked child, so that a file-size limit it sets and an
+/// abort stay there; returns its waitpid status (-1: fork or wait failed).
+/// The child exits with what `body` returns.
+inline int status_of_child(const std::function<int()>& body) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) ::_exit(body());
+  int status = 0;
+  return ::waitpid(pid, &status, 0) == pid ? status : -1;
+}
+
+/// In a child of status_of_child(): every file of the process stops growing
+/// one byte past the current size of `file` (RLIMIT_FSIZE; a write past it
+/// fails with EFBIG, SIGXFSZ ignored): as deterministic as a full disk, and
+/// no mount needed. False when the limit could not be set.
+inline bool stop_files_growing_past(const std::string& file) {
+  ::signal(SIGXFSZ, SIG_IGN);
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(file, ec);
+  if (ec) return false;
+  rlimit limit{};
+  limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(size + 1);
+  return ::setrlimit(RLIMIT_FSIZE, &limit) == 0;
+}
 
 }  // namespace shardline::testing_support
