@@ -12,4 +12,13 @@ bash deploy/build.sh
 if [[ $# -eq 0 ]]; then
   set -- -LE validation
 fi
-ctest --test-dir build --output-on-failure -j "$(nproc)" "$@"
+# The JUnit file lets the last lines of the log say why each failed test
+# failed (deploy/ctest_failures.py), not only which.
+junit=build/Testing/ctest-junit.xml
+rm -f "$junit"
+rc=0
+ctest --test-dir build --output-on-failure --output-junit "$PWD/$junit" -j "$(nproc)" "$@" || rc=$?
+if [[ $rc -ne 0 && -f $junit ]]; then
+  python3 deploy/ctest_failures.py "$junit" || true
+fi
+exit "$rc"
