@@ -48,7 +48,7 @@ struct WorkerState {
   bool step_scheduled = false;
   /// Lines accepted and not yet answered: what it says it holds when an
   /// orchestrator that restarted asks it to say hello again.
-  std::set<orchestrator::LineRef> held;
+  std::set<worker::LineRef> held;
   std::uint64_t steps = 0;
   bool warned_slow_step = false;
   Inbox inbox;
@@ -232,7 +232,7 @@ Reply handle(WorkerActor* self, messages::AssignWork& msg) {
       spdlog::error("worker {}: {}", s.config.name, switched.error().to_string());
     else if (*switched)
       spdlog::info("worker {}: token budget {} (job {})", s.config.name, s.token_budget->current(), r.job_id);
-    s.held.insert(orchestrator::LineRef{r.job_id, r.line_index});
+    s.held.insert(worker::LineRef{r.job_id, r.line_index});
     if (!r.resume.empty()) fetch_resume_kv(self, r);
     s.worker->submit(std::move(r));
   }
@@ -442,7 +442,7 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
         if (!results->empty()) {
           MetricsRegistry& m = *s.config.metrics;
           for (const auto& r : *results) {
-            s.held.erase(orchestrator::LineRef{r.job_id, r.line_index});
+            s.held.erase(worker::LineRef{r.job_id, r.line_index});
             if (!r.choices.empty()) {
               std::vector<std::uint64_t> keys;
               for (int c = 0; c < static_cast<int>(r.choices.size()); ++c)

@@ -105,7 +105,7 @@ struct Member<OM, WorkerHello> {
     auto held = r.getHeld();
     check_len(held, "held");
     m.held.reserve(held.size());
-    for (auto l : held) m.held.push_back(orchestrator::LineRef{l.getJobId(), l.getLineIndex()});
+    for (auto l : held) m.held.push_back(worker::LineRef{l.getJobId(), l.getLineIndex()});
     m.sidp_group = str(r.getSidpGroup());
     m.sidp_rank = r.getSidpRank();
     m.sidp_ranks = r.getSidpRanks();

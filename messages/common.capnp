@@ -50,7 +50,7 @@ struct SamplingParams {
   logprobs @14 :Int32 = -1;   # top logprobs per generated token; -1 = none
 }
 
-# orchestrator::BatchRequest: one input line.
+# worker::BatchRequest: one input line.
 struct BatchRequest {
   jobId @0 :UInt64;
   lineIndex @1 :UInt64;
@@ -86,7 +86,7 @@ struct KvProgress {
   outputIds @4 :List(Int32);
 }
 
-# orchestrator::BatchChoice.
+# worker::BatchChoice.
 struct BatchChoice {
   index @0 :Int32;
   text @1 :Text;
@@ -109,7 +109,7 @@ struct ChoiceTokenLogprobs {
   textOffset @2 :Int32;
 }
 
-# orchestrator::BatchResult: the result of one input line.
+# worker::BatchResult: the result of one input line.
 struct BatchResult {
   jobId @0 :UInt64;
   lineIndex @1 :UInt64;

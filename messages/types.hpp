@@ -16,7 +16,6 @@
 #include "common/result.hpp"
 #include "engine/parallel_config.hpp"
 #include "kvstore/kv_stream.hpp"
-#include "orchestrator/job_manager.hpp"
 #include "worker/batch_types.hpp"
 
 namespace shardline::messages {
@@ -188,7 +187,7 @@ struct WorkerHello {
   /// Lines the worker holds (accepted, no result sent yet): empty on its
   /// first hello; filled when a restarted orchestrator asks it to say hello
   /// again (HelloAgain), so they stay in flight on it.
-  std::vector<orchestrator::LineRef> held;
+  std::vector<worker::LineRef> held;
   /// SiDP (seed 002): the worker is rank `sidp_rank` of the DP group
   /// `sidp_group` ("NODE/sidp") of `sidp_ranks` ranks; "" = not SiDP.
   std::string sidp_group;

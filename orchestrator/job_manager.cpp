@@ -607,11 +607,11 @@ void JobManager::mark_started(Job& j) {
   }
 }
 
-Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const std::vector<LineRef>& lines) {
+Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const std::vector<worker::LineRef>& lines) {
   std::size_t claimed = 0;
   std::map<std::uint64_t, std::set<std::uint64_t>> unread;  // job -> lines still to read from the shards
-  const std::set<LineRef> distinct(lines.begin(), lines.end());
-  for (const LineRef& l : distinct) {
+  const std::set<worker::LineRef> distinct(lines.begin(), lines.end());
+  for (const worker::LineRef& l : distinct) {
     const auto it = jobs_.find(l.job_id);
     if (it == jobs_.end() || !served(it->second)) continue;
     Job& j = it->second;
@@ -758,7 +758,7 @@ Result<std::size_t> JobManager::on_result(const BatchResult& result) {
 }
 
 Status JobManager::on_kv_progress(const std::string& worker, std::span<const worker::KvProgress> progress) {
-  std::set<LineRef> changed;
+  std::set<worker::LineRef> changed;
   for (const worker::KvProgress& p : progress) {
     const auto it = jobs_.find(p.job_id);
     if (it == jobs_.end() || !active(it->second)) continue;
@@ -775,11 +775,11 @@ Status JobManager::on_kv_progress(const std::string& worker, std::span<const wor
     auto& choices = j.resume[p.line_index];
     choices.resize(static_cast<std::size_t>(n));
     choices[static_cast<std::size_t>(p.choice)] = worker::ChoiceResume{p.output_ids, p.replicated_tokens, {}};
-    changed.insert(LineRef{p.job_id, p.line_index});
+    changed.insert(worker::LineRef{p.job_id, p.line_index});
   }
   std::vector<ResumeRecord> records;
   records.reserve(changed.size());
-  for (const LineRef& l : changed)
+  for (const worker::LineRef& l : changed)
     records.push_back(ResumeRecord{l.job_id, l.line_index, jobs_.at(l.job_id).resume.at(l.line_index)});
   return store_->put_resume(records);
 }

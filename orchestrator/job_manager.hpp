@@ -42,7 +42,6 @@
 #include <functional>
 #include <fstream>
 #include <map>
-#include <compare>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,13 +56,6 @@
 #include "orchestrator/output_writer.hpp"
 
 namespace shardline::orchestrator {
-
-/// One input line of a job.
-struct LineRef {
-  std::uint64_t job_id = 0;
-  std::uint64_t line_index = 0;  ///< 0-based, blank lines not counted
-  auto operator<=>(const LineRef&) const = default;
-};
 
 struct JobProgress {
   std::uint64_t job_id = 0;
@@ -219,7 +211,7 @@ class JobManager {
   /// claimed). Returns the number of distinct lines of `lines` now in
   /// flight on `worker`. Errors: not_found / io (a shard cannot be read; the lines
   /// claimed before it stay claimed), or the store's.
-  Result<std::size_t> claim_in_flight(const std::string& worker, const std::vector<LineRef>& lines);
+  Result<std::size_t> claim_in_flight(const std::string& worker, const std::vector<worker::LineRef>& lines);
 
   /// Lines in flight on `worker`, over every job.
   [[nodiscard]] std::size_t in_flight_count(const std::string& worker) const;

@@ -74,7 +74,7 @@ struct HelloInfo {
   engine::ParallelConfig group;    ///< its engine group (dp == 1)
   /// Lines it holds (a worker re-registering after an orchestrator restart):
   /// they become in flight on it.
-  std::vector<LineRef> held;
+  std::vector<worker::LineRef> held;
   /// Identifies the worker's instance (e.g. its actor): a hello from the
   /// instance already registered under the name re-registers it and keeps
   /// its in-flight lines; "" never matches.

@@ -5,6 +5,7 @@
 /// output line). Plain structs shared by the orchestrator, the workers and
 /// the message codec (messages/).
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -13,6 +14,14 @@
 #include "sampling/sampling_params.hpp"
 
 namespace shardline::worker {
+
+/// One input line of a job: the unit the orchestrator hands out, a worker
+/// holds and a result names.
+struct LineRef {
+  std::uint64_t job_id = 0;
+  std::uint64_t line_index = 0;  ///< 0-based, blank lines not counted
+  auto operator<=>(const LineRef&) const = default;
+};
 
 /// The KV store's request id of choice `choice` of line `line_index`
 /// (n <= 128, so the choice fits the low 8 bits).

@@ -26,6 +26,7 @@ using testing::TempDir;
 using testing::write_file;
 using worker::BatchRequest;
 using worker::BatchResult;
+using worker::LineRef;
 
 std::vector<BatchResult> results_for(const std::vector<BatchRequest>& work) {
   std::vector<BatchResult> out;

@@ -23,6 +23,7 @@ using testing::TempDir;
 using testing::write_file;
 using worker::BatchRequest;
 using worker::BatchResult;
+using worker::LineRef;
 using worker::ChoiceResume;
 using worker::KvProgress;
 

@@ -26,6 +26,7 @@ using testing::TempDir;
 using testing::write_file;
 using worker::BatchRequest;
 using worker::BatchResult;
+using worker::LineRef;
 using Clock = WorkerPool::Clock;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
