@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -57,12 +56,6 @@ struct OrchestratorState {
 };
 
 using OrchestratorActor = caf::stateful_actor<OrchestratorState>;
-
-std::string canonical(const std::string& path) {
-  std::error_code ec;
-  const auto p = std::filesystem::weakly_canonical(path, ec);
-  return ec ? path : p.string();
-}
 
 messages::JobProgress to_message(const orchestrator::JobProgress& p, const orchestrator::JobManager& jobs) {
   messages::JobProgress m;
@@ -257,28 +250,22 @@ std::string worker_detail(const orchestrator::WorkerPool::Worker* w) {
 
 Answer handle(OrchestratorActor* self, const messages::SubmitJob& sj) {
   OrchestratorState& st = self->state;
-  if (canonical(sj.model_dir) != canonical(st.config.model_dir))
-    return make_error(ErrorCode::invalid_argument,
-                      "this cluster serves the model " + st.config.model_dir + ", not " + sj.model_dir);
-  if (sj.parallel) {
-    if (Status ok = orchestrator::check_job_parallel(*sj.parallel, st.config.parallel, st.pool->num_groups()); !ok)
-      return ok.error();
-  }
-  if (!sj.weight_sharing.empty() && sj.weight_sharing != st.config.weight_sharing)
-    return make_error(ErrorCode::invalid_argument, "this cluster runs --weight-sharing " + st.config.weight_sharing +
-                                                       "; the job asks for --weight-sharing " + sj.weight_sharing);
   orchestrator::JobSpec spec;
   spec.model_dir = sj.model_dir;
   spec.input_paths = sj.inputs;
   spec.output_path = sj.output;
-  spec.parallel = sj.parallel.value_or(st.pool->cluster_config()).to_string();  // what it runs on
+  spec.parallel = sj.parallel ? sj.parallel->to_string() : "";  // "": the cluster's
+  spec.weight_sharing = sj.weight_sharing;
   spec.token_budget = sj.token_budget;
   spec.chat_template = sj.chat_template;
   spec.overwrite = sj.overwrite;
-  auto id = st.config.jobs->submit(spec);
+  const orchestrator::ClusterShape cluster{st.config.model_dir, st.pool->cluster_config(), st.pool->num_groups(),
+                                           st.config.weight_sharing};
+  auto id = st.config.jobs->submit(spec, &cluster);
   if (!id) return id.error();
   spdlog::info("orchestrator: job {} submitted ({} shard(s) -> {}; {}, token budget {})", *id, sj.inputs.size(),
-               sj.output, spec.parallel, sj.token_budget.empty() ? "fixed" : sj.token_budget);
+               sj.output, sj.parallel.value_or(cluster.group).to_string(),
+               sj.token_budget.empty() ? "fixed" : sj.token_budget);
   update_job_metrics(st);
   dispatch(self);
   return messages::JobSubmitted{*id};

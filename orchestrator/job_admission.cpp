@@ -1,8 +1,22 @@
 #include "orchestrator/job_admission.hpp"
 
+#include <filesystem>
+#include <system_error>
+
 #include "engine/policies/token_budget_policies.hpp"
 
 namespace shardline::orchestrator {
+namespace {
+
+/// `path` with symlinks, "." and ".." resolved where it exists; as given
+/// when it cannot be resolved.
+std::string canonical(const std::string& path) {
+  std::error_code ec;
+  const auto p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : p.string();
+}
+
+}  // namespace
 
 std::string group_label(const engine::ParallelConfig& pc) {
   return "tp=" + std::to_string(pc.tp) + ",pp=" + std::to_string(pc.pp) + ",sp=" + std::to_string(pc.sp);
@@ -23,6 +37,22 @@ Status check_job_parallel(const engine::ParallelConfig& asked, const engine::Par
                         (num_groups == 1 ? " engine group" : " engine groups") + " of [" +
                         group_label(cluster_group) + "] (" + cluster.to_string() +
                         "); submit without --parallel, or start the nodes with --parallel " + asked.to_string());
+}
+
+Result<engine::ParallelConfig> admit_job(const JobAsk& ask, const ClusterShape& cluster) {
+  if (canonical(ask.model_dir) != canonical(cluster.model_dir))
+    return make_error(ErrorCode::invalid_argument,
+                      "this cluster serves the model " + cluster.model_dir + ", not " + ask.model_dir);
+  engine::ParallelConfig runs_on = group_of(cluster.group);
+  runs_on.dp = cluster.num_groups;
+  if (ask.parallel) {
+    if (Status ok = check_job_parallel(*ask.parallel, cluster.group, cluster.num_groups); !ok) return ok.error();
+    runs_on = *ask.parallel;
+  }
+  if (!ask.weight_sharing.empty() && ask.weight_sharing != cluster.weight_sharing)
+    return make_error(ErrorCode::invalid_argument, "this cluster runs --weight-sharing " + cluster.weight_sharing +
+                                                       "; the job asks for --weight-sharing " + ask.weight_sharing);
+  return runs_on;
 }
 
 Status check_worker_group(const std::string& worker_name, const engine::ParallelConfig& worker_group,

@@ -1,14 +1,18 @@
 #pragma once
 /// \file
 /// What a job and a worker must agree on with the cluster before they are
-/// accepted, as plain functions the orchestrator actor calls (no actors here):
+/// accepted, as plain functions (no actors here). JobManager::submit admits
+/// a job with admit_job(); the orchestrator actor checks joining workers:
+///  - a job's model folder must be the one the cluster's workers load;
 ///  - a job's parallel config (`job submit --parallel`), when given, must be
 ///    the one the cluster's workers run: the same engine-group shape
 ///    (tp, pp, sp) and dp = the number of engine groups;
 ///  - a worker's engine-group shape must be the cluster's (a node that joins
 ///    with another --parallel is refused);
+///  - a job's `--weight-sharing`, when given, must be the cluster's;
 ///  - a job's token budget policy must be a known one ("" = "fixed").
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,6 +33,30 @@ namespace shardline::orchestrator {
 /// workers are 1 engine group of [tp=1,pp=1,sp=1] (tp=1,pp=1,sp=1,dp=1) ...".
 [[nodiscard]] Status check_job_parallel(const engine::ParallelConfig& asked,
                                         const engine::ParallelConfig& cluster_group, int num_groups);
+
+/// What the cluster's workers run, that a job is admitted against.
+struct ClusterShape {
+  std::string model_dir;          ///< the model folder the workers load
+  engine::ParallelConfig group;   ///< one engine group's shape (its dp is ignored)
+  int num_groups = 1;             ///< engine groups now (the dp a job runs with)
+  std::string weight_sharing;     ///< the cluster's --weight-sharing
+};
+
+/// What a job asks of the cluster at submit.
+struct JobAsk {
+  std::string model_dir;
+  std::optional<engine::ParallelConfig> parallel;  ///< `--parallel`; none: the cluster's
+  std::string weight_sharing;                      ///< `--weight-sharing`; "": the cluster's
+};
+
+/// Admits a job: the same model folder (through any spelling of its path),
+/// check_job_parallel when it asks a parallel config, and the same weight
+/// sharing when it asks one. Returns the parallel config the job runs on:
+/// the asked one, or the cluster's (its group shape, dp = num_groups).
+/// Errors: invalid_argument "this cluster serves the model A, not B",
+/// check_job_parallel's, or "this cluster runs --weight-sharing X; the job
+/// asks for --weight-sharing Y".
+[[nodiscard]] Result<engine::ParallelConfig> admit_job(const JobAsk& ask, const ClusterShape& cluster);
 
 /// Checks a worker's engine-group shape against the cluster's. Errors:
 /// invalid_argument naming both shapes.

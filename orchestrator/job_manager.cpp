@@ -372,7 +372,18 @@ Status JobManager::commit(Job& j, std::vector<StoredResult>& batch, std::size_t*
   return Status::ok_status();
 }
 
-Result<std::uint64_t> JobManager::submit(JobSpec spec) {
+Result<std::uint64_t> JobManager::submit(JobSpec spec, const ClusterShape* cluster) {
+  if (cluster != nullptr) {
+    JobAsk ask{spec.model_dir, std::nullopt, spec.weight_sharing};
+    if (!spec.parallel.empty()) {
+      auto pc = engine::parse_parallel_config(spec.parallel);
+      if (!pc.ok()) return make_error(ErrorCode::invalid_argument, "job: " + pc.error().message);
+      ask.parallel = *pc;
+    }
+    auto runs_on = admit_job(ask, *cluster);
+    if (!runs_on.ok()) return runs_on.error();
+    spec.parallel = runs_on->to_string();
+  }
   if (spec.input_paths.empty()) return make_error(ErrorCode::invalid_argument, "job: no input shards");
   if (spec.output_path.empty()) return make_error(ErrorCode::invalid_argument, "job: no output path");
   for (const auto& in : spec.input_paths)

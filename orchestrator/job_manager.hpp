@@ -51,6 +51,7 @@
 #include "common/result.hpp"
 #include "worker/batch_types.hpp"
 #include "orchestrator/batch_format.hpp"
+#include "orchestrator/job_admission.hpp"
 #include "orchestrator/job_store.hpp"
 #include "orchestrator/output_lock.hpp"
 #include "orchestrator/output_writer.hpp"
@@ -124,8 +125,13 @@ class JobManager {
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;
 
-  /// Records a job and returns its id. spec.token_budget "" becomes "fixed";
-  /// spec.parallel, when given, is stored in canonical form. Errors:
+  /// Records a job and returns its id. With `cluster` (the orchestrator's
+  /// submits), the job is first admitted against what the cluster runs
+  /// (admit_job(): its model folder, its spec.parallel when given, its
+  /// spec.weight_sharing when given), and spec.parallel becomes the config
+  /// it runs on; without (tests, tools), none of that is checked.
+  /// spec.token_budget "" becomes "fixed"; spec.parallel, when given, is
+  /// stored in canonical form. Errors: admit_job's, or
   /// invalid_argument (no inputs, no output, output used by an unfinished job
   /// or equal to an input, an existing non-empty output file without
   /// spec.overwrite, an output another process holds the lock of (the
@@ -134,7 +140,7 @@ class JobManager {
   /// not_found / io (a shard cannot be read; then no job is created).
   /// Lines that do not parse, and lines whose custom_id an earlier line of
   /// the job has (duplicate_custom_id), are committed as errors here.
-  Result<std::uint64_t> submit(JobSpec spec);
+  Result<std::uint64_t> submit(JobSpec spec, const ClusterShape* cluster = nullptr);
 
   /// Up to max_count pending requests, now in flight on `worker`; each
   /// carries its job's token budget policy (BatchRequest::token_budget).

@@ -92,6 +92,9 @@ struct JobSpec {
   /// `--overwrite`: the submit may replace an existing, non-empty output
   /// file (JobManager::submit). Not stored: it only matters at submit.
   bool overwrite = false;
+  /// `--weight-sharing` the job asks for; "" = the cluster's. Not stored:
+  /// it is checked at submit (admit_job).
+  std::string weight_sharing;
 };
 
 /// A job as stored.

@@ -1,8 +1,12 @@
-// Admission of jobs and workers by parallel config and token budget policy
-// (orchestrator/job_admission.hpp).
+// Admission of jobs and workers by model folder, parallel config, weight
+// sharing and token budget policy (orchestrator/job_admission.hpp).
 #include "orchestrator/job_admission.hpp"
 
 #include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
 
 
 namespace shardline::orchestrator {
@@ -35,6 +39,39 @@ TEST(JobAdmission, JobMustAskWhatTheWorkersRun) {
                                           "groups of [tp=1,pp=1,sp=1] (tp=1,pp=1,sp=1,dp=2)"),
             std::string::npos)
       << other_dp.error().message;
+}
+
+TEST(JobAdmission, AJobRunsOnWhatItAsksOrOnTheClustersConfig) {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardline_admission_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir / "model");
+  const std::string model = (dir / "model").string();
+  const ClusterShape cluster{model, ParallelConfig{2, 1, 1, 1}, 3, "none"};
+
+  // Nothing asked: the cluster's group shape with dp = its engine groups,
+  // and the model folder through another spelling of its path.
+  auto runs_on = admit_job(JobAsk{(dir / "." / "model" / "").string(), std::nullopt, ""}, cluster);
+  ASSERT_TRUE(runs_on.ok()) << runs_on.error().to_string();
+  EXPECT_EQ(*runs_on, (ParallelConfig{2, 1, 1, 3}));
+  runs_on = admit_job(JobAsk{model, ParallelConfig{2, 1, 1, 3}, "none"}, cluster);
+  ASSERT_TRUE(runs_on.ok()) << runs_on.error().to_string();
+  EXPECT_EQ(*runs_on, (ParallelConfig{2, 1, 1, 3}));
+
+  const auto other_model = admit_job(JobAsk{(dir / "other").string(), std::nullopt, ""}, cluster);
+  ASSERT_FALSE(other_model.ok());
+  EXPECT_EQ(other_model.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(other_model.error().message,
+            "this cluster serves the model " + model + ", not " + (dir / "other").string());
+  const auto other_dp = admit_job(JobAsk{model, ParallelConfig{2, 1, 1, 1}, ""}, cluster);
+  ASSERT_FALSE(other_dp.ok());
+  EXPECT_NE(other_dp.error().message.find("job asks tp=2,pp=1,sp=1,dp=1; this cluster's workers are 3 engine groups"),
+            std::string::npos)
+      << other_dp.error().message;
+  const auto other_sharing = admit_job(JobAsk{model, std::nullopt, "sidp"}, cluster);
+  ASSERT_FALSE(other_sharing.ok());
+  EXPECT_EQ(other_sharing.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(other_sharing.error().message,
+            "this cluster runs --weight-sharing none; the job asks for --weight-sharing sidp");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(JobAdmission, WorkerMustHaveTheClusterGroupShape) {

@@ -479,6 +479,61 @@ TEST(JobManager, SubmitErrorsAndEdgeCases) {
   EXPECT_FALSE((*m)->progress(999).ok());
 }
 
+// The orchestrator's submits carry what the cluster runs: the job is
+// admitted against it before anything is read or created (admit_job), and
+// records the config it runs on; submits without it (tests, tools) are not
+// checked against a cluster.
+TEST(JobManager, SubmitAdmitsTheJobAgainstTheCluster) {
+  TempDir tmp;
+  auto m = JobManager::open(tmp.file("state"));
+  ASSERT_TRUE(m.ok());
+  write_file(tmp.file("in.jsonl"), "{\"prompt\":\"a\"}\n");
+  std::filesystem::create_directories(tmp.file("model"));
+  const ClusterShape cluster{tmp.file("model"), engine::ParallelConfig{1, 2, 1, 1}, 2, "none"};
+  auto spec = [&](const std::string& out) {
+    JobSpec s = spec_for(tmp, {tmp.file("in.jsonl")}, out);
+    s.model_dir = tmp.file("model");
+    return s;
+  };
+
+  JobSpec other_model = spec("a.out");
+  other_model.model_dir = tmp.file("other");
+  auto refused = (*m)->submit(other_model, &cluster);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(refused.error().message,
+            "this cluster serves the model " + tmp.file("model") + ", not " + tmp.file("other"));
+  JobSpec other_shape = spec("b.out");
+  other_shape.parallel = "tp=2,pp=1,sp=1,dp=2";
+  refused = (*m)->submit(other_shape, &cluster);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("job asks tp=2,pp=1,sp=1,dp=2; this cluster's workers are 2 engine groups"),
+            std::string::npos)
+      << refused.error().message;
+  JobSpec other_sharing = spec("c.out");
+  other_sharing.weight_sharing = "sidp";
+  refused = (*m)->submit(other_sharing, &cluster);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().message, "this cluster runs --weight-sharing none; the job asks for --weight-sharing sidp");
+  // Nothing of the refused jobs exists.
+  EXPECT_TRUE((*m)->list_jobs().empty());
+  for (const char* out : {"a.out", "b.out", "c.out"}) EXPECT_FALSE(std::filesystem::exists(tmp.file(out))) << out;
+
+  // Admitted: without --parallel it runs on (and records) the cluster's
+  // config; with one, the one it asked.
+  auto id = (*m)->submit(spec("d.out"), &cluster);
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+  EXPECT_EQ((*m)->job(*id)->spec.parallel, "tp=1,pp=2,sp=1,dp=2");
+  JobSpec asked = spec("e.out");
+  asked.parallel = "tp=1,pp=2,sp=1,dp=2";
+  asked.weight_sharing = "none";
+  id = (*m)->submit(asked, &cluster);
+  ASSERT_TRUE(id.ok()) << id.error().to_string();
+  EXPECT_EQ((*m)->job(*id)->spec.parallel, "tp=1,pp=2,sp=1,dp=2");
+  // No cluster: no admission (the model folder of spec_for does not exist).
+  EXPECT_TRUE((*m)->submit(spec_for(tmp, {tmp.file("in.jsonl")}, "f.out")).ok());
+}
+
 TEST(JobManager, ChangedInputFailsTheJobOnRestart) {
   TempDir tmp;
   write_file(tmp.file("in.jsonl"), "{\"prompt\":\"a\"}\n{\"prompt\":\"b\"}\n");
