@@ -562,6 +562,7 @@ struct RunArgs {
   std::string chat_template;  // --chat-template FILE; "" = the model folder's
   std::string data_dir;  // default: OUTPUT.shardline
   std::string metrics;
+  std::string metrics_file;  // --metrics-file: the final metrics at exit; "" = none
   int max_batch = 64;
   bool quiet = false;
   bool overwrite = false;
@@ -588,6 +589,73 @@ std::string progress_bar(const messages::JobProgress& p) {
   // is in the log line above the bar.
   if (!p.paused.empty()) return std::string(buf) + "PAUSED: " + p.paused.substr(0, p.paused.find(':')) + "   ";
   return buf;
+}
+
+/// Submits (or continues) `run`'s job on its node and follows it to the
+/// end with the progress bar; the exit code.
+int follow_run_job(const RunArgs& a, actors::Node& node, messages::SubmitJob sj, const std::string& data_dir,
+                   ProgressLine& bar) {
+  auto client = actors::Client::local(node.system(), node.orchestrator(), node.key());
+
+  // The same command again resumes its job: the newest job of the data dir
+  // with the same inputs and output is continued if unfinished (after a
+  // crash) or reported if finished (with --overwrite: run again); otherwise
+  // a new job is submitted.
+  const std::string output = absolute(a.output);
+  std::vector<std::string> inputs;
+  for (const auto& in : a.inputs) inputs.push_back(absolute(in));
+  std::uint64_t job_id = 0;
+  auto existing = client->call<messages::JobStatusList>(messages::JobStatusQuery{0});
+  if (!existing) return fail(existing.error());
+  for (const auto& p : existing->jobs)
+    if (p.output == output && p.inputs == inputs) job_id = p.job_id;
+  if (job_id != 0 && a.overwrite)
+    for (const auto& p : existing->jobs)
+      if (p.job_id == job_id && (p.state == "done" || p.state == "failed" || p.state == "cancelled")) job_id = 0;
+  if (job_id == 0) {
+    sj.overwrite = a.overwrite;
+    sj.model_dir = a.model_dir;
+    sj.inputs = inputs;
+    sj.output = output;
+    auto reply = client->call<messages::JobSubmitted>(sj, std::chrono::minutes(5));
+    if (!reply) return fail(reply.error());
+    job_id = reply->job_id;
+  } else if (!a.quiet) {
+    std::cerr << "continuing job " << job_id << " of " << data_dir << "\n";
+  }
+  while (true) {
+    auto reply = client->call<messages::JobStatusList>(messages::JobStatusQuery{job_id});
+    if (!reply) return fail(reply.error());
+    const messages::JobProgress& p = reply->jobs.at(0);
+    if (!a.quiet) bar.draw(progress_bar(p));
+    const bool finished = p.state == "done" || p.state == "failed" || p.state == "cancelled";
+    if (!finished && !p.error.empty()) {  // held back: recorded with another model (issue 46, item 10)
+      bar.finish();
+      std::cerr << "error: " << p.error << "\n";
+      return 1;
+    }
+    if (!finished && node.worker_start_failures() >= node.num_workers()) {
+      bar.finish();
+      // The cause is the final error (issue 46, item 14): what the first
+      // worker that failed said, not only a log line above.
+      std::cerr << "error: no worker could start its engine: " << node.first_worker_start_error() << "; job "
+                << job_id << " stays resumable in " << data_dir << "\n";
+      return 1;
+    }
+    if (finished) {
+      bar.finish();
+      if (p.state != "done") {
+        std::cerr << "error: job " << job_id << " " << p.state << " (" << p.done << " of " << p.total
+                  << " lines in " << p.output << ")" << (p.error.empty() ? "" : ": " + p.error) << "\n";
+        return 1;
+      }
+      if (!a.quiet)
+        std::cerr << "job " << job_id << ": " << p.done << " lines (" << p.failed << " with errors) -> " << p.output
+                  << "\n";
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 int run_run(RunArgs& a) {
@@ -654,67 +722,20 @@ int run_run(RunArgs& a) {
   if (!node) return fail(node.error(), node.error().code == ErrorCode::invalid_argument ? 2 : 1);
   // (on stderr: stdout stays for what a script reads; tests read the port here)
   if ((*node)->metrics_port() > 0) std::cerr << "metrics on port " << (*node)->metrics_port() << std::endl;
-  auto client = actors::Client::local((*node)->system(), (*node)->orchestrator(), (*node)->key());
-
-  // The same command again resumes its job: the newest job of the data dir
-  // with the same inputs and output is continued if unfinished (after a
-  // crash) or reported if finished (with --overwrite: run again); otherwise
-  // a new job is submitted.
-  const std::string output = absolute(a.output);
-  std::vector<std::string> inputs;
-  for (const auto& in : a.inputs) inputs.push_back(absolute(in));
-  std::uint64_t job_id = 0;
-  auto existing = client->call<messages::JobStatusList>(messages::JobStatusQuery{0});
-  if (!existing) return fail(existing.error());
-  for (const auto& p : existing->jobs)
-    if (p.output == output && p.inputs == inputs) job_id = p.job_id;
-  if (job_id != 0 && a.overwrite)
-    for (const auto& p : existing->jobs)
-      if (p.job_id == job_id && (p.state == "done" || p.state == "failed" || p.state == "cancelled")) job_id = 0;
-  if (job_id == 0) {
-    sj.overwrite = a.overwrite;
-    sj.model_dir = a.model_dir;
-    sj.inputs = inputs;
-    sj.output = output;
-    auto reply = client->call<messages::JobSubmitted>(sj, std::chrono::minutes(5));
-    if (!reply) return fail(reply.error());
-    job_id = reply->job_id;
-  } else if (!a.quiet) {
-    std::cerr << "continuing job " << job_id << " of " << na.data_dir << "\n";
+  int rc = follow_run_job(a, **node, sj, na.data_dir, *bar);
+  if (!a.metrics_file.empty()) {
+    // The final counters, once every actor has stopped: a batch run exits
+    // before a scraper's next visit.
+    (*node)->stop();
+    std::ofstream out(a.metrics_file, std::ios::trunc);
+    out << (*node)->metrics().render();
+    out.close();
+    if (!out) {
+      std::cerr << "error: --metrics-file " << a.metrics_file << ": cannot write it\n";
+      if (rc == 0) rc = 1;
+    }
   }
-  while (true) {
-    auto reply = client->call<messages::JobStatusList>(messages::JobStatusQuery{job_id});
-    if (!reply) return fail(reply.error());
-    const messages::JobProgress& p = reply->jobs.at(0);
-    if (!a.quiet) bar->draw(progress_bar(p));
-    const bool finished = p.state == "done" || p.state == "failed" || p.state == "cancelled";
-    if (!finished && !p.error.empty()) {  // held back: recorded with another model (issue 46, item 10)
-      bar->finish();
-      std::cerr << "error: " << p.error << "\n";
-      return 1;
-    }
-    if (!finished && (*node)->worker_start_failures() >= (*node)->num_workers()) {
-      bar->finish();
-      // The cause is the final error (issue 46, item 14): what the first
-      // worker that failed said, not only a log line above.
-      std::cerr << "error: no worker could start its engine: " << (*node)->first_worker_start_error() << "; job "
-                << job_id << " stays resumable in " << na.data_dir << "\n";
-      return 1;
-    }
-    if (finished) {
-      bar->finish();
-      if (p.state != "done") {
-        std::cerr << "error: job " << job_id << " " << p.state << " (" << p.done << " of " << p.total
-                  << " lines in " << p.output << ")" << (p.error.empty() ? "" : ": " + p.error) << "\n";
-        return 1;
-      }
-      if (!a.quiet)
-        std::cerr << "job " << job_id << ": " << p.done << " lines (" << p.failed << " with errors) -> " << p.output
-                  << "\n";
-      return 0;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  return rc;
 }
 
 }  // namespace
@@ -831,6 +852,9 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run) {
                 "Jinja chat template FILE for /v1/chat/completions lines (default: the model folder's)");
   r->add_option("--data-dir", ra->data_dir, "Durable state (default: OUTPUT.shardline); rerun to resume");
   r->add_option("--metrics", ra->metrics, "HOST:PORT of a Prometheus /metrics endpoint");
+  r->add_option("--metrics-file", ra->metrics_file,
+                "FILE: at exit, the run's final metrics in Prometheus text (the counters a scrape of --metrics would "
+                "miss once the run ends)");
   r->add_option("--max-batch", ra->max_batch, "Running sequences per worker")->capture_default_str();
   r->add_flag("--quiet", ra->quiet, "No progress bar, and only errors logged");
   r->add_flag("--overwrite", ra->overwrite,

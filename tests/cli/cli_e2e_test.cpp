@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -59,6 +60,43 @@ TEST(CliE2e, UsageErrorsExitTwoAndRunLogsAtWarnUnlessAsked) {
   r = run("generate --model " + kModel + " --max-tokens abc --prompt x");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_EQ(run("--help").exit_code, 0);
+  fs::remove_all(dir);
+}
+
+// `run --metrics-file`: the run's final metrics in Prometheus text at exit
+// (a scrape of --metrics misses what the run counted in its last moments);
+// a file it cannot write fails the run after the job, whose output stays.
+TEST(CliE2e, RunWritesItsFinalMetricsToAFile) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardline_cli_metrics_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "in.jsonl") << R"({"prompt": "Once upon a time", "max_tokens": 4})" "\n"
+                                  << R"({"prompt": "One day", "max_tokens": 3})" "\n";
+  const std::string job = " --quiet --model " + kModel + " --input " + (dir / "in.jsonl").string() + " --output ";
+  CliRun r = run("run" + job + (dir / "a.jsonl").string() + " --metrics-file " + (dir / "a.prom").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream in(dir / "a.prom");
+  const std::string prom((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(prom.find("# TYPE shardline_requests_total counter"), std::string::npos) << prom;
+  EXPECT_NE(prom.find("shardline_requests_total{state=\"done\"} 2\n"), std::string::npos) << prom;
+  // The generated tokens it counted are those of the output's usage.
+  std::ifstream a_out(dir / "a.jsonl");
+  long long completion_tokens = 0;
+  for (std::string line; std::getline(a_out, line);)
+    completion_tokens += nlohmann::json::parse(line)["response"]["body"]["usage"]["completion_tokens"].get<long long>();
+  EXPECT_GT(completion_tokens, 0);
+  EXPECT_NE(prom.find("shardline_generation_tokens_total " + std::to_string(completion_tokens) + "\n"),
+            std::string::npos)
+      << prom;
+
+  r = run("run" + job + (dir / "b.jsonl").string() + " --metrics-file " + (dir / "no" / "b.prom").string());
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("error: --metrics-file " + (dir / "no" / "b.prom").string() + ": cannot write it"),
+            std::string::npos)
+      << r.out;
+  std::ifstream out(dir / "b.jsonl");
+  const std::string lines((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2) << "the job's output is complete: " << lines;
   fs::remove_all(dir);
 }
 
