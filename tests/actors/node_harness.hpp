@@ -76,17 +76,35 @@ inline nlohmann::json wait_job_done(const std::string& client, int job, std::chr
   return last;
 }
 
+/// The value of a metric line "NAME VALUE" (NAME with its labels) in
+/// Prometheus text; -1 when absent.
+inline double metric_in(const std::string& text, const std::string& name_with_labels) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(name_with_labels + " ", 0) == 0) return std::stod(line.substr(name_with_labels.size() + 1));
+  return -1;
+}
+
 /// The value of a metric line "NAME VALUE" (NAME with its labels) from a
 /// node's /metrics; -1 when absent or unreachable.
 inline double metric(int port, const std::string& name_with_labels) {
   httplib::Client c("127.0.0.1", port);
   auto res = c.Get("/metrics");
   if (!res || res->status != 200) return -1;
-  std::istringstream in(res->body);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(name_with_labels + " ", 0) == 0) return std::stod(line.substr(name_with_labels.size() + 1));
-  return -1;
+  return metric_in(res->body, name_with_labels);
+}
+
+/// A node's whole /metrics text, asked again until it answers or
+/// `timeout` passes ("" then).
+inline std::string scrape_eventually(int port, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    httplib::Client c("127.0.0.1", port);
+    if (auto res = c.Get("/metrics"); res && res->status == 200) return res->body;
+    if (std::chrono::steady_clock::now() >= deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 /// Every custom_id of `output` once, `n` lines in all.
