@@ -561,6 +561,18 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
                    roster.restarts, names.size());
       // The names stay until they are back or the hold ends without them, so
       // that a kill before then still waits for them next time.
+    } else if (!state.config.jobs->idle()) {
+      // A fresh process over unfinished jobs: this node was restarted (after
+      // a crash, or kill -9). Workers of other nodes kept running: they hold
+      // lines that are pending here, or finished some and their results are
+      // queued on the link. Handing those lines out now would run them twice
+      // (and the second run's KV fetch finds the KV of a committed line
+      // dropped). Hand out nothing for the failure timeout, while they
+      // reconnect and say hello again.
+      state.pool->await_unknown_workers(state.last_tick +
+                                        std::chrono::milliseconds(state.config.failure.failure_timeout_ms));
+      spdlog::warn("orchestrator: started over unfinished jobs; waiting {} ms for running workers to say hello",
+                   state.config.failure.failure_timeout_ms);
     }
   }
   self->set_down_handler([self](caf::down_msg& dm) {

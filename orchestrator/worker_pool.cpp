@@ -41,7 +41,7 @@ Result<WorkerPool::Hello> WorkerPool::hello(const std::string& name, const Hello
     else out.claim_error = claimed.error();
   }
   w.in_flight = jobs_.in_flight_count(name);
-  if (awaited_.erase(name) != 0 && awaited_.empty()) out.hold_ended = true;
+  if (awaited_.erase(name) != 0 && awaited_.empty() && !awaiting_unknown_) out.hold_ended = true;
   return out;
 }
 
@@ -93,13 +93,20 @@ void WorkerPool::await_workers(const std::vector<std::string>& names, Clock::tim
   awaited_.clear();
   for (const std::string& n : names)
     if (workers_.count(n) == 0) awaited_.insert(n);
-  hold_deadline_ = deadline;
+  // One hold: with unknown workers awaited too, it lasts to the later deadline.
+  hold_deadline_ = awaiting_unknown_ ? std::max(hold_deadline_, deadline) : deadline;
+}
+
+void WorkerPool::await_unknown_workers(Clock::time_point deadline) {
+  awaiting_unknown_ = true;
+  hold_deadline_ = std::max(hold_deadline_, deadline);
 }
 
 std::vector<std::string> WorkerPool::end_hold_if_due(Clock::time_point now) {
-  if (awaited_.empty() || now < hold_deadline_) return {};
+  if (!holding() || now < hold_deadline_) return {};
   std::vector<std::string> missing(awaited_.begin(), awaited_.end());
   awaited_.clear();
+  awaiting_unknown_ = false;
   return missing;
 }
 

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "orchestrator/job_manager.hpp"
 #include "worker/batch_types.hpp"
 
@@ -156,12 +156,20 @@ class WorkerPool {
   /// worker in `names` has said hello or `deadline` has passed
   /// (end_hold_if_due), so that lines those workers still hold are claimed
   /// by them before anything is handed out. Names already registered count
-  /// as arrived; an empty set holds nothing.
+  /// as arrived; an empty set holds nothing. With await_unknown_workers
+  /// too, it is one hold, to the later of the two deadlines.
   void await_workers(const std::vector<std::string>& names, Clock::time_point deadline);
+  /// After a fresh start over unfinished work (the orchestrator's node
+  /// restarted after a crash): the previous process's workers are unknown,
+  /// and those of other nodes keep running and may hold lines this one has
+  /// as pending (or have finished them, their results on the way). Holds
+  /// dispatch() until `deadline`, whoever says hello, so that they claim
+  /// those lines before anything is handed out a second time.
+  void await_unknown_workers(Clock::time_point deadline);
   /// Ends the hold when its deadline has passed at `now`; returns the
   /// awaited workers that never said hello (then none is awaited).
   std::vector<std::string> end_hold_if_due(Clock::time_point now);
-  [[nodiscard]] bool holding() const noexcept { return !awaited_.empty(); }
+  [[nodiscard]] bool holding() const noexcept { return !awaited_.empty() || awaiting_unknown_; }
 
   /// True when a message from worker `name` finds it unregistered (an
   /// orchestrator restarted under it, or it was dropped while alive) and it
@@ -224,6 +232,7 @@ class WorkerPool {
   WorkerPoolOptions options_;
   std::map<std::string, Worker> workers_;
   std::set<std::string> awaited_;              ///< await_workers: not yet said hello
+  bool awaiting_unknown_ = false;              ///< await_unknown_workers: held until hold_deadline_
   Clock::time_point hold_deadline_;
   std::map<std::string, Clock::time_point> asked_;  ///< ask_hello: when each unknown worker was asked
 };

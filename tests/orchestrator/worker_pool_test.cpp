@@ -443,6 +443,36 @@ TEST_F(WorkerPoolTest, TheHoldEndsAtItsDeadlineWithTheMissingWorkersNamed) {
   EXPECT_TRUE(pool_->end_hold_if_due(t0 + seconds(9)).empty());
 }
 
+TEST_F(WorkerPoolTest, AFreshStartOverUnfinishedWorkHoldsUntilItsDeadlineWhoeverSaysHello) {
+  // The orchestrator's node restarted after a crash: the workers of other
+  // nodes are unknown to this process, so no hello can end the hold early.
+  open(10, 2);
+  const Clock::time_point t0 = Clock::time_point{} + seconds(5);
+  pool_->await_unknown_workers(t0 + seconds(3));
+  EXPECT_TRUE(pool_->holding());
+  HelloInfo info;
+  info.max_batch = 2;
+  info.instance = "actor-0";
+  auto h = pool_->hello("node1/cpu:0", info, t0 + seconds(1));
+  ASSERT_TRUE(h.ok());
+  EXPECT_FALSE(h->hold_ended);
+  EXPECT_TRUE(pool_->holding());
+  EXPECT_TRUE(pool_->dispatch().empty());
+  // Awaiting named workers too: their return does not end it either.
+  pool_->await_workers({"node1/cpu:1"}, t0 + seconds(2));
+  auto h1 = pool_->hello("node1/cpu:1", info, t0 + seconds(1));
+  ASSERT_TRUE(h1.ok());
+  EXPECT_FALSE(h1->hold_ended);
+  EXPECT_TRUE(pool_->dispatch().empty());
+  EXPECT_TRUE(pool_->end_hold_if_due(t0 + seconds(3) - milliseconds(1)).empty());
+  EXPECT_TRUE(pool_->holding());
+  EXPECT_TRUE(pool_->end_hold_if_due(t0 + seconds(3)).empty());  // no named worker is missing
+  EXPECT_FALSE(pool_->holding());
+  const auto after = dispatch();
+  EXPECT_EQ(after.at("node1/cpu:0").size(), 4u);
+  EXPECT_EQ(after.at("node1/cpu:1").size(), 4u);
+}
+
 TEST_F(WorkerPoolTest, AHelloFromTheRegisteredInstanceKeepsItsLines) {
   HelloInfo info;
   info.max_batch = 2;
