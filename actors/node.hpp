@@ -21,9 +21,9 @@
 #include "actors/auth.hpp"
 #include "actors/metrics.hpp"
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "engine/policies/sidp_mode_policy.hpp"
-#include "engine/sidp_group.hpp"
+#include "engine/sidp/sidp_group.hpp"
 
 namespace shardline::actors {
 

@@ -10,12 +10,12 @@
 
 #include "bench/hardware.hpp"
 #include "bench/parallel.hpp"
-#include "engine/parallel_executor.hpp"
+#include "engine/group/parallel_executor.hpp"
 #include "engine/kv_budget.hpp"
-#include "engine/sidp_group.hpp"
+#include "engine/sidp/sidp_group.hpp"
 #include "engine/sidp_memory.hpp"
 #include "model/config.hpp"
-#include "orchestrator/cost_model.hpp"
+#include "sim/cost_model.hpp"
 #include "sim/simulator.hpp"
 
 namespace shardline::bench {
@@ -134,10 +134,10 @@ namespace {
 
 /// One of `num_devices` devices sharing d's totals, as the cost model sees
 /// it: the peak at `flops_fraction`, the bandwidth at `memory_fraction`.
-orchestrator::HardwareSpec device_share(const sim::DeviceSpec& d, int num_devices, double flops_fraction,
+sim::HardwareSpec device_share(const sim::DeviceSpec& d, int num_devices, double flops_fraction,
                                         double memory_fraction) {
   const double share = 1.0 / num_devices;
-  orchestrator::HardwareSpec hw;
+  sim::HardwareSpec hw;
   hw.flops_per_s = d.peak_flops.value * flops_fraction * share;
   hw.memory_bw_bytes_per_s = d.memory_bw_bytes_per_s.value * memory_fraction * share;
   hw.comm_bw_bytes_per_s = d.intra_node_bw_bytes_per_s.value;
@@ -146,12 +146,12 @@ orchestrator::HardwareSpec device_share(const sim::DeviceSpec& d, int num_device
 }
 
 /// Calibration runs F32 weights, KV and activations.
-constexpr orchestrator::ElementSizes kF32Sizes{4, 4, 4};
+constexpr sim::ElementSizes kF32Sizes{4, 4, 4};
 
 /// A full-batch decode step of a calibration run: `batch` sequences at the
 /// median context of its decode steps.
-orchestrator::StepShape decode_step(const CalibrateOptions& o, int batch) {
-  orchestrator::StepShape s;
+sim::StepShape decode_step(const CalibrateOptions& o, int batch) {
+  sim::StepShape s;
   for (int i = 0; i < batch; ++i) s.add_sequence(o.input_len + o.output_len / 2, 1);
   return s;
 }
@@ -167,7 +167,7 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
   const std::string who = num_devices > 1 ? fmt(" (each of %.0f devices running at once)", num_devices) : "";
   // The cost model's raw times (efficiency 1) at those batches, at the
   // median context of the full-batch decode steps.
-  auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), kF32Sizes,
+  auto model = sim::CostModel::create(sim::ModelShape::from_config(config), kF32Sizes,
                                                device_share(d, num_devices, 1.0, 1.0));
   if (!model) return model.error();
   auto raw = [&](int batch) { return model->estimate(engine::ParallelConfig{}, decode_step(o, batch)); };
@@ -198,7 +198,7 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
   // input_len tokens, capped at 2048 tokens per step); the peak is the
   // highest of those and the 2048^3 measurement, each efficiency its share.
   {
-    orchestrator::StepShape pre;
+    sim::StepShape pre;
     const int per_step = std::max(1, std::min(o.large_batch, 2048 / o.input_len));
     for (int i = 0; i < per_step; ++i) pre.add_sequence(0, o.input_len);
     auto rp = model->estimate(engine::ParallelConfig{}, pre);
@@ -251,7 +251,7 @@ Status fit_terms(sim::DeviceSpec& d, const model::ModelConfig& config, const Cal
 Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, const CalibrateOptions& o,
                       const std::vector<std::pair<int, DecodeRun>>& runs, int num_devices, int tp = 1,
                       bool shift = false) {
-  const auto shape = orchestrator::ModelShape::from_config(config);
+  const auto shape = sim::ModelShape::from_config(config);
   auto& curve = shift ? d.shift_gemm_efficiency_by_rows : tp > 1 ? d.tp_gemm_efficiency_by_rows : d.gemm_efficiency_by_rows;
   auto& curve_source = shift  ? d.shift_gemm_efficiency_by_rows_source
                        : tp > 1 ? d.tp_gemm_efficiency_by_rows_source
@@ -262,9 +262,9 @@ Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, cons
   std::string points;
   for (const auto& [batch, run] : runs) {
     if (!(run.model_step_ms > 0)) continue;
-    const orchestrator::StepShape step = decode_step(o, batch);
+    const sim::StepShape step = decode_step(o, batch);
     auto step_ms = [&](double e) -> Result<double> {
-      auto model = orchestrator::CostModel::create(shape, kF32Sizes,
+      auto model = sim::CostModel::create(shape, kF32Sizes,
                                                    device_share(d, num_devices, e, d.memory_bw_efficiency.value));
       if (!model) return model.error();
       auto c = model->estimate(pc, step);
@@ -309,14 +309,14 @@ Status fit_gemm_curve(sim::DeviceSpec& d, const model::ModelConfig& config, cons
 /// measurement is at or below T_step or T_fetch).
 Status fit_was_copy(sim::DeviceSpec& s, const sim::DeviceSpec& d, const model::ModelConfig& config,
                     const CalibrateOptions& o, const std::vector<std::pair<int, DecodeRun>>& runs, int num_devices,
-                    const orchestrator::LinkSpec& link) {
+                    const sim::LinkSpec& link) {
   sim::ClusterSpec cluster;
   cluster.name = "cpu";
   cluster.device = d;
   cluster.device.split = std::make_shared<const sim::DeviceSpec>(s);
   cluster.device.split_devices = num_devices;
   cluster.num_devices = num_devices;
-  auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config),
+  auto model = sim::CostModel::create(sim::ModelShape::from_config(config),
                                                sim::element_sizes(cluster.device),
                                                sim::group_hardware(cluster, 1, num_devices));
   if (!model) return model.error();
@@ -474,7 +474,7 @@ Result<sim::DeviceSpec> CpuCalibration::fit() const {
       }
     }
     if (o.was_fit) {
-      const auto link = orchestrator::LinkSpec::from_gbps(was_link_.gbps, was_link_.latency_us);
+      const auto link = sim::LinkSpec::from_gbps(was_link_.gbps, was_link_.latency_us);
       if (Status st = fit_was_copy(s, d, config, o, was_runs_, kDevices, link); !st.ok()) return st.error();
       s.was_copy_exposed_by_rows_source += best_of;
     }

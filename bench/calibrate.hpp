@@ -61,7 +61,7 @@
 /// down_proj of each layer, so each waits for the slower rank and their
 /// memory-bound phases fall at the same time, where DP ranks drift apart
 /// and overlap one's attention with the other's GEMMs
-/// (orchestrator::HardwareSpec::tp_flops_by_rows).
+/// (sim::HardwareSpec::tp_flops_by_rows).
 ///
 /// The Shift fit (with the TP fit, shift_fit): decode runs of one Shift
 /// group (seed 001: base sp=2, its decode steps in the shift config tp=2 on

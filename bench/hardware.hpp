@@ -42,7 +42,7 @@ namespace shardline::bench {
 /// An in-process all-reduce (comm/inproc.hpp) of `bytes` of F32 between
 /// `num_ranks` threads, best of `repeats`. Returns the bytes one rank sends
 /// per second, counting the ring-equivalent volume 2 (n-1)/n * bytes (the
-/// convention of orchestrator/cost_model.hpp).
+/// convention of sim/cost_model.hpp).
 [[nodiscard]] double measure_inproc_allreduce_bytes_per_s(int num_ranks = 2, long bytes = 8L << 20,
                                                           int repeats = 5);
 /// Seconds of one all-reduce of a single float between `num_ranks` threads

@@ -29,13 +29,14 @@
 #include <vector>
 
 #include "bench/hardware.hpp"
+#include "model/tokenizer_loader.hpp"
 #include "comm/inproc.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "kvstore/kv_targets.hpp"
 #include "messages/codec.hpp"
 #include "model/config.hpp"
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "model/weights.hpp"
 
 namespace {

@@ -14,8 +14,8 @@
 #include "bench/hardware.hpp"
 #include "bench/workload.hpp"
 #include "engine/data_parallel.hpp"
-#include "engine/sidp_group.hpp"
-#include "orchestrator/cost_model.hpp"
+#include "engine/sidp/sidp_group.hpp"
+#include "sim/cost_model.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 
 namespace shardline::bench {
@@ -24,7 +24,7 @@ namespace {
 
 /// One (config, policy) measurement.
 Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine::ParallelConfig& pc,
-                                     const std::string& policy_name, const orchestrator::CostModel* model,
+                                     const std::string& policy_name, const sim::CostModel* model,
                                      int cores) {
   ParallelConfigResult r;
   r.parallel = pc.to_string();
@@ -132,7 +132,7 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
 
   // Cost model: all running sequences (decode_batch per micro-batch, pp
   // micro-batches) at the mean context of the decode phase.
-  orchestrator::StepShape decode;
+  sim::StepShape decode;
   const long long context = o.input_len + o.output_len / 2;
   for (int i = 0; i < r.decode_batch * pc.pp; ++i) decode.add_sequence(context, 1);
   decode.num_micro_batches = pc.pp;
@@ -152,7 +152,7 @@ Result<ParallelConfigResult> run_one(const ParallelBenchOptions& o, const engine
     r.predicted_comm_bytes_per_step =
         (c.value().tp_bytes_per_rank + c.value().sp_bytes_per_rank + c.value().pp_bytes_per_rank) / pc.pp;
   }
-  orchestrator::StepShape prefill;
+  sim::StepShape prefill;
   const int per_micro_batch = std::max(1, eo.max_num_batched_tokens / o.input_len);
   for (int i = 0; i < per_micro_batch * pc.pp; ++i) prefill.add_sequence(0, o.input_len);
   prefill.num_micro_batches = pc.pp;
@@ -194,11 +194,11 @@ Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& o) {
   model::ModelConfig config = cfg.value();
   if (o.engine.num_layers_override > 0)
     config.num_hidden_layers = std::min(config.num_hidden_layers, o.engine.num_layers_override);
-  orchestrator::ElementSizes sizes;
+  sim::ElementSizes sizes;
   sizes.weight_bytes = static_cast<double>(dtype_size(o.engine.dtype));
   sizes.kv_bytes = static_cast<double>(dtype_size(o.engine.kv_cache_dtype));
   sizes.activation_bytes = 4;  // F32 activations on CPU
-  orchestrator::HardwareSpec hw;
+  sim::HardwareSpec hw;
   // Limits per device: the cores are shared by the ranks of a config, so a
   // rank gets its share of bandwidth and FLOPs (the model is per rank).
   hw.memory_bw_bytes_per_s = rep.membw_gbs * 1e9;
@@ -207,14 +207,14 @@ Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& o) {
   hw.comm_latency_s = rep.comm_latency_us * 1e-6;
   for (const engine::ParallelConfig& pc : o.configs) {
     // Each of the world_size ranks gets 1 / world_size of the machine.
-    orchestrator::HardwareSpec per_rank = hw;
+    sim::HardwareSpec per_rank = hw;
     const double share = 1.0 / pc.world_size();
     per_rank.memory_bw_bytes_per_s *= share;
     per_rank.flops_per_s *= share;
-    std::optional<orchestrator::CostModel> model;
+    std::optional<sim::CostModel> model;
     if (o.measure_hardware) {
-      Result<orchestrator::CostModel> m =
-          orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), sizes, per_rank);
+      Result<sim::CostModel> m =
+          sim::CostModel::create(sim::ModelShape::from_config(config), sizes, per_rank);
       if (!m.ok()) return std::move(m).error();
       model = std::move(m).value();
     }

@@ -4,7 +4,7 @@
 /// (TP/PP/SP/DP on in-process CPU devices) on the same workload, with the
 /// communication volume, the pipeline bubble under each token budget policy
 /// (gLLM Token Throttling vs a Sarathi-style fixed budget), and the step
-/// time the cost model (orchestrator/cost_model.hpp, seed 000 App. A)
+/// time the cost model (sim/cost_model.hpp, seed 000 App. A)
 /// predicts from hardware limits measured in the same run.
 ///
 /// Per config and policy, with the same seeded random prompts:
@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/parallel_config.hpp"
-#include "engine/sidp_group.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/group/parallel_config.hpp"
+#include "engine/sidp/sidp_group.hpp"
 
 namespace shardline::bench {
 
@@ -48,7 +48,7 @@ struct ParallelBenchOptions {
   /// Run the prefill-only run first (prefill_tok_s, decode_tok_s); false
   /// leaves those 0 and runs the full run only.
   bool prefill_run = true;
-  /// SiDP (seed 002, engine/sidp_group.hpp): each config must be dp >= 2
+  /// SiDP (seed 002, engine/sidp/sidp_group.hpp): each config must be dp >= 2
   /// single-device ranks, which run as one SidpGroup with these options
   /// (its dp is the config's) instead of independent replicas; nullopt = off.
   std::optional<engine::SidpOptions> sidp;

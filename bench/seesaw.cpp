@@ -14,7 +14,7 @@
 #include "bench/hardware.hpp"
 #include "bench/workload.hpp"
 #include "engine/data_parallel.hpp"
-#include "engine/parallel_executor.hpp"
+#include "engine/group/parallel_executor.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 #include "model/cpu_runner.hpp"
 

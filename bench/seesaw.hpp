@@ -49,8 +49,8 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "engine/policies/seesaw_policy.hpp"
 
 namespace shardline::bench {

@@ -16,9 +16,9 @@
 
 #include "bench/hardware.hpp"
 #include "bench/workload.hpp"
-#include "engine/parallel_executor.hpp"
+#include "engine/group/parallel_executor.hpp"
 #include "engine/policies/shift_policy.hpp"
-#include "orchestrator/cost_model.hpp"
+#include "sim/cost_model.hpp"
 
 namespace shardline::bench {
 
@@ -74,7 +74,7 @@ double median_step_ms(const std::vector<engine::StepStats>& stats, const Pick& p
 
 /// The crossover sweep (table 1), configs alternating within each repeat.
 Result<std::vector<ShiftSweepRow>> sweep(Group& g, const ShiftBenchOptions& o, long long budget, int vocab,
-                                         const orchestrator::CostModel& model, const engine::ParallelConfig& base) {
+                                         const sim::CostModel& model, const engine::ParallelConfig& base) {
   std::vector<ShiftSweepRow> rows;
   engine::ParallelConfig shift = base;
   shift.tp = base.sp * base.tp;
@@ -110,7 +110,7 @@ Result<std::vector<ShiftSweepRow>> sweep(Group& g, const ShiftBenchOptions& o, l
     row.decode_shift_ms = median(ds);
     row.prefill_base_ms = median(pb);
     row.prefill_shift_ms = median(ps);
-    orchestrator::StepShape step;
+    sim::StepShape step;
     for (int i = 0; i < n; ++i) step.add_sequence(kDecodePromptLen + kDecodeSteps / 2, 1);
     if (auto c = model.estimate(base, step); c.ok()) row.predicted_base_ms = c->total_ms;
     if (auto c = model.estimate(shift, step); c.ok()) row.predicted_shift_ms = c->total_ms;
@@ -272,12 +272,12 @@ Result<ShiftBenchReport> run_shift_bench(const ShiftBenchOptions& o) {
   if (!config) return std::move(config).error();
   if (o.engine.num_layers_override > 0)
     config->num_hidden_layers = std::min(config->num_hidden_layers, o.engine.num_layers_override);
-  auto cost = orchestrator::CostModel::for_cpu_devices(
+  auto cost = sim::CostModel::for_cpu_devices(
       *config, o.engine.dtype, o.engine.kv_cache_dtype, rep.membw_gbs * 1e9, rep.gemm_gflops * 1e9, rep.devices,
-      orchestrator::LinkSpec{rep.comm_gbs * 1e9, rep.comm_latency_us * 1e-6});
+      sim::LinkSpec{rep.comm_gbs * 1e9, rep.comm_latency_us * 1e-6});
   if (!cost) return std::move(cost).error();
   const long long budget = o.engine.max_num_batched_tokens;
-  auto predicted = cost->shift_threshold(base, orchestrator::CostModel::kShiftThresholdContextTokens, budget);
+  auto predicted = cost->shift_threshold(base, sim::CostModel::kShiftThresholdContextTokens, budget);
   if (!predicted) return std::move(predicted).error();
   rep.predicted_threshold = predicted->threshold;
   rep.predicted_capped = predicted->capped;

@@ -8,7 +8,7 @@
 ///     engine group and KV cache, for a decode step of n sequences and for a
 ///     prefill step of one n-token prompt; the measured crossover (the least n
 ///     from which the base is faster) beside the cost model's prediction
-///     (orchestrator/cost_model.hpp CostModel::shift_threshold, hardware
+///     (sim/cost_model.hpp CostModel::shift_threshold, hardware
 ///     measured in this run), which is what `--shift-threshold auto` uses;
 ///  2. mixed: a stream of long prompts with short outputs mixed with short
 ///     prompts and long outputs (the paper's §4 mixed workload), served three
@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 
 namespace shardline::bench {
 

@@ -15,9 +15,9 @@
 #include "engine/data_parallel.hpp"
 #include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
-#include "engine/sidp_group.hpp"
+#include "engine/sidp/sidp_group.hpp"
 #include "engine/sidp_memory.hpp"
-#include "orchestrator/cost_model.hpp"
+#include "sim/cost_model.hpp"
 
 namespace shardline::bench {
 
@@ -146,8 +146,8 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
   eo.num_threads = threads;
 
   // The cost model's b*, per rank, with each rank's share of the machine.
-  const auto link_spec = orchestrator::LinkSpec::from_gbps(link.gbps, link.latency_us);
-  auto cost = orchestrator::CostModel::for_sidp_rank(config, o.engine.dtype, o.engine.kv_cache_dtype,
+  const auto link_spec = sim::LinkSpec::from_gbps(link.gbps, link.latency_us);
+  auto cost = sim::CostModel::for_sidp_rank(config, o.engine.dtype, o.engine.kv_cache_dtype,
                                                      rep.membw_gbs * 1e9, rep.gemm_gflops * 1e9, o.dp, link_spec);
   if (!cost) return std::move(cost).error();
   auto bstar = cost->sidp_switch_batch(link_spec);

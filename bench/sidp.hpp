@@ -9,7 +9,7 @@
 ///  2. crossover: decode step time vs batch size per rank for plain DP, WaS
 ///     and CaS at dp (Fig. 11's shape), the measured b* (smallest batch at
 ///     which WaS is no slower than CaS) beside the cost model's prediction
-///     (orchestrator/cost_model.hpp sidp_switch_batch, hardware measured in
+///     (sim/cost_model.hpp sidp_switch_batch, hardware measured in
 ///     this run);
 ///  3. e2e: a long-tailed job (output lengths log-uniform in [min, max]) at a
 ///     tight --device-memory: plain DP, SiDP WaS only and SiDP auto, with the
@@ -27,7 +27,7 @@
 
 #include "comm/paced.hpp"
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 
 namespace shardline::bench {
 

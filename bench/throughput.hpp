@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 
 namespace shardline::bench {
 

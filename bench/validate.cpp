@@ -9,7 +9,7 @@
 #include "bench/calibrate.hpp"
 #include "bench/parallel.hpp"
 #include "bench/workload.hpp"
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "model/config.hpp"
 
 namespace shardline::bench {

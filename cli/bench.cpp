@@ -12,7 +12,7 @@
 #include "bench/shift.hpp"
 #include "bench/sidp.hpp"
 #include "bench/throughput.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
 

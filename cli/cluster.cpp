@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/client.hpp"
+#include "model/tokenizer_loader.hpp"
 #include "actors/node.hpp"
 #include "api/batch_api.hpp"
 #include "api/client_job_service.hpp"
@@ -32,11 +33,11 @@
 #include "cli/sidp_flags.hpp"
 #include "cli/sidp_status.hpp"
 #include "comm/address.hpp"
-#include "engine/tcp_group.hpp"
+#include "engine/group/tcp_group.hpp"
 #include "orchestrator/job_admission.hpp"
 #include "engine/policies/token_budget_policies.hpp"
-#include "model/chat_template.hpp"
-#include "model/tokenizer.hpp"
+#include "text/chat_template.hpp"
+#include "text/tokenizer.hpp"
 #include "kvstore/kv_store.hpp"
 #include "kvstore/replication.hpp"
 
@@ -411,7 +412,7 @@ Status job_flags(const std::string& parallel, const std::string& token_budget, c
     if (!in) return make_error(ErrorCode::io, "--chat-template: cannot read " + chat_template);
     std::ostringstream text;
     text << in.rdbuf();
-    auto parsed = model::ChatTemplate::from_source(model_dir, text.str(), chat_template);
+    auto parsed = model::chat_template_from_source(model_dir, text.str(), chat_template);
     if (!parsed) return make_error(parsed.error().code, "--chat-template: " + parsed.error().message);
     sj.chat_template = text.str();
   }

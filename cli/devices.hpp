@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "model/device_executor.hpp"
 
 namespace shardline::cli {

@@ -13,7 +13,7 @@
 
 #include "comm/paced.hpp"
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 
 namespace shardline::cli {
 

@@ -7,14 +7,15 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "model/tokenizer_loader.hpp"
 #include "cli/conversation.hpp"
 #include "cli/engine_flags.hpp"
 #include "cli/group_flags.hpp"
 #include "cli/sidp_flags.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/parallel_config.hpp"
-#include "engine/sidp_group.hpp"
-#include "model/chat_template.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/group/parallel_config.hpp"
+#include "engine/sidp/sidp_group.hpp"
+#include "text/chat_template.hpp"
 
 namespace shardline::cli {
 
@@ -98,7 +99,7 @@ int run_generate(GenerateArgs& a) {
   prompt_ids.reserve(a.prompts.size() + a.messages_files.size());
   for (const std::string& p : a.prompts) prompt_ids.push_back((*tokenizer)->encode(p, true));
   if (!a.messages_files.empty()) {
-    auto tpl = model::ChatTemplate::load(options->model_dir, a.chat_template);
+    auto tpl = model::load_chat_template(options->model_dir, a.chat_template);
     if (!tpl) {
       std::cerr << "error: " << tpl.error().message << "\n";
       return tpl.error().code == ErrorCode::io ? 2 : 1;  // as `tokenize --messages`

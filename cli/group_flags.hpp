@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/result.hpp"
-#include "engine/tcp_group.hpp"
+#include "engine/group/tcp_group.hpp"
 
 namespace shardline::cli {
 

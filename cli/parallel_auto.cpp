@@ -1,4 +1,5 @@
 #include "cli/parallel_auto.hpp"
+#include "model/tokenizer_loader.hpp"
 
 #include <omp.h>
 
@@ -10,7 +11,7 @@
 #include "bench/calibrate.hpp"
 #include "cli/devices.hpp"
 #include "model/config.hpp"
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "sim/planner.hpp"
 #include "sim/workload.hpp"
 

@@ -13,9 +13,9 @@
 #include "cli/commands.hpp"
 #include "cli/engine_flags.hpp"
 #include "cli/group_flags.hpp"
-#include "engine/parallel_config.hpp"
-#include "engine/sidp_process.hpp"
-#include "engine/tcp_group.hpp"
+#include "engine/group/parallel_config.hpp"
+#include "engine/sidp/sidp_process.hpp"
+#include "engine/group/tcp_group.hpp"
 
 namespace shardline::cli {
 

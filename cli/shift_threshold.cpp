@@ -6,7 +6,7 @@
 
 #include "bench/hardware.hpp"
 #include "model/config.hpp"
-#include "orchestrator/cost_model.hpp"
+#include "sim/cost_model.hpp"
 
 namespace shardline::cli {
 
@@ -25,13 +25,13 @@ Status resolve_shift_threshold(const EngineFlags& f, const engine::ParallelConfi
   const double gemm_gflops = bench::measure_linear_gflops(512, 2, o.dtype);  // the weights' compute
   const double comm_bytes_per_s = bench::measure_inproc_allreduce_bytes_per_s(devices, 1L << 20, 5);
   const double comm_latency_s = bench::measure_inproc_allreduce_latency_s(devices, 200);
-  const orchestrator::LinkSpec link{comm_bytes_per_s, comm_latency_s};
-  auto cost = orchestrator::CostModel::for_cpu_devices(*config, o.dtype, o.kv_cache_dtype, membw_gbs * 1e9,
+  const sim::LinkSpec link{comm_bytes_per_s, comm_latency_s};
+  auto cost = sim::CostModel::for_cpu_devices(*config, o.dtype, o.kv_cache_dtype, membw_gbs * 1e9,
                                                        gemm_gflops * 1e9, devices, link);
   if (!cost) return fail(cost.error().message);
   engine::ParallelConfig base = parallel;
   base.dp = 1;
-  auto t = cost->shift_threshold(base, orchestrator::CostModel::kShiftThresholdContextTokens, std::max(1, o.max_num_batched_tokens));
+  auto t = cost->shift_threshold(base, sim::CostModel::kShiftThresholdContextTokens, std::max(1, o.max_num_batched_tokens));
   if (!t) return fail(t.error().message);
   o.shift->policy.threshold = t->threshold;
   spdlog::info("shift: T = {} tokens from the cost model{} ({} vs tp={}: {:.3f} vs {:.3f} ms at {} tokens; measured "

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// `--shift-threshold auto` (Shift Parallelism, seed 001 Alg. 3; docs/parallel.md):
-/// T is where the cost model (orchestrator/cost_model.hpp,
+/// T is where the cost model (sim/cost_model.hpp,
 /// CostModel::shift_threshold) predicts that a step of n decoding sequences
 /// runs faster in the base config SP×TP than in the shift config TP' = SP×TP,
 /// with the hardware numbers measured here and now: STREAM triad bandwidth,
@@ -13,7 +13,7 @@
 
 #include "cli/engine_flags.hpp"
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 
 namespace shardline::cli {
 

@@ -5,7 +5,7 @@
 #include "bench/hardware.hpp"
 #include "common/dtype.hpp"
 #include "model/config.hpp"
-#include "orchestrator/cost_model.hpp"
+#include "sim/cost_model.hpp"
 
 namespace shardline::cli {
 
@@ -54,8 +54,8 @@ Result<long long> cost_model_switch_batch(const engine::EngineOptions& engine, c
   const double gemm_gflops = bench::measure_linear_gflops(512, 2, engine.dtype);  // the weights' compute
   // Without emulation a weight get is a memcpy on the shared bus.
   const double link_gbs = so.link.gbps > 0 ? so.link.gbps : membw_gbs / dp;
-  const auto link = orchestrator::LinkSpec::from_gbps(link_gbs, so.link.latency_us);
-  auto cost = orchestrator::CostModel::for_sidp_rank(*config, engine.dtype, engine.kv_cache_dtype, membw_gbs * 1e9,
+  const auto link = sim::LinkSpec::from_gbps(link_gbs, so.link.latency_us);
+  auto cost = sim::CostModel::for_sidp_rank(*config, engine.dtype, engine.kv_cache_dtype, membw_gbs * 1e9,
                                                      gemm_gflops * 1e9, dp, link);
   if (!cost) return std::move(cost).error();
   auto point = cost->sidp_switch_batch_overlapped(link, dp);

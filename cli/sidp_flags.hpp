@@ -38,7 +38,7 @@ void add_sidp_flags(CLI::App& cmd, SidpFlags& f);
 
 /// Fills o.sidp and o.sidp_policy (o.parallel, o.engine and o.max_batch
 /// must be set). Without --sidp-switch-batch under --sidp-mode auto, b*
-/// comes from the cost model (orchestrator::CostModel::sidp_switch_batch_overlapped)
+/// comes from the cost model (sim::CostModel::sidp_switch_batch_overlapped)
 /// over this machine's memory bandwidth and GEMM rate measured now (about a
 /// tenth of a second), each rank's share of them, and the link: it is
 /// logged. Errors: invalid_argument naming the flag.

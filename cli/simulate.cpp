@@ -13,17 +13,18 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/calibrate.hpp"
+#include "model/tokenizer_loader.hpp"
 #include "bench/seesaw.hpp"
 #include "bench/validate.hpp"
 #include "cli/commands.hpp"
 #include "cli/parallel_auto.hpp"
 #include "api/file_store.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "model/config.hpp"
 #include "sim/planner.hpp"
 #include "sim/simulator.hpp"
 #include "sim/workload.hpp"
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace shardline::cli {
 namespace {

@@ -9,9 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "model/tokenizer_loader.hpp"
 #include "cli/conversation.hpp"
-#include "model/chat_template.hpp"
-#include "model/tokenizer.hpp"
+#include "text/chat_template.hpp"
+#include "text/tokenizer.hpp"
 
 namespace shardline::cli {
 
@@ -31,13 +32,13 @@ struct TokenizeArgs {
 /// --messages: renders the conversation and prints {"prompt", "token_ids"}
 /// (or the prompt, then the ids). The ids are the prompt's without added
 /// specials, as transformers' apply_chat_template(tokenize=True) gives them.
-int run_messages(const TokenizeArgs& a, const model::Tokenizer& tok) {
+int run_messages(const TokenizeArgs& a, const text::Tokenizer& tok) {
   auto conversation = read_conversation(a.messages_file);
   if (!conversation) {
     std::cerr << "error: " << conversation.error().message << "\n";
     return conversation.error().code == ErrorCode::io ? 1 : 2;
   }
-  auto tpl = model::ChatTemplate::load(a.tokenizer_dir, a.chat_template);
+  auto tpl = model::load_chat_template(a.tokenizer_dir, a.chat_template);
   if (!tpl) {
     std::cerr << "error: " << tpl.error().to_string() << "\n";
     return 1;

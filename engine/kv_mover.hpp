@@ -138,7 +138,7 @@ class KvMover {
   /// As set_caches, for caches that are not host-addressable: transfers go
   /// through `copier` (not owned; it must outlive the mover and allow calls
   /// from the mover thread while the engine's thread steps: a TCP group's
-  /// rank 0, engine/parallel_executor.hpp). Errors: as set_caches; internal
+  /// rank 0, engine/group/parallel_executor.hpp). Errors: as set_caches; internal
   /// for a null copier.
   [[nodiscard]] Status set_copier(kvstore::KvCopier* copier);
 

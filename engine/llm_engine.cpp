@@ -29,7 +29,7 @@ sampling::SampleContext sample_context(const Sequence& seq) {
 
 }  // namespace
 
-Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& executor, const model::Tokenizer& tokenizer,
+Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& executor, const text::Tokenizer& tokenizer,
                                                      EngineConfig config) {
   auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "engine config: " + m); };
   if (config.max_num_seqs < 1) return bad("max_num_seqs must be >= 1");
@@ -72,7 +72,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& execu
   return engine;
 }
 
-LlmEngine::LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config)
+LlmEngine::LlmEngine(model::ModelExecutor& executor, const text::Tokenizer& tokenizer, EngineConfig config)
     : executor_(&executor),
       tokenizer_(&tokenizer),
       config_(std::move(config)),
@@ -100,7 +100,7 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
   for (int id : params.stop_token_ids) seq->min_tokens_masked_ids.push_back(id);
   seq->output_ids.reserve(static_cast<std::size_t>(params.max_tokens));
   if (!seq->prompt_ids.empty())
-    seq->detokenizer = std::make_unique<model::IncrementalDetokenizer>(*tokenizer_, seq->prompt_ids,
+    seq->detokenizer = std::make_unique<text::IncrementalDetokenizer>(*tokenizer_, seq->prompt_ids,
                                                                        config_.skip_special_tokens);
   return scheduler_.add(std::move(seq));
 }

@@ -24,7 +24,7 @@
 #include "model/executor.hpp"
 #include "engine/policies/token_budget.hpp"
 #include <deque>
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace shardline::engine {
 
@@ -149,7 +149,7 @@ class LlmEngine {
   /// out_of_memory (the cache cannot hold one max_model_len sequence:
   /// num_kv_blocks * block_size < max_model_len).
   [[nodiscard]] static Result<std::unique_ptr<LlmEngine>> create(model::ModelExecutor& executor,
-                                                                 const model::Tokenizer& tokenizer,
+                                                                 const text::Tokenizer& tokenizer,
                                                                  EngineConfig config);
 
   /// Queues a request. Errors: invalid_argument (bad params naming the field,
@@ -230,7 +230,7 @@ class LlmEngine {
   [[nodiscard]] KvMoverStats kv_mover_stats() const { return kv_io_.mover_stats(); }
 
  private:
-  LlmEngine(model::ModelExecutor& executor, const model::Tokenizer& tokenizer, EngineConfig config);
+  LlmEngine(model::ModelExecutor& executor, const text::Tokenizer& tokenizer, EngineConfig config);
 
   struct InFlight {
     SchedulerOutput sched;
@@ -284,7 +284,7 @@ class LlmEngine {
   static RequestOutput to_output(Sequence& seq);
 
   model::ModelExecutor* executor_;
-  const model::Tokenizer* tokenizer_;
+  const text::Tokenizer* tokenizer_;
   EngineConfig config_;
   Scheduler scheduler_;
   KvCacheIo kv_io_;

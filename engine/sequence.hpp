@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "sampling/sampling_params.hpp"
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "sampling/logprobs.hpp"
 
 namespace shardline::engine {
@@ -69,7 +69,7 @@ struct Sequence {
   FinishReason finish_reason = FinishReason::none;
   std::string stop_reason;  ///< the matched stop string, or the stop token id as text
   std::string text;         ///< detokenized output (stop string and what follows cut)
-  std::unique_ptr<model::IncrementalDetokenizer> detokenizer;  ///< engine-owned, may be null
+  std::unique_ptr<text::IncrementalDetokenizer> detokenizer;  ///< engine-owned, may be null
   std::vector<std::vector<float>> captured_logits;  ///< EngineConfig::capture_logits rows
   /// With params.logprobs >= 0: one entry per token sampled by this engine
   /// (a resumed sequence's given output_ids have none).

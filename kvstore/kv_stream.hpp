@@ -241,7 +241,7 @@ struct KvStreamItem {
 
 /// A group's KV caches as copy_out / copy_in reach them: host-addressable
 /// views (KvViewsCopier), or ranks in other processes that gather and
-/// scatter their own share on request (engine/parallel_executor.hpp, a TCP
+/// scatter their own share on request (engine/group/parallel_executor.hpp, a TCP
 /// group's rank 0). One sequence's KV, through its block table, always in
 /// the canonical chunk of the range.
 /// Thread safety: an implementation says; the engine calls one from one

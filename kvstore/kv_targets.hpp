@@ -79,7 +79,7 @@ class MemoryKvTarget final : public KvTarget {
 // ---- CommKvTarget and its server ---------------------------------------------------
 
 /// Point-to-point tags of the KV wire protocol (distinct from the engine
-/// group's 101..104, engine/parallel_executor.hpp).
+/// group's 101..104, engine/group/parallel_executor.hpp).
 struct KvWireTags {
   int request = 201;  ///< client -> server
   int reply = 202;    ///< server -> client

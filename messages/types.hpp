@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "worker/batch_types.hpp"
 

@@ -2,7 +2,7 @@
 /// \file
 /// The device factory: the ModelExecutor of one device (a CPU device's
 /// CpuModelRunner or a GPU's CudaModelRunner) from loaded weights. Engine
-/// groups of several ranks (engine/parallel_executor.hpp) are built by the
+/// groups of several ranks (engine/group/parallel_executor.hpp) are built by the
 /// engine over CPU shards; every single-device executor comes from here.
 
 #include <memory>

@@ -44,7 +44,7 @@ struct StepInput {
   int block_size = 0;
   /// [num_logits] when the executor samples on its device (one per
   /// logits_rows entry, in order); empty otherwise. Not part of the wire
-  /// format (engine/step_codec.hpp): only a single-device executor uses it.
+  /// format (engine/group/step_codec.hpp): only a single-device executor uses it.
   std::vector<RowSampling> sampling;
 
   [[nodiscard]] int num_tokens() const { return static_cast<int>(token_ids.size()); }

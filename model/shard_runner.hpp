@@ -4,7 +4,7 @@
 /// shard spec (TP x SP x PP); with the trivial spec it is the whole model and
 /// CpuModelRunner is a thin wrapper around it.
 ///
-/// Sharding (ranks of one engine group; see engine/parallel_config.hpp):
+/// Sharding (ranks of one engine group; see engine/group/parallel_config.hpp):
 ///  - TP (Megatron-LM, Shoeybi et al. 2019): rank t holds query heads
 ///    [t*H/tp, (t+1)*H/tp) and the KV heads they read (a KV head is replicated
 ///    on several ranks when tp > kv_heads), the matching o_proj columns, and
@@ -25,7 +25,7 @@
 ///    row-independent and batch-invariant).
 ///  - PP: stage s holds layers stage_layer_range(L, pp, s); stage 0 embeds,
 ///    the last stage computes logits. Moving the residual stream between
-///    stages is the caller's job (engine/parallel_executor.hpp): receive into
+///    stages is the caller's job (engine/group/parallel_executor.hpp): receive into
 ///    residual(), run_stage(), send residual().
 ///
 /// The KV cache of a rank holds only the KV heads it attends, for every
@@ -64,7 +64,7 @@ struct StepProfile {
   /// Bytes this rank sent in collectives this step, ring-equivalent: an
   /// all-reduce 2 (n-1)/n of the payload, an all-to-all (n-1)/n of what the
   /// rank holds, an all-gather its share to each of the n-1 peers (the
-  /// convention of orchestrator/cost_model.hpp).
+  /// convention of sim/cost_model.hpp).
   std::uint64_t comm_bytes = 0;
   [[nodiscard]] double total_ms() const {
     return gemm_ms + attention_ms + logits_ms + other_ms + comm_ms;

@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "common/result.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 
 namespace shardline::orchestrator {
 

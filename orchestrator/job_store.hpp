@@ -83,7 +83,7 @@ struct JobSpec {
   /// "throttle" (engine/policies/token_budget_policies.hpp).
   std::string token_budget = "fixed";
   /// `--chat-template`: the template text chat lines are rendered with;
-  /// "" = the model folder's (model/chat_template.hpp).
+  /// "" = the model folder's (text/chat_template.hpp).
   std::string chat_template;
   /// model::model_fingerprint of the model the job's lines are computed
   /// with (the cluster's, at submit); "" = not recorded (older versions, or

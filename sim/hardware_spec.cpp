@@ -257,13 +257,13 @@ const DeviceSpec& device_for(const ClusterSpec& cluster, int active_per_node) {
   return d;
 }
 
-orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size, int active_per_node,
+sim::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size, int active_per_node,
                                           bool large_steps, bool shift_steps) {
   active_per_node = std::max(active_per_node, 1);
   const DeviceSpec& d = device_for(cluster, active_per_node);
   group_size = std::max(group_size, 1);
   const double share = d.shared_memory_bus ? 1.0 / active_per_node : 1.0;
-  orchestrator::HardwareSpec hw;
+  sim::HardwareSpec hw;
   hw.flops_per_s =
       d.peak_flops.value * (large_steps ? d.prefill_gemm_efficiency.value : d.gemm_efficiency.value) * share;
   if (!large_steps) {
@@ -282,12 +282,12 @@ orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_
 
 double was_copy_exposed_at(const DeviceSpec& device, double rows) {
   return device.was_copy_exposed_by_rows.empty() ? 1.0
-                                                 : orchestrator::interpolate_by_rows(device.was_copy_exposed_by_rows, rows);
+                                                 : sim::interpolate_by_rows(device.was_copy_exposed_by_rows, rows);
 }
 
-orchestrator::ElementSizes element_sizes(const DeviceSpec& device) {
+sim::ElementSizes element_sizes(const DeviceSpec& device) {
   const double b = device.weight_dtype == DType::f32 ? 4.0 : 2.0;
-  orchestrator::ElementSizes s;
+  sim::ElementSizes s;
   s.weight_bytes = b;
   s.kv_bytes = b;
   // CPU devices compute in F32 whatever the weights (model/shard_runner).

@@ -32,7 +32,7 @@
 /// (prefill_gemm_efficiency in steps of kLargeStepTokens tokens or more) and
 /// streams memory at memory_bw_bytes_per_s * memory_bw_efficiency. With
 /// shared_memory_bus (CPU devices: threads of one machine) the devices of a
-/// node share those two rates evenly, as orchestrator::CostModel::
+/// node share those two rates evenly, as sim::CostModel::
 /// for_cpu_devices assumes.
 
 #include <cstdint>
@@ -43,7 +43,7 @@
 
 #include "common/dtype.hpp"
 #include "common/result.hpp"
-#include "orchestrator/cost_model.hpp"
+#include "sim/cost_model.hpp"
 
 namespace shardline::sim {
 
@@ -75,7 +75,7 @@ struct DeviceSpec {
   /// Optional (JSON "gemm_efficiency_by_rows": {"value": [[rows, fraction],
   /// ...], "source": TEXT}): the achieved fraction of peak_flops in steps
   /// below kLargeStepTokens by the rows a rank's GEMMs have, ascending in
-  /// rows; it replaces gemm_efficiency there (orchestrator::HardwareSpec::
+  /// rows; it replaces gemm_efficiency there (sim::HardwareSpec::
   /// flops_by_rows: linear between points, flat beyond). `simulate
   /// --calibrate` fits it to decode steps at several batches; the GPU files
   /// leave it out.
@@ -84,7 +84,7 @@ struct DeviceSpec {
   /// Optional (JSON "tp_gemm_efficiency_by_rows", the same form): the
   /// fraction of peak_flops a rank of a tensor-parallel group (tp > 1)
   /// achieves in steps below kLargeStepTokens, by its rows
-  /// (orchestrator::HardwareSpec::tp_flops_by_rows: TP ranks run in
+  /// (sim::HardwareSpec::tp_flops_by_rows: TP ranks run in
   /// lockstep). `simulate --calibrate` fits it on the split device to real
   /// tp=2 decode steps; empty: gemm_efficiency_by_rows prices TP ranks too.
   std::vector<std::pair<double, double>> tp_gemm_efficiency_by_rows;
@@ -163,7 +163,7 @@ struct ClusterSpec {
 [[nodiscard]] const DeviceSpec& device_for(const ClusterSpec& cluster, int active_per_node);
 
 /// Per-rank hardware of an engine group of `group_size` devices of `cluster`
-/// (orchestrator::CostModel's HardwareSpec): achievable FLOP/s and memory
+/// (sim::CostModel's HardwareSpec): achievable FLOP/s and memory
 /// bandwidth, divided by `active_per_node` (the devices busy on one node,
 /// >= 1) when the node's devices share one memory bus; and the intra-node
 /// link while the group fits in one node, else the inter-node one.
@@ -171,7 +171,7 @@ struct ClusterSpec {
 /// rate of steps of kLargeStepTokens tokens or more (prefill_gemm_efficiency).
 /// `shift_steps`: the hardware of Shift's shift-config steps (its TP ranks
 /// on shift_gemm_efficiency_by_rows when the device has it).
-[[nodiscard]] orchestrator::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size,
+[[nodiscard]] sim::HardwareSpec group_hardware(const ClusterSpec& cluster, int group_size,
                                                         int active_per_node = 1, bool large_steps = false,
                                                         bool shift_steps = false);
 
@@ -180,7 +180,7 @@ struct ClusterSpec {
 [[nodiscard]] double was_copy_exposed_at(const DeviceSpec& device, double rows);
 
 /// Bytes per element of weights, KV and activations for the device's dtype.
-[[nodiscard]] orchestrator::ElementSizes element_sizes(const DeviceSpec& device);
+[[nodiscard]] sim::ElementSizes element_sizes(const DeviceSpec& device);
 
 /// Bytes the engine of one device may use: memory_bytes * memory_utilization.
 [[nodiscard]] std::uint64_t usable_memory_bytes(const DeviceSpec& device);

@@ -4,8 +4,8 @@
 
 namespace shardline::sim {
 
-SimulatedExecutor::SimulatedExecutor(const orchestrator::CostModel& model, SimulatedExecutorOptions options,
-                                     const orchestrator::CostModel* large_model, long long large_step_tokens)
+SimulatedExecutor::SimulatedExecutor(const sim::CostModel& model, SimulatedExecutorOptions options,
+                                     const sim::CostModel* large_model, long long large_step_tokens)
     : model_(model),
       large_model_(large_model),
       large_step_tokens_(large_step_tokens),
@@ -16,9 +16,9 @@ SimulatedExecutor::SimulatedExecutor(const orchestrator::CostModel& model, Simul
   stage_busy_ms_.assign(static_cast<std::size_t>(stages), 0.0);
 }
 
-Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const orchestrator::CostModel& model,
+Result<std::unique_ptr<SimulatedExecutor>> SimulatedExecutor::create(const sim::CostModel& model,
                                                                      SimulatedExecutorOptions options,
-                                                                     const orchestrator::CostModel* large_model,
+                                                                     const sim::CostModel* large_model,
                                                                      long long large_step_tokens) {
   if (options.num_kv_blocks < 1 || options.block_size < 1)
     return make_error(ErrorCode::invalid_argument, "simulated executor: num_kv_blocks and block_size must be >= 1");
@@ -74,7 +74,7 @@ Result<model::StepOutput> SimulatedExecutor::execute(const model::StepInput& inp
 Status SimulatedExecutor::submit(const model::StepInput& input) {
   if (static_cast<int>(pending_.size()) >= max_in_flight())
     return make_error(ErrorCode::invalid_argument, "simulated executor: max_in_flight steps already in flight");
-  orchestrator::StepShape shape;
+  sim::StepShape shape;
   for (const model::StepSeq& s : input.seqs) shape.add_sequence(s.num_computed_tokens, s.num_new_tokens);
   bool shifted = false;
   engine::ParallelConfig pc = active_;
@@ -83,7 +83,7 @@ Status SimulatedExecutor::submit(const model::StepInput& input) {
     shifted = true;
   }
   const bool large = large_model_ != nullptr && shape.num_tokens() >= large_step_tokens_;
-  const orchestrator::CostModel& m = large                                         ? *large_model_
+  const sim::CostModel& m = large                                         ? *large_model_
                                      : shifted && options_.shift_model != nullptr ? *options_.shift_model
                                                                                   : model_;
   auto cost = m.estimate(pc, shape);

@@ -2,7 +2,7 @@
 /// \file
 /// A ModelExecutor that runs no model: it takes each step the real engine
 /// (engine::LlmEngine, its Scheduler and token budget policy) hands it,
-/// prices the step with the cost model (orchestrator::CostModel, Seesaw App.
+/// prices the step with the cost model (sim::CostModel, Seesaw App.
 /// A) over the step's exact token counts, cached-KV lengths and attention
 /// pairs, and advances a virtual clock. It "samples on its device": every
 /// logits row gets token `sampled_token_id` (requests run with ignore_eos,
@@ -56,11 +56,11 @@
 #include <optional>
 #include <vector>
 
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "engine/policies/shift_policy.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "model/executor.hpp"
-#include "orchestrator/cost_model.hpp"
+#include "sim/cost_model.hpp"
 
 namespace shardline::sim {
 
@@ -73,7 +73,7 @@ struct SimulatedExecutorOptions {
   /// The cost model of shift-config steps below the large-step size (the
   /// device's Shift curve, sim::group_hardware(..., shift_steps)); null: the
   /// executor's model. Not owned; outlives the executor.
-  const orchestrator::CostModel* shift_model = nullptr;
+  const sim::CostModel* shift_model = nullptr;
   /// Seesaw: the decode config cd (`config` is cp); none: one config.
   std::optional<engine::ParallelConfig> decode_config;
   /// KV copies (kv_copier()) and weight reloads: the model's KV shape (what
@@ -93,7 +93,7 @@ struct SimulatedExecutorOptions {
   /// cost model's estimate of it on one device (WaS: the weight fetches
   /// overlapped; CaS: the FFN at the layers' owners). Needs pp = 1; null:
   /// the estimate.
-  std::function<double(const orchestrator::StepShape&, const orchestrator::StepCost&)> price;
+  std::function<double(const sim::StepShape&, const sim::StepCost&)> price;
   int vocab_size = 32000;
   int num_kv_blocks = 0;  ///< the engine group's KV cache, in blocks (> 0)
   int block_size = 16;
@@ -130,8 +130,8 @@ class SimulatedExecutor final : public model::ModelExecutor {
   /// device's GEMM efficiency differs with the rows; null: `model` prices
   /// every step). Both must outlive the executor.
   [[nodiscard]] static Result<std::unique_ptr<SimulatedExecutor>> create(
-      const orchestrator::CostModel& model, SimulatedExecutorOptions options,
-      const orchestrator::CostModel* large_model = nullptr, long long large_step_tokens = 256);
+      const sim::CostModel& model, SimulatedExecutorOptions options,
+      const sim::CostModel* large_model = nullptr, long long large_step_tokens = 256);
 
   [[nodiscard]] Result<model::StepOutput> execute(const model::StepInput& input) override;
   [[nodiscard]] int vocab_size() const override { return options_.vocab_size; }
@@ -195,14 +195,14 @@ class SimulatedExecutor final : public model::ModelExecutor {
    private:
     SimulatedExecutor& owner_;
   };
-  SimulatedExecutor(const orchestrator::CostModel& model, SimulatedExecutorOptions options,
-                    const orchestrator::CostModel* large_model, long long large_step_tokens);
+  SimulatedExecutor(const sim::CostModel& model, SimulatedExecutorOptions options,
+                    const sim::CostModel* large_model, long long large_step_tokens);
   [[nodiscard]] bool has_copier() const { return options_.kv_link_bw_bytes_per_s > 0; }
   /// Puts a copy of `bytes` on the KV links; returns when it lands, ms.
   double link_copy(double bytes, bool to_host);
 
-  const orchestrator::CostModel& model_;
-  const orchestrator::CostModel* large_model_;
+  const sim::CostModel& model_;
+  const sim::CostModel* large_model_;
   long long large_step_tokens_;
   SimulatedExecutorOptions options_;
   engine::ParallelConfig active_;  ///< the config steps run in (cp or cd with Seesaw)

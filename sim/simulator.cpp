@@ -15,7 +15,7 @@
 #include "engine/sidp_memory.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 #include "kvstore/kv_stream.hpp"
-#include "model/id_tokenizer.hpp"
+#include "text/id_tokenizer.hpp"
 #include "sim/simulated_executor.hpp"
 
 namespace shardline::sim {
@@ -72,7 +72,7 @@ struct Replica {
 /// What one run (full or prefill-only) gave.
 struct RunOutcome {
   double elapsed_ms = 0;
-  std::unique_ptr<model::IdTokenizer> tokenizer;  ///< the engines hold it: declared before them
+  std::unique_ptr<text::IdTokenizer> tokenizer;  ///< the engines hold it: declared before them
   std::vector<Replica> replicas;
   std::vector<double> finish_ms;      ///< [workload] when each request finished
   std::vector<int> tokens_before;     ///< [workload] tokens a request resumed with (DéjàVu)
@@ -99,7 +99,7 @@ engine::SidpModePolicy::TimePoint virtual_time(double ms) {
 
 }  // namespace
 
-double sidp_was_copy_ms(const DeviceSpec& device, const orchestrator::CostModel& model, int num_ranks,
+double sidp_was_copy_ms(const DeviceSpec& device, const sim::CostModel& model, int num_ranks,
                         int fetched_layers) {
   if (!device.shared_memory_bus || fetched_layers <= 0) return 0.0;
   return num_ranks * fetched_layers * model.ffn_layer_bytes() / device.host_link_bw_bytes_per_s.value * 1e3;
@@ -109,14 +109,14 @@ namespace {
 
 Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec& cluster, const Strategy& strategy,
                             const std::vector<SimRequest>& workload, const SimOptions& options,
-                            const orchestrator::CostModel& model, const orchestrator::CostModel& large_model,
-                            const orchestrator::CostModel* shift_model, int num_kv_blocks, bool prefill_only) {
+                            const sim::CostModel& model, const sim::CostModel& large_model,
+                            const sim::CostModel* shift_model, int num_kv_blocks, bool prefill_only) {
   const engine::ParallelConfig& pc = strategy.parallel;
   const std::optional<FailureInjection>& failures = strategy.failures;
   int max_len = 1;
   for (const SimRequest& r : workload) max_len = std::max(max_len, r.prompt_len + (prefill_only ? 1 : r.output_len));
   RunOutcome out;
-  out.tokenizer = std::make_unique<model::IdTokenizer>(config.vocab_size, -1, -1);
+  out.tokenizer = std::make_unique<text::IdTokenizer>(config.vocab_size, -1, -1);
   out.finish_ms.assign(workload.size(), -1.0);
   out.tokens_before.assign(workload.size(), 0);
   const kvstore::KvModelShape kv_shape{config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
@@ -169,7 +169,7 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
   }
   // SiDP: each rank prices its steps in the group's current mode.
   SidpRun sidp_run;
-  const orchestrator::LinkSpec sidp_link{cluster.device.intra_node_bw_bytes_per_s.value,
+  const sim::LinkSpec sidp_link{cluster.device.intra_node_bw_bytes_per_s.value,
                                          cluster.device.intra_node_latency_s.value};
   if (strategy.sidp) {
     engine::SidpModePolicyOptions po;
@@ -196,7 +196,7 @@ Result<RunOutcome> run_once(const model::ModelConfig& config, const ClusterSpec&
     const double copy_ms = sidp_was_copy_ms(cluster.device, model, pc.dp, layers - owned);
     const double row_bytes = static_cast<double>(config.hidden_size) * model.sizes().activation_bytes;
     o.price = [&model, &large_model, &sidp_run, &priced, sidp_link, layers, fetch_ms, copy_ms, row_bytes](
-                  const orchestrator::StepShape& shape, const orchestrator::StepCost& cost) {
+                  const sim::StepShape& shape, const sim::StepCost& cost) {
       const long long n = shape.num_tokens();
       if (sidp_run.mode == engine::SidpMode::was)
         return std::max(cost.total_ms + was_copy_exposed_at(priced, static_cast<double>(n)) * copy_ms, fetch_ms);
@@ -501,24 +501,24 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
                                                        std::to_string(pc.world_size()) + " devices; cluster " +
                                                        cluster.name + " has " + std::to_string(cluster.num_devices));
   const int active_per_node = std::min(pc.world_size(), cluster.devices_per_node());
-  auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config),
+  auto model = sim::CostModel::create(sim::ModelShape::from_config(config),
                                                element_sizes(cluster.device),
                                                group_hardware(cluster, pc.group_size(), active_per_node));
   if (!model) return model.error();
-  auto large_model = orchestrator::CostModel::create(
-      orchestrator::ModelShape::from_config(config), element_sizes(cluster.device),
+  auto large_model = sim::CostModel::create(
+      sim::ModelShape::from_config(config), element_sizes(cluster.device),
       group_hardware(cluster, pc.group_size(), active_per_node, /*large_steps=*/true));
   if (!large_model) return large_model.error();
   // Shift's shift-config steps on the device's Shift curve, where it has one.
-  std::optional<orchestrator::CostModel> shift_model_storage;
+  std::optional<sim::CostModel> shift_model_storage;
   if (strategy.shift) {
-    auto m = orchestrator::CostModel::create(
-        orchestrator::ModelShape::from_config(config), element_sizes(cluster.device),
+    auto m = sim::CostModel::create(
+        sim::ModelShape::from_config(config), element_sizes(cluster.device),
         group_hardware(cluster, pc.group_size(), active_per_node, /*large_steps=*/false, /*shift_steps=*/true));
     if (!m) return m.error();
     shift_model_storage.emplace(std::move(m).value());
   }
-  const orchestrator::CostModel* shift_model = shift_model_storage ? &*shift_model_storage : nullptr;
+  const sim::CostModel* shift_model = shift_model_storage ? &*shift_model_storage : nullptr;
   auto blocks = kv_blocks_per_group(config, cluster, pc, options);
   if (!blocks) return blocks.error();
   if (strategy.failures) {
@@ -570,7 +570,7 @@ Result<SimResult> simulate(const model::ModelConfig& config, const ClusterSpec& 
     *blocks = least;
     if (sd.switch_batch <= 0) {
       auto b = model->sidp_switch_batch_overlapped(
-          orchestrator::LinkSpec{d.intra_node_bw_bytes_per_s.value, d.intra_node_latency_s.value}, pc.dp);
+          sim::LinkSpec{d.intra_node_bw_bytes_per_s.value, d.intra_node_latency_s.value}, pc.dp);
       if (!b) return b.error();
       resolved.sidp->switch_batch = pc.dp * b->switch_batch;
     }

@@ -5,7 +5,7 @@
 /// described cluster. Each DP replica is a real engine::LlmEngine (its
 /// Scheduler, block manager, token budget policy: fixed or gLLM's Token
 /// Throttling) over a SimulatedExecutor, which prices every micro-batch with
-/// the cost model (orchestrator::CostModel, Seesaw App. A) for the cluster's
+/// the cost model (sim::CostModel, Seesaw App. A) for the cluster's
 /// device and advances a virtual clock. So a scheduling change shows in the
 /// simulator the day it lands: there is no second scheduler to drift.
 ///
@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "engine/policies/seesaw_policy.hpp"
 #include "engine/policies/sidp_mode_policy.hpp"
 #include "engine/policies/shift_policy.hpp"
@@ -230,7 +230,7 @@ struct SimResult {
 /// was_copy_exposed_at(device, rows) of it (sim/hardware_spec.hpp). 0 on
 /// other devices: a GPU's copy engine makes the fetch while the SMs compute,
 /// so only the link time (T_fetch) can hold the step.
-[[nodiscard]] double sidp_was_copy_ms(const DeviceSpec& device, const orchestrator::CostModel& model, int num_ranks,
+[[nodiscard]] double sidp_was_copy_ms(const DeviceSpec& device, const sim::CostModel& model, int num_ranks,
                                       int fetched_layers);
 
 /// `num` requests of `input_len` / `output_len` tokens (bench's workload).

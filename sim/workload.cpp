@@ -107,7 +107,7 @@ std::vector<SimRequest> generate_workload(int num, const LengthDist& input, cons
   return out;
 }
 
-Result<JsonlWorkload> workload_from_jsonl(const std::string& path, const model::Tokenizer* tokenizer,
+Result<JsonlWorkload> workload_from_jsonl(const std::string& path, const text::Tokenizer* tokenizer,
                                           int default_output_len) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error(ErrorCode::not_found, path + ": cannot open");

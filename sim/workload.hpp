@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "sim/simulator.hpp"
 
 namespace shardline::sim {
@@ -55,7 +55,7 @@ struct JsonlWorkload {
 /// Reads a JSONL job file. `tokenizer` may be null when every prompt is
 /// given as token ids. Errors: not_found (the file), invalid_argument (a
 /// text prompt without a tokenizer).
-[[nodiscard]] Result<JsonlWorkload> workload_from_jsonl(const std::string& path, const model::Tokenizer* tokenizer,
+[[nodiscard]] Result<JsonlWorkload> workload_from_jsonl(const std::string& path, const text::Tokenizer* tokenizer,
                                                         int default_output_len);
 
 }  // namespace shardline::sim

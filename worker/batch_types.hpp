@@ -83,7 +83,7 @@ struct BatchRequest {
 
   // ---- /v1/chat/completions lines ----
   /// A chat line: the worker renders `messages_json` with the chat template
-  /// (model/chat_template.hpp) and tokenizes the result without adding
+  /// (text/chat_template.hpp) and tokenizes the result without adding
   /// special tokens (the template writes them), as vLLM does.
   bool chat = false;
   /// The conversation: a JSON array of messages, as text (content parts

@@ -1,4 +1,5 @@
 #include "worker/batch_worker.hpp"
+#include "model/tokenizer_loader.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_bounded.hpp"
-#include "model/bpe_tokenizer.hpp"
+#include "text/bpe_tokenizer.hpp"
 #include "sampling/rng.hpp"
 
 namespace shardline::worker {
@@ -73,13 +74,13 @@ Result<std::string> BatchWorker::render_chat(const BatchRequest& request) {
   if (it == chat_templates_.end()) {
     if (chat_templates_.size() >= 16) chat_templates_.clear();  // job templates: a small cache
     auto loaded = request.chat_template.empty()
-                      ? model::ChatTemplate::load(engine_.tokenizer_dir)
-                      : model::ChatTemplate::from_source(engine_.tokenizer_dir, request.chat_template,
+                      ? model::load_chat_template(engine_.tokenizer_dir)
+                      : model::chat_template_from_source(engine_.tokenizer_dir, request.chat_template,
                                                          "the job's --chat-template");
-    Result<std::shared_ptr<const model::ChatTemplate>> entry =
-        loaded.ok() ? Result<std::shared_ptr<const model::ChatTemplate>>(
-                          std::make_shared<const model::ChatTemplate>(std::move(loaded).value()))
-                    : Result<std::shared_ptr<const model::ChatTemplate>>(std::move(loaded).error());
+    Result<std::shared_ptr<const text::ChatTemplate>> entry =
+        loaded.ok() ? Result<std::shared_ptr<const text::ChatTemplate>>(
+                          std::make_shared<const text::ChatTemplate>(std::move(loaded).value()))
+                    : Result<std::shared_ptr<const text::ChatTemplate>>(std::move(loaded).error());
     it = chat_templates_.emplace(request.chat_template, std::move(entry)).first;
   }
   if (!it->second.ok()) {
@@ -116,11 +117,11 @@ int code_points(std::string_view s) {
 
 std::vector<ChoiceTokenLogprobs> BatchWorker::logprob_texts(const std::vector<sampling::SampleLogprobs>& lps,
                                                             int offset) const {
-  const model::Tokenizer& tok = *engine_.tokenizer;
+  const text::Tokenizer& tok = *engine_.tokenizer;
   auto text_of = [&](const sampling::TokenLogprob& t) {
     TokenLogprobText out;
     out.bytes = tok.token_bytes(t.token_id);
-    out.token = model::utf8_lossy(out.bytes);
+    out.token = text::utf8_lossy(out.bytes);
     // JSON has no -inf: vLLM writes -9999.0.
     out.logprob = std::isfinite(t.logprob) ? t.logprob : -9999.0f;
     return out;
@@ -184,7 +185,7 @@ void BatchWorker::submit(BatchRequest request) {
   const LineKey key{request.job_id, request.line_index};
   if (holds(key)) return;  // re-sent line: one result only
   LlmEngine& eng = *engine_.engine;
-  const model::Tokenizer& tok = *engine_.tokenizer;
+  const text::Tokenizer& tok = *engine_.tokenizer;
 
   if (request.n < 1) {
     push_error(request, "invalid_parameter", "n must be >= 1, got " + std::to_string(request.n));

@@ -50,8 +50,8 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/engine_builder.hpp"
-#include "model/chat_template.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "text/chat_template.hpp"
 #include "worker/batch_types.hpp"
 #include "worker/kv_streamer.hpp"
 
@@ -142,7 +142,7 @@ class BatchWorker {
   [[nodiscard]] engine::LlmEngine& engine() { return *engine_.engine; }
   /// The engine's instance (weights, executor, weight bytes).
   [[nodiscard]] const engine::EngineInstance& engine_instance() const { return engine_; }
-  [[nodiscard]] const model::Tokenizer& tokenizer() const { return *engine_.tokenizer; }
+  [[nodiscard]] const text::Tokenizer& tokenizer() const { return *engine_.tokenizer; }
 
   /// The seed of choice `choice` of a line without a seed of its own: a
   /// SplitMix64 chain over (job_id, line_index, choice). Public so that other
@@ -210,7 +210,7 @@ class BatchWorker {
       std::make_unique<std::unordered_map<std::uint64_t, RequestRef>>();
   std::vector<BatchResult> ready_;        ///< to be returned
   /// Parsed chat templates by template text ("" = the model folder's).
-  std::map<std::string, Result<std::shared_ptr<const model::ChatTemplate>>> chat_templates_;
+  std::map<std::string, Result<std::shared_ptr<const text::ChatTemplate>>> chat_templates_;
   std::uint64_t prompt_tokens_ = 0;
   std::uint64_t generated_tokens_ = 0;
   std::uint64_t steps_done_ = 0;

@@ -28,7 +28,7 @@
 
 #include "common/result.hpp"
 #include "engine/policies/sidp_mode_policy.hpp"
-#include "engine/sidp_node.hpp"
+#include "engine/sidp/sidp_node.hpp"
 
 namespace shardline::worker {
 

@@ -55,7 +55,7 @@
 ///    switches; `auto` starts in WaS (the bulk of a job runs in WaS, §4.3).
 ///  - The units of b*: G is a group sum, so b* here is a threshold on the
 ///    group's total running sequences. The cost model's per-rank b*
-///    (orchestrator::CostModel::sidp_switch_batch_overlapped, the batch at
+///    (sim::CostModel::sidp_switch_batch_overlapped, the batch at
 ///    which one rank's forward pass hides its weight fetches) corresponds to
 ///    dp · b* over dp balanced ranks.
 

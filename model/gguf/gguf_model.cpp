@@ -13,7 +13,7 @@
 
 #include "common/dtype.hpp"
 #include "kernels/cpu/ggml_quants.hpp"
-#include "model/bpe_tokenizer.hpp"
+#include "text/bpe_tokenizer.hpp"
 #include "model/safetensors.hpp"
 #include "model/weights_internal.hpp"
 
@@ -673,7 +673,7 @@ Result<std::vector<std::pair<std::string, std::string>>> special_token_texts(con
   return out;
 }
 
-Result<std::unique_ptr<Tokenizer>> load_tokenizer(const GgufFile& f) {
+Result<std::unique_ptr<text::Tokenizer>> load_tokenizer(const GgufFile& f) {
   auto text = tokenizer_json(f);
   if (!text.ok()) return text.error();
   auto specials = special_token_texts(f);
@@ -690,9 +690,9 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const GgufFile& f) {
   } else if (add_eos->value_or(false)) {
     return key_error(ErrorCode::unsupported, f, "tokenizer.ggml.add_eos_token", "= true is not supported");
   }
-  auto t = BpeTokenizer::load_json(*text, f.path().string() + " tokenizer metadata", add_bos->value_or(false), bos, eos);
+  auto t = text::BpeTokenizer::load_json(*text, f.path().string() + " tokenizer metadata", add_bos->value_or(false), bos, eos);
   if (!t.ok()) return t.error();
-  return std::unique_ptr<Tokenizer>(std::move(t).value());
+  return std::unique_ptr<text::Tokenizer>(std::move(t).value());
 }
 
 Result<std::optional<std::string>> chat_template(const GgufFile& f) { return f.get_string("tokenizer.chat_template"); }

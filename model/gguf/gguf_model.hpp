@@ -32,7 +32,7 @@
 #include "common/result.hpp"
 #include "model/config.hpp"
 #include "model/gguf/gguf_file.hpp"
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::model::gguf {
@@ -88,7 +88,7 @@ namespace shardline::model::gguf {
 /// The tokenizer (a BpeTokenizer over `tokenizer_json`), with BOS / EOS from
 /// `tokenizer.ggml.bos_token_id` / `eos_token_id` and BOS prepended when
 /// `tokenizer.ggml.add_bos_token` is true.
-[[nodiscard]] Result<std::unique_ptr<Tokenizer>> load_tokenizer(const GgufFile& file);
+[[nodiscard]] Result<std::unique_ptr<text::Tokenizer>> load_tokenizer(const GgufFile& file);
 
 /// `tokenizer.chat_template`, or nullopt when the file has none.
 [[nodiscard]] Result<std::optional<std::string>> chat_template(const GgufFile& file);

@@ -29,7 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "tests/support/demo_prompts.hpp"
 #include "tests/support/output_ids.hpp"
 #include "tests/support/process.hpp"

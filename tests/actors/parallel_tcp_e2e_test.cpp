@@ -113,7 +113,7 @@ TEST_F(ParallelTcpE2e, JobWithShiftOverTwoProcessesMatchesOneDevice) {
 // processes; each sequence's KV leaves both processes' caches into rank 0's
 // host KV buffer (1 MiB: several transitions over 24 lines) and comes back
 // re-sharded, each rank gathering and scattering its own share
-// (engine/group_kv.hpp). The lines are one device's bytes, as in one
+// (engine/group/group_kv.hpp). The lines are one device's bytes, as in one
 // process (tests/actors/parallel_e2e_test.cpp); a rank without the decode
 // config is refused and the run fails clearly.
 TEST_F(ParallelTcpE2e, JobWithSeesawOverTwoProcessesMatchesOneDevice) {

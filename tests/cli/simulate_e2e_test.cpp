@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/validate.hpp"
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 #include "sim/hardware_spec.hpp"
 #include "tests/actors/node_harness.hpp"
 #include <filesystem>

@@ -32,7 +32,7 @@ TEST(ParseHostPort, SplitsHostAndPort) {
 }
 
 TEST(ParseHostPort, SplitsAtTheLastColon) {
-  // Neither former copy (actors/metrics.cpp, engine/tcp_group.cpp) treated
+  // Neither former copy (actors/metrics.cpp, engine/group/tcp_group.cpp) treated
   // brackets: the host is kept as written.
   expect_parsed("::1:80", "::1", 80);
   expect_parsed("[::1]:80", "[::1]", 80);

@@ -10,7 +10,7 @@
 #include <map>
 #include <numeric>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -48,7 +48,7 @@ sampling::SamplingParams greedy() {
 using testing_support::bit_identical;
 using testing_support::run_all;
 
-void add_fillers(LlmEngine& engine, const model::Tokenizer& tok, std::uint64_t first_id) {
+void add_fillers(LlmEngine& engine, const text::Tokenizer& tok, std::uint64_t first_id) {
   testing_support::add_fillers(engine, tok, first_id, 61);
 }
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "engine/gpu_memory_plan.hpp"
 #include "tests/support/stories_reference.hpp"
 

@@ -7,7 +7,7 @@
 
 #include <map>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "sampling/sampler.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
@@ -60,7 +60,7 @@ EngineInstance make_engine() {
   return std::move(e).value();
 }
 
-std::map<std::uint64_t, RequestOutput> run(LlmEngine& engine, const model::Tokenizer& tok) {
+std::map<std::uint64_t, RequestOutput> run(LlmEngine& engine, const text::Tokenizer& tok) {
   const auto params = testing_support::mixed_sampling_params(12, 24);
   const char* prompts[] = {"Once upon a time", "The dog", "Lily and Ben", "One day a bird"};
   for (std::size_t i = 0; i < params.size(); ++i)

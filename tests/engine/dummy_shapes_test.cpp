@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 
 namespace shardline::engine {
 namespace {

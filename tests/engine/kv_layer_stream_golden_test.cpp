@@ -10,7 +10,7 @@
 #include <map>
 #include <memory>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/kv_host_tier.hpp"
 #include "tests/support/stories_reference.hpp"

@@ -18,7 +18,7 @@
 #include <map>
 #include <numeric>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/kv_host_tier.hpp"
 #include "tests/support/stories_reference.hpp"
@@ -56,7 +56,7 @@ struct Request {
   sampling::SamplingParams params;
 };
 
-std::vector<Request> requests(const model::Tokenizer& tok) {
+std::vector<Request> requests(const text::Tokenizer& tok) {
   const char* starts[] = {"Once upon a time", "The little dog", "Lily wanted to", "Tom and his mom went to the",
                           "One day, a bird"};
   std::vector<Request> out;

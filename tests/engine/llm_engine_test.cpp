@@ -81,7 +81,7 @@ class FakeExecutor final : public model::ModelExecutor {
 };
 
 /// ids 0..25 -> 'a'..'z', 26..30 -> '0'..'4', 31 -> "</s>" (special EOS).
-class FakeTokenizer final : public model::Tokenizer {
+class FakeTokenizer final : public text::Tokenizer {
  public:
   std::vector<std::int32_t> encode(std::string_view text, bool) const override {
     std::vector<std::int32_t> ids;

@@ -1,4 +1,4 @@
-#include "engine/parallel_config.hpp"
+#include "engine/group/parallel_config.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,14 +2,14 @@
 // pipelined engine keeps up to pp micro-batches in flight and aborts
 // requests in flight when they land, and Token Throttling gives the same
 // greedy tokens as the fixed budget.
-#include "engine/parallel_executor.hpp"
+#include "engine/group/parallel_executor.hpp"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 #include "tests/support/stories_reference.hpp"
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "engine/data_parallel.hpp"
 #include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/stories_reference.hpp"

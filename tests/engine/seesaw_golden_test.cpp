@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "engine/data_parallel.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/parallel_executor.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/group/parallel_executor.hpp"
 #include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/data_parallel.hpp"
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "engine/data_parallel.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/sidp_group.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/sidp/sidp_group.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {

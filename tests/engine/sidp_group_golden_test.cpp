@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "engine/data_parallel.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/sidp_group.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/sidp/sidp_group.hpp"
 #include "tests/support/sidp_golden.hpp"
 #include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/stories_reference.hpp"

@@ -1,4 +1,4 @@
-// Failures of a SiDP group whose ranks are processes (engine/sidp_process.hpp):
+// Failures of a SiDP group whose ranks are processes (engine/sidp/sidp_process.hpp):
 //  - a rank process killed mid-generation (WaS and CaS) makes rank 0's
 //    generate fail with an error naming it, well within the communicator
 //    timeout (its sockets close), instead of hanging;
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/sidp_group.hpp"
+#include "engine/sidp/sidp_group.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 

@@ -1,4 +1,4 @@
-// A SiDP group whose ranks are processes (engine/sidp_process.hpp): rank 0
+// A SiDP group whose ranks are processes (engine/sidp/sidp_process.hpp): rank 0
 // is this test's SidpGroup, ranks 1.. are `shardline shard serve
 // --weight-sharing sidp` child processes. Weight regions are read with
 // one-sided gets and CaS rows travel over real sockets between processes,
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "engine/data_parallel.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/sidp_group.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/sidp/sidp_group.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/sidp_golden.hpp"
 #include "tests/support/dummy_qwen3.hpp"

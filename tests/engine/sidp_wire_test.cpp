@@ -1,5 +1,5 @@
 // The wire forms of the SiDP process group's control messages
-// (engine/sidp_wire.hpp): every field survives a CBOR round trip exactly
+// (engine/sidp/sidp_wire.hpp): every field survives a CBOR round trip exactly
 // (logits bit for bit, NaN and infinities included), and a malformed body
 // is a corrupt error naming what is wrong, never an exception or a crash.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <limits>
 
-#include "engine/sidp_wire.hpp"
+#include "engine/sidp/sidp_wire.hpp"
 
 namespace shardline::engine::sidp_wire {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/step_codec.hpp"
+#include "engine/group/step_codec.hpp"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 // holds its shard of cp and of cd, rank 0 switches the group between them,
 // and the KV of every sequence leaves the devices into rank 0's host KV
 // buffer and comes back re-sharded through the ranks' own gathers and
-// scatters (engine/group_kv.hpp). Under budgets so small that every
+// scatters (engine/group/group_kv.hpp). Under budgets so small that every
 // sequence crosses a transition and a swap, a TCP pair gives the in-process
 // pair's tokens and logits bit for bit (the same sums in the same order)
 // and the stories260K reference ids, with synchronous and asynchronous
@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "engine/data_parallel.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/group_kv.hpp"
-#include "engine/tcp_group.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/group/group_kv.hpp"
+#include "engine/group/tcp_group.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine_builder.hpp"
-#include "engine/tcp_group.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/group/tcp_group.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 

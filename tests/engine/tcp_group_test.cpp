@@ -1,7 +1,7 @@
 // Engine groups over TCP (ranks as threads here; as processes in the e2e
 // test): same tokens and logits as the in-process group, setup mismatches
 // refused with a clear error, a wrong key refused.
-#include "engine/tcp_group.hpp"
+#include "engine/group/tcp_group.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <future>
 #include <thread>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/stories_reference.hpp"
 

@@ -248,7 +248,7 @@ TEST(KvStream, RoundTripsAreBitIdenticalAcrossLayouts) {
 }
 
 // A group whose ranks are remote (a TCP group's rank 0 asks each rank for its
-// gathered part and merges; engine/parallel_executor.hpp): merge_part over
+// gathered part and merges; engine/group/parallel_executor.hpp): merge_part over
 // every rank in reverse order is copy_out, split_part + scatter is copy_in.
 TEST(KvStream, PartsMergedAndSplitEqualTheGroupCopies) {
   int cases = 0;

@@ -24,9 +24,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/chat_template.hpp"
+#include "text/chat_template.hpp"
+#include "model/tokenizer_loader.hpp"
 #include "model/cpu_runner.hpp"
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/python.hpp"
@@ -102,7 +103,7 @@ TEST_F(GgufGolden, SmolLm2MatchesTransformersOnChatPrompts) {
 
   auto tok = load_tokenizer(kModelDir);
   ASSERT_TRUE(tok.ok()) << tok.error().to_string();
-  auto tpl = ChatTemplate::load(kModelDir);
+  auto tpl = load_chat_template(kModelDir);
   ASSERT_TRUE(tpl.ok()) << tpl.error().to_string();
   LoadOptions lo;
   lo.dtype = DType::f32;

@@ -14,9 +14,10 @@
 #include <random>
 
 #include "model/config.hpp"
+#include "model/tokenizer_loader.hpp"
 #include "model/gguf/gguf_file.hpp"
 #include "model/gguf/gguf_model.hpp"
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "model/shard_runner.hpp"
 #include "kernels/cpu/ops.hpp"

@@ -10,10 +10,10 @@
 namespace shardline::sim {
 namespace {
 
-orchestrator::CostModel test_model() {
-  orchestrator::ModelShape shape{8, 1024, 16, 4, 64, 4096, 32000};
-  orchestrator::HardwareSpec hw{1e12, 100e12, 100e9, 10e-6};
-  return *orchestrator::CostModel::create(shape, orchestrator::ElementSizes{2, 2, 2}, hw);
+sim::CostModel test_model() {
+  sim::ModelShape shape{8, 1024, 16, 4, 64, 4096, 32000};
+  sim::HardwareSpec hw{1e12, 100e12, 100e9, 10e-6};
+  return *sim::CostModel::create(shape, sim::ElementSizes{2, 2, 2}, hw);
 }
 
 /// A step of `n` decoding sequences with `ctx` cached tokens each.
@@ -35,8 +35,8 @@ model::StepInput decode_step(int n, int ctx, std::uint64_t first_id = 0) {
   return in;
 }
 
-orchestrator::StepShape shape_of(int n, int ctx) {
-  orchestrator::StepShape s;
+sim::StepShape shape_of(int n, int ctx) {
+  sim::StepShape s;
   for (int i = 0; i < n; ++i) s.add_sequence(ctx, 1);
   return s;
 }

@@ -71,11 +71,11 @@ TEST(Simulator, EveryTokenIsAccountedForAndDecodeStepsCostWhatTheModelSays) {
   // sequence) + the model's step at a context
   // between the shortest and the longest the decodes saw.
   const int active = 1;
-  auto model = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config),
+  auto model = sim::CostModel::create(sim::ModelShape::from_config(config),
                                                element_sizes(c.device), group_hardware(c, 1, active));
   ASSERT_TRUE(model.ok());
   auto step_at = [&](int ctx) {
-    orchestrator::StepShape s;
+    sim::StepShape s;
     for (int i = 0; i < 32; ++i) s.add_sequence(ctx, 1);
     return c.device.step_overhead_ms.value + 32 * c.device.seq_overhead_ms.value + model->estimate({}, s)->total_ms;
   };
@@ -436,10 +436,10 @@ TEST(Simulator, SidpWasStepsAreBoundByTheWeightFetchesAndCasStepsByTheOwners) {
   was.sidp = SidpStrategy{engine::SidpModeSetting::was, 0, 0.25, 3.0, 2};
   auto w = simulate(config, c, was, workload, o);
   ASSERT_TRUE(w.ok()) << w.error().to_string();
-  auto cm = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), element_sizes(c.device),
+  auto cm = sim::CostModel::create(sim::ModelShape::from_config(config), element_sizes(c.device),
                                             group_hardware(c, 1, 8));
   ASSERT_TRUE(cm.ok());
-  const orchestrator::LinkSpec link{c.device.intra_node_bw_bytes_per_s.value, c.device.intra_node_latency_s.value};
+  const sim::LinkSpec link{c.device.intra_node_bw_bytes_per_s.value, c.device.intra_node_latency_s.value};
   const double fetch_ms = (64 - 8) * cm->sidp_weight_fetch_ms(link);
   EXPECT_EQ(w->decode_batch, 64);
   EXPECT_NEAR(w->decode_step_ms,
@@ -471,7 +471,7 @@ TEST(Simulator, SidpWasStepsOnASharedBusAddTheExposedPartOfTheFetchCopy) {
   const auto workload = fixed_workload(32, 64, 16);
   Strategy was = strategy("dp=2");
   was.sidp = SidpStrategy{engine::SidpModeSetting::was, 0, 0.25, 3.0, 2};
-  auto cm = orchestrator::CostModel::create(orchestrator::ModelShape::from_config(config), element_sizes(c.device),
+  auto cm = sim::CostModel::create(sim::ModelShape::from_config(config), element_sizes(c.device),
                                             group_hardware(c, 1, 2));
   ASSERT_TRUE(cm.ok());
   const double copy_ms = sidp_was_copy_ms(c.device, *cm, 2, 32);

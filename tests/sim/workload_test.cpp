@@ -2,6 +2,7 @@
 // workloads are seeded and stay in their bounds; a JSONL job file gives one
 // request per choice with its prompt's token count and max_tokens.
 #include "sim/workload.hpp"
+#include "model/tokenizer_loader.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +10,7 @@
 #include <fstream>
 #include <numeric>
 
-#include "model/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "tests/support/process.hpp"
 
 namespace shardline::sim {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 
 namespace shardline::testing_support {
 

@@ -34,7 +34,7 @@ inline std::map<std::uint64_t, engine::RequestOutput> run_all(engine::LlmEngine&
 /// `n` filler requests with ids first_id.. : different prompts and lengths,
 /// seeded top-p sampling, so a batch around the requests under test is as
 /// unlike "alone" as possible.
-inline void add_fillers(engine::LlmEngine& engine, const model::Tokenizer& tok, std::uint64_t first_id, int n) {
+inline void add_fillers(engine::LlmEngine& engine, const text::Tokenizer& tok, std::uint64_t first_id, int n) {
   const char* starts[] = {"The cat", "A big dog ran to the", "Sam and Mia went to the park and", "One day",
                           "There was a boy who liked to play with his red car in the"};
   for (int i = 0; i < n; ++i) {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "engine/data_parallel.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/sidp_group.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/sidp/sidp_group.hpp"
 
 namespace shardline::testing_support {
 

@@ -12,8 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "model/bpe_tokenizer.hpp"
-#include "model/chat_template.hpp"
+#include "text/bpe_tokenizer.hpp"
+#include "model/tokenizer_loader.hpp"
+#include "text/chat_template.hpp"
 #include "tests/support/stories_reference.hpp"
 #include "worker/batch_worker.hpp"
 
@@ -92,7 +93,7 @@ const std::string kConversation =
 TEST(BatchWorkerChat, ChatLineIsItsRenderedPromptTokenizedWithoutSpecials) {
   BatchWorker w = make_worker();
   // The rendering, as the template gives it.
-  auto tpl = model::ChatTemplate::from_source(kStoriesDir, kTemplate, "test");
+  auto tpl = model::chat_template_from_source(kStoriesDir, kTemplate, "test");
   ASSERT_TRUE(tpl.ok()) << tpl.error().to_string();
   auto rendered = tpl->render(nlohmann::ordered_json::parse(kConversation), true);
   ASSERT_TRUE(rendered.ok());
@@ -187,7 +188,7 @@ TEST(BatchWorkerChat, LogprobsCarryTokenTextsAndOffsets) {
   for (std::size_t i = 0; i < c.logprobs.size(); ++i) {
     const ChoiceTokenLogprobs& t = c.logprobs[i];
     EXPECT_EQ(t.sampled.bytes, w.tokenizer().token_bytes(c.token_ids[i]));
-    EXPECT_EQ(t.sampled.token, model::utf8_lossy(t.sampled.bytes));
+    EXPECT_EQ(t.sampled.token, text::utf8_lossy(t.sampled.bytes));
     EXPECT_LE(t.sampled.logprob, 0.0f);
     ASSERT_EQ(t.top.size(), 3u);
     // Greedy: the drawn token is the most likely one.

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "engine/policies/token_budget.hpp"
 #include "tests/support/stories_reference.hpp"
 

@@ -1,4 +1,4 @@
-// A node's SiDP group as the worker actors drive it (engine/sidp_node.hpp,
+// A node's SiDP group as the worker actors drive it (engine/sidp/sidp_node.hpp,
 // worker/sidp_stepper.hpp): each rank on its own thread attaches, builds its
 // engine, joins a compute generation and steps with the stepper's hooks, as
 // the worker actor does. Directives come from outside (the orchestrator's
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "engine/data_parallel.hpp"
-#include "engine/engine_builder.hpp"
-#include "engine/sidp_node.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/sidp/sidp_node.hpp"
 #include "tests/support/stories_reference.hpp"
 #include "worker/sidp_stepper.hpp"
 

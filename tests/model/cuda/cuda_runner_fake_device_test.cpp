@@ -32,12 +32,13 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/gpu_memory_plan.hpp"
+#include "model/tokenizer_loader.hpp"
 #include "engine/llm_engine.hpp"
 #include "model/config.hpp"
 #include "model/cpu_runner.hpp"
 #include "model/cuda/cuda_runner.hpp"
-#include "model/id_tokenizer.hpp"
-#include "model/tokenizer.hpp"
+#include "text/id_tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "model/weights.hpp"
 #include "tests/model/cuda/fake_device.hpp"
 #include "tests/support/engine_runs.hpp"
@@ -79,8 +80,8 @@ std::shared_ptr<const model::ModelWeights> host_weights(DType load_dtype) {
   return w;
 }
 
-const model::Tokenizer& tokenizer() {
-  static std::unique_ptr<model::Tokenizer> tok = [] {
+const text::Tokenizer& tokenizer() {
+  static std::unique_ptr<text::Tokenizer> tok = [] {
     auto r = model::load_tokenizer(kStoriesDir);
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().to_string());
     return r.ok() ? std::move(r).value() : nullptr;
@@ -577,7 +578,7 @@ TEST_P(CudaRunnerFakeDevice, OtherArchitecturesMatchTheCpuRunner) {
     const model::ModelConfig& c = w->config;
     ASSERT_EQ(c.qk_norm, name == "qwen3");
     ASSERT_EQ(c.qkv_bias, name != "qwen3");
-    const model::IdTokenizer tok(c.vocab_size, 1, 2);
+    const text::IdTokenizer tok(c.vocab_size, 1, 2);
 
     constexpr int kBlocks = 64, kSeqs = 8, kBudget = 16, kLen = 256;
     model::CudaRunnerOptions co;

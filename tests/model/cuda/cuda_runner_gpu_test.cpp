@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <map>
 
-#include "engine/engine_builder.hpp"
+#include "engine/group/engine_builder.hpp"
 #include "kernels/cuda/device.hpp"
 #include "model/cuda/cuda_runner.hpp"
 #include "tests/support/engine_runs.hpp"

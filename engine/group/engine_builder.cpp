@@ -1,0 +1,391 @@
+#include "engine/group/engine_builder.hpp"
+#include "model/tokenizer_loader.hpp"
+
+#include "common/openmp_pool.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+#include "engine/gpu_memory_plan.hpp"
+#include "engine/kv_budget.hpp"
+#include "engine/sidp_memory.hpp"
+#include "text/id_tokenizer.hpp"
+#include "model/shard_runner.hpp"
+#include "text/tokenizer.hpp"
+#include "model/cpu_runner.hpp"
+#if SHARDLINE_HAVE_CUDA
+#include "kernels/cuda/device.hpp"
+#include "model/cuda/cuda_runner.hpp"
+#endif
+
+namespace shardline::engine {
+
+namespace {
+
+#if SHARDLINE_HAVE_CUDA
+/// The CUDA runner's options for these engine options (num_kv_blocks left 0:
+/// the memory plan decides it).
+model::CudaRunnerOptions cuda_runner_options(const EngineOptions& o, int max_model_len) {
+  model::CudaRunnerOptions co;
+  co.device_index = o.device_index;
+  co.block_size = o.block_size;
+  co.weight_dtype = o.dtype;
+  co.kv_cache_dtype = o.kv_cache_dtype;
+  co.max_num_batched_tokens = o.max_num_batched_tokens;
+  co.max_num_seqs = o.max_num_seqs;
+  co.max_model_len = max_model_len;
+  co.deterministic = o.deterministic;
+  co.cuda_graphs = o.cuda_graphs;
+  return co;
+}
+
+/// The KV bytes plan_gpu_memory leaves on the device for this model (checked
+/// before the weights are loaded, so a model that cannot fit fails fast).
+Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
+  auto cfg = model::load_model_config(o.model_dir);
+  if (!cfg) return std::move(cfg).error();
+  model::ModelConfig c = std::move(cfg).value();
+  if (o.num_layers_override > 0 && o.num_layers_override < c.num_hidden_layers)
+    c.num_hidden_layers = o.num_layers_override;
+  const int max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+  const kernels::cuda::DeviceQuery q = kernels::cuda::query_devices();
+  if (o.device_index < 0 || o.device_index >= static_cast<int>(q.devices.size()))
+    return make_error(ErrorCode::not_found,
+                      "cuda:" + std::to_string(o.device_index) + ": " +
+                          (q.devices.empty() ? "no CUDA device (" + q.error + ")"
+                                             : "only " + std::to_string(q.devices.size()) + " CUDA device(s)"));
+  const kernels::cuda::DeviceInfo& d = q.devices[static_cast<std::size_t>(o.device_index)];
+  GpuMemoryPlanInput pi;
+  pi.total_bytes = d.total_memory_bytes;
+  pi.free_bytes = d.free_memory_bytes;
+  pi.gpu_memory_utilization = o.gpu_memory_utilization;
+  pi.weight_bytes = weight_bytes_for(c, o.dtype);
+  pi.activation_bytes = activation_bytes_for(c, std::max(o.max_num_batched_tokens, o.max_num_seqs), o.max_num_seqs);
+  pi.num_layers = c.num_hidden_layers;
+  pi.num_kv_heads = c.num_key_value_heads;
+  pi.head_dim = c.head_dim;
+  pi.block_size = o.block_size;
+  pi.kv_dtype = o.kv_cache_dtype;
+  pi.max_model_len = max_model_len;
+  // metadata, GEMM and attention workspaces
+  pi.reserved_bytes += model::cuda_runner_workspace_bytes(c, cuda_runner_options(o, max_model_len));
+  auto plan = plan_gpu_memory(pi);
+  if (!plan)
+    return make_error(plan.error().code, "cuda:" + std::to_string(o.device_index) + " (" + d.name + "): " +
+                                             plan.error().message);
+  return plan->kv_bytes;
+}
+#endif
+
+/// The plan_cpu_memory of a CPU device with --device-memory (checked before
+/// the weights are loaded, so a model that cannot fit fails fast). The
+/// weights are SiDP's when sidp_owned_ffn_layers / sidp_cache_slots say so.
+/// Errors: loading the config; invalid_argument (more owned FFN layers than
+/// the model has); out_of_memory with the sizes.
+Result<GpuMemoryPlan> plan_cpu_device_memory(const EngineOptions& o) {
+  auto cfg = model::load_model_config(o.model_dir);
+  if (!cfg) return std::move(cfg).error();
+  model::ModelConfig c = std::move(cfg).value();
+  if (o.num_layers_override > 0 && o.num_layers_override < c.num_hidden_layers)
+    c.num_hidden_layers = o.num_layers_override;
+  if (o.sidp_owned_ffn_layers > c.num_hidden_layers)
+    return make_error(ErrorCode::invalid_argument,
+                      "SiDP: this rank owns " + std::to_string(o.sidp_owned_ffn_layers) +
+                          " FFN layers but the model has " + std::to_string(c.num_hidden_layers));
+  CpuMemoryPlanInput pi;
+  pi.device_memory_bytes = o.device_memory_bytes;
+  pi.weight_bytes = sidp_weight_bytes_for(c, o.dtype, o.sidp_owned_ffn_layers, o.sidp_cache_slots);
+  pi.activation_bytes = activation_bytes_for(c, std::max(o.max_num_batched_tokens, o.max_num_seqs), o.max_num_seqs);
+  pi.num_layers = c.num_hidden_layers;
+  pi.num_kv_heads = c.num_key_value_heads;
+  pi.head_dim = c.head_dim;
+  pi.block_size = o.block_size;
+  pi.kv_dtype = o.kv_cache_dtype;
+  pi.max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+  auto plan = plan_cpu_memory(pi);
+  if (!plan) return make_error(plan.error().code, "cpu:" + std::to_string(o.device_index) + ": " +
+                                                      plan.error().message);
+  return plan;
+}
+
+/// The option checks that need no model. Errors: invalid_argument,
+/// unsupported (cuda without the backend, or a group on cuda).
+Status check_engine_options(const EngineOptions& o) {
+  if (o.parallel.dp != 1)
+    return make_error(ErrorCode::invalid_argument, "an EngineInstance is one replica: dp must be 1 (build dp engines)");
+  if (o.block_size <= 0)
+    return make_error(ErrorCode::invalid_argument, "--block-size must be > 0");
+  if (o.kv_cache_bytes == 0 && !(o.kv_cache_memory_fraction > 0.0 && o.kv_cache_memory_fraction <= 1.0))
+    return make_error(ErrorCode::invalid_argument, "--kv-cache-memory-fraction must be in (0, 1]");
+  if (o.sidp_owned_ffn_layers < -1 || o.sidp_cache_slots < 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "SiDP memory plan: owned FFN layers must be >= 0 (or -1 for all) and cache slots >= 0, got " +
+                          std::to_string(o.sidp_owned_ffn_layers) + " and " + std::to_string(o.sidp_cache_slots));
+
+  const bool cuda = o.device == model::DeviceKind::cuda;
+  if (o.parallel_decode && *o.parallel_decode != o.parallel) {
+    const ParallelConfig& cd = *o.parallel_decode;
+    if (!o.seesaw)
+      return make_error(ErrorCode::invalid_argument,
+                        "a decode parallel config (" + cd.to_string() + ") needs Seesaw's phases (--seesaw-policy)");
+    if (Status st = check_decode_config(o.parallel, cd); !st) return st;
+    if (cuda || o.ffn || o.shift)
+      return make_error(ErrorCode::unsupported,
+                        "Seesaw's two parallel configs run on a CPU engine group, in one process or over TCP (not "
+                        "CUDA, SiDP or --shift)");
+  }
+  if (o.device_memory_bytes > 0) {
+    if (cuda)
+      return make_error(ErrorCode::invalid_argument,
+                        "--device-memory is for CPU devices; a CUDA device's plan takes --gpu-memory-utilization "
+                        "of its real memory");
+    if (o.parallel.group_size() != 1)
+      return make_error(ErrorCode::unsupported, "--device-memory plans single-device engines; engine groups "
+                                                "(tp/pp/sp > 1) are not planned yet");
+  }
+  if (cuda) {
+#if !SHARDLINE_HAVE_CUDA
+    return make_error(ErrorCode::unsupported, "cuda:" + std::to_string(o.device_index) +
+                                                  ": this build has no CUDA backend (configure with SHARDLINE_CUDA=ON "
+                                                  "where nvcc is installed)");
+#endif
+    if (o.parallel.group_size() != 1)
+      return make_error(ErrorCode::unsupported, "--devices cuda: engine groups (tp/pp/sp > 1) run on CPU devices only "
+                                                "so far; use dp for several GPUs");
+    if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
+      return make_error(ErrorCode::invalid_argument, "--gpu-memory-utilization must be in (0, 1]");
+  }
+  if (!cuda && o.dtype == DType::f16)
+    return make_error(ErrorCode::invalid_argument, "--dtype f16 is for CUDA devices; CPU weights are f32 or bf16");
+  return Status::ok_status();
+}
+
+/// Loads the weights and the tokenizer (an IdTokenizer for a folder without
+/// tokenizer files) into a new instance.
+Result<EngineInstance> load_model_and_tokenizer(const EngineOptions& o) {
+  auto weights = load_weights(o);
+  if (!weights) return std::move(weights).error();
+  EngineInstance e;
+  e.weights = std::move(weights).value();
+  const model::ModelConfig& c = e.weights->config;
+
+  namespace fs = std::filesystem;
+  const fs::path dir(o.model_dir);
+  e.tokenizer_dir = o.model_dir;
+  if (model::has_tokenizer(dir)) {
+    auto tok = model::load_tokenizer(dir);
+    if (!tok) return std::move(tok).error();
+    e.tokenizer = std::move(tok).value();
+  } else {
+    e.tokenizer = std::make_unique<text::IdTokenizer>(
+        c.vocab_size, c.bos_token_id, c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front());
+  }
+  return e;
+}
+
+/// Sizes the KV cache of `e` (num_kv_blocks, kv_cache_bytes): the budget
+/// (cuda or --device-memory: the memory plan's KV space, capped by
+/// --kv-cache-bytes when given; else --kv-cache-bytes or a fraction of
+/// free memory), capped at what max_num_seqs sequences of max_model_len can
+/// use. Errors: out_of_memory when one max_model_len sequence does not fit.
+Status size_kv_cache(const EngineOptions& o, std::uint64_t plan_kv_bytes, int max_model_len, EngineInstance& e) {
+  const model::ModelConfig& c = e.weights->config;
+  const bool planned = o.device == model::DeviceKind::cuda || o.device_memory_bytes > 0;
+  const int kv_elem_bytes = static_cast<int>(dtype_size(o.kv_cache_dtype));
+  const std::uint64_t block_bytes = kv_bytes_per_block(c.num_hidden_layers, c.num_key_value_heads,
+                                                       c.head_dim, o.block_size, kv_elem_bytes);
+  std::uint64_t budget = o.kv_cache_bytes;
+  if (planned) {
+    budget = budget == 0 ? plan_kv_bytes : std::min(budget, plan_kv_bytes);
+  } else if (budget == 0) {
+    auto avail = available_memory_bytes();
+    if (!avail) return std::move(avail).error();
+    budget = static_cast<std::uint64_t>(static_cast<double>(*avail) * o.kv_cache_memory_fraction);
+  }
+  const std::int64_t budget_blocks = num_kv_blocks_for_budget(
+      budget, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, o.block_size, kv_elem_bytes);
+  const std::int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size;
+  const std::int64_t useful_blocks = blocks_per_seq * std::max(1, o.max_num_seqs);
+  const std::int64_t num_blocks = std::min(budget_blocks, useful_blocks);
+  if (num_blocks < blocks_per_seq)
+    return make_error(ErrorCode::out_of_memory,
+                      "KV cache budget of " + std::to_string(budget) + " bytes holds " +
+                          std::to_string(budget_blocks) + " blocks of " + std::to_string(block_bytes) +
+                          " bytes; one sequence of max_model_len " + std::to_string(max_model_len) +
+                          " tokens needs " + std::to_string(blocks_per_seq) +
+                          " (raise --kv-cache-bytes or lower --max-model-len)");
+  e.num_kv_blocks = static_cast<int>(num_blocks);
+  e.kv_cache_bytes = static_cast<std::uint64_t>(num_blocks) * block_bytes;
+  return Status::ok_status();
+}
+
+/// The executor of `e`: one device's runner, rank 0 of a TCP group, or an
+/// in-process engine group. On a CUDA device the host copy of the matrices
+/// is freed once they are uploaded.
+Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& e) {
+  const model::ModelConfig c = e.weights->config;
+  const bool cuda = o.device == model::DeviceKind::cuda;
+  model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
+  ro.overlap = o.step_overlap;
+  ro.overlap_prefetch_bytes = o.overlap_prefetch_bytes;
+  if (o.shift && (cuda || o.ffn || o.parallel.group_size() == 1))
+    return make_error(ErrorCode::unsupported,
+                      "--shift runs on a CPU engine group of sp and / or tp > 1 (in one process or over TCP), not on "
+                      "a single device, CUDA or SiDP");
+  if (o.group_link && (cuda || o.ffn || o.parallel.group_size() == 1 || !o.group_master.empty()))
+    return make_error(ErrorCode::invalid_argument,
+                      "an emulated group link paces an in-process CPU engine group of tp, pp or sp > 1, not a single "
+                      "device, a TCP group, SiDP or CUDA");
+  if (o.ffn) {
+    if (cuda || o.parallel.group_size() != 1)
+      return make_error(ErrorCode::unsupported, "SiDP weight sharing runs on single CPU devices (dp ranks)");
+    auto exec = model::CpuModelRunner::create(e.weights, ro, o.ffn);
+    if (!exec) return std::move(exec).error();
+    e.executor = std::move(exec).value();
+  } else if (cuda || o.parallel.group_size() == 1) {
+    model::DeviceExecutorOptions dev;
+    dev.device = o.device;
+    dev.cpu = ro;
+#if SHARDLINE_HAVE_CUDA
+    dev.cuda = cuda_runner_options(o, max_model_len);
+    dev.cuda.num_kv_blocks = e.num_kv_blocks;
+#endif
+    auto exec = model::make_device_executor(e.weights, dev);
+    if (!exec) return std::move(exec).error();
+    e.executor = std::move(exec).value();
+    if (cuda) {
+      // The matrices now live on the GPU: keep the config, free the host copy.
+      auto config_only = std::make_shared<model::ModelWeights>();
+      config_only->config = c;
+      config_only->dtype = e.weights->dtype;
+      e.weights = std::move(config_only);
+    }
+  } else if (!o.group_master.empty()) {
+    TcpGroupOptions tcp;
+    tcp.master = o.group_master;
+    tcp.key = o.group_key;
+    tcp.timeout = std::chrono::milliseconds(o.group_timeout_ms);
+    std::optional<SeesawGroupOptions> seesaw;
+    if (o.parallel_decode && *o.parallel_decode != o.parallel)
+      seesaw = SeesawGroupOptions{*o.parallel_decode, o.reshard_weights};
+    auto exec = create_tcp_group_executor(e.weights, o.parallel, ro, tcp, o.shift, seesaw);
+    if (!exec) return std::move(exec).error();
+    e.executor = std::move(exec).value();
+  } else {
+    std::optional<SeesawGroupOptions> seesaw;
+    if (o.parallel_decode && *o.parallel_decode != o.parallel)
+      seesaw = SeesawGroupOptions{*o.parallel_decode, o.reshard_weights};
+    auto group = InProcEngineGroup::create(e.weights, o.parallel, ro, o.shift, seesaw, o.group_link);
+    if (!group) return std::move(group).error();
+    if (seesaw) {  // what the ranks hold: both configs' shards, or (reload) the active one's
+      e.weight_bytes = 0;
+      for (const std::size_t b : (*group)->packed_weight_bytes_per_rank()) e.weight_bytes += b;
+    }
+    e.executor = std::move(group).value();
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOptions& o) {
+  if (o.weights) return o.weights;
+  model::LoadOptions lo;
+  lo.format = o.load_format;
+  // F16 weights are loaded in F32 and rounded once, on upload to the device.
+  lo.dtype = o.dtype == DType::f16 ? DType::f32 : o.dtype;
+  lo.seed = o.seed;
+  lo.num_layers_override = o.num_layers_override;
+  auto weights = model::load_model(o.model_dir, lo);
+  if (!weights) return std::move(weights).error();
+  return std::make_shared<const model::ModelWeights>(std::move(weights).value());
+}
+
+Status preflight_engine(const EngineOptions& o) {
+  if (Status s = check_engine_options(o); !s) return s;
+  auto cfg = model::load_model_config(o.model_dir);
+  if (!cfg) return cfg.error();
+  model::ModelConfig c = std::move(cfg).value();
+  if (o.num_layers_override > 0 && o.num_layers_override < c.num_hidden_layers)
+    c.num_hidden_layers = o.num_layers_override;
+  const ParallelConfig& pc = o.parallel;
+  if (Status st = model::check_shardable(c, pc.tp, pc.sp, pc.pp); !st) return st;
+  if (o.parallel_decode)
+    if (Status st = model::check_shardable(c, o.parallel_decode->tp, o.parallel_decode->sp, o.parallel_decode->pp); !st)
+      return st;
+  if (o.shift)  // the shift config runs the whole group as one TP
+    if (Status st = model::check_shardable(c, pc.group_size(), 1, 1); !st) return st;
+#if SHARDLINE_HAVE_CUDA
+  if (o.device == model::DeviceKind::cuda) {
+    auto kv = plan_cuda_kv_bytes(o);  // the device exists and the model fits
+    if (!kv) return kv.error();
+  }
+#endif
+  if (o.device != model::DeviceKind::cuda && o.device_memory_bytes > 0) {
+    auto plan = plan_cpu_device_memory(o);
+    if (!plan) return plan.error();
+  }
+  return Status::ok_status();
+}
+
+Result<EngineInstance> build_engine(const EngineOptions& o) {
+  if (Status s = check_engine_options(o); !s) return s.error();
+  std::uint64_t plan_kv_bytes = 0;      // cuda or --device-memory: the plan's KV space
+  std::uint64_t plan_weight_bytes = 0;  // --device-memory: the plan's (SiDP-aware) weights
+#if SHARDLINE_HAVE_CUDA
+  if (o.device == model::DeviceKind::cuda) {
+    auto kv = plan_cuda_kv_bytes(o);
+    if (!kv) return std::move(kv).error();
+    plan_kv_bytes = *kv;
+  }
+#endif
+  if (o.device != model::DeviceKind::cuda && o.device_memory_bytes > 0) {
+    auto plan = plan_cpu_device_memory(o);
+    if (!plan) return std::move(plan).error();
+    plan_kv_bytes = plan->kv_bytes;
+    plan_weight_bytes = plan->weight_bytes;
+  }
+  auto loaded = load_model_and_tokenizer(o);
+  if (!loaded) return std::move(loaded).error();
+  EngineInstance e = std::move(loaded).value();
+  const model::ModelConfig c = e.weights->config;  // a copy: make_executor may free the host weights
+  const int max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+  if (max_model_len <= 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "max_model_len unknown: config.json has no max_position_embeddings; pass --max-model-len");
+  // A SiDP rank holds the replicated weights, its owned FFN layers and its
+  // cache slots (engine/sidp_memory.hpp), not the whole model.
+  e.weight_bytes = o.device_memory_bytes > 0   ? plan_weight_bytes
+                   : o.sidp_owned_ffn_layers >= 0 ? sidp_weight_bytes_for(c, o.dtype, o.sidp_owned_ffn_layers,
+                                                                          o.sidp_cache_slots)
+                                                  : weight_bytes_for(c, o.dtype);
+  if (Status s = size_kv_cache(o, plan_kv_bytes, max_model_len, e); !s) return s.error();
+  if (Status s = make_executor(o, max_model_len, e); !s) return s.error();
+
+  EngineConfig ec;
+  ec.max_num_seqs = o.max_num_seqs;
+  ec.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.max_model_len = max_model_len;
+  ec.eos_token_ids = c.eos_token_ids;
+  ec.seed = o.seed;
+  ec.capture_logits = o.capture_logits;
+  ec.check_integrity = o.check_integrity;
+  ec.token_budget = o.token_budget;
+  ec.preemption_mode = o.preemption_mode;
+  ec.swap_space_bytes = o.swap_space_bytes;
+  ec.seesaw = o.seesaw;
+  ec.seesaw_async_kv = o.seesaw_async_kv;
+  ec.host_link = o.host_link;
+  auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
+  if (!engine) return std::move(engine).error();
+  e.engine = std::move(engine).value();
+  // Loading and packing the weights ran parallel regions on this thread; the
+  // engine may step on another (a worker's, a DP replica's), and this
+  // thread's idle pool would slow its team (common/openmp_pool.hpp). A pool
+  // freed here is made again by the next region on this thread.
+  (void)release_openmp_pool();
+  return e;
+}
+
+}  // namespace shardline::engine
