@@ -10,6 +10,7 @@
 #   100   cli
 #    90   bench, api
 #    80   actors
+#    72   sim/calibration  the simulator's calibration and validation
 #    70   messages, sim
 #    60   orchestrator
 #    50   worker
@@ -26,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A rank=(
-  [cli]=100 [bench]=90 [api]=90 [actors]=80 [messages]=70 [sim]=70 [orchestrator]=60 [worker]=50
+  [cli]=100 [bench]=90 [api]=90 [actors]=80 [messages]=70 [sim/calibration]=72 [sim]=70 [orchestrator]=60 [worker]=50
   [engine/sidp]=44 [engine/group]=42 [engine]=40 [model]=30 [kernels]=20 [kvstore]=20
   [sampling]=10 [comm]=10 [text]=5 [common]=0
 )

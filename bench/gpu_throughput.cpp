@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/roofline.hpp"
-#include "bench/workload.hpp"
+#include "sim/calibration/roofline.hpp"
+#include "sim/calibration/workload.hpp"
 
 #if SHARDLINE_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
@@ -21,6 +21,12 @@
 #endif
 
 namespace shardline::bench {
+
+// The measurement pieces the benchmarks share with the simulator's calibration.
+using sim::calibration::StepCost;
+using sim::calibration::median;
+using sim::calibration::random_prompts;
+using sim::calibration::step_cost;
 
 std::string GpuThroughputReport::to_json() const {
   nlohmann::json hist = nlohmann::json::object();

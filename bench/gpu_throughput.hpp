@@ -16,7 +16,7 @@
 ///    (kernels::cuda::measure_gemm_tflops).
 /// Every engine step is timed by a decorator around the runner (host wall
 /// time of ModelExecutor::execute, which returns once the step's sampled ids
-/// are on the host) and priced by bench/roofline.hpp's step_cost:
+/// are on the host) and priced by sim/calibration/roofline.hpp's step_cost:
 ///  - decode: the median time of pure-decode steps at batch >= 64 against the
 ///    HBM roofline of the same steps, (weights in the device dtype + KV read
 ///    and written) / measured bandwidth;

@@ -28,7 +28,7 @@
 #include <omp.h>
 #include <vector>
 
-#include "bench/hardware.hpp"
+#include "sim/calibration/hardware.hpp"
 #include "model/tokenizer_loader.hpp"
 #include "comm/inproc.hpp"
 #include "kernels/cpu/attention.hpp"
@@ -431,7 +431,7 @@ BENCHMARK_CAPTURE(BM_KvStreamComm, Batch, KvMode::batch)->Unit(benchmark::kMicro
 /// blocks are not in order). Args: num_heads, num_kv_heads, head_dim,
 /// context_len, KV dtype (0 = F32, 1 = BF16), threads. Counters: `kv_gbs`,
 /// the K and V bytes read per second, and `triad_gbs`, the STREAM triad of
-/// the same threads measured just before (bench/hardware.hpp), and their
+/// the same threads measured just before (sim/calibration/hardware.hpp), and their
 /// ratio `of_triad`.
 void BM_DecodeAttention(benchmark::State& state) {
   const int num_heads = static_cast<int>(state.range(0)), num_kv_heads = static_cast<int>(state.range(1));
@@ -468,7 +468,7 @@ void BM_DecodeAttention(benchmark::State& state) {
   for (int s = 0; s < kNumSeqs; ++s)
     seqs[s] = {s, 1, context_len, blocks.data() + static_cast<std::size_t>(s) * blocks_per_seq};
   const double kv_bytes = 2.0 * kNumSeqs * context_len * num_kv_heads * head_dim * static_cast<double>(elem);
-  const double triad = bench::measure_triad_bandwidth_gbs(threads, 256L << 20, 3);
+  const double triad = sim::calibration::measure_triad_bandwidth_gbs(threads, 256L << 20, 3);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   double seconds = 0;
   for (auto _ : state) {
@@ -499,7 +499,7 @@ BENCHMARK(BM_DecodeAttention)
 void BM_InprocAllReduce(benchmark::State& state) {
   const long bytes = state.range(0);
   double bytes_per_s = 0;
-  for (auto _ : state) bytes_per_s = bench::measure_inproc_allreduce_bytes_per_s(2, bytes, 30);
+  for (auto _ : state) bytes_per_s = sim::calibration::measure_inproc_allreduce_bytes_per_s(2, bytes, 30);
   state.counters["send_gbs"] = bytes_per_s / 1e9;
   state.counters["allreduce_us"] = bytes_per_s > 0 ? static_cast<double>(bytes) / bytes_per_s * 1e6 : 0.0;
 }

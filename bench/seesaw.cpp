@@ -11,14 +11,22 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "bench/hardware.hpp"
-#include "bench/workload.hpp"
+#include "sim/calibration/hardware.hpp"
+#include "sim/calibration/workload.hpp"
 #include "engine/data_parallel.hpp"
 #include "engine/group/parallel_executor.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 #include "model/cpu_runner.hpp"
 
 namespace shardline::bench {
+
+// The measurement pieces the benchmarks share with the simulator's calibration.
+using sim::calibration::Clock;
+using sim::calibration::measure_linear_gflops;
+using sim::calibration::measure_triad_bandwidth_gbs;
+using sim::calibration::median;
+using sim::calibration::random_prompts;
+using sim::calibration::seconds_since;
 
 namespace {
 

@@ -14,13 +14,23 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "bench/hardware.hpp"
-#include "bench/workload.hpp"
+#include "sim/calibration/hardware.hpp"
+#include "sim/calibration/workload.hpp"
 #include "engine/group/parallel_executor.hpp"
 #include "engine/policies/shift_policy.hpp"
 #include "sim/cost_model.hpp"
 
 namespace shardline::bench {
+
+// The measurement pieces the benchmarks share with the simulator's calibration.
+using sim::calibration::Clock;
+using sim::calibration::measure_inproc_allreduce_bytes_per_s;
+using sim::calibration::measure_inproc_allreduce_latency_s;
+using sim::calibration::measure_linear_gflops;
+using sim::calibration::measure_triad_bandwidth_gbs;
+using sim::calibration::median;
+using sim::calibration::random_prompts;
+using sim::calibration::seconds_since;
 
 namespace {
 

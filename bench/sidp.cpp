@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/hardware.hpp"
-#include "bench/workload.hpp"
+#include "sim/calibration/hardware.hpp"
+#include "sim/calibration/workload.hpp"
 #include "engine/data_parallel.hpp"
 #include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
@@ -20,6 +20,12 @@
 #include "sim/cost_model.hpp"
 
 namespace shardline::bench {
+
+// The measurement pieces the benchmarks share with the simulator's calibration.
+using sim::calibration::decode_median_ms;
+using sim::calibration::measure_linear_gflops;
+using sim::calibration::measure_triad_bandwidth_gbs;
+using sim::calibration::random_prompts;
 
 namespace {
 

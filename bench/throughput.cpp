@@ -9,13 +9,23 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/hardware.hpp"
+#include "sim/calibration/hardware.hpp"
 #include "bench/kv_streaming.hpp"
-#include "bench/workload.hpp"
-#include "bench/roofline.hpp"
+#include "sim/calibration/workload.hpp"
+#include "sim/calibration/roofline.hpp"
 #include "kernels/cpu/linear.hpp"
 
 namespace shardline::bench {
+
+// The measurement pieces the benchmarks share with the simulator's calibration.
+using sim::calibration::StepCost;
+using sim::calibration::measure_fma_peak_gflops;
+using sim::calibration::measure_linear_gflops;
+using sim::calibration::measure_sgemm_gflops;
+using sim::calibration::measure_triad_bandwidth_gbs;
+using sim::calibration::median;
+using sim::calibration::random_prompts;
+using sim::calibration::step_cost;
 
 namespace {
 

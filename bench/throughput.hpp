@@ -4,7 +4,7 @@
 /// N prompts of random token ids x (input_len in, output_len out, ignore_eos),
 /// all submitted at once, run to completion by the engine. The machine's
 /// memory bandwidth and GEMM peak are measured in the same run, and every
-/// model step is timed and compared with its roofline (bench/roofline.hpp).
+/// model step is timed and compared with its roofline (sim/calibration/roofline.hpp).
 
 #include <cstdint>
 #include <string>
@@ -46,7 +46,7 @@ struct ThroughputReport {
   double roofline_total_tok_s = 0;
   // Per phase, medians over the same decode steps: the time (the runner's
   // per-op profile, the engine's step stats) and the phase's own limit at
-  // membw_gbs and gemm_gflops (bench/roofline.hpp), so a reader sees where
+  // membw_gbs and gemm_gflops (sim/calibration/roofline.hpp), so a reader sees where
   // the step goes and how far each phase is from what the machine allows.
   double decode_gemm_ms = 0;       ///< QKV, o_proj, gate_up, down_proj
   double decode_gemm_limit_ms = 0; ///< max(their weight bytes / bw, their FLOPs / gemm peak)
@@ -76,7 +76,7 @@ struct ThroughputReport {
   double openblas_gflops = 0;    ///< OpenBLAS sgemm on 2048^3
   double linear_gflops = 0;      ///< Shardline's batch-invariant linear on 2048^3, the run's dtype
   /// Register-only FMA / VDPBF16PS throughput of the run's dtype on the run's
-  /// threads (bench/hardware.hpp): the instruction ceiling above any GEMM.
+  /// threads (sim/calibration/hardware.hpp): the instruction ceiling above any GEMM.
   double fma_peak_gflops = 0;
   int num_steps = 0, num_decode_steps = 0, num_preemptions = 0;
   double model_s = 0;  ///< model time of every step summed (elapsed_s - model_s: the engine's own time)

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "bench/gpu_throughput.hpp"
-#include "bench/parallel.hpp"
+#include "sim/calibration/parallel.hpp"
 #include "bench/seesaw.hpp"
 #include "bench/shift.hpp"
 #include "bench/sidp.hpp"
@@ -81,7 +81,7 @@ int print_report(const Result<Report>& rep) {
 }
 
 int run_parallel(BenchArgs& a, const engine::EngineOptions& eo) {
-  bench::ParallelBenchOptions po;
+  sim::calibration::ParallelBenchOptions po;
   po.engine = eo;
   po.num_prompts = a.options.num_prompts;
   po.input_len = a.options.input_len;
@@ -96,7 +96,7 @@ int run_parallel(BenchArgs& a, const engine::EngineOptions& eo) {
     po.configs.push_back(*pc);
   }
   if (a.token_budget != "both") po.token_budgets = {a.token_budget};
-  return print_report(bench::run_parallel_bench(po));
+  return print_report(sim::calibration::run_parallel_bench(po));
 }
 
 int run_sidp(BenchArgs& a, const engine::EngineOptions& eo) {

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "bench/calibrate.hpp"
+#include "sim/calibration/calibrate.hpp"
 #include "cli/devices.hpp"
 #include "model/config.hpp"
 #include "text/tokenizer.hpp"
@@ -30,7 +30,7 @@ Result<sim::ClusterSpec> load_cluster_or_measure(const std::string& name, const 
   std::cerr << "note: no CPU calibration at " << calibration
             << "; using limits measured now, uncalibrated (run `shardline simulate --calibrate --shape DIR`)\n";
   sim::ClusterSpec c;
-  c.device = bench::measure_cpu_device(threads);
+  c.device = sim::calibration::measure_cpu_device(threads);
   c.name = name;
   const auto x = name.find('x');
   c.num_devices = x == std::string::npos ? 1 : std::max(1, std::atoi(name.c_str() + x + 1));

@@ -21,7 +21,7 @@ namespace shardline::cli {
 /// The cluster `name` (sim::load_cluster with `calibration`). A `cpu` /
 /// `cpuxN` cluster whose calibration file does not exist yet is this
 /// machine measured now with `threads` threads, uncalibrated
-/// (bench::measure_cpu_device), said in a note on stderr; plain `cpu` then
+/// (sim::calibration::measure_cpu_device), said in a note on stderr; plain `cpu` then
 /// has one device. Errors: sim::load_cluster's.
 [[nodiscard]] Result<sim::ClusterSpec> load_cluster_or_measure(const std::string& name,
                                                                const std::string& calibration, int threads);

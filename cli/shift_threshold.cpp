@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "bench/hardware.hpp"
+#include "sim/calibration/hardware.hpp"
 #include "model/config.hpp"
 #include "sim/cost_model.hpp"
 
@@ -21,10 +21,10 @@ Status resolve_shift_threshold(const EngineFlags& f, const engine::ParallelConfi
   if (o.num_layers_override > 0) config->num_hidden_layers = std::min(config->num_hidden_layers, o.num_layers_override);
   const int devices = parallel.group_size();
   const int threads = std::max(1, o.num_threads) * devices;
-  const double membw_gbs = bench::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
-  const double gemm_gflops = bench::measure_linear_gflops(512, 2, o.dtype);  // the weights' compute
-  const double comm_bytes_per_s = bench::measure_inproc_allreduce_bytes_per_s(devices, 1L << 20, 5);
-  const double comm_latency_s = bench::measure_inproc_allreduce_latency_s(devices, 200);
+  const double membw_gbs = sim::calibration::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
+  const double gemm_gflops = sim::calibration::measure_linear_gflops(512, 2, o.dtype);  // the weights' compute
+  const double comm_bytes_per_s = sim::calibration::measure_inproc_allreduce_bytes_per_s(devices, 1L << 20, 5);
+  const double comm_latency_s = sim::calibration::measure_inproc_allreduce_latency_s(devices, 200);
   const sim::LinkSpec link{comm_bytes_per_s, comm_latency_s};
   auto cost = sim::CostModel::for_cpu_devices(*config, o.dtype, o.kv_cache_dtype, membw_gbs * 1e9,
                                                        gemm_gflops * 1e9, devices, link);

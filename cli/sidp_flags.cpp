@@ -2,7 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "bench/hardware.hpp"
+#include "sim/calibration/hardware.hpp"
 #include "common/dtype.hpp"
 #include "model/config.hpp"
 #include "sim/cost_model.hpp"
@@ -50,8 +50,8 @@ Result<long long> cost_model_switch_batch(const engine::EngineOptions& engine, c
   if (!config) return std::move(config).error();
   const int dp = so.dp;
   const int threads = std::max(1, engine.num_threads) * dp;
-  const double membw_gbs = bench::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
-  const double gemm_gflops = bench::measure_linear_gflops(512, 2, engine.dtype);  // the weights' compute
+  const double membw_gbs = sim::calibration::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
+  const double gemm_gflops = sim::calibration::measure_linear_gflops(512, 2, engine.dtype);  // the weights' compute
   // Without emulation a weight get is a memcpy on the shared bus.
   const double link_gbs = so.link.gbps > 0 ? so.link.gbps : membw_gbs / dp;
   const auto link = sim::LinkSpec::from_gbps(link_gbs, so.link.latency_us);

@@ -1,6 +1,6 @@
 // `shardline simulate`: Shardline's engine over a cost-model executor on a
 // described cluster (sim/simulator.hpp, docs/simulator.md); `--calibrate`
-// fits this machine's CPU device file (bench/calibrate.hpp).
+// fits this machine's CPU device file (sim/calibration/calibrate.hpp).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,10 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/calibrate.hpp"
+#include "sim/calibration/calibrate.hpp"
 #include "model/tokenizer_loader.hpp"
 #include "bench/seesaw.hpp"
-#include "bench/validate.hpp"
+#include "sim/calibration/validate.hpp"
 #include "cli/commands.hpp"
 #include "cli/parallel_auto.hpp"
 #include "api/file_store.hpp"
@@ -145,13 +145,13 @@ Result<std::vector<sim::SimRequest>> workload_of(const SimulateArgs& a) {
 
 int run_calibrate(const SimulateArgs& a) {
   if (a.model_dir.empty()) return fail(make_error(ErrorCode::invalid_argument, "--calibrate needs --shape or --model"));
-  bench::CalibrateOptions o;
+  sim::calibration::CalibrateOptions o;
   o.shape_dir = a.model_dir;
   o.num_threads = a.threads;
   o.repeats = a.calibration_repeats;
   std::cerr << "calibrating this machine on " << a.model_dir << " (decode runs at 5 batches, each " << o.repeats
             << " times; a few minutes)\n";
-  auto d = bench::calibrate_cpu_device(o);
+  auto d = sim::calibration::calibrate_cpu_device(o);
   if (!d) return fail(d.error());
   const std::string path = a.calibration.empty() ? default_cpu_calibration() : a.calibration;
   std::error_code ec;
@@ -162,7 +162,7 @@ int run_calibrate(const SimulateArgs& a) {
   return 0;
 }
 
-/// The validation (bench/validate.hpp): runs calibration rounds on the shape
+/// The validation (sim/calibration/validate.hpp): runs calibration rounds on the shape
 /// and each case for real in rounds (the fastest kept), simulates the cases
 /// on the calibrated device, and prints
 /// the simulator's error beside each measurement.
@@ -171,7 +171,7 @@ int run_validate(const SimulateArgs& a) {
     return fail(make_error(ErrorCode::invalid_argument,
                            "--validate runs named cases (--validate-case), not --parallel configs"),
                 2);
-  bench::ValidateOptions o;
+  sim::calibration::ValidateOptions o;
   o.shape_dir = a.model_dir;
   o.num_threads = a.threads;
   o.cases = a.validate_cases;
@@ -184,7 +184,7 @@ int run_validate(const SimulateArgs& a) {
   o.max_rounds = std::max(a.validate_rounds, a.validate_max_rounds);
   o.calibration_repeats = a.calibration_repeats;
   if (a.shift_threshold > 0) o.shift_threshold = a.shift_threshold;
-  auto rep = bench::run_validation(o, [&](const bench::ValidationRow& r) {
+  auto rep = sim::calibration::run_validation(o, [&](const sim::calibration::ValidationRow& r) {
     std::fprintf(stderr, "validate: %-14s round %zu: %8.1f tok/s, decode step %7.2f ms (fastest %.1f, %.2f)\n",
                  r.name.c_str(), r.round_total_tok_s.size(), r.round_total_tok_s.back(), r.round_decode_step_ms.back(),
                  r.measured_total_tok_s, r.measured_decode_step_ms);
@@ -193,7 +193,7 @@ int run_validate(const SimulateArgs& a) {
   if (!a.json) {
     std::printf("%-14s %10s %10s %7s %12s %10s %7s %7s %7s\n", "case", "tok/s real", "simulated", "error",
                 "step_ms real", "simulated", "error", "steady", "spread");
-    for (const bench::ValidationRow& r : rep->rows)
+    for (const sim::calibration::ValidationRow& r : rep->rows)
       std::printf("%-14s %10.1f %10.1f %+6.1f%% %12.2f %10.2f %+6.1f%% %7s %6.0f%%\n", r.name.c_str(),
                   r.measured_total_tok_s, r.simulated_total_tok_s, 100 * r.total_tok_s_error,
                   r.measured_decode_step_ms, r.simulated_decode_step_ms, 100 * r.decode_step_ms_error,
@@ -204,7 +204,7 @@ int run_validate(const SimulateArgs& a) {
     return 0;
   }
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  for (const bench::ValidationRow& r : rep->rows)
+  for (const sim::calibration::ValidationRow& r : rep->rows)
     rows.push_back({{"case", r.name},
                     {"strategy", r.strategy},
                     {"rounds", r.round_total_tok_s.size()},

@@ -5,7 +5,7 @@
 /// layers, W parameters of one layer, h_q heads, h_kv KV heads, d head
 /// dimension, b batch, s sequence length). The planner compares parallel
 /// configurations with it; the hardware numbers are measured at run time
-/// (bench/hardware.hpp: STREAM bandwidth, GEMM FLOP/s) so the model is
+/// (sim/calibration/hardware.hpp: STREAM bandwidth, GEMM FLOP/s) so the model is
 /// calibrated to the machine it plans for.
 ///
 /// Per decoder layer and rank (App. A.1, "Runtime Break-Down"):

@@ -18,7 +18,7 @@
 /// output_len tokens.
 ///
 /// Reported as `shardline bench` reports a measured run (same names and
-/// definitions, bench/parallel.hpp): total_tok_s = (prompt + generated) /
+/// definitions, sim/calibration/parallel.hpp): total_tok_s = (prompt + generated) /
 /// elapsed; prefill_tok_s from a second run with one output token each;
 /// decode_tok_s = (generated - num_prompts) / (elapsed - prefill elapsed);
 /// decode_step_ms = median time between the engine's consecutive step()

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/validate.hpp"
+#include "sim/calibration/validate.hpp"
 #include "engine/group/parallel_config.hpp"
 #include "sim/hardware_spec.hpp"
 #include "tests/actors/node_harness.hpp"
@@ -306,17 +306,17 @@ TEST_F(SimulateE2e, CalibrateWritesAFittedCpuDeviceAndValidatePrintsBoth) {
   EXPECT_EQ(row["measured_total_tok_s"].get<double>(), *std::max_element(tok_s.begin(), tok_s.end()));
   EXPECT_EQ(row["measured_decode_step_ms"].get<double>(), *std::min_element(step_ms.begin(), step_ms.end()));
   EXPECT_GT(row["measured_total_tok_s"].get<double>(), 0);
-  bench::ValidationRow parsed;
+  sim::calibration::ValidationRow parsed;
   parsed.round_total_tok_s = tok_s;
   parsed.round_decode_step_ms = step_ms;
-  EXPECT_EQ(row["steady"].get<bool>(), bench::rounds_agree(parsed, 0.1));
+  EXPECT_EQ(row["steady"].get<bool>(), sim::calibration::rounds_agree(parsed, 0.1));
   EXPECT_TRUE(row["steady"].get<bool>() || tok_s.size() == 3u) << "a case not steady runs to the last round";
   // A third round ran exactly when the first two did not agree (a case may
   // become steady in it).
-  bench::ValidationRow first_two;
+  sim::calibration::ValidationRow first_two;
   first_two.round_total_tok_s = {tok_s[0], tok_s[1]};
   first_two.round_decode_step_ms = {step_ms[0], step_ms[1]};
-  EXPECT_EQ(tok_s.size() == 3u, !bench::rounds_agree(first_two, 0.1)) << "a case steady after 2 rounds stops there";
+  EXPECT_EQ(tok_s.size() == 3u, !sim::calibration::rounds_agree(first_two, 0.1)) << "a case steady after 2 rounds stops there";
   // The error is the simulation's against the measurement.
   EXPECT_NEAR(row["total_tok_s_error"].get<double>(),
               row["simulated_total_tok_s"].get<double>() / row["measured_total_tok_s"].get<double>() - 1, 1e-9);

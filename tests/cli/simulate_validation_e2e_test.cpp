@@ -10,7 +10,7 @@
 // tens of seconds), and they only ever slow it. So the calibration keeps
 // the fastest of 3 interleaved runs of each measurement, and the cases run
 // in rounds (every case, then every case again), each keeping its fastest
-// round: the machine's undisturbed speed (bench/validate.hpp). A case is
+// round: the machine's undisturbed speed (sim/calibration/validate.hpp). A case is
 // steady when its two fastest rounds agree within 10%; one not steady
 // after 5 rounds is printed, not asserted, and at least 8 of the 10 must be
 // steady, or the test fails for the noise (it does not pass on less).

@@ -1,9 +1,9 @@
-#include "bench/workload.hpp"
+#include "sim/calibration/workload.hpp"
 
 #include <algorithm>
 #include <utility>
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 std::vector<std::vector<std::int32_t>> random_prompts(int num, int len, int vocab, std::uint64_t seed) {
   std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(num));
@@ -32,4 +32,4 @@ double decode_median_ms(const engine::LlmEngine& engine, int batch) {
   return median(std::move(ms));
 }
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -1,12 +1,12 @@
-// The validation's cases (bench/validate.hpp): each name is the strategy it
+// The validation's cases (sim/calibration/validate.hpp): each name is the strategy it
 // says, and bad requests are refused before anything is measured.
-#include "bench/validate.hpp"
+#include "sim/calibration/validate.hpp"
 
 #include <gtest/gtest.h>
 
 #include <set>
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 namespace {
 
 TEST(ValidationCases, EachNameIsTheStrategyItSays) {
@@ -102,4 +102,4 @@ TEST(ValidationRounds, TheTwoFastestRoundsMustAgreeOnBoth) {
 }
 
 }  // namespace
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

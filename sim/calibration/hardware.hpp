@@ -5,7 +5,7 @@
 
 #include "common/dtype.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 /// STREAM triad a[i] = b[i] + s * c[i] over three arrays of `array_bytes`
 /// each, `num_threads` OpenMP threads, best of `repeats`. Counts 3 * array
@@ -49,4 +49,4 @@ namespace shardline::bench {
 /// (median of `repeats`): the per-collective latency.
 [[nodiscard]] double measure_inproc_allreduce_latency_s(int num_ranks = 2, int repeats = 200);
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -4,7 +4,7 @@
 /// measured now, and the cost model's efficiency terms fitted to real engine
 /// steps (`shardline simulate --calibrate`, docs/simulator.md).
 ///
-/// Measured (bench/hardware.hpp, all cores): peak_flops = Shardline's own
+/// Measured (sim/calibration/hardware.hpp, all cores): peak_flops = Shardline's own
 /// batch-invariant linear on 2048^3 (the GEMM every step runs),
 /// memory_bw_bytes_per_s = STREAM triad, the in-process all-reduce's
 /// bandwidth and latency for the links (CPU devices are threads of one
@@ -15,7 +15,7 @@
 /// Fitted (calibrate only): real decode runs of `shape` on one device, at a
 /// small batch (the step reads weights: memory-bound), a large one
 /// (compute-bound) and curve_batches between, each run as the validation's
-/// cases run (bench::run_parallel_bench: the engine on its own thread; the
+/// cases run (sim::calibration::run_parallel_bench: the engine on its own thread; the
 /// median model time of pure-decode steps at full batch = step wall minus
 /// the engine's own time, scheduling and sampling; the large batch also
 /// runs prefill-only for the prefill rate). With the cost model's raw times
@@ -90,7 +90,7 @@
 #include "model/config.hpp"
 #include "sim/hardware_spec.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 struct CalibrateOptions {
   std::string shape_dir;  ///< a model shape folder (config.json); dummy weights
@@ -179,4 +179,4 @@ class CpuCalibration {
 /// (a bad shape folder), invalid_argument (non-positive sizes).
 [[nodiscard]] Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& options);
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -1,9 +1,9 @@
 // The roofline cost of a step, checked against hand-computed numbers.
-#include "bench/roofline.hpp"
+#include "sim/calibration/roofline.hpp"
 
 #include <gtest/gtest.h>
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 namespace {
 
 model::ModelConfig tiny() {
@@ -81,4 +81,4 @@ TEST(Roofline, RooflineIsTheSlowerOfMemoryAndCompute) {
 }
 
 }  // namespace
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -13,7 +13,7 @@
 #include "model/executor.hpp"
 #include "model/config.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 struct StepCost {
   double weight_bytes = 0;  ///< weights streamed (the layers' + lm_head's)
@@ -41,4 +41,4 @@ struct StepCost {
 [[nodiscard]] StepCost step_cost(const model::ModelConfig& config, double weight_elem_bytes,
                                  double kv_elem_bytes, const model::StepInput& step);
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -1,4 +1,4 @@
-#include "bench/hardware.hpp"
+#include "sim/calibration/hardware.hpp"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -17,12 +17,12 @@
 #include <thread>
 #include <vector>
 
-#include "bench/workload.hpp"
+#include "sim/calibration/workload.hpp"
 #include "comm/inproc.hpp"
 #include "common/dtype.hpp"
 #include "kernels/cpu/linear.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 namespace {
 
@@ -247,4 +247,4 @@ double measure_inproc_allreduce_latency_s(int num_ranks, int repeats) {
   return t[t.size() / 2];
 }
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

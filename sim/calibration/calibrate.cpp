@@ -1,4 +1,4 @@
-#include "bench/calibrate.hpp"
+#include "sim/calibration/calibrate.hpp"
 
 #include <omp.h>
 
@@ -8,8 +8,8 @@
 #include <optional>
 #include <vector>
 
-#include "bench/hardware.hpp"
-#include "bench/parallel.hpp"
+#include "sim/calibration/hardware.hpp"
+#include "sim/calibration/parallel.hpp"
 #include "engine/group/parallel_executor.hpp"
 #include "engine/kv_budget.hpp"
 #include "engine/sidp/sidp_group.hpp"
@@ -18,7 +18,7 @@
 #include "sim/cost_model.hpp"
 #include "sim/simulator.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 namespace {
 
 std::string fmt(const char* f, double a, double b = 0, double c = 0) {  // (printf-style, up to 3 numbers)
@@ -28,7 +28,7 @@ std::string fmt(const char* f, double a, double b = 0, double c = 0) {  // (prin
 }
 
 /// A decode run of `pc` on CPU devices of `threads` threads each, run as
-/// the validation's cases run (bench::run_parallel_bench): the engines are
+/// the validation's cases run (sim::calibration::run_parallel_bench): the engines are
 /// built first and start together, each on its own thread. `pc` is either
 /// dp devices at once (dp x batch prompts dealt round-robin; the first
 /// device's steps are measured) or one engine group (the TP fit's tp=2) at
@@ -492,4 +492,4 @@ Result<sim::DeviceSpec> calibrate_cpu_device(const CalibrateOptions& o) {
   return c->fit();
 }
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

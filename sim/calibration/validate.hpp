@@ -2,9 +2,9 @@
 /// \file
 /// The simulator against this machine (`shardline simulate --validate`,
 /// docs/simulator.md "Validation against this machine"). Each case runs for
-/// real, on in-process CPU devices (bench::run_parallel_bench), and
+/// real, on in-process CPU devices (sim::calibration::run_parallel_bench), and
 /// simulated (sim::simulate) on the CPU device calibrated in the same
-/// rounds (bench/calibrate.hpp). The two are compared on total tok/s and on the
+/// rounds (sim/calibration/calibrate.hpp). The two are compared on total tok/s and on the
 /// decode step time (bench's definitions of both).
 ///
 /// Drift control. This machine's speed moves with its neighbours' load: it
@@ -16,7 +16,7 @@
 /// simulation with the machine's undisturbed speed: the fastest of several
 /// measurements.
 ///  - The calibration makes each of its measurements `calibration_repeats`
-///    times, interleaved, and keeps the fastest (bench/calibrate.hpp).
+///    times, interleaved, and keeps the fastest (sim/calibration/calibrate.hpp).
 ///  - The cases run in rounds: case 1, case 2, ..., case 10, then again, so
 ///    an episode falls on different cases in different rounds. Each of the
 ///    first `calibration_repeats` rounds begins with a calibration round,
@@ -45,7 +45,7 @@
 #include "sim/hardware_spec.hpp"
 #include "sim/simulator.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 struct ValidateOptions {
   std::string shape_dir;  ///< a model shape folder (config.json); dummy weights
@@ -119,4 +119,4 @@ struct ValidationReport {
 [[nodiscard]] Result<ValidationReport> run_validation(const ValidateOptions& options,
                                                       const std::function<void(const ValidationRow&)>& progress = {});
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -10,7 +10,7 @@
 
 #include "engine/llm_engine.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 /// `num` prompts of `len` token ids drawn from [3, vocab) by a seeded LCG
 /// (ids 0-2 are special in the Llama family); the same for the same seed.
@@ -31,4 +31,4 @@ using Clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -1,8 +1,8 @@
-#include "bench/roofline.hpp"
+#include "sim/calibration/roofline.hpp"
 
 #include <algorithm>
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 double StepCost::roofline_ms(double membw_gbs, double gemm_gflops) const {
   const double mem_ms = bytes() / (membw_gbs * 1e9) * 1e3;
@@ -54,4 +54,4 @@ StepCost step_cost(const model::ModelConfig& c, double weight_elem_bytes, double
   return cost;
 }
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

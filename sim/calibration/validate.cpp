@@ -1,4 +1,4 @@
-#include "bench/validate.hpp"
+#include "sim/calibration/validate.hpp"
 
 #include <omp.h>
 
@@ -6,13 +6,13 @@
 #include <cmath>
 #include <cstdio>
 
-#include "bench/calibrate.hpp"
-#include "bench/parallel.hpp"
-#include "bench/workload.hpp"
+#include "sim/calibration/calibrate.hpp"
+#include "sim/calibration/parallel.hpp"
+#include "sim/calibration/workload.hpp"
 #include "engine/group/engine_builder.hpp"
 #include "model/config.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 namespace {
 
 engine::ParallelConfig config_of(int tp, int pp, int sp, int dp) {
@@ -226,4 +226,4 @@ Result<ValidationReport> run_validation(const ValidateOptions& o,
   return rep;
 }
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -29,7 +29,7 @@
 #include "engine/group/parallel_config.hpp"
 #include "engine/sidp/sidp_group.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 struct ParallelBenchOptions {
   engine::EngineOptions engine;  ///< model / shape, dtype, KV; num_threads = per rank (0: cores / devices)
@@ -95,4 +95,4 @@ struct ParallelBenchReport {
 /// engine build errors (e.g. a config that does not shard the model).
 [[nodiscard]] Result<ParallelBenchReport> run_parallel_bench(const ParallelBenchOptions& options);
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration

@@ -1,4 +1,4 @@
-#include "bench/parallel.hpp"
+#include "sim/calibration/parallel.hpp"
 
 #include <omp.h>
 
@@ -11,14 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/hardware.hpp"
-#include "bench/workload.hpp"
+#include "sim/calibration/hardware.hpp"
+#include "sim/calibration/workload.hpp"
 #include "engine/data_parallel.hpp"
 #include "engine/sidp/sidp_group.hpp"
 #include "sim/cost_model.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 
-namespace shardline::bench {
+namespace shardline::sim::calibration {
 
 namespace {
 
@@ -283,4 +283,4 @@ std::string ParallelBenchReport::to_table() const {
   return out;
 }
 
-}  // namespace shardline::bench
+}  // namespace shardline::sim::calibration
