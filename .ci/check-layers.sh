@@ -16,6 +16,7 @@
 #    50   worker
 #    44   engine/sidp     SiDP's drivers (in-process, node actors, processes)
 #    42   engine/group    executors over a device group, engine builder
+#    41   engine/seesaw   Seesaw's phases and KV mover (the step loop's phase hook)
 #    40   engine          the core: engine loop, scheduler, KV, policies/
 #    30   model
 #    20   kernels, kvstore
@@ -28,7 +29,7 @@ cd "$(dirname "$0")/.."
 
 declare -A rank=(
   [cli]=100 [bench]=90 [api]=90 [actors]=80 [messages]=70 [sim/calibration]=72 [sim]=70 [orchestrator]=60 [worker]=50
-  [engine/sidp]=44 [engine/group]=42 [engine]=40 [model]=30 [kernels]=20 [kvstore]=20
+  [engine/sidp]=44 [engine/group]=42 [engine/seesaw]=41 [engine]=40 [model]=30 [kernels]=20 [kvstore]=20
   [sampling]=10 [comm]=10 [text]=5 [common]=0
 )
 

@@ -9,6 +9,7 @@
 #include "actors/inbox.hpp"
 #include "actors/kv_client.hpp"
 #include "actors/protocol.hpp"
+#include "engine/seesaw/seesaw_phases.hpp"
 #include "worker/batch_worker.hpp"
 #include "worker/kv_progress.hpp"
 #include "worker/kv_streamer.hpp"
@@ -59,8 +60,9 @@ struct WorkerState {
   WorkerState& operator=(const WorkerState&) = delete;
   /// Seesaw: what the phases did, once, when the worker stops.
   ~WorkerState() {
-    if (!worker || !worker->engine().seesaw_phase()) return;
-    const engine::SeesawStats& s = worker->engine().seesaw_stats();
+    const engine::SeesawPhases* phases = worker ? engine::seesaw_phases_of(worker->engine()) : nullptr;
+    if (phases == nullptr) return;
+    const engine::SeesawStats& s = phases->stats();
     const engine::KvMoverStats m = worker->engine().kv_mover_stats();
     spdlog::info("worker {}: Seesaw: {} transitions, {} prefill / {} decode steps, {} offloads to the host KV buffer "
                  "(peak {} tokens), {:.1f} ms in transitions ({:.1f} ms switching configs); {} KV copies, {:.1f} ms, "
@@ -87,9 +89,9 @@ messages::WorkerStatus status_of(const WorkerState& st) {
   w.steps_done = static_cast<std::uint64_t>(s.steps_done);
   w.weight_bytes = st.weight_bytes;
   if (st.sidp) w.sidp_mode = st.sidp->mode_name();
-  if (const auto phase = st.worker->engine().seesaw_phase()) {
-    w.seesaw_phase = engine::to_string(*phase);
-    w.seesaw_transitions = st.worker->engine().seesaw_stats().transitions;
+  if (const engine::SeesawPhases* phases = engine::seesaw_phases_of(st.worker->engine())) {
+    w.seesaw_phase = engine::to_string(phases->phase());
+    w.seesaw_transitions = phases->stats().transitions;
   }
   return w;
 }

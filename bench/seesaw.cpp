@@ -16,6 +16,7 @@
 #include "engine/data_parallel.hpp"
 #include "engine/group/parallel_executor.hpp"
 #include "engine/policies/token_budget_policies.hpp"
+#include "engine/seesaw/seesaw_phases.hpp"
 #include "model/cpu_runner.hpp"
 
 namespace shardline::bench {
@@ -160,7 +161,7 @@ Result<SeesawRun> serve(const SeesawBenchOptions& o, const Plan& p, const Seesaw
         decode_tokens += s.num_decode_tokens;
       }
     }
-    const engine::SeesawStats& ss = e->seesaw_stats();
+    const engine::SeesawStats ss = engine::seesaw_stats_of(*e);
     r.transitions += static_cast<long long>(ss.transitions);
     r.transition_ms += ss.transition_ms;
     r.switch_ms += ss.switch_ms;

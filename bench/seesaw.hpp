@@ -39,7 +39,7 @@
 /// one shared memory bus, and the paper's reason to prefill under PP --
 /// avoiding TP's all-reduces over a slow link -- is mostly absent: expect
 /// Seesaw at or below static tp. The ranks share the cores either way. KV copies to and from the host buffer are paced when
-/// engine.host_link is set (PCIe emulation, engine/kv_mover.hpp), and run on
+/// engine.host_link is set (PCIe emulation, engine/seesaw/kv_mover.hpp), and run on
 /// the prefetcher thread when engine.seesaw_async_kv (the configs and
 /// schedules tables use that setting; the copies table runs both).
 

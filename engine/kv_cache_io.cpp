@@ -150,15 +150,13 @@ Status KvCacheIo::set_views(std::vector<kvstore::KvCacheView> views) {
   return Status::ok_status();
 }
 
-Status KvCacheIo::start_mover(KvMoverOptions options) {
+Status KvCacheIo::start_mover(std::unique_ptr<KvTransferQueue> mover) {
   if (mover_) return make_error(ErrorCode::internal, "KV mover started twice");
+  if (!mover) return make_error(ErrorCode::internal, "KV mover: none given");
   if (!can_copy_kv()) return make_error(ErrorCode::internal, "KV mover: this executor's caches cannot be copied");
-  options.num_devices = views_.empty() ? remote_->num_devices() : static_cast<int>(views_.size());
-  auto mover = KvMover::create(std::move(options));
-  if (!mover.ok()) return std::move(mover).error();
-  Status set = views_.empty() ? (*mover)->set_copier(remote_) : (*mover)->set_caches(shape_, views_);
+  Status set = views_.empty() ? mover->set_copier(remote_) : mover->set_caches(shape_, views_);
   if (!set.ok()) return set;
-  mover_ = std::move(mover).value();
+  mover_ = std::move(mover);
   return Status::ok_status();
 }
 

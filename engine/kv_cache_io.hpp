@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "common/result.hpp"
-#include "engine/kv_mover.hpp"
+#include "engine/kv_transfer.hpp"
 #include "engine/scheduler.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "model/executor.hpp"
@@ -85,17 +85,20 @@ class KvCacheIo {
   /// a mover transfer is pending (a bug: drain_moves() first).
   [[nodiscard]] Status set_views(std::vector<kvstore::KvCacheView> views);
 
-  // ---- Seesaw's tiered KV buffer (seed 000 §4.2) and its asynchronous ----
-  // ---- pipeline (§5.2, engine/kv_mover.hpp)                          ----
-  // swap_out / restore copy on the caller's thread at once. Seesaw's copies
-  // go to a KvMover instead (a prefetcher thread, or the caller's thread in
-  // synchronous mode) and the engine applies their completions later
-  // (poll_moves / wait_moves / drain_moves).
+  // ---- Pipelined copies: Seesaw's tiered KV buffer (seed 000 §4.2) and ----
+  // ---- its asynchronous pipeline (§5.2, engine/seesaw/kv_mover.hpp)      ----
+  // swap_out / restore copy on the caller's thread at once. Offloads and
+  // onboards go to a KvTransferQueue (the mover) instead, and the engine
+  // applies their completions later (poll_moves / wait_moves / drain_moves).
 
-  /// Starts the mover (once, before any begin_*). Its devices are the
-  /// executor's KV views. Errors: invalid_argument (a bad link spec),
-  /// internal (already started, or caches that cannot be copied).
-  [[nodiscard]] Status start_mover(KvMoverOptions options);
+  /// Devices the caches are spread over (each with its own host link).
+  [[nodiscard]] int num_kv_devices() const noexcept {
+    return views_.empty() ? (remote_ != nullptr ? remote_->num_devices() : 0) : static_cast<int>(views_.size());
+  }
+  /// Takes the mover (once, before any begin_*) and points it at the
+  /// executor's caches. Errors: internal (already started, a null mover, or
+  /// caches that cannot be copied).
+  [[nodiscard]] Status start_mover(std::unique_ptr<KvTransferQueue> mover);
   [[nodiscard]] bool has_mover() const noexcept { return mover_ != nullptr; }
   /// Starts copying the KV of a sequence leaving the device (a finished
   /// prefill, or any resident sequence at a transition) into the host KV
@@ -211,7 +214,7 @@ class KvCacheIo {
   std::uint64_t swap_space_bytes_;
   std::unordered_map<std::uint64_t, Held> held_;
   KvIoStats stats_;
-  std::unique_ptr<KvMover> mover_;  // Seesaw §5.2, when started
+  std::unique_ptr<KvTransferQueue> mover_;  // Seesaw §5.2, when started
 };
 
 }  // namespace shardline::engine

@@ -44,30 +44,11 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(model::ModelExecutor& execu
                           std::to_string(executor.block_size()) + " tokens = " + std::to_string(capacity) +
                           " tokens cannot hold one max_model_len=" + std::to_string(config.max_model_len) +
                           " sequence; raise the KV memory budget or lower max_model_len");
-  if (config.host_link && !config.seesaw)
-    return bad("a host link is emulated for Seesaw's KV copies only (set seesaw)");
   auto engine = std::unique_ptr<LlmEngine>(new LlmEngine(executor, tokenizer, std::move(config)));
-  if (const auto& so = engine->config_.seesaw) {
-    if (!engine->kv_io_.can_copy_kv())
-      return bad("Seesaw needs an executor whose KV caches can be copied to the host (a CPU device, an in-process "
-                 "group or a TCP group)");
-    const std::size_t need = engine->kv_io_.bytes_for(engine->config_.max_model_len);
-    if (engine->config_.swap_space_bytes < need)
-      return bad("Seesaw's host KV buffer of " + std::to_string(engine->config_.swap_space_bytes) +
-                 " bytes cannot hold one max_model_len=" + std::to_string(engine->config_.max_model_len) +
-                 " sequence (" + std::to_string(need) + " bytes)");
-    auto policy = SeesawPolicy::create(*so);
-    if (!policy.ok()) return std::move(policy).error();
-    engine->seesaw_.emplace(std::move(policy).value());
-    engine->scheduler_.set_phase(SchedulePhase::prefill);  // the policy starts in prefill (Fig. 6)
-    if (executor.has_step_configs()) {  // prefill runs under cp (§4.1)
-      if (Status s = executor.use_step_config(model::StepConfig::prefill); !s) return s.error();
-      if (Status s = engine->kv_io_.set_views(executor.kv_cache_views()); !s) return s.error();
-    }
-    KvMoverOptions mover;
-    mover.async = engine->config_.seesaw_async_kv;
-    mover.host_link = engine->config_.host_link;
-    if (Status s = engine->kv_io_.start_mover(std::move(mover)); !s) return s.error();
+  if (engine->config_.step_phases) {
+    auto phases = engine->config_.step_phases(engine->parts_);
+    if (!phases.ok()) return std::move(phases).error();
+    engine->phases_ = std::move(phases).value();
   }
   return engine;
 }
@@ -79,7 +60,9 @@ LlmEngine::LlmEngine(model::ModelExecutor& executor, const text::Tokenizer& toke
       scheduler_(SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.max_model_len,
                                  config_.preemption_mode},
                  executor.num_kv_blocks(), executor.block_size()),
-      kv_io_(executor, config_.swap_space_bytes) {}
+      kv_io_(executor, config_.swap_space_bytes),
+      parts_{&executor,           &scheduler_,           &kv_io_, config_.max_num_seqs, config_.max_num_batched_tokens,
+             config_.max_model_len, config_.swap_space_bytes} {}
 
 Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
                               const sampling::SamplingParams& params) {
@@ -166,7 +149,7 @@ bool LlmEngine::abort_request(std::uint64_t request_id) {
   }
   // A KV copy of it on the mover must land before its blocks are freed.
   if (kv_io_.move_pending(request_id))
-    if (Status s = apply_kv_done(kv_io_.drain_moves()); !s.ok() && deferred_error_.ok()) deferred_error_ = s;
+    if (Status s = parts_.apply_done(kv_io_.drain_moves()); !s.ok() && deferred_error_.ok()) deferred_error_ = s;
   std::unique_ptr<Sequence> seq = scheduler_.finish(request_id, FinishReason::abort);
   if (!seq) return false;
   kv_io_.drop(request_id);
@@ -260,40 +243,28 @@ Result<std::vector<RequestOutput>> LlmEngine::step() {
 Status LlmEngine::fill_pipeline() {
   // Device sampling returns ids only: not when the raw logits are captured.
   const bool device_sampling = executor_->samples_on_device() && !config_.capture_logits;
-  // The depth is read each time: a Seesaw transition may switch to a config
+  // The depth is read each time: a phase transition may switch to a config
   // with another number of pipeline stages.
   while (static_cast<int>(in_flight_.size()) < std::max(1, executor_->max_in_flight())) {
     const auto t_sched = Clock::now();
-    // Seesaw: the phase of this micro-batch; a transition waits until the
-    // pipeline is drained (plan() is pure, so asking again costs nothing).
+    // A phased technique's admission for this micro-batch; a change of
+    // phase waits until the pipeline is drained.
     long long admit_kv_tokens = -1;
-    std::optional<SeesawCounts> counts;  // the counts this micro-batch is planned from
-    if (seesaw_) {
-      // The prefetcher's finished copies (§5.2): freed blocks, onboarded decodes.
-      if (Status s = apply_kv_done(kv_io_.poll_moves()); !s.ok()) return s;
-      counts = scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens());
-      SeesawPlan plan = seesaw_->plan(*counts);
-      if (plan.phase != seesaw_->phase()) {
+    if (phases_) {
+      Result<PhaseAdmission> admission = phases_->admit();
+      if (admission.ok() && admission->transition_due) {
         if (!in_flight_.empty()) break;
-        if (Status s = seesaw_transition(plan.phase, *counts); !s.ok()) return s;
-        counts = scheduler_.seesaw_counts(host_held_tokens(), host_capacity_tokens());
-        plan = seesaw_->plan(*counts);
+        admission = phases_->transition();
       }
-      admit_kv_tokens = plan.admit_kv_tokens;
+      if (!admission.ok()) return std::move(admission).error();
+      admit_kv_tokens = admission->admit_kv_tokens;
     }
     // After any transition: the depth of the config this micro-batch runs in.
     const int depth = std::max(1, executor_->max_in_flight());
     MicroBatchBudget limits;
     bool limited = config_.token_budget != nullptr;
     if (limited) limits = config_.token_budget->budget(scheduler_.state(depth));
-    // Seesaw's pipelined decode (§5.1): under a decode config with PP, 1/PP
-    // of the decodes per micro-batch, whatever the token budget.
-    if (seesaw_ && seesaw_->phase() == SeesawPhase::decode && depth > 1) {
-      const int split = pipelined_decode_tokens(*counts, config_.max_num_seqs, depth);
-      if (!limited) limits = MicroBatchBudget{config_.max_num_batched_tokens, split};
-      limits.max_decode_tokens = std::min(limits.max_decode_tokens, split);
-      limited = true;
-    }
+    if (phases_) limited = phases_->limits(depth, limited, limits);
     SchedulerOutput sched = scheduler_.schedule(limited ? &limits : nullptr, admit_kv_tokens);
     if (Status s = apply_kv_moves(sched); !s.ok()) return s;
     // A policy may hold everything back (e.g. Token Throttling pauses prefill
@@ -312,7 +283,7 @@ Status LlmEngine::fill_pipeline() {
       // Nothing runs until a KV copy lands (e.g. the first onboards of a
       // decode phase): the one wait on the mover that is not hidden.
       if (in_flight_.empty() && kv_io_.num_moves_pending() > 0) {
-        if (Status s = apply_kv_done(kv_io_.wait_moves()); !s.ok()) return s;
+        if (Status s = parts_.apply_done(kv_io_.wait_moves()); !s.ok()) return s;
         continue;
       }
       break;
@@ -338,76 +309,10 @@ Status LlmEngine::fill_pipeline() {
     f.stats.num_prefill_tokens = sched.num_prefill_tokens;
     f.stats.num_decode_tokens = sched.num_decode_tokens;
     f.stats.num_preemptions = sched.num_preemptions;
-    if (seesaw_) ++(seesaw_->phase() == SeesawPhase::prefill ? seesaw_stats_.prefill_steps : seesaw_stats_.decode_steps);
+    if (phases_) phases_->on_submitted();
     f.sched = std::move(sched);
     in_flight_.push_back(std::move(f));
   }
-  return Status::ok_status();
-}
-
-long long LlmEngine::host_held_tokens() const {
-  const auto per_token = static_cast<long long>(kv_io_.bytes_for(1));
-  const auto used = static_cast<long long>(kv_io_.stats().swap_space_bytes_used);
-  return per_token > 0 ? (used + per_token - 1) / per_token : 0;
-}
-
-long long LlmEngine::host_capacity_tokens() const {
-  const auto per_token = static_cast<long long>(kv_io_.bytes_for(1));
-  return per_token > 0 ? static_cast<long long>(config_.swap_space_bytes) / per_token : 0;
-}
-
-Status LlmEngine::offload_kv(const SwapOut& offload) {
-  Result<bool> kept = kv_io_.begin_offload(offload);
-  if (!kept.ok()) return kept.error();
-  if (!*kept) {  // no room in the host KV buffer: it is prefilled again
-    if (Status s = scheduler_.offload_done(offload.seq_id, false); !s.ok())
-      return make_error(ErrorCode::internal, s.error().message);
-    return Status::ok_status();
-  }
-  ++seesaw_stats_.offloads;
-  seesaw_stats_.host_peak_tokens = std::max(seesaw_stats_.host_peak_tokens, host_held_tokens());
-  return Status::ok_status();
-}
-
-Status LlmEngine::apply_kv_done(Result<std::vector<KvCacheIo::MoveDone>> done) {
-  if (!done.ok()) return std::move(done).error();
-  for (const KvCacheIo::MoveDone& d : *done) {
-    Status s = d.to_host ? scheduler_.offload_done(d.seq_id, true) : scheduler_.onboard_done(d.seq_id);
-    if (!s.ok()) return make_error(ErrorCode::internal, s.error().message);
-  }
-  return Status::ok_status();
-}
-
-Status LlmEngine::seesaw_transition(SeesawPhase to, const SeesawCounts& counts) {
-  const auto t0 = Clock::now();
-  // Every copy in flight lands first (onboards of the decode phase, offloads
-  // of the prefill phase), then the resident sequences leave, and their
-  // copies land too: the caches change layout at the switch.
-  auto t_drain = Clock::now();
-  if (Status s = apply_kv_done(kv_io_.drain_moves()); !s.ok()) return s;
-  seesaw_stats_.drain_ms += ms_since(t_drain);
-  std::vector<SwapOut> resident;
-  if (Status s = scheduler_.offload_resident(resident); !s.ok()) return make_error(ErrorCode::internal, s.error().message);
-  for (const SwapOut& o : resident)
-    if (Status s = offload_kv(o); !s.ok()) return s;
-  t_drain = Clock::now();
-  if (Status s = apply_kv_done(kv_io_.drain_moves()); !s.ok()) return s;
-  seesaw_stats_.drain_ms += ms_since(t_drain);
-  // Dynamic re-sharding (§4.1): the device KV is empty now; the next phase
-  // runs under its own config, whose caches the host buffer restores into.
-  if (executor_->has_step_configs()) {
-    const auto t_switch = Clock::now();
-    if (Status s = executor_->use_step_config(to == SeesawPhase::prefill ? model::StepConfig::prefill
-                                                                         : model::StepConfig::decode);
-        !s)
-      return s;
-    if (Status s = kv_io_.set_views(executor_->kv_cache_views()); !s) return s;
-    seesaw_stats_.switch_ms += ms_since(t_switch);
-  }
-  scheduler_.set_phase(to == SeesawPhase::prefill ? SchedulePhase::prefill : SchedulePhase::decode);
-  seesaw_->on_transition(to, counts);
-  ++seesaw_stats_.transitions;
-  seesaw_stats_.transition_ms += ms_since(t0);
   return Status::ok_status();
 }
 
@@ -418,8 +323,11 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
     if (!*kept)  // no room in the swap space: this victim recomputes
       if (Sequence* seq = scheduler_.get(swap.seq_id); seq != nullptr) seq->num_restore_tokens = 0;
   }
-  for (const SwapOut& o : sched.offloads)
-    if (Status s = offload_kv(o); !s.ok()) return s;
+  for (const SwapOut& o : sched.offloads) {
+    Result<bool> started = parts_.offload(o);
+    if (!started.ok()) return std::move(started).error();
+    if (*started && phases_) phases_->on_offload();
+  }
   for (const KvRestore& r : sched.restores)
     if (Status s = kv_io_.restore(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);

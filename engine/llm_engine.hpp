@@ -17,10 +17,10 @@
 
 #include "common/result.hpp"
 #include "sampling/sampling_params.hpp"
-#include "comm/paced.hpp"
 #include "engine/kv_cache_io.hpp"
 #include "engine/scheduler.hpp"
 #include "engine/sequence.hpp"
+#include "engine/step_phases.hpp"
 #include "model/executor.hpp"
 #include "engine/policies/token_budget.hpp"
 #include <deque>
@@ -45,32 +45,12 @@ struct EngineConfig {
   /// them, or when the swap space is full, a preemption recomputes.
   PreemptionMode preemption_mode = PreemptionMode::recompute;
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV (vLLM's --swap-space)
-  /// Seesaw (seed 000 §4.2): run phases of pure prefill and pure decode with
-  /// a host KV buffer between them, the phase picked by this policy before
-  /// each micro-batch. The buffer is the swap space (swap_space_bytes; it
-  /// must hold one max_model_len sequence); KvCacheIo must be able to copy
-  /// the caches. A group whose executor switches config per phase re-shards
-  /// the KV in the copies. Unset: continuous batching of both (mixed).
-  std::optional<SeesawPolicyOptions> seesaw;
-  /// Seesaw's KV copies (offloads and onboards) run on a prefetcher thread
-  /// while the devices compute (seed 000 §5.2; engine/kv_mover.hpp), or,
-  /// false, on the engine's thread before the step that needs them.
-  bool seesaw_async_kv = true;
-  /// Seesaw: an emulated host link (PCIe) per device that paces every KV
-  /// copy to and from the host buffer (engine/kv_mover.hpp); none: a copy
-  /// costs its memcpy.
-  std::optional<comm::LinkSpec> host_link;
-};
-
-/// What Seesaw's phases did so far.
-struct SeesawStats {
-  std::uint64_t transitions = 0;
-  std::uint64_t prefill_steps = 0, decode_steps = 0;
-  std::uint64_t offloads = 0;  ///< sequences whose KV went to the host KV buffer (prefill ends and transitions)
-  double transition_ms = 0;    ///< time in transitions: offloading resident KV and switching
-  double switch_ms = 0;        ///< of which switching the executor's parallel config (cp <-> cd, §4.1)
-  long long host_peak_tokens = 0;  ///< most KV tokens the host buffer held at once
-  double drain_ms = 0;  ///< of transition_ms: waiting for the KV mover before switching (§5.2)
+  /// A technique that runs the step loop in phases, built over the
+  /// engine's parts at create() (engine/step_phases.hpp): Seesaw's prefill
+  /// and decode phases with a host KV buffer between them
+  /// (engine/seesaw/seesaw_phases.hpp). Empty: continuous batching of
+  /// prefills and decodes together (mixed).
+  StepPhaseFactory step_phases;
 };
 
 /// Where a request resumes after a failure (DéjàVu §4.2.3): the tokens it
@@ -220,13 +200,10 @@ class LlmEngine {
   /// step as before. Off by default.
   void set_stream_prompt_by_layer(bool on) { stream_prompt_by_layer_ = on; }
   [[nodiscard]] const KvCacheIo& kv_io() const { return kv_io_; }
-  /// Seesaw's phase (prefill or decode), if the engine runs phases.
-  [[nodiscard]] std::optional<SeesawPhase> seesaw_phase() const {
-    return seesaw_ ? std::optional<SeesawPhase>(seesaw_->phase()) : std::nullopt;
-  }
-  [[nodiscard]] const SeesawStats& seesaw_stats() const { return seesaw_stats_; }
-  /// Seesaw's KV mover: transfers, their time and the share of it hidden
-  /// behind computation (zero without Seesaw).
+  /// The engine's phase hook (EngineConfig::step_phases); null without one.
+  [[nodiscard]] const StepPhaseHook* step_phases() const { return phases_.get(); }
+  /// The KV mover's transfers, their time and the share of it hidden behind
+  /// computation (zero without a mover: no phases).
   [[nodiscard]] KvMoverStats kv_mover_stats() const { return kv_io_.mover_stats(); }
 
  private:
@@ -245,22 +222,10 @@ class LlmEngine {
   [[nodiscard]] Status fill_pipeline();
   /// Moves the KV a schedule asks for before its step runs: swap-outs of
   /// its preemptions (a victim that does not fit the swap space is switched
-  /// to recompute), then restores of readmitted sequences; and starts
-  /// Seesaw's offloads and onboards on the mover. Errors: internal.
+  /// to recompute), then restores of readmitted sequences; and starts the
+  /// offloads and onboards of a phased schedule on the mover. Errors:
+  /// internal.
   [[nodiscard]] Status apply_kv_moves(const SchedulerOutput& sched);
-  /// Seesaw: leaves the current phase for `to`: every resident sequence's KV
-  /// goes to the host KV buffer, then the scheduler and the policy switch.
-  /// `counts`: those the plan that chose `to` was made from. Errors: internal.
-  [[nodiscard]] Status seesaw_transition(SeesawPhase to, const SeesawCounts& counts);
-  /// Starts copying an offload to the host KV buffer on the mover; one that
-  /// does not fit is prefilled again. Errors: internal.
-  [[nodiscard]] Status offload_kv(const SwapOut& offload);
-  /// Tells the scheduler about KV copies the mover finished (an offloaded
-  /// sequence frees its blocks, an onboarded one may decode). Errors: internal.
-  [[nodiscard]] Status apply_kv_done(Result<std::vector<KvCacheIo::MoveDone>> done);
-  /// The host KV buffer in KV tokens: held now, and its capacity.
-  [[nodiscard]] long long host_held_tokens() const;
-  [[nodiscard]] long long host_capacity_tokens() const;
   /// Hands the sink, when it accepts, each still-running sequence of
   /// `sched` whose KV is computed past what it streamed before.
   [[nodiscard]] Status stream_increments(const SchedulerOutput& sched);
@@ -306,8 +271,8 @@ class LlmEngine {
   std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;
   std::function<void(const StepStats&)> step_callback_;
-  std::optional<SeesawPolicy> seesaw_;
-  SeesawStats seesaw_stats_;
+  EngineParts parts_;  ///< what the phase hook works on (this engine's own)
+  std::unique_ptr<StepPhaseHook> phases_;  ///< EngineConfig::step_phases', when set
 };
 
 }  // namespace shardline::engine

@@ -19,7 +19,7 @@ enum class SeqStatus { waiting, running, finished };
 enum class FinishReason { none, stop, length, abort };
 
 /// A copy of the sequence's KV that Seesaw's prefetcher thread is running
-/// (seed 000 §5.2, engine/kv_mover.hpp). While one is pending the sequence
+/// (seed 000 §5.2, engine/seesaw/kv_mover.hpp). While one is pending the sequence
 /// is in no step, cannot be preempted, and keeps its device blocks.
 enum class KvPending {
   none,

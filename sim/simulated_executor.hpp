@@ -46,8 +46,8 @@
 /// the weights by reloading the new config's shard of every device from host
 /// memory (§4.1 "model weights are re-sharded by reloading the required
 /// shards from CPU memory"): latency + weight_bytes / (tp*pp) / host_bw. The
-/// engine runs its mover synchronously (EngineConfig::seesaw_async_kv =
-/// false): the copies' virtual time is what overlaps, here.
+/// engine runs its mover synchronously (SeesawOptions::async_kv = false):
+/// the copies' virtual time is what overlaps, here.
 
 #include <cstdint>
 #include <deque>

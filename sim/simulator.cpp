@@ -13,6 +13,7 @@
 #include "engine/kv_budget.hpp"
 #include "engine/llm_engine.hpp"
 #include "engine/sidp_memory.hpp"
+#include "engine/seesaw/seesaw_phases.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "text/id_tokenizer.hpp"
@@ -216,8 +217,8 @@ class SimRun {
     if (!budget) return budget.error();
     ec.token_budget = std::shared_ptr<const engine::TokenBudgetPolicy>(std::move(budget).value());
     if (strategy_.seesaw) {
-      ec.seesaw = strategy_.seesaw->policy;
-      ec.seesaw_async_kv = false;  // the executor's virtual links overlap the copies
+      // Synchronous copies: the executor's virtual links overlap them.
+      ec.step_phases = engine::seesaw_phases(engine::SeesawOptions{strategy_.seesaw->policy, false, std::nullopt});
       ec.swap_space_bytes =
           static_cast<std::uint64_t>(strategy_.seesaw->host_buffer_bytes_per_device * pc_.group_size());
     }
@@ -811,8 +812,9 @@ void summarize_full_run(const RunOutcome& full, const model::ModelConfig& config
       if (strategy.failures) res.restored_bytes += st.bytes_to_device;
     }
     res.num_preemptions += r.preemptions;
+    const engine::SeesawPhases* phases = engine::seesaw_phases_of(*r.engine);
     res.seesaw_host_peak_bytes = std::max(
-        res.seesaw_host_peak_bytes, static_cast<double>(r.engine->seesaw_stats().host_peak_tokens) *
+        res.seesaw_host_peak_bytes, static_cast<double>(phases != nullptr ? phases->stats().host_peak_tokens : 0) *
                                         static_cast<double>(kvstore::chunk_bytes(
                                             r.executor->kv_model_shape(), kvstore::KvRange{0, config.num_hidden_layers, 0, 1})));
     res.kv_peak_fraction = std::max(res.kv_peak_fraction, double(r.peak_blocks_used) / std::max(1, num_kv_blocks));

@@ -123,6 +123,9 @@ Status check_engine_options(const EngineOptions& o) {
                       "SiDP memory plan: owned FFN layers must be >= 0 (or -1 for all) and cache slots >= 0, got " +
                           std::to_string(o.sidp_owned_ffn_layers) + " and " + std::to_string(o.sidp_cache_slots));
 
+  if (o.host_link && !o.seesaw)
+    return make_error(ErrorCode::invalid_argument,
+                      "engine config: a host link is emulated for Seesaw's KV copies only (set seesaw)");
   const bool cuda = o.device == model::DeviceKind::cuda;
   if (o.parallel_decode && *o.parallel_decode != o.parallel) {
     const ParallelConfig& cd = *o.parallel_decode;
@@ -374,9 +377,7 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   ec.token_budget = o.token_budget;
   ec.preemption_mode = o.preemption_mode;
   ec.swap_space_bytes = o.swap_space_bytes;
-  ec.seesaw = o.seesaw;
-  ec.seesaw_async_kv = o.seesaw_async_kv;
-  ec.host_link = o.host_link;
+  if (o.seesaw) ec.step_phases = seesaw_phases(SeesawOptions{*o.seesaw, o.seesaw_async_kv, o.host_link});
   auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();
   e.engine = std::move(engine).value();

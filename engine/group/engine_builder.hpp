@@ -17,6 +17,7 @@
 #include "engine/group/parallel_config.hpp"
 #include "engine/group/parallel_executor.hpp"
 #include "engine/group/tcp_group.hpp"
+#include "engine/seesaw/seesaw_phases.hpp"
 #include "engine/policies/token_budget.hpp"
 #include "model/device_executor.hpp"
 #include "model/executor.hpp"
@@ -87,7 +88,7 @@ struct EngineOptions {
   /// What a preemption does with the victim's KV (engine/scheduler.hpp).
   PreemptionMode preemption_mode = PreemptionMode::recompute;
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV
-  /// Seesaw phases (EngineConfig::seesaw); the host KV buffer is the swap space.
+  /// Seesaw phases (engine/seesaw/seesaw_phases.hpp); the host KV buffer is the swap space.
   std::optional<SeesawPolicyOptions> seesaw;
   /// Seesaw's decode config cd (seed 000 §4.1, dynamic model re-sharding):
   /// with `seesaw`, prefill phases run in `parallel` (cp) and decode phases
@@ -102,9 +103,9 @@ struct EngineOptions {
   /// (`resident`), or free the inactive one and repack it from the host
   /// weights at each transition (`reload`, §4.1).
   ReshardWeights reshard_weights = ReshardWeights::resident;
-  /// Seesaw's KV copies on a prefetcher thread (EngineConfig::seesaw_async_kv, §5.2).
+  /// Seesaw's KV copies on a prefetcher thread (SeesawOptions::async_kv, §5.2).
   bool seesaw_async_kv = true;
-  /// Seesaw: an emulated host link per device (EngineConfig::host_link).
+  /// Seesaw: an emulated host link per device (SeesawOptions::host_link).
   std::optional<comm::LinkSpec> host_link;
   /// An in-process CPU engine group's devices talk over this emulated
   /// interconnect (comm/paced.hpp): pipeline sends and TP / SP collectives

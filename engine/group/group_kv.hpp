@@ -53,14 +53,11 @@
 
 #include "comm/communicator.hpp"
 #include "common/result.hpp"
+#include "engine/group/step_control.hpp"
 #include "kvstore/kv_stream.hpp"
 
 namespace shardline::engine {
 
-/// Header kinds of the KV requests (after the step kinds 0-4 of parallel_executor.cpp).
-inline constexpr std::int32_t kKindKvOut = 5;
-inline constexpr std::int32_t kKindKvIn = 6;
-inline constexpr std::int32_t kKindKvLayout = 7;
 
 /// A rank's side: serves one KV request whose header (`kind`, `num_words`)
 /// its loop has read. `view` is the rank's cache under its active config

@@ -17,12 +17,6 @@ std::int64_t us_since(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
 }
 
-constexpr std::int32_t kKindStep = 0;
-constexpr std::int32_t kKindShutdown = 1;
-constexpr std::int32_t kKindStepShift = 2;  ///< a step in the shift config (Shift Parallelism)
-constexpr std::int32_t kKindStepDecode = 3;  ///< a step in the decode config (Seesaw)
-constexpr std::int32_t kKindSwitchConfig = 4;  ///< switch between cp and cd (Seesaw)
-
 /// Seesaw's weight re-sharding on one rank, switching to cd (`to_decode`)
 /// or back to cp: under reload, frees the outgoing shard and packs the
 /// incoming one. Returns the microseconds spent.
@@ -207,9 +201,9 @@ Status ShardWorker::serve() {
     if (header[0] == kKindShutdown) return Status::ok_status();
     if (header[0] == kKindKvOut || header[0] == kKindKvIn || header[0] == kKindKvLayout) {
       // A KV copy of rank 0's (engine/group/group_kv.hpp), between two steps.
-      model::ShardRunner& active = decode_active_ ? *decode_->runner : *runner_;
+      model::ShardRunner& active = switch_.decode_active() ? *decode_->runner : *runner_;
       if (Status s = serve_kv_request(world, header[0], header[1], active.kv_model_shape(), active.kv_cache_view(),
-                                      decode_active_);
+                                      switch_.decode_active());
           !s)
         return s;
       continue;
@@ -221,32 +215,33 @@ Status ShardWorker::serve() {
       if (Status s = world.recv(body, sizeof body, 0, kTagMetaBody); !s) return s;
       const bool to_decode = body[0] == 1;
       std::int64_t us = 0;
-      if (to_decode != decode_active_) {
+      if (to_decode != switch_.decode_active()) {
         Result<std::int64_t> done = reshard_weights(*runner_, *decode_->runner, to_decode, decode_->weights);
         if (!done.ok()) return std::move(done).error();
         us = *done;
-        decode_active_ = to_decode;
+        switch_.set_phase(to_decode ? model::StepConfig::decode : model::StepConfig::prefill);
       }
       if (Status s = world.send(&us, sizeof us, 0, kTagTransitionAck); !s) return s;
       continue;
     }
-    if ((header[0] != kKindStep && header[0] != kKindStepShift && header[0] != kKindStepDecode) || header[1] < 0)
+    const std::optional<GroupStepConfig> config = StepConfigSwitch::of_header(header[0]);
+    if (!config || header[1] < 0)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": bad step header");
-    if (header[0] == kKindStepShift && !shift_runner_)
+    if (*config == GroupStepConfig::shift && !shift_runner_)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a shift step but no shift config");
-    if (header[0] == kKindStepDecode && !decode_)
+    if (*config == GroupStepConfig::decode && !decode_)
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a decode step but no decode config");
-    if (decode_ && (header[0] == kKindStepDecode) != decode_active_)
+    const bool in_decode = *config == GroupStepConfig::decode;
+    if (decode_ && in_decode != switch_.decode_active())
       return make_error(ErrorCode::corrupt, "rank " + std::to_string(rank_) + ": a step in the " +
-                                                (header[0] == kKindStepDecode ? "decode" : "prefill") +
+                                                (in_decode ? "decode" : "prefill") +
                                                 " config while the other one is active");
     // The step's config: the group's own, Shift's TP' (pp = 1, routed like
     // the base config) or Seesaw's cd, with this rank's place in it.
-    const bool in_decode = header[0] == kKindStepDecode;
     const ParallelConfig& pc = in_decode ? decode_->pc : pc_;
     const RankCoord coord = in_decode ? decode_coord_ : coord_;
     model::ShardRunner& runner =
-        header[0] == kKindStepShift ? *shift_runner_ : in_decode ? *decode_->runner : *runner_;
+        *config == GroupStepConfig::shift ? *shift_runner_ : in_decode ? *decode_->runner : *runner_;
     words.resize(static_cast<std::size_t>(header[1]));
     if (Status s = world.recv(words.data(), words.size() * sizeof(std::int32_t), 0, kTagMetaBody); !s) return s;
     Result<model::StepInput> in = decode_step(words);
@@ -320,7 +315,7 @@ Status ParallelExecutor::set_shift(std::unique_ptr<model::ShardRunner> shift_run
     return make_error(ErrorCode::invalid_argument, "parallel executor: the shift runner is not TP rank 0 of tp=" +
                                                        std::to_string(pc_.group_size()));
   shift_runner_ = std::move(shift_runner);
-  shift_policy_ = std::move(policy);
+  switch_.set_shift_policy(std::move(policy));
   return Status::ok_status();
 }
 
@@ -339,7 +334,7 @@ Status ParallelExecutor::set_decode_config(DecodeShard decode) {
     return make_error(ErrorCode::invalid_argument,
                       "parallel executor: the decode config's KV cache has another block geometry");
   decode_ = std::move(decode);
-  decode_active_ = false;
+  switch_.set_phase(model::StepConfig::prefill);
   return Status::ok_status();
 }
 
@@ -348,7 +343,7 @@ Status ParallelExecutor::use_step_config(model::StepConfig config) {
   if (!in_flight_.empty())
     return make_error(ErrorCode::invalid_argument, "parallel executor: step config switched with steps in flight");
   const bool to_decode = config == model::StepConfig::decode;
-  if (to_decode == decode_active_) return Status::ok_status();
+  if (to_decode == switch_.decode_active()) return Status::ok_status();
   // Every rank re-shards at once (on its own thread), rank 0 here.
   const std::int32_t header[2] = {kKindSwitchConfig, 2};
   const std::int32_t body[2] = {to_decode ? 1 : 0, decode_->weights == ReshardWeights::reload ? 1 : 0};
@@ -367,7 +362,7 @@ Status ParallelExecutor::use_step_config(model::StepConfig config) {
     if (Status st = comms_.world->recv(&us, sizeof us, r, kTagTransitionAck); !st) return st;
     slowest_us = std::max(slowest_us, us);
   }
-  decode_active_ = to_decode;
+  switch_.set_phase(config);
   last_reshard_ms_ = static_cast<double>(slowest_us) / 1000.0;
   return Status::ok_status();
 }
@@ -379,8 +374,10 @@ Status ParallelExecutor::enable_kv_copier() {
   a.world = comms_.world.get();
   a.meta_mu = &meta_mu_;
   a.shape = runner_->kv_model_shape();
-  a.own_view = [this] { return decode_active_ ? decode_->runner->kv_cache_view() : runner_->kv_cache_view(); };
-  a.decode_active = [this] { return decode_active_; };
+  a.own_view = [this] {
+    return switch_.decode_active() ? decode_->runner->kv_cache_view() : runner_->kv_cache_view();
+  };
+  a.decode_active = [this] { return switch_.decode_active(); };
   kv_copier_ = std::make_unique<GroupKvCopier>(std::move(a));
   return Status::ok_status();
 }
@@ -389,7 +386,7 @@ Status ParallelExecutor::set_shift_policy(ShiftPolicy policy) {
   if (!shift_runner_) return make_error(ErrorCode::invalid_argument, "parallel executor: the group has no shift config");
   if (!in_flight_.empty())
     return make_error(ErrorCode::invalid_argument, "parallel executor: shift policy changed with steps in flight");
-  shift_policy_ = std::move(policy);
+  switch_.set_shift_policy(std::move(policy));
   return Status::ok_status();
 }
 
@@ -410,16 +407,16 @@ Status ParallelExecutor::submit(const model::StepInput& in) {
   if (static_cast<int>(in_flight_.size()) >= pc.pp)
     return make_error(ErrorCode::invalid_argument,
                       "parallel executor: " + std::to_string(in_flight_.size()) + " micro-batches already in flight");
-  model::ShardRunner& active = decode_active_ ? *decode_->runner : *runner_;
+  model::ShardRunner& active = switch_.decode_active() ? *decode_->runner : *runner_;
   if (Status st = active.validate(in); !st) return st;
   const int n = in.num_tokens();
   last_meta_bytes_ = 0;
   last_comm_bytes_ = 0;
-  // Shift Parallelism (pp = 1): the policy picks this step's config; every
-  // rank runs the same one (the kind in the header).
-  const ShiftMode mode = shift_policy_ ? shift_policy_->decide(n) : ShiftMode::base;
-  model::ShardRunner& runner = mode == ShiftMode::shift ? *shift_runner_ : active;
-  const std::int32_t kind = mode == ShiftMode::shift ? kKindStepShift : decode_active_ ? kKindStepDecode : kKindStep;
+  // This step's config: Shift's choice (pp = 1) or the phase's; every rank
+  // runs the same one (the kind in the header).
+  const GroupStepConfig config = switch_.pick(n);
+  model::ShardRunner& runner = config == GroupStepConfig::shift ? *shift_runner_ : active;
+  const std::int32_t kind = StepConfigSwitch::header_kind(config);
   if (pc_.group_size() > 1) {
     const std::vector<std::int32_t> words = encode_step(in);
     const std::int32_t header[2] = {kind, static_cast<std::int32_t>(words.size())};
@@ -431,7 +428,6 @@ Status ParallelExecutor::submit(const model::StepInput& in) {
     }
     last_meta_bytes_ = static_cast<std::uint64_t>(pc_.group_size() - 1) * (sizeof header + words.size() * 4);
   }
-  ++config_steps_[decode_active_ ? 1 : 0];
   InFlight f;
   f.num_logits = in.num_logits();
   const auto t0 = Clock::now();
@@ -455,15 +451,7 @@ Status ParallelExecutor::submit(const model::StepInput& in) {
   const std::int64_t step_us = us_since(t0);
   busy_us_ += step_us;
   last_comm_bytes_ += runner.last_profile().comm_bytes;
-  if (shift_policy_ && n > 0) {
-    ShiftStats& st = shift_stats_;
-    // Config changes between consecutive steps, across policy replacements.
-    if (st.base_steps + st.shift_steps > 0 && mode != last_mode_) ++st.switches;
-    last_mode_ = mode;
-    (mode == ShiftMode::shift ? st.shift_steps : st.base_steps) += 1;
-    (mode == ShiftMode::shift ? st.shift_tokens : st.base_tokens) += static_cast<std::uint64_t>(n);
-    (mode == ShiftMode::shift ? st.shift_ms : st.base_ms) += step_us / 1000.0;
-  }
+  switch_.count(config, n, static_cast<double>(step_us) / 1000.0);
   in_flight_.push_back(std::move(f));
   return Status::ok_status();
 }

@@ -46,26 +46,13 @@
 #include "common/result.hpp"
 #include "engine/group/group_kv.hpp"
 #include "engine/group/parallel_config.hpp"
+#include "engine/group/step_config_switch.hpp"
+#include "engine/group/step_control.hpp"
 #include "engine/policies/shift_policy.hpp"
 #include "model/executor.hpp"
 #include "model/shard_runner.hpp"
 
 namespace shardline::engine {
-
-/// Tags on a group's world communicator.
-enum GroupTag : int {
-  /// driver -> rank: int32[2] {kind, num_words}; kind 0 step, 1 shutdown, 2
-  /// step in the shift config (Shift), 3 step in the decode config (Seesaw),
-  /// 4 switch config (Seesaw; body int32[2] {0 cp / 1 cd, reload}), 5-7 KV
-  /// copies of ranks in other processes (engine/group/group_kv.hpp)
-  kTagMetaHeader = 101,
-  kTagMetaBody = 102,    ///< driver -> rank: int32[num_words], encode_step()
-  kTagActivations = 103, ///< stage s -> s+1: float[chunk_rows, hidden]
-  kTagLogits = 104,      ///< last stage (0, 0) -> driver: float[num_logits, vocab]; int32 0 ("done") when num_logits = 0
-  kTagTransitionAck = 105,  ///< rank -> driver after a config switch (Seesaw): int64 microseconds re-sharding weights
-  kTagKvData = 106,   ///< KV parts of a sequence, both ways (engine/group/group_kv.hpp)
-  kTagKvReply = 107,  ///< rank -> driver: a KV request's status word (and a layout)
-};
 
 /// Seesaw (seed 000 §4.1): what each rank does with its weights at a switch
 /// between cp and cd.
@@ -179,16 +166,8 @@ class ShardWorker {
   std::unique_ptr<model::ShardRunner> shift_runner_;  ///< shares runner_'s KV cache; declared after it
   std::optional<DecodeShard> decode_;
   RankCoord decode_coord_;  ///< this rank under decode_->pc
-  bool decode_active_ = false;  ///< the last switch message's config
+  StepConfigSwitch switch_;  ///< the phase's config (the last switch message's); step kinds
   std::atomic<std::int64_t> busy_us_{0};
-};
-
-/// What a group's shift steps did so far (rank 0's count).
-struct ShiftStats {
-  std::uint64_t base_steps = 0, shift_steps = 0;
-  std::uint64_t switches = 0;  ///< steps whose config differs from the step before (across policy changes)
-  std::uint64_t base_tokens = 0, shift_tokens = 0;
-  double base_ms = 0, shift_ms = 0;  ///< rank 0's compute time in each config
 };
 
 /// Rank 0 of a group as the engine's ModelExecutor.
@@ -242,9 +221,9 @@ class ParallelExecutor final : public model::ModelExecutor {
   /// Replaces the policy (e.g. a job's threshold); between steps only.
   [[nodiscard]] Status set_shift_policy(ShiftPolicy policy);
   [[nodiscard]] bool has_shift() const { return shift_runner_ != nullptr; }
-  [[nodiscard]] ShiftStats shift_stats() const { return shift_stats_; }
+  [[nodiscard]] ShiftStats shift_stats() const { return switch_.shift_stats(); }
   /// The config the last step ran in.
-  [[nodiscard]] ShiftMode last_step_mode() const { return last_mode_; }
+  [[nodiscard]] ShiftMode last_step_mode() const { return switch_.last_shift_mode(); }
   /// Rank 0's shift runner (null without a shift config).
   [[nodiscard]] model::ShardRunner* shift_runner() { return shift_runner_.get(); }
 
@@ -265,15 +244,13 @@ class ParallelExecutor final : public model::ModelExecutor {
   /// switch (0 with resident weights).
   [[nodiscard]] double last_reshard_ms() const { return last_reshard_ms_; }
   /// The config the next step runs in (cp unless cd is active).
-  [[nodiscard]] const ParallelConfig& active_config() const { return decode_active_ ? decode_->pc : pc_; }
-  [[nodiscard]] model::StepConfig step_config() const {
-    return decode_active_ ? model::StepConfig::decode : model::StepConfig::prefill;
-  }
+  [[nodiscard]] const ParallelConfig& active_config() const { return switch_.decode_active() ? decode_->pc : pc_; }
+  [[nodiscard]] model::StepConfig step_config() const { return switch_.phase(); }
   /// Rank 0's cd shard (null without a decode config).
   [[nodiscard]] model::ShardRunner* decode_runner() { return decode_ ? decode_->runner.get() : nullptr; }
   /// Steps submitted in `config` so far (all in prefill without a decode config).
   [[nodiscard]] std::uint64_t num_steps_in(model::StepConfig config) const {
-    return config_steps_[config == model::StepConfig::decode ? 1 : 0];
+    return switch_.num_steps_in(config);
   }
 
  private:
@@ -293,12 +270,10 @@ class ParallelExecutor final : public model::ModelExecutor {
   std::uint64_t last_comm_bytes_ = 0;
   std::uint64_t last_meta_bytes_ = 0;
   std::unique_ptr<model::ShardRunner> shift_runner_;  ///< shares runner_'s KV cache; declared after it
-  std::optional<ShiftPolicy> shift_policy_;
-  ShiftStats shift_stats_;
-  ShiftMode last_mode_ = ShiftMode::base;
   std::optional<DecodeShard> decode_;
-  bool decode_active_ = false;
-  std::uint64_t config_steps_[2] = {0, 0};  ///< steps submitted in cp, cd
+  /// Which config each step runs in: Shift's per-step choice and Seesaw's
+  /// phase (cp / cd), and their counts.
+  StepConfigSwitch switch_;
   double last_reshard_ms_ = 0;
   /// Held while a header and its body go out, so the KV copier's requests
   /// (another thread) never interleave with a step's.

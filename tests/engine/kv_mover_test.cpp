@@ -1,11 +1,11 @@
-// Seesaw's prefetcher thread (engine/kv_mover.hpp, seed 000 §5.2): a
+// Seesaw's prefetcher thread (engine/seesaw/kv_mover.hpp, seed 000 §5.2): a
 // transfer copies exactly what kvstore::copy_out / copy_in copy, completions
 // come back in submission order through poll / wait_any / drain, a paced
 // transfer lasts at least its emulated link time (shorter with more
 // devices), an asynchronous transfer runs while the caller does something
 // else (its time hidden) and a synchronous one is all waited for, the
 // caches cannot change under a pending transfer, and bad options are refused.
-#include "engine/kv_mover.hpp"
+#include "engine/seesaw/kv_mover.hpp"
 
 #include <gtest/gtest.h>
 

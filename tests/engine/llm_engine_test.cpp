@@ -558,5 +558,88 @@ TEST(LlmEngine, ATokenBudgetPolicyThatHoldsEverythingBackCannotStallTheEngine) {
   EXPECT_EQ(outs.at(0).finish_reason, FinishReason::length);
 }
 
+/// A phase hook that records what the step loop asks it (engine/step_phases.hpp):
+/// every `period`-th admission asks for a transition, and every
+/// micro-batch is limited to `max_prefill` prompt and one decode token.
+class RecordingPhases final : public StepPhaseHook {
+ public:
+  RecordingPhases(int period, int max_prefill) : period_(period), max_prefill_(max_prefill) {}
+  int admits = 0, transitions = 0, submitted = 0;
+  Result<PhaseAdmission> admit() override {
+    ++admits;
+    return PhaseAdmission{admits % period_ == 0, -1};
+  }
+  Result<PhaseAdmission> transition() override {
+    ++transitions;
+    return PhaseAdmission{false, -1};
+  }
+  bool limits(int depth, bool limited, MicroBatchBudget& budget) const override {
+    EXPECT_EQ(depth, 1);
+    EXPECT_FALSE(limited);  // no token budget policy is set
+    budget = MicroBatchBudget{max_prefill_, 1};
+    return true;
+  }
+  void on_offload() override { ADD_FAILURE() << "nothing is offloaded without phases in the scheduler"; }
+  void on_submitted() override { ++submitted; }
+
+ private:
+  int period_, max_prefill_;
+};
+
+TEST(LlmEngine, APhaseHookIsAskedBeforeEveryMicroBatchAndItsLimitsAndTransitionsApply) {
+  EngineConfig plain = base_config();
+  Harness reference(64, 4, plain);
+  const auto want = run(*reference.engine, as_map(test_prompts()), greedy(6));
+
+  EngineConfig cfg = base_config();
+  RecordingPhases* hook = nullptr;
+  const EngineParts* seen_parts = nullptr;
+  EngineParts parts_copy;
+  cfg.step_phases = [&](const EngineParts& parts) -> Result<std::unique_ptr<StepPhaseHook>> {
+    parts_copy = parts;
+    seen_parts = &parts;
+    auto h = std::make_unique<RecordingPhases>(3, 4);
+    hook = h.get();
+    return std::unique_ptr<StepPhaseHook>(std::move(h));
+  };
+  Harness h(64, 4, cfg);
+  ASSERT_NE(hook, nullptr);
+  ASSERT_NE(seen_parts, nullptr);
+  EXPECT_EQ(h.engine->step_phases(), hook);
+  EXPECT_EQ(parts_copy.executor, &h.exec);
+  EXPECT_EQ(parts_copy.scheduler, &h.engine->scheduler());
+  EXPECT_EQ(parts_copy.kv_io, &h.engine->kv_io());
+  EXPECT_EQ(parts_copy.max_num_seqs, cfg.max_num_seqs);
+  EXPECT_EQ(parts_copy.max_model_len, cfg.max_model_len);
+
+  const auto got = run(*h.engine, as_map(test_prompts()), greedy(6));
+  expect_same_tokens(got, want);  // the fake model is batch-invariant
+  // The limits held in every step: 4 prompt tokens and 1 decode token at most.
+  EXPECT_LE(h.exec.max_step_tokens, 5);
+  for (const StepStats& s : h.engine->step_stats()) {
+    EXPECT_LE(s.num_prefill_tokens, 4);
+    EXPECT_LE(s.num_decode_tokens, 1);
+  }
+  EXPECT_EQ(hook->submitted, h.exec.num_steps);
+  EXPECT_GE(hook->admits, hook->submitted);
+  // Nothing is ever in flight between steps of a one-stage executor, so each
+  // asked-for transition ran at once.
+  EXPECT_EQ(hook->transitions, hook->admits / 3);
+  EXPECT_GT(hook->transitions, 0);
+}
+
+TEST(LlmEngine, APhaseFactoryErrorFailsCreate) {
+  EngineConfig cfg = base_config();
+  cfg.step_phases = [](const EngineParts&) -> Result<std::unique_ptr<StepPhaseHook>> {
+    return make_error(ErrorCode::invalid_argument, "engine config: this technique cannot run here");
+  };
+  FakeExecutor exec(64, 4);
+  FakeTokenizer tok;
+  auto r = LlmEngine::create(exec, tok, cfg);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(r.error().message, "engine config: this technique cannot run here");
+}
+
 }  // namespace
 }  // namespace shardline::engine

@@ -43,9 +43,22 @@ EngineOptions stories_options(int max_num_batched_tokens) {
   return o;
 }
 
+/// The dummy Qwen3 weights, made once: every config's engine shares them
+/// (making 150M dummy values took most of this test's time, once per
+/// config and DP replica).
+std::shared_ptr<const model::ModelWeights> qwen3_weights() {
+  static const std::shared_ptr<const model::ModelWeights> weights = [] {
+    auto w = load_weights(testing_support::dummy_qwen3_options());
+    EXPECT_TRUE(w.ok()) << w.error().to_string();
+    return w.ok() ? *w : nullptr;
+  }();
+  return weights;
+}
+
 EngineOptions qwen3_options() {
   EngineOptions o = testing_support::dummy_qwen3_options();
   o.num_threads = 0;  // cores / group size
+  o.weights = qwen3_weights();
   return o;
 }
 

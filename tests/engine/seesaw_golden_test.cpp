@@ -24,6 +24,7 @@
 
 #include "engine/data_parallel.hpp"
 #include "engine/group/engine_builder.hpp"
+#include "engine/seesaw/seesaw_phases.hpp"
 #include "engine/group/parallel_executor.hpp"
 #include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/engine_runs.hpp"
@@ -75,7 +76,7 @@ Result<SeesawRun> run(EngineOptions o, const std::vector<std::vector<std::int32_
   if (!out.ok()) return std::move(out).error();
   SeesawRun r;
   r.outputs = std::move(out).value();
-  r.seesaw = e->engine->seesaw_stats();
+  r.seesaw = seesaw_stats_of(*e->engine);
   r.kv = e->engine->kv_io().stats();
   if (mover != nullptr) *mover = e->engine->kv_mover_stats();
   if (auto* group = e->executor_as<InProcEngineGroup>(); group != nullptr && link_bytes != nullptr)

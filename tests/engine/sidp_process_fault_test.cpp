@@ -94,7 +94,10 @@ TEST_F(SidpProcessFault, RankExitsWithAnErrorWhenRankZeroIsKilled) {
                                    "--weight-sharing", "sidp", "--sidp-mode", "was", "--group-master", master,
                                    "--threads", "1", "--kv-cache-bytes", std::to_string(32u << 20),
                                    "--max-tokens", "400", "--ignore-eos", "--temperature", "0"};
-  for (int i = 0; i < 16; ++i) argv.insert(argv.end(), {"--prompt", "Once upon a time " + std::to_string(i)});
+  // Enough work that it cannot finish in the 300 ms before the kill, even on
+  // a fast machine: with 16 prompts rank 0 once ended the job (and shut rank
+  // 1 down cleanly) before the kill landed.
+  for (int i = 0; i < 128; ++i) argv.insert(argv.end(), {"--prompt", "Once upon a time " + std::to_string(i)});
   Child rank0(argv, path("rank0.log"));
   const std::string log = child->wait_for_log("ready", std::chrono::seconds(20));
   ASSERT_NE(log.find("ready"), std::string::npos) << log << "\nrank 0:\n" << rank0.log();

@@ -17,6 +17,7 @@
 
 #include "engine/data_parallel.hpp"
 #include "engine/group/engine_builder.hpp"
+#include "engine/seesaw/seesaw_phases.hpp"
 #include "engine/group/group_kv.hpp"
 #include "engine/group/tcp_group.hpp"
 #include "tests/support/engine_runs.hpp"
@@ -69,7 +70,7 @@ Result<Run> run(EngineInstance& e, const std::vector<std::vector<std::int32_t>>&
   if (!out.ok()) return std::move(out).error();
   Run r;
   r.outputs = std::move(out).value();
-  r.seesaw = e.engine->seesaw_stats();
+  r.seesaw = seesaw_stats_of(*e.engine);
   r.kv = e.engine->kv_io().stats();
   ParallelExecutor* exec = e.executor_as<ParallelExecutor>();
   if (exec == nullptr)

@@ -1,15 +1,10 @@
-#include "engine/kv_mover.hpp"
+#include "engine/seesaw/kv_mover.hpp"
 
 #include <algorithm>
 #include <string>
 #include <utility>
 
 namespace shardline::engine {
-
-double KvMoverStats::hidden_share() const noexcept {
-  if (transfer_ms <= 0) return 0;
-  return std::clamp(1.0 - wait_ms / transfer_ms, 0.0, 1.0);
-}
 
 KvMover::KvMover(KvMoverOptions options) : options_(std::move(options)) {}
 

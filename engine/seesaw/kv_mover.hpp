@@ -69,34 +69,10 @@
 
 #include "comm/paced.hpp"
 #include "common/result.hpp"
+#include "engine/kv_transfer.hpp"
 #include "kvstore/kv_stream.hpp"
 
 namespace shardline::engine {
-
-/// One sequence's KV moving between the device caches and host memory.
-struct KvTransfer {
-  enum class Direction {
-    to_host,    ///< swap-out / offload: the caches -> `chunk`
-    to_device,  ///< swap-in / onboard (prefetch): `chunk` -> the caches
-  };
-  Direction direction = Direction::to_host;
-  std::uint64_t seq_id = 0;
-  std::vector<std::int32_t> block_table;  ///< the sequence's device blocks
-  kvstore::KvRange range;                 ///< the positions and layers moved
-  /// Canonical chunk of `range` (kvstore::chunk_bytes(shape, range) bytes).
-  /// to_host: sized by the submitter, filled by the mover; to_device: the KV
-  /// to write. Handed back in the completion either way.
-  std::vector<std::byte> chunk;
-};
-
-/// A finished transfer, as poll() returns it.
-struct KvTransferDone {
-  KvTransfer transfer;
-  /// ok, or the copy's error (invalid_argument on a bad table: a bug of the
-  /// submitter; nothing is retried).
-  Status status = Status::ok_status();
-  double transfer_ms = 0;  ///< copy + emulated link time
-};
 
 struct KvMoverOptions {
   /// true: a prefetcher thread (§5.2); false: transfers run inside submit().
@@ -107,25 +83,14 @@ struct KvMoverOptions {
   int num_devices = 1;
 };
 
-/// Counters (monotonic).
-struct KvMoverStats {
-  std::uint64_t num_transfers = 0;  ///< completed
-  std::uint64_t bytes_to_host = 0;
-  std::uint64_t bytes_to_device = 0;
-  double transfer_ms = 0;  ///< sum over completed transfers of their copy + link time
-  /// Time the engine's thread was blocked on transfers. It includes a
-  /// transfer's wait in the queue and for a core, so it can exceed
-  /// transfer_ms on a loaded machine.
-  double wait_ms = 0;
-  /// 1 - wait_ms / transfer_ms, clamped to [0, 1]; 0 with no transfer.
-  [[nodiscard]] double hidden_share() const noexcept;
-};
-
-class KvMover {
+/// Seesaw's KvTransferQueue (engine/kv_transfer.hpp): KvCacheIo's offloads
+/// and onboards run here when the engine runs Seesaw's phases
+/// (engine/seesaw/seesaw_phases.hpp).
+class KvMover final : public KvTransferQueue {
  public:
   /// Errors: invalid_argument (num_devices < 1, a bad link spec).
   [[nodiscard]] static Result<std::unique_ptr<KvMover>> create(KvMoverOptions options);
-  ~KvMover();
+  ~KvMover() override;
   KvMover(const KvMover&) = delete;
   KvMover& operator=(const KvMover&) = delete;
 
@@ -134,31 +99,31 @@ class KvMover {
   /// The caches transfers read and write from now on. Errors: internal
   /// while a transfer is pending (a bug: drain first, or the caches' layout
   /// changes under a running copy).
-  [[nodiscard]] Status set_caches(kvstore::KvModelShape shape, std::vector<kvstore::KvCacheView> views);
+  [[nodiscard]] Status set_caches(kvstore::KvModelShape shape, std::vector<kvstore::KvCacheView> views) override;
   /// As set_caches, for caches that are not host-addressable: transfers go
   /// through `copier` (not owned; it must outlive the mover and allow calls
   /// from the mover thread while the engine's thread steps: a TCP group's
   /// rank 0, engine/group/parallel_executor.hpp). Errors: as set_caches; internal
   /// for a null copier.
-  [[nodiscard]] Status set_copier(kvstore::KvCopier* copier);
+  [[nodiscard]] Status set_copier(kvstore::KvCopier* copier) override;
 
   /// Queues a transfer (async), or runs it now and queues its completion
   /// (sync). The sequence's blocks must stay untouched until its completion
   /// is polled.
-  void submit(KvTransfer transfer);
+  void submit(KvTransfer transfer) override;
   /// Transfers submitted whose completion has not been returned yet.
-  [[nodiscard]] int num_pending() const noexcept { return pending_; }
+  [[nodiscard]] int num_pending() const noexcept override { return pending_; }
   /// The completions ready now, in completion order (never blocks).
-  [[nodiscard]] std::vector<KvTransferDone> poll();
+  [[nodiscard]] std::vector<KvTransferDone> poll() override;
   /// Blocks until at least one completion is ready (none pending: returns
   /// at once, empty), then returns every ready one. The time blocked counts
   /// as wait_ms.
-  [[nodiscard]] std::vector<KvTransferDone> wait_any();
+  [[nodiscard]] std::vector<KvTransferDone> wait_any() override;
   /// Blocks until every pending transfer is done; returns their completions.
-  [[nodiscard]] std::vector<KvTransferDone> drain();
+  [[nodiscard]] std::vector<KvTransferDone> drain() override;
 
   /// A snapshot of the counters.
-  [[nodiscard]] KvMoverStats stats() const;
+  [[nodiscard]] KvMoverStats stats() const override;
 
  private:
   using Clock = std::chrono::steady_clock;
