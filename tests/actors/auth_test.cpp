@@ -9,7 +9,7 @@
 #include <fstream>
 
 namespace shardline::actors {
-namespace {
+namespace actors_auth_test {
 
 namespace fs = std::filesystem;
 

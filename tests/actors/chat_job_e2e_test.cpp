@@ -18,7 +18,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_chat_job_e2e_test {
 
 using testing_support::kShardline;
 using testing_support::read_file;

@@ -15,7 +15,7 @@
 #include "messages/codec.hpp"
 
 namespace shardline::actors {
-namespace {
+namespace actors_client_reply_test {
 
 std::shared_ptr<const ClusterKey> new_key() {
   auto k = ClusterKey::generate();

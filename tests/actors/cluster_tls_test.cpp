@@ -24,7 +24,7 @@
 #include <thread>
 
 namespace shardline::actors {
-namespace {
+namespace actors_cluster_tls_test {
 
 using echo_atom = caf::atom_constant<caf::atom("echo")>;
 

@@ -15,7 +15,7 @@
 #include "actors/protocol.hpp"
 
 namespace shardline::actors {
-namespace {
+namespace actors_inbox_test {
 
 using messages::KvStoreMsg;
 using messages::KvStoreReply;

@@ -38,7 +38,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::actors {
-namespace {
+namespace actors_keyless_client_e2e_test {
 
 using testing_support::Child;
 using testing_support::kShardline;

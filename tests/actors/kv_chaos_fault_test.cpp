@@ -25,7 +25,7 @@
 // the same schedule (the moments still depend on timing). The longer soak
 // variant (1000 requests, 400 kills, 12 node kills) is DISABLED_ so that CI
 // skips it; run it with
-//   build/tests/actors_kv_chaos_fault_test --gtest_also_run_disabled_tests
+//   build/tests/actors_fault_tests --gtest_also_run_disabled_tests
 //       --gtest_filter='*Soak*'
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -56,7 +56,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_kv_chaos_fault_test {
 
 using testing_support::Child;
 using testing_support::kShardline;

@@ -19,7 +19,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_kv_recovery_fault_test {
 
 using testing_support::Child;
 using testing_support::kShardline;

@@ -20,7 +20,7 @@
 #include "tests/kvstore/kv_store_test_util.hpp"
 
 namespace shardline::actors {
-namespace {
+namespace actors_kvstore_actor_test {
 
 using kvstore::KvRange;
 using kvstore::testing::make_chunk;

@@ -5,7 +5,7 @@
 #include <httplib.h>
 
 namespace shardline::actors {
-namespace {
+namespace actors_metrics_test {
 
 TEST(Metrics, RendersTextExpositionFormat) {
   MetricsRegistry r;

@@ -15,7 +15,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_node_e2e_test {
 
 namespace fs = std::filesystem;
 using testing_support::Child;

@@ -22,7 +22,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_node_fault_test {
 
 namespace fs = std::filesystem;
 using testing_support::Child;

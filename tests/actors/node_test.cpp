@@ -5,7 +5,7 @@
 #include "actors/node.hpp"
 
 namespace shardline::actors {
-namespace {
+namespace actors_node_test {
 
 using engine::ParallelConfig;
 

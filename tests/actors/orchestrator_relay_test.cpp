@@ -19,7 +19,7 @@
 #include "actors/protocol.hpp"
 
 namespace shardline::actors {
-namespace {
+namespace actors_orchestrator_relay_test {
 
 /// What the fake orchestrators received: "NAME:BYTES", and from whom.
 struct Record {

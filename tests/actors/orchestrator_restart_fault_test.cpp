@@ -20,7 +20,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_orchestrator_restart_fault_test {
 
 using testing_support::Child;
 using testing_support::kShardline;

@@ -36,7 +36,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_parallel_e2e_test {
 
 namespace fs = std::filesystem;
 using testing_support::Child;

@@ -21,7 +21,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_parallel_fault_test {
 
 using testing_support::Child;
 using testing_support::kShardline;

@@ -28,7 +28,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::actors {
-namespace {
+namespace actors_replay_e2e_test {
 
 using testing_support::Child;
 using testing_support::connect_loopback;

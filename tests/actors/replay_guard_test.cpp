@@ -10,7 +10,7 @@
 #include <tuple>
 
 namespace shardline::actors {
-namespace {
+namespace actors_replay_guard_test {
 
 using V = ReplayGuard::Verdict;
 

@@ -23,7 +23,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace actors_sidp_fault_test {
 
 using testing_support::Child;
 using testing_support::kShardline;

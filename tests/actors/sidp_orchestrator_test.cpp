@@ -25,7 +25,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::actors {
-namespace {
+namespace actors_sidp_orchestrator_test {
 
 using send_atom = caf::atom_constant<caf::atom("tsend")>;
 using namespace std::chrono_literals;

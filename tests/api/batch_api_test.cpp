@@ -17,7 +17,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::api {
-namespace {
+namespace api_batch_api_test {
 
 using json = nlohmann::json;
 

@@ -22,7 +22,7 @@
 #include "tests/api/api_harness.hpp"
 
 namespace shardline::api {
-namespace {
+namespace api_http_e2e_test {
 
 using json = nlohmann::json;
 using testing::ApiNode;

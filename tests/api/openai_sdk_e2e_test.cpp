@@ -16,7 +16,7 @@
 #include "tests/support/python.hpp"
 
 namespace shardline::api {
-namespace {
+namespace api_openai_sdk_e2e_test {
 
 using json = nlohmann::json;
 using testing::ApiNode;

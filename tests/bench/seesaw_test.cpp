@@ -14,7 +14,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::bench {
-namespace {
+namespace bench_seesaw_test {
 
 TEST(SeesawBench, ParsesRatios) {
   auto r = parse_seesaw_ratios("2048/64,1024/256,8/1");

@@ -9,7 +9,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::bench {
-namespace {
+namespace bench_shift_test {
 
 TEST(ShiftBench, ParsesRequestClasses) {
   auto c = parse_request_class("8x1024/16");

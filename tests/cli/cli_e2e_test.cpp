@@ -20,7 +20,7 @@
 #endif
 
 namespace shardline {
-namespace {
+namespace cli_cli_e2e_test {
 
 const std::string& kBin = testing_support::kShardline;
 const std::string kModel = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";

@@ -11,7 +11,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline {
-namespace {
+namespace cli_cli_reference_e2e_test {
 
 using testing_support::kShardline;
 using testing_support::read_file;

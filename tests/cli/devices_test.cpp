@@ -7,7 +7,7 @@
 #include "cli/devices.hpp"
 
 namespace shardline::cli {
-namespace {
+namespace cli_devices_test {
 
 using engine::ParallelConfig;
 

@@ -24,7 +24,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline {
-namespace {
+namespace cli_disk_full_e2e_test {
 
 using testing_support::kShardline;
 using testing_support::read_file;

@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace shardline::cli {
-namespace {
+namespace cli_engine_flags_test {
 
 std::uint64_t bytes_of(std::string_view text) {
   auto r = parse_byte_size(text);

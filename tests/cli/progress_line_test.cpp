@@ -11,7 +11,7 @@
 #include <string>
 
 namespace shardline::cli {
-namespace {
+namespace cli_progress_line_test {
 
 /// What `fn` writes through a ProgressLine on a temporary file.
 template <typename Fn>

@@ -24,7 +24,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline {
-namespace {
+namespace cli_simulate_e2e_test {
 
 using json = nlohmann::json;
 using testing_support::kShardline;

@@ -14,7 +14,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline {
-namespace {
+namespace cli_start_errors_e2e_test {
 
 using testing_support::kShardline;
 using testing_support::run_command;

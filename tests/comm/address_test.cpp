@@ -7,7 +7,7 @@
 #include <string>
 
 namespace shardline::comm {
-namespace {
+namespace comm_address_test {
 
 void expect_parsed(const std::string& text, const std::string& host, int port) {
   auto hp = parse_host_port(text);

@@ -7,7 +7,7 @@
 #include <string>
 
 namespace shardline::comm {
-namespace {
+namespace comm_crypto_test {
 
 TEST(Crypto, ToHexIsTwoLowerCaseDigitsPerByte) {
   EXPECT_EQ(to_hex(std::string("\x00\x0f\xa0\xff", 4)), "000fa0ff");

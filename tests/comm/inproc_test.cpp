@@ -16,7 +16,7 @@
 #include "tests/comm/comm_test_util.hpp"
 
 namespace shardline::comm {
-namespace {
+namespace comm_inproc_test {
 
 using namespace testing;
 using std::chrono::milliseconds;

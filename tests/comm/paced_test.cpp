@@ -21,7 +21,7 @@
 #include "comm/inproc.hpp"
 
 namespace shardline::comm {
-namespace {
+namespace comm_paced_test {
 
 using std::chrono::nanoseconds;
 using TimePoint = LinkModel::TimePoint;

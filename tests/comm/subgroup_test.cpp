@@ -18,7 +18,7 @@
 #include "tests/comm/comm_test_util.hpp"
 
 namespace shardline::comm {
-namespace {
+namespace comm_subgroup_test {
 
 using namespace testing;
 using std::chrono::milliseconds;

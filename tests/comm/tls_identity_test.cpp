@@ -15,7 +15,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::comm {
-namespace {
+namespace comm_tls_identity_test {
 
 using testing_support::run_command;
 using TlsIdentityTest = testing_support::TempDirTest;

@@ -7,7 +7,7 @@
 #include <limits>
 
 namespace shardline {
-namespace {
+namespace common_dtype_test {
 
 // Every half value converts back to itself, and every float between two
 // adjacent halves rounds to the nearer one (ties to the even one).

@@ -9,7 +9,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline {
-namespace {
+namespace common_file_system_test {
 
 using orchestrator::testing::read_file;
 using orchestrator::testing::TempDir;

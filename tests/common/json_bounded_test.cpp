@@ -8,7 +8,7 @@
 #include <string>
 
 namespace shardline {
-namespace {
+namespace common_json_bounded_test {
 
 std::string nested(int levels, char open = '[', char close = ']') {
   return std::string(static_cast<std::size_t>(levels), open) + std::string(static_cast<std::size_t>(levels), close);

@@ -10,7 +10,7 @@
 #include <thread>
 
 namespace shardline {
-namespace {
+namespace common_openmp_pool_test {
 
 TEST(OpenmpPool, ReleasedOutsideARegionRefusedInsideAndMadeAgain) {
   std::atomic<int> ran{0};

@@ -22,7 +22,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace deploy_cluster_sh_e2e_test {
 
 namespace fs = std::filesystem;
 using testing_support::kShardline;

@@ -11,7 +11,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline {
-namespace {
+namespace deploy_ctest_failures_e2e_test {
 
 using testing_support::run_command;
 

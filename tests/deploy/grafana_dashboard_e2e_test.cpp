@@ -24,7 +24,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace deploy_grafana_dashboard_e2e_test {
 
 using json = nlohmann::json;
 using testing_support::Child;

@@ -19,7 +19,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline {
-namespace {
+namespace deploy_systemd_units_e2e_test {
 
 namespace fs = std::filesystem;
 using testing_support::Child;

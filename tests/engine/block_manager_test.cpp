@@ -7,7 +7,7 @@
 #include <set>
 
 namespace shardline::engine {
-namespace {
+namespace engine_block_manager_test {
 
 TEST(BlockManager, AllocatesGrowsAcrossBoundariesAndFrees) {
   BlockManager bm(8, 4);

@@ -15,7 +15,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_cpu_engine_golden_test {
 
 constexpr int kMaxTokens = 48;
 using RefCase = testing_support::StoriesCase;

@@ -11,7 +11,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_device_memory_test {
 
 using testing_support::kStoriesDir;
 

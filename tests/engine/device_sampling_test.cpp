@@ -13,7 +13,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_device_sampling_test {
 
 /// Runs the wrapped executor, then samples every row the way a device
 /// sampler must: from its RowSampling only.

@@ -8,7 +8,7 @@
 #include "engine/group/engine_builder.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_dummy_shapes_test {
 
 void run_shape(const std::string& shape, DType dtype, int num_layers) {
   EngineOptions o;

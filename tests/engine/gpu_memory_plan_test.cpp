@@ -14,7 +14,7 @@
 #include "model/weights.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_gpu_memory_plan_test {
 
 namespace fs = std::filesystem;
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace shardline::engine {
-namespace {
+namespace engine_kv_budget_test {
 
 TEST(KvBudget, BytesPerBlockCountsKAndV) {
   // Llama-3-8B: 32 layers, 8 KV heads, head_dim 128, bf16, 16-token blocks -> 2 MiB.

@@ -16,7 +16,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_kv_layer_stream_golden_test {
 
 using testing_support::HostTier;
 using testing_support::kStoriesDir;

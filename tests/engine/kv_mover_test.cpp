@@ -17,7 +17,7 @@
 #include <vector>
 
 namespace shardline::engine {
-namespace {
+namespace engine_kv_mover_test {
 
 using Clock = std::chrono::steady_clock;
 

@@ -24,7 +24,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_kv_resume_golden_test {
 
 using testing_support::kStoriesDir;
 using testing_support::run_all;

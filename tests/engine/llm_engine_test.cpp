@@ -9,7 +9,7 @@
 #include "sampling/sampler.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_llm_engine_test {
 
 constexpr int kVocab = 32;
 constexpr std::int32_t kEos = 31;
@@ -539,7 +539,7 @@ TEST(LlmEngine, ExecutorErrorsPropagate) {
 }  // namespace shardline::engine
 
 namespace shardline::engine {
-namespace {
+namespace engine_llm_engine_test {
 
 /// A policy that never lets anything through.
 class HoldEverything final : public TokenBudgetPolicy {

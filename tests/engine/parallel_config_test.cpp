@@ -6,7 +6,7 @@
 #include <string>
 
 namespace shardline::engine {
-namespace {
+namespace engine_parallel_config_test {
 
 ParallelConfig parse_ok(const std::string& text) {
   Result<ParallelConfig> r = parse_parallel_config(text);

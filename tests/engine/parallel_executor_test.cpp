@@ -14,7 +14,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_parallel_executor_test {
 
 using Clock = std::chrono::steady_clock;
 
@@ -138,7 +138,7 @@ TEST(PipelinedEngine, ThrottleAndFixedBudgetsGiveTheReferenceTokensWithMicroBatc
 }  // namespace shardline::engine
 
 namespace shardline::engine {
-namespace {
+namespace engine_parallel_executor_test {
 
 // An emulated interconnect for an in-process group (make_inproc_group_comms
 // with a link): every communicator of every rank is paced on its members'

@@ -23,7 +23,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_parallel_numerics_golden_test {
 
 using testing_support::kStoriesDir;
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 namespace shardline::engine {
-namespace {
+namespace engine_scheduler_phase_test {
 
 using testing_support::make_seq;
 

@@ -9,7 +9,7 @@
 #include "tests/support/sequences.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_scheduler_pipeline_test {
 
 std::unique_ptr<Sequence> make_seq(std::uint64_t id, int prompt_len, int max_tokens) {
   return testing_support::make_seq(id, prompt_len, max_tokens, 1);

@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace shardline::engine {
-namespace {
+namespace engine_scheduler_test {
 
 using testing_support::make_seq;
 

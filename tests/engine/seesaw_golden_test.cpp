@@ -31,7 +31,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_seesaw_golden_test {
 
 using testing_support::kStoriesDir;
 

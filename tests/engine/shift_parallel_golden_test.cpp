@@ -26,7 +26,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_shift_parallel_golden_test {
 
 using testing_support::kStoriesDir;
 

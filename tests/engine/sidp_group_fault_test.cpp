@@ -15,7 +15,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_sidp_group_fault_test {
 
 using namespace std::chrono_literals;
 using model::sidp::SidpMode;

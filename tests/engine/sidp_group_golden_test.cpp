@@ -25,7 +25,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_sidp_group_golden_test {
 
 using model::sidp::SidpMode;
 using testing_support::kStoriesDir;

@@ -13,7 +13,7 @@
 #include "model/weights.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_sidp_memory_test {
 
 // hidden 8, intermediate 16, 2 heads / 1 KV head of head_dim 4, vocab 32,
 // untied lm_head; `layers` layers.

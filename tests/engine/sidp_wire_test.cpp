@@ -11,7 +11,7 @@
 #include "engine/sidp/sidp_wire.hpp"
 
 namespace shardline::engine::sidp_wire {
-namespace {
+namespace engine_sidp_wire_test {
 
 using nlohmann::json;
 

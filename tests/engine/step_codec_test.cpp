@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace shardline::engine {
-namespace {
+namespace engine_step_codec_test {
 
 model::StepInput sample_step() {
   model::StepInput in;

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 namespace shardline::engine {
-namespace {
+namespace engine_step_config_switch_test {
 
 ShiftPolicy policy(long long threshold, double hysteresis) {
   auto p = ShiftPolicy::create(ShiftPolicyOptions{threshold, hysteresis});

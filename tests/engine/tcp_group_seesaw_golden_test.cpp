@@ -25,7 +25,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_tcp_group_seesaw_golden_test {
 
 constexpr std::uint64_t kBytesPerToken = 5 * 2 * 4 * 8 * 4;  // stories260K: layers * K,V * KV heads * hd * f32
 

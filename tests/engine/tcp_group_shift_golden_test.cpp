@@ -18,7 +18,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_tcp_group_shift_golden_test {
 
 EngineOptions stories_shift(const ParallelConfig& pc) {
   EngineOptions o;

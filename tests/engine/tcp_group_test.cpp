@@ -14,7 +14,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_tcp_group_test {
 
 EngineOptions stories(ParallelConfig pc) {
   EngineOptions o;

@@ -18,7 +18,7 @@
 #include "tests/kernels/simd_order_reference.hpp"
 
 namespace shardline::kernels::cpu {
-namespace {
+namespace kernels_attention_test {
 
 /// K/V values as the cache holds them: BF16-rounded for a BF16 cache.
 std::vector<float> as_stored(std::vector<float> x, DType dtype) {

@@ -22,7 +22,7 @@
 #include "tests/support/python.hpp"
 
 namespace shardline::kernels {
-namespace {
+namespace kernels_ggml_quants_test {
 
 struct TypeCase {
   GgmlType type;

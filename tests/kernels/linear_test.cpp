@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace shardline::kernels::cpu {
-namespace {
+namespace kernels_linear_test {
 
 struct Case {
   int n, k;

@@ -11,7 +11,7 @@
 #include "tests/kernels/simd_order_reference.hpp"
 
 namespace shardline::kernels::cpu {
-namespace {
+namespace kernels_ops_test {
 
 std::vector<float> randn(std::size_t n, std::mt19937& rng, float sd = 1.0f) {
   std::normal_distribution<float> dist(0.0f, sd);

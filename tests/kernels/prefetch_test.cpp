@@ -14,7 +14,7 @@
 #include "kernels/cpu/linear.hpp"
 
 namespace shardline::kernels::cpu {
-namespace {
+namespace kernels_prefetch_test {
 
 TEST(LinePrefetchQueue, EachThreadPopsItsOwnSliceInOrder) {
   std::vector<char> mem(64 * 10);

@@ -17,7 +17,7 @@
 #include "tests/kernels/simd_order_reference.hpp"
 
 namespace shardline::kernels::cpu {
-namespace {
+namespace kernels_vec_math_test {
 
 using testing_order::exp_lane;
 using testing_order::max_lane;

@@ -15,7 +15,7 @@
 #include "tests/support/full_disk.hpp"
 
 namespace shardline::kvstore {
-namespace {
+namespace kvstore_kv_store_disk_full_fault_test {
 
 using shardline::testing_support::DiskSpace;
 using shardline::testing_support::FullDiskRocksDbFs;

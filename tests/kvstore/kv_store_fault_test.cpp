@@ -25,7 +25,7 @@
 #include "tests/support/fault_injection_rocksdb_fs.hpp"
 
 namespace shardline::kvstore {
-namespace {
+namespace kvstore_kv_store_fault_test {
 
 using shardline::testing_support::CrashSwitch;
 using shardline::testing_support::FaultInjectionRocksDbFs;

@@ -12,7 +12,7 @@
 #include "tests/kvstore/kv_store_test_util.hpp"
 
 namespace shardline::kvstore {
-namespace {
+namespace kvstore_kv_store_test {
 
 using testing::chunk_key;
 using testing::decode_range;

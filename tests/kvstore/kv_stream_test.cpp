@@ -17,7 +17,7 @@
 #include "tests/kvstore/kv_test_util.hpp"
 
 namespace shardline::kvstore {
-namespace {
+namespace kvstore_kv_stream_test {
 
 using namespace testing;  // NOLINT
 using ::testing::HasSubstr;

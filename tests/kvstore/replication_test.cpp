@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace shardline::kvstore {
-namespace {
+namespace kvstore_replication_test {
 
 using Names = std::vector<std::string>;
 

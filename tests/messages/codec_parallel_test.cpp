@@ -17,7 +17,7 @@ namespace shardline::messages {
 
 using worker::BatchRequest;
 
-namespace {
+namespace messages_codec_parallel_test {
 
 std::string flat(capnp::MessageBuilder& mb) {
   auto words = capnp::messageToFlatArray(mb);

@@ -15,7 +15,7 @@
 #include "samples.hpp"
 
 namespace shardline::messages {
-namespace {
+namespace messages_codec_robustness_test {
 
 using namespace shardline::messages::testing;  // NOLINT
 

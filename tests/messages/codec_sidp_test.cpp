@@ -8,7 +8,7 @@
 #include "tests/messages/samples.hpp"
 
 namespace shardline::messages {
-namespace {
+namespace messages_codec_sidp_test {
 
 using testing::sample_sidp_group;
 using testing::sample_status;

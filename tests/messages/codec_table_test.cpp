@@ -26,7 +26,7 @@
 #include "samples.hpp"
 
 namespace shardline::messages {
-namespace {
+namespace messages_codec_table_test {
 
 using namespace shardline::messages::testing;  // NOLINT
 

@@ -22,7 +22,7 @@ namespace shardline::messages {
 using worker::BatchRequest;
 using worker::BatchResult;
 
-namespace {
+namespace messages_codec_test {
 
 using namespace shardline::messages::testing;  // NOLINT
 

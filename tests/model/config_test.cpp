@@ -17,7 +17,7 @@ namespace sm = shardline::model;
 using shardline::ErrorCode;
 namespace fs = std::filesystem;
 
-namespace {
+namespace model_config_test {
 
 const fs::path kModels = fs::path(SHARDLINE_SHARED_DIR) / "models";
 
@@ -57,7 +57,6 @@ fs::path make_temp_dir(const std::string& tag) {
   return d;
 }
 
-}  // namespace
 
 TEST(ModelConfig, Stories260K) {
   auto r = sm::load_model_config(kModels / "stories260K");
@@ -308,3 +307,5 @@ TEST(ModelConfig, LoadFromDirectoryErrors) {
   EXPECT_EQ(r->eos_token_ids, (std::vector<int>{2, 5}));
   fs::remove_all(dir);
 }
+
+}  // namespace model_config_test

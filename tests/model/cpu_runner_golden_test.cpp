@@ -19,7 +19,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::model {
-namespace {
+namespace model_cpu_runner_golden_test {
 
 using testing_support::expect_top5;
 using testing_support::kStoriesDir;

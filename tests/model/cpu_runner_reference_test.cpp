@@ -16,7 +16,7 @@
 #include "model/weights.hpp"
 
 namespace shardline::model {
-namespace {
+namespace model_cpu_runner_reference_test {
 
 using Vec = std::vector<double>;
 

@@ -34,7 +34,7 @@
 #include "tests/support/runner_driver.hpp"
 
 namespace shardline::model {
-namespace {
+namespace model_gguf_golden_test {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;

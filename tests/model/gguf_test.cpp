@@ -25,7 +25,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::model::gguf {
-namespace {
+namespace model_gguf_test {
 
 using testing_support::GgufWriter;
 

@@ -59,7 +59,7 @@
 #include "tests/support/runner_driver.hpp"
 
 namespace shardline::model {
-namespace {
+namespace model_hf_oracle_golden_test {
 
 namespace fs = std::filesystem;
 using nlohmann::json;

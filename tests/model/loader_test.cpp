@@ -28,7 +28,7 @@ using shardline::testing_util::raw_bytes;
 using shardline::testing_util::write_safetensors;
 using shardline::testing_util::WTensor;
 
-namespace {
+namespace model_loader_test {
 
 const fs::path kStories = fs::path(SHARDLINE_SHARED_DIR) / "models" / "stories260K";
 const fs::path kShapes = fs::path(SHARDLINE_SHARED_DIR) / "models" / "shapes";
@@ -185,7 +185,6 @@ class LoaderTest : public ::testing::Test {
   fs::path dir_;
 };
 
-}  // namespace
 
 // How long these loads take is measured in bench/micro_bench.cpp.
 TEST(Loader, Stories260KF32) {
@@ -471,7 +470,6 @@ TEST_F(LoaderTest, SyntheticQwenBiasAndQkNorm) {
 
 // ---- dummy weights ----------------------------------------------------------
 
-namespace {
 
 /// FNV-1a over a strided sample of the bytes plus the first and last 4 KiB.
 std::uint64_t fingerprint(const sm::Matrix& m) {
@@ -511,7 +509,6 @@ void expect_uniform_range(const sm::Matrix& m) {
   EXPECT_NEAR(var, a * a / 3.0, 0.05 * a * a / 3.0);  // uniform variance a^2/3
 }
 
-}  // namespace
 
 TEST(DummyWeights, Qwen3_0_6bOneLayer) {
   sm::LoadOptions opt;
@@ -635,3 +632,5 @@ TEST(DummyWeights, QwenBiasAndInvalidDtype) {
   opt.dtype = DType::f16;
   EXPECT_FALSE(sm::make_dummy_weights(c, opt).ok());
 }
+
+}  // namespace model_loader_test

@@ -13,7 +13,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::model {
-namespace {
+namespace model_model_fingerprint_test {
 
 namespace fs = std::filesystem;
 

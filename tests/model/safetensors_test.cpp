@@ -27,7 +27,7 @@ using shardline::testing_util::write_safetensors;
 using shardline::testing_util::write_with_header;
 using shardline::testing_util::WTensor;
 
-namespace {
+namespace model_safetensors_test {
 
 class SafetensorsTest : public ::testing::Test {
  protected:
@@ -80,7 +80,6 @@ WTensor f32_tensor(const std::string& name, std::vector<std::int64_t> shape, std
   return WTensor{name, "F32", std::move(shape), raw_bytes(v)};
 }
 
-}  // namespace
 
 TEST_F(SafetensorsTest, ValidFileReadsBackExactValues) {
   const std::vector<float> f32 = {1.5f, -2.25f, 3.0e-7f, 65536.0f, -0.0f, 42.0f};
@@ -258,3 +257,5 @@ TEST_F(SafetensorsTest, UnsupportedDtype) {
                         WTensor{"position_ids", "I64", {2}, std::string(16, '\0')}});
   EXPECT_TRUE(open_fails(p, ErrorCode::unsupported, {"'position_ids'", "I64"}));
 }
+
+}  // namespace model_safetensors_test

@@ -11,7 +11,7 @@ using worker::BatchChoice;
 using worker::BatchRequest;
 using worker::BatchResult;
 
-namespace {
+namespace orchestrator_batch_format_test {
 
 BatchRequest ok_line(const std::string& line, std::uint64_t index = 0) {
   BatchLine b = parse_batch_line(line, 7, index);

@@ -10,7 +10,7 @@
 
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_job_admission_test {
 
 using engine::ParallelConfig;
 

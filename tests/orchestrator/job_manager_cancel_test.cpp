@@ -13,7 +13,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_job_manager_cancel_test {
 
 using testing::read_file;
 using testing::TempDir;

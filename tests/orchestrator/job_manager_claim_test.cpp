@@ -18,7 +18,7 @@
 #include "tests/support/output_ids.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_job_manager_claim_test {
 
 using testing::fake_result;
 using testing::read_file;

@@ -25,7 +25,7 @@
 #include "tests/support/output_ids.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_job_manager_disk_full_fault_test {
 
 using testing::fake_result;
 using testing::FakeClock;

@@ -24,7 +24,7 @@ namespace shardline::orchestrator {
 using worker::BatchRequest;
 using worker::BatchResult;
 
-namespace {
+namespace orchestrator_job_manager_fault_test {
 
 using testing::fake_result;
 using testing::read_file;

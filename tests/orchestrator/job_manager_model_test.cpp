@@ -14,7 +14,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_job_manager_model_test {
 
 using testing::TempDir;
 using testing::write_file;

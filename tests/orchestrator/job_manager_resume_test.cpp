@@ -16,7 +16,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_job_manager_resume_test {
 
 using testing::fake_result;
 using testing::TempDir;
@@ -306,7 +306,7 @@ TEST(JobStoreResumeRecord, DecodeRejectsMalformedValues) {
 }  // namespace shardline::orchestrator
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_job_manager_resume_test {
 
 // A line with logprobs never gets a resume point (the logprobs of the
 // tokens before the failure were not replicated); a chat line carries the

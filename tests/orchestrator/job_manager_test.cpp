@@ -22,7 +22,7 @@ using worker::BatchChoice;
 using worker::BatchRequest;
 using worker::BatchResult;
 
-namespace {
+namespace orchestrator_job_manager_test {
 
 using testing::FakeClock;
 using testing::read_file;

@@ -9,7 +9,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_job_store_test {
 
 using testing::TempDir;
 

@@ -20,7 +20,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_output_lock_test {
 
 using testing::read_file;
 using testing::TempDir;

@@ -11,7 +11,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_output_writer_test {
 
 using testing::read_file;
 using testing::TempDir;

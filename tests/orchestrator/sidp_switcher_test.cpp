@@ -11,7 +11,7 @@
 #include <vector>
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_sidp_switcher_test {
 
 using engine::SidpMode;
 using engine::SidpModeSetting;

@@ -29,7 +29,7 @@
 #include "tests/support/output_ids.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_unsynced_writes_fault_test {
 
 using shardline::testing_support::CrashSwitch;
 using shardline::testing_support::FaultInjectionFileSystem;

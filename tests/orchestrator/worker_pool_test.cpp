@@ -19,7 +19,7 @@
 #include "tests/orchestrator/temp_dir.hpp"
 
 namespace shardline::orchestrator {
-namespace {
+namespace orchestrator_worker_pool_test {
 
 using engine::ParallelConfig;
 using testing::TempDir;

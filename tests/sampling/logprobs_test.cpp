@@ -10,7 +10,7 @@
 #include "sampling/sampling_params.hpp"
 
 namespace shardline::sampling {
-namespace {
+namespace sampling_logprobs_test {
 
 TEST(Logprobs, MatchLogSoftmaxAndTopIsSortedWithLowerIdOnTies) {
   const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f, -std::numeric_limits<float>::infinity()};

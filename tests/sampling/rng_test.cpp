@@ -7,7 +7,7 @@
 #include <vector>
 
 namespace shardline::sampling {
-namespace {
+namespace sampling_rng_test {
 
 // Known-answer vectors from Random123's kat_vectors (philox4x32 10 rounds).
 TEST(Philox, KnownAnswerZero) {

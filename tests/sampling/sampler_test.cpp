@@ -12,7 +12,7 @@
 #include "sampling/rng.hpp"
 
 namespace shardline::sampling {
-namespace {
+namespace sampling_sampler_test {
 
 SamplingParams greedy() {
   SamplingParams p;

@@ -10,7 +10,7 @@
 #include "model/shard_runner.hpp"
 
 namespace shardline::sim {
-namespace {
+namespace sim_cost_model_test {
 
 // Tiny model: W = 8*(2+2)*4 + 2*4*8 + 3*8*16 = 128 + 64 + 384 = 576 parameters
 // per layer (1152 bytes at 2 bytes each); lm_head 32*8 = 256 parameters.

@@ -14,7 +14,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::sim {
-namespace {
+namespace sim_hardware_spec_test {
 
 using SimHardware = testing_support::TempDirTest;
 
@@ -196,7 +196,7 @@ TEST_F(SimHardware, WasCopyExposedByRowsIsACurveFromZeroToOne) {
 }  // namespace shardline::sim
 
 namespace shardline::sim {
-namespace {
+namespace sim_hardware_spec_test {
 
 // gemm_efficiency_by_rows (a calibrated CPU device's GEMM efficiency by the
 // rows of a step): optional, round-trips through the file, replaces

@@ -11,7 +11,7 @@
 #include "model/shard_runner.hpp"
 
 namespace shardline::sim {
-namespace {
+namespace sim_planner_test {
 
 const std::string kShapes = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/";
 

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 namespace shardline::sim {
-namespace {
+namespace sim_simulated_executor_test {
 
 sim::CostModel test_model() {
   sim::ModelShape shape{8, 1024, 16, 4, 64, 4096, 32000};

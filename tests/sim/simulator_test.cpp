@@ -14,7 +14,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::sim {
-namespace {
+namespace sim_simulator_test {
 
 const std::string kShapes = std::string(SHARDLINE_SHARED_DIR) + "/models/shapes/";
 

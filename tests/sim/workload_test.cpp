@@ -14,7 +14,7 @@
 #include "tests/support/process.hpp"
 
 namespace shardline::sim {
-namespace {
+namespace sim_workload_test {
 
 using SimWorkload = testing_support::TempDirTest;
 

@@ -18,7 +18,7 @@
 #include "tests/support/fault_injection_rocksdb_fs.hpp"
 
 namespace shardline::testing_support {
-namespace {
+namespace support_fault_injection_fs_test {
 
 using orchestrator::testing::read_file;
 using orchestrator::testing::TempDir;

@@ -15,7 +15,7 @@
 #include "text/bpe_tokenizer.hpp"
 
 namespace shardline::text {
-namespace {
+namespace text_bpe_pipeline_test {
 
 using json = nlohmann::json;
 

@@ -23,7 +23,7 @@
 #include "tests/support/python.hpp"
 
 namespace shardline::text::jinja {
-namespace {
+namespace text_jinja_test {
 
 using ojson = nlohmann::ordered_json;
 const std::filesystem::path kShared = SHARDLINE_SHARED_DIR;

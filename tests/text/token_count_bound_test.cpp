@@ -21,7 +21,7 @@
 #include "text/tokenizer.hpp"
 
 namespace shardline::text {
-namespace {
+namespace text_token_count_bound_test {
 
 const std::filesystem::path kShared = SHARDLINE_SHARED_DIR;
 

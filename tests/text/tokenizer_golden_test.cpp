@@ -10,7 +10,7 @@
 #include "model/tokenizer_loader.hpp"
 
 namespace shardline::text {
-namespace {
+namespace text_tokenizer_golden_test {
 
 const std::filesystem::path kShared = SHARDLINE_SHARED_DIR;
 

@@ -33,7 +33,7 @@
 #include "tests/support/python.hpp"
 
 namespace shardline::text {
-namespace {
+namespace text_tokenizer_oracle_test {
 
 using json = nlohmann::json;
 

@@ -9,7 +9,7 @@
 #include "text/tokenizer.hpp"
 
 namespace shardline::text {
-namespace {
+namespace text_tokenizer_test {
 
 const std::filesystem::path kShared = SHARDLINE_SHARED_DIR;
 const std::filesystem::path kQwen = kShared / "tokenizers/qwen3";

@@ -19,7 +19,7 @@
 #include "worker/batch_worker.hpp"
 
 namespace shardline::worker {
-namespace {
+namespace worker_batch_worker_chat_test {
 
 using testing_support::kStoriesDir;
 using Key = std::pair<std::uint64_t, std::uint64_t>;

@@ -23,7 +23,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::worker {
-namespace {
+namespace worker_batch_worker_test {
 
 using testing_support::kStoriesDir;
 
@@ -568,7 +568,7 @@ TEST(BatchWorker, DemoDatasetRunsToCompletion) {
 }  // namespace shardline::worker
 
 namespace shardline::worker {
-namespace {
+namespace worker_batch_worker_test {
 
 // DéjàVu recovery at the worker level: a worker streams its KV to a store
 // (a MemoryKvTarget behind a KvStreamer) and dies mid-job; a fresh worker

@@ -9,7 +9,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::worker {
-namespace {
+namespace worker_job_token_budget_test {
 
 TEST(JobTokenBudget, SwitchesTheEnginePolicyOnlyWhenTheJobPolicyChanges) {
   engine::EngineOptions o;

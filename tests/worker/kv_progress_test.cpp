@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace shardline::worker {
-namespace {
+namespace worker_kv_progress_test {
 
 constexpr int kLayers = 2;
 

@@ -9,7 +9,7 @@
 #include "kvstore/kv_targets.hpp"
 
 namespace shardline::worker {
-namespace {
+namespace worker_kv_streamer_test {
 
 /// A target that can be held shut (flush_batch waits until opened) and made
 /// to fail its next N flushes; everything else goes to a MemoryKvTarget.

@@ -25,7 +25,7 @@
 #include "worker/sidp_stepper.hpp"
 
 namespace shardline::worker {
-namespace {
+namespace worker_sidp_stepper_golden_test {
 
 using engine::EngineOptions;
 using engine::RequestOutput;

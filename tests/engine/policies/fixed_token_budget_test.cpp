@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace shardline::engine {
-namespace {
+namespace engine_policies_fixed_token_budget_test {
 
 engine::SchedulerState state(int wp, int rd, int cap = 2048) {
   engine::SchedulerState s;

@@ -16,7 +16,7 @@
 #include <vector>
 
 namespace shardline::engine {
-namespace {
+namespace engine_policies_seesaw_policy_test {
 
 constexpr SeesawPhase kPrefill = SeesawPhase::prefill;
 constexpr SeesawPhase kDecode = SeesawPhase::decode;
@@ -528,7 +528,7 @@ TEST(SeesawPolicy, SimulatedScheduleComparison) {
 }  // namespace shardline::engine
 
 namespace shardline::engine {
-namespace {
+namespace engine_policies_seesaw_policy_test {
 
 // §5.1: each decode micro-batch of a PP decode config takes 1/PP of what
 // the device can decode now: the residents plus what it can onboard.

@@ -8,7 +8,7 @@
 #include "engine/policies/shift_policy.hpp"
 
 namespace shardline::engine {
-namespace {
+namespace engine_policies_shift_policy_test {
 
 std::vector<ShiftMode> run(ShiftPolicy& p, const std::vector<long long>& steps) {
   std::vector<ShiftMode> out;

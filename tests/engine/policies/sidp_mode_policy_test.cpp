@@ -11,7 +11,7 @@
 #include <vector>
 
 namespace shardline::engine {
-namespace {
+namespace engine_policies_sidp_mode_policy_test {
 
 using TimePoint = SidpModePolicy::TimePoint;
 

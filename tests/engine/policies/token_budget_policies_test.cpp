@@ -5,7 +5,7 @@
 #include <string>
 
 namespace shardline::engine {
-namespace {
+namespace engine_policies_token_budget_policies_test {
 
 engine::SchedulerState busy_state() {
   engine::SchedulerState s;

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace shardline::engine {
-namespace {
+namespace engine_policies_token_throttling_test {
 
 // Paper defaults (seed 004 §4.1): #T = 8, #MinP = 32, #MaxP = 2048, KV_thresh = 0.05.
 engine::SchedulerState state(int wp, int rd, int free_blocks, int total_blocks, int pp = 1, int cap = 4096) {

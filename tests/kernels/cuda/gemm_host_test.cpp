@@ -10,7 +10,7 @@
 #include "kernels/cuda/gemm.hpp"
 
 namespace shardline::kernels::cuda {
-namespace {
+namespace kernels_cuda_gemm_host_test {
 
 ErrorCode code_of(const Status& s) { return s.ok() ? static_cast<ErrorCode>(-1) : s.error().code; }
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 namespace shardline::model {
-namespace {
+namespace model_cuda_penalty_cache_test {
 
 void expect_same(const kernels::cuda::PenaltyList& got, const kernels::cuda::PenaltyList& want, int step) {
   EXPECT_EQ(got.ids, want.ids) << "step " << step;

@@ -9,7 +9,7 @@
 #include <set>
 
 namespace shardline::model::sidp {
-namespace {
+namespace model_sidp_ownership_test {
 
 TEST(SidpOwnership, BalancedPlanIsLayerModDp) {
   auto p = balanced_plan(10, 4);

@@ -17,7 +17,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::model::sidp {
-namespace {
+namespace model_sidp_sidp_ffn_test {
 
 using namespace std::chrono_literals;
 

@@ -17,7 +17,7 @@
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::model::sidp {
-namespace {
+namespace model_sidp_weight_cache_test {
 
 using namespace std::chrono_literals;
 

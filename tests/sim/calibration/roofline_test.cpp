@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 namespace shardline::sim::calibration {
-namespace {
+namespace sim_calibration_roofline_test {
 
 model::ModelConfig tiny() {
   model::ModelConfig c;

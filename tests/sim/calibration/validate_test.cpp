@@ -7,7 +7,7 @@
 #include <set>
 
 namespace shardline::sim::calibration {
-namespace {
+namespace sim_calibration_validate_test {
 
 TEST(ValidationCases, EachNameIsTheStrategyItSays) {
   ValidateOptions o;
