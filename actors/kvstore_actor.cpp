@@ -52,11 +52,11 @@ struct KvStoreState {
 };
 
 using KvStoreActor = caf::stateful_actor<KvStoreState>;
-using Reply = messages::KvStoreReply;
+using KvStoreReply = messages::KvStoreReply;
 
 /// `r` encoded and sealed as the reply to the message tagged `tag`
 /// (seal_reply).
-std::string reply(const KvStoreState& st, std::string_view tag, const Reply& r) {
+std::string reply(const KvStoreState& st, std::string_view tag, const KvStoreReply& r) {
   return seal_reply(*st.config.key, tag, messages::encode(r));
 }
 
@@ -185,7 +185,7 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m, 
             KvStoreState& st = self->state;
             auto opened = open_reply(*st.config.key, fwd_tag, sealed);
             if (!opened) spdlog::warn("kvstore {}: replica {}: {}", st.config.name, replica_name, opened.error().message);
-            auto r = opened ? messages::decode_kvstore_reply(*opened) : Result<Reply>(opened.error());
+            auto r = opened ? messages::decode_kvstore_reply(*opened) : Result<KvStoreReply>(opened.error());
             if (r) {
               if (auto* a = std::get_if<messages::ChunksAcked>(&*r))
                 for (const messages::KvAck& ack : a->acks)
@@ -240,7 +240,7 @@ void fetch_into(KvStoreActor* self, const messages::FetchPrefix& m, caf::respons
         .then(
             [self, best, done, ask_tag = s.tag](std::string& sealed) mutable {
               auto opened = open_reply(*self->state.config.key, ask_tag, sealed);
-              auto r = opened ? messages::decode_kvstore_reply(*opened) : Result<Reply>(opened.error());
+              auto r = opened ? messages::decode_kvstore_reply(*opened) : Result<KvStoreReply>(opened.error());
               if (r)
                 if (auto* d = std::get_if<messages::KvPrefixData>(&*r); d && d->tokens > best->tokens) *best = std::move(*d);
               done();
@@ -268,7 +268,7 @@ void serve_waiting_fetches(KvStoreActor* self) {
   for (auto& w : waiting) fetch_into(self, w.fetch, std::move(w.promise), w.tag);
 }
 
-Reply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
+KvStoreReply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
   KvStoreState& st = self->state;
   Status s = Status::ok_status();
   if (m.request_ids.empty()) {

@@ -223,9 +223,9 @@ void drop_job_kv(WorkerActor* self, std::uint64_t job_id) {
   self->send(store, msg_atom::value, s.tag, s.bytes);
 }
 
-using Reply = messages::WorkerReply;
+using WorkerReply = messages::WorkerReply;
 
-Reply handle(WorkerActor* self, messages::AssignWork& msg) {
+WorkerReply handle(WorkerActor* self, messages::AssignWork& msg) {
   WorkerState& s = self->state;
   for (auto& r : msg.requests) {
     // The codec checked the name; an error here would be a bug, not bad input.
@@ -242,7 +242,7 @@ Reply handle(WorkerActor* self, messages::AssignWork& msg) {
   return messages::Ack{};
 }
 
-Reply handle(WorkerActor* self, const messages::CancelJob& msg) {
+WorkerReply handle(WorkerActor* self, const messages::CancelJob& msg) {
   self->state.worker->cancel_job(msg.job_id);
   drop_job_kv(self, msg.job_id);
   auto& held = self->state.held;
@@ -250,7 +250,7 @@ Reply handle(WorkerActor* self, const messages::CancelJob& msg) {
   return messages::Ack{};
 }
 
-Reply handle(WorkerActor* self, const messages::HelloAgain&) {
+WorkerReply handle(WorkerActor* self, const messages::HelloAgain&) {
   spdlog::info("worker {}: the orchestrator asks for a hello again; {} lines held", self->state.config.name,
                self->state.held.size());
   say_hello(self);
@@ -290,7 +290,7 @@ void maybe_stall(WorkerActor* self) {
   spdlog::warn("worker {}: test hook: stall over", s.config.name);
 }
 
-Reply handle(WorkerActor* self, const messages::SidpSwitch& sw) {
+WorkerReply handle(WorkerActor* self, const messages::SidpSwitch& sw) {
   WorkerState& s = self->state;
   if (!s.sidp || sw.group != s.config.sidp_group)
     return make_error(ErrorCode::invalid_argument,
@@ -303,9 +303,9 @@ Reply handle(WorkerActor* self, const messages::SidpSwitch& sw) {
   return messages::Ack{};
 }
 
-Reply handle(WorkerActor* self, const messages::WorkerStatusQuery&) { return status_of(self->state); }
+WorkerReply handle(WorkerActor* self, const messages::WorkerStatusQuery&) { return status_of(self->state); }
 
-Reply handle(WorkerActor* self, const messages::Shutdown&) {
+WorkerReply handle(WorkerActor* self, const messages::Shutdown&) {
   spdlog::warn("worker {}: told to stop by {}", self->state.config.name, caf::to_string(self->current_sender()));
   self->quit(caf::exit_reason::user_shutdown);
   return messages::Ack{};

@@ -45,11 +45,6 @@ namespace shardline::cli {
 
 namespace {
 
-int fail(const Error& e, int code = 1) {
-  std::cerr << "error: " << e.to_string() << "\n";
-  return code;
-}
-
 std::string default_key_file() {
   const char* home = std::getenv("HOME");
   return std::string(home ? home : ".") + "/.shardline/cluster.key";

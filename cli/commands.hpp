@@ -6,6 +6,9 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
+
+#include "common/result.hpp"
 
 namespace shardline::cli {
 
@@ -25,5 +28,9 @@ void add_cluster_commands(CLI::App& app, std::function<int()>& run);
 /// The `--log-level` given on the command line ("" when none: info, or for
 /// `run` with its progress bar warn, and error with --quiet).
 [[nodiscard]] const std::string& user_log_level();
+
+/// Prints "error: <e>" on stderr and returns `code`, the command's exit
+/// status (1: a runtime error).
+int fail(const Error& e, int code = 1);
 
 }  // namespace shardline::cli

@@ -14,6 +14,11 @@ std::string g_log_level;  // the --log-level flag, "" when not given
 
 const std::string& shardline::cli::user_log_level() { return g_log_level; }
 
+int shardline::cli::fail(const Error& e, int code) {
+  std::cerr << "error: " << e.to_string() << "\n";
+  return code;
+}
+
 int main(int argc, char** argv) {
   // Logs go to stderr: stdout carries results (generate, tokenize, job ids, JSON).
   spdlog::set_default_logger(spdlog::stderr_color_mt("shardline"));

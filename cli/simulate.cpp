@@ -68,11 +68,6 @@ struct SimulateArgs {
   sim::SimOptions options;
 };
 
-int fail(const Error& e, int code = 1) {
-  std::cerr << "error: " << e.to_string() << "\n";
-  return code;
-}
-
 nlohmann::ordered_json to_json(const sim::SimResult& r) {
   auto pct = [](const sim::Percentiles& p) {
     return nlohmann::ordered_json{{"p50", p.p50}, {"p90", p.p90}, {"p99", p.p99}, {"mean", p.mean}};
