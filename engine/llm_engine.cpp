@@ -61,8 +61,13 @@ LlmEngine::LlmEngine(model::ModelExecutor& executor, const text::Tokenizer& toke
                                  config_.preemption_mode},
                  executor.num_kv_blocks(), executor.block_size()),
       kv_io_(executor, config_.swap_space_bytes),
-      parts_{&executor,           &scheduler_,           &kv_io_, config_.max_num_seqs, config_.max_num_batched_tokens,
-             config_.max_model_len, config_.swap_space_bytes} {}
+      parts_{&executor,
+             &scheduler_,
+             &kv_io_,
+             config_.max_num_seqs,
+             config_.max_num_batched_tokens,
+             config_.max_model_len,
+             config_.swap_space_bytes} {}
 
 Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
                               const sampling::SamplingParams& params) {

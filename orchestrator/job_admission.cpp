@@ -6,17 +6,14 @@
 #include "engine/policies/token_budget_policies.hpp"
 
 namespace shardline::orchestrator {
-namespace {
-
-/// `path` with symlinks, "." and ".." resolved where it exists; as given
-/// when it cannot be resolved.
-std::string canonical(const std::string& path) {
+bool same_path(const std::string& a, const std::string& b) {
   std::error_code ec;
-  const auto p = std::filesystem::weakly_canonical(path, ec);
-  return ec ? path : p.string();
+  const auto ca = std::filesystem::weakly_canonical(a, ec);
+  if (ec) return a == b;
+  const auto cb = std::filesystem::weakly_canonical(b, ec);
+  if (ec) return a == b;
+  return ca == cb;
 }
-
-}  // namespace
 
 std::string group_label(const engine::ParallelConfig& pc) {
   return "tp=" + std::to_string(pc.tp) + ",pp=" + std::to_string(pc.pp) + ",sp=" + std::to_string(pc.sp);
@@ -40,7 +37,7 @@ Status check_job_parallel(const engine::ParallelConfig& asked, const engine::Par
 }
 
 Result<engine::ParallelConfig> admit_job(const JobAsk& ask, const ClusterShape& cluster) {
-  if (canonical(ask.model_dir) != canonical(cluster.model_dir))
+  if (!same_path(ask.model_dir, cluster.model_dir))
     return make_error(ErrorCode::invalid_argument,
                       "this cluster serves the model " + cluster.model_dir + ", not " + ask.model_dir);
   engine::ParallelConfig runs_on = group_of(cluster.group);

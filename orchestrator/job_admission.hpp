@@ -21,6 +21,11 @@
 
 namespace shardline::orchestrator {
 
+/// Whether two paths name the same file, through symlinks, "." and "..":
+/// compared after std::filesystem::weakly_canonical, or as given when
+/// either cannot be resolved.
+[[nodiscard]] bool same_path(const std::string& a, const std::string& b);
+
 /// The shape of one engine group without dp: "tp=2,pp=1,sp=1".
 [[nodiscard]] std::string group_label(const engine::ParallelConfig& pc);
 

@@ -40,16 +40,6 @@ std::string default_model_name(const std::string& model_dir) {
   return name.empty() ? model_dir : name;
 }
 
-/// Same file, even through different spellings of the path.
-bool same_path(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  const auto ca = fs::weakly_canonical(a, ec);
-  if (ec) return a == b;
-  const auto cb = fs::weakly_canonical(b, ec);
-  if (ec) return a == b;
-  return ca == cb;
-}
-
 }  // namespace
 
 // ---- ShardReader --------------------------------------------------------------

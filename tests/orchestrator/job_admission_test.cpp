@@ -41,6 +41,21 @@ TEST(JobAdmission, JobMustAskWhatTheWorkersRun) {
       << other_dp.error().message;
 }
 
+TEST(JobAdmission, SamePathSeesThroughSpellingsAndSymlinks) {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardline_same_path_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "a");
+  std::filesystem::create_directory_symlink(dir / "a", dir / "link");
+  const std::string a = (dir / "a").string();
+  EXPECT_TRUE(same_path(a, (dir / "." / "a").string()));
+  EXPECT_TRUE(same_path(a, (dir / "b" / ".." / "a").string()));
+  EXPECT_TRUE(same_path(a, (dir / "link").string()));
+  EXPECT_TRUE(same_path((dir / "a" / "out.jsonl").string(), (dir / "link" / "out.jsonl").string()));  // not there yet
+  EXPECT_FALSE(same_path(a, (dir / "b").string()));
+  EXPECT_FALSE(same_path((dir / "a" / "x").string(), (dir / "a" / "y").string()));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(JobAdmission, AJobRunsOnWhatItAsksOrOnTheClustersConfig) {
   const auto dir = std::filesystem::temp_directory_path() / ("shardline_admission_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir / "model");
