@@ -83,4 +83,24 @@ std::vector<worker::KvStoreAck> ActorKvTarget::take_acks() {
   return out;
 }
 
+ActorResumeKvSource::ActorResumeKvSource(caf::actor_system& system, std::shared_ptr<KvStoreLink> link,
+                                         std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout)
+    : system_(system), link_(std::move(link)), key_(std::move(key)), timeout_(timeout) {}
+
+Result<worker::KvPrefix> ActorResumeKvSource::fetch_prefix(std::uint64_t job_id, std::uint64_t request_id,
+                                                           int max_tokens) {
+  auto data = fetch_kv_prefix(system_, link_->get(), *key_, job_id, request_id, max_tokens, timeout_);
+  if (!data) return std::move(data).error();
+  return worker::KvPrefix{data->tokens, std::move(data->chunk), std::move(data->source)};
+}
+
+void ActorResumeKvSource::drop_job(std::uint64_t job_id) {
+  const caf::actor store = link_->get();
+  if (!store) return;  // it restarts; the orchestrator drops the job's KV when the job ends
+  const std::vector<std::uint64_t> request_ids;  // the whole job
+  const Signed s =
+      sign(*key_, messages::encode(messages::KvStoreMsg{messages::DropRequests{job_id, request_ids, ""}}));
+  caf::anon_send(store, msg_atom::value, s.tag, s.bytes);
+}
+
 }  // namespace shardline::actors

@@ -24,6 +24,7 @@
 #include "kvstore/kv_stream.hpp"
 #include "messages/types.hpp"
 #include "worker/kv_progress.hpp"
+#include "worker/kv_store_client.hpp"
 
 namespace shardline::actors {
 
@@ -50,7 +51,7 @@ class KvStoreLink {
 /// flush() is a batch of one; fetch() is unsupported (recovery uses
 /// fetch_kv_prefix). Errors: io (no store now, it did not answer within
 /// `timeout`, or it answered with an error: the streamer retries).
-class ActorKvTarget final : public kvstore::KvTarget {
+class ActorKvTarget final : public worker::AckedKvTarget {
  public:
   ActorKvTarget(caf::actor_system& system, std::shared_ptr<KvStoreLink> link, std::shared_ptr<const ClusterKey> key,
                 std::chrono::milliseconds timeout = std::chrono::seconds(5));
@@ -61,7 +62,7 @@ class ActorKvTarget final : public kvstore::KvTarget {
                                    std::span<const std::byte> buffer) override;
 
   /// The acknowledgements of the last successful flush (then cleared).
-  [[nodiscard]] std::vector<worker::KvStoreAck> take_acks();
+  [[nodiscard]] std::vector<worker::KvStoreAck> take_acks() override;
 
  private:
   caf::actor_system& system_;
@@ -69,6 +70,26 @@ class ActorKvTarget final : public kvstore::KvTarget {
   std::shared_ptr<const ClusterKey> key_;
   std::chrono::milliseconds timeout_;
   std::vector<worker::KvStoreAck> acks_;
+};
+
+/// A ResumeKvSource over the node's KV-store actor: fetch_prefix is
+/// fetch_kv_prefix on the current store (io when there is none: it is
+/// restarting); drop_job sends a signed DropRequests of the whole job and
+/// does not wait. Call it from a detached actor's thread (it blocks).
+class ActorResumeKvSource final : public worker::ResumeKvSource {
+ public:
+  ActorResumeKvSource(caf::actor_system& system, std::shared_ptr<KvStoreLink> link,
+                      std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+  [[nodiscard]] Result<worker::KvPrefix> fetch_prefix(std::uint64_t job_id, std::uint64_t request_id,
+                                                      int max_tokens) override;
+  void drop_job(std::uint64_t job_id) override;
+
+ private:
+  caf::actor_system& system_;
+  std::shared_ptr<KvStoreLink> link_;
+  std::shared_ptr<const ClusterKey> key_;
+  std::chrono::milliseconds timeout_;
 };
 
 /// Sends a signed KV-store message and waits for the reply. Errors: io (no

@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// What a worker needs of its node's KV store (DéjàVu, seed 003 §4.1.1 (3)
+/// token streaming and §4.2.3 recovery), as interfaces: the actor layer
+/// implements them over the KV-store actor (actors/kv_client.hpp), tests
+/// over plain objects. The worker runtime (worker/worker_runtime.hpp)
+/// streams through an AckedKvTarget, fetches resumed lines' KV from a
+/// ResumeKvSource and drops cancelled jobs' KV there.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.hpp"
+#include "kvstore/kv_stream.hpp"
+#include "worker/kv_progress.hpp"
+
+namespace shardline::worker {
+
+/// A KvTarget whose flushes are acknowledged per request (the store's
+/// ChunksAcked): after a flush_batch that succeeded, take_acks() returns
+/// what the store holds now. Called on the streamer's thread only.
+class AckedKvTarget : public kvstore::KvTarget {
+ public:
+  /// The acknowledgements of the last successful flush (then cleared).
+  [[nodiscard]] virtual std::vector<KvStoreAck> take_acks() = 0;
+};
+
+/// A request's durable KV prefix, as the store answered a fetch.
+struct KvPrefix {
+  int num_tokens = 0;             ///< positions [0, num_tokens) in `chunk`
+  std::vector<std::byte> chunk;   ///< canonical chunk (kvstore/kv_stream.hpp): all layers x [0, num_tokens)
+  std::string source;             ///< the store that had it (for logs)
+};
+
+/// Where resumed lines' KV comes from, and where cancelled jobs' KV is
+/// deleted. Called on the worker's thread; both may block (a request to
+/// the store).
+class ResumeKvSource {
+ public:
+  virtual ~ResumeKvSource() = default;
+  /// The durable prefix of (job_id, request_id), at most `max_tokens`
+  /// positions (it may hold fewer). Errors: io (no store now, e.g. it is
+  /// restarting; no answer in time), or the store's error. The runtime
+  /// asks again for a while after an error.
+  [[nodiscard]] virtual Result<KvPrefix> fetch_prefix(std::uint64_t job_id, std::uint64_t request_id,
+                                                      int max_tokens) = 0;
+  /// Deletes every request's KV of `job_id` (best effort: with no store
+  /// now, the orchestrator drops the job's KV when the job ends).
+  virtual void drop_job(std::uint64_t job_id) = 0;
+};
+
+}  // namespace shardline::worker
