@@ -42,79 +42,14 @@ std::string default_model_name(const std::string& model_dir) {
 
 }  // namespace
 
-// ---- ShardReader --------------------------------------------------------------
-
-bool JobManager::ShardReader::read_line(std::string& line) {
-  constexpr std::size_t kBlockBytes = 64 * 1024;
-  line.clear();
-  line_bytes = 0;
-  too_long = false;
-  bool any = false;
-  for (;;) {
-    if (block_pos >= block.size()) {
-      block.resize(kBlockBytes);
-      in.read(block.data(), static_cast<std::streamsize>(block.size()));
-      block.resize(static_cast<std::size_t>(in.gcount()));
-      block_pos = 0;
-      if (block.empty()) return any;  // end of the shard (a last line without '\n' ends here)
-    }
-    any = true;
-    const char* begin = block.data() + block_pos;
-    const std::size_t avail = block.size() - block_pos;
-    const auto* nl = static_cast<const char*>(std::memchr(begin, '\n', avail));
-    const std::size_t n = nl != nullptr ? static_cast<std::size_t>(nl - begin) : avail;
-    line_bytes += n;
-    if (max_line_bytes != 0 && line_bytes > max_line_bytes) {
-      too_long = true;
-      std::string().swap(line);  // never hold more than the limit
-    } else {
-      line.append(begin, n);
-    }
-    block_pos += n + (nl != nullptr ? 1 : 0);
-    if (nl != nullptr) return true;
-  }
-}
-
-Result<bool> JobManager::ShardReader::next(std::string& line) {
-  while (!done) {
-    if (!in.is_open()) {
-      if (shard >= paths.size()) {
-        done = true;
-        break;
-      }
-      in.open(paths[shard], std::ios::binary);
-      if (!in.is_open()) return make_error(ErrorCode::not_found, "input shard " + paths[shard] + ": cannot open");
-      file_line = 0;
-      block.clear();
-      block_pos = 0;
-    }
-    if (read_line(line)) {
-      ++file_line;
-      if (!too_long) {
-        if (is_blank_line(line)) continue;
-        if (!line.empty() && line.back() == '\r') {
-          line.pop_back();
-          --line_bytes;
-        }
-      }
-      ++next_index;
-      return true;
-    }
-    if (in.bad()) return make_error(ErrorCode::io, "input shard " + paths[shard] + ": read error");
-    in.close();
-    ++shard;
-  }
-  return false;
-}
-
 BatchLine JobManager::parse_read_line(const ShardReader& reader, const std::string& line, std::uint64_t job_id,
                                       std::uint64_t line_index) {
-  if (!reader.too_long) return parse_batch_line(line, job_id, line_index);
+  if (!reader.too_long()) return parse_batch_line(line, job_id, line_index);
   return BatchLine{make_error_result(job_id, line_index, default_custom_id(line_index), "line_too_long",
-                                     "line " + std::to_string(reader.file_line) + " of " + reader.shard_path() +
-                                         " is " + std::to_string(reader.line_bytes) +
-                                         " bytes; a line may have at most " + std::to_string(reader.max_line_bytes) +
-                                         " bytes")};
+                                     "line " + std::to_string(reader.file_line()) + " of " + reader.shard_path() +
+                                         " is " + std::to_string(reader.line_bytes()) +
+                                         " bytes; a line may have at most " +
+                                         std::to_string(reader.max_line_bytes()) + " bytes")};
 }
 
 // ---- JobManager -----------------------------------------------------------------
@@ -223,9 +158,7 @@ Status JobManager::activate(Job& j) {
   auto w = OutputWriter::open(*store_, j.rec.id, j.rec.spec.output_path, j.rec.total_lines, options_.file_system);
   if (!w.ok()) return w.error();
   j.writer = std::move(w.value());
-  j.reader = std::make_unique<ShardReader>();
-  j.reader->max_line_bytes = options_.max_line_bytes;
-  j.reader->paths = j.rec.spec.input_paths;
+  j.reader = std::make_unique<ShardReader>(j.rec.spec.input_paths, options_.max_line_bytes, &j.line_index);
   return advance_output(j);
 }
 
@@ -362,14 +295,15 @@ Status JobManager::commit(Job& j, std::vector<StoredResult>& batch, std::size_t*
   return Status::ok_status();
 }
 
-Result<std::uint64_t> JobManager::submit(JobSpec spec, const ClusterShape* cluster) {
+Status JobManager::check_spec(JobSpec& spec, const ClusterShape* cluster) const {
+  JobAsk ask{spec.model_dir, std::nullopt, spec.weight_sharing};
+  if (!spec.parallel.empty()) {
+    auto pc = engine::parse_parallel_config(spec.parallel);
+    if (!pc.ok()) return make_error(ErrorCode::invalid_argument, "job: " + pc.error().message);
+    ask.parallel = *pc;
+    spec.parallel = pc->to_string();
+  }
   if (cluster != nullptr) {
-    JobAsk ask{spec.model_dir, std::nullopt, spec.weight_sharing};
-    if (!spec.parallel.empty()) {
-      auto pc = engine::parse_parallel_config(spec.parallel);
-      if (!pc.ok()) return make_error(ErrorCode::invalid_argument, "job: " + pc.error().message);
-      ask.parallel = *pc;
-    }
     auto runs_on = admit_job(ask, *cluster);
     if (!runs_on.ok()) return runs_on.error();
     spec.parallel = runs_on->to_string();
@@ -406,74 +340,105 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec, const ClusterShape* clust
   auto budget = normalize_token_budget(spec.token_budget);
   if (!budget.ok()) return make_error(ErrorCode::invalid_argument, "job: " + budget.error().message);
   spec.token_budget = std::move(budget).value();
-  if (!spec.parallel.empty()) {
-    auto pc = engine::parse_parallel_config(spec.parallel);
-    if (!pc.ok()) return make_error(ErrorCode::invalid_argument, "job: " + pc.error().message);
-    spec.parallel = pc->to_string();
-  }
+  return Status::ok_status();
+}
 
+Status JobManager::scan_shards(const JobSpec& spec, JobRecord& rec, LineIndex& line_index) const {
+  std::error_code ec;
+  for (const auto& path : spec.input_paths) {
+    const auto size = fs::file_size(path, ec);
+    if (ec) return make_error(ErrorCode::not_found, "input shard " + path + ": " + ec.message());
+    rec.input_sizes.push_back(size);
+  }
+  ShardReader counter(spec.input_paths, options_.max_line_bytes, &line_index);
+  std::string line;
+  // A shard none of whose lines is a JSON object is not JSONL (a CSV, a
+  // JSON array): refused, naming its first line, rather than a job whose
+  // every line is an invalid_json error (issue 46, item 13). One good
+  // line settles a shard; the rest are only counted.
+  std::size_t shard = counter.shard();
+  bool shard_ok = false;
+  std::string first_bad;
+  auto check_shard = [&]() -> Status {
+    if (shard_ok || first_bad.empty()) return {};
+    return make_error(ErrorCode::invalid_argument,
+                      "input shard " + spec.input_paths[shard] +
+                          " is not JSONL: no line is a JSON object (each line must be one request); " + first_bad);
+  };
+  for (;;) {
+    auto more = counter.next(line);
+    if (!more.ok()) return more.error();
+    if (*more && counter.shard() != shard) {
+      if (Status st = check_shard(); !st.ok()) return st.error();
+      shard = counter.shard();
+      shard_ok = false;
+      first_bad.clear();
+    }
+    if (!*more) {
+      if (Status st = check_shard(); !st.ok()) return st.error();
+      break;
+    }
+    if (shard_ok || counter.too_long()) continue;  // a too-long line settles nothing
+    auto parsed = parse_json_bounded(line);
+    if (parsed.ok() && parsed->is_object()) {
+      shard_ok = true;
+    } else if (first_bad.empty()) {
+      const std::string snippet = line.size() > 60 ? line.substr(0, 57) + "..." : line;
+      first_bad = "line " + std::to_string(counter.file_line()) + ": " +
+                  (parsed.ok() ? "a JSON " + std::string(parsed->type_name()) + ", not an object"
+                               : parsed.error().message) +
+                  ": " + nlohmann::json(snippet).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+  }
+  rec.total_lines = counter.next_index();
+  return Status::ok_status();
+}
+
+Status JobManager::commit_bad_lines(Job& j) {
+  ShardReader parser(j.rec.spec.input_paths, options_.max_line_bytes, &j.line_index);
+  std::vector<StoredResult> batch;
+  std::unordered_map<std::string, std::uint64_t> first_line;  // custom_id -> its first line index
+  std::string line;
+  for (;;) {
+    auto more = parser.next(line);
+    if (!more.ok()) return more.error();
+    if (!*more || parser.next_index() > j.rec.total_lines) break;
+    const std::uint64_t index = parser.next_index() - 1;
+    BatchLine parsed = parse_read_line(parser, line, j.rec.id, index);
+    const std::string& custom_id = parsed.is_request() ? parsed.request().custom_id : parsed.error().custom_id;
+    const auto [first, fresh] = first_line.emplace(custom_id, index);
+    if (!fresh) {
+      batch.push_back(to_stored(j, make_error_result(j.rec.id, index, custom_id, "duplicate_custom_id",
+                                                     "custom_id: '" + custom_id + "' is also the custom_id of line " +
+                                                         std::to_string(first->second + 1) +
+                                                         "; every line of a job needs its own"),
+                                parser.file_line()));
+    } else if (!parsed.is_request()) {
+      batch.push_back(to_stored(j, parsed.error(), parser.file_line()));
+    } else {
+      continue;
+    }
+    if (batch.size() >= options_.commit_batch)
+      if (Status st = commit(j, batch, nullptr); !st.ok()) return st;
+  }
+  return commit(j, batch, nullptr);
+}
+
+Result<std::uint64_t> JobManager::submit(JobSpec spec, const ClusterShape* cluster) {
+  if (Status st = check_spec(spec, cluster); !st.ok()) return st.error();
   // Another process writing this output (a `run` with another --data-dir)
   // is refused before anything is created.
   auto lock = lock_output(spec.output_path, 0);
   if (!lock.ok()) return lock.error();
 
   JobRecord rec;
+  LineIndex line_index;
   rec.created_unix_ms = unix_ms_now();
   auto output_id_key = new_output_id_key();
   if (!output_id_key.ok()) return output_id_key.error();
   rec.output_id_key = std::move(output_id_key).value();
   // Pass 1: sizes and line count (nothing is created when a shard is unreadable).
-  {
-    std::error_code ec;
-    for (const auto& path : spec.input_paths) {
-      const auto size = fs::file_size(path, ec);
-      if (ec) return make_error(ErrorCode::not_found, "input shard " + path + ": " + ec.message());
-      rec.input_sizes.push_back(size);
-    }
-    ShardReader counter;
-    counter.paths = spec.input_paths;
-    counter.max_line_bytes = options_.max_line_bytes;
-    std::string line;
-    // A shard none of whose lines is a JSON object is not JSONL (a CSV, a
-    // JSON array): refused, naming its first line, rather than a job whose
-    // every line is an invalid_json error (issue 46, item 13). One good
-    // line settles a shard; the rest are only counted.
-    std::size_t shard = counter.shard;
-    bool shard_ok = false;
-    std::string first_bad;
-    auto check_shard = [&]() -> Status {
-      if (shard_ok || first_bad.empty()) return {};
-      return make_error(ErrorCode::invalid_argument,
-                        "input shard " + spec.input_paths[shard] +
-                            " is not JSONL: no line is a JSON object (each line must be one request); " + first_bad);
-    };
-    for (;;) {
-      auto more = counter.next(line);
-      if (!more.ok()) return more.error();
-      if (*more && counter.shard != shard) {
-        if (Status st = check_shard(); !st.ok()) return st.error();
-        shard = counter.shard;
-        shard_ok = false;
-        first_bad.clear();
-      }
-      if (!*more) {
-        if (Status st = check_shard(); !st.ok()) return st.error();
-        break;
-      }
-      if (shard_ok || counter.too_long) continue;  // a too-long line settles nothing
-      auto parsed = parse_json_bounded(line);
-      if (parsed.ok() && parsed->is_object()) {
-        shard_ok = true;
-      } else if (first_bad.empty()) {
-        const std::string snippet = line.size() > 60 ? line.substr(0, 57) + "..." : line;
-        first_bad = "line " + std::to_string(counter.file_line) + ": " +
-                    (parsed.ok() ? "a JSON " + std::string(parsed->type_name()) + ", not an object"
-                                 : parsed.error().message) +
-                    ": " + nlohmann::json(snippet).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-      }
-    }
-    rec.total_lines = counter.next_index;
-  }
+  if (Status st = scan_shards(spec, rec, line_index); !st.ok()) return st.error();
   rec.spec = std::move(spec);
   rec.state = JobState::queued;
   auto id = store_->create_job(rec);
@@ -483,52 +448,13 @@ Result<std::uint64_t> JobManager::submit(JobSpec spec, const ClusterShape* clust
   j.rec = std::move(rec);
   j.lock = std::move(lock).value();
   j.lock->describe(lock_holder(j.rec.id));
-
+  j.line_index = std::move(line_index);
   // Pass 2: commit the parse errors and the lines whose custom_id an
-  // earlier line has now (good lines are read again lazily; next_work skips
-  // committed ones).
-  {
-    ShardReader parser;
-    parser.paths = j.rec.spec.input_paths;
-    parser.max_line_bytes = options_.max_line_bytes;
-    std::vector<StoredResult> batch;
-    std::unordered_map<std::string, std::uint64_t> first_line;  // custom_id -> its first line index
-    std::string line;
-    for (;;) {
-      auto more = parser.next(line);
-      if (!more.ok()) {
-        fail_job(j, more.error().to_string());
-        return more.error();
-      }
-      if (!*more || parser.next_index > j.rec.total_lines) break;
-      const std::uint64_t index = parser.next_index - 1;
-      BatchLine parsed = parse_read_line(parser, line, j.rec.id, index);
-      const std::string& custom_id = parsed.is_request() ? parsed.request().custom_id : parsed.error().custom_id;
-      const auto [first, fresh] = first_line.emplace(custom_id, index);
-      if (!fresh) {
-        batch.push_back(to_stored(j, make_error_result(j.rec.id, index, custom_id, "duplicate_custom_id",
-                                                       "custom_id: '" + custom_id + "' is also the custom_id of line " +
-                                                           std::to_string(first->second + 1) +
-                                                           "; every line of a job needs its own"),
-                                  parser.file_line));
-      } else if (!parsed.is_request()) {
-        batch.push_back(to_stored(j, parsed.error(), parser.file_line));
-      } else {
-        continue;
-      }
-      if (batch.size() >= options_.commit_batch) {
-        if (Status st = commit(j, batch, nullptr); !st.ok()) {
-          fail_job(j, st.error().to_string());
-          return st.error();
-        }
-      }
-    }
-    if (Status st = commit(j, batch, nullptr); !st.ok()) {
-      fail_job(j, st.error().to_string());
-      return st.error();
-    }
-  }
-  if (Status st = activate(j); !st.ok()) {
+  // earlier line has now (good lines are read again when they are handed
+  // out; next_work skips committed ones). Then serve it.
+  Status st = commit_bad_lines(j);
+  if (st.ok()) st = activate(j);
+  if (!st.ok()) {
     fail_job(j, st.error().to_string());
     return st.error();
   }
@@ -551,16 +477,16 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
     }
     std::vector<StoredResult> errors;
     std::string line;
-    while (j.reader && !j.reader->done && out.size() < max_count) {
+    while (j.reader && !j.reader->done() && out.size() < max_count) {
       auto more = j.reader->next(line);
       if (!more.ok()) {
         fail_job(j, more.error().to_string());
         break;
       }
       if (!*more) break;
-      const std::uint64_t index = j.reader->next_index - 1;
+      const std::uint64_t index = j.reader->next_index() - 1;
       if (index >= j.rec.total_lines) {  // the shard grew; sizes are checked at open
-        j.reader->done = true;
+        j.reader->stop();
         break;
       }
       auto committed = store_->has_result(j.rec.id, index);
@@ -573,10 +499,10 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
       if (*committed || j.in_flight.count(index) != 0) continue;
       BatchLine parsed = parse_read_line(*j.reader, line, j.rec.id, index);
       if (!parsed.is_request()) {  // only after a crash during submit
-        errors.push_back(to_stored(j, parsed.error(), j.reader->file_line));
+        errors.push_back(to_stored(j, parsed.error(), j.reader->file_line()));
         continue;
       }
-      parsed.request().input_line = j.reader->file_line;
+      parsed.request().input_line = j.reader->file_line();
       apply_job_settings(j, parsed.request());
       if (attach_resume(j, parsed.request())) ++resumed;  // pending since a restart
       j.in_flight[index] = InFlight{worker, parsed.request()};
@@ -632,28 +558,29 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
     }
     // Pending lines the reader has passed are all in flight or in retry;
     // the others are unread (or committed).
-    if (!j.reader || l.line_index < j.reader->next_index) continue;
+    if (!j.reader || l.line_index < j.reader->next_index()) continue;
     auto committed = store_->has_result(j.rec.id, l.line_index);
     if (!committed.ok()) return committed.error();
     if (!*committed) unread[l.job_id].insert(l.line_index);
   }
   for (const auto& [id, wanted] : unread) {
     Job& j = jobs_.at(id);
-    ShardReader reader;
-    reader.paths = j.rec.spec.input_paths;
-    reader.max_line_bytes = options_.max_line_bytes;
+    // Each wanted line is reached from the checkpoint at or before it, not
+    // from the shards' start.
+    ShardReader reader(j.rec.spec.input_paths, options_.max_line_bytes, &j.line_index);
     std::string line;
     auto next = wanted.begin();
     while (next != wanted.end()) {
+      if (Status st = reader.seek_near(*next); !st) return st.error();
       auto more = reader.next(line);
       if (!more.ok()) return more.error();
       if (!*more) break;
-      const std::uint64_t index = reader.next_index - 1;
+      const std::uint64_t index = reader.next_index() - 1;
       if (index != *next) continue;
       ++next;
       BatchLine parsed = parse_read_line(reader, line, j.rec.id, index);
       if (!parsed.is_request()) continue;  // committed as an error at submit
-      parsed.request().input_line = reader.file_line;
+      parsed.request().input_line = reader.file_line();
       apply_job_settings(j, parsed.request());
       j.in_flight[index] = InFlight{worker, std::move(parsed.request())};
       mark_started(j);
@@ -878,7 +805,7 @@ Result<JobRecord> JobManager::job(std::uint64_t job_id) const {
 
 bool JobManager::has_pending_work() const {
   for (const auto& [id, j] : jobs_)
-    if (served(j) && j.paused.empty() && (!j.retry.empty() || (j.reader && !j.reader->done))) return true;
+    if (served(j) && j.paused.empty() && (!j.retry.empty() || (j.reader && !j.reader->done()))) return true;
   return false;
 }
 

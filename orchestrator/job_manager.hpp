@@ -55,6 +55,7 @@
 #include "orchestrator/job_store.hpp"
 #include "orchestrator/output_lock.hpp"
 #include "orchestrator/output_writer.hpp"
+#include "orchestrator/shard_reader.hpp"
 
 namespace shardline::orchestrator {
 
@@ -238,30 +239,6 @@ class JobManager {
     std::string worker;
     worker::BatchRequest request;
   };
-  /// Lazy, blank-skipping line reader over the shards of a job, in 64 KiB
-  /// blocks; a line longer than max_line_bytes is skipped over, not kept.
-  struct ShardReader {
-    std::vector<std::string> paths;
-    std::uint64_t max_line_bytes = 0;  ///< 0: no limit
-    std::size_t shard = 0;
-    std::ifstream in;
-    std::string block;             ///< read from `in`, not yet consumed from block_pos
-    std::size_t block_pos = 0;
-    std::uint64_t next_index = 0;  ///< line index of the next non-blank line
-    std::uint64_t file_line = 0;   ///< 1-based line number in its shard of the last line read
-    std::uint64_t line_bytes = 0;  ///< full length of the last line read (without '\r\n')
-    bool too_long = false;         ///< the last line is longer than max_line_bytes: `line` holds none of it
-    bool done = false;
-    /// Next non-blank line into `line` (its index is next_index - 1);
-    /// false at the end. A too-long line counts as non-blank.
-    Result<bool> next(std::string& line);
-    /// The shard of the last line read.
-    [[nodiscard]] const std::string& shard_path() const { return paths[shard]; }
-
-   private:
-    /// One raw line of the open shard (kept up to the limit); false at its end.
-    bool read_line(std::string& line);
-  };
   /// The shard line `line` just read by `reader` as a request, or its error
   /// (a too-long line: line_too_long; else parse_batch_line's).
   [[nodiscard]] static BatchLine parse_read_line(const ShardReader& reader, const std::string& line,
@@ -271,6 +248,9 @@ class JobManager {
     std::unique_ptr<OutputLock> lock;      ///< unfinished jobs only: its output file is ours
     std::unique_ptr<OutputWriter> writer;  ///< unfinished jobs only
     std::unique_ptr<ShardReader> reader;   ///< unfinished jobs only
+    /// Where its lines start, recorded by every read of its shards (submit's
+    /// passes, the reader): claim_in_flight seeks instead of reading again.
+    LineIndex line_index;
     std::map<std::uint64_t, worker::BatchRequest> retry;
     std::map<std::uint64_t, InFlight> in_flight;
     /// Resume points of uncommitted lines ([n] per line), as in jobs.db 'K':
@@ -305,6 +285,17 @@ class JobManager {
   /// Unfinished and not held back: its lines are handed out and committed.
   [[nodiscard]] static bool served(const Job& j) noexcept { return active(j) && j.held.empty(); }
   [[nodiscard]] double now() const;
+  /// submit's checks of a job against this manager's jobs and the cluster
+  /// (`cluster` null: none), normalizing its parallel config, model name
+  /// and token budget. Errors: invalid_argument, naming the problem.
+  [[nodiscard]] Status check_spec(JobSpec& spec, const ClusterShape* cluster) const;
+  /// submit's first read of the shards: their sizes and line count into
+  /// `rec`, every shard checked to be JSONL, checkpoints into `line_index`.
+  /// Errors: not_found / io (a shard), invalid_argument (not JSONL).
+  [[nodiscard]] Status scan_shards(const JobSpec& spec, JobRecord& rec, LineIndex& line_index) const;
+  /// submit's second read: commits the error result of each line that does
+  /// not parse or repeats an earlier custom_id. Errors: reading, committing.
+  [[nodiscard]] Status commit_bad_lines(Job& j);
   Status activate(Job& j);  ///< locks the output, opens writer + reader of an unfinished job
   /// Takes the lock of `output` (creating its folder) for a job of this
   /// data dir; job_id 0: not created yet.

@@ -161,6 +161,64 @@ TEST_F(JobManagerClaim, HeldLinesOfASurvivingWorkerStayInFlightOnItAfterARestart
   EXPECT_EQ(testing_support::normalize_output_ids(read_file(tmp_.file("run.out"))), testing_support::normalize_output_ids(clean_));
 }
 
+// Lines far ahead of the job's reader (a surviving worker's, after a
+// restart) are read from the line index's checkpoints, not from the
+// shards' start: each claimed line is its own request, with its shard line
+// number, both from the index submit built and, after a restart, from the
+// one the first claim builds.
+TEST(JobManagerClaimAhead, LinesFarAheadOfTheReaderAreClaimedAsTheirOwnRequests) {
+  TempDir tmp;
+  std::map<std::uint64_t, std::pair<std::string, std::uint64_t>> want;  // line -> (custom_id, shard line)
+  std::uint64_t index = 0;
+  for (const auto& [name, count] : {std::pair{std::string("a"), 3000}, std::pair{std::string("b"), 2000}}) {
+    std::string text;
+    std::uint64_t file_line = 0;
+    for (int i = 0; i < count; ++i) {
+      if (i % 97 == 5) {
+        text += "\n";
+        ++file_line;
+      }
+      const std::string id = name + std::to_string(i);
+      text += "{\"custom_id\":\"" + id + "\",\"prompt\":\"p" + id + "\"}\n";
+      want[index++] = {id, ++file_line};
+    }
+    write_file(tmp.file(name + ".jsonl"), text);
+  }
+  JobSpec spec = spec_for(tmp, "out.jsonl");
+  const std::vector<std::uint64_t> ahead = {1500, 2999, 3000, 4321, 4999};
+  std::vector<LineRef> refs;
+  auto claim_and_check = [&](JobManager& m, std::uint64_t job) {
+    refs.clear();
+    for (std::uint64_t l : ahead) refs.push_back(LineRef{job, l});
+    auto claimed = m.claim_in_flight("w9", refs);
+    ASSERT_TRUE(claimed.ok()) << claimed.error().to_string();
+    EXPECT_EQ(*claimed, ahead.size());
+    EXPECT_EQ(m.requeue_in_flight("w9"), ahead.size());
+    const auto again = m.next_work(ahead.size(), "w1");
+    ASSERT_EQ(again.size(), ahead.size());
+    for (std::size_t i = 0; i < ahead.size(); ++i) {
+      EXPECT_EQ(again[i].line_index, ahead[i]);
+      EXPECT_EQ(again[i].custom_id, want[ahead[i]].first);
+      EXPECT_EQ(again[i].prompt, "p" + want[ahead[i]].first);
+      EXPECT_EQ(again[i].input_line, want[ahead[i]].second) << "line " << ahead[i];
+    }
+  };
+  std::uint64_t job = 0;
+  {
+    auto m = JobManager::open(tmp.file("state"));
+    ASSERT_TRUE(m.ok());
+    auto submitted = (*m)->submit(spec);
+    ASSERT_TRUE(submitted.ok()) << submitted.error().to_string();
+    job = *submitted;
+    ASSERT_EQ((*m)->next_work(10, "w0").size(), 10u);
+    claim_and_check(**m, job);
+  }
+  auto reopened = JobManager::open(tmp.file("state"));  // no index yet
+  ASSERT_TRUE(reopened.ok());
+  ASSERT_EQ((*reopened)->next_work(10, "w0").size(), 10u);
+  claim_and_check(**reopened, job);
+}
+
 TEST_F(JobManagerClaim, ClaimsOfFinishedJobsAndUnknownLinesAreIgnored) {
   auto m = JobManager::open(tmp_.file("state"));
   ASSERT_TRUE(m.ok());
