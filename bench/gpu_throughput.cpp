@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/stopwatch.hpp"
 #include "sim/calibration/roofline.hpp"
 #include "sim/calibration/workload.hpp"
 
@@ -151,10 +152,6 @@ Result<GpuThroughputReport> run_gpu_throughput(const ThroughputOptions&) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 constexpr std::size_t kHbmProbeBytes = std::size_t{2} << 30;  // 2 GiB, well above the 50 MiB L2
 constexpr int kProbeIters = 10;

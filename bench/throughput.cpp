@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/stopwatch.hpp"
 #include "sim/calibration/hardware.hpp"
 #include "bench/kv_streaming.hpp"
 #include "sim/calibration/workload.hpp"
@@ -30,10 +31,6 @@ using sim::calibration::step_cost;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 /// Per-step record of the measuring executor.
 struct StepRecord {

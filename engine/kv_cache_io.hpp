@@ -99,7 +99,6 @@ class KvCacheIo {
   /// executor's caches. Errors: internal (already started, a null mover, or
   /// caches that cannot be copied).
   [[nodiscard]] Status start_mover(std::unique_ptr<KvTransferQueue> mover);
-  [[nodiscard]] bool has_mover() const noexcept { return mover_ != nullptr; }
   /// Starts copying the KV of a sequence leaving the device (a finished
   /// prefill, or any resident sequence at a transition) into the host KV
   /// buffer (the swap space's budget), as one canonical HND chunk, so that

@@ -4,6 +4,7 @@
 #include <span>
 #include <string>
 
+#include "common/stopwatch.hpp"
 #include "sampling/rng.hpp"
 #include "sampling/sampler.hpp"
 
@@ -11,10 +12,6 @@ namespace shardline::engine {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 /// The sampler's view of a sequence about to get its next token.
 sampling::SampleContext sample_context(const Sequence& seq) {
@@ -328,11 +325,7 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
     if (!*kept)  // no room in the swap space: this victim recomputes
       if (Sequence* seq = scheduler_.get(swap.seq_id); seq != nullptr) seq->num_restore_tokens = 0;
   }
-  for (const SwapOut& o : sched.offloads) {
-    Result<bool> started = parts_.offload(o);
-    if (!started.ok()) return std::move(started).error();
-    if (*started && phases_) phases_->on_offload();
-  }
+  if (Status s = parts_.offload_all(sched.offloads, phases_.get()); !s.ok()) return s;
   for (const KvRestore& r : sched.restores)
     if (Status s = kv_io_.restore(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);

@@ -15,6 +15,15 @@ Result<bool> EngineParts::offload(const SwapOut& offload) const {
   return true;
 }
 
+Status EngineParts::offload_all(std::span<const SwapOut> offloads, StepPhaseHook* hook) const {
+  for (const SwapOut& o : offloads) {
+    Result<bool> started = offload(o);
+    if (!started.ok()) return std::move(started).error();
+    if (*started && hook != nullptr) hook->on_offload();
+  }
+  return Status::ok_status();
+}
+
 Status EngineParts::apply_done(Result<std::vector<KvCacheIo::MoveDone>> done) const {
   if (!done.ok()) return std::move(done).error();
   for (const KvCacheIo::MoveDone& d : *done) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/result.hpp"
@@ -20,6 +21,8 @@
 #include "model/executor.hpp"
 
 namespace shardline::engine {
+
+class StepPhaseHook;
 
 /// The parts of an LlmEngine a phase hook works on. The engine owns them;
 /// they outlive the hook. Calls only from the engine's thread.
@@ -36,6 +39,9 @@ struct EngineParts {
   /// False when it does not fit: the scheduler is told, and the sequence is
   /// prefilled again. Errors: internal.
   [[nodiscard]] Result<bool> offload(const SwapOut& offload) const;
+  /// offload() of each, in order; `hook` (null: none) hears on_offload()
+  /// of each whose copy started. Errors: as offload().
+  [[nodiscard]] Status offload_all(std::span<const SwapOut> offloads, StepPhaseHook* hook) const;
   /// Tells the scheduler about copies the mover finished (an offloaded
   /// sequence frees its blocks, an onboarded one may decode). Errors:
   /// `done`'s, internal.

@@ -259,6 +259,26 @@ std::string replace_literal(std::string text, std::string_view from, std::string
   return out;
 }
 
+/// The steps of a tokenizer.json component, in order: a "Sequence" node's
+/// `list_key` entries, flattened (nested Sequences too); null: none.
+/// Errors: what json::at throws for a node without "type" or list.
+std::vector<const json*> sequence_steps(const json& node, const char* list_key) {
+  std::vector<const json*> steps;
+  std::vector<const json*> todo{&node};
+  while (!todo.empty()) {
+    const json* n = todo.back();
+    todo.pop_back();
+    if (n->is_null()) continue;
+    if (n->at("type").get_ref<const std::string&>() != "Sequence") {
+      steps.push_back(n);
+      continue;
+    }
+    const json& list = n->at(list_key);
+    for (auto it = list.rbegin(); it != list.rend(); ++it) todo.push_back(&*it);
+  }
+  return steps;
+}
+
 }  // namespace
 
 std::string utf8_lossy(std::string_view s, std::string* tail) {
@@ -374,18 +394,10 @@ struct BpeTokenizer::Loader {
 /// "pre_tokenizer": the split steps. Read first: a ByteLevel one makes the
 /// model byte-level.
 Status BpeTokenizer::Loader::pre_tokenizer(const json& node) {
-  std::vector<const json*> todo{&node};
-  while (!todo.empty()) {
-    const json* p = todo.back();
-    todo.pop_back();
-    if (p->is_null()) continue;
+  for (const json* p : sequence_steps(node, "pretokenizers")) {
     const auto type = p->at("type").get<std::string>();
     auto step = std::make_shared<PreStep>();
-    if (type == "Sequence") {
-      const json& list = p->at("pretokenizers");
-      for (auto it = list.rbegin(); it != list.rend(); ++it) todo.push_back(&*it);
-      continue;
-    } else if (type == "ByteLevel") {
+    if (type == "ByteLevel") {
       t.byte_level_ = true;
       step->kind = PreStep::Kind::byte_level;
       step->add_prefix_space = p->value("add_prefix_space", false);
@@ -527,17 +539,10 @@ Status BpeTokenizer::Loader::decoder(const json& node) {
   // whole decoded text (strips_leading_space).
   std::vector<std::function<std::string(std::string)>> decode_steps;
   bool fused = false, has_decoder = false, byte_level_decoder = false;
-  std::vector<const json*> todo{&node};
-  while (!todo.empty()) {
-    const json* d = todo.back();
-    todo.pop_back();
-    if (d->is_null()) continue;
+  for (const json* d : sequence_steps(node, "decoders")) {
     has_decoder = true;
     const auto type = d->at("type").get<std::string>();
-    if (type == "Sequence") {
-      const json& list = d->at("decoders");
-      for (auto it = list.rbegin(); it != list.rend(); ++it) todo.push_back(&*it);
-    } else if (type == "ByteLevel") {
+    if (type == "ByteLevel") {
       byte_level_decoder = true;
       decode_steps.emplace_back([](std::string tok) {
         auto raw = byte_level_decode(tok);
@@ -615,18 +620,10 @@ void BpeTokenizer::Loader::added_tokens(const json& added) {
 
 /// "normalizer": the text steps before the pre-tokenizer.
 Status BpeTokenizer::Loader::normalizer(const json& node) {
-  std::vector<const json*> todo{&node};
-  while (!todo.empty()) {
-    const json* n = todo.back();
-    todo.pop_back();
-    if (n->is_null()) continue;
+  for (const json* n : sequence_steps(node, "normalizers")) {
     const auto type = n->at("type").get<std::string>();
     auto step = std::make_shared<NormStep>();
-    if (type == "Sequence") {
-      const json& list = n->at("normalizers");
-      for (auto it = list.rbegin(); it != list.rend(); ++it) todo.push_back(&*it);
-      continue;
-    } else if (type == "NFC") {
+    if (type == "NFC") {
       step->kind = NormStep::Kind::nfc;
     } else if (type == "NFD") {
       step->kind = NormStep::Kind::nfd;
@@ -660,15 +657,9 @@ Status BpeTokenizer::Loader::normalizer(const json& node) {
 
 /// "post_processor": the specials added with add_special_tokens.
 Status BpeTokenizer::Loader::post_processor(const json& node) {
-  std::vector<const json*> todo{&node};
-  while (!todo.empty()) {
-    const json* p = todo.back();
-    todo.pop_back();
-    if (p->is_null()) continue;
+  for (const json* p : sequence_steps(node, "processors")) {
     const auto type = p->at("type").get<std::string>();
-    if (type == "Sequence") {
-      for (const json& q : p->at("processors")) todo.push_back(&q);
-    } else if (type == "TemplateProcessing") {
+    if (type == "TemplateProcessing") {
       bool before = true;
       for (const json& piece : p->at("single")) {
         if (piece.contains("Sequence")) {

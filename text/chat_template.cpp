@@ -1,49 +1,14 @@
 #include "text/chat_template.hpp"
 
-#include <fstream>
-#include <sstream>
-
 namespace shardline::text {
 
-namespace {
-
 using ojson = nlohmann::ordered_json;
-
-Result<std::string> read_text(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return make_error(ErrorCode::io, "cannot read " + file.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-/// "<s>" or {"content": "<s>", ...} -> "<s>"; anything else: nullopt.
-std::optional<std::string> token_text(const ojson& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return std::nullopt;
-}
-
-}  // namespace
-
-Result<TokenizerConfig> read_tokenizer_config(const std::filesystem::path& model_dir) {
-  const auto config_file = model_dir / "tokenizer_config.json";
-  TokenizerConfig out{ojson::object(), config_file.string(), true};
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(config_file, ec)) return out;
-  auto text = read_text(config_file);
-  if (!text.ok()) return text.error();
-  out.config = ojson::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (out.config.is_discarded() || !out.config.is_object())
-    return make_error(ErrorCode::corrupt, config_file.string() + ": not a valid JSON object");
-  return out;
-}
 
 Result<ChatTemplate> ChatTemplate::from_config(const ojson& config, std::string source, std::string source_name) {
   ChatTemplate t;
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"})
     if (config.contains(key))
-      if (auto v = token_text(config[key])) t.special_tokens_[key] = *v;
+      if (auto v = special_token_text(config[key])) t.special_tokens_[key] = *v;
   t.source_ = std::move(source_name);
   auto parsed = jinja::Template::parse(source);
   if (!parsed.ok()) return make_error(parsed.error().code, t.source_ + ": " + parsed.error().message);
@@ -63,12 +28,12 @@ Result<ChatTemplate> ChatTemplate::load(const TokenizerConfig& tokenizer_config,
   const std::string& config_file = tokenizer_config.source;
   std::error_code ec;
   if (!override_file.empty()) {
-    auto text = read_text(override_file);
+    auto text = read_text_file(override_file);
     if (!text.ok()) return make_error(ErrorCode::io, "--chat-template: " + text.error().message);
     return from_config(config, std::move(text).value(), override_file.string());
   }
   if (tokenizer_config.reads_template_files && std::filesystem::is_regular_file(model_dir / "chat_template.jinja", ec)) {
-    auto text = read_text(model_dir / "chat_template.jinja");
+    auto text = read_text_file(model_dir / "chat_template.jinja");
     if (!text.ok()) return text.error();
     return from_config(config, std::move(text).value(), (model_dir / "chat_template.jinja").string());
   }

@@ -20,20 +20,9 @@
 
 #include "common/result.hpp"
 #include "text/jinja.hpp"
+#include "text/tokenizer_config.hpp"
 
 namespace shardline::text {
-
-/// What a template is made from: a tokenizer config's special tokens'
-/// texts (bos_token, eos_token, ...) and maybe its "chat_template".
-struct TokenizerConfig {
-  nlohmann::ordered_json config = nlohmann::ordered_json::object();
-  std::string source;           ///< names it in errors: the file, or "FILE.gguf metadata"
-  bool reads_template_files = true;  ///< chat_template.jinja beside it counts (not for a GGUF's metadata)
-};
-
-/// `model_dir`'s tokenizer_config.json, parsed (an empty config when the
-/// folder has none). Errors: io (unreadable), corrupt (not a JSON object).
-[[nodiscard]] Result<TokenizerConfig> read_tokenizer_config(const std::filesystem::path& model_dir);
 
 class ChatTemplate {
  public:

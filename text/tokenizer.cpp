@@ -1,12 +1,11 @@
 #include "text/tokenizer.hpp"
 
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
+#include <utility>
 
 #include "text/bpe_tokenizer.hpp"
 #include "text/sentencepiece_tokenizer.hpp"
+#include "text/tokenizer_config.hpp"
 
 namespace shardline::text {
 namespace {
@@ -17,32 +16,17 @@ struct SpecialConfig {
   std::string eos_token;
 };
 
-/// "<s>" or {"content": "<s>", ...} -> "<s>"; null / absent -> "".
-std::string token_field(const nlohmann::json& config, const char* key) {
-  const auto it = config.find(key);
-  if (it == config.end()) return {};
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_object()) return it->value("content", std::string());
-  return {};
-}
-
-Result<SpecialConfig> read_config(const std::filesystem::path& file) {
+/// The special tokens' settings of `dir`'s tokenizer_config.json (none
+/// when it has none). Errors: read_tokenizer_config's.
+Result<SpecialConfig> read_special_config(const std::filesystem::path& dir) {
+  auto file = read_tokenizer_config(dir);
+  if (!file) return std::move(file).error();
+  const nlohmann::ordered_json& doc = file->config;
   SpecialConfig cfg;
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) return cfg;
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return make_error(ErrorCode::io, file.string() + ": cannot open");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const auto doc = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return make_error(ErrorCode::corrupt, file.string() + ": not a valid JSON object");
-  }
-  if (const auto it = doc.find("add_bos_token"); it != doc.end() && it->is_boolean()) {
+  if (const auto it = doc.find("add_bos_token"); it != doc.end() && it->is_boolean())
     cfg.add_bos_token = it->get<bool>();
-  }
-  cfg.bos_token = token_field(doc, "bos_token");
-  cfg.eos_token = token_field(doc, "eos_token");
+  for (auto [key, field] : {std::pair{"bos_token", &cfg.bos_token}, std::pair{"eos_token", &cfg.eos_token}})
+    if (const auto it = doc.find(key); it != doc.end()) *field = special_token_text(*it).value_or("");
   return cfg;
 }
 
@@ -71,7 +55,7 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer_files(const std::filesystem::p
       return make_error(ErrorCode::not_found,
                         dir.string() + ": no tokenizer.json or tokenizer.model in this folder");
     }
-    auto cfg = read_config(dir / "tokenizer_config.json");
+    auto cfg = read_special_config(dir);
     if (!cfg) return std::move(cfg).error();
     if (has_json) {
       auto bpe = upcast(BpeTokenizer::load(json_file, cfg->add_bos_token, cfg->bos_token, cfg->eos_token));

@@ -5,16 +5,13 @@
 #include <string>
 #include <utility>
 
+#include "common/stopwatch.hpp"
 #include "engine/seesaw/kv_mover.hpp"
 
 namespace shardline::engine {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 }  // namespace
 
@@ -74,11 +71,7 @@ Result<PhaseAdmission> SeesawPhases::transition() {
   std::vector<SwapOut> resident;
   if (Status s = parts_.scheduler->offload_resident(resident); !s.ok())
     return make_error(ErrorCode::internal, s.error().message);
-  for (const SwapOut& o : resident) {
-    Result<bool> started = parts_.offload(o);
-    if (!started.ok()) return std::move(started).error();
-    if (*started) on_offload();
-  }
+  if (Status s = parts_.offload_all(resident, this); !s.ok()) return s.error();
   t_drain = Clock::now();
   if (Status s = parts_.apply_done(kv_io.drain_moves()); !s.ok()) return s.error();
   stats_.drain_ms += ms_since(t_drain);

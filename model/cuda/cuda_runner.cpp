@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/stopwatch.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/device_buffer.hpp"
@@ -25,10 +26,6 @@ namespace kcu = kernels::cuda;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 Status cuda_status(const char* what, cudaError_t err) {
   if (err == cudaSuccess) return Status::ok_status();

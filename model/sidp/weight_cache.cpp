@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/stopwatch.hpp"
+
 namespace shardline::model::sidp {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 }  // namespace
 
 WeightCache::WeightCache(const OwnershipPlan& plan, int rank, std::vector<int> order, const FfnLayout& layout,
