@@ -91,6 +91,11 @@ struct OrchestratorConfig {
   std::string weight_sharing = "none";
   /// Shared with the incarnations before and after this one; never null.
   std::shared_ptr<OrchestratorRoster> roster = std::make_shared<OrchestratorRoster>();
+  /// Workers of other nodes may exist: the node listens (`--listen`). A
+  /// fresh process over unfinished jobs then waits for them to say hello
+  /// before it hands lines out; one that cannot have any (`run`, a node
+  /// without --listen) starts at once.
+  bool remote_workers = true;
 };
 
 /// Spawns the job orchestrator (one per cluster). It takes its messages from

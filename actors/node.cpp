@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <optional>
 
 #include "actors/cluster_tls.hpp"
 #include "actors/protocol.hpp"
@@ -257,23 +258,10 @@ engine::EngineOptions worker_engine_options(const NodeOptions& o, int i) {
   return e;
 }
 
-}  // namespace
-
-Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
-  std::unique_ptr<Node> node(new Node());
-  const bool networked = !o.listen.empty() || !o.join.empty();
-  if (networked || !o.key_file.empty()) {
-    if (o.key_file.empty())
-      return make_error(ErrorCode::invalid_argument,
-                        "a node that listens or joins needs --key-file (make one with `shardline cluster init`)");
-    auto key = ClusterKey::load(o.key_file);
-    if (!key) return std::move(key).error();
-    node->key_ = std::make_shared<const ClusterKey>(std::move(key).value());
-  } else {
-    auto key = ClusterKey::generate();  // in-process only: an ephemeral key
-    if (!key) return std::move(key).error();
-    node->key_ = std::make_shared<const ClusterKey>(std::move(key).value());
-  }
+/// What Node::start checks before it creates anything (the data dir, an
+/// output, the actor system). Errors: invalid_argument / unsupported
+/// naming the option; a worker's engine that cannot start (preflight).
+Status check_node_options(const NodeOptions& o) {
   const bool cuda = o.device_kind == model::DeviceKind::cuda;
   if (cuda) {
     if (o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) != o.parallel.dp ||
@@ -290,6 +278,18 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   if (o.join.empty() && o.data_dir.empty())
     return make_error(ErrorCode::invalid_argument, "the node running the orchestrator needs --data-dir");
   if (Status ok = o.failure.check(); !ok) return ok.error();
+  if (o.kv_replication < 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "--kv-replication must be >= 0, got " + std::to_string(o.kv_replication));
+  if (o.sidp) {
+    if (cuda) return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU devices so far");
+    if (o.parallel.group_size() != 1 || o.parallel.dp < 2)
+      return make_error(ErrorCode::invalid_argument,
+                        "--weight-sharing sidp needs --parallel dp=N (N >= 2, each rank one device), got " +
+                            o.parallel.to_string());
+    if (!o.engine.group_master.empty())
+      return make_error(ErrorCode::unsupported, "--weight-sharing sidp with --group-master is not built");
+  }
   // Whatever would keep a worker's engine from starting (a bad model
   // folder, a tp that does not divide the heads, a missing GPU) fails the
   // start here, before the data dir or any output exists, with its cause
@@ -298,7 +298,188 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     if (Status ok = engine::preflight_engine(worker_engine_options(o, i)); !ok)
       return make_error(ok.error().code, "worker " + std::to_string(i) + " cannot start its engine: " +
                                              ok.error().message);
+  return Status::ok_status();
+}
 
+/// The cluster key: the key file's for a node that listens or joins (or
+/// names one), else an ephemeral one (in-process only). Errors: the key
+/// file's; invalid_argument when a networked node has none.
+Result<std::shared_ptr<const ClusterKey>> node_key(const NodeOptions& o) {
+  const bool networked = !o.listen.empty() || !o.join.empty();
+  if (!networked && o.key_file.empty()) {
+    auto key = ClusterKey::generate();
+    if (!key) return std::move(key).error();
+    return std::make_shared<const ClusterKey>(std::move(key).value());
+  }
+  if (o.key_file.empty())
+    return make_error(ErrorCode::invalid_argument,
+                      "a node that listens or joins needs --key-file (make one with `shardline cluster init`)");
+  auto key = ClusterKey::load(o.key_file);
+  if (!key) return std::move(key).error();
+  return std::make_shared<const ClusterKey>(std::move(key).value());
+}
+
+/// What the node's actors share: its key, metrics, the orchestrator they
+/// talk to (the relay, or a joined node's link) and the start errors.
+struct NodeShared {
+  std::shared_ptr<const ClusterKey> key;
+  std::shared_ptr<MetricsRegistry> metrics;
+  caf::actor orchestrator;
+  std::shared_ptr<WorkerStartErrors> start_errors;
+};
+
+/// The node running the orchestrator: each incarnation opens the
+/// JobManager on the data dir (opened here once, so that a bad data dir
+/// fails the start). Jobs record the model they run on and are not resumed
+/// on another one. Errors: the model's fingerprint, the data dir's.
+Result<OrchestratorFactory> orchestrator_factory(const NodeOptions& o, std::shared_ptr<OrchestratorRoster> roster,
+                                                 const NodeShared& shared) {
+  orchestrator::JobManagerOptions jm;
+  auto fingerprint = model::model_fingerprint(o.engine.model_dir);
+  if (!fingerprint) return make_error(fingerprint.error().code, "--model: " + fingerprint.error().message);
+  jm.model_fingerprint = *fingerprint;
+  jm.model_dir = o.engine.model_dir;
+  auto check = orchestrator::JobManager::open(o.data_dir, jm);
+  if (!check) return std::move(check).error();
+  for (const auto& p : (*check)->list_jobs())
+    if ((p.state == orchestrator::JobState::queued || p.state == orchestrator::JobState::running) && !p.error.empty())
+      spdlog::error("{}", p.error);
+  check->reset();
+  return OrchestratorFactory([o, jm, roster = std::move(roster), key = shared.key,
+                              metrics = shared.metrics](caf::actor_system& sys) -> Result<caf::actor> {
+    auto jobs = orchestrator::JobManager::open(o.data_dir, jm);
+    if (!jobs) return std::move(jobs).error();
+    OrchestratorConfig oc;
+    oc.node_name = o.name;
+    oc.model_dir = o.engine.model_dir;
+    oc.parallel = o.parallel;
+    oc.jobs = std::move(jobs).value();
+    oc.key = key;
+    oc.metrics = metrics;
+    oc.failure = o.failure;
+    oc.roster = roster;
+    oc.sidp_policy = o.sidp_policy;
+    oc.weight_sharing = o.sidp ? "sidp" : "none";
+    oc.remote_workers = !o.listen.empty();
+    return spawn_orchestrator(sys, std::move(oc));
+  });
+}
+
+/// `--weight-sharing sidp`: one SiDP group over the node's workers (the
+/// model loaded once) and a layer owner per rank.
+struct NodeSidp {
+  std::shared_ptr<engine::SidpNodeGroup> group;
+  std::string group_name;
+  std::vector<LayerOwnerConfig> owners;
+};
+
+Result<NodeSidp> node_sidp(NodeOptions& o, const NodeShared& shared) {
+  NodeSidp out;
+  if (!o.sidp) return out;
+  engine::ParallelConfig group = o.parallel;
+  group.dp = 1;
+  o.sidp->dp = o.parallel.dp;
+  engine::EngineOptions base = o.engine;
+  base.parallel = group;
+  base.device = model::DeviceKind::cpu;
+  base.max_num_seqs = o.max_batch;
+  auto made = engine::SidpNodeGroup::create(base, *o.sidp);
+  if (!made) return std::move(made).error();
+  out.group = std::move(made).value();
+  out.group_name = o.name + "/sidp";
+  for (int i = 0; i < o.parallel.dp; ++i) {
+    LayerOwnerConfig oc;
+    oc.name = worker_name(o.name, i, group) + "/owner";
+    oc.node_name = o.name;
+    oc.group_name = out.group_name;
+    oc.rank = i;
+    oc.sidp = out.group;
+    oc.orchestrator = shared.orchestrator;
+    oc.key = shared.key;
+    oc.heartbeat_ms = o.failure.heartbeat_ms;
+    out.owners.push_back(std::move(oc));
+  }
+  return out;
+}
+
+/// One worker per engine group (dp of them), named after its devices.
+std::vector<WorkerConfig> node_workers(const NodeOptions& o, const NodeShared& shared, const NodeSidp& sidp) {
+  engine::ParallelConfig group = o.parallel;
+  group.dp = 1;
+  std::vector<WorkerConfig> workers;
+  for (int i = 0; i < o.parallel.dp; ++i) {
+    WorkerConfig wc;
+    wc.node_name = o.name;
+    wc.engine = worker_engine_options(o, i);
+    if (o.device_kind == model::DeviceKind::cuda) {
+      const int d = o.cuda_devices[static_cast<std::size_t>(i)];
+      wc.name = o.name + "/cuda:" + std::to_string(d);
+      wc.device = "cuda:" + std::to_string(d);
+    } else {
+      wc.name = worker_name(o.name, i, group);
+      wc.device = "cpu";
+    }
+    wc.max_batch = o.max_batch;
+    wc.orchestrator = shared.orchestrator;
+    wc.key = shared.key;
+    wc.metrics = shared.metrics;
+    wc.start_errors = shared.start_errors;
+    wc.heartbeat_ms = o.failure.heartbeat_ms;
+    wc.failure_timeout_ms = o.failure.failure_timeout_ms;
+    if (sidp.group) {
+      wc.sidp = sidp.group;
+      wc.sidp_rank = i;
+      wc.sidp_group = sidp.group_name;
+    }
+    workers.push_back(std::move(wc));
+  }
+  return workers;
+}
+
+/// The KV store under DATA/kv (DéjàVu: RocksDB backs replicated KV state).
+/// It needs the model's KV geometry; without a data dir or a readable
+/// model config the node runs without one (lines then resume from their
+/// tokens only): nullopt.
+std::optional<KvStoreConfig> node_kv_store(const NodeOptions& o, const NodeShared& shared) {
+  if (o.kv_replication == 0) {
+    spdlog::info("node {}: --kv-replication 0: no KV store, no KV streaming", o.name);
+    return std::nullopt;
+  }
+  if (o.data_dir.empty()) {
+    spdlog::warn("node {}: no --data-dir: no KV store, no KV streaming", o.name);
+    return std::nullopt;
+  }
+  auto cfg = model::load_model_config(o.engine.model_dir);
+  if (!cfg) {
+    spdlog::warn("node {}: no KV store: {}", o.name, cfg.error().to_string());
+    return std::nullopt;
+  }
+  KvStoreConfig kc;
+  kc.name = o.name + "/kvstore";
+  kc.node_name = o.name;
+  kc.dir = (std::filesystem::path(o.data_dir) / "kv").string();
+  kc.shape =
+      kvstore::KvModelShape{cfg->num_hidden_layers, cfg->num_key_value_heads, cfg->head_dim, o.engine.kv_cache_dtype};
+  kc.capacity_bytes = o.kv_store_bytes;
+  kc.disk_budget_bytes = o.kv_disk_bytes;
+  kc.disk_reserve_bytes = o.kv_disk_reserve_bytes;
+  kc.sync = o.kv_sync;
+  kc.replication_factor = o.kv_replication;
+  kc.key = shared.key;
+  kc.metrics = shared.metrics;
+  kc.orchestrator = shared.orchestrator;
+  kc.heartbeat_ms = o.failure.heartbeat_ms;
+  return kc;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
+  if (Status ok = check_node_options(o); !ok) return ok.error();
+  std::unique_ptr<Node> node(new Node());
+  auto key = node_key(o);
+  if (!key) return std::move(key).error();
+  node->key_ = std::move(key).value();
   node->metrics_ = std::make_shared<MetricsRegistry>();
   describe_node_metrics(*node->metrics_);
   // Mutual TLS on every connection of this node's actor system (the port it
@@ -314,42 +495,13 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   caf::actor_system& sys = *node->system_;
   node->tls_->start(sys);
 
-
+  NodeShared shared{node->key_, node->metrics_, caf::actor(), node->start_errors_};
   auto roster = std::make_shared<OrchestratorRoster>();
   OrchestratorFactory start_orchestrator;
   if (o.join.empty()) {
-    // Opened here once so that a bad data dir fails the start; the
-    // supervisor opens it again for each incarnation.
-    // Jobs record the model they run on and are not resumed on another one.
-    orchestrator::JobManagerOptions jm;
-    auto fingerprint = model::model_fingerprint(o.engine.model_dir);
-    if (!fingerprint) return make_error(fingerprint.error().code, "--model: " + fingerprint.error().message);
-    jm.model_fingerprint = *fingerprint;
-    jm.model_dir = o.engine.model_dir;
-    auto check = orchestrator::JobManager::open(o.data_dir, jm);
-    if (!check) return std::move(check).error();
-    for (const auto& p : (*check)->list_jobs())
-      if ((p.state == orchestrator::JobState::queued || p.state == orchestrator::JobState::running) &&
-          !p.error.empty())
-        spdlog::error("{}", p.error);
-    check->reset();
-    start_orchestrator = [o, jm, roster, key = node->key_,
-                          metrics = node->metrics_](caf::actor_system& sys) -> Result<caf::actor> {
-      auto jobs = orchestrator::JobManager::open(o.data_dir, jm);
-      if (!jobs) return std::move(jobs).error();
-      OrchestratorConfig oc;
-      oc.node_name = o.name;
-      oc.model_dir = o.engine.model_dir;
-      oc.parallel = o.parallel;
-      oc.jobs = std::move(jobs).value();
-      oc.key = key;
-      oc.metrics = metrics;
-      oc.failure = o.failure;
-      oc.roster = roster;
-      oc.sidp_policy = o.sidp_policy;
-      oc.weight_sharing = o.sidp ? "sidp" : "none";
-      return spawn_orchestrator(sys, std::move(oc));
-    };
+    auto factory = orchestrator_factory(o, roster, shared);
+    if (!factory) return std::move(factory).error();
+    start_orchestrator = std::move(factory).value();
     // Clients, workers and joined nodes hold the relay, never an
     // orchestrator incarnation.
     node->relay_ = spawn_orchestrator_relay(sys, node->metrics_);
@@ -363,6 +515,7 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     node->orchestrator_ = *link;
     node->link_ = *link;
   }
+  shared.orchestrator = node->orchestrator_;
 
   if (!o.listen.empty()) {
     auto hp = comm::parse_host_port(o.listen);
@@ -374,107 +527,19 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
     node->port_ = *port;
   }
 
-  std::vector<WorkerConfig> workers;
-  engine::ParallelConfig group = o.parallel;
-  group.dp = 1;
-  // SiDP: one group over the node's workers, the model loaded once.
-  std::shared_ptr<engine::SidpNodeGroup> sidp;
-  const std::string sidp_group = o.name + "/sidp";
-  std::vector<LayerOwnerConfig> owners;
-  if (o.sidp) {
-    if (cuda)
-      return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU devices so far");
-    if (o.parallel.group_size() != 1 || o.parallel.dp < 2)
-      return make_error(ErrorCode::invalid_argument,
-                        "--weight-sharing sidp needs --parallel dp=N (N >= 2, each rank one device), got " +
-                            o.parallel.to_string());
-    if (!o.engine.group_master.empty())
-      return make_error(ErrorCode::unsupported, "--weight-sharing sidp with --group-master is not built");
-    o.sidp->dp = o.parallel.dp;
-    engine::EngineOptions base = o.engine;
-    base.parallel = group;
-    base.device = model::DeviceKind::cpu;
-    base.max_num_seqs = o.max_batch;
-    auto made = engine::SidpNodeGroup::create(base, *o.sidp);
-    if (!made) return std::move(made).error();
-    sidp = std::move(made).value();
-    for (int i = 0; i < o.parallel.dp; ++i) {
-      LayerOwnerConfig oc;
-      oc.name = worker_name(o.name, i, group) + "/owner";
-      oc.node_name = o.name;
-      oc.group_name = sidp_group;
-      oc.rank = i;
-      oc.sidp = sidp;
-      oc.orchestrator = node->orchestrator_;
-      oc.key = node->key_;
-      oc.heartbeat_ms = o.failure.heartbeat_ms;
-      owners.push_back(std::move(oc));
-    }
-  }
-  for (int i = 0; i < o.parallel.dp; ++i) {
-    WorkerConfig wc;
-    wc.node_name = o.name;
-    wc.engine = worker_engine_options(o, i);
-    if (cuda) {
-      const int d = o.cuda_devices[static_cast<std::size_t>(i)];
-      wc.name = o.name + "/cuda:" + std::to_string(d);
-      wc.device = "cuda:" + std::to_string(d);
-    } else {
-      wc.name = worker_name(o.name, i, group);
-      wc.device = "cpu";
-    }
-    wc.max_batch = o.max_batch;
-    wc.orchestrator = node->orchestrator_;
-    wc.key = node->key_;
-    wc.metrics = node->metrics_;
-    wc.start_errors = node->start_errors_;
-    wc.heartbeat_ms = o.failure.heartbeat_ms;
-    wc.failure_timeout_ms = o.failure.failure_timeout_ms;
-    if (sidp) {
-      wc.sidp = sidp;
-      wc.sidp_rank = i;
-      wc.sidp_group = sidp_group;
-    }
-    workers.push_back(std::move(wc));
-  }
+  auto sidp = node_sidp(o, shared);
+  if (!sidp) return std::move(sidp).error();
+  std::vector<WorkerConfig> workers = node_workers(o, shared, *sidp);
   auto sc = std::make_shared<SupervisorConfig>();
-  // The KV store under DATA/kv (DéjàVu: RocksDB backs replicated KV state).
-  // It needs the model's KV geometry; without a data dir or a readable
-  // model config the node runs without one (lines then resume from their
-  // tokens only).
-  if (o.kv_replication < 0)
-    return make_error(ErrorCode::invalid_argument,
-                      "--kv-replication must be >= 0, got " + std::to_string(o.kv_replication));
-  if (o.kv_replication == 0) {
-    spdlog::info("node {}: --kv-replication 0: no KV store, no KV streaming", o.name);
-  } else if (o.data_dir.empty()) {
-    spdlog::warn("node {}: no --data-dir: no KV store, no KV streaming", o.name);
-  } else if (auto cfg = model::load_model_config(o.engine.model_dir); !cfg) {
-    spdlog::warn("node {}: no KV store: {}", o.name, cfg.error().to_string());
-  } else {
-    KvStoreConfig kc;
-    kc.name = o.name + "/kvstore";
-    kc.node_name = o.name;
-    kc.dir = (std::filesystem::path(o.data_dir) / "kv").string();
-    kc.shape = kvstore::KvModelShape{cfg->num_hidden_layers, cfg->num_key_value_heads, cfg->head_dim,
-                                     o.engine.kv_cache_dtype};
-    kc.capacity_bytes = o.kv_store_bytes;
-    kc.disk_budget_bytes = o.kv_disk_bytes;
-    kc.disk_reserve_bytes = o.kv_disk_reserve_bytes;
-    kc.sync = o.kv_sync;
-    kc.replication_factor = o.kv_replication;
-    kc.key = node->key_;
-    kc.metrics = node->metrics_;
-    kc.orchestrator = node->orchestrator_;
-    kc.heartbeat_ms = o.failure.heartbeat_ms;
-    sc->kvstore = std::move(kc);
+  if (std::optional<KvStoreConfig> kc = node_kv_store(o, shared)) {
+    sc->kvstore = std::move(*kc);
     sc->kv_link = std::make_shared<KvStoreLink>();
     for (WorkerConfig& w : workers) w.kv_store = sc->kv_link;
   }
   apply_stall_hook(workers);
   node->num_workers_ = static_cast<int>(workers.size());
   sc->workers = std::move(workers);
-  sc->owners = std::move(owners);
+  sc->owners = std::move(sidp->owners);
   sc->relay = node->relay_;
   sc->start_orchestrator = std::move(start_orchestrator);
   sc->roster = roster;

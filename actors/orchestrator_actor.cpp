@@ -561,7 +561,7 @@ caf::behavior orchestrator_behavior(OrchestratorActor* self, std::shared_ptr<Orc
                    roster.restarts, names.size());
       // The names stay until they are back or the hold ends without them, so
       // that a kill before then still waits for them next time.
-    } else if (!state.config.jobs->idle()) {
+    } else if (!state.config.jobs->idle() && state.config.remote_workers) {
       // A fresh process over unfinished jobs: this node was restarted (after
       // a crash, or kill -9). Workers of other nodes kept running: they hold
       // lines that are pending here, or finished some and their results are

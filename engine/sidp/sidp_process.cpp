@@ -349,6 +349,284 @@ class RemoteHooks final : public SidpRoundHooks {
 
 }  // namespace
 
+namespace {
+
+/// Tells rank 0 about a failure of this rank, and returns it.
+Status tell_rank0(SidpRemoteRanks::Control& control, Error e) {
+  (void)control.send(0, Kind::error, json{{"message", e.to_string()}});
+  return e;
+}
+
+/// The setup rank 0 sent, checked against this rank's arguments, options
+/// and model. Errors: mismatch (another dp, rank, model shape or dtype),
+/// corrupt (a field missing or out of range).
+Result<SidpProcessSetup> read_setup(const json& s, const EngineOptions& base, const model::ModelConfig& cfg, int dp,
+                                    int rank) {
+  const auto mismatch = [&](const std::string& what, long long mine, long long theirs) {
+    return make_error(ErrorCode::mismatch, "rank " + std::to_string(rank) + ": " + what + " is " +
+                                               std::to_string(mine) + " here but " + std::to_string(theirs) +
+                                               " on rank 0");
+  };
+  SidpProcessSetup setup;
+  try {
+    if (s.at("version").get<int>() != kSetupVersion)
+      return mismatch("setup version", kSetupVersion, s.at("version").get<int>());
+    if (s.at("dp").get<int>() != dp) return mismatch("dp", dp, s.at("dp").get<int>());
+    if (s.at("rank").get<int>() != rank) return mismatch("rank", rank, s.at("rank").get<int>());
+    if (s.at("num_layers").get<int>() != cfg.num_hidden_layers)
+      return mismatch("num_hidden_layers", cfg.num_hidden_layers, s.at("num_layers").get<int>());
+    if (s.at("hidden").get<int>() != cfg.hidden_size)
+      return mismatch("hidden_size", cfg.hidden_size, s.at("hidden").get<int>());
+    if (s.at("vocab").get<int>() != cfg.vocab_size)
+      return mismatch("vocab_size", cfg.vocab_size, s.at("vocab").get<int>());
+    if (s.at("dtype").get<int>() != static_cast<int>(base.dtype))
+      return make_error(ErrorCode::mismatch, "rank " + std::to_string(rank) + ": weights dtype is " +
+                                                 dtype_name(base.dtype) + " here but " +
+                                                 dtype_name(static_cast<DType>(s.at("dtype").get<int>())) +
+                                                 " on rank 0");
+    setup.dp = dp;
+    setup.plan.dp = dp;
+    setup.plan.owner_of_layer = s.at("owners").get<std::vector<int>>();
+    if (setup.plan.num_layers() != cfg.num_hidden_layers) return corrupt("setup: owners do not cover the layers");
+    for (int o : setup.plan.owner_of_layer)
+      if (o < 0 || o >= dp) return corrupt("setup: owner " + std::to_string(o) + " outside the group");
+    setup.cache_slots = s.at("cache_slots").get<int>();
+    setup.peak_shifting = s.at("peak_shifting").get<bool>();
+    const auto mode = sidp::parse_mode(s.at("initial_mode").get<std::string>());
+    if (!mode) return corrupt("setup: bad initial_mode");
+    setup.initial_mode = *mode;
+    setup.capture_logits = s.at("capture_logits").get<bool>();
+    setup.owner_wait = std::chrono::milliseconds(s.at("owner_wait_ms").get<long long>());
+    setup.comm_timeout = std::chrono::milliseconds(s.at("comm_timeout_ms").get<long long>());
+    setup.link_gbps = s.at("link_gbps").get<double>();
+    setup.link_latency_us = s.at("link_latency_us").get<double>();
+  } catch (const json::exception& e) {
+    return corrupt(std::string("setup: ") + e.what());
+  }
+  return setup;
+}
+
+/// A rank's weights and compute communicators, paced by the emulated link
+/// when the setup asks for one.
+struct RankComms {
+  std::unique_ptr<comm::TcpCommunicator> weights_tcp, compute_tcp;
+  std::unique_ptr<comm::Communicator> paced_weights, paced_compute;
+  comm::Communicator* weights = nullptr;
+  comm::Communicator* compute = nullptr;
+
+  /// Sets the setup's timeout and pacing. Errors: the link model's.
+  Status configure(const SidpProcessSetup& setup, int dp) {
+    weights_tcp->set_timeout(setup.comm_timeout);
+    compute_tcp->set_timeout(setup.comm_timeout);
+    weights = weights_tcp.get();
+    compute = compute_tcp.get();
+    if (setup.link_gbps <= 0) return Status::ok_status();
+    // This process paces its own transfers; an owner's egress shared by
+    // readers in several processes is not modelled across processes.
+    auto link = comm::LinkModel::create(dp, comm::LinkSpec{setup.link_gbps, setup.link_latency_us});
+    if (!link) return std::move(link).error();
+    auto pw = comm::PacedCommunicator::create(*weights_tcp, *link);
+    if (!pw) return std::move(pw).error();
+    auto pc = comm::PacedCommunicator::create(*compute_tcp, *link);
+    if (!pc) return std::move(pc).error();
+    paced_weights = std::move(pw).value();
+    paced_compute = std::move(pc).value();
+    weights = paced_weights.get();
+    compute = paced_compute.get();
+    return Status::ok_status();
+  }
+};
+
+/// A rank's engine over its SiDP FFN: the layer owner of its layers (loaded
+/// and exposed on the weights group), the FFN, and the engine. Torn down in
+/// order: the engine and the FFN (whose housekeeper uses the weights
+/// group), then the owner's regions.
+struct RankEngine {
+  std::shared_ptr<sidp::LayerOwner> owner;
+  std::shared_ptr<sidp::SidpFfn> ffn;
+  EngineInstance inst;
+  comm::Communicator* weights_comm = nullptr;
+  std::size_t weight_bytes = 0;  ///< FFN layers held plus the packed rest
+
+  RankEngine() = default;
+  RankEngine(const RankEngine&) = delete;
+  RankEngine& operator=(const RankEngine&) = delete;
+  ~RankEngine() {
+    inst.engine.reset();
+    inst.executor.reset();
+    ffn.reset();
+    if (owner) owner->unload(weights_comm);
+  }
+
+  Status build(const EngineOptions& base, std::shared_ptr<const model::ModelWeights> weights,
+               const SidpProcessSetup& setup, int rank, const RankComms& comms) {
+    weights_comm = comms.weights;
+    auto owner_made = sidp::LayerOwner::create(weights, setup.plan, rank);
+    if (!owner_made) return std::move(owner_made).error();
+    owner = std::move(owner_made).value();
+    if (Status st = owner->load(comms.weights); !st) return st;
+    sidp::SidpFfnOptions fo;
+    fo.cache.cache_slots = setup.cache_slots;
+    fo.cache.owner_wait = setup.owner_wait;
+    fo.peak_shifting = setup.peak_shifting;
+    fo.initial_mode = setup.initial_mode;
+    auto ffn_made = sidp::SidpFfn::create(setup.plan, rank, owner, comms.weights, comms.compute, fo);
+    if (!ffn_made) return std::move(ffn_made).error();
+    ffn = std::move(ffn_made).value();
+    EngineOptions eo = base;
+    eo.weights = std::move(weights);
+    eo.ffn = ffn;
+    eo.capture_logits = setup.capture_logits;
+    eo.sidp_owned_ffn_layers = static_cast<int>(owner->owned_layers().size());
+    eo.sidp_cache_slots = ffn->cache_slots();
+    auto built = build_engine(eo);
+    if (!built) return std::move(built).error();
+    inst = std::move(built).value();
+    weight_bytes = ffn->ffn_weight_bytes();
+    if (auto* cpu = inst.executor_as<model::CpuModelRunner>()) weight_bytes += cpu->packed_weight_bytes();
+    return Status::ok_status();
+  }
+};
+
+/// A rank's control thread: takes rank 0's directives (announced to the
+/// FFN at once), rounds (queued for the rank's loop), stop / abort of a
+/// round and shutdown. The round hooks read its flags.
+class RankControl {
+ public:
+  RankControl(SidpRemoteRanks::Control& control, sidp::SidpFfn& ffn) : control_(control), ffn_(ffn) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~RankControl() {
+    quit_ = true;
+    thread_.join();
+  }
+  RankControl(const RankControl&) = delete;
+  RankControl& operator=(const RankControl&) = delete;
+
+  /// The next round's message (waits for one); nullopt when rank 0 shut
+  /// this rank down. Errors: io (rank 0 went away), corrupt (a bad message).
+  Result<std::optional<json>> next_round(int rank) {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return shutdown_ || !rounds_.empty(); });
+    if (rounds_.empty()) {
+      if (!error_.ok() && error_.error().code != ErrorCode::io) return error_.error();
+      if (lost_)
+        return make_error(ErrorCode::io, "sidp rank " + std::to_string(rank) + ": rank 0 went away (" +
+                                             error_.error().message + ")");
+      return std::optional<json>();
+    }
+    json round = std::move(rounds_.front());
+    rounds_.pop_front();
+    return std::optional<json>(std::move(round));
+  }
+
+  std::atomic<std::uint64_t> announced{0}, stopped{0}, aborted{0};
+  [[nodiscard]] const std::atomic<bool>& lost() const { return lost_; }
+
+ private:
+  void run() {
+    for (;;) {
+      auto m = control_.recv(0, std::chrono::hours(24 * 365), [&] { return quit_.load(); });
+      std::lock_guard lk(mu_);
+      if (quit_) return;
+      if (!m) {
+        lost_ = true;
+        shutdown_ = true;
+        error_ = std::move(m).error();
+        cv_.notify_all();
+        return;
+      }
+      try {
+        handle(*m);
+      } catch (const std::exception& e) {
+        lost_ = true;
+        shutdown_ = true;
+        error_ = corrupt(std::string(kind_name(m->kind)) + ": " + e.what());
+      }
+      cv_.notify_all();
+      if (shutdown_) return;
+    }
+  }
+
+  /// One message from rank 0 (under mu_). Throws on a bad body.
+  void handle(Message& m) {
+    switch (m.kind) {
+      case Kind::directive: {
+        const auto mode = sidp::parse_mode(m.body.at("mode").get<std::string>());
+        const auto epoch = m.body.at("epoch").get<std::uint64_t>();
+        if (!mode) throw std::out_of_range("mode");
+        ffn_.announce(*mode, epoch);
+        if (epoch > announced.load()) announced = epoch;
+        break;
+      }
+      case Kind::round: rounds_.push_back(std::move(m.body)); break;
+      case Kind::stop: stopped = m.body.at("round").get<std::uint64_t>(); break;
+      case Kind::abort: aborted = m.body.at("round").get<std::uint64_t>(); break;
+      case Kind::shutdown: shutdown_ = true; break;
+      default: throw std::out_of_range(std::string("unexpected ") + kind_name(m.kind));
+    }
+  }
+
+  SidpRemoteRanks::Control& control_;
+  sidp::SidpFfn& ffn_;
+  std::atomic<bool> lost_{false};
+  std::atomic<bool> quit_{false};  ///< the rank returns: the thread stops
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<json> rounds_;
+  bool shutdown_ = false;
+  Status error_ = Status::ok_status();
+  std::thread thread_;  ///< last: starts once the rest is built
+};
+
+/// One round rank 0 sent: its requests join the engine, the rank's loop
+/// runs them (run_sidp_rank), and `done` carries the outputs and the FFN's
+/// stats back. Errors: a bad round or a failed loop (rank 0 is told), io
+/// when the round was aborted (the group is rebuilt, this process with it).
+Status serve_round(const json& round_msg, int rank, RankEngine& re, RankControl& rc,
+                   SidpRemoteRanks::Control& control, const RankComms& comms) {
+  std::uint64_t round = 0;
+  std::vector<std::uint64_t> ids;
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<sampling::SamplingParams> params;
+  try {
+    round = round_msg.at("round").get<std::uint64_t>();
+    ids = round_msg.at("ids").get<std::vector<std::uint64_t>>();
+    prompts = round_msg.at("prompts").get<std::vector<std::vector<std::int32_t>>>();
+    for (const json& p : round_msg.at("params")) {
+      auto decoded = sidp_wire::params_from_json(p);
+      if (!decoded) return tell_rank0(control, decoded.error());
+      params.push_back(*decoded);
+    }
+  } catch (const json::exception& e) {
+    return tell_rank0(control, corrupt(std::string("round: ") + e.what()));
+  }
+  if (ids.size() != prompts.size() || ids.size() != params.size())
+    return tell_rank0(control, corrupt("round: ids, prompts and params differ in length"));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (Status st = re.inst.engine->add_request(ids[i], prompts[i], params[i]); !st)
+      return tell_rank0(control, st.error());
+  RemoteHooks hooks(control, round, rc.announced, rc.stopped, rc.aborted, rc.lost());
+  if (Status st = run_sidp_rank(*re.inst.engine, *re.ffn, hooks); !st) return tell_rank0(control, st.error());
+  if (hooks.aborted()) {
+    // A peer failed: the group is broken (its CaS collectives may be
+    // poisoned) and is rebuilt, this process with it.
+    (void)control.send(0, Kind::done, json{{"round", round}, {"outputs", json::array()},
+                                           {"stats", sidp_wire::stats_to_json(re.ffn->stats())}, {"bytes_sent", 0}});
+    return make_error(ErrorCode::io, "sidp rank " + std::to_string(rank) + ": round " + std::to_string(round) +
+                                         " aborted (a peer failed or rank 0 went away); the group must be rebuilt");
+  }
+  json outs = json::array();
+  for (const RequestOutput& o : hooks.outputs) outs.push_back(sidp_wire::output_to_json(o));
+  const std::uint64_t sent = comms.weights->bytes_sent() + comms.compute->bytes_sent();
+  return control.send(0, Kind::done, json{{"round", round},
+                                          {"outputs", std::move(outs)},
+                                          {"stats", sidp_wire::stats_to_json(re.ffn->stats())},
+                                          {"bytes_sent", sent}});
+}
+
+}  // namespace
+
 Status serve_sidp_rank(const EngineOptions& base, int dp, int rank, const TcpGroupOptions& tcp,
                        const std::function<void(const std::string&)>& log) {
   const auto say = [&](const std::string& line) {
@@ -369,249 +647,48 @@ Status serve_sidp_rank(const EngineOptions& base, int dp, int rank, const TcpGro
   if (!control_comm) return std::move(control_comm).error();
   SidpRemoteRanks::Control control(std::move(control_comm).value());
   // From here on every failure is told to rank 0 as well.
-  const auto fail = [&](Error e) -> Status {
-    (void)control.send(0, Kind::error, json{{"message", e.to_string()}});
-    return e;
-  };
-
   auto setup_msg = control.recv(0, tcp.timeout);
   if (!setup_msg) return std::move(setup_msg).error();
   if (setup_msg->kind != Kind::setup)
-    return fail(corrupt(std::string("expected setup, got ") + kind_name(setup_msg->kind)));
+    return tell_rank0(control, corrupt(std::string("expected setup, got ") + kind_name(setup_msg->kind)));
   const json& s = setup_msg->body;
   // Join the weights and compute groups first, so that rank 0 hears a
   // mismatch below as this rank's error (not as a rank that never joined).
-  std::unique_ptr<comm::TcpCommunicator> wcomm, ccomm;
+  RankComms comms;
   try {
     auto w = join_tcp(host, s.at("weights_port").get<int>(), rank, dp, tcp);
-    if (!w) return fail(std::move(w).error());
-    wcomm = std::move(w).value();
+    if (!w) return tell_rank0(control, std::move(w).error());
+    comms.weights_tcp = std::move(w).value();
     auto c = join_tcp(host, s.at("compute_port").get<int>(), rank, dp, tcp);
-    if (!c) return fail(std::move(c).error());
-    ccomm = std::move(c).value();
+    if (!c) return tell_rank0(control, std::move(c).error());
+    comms.compute_tcp = std::move(c).value();
   } catch (const json::exception& e) {
-    return fail(corrupt(std::string("setup: ") + e.what()));
+    return tell_rank0(control, corrupt(std::string("setup: ") + e.what()));
   }
-  auto loaded = load_weights(base);
-  if (!loaded) return fail(std::move(loaded).error());
-  const std::shared_ptr<const model::ModelWeights> weights = std::move(loaded).value();
-  sidp::OwnershipPlan plan;
-  SidpProcessSetup setup;
-  try {
-    const auto mismatch = [&](const std::string& what, long long mine, long long theirs) {
-      return make_error(ErrorCode::mismatch, "rank " + std::to_string(rank) + ": " + what + " is " +
-                                                 std::to_string(mine) + " here but " + std::to_string(theirs) +
-                                                 " on rank 0");
-    };
-    if (s.at("version").get<int>() != kSetupVersion)
-      return fail(mismatch("setup version", kSetupVersion, s.at("version").get<int>()));
-    if (s.at("dp").get<int>() != dp) return fail(mismatch("dp", dp, s.at("dp").get<int>()));
-    if (s.at("rank").get<int>() != rank) return fail(mismatch("rank", rank, s.at("rank").get<int>()));
-    const model::ModelConfig& cfg = weights->config;
-    if (s.at("num_layers").get<int>() != cfg.num_hidden_layers)
-      return fail(mismatch("num_hidden_layers", cfg.num_hidden_layers, s.at("num_layers").get<int>()));
-    if (s.at("hidden").get<int>() != cfg.hidden_size)
-      return fail(mismatch("hidden_size", cfg.hidden_size, s.at("hidden").get<int>()));
-    if (s.at("vocab").get<int>() != cfg.vocab_size)
-      return fail(mismatch("vocab_size", cfg.vocab_size, s.at("vocab").get<int>()));
-    if (s.at("dtype").get<int>() != static_cast<int>(base.dtype))
-      return fail(make_error(ErrorCode::mismatch, "rank " + std::to_string(rank) + ": weights dtype is " +
-                                                      dtype_name(base.dtype) + " here but " +
-                                                      dtype_name(static_cast<DType>(s.at("dtype").get<int>())) +
-                                                      " on rank 0"));
-    plan.dp = dp;
-    plan.owner_of_layer = s.at("owners").get<std::vector<int>>();
-    if (plan.num_layers() != cfg.num_hidden_layers) return fail(corrupt("setup: owners do not cover the layers"));
-    for (int o : plan.owner_of_layer)
-      if (o < 0 || o >= dp) return fail(corrupt("setup: owner " + std::to_string(o) + " outside the group"));
-    setup.cache_slots = s.at("cache_slots").get<int>();
-    setup.peak_shifting = s.at("peak_shifting").get<bool>();
-    const auto mode = sidp::parse_mode(s.at("initial_mode").get<std::string>());
-    if (!mode) return fail(corrupt("setup: bad initial_mode"));
-    setup.initial_mode = *mode;
-    setup.capture_logits = s.at("capture_logits").get<bool>();
-    setup.owner_wait = std::chrono::milliseconds(s.at("owner_wait_ms").get<long long>());
-    setup.comm_timeout = std::chrono::milliseconds(s.at("comm_timeout_ms").get<long long>());
-    setup.link_gbps = s.at("link_gbps").get<double>();
-    setup.link_latency_us = s.at("link_latency_us").get<double>();
-  } catch (const json::exception& e) {
-    return fail(corrupt(std::string("setup: ") + e.what()));
-  }
-  wcomm->set_timeout(setup.comm_timeout);
-  ccomm->set_timeout(setup.comm_timeout);
-  comm::Communicator* weights_comm = wcomm.get();
-  comm::Communicator* compute_comm = ccomm.get();
-  std::unique_ptr<comm::Communicator> paced_w, paced_c;
-  if (setup.link_gbps > 0) {
-    // This process paces its own transfers; an owner's egress shared by
-    // readers in several processes is not modelled across processes.
-    auto link = comm::LinkModel::create(dp, comm::LinkSpec{setup.link_gbps, setup.link_latency_us});
-    if (!link) return fail(std::move(link).error());
-    auto pw = comm::PacedCommunicator::create(*wcomm, *link);
-    if (!pw) return fail(std::move(pw).error());
-    auto pc = comm::PacedCommunicator::create(*ccomm, *link);
-    if (!pc) return fail(std::move(pc).error());
-    paced_w = std::move(pw).value();
-    paced_c = std::move(pc).value();
-    weights_comm = paced_w.get();
-    compute_comm = paced_c.get();
-  }
-
-  auto owner_made = sidp::LayerOwner::create(weights, plan, rank);
-  if (!owner_made) return fail(std::move(owner_made).error());
-  std::shared_ptr<sidp::LayerOwner> owner = std::move(owner_made).value();
-  if (Status st = owner->load(weights_comm); !st) return fail(st.error());
-  sidp::SidpFfnOptions fo;
-  fo.cache.cache_slots = setup.cache_slots;
-  fo.cache.owner_wait = setup.owner_wait;
-  fo.peak_shifting = setup.peak_shifting;
-  fo.initial_mode = setup.initial_mode;
-  auto ffn_made = sidp::SidpFfn::create(plan, rank, owner, weights_comm, compute_comm, fo);
-  if (!ffn_made) return fail(std::move(ffn_made).error());
-  std::shared_ptr<sidp::SidpFfn> ffn = std::move(ffn_made).value();
-  EngineOptions eo = base;
-  eo.weights = weights;
-  eo.ffn = ffn;
-  eo.capture_logits = setup.capture_logits;
-  eo.sidp_owned_ffn_layers = static_cast<int>(owner->owned_layers().size());
-  eo.sidp_cache_slots = ffn->cache_slots();
-  auto built = build_engine(eo);
-  if (!built) return fail(std::move(built).error());
-  EngineInstance inst = std::move(built).value();
-  // Tear down in order: the engine and the FFN (the housekeeper uses the
-  // weights group), then the owner's regions, then the communicators.
-  struct Teardown {
-    EngineInstance& inst;
-    std::shared_ptr<sidp::SidpFfn>& ffn;
-    std::shared_ptr<sidp::LayerOwner>& owner;
-    comm::Communicator* weights_comm;
-    ~Teardown() {
-      inst.engine.reset();
-      inst.executor.reset();
-      ffn.reset();
-      owner->unload(weights_comm);
-    }
-  } teardown{inst, ffn, owner, weights_comm};
-
-  std::size_t weight_bytes = ffn->ffn_weight_bytes();
-  if (auto* cpu = inst.executor_as<model::CpuModelRunner>()) weight_bytes += cpu->packed_weight_bytes();
-  if (Status st = control.send(0, Kind::ready, json{{"weight_bytes", weight_bytes}, {"num_kv_blocks", inst.num_kv_blocks}});
-      !st)
-    return st;
+  auto weights = load_weights(base);
+  if (!weights) return tell_rank0(control, std::move(weights).error());
+  auto setup = read_setup(s, base, (*weights)->config, dp, rank);
+  if (!setup) return tell_rank0(control, std::move(setup).error());
+  if (Status st = comms.configure(*setup, dp); !st) return tell_rank0(control, st.error());
+  RankEngine re;
+  if (Status st = re.build(base, std::move(weights).value(), *setup, rank, comms); !st)
+    return tell_rank0(control, st.error());
+  const json ready{{"weight_bytes", re.weight_bytes}, {"num_kv_blocks", re.inst.num_kv_blocks}};
+  if (Status st = control.send(0, Kind::ready, ready); !st) return st;
   say("sidp rank " + std::to_string(rank) + " of dp=" + std::to_string(dp) + " ready: owns layers " +
-      std::to_string(owner->owned_layers().size()) + " of " + std::to_string(plan.num_layers()) + ", " +
-      std::to_string(weight_bytes) + " weight bytes, " + std::to_string(inst.num_kv_blocks) + " KV blocks");
+      std::to_string(re.owner->owned_layers().size()) + " of " + std::to_string(setup->plan.num_layers()) + ", " +
+      std::to_string(re.weight_bytes) + " weight bytes, " + std::to_string(re.inst.num_kv_blocks) + " KV blocks");
 
-  // The control thread: directives, rounds, stop / abort, shutdown.
-  std::atomic<std::uint64_t> announced{0}, stopped{0}, aborted{0};
-  std::atomic<bool> lost{false};
-  std::atomic<bool> quit{false};  // this function returns: the control thread stops
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<json> rounds;
-  bool shutdown = false;
-  Status control_error = Status::ok_status();
-  std::thread control_thread([&] {
-    for (;;) {
-      auto m = control.recv(0, std::chrono::hours(24 * 365), [&] { return quit.load(); });
-      std::lock_guard lk(mu);
-      if (quit) return;
-      if (!m) {
-        lost = true;
-        shutdown = true;
-        control_error = std::move(m).error();
-        cv.notify_all();
-        return;
-      }
-      try {
-        switch (m->kind) {
-          case Kind::directive: {
-            const auto mode = sidp::parse_mode(m->body.at("mode").get<std::string>());
-            const auto epoch = m->body.at("epoch").get<std::uint64_t>();
-            if (!mode) throw std::out_of_range("mode");
-            ffn->announce(*mode, epoch);
-            if (epoch > announced.load()) announced = epoch;
-            break;
-          }
-          case Kind::round: rounds.push_back(std::move(m->body)); break;
-          case Kind::stop: stopped = m->body.at("round").get<std::uint64_t>(); break;
-          case Kind::abort: aborted = m->body.at("round").get<std::uint64_t>(); break;
-          case Kind::shutdown: shutdown = true; break;
-          default: throw std::out_of_range(std::string("unexpected ") + kind_name(m->kind));
-        }
-      } catch (const std::exception& e) {
-        lost = true;
-        shutdown = true;
-        control_error = corrupt(std::string(kind_name(m->kind)) + ": " + e.what());
-      }
-      cv.notify_all();
-      if (shutdown) return;
-    }
-  });
-  struct Joiner {
-    std::thread& t;
-    std::atomic<bool>& quit;
-    ~Joiner() {
-      quit = true;
-      t.join();
-    }
-  } joiner{control_thread, quit};
-
+  RankControl rc(control, *re.ffn);  // destroyed (its thread joined) before the engine
   if (base.num_threads > 0) omp_set_num_threads(base.num_threads);
   for (;;) {
-    json round_msg;
-    {
-      std::unique_lock lk(mu);
-      cv.wait(lk, [&] { return shutdown || !rounds.empty(); });
-      if (rounds.empty()) {
-        if (!control_error.ok() && control_error.error().code != ErrorCode::io) return control_error;
-        if (lost) return make_error(ErrorCode::io, "sidp rank " + std::to_string(rank) + ": rank 0 went away (" +
-                                                       control_error.error().message + ")");
-        say("sidp rank " + std::to_string(rank) + ": shutdown by rank 0");
-        return Status::ok_status();
-      }
-      round_msg = std::move(rounds.front());
-      rounds.pop_front();
+    auto round = rc.next_round(rank);
+    if (!round) return std::move(round).error();
+    if (!*round) {
+      say("sidp rank " + std::to_string(rank) + ": shutdown by rank 0");
+      return Status::ok_status();
     }
-    std::uint64_t round = 0;
-    std::vector<std::uint64_t> ids;
-    std::vector<std::vector<std::int32_t>> prompts;
-    std::vector<sampling::SamplingParams> params;
-    try {
-      round = round_msg.at("round").get<std::uint64_t>();
-      ids = round_msg.at("ids").get<std::vector<std::uint64_t>>();
-      prompts = round_msg.at("prompts").get<std::vector<std::vector<std::int32_t>>>();
-      for (const json& p : round_msg.at("params")) {
-        auto decoded = sidp_wire::params_from_json(p);
-        if (!decoded) return fail(decoded.error());
-        params.push_back(*decoded);
-      }
-    } catch (const json::exception& e) {
-      return fail(corrupt(std::string("round: ") + e.what()));
-    }
-    if (ids.size() != prompts.size() || ids.size() != params.size())
-      return fail(corrupt("round: ids, prompts and params differ in length"));
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if (Status st = inst.engine->add_request(ids[i], prompts[i], params[i]); !st) return fail(st.error());
-    RemoteHooks hooks(control, round, announced, stopped, aborted, lost);
-    if (Status st = run_sidp_rank(*inst.engine, *ffn, hooks); !st) return fail(st.error());
-    if (hooks.aborted()) {
-      // A peer failed: the group is broken (its CaS collectives may be
-      // poisoned) and is rebuilt, this process with it.
-      (void)control.send(0, Kind::done, json{{"round", round}, {"outputs", json::array()},
-                                             {"stats", sidp_wire::stats_to_json(ffn->stats())}, {"bytes_sent", 0}});
-      return make_error(ErrorCode::io, "sidp rank " + std::to_string(rank) + ": round " + std::to_string(round) +
-                                           " aborted (a peer failed or rank 0 went away); the group must be rebuilt");
-    }
-    json outs = json::array();
-    for (const RequestOutput& o : hooks.outputs) outs.push_back(sidp_wire::output_to_json(o));
-    const std::uint64_t sent = weights_comm->bytes_sent() + compute_comm->bytes_sent();
-    if (Status st = control.send(0, Kind::done, json{{"round", round},
-                                                     {"outputs", std::move(outs)},
-                                                     {"stats", sidp_wire::stats_to_json(ffn->stats())},
-                                                     {"bytes_sent", sent}});
-        !st)
-      return st;
+    if (Status st = serve_round(**round, rank, re, rc, control, comms); !st) return st;
   }
 }
 
