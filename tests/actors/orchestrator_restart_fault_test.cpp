@@ -61,10 +61,18 @@ class OrchestratorRestartFault : public testing_support::ClusterJobTest {
 };
 
 TEST_F(OrchestratorRestartFault, KilledThreeTimesMidJobTheJobFinishesOnceWithTheCleanBytes) {
-  // The job outlasts three kills and restarts with a wide margin: with the
-  // AVX2 kernels a 300-line job ended before the third kill in a CI-like run.
-  constexpr int kLines = 1000;
-  write_input(kLines, 80);
+  // The job outlasts three kills and restarts with a wide margin: 80k
+  // tokens, as 1000 lines of 80 were (with the AVX2 kernels a 300-line job
+  // of 80-token lines ended before the third kill in a CI-like run). Each
+  // line runs 200 tokens (ignore_eos) so that the workers still hold lines
+  // when the new orchestrator asks, after the supervisor's restart delay:
+  // with 80 tokens, lines ending at EOS, an AVX-512 machine finished every
+  // line it held within that delay (0 held at each hello) in one run of two.
+  constexpr int kLines = 400;
+  testing_support::write_demo_prompts(path("in.jsonl"), kLines, [](int, nlohmann::json& body) {
+    body["max_tokens"] = 200;
+    body["ignore_eos"] = true;
+  });
   const std::string expected = clean_output();
   testing_support::expect_each_custom_id_once(expected, kLines);
 
