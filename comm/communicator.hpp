@@ -47,6 +47,12 @@ class Communicator {
  public:
   virtual ~Communicator() = default;
 
+  /// True when the buffers of every call are device pointers (CUDA
+  /// memory: NCCL, the in-process device communicator of
+  /// model/cuda/inproc_device_comm.hpp); false for host memory. A runner
+  /// checks its communicators against where its tensors live.
+  [[nodiscard]] virtual bool on_device() const noexcept { return false; }
+
   /// This rank, in [0, world_size()).
   [[nodiscard]] virtual int rank() const noexcept = 0;
   [[nodiscard]] virtual int world_size() const noexcept = 0;

@@ -88,6 +88,8 @@ class NcclComm final : public NcclCommunicator {
     set_timeout(timeout);
   }
 
+  [[nodiscard]] bool on_device() const noexcept override { return true; }
+
   ~NcclComm() override {
     cudaSetDevice(device_);
     if (comm_) {

@@ -16,10 +16,7 @@ namespace kc = kernels::cpu;
 
 namespace {
 
-struct RowRange {
-  int begin = 0;
-  int count = 0;
-};
+using RowRange = ShardLayout::Range;
 
 /// Packs the rows of `m` named by `ranges`, in order (one contiguous copy
 /// when they are not simply the whole matrix).
@@ -67,6 +64,32 @@ std::pair<int, int> stage_layer_range(int num_layers, int pp, int stage) {
   const int extra = num_layers % pp;
   const int begin = stage * base + std::min(stage, extra);
   return {begin, begin + base + (stage < extra ? 1 : 0)};
+}
+
+ShardLayout shard_layout(const ModelConfig& c, const ShardSpec& spec) {
+  ShardLayout l;
+  const int hd = c.head_dim;
+  const int heads = c.num_attention_heads;
+  const int kvh = c.num_key_value_heads;
+  const int group = c.num_queries_per_kv();
+  std::tie(l.layer_begin, l.layer_end) = stage_layer_range(c.num_hidden_layers, spec.pp, spec.stage);
+  l.hq_t = heads / spec.tp;
+  l.kv_t = std::max(1, l.hq_t / group);
+  l.kv_begin_t = spec.tp_rank * l.hq_t / group;
+  l.hq_attn = l.hq_t / spec.sp;
+  l.kv_attn = std::max(1, l.hq_attn / group);
+  l.inter_t = c.intermediate_size / spec.tp;
+  l.vocab_shard = (c.vocab_size + spec.tp - 1) / spec.tp;
+  l.vocab_begin = std::min(c.vocab_size, spec.tp_rank * l.vocab_shard);
+  l.vocab_rows = std::min(c.vocab_size, l.vocab_begin + l.vocab_shard) - l.vocab_begin;
+  l.qkv_rows = {{spec.tp_rank * l.hq_t * hd, l.hq_t * hd},
+                {(heads + l.kv_begin_t) * hd, l.kv_t * hd},
+                {(heads + kvh + l.kv_begin_t) * hd, l.kv_t * hd}};
+  const int inter = c.intermediate_size;
+  l.gate_up_rows = {{spec.tp_rank * l.inter_t, l.inter_t}, {inter + spec.tp_rank * l.inter_t, l.inter_t}};
+  l.o_proj_cols = {spec.tp_rank * l.hq_t * hd, l.hq_t * hd};
+  l.down_cols = {spec.tp_rank * l.inter_t, l.inter_t};
+  return l;
 }
 
 Status check_shardable(const ModelConfig& c, int tp, int sp, int pp) {
@@ -155,21 +178,21 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
     return invalid("an FFN executor (SiDP weight sharing) needs the whole model on each rank (tp = sp = pp = 1)");
   std::unique_ptr<ShardRunner> r(new ShardRunner(weights, spec, options, comms, std::move(ffn)));
   const int hd = c.head_dim;
-  const int heads = c.num_attention_heads;
   const int group = c.num_queries_per_kv();
-  std::tie(r->layer_begin_, r->layer_end_) = stage_layer_range(c.num_hidden_layers, spec.pp, spec.stage);
-  r->hq_t_ = heads / spec.tp;
-  r->kv_t_ = std::max(1, r->hq_t_ / group);
-  const int kv_begin_t = spec.tp_rank * r->hq_t_ / group;
-  r->hq_attn_ = r->hq_t_ / spec.sp;
-  r->kv_attn_ = std::max(1, r->hq_attn_ / group);
+  const ShardLayout lay = shard_layout(c, spec);
+  r->layer_begin_ = lay.layer_begin;
+  r->layer_end_ = lay.layer_end;
+  r->hq_t_ = lay.hq_t;
+  r->kv_t_ = lay.kv_t;
+  r->hq_attn_ = lay.hq_attn;
+  r->kv_attn_ = lay.kv_attn;
   r->sp_kv_begin_.resize(static_cast<std::size_t>(spec.sp));
   for (int j = 0; j < spec.sp; ++j)
-    r->sp_kv_begin_[static_cast<std::size_t>(j)] = (spec.tp_rank * r->hq_t_ + j * r->hq_attn_) / group - kv_begin_t;
-  r->inter_t_ = c.intermediate_size / spec.tp;
-  r->vocab_shard_ = (c.vocab_size + spec.tp - 1) / spec.tp;
-  r->vocab_begin_ = std::min(c.vocab_size, spec.tp_rank * r->vocab_shard_);
-  r->vocab_rows_ = std::min(c.vocab_size, r->vocab_begin_ + r->vocab_shard_) - r->vocab_begin_;
+    r->sp_kv_begin_[static_cast<std::size_t>(j)] = (spec.tp_rank * r->hq_t_ + j * r->hq_attn_) / group - lay.kv_begin_t;
+  r->inter_t_ = lay.inter_t;
+  r->vocab_shard_ = lay.vocab_shard;
+  r->vocab_begin_ = lay.vocab_begin;
+  r->vocab_rows_ = lay.vocab_rows;
 
   r->layers_.resize(static_cast<std::size_t>(r->layer_end_ - r->layer_begin_));
   r->pack_weights();
@@ -211,26 +234,16 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_on_kv_memory(std::share
 }
 
 void ShardRunner::pack_weights() {
-  const ModelConfig& c = weights_->config;
-  const int hd = c.head_dim;
-  const int heads = c.num_attention_heads;
-  const int kvh = c.num_key_value_heads;
-  const int kv_begin_t = spec_.tp_rank * hq_t_ / c.num_queries_per_kv();  // first KV head of this TP rank's QKV
-  const std::vector<RowRange> qkv_rows = {{spec_.tp_rank * hq_t_ * hd, hq_t_ * hd},
-                                          {(heads + kv_begin_t) * hd, kv_t_ * hd},
-                                          {(heads + kvh + kv_begin_t) * hd, kv_t_ * hd}};
-  const int inter = c.intermediate_size;
-  const std::vector<RowRange> gate_up_rows = {{spec_.tp_rank * inter_t_, inter_t_},
-                                              {inter + spec_.tp_rank * inter_t_, inter_t_}};
+  const ShardLayout lay = shard_layout(weights_->config, spec_);
   for (int l = layer_begin_; l < layer_end_; ++l) {
     const LayerWeights& lw = weights_->layers[static_cast<std::size_t>(l)];
     PackedLayer& pl = layers_[static_cast<std::size_t>(l - layer_begin_)];
-    pl.qkv = pack_rows(lw.qkv, qkv_rows);
-    pl.qkv_bias = slice_vector(lw.qkv_bias, qkv_rows);
-    pl.o_proj = pack_cols(lw.o_proj, spec_.tp_rank * hq_t_ * hd, hq_t_ * hd);
+    pl.qkv = pack_rows(lw.qkv, lay.qkv_rows);
+    pl.qkv_bias = slice_vector(lw.qkv_bias, lay.qkv_rows);
+    pl.o_proj = pack_cols(lw.o_proj, lay.o_proj_cols.begin, lay.o_proj_cols.count);
     if (!ffn_) {  // an FfnExecutor (SiDP) runs the FFNs: none packed here
-      pl.gate_up = pack_rows(lw.gate_up, gate_up_rows);
-      pl.down = pack_cols(lw.down_proj, spec_.tp_rank * inter_t_, inter_t_);
+      pl.gate_up = pack_rows(lw.gate_up, lay.gate_up_rows);
+      pl.down = pack_cols(lw.down_proj, lay.down_cols.begin, lay.down_cols.count);
     }
   }
   if (spec_.last_stage() && vocab_rows_ > 0) lm_head_ = pack_rows(weights_->lm_head, {{vocab_begin_, vocab_rows_}});

@@ -143,6 +143,37 @@ struct ShardSpec {
 /// Errors: invalid_argument naming the numbers.
 [[nodiscard]] Status check_shardable(const ModelConfig& config, int tp, int sp, int pp);
 
+/// One rank's share of the model under a ShardSpec: the head split and the
+/// weight ranges that both runners (the CPU ShardRunner, the CUDA runner)
+/// follow. TP is Megatron's: QKV and gate_up split by rows (heads, FFN
+/// columns), o_proj and down_proj by columns, lm_head by vocabulary rows
+/// (all-gathered); a KV head is replicated on every rank of its GQA group
+/// when tp exceeds the KV heads. SP (Ulysses) splits the attended heads.
+struct ShardLayout {
+  struct Range {
+    int begin = 0;
+    int count = 0;
+  };
+  int layer_begin = 0, layer_end = 0;  ///< this stage's layers
+  int hq_t = 0;        ///< query heads of this TP rank
+  int kv_t = 0;        ///< KV heads its QKV produces
+  int kv_begin_t = 0;  ///< the first of them
+  int hq_attn = 0;     ///< query heads it attends (after SP's all-to-all)
+  int kv_attn = 0;     ///< KV heads it attends (its KV cache's heads)
+  int inter_t = 0;     ///< FFN columns of this TP rank
+  int vocab_shard = 0;  ///< ceil(vocab / tp): the logits all-gather stride
+  int vocab_begin = 0;  ///< lm_head rows [vocab_begin, vocab_begin + vocab_rows)
+  int vocab_rows = 0;
+  std::vector<Range> qkv_rows;      ///< rows of qkv (and of its bias): Q, K, V blocks
+  std::vector<Range> gate_up_rows;  ///< rows of gate_up: gate, up blocks
+  Range o_proj_cols;                ///< columns of o_proj
+  Range down_cols;                  ///< columns of down_proj
+};
+
+/// The layout of rank `spec` of `config`. Precondition: check_shardable
+/// passed for spec's tp, sp and pp, and its coordinates lie inside them.
+[[nodiscard]] ShardLayout shard_layout(const ModelConfig& config, const ShardSpec& spec);
+
 /// RoPE parameters of a model (theta, llama3 scaling) for
 /// kernels::cpu::rope_inv_freq; shared by the CPU and CUDA runners.
 [[nodiscard]] kernels::cpu::RopeParams rope_params_for(const ModelConfig& config);

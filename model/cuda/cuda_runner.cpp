@@ -112,6 +112,26 @@ Result<CudaRunnerOptions> checked_options(const ModelConfig& c, CudaRunnerOption
   return o;
 }
 
+/// The shard a CUDA runner can hold: tensor parallelism only (so far), a
+/// model split as check_shardable allows, and a TP communicator on device
+/// buffers of the right size and rank. Errors: invalid_argument.
+Status check_tp_spec(const ModelConfig& c, const ShardSpec& spec, const ShardComms& comms) {
+  const auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "cuda runner: " + m); };
+  if (spec.sp != 1 || spec.pp != 1) return bad("sp and pp shards are not built yet (tp only)");
+  if (Status s = check_shardable(c, spec.tp, spec.sp, spec.pp); !s) return s;
+  if (spec.tp_rank < 0 || spec.tp_rank >= spec.tp || spec.sp_rank != 0 || spec.stage != 0)
+    return bad("rank coordinates outside tp/sp/pp");
+  if (spec.tp == 1) return Status::ok_status();
+  if (comms.tp == nullptr) return bad("a TP group of " + std::to_string(spec.tp) + " ranks needs a communicator");
+  if (comms.tp->world_size() != spec.tp || comms.tp->rank() != spec.tp_rank)
+    return bad("the TP communicator is rank " + std::to_string(comms.tp->rank()) + " of " +
+               std::to_string(comms.tp->world_size()) + ", expected rank " + std::to_string(spec.tp_rank) + " of " +
+               std::to_string(spec.tp));
+  if (!comms.tp->on_device())
+    return bad("the TP communicator works on host memory; the runner's tensors are on the device");
+  return Status::ok_status();
+}
+
 /// Makes device_index the current device. Errors: not_found (no driver or
 /// device, with the CUDA message), internal.
 Status select_device(int device_index) {
@@ -144,6 +164,9 @@ struct DeviceLayer {
 struct CudaModelRunner::Impl {
   ModelConfig c;
   CudaRunnerOptions o;
+  ShardSpec spec;                       ///< this rank's share (whole model: the default)
+  ShardLayout lay;                      ///< shard_layout(c, spec)
+  comm::Communicator* tp_comm = nullptr;  ///< device buffers; null when tp == 1
   DType wdt = DType::bf16;
   cudaStream_t stream = nullptr;
   std::unique_ptr<kcu::GemmContext> gemm;
@@ -177,6 +200,8 @@ struct CudaModelRunner::Impl {
   float* mlp = nullptr;        // [rows_cap, inter]
   float* logits_in = nullptr;  // [seqs_cap, hidden]
   float* logits = nullptr;     // [seqs_cap, vocab]
+  float* proj = nullptr;       // tp > 1: [rows_cap, hidden], a partial sum of o_proj / down_proj
+  float* logits_all = nullptr;  // tp > 1: [tp, seqs_cap, vocab_shard], the gathered vocabulary slices
   // Metadata offsets (bytes) in meta / meta_host.
   std::size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_seqs = 0,
               off_tables = 0, off_pad_table = 0, off_sample_rows = 0, off_sampled = 0;
@@ -222,9 +247,48 @@ struct CudaModelRunner::Impl {
     k.dtype = o.kv_cache_dtype;
     k.num_blocks = o.num_kv_blocks;
     k.block_size = o.block_size;
-    k.num_kv_heads = c.num_key_value_heads;
+    k.num_kv_heads = lay.kv_t;
     k.head_dim = c.head_dim;
     return k;
+  }
+
+  /// Sums a partial result over the TP group: the stream's work first, as
+  /// the communicator reads the buffer from its own stream.
+  Status all_reduce(float* data, std::size_t count) {
+    if (Status s = cuda_status("sync before all_reduce", cudaStreamSynchronize(stream)); !s) return s;
+    return tp_comm->all_reduce_sum(data, count);
+  }
+
+  /// The logits of a tensor-parallel rank: its vocabulary slice of every
+  /// row into its slot of logits_all, all-gathered, then laid out as
+  /// [num_logits, vocab] in `logits`.
+  Status tp_logits(int num_logits) {
+    const int hidden = c.hidden_size;
+    const int vocab = c.vocab_size;
+    const int vs = lay.vocab_shard;
+    const auto slot = static_cast<std::size_t>(num_logits) * static_cast<std::size_t>(vs);
+    float* mine = logits_all + static_cast<std::size_t>(spec.tp_rank) * slot;
+    if (lay.vocab_rows > 0)
+      if (Status s = gemm->linear(logits_in, hidden, num_logits, hidden, lm_head, wdt, lay.vocab_rows, mine, vs, false,
+                                  mode, stream);
+          !s)
+        return s;
+    if (Status s = cuda_status("sync before all_gather", cudaStreamSynchronize(stream)); !s) return s;
+    if (Status s = tp_comm->all_gather(mine, slot, logits_all); !s) return s;
+    for (int t = 0; t < spec.tp; ++t) {
+      const int cols = std::max(0, std::min(vs, vocab - t * vs));
+      if (cols == 0) continue;
+      const float* src = logits_all + static_cast<std::size_t>(t) * slot;
+      if (Status s = cuda_status("logits layout", cudaMemcpy2DAsync(logits + static_cast<std::size_t>(t) * vs,
+                                                                     static_cast<std::size_t>(vocab) * 4, src,
+                                                                     static_cast<std::size_t>(vs) * 4,
+                                                                     static_cast<std::size_t>(cols) * 4,
+                                                                     static_cast<std::size_t>(num_logits),
+                                                                     cudaMemcpyDeviceToDevice, stream));
+          !s)
+        return s;
+    }
+    return Status::ok_status();
   }
 
   Status copy_meta(std::size_t off, std::size_t bytes) {
@@ -238,9 +302,11 @@ struct CudaModelRunner::Impl {
   Status forward(int num_rows, int num_seqs, int max_num_q, int max_context_len, int num_logits) {
     const int hidden = c.hidden_size;
     const int hd = c.head_dim;
-    const int heads = c.num_attention_heads;
-    const int kvh = c.num_key_value_heads;
-    const int inter = c.intermediate_size;
+    const int heads = lay.hq_t;   // this rank's (all of them when tp == 1)
+    const int kvh = lay.kv_t;
+    const int inter = lay.inter_t;
+    const bool tp = spec.tp > 1;
+    const auto rows_hidden = static_cast<std::size_t>(num_rows) * static_cast<std::size_t>(hidden);
     const float eps = c.rms_norm_eps;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const auto* tokens = dev<std::int32_t>(off_tokens);
@@ -276,30 +342,52 @@ struct CudaModelRunner::Impl {
                                           attn, attn_w, workspace.data(), workspace.size_bytes(), stream);
           !s)
         return s;
-      // residual += attn . o_proj^T (the GEMM adds into its output: one rounding, as a separate add)
-      if (Status s = gemm->linear(attn, attn_w, num_rows, attn_w, w.o_proj, wdt, hidden, residual, hidden, true, mode,
-                                  stream);
-          !s)
-        return s;
-      if (Status s = kcu::rms_norm(residual, hidden, w.post_attention_norm, normed, hidden, num_rows, hidden, eps,
-                                   stream);
-          !s)
-        return s;
+      if (tp) {
+        // Row-parallel o_proj: this rank's partial sum, all-reduced, then
+        // residual += it and normed = rms_norm(residual) (the CPU shard's order).
+        if (Status s = gemm->linear(attn, attn_w, num_rows, attn_w, w.o_proj, wdt, hidden, proj, hidden, false, mode,
+                                    stream);
+            !s)
+          return s;
+        if (Status s = all_reduce(proj, rows_hidden); !s) return s;
+        if (Status s = kcu::add_rms_norm(residual, proj, w.post_attention_norm, normed, num_rows, hidden, eps, stream);
+            !s)
+          return s;
+      } else {
+        // residual += attn . o_proj^T (the GEMM adds into its output: one rounding, as a separate add)
+        if (Status s = gemm->linear(attn, attn_w, num_rows, attn_w, w.o_proj, wdt, hidden, residual, hidden, true,
+                                    mode, stream);
+            !s)
+          return s;
+        if (Status s = kcu::rms_norm(residual, hidden, w.post_attention_norm, normed, hidden, num_rows, hidden, eps,
+                                     stream);
+            !s)
+          return s;
+      }
       if (Status s = gemm->linear(normed, hidden, num_rows, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter,
                                   false, mode, stream);
           !s)
         return s;
       if (Status s = kcu::silu_and_mul(gate_up, mlp, num_rows, inter, stream); !s) return s;
-      if (Status s = gemm->linear(mlp, inter, num_rows, inter, w.down, wdt, hidden, residual, hidden, true, mode,
-                                  stream);
-          !s)
+      if (tp) {
+        if (Status s =
+                gemm->linear(mlp, inter, num_rows, inter, w.down, wdt, hidden, proj, hidden, false, mode, stream);
+            !s)
+          return s;
+        if (Status s = all_reduce(proj, rows_hidden); !s) return s;
+        if (Status s = kcu::add_inplace(residual, proj, static_cast<long>(rows_hidden), stream); !s) return s;
+      } else if (Status s = gemm->linear(mlp, inter, num_rows, inter, w.down, wdt, hidden, residual, hidden, true, mode,
+                                         stream);
+                 !s) {
         return s;
+      }
     }
     if (num_logits == 0) return Status::ok_status();
     if (Status s = kcu::rms_norm_rows(residual, hidden, logits_rows, num_logits, final_norm, logits_in, hidden, hidden,
                                       eps, stream);
         !s)
       return s;
+    if (tp) return tp_logits(num_logits);
     return gemm->linear(logits_in, hidden, num_logits, hidden, lm_head, wdt, c.vocab_size, logits, c.vocab_size,
                         false, mode, stream);
   }
@@ -360,26 +448,57 @@ struct CudaModelRunner::Impl {
   /// the embedding. Sets the layer pointers. Returns the arena's bytes.
   /// Errors: out_of_memory (the arena), internal (a copy failed).
   Result<std::size_t> upload_weights(const ModelWeights& host) {
+    /// rows x cols elements of a source whose rows are src_stride elements
+    /// apart (a block of a matrix), to `off` in the arena, row after row.
     struct Upload {
       std::size_t off;
       const void* src;
       DType src_dtype;
-      std::size_t count;
+      std::size_t rows, cols, src_stride;
       bool matrix;  // converted to wdt; vectors stay F32
     };
     std::vector<Upload> uploads;
     Layout wl;
-    const auto add_matrix = [&](const Matrix& mat) -> std::size_t {
-      const std::size_t n = static_cast<std::size_t>(mat.rows) * mat.cols;
-      const std::size_t off = wl.take(n * dtype_size(wdt));
-      uploads.push_back({off, mat.data, mat.dtype, n, true});
+    using Range = ShardLayout::Range;
+    const auto element = [](const void* base, DType dt, std::size_t i) {
+      return static_cast<const char*>(base) + i * dtype_size(dt);
+    };
+    // The rows of `mat` named by `ranges`, back to back (the whole matrix: one range).
+    const auto add_rows = [&](const Matrix& mat, const std::vector<Range>& ranges) -> std::size_t {
+      std::size_t rows = 0;
+      for (const Range& r : ranges) rows += static_cast<std::size_t>(r.count);
+      const auto cols = static_cast<std::size_t>(mat.cols);
+      const std::size_t off = wl.take(rows * cols * dtype_size(wdt));
+      std::size_t at = off;
+      for (const Range& r : ranges) {
+        uploads.push_back({at, element(mat.data, mat.dtype, static_cast<std::size_t>(r.begin) * cols), mat.dtype,
+                           static_cast<std::size_t>(r.count), cols, cols, true});
+        at += static_cast<std::size_t>(r.count) * cols * dtype_size(wdt);
+      }
       return off;
     };
-    const auto add_vector = [&](const Vector& v) -> std::size_t {
-      const std::size_t off = wl.take(static_cast<std::size_t>(v.size) * sizeof(float));
-      uploads.push_back({off, v.data, DType::f32, static_cast<std::size_t>(v.size), false});
+    const auto add_matrix = [&](const Matrix& mat) { return add_rows(mat, {Range{0, mat.rows}}); };
+    // Columns [begin, begin + count) of every row of `mat`.
+    const auto add_cols = [&](const Matrix& mat, Range cols) -> std::size_t {
+      const auto rows = static_cast<std::size_t>(mat.rows);
+      const std::size_t off = wl.take(rows * static_cast<std::size_t>(cols.count) * dtype_size(wdt));
+      uploads.push_back({off, element(mat.data, mat.dtype, static_cast<std::size_t>(cols.begin)), mat.dtype, rows,
+                         static_cast<std::size_t>(cols.count), static_cast<std::size_t>(mat.cols), true});
       return off;
     };
+    const auto add_vector_ranges = [&](const Vector& v, const std::vector<Range>& ranges) -> std::size_t {
+      std::size_t n = 0;
+      for (const Range& r : ranges) n += static_cast<std::size_t>(r.count);
+      const std::size_t off = wl.take(n * sizeof(float));
+      std::size_t at = off;
+      for (const Range& r : ranges) {
+        const auto count = static_cast<std::size_t>(r.count);
+        uploads.push_back({at, v.data + r.begin, DType::f32, 1, count, count, false});
+        at += count * sizeof(float);
+      }
+      return off;
+    };
+    const auto add_vector = [&](const Vector& v) { return add_vector_ranges(v, {Range{0, v.size}}); };
     struct LayerOffsets {
       std::size_t input_norm, qkv, qkv_bias = SIZE_MAX, q_norm = SIZE_MAX, k_norm = SIZE_MAX, o_proj, post, gate_up,
                                    down;
@@ -390,22 +509,28 @@ struct CudaModelRunner::Impl {
       LayerOffsets x{};
       x.qkv_bias = x.q_norm = x.k_norm = SIZE_MAX;
       x.input_norm = add_vector(lw.input_norm);
-      x.qkv = add_matrix(lw.qkv);
-      if (!lw.qkv_bias.empty()) x.qkv_bias = add_vector(lw.qkv_bias);
+      x.qkv = add_rows(lw.qkv, lay.qkv_rows);
+      if (!lw.qkv_bias.empty()) x.qkv_bias = add_vector_ranges(lw.qkv_bias, lay.qkv_rows);
       if (!lw.q_norm.empty()) x.q_norm = add_vector(lw.q_norm);
       if (!lw.k_norm.empty()) x.k_norm = add_vector(lw.k_norm);
-      x.o_proj = add_matrix(lw.o_proj);
+      x.o_proj = add_cols(lw.o_proj, lay.o_proj_cols);
       x.post = add_vector(lw.post_attention_norm);
-      x.gate_up = add_matrix(lw.gate_up);
-      x.down = add_matrix(lw.down_proj);
+      x.gate_up = add_rows(lw.gate_up, lay.gate_up_rows);
+      x.down = add_cols(lw.down_proj, lay.down_cols);
       lo.push_back(x);
     }
+    // A tied lm_head shares the embedding on one device; a TP rank holds
+    // its vocabulary slice (none on a rank past the vocabulary's end).
     const bool tied = host.lm_head.data == host.embed_tokens.data;
-    const std::size_t lm_off = tied ? embed_off : add_matrix(host.lm_head);
+    std::size_t lm_off = embed_off;
+    if (spec.tp > 1)
+      lm_off = lay.vocab_rows > 0 ? add_rows(host.lm_head, {Range{lay.vocab_begin, lay.vocab_rows}}) : SIZE_MAX;
+    else if (!tied)
+      lm_off = add_matrix(host.lm_head);
     const std::size_t norm_off = add_vector(host.final_norm);
     const std::vector<float> freqs = kernels::cpu::rope_inv_freq(rope_params_for(c));
     const std::size_t freq_off = wl.take(freqs.size() * sizeof(float));
-    uploads.push_back({freq_off, freqs.data(), DType::f32, freqs.size(), false});
+    uploads.push_back({freq_off, freqs.data(), DType::f32, 1, freqs.size(), freqs.size(), false});
 
     {
       auto buf = kcu::DeviceBuffer::allocate(wl.bytes);
@@ -413,14 +538,22 @@ struct CudaModelRunner::Impl {
                                                         buf.error().message);
       weights = std::move(buf).value();
     }
-    std::vector<char> staging;
+    std::vector<char> staging, gathered;
     for (const Upload& u : uploads) {
       const DType dst = u.matrix ? wdt : DType::f32;
-      const std::size_t bytes = u.count * dtype_size(dst);
+      const std::size_t count = u.rows * u.cols;
+      const std::size_t bytes = count * dtype_size(dst);
       const void* src = u.src;
+      if (u.src_stride != u.cols) {  // a column block: its rows gathered first
+        const std::size_t row_bytes = u.cols * dtype_size(u.src_dtype);
+        gathered.resize(u.rows * row_bytes);
+        for (std::size_t r = 0; r < u.rows; ++r)
+          std::memcpy(gathered.data() + r * row_bytes, element(u.src, u.src_dtype, r * u.src_stride), row_bytes);
+        src = gathered.data();
+      }
       if (u.src_dtype != dst) {
         staging.resize(bytes);
-        convert_matrix(u.src, u.src_dtype, u.count, dst, staging.data());
+        convert_matrix(src, u.src_dtype, count, dst, staging.data());
         src = staging.data();
       }
       if (Status s = cuda_status("weight upload", cudaMemcpy(weights.as<char>() + u.off, src, bytes,
@@ -429,10 +562,11 @@ struct CudaModelRunner::Impl {
         return s.error();
     }
     staging = {};
+    gathered = {};
     char* wbase = weights.as<char>();
     const auto fptr = [&](std::size_t off) { return off == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(wbase + off); };
     embed = wbase + embed_off;
-    lm_head = wbase + lm_off;
+    lm_head = lm_off == SIZE_MAX ? nullptr : wbase + lm_off;
     final_norm = fptr(norm_off);
     inv_freq = fptr(freq_off);
     for (const LayerOffsets& x : lo) {
@@ -455,7 +589,7 @@ struct CudaModelRunner::Impl {
   /// block_size, head_dim] in o.kv_cache_dtype), zeroed. Returns its bytes.
   /// Errors: out_of_memory naming the blocks and bytes.
   Result<std::size_t> allocate_kv_cache() {
-    kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * c.num_key_value_heads * o.block_size * c.head_dim *
+    kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * lay.kv_t * o.block_size * c.head_dim *
                        dtype_size(o.kv_cache_dtype);
     const std::size_t kv_bytes = 2 * kv_layer_bytes * layers.size();
     {
@@ -474,7 +608,7 @@ struct CudaModelRunner::Impl {
   Status allocate_activations() {
     const int hidden = c.hidden_size;
     const int hd = c.head_dim;
-    const int inter = c.intermediate_size;
+    const int inter = lay.inter_t;
     seqs_cap = o.max_num_seqs;
     rows_cap = std::max(o.max_num_batched_tokens, o.max_num_seqs);
     max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
@@ -482,9 +616,12 @@ struct CudaModelRunner::Impl {
     const auto seqs = static_cast<std::size_t>(seqs_cap);
     Layout al;
     const std::size_t a_res = al.take(rows * hidden * 4), a_norm = al.take(rows * hidden * 4),
-                      a_qkv = al.take(rows * qkv_rows * 4), a_attn = al.take(rows * c.num_attention_heads * hd * 4),
+                      a_qkv = al.take(rows * qkv_rows * 4), a_attn = al.take(rows * lay.hq_t * hd * 4),
                       a_gu = al.take(rows * 2 * inter * 4), a_mlp = al.take(rows * inter * 4),
                       a_lin = al.take(seqs * hidden * 4), a_log = al.take(seqs * c.vocab_size * 4);
+    const bool tp = spec.tp > 1;
+    const std::size_t a_proj = tp ? al.take(rows * hidden * 4) : 0,
+                      a_all = tp ? al.take(static_cast<std::size_t>(spec.tp) * seqs * lay.vocab_shard * 4) : 0;
     {
       auto buf = kcu::DeviceBuffer::allocate(al.bytes);
       if (!buf) return make_error(buf.error().code, "activations (" + std::to_string(al.bytes) + " bytes): " +
@@ -500,8 +637,12 @@ struct CudaModelRunner::Impl {
     mlp = reinterpret_cast<float*>(abase + a_mlp);
     logits_in = reinterpret_cast<float*>(abase + a_lin);
     logits = reinterpret_cast<float*>(abase + a_log);
+    if (tp) {
+      proj = reinterpret_cast<float*>(abase + a_proj);
+      logits_all = reinterpret_cast<float*>(abase + a_all);
+    }
 
-    const std::size_t ws_bytes = kcu::paged_attention_workspace_bytes(seqs_cap, c.num_attention_heads, hd, o.max_model_len);
+    const std::size_t ws_bytes = kcu::paged_attention_workspace_bytes(seqs_cap, lay.hq_t, hd, o.max_model_len);
     {
       auto buf = kcu::DeviceBuffer::allocate(ws_bytes);
       if (!buf) return make_error(buf.error().code, "attention workspace: " + buf.error().message);
@@ -714,8 +855,9 @@ std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunner
   return metadata + cast_scratch + attention + logits_in + kcu::kGemmWorkspaceBytes;
 }
 
-CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options)
-    : impl_(std::move(impl)), config_(std::move(config)), options_(std::move(options)) {}
+CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options,
+                                 ShardSpec spec)
+    : impl_(std::move(impl)), config_(std::move(config)), options_(std::move(options)), spec_(spec) {}
 
 CudaModelRunner::~CudaModelRunner() {
   if (impl_) (void)cudaSetDevice(options_.device_index);
@@ -728,18 +870,24 @@ std::vector<int> CudaModelRunner::captured_batch_sizes() const {
 }
 
 Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr<const ModelWeights> weights,
-                                                                 const CudaRunnerOptions& options) {
+                                                                 const CudaRunnerOptions& options,
+                                                                 const ShardSpec& spec, ShardComms comms) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "cuda runner: no weights");
   const ModelConfig& c = weights->config;
   Result<CudaRunnerOptions> checked = checked_options(c, options);
   if (!checked) return std::move(checked).error();
-  const CudaRunnerOptions o = std::move(checked).value();
+  CudaRunnerOptions o = std::move(checked).value();
+  if (Status s = check_tp_spec(c, spec, comms); !s) return s.error();
+  if (spec.tp > 1) o.cuda_graphs = false;  // a collective waits on the host: not capturable
   if (Status s = select_device(o.device_index); !s) return s.error();
 
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   m.c = c;
   m.o = o;
+  m.spec = spec;
+  m.lay = shard_layout(c, spec);
+  m.tp_comm = spec.tp > 1 ? comms.tp : nullptr;
   m.mode = o.deterministic ? kcu::GemmMode::batch_invariant : kcu::GemmMode::fast;
   const DType wdt = o.weight_dtype;
   if (wdt != DType::f32 && wdt != DType::bf16 && wdt != DType::f16)
@@ -749,7 +897,7 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   if (Status s = cuda_status("stream", cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking)); !s)
     return s.error();
 
-  m.qkv_rows = (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim;
+  m.qkv_rows = (m.lay.hq_t + 2 * m.lay.kv_t) * c.head_dim;
 
   Result<std::size_t> weight_bytes = m.upload_weights(*weights);
   if (!weight_bytes) return std::move(weight_bytes).error();
@@ -762,7 +910,7 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   if (Status s = cuda_status("setup", cudaDeviceSynchronize()); !s) return s.error();
   m.capture_graphs_or_run_eager();
 
-  auto runner = std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(impl), c, o));
+  auto runner = std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(impl), c, o, spec));
   runner->weight_bytes_ = *weight_bytes;
   runner->kv_cache_bytes_ = *kv_bytes;
   return runner;

@@ -53,6 +53,7 @@
 #include "common/dtype.hpp"
 #include "common/result.hpp"
 #include "model/executor.hpp"
+#include "model/shard_runner.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::model {
@@ -85,13 +86,28 @@ class CudaModelRunner final : public model::ModelExecutor {
  public:
   /// Uploads the weights, allocates the KV cache and workspaces on device
   /// `options.device_index`, and captures the decode graphs.
+  ///
+  /// With a tensor-parallel `spec` (tp > 1; issue 41 item 1) it holds rank
+  /// spec.tp_rank's share of the model as the CPU ShardRunner lays it out
+  /// (model::shard_layout: Megatron's column / row split, KV heads
+  /// replicated when tp exceeds them, lm_head split by vocabulary): its KV
+  /// cache holds its KV heads, o_proj's and down_proj's partial sums are
+  /// all-reduced over comms.tp (device buffers: comms.tp->on_device()), and
+  /// the vocabulary slices of the logits are all-gathered, so every rank
+  /// ends a step with the whole logits (and samples the same ids). Each
+  /// collective waits for the runner's stream first; graphs are not
+  /// captured under TP. SP and PP shards are not built yet.
   /// Errors: invalid_argument (non-positive sizes, dtypes not supported:
   /// weight f32/bf16/f16, KV f32/bf16; head_dim outside 1..256);
   /// not_found (no such device, or no driver: with the CUDA message);
   /// out_of_memory (a device allocation failed: names what and how many
-  /// bytes); internal (a CUDA or cuBLAS call failed).
+  /// bytes); internal (a CUDA or cuBLAS call failed); invalid_argument for
+  /// a spec the model cannot be split by (check_shardable), coordinates
+  /// outside it, sp or pp > 1 (unsupported), or a TP communicator that is
+  /// missing, of another size or rank, or on host memory.
   [[nodiscard]] static Result<std::unique_ptr<CudaModelRunner>> create(
-      std::shared_ptr<const ModelWeights> weights, const CudaRunnerOptions& options);
+      std::shared_ptr<const ModelWeights> weights, const CudaRunnerOptions& options, const ShardSpec& spec = {},
+      ShardComms comms = {});
   ~CudaModelRunner() override;
   CudaModelRunner(const CudaModelRunner&) = delete;
   CudaModelRunner& operator=(const CudaModelRunner&) = delete;
@@ -109,7 +125,9 @@ class CudaModelRunner final : public model::ModelExecutor {
 
   [[nodiscard]] const ModelConfig& config() const { return config_; }
   [[nodiscard]] const CudaRunnerOptions& options() const { return options_; }
-  /// Bytes of weights on the device (matrices in weight_dtype, vectors F32).
+  [[nodiscard]] const ShardSpec& spec() const { return spec_; }
+  /// Bytes of weights on the device (matrices in weight_dtype, vectors F32):
+  /// this rank's share.
   [[nodiscard]] std::size_t weight_bytes() const { return weight_bytes_; }
   /// Bytes of the KV cache (K and V, all layers).
   [[nodiscard]] std::size_t kv_cache_bytes() const { return kv_cache_bytes_; }
@@ -124,12 +142,14 @@ class CudaModelRunner final : public model::ModelExecutor {
  private:
   struct Impl;
   friend std::uint64_t cuda_runner_workspace_bytes(const ModelConfig&, const CudaRunnerOptions&);
-  explicit CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options);
+  explicit CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options,
+                           ShardSpec spec);
   [[nodiscard]] Result<model::StepOutput> run_step(const model::StepInput& input);
 
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
   CudaRunnerOptions options_;
+  ShardSpec spec_;
   std::size_t weight_bytes_ = 0;
   std::size_t kv_cache_bytes_ = 0;
   CudaStepStats last_stats_;

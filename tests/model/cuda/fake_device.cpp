@@ -1,7 +1,7 @@
 // FAKE CUDA device (a test double): the CUDA runtime calls of
 // model/cuda/cuda_runner.cpp and the kernels::cuda API, defined on the CPU.
-// See fake_device.hpp for the model of the device. Single-threaded use only
-// (the runner's contract); kernels may use OpenMP inside.
+// See fake_device.hpp for the model of the device. Thread-safe by one
+// process-wide lock (fake_mutex); kernels may use OpenMP inside.
 #include "tests/model/cuda/fake_device.hpp"
 
 // The declarations every definition below must match exactly.
@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -35,7 +36,11 @@
 #include "kernels/cuda/ops.hpp"
 #include "kernels/cuda/sampling.hpp"
 
+#define FAKE_LOCK std::lock_guard<std::recursive_mutex> fake_lock_(fake_detail::fake_mutex())
+
 namespace fake_detail {
+
+std::recursive_mutex& fake_mutex();
 
 /// One kernel or copy: runs (checks its ranges, computes) when executed.
 struct Op {
@@ -99,6 +104,16 @@ struct State {
 State& st() {
   static State s;
   return s;
+}
+
+/// One process-wide lock over the whole fake: every runtime call, kernel
+/// launch and control call holds it, so that ranks on threads (a tensor-
+/// parallel group sharing one device) see one device, serialised as the
+/// GPU serialises their streams. Recursive: entry points call each other
+/// (DeviceBuffer::copy_from_host -> cudaMemcpy, launch -> enqueue).
+std::recursive_mutex& fake_mutex() {
+  static std::recursive_mutex mu;
+  return mu;
 }
 
 thread_local cudaError_t last_error = cudaSuccess;
@@ -336,6 +351,7 @@ using namespace fake_detail;
 extern "C" {
 
 const char* cudaGetErrorString(cudaError_t error) {
+  FAKE_LOCK;
   switch (error) {
     case cudaSuccess: return "no error (fake device)";
     case cudaErrorInvalidValue: return "invalid argument (fake device)";
@@ -353,12 +369,14 @@ const char* cudaGetErrorString(cudaError_t error) {
 }
 
 cudaError_t cudaGetLastError(void) {
+  FAKE_LOCK;
   const cudaError_t e = last_error;
   last_error = cudaSuccess;
   return e;
 }
 
 cudaError_t cudaGetDeviceCount(int* count) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaGetDeviceCount", &err)) return fail(err);
   if (count == nullptr) return fail(cudaErrorInvalidValue);
@@ -368,6 +386,7 @@ cudaError_t cudaGetDeviceCount(int* count) {
 }
 
 cudaError_t cudaSetDevice(int device) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaSetDevice", &err)) return fail(err);
   if (device < 0 || device >= st().device_count) return fail(cudaErrorInvalidDevice);
@@ -375,6 +394,7 @@ cudaError_t cudaSetDevice(int device) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaStreamCreateWithFlags", &err)) return fail(err);
   if (pStream == nullptr || (flags & ~static_cast<unsigned>(cudaStreamNonBlocking)) != 0) return fail(cudaErrorInvalidValue);
@@ -386,6 +406,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags)
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  FAKE_LOCK;
   State& g = st();
   if (stream == nullptr || g.streams.count(stream) == 0) {
     anomaly("cudaStreamDestroy of an unknown stream");
@@ -399,6 +420,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaStreamSynchronize", &err)) return fail(err);
   CUstream_st* q = resolve(stream);
@@ -418,6 +440,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaDeviceSynchronize", &err)) return fail(err);
   if (prohibited_during_capture("cudaDeviceSynchronize", &err)) return err;
@@ -426,6 +449,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaMemcpy", &err)) return fail(err);
   if (prohibited_during_capture("cudaMemcpy", &err)) return err;
@@ -450,6 +474,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpy
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaMemcpyAsync", &err)) return fail(err);
   CUstream_st* q = resolve(stream);
@@ -488,7 +513,40 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
   return enqueue(stream, copy_op(dst, src, count));
 }
 
+// Device-to-device only (what the runner uses: the TP logits layout):
+// `height` rows of `width` bytes, at pitches dpitch / spitch, in stream order.
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t stream) {
+  FAKE_LOCK;
+  cudaError_t err;
+  if (injected("cudaMemcpy2DAsync", &err)) return fail(err);
+  if (resolve(stream) == nullptr) {
+    anomaly("cudaMemcpy2DAsync on an unknown stream");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (width == 0 || height == 0) return cudaSuccess;
+  if (kind != cudaMemcpyDeviceToDevice || width > dpitch || width > spitch) {
+    anomaly("cudaMemcpy2DAsync: only device-to-device copies with width <= pitch are modelled");
+    return fail(cudaErrorInvalidValue);
+  }
+  const std::size_t dspan = (height - 1) * dpitch + width, sspan = (height - 1) * spitch + width;
+  if (where(dst) != Where::device || where(src) != Where::device || !in_memory(dst, dspan, MemKind::device) ||
+      !in_memory(src, sspan, MemKind::device)) {
+    anomaly("cudaMemcpy2DAsync: a range is not inside one device allocation");
+    return fail(cudaErrorInvalidValue);
+  }
+  return enqueue(stream, Op{"cudaMemcpy2DAsync", false, [=] {
+                              if (!check("cudaMemcpy2DAsync", "destination", dst, dspan) ||
+                                  !check("cudaMemcpy2DAsync", "source", src, sspan))
+                                return;
+                              for (std::size_t r = 0; r < height; ++r)
+                                std::memmove(static_cast<char*>(dst) + r * dpitch,
+                                             static_cast<const char*>(src) + r * spitch, width);
+                            }});
+}
+
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaMallocHost", &err)) return fail(err);
   if (prohibited_during_capture("cudaMallocHost", &err)) return err;
@@ -498,6 +556,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+  FAKE_LOCK;
   cudaError_t err;
   if (prohibited_during_capture("cudaFreeHost", &err)) return err;
   if (ptr == nullptr) return cudaSuccess;
@@ -510,6 +569,7 @@ cudaError_t cudaFreeHost(void* ptr) {
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaStreamBeginCapture", &err)) return fail(err);
   CUstream_st* q = resolve(stream);
@@ -526,6 +586,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  FAKE_LOCK;
   CUstream_st* q = resolve(stream);
   if (q == nullptr || pGraph == nullptr) return fail(cudaErrorInvalidValue);
   if (!q->capturing) return fail(cudaErrorIllegalState);
@@ -546,6 +607,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
 }
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph, unsigned long long flags) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaGraphInstantiate", &err)) return fail(err);
   if (pGraphExec == nullptr || graph == nullptr || st().graphs.count(graph) == 0) return fail(cudaErrorInvalidValue);
@@ -557,6 +619,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  FAKE_LOCK;
   if (graph == nullptr || st().graphs.erase(graph) == 0) {
     anomaly("cudaGraphDestroy of an unknown graph");
     return fail(cudaErrorInvalidValue);
@@ -566,6 +629,7 @@ cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+  FAKE_LOCK;
   if (graphExec == nullptr || st().execs.erase(graphExec) == 0) {
     anomaly("cudaGraphExecDestroy of an unknown graph exec");
     return fail(cudaErrorInvalidValue);
@@ -575,6 +639,7 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  FAKE_LOCK;
   cudaError_t err;
   if (injected("cudaGraphLaunch", &err)) return fail(err);
   if (graphExec == nullptr || st().execs.count(graphExec) == 0) {
@@ -597,6 +662,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
 namespace shardline::testing_support::fake_cuda {
 
 void reset(Execution mode) {
+  FAKE_LOCK;
   State& g = st();
   g.mode = mode;
   g.counters = Counters{};
@@ -607,40 +673,67 @@ void reset(Execution mode) {
   last_error = cudaSuccess;
 }
 
-Execution execution() { return st().mode; }
-std::vector<std::string> anomalies() { return st().anomalies; }
-Counters counters() { return st().counters; }
+Execution execution() {
+  FAKE_LOCK;
+  return st().mode;
+}
+std::vector<std::string> anomalies() {
+  FAKE_LOCK;
+  return st().anomalies;
+}
+Counters counters() {
+  FAKE_LOCK;
+  return st().counters;
+}
 long kernel_runs(const std::string& name) {
+  FAKE_LOCK;
   const auto it = st().kernel_runs.find(name);
   return it == st().kernel_runs.end() ? 0 : it->second;
 }
 
 std::size_t live_device_bytes() {
+  FAKE_LOCK;
   std::size_t n = 0;
   for (const auto& [a, al] : st().allocs)
     if (al.kind == MemKind::device) n += al.bytes;
   return n;
 }
 int live_device_allocations() {
+  FAKE_LOCK;
   int n = 0;
   for (const auto& [a, al] : st().allocs) n += al.kind == MemKind::device;
   return n;
 }
 int live_pinned_allocations() {
+  FAKE_LOCK;
   int n = 0;
   for (const auto& [a, al] : st().allocs) n += al.kind == MemKind::pinned;
   return n;
 }
-int live_streams() { return static_cast<int>(st().streams.size()); }
-int live_graphs() { return static_cast<int>(st().graphs.size()); }
-int live_graph_execs() { return static_cast<int>(st().execs.size()); }
+int live_streams() {
+  FAKE_LOCK;
+  return static_cast<int>(st().streams.size());
+}
+int live_graphs() {
+  FAKE_LOCK;
+  return static_cast<int>(st().graphs.size());
+}
+int live_graph_execs() {
+  FAKE_LOCK;
+  return static_cast<int>(st().execs.size());
+}
 int pending_ops() {
+  FAKE_LOCK;
   int n = 0;
   for (CUstream_st* s : st().streams) n += static_cast<int>(s->pending.size());
   return n + static_cast<int>(st().legacy.pending.size());
 }
-void set_device_count(int n) { st().device_count = n; }
+void set_device_count(int n) {
+  FAKE_LOCK;
+  st().device_count = n;
+}
 void fail_call(const std::string& call, int error, int skip) {
+  FAKE_LOCK;
   st().injections[call] = Injection{static_cast<cudaError_t>(error), skip};
 }
 
@@ -705,6 +798,7 @@ Status synchronize(Stream stream) { return launch_status(cudaStreamSynchronize(s
 
 Status embedding(const std::int32_t* token_ids, int num_tokens, const void* table, DType dtype, int hidden,
                  float* out, Stream stream) {
+  FAKE_LOCK;
   if (num_tokens < 0 || hidden < 0) return bad("embedding: negative size");
   if (!dtype_ok(dtype)) return make_error(ErrorCode::unsupported, "fake cuda: embedding dtype");
   if (num_tokens == 0 || hidden == 0) return Status::ok_status();
@@ -724,6 +818,7 @@ Status embedding(const std::int32_t* token_ids, int num_tokens, const void* tabl
 
 Status rms_norm(const float* x, int x_stride, const float* weight, float* y, int y_stride, int rows, int dim, float eps,
                 Stream stream) {
+  FAKE_LOCK;
   if (rows < 0 || dim < 0) return bad("rms_norm: negative size");
   if (rows == 0 || dim == 0) return Status::ok_status();
   if (x_stride < dim || y_stride < dim) return bad("rms_norm: stride < dim");
@@ -739,6 +834,7 @@ Status rms_norm(const float* x, int x_stride, const float* weight, float* y, int
 
 Status rms_norm_heads(float* x, int num_tokens, int row_stride, int num_heads, int head_dim, const float* weight,
                       float eps, Stream stream) {
+  FAKE_LOCK;
   if (num_tokens < 0 || num_heads < 0 || head_dim < 0) return bad("rms_norm_heads: negative size");
   if (row_stride < num_heads * head_dim) return bad("rms_norm_heads: row_stride < num_heads * head_dim");
   if (num_tokens == 0 || num_heads == 0 || head_dim == 0) return Status::ok_status();
@@ -757,6 +853,7 @@ Status rms_norm_heads(float* x, int num_tokens, int row_stride, int num_heads, i
 
 Status rms_norm_rows(const float* x, int x_stride, const std::int32_t* row_ids, int num_rows, const float* weight,
                      float* y, int y_stride, int dim, float eps, Stream stream) {
+  FAKE_LOCK;
   if (num_rows < 0 || dim < 0) return bad("rms_norm_rows: negative size");
   if (num_rows == 0 || dim == 0) return Status::ok_status();
   if (x_stride < dim || y_stride < dim) return bad("rms_norm_rows: stride < dim");
@@ -778,6 +875,7 @@ Status rms_norm_rows(const float* x, int x_stride, const std::int32_t* row_ids, 
 }
 
 Status add_bias(float* y, int y_stride, const float* bias, int rows, int n, Stream stream) {
+  FAKE_LOCK;
   if (rows < 0 || n < 0) return bad("add_bias: negative size");
   if (rows == 0 || n == 0) return Status::ok_status();
   if (y_stride < n) return bad("add_bias: y_stride < n");
@@ -793,6 +891,7 @@ Status add_bias(float* y, int y_stride, const float* bias, int rows, int n, Stre
 
 Status add_rms_norm(float* residual, const float* x, const float* weight, float* y, int rows, int dim, float eps,
                     Stream stream) {
+  FAKE_LOCK;
   if (rows < 0 || dim < 0) return bad("add_rms_norm: negative size");
   if (rows == 0 || dim == 0) return Status::ok_status();
   if (residual == nullptr || x == nullptr || weight == nullptr || y == nullptr) return bad("add_rms_norm: null pointer");
@@ -806,6 +905,7 @@ Status add_rms_norm(float* residual, const float* x, const float* weight, float*
 }
 
 Status add_inplace(float* residual, const float* x, long n, Stream stream) {
+  FAKE_LOCK;
   if (n < 0) return bad("add_inplace: negative size");
   if (n == 0) return Status::ok_status();
   if (residual == nullptr || x == nullptr) return bad("add_inplace: null pointer");
@@ -818,6 +918,7 @@ Status add_inplace(float* residual, const float* x, long n, Stream stream) {
 }
 
 Status silu_and_mul(const float* gate_up, float* out, int rows, int inter, Stream stream) {
+  FAKE_LOCK;
   if (rows < 0 || inter < 0) return bad("silu_and_mul: negative size");
   if (rows == 0 || inter == 0) return Status::ok_status();
   if (gate_up == nullptr || out == nullptr) return bad("silu_and_mul: null pointer");
@@ -831,6 +932,7 @@ Status silu_and_mul(const float* gate_up, float* out, int rows, int inter, Strea
 
 Status rope(float* x, int num_tokens, int row_stride, int num_heads, int head_dim, const std::int32_t* positions,
             const float* inv_freq, Stream stream) {
+  FAKE_LOCK;
   if (num_tokens < 0 || num_heads < 0 || head_dim < 0) return bad("rope: negative size");
   if (head_dim % 2 != 0) return bad("rope: odd head_dim");
   if (row_stride < num_heads * head_dim) return bad("rope: row_stride < num_heads * head_dim");
@@ -847,6 +949,7 @@ Status rope(float* x, int num_tokens, int row_stride, int num_heads, int head_di
 
 Status write_kv(const float* k, const float* v, int row_stride, int num_tokens, const std::int32_t* slot_mapping,
                 const cpu::KvCacheLayer& cache, Stream stream) {
+  FAKE_LOCK;
   if (num_tokens < 0) return bad("write_kv: negative size");
   if (cache.dtype != DType::f32 && cache.dtype != DType::bf16)
     return make_error(ErrorCode::unsupported, "fake cuda: write_kv dtype");
@@ -874,6 +977,7 @@ Status write_kv(const float* k, const float* v, int row_stride, int num_tokens, 
 Status paged_attention(const float* q, int q_stride, const AttentionSeq* seqs, int num_seqs, int max_num_q,
                        int max_context_len, const cpu::KvCacheLayer& cache, int num_heads, float scale, float* out,
                        int out_stride, void* workspace, std::size_t workspace_bytes, Stream stream) {
+  FAKE_LOCK;
   const int hd = cache.head_dim;
   const int kvh = cache.num_kv_heads;
   if (num_seqs < 0 || max_num_q < 0 || max_context_len < 0 || num_heads < 0 || kvh < 0 || hd < 0)
@@ -947,6 +1051,7 @@ struct GemmContext::Impl {
 };
 
 Result<std::unique_ptr<GemmContext>> GemmContext::create(int max_rows, int max_k) {
+  FAKE_LOCK;
   if (max_rows < 0 || max_k < 0) return bad("GemmContext: negative limits");
   auto g = std::unique_ptr<GemmContext>(new GemmContext());
   g->impl_ = std::make_unique<Impl>();
@@ -967,6 +1072,7 @@ std::size_t GemmContext::cached_plans() const noexcept { return impl_ ? impl_->p
 
 Status GemmContext::linear(const float* x, int x_stride, int m, int k, const void* w, DType w_dtype, int n, float* y,
                            int y_stride, bool accumulate, GemmMode mode, Stream stream) {
+  FAKE_LOCK;
   if (Status s = check_linear_args(x, x_stride, m, k, w, w_dtype, n, y, y_stride, mode, max_rows_, max_k_); !s) return s;
   if (m == 0) return Status::ok_status();
   if (mode == GemmMode::fast)
@@ -999,6 +1105,7 @@ Status GemmContext::linear(const float* x, int x_stride, int m, int k, const voi
 
 Status GemmContext::linear_lowp(const void* x16, int x_stride, int m, int k, const void* w, DType dtype, int n,
                                 float* y, int y_stride, bool accumulate, Stream stream) {
+  FAKE_LOCK;
   if (Status s = check_linear_args(x16, x_stride, m, k, w, dtype, n, y, y_stride, GemmMode::fast, m, k); !s) return s;
   if (dtype == DType::f32) return make_error(ErrorCode::unsupported, "fake cuda: linear_lowp of F32");
   if (m == 0) return Status::ok_status();
@@ -1016,6 +1123,7 @@ Status GemmContext::linear_lowp(const void* x16, int x_stride, int m, int k, con
 }
 
 Status cast_f32(const float* x, long n, DType dtype, void* out, Stream stream) {
+  FAKE_LOCK;
   if (n < 0) return bad("cast_f32: negative size");
   if (!dtype_ok(dtype)) return make_error(ErrorCode::unsupported, "fake cuda: cast_f32 dtype");
   if (n == 0) return Status::ok_status();
@@ -1035,6 +1143,7 @@ Status cast_f32(const float* x, long n, DType dtype, void* out, Stream stream) {
 // ---- sampling ----------------------------------------------------------------------
 
 Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows, std::int32_t* out_ids, Stream stream) {
+  FAKE_LOCK;
   if (num_rows < 0 || vocab < 0) return bad("sample: negative size");
   if (num_rows == 0) return Status::ok_status();
   if (logits == nullptr || rows == nullptr || out_ids == nullptr) return bad("sample: null pointer");
@@ -1092,6 +1201,7 @@ Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows, std
 }
 
 Status philox_uniforms(const std::uint64_t* seeds, const std::int32_t* positions, int n, float* out, Stream stream) {
+  FAKE_LOCK;
   if (n < 0) return bad("philox_uniforms: negative size");
   if (n == 0) return Status::ok_status();
   if (seeds == nullptr || positions == nullptr || out == nullptr) return bad("philox_uniforms: null pointer");
@@ -1109,11 +1219,13 @@ Status philox_uniforms(const std::uint64_t* seeds, const std::int32_t* positions
 DeviceBuffer::~DeviceBuffer() { reset(); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), bytes_(other.bytes_) {
+  FAKE_LOCK;
   other.ptr_ = nullptr;
   other.bytes_ = 0;
 }
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  FAKE_LOCK;
   if (this != &other) {
     reset();
     ptr_ = other.ptr_;
@@ -1125,6 +1237,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 }
 
 Result<DeviceBuffer> DeviceBuffer::allocate(std::size_t bytes) {
+  FAKE_LOCK;
   if (bytes == 0) return DeviceBuffer{};
   cudaError_t err;
   if (injected("cudaMalloc", &err) || prohibited_during_capture("cudaMalloc", &err)) {
@@ -1139,12 +1252,14 @@ Result<DeviceBuffer> DeviceBuffer::allocate(std::size_t bytes) {
 }
 
 Status DeviceBuffer::copy_from_host(const void* src, std::size_t bytes, std::size_t off) {
+  FAKE_LOCK;
   if (off > bytes_ || bytes > bytes_ - off) return bad("copy_from_host: range exceeds the buffer");
   if (bytes == 0) return Status::ok_status();
   return launch_status(cudaMemcpy(static_cast<char*>(ptr_) + off, src, bytes, cudaMemcpyHostToDevice), "copy_from_host");
 }
 
 Status DeviceBuffer::copy_to_host(void* dst, std::size_t bytes, std::size_t off) const {
+  FAKE_LOCK;
   if (off > bytes_ || bytes > bytes_ - off) return bad("copy_to_host: range exceeds the buffer");
   if (bytes == 0) return Status::ok_status();
   return launch_status(cudaMemcpy(dst, static_cast<const char*>(ptr_) + off, bytes, cudaMemcpyDeviceToHost),
@@ -1152,6 +1267,7 @@ Status DeviceBuffer::copy_to_host(void* dst, std::size_t bytes, std::size_t off)
 }
 
 Status DeviceBuffer::fill_bytes(int value) {
+  FAKE_LOCK;
   if (ptr_ == nullptr) return Status::ok_status();
   cudaError_t err;
   if (prohibited_during_capture("cudaMemset", &err)) return launch_status(err, "fill_bytes");
@@ -1161,6 +1277,7 @@ Status DeviceBuffer::fill_bytes(int value) {
 }
 
 void DeviceBuffer::reset() noexcept {
+  FAKE_LOCK;
   if (ptr_ == nullptr) return;
   if (capture_active()) anomaly("cudaFree during a stream capture");
   drain_all();  // cudaFree waits for the device, as on a GPU
@@ -1172,6 +1289,7 @@ void DeviceBuffer::reset() noexcept {
 // ---- devices -------------------------------------------------------------------------
 
 DeviceQuery query_devices() {
+  FAKE_LOCK;
   DeviceQuery q;
   if (st().device_count < 0) {
     q.error = cudaGetErrorString(cudaErrorNoDevice);

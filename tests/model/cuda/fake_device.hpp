@@ -40,7 +40,11 @@
 //    it), every block id of a block table is inside the KV cache, and every
 //    attention sequence is within the max_num_q / max_context_len bounds it
 //    was launched with. A violation is recorded as an anomaly (and the
-//    operation is skipped, like a faulting kernel): tests expect none.
+//    operation is skipped, like a faulting kernel): tests expect none;
+//  - one device, shared by threads: every call holds one process-wide lock,
+//    so ranks of a group on threads (several ranks on one GPU) are
+//    serialised as a GPU serialises their streams. Graph capture is
+//    process-wide: capture only while no other thread calls the fake.
 
 #include <cstddef>
 #include <string>

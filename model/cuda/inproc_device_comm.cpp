@@ -1,0 +1,211 @@
+#include "model/cuda/inproc_device_comm.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+
+#include "kernels/cuda/ops.hpp"
+
+namespace shardline::model {
+
+namespace kcu = kernels::cuda;
+
+namespace {
+
+enum class Op : std::uint64_t { all_reduce_sum = 1, all_gather, reduce_scatter_sum, all_to_all, broadcast };
+
+constexpr std::size_t kPostFloats = 12;  // six uint64 words carried as floats (the host all_gather copies bytes)
+
+/// [begin, end) of rank r's slice of n elements over w ranks (the host
+/// in-process communicator's split).
+std::pair<std::size_t, std::size_t> slice(std::size_t n, int r, int w) {
+  const std::size_t base = n / static_cast<std::size_t>(w);
+  const std::size_t rem = n % static_cast<std::size_t>(w);
+  const auto ur = static_cast<std::size_t>(r);
+  const std::size_t begin = ur * base + std::min(ur, rem);
+  return {begin, begin + base + (ur < rem ? 1 : 0)};
+}
+
+Status cuda_status(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return Status::ok_status();
+  return make_error(ErrorCode::io, "device communicator: " + what + ": " + cudaGetErrorString(e));
+}
+
+float* as_floats(std::uint64_t address) { return reinterpret_cast<float*>(static_cast<std::uintptr_t>(address)); }
+
+}  // namespace
+
+InProcDeviceCommunicator::InProcDeviceCommunicator(std::unique_ptr<comm::Communicator> host, int device,
+                                                   CUstream_st* stream)
+    : host_(std::move(host)), device_(device), stream_(stream) {}
+
+Result<std::unique_ptr<InProcDeviceCommunicator>> InProcDeviceCommunicator::create(
+    std::unique_ptr<comm::Communicator> host, int device) {
+  if (!host) return make_error(ErrorCode::invalid_argument, "device communicator: no host communicator");
+  if (Status s = cuda_status(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")"); !s)
+    return s.error();
+  cudaStream_t stream = nullptr;
+  if (Status s = cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"); !s)
+    return s.error();
+  return std::unique_ptr<InProcDeviceCommunicator>(new InProcDeviceCommunicator(std::move(host), device, stream));
+}
+
+InProcDeviceCommunicator::~InProcDeviceCommunicator() {
+  scratch_.reset();
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+Status InProcDeviceCommunicator::not_built(const char* op) {
+  return make_error(ErrorCode::unsupported, std::string("device communicator: ") + op + " is not built yet");
+}
+
+Result<std::vector<InProcDeviceCommunicator::Post>> InProcDeviceCommunicator::exchange(const Post& mine,
+                                                                                      const char* op_name) {
+  static_assert(sizeof(Post) == kPostFloats * sizeof(float));
+  const int w = world_size();
+  std::vector<float> words(kPostFloats * static_cast<std::size_t>(w));
+  std::memcpy(words.data() + kPostFloats * static_cast<std::size_t>(rank()), &mine, sizeof(Post));
+  if (Status s = host_->all_gather(words.data() + kPostFloats * static_cast<std::size_t>(rank()), kPostFloats,
+                                   words.data());
+      !s)
+    return s.error();
+  std::vector<Post> posts(static_cast<std::size_t>(w));
+  std::memcpy(posts.data(), words.data(), words.size() * sizeof(float));
+  // Every rank reaches the same verdict from the same posts.
+  for (int k = 0; k < w; ++k) {
+    const Post& p = posts[static_cast<std::size_t>(k)];
+    std::string why;
+    if (p.op != posts[0].op || p.count != posts[0].count || p.root != posts[0].root)
+      why = "ranks disagree on the op, count or root (rank " + std::to_string(k) + ")";
+    else if (p.device != posts[0].device)
+      why = "rank " + std::to_string(k) + " is on device " + std::to_string(p.device) + ", rank 0 on " +
+            std::to_string(posts[0].device) + ": ranks of this communicator share one device";
+    else if (p.count > 0 && (p.recv == 0 || (p.op != static_cast<std::uint64_t>(Op::all_reduce_sum) &&
+                                             p.op != static_cast<std::uint64_t>(Op::broadcast) && p.send == 0)))
+      why = "rank " + std::to_string(k) + " passed a null buffer";
+    else if (p.root >= static_cast<std::uint64_t>(w))
+      why = "root " + std::to_string(p.root) + " outside the group";
+    if (!why.empty())
+      return make_error(ErrorCode::invalid_argument, std::string(op_name) + ": rank " + std::to_string(rank()) +
+                                                         ": " + why);
+  }
+  return posts;
+}
+
+Status InProcDeviceCommunicator::finish(Status work) {
+  Status synced = cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  Status all = host_->barrier();
+  if (!work) return work;
+  if (!synced) return synced;
+  return all;
+}
+
+Status InProcDeviceCommunicator::all_reduce_sum(float* data, std::size_t count) {
+  Post mine{static_cast<std::uint64_t>(Op::all_reduce_sum), count, 0, static_cast<std::uint64_t>(device_), 0,
+            reinterpret_cast<std::uintptr_t>(data)};
+  auto posts = exchange(mine, "all_reduce_sum");
+  if (!posts) return posts.error();
+  if (count == 0) return Status::ok_status();
+  // Rank r owns slice r: sums it in rank order into rank 0's buffer, then
+  // copies the sum into every other rank's (the slices are disjoint).
+  const int w = world_size();
+  const auto [b, e] = slice(count, rank(), w);
+  Status work = Status::ok_status();
+  if (e > b) {
+    float* acc = as_floats((*posts)[0].recv) + b;
+    for (int k = 1; k < w && work; ++k)
+      work = kcu::add_inplace(acc, as_floats((*posts)[static_cast<std::size_t>(k)].recv) + b,
+                              static_cast<long>(e - b), stream_);
+    for (int k = 1; k < w && work; ++k)
+      work = cuda_status(cudaMemcpyAsync(as_floats((*posts)[static_cast<std::size_t>(k)].recv) + b, acc,
+                                         (e - b) * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                         "all_reduce_sum copy");
+  }
+  const std::uint64_t own = e - b;
+  bytes_sent_ += ((count - own) + static_cast<std::uint64_t>(w - 1) * own) * sizeof(float);
+  return finish(work);
+}
+
+Status InProcDeviceCommunicator::all_gather(const float* send, std::size_t count, float* recv) {
+  Post mine{static_cast<std::uint64_t>(Op::all_gather), count, 0, static_cast<std::uint64_t>(device_),
+            reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
+  auto posts = exchange(mine, "all_gather");
+  if (!posts) return posts.error();
+  if (count == 0) return Status::ok_status();
+  Status work = Status::ok_status();
+  for (int k = 0; k < world_size() && work; ++k) {
+    const float* src = as_floats((*posts)[static_cast<std::size_t>(k)].send);
+    float* dst = recv + static_cast<std::size_t>(k) * count;
+    if (src != dst)
+      work = cuda_status(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                         "all_gather copy");
+  }
+  bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
+  return finish(work);
+}
+
+Status InProcDeviceCommunicator::reduce_scatter_sum(const float* send, float* recv, std::size_t count) {
+  Post mine{static_cast<std::uint64_t>(Op::reduce_scatter_sum), count, 0, static_cast<std::uint64_t>(device_),
+            reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
+  auto posts = exchange(mine, "reduce_scatter_sum");
+  if (!posts) return posts.error();
+  if (count == 0) return Status::ok_status();
+  // Summed in a scratch buffer (recv may be this rank's row of its send,
+  // which the sum needs to the end), then copied out.
+  Status work = Status::ok_status();
+  if (scratch_.size_bytes() < count * sizeof(float)) {
+    auto grown = kcu::DeviceBuffer::allocate(count * sizeof(float));
+    if (!grown) work = grown.error();
+    else scratch_ = std::move(grown).value();
+  }
+  auto* acc = static_cast<float*>(scratch_.data());
+  const std::size_t off = static_cast<std::size_t>(rank()) * count;
+  if (work)
+    work = cuda_status(cudaMemcpyAsync(acc, as_floats((*posts)[0].send) + off, count * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, stream_),
+                       "reduce_scatter_sum copy");
+  for (int k = 1; k < world_size() && work; ++k)
+    work = kcu::add_inplace(acc, as_floats((*posts)[static_cast<std::size_t>(k)].send) + off,
+                            static_cast<long>(count), stream_);
+  if (work)
+    work = cuda_status(cudaMemcpyAsync(recv, acc, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                       "reduce_scatter_sum copy");
+  bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
+  return finish(work);
+}
+
+Status InProcDeviceCommunicator::all_to_all(const float* send, float* recv, std::size_t count) {
+  Post mine{static_cast<std::uint64_t>(Op::all_to_all), count, 0, static_cast<std::uint64_t>(device_),
+            reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
+  auto posts = exchange(mine, "all_to_all");
+  if (!posts) return posts.error();
+  if (count == 0) return Status::ok_status();
+  Status work = Status::ok_status();
+  const std::size_t off = static_cast<std::size_t>(rank()) * count;
+  for (int k = 0; k < world_size() && work; ++k)
+    work = cuda_status(cudaMemcpyAsync(recv + static_cast<std::size_t>(k) * count,
+                                       as_floats((*posts)[static_cast<std::size_t>(k)].send) + off,
+                                       count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                       "all_to_all copy");
+  bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
+  return finish(work);
+}
+
+Status InProcDeviceCommunicator::broadcast(float* data, std::size_t count, int root) {
+  Post mine{static_cast<std::uint64_t>(Op::broadcast), count, static_cast<std::uint64_t>(root),
+            static_cast<std::uint64_t>(device_), 0, reinterpret_cast<std::uintptr_t>(data)};
+  if (root < 0) mine.root = static_cast<std::uint64_t>(world_size());  // refused by every rank
+  auto posts = exchange(mine, "broadcast");
+  if (!posts) return posts.error();
+  if (count == 0) return Status::ok_status();
+  Status work = Status::ok_status();
+  const float* src = as_floats((*posts)[static_cast<std::size_t>(root)].recv);
+  if (src != data)
+    work = cuda_status(cudaMemcpyAsync(data, src, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                       "broadcast copy");
+  if (rank() == root) bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
+  return finish(work);
+}
+
+}  // namespace shardline::model

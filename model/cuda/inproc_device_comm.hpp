@@ -1,0 +1,96 @@
+#pragma once
+/// \file
+/// A comm::Communicator on DEVICE buffers for ranks that are threads of one
+/// process sharing one GPU (issue 41 item 2: several ranks on one device,
+/// which NCCL refuses; a lent GPU machine has one GPU). It wraps a host
+/// communicator of the same ranks (an InProcGroup's): that one carries the
+/// buffer addresses and the barriers; the data moves as device-to-device
+/// copies and rank-order adds (kernels::cuda::add_inplace) on this
+/// communicator's own stream.
+///
+/// Numerics: every reduction sums in rank order, ((x_0 + x_1) + x_2) + ...,
+/// each add rounded to nearest (IEEE), so results are bit-identical to the
+/// host in-process communicator's on the same data.
+///
+/// Contract (as NcclCommunicator's, comm/nccl.hpp): the caller's writes to
+/// its buffers are complete before the call (synchronize its stream); the
+/// call returns when every rank's results are in place. Not capturable in a
+/// CUDA graph. Point-to-point and one-sided calls are not built yet
+/// (unsupported).
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "common/result.hpp"
+#include "kernels/cuda/device_buffer.hpp"
+
+struct CUstream_st;
+
+namespace shardline::model {
+
+class InProcDeviceCommunicator final : public comm::Communicator {
+ public:
+  /// Wraps `host` (one rank of an in-process group of the same ranks), on
+  /// CUDA device `device`. Errors: invalid_argument (null host), io (the
+  /// stream cannot be made).
+  [[nodiscard]] static Result<std::unique_ptr<InProcDeviceCommunicator>> create(
+      std::unique_ptr<comm::Communicator> host, int device);
+  ~InProcDeviceCommunicator() override;
+  InProcDeviceCommunicator(const InProcDeviceCommunicator&) = delete;
+  InProcDeviceCommunicator& operator=(const InProcDeviceCommunicator&) = delete;
+
+  [[nodiscard]] bool on_device() const noexcept override { return true; }
+  [[nodiscard]] int rank() const noexcept override { return host_->rank(); }
+  [[nodiscard]] int world_size() const noexcept override { return host_->world_size(); }
+  void set_timeout(std::chrono::milliseconds timeout) noexcept override { host_->set_timeout(timeout); }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept override { return host_->timeout(); }
+
+  [[nodiscard]] Status barrier() override { return host_->barrier(); }
+  /// data[count] (device) <- sum over ranks, in rank order.
+  [[nodiscard]] Status all_reduce_sum(float* data, std::size_t count) override;
+  /// send[count] (device) of every rank -> recv[world, count] (device).
+  [[nodiscard]] Status all_gather(const float* send, std::size_t count, float* recv) override;
+  /// Row r of every rank's send[world, count] -> summed into recv[count] of rank r.
+  [[nodiscard]] Status reduce_scatter_sum(const float* send, float* recv, std::size_t count) override;
+  [[nodiscard]] Status all_to_all(const float* send, float* recv, std::size_t count) override;
+  [[nodiscard]] Status broadcast(float* data, std::size_t count, int root) override;
+
+  [[nodiscard]] Status send(const void*, std::size_t, int, int) override { return not_built("send"); }
+  [[nodiscard]] Status recv(void*, std::size_t, int, int) override { return not_built("recv"); }
+  [[nodiscard]] Status expose(std::string, const void*, std::size_t) override { return not_built("expose"); }
+  [[nodiscard]] Status unexpose(const std::string&) override { return not_built("unexpose"); }
+  [[nodiscard]] Status get(int, std::string, std::size_t, void*, std::size_t) override { return not_built("get"); }
+  [[nodiscard]] std::uint64_t bytes_sent() const noexcept override { return bytes_sent_; }
+
+ private:
+  /// What a rank posts for one collective; exchanged over the host group.
+  struct Post {
+    std::uint64_t op = 0;
+    std::uint64_t count = 0;
+    std::uint64_t root = 0;
+    std::uint64_t device = 0;
+    std::uint64_t send = 0;  ///< device addresses
+    std::uint64_t recv = 0;
+  };
+  InProcDeviceCommunicator(std::unique_ptr<comm::Communicator> host, int device, CUstream_st* stream);
+  static Status not_built(const char* op);
+  /// Every rank's post (a host all_gather), checked to agree: the same op,
+  /// count, root and device, non-null buffers. Errors: invalid_argument on
+  /// every rank when they disagree (no device work happened); the host
+  /// group's io.
+  [[nodiscard]] Result<std::vector<Post>> exchange(const Post& mine, const char* op_name);
+  /// Waits for this rank's copies, then for every rank's (a host barrier,
+  /// always taken so that no rank returns while a peer still reads its
+  /// buffers). The first error wins.
+  [[nodiscard]] Status finish(Status work);
+
+  std::unique_ptr<comm::Communicator> host_;
+  int device_ = 0;
+  CUstream_st* stream_ = nullptr;
+  kernels::cuda::DeviceBuffer scratch_;  ///< [count] floats: reduce_scatter_sum's sum (its recv may be its send)
+  std::uint64_t bytes_sent_ = 0;
+};
+
+}  // namespace shardline::model
