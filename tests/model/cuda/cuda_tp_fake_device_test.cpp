@@ -1,8 +1,9 @@
 // The REAL CUDA runner (model/cuda/cuda_runner.cpp) as tensor-parallel ranks
 // (issue 41 item 1) on the FAKE CUDA device (tests/model/cuda/fake_device.hpp),
-// several ranks sharing device 0 over the in-process device communicator
-// (model/cuda/inproc_device_comm.hpp), each rank on its own thread as in an
-// engine group. Against the CPU runner, with the CPU shard runner's layout
+// as model::CudaTpGroup runs them: several ranks sharing device 0 over the
+// in-process device communicator (model/cuda/inproc_device_comm.hpp), each
+// rank on its own thread, one executor (which checks every step that the
+// ranks agree bit for bit). Against the CPU runner, with the CPU shard runner's layout
 // and numerics (model::shard_layout; the CPU TP bound of 1e-4): Qwen3 at
 // tp = 2 and at tp = 4 (its 2 KV heads replicated), Qwen2 (an uneven
 // vocabulary split: 777 over 2 ranks, biases), Llama 3 (MHA, untied). Every
@@ -22,12 +23,15 @@
 #include <thread>
 #include <vector>
 
+#include <cuda_runtime_api.h>  // cudaError_t values for fault injection
+
 #include <nlohmann/json.hpp>
 
 #include "comm/inproc.hpp"
 #include "engine/llm_engine.hpp"
 #include "model/cpu_runner.hpp"
 #include "model/cuda/cuda_runner.hpp"
+#include "model/cuda/cuda_tp_group.hpp"
 #include "model/cuda/inproc_device_comm.hpp"
 #include "model/weights.hpp"
 #include "tests/model/cuda/fake_device.hpp"
@@ -57,71 +61,6 @@ model::CudaRunnerOptions cuda_options() {
   co.deterministic = true;
   return co;
 }
-
-/// A tensor-parallel group of CUDA runners on device 0 as one executor: a
-/// step runs on every rank at once (ranks 1.. on threads, rank 0 here), and
-/// every rank's answer must equal rank 0's, byte for byte.
-class CudaTpGroup final : public model::ModelExecutor {
- public:
-  static Result<std::unique_ptr<CudaTpGroup>> create(std::shared_ptr<const model::ModelWeights> w, int tp) {
-    std::unique_ptr<CudaTpGroup> g(new CudaTpGroup());
-    auto group = comm::InProcGroup::create(tp);
-    if (!group) return group.error();
-    for (int r = 0; r < tp; ++r) {
-      auto host = (*group)->communicator(r);
-      if (!host) return host.error();
-      (*host)->set_timeout(std::chrono::seconds(20));
-      auto dev = model::InProcDeviceCommunicator::create(std::move(host).value(), 0);
-      if (!dev) return dev.error();
-      g->comms_.push_back(std::move(dev).value());
-    }
-    // One after another on this thread (graph capture is process-wide).
-    for (int r = 0; r < tp; ++r) {
-      model::ShardSpec spec;
-      spec.tp = tp;
-      spec.tp_rank = r;
-      const model::ShardComms comms{g->comms_[static_cast<std::size_t>(r)].get(), nullptr};
-      auto runner = model::CudaModelRunner::create(w, cuda_options(), spec, comms);
-      if (!runner) return runner.error();
-      g->runners_.push_back(std::move(runner).value());
-    }
-    return g;
-  }
-
-  Result<model::StepOutput> execute(const model::StepInput& in) override {
-    const std::size_t tp = runners_.size();
-    std::vector<Result<model::StepOutput>> outs;
-    for (std::size_t r = 0; r < tp; ++r) outs.emplace_back(make_error(ErrorCode::internal, "not run"));
-    std::vector<std::thread> threads;
-    for (std::size_t r = 1; r < tp; ++r) threads.emplace_back([&, r] { outs[r] = runners_[r]->execute(in); });
-    outs[0] = runners_[0]->execute(in);
-    for (auto& t : threads) t.join();
-    for (std::size_t r = 0; r < tp; ++r) {
-      if (!outs[r]) return outs[r].error();
-      const model::StepOutput& a = *outs[r];
-      const model::StepOutput& b = *outs[0];
-      EXPECT_EQ(a.sampled_token_ids, b.sampled_token_ids) << "rank " << r << " sampled other ids";
-      EXPECT_TRUE(a.logits.size() == b.logits.size() &&
-                  std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)) == 0)
-          << "rank " << r << "'s logits differ from rank 0's";
-    }
-    ++steps_;
-    return std::move(outs[0]);
-  }
-  int vocab_size() const override { return runners_[0]->vocab_size(); }
-  int num_kv_blocks() const override { return runners_[0]->num_kv_blocks(); }
-  int block_size() const override { return runners_[0]->block_size(); }
-  bool samples_on_device() const override { return true; }
-
-  [[nodiscard]] const model::CudaModelRunner& rank(int r) const { return *runners_[static_cast<std::size_t>(r)]; }
-  [[nodiscard]] int steps() const { return steps_; }
-
- private:
-  CudaTpGroup() = default;
-  std::vector<std::unique_ptr<comm::Communicator>> comms_;  // outlive the runners
-  std::vector<std::unique_ptr<model::CudaModelRunner>> runners_;
-  int steps_ = 0;
-};
 
 /// Seeded dummy weights of a small model of `cfg`'s shape.
 std::shared_ptr<const model::ModelWeights> dummy_model(const std::string& name, nlohmann::json cfg) {
@@ -224,7 +163,7 @@ TEST_P(CudaTpFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
     const std::string name = k.name + " tp=" + std::to_string(k.tp);
     const auto w = dummy_model(k.name, k.cfg);
     ASSERT_NE(w, nullptr);
-    auto group = CudaTpGroup::create(w, k.tp);
+    auto group = model::CudaTpGroup::create(w, cuda_options(), k.tp);
     ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
     for (int r = 0; r < k.tp; ++r) {
       EXPECT_TRUE((*group)->rank(r).captured_batch_sizes().empty()) << name << ": no graphs under TP";
@@ -236,7 +175,6 @@ TEST_P(CudaTpFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
     ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
     const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
     const auto want = run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
-    EXPECT_GT((*group)->steps(), 6) << name;
     ASSERT_EQ(got.size(), 6u) << name;
     for (const auto& [id, ref] : want) {
       const RequestOutput& out = got.at(id);
@@ -278,12 +216,38 @@ TEST_P(CudaTpFakeDevice, RanksSampleTheSameIdsAsOneDevice) {
     ASSERT_TRUE(single.ok()) << single.error().to_string();
     one = run_requests(**single, w->config.vocab_size, false, p);
   }
-  auto group = CudaTpGroup::create(w, 2);
+  auto group = model::CudaTpGroup::create(w, cuda_options(), 2);
   ASSERT_TRUE(group.ok()) << group.error().to_string();
   const auto two = run_requests(**group, w->config.vocab_size, false, p);
   ASSERT_EQ(one.size(), 6u);
   ASSERT_EQ(two.size(), 6u);
   for (const auto& [id, out] : one) EXPECT_EQ(two.at(id).token_ids, out.token_ids) << "request " << id;
+}
+
+// A rank whose step fails (here the first metadata copy of the step fails
+// on whichever rank issues it first) fails the step on every rank at once:
+// it is marked dead in the host group, so its peer does not wait for the
+// communicator's timeout. The group is broken from then on.
+TEST_P(CudaTpFakeDevice, ARankThatFailsFailsTheStepEverywhereAndBreaksTheGroup) {
+  const auto w = dummy_model("qwen3", kQwen3);
+  ASSERT_NE(w, nullptr);
+  auto group = model::CudaTpGroup::create(w, cuda_options(), 2);
+  ASSERT_TRUE(group.ok()) << group.error().to_string();
+  const model::StepInput step = testing_support::three_token_step(16);
+  auto good = (*group)->execute(step);
+  ASSERT_TRUE(good.ok()) << good.error().to_string();
+  EXPECT_EQ(good->logits.size(), static_cast<std::size_t>(w->config.vocab_size));
+  fc::fail_call("cudaMemcpyAsync", cudaErrorLaunchFailure);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto failed = (*group)->execute(step);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << "a peer waited for the timeout";
+  EXPECT_TRUE((*group)->broken());
+  auto after = (*group)->execute(step);
+  ASSERT_FALSE(after.ok());
+  EXPECT_EQ(after.error().code, ErrorCode::io);
+  EXPECT_NE(after.error().message.find("must be rebuilt"), std::string::npos) << after.error().message;
+  EXPECT_EQ(model::CudaTpGroup::create(w, cuda_options(), 1).error().code, ErrorCode::invalid_argument);
 }
 
 TEST_P(CudaTpFakeDevice, ShardsTheRunnerCannotHoldAreRefused) {
