@@ -193,7 +193,7 @@ void add_placement_flags(CLI::App& cmd, std::string& devices, std::string& paral
   cmd.add_option("--devices", devices,
                  "cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without --parallel, where "
                  "cpu:N means N single-device workers); or cuda:LIST (cuda:0, cuda:0,1, cuda:0-3): one "
-                 "single-device worker per GPU");
+                 "single-device worker per GPU; cuda:0x2: two tensor-parallel ranks sharing GPU 0 (tp=2)");
   cmd.add_option("--parallel,--parallel-prefill", parallel,
                  "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single); "
                  "with --parallel-decode, the config prefill runs in (Seesaw's cp). `run --parallel auto`: the "

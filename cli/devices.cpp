@@ -17,12 +17,23 @@ Result<DeviceList> parse_devices(const std::string& devices) {
     const std::string_view list = std::string_view(devices).substr(5);
     const auto bad = [&] {
       return make_error(ErrorCode::invalid_argument,
-                        "--devices cuda:LIST needs device indices like cuda:0, cuda:0,1 or cuda:0-3, got '" + devices + "'");
+                        "--devices cuda:LIST needs device indices like cuda:0, cuda:0,1, cuda:0-3 or cuda:0x2, got '" +
+                            devices + "'");
     };
     std::size_t pos = 0;
+    int ranks = 0;  // K of xK, 0 until the first item
     while (pos <= list.size()) {
       const std::size_t comma = std::min(list.find(',', pos), list.size());
-      const std::string_view item = list.substr(pos, comma - pos);
+      std::string_view item = list.substr(pos, comma - pos);
+      int k = 1;
+      if (const std::size_t x = item.find('x'); x != std::string_view::npos) {
+        if (!number(item.substr(x + 1), k) || k < 1 || k > 8) return bad();
+        item = item.substr(0, x);
+      }
+      if (ranks != 0 && k != ranks)
+        return make_error(ErrorCode::invalid_argument,
+                          "--devices " + devices + ": every GPU of the list needs the same number of ranks (xK)");
+      ranks = k;
       const std::size_t dash = item.find('-');
       int first = 0, last = 0;
       if (dash == std::string_view::npos) {
@@ -39,6 +50,7 @@ Result<DeviceList> parse_devices(const std::string& devices) {
       }
       pos = comma + 1;
     }
+    out.ranks_per_device = ranks;
     return out;
   }
   if (devices.rfind("cpu:", 0) != 0)
@@ -56,22 +68,35 @@ Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::
     auto list = parse_devices(devices);
     if (!list) return std::move(list).error();
     const int n = static_cast<int>(list->indices.size());
+    const int k = list->ranks_per_device;
+    engine::ParallelConfig pc{k, 1, 1, n};
     if (!parallel.empty()) {
-      auto pc = engine::parse_parallel_config(parallel);
-      if (!pc) return std::move(pc).error();
-      if (pc->group_size() != 1)
+      auto given = engine::parse_parallel_config(parallel);
+      if (!given) return std::move(given).error();
+      if (given->pp != 1 || given->sp != 1)
         return make_error(ErrorCode::unsupported,
-                          "--devices " + devices + " with --parallel " + pc->to_string() +
-                              ": CUDA workers are single devices so far (tp/pp/sp groups run on CPU devices); use dp");
-      if (pc->dp != n)
+                          "--devices " + devices + " with --parallel " + given->to_string() +
+                              ": CUDA engine groups are tensor-parallel ranks sharing one GPU so far (pp and sp "
+                              "groups run on CPU devices)");
+      if (given->tp > 1 && k == 1)
+        return make_error(ErrorCode::unsupported,
+                          "--devices " + devices + " with --parallel " + given->to_string() +
+                              ": tensor parallelism across distinct GPUs (NCCL) is not built yet; for ranks "
+                              "sharing one GPU write --devices cuda:0x" + std::to_string(given->tp));
+      if (given->tp != k)
+        return make_error(ErrorCode::invalid_argument, "--devices " + devices + " puts " + std::to_string(k) +
+                                                           " ranks on each GPU but --parallel " + given->to_string() +
+                                                           " asks tp=" + std::to_string(given->tp));
+      if (given->dp != n)
         return make_error(ErrorCode::invalid_argument, "--devices " + devices + " gives " + std::to_string(n) +
-                                                           " devices but --parallel " + pc->to_string() + " needs " +
-                                                           std::to_string(pc->dp));
+                                                           " devices but --parallel " + given->to_string() + " needs " +
+                                                           std::to_string(given->dp));
+      pc = *given;
     }
     out.kind = model::DeviceKind::cuda;
     out.cuda_devices = list->indices;
     out.num_cpu_devices = 0;
-    out.parallel.dp = n;
+    out.parallel = pc;
     return out;
   }
   if (parallel.empty()) {

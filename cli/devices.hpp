@@ -14,13 +14,17 @@
 namespace shardline::cli {
 
 /// A parsed `--devices`: "cpu:N" (N >= 1: devices 0..N-1) or "cuda:LIST"
-/// with LIST indices and ranges, e.g. cuda:0, cuda:0,2, cuda:0-3.
+/// with LIST indices and ranges, e.g. cuda:0, cuda:0,2, cuda:0-3; an item
+/// may end in xK for K ranks sharing each of its GPUs (cuda:0x2: two ranks
+/// on GPU 0), the same K for every item.
 struct DeviceList {
   model::DeviceKind kind = model::DeviceKind::cpu;
   std::vector<int> indices;  ///< device indices, in the order given
+  int ranks_per_device = 1;  ///< cuda: the K of xK (1 without)
 };
 /// Errors: invalid_argument (not cpu:N / cuda:LIST, N outside [1, 64], an
-/// index outside [0, 63] or named twice).
+/// index outside [0, 63] or named twice, K outside [1, 8] or not the same
+/// for every item).
 [[nodiscard]] Result<DeviceList> parse_devices(const std::string& devices);
 
 /// The devices and parallel config of a node, resolved from its flags.
@@ -37,11 +41,15 @@ struct NodeDevices {
 ///    a given --devices must have exactly W devices;
 ///  - --parallel not given: --devices cpu:N (default cpu:1) means N
 ///    single-device workers, i.e. dp = N;
-///  - --devices cuda:LIST: one single-device worker per GPU (dp = the
-///    count); a --parallel must then be dp only.
+///  - --devices cuda:LIST: one worker per GPU (dp = the count); a
+///    --parallel must then be dp only;
+///  - --devices cuda:LISTxK: one worker per GPU, each a tensor-parallel
+///    group of K ranks sharing it (tp = K, model::CudaTpGroup); a
+///    --parallel must say tp=K (and dp = the count).
 /// Errors: invalid_argument (bad --parallel, bad --devices, or a device count
 /// other than the world size, naming both numbers), unsupported (cuda with
-/// tp / pp / sp > 1).
+/// pp or sp > 1, or tp across distinct GPUs: NCCL under the runner is not
+/// built yet).
 [[nodiscard]] Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel);
 
 }  // namespace shardline::cli

@@ -17,11 +17,23 @@
 #if SHARDLINE_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
 #include "model/cuda/cuda_runner.hpp"
+#include "model/cuda/cuda_tp_group.hpp"
 #endif
 
 namespace shardline::engine {
 
 namespace {
+
+/// The KV heads whose cache one KV block holds on this engine's device(s):
+/// the model's, or, for a CUDA tp group sharing one GPU, every rank's (a
+/// KV head is replicated on each rank of its GQA group when tp exceeds the
+/// KV heads).
+int kv_heads_held(const EngineOptions& o, const model::ModelConfig& c) {
+  if (o.device != model::DeviceKind::cuda || o.parallel.tp <= 1) return c.num_key_value_heads;
+  model::ShardSpec spec;
+  spec.tp = o.parallel.tp;
+  return o.parallel.tp * model::shard_layout(c, spec).kv_t;
+}
 
 #if SHARDLINE_HAVE_CUDA
 /// The CUDA runner's options for these engine options (num_kv_blocks left 0:
@@ -64,12 +76,28 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   pi.activation_bytes = activation_bytes_for(c, std::max(o.max_num_batched_tokens, o.max_num_seqs), o.max_num_seqs);
   pi.num_layers = c.num_hidden_layers;
   pi.num_kv_heads = c.num_key_value_heads;
+  const int tp = o.parallel.tp;
+  if (tp > 1) {
+    // A tp group sharing this GPU (model::CudaTpGroup): every rank's weights
+    // (each holds the embedding and the norms), KV heads (replicated when
+    // tp exceeds them) and workspaces.
+    pi.weight_bytes = 0;
+    for (int r = 0; r < tp; ++r) {
+      model::ShardSpec spec;
+      spec.tp = tp;
+      spec.tp_rank = r;
+      pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, spec);
+    }
+    pi.activation_bytes *= static_cast<std::uint64_t>(tp);
+    pi.num_kv_heads = kv_heads_held(o, c);
+  }
   pi.head_dim = c.head_dim;
   pi.block_size = o.block_size;
   pi.kv_dtype = o.kv_cache_dtype;
   pi.max_model_len = max_model_len;
   // metadata, GEMM and attention workspaces
-  pi.reserved_bytes += model::cuda_runner_workspace_bytes(c, cuda_runner_options(o, max_model_len));
+  pi.reserved_bytes += model::cuda_runner_workspace_bytes(c, cuda_runner_options(o, max_model_len)) *
+                       static_cast<std::uint64_t>(std::max(1, tp));
   auto plan = plan_gpu_memory(pi);
   if (!plan)
     return make_error(plan.error().code, "cuda:" + std::to_string(o.device_index) + " (" + d.name + "): " +
@@ -153,9 +181,9 @@ Status check_engine_options(const EngineOptions& o) {
                                                   ": this build has no CUDA backend (configure with SHARDLINE_CUDA=ON "
                                                   "where nvcc is installed)");
 #endif
-    if (o.parallel.group_size() != 1)
-      return make_error(ErrorCode::unsupported, "--devices cuda: engine groups (tp/pp/sp > 1) run on CPU devices only "
-                                                "so far; use dp for several GPUs");
+    if (o.parallel.pp != 1 || o.parallel.sp != 1)
+      return make_error(ErrorCode::unsupported, "--devices cuda: pp and sp groups run on CPU devices only so far; "
+                                                "tensor-parallel ranks can share one GPU (--devices cuda:0x2)");
     if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
       return make_error(ErrorCode::invalid_argument, "--gpu-memory-utilization must be in (0, 1]");
   }
@@ -196,8 +224,9 @@ Status size_kv_cache(const EngineOptions& o, std::uint64_t plan_kv_bytes, int ma
   const model::ModelConfig& c = e.weights->config;
   const bool planned = o.device == model::DeviceKind::cuda || o.device_memory_bytes > 0;
   const int kv_elem_bytes = static_cast<int>(dtype_size(o.kv_cache_dtype));
-  const std::uint64_t block_bytes = kv_bytes_per_block(c.num_hidden_layers, c.num_key_value_heads,
-                                                       c.head_dim, o.block_size, kv_elem_bytes);
+  const int kv_heads = kv_heads_held(o, c);
+  const std::uint64_t block_bytes = kv_bytes_per_block(c.num_hidden_layers, kv_heads, c.head_dim, o.block_size,
+                                                       kv_elem_bytes);
   std::uint64_t budget = o.kv_cache_bytes;
   if (planned) {
     budget = budget == 0 ? plan_kv_bytes : std::min(budget, plan_kv_bytes);
@@ -206,8 +235,8 @@ Status size_kv_cache(const EngineOptions& o, std::uint64_t plan_kv_bytes, int ma
     if (!avail) return std::move(avail).error();
     budget = static_cast<std::uint64_t>(static_cast<double>(*avail) * o.kv_cache_memory_fraction);
   }
-  const std::int64_t budget_blocks = num_kv_blocks_for_budget(
-      budget, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, o.block_size, kv_elem_bytes);
+  const std::int64_t budget_blocks =
+      num_kv_blocks_for_budget(budget, c.num_hidden_layers, kv_heads, c.head_dim, o.block_size, kv_elem_bytes);
   const std::int64_t blocks_per_seq = (max_model_len + o.block_size - 1) / o.block_size;
   const std::int64_t useful_blocks = blocks_per_seq * std::max(1, o.max_num_seqs);
   const std::int64_t num_blocks = std::min(budget_blocks, useful_blocks);
@@ -246,6 +275,20 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     auto exec = model::CpuModelRunner::create(e.weights, ro, o.ffn);
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
+#if SHARDLINE_HAVE_CUDA
+  } else if (cuda && o.parallel.tp > 1) {
+    // A tp group of ranks sharing device_index (model::CudaTpGroup).
+    model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
+    co.num_kv_blocks = e.num_kv_blocks;
+    auto group = model::CudaTpGroup::create(e.weights, co, o.parallel.tp);
+    if (!group) return std::move(group).error();
+    e.weight_bytes = (*group)->weight_bytes();
+    e.executor = std::move(group).value();
+    auto config_only = std::make_shared<model::ModelWeights>();  // the matrices live on the GPU now
+    config_only->config = c;
+    config_only->dtype = e.weights->dtype;
+    e.weights = std::move(config_only);
+#endif
   } else if (cuda || o.parallel.group_size() == 1) {
     model::DeviceExecutorOptions dev;
     dev.device = o.device;

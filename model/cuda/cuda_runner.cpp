@@ -855,6 +855,39 @@ std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunner
   return metadata + cast_scratch + attention + logits_in + kcu::kGemmWorkspaceBytes;
 }
 
+std::uint64_t cuda_runner_weight_bytes(const ModelConfig& c, DType wdt, const ShardSpec& spec) {
+  const ShardLayout lay = shard_layout(c, spec);
+  const auto hidden = static_cast<std::uint64_t>(c.hidden_size);
+  const std::uint64_t w = dtype_size(wdt);
+  Layout wl;  // the arena's bump allocator, as upload_weights takes its regions
+  const auto matrix = [&](std::uint64_t rows, std::uint64_t cols) { (void)wl.take(rows * cols * w); };
+  const auto vector = [&](std::uint64_t n) { (void)wl.take(n * sizeof(float)); };
+  const auto hd = static_cast<std::uint64_t>(c.head_dim);
+  const auto qkv = static_cast<std::uint64_t>(lay.hq_t + 2 * lay.kv_t) * hd;
+  matrix(static_cast<std::uint64_t>(c.vocab_size), hidden);  // embedding
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    vector(hidden);
+    matrix(qkv, hidden);
+    if (c.qkv_bias) vector(qkv);
+    if (c.qk_norm) {
+      vector(hd);
+      vector(hd);
+    }
+    matrix(hidden, static_cast<std::uint64_t>(lay.hq_t) * hd);
+    vector(hidden);
+    matrix(2 * static_cast<std::uint64_t>(lay.inter_t), hidden);
+    matrix(hidden, static_cast<std::uint64_t>(lay.inter_t));
+  }
+  if (spec.tp > 1) {
+    if (lay.vocab_rows > 0) matrix(static_cast<std::uint64_t>(lay.vocab_rows), hidden);
+  } else if (!c.tie_word_embeddings) {
+    matrix(static_cast<std::uint64_t>(c.vocab_size), hidden);
+  }
+  vector(hidden);  // final norm
+  vector(hd / 2);  // RoPE frequencies
+  return wl.bytes;
+}
+
 CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options,
                                  ShardSpec spec)
     : impl_(std::move(impl)), config_(std::move(config)), options_(std::move(options)), spec_(spec) {}

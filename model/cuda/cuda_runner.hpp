@@ -166,6 +166,13 @@ class CudaModelRunner final : public model::ModelExecutor {
 /// non-positive sizes.
 [[nodiscard]] std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& config, const CudaRunnerOptions& options);
 
+/// Device bytes of the weights rank `spec` of `config` uploads (matrices in
+/// `weight_dtype`, vectors F32, each 256-byte aligned): what
+/// CudaModelRunner::weight_bytes() reports once created. Precondition: the
+/// spec passes check_shardable.
+[[nodiscard]] std::uint64_t cuda_runner_weight_bytes(const ModelConfig& config, DType weight_dtype,
+                                                     const ShardSpec& spec = {});
+
 /// The default decode graph batch sizes for max_num_seqs (see
 /// CudaRunnerOptions::cuda_graph_batch_sizes).
 [[nodiscard]] std::vector<int> default_cuda_graph_batch_sizes(int max_num_seqs);

@@ -1,7 +1,9 @@
 // A job through `shardline run --devices cuda:0` on the shipped demo model
 // and prompts: every line comes back exactly once, and each greedy line is
-// byte-identical to the CPU run's (FP32 weights and KV on both). Skips
-// without a GPU.
+// byte-identical to the CPU run's (FP32 weights and KV on both). The same
+// through two tensor-parallel ranks sharing GPU 0 (`--devices cuda:0x2
+// --parallel tp=2`, issue 41) against the CPU's tp=2 group. Skips without a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -76,6 +78,42 @@ TEST_F(CudaRunGpu, JobOnCuda0MatchesTheCpuJobOnGreedyLines) {
     ++compared;
   }
   EXPECT_EQ(compared, kLines / 2);
+}
+
+// Two ranks sharing GPU 0 (model::CudaTpGroup) against two CPU ranks
+// (the same Megatron split and rank-order sums): every line once, greedy
+// lines byte-identical. Not yet run on a GPU when written (issue 41).
+TEST_F(CudaRunGpu, JobOnTwoRanksSharingCuda0MatchesTheCpuTpGroupOnGreedyLines) {
+  constexpr int kLines = 32;
+  std::map<int, bool> greedy;
+  testing_support::write_demo_prompts(path("in.jsonl"), kLines, [&](int i, nlohmann::json& body) {
+    body["max_tokens"] = 40;
+    greedy[i] = i % 2 == 0;
+    if (greedy[i]) {
+      body["temperature"] = 0.0;
+      body.erase("seed");
+    }
+  });
+  const std::string model = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
+  const std::string common = kShardline + " run --model " + model + " --input " + path("in.jsonl") +
+                             " --dtype f32 --kv-cache-dtype f32 --parallel tp=2 --quiet";
+  auto cpu = testing_support::run_command(common + " --output " + path("cpu.jsonl"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.out;
+  auto gpu = testing_support::run_command(common + " --devices cuda:0x2 --gpu-memory-utilization 0.3 --output " +
+                                          path("gpu.jsonl"));
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
+  const auto c = read_output(path("cpu.jsonl"));
+  const auto g = read_output(path("gpu.jsonl"));
+  ASSERT_EQ(c.size(), static_cast<std::size_t>(kLines));
+  ASSERT_EQ(g.size(), c.size());
+  for (const auto& [id, line] : c) {
+    ASSERT_EQ(g.count(id), 1u) << id;
+    EXPECT_EQ(g.at(id).at("error"), nullptr) << g.at(id).dump();
+    const int index = std::stoi(id.substr(id.find_last_not_of("0123456789") + 1)) - 1;
+    if (greedy[index])
+      EXPECT_EQ(g.at(id).at("response").at("body").at("choices"), line.at("response").at("body").at("choices"))
+          << id;
+  }
 }
 
 }  // namespace

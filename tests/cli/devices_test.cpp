@@ -51,6 +51,42 @@ TEST(NodeDevices, DeviceCountOtherThanTheWorldSizeNamesBothNumbers) {
   auto gpu = resolve_node_devices("cuda:2", "tp=2");
   ASSERT_FALSE(gpu.ok());
   EXPECT_EQ(gpu.error().code, ErrorCode::unsupported);
+  EXPECT_NE(gpu.error().message.find("across distinct GPUs (NCCL) is not built yet"), std::string::npos);
+  EXPECT_NE(gpu.error().message.find("--devices cuda:0x2"), std::string::npos) << gpu.error().message;
+}
+
+TEST(NodeDevices, CudaRanksSharingAGpuAreATensorParallelGroup) {
+  auto alone = resolve_node_devices("cuda:0x2", "");
+  ASSERT_TRUE(alone.ok()) << alone.error().to_string();
+  EXPECT_EQ(alone->kind, model::DeviceKind::cuda);
+  EXPECT_EQ(alone->cuda_devices, std::vector<int>{0});
+  EXPECT_EQ(alone->parallel, (ParallelConfig{2, 1, 1, 1}));
+  auto asked = resolve_node_devices("cuda:3x4", "tp=4");
+  ASSERT_TRUE(asked.ok()) << asked.error().to_string();
+  EXPECT_EQ(asked->cuda_devices, std::vector<int>{3});
+  EXPECT_EQ(asked->parallel, (ParallelConfig{4, 1, 1, 1}));
+  auto two = resolve_node_devices("cuda:0-1x2", "tp=2,dp=2");
+  ASSERT_TRUE(two.ok()) << two.error().to_string();
+  EXPECT_EQ(two->cuda_devices, (std::vector<int>{0, 1}));
+  EXPECT_EQ(two->parallel, (ParallelConfig{2, 1, 1, 2}));
+
+  auto other_tp = resolve_node_devices("cuda:0x2", "tp=4");
+  ASSERT_FALSE(other_tp.ok());
+  EXPECT_EQ(other_tp.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(other_tp.error().message,
+            "--devices cuda:0x2 puts 2 ranks on each GPU but --parallel tp=4,pp=1,sp=1,dp=1 asks tp=4");
+  auto pp = resolve_node_devices("cuda:0x2", "pp=2");
+  ASSERT_FALSE(pp.ok());
+  EXPECT_EQ(pp.error().code, ErrorCode::unsupported);
+  auto mixed = resolve_node_devices("cuda:0x2,1", "");
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.error().message, "--devices cuda:0x2,1: every GPU of the list needs the same number of ranks (xK)");
+  for (const char* bad : {"cuda:0x", "cuda:0x0", "cuda:0x9", "cuda:x2", "cuda:0x2x2"}) {
+    auto r = resolve_node_devices(bad, "");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code, ErrorCode::invalid_argument) << bad;
+    EXPECT_NE(r.error().message.find(bad), std::string::npos) << r.error().message;
+  }
 }
 
 TEST(NodeDevices, CudaDevicesAreOneSingleDeviceWorkerEach) {

@@ -168,6 +168,17 @@ TEST_P(CudaTpFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
     for (int r = 0; r < k.tp; ++r) {
       EXPECT_TRUE((*group)->rank(r).captured_batch_sizes().empty()) << name << ": no graphs under TP";
       EXPECT_EQ((*group)->rank(r).spec().tp_rank, r);
+      // What the memory plan counts for the rank is what it uploads.
+      EXPECT_EQ((*group)->rank(r).weight_bytes(), model::cuda_runner_weight_bytes(w->config, DType::f32,
+                                                                                  (*group)->rank(r).spec()))
+          << name << " rank " << r;
+    }
+    {
+      model::CudaRunnerOptions one = cuda_options();
+      one.cuda_graphs = false;
+      auto single = model::CudaModelRunner::create(w, one);
+      ASSERT_TRUE(single.ok()) << single.error().to_string();
+      EXPECT_EQ((*single)->weight_bytes(), model::cuda_runner_weight_bytes(w->config, DType::f32)) << k.name;
     }
     model::CpuRunnerOptions po;
     po.num_kv_blocks = kBlocks;
