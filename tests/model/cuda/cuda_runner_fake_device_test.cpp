@@ -40,6 +40,7 @@
 #include "text/id_tokenizer.hpp"
 #include "text/tokenizer.hpp"
 #include "model/weights.hpp"
+#include "tests/model/cuda/dummy_archs.hpp"
 #include "tests/model/cuda/fake_device.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
@@ -195,15 +196,7 @@ class CudaRunnerFakeDevice : public ::testing::TestWithParam<fc::Execution> {
     fc::reset(GetParam());
   }
   // Everything the test created is gone by now: the fake must be clean.
-  void TearDown() override {
-    for (const std::string& a : fc::anomalies()) ADD_FAILURE() << "fake device anomaly: " << a;
-    EXPECT_EQ(fc::live_device_allocations(), 0) << fc::live_device_bytes() << " device bytes leaked";
-    EXPECT_EQ(fc::live_pinned_allocations(), 0);
-    EXPECT_EQ(fc::live_streams(), 0);
-    EXPECT_EQ(fc::live_graphs(), 0);
-    EXPECT_EQ(fc::live_graph_execs(), 0);
-    fc::reset(fc::Execution::immediate);
-  }
+  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
 };
 
 INSTANTIATE_TEST_SUITE_P(Timing, CudaRunnerFakeDevice,
@@ -541,107 +534,26 @@ TEST_P(CudaRunnerFakeDevice, DeviceMemoryIsWhatTheMemoryPlanSetsAside) {
 // model/shard_runner.cpp) on every generated step's logits, batched. Only a
 // near-tie in the CPU logits may turn greedy decoding another way.
 TEST_P(CudaRunnerFakeDevice, OtherArchitecturesMatchTheCpuRunner) {
-  const nlohmann::json common = {{"rms_norm_eps", 1e-6},        {"max_position_embeddings", 4096},
-                                 {"bos_token_id", 1},           {"eos_token_id", 2},
-                                 {"hidden_act", "silu"},        {"torch_dtype", "float32"}};
-  std::vector<std::pair<std::string, nlohmann::json>> archs = {
-      {"qwen3",
-       {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"hidden_size", 128},
-        {"intermediate_size", 256}, {"num_hidden_layers", 2}, {"num_attention_heads", 8},
-        {"num_key_value_heads", 2}, {"head_dim", 32}, {"vocab_size", 1000}, {"rope_theta", 1000000.0},
-        {"tie_word_embeddings", true}, {"attention_bias", false}}},
-      {"qwen2",
-       {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"}, {"hidden_size", 96},
-        {"intermediate_size", 200}, {"num_hidden_layers", 2}, {"num_attention_heads", 6},
-        {"num_key_value_heads", 2}, {"head_dim", 16}, {"vocab_size", 777}, {"rope_theta", 10000.0},
-        {"tie_word_embeddings", false}}},
-      {"llama3",
-       {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", 80},
-        {"intermediate_size", 160}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
-        {"num_key_value_heads", 4}, {"head_dim", 20}, {"vocab_size", 640}, {"rope_theta", 500000.0},
-        {"rope_scaling",
-         {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-          {"original_max_position_embeddings", 64}}},
-        {"tie_word_embeddings", false}, {"attention_bias", true}}},
-  };
-  for (auto& [name, cfg] : archs) {
-    cfg.update(common);
-    const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / ("fake_device_" + name);
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "config.json") << cfg.dump(2);
-    model::LoadOptions lo;
-    lo.format = model::LoadFormat::dummy;
-    lo.seed = 11;
-    auto loaded = model::load_model(dir, lo);
-    ASSERT_TRUE(loaded.ok()) << name << ": " << loaded.error().to_string();
-    const auto w = std::make_shared<const model::ModelWeights>(std::move(loaded).value());
+  for (const std::string name : {"qwen3", "qwen2", "llama3"}) {
+    const auto w = testing_support::load_dummy_arch(name, "fake_device");
+    ASSERT_NE(w, nullptr);
     const model::ModelConfig& c = w->config;
     ASSERT_EQ(c.qk_norm, name == "qwen3");
     ASSERT_EQ(c.qkv_bias, name != "qwen3");
-    const text::IdTokenizer tok(c.vocab_size, 1, 2);
-
-    constexpr int kBlocks = 64, kSeqs = 8, kBudget = 16, kLen = 256;
-    model::CudaRunnerOptions co;
-    co.num_kv_blocks = kBlocks;
-    co.weight_dtype = DType::f32;
-    co.kv_cache_dtype = DType::f32;
-    co.max_num_batched_tokens = kBudget;
-    co.max_num_seqs = kSeqs;
-    co.max_model_len = kLen;
-    co.deterministic = true;
-    auto cuda = model::CudaModelRunner::create(w, co);
+    auto cuda = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
     ASSERT_TRUE(cuda.ok()) << name << ": " << cuda.error().to_string();
     model::CpuRunnerOptions po;
-    po.num_kv_blocks = kBlocks;
+    po.num_kv_blocks = testing_support::kDummyBlocks;
     auto cpu = model::CpuModelRunner::create(w, po);
     ASSERT_TRUE(cpu.ok()) << name << ": " << cpu.error().to_string();
-    EngineConfig ec;
-    ec.max_num_seqs = kSeqs;
-    ec.max_num_batched_tokens = kBudget;
-    ec.max_model_len = kLen;
-    ec.eos_token_ids = {2};
-    ec.capture_logits = true;
-    ec.check_integrity = true;
-    sampling::SamplingParams p = greedy();
-    p.max_tokens = 8;
-    p.ignore_eos = true;
-    std::map<std::uint64_t, RequestOutput> outs[2];
     int graph_steps = 0;
-    for (int which = 0; which < 2; ++which) {
-      ModelExecutor& x = which == 0 ? static_cast<ModelExecutor&>(**cuda) : **cpu;
-      auto eng = LlmEngine::create(x, tok, ec);
-      ASSERT_TRUE(eng.ok()) << eng.error().to_string();
-      if (which == 0)
-        (*eng)->set_step_callback([&](const StepStats&) { graph_steps += (*cuda)->last_step_stats().used_graph; });
-      for (int r = 0; r < 6; ++r) {
-        std::vector<std::int32_t> prompt;
-        for (int t = 0; t < 3 + 7 * r; ++t) prompt.push_back(3 + (37 * r + 11 * t) % (c.vocab_size - 3));
-        ASSERT_TRUE((*eng)->add_request(r, prompt, p).ok());
-      }
-      outs[which] = run_all(**eng);
-    }
+    std::map<std::uint64_t, RequestOutput> outs[2];
+    outs[0] = testing_support::run_dummy_requests(**cuda, c.vocab_size, true, testing_support::greedy_eight(),
+                                                  [&] { graph_steps += (*cuda)->last_step_stats().used_graph; });
+    outs[1] = testing_support::run_dummy_requests(**cpu, c.vocab_size, true, testing_support::greedy_eight());
     EXPECT_GT(graph_steps, 0) << name;
     ASSERT_EQ(outs[0].size(), 6u) << name;
-    for (const auto& [id, ref] : outs[1]) {
-      const RequestOutput& got = outs[0].at(id);
-      const std::string where = name + " request " + std::to_string(id);
-      ASSERT_EQ(got.logits.size(), ref.logits.size()) << where;
-      for (std::size_t step = 0; step < ref.logits.size(); ++step) {
-        const std::vector<float>& a = got.logits[step];
-        const std::vector<float>& b = ref.logits[step];
-        ASSERT_EQ(a.size(), b.size()) << where;
-        float worst = 0.0f;
-        for (std::size_t v = 0; v < b.size(); ++v)
-          worst = std::max(worst, std::fabs(a[v] - b[v]) / std::max(1.0f, std::fabs(b[v])));
-        EXPECT_LT(worst, 1e-4f) << where << " step " << step;
-        if (got.token_ids[step] != ref.token_ids[step]) {
-          std::vector<float> sorted = b;
-          std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-          EXPECT_LT(sorted[0] - sorted[1], 1e-3f) << where << " step " << step << ": ids differ without a near-tie";
-          break;
-        }
-      }
-    }
+    testing_support::expect_close_to_cpu(outs[0], outs[1], name);
   }
 }
 

@@ -34,6 +34,7 @@
 #include "model/cuda/cuda_tp_group.hpp"
 #include "model/cuda/inproc_device_comm.hpp"
 #include "model/weights.hpp"
+#include "tests/model/cuda/dummy_archs.hpp"
 #include "tests/model/cuda/fake_device.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "text/id_tokenizer.hpp"
@@ -48,87 +49,24 @@ std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
   return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
 }
 
-constexpr int kBlocks = 64, kSeqs = 8, kBudget = 16, kLen = 256;
+using testing_support::greedy_eight;
+using testing_support::kDummyBlocks;
 
-model::CudaRunnerOptions cuda_options() {
-  model::CudaRunnerOptions co;
-  co.num_kv_blocks = kBlocks;
-  co.weight_dtype = DType::f32;
-  co.kv_cache_dtype = DType::f32;
-  co.max_num_batched_tokens = kBudget;
-  co.max_num_seqs = kSeqs;
-  co.max_model_len = kLen;
-  co.deterministic = true;
-  return co;
+model::CudaRunnerOptions cuda_options() { return testing_support::dummy_cuda_options(); }
+
+std::shared_ptr<const model::ModelWeights> dummy_model(const std::string& name) {
+  return testing_support::load_dummy_arch(name, "fake_tp");
 }
 
-/// Seeded dummy weights of a small model of `cfg`'s shape.
-std::shared_ptr<const model::ModelWeights> dummy_model(const std::string& name, nlohmann::json cfg) {
-  cfg.update({{"rms_norm_eps", 1e-6}, {"max_position_embeddings", 4096}, {"bos_token_id", 1}, {"eos_token_id", 2},
-              {"hidden_act", "silu"}, {"torch_dtype", "float32"}});
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / ("fake_tp_" + name);
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << cfg.dump(2);
-  model::LoadOptions lo;
-  lo.format = model::LoadFormat::dummy;
-  lo.seed = 11;
-  auto loaded = model::load_model(dir, lo);
-  EXPECT_TRUE(loaded.ok()) << name << ": " << (loaded.ok() ? "" : loaded.error().to_string());
-  if (!loaded.ok()) return nullptr;
-  return std::make_shared<const model::ModelWeights>(std::move(loaded).value());
-}
-
-const nlohmann::json kQwen3 = {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"}, {"hidden_size", 128},
-                               {"intermediate_size", 256}, {"num_hidden_layers", 2}, {"num_attention_heads", 8},
-                               {"num_key_value_heads", 2}, {"head_dim", 32}, {"vocab_size", 1000},
-                               {"rope_theta", 1000000.0}, {"tie_word_embeddings", true}, {"attention_bias", false}};
-
-/// Six requests of varied prompt lengths (chunked prefill under a 16-token
-/// budget), eight tokens each, through an engine over `x`.
 std::map<std::uint64_t, RequestOutput> run_requests(model::ModelExecutor& x, int vocab, bool capture_logits,
                                                     const sampling::SamplingParams& p) {
-  const text::IdTokenizer tok(vocab, 1, 2);
-  EngineConfig ec;
-  ec.max_num_seqs = kSeqs;
-  ec.max_num_batched_tokens = kBudget;
-  ec.max_model_len = kLen;
-  ec.eos_token_ids = {2};
-  ec.capture_logits = capture_logits;
-  ec.check_integrity = true;
-  auto eng = LlmEngine::create(x, tok, ec);
-  EXPECT_TRUE(eng.ok()) << (eng.ok() ? "" : eng.error().to_string());
-  if (!eng.ok()) return {};
-  for (int r = 0; r < 6; ++r) {
-    std::vector<std::int32_t> prompt;
-    for (int t = 0; t < 3 + 7 * r; ++t) prompt.push_back(3 + (37 * r + 11 * t) % (vocab - 3));
-    sampling::SamplingParams q = p;
-    q.seed = 100 + static_cast<std::uint64_t>(r);
-    q.has_seed = true;
-    EXPECT_TRUE((*eng)->add_request(static_cast<std::uint64_t>(r), prompt, q).ok());
-  }
-  return run_all(**eng);
-}
-
-sampling::SamplingParams greedy_eight() {
-  sampling::SamplingParams p;
-  p.temperature = 0.0f;
-  p.max_tokens = 8;
-  p.ignore_eos = true;
-  return p;
+  return testing_support::run_dummy_requests(x, vocab, capture_logits, p);
 }
 
 class CudaTpFakeDevice : public ::testing::TestWithParam<fc::Execution> {
  protected:
   void SetUp() override { fc::reset(GetParam()); }
-  void TearDown() override {
-    for (const std::string& a : fc::anomalies()) ADD_FAILURE() << "fake device anomaly: " << a;
-    EXPECT_EQ(fc::live_device_allocations(), 0) << fc::live_device_bytes() << " device bytes leaked";
-    EXPECT_EQ(fc::live_pinned_allocations(), 0);
-    EXPECT_EQ(fc::live_streams(), 0);
-    EXPECT_EQ(fc::live_graphs(), 0);
-    EXPECT_EQ(fc::live_graph_execs(), 0);
-    fc::reset(fc::Execution::immediate);
-  }
+  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
 };
 
 INSTANTIATE_TEST_SUITE_P(Timing, CudaTpFakeDevice, ::testing::Values(fc::Execution::immediate, fc::Execution::deferred),
@@ -137,31 +75,14 @@ INSTANTIATE_TEST_SUITE_P(Timing, CudaTpFakeDevice, ::testing::Values(fc::Executi
 TEST_P(CudaTpFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
   struct Case {
     std::string name;
-    nlohmann::json cfg;
     int tp;
   };
-  const std::vector<Case> cases = {
-      {"qwen3", kQwen3, 2},
-      {"qwen3", kQwen3, 4},  // 2 query heads per rank, 1 KV head each: ranks 0-1 and 2-3 replicate one
-      {"qwen2",
-       {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"}, {"hidden_size", 96},
-        {"intermediate_size", 200}, {"num_hidden_layers", 2}, {"num_attention_heads", 6},
-        {"num_key_value_heads", 2}, {"head_dim", 16}, {"vocab_size", 777}, {"rope_theta", 10000.0},
-        {"tie_word_embeddings", false}},
-       2},
-      {"llama3",
-       {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", 80},
-        {"intermediate_size", 160}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
-        {"num_key_value_heads", 4}, {"head_dim", 20}, {"vocab_size", 640}, {"rope_theta", 500000.0},
-        {"rope_scaling",
-         {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-          {"original_max_position_embeddings", 64}}},
-        {"tie_word_embeddings", false}, {"attention_bias", true}},
-       2},
-  };
+  // qwen3 tp=4: 2 query heads per rank, 1 KV head each (ranks 0-1 and 2-3
+  // replicate one); qwen2: 777 vocabulary rows over 2 ranks.
+  const std::vector<Case> cases = {{"qwen3", 2}, {"qwen3", 4}, {"qwen2", 2}, {"llama3", 2}};
   for (const Case& k : cases) {
     const std::string name = k.name + " tp=" + std::to_string(k.tp);
-    const auto w = dummy_model(k.name, k.cfg);
+    const auto w = dummy_model(k.name);
     ASSERT_NE(w, nullptr);
     auto group = model::CudaTpGroup::create(w, cuda_options(), k.tp);
     ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
@@ -181,32 +102,13 @@ TEST_P(CudaTpFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
       EXPECT_EQ((*single)->weight_bytes(), model::cuda_runner_weight_bytes(w->config, DType::f32)) << k.name;
     }
     model::CpuRunnerOptions po;
-    po.num_kv_blocks = kBlocks;
+    po.num_kv_blocks = kDummyBlocks;
     auto cpu = model::CpuModelRunner::create(w, po);
     ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
     const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
     const auto want = run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
     ASSERT_EQ(got.size(), 6u) << name;
-    for (const auto& [id, ref] : want) {
-      const RequestOutput& out = got.at(id);
-      const std::string where = name + " request " + std::to_string(id);
-      ASSERT_EQ(out.logits.size(), ref.logits.size()) << where;
-      for (std::size_t step = 0; step < ref.logits.size(); ++step) {
-        const std::vector<float>& a = out.logits[step];
-        const std::vector<float>& b = ref.logits[step];
-        ASSERT_EQ(a.size(), b.size()) << where;
-        float worst = 0.0f;
-        for (std::size_t v = 0; v < b.size(); ++v)
-          worst = std::max(worst, std::fabs(a[v] - b[v]) / std::max(1.0f, std::fabs(b[v])));
-        EXPECT_LT(worst, 1e-4f) << where << " step " << step;
-        if (out.token_ids[step] != ref.token_ids[step]) {
-          std::vector<float> sorted = b;
-          std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-          EXPECT_LT(sorted[0] - sorted[1], 1e-3f) << where << " step " << step << ": ids differ without a near-tie";
-          break;
-        }
-      }
-    }
+    testing_support::expect_close_to_cpu(got, want, name);
   }
 }
 
@@ -214,7 +116,7 @@ TEST_P(CudaTpFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
 // the same ids from its copy of the gathered logits (CudaTpGroup checks each
 // step), and they are the ids one fake device draws alone.
 TEST_P(CudaTpFakeDevice, RanksSampleTheSameIdsAsOneDevice) {
-  const auto w = dummy_model("qwen3", kQwen3);
+  const auto w = dummy_model("qwen3");
   ASSERT_NE(w, nullptr);
   sampling::SamplingParams p;
   p.temperature = 0.8f;
@@ -240,7 +142,7 @@ TEST_P(CudaTpFakeDevice, RanksSampleTheSameIdsAsOneDevice) {
 // it is marked dead in the host group, so its peer does not wait for the
 // communicator's timeout. The group is broken from then on.
 TEST_P(CudaTpFakeDevice, ARankThatFailsFailsTheStepEverywhereAndBreaksTheGroup) {
-  const auto w = dummy_model("qwen3", kQwen3);
+  const auto w = dummy_model("qwen3");
   ASSERT_NE(w, nullptr);
   auto group = model::CudaTpGroup::create(w, cuda_options(), 2);
   ASSERT_TRUE(group.ok()) << group.error().to_string();
@@ -262,7 +164,7 @@ TEST_P(CudaTpFakeDevice, ARankThatFailsFailsTheStepEverywhereAndBreaksTheGroup) 
 }
 
 TEST_P(CudaTpFakeDevice, ShardsTheRunnerCannotHoldAreRefused) {
-  const auto w = dummy_model("qwen3", kQwen3);
+  const auto w = dummy_model("qwen3");
   ASSERT_NE(w, nullptr);
   auto expect_refused = [&](const model::ShardSpec& spec, model::ShardComms comms, const std::string& says) {
     auto r = model::CudaModelRunner::create(w, cuda_options(), spec, comms);

@@ -20,6 +20,7 @@
 #include "comm/inproc.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "model/cuda/inproc_device_comm.hpp"
+#include "tests/model/cuda/dummy_archs.hpp"
 #include "tests/model/cuda/fake_device.hpp"
 
 namespace shardline::model {
@@ -104,12 +105,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 class InProcDeviceComm : public ::testing::TestWithParam<fc::Execution> {
  protected:
   void SetUp() override { fc::reset(GetParam()); }
-  void TearDown() override {
-    for (const std::string& a : fc::anomalies()) ADD_FAILURE() << "fake device anomaly: " << a;
-    EXPECT_EQ(fc::live_device_allocations(), 0) << fc::live_device_bytes() << " device bytes leaked";
-    EXPECT_EQ(fc::live_streams(), 0);
-    fc::reset(fc::Execution::immediate);
-  }
+  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
 };
 
 INSTANTIATE_TEST_SUITE_P(Timing, InProcDeviceComm,
