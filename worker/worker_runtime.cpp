@@ -118,6 +118,16 @@ void WorkerRuntime::fetch_resume_kv(BatchRequest& r, ResumeFetchReport& report) 
       ++report.num_fallbacks;
       continue;
     }
+    if (fetched->num_tokens == 0) {
+      // The stores answer but hold none of the promised positions (e.g.
+      // unsynced KV lost in a crash): as good as a failed fetch.
+      spdlog::warn("worker {}: line {} of job {} choice {}: the stores hold none of its {} replicated positions; "
+                   "recomputing them",
+                   options_.name, r.line_index, r.job_id, c, cr.num_kv_tokens);
+      cr.num_kv_tokens = 0;
+      ++report.num_fallbacks;
+      continue;
+    }
     if (fetched->num_tokens < cr.num_kv_tokens)
       spdlog::warn("worker {}: line {} of job {} choice {}: the stores hold {} of {} replicated positions",
                    options_.name, r.line_index, r.job_id, c, fetched->num_tokens, cr.num_kv_tokens);

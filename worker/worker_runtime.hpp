@@ -59,7 +59,7 @@ struct WorkerRuntimeOptions {
 
 /// A resumed line's KV fetches, for the worker's metrics.
 struct ResumeFetchReport {
-  int num_fallbacks = 0;       ///< choices whose KV could not be fetched (they recompute)
+  int num_fallbacks = 0;       ///< choices whose KV could not be fetched, or none of it was held (they recompute)
   double fetch_seconds = 0.0;  ///< wall time of the line's fetches
 };
 
