@@ -15,6 +15,7 @@
 #include "comm/address.hpp"
 #include "model/config.hpp"
 #include "model/model_fingerprint.hpp"
+#include "orchestrator/job_admission.hpp"
 #include "messages/codec.hpp"
 
 namespace shardline::actors {
@@ -246,8 +247,7 @@ namespace {
 /// The engine options of this node's worker `i` (its dp replica i).
 engine::EngineOptions worker_engine_options(const NodeOptions& o, int i) {
   engine::EngineOptions e = o.engine;
-  e.parallel = o.parallel;
-  e.parallel.dp = 1;
+  e.parallel = orchestrator::group_of(o.parallel);
   if (o.device_kind == model::DeviceKind::cuda) {
     e.device = model::DeviceKind::cuda;
     e.device_index = o.cuda_devices[static_cast<std::size_t>(i)];
@@ -376,8 +376,7 @@ struct NodeSidp {
 Result<NodeSidp> node_sidp(NodeOptions& o, const NodeShared& shared) {
   NodeSidp out;
   if (!o.sidp) return out;
-  engine::ParallelConfig group = o.parallel;
-  group.dp = 1;
+  const engine::ParallelConfig group = orchestrator::group_of(o.parallel);
   o.sidp->dp = o.parallel.dp;
   engine::EngineOptions base = o.engine;
   base.parallel = group;
@@ -404,8 +403,7 @@ Result<NodeSidp> node_sidp(NodeOptions& o, const NodeShared& shared) {
 
 /// One worker per engine group (dp of them), named after its devices.
 std::vector<WorkerConfig> node_workers(const NodeOptions& o, const NodeShared& shared, const NodeSidp& sidp) {
-  engine::ParallelConfig group = o.parallel;
-  group.dp = 1;
+  const engine::ParallelConfig group = orchestrator::group_of(o.parallel);
   std::vector<WorkerConfig> workers;
   for (int i = 0; i < o.parallel.dp; ++i) {
     WorkerConfig wc;

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/exchange.hpp"
+
 namespace shardline::comm {
 namespace {
 
@@ -80,14 +82,6 @@ bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
   return pa < pb + bn && pb < pa + an;
 }
 
-/// Slice [begin, end) of n elements that rank r of w works on.
-std::pair<std::size_t, std::size_t> slice(std::size_t n, int r, int w) {
-  const std::size_t base = n / static_cast<std::size_t>(w);
-  const std::size_t rem = n % static_cast<std::size_t>(w);
-  const auto ur = static_cast<std::size_t>(r);
-  const std::size_t begin = ur * base + std::min(ur, rem);
-  return {begin, begin + base + (ur < rem ? 1 : 0)};
-}
 
 std::string ms_string(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
 
@@ -271,7 +265,7 @@ class InProcCommunicator final : public Communicator {
       case Op::all_to_all: return peers * n * sizeof(float);
       case Op::broadcast: return mine.root == rank_ ? peers * n * sizeof(float) : 0;
       case Op::all_reduce_sum: {
-        const auto [b, e] = slice(mine.count, rank_, g_->world);
+        const auto [b, e] = detail::reduce_slice(mine.count, rank_, g_->world);
         const std::uint64_t own = e - b;
         return ((n - own) + peers * own) * sizeof(float);
       }
@@ -396,7 +390,7 @@ void InProcCommunicator::run_collective(const Post& mine) const {
 
     case Op::all_reduce_sum: {
       // Rank r owns slice r: sums it in rank order, writes it to every rank.
-      const auto [b, e] = slice(n, rank_, w);
+      const auto [b, e] = detail::reduce_slice(n, rank_, w);
       for (std::size_t i = b; i < e; ++i) {
         float acc = posts[0].recv[i];
         for (int k = 1; k < w; ++k) acc += posts[static_cast<std::size_t>(k)].recv[i];

@@ -92,6 +92,24 @@ ShardLayout shard_layout(const ModelConfig& c, const ShardSpec& spec) {
   return l;
 }
 
+Status check_shard_spec(const ModelConfig& c, const ShardSpec& spec, const ShardComms& comms) {
+  if (Status st = check_shardable(c, spec.tp, spec.sp, spec.pp); !st) return st;
+  if (spec.tp_rank < 0 || spec.tp_rank >= spec.tp || spec.sp_rank < 0 || spec.sp_rank >= spec.sp ||
+      spec.stage < 0 || spec.stage >= spec.pp)
+    return invalid("rank coordinates outside tp/sp/pp");
+  const auto check_comm = [](comm::Communicator* cm, int size, int rank, const char* what) -> Status {
+    if (size == 1) return Status::ok_status();
+    if (cm == nullptr) return invalid(std::string(what) + " group of size " + std::to_string(size) + " has no communicator");
+    if (cm->world_size() != size || cm->rank() != rank)
+      return invalid(std::string(what) + " communicator is rank " + std::to_string(cm->rank()) + " of " +
+                     std::to_string(cm->world_size()) + ", expected rank " + std::to_string(rank) + " of " +
+                     std::to_string(size));
+    return Status::ok_status();
+  };
+  if (Status st = check_comm(comms.tp, spec.tp, spec.tp_rank, "TP"); !st) return st;
+  return check_comm(comms.sp, spec.sp, spec.sp_rank, "SP");
+}
+
 Status check_shardable(const ModelConfig& c, int tp, int sp, int pp) {
   const auto s = [](int v) { return std::to_string(v); };
   if (tp < 1 || sp < 1 || pp < 1) return invalid("tp, sp and pp must be >= 1");
@@ -157,21 +175,7 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
   if (options.kv_cache_dtype != DType::f32 && options.kv_cache_dtype != DType::bf16)
     return invalid(std::string("KV cache dtype must be F32 or BF16, got ") + dtype_name(options.kv_cache_dtype));
   const ModelConfig& c = weights->config;
-  if (Status st = check_shardable(c, spec.tp, spec.sp, spec.pp); !st) return st.error();
-  if (spec.tp_rank < 0 || spec.tp_rank >= spec.tp || spec.sp_rank < 0 || spec.sp_rank >= spec.sp ||
-      spec.stage < 0 || spec.stage >= spec.pp)
-    return invalid("rank coordinates outside tp/sp/pp");
-  const auto check_comm = [](comm::Communicator* cm, int size, int rank, const char* what) -> Status {
-    if (size == 1) return Status::ok_status();
-    if (cm == nullptr) return invalid(std::string(what) + " group of size " + std::to_string(size) + " has no communicator");
-    if (cm->world_size() != size || cm->rank() != rank)
-      return invalid(std::string(what) + " communicator is rank " + std::to_string(cm->rank()) + " of " +
-                     std::to_string(cm->world_size()) + ", expected rank " + std::to_string(rank) + " of " +
-                     std::to_string(size));
-    return Status::ok_status();
-  };
-  if (Status st = check_comm(comms.tp, spec.tp, spec.tp_rank, "TP"); !st) return st.error();
-  if (Status st = check_comm(comms.sp, spec.sp, spec.sp_rank, "SP"); !st) return st.error();
+  if (Status st = check_shard_spec(c, spec, comms); !st) return st.error();
   if (options.num_threads > 0) omp_set_num_threads(options.num_threads);
 
   if (ffn && !spec.is_whole_model())

@@ -185,6 +185,13 @@ struct ShardComms {
   comm::Communicator* sp = nullptr;  ///< the ranks of this stage with this tp_rank
 };
 
+/// check_shardable for spec's tp, sp and pp, the rank coordinates inside
+/// them, and a communicator of the group's size and the rank's index for
+/// each group (TP, SP) of more than one rank. Shared by the CPU and CUDA
+/// runners. Errors: invalid_argument ("shard: ...", naming the numbers).
+[[nodiscard]] Status check_shard_spec(const ModelConfig& config, const ShardSpec& spec, const ShardComms& comms);
+
+
 class ShardRunner {
  public:
   /// Slices and packs this rank's weights and allocates its KV cache.

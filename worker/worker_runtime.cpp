@@ -30,7 +30,6 @@ Result<std::unique_ptr<WorkerRuntime>> WorkerRuntime::create(WorkerRuntimeOption
 }
 
 WorkerRuntime::~WorkerRuntime() {
-  kv_streamer_.reset();  // its thread stops before the worker it was given to goes
   const engine::SeesawPhases* phases = worker_ ? seesaw() : nullptr;
   if (phases == nullptr) return;
   const engine::SeesawStats& s = phases->stats();

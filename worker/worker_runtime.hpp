@@ -149,7 +149,6 @@ class WorkerRuntime {
   [[nodiscard]] const char* sidp_mode_name() const { return sidp_ ? sidp_->mode_name() : nullptr; }
   /// Seesaw's phases when the engine runs them, else null.
   [[nodiscard]] const engine::SeesawPhases* seesaw() const { return engine::seesaw_phases_of(worker_->engine()); }
-  [[nodiscard]] const WorkerRuntimeOptions& options() const { return options_; }
   [[nodiscard]] const BatchWorker& batch_worker() const { return *worker_; }
 
  private:

@@ -252,6 +252,15 @@ Status size_kv_cache(const EngineOptions& o, std::uint64_t plan_kv_bytes, int ma
   return Status::ok_status();
 }
 
+/// The matrices now live on the GPU: keeps the config and dtype of the
+/// weights, frees the host copy.
+void drop_host_matrices(EngineInstance& e) {
+  auto config_only = std::make_shared<model::ModelWeights>();
+  config_only->config = e.weights->config;
+  config_only->dtype = e.weights->dtype;
+  e.weights = std::move(config_only);
+}
+
 /// The executor of `e`: one device's runner, rank 0 of a TCP group, or an
 /// in-process engine group. On a CUDA device the host copy of the matrices
 /// is freed once they are uploaded.
@@ -284,10 +293,7 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     if (!group) return std::move(group).error();
     e.weight_bytes = (*group)->weight_bytes();
     e.executor = std::move(group).value();
-    auto config_only = std::make_shared<model::ModelWeights>();  // the matrices live on the GPU now
-    config_only->config = c;
-    config_only->dtype = e.weights->dtype;
-    e.weights = std::move(config_only);
+    drop_host_matrices(e);
 #endif
   } else if (cuda || o.parallel.group_size() == 1) {
     model::DeviceExecutorOptions dev;
@@ -300,13 +306,7 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     auto exec = model::make_device_executor(e.weights, dev);
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
-    if (cuda) {
-      // The matrices now live on the GPU: keep the config, free the host copy.
-      auto config_only = std::make_shared<model::ModelWeights>();
-      config_only->config = c;
-      config_only->dtype = e.weights->dtype;
-      e.weights = std::move(config_only);
-    }
+    if (cuda) drop_host_matrices(e);
   } else if (!o.group_master.empty()) {
     TcpGroupOptions tcp;
     tcp.master = o.group_master;

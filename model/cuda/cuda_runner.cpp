@@ -113,21 +113,13 @@ Result<CudaRunnerOptions> checked_options(const ModelConfig& c, CudaRunnerOption
 }
 
 /// The shard a CUDA runner can hold: tensor parallelism only (so far), a
-/// model split as check_shardable allows, and a TP communicator on device
-/// buffers of the right size and rank. Errors: invalid_argument.
+/// spec check_shard_spec accepts, and a TP communicator on device buffers.
+/// Errors: invalid_argument.
 Status check_tp_spec(const ModelConfig& c, const ShardSpec& spec, const ShardComms& comms) {
   const auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "cuda runner: " + m); };
   if (spec.sp != 1 || spec.pp != 1) return bad("sp and pp shards are not built yet (tp only)");
-  if (Status s = check_shardable(c, spec.tp, spec.sp, spec.pp); !s) return s;
-  if (spec.tp_rank < 0 || spec.tp_rank >= spec.tp || spec.sp_rank != 0 || spec.stage != 0)
-    return bad("rank coordinates outside tp/sp/pp");
-  if (spec.tp == 1) return Status::ok_status();
-  if (comms.tp == nullptr) return bad("a TP group of " + std::to_string(spec.tp) + " ranks needs a communicator");
-  if (comms.tp->world_size() != spec.tp || comms.tp->rank() != spec.tp_rank)
-    return bad("the TP communicator is rank " + std::to_string(comms.tp->rank()) + " of " +
-               std::to_string(comms.tp->world_size()) + ", expected rank " + std::to_string(spec.tp_rank) + " of " +
-               std::to_string(spec.tp));
-  if (!comms.tp->on_device())
+  if (Status s = check_shard_spec(c, spec, comms); !s) return s;
+  if (spec.tp > 1 && !comms.tp->on_device())
     return bad("the TP communicator works on host memory; the runner's tensors are on the device");
   return Status::ok_status();
 }

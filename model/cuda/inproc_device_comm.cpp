@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "comm/exchange.hpp"
 #include "kernels/cuda/ops.hpp"
 
 namespace shardline::model {
@@ -16,16 +17,6 @@ namespace {
 enum class Op : std::uint64_t { all_reduce_sum = 1, all_gather, reduce_scatter_sum, all_to_all, broadcast };
 
 constexpr std::size_t kPostFloats = 12;  // six uint64 words carried as floats (the host all_gather copies bytes)
-
-/// [begin, end) of rank r's slice of n elements over w ranks (the host
-/// in-process communicator's split).
-std::pair<std::size_t, std::size_t> slice(std::size_t n, int r, int w) {
-  const std::size_t base = n / static_cast<std::size_t>(w);
-  const std::size_t rem = n % static_cast<std::size_t>(w);
-  const auto ur = static_cast<std::size_t>(r);
-  const std::size_t begin = ur * base + std::min(ur, rem);
-  return {begin, begin + base + (ur < rem ? 1 : 0)};
-}
 
 Status cuda_status(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return Status::ok_status();
@@ -110,7 +101,7 @@ Status InProcDeviceCommunicator::all_reduce_sum(float* data, std::size_t count) 
   // Rank r owns slice r: sums it in rank order into rank 0's buffer, then
   // copies the sum into every other rank's (the slices are disjoint).
   const int w = world_size();
-  const auto [b, e] = slice(count, rank(), w);
+  const auto [b, e] = comm::detail::reduce_slice(count, rank(), w);
   Status work = Status::ok_status();
   if (e > b) {
     float* acc = as_floats((*posts)[0].recv) + b;

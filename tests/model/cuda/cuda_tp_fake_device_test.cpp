@@ -184,7 +184,7 @@ TEST_P(CudaTpFakeDevice, ShardsTheRunnerCannotHoldAreRefused) {
   expect_refused(tp3, {}, "must divide num_attention_heads = 8");
   model::ShardSpec tp2;
   tp2.tp = 2;
-  expect_refused(tp2, {}, "needs a communicator");
+  expect_refused(tp2, {}, "TP group of size 2 has no communicator");
   expect_refused(tp2, {host0->get(), nullptr}, "works on host memory");
   auto three = comm::InProcGroup::create(3);
   ASSERT_TRUE(three.ok());
