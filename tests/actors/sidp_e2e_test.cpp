@@ -52,6 +52,11 @@ class SidpE2e : public testing_support::ClusterJobTest {
 };
 
 TEST_F(SidpE2e, AutoSwitchesToCasInTheTailThroughTheOrchestratorAndMatchesPlainDp) {
+  // The tail (fewer than b* = 8 running, none waiting) lasts about 0.1 s on
+  // an AVX-512 machine (~380 decode steps of 3 sequences per rank): the
+  // dwell (20 ms) and the heartbeats that report it (every 10 ms) fit in it
+  // several times. With a 0.1 s dwell and 50 ms heartbeats the job ended
+  // before the switch in two full-suite runs of several.
   write_long_tailed_input();
   const std::string expected = plain_dp_output();
   testing_support::expect_each_custom_id_once(expected, kLines);
@@ -59,7 +64,7 @@ TEST_F(SidpE2e, AutoSwitchesToCasInTheTailThroughTheOrchestratorAndMatchesPlainD
   Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
               kStoriesDir, "--key-file", path("cluster.key"), "--metrics", "127.0.0.1:0", "--parallel", "dp=2",
               "--max-batch", "16", "--weight-sharing", "sidp", "--sidp-mode", "auto", "--sidp-switch-batch", "8",
-              "--sidp-min-dwell", "0.1", "--heartbeat-ms", "50", "--failure-timeout-ms", "20000"},
+              "--sidp-min-dwell", "0.02", "--heartbeat-ms", "10", "--failure-timeout-ms", "20000"},
              path("node.log"));
   const auto addr = testing_support::wait_for_node(node, true);
   ASSERT_FALSE(addr.addr.empty()) << node.log();
