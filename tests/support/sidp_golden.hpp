@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,13 +35,27 @@ inline const char* drive_name(SidpDrive d) {
 }
 
 /// WaS -> CaS at rank 0's 3rd step, back to WaS at its 8th, CaS again at its
-/// 14th (directives reach remote ranks over their control group).
+/// 14th (directives reach remote ranks over their control group). Each
+/// directive waits until rank 0 has applied the one before: a newer directive
+/// supersedes one that no rank has applied yet (SidpFfn::announce), so on a
+/// fast machine a remote rank that got the 8th step's WaS and the 14th's CaS
+/// together would otherwise never run the WaS stretch.
 inline engine::SidpStepObserver scripted_switches(engine::SidpGroup& g, std::atomic<int>& rank0_steps) {
-  return [&g, &rank0_steps](int rank, int) {
-    if (rank != 0) return;
+  struct Script {
+    std::size_t next = 0;     // index of the next directive
+    std::uint64_t epoch = 0;  // the epoch the last one was given
+  };
+  auto script = std::make_shared<Script>();
+  return [&g, &rank0_steps, script](int rank, int) {
+    if (rank != 0) return;  // rank 0's thread only: the script needs no lock
+    static constexpr int kAtStep[] = {3, 8, 14};
+    static constexpr model::sidp::SidpMode kMode[] = {model::sidp::SidpMode::cas, model::sidp::SidpMode::was,
+                                                      model::sidp::SidpMode::cas};
     const int s = ++rank0_steps;
-    if (s == 3 || s == 14) g.announce(model::sidp::SidpMode::cas);
-    if (s == 8) g.announce(model::sidp::SidpMode::was);
+    if (script->next >= std::size(kAtStep) || s < kAtStep[script->next]) return;
+    if (g.ffn_stats(0).applied_epoch < script->epoch) return;  // the last one is still in flight
+    script->epoch = g.announce(kMode[script->next]);
+    ++script->next;
   };
 }
 
