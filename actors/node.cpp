@@ -264,10 +264,10 @@ engine::EngineOptions worker_engine_options(const NodeOptions& o, int i) {
 Status check_node_options(const NodeOptions& o) {
   const bool cuda = o.device_kind == model::DeviceKind::cuda;
   if (cuda) {
-    if (o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) != o.parallel.dp ||
-        o.parallel.pp != 1 || o.parallel.sp != 1)
+    if (o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) != o.parallel.dp || o.parallel.sp != 1)
       return make_error(ErrorCode::invalid_argument,
-                        "a CUDA node needs one worker (dp) per device, each one GPU or a tp group sharing it, got " +
+                        "a CUDA node needs one worker (dp) per device, each one GPU or a tp x pp group sharing it, "
+                        "got " +
                             std::to_string(o.cuda_devices.size()) + " devices and " + o.parallel.to_string());
   } else if (o.num_cpu_devices < 1) {
     return make_error(ErrorCode::invalid_argument, "a node needs at least one device");
@@ -411,7 +411,8 @@ std::vector<WorkerConfig> node_workers(const NodeOptions& o, const NodeShared& s
     wc.engine = worker_engine_options(o, i);
     if (o.device_kind == model::DeviceKind::cuda) {
       const int d = o.cuda_devices[static_cast<std::size_t>(i)];
-      const std::string ranks = o.parallel.tp > 1 ? "x" + std::to_string(o.parallel.tp) : "";
+      const int group = o.parallel.tp * o.parallel.pp;
+      const std::string ranks = group > 1 ? "x" + std::to_string(group) : "";
       wc.name = o.name + "/cuda:" + std::to_string(d) + ranks;
       wc.device = "cuda:" + std::to_string(d) + ranks;
     } else {

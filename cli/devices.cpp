@@ -73,20 +73,21 @@ Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::
     if (!parallel.empty()) {
       auto given = engine::parse_parallel_config(parallel);
       if (!given) return std::move(given).error();
-      if (given->pp != 1 || given->sp != 1)
+      const int group = given->tp * given->pp;
+      if (given->sp != 1)
         return make_error(ErrorCode::unsupported,
                           "--devices " + devices + " with --parallel " + given->to_string() +
-                              ": CUDA engine groups are tensor-parallel ranks sharing one GPU so far (pp and sp "
-                              "groups run on CPU devices)");
-      if (given->tp > 1 && k == 1)
+                              ": CUDA engine groups are tensor- and pipeline-parallel ranks sharing one GPU so far "
+                              "(sp groups run on CPU devices)");
+      if (group > 1 && k == 1)
         return make_error(ErrorCode::unsupported,
                           "--devices " + devices + " with --parallel " + given->to_string() +
-                              ": tensor parallelism across distinct GPUs (NCCL) is not built yet; for ranks "
-                              "sharing one GPU write --devices cuda:0x" + std::to_string(given->tp));
-      if (given->tp != k)
+                              ": groups across distinct GPUs (NCCL) are not built yet; for ranks sharing one GPU "
+                              "write --devices cuda:0x" + std::to_string(group));
+      if (group != k)
         return make_error(ErrorCode::invalid_argument, "--devices " + devices + " puts " + std::to_string(k) +
                                                            " ranks on each GPU but --parallel " + given->to_string() +
-                                                           " asks tp=" + std::to_string(given->tp));
+                                                           " asks tp*pp=" + std::to_string(group));
       if (given->dp != n)
         return make_error(ErrorCode::invalid_argument, "--devices " + devices + " gives " + std::to_string(n) +
                                                            " devices but --parallel " + given->to_string() + " needs " +

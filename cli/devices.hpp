@@ -43,13 +43,13 @@ struct NodeDevices {
 ///    single-device workers, i.e. dp = N;
 ///  - --devices cuda:LIST: one worker per GPU (dp = the count); a
 ///    --parallel must then be dp only;
-///  - --devices cuda:LISTxK: one worker per GPU, each a tensor-parallel
-///    group of K ranks sharing it (tp = K, model::CudaTpGroup); a
-///    --parallel must say tp=K (and dp = the count).
+///  - --devices cuda:LISTxK: one worker per GPU, each a group of K ranks
+///    sharing it (model::CudaShardGroup): tp = K without --parallel; a
+///    --parallel must say tp*pp = K (and dp = the count).
 /// Errors: invalid_argument (bad --parallel, bad --devices, or a device count
 /// other than the world size, naming both numbers), unsupported (cuda with
-/// pp or sp > 1, or tp across distinct GPUs: NCCL under the runner is not
-/// built yet).
+/// sp > 1, or a tp / pp group across distinct GPUs: NCCL under the runner is
+/// not built yet).
 [[nodiscard]] Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel);
 
 }  // namespace shardline::cli

@@ -183,6 +183,10 @@ struct ShardLayout {
 struct ShardComms {
   comm::Communicator* tp = nullptr;  ///< the ranks of this stage with this sp_rank
   comm::Communicator* sp = nullptr;  ///< the ranks of this stage with this tp_rank
+  /// The ranks with this (tp_rank, sp_rank) over the stages (rank = stage).
+  /// The CUDA runner sends its residual to the next stage over it; the CPU
+  /// ShardRunner leaves that to its executor and takes none.
+  comm::Communicator* pp = nullptr;
 };
 
 /// check_shardable for spec's tp, sp and pp, the rank coordinates inside

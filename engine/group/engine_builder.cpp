@@ -17,7 +17,7 @@
 #if SHARDLINE_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
 #include "model/cuda/cuda_runner.hpp"
-#include "model/cuda/cuda_tp_group.hpp"
+#include "model/cuda/cuda_shard_group.hpp"
 #endif
 
 namespace shardline::engine {
@@ -25,7 +25,7 @@ namespace shardline::engine {
 namespace {
 
 /// The KV heads whose cache one KV block holds on this engine's device(s):
-/// the model's, or, for a CUDA tp group sharing one GPU, every rank's (a
+/// the model's, or, for a CUDA tp group sharing one GPU, every TP rank's (a
 /// KV head is replicated on each rank of its GQA group when tp exceeds the
 /// KV heads).
 int kv_heads_held(const EngineOptions& o, const model::ModelConfig& c) {
@@ -77,18 +77,23 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   pi.num_layers = c.num_hidden_layers;
   pi.num_kv_heads = c.num_key_value_heads;
   const int tp = o.parallel.tp;
-  if (tp > 1) {
-    // A tp group sharing this GPU (model::CudaTpGroup): every rank's weights
-    // (each holds the embedding and the norms), KV heads (replicated when
-    // tp exceeds them) and workspaces.
+  const int ranks = tp * o.parallel.pp;
+  if (ranks > 1) {
+    // A tp x pp group sharing this GPU (model::CudaShardGroup): every rank's
+    // weights (the norms on each, the embedding on each first-stage rank),
+    // KV heads (replicated when tp exceeds them; the stages' layers add up
+    // to the model's) and workspaces.
+    if (Status s = model::check_shardable(c, tp, 1, o.parallel.pp); !s) return s.error();
     pi.weight_bytes = 0;
-    for (int r = 0; r < tp; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       model::ShardSpec spec;
       spec.tp = tp;
-      spec.tp_rank = r;
+      spec.tp_rank = r % tp;
+      spec.pp = o.parallel.pp;
+      spec.stage = r / tp;
       pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, spec);
     }
-    pi.activation_bytes *= static_cast<std::uint64_t>(tp);
+    pi.activation_bytes *= static_cast<std::uint64_t>(ranks);
     pi.num_kv_heads = kv_heads_held(o, c);
   }
   pi.head_dim = c.head_dim;
@@ -97,7 +102,7 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   pi.max_model_len = max_model_len;
   // metadata, GEMM and attention workspaces
   pi.reserved_bytes += model::cuda_runner_workspace_bytes(c, cuda_runner_options(o, max_model_len)) *
-                       static_cast<std::uint64_t>(std::max(1, tp));
+                       static_cast<std::uint64_t>(ranks);
   auto plan = plan_gpu_memory(pi);
   if (!plan)
     return make_error(plan.error().code, "cuda:" + std::to_string(o.device_index) + " (" + d.name + "): " +
@@ -181,9 +186,10 @@ Status check_engine_options(const EngineOptions& o) {
                                                   ": this build has no CUDA backend (configure with SHARDLINE_CUDA=ON "
                                                   "where nvcc is installed)");
 #endif
-    if (o.parallel.pp != 1 || o.parallel.sp != 1)
-      return make_error(ErrorCode::unsupported, "--devices cuda: pp and sp groups run on CPU devices only so far; "
-                                                "tensor-parallel ranks can share one GPU (--devices cuda:0x2)");
+    if (o.parallel.sp != 1)
+      return make_error(ErrorCode::unsupported, "--devices cuda: sp groups run on CPU devices only so far; "
+                                                "tensor- and pipeline-parallel ranks can share one GPU (--devices "
+                                                "cuda:0x2)");
     if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
       return make_error(ErrorCode::invalid_argument, "--gpu-memory-utilization must be in (0, 1]");
   }
@@ -285,11 +291,11 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
 #if SHARDLINE_HAVE_CUDA
-  } else if (cuda && o.parallel.tp > 1) {
-    // A tp group of ranks sharing device_index (model::CudaTpGroup).
+  } else if (cuda && o.parallel.group_size() > 1) {
+    // A tp x pp group of ranks sharing device_index (model::CudaShardGroup).
     model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
     co.num_kv_blocks = e.num_kv_blocks;
-    auto group = model::CudaTpGroup::create(e.weights, co, o.parallel.tp);
+    auto group = model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp);
     if (!group) return std::move(group).error();
     e.weight_bytes = (*group)->weight_bytes();
     e.executor = std::move(group).value();

@@ -112,17 +112,31 @@ Result<CudaRunnerOptions> checked_options(const ModelConfig& c, CudaRunnerOption
   return o;
 }
 
-/// The shard a CUDA runner can hold: tensor parallelism only (so far), a
-/// spec check_shard_spec accepts, and a TP communicator on device buffers.
-/// Errors: invalid_argument.
-Status check_tp_spec(const ModelConfig& c, const ShardSpec& spec, const ShardComms& comms) {
+/// The shard a CUDA runner can hold: tensor and pipeline parallelism (SP
+/// not yet), a spec check_shard_spec accepts, and TP / PP communicators on
+/// device buffers. Errors: invalid_argument.
+Status check_cuda_spec(const ModelConfig& c, const ShardSpec& spec, const ShardComms& comms) {
   const auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "cuda runner: " + m); };
-  if (spec.sp != 1 || spec.pp != 1) return bad("sp and pp shards are not built yet (tp only)");
+  if (spec.sp != 1) return bad("sp shards are not built yet (tp and pp)");
   if (Status s = check_shard_spec(c, spec, comms); !s) return s;
   if (spec.tp > 1 && !comms.tp->on_device())
     return bad("the TP communicator works on host memory; the runner's tensors are on the device");
+  if (spec.pp > 1) {
+    if (comms.pp == nullptr)
+      return bad("pipeline of " + std::to_string(spec.pp) + " stages has no PP communicator");
+    if (comms.pp->world_size() != spec.pp || comms.pp->rank() != spec.stage)
+      return bad("PP communicator is rank " + std::to_string(comms.pp->rank()) + " of " +
+                 std::to_string(comms.pp->world_size()) + ", expected stage " + std::to_string(spec.stage) + " of " +
+                 std::to_string(spec.pp));
+    if (!comms.pp->on_device())
+      return bad("the PP communicator works on host memory; the runner's residual is on the device");
+  }
   return Status::ok_status();
 }
+
+/// The tag of the residual a stage sends to the next (the PP communicator
+/// carries nothing else).
+constexpr int kResidualTag = 1;
 
 /// Makes device_index the current device. Errors: not_found (no driver or
 /// device, with the CUDA message), internal.
@@ -159,6 +173,7 @@ struct CudaModelRunner::Impl {
   ShardSpec spec;                       ///< this rank's share (whole model: the default)
   ShardLayout lay;                      ///< shard_layout(c, spec)
   comm::Communicator* tp_comm = nullptr;  ///< device buffers; null when tp == 1
+  comm::Communicator* pp_comm = nullptr;  ///< device buffers, rank = stage; null when pp == 1
   DType wdt = DType::bf16;
   cudaStream_t stream = nullptr;
   std::unique_ptr<kcu::GemmContext> gemm;
@@ -308,7 +323,9 @@ struct CudaModelRunner::Impl {
     const auto* logits_rows = dev<std::int32_t>(off_logits_rows);
     const int attn_w = heads * hd;
 
-    if (Status s = kcu::embedding(tokens, num_rows, embed, wdt, hidden, residual, stream); !s) return s;
+    // A later stage's residual came from the previous stage (receive_residual).
+    if (spec.first_stage())
+      if (Status s = kcu::embedding(tokens, num_rows, embed, wdt, hidden, residual, stream); !s) return s;
     for (std::size_t l = 0; l < layers.size(); ++l) {
       const DeviceLayer& w = layers[l];
       const kernels::cpu::KvCacheLayer cache = kv_layer(static_cast<int>(l));
@@ -374,7 +391,7 @@ struct CudaModelRunner::Impl {
         return s;
       }
     }
-    if (num_logits == 0) return Status::ok_status();
+    if (num_logits == 0 || !spec.last_stage()) return Status::ok_status();
     if (Status s = kcu::rms_norm_rows(residual, hidden, logits_rows, num_logits, final_norm, logits_in, hidden, hidden,
                                       eps, stream);
         !s)
@@ -496,8 +513,10 @@ struct CudaModelRunner::Impl {
                                    down;
     };
     std::vector<LayerOffsets> lo;
-    const std::size_t embed_off = add_matrix(host.embed_tokens);
-    for (const LayerWeights& lw : host.layers) {
+    // Stage 0 embeds; the last stage holds the final norm and lm_head.
+    const std::size_t embed_off = spec.first_stage() ? add_matrix(host.embed_tokens) : SIZE_MAX;
+    for (int l = lay.layer_begin; l < lay.layer_end; ++l) {
+      const LayerWeights& lw = host.layers[static_cast<std::size_t>(l)];
       LayerOffsets x{};
       x.qkv_bias = x.q_norm = x.k_norm = SIZE_MAX;
       x.input_norm = add_vector(lw.input_norm);
@@ -512,14 +531,19 @@ struct CudaModelRunner::Impl {
       lo.push_back(x);
     }
     // A tied lm_head shares the embedding on one device; a TP rank holds
-    // its vocabulary slice (none on a rank past the vocabulary's end).
+    // its vocabulary slice (none on a rank past the vocabulary's end); a
+    // last stage that does not embed holds its own copy.
     const bool tied = host.lm_head.data == host.embed_tokens.data;
-    std::size_t lm_off = embed_off;
-    if (spec.tp > 1)
-      lm_off = lay.vocab_rows > 0 ? add_rows(host.lm_head, {Range{lay.vocab_begin, lay.vocab_rows}}) : SIZE_MAX;
-    else if (!tied)
-      lm_off = add_matrix(host.lm_head);
-    const std::size_t norm_off = add_vector(host.final_norm);
+    std::size_t lm_off = SIZE_MAX, norm_off = SIZE_MAX;
+    if (spec.last_stage()) {
+      if (spec.tp > 1)
+        lm_off = lay.vocab_rows > 0 ? add_rows(host.lm_head, {Range{lay.vocab_begin, lay.vocab_rows}}) : SIZE_MAX;
+      else if (tied && spec.first_stage())
+        lm_off = embed_off;
+      else
+        lm_off = add_matrix(host.lm_head);
+      norm_off = add_vector(host.final_norm);
+    }
     const std::vector<float> freqs = kernels::cpu::rope_inv_freq(rope_params_for(c));
     const std::size_t freq_off = wl.take(freqs.size() * sizeof(float));
     uploads.push_back({freq_off, freqs.data(), DType::f32, 1, freqs.size(), freqs.size(), false});
@@ -557,7 +581,7 @@ struct CudaModelRunner::Impl {
     gathered = {};
     char* wbase = weights.as<char>();
     const auto fptr = [&](std::size_t off) { return off == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(wbase + off); };
-    embed = wbase + embed_off;
+    embed = embed_off == SIZE_MAX ? nullptr : wbase + embed_off;
     lm_head = lm_off == SIZE_MAX ? nullptr : wbase + lm_off;
     final_norm = fptr(norm_off);
     inv_freq = fptr(freq_off);
@@ -856,8 +880,8 @@ std::uint64_t cuda_runner_weight_bytes(const ModelConfig& c, DType wdt, const Sh
   const auto vector = [&](std::uint64_t n) { (void)wl.take(n * sizeof(float)); };
   const auto hd = static_cast<std::uint64_t>(c.head_dim);
   const auto qkv = static_cast<std::uint64_t>(lay.hq_t + 2 * lay.kv_t) * hd;
-  matrix(static_cast<std::uint64_t>(c.vocab_size), hidden);  // embedding
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
+  if (spec.first_stage()) matrix(static_cast<std::uint64_t>(c.vocab_size), hidden);  // embedding
+  for (int l = lay.layer_begin; l < lay.layer_end; ++l) {
     vector(hidden);
     matrix(qkv, hidden);
     if (c.qkv_bias) vector(qkv);
@@ -870,12 +894,14 @@ std::uint64_t cuda_runner_weight_bytes(const ModelConfig& c, DType wdt, const Sh
     matrix(2 * static_cast<std::uint64_t>(lay.inter_t), hidden);
     matrix(hidden, static_cast<std::uint64_t>(lay.inter_t));
   }
-  if (spec.tp > 1) {
-    if (lay.vocab_rows > 0) matrix(static_cast<std::uint64_t>(lay.vocab_rows), hidden);
-  } else if (!c.tie_word_embeddings) {
-    matrix(static_cast<std::uint64_t>(c.vocab_size), hidden);
+  if (spec.last_stage()) {
+    if (spec.tp > 1) {
+      if (lay.vocab_rows > 0) matrix(static_cast<std::uint64_t>(lay.vocab_rows), hidden);
+    } else if (!c.tie_word_embeddings || !spec.first_stage()) {
+      matrix(static_cast<std::uint64_t>(c.vocab_size), hidden);
+    }
+    vector(hidden);  // final norm
   }
-  vector(hidden);  // final norm
   vector(hd / 2);  // RoPE frequencies
   return wl.bytes;
 }
@@ -902,8 +928,8 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   Result<CudaRunnerOptions> checked = checked_options(c, options);
   if (!checked) return std::move(checked).error();
   CudaRunnerOptions o = std::move(checked).value();
-  if (Status s = check_tp_spec(c, spec, comms); !s) return s.error();
-  if (spec.tp > 1) o.cuda_graphs = false;  // a collective waits on the host: not capturable
+  if (Status s = check_cuda_spec(c, spec, comms); !s) return s.error();
+  if (!spec.is_whole_model()) o.cuda_graphs = false;  // a collective or a send waits on the host: not capturable
   if (Status s = select_device(o.device_index); !s) return s.error();
 
   auto impl = std::make_unique<Impl>();
@@ -913,6 +939,7 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   m.spec = spec;
   m.lay = shard_layout(c, spec);
   m.tp_comm = spec.tp > 1 ? comms.tp : nullptr;
+  m.pp_comm = spec.pp > 1 ? comms.pp : nullptr;
   m.mode = o.deterministic ? kcu::GemmMode::batch_invariant : kcu::GemmMode::fast;
   const DType wdt = o.weight_dtype;
   if (wdt != DType::f32 && wdt != DType::bf16 && wdt != DType::f16)
@@ -984,8 +1011,21 @@ Result<model::StepOutput> CudaModelRunner::run_step(const model::StepInput& in) 
     if (Status s = cuda_status("graph launch", cudaGraphLaunch(m.graphs.at(packed->graph_batch), m.stream)); !s)
       return s.error();
   } else {
+    // PP: a later stage takes the previous stage's residual [n, hidden]
+    // (the receive completes before this stream's kernels are enqueued).
+    const std::size_t residual_bytes = static_cast<std::size_t>(n) * config_.hidden_size * sizeof(float);
+    if (!spec_.first_stage())
+      if (Status s = m.pp_comm->recv(m.residual, residual_bytes, spec_.stage - 1, kResidualTag); !s) return s.error();
     if (Status s = m.forward(n, num_seqs, packed->max_num_q, packed->max_context_len, num_logits); !s)
       return s.error();
+    if (!spec_.last_stage()) {
+      // The residual goes on to the next stage, once this stream wrote it;
+      // this stage has no logits (the group takes the last stage's output).
+      if (Status s = cuda_status("sync before send", cudaStreamSynchronize(m.stream)); !s) return s.error();
+      if (Status s = m.pp_comm->send(m.residual, residual_bytes, spec_.stage + 1, kResidualTag); !s) return s.error();
+      last_stats_.forward_ms = ms_since(t1);
+      return out;
+    }
   }
 
   if (num_logits > 0 && !in.sampling.empty()) {

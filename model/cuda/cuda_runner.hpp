@@ -95,15 +95,26 @@ class CudaModelRunner final : public model::ModelExecutor {
   /// all-reduced over comms.tp (device buffers: comms.tp->on_device()), and
   /// the vocabulary slices of the logits are all-gathered, so every rank
   /// ends a step with the whole logits (and samples the same ids). Each
-  /// collective waits for the runner's stream first; graphs are not
-  /// captured under TP. SP and PP shards are not built yet.
+  /// collective waits for the runner's stream first.
+  ///
+  /// With a pipeline `spec` (pp > 1) it holds stage spec.stage's layers
+  /// (model::stage_layer_range) and their KV cache; stage 0 holds the
+  /// embedding, the last stage the final norm and lm_head (its own copy of
+  /// a tied one unless it is also stage 0). Each step a later stage first
+  /// receives the residual [num_tokens, hidden] F32 from the previous stage
+  /// over comms.pp (device buffers), and every stage but the last sends its
+  /// residual on and returns an output without logits or ids: the last
+  /// stage's output is the step's. Logits are bit-identical to one device's
+  /// in deterministic mode (the residual is copied, not recomputed).
+  /// Graphs are not captured under TP or PP (their collectives and sends
+  /// wait on the host). SP shards are not built yet.
   /// Errors: invalid_argument (non-positive sizes, dtypes not supported:
   /// weight f32/bf16/f16, KV f32/bf16; head_dim outside 1..256);
   /// not_found (no such device, or no driver: with the CUDA message);
   /// out_of_memory (a device allocation failed: names what and how many
   /// bytes); internal (a CUDA or cuBLAS call failed); invalid_argument for
   /// a spec the model cannot be split by (check_shardable), coordinates
-  /// outside it, sp or pp > 1 (unsupported), or a TP communicator that is
+  /// outside it, sp > 1 (not built), or a TP or PP communicator that is
   /// missing, of another size or rank, or on host memory.
   [[nodiscard]] static Result<std::unique_ptr<CudaModelRunner>> create(
       std::shared_ptr<const ModelWeights> weights, const CudaRunnerOptions& options, const ShardSpec& spec = {},
@@ -166,10 +177,11 @@ class CudaModelRunner final : public model::ModelExecutor {
 /// non-positive sizes.
 [[nodiscard]] std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& config, const CudaRunnerOptions& options);
 
-/// Device bytes of the weights rank `spec` of `config` uploads (matrices in
-/// `weight_dtype`, vectors F32, each 256-byte aligned): what
-/// CudaModelRunner::weight_bytes() reports once created. Precondition: the
-/// spec passes check_shardable.
+/// Device bytes of the weights rank `spec` of `config` uploads (its stage's
+/// layers, the embedding on stage 0, lm_head and the final norm on the
+/// last; matrices in `weight_dtype`, vectors F32, each 256-byte aligned):
+/// what CudaModelRunner::weight_bytes() reports once created.
+/// Precondition: the spec passes check_shardable.
 [[nodiscard]] std::uint64_t cuda_runner_weight_bytes(const ModelConfig& config, DType weight_dtype,
                                                      const ShardSpec& spec = {});
 

@@ -199,4 +199,74 @@ Status InProcDeviceCommunicator::broadcast(float* data, std::size_t count, int r
   return finish(work);
 }
 
+namespace {
+
+/// The acknowledgement tag of a send under `tag` (>= 0).
+int ack_tag(int tag) { return -1 - tag; }
+
+/// What a send posts to its receiver and what the receiver answers.
+struct P2pPost {
+  std::uint64_t device = 0;
+  std::uint64_t address = 0;
+  std::uint64_t bytes = 0;
+};
+enum class P2pAck : std::uint64_t { copied = 0, refused = 1, failed = 2 };
+
+}  // namespace
+
+Status InProcDeviceCommunicator::check_peer(int peer, int tag, const void* data, std::size_t bytes,
+                                            const char* op) const {
+  const auto bad = [&](const std::string& m) {
+    return make_error(ErrorCode::invalid_argument,
+                      std::string("device communicator: ") + op + ": rank " + std::to_string(rank()) + ": " + m);
+  };
+  if (tag < 0) return bad("tag " + std::to_string(tag) + " is negative (reserved for acknowledgements)");
+  if (peer < 0 || peer >= world_size() || peer == rank())
+    return bad("peer " + std::to_string(peer) + " is not another rank of " + std::to_string(world_size()));
+  if (data == nullptr && bytes > 0) return bad("null buffer");
+  return Status::ok_status();
+}
+
+Status InProcDeviceCommunicator::send(const void* data, std::size_t bytes, int peer, int tag) {
+  if (Status s = check_peer(peer, tag, data, bytes, "send"); !s) return s;
+  const P2pPost post{static_cast<std::uint64_t>(device_), reinterpret_cast<std::uintptr_t>(data), bytes};
+  if (Status s = host_->send(&post, sizeof post, peer, tag); !s) return s;
+  P2pAck ack = P2pAck::failed;
+  if (Status s = host_->recv(&ack, sizeof ack, peer, ack_tag(tag)); !s) return s;
+  if (ack == P2pAck::refused)
+    return make_error(ErrorCode::invalid_argument, "device communicator: send of " + std::to_string(bytes) +
+                                                       " bytes to rank " + std::to_string(peer) +
+                                                       " refused: its recv has another size or device");
+  if (ack != P2pAck::copied)
+    return make_error(ErrorCode::io, "device communicator: rank " + std::to_string(peer) +
+                                         " failed to copy the send of rank " + std::to_string(rank()));
+  bytes_sent_ += bytes;
+  return Status::ok_status();
+}
+
+Status InProcDeviceCommunicator::recv(void* data, std::size_t bytes, int peer, int tag) {
+  if (Status s = check_peer(peer, tag, data, bytes, "recv"); !s) return s;
+  P2pPost post;
+  if (Status s = host_->recv(&post, sizeof post, peer, tag); !s) return s;
+  Status work = Status::ok_status();
+  P2pAck ack = P2pAck::copied;
+  if (post.bytes != bytes || post.device != static_cast<std::uint64_t>(device_)) {
+    ack = P2pAck::refused;
+    work = make_error(ErrorCode::invalid_argument,
+                      "device communicator: recv of " + std::to_string(bytes) + " bytes on device " +
+                          std::to_string(device_) + " from rank " + std::to_string(peer) + ", which sent " +
+                          std::to_string(post.bytes) + " bytes on device " + std::to_string(post.device));
+  } else if (bytes > 0) {
+    work = cuda_status(cudaMemcpyAsync(data, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(post.address)),
+                                       bytes, cudaMemcpyDeviceToDevice, stream_),
+                       "recv copy");
+    if (Status synced = cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); work && !synced)
+      work = synced;
+    if (!work) ack = P2pAck::failed;
+  }
+  Status told = host_->send(&ack, sizeof ack, peer, ack_tag(tag));
+  if (!work) return work;
+  return told;
+}
+
 }  // namespace shardline::model

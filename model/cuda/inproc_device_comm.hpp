@@ -15,8 +15,13 @@
 /// Contract (as NcclCommunicator's, comm/nccl.hpp): the caller's writes to
 /// its buffers are complete before the call (synchronize its stream); the
 /// call returns when every rank's results are in place. Not capturable in a
-/// CUDA graph. Point-to-point and one-sided calls are not built yet
-/// (unsupported).
+/// CUDA graph.
+///
+/// Point to point (PP's residual between stages): a rendezvous, as NCCL's
+/// ncclSend / ncclRecv are. send() posts its buffer's address to the peer
+/// and returns once the peer's recv() has copied it (so, unlike the host
+/// contract in comm/communicator.hpp, a send waits for its recv, up to the
+/// timeout). One-sided calls are not built yet (unsupported).
 
 #include <cstdint>
 #include <memory>
@@ -57,8 +62,18 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   [[nodiscard]] Status all_to_all(const float* send, float* recv, std::size_t count) override;
   [[nodiscard]] Status broadcast(float* data, std::size_t count, int root) override;
 
-  [[nodiscard]] Status send(const void*, std::size_t, int, int) override { return not_built("send"); }
-  [[nodiscard]] Status recv(void*, std::size_t, int, int) override { return not_built("recv"); }
+  /// Device data[bytes] to `peer` under `tag` (>= 0: the negative tags
+  /// carry the acknowledgements); returns once the peer has copied it.
+  /// Errors: invalid_argument (a negative tag, a null buffer, a peer outside
+  /// the group or itself; the peer's recv of another size or on another
+  /// device: then both calls fail); io (the host group's timeout, a dead
+  /// peer, a failed copy on the receiving side).
+  [[nodiscard]] Status send(const void* data, std::size_t bytes, int peer, int tag) override;
+  /// The next message of `peer` under `tag` into device data[bytes]: a
+  /// device-to-device copy on this communicator's stream, waited for, then
+  /// acknowledged. Errors: as send's; `mismatch` is invalid_argument here
+  /// (the message is consumed and its send fails too).
+  [[nodiscard]] Status recv(void* data, std::size_t bytes, int peer, int tag) override;
   [[nodiscard]] Status expose(std::string, const void*, std::size_t) override { return not_built("expose"); }
   [[nodiscard]] Status unexpose(const std::string&) override { return not_built("unexpose"); }
   [[nodiscard]] Status get(int, std::string, std::size_t, void*, std::size_t) override { return not_built("get"); }
@@ -76,6 +91,8 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   };
   InProcDeviceCommunicator(std::unique_ptr<comm::Communicator> host, int device, CUstream_st* stream);
   static Status not_built(const char* op);
+  /// send / recv's argument checks. Errors: invalid_argument.
+  [[nodiscard]] Status check_peer(int peer, int tag, const void* data, std::size_t bytes, const char* op) const;
   /// Every rank's post (a host all_gather), checked to agree: the same op,
   /// count, root and device, non-null buffers. Errors: invalid_argument on
   /// every rank when they disagree (no device work happened); the host

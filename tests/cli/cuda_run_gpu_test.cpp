@@ -89,11 +89,19 @@ TEST_F(CudaRunGpu, JobOnCuda0MatchesTheCpuJobOnGreedyLines) {
   expect_greedy_lines_match(64, "", "--devices cuda:0");
 }
 
-// Two ranks sharing GPU 0 (model::CudaTpGroup) against two CPU ranks (the
+// Two ranks sharing GPU 0 (model::CudaShardGroup) against two CPU ranks (the
 // same Megatron split and rank-order sums). Not yet run on a GPU when
 // written (issue 41).
 TEST_F(CudaRunGpu, JobOnTwoRanksSharingCuda0MatchesTheCpuTpGroupOnGreedyLines) {
   expect_greedy_lines_match(32, "--parallel tp=2", "--parallel tp=2 --devices cuda:0x2");
+}
+
+// Two pipeline stages sharing GPU 0 (the residual copied between them), and
+// tp=2 x pp=2 on four ranks, against the CPU groups. Not yet run on a GPU
+// when written (issue 41).
+TEST_F(CudaRunGpu, JobOnPipelineStagesSharingCuda0MatchesTheCpuGroupOnGreedyLines) {
+  expect_greedy_lines_match(32, "--parallel pp=2", "--parallel pp=2 --devices cuda:0x2");
+  expect_greedy_lines_match(16, "--parallel tp=2,pp=2", "--parallel tp=2,pp=2 --devices cuda:0x4");
 }
 
 }  // namespace

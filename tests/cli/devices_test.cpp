@@ -51,11 +51,11 @@ TEST(NodeDevices, DeviceCountOtherThanTheWorldSizeNamesBothNumbers) {
   auto gpu = resolve_node_devices("cuda:2", "tp=2");
   ASSERT_FALSE(gpu.ok());
   EXPECT_EQ(gpu.error().code, ErrorCode::unsupported);
-  EXPECT_NE(gpu.error().message.find("across distinct GPUs (NCCL) is not built yet"), std::string::npos);
+  EXPECT_NE(gpu.error().message.find("groups across distinct GPUs (NCCL) are not built yet"), std::string::npos);
   EXPECT_NE(gpu.error().message.find("--devices cuda:0x2"), std::string::npos) << gpu.error().message;
 }
 
-TEST(NodeDevices, CudaRanksSharingAGpuAreATensorParallelGroup) {
+TEST(NodeDevices, CudaRanksSharingAGpuAreATensorAndPipelineParallelGroup) {
   auto alone = resolve_node_devices("cuda:0x2", "");
   ASSERT_TRUE(alone.ok()) << alone.error().to_string();
   EXPECT_EQ(alone->kind, model::DeviceKind::cuda);
@@ -74,10 +74,26 @@ TEST(NodeDevices, CudaRanksSharingAGpuAreATensorParallelGroup) {
   ASSERT_FALSE(other_tp.ok());
   EXPECT_EQ(other_tp.error().code, ErrorCode::invalid_argument);
   EXPECT_EQ(other_tp.error().message,
-            "--devices cuda:0x2 puts 2 ranks on each GPU but --parallel tp=4,pp=1,sp=1,dp=1 asks tp=4");
+            "--devices cuda:0x2 puts 2 ranks on each GPU but --parallel tp=4,pp=1,sp=1,dp=1 asks tp*pp=4");
+  // Pipeline stages share the GPU too: K = tp * pp.
   auto pp = resolve_node_devices("cuda:0x2", "pp=2");
-  ASSERT_FALSE(pp.ok());
-  EXPECT_EQ(pp.error().code, ErrorCode::unsupported);
+  ASSERT_TRUE(pp.ok()) << pp.error().to_string();
+  EXPECT_EQ(pp->parallel, (ParallelConfig{1, 2, 1, 1}));
+  auto tp_pp = resolve_node_devices("cuda:1x4", "tp=2,pp=2");
+  ASSERT_TRUE(tp_pp.ok()) << tp_pp.error().to_string();
+  EXPECT_EQ(tp_pp->cuda_devices, std::vector<int>{1});
+  EXPECT_EQ(tp_pp->parallel, (ParallelConfig{2, 2, 1, 1}));
+  auto short_pp = resolve_node_devices("cuda:0x2", "tp=2,pp=2");
+  ASSERT_FALSE(short_pp.ok());
+  EXPECT_EQ(short_pp.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(short_pp.error().message.find("asks tp*pp=4"), std::string::npos) << short_pp.error().message;
+  auto sp = resolve_node_devices("cuda:0x2", "sp=2");
+  ASSERT_FALSE(sp.ok());
+  EXPECT_EQ(sp.error().code, ErrorCode::unsupported);
+  EXPECT_NE(sp.error().message.find("sp groups run on CPU devices"), std::string::npos) << sp.error().message;
+  auto pp_across = resolve_node_devices("cuda:0,1", "pp=2");
+  ASSERT_FALSE(pp_across.ok());
+  EXPECT_EQ(pp_across.error().code, ErrorCode::unsupported);
   auto mixed = resolve_node_devices("cuda:0x2,1", "");
   ASSERT_FALSE(mixed.ok());
   EXPECT_EQ(mixed.error().message, "--devices cuda:0x2,1: every GPU of the list needs the same number of ranks (xK)");

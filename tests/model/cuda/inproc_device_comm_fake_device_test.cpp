@@ -223,7 +223,65 @@ TEST_P(InProcDeviceComm, RanksThatDisagreeAreAllRefusedAndTheGroupStaysUsable) {
     EXPECT_EQ(host_copy(bufs[static_cast<std::size_t>(r)], 8), std::vector<float>(8, 6.0f));
   EXPECT_TRUE(dev[0]->on_device());
   EXPECT_FALSE(host_group(1)[0]->on_device());
-  EXPECT_EQ(dev[0]->send(nullptr, 0, 1, 0).error().code, ErrorCode::unsupported);
+  EXPECT_EQ(dev[0]->get(1, "x", 0, nullptr, 0).error().code, ErrorCode::unsupported);
+}
+
+// Send / recv (PP's residual): a rendezvous. The bytes arrive exactly, in
+// order per tag; the sender's buffer may change once send returns (the
+// receiver has copied it). A recv of another size fails both sides and the
+// pair stays usable; bad arguments are refused before anything moves.
+TEST_P(InProcDeviceComm, SendAndRecvCopyDeviceBuffersAsARendezvous) {
+  constexpr std::size_t n = 37;
+  auto src = device_copy(awkward(0, n));
+  auto dst = device_copy(std::vector<float>(n, -1.0f));
+  auto dst2 = device_copy(std::vector<float>(n, -1.0f));
+  auto small = device_copy(std::vector<float>(n - 1, -1.0f));
+  settle();
+  auto dev = device_group(2);
+  auto f = [](DeviceBuffer& b) { return static_cast<float*>(b.data()); };
+  const std::vector<float> first = awkward(0, n), second = awkward(1, n);
+  const auto st = on_ranks(2, [&](int r) -> Status {
+    auto& c = *dev[static_cast<std::size_t>(r)];
+    if (r == 0) {
+      if (Status s = c.send(f(src), n * 4, 1, 7); !s) return s;
+      // Returned: rank 1 holds the first message, so the buffer is free.
+      if (Status s = src.copy_from_host(second.data(), n * 4); !s) return s;
+      if (Status s = cudaDeviceSynchronize() == cudaSuccess ? Status::ok_status()
+                                                             : make_error(ErrorCode::internal, "sync");
+          !s)
+        return s;
+      return c.send(f(src), n * 4, 1, 7);
+    }
+    if (Status s = c.recv(f(dst), n * 4, 0, 7); !s) return s;
+    return c.recv(f(dst2), n * 4, 0, 7);
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.error().to_string();
+  EXPECT_TRUE(same_bits(host_copy(dst, n), first));
+  EXPECT_TRUE(same_bits(host_copy(dst2, n), second));
+  EXPECT_EQ(dev[0]->bytes_sent(), 2 * n * 4);
+
+  const auto mismatch = on_ranks(2, [&](int r) -> Status {
+    auto& c = *dev[static_cast<std::size_t>(r)];
+    return r == 0 ? c.send(f(src), n * 4, 1, 3) : c.recv(f(small), (n - 1) * 4, 0, 3);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(mismatch[static_cast<std::size_t>(r)].ok()) << "rank " << r;
+    EXPECT_EQ(mismatch[static_cast<std::size_t>(r)].error().code, ErrorCode::invalid_argument);
+  }
+  EXPECT_NE(mismatch[1].error().message.find("which sent 148 bytes"), std::string::npos)
+      << mismatch[1].error().message;
+  EXPECT_EQ(host_copy(small, n - 1), std::vector<float>(n - 1, -1.0f)) << "a refused recv wrote";
+  const auto again = on_ranks(2, [&](int r) -> Status {
+    auto& c = *dev[static_cast<std::size_t>(r)];
+    return r == 0 ? c.send(f(src), n * 4, 1, 3) : c.recv(f(dst), n * 4, 0, 3);
+  });
+  for (const Status& s : again) ASSERT_TRUE(s.ok()) << s.error().to_string();
+  EXPECT_TRUE(same_bits(host_copy(dst, n), second));
+
+  EXPECT_EQ(dev[0]->send(f(src), 4, 1, -1).error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(dev[0]->send(f(src), 4, 0, 1).error().code, ErrorCode::invalid_argument);  // itself
+  EXPECT_EQ(dev[0]->recv(nullptr, 4, 1, 1).error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(dev[1]->recv(f(dst), 4, 2, 1).error().code, ErrorCode::invalid_argument);
 }
 
 }  // namespace model_cuda_inproc_device_comm_fake_device_test

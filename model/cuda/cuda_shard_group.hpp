@@ -1,0 +1,105 @@
+#pragma once
+/// \file
+/// Tensor- and pipeline-parallel CUDA runners in one process as one executor
+/// (issue 41, items 1-3; ranks sharing one GPU): tp x pp CudaModelRunners,
+/// group rank r = stage * tp + tp_rank holding ShardSpec{tp, tp_rank, pp,
+/// stage}'s share (engine::rank_coord's order with sp = 1), joined by
+/// InProcDeviceCommunicators: one TP group per stage (o_proj / down
+/// all-reduces, the logits all-gather) and one PP group per tp_rank (the
+/// residual from stage s to s + 1, a device-to-device copy).
+///
+/// Rank 0 runs on the caller's thread; every other rank has a thread of its
+/// own that waits for a step. execute() hands every rank the same StepInput:
+/// the stages run one after another as their residuals arrive (one
+/// micro-batch in flight: the engine's scheduler sees max_in_flight() = 1).
+/// It waits for all of them, checks that the last stage's ranks agree (the
+/// same sampled ids, the same logits, bit for bit: each gathers the whole
+/// logits) and returns the last stage's tp_rank 0 output.
+///
+/// A rank whose step fails is marked dead in its host groups, so that its
+/// peers' collectives and receives fail at once instead of waiting for the
+/// timeout; the step fails, and the group is broken from then on (a
+/// collective may have completed on some ranks only): later steps fail at
+/// once, as an in-process CPU engine group does.
+///
+/// Not built yet: SP ranks, ranks on distinct GPUs (NCCL), several
+/// micro-batches in the pipeline at once.
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/inproc.hpp"
+#include "common/result.hpp"
+#include "model/cuda/cuda_runner.hpp"
+#include "model/executor.hpp"
+#include "model/weights.hpp"
+
+namespace shardline::model {
+
+class CudaShardGroup final : public ModelExecutor {
+ public:
+  /// tp x pp ranks (at least 2) on CUDA device `options.device_index`, each
+  /// a runner of `options` (num_kv_blocks blocks of its own KV heads in its
+  /// stage's layers). Runners are created one after another on this thread.
+  /// Errors: what CudaModelRunner::create returns (a model tp or pp does not
+  /// split, a device that is missing or too small); invalid_argument for
+  /// tp or pp < 1 or a group of one rank.
+  [[nodiscard]] static Result<std::unique_ptr<CudaShardGroup>> create(std::shared_ptr<const ModelWeights> weights,
+                                                                      const CudaRunnerOptions& options, int tp,
+                                                                      int pp = 1);
+  /// Stops the rank threads, then frees the runners and communicators.
+  ~CudaShardGroup() override;
+  CudaShardGroup(const CudaShardGroup&) = delete;
+  CudaShardGroup& operator=(const CudaShardGroup&) = delete;
+
+  /// One step on every rank. Errors: the first failing rank's error (then
+  /// the group is broken); internal when the last stage's ranks disagree (a
+  /// bug); io on a broken group.
+  [[nodiscard]] Result<StepOutput> execute(const StepInput& input) override;
+  [[nodiscard]] int vocab_size() const override { return runners_[0]->vocab_size(); }
+  [[nodiscard]] int num_kv_blocks() const override { return runners_[0]->num_kv_blocks(); }
+  [[nodiscard]] int block_size() const override { return runners_[0]->block_size(); }
+  [[nodiscard]] bool samples_on_device() const override { return true; }
+
+  [[nodiscard]] int tp() const noexcept { return tp_; }
+  [[nodiscard]] int pp() const noexcept { return pp_; }
+  [[nodiscard]] int group_size() const noexcept { return static_cast<int>(runners_.size()); }
+  /// Group rank r's runner (r = stage * tp + tp_rank).
+  [[nodiscard]] const CudaModelRunner& rank(int r) const { return *runners_[static_cast<std::size_t>(r)]; }
+  /// Device bytes of weights over every rank (embeddings and norms are held
+  /// by each rank of the stages that need them).
+  [[nodiscard]] std::size_t weight_bytes() const;
+  [[nodiscard]] bool broken() const noexcept { return broken_; }
+
+ private:
+  CudaShardGroup() = default;
+  /// Builds the host groups and the device communicators of every rank.
+  [[nodiscard]] Status make_comms(int device);
+  void serve(int rank);
+  /// Rank `rank`'s step; on a failure marks it dead in its host groups.
+  Result<StepOutput> run_rank(int rank, const StepInput& input);
+
+  int tp_ = 1;
+  int pp_ = 1;
+  std::vector<std::shared_ptr<comm::InProcGroup>> tp_groups_;  ///< [pp] (tp > 1)
+  std::vector<std::shared_ptr<comm::InProcGroup>> pp_groups_;  ///< [tp] (pp > 1)
+  std::vector<std::unique_ptr<comm::Communicator>> tp_comms_;  ///< [group_size] (tp > 1); outlive the runners
+  std::vector<std::unique_ptr<comm::Communicator>> pp_comms_;  ///< [group_size] (pp > 1)
+  std::vector<std::unique_ptr<CudaModelRunner>> runners_;      ///< [group_size]
+  std::vector<std::thread> threads_;                           ///< ranks 1.. group_size - 1
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const StepInput* input_ = nullptr;  ///< the step in progress
+  std::uint64_t step_ = 0;             ///< steps handed out
+  std::vector<std::uint64_t> done_step_;     ///< [group_size] the last step each rank finished
+  std::vector<Result<StepOutput>> outputs_;  ///< [group_size] their outputs
+  bool stopping_ = false;
+  bool broken_ = false;
+};
+
+}  // namespace shardline::model

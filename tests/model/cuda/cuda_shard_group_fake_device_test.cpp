@@ -1,0 +1,301 @@
+// The REAL CUDA runner (model/cuda/cuda_runner.cpp) as tensor- and
+// pipeline-parallel ranks (issue 41 item 1) on the FAKE CUDA device
+// (tests/model/cuda/fake_device.hpp), as model::CudaShardGroup runs them:
+// several ranks sharing device 0 over in-process device communicators
+// (model/cuda/inproc_device_comm.hpp), each rank on its own thread, one
+// executor (which checks every step that the last stage's ranks agree bit
+// for bit). TP against the CPU runner, with the CPU shard runner's layout
+// and numerics (model::shard_layout; the CPU TP bound of 1e-4): Qwen3 at
+// tp = 2 and at tp = 4 (its 2 KV heads replicated), Qwen2 (an uneven
+// vocabulary split: 777 over 2 ranks, biases), Llama 3 (MHA, untied). PP
+// stages (the residual copied from stage to stage) against one CUDA device:
+// bit-identical logits, even and uneven layer splits, tied and untied
+// lm_heads; tp x pp against the CPU. Every rank of the last stage ends each
+// step with the same logits and samples the same ids on the device. A
+// failing rank fails the step at once; bad shards are refused. Both timings
+// of the fake.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <cuda_runtime_api.h>  // cudaError_t values for fault injection
+
+#include <nlohmann/json.hpp>
+
+#include "comm/inproc.hpp"
+#include "engine/llm_engine.hpp"
+#include "model/cpu_runner.hpp"
+#include "model/cuda/cuda_runner.hpp"
+#include "model/cuda/cuda_shard_group.hpp"
+#include "model/cuda/inproc_device_comm.hpp"
+#include "model/weights.hpp"
+#include "tests/model/cuda/dummy_archs.hpp"
+#include "tests/model/cuda/fake_device.hpp"
+#include "tests/support/engine_runs.hpp"
+#include "text/id_tokenizer.hpp"
+
+namespace shardline::engine {
+namespace model_cuda_cuda_shard_group_fake_device_test {
+
+namespace fc = testing_support::fake_cuda;
+using testing_support::run_all;
+
+std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
+  return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
+}
+
+using testing_support::greedy_eight;
+using testing_support::kDummyBlocks;
+
+model::CudaRunnerOptions cuda_options() { return testing_support::dummy_cuda_options(); }
+
+std::shared_ptr<const model::ModelWeights> dummy_model(const std::string& name) {
+  return testing_support::load_dummy_arch(name, "fake_tp");
+}
+
+std::map<std::uint64_t, RequestOutput> run_requests(model::ModelExecutor& x, int vocab, bool capture_logits,
+                                                    const sampling::SamplingParams& p) {
+  return testing_support::run_dummy_requests(x, vocab, capture_logits, p);
+}
+
+class CudaShardGroupFakeDevice : public ::testing::TestWithParam<fc::Execution> {
+ protected:
+  void SetUp() override { fc::reset(GetParam()); }
+  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Timing, CudaShardGroupFakeDevice, ::testing::Values(fc::Execution::immediate, fc::Execution::deferred),
+                         mode_name);
+
+TEST_P(CudaShardGroupFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
+  struct Case {
+    std::string name;
+    int tp;
+  };
+  // qwen3 tp=4: 2 query heads per rank, 1 KV head each (ranks 0-1 and 2-3
+  // replicate one); qwen2: 777 vocabulary rows over 2 ranks.
+  const std::vector<Case> cases = {{"qwen3", 2}, {"qwen3", 4}, {"qwen2", 2}, {"llama3", 2}};
+  for (const Case& k : cases) {
+    const std::string name = k.name + " tp=" + std::to_string(k.tp);
+    const auto w = dummy_model(k.name);
+    ASSERT_NE(w, nullptr);
+    auto group = model::CudaShardGroup::create(w, cuda_options(), k.tp);
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    for (int r = 0; r < k.tp; ++r) {
+      EXPECT_TRUE((*group)->rank(r).captured_batch_sizes().empty()) << name << ": no graphs under TP";
+      EXPECT_EQ((*group)->rank(r).spec().tp_rank, r);
+      // What the memory plan counts for the rank is what it uploads.
+      EXPECT_EQ((*group)->rank(r).weight_bytes(), model::cuda_runner_weight_bytes(w->config, DType::f32,
+                                                                                  (*group)->rank(r).spec()))
+          << name << " rank " << r;
+    }
+    {
+      model::CudaRunnerOptions one = cuda_options();
+      one.cuda_graphs = false;
+      auto single = model::CudaModelRunner::create(w, one);
+      ASSERT_TRUE(single.ok()) << single.error().to_string();
+      EXPECT_EQ((*single)->weight_bytes(), model::cuda_runner_weight_bytes(w->config, DType::f32)) << k.name;
+    }
+    model::CpuRunnerOptions po;
+    po.num_kv_blocks = kDummyBlocks;
+    auto cpu = model::CpuModelRunner::create(w, po);
+    ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
+    const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
+    const auto want = run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
+    ASSERT_EQ(got.size(), 6u) << name;
+    testing_support::expect_close_to_cpu(got, want, name);
+  }
+}
+
+// Sampled on the device (seeded, temperature 0.8, top-p): every rank of the
+// last stage draws the same ids from its copy of the gathered logits
+// (CudaShardGroup checks each step), and they are the ids one fake device
+// draws alone, under TP, PP and both.
+TEST_P(CudaShardGroupFakeDevice, RanksSampleTheSameIdsAsOneDevice) {
+  const auto w = dummy_model("qwen3");
+  ASSERT_NE(w, nullptr);
+  sampling::SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_p = 0.9f;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  std::map<std::uint64_t, RequestOutput> one;
+  {
+    auto single = model::CudaModelRunner::create(w, cuda_options());
+    ASSERT_TRUE(single.ok()) << single.error().to_string();
+    one = run_requests(**single, w->config.vocab_size, false, p);
+  }
+  ASSERT_EQ(one.size(), 6u);
+  for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+    const std::string name = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
+    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp);
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    const auto got = run_requests(**group, w->config.vocab_size, false, p);
+    ASSERT_EQ(got.size(), 6u) << name;
+    for (const auto& [id, out] : one) EXPECT_EQ(got.at(id).token_ids, out.token_ids) << name << " request " << id;
+  }
+}
+
+/// Every request's ids and every step's logits, bit for bit.
+void expect_bit_identical(const std::map<std::uint64_t, RequestOutput>& got,
+                          const std::map<std::uint64_t, RequestOutput>& want, const std::string& name) {
+  ASSERT_EQ(got.size(), want.size()) << name;
+  for (const auto& [id, ref] : want) {
+    const RequestOutput& out = got.at(id);
+    EXPECT_EQ(out.token_ids, ref.token_ids) << name << " request " << id;
+    ASSERT_EQ(out.logits.size(), ref.logits.size()) << name << " request " << id;
+    for (std::size_t step = 0; step < ref.logits.size(); ++step) {
+      ASSERT_EQ(out.logits[step].size(), ref.logits[step].size());
+      EXPECT_EQ(0, std::memcmp(out.logits[step].data(), ref.logits[step].data(), ref.logits[step].size() * 4))
+          << name << " request " << id << " step " << step << " not bit-identical";
+    }
+  }
+}
+
+// Pipeline stages copy the residual from stage to stage and run the same
+// kernels on the same rows: in deterministic mode the logits are one
+// device's, bit for bit. Even splits (Qwen3's 2 layers over 2 stages),
+// uneven ones (Llama 3's 3 layers over 2: 2 + 1), one layer per stage
+// (Llama 3 over 3), a tied lm_head the last stage copies (Qwen3) and untied
+// ones (Qwen2, Llama 3). Each stage uploads what the memory plan counts.
+TEST_P(CudaShardGroupFakeDevice, PipelineStagesAreBitIdenticalToOneDevice) {
+  struct Case {
+    std::string name;
+    int pp;
+  };
+  for (const Case& k : std::vector<Case>{{"qwen3", 2}, {"qwen2", 2}, {"llama3", 2}, {"llama3", 3}}) {
+    const std::string name = k.name + " pp=" + std::to_string(k.pp);
+    const auto w = dummy_model(k.name);
+    ASSERT_NE(w, nullptr);
+    std::map<std::uint64_t, RequestOutput> want;
+    {
+      model::CudaRunnerOptions one = cuda_options();
+      one.cuda_graphs = false;
+      auto single = model::CudaModelRunner::create(w, one);
+      ASSERT_TRUE(single.ok()) << single.error().to_string();
+      want = run_requests(**single, w->config.vocab_size, true, greedy_eight());
+    }
+    auto group = model::CudaShardGroup::create(w, cuda_options(), 1, k.pp);
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    std::uint64_t bytes = 0;
+    for (int r = 0; r < k.pp; ++r) {
+      const model::CudaModelRunner& rank = (*group)->rank(r);
+      EXPECT_EQ(rank.spec().stage, r);
+      EXPECT_TRUE(rank.captured_batch_sizes().empty()) << name << ": no graphs under PP";
+      EXPECT_EQ(rank.weight_bytes(), model::cuda_runner_weight_bytes(w->config, DType::f32, rank.spec()))
+          << name << " stage " << r;
+      bytes += rank.weight_bytes();
+    }
+    EXPECT_GT(bytes, model::cuda_runner_weight_bytes(w->config, DType::f32)) << name << ": the stages hold more "
+                                                                                "than one device (norms, RoPE)";
+    const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
+    expect_bit_identical(got, want, name);
+  }
+}
+
+// tp x pp: the TP all-reduces inside each stage, the residual between them.
+TEST_P(CudaShardGroupFakeDevice, TensorAndPipelineRanksMatchTheCpuRunner) {
+  for (const auto& [arch, tp, pp] : {std::tuple{std::string("qwen3"), 2, 2}, std::tuple{std::string("llama3"), 2, 3}}) {
+    const std::string name = arch + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
+    const auto w = dummy_model(arch);
+    ASSERT_NE(w, nullptr);
+    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp);
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    ASSERT_EQ((*group)->group_size(), tp * pp);
+    for (int r = 0; r < tp * pp; ++r) {
+      EXPECT_EQ((*group)->rank(r).spec().tp_rank, r % tp) << name;
+      EXPECT_EQ((*group)->rank(r).spec().stage, r / tp) << name;
+    }
+    model::CpuRunnerOptions po;
+    po.num_kv_blocks = kDummyBlocks;
+    auto cpu = model::CpuModelRunner::create(w, po);
+    ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
+    const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
+    const auto want = run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
+    ASSERT_EQ(got.size(), 6u) << name;
+    testing_support::expect_close_to_cpu(got, want, name);
+  }
+}
+
+// A rank whose step fails (here the first metadata copy of the step fails
+// on whichever rank issues it first) fails the step on every rank at once:
+// it is marked dead in its host groups, so a TP peer does not wait in a
+// collective, nor a stage for its residual or its send's acknowledgement,
+// until the communicator's timeout. The group is broken from then on.
+TEST_P(CudaShardGroupFakeDevice, ARankThatFailsFailsTheStepEverywhereAndBreaksTheGroup) {
+  const auto w = dummy_model("qwen3");
+  ASSERT_NE(w, nullptr);
+  for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+    const std::string name = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
+    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp);
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    const model::StepInput step = testing_support::three_token_step(16);
+    auto good = (*group)->execute(step);
+    ASSERT_TRUE(good.ok()) << name << ": " << good.error().to_string();
+    EXPECT_EQ(good->logits.size(), static_cast<std::size_t>(w->config.vocab_size)) << name;
+    fc::fail_call("cudaMemcpyAsync", cudaErrorLaunchFailure);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto failed = (*group)->execute(step);
+    ASSERT_FALSE(failed.ok()) << name;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30)) << name << ": a peer waited for the timeout";
+    EXPECT_TRUE((*group)->broken()) << name;
+    auto after = (*group)->execute(step);
+    ASSERT_FALSE(after.ok()) << name;
+    EXPECT_EQ(after.error().code, ErrorCode::io) << name;
+    EXPECT_NE(after.error().message.find("must be rebuilt"), std::string::npos) << after.error().message;
+  }
+  EXPECT_EQ(model::CudaShardGroup::create(w, cuda_options(), 1).error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(model::CudaShardGroup::create(w, cuda_options(), 2, 0).error().code, ErrorCode::invalid_argument);
+}
+
+TEST_P(CudaShardGroupFakeDevice, ShardsTheRunnerCannotHoldAreRefused) {
+  const auto w = dummy_model("qwen3");
+  ASSERT_NE(w, nullptr);
+  auto expect_refused = [&](const model::ShardSpec& spec, model::ShardComms comms, const std::string& says) {
+    auto r = model::CudaModelRunner::create(w, cuda_options(), spec, comms);
+    ASSERT_FALSE(r.ok()) << says;
+    EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(r.error().message.find(says), std::string::npos) << r.error().message;
+  };
+  auto group = comm::InProcGroup::create(2);
+  ASSERT_TRUE(group.ok());
+  auto host0 = (*group)->communicator(0);
+  ASSERT_TRUE(host0.ok());
+  model::ShardSpec sp2;
+  sp2.sp = 2;
+  expect_refused(sp2, {}, "sp shards are not built yet");
+  model::ShardSpec pp2;
+  pp2.pp = 2;
+  expect_refused(pp2, {}, "pipeline of 2 stages has no PP communicator");
+  expect_refused(pp2, {nullptr, nullptr, host0->get()}, "the PP communicator works on host memory");
+  model::ShardSpec pp3 = pp2;
+  pp3.pp = 3;
+  expect_refused(pp3, {}, "pp = 3");
+  model::ShardSpec tp3;
+  tp3.tp = 3;
+  expect_refused(tp3, {}, "must divide num_attention_heads = 8");
+  model::ShardSpec tp2;
+  tp2.tp = 2;
+  expect_refused(tp2, {}, "TP group of size 2 has no communicator");
+  expect_refused(tp2, {host0->get(), nullptr}, "works on host memory");
+  auto three = comm::InProcGroup::create(3);
+  ASSERT_TRUE(three.ok());
+  auto dev = model::InProcDeviceCommunicator::create(std::move((*three)->communicator(0)).value(), 0);
+  ASSERT_TRUE(dev.ok());
+  expect_refused(tp2, {dev->get(), nullptr}, "rank 0 of 3, expected rank 0 of 2");
+  expect_refused(pp2, {nullptr, nullptr, dev->get()}, "PP communicator is rank 0 of 3, expected stage 0 of 2");
+}
+
+}  // namespace model_cuda_cuda_shard_group_fake_device_test
+}  // namespace shardline::engine
