@@ -264,9 +264,9 @@ engine::EngineOptions worker_engine_options(const NodeOptions& o, int i) {
 Status check_node_options(const NodeOptions& o) {
   const bool cuda = o.device_kind == model::DeviceKind::cuda;
   if (cuda) {
-    if (o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) != o.parallel.dp || o.parallel.sp != 1)
+    if (o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) != o.parallel.dp)
       return make_error(ErrorCode::invalid_argument,
-                        "a CUDA node needs one worker (dp) per device, each one GPU or a tp x pp group sharing it, "
+                        "a CUDA node needs one worker (dp) per device, each one GPU or an engine group sharing it, "
                         "got " +
                             std::to_string(o.cuda_devices.size()) + " devices and " + o.parallel.to_string());
   } else if (o.num_cpu_devices < 1) {
@@ -411,7 +411,7 @@ std::vector<WorkerConfig> node_workers(const NodeOptions& o, const NodeShared& s
     wc.engine = worker_engine_options(o, i);
     if (o.device_kind == model::DeviceKind::cuda) {
       const int d = o.cuda_devices[static_cast<std::size_t>(i)];
-      const int group = o.parallel.tp * o.parallel.pp;
+      const int group = o.parallel.group_size();
       const std::string ranks = group > 1 ? "x" + std::to_string(group) : "";
       wc.name = o.name + "/cuda:" + std::to_string(d) + ranks;
       wc.device = "cuda:" + std::to_string(d) + ranks;

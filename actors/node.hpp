@@ -38,9 +38,9 @@ struct NodeOptions {
   // that they agree.
   int num_cpu_devices = 1;  ///< N CPU devices (`--devices cpu:N`); must equal parallel.world_size()
   /// With cuda: one worker per listed GPU (`--devices cuda:LIST`;
-  /// parallel.dp == cuda_devices.size(), sp = 1), each a single device
-  /// or, with tp * pp > 1 (`cuda:LISTxK`), a tp x pp group of ranks
-  /// sharing its GPU (model::CudaShardGroup).
+  /// parallel.dp == cuda_devices.size()), each a single device or, with
+  /// tp * pp * sp > 1 (`cuda:LISTxK`), an engine group of ranks sharing
+  /// its GPU (model::CudaShardGroup).
   model::DeviceKind device_kind = model::DeviceKind::cpu;
   std::vector<int> cuda_devices;
   /// parallel.dp workers, each one engine group of tp x sp x pp devices

@@ -73,12 +73,7 @@ Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::
     if (!parallel.empty()) {
       auto given = engine::parse_parallel_config(parallel);
       if (!given) return std::move(given).error();
-      const int group = given->tp * given->pp;
-      if (given->sp != 1)
-        return make_error(ErrorCode::unsupported,
-                          "--devices " + devices + " with --parallel " + given->to_string() +
-                              ": CUDA engine groups are tensor- and pipeline-parallel ranks sharing one GPU so far "
-                              "(sp groups run on CPU devices)");
+      const int group = given->group_size();
       if (group > 1 && k == 1)
         return make_error(ErrorCode::unsupported,
                           "--devices " + devices + " with --parallel " + given->to_string() +
@@ -87,7 +82,7 @@ Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::
       if (group != k)
         return make_error(ErrorCode::invalid_argument, "--devices " + devices + " puts " + std::to_string(k) +
                                                            " ranks on each GPU but --parallel " + given->to_string() +
-                                                           " asks tp*pp=" + std::to_string(group));
+                                                           " asks tp*pp*sp=" + std::to_string(group));
       if (given->dp != n)
         return make_error(ErrorCode::invalid_argument, "--devices " + devices + " gives " + std::to_string(n) +
                                                            " devices but --parallel " + given->to_string() + " needs " +

@@ -45,11 +45,10 @@ struct NodeDevices {
 ///    --parallel must then be dp only;
 ///  - --devices cuda:LISTxK: one worker per GPU, each a group of K ranks
 ///    sharing it (model::CudaShardGroup): tp = K without --parallel; a
-///    --parallel must say tp*pp = K (and dp = the count).
+///    --parallel must say tp*pp*sp = K (and dp = the count).
 /// Errors: invalid_argument (bad --parallel, bad --devices, or a device count
-/// other than the world size, naming both numbers), unsupported (cuda with
-/// sp > 1, or a tp / pp group across distinct GPUs: NCCL under the runner is
-/// not built yet).
+/// other than the world size, naming both numbers), unsupported (a group
+/// across distinct GPUs: NCCL under the runner is not built yet).
 [[nodiscard]] Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel);
 
 }  // namespace shardline::cli

@@ -24,15 +24,17 @@ namespace shardline::engine {
 
 namespace {
 
-/// The KV heads whose cache one KV block holds on this engine's device(s):
-/// the model's, or, for a CUDA tp group sharing one GPU, every TP rank's (a
-/// KV head is replicated on each rank of its GQA group when tp exceeds the
-/// KV heads).
+/// The KV heads whose cache one KV block holds in a layer on this engine's
+/// device(s): the model's, or, for a CUDA group sharing one GPU, those of
+/// every TP and SP rank of a stage (a KV head is replicated on each rank
+/// whose heads read it when tp * sp exceeds the KV heads).
 int kv_heads_held(const EngineOptions& o, const model::ModelConfig& c) {
-  if (o.device != model::DeviceKind::cuda || o.parallel.tp <= 1) return c.num_key_value_heads;
+  const int ranks = o.parallel.tp * o.parallel.sp;
+  if (o.device != model::DeviceKind::cuda || ranks <= 1) return c.num_key_value_heads;
   model::ShardSpec spec;
   spec.tp = o.parallel.tp;
-  return o.parallel.tp * model::shard_layout(c, spec).kv_t;
+  spec.sp = o.parallel.sp;
+  return ranks * model::shard_layout(c, spec).kv_attn;
 }
 
 #if SHARDLINE_HAVE_CUDA
@@ -76,33 +78,32 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   pi.activation_bytes = activation_bytes_for(c, std::max(o.max_num_batched_tokens, o.max_num_seqs), o.max_num_seqs);
   pi.num_layers = c.num_hidden_layers;
   pi.num_kv_heads = c.num_key_value_heads;
-  const int tp = o.parallel.tp;
-  const int ranks = tp * o.parallel.pp;
+  const int ranks = o.parallel.group_size();
+  std::uint64_t workspace_bytes = 0;
+  const model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
   if (ranks > 1) {
-    // A tp x pp group sharing this GPU (model::CudaShardGroup): every rank's
-    // weights (the norms on each, the embedding on each first-stage rank),
-    // KV heads (replicated when tp exceeds them; the stages' layers add up
-    // to the model's) and workspaces.
-    if (Status s = model::check_shardable(c, tp, 1, o.parallel.pp); !s) return s.error();
+    // A tp x sp x pp group sharing this GPU (model::CudaShardGroup): every
+    // rank's weights (the norms on each, the embedding on each first-stage
+    // rank), KV heads (replicated when tp * sp exceeds them; the stages'
+    // layers add up to the model's) and workspaces (Ulysses' buffers too).
+    if (Status s = model::check_shardable(c, o.parallel.tp, o.parallel.sp, o.parallel.pp); !s) return s.error();
     pi.weight_bytes = 0;
     for (int r = 0; r < ranks; ++r) {
-      model::ShardSpec spec;
-      spec.tp = tp;
-      spec.tp_rank = r % tp;
-      spec.pp = o.parallel.pp;
-      spec.stage = r / tp;
+      const model::ShardSpec spec = shard_spec_of(o.parallel, r);
       pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, spec);
+      workspace_bytes += model::cuda_runner_workspace_bytes(c, co, spec);
     }
     pi.activation_bytes *= static_cast<std::uint64_t>(ranks);
     pi.num_kv_heads = kv_heads_held(o, c);
+  } else {
+    workspace_bytes = model::cuda_runner_workspace_bytes(c, co);
   }
   pi.head_dim = c.head_dim;
   pi.block_size = o.block_size;
   pi.kv_dtype = o.kv_cache_dtype;
   pi.max_model_len = max_model_len;
   // metadata, GEMM and attention workspaces
-  pi.reserved_bytes += model::cuda_runner_workspace_bytes(c, cuda_runner_options(o, max_model_len)) *
-                       static_cast<std::uint64_t>(ranks);
+  pi.reserved_bytes += workspace_bytes;
   auto plan = plan_gpu_memory(pi);
   if (!plan)
     return make_error(plan.error().code, "cuda:" + std::to_string(o.device_index) + " (" + d.name + "): " +
@@ -186,10 +187,6 @@ Status check_engine_options(const EngineOptions& o) {
                                                   ": this build has no CUDA backend (configure with SHARDLINE_CUDA=ON "
                                                   "where nvcc is installed)");
 #endif
-    if (o.parallel.sp != 1)
-      return make_error(ErrorCode::unsupported, "--devices cuda: sp groups run on CPU devices only so far; "
-                                                "tensor- and pipeline-parallel ranks can share one GPU (--devices "
-                                                "cuda:0x2)");
     if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
       return make_error(ErrorCode::invalid_argument, "--gpu-memory-utilization must be in (0, 1]");
   }
@@ -292,10 +289,10 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     e.executor = std::move(exec).value();
 #if SHARDLINE_HAVE_CUDA
   } else if (cuda && o.parallel.group_size() > 1) {
-    // A tp x pp group of ranks sharing device_index (model::CudaShardGroup).
+    // A tp x sp x pp group of ranks sharing device_index (model::CudaShardGroup).
     model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
     co.num_kv_blocks = e.num_kv_blocks;
-    auto group = model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp);
+    auto group = model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp, o.parallel.sp);
     if (!group) return std::move(group).error();
     e.weight_bytes = (*group)->weight_bytes();
     e.executor = std::move(group).value();

@@ -112,15 +112,15 @@ Result<CudaRunnerOptions> checked_options(const ModelConfig& c, CudaRunnerOption
   return o;
 }
 
-/// The shard a CUDA runner can hold: tensor and pipeline parallelism (SP
-/// not yet), a spec check_shard_spec accepts, and TP / PP communicators on
-/// device buffers. Errors: invalid_argument.
+/// The shard a CUDA runner can hold: a spec check_shard_spec accepts, and
+/// TP / SP / PP communicators on device buffers. Errors: invalid_argument.
 Status check_cuda_spec(const ModelConfig& c, const ShardSpec& spec, const ShardComms& comms) {
   const auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "cuda runner: " + m); };
-  if (spec.sp != 1) return bad("sp shards are not built yet (tp and pp)");
   if (Status s = check_shard_spec(c, spec, comms); !s) return s;
   if (spec.tp > 1 && !comms.tp->on_device())
     return bad("the TP communicator works on host memory; the runner's tensors are on the device");
+  if (spec.sp > 1 && !comms.sp->on_device())
+    return bad("the SP communicator works on host memory; the runner's tensors are on the device");
   if (spec.pp > 1) {
     if (comms.pp == nullptr)
       return bad("pipeline of " + std::to_string(spec.pp) + " stages has no PP communicator");
@@ -174,6 +174,8 @@ struct CudaModelRunner::Impl {
   ShardLayout lay;                      ///< shard_layout(c, spec)
   comm::Communicator* tp_comm = nullptr;  ///< device buffers; null when tp == 1
   comm::Communicator* pp_comm = nullptr;  ///< device buffers, rank = stage; null when pp == 1
+  comm::Communicator* sp_comm = nullptr;  ///< device buffers; null when sp == 1
+  std::vector<int> sp_kv_begin;  ///< [sp] SP rank j's first KV head, among this TP rank's
   DType wdt = DType::bf16;
   cudaStream_t stream = nullptr;
   std::unique_ptr<kcu::GemmContext> gemm;
@@ -209,6 +211,13 @@ struct CudaModelRunner::Impl {
   float* logits = nullptr;     // [seqs_cap, vocab]
   float* proj = nullptr;       // tp > 1: [rows_cap, hidden], a partial sum of o_proj / down_proj
   float* logits_all = nullptr;  // tp > 1: [tp, seqs_cap, vocab_shard], the gathered vocabulary slices
+  // SP (Ulysses) only, with ch = chunk_rows(rows): attn above is [sp * ch, hq_attn * head_dim].
+  int attn_w_sp = 0;            // (hq_attn + 2 * kv_attn) * head_dim: a row of what attention reads
+  float* a2a_send = nullptr;    // [sp, ch, attn_w_sp]: block j for SP rank j
+  float* a2a_recv = nullptr;    // [sp * ch, attn_w_sp]: every row, this rank's attended heads
+  float* attn_back = nullptr;   // [sp, ch, hq_attn * head_dim]: block j from SP rank j
+  float* attn_t = nullptr;      // [ch, hq_t * head_dim]: this chunk's rows, this TP rank's heads
+  float* gathered = nullptr;    // [sp * ch, hidden]: the last stage's residual, every chunk
   // Metadata offsets (bytes) in meta / meta_host.
   std::size_t off_tokens = 0, off_positions = 0, off_slots = 0, off_logits_rows = 0, off_seqs = 0,
               off_tables = 0, off_pad_table = 0, off_sample_rows = 0, off_sampled = 0;
@@ -254,7 +263,7 @@ struct CudaModelRunner::Impl {
     k.dtype = o.kv_cache_dtype;
     k.num_blocks = o.num_kv_blocks;
     k.block_size = o.block_size;
-    k.num_kv_heads = lay.kv_t;
+    k.num_kv_heads = lay.kv_attn;
     k.head_dim = c.head_dim;
     return k;
   }
@@ -264,6 +273,63 @@ struct CudaModelRunner::Impl {
   Status all_reduce(float* data, std::size_t count) {
     if (Status s = cuda_status("sync before all_reduce", cudaStreamSynchronize(stream)); !s) return s;
     return tp_comm->all_reduce_sum(data, count);
+  }
+
+  /// Rows of this rank's share of a step of num_rows tokens: SP's chunk,
+  /// ceil(num_rows / sp) (every row without SP).
+  [[nodiscard]] int chunk_rows(int num_rows) const { return (num_rows + spec.sp - 1) / spec.sp; }
+
+  /// `height` rows of `width_floats` floats, device to device on the stream.
+  Status copy_rows(float* dst, int dst_stride, const float* src, int src_stride, int width_floats, int height) {
+    return cuda_status("row copy", cudaMemcpy2DAsync(dst, static_cast<std::size_t>(dst_stride) * 4, src,
+                                                     static_cast<std::size_t>(src_stride) * 4,
+                                                     static_cast<std::size_t>(width_floats) * 4,
+                                                     static_cast<std::size_t>(height), cudaMemcpyDeviceToDevice,
+                                                     stream));
+  }
+
+  /// Ulysses' first all-to-all (seed 001 §3, Algorithm 2): this chunk's QKV
+  /// rows [ch, qkv_rows] become every row's attended heads [sp * ch,
+  /// attn_w_sp] in a2a_recv. Block j of a2a_send holds SP rank j's query
+  /// heads and the KV heads they read (a KV head goes to every rank whose
+  /// heads read it: Algorithm 1's KV replication), as the CPU shard packs them.
+  Status ulysses_scatter(int ch) {
+    const int hd = c.head_dim;
+    const int q_w = lay.hq_attn * hd, kv_w = lay.kv_attn * hd;
+    for (int j = 0; j < spec.sp; ++j) {
+      const int kv0 = sp_kv_begin[static_cast<std::size_t>(j)];
+      float* dst = a2a_send + static_cast<std::size_t>(j) * ch * attn_w_sp;
+      if (Status s = copy_rows(dst, attn_w_sp, qkv + j * q_w, qkv_rows, q_w, ch); !s) return s;
+      if (Status s = copy_rows(dst + q_w, attn_w_sp, qkv + (lay.hq_t + kv0) * hd, qkv_rows, kv_w, ch); !s) return s;
+      if (Status s = copy_rows(dst + q_w + kv_w, attn_w_sp, qkv + (lay.hq_t + lay.kv_t + kv0) * hd, qkv_rows, kv_w,
+                               ch);
+          !s)
+        return s;
+    }
+    if (Status s = cuda_status("sync before all_to_all", cudaStreamSynchronize(stream)); !s) return s;
+    return sp_comm->all_to_all(a2a_send, a2a_recv, static_cast<std::size_t>(ch) * attn_w_sp);
+  }
+
+  /// Ulysses' second all-to-all: the attention output of every row, this
+  /// rank's heads [sp * ch, hq_attn * head_dim] (rows from num_rows on
+  /// zeroed), back to this chunk's rows with all of the TP rank's heads
+  /// [ch, hq_t * head_dim] in attn_t.
+  Status ulysses_gather(int num_rows, int ch) {
+    const int width = lay.hq_attn * c.head_dim;
+    const std::size_t pad_rows = static_cast<std::size_t>(spec.sp) * ch - static_cast<std::size_t>(num_rows);
+    if (pad_rows > 0)
+      if (Status s = cuda_status("zero padding rows", cudaMemsetAsync(attn + static_cast<std::size_t>(num_rows) * width,
+                                                                      0, pad_rows * width * 4, stream));
+          !s)
+        return s;
+    if (Status s = cuda_status("sync before all_to_all", cudaStreamSynchronize(stream)); !s) return s;
+    if (Status s = sp_comm->all_to_all(attn, attn_back, static_cast<std::size_t>(ch) * width); !s) return s;
+    for (int j = 0; j < spec.sp; ++j)
+      if (Status s = copy_rows(attn_t + j * width, lay.hq_t * c.head_dim,
+                               attn_back + static_cast<std::size_t>(j) * ch * width, width, width, ch);
+          !s)
+        return s;
+    return Status::ok_status();
   }
 
   /// The logits of a tensor-parallel rank: its vocabulary slice of every
@@ -306,14 +372,20 @@ struct CudaModelRunner::Impl {
 
   /// Enqueues the forward pass over the metadata in `meta`: num_rows token
   /// rows of num_seqs sequences, logits of num_logits rows into `logits`.
+  /// Under SP this rank runs its chunk of rows (chunk_rows) except in
+  /// attention, which runs every row for its share of the heads.
   Status forward(int num_rows, int num_seqs, int max_num_q, int max_context_len, int num_logits) {
     const int hidden = c.hidden_size;
     const int hd = c.head_dim;
-    const int heads = lay.hq_t;   // this rank's (all of them when tp == 1)
+    const int heads = lay.hq_t;   // this TP rank's (all of them when tp == 1)
     const int kvh = lay.kv_t;
     const int inter = lay.inter_t;
     const bool tp = spec.tp > 1;
-    const auto rows_hidden = static_cast<std::size_t>(num_rows) * static_cast<std::size_t>(hidden);
+    const bool sp = spec.sp > 1;
+    const int rows = chunk_rows(num_rows);                     // this rank's rows: [row0, row0 + rows)
+    const int row0 = spec.sp_rank * rows;
+    const int real = std::clamp(num_rows - row0, 0, rows);  // of them, real tokens (the rest pad the chunk)
+    const auto rows_hidden = static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden);
     const float eps = c.rms_norm_eps;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const auto* tokens = dev<std::int32_t>(off_tokens);
@@ -321,79 +393,108 @@ struct CudaModelRunner::Impl {
     const auto* slots = dev<std::int32_t>(off_slots);
     const auto* seqs = dev<kcu::AttentionSeq>(off_seqs);
     const auto* logits_rows = dev<std::int32_t>(off_logits_rows);
-    const int attn_w = heads * hd;
+    const int o_w = heads * hd;                // o_proj's input width: this TP rank's heads
+    const int attn_heads = lay.hq_attn;        // the heads attention runs here (heads without SP)
+    const int attn_out_w = attn_heads * hd;
 
-    // A later stage's residual came from the previous stage (receive_residual).
-    if (spec.first_stage())
-      if (Status s = kcu::embedding(tokens, num_rows, embed, wdt, hidden, residual, stream); !s) return s;
+    // A later stage's residual came from the previous stage (run_step's receive).
+    if (spec.first_stage()) {
+      if (real > 0)
+        if (Status s = kcu::embedding(tokens + row0, real, embed, wdt, hidden, residual, stream); !s) return s;
+      if (rows > real)  // the last chunks' padding rows: zeros, as on the CPU
+        if (Status s = cuda_status("zero padding rows",
+                                   cudaMemsetAsync(residual + static_cast<std::size_t>(real) * hidden, 0,
+                                                   static_cast<std::size_t>(rows - real) * hidden * 4, stream));
+            !s)
+          return s;
+    }
     for (std::size_t l = 0; l < layers.size(); ++l) {
       const DeviceLayer& w = layers[l];
       const kernels::cpu::KvCacheLayer cache = kv_layer(static_cast<int>(l));
-      if (Status s = kcu::rms_norm(residual, hidden, w.input_norm, normed, hidden, num_rows, hidden, eps, stream); !s)
+      if (Status s = kcu::rms_norm(residual, hidden, w.input_norm, normed, hidden, rows, hidden, eps, stream); !s)
         return s;
-      if (Status s = gemm->linear(normed, hidden, num_rows, hidden, w.qkv, wdt, qkv_rows, qkv, qkv_rows, false, mode,
-                                  stream);
+      if (Status s =
+              gemm->linear(normed, hidden, rows, hidden, w.qkv, wdt, qkv_rows, qkv, qkv_rows, false, mode, stream);
           !s)
         return s;
       if (w.qkv_bias != nullptr)
-        if (Status s = kcu::add_bias(qkv, qkv_rows, w.qkv_bias, num_rows, qkv_rows, stream); !s) return s;
+        if (Status s = kcu::add_bias(qkv, qkv_rows, w.qkv_bias, rows, qkv_rows, stream); !s) return s;
       float* q = qkv;                    // [rows, heads * hd], row stride qkv_rows
       float* k = qkv + heads * hd;       // [rows, kvh * hd]
-      const float* v = k + kvh * hd;     // [rows, kvh * hd]
       if (w.q_norm != nullptr) {  // Qwen3: RMSNorm per head before RoPE
-        if (Status s = kcu::rms_norm_heads(q, num_rows, qkv_rows, heads, hd, w.q_norm, eps, stream); !s) return s;
-        if (Status s = kcu::rms_norm_heads(k, num_rows, qkv_rows, kvh, hd, w.k_norm, eps, stream); !s) return s;
+        if (Status s = kcu::rms_norm_heads(q, rows, qkv_rows, heads, hd, w.q_norm, eps, stream); !s) return s;
+        if (Status s = kcu::rms_norm_heads(k, rows, qkv_rows, kvh, hd, w.k_norm, eps, stream); !s) return s;
       }
-      if (Status s = kcu::rope(q, num_rows, qkv_rows, heads, hd, positions, inv_freq, stream); !s) return s;
-      if (Status s = kcu::rope(k, num_rows, qkv_rows, kvh, hd, positions, inv_freq, stream); !s) return s;
-      if (Status s = kcu::write_kv(k, v, qkv_rows, num_rows, slots, cache, stream); !s) return s;
-      if (Status s = kcu::paged_attention(q, qkv_rows, seqs, num_seqs, max_num_q, max_context_len, cache, heads, scale,
-                                          attn, attn_w, workspace.data(), workspace.size_bytes(), stream);
+      if (real > 0) {  // padding rows have no position (and are never attended)
+        if (Status s = kcu::rope(q, real, qkv_rows, heads, hd, positions + row0, inv_freq, stream); !s) return s;
+        if (Status s = kcu::rope(k, real, qkv_rows, kvh, hd, positions + row0, inv_freq, stream); !s) return s;
+      }
+      // Attention reads every row of the step for its heads: this rank's QKV,
+      // or under SP what the all-to-all brought.
+      const float* attn_in = qkv;
+      int attn_in_w = qkv_rows;
+      if (sp) {
+        if (Status s = ulysses_scatter(rows); !s) return s;
+        attn_in = a2a_recv;
+        attn_in_w = attn_w_sp;
+      }
+      const float* ak = attn_in + attn_heads * hd;
+      const float* av = ak + lay.kv_attn * hd;
+      if (Status s = kcu::write_kv(ak, av, attn_in_w, num_rows, slots, cache, stream); !s) return s;
+      if (Status s = kcu::paged_attention(attn_in, attn_in_w, seqs, num_seqs, max_num_q, max_context_len, cache,
+                                          attn_heads, scale, attn, attn_out_w, workspace.data(),
+                                          workspace.size_bytes(), stream);
           !s)
         return s;
+      const float* o_in = attn;  // [rows, o_w]
+      if (sp) {
+        if (Status s = ulysses_gather(num_rows, rows); !s) return s;
+        o_in = attn_t;
+      }
       if (tp) {
         // Row-parallel o_proj: this rank's partial sum, all-reduced, then
         // residual += it and normed = rms_norm(residual) (the CPU shard's order).
-        if (Status s = gemm->linear(attn, attn_w, num_rows, attn_w, w.o_proj, wdt, hidden, proj, hidden, false, mode,
-                                    stream);
-            !s)
+        if (Status s = gemm->linear(o_in, o_w, rows, o_w, w.o_proj, wdt, hidden, proj, hidden, false, mode, stream); !s)
           return s;
         if (Status s = all_reduce(proj, rows_hidden); !s) return s;
-        if (Status s = kcu::add_rms_norm(residual, proj, w.post_attention_norm, normed, num_rows, hidden, eps, stream);
-            !s)
+        if (Status s = kcu::add_rms_norm(residual, proj, w.post_attention_norm, normed, rows, hidden, eps, stream); !s)
           return s;
       } else {
         // residual += attn . o_proj^T (the GEMM adds into its output: one rounding, as a separate add)
-        if (Status s = gemm->linear(attn, attn_w, num_rows, attn_w, w.o_proj, wdt, hidden, residual, hidden, true,
-                                    mode, stream);
+        if (Status s = gemm->linear(o_in, o_w, rows, o_w, w.o_proj, wdt, hidden, residual, hidden, true, mode, stream);
             !s)
           return s;
-        if (Status s = kcu::rms_norm(residual, hidden, w.post_attention_norm, normed, hidden, num_rows, hidden, eps,
-                                     stream);
+        if (Status s =
+                kcu::rms_norm(residual, hidden, w.post_attention_norm, normed, hidden, rows, hidden, eps, stream);
             !s)
           return s;
       }
-      if (Status s = gemm->linear(normed, hidden, num_rows, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter,
-                                  false, mode, stream);
+      if (Status s = gemm->linear(normed, hidden, rows, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter, false,
+                                  mode, stream);
           !s)
         return s;
-      if (Status s = kcu::silu_and_mul(gate_up, mlp, num_rows, inter, stream); !s) return s;
+      if (Status s = kcu::silu_and_mul(gate_up, mlp, rows, inter, stream); !s) return s;
       if (tp) {
-        if (Status s =
-                gemm->linear(mlp, inter, num_rows, inter, w.down, wdt, hidden, proj, hidden, false, mode, stream);
-            !s)
+        if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, proj, hidden, false, mode, stream); !s)
           return s;
         if (Status s = all_reduce(proj, rows_hidden); !s) return s;
         if (Status s = kcu::add_inplace(residual, proj, static_cast<long>(rows_hidden), stream); !s) return s;
-      } else if (Status s = gemm->linear(mlp, inter, num_rows, inter, w.down, wdt, hidden, residual, hidden, true, mode,
+      } else if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, residual, hidden, true, mode,
                                          stream);
                  !s) {
         return s;
       }
     }
     if (num_logits == 0 || !spec.last_stage()) return Status::ok_status();
-    if (Status s = kcu::rms_norm_rows(residual, hidden, logits_rows, num_logits, final_norm, logits_in, hidden, hidden,
-                                      eps, stream);
+    // The logits rows are step rows: under SP, every chunk's residual first.
+    const float* final_rows = residual;
+    if (sp) {
+      if (Status s = cuda_status("sync before all_gather", cudaStreamSynchronize(stream)); !s) return s;
+      if (Status s = sp_comm->all_gather(residual, rows_hidden, gathered); !s) return s;
+      final_rows = gathered;
+    }
+    if (Status s = kcu::rms_norm_rows(final_rows, hidden, logits_rows, num_logits, final_norm, logits_in, hidden,
+                                      hidden, eps, stream);
         !s)
       return s;
     if (tp) return tp_logits(num_logits);
@@ -605,7 +706,7 @@ struct CudaModelRunner::Impl {
   /// block_size, head_dim] in o.kv_cache_dtype), zeroed. Returns its bytes.
   /// Errors: out_of_memory naming the blocks and bytes.
   Result<std::size_t> allocate_kv_cache() {
-    kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * lay.kv_t * o.block_size * c.head_dim *
+    kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * lay.kv_attn * o.block_size * c.head_dim *
                        dtype_size(o.kv_cache_dtype);
     const std::size_t kv_bytes = 2 * kv_layer_bytes * layers.size();
     {
@@ -630,14 +731,23 @@ struct CudaModelRunner::Impl {
     max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
     const auto rows = static_cast<std::size_t>(rows_cap);
     const auto seqs = static_cast<std::size_t>(seqs_cap);
+    // Under SP attention's rows are every chunk's: sp * ceil(rows / sp).
+    const std::size_t all_rows = static_cast<std::size_t>(spec.sp) * static_cast<std::size_t>(chunk_rows(rows_cap));
     Layout al;
     const std::size_t a_res = al.take(rows * hidden * 4), a_norm = al.take(rows * hidden * 4),
-                      a_qkv = al.take(rows * qkv_rows * 4), a_attn = al.take(rows * lay.hq_t * hd * 4),
+                      a_qkv = al.take(rows * qkv_rows * 4), a_attn = al.take(all_rows * lay.hq_attn * hd * 4),
                       a_gu = al.take(rows * 2 * inter * 4), a_mlp = al.take(rows * inter * 4),
                       a_lin = al.take(seqs * hidden * 4), a_log = al.take(seqs * c.vocab_size * 4);
     const bool tp = spec.tp > 1;
     const std::size_t a_proj = tp ? al.take(rows * hidden * 4) : 0,
                       a_all = tp ? al.take(static_cast<std::size_t>(spec.tp) * seqs * lay.vocab_shard * 4) : 0;
+    const bool sp = spec.sp > 1;
+    const std::size_t chunk = static_cast<std::size_t>(chunk_rows(rows_cap));
+    const std::size_t a_send = sp ? al.take(all_rows * attn_w_sp * 4) : 0,
+                      a_recv = sp ? al.take(all_rows * attn_w_sp * 4) : 0,
+                      a_back = sp ? al.take(all_rows * lay.hq_attn * hd * 4) : 0,
+                      a_attn_t = sp ? al.take(chunk * lay.hq_t * hd * 4) : 0,
+                      a_gathered = sp ? al.take(all_rows * hidden * 4) : 0;
     {
       auto buf = kcu::DeviceBuffer::allocate(al.bytes);
       if (!buf) return make_error(buf.error().code, "activations (" + std::to_string(al.bytes) + " bytes): " +
@@ -656,6 +766,13 @@ struct CudaModelRunner::Impl {
     if (tp) {
       proj = reinterpret_cast<float*>(abase + a_proj);
       logits_all = reinterpret_cast<float*>(abase + a_all);
+    }
+    if (sp) {
+      a2a_send = reinterpret_cast<float*>(abase + a_send);
+      a2a_recv = reinterpret_cast<float*>(abase + a_recv);
+      attn_back = reinterpret_cast<float*>(abase + a_back);
+      attn_t = reinterpret_cast<float*>(abase + a_attn_t);
+      gathered = reinterpret_cast<float*>(abase + a_gathered);
     }
 
     const std::size_t ws_bytes = kcu::paged_attention_workspace_bytes(seqs_cap, lay.hq_t, hd, o.max_model_len);
@@ -855,9 +972,10 @@ struct CudaModelRunner::Impl {
   }
 };
 
-std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunnerOptions& o) {
+std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunnerOptions& o, const ShardSpec& spec) {
   if (o.max_num_batched_tokens <= 0 || o.max_num_seqs <= 0 || o.max_model_len <= 0 || o.block_size <= 0) return 0;
   CudaModelRunner::Impl m;
+  m.spec = spec;
   m.rows_cap = std::max(o.max_num_batched_tokens, o.max_num_seqs);
   m.seqs_cap = o.max_num_seqs;
   m.max_blocks = (o.max_model_len + o.block_size - 1) / o.block_size;
@@ -868,7 +986,18 @@ std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunner
   const std::uint64_t attention =
       kcu::paged_attention_workspace_bytes(m.seqs_cap, c.num_attention_heads, c.head_dim, o.max_model_len);
   const std::uint64_t logits_in = static_cast<std::uint64_t>(m.seqs_cap) * c.hidden_size * 4;
-  return metadata + cast_scratch + attention + logits_in + kcu::kGemmWorkspaceBytes;
+  std::uint64_t ulysses = 0;  // SP's all-to-all buffers, the attended rows' and the gathered residual
+  if (spec.sp > 1) {
+    const ShardLayout lay = shard_layout(c, spec);
+    const auto hd = static_cast<std::uint64_t>(c.head_dim);
+    const auto chunk = static_cast<std::uint64_t>(m.chunk_rows(m.rows_cap));
+    const std::uint64_t all_rows = static_cast<std::uint64_t>(spec.sp) * chunk;
+    const std::uint64_t attn_w_sp = static_cast<std::uint64_t>(lay.hq_attn + 2 * lay.kv_attn) * hd;
+    ulysses = (all_rows * (2 * attn_w_sp + static_cast<std::uint64_t>(lay.hq_attn) * hd + c.hidden_size) +
+               chunk * static_cast<std::uint64_t>(lay.hq_t) * hd) *
+              4;
+  }
+  return metadata + cast_scratch + attention + logits_in + ulysses + kcu::kGemmWorkspaceBytes;
 }
 
 std::uint64_t cuda_runner_weight_bytes(const ModelConfig& c, DType wdt, const ShardSpec& spec) {
@@ -940,6 +1069,12 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   m.lay = shard_layout(c, spec);
   m.tp_comm = spec.tp > 1 ? comms.tp : nullptr;
   m.pp_comm = spec.pp > 1 ? comms.pp : nullptr;
+  m.sp_comm = spec.sp > 1 ? comms.sp : nullptr;
+  m.attn_w_sp = (m.lay.hq_attn + 2 * m.lay.kv_attn) * c.head_dim;
+  // SP rank j's first attended KV head, among this TP rank's (the CPU shard's arithmetic).
+  for (int j = 0; j < spec.sp; ++j)
+    m.sp_kv_begin.push_back((spec.tp_rank * m.lay.hq_t + j * m.lay.hq_attn) / c.num_queries_per_kv() -
+                            m.lay.kv_begin_t);
   m.mode = o.deterministic ? kcu::GemmMode::batch_invariant : kcu::GemmMode::fast;
   const DType wdt = o.weight_dtype;
   if (wdt != DType::f32 && wdt != DType::bf16 && wdt != DType::f16)
@@ -1013,7 +1148,7 @@ Result<model::StepOutput> CudaModelRunner::run_step(const model::StepInput& in) 
   } else {
     // PP: a later stage takes the previous stage's residual [n, hidden]
     // (the receive completes before this stream's kernels are enqueued).
-    const std::size_t residual_bytes = static_cast<std::size_t>(n) * config_.hidden_size * sizeof(float);
+    const std::size_t residual_bytes = static_cast<std::size_t>(m.chunk_rows(n)) * config_.hidden_size * sizeof(float);
     if (!spec_.first_stage())
       if (Status s = m.pp_comm->recv(m.residual, residual_bytes, spec_.stage - 1, kResidualTag); !s) return s.error();
     if (Status s = m.forward(n, num_seqs, packed->max_num_q, packed->max_context_len, num_logits); !s)

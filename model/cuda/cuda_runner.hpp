@@ -106,16 +106,26 @@ class CudaModelRunner final : public model::ModelExecutor {
   /// residual on and returns an output without logits or ids: the last
   /// stage's output is the step's. Logits are bit-identical to one device's
   /// in deterministic mode (the residual is copied, not recomputed).
-  /// Graphs are not captured under TP or PP (their collectives and sends
-  /// wait on the host). SP shards are not built yet.
+  ///
+  /// With a sequence-parallel `spec` (sp > 1; Ulysses, seed 001 §3,
+  /// Algorithm 2) it runs the step's rows [sp_rank * ch, (sp_rank + 1) * ch),
+  /// ch = ceil(num_tokens / sp) (the last chunks padded with zero rows), for
+  /// everything but attention; two all-to-alls over comms.sp (device
+  /// buffers) give attention every row for this rank's hq_attn heads and
+  /// bring the output back, and its KV cache holds the KV heads those heads
+  /// read (replicated across SP ranks when fewer than them: Algorithm 1).
+  /// The last stage all-gathers the chunks before the logits. With tp = 1
+  /// the logits are one device's, bit for bit, in deterministic mode.
+  /// Graphs are not captured under TP, SP or PP (their collectives and
+  /// sends wait on the host).
   /// Errors: invalid_argument (non-positive sizes, dtypes not supported:
   /// weight f32/bf16/f16, KV f32/bf16; head_dim outside 1..256);
   /// not_found (no such device, or no driver: with the CUDA message);
   /// out_of_memory (a device allocation failed: names what and how many
   /// bytes); internal (a CUDA or cuBLAS call failed); invalid_argument for
   /// a spec the model cannot be split by (check_shardable), coordinates
-  /// outside it, sp > 1 (not built), or a TP or PP communicator that is
-  /// missing, of another size or rank, or on host memory.
+  /// outside it, or a TP, SP or PP communicator that is missing, of
+  /// another size or rank, or on host memory.
   [[nodiscard]] static Result<std::unique_ptr<CudaModelRunner>> create(
       std::shared_ptr<const ModelWeights> weights, const CudaRunnerOptions& options, const ShardSpec& spec = {},
       ShardComms comms = {});
@@ -152,7 +162,7 @@ class CudaModelRunner final : public model::ModelExecutor {
 
  private:
   struct Impl;
-  friend std::uint64_t cuda_runner_workspace_bytes(const ModelConfig&, const CudaRunnerOptions&);
+  friend std::uint64_t cuda_runner_workspace_bytes(const ModelConfig&, const CudaRunnerOptions&, const ShardSpec&);
   explicit CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config, CudaRunnerOptions options,
                            ShardSpec spec);
   [[nodiscard]] Result<model::StepOutput> run_step(const model::StepInput& input);
@@ -173,9 +183,12 @@ class CudaModelRunner final : public model::ModelExecutor {
 /// this much aside. Not included: the id lists of rows sampled with
 /// penalties or min_tokens, allocated on demand (64 KiB at least, twice the
 /// largest step's lists: about 8 bytes per prompt + output token of those
-/// rows), which the plan's fixed 512 MiB reserve absorbs. 0 for
-/// non-positive sizes.
-[[nodiscard]] std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& config, const CudaRunnerOptions& options);
+/// rows), which the plan's fixed 512 MiB reserve absorbs. Rank `spec` of
+/// an SP group adds Ulysses' buffers: the all-to-all's send and receive
+/// rows, the attention output coming back, and the last stage's gathered
+/// residual. 0 for non-positive sizes.
+[[nodiscard]] std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& config, const CudaRunnerOptions& options,
+                                                        const ShardSpec& spec = {});
 
 /// Device bytes of the weights rank `spec` of `config` uploads (its stage's
 /// layers, the embedding on stage 0, lm_head and the final norm on the

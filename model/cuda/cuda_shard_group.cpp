@@ -1,23 +1,13 @@
 #include "model/cuda/cuda_shard_group.hpp"
 
 #include <cstring>
+#include <utility>
 
 #include "model/cuda/inproc_device_comm.hpp"
 
 namespace shardline::model {
 
 namespace {
-
-/// In-process host groups, one per index, of `size` ranks each.
-Result<std::vector<std::shared_ptr<comm::InProcGroup>>> host_groups(int count, int size) {
-  std::vector<std::shared_ptr<comm::InProcGroup>> out;
-  for (int i = 0; i < count; ++i) {
-    auto g = comm::InProcGroup::create(size);
-    if (!g) return std::move(g).error();
-    out.push_back(std::move(g).value());
-  }
-  return out;
-}
 
 /// Rank `rank` of `group` as a device communicator on `device`.
 Result<std::unique_ptr<comm::Communicator>> device_comm(comm::InProcGroup& group, int rank, int device) {
@@ -30,57 +20,66 @@ Result<std::unique_ptr<comm::Communicator>> device_comm(comm::InProcGroup& group
 
 }  // namespace
 
+// Group rank r = (stage * sp + sp_rank) * tp + tp_rank.
+CudaShardGroup::Place CudaShardGroup::tp_place(int r) const { return {r / tp_, r % tp_}; }
+CudaShardGroup::Place CudaShardGroup::sp_place(int r) const {
+  return {(r / (tp_ * sp_)) * tp_ + r % tp_, (r / tp_) % sp_};
+}
+CudaShardGroup::Place CudaShardGroup::pp_place(int r) const { return {r % (tp_ * sp_), r / (tp_ * sp_)}; }
+
 Status CudaShardGroup::make_comms(int device) {
-  const int n = tp_ * pp_;
-  if (tp_ > 1) {
-    auto groups = host_groups(pp_, tp_);
-    if (!groups) return std::move(groups).error();
-    tp_groups_ = std::move(groups).value();
-  }
-  if (pp_ > 1) {
-    auto groups = host_groups(tp_, pp_);
-    if (!groups) return std::move(groups).error();
-    pp_groups_ = std::move(groups).value();
-  }
-  for (int r = 0; r < n; ++r) {
-    const int stage = r / tp_;
-    const int tp_rank = r % tp_;
-    std::unique_ptr<comm::Communicator> tp, pp;
-    if (tp_ > 1) {
-      auto c = device_comm(*tp_groups_[static_cast<std::size_t>(stage)], tp_rank, device);
-      if (!c) return std::move(c).error();
-      tp = std::move(c).value();
+  const int n = tp_ * sp_ * pp_;
+  tp_kind_.size = tp_;
+  sp_kind_.size = sp_;
+  pp_kind_.size = pp_;
+  const std::pair<Kind*, Place (CudaShardGroup::*)(int) const> kinds[] = {
+      {&tp_kind_, &CudaShardGroup::tp_place}, {&sp_kind_, &CudaShardGroup::sp_place},
+      {&pp_kind_, &CudaShardGroup::pp_place}};
+  for (const auto& [kind, place] : kinds) {
+    if (kind->size == 1) continue;
+    for (int g = 0; g < n / kind->size; ++g) {
+      auto group = comm::InProcGroup::create(kind->size);
+      if (!group) return std::move(group).error();
+      kind->groups.push_back(std::move(group).value());
     }
-    if (pp_ > 1) {
-      auto c = device_comm(*pp_groups_[static_cast<std::size_t>(tp_rank)], stage, device);
+    for (int r = 0; r < n; ++r) {
+      const Place p = (this->*place)(r);
+      auto c = device_comm(*kind->groups[static_cast<std::size_t>(p.group)], p.rank, device);
       if (!c) return std::move(c).error();
-      pp = std::move(c).value();
+      kind->comms.push_back(std::move(c).value());
     }
-    tp_comms_.push_back(std::move(tp));
-    pp_comms_.push_back(std::move(pp));
   }
   return Status::ok_status();
 }
 
 Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<const ModelWeights> weights,
-                                                               const CudaRunnerOptions& options, int tp, int pp) {
-  if (tp < 1 || pp < 1 || tp * pp < 2)
-    return make_error(ErrorCode::invalid_argument, "cuda shard group: tp and pp must be >= 1 and tp*pp >= 2, got tp=" +
-                                                       std::to_string(tp) + " pp=" + std::to_string(pp));
+                                                               const CudaRunnerOptions& options, int tp, int pp,
+                                                               int sp) {
+  if (tp < 1 || pp < 1 || sp < 1 || tp * pp * sp < 2)
+    return make_error(ErrorCode::invalid_argument,
+                      "cuda shard group: tp, pp and sp must be >= 1 and tp*pp*sp >= 2, got tp=" + std::to_string(tp) +
+                          " pp=" + std::to_string(pp) + " sp=" + std::to_string(sp));
   std::unique_ptr<CudaShardGroup> g(new CudaShardGroup());
   g->tp_ = tp;
   g->pp_ = pp;
+  g->sp_ = sp;
   if (Status s = g->make_comms(options.device_index); !s) return s.error();
-  const int n = tp * pp;
+  const int n = tp * sp * pp;
+  const auto comm_of = [&](const Kind& k, int r) {
+    return k.comms.empty() ? nullptr : k.comms[static_cast<std::size_t>(r)].get();
+  };
   for (int r = 0; r < n; ++r) {
     ShardSpec spec;
     spec.tp = tp;
-    spec.tp_rank = r % tp;
+    spec.tp_rank = g->tp_place(r).rank;
+    spec.sp = sp;
+    spec.sp_rank = g->sp_place(r).rank;
     spec.pp = pp;
-    spec.stage = r / tp;
+    spec.stage = g->pp_place(r).rank;
     ShardComms comms;
-    comms.tp = g->tp_comms_[static_cast<std::size_t>(r)].get();
-    comms.pp = g->pp_comms_[static_cast<std::size_t>(r)].get();
+    comms.tp = comm_of(g->tp_kind_, r);
+    comms.sp = comm_of(g->sp_kind_, r);
+    comms.pp = comm_of(g->pp_kind_, r);
     auto runner = CudaModelRunner::create(weights, options, spec, comms);
     if (!runner) return std::move(runner).error();
     g->runners_.push_back(std::move(runner).value());
@@ -100,8 +99,9 @@ CudaShardGroup::~CudaShardGroup() {
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
   runners_.clear();
-  tp_comms_.clear();
-  pp_comms_.clear();
+  tp_kind_.comms.clear();
+  sp_kind_.comms.clear();
+  pp_kind_.comms.clear();
 }
 
 std::size_t CudaShardGroup::weight_bytes() const {
@@ -114,8 +114,9 @@ Result<StepOutput> CudaShardGroup::run_rank(int rank, const StepInput& input) {
   Result<StepOutput> out = runners_[static_cast<std::size_t>(rank)]->execute(input);
   if (!out) {
     // Its peers' collectives and receives fail now, not at the timeout.
-    if (tp_ > 1) (void)tp_groups_[static_cast<std::size_t>(rank / tp_)]->mark_dead(rank % tp_);
-    if (pp_ > 1) (void)pp_groups_[static_cast<std::size_t>(rank % tp_)]->mark_dead(rank / tp_);
+    if (tp_ > 1) (void)tp_kind_.groups[static_cast<std::size_t>(tp_place(rank).group)]->mark_dead(tp_place(rank).rank);
+    if (sp_ > 1) (void)sp_kind_.groups[static_cast<std::size_t>(sp_place(rank).group)]->mark_dead(sp_place(rank).rank);
+    if (pp_ > 1) (void)pp_kind_.groups[static_cast<std::size_t>(pp_place(rank).group)]->mark_dead(pp_place(rank).rank);
   }
   return out;
 }
@@ -168,7 +169,7 @@ Result<StepOutput> CudaShardGroup::execute(const StepInput& input) {
       return outputs_[r].error();
     }
   // The last stage's ranks hold the step's output; each gathered it whole.
-  const std::size_t last = static_cast<std::size_t>(pp_ - 1) * static_cast<std::size_t>(tp_);
+  const std::size_t last = static_cast<std::size_t>(pp_ - 1) * static_cast<std::size_t>(tp_ * sp_);
   const StepOutput& first = *outputs_[last];
   for (std::size_t r = last + 1; r < outputs_.size(); ++r) {
     const StepOutput& o = *outputs_[r];

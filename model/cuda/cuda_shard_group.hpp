@@ -1,12 +1,14 @@
 #pragma once
 /// \file
-/// Tensor- and pipeline-parallel CUDA runners in one process as one executor
-/// (issue 41, items 1-3; ranks sharing one GPU): tp x pp CudaModelRunners,
-/// group rank r = stage * tp + tp_rank holding ShardSpec{tp, tp_rank, pp,
-/// stage}'s share (engine::rank_coord's order with sp = 1), joined by
-/// InProcDeviceCommunicators: one TP group per stage (o_proj / down
-/// all-reduces, the logits all-gather) and one PP group per tp_rank (the
-/// residual from stage s to s + 1, a device-to-device copy).
+/// Tensor-, sequence- and pipeline-parallel CUDA runners in one process as
+/// one executor (issue 41, items 1-3; ranks sharing one GPU): tp x sp x pp
+/// CudaModelRunners, group rank r = (stage * sp + sp_rank) * tp + tp_rank
+/// (engine::rank_coord's order) holding its ShardSpec's share, joined by
+/// InProcDeviceCommunicators: a TP group per (stage, sp_rank) (o_proj / down
+/// all-reduces, the logits all-gather), an SP group per (stage, tp_rank)
+/// (Ulysses' all-to-alls, the residual's all-gather) and a PP group per
+/// (sp_rank, tp_rank) (the residual from stage s to s + 1, a device-to-device
+/// copy).
 ///
 /// Rank 0 runs on the caller's thread; every other rank has a thread of its
 /// own that waits for a step. execute() hands every rank the same StepInput:
@@ -22,8 +24,8 @@
 /// collective may have completed on some ranks only): later steps fail at
 /// once, as an in-process CPU engine group does.
 ///
-/// Not built yet: SP ranks, ranks on distinct GPUs (NCCL), several
-/// micro-batches in the pipeline at once.
+/// Not built yet: ranks on distinct GPUs (NCCL), several micro-batches in
+/// the pipeline at once.
 
 #include <condition_variable>
 #include <memory>
@@ -42,15 +44,15 @@ namespace shardline::model {
 
 class CudaShardGroup final : public ModelExecutor {
  public:
-  /// tp x pp ranks (at least 2) on CUDA device `options.device_index`, each
-  /// a runner of `options` (num_kv_blocks blocks of its own KV heads in its
-  /// stage's layers). Runners are created one after another on this thread.
-  /// Errors: what CudaModelRunner::create returns (a model tp or pp does not
-  /// split, a device that is missing or too small); invalid_argument for
-  /// tp or pp < 1 or a group of one rank.
+  /// tp x sp x pp ranks (at least 2) on CUDA device `options.device_index`,
+  /// each a runner of `options` (num_kv_blocks blocks of its own KV heads in
+  /// its stage's layers). Runners are created one after another on this
+  /// thread. Errors: what CudaModelRunner::create returns (a model the
+  /// config does not split, a device that is missing or too small);
+  /// invalid_argument for a size < 1 or a group of one rank.
   [[nodiscard]] static Result<std::unique_ptr<CudaShardGroup>> create(std::shared_ptr<const ModelWeights> weights,
                                                                       const CudaRunnerOptions& options, int tp,
-                                                                      int pp = 1);
+                                                                      int pp = 1, int sp = 1);
   /// Stops the rank threads, then frees the runners and communicators.
   ~CudaShardGroup() override;
   CudaShardGroup(const CudaShardGroup&) = delete;
@@ -67,8 +69,9 @@ class CudaShardGroup final : public ModelExecutor {
 
   [[nodiscard]] int tp() const noexcept { return tp_; }
   [[nodiscard]] int pp() const noexcept { return pp_; }
+  [[nodiscard]] int sp() const noexcept { return sp_; }
   [[nodiscard]] int group_size() const noexcept { return static_cast<int>(runners_.size()); }
-  /// Group rank r's runner (r = stage * tp + tp_rank).
+  /// Group rank r's runner (r = (stage * sp + sp_rank) * tp + tp_rank).
   [[nodiscard]] const CudaModelRunner& rank(int r) const { return *runners_[static_cast<std::size_t>(r)]; }
   /// Device bytes of weights over every rank (embeddings and norms are held
   /// by each rank of the stages that need them).
@@ -83,12 +86,26 @@ class CudaShardGroup final : public ModelExecutor {
   /// Rank `rank`'s step; on a failure marks it dead in its host groups.
   Result<StepOutput> run_rank(int rank, const StepInput& input);
 
+  /// One kind of group: [groups] in-process host groups and every rank's
+  /// device communicator in its group (empty when the kind's size is 1).
+  struct Kind {
+    int size = 1;
+    std::vector<std::shared_ptr<comm::InProcGroup>> groups;
+    std::vector<std::unique_ptr<comm::Communicator>> comms;  ///< [group_size]; outlive the runners
+  };
+  /// Rank `rank`'s group and rank in it, for each kind.
+  struct Place {
+    int group = 0;
+    int rank = 0;
+  };
+  [[nodiscard]] Place tp_place(int rank) const;
+  [[nodiscard]] Place sp_place(int rank) const;
+  [[nodiscard]] Place pp_place(int rank) const;
+
   int tp_ = 1;
   int pp_ = 1;
-  std::vector<std::shared_ptr<comm::InProcGroup>> tp_groups_;  ///< [pp] (tp > 1)
-  std::vector<std::shared_ptr<comm::InProcGroup>> pp_groups_;  ///< [tp] (pp > 1)
-  std::vector<std::unique_ptr<comm::Communicator>> tp_comms_;  ///< [group_size] (tp > 1); outlive the runners
-  std::vector<std::unique_ptr<comm::Communicator>> pp_comms_;  ///< [group_size] (pp > 1)
+  int sp_ = 1;
+  Kind tp_kind_, sp_kind_, pp_kind_;
   std::vector<std::unique_ptr<CudaModelRunner>> runners_;      ///< [group_size]
   std::vector<std::thread> threads_;                           ///< ranks 1.. group_size - 1
 

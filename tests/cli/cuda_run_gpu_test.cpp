@@ -96,11 +96,12 @@ TEST_F(CudaRunGpu, JobOnTwoRanksSharingCuda0MatchesTheCpuTpGroupOnGreedyLines) {
   expect_greedy_lines_match(32, "--parallel tp=2", "--parallel tp=2 --devices cuda:0x2");
 }
 
-// Two pipeline stages sharing GPU 0 (the residual copied between them), and
-// tp=2 x pp=2 on four ranks, against the CPU groups. Not yet run on a GPU
-// when written (issue 41).
-TEST_F(CudaRunGpu, JobOnPipelineStagesSharingCuda0MatchesTheCpuGroupOnGreedyLines) {
+// Two pipeline stages sharing GPU 0 (the residual copied between them), two
+// Ulysses ranks, and tp=2 x pp=2 on four ranks, against the CPU groups. Not
+// yet run on a GPU when written (issue 41).
+TEST_F(CudaRunGpu, JobOnPipelineAndUlyssesRanksSharingCuda0MatchesTheCpuGroupOnGreedyLines) {
   expect_greedy_lines_match(32, "--parallel pp=2", "--parallel pp=2 --devices cuda:0x2");
+  expect_greedy_lines_match(32, "--parallel sp=2", "--parallel sp=2 --devices cuda:0x2");
   expect_greedy_lines_match(16, "--parallel tp=2,pp=2", "--parallel tp=2,pp=2 --devices cuda:0x4");
 }
 

@@ -55,7 +55,7 @@ TEST(NodeDevices, DeviceCountOtherThanTheWorldSizeNamesBothNumbers) {
   EXPECT_NE(gpu.error().message.find("--devices cuda:0x2"), std::string::npos) << gpu.error().message;
 }
 
-TEST(NodeDevices, CudaRanksSharingAGpuAreATensorAndPipelineParallelGroup) {
+TEST(NodeDevices, CudaRanksSharingAGpuAreOneEngineGroup) {
   auto alone = resolve_node_devices("cuda:0x2", "");
   ASSERT_TRUE(alone.ok()) << alone.error().to_string();
   EXPECT_EQ(alone->kind, model::DeviceKind::cuda);
@@ -74,8 +74,8 @@ TEST(NodeDevices, CudaRanksSharingAGpuAreATensorAndPipelineParallelGroup) {
   ASSERT_FALSE(other_tp.ok());
   EXPECT_EQ(other_tp.error().code, ErrorCode::invalid_argument);
   EXPECT_EQ(other_tp.error().message,
-            "--devices cuda:0x2 puts 2 ranks on each GPU but --parallel tp=4,pp=1,sp=1,dp=1 asks tp*pp=4");
-  // Pipeline stages share the GPU too: K = tp * pp.
+            "--devices cuda:0x2 puts 2 ranks on each GPU but --parallel tp=4,pp=1,sp=1,dp=1 asks tp*pp*sp=4");
+  // Pipeline stages and Ulysses ranks share the GPU too: K = tp * pp * sp.
   auto pp = resolve_node_devices("cuda:0x2", "pp=2");
   ASSERT_TRUE(pp.ok()) << pp.error().to_string();
   EXPECT_EQ(pp->parallel, (ParallelConfig{1, 2, 1, 1}));
@@ -86,11 +86,13 @@ TEST(NodeDevices, CudaRanksSharingAGpuAreATensorAndPipelineParallelGroup) {
   auto short_pp = resolve_node_devices("cuda:0x2", "tp=2,pp=2");
   ASSERT_FALSE(short_pp.ok());
   EXPECT_EQ(short_pp.error().code, ErrorCode::invalid_argument);
-  EXPECT_NE(short_pp.error().message.find("asks tp*pp=4"), std::string::npos) << short_pp.error().message;
+  EXPECT_NE(short_pp.error().message.find("asks tp*pp*sp=4"), std::string::npos) << short_pp.error().message;
   auto sp = resolve_node_devices("cuda:0x2", "sp=2");
-  ASSERT_FALSE(sp.ok());
-  EXPECT_EQ(sp.error().code, ErrorCode::unsupported);
-  EXPECT_NE(sp.error().message.find("sp groups run on CPU devices"), std::string::npos) << sp.error().message;
+  ASSERT_TRUE(sp.ok()) << sp.error().to_string();
+  EXPECT_EQ(sp->parallel, (ParallelConfig{1, 1, 2, 1}));
+  auto all = resolve_node_devices("cuda:0x8", "tp=2,pp=2,sp=2");
+  ASSERT_TRUE(all.ok()) << all.error().to_string();
+  EXPECT_EQ(all->parallel, (ParallelConfig{2, 2, 2, 1}));
   auto pp_across = resolve_node_devices("cuda:0,1", "pp=2");
   ASSERT_FALSE(pp_across.ok());
   EXPECT_EQ(pp_across.error().code, ErrorCode::unsupported);

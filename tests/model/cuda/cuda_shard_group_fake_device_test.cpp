@@ -1,5 +1,5 @@
-// The REAL CUDA runner (model/cuda/cuda_runner.cpp) as tensor- and
-// pipeline-parallel ranks (issue 41 item 1) on the FAKE CUDA device
+// The REAL CUDA runner (model/cuda/cuda_runner.cpp) as tensor-, sequence-
+// (Ulysses) and pipeline-parallel ranks (issue 41 item 1) on the FAKE CUDA device
 // (tests/model/cuda/fake_device.hpp), as model::CudaShardGroup runs them:
 // several ranks sharing device 0 over in-process device communicators
 // (model/cuda/inproc_device_comm.hpp), each rank on its own thread, one
@@ -10,7 +10,8 @@
 // vocabulary split: 777 over 2 ranks, biases), Llama 3 (MHA, untied). PP
 // stages (the residual copied from stage to stage) against one CUDA device:
 // bit-identical logits, even and uneven layer splits, tied and untied
-// lm_heads; tp x pp against the CPU. Every rank of the last stage ends each
+// lm_heads; SP ranks the same (chunks padded, KV heads replicated); tp x sp
+// x pp against the CPU. Every rank of the last stage ends each
 // step with the same logits and samples the same ids on the device. A
 // failing rank fails the step at once; bad shards are refused. Both timings
 // of the fake.
@@ -67,6 +68,13 @@ std::shared_ptr<const model::ModelWeights> dummy_model(const std::string& name) 
 std::map<std::uint64_t, RequestOutput> run_requests(model::ModelExecutor& x, int vocab, bool capture_logits,
                                                     const sampling::SamplingParams& p) {
   return testing_support::run_dummy_requests(x, vocab, capture_logits, p);
+}
+
+/// Group shapes (tp, pp, sp) the sampling and failure cases run.
+constexpr std::tuple<int, int, int> kConfigs[] = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}, {2, 1, 2}};
+
+std::string config_name(int tp, int pp, int sp) {
+  return "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " sp=" + std::to_string(sp);
 }
 
 class CudaShardGroupFakeDevice : public ::testing::TestWithParam<fc::Execution> {
@@ -137,9 +145,9 @@ TEST_P(CudaShardGroupFakeDevice, RanksSampleTheSameIdsAsOneDevice) {
     one = run_requests(**single, w->config.vocab_size, false, p);
   }
   ASSERT_EQ(one.size(), 6u);
-  for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
-    const std::string name = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
-    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp);
+  for (const auto& [tp, pp, sp] : kConfigs) {
+    const std::string name = config_name(tp, pp, sp);
+    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp, sp);
     ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
     const auto got = run_requests(**group, w->config.vocab_size, false, p);
     ASSERT_EQ(got.size(), 6u) << name;
@@ -204,18 +212,59 @@ TEST_P(CudaShardGroupFakeDevice, PipelineStagesAreBitIdenticalToOneDevice) {
   }
 }
 
-// tp x pp: the TP all-reduces inside each stage, the residual between them.
-TEST_P(CudaShardGroupFakeDevice, TensorAndPipelineRanksMatchTheCpuRunner) {
-  for (const auto& [arch, tp, pp] : {std::tuple{std::string("qwen3"), 2, 2}, std::tuple{std::string("llama3"), 2, 3}}) {
-    const std::string name = arch + " tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
+// Ulysses SP (seed 001 Algorithm 2): each rank runs its chunk of the rows
+// (the last ones padded) and attends every row for its heads after the
+// all-to-all; KV heads go to every rank whose heads read them (Algorithm
+// 1). Every kernel is row-independent and batch-invariant, so with tp = 1
+// the logits are one device's, bit for bit: Qwen3 over 2 ranks (one KV head
+// each) and over 4 (KV heads replicated: two ranks read each), Qwen2 (3
+// query heads per rank, biases), Llama 3 over 4 (one head each), and SP
+// with pipeline stages.
+TEST_P(CudaShardGroupFakeDevice, SequenceParallelRanksAreBitIdenticalToOneDevice) {
+  struct Case {
+    std::string name;
+    int sp, pp;
+  };
+  for (const Case& k : std::vector<Case>{{"qwen3", 2, 1}, {"qwen3", 4, 1}, {"qwen2", 2, 1}, {"llama3", 4, 1},
+                                         {"qwen3", 2, 2}}) {
+    const std::string name = k.name + " sp=" + std::to_string(k.sp) + " pp=" + std::to_string(k.pp);
+    const auto w = dummy_model(k.name);
+    ASSERT_NE(w, nullptr);
+    std::map<std::uint64_t, RequestOutput> want;
+    {
+      model::CudaRunnerOptions one = cuda_options();
+      one.cuda_graphs = false;
+      auto single = model::CudaModelRunner::create(w, one);
+      ASSERT_TRUE(single.ok()) << single.error().to_string();
+      want = run_requests(**single, w->config.vocab_size, true, greedy_eight());
+    }
+    auto group = model::CudaShardGroup::create(w, cuda_options(), 1, k.pp, k.sp);
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    for (int r = 0; r < (*group)->group_size(); ++r) {
+      EXPECT_EQ((*group)->rank(r).spec().sp_rank, r % k.sp) << name;
+      EXPECT_EQ((*group)->rank(r).spec().stage, r / k.sp) << name;
+    }
+    const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
+    expect_bit_identical(got, want, name);
+  }
+}
+
+// tp x sp x pp: the TP all-reduces inside each stage, Ulysses' all-to-alls
+// across the SP ranks, the residual between stages.
+TEST_P(CudaShardGroupFakeDevice, TensorSequenceAndPipelineRanksMatchTheCpuRunner) {
+  for (const auto& [arch, tp, pp, sp] :
+       {std::tuple{std::string("qwen3"), 2, 2, 1}, std::tuple{std::string("llama3"), 2, 3, 1},
+        std::tuple{std::string("qwen3"), 2, 1, 2}, std::tuple{std::string("llama3"), 2, 2, 2}}) {
+    const std::string name = arch + " " + config_name(tp, pp, sp);
     const auto w = dummy_model(arch);
     ASSERT_NE(w, nullptr);
-    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp);
+    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp, sp);
     ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
-    ASSERT_EQ((*group)->group_size(), tp * pp);
-    for (int r = 0; r < tp * pp; ++r) {
+    ASSERT_EQ((*group)->group_size(), tp * pp * sp);
+    for (int r = 0; r < tp * pp * sp; ++r) {
       EXPECT_EQ((*group)->rank(r).spec().tp_rank, r % tp) << name;
-      EXPECT_EQ((*group)->rank(r).spec().stage, r / tp) << name;
+      EXPECT_EQ((*group)->rank(r).spec().sp_rank, (r / tp) % sp) << name;
+      EXPECT_EQ((*group)->rank(r).spec().stage, r / (tp * sp)) << name;
     }
     model::CpuRunnerOptions po;
     po.num_kv_blocks = kDummyBlocks;
@@ -236,9 +285,9 @@ TEST_P(CudaShardGroupFakeDevice, TensorAndPipelineRanksMatchTheCpuRunner) {
 TEST_P(CudaShardGroupFakeDevice, ARankThatFailsFailsTheStepEverywhereAndBreaksTheGroup) {
   const auto w = dummy_model("qwen3");
   ASSERT_NE(w, nullptr);
-  for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
-    const std::string name = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp);
-    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp);
+  for (const auto& [tp, pp, sp] : kConfigs) {
+    const std::string name = config_name(tp, pp, sp);
+    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp, sp);
     ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
     const model::StepInput step = testing_support::three_token_step(16);
     auto good = (*group)->execute(step);
@@ -274,7 +323,8 @@ TEST_P(CudaShardGroupFakeDevice, ShardsTheRunnerCannotHoldAreRefused) {
   ASSERT_TRUE(host0.ok());
   model::ShardSpec sp2;
   sp2.sp = 2;
-  expect_refused(sp2, {}, "sp shards are not built yet");
+  expect_refused(sp2, {}, "SP group of size 2 has no communicator");
+  expect_refused(sp2, {nullptr, host0->get(), nullptr}, "the SP communicator works on host memory");
   model::ShardSpec pp2;
   pp2.pp = 2;
   expect_refused(pp2, {}, "pipeline of 2 stages has no PP communicator");

@@ -545,6 +545,25 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
                             }});
 }
 
+// Device memory only (what the runner uses: SP's padding rows), in stream order.
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream) {
+  FAKE_LOCK;
+  cudaError_t err;
+  if (injected("cudaMemsetAsync", &err)) return fail(err);
+  if (resolve(stream) == nullptr) {
+    anomaly("cudaMemsetAsync on an unknown stream");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (count == 0) return cudaSuccess;
+  if (where(dst) != Where::device || !in_memory(dst, count, MemKind::device)) {
+    anomaly("cudaMemsetAsync: the range is not inside one device allocation");
+    return fail(cudaErrorInvalidValue);
+  }
+  return enqueue(stream, Op{"cudaMemsetAsync", false, [=] {
+                              if (check("cudaMemsetAsync", "destination", dst, count)) std::memset(dst, value, count);
+                            }});
+}
+
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
   FAKE_LOCK;
   cudaError_t err;
