@@ -118,7 +118,7 @@ Result<std::vector<std::byte>> KvCacheIo::copy_layers(const std::vector<std::int
                                                       int layer_begin, int layer_end, int token_begin, int token_end) {
   const kvstore::KvRange range{layer_begin, layer_end, token_begin, token_end};
   std::vector<std::byte> chunk(kvstore::chunk_bytes(shape_, range));
-  if (Status s = kvstore::copy_out(shape_, views_, block_table, range, chunk); !s.ok()) return s.error();
+  if (Status s = copy_out(block_table, range, chunk); !s.ok()) return s.error();
   stats_.streamed_bytes += chunk.size();
   return chunk;
 }
@@ -127,7 +127,7 @@ Result<std::vector<std::byte>> KvCacheIo::copy_increment(const std::vector<std::
                                                          int token_begin, int token_end) {
   const kvstore::KvRange range{0, shape_.num_layers, token_begin, token_end};
   std::vector<std::byte> chunk(kvstore::chunk_bytes(shape_, range));
-  if (Status s = kvstore::copy_out(shape_, views_, block_table, range, chunk); !s.ok()) return s.error();
+  if (Status s = copy_out(block_table, range, chunk); !s.ok()) return s.error();
   stats_.streamed_bytes += chunk.size();
   return chunk;
 }

@@ -59,9 +59,12 @@ class KvCacheIo {
   /// for swapped-out KV.
   KvCacheIo(model::ModelExecutor& executor, std::uint64_t swap_space_bytes);
 
-  /// True when the executor's caches are host-addressable views (what
-  /// DéjàVu's per-step streaming and resumed-KV restores need).
-  [[nodiscard]] bool can_move_kv() const noexcept { return !views_.empty(); }
+  /// True when the executor's caches are host-addressable views, or its
+  /// KvCopier supports streaming (a CUDA device's): what DéjàVu's per-step
+  /// streaming and resumed-KV restores need.
+  [[nodiscard]] bool can_move_kv() const noexcept {
+    return !views_.empty() || (remote_ != nullptr && remote_->supports_streaming());
+  }
   /// True when whole sequences' KV can be copied out and back: views, or
   /// the executor's KvCopier (a TCP group's ranks copy their own share on
   /// request). Swap preemption and Seesaw's host KV buffer need this.

@@ -256,6 +256,13 @@ class KvCopier {
   /// emulated host link): callers then allocate no chunk and pass an empty
   /// span. True for every copier that really copies.
   [[nodiscard]] virtual bool copies_bytes() const { return true; }
+  /// True when a call is cheap enough, and safe on the stepping thread
+  /// between steps, for DéjàVu's per-step streaming of every sequence's
+  /// increment and for resumed-KV restores (a CUDA device's copier,
+  /// model/cuda/cuda_kv_copier.hpp). False by default: a TCP group's copier
+  /// takes a round trip to every rank, so it serves swaps and Seesaw's
+  /// moves only.
+  [[nodiscard]] virtual bool supports_streaming() const { return false; }
   /// As kvstore::copy_out over the group. Errors: invalid_argument (a bad
   /// table or range), io (a remote rank is gone), internal (a remote rank
   /// refused the request).

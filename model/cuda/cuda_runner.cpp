@@ -1105,6 +1105,35 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
 
 const std::string& CudaModelRunner::graph_capture_error() const { return impl_->graph_error; }
 
+kvstore::KvModelShape CudaModelRunner::kv_model_shape() const {
+  return kvstore::KvModelShape{config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
+                               options_.kv_cache_dtype};
+}
+
+DeviceKvCache CudaModelRunner::device_kv_cache() const {
+  const Impl& m = *impl_;
+  DeviceKvCache d;
+  d.data = const_cast<void*>(m.kv.data());  // the copier writes it (copy_in) between steps
+  d.device = options_.device_index;
+  d.layout.layer_begin = m.lay.layer_begin;
+  d.layout.layer_end = m.lay.layer_end;
+  d.layout.num_blocks = options_.num_kv_blocks;
+  d.layout.block_size = options_.block_size;
+  // Local slot i holds the i-th KV head read by the first query head this
+  // rank attends (the CPU shard's kv_cache_view arithmetic).
+  const int first = (spec_.tp_rank * m.lay.hq_t + spec_.sp_rank * m.lay.hq_attn) / config_.num_queries_per_kv();
+  for (int i = 0; i < m.lay.kv_attn; ++i) d.layout.kv_heads.push_back(first + i);
+  return d;
+}
+
+kvstore::KvCopier* CudaModelRunner::kv_copier() {
+  if (!kv_copier_) {
+    auto c = CudaKvCopier::create(kv_model_shape(), {device_kv_cache()});
+    if (c) kv_copier_ = std::move(c).value();
+  }
+  return kv_copier_.get();
+}
+
 Result<model::StepOutput> CudaModelRunner::execute(const model::StepInput& in) {
   Result<model::StepOutput> out = run_step(in);
   // A step that failed after queueing copies from the pinned mirror must not

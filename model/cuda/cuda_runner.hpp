@@ -52,6 +52,7 @@
 
 #include "common/dtype.hpp"
 #include "common/result.hpp"
+#include "model/cuda/cuda_kv_copier.hpp"
 #include "model/executor.hpp"
 #include "model/shard_runner.hpp"
 #include "model/weights.hpp"
@@ -143,6 +144,14 @@ class CudaModelRunner final : public model::ModelExecutor {
   [[nodiscard]] int num_kv_blocks() const override { return options_.num_kv_blocks; }
   [[nodiscard]] int block_size() const override { return options_.block_size; }
   [[nodiscard]] bool samples_on_device() const override { return true; }
+  /// The model's KV geometry (all layers and KV heads, the cache dtype).
+  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override;
+  /// DéjàVu on CUDA: this runner's KV cache through a CudaKvCopier (made on
+  /// the first call; null if it cannot be made). Only between steps.
+  [[nodiscard]] kvstore::KvCopier* kv_copier() override;
+  /// This rank's KV cache on the device and its layout (its stage's layers,
+  /// the model KV heads of its slots): what a group's copier copies.
+  [[nodiscard]] DeviceKvCache device_kv_cache() const;
 
   [[nodiscard]] const ModelConfig& config() const { return config_; }
   [[nodiscard]] const CudaRunnerOptions& options() const { return options_; }
@@ -174,6 +183,7 @@ class CudaModelRunner final : public model::ModelExecutor {
   std::size_t weight_bytes_ = 0;
   std::size_t kv_cache_bytes_ = 0;
   CudaStepStats last_stats_;
+  std::unique_ptr<CudaKvCopier> kv_copier_;  ///< kv_copier()'s, made on demand
 };
 
 /// Device bytes the runner allocates beyond the weights, the KV cache and

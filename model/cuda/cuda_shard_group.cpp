@@ -104,6 +104,16 @@ CudaShardGroup::~CudaShardGroup() {
   pp_kind_.comms.clear();
 }
 
+kvstore::KvCopier* CudaShardGroup::kv_copier() {
+  if (!kv_copier_) {
+    std::vector<DeviceKvCache> caches;
+    for (const auto& r : runners_) caches.push_back(r->device_kv_cache());
+    auto c = CudaKvCopier::create(kv_model_shape(), std::move(caches));
+    if (c) kv_copier_ = std::move(c).value();
+  }
+  return kv_copier_.get();
+}
+
 std::size_t CudaShardGroup::weight_bytes() const {
   std::size_t total = 0;
   for (const auto& r : runners_) total += r->weight_bytes();

@@ -66,6 +66,11 @@ class CudaShardGroup final : public ModelExecutor {
   [[nodiscard]] int num_kv_blocks() const override { return runners_[0]->num_kv_blocks(); }
   [[nodiscard]] int block_size() const override { return runners_[0]->block_size(); }
   [[nodiscard]] bool samples_on_device() const override { return true; }
+  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override { return runners_[0]->kv_model_shape(); }
+  /// DéjàVu on CUDA: every rank's KV cache through one CudaKvCopier (a
+  /// (layer, head) held by several ranks is read from the first and written
+  /// to all). Made on the first call; null if it cannot be made.
+  [[nodiscard]] kvstore::KvCopier* kv_copier() override;
 
   [[nodiscard]] int tp() const noexcept { return tp_; }
   [[nodiscard]] int pp() const noexcept { return pp_; }
@@ -117,6 +122,7 @@ class CudaShardGroup final : public ModelExecutor {
   std::vector<Result<StepOutput>> outputs_;  ///< [group_size] their outputs
   bool stopping_ = false;
   bool broken_ = false;
+  std::unique_ptr<CudaKvCopier> kv_copier_;
 };
 
 }  // namespace shardline::model

@@ -513,8 +513,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
   return enqueue(stream, copy_op(dst, src, count));
 }
 
-// Device-to-device only (what the runner uses: the TP logits layout):
-// `height` rows of `width` bytes, at pitches dpitch / spitch, in stream order.
+// Device to device (the runner's TP logits layout, SP's packing) and between
+// device and PINNED host memory (the KV copier's staging): `height` rows of
+// `width` bytes, at pitches dpitch / spitch, in stream order.
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t stream) {
   FAKE_LOCK;
@@ -525,19 +526,25 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
     return fail(cudaErrorInvalidResourceHandle);
   }
   if (width == 0 || height == 0) return cudaSuccess;
-  if (kind != cudaMemcpyDeviceToDevice || width > dpitch || width > spitch) {
-    anomaly("cudaMemcpy2DAsync: only device-to-device copies with width <= pitch are modelled");
+  const bool kind_ok = kind == cudaMemcpyDeviceToDevice || kind == cudaMemcpyDeviceToHost ||
+                       kind == cudaMemcpyHostToDevice;
+  if (!kind_ok || width > dpitch || width > spitch) {
+    anomaly("cudaMemcpy2DAsync: only device / pinned copies with width <= pitch are modelled");
     return fail(cudaErrorInvalidValue);
   }
+  const MemKind dkind = kind == cudaMemcpyDeviceToHost ? MemKind::pinned : MemKind::device;
+  const MemKind skind = kind == cudaMemcpyHostToDevice ? MemKind::pinned : MemKind::device;
+  const auto at = [](MemKind k) { return k == MemKind::device ? Where::device : Where::pinned; };
   const std::size_t dspan = (height - 1) * dpitch + width, sspan = (height - 1) * spitch + width;
-  if (where(dst) != Where::device || where(src) != Where::device || !in_memory(dst, dspan, MemKind::device) ||
-      !in_memory(src, sspan, MemKind::device)) {
-    anomaly("cudaMemcpy2DAsync: a range is not inside one device allocation");
+  if (where(dst) != at(dkind) || where(src) != at(skind) || !in_memory(dst, dspan, dkind) ||
+      !in_memory(src, sspan, skind)) {
+    anomaly("cudaMemcpy2DAsync: a range is not inside one allocation of the kind's memory (pageable host memory is "
+            "not modelled)");
     return fail(cudaErrorInvalidValue);
   }
   return enqueue(stream, Op{"cudaMemcpy2DAsync", false, [=] {
-                              if (!check("cudaMemcpy2DAsync", "destination", dst, dspan) ||
-                                  !check("cudaMemcpy2DAsync", "source", src, sspan))
+                              if (!check("cudaMemcpy2DAsync", "destination", dst, dspan, dkind) ||
+                                  !check("cudaMemcpy2DAsync", "source", src, sspan, skind))
                                 return;
                               for (std::size_t r = 0; r < height; ++r)
                                 std::memmove(static_cast<char*>(dst) + r * dpitch,

@@ -1,0 +1,338 @@
+// DéjàVu on CUDA (issue 41 item 7): model::CudaKvCopier over the REAL CUDA
+// runner's and CudaShardGroup's device KV caches, on the FAKE CUDA device.
+//  - The copier gives the canonical chunk the CPU runner's views give for
+//    the same step (the same model and tokens), and copy_in then copy_out
+//    round-trips bit for bit without touching the blocks' other tokens.
+//  - A group's copier (every rank's cache, split by layer and head) gives
+//    one device's chunk: bit for bit under SP x PP, within the TP bound
+//    under TP.
+//  - Through the engine: swap preemption on an oversubscribed CUDA cache
+//    gives the outputs (ids and logits, bit for bit) of a run that never
+//    preempts; every step's KV increment streams out, and each request
+//    resumed in a fresh engine from the streamed KV of its first r
+//    positions computes only the positions after r and gives the same
+//    outputs. Both timings of the fake.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/llm_engine.hpp"
+#include "model/cpu_runner.hpp"
+#include "model/cuda/cuda_kv_copier.hpp"
+#include "model/cuda/cuda_runner.hpp"
+#include "model/cuda/cuda_shard_group.hpp"
+#include "tests/model/cuda/dummy_archs.hpp"
+#include "tests/model/cuda/fake_device.hpp"
+#include "tests/support/engine_runs.hpp"
+#include "tests/support/kv_host_tier.hpp"
+#include "text/id_tokenizer.hpp"
+
+namespace shardline::engine {
+namespace model_cuda_cuda_kv_copier_fake_device_test {
+
+namespace fc = testing_support::fake_cuda;
+using testing_support::kDummyBlocks;
+using testing_support::run_all;
+
+std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
+  return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
+}
+
+class CudaKvCopierFakeDevice : public ::testing::TestWithParam<fc::Execution> {
+ protected:
+  void SetUp() override { fc::reset(GetParam()); }
+  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Timing, CudaKvCopierFakeDevice,
+                         ::testing::Values(fc::Execution::immediate, fc::Execution::deferred), mode_name);
+
+/// The runner options of the direct steps below: a 32-token budget.
+model::CudaRunnerOptions step_options() {
+  model::CudaRunnerOptions o = testing_support::dummy_cuda_options();
+  o.max_num_batched_tokens = 32;
+  return o;
+}
+
+/// One 20-token prefill of sequence 1 over physical blocks `table` (16 tokens each).
+model::StepInput prefill_step(const std::vector<std::int32_t>& table, int vocab) {
+  model::StepInput in;
+  in.block_size = 16;
+  model::StepSeq s;
+  s.seq_id = 1;
+  s.num_new_tokens = 20;
+  s.needs_logits = true;
+  s.block_table = table;
+  in.seqs = {s};
+  for (int p = 0; p < 20; ++p) {
+    in.token_ids.push_back(3 + (29 * p) % (vocab - 3));
+    in.positions.push_back(p);
+    in.slot_mapping.push_back(table[static_cast<std::size_t>(p / 16)] * 16 + p % 16);
+  }
+  in.logits_rows = {19};
+  return in;
+}
+
+std::vector<float> as_floats(const std::vector<std::byte>& b) {
+  std::vector<float> f(b.size() / 4);
+  std::memcpy(f.data(), b.data(), f.size() * 4);
+  return f;
+}
+
+void expect_close(const std::vector<std::byte>& got, const std::vector<std::byte>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const auto a = as_floats(got), b = as_floats(want);
+  float worst = 0.0f;
+  for (std::size_t i = 0; i < b.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(1.0f, std::fabs(b[i])));
+  EXPECT_LT(worst, 1e-4f) << what;
+}
+
+std::vector<std::byte> chunk_of(kvstore::KvCopier& c, const kvstore::KvModelShape& shape,
+                                const std::vector<std::int32_t>& table, const kvstore::KvRange& range) {
+  std::vector<std::byte> out(kvstore::chunk_bytes(shape, range));
+  const Status s = c.copy_out(table, range, out);
+  EXPECT_TRUE(s.ok()) << s.error().to_string();
+  return out;
+}
+
+TEST_P(CudaKvCopierFakeDevice, CopyOutGivesTheCpuChunkAndCopyInRoundTrips) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const std::vector<std::int32_t> table = {5, 2};
+  auto gpu = model::CudaModelRunner::create(w, step_options());
+  ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+  model::CpuRunnerOptions po;
+  po.num_kv_blocks = kDummyBlocks;
+  auto cpu = model::CpuModelRunner::create(w, po);
+  ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
+  { auto st = (*gpu)->execute(prefill_step(table, vocab)); ASSERT_TRUE(st.ok()) << st.error().to_string(); }
+  ASSERT_TRUE((*cpu)->execute(prefill_step(table, vocab)).ok());
+
+  const kvstore::KvModelShape shape = (*gpu)->kv_model_shape();
+  EXPECT_EQ(shape.num_layers, 2);
+  EXPECT_EQ(shape.num_kv_heads, 2);
+  kvstore::KvCopier* copier = (*gpu)->kv_copier();
+  ASSERT_NE(copier, nullptr);
+  EXPECT_TRUE(copier->supports_streaming());
+  kvstore::KvViewsCopier cpu_copier(shape, (*cpu)->kv_cache_views());
+  for (const kvstore::KvRange& range : {kvstore::KvRange{0, 2, 0, 20}, kvstore::KvRange{1, 2, 3, 18}}) {
+    const std::string what = "layers [" + std::to_string(range.layer_begin) + ", " + std::to_string(range.layer_end) +
+                             ") tokens [" + std::to_string(range.token_begin) + ", " + std::to_string(range.token_end) + ")";
+    expect_close(chunk_of(*copier, shape, table, range), chunk_of(cpu_copier, shape, table, range), what);
+  }
+
+  // Into other blocks and back, bit for bit; one strided copy per block.
+  const kvstore::KvRange all{0, 2, 0, 20};
+  auto* cuda_copier = dynamic_cast<model::CudaKvCopier*>(copier);
+  ASSERT_NE(cuda_copier, nullptr);
+  const std::uint64_t copies_before = cuda_copier->num_copies();
+  const std::vector<std::byte> original = chunk_of(*copier, shape, table, all);
+  EXPECT_EQ(cuda_copier->num_copies() - copies_before, 2u) << "two blocks, every layer and K|V of each at once";
+  const std::vector<std::int32_t> other = {7, 9};
+  ASSERT_TRUE(copier->copy_in(other, all, original).ok());
+  EXPECT_EQ(chunk_of(*copier, shape, other, all), original);
+  // Tokens [4, 9) overwritten: only they change, in every layer.
+  const kvstore::KvRange middle{0, 2, 4, 9};
+  std::vector<std::byte> ones(kvstore::chunk_bytes(shape, middle));
+  const std::vector<float> one(ones.size() / 4, 1.0f);
+  std::memcpy(ones.data(), one.data(), ones.size());
+  ASSERT_TRUE(copier->copy_in(other, middle, ones).ok());
+  EXPECT_EQ(chunk_of(*copier, shape, other, middle), ones);
+  EXPECT_EQ(chunk_of(*copier, shape, other, kvstore::KvRange{0, 2, 0, 4}),
+            chunk_of(*copier, shape, table, kvstore::KvRange{0, 2, 0, 4}));
+  EXPECT_EQ(chunk_of(*copier, shape, other, kvstore::KvRange{0, 2, 9, 20}),
+            chunk_of(*copier, shape, table, kvstore::KvRange{0, 2, 9, 20}));
+
+  // Bad calls are refused and change nothing.
+  std::vector<std::byte> chunk(kvstore::chunk_bytes(shape, all));
+  const auto refused = [](const Status& s) { return !s.ok() && s.error().code == ErrorCode::invalid_argument; };
+  const std::vector<std::int32_t> short_table = {5}, outside = {5, kDummyBlocks};
+  EXPECT_TRUE(refused(copier->copy_out(short_table, all, chunk)));
+  EXPECT_TRUE(refused(copier->copy_out(outside, all, chunk)));
+  EXPECT_TRUE(refused(copier->copy_out(table, kvstore::KvRange{0, 2, 5, 5}, chunk)));
+  EXPECT_TRUE(refused(copier->copy_in(table, all, std::span<const std::byte>(chunk).first(chunk.size() - 4))));
+  EXPECT_EQ(chunk_of(*copier, shape, table, all), original);
+}
+
+TEST_P(CudaKvCopierFakeDevice, AGroupsCopierGivesOneDevicesChunk) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_group");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const std::vector<std::int32_t> table = {5, 2};
+  const kvstore::KvRange all{0, 2, 0, 20};
+  std::vector<std::byte> want;
+  {
+    auto one = model::CudaModelRunner::create(w, step_options());
+    ASSERT_TRUE(one.ok()) << one.error().to_string();
+    ASSERT_TRUE((*one)->execute(prefill_step(table, vocab)).ok());
+    want = chunk_of(*(*one)->kv_copier(), (*one)->kv_model_shape(), table, all);
+  }
+  // (tp, pp, sp): SP x PP is bit-identical to one device; TP within its bound.
+  for (const auto& [tp, pp, sp] : {std::tuple{1, 2, 2}, std::tuple{1, 1, 4}, std::tuple{2, 1, 1}}) {
+    const std::string name = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " sp=" + std::to_string(sp);
+    auto group = model::CudaShardGroup::create(w, step_options(), tp, pp, sp);
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    ASSERT_TRUE((*group)->execute(prefill_step(table, vocab)).ok()) << name;
+    kvstore::KvCopier* copier = (*group)->kv_copier();
+    ASSERT_NE(copier, nullptr) << name;
+    EXPECT_EQ(copier->num_devices(), tp * pp * sp) << name;
+    const std::vector<std::byte> got = chunk_of(*copier, (*group)->kv_model_shape(), table, all);
+    if (tp == 1)
+      EXPECT_EQ(got, want) << name << ": not bit-identical to one device";
+    else
+      expect_close(got, want, name);
+    // Written into every rank holding each (layer, head), read back whole.
+    const std::vector<std::int32_t> other = {7, 9};
+    ASSERT_TRUE(copier->copy_in(other, all, got).ok()) << name;
+    EXPECT_EQ(chunk_of(*copier, (*group)->kv_model_shape(), other, all), got) << name;
+  }
+}
+
+// ---- through the engine ------------------------------------------------------------
+
+/// A sink that merges every increment into per-request host tiers.
+struct TierSink final : KvStreamSink {
+  std::map<std::uint64_t, std::unique_ptr<testing_support::HostTier>>* tiers = nullptr;
+  int pushes = 0;
+  bool accepting() const override { return true; }
+  void push(KvIncrement inc) override {
+    ++pushes;
+    (*tiers)[inc.request_id]->merge(inc.range, inc.chunk);
+  }
+};
+
+struct Request {
+  std::vector<std::int32_t> prompt;
+  sampling::SamplingParams params;
+};
+
+/// Six greedy requests (3 to 38 prompt tokens, 10 tokens each).
+std::vector<Request> requests(int vocab) {
+  std::vector<Request> out;
+  for (int r = 0; r < 6; ++r) {
+    Request q;
+    for (int t = 0; t < 3 + 7 * r; ++t) q.prompt.push_back(3 + (37 * r + 11 * t) % (vocab - 3));
+    q.params.temperature = 0.0f;
+    q.params.max_tokens = 10;
+    q.params.ignore_eos = true;
+    out.push_back(q);
+  }
+  return out;
+}
+
+EngineConfig engine_config(PreemptionMode mode, int max_model_len = testing_support::kDummyLen) {
+  EngineConfig ec;
+  ec.max_num_seqs = testing_support::kDummySeqs;
+  ec.max_num_batched_tokens = testing_support::kDummyBudget;
+  ec.max_model_len = max_model_len;
+  ec.eos_token_ids = {2};
+  ec.capture_logits = true;
+  ec.check_integrity = true;
+  ec.preemption_mode = mode;
+  return ec;
+}
+
+int computed_tokens(const LlmEngine& engine) {
+  int n = 0;
+  for (const StepStats& s : engine.step_stats()) n += s.num_prefill_tokens + s.num_decode_tokens;
+  return n;
+}
+
+TEST_P(CudaKvCopierFakeDevice, SwapPreemptionOnTheCudaCacheGivesTheUnpreemptedOutputs) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_swap");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const text::IdTokenizer tok(vocab, 1, 2);
+  const auto reqs = requests(vocab);
+  auto run = [&](int num_blocks, PreemptionMode mode, int* preemptions, KvIoStats* io) {
+    model::CudaRunnerOptions co = testing_support::dummy_cuda_options();
+    co.num_kv_blocks = num_blocks;
+    auto gpu = model::CudaModelRunner::create(w, co);
+    EXPECT_TRUE(gpu.ok()) << gpu.error().to_string();
+    auto eng = LlmEngine::create(**gpu, tok, engine_config(mode, 64));  // 48 tokens at most
+    EXPECT_TRUE(eng.ok()) << eng.error().to_string();
+    EXPECT_TRUE((*eng)->kv_io().can_copy_kv());
+    EXPECT_TRUE((*eng)->kv_io().can_move_kv());
+    for (std::uint64_t id = 0; id < reqs.size(); ++id)
+      EXPECT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
+    auto out = run_all(**eng);
+    *preemptions = (*eng)->scheduler().total_preemptions();
+    *io = (*eng)->kv_io().stats();
+    return out;
+  };
+  int ref_preemptions = 0, swap_preemptions = 0;
+  KvIoStats ref_io, swap_io;
+  const auto ref = run(kDummyBlocks, PreemptionMode::swap, &ref_preemptions, &ref_io);
+  // 6 sequences of up to 48 tokens need 14 blocks of 16; 8 oversubscribe.
+  const auto swp = run(8, PreemptionMode::swap, &swap_preemptions, &swap_io);
+  EXPECT_EQ(ref_preemptions, 0);
+  ASSERT_GT(swap_preemptions, 0) << "the cache must be oversubscribed";
+  EXPECT_EQ(swap_io.swap_outs, static_cast<std::uint64_t>(swap_preemptions));
+  EXPECT_EQ(swap_io.swap_ins, swap_io.swap_outs);
+  EXPECT_EQ(swap_io.swap_fallbacks, 0u);
+  ASSERT_EQ(swp.size(), ref.size());
+  for (const auto& [id, want] : ref)
+    EXPECT_TRUE(testing_support::bit_identical(swp.at(id), want)) << "request " << id << " differs after swaps";
+}
+
+TEST_P(CudaKvCopierFakeDevice, StreamedKvResumesRequestsWithoutRecomputingIt) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_resume");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const text::IdTokenizer tok(vocab, 1, 2);
+  const auto reqs = requests(vocab);
+  std::map<std::uint64_t, RequestOutput> ref;
+  std::map<std::uint64_t, std::unique_ptr<testing_support::HostTier>> tiers;
+  {
+    auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
+    ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+    auto eng = LlmEngine::create(**gpu, tok, engine_config(PreemptionMode::recompute));
+    ASSERT_TRUE(eng.ok()) << eng.error().to_string();
+    for (std::uint64_t id = 0; id < reqs.size(); ++id)
+      tiers[id] = std::make_unique<testing_support::HostTier>((*gpu)->kv_model_shape());
+    TierSink sink;
+    sink.tiers = &tiers;
+    (*eng)->set_kv_sink(&sink);
+    for (std::uint64_t id = 0; id < reqs.size(); ++id)
+      ASSERT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
+    ref = run_all(**eng);
+    EXPECT_GT(sink.pushes, 0);
+    EXPECT_GT((*eng)->kv_io().stats().streamed_bytes, 0u);
+  }
+  // Each request cut after 4 generated tokens, resumed from the KV of all
+  // its known positions but the last.
+  auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
+  ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+  auto eng = LlmEngine::create(**gpu, tok, engine_config(PreemptionMode::recompute));
+  ASSERT_TRUE(eng.ok()) << eng.error().to_string();
+  constexpr int kCut = 4;
+  int expected_computed = 0, expected_restored = 0;
+  for (std::uint64_t id = 0; id < reqs.size(); ++id) {
+    const RequestOutput& want = ref.at(id);
+    const int prompt = static_cast<int>(reqs[id].prompt.size());
+    const int r = prompt + kCut - 1;
+    ASSERT_GE(tiers[id]->covered, r) << "request " << id << ": its KV was not streamed";
+    ResumeState rs;
+    rs.output_ids.assign(want.token_ids.begin(), want.token_ids.begin() + kCut);
+    rs.num_kv_tokens = r;
+    rs.kv_chunk = tiers[id]->prefix(r);
+    ASSERT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params, std::move(rs)).ok());
+    expected_computed += prompt + static_cast<int>(want.token_ids.size()) - 1 - r;
+    expected_restored += r;
+  }
+  const auto got = run_all(**eng);
+  ASSERT_EQ(got.size(), ref.size());
+  for (const auto& [id, want] : ref) EXPECT_EQ(got.at(id).token_ids, want.token_ids) << "request " << id;
+  EXPECT_EQ(computed_tokens(**eng), expected_computed) << "only positions after r are computed";
+  EXPECT_EQ((*eng)->kv_io().stats().restored_tokens, static_cast<std::uint64_t>(expected_restored));
+}
+
+}  // namespace model_cuda_cuda_kv_copier_fake_device_test
+}  // namespace shardline::engine
