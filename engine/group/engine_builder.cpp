@@ -93,6 +93,16 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
       pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, spec);
       workspace_bytes += model::cuda_runner_workspace_bytes(c, co, spec);
     }
+    if (o.shift) {
+      // Shift's runners: each rank's TP' shard of the weights and its own
+      // activations and workspaces, on the base runner's KV cache.
+      for (int r = 0; r < ranks; ++r) {
+        const model::ShardSpec spec = shift_spec_of(o.parallel, r);
+        pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, spec);
+        workspace_bytes += model::cuda_runner_workspace_bytes(c, co, spec);
+      }
+      pi.activation_bytes *= 2;
+    }
     pi.activation_bytes *= static_cast<std::uint64_t>(ranks);
     pi.num_kv_heads = kv_heads_held(o, c);
   } else {
@@ -273,10 +283,10 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
   model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
   ro.overlap = o.step_overlap;
   ro.overlap_prefetch_bytes = o.overlap_prefetch_bytes;
-  if (o.shift && (cuda || o.ffn || o.parallel.group_size() == 1))
+  if (o.shift && (o.ffn || o.parallel.group_size() == 1 || o.parallel.pp != 1))
     return make_error(ErrorCode::unsupported,
-                      "--shift runs on a CPU engine group of sp and / or tp > 1 (in one process or over TCP), not on "
-                      "a single device, CUDA or SiDP");
+                      "--shift runs on an engine group of sp and / or tp > 1 and pp = 1 (CPU devices in one process "
+                      "or over TCP, or CUDA ranks sharing a GPU), not on a single device or SiDP");
   if (o.group_link && (cuda || o.ffn || o.parallel.group_size() == 1 || !o.group_master.empty()))
     return make_error(ErrorCode::invalid_argument,
                       "an emulated group link paces an in-process CPU engine group of tp, pp or sp > 1, not a single "
@@ -292,7 +302,17 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     // A tp x sp x pp group of ranks sharing device_index (model::CudaShardGroup).
     model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
     co.num_kv_blocks = e.num_kv_blocks;
-    auto group = model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp, o.parallel.sp);
+    model::CudaShardGroup::ShiftChooser choose;
+    if (o.shift) {
+      // Shift Parallelism: the engine's ShiftPolicy picks each step's config.
+      auto policy = ShiftPolicy::create(o.shift->policy);
+      if (!policy) return std::move(policy).error();
+      choose = [p = std::make_shared<ShiftPolicy>(std::move(policy).value())](const model::StepInput& in) {
+        return p->decide(in.num_tokens()) == ShiftMode::shift;
+      };
+    }
+    auto group =
+        model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp, o.parallel.sp, std::move(choose));
     if (!group) return std::move(group).error();
     e.weight_bytes = (*group)->weight_bytes();
     e.executor = std::move(group).value();

@@ -182,7 +182,8 @@ struct CudaModelRunner::Impl {
   kcu::GemmMode mode = kcu::GemmMode::fast;
 
   kcu::DeviceBuffer weights;     // arena
-  kcu::DeviceBuffer kv;          // [layers, 2, num_kv_blocks, kv_heads, ...]
+  kcu::DeviceBuffer kv;          // [layers, 2, num_kv_blocks, kv_heads, ...] (empty with o.kv_memory)
+  char* kv_data = nullptr;       // the cache: kv's memory or o.kv_memory
   kcu::DeviceBuffer act;         // activations arena
   kcu::DeviceBuffer meta;        // step metadata (fixed layout)
   kcu::DeviceBuffer workspace;   // attention split-decode partials
@@ -257,7 +258,7 @@ struct CudaModelRunner::Impl {
 
   [[nodiscard]] kernels::cpu::KvCacheLayer kv_layer(int l) {
     kernels::cpu::KvCacheLayer k;
-    char* base = kv.as<char>() + static_cast<std::size_t>(l) * 2 * kv_layer_bytes;
+    char* base = kv_data + static_cast<std::size_t>(l) * 2 * kv_layer_bytes;
     k.k = base;
     k.v = base + kv_layer_bytes;
     k.dtype = o.kv_cache_dtype;
@@ -703,18 +704,29 @@ struct CudaModelRunner::Impl {
   }
 
   /// Allocates the paged KV cache ([layers, 2, num_kv_blocks, kv_heads,
-  /// block_size, head_dim] in o.kv_cache_dtype), zeroed. Returns its bytes.
-  /// Errors: out_of_memory naming the blocks and bytes.
+  /// block_size, head_dim] in o.kv_cache_dtype), zeroed, or takes
+  /// o.kv_memory (another runner's, as it is). Returns its bytes. Errors:
+  /// out_of_memory naming the blocks and bytes; invalid_argument for a
+  /// kv_memory smaller than the cache.
   Result<std::size_t> allocate_kv_cache() {
     kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * lay.kv_attn * o.block_size * c.head_dim *
                        dtype_size(o.kv_cache_dtype);
     const std::size_t kv_bytes = 2 * kv_layer_bytes * layers.size();
+    if (o.kv_memory != nullptr) {
+      if (o.kv_memory_bytes < kv_bytes)
+        return make_error(ErrorCode::invalid_argument, "cuda runner: kv_memory of " +
+                                                           std::to_string(o.kv_memory_bytes) + " bytes, the cache needs " +
+                                                           std::to_string(kv_bytes));
+      kv_data = static_cast<char*>(o.kv_memory);
+      return kv_bytes;
+    }
     {
       auto buf = kcu::DeviceBuffer::allocate(kv_bytes);
       if (!buf) return make_error(buf.error().code, "KV cache (" + std::to_string(o.num_kv_blocks) + " blocks, " +
                                                         std::to_string(kv_bytes) + " bytes): " + buf.error().message);
       kv = std::move(buf).value();
       if (Status s = kv.fill_bytes(0); !s) return s.error();
+      kv_data = kv.as<char>();
     }
     return kv_bytes;
   }
@@ -1113,7 +1125,7 @@ kvstore::KvModelShape CudaModelRunner::kv_model_shape() const {
 DeviceKvCache CudaModelRunner::device_kv_cache() const {
   const Impl& m = *impl_;
   DeviceKvCache d;
-  d.data = const_cast<void*>(m.kv.data());  // the copier writes it (copy_in) between steps
+  d.data = m.kv_data;  // the copier writes it (copy_in) between steps
   d.device = options_.device_index;
   d.layout.layer_begin = m.lay.layer_begin;
   d.layout.layer_end = m.lay.layer_end;

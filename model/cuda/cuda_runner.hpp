@@ -73,6 +73,13 @@ struct CudaRunnerOptions {
   /// Decode batch sizes to capture; empty = 1, 2, 4, 8, 16, 24, ... (steps
   /// of 8) up to max_num_seqs, as vLLM does.
   std::vector<int> cuda_graph_batch_sizes;
+  /// Device memory of another runner's KV cache on this device, used as this
+  /// runner's cache instead of allocating one (Shift Parallelism's two
+  /// configs share one cache, seed 001 §3.3): it must hold at least this
+  /// runner's cache (kv_cache_bytes()) in the same layout, and it must
+  /// outlive the runner. Not zeroed. Null: the runner allocates its own.
+  void* kv_memory = nullptr;
+  std::size_t kv_memory_bytes = 0;
 };
 
 /// Where a step went on the device, for benchmarks (ms of host wall time).

@@ -26,15 +26,19 @@ CudaShardGroup::Place CudaShardGroup::sp_place(int r) const {
   return {(r / (tp_ * sp_)) * tp_ + r % tp_, (r / tp_) % sp_};
 }
 CudaShardGroup::Place CudaShardGroup::pp_place(int r) const { return {r % (tp_ * sp_), r / (tp_ * sp_)}; }
+CudaShardGroup::Place CudaShardGroup::shift_place(int r) const {
+  return {0, tp_place(r).rank * sp_ + sp_place(r).rank};  // §3.3.1: TP rank t's SP rank s attends block t*sp + s
+}
 
 Status CudaShardGroup::make_comms(int device) {
   const int n = tp_ * sp_ * pp_;
   tp_kind_.size = tp_;
   sp_kind_.size = sp_;
   pp_kind_.size = pp_;
+  shift_kind_.size = choose_shift_ ? n : 1;
   const std::pair<Kind*, Place (CudaShardGroup::*)(int) const> kinds[] = {
       {&tp_kind_, &CudaShardGroup::tp_place}, {&sp_kind_, &CudaShardGroup::sp_place},
-      {&pp_kind_, &CudaShardGroup::pp_place}};
+      {&pp_kind_, &CudaShardGroup::pp_place}, {&shift_kind_, &CudaShardGroup::shift_place}};
   for (const auto& [kind, place] : kinds) {
     if (kind->size == 1) continue;
     for (int g = 0; g < n / kind->size; ++g) {
@@ -52,17 +56,46 @@ Status CudaShardGroup::make_comms(int device) {
   return Status::ok_status();
 }
 
+Status CudaShardGroup::make_shift_runners(const std::shared_ptr<const ModelWeights>& weights,
+                                          const CudaRunnerOptions& options) {
+  const int n = group_size();
+  for (int r = 0; r < n; ++r) {
+    ShardSpec spec;
+    spec.tp = n;
+    spec.tp_rank = shift_place(r).rank;
+    ShardComms comms;
+    comms.tp = shift_kind_.comms[static_cast<std::size_t>(r)].get();
+    // The base runner's cache: the same heads in the same slots (§3.3.1).
+    const DeviceKvCache base = runners_[static_cast<std::size_t>(r)]->device_kv_cache();
+    CudaRunnerOptions so = options;
+    so.kv_memory = base.data;
+    so.kv_memory_bytes = runners_[static_cast<std::size_t>(r)]->kv_cache_bytes();
+    auto runner = CudaModelRunner::create(weights, so, spec, comms);
+    if (!runner) return runner.error();
+    if ((*runner)->device_kv_cache().layout.kv_heads != base.layout.kv_heads)
+      return make_error(ErrorCode::internal, "cuda shard group: shift rank " + std::to_string(spec.tp_rank) +
+                                                 " attends other KV heads than base rank " + std::to_string(r));
+    shift_runners_.push_back(std::move(runner).value());
+  }
+  return Status::ok_status();
+}
+
 Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<const ModelWeights> weights,
                                                                const CudaRunnerOptions& options, int tp, int pp,
-                                                               int sp) {
+                                                               int sp, ShiftChooser shift) {
   if (tp < 1 || pp < 1 || sp < 1 || tp * pp * sp < 2)
     return make_error(ErrorCode::invalid_argument,
                       "cuda shard group: tp, pp and sp must be >= 1 and tp*pp*sp >= 2, got tp=" + std::to_string(tp) +
                           " pp=" + std::to_string(pp) + " sp=" + std::to_string(sp));
+  if (shift && pp != 1)
+    return make_error(ErrorCode::invalid_argument, "cuda shard group: Shift Parallelism needs pp = 1 (the shift config "
+                                                   "is TP over the base config's sp x tp ranks), got pp=" +
+                                                       std::to_string(pp));
   std::unique_ptr<CudaShardGroup> g(new CudaShardGroup());
   g->tp_ = tp;
   g->pp_ = pp;
   g->sp_ = sp;
+  g->choose_shift_ = std::move(shift);
   if (Status s = g->make_comms(options.device_index); !s) return s.error();
   const int n = tp * sp * pp;
   const auto comm_of = [&](const Kind& k, int r) {
@@ -84,6 +117,8 @@ Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<c
     if (!runner) return std::move(runner).error();
     g->runners_.push_back(std::move(runner).value());
   }
+  if (g->choose_shift_)
+    if (Status s = g->make_shift_runners(weights, options); !s) return s.error();
   g->done_step_.assign(static_cast<std::size_t>(n), 0);
   for (int r = 0; r < n; ++r)
     g->outputs_.emplace_back(make_error(ErrorCode::internal, "cuda shard group: no step yet"));
@@ -98,7 +133,9 @@ CudaShardGroup::~CudaShardGroup() {
   }
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
+  shift_runners_.clear();  // on the base runners' KV caches
   runners_.clear();
+  shift_kind_.comms.clear();
   tp_kind_.comms.clear();
   sp_kind_.comms.clear();
   pp_kind_.comms.clear();
@@ -120,9 +157,12 @@ std::size_t CudaShardGroup::weight_bytes() const {
   return total;
 }
 
-Result<StepOutput> CudaShardGroup::run_rank(int rank, const StepInput& input) {
-  Result<StepOutput> out = runners_[static_cast<std::size_t>(rank)]->execute(input);
+Result<StepOutput> CudaShardGroup::run_rank(int rank, const StepInput& input, bool shift) {
+  CudaModelRunner& runner =
+      shift ? *shift_runners_[static_cast<std::size_t>(rank)] : *runners_[static_cast<std::size_t>(rank)];
+  Result<StepOutput> out = runner.execute(input);
   if (!out) {
+    if (shift) (void)shift_kind_.groups[0]->mark_dead(shift_place(rank).rank);
     // Its peers' collectives and receives fail now, not at the timeout.
     if (tp_ > 1) (void)tp_kind_.groups[static_cast<std::size_t>(tp_place(rank).group)]->mark_dead(tp_place(rank).rank);
     if (sp_ > 1) (void)sp_kind_.groups[static_cast<std::size_t>(sp_place(rank).group)]->mark_dead(sp_place(rank).rank);
@@ -135,14 +175,16 @@ void CudaShardGroup::serve(int rank) {
   std::uint64_t seen = 0;
   for (;;) {
     const StepInput* input = nullptr;
+    bool shift = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || step_ > seen; });
       if (stopping_) return;
       seen = step_;
       input = input_;
+      shift = step_shift_;
     }
-    Result<StepOutput> out = run_rank(rank, *input);
+    Result<StepOutput> out = run_rank(rank, *input, shift);
     {
       std::lock_guard<std::mutex> lock(mu_);
       outputs_[static_cast<std::size_t>(rank)] = std::move(out);
@@ -155,14 +197,17 @@ void CudaShardGroup::serve(int rank) {
 Result<StepOutput> CudaShardGroup::execute(const StepInput& input) {
   if (broken_)
     return make_error(ErrorCode::io, "cuda shard group: a rank failed in an earlier step; the group must be rebuilt");
+  const bool shift = choose_shift_ && choose_shift_(input);
+  ++(shift ? shift_steps_ : base_steps_);
   std::uint64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     input_ = &input;
+    step_shift_ = shift;
     step = ++step_;
   }
   cv_.notify_all();
-  Result<StepOutput> mine = run_rank(0, input);
+  Result<StepOutput> mine = run_rank(0, input, shift);
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] {

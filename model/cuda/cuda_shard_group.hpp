@@ -24,10 +24,21 @@
 /// collective may have completed on some ranks only): later steps fail at
 /// once, as an in-process CPU engine group does.
 ///
+/// Shift Parallelism (seed 001 §3.3; issue 41 item 5), with a ShiftChooser
+/// and pp = 1: every rank also holds its shard of the shift config TP' =
+/// sp x tp over the same ranks, as TP' rank tp_rank * sp + sp_rank (the
+/// §3.3.1 order, engine::shift_spec_of): then it attends the same query
+/// heads and KV heads in the same local slots as in the base config, so its
+/// shift runner works on the base runner's KV cache (CudaRunnerOptions::
+/// kv_memory) and no KV moves at a shift. The chooser picks each step's
+/// config (the engine's ShiftPolicy: small decode steps in TP', large ones
+/// in the base SP x TP); every rank runs the step in that config.
+///
 /// Not built yet: ranks on distinct GPUs (NCCL), several micro-batches in
 /// the pipeline at once.
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,15 +55,23 @@ namespace shardline::model {
 
 class CudaShardGroup final : public ModelExecutor {
  public:
+  /// Shift Parallelism: true when a step is to run in the shift config.
+  /// Called once per step, on the caller's thread.
+  using ShiftChooser = std::function<bool(const StepInput& input)>;
+
   /// tp x sp x pp ranks (at least 2) on CUDA device `options.device_index`,
   /// each a runner of `options` (num_kv_blocks blocks of its own KV heads in
   /// its stage's layers). Runners are created one after another on this
   /// thread. Errors: what CudaModelRunner::create returns (a model the
   /// config does not split, a device that is missing or too small);
-  /// invalid_argument for a size < 1 or a group of one rank.
+  /// invalid_argument for a size < 1 or a group of one rank. With `shift`
+  /// (see the file comment) every rank also builds its shift runner on its
+  /// base runner's KV cache; invalid_argument with pp > 1, or a model the
+  /// shift config (tp' = sp x tp) does not split.
   [[nodiscard]] static Result<std::unique_ptr<CudaShardGroup>> create(std::shared_ptr<const ModelWeights> weights,
                                                                       const CudaRunnerOptions& options, int tp,
-                                                                      int pp = 1, int sp = 1);
+                                                                      int pp = 1, int sp = 1,
+                                                                      ShiftChooser shift = {});
   /// Stops the rank threads, then frees the runners and communicators.
   ~CudaShardGroup() override;
   CudaShardGroup(const CudaShardGroup&) = delete;
@@ -82,14 +101,23 @@ class CudaShardGroup final : public ModelExecutor {
   /// by each rank of the stages that need them).
   [[nodiscard]] std::size_t weight_bytes() const;
   [[nodiscard]] bool broken() const noexcept { return broken_; }
+  /// Shift: group rank r's shift runner (TP' rank tp_rank * sp + sp_rank);
+  /// null without a shift config.
+  [[nodiscard]] const CudaModelRunner* shift_rank(int r) const {
+    return shift_runners_.empty() ? nullptr : shift_runners_[static_cast<std::size_t>(r)].get();
+  }
+  /// Steps run in the base and in the shift config so far.
+  [[nodiscard]] std::uint64_t base_steps() const noexcept { return base_steps_; }
+  [[nodiscard]] std::uint64_t shift_steps() const noexcept { return shift_steps_; }
 
  private:
   CudaShardGroup() = default;
   /// Builds the host groups and the device communicators of every rank.
   [[nodiscard]] Status make_comms(int device);
   void serve(int rank);
-  /// Rank `rank`'s step; on a failure marks it dead in its host groups.
-  Result<StepOutput> run_rank(int rank, const StepInput& input);
+  /// Rank `rank`'s step in the base or the shift config; on a failure
+  /// marks it dead in its host groups.
+  Result<StepOutput> run_rank(int rank, const StepInput& input, bool shift);
 
   /// One kind of group: [groups] in-process host groups and every rank's
   /// device communicator in its group (empty when the kind's size is 1).
@@ -106,17 +134,26 @@ class CudaShardGroup final : public ModelExecutor {
   [[nodiscard]] Place tp_place(int rank) const;
   [[nodiscard]] Place sp_place(int rank) const;
   [[nodiscard]] Place pp_place(int rank) const;
+  /// Shift's TP' group: one group of every rank, TP' rank tp_rank * sp + sp_rank.
+  [[nodiscard]] Place shift_place(int rank) const;
+  /// Builds every rank's shift runner (after the base runners).
+  [[nodiscard]] Status make_shift_runners(const std::shared_ptr<const ModelWeights>& weights,
+                                          const CudaRunnerOptions& options);
 
   int tp_ = 1;
   int pp_ = 1;
   int sp_ = 1;
-  Kind tp_kind_, sp_kind_, pp_kind_;
+  Kind tp_kind_, sp_kind_, pp_kind_, shift_kind_;
+  ShiftChooser choose_shift_;
+  std::vector<std::unique_ptr<CudaModelRunner>> shift_runners_;  ///< [group_size]; after runners_ (their KV)
   std::vector<std::unique_ptr<CudaModelRunner>> runners_;      ///< [group_size]
   std::vector<std::thread> threads_;                           ///< ranks 1.. group_size - 1
 
   std::mutex mu_;
   std::condition_variable cv_;
   const StepInput* input_ = nullptr;  ///< the step in progress
+  bool step_shift_ = false;           ///< it runs in the shift config
+  std::uint64_t base_steps_ = 0, shift_steps_ = 0;
   std::uint64_t step_ = 0;             ///< steps handed out
   std::vector<std::uint64_t> done_step_;     ///< [group_size] the last step each rank finished
   std::vector<Result<StepOutput>> outputs_;  ///< [group_size] their outputs

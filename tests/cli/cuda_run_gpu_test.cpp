@@ -105,5 +105,13 @@ TEST_F(CudaRunGpu, JobOnPipelineAndUlyssesRanksSharingCuda0MatchesTheCpuGroupOnG
   expect_greedy_lines_match(16, "--parallel tp=2,pp=2", "--parallel tp=2,pp=2 --devices cuda:0x4");
 }
 
+// Shift Parallelism on two ranks sharing GPU 0 (base sp=2, shift tp=2 on
+// one KV cache, a threshold that shifts the decode steps) against the CPU
+// group with the same flags. Not yet run on a GPU when written (issue 41).
+TEST_F(CudaRunGpu, ShiftJobOnTwoRanksSharingCuda0MatchesTheCpuShiftGroupOnGreedyLines) {
+  expect_greedy_lines_match(16, "--parallel sp=2 --shift --shift-threshold 16",
+                            "--parallel sp=2 --shift --shift-threshold 16 --devices cuda:0x2");
+}
+
 }  // namespace
 }  // namespace shardline

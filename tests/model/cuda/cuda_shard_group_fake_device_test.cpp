@@ -277,6 +277,57 @@ TEST_P(CudaShardGroupFakeDevice, TensorSequenceAndPipelineRanksMatchTheCpuRunner
   }
 }
 
+// Shift Parallelism (seed 001 §3.3) on a base config of tp=2 x sp=2 (Qwen3:
+// one KV head per rank, each on two ranks) and the shift config TP' = 4
+// over the same four ranks, rank (t, s) as TP' rank t*2 + s (§3.3.1), on
+// the base runners' KV caches. Every step runs in the chooser's config:
+// always base, always shift, or by size (decode steps of <= 8 tokens in
+// TP', 16-token prefill chunks in SP x TP): KV written in one config is
+// read in the other, and the logits stay within the CPU TP bound.
+TEST_P(CudaShardGroupFakeDevice, ShiftRunsEachStepInTheChosenConfigOnOneKvCache) {
+  const auto w = dummy_model("qwen3");
+  ASSERT_NE(w, nullptr);
+  model::CpuRunnerOptions po;
+  po.num_kv_blocks = kDummyBlocks;
+  auto cpu = model::CpuModelRunner::create(w, po);
+  ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
+  const auto want = run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
+  struct Case {
+    std::string name;
+    model::CudaShardGroup::ShiftChooser choose;
+  };
+  const std::vector<Case> cases = {
+      {"always base", [](const model::StepInput&) { return false; }},
+      {"always shift", [](const model::StepInput&) { return true; }},
+      {"by size", [](const model::StepInput& in) { return in.num_tokens() <= 8; }}};
+  for (const Case& k : cases) {
+    auto group = model::CudaShardGroup::create(w, cuda_options(), 2, 1, 2, k.choose);
+    ASSERT_TRUE(group.ok()) << k.name << ": " << group.error().to_string();
+    for (int r = 0; r < 4; ++r) {
+      const model::CudaModelRunner* shift = (*group)->shift_rank(r);
+      ASSERT_NE(shift, nullptr);
+      EXPECT_EQ(shift->spec().tp, 4);
+      EXPECT_EQ(shift->spec().tp_rank, (r % 2) * 2 + r / 2) << "rank " << r << ": the §3.3.1 order";
+      EXPECT_EQ(shift->device_kv_cache().data, (*group)->rank(r).device_kv_cache().data) << "one KV cache";
+      EXPECT_EQ(shift->device_kv_cache().layout.kv_heads, (*group)->rank(r).device_kv_cache().layout.kv_heads);
+    }
+    const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
+    ASSERT_EQ(got.size(), 6u) << k.name;
+    testing_support::expect_close_to_cpu(got, want, k.name);
+    if (k.name == "always base") EXPECT_EQ((*group)->shift_steps(), 0u);
+    if (k.name == "always shift") EXPECT_EQ((*group)->base_steps(), 0u);
+    if (k.name == "by size") {
+      EXPECT_GT((*group)->base_steps(), 0u) << "prefill chunks run in SP x TP";
+      EXPECT_GT((*group)->shift_steps(), 0u) << "decode steps run in TP'";
+    }
+  }
+  EXPECT_EQ(model::CudaShardGroup::create(w, cuda_options(), 1, 2, 1, cases[1].choose).error().code,
+            ErrorCode::invalid_argument);
+  auto plain = model::CudaShardGroup::create(w, cuda_options(), 2);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->shift_rank(0), nullptr);
+}
+
 // A rank whose step fails (here the first metadata copy of the step fails
 // on whichever rank issues it first) fails the step on every rank at once:
 // it is marked dead in its host groups, so a TP peer does not wait in a
