@@ -11,7 +11,12 @@
 //    preempts; every step's KV increment streams out, and each request
 //    resumed in a fresh engine from the streamed KV of its first r
 //    positions computes only the positions after r and gives the same
-//    outputs. Both timings of the fake.
+//    outputs.
+//  - Seesaw's phases (seed 000 §4.2) on a CUDA runner and on a CUDA pp=2
+//    group: every sequence's KV leaves the device through the copier when
+//    its prefill ends and comes back for decode (on the mover's thread),
+//    and the outputs are the mixed run's, ids and logits bit for bit.
+// Both timings of the fake.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +28,7 @@
 #include <vector>
 
 #include "engine/llm_engine.hpp"
+#include "engine/seesaw/seesaw_phases.hpp"
 #include "model/cpu_runner.hpp"
 #include "model/cuda/cuda_kv_copier.hpp"
 #include "model/cuda/cuda_runner.hpp"
@@ -332,6 +338,62 @@ TEST_P(CudaKvCopierFakeDevice, StreamedKvResumesRequestsWithoutRecomputingIt) {
   for (const auto& [id, want] : ref) EXPECT_EQ(got.at(id).token_ids, want.token_ids) << "request " << id;
   EXPECT_EQ(computed_tokens(**eng), expected_computed) << "only positions after r are computed";
   EXPECT_EQ((*eng)->kv_io().stats().restored_tokens, static_cast<std::uint64_t>(expected_restored));
+}
+
+TEST_P(CudaKvCopierFakeDevice, SeesawPhasesMoveEveryKvThroughTheHostBuffer) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_seesaw");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const text::IdTokenizer tok(vocab, 1, 2);
+  const auto reqs = requests(vocab);
+  // qwen3 dummy KV: 2 layers x K,V x 2 heads x 32 dims x 4 B = 1 KiB per token.
+  constexpr std::uint64_t kBytesPerToken = 2 * 2 * 2 * 32 * 4;
+  auto run = [&](model::ModelExecutor& x, bool seesaw, SeesawStats* stats, KvIoStats* io) {
+    EngineConfig ec = engine_config(PreemptionMode::swap, 64);
+    ec.swap_space_bytes = 64 * kBytesPerToken;  // the host KV buffer: one max_model_len sequence
+    if (seesaw) ec.step_phases = seesaw_phases(SeesawOptions{SeesawPolicyOptions{}, /*async_kv=*/true, std::nullopt});
+    auto eng = LlmEngine::create(x, tok, ec);
+    EXPECT_TRUE(eng.ok()) << eng.error().to_string();
+    for (std::uint64_t id = 0; id < reqs.size(); ++id)
+      EXPECT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
+    auto out = run_all(**eng);
+    if (stats != nullptr) *stats = seesaw_stats_of(**eng);
+    if (io != nullptr) *io = (*eng)->kv_io().stats();
+    return out;
+  };
+  std::map<std::uint64_t, RequestOutput> mixed;
+  {
+    auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
+    ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+    mixed = run(**gpu, false, nullptr, nullptr);
+  }
+  model::CudaRunnerOptions small = testing_support::dummy_cuda_options();
+  small.num_kv_blocks = 8;  // 128 tokens for 6 sequences of up to 48
+  for (int pp : {1, 2}) {
+    const std::string name = pp == 1 ? "one runner" : "pp=2 group";
+    std::unique_ptr<model::ModelExecutor> x;
+    if (pp == 1) {
+      auto r = model::CudaModelRunner::create(w, small);
+      ASSERT_TRUE(r.ok()) << r.error().to_string();
+      x = std::move(r).value();
+    } else {
+      auto g = model::CudaShardGroup::create(w, small, 1, 2);
+      ASSERT_TRUE(g.ok()) << g.error().to_string();
+      x = std::move(g).value();
+    }
+    SeesawStats st;
+    KvIoStats io;
+    const auto got = run(*x, true, &st, &io);
+    ASSERT_EQ(got.size(), mixed.size()) << name;
+    for (const auto& [id, want] : mixed)
+      EXPECT_TRUE(testing_support::bit_identical(got.at(id), want)) << name << " request " << id;
+    EXPECT_GE(st.offloads, reqs.size()) << name << ": every sequence left the device";
+    EXPECT_GE(io.onboards, reqs.size()) << name << ": and came back";
+    EXPECT_GT(st.prefill_steps, 0u) << name;
+    EXPECT_GT(st.decode_steps, 0u) << name;
+    EXPECT_EQ(io.offload_fallbacks, 0u) << name;
+    EXPECT_EQ(io.swap_space_bytes_used, 0u) << name << ": nothing left behind";
+  }
 }
 
 }  // namespace model_cuda_cuda_kv_copier_fake_device_test
