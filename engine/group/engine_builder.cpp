@@ -105,6 +105,24 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
     }
     pi.activation_bytes *= static_cast<std::uint64_t>(ranks);
     pi.num_kv_heads = kv_heads_held(o, c);
+    if (o.parallel_decode && *o.parallel_decode != o.parallel) {
+      // Seesaw's cd: its shards' weights and workspaces, its own activations;
+      // each rank's KV memory is the larger of its two caches.
+      std::uint64_t kv_units = 0;  // sum over ranks of max(layers x KV heads) of the two configs
+      for (int r = 0; r < ranks; ++r) {
+        const model::ShardSpec cp = shard_spec_of(o.parallel, r), cd = shard_spec_of(*o.parallel_decode, r);
+        pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, cd);
+        workspace_bytes += model::cuda_runner_workspace_bytes(c, co, cd);
+        const auto units = [&](const model::ShardSpec& spec) {
+          const model::ShardLayout lay = model::shard_layout(c, spec);
+          return static_cast<std::uint64_t>(lay.layer_end - lay.layer_begin) * static_cast<std::uint64_t>(lay.kv_attn);
+        };
+        kv_units += std::max(units(cp), units(cd));
+      }
+      pi.activation_bytes *= 2;
+      pi.num_kv_heads = static_cast<int>((kv_units + static_cast<std::uint64_t>(c.num_hidden_layers) - 1) /
+                                         static_cast<std::uint64_t>(c.num_hidden_layers));
+    }
   } else {
     workspace_bytes = model::cuda_runner_workspace_bytes(c, co);
   }
@@ -177,10 +195,14 @@ Status check_engine_options(const EngineOptions& o) {
       return make_error(ErrorCode::invalid_argument,
                         "a decode parallel config (" + cd.to_string() + ") needs Seesaw's phases (--seesaw-policy)");
     if (Status st = check_decode_config(o.parallel, cd); !st) return st;
-    if (cuda || o.ffn || o.shift)
+    if (o.ffn || o.shift)
       return make_error(ErrorCode::unsupported,
-                        "Seesaw's two parallel configs run on a CPU engine group, in one process or over TCP (not "
-                        "CUDA, SiDP or --shift)");
+                        "Seesaw's two parallel configs run on an engine group (CPU devices in one process or over "
+                        "TCP, or CUDA ranks sharing a GPU), not with SiDP or --shift");
+    if (cuda && o.reshard_weights != ReshardWeights::resident)
+      return make_error(ErrorCode::unsupported,
+                        "Seesaw on CUDA keeps both configs' weights resident (--reshard-weights resident); reload is "
+                        "not built there");
   }
   if (o.device_memory_bytes > 0) {
     if (cuda)
@@ -311,8 +333,11 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
         return p->decide(in.num_tokens()) == ShiftMode::shift;
       };
     }
-    auto group =
-        model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp, o.parallel.sp, std::move(choose));
+    std::optional<model::ShardDims> decode;  // Seesaw's cd (seed 000 §4.1)
+    if (o.parallel_decode && *o.parallel_decode != o.parallel)
+      decode = model::ShardDims{o.parallel_decode->tp, o.parallel_decode->pp, o.parallel_decode->sp};
+    auto group = model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp, o.parallel.sp,
+                                               std::move(choose), decode);
     if (!group) return std::move(group).error();
     e.weight_bytes = (*group)->weight_bytes();
     e.executor = std::move(group).value();

@@ -1012,6 +1012,13 @@ std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunner
   return metadata + cast_scratch + attention + logits_in + ulysses + kcu::kGemmWorkspaceBytes;
 }
 
+std::size_t cuda_runner_kv_cache_bytes(const ModelConfig& c, const CudaRunnerOptions& o, const ShardSpec& spec) {
+  const ShardLayout lay = shard_layout(c, spec);
+  return 2 * static_cast<std::size_t>(lay.layer_end - lay.layer_begin) * static_cast<std::size_t>(o.num_kv_blocks) *
+         static_cast<std::size_t>(lay.kv_attn) * static_cast<std::size_t>(o.block_size) *
+         static_cast<std::size_t>(c.head_dim) * dtype_size(o.kv_cache_dtype);
+}
+
 std::uint64_t cuda_runner_weight_bytes(const ModelConfig& c, DType wdt, const ShardSpec& spec) {
   const ShardLayout lay = shard_layout(c, spec);
   const auto hidden = static_cast<std::uint64_t>(c.hidden_size);

@@ -215,6 +215,13 @@ class CudaModelRunner final : public model::ModelExecutor {
 [[nodiscard]] std::uint64_t cuda_runner_weight_bytes(const ModelConfig& config, DType weight_dtype,
                                                      const ShardSpec& spec = {});
 
+/// Device bytes of the KV cache rank `spec` of `config` holds with
+/// `options` (num_kv_blocks blocks of the KV heads it attends, its stage's
+/// layers, K and V): what CudaModelRunner::kv_cache_bytes() reports.
+/// Precondition: the spec passes check_shardable.
+[[nodiscard]] std::size_t cuda_runner_kv_cache_bytes(const ModelConfig& config, const CudaRunnerOptions& options,
+                                                     const ShardSpec& spec = {});
+
 /// The default decode graph batch sizes for max_num_seqs (see
 /// CudaRunnerOptions::cuda_graph_batch_sizes).
 [[nodiscard]] std::vector<int> default_cuda_graph_batch_sizes(int max_num_seqs);

@@ -1,5 +1,6 @@
 #include "model/cuda/cuda_shard_group.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -18,27 +19,63 @@ Result<std::unique_ptr<comm::Communicator>> device_comm(comm::InProcGroup& group
   return std::unique_ptr<comm::Communicator>(std::move(dev).value());
 }
 
+// Group rank r = (stage * sp + sp_rank) * tp + tp_rank, in every config.
+using Place = CudaShardGroup::Place;
+Place tp_place(const ShardDims& d, int r) { return {r / d.tp, r % d.tp}; }
+Place sp_place(const ShardDims& d, int r) { return {(r / (d.tp * d.sp)) * d.tp + r % d.tp, (r / d.tp) % d.sp}; }
+Place pp_place(const ShardDims& d, int r) { return {r % (d.tp * d.sp), r / (d.tp * d.sp)}; }
+/// §3.3.1: TP rank t's SP rank s attends query-head block t*sp + s.
+Place shift_place(const ShardDims& d, int r) { return {0, tp_place(d, r).rank * d.sp + sp_place(d, r).rank}; }
+
+ShardSpec spec_of(const ShardDims& d, int r) {
+  ShardSpec spec;
+  spec.tp = d.tp;
+  spec.tp_rank = tp_place(d, r).rank;
+  spec.sp = d.sp;
+  spec.sp_rank = sp_place(d, r).rank;
+  spec.pp = d.pp;
+  spec.stage = pp_place(d, r).rank;
+  return spec;
+}
+
 }  // namespace
 
-// Group rank r = (stage * sp + sp_rank) * tp + tp_rank.
-CudaShardGroup::Place CudaShardGroup::tp_place(int r) const { return {r / tp_, r % tp_}; }
-CudaShardGroup::Place CudaShardGroup::sp_place(int r) const {
-  return {(r / (tp_ * sp_)) * tp_ + r % tp_, (r / tp_) % sp_};
-}
-CudaShardGroup::Place CudaShardGroup::pp_place(int r) const { return {r % (tp_ * sp_), r / (tp_ * sp_)}; }
-CudaShardGroup::Place CudaShardGroup::shift_place(int r) const {
-  return {0, tp_place(r).rank * sp_ + sp_place(r).rank};  // §3.3.1: TP rank t's SP rank s attends block t*sp + s
-}
+/// kv_copier()'s answer: forwards to the active config's copier, so the
+/// pointer the engine keeps stays valid across Seesaw's switches.
+class CudaShardGroup::ActiveCopier final : public kvstore::KvCopier {
+ public:
+  explicit ActiveCopier(CudaShardGroup& group) : group_(group) {}
+  [[nodiscard]] int num_devices() const override { return group_.group_size(); }
+  [[nodiscard]] bool supports_streaming() const override { return true; }
+  [[nodiscard]] Status copy_out(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
+                                std::span<std::byte> chunk) override {
+    CudaKvCopier* c = group_.active_copier();
+    if (c == nullptr) return make_error(ErrorCode::internal, "cuda shard group: no KV copier");
+    return c->copy_out(block_table, range, chunk);
+  }
+  [[nodiscard]] Status copy_in(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
+                               std::span<const std::byte> chunk) override {
+    CudaKvCopier* c = group_.active_copier();
+    if (c == nullptr) return make_error(ErrorCode::internal, "cuda shard group: no KV copier");
+    return c->copy_in(block_table, range, chunk);
+  }
 
-Status CudaShardGroup::make_comms(int device) {
-  const int n = tp_ * sp_ * pp_;
-  tp_kind_.size = tp_;
-  sp_kind_.size = sp_;
-  pp_kind_.size = pp_;
-  shift_kind_.size = choose_shift_ ? n : 1;
-  const std::pair<Kind*, Place (CudaShardGroup::*)(int) const> kinds[] = {
-      {&tp_kind_, &CudaShardGroup::tp_place}, {&sp_kind_, &CudaShardGroup::sp_place},
-      {&pp_kind_, &CudaShardGroup::pp_place}, {&shift_kind_, &CudaShardGroup::shift_place}};
+ private:
+  CudaShardGroup& group_;
+};
+
+CudaShardGroup::CudaShardGroup() = default;
+
+Status CudaShardGroup::build(Shards& shards, const std::shared_ptr<const ModelWeights>& weights,
+                             const CudaRunnerOptions& options, const std::vector<void*>& kv_memory,
+                             const std::vector<std::size_t>& kv_memory_bytes) {
+  const ShardDims d = shards.dims;
+  const int n = d.size();
+  shards.tp_kind.size = d.tp;
+  shards.sp_kind.size = d.sp;
+  shards.pp_kind.size = d.pp;
+  const std::pair<Kind*, Place (*)(const ShardDims&, int)> kinds[] = {
+      {&shards.tp_kind, &tp_place}, {&shards.sp_kind, &sp_place}, {&shards.pp_kind, &pp_place}};
   for (const auto& [kind, place] : kinds) {
     if (kind->size == 1) continue;
     for (int g = 0; g < n / kind->size; ++g) {
@@ -47,11 +84,28 @@ Status CudaShardGroup::make_comms(int device) {
       kind->groups.push_back(std::move(group).value());
     }
     for (int r = 0; r < n; ++r) {
-      const Place p = (this->*place)(r);
-      auto c = device_comm(*kind->groups[static_cast<std::size_t>(p.group)], p.rank, device);
+      const Place p = place(d, r);
+      auto c = device_comm(*kind->groups[static_cast<std::size_t>(p.group)], p.rank, options.device_index);
       if (!c) return std::move(c).error();
       kind->comms.push_back(std::move(c).value());
     }
+  }
+  const auto comm_of = [](const Kind& k, int r) {
+    return k.comms.empty() ? nullptr : k.comms[static_cast<std::size_t>(r)].get();
+  };
+  for (int r = 0; r < n; ++r) {
+    ShardComms comms;
+    comms.tp = comm_of(shards.tp_kind, r);
+    comms.sp = comm_of(shards.sp_kind, r);
+    comms.pp = comm_of(shards.pp_kind, r);
+    CudaRunnerOptions o = options;
+    if (!kv_memory.empty()) {
+      o.kv_memory = kv_memory[static_cast<std::size_t>(r)];
+      o.kv_memory_bytes = kv_memory_bytes[static_cast<std::size_t>(r)];
+    }
+    auto runner = CudaModelRunner::create(weights, o, spec_of(d, r), comms);
+    if (!runner) return std::move(runner).error();
+    shards.runners.push_back(std::move(runner).value());
   }
   return Status::ok_status();
 }
@@ -59,17 +113,29 @@ Status CudaShardGroup::make_comms(int device) {
 Status CudaShardGroup::make_shift_runners(const std::shared_ptr<const ModelWeights>& weights,
                                           const CudaRunnerOptions& options) {
   const int n = group_size();
+  shift_kind_.size = n;
+  {
+    auto group = comm::InProcGroup::create(n);
+    if (!group) return std::move(group).error();
+    shift_kind_.groups.push_back(std::move(group).value());
+  }
+  for (int r = 0; r < n; ++r) {
+    auto c = device_comm(*shift_kind_.groups[0], shift_place(base_.dims, r).rank, options.device_index);
+    if (!c) return std::move(c).error();
+    shift_kind_.comms.push_back(std::move(c).value());
+  }
   for (int r = 0; r < n; ++r) {
     ShardSpec spec;
     spec.tp = n;
-    spec.tp_rank = shift_place(r).rank;
+    spec.tp_rank = shift_place(base_.dims, r).rank;
     ShardComms comms;
     comms.tp = shift_kind_.comms[static_cast<std::size_t>(r)].get();
     // The base runner's cache: the same heads in the same slots (§3.3.1).
-    const DeviceKvCache base = runners_[static_cast<std::size_t>(r)]->device_kv_cache();
+    const CudaModelRunner& base_runner = *base_.runners[static_cast<std::size_t>(r)];
+    const DeviceKvCache base = base_runner.device_kv_cache();
     CudaRunnerOptions so = options;
     so.kv_memory = base.data;
-    so.kv_memory_bytes = runners_[static_cast<std::size_t>(r)]->kv_cache_bytes();
+    so.kv_memory_bytes = base_runner.kv_cache_bytes();
     auto runner = CudaModelRunner::create(weights, so, spec, comms);
     if (!runner) return runner.error();
     if ((*runner)->device_kv_cache().layout.kv_heads != base.layout.kv_heads)
@@ -80,9 +146,31 @@ Status CudaShardGroup::make_shift_runners(const std::shared_ptr<const ModelWeigh
   return Status::ok_status();
 }
 
+Status CudaShardGroup::build_pair(const std::shared_ptr<const ModelWeights>& weights,
+                                  const CudaRunnerOptions& options) {
+  const int n = group_size();
+  std::vector<void*> memory;
+  std::vector<std::size_t> bytes;
+  for (int r = 0; r < n; ++r) {
+    const std::size_t b = std::max(cuda_runner_kv_cache_bytes(weights->config, options, spec_of(base_.dims, r)),
+                                   cuda_runner_kv_cache_bytes(weights->config, options, spec_of(decode_->dims, r)));
+    auto buf = kernels::cuda::DeviceBuffer::allocate(b);
+    if (!buf)
+      return make_error(buf.error().code, "cuda shard group: rank " + std::to_string(r) + "'s KV memory (" +
+                                               std::to_string(b) + " bytes): " + buf.error().message);
+    if (Status s = buf->fill_bytes(0); !s) return s;
+    memory.push_back(buf->data());
+    bytes.push_back(b);
+    kv_memory_.push_back(std::move(buf).value());
+  }
+  if (Status s = build(base_, weights, options, memory, bytes); !s) return s;
+  return build(*decode_, weights, options, memory, bytes);
+}
+
 Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<const ModelWeights> weights,
                                                                const CudaRunnerOptions& options, int tp, int pp,
-                                                               int sp, ShiftChooser shift) {
+                                                               int sp, ShiftChooser shift,
+                                                               std::optional<ShardDims> decode) {
   if (tp < 1 || pp < 1 || sp < 1 || tp * pp * sp < 2)
     return make_error(ErrorCode::invalid_argument,
                       "cuda shard group: tp, pp and sp must be >= 1 and tp*pp*sp >= 2, got tp=" + std::to_string(tp) +
@@ -91,34 +179,26 @@ Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<c
     return make_error(ErrorCode::invalid_argument, "cuda shard group: Shift Parallelism needs pp = 1 (the shift config "
                                                    "is TP over the base config's sp x tp ranks), got pp=" +
                                                        std::to_string(pp));
+  if (!weights) return make_error(ErrorCode::invalid_argument, "cuda shard group: no weights");
+  const ShardDims dims{tp, pp, sp};
+  if (decode && (shift || decode->tp < 1 || decode->pp < 1 || decode->sp < 1 || decode->size() != dims.size()))
+    return make_error(ErrorCode::invalid_argument,
+                      "cuda shard group: Seesaw's decode config must have the group's " + std::to_string(dims.size()) +
+                          " ranks (and no --shift), got tp=" + std::to_string(decode->tp) + " pp=" +
+                          std::to_string(decode->pp) + " sp=" + std::to_string(decode->sp));
   std::unique_ptr<CudaShardGroup> g(new CudaShardGroup());
-  g->tp_ = tp;
-  g->pp_ = pp;
-  g->sp_ = sp;
+  g->base_.dims = dims;
   g->choose_shift_ = std::move(shift);
-  if (Status s = g->make_comms(options.device_index); !s) return s.error();
-  const int n = tp * sp * pp;
-  const auto comm_of = [&](const Kind& k, int r) {
-    return k.comms.empty() ? nullptr : k.comms[static_cast<std::size_t>(r)].get();
-  };
-  for (int r = 0; r < n; ++r) {
-    ShardSpec spec;
-    spec.tp = tp;
-    spec.tp_rank = g->tp_place(r).rank;
-    spec.sp = sp;
-    spec.sp_rank = g->sp_place(r).rank;
-    spec.pp = pp;
-    spec.stage = g->pp_place(r).rank;
-    ShardComms comms;
-    comms.tp = comm_of(g->tp_kind_, r);
-    comms.sp = comm_of(g->sp_kind_, r);
-    comms.pp = comm_of(g->pp_kind_, r);
-    auto runner = CudaModelRunner::create(weights, options, spec, comms);
-    if (!runner) return std::move(runner).error();
-    g->runners_.push_back(std::move(runner).value());
+  if (decode && *decode != dims) {
+    g->decode_ = std::make_unique<Shards>();
+    g->decode_->dims = *decode;
+    if (Status s = g->build_pair(weights, options); !s) return s.error();
+  } else if (Status s = build(g->base_, weights, options, {}, {}); !s) {
+    return s.error();
   }
   if (g->choose_shift_)
     if (Status s = g->make_shift_runners(weights, options); !s) return s.error();
+  const int n = dims.size();
   g->done_step_.assign(static_cast<std::size_t>(n), 0);
   for (int r = 0; r < n; ++r)
     g->outputs_.emplace_back(make_error(ErrorCode::internal, "cuda shard group: no step yet"));
@@ -133,40 +213,63 @@ CudaShardGroup::~CudaShardGroup() {
   }
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
-  shift_runners_.clear();  // on the base runners' KV caches
-  runners_.clear();
-  shift_kind_.comms.clear();
-  tp_kind_.comms.clear();
-  sp_kind_.comms.clear();
-  pp_kind_.comms.clear();
+  kv_copier_.reset();
+  // Runners before the KV memory they use and the communicators they hold.
+  shift_runners_.clear();
+  if (decode_) decode_->runners.clear();
+  base_.runners.clear();
+}
+
+CudaKvCopier* CudaShardGroup::active_copier() {
+  Shards& s = decode_active_ ? *decode_ : base_;
+  if (!s.copier) {
+    std::vector<DeviceKvCache> caches;
+    for (const auto& r : s.runners) caches.push_back(r->device_kv_cache());
+    auto c = CudaKvCopier::create(kv_model_shape(), std::move(caches));
+    if (c) s.copier = std::move(c).value();
+  }
+  return s.copier.get();
 }
 
 kvstore::KvCopier* CudaShardGroup::kv_copier() {
-  if (!kv_copier_) {
-    std::vector<DeviceKvCache> caches;
-    for (const auto& r : runners_) caches.push_back(r->device_kv_cache());
-    auto c = CudaKvCopier::create(kv_model_shape(), std::move(caches));
-    if (c) kv_copier_ = std::move(c).value();
-  }
+  if (active_copier() == nullptr) return nullptr;
+  if (!kv_copier_) kv_copier_ = std::make_unique<ActiveCopier>(*this);
   return kv_copier_.get();
+}
+
+Status CudaShardGroup::use_step_config(StepConfig config) {
+  if (!decode_) return make_error(ErrorCode::unsupported, "cuda shard group: one parallel config only");
+  decode_active_ = config == StepConfig::decode;
+  return Status::ok_status();
 }
 
 std::size_t CudaShardGroup::weight_bytes() const {
   std::size_t total = 0;
-  for (const auto& r : runners_) total += r->weight_bytes();
+  for (const auto& r : base_.runners) total += r->weight_bytes();
+  if (decode_)
+    for (const auto& r : decode_->runners) total += r->weight_bytes();
+  for (const auto& r : shift_runners_) total += r->weight_bytes();
   return total;
 }
 
-Result<StepOutput> CudaShardGroup::run_rank(int rank, const StepInput& input, bool shift) {
-  CudaModelRunner& runner =
-      shift ? *shift_runners_[static_cast<std::size_t>(rank)] : *runners_[static_cast<std::size_t>(rank)];
+Result<StepOutput> CudaShardGroup::run_rank(int rank, const StepInput& input, Mode mode) {
+  const auto r = static_cast<std::size_t>(rank);
+  CudaModelRunner& runner = mode == Mode::shift ? *shift_runners_[r] : *shards_of(mode).runners[r];
   Result<StepOutput> out = runner.execute(input);
   if (!out) {
-    if (shift) (void)shift_kind_.groups[0]->mark_dead(shift_place(rank).rank);
     // Its peers' collectives and receives fail now, not at the timeout.
-    if (tp_ > 1) (void)tp_kind_.groups[static_cast<std::size_t>(tp_place(rank).group)]->mark_dead(tp_place(rank).rank);
-    if (sp_ > 1) (void)sp_kind_.groups[static_cast<std::size_t>(sp_place(rank).group)]->mark_dead(sp_place(rank).rank);
-    if (pp_ > 1) (void)pp_kind_.groups[static_cast<std::size_t>(pp_place(rank).group)]->mark_dead(pp_place(rank).rank);
+    if (mode == Mode::shift) {
+      (void)shift_kind_.groups[0]->mark_dead(shift_place(base_.dims, rank).rank);
+    } else {
+      Shards& s = shards_of(mode);
+      const std::pair<Kind*, Place (*)(const ShardDims&, int)> kinds[] = {
+          {&s.tp_kind, &tp_place}, {&s.sp_kind, &sp_place}, {&s.pp_kind, &pp_place}};
+      for (const auto& [kind, place] : kinds)
+        if (kind->size > 1) {
+          const Place p = place(s.dims, rank);
+          (void)kind->groups[static_cast<std::size_t>(p.group)]->mark_dead(p.rank);
+        }
+    }
   }
   return out;
 }
@@ -175,16 +278,16 @@ void CudaShardGroup::serve(int rank) {
   std::uint64_t seen = 0;
   for (;;) {
     const StepInput* input = nullptr;
-    bool shift = false;
+    Mode mode = Mode::base;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stopping_ || step_ > seen; });
       if (stopping_) return;
       seen = step_;
       input = input_;
-      shift = step_shift_;
+      mode = step_mode_;
     }
-    Result<StepOutput> out = run_rank(rank, *input, shift);
+    Result<StepOutput> out = run_rank(rank, *input, mode);
     {
       std::lock_guard<std::mutex> lock(mu_);
       outputs_[static_cast<std::size_t>(rank)] = std::move(out);
@@ -197,17 +300,21 @@ void CudaShardGroup::serve(int rank) {
 Result<StepOutput> CudaShardGroup::execute(const StepInput& input) {
   if (broken_)
     return make_error(ErrorCode::io, "cuda shard group: a rank failed in an earlier step; the group must be rebuilt");
-  const bool shift = choose_shift_ && choose_shift_(input);
-  ++(shift ? shift_steps_ : base_steps_);
+  Mode mode = Mode::base;
+  if (decode_active_)
+    mode = Mode::decode;
+  else if (choose_shift_ && choose_shift_(input))
+    mode = Mode::shift;
+  ++(mode == Mode::decode ? decode_steps_ : mode == Mode::shift ? shift_steps_ : base_steps_);
   std::uint64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     input_ = &input;
-    step_shift_ = shift;
+    step_mode_ = mode;
     step = ++step_;
   }
   cv_.notify_all();
-  Result<StepOutput> mine = run_rank(0, input, shift);
+  Result<StepOutput> mine = run_rank(0, input, mode);
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] {
@@ -223,8 +330,10 @@ Result<StepOutput> CudaShardGroup::execute(const StepInput& input) {
       broken_ = true;
       return outputs_[r].error();
     }
-  // The last stage's ranks hold the step's output; each gathered it whole.
-  const std::size_t last = static_cast<std::size_t>(pp_ - 1) * static_cast<std::size_t>(tp_ * sp_);
+  // The last stage's ranks hold the step's output; each gathered it whole
+  // (the shift config has one stage).
+  const ShardDims d = mode == Mode::decode ? decode_->dims : base_.dims;
+  const std::size_t last = mode == Mode::shift ? 0 : static_cast<std::size_t>(d.pp - 1) * static_cast<std::size_t>(d.tp * d.sp);
   const StepOutput& first = *outputs_[last];
   for (std::size_t r = last + 1; r < outputs_.size(); ++r) {
     const StepOutput& o = *outputs_[r];

@@ -34,24 +34,46 @@
 /// config (the engine's ShiftPolicy: small decode steps in TP', large ones
 /// in the base SP x TP); every rank runs the step in that config.
 ///
+/// Seesaw (seed 000 §4.1, dynamic re-sharding; issue 41 item 4), with a
+/// decode config cd of the same group size: every rank also holds its shard
+/// of cd (own weights, resident), and its two caches, cp's and cd's, lay out
+/// one device allocation of the larger one's size each their own way (the
+/// CPU group's KV memory). use_step_config() switches between them; the
+/// engine moves every sequence's KV through its host buffer between the
+/// phases (KvCacheIo's mover through kv_copier(), which follows the active
+/// config), which re-shards it.
+///
 /// Not built yet: ranks on distinct GPUs (NCCL), several micro-batches in
-/// the pipeline at once.
+/// the pipeline at once, Seesaw's `reload` weights (both shards stay
+/// resident).
 
 #include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/inproc.hpp"
 #include "common/result.hpp"
+#include "kernels/cuda/device_buffer.hpp"
 #include "model/cuda/cuda_runner.hpp"
 #include "model/executor.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::model {
+
+/// The sizes of one parallel config of a group (dp is the worker count, not
+/// the group's).
+struct ShardDims {
+  int tp = 1;
+  int pp = 1;
+  int sp = 1;
+  [[nodiscard]] int size() const noexcept { return tp * pp * sp; }
+  bool operator==(const ShardDims&) const = default;
+};
 
 class CudaShardGroup final : public ModelExecutor {
  public:
@@ -68,37 +90,56 @@ class CudaShardGroup final : public ModelExecutor {
   /// (see the file comment) every rank also builds its shift runner on its
   /// base runner's KV cache; invalid_argument with pp > 1, or a model the
   /// shift config (tp' = sp x tp) does not split.
+  /// With `decode` (Seesaw, seed 000 §4.1; see the file comment) every rank
+  /// also holds its shard of that config over the same ranks, and each
+  /// rank's two caches share one device allocation of the larger one's
+  /// size; steps run in this config until use_step_config(decode).
+  /// invalid_argument for a decode config of another size, or with `shift`.
   [[nodiscard]] static Result<std::unique_ptr<CudaShardGroup>> create(std::shared_ptr<const ModelWeights> weights,
                                                                       const CudaRunnerOptions& options, int tp,
                                                                       int pp = 1, int sp = 1,
-                                                                      ShiftChooser shift = {});
+                                                                      ShiftChooser shift = {},
+                                                                      std::optional<ShardDims> decode = std::nullopt);
   /// Stops the rank threads, then frees the runners and communicators.
   ~CudaShardGroup() override;
   CudaShardGroup(const CudaShardGroup&) = delete;
   CudaShardGroup& operator=(const CudaShardGroup&) = delete;
 
-  /// One step on every rank. Errors: the first failing rank's error (then
-  /// the group is broken); internal when the last stage's ranks disagree (a
-  /// bug); io on a broken group.
+  /// One step on every rank, in the active config. Errors: the first
+  /// failing rank's error (then the group is broken); internal when the last
+  /// stage's ranks disagree (a bug); io on a broken group.
   [[nodiscard]] Result<StepOutput> execute(const StepInput& input) override;
-  [[nodiscard]] int vocab_size() const override { return runners_[0]->vocab_size(); }
-  [[nodiscard]] int num_kv_blocks() const override { return runners_[0]->num_kv_blocks(); }
-  [[nodiscard]] int block_size() const override { return runners_[0]->block_size(); }
+  [[nodiscard]] int vocab_size() const override { return base_.runners[0]->vocab_size(); }
+  [[nodiscard]] int num_kv_blocks() const override { return base_.runners[0]->num_kv_blocks(); }
+  [[nodiscard]] int block_size() const override { return base_.runners[0]->block_size(); }
   [[nodiscard]] bool samples_on_device() const override { return true; }
-  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override { return runners_[0]->kv_model_shape(); }
-  /// DéjàVu on CUDA: every rank's KV cache through one CudaKvCopier (a
-  /// (layer, head) held by several ranks is read from the first and written
-  /// to all). Made on the first call; null if it cannot be made.
+  [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override { return base_.runners[0]->kv_model_shape(); }
+  /// DéjàVu on CUDA: every rank's KV cache of the active config through one
+  /// CudaKvCopier per config (a (layer, head) held by several ranks is read
+  /// from the first and written to all); the pointer stays the same across
+  /// Seesaw's switches. Null if a copier cannot be made.
   [[nodiscard]] kvstore::KvCopier* kv_copier() override;
+  /// Seesaw: whether the group holds a decode config.
+  [[nodiscard]] bool has_step_configs() const override { return decode_ != nullptr; }
+  /// Seesaw: runs the following steps in the prefill config (this group's
+  /// own) or the decode config. Nothing moves: the engine offloads the KV
+  /// to its host buffer under one config and restores it under the other
+  /// (the re-sharding happens in those copies). Errors: unsupported without
+  /// a decode config.
+  [[nodiscard]] Status use_step_config(StepConfig config) override;
 
-  [[nodiscard]] int tp() const noexcept { return tp_; }
-  [[nodiscard]] int pp() const noexcept { return pp_; }
-  [[nodiscard]] int sp() const noexcept { return sp_; }
-  [[nodiscard]] int group_size() const noexcept { return static_cast<int>(runners_.size()); }
+  [[nodiscard]] int tp() const noexcept { return base_.dims.tp; }
+  [[nodiscard]] int pp() const noexcept { return base_.dims.pp; }
+  [[nodiscard]] int sp() const noexcept { return base_.dims.sp; }
+  [[nodiscard]] int group_size() const noexcept { return base_.dims.size(); }
   /// Group rank r's runner (r = (stage * sp + sp_rank) * tp + tp_rank).
-  [[nodiscard]] const CudaModelRunner& rank(int r) const { return *runners_[static_cast<std::size_t>(r)]; }
-  /// Device bytes of weights over every rank (embeddings and norms are held
-  /// by each rank of the stages that need them).
+  [[nodiscard]] const CudaModelRunner& rank(int r) const { return *base_.runners[static_cast<std::size_t>(r)]; }
+  /// Seesaw: group rank r's runner of the decode config (null without one).
+  [[nodiscard]] const CudaModelRunner* decode_rank(int r) const {
+    return decode_ ? decode_->runners[static_cast<std::size_t>(r)].get() : nullptr;
+  }
+  /// Device bytes of weights over every rank and config (embeddings and
+  /// norms are held by each rank of the stages that need them).
   [[nodiscard]] std::size_t weight_bytes() const;
   [[nodiscard]] bool broken() const noexcept { return broken_; }
   /// Shift: group rank r's shift runner (TP' rank tp_rank * sp + sp_rank);
@@ -106,19 +147,18 @@ class CudaShardGroup final : public ModelExecutor {
   [[nodiscard]] const CudaModelRunner* shift_rank(int r) const {
     return shift_runners_.empty() ? nullptr : shift_runners_[static_cast<std::size_t>(r)].get();
   }
-  /// Steps run in the base and in the shift config so far.
+  /// Steps run in the base, the shift and the (Seesaw) decode config so far.
   [[nodiscard]] std::uint64_t base_steps() const noexcept { return base_steps_; }
   [[nodiscard]] std::uint64_t shift_steps() const noexcept { return shift_steps_; }
+  [[nodiscard]] std::uint64_t decode_steps() const noexcept { return decode_steps_; }
+
+  /// Rank `rank`'s group and rank in it, for one kind of group.
+  struct Place {
+    int group = 0;
+    int rank = 0;
+  };
 
  private:
-  CudaShardGroup() = default;
-  /// Builds the host groups and the device communicators of every rank.
-  [[nodiscard]] Status make_comms(int device);
-  void serve(int rank);
-  /// Rank `rank`'s step in the base or the shift config; on a failure
-  /// marks it dead in its host groups.
-  Result<StepOutput> run_rank(int rank, const StepInput& input, bool shift);
-
   /// One kind of group: [groups] in-process host groups and every rank's
   /// device communicator in its group (empty when the kind's size is 1).
   struct Kind {
@@ -126,40 +166,55 @@ class CudaShardGroup final : public ModelExecutor {
     std::vector<std::shared_ptr<comm::InProcGroup>> groups;
     std::vector<std::unique_ptr<comm::Communicator>> comms;  ///< [group_size]; outlive the runners
   };
-  /// Rank `rank`'s group and rank in it, for each kind.
-  struct Place {
-    int group = 0;
-    int rank = 0;
+  /// One parallel config's ranks: their communicators, runners and copier.
+  struct Shards {
+    ShardDims dims;
+    Kind tp_kind, sp_kind, pp_kind;
+    std::vector<std::unique_ptr<CudaModelRunner>> runners;  ///< [group_size]
+    std::unique_ptr<CudaKvCopier> copier;                   ///< made on demand
   };
-  [[nodiscard]] Place tp_place(int rank) const;
-  [[nodiscard]] Place sp_place(int rank) const;
-  [[nodiscard]] Place pp_place(int rank) const;
-  /// Shift's TP' group: one group of every rank, TP' rank tp_rank * sp + sp_rank.
-  [[nodiscard]] Place shift_place(int rank) const;
+  /// Which runners a step runs on.
+  enum class Mode { base, shift, decode };
+  class ActiveCopier;
+
+  CudaShardGroup();
+  /// Builds `shards`' communicators and runners (on `kv_memory[r]` when given).
+  [[nodiscard]] static Status build(Shards& shards, const std::shared_ptr<const ModelWeights>& weights,
+                                    const CudaRunnerOptions& options, const std::vector<void*>& kv_memory,
+                                    const std::vector<std::size_t>& kv_memory_bytes);
   /// Builds every rank's shift runner (after the base runners).
   [[nodiscard]] Status make_shift_runners(const std::shared_ptr<const ModelWeights>& weights,
                                           const CudaRunnerOptions& options);
+  /// Seesaw: allocates each rank's KV memory for both configs, then builds both.
+  [[nodiscard]] Status build_pair(const std::shared_ptr<const ModelWeights>& weights,
+                                  const CudaRunnerOptions& options);
+  void serve(int rank);
+  /// Rank `rank`'s step in `mode`; on a failure marks it dead in its host groups.
+  Result<StepOutput> run_rank(int rank, const StepInput& input, Mode mode);
+  [[nodiscard]] Shards& shards_of(Mode mode) { return mode == Mode::decode ? *decode_ : base_; }
+  /// The active config's copier (made on the first call).
+  [[nodiscard]] CudaKvCopier* active_copier();
 
-  int tp_ = 1;
-  int pp_ = 1;
-  int sp_ = 1;
-  Kind tp_kind_, sp_kind_, pp_kind_, shift_kind_;
+  Shards base_;
+  std::unique_ptr<Shards> decode_;  ///< Seesaw's cd (null without one)
+  std::vector<kernels::cuda::DeviceBuffer> kv_memory_;  ///< Seesaw: [group_size] caches shared by both configs
+  Kind shift_kind_;
   ShiftChooser choose_shift_;
-  std::vector<std::unique_ptr<CudaModelRunner>> shift_runners_;  ///< [group_size]; after runners_ (their KV)
-  std::vector<std::unique_ptr<CudaModelRunner>> runners_;      ///< [group_size]
+  std::vector<std::unique_ptr<CudaModelRunner>> shift_runners_;  ///< [group_size]; on base_'s KV caches
   std::vector<std::thread> threads_;                           ///< ranks 1.. group_size - 1
+  bool decode_active_ = false;
+  std::unique_ptr<ActiveCopier> kv_copier_;
 
   std::mutex mu_;
   std::condition_variable cv_;
   const StepInput* input_ = nullptr;  ///< the step in progress
-  bool step_shift_ = false;           ///< it runs in the shift config
-  std::uint64_t base_steps_ = 0, shift_steps_ = 0;
+  Mode step_mode_ = Mode::base;       ///< the config it runs in
+  std::uint64_t base_steps_ = 0, shift_steps_ = 0, decode_steps_ = 0;
   std::uint64_t step_ = 0;             ///< steps handed out
   std::vector<std::uint64_t> done_step_;     ///< [group_size] the last step each rank finished
   std::vector<Result<StepOutput>> outputs_;  ///< [group_size] their outputs
   bool stopping_ = false;
   bool broken_ = false;
-  std::unique_ptr<CudaKvCopier> kv_copier_;
 };
 
 }  // namespace shardline::model

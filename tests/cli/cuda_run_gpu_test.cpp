@@ -108,6 +108,14 @@ TEST_F(CudaRunGpu, JobOnPipelineAndUlyssesRanksSharingCuda0MatchesTheCpuGroupOnG
 // Shift Parallelism on two ranks sharing GPU 0 (base sp=2, shift tp=2 on
 // one KV cache, a threshold that shifts the decode steps) against the CPU
 // group with the same flags. Not yet run on a GPU when written (issue 41).
+// Seesaw on two ranks sharing GPU 0: prefill in pp=2, decode in sp=2, the
+// KV re-sharded through the host buffer, against the CPU pair. Not yet run
+// on a GPU when written (issue 41).
+TEST_F(CudaRunGpu, SeesawJobOnTwoRanksSharingCuda0MatchesTheCpuPairOnGreedyLines) {
+  expect_greedy_lines_match(16, "--parallel pp=2 --parallel-decode sp=2",
+                            "--parallel pp=2 --parallel-decode sp=2 --devices cuda:0x2");
+}
+
 TEST_F(CudaRunGpu, ShiftJobOnTwoRanksSharingCuda0MatchesTheCpuShiftGroupOnGreedyLines) {
   expect_greedy_lines_match(16, "--parallel sp=2 --shift --shift-threshold 16",
                             "--parallel sp=2 --shift --shift-threshold 16 --devices cuda:0x2");

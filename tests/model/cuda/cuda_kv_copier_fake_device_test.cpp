@@ -15,7 +15,11 @@
 //  - Seesaw's phases (seed 000 §4.2) on a CUDA runner and on a CUDA pp=2
 //    group: every sequence's KV leaves the device through the copier when
 //    its prefill ends and comes back for decode (on the mover's thread),
-//    and the outputs are the mixed run's, ids and logits bit for bit.
+//    and the outputs are the mixed run's, ids and logits bit for bit. With
+//    two configs (§4.1: prefill in cp, decode in cd over the same ranks,
+//    each rank's two caches in one allocation) the KV is re-sharded on its
+//    way through the buffer: pairs without TP are bit-identical, pp=2 ->
+//    tp=2 within the TP bound.
 // Both timings of the fake.
 #include <gtest/gtest.h>
 
@@ -394,6 +398,68 @@ TEST_P(CudaKvCopierFakeDevice, SeesawPhasesMoveEveryKvThroughTheHostBuffer) {
     EXPECT_EQ(io.offload_fallbacks, 0u) << name;
     EXPECT_EQ(io.swap_space_bytes_used, 0u) << name << ": nothing left behind";
   }
+}
+
+TEST_P(CudaKvCopierFakeDevice, SeesawPairsPrefillInCpAndDecodeInCdWithTheKvReshardedThroughTheHost) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_pairs");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const text::IdTokenizer tok(vocab, 1, 2);
+  const auto reqs = requests(vocab);
+  constexpr std::uint64_t kBytesPerToken = 2 * 2 * 2 * 32 * 4;
+  auto run = [&](model::ModelExecutor& x, bool seesaw, SeesawStats* stats) {
+    EngineConfig ec = engine_config(PreemptionMode::swap, 64);
+    ec.swap_space_bytes = 64 * kBytesPerToken;
+    if (seesaw) ec.step_phases = seesaw_phases(SeesawOptions{SeesawPolicyOptions{}, /*async_kv=*/true, std::nullopt});
+    auto eng = LlmEngine::create(x, tok, ec);
+    EXPECT_TRUE(eng.ok()) << eng.error().to_string();
+    for (std::uint64_t id = 0; id < reqs.size(); ++id)
+      EXPECT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
+    auto out = run_all(**eng);
+    if (stats != nullptr) *stats = seesaw_stats_of(**eng);
+    return out;
+  };
+  std::map<std::uint64_t, RequestOutput> mixed;
+  {
+    auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
+    ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+    mixed = run(**gpu, false, nullptr);
+  }
+  model::CudaRunnerOptions small = testing_support::dummy_cuda_options();
+  small.num_kv_blocks = 8;
+  struct Pair {
+    model::ShardDims cp, cd;  // {tp, pp, sp}
+    bool bitwise;             // no TP in either: bit-identical to one device
+  };
+  for (const Pair& p : {Pair{{1, 2, 1}, {1, 1, 2}, true}, Pair{{1, 1, 2}, {1, 2, 1}, true},
+                        Pair{{1, 2, 1}, {2, 1, 1}, false}}) {
+    const std::string name = "cp tp=" + std::to_string(p.cp.tp) + ",pp=" + std::to_string(p.cp.pp) + ",sp=" +
+                             std::to_string(p.cp.sp) + " cd tp=" + std::to_string(p.cd.tp) + ",pp=" +
+                             std::to_string(p.cd.pp) + ",sp=" + std::to_string(p.cd.sp);
+    auto group = model::CudaShardGroup::create(w, small, p.cp.tp, p.cp.pp, p.cp.sp, {}, p.cd);
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    ASSERT_TRUE((*group)->has_step_configs());
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_NE((*group)->decode_rank(r), nullptr);
+      EXPECT_EQ((*group)->decode_rank(r)->device_kv_cache().data, (*group)->rank(r).device_kv_cache().data)
+          << name << ": one KV allocation per rank";
+    }
+    SeesawStats st;
+    const auto got = run(**group, true, &st);
+    ASSERT_EQ(got.size(), mixed.size()) << name;
+    if (p.bitwise) {
+      for (const auto& [id, want] : mixed)
+        EXPECT_TRUE(testing_support::bit_identical(got.at(id), want)) << name << " request " << id;
+    } else {
+      testing_support::expect_close_to_cpu(got, mixed, name);
+    }
+    EXPECT_GT((*group)->base_steps(), 0u) << name << ": prefill ran in cp";
+    EXPECT_GT((*group)->decode_steps(), 0u) << name << ": decode ran in cd";
+    EXPECT_GE(st.offloads, reqs.size()) << name;
+  }
+  // A decode config of another size is refused.
+  EXPECT_EQ(model::CudaShardGroup::create(w, small, 1, 2, 1, {}, model::ShardDims{2, 2, 1}).error().code,
+            ErrorCode::invalid_argument);
 }
 
 }  // namespace model_cuda_cuda_kv_copier_fake_device_test
