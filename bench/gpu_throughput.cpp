@@ -19,6 +19,7 @@
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/roofline.hpp"
 #include "model/cuda/cuda_runner.hpp"
+#include "model/cuda/cuda_shard_group.hpp"
 #endif
 
 namespace shardline::bench {
@@ -34,6 +35,7 @@ std::string GpuThroughputReport::to_json() const {
   for (const auto& [batch, steps] : decode_batch_hist) hist[std::to_string(batch)] = steps;
   nlohmann::json j{{"device_name", device_name},
                    {"device_index", device_index},
+                   {"parallel", parallel},
                    {"model", model},
                    {"num_layers", num_layers},
                    {"dtype", dtype},
@@ -101,6 +103,7 @@ std::string GpuThroughputReport::to_table() const {
   };
   s << "GPU throughput benchmark\n";
   line("device", "cuda:" + std::to_string(device_index) + " " + device_name);
+  line("engine group", parallel);
   line("model", model + " (" + std::to_string(num_layers) + " layers)");
   line("dtype / kv dtype", dtype + " / " + kv_cache_dtype);
   line("workload", std::to_string(num_prompts) + " prompts x (" + std::to_string(input_len) + " in, " +
@@ -172,8 +175,12 @@ struct StepRecord {
 /// Forwards everything else (sampling on the device included) to the runner.
 class TimingExecutor final : public model::ModelExecutor {
  public:
-  TimingExecutor(model::CudaModelRunner& inner, double weight_elem_bytes, double kv_elem_bytes, int input_len)
-      : inner_(inner), weight_elem_bytes_(weight_elem_bytes), kv_elem_bytes_(kv_elem_bytes),
+  /// `inner`: the engine's executor (a runner, or a group sharing the GPU);
+  /// `stats`: the runner whose CudaStepStats each step reports (the runner,
+  /// or the group's rank 0).
+  TimingExecutor(model::ModelExecutor& inner, const model::CudaModelRunner& stats, double weight_elem_bytes,
+                 double kv_elem_bytes, int input_len)
+      : inner_(inner), stats_(stats), weight_elem_bytes_(weight_elem_bytes), kv_elem_bytes_(kv_elem_bytes),
         input_len_(input_len) {}
 
   Result<model::StepOutput> execute(const model::StepInput& in) override {
@@ -184,11 +191,11 @@ class TimingExecutor final : public model::ModelExecutor {
     r.pure_decode = r.num_prompt_tokens == 0 &&
                     std::all_of(in.seqs.begin(), in.seqs.end(),
                                 [](const model::StepSeq& s) { return s.num_new_tokens == 1; });
-    r.cost = step_cost(inner_.config(), weight_elem_bytes_, kv_elem_bytes_, in);
+    r.cost = step_cost(stats_.config(), weight_elem_bytes_, kv_elem_bytes_, in);
     const auto t0 = Clock::now();
     auto out = inner_.execute(in);
     r.ms = ms_since(t0);
-    r.stats = inner_.last_step_stats();
+    r.stats = stats_.last_step_stats();
     records_.push_back(r);
     return out;
   }
@@ -199,7 +206,8 @@ class TimingExecutor final : public model::ModelExecutor {
   const std::vector<StepRecord>& records() const { return records_; }
 
  private:
-  model::CudaModelRunner& inner_;
+  model::ModelExecutor& inner_;
+  const model::CudaModelRunner& stats_;
   double weight_elem_bytes_;
   double kv_elem_bytes_;
   int input_len_;
@@ -226,11 +234,12 @@ Result<GpuThroughputReport> run_gpu_throughput(const ThroughputOptions& o) {
                       "bench: --num-prompts, --input-len, --output-len and --max-batch must be > 0");
   if (o.engine.device != model::DeviceKind::cuda)
     return make_error(ErrorCode::invalid_argument, "bench: run_gpu_throughput needs --device cuda:N");
-  if (o.engine.parallel.group_size() != 1)
-    return make_error(ErrorCode::unsupported, "bench --device cuda: one GPU only (no --parallel)");
+  if (o.engine.parallel.dp != 1)
+    return make_error(ErrorCode::unsupported, "bench --device cuda: one engine (dp = 1)");
 
   GpuThroughputReport rep;
   rep.device_index = o.engine.device_index;
+  rep.parallel = o.engine.parallel.to_string();
   rep.model = o.engine.model_dir;
   rep.dtype = dtype_name(o.engine.dtype);
   rep.kv_cache_dtype = dtype_name(o.engine.kv_cache_dtype);
@@ -268,19 +277,25 @@ Result<GpuThroughputReport> run_gpu_throughput(const ThroughputOptions& o) {
     auto built = engine::build_engine(eo);
     if (!built) return std::move(built).error();
     engine::EngineInstance& e = *built;
-    auto* runner = e.executor_as<model::CudaModelRunner>();
+    // One runner, or a group of ranks sharing the GPU (steps report rank 0's statistics).
+    const model::CudaModelRunner* runner = e.executor_as<model::CudaModelRunner>();
+    double weight_bytes = runner != nullptr ? static_cast<double>(runner->weight_bytes()) : 0.0;
+    if (auto* group = e.executor_as<model::CudaShardGroup>(); group != nullptr) {
+      runner = &group->rank(0);
+      weight_bytes = static_cast<double>(group->weight_bytes());
+    }
     if (runner == nullptr)
-      return make_error(ErrorCode::internal, "bench: the cuda engine has no CudaModelRunner");
+      return make_error(ErrorCode::internal, "bench: the cuda engine has no CudaModelRunner or CudaShardGroup");
     rep.setup_s = ms_since(t_setup) / 1e3;
     rep.num_layers = e.weights->config.num_hidden_layers;
     rep.kv_cache_bytes = e.kv_cache_bytes;
     rep.num_kv_blocks = e.num_kv_blocks;
-    rep.weight_bytes = static_cast<double>(runner->weight_bytes());
+    rep.weight_bytes = weight_bytes;
     rep.captured_batch_sizes = runner->captured_batch_sizes();
     rep.graph_capture_error = runner->graph_capture_error();
 
     // The engine must run on the timing executor: a second engine over it.
-    TimingExecutor timing(*runner, static_cast<double>(dtype_size(o.engine.dtype)),
+    TimingExecutor timing(*e.executor, *runner, static_cast<double>(dtype_size(o.engine.dtype)),
                           static_cast<double>(dtype_size(o.engine.kv_cache_dtype)), o.input_len);
     auto eng = engine::LlmEngine::create(timing, *e.tokenizer, e.engine->config());
     if (!eng) return std::move(eng).error();

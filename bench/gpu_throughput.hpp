@@ -5,7 +5,9 @@
 /// tokens/s on one H100 with llama-3.1-8b, 1,000 prompts x 256 in / 256 out):
 /// N prompts of random token ids x (input_len in, output_len out, ignore_eos,
 /// greedy), all submitted at once, run to completion by the engine over a
-/// model::CudaModelRunner (`--device cuda:N`).
+/// model::CudaModelRunner (`--device cuda:N`), or over a model::CudaShardGroup
+/// of ranks sharing the GPU (`--device cuda:N --parallel tp=2`: one config;
+/// the steps report rank 0's statistics, the weights are every rank's).
 ///
 /// The device's two ceilings are measured in the same run, before the engine
 /// is built and again after it is destroyed (the better reading of the two is
@@ -50,6 +52,7 @@ struct GpuThroughputReport {
   // ---- setting ----
   std::string device_name;  ///< e.g. "NVIDIA H100 80GB HBM3"
   int device_index = 0;
+  std::string parallel = "tp=1,pp=1,sp=1,dp=1";  ///< the engine group's config (ranks sharing the GPU)
   std::string model;           ///< model / shape folder
   int num_layers = 0;          ///< layers actually run (after --num-layers)
   std::string dtype;           ///< weight storage on the device

@@ -243,6 +243,17 @@ int run_bench(BenchArgs& a) {
   if (!a.seesaw.empty()) return run_seesaw(a, *eo);
   if (a.weight_sharing == "sidp") return run_sidp(a, *eo);
   if (a.engine.shift) return run_shift(a, *eo);
+  if (eo->device == model::DeviceKind::cuda && a.parallel.size() == 1) {
+    // One engine group of ranks sharing the GPU (model::CudaShardGroup).
+    auto pc = engine::parse_parallel_config(a.parallel.front());
+    if (!pc) {
+      std::cerr << "error: " << pc.error().to_string() << "\n";
+      return 2;
+    }
+    eo->parallel = *pc;
+    a.options.engine = *eo;
+    return print_report(bench::run_gpu_throughput(a.options));
+  }
   if (!a.parallel.empty()) return run_parallel(a, *eo);
   a.options.engine = *eo;
   if (eo->device == model::DeviceKind::cuda) return print_report(bench::run_gpu_throughput(a.options));
@@ -279,7 +290,8 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   cmd->add_option("--parallel", a->parallel,
                   "Benchmark these parallel configs, e.g. --parallel single --parallel tp=2 --parallel pp=2 "
-                  "(in-process CPU devices; prints a table on stderr and one JSON line)");
+                  "(in-process CPU devices; prints a table on stderr and one JSON line); with --device cuda:N, one config: "
+                  "the GPU benchmark of an engine group whose ranks share the GPU");
   cmd->add_option("--token-budget", a->token_budget,
                   "With --parallel, the policies for pp > 1 configs: fixed, throttle or both")
       ->check(CLI::IsMember({"fixed", "throttle", "both"}))

@@ -57,7 +57,9 @@
 # 30-60 s of device time before the command runs. Every step checks the
 # budget (--budget, default 560 s) first and is skipped when too little is
 # left, and each runs under `timeout`. Steps run in priority order: build,
-# gpu tests, llama bench, qwen3 bench, llama torch, qwen3 torch. Smaller
+# gpu tests, llama bench, qwen3 bench, the group stage (the gpu tests of
+# engine groups sharing GPU 0, then llama's bench on --group-parallel,
+# default tp=2, beside its single-GPU run), llama torch, qwen3 torch. Smaller
 # runs: --num-prompts, --num-layers, --models, --no-tests, --no-torch,
 # --quick; torch alone (no build): --no-tests --no-bench.
 set -uo pipefail
@@ -87,6 +89,10 @@ DO_BUILD=1
 DO_TESTS=1
 DO_BENCH=1
 DO_TORCH=1
+DO_GROUP=1
+GROUP_PARALLEL="tp=2"   # the group stage's bench: ranks sharing GPU 0 (issue 41)
+# gtest filter of the group stage's gpu tests (engine groups of ranks sharing GPU 0)
+GROUP_TESTS="*SharingCuda0*:*SeesawJob*:*ShiftJob*"
 FORCE_PREBUILT=0
 FORCE_BUILD=0
 DRY_RUN=0
@@ -115,6 +121,8 @@ Options of run:
   --torch-args "..."           flags for torch_reference.py (default "--cuda-graph"; "" = eager)
   --no-build                   use the build dir as it is
   --no-tests / --no-bench / --no-torch
+  --no-group                   skip the group stage (its gpu tests and its bench)
+  --group-parallel CONFIG      the group bench's engine group on GPU 0 (default tp=2)
   --prebuilt                   use .gpucheck/prebuilt.tar.gz (the default when it is there)
   --build                      build on the machine even when a prebuilt bundle is there
   --quick                      smoke run: 200 prompts, no torch reference
@@ -148,6 +156,8 @@ while [[ $# -gt 0 ]]; do
     --no-tests) DO_TESTS=0; shift ;;
     --no-bench) DO_BENCH=0; shift ;;
     --no-torch) DO_TORCH=0; shift ;;
+    --no-group) DO_GROUP=0; shift ;;
+    --group-parallel) GROUP_PARALLEL="$2"; shift 2 ;;
     --quick) NUM_PROMPTS=200; DO_TORCH=0; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     --prebuilt)
@@ -422,14 +432,44 @@ use_prebuilt() {
   return 0
 }
 
+# $1: a gtest filter ("" = every test).
 run_gpu_tests_direct() {
-  local t rc=0
+  local t rc=0 filter=()
+  [[ -n "${1:-}" ]] && filter=("--gtest_filter=$1")
   for t in $(gpu_test_targets); do
     [[ -x "$TEST_DIR/$t" ]] || { echo "missing test executable $t"; rc=1; continue; }
     echo "---- $t"
-    OMP_WAIT_POLICY=PASSIVE "$TEST_DIR/$t" --gtest_brief=1 || rc=1
+    OMP_WAIT_POLICY=PASSIVE "$TEST_DIR/$t" --gtest_brief=1 "${filter[@]}" || rc=1
   done
   return "$rc"
+}
+
+# The ctest -R / -E regex of the group stage's tests (GROUP_TESTS as a regex).
+group_tests_regex() { echo "$GROUP_TESTS" | sed 's/\*//g; s/:/|/g'; }
+
+# The group stage (issue 41 item 9): the gpu tests of engine groups whose
+# ranks share GPU 0 (tp, pp, sp, Seesaw and Shift jobs against the CPU
+# groups), then the first model's bench on GROUP_PARALLEL beside its
+# single-GPU bench.
+group_stage() {
+  if (( !DO_TESTS )); then :
+  elif (( USE_CTEST )); then
+    step "group tests" 30 200 ctest --test-dir "$BUILD" -L gpu -R "$(group_tests_regex)" --output-on-failure \
+      -j "$TEST_JOBS" --timeout 200
+  else
+    step "group tests" 30 200 bash -c "run_gpu_tests_direct '$GROUP_TESTS'"
+  fi
+  (( DO_BENCH )) || return 0
+  local m dir; m="${MODELS%% *}"; dir="$(shape_dir "$m")"
+  [[ -n "$dir" ]] || return 0
+  local layers=(); (( NUM_LAYERS > 0 )) && layers=(--num-layers "$NUM_LAYERS")
+  # shellcheck disable=SC2086
+  step "bench $m $GROUP_PARALLEL" 60 300 bash -c '"$@" >"'"$OUT_DIR/bench-$m-group.json"'"' _ \
+    "$SL" bench --shape "$dir" --device cuda:0 --parallel "$GROUP_PARALLEL" --dtype bf16 --kv-cache-dtype bf16 \
+    --num-prompts "$NUM_PROMPTS" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --max-batch "$MAX_BATCH" \
+    --max-num-batched-tokens "$MAX_TOKENS" --gpu-memory-utilization "$GPU_UTIL" "${layers[@]}" $BENCH_ARGS
+  [[ -s "$OUT_DIR/bench-$m-group.json" ]] && cat "$OUT_DIR/bench-$m-group.json"
+  return 0
 }
 
 bench_model() {
@@ -496,6 +536,12 @@ for m in models:
               f"{b['graph_capture_error'] or ''}")
     else:
         print("    shardline  no result")
+    g = load(f"{out}/bench-{m}-group.json")
+    if g:
+        s["models"][m]["group"] = g
+        ratio = f" = {g['total_tok_s'] / b['total_tok_s']:.2f}x the single GPU" if b else ""
+        print(f"    group      {g['total_tok_s']:8.0f} tok/s total on {g.get('parallel', '?')} sharing GPU 0{ratio}, "
+              f"decode step {g['decode_step_ms']:.2f} ms")
     if t:
         keys = [k for k in ("total_tok_s", "prefill_tok_s", "decode_tok_s", "decode_step_ms", "roofline_ratio", "mode")
                 if k in t]
@@ -536,14 +582,16 @@ main() {
   if (( DO_TESTS && have_bin )); then
     if (( USE_CTEST )); then
       # Each test case is one process (gtest_discover_tests): a few at a time share the GPU.
-      step "gpu tests" 30 150 ctest --test-dir "$BUILD" -L gpu --output-on-failure -j "$TEST_JOBS" --timeout 150
+      step "gpu tests" 30 150 ctest --test-dir "$BUILD" -L gpu -E "$(group_tests_regex)" --output-on-failure \
+        -j "$TEST_JOBS" --timeout 150
     else
-      step "gpu tests" 30 150 bash -c run_gpu_tests_direct
+      step "gpu tests" 30 150 bash -c "run_gpu_tests_direct '-$GROUP_TESTS'"
     fi
   fi
   # Shardline on every model first, then the PyTorch reference points.
   local m
   if (( DO_BENCH && have_bin )); then for m in $MODELS; do bench_model "$m"; done; fi
+  if (( DO_GROUP && have_bin )); then group_stage; fi
   if (( DO_TORCH )); then for m in $MODELS; do torch_model "$m"; done; fi
   summary
   (( have_bin || ! (DO_TESTS || DO_BENCH) )) || return 1
@@ -553,6 +601,7 @@ main() {
 }
 
 export -f run_gpu_tests_direct gpu_test_targets 2>/dev/null
+export GROUP_TESTS
 export TEST_DIR REPO
 mkdir -p "$OUT_DIR"
 if (( DRY_RUN )); then
