@@ -198,11 +198,7 @@ Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<c
   }
   if (g->choose_shift_)
     if (Status s = g->make_shift_runners(weights, options); !s) return s.error();
-  const int n = dims.size();
-  g->done_step_.assign(static_cast<std::size_t>(n), 0);
-  for (int r = 0; r < n; ++r)
-    g->outputs_.emplace_back(make_error(ErrorCode::internal, "cuda shard group: no step yet"));
-  for (int r = 1; r < n; ++r) g->threads_.emplace_back([p = g.get(), r] { p->serve(r); });
+  for (int r = 0; r < dims.size(); ++r) g->threads_.emplace_back([p = g.get(), r] { p->serve(r); });
   return g;
 }
 
@@ -239,6 +235,11 @@ kvstore::KvCopier* CudaShardGroup::kv_copier() {
 
 Status CudaShardGroup::use_step_config(StepConfig config) {
   if (!decode_) return make_error(ErrorCode::unsupported, "cuda shard group: one parallel config only");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!jobs_.empty())
+      return make_error(ErrorCode::invalid_argument, "cuda shard group: a config switch with steps in flight");
+  }
   decode_active_ = config == StepConfig::decode;
   return Status::ok_status();
 }
@@ -275,29 +276,37 @@ Result<StepOutput> CudaShardGroup::run_rank(int rank, const StepInput& input, Mo
 }
 
 void CudaShardGroup::serve(int rank) {
-  std::uint64_t seen = 0;
+  std::uint64_t next = 0;  // the id of the next step this rank runs
   for (;;) {
-    const StepInput* input = nullptr;
-    Mode mode = Mode::base;
+    std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || step_ > seen; });
+      cv_.wait(lock, [&] {
+        if (stopping_) return true;
+        for (const auto& j : jobs_)
+          if (j->id == next) return true;
+        return false;
+      });
       if (stopping_) return;
-      seen = step_;
-      input = input_;
-      mode = step_mode_;
+      for (const auto& j : jobs_)
+        if (j->id == next) job = j;
     }
-    Result<StepOutput> out = run_rank(rank, *input, mode);
+    Result<StepOutput> out = run_rank(rank, job->input, job->mode);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      outputs_[static_cast<std::size_t>(rank)] = std::move(out);
-      done_step_[static_cast<std::size_t>(rank)] = seen;
+      job->outputs[static_cast<std::size_t>(rank)] = std::move(out);
+      ++job->done;
     }
     cv_.notify_all();
+    ++next;
   }
 }
 
-Result<StepOutput> CudaShardGroup::execute(const StepInput& input) {
+int CudaShardGroup::max_in_flight() const {
+  return decode_active_ ? decode_->dims.pp : base_.dims.pp;
+}
+
+Status CudaShardGroup::submit(const StepInput& input) {
   if (broken_)
     return make_error(ErrorCode::io, "cuda shard group: a rank failed in an earlier step; the group must be rebuilt");
   Mode mode = Mode::base;
@@ -305,38 +314,48 @@ Result<StepOutput> CudaShardGroup::execute(const StepInput& input) {
     mode = Mode::decode;
   else if (choose_shift_ && choose_shift_(input))
     mode = Mode::shift;
-  ++(mode == Mode::decode ? decode_steps_ : mode == Mode::shift ? shift_steps_ : base_steps_);
-  std::uint64_t step = 0;
+  auto job = std::make_shared<Job>();
+  job->input = input;
+  job->mode = mode;
+  job->outputs.resize(static_cast<std::size_t>(group_size()));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    input_ = &input;
-    step_mode_ = mode;
-    step = ++step_;
+    // A shift step runs in TP' (one stage): alone, as does any step after one.
+    const bool alone = mode == Mode::shift || (!jobs_.empty() && jobs_.back()->mode == Mode::shift);
+    if (static_cast<int>(jobs_.size()) >= max_in_flight() || (alone && !jobs_.empty()))
+      return make_error(ErrorCode::invalid_argument, "cuda shard group: " + std::to_string(jobs_.size()) +
+                                                         " steps in flight already");
+    job->id = next_job_id_++;
+    jobs_.push_back(job);
+    max_seen_in_flight_ = std::max(max_seen_in_flight_, static_cast<int>(jobs_.size()));
   }
+  ++(mode == Mode::decode ? decode_steps_ : mode == Mode::shift ? shift_steps_ : base_steps_);
   cv_.notify_all();
-  Result<StepOutput> mine = run_rank(0, input, mode);
+  return Status::ok_status();
+}
+
+Result<StepOutput> CudaShardGroup::collect() {
+  std::shared_ptr<Job> job;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] {
-      for (std::size_t r = 1; r < done_step_.size(); ++r)
-        if (done_step_[r] != step) return false;
-      return true;
-    });
-    outputs_[0] = std::move(mine);
-    input_ = nullptr;
+    if (jobs_.empty()) return make_error(ErrorCode::invalid_argument, "cuda shard group: nothing in flight");
+    job = jobs_.front();
+    cv_.wait(lock, [&] { return job->done == group_size(); });
+    jobs_.pop_front();
   }
-  for (std::size_t r = 0; r < outputs_.size(); ++r)
-    if (!outputs_[r]) {
+  for (auto& o : job->outputs)
+    if (!*o) {
       broken_ = true;
-      return outputs_[r].error();
+      return o->error();
     }
   // The last stage's ranks hold the step's output; each gathered it whole
   // (the shift config has one stage).
-  const ShardDims d = mode == Mode::decode ? decode_->dims : base_.dims;
-  const std::size_t last = mode == Mode::shift ? 0 : static_cast<std::size_t>(d.pp - 1) * static_cast<std::size_t>(d.tp * d.sp);
-  const StepOutput& first = *outputs_[last];
-  for (std::size_t r = last + 1; r < outputs_.size(); ++r) {
-    const StepOutput& o = *outputs_[r];
+  const ShardDims d = job->mode == Mode::decode ? decode_->dims : base_.dims;
+  const std::size_t last =
+      job->mode == Mode::shift ? 0 : static_cast<std::size_t>(d.pp - 1) * static_cast<std::size_t>(d.tp * d.sp);
+  const StepOutput& first = **job->outputs[last];
+  for (std::size_t r = last + 1; r < job->outputs.size(); ++r) {
+    const StepOutput& o = **job->outputs[r];
     if (o.sampled_token_ids != first.sampled_token_ids || o.logits.size() != first.logits.size() ||
         std::memcmp(o.logits.data(), first.logits.data(), o.logits.size() * sizeof(float)) != 0) {
       broken_ = true;
@@ -345,7 +364,17 @@ Result<StepOutput> CudaShardGroup::execute(const StepInput& input) {
                                                  std::to_string(last));
     }
   }
-  return std::move(outputs_[last]);
+  return std::move(*job->outputs[last]);
+}
+
+Result<StepOutput> CudaShardGroup::execute(const StepInput& input) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!jobs_.empty())
+      return make_error(ErrorCode::invalid_argument, "cuda shard group: execute() with steps in flight");
+  }
+  if (Status s = submit(input); !s) return s.error();
+  return collect();
 }
 
 }  // namespace shardline::model

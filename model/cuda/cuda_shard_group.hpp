@@ -10,13 +10,15 @@
 /// (sp_rank, tp_rank) (the residual from stage s to s + 1, a device-to-device
 /// copy).
 ///
-/// Rank 0 runs on the caller's thread; every other rank has a thread of its
-/// own that waits for a step. execute() hands every rank the same StepInput:
-/// the stages run one after another as their residuals arrive (one
-/// micro-batch in flight: the engine's scheduler sees max_in_flight() = 1).
-/// It waits for all of them, checks that the last stage's ranks agree (the
-/// same sampled ids, the same logits, bit for bit: each gathers the whole
-/// logits) and returns the last stage's tp_rank 0 output.
+/// Every rank has a thread of its own that runs the submitted steps in
+/// order. submit() hands every rank the same StepInput (a copy): the stages
+/// run one after another as their residuals arrive, and with pp > 1 up to pp
+/// micro-batches are in flight (gLLM / the CPU group's asynchronous
+/// pipeline: stage s works on micro-batch i while stage s + 1 works on
+/// i - 1; max_in_flight() = pp). collect() waits for the oldest step on
+/// every rank, checks that the last stage's ranks agree (the same sampled
+/// ids, the same logits, bit for bit: each gathers the whole logits) and
+/// returns the last stage's output.
 ///
 /// A rank whose step fails is marked dead in its host groups, so that its
 /// peers' collectives and receives fail at once instead of waiting for the
@@ -43,11 +45,11 @@
 /// phases (KvCacheIo's mover through kv_copier(), which follows the active
 /// config), which re-shards it.
 ///
-/// Not built yet: ranks on distinct GPUs (NCCL), several micro-batches in
-/// the pipeline at once, Seesaw's `reload` weights (both shards stay
-/// resident).
+/// Not built yet: ranks on distinct GPUs (NCCL), Seesaw's `reload` weights
+/// (both shards stay resident).
 
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -105,10 +107,21 @@ class CudaShardGroup final : public ModelExecutor {
   CudaShardGroup(const CudaShardGroup&) = delete;
   CudaShardGroup& operator=(const CudaShardGroup&) = delete;
 
-  /// One step on every rank, in the active config. Errors: the first
-  /// failing rank's error (then the group is broken); internal when the last
-  /// stage's ranks disagree (a bug); io on a broken group.
+  /// One step on every rank, in the active config: submit() then collect(),
+  /// with nothing in flight (invalid_argument otherwise). Errors: as collect.
   [[nodiscard]] Result<StepOutput> execute(const StepInput& input) override;
+  /// The active config's pipeline depth (pp; 1 for a shift step's config).
+  [[nodiscard]] int max_in_flight() const override;
+  /// Hands a copy of `input` to every rank, in the config chosen now.
+  /// Errors: io on a broken group; invalid_argument with max_in_flight()
+  /// steps in flight already.
+  [[nodiscard]] Status submit(const StepInput& input) override;
+  /// The oldest submitted step's output. Errors: the first failing rank's
+  /// error (then the group is broken); internal when the last stage's ranks
+  /// disagree (a bug); invalid_argument with nothing in flight.
+  [[nodiscard]] Result<StepOutput> collect() override;
+  /// Most steps that were in flight at once so far.
+  [[nodiscard]] int max_steps_in_flight_seen() const noexcept { return max_seen_in_flight_; }
   [[nodiscard]] int vocab_size() const override { return base_.runners[0]->vocab_size(); }
   [[nodiscard]] int num_kv_blocks() const override { return base_.runners[0]->num_kv_blocks(); }
   [[nodiscard]] int block_size() const override { return base_.runners[0]->block_size(); }
@@ -125,7 +138,7 @@ class CudaShardGroup final : public ModelExecutor {
   /// own) or the decode config. Nothing moves: the engine offloads the KV
   /// to its host buffer under one config and restores it under the other
   /// (the re-sharding happens in those copies). Errors: unsupported without
-  /// a decode config.
+  /// a decode config; invalid_argument with steps in flight.
   [[nodiscard]] Status use_step_config(StepConfig config) override;
 
   [[nodiscard]] int tp() const noexcept { return base_.dims.tp; }
@@ -188,6 +201,7 @@ class CudaShardGroup final : public ModelExecutor {
   /// Seesaw: allocates each rank's KV memory for both configs, then builds both.
   [[nodiscard]] Status build_pair(const std::shared_ptr<const ModelWeights>& weights,
                                   const CudaRunnerOptions& options);
+  /// Rank `rank`'s thread: runs every submitted step in order.
   void serve(int rank);
   /// Rank `rank`'s step in `mode`; on a failure marks it dead in its host groups.
   Result<StepOutput> run_rank(int rank, const StepInput& input, Mode mode);
@@ -201,18 +215,25 @@ class CudaShardGroup final : public ModelExecutor {
   Kind shift_kind_;
   ShiftChooser choose_shift_;
   std::vector<std::unique_ptr<CudaModelRunner>> shift_runners_;  ///< [group_size]; on base_'s KV caches
-  std::vector<std::thread> threads_;                           ///< ranks 1.. group_size - 1
+  std::vector<std::thread> threads_;                           ///< [group_size] one per rank
   bool decode_active_ = false;
   std::unique_ptr<ActiveCopier> kv_copier_;
 
+  /// A submitted step: every rank runs it, then collect() takes it.
+  struct Job {
+    std::uint64_t id = 0;
+    StepInput input;  ///< the caller's, copied (its sampling rows point to the engine's sequences)
+    Mode mode = Mode::base;
+    std::vector<std::optional<Result<StepOutput>>> outputs;  ///< [group_size]
+    int done = 0;  ///< ranks finished
+  };
+
   std::mutex mu_;
   std::condition_variable cv_;
-  const StepInput* input_ = nullptr;  ///< the step in progress
-  Mode step_mode_ = Mode::base;       ///< the config it runs in
+  std::deque<std::shared_ptr<Job>> jobs_;  ///< submitted, not collected, oldest first
+  std::uint64_t next_job_id_ = 0;
+  int max_seen_in_flight_ = 0;
   std::uint64_t base_steps_ = 0, shift_steps_ = 0, decode_steps_ = 0;
-  std::uint64_t step_ = 0;             ///< steps handed out
-  std::vector<std::uint64_t> done_step_;     ///< [group_size] the last step each rank finished
-  std::vector<Result<StepOutput>> outputs_;  ///< [group_size] their outputs
   bool stopping_ = false;
   bool broken_ = false;
 };

@@ -173,7 +173,7 @@ void expect_bit_identical(const std::map<std::uint64_t, RequestOutput>& got,
 
 // Pipeline stages copy the residual from stage to stage and run the same
 // kernels on the same rows: in deterministic mode the logits are one
-// device's, bit for bit. Even splits (Qwen3's 2 layers over 2 stages),
+// device's, bit for bit, with pp micro-batches in flight. Even splits (Qwen3's 2 layers over 2 stages),
 // uneven ones (Llama 3's 3 layers over 2: 2 + 1), one layer per stage
 // (Llama 3 over 3), a tied lm_head the last stage copies (Qwen3) and untied
 // ones (Qwen2, Llama 3). Each stage uploads what the memory plan counts.
@@ -207,8 +207,12 @@ TEST_P(CudaShardGroupFakeDevice, PipelineStagesAreBitIdenticalToOneDevice) {
     }
     EXPECT_GT(bytes, model::cuda_runner_weight_bytes(w->config, DType::f32)) << name << ": the stages hold more "
                                                                                 "than one device (norms, RoPE)";
+    EXPECT_EQ((*group)->max_in_flight(), k.pp);
     const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
     expect_bit_identical(got, want, name);
+    // The engine kept pp micro-batches in flight: stage s on one while
+    // stage s + 1 ran the one before (gLLM's asynchronous pipeline).
+    EXPECT_EQ((*group)->max_steps_in_flight_seen(), k.pp) << name;
   }
 }
 
