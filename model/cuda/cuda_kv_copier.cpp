@@ -137,28 +137,27 @@ Status CudaKvCopier::move(const std::vector<Slab>& slabs, bool to_host) {
   return work ? synced : work;
 }
 
+Status CudaKvCopier::stage(std::span<const std::int32_t> block_table, const kvstore::KvRange& range, Staged& staged) {
+  if (Status s = plan(block_table, range, staged.slabs, staged.views, staged.table); !s) return s;
+  return move(staged.slabs, true);
+}
+
 Status CudaKvCopier::copy_out(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
                               std::span<std::byte> chunk) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Slab> slabs;
-  std::vector<kvstore::KvCacheView> views;
-  std::vector<std::int32_t> table;
-  if (Status s = plan(block_table, range, slabs, views, table); !s) return s;
-  if (Status s = move(slabs, true); !s) return s;
-  return kvstore::copy_out(shape_, views, table, range, chunk);
+  Staged st;
+  if (Status s = stage(block_table, range, st); !s) return s;
+  return kvstore::copy_out(shape_, st.views, st.table, range, chunk);
 }
 
 Status CudaKvCopier::copy_in(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
                              std::span<const std::byte> chunk) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Slab> slabs;
-  std::vector<kvstore::KvCacheView> views;
-  std::vector<std::int32_t> table;
-  if (Status s = plan(block_table, range, slabs, views, table); !s) return s;
   // The blocks' other tokens are kept: staged first, the range written over them.
-  if (Status s = move(slabs, true); !s) return s;
-  if (Status s = kvstore::copy_in(shape_, views, table, range, chunk); !s) return s;
-  return move(slabs, false);
+  Staged st;
+  if (Status s = stage(block_table, range, st); !s) return s;
+  if (Status s = kvstore::copy_in(shape_, st.views, st.table, range, chunk); !s) return s;
+  return move(st.slabs, false);
 }
 
 }  // namespace shardline::model

@@ -99,6 +99,14 @@ class CudaKvCopier final : public kvstore::KvCopier {
                             std::vector<std::int32_t>& table);
   /// Copies every slab device -> staging (to_host) or back, then waits.
   [[nodiscard]] Status move(const std::vector<Slab>& slabs, bool to_host);
+  /// A range's blocks, staged in host memory, and host views of them.
+  struct Staged {
+    std::vector<Slab> slabs;
+    std::vector<kvstore::KvCacheView> views;
+    std::vector<std::int32_t> table;
+  };
+  /// plan() then move(to_host). Errors: theirs.
+  [[nodiscard]] Status stage(std::span<const std::int32_t> block_table, const kvstore::KvRange& range, Staged& staged);
 
   kvstore::KvModelShape shape_;
   std::vector<DeviceKvCache> caches_;

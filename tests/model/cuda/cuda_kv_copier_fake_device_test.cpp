@@ -344,33 +344,44 @@ TEST_P(CudaKvCopierFakeDevice, StreamedKvResumesRequestsWithoutRecomputingIt) {
   EXPECT_EQ((*eng)->kv_io().stats().restored_tokens, static_cast<std::uint64_t>(expected_restored));
 }
 
+/// The six requests through an engine over `x` with swap preemption, a
+/// 64-token max_model_len and a host KV buffer of one such sequence; with
+/// `seesaw`, Seesaw's phases (async KV moves). `stats`: its phase counters.
+std::map<std::uint64_t, RequestOutput> run_phased(model::ModelExecutor& x, const text::Tokenizer& tok,
+                                                  const std::vector<Request>& reqs, bool seesaw,
+                                                  SeesawStats* stats = nullptr, KvIoStats* io = nullptr) {
+  // qwen3 dummy KV: 2 layers x K,V x 2 heads x 32 dims x 4 B = 1 KiB per token.
+  constexpr std::uint64_t kBytesPerToken = 2 * 2 * 2 * 32 * 4;
+  EngineConfig ec = engine_config(PreemptionMode::swap, 64);
+  ec.swap_space_bytes = 64 * kBytesPerToken;
+  if (seesaw) ec.step_phases = seesaw_phases(SeesawOptions{SeesawPolicyOptions{}, /*async_kv=*/true, std::nullopt});
+  auto eng = LlmEngine::create(x, tok, ec);
+  EXPECT_TRUE(eng.ok()) << eng.error().to_string();
+  if (!eng.ok()) return {};
+  for (std::uint64_t id = 0; id < reqs.size(); ++id)
+    EXPECT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
+  auto out = run_all(**eng);
+  if (stats != nullptr) *stats = seesaw_stats_of(**eng);
+  if (io != nullptr) *io = (*eng)->kv_io().stats();
+  return out;
+}
+
+/// The mixed (no phases) run of the six requests on one fake CUDA device.
+std::map<std::uint64_t, RequestOutput> mixed_run(const std::shared_ptr<const model::ModelWeights>& w,
+                                                 const text::Tokenizer& tok, const std::vector<Request>& reqs) {
+  auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
+  EXPECT_TRUE(gpu.ok()) << gpu.error().to_string();
+  if (!gpu.ok()) return {};
+  return run_phased(**gpu, tok, reqs, false);
+}
+
 TEST_P(CudaKvCopierFakeDevice, SeesawPhasesMoveEveryKvThroughTheHostBuffer) {
   const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_seesaw");
   ASSERT_NE(w, nullptr);
   const int vocab = w->config.vocab_size;
   const text::IdTokenizer tok(vocab, 1, 2);
   const auto reqs = requests(vocab);
-  // qwen3 dummy KV: 2 layers x K,V x 2 heads x 32 dims x 4 B = 1 KiB per token.
-  constexpr std::uint64_t kBytesPerToken = 2 * 2 * 2 * 32 * 4;
-  auto run = [&](model::ModelExecutor& x, bool seesaw, SeesawStats* stats, KvIoStats* io) {
-    EngineConfig ec = engine_config(PreemptionMode::swap, 64);
-    ec.swap_space_bytes = 64 * kBytesPerToken;  // the host KV buffer: one max_model_len sequence
-    if (seesaw) ec.step_phases = seesaw_phases(SeesawOptions{SeesawPolicyOptions{}, /*async_kv=*/true, std::nullopt});
-    auto eng = LlmEngine::create(x, tok, ec);
-    EXPECT_TRUE(eng.ok()) << eng.error().to_string();
-    for (std::uint64_t id = 0; id < reqs.size(); ++id)
-      EXPECT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
-    auto out = run_all(**eng);
-    if (stats != nullptr) *stats = seesaw_stats_of(**eng);
-    if (io != nullptr) *io = (*eng)->kv_io().stats();
-    return out;
-  };
-  std::map<std::uint64_t, RequestOutput> mixed;
-  {
-    auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
-    ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
-    mixed = run(**gpu, false, nullptr, nullptr);
-  }
+  const auto mixed = mixed_run(w, tok, reqs);
   model::CudaRunnerOptions small = testing_support::dummy_cuda_options();
   small.num_kv_blocks = 8;  // 128 tokens for 6 sequences of up to 48
   for (int pp : {1, 2}) {
@@ -387,7 +398,7 @@ TEST_P(CudaKvCopierFakeDevice, SeesawPhasesMoveEveryKvThroughTheHostBuffer) {
     }
     SeesawStats st;
     KvIoStats io;
-    const auto got = run(*x, true, &st, &io);
+    const auto got = run_phased(*x, tok, reqs, true, &st, &io);
     ASSERT_EQ(got.size(), mixed.size()) << name;
     for (const auto& [id, want] : mixed)
       EXPECT_TRUE(testing_support::bit_identical(got.at(id), want)) << name << " request " << id;
@@ -406,25 +417,7 @@ TEST_P(CudaKvCopierFakeDevice, SeesawPairsPrefillInCpAndDecodeInCdWithTheKvResha
   const int vocab = w->config.vocab_size;
   const text::IdTokenizer tok(vocab, 1, 2);
   const auto reqs = requests(vocab);
-  constexpr std::uint64_t kBytesPerToken = 2 * 2 * 2 * 32 * 4;
-  auto run = [&](model::ModelExecutor& x, bool seesaw, SeesawStats* stats) {
-    EngineConfig ec = engine_config(PreemptionMode::swap, 64);
-    ec.swap_space_bytes = 64 * kBytesPerToken;
-    if (seesaw) ec.step_phases = seesaw_phases(SeesawOptions{SeesawPolicyOptions{}, /*async_kv=*/true, std::nullopt});
-    auto eng = LlmEngine::create(x, tok, ec);
-    EXPECT_TRUE(eng.ok()) << eng.error().to_string();
-    for (std::uint64_t id = 0; id < reqs.size(); ++id)
-      EXPECT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
-    auto out = run_all(**eng);
-    if (stats != nullptr) *stats = seesaw_stats_of(**eng);
-    return out;
-  };
-  std::map<std::uint64_t, RequestOutput> mixed;
-  {
-    auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
-    ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
-    mixed = run(**gpu, false, nullptr);
-  }
+  const auto mixed = mixed_run(w, tok, reqs);
   model::CudaRunnerOptions small = testing_support::dummy_cuda_options();
   small.num_kv_blocks = 8;
   struct Pair {
@@ -445,7 +438,7 @@ TEST_P(CudaKvCopierFakeDevice, SeesawPairsPrefillInCpAndDecodeInCdWithTheKvResha
           << name << ": one KV allocation per rank";
     }
     SeesawStats st;
-    const auto got = run(**group, true, &st);
+    const auto got = run_phased(**group, tok, reqs, true, &st);
     ASSERT_EQ(got.size(), mixed.size()) << name;
     if (p.bitwise) {
       for (const auto& [id, want] : mixed)

@@ -70,6 +70,26 @@ std::map<std::uint64_t, RequestOutput> run_requests(model::ModelExecutor& x, int
   return testing_support::run_dummy_requests(x, vocab, capture_logits, p);
 }
 
+/// The CPU runner's greedy run of the six requests (logits captured).
+std::map<std::uint64_t, RequestOutput> cpu_greedy(const std::shared_ptr<const model::ModelWeights>& w) {
+  model::CpuRunnerOptions po;
+  po.num_kv_blocks = kDummyBlocks;
+  auto cpu = model::CpuModelRunner::create(w, po);
+  EXPECT_TRUE(cpu.ok()) << cpu.error().to_string();
+  if (!cpu.ok()) return {};
+  return run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
+}
+
+/// One fake CUDA device's (eager) greedy run of the six requests.
+std::map<std::uint64_t, RequestOutput> one_device_greedy(const std::shared_ptr<const model::ModelWeights>& w) {
+  model::CudaRunnerOptions one = cuda_options();
+  one.cuda_graphs = false;
+  auto single = model::CudaModelRunner::create(w, one);
+  EXPECT_TRUE(single.ok()) << single.error().to_string();
+  if (!single.ok()) return {};
+  return run_requests(**single, w->config.vocab_size, true, greedy_eight());
+}
+
 /// Group shapes (tp, pp, sp) the sampling and failure cases run.
 constexpr std::tuple<int, int, int> kConfigs[] = {{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}, {2, 1, 2}};
 
@@ -115,12 +135,8 @@ TEST_P(CudaShardGroupFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
       ASSERT_TRUE(single.ok()) << single.error().to_string();
       EXPECT_EQ((*single)->weight_bytes(), model::cuda_runner_weight_bytes(w->config, DType::f32)) << k.name;
     }
-    model::CpuRunnerOptions po;
-    po.num_kv_blocks = kDummyBlocks;
-    auto cpu = model::CpuModelRunner::create(w, po);
-    ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
     const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
-    const auto want = run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
+    const auto want = cpu_greedy(w);
     ASSERT_EQ(got.size(), 6u) << name;
     testing_support::expect_close_to_cpu(got, want, name);
   }
@@ -186,14 +202,7 @@ TEST_P(CudaShardGroupFakeDevice, PipelineStagesAreBitIdenticalToOneDevice) {
     const std::string name = k.name + " pp=" + std::to_string(k.pp);
     const auto w = dummy_model(k.name);
     ASSERT_NE(w, nullptr);
-    std::map<std::uint64_t, RequestOutput> want;
-    {
-      model::CudaRunnerOptions one = cuda_options();
-      one.cuda_graphs = false;
-      auto single = model::CudaModelRunner::create(w, one);
-      ASSERT_TRUE(single.ok()) << single.error().to_string();
-      want = run_requests(**single, w->config.vocab_size, true, greedy_eight());
-    }
+    const auto want = one_device_greedy(w);
     auto group = model::CudaShardGroup::create(w, cuda_options(), 1, k.pp);
     ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
     std::uint64_t bytes = 0;
@@ -234,14 +243,7 @@ TEST_P(CudaShardGroupFakeDevice, SequenceParallelRanksAreBitIdenticalToOneDevice
     const std::string name = k.name + " sp=" + std::to_string(k.sp) + " pp=" + std::to_string(k.pp);
     const auto w = dummy_model(k.name);
     ASSERT_NE(w, nullptr);
-    std::map<std::uint64_t, RequestOutput> want;
-    {
-      model::CudaRunnerOptions one = cuda_options();
-      one.cuda_graphs = false;
-      auto single = model::CudaModelRunner::create(w, one);
-      ASSERT_TRUE(single.ok()) << single.error().to_string();
-      want = run_requests(**single, w->config.vocab_size, true, greedy_eight());
-    }
+    const auto want = one_device_greedy(w);
     auto group = model::CudaShardGroup::create(w, cuda_options(), 1, k.pp, k.sp);
     ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
     for (int r = 0; r < (*group)->group_size(); ++r) {
@@ -270,12 +272,8 @@ TEST_P(CudaShardGroupFakeDevice, TensorSequenceAndPipelineRanksMatchTheCpuRunner
       EXPECT_EQ((*group)->rank(r).spec().sp_rank, (r / tp) % sp) << name;
       EXPECT_EQ((*group)->rank(r).spec().stage, r / (tp * sp)) << name;
     }
-    model::CpuRunnerOptions po;
-    po.num_kv_blocks = kDummyBlocks;
-    auto cpu = model::CpuModelRunner::create(w, po);
-    ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
     const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
-    const auto want = run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
+    const auto want = cpu_greedy(w);
     ASSERT_EQ(got.size(), 6u) << name;
     testing_support::expect_close_to_cpu(got, want, name);
   }
@@ -291,11 +289,7 @@ TEST_P(CudaShardGroupFakeDevice, TensorSequenceAndPipelineRanksMatchTheCpuRunner
 TEST_P(CudaShardGroupFakeDevice, ShiftRunsEachStepInTheChosenConfigOnOneKvCache) {
   const auto w = dummy_model("qwen3");
   ASSERT_NE(w, nullptr);
-  model::CpuRunnerOptions po;
-  po.num_kv_blocks = kDummyBlocks;
-  auto cpu = model::CpuModelRunner::create(w, po);
-  ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
-  const auto want = run_requests(**cpu, w->config.vocab_size, true, greedy_eight());
+  const auto want = cpu_greedy(w);
   struct Case {
     std::string name;
     model::CudaShardGroup::ShiftChooser choose;
