@@ -371,136 +371,163 @@ struct CudaModelRunner::Impl {
                                                         bytes, cudaMemcpyHostToDevice, stream));
   }
 
+  /// The rows of one step: all of it, and this rank's share (SP's chunk).
+  struct StepRows {
+    int num_rows = 0, num_seqs = 0, max_num_q = 0, max_context_len = 0;
+    int rows = 0;  ///< this rank's rows: [row0, row0 + rows) (num_rows without SP)
+    int row0 = 0;
+    int real = 0;  ///< of them, real tokens (the rest pad the last chunks)
+    [[nodiscard]] std::size_t rows_x(int width) const {
+      return static_cast<std::size_t>(rows) * static_cast<std::size_t>(width);
+    }
+  };
+
+  /// Stage 0: this rank's rows of the embedding; padding rows zeroed (as on
+  /// the CPU). A later stage's residual came from the previous stage.
+  Status embed_rows(const StepRows& r) {
+    const int hidden = c.hidden_size;
+    if (r.real > 0)
+      if (Status s = kcu::embedding(dev<std::int32_t>(off_tokens) + r.row0, r.real, embed, wdt, hidden, residual,
+                                    stream);
+          !s)
+        return s;
+    if (r.rows == r.real) return Status::ok_status();
+    return cuda_status("zero padding rows",
+                       cudaMemsetAsync(residual + static_cast<std::size_t>(r.real) * hidden, 0,
+                                       static_cast<std::size_t>(r.rows - r.real) * hidden * 4, stream));
+  }
+
+  /// Layer `l`'s attention half: RMSNorm, QKV (+bias, Qwen3's q/k norms,
+  /// RoPE on the real rows), under SP Ulysses' all-to-all, the KV write and
+  /// paged attention over every row for this rank's heads, back under SP,
+  /// then o_proj into the residual (all-reduced under TP) and the post
+  /// attention RMSNorm into `normed`.
+  Status attention_block(const DeviceLayer& w, int l, const StepRows& r) {
+    const int hidden = c.hidden_size;
+    const int hd = c.head_dim;
+    const int heads = lay.hq_t;  // this TP rank's (all of them when tp == 1)
+    const int kvh = lay.kv_t;
+    const float eps = c.rms_norm_eps;
+    const int rows = r.rows;
+    if (Status s = kcu::rms_norm(residual, hidden, w.input_norm, normed, hidden, rows, hidden, eps, stream); !s)
+      return s;
+    if (Status s = gemm->linear(normed, hidden, rows, hidden, w.qkv, wdt, qkv_rows, qkv, qkv_rows, false, mode, stream);
+        !s)
+      return s;
+    if (w.qkv_bias != nullptr)
+      if (Status s = kcu::add_bias(qkv, qkv_rows, w.qkv_bias, rows, qkv_rows, stream); !s) return s;
+    float* q = qkv;               // [rows, heads * hd], row stride qkv_rows
+    float* k = qkv + heads * hd;  // [rows, kvh * hd]
+    if (w.q_norm != nullptr) {    // Qwen3: RMSNorm per head before RoPE
+      if (Status s = kcu::rms_norm_heads(q, rows, qkv_rows, heads, hd, w.q_norm, eps, stream); !s) return s;
+      if (Status s = kcu::rms_norm_heads(k, rows, qkv_rows, kvh, hd, w.k_norm, eps, stream); !s) return s;
+    }
+    if (r.real > 0) {  // padding rows have no position (and are never attended)
+      const auto* positions = dev<std::int32_t>(off_positions) + r.row0;
+      if (Status s = kcu::rope(q, r.real, qkv_rows, heads, hd, positions, inv_freq, stream); !s) return s;
+      if (Status s = kcu::rope(k, r.real, qkv_rows, kvh, hd, positions, inv_freq, stream); !s) return s;
+    }
+    // Attention reads every row of the step for its heads: this rank's QKV,
+    // or under SP what the all-to-all brought.
+    const bool sp = spec.sp > 1;
+    const float* attn_in = qkv;
+    int attn_in_w = qkv_rows;
+    if (sp) {
+      if (Status s = ulysses_scatter(rows); !s) return s;
+      attn_in = a2a_recv;
+      attn_in_w = attn_w_sp;
+    }
+    const int attn_heads = lay.hq_attn;  // the heads attention runs here (heads without SP)
+    const float* ak = attn_in + attn_heads * hd;
+    const float* av = ak + lay.kv_attn * hd;
+    const kernels::cpu::KvCacheLayer cache = kv_layer(l);
+    if (Status s = kcu::write_kv(ak, av, attn_in_w, r.num_rows, dev<std::int32_t>(off_slots), cache, stream); !s)
+      return s;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    if (Status s = kcu::paged_attention(attn_in, attn_in_w, dev<kcu::AttentionSeq>(off_seqs), r.num_seqs, r.max_num_q,
+                                        r.max_context_len, cache, attn_heads, scale, attn, attn_heads * hd,
+                                        workspace.data(), workspace.size_bytes(), stream);
+        !s)
+      return s;
+    const int o_w = heads * hd;  // o_proj's input width: this TP rank's heads
+    const float* o_in = attn;    // [rows, o_w]
+    if (sp) {
+      if (Status s = ulysses_gather(r.num_rows, rows); !s) return s;
+      o_in = attn_t;
+    }
+    if (spec.tp > 1) {
+      // Row-parallel o_proj: this rank's partial sum, all-reduced, then
+      // residual += it and normed = rms_norm(residual) (the CPU shard's order).
+      if (Status s = gemm->linear(o_in, o_w, rows, o_w, w.o_proj, wdt, hidden, proj, hidden, false, mode, stream); !s)
+        return s;
+      if (Status s = all_reduce(proj, r.rows_x(hidden)); !s) return s;
+      return kcu::add_rms_norm(residual, proj, w.post_attention_norm, normed, rows, hidden, eps, stream);
+    }
+    // residual += attn . o_proj^T (the GEMM adds into its output: one rounding, as a separate add)
+    if (Status s = gemm->linear(o_in, o_w, rows, o_w, w.o_proj, wdt, hidden, residual, hidden, true, mode, stream); !s)
+      return s;
+    return kcu::rms_norm(residual, hidden, w.post_attention_norm, normed, hidden, rows, hidden, eps, stream);
+  }
+
+  /// The FFN half: gate_up, SwiGLU, down into the residual (all-reduced
+  /// under TP).
+  Status ffn_block(const DeviceLayer& w, const StepRows& r) {
+    const int hidden = c.hidden_size;
+    const int inter = lay.inter_t;
+    const int rows = r.rows;
+    if (Status s = gemm->linear(normed, hidden, rows, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter, false,
+                                mode, stream);
+        !s)
+      return s;
+    if (Status s = kcu::silu_and_mul(gate_up, mlp, rows, inter, stream); !s) return s;
+    if (spec.tp == 1)
+      return gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, residual, hidden, true, mode, stream);
+    if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, proj, hidden, false, mode, stream); !s)
+      return s;
+    if (Status s = all_reduce(proj, r.rows_x(hidden)); !s) return s;
+    return kcu::add_inplace(residual, proj, static_cast<long>(r.rows_x(hidden)), stream);
+  }
+
+  /// The last stage's logits of num_logits step rows (under SP, every
+  /// chunk's residual gathered first) into `logits`.
+  Status final_logits(const StepRows& r, int num_logits) {
+    const int hidden = c.hidden_size;
+    const float* final_rows = residual;
+    if (spec.sp > 1) {
+      if (Status s = cuda_status("sync before all_gather", cudaStreamSynchronize(stream)); !s) return s;
+      if (Status s = sp_comm->all_gather(residual, r.rows_x(hidden), gathered); !s) return s;
+      final_rows = gathered;
+    }
+    if (Status s = kcu::rms_norm_rows(final_rows, hidden, dev<std::int32_t>(off_logits_rows), num_logits, final_norm,
+                                      logits_in, hidden, hidden, c.rms_norm_eps, stream);
+        !s)
+      return s;
+    if (spec.tp > 1) return tp_logits(num_logits);
+    return gemm->linear(logits_in, hidden, num_logits, hidden, lm_head, wdt, c.vocab_size, logits, c.vocab_size,
+                        false, mode, stream);
+  }
+
   /// Enqueues the forward pass over the metadata in `meta`: num_rows token
   /// rows of num_seqs sequences, logits of num_logits rows into `logits`.
   /// Under SP this rank runs its chunk of rows (chunk_rows) except in
   /// attention, which runs every row for its share of the heads.
   Status forward(int num_rows, int num_seqs, int max_num_q, int max_context_len, int num_logits) {
-    const int hidden = c.hidden_size;
-    const int hd = c.head_dim;
-    const int heads = lay.hq_t;   // this TP rank's (all of them when tp == 1)
-    const int kvh = lay.kv_t;
-    const int inter = lay.inter_t;
-    const bool tp = spec.tp > 1;
-    const bool sp = spec.sp > 1;
-    const int rows = chunk_rows(num_rows);                     // this rank's rows: [row0, row0 + rows)
-    const int row0 = spec.sp_rank * rows;
-    const int real = std::clamp(num_rows - row0, 0, rows);  // of them, real tokens (the rest pad the chunk)
-    const auto rows_hidden = static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden);
-    const float eps = c.rms_norm_eps;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const auto* tokens = dev<std::int32_t>(off_tokens);
-    const auto* positions = dev<std::int32_t>(off_positions);
-    const auto* slots = dev<std::int32_t>(off_slots);
-    const auto* seqs = dev<kcu::AttentionSeq>(off_seqs);
-    const auto* logits_rows = dev<std::int32_t>(off_logits_rows);
-    const int o_w = heads * hd;                // o_proj's input width: this TP rank's heads
-    const int attn_heads = lay.hq_attn;        // the heads attention runs here (heads without SP)
-    const int attn_out_w = attn_heads * hd;
-
-    // A later stage's residual came from the previous stage (run_step's receive).
-    if (spec.first_stage()) {
-      if (real > 0)
-        if (Status s = kcu::embedding(tokens + row0, real, embed, wdt, hidden, residual, stream); !s) return s;
-      if (rows > real)  // the last chunks' padding rows: zeros, as on the CPU
-        if (Status s = cuda_status("zero padding rows",
-                                   cudaMemsetAsync(residual + static_cast<std::size_t>(real) * hidden, 0,
-                                                   static_cast<std::size_t>(rows - real) * hidden * 4, stream));
-            !s)
-          return s;
-    }
+    StepRows r;
+    r.num_rows = num_rows;
+    r.num_seqs = num_seqs;
+    r.max_num_q = max_num_q;
+    r.max_context_len = max_context_len;
+    r.rows = chunk_rows(num_rows);
+    r.row0 = spec.sp_rank * r.rows;
+    r.real = std::clamp(num_rows - r.row0, 0, r.rows);
+    if (spec.first_stage())
+      if (Status s = embed_rows(r); !s) return s;
     for (std::size_t l = 0; l < layers.size(); ++l) {
-      const DeviceLayer& w = layers[l];
-      const kernels::cpu::KvCacheLayer cache = kv_layer(static_cast<int>(l));
-      if (Status s = kcu::rms_norm(residual, hidden, w.input_norm, normed, hidden, rows, hidden, eps, stream); !s)
-        return s;
-      if (Status s =
-              gemm->linear(normed, hidden, rows, hidden, w.qkv, wdt, qkv_rows, qkv, qkv_rows, false, mode, stream);
-          !s)
-        return s;
-      if (w.qkv_bias != nullptr)
-        if (Status s = kcu::add_bias(qkv, qkv_rows, w.qkv_bias, rows, qkv_rows, stream); !s) return s;
-      float* q = qkv;                    // [rows, heads * hd], row stride qkv_rows
-      float* k = qkv + heads * hd;       // [rows, kvh * hd]
-      if (w.q_norm != nullptr) {  // Qwen3: RMSNorm per head before RoPE
-        if (Status s = kcu::rms_norm_heads(q, rows, qkv_rows, heads, hd, w.q_norm, eps, stream); !s) return s;
-        if (Status s = kcu::rms_norm_heads(k, rows, qkv_rows, kvh, hd, w.k_norm, eps, stream); !s) return s;
-      }
-      if (real > 0) {  // padding rows have no position (and are never attended)
-        if (Status s = kcu::rope(q, real, qkv_rows, heads, hd, positions + row0, inv_freq, stream); !s) return s;
-        if (Status s = kcu::rope(k, real, qkv_rows, kvh, hd, positions + row0, inv_freq, stream); !s) return s;
-      }
-      // Attention reads every row of the step for its heads: this rank's QKV,
-      // or under SP what the all-to-all brought.
-      const float* attn_in = qkv;
-      int attn_in_w = qkv_rows;
-      if (sp) {
-        if (Status s = ulysses_scatter(rows); !s) return s;
-        attn_in = a2a_recv;
-        attn_in_w = attn_w_sp;
-      }
-      const float* ak = attn_in + attn_heads * hd;
-      const float* av = ak + lay.kv_attn * hd;
-      if (Status s = kcu::write_kv(ak, av, attn_in_w, num_rows, slots, cache, stream); !s) return s;
-      if (Status s = kcu::paged_attention(attn_in, attn_in_w, seqs, num_seqs, max_num_q, max_context_len, cache,
-                                          attn_heads, scale, attn, attn_out_w, workspace.data(),
-                                          workspace.size_bytes(), stream);
-          !s)
-        return s;
-      const float* o_in = attn;  // [rows, o_w]
-      if (sp) {
-        if (Status s = ulysses_gather(num_rows, rows); !s) return s;
-        o_in = attn_t;
-      }
-      if (tp) {
-        // Row-parallel o_proj: this rank's partial sum, all-reduced, then
-        // residual += it and normed = rms_norm(residual) (the CPU shard's order).
-        if (Status s = gemm->linear(o_in, o_w, rows, o_w, w.o_proj, wdt, hidden, proj, hidden, false, mode, stream); !s)
-          return s;
-        if (Status s = all_reduce(proj, rows_hidden); !s) return s;
-        if (Status s = kcu::add_rms_norm(residual, proj, w.post_attention_norm, normed, rows, hidden, eps, stream); !s)
-          return s;
-      } else {
-        // residual += attn . o_proj^T (the GEMM adds into its output: one rounding, as a separate add)
-        if (Status s = gemm->linear(o_in, o_w, rows, o_w, w.o_proj, wdt, hidden, residual, hidden, true, mode, stream);
-            !s)
-          return s;
-        if (Status s =
-                kcu::rms_norm(residual, hidden, w.post_attention_norm, normed, hidden, rows, hidden, eps, stream);
-            !s)
-          return s;
-      }
-      if (Status s = gemm->linear(normed, hidden, rows, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter, false,
-                                  mode, stream);
-          !s)
-        return s;
-      if (Status s = kcu::silu_and_mul(gate_up, mlp, rows, inter, stream); !s) return s;
-      if (tp) {
-        if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, proj, hidden, false, mode, stream); !s)
-          return s;
-        if (Status s = all_reduce(proj, rows_hidden); !s) return s;
-        if (Status s = kcu::add_inplace(residual, proj, static_cast<long>(rows_hidden), stream); !s) return s;
-      } else if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, residual, hidden, true, mode,
-                                         stream);
-                 !s) {
-        return s;
-      }
+      if (Status s = attention_block(layers[l], static_cast<int>(l), r); !s) return s;
+      if (Status s = ffn_block(layers[l], r); !s) return s;
     }
     if (num_logits == 0 || !spec.last_stage()) return Status::ok_status();
-    // The logits rows are step rows: under SP, every chunk's residual first.
-    const float* final_rows = residual;
-    if (sp) {
-      if (Status s = cuda_status("sync before all_gather", cudaStreamSynchronize(stream)); !s) return s;
-      if (Status s = sp_comm->all_gather(residual, rows_hidden, gathered); !s) return s;
-      final_rows = gathered;
-    }
-    if (Status s = kcu::rms_norm_rows(final_rows, hidden, logits_rows, num_logits, final_norm, logits_in, hidden,
-                                      hidden, eps, stream);
-        !s)
-      return s;
-    if (tp) return tp_logits(num_logits);
-    return gemm->linear(logits_in, hidden, num_logits, hidden, lm_head, wdt, c.vocab_size, logits, c.vocab_size,
-                        false, mode, stream);
+    return final_logits(r, num_logits);
   }
 
   /// Writes padding rows [from, to) of a decode batch into the host mirror:
