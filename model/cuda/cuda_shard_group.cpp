@@ -198,6 +198,11 @@ Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<c
   }
   if (g->choose_shift_)
     if (Status s = g->make_shift_runners(weights, options); !s) return s.error();
+  // The copiers are made here, not on demand: the engine's thread and its
+  // KV mover's thread both reach them.
+  g->make_copier(g->base_);
+  if (g->decode_) g->make_copier(*g->decode_);
+  g->kv_copier_ = std::make_unique<ActiveCopier>(*g);
   for (int r = 0; r < dims.size(); ++r) g->threads_.emplace_back([p = g.get(), r] { p->serve(r); });
   return g;
 }
@@ -216,20 +221,17 @@ CudaShardGroup::~CudaShardGroup() {
   base_.runners.clear();
 }
 
-CudaKvCopier* CudaShardGroup::active_copier() {
-  Shards& s = decode_active_ ? *decode_ : base_;
-  if (!s.copier) {
-    std::vector<DeviceKvCache> caches;
-    for (const auto& r : s.runners) caches.push_back(r->device_kv_cache());
-    auto c = CudaKvCopier::create(kv_model_shape(), std::move(caches));
-    if (c) s.copier = std::move(c).value();
-  }
-  return s.copier.get();
+void CudaShardGroup::make_copier(Shards& shards) {
+  std::vector<DeviceKvCache> caches;
+  for (const auto& r : shards.runners) caches.push_back(r->device_kv_cache());
+  auto c = CudaKvCopier::create(base_.runners[0]->kv_model_shape(), std::move(caches));
+  if (c) shards.copier = std::move(c).value();
 }
 
+CudaKvCopier* CudaShardGroup::active_copier() { return (decode_active_ ? *decode_ : base_).copier.get(); }
+
 kvstore::KvCopier* CudaShardGroup::kv_copier() {
-  if (active_copier() == nullptr) return nullptr;
-  if (!kv_copier_) kv_copier_ = std::make_unique<ActiveCopier>(*this);
+  if (base_.copier == nullptr || (decode_ && decode_->copier == nullptr)) return nullptr;
   return kv_copier_.get();
 }
 

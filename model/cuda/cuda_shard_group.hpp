@@ -48,6 +48,7 @@
 /// Not built yet: ranks on distinct GPUs (NCCL), Seesaw's `reload` weights
 /// (both shards stay resident).
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -128,9 +129,10 @@ class CudaShardGroup final : public ModelExecutor {
   [[nodiscard]] bool samples_on_device() const override { return true; }
   [[nodiscard]] kvstore::KvModelShape kv_model_shape() const override { return base_.runners[0]->kv_model_shape(); }
   /// DéjàVu on CUDA: every rank's KV cache of the active config through one
-  /// CudaKvCopier per config (a (layer, head) held by several ranks is read
-  /// from the first and written to all); the pointer stays the same across
-  /// Seesaw's switches. Null if a copier cannot be made.
+  /// CudaKvCopier per config, made by create() (a (layer, head) held by
+  /// several ranks is read from the first and written to all); the pointer
+  /// stays the same across Seesaw's switches. Null if a copier could not be
+  /// made.
   [[nodiscard]] kvstore::KvCopier* kv_copier() override;
   /// Seesaw: whether the group holds a decode config.
   [[nodiscard]] bool has_step_configs() const override { return decode_ != nullptr; }
@@ -184,7 +186,7 @@ class CudaShardGroup final : public ModelExecutor {
     ShardDims dims;
     Kind tp_kind, sp_kind, pp_kind;
     std::vector<std::unique_ptr<CudaModelRunner>> runners;  ///< [group_size]
-    std::unique_ptr<CudaKvCopier> copier;                   ///< made on demand
+    std::unique_ptr<CudaKvCopier> copier;                   ///< made by create()
   };
   /// Which runners a step runs on.
   enum class Mode { base, shift, decode };
@@ -206,7 +208,10 @@ class CudaShardGroup final : public ModelExecutor {
   /// Rank `rank`'s step in `mode`; on a failure marks it dead in its host groups.
   Result<StepOutput> run_rank(int rank, const StepInput& input, Mode mode);
   [[nodiscard]] Shards& shards_of(Mode mode) { return mode == Mode::decode ? *decode_ : base_; }
-  /// The active config's copier (made on the first call).
+  /// Makes `shards`' copier over its runners' caches (left null if a copy
+  /// stream cannot be made: then kv_copier() is null).
+  void make_copier(Shards& shards);
+  /// The active config's copier.
   [[nodiscard]] CudaKvCopier* active_copier();
 
   Shards base_;
@@ -216,7 +221,7 @@ class CudaShardGroup final : public ModelExecutor {
   ShiftChooser choose_shift_;
   std::vector<std::unique_ptr<CudaModelRunner>> shift_runners_;  ///< [group_size]; on base_'s KV caches
   std::vector<std::thread> threads_;                           ///< [group_size] one per rank
-  bool decode_active_ = false;
+  std::atomic<bool> decode_active_{false};  ///< read by the KV mover's thread too
   std::unique_ptr<ActiveCopier> kv_copier_;
 
   /// A submitted step: every rank runs it, then collect() takes it.
