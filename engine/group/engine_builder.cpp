@@ -27,14 +27,20 @@ namespace {
 /// The KV heads whose cache one KV block holds in a layer on this engine's
 /// device(s): the model's, or, for a CUDA group sharing one GPU, those of
 /// every TP and SP rank of a stage (a KV head is replicated on each rank
-/// whose heads read it when tp * sp exceeds the KV heads).
+/// whose heads read it when tp * sp exceeds the KV heads). With Seesaw's
+/// decode config each rank's KV memory holds the larger of its two caches:
+/// then the sum over ranks of max(layers x heads), per model layer, rounded up.
 int kv_heads_held(const EngineOptions& o, const model::ModelConfig& c) {
-  const int ranks = o.parallel.tp * o.parallel.sp;
-  if (o.device != model::DeviceKind::cuda || ranks <= 1) return c.num_key_value_heads;
-  model::ShardSpec spec;
-  spec.tp = o.parallel.tp;
-  spec.sp = o.parallel.sp;
-  return ranks * model::shard_layout(c, spec).kv_attn;
+  if (o.device != model::DeviceKind::cuda || o.parallel.group_size() <= 1) return c.num_key_value_heads;
+  const auto units = [&](const ParallelConfig& pc, int r) {  // layers x KV heads of rank r's cache
+    const model::ShardLayout lay = model::shard_layout(c, shard_spec_of(pc, r));
+    return static_cast<long long>(lay.layer_end - lay.layer_begin) * lay.kv_attn;
+  };
+  const bool pair = o.parallel_decode && *o.parallel_decode != o.parallel;
+  long long total = 0;
+  for (int r = 0; r < o.parallel.group_size(); ++r)
+    total += pair ? std::max(units(o.parallel, r), units(*o.parallel_decode, r)) : units(o.parallel, r);
+  return static_cast<int>((total + c.num_hidden_layers - 1) / c.num_hidden_layers);
 }
 
 #if SHARDLINE_HAVE_CUDA
@@ -104,24 +110,15 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
       pi.activation_bytes *= 2;
     }
     pi.activation_bytes *= static_cast<std::uint64_t>(ranks);
-    pi.num_kv_heads = kv_heads_held(o, c);
+    pi.num_kv_heads = kv_heads_held(o, c);  // with Seesaw's cd: each rank's larger cache
     if (o.parallel_decode && *o.parallel_decode != o.parallel) {
-      // Seesaw's cd: its shards' weights and workspaces, its own activations;
-      // each rank's KV memory is the larger of its two caches.
-      std::uint64_t kv_units = 0;  // sum over ranks of max(layers x KV heads) of the two configs
+      // Seesaw's cd: its shards' weights and workspaces, its own activations.
       for (int r = 0; r < ranks; ++r) {
-        const model::ShardSpec cp = shard_spec_of(o.parallel, r), cd = shard_spec_of(*o.parallel_decode, r);
+        const model::ShardSpec cd = shard_spec_of(*o.parallel_decode, r);
         pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, cd);
         workspace_bytes += model::cuda_runner_workspace_bytes(c, co, cd);
-        const auto units = [&](const model::ShardSpec& spec) {
-          const model::ShardLayout lay = model::shard_layout(c, spec);
-          return static_cast<std::uint64_t>(lay.layer_end - lay.layer_begin) * static_cast<std::uint64_t>(lay.kv_attn);
-        };
-        kv_units += std::max(units(cp), units(cd));
       }
       pi.activation_bytes *= 2;
-      pi.num_kv_heads = static_cast<int>((kv_units + static_cast<std::uint64_t>(c.num_hidden_layers) - 1) /
-                                         static_cast<std::uint64_t>(c.num_hidden_layers));
     }
   } else {
     workspace_bytes = model::cuda_runner_workspace_bytes(c, co);
