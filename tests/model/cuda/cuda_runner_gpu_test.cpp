@@ -15,6 +15,7 @@
 #include "kernels/cuda/device.hpp"
 #include "model/cuda/cuda_runner.hpp"
 #include "tests/support/engine_runs.hpp"
+#include "tests/support/kv_host_tier.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -232,6 +233,84 @@ TEST_F(CudaRunnerGpu, ModelThatDoesNotFitIsRefusedWithSizes) {
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.error().code, ErrorCode::out_of_memory);
   EXPECT_NE(e.error().message.find("GiB"), std::string::npos) << e.error().message;
+}
+
+// DéjàVu on the GPU (issue 41 item 7; written before any GPU ran it): every
+// step's KV increment streams out of the device cache through
+// model::CudaKvCopier; each request resumed in a fresh engine from the KV of
+// its first r positions computes only the positions after r and gives the
+// undisturbed run's ids; swap preemption on a cache of 16 blocks gives the
+// unpreempted run's ids and logits bit for bit (deterministic mode).
+TEST_F(CudaRunnerGpu, StreamedKvResumesAndSwapsOnTheDevice) {
+  const auto refs = testing_support::load_stories_reference();
+  struct Sink final : KvStreamSink {
+    std::map<std::uint64_t, std::unique_ptr<testing_support::HostTier>> tiers;
+    bool accepting() const override { return true; }
+    void push(KvIncrement inc) override { tiers.at(inc.request_id)->merge(inc.range, inc.chunk); }
+  };
+  Sink sink;
+  std::map<std::uint64_t, RequestOutput> ref;
+  std::vector<std::vector<std::int32_t>> prompts;
+  {
+    EngineInstance e = make(256, true, true);
+    ASSERT_TRUE(e.engine->kv_io().can_move_kv());
+    e.engine->set_kv_sink(&sink);
+    for (std::uint64_t id = 0; id < refs.size(); ++id) {
+      prompts.push_back(e.tokenizer->encode(refs[id].prompt, true));
+      sink.tiers[id] = std::make_unique<testing_support::HostTier>(e.executor->kv_model_shape());
+      ASSERT_TRUE(e.engine->add_request(id, prompts[id], greedy()).ok());
+    }
+    ref = run_all(*e.engine);
+  }
+  constexpr int kCut = 10;
+  EngineInstance resumed = make(256, true, true);
+  std::uint64_t restored = 0;
+  for (std::uint64_t id = 0; id < refs.size(); ++id) {
+    const int r = static_cast<int>(prompts[id].size()) + kCut - 1;
+    ASSERT_GE(sink.tiers[id]->covered, r) << "request " << id << ": its KV was not streamed";
+    ResumeState rs;
+    rs.output_ids.assign(ref.at(id).token_ids.begin(), ref.at(id).token_ids.begin() + kCut);
+    rs.num_kv_tokens = r;
+    rs.kv_chunk = sink.tiers[id]->prefix(r);
+    restored += static_cast<std::uint64_t>(r);
+    ASSERT_TRUE(resumed.engine->add_request(id, prompts[id], greedy(), std::move(rs)).ok());
+  }
+  const auto got = run_all(*resumed.engine);
+  for (const auto& [id, want] : ref) EXPECT_EQ(got.at(id).token_ids, want.token_ids) << "request " << id;
+  EXPECT_EQ(resumed.engine->kv_io().stats().restored_tokens, restored);
+
+  // Swap: 12 requests on 16 blocks of 16 tokens (stories260K: 1280 B per token).
+  auto swap_run = [&](std::uint64_t kv_bytes, int* preemptions, KvIoStats* io) {
+    EngineOptions o;
+    o.model_dir = kStoriesDir;
+    o.device = model::DeviceKind::cuda;
+    o.kv_cache_dtype = DType::f32;
+    o.gpu_memory_utilization = 0.5;
+    o.kv_cache_bytes = kv_bytes;
+    o.max_num_seqs = 64;
+    o.max_num_batched_tokens = 256;
+    o.max_model_len = 128;
+    o.deterministic = true;
+    o.capture_logits = true;
+    o.preemption_mode = PreemptionMode::swap;
+    auto e = build_engine(o);
+    EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+    for (std::uint64_t id = 0; id < 12; ++id)
+      EXPECT_TRUE(e->engine->add_request(id, prompts[id % prompts.size()], greedy()).ok());
+    auto out = run_all(*e->engine);
+    *preemptions = e->engine->scheduler().total_preemptions();
+    *io = e->engine->kv_io().stats();
+    return out;
+  };
+  int none = 0, some = 0;
+  KvIoStats io_none, io_some;
+  const auto plenty = swap_run(8u << 20, &none, &io_none);
+  const auto tight = swap_run(16ull * 16 * 1280, &some, &io_some);
+  EXPECT_EQ(none, 0);
+  ASSERT_GT(some, 0) << "16 blocks must be oversubscribed";
+  EXPECT_EQ(io_some.swap_outs, static_cast<std::uint64_t>(some));
+  EXPECT_EQ(io_some.swap_ins, io_some.swap_outs);
+  for (const auto& [id, want] : plenty) EXPECT_TRUE(bit_identical(tight.at(id), want)) << "request " << id;
 }
 
 }  // namespace
