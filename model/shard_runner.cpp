@@ -59,6 +59,25 @@ Error invalid(const std::string& m) { return make_error(ErrorCode::invalid_argum
 
 }  // namespace
 
+ShardSpec shard_spec_at(int tp, int sp, int pp, int group_rank) {
+  ShardSpec s;
+  s.tp = tp;
+  s.tp_rank = group_rank % tp;
+  s.sp = sp;
+  s.sp_rank = (group_rank / tp) % sp;
+  s.pp = pp;
+  s.stage = group_rank / (tp * sp);
+  return s;
+}
+
+ShardSpec shift_spec_at(int tp, int sp, int group_rank) {
+  const ShardSpec base = shard_spec_at(tp, sp, 1, group_rank);
+  ShardSpec s;
+  s.tp = sp * tp;
+  s.tp_rank = base.tp_rank * sp + base.sp_rank;
+  return s;
+}
+
 std::pair<int, int> stage_layer_range(int num_layers, int pp, int stage) {
   const int base = num_layers / pp;
   const int extra = num_layers % pp;

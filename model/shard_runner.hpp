@@ -133,6 +133,17 @@ struct ShardSpec {
   [[nodiscard]] bool is_whole_model() const { return tp == 1 && sp == 1 && pp == 1; }
 };
 
+/// Group rank `group_rank`'s shard of a tp x sp x pp engine group whose
+/// ranks are ordered (stage * sp + sp_rank) * tp + tp_rank (the order of
+/// engine::rank_coord and model::CudaShardGroup). Precondition: 0 <=
+/// group_rank < tp * sp * pp.
+[[nodiscard]] ShardSpec shard_spec_at(int tp, int sp, int pp, int group_rank);
+/// Shift Parallelism (seed 001 §3.3.1): group rank `group_rank`'s shard of
+/// the shift config TP' = sp x tp over a pp = 1 group of that order: TP rank
+/// t's SP rank s attends query-head block t*sp + s, so it is TP' rank
+/// t*sp + s and attends the same KV heads in both configs.
+[[nodiscard]] ShardSpec shift_spec_at(int tp, int sp, int group_rank);
+
 /// Layers [first, second) of `stage` when `num_layers` are split into `pp`
 /// contiguous stages; the first num_layers % pp stages get one layer more.
 [[nodiscard]] std::pair<int, int> stage_layer_range(int num_layers, int pp, int stage);

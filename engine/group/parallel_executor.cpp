@@ -58,23 +58,11 @@ Result<ReshardWeights> parse_reshard_weights(std::string_view text) {
 }
 
 model::ShardSpec shard_spec_of(const ParallelConfig& pc, int group_rank) {
-  const RankCoord c = rank_coord(pc, group_rank);
-  model::ShardSpec s;
-  s.tp = pc.tp;
-  s.tp_rank = c.tp_rank;
-  s.sp = pc.sp;
-  s.sp_rank = c.sp_rank;
-  s.pp = pc.pp;
-  s.stage = c.stage;
-  return s;
+  return model::shard_spec_at(pc.tp, pc.sp, pc.pp, group_rank);
 }
 
 model::ShardSpec shift_spec_of(const ParallelConfig& pc, int group_rank) {
-  const RankCoord c = rank_coord(pc, group_rank);
-  model::ShardSpec s;
-  s.tp = pc.sp * pc.tp;
-  s.tp_rank = c.tp_rank * pc.sp + c.sp_rank;
-  return s;
+  return model::shift_spec_at(pc.tp, pc.sp, group_rank);
 }
 
 std::vector<int> shift_group_ranks(const ParallelConfig& pc) {

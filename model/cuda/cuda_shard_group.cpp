@@ -19,24 +19,19 @@ Result<std::unique_ptr<comm::Communicator>> device_comm(comm::InProcGroup& group
   return std::unique_ptr<comm::Communicator>(std::move(dev).value());
 }
 
-// Group rank r = (stage * sp + sp_rank) * tp + tp_rank, in every config.
+// Group rank r = (stage * sp + sp_rank) * tp + tp_rank, in every config
+// (model::shard_spec_at); each kind of group is numbered by the other two
+// coordinates.
+ShardSpec spec_of(const ShardDims& d, int r) { return shard_spec_at(d.tp, d.sp, d.pp, r); }
 using Place = CudaShardGroup::Place;
-Place tp_place(const ShardDims& d, int r) { return {r / d.tp, r % d.tp}; }
-Place sp_place(const ShardDims& d, int r) { return {(r / (d.tp * d.sp)) * d.tp + r % d.tp, (r / d.tp) % d.sp}; }
-Place pp_place(const ShardDims& d, int r) { return {r % (d.tp * d.sp), r / (d.tp * d.sp)}; }
-/// §3.3.1: TP rank t's SP rank s attends query-head block t*sp + s.
-Place shift_place(const ShardDims& d, int r) { return {0, tp_place(d, r).rank * d.sp + sp_place(d, r).rank}; }
-
-ShardSpec spec_of(const ShardDims& d, int r) {
-  ShardSpec spec;
-  spec.tp = d.tp;
-  spec.tp_rank = tp_place(d, r).rank;
-  spec.sp = d.sp;
-  spec.sp_rank = sp_place(d, r).rank;
-  spec.pp = d.pp;
-  spec.stage = pp_place(d, r).rank;
-  return spec;
+Place tp_place(const ShardDims& d, int r) { return {r / d.tp, spec_of(d, r).tp_rank}; }
+Place sp_place(const ShardDims& d, int r) {
+  const ShardSpec s = spec_of(d, r);
+  return {s.stage * d.tp + s.tp_rank, s.sp_rank};
 }
+Place pp_place(const ShardDims& d, int r) { return {r % (d.tp * d.sp), spec_of(d, r).stage}; }
+/// §3.3.1 (model::shift_spec_at): one group of every rank.
+Place shift_place(const ShardDims& d, int r) { return {0, shift_spec_at(d.tp, d.sp, r).tp_rank}; }
 
 }  // namespace
 
@@ -125,9 +120,7 @@ Status CudaShardGroup::make_shift_runners(const std::shared_ptr<const ModelWeigh
     shift_kind_.comms.push_back(std::move(c).value());
   }
   for (int r = 0; r < n; ++r) {
-    ShardSpec spec;
-    spec.tp = n;
-    spec.tp_rank = shift_place(base_.dims, r).rank;
+    const ShardSpec spec = shift_spec_at(base_.dims.tp, base_.dims.sp, r);
     ShardComms comms;
     comms.tp = shift_kind_.comms[static_cast<std::size_t>(r)].get();
     // The base runner's cache: the same heads in the same slots (§3.3.1).
@@ -322,9 +315,8 @@ Status CudaShardGroup::submit(const StepInput& input) {
   job->outputs.resize(static_cast<std::size_t>(group_size()));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // A shift step runs in TP' (one stage): alone, as does any step after one.
-    const bool alone = mode == Mode::shift || (!jobs_.empty() && jobs_.back()->mode == Mode::shift);
-    if (static_cast<int>(jobs_.size()) >= max_in_flight() || (alone && !jobs_.empty()))
+    // (Shift needs pp = 1: its steps, like the base ones, run one at a time.)
+    if (static_cast<int>(jobs_.size()) >= max_in_flight())
       return make_error(ErrorCode::invalid_argument, "cuda shard group: " + std::to_string(jobs_.size()) +
                                                          " steps in flight already");
     job->id = next_job_id_++;
