@@ -138,6 +138,13 @@ Status check_cuda_spec(const ModelConfig& c, const ShardSpec& spec, const ShardC
 /// carries nothing else).
 constexpr int kResidualTag = 1;
 
+/// Bytes of K (or V) of one layer of a rank's cache: num_kv_blocks blocks of
+/// the KV heads it attends.
+std::size_t kv_half_layer_bytes(const ModelConfig& c, const CudaRunnerOptions& o, const ShardLayout& lay) {
+  return static_cast<std::size_t>(o.num_kv_blocks) * static_cast<std::size_t>(lay.kv_attn) *
+         static_cast<std::size_t>(o.block_size) * static_cast<std::size_t>(c.head_dim) * dtype_size(o.kv_cache_dtype);
+}
+
 /// Makes device_index the current device. Errors: not_found (no driver or
 /// device, with the CUDA message), internal.
 Status select_device(int device_index) {
@@ -736,8 +743,7 @@ struct CudaModelRunner::Impl {
   /// out_of_memory naming the blocks and bytes; invalid_argument for a
   /// kv_memory smaller than the cache.
   Result<std::size_t> allocate_kv_cache() {
-    kv_layer_bytes = static_cast<std::size_t>(o.num_kv_blocks) * lay.kv_attn * o.block_size * c.head_dim *
-                       dtype_size(o.kv_cache_dtype);
+    kv_layer_bytes = kv_half_layer_bytes(c, o, lay);
     const std::size_t kv_bytes = 2 * kv_layer_bytes * layers.size();
     if (o.kv_memory != nullptr) {
       if (o.kv_memory_bytes < kv_bytes)
@@ -1041,9 +1047,7 @@ std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& c, const CudaRunner
 
 std::size_t cuda_runner_kv_cache_bytes(const ModelConfig& c, const CudaRunnerOptions& o, const ShardSpec& spec) {
   const ShardLayout lay = shard_layout(c, spec);
-  return 2 * static_cast<std::size_t>(lay.layer_end - lay.layer_begin) * static_cast<std::size_t>(o.num_kv_blocks) *
-         static_cast<std::size_t>(lay.kv_attn) * static_cast<std::size_t>(o.block_size) *
-         static_cast<std::size_t>(c.head_dim) * dtype_size(o.kv_cache_dtype);
+  return 2 * static_cast<std::size_t>(lay.layer_end - lay.layer_begin) * kv_half_layer_bytes(c, o, lay);
 }
 
 std::uint64_t cuda_runner_weight_bytes(const ModelConfig& c, DType wdt, const ShardSpec& spec) {
