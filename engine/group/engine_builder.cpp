@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <vector>
 
 #include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
@@ -88,38 +89,27 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   std::uint64_t workspace_bytes = 0;
   const model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
   if (ranks > 1) {
-    // A tp x sp x pp group sharing this GPU (model::CudaShardGroup): every
-    // rank's weights (the norms on each, the embedding on each first-stage
-    // rank), KV heads (replicated when tp * sp exceeds them; the stages'
-    // layers add up to the model's) and workspaces (Ulysses' buffers too).
+    // A tp x sp x pp group sharing this GPU (model::CudaShardGroup). Every
+    // runner it holds has its weights (the norms on each, the embedding on
+    // first stages), activations and workspaces (Ulysses' buffers too): each
+    // rank's shard, and its Shift (TP') or Seesaw (cd) shard. The KV heads:
+    // kv_heads_held (replicated ones; a shift runner uses its base runner's
+    // cache).
     if (Status s = model::check_shardable(c, o.parallel.tp, o.parallel.sp, o.parallel.pp); !s) return s.error();
-    pi.weight_bytes = 0;
+    const bool pair = o.parallel_decode && *o.parallel_decode != o.parallel;
+    std::vector<model::ShardSpec> runners;
     for (int r = 0; r < ranks; ++r) {
-      const model::ShardSpec spec = shard_spec_of(o.parallel, r);
+      runners.push_back(shard_spec_of(o.parallel, r));
+      if (o.shift) runners.push_back(shift_spec_of(o.parallel, r));
+      if (pair) runners.push_back(shard_spec_of(*o.parallel_decode, r));
+    }
+    pi.weight_bytes = 0;
+    for (const model::ShardSpec& spec : runners) {
       pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, spec);
       workspace_bytes += model::cuda_runner_workspace_bytes(c, co, spec);
     }
-    if (o.shift) {
-      // Shift's runners: each rank's TP' shard of the weights and its own
-      // activations and workspaces, on the base runner's KV cache.
-      for (int r = 0; r < ranks; ++r) {
-        const model::ShardSpec spec = shift_spec_of(o.parallel, r);
-        pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, spec);
-        workspace_bytes += model::cuda_runner_workspace_bytes(c, co, spec);
-      }
-      pi.activation_bytes *= 2;
-    }
-    pi.activation_bytes *= static_cast<std::uint64_t>(ranks);
+    pi.activation_bytes *= static_cast<std::uint64_t>(runners.size());
     pi.num_kv_heads = kv_heads_held(o, c);  // with Seesaw's cd: each rank's larger cache
-    if (o.parallel_decode && *o.parallel_decode != o.parallel) {
-      // Seesaw's cd: its shards' weights and workspaces, its own activations.
-      for (int r = 0; r < ranks; ++r) {
-        const model::ShardSpec cd = shard_spec_of(*o.parallel_decode, r);
-        pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, cd);
-        workspace_bytes += model::cuda_runner_workspace_bytes(c, co, cd);
-      }
-      pi.activation_bytes *= 2;
-    }
   } else {
     workspace_bytes = model::cuda_runner_workspace_bytes(c, co);
   }
