@@ -19,6 +19,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -34,27 +35,16 @@
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/ops.hpp"
+#include "kernels/cuda/roofline.hpp"
 #include "kernels/cuda/sampling.hpp"
 
-#define FAKE_LOCK std::lock_guard<std::recursive_mutex> fake_lock_(fake_detail::fake_mutex())
-
-namespace fake_detail {
-
-std::recursive_mutex& fake_mutex();
-
-/// One kernel or copy: runs (checks its ranges, computes) when executed.
-struct Op {
-  std::string name;
-  bool kernel = true;
-  std::function<void()> run;
-};
-
-}  // namespace fake_detail
+#include "tests/model/cuda/fake_device_internal.hpp"
 
 // The opaque runtime types (only forward-declared by driver_types.h).
 struct CUstream_st {
   unsigned flags = 0;
   bool legacy = false;
+  int device = 0;  ///< the device current when it was made (the legacy stream: -1, any)
   bool capturing = false;
   bool invalidated = false;  ///< the capture hit a prohibited call
   std::vector<fake_detail::Op> captured;
@@ -72,11 +62,10 @@ namespace fake_detail {
 using shardline::testing_support::fake_cuda::Counters;
 using shardline::testing_support::fake_cuda::Execution;
 
-enum class MemKind { device, pinned };
-
 struct Alloc {
   std::size_t bytes = 0;
   MemKind kind = MemKind::device;
+  int device = -1;  ///< device memory: the device current at allocation
 };
 
 struct Injection {
@@ -95,10 +84,16 @@ struct State {
   std::set<CUgraph_st*> graphs;
   std::set<CUgraphExec_st*> execs;
   int device_count = 1;
+  std::size_t memory_bytes = std::size_t{80} << 30;  ///< each device's, as query_devices reports it
+  std::set<std::pair<int, int>> peer_access;  ///< (device, peer): device's work may touch peer's memory
+  int running_device = -1;                    ///< the device of the operation running now (-1: none / host)
   std::map<std::string, Injection> injections;
   std::map<std::string, long> kernel_runs;  // by kernel name
   CUstream_st legacy;
-  State() { legacy.legacy = true; }
+  State() {
+    legacy.legacy = true;
+    legacy.device = -1;
+  }
 };
 
 State& st() {
@@ -116,6 +111,32 @@ std::recursive_mutex& fake_mutex() {
   return mu;
 }
 
+thread_local int lock_depth = 0;  // how many FakeLocks this thread holds
+thread_local int current_device_ = 0;
+
+FakeLock::FakeLock() {
+  fake_mutex().lock();
+  ++lock_depth;
+}
+FakeLock::~FakeLock() {
+  --lock_depth;
+  fake_mutex().unlock();
+}
+
+int current_device() { return current_device_; }
+
+bool wait_until(const std::function<bool()>& ready, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    const int depth = lock_depth;
+    for (int i = 0; i < depth; ++i) fake_mutex().unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    for (int i = 0; i < depth; ++i) fake_mutex().lock();
+  }
+  return true;
+}
+
 thread_local cudaError_t last_error = cudaSuccess;
 
 constexpr std::size_t kQuarantineBytes = std::size_t{256} << 20;
@@ -126,6 +147,7 @@ cudaError_t fail(cudaError_t e) {
 }
 
 void anomaly(const std::string& what) { st().anomalies.push_back(what); }
+
 
 /// A pending fault injection for `call` fires (and is consumed) here.
 bool injected(const char* call, cudaError_t* err) {
@@ -162,12 +184,38 @@ bool in_memory(const void* p, std::size_t bytes, MemKind kind) {
   return al != nullptr && al->kind == kind && a + bytes <= begin + al->bytes && a + bytes >= a;
 }
 
-bool check(const char* op, const char* what, const void* p, std::size_t bytes, MemKind kind = MemKind::device) {
-  if (in_memory(p, bytes, kind)) return true;
+int memory_device(const void* p) {
+  std::uintptr_t begin = 0;
+  const Alloc* a = find_alloc(reinterpret_cast<std::uintptr_t>(p), &begin);
+  return a != nullptr && a->kind == MemKind::device ? a->device : -1;
+}
+
+/// Device `device`'s work may touch device memory of `owner`.
+bool reachable(int device, int owner) {
+  return device < 0 || owner < 0 || device == owner || st().peer_access.count({device, owner}) != 0;
+}
+
+bool check(const char* op, const char* what, const void* p, std::size_t bytes, MemKind kind) {
+  if (in_memory(p, bytes, kind)) {
+    const int owner = kind == MemKind::device ? memory_device(p) : -1;
+    if (reachable(st().running_device, owner)) return true;
+    anomaly(std::string(op) + ": " + what + " is device " + std::to_string(owner) +
+            "'s memory, touched by work on device " + std::to_string(st().running_device) +
+            "'s stream without peer access");
+    return false;
+  }
   anomaly(std::string(op) + ": " + what + " [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" +
           std::to_string(bytes) + ") is not inside one live " + (kind == MemKind::device ? "device" : "pinned") +
           " allocation");
   return false;
+}
+
+bool check_on(int device, const char* op, const char* what, const void* p, std::size_t bytes) {
+  const int outer = st().running_device;
+  st().running_device = device;
+  const bool ok = check(op, what, p, bytes, MemKind::device);
+  st().running_device = outer;
+  return ok;
 }
 
 /// Bytes spanned by `rows` rows of `width` elements with row stride `stride`.
@@ -185,7 +233,7 @@ void* allocate(std::size_t bytes, MemKind kind) {
   void* p = std::aligned_alloc(256, rounded);
   if (p == nullptr) return nullptr;
   std::memset(p, 0xFF, rounded);  // "uninitialised": NaN floats, -1 ints
-  st().allocs[reinterpret_cast<std::uintptr_t>(p)] = Alloc{bytes, kind};
+  st().allocs[reinterpret_cast<std::uintptr_t>(p)] = Alloc{bytes, kind, kind == MemKind::device ? current_device_ : -1};
   return p;
 }
 
@@ -215,6 +263,11 @@ CUstream_st* resolve(cudaStream_t s) {
   return g.streams.count(s) != 0 ? s : nullptr;
 }
 
+int stream_device(cudaStream_t s) {
+  CUstream_st* q = resolve(s);
+  return q == nullptr ? -2 : q->device;
+}
+
 bool capture_active() {
   for (CUstream_st* s : st().streams)
     if (s->capturing) return true;
@@ -228,21 +281,66 @@ void run(Op& op) {
     ++c.kernels_run;
     ++st().kernel_runs[op.name];
   }
+  op.started = true;
+  const int outer = st().running_device;
+  // A kernel reaches its own device's memory (and its peers'); copies go
+  // anywhere (unified addressing: cudaMemcpy*Async between devices works
+  // without peer access, through the host if it must).
+  st().running_device = op.kernel ? op.device : -1;
   op.run();
+  st().running_device = outer;
+}
+
+/// Runs q's operations in order while they can finish; true when q is empty.
+bool progress(CUstream_st* q) {
+  while (!q->pending.empty()) {
+    Op& head = q->pending.front();
+    if (!head.started) run(head);
+    if (head.done && !head.done()) return false;  // waits for its peers (a collective)
+    q->pending.pop_front();
+  }
+  return true;
+}
+
+/// Completes every operation of `streams` (waiting, with the lock released,
+/// for operations that wait on other threads' streams: NCCL's collectives).
+/// An operation still waiting after kDeadlock is a deadlock: an anomaly, and
+/// it is dropped.
+constexpr std::chrono::seconds kDeadlock{120};
+template <class Streams>
+void settle(Streams streams) {
+  const auto all_done = [&] {
+    bool done = true;
+    for (CUstream_st* s : streams()) done = progress(s) && done;
+    return done;
+  };
+  if (wait_until(all_done, kDeadlock)) return;
+  for (CUstream_st* s : streams())
+    while (!s->pending.empty() && !progress(s)) {
+      anomaly(s->pending.front().name + ": waited " + std::to_string(kDeadlock.count()) +
+              " s for its peers (a deadlock: a rank never joined the collective)");
+      s->pending.pop_front();
+    }
+}
+
+std::vector<CUstream_st*> all_streams() {
+  std::vector<CUstream_st*> v(st().streams.begin(), st().streams.end());
+  v.push_back(&st().legacy);
+  return v;
 }
 
 void drain(CUstream_st* q) {
-  while (!q->pending.empty()) {
-    Op op = std::move(q->pending.front());
-    q->pending.pop_front();
-    run(op);
-  }
+  settle([q] { return std::vector<CUstream_st*>{q}; });
 }
 
 /// The legacy stream waits for (and is waited on by) blocking streams only.
 void drain_blocking() {
-  for (CUstream_st* s : st().streams)
-    if ((s->flags & cudaStreamNonBlocking) == 0) drain(s);
+  settle([] {
+    std::vector<CUstream_st*> v;
+    for (CUstream_st* s : st().streams)
+      if ((s->flags & cudaStreamNonBlocking) == 0) v.push_back(s);
+    return v;
+  });
 }
 
 /// Completes the legacy default stream's work (and the blocking streams').
@@ -251,9 +349,19 @@ void drain_legacy() {
   drain(&st().legacy);
 }
 
-void drain_all() {
-  for (CUstream_st* s : st().streams) drain(s);
-  drain(&st().legacy);
+void drain_all() { settle(all_streams); }
+
+/// Completes device `device`'s work (its streams' and the legacy stream's):
+/// what cudaDeviceSynchronize and cudaFree wait for. Another device's work
+/// is not waited for (it may wait for this thread: a collective).
+void drain_device(int device) {
+  settle([device] {
+    std::vector<CUstream_st*> v;
+    for (CUstream_st* s : st().streams)
+      if (s->device == device) v.push_back(s);
+    v.push_back(&st().legacy);
+    return v;
+  });
 }
 
 /// A call CUDA prohibits while a stream captures (thread-local mode, one
@@ -273,6 +381,8 @@ cudaError_t enqueue(cudaStream_t stream, Op op) {
     anomaly(op.name + ": queued on an unknown stream");
     return fail(cudaErrorInvalidResourceHandle);
   }
+  op.device = q->legacy ? current_device_ : q->device;
+  op.started = false;
   if (q->capturing) {
     if (q->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
     q->captured.push_back(std::move(op));
@@ -284,10 +394,9 @@ cudaError_t enqueue(cudaStream_t stream, Op op) {
     if (prohibited_during_capture((op.name + " on the legacy stream").c_str(), &err)) return err;
     drain_blocking();  // the legacy stream's work follows the blocking streams'
   }
-  if (st().mode == Execution::immediate)
-    run(op);
-  else
-    q->pending.push_back(std::move(op));
+  q->pending.push_back(std::move(op));
+  // Immediate: runs now, behind whatever still waits on this stream.
+  if (st().mode == Execution::immediate) (void)progress(q);
   return cudaSuccess;
 }
 
@@ -390,6 +499,90 @@ cudaError_t cudaSetDevice(int device) {
   cudaError_t err;
   if (injected("cudaSetDevice", &err)) return fail(err);
   if (device < 0 || device >= st().device_count) return fail(cudaErrorInvalidDevice);
+  current_device_ = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  FAKE_LOCK;
+  if (device == nullptr) return fail(cudaErrorInvalidValue);
+  if (st().device_count < 0) return fail(cudaErrorNoDevice);
+  *device = current_device_;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* canAccessPeer, int device, int peerDevice) {
+  FAKE_LOCK;
+  const int n = st().device_count;
+  if (canAccessPeer == nullptr || device < 0 || device >= n || peerDevice < 0 || peerDevice >= n)
+    return fail(cudaErrorInvalidDevice);
+  *canAccessPeer = device != peerDevice ? 1 : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
+  FAKE_LOCK;
+  if (flags != 0 || peerDevice < 0 || peerDevice >= st().device_count || peerDevice == current_device_)
+    return fail(cudaErrorInvalidDevice);
+  if (!st().peer_access.insert({current_device_, peerDevice}).second)
+    return fail(cudaErrorPeerAccessAlreadyEnabled);
+  return cudaSuccess;
+}
+
+const char* cudaGetErrorName(cudaError_t error) {
+  FAKE_LOCK;
+  return error == cudaSuccess ? "cudaSuccess" : "cudaErrorFake";
+}
+
+/// Does not wait: runs what can run; cudaErrorNotReady while work remains
+/// (an operation waiting for its peers).
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  FAKE_LOCK;
+  CUstream_st* q = resolve(stream);
+  if (q == nullptr) {
+    anomaly("cudaStreamQuery of an unknown stream");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (q->capturing) return fail(cudaErrorStreamCaptureUnsupported);
+  return progress(q) ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaMalloc(void** devPtr, size_t size) {
+  FAKE_LOCK;
+  cudaError_t err;
+  if (injected("cudaMalloc", &err) || prohibited_during_capture("cudaMalloc", &err)) return fail(err);
+  if (devPtr == nullptr) return fail(cudaErrorInvalidValue);
+  *devPtr = allocate(std::max<std::size_t>(size, 1), MemKind::device);
+  return *devPtr == nullptr ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t cudaFree(void* devPtr) {
+  FAKE_LOCK;
+  if (devPtr == nullptr) return cudaSuccess;
+  if (capture_active()) anomaly("cudaFree during a stream capture");
+  drain_device(memory_device(devPtr));  // cudaFree waits for the device, as on a GPU
+  if (!release(devPtr, MemKind::device)) {
+    anomaly("cudaFree of an unknown device pointer");
+    return fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  FAKE_LOCK;
+  if (attributes == nullptr) return fail(cudaErrorInvalidValue);
+  *attributes = cudaPointerAttributes{};
+  std::uintptr_t begin = 0;
+  const Alloc* a = find_alloc(reinterpret_cast<std::uintptr_t>(ptr), &begin);
+  if (a == nullptr) {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+    return cudaSuccess;
+  }
+  attributes->type = a->kind == MemKind::device ? cudaMemoryTypeDevice : cudaMemoryTypeHost;
+  attributes->device = a->kind == MemKind::device ? a->device : current_device_;
+  attributes->devicePointer = const_cast<void*>(ptr);
+  attributes->hostPointer = a->kind == MemKind::pinned ? const_cast<void*>(ptr) : nullptr;
   return cudaSuccess;
 }
 
@@ -400,6 +593,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags)
   if (pStream == nullptr || (flags & ~static_cast<unsigned>(cudaStreamNonBlocking)) != 0) return fail(cudaErrorInvalidValue);
   auto* s = new CUstream_st;
   s->flags = flags;
+  s->device = current_device_;
   st().streams.insert(s);
   *pStream = s;
   return cudaSuccess;
@@ -444,7 +638,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   cudaError_t err;
   if (injected("cudaDeviceSynchronize", &err)) return fail(err);
   if (prohibited_during_capture("cudaDeviceSynchronize", &err)) return err;
-  drain_all();
+  drain_device(current_device_);
   return cudaSuccess;
 }
 
@@ -586,7 +780,7 @@ cudaError_t cudaFreeHost(void* ptr) {
   cudaError_t err;
   if (prohibited_during_capture("cudaFreeHost", &err)) return err;
   if (ptr == nullptr) return cudaSuccess;
-  drain_all();  // cudaFreeHost waits for the device, as on a GPU
+  drain_device(current_device_);  // cudaFreeHost waits for the device, as on a GPU
   if (!release(ptr, MemKind::pinned)) {
     anomaly("cudaFreeHost of a pointer cudaMallocHost did not return");
     return fail(cudaErrorInvalidValue);
@@ -696,6 +890,9 @@ void reset(Execution mode) {
   g.injections.clear();
   g.kernel_runs.clear();
   g.device_count = 1;
+  g.memory_bytes = std::size_t{80} << 30;
+  g.peer_access.clear();
+  current_device_ = 0;
   last_error = cudaSuccess;
 }
 
@@ -758,6 +955,11 @@ void set_device_count(int n) {
   FAKE_LOCK;
   st().device_count = n;
 }
+void set_memory_bytes(std::size_t bytes) {
+  FAKE_LOCK;
+  st().memory_bytes = bytes;
+}
+
 void fail_call(const std::string& call, int error, int skip) {
   FAKE_LOCK;
   st().injections[call] = Injection{static_cast<cudaError_t>(error), skip};
@@ -1306,7 +1508,7 @@ void DeviceBuffer::reset() noexcept {
   FAKE_LOCK;
   if (ptr_ == nullptr) return;
   if (capture_active()) anomaly("cudaFree during a stream capture");
-  drain_all();  // cudaFree waits for the device, as on a GPU
+  drain_device(memory_device(ptr_));  // cudaFree waits for the device, as on a GPU
   if (!release(ptr_, MemKind::device)) anomaly("cudaFree of an unknown device pointer");
   ptr_ = nullptr;
   bytes_ = 0;
@@ -1326,11 +1528,23 @@ DeviceQuery query_devices() {
     d.index = i;
     d.name = "fake CUDA device (CPU test double)";
     d.sm_major = 9;
-    d.total_memory_bytes = std::size_t{80} << 30;
+    d.total_memory_bytes = st().memory_bytes;
     d.free_memory_bytes = d.total_memory_bytes;
     q.devices.push_back(d);
   }
   return q;
+}
+
+// ---- roofline (bench --device cuda) -------------------------------------------------
+
+// A fake device has no bandwidth or FLOP/s worth measuring: the benchmark's
+// hardware limits are refused, not invented.
+Result<double> measure_d2d_bandwidth_gbs(std::size_t, int) {
+  return make_error(ErrorCode::unsupported, "fake cuda: a fake device has no memory bandwidth to measure");
+}
+
+Result<double> measure_gemm_tflops(DType, int, int, int, int) {
+  return make_error(ErrorCode::unsupported, "fake cuda: a fake device has no GEMM throughput to measure");
 }
 
 }  // namespace shardline::kernels::cuda

@@ -41,10 +41,22 @@
 //    attention sequence is within the max_num_q / max_context_len bounds it
 //    was launched with. A violation is recorded as an anomaly (and the
 //    operation is skipped, like a faulting kernel): tests expect none;
-//  - one device, shared by threads: every call holds one process-wide lock,
-//    so ranks of a group on threads (several ranks on one GPU) are
-//    serialised as a GPU serialises their streams. Graph capture is
-//    process-wide: capture only while no other thread calls the fake.
+//  - N devices (set_device_count; default 1), shared by threads: every call
+//    holds one process-wide lock, so ranks of a group on threads are
+//    serialised as a GPU serialises their streams. cudaSetDevice is per
+//    thread; an allocation and a stream belong to the device current when
+//    they were made. A kernel that touches another device's memory without
+//    peer access (cudaDeviceEnablePeerAccess) is an anomaly; copies may go
+//    between devices (unified addressing). Graph capture is process-wide:
+//    capture only while no other thread calls the fake;
+//  - a fake NCCL (tests/model/cuda/fake_nccl.cpp: the nccl.h calls of
+//    comm/nccl.cpp): a communicator per rank, one rank per device (two on
+//    one device fail as NCCL's "duplicate GPU"), every call an operation on
+//    its stream that waits at the stream's head until every rank's (or the
+//    peer's) has reached it, then moves the data (sums in rank order:
+//    NCCL's own ring / tree order is not modelled), group calls fused. A
+//    synchronisation that waits for a peer releases the lock; one still
+//    waiting after 120 s is a deadlock anomaly.
 
 #include <cstddef>
 #include <string>
@@ -87,6 +99,9 @@ void reset(Execution mode);
 
 /// cudaGetDeviceCount's answer (default 1; negative: cudaErrorNoDevice).
 void set_device_count(int n);
+/// Each device's memory as query_devices reports it (default 80 GiB; the
+/// fake allocates what is asked of host memory, whatever this says).
+void set_memory_bytes(std::size_t bytes);
 
 /// Fault injection: the next call of `call` (a runtime name such as
 /// "cudaGraphInstantiate", "cudaMallocHost", "cudaStreamBeginCapture", or
