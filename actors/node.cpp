@@ -250,7 +250,14 @@ engine::EngineOptions worker_engine_options(const NodeOptions& o, int i) {
   e.parallel = orchestrator::group_of(o.parallel);
   if (o.device_kind == model::DeviceKind::cuda) {
     e.device = model::DeviceKind::cuda;
-    e.device_index = o.cuda_devices[static_cast<std::size_t>(i)];
+    const int g = o.parallel.group_size();
+    if (g > 1 && o.cuda_ranks_per_gpu == 1) {  // a GPU per rank
+      const auto first = o.cuda_devices.begin() + static_cast<std::ptrdiff_t>(i) * g;
+      e.group_devices.assign(first, first + g);
+      e.device_index = e.group_devices.front();
+    } else {
+      e.device_index = o.cuda_devices[static_cast<std::size_t>(i)];
+    }
   } else {
     e.device = model::DeviceKind::cpu;
   }
@@ -264,10 +271,13 @@ engine::EngineOptions worker_engine_options(const NodeOptions& o, int i) {
 Status check_node_options(const NodeOptions& o) {
   const bool cuda = o.device_kind == model::DeviceKind::cuda;
   if (cuda) {
-    if (o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) != o.parallel.dp)
+    const int g = o.parallel.group_size();
+    const bool per_rank = g > 1 && o.cuda_ranks_per_gpu == 1;
+    const int want = per_rank ? g * o.parallel.dp : o.parallel.dp;
+    if (o.cuda_devices.empty() || static_cast<int>(o.cuda_devices.size()) != want)
       return make_error(ErrorCode::invalid_argument,
                         "a CUDA node needs one worker (dp) per device, each one GPU or an engine group sharing it, "
-                        "got " +
+                        "or a GPU per rank of each group, got " +
                             std::to_string(o.cuda_devices.size()) + " devices and " + o.parallel.to_string());
   } else if (o.num_cpu_devices < 1) {
     return make_error(ErrorCode::invalid_argument, "a node needs at least one device");
@@ -410,11 +420,15 @@ std::vector<WorkerConfig> node_workers(const NodeOptions& o, const NodeShared& s
     wc.node_name = o.name;
     wc.engine = worker_engine_options(o, i);
     if (o.device_kind == model::DeviceKind::cuda) {
-      const int d = o.cuda_devices[static_cast<std::size_t>(i)];
-      const int group = o.parallel.group_size();
-      const std::string ranks = group > 1 ? "x" + std::to_string(group) : "";
-      wc.name = o.name + "/cuda:" + std::to_string(d) + ranks;
-      wc.device = "cuda:" + std::to_string(d) + ranks;
+      std::string gpus;  // "0x2" (ranks sharing GPU 0) or "0,1" (a GPU per rank)
+      if (!wc.engine.group_devices.empty()) {
+        for (int d : wc.engine.group_devices) gpus += (gpus.empty() ? "" : ",") + std::to_string(d);
+      } else {
+        const int group = o.parallel.group_size();
+        gpus = std::to_string(wc.engine.device_index) + (group > 1 ? "x" + std::to_string(group) : "");
+      }
+      wc.name = o.name + "/cuda:" + gpus;
+      wc.device = "cuda:" + gpus;
     } else {
       wc.name = worker_name(o.name, i, group);
       wc.device = "cpu";

@@ -41,8 +41,12 @@ struct NodeOptions {
   /// parallel.dp == cuda_devices.size()), each a single device or, with
   /// tp * pp * sp > 1 (`cuda:LISTxK`), an engine group of ranks sharing
   /// its GPU (model::CudaShardGroup).
+  /// With cuda_ranks_per_gpu = 1 and tp * pp * sp = g > 1, worker i's
+  /// group is GPUs [i * g, (i + 1) * g) of the list instead, a rank on each
+  /// (`cuda:0,1 --parallel tp=2`; the ranks talk over NCCL).
   model::DeviceKind device_kind = model::DeviceKind::cpu;
   std::vector<int> cuda_devices;
+  int cuda_ranks_per_gpu = 1;
   /// parallel.dp workers, each one engine group of tp x sp x pp devices
   /// (in-process ranks, each on its own thread, with its own KV cache).
   engine::ParallelConfig parallel;

@@ -74,11 +74,20 @@ Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::
       auto given = engine::parse_parallel_config(parallel);
       if (!given) return std::move(given).error();
       const int group = given->group_size();
-      if (group > 1 && k == 1)
-        return make_error(ErrorCode::unsupported,
-                          "--devices " + devices + " with --parallel " + given->to_string() +
-                              ": groups across distinct GPUs (NCCL) are not built yet; for ranks sharing one GPU "
-                              "write --devices cuda:0x" + std::to_string(group));
+      if (group > 1 && k == 1) {
+        // Each rank on a GPU of its own: the group's ranks talk over NCCL.
+        if (n != group * given->dp)
+          return make_error(ErrorCode::invalid_argument,
+                            "--devices " + devices + " gives " + std::to_string(n) + " GPUs but --parallel " +
+                                given->to_string() + " needs tp*pp*sp*dp = " + std::to_string(group * given->dp) +
+                                " (one per rank; for ranks sharing a GPU write cuda:0x" + std::to_string(group) + ")");
+        out.kind = model::DeviceKind::cuda;
+        out.cuda_devices = list->indices;
+        out.cuda_ranks_per_gpu = 1;
+        out.num_cpu_devices = 0;
+        out.parallel = *given;
+        return out;
+      }
       if (group != k)
         return make_error(ErrorCode::invalid_argument, "--devices " + devices + " puts " + std::to_string(k) +
                                                            " ranks on each GPU but --parallel " + given->to_string() +
@@ -91,6 +100,7 @@ Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::
     }
     out.kind = model::DeviceKind::cuda;
     out.cuda_devices = list->indices;
+    out.cuda_ranks_per_gpu = k;
     out.num_cpu_devices = 0;
     out.parallel = pc;
     return out;

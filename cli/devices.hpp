@@ -31,7 +31,11 @@ struct DeviceList {
 struct NodeDevices {
   int num_cpu_devices = 1;  ///< 0 with cuda
   model::DeviceKind kind = model::DeviceKind::cpu;
-  std::vector<int> cuda_devices;  ///< with cuda: the GPUs, one worker each
+  /// With cuda: the GPUs. One worker per GPU (its group's ranks sharing
+  /// it) when cuda_ranks_per_gpu = tp * pp * sp; otherwise (1 rank per GPU)
+  /// worker i's group is GPUs [i * g, (i + 1) * g) of the list, g = tp * pp * sp.
+  std::vector<int> cuda_devices;
+  int cuda_ranks_per_gpu = 1;  ///< the K of cuda:LISTxK
   engine::ParallelConfig parallel;
 };
 
@@ -45,10 +49,11 @@ struct NodeDevices {
 ///    --parallel must then be dp only;
 ///  - --devices cuda:LISTxK: one worker per GPU, each a group of K ranks
 ///    sharing it (model::CudaShardGroup): tp = K without --parallel; a
-///    --parallel must say tp*pp*sp = K (and dp = the count).
+///    --parallel must say tp*pp*sp = K (and dp = the count);
+///  - --devices cuda:LIST with --parallel tp*pp*sp > 1: a GPU per rank (the
+///    group's ranks talk over NCCL); the list must have tp*pp*sp*dp GPUs.
 /// Errors: invalid_argument (bad --parallel, bad --devices, or a device count
-/// other than the world size, naming both numbers), unsupported (a group
-/// across distinct GPUs: NCCL under the runner is not built yet).
+/// other than the world size, naming both numbers).
 [[nodiscard]] Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel);
 
 }  // namespace shardline::cli

@@ -25,12 +25,18 @@ namespace shardline::engine {
 
 namespace {
 
-/// The KV heads whose cache one KV block holds in a layer on this engine's
-/// device(s): the model's, or, for a CUDA group sharing one GPU, those of
+/// Whether a CUDA group's ranks each have a GPU of their own (group_devices).
+bool ranks_on_distinct_gpus(const EngineOptions& o) {
+  return o.group_devices.size() > 1 && o.group_devices.front() != o.group_devices.back();
+}
+
+/// The KV heads whose cache one KV block holds in a layer on one GPU of
+/// this engine: the model's, or, for a CUDA group sharing one GPU, those of
 /// every TP and SP rank of a stage (a KV head is replicated on each rank
 /// whose heads read it when tp * sp exceeds the KV heads). With Seesaw's
 /// decode config each rank's KV memory holds the larger of its two caches:
-/// then the sum over ranks of max(layers x heads), per model layer, rounded up.
+/// then the sum over ranks of max(layers x heads), per model layer, rounded
+/// up. Ranks on distinct GPUs: the most any one rank holds.
 int kv_heads_held(const EngineOptions& o, const model::ModelConfig& c) {
   if (o.device != model::DeviceKind::cuda || o.parallel.group_size() <= 1) return c.num_key_value_heads;
   const auto units = [&](const ParallelConfig& pc, int r) {  // layers x KV heads of rank r's cache
@@ -38,9 +44,12 @@ int kv_heads_held(const EngineOptions& o, const model::ModelConfig& c) {
     return static_cast<long long>(lay.layer_end - lay.layer_begin) * lay.kv_attn;
   };
   const bool pair = o.parallel_decode && *o.parallel_decode != o.parallel;
+  const bool distinct = ranks_on_distinct_gpus(o);
   long long total = 0;
-  for (int r = 0; r < o.parallel.group_size(); ++r)
-    total += pair ? std::max(units(o.parallel, r), units(*o.parallel_decode, r)) : units(o.parallel, r);
+  for (int r = 0; r < o.parallel.group_size(); ++r) {
+    const long long held = pair ? std::max(units(o.parallel, r), units(*o.parallel_decode, r)) : units(o.parallel, r);
+    total = distinct ? std::max(total, held) : total + held;
+  }
   return static_cast<int>((total + c.num_hidden_layers - 1) / c.num_hidden_layers);
 }
 
@@ -71,12 +80,19 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
     c.num_hidden_layers = o.num_layers_override;
   const int max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
   const kernels::cuda::DeviceQuery q = kernels::cuda::query_devices();
-  if (o.device_index < 0 || o.device_index >= static_cast<int>(q.devices.size()))
-    return make_error(ErrorCode::not_found,
-                      "cuda:" + std::to_string(o.device_index) + ": " +
-                          (q.devices.empty() ? "no CUDA device (" + q.error + ")"
-                                             : "only " + std::to_string(q.devices.size()) + " CUDA device(s)"));
-  const kernels::cuda::DeviceInfo& d = q.devices[static_cast<std::size_t>(o.device_index)];
+  // The GPUs this engine uses; the plan is the one with the least free memory's.
+  const std::vector<int> used = o.group_devices.empty() ? std::vector<int>{o.device_index} : o.group_devices;
+  const kernels::cuda::DeviceInfo* tightest = nullptr;
+  for (int index : used) {
+    if (index < 0 || index >= static_cast<int>(q.devices.size()))
+      return make_error(ErrorCode::not_found,
+                        "cuda:" + std::to_string(index) + ": " +
+                            (q.devices.empty() ? "no CUDA device (" + q.error + ")"
+                                               : "only " + std::to_string(q.devices.size()) + " CUDA device(s)"));
+    const kernels::cuda::DeviceInfo& info = q.devices[static_cast<std::size_t>(index)];
+    if (tightest == nullptr || info.free_memory_bytes < tightest->free_memory_bytes) tightest = &info;
+  }
+  const kernels::cuda::DeviceInfo& d = *tightest;
   GpuMemoryPlanInput pi;
   pi.total_bytes = d.total_memory_bytes;
   pi.free_bytes = d.free_memory_bytes;
@@ -96,19 +112,28 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
     // kv_heads_held (replicated ones; a shift runner uses its base runner's
     // cache).
     if (Status s = model::check_shardable(c, o.parallel.tp, o.parallel.sp, o.parallel.pp); !s) return s.error();
+    // Ranks on distinct GPUs: each GPU holds one rank's runners; the plan
+    // is the most loaded rank's (weights, workspaces and KV each at their
+    // largest over ranks: a bound).
     const bool pair = o.parallel_decode && *o.parallel_decode != o.parallel;
-    std::vector<model::ShardSpec> runners;
+    const bool distinct = ranks_on_distinct_gpus(o);
+    const std::uint64_t activation_per_runner = pi.activation_bytes;
+    pi.weight_bytes = 0;
+    pi.activation_bytes = 0;
     for (int r = 0; r < ranks; ++r) {
-      runners.push_back(shard_spec_of(o.parallel, r));
+      std::vector<model::ShardSpec> runners{shard_spec_of(o.parallel, r)};
       if (o.shift) runners.push_back(shift_spec_of(o.parallel, r));
       if (pair) runners.push_back(shard_spec_of(*o.parallel_decode, r));
+      std::uint64_t weights = 0, workspaces = 0;
+      for (const model::ShardSpec& spec : runners) {
+        weights += model::cuda_runner_weight_bytes(c, o.dtype, spec);
+        workspaces += model::cuda_runner_workspace_bytes(c, co, spec);
+      }
+      const std::uint64_t activations = activation_per_runner * runners.size();
+      pi.weight_bytes = distinct ? std::max(pi.weight_bytes, weights) : pi.weight_bytes + weights;
+      workspace_bytes = distinct ? std::max(workspace_bytes, workspaces) : workspace_bytes + workspaces;
+      pi.activation_bytes = distinct ? std::max(pi.activation_bytes, activations) : pi.activation_bytes + activations;
     }
-    pi.weight_bytes = 0;
-    for (const model::ShardSpec& spec : runners) {
-      pi.weight_bytes += model::cuda_runner_weight_bytes(c, o.dtype, spec);
-      workspace_bytes += model::cuda_runner_workspace_bytes(c, co, spec);
-    }
-    pi.activation_bytes *= static_cast<std::uint64_t>(runners.size());
     pi.num_kv_heads = kv_heads_held(o, c);  // with Seesaw's cd: each rank's larger cache
   } else {
     workspace_bytes = model::cuda_runner_workspace_bytes(c, co);
@@ -121,7 +146,7 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   pi.reserved_bytes += workspace_bytes;
   auto plan = plan_gpu_memory(pi);
   if (!plan)
-    return make_error(plan.error().code, "cuda:" + std::to_string(o.device_index) + " (" + d.name + "): " +
+    return make_error(plan.error().code, "cuda:" + std::to_string(d.index) + " (" + d.name + "): " +
                                              plan.error().message);
   return plan->kv_bytes;
 }
@@ -208,6 +233,10 @@ Status check_engine_options(const EngineOptions& o) {
 #endif
     if (!(o.gpu_memory_utilization > 0.0 && o.gpu_memory_utilization <= 1.0))
       return make_error(ErrorCode::invalid_argument, "--gpu-memory-utilization must be in (0, 1]");
+    if (!o.group_devices.empty() && static_cast<int>(o.group_devices.size()) != o.parallel.group_size())
+      return make_error(ErrorCode::invalid_argument, std::to_string(o.group_devices.size()) +
+                                                         " GPUs for an engine group of " +
+                                                         std::to_string(o.parallel.group_size()) + " ranks");
   }
   if (!cuda && o.dtype == DType::f16)
     return make_error(ErrorCode::invalid_argument, "--dtype f16 is for CUDA devices; CPU weights are f32 or bf16");
@@ -308,7 +337,8 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     e.executor = std::move(exec).value();
 #if SHARDLINE_HAVE_CUDA
   } else if (cuda && o.parallel.group_size() > 1) {
-    // A tp x sp x pp group of ranks sharing device_index (model::CudaShardGroup).
+    // A tp x sp x pp group of ranks sharing device_index, or on group_devices
+    // (model::CudaShardGroup).
     model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
     co.num_kv_blocks = e.num_kv_blocks;
     model::CudaShardGroup::ShiftChooser choose;
@@ -324,7 +354,7 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     if (o.parallel_decode && *o.parallel_decode != o.parallel)
       decode = model::ShardDims{o.parallel_decode->tp, o.parallel_decode->pp, o.parallel_decode->sp};
     auto group = model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp, o.parallel.sp,
-                                               std::move(choose), decode);
+                                               std::move(choose), decode, o.group_devices);
     if (!group) return std::move(group).error();
     e.weight_bytes = (*group)->weight_bytes();
     e.executor = std::move(group).value();

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/result.hpp"
 #include "engine/llm_engine.hpp"
@@ -33,6 +34,10 @@ struct EngineOptions {
   DType dtype = DType::f32;       ///< weight storage: f32 or bf16 (cuda also f16)
   model::DeviceKind device = model::DeviceKind::cpu;
   int device_index = 0;           ///< cuda:N
+  /// cuda, an engine group (tp * pp * sp > 1): group rank r's GPU
+  /// (`--devices cuda:0,1 --parallel tp=2`: {0, 1}, the ranks talk over
+  /// NCCL). Empty: every rank shares device_index (`cuda:0x2`).
+  std::vector<int> group_devices;
   /// cuda: fraction of the device's total memory this engine may take
   /// (weights + activations + KV cache), vLLM's --gpu-memory-utilization.
   double gpu_memory_utilization = 0.9;

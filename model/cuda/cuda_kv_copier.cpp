@@ -26,8 +26,9 @@ std::size_t slab_bytes(const kvstore::KvModelShape& shape, const kvstore::KvRank
 
 }  // namespace
 
-CudaKvCopier::CudaKvCopier(kvstore::KvModelShape shape, std::vector<DeviceKvCache> caches, CUstream_st* stream)
-    : shape_(shape), caches_(std::move(caches)), stream_(stream) {}
+CudaKvCopier::CudaKvCopier(kvstore::KvModelShape shape, std::vector<DeviceKvCache> caches,
+                           std::vector<CUstream_st*> streams)
+    : shape_(shape), caches_(std::move(caches)), streams_(std::move(streams)) {}
 
 Result<std::unique_ptr<CudaKvCopier>> CudaKvCopier::create(kvstore::KvModelShape shape,
                                                            std::vector<DeviceKvCache> caches) {
@@ -39,16 +40,28 @@ Result<std::unique_ptr<CudaKvCopier>> CudaKvCopier::create(kvstore::KvModelShape
     if (caches[i].layout.block_size != caches[0].layout.block_size)
       return invalid("caches of one block table need one block size");
   }
-  if (Status s = cuda_status("set device", cudaSetDevice(caches[0].device)); !s) return s.error();
-  cudaStream_t stream = nullptr;
-  if (Status s = cuda_status("copy stream", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); !s)
-    return s.error();
-  return std::unique_ptr<CudaKvCopier>(new CudaKvCopier(shape, std::move(caches), stream));
+  // A copy stream per device, each cache's on its own device's.
+  std::vector<cudaStream_t> streams(caches.size(), nullptr);
+  Status made = Status::ok_status();
+  for (std::size_t i = 0; i < caches.size() && made; ++i) {
+    for (std::size_t j = 0; j < i; ++j)
+      if (caches[j].device == caches[i].device) streams[i] = streams[j];
+    if (streams[i] != nullptr) continue;
+    made = cuda_status("set device", cudaSetDevice(caches[i].device));
+    if (made) made = cuda_status("copy stream", cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
+  }
+  auto copier = std::unique_ptr<CudaKvCopier>(new CudaKvCopier(shape, std::move(caches), std::move(streams)));
+  if (!made) return made.error();  // the destructor frees the streams made
+  return copier;
 }
 
 CudaKvCopier::~CudaKvCopier() {
   if (staging_ != nullptr) (void)cudaFreeHost(staging_);
-  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    bool first = streams_[i] != nullptr;
+    for (std::size_t j = 0; j < i && first; ++j) first = streams_[j] != streams_[i];
+    if (first) (void)cudaStreamDestroy(streams_[i]);
+  }
 }
 
 std::uint64_t CudaKvCopier::num_copies() const {
@@ -120,20 +133,28 @@ Status CudaKvCopier::plan(std::span<const std::int32_t> block_table, const kvsto
 }
 
 Status CudaKvCopier::move(const std::vector<Slab>& slabs, bool to_host) {
-  if (Status s = cuda_status("set device", cudaSetDevice(caches_[0].device)); !s) return s;
   Status work = Status::ok_status();
   for (const Slab& sl : slabs) {
     char* dev = static_cast<char*>(caches_[sl.cache].data) + sl.device_offset;
     char* host = static_cast<char*>(staging_) + sl.host_offset;
+    cudaStream_t stream = streams_[sl.cache];
+    work = cuda_status("set device", cudaSetDevice(caches_[sl.cache].device));
+    if (!work) break;
     work = to_host ? cuda_status("device to host", cudaMemcpy2DAsync(host, sl.host_pitch, dev, sl.device_pitch, sl.bytes,
-                                                                     sl.rows, cudaMemcpyDeviceToHost, stream_))
+                                                                     sl.rows, cudaMemcpyDeviceToHost, stream))
                    : cuda_status("host to device", cudaMemcpy2DAsync(dev, sl.device_pitch, host, sl.host_pitch, sl.bytes,
-                                                                     sl.rows, cudaMemcpyHostToDevice, stream_));
+                                                                     sl.rows, cudaMemcpyHostToDevice, stream));
     if (!work) break;
     ++num_copies_;
   }
-  // Always waited for: the staging buffer is reused by the next call.
-  const Status synced = cuda_status("copy stream", cudaStreamSynchronize(stream_));
+  // Always waited for (every device's stream): the staging buffer is reused by the next call.
+  Status synced = Status::ok_status();
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    bool first = true;
+    for (std::size_t j = 0; j < i && first; ++j) first = streams_[j] != streams_[i];
+    if (!first) continue;
+    if (Status s = cuda_status("copy stream", cudaStreamSynchronize(streams_[i])); !s && synced) synced = s;
+  }
   return work ? synced : work;
 }
 

@@ -10,7 +10,8 @@
 /// copy_out stages the blocks a range touches: for each cache and each block
 /// of the range, one strided device-to-host copy (cudaMemcpy2DAsync) of
 /// that block's slab in every layer of the range the cache holds, K and V,
-/// into a pinned buffer, on the copier's own copy stream; once they have
+/// into a pinned buffer, on the copier's own copy stream (one per GPU, for
+/// the caches of a group whose ranks are on several); once they have
 /// landed, kvstore::copy_out over host views of the staged blocks writes
 /// the canonical chunk (the same bytes the CPU caches give). copy_in stages
 /// the same blocks, writes the chunk into them with kvstore::copy_in (only
@@ -76,7 +77,7 @@ class CudaKvCopier final : public kvstore::KvCopier {
   [[nodiscard]] std::uint64_t num_copies() const;
 
  private:
-  CudaKvCopier(kvstore::KvModelShape shape, std::vector<DeviceKvCache> caches, CUstream_st* stream);
+  CudaKvCopier(kvstore::KvModelShape shape, std::vector<DeviceKvCache> caches, std::vector<CUstream_st*> streams);
   /// One block of a cache, every (layer, K|V) row of it that a range needs:
   /// `rows` slabs of `bytes`, `device_pitch` apart in the cache and
   /// `host_pitch` apart in the staging buffer (one cudaMemcpy2DAsync).
@@ -110,7 +111,7 @@ class CudaKvCopier final : public kvstore::KvCopier {
 
   kvstore::KvModelShape shape_;
   std::vector<DeviceKvCache> caches_;
-  CUstream_st* stream_ = nullptr;
+  std::vector<CUstream_st*> streams_;  ///< [caches] each cache's device's copy stream (one per device)
   mutable std::mutex mu_;
   void* staging_ = nullptr;  ///< pinned, staging_bytes_
   std::size_t staging_bytes_ = 0;

@@ -1,10 +1,16 @@
 #include "model/cuda/cuda_shard_group.hpp"
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "model/cuda/inproc_device_comm.hpp"
+#if SHARDLINE_HAVE_NCCL
+#include "comm/nccl.hpp"
+#endif
 
 namespace shardline::model {
 
@@ -17,6 +23,61 @@ Result<std::unique_ptr<comm::Communicator>> device_comm(comm::InProcGroup& group
   auto dev = InProcDeviceCommunicator::create(std::move(host).value(), device);
   if (!dev) return std::move(dev).error();
   return std::unique_ptr<comm::Communicator>(std::move(dev).value());
+}
+
+/// The device communicators of one group whose ranks are `devices` (rank i
+/// on devices[i]), bootstrapped over `group`: InProcDeviceCommunicators when
+/// every rank shares one GPU, NCCL when each has its own (NCCL refuses two
+/// ranks on one GPU). NcclCommunicator::create is collective: every rank's
+/// runs on a thread of its own. Errors: unsupported for a group that mixes
+/// shared and distinct GPUs, or distinct GPUs in a build without NCCL; what
+/// the communicators' create return.
+Result<std::vector<std::unique_ptr<comm::Communicator>>> group_comms(comm::InProcGroup& group,
+                                                                     const std::vector<int>& devices) {
+  const int n = static_cast<int>(devices.size());
+  std::vector<std::unique_ptr<comm::Communicator>> out(static_cast<std::size_t>(n));
+  const std::set<int> distinct(devices.begin(), devices.end());
+  if (distinct.size() == 1) {
+    for (int i = 0; i < n; ++i) {
+      auto c = device_comm(group, i, devices[static_cast<std::size_t>(i)]);
+      if (!c) return std::move(c).error();
+      out[static_cast<std::size_t>(i)] = std::move(c).value();
+    }
+    return out;
+  }
+  std::string list;
+  for (int d : devices) list += (list.empty() ? "cuda:" : ",") + std::to_string(d);
+  if (static_cast<int>(distinct.size()) != n)
+    return make_error(ErrorCode::unsupported, "cuda shard group: a group of ranks on " + list +
+                                                  " mixes shared and distinct GPUs; its ranks must all share one "
+                                                  "GPU or each have its own");
+#if SHARDLINE_HAVE_NCCL
+  std::vector<std::unique_ptr<comm::Communicator>> hosts;
+  for (int i = 0; i < n; ++i) {
+    auto h = group.communicator(i);
+    if (!h) return std::move(h).error();
+    hosts.push_back(std::move(h).value());
+  }
+  std::vector<std::optional<Error>> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      const auto k = static_cast<std::size_t>(i);
+      auto c = comm::NcclCommunicator::create(*hosts[k], comm::NcclOptions{devices[k], true});
+      if (c)
+        out[k] = std::move(c).value();
+      else
+        errors[k] = std::move(c).error();
+    });
+  for (std::thread& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) return make_error(e->code, "cuda shard group: NCCL over " + list + ": " + e->message);
+  return out;
+#else
+  return make_error(ErrorCode::unsupported, "cuda shard group: ranks on distinct GPUs (" + list +
+                                                ") talk over NCCL, and this build has no NCCL (nccl.h / libnccl "
+                                                "were not found)");
+#endif
 }
 
 // Group rank r = (stage * sp + sp_rank) * tp + tp_rank, in every config
@@ -62,8 +123,8 @@ class CudaShardGroup::ActiveCopier final : public kvstore::KvCopier {
 CudaShardGroup::CudaShardGroup() = default;
 
 Status CudaShardGroup::build(Shards& shards, const std::shared_ptr<const ModelWeights>& weights,
-                             const CudaRunnerOptions& options, const std::vector<void*>& kv_memory,
-                             const std::vector<std::size_t>& kv_memory_bytes) {
+                             const CudaRunnerOptions& options, const std::vector<int>& devices,
+                             const std::vector<void*>& kv_memory, const std::vector<std::size_t>& kv_memory_bytes) {
   const ShardDims d = shards.dims;
   const int n = d.size();
   shards.tp_kind.size = d.tp;
@@ -73,16 +134,25 @@ Status CudaShardGroup::build(Shards& shards, const std::shared_ptr<const ModelWe
       {&shards.tp_kind, &tp_place}, {&shards.sp_kind, &sp_place}, {&shards.pp_kind, &pp_place}};
   for (const auto& [kind, place] : kinds) {
     if (kind->size == 1) continue;
-    for (int g = 0; g < n / kind->size; ++g) {
+    const int num_groups = n / kind->size;
+    std::vector<std::vector<int>> members(static_cast<std::size_t>(num_groups),
+                                          std::vector<int>(static_cast<std::size_t>(kind->size)));
+    for (int r = 0; r < n; ++r) {
+      const Place p = place(d, r);
+      members[static_cast<std::size_t>(p.group)][static_cast<std::size_t>(p.rank)] = r;
+    }
+    kind->comms.resize(static_cast<std::size_t>(n));
+    for (int g = 0; g < num_groups; ++g) {
       auto group = comm::InProcGroup::create(kind->size);
       if (!group) return std::move(group).error();
       kind->groups.push_back(std::move(group).value());
-    }
-    for (int r = 0; r < n; ++r) {
-      const Place p = place(d, r);
-      auto c = device_comm(*kind->groups[static_cast<std::size_t>(p.group)], p.rank, options.device_index);
-      if (!c) return std::move(c).error();
-      kind->comms.push_back(std::move(c).value());
+      std::vector<int> devs;
+      for (int r : members[static_cast<std::size_t>(g)]) devs.push_back(devices[static_cast<std::size_t>(r)]);
+      auto comms = group_comms(*kind->groups.back(), devs);
+      if (!comms) return std::move(comms).error();
+      for (int i = 0; i < kind->size; ++i)
+        kind->comms[static_cast<std::size_t>(members[static_cast<std::size_t>(g)][static_cast<std::size_t>(i)])] =
+            std::move((*comms)[static_cast<std::size_t>(i)]);
     }
   }
   const auto comm_of = [](const Kind& k, int r) {
@@ -94,6 +164,7 @@ Status CudaShardGroup::build(Shards& shards, const std::shared_ptr<const ModelWe
     comms.sp = comm_of(shards.sp_kind, r);
     comms.pp = comm_of(shards.pp_kind, r);
     CudaRunnerOptions o = options;
+    o.device_index = devices[static_cast<std::size_t>(r)];
     if (!kv_memory.empty()) {
       o.kv_memory = kv_memory[static_cast<std::size_t>(r)];
       o.kv_memory_bytes = kv_memory_bytes[static_cast<std::size_t>(r)];
@@ -114,11 +185,13 @@ Status CudaShardGroup::make_shift_runners(const std::shared_ptr<const ModelWeigh
     if (!group) return std::move(group).error();
     shift_kind_.groups.push_back(std::move(group).value());
   }
-  for (int r = 0; r < n; ++r) {
-    auto c = device_comm(*shift_kind_.groups[0], shift_place(base_.dims, r).rank, options.device_index);
-    if (!c) return std::move(c).error();
-    shift_kind_.comms.push_back(std::move(c).value());
-  }
+  std::vector<int> devs(static_cast<std::size_t>(n));  // by TP' rank
+  for (int r = 0; r < n; ++r)
+    devs[static_cast<std::size_t>(shift_place(base_.dims, r).rank)] = devices_[static_cast<std::size_t>(r)];
+  auto comms = group_comms(*shift_kind_.groups[0], devs);
+  if (!comms) return std::move(comms).error();
+  for (int r = 0; r < n; ++r)
+    shift_kind_.comms.push_back(std::move((*comms)[static_cast<std::size_t>(shift_place(base_.dims, r).rank)]));
   for (int r = 0; r < n; ++r) {
     const ShardSpec spec = shift_spec_at(base_.dims.tp, base_.dims.sp, r);
     ShardComms comms;
@@ -127,6 +200,7 @@ Status CudaShardGroup::make_shift_runners(const std::shared_ptr<const ModelWeigh
     const CudaModelRunner& base_runner = *base_.runners[static_cast<std::size_t>(r)];
     const DeviceKvCache base = base_runner.device_kv_cache();
     CudaRunnerOptions so = options;
+    so.device_index = devices_[static_cast<std::size_t>(r)];
     so.kv_memory = base.data;
     so.kv_memory_bytes = base_runner.kv_cache_bytes();
     auto runner = CudaModelRunner::create(weights, so, spec, comms);
@@ -147,6 +221,12 @@ Status CudaShardGroup::build_pair(const std::shared_ptr<const ModelWeights>& wei
   for (int r = 0; r < n; ++r) {
     const std::size_t b = std::max(cuda_runner_kv_cache_bytes(weights->config, options, spec_of(base_.dims, r)),
                                    cuda_runner_kv_cache_bytes(weights->config, options, spec_of(decode_->dims, r)));
+    const int device = devices_[static_cast<std::size_t>(r)];
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return make_error(ErrorCode::internal, "cuda shard group: cudaSetDevice(" + std::to_string(device) +
+                                                 "): " + cudaGetErrorString(e));
+    }
     auto buf = kernels::cuda::DeviceBuffer::allocate(b);
     if (!buf)
       return make_error(buf.error().code, "cuda shard group: rank " + std::to_string(r) + "'s KV memory (" +
@@ -156,14 +236,15 @@ Status CudaShardGroup::build_pair(const std::shared_ptr<const ModelWeights>& wei
     bytes.push_back(b);
     kv_memory_.push_back(std::move(buf).value());
   }
-  if (Status s = build(base_, weights, options, memory, bytes); !s) return s;
-  return build(*decode_, weights, options, memory, bytes);
+  if (Status s = build(base_, weights, options, devices_, memory, bytes); !s) return s;
+  return build(*decode_, weights, options, devices_, memory, bytes);
 }
 
 Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<const ModelWeights> weights,
                                                                const CudaRunnerOptions& options, int tp, int pp,
                                                                int sp, ShiftChooser shift,
-                                                               std::optional<ShardDims> decode) {
+                                                               std::optional<ShardDims> decode,
+                                                               std::vector<int> devices) {
   if (tp < 1 || pp < 1 || sp < 1 || tp * pp * sp < 2)
     return make_error(ErrorCode::invalid_argument,
                       "cuda shard group: tp, pp and sp must be >= 1 and tp*pp*sp >= 2, got tp=" + std::to_string(tp) +
@@ -179,14 +260,19 @@ Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<c
                       "cuda shard group: Seesaw's decode config must have the group's " + std::to_string(dims.size()) +
                           " ranks (and no --shift), got tp=" + std::to_string(decode->tp) + " pp=" +
                           std::to_string(decode->pp) + " sp=" + std::to_string(decode->sp));
+  if (devices.empty()) devices.assign(static_cast<std::size_t>(dims.size()), options.device_index);
+  if (static_cast<int>(devices.size()) != dims.size())
+    return make_error(ErrorCode::invalid_argument, "cuda shard group: " + std::to_string(devices.size()) +
+                                                       " rank devices for a group of " + std::to_string(dims.size()));
   std::unique_ptr<CudaShardGroup> g(new CudaShardGroup());
   g->base_.dims = dims;
+  g->devices_ = std::move(devices);
   g->choose_shift_ = std::move(shift);
   if (decode && *decode != dims) {
     g->decode_ = std::make_unique<Shards>();
     g->decode_->dims = *decode;
     if (Status s = g->build_pair(weights, options); !s) return s.error();
-  } else if (Status s = build(g->base_, weights, options, {}, {}); !s) {
+  } else if (Status s = build(g->base_, weights, options, g->devices_, {}, {}); !s) {
     return s.error();
   }
   if (g->choose_shift_)

@@ -45,8 +45,12 @@
 /// phases (KvCacheIo's mover through kv_copier(), which follows the active
 /// config), which re-shards it.
 ///
-/// Not built yet: ranks on distinct GPUs (NCCL), Seesaw's `reload` weights
-/// (both shards stay resident).
+/// Ranks on distinct GPUs (`devices`): a TP / SP / PP group whose ranks each
+/// have a GPU of their own talks over NCCL (comm/nccl.hpp; a collective
+/// waits on the communicator's stream, as the in-process one does), one
+/// whose ranks share a GPU over InProcDeviceCommunicators.
+///
+/// Not built yet: Seesaw's `reload` weights (both shards stay resident).
 
 #include <atomic>
 #include <condition_variable>
@@ -98,11 +102,17 @@ class CudaShardGroup final : public ModelExecutor {
   /// rank's two caches share one device allocation of the larger one's
   /// size; steps run in this config until use_step_config(decode).
   /// invalid_argument for a decode config of another size, or with `shift`.
+  /// `devices`: group rank r's CUDA device (empty: every rank on
+  /// options.device_index). Each TP, SP, PP (and shift) group's ranks share
+  /// one GPU (in-process device communicators) or each have their own
+  /// (NCCL); unsupported for a group that mixes the two, or for distinct
+  /// GPUs without NCCL; invalid_argument for a list of another size.
   [[nodiscard]] static Result<std::unique_ptr<CudaShardGroup>> create(std::shared_ptr<const ModelWeights> weights,
                                                                       const CudaRunnerOptions& options, int tp,
                                                                       int pp = 1, int sp = 1,
                                                                       ShiftChooser shift = {},
-                                                                      std::optional<ShardDims> decode = std::nullopt);
+                                                                      std::optional<ShardDims> decode = std::nullopt,
+                                                                      std::vector<int> devices = {});
   /// Stops the rank threads, then frees the runners and communicators.
   ~CudaShardGroup() override;
   CudaShardGroup(const CudaShardGroup&) = delete;
@@ -194,8 +204,10 @@ class CudaShardGroup final : public ModelExecutor {
 
   CudaShardGroup();
   /// Builds `shards`' communicators and runners (on `kv_memory[r]` when given).
+  /// Rank r's runner is on devices[r].
   [[nodiscard]] static Status build(Shards& shards, const std::shared_ptr<const ModelWeights>& weights,
-                                    const CudaRunnerOptions& options, const std::vector<void*>& kv_memory,
+                                    const CudaRunnerOptions& options, const std::vector<int>& devices,
+                                    const std::vector<void*>& kv_memory,
                                     const std::vector<std::size_t>& kv_memory_bytes);
   /// Builds every rank's shift runner (after the base runners).
   [[nodiscard]] Status make_shift_runners(const std::shared_ptr<const ModelWeights>& weights,
@@ -214,6 +226,7 @@ class CudaShardGroup final : public ModelExecutor {
   /// The active config's copier.
   [[nodiscard]] CudaKvCopier* active_copier();
 
+  std::vector<int> devices_;  ///< [group_size] each rank's CUDA device
   Shards base_;
   std::unique_ptr<Shards> decode_;  ///< Seesaw's cd (null without one)
   std::vector<kernels::cuda::DeviceBuffer> kv_memory_;  ///< Seesaw: [group_size] caches shared by both configs

@@ -432,17 +432,20 @@ TEST(CliE2e, CudaDeviceWithoutAGpuIsAClearError) {
   r = run("run --model " + kModel + io + " --devices cuda:x --quiet");
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("cuda:LIST"), std::string::npos) << r.out;
+  // One GPU for two ranks that each need their own: the count, and how to share one.
   r = run("run --model " + kModel + io + " --devices cuda:0 --parallel tp=2 --quiet");
   EXPECT_EQ(r.exit_code, 2) << r.out;
-  EXPECT_NE(r.out.find("unsupported"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("needs tp*pp*sp*dp = 2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("cuda:0x2"), std::string::npos) << r.out;
-  // Two ranks sharing GPU 0 are accepted, and fail where a GPU is needed.
-  r = run("run --model " + kModel + io + " --devices cuda:0x2 --parallel tp=2 --quiet");
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("cannot start its engine"), std::string::npos) << r.out;
-  EXPECT_TRUE(r.out.find("no CUDA device") != std::string::npos ||
-              r.out.find("no CUDA backend") != std::string::npos)
-      << r.out;
+  // Two ranks sharing GPU 0, or on GPUs 0 and 1, are accepted, and fail where a GPU is needed.
+  for (const char* devices : {"cuda:0x2", "cuda:0,1"}) {
+    r = run("run --model " + kModel + io + " --devices " + devices + " --parallel tp=2 --quiet");
+    EXPECT_EQ(r.exit_code, 1) << devices << ": " << r.out;
+    EXPECT_NE(r.out.find("cannot start its engine"), std::string::npos) << r.out;
+    EXPECT_TRUE(r.out.find("no CUDA device") != std::string::npos ||
+                r.out.find("no CUDA backend") != std::string::npos)
+        << r.out;
+  }
   r = run("generate --model " + kModel + " --prompt hi --dtype f16");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("--dtype f16 is for CUDA devices"), std::string::npos) << r.out;

@@ -48,11 +48,30 @@ TEST(NodeDevices, DeviceCountOtherThanTheWorldSizeNamesBothNumbers) {
   auto bad = resolve_node_devices("", "tp=2,tp=2");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("given twice"), std::string::npos) << bad.error().message;
+  // One GPU for a group of 2 ranks each on its own: the count, and how to share one.
   auto gpu = resolve_node_devices("cuda:2", "tp=2");
   ASSERT_FALSE(gpu.ok());
-  EXPECT_EQ(gpu.error().code, ErrorCode::unsupported);
-  EXPECT_NE(gpu.error().message.find("groups across distinct GPUs (NCCL) are not built yet"), std::string::npos);
-  EXPECT_NE(gpu.error().message.find("--devices cuda:0x2"), std::string::npos) << gpu.error().message;
+  EXPECT_EQ(gpu.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(gpu.error().message,
+            "--devices cuda:2 gives 1 GPUs but --parallel tp=2,pp=1,sp=1,dp=1 needs tp*pp*sp*dp = 2 (one per rank; "
+            "for ranks sharing a GPU write cuda:0x2)");
+}
+
+TEST(NodeDevices, CudaGroupsWithAGpuPerRankTalkOverNccl) {
+  auto pp = resolve_node_devices("cuda:0,1", "pp=2");
+  ASSERT_TRUE(pp.ok()) << pp.error().to_string();
+  EXPECT_EQ(pp->kind, model::DeviceKind::cuda);
+  EXPECT_EQ(pp->cuda_devices, (std::vector<int>{0, 1}));
+  EXPECT_EQ(pp->cuda_ranks_per_gpu, 1);
+  EXPECT_EQ(pp->parallel, (ParallelConfig{1, 2, 1, 1}));
+  auto two_groups = resolve_node_devices("cuda:0-3", "tp=2,dp=2");
+  ASSERT_TRUE(two_groups.ok()) << two_groups.error().to_string();
+  EXPECT_EQ(two_groups->cuda_devices, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(two_groups->parallel, (ParallelConfig{2, 1, 1, 2}));
+  auto short_list = resolve_node_devices("cuda:0-2", "tp=2,dp=2");
+  ASSERT_FALSE(short_list.ok());
+  EXPECT_EQ(short_list.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(short_list.error().message.find("needs tp*pp*sp*dp = 4"), std::string::npos) << short_list.error().message;
 }
 
 TEST(NodeDevices, CudaRanksSharingAGpuAreOneEngineGroup) {
@@ -93,9 +112,6 @@ TEST(NodeDevices, CudaRanksSharingAGpuAreOneEngineGroup) {
   auto all = resolve_node_devices("cuda:0x8", "tp=2,pp=2,sp=2");
   ASSERT_TRUE(all.ok()) << all.error().to_string();
   EXPECT_EQ(all->parallel, (ParallelConfig{2, 2, 2, 1}));
-  auto pp_across = resolve_node_devices("cuda:0,1", "pp=2");
-  ASSERT_FALSE(pp_across.ok());
-  EXPECT_EQ(pp_across.error().code, ErrorCode::unsupported);
   auto mixed = resolve_node_devices("cuda:0x2,1", "");
   ASSERT_FALSE(mixed.ok());
   EXPECT_EQ(mixed.error().message, "--devices cuda:0x2,1: every GPU of the list needs the same number of ranks (xK)");

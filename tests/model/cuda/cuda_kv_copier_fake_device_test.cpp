@@ -424,16 +424,24 @@ TEST_P(CudaKvCopierFakeDevice, SeesawPairsPrefillInCpAndDecodeInCdWithTheKvResha
     model::ShardDims cp, cd;  // {tp, pp, sp}
     bool bitwise;             // no TP in either: bit-identical to one device
   };
+  // Ranks sharing GPU 0, and a GPU per rank (NCCL over the fake NCCL).
+  fc::set_device_count(2);
+  for (const std::vector<int>& devices : {std::vector<int>{}, std::vector<int>{0, 1}})
   for (const Pair& p : {Pair{{1, 2, 1}, {1, 1, 2}, true}, Pair{{1, 1, 2}, {1, 2, 1}, true},
                         Pair{{1, 2, 1}, {2, 1, 1}, false}}) {
+#if !SHARDLINE_HAVE_NCCL
+    if (!devices.empty()) continue;  // distinct GPUs need NCCL (refused without: CudaShardGroupOnDistinctGpus)
+#endif
     const std::string name = "cp tp=" + std::to_string(p.cp.tp) + ",pp=" + std::to_string(p.cp.pp) + ",sp=" +
                              std::to_string(p.cp.sp) + " cd tp=" + std::to_string(p.cd.tp) + ",pp=" +
-                             std::to_string(p.cd.pp) + ",sp=" + std::to_string(p.cd.sp);
-    auto group = model::CudaShardGroup::create(w, small, p.cp.tp, p.cp.pp, p.cp.sp, {}, p.cd);
+                             std::to_string(p.cd.pp) + ",sp=" + std::to_string(p.cd.sp) +
+                             (devices.empty() ? " on cuda:0x2" : " on cuda:0,1");
+    auto group = model::CudaShardGroup::create(w, small, p.cp.tp, p.cp.pp, p.cp.sp, {}, p.cd, devices);
     ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
     ASSERT_TRUE((*group)->has_step_configs());
     for (int r = 0; r < 2; ++r) {
       ASSERT_NE((*group)->decode_rank(r), nullptr);
+      EXPECT_EQ((*group)->rank(r).device_kv_cache().device, devices.empty() ? 0 : r) << name;
       EXPECT_EQ((*group)->decode_rank(r)->device_kv_cache().data, (*group)->rank(r).device_kv_cache().data)
           << name << ": one KV allocation per rank";
     }

@@ -298,8 +298,14 @@ TEST_P(CudaShardGroupFakeDevice, ShiftRunsEachStepInTheChosenConfigOnOneKvCache)
       {"always base", [](const model::StepInput&) { return false; }},
       {"always shift", [](const model::StepInput&) { return true; }},
       {"by size", [](const model::StepInput& in) { return in.num_tokens() <= 8; }}};
+  // Ranks sharing GPU 0, and a GPU per rank (the TP' group over NCCL too).
+  fc::set_device_count(4);
+  for (const std::vector<int>& devices : {std::vector<int>{}, std::vector<int>{0, 1, 2, 3}})
   for (const Case& k : cases) {
-    auto group = model::CudaShardGroup::create(w, cuda_options(), 2, 1, 2, k.choose);
+#if !SHARDLINE_HAVE_NCCL
+    if (!devices.empty()) continue;
+#endif
+    auto group = model::CudaShardGroup::create(w, cuda_options(), 2, 1, 2, k.choose, std::nullopt, devices);
     ASSERT_TRUE(group.ok()) << k.name << ": " << group.error().to_string();
     for (int r = 0; r < 4; ++r) {
       const model::CudaModelRunner* shift = (*group)->shift_rank(r);
@@ -394,6 +400,60 @@ TEST_P(CudaShardGroupFakeDevice, ShardsTheRunnerCannotHoldAreRefused) {
   ASSERT_TRUE(dev.ok());
   expect_refused(tp2, {dev->get(), nullptr}, "rank 0 of 3, expected rank 0 of 2");
   expect_refused(pp2, {nullptr, nullptr, dev->get()}, "PP communicator is rank 0 of 3, expected stage 0 of 2");
+}
+
+// A GPU per rank (issue 41 item 2): each TP, SP and PP group's ranks talk
+// over NCCL (comm/nccl.cpp over the fake NCCL: collectives and send / recv
+// on each communicator's stream, waiting there for the peers). Every rank's
+// runner, KV cache and kernels are on its own GPU (a kernel touching
+// another's memory is an anomaly), and every shape gives what the same
+// group sharing one GPU gives, bit for bit (the fake NCCL sums in rank
+// order, as the in-process device communicator does).
+TEST_P(CudaShardGroupFakeDevice, RanksOnDistinctGpusOverNcclMatchRanksSharingOne) {
+  const auto w = dummy_model("qwen3");
+  ASSERT_NE(w, nullptr);
+  fc::set_device_count(8);
+  const auto want = cpu_greedy(w);
+  std::vector<std::tuple<int, int, int>> shapes(std::begin(kConfigs), std::end(kConfigs));
+  shapes.emplace_back(2, 2, 2);
+  for (const auto& [tp, pp, sp] : shapes) {
+    const std::string name = config_name(tp, pp, sp);
+    const int n = tp * pp * sp;
+    std::vector<int> devices(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) devices[static_cast<std::size_t>(r)] = n - 1 - r;  // not rank order
+    std::map<std::uint64_t, RequestOutput> shared;
+    {
+      auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp, sp);
+      ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+      shared = run_requests(**group, w->config.vocab_size, true, greedy_eight());
+    }
+    auto group = model::CudaShardGroup::create(w, cuda_options(), tp, pp, sp, {}, std::nullopt, devices);
+#if SHARDLINE_HAVE_NCCL
+    ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ((*group)->rank(r).device_kv_cache().device, n - 1 - r) << name << " rank " << r;
+    }
+    const auto got = run_requests(**group, w->config.vocab_size, true, greedy_eight());
+    expect_bit_identical(got, shared, name + " on a GPU per rank");
+    testing_support::expect_close_to_cpu(got, want, name + " on a GPU per rank");
+    EXPECT_EQ((*group)->max_steps_in_flight_seen(), pp) << name;
+#else
+    ASSERT_FALSE(group.ok()) << name;
+    EXPECT_EQ(group.error().code, ErrorCode::unsupported) << group.error().to_string();
+#endif
+  }
+  // A group whose ranks neither all share a GPU nor each have their own.
+  auto mixed = model::CudaShardGroup::create(w, cuda_options(), 2, 2, 1, {}, std::nullopt, {0, 0, 1, 1});
+  auto mixed_tp = model::CudaShardGroup::create(w, cuda_options(), 4, 1, 1, {}, std::nullopt, {0, 0, 1, 1});
+#if SHARDLINE_HAVE_NCCL
+  ASSERT_TRUE(mixed.ok()) << "TP groups on GPUs 0 and 1, each stage's pair sharing one: " << mixed.error().to_string();
+#endif
+  ASSERT_FALSE(mixed_tp.ok());
+  EXPECT_EQ(mixed_tp.error().code, ErrorCode::unsupported);
+  EXPECT_NE(mixed_tp.error().message.find("mixes shared and distinct GPUs"), std::string::npos)
+      << mixed_tp.error().message;
+  EXPECT_EQ(model::CudaShardGroup::create(w, cuda_options(), 2, 1, 1, {}, std::nullopt, {0, 1, 2}).error().code,
+            ErrorCode::invalid_argument);
 }
 
 }  // namespace model_cuda_cuda_shard_group_fake_device_test
