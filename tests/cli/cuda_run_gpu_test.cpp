@@ -6,84 +6,20 @@
 // GPU.
 #include <gtest/gtest.h>
 
-#include <map>
-#include <sstream>
-#include <string>
-
-#include <nlohmann/json.hpp>
-
 #include "kernels/cuda/device.hpp"
-#include "tests/support/demo_prompts.hpp"
-#include "tests/support/process.hpp"
+#include "tests/support/cuda_runs.hpp"
 
 namespace shardline {
 namespace {
 
-using testing_support::kShardline;
-
-class CudaRunGpu : public testing_support::TempDirTest {
+class CudaRunGpu : public testing_support::CudaRunTest {
  protected:
   void SetUp() override {
     const kernels::cuda::DeviceQuery q = kernels::cuda::query_devices();
     if (q.devices.empty()) GTEST_SKIP() << "no CUDA device: " << q.error;
-    TempDirTest::SetUp();
+    CudaRunTest::SetUp();
   }
-
-  /// custom_id -> output line, checking each id appears once.
-  std::map<std::string, nlohmann::json> read_output(const std::string& file) {
-    std::map<std::string, nlohmann::json> out;
-    std::istringstream lines(testing_support::read_file(file));
-    std::string line;
-    while (std::getline(lines, line)) {
-      nlohmann::json j = nlohmann::json::parse(line);
-      const std::string id = j.at("custom_id").get<std::string>();
-      EXPECT_EQ(out.count(id), 0u) << "duplicate " << id;
-      out[id] = std::move(j);
-    }
-    return out;
-  }
-
-  void expect_greedy_lines_match(int lines, const std::string& cpu_flags, const std::string& gpu_flags);
 };
-
-/// The first `lines` demo prompts (40 tokens each, even lines greedy)
-/// through `run` on the CPU with `cpu_flags` and on GPU 0 with `gpu_flags`
-/// (FP32 weights and KV on both): every line once on both, and each greedy
-/// line's choices byte-identical.
-void CudaRunGpu::expect_greedy_lines_match(int lines, const std::string& cpu_flags, const std::string& gpu_flags) {
-  std::map<int, bool> greedy;
-  testing_support::write_demo_prompts(path("in.jsonl"), lines, [&](int i, nlohmann::json& body) {
-    body["max_tokens"] = 40;
-    greedy[i] = i % 2 == 0;
-    if (greedy[i]) {
-      body["temperature"] = 0.0;
-      body.erase("seed");
-    }
-  });
-  const std::string model = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
-  const std::string common = kShardline + " run --model " + model + " --input " + path("in.jsonl") +
-                             " --dtype f32 --kv-cache-dtype f32 --quiet ";
-  auto cpu = testing_support::run_command(common + cpu_flags + " --output " + path("cpu.jsonl"));
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.out;
-  auto gpu = testing_support::run_command(common + gpu_flags + " --gpu-memory-utilization 0.3 --output " +
-                                          path("gpu.jsonl"));
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
-  const auto c = read_output(path("cpu.jsonl"));
-  const auto g = read_output(path("gpu.jsonl"));
-  ASSERT_EQ(c.size(), static_cast<std::size_t>(lines));
-  ASSERT_EQ(g.size(), c.size());
-  int compared = 0;
-  for (const auto& [id, line] : c) {
-    ASSERT_EQ(g.count(id), 1u) << id;
-    EXPECT_EQ(g.at(id).at("error"), nullptr) << g.at(id).dump();
-    const int index = std::stoi(id.substr(id.find_last_not_of("0123456789") + 1)) - 1;  // demo-0001 is line 0
-    if (!greedy[index]) continue;
-    EXPECT_EQ(g.at(id).at("response").at("body").at("choices"), line.at("response").at("body").at("choices"))
-        << id;
-    ++compared;
-  }
-  EXPECT_EQ(compared, lines / 2);
-}
 
 TEST_F(CudaRunGpu, JobOnCuda0MatchesTheCpuJobOnGreedyLines) {
   expect_greedy_lines_match(64, "", "--devices cuda:0");
