@@ -28,6 +28,10 @@ extern char** environ;
 namespace shardline::testing_support {
 
 inline const std::string kShardline = std::string(SHARDLINE_BINARY_DIR) + "/cli/shardline";
+/// `shardline` over the fake CUDA device and fake NCCL (built with the CUDA
+/// backend only; tests/model/cuda/fake_cuda_process.cpp: its fake GPUs come
+/// from SHARDLINE_FAKE_CUDA_DEVICES; it exits 86 after a device anomaly).
+inline const std::string kShardlineFakeCuda = std::string(SHARDLINE_BINARY_DIR) + "/tests/shardline_fake_cuda";
 
 struct CommandResult {
   int exit_code = -1;
