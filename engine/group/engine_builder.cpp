@@ -124,9 +124,12 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
       std::vector<model::ShardSpec> runners{shard_spec_of(o.parallel, r)};
       if (o.shift) runners.push_back(shift_spec_of(o.parallel, r));
       if (pair) runners.push_back(shard_spec_of(*o.parallel_decode, r));
+      // Seesaw's reload: one config's weights on the GPU at a time.
+      const bool one_at_a_time = pair && o.reshard_weights == ReshardWeights::reload;
       std::uint64_t weights = 0, workspaces = 0;
       for (const model::ShardSpec& spec : runners) {
-        weights += model::cuda_runner_weight_bytes(c, o.dtype, spec);
+        const std::uint64_t w = model::cuda_runner_weight_bytes(c, o.dtype, spec);
+        weights = one_at_a_time ? std::max(weights, w) : weights + w;
         workspaces += model::cuda_runner_workspace_bytes(c, co, spec);
       }
       const std::uint64_t activations = activation_per_runner * runners.size();
@@ -210,11 +213,7 @@ Status check_engine_options(const EngineOptions& o) {
     if (o.ffn || o.shift)
       return make_error(ErrorCode::unsupported,
                         "Seesaw's two parallel configs run on an engine group (CPU devices in one process or over "
-                        "TCP, or CUDA ranks sharing a GPU), not with SiDP or --shift");
-    if (cuda && o.reshard_weights != ReshardWeights::resident)
-      return make_error(ErrorCode::unsupported,
-                        "Seesaw on CUDA keeps both configs' weights resident (--reshard-weights resident); reload is "
-                        "not built there");
+                        "TCP, or CUDA ranks), not with SiDP or --shift");
   }
   if (o.device_memory_bytes > 0) {
     if (cuda)
@@ -353,12 +352,15 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     std::optional<model::ShardDims> decode;  // Seesaw's cd (seed 000 §4.1)
     if (o.parallel_decode && *o.parallel_decode != o.parallel)
       decode = model::ShardDims{o.parallel_decode->tp, o.parallel_decode->pp, o.parallel_decode->sp};
+    // Seesaw's reload uploads a config's weights at each switch: the host
+    // copy of the matrices stays.
+    const bool reload = decode && o.reshard_weights == ReshardWeights::reload;
     auto group = model::CudaShardGroup::create(e.weights, co, o.parallel.tp, o.parallel.pp, o.parallel.sp,
-                                               std::move(choose), decode, o.group_devices);
+                                               std::move(choose), decode, o.group_devices, reload);
     if (!group) return std::move(group).error();
     e.weight_bytes = (*group)->weight_bytes();
     e.executor = std::move(group).value();
-    drop_host_matrices(e);
+    if (!reload) drop_host_matrices(e);
 #endif
   } else if (cuda || o.parallel.group_size() == 1) {
     model::DeviceExecutorOptions dev;

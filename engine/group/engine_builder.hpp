@@ -101,12 +101,13 @@ struct EngineOptions {
   /// rank holds its weight shard of both (see reshard_weights) and one KV
   /// memory that each config lays out its own way, and the KV is re-sharded
   /// as it passes through the host buffer. An
-  /// in-process CPU group only (not CUDA, TCP, SiDP or --shift).
+  /// in-process CPU group, a TCP group or a CUDA group (not SiDP or --shift).
   /// nullopt or equal to `parallel`: one config for both phases.
   std::optional<ParallelConfig> parallel_decode;
   /// With parallel_decode: keep both shards packed on every rank
   /// (`resident`), or free the inactive one and repack it from the host
-  /// weights at each transition (`reload`, §4.1).
+  /// weights at each transition (`reload`, §4.1; on CUDA the host copy of
+  /// the matrices is then kept, and uploaded at each switch).
   ReshardWeights reshard_weights = ReshardWeights::resident;
   /// Seesaw's KV copies on a prefetcher thread (SeesawOptions::async_kv, §5.2).
   bool seesaw_async_kv = true;

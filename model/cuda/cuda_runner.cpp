@@ -715,6 +715,7 @@ struct CudaModelRunner::Impl {
     }
     staging = {};
     gathered = {};
+    layers.clear();
     char* wbase = weights.as<char>();
     const auto fptr = [&](std::size_t off) { return off == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(wbase + off); };
     embed = embed_off == SIZE_MAX ? nullptr : wbase + embed_off;
@@ -744,7 +745,7 @@ struct CudaModelRunner::Impl {
   /// kv_memory smaller than the cache.
   Result<std::size_t> allocate_kv_cache() {
     kv_layer_bytes = kv_half_layer_bytes(c, o, lay);
-    const std::size_t kv_bytes = 2 * kv_layer_bytes * layers.size();
+    const std::size_t kv_bytes = 2 * kv_layer_bytes * static_cast<std::size_t>(lay.layer_end - lay.layer_begin);  // the stage's layers
     if (o.kv_memory != nullptr) {
       if (o.kv_memory_bytes < kv_bytes)
         return make_error(ErrorCode::invalid_argument, "cuda runner: kv_memory of " +
@@ -1136,7 +1137,8 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
 
   m.qkv_rows = (m.lay.hq_t + 2 * m.lay.kv_t) * c.head_dim;
 
-  Result<std::size_t> weight_bytes = m.upload_weights(*weights);
+  if (!o.upload_weights) o.cuda_graphs = false;  // a graph would hold the arena's addresses
+  Result<std::size_t> weight_bytes = o.upload_weights ? m.upload_weights(*weights) : Result<std::size_t>(std::size_t{0});
   if (!weight_bytes) return std::move(weight_bytes).error();
   Result<std::size_t> kv_bytes = m.allocate_kv_cache();
   if (!kv_bytes) return std::move(kv_bytes).error();
@@ -1154,6 +1156,34 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
 }
 
 const std::string& CudaModelRunner::graph_capture_error() const { return impl_->graph_error; }
+
+Status CudaModelRunner::release_weights() {
+  if (!impl_->graphs.empty())
+    return make_error(ErrorCode::unsupported, "cuda runner: weights cannot be released under captured decode graphs");
+  if (Status s = cuda_status("set device", cudaSetDevice(options_.device_index)); !s) return s;
+  impl_->weights.reset();  // waits for the device's work, as cudaFree does
+  impl_->layers.clear();
+  impl_->embed = impl_->lm_head = nullptr;
+  impl_->final_norm = impl_->inv_freq = nullptr;
+  weight_bytes_ = 0;
+  return Status::ok_status();
+}
+
+Status CudaModelRunner::load_weights(const ModelWeights& host) {
+  if (weights_on_device()) return Status::ok_status();
+  if (host.config.num_hidden_layers != config_.num_hidden_layers ||
+      host.layers.size() != static_cast<std::size_t>(config_.num_hidden_layers) ||
+      host.config.hidden_size != config_.hidden_size || host.embed_tokens.data == nullptr)
+    return make_error(ErrorCode::invalid_argument,
+                      "cuda runner: load_weights needs the model's matrices in host memory (this model, not freed)");
+  if (Status s = cuda_status("set device", cudaSetDevice(options_.device_index)); !s) return s;
+  Result<std::size_t> bytes = impl_->upload_weights(host);
+  if (!bytes) return bytes.error();
+  // The uploads ran on the legacy default stream: the runner's does not wait for it.
+  if (Status s = cuda_status("weight upload", cudaDeviceSynchronize()); !s) return s;
+  weight_bytes_ = *bytes;
+  return Status::ok_status();
+}
 
 kvstore::KvModelShape CudaModelRunner::kv_model_shape() const {
   return kvstore::KvModelShape{config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
@@ -1208,6 +1238,7 @@ Result<model::StepOutput> CudaModelRunner::run_step(const model::StepInput& in) 
     return bad("sampling has " + std::to_string(in.sampling.size()) + " rows for " + std::to_string(num_logits) +
                " logits rows");
   if (n == 0) return out;
+  if (!weights_on_device()) return bad("this runner's weights are released (Seesaw's reload): load_weights first");
   if (n > m.rows_cap) return bad(std::to_string(n) + " tokens > max_num_batched_tokens " + std::to_string(m.rows_cap));
   if (num_seqs > m.seqs_cap || num_logits > m.seqs_cap)
     return bad(std::to_string(num_seqs) + " sequences / " + std::to_string(num_logits) + " logits rows > max_num_seqs " +

@@ -80,6 +80,11 @@ struct CudaRunnerOptions {
   /// outlive the runner. Not zeroed. Null: the runner allocates its own.
   void* kv_memory = nullptr;
   std::size_t kv_memory_bytes = 0;
+  /// False: create() uploads no weights (weight_bytes() is 0 and no decode
+  /// graph is captured) until load_weights(): Seesaw's `--reshard-weights
+  /// reload` makes the inactive config's runners so, so that a rank's GPU
+  /// never holds both configs' weights at once.
+  bool upload_weights = true;
 };
 
 /// Where a step went on the device, for benchmarks (ms of host wall time).
@@ -175,6 +180,20 @@ class CudaModelRunner final : public model::ModelExecutor {
   [[nodiscard]] const std::string& graph_capture_error() const;
   /// The last step's statistics.
   [[nodiscard]] const CudaStepStats& last_step_stats() const { return last_stats_; }
+
+  /// Seesaw's `--reshard-weights reload` (seed 000 §4.1) on CUDA: frees this
+  /// rank's weight arena (weight_bytes() becomes 0); the KV cache,
+  /// workspaces and the host weights stay. A step fails (invalid_argument)
+  /// until load_weights(). Errors: unsupported for a runner with captured
+  /// decode graphs (they hold the arena's addresses).
+  [[nodiscard]] Status release_weights();
+  /// Uploads this rank's weights again from `host` (with its matrices in
+  /// host memory: the model the runner was made from); a no-op when they are
+  /// on the device. Errors: invalid_argument (`host` holds no matrices, or
+  /// another model's), out_of_memory, internal (a copy failed).
+  [[nodiscard]] Status load_weights(const ModelWeights& host);
+  /// True unless the weights were released (or never uploaded) and not loaded since.
+  [[nodiscard]] bool weights_on_device() const { return weight_bytes_ > 0; }
 
  private:
   struct Impl;

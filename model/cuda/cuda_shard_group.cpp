@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -237,14 +238,18 @@ Status CudaShardGroup::build_pair(const std::shared_ptr<const ModelWeights>& wei
     kv_memory_.push_back(std::move(buf).value());
   }
   if (Status s = build(base_, weights, options, devices_, memory, bytes); !s) return s;
-  return build(*decode_, weights, options, devices_, memory, bytes);
+  // Under reload the decode config's runners start without weights: a
+  // rank's GPU holds one config's at a time.
+  CudaRunnerOptions decode_options = options;
+  decode_options.upload_weights = !reload_weights_;
+  return build(*decode_, weights, decode_options, devices_, memory, bytes);
 }
 
 Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<const ModelWeights> weights,
                                                                const CudaRunnerOptions& options, int tp, int pp,
                                                                int sp, ShiftChooser shift,
                                                                std::optional<ShardDims> decode,
-                                                               std::vector<int> devices) {
+                                                               std::vector<int> devices, bool reload_weights) {
   if (tp < 1 || pp < 1 || sp < 1 || tp * pp * sp < 2)
     return make_error(ErrorCode::invalid_argument,
                       "cuda shard group: tp, pp and sp must be >= 1 and tp*pp*sp >= 2, got tp=" + std::to_string(tp) +
@@ -264,9 +269,14 @@ Result<std::unique_ptr<CudaShardGroup>> CudaShardGroup::create(std::shared_ptr<c
   if (static_cast<int>(devices.size()) != dims.size())
     return make_error(ErrorCode::invalid_argument, "cuda shard group: " + std::to_string(devices.size()) +
                                                        " rank devices for a group of " + std::to_string(dims.size()));
+  if (reload_weights && !(decode && *decode != dims))
+    return make_error(ErrorCode::invalid_argument, "cuda shard group: reload weights is Seesaw's: it needs a decode "
+                                                   "config other than the group's");
   std::unique_ptr<CudaShardGroup> g(new CudaShardGroup());
   g->base_.dims = dims;
   g->devices_ = std::move(devices);
+  g->reload_weights_ = reload_weights;
+  if (reload_weights) g->host_weights_ = weights;
   g->choose_shift_ = std::move(shift);
   if (decode && *decode != dims) {
     g->decode_ = std::make_unique<Shards>();
@@ -321,7 +331,26 @@ Status CudaShardGroup::use_step_config(StepConfig config) {
     if (!jobs_.empty())
       return make_error(ErrorCode::invalid_argument, "cuda shard group: a config switch with steps in flight");
   }
-  decode_active_ = config == StepConfig::decode;
+  const bool to_decode = config == StepConfig::decode;
+  if (to_decode == decode_active_) return Status::ok_status();
+  if (reload_weights_) {
+    // Seesaw's reload (seed 000 §4.1): each rank frees the outgoing
+    // config's weights, then uploads the incoming one's from host memory.
+    Shards& out = to_decode ? base_ : *decode_;
+    Shards& in = to_decode ? *decode_ : base_;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t r = 0; r < in.runners.size(); ++r) {
+      if (Status s = out.runners[r]->release_weights(); !s) return s;
+      if (Status s = in.runners[r]->load_weights(*host_weights_); !s) {
+        broken_ = true;  // neither config holds this rank's weights now
+        return make_error(s.error().code, "cuda shard group: rank " + std::to_string(r) +
+                                              " could not reload its weights: " + s.error().message);
+      }
+    }
+    reload_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ++reloads_;
+  }
+  decode_active_ = to_decode;
   return Status::ok_status();
 }
 

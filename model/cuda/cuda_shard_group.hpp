@@ -50,7 +50,9 @@
 /// waits on the communicator's stream, as the in-process one does), one
 /// whose ranks share a GPU over InProcDeviceCommunicators.
 ///
-/// Not built yet: Seesaw's `reload` weights (both shards stay resident).
+/// Seesaw's weights are both configs' resident, or (`reload_weights`) the
+/// active one's only, the other's uploaded again at each switch from the
+/// host copy of the model.
 
 #include <atomic>
 #include <condition_variable>
@@ -107,12 +109,18 @@ class CudaShardGroup final : public ModelExecutor {
   /// one GPU (in-process device communicators) or each have their own
   /// (NCCL); unsupported for a group that mixes the two, or for distinct
   /// GPUs without NCCL; invalid_argument for a list of another size.
+  /// `reload_weights` (Seesaw's `--reshard-weights reload`, with `decode`):
+  /// only the active config's weights are on the GPUs; use_step_config frees
+  /// the outgoing config's and uploads the incoming one's from `weights`,
+  /// which must keep its matrices in host memory. invalid_argument without
+  /// a decode config.
   [[nodiscard]] static Result<std::unique_ptr<CudaShardGroup>> create(std::shared_ptr<const ModelWeights> weights,
                                                                       const CudaRunnerOptions& options, int tp,
                                                                       int pp = 1, int sp = 1,
                                                                       ShiftChooser shift = {},
                                                                       std::optional<ShardDims> decode = std::nullopt,
-                                                                      std::vector<int> devices = {});
+                                                                      std::vector<int> devices = {},
+                                                                      bool reload_weights = false);
   /// Stops the rank threads, then frees the runners and communicators.
   ~CudaShardGroup() override;
   CudaShardGroup(const CudaShardGroup&) = delete;
@@ -147,12 +155,18 @@ class CudaShardGroup final : public ModelExecutor {
   /// Seesaw: whether the group holds a decode config.
   [[nodiscard]] bool has_step_configs() const override { return decode_ != nullptr; }
   /// Seesaw: runs the following steps in the prefill config (this group's
-  /// own) or the decode config. Nothing moves: the engine offloads the KV
-  /// to its host buffer under one config and restores it under the other
-  /// (the re-sharding happens in those copies). Errors: unsupported without
-  /// a decode config; invalid_argument with steps in flight.
+  /// own) or the decode config. The KV does not move here: the engine
+  /// offloads it to its host buffer under one config and restores it under
+  /// the other (the re-sharding happens in those copies). Under reload each
+  /// rank's weights are swapped (the outgoing config's freed, the incoming
+  /// one's uploaded). Errors: unsupported without a decode config;
+  /// invalid_argument with steps in flight; a failed upload's error (the
+  /// group is then broken).
   [[nodiscard]] Status use_step_config(StepConfig config) override;
 
+  /// Seesaw's reload: weight swaps so far, and the milliseconds they took.
+  [[nodiscard]] std::uint64_t weight_reloads() const noexcept { return reloads_; }
+  [[nodiscard]] double weight_reload_ms() const noexcept { return reload_ms_; }
   [[nodiscard]] int tp() const noexcept { return base_.dims.tp; }
   [[nodiscard]] int pp() const noexcept { return base_.dims.pp; }
   [[nodiscard]] int sp() const noexcept { return base_.dims.sp; }
@@ -227,6 +241,10 @@ class CudaShardGroup final : public ModelExecutor {
   [[nodiscard]] CudaKvCopier* active_copier();
 
   std::vector<int> devices_;  ///< [group_size] each rank's CUDA device
+  bool reload_weights_ = false;                       ///< Seesaw's reload (see create)
+  std::shared_ptr<const ModelWeights> host_weights_;  ///< reload: the host copy the uploads read
+  double reload_ms_ = 0;                              ///< reload: time in weight swaps so far
+  std::uint64_t reloads_ = 0;
   Shards base_;
   std::unique_ptr<Shards> decode_;  ///< Seesaw's cd (null without one)
   std::vector<kernels::cuda::DeviceBuffer> kv_memory_;  ///< Seesaw: [group_size] caches shared by both configs

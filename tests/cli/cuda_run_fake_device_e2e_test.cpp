@@ -6,7 +6,7 @@
 // model and prompts, every line once, each greedy line byte-identical to the
 // CPU run with the same --parallel (FP32 weights and KV): one GPU; a GPU per
 // rank, the groups over NCCL (tp, pp, sp, tp x pp, dp = 2 groups, Seesaw's
-// pp -> sp pair, Shift's sp = 2 with TP' decode steps); ranks sharing a GPU.
+// pp -> sp pair (weights resident or reloaded), Shift's sp = 2 with TP' decode steps); ranks sharing a GPU.
 // Without the CUDA backend, the same flags give a clear error.
 #include <gtest/gtest.h>
 
@@ -24,8 +24,7 @@ using testing_support::kShardline;
 
 /// The fake command with `gpus` fake GPUs.
 std::string fake_shardline(int gpus) {
-  return "SHARDLINE_FAKE_CUDA_DEVICES=" + std::to_string(gpus) + " " + std::string(SHARDLINE_BINARY_DIR) +
-         "/tests/shardline_fake_cuda";
+  return "SHARDLINE_FAKE_CUDA_DEVICES=" + std::to_string(gpus) + " " + testing_support::kShardlineFakeCuda;
 }
 
 class CudaRunFakeDevice : public testing_support::CudaRunTest {};
@@ -47,11 +46,14 @@ TEST_F(CudaRunFakeDevice, RanksSharingAGpuMatchTheCpuGroup) {
 }
 
 // Seesaw (prefill in pp=2, decode in sp=2, the KV re-sharded through the
-// host buffer) and Shift (base sp=2, decode steps in TP'=2 on one KV cache),
+// host buffer; the weights resident, or reloaded at each switch) and Shift (base sp=2, decode steps in TP'=2 on one KV cache),
 // each on a GPU per rank.
 TEST_F(CudaRunFakeDevice, SeesawAndShiftOnAGpuPerRankMatchTheCpuGroups) {
   expect_greedy_lines_match(16, "--parallel pp=2 --parallel-decode sp=2",
                             "--parallel pp=2 --parallel-decode sp=2 --devices cuda:0,1", fake_shardline(2));
+  expect_greedy_lines_match(16, "--parallel pp=2 --parallel-decode sp=2 --reshard-weights reload",
+                            "--parallel pp=2 --parallel-decode sp=2 --reshard-weights reload --devices cuda:0,1",
+                            fake_shardline(2));
   expect_greedy_lines_match(16, "--parallel sp=2 --shift --shift-threshold 16",
                             "--parallel sp=2 --shift --shift-threshold 16 --devices cuda:0,1", fake_shardline(2));
 }

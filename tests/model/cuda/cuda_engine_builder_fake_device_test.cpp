@@ -91,6 +91,8 @@ TEST_F(CudaEngineBuilderFakeDevice, EveryGroupShapeTheCliAcceptsBuildsAndMatches
     ParallelConfig pc;  // {tp, pp, sp, dp}
     bool shift = false;
     std::optional<ParallelConfig> decode;  // Seesaw's cd
+    bool reload = false;                   // Seesaw's --reshard-weights reload
+    std::vector<int> gpus;                 // a GPU per rank (empty: sharing cuda:0)
   };
   const std::vector<Case> cases = {
       {"single", {1, 1, 1, 1}},
@@ -100,7 +102,13 @@ TEST_F(CudaEngineBuilderFakeDevice, EveryGroupShapeTheCliAcceptsBuildsAndMatches
       {"tp=2,pp=2", {2, 2, 1, 1}},
       {"sp=2 --shift", {1, 1, 2, 1}, true},
       {"pp=2 --parallel-decode tp=2", {1, 2, 1, 1}, false, ParallelConfig{2, 1, 1, 1}},
+      {"pp=2 --parallel-decode sp=2 --reshard-weights reload", {1, 2, 1, 1}, false, ParallelConfig{1, 1, 2, 1}, true},
+      {"tp=2 on cuda:0,1", {2, 1, 1, 1}, false, std::nullopt, false, {0, 1}},
+      {"tp=2,pp=2 on cuda:0-3", {2, 2, 1, 1}, false, std::nullopt, false, {3, 2, 1, 0}},
+      {"pp=2 --parallel-decode tp=2 --reshard-weights reload on cuda:0,1", {1, 2, 1, 1}, false,
+       ParallelConfig{2, 1, 1, 1}, true, {0, 1}},
   };
+  testing_support::fake_cuda::set_device_count(4);
   for (const Case& k : cases) {
     SCOPED_TRACE(k.name);
     auto configure = [&](EngineOptions o) {
@@ -113,13 +121,16 @@ TEST_F(CudaEngineBuilderFakeDevice, EveryGroupShapeTheCliAcceptsBuildsAndMatches
         o.parallel_decode = k.decode;
         o.seesaw = SeesawPolicyOptions{};
         o.preemption_mode = PreemptionMode::swap;
+        if (k.reload) o.reshard_weights = ReshardWeights::reload;
       }
       return o;
     };
     auto cpu = build_engine(configure(options(model::DeviceKind::cpu, k.pc)));
     ASSERT_TRUE(cpu.ok()) << cpu.error().to_string();
     const auto want = by_id(generate(*cpu));
-    auto gpu = build_engine(configure(options(model::DeviceKind::cuda, k.pc)));
+    EngineOptions go = configure(options(model::DeviceKind::cuda, k.pc));
+    go.group_devices = k.gpus;
+    auto gpu = build_engine(go);
     ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
     EXPECT_EQ(gpu->num_kv_blocks, 32) << "the budget's 64 blocks, capped at 8 sequences of 64 tokens";
     if (k.pc.group_size() == 1) {
@@ -132,6 +143,11 @@ TEST_F(CudaEngineBuilderFakeDevice, EveryGroupShapeTheCliAcceptsBuildsAndMatches
       EXPECT_EQ(group->sp(), k.pc.sp);
       EXPECT_EQ(group->shift_rank(0) != nullptr, k.shift);
       EXPECT_EQ(group->has_step_configs(), k.decode.has_value());
+      for (int r = 0; r < k.pc.group_size(); ++r) {
+        EXPECT_EQ(group->rank(r).options().device_index, k.gpus.empty() ? 0 : k.gpus[static_cast<std::size_t>(r)]);
+        // Under reload only the active config (cp) has weights on the GPU.
+        if (k.decode) EXPECT_EQ(group->decode_rank(r)->weights_on_device(), !k.reload) << "rank " << r;
+      }
     }
     EXPECT_TRUE(gpu->engine->kv_io().can_move_kv()) << "DéjàVu's streaming reaches the CUDA caches";
     const auto got = by_id(generate(*gpu));
@@ -140,6 +156,8 @@ TEST_F(CudaEngineBuilderFakeDevice, EveryGroupShapeTheCliAcceptsBuildsAndMatches
     if (auto* group = gpu->executor_as<model::CudaShardGroup>(); group != nullptr) {
       if (k.shift) EXPECT_GT(group->shift_steps(), 0u) << "the ShiftPolicy shifted the decode steps";
       if (k.decode) EXPECT_GT(group->decode_steps(), 0u) << "Seesaw decoded in cd";
+      if (k.reload) EXPECT_GE(group->weight_reloads(), 2u) << "to cd and back: the weights swapped each time";
+      if (k.decode && !k.reload) EXPECT_EQ(group->weight_reloads(), 0u);
     }
   }
 }
@@ -151,11 +169,9 @@ TEST_F(CudaEngineBuilderFakeDevice, OptionsTheCudaGroupsCannotServeAreRefusedNam
     EXPECT_EQ(e.error().code, code) << e.error().to_string();
     EXPECT_NE(e.error().message.find(words), std::string::npos) << e.error().message;
   };
-  EngineOptions reload = options(model::DeviceKind::cuda, {1, 2, 1, 1});
-  reload.parallel_decode = ParallelConfig{2, 1, 1, 1};
-  reload.seesaw = SeesawPolicyOptions{};
-  reload.reshard_weights = ReshardWeights::reload;
-  expect_refused(reload, ErrorCode::unsupported, "--reshard-weights resident");
+  EngineOptions gpus = options(model::DeviceKind::cuda, {2, 1, 1, 1});
+  gpus.group_devices = {0, 1, 2};
+  expect_refused(gpus, ErrorCode::invalid_argument, "3 GPUs for an engine group of 2 ranks");
   EngineOptions shift_pp = options(model::DeviceKind::cuda, {1, 2, 1, 1});
   shift_pp.shift = ShiftOptions{};
   expect_refused(shift_pp, ErrorCode::unsupported, "pp = 1");

@@ -633,6 +633,57 @@ TEST_P(CudaRunnerFakeDevice, BadStepsAreRefusedAndTheRunnerGoesOn) {
   EXPECT_TRUE(fits.ok()) << fits.error().to_string();
 }
 
+// Seesaw's `--reshard-weights reload` on CUDA (seed 000 §4.1): a runner
+// made without weights (upload_weights = false) or whose weights were
+// released refuses steps and holds no arena on the device; load_weights
+// uploads them again from the host copy, and the logits are the resident
+// runner's, bit for bit. A host copy without matrices is refused; a runner
+// with captured decode graphs cannot release its weights.
+TEST_P(CudaRunnerFakeDevice, ReleasedWeightsRefuseStepsUntilLoadedAgain) {
+  Config eager;
+  eager.cuda_graphs = false;
+  Instance resident = make(eager);
+  ASSERT_NE(resident.runner, nullptr);
+  auto expected = resident.runner->execute(three_token_step(16));
+  ASSERT_TRUE(expected.ok()) << expected.error().to_string();
+  const std::size_t weight_bytes = resident.runner->weight_bytes();
+  const std::size_t live_with_weights = fc::live_device_bytes();
+  resident = Instance{};
+
+  model::CudaRunnerOptions o = runner_options(eager);
+  o.upload_weights = false;
+  const auto host = host_weights(DType::f32);
+  auto r = model::CudaModelRunner::create(host, o);
+  ASSERT_TRUE(r.ok()) << r.error().to_string();
+  model::CudaModelRunner& x = **r;
+  EXPECT_FALSE(x.weights_on_device());
+  EXPECT_EQ(x.weight_bytes(), 0u);
+  EXPECT_EQ(fc::live_device_bytes() + weight_bytes, live_with_weights) << "everything but the weight arena";
+  auto refused = x.execute(three_token_step(16));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(refused.error().message.find("load_weights"), std::string::npos) << refused.error().message;
+
+  auto config_only = std::make_shared<model::ModelWeights>();
+  config_only->config = host->config;
+  EXPECT_EQ(x.load_weights(*config_only).error().code, ErrorCode::invalid_argument);
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE(x.load_weights(*host).ok());
+    EXPECT_EQ(x.weight_bytes(), weight_bytes);
+    auto got = x.execute(three_token_step(16));
+    ASSERT_TRUE(got.ok()) << got.error().to_string();
+    EXPECT_EQ(got->logits, expected->logits) << "round " << round;
+    ASSERT_TRUE(x.release_weights().ok());
+    EXPECT_FALSE(x.weights_on_device());
+    EXPECT_FALSE(x.execute(three_token_step(16)).ok());
+  }
+
+  Instance graphs = make(Config{});
+  ASSERT_NE(graphs.runner, nullptr);
+  ASSERT_FALSE(graphs.runner->captured_batch_sizes().empty());
+  EXPECT_EQ(graphs.runner->release_weights().error().code, ErrorCode::unsupported);
+}
+
 // A graph capture that fails (here cudaGraphInstantiate of the third batch
 // size) leaves no graph behind and the runner working eagerly, with the
 // reference results.
