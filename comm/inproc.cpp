@@ -235,6 +235,8 @@ class InProcCommunicator final : public Communicator {
   Status unexpose(const std::string& name) override;
   Status get(int peer, std::string name, std::size_t offset, void* dst,
              std::size_t bytes) override;
+  /// get(), the copy done by `copy` (see inproc_get_with).
+  Status get_with(int peer, std::string name, std::size_t offset, std::size_t bytes, const RegionCopy& copy);
 
  private:
   std::string who(const char* op) const {
@@ -572,12 +574,20 @@ Status InProcCommunicator::unexpose(const std::string& name) {
 
 Status InProcCommunicator::get(int peer, std::string name, std::size_t offset, void* dst,
                                std::size_t bytes) {
+  if (bytes > 0 && dst == nullptr) {
+    return make_error(ErrorCode::invalid_argument, who("get") + ": dst is null");
+  }
+  return get_with(peer, std::move(name), offset, bytes, [&](const void* src) {
+    std::memcpy(dst, src, bytes);
+    return Status();
+  });
+}
+
+Status InProcCommunicator::get_with(int peer, std::string name, std::size_t offset, std::size_t bytes,
+                                    const RegionCopy& copy) {
   constexpr const char* kOp = "get";
   auto& g = *g_;
   if (peer < 0 || peer >= g.world) return peer_range_error(kOp, peer);
-  if (bytes > 0 && dst == nullptr) {
-    return make_error(ErrorCode::invalid_argument, who(kOp) + ": dst is null");
-  }
   std::unique_lock lk(g.p2p_mu);
   if (g.is_dead(rank_)) return self_dead_error(kOp);
   if (g.is_dead(peer)) return peer_dead_error(kOp, peer);
@@ -598,14 +608,22 @@ Status InProcCommunicator::get(int peer, std::string name, std::size_t offset, v
   if (bytes == 0) return Status();
   ++region.inflight;
   lk.unlock();
-  std::memcpy(dst, static_cast<const std::byte*>(region.data) + offset, bytes);
+  Status copied = copy(static_cast<const std::byte*>(region.data) + offset);
   lk.lock();
   if (--region.inflight == 0) g.p2p_cv.notify_all();
-  if (peer != rank_) g.sent[static_cast<std::size_t>(peer)].fetch_add(bytes, std::memory_order_relaxed);
-  return Status();
+  if (copied.ok() && peer != rank_) g.sent[static_cast<std::size_t>(peer)].fetch_add(bytes, std::memory_order_relaxed);
+  return copied;
 }
 
 }  // namespace
+
+Status inproc_get_with(Communicator& comm, int peer, std::string name, std::size_t offset, std::size_t bytes,
+                       const RegionCopy& copy) {
+  auto* c = dynamic_cast<InProcCommunicator*>(&comm);
+  if (c == nullptr)
+    return make_error(ErrorCode::unsupported, "inproc_get_with: not an in-process communicator");
+  return c->get_with(peer, std::move(name), offset, bytes, copy);
+}
 
 Result<std::shared_ptr<InProcGroup>> InProcGroup::create(int world_size) {
   if (world_size < 1) {

@@ -19,7 +19,10 @@
 /// waiting on it, and every later call that needs it, fails with io at once.
 
 #include <chrono>
+#include <cstddef>
+#include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "comm/communicator.hpp"
@@ -52,5 +55,18 @@ class InProcGroup {
   explicit InProcGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };
+
+/// Copies a region's bytes from `src` (the exposer's memory at the asked
+/// offset) to wherever the caller wants them.
+using RegionCopy = std::function<Status(const void* src)>;
+
+/// Communicator::get with the copy done by `copy` (e.g. a device-to-device
+/// copy, when the exposed memory is a GPU's: model/cuda/inproc_device_comm),
+/// under get's checks (not_found, invalid_argument for a range outside the
+/// region, io for a dead rank) and its guarantee: the region stays exposed
+/// (unexpose waits) until `copy` returns. `comm` must be a rank of an
+/// InProcGroup (unsupported otherwise). Errors: get's, or copy's.
+[[nodiscard]] Status inproc_get_with(Communicator& comm, int peer, std::string name, std::size_t offset,
+                                     std::size_t bytes, const RegionCopy& copy);
 
 }  // namespace shardline::comm

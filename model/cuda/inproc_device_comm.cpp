@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/exchange.hpp"
+#include "comm/inproc.hpp"
 #include "kernels/cuda/ops.hpp"
 
 namespace shardline::model {
@@ -24,6 +25,15 @@ Status cuda_status(cudaError_t e, const std::string& what) {
 }
 
 float* as_floats(std::uint64_t address) { return reinterpret_cast<float*>(static_cast<std::uintptr_t>(address)); }
+
+bool is_device_memory(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
 
 }  // namespace
 
@@ -47,9 +57,26 @@ InProcDeviceCommunicator::~InProcDeviceCommunicator() {
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
-Status InProcDeviceCommunicator::not_built(const char* op) {
-  return make_error(ErrorCode::unsupported, std::string("device communicator: ") + op + " is not built yet");
+Status InProcDeviceCommunicator::expose(std::string name, const void* data, std::size_t bytes) {
+  if (bytes > 0 && (data == nullptr || !is_device_memory(data)))
+    return make_error(ErrorCode::invalid_argument,
+                      "device communicator: expose '" + name + "': the region is not device memory");
+  return host_->expose(std::move(name), data, bytes);
 }
+
+Status InProcDeviceCommunicator::get(int peer, std::string name, std::size_t offset, void* dst, std::size_t bytes) {
+  if (bytes > 0 && (dst == nullptr || !is_device_memory(dst)))
+    return make_error(ErrorCode::invalid_argument,
+                      "device communicator: get '" + name + "': the destination is not device memory");
+  return comm::inproc_get_with(*host_, peer, std::move(name), offset, bytes, [&](const void* src) -> Status {
+    if (bytes == 0) return Status::ok_status();
+    if (Status s = cuda_status(cudaSetDevice(device_), "cudaSetDevice"); !s) return s;
+    if (Status s = cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "get's copy"); !s)
+      return s;
+    return cuda_status(cudaStreamSynchronize(stream_), "get's copy");
+  });
+}
+
 
 Result<std::vector<InProcDeviceCommunicator::Post>> InProcDeviceCommunicator::exchange(const Post& mine,
                                                                                       const char* op_name) {

@@ -21,7 +21,12 @@
 /// ncclSend / ncclRecv are. send() posts its buffer's address to the peer
 /// and returns once the peer's recv() has copied it (so, unlike the host
 /// contract in comm/communicator.hpp, a send waits for its recv, up to the
-/// timeout). One-sided calls are not built yet (unsupported).
+/// timeout).
+///
+/// One-sided: expose / get over device memory (get is a device copy on this
+/// communicator's stream, under the host group's region bookkeeping, so an
+/// unexpose waits for the copies in flight). bytes_sent() does not count
+/// the bytes of gets.
 
 #include <cstdint>
 #include <memory>
@@ -74,9 +79,20 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   /// acknowledged. Errors: as send's; `mismatch` is invalid_argument here
   /// (the message is consumed and its send fails too).
   [[nodiscard]] Status recv(void* data, std::size_t bytes, int peer, int tag) override;
-  [[nodiscard]] Status expose(std::string, const void*, std::size_t) override { return not_built("expose"); }
-  [[nodiscard]] Status unexpose(const std::string&) override { return not_built("unexpose"); }
-  [[nodiscard]] Status get(int, std::string, std::size_t, void*, std::size_t) override { return not_built("get"); }
+  /// Makes device data[bytes] (this rank's GPU's memory) readable by the
+  /// group's ranks under `name` (the host group keeps the address; nothing
+  /// is copied). Errors: invalid_argument (host memory, an empty name); the
+  /// host group's.
+  [[nodiscard]] Status expose(std::string name, const void* data, std::size_t bytes) override;
+  /// Withdraws a region; waits for gets in flight on it (their device copies included).
+  [[nodiscard]] Status unexpose(const std::string& name) override { return host_->unexpose(name); }
+  /// One-sided read (SiDP's WaS fetch, seed 002 §4.2): bytes [offset, offset
+  /// + bytes) of `peer`'s region `name` into device dst[bytes], a
+  /// device-to-device copy (across GPUs: a peer copy) on this communicator's
+  /// stream, waited for; the peer takes no part. Errors: not_found (no such
+  /// region), invalid_argument (a range outside it, dst not device memory),
+  /// io (a dead peer, a failed copy).
+  [[nodiscard]] Status get(int peer, std::string name, std::size_t offset, void* dst, std::size_t bytes) override;
   [[nodiscard]] std::uint64_t bytes_sent() const noexcept override { return bytes_sent_; }
 
  private:
@@ -90,7 +106,6 @@ class InProcDeviceCommunicator final : public comm::Communicator {
     std::uint64_t recv = 0;
   };
   InProcDeviceCommunicator(std::unique_ptr<comm::Communicator> host, int device, CUstream_st* stream);
-  static Status not_built(const char* op);
   /// send / recv's argument checks. Errors: invalid_argument.
   [[nodiscard]] Status check_peer(int peer, int tag, const void* data, std::size_t bytes, const char* op) const;
   /// Every rank's post (a host all_gather), checked to agree: the same op,

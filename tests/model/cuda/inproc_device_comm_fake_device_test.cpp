@@ -223,7 +223,50 @@ TEST_P(InProcDeviceComm, RanksThatDisagreeAreAllRefusedAndTheGroupStaysUsable) {
     EXPECT_EQ(host_copy(bufs[static_cast<std::size_t>(r)], 8), std::vector<float>(8, 6.0f));
   EXPECT_TRUE(dev[0]->on_device());
   EXPECT_FALSE(host_group(1)[0]->on_device());
-  EXPECT_EQ(dev[0]->get(1, "x", 0, nullptr, 0).error().code, ErrorCode::unsupported);
+}
+
+// One-sided get (SiDP's WaS fetch, seed 002 §4.2): rank 1 exposes a device
+// region; rank 0 reads a slice of it into its own device buffer with a
+// device copy, without rank 1 taking part; the bytes are exact. Ranks on
+// one GPU and on two (a peer copy). Unknown regions are not_found, ranges
+// outside the region and host memory invalid_argument; an unexposed region
+// is gone; a dead peer is io.
+TEST_P(InProcDeviceComm, GetCopiesAPeersExposedDeviceRegion) {
+  fc::set_device_count(2);
+  for (int second_gpu : {0, 1}) {
+    auto group = comm::InProcGroup::create(2);
+    ASSERT_TRUE(group.ok());
+    std::vector<std::unique_ptr<comm::Communicator>> dev;
+    for (int r = 0; r < 2; ++r) {
+      auto d = InProcDeviceCommunicator::create(std::move((*group)->communicator(r)).value(), r == 1 ? second_gpu : 0);
+      ASSERT_TRUE(d.ok()) << d.error().to_string();
+      dev.push_back(std::move(d).value());
+    }
+    ASSERT_EQ(cudaSetDevice(second_gpu), cudaSuccess);
+    const std::vector<float> weights = awkward(1, 1000);
+    DeviceBuffer region = device_copy(weights);
+    settle();
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    DeviceBuffer slot = device_copy(std::vector<float>(300, -7.0f));
+    settle();
+    ASSERT_TRUE(dev[1]->expose("sidp.ffn.3", region.data(), 1000 * sizeof(float)).ok());
+    ASSERT_TRUE(dev[0]->get(1, "sidp.ffn.3", 200 * sizeof(float), slot.data(), 300 * sizeof(float)).ok());
+    const std::vector<float> got = host_copy(slot, 300);
+    EXPECT_TRUE(same_bits(got, std::vector<float>(weights.begin() + 200, weights.begin() + 500))) << second_gpu;
+
+    EXPECT_EQ(dev[0]->get(1, "sidp.ffn.4", 0, slot.data(), 4).error().code, ErrorCode::not_found);
+    EXPECT_EQ(dev[0]->get(1, "sidp.ffn.3", 900 * sizeof(float), slot.data(), 200 * sizeof(float)).error().code,
+              ErrorCode::invalid_argument);
+    std::vector<float> host(4);
+    EXPECT_EQ(dev[0]->get(1, "sidp.ffn.3", 0, host.data(), 16).error().code, ErrorCode::invalid_argument);
+    EXPECT_EQ(dev[1]->expose("host", host.data(), 16).error().code, ErrorCode::invalid_argument);
+    EXPECT_EQ(host_copy(slot, 300), got) << "a refused get wrote nothing";
+    ASSERT_TRUE(dev[1]->unexpose("sidp.ffn.3").ok());
+    EXPECT_EQ(dev[0]->get(1, "sidp.ffn.3", 0, slot.data(), 4).error().code, ErrorCode::not_found);
+    ASSERT_TRUE(dev[1]->expose("sidp.ffn.3", region.data(), 1000 * sizeof(float)).ok());
+    ASSERT_TRUE((*group)->mark_dead(1).ok());
+    EXPECT_EQ(dev[0]->get(1, "sidp.ffn.3", 0, slot.data(), 4).error().code, ErrorCode::io);
+  }
 }
 
 // Send / recv (PP's residual): a rendezvous. The bytes arrive exactly, in
