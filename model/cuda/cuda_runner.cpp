@@ -188,6 +188,7 @@ struct CudaModelRunner::Impl {
   std::unique_ptr<kcu::GemmContext> gemm;
   kcu::GemmMode mode = kcu::GemmMode::fast;
 
+  std::shared_ptr<CudaFfnWeights> ffn;  // SiDP: every layer's FFN weights (null: the arena's)
   kcu::DeviceBuffer weights;     // arena
   kcu::DeviceBuffer kv;          // [layers, 2, num_kv_blocks, kv_heads, ...] (empty with o.kv_memory)
   char* kv_data = nullptr;       // the cache: kv's memory or o.kv_memory
@@ -478,15 +479,31 @@ struct CudaModelRunner::Impl {
 
   /// The FFN half: gate_up, SwiGLU, down into the residual (all-reduced
   /// under TP).
-  Status ffn_block(const DeviceLayer& w, const StepRows& r) {
+  Status ffn_block(const DeviceLayer& layer_weights, int layer, const StepRows& r) {
     const int hidden = c.hidden_size;
     const int inter = lay.inter_t;
     const int rows = r.rows;
+    DeviceLayer w = layer_weights;
+    if (ffn) {  // SiDP: this layer's FFN weights from their provider
+      Result<CudaFfnLayerWeights> got = ffn->acquire(lay.layer_begin + layer);
+      if (!got) return got.error();
+      w.gate_up = got->gate_up;
+      w.down = got->down;
+    }
     if (Status s = gemm->linear(normed, hidden, rows, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter, false,
                                 mode, stream);
         !s)
       return s;
     if (Status s = kcu::silu_and_mul(gate_up, mlp, rows, inter, stream); !s) return s;
+    if (ffn) {
+      if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, residual, hidden, true, mode, stream);
+          !s)
+        return s;
+      // The GEMMs read the provider's memory: done before it may reuse it.
+      if (Status s = cuda_status("sync before the FFN weights' release", cudaStreamSynchronize(stream)); !s) return s;
+      ffn->release(lay.layer_begin + layer);
+      return Status::ok_status();
+    }
     if (spec.tp == 1)
       return gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, residual, hidden, true, mode, stream);
     if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, proj, hidden, false, mode, stream); !s)
@@ -531,7 +548,7 @@ struct CudaModelRunner::Impl {
       if (Status s = embed_rows(r); !s) return s;
     for (std::size_t l = 0; l < layers.size(); ++l) {
       if (Status s = attention_block(layers[l], static_cast<int>(l), r); !s) return s;
-      if (Status s = ffn_block(layers[l], r); !s) return s;
+      if (Status s = ffn_block(layers[l], static_cast<int>(l), r); !s) return s;
     }
     if (num_logits == 0 || !spec.last_stage()) return Status::ok_status();
     return final_logits(r, num_logits);
@@ -662,8 +679,9 @@ struct CudaModelRunner::Impl {
       if (!lw.k_norm.empty()) x.k_norm = add_vector(lw.k_norm);
       x.o_proj = add_cols(lw.o_proj, lay.o_proj_cols);
       x.post = add_vector(lw.post_attention_norm);
-      x.gate_up = add_rows(lw.gate_up, lay.gate_up_rows);
-      x.down = add_cols(lw.down_proj, lay.down_cols);
+      // SiDP's ranks hold no FFN weights (their provider has them).
+      x.gate_up = ffn ? SIZE_MAX : add_rows(lw.gate_up, lay.gate_up_rows);
+      x.down = ffn ? SIZE_MAX : add_cols(lw.down_proj, lay.down_cols);
       lo.push_back(x);
     }
     // A tied lm_head shares the embedding on one device; a TP rank holds
@@ -731,8 +749,8 @@ struct CudaModelRunner::Impl {
       d.k_norm = fptr(x.k_norm);
       d.o_proj = wbase + x.o_proj;
       d.post_attention_norm = fptr(x.post);
-      d.gate_up = wbase + x.gate_up;
-      d.down = wbase + x.down;
+      d.gate_up = x.gate_up == SIZE_MAX ? nullptr : wbase + x.gate_up;
+      d.down = x.down == SIZE_MAX ? nullptr : wbase + x.down;
       layers.push_back(d);
     }
     return wl.bytes;
@@ -1102,14 +1120,19 @@ std::vector<int> CudaModelRunner::captured_batch_sizes() const {
 
 Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr<const ModelWeights> weights,
                                                                  const CudaRunnerOptions& options,
-                                                                 const ShardSpec& spec, ShardComms comms) {
+                                                                 const ShardSpec& spec, ShardComms comms,
+                                                                 std::shared_ptr<CudaFfnWeights> ffn) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "cuda runner: no weights");
+  if (ffn && !spec.is_whole_model())
+    return make_error(ErrorCode::invalid_argument, "cuda runner: SiDP's FFN provider runs on whole-model ranks");
   const ModelConfig& c = weights->config;
   Result<CudaRunnerOptions> checked = checked_options(c, options);
   if (!checked) return std::move(checked).error();
   CudaRunnerOptions o = std::move(checked).value();
   if (Status s = check_cuda_spec(c, spec, comms); !s) return s.error();
   if (!spec.is_whole_model()) o.cuda_graphs = false;  // a collective or a send waits on the host: not capturable
+  if (!o.upload_weights) o.cuda_graphs = false;       // a graph would hold the weight arena's addresses
+  if (ffn) o.cuda_graphs = false;                     // SiDP: acquire / release run on the host between layers
   if (Status s = select_device(o.device_index); !s) return s.error();
 
   auto impl = std::make_unique<Impl>();
@@ -1118,6 +1141,7 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   m.o = o;
   m.spec = spec;
   m.lay = shard_layout(c, spec);
+  m.ffn = std::move(ffn);
   m.tp_comm = spec.tp > 1 ? comms.tp : nullptr;
   m.pp_comm = spec.pp > 1 ? comms.pp : nullptr;
   m.sp_comm = spec.sp > 1 ? comms.sp : nullptr;
@@ -1137,7 +1161,6 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
 
   m.qkv_rows = (m.lay.hq_t + 2 * m.lay.kv_t) * c.head_dim;
 
-  if (!o.upload_weights) o.cuda_graphs = false;  // a graph would hold the arena's addresses
   Result<std::size_t> weight_bytes = o.upload_weights ? m.upload_weights(*weights) : Result<std::size_t>(std::size_t{0});
   if (!weight_bytes) return std::move(weight_bytes).error();
   Result<std::size_t> kv_bytes = m.allocate_kv_cache();
@@ -1156,6 +1179,26 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
 }
 
 const std::string& CudaModelRunner::graph_capture_error() const { return impl_->graph_error; }
+
+Status upload_ffn_layer(const LayerWeights& layer, DType weight_dtype, std::size_t down_offset, void* region) {
+  const Matrix* parts[2] = {&layer.gate_up, &layer.down_proj};
+  const std::size_t offsets[2] = {0, down_offset};
+  std::vector<char> staging;
+  for (int i = 0; i < 2; ++i) {
+    const Matrix& m = *parts[i];
+    if (m.empty())
+      return make_error(ErrorCode::invalid_argument, "upload_ffn_layer: the layer's FFN matrices are not in host memory");
+    const std::size_t count = static_cast<std::size_t>(m.rows) * static_cast<std::size_t>(m.cols);
+    staging.resize(count * dtype_size(weight_dtype));
+    convert_matrix(m.data, m.dtype, count, weight_dtype, staging.data());
+    if (Status s = cuda_status("FFN upload", cudaMemcpy(static_cast<char*>(region) + offsets[i], staging.data(),
+                                                         staging.size(), cudaMemcpyHostToDevice));
+        !s)
+      return s;
+  }
+  // From pageable memory the copies land on the legacy stream: wait for them.
+  return cuda_status("FFN upload", cudaDeviceSynchronize());
+}
 
 Status CudaModelRunner::release_weights() {
   if (!impl_->graphs.empty())
@@ -1218,7 +1261,10 @@ Result<model::StepOutput> CudaModelRunner::execute(const model::StepInput& in) {
   Result<model::StepOutput> out = run_step(in);
   // A step that failed after queueing copies from the pinned mirror must not
   // leave them in flight: the next step rewrites the mirror.
-  if (!out.ok()) (void)cudaStreamSynchronize(impl_->stream);
+  if (!out.ok()) {
+    (void)cudaStreamSynchronize(impl_->stream);
+    if (impl_->ffn) impl_->ffn->abort_step();
+  }
   return out;
 }
 

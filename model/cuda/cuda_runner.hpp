@@ -95,6 +95,33 @@ struct CudaStepStats {
   double forward_ms = 0;    ///< forward + logits (enqueue to the end of the D2H copy)
 };
 
+/// One decoder layer's FFN weights on the device, in the runner's layout:
+/// gate_up [2 * intermediate, hidden] and down [hidden, intermediate], row
+/// major, in the runner's weight dtype.
+struct CudaFfnLayerWeights {
+  const void* gate_up = nullptr;
+  const void* down = nullptr;
+};
+
+/// Where a CUDA runner's FFN weights come from when it holds none of its own
+/// (SiDP, seed 002 §4.1: each FFN has one owner rank; model/cuda/sidp). The
+/// runner still runs the FFN's GEMMs, on its stream, with the weights
+/// acquire() gives; it waits for its stream before release(), so the
+/// provider may reuse the memory at once (WaS's cache slots, §4.2).
+/// Called from the runner's stepping thread.
+class CudaFfnWeights {
+ public:
+  virtual ~CudaFfnWeights() = default;
+  /// Layer `layer`'s weights, on the runner's device (or one it may read).
+  /// May wait for a transfer. Errors: the transfer's (io: an owner stayed
+  /// down), internal.
+  [[nodiscard]] virtual Result<CudaFfnLayerWeights> acquire(int layer) = 0;
+  /// The layer's GEMMs are complete: its weights' memory may be reused.
+  virtual void release(int layer) = 0;
+  /// A step failed part-way (between acquire and release, perhaps).
+  virtual void abort_step() = 0;
+};
+
 class CudaModelRunner final : public model::ModelExecutor {
  public:
   /// Uploads the weights, allocates the KV cache and workspaces on device
@@ -139,9 +166,14 @@ class CudaModelRunner final : public model::ModelExecutor {
   /// a spec the model cannot be split by (check_shardable), coordinates
   /// outside it, or a TP, SP or PP communicator that is missing, of
   /// another size or rank, or on host memory.
+  ///
+  /// With `ffn` (SiDP's ranks: the whole model, one device each) the runner
+  /// uploads no FFN weights: every layer's come from `ffn` (see
+  /// CudaFfnWeights), and no decode graph is captured (acquire is on the
+  /// host). invalid_argument with a sharded spec.
   [[nodiscard]] static Result<std::unique_ptr<CudaModelRunner>> create(
       std::shared_ptr<const ModelWeights> weights, const CudaRunnerOptions& options, const ShardSpec& spec = {},
-      ShardComms comms = {});
+      ShardComms comms = {}, std::shared_ptr<CudaFfnWeights> ffn = nullptr);
   ~CudaModelRunner() override;
   CudaModelRunner(const CudaModelRunner&) = delete;
   CudaModelRunner& operator=(const CudaModelRunner&) = delete;
@@ -225,6 +257,14 @@ class CudaModelRunner final : public model::ModelExecutor {
 /// residual. 0 for non-positive sizes.
 [[nodiscard]] std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& config, const CudaRunnerOptions& options,
                                                         const ShardSpec& spec = {});
+
+/// Uploads `layer`'s FFN matrices into device `region` (layout.bytes on the
+/// current device) in the runner's layout: gate_up at 0, down at
+/// layout.down_offset, both converted to `weight_dtype` (f32, bf16, f16), and
+/// waits for the copies. `layout`: sidp::cuda_ffn_layout's. Errors:
+/// invalid_argument (a layer without those matrices), internal (a copy).
+[[nodiscard]] Status upload_ffn_layer(const LayerWeights& layer, DType weight_dtype, std::size_t down_offset,
+                                      void* region);
 
 /// Device bytes of the weights rank `spec` of `config` uploads (its stage's
 /// layers, the embedding on stage 0, lm_head and the final norm on the

@@ -27,11 +27,16 @@ Result<std::unique_ptr<WeightCache>> WeightCache::create(const OwnershipPlan& pl
   std::unique_ptr<WeightCache> c(new WeightCache(plan, rank, std::move(fetch_order), layout, comm, options));
   c->slots_.resize(static_cast<std::size_t>(n));
   for (Slot& s : c->slots_) {
-    s.region = allocate_aligned(layout.bytes);
-    if (!s.region)
+    if (options.slot_memory) {
+      s.region = options.slot_memory->allocate(layout.bytes);
+    } else if ((s.host = allocate_aligned(layout.bytes))) {
+      s.region = s.host.get();
+      std::memset(s.region, 0, layout.bytes);  // fault the pages in now, not during steps
+    }
+    if (s.region == nullptr)
       return make_error(ErrorCode::out_of_memory, "sidp weight cache: cannot allocate " + std::to_string(n) +
-                                                      " slots of " + std::to_string(layout.bytes) + " bytes");
-    std::memset(s.region.get(), 0, layout.bytes);  // fault the pages in now, not during steps
+                                                      " slots of " + std::to_string(layout.bytes) + " bytes" +
+                                                      (options.slot_memory ? " of device memory" : ""));
   }
   c->paused_ = options.start_paused;
   c->housekeeper_ = std::thread([p = c.get()] { p->housekeeper_loop(); });
@@ -45,6 +50,9 @@ WeightCache::~WeightCache() {
   }
   cv_.notify_all();
   if (housekeeper_.joinable()) housekeeper_.join();
+  if (options_.slot_memory)
+    for (Slot& s : slots_)
+      if (s.region != nullptr) options_.slot_memory->release(s.region);
 }
 
 Status WeightCache::fetch(int layer, void* dst) {
@@ -84,7 +92,7 @@ void WeightCache::housekeeper_loop() {
     slot.generation = generation_;
     ++cursor_;
     const int layer = slot.layer;
-    void* dst = slot.region.get();
+    void* dst = slot.region;
     lk.unlock();
     const auto t0 = Clock::now();
     Status st = fetch(layer, dst);
@@ -120,7 +128,7 @@ Result<const void*> WeightCache::acquire(int layer) {
           ++stats_.compute_waits;
           stats_.compute_wait_ms += ms_since(t0);
         }
-        return static_cast<const void*>(s.region.get());
+        return static_cast<const void*>(s.region);
       }
       if (s.layer == layer && s.state == SlotState::failed) {
         Status err = s.error;

@@ -46,11 +46,23 @@
 
 namespace shardline::model::sidp {
 
+/// Where the cache's slots live. Host memory without one; a device backend
+/// gives device memory (model/cuda/sidp: WaS on CUDA, the slots in GPU
+/// memory and `comm` a device communicator whose get is a device copy).
+class SlotMemory {
+ public:
+  virtual ~SlotMemory() = default;
+  /// `bytes` of zeroed memory for one slot; null when there is none.
+  [[nodiscard]] virtual void* allocate(std::size_t bytes) = 0;
+  virtual void release(void* slot) noexcept = 0;
+};
+
 struct WeightCacheOptions {
   int cache_slots = 2;                                ///< requested; raised to min_cache_slots
   std::chrono::milliseconds owner_wait{30'000};       ///< how long a fetch waits for a down owner
   std::chrono::milliseconds retry_interval{5};        ///< between retries of a failed get
   bool start_paused = false;                          ///< created paused (a rank that starts in CaS)
+  std::shared_ptr<SlotMemory> slot_memory;            ///< null: host memory
 };
 
 /// Counters (monotonic).
@@ -104,7 +116,8 @@ class WeightCache {
  private:
   enum class SlotState { free, filling, ready, in_use, failed };
   struct Slot {
-    AlignedBuffer region;  // [layout.bytes]
+    AlignedBuffer host;      // [layout.bytes] without a SlotMemory
+    void* region = nullptr;  // [layout.bytes]: host.get() or the SlotMemory's
     SlotState state = SlotState::free;
     int layer = -1;
     std::uint64_t generation = 0;  ///< reset() generation of the fetch

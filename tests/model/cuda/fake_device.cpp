@@ -746,6 +746,23 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
                             }});
 }
 
+// Device memory, on the legacy stream (synchronous for the host, as
+// cudaMemset is with respect to it here: its work is queued there).
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+  FAKE_LOCK;
+  cudaError_t err;
+  if (injected("cudaMemset", &err)) return fail(err);
+  if (prohibited_during_capture("cudaMemset", &err)) return err;
+  if (count == 0) return cudaSuccess;
+  if (where(devPtr) != Where::device || !in_memory(devPtr, count, MemKind::device)) {
+    anomaly("cudaMemset: the range is not inside one device allocation");
+    return fail(cudaErrorInvalidValue);
+  }
+  return enqueue(nullptr, Op{"cudaMemset", false, [=] {
+                               if (check("cudaMemset", "destination", devPtr, count)) std::memset(devPtr, value, count);
+                             }});
+}
+
 // Device memory only (what the runner uses: SP's padding rows), in stream order.
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t count, cudaStream_t stream) {
   FAKE_LOCK;
