@@ -76,6 +76,18 @@ TEST_F(CudaRunFakeDevice, AMissingGpuIsAClearError) {
   EXPECT_NE(r.out.find("cuda:1"), std::string::npos) << r.out;
 }
 
+// SiDP on CUDA devices is WaS at the model level only (model/cuda/sidp):
+// the flag is refused with a clear error, nothing runs.
+TEST_F(CudaRunFakeDevice, SidpOnCudaDevicesIsAClearErrorSoFar) {
+  testing_support::write_demo_prompts(path("in.jsonl"), 2, [](int, nlohmann::json&) {});
+  const std::string model = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
+  auto r = testing_support::run_command(fake_shardline(2) + " run --model " + model + " --input " + path("in.jsonl") +
+                                        " --output " + path("out.jsonl") +
+                                        " --devices cuda:0,1 --parallel dp=2 --weight-sharing sidp --quiet");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("--weight-sharing sidp runs on CPU devices so far"), std::string::npos) << r.out;
+}
+
 #else
 
 // A build without the CUDA backend refuses CUDA devices with a clear error.
