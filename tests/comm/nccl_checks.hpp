@@ -153,4 +153,28 @@ inline void check_collectives(NcclCommunicator& c, int r, int w) {
   EXPECT_NE(c.stream(), nullptr);
 }
 
+/// Two ranks: point to point (rank 0 sends 256 floats, rank 1 receives them
+/// exactly; NCCL's p2p is a rendezvous), sending to oneself refused,
+/// disagreeing counts invalid_argument on both ranks and the communicator
+/// still usable. Leaves `buf` (256 floats) to the caller.
+inline void check_point_to_point_and_disagreement(NcclCommunicator& c, int r, DeviceFloats& buf) {
+  ASSERT_EQ(cudaSetDevice(c.device()), cudaSuccess);
+  std::vector<float> h(256);
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = value(r, i, 7);
+  buf.put(h);
+  if (r == 0) {
+    ASSERT_TRUE(c.send(buf.get(), 256 * sizeof(float), 1, 0).ok());
+  } else {
+    ASSERT_TRUE(c.recv(buf.get(), 256 * sizeof(float), 0, 0).ok());
+    const auto got = buf.fetch();
+    for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], value(0, i, 7));
+  }
+  EXPECT_EQ(c.send(buf.get(), 4, r, 0).error().code, ErrorCode::unsupported);
+  Status st = c.all_reduce_sum(buf.get(), r == 0 ? 4 : 5);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::invalid_argument) << st.error().to_string();
+  ASSERT_TRUE(c.all_reduce_sum(buf.get(), 4).ok());
+  ASSERT_TRUE(c.barrier().ok());
+}
+
 }  // namespace shardline::comm::nccl_checks

@@ -55,30 +55,12 @@ TEST_P(NcclFakeDevice, EveryCollectiveOnOneTwoAndThreeGpus) {
 
 TEST_P(NcclFakeDevice, PointToPointDisagreementAndAMissingRank) {
   run_nccl(2, [](NcclCommunicator& c, int r) {
-    ASSERT_EQ(cudaSetDevice(c.device()), cudaSuccess);
-    // Point to point: rank 0 sends, rank 1 receives (a rendezvous).
     DeviceFloats buf(256);
-    std::vector<float> h(256);
-    for (std::size_t i = 0; i < h.size(); ++i) h[i] = value(r, i, 7);
-    buf.put(h);
-    if (r == 0) {
-      ASSERT_TRUE(c.send(buf.get(), 256 * sizeof(float), 1, 0).ok());
-    } else {
-      ASSERT_TRUE(c.recv(buf.get(), 256 * sizeof(float), 0, 0).ok());
-      const auto got = buf.fetch();
-      for (std::size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], value(0, i, 7));
-    }
-    EXPECT_EQ(c.send(buf.get(), 4, r, 0).error().code, ErrorCode::unsupported);
-    // Disagreeing counts: invalid_argument on both ranks, still usable.
-    Status st = c.all_reduce_sum(buf.get(), r == 0 ? 4 : 5);
-    ASSERT_FALSE(st.ok());
-    EXPECT_EQ(st.error().code, ErrorCode::invalid_argument) << st.error().to_string();
-    ASSERT_TRUE(c.all_reduce_sum(buf.get(), 4).ok());
-    ASSERT_TRUE(c.barrier().ok());
+    check_point_to_point_and_disagreement(c, r, buf);
     // A rank that never joins the collective: io at the timeout, then poisoned.
     if (r == 0) {
       c.set_timeout(milliseconds(300));
-      st = c.all_reduce_sum(buf.get(), 16);
+      const Status st = c.all_reduce_sum(buf.get(), 16);
       ASSERT_FALSE(st.ok());
       EXPECT_EQ(st.error().code, ErrorCode::io) << st.error().to_string();
       EXPECT_NE(st.error().message.find("timed out"), std::string::npos) << st.error().message;
