@@ -62,49 +62,51 @@ Result<DeviceList> parse_devices(const std::string& devices) {
   return out;
 }
 
-Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel) {
+namespace {
+
+/// resolve_node_devices for --devices cuda:LIST.
+Result<NodeDevices> resolve_cuda_devices(const std::string& devices, const std::string& parallel) {
   NodeDevices out;
-  if (devices.rfind("cuda", 0) == 0) {
-    auto list = parse_devices(devices);
-    if (!list) return std::move(list).error();
-    const int n = static_cast<int>(list->indices.size());
-    const int k = list->ranks_per_device;
-    engine::ParallelConfig pc{k, 1, 1, n};
-    if (!parallel.empty()) {
-      auto given = engine::parse_parallel_config(parallel);
-      if (!given) return std::move(given).error();
-      const int group = given->group_size();
-      if (group > 1 && k == 1) {
-        // Each rank on a GPU of its own: the group's ranks talk over NCCL.
-        if (n != group * given->dp)
-          return make_error(ErrorCode::invalid_argument,
-                            "--devices " + devices + " gives " + std::to_string(n) + " GPUs but --parallel " +
-                                given->to_string() + " needs tp*pp*sp*dp = " + std::to_string(group * given->dp) +
-                                " (one per rank; for ranks sharing a GPU write cuda:0x" + std::to_string(group) + ")");
-        out.kind = model::DeviceKind::cuda;
-        out.cuda_devices = list->indices;
-        out.cuda_ranks_per_gpu = 1;
-        out.num_cpu_devices = 0;
-        out.parallel = *given;
-        return out;
-      }
-      if (group != k)
-        return make_error(ErrorCode::invalid_argument, "--devices " + devices + " puts " + std::to_string(k) +
-                                                           " ranks on each GPU but --parallel " + given->to_string() +
-                                                           " asks tp*pp*sp=" + std::to_string(group));
-      if (given->dp != n)
-        return make_error(ErrorCode::invalid_argument, "--devices " + devices + " gives " + std::to_string(n) +
-                                                           " devices but --parallel " + given->to_string() + " needs " +
-                                                           std::to_string(given->dp));
-      pc = *given;
+  auto list = parse_devices(devices);
+  if (!list) return std::move(list).error();
+  const int n = static_cast<int>(list->indices.size());
+  const int k = list->ranks_per_device;
+  engine::ParallelConfig pc{k, 1, 1, n};
+  if (!parallel.empty()) {
+    auto given = engine::parse_parallel_config(parallel);
+    if (!given) return std::move(given).error();
+    const int group = given->group_size();
+    if (group > 1 && k == 1) {
+      // Each rank on a GPU of its own: the group's ranks talk over NCCL.
+      if (n != group * given->dp)
+        return make_error(ErrorCode::invalid_argument,
+                          "--devices " + devices + " gives " + std::to_string(n) + " GPUs but --parallel " +
+                              given->to_string() + " needs tp*pp*sp*dp = " + std::to_string(group * given->dp) +
+                              " (one per rank; for ranks sharing a GPU write cuda:0x" + std::to_string(group) + ")");
+    } else if (group != k) {
+      return make_error(ErrorCode::invalid_argument, "--devices " + devices + " puts " + std::to_string(k) +
+                                                         " ranks on each GPU but --parallel " + given->to_string() +
+                                                         " asks tp*pp*sp=" + std::to_string(group));
+    } else if (given->dp != n) {
+      return make_error(ErrorCode::invalid_argument, "--devices " + devices + " gives " + std::to_string(n) +
+                                                         " devices but --parallel " + given->to_string() + " needs " +
+                                                         std::to_string(given->dp));
     }
-    out.kind = model::DeviceKind::cuda;
-    out.cuda_devices = list->indices;
-    out.cuda_ranks_per_gpu = k;
-    out.num_cpu_devices = 0;
-    out.parallel = pc;
-    return out;
+    pc = *given;
   }
+  out.kind = model::DeviceKind::cuda;
+  out.cuda_devices = list->indices;
+  out.cuda_ranks_per_gpu = k;
+  out.num_cpu_devices = 0;
+  out.parallel = pc;
+  return out;
+}
+
+}  // namespace
+
+Result<NodeDevices> resolve_node_devices(const std::string& devices, const std::string& parallel) {
+  if (devices.rfind("cuda", 0) == 0) return resolve_cuda_devices(devices, parallel);
+  NodeDevices out;
   if (parallel.empty()) {
     auto list = parse_devices(devices.empty() ? "cpu:1" : devices);
     if (!list) return std::move(list).error();

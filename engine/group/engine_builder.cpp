@@ -70,6 +70,47 @@ model::CudaRunnerOptions cuda_runner_options(const EngineOptions& o, int max_mod
   return co;
 }
 
+/// What a CUDA engine group puts on one GPU besides its KV cache.
+struct GroupFootprint {
+  std::uint64_t weight_bytes = 0;
+  std::uint64_t activation_bytes = 0;
+  std::uint64_t workspace_bytes = 0;
+};
+
+/// A tp x sp x pp group's footprint (model::CudaShardGroup): every runner a
+/// rank holds (its shard, and its Shift (TP') or Seesaw (cd) shard) has its
+/// weights (the norms on each, the embedding on first stages), activations
+/// (`activation_per_runner`) and workspaces (Ulysses' buffers too). Ranks
+/// sharing a GPU: the sum over ranks. Ranks on distinct GPUs: each GPU holds
+/// one rank's runners, and the footprint is the most loaded rank's (weights,
+/// activations and workspaces each at their largest over ranks: a bound).
+/// Seesaw's reload: one config's weights on a GPU at a time.
+GroupFootprint group_footprint(const EngineOptions& o, const model::ModelConfig& c, const model::CudaRunnerOptions& co,
+                               std::uint64_t activation_per_runner) {
+  const bool pair = o.parallel_decode && *o.parallel_decode != o.parallel;
+  const bool one_at_a_time = pair && o.reshard_weights == ReshardWeights::reload;
+  const bool distinct = ranks_on_distinct_gpus(o);
+  const auto add = [distinct](std::uint64_t& total, std::uint64_t rank) {
+    total = distinct ? std::max(total, rank) : total + rank;
+  };
+  GroupFootprint f;
+  for (int r = 0; r < o.parallel.group_size(); ++r) {
+    std::vector<model::ShardSpec> runners{shard_spec_of(o.parallel, r)};
+    if (o.shift) runners.push_back(shift_spec_of(o.parallel, r));
+    if (pair) runners.push_back(shard_spec_of(*o.parallel_decode, r));
+    std::uint64_t weights = 0, workspaces = 0;
+    for (const model::ShardSpec& spec : runners) {
+      const std::uint64_t w = model::cuda_runner_weight_bytes(c, o.dtype, spec);
+      weights = one_at_a_time ? std::max(weights, w) : weights + w;
+      workspaces += model::cuda_runner_workspace_bytes(c, co, spec);
+    }
+    add(f.weight_bytes, weights);
+    add(f.workspace_bytes, workspaces);
+    add(f.activation_bytes, activation_per_runner * runners.size());
+  }
+  return f;
+}
+
 /// The KV bytes plan_gpu_memory leaves on the device for this model (checked
 /// before the weights are loaded, so a model that cannot fit fails fast).
 Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
@@ -105,38 +146,13 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   std::uint64_t workspace_bytes = 0;
   const model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
   if (ranks > 1) {
-    // A tp x sp x pp group sharing this GPU (model::CudaShardGroup). Every
-    // runner it holds has its weights (the norms on each, the embedding on
-    // first stages), activations and workspaces (Ulysses' buffers too): each
-    // rank's shard, and its Shift (TP') or Seesaw (cd) shard. The KV heads:
-    // kv_heads_held (replicated ones; a shift runner uses its base runner's
-    // cache).
+    // A tp x sp x pp group (group_footprint). The KV heads: kv_heads_held
+    // (replicated ones; a shift runner uses its base runner's cache).
     if (Status s = model::check_shardable(c, o.parallel.tp, o.parallel.sp, o.parallel.pp); !s) return s.error();
-    // Ranks on distinct GPUs: each GPU holds one rank's runners; the plan
-    // is the most loaded rank's (weights, workspaces and KV each at their
-    // largest over ranks: a bound).
-    const bool pair = o.parallel_decode && *o.parallel_decode != o.parallel;
-    const bool distinct = ranks_on_distinct_gpus(o);
-    const std::uint64_t activation_per_runner = pi.activation_bytes;
-    pi.weight_bytes = 0;
-    pi.activation_bytes = 0;
-    for (int r = 0; r < ranks; ++r) {
-      std::vector<model::ShardSpec> runners{shard_spec_of(o.parallel, r)};
-      if (o.shift) runners.push_back(shift_spec_of(o.parallel, r));
-      if (pair) runners.push_back(shard_spec_of(*o.parallel_decode, r));
-      // Seesaw's reload: one config's weights on the GPU at a time.
-      const bool one_at_a_time = pair && o.reshard_weights == ReshardWeights::reload;
-      std::uint64_t weights = 0, workspaces = 0;
-      for (const model::ShardSpec& spec : runners) {
-        const std::uint64_t w = model::cuda_runner_weight_bytes(c, o.dtype, spec);
-        weights = one_at_a_time ? std::max(weights, w) : weights + w;
-        workspaces += model::cuda_runner_workspace_bytes(c, co, spec);
-      }
-      const std::uint64_t activations = activation_per_runner * runners.size();
-      pi.weight_bytes = distinct ? std::max(pi.weight_bytes, weights) : pi.weight_bytes + weights;
-      workspace_bytes = distinct ? std::max(workspace_bytes, workspaces) : workspace_bytes + workspaces;
-      pi.activation_bytes = distinct ? std::max(pi.activation_bytes, activations) : pi.activation_bytes + activations;
-    }
+    const GroupFootprint f = group_footprint(o, c, co, pi.activation_bytes);
+    pi.weight_bytes = f.weight_bytes;
+    pi.activation_bytes = f.activation_bytes;
+    workspace_bytes = f.workspace_bytes;
     pi.num_kv_heads = kv_heads_held(o, c);  // with Seesaw's cd: each rank's larger cache
   } else {
     workspace_bytes = model::cuda_runner_workspace_bytes(c, co);
