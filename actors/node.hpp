@@ -37,13 +37,13 @@ struct NodeOptions {
   // `--parallel` (cli/devices.hpp, resolve_node_devices); start() checks
   // that they agree.
   int num_cpu_devices = 1;  ///< N CPU devices (`--devices cpu:N`); must equal parallel.world_size()
-  /// With cuda: one worker per listed GPU (`--devices cuda:LIST`;
-  /// parallel.dp == cuda_devices.size()), each a single device or, with
-  /// tp * pp * sp > 1 (`cuda:LISTxK`), an engine group of ranks sharing
-  /// its GPU (model::CudaShardGroup).
-  /// With cuda_ranks_per_gpu = 1 and tp * pp * sp = g > 1, worker i's
-  /// group is GPUs [i * g, (i + 1) * g) of the list instead, a rank on each
-  /// (`cuda:0,1 --parallel tp=2`; the ranks talk over NCCL).
+  /// With cuda: the listed GPUs (`--devices cuda:LIST`). One worker per GPU
+  /// (parallel.dp == cuda_devices.size()), each a single device or, with
+  /// tp * pp * sp = cuda_ranks_per_gpu > 1 (`cuda:LISTxK`), an engine group
+  /// of ranks sharing its GPU (model::CudaShardGroup). With
+  /// cuda_ranks_per_gpu = 1 and tp * pp * sp = g > 1, worker i's group is
+  /// GPUs [i * g, (i + 1) * g) of the list instead (g * dp GPUs), a rank on
+  /// each (`cuda:0,1 --parallel tp=2`; the ranks talk over NCCL).
   model::DeviceKind device_kind = model::DeviceKind::cpu;
   std::vector<int> cuda_devices;
   int cuda_ranks_per_gpu = 1;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <vector>
 
 #include "engine/gpu_memory_plan.hpp"
@@ -25,18 +26,29 @@ namespace shardline::engine {
 
 namespace {
 
-/// Whether a CUDA group's ranks each have a GPU of their own (group_devices).
-bool ranks_on_distinct_gpus(const EngineOptions& o) {
-  return o.group_devices.size() > 1 && o.group_devices.front() != o.group_devices.back();
+/// The GPU of group rank r: group_devices[r], or device_index for every rank.
+int gpu_of_rank(const EngineOptions& o, int r) {
+  return o.group_devices.empty() ? o.device_index : o.group_devices[static_cast<std::size_t>(r)];
+}
+
+/// The largest over the group's GPUs of the sum of per_rank(r) over the
+/// ranks on each (all on one GPU: the sum over ranks; a GPU each: the most
+/// any rank needs).
+template <class T, class PerRank>
+T most_on_one_gpu(const EngineOptions& o, PerRank per_rank) {
+  std::map<int, T> by_gpu;
+  for (int r = 0; r < o.parallel.group_size(); ++r) by_gpu[gpu_of_rank(o, r)] += per_rank(r);
+  T most{};
+  for (const auto& [gpu, total] : by_gpu) most = std::max(most, total);
+  return most;
 }
 
 /// The KV heads whose cache one KV block holds in a layer on one GPU of
-/// this engine: the model's, or, for a CUDA group sharing one GPU, those of
-/// every TP and SP rank of a stage (a KV head is replicated on each rank
-/// whose heads read it when tp * sp exceeds the KV heads). With Seesaw's
-/// decode config each rank's KV memory holds the larger of its two caches:
-/// then the sum over ranks of max(layers x heads), per model layer, rounded
-/// up. Ranks on distinct GPUs: the most any one rank holds.
+/// this engine: the model's, or, for a CUDA group, those of the ranks on
+/// the most loaded of its GPUs (a KV head is replicated on each rank whose
+/// heads read it when tp * sp exceeds the KV heads). With Seesaw's decode
+/// config each rank's KV memory holds the larger of its two caches: the sum
+/// over a GPU's ranks of max(layers x heads), per model layer, rounded up.
 int kv_heads_held(const EngineOptions& o, const model::ModelConfig& c) {
   if (o.device != model::DeviceKind::cuda || o.parallel.group_size() <= 1) return c.num_key_value_heads;
   const auto units = [&](const ParallelConfig& pc, int r) {  // layers x KV heads of rank r's cache
@@ -44,12 +56,9 @@ int kv_heads_held(const EngineOptions& o, const model::ModelConfig& c) {
     return static_cast<long long>(lay.layer_end - lay.layer_begin) * lay.kv_attn;
   };
   const bool pair = o.parallel_decode && *o.parallel_decode != o.parallel;
-  const bool distinct = ranks_on_distinct_gpus(o);
-  long long total = 0;
-  for (int r = 0; r < o.parallel.group_size(); ++r) {
-    const long long held = pair ? std::max(units(o.parallel, r), units(*o.parallel_decode, r)) : units(o.parallel, r);
-    total = distinct ? std::max(total, held) : total + held;
-  }
+  const long long total = most_on_one_gpu<long long>(o, [&](int r) {
+    return pair ? std::max(units(o.parallel, r), units(*o.parallel_decode, r)) : units(o.parallel, r);
+  });
   return static_cast<int>((total + c.num_hidden_layers - 1) / c.num_hidden_layers);
 }
 
@@ -77,37 +86,39 @@ struct GroupFootprint {
   std::uint64_t workspace_bytes = 0;
 };
 
-/// A tp x sp x pp group's footprint (model::CudaShardGroup): every runner a
-/// rank holds (its shard, and its Shift (TP') or Seesaw (cd) shard) has its
-/// weights (the norms on each, the embedding on first stages), activations
-/// (`activation_per_runner`) and workspaces (Ulysses' buffers too). Ranks
-/// sharing a GPU: the sum over ranks. Ranks on distinct GPUs: each GPU holds
-/// one rank's runners, and the footprint is the most loaded rank's (weights,
-/// activations and workspaces each at their largest over ranks: a bound).
-/// Seesaw's reload: one config's weights on a GPU at a time.
+/// A tp x sp x pp group's footprint on its most loaded GPU
+/// (model::CudaShardGroup): every runner a rank holds (its shard, and its
+/// Shift (TP') or Seesaw (cd) shard) has its weights (the norms on each, the
+/// embedding on first stages), activations (`activation_per_runner`) and
+/// workspaces (Ulysses' buffers too), summed over the ranks on each GPU;
+/// each field at its largest over the GPUs (a bound). Seesaw's reload: one
+/// config's weights on a GPU at a time.
 GroupFootprint group_footprint(const EngineOptions& o, const model::ModelConfig& c, const model::CudaRunnerOptions& co,
                                std::uint64_t activation_per_runner) {
   const bool pair = o.parallel_decode && *o.parallel_decode != o.parallel;
   const bool one_at_a_time = pair && o.reshard_weights == ReshardWeights::reload;
-  const bool distinct = ranks_on_distinct_gpus(o);
-  const auto add = [distinct](std::uint64_t& total, std::uint64_t rank) {
-    total = distinct ? std::max(total, rank) : total + rank;
-  };
-  GroupFootprint f;
-  for (int r = 0; r < o.parallel.group_size(); ++r) {
+  const auto runners_of = [&](int r) {
     std::vector<model::ShardSpec> runners{shard_spec_of(o.parallel, r)};
     if (o.shift) runners.push_back(shift_spec_of(o.parallel, r));
     if (pair) runners.push_back(shard_spec_of(*o.parallel_decode, r));
-    std::uint64_t weights = 0, workspaces = 0;
-    for (const model::ShardSpec& spec : runners) {
+    return runners;
+  };
+  GroupFootprint f;
+  f.weight_bytes = most_on_one_gpu<std::uint64_t>(o, [&](int r) {
+    std::uint64_t weights = 0;
+    for (const model::ShardSpec& spec : runners_of(r)) {
       const std::uint64_t w = model::cuda_runner_weight_bytes(c, o.dtype, spec);
       weights = one_at_a_time ? std::max(weights, w) : weights + w;
-      workspaces += model::cuda_runner_workspace_bytes(c, co, spec);
     }
-    add(f.weight_bytes, weights);
-    add(f.workspace_bytes, workspaces);
-    add(f.activation_bytes, activation_per_runner * runners.size());
-  }
+    return weights;
+  });
+  f.workspace_bytes = most_on_one_gpu<std::uint64_t>(o, [&](int r) {
+    std::uint64_t workspaces = 0;
+    for (const model::ShardSpec& spec : runners_of(r)) workspaces += model::cuda_runner_workspace_bytes(c, co, spec);
+    return workspaces;
+  });
+  f.activation_bytes = most_on_one_gpu<std::uint64_t>(
+      o, [&](int r) { return activation_per_runner * static_cast<std::uint64_t>(runners_of(r).size()); });
   return f;
 }
 
@@ -121,22 +132,18 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
     c.num_hidden_layers = o.num_layers_override;
   const int max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
   const kernels::cuda::DeviceQuery q = kernels::cuda::query_devices();
-  // The GPUs this engine uses; the plan is the one with the least free memory's.
-  const std::vector<int> used = o.group_devices.empty() ? std::vector<int>{o.device_index} : o.group_devices;
-  const kernels::cuda::DeviceInfo* tightest = nullptr;
-  for (int index : used) {
+  // The GPUs this engine uses: each gets the most loaded GPU's footprint
+  // (a bound); the KV cache is the smallest space any of them leaves.
+  std::vector<int> used = o.group_devices.empty() ? std::vector<int>{o.device_index} : o.group_devices;
+  std::sort(used.begin(), used.end());
+  used.erase(std::unique(used.begin(), used.end()), used.end());
+  for (int index : used)
     if (index < 0 || index >= static_cast<int>(q.devices.size()))
       return make_error(ErrorCode::not_found,
                         "cuda:" + std::to_string(index) + ": " +
                             (q.devices.empty() ? "no CUDA device (" + q.error + ")"
                                                : "only " + std::to_string(q.devices.size()) + " CUDA device(s)"));
-    const kernels::cuda::DeviceInfo& info = q.devices[static_cast<std::size_t>(index)];
-    if (tightest == nullptr || info.free_memory_bytes < tightest->free_memory_bytes) tightest = &info;
-  }
-  const kernels::cuda::DeviceInfo& d = *tightest;
   GpuMemoryPlanInput pi;
-  pi.total_bytes = d.total_memory_bytes;
-  pi.free_bytes = d.free_memory_bytes;
   pi.gpu_memory_utilization = o.gpu_memory_utilization;
   pi.weight_bytes = weight_bytes_for(c, o.dtype);
   pi.activation_bytes = activation_bytes_for(c, std::max(o.max_num_batched_tokens, o.max_num_seqs), o.max_num_seqs);
@@ -163,11 +170,18 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
   pi.max_model_len = max_model_len;
   // metadata, GEMM and attention workspaces
   pi.reserved_bytes += workspace_bytes;
-  auto plan = plan_gpu_memory(pi);
-  if (!plan)
-    return make_error(plan.error().code, "cuda:" + std::to_string(d.index) + " (" + d.name + "): " +
-                                             plan.error().message);
-  return plan->kv_bytes;
+  std::uint64_t kv_bytes = UINT64_MAX;
+  for (int index : used) {
+    const kernels::cuda::DeviceInfo& d = q.devices[static_cast<std::size_t>(index)];
+    pi.total_bytes = d.total_memory_bytes;
+    pi.free_bytes = d.free_memory_bytes;
+    auto plan = plan_gpu_memory(pi);
+    if (!plan)
+      return make_error(plan.error().code, "cuda:" + std::to_string(d.index) + " (" + d.name + "): " +
+                                               plan.error().message);
+    kv_bytes = std::min(kv_bytes, plan->kv_bytes);
+  }
+  return kv_bytes;
 }
 #endif
 

@@ -1221,7 +1221,11 @@ Status CudaModelRunner::load_weights(const ModelWeights& host) {
                       "cuda runner: load_weights needs the model's matrices in host memory (this model, not freed)");
   if (Status s = cuda_status("set device", cudaSetDevice(options_.device_index)); !s) return s;
   Result<std::size_t> bytes = impl_->upload_weights(host);
-  if (!bytes) return bytes.error();
+  if (!bytes) {
+    impl_->weights.reset();  // a half-filled arena: freed, so a retry does not hold two
+    impl_->layers.clear();
+    return bytes.error();
+  }
   // The uploads ran on the legacy default stream: the runner's does not wait for it.
   if (Status s = cuda_status("weight upload", cudaDeviceSynchronize()); !s) return s;
   weight_bytes_ = *bytes;

@@ -258,10 +258,10 @@ class CudaModelRunner final : public model::ModelExecutor {
 [[nodiscard]] std::uint64_t cuda_runner_workspace_bytes(const ModelConfig& config, const CudaRunnerOptions& options,
                                                         const ShardSpec& spec = {});
 
-/// Uploads `layer`'s FFN matrices into device `region` (layout.bytes on the
-/// current device) in the runner's layout: gate_up at 0, down at
-/// layout.down_offset, both converted to `weight_dtype` (f32, bf16, f16), and
-/// waits for the copies. `layout`: sidp::cuda_ffn_layout's. Errors:
+/// Uploads `layer`'s FFN matrices into device `region` (on the current
+/// device; sidp::cuda_ffn_layout().bytes) in the runner's layout: gate_up at
+/// 0, down at `down_offset`, both converted to `weight_dtype` (f32, bf16,
+/// f16), and waits for the copies. Errors:
 /// invalid_argument (a layer without those matrices), internal (a copy).
 [[nodiscard]] Status upload_ffn_layer(const LayerWeights& layer, DType weight_dtype, std::size_t down_offset,
                                       void* region);

@@ -308,6 +308,16 @@ CudaShardGroup::~CudaShardGroup() {
   shift_runners_.clear();
   if (decode_) decode_->runners.clear();
   base_.runners.clear();
+  // NCCL's teardown is collective (ncclCommFinalize completes once every
+  // rank has finalized): every communicator goes on a thread of its own.
+  std::vector<std::unique_ptr<comm::Communicator>> comms;
+  std::vector<Kind*> kinds = {&base_.tp_kind, &base_.sp_kind, &base_.pp_kind, &shift_kind_};
+  if (decode_) kinds.insert(kinds.end(), {&decode_->tp_kind, &decode_->sp_kind, &decode_->pp_kind});
+  for (Kind* k : kinds)
+    for (auto& c : k->comms) comms.push_back(std::move(c));
+  std::vector<std::thread> teardown;
+  for (auto& c : comms) teardown.emplace_back([&c] { c.reset(); });
+  for (std::thread& t : teardown) t.join();
 }
 
 void CudaShardGroup::make_copier(Shards& shards) {
@@ -340,7 +350,10 @@ Status CudaShardGroup::use_step_config(StepConfig config) {
     Shards& in = to_decode ? *decode_ : base_;
     const auto t0 = std::chrono::steady_clock::now();
     for (std::size_t r = 0; r < in.runners.size(); ++r) {
-      if (Status s = out.runners[r]->release_weights(); !s) return s;
+      if (Status s = out.runners[r]->release_weights(); !s) {
+        broken_ = true;  // ranks before r are in the other config now
+        return s;
+      }
       if (Status s = in.runners[r]->load_weights(*host_weights_); !s) {
         broken_ = true;  // neither config holds this rank's weights now
         return make_error(s.error().code, "cuda shard group: rank " + std::to_string(r) +
@@ -368,7 +381,8 @@ Result<StepOutput> CudaShardGroup::run_rank(int rank, const StepInput& input, Mo
   CudaModelRunner& runner = mode == Mode::shift ? *shift_runners_[r] : *shards_of(mode).runners[r];
   Result<StepOutput> out = runner.execute(input);
   if (!out) {
-    // Its peers' collectives and receives fail now, not at the timeout.
+    // Its peers' in-process collectives and receives fail now, not at the
+    // timeout (NCCL peers wait for their communicator's timeout).
     if (mode == Mode::shift) {
       (void)shift_kind_.groups[0]->mark_dead(shift_place(base_.dims, rank).rank);
     } else {

@@ -105,6 +105,7 @@ TEST_F(CudaEngineBuilderFakeDevice, EveryGroupShapeTheCliAcceptsBuildsAndMatches
       {"pp=2 --parallel-decode sp=2 --reshard-weights reload", {1, 2, 1, 1}, false, ParallelConfig{1, 1, 2, 1}, true},
       {"tp=2 on cuda:0,1", {2, 1, 1, 1}, false, std::nullopt, false, {0, 1}},
       {"tp=2,pp=2 on cuda:0-3", {2, 2, 1, 1}, false, std::nullopt, false, {3, 2, 1, 0}},
+      {"tp=2,pp=2, each stage's pair sharing a GPU", {2, 2, 1, 1}, false, std::nullopt, false, {0, 0, 1, 1}},
       {"pp=2 --parallel-decode tp=2 --reshard-weights reload on cuda:0,1", {1, 2, 1, 1}, false,
        ParallelConfig{2, 1, 1, 1}, true, {0, 1}},
   };

@@ -21,7 +21,10 @@
 //    operation per stream (so an all-to-all's sends and receives, oneself
 //    included, cannot deadlock);
 //  - ncclCommAbort releases the communicator's waiting operations (they
-//    move nothing); a peer of an aborted rank waits until its own timeout.
+//    move nothing); a peer of an aborted rank waits until its own timeout;
+//  - ncclCommFinalize is collective: a rank stays ncclInProgress until every
+//    rank still there has finalized (so ranks torn down one after another
+//    on one thread wait for each other, as on NCCL).
 #include <nccl.h>
 
 #include <algorithm>
@@ -46,6 +49,7 @@ struct CommState {
   int rank = 0;
   int device = 0;
   bool aborted = false;
+  bool finalizing = false;  ///< ncclCommFinalize was called
   ncclResult_t async = ncclInProgress;
   std::string last_error;
   long next_collective = 0;
@@ -391,14 +395,30 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   return ncclSuccess;
 }
 
+// Finalize is collective (NCCL: it completes once the communicator is
+// globally quiescent): a rank stays ncclInProgress until every rank that is
+// still there has finalized (aborted or destroyed ranks count as done).
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   FAKE_LOCK;
-  return comm == nullptr ? ncclInvalidArgument : ncclSuccess;
+  if (comm == nullptr) return ncclInvalidArgument;
+  CommState& c = *comm->state;
+  if (c.async != ncclSuccess) return c.async;
+  c.finalizing = true;
+  c.async = ncclInProgress;
+  bool all = true;
+  for (const auto& w : c.clique->members)
+    if (auto m = w.lock(); m && !m->aborted && !m->finalizing) all = false;
+  if (all)
+    for (const auto& w : c.clique->members)
+      if (auto m = w.lock(); m && m->finalizing) m->async = ncclSuccess;
+  return ncclInProgress;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   FAKE_LOCK;
   if (comm == nullptr) return ncclInvalidArgument;
+  if (!comm->state->finalizing || comm->state->async != ncclSuccess)
+    anomaly("ncclCommDestroy of rank " + std::to_string(comm->state->rank) + " before its finalize completed");
   comm->state->aborted = true;  // nothing of it may still wait
   delete comm;
   return ncclSuccess;
