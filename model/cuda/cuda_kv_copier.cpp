@@ -27,8 +27,11 @@ std::size_t slab_bytes(const kvstore::KvModelShape& shape, const kvstore::KvRank
 }  // namespace
 
 CudaKvCopier::CudaKvCopier(kvstore::KvModelShape shape, std::vector<DeviceKvCache> caches,
-                           std::vector<CUstream_st*> streams)
-    : shape_(shape), caches_(std::move(caches)), streams_(std::move(streams)) {}
+                           std::vector<CUstream_st*> streams, std::vector<std::size_t> stream_of_cache)
+    : shape_(shape),
+      caches_(std::move(caches)),
+      streams_(std::move(streams)),
+      stream_of_cache_(std::move(stream_of_cache)) {}
 
 Result<std::unique_ptr<CudaKvCopier>> CudaKvCopier::create(kvstore::KvModelShape shape,
                                                            std::vector<DeviceKvCache> caches) {
@@ -40,28 +43,31 @@ Result<std::unique_ptr<CudaKvCopier>> CudaKvCopier::create(kvstore::KvModelShape
     if (caches[i].layout.block_size != caches[0].layout.block_size)
       return invalid("caches of one block table need one block size");
   }
-  // A copy stream per device, each cache's on its own device's.
-  std::vector<cudaStream_t> streams(caches.size(), nullptr);
+  // A copy stream per device; each cache copies on its device's.
+  std::vector<cudaStream_t> streams;        // [devices]
+  std::vector<int> stream_devices;          // [devices]
+  std::vector<std::size_t> stream_of_cache;  // [caches] index into streams
   Status made = Status::ok_status();
-  for (std::size_t i = 0; i < caches.size() && made; ++i) {
-    for (std::size_t j = 0; j < i; ++j)
-      if (caches[j].device == caches[i].device) streams[i] = streams[j];
-    if (streams[i] != nullptr) continue;
-    made = cuda_status("set device", cudaSetDevice(caches[i].device));
-    if (made) made = cuda_status("copy stream", cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking));
+  for (const DeviceKvCache& cache : caches) {
+    const auto it = std::find(stream_devices.begin(), stream_devices.end(), cache.device);
+    stream_of_cache.push_back(static_cast<std::size_t>(it - stream_devices.begin()));
+    if (it != stream_devices.end()) continue;
+    cudaStream_t stream = nullptr;
+    made = cuda_status("set device", cudaSetDevice(cache.device));
+    if (made) made = cuda_status("copy stream", cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (!made) break;
+    streams.push_back(stream);
+    stream_devices.push_back(cache.device);
   }
-  auto copier = std::unique_ptr<CudaKvCopier>(new CudaKvCopier(shape, std::move(caches), std::move(streams)));
+  auto copier = std::unique_ptr<CudaKvCopier>(
+      new CudaKvCopier(shape, std::move(caches), std::move(streams), std::move(stream_of_cache)));
   if (!made) return made.error();  // the destructor frees the streams made
   return copier;
 }
 
 CudaKvCopier::~CudaKvCopier() {
   if (staging_ != nullptr) (void)cudaFreeHost(staging_);
-  for (std::size_t i = 0; i < streams_.size(); ++i) {
-    bool first = streams_[i] != nullptr;
-    for (std::size_t j = 0; j < i && first; ++j) first = streams_[j] != streams_[i];
-    if (first) (void)cudaStreamDestroy(streams_[i]);
-  }
+  for (cudaStream_t stream : streams_) (void)cudaStreamDestroy(stream);
 }
 
 std::uint64_t CudaKvCopier::num_copies() const {
@@ -137,7 +143,7 @@ Status CudaKvCopier::move(const std::vector<Slab>& slabs, bool to_host) {
   for (const Slab& sl : slabs) {
     char* dev = static_cast<char*>(caches_[sl.cache].data) + sl.device_offset;
     char* host = static_cast<char*>(staging_) + sl.host_offset;
-    cudaStream_t stream = streams_[sl.cache];
+    cudaStream_t stream = streams_[stream_of_cache_[sl.cache]];
     work = cuda_status("set device", cudaSetDevice(caches_[sl.cache].device));
     if (!work) break;
     work = to_host ? cuda_status("device to host", cudaMemcpy2DAsync(host, sl.host_pitch, dev, sl.device_pitch, sl.bytes,
@@ -149,12 +155,8 @@ Status CudaKvCopier::move(const std::vector<Slab>& slabs, bool to_host) {
   }
   // Always waited for (every device's stream): the staging buffer is reused by the next call.
   Status synced = Status::ok_status();
-  for (std::size_t i = 0; i < streams_.size(); ++i) {
-    bool first = true;
-    for (std::size_t j = 0; j < i && first; ++j) first = streams_[j] != streams_[i];
-    if (!first) continue;
-    if (Status s = cuda_status("copy stream", cudaStreamSynchronize(streams_[i])); !s && synced) synced = s;
-  }
+  for (cudaStream_t stream : streams_)
+    if (Status s = cuda_status("copy stream", cudaStreamSynchronize(stream)); !s && synced) synced = s;
   return work ? synced : work;
 }
 

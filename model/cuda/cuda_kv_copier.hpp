@@ -77,7 +77,8 @@ class CudaKvCopier final : public kvstore::KvCopier {
   [[nodiscard]] std::uint64_t num_copies() const;
 
  private:
-  CudaKvCopier(kvstore::KvModelShape shape, std::vector<DeviceKvCache> caches, std::vector<CUstream_st*> streams);
+  CudaKvCopier(kvstore::KvModelShape shape, std::vector<DeviceKvCache> caches, std::vector<CUstream_st*> streams,
+               std::vector<std::size_t> stream_of_cache);
   /// One block of a cache, every (layer, K|V) row of it that a range needs:
   /// `rows` slabs of `bytes`, `device_pitch` apart in the cache and
   /// `host_pitch` apart in the staging buffer (one cudaMemcpy2DAsync).
@@ -111,7 +112,8 @@ class CudaKvCopier final : public kvstore::KvCopier {
 
   kvstore::KvModelShape shape_;
   std::vector<DeviceKvCache> caches_;
-  std::vector<CUstream_st*> streams_;  ///< [caches] each cache's device's copy stream (one per device)
+  std::vector<CUstream_st*> streams_;       ///< [devices] a copy stream per device the caches are on
+  std::vector<std::size_t> stream_of_cache_;  ///< [caches] the index of the cache's device's stream
   mutable std::mutex mu_;
   void* staging_ = nullptr;  ///< pinned, staging_bytes_
   std::size_t staging_bytes_ = 0;
