@@ -67,10 +67,7 @@ TEST_F(CudaRunFakeDevice, SeesawAndShiftOnAGpuPerRankMatchTheCpuGroups) {
 
 // A GPU the machine does not have: a clear error naming it, no output.
 TEST_F(CudaRunFakeDevice, AMissingGpuIsAClearError) {
-  testing_support::write_demo_prompts(path("in.jsonl"), 2, [](int, nlohmann::json&) {});
-  const std::string model = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
-  auto r = testing_support::run_command(fake_shardline(1) + " run --model " + model + " --input " + path("in.jsonl") +
-                                        " --output " + path("out.jsonl") + " --devices cuda:0,1 --parallel tp=2 --quiet");
+  const auto r = run_two_lines(fake_shardline(1), "--devices cuda:0,1 --parallel tp=2");
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.exit_code, 86) << "an error, not a device anomaly: " << r.out;
   EXPECT_NE(r.out.find("cuda:1"), std::string::npos) << r.out;
@@ -79,11 +76,7 @@ TEST_F(CudaRunFakeDevice, AMissingGpuIsAClearError) {
 // SiDP on CUDA devices is WaS at the model level only (model/cuda/sidp):
 // the flag is refused with a clear error, nothing runs.
 TEST_F(CudaRunFakeDevice, SidpOnCudaDevicesIsAClearErrorSoFar) {
-  testing_support::write_demo_prompts(path("in.jsonl"), 2, [](int, nlohmann::json&) {});
-  const std::string model = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
-  auto r = testing_support::run_command(fake_shardline(2) + " run --model " + model + " --input " + path("in.jsonl") +
-                                        " --output " + path("out.jsonl") +
-                                        " --devices cuda:0,1 --parallel dp=2 --weight-sharing sidp --quiet");
+  const auto r = run_two_lines(fake_shardline(2), "--devices cuda:0,1 --parallel dp=2 --weight-sharing sidp");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("--weight-sharing sidp runs on CPU devices so far"), std::string::npos) << r.out;
 }
@@ -91,13 +84,10 @@ TEST_F(CudaRunFakeDevice, SidpOnCudaDevicesIsAClearErrorSoFar) {
 #else
 
 // A build without the CUDA backend refuses CUDA devices with a clear error.
-class CudaRunWithoutCuda : public testing_support::TempDirTest {};
+class CudaRunWithoutCuda : public testing_support::CudaRunTest {};
 
 TEST_F(CudaRunWithoutCuda, CudaDevicesAreAClearError) {
-  testing_support::write_demo_prompts(path("in.jsonl"), 2, [](int, nlohmann::json&) {});
-  const std::string model = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
-  auto r = testing_support::run_command(kShardline + " run --model " + model + " --input " + path("in.jsonl") +
-                                        " --output " + path("out.jsonl") + " --devices cuda:0,1 --parallel tp=2 --quiet");
+  const auto r = run_two_lines(kShardline, "--devices cuda:0,1 --parallel tp=2");
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("this build has no CUDA backend"), std::string::npos) << r.out;
 }

@@ -31,6 +31,17 @@ class CudaRunTest : public TempDirTest {
     return out;
   }
 
+  /// The shipped demo model (stories260K).
+  static std::string demo_model() { return std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K"; }
+
+  /// `run` of two demo prompts through `command` (a `shardline` binary,
+  /// with any environment before it) with `flags`: for the flags' errors.
+  CommandResult run_two_lines(const std::string& command, const std::string& flags) {
+    write_demo_prompts(path("in.jsonl"), 2, [](int, nlohmann::json&) {});
+    return run_command(command + " run --model " + demo_model() + " --input " + path("in.jsonl") + " --output " +
+                       path("out.jsonl") + " " + flags + " --quiet");
+  }
+
   /// The first `lines` demo prompts (40 tokens each, even lines greedy)
   /// through `run` on the CPU with `cpu_flags` and through `gpu_command`
   /// (a `shardline` binary, with any environment before it) with
@@ -47,8 +58,7 @@ class CudaRunTest : public TempDirTest {
         body.erase("seed");
       }
     });
-    const std::string model = std::string(SHARDLINE_SOURCE_DIR) + "/deploy/demo/stories260K";
-    const std::string args = " run --model " + model + " --input " + path("in.jsonl") +
+    const std::string args = " run --model " + demo_model() + " --input " + path("in.jsonl") +
                              " --dtype f32 --kv-cache-dtype f32 --quiet ";
     auto cpu = run_command(kShardline + args + cpu_flags + " --output " + path("cpu.jsonl"));
     ASSERT_EQ(cpu.exit_code, 0) << cpu.out;

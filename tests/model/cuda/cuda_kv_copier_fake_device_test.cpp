@@ -50,18 +50,10 @@ namespace fc = testing_support::fake_cuda;
 using testing_support::kDummyBlocks;
 using testing_support::run_all;
 
-std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
-  return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
-}
+class CudaKvCopierFakeDevice : public testing_support::FakeDeviceTimingTest {};
 
-class CudaKvCopierFakeDevice : public ::testing::TestWithParam<fc::Execution> {
- protected:
-  void SetUp() override { fc::reset(GetParam()); }
-  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
-};
-
-INSTANTIATE_TEST_SUITE_P(Timing, CudaKvCopierFakeDevice,
-                         ::testing::Values(fc::Execution::immediate, fc::Execution::deferred), mode_name);
+INSTANTIATE_TEST_SUITE_P(Timing, CudaKvCopierFakeDevice, testing_support::fake_timings(),
+                         testing_support::fake_timing_name);
 
 /// The runner options of the direct steps below: a 32-token budget.
 model::CudaRunnerOptions step_options() {

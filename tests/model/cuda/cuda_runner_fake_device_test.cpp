@@ -185,22 +185,16 @@ std::vector<std::int32_t> long_prompt(const std::string& text, std::size_t n) {
   return ids;
 }
 
-std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
-  return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
-}
-
-class CudaRunnerFakeDevice : public ::testing::TestWithParam<fc::Execution> {
+class CudaRunnerFakeDevice : public testing_support::FakeDeviceTimingTest {
  protected:
   void SetUp() override {
     ASSERT_NE(host_weights(DType::f32), nullptr);
-    fc::reset(GetParam());
+    FakeDeviceTimingTest::SetUp();
   }
-  // Everything the test created is gone by now: the fake must be clean.
-  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Timing, CudaRunnerFakeDevice,
-                         ::testing::Values(fc::Execution::immediate, fc::Execution::deferred), mode_name);
+INSTANTIATE_TEST_SUITE_P(Timing, CudaRunnerFakeDevice, testing_support::fake_timings(),
+                         testing_support::fake_timing_name);
 
 // 1. Greedy stories260K alone, logits captured (host sampling): the
 // reference ids, text and top-5 logits within 1e-4; prefill eager, decode

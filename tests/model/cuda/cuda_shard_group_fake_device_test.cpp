@@ -52,10 +52,6 @@ namespace model_cuda_cuda_shard_group_fake_device_test {
 namespace fc = testing_support::fake_cuda;
 using testing_support::run_all;
 
-std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
-  return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
-}
-
 using testing_support::greedy_eight;
 using testing_support::kDummyBlocks;
 
@@ -97,14 +93,10 @@ std::string config_name(int tp, int pp, int sp) {
   return "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " sp=" + std::to_string(sp);
 }
 
-class CudaShardGroupFakeDevice : public ::testing::TestWithParam<fc::Execution> {
- protected:
-  void SetUp() override { fc::reset(GetParam()); }
-  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
-};
+class CudaShardGroupFakeDevice : public testing_support::FakeDeviceTimingTest {};
 
-INSTANTIATE_TEST_SUITE_P(Timing, CudaShardGroupFakeDevice, ::testing::Values(fc::Execution::immediate, fc::Execution::deferred),
-                         mode_name);
+INSTANTIATE_TEST_SUITE_P(Timing, CudaShardGroupFakeDevice, testing_support::fake_timings(),
+                         testing_support::fake_timing_name);
 
 TEST_P(CudaShardGroupFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
   struct Case {

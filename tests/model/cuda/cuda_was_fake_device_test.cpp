@@ -36,21 +36,16 @@ namespace model_cuda_cuda_was_fake_device_test {
 namespace fc = testing_support::fake_cuda;
 namespace sidp = model::sidp;
 
-std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
-  return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
-}
-
-class CudaWasFakeDevice : public ::testing::TestWithParam<fc::Execution> {
+class CudaWasFakeDevice : public testing_support::FakeDeviceTimingTest {
  protected:
   void SetUp() override {
-    fc::reset(GetParam());
+    FakeDeviceTimingTest::SetUp();
     fc::set_device_count(2);
   }
-  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Timing, CudaWasFakeDevice, ::testing::Values(fc::Execution::immediate, fc::Execution::deferred),
-                         mode_name);
+INSTANTIATE_TEST_SUITE_P(Timing, CudaWasFakeDevice, testing_support::fake_timings(),
+                         testing_support::fake_timing_name);
 
 struct Rank {
   std::shared_ptr<sidp::CudaLayerOwner> owner;

@@ -44,6 +44,23 @@ inline void expect_fake_device_clean_and_reset() {
   fc::reset(fc::Execution::immediate);
 }
 
+/// A fake-device test run in both timings of the fake (TEST_P over
+/// fake_timings(), named by fake_timing_name): the fake is reset to the
+/// timing before the test, and must be clean after it.
+class FakeDeviceTimingTest : public ::testing::TestWithParam<fake_cuda::Execution> {
+ protected:
+  void SetUp() override { fake_cuda::reset(GetParam()); }
+  void TearDown() override { expect_fake_device_clean_and_reset(); }
+};
+
+inline auto fake_timings() {
+  return ::testing::Values(fake_cuda::Execution::immediate, fake_cuda::Execution::deferred);
+}
+
+inline std::string fake_timing_name(const ::testing::TestParamInfo<fake_cuda::Execution>& info) {
+  return info.param == fake_cuda::Execution::immediate ? "Immediate" : "Deferred";
+}
+
 /// The config.json of dummy architecture `name` ("qwen3", "qwen2", "llama3").
 inline nlohmann::json dummy_arch(const std::string& name) {
   nlohmann::json cfg;

@@ -31,10 +31,6 @@ using kernels::cuda::DeviceBuffer;
 
 constexpr int kRanks = 3;
 
-std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
-  return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
-}
-
 /// A group of kRanks device communicators over one in-process host group.
 std::vector<std::unique_ptr<comm::Communicator>> device_group(int ranks = kRanks) {
   auto group = comm::InProcGroup::create(ranks);
@@ -102,14 +98,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-class InProcDeviceComm : public ::testing::TestWithParam<fc::Execution> {
- protected:
-  void SetUp() override { fc::reset(GetParam()); }
-  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
-};
+class InProcDeviceComm : public testing_support::FakeDeviceTimingTest {};
 
-INSTANTIATE_TEST_SUITE_P(Timing, InProcDeviceComm,
-                         ::testing::Values(fc::Execution::immediate, fc::Execution::deferred), mode_name);
+INSTANTIATE_TEST_SUITE_P(Timing, InProcDeviceComm, testing_support::fake_timings(),
+                         testing_support::fake_timing_name);
 
 TEST_P(InProcDeviceComm, AllReduceIsBitIdenticalToTheHostCommunicatorsRankOrderSum) {
   constexpr std::size_t n = 1001;  // slices of 334, 334, 333

@@ -28,21 +28,16 @@ namespace model_cuda_nccl_fake_device_test {
 
 namespace fc = testing_support::fake_cuda;
 
-std::string mode_name(const ::testing::TestParamInfo<fc::Execution>& info) {
-  return info.param == fc::Execution::immediate ? "Immediate" : "Deferred";
-}
-
-class NcclFakeDevice : public ::testing::TestWithParam<fc::Execution> {
+class NcclFakeDevice : public testing_support::FakeDeviceTimingTest {
  protected:
   void SetUp() override {
-    fc::reset(GetParam());
+    FakeDeviceTimingTest::SetUp();
     fc::set_device_count(3);
   }
-  void TearDown() override { testing_support::expect_fake_device_clean_and_reset(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Timing, NcclFakeDevice, ::testing::Values(fc::Execution::immediate, fc::Execution::deferred),
-                         mode_name);
+INSTANTIATE_TEST_SUITE_P(Timing, NcclFakeDevice, testing_support::fake_timings(),
+                         testing_support::fake_timing_name);
 
 #if SHARDLINE_HAVE_NCCL
 
