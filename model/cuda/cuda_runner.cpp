@@ -188,7 +188,22 @@ struct CudaModelRunner::Impl {
   std::unique_ptr<kcu::GemmContext> gemm;
   kcu::GemmMode mode = kcu::GemmMode::fast;
 
-  std::shared_ptr<CudaFfnWeights> ffn;  // SiDP: every layer's FFN weights (null: the arena's)
+  std::shared_ptr<CudaFfnExecutor> ffn;  // SiDP: runs every layer's FFN (null: the arena's weights)
+  /// The FFN math this runner lends to `ffn`.
+  struct FfnMath final : CudaFfnCompute {
+    Impl* m = nullptr;
+    [[nodiscard]] int device() const override { return m->o.device_index; }
+    [[nodiscard]] CUstream_st* stream() const override { return m->stream; }
+    [[nodiscard]] Status ffn(const CudaFfnLayerWeights& w, const float* x, int rows, float* out,
+                             bool accumulate) override {
+      return m->ffn_rows(w, x, rows, out, accumulate);
+    }
+    [[nodiscard]] Status add(float* out, const float* in, long count) override {
+      return kcu::add_inplace(out, in, count, m->stream);
+    }
+    [[nodiscard]] Status sync() override { return cuda_status("FFN executor's sync", cudaStreamSynchronize(m->stream)); }
+  };
+  FfnMath ffn_math;
   kcu::DeviceBuffer weights;     // arena
   kcu::DeviceBuffer kv;          // [layers, 2, num_kv_blocks, kv_heads, ...] (empty with o.kv_memory)
   char* kv_data = nullptr;       // the cache: kv's memory or o.kv_memory
@@ -477,39 +492,35 @@ struct CudaModelRunner::Impl {
     return kcu::rms_norm(residual, hidden, w.post_attention_norm, normed, hidden, rows, hidden, eps, stream);
   }
 
-  /// The FFN half: gate_up, SwiGLU, down into the residual (all-reduced
-  /// under TP).
-  Status ffn_block(const DeviceLayer& layer_weights, int layer, const StepRows& r) {
+  /// out[rows, hidden] = (or +=) the FFN of x[rows, hidden] with weights
+  /// `w`, in chunks of rows_cap rows (the gate_up / mlp workspaces' rows).
+  Status ffn_rows(const CudaFfnLayerWeights& w, const float* x, int rows, float* out, bool accumulate) {
     const int hidden = c.hidden_size;
     const int inter = lay.inter_t;
-    const int rows = r.rows;
-    DeviceLayer w = layer_weights;
-    if (ffn) {  // SiDP: this layer's FFN weights from their provider
-      Result<CudaFfnLayerWeights> got = ffn->acquire(lay.layer_begin + layer);
-      if (!got) return got.error();
-      w.gate_up = got->gate_up;
-      w.down = got->down;
-    }
-    if (Status s = gemm->linear(normed, hidden, rows, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter, false,
-                                mode, stream);
-        !s)
-      return s;
-    if (Status s = kcu::silu_and_mul(gate_up, mlp, rows, inter, stream); !s) return s;
-    if (ffn) {
-      if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, residual, hidden, true, mode, stream);
+    for (int r0 = 0; r0 < rows; r0 += rows_cap) {
+      const int n = std::min(rows_cap, rows - r0);
+      const float* xi = x + static_cast<std::size_t>(r0) * hidden;
+      float* oi = out + static_cast<std::size_t>(r0) * hidden;
+      if (Status s = gemm->linear(xi, hidden, n, hidden, w.gate_up, wdt, 2 * inter, gate_up, 2 * inter, false, mode,
+                                  stream);
           !s)
         return s;
-      // The GEMMs read the provider's memory: done before it may reuse it.
-      if (Status s = cuda_status("sync before the FFN weights' release", cudaStreamSynchronize(stream)); !s) return s;
-      ffn->release(lay.layer_begin + layer);
-      return Status::ok_status();
+      if (Status s = kcu::silu_and_mul(gate_up, mlp, n, inter, stream); !s) return s;
+      if (Status s = gemm->linear(mlp, inter, n, inter, w.down, wdt, hidden, oi, hidden, accumulate, mode, stream); !s)
+        return s;
     }
-    if (spec.tp == 1)
-      return gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, residual, hidden, true, mode, stream);
-    if (Status s = gemm->linear(mlp, inter, rows, inter, w.down, wdt, hidden, proj, hidden, false, mode, stream); !s)
-      return s;
-    if (Status s = all_reduce(proj, r.rows_x(hidden)); !s) return s;
-    return kcu::add_inplace(residual, proj, static_cast<long>(r.rows_x(hidden)), stream);
+    return Status::ok_status();
+  }
+
+  /// The FFN half: gate_up, SwiGLU, down into the residual (all-reduced
+  /// under TP); a SiDP rank's through its executor.
+  Status ffn_block(const DeviceLayer& w, int layer, const StepRows& r) {
+    if (ffn) return ffn->forward(lay.layer_begin + layer, normed, r.rows, residual);
+    const CudaFfnLayerWeights fw{w.gate_up, w.down};
+    if (spec.tp == 1) return ffn_rows(fw, normed, r.rows, residual, true);
+    if (Status s = ffn_rows(fw, normed, r.rows, proj, false); !s) return s;
+    if (Status s = all_reduce(proj, r.rows_x(c.hidden_size)); !s) return s;
+    return kcu::add_inplace(residual, proj, static_cast<long>(r.rows_x(c.hidden_size)), stream);
   }
 
   /// The last stage's logits of num_logits step rows (under SP, every
@@ -1109,7 +1120,9 @@ CudaModelRunner::CudaModelRunner(std::unique_ptr<Impl> impl, ModelConfig config,
     : impl_(std::move(impl)), config_(std::move(config)), options_(std::move(options)), spec_(spec) {}
 
 CudaModelRunner::~CudaModelRunner() {
-  if (impl_) (void)cudaSetDevice(options_.device_index);
+  if (!impl_) return;
+  (void)cudaSetDevice(options_.device_index);
+  if (impl_->ffn) impl_->ffn->bind(nullptr);
 }
 
 std::vector<int> CudaModelRunner::captured_batch_sizes() const {
@@ -1121,7 +1134,7 @@ std::vector<int> CudaModelRunner::captured_batch_sizes() const {
 Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr<const ModelWeights> weights,
                                                                  const CudaRunnerOptions& options,
                                                                  const ShardSpec& spec, ShardComms comms,
-                                                                 std::shared_ptr<CudaFfnWeights> ffn) {
+                                                                 std::shared_ptr<CudaFfnExecutor> ffn) {
   if (!weights) return make_error(ErrorCode::invalid_argument, "cuda runner: no weights");
   if (ffn && !spec.is_whole_model())
     return make_error(ErrorCode::invalid_argument, "cuda runner: SiDP's FFN provider runs on whole-model ranks");
@@ -1132,7 +1145,7 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   if (Status s = check_cuda_spec(c, spec, comms); !s) return s.error();
   if (!spec.is_whole_model()) o.cuda_graphs = false;  // a collective or a send waits on the host: not capturable
   if (!o.upload_weights) o.cuda_graphs = false;       // a graph would hold the weight arena's addresses
-  if (ffn) o.cuda_graphs = false;                     // SiDP: acquire / release run on the host between layers
+  if (ffn) o.cuda_graphs = false;                     // SiDP: the executor works on the host between layers
   if (Status s = select_device(o.device_index); !s) return s.error();
 
   auto impl = std::make_unique<Impl>();
@@ -1171,6 +1184,8 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   // the runner's non-blocking stream does not wait for: finish them first.
   if (Status s = cuda_status("setup", cudaDeviceSynchronize()); !s) return s.error();
   m.capture_graphs_or_run_eager();
+  m.ffn_math.m = &m;
+  if (m.ffn) m.ffn->bind(&m.ffn_math);
 
   auto runner = std::unique_ptr<CudaModelRunner>(new CudaModelRunner(std::move(impl), c, o, spec));
   runner->weight_bytes_ = *weight_bytes;
@@ -1311,8 +1326,11 @@ Result<model::StepOutput> CudaModelRunner::run_step(const model::StepInput& in) 
     const std::size_t residual_bytes = static_cast<std::size_t>(m.chunk_rows(n)) * config_.hidden_size * sizeof(float);
     if (!spec_.first_stage())
       if (Status s = m.pp_comm->recv(m.residual, residual_bytes, spec_.stage - 1, kResidualTag); !s) return s.error();
+    if (m.ffn)
+      if (Status s = m.ffn->begin_step(n); !s) return s.error();
     if (Status s = m.forward(n, num_seqs, packed->max_num_q, packed->max_context_len, num_logits); !s)
       return s.error();
+    if (m.ffn) m.ffn->end_step();
     if (!spec_.last_stage()) {
       // The residual goes on to the next stage, once this stream wrote it;
       // this stage has no logits (the group takes the last stage's output).

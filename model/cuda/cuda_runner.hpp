@@ -57,6 +57,8 @@
 #include "model/shard_runner.hpp"
 #include "model/weights.hpp"
 
+struct CUstream_st;
+
 namespace shardline::model {
 
 struct CudaRunnerOptions {
@@ -103,22 +105,55 @@ struct CudaFfnLayerWeights {
   const void* down = nullptr;
 };
 
-/// Where a CUDA runner's FFN weights come from when it holds none of its own
-/// (SiDP, seed 002 §4.1: each FFN has one owner rank; model/cuda/sidp). The
-/// runner still runs the FFN's GEMMs, on its stream, with the weights
-/// acquire() gives; it waits for its stream before release(), so the
-/// provider may reuse the memory at once (WaS's cache slots, §4.2).
-/// Called from the runner's stepping thread.
-class CudaFfnWeights {
+/// The CUDA runner's FFN math, lent to its CudaFfnExecutor (bind): one
+/// decoder layer's FFN GEMMs and SwiGLU on the runner's stream, with its
+/// workspaces. Used from the runner's stepping thread.
+class CudaFfnCompute {
  public:
-  virtual ~CudaFfnWeights() = default;
-  /// Layer `layer`'s weights, on the runner's device (or one it may read).
-  /// May wait for a transfer. Errors: the transfer's (io: an owner stayed
-  /// down), internal.
-  [[nodiscard]] virtual Result<CudaFfnLayerWeights> acquire(int layer) = 0;
-  /// The layer's GEMMs are complete: its weights' memory may be reused.
-  virtual void release(int layer) = 0;
-  /// A step failed part-way (between acquire and release, perhaps).
+  virtual ~CudaFfnCompute() = default;
+  /// The runner's CUDA device.
+  [[nodiscard]] virtual int device() const = 0;
+  /// The runner's stream (a cudaStream_t).
+  [[nodiscard]] virtual CUstream_st* stream() const = 0;
+  /// Enqueues out[rows, hidden] F32 = (or, with accumulate, +=)
+  /// down(silu(x gate^T) * (x up^T)) of x[rows, hidden] F32 with weights
+  /// `w`, all device memory. Any number of rows: they run in chunks of the
+  /// runner's activation rows (max_num_batched_tokens), each a GEMM chain of
+  /// its own (row results are the same: the kernels are batch-invariant in
+  /// deterministic mode). Errors: internal (a kernel or GEMM failed).
+  [[nodiscard]] virtual Status ffn(const CudaFfnLayerWeights& w, const float* x, int rows, float* out,
+                                   bool accumulate) = 0;
+  /// Enqueues out[count] += in[count] (device F32). Errors: internal.
+  [[nodiscard]] virtual Status add(float* out, const float* in, long count) = 0;
+  /// Waits for the stream's work. Errors: internal.
+  [[nodiscard]] virtual Status sync() = 0;
+};
+
+/// What runs a CUDA runner's FFNs when it holds no FFN weights of its own
+/// (SiDP, seed 002 §4.1: "treats each Transformer FFN as a pluggable
+/// module"; model/cuda/sidp/cuda_sidp_ffn.hpp): WaS brings the weights and
+/// runs the runner's FFN math on them; CaS sends the rows to the layer's
+/// owner. Called from the runner's stepping thread.
+class CudaFfnExecutor {
+ public:
+  virtual ~CudaFfnExecutor() = default;
+  /// The runner lends its FFN math when it is made, and takes it back (null)
+  /// when it is destroyed. The executor may use it between steps too (a
+  /// CaS owner's dummy steps) from the same thread.
+  virtual void bind(CudaFfnCompute* compute) = 0;
+  /// Before a step's first layer, with the step's token rows on this rank.
+  /// Errors: io (a peer of a synchronised group is gone).
+  [[nodiscard]] virtual Status begin_step(int num_rows) = 0;
+  /// residual[rows, hidden] += the FFN of decoder layer `layer` of
+  /// x[rows, hidden] (device F32: the post-attention RMSNorm's output, still
+  /// being written by the stream's work), enqueued on the compute's stream
+  /// or done. Memory the executor lends to the GEMMs (a cache slot, a
+  /// staging buffer) is reused only after it waited for the stream.
+  /// Errors: io (an owner or a peer is gone past its timeout), internal.
+  [[nodiscard]] virtual Status forward(int layer, const float* x, int rows, float* residual) = 0;
+  /// After a step's last layer (begin_step and every forward succeeded).
+  virtual void end_step() = 0;
+  /// A step failed part-way: drop whatever it left in flight.
   virtual void abort_step() = 0;
 };
 
@@ -168,12 +203,13 @@ class CudaModelRunner final : public model::ModelExecutor {
   /// another size or rank, or on host memory.
   ///
   /// With `ffn` (SiDP's ranks: the whole model, one device each) the runner
-  /// uploads no FFN weights: every layer's come from `ffn` (see
-  /// CudaFfnWeights), and no decode graph is captured (acquire is on the
-  /// host). invalid_argument with a sharded spec.
+  /// uploads no FFN weights: every layer's FFN runs through `ffn` (see
+  /// CudaFfnExecutor; bound to this runner's FFN math until it is
+  /// destroyed), and no decode graph is captured (the executor works on the
+  /// host between layers). invalid_argument with a sharded spec.
   [[nodiscard]] static Result<std::unique_ptr<CudaModelRunner>> create(
       std::shared_ptr<const ModelWeights> weights, const CudaRunnerOptions& options, const ShardSpec& spec = {},
-      ShardComms comms = {}, std::shared_ptr<CudaFfnWeights> ffn = nullptr);
+      ShardComms comms = {}, std::shared_ptr<CudaFfnExecutor> ffn = nullptr);
   ~CudaModelRunner() override;
   CudaModelRunner(const CudaModelRunner&) = delete;
   CudaModelRunner& operator=(const CudaModelRunner&) = delete;

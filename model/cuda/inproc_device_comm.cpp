@@ -263,7 +263,7 @@ Status InProcDeviceCommunicator::send(const void* data, std::size_t bytes, int p
   if (ack == P2pAck::refused)
     return make_error(ErrorCode::invalid_argument, "device communicator: send of " + std::to_string(bytes) +
                                                        " bytes to rank " + std::to_string(peer) +
-                                                       " refused: its recv has another size or device");
+                                                       " refused: its recv has another size");
   if (ack != P2pAck::copied)
     return make_error(ErrorCode::io, "device communicator: rank " + std::to_string(peer) +
                                          " failed to copy the send of rank " + std::to_string(rank()));
@@ -277,13 +277,14 @@ Status InProcDeviceCommunicator::recv(void* data, std::size_t bytes, int peer, i
   if (Status s = host_->recv(&post, sizeof post, peer, tag); !s) return s;
   Status work = Status::ok_status();
   P2pAck ack = P2pAck::copied;
-  if (post.bytes != bytes || post.device != static_cast<std::uint64_t>(device_)) {
+  if (post.bytes != bytes) {
     ack = P2pAck::refused;
     work = make_error(ErrorCode::invalid_argument,
                       "device communicator: recv of " + std::to_string(bytes) + " bytes on device " +
                           std::to_string(device_) + " from rank " + std::to_string(peer) + ", which sent " +
                           std::to_string(post.bytes) + " bytes on device " + std::to_string(post.device));
   } else if (bytes > 0) {
+    // From another GPU of the process this is a peer copy (unified addressing).
     work = cuda_status(cudaMemcpyAsync(data, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(post.address)),
                                        bytes, cudaMemcpyDeviceToDevice, stream_),
                        "recv copy");

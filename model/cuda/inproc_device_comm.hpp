@@ -17,11 +17,13 @@
 /// call returns when every rank's results are in place. Not capturable in a
 /// CUDA graph.
 ///
-/// Point to point (PP's residual between stages): a rendezvous, as NCCL's
-/// ncclSend / ncclRecv are. send() posts its buffer's address to the peer
-/// and returns once the peer's recv() has copied it (so, unlike the host
-/// contract in comm/communicator.hpp, a send waits for its recv, up to the
-/// timeout).
+/// Point to point (PP's residual between stages, SiDP's CaS rows): a
+/// rendezvous, as NCCL's ncclSend / ncclRecv are. send() posts its buffer's
+/// address to the peer and returns once the peer's recv() has copied it (so,
+/// unlike the host contract in comm/communicator.hpp, a send waits for its
+/// recv, up to the timeout). The two ranks may be on different GPUs of the
+/// process (the receiver's copy is then a peer copy, as get's); collectives
+/// need every rank on one GPU.
 ///
 /// One-sided: expose / get over device memory (get is a device copy on this
 /// communicator's stream, under the host group's region bookkeeping, so an
@@ -70,13 +72,13 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   /// Device data[bytes] to `peer` under `tag` (>= 0: the negative tags
   /// carry the acknowledgements); returns once the peer has copied it.
   /// Errors: invalid_argument (a negative tag, a null buffer, a peer outside
-  /// the group or itself; the peer's recv of another size or on another
-  /// device: then both calls fail); io (the host group's timeout, a dead
+  /// the group or itself; the peer's recv of another size: then both calls
+  /// fail); io (the host group's timeout, a dead
   /// peer, a failed copy on the receiving side).
   [[nodiscard]] Status send(const void* data, std::size_t bytes, int peer, int tag) override;
   /// The next message of `peer` under `tag` into device data[bytes]: a
-  /// device-to-device copy on this communicator's stream, waited for, then
-  /// acknowledged. Errors: as send's; `mismatch` is invalid_argument here
+  /// device-to-device copy (a peer copy from another GPU) on this
+  /// communicator's stream, waited for, then acknowledged. Errors: as send's; `mismatch` is invalid_argument here
   /// (the message is consumed and its send fails too).
   [[nodiscard]] Status recv(void* data, std::size_t bytes, int peer, int tag) override;
   /// Makes device data[bytes] (this rank's GPU's memory) readable by the
@@ -94,6 +96,13 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   /// io (a dead peer, a failed copy).
   [[nodiscard]] Status get(int peer, std::string name, std::size_t offset, void* dst, std::size_t bytes) override;
   [[nodiscard]] std::uint64_t bytes_sent() const noexcept override { return bytes_sent_; }
+
+  /// The host communicator it wraps: the same ranks, for host buffers (a
+  /// SiDP rank's step control). Its calls must follow the same order on
+  /// every rank as this one's.
+  [[nodiscard]] comm::Communicator& host() noexcept { return *host_; }
+  /// The CUDA device of this rank's buffers.
+  [[nodiscard]] int device() const noexcept { return device_; }
 
  private:
   /// What a rank posts for one collective; exchanged over the host group.

@@ -35,12 +35,6 @@
 
 namespace shardline::model::sidp {
 
-struct SidpFfnOptions {
-  WeightCacheOptions cache;          ///< WaS cache slots and owner wait
-  bool peak_shifting = true;         ///< §4.2's per-rank shifted prefetch order
-  SidpMode initial_mode = SidpMode::was;
-};
-
 class SidpFfn final : public FfnExecutor, public SidpRankFfn {
  public:
   /// `owner` is this rank's LayerOwner (loaded, or loaded later: its layers

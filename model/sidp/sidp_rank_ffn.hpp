@@ -62,6 +62,13 @@ struct SidpFfnStats {
   WeightCacheStats cache;               ///< zeros when the rank owns every layer
 };
 
+/// A rank's SiDP settings (every device).
+struct SidpFfnOptions {
+  WeightCacheOptions cache;          ///< WaS cache slots and owner wait
+  bool peak_shifting = true;         ///< §4.2's per-rank shifted prefetch order
+  SidpMode initial_mode = SidpMode::was;
+};
+
 class SidpRankFfn {
  public:
   virtual ~SidpRankFfn();

@@ -71,6 +71,7 @@ Status CudaLayerOwner::load(const ModelWeights& host, comm::Communicator& weight
       return s;
     }
   comm_ = &weights_comm;
+  changed_.notify_all();
   return Status::ok_status();
 }
 
@@ -83,8 +84,44 @@ void CudaLayerOwner::unload_locked() {
 }
 
 void CudaLayerOwner::unload() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait(lock, [&] { return leases_ == 0; });  // the runner's GEMMs on them are done
   unload_locked();
+  changed_.notify_all();
+}
+
+Result<CudaLayerOwner::Lease> CudaLayerOwner::acquire(int layer, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (plan_.owner(layer) != rank_)
+    return make_error(ErrorCode::invalid_argument, "sidp cuda owner " + std::to_string(rank_) + ": layer " +
+                                                       std::to_string(layer) + " is rank " +
+                                                       std::to_string(plan_.owner(layer)) + "'s");
+  if (!changed_.wait_for(lock, timeout, [&] { return comm_ != nullptr; }))
+    return make_error(ErrorCode::io, "sidp cuda owner " + std::to_string(rank_) + ": layer " + std::to_string(layer) +
+                                         "'s FFN not loaded within " + std::to_string(timeout.count()) + " ms");
+  ++leases_;
+  return Lease(this, regions_.at(layer).data());
+}
+
+CudaLayerOwner::Lease& CudaLayerOwner::Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = o.owner_;
+    region_ = o.region_;
+    o.owner_ = nullptr;
+  }
+  return *this;
+}
+
+void CudaLayerOwner::Lease::reset() {
+  if (owner_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(owner_->mu_);
+    --owner_->leases_;
+  }
+  owner_->changed_.notify_all();
+  owner_ = nullptr;
+  region_ = nullptr;
 }
 
 bool CudaLayerOwner::loaded() const {

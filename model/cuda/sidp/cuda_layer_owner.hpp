@@ -4,7 +4,7 @@
 /// FFN weights of the layers one data-parallel rank owns, in its GPU's
 /// memory, one region per layer in the CUDA runner's layout, exposed on a
 /// device communicator so that the other ranks read them with one-sided
-/// gets (WaS, §4.2: model/cuda/sidp/cuda_was.hpp) and the owning rank
+/// gets (WaS, §4.2: model/cuda/sidp/cuda_sidp_ffn.hpp) and the owning rank
 /// computes with them in place.
 ///
 /// Region of layer l, named sidp::ffn_region_name(l), cuda_ffn_layout().bytes:
@@ -15,8 +15,10 @@
 /// Killing an owner (unload) withdraws its regions (waiting for gets in
 /// flight) and frees them; readers then get not_found and wait. load again
 /// uploads from the host copy of the model: the bytes are identical.
-/// Thread-safe: load / unload / region are serialised.
+/// Thread-safe: load / unload / region / acquire are serialised.
 
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -52,11 +54,37 @@ class CudaLayerOwner {
   /// naming the bytes, invalid_argument (a host copy without the matrices),
   /// internal, the communicator's.
   [[nodiscard]] Status load(const ModelWeights& host, comm::Communicator& weights_comm);
-  /// Withdraws and frees the regions (readers get not_found until a load).
+  /// Withdraws and frees the regions (readers get not_found until a load),
+  /// once the leases taken before are dropped.
   void unload();
   [[nodiscard]] bool loaded() const;
   /// Owned layer `layer`'s region on the device; null when not owned or not loaded.
   [[nodiscard]] const void* region(int layer) const;
+
+  /// Holds the owner's regions: unload waits until every lease is gone.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept : owner_(o.owner_), region_(o.region_) { o.owner_ = nullptr; }
+    Lease& operator=(Lease&& o) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { reset(); }
+    /// The layer's region (device memory), valid while the lease lives.
+    [[nodiscard]] const void* region() const { return region_; }
+    void reset();
+
+   private:
+    friend class CudaLayerOwner;
+    Lease(const CudaLayerOwner* owner, const void* region) : owner_(owner), region_(region) {}
+    const CudaLayerOwner* owner_ = nullptr;
+    const void* region_ = nullptr;
+  };
+  /// Owned layer `layer`'s region, waiting up to `timeout` for a load (a
+  /// respawned owner); the regions stay until the lease is dropped.
+  /// Errors: invalid_argument (a layer this rank does not own), io (not
+  /// loaded within `timeout`).
+  [[nodiscard]] Result<Lease> acquire(int layer, std::chrono::milliseconds timeout) const;
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int device() const { return device_; }
@@ -74,6 +102,8 @@ class CudaLayerOwner {
   int device_;
   FfnLayout layout_;
   mutable std::mutex mu_;
+  mutable std::condition_variable changed_;  ///< a load, an unload or a lease dropped
+  mutable int leases_ = 0;                    ///< leases alive
   comm::Communicator* comm_ = nullptr;                    ///< where the regions are exposed (while loaded)
   std::map<int, kernels::cuda::DeviceBuffer> regions_;   ///< by owned layer
 };

@@ -319,5 +319,36 @@ TEST_P(InProcDeviceComm, SendAndRecvCopyDeviceBuffersAsARendezvous) {
   EXPECT_EQ(dev[1]->recv(f(dst), 4, 2, 1).error().code, ErrorCode::invalid_argument);
 }
 
+// Send / recv between ranks on two GPUs of the process (SiDP's CaS rows on
+// `cuda:0,1`): the receiver's copy is a peer copy; the bytes are exact and
+// neither side reports an anomaly.
+TEST_P(InProcDeviceComm, SendAndRecvCrossTwoGpus) {
+  fc::set_device_count(2);
+  auto group = comm::InProcGroup::create(2);
+  ASSERT_TRUE(group.ok());
+  std::vector<std::unique_ptr<InProcDeviceCommunicator>> dev;
+  for (int r = 0; r < 2; ++r) {
+    auto d = InProcDeviceCommunicator::create(std::move((*group)->communicator(r)).value(), r);
+    ASSERT_TRUE(d.ok()) << d.error().to_string();
+    dev.push_back(std::move(d).value());
+  }
+  EXPECT_EQ(dev[1]->device(), 1);
+  constexpr std::size_t n = 53;
+  const std::vector<float> sent = awkward(3, n);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  DeviceBuffer src = device_copy(sent);
+  settle();
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  DeviceBuffer dst = device_copy(std::vector<float>(n, -1.0f));
+  settle();
+  const auto st = on_ranks(2, [&](int r) -> Status {
+    if (cudaSetDevice(r) != cudaSuccess) return make_error(ErrorCode::internal, "set device");
+    return r == 0 ? dev[0]->send(src.data(), n * 4, 1, 5) : dev[1]->recv(dst.data(), n * 4, 0, 5);
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.error().to_string();
+  EXPECT_TRUE(same_bits(host_copy(dst, n), sent));
+  EXPECT_TRUE(fc::anomalies().empty()) << fc::anomalies().front();
+}
+
 }  // namespace model_cuda_inproc_device_comm_fake_device_test
 }  // namespace shardline::model
