@@ -25,16 +25,16 @@ using OwnerActor = caf::stateful_actor<OwnerState>;
 
 void say_hello(OwnerActor* self) {
   const OwnerState& st = self->state;
-  const model::sidp::LayerOwner& owner = st.config.sidp->owner(st.config.rank);
+  const engine::SidpOwnerState owner = st.config.sidp->owner_state(st.config.rank);
   messages::LayerOwnerHello hello;
   hello.owner_name = st.config.name;
   hello.node = st.config.node_name;
   hello.group = st.config.group_name;
   hello.rank = static_cast<std::uint32_t>(st.config.rank);
-  for (int l : owner.owned_layers()) hello.layers.push_back(static_cast<std::uint32_t>(l));
-  hello.loaded = owner.loaded();
-  hello.weight_bytes = hello.loaded ? owner.weight_bytes() : 0;
-  hello.loads = static_cast<std::uint32_t>(owner.loads());
+  for (int l : owner.layers) hello.layers.push_back(static_cast<std::uint32_t>(l));
+  hello.loaded = owner.loaded;
+  hello.weight_bytes = hello.loaded ? owner.weight_bytes : 0;
+  hello.loads = static_cast<std::uint32_t>(owner.loads);
   const Signed s = sign(*st.config.key, messages::encode(messages::OrchestratorMsg{std::move(hello)}));
   self->send(st.config.orchestrator, msg_atom::value, s.tag, s.bytes);
 }
@@ -49,9 +49,9 @@ caf::behavior owner_behavior(OwnerActor* self, LayerOwnerConfig config) {
     return {};
   }
   st.loaded = true;
-  const model::sidp::LayerOwner& owner = st.config.sidp->owner(st.config.rank);
-  spdlog::info("layer owner {}: {} FFN layers loaded and exposed ({} bytes, load #{})", st.config.name,
-               owner.owned_layers().size(), owner.weight_bytes(), owner.loads());
+  const engine::SidpOwnerState owner = st.config.sidp->owner_state(st.config.rank);
+  spdlog::info("layer owner {}: {} FFN layers loaded and exposed ({} bytes{}, load #{})", st.config.name,
+               owner.layers.size(), owner.weight_bytes, st.config.sidp->cuda() ? " of GPU memory" : "", owner.loads);
   say_hello(self);
   self->delayed_send(self, std::chrono::milliseconds(st.config.heartbeat_ms), beat_atom::value);
   return {

@@ -257,12 +257,37 @@ engine::EngineOptions worker_engine_options(const NodeOptions& o, int i) {
       e.device_index = e.group_devices.front();
     } else {
       e.device_index = o.cuda_devices[static_cast<std::size_t>(i)];
+      // dp workers sharing a GPU (`cuda:0x2 --parallel dp=2`) split its memory.
+      if (g == 1 && o.cuda_ranks_per_gpu > 1) e.gpu_memory_utilization /= o.cuda_ranks_per_gpu;
     }
   } else {
     e.device = model::DeviceKind::cpu;
   }
   e.max_num_seqs = o.max_batch;
   return e;
+}
+
+/// Worker `i`'s GPUs: "0,1" (a GPU per rank), "0x2" (a group's ranks
+/// sharing GPU 0) or "0" (one GPU, perhaps shared by dp workers).
+std::string worker_gpus(const NodeOptions& o, int i) {
+  const engine::EngineOptions e = worker_engine_options(o, i);
+  std::string gpus;
+  if (!e.group_devices.empty()) {
+    for (int d : e.group_devices) gpus += (gpus.empty() ? "" : ",") + std::to_string(d);
+    return gpus;
+  }
+  const int group = o.parallel.group_size();
+  return std::to_string(e.device_index) + (group > 1 ? "x" + std::to_string(group) : "");
+}
+
+/// Worker `i`'s actor name: node/cpu:N[-M], node/cuda:GPUS, and with dp
+/// workers sharing a GPU node/cuda:0.K (K = its place on the GPU).
+std::string worker_actor_name(const NodeOptions& o, int i) {
+  if (o.device_kind != model::DeviceKind::cuda) return worker_name(o.name, i, orchestrator::group_of(o.parallel));
+  std::string name = o.name + "/cuda:" + worker_gpus(o, i);
+  if (o.parallel.group_size() == 1 && o.cuda_ranks_per_gpu > 1)
+    name += "." + std::to_string(i % o.cuda_ranks_per_gpu);
+  return name;
 }
 
 /// What Node::start checks before it creates anything (the data dir, an
@@ -292,7 +317,6 @@ Status check_node_options(const NodeOptions& o) {
     return make_error(ErrorCode::invalid_argument,
                       "--kv-replication must be >= 0, got " + std::to_string(o.kv_replication));
   if (o.sidp) {
-    if (cuda) return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU devices so far");
     if (o.parallel.group_size() != 1 || o.parallel.dp < 2)
       return make_error(ErrorCode::invalid_argument,
                         "--weight-sharing sidp needs --parallel dp=N (N >= 2, each rank one device), got " +
@@ -388,17 +412,18 @@ Result<NodeSidp> node_sidp(NodeOptions& o, const NodeShared& shared) {
   if (!o.sidp) return out;
   const engine::ParallelConfig group = orchestrator::group_of(o.parallel);
   o.sidp->dp = o.parallel.dp;
-  engine::EngineOptions base = o.engine;
+  engine::EngineOptions base = worker_engine_options(o, 0);
   base.parallel = group;
-  base.device = model::DeviceKind::cpu;
-  base.max_num_seqs = o.max_batch;
+  o.sidp->rank_devices.clear();
+  if (base.device == model::DeviceKind::cuda)
+    for (int i = 0; i < o.parallel.dp; ++i) o.sidp->rank_devices.push_back(worker_engine_options(o, i).device_index);
   auto made = engine::SidpNodeGroup::create(base, *o.sidp);
   if (!made) return std::move(made).error();
   out.group = std::move(made).value();
   out.group_name = o.name + "/sidp";
   for (int i = 0; i < o.parallel.dp; ++i) {
     LayerOwnerConfig oc;
-    oc.name = worker_name(o.name, i, group) + "/owner";
+    oc.name = worker_actor_name(o, i) + "/owner";
     oc.node_name = o.name;
     oc.group_name = out.group_name;
     oc.rank = i;
@@ -413,26 +438,13 @@ Result<NodeSidp> node_sidp(NodeOptions& o, const NodeShared& shared) {
 
 /// One worker per engine group (dp of them), named after its devices.
 std::vector<WorkerConfig> node_workers(const NodeOptions& o, const NodeShared& shared, const NodeSidp& sidp) {
-  const engine::ParallelConfig group = orchestrator::group_of(o.parallel);
   std::vector<WorkerConfig> workers;
   for (int i = 0; i < o.parallel.dp; ++i) {
     WorkerConfig wc;
     wc.node_name = o.name;
     wc.engine = worker_engine_options(o, i);
-    if (o.device_kind == model::DeviceKind::cuda) {
-      std::string gpus;  // "0x2" (ranks sharing GPU 0) or "0,1" (a GPU per rank)
-      if (!wc.engine.group_devices.empty()) {
-        for (int d : wc.engine.group_devices) gpus += (gpus.empty() ? "" : ",") + std::to_string(d);
-      } else {
-        const int group = o.parallel.group_size();
-        gpus = std::to_string(wc.engine.device_index) + (group > 1 ? "x" + std::to_string(group) : "");
-      }
-      wc.name = o.name + "/cuda:" + gpus;
-      wc.device = "cuda:" + gpus;
-    } else {
-      wc.name = worker_name(o.name, i, group);
-      wc.device = "cpu";
-    }
+    wc.name = worker_actor_name(o, i);
+    wc.device = o.device_kind == model::DeviceKind::cuda ? "cuda:" + worker_gpus(o, i) : "cpu";
     wc.max_batch = o.max_batch;
     wc.orchestrator = shared.orchestrator;
     wc.key = shared.key;

@@ -43,7 +43,10 @@ struct NodeOptions {
   /// of ranks sharing its GPU (model::CudaShardGroup). With
   /// cuda_ranks_per_gpu = 1 and tp * pp * sp = g > 1, worker i's group is
   /// GPUs [i * g, (i + 1) * g) of the list instead (g * dp GPUs), a rank on
-  /// each (`cuda:0,1 --parallel tp=2`; the ranks talk over NCCL).
+  /// each (`cuda:0,1 --parallel tp=2`; the ranks talk over NCCL). With
+  /// tp * pp * sp = 1 and cuda_ranks_per_gpu = K > 1, the list holds each GPU
+  /// K times: K single-device workers share it (`cuda:0x2 --parallel dp=2`;
+  /// each plans 1/K of --gpu-memory-utilization).
   model::DeviceKind device_kind = model::DeviceKind::cpu;
   std::vector<int> cuda_devices;
   int cuda_ranks_per_gpu = 1;

@@ -175,7 +175,9 @@ std::string describe_workers(const actors::NodeOptions& o) {
     const int group = o.parallel.group_size();
     const std::string shape = "each a group of [tp=" + std::to_string(o.parallel.tp) + ",pp=" +
                               std::to_string(o.parallel.pp) + ",sp=" + std::to_string(o.parallel.sp) + "]: ";
-    const std::string each = group == 1 ? "one device each"
+    const std::string each = group == 1 ? (o.cuda_ranks_per_gpu > 1 ? std::to_string(o.cuda_ranks_per_gpu) +
+                                                                          " workers sharing each GPU"
+                                                                    : "one device each")
                              : o.cuda_ranks_per_gpu == 1
                                  ? shape + "a GPU per rank, over NCCL"
                                  : shape + std::to_string(group) + " ranks sharing its GPU";
@@ -201,7 +203,7 @@ void add_placement_flags(CLI::App& cmd, std::string& devices, std::string& paral
   cmd.add_option("--devices", devices,
                  "cpu:N; must be tp*pp*sp*dp of --parallel (default: that many; cpu:1 without --parallel, where "
                  "cpu:N means N single-device workers); or cuda:LIST (cuda:0, cuda:0,1, cuda:0-3): one "
-                 "single-device worker per GPU, or with --parallel tp*pp*sp > 1 a GPU per rank (tp*pp*sp*dp GPUs; the ranks talk over NCCL); cuda:0x2: two ranks sharing GPU 0 (tp=2 without --parallel; --parallel pp=2 or sp=2 makes them pipeline stages or Ulysses ranks)");
+                 "single-device worker per GPU, or with --parallel tp*pp*sp > 1 a GPU per rank (tp*pp*sp*dp GPUs; the ranks talk over NCCL); cuda:0x2: two ranks sharing GPU 0 (tp=2 without --parallel; --parallel pp=2 or sp=2 makes them pipeline stages or Ulysses ranks; --parallel dp=2 makes them two single-device workers, e.g. for --weight-sharing sidp)");
   cmd.add_option("--parallel,--parallel-prefill", parallel,
                  "tp=..,pp=..,sp=..,dp=..: dp workers, each one engine group of tp*pp*sp devices (default: single); "
                  "with --parallel-decode, the config prefill runs in (Seesaw's cp). `run --parallel auto`: the "

@@ -83,6 +83,13 @@ Result<NodeDevices> resolve_cuda_devices(const std::string& devices, const std::
                           "--devices " + devices + " gives " + std::to_string(n) + " GPUs but --parallel " +
                               given->to_string() + " needs tp*pp*sp*dp = " + std::to_string(group * given->dp) +
                               " (one per rank; for ranks sharing a GPU write cuda:0x" + std::to_string(group) + ")");
+    } else if (group == 1 && k > 1) {
+      // dp single-device workers sharing each GPU (`cuda:0x2 --parallel dp=2`).
+      if (given->dp != n * k)
+        return make_error(ErrorCode::invalid_argument,
+                          "--devices " + devices + " puts " + std::to_string(k) + " workers on each of " +
+                              std::to_string(n) + " GPUs but --parallel " + given->to_string() + " asks dp=" +
+                              std::to_string(given->dp) + " (want " + std::to_string(n * k) + ")");
     } else if (group != k) {
       return make_error(ErrorCode::invalid_argument, "--devices " + devices + " puts " + std::to_string(k) +
                                                          " ranks on each GPU but --parallel " + given->to_string() +
@@ -96,6 +103,10 @@ Result<NodeDevices> resolve_cuda_devices(const std::string& devices, const std::
   }
   out.kind = model::DeviceKind::cuda;
   out.cuda_devices = list->indices;
+  if (pc.group_size() == 1 && k > 1) {  // each GPU's index once per worker on it
+    out.cuda_devices.clear();
+    for (int d : list->indices) out.cuda_devices.insert(out.cuda_devices.end(), static_cast<std::size_t>(k), d);
+  }
   out.cuda_ranks_per_gpu = k;
   out.num_cpu_devices = 0;
   out.parallel = pc;

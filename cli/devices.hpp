@@ -32,8 +32,11 @@ struct NodeDevices {
   int num_cpu_devices = 1;  ///< 0 with cuda
   model::DeviceKind kind = model::DeviceKind::cpu;
   /// With cuda: the GPUs. One worker per GPU (its group's ranks sharing
-  /// it) when cuda_ranks_per_gpu = tp * pp * sp; otherwise (1 rank per GPU)
-  /// worker i's group is GPUs [i * g, (i + 1) * g) of the list, g = tp * pp * sp.
+  /// it) when cuda_ranks_per_gpu = tp * pp * sp; with tp * pp * sp = 1 and
+  /// cuda_ranks_per_gpu = K > 1 (`cuda:0x2 --parallel dp=2`), K
+  /// single-device workers per GPU (the list holds each GPU K times);
+  /// otherwise (1 rank per GPU) worker i's group is GPUs [i * g, (i + 1) * g)
+  /// of the list, g = tp * pp * sp.
   std::vector<int> cuda_devices;
   int cuda_ranks_per_gpu = 1;  ///< the K of cuda:LISTxK
   engine::ParallelConfig parallel;

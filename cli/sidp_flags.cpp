@@ -11,8 +11,9 @@ namespace shardline::cli {
 
 void add_sidp_flags(CLI::App& cmd, SidpFlags& f) {
   cmd.add_option("--weight-sharing", f.weight_sharing,
-                 "sidp: the --parallel dp=N CPU workers share the FFN weights, each layer on one device's layer "
-                 "owner (SiDP, docs/sidp.md); none: each worker holds the whole model")
+                 "sidp: the --parallel dp=N workers (CPU devices; GPUs with --devices cuda: on run and node start) "
+                 "share the FFN weights, each layer on one device's layer owner (SiDP, docs/sidp.md); none: each "
+                 "worker holds the whole model")
       ->check(CLI::IsMember({"none", "sidp"}))
       ->capture_default_str();
   cmd.add_option("--sidp-ownership", f.ownership, "Which device owns each FFN layer: balanced (layer l on l mod N) "

@@ -92,7 +92,7 @@ DO_TORCH=1
 DO_GROUP=1
 GROUP_PARALLEL="tp=2"   # the group stage's bench: ranks sharing GPU 0 (issue 41)
 # gtest filter of the group stage's gpu tests (engine groups of ranks sharing GPU 0)
-GROUP_TESTS="*SharingCuda0*:*SeesawJob*:*ShiftJob*"
+GROUP_TESTS="*SharingCuda0*:*SeesawJob*:*ShiftJob*:*SidpJob*"
 FORCE_PREBUILT=0
 FORCE_BUILD=0
 DRY_RUN=0
@@ -448,8 +448,8 @@ run_gpu_tests_direct() {
 group_tests_regex() { echo "$GROUP_TESTS" | sed 's/\*//g; s/:/|/g'; }
 
 # The group stage (issue 41 item 9): the gpu tests of engine groups whose
-# ranks share GPU 0 (tp, pp, sp, Seesaw and Shift jobs against the CPU
-# groups), then the first model's bench on GROUP_PARALLEL beside its
+# ranks share GPU 0 (tp, pp, sp, Seesaw, Shift and SiDP jobs against the
+# CPU groups), then the first model's bench on GROUP_PARALLEL beside its
 # single-GPU bench.
 group_stage() {
   if (( !DO_TESTS )); then :

@@ -40,7 +40,7 @@ Status SidpStepper::after_step() {
 Result<SidpIdle> SidpStepper::idle() {
   auto changed = rank_->refresh();
   if (!changed) return changed.error();
-  model::sidp::SidpFfn& ffn = rank_->ffn();
+  model::sidp::SidpRankFfn& ffn = rank_->ffn();
   if (ffn.mode() == SidpMode::cas) {
     auto any = ffn.dummy_step();
     if (!any) {

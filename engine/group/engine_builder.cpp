@@ -145,7 +145,8 @@ Result<std::uint64_t> plan_cuda_kv_bytes(const EngineOptions& o) {
                                                : "only " + std::to_string(q.devices.size()) + " CUDA device(s)"));
   GpuMemoryPlanInput pi;
   pi.gpu_memory_utilization = o.gpu_memory_utilization;
-  pi.weight_bytes = weight_bytes_for(c, o.dtype);
+  // A SiDP rank holds the replicated weights, its owned FFN layers and its slots.
+  pi.weight_bytes = sidp_weight_bytes_for(c, o.dtype, o.sidp_owned_ffn_layers, o.sidp_cache_slots);
   pi.activation_bytes = activation_bytes_for(c, std::max(o.max_num_batched_tokens, o.max_num_seqs), o.max_num_seqs);
   pi.num_layers = c.num_hidden_layers;
   pi.num_kv_heads = c.num_key_value_heads;
@@ -240,7 +241,7 @@ Status check_engine_options(const EngineOptions& o) {
       return make_error(ErrorCode::invalid_argument,
                         "a decode parallel config (" + cd.to_string() + ") needs Seesaw's phases (--seesaw-policy)");
     if (Status st = check_decode_config(o.parallel, cd); !st) return st;
-    if (o.ffn || o.shift)
+    if (o.ffn || o.cuda_ffn || o.shift)
       return make_error(ErrorCode::unsupported,
                         "Seesaw's two parallel configs run on an engine group (CPU devices in one process or over "
                         "TCP, or CUDA ranks), not with SiDP or --shift");
@@ -350,11 +351,11 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
   model::CpuRunnerOptions ro{e.num_kv_blocks, o.block_size, o.num_threads, o.kv_cache_dtype};
   ro.overlap = o.step_overlap;
   ro.overlap_prefetch_bytes = o.overlap_prefetch_bytes;
-  if (o.shift && (o.ffn || o.parallel.group_size() == 1 || o.parallel.pp != 1))
+  if (o.shift && (o.ffn || o.cuda_ffn || o.parallel.group_size() == 1 || o.parallel.pp != 1))
     return make_error(ErrorCode::unsupported,
                       "--shift runs on an engine group of sp and / or tp > 1 and pp = 1 (CPU devices in one process "
                       "or over TCP, or CUDA ranks sharing a GPU), not on a single device or SiDP");
-  if (o.group_link && (cuda || o.ffn || o.parallel.group_size() == 1 || !o.group_master.empty()))
+  if (o.group_link && (cuda || o.ffn || o.cuda_ffn || o.parallel.group_size() == 1 || !o.group_master.empty()))
     return make_error(ErrorCode::invalid_argument,
                       "an emulated group link paces an in-process CPU engine group of tp, pp or sp > 1, not a single "
                       "device, a TCP group, SiDP or CUDA");
@@ -364,6 +365,19 @@ Status make_executor(const EngineOptions& o, int max_model_len, EngineInstance& 
     auto exec = model::CpuModelRunner::create(e.weights, ro, o.ffn);
     if (!exec) return std::move(exec).error();
     e.executor = std::move(exec).value();
+  } else if (o.cuda_ffn) {
+    if (!cuda || o.parallel.group_size() != 1)
+      return make_error(ErrorCode::unsupported, "SiDP weight sharing on CUDA runs on single GPUs (dp ranks)");
+#if SHARDLINE_HAVE_CUDA
+    // A SiDP rank on one GPU: the runner holds no FFN weights; the node's
+    // group keeps the host copy (its owners upload from it).
+    model::CudaRunnerOptions co = cuda_runner_options(o, max_model_len);
+    co.num_kv_blocks = e.num_kv_blocks;
+    auto exec = model::CudaModelRunner::create(e.weights, co, {}, {}, o.cuda_ffn);
+    if (!exec) return std::move(exec).error();
+    e.executor = std::move(exec).value();
+    drop_host_matrices(e);
+#endif
 #if SHARDLINE_HAVE_CUDA
   } else if (cuda && o.parallel.group_size() > 1) {
     // A tp x sp x pp group of ranks sharing device_index, or on group_devices

@@ -26,6 +26,10 @@
 #include "text/tokenizer.hpp"
 #include "model/weights.hpp"
 
+namespace shardline::model {
+class CudaFfnExecutor;  // model/cuda/cuda_runner.hpp (CUDA builds)
+}  // namespace shardline::model
+
 namespace shardline::engine {
 
 struct EngineOptions {
@@ -61,8 +65,9 @@ struct EngineOptions {
   /// when also given, caps the KV cache further. Single-device engines only.
   std::uint64_t device_memory_bytes = 0;
   /// SiDP weight sharing as the device memory plan counts it
-  /// (engine/sidp_memory.hpp; used only by the plan so far): FFN layers this
-  /// rank owns (-1 = all, plain DP) and WaS cache slots.
+  /// (engine/sidp_memory.hpp; used only by the memory plans and
+  /// EngineInstance::weight_bytes): FFN layers this rank owns (-1 = all,
+  /// plain DP) and WaS cache slots.
   int sidp_owned_ffn_layers = -1;
   int sidp_cache_slots = 0;
   double kv_cache_memory_fraction = 0.5;   ///< of MemAvailable after loading weights
@@ -125,6 +130,9 @@ struct EngineOptions {
   /// CPU, single device: the FFN of every layer runs through this (a SiDP
   /// rank, engine/sidp/sidp_group.hpp); the runner packs no FFN weights.
   std::shared_ptr<model::FfnExecutor> ffn;
+  /// The same on one CUDA device (a SiDP rank on a GPU,
+  /// model/cuda/sidp/cuda_sidp_ffn.hpp); the runner uploads no FFN weights.
+  std::shared_ptr<model::CudaFfnExecutor> cuda_ffn;
 };
 
 /// A ready engine. Member order matters: the engine refers to the executor

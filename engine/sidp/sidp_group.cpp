@@ -76,11 +76,26 @@ sidp::SidpFfnStats SidpGroup::ffn_stats(int rank) {
   return remote_->stats(rank);
 }
 
-Status check_sidp_options(const EngineOptions& base, const SidpOptions& o) {
+Status check_sidp_options(const EngineOptions& base, const SidpOptions& o, bool allow_cuda) {
   if (base.parallel.group_size() != 1 || base.parallel.dp != 1)
-    return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp: each DP rank is one CPU device (tp, pp, sp = 1)");
-  if (base.device != model::DeviceKind::cpu)
-    return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU devices so far");
+    return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp: each DP rank is one device (tp, pp, sp = 1)");
+  if (base.device == model::DeviceKind::cuda) {
+    if (!allow_cuda)
+      return make_error(ErrorCode::unsupported,
+                        "SiDP on CUDA runs in a node's workers (`run` / `node start`); this path runs CPU devices");
+#if !SHARDLINE_HAVE_CUDA
+    return make_error(ErrorCode::unsupported, "--weight-sharing sidp on cuda: this build has no CUDA backend");
+#endif
+    if (static_cast<int>(o.rank_devices.size()) != o.dp)
+      return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp on cuda: " +
+                                                         std::to_string(o.rank_devices.size()) + " GPUs for dp=" +
+                                                         std::to_string(o.dp) + " ranks");
+    if (o.link.gbps > 0)
+      return make_error(ErrorCode::invalid_argument,
+                        "--link-gbps emulates a link between CPU devices; CUDA ranks use the GPUs' own");
+  } else if (base.device != model::DeviceKind::cpu) {
+    return make_error(ErrorCode::unsupported, "--weight-sharing sidp runs on CPU and CUDA devices");
+  }
   if (o.dp < 2)
     return make_error(ErrorCode::invalid_argument, "--weight-sharing sidp needs dp >= 2, got " + std::to_string(o.dp));
   if (o.cache_slots < 1)

@@ -60,12 +60,17 @@ struct SidpOptions {
   /// `shardline shard serve --weight-sharing sidp` processes, which take
   /// the SiDP settings above (not `tcp`) from rank 0. Excludes `tcp`.
   std::optional<TcpGroupOptions> processes;
+  /// CUDA ranks (SidpNodeGroup with base.device cuda): rank r's GPU; ranks
+  /// may share one. Not for SidpGroup.
+  std::vector<int> rank_devices;
 };
 
 /// ok, or the error of options a SiDP group cannot run with: invalid_argument
-/// (a rank that is not one device, dp < 2, cache_slots < 1), unsupported
-/// (not CPU). Shared by SidpGroup and SidpNodeGroup.
-[[nodiscard]] Status check_sidp_options(const EngineOptions& base, const SidpOptions& sidp);
+/// (a rank that is not one device, dp < 2, cache_slots < 1; CUDA: not a GPU
+/// per rank, link emulation), unsupported (CUDA without `allow_cuda`, or in
+/// a build without it). Shared by SidpGroup and SidpNodeGroup (which allows
+/// CUDA).
+[[nodiscard]] Status check_sidp_options(const EngineOptions& base, const SidpOptions& sidp, bool allow_cuda = false);
 
 /// The communicators of a SiDP group's dp ranks over one group: each rank's
 /// own (`inner`, given the comm timeout) and, with link emulation, its paced

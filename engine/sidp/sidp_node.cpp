@@ -2,6 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#if SHARDLINE_HAVE_CUDA
+#include "model/cuda/inproc_device_comm.hpp"
+#include "model/cuda/sidp/cuda_layer_owner.hpp"
+#include "model/cuda/sidp/cuda_sidp_ffn.hpp"
+#endif
+
 namespace shardline::engine {
 
 namespace sidp = model::sidp;
@@ -13,12 +19,28 @@ Error invalid(std::string m) { return make_error(ErrorCode::invalid_argument, st
 SidpNodeGroup::~SidpNodeGroup() {
   // The ranks (SidpRank) hold the group, so none is left; withdraw the
   // owners' regions before the communicators go.
-  for (int r = 0; r < static_cast<int>(owners_.size()); ++r)
-    owners_[static_cast<std::size_t>(r)]->unload(weights_comms_.at(r));
+  for (int r = 0; r < static_cast<int>(loads_.size()); ++r) unload_owner(r);
+}
+
+Result<SidpRankComms> SidpNodeGroup::make_comms() const {
+  auto comms = SidpRankComms::in_process(dp(), options_.comm_timeout, link_);
+  if (!comms || !cuda_) return comms;
+#if SHARDLINE_HAVE_CUDA
+  // Each rank's device communicator wraps its host one (which stays the
+  // group's: mark_dead still wakes the blocked ranks).
+  for (int r = 0; r < dp(); ++r) {
+    auto& inner = comms->inner[static_cast<std::size_t>(r)];
+    auto dev = model::InProcDeviceCommunicator::create(std::move(inner),
+                                                       options_.rank_devices[static_cast<std::size_t>(r)]);
+    if (!dev) return std::move(dev).error();
+    inner = std::move(dev).value();
+  }
+#endif
+  return comms;
 }
 
 Result<std::shared_ptr<SidpNodeGroup>> SidpNodeGroup::create(const EngineOptions& base, const SidpOptions& o) {
-  if (Status ok = check_sidp_options(base, o); !ok) return ok.error();
+  if (Status ok = check_sidp_options(base, o, /*allow_cuda=*/true); !ok) return ok.error();
   auto loaded = load_weights(base);
   if (!loaded) return std::move(loaded).error();
   std::shared_ptr<SidpNodeGroup> g(new SidpNodeGroup());
@@ -28,15 +50,26 @@ Result<std::shared_ptr<SidpNodeGroup>> SidpNodeGroup::create(const EngineOptions
   auto plan = sidp::parse_plan(o.ownership, g->weights_->config.num_hidden_layers, o.dp);
   if (!plan) return std::move(plan).error();
   g->plan_ = *plan;
+  g->cuda_ = base.device == model::DeviceKind::cuda;
+  g->loads_.assign(static_cast<std::size_t>(o.dp), 0);
   if (o.link.gbps > 0) {
     auto link = comm::LinkModel::create(o.dp, o.link);
     if (!link) return std::move(link).error();
     g->link_ = std::move(link).value();
   }
-  auto weights_comms = SidpRankComms::in_process(o.dp, o.comm_timeout, g->link_);
+  auto weights_comms = g->make_comms();
   if (!weights_comms) return std::move(weights_comms).error();
   g->weights_comms_ = std::move(weights_comms).value();
   for (int r = 0; r < o.dp; ++r) {
+    if (g->cuda_) {
+#if SHARDLINE_HAVE_CUDA
+      auto owner = sidp::CudaLayerOwner::create(g->plan_, r, o.rank_devices[static_cast<std::size_t>(r)],
+                                                g->weights_->config, base.dtype);
+      if (!owner) return std::move(owner).error();
+      g->cuda_owners_.push_back(std::move(owner).value());
+#endif
+      continue;
+    }
     auto owner = sidp::LayerOwner::create(g->weights_, g->plan_, r);
     if (!owner) return std::move(owner).error();
     g->owners_.push_back(std::move(owner).value());
@@ -46,17 +79,50 @@ Result<std::shared_ptr<SidpNodeGroup>> SidpNodeGroup::create(const EngineOptions
 
 Status SidpNodeGroup::load_owner(int rank) {
   if (rank < 0 || rank >= dp()) return invalid("sidp: no owner rank " + std::to_string(rank));
-  return owners_[static_cast<std::size_t>(rank)]->load(weights_comms_.at(rank));
+  const auto r = static_cast<std::size_t>(rank);
+  if (owner_state(rank).loaded) return Status::ok_status();
+  Status st = Status::ok_status();
+#if SHARDLINE_HAVE_CUDA
+  if (cuda_) st = cuda_owners_[r]->load(*weights_, *weights_comms_.at(rank));
+#endif
+  if (!cuda_) st = owners_[r]->load(weights_comms_.at(rank));
+  if (!st) return st;
+  std::lock_guard lk(mu_);
+  ++loads_[r];
+  return st;
 }
 
 void SidpNodeGroup::unload_owner(int rank) {
   if (rank < 0 || rank >= dp()) return;
-  owners_[static_cast<std::size_t>(rank)]->unload(weights_comms_.at(rank));
+  const auto r = static_cast<std::size_t>(rank);
+#if SHARDLINE_HAVE_CUDA
+  if (cuda_) cuda_owners_[r]->unload();
+#endif
+  if (!cuda_) owners_[r]->unload(weights_comms_.at(rank));
 }
 
-const sidp::LayerOwner& SidpNodeGroup::owner(int rank) const { return *owners_.at(static_cast<std::size_t>(rank)); }
+SidpOwnerState SidpNodeGroup::owner_state(int rank) const {
+  const auto r = static_cast<std::size_t>(rank);
+  SidpOwnerState s;
+  s.layers = plan_.owned_layers(rank);
+  s.loads = owner_loads(rank);
+#if SHARDLINE_HAVE_CUDA
+  if (cuda_) {
+    s.loaded = cuda_owners_[r]->loaded();
+    s.weight_bytes = cuda_owners_[r]->bytes();
+  }
+#endif
+  if (!cuda_) {
+    s.loaded = owners_[r]->loaded();
+    s.weight_bytes = s.loaded ? owners_[r]->weight_bytes() : 0;
+  }
+  return s;
+}
 
-int SidpNodeGroup::owner_loads(int rank) const { return static_cast<int>(owner(rank).loads()); }
+int SidpNodeGroup::owner_loads(int rank) const {
+  std::lock_guard lk(mu_);
+  return loads_.at(static_cast<std::size_t>(rank));
+}
 
 SidpDirective SidpNodeGroup::record(const SidpDirective& d) {
   std::lock_guard lk(mu_);
@@ -77,7 +143,7 @@ std::uint64_t SidpNodeGroup::generation() const {
 Result<std::shared_ptr<SidpNodeGroup::Generation>> SidpNodeGroup::make_generation_locked() {
   auto gen = std::make_shared<Generation>();
   gen->id = next_generation_++;
-  auto comms = SidpRankComms::in_process(dp(), options_.comm_timeout, link_);
+  auto comms = make_comms();
   if (!comms) return std::move(comms).error();
   gen->comms = std::move(comms).value();
   gen->taken.assign(static_cast<std::size_t>(dp()), false);
@@ -119,15 +185,25 @@ Result<std::unique_ptr<SidpRank>> SidpNodeGroup::attach(int rank) {
   fo.cache.owner_wait = options_.owner_wait;
   fo.peak_shifting = options_.peak_shifting;
   fo.initial_mode = sidp::SidpMode::was;
-  auto ffn = sidp::SidpFfn::create(plan_, rank, owners_[r], weights_comms_.at(rank), nullptr, fo);
-  if (!ffn) return std::move(ffn).error();
   std::unique_ptr<SidpRank> out(new SidpRank(shared_from_this(), rank));
-  out->ffn_ = std::move(ffn).value();
   EngineOptions eo = base_;
   eo.weights = weights_;
-  eo.ffn = out->ffn_;
-  // The device memory plan (--device-memory) counts this rank's FFN share.
-  eo.sidp_owned_ffn_layers = static_cast<int>(owners_[r]->owned_layers().size());
+  if (cuda_) {
+#if SHARDLINE_HAVE_CUDA
+    auto ffn = sidp::CudaSidpFfn::create(plan_, cuda_owners_[r], weights_comms_.at(rank), nullptr, fo);
+    if (!ffn) return std::move(ffn).error();
+    eo.device_index = options_.rank_devices[r];
+    eo.cuda_ffn = *ffn;
+    out->ffn_ = std::move(ffn).value();
+#endif
+  } else {
+    auto ffn = sidp::SidpFfn::create(plan_, rank, owners_[r], weights_comms_.at(rank), nullptr, fo);
+    if (!ffn) return std::move(ffn).error();
+    eo.ffn = *ffn;
+    out->ffn_ = std::move(ffn).value();
+  }
+  // The device memory plans count this rank's FFN share.
+  eo.sidp_owned_ffn_layers = static_cast<int>(plan_.owned_layers(rank).size());
   eo.sidp_cache_slots = out->ffn_->cache_slots();
   out->engine_options_ = std::move(eo);
   return out;

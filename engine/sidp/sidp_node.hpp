@@ -1,9 +1,12 @@
 #pragma once
 /// \file
 /// A node's SiDP data-parallel group (seed 002 §4) whose ranks are separate
-/// actors that come and go: one worker per CPU device (it steps its own
-/// engine) and one layer owner per device (it holds the FFN weights of the
-/// layers its device owns). engine/sidp/sidp_group.hpp is the same group driven
+/// actors that come and go: one worker per device (it steps its own engine)
+/// and one layer owner per device (it holds the FFN weights of the layers
+/// its device owns). The devices are CPU devices (model::sidp::SidpFfn and
+/// LayerOwner) or CUDA GPUs (model::sidp::CudaSidpFfn and CudaLayerOwner:
+/// the owners' layers in their GPU's memory, the communicators
+/// InProcDeviceCommunicator ranks, a GPU each or several ranks sharing one). engine/sidp/sidp_group.hpp is the same group driven
 /// by one call (generate_sidp); this one is shared by the node's actors:
 ///
 ///  - The weights are loaded once, from the model files, and kept as the
@@ -26,7 +29,8 @@
 ///    step boundary through SidpFfn's protocol.
 ///
 /// Thread-safe. The ranks' communicators are in-process (link emulation
-/// applies, comm/paced.hpp); a group across processes is not built here.
+/// applies to CPU devices, comm/paced.hpp); a group across processes is not
+/// built here.
 
 #include <chrono>
 #include <cstdint>
@@ -45,9 +49,21 @@
 #include "model/sidp/ownership.hpp"
 #include "model/sidp/sidp_ffn.hpp"
 
+namespace shardline::model::sidp {
+class CudaLayerOwner;  // model/cuda/sidp/cuda_layer_owner.hpp (CUDA builds)
+}  // namespace shardline::model::sidp
+
 namespace shardline::engine {
 
 class SidpRank;
+
+/// What a layer owner actor reports of its owner.
+struct SidpOwnerState {
+  std::vector<int> layers;        ///< the FFN layers it owns
+  bool loaded = false;
+  std::uint64_t weight_bytes = 0;  ///< its layers' bytes when loaded (device memory on a GPU)
+  int loads = 0;                   ///< 1 + respawns
+};
 
 /// A directive of the orchestrator: run in `mode` from epoch `epoch` (>= 1).
 struct SidpDirective {
@@ -59,10 +75,12 @@ class SidpNodeGroup : public std::enable_shared_from_this<SidpNodeGroup> {
  public:
   /// Loads the model once (or uses base.weights), parses the ownership plan
   /// and makes the owners (not loaded: load_owner) and the weights group.
+  /// On CUDA (base.device), rank r is on GPU sidp.rank_devices[r].
   /// sidp.tcp and sidp.initial_mode are not used (in-process; ranks start
   /// in WaS and follow the directives). Errors: invalid_argument (bad
-  /// options or plan, a parallel config other than one device per rank),
-  /// unsupported (not CPU), what loading returns.
+  /// options or plan, a parallel config other than one device per rank;
+  /// on CUDA: not one GPU per rank, link emulation), unsupported (CUDA in a
+  /// build without it), what loading returns.
   [[nodiscard]] static Result<std::shared_ptr<SidpNodeGroup>> create(const EngineOptions& base,
                                                                      const SidpOptions& sidp);
   ~SidpNodeGroup();
@@ -79,18 +97,20 @@ class SidpNodeGroup : public std::enable_shared_from_this<SidpNodeGroup> {
   [[nodiscard]] Status load_owner(int rank);
   /// Withdraws and frees owner `rank`'s layers (a killed owner); readers wait.
   void unload_owner(int rank);
-  /// Owner `rank` (for its layers and weight bytes). Precondition: 0 <= rank < dp.
-  [[nodiscard]] const model::sidp::LayerOwner& owner(int rank) const;
+  /// Owner `rank`'s layers, state and loads. Precondition: 0 <= rank < dp.
+  [[nodiscard]] SidpOwnerState owner_state(int rank) const;
   /// Times owner `rank` was loaded (1 + respawns).
   [[nodiscard]] int owner_loads(int rank) const;
+  /// Whether the ranks are CUDA GPUs.
+  [[nodiscard]] bool cuda() const { return cuda_; }
 
   // ---- ranks (the worker actors) ------------------------------------------
-  /// A worker incarnation takes rank `rank`: its SidpFfn over the rank's
-  /// weights communicator, in no compute generation yet (SidpRank::join,
-  /// once its engine is built), and the engine options for it (`base` with
-  /// the shared weights and the FFN executor). Destroying the SidpRank marks
-  /// its generation dead. Errors: invalid_argument (rank), what
-  /// SidpFfn::create returns.
+  /// A worker incarnation takes rank `rank`: its SidpFfn (CudaSidpFfn on a
+  /// GPU) over the rank's weights communicator, in no compute generation yet
+  /// (SidpRank::join, once its engine is built), and the engine options for
+  /// it (`base` with the shared weights and the FFN executor). Destroying
+  /// the SidpRank marks its generation dead. Errors: invalid_argument
+  /// (rank), what creating the rank's FFN returns.
   [[nodiscard]] Result<std::unique_ptr<SidpRank>> attach(int rank);
 
   /// Records a directive (the newest epoch wins) and returns the newest.
@@ -104,12 +124,14 @@ class SidpNodeGroup : public std::enable_shared_from_this<SidpNodeGroup> {
   /// One compute group over the dp ranks.
   struct Generation {
     std::uint64_t id = 0;
-    SidpRankComms comms;       ///< in-process, paced with link emulation
+    SidpRankComms comms;       ///< in-process, paced with link emulation (device communicators on CUDA)
     std::vector<bool> taken;   ///< [dp]
     bool dead = false;
     [[nodiscard]] comm::Communicator* comm(int rank) const { return comms.at(rank); }
   };
   SidpNodeGroup() = default;
+  /// dp in-process ranks: host ones, or device ones on the ranks' GPUs.
+  [[nodiscard]] Result<SidpRankComms> make_comms() const;
   [[nodiscard]] Result<std::shared_ptr<Generation>> make_generation_locked();
   /// Takes `rank` in the current generation (a new one when it is taken).
   [[nodiscard]] Result<std::shared_ptr<Generation>> take_locked(int rank, bool new_if_taken);
@@ -122,7 +144,10 @@ class SidpNodeGroup : public std::enable_shared_from_this<SidpNodeGroup> {
   model::sidp::OwnershipPlan plan_;
   std::shared_ptr<comm::LinkModel> link_;  ///< shared by both groups' ranks (one emulated node)
   SidpRankComms weights_comms_;  ///< the node's lifetime: owners expose, housekeepers get
-  std::vector<std::shared_ptr<model::sidp::LayerOwner>> owners_;    ///< [dp]
+  bool cuda_ = false;
+  std::vector<std::shared_ptr<model::sidp::LayerOwner>> owners_;          ///< [dp] CPU devices
+  std::vector<std::shared_ptr<model::sidp::CudaLayerOwner>> cuda_owners_;  ///< [dp] CUDA GPUs
+  std::vector<int> loads_;                                                 ///< [dp] owner loads so far
 
   mutable std::mutex mu_;
   std::shared_ptr<Generation> current_;
@@ -139,8 +164,8 @@ class SidpRank {
   SidpRank& operator=(const SidpRank&) = delete;
 
   [[nodiscard]] int rank() const { return rank_; }
-  [[nodiscard]] model::sidp::SidpFfn& ffn() { return *ffn_; }
-  [[nodiscard]] const std::shared_ptr<model::sidp::SidpFfn>& ffn_ptr() const { return ffn_; }
+  /// The rank's FFN (a SidpFfn on a CPU device, a CudaSidpFfn on a GPU).
+  [[nodiscard]] model::sidp::SidpRankFfn& ffn() { return *ffn_; }
   /// The engine options of this rank: the group's base with the shared
   /// weights, this rank's FFN executor and its FFN share for the memory plan.
   [[nodiscard]] const EngineOptions& engine_options() const { return engine_options_; }
@@ -175,7 +200,7 @@ class SidpRank {
   int rank_;
   std::shared_ptr<SidpNodeGroup::Generation> generation_;
   bool detached_ = true;  ///< in no generation (before join, or after its generation died)
-  std::shared_ptr<model::sidp::SidpFfn> ffn_;
+  std::shared_ptr<model::sidp::SidpRankFfn> ffn_;
   EngineOptions engine_options_;
 };
 

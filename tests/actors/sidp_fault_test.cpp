@@ -6,6 +6,9 @@
 //  - `actor kill node0/cpu:1` (a worker) mid-job in CaS: its peer's lockstep
 //    fails at once (its compute generation dies), the group is rebuilt when
 //    the worker restarts, the lines are requeued, the output is identical.
+// The same on two CUDA workers sharing a fake GPU (`shardline_fake_cuda`,
+// `--devices cuda:0x2`: the owners' layers in GPU memory, CaS rows as device
+// copies), against plain DP on the same fake GPU (deterministic GEMMs).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +16,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -37,12 +41,24 @@ constexpr int kMaxBatch = 16;
 
 class SidpFault : public testing_support::ClusterJobTest {
  protected:
+  /// The node's command and its device flags (CPU devices here).
+  virtual std::string binary() const { return kShardline; }
+  virtual std::vector<std::string> device_flags() const { return {}; }
+  /// The actor names of worker 1 and its owner.
+  virtual std::string worker1() const { return "node0/cpu:1"; }
+
+  static std::string joined(const std::vector<std::string>& flags) {
+    std::string out;
+    for (const std::string& f : flags) out += " " + f;
+    return out;
+  }
+
   void SetUp() override {
     ClusterJobTest::SetUp();
     write_input(kLines, kMaxTokens);
-    const auto r = run_command(kShardline + " run --quiet --model " + kStoriesDir + " --input " + path("in.jsonl") +
+    const auto r = run_command(binary() + " run --quiet --model " + kStoriesDir + " --input " + path("in.jsonl") +
                                " --output " + path("plain.jsonl") + " --parallel dp=2 --max-batch " +
-                               std::to_string(kMaxBatch));
+                               std::to_string(kMaxBatch) + joined(device_flags()));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     expected_ = read_file(path("plain.jsonl"));
     testing_support::expect_each_custom_id_once(expected_, kLines);
@@ -52,11 +68,13 @@ class SidpFault : public testing_support::ClusterJobTest {
   /// kMaxBatch lines are done, waits for the job, checks the output and
   /// returns the node's log.
   std::string run_with_kill(const std::string& mode, const std::string& victim) {
-    Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data-" + mode), "--model",
-                kStoriesDir, "--key-file", path("cluster.key"), "--parallel", "dp=2", "--max-batch",
-                std::to_string(kMaxBatch), "--weight-sharing", "sidp", "--sidp-mode", mode, "--heartbeat-ms", "200",
-                "--failure-timeout-ms", "20000"},
-               path("node-" + mode + ".log"));
+    std::vector<std::string> args = {binary(), "node", "start", "--listen", "127.0.0.1:0", "--data-dir",
+                                     path("data-" + mode), "--model", kStoriesDir, "--key-file", path("cluster.key"),
+                                     "--parallel", "dp=2", "--max-batch", std::to_string(kMaxBatch),
+                                     "--weight-sharing", "sidp", "--sidp-mode", mode, "--heartbeat-ms", "200",
+                                     "--failure-timeout-ms", "20000"};
+    for (const std::string& f : device_flags()) args.push_back(f);
+    Child node(args, path("node-" + mode + ".log"));
     const auto addr = testing_support::wait_for_node(node, false);
     EXPECT_FALSE(addr.addr.empty()) << node.log();
     if (addr.addr.empty()) return node.log();
@@ -90,27 +108,51 @@ class SidpFault : public testing_support::ClusterJobTest {
 
   std::string expected_;
   int dumps_ = 0;
+
+  void expect_owner_kill_recovers() {
+    for (const std::string mode : {"was", "cas"}) {
+      SCOPED_TRACE(mode);
+      const std::string owner = worker1() + "/owner";
+      const std::string log = run_with_kill(mode, owner);
+      EXPECT_NE(log.find("supervisor: layer owner " + owner + " died (exit_reason(kill)); respawning it"),
+                std::string::npos)
+          << log;
+      // Loaded twice: at the start and by the respawn (from the host copy).
+      EXPECT_NE(log.find("layer owner " + owner + ": 2 FFN layers loaded and exposed"), std::string::npos) << log;
+      EXPECT_NE(log.find("load #2"), std::string::npos) << log;
+    }
+  }
+
+  void expect_worker_kill_rebuilds_the_group() {
+    const std::string log = run_with_kill("cas", worker1());
+    EXPECT_NE(log.find("worker " + worker1() + " died (exit_reason(kill)); restarting it"), std::string::npos) << log;
+    // The restarted rank made a new compute generation and its peer followed.
+    EXPECT_NE(log.find("sidp: compute generation 2"), std::string::npos) << log;
+  }
 };
 
-TEST_F(SidpFault, KillingALayerOwnerMidJobInWasAndCasGivesIdenticalOutput) {
-  for (const std::string mode : {"was", "cas"}) {
-    SCOPED_TRACE(mode);
-    const std::string log = run_with_kill(mode, "node0/cpu:1/owner");
-    EXPECT_NE(log.find("supervisor: layer owner node0/cpu:1/owner died (exit_reason(kill)); respawning it"),
-              std::string::npos)
-        << log;
-    // Loaded twice: at the start and by the respawn (from the host copy).
-    EXPECT_NE(log.find("layer owner node0/cpu:1/owner: 2 FFN layers loaded and exposed"), std::string::npos) << log;
-    EXPECT_NE(log.find("load #2"), std::string::npos) << log;
-  }
-}
+TEST_F(SidpFault, KillingALayerOwnerMidJobInWasAndCasGivesIdenticalOutput) { expect_owner_kill_recovers(); }
 
 TEST_F(SidpFault, KillingAWorkerMidCasRebuildsTheGroupAndGivesIdenticalOutput) {
-  const std::string log = run_with_kill("cas", "node0/cpu:1");
-  EXPECT_NE(log.find("worker node0/cpu:1 died (exit_reason(kill)); restarting it"), std::string::npos) << log;
-  // The restarted rank made a new compute generation and its peer followed.
-  EXPECT_NE(log.find("sidp: compute generation 2"), std::string::npos) << log;
+  expect_worker_kill_rebuilds_the_group();
 }
+
+#if SHARDLINE_HAVE_CUDA
+class SidpFaultOnCuda : public SidpFault {
+ protected:
+  std::string binary() const override { return testing_support::kShardlineFakeCuda; }  // 2 fake GPUs
+  std::vector<std::string> device_flags() const override {
+    return {"--devices", "cuda:0x2", "--gpu-memory-utilization", "0.3", "--deterministic"};
+  }
+  std::string worker1() const override { return "node0/cuda:0.1"; }
+};
+
+TEST_F(SidpFaultOnCuda, KillingALayerOwnerMidJobInWasAndCasGivesIdenticalOutput) { expect_owner_kill_recovers(); }
+
+TEST_F(SidpFaultOnCuda, KillingAWorkerMidCasRebuildsTheGroupAndGivesIdenticalOutput) {
+  expect_worker_kill_rebuilds_the_group();
+}
+#endif
 
 }  // namespace
 }  // namespace shardline

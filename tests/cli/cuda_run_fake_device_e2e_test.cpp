@@ -6,7 +6,8 @@
 // model and prompts, every line once, each greedy line byte-identical to the
 // CPU run with the same --parallel (FP32 weights and KV): one GPU; a GPU per
 // rank, the groups over NCCL (tp, pp, sp, tp x pp, dp = 2 groups, Seesaw's
-// pp -> sp pair (weights resident or reloaded), Shift's sp = 2 with TP' decode steps); ranks sharing a GPU.
+// pp -> sp pair (weights resident or reloaded), Shift's sp = 2 with TP' decode steps); ranks sharing a GPU;
+// SiDP's dp workers sharing the FFN weights (WaS, CaS, auto).
 // Without the CUDA backend, the same flags give a clear error.
 #include <gtest/gtest.h>
 
@@ -73,12 +74,57 @@ TEST_F(CudaRunFakeDevice, AMissingGpuIsAClearError) {
   EXPECT_NE(r.out.find("cuda:1"), std::string::npos) << r.out;
 }
 
-// SiDP on CUDA devices is WaS at the model level only (model/cuda/sidp):
-// the flag is refused with a clear error, nothing runs.
-TEST_F(CudaRunFakeDevice, SidpOnCudaDevicesIsAClearErrorSoFar) {
-  const auto r = run_two_lines(fake_shardline(2), "--devices cuda:0,1 --parallel dp=2 --weight-sharing sidp");
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("--weight-sharing sidp runs on CPU devices so far"), std::string::npos) << r.out;
+// SiDP on CUDA workers (model/cuda/sidp): dp=2 workers whose FFN layers
+// are shared (each GPU holds its own layers and WaS slots; CaS sends the
+// rows to the owner), a GPU each and both on one GPU (`cuda:0x2 --parallel
+// dp=2`), in WaS and in CaS: every greedy line is the CPU SiDP group's.
+TEST_F(CudaRunFakeDevice, SidpWorkersMatchTheCpuSidpGroup) {
+  for (const std::string mode : {"was", "cas"})
+    expect_greedy_lines_match(16, "--parallel dp=2 --weight-sharing sidp --sidp-mode " + mode,
+                              "--parallel dp=2 --weight-sharing sidp --sidp-mode " + mode + " --devices cuda:0,1",
+                              fake_shardline(2));
+  expect_greedy_lines_match(16, "--parallel dp=2 --weight-sharing sidp --sidp-mode cas",
+                            "--parallel dp=2 --weight-sharing sidp --sidp-mode cas --devices cuda:0x2",
+                            fake_shardline(1));
+}
+
+// The orchestrator's switch policy drives CUDA workers as CPU ones: a
+// long-tailed job (3 of 24 lines run 300 tokens) starts in WaS and, once
+// fewer than b* = 8 sequences run, the workers are told CaS; every line (all
+// greedy) is the CPU SiDP group's. The tail lasts far longer than the 20 ms
+// dwell and the 10 ms heartbeats that report it.
+TEST_F(CudaRunFakeDevice, SidpAutoSwitchesToCasInTheTailOnOneGpu) {
+  testing_support::write_demo_prompts(path("in.jsonl"), 24, [](int i, nlohmann::json& body) {
+    body["max_tokens"] = i >= 21 ? 300 : 16 + (i * 37) % 48;
+    body["ignore_eos"] = true;
+    body["temperature"] = 0.0;
+    body.erase("seed");
+  });
+  const std::string flags = " run --model " + demo_model() + " --input " + path("in.jsonl") +
+                            " --dtype f32 --kv-cache-dtype f32 --parallel dp=2 --max-batch 16 --weight-sharing sidp "
+                            "--sidp-mode auto --sidp-switch-batch 8 --sidp-min-dwell 0.02 --heartbeat-ms 10";
+  const auto cpu = testing_support::run_command(kShardline + flags + " --quiet --output " + path("cpu.jsonl"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.out;
+  const auto gpu = testing_support::run_command(fake_shardline(1) + flags +
+                                                " --devices cuda:0x2 --gpu-memory-utilization 0.3 --log-level info "
+                                                "--output " + path("gpu.jsonl"));
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.out;
+  EXPECT_NE(gpu.out.find("SiDP directive cas"), std::string::npos) << gpu.out;
+  const auto c = read_output(path("cpu.jsonl"));
+  const auto g = read_output(path("gpu.jsonl"));
+  ASSERT_EQ(c.size(), 24u);
+  ASSERT_EQ(g.size(), c.size());
+  for (const auto& [id, line] : c) {
+    ASSERT_EQ(g.count(id), 1u) << id;
+    EXPECT_EQ(g.at(id).at("response").at("body").at("choices"), line.at("response").at("body").at("choices")) << id;
+  }
+}
+
+// dp workers sharing a GPU: the list must give one worker per dp rank.
+TEST_F(CudaRunFakeDevice, WorkersSharingAGpuMustMatchDp) {
+  const auto r = run_two_lines(fake_shardline(1), "--devices cuda:0x2 --parallel dp=3");
+  EXPECT_EQ(r.exit_code, 2) << "a usage error: " << r.out;
+  EXPECT_NE(r.out.find("puts 2 workers on each of 1 GPUs but --parallel"), std::string::npos) << r.out;
 }
 
 #else

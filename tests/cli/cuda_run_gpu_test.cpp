@@ -2,8 +2,9 @@
 // and prompts: every line comes back exactly once, and each greedy line is
 // byte-identical to the CPU run's (FP32 weights and KV on both). The same
 // through two tensor-parallel ranks sharing GPU 0 (`--devices cuda:0x2
-// --parallel tp=2`, issue 41) against the CPU's tp=2 group. Skips without a
-// GPU.
+// --parallel tp=2`, issue 41) against the CPU's tp=2 group, and the other
+// group shapes, Seesaw, Shift and SiDP on ranks sharing GPU 0. Skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include "kernels/cuda/device.hpp"
@@ -55,6 +56,16 @@ TEST_F(CudaRunGpu, SeesawJobOnTwoRanksSharingCuda0MatchesTheCpuPairOnGreedyLines
 TEST_F(CudaRunGpu, ShiftJobOnTwoRanksSharingCuda0MatchesTheCpuShiftGroupOnGreedyLines) {
   expect_greedy_lines_match(16, "--parallel sp=2 --shift --shift-threshold 16",
                             "--parallel sp=2 --shift --shift-threshold 16 --devices cuda:0x2");
+}
+
+// SiDP on two workers sharing GPU 0 (`cuda:0x2 --parallel dp=2`: each
+// holds its own FFN layers and WaS slots in the GPU's memory), in WaS and in
+// CaS, against the CPU SiDP group. Not yet run on a GPU when written
+// (issue 41).
+TEST_F(CudaRunGpu, SidpJobOnTwoWorkersSharingCuda0MatchesTheCpuSidpGroupOnGreedyLines) {
+  for (const std::string mode : {"was", "cas"})
+    expect_greedy_lines_match(16, "--parallel dp=2 --weight-sharing sidp --sidp-mode " + mode,
+                              "--parallel dp=2 --weight-sharing sidp --sidp-mode " + mode + " --devices cuda:0x2");
 }
 
 }  // namespace

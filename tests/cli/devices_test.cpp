@@ -74,6 +74,24 @@ TEST(NodeDevices, CudaGroupsWithAGpuPerRankTalkOverNccl) {
   EXPECT_NE(short_list.error().message.find("needs tp*pp*sp*dp = 4"), std::string::npos) << short_list.error().message;
 }
 
+// dp single-device workers sharing each GPU (SiDP's ranks on the one GPU
+// of a lent machine): the list holds each GPU once per worker on it.
+TEST(NodeDevices, CudaDpWorkersSharingAGpu) {
+  auto two = resolve_node_devices("cuda:0x2", "dp=2");
+  ASSERT_TRUE(two.ok()) << two.error().to_string();
+  EXPECT_EQ(two->cuda_devices, (std::vector<int>{0, 0}));
+  EXPECT_EQ(two->cuda_ranks_per_gpu, 2);
+  EXPECT_EQ(two->parallel, (ParallelConfig{1, 1, 1, 2}));
+  auto four = resolve_node_devices("cuda:1-2x2", "dp=4");
+  ASSERT_TRUE(four.ok()) << four.error().to_string();
+  EXPECT_EQ(four->cuda_devices, (std::vector<int>{1, 1, 2, 2}));
+  auto wrong = resolve_node_devices("cuda:0x2", "dp=3");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.error().code, ErrorCode::invalid_argument);
+  EXPECT_EQ(wrong.error().message, "--devices cuda:0x2 puts 2 workers on each of 1 GPUs but --parallel "
+                                   "tp=1,pp=1,sp=1,dp=3 asks dp=3 (want 2)");
+}
+
 TEST(NodeDevices, CudaRanksSharingAGpuAreOneEngineGroup) {
   auto alone = resolve_node_devices("cuda:0x2", "");
   ASSERT_TRUE(alone.ok()) << alone.error().to_string();
