@@ -655,6 +655,11 @@ void describe_node_metrics(MetricsRegistry& m) {
              "had computed before its worker failed that no KV store could restore.");
   m.describe("shardline_kv_resume_fallbacks_total", "counter",
              "Resumed requests whose KV could not be fetched or restored (recomputed from the tokens).");
+  m.describe("shardline_prefix_cache_queries_total", "counter",
+             "Prefix caching: prompt (and output) tokens of the requests a worker admitted with nothing to restore, "
+             "by worker (docs/prefix-caching.md).");
+  m.describe("shardline_prefix_cache_hits_total", "counter",
+             "Prefix caching: of those tokens, the ones found in cached KV blocks and not computed, by worker.");
   m.describe("shardline_kv_store_memory_bytes", "gauge", "Bytes in a KV store's host-memory tier, by store.");
   m.describe("shardline_kv_store_disk_bytes", "gauge", "Bytes of a KV store's RocksDB directory, by store.");
   m.describe("shardline_kv_replication_lag_tokens", "gauge",

@@ -105,6 +105,8 @@ void export_kv_metrics(WorkerActor* self) {
   add("shardline_recovered_tokens_total", l, g.restored_tokens);
   add("shardline_recomputed_tokens_total", "cause=\"failure\"," + l, g.recomputed_tokens);
   add("shardline_kv_resume_fallbacks_total", l, g.resume_fallbacks);
+  add("shardline_prefix_cache_queries_total", l, g.prefix_query_tokens);
+  add("shardline_prefix_cache_hits_total", l, g.prefix_hit_tokens);
 }
 
 using WorkerReply = messages::WorkerReply;
@@ -244,7 +246,8 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   st.runtime = std::move(runtime).value();
   if (Status joined = st.runtime->join_sidp(); !joined) return fail_start(self, joined.error(), true);
   for (const char* metric : {"shardline_kv_streamed_bytes_total", "shardline_recovered_tokens_total",
-                             "shardline_kv_resume_fallbacks_total"})
+                             "shardline_kv_resume_fallbacks_total", "shardline_prefix_cache_queries_total",
+                             "shardline_prefix_cache_hits_total"})
     st.config.metrics->add(metric, "worker=\"" + st.config.name + "\"", 0);  // shown from the start
   st.config.metrics->add("shardline_recomputed_tokens_total", "cause=\"failure\",worker=\"" + st.config.name + "\"", 0);
   if (st.config.kv_store) {

@@ -240,6 +240,9 @@ int run_bench(BenchArgs& a) {
     std::cerr << "error: " << eo.error().to_string() << "\n";
     return 2;
   }
+  // Benchmarks repeat synthetic prompts: caching would skip the prefills they
+  // measure. On only when --enable-prefix-caching is said.
+  eo->enable_prefix_caching = a.engine.enable_prefix_caching && !a.engine.no_prefix_caching;
   if (!a.seesaw.empty()) return run_seesaw(a, *eo);
   if (a.weight_sharing == "sidp") return run_sidp(a, *eo);
   if (a.engine.shift) return run_shift(a, *eo);

@@ -125,6 +125,13 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       ->capture_default_str();
   cmd.add_option("--swap-space", f.swap_space_gib, "Host memory for swapped-out KV, GiB (per engine)")
       ->capture_default_str();
+  cmd.add_flag("--enable-prefix-caching", f.enable_prefix_caching,
+               "Automatic prefix caching (the default, but for bench): a request's leading full KV blocks that another "
+               "request computed are shared, not computed again; the output is the same either way "
+               "(docs/prefix-caching.md)");
+  cmd.add_flag("--no-prefix-caching", f.no_prefix_caching,
+               "Turn automatic prefix caching off: every request computes its whole prompt (wins over "
+               "--enable-prefix-caching)");
 }
 
 void add_shift_flags(CLI::App& cmd, EngineFlags& f) {
@@ -244,6 +251,7 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
   auto mode = engine::parse_preemption_mode(f.preemption_mode);
   if (!mode) return make_error(ErrorCode::invalid_argument, "--preemption-mode: " + mode.error().message);
   o.preemption_mode = *mode;
+  o.enable_prefix_caching = !f.no_prefix_caching;
   if (!(f.swap_space_gib >= 0.0)) return make_error(ErrorCode::invalid_argument, "--swap-space must be >= 0");
   o.swap_space_bytes = static_cast<std::uint64_t>(f.swap_space_gib * static_cast<double>(1ull << 30));
   if (f.shift) {

@@ -38,6 +38,8 @@ struct EngineFlags {
   bool enforce_eager = false;
   std::string preemption_mode = "swap";  // measured faster (docs/kv-recovery.md)
   double swap_space_gib = 4.0;
+  bool enable_prefix_caching = false;  ///< --enable-prefix-caching (caching is on unless --no-prefix-caching)
+  bool no_prefix_caching = false;      ///< --no-prefix-caching
   std::string device;  ///< --device of generate / bench ("" = cpu); run / node use --devices
   bool shift = false;               ///< --shift (run, node start)
   /// --shift-threshold: batched tokens, or "auto" (the cost model's

@@ -5,10 +5,35 @@
 
 namespace shardline::engine {
 
-BlockManager::BlockManager(int num_blocks, int block_size)
+BlockManager::BlockManager(int num_blocks, int block_size) : BlockManager(num_blocks, block_size, {false, 0}) {}
+
+BlockManager::BlockManager(int num_blocks, int block_size, PrefixCacheConfig prefix)
     : num_blocks_(std::max(num_blocks, 0)), block_size_(std::max(block_size, 1)) {
   free_list_.reserve(static_cast<std::size_t>(num_blocks_));
   for (int b = num_blocks_ - 1; b >= 0; --b) free_list_.push_back(b);  // block 0 handed out first
+  refs_.assign(static_cast<std::size_t>(num_blocks_), 0);
+  if (prefix.enabled) {
+    cache_ = std::make_unique<PrefixCache>(num_blocks_);
+    salt_ = prefix.salt;
+    root_name_ = prefix_root_hash(salt_);
+  }
+}
+
+void BlockManager::new_prefix_epoch() noexcept {
+  if (!cache_) return;
+  root_name_ = prefix_root_hash(salt_ ^ (++epoch_ * 0x9e3779b97f4a7c15ULL));
+}
+
+std::int32_t BlockManager::take_block() {
+  std::int32_t b = -1;
+  if (!free_list_.empty()) {
+    b = free_list_.back();
+    free_list_.pop_back();
+  } else {
+    b = cache_->evict();  // callers checked num_free_blocks()
+  }
+  ++refs_[static_cast<std::size_t>(b)];
+  return b;
 }
 
 int BlockManager::blocks_for_tokens(int num_tokens) const {
@@ -40,10 +65,7 @@ Status BlockManager::allocate_slots(std::uint64_t seq_id, int num_total_tokens) 
                           std::to_string(missing) + " more KV blocks, " +
                           std::to_string(num_free_blocks()) + " free");
   SeqBlocks& s = seqs_[seq_id];
-  for (int i = 0; i < missing; ++i) {
-    s.table.push_back(free_list_.back());
-    free_list_.pop_back();
-  }
+  for (int i = 0; i < missing; ++i) s.table.push_back(take_block());
   s.num_tokens = std::max(s.num_tokens, num_total_tokens);
   return Status::ok_status();
 }
@@ -52,8 +74,54 @@ void BlockManager::free(std::uint64_t seq_id) {
   const auto it = seqs_.find(seq_id);
   if (it == seqs_.end()) return;
   const auto& table = it->second.table;
-  for (auto b = table.rbegin(); b != table.rend(); ++b) free_list_.push_back(*b);
+  // Last blocks first: with caching they are the first evicted (a prefix's
+  // head outlives its tail, as in vLLM).
+  for (auto b = table.rbegin(); b != table.rend(); ++b) {
+    if (--refs_[static_cast<std::size_t>(*b)] > 0) continue;
+    if (cache_ && cache_->is_named(*b)) cache_->release(*b);
+    else free_list_.push_back(*b);
+  }
   seqs_.erase(it);
+}
+
+int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& tokens, int max_tokens) {
+  if (!cache_ || seqs_.count(seq_id) != 0) return 0;
+  const int full = std::min(max_tokens, tokens.size()) / block_size_;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(block_size_));
+  SeqBlocks s;
+  std::uint64_t parent = root_name_;
+  for (int i = 0; i < full; ++i) {
+    for (int t = 0; t < block_size_; ++t) ids[static_cast<std::size_t>(t)] = tokens.at(i * block_size_ + t);
+    const std::uint64_t name = prefix_block_hash(parent, ids);
+    const int b = cache_->find(name, parent, ids);
+    if (b < 0) break;
+    cache_->hold(b);
+    ++refs_[static_cast<std::size_t>(b)];
+    s.table.push_back(b);
+    s.names.push_back(name);
+    parent = name;
+  }
+  if (s.table.empty()) return 0;
+  s.num_tokens = static_cast<int>(s.table.size()) * block_size_;
+  const int hit = s.num_tokens;
+  seqs_.emplace(seq_id, std::move(s));
+  return hit;
+}
+
+void BlockManager::cache_full_blocks(std::uint64_t seq_id, const Tokens& tokens, int num_computed_tokens) {
+  if (!cache_) return;
+  const auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  SeqBlocks& s = it->second;
+  const int full = std::min({num_computed_tokens, tokens.size(), s.num_tokens}) / block_size_;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(block_size_));
+  for (auto i = static_cast<int>(s.names.size()); i < full; ++i) {
+    const std::uint64_t parent = i == 0 ? root_name_ : s.names[static_cast<std::size_t>(i - 1)];
+    for (int t = 0; t < block_size_; ++t) ids[static_cast<std::size_t>(t)] = tokens.at(i * block_size_ + t);
+    const std::uint64_t name = prefix_block_hash(parent, ids);
+    (void)cache_->insert(s.table[static_cast<std::size_t>(i)], name, parent, ids);
+    s.names.push_back(name);
+  }
 }
 
 const std::vector<std::int32_t>& BlockManager::block_table(std::uint64_t seq_id) const {
@@ -69,26 +137,37 @@ int BlockManager::num_tokens_covered(std::uint64_t seq_id) const {
 
 Status BlockManager::check_integrity() const {
   auto fail = [](const std::string& m) { return make_error(ErrorCode::internal, "block manager: " + m); };
-  std::vector<int> uses(static_cast<std::size_t>(num_blocks_), 0);
-  auto mark = [&](std::int32_t b) {
-    if (b < 0 || b >= num_blocks_) return false;
-    ++uses[static_cast<std::size_t>(b)];
-    return true;
-  };
-  for (auto b : free_list_)
-    if (!mark(b)) return fail("free list holds out-of-range block " + std::to_string(b));
+  std::vector<int> held(static_cast<std::size_t>(num_blocks_), 0);
+  std::vector<int> free_uses(static_cast<std::size_t>(num_blocks_), 0);
+  for (auto b : free_list_) {
+    if (b < 0 || b >= num_blocks_) return fail("free list holds out-of-range block " + std::to_string(b));
+    ++free_uses[static_cast<std::size_t>(b)];
+  }
   for (const auto& [id, s] : seqs_) {
-    for (auto b : s.table)
-      if (!mark(b))
+    for (auto b : s.table) {
+      if (b < 0 || b >= num_blocks_)
         return fail("sequence " + std::to_string(id) + " holds out-of-range block " + std::to_string(b));
+      ++held[static_cast<std::size_t>(b)];
+    }
     if (static_cast<int>(s.table.size()) != blocks_for_tokens(s.num_tokens))
       return fail("sequence " + std::to_string(id) + " has " + std::to_string(s.table.size()) +
                   " blocks for " + std::to_string(s.num_tokens) + " tokens");
   }
-  for (int b = 0; b < num_blocks_; ++b)
-    if (uses[static_cast<std::size_t>(b)] != 1)
-      return fail("block " + std::to_string(b) + " is used " + std::to_string(uses[b]) +
-                  " times (free + owned)");
+  for (int b = 0; b < num_blocks_; ++b) {
+    const auto i = static_cast<std::size_t>(b);
+    const bool named = cache_ && cache_->is_named(b);
+    const bool evictable = cache_ && cache_->is_evictable(b);
+    if (held[i] != refs_[i])
+      return fail("block " + std::to_string(b) + " is in " + std::to_string(held[i]) + " tables but counts " +
+                  std::to_string(refs_[i]) + " references");
+    if (held[i] > 1 && !named) return fail("unnamed block " + std::to_string(b) + " is shared");
+    const int places = free_uses[i] + (evictable ? 1 : 0) + (held[i] > 0 ? 1 : 0);
+    if (places != 1)
+      return fail("block " + std::to_string(b) + " is in " + std::to_string(places) +
+                  " places (free list, evictable, tables)");
+    if (free_uses[i] > 0 && named) return fail("named block " + std::to_string(b) + " is on the free list");
+  }
+  if (cache_) return cache_->check_integrity();
   return Status::ok_status();
 }
 

@@ -4,23 +4,41 @@
 /// `num_blocks` fixed-size blocks of `block_size` tokens; each sequence owns a
 /// block table (logical block i -> physical block id) grown on demand from a
 /// free list. Pure bookkeeping: the memory itself lives in the ModelExecutor.
+///
+/// With prefix caching (engine/prefix_cache.hpp, issue 42) a sequence's full
+/// blocks are named once computed (cache_full_blocks), a new sequence starts
+/// with the named blocks its tokens lead with (acquire_cached_prefix), shared
+/// and reference-counted, and a block no sequence holds stays named and
+/// reusable until a fresh block is needed and no unnamed one is free (then
+/// the least recently freed is evicted). A shared block is never written:
+/// a sequence computes from the end of its shared blocks on.
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "common/result.hpp"
+#include "engine/prefix_cache.hpp"
 
 namespace shardline::engine {
 
 class BlockManager {
  public:
-  /// `num_blocks` >= 0, `block_size` >= 1.
+  /// `num_blocks` >= 0, `block_size` >= 1; prefix caching off.
   BlockManager(int num_blocks, int block_size);
+  /// The same with `prefix` (prefix caching when prefix.enabled).
+  BlockManager(int num_blocks, int block_size, PrefixCacheConfig prefix);
 
   [[nodiscard]] int num_blocks() const { return num_blocks_; }
   [[nodiscard]] int block_size() const { return block_size_; }
-  [[nodiscard]] int num_free_blocks() const { return static_cast<int>(free_list_.size()); }
+  /// Blocks a sequence may take: unnamed free ones plus named ones no
+  /// sequence holds (evicted when taken).
+  [[nodiscard]] int num_free_blocks() const {
+    return static_cast<int>(free_list_.size()) + (cache_ ? cache_->num_evictable() : 0);
+  }
+  [[nodiscard]] bool prefix_caching() const { return cache_ != nullptr; }
   [[nodiscard]] int num_seqs() const { return static_cast<int>(seqs_.size()); }
 
   /// ceil(num_tokens / block_size).
@@ -38,8 +56,38 @@ class BlockManager {
   /// nothing is allocated), invalid_argument (negative count).
   [[nodiscard]] Status allocate_slots(std::uint64_t seq_id, int num_total_tokens);
 
-  /// Returns all of `seq_id`'s blocks to the free list (no-op if unknown).
+  /// Returns all of `seq_id`'s blocks (no-op if unknown): a block no other
+  /// sequence holds goes back to the free list, or, named, becomes evictable
+  /// (the sequence's last blocks the first to go).
   void free(std::uint64_t seq_id);
+
+  /// A sequence's token ids: its prompt, then its output.
+  struct Tokens {
+    std::span<const std::int32_t> prompt;
+    std::span<const std::int32_t> output;
+    [[nodiscard]] int size() const { return static_cast<int>(prompt.size() + output.size()); }
+    [[nodiscard]] std::int32_t at(int pos) const {
+      const auto p = static_cast<std::size_t>(pos);
+      return p < prompt.size() ? prompt[p] : output[p - prompt.size()];
+    }
+  };
+  /// Prefix caching: a sequence with no blocks yet starts with the longest
+  /// run of named blocks its leading full blocks match, within its first
+  /// `max_tokens` tokens (the caller leaves at least its last token to
+  /// compute). They become its first table entries, shared. Returns the
+  /// tokens they hold (a multiple of block_size; 0 with caching off, no hit,
+  /// or a sequence that has blocks). Free it to give them back.
+  int acquire_cached_prefix(std::uint64_t seq_id, const Tokens& tokens, int max_tokens);
+  /// Prefix caching: names `seq_id`'s full blocks within its first
+  /// `num_computed_tokens` tokens (their KV is in the cache) that are not
+  /// named yet; a block whose name another block has is left unnamed.
+  void cache_full_blocks(std::uint64_t seq_id, const Tokens& tokens, int num_computed_tokens);
+  /// Prefix caching: no block named so far is a hit any more (the KV memory
+  /// is laid out anew: Seesaw's switch of parallel config). Names already
+  /// given stay until evicted; chains started before go on under them.
+  void new_prefix_epoch() noexcept;
+  /// The prefix index (null with caching off).
+  [[nodiscard]] const PrefixCache* prefix_cache() const { return cache_.get(); }
 
   /// `seq_id`'s block table (empty when it has none).
   [[nodiscard]] const std::vector<std::int32_t>& block_table(std::uint64_t seq_id) const;
@@ -47,8 +95,10 @@ class BlockManager {
   [[nodiscard]] int num_tokens_covered(std::uint64_t seq_id) const;
   [[nodiscard]] bool has_seq(std::uint64_t seq_id) const { return seqs_.count(seq_id) != 0; }
 
-  /// Every block is exactly once either free or in one sequence's table, and
-  /// each table has exactly blocks_for_tokens(covered tokens) entries.
+  /// Every block is either free (unnamed, once), evictable (named, no
+  /// holder) or in as many tables as its reference count (more than one only
+  /// when named), and each table has exactly blocks_for_tokens(covered
+  /// tokens) entries.
   /// Errors: internal, naming the broken invariant.
   [[nodiscard]] Status check_integrity() const;
 
@@ -56,10 +106,18 @@ class BlockManager {
   struct SeqBlocks {
     std::vector<std::int32_t> table;
     int num_tokens = 0;
+    std::vector<std::uint64_t> names;  ///< prefix caching: names of table[0 .. names.size()) (full blocks)
   };
+  /// A block for a table: an unnamed free one, else the evicted LRU named one.
+  [[nodiscard]] std::int32_t take_block();
   int num_blocks_;
   int block_size_;
   std::vector<std::int32_t> free_list_;  ///< stack; back() is handed out next
+  std::vector<int> refs_;                ///< [blocks] tables holding the block
+  std::unique_ptr<PrefixCache> cache_;   ///< null: prefix caching off
+  std::uint64_t salt_ = 0;
+  std::uint64_t epoch_ = 0;              ///< new_prefix_epoch calls
+  std::uint64_t root_name_ = 0;          ///< the first block's parent name (salt and epoch)
   std::unordered_map<std::uint64_t, SeqBlocks> seqs_;
 };
 

@@ -55,7 +55,7 @@ LlmEngine::LlmEngine(model::ModelExecutor& executor, const text::Tokenizer& toke
       tokenizer_(&tokenizer),
       config_(std::move(config)),
       scheduler_(SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens, config_.max_model_len,
-                                 config_.preemption_mode},
+                                 config_.preemption_mode, config_.prefix_cache},
                  executor.num_kv_blocks(), executor.block_size()),
       kv_io_(executor, config_.swap_space_bytes),
       parts_{&executor,

@@ -45,6 +45,11 @@ struct EngineConfig {
   /// them, or when the swap space is full, a preemption recomputes.
   PreemptionMode preemption_mode = PreemptionMode::recompute;
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV (vLLM's --swap-space)
+  /// Automatic prefix caching (engine/prefix_cache.hpp; off here, on in the
+  /// job commands unless `--no-prefix-caching`): a request's leading full
+  /// blocks that another request computed are shared, not computed again.
+  /// Outputs are byte-identical either way (the kernels are batch-invariant).
+  PrefixCacheConfig prefix_cache{};
   /// A technique that runs the step loop in phases, built over the
   /// engine's parts at create() (engine/step_phases.hpp): Seesaw's prefill
   /// and decode phases with a host KV buffer between them

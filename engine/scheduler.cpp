@@ -54,7 +54,11 @@ const char* schedule_phase_name(SchedulePhase phase) noexcept {
 }
 
 Scheduler::Scheduler(SchedulerConfig config, int num_kv_blocks, int block_size)
-    : config_(config), blocks_(num_kv_blocks, block_size) {}
+    : config_(config), blocks_(num_kv_blocks, block_size, config.prefix_cache) {}
+
+namespace {
+BlockManager::Tokens tokens_of(const Sequence& seq) { return {seq.prompt_ids, seq.output_ids}; }
+}  // namespace
 
 Status Scheduler::add(std::unique_ptr<Sequence> seq) {
   const std::string who = "request " + std::to_string(seq->id) + ": ";
@@ -308,14 +312,27 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
     }
     if (phase_ == SchedulePhase::prefill) phase_admitted_tokens_ += seq->num_tokens();
     const int restored = seq->num_restore_tokens;  // KV copied in, not computed
-    const int n = std::min({seq->num_tokens() - restored, budget, prefill_left});
-    if (!blocks_.can_grow(seq->id, restored + n)) break;
-    (void)blocks_.allocate_slots(seq->id, restored + n);
+    // Prefix caching: a sequence with nothing to restore starts after the
+    // cached blocks its tokens lead with (its last token is always
+    // computed: its logits are needed). They are shared, never written.
+    const int cached = restored == 0 ? blocks_.acquire_cached_prefix(seq->id, tokens_of(*seq), seq->num_tokens() - 1)
+                                     : 0;
+    const int start = restored + cached;
+    const int n = std::min({seq->num_tokens() - start, budget, prefill_left});
+    if (!blocks_.can_grow(seq->id, start + n)) {
+      blocks_.free(seq->id);  // gives the cached blocks back
+      break;
+    }
+    (void)blocks_.allocate_slots(seq->id, start + n);
     waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
     if (restored > 0) {
       out.restores.push_back({seq->id, restored});
       seq->num_computed_tokens = restored;
       seq->num_restore_tokens = 0;
+    } else if (blocks_.prefix_caching()) {
+      prefix_query_tokens_ += seq->num_tokens();
+      prefix_hit_tokens_ += cached;
+      seq->num_computed_tokens = cached;
     }
     seq->status = SeqStatus::running;
     insert_by_arrival(running_, seq);
@@ -352,6 +369,7 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const std::int32_t>
     Sequence* seq = out.scheduled[i].seq;
     seq->in_flight = false;
     seq->num_computed_tokens += out.scheduled[i].num_new_tokens;
+    blocks_.cache_full_blocks(seq->id, tokens_of(*seq), seq->num_computed_tokens);  // no-op without caching
     if (out.input.seqs[i].needs_logits && next < sampled.size()) seq->output_ids.push_back(sampled[next++]);
   }
 }

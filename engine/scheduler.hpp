@@ -77,6 +77,11 @@ struct SchedulerConfig {
   int max_num_batched_tokens = 2048;   ///< tokens per step at most (prefill chunks + decodes)
   int max_model_len = 4096;            ///< prompt + output tokens at most
   PreemptionMode preemption_mode = PreemptionMode::recompute;
+  /// Automatic prefix caching (engine/prefix_cache.hpp): a new sequence
+  /// (nothing to restore) starts from the named blocks its prompt leads
+  /// with; its full blocks are named as they are computed. Off here; the
+  /// engine's default is on (EngineConfig).
+  PrefixCacheConfig prefix_cache{false, 0};
 };
 
 /// A swap preemption: the KV the victim had computed, to be copied out
@@ -147,8 +152,11 @@ class Scheduler {
   [[nodiscard]] SchedulerOutput schedule(const MicroBatchBudget* limits = nullptr, long long admit_kv_tokens = -1);
 
   /// Seesaw: the kind of steps schedule() builds from now on (mixed by default).
-  /// (Resets the KV tokens admitted in the phase.)
+  /// (Resets the KV tokens admitted in the phase.) A change of phase is a
+  /// change of parallel config, which lays the KV memory out its own way:
+  /// the prefix cache starts a new epoch (no block named before is a hit).
   void set_phase(SchedulePhase phase) noexcept {
+    if (phase != phase_) blocks_.new_prefix_epoch();
     phase_ = phase;
     phase_admitted_tokens_ = 0;
   }
@@ -205,6 +213,11 @@ class Scheduler {
   [[nodiscard]] const BlockManager& block_manager() const { return blocks_; }
   [[nodiscard]] const SchedulerConfig& config() const { return config_; }
   [[nodiscard]] int total_preemptions() const { return total_preemptions_; }
+  /// Prefix caching's counters, in tokens (vLLM's prefix cache queries and
+  /// hits): the tokens of every sequence admitted with nothing to restore,
+  /// and those of them found cached.
+  [[nodiscard]] long long prefix_query_tokens() const { return prefix_query_tokens_; }
+  [[nodiscard]] long long prefix_hit_tokens() const { return prefix_hit_tokens_; }
 
   /// Block-manager integrity plus: running tables cover num_computed_tokens,
   /// waiting sequences hold no blocks (but those being offloaded), running
@@ -234,6 +247,8 @@ class Scheduler {
   std::uint64_t next_arrival_ = 0;
   int total_preemptions_ = 0;
   int total_offloads_ = 0;
+  long long prefix_query_tokens_ = 0;
+  long long prefix_hit_tokens_ = 0;
   long long phase_admitted_tokens_ = 0;  ///< KV tokens (num_tokens) admitted since set_phase
   SchedulePhase phase_ = SchedulePhase::mixed;
 };

@@ -405,6 +405,8 @@ WorkerStatusSnapshot BatchWorker::status() const {
   s.lines_done = lines_done_;
   s.lines_failed = lines_failed_;
   s.num_preemptions = static_cast<std::uint64_t>(sched.total_preemptions());
+  s.prefix_query_tokens = static_cast<std::uint64_t>(sched.prefix_query_tokens());
+  s.prefix_hit_tokens = static_cast<std::uint64_t>(sched.prefix_hit_tokens());
   const engine::KvIoStats& io = eng.kv_io().stats();
   s.kv_swap_outs = io.swap_outs;
   s.kv_restored_tokens = io.restored_tokens;

@@ -75,6 +75,10 @@ struct WorkerStatusSnapshot {
   std::uint64_t lines_failed = 0;      ///< results returned with ok == false
   std::uint64_t num_preemptions = 0;   ///< engine preemptions so far (swap or recompute)
   std::uint64_t kv_swap_outs = 0;      ///< preemptions whose KV went to the host swap space
+  /// Prefix caching (engine/prefix_cache.hpp): tokens of the sequences
+  /// admitted with nothing to restore, and those of them found cached.
+  std::uint64_t prefix_query_tokens = 0;
+  std::uint64_t prefix_hit_tokens = 0;
   std::uint64_t kv_restored_tokens = 0;   ///< KV positions resumed lines restored from a store
   std::uint64_t kv_resume_fallbacks = 0;  ///< resumed choices whose KV could not be restored
   std::uint64_t kv_streamed_bytes = 0;    ///< KV bytes copied out for streaming

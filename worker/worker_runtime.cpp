@@ -231,6 +231,8 @@ KvCounterGrowth WorkerRuntime::take_kv_counter_growth() {
   take(s.kv_restored_tokens, exported_.restored_tokens, grew.restored_tokens);
   take(s.kv_resume_recomputed_tokens, exported_.recomputed_tokens, grew.recomputed_tokens);
   take(s.kv_resume_fallbacks, exported_.resume_fallbacks, grew.resume_fallbacks);
+  take(s.prefix_query_tokens, exported_.prefix_query_tokens, grew.prefix_query_tokens);
+  take(s.prefix_hit_tokens, exported_.prefix_hit_tokens, grew.prefix_hit_tokens);
   return grew;
 }
 

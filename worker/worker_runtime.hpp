@@ -81,6 +81,8 @@ struct KvCounterGrowth {
   std::uint64_t restored_tokens = 0;
   std::uint64_t recomputed_tokens = 0;  ///< resumed positions computed again (the failure's cost)
   std::uint64_t resume_fallbacks = 0;
+  std::uint64_t prefix_query_tokens = 0;  ///< prefix caching: tokens looked up
+  std::uint64_t prefix_hit_tokens = 0;    ///< of them, found cached (not computed)
 };
 
 class WorkerRuntime {

@@ -531,6 +531,7 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   ec.token_budget = o.token_budget;
   ec.preemption_mode = o.preemption_mode;
   ec.swap_space_bytes = o.swap_space_bytes;
+  ec.prefix_cache.enabled = o.enable_prefix_caching;
   if (o.seesaw) ec.step_phases = seesaw_phases(SeesawOptions{*o.seesaw, o.seesaw_async_kv, o.host_link});
   auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();

@@ -98,6 +98,9 @@ struct EngineOptions {
   /// What a preemption does with the victim's KV (engine/scheduler.hpp).
   PreemptionMode preemption_mode = PreemptionMode::recompute;
   std::uint64_t swap_space_bytes = 4ull << 30;  ///< host memory for swapped-out KV
+  /// Automatic prefix caching (EngineConfig::prefix_cache). Off here; the job
+  /// commands' flags turn it on unless `--no-prefix-caching`.
+  bool enable_prefix_caching = false;
   /// Seesaw phases (engine/seesaw/seesaw_phases.hpp); the host KV buffer is the swap space.
   std::optional<SeesawPolicyOptions> seesaw;
   /// Seesaw's decode config cd (seed 000 §4.1, dynamic model re-sharding):

@@ -1,5 +1,6 @@
 // Engine flags (cli/engine_flags.hpp): --device-memory takes plain bytes or a
-// binary unit (parse_byte_size) and reaches EngineOptions.
+// binary unit (parse_byte_size) and reaches EngineOptions; the step overlap
+// and prefix caching flags reach it too.
 #include "cli/engine_flags.hpp"
 
 #include <gtest/gtest.h>
@@ -104,6 +105,19 @@ TEST(EngineFlags, StepOverlapAndItsPrefetchBudgetReachTheEngineOptions) {
   o = options_of({"--overlap-prefetch-mib", "-2"});
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.error().message.find("--overlap-prefetch-mib"), std::string::npos) << o.error().message;
+}
+
+TEST(EngineFlags, PrefixCachingIsOnUnlessTurnedOff) {
+  for (const auto& [args, on] : std::vector<std::pair<std::vector<const char*>, bool>>{
+           {{}, true},
+           {{"--enable-prefix-caching"}, true},
+           {{"--no-prefix-caching"}, false},
+           {{"--enable-prefix-caching", "--no-prefix-caching"}, false},
+           {{"--no-prefix-caching", "--enable-prefix-caching"}, false}}) {
+    auto o = options_of(args);
+    ASSERT_TRUE(o.ok()) << o.error().to_string();
+    EXPECT_EQ(o->enable_prefix_caching, on) << args.size();
+  }
 }
 
 }  // namespace

@@ -97,5 +97,160 @@ TEST(BlockManager, IntegrityHoldsAfterRandomOperations) {
   }
 }
 
+// ---- prefix caching (issue 42) ----------------------------------------------
+
+/// Tokens 0..n-1 of a sequence whose ids are `ids`.
+BlockManager::Tokens view(const std::vector<std::int32_t>& ids) { return {ids, {}}; }
+
+// A second sequence with the same leading full blocks shares them (the same
+// block ids, counted twice), up to its last full block before max_tokens; a
+// partial block or a different token ends the hit. Freed, the named blocks
+// stay reusable (free, evictable) and a third sequence hits them again.
+TEST(BlockManagerPrefix, LeadingFullBlocksAreSharedAndStayReusableAfterFree) {
+  BlockManager bm(8, 4, PrefixCacheConfig{true, 7});
+  const std::vector<std::int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // 2 full blocks + 2 tokens
+  ASSERT_EQ(bm.acquire_cached_prefix(1, view(a), 9), 0) << "nothing cached yet";
+  ASSERT_TRUE(bm.allocate_slots(1, 10).ok());
+  bm.cache_full_blocks(1, view(a), 10);
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+  EXPECT_EQ(bm.prefix_cache()->num_named_blocks(), 2u) << "the partial third block is not named";
+
+  std::vector<std::int32_t> b = a;
+  b[9] = 99;  // same two full blocks, another tail
+  EXPECT_EQ(bm.acquire_cached_prefix(2, view(b), 9), 8);
+  EXPECT_EQ(bm.block_table(2), (std::vector<std::int32_t>{bm.block_table(1)[0], bm.block_table(1)[1]}));
+  ASSERT_TRUE(bm.allocate_slots(2, 10).ok());
+  EXPECT_NE(bm.block_table(2)[2], bm.block_table(1)[2]) << "the tail is its own block";
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+
+  // max_tokens stops before a full block: the last token is always computed.
+  const std::vector<std::int32_t> exact = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_EQ(bm.acquire_cached_prefix(3, view(exact), 7), 4);
+  bm.free(3);
+  // A token changed in the first block: no hit at all.
+  std::vector<std::int32_t> c = a;
+  c[0] = 42;
+  EXPECT_EQ(bm.acquire_cached_prefix(4, view(c), 9), 0);
+  EXPECT_FALSE(bm.has_seq(4));
+
+  const int free_before = bm.num_free_blocks();
+  bm.free(1);
+  bm.free(2);
+  EXPECT_EQ(bm.num_free_blocks(), 8) << "named blocks nobody holds count as free";
+  EXPECT_GT(bm.num_free_blocks(), free_before);
+  EXPECT_EQ(bm.prefix_cache()->num_evictable(), 2);
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+  EXPECT_EQ(bm.acquire_cached_prefix(5, view(a), 9), 8) << "reusable after every holder left";
+  EXPECT_EQ(bm.prefix_cache()->num_evictable(), 0);
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+}
+
+// Blocks run out: unnamed free blocks go first, then the named ones no
+// sequence holds, least recently freed first (a freed sequence's tail before
+// its head). An evicted block's name is gone: no hit on it.
+TEST(BlockManagerPrefix, EvictsUnheldNamedBlocksLeastRecentlyFreedFirstOnlyWhenBlocksRunOut) {
+  BlockManager bm(4, 2, PrefixCacheConfig{true, 0});
+  const std::vector<std::int32_t> a = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(bm.allocate_slots(1, 5).ok());
+  bm.cache_full_blocks(1, view(a), 5);
+  const std::vector<std::int32_t> table = bm.block_table(1);
+  bm.free(1);  // blocks table[1], table[0] evictable (tail first); table[2] unnamed, free
+  ASSERT_TRUE(bm.allocate_slots(2, 2).ok());
+  ASSERT_TRUE(bm.allocate_slots(2, 4).ok());  // two unnamed free blocks, no eviction
+  EXPECT_EQ(bm.prefix_cache()->num_evictions(), 0u);
+  ASSERT_TRUE(bm.allocate_slots(2, 6).ok());  // evicts the tail's block first
+  EXPECT_EQ(bm.prefix_cache()->num_evictions(), 1u);
+  EXPECT_EQ(bm.block_table(2).back(), table[1]);
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+  // The head is still named: a hit of one block; the tail's name is gone.
+  EXPECT_EQ(bm.acquire_cached_prefix(3, view(a), 4), 2);
+  EXPECT_EQ(bm.block_table(3), std::vector<std::int32_t>{table[0]});
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+}
+
+// A new epoch (Seesaw's switch of parallel config re-lays the KV memory out):
+// blocks named before are no hit, blocks named after are.
+TEST(BlockManagerPrefix, ANewEpochEndsEveryEarlierHit) {
+  BlockManager bm(8, 2, PrefixCacheConfig{true, 0});
+  const std::vector<std::int32_t> a = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(bm.allocate_slots(1, 5).ok());
+  bm.cache_full_blocks(1, view(a), 5);
+  bm.free(1);
+  bm.new_prefix_epoch();
+  EXPECT_EQ(bm.acquire_cached_prefix(2, view(a), 4), 0);
+  ASSERT_TRUE(bm.allocate_slots(2, 5).ok());
+  bm.cache_full_blocks(2, view(a), 5);
+  bm.free(2);
+  EXPECT_EQ(bm.acquire_cached_prefix(3, view(a), 4), 4);
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+}
+
+// A name another block already has is not taken again (the first stays);
+// a hash that matches but with other tokens (a forged collision) is no hit.
+TEST(BlockManagerPrefix, DuplicateBlocksAndCollisionsNeverShareTheWrongKv) {
+  BlockManager bm(6, 2, PrefixCacheConfig{true, 0});
+  const std::vector<std::int32_t> a = {1, 2, 3};
+  ASSERT_TRUE(bm.allocate_slots(1, 3).ok());
+  ASSERT_TRUE(bm.allocate_slots(2, 3).ok());  // the same tokens computed twice (admitted together)
+  bm.cache_full_blocks(1, view(a), 3);
+  bm.cache_full_blocks(2, view(a), 3);
+  EXPECT_EQ(bm.prefix_cache()->num_named_blocks(), 1u);
+  EXPECT_TRUE(bm.prefix_cache()->is_named(bm.block_table(1)[0]));
+  EXPECT_FALSE(bm.prefix_cache()->is_named(bm.block_table(2)[0]));
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+
+  PrefixCache index(4);
+  const std::uint64_t root = prefix_root_hash(0);
+  const std::vector<std::int32_t> t = {5, 6};
+  const std::uint64_t name = prefix_block_hash(root, t);
+  ASSERT_TRUE(index.insert(0, name, root, t));
+  EXPECT_EQ(index.find(name, root, t), 0);
+  EXPECT_EQ(index.find(name, root, std::vector<std::int32_t>{5, 7}), -1) << "same name, other tokens";
+  EXPECT_EQ(index.find(name, root + 1, t), -1) << "same name, other parent";
+  EXPECT_NE(prefix_block_hash(root, t), prefix_block_hash(prefix_root_hash(1), t)) << "the salt names blocks";
+}
+
+// Random sharing, growth, frees and evictions: the counts, the sharing and
+// the index stay consistent (check_integrity after every operation).
+TEST(BlockManagerPrefix, IntegrityHoldsAfterRandomSharingAndEviction) {
+  std::mt19937 rng(99);
+  BlockManager bm(40, 4, PrefixCacheConfig{true, 3});
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int p = 0; p < 6; ++p) {
+    std::vector<std::int32_t> ids;
+    for (int t = 0; t < 30; ++t) ids.push_back(t < 12 ? t : 100 * p + t);  // a 12-token shared head
+    prompts.push_back(ids);
+  }
+  std::map<std::uint64_t, int> computed;
+  for (int op = 0; op < 4000; ++op) {
+    const std::uint64_t id = rng() % 10;
+    const auto& ids = prompts[id % prompts.size()];
+    if (rng() % 3 == 0) {
+      bm.free(id);
+      computed.erase(id);
+    } else if (!bm.has_seq(id)) {
+      const int hit = bm.acquire_cached_prefix(id, view(ids), 29);
+      ASSERT_EQ(hit % 4, 0);
+      const int want = hit + 1 + static_cast<int>(rng() % 8);
+      if (!bm.can_grow(id, want)) {
+        bm.free(id);
+      } else {
+        ASSERT_TRUE(bm.allocate_slots(id, want).ok());
+        computed[id] = want;
+        bm.cache_full_blocks(id, view(ids), want);
+      }
+    } else {
+      const int want = std::min(30, computed[id] + 1 + static_cast<int>(rng() % 6));
+      if (bm.can_grow(id, want)) {
+        ASSERT_TRUE(bm.allocate_slots(id, want).ok());
+        computed[id] = want;
+        bm.cache_full_blocks(id, view(ids), want);
+      }
+    }
+    ASSERT_TRUE(bm.check_integrity().ok()) << op << ": " << bm.check_integrity().error().message;
+  }
+  EXPECT_GT(bm.prefix_cache()->num_evictions(), 0u) << "the run exercised eviction";
+}
+
 }  // namespace
 }  // namespace shardline::engine
