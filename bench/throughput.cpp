@@ -138,6 +138,10 @@ std::string ThroughputReport::to_json() const {
                    {"num_swap_fallbacks", num_swap_fallbacks},
                    {"swapped_out_bytes", swapped_out_bytes},
                    {"computed_tokens", computed_tokens},
+                   {"shared_prefix_len", shared_prefix_len},
+                   {"prefix_caching", prefix_caching},
+                   {"prefix_query_tokens", prefix_query_tokens},
+                   {"prefix_hit_tokens", prefix_hit_tokens},
                    {"kv_cache_bytes", kv_cache_bytes},
                    {"weight_bytes", weight_bytes},
                    {"step_wall_ms", num_steps > 0 ? elapsed_s * 1e3 / num_steps : 0.0},
@@ -157,6 +161,9 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   if (o.num_prompts <= 0 || o.input_len <= 0 || o.output_len <= 0 || o.max_batch <= 0)
     return make_error(ErrorCode::invalid_argument,
                       "bench: --num-prompts, --input-len, --output-len and --max-batch must be > 0");
+  if (o.shared_prefix_len < 0 || o.shared_prefix_len >= o.input_len)
+    return make_error(ErrorCode::invalid_argument, "bench: --shared-prefix-len must be in [0, --input-len), got " +
+                                                       std::to_string(o.shared_prefix_len));
   if (o.engine.device != model::DeviceKind::cpu)
     return make_error(ErrorCode::invalid_argument,
                       "bench: run_throughput measures CPU devices only; a cuda:N device goes through "
@@ -207,7 +214,12 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   if (!eng) return std::move(eng).error();
 
   // Random prompts (seeded, fixed), avoiding special ids.
-  const auto prompts = random_prompts(o.num_prompts, o.input_len, e.weights->config.vocab_size, o.prompt_seed);
+  auto prompts = random_prompts(o.num_prompts, o.input_len, e.weights->config.vocab_size, o.prompt_seed);
+  // A shared head: prompt 0's first tokens on every prompt.
+  for (std::size_t i = 1; i < prompts.size(); ++i)
+    std::copy(prompts[0].begin(), prompts[0].begin() + o.shared_prefix_len, prompts[i].begin());
+  rep.shared_prefix_len = o.shared_prefix_len;
+  rep.prefix_caching = ec.prefix_cache.enabled;
   sampling::SamplingParams sp;
   sp.temperature = 0.0f;
   sp.max_tokens = o.output_len;
@@ -255,6 +267,8 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
     rep.computed_tokens += s.num_prefill_tokens + s.num_decode_tokens;
   }
   rep.preemption_mode = engine::preemption_mode_name(ec.preemption_mode);
+  rep.prefix_query_tokens = (*eng)->scheduler().prefix_query_tokens();
+  rep.prefix_hit_tokens = (*eng)->scheduler().prefix_hit_tokens();
   rep.num_swap_outs = static_cast<int>((*eng)->kv_io().stats().swap_outs);
   rep.num_swap_fallbacks = static_cast<int>((*eng)->kv_io().stats().swap_fallbacks);
   rep.swapped_out_bytes = static_cast<double>((*eng)->kv_io().stats().swapped_out_bytes);

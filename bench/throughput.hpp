@@ -21,6 +21,10 @@ struct ThroughputOptions {
   int output_len = 128;  ///< generated tokens per request (ignore_eos)
   int max_batch = 64;    ///< running sequences at most (engine max_num_seqs)
   std::uint64_t prompt_seed = 1;  ///< seed of the random prompt ids
+  /// `--shared-prefix-len`: the first this many tokens of every prompt are
+  /// the same (a system prompt; issue 42's prefix caching workload), the
+  /// rest random. 0: every prompt random. At most input_len - 1.
+  int shared_prefix_len = 0;
   /// `--kv-stream`: "off", "store" (stream each step's KV to a KV-store
   /// actor) or "replicated" (and on to its ring successor); bench/kv_streaming.hpp.
   std::string kv_stream = "off";
@@ -42,7 +46,9 @@ struct ThroughputReport {
   double roofline_ratio = 0;     ///< decode_step_ms / roofline_step_ms
   /// The whole run's limit: (prompt + generated tokens) / the sum over all
   /// its model steps (prefill and decode) of their rooflines. total_tok_s
-  /// cannot pass it at this run's membw_gbs and gemm_gflops.
+  /// cannot pass it at this run's membw_gbs and gemm_gflops, except with
+  /// prefix hits (prefix_hit_tokens > 0): those prompt tokens are counted
+  /// but no step computed them.
   double roofline_total_tok_s = 0;
   // Per phase, medians over the same decode steps: the time (the runner's
   // per-op profile, the engine's step stats) and the phase's own limit at
@@ -87,6 +93,10 @@ struct ThroughputReport {
   /// Token positions the model computed (prompt + generated - 1 per request
   /// without preemption; more when preemptions recompute).
   long long computed_tokens = 0;
+  int shared_prefix_len = 0;
+  bool prefix_caching = false;       ///< --enable-prefix-caching
+  long long prefix_query_tokens = 0;  ///< prefix caching: tokens looked up
+  long long prefix_hit_tokens = 0;    ///< of them, found cached (not computed)
   // KV streaming (kv_stream != "off"):
   std::string kv_stream = "off";
   std::string kv_sync;

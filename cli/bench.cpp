@@ -282,6 +282,10 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   add_device_flag(*cmd, a->engine);
   cmd->add_option("--num-prompts", a->options.num_prompts, "Requests")->capture_default_str();
   cmd->add_option("--input-len", a->options.input_len, "Prompt tokens per request")->capture_default_str();
+  cmd->add_option("--shared-prefix-len", a->options.shared_prefix_len,
+                  "The first N prompt tokens are the same on every request (a system prompt; with "
+                  "--enable-prefix-caching they are computed once; docs/prefix-caching.md)")
+      ->capture_default_str();
   cmd->add_option("--output-len", a->options.output_len, "Generated tokens per request")
       ->capture_default_str();
   cmd->add_option("--max-batch", a->options.max_batch, "Running sequences at most")->capture_default_str();

@@ -85,6 +85,12 @@ void BlockManager::free(std::uint64_t seq_id) {
 }
 
 int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& tokens, int max_tokens) {
+  return acquire_cached_prefix(seq_id, tokens, max_tokens, nullptr);
+}
+
+int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& tokens, int max_tokens,
+                                        std::optional<std::uint64_t>* miss_name) {
+  if (miss_name != nullptr) miss_name->reset();
   if (!cache_ || seqs_.count(seq_id) != 0) return 0;
   const int full = std::min(max_tokens, tokens.size()) / block_size_;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(block_size_));
@@ -94,7 +100,10 @@ int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& toke
     for (int t = 0; t < block_size_; ++t) ids[static_cast<std::size_t>(t)] = tokens.at(i * block_size_ + t);
     const std::uint64_t name = prefix_block_hash(parent, ids);
     const int b = cache_->find(name, parent, ids);
-    if (b < 0) break;
+    if (b < 0) {
+      if (miss_name != nullptr) *miss_name = name;
+      break;
+    }
     cache_->hold(b);
     ++refs_[static_cast<std::size_t>(b)];
     s.table.push_back(b);
@@ -106,6 +115,20 @@ int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& toke
   const int hit = s.num_tokens;
   seqs_.emplace(seq_id, std::move(s));
   return hit;
+}
+
+std::vector<std::uint64_t> BlockManager::prefix_names(const Tokens& tokens, int max_tokens, int first_block) const {
+  std::vector<std::uint64_t> names;
+  if (!cache_) return names;
+  const int full = std::min(max_tokens, tokens.size()) / block_size_;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(block_size_));
+  std::uint64_t parent = root_name_;
+  for (int i = 0; i < full; ++i) {
+    for (int t = 0; t < block_size_; ++t) ids[static_cast<std::size_t>(t)] = tokens.at(i * block_size_ + t);
+    parent = prefix_block_hash(parent, ids);
+    if (i >= first_block) names.push_back(parent);
+  }
+  return names;
 }
 
 void BlockManager::cache_full_blocks(std::uint64_t seq_id, const Tokens& tokens, int num_computed_tokens) {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -78,6 +79,14 @@ class BlockManager {
   /// tokens they hold (a multiple of block_size; 0 with caching off, no hit,
   /// or a sequence that has blocks). Free it to give them back.
   int acquire_cached_prefix(std::uint64_t seq_id, const Tokens& tokens, int max_tokens);
+  /// The same; `miss_name`, when given, gets the name of the first full
+  /// block within max_tokens that was not cached (nullopt when every one was).
+  int acquire_cached_prefix(std::uint64_t seq_id, const Tokens& tokens, int max_tokens,
+                            std::optional<std::uint64_t>* miss_name);
+  /// The names (in this epoch) of the full blocks within the first
+  /// `max_tokens` of `tokens`, from block `first_block` on (none with
+  /// caching off).
+  [[nodiscard]] std::vector<std::uint64_t> prefix_names(const Tokens& tokens, int max_tokens, int first_block) const;
   /// Prefix caching: names `seq_id`'s full blocks within its first
   /// `num_computed_tokens` tokens (their KV is in the cache) that are not
   /// named yet; a block whose name another block has is left unnamed.

@@ -98,4 +98,37 @@ Status PrefixCache::check_integrity() const {
   return Status::ok_status();
 }
 
+void ComputingPrefixes::drop(std::uint64_t name) {
+  const auto it = count_.find(name);
+  if (it != count_.end() && --it->second <= 0) count_.erase(it);
+}
+
+void ComputingPrefixes::start(std::uint64_t seq_id, std::vector<std::uint64_t> names, int first_block) {
+  stop(seq_id);
+  if (names.empty()) return;
+  for (std::uint64_t n : names) ++count_[n];
+  of_[seq_id] = Entry{std::move(names), first_block, 0};
+}
+
+void ComputingPrefixes::progress(std::uint64_t seq_id, int num_full_blocks) {
+  const auto it = of_.find(seq_id);
+  if (it == of_.end()) return;
+  Entry& e = it->second;
+  while (e.next < e.names.size() && e.first_block + static_cast<int>(e.next) < num_full_blocks) drop(e.names[e.next++]);
+  if (e.next == e.names.size()) of_.erase(it);
+}
+
+void ComputingPrefixes::stop(std::uint64_t seq_id) {
+  const auto it = of_.find(seq_id);
+  if (it == of_.end()) return;
+  for (std::size_t i = it->second.next; i < it->second.names.size(); ++i) drop(it->second.names[i]);
+  of_.erase(it);
+}
+
+std::size_t ComputingPrefixes::num_pending() const {
+  std::size_t n = 0;
+  for (const auto& [name, count] : count_) n += static_cast<std::size_t>(count);
+  return n;
+}
+
 }  // namespace shardline::engine

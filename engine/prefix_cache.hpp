@@ -87,4 +87,35 @@ class PrefixCache {
   std::uint64_t evictions_ = 0;
 };
 
+/// Prefix caching's admission rule for requests that arrive together (the
+/// `n` choices of a line, lines behind one head): the names of the full
+/// blocks running sequences are computing now. The scheduler keeps a
+/// request whose first uncached block is among them waiting until it is
+/// named, so the block is computed once, not once per request (issue 42's
+/// "n > 1 shares the prompt").
+class ComputingPrefixes {
+ public:
+  /// Sequence `seq_id` computes the blocks named `names`, its blocks
+  /// first_block, first_block + 1, ... (replaces what it computed before).
+  void start(std::uint64_t seq_id, std::vector<std::uint64_t> names, int first_block);
+  /// Its first `num_full_blocks` blocks are computed (named): no longer pending.
+  void progress(std::uint64_t seq_id, int num_full_blocks);
+  /// It stopped (finished, preempted, offloaded): none of its names is pending.
+  void stop(std::uint64_t seq_id);
+  /// Whether some running sequence is computing the block named `name`.
+  [[nodiscard]] bool computing(std::uint64_t name) const { return count_.count(name) != 0; }
+  /// Names pending, over every sequence (with repeats).
+  [[nodiscard]] std::size_t num_pending() const;
+
+ private:
+  struct Entry {
+    std::vector<std::uint64_t> names;
+    int first_block = 0;
+    std::size_t next = 0;  ///< names[0, next) are computed
+  };
+  void drop(std::uint64_t name);
+  std::unordered_map<std::uint64_t, int> count_;     ///< name -> sequences computing it
+  std::unordered_map<std::uint64_t, Entry> of_;      ///< by sequence
+};
+
 }  // namespace shardline::engine

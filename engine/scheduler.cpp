@@ -1,6 +1,7 @@
 #include "engine/scheduler.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 namespace shardline::engine {
@@ -58,6 +59,10 @@ Scheduler::Scheduler(SchedulerConfig config, int num_kv_blocks, int block_size)
 
 namespace {
 BlockManager::Tokens tokens_of(const Sequence& seq) { return {seq.prompt_ids, seq.output_ids}; }
+/// Prefix caching: at most this many waiting sequences are put off (their
+/// next block being computed) per schedule before admission stops: a queue
+/// of thousands of lines behind one head is not rescanned whole each step.
+constexpr int kMaxPrefixWaitsPerSchedule = 256;
 }  // namespace
 
 Status Scheduler::add(std::unique_ptr<Sequence> seq) {
@@ -110,6 +115,7 @@ Sequence* Scheduler::last_preemptible() const {
 
 void Scheduler::preempt(Sequence* victim, SchedulerOutput& out) {
   std::erase(running_, victim);
+  computing_.stop(victim->id);
   if (config_.preemption_mode == PreemptionMode::swap && victim->num_computed_tokens > 0) {
     // Positions whose KV is computed; the last known token is never among
     // them (it is computed by the step that samples the next one).
@@ -128,6 +134,7 @@ void Scheduler::preempt(Sequence* victim, SchedulerOutput& out) {
 
 void Scheduler::offload(Sequence* seq, std::vector<SwapOut>& offloads) {
   std::erase(running_, seq);
+  computing_.stop(seq->id);
   if (seq->num_computed_tokens > 0) {
     offloads.push_back({seq->id, blocks_.block_table(seq->id), seq->num_computed_tokens});
     ++total_offloads_;
@@ -299,6 +306,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
   }
   //    A prefill phase admits prompts only (within admit_kv_tokens).
   std::size_t w = 0;
+  int waits = 0;  // prefix caching: sequences put off this schedule (the scan's bound)
   while (out.num_preemptions == 0 && budget > 0 && prefill_left > 0 && w < waiting_.size() &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_[w];
@@ -306,17 +314,30 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       ++w;  // its KV is on the way out, or it is the decode phase's
       continue;
     }
-    if (phase_ == SchedulePhase::prefill && admit_kv_tokens >= 0) {
-      if (seq->num_tokens() > admit_kv_tokens) break;  // the host KV buffer has no room for it
-      admit_kv_tokens -= seq->num_tokens();
-    }
-    if (phase_ == SchedulePhase::prefill) phase_admitted_tokens_ += seq->num_tokens();
     const int restored = seq->num_restore_tokens;  // KV copied in, not computed
     // Prefix caching: a sequence with nothing to restore starts after the
     // cached blocks its tokens lead with (its last token is always
     // computed: its logits are needed). They are shared, never written.
-    const int cached = restored == 0 ? blocks_.acquire_cached_prefix(seq->id, tokens_of(*seq), seq->num_tokens() - 1)
-                                     : 0;
+    // If its next block is being computed by a running sequence, it waits
+    // for it (computed once, then a hit) instead of computing it again.
+    std::optional<std::uint64_t> miss;
+    const int cached =
+        restored == 0 ? blocks_.acquire_cached_prefix(seq->id, tokens_of(*seq), seq->num_tokens() - 1, &miss) : 0;
+    if (miss && computing_.computing(*miss)) {
+      blocks_.free(seq->id);
+      ++prefix_waits_;
+      if (++waits > kMaxPrefixWaitsPerSchedule) break;
+      ++w;
+      continue;
+    }
+    if (phase_ == SchedulePhase::prefill && admit_kv_tokens >= 0) {
+      if (seq->num_tokens() > admit_kv_tokens) {  // the host KV buffer has no room for it
+        blocks_.free(seq->id);
+        break;
+      }
+      admit_kv_tokens -= seq->num_tokens();
+    }
+    if (phase_ == SchedulePhase::prefill) phase_admitted_tokens_ += seq->num_tokens();
     const int start = restored + cached;
     const int n = std::min({seq->num_tokens() - start, budget, prefill_left});
     if (!blocks_.can_grow(seq->id, start + n)) {
@@ -333,6 +354,8 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       prefix_query_tokens_ += seq->num_tokens();
       prefix_hit_tokens_ += cached;
       seq->num_computed_tokens = cached;
+      const int first_block = cached / blocks_.block_size();
+      computing_.start(seq->id, blocks_.prefix_names(tokens_of(*seq), seq->num_tokens() - 1, first_block), first_block);
     }
     seq->status = SeqStatus::running;
     insert_by_arrival(running_, seq);
@@ -370,6 +393,7 @@ void Scheduler::update(const SchedulerOutput& out, std::span<const std::int32_t>
     seq->in_flight = false;
     seq->num_computed_tokens += out.scheduled[i].num_new_tokens;
     blocks_.cache_full_blocks(seq->id, tokens_of(*seq), seq->num_computed_tokens);  // no-op without caching
+    computing_.progress(seq->id, seq->num_computed_tokens / blocks_.block_size());
     if (out.input.seqs[i].needs_logits && next < sampled.size()) seq->output_ids.push_back(sampled[next++]);
   }
 }
@@ -380,6 +404,7 @@ std::unique_ptr<Sequence> Scheduler::finish(std::uint64_t seq_id, FinishReason r
   std::unique_ptr<Sequence> seq = std::move(it->second);
   seqs_.erase(it);
   blocks_.free(seq_id);
+  computing_.stop(seq_id);
   std::erase(running_, seq.get());
   std::erase(waiting_, seq.get());
   seq->status = SeqStatus::finished;

@@ -218,6 +218,9 @@ class Scheduler {
   /// and those of them found cached.
   [[nodiscard]] long long prefix_query_tokens() const { return prefix_query_tokens_; }
   [[nodiscard]] long long prefix_hit_tokens() const { return prefix_hit_tokens_; }
+  /// Admissions put off because the request's next block was being
+  /// computed by a running sequence (ComputingPrefixes).
+  [[nodiscard]] long long prefix_waits() const { return prefix_waits_; }
 
   /// Block-manager integrity plus: running tables cover num_computed_tokens,
   /// waiting sequences hold no blocks (but those being offloaded), running
@@ -249,6 +252,8 @@ class Scheduler {
   int total_offloads_ = 0;
   long long prefix_query_tokens_ = 0;
   long long prefix_hit_tokens_ = 0;
+  long long prefix_waits_ = 0;
+  ComputingPrefixes computing_;  ///< prefix caching: blocks running sequences are computing
   long long phase_admitted_tokens_ = 0;  ///< KV tokens (num_tokens) admitted since set_phase
   SchedulePhase phase_ = SchedulePhase::mixed;
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <iterator>
 #include <sstream>
 #include <string>
@@ -155,6 +156,32 @@ TEST(CliE2e, BenchReportsEachDecodePhaseAgainstItsLimit) {
     // A phase's limit is below the whole step's roofline (it is one term of it).
     EXPECT_LE(j.at("decode_gemm_limit_ms").get<double>(), j.at("roofline_step_ms").get<double>() * (1 + 1e-9));
   }
+}
+
+// bench --shared-prefix-len (issue 42's workload): with
+// --enable-prefix-caching the shared head's full blocks (16 tokens each) are
+// computed once: every later request hits them and the model computes that
+// many fewer positions; without it (bench's default) nothing is a hit.
+TEST(CliE2e, BenchWithASharedPrefixCountsItsHitsWithCachingOnly) {
+  std::map<bool, nlohmann::json> by_caching;
+  for (const bool caching : {false, true}) {
+    const CliRun r = run("bench --model " + kModel + " --num-prompts 8 --input-len 40 --shared-prefix-len 32 " +
+                         "--output-len 4 --max-batch 2 --threads 2" + (caching ? " --enable-prefix-caching" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    const std::string last = r.out.substr(r.out.rfind("\n{") == std::string::npos ? 0 : r.out.rfind("\n{") + 1);
+    by_caching[caching] = nlohmann::json::parse(last.substr(0, last.find('\n')));
+  }
+  EXPECT_EQ(by_caching[false].at("prefix_caching"), false);
+  EXPECT_EQ(by_caching[false].at("prefix_hit_tokens"), 0);
+  const nlohmann::json& on = by_caching[true];
+  EXPECT_EQ(on.at("prefix_caching"), true);
+  EXPECT_EQ(on.at("shared_prefix_len"), 32);
+  EXPECT_EQ(on.at("prefix_hit_tokens").get<long long>(), 7 * 32) << on.dump();
+  EXPECT_EQ(by_caching[false].at("computed_tokens").get<long long>() - on.at("computed_tokens").get<long long>(),
+            7 * 32);
+  const CliRun bad = run("bench --model " + kModel + " --num-prompts 2 --input-len 8 --shared-prefix-len 8");
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("--shared-prefix-len must be in [0, --input-len)"), std::string::npos) << bad.out;
 }
 
 TEST(CliE2e, TokenizeJson) {

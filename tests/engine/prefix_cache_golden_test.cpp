@@ -153,5 +153,22 @@ TEST(PrefixCacheGolden, PreemptionAndEvictionInATinyCacheKeepTheOutputsIdentical
   }
 }
 
+// The `n` choices of a line are requests admitted together: 8 requests of
+// one 64-token prompt (sampled, other seeds) in one step budget. The first
+// computes the prompt; the others wait for its blocks (ComputingPrefixes)
+// and compute only the last block (the last token is always computed):
+// 64 + 7 x 16 prefill tokens instead of 8 x 64, the same outputs.
+TEST(PrefixCacheGolden, RequestsAdmittedTogetherComputeASharedPromptOnce) {
+  Job job;
+  const std::vector<std::int32_t> prompt = cat({1}, tokens(63, 900));
+  for (std::uint64_t n = 0; n < 8; ++n) job[n] = {prompt, params(800 + n, 1.0f, 10)};
+  const JobRun off = run_job(job, false, 2048, 8u << 20, PreemptionMode::recompute);
+  const JobRun on = run_job(job, true, 2048, 8u << 20, PreemptionMode::recompute);
+  expect_same_outputs(on, off, "n = 8");
+  EXPECT_EQ(off.prefill_tokens, 8 * 64);
+  EXPECT_EQ(on.prefill_tokens, 64 + 7 * 16);
+  EXPECT_EQ(on.hit_tokens, 7 * 48);
+}
+
 }  // namespace engine_prefix_cache_golden_test
 }  // namespace shardline::engine
