@@ -1,6 +1,7 @@
 #include "model/sidp/sidp_rank_ffn.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 namespace shardline::model::sidp {
@@ -245,29 +246,32 @@ int SidpRankFfn::peer_rows_to_serve() {
   return total;
 }
 
-Status SidpRankFfn::recv_peer_rows(int layer, float* staging, int hidden) {
+Status SidpRankFfn::each_peer_slice(int hidden, const std::function<Status(int, std::size_t, std::size_t)>& fn) {
   std::size_t offset = 0;
   for (int r = 0; r < plan_.dp; ++r) {
     const int rows = step_rows_[static_cast<std::size_t>(r)];
     if (r == rank_ || rows == 0) continue;
     const std::size_t elems = static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden);
-    if (Status st = compute_comm_->recv(staging + offset, elems * sizeof(float), r, tag_request(layer)); !st)
-      return st;
+    if (Status st = fn(r, offset, elems); !st) return st;
     offset += elems;
   }
   return Status::ok_status();
 }
 
+Status SidpRankFfn::recv_peer_rows(int layer, float* staging, int hidden) {
+  return each_peer_slice(hidden, [&](int peer, std::size_t offset, std::size_t elems) {
+    return compute_comm_->recv(staging + offset, elems * sizeof(float), peer, tag_request(layer));
+  });
+}
+
 Status SidpRankFfn::send_peer_rows(int layer, const float* staged_out, int hidden, int total_rows) {
-  std::size_t offset = 0;
-  for (int r = 0; r < plan_.dp; ++r) {
-    const int rows = step_rows_[static_cast<std::size_t>(r)];
-    if (r == rank_ || rows == 0) continue;
-    const std::size_t elems = static_cast<std::size_t>(rows) * static_cast<std::size_t>(hidden);
-    if (Status st = compute_comm_->send(staged_out + offset, elems * sizeof(float), r, tag_response(layer)); !st)
-      return st;
-    offset += elems;
-  }
+  if (Status st = each_peer_slice(hidden,
+                                  [&](int peer, std::size_t offset, std::size_t elems) {
+                                    return compute_comm_->send(staged_out + offset, elems * sizeof(float), peer,
+                                                               tag_response(layer));
+                                  });
+      !st)
+    return st;
   std::lock_guard lk(mu_);
   ++stats_.cas_fused_gemms;
   stats_.cas_fused_rows += static_cast<std::uint64_t>(total_rows);

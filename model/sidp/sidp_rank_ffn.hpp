@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -174,6 +175,9 @@ class SidpRankFfn {
   comm::Communicator* weights_comm_;
 
  private:
+  /// fn(peer, offset, elems) for each non-dummy peer in rank order, its
+  /// slice [offset, offset + elems) of the owner's staging beyond its own rows.
+  [[nodiscard]] Status each_peer_slice(int hidden, const std::function<Status(int, std::size_t, std::size_t)>& fn);
   [[nodiscard]] Status join_cas();                      // WaS -> CaS all-gather
   [[nodiscard]] Status control_exchange(int num_rows);  // CaS step start
   [[nodiscard]] Status broken_error() const;
