@@ -26,6 +26,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <thread>
 
 #include <cuda_runtime_api.h>  // cudaError_t values for fault injection
 
@@ -725,6 +726,36 @@ TEST_P(CudaRunnerFakeDevice, CreateErrorsLeaveNothingBehind) {
   auto refused = model::CudaModelRunner::create(w, runner_options(bad));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code, ErrorCode::invalid_argument);
+}
+
+
+// The fake keeps CUDA's capture modes (two engines of one process: one
+// captures its decode graphs while the other allocates): a thread-local
+// capture prohibits cudaMalloc on its own thread only, a global one on
+// every thread (the call fails and the anomaly is reported).
+TEST_P(CudaRunnerFakeDevice, CaptureModesProhibitUnsafeCallsOnTheRightThreads) {
+  namespace fc = testing_support::fake_cuda;
+  for (const cudaStreamCaptureMode mode : {cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeGlobal}) {
+    const bool local = mode == cudaStreamCaptureModeThreadLocal;
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamBeginCapture(s, mode), cudaSuccess);
+    cudaError_t other = cudaSuccess;
+    void* p = nullptr;
+    std::thread([&] { other = cudaMalloc(&p, 256); }).join();
+    EXPECT_EQ(other == cudaSuccess, local) << "another thread allocates during a thread-local capture only";
+    EXPECT_EQ(fc::anomalies().empty(), local);
+    void* q = nullptr;
+    EXPECT_NE(cudaMalloc(&q, 256), cudaSuccess) << "the capturing thread may not allocate";
+    (void)cudaGetLastError();
+    cudaGraph_t g = nullptr;
+    EXPECT_NE(cudaStreamEndCapture(s, &g), cudaSuccess) << "the prohibited call invalidated the capture";
+    (void)cudaGetLastError();
+    EXPECT_FALSE(fc::anomalies().empty());
+    if (p != nullptr) ASSERT_EQ(cudaFree(p), cudaSuccess);
+    ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    fc::reset(GetParam());  // the anomalies above were the point
+  }
 }
 
 }  // namespace

@@ -46,6 +46,8 @@ struct CUstream_st {
   bool legacy = false;
   int device = 0;  ///< the device current when it was made (the legacy stream: -1, any)
   bool capturing = false;
+  cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+  std::thread::id capture_thread;  ///< the thread that began the capture
   bool invalidated = false;  ///< the capture hit a prohibited call
   std::vector<fake_detail::Op> captured;
   std::deque<fake_detail::Op> pending;  ///< deferred mode: queued, not run yet
@@ -274,6 +276,30 @@ bool capture_active() {
   return false;
 }
 
+/// CUDA's rule for potentially unsafe calls (cudaMalloc, cudaFree, syncs):
+/// a capture in global mode prohibits them on every thread; one in
+/// thread-local mode on the thread that began it; a relaxed one nowhere.
+/// (So two engines of one process may allocate while the other captures.)
+bool prohibits(const CUstream_st& s) {
+  if (!s.capturing) return false;
+  if (s.capture_mode == cudaStreamCaptureModeGlobal) return true;
+  return s.capture_mode == cudaStreamCaptureModeThreadLocal && s.capture_thread == std::this_thread::get_id();
+}
+
+bool capture_prohibits_here() {
+  for (CUstream_st* s : st().streams)
+    if (prohibits(*s)) return true;
+  return false;
+}
+
+/// A blocking stream (not cudaStreamNonBlocking) is capturing: work on the
+/// legacy stream would depend on it, which CUDA refuses.
+bool blocking_capture_active() {
+  for (CUstream_st* s : st().streams)
+    if (s->capturing && (s->flags & cudaStreamNonBlocking) == 0) return true;
+  return false;
+}
+
 void run(Op& op) {
   Counters& c = st().counters;
   ++c.ops_run;
@@ -364,12 +390,12 @@ void drain_device(int device) {
   });
 }
 
-/// A call CUDA prohibits while a stream captures (thread-local mode, one
-/// thread): invalidates the capture and fails.
+/// A call CUDA prohibits while a stream captures (capture_prohibits_here):
+/// invalidates the captures that prohibit it and fails.
 bool prohibited_during_capture(const char* call, cudaError_t* err) {
-  if (!capture_active()) return false;
+  if (!capture_prohibits_here()) return false;
   for (CUstream_st* s : st().streams)
-    if (s->capturing) s->invalidated = true;
+    if (prohibits(*s)) s->invalidated = true;
   anomaly(std::string(call) + " during a stream capture (invalidates it)");
   *err = fail(cudaErrorStreamCaptureUnsupported);
   return true;
@@ -559,7 +585,7 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
 cudaError_t cudaFree(void* devPtr) {
   FAKE_LOCK;
   if (devPtr == nullptr) return cudaSuccess;
-  if (capture_active()) anomaly("cudaFree during a stream capture");
+  if (capture_prohibits_here()) anomaly("cudaFree during a stream capture");
   drain_device(memory_device(devPtr));  // cudaFree waits for the device, as on a GPU
   if (!release(devPtr, MemKind::device)) {
     anomaly("cudaFree of an unknown device pointer");
@@ -622,8 +648,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     anomaly("cudaStreamSynchronize of an unknown stream");
     return fail(cudaErrorInvalidResourceHandle);
   }
-  if (q->capturing || (q->legacy && capture_active())) {
-    prohibited_during_capture("cudaStreamSynchronize", &err);
+  if (q->capturing || (q->legacy && blocking_capture_active())) {
+    // Syncing a capturing stream is refused on any thread.
+    if (!prohibited_during_capture("cudaStreamSynchronize", &err)) {
+      q->invalidated = q->capturing;
+      anomaly("cudaStreamSynchronize of a capturing stream");
+      err = fail(cudaErrorStreamCaptureUnsupported);
+    }
     return err;
   }
   if (q->legacy)
@@ -680,8 +711,12 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
   if ((err = check_copy_kind("cudaMemcpyAsync", dst, src, count, kind)) != cudaSuccess) return err;
   const Where d = where(dst), s = where(src);
   if (d == Where::pageable || s == Where::pageable) {
-    if (q->capturing || (q->legacy && capture_active())) {
-      prohibited_during_capture("cudaMemcpyAsync of pageable host memory", &err);
+    if (q->capturing || (q->legacy && blocking_capture_active())) {
+      if (!prohibited_during_capture("cudaMemcpyAsync of pageable host memory", &err)) {
+        q->invalidated = q->capturing;
+        anomaly("cudaMemcpyAsync of pageable host memory on a capturing stream");
+        err = fail(cudaErrorStreamCaptureUnsupported);
+      }
       return err;
     }
     if (s == Where::pageable && d == Where::device) {
@@ -817,6 +852,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
       mode != cudaStreamCaptureModeRelaxed)
     return fail(cudaErrorInvalidValue);
   q->capturing = true;
+  q->capture_mode = mode;
+  q->capture_thread = std::this_thread::get_id();
   q->invalidated = false;
   q->captured.clear();
   return cudaSuccess;
@@ -1524,7 +1561,7 @@ Status DeviceBuffer::fill_bytes(int value) {
 void DeviceBuffer::reset() noexcept {
   FAKE_LOCK;
   if (ptr_ == nullptr) return;
-  if (capture_active()) anomaly("cudaFree during a stream capture");
+  if (capture_prohibits_here()) anomaly("cudaFree during a stream capture");
   drain_device(memory_device(ptr_));  // cudaFree waits for the device, as on a GPU
   if (!release(ptr_, MemKind::device)) anomaly("cudaFree of an unknown device pointer");
   ptr_ = nullptr;
