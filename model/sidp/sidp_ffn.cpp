@@ -23,30 +23,11 @@ Result<std::shared_ptr<SidpFfn>> SidpFfn::create(const OwnershipPlan& plan, int 
   if (Status st = check_rank(plan, rank, weights_comm, compute_comm, options.initial_mode); !st) return st.error();
   std::shared_ptr<SidpFfn> f(new SidpFfn(plan, rank, std::move(owner), weights_comm, options));
   if (Status st = f->attach_compute(compute_comm); !st) return st.error();
-  std::vector<int> order = prefetch_order(plan, rank, options.peak_shifting);
-  if (!order.empty()) {
-    WeightCacheOptions co = options.cache;
-    co.start_paused = options.initial_mode == SidpMode::cas;
-    auto cache = WeightCache::create(plan, rank, std::move(order), f->layout_, weights_comm, co);
-    if (!cache) return std::move(cache).error();
-    f->cache_ = std::move(cache).value();
-  }
+  if (Status st = f->make_cache(f->layout_, options); !st) return st.error();
   return f;
 }
 
-std::size_t SidpFfn::ffn_weight_bytes() const {
-  return owner_->weight_bytes() + (cache_ ? cache_->slot_bytes() * static_cast<std::size_t>(cache_->slots()) : 0);
-}
-
-void SidpFfn::pause_cache() {
-  if (cache_) cache_->pause();
-}
-
-void SidpFfn::resume_cache() {
-  if (cache_) cache_->resume();
-}
-
-WeightCacheStats SidpFfn::cache_stats() const { return cache_ ? cache_->stats() : WeightCacheStats{}; }
+std::size_t SidpFfn::ffn_weight_bytes() const { return owner_->weight_bytes() + cache_bytes(); }
 
 Status SidpFfn::begin_step(int num_rows) { return begin_control(num_rows); }
 
@@ -98,8 +79,6 @@ Status SidpFfn::forward(int layer, const float* x, int num_rows, float* out) {
   return Status::ok_status();
 }
 
-void SidpFfn::abort_step() {
-  if (abort_control() == SidpMode::was && cache_) cache_->reset();
-}
+void SidpFfn::abort_step() { abort_control(); }
 
 }  // namespace shardline::model::sidp

@@ -59,21 +59,16 @@ class SidpFfn final : public FfnExecutor, public SidpRankFfn {
   void abort_step() override;
 
   [[nodiscard]] LayerOwner& owner() { return *owner_; }
-  [[nodiscard]] int cache_slots() const override { return cache_ ? cache_->slots() : 0; }
   [[nodiscard]] std::size_t ffn_weight_bytes() const override;
 
  private:
   SidpFfn(const OwnershipPlan& plan, int rank, std::shared_ptr<LayerOwner> owner, comm::Communicator* weights_comm,
           const SidpFfnOptions& options);
-  void pause_cache() override;
-  void resume_cache() override;
-  [[nodiscard]] WeightCacheStats cache_stats() const override;
   [[nodiscard]] Status serve(int layer, const float* x, int num_rows, float* out) override;  // CaS owner
 
   std::shared_ptr<LayerOwner> owner_;
   SidpFfnOptions options_;
   FfnLayout layout_;
-  std::unique_ptr<WeightCache> cache_;
 
   std::vector<float> staging_;    // [total rows, hidden] CaS fused input
   std::vector<float> staged_out_; // [total rows, hidden]

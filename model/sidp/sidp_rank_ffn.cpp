@@ -54,10 +54,25 @@ Status SidpRankFfn::attach_compute(comm::Communicator* compute_comm) {
   return Status::ok_status();
 }
 
+Status SidpRankFfn::make_cache(const FfnLayout& layout, const SidpFfnOptions& options) {
+  std::vector<int> order = prefetch_order(plan_, rank_, options.peak_shifting);
+  if (order.empty()) return Status::ok_status();
+  WeightCacheOptions co = options.cache;
+  co.start_paused = options.initial_mode == SidpMode::cas;
+  auto cache = WeightCache::create(plan_, rank_, std::move(order), layout, weights_comm_, co);
+  if (!cache) return cache.error();
+  cache_ = std::move(cache).value();
+  return Status::ok_status();
+}
+
+std::size_t SidpRankFfn::cache_bytes() const {
+  return cache_ ? cache_->slot_bytes() * static_cast<std::size_t>(cache_->slots()) : 0;
+}
+
 SidpFfnStats SidpRankFfn::stats() const {
   std::lock_guard lk(mu_);
   SidpFfnStats s = stats_;
-  s.cache = cache_stats();
+  if (cache_) s.cache = cache_->stats();
   return s;
 }
 
@@ -75,7 +90,7 @@ Status SidpRankFfn::rebind(comm::Communicator* compute_comm) {
   }
   if (Status st = attach_compute(compute_comm); !st) return st;
   mode_ = SidpMode::was;
-  resume_cache();
+  if (cache_) cache_->resume();
   std::lock_guard lk(mu_);
   broken_ = false;
   announced_mode_ = SidpMode::was;
@@ -113,7 +128,7 @@ Status SidpRankFfn::broken_error() const {
 }
 
 void SidpRankFfn::enter_cas(std::uint64_t epoch) {
-  pause_cache();
+  if (cache_) cache_->pause();
   mode_ = SidpMode::cas;
   std::lock_guard lk(mu_);
   applied_epoch_ = std::max(applied_epoch_, epoch);
@@ -123,7 +138,7 @@ void SidpRankFfn::enter_cas(std::uint64_t epoch) {
 
 void SidpRankFfn::enter_was(std::uint64_t epoch) {
   mode_ = SidpMode::was;
-  resume_cache();
+  if (cache_) cache_->resume();
   std::lock_guard lk(mu_);
   applied_epoch_ = std::max(applied_epoch_, epoch);
   stats_.applied_epoch = applied_epoch_;
@@ -204,10 +219,9 @@ Status SidpRankFfn::begin_control(int num_rows) {
   return Status::ok_status();
 }
 
-SidpMode SidpRankFfn::abort_control() {
-  const SidpMode m = mode_;
-  if (m == SidpMode::cas) mark_broken();
-  return m;
+void SidpRankFfn::abort_control() {
+  if (mode_ == SidpMode::cas) mark_broken();
+  else if (cache_) cache_->reset();
 }
 
 Result<bool> SidpRankFfn::dummy_step() {

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -112,7 +113,7 @@ class SidpRankFfn {
   [[nodiscard]] const OwnershipPlan& plan() const { return plan_; }
   [[nodiscard]] SidpFfnStats stats() const;
   /// Slots of the WaS cache (0 when the rank owns every layer).
-  [[nodiscard]] virtual int cache_slots() const = 0;
+  [[nodiscard]] int cache_slots() const { return cache_ ? cache_->slots() : 0; }
   /// Bytes this rank holds for FFNs (in its device's memory): its owned
   /// layers plus its cache slots.
   [[nodiscard]] virtual std::size_t ffn_weight_bytes() const = 0;
@@ -128,15 +129,18 @@ class SidpRankFfn {
   /// create()'s checks of the rank and both communicators. Errors: invalid_argument.
   [[nodiscard]] static Status check_rank(const OwnershipPlan& plan, int rank, comm::Communicator* weights_comm,
                                          comm::Communicator* compute_comm, SidpMode initial_mode);
+  /// create()'s WaS cache over the weights communicator: the layers this
+  /// rank does not own in `options`' prefetch order, paused when the rank
+  /// starts in CaS (none when it owns every layer). `options.cache` says
+  /// where the slots live. Errors: what WeightCache::create returns.
+  [[nodiscard]] Status make_cache(const FfnLayout& layout, const SidpFfnOptions& options);
+  /// Bytes of the cache's slots (0 without a cache).
+  [[nodiscard]] std::size_t cache_bytes() const;
 
   // ---- what the derived class provides ------------------------------------
   /// Where the control all-gathers of `compute` run (host floats): `compute`
   /// itself unless it carries device buffers. Errors: invalid_argument.
   [[nodiscard]] virtual Result<comm::Communicator*> control_of(comm::Communicator* compute) { return compute; }
-  /// The WaS cache's prefetches stop (entering CaS) / go on (entering WaS).
-  virtual void pause_cache() = 0;
-  virtual void resume_cache() = 0;
-  [[nodiscard]] virtual WeightCacheStats cache_stats() const = 0;
   /// CaS owner of `layer`: own rows x [num_rows, hidden] (null with 0 rows:
   /// a dummy step) and every non-dummy peer's through one fused GEMM chain;
   /// this rank's output goes where the derived class's forward wants it.
@@ -147,8 +151,9 @@ class SidpRankFfn {
   /// control exchange of `num_rows`; counts the step. Errors: io (the
   /// collectives), the broken group's.
   [[nodiscard]] Status begin_control(int num_rows);
-  /// A failed step: in CaS the group is broken. Returns the mode it failed in.
-  SidpMode abort_control();
+  /// A failed step: in CaS the group is broken; in WaS the cache's ring
+  /// restarts (its slots dropped).
+  void abort_control();
   void mark_broken();
   /// The CaS compute communicator (stepping thread; null without a group).
   [[nodiscard]] comm::Communicator* compute_comm() const { return compute_comm_; }
@@ -173,6 +178,7 @@ class SidpRankFfn {
   OwnershipPlan plan_;
   int rank_;
   comm::Communicator* weights_comm_;
+  std::unique_ptr<WeightCache> cache_;  ///< WaS's ring; null when the rank owns every layer
 
  private:
   /// fn(peer, offset, elems) for each non-dummy peer in rank order, its

@@ -56,14 +56,8 @@ Result<std::shared_ptr<CudaSidpFfn>> CudaSidpFfn::create(const OwnershipPlan& pl
   std::shared_ptr<CudaSidpFfn> f(new CudaSidpFfn(plan, std::move(owner), weights_comm, options.initial_mode));
   f->owner_wait_ = options.cache.owner_wait;
   if (Status st = f->attach_compute(compute_comm); !st) return st.error();
-  std::vector<int> order = prefetch_order(plan, rank, options.peak_shifting);
-  if (!order.empty()) {
-    options.cache.slot_memory = std::make_shared<DeviceSlots>(f->owner_->device());
-    options.cache.start_paused = options.initial_mode == SidpMode::cas;
-    auto c = WeightCache::create(plan, rank, std::move(order), f->owner_->layout(), weights_comm, options.cache);
-    if (!c) return std::move(c).error();
-    f->cache_ = std::move(c).value();
-  }
+  options.cache.slot_memory = std::make_shared<DeviceSlots>(f->owner_->device());  // the slots in the GPU's memory
+  if (Status st = f->make_cache(f->owner_->layout(), options); !st) return st.error();
   return f;
 }
 
@@ -75,19 +69,7 @@ Result<comm::Communicator*> CudaSidpFfn::control_of(comm::Communicator* compute)
   return &device->host();
 }
 
-void CudaSidpFfn::pause_cache() {
-  if (cache_) cache_->pause();
-}
-
-void CudaSidpFfn::resume_cache() {
-  if (cache_) cache_->resume();
-}
-
-WeightCacheStats CudaSidpFfn::cache_stats() const { return cache_ ? cache_->stats() : WeightCacheStats{}; }
-
-std::size_t CudaSidpFfn::ffn_weight_bytes() const {
-  return owner_->bytes() + (cache_ ? static_cast<std::size_t>(cache_->slots()) * cache_->slot_bytes() : 0);
-}
+std::size_t CudaSidpFfn::ffn_weight_bytes() const { return owner_->bytes() + cache_bytes(); }
 
 CudaFfnLayerWeights CudaSidpFfn::split(const void* region) const {
   const auto* base = static_cast<const char*>(region);
@@ -187,8 +169,6 @@ Status CudaSidpFfn::serve(int layer, const float* x, int num_rows, float* out) {
   return send_peer_rows(layer, staged_out + own_elems, hidden, total);
 }
 
-void CudaSidpFfn::abort_step() {
-  if (abort_control() == SidpMode::was && cache_) cache_->reset();
-}
+void CudaSidpFfn::abort_step() { abort_control(); }
 
 }  // namespace shardline::model::sidp

@@ -83,7 +83,6 @@ class CudaSidpFfn final : public CudaFfnExecutor, public SidpRankFfn {
   void end_step() override {}
   void abort_step() override;
 
-  [[nodiscard]] int cache_slots() const override { return cache_ ? cache_->slots() : 0; }
   /// Device bytes this rank holds for FFNs: its owned layers plus its slots
   /// (not the CaS staging buffers).
   [[nodiscard]] std::size_t ffn_weight_bytes() const override;
@@ -93,9 +92,6 @@ class CudaSidpFfn final : public CudaFfnExecutor, public SidpRankFfn {
   CudaSidpFfn(const OwnershipPlan& plan, std::shared_ptr<CudaLayerOwner> owner, comm::Communicator* weights_comm,
               SidpMode initial_mode);
   [[nodiscard]] Result<comm::Communicator*> control_of(comm::Communicator* compute) override;
-  void pause_cache() override;
-  void resume_cache() override;
-  [[nodiscard]] WeightCacheStats cache_stats() const override;
   [[nodiscard]] Status serve(int layer, const float* x, int num_rows, float* out) override;  // CaS owner
   /// WaS, or an owned layer outside CaS: the weights here, the runner's math.
   [[nodiscard]] Status run_was(int layer, const float* x, int rows, float* residual);
@@ -109,7 +105,6 @@ class CudaSidpFfn final : public CudaFfnExecutor, public SidpRankFfn {
   [[nodiscard]] Status need_compute() const;
 
   std::shared_ptr<CudaLayerOwner> owner_;
-  std::unique_ptr<WeightCache> cache_;  ///< null when the rank owns every layer
   CudaFfnCompute* compute_ = nullptr;   ///< the bound runner's math
   std::chrono::milliseconds owner_wait_{30'000};  ///< how long an owned layer waits for its owner's load
   kernels::cuda::DeviceBuffer staging_;     // [total rows, hidden] CaS owner: own rows, then the peers'
