@@ -93,12 +93,11 @@ int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& toke
   if (miss_name != nullptr) miss_name->reset();
   if (!cache_ || seqs_.count(seq_id) != 0) return 0;
   const int full = std::min(max_tokens, tokens.size()) / block_size_;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(block_size_));
+  std::vector<std::int32_t> ids;
   SeqBlocks s;
   std::uint64_t parent = root_name_;
   for (int i = 0; i < full; ++i) {
-    for (int t = 0; t < block_size_; ++t) ids[static_cast<std::size_t>(t)] = tokens.at(i * block_size_ + t);
-    const std::uint64_t name = prefix_block_hash(parent, ids);
+    const std::uint64_t name = name_block(tokens, i, parent, ids);
     const int b = cache_->find(name, parent, ids);
     if (b < 0) {
       if (miss_name != nullptr) *miss_name = name;
@@ -117,16 +116,29 @@ int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& toke
   return hit;
 }
 
-std::vector<std::uint64_t> BlockManager::prefix_names(const Tokens& tokens, int max_tokens, int first_block) const {
+std::uint64_t BlockManager::name_block(const Tokens& tokens, int block, std::uint64_t parent,
+                                       std::vector<std::int32_t>& ids) const {
+  ids.resize(static_cast<std::size_t>(block_size_));
+  for (int t = 0; t < block_size_; ++t) ids[static_cast<std::size_t>(t)] = tokens.at(block * block_size_ + t);
+  return prefix_block_hash(parent, ids);
+}
+
+std::uint64_t BlockManager::parent_name(const SeqBlocks& s, std::size_t block) const {
+  return block == 0 ? root_name_ : s.names[block - 1];
+}
+
+std::vector<std::uint64_t> BlockManager::pending_names(std::uint64_t seq_id, const Tokens& tokens,
+                                                       int max_tokens) const {
   std::vector<std::uint64_t> names;
-  if (!cache_) return names;
+  const auto it = seqs_.find(seq_id);
+  if (!cache_ || it == seqs_.end()) return names;
+  const SeqBlocks& s = it->second;
   const int full = std::min(max_tokens, tokens.size()) / block_size_;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(block_size_));
-  std::uint64_t parent = root_name_;
-  for (int i = 0; i < full; ++i) {
-    for (int t = 0; t < block_size_; ++t) ids[static_cast<std::size_t>(t)] = tokens.at(i * block_size_ + t);
-    parent = prefix_block_hash(parent, ids);
-    if (i >= first_block) names.push_back(parent);
+  std::vector<std::int32_t> ids;
+  std::uint64_t parent = parent_name(s, s.names.size());
+  for (auto i = static_cast<int>(s.names.size()); i < full; ++i) {
+    parent = name_block(tokens, i, parent, ids);
+    names.push_back(parent);
   }
   return names;
 }
@@ -137,11 +149,10 @@ void BlockManager::cache_full_blocks(std::uint64_t seq_id, const Tokens& tokens,
   if (it == seqs_.end()) return;
   SeqBlocks& s = it->second;
   const int full = std::min({num_computed_tokens, tokens.size(), s.num_tokens}) / block_size_;
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(block_size_));
+  std::vector<std::int32_t> ids;
   for (auto i = static_cast<int>(s.names.size()); i < full; ++i) {
-    const std::uint64_t parent = i == 0 ? root_name_ : s.names[static_cast<std::size_t>(i - 1)];
-    for (int t = 0; t < block_size_; ++t) ids[static_cast<std::size_t>(t)] = tokens.at(i * block_size_ + t);
-    const std::uint64_t name = prefix_block_hash(parent, ids);
+    const std::uint64_t parent = parent_name(s, static_cast<std::size_t>(i));
+    const std::uint64_t name = name_block(tokens, i, parent, ids);
     (void)cache_->insert(s.table[static_cast<std::size_t>(i)], name, parent, ids);
     s.names.push_back(name);
   }

@@ -83,10 +83,11 @@ class BlockManager {
   /// block within max_tokens that was not cached (nullopt when every one was).
   int acquire_cached_prefix(std::uint64_t seq_id, const Tokens& tokens, int max_tokens,
                             std::optional<std::uint64_t>* miss_name);
-  /// The names (in this epoch) of the full blocks within the first
-  /// `max_tokens` of `tokens`, from block `first_block` on (none with
-  /// caching off).
-  [[nodiscard]] std::vector<std::uint64_t> prefix_names(const Tokens& tokens, int max_tokens, int first_block) const;
+  /// The names of `seq_id`'s full blocks within its first `max_tokens`
+  /// tokens that it has not named yet (the ones it is about to compute),
+  /// continuing its chain (none with caching off or an unknown sequence).
+  [[nodiscard]] std::vector<std::uint64_t> pending_names(std::uint64_t seq_id, const Tokens& tokens,
+                                                         int max_tokens) const;
   /// Prefix caching: names `seq_id`'s full blocks within its first
   /// `num_computed_tokens` tokens (their KV is in the cache) that are not
   /// named yet; a block whose name another block has is left unnamed.
@@ -119,6 +120,11 @@ class BlockManager {
   };
   /// A block for a table: an unnamed free one, else the evicted LRU named one.
   [[nodiscard]] std::int32_t take_block();
+  /// The name of full block `block` of `tokens` after `parent` (its ids into `ids`).
+  [[nodiscard]] std::uint64_t name_block(const Tokens& tokens, int block, std::uint64_t parent,
+                                         std::vector<std::int32_t>& ids) const;
+  /// The parent name of `s`'s block `block` (block <= s.names.size()).
+  [[nodiscard]] std::uint64_t parent_name(const SeqBlocks& s, std::size_t block) const;
   int num_blocks_;
   int block_size_;
   std::vector<std::int32_t> free_list_;  ///< stack; back() is handed out next

@@ -354,8 +354,9 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       prefix_query_tokens_ += seq->num_tokens();
       prefix_hit_tokens_ += cached;
       seq->num_computed_tokens = cached;
-      const int first_block = cached / blocks_.block_size();
-      computing_.start(seq->id, blocks_.prefix_names(tokens_of(*seq), seq->num_tokens() - 1, first_block), first_block);
+      // The blocks it computes from its cached ones on (their names continue the hit's chain).
+      computing_.start(seq->id, blocks_.pending_names(seq->id, tokens_of(*seq), seq->num_tokens() - 1),
+                       cached / blocks_.block_size());
     }
     seq->status = SeqStatus::running;
     insert_by_arrival(running_, seq);
