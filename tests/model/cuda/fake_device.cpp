@@ -401,6 +401,16 @@ bool prohibited_during_capture(const char* call, cudaError_t* err) {
   return true;
 }
 
+/// `call` on a capturing stream (or on the legacy stream while a blocking
+/// stream captures): refused on any thread, the stream's capture invalidated.
+cudaError_t refused_on_capturing_stream(CUstream_st& q, const std::string& call) {
+  cudaError_t err;
+  if (prohibited_during_capture(call.c_str(), &err)) return err;
+  q.invalidated = q.capturing;
+  anomaly(call + " on a capturing stream");
+  return fail(cudaErrorStreamCaptureUnsupported);
+}
+
 cudaError_t enqueue(cudaStream_t stream, Op op) {
   CUstream_st* q = resolve(stream);
   if (q == nullptr) {
@@ -649,13 +659,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return fail(cudaErrorInvalidResourceHandle);
   }
   if (q->capturing || (q->legacy && blocking_capture_active())) {
-    // Syncing a capturing stream is refused on any thread.
-    if (!prohibited_during_capture("cudaStreamSynchronize", &err)) {
-      q->invalidated = q->capturing;
-      anomaly("cudaStreamSynchronize of a capturing stream");
-      err = fail(cudaErrorStreamCaptureUnsupported);
-    }
-    return err;
+    return refused_on_capturing_stream(*q, "cudaStreamSynchronize");
   }
   if (q->legacy)
     drain_legacy();
@@ -712,12 +716,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaM
   const Where d = where(dst), s = where(src);
   if (d == Where::pageable || s == Where::pageable) {
     if (q->capturing || (q->legacy && blocking_capture_active())) {
-      if (!prohibited_during_capture("cudaMemcpyAsync of pageable host memory", &err)) {
-        q->invalidated = q->capturing;
-        anomaly("cudaMemcpyAsync of pageable host memory on a capturing stream");
-        err = fail(cudaErrorStreamCaptureUnsupported);
-      }
-      return err;
+      return refused_on_capturing_stream(*q, "cudaMemcpyAsync of pageable host memory");
     }
     if (s == Where::pageable && d == Where::device) {
       // From pageable memory: the source is staged before the call returns,
