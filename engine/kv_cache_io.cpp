@@ -132,6 +132,46 @@ Result<std::vector<std::byte>> KvCacheIo::copy_increment(const std::vector<std::
   return chunk;
 }
 
+Result<std::vector<std::vector<std::byte>>> KvCacheIo::copy_increments(std::span<const kvstore::KvCopyItem> items) {
+  std::vector<std::vector<std::byte>> chunks(items.size());
+  std::vector<std::span<std::byte>> spans;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    chunks[i].resize(kvstore::chunk_bytes(shape_, items[i].range));
+    spans.emplace_back(chunks[i]);
+  }
+  if (!views_.empty()) {
+    for (std::size_t i = 0; i < items.size(); ++i)
+      if (Status s = kvstore::copy_out(shape_, views_, items[i].block_table, items[i].range, spans[i]); !s.ok())
+        return s.error();
+  } else {
+    if (remote_ == nullptr) return make_error(ErrorCode::internal, "this executor's KV caches cannot be copied");
+    if (Status s = remote_->copy_out_batch(items, spans); !s.ok()) return s.error();
+  }
+  for (const auto& c : chunks) stats_.streamed_bytes += c.size();
+  return chunks;
+}
+
+Result<std::uint64_t> KvCacheIo::begin_copy_layers(std::span<const kvstore::KvCopyItem> items) {
+  if (!copies_in_stream_order())
+    return make_error(ErrorCode::internal, "this executor's KV copier does not order copies on the device");
+  return remote_->begin_copy_out(items);
+}
+
+Result<std::vector<std::vector<std::byte>>> KvCacheIo::end_copy_layers(std::uint64_t ticket,
+                                                                      std::span<const kvstore::KvRange> ranges) {
+  if (!copies_in_stream_order())
+    return make_error(ErrorCode::internal, "this executor's KV copier does not order copies on the device");
+  std::vector<std::vector<std::byte>> chunks(ranges.size());
+  std::vector<std::span<std::byte>> spans;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    chunks[i].resize(kvstore::chunk_bytes(shape_, ranges[i]));
+    spans.emplace_back(chunks[i]);
+  }
+  if (Status s = remote_->end_copy_out(ticket, spans); !s.ok()) return s.error();
+  for (const auto& c : chunks) stats_.streamed_bytes += c.size();
+  return chunks;
+}
+
 void KvCacheIo::drop(std::uint64_t seq_id) {
   const auto it = held_.find(seq_id);
   if (it == held_.end() || it->second.moving) return;

@@ -165,6 +165,26 @@ class KvCacheIo {
                                                            int layer_begin, int layer_end, int token_begin,
                                                            int token_end);
 
+  /// Positions [token_begin, token_end) of several running sequences, all
+  /// layers, one canonical chunk each (one gather for all of them on a
+  /// device copier: DéjàVu's buffered copies). `tables[i]` must stay valid
+  /// during the call. Errors: invalid_argument.
+  [[nodiscard]] Result<std::vector<std::vector<std::byte>>> copy_increments(
+      std::span<const kvstore::KvCopyItem> items);
+  /// True when the executor's copier orders copies on the device
+  /// (kvstore::KvCopier::copies_in_stream_order): a layer KV hook then
+  /// begins copies instead of making them.
+  [[nodiscard]] bool copies_in_stream_order() const noexcept {
+    return views_.empty() && remote_ != nullptr && remote_->copies_in_stream_order();
+  }
+  /// kvstore::KvCopier::begin_copy_out on the executor's copier. Errors:
+  /// internal (no such copier), the copier's.
+  [[nodiscard]] Result<std::uint64_t> begin_copy_layers(std::span<const kvstore::KvCopyItem> items);
+  /// kvstore::KvCopier::end_copy_out: the chunks of `ranges` (those of the
+  /// ticket's items, in order). Errors: the copier's.
+  [[nodiscard]] Result<std::vector<std::vector<std::byte>>> end_copy_layers(
+      std::uint64_t ticket, std::span<const kvstore::KvRange> ranges);
+
   /// Forgets whatever is held for `seq_id` (it finished or was aborted).
   /// Nothing is dropped while a mover transfer of it is pending (the caller
   /// drains first).

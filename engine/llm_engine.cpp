@@ -294,16 +294,14 @@ Status LlmEngine::fill_pipeline() {
     // micro-batch samples on the host.
     if (device_sampling && !wants_logprobs(sched)) attach_device_sampling(sched);
     f.submitted = Clock::now();
-    int layers_done = 0;
-    Status layer_error = Status::ok_status();
-    const std::vector<LayerStream> by_layer = arm_layer_streaming(sched, &layers_done, &layer_error);
+    LayerStreaming by_layer;
+    arm_layer_streaming(sched, by_layer);
     Status submitted = executor_->submit(sched.input);
-    if (!by_layer.empty()) {
-      executor_->set_layer_kv_hook({});
-      if (!layer_error.ok()) return layer_error;
+    if (!by_layer.seqs.empty()) {
+      if (Status s = finish_layer_streaming(by_layer, submitted.ok()); !s.ok()) return submitted.ok() ? s : submitted;
       // Every layer went out: the step-end increment starts after them.
-      if (layers_done == kv_io_.shape().num_layers)
-        for (const LayerStream& ls : by_layer)
+      if (by_layer.layers_done == kv_io_.shape().num_layers)
+        for (const LayerStream& ls : by_layer.seqs)
           if (Sequence* seq = scheduler_.get(ls.seq_id); seq != nullptr) seq->num_streamed_tokens = ls.token_end;
     }
     if (!submitted.ok()) return submitted;
@@ -335,61 +333,114 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
   return Status::ok_status();
 }
 
-std::vector<LlmEngine::LayerStream> LlmEngine::arm_layer_streaming(const SchedulerOutput& sched, int* layers_done,
-                                                                   Status* error) {
-  std::vector<LayerStream> out;
+void LlmEngine::arm_layer_streaming(const SchedulerOutput& sched, LayerStreaming& ls) {
   // One step at a time (the hook reads the cache while this step runs).
   if (!stream_prompt_by_layer_ || kv_sink_ == nullptr || !kv_io_.can_move_kv() ||
       !executor_->supports_layer_kv_hook() || executor_->max_in_flight() != 1 || sched.num_prefill_tokens == 0 ||
       !kv_sink_->accepting())
-    return out;
+    return;
   for (const model::StepSeq& s : sched.input.seqs) {
     const Sequence* seq = scheduler_.get(s.seq_id);
     // A prefill chunk that continues the streamed positions (no catch-up gap).
     if (seq == nullptr || s.num_new_tokens <= 1 || seq->num_streamed_tokens != s.num_computed_tokens) continue;
-    out.push_back({s.seq_id, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens});
+    ls.seqs.push_back({s.seq_id, s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens});
   }
-  if (out.empty()) return out;
-  executor_->set_layer_kv_hook([this, out, layers_done, error](int layer) {
-    if (!error->ok()) return;
-    for (const LayerStream& ls : out) {
-      Sequence* seq = scheduler_.get(ls.seq_id);
-      if (seq == nullptr) continue;
-      Result<std::vector<std::byte>> chunk = kv_io_.copy_layers(scheduler_.block_manager().block_table(ls.seq_id),
-                                                                layer, layer + 1, ls.token_begin, ls.token_end);
-      if (!chunk.ok()) {
-        *error = make_error(ErrorCode::internal, "KV streaming (layer " + std::to_string(layer) +
-                                                     "): " + chunk.error().message);
+  if (ls.seqs.empty()) return;
+  LayerStreaming* state = &ls;
+  if (kv_io_.copies_in_stream_order()) {
+    // The layer's KV write is only queued on the device: begin its copies
+    // behind it (they overlap the next layers); finish_layer_streaming pushes them.
+    executor_->set_layer_kv_hook([this, state](int layer) {
+      if (!state->error.ok()) return;
+      std::vector<kvstore::KvCopyItem> items;
+      for (const LayerStream& s : state->seqs)
+        items.push_back({scheduler_.block_manager().block_table(s.seq_id),
+                         kvstore::KvRange{layer, layer + 1, s.token_begin, s.token_end}});
+      Result<std::uint64_t> ticket = kv_io_.begin_copy_layers(items);
+      if (!ticket.ok()) {
+        state->error = make_error(ErrorCode::internal, "KV streaming (layer " + std::to_string(layer) +
+                                                           "): " + ticket.error().message);
         return;
       }
-      KvIncrement inc;
-      inc.request_id = ls.seq_id;
-      inc.range = kvstore::KvRange{layer, layer + 1, ls.token_begin, ls.token_end};
-      inc.chunk = std::move(chunk).value();
-      for (int p = ls.token_begin; p < ls.token_end; ++p) inc.token_ids.push_back(seq->token_at(p));
-      inc.num_prompt_tokens = seq->num_prompt_tokens();
-      kv_sink_->push(std::move(inc));
+      state->tickets.emplace_back(layer, *ticket);
+      ++state->layers_done;
+    });
+    return;
+  }
+  executor_->set_layer_kv_hook([this, state](int layer) {
+    if (!state->error.ok()) return;
+    for (const LayerStream& s : state->seqs) {
+      if (scheduler_.get(s.seq_id) == nullptr) continue;
+      Result<std::vector<std::byte>> chunk = kv_io_.copy_layers(scheduler_.block_manager().block_table(s.seq_id),
+                                                                layer, layer + 1, s.token_begin, s.token_end);
+      if (!chunk.ok()) {
+        state->error = make_error(ErrorCode::internal, "KV streaming (layer " + std::to_string(layer) +
+                                                           "): " + chunk.error().message);
+        return;
+      }
+      kv_sink_->push(layer_increment(s, layer, std::move(chunk).value()));
     }
-    ++*layers_done;
+    ++state->layers_done;
   });
-  return out;
+}
+
+Status LlmEngine::finish_layer_streaming(LayerStreaming& ls, bool step_ran) {
+  executor_->set_layer_kv_hook({});
+  Status result = ls.error;
+  std::vector<kvstore::KvRange> ranges;
+  for (const auto& [layer, ticket] : ls.tickets) {
+    ranges.clear();
+    for (const LayerStream& s : ls.seqs) ranges.push_back(kvstore::KvRange{layer, layer + 1, s.token_begin, s.token_end});
+    // Every ticket ends, so that the copier's memory is free for the next step.
+    Result<std::vector<std::vector<std::byte>>> chunks = kv_io_.end_copy_layers(ticket, ranges);
+    if (!result.ok() || !step_ran) continue;
+    if (!chunks.ok()) {
+      result = make_error(ErrorCode::internal,
+                          "KV streaming (layer " + std::to_string(layer) + "): " + chunks.error().message);
+      continue;
+    }
+    for (std::size_t i = 0; i < ls.seqs.size(); ++i)
+      if (scheduler_.get(ls.seqs[i].seq_id) != nullptr)
+        kv_sink_->push(layer_increment(ls.seqs[i], layer, std::move((*chunks)[i])));
+  }
+  return result;
+}
+
+KvIncrement LlmEngine::layer_increment(const LayerStream& ls, int layer, std::vector<std::byte> chunk) {
+  const Sequence* seq = scheduler_.get(ls.seq_id);
+  KvIncrement inc;
+  inc.request_id = ls.seq_id;
+  inc.range = kvstore::KvRange{layer, layer + 1, ls.token_begin, ls.token_end};
+  inc.chunk = std::move(chunk);
+  for (int p = ls.token_begin; p < ls.token_end; ++p) inc.token_ids.push_back(seq->token_at(p));
+  inc.num_prompt_tokens = seq->num_prompt_tokens();
+  return inc;
 }
 
 Status LlmEngine::stream_increments(const SchedulerOutput& sched) {
   if (kv_sink_ == nullptr || !kv_io_.can_move_kv() || !kv_sink_->accepting()) return Status::ok_status();
+  // Every sequence's increment in one batch (one gather on a device).
+  std::vector<kvstore::KvCopyItem> items;
+  std::vector<Sequence*> seqs;
   for (const model::StepSeq& step_seq : sched.input.seqs) {
     // By id: a sequence that finished in this step is gone (its pointer in
     // sched.scheduled dangles).
     const std::uint64_t id = step_seq.seq_id;
     Sequence* seq = scheduler_.get(id);
     if (seq == nullptr || seq->is_finished() || seq->num_computed_tokens <= seq->num_streamed_tokens) continue;
+    items.push_back({scheduler_.block_manager().block_table(id),
+                     kvstore::KvRange{0, kv_io_.shape().num_layers, seq->num_streamed_tokens, seq->num_computed_tokens}});
+    seqs.push_back(seq);
+  }
+  if (items.empty()) return Status::ok_status();
+  Result<std::vector<std::vector<std::byte>>> chunks = kv_io_.copy_increments(items);
+  if (!chunks.ok()) return make_error(ErrorCode::internal, "KV streaming: " + chunks.error().message);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Sequence* seq = seqs[i];
     KvIncrement inc;
-    inc.request_id = id;
-    inc.range = kvstore::KvRange{0, kv_io_.shape().num_layers, seq->num_streamed_tokens, seq->num_computed_tokens};
-    Result<std::vector<std::byte>> chunk = kv_io_.copy_increment(scheduler_.block_manager().block_table(id),
-                                                                 inc.range.token_begin, inc.range.token_end);
-    if (!chunk.ok()) return make_error(ErrorCode::internal, "KV streaming: " + chunk.error().message);
-    inc.chunk = std::move(chunk).value();
+    inc.request_id = seq->id;
+    inc.range = items[i].range;
+    inc.chunk = std::move((*chunks)[i]);
     for (int p = inc.range.token_begin; p <= inc.range.token_end; ++p) inc.token_ids.push_back(seq->token_at(p));
     inc.num_prompt_tokens = seq->num_prompt_tokens();
     seq->num_streamed_tokens = seq->num_computed_tokens;

@@ -267,8 +267,24 @@ class LlmEngine {
     int token_begin = 0;
     int token_end = 0;
   };
-  std::vector<LayerStream> arm_layer_streaming(const SchedulerOutput& sched, int* layers_done,
-                                               Status* error);
+  /// One step's layer-by-layer prompt streaming.
+  struct LayerStreaming {
+    std::vector<LayerStream> seqs;  ///< the step's prefill chunks that stream by layer (none: off)
+    int layers_done = 0;            ///< layers whose increments went out (or, stream-ordered, were queued)
+    Status error = Status::ok_status();
+    /// Stream-ordered copiers: the ticket of each layer's copies, in order.
+    std::vector<std::pair<int, std::uint64_t>> tickets;
+  };
+  /// Sets the executor's layer hook for `sched`'s step when it streams by
+  /// layer (`ls.seqs` empty when not). The hook pushes each layer's
+  /// increments, or, with a copier that orders copies on the device, begins
+  /// them (finish_layer_streaming pushes them once the step returned).
+  void arm_layer_streaming(const SchedulerOutput& sched, LayerStreaming& ls);
+  /// Clears the hook; ends the step's stream-ordered copies (always) and
+  /// pushes their increments (when the step ran). Errors: the hook's or a copy's.
+  [[nodiscard]] Status finish_layer_streaming(LayerStreaming& ls, bool step_ran);
+  /// The increment of `ls` for layer `layer` of a sequence.
+  [[nodiscard]] KvIncrement layer_increment(const LayerStream& ls, int layer, std::vector<std::byte> chunk);
   std::vector<RequestOutput> aborted_;
   /// An error abort_request() met applying the mover's completions (it
   /// returns a bool): the next step() returns it.

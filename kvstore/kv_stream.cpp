@@ -313,6 +313,23 @@ Status KvTarget::flush_batch(std::span<const KvChunkRef> chunks, std::span<const
   return {};
 }
 
+Status KvCopier::copy_out_batch(std::span<const KvCopyItem> items, std::span<const std::span<std::byte>> chunks) {
+  if (chunks.size() != items.size())
+    return bad("copy_out_batch: " + std::to_string(chunks.size()) + " chunks for " + std::to_string(items.size()) +
+               " items");
+  for (std::size_t i = 0; i < items.size(); ++i)
+    if (Status st = copy_out(items[i].block_table, items[i].range, chunks[i]); !st) return st;
+  return {};
+}
+
+Result<std::uint64_t> KvCopier::begin_copy_out(std::span<const KvCopyItem> /*items*/) {
+  return make_error(ErrorCode::unsupported, "KV copier: no stream-ordered copies");
+}
+
+Status KvCopier::end_copy_out(std::uint64_t /*ticket*/, std::span<const std::span<std::byte>> /*chunks*/) {
+  return make_error(ErrorCode::unsupported, "KV copier: no stream-ordered copies");
+}
+
 Status copy_out(const KvModelShape& shape, std::span<const KvCacheView> ranks,
                 std::span<const std::int32_t> block_table, const KvRange& range, std::span<std::byte> chunk) {
   auto plan = plan_group("copy_out", shape, ranks, block_table, range);

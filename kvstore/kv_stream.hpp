@@ -246,6 +246,12 @@ struct KvStreamItem {
 /// the canonical chunk of the range.
 /// Thread safety: an implementation says; the engine calls one from one
 /// thread at a time (its own, or Seesaw's KV mover thread).
+/// One sequence's range for a batched copy (KvCopier::copy_out_batch).
+struct KvCopyItem {
+  std::span<const std::int32_t> block_table;  ///< the sequence's blocks, covering range.token_end
+  KvRange range;
+};
+
 class KvCopier {
  public:
   virtual ~KvCopier() = default;
@@ -272,6 +278,33 @@ class KvCopier {
   /// share. Errors: as copy_out.
   [[nodiscard]] virtual Status copy_in(std::span<const std::int32_t> block_table, const KvRange& range,
                                        std::span<const std::byte> chunk) = 0;
+  /// Several sequences' ranges at once: items[i] into chunks[i] (each
+  /// exactly chunk_bytes of its range). The default calls copy_out per item;
+  /// a device copier gathers them all in one launch and one transfer
+  /// (DéjàVu's buffered copies, §4.1.1 (1)). Errors: invalid_argument (as
+  /// copy_out; chunks.size() != items.size()), the copier's.
+  [[nodiscard]] virtual Status copy_out_batch(std::span<const KvCopyItem> items,
+                                              std::span<const std::span<std::byte>> chunks);
+
+  // ---- stream-ordered copies (layer-by-layer prompt streaming, §4.1.1 (3)) ---
+  // On a device whose steps run asynchronously to the host, an executor's
+  // layer KV hook (model/executor.hpp) fires when a layer's KV write is
+  // queued, not done. begin_copy_out then queues the copies behind the work
+  // queued so far (an event per call) and returns at once, so the copies
+  // overlap the step's later layers; end_copy_out waits for them.
+
+  /// True when begin_copy_out / end_copy_out work (false by default).
+  [[nodiscard]] virtual bool copies_in_stream_order() const { return false; }
+  /// Queues copies of `items` after the device work queued so far on the
+  /// caches' writers (block tables are read before it returns); returns a
+  /// ticket for end_copy_out. Errors: unsupported (the default),
+  /// invalid_argument (as copy_out), internal (a CUDA call).
+  [[nodiscard]] virtual Result<std::uint64_t> begin_copy_out(std::span<const KvCopyItem> items);
+  /// Waits for `ticket`'s copies and writes items[i]'s canonical chunk into
+  /// chunks[i]; the ticket ends, whether or not it succeeds. Tickets end in
+  /// the order they began. Errors: invalid_argument (not the oldest open
+  /// ticket, chunks of the wrong number or size), internal (a CUDA call).
+  [[nodiscard]] virtual Status end_copy_out(std::uint64_t ticket, std::span<const std::span<std::byte>> chunks);
 };
 
 /// KvCopier over host-addressable views (copy_out / copy_in above).

@@ -105,10 +105,13 @@ class ModelExecutor {
   /// Called on the stepping thread during execute(), right after layer
   /// `layer`'s new KV was written to the cache: the step's KV of that layer
   /// may be read from kv_cache_views() then, while later layers compute
-  /// (DéjàVu's layer-by-layer prompt streaming, seed 003 §4.1.1 (3)).
+  /// (DéjàVu's layer-by-layer prompt streaming, seed 003 §4.1.1 (3)). On a
+  /// device whose work runs behind the host (CUDA) the write is only queued:
+  /// read it through kv_copier()'s begin_copy_out, which orders its copies
+  /// after the write (kvstore::KvCopier::copies_in_stream_order()).
   using LayerKvHook = std::function<void(int layer)>;
-  /// True when set_layer_kv_hook() takes effect: a single host-addressable
-  /// rank that runs every layer (the CPU runner).
+  /// True when set_layer_kv_hook() takes effect: a single rank that runs
+  /// every layer (the CPU runner, a whole-model CUDA runner).
   [[nodiscard]] virtual bool supports_layer_kv_hook() const { return false; }
   /// Sets the hook for the following steps; an empty one clears it.
   virtual void set_layer_kv_hook(LayerKvHook /*hook*/) {}

@@ -249,6 +249,7 @@ struct CudaModelRunner::Impl {
   std::vector<std::int32_t> extra_host;  // penalty / masked ids of the last step (read by an async copy)
   PenaltyCache penalties;                // per-sequence penalty lists, updated step by step
   std::map<int, cudaGraphExec_t> graphs;  // decode batch size -> graph
+  model::ModelExecutor::LayerKvHook layer_kv_hook;  // called by eager forwards after each layer's KV write is queued
   std::string graph_error;
 
   ~Impl() {
@@ -559,6 +560,9 @@ struct CudaModelRunner::Impl {
       if (Status s = embed_rows(r); !s) return s;
     for (std::size_t l = 0; l < layers.size(); ++l) {
       if (Status s = attention_block(layers[l], static_cast<int>(l), r); !s) return s;
+      // The layer's KV write is queued: a stream-ordered copier may take it
+      // now, behind it on the device, while the next layers compute.
+      if (layer_kv_hook) layer_kv_hook(lay.layer_begin + static_cast<int>(l));
       if (Status s = ffn_block(layers[l], static_cast<int>(l), r); !s) return s;
     }
     if (num_logits == 0 || !spec.last_stage()) return Status::ok_status();
@@ -1257,6 +1261,7 @@ DeviceKvCache CudaModelRunner::device_kv_cache() const {
   DeviceKvCache d;
   d.data = m.kv_data;  // the copier writes it (copy_in) between steps
   d.device = options_.device_index;
+  d.writer = m.stream;  // begin_copy_out orders its copies after this stream's queued KV writes
   d.layout.layer_begin = m.lay.layer_begin;
   d.layout.layer_end = m.lay.layer_end;
   d.layout.num_blocks = options_.num_kv_blocks;
@@ -1267,6 +1272,14 @@ DeviceKvCache CudaModelRunner::device_kv_cache() const {
   for (int i = 0; i < m.lay.kv_attn; ++i) d.layout.kv_heads.push_back(first + i);
   return d;
 }
+
+bool CudaModelRunner::supports_layer_kv_hook() const {
+  // One rank that runs every layer, whose copier orders its copies on the
+  // device (a group's ranks run on threads of their own).
+  return spec_.is_whole_model();
+}
+
+void CudaModelRunner::set_layer_kv_hook(LayerKvHook hook) { impl_->layer_kv_hook = std::move(hook); }
 
 kvstore::KvCopier* CudaModelRunner::kv_copier() {
   if (!kv_copier_) {

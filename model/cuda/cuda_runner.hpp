@@ -229,6 +229,14 @@ class CudaModelRunner final : public model::ModelExecutor {
   /// DéjàVu on CUDA: this runner's KV cache through a CudaKvCopier (made on
   /// the first call; null if it cannot be made). Only between steps.
   [[nodiscard]] kvstore::KvCopier* kv_copier() override;
+  /// True for a whole-model runner: set_layer_kv_hook's hook is then called
+  /// on the stepping thread during an eager step, right after each layer's
+  /// KV write is QUEUED on the runner's stream (not done): read it only
+  /// through kv_copier()'s begin_copy_out, which orders its copies after
+  /// that write on the device (DéjàVu's layer-by-layer prompt streaming,
+  /// seed 003 §4.1.1 (3)). A decode step replayed from a graph calls no hook.
+  [[nodiscard]] bool supports_layer_kv_hook() const override;
+  void set_layer_kv_hook(LayerKvHook hook) override;
   /// This rank's KV cache on the device and its layout (its stage's layers,
   /// the model KV heads of its slots): what a group's copier copies.
   [[nodiscard]] DeviceKvCache device_kv_cache() const;

@@ -12,6 +12,16 @@
 //    resumed in a fresh engine from the streamed KV of its first r
 //    positions computes only the positions after r and gives the same
 //    outputs.
+//  - Buffered copies (seed 003 §4.1.1 (1)): a batch of sequences' ranges
+//    is one gather launch and one transfer per cache (one per pass of a
+//    smaller device slot), the same bytes as each range alone; a group's
+//    caches on two devices merge into one device's chunk.
+//  - Layer-by-layer prompt streaming (§4.1.1 (3)): copies begun from the
+//    runner's layer hook return without waiting for the device and land
+//    behind their layer's KV write (deferred timing: a copy that did not
+//    wait for the runner's stream would read the cache before the step
+//    wrote it); through the engine, prompt chunks stream a layer at a time
+//    and merge into the step-end streaming's bytes, outputs unchanged.
 //  - Seesaw's phases (seed 000 §4.2) on a CUDA runner and on a CUDA pp=2
 //    group: every sequence's KV leaves the device through the copier when
 //    its prefill ends and comes back for decode (on the mover's thread),
@@ -130,13 +140,16 @@ TEST_P(CudaKvCopierFakeDevice, CopyOutGivesTheCpuChunkAndCopyInRoundTrips) {
     expect_close(chunk_of(*copier, shape, table, range), chunk_of(cpu_copier, shape, table, range), what);
   }
 
-  // Into other blocks and back, bit for bit; one strided copy per block.
+  // Into other blocks and back, bit for bit. Out: one gather launch and
+  // one transfer for both blocks, every layer and K|V.
   const kvstore::KvRange all{0, 2, 0, 20};
   auto* cuda_copier = dynamic_cast<model::CudaKvCopier*>(copier);
   ASSERT_NE(cuda_copier, nullptr);
   const std::uint64_t copies_before = cuda_copier->num_copies();
+  const std::uint64_t gathers_before = cuda_copier->num_gather_launches();
   const std::vector<std::byte> original = chunk_of(*copier, shape, table, all);
-  EXPECT_EQ(cuda_copier->num_copies() - copies_before, 2u) << "two blocks, every layer and K|V of each at once";
+  EXPECT_EQ(cuda_copier->num_copies() - copies_before, 1u);
+  EXPECT_EQ(cuda_copier->num_gather_launches() - gathers_before, 1u);
   const std::vector<std::int32_t> other = {7, 9};
   ASSERT_TRUE(copier->copy_in(other, all, original).ok());
   EXPECT_EQ(chunk_of(*copier, shape, other, all), original);
@@ -195,6 +208,134 @@ TEST_P(CudaKvCopierFakeDevice, AGroupsCopierGivesOneDevicesChunk) {
     ASSERT_TRUE(copier->copy_in(other, all, got).ok()) << name;
     EXPECT_EQ(chunk_of(*copier, (*group)->kv_model_shape(), other, all), got) << name;
   }
+}
+
+TEST_P(CudaKvCopierFakeDevice, ABatchIsOneGatherPerCacheOrOnePerPassOfTheSlot) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_batch");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const std::vector<std::int32_t> table = {5, 2};
+  auto gpu = model::CudaModelRunner::create(w, step_options());
+  ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+  ASSERT_TRUE((*gpu)->execute(prefill_step(table, vocab)).ok());
+  const kvstore::KvModelShape shape = (*gpu)->kv_model_shape();
+  // A second sequence's table over other blocks, holding the same KV.
+  const std::vector<std::int32_t> other = {7, 9};
+  const kvstore::KvRange all{0, 2, 0, 20};
+  ASSERT_TRUE((*gpu)->kv_copier()->copy_in(other, all, chunk_of(*(*gpu)->kv_copier(), shape, table, all)).ok());
+  const std::vector<kvstore::KvCopyItem> items = {
+      {table, all}, {other, kvstore::KvRange{1, 2, 3, 18}}, {table, kvstore::KvRange{0, 1, 16, 20}}};
+  // Each item alone, through the per-item path of the base class.
+  std::vector<std::vector<std::byte>> want;
+  for (const kvstore::KvCopyItem& it : items) {
+    std::vector<std::byte> c(kvstore::chunk_bytes(shape, it.range));
+    ASSERT_TRUE((*gpu)->kv_copier()->copy_out(it.block_table, it.range, c).ok());
+    want.push_back(std::move(c));
+  }
+  // qwen3 dummy: 2 x 2 heads x 32 dims x 4 B = 512 B per layer and token.
+  // A 4 KiB slot takes item 0 a layer at a time (10 KiB per layer: a pass
+  // each), item 1 (7.5 KiB) alone and item 2 (2 KiB) in a pass of its own.
+  for (const auto& [slot_bytes, passes] : {std::pair<std::size_t, std::uint64_t>{model::CudaKvCopier::kGatherSlotBytes, 1},
+                                           std::pair<std::size_t, std::uint64_t>{4096, 4}}) {
+    auto copier = model::CudaKvCopier::create(shape, {(*gpu)->device_kv_cache()}, slot_bytes);
+    ASSERT_TRUE(copier.ok()) << copier.error().to_string();
+    std::vector<std::vector<std::byte>> got(items.size());
+    std::vector<std::span<std::byte>> spans;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      got[i].resize(kvstore::chunk_bytes(shape, items[i].range));
+      spans.emplace_back(got[i]);
+    }
+    ASSERT_TRUE((*copier)->copy_out_batch(items, spans).ok());
+    EXPECT_EQ(got, want) << "slot of " << slot_bytes << " bytes";
+    EXPECT_EQ((*copier)->num_gather_launches(), passes) << "slot of " << slot_bytes << " bytes";
+    EXPECT_EQ((*copier)->num_copies(), passes) << "one transfer per pass";
+    // Bad batches are refused whole.
+    const auto refused = [](const Status& st) { return !st.ok() && st.error().code == ErrorCode::invalid_argument; };
+    EXPECT_TRUE(refused((*copier)->copy_out_batch(items, std::span(spans).first(2))));
+    const std::vector<std::int32_t> outside = {5, kDummyBlocks};
+    const std::vector<kvstore::KvCopyItem> bad = {items[0], {outside, all}};
+    EXPECT_TRUE(refused((*copier)->copy_out_batch(bad, std::span(spans).first(2))));
+  }
+  // A group's caches on two devices: each rank's pieces merged, as one device's.
+  fc::set_device_count(2);
+  auto group = model::CudaShardGroup::create(w, step_options(), 1, 2, 1, {}, std::nullopt, {0, 1});
+  ASSERT_TRUE(group.ok()) << group.error().to_string();
+  ASSERT_TRUE((*group)->execute(prefill_step(table, vocab)).ok());
+  std::vector<std::byte> whole(kvstore::chunk_bytes(shape, all)), tail(kvstore::chunk_bytes(shape, items[2].range));
+  const std::span<std::byte> two[2] = {whole, tail};
+  const std::vector<kvstore::KvCopyItem> group_items = {{table, all}, items[2]};
+  ASSERT_TRUE((*group)->kv_copier()->copy_out_batch(group_items, two).ok());
+  EXPECT_EQ(whole, want[0]);
+  EXPECT_EQ(tail, want[2]);
+}
+
+TEST_P(CudaKvCopierFakeDevice, LayerCopiesBegunDuringTheStepLandBehindTheirLayersKvWrites) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_layers");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const std::vector<std::int32_t> table = {5, 2};
+  auto gpu = model::CudaModelRunner::create(w, step_options());
+  ASSERT_TRUE(gpu.ok()) << gpu.error().to_string();
+  ASSERT_TRUE((*gpu)->supports_layer_kv_hook());
+  auto* copier = dynamic_cast<model::CudaKvCopier*>((*gpu)->kv_copier());
+  ASSERT_NE(copier, nullptr);
+  ASSERT_TRUE(copier->copies_in_stream_order());
+  const kvstore::KvModelShape shape = (*gpu)->kv_model_shape();
+  // First, each layer's copies begun and ended inside the hook: in
+  // deferred timing the runner's stream has run none of the step yet, so
+  // the bytes are right only if the copy waited for the layer's write on
+  // the device (as far as it, and no further: the fake runs a stream up to
+  // the record a wait names, so layer 1's write is still pending when layer
+  // 0's copy lands).
+  std::vector<std::vector<std::byte>> ended_in_hook;
+  std::vector<int> queued_behind;  // [layers] device operations still queued when begin_copy_out returned
+  (*gpu)->set_layer_kv_hook([&](int layer) {
+    const kvstore::KvCopyItem item{table, kvstore::KvRange{layer, layer + 1, 0, 20}};
+    Result<std::uint64_t> t = copier->begin_copy_out({&item, 1});
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    ended_in_hook.emplace_back(kvstore::chunk_bytes(shape, item.range));
+    const std::span<std::byte> spans[1] = {ended_in_hook.back()};
+    ASSERT_TRUE(copier->end_copy_out(*t, spans).ok());
+  });
+  ASSERT_TRUE((*gpu)->execute(prefill_step(table, vocab)).ok());
+  (*gpu)->set_layer_kv_hook({});
+  ASSERT_EQ(ended_in_hook.size(), 2u);
+  for (int layer = 0; layer < 2; ++layer)
+    EXPECT_EQ(ended_in_hook[static_cast<std::size_t>(layer)],
+              chunk_of(*copier, shape, table, kvstore::KvRange{layer, layer + 1, 0, 20}))
+        << "layer " << layer << ": the copy did not wait for its KV write";
+  std::vector<std::pair<int, std::uint64_t>> tickets;
+  // Then every layer's ticket left open until the step returned.
+  (*gpu)->set_layer_kv_hook([&](int layer) {
+    const kvstore::KvCopyItem item{table, kvstore::KvRange{layer, layer + 1, 0, 20}};
+    Result<std::uint64_t> t = copier->begin_copy_out({&item, 1});
+    ASSERT_TRUE(t.ok()) << t.error().to_string();
+    tickets.emplace_back(layer, *t);
+    queued_behind.push_back(fc::pending_ops());
+  });
+  ASSERT_TRUE((*gpu)->execute(prefill_step(table, vocab)).ok());
+  (*gpu)->set_layer_kv_hook({});
+  ASSERT_EQ(tickets.size(), 2u);
+  EXPECT_EQ(tickets[0].first, 0);
+  EXPECT_EQ(tickets[1].first, 1);
+  if (fc::execution() == fc::Execution::deferred)
+    for (int q : queued_behind) EXPECT_GT(q, 0) << "begin_copy_out must return without waiting for the device";
+  EXPECT_EQ(copier->open_tickets(), 2u);
+  // Out of order: refused, and nothing ends.
+  std::vector<std::byte> c1(kvstore::chunk_bytes(shape, kvstore::KvRange{1, 2, 0, 20}));
+  const std::span<std::byte> one[1] = {c1};
+  const Status early = copier->end_copy_out(tickets[1].second, one);
+  EXPECT_FALSE(early.ok());
+  EXPECT_EQ(copier->open_tickets(), 2u);
+  for (const auto& [layer, ticket] : tickets) {
+    const kvstore::KvRange r{layer, layer + 1, 0, 20};
+    std::vector<std::byte> got(kvstore::chunk_bytes(shape, r));
+    const std::span<std::byte> spans[1] = {got};
+    ASSERT_TRUE(copier->end_copy_out(ticket, spans).ok()) << "layer " << layer;
+    // The same bytes a copy after the step gives: the copy waited for its layer's write.
+    EXPECT_EQ(got, chunk_of(*copier, shape, table, r)) << "layer " << layer;
+  }
+  EXPECT_EQ(copier->open_tickets(), 0u);
 }
 
 // ---- through the engine ------------------------------------------------------------
@@ -334,6 +475,68 @@ TEST_P(CudaKvCopierFakeDevice, StreamedKvResumesRequestsWithoutRecomputingIt) {
   for (const auto& [id, want] : ref) EXPECT_EQ(got.at(id).token_ids, want.token_ids) << "request " << id;
   EXPECT_EQ(computed_tokens(**eng), expected_computed) << "only positions after r are computed";
   EXPECT_EQ((*eng)->kv_io().stats().restored_tokens, static_cast<std::uint64_t>(expected_restored));
+}
+
+/// A sink that records each increment's range and merges it into per-request tiers.
+struct RangeSink final : KvStreamSink {
+  std::map<std::uint64_t, std::unique_ptr<testing_support::HostTier>>* tiers = nullptr;
+  std::vector<kvstore::KvRange> ranges;
+  bool accepting() const override { return true; }
+  void push(KvIncrement inc) override {
+    ranges.push_back(inc.range);
+    (*tiers)[inc.request_id]->merge(inc.range, inc.chunk);
+  }
+};
+
+TEST_P(CudaKvCopierFakeDevice, PromptKvStreamsLayerByLayerBehindTheForward) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_by_layer");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const text::IdTokenizer tok(vocab, 1, 2);
+  const auto reqs = requests(vocab);
+  struct Run {
+    std::map<std::uint64_t, RequestOutput> out;
+    std::map<std::uint64_t, std::unique_ptr<testing_support::HostTier>> tiers;
+    std::vector<kvstore::KvRange> ranges;
+    std::uint64_t gathers = 0;
+  };
+  const auto run = [&](bool by_layer) {
+    Run r;
+    auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
+    EXPECT_TRUE(gpu.ok()) << gpu.error().to_string();
+    auto eng = LlmEngine::create(**gpu, tok, engine_config(PreemptionMode::recompute));
+    EXPECT_TRUE(eng.ok()) << eng.error().to_string();
+    for (std::uint64_t id = 0; id < reqs.size(); ++id)
+      r.tiers[id] = std::make_unique<testing_support::HostTier>((*gpu)->kv_model_shape());
+    RangeSink sink;
+    sink.tiers = &r.tiers;
+    (*eng)->set_kv_sink(&sink);
+    (*eng)->set_stream_prompt_by_layer(by_layer);
+    for (std::uint64_t id = 0; id < reqs.size(); ++id)
+      EXPECT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
+    r.out = run_all(**eng);
+    r.ranges = sink.ranges;
+    r.gathers = dynamic_cast<model::CudaKvCopier*>((*gpu)->kv_copier())->num_gather_launches();
+    EXPECT_EQ(dynamic_cast<model::CudaKvCopier*>((*gpu)->kv_copier())->open_tickets(), 0u);
+    return r;
+  };
+  const Run after_step = run(false);
+  const Run layered = run(true);
+  ASSERT_EQ(layered.out.size(), after_step.out.size());
+  for (const auto& [id, want] : after_step.out)
+    EXPECT_TRUE(testing_support::bit_identical(layered.out.at(id), want)) << "request " << id;
+  // Prompt chunks went out a layer at a time; decode positions after their step.
+  int layer_increments = 0;
+  for (const kvstore::KvRange& r : layered.ranges) layer_increments += r.num_layers() == 1;
+  EXPECT_GT(layer_increments, 0);
+  for (const kvstore::KvRange& r : after_step.ranges) EXPECT_EQ(r.num_layers(), 2);
+  // The same KV in the end, bit for bit.
+  for (const auto& [id, tier] : after_step.tiers) {
+    ASSERT_EQ(layered.tiers.at(id)->covered, tier->covered) << "request " << id;
+    EXPECT_EQ(layered.tiers.at(id)->prefix(tier->covered), tier->prefix(tier->covered)) << "request " << id;
+  }
+  // Step-end increments: one gather per step for every sequence, however many.
+  EXPECT_LT(after_step.gathers, after_step.ranges.size());
 }
 
 /// The six requests through an engine over `x` with swap preemption, a

@@ -34,6 +34,7 @@
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_buffer.hpp"
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/kv_gather.hpp"
 #include "kernels/cuda/ops.hpp"
 #include "kernels/cuda/roofline.hpp"
 #include "kernels/cuda/sampling.hpp"
@@ -57,6 +58,16 @@ struct CUgraph_st {
 };
 struct CUgraphExec_st {
   std::vector<fake_detail::Op> ops;
+};
+/// What an event's operations share (they may outlive cudaEventDestroy, as
+/// on a GPU): how many records were made, how many have run.
+struct FakeEventState {
+  CUstream_st* stream = nullptr;  ///< the stream of the last record
+  long recorded = 0;
+  long completed = 0;
+};
+struct CUevent_st {
+  std::shared_ptr<FakeEventState> state = std::make_shared<FakeEventState>();
 };
 
 namespace fake_detail {
@@ -85,6 +96,7 @@ struct State {
   std::set<CUstream_st*> streams;
   std::set<CUgraph_st*> graphs;
   std::set<CUgraphExec_st*> execs;
+  std::set<CUevent_st*> events;
   int device_count = 1;
   std::size_t memory_bytes = std::size_t{80} << 30;  ///< each device's, as query_devices reports it
   std::set<std::pair<int, int>> peer_access;  ///< (device, peer): device's work may touch peer's memory
@@ -317,9 +329,17 @@ void run(Op& op) {
   st().running_device = outer;
 }
 
-/// Runs q's operations in order while they can finish; true when q is empty.
-bool progress(CUstream_st* q) {
-  while (!q->pending.empty()) {
+thread_local std::set<CUstream_st*> progressing;  // streams progress() is inside (an event wait recurses)
+
+/// Runs q's operations in order while they can finish, until `enough`
+/// holds (null: until q is empty); true when q is empty.
+bool progress(CUstream_st* q, const std::function<bool()>& enough = {}) {
+  if (!progressing.insert(q).second) return q->pending.empty();  // a wait cycle: no progress here
+  struct Leave {
+    CUstream_st* q;
+    ~Leave() { progressing.erase(q); }
+  } leave{q};
+  while (!q->pending.empty() && !(enough && enough())) {
     Op& head = q->pending.front();
     if (!head.started) run(head);
     if (head.done && !head.done()) return false;  // waits for its peers (a collective)
@@ -839,6 +859,118 @@ cudaError_t cudaFreeHost(void* ptr) {
   return cudaSuccess;
 }
 
+// ---- events: stream-ordered dependencies between streams ---------------------------
+// A record is an operation on its stream; a wait is an operation that stays
+// at its stream's head until the record it names has run (running the
+// recording stream's queue as far as needed: a wait is how one stream's
+// work makes another's run, in deferred mode too). A wait on an event never
+// recorded waits for nothing. Records and waits on a capturing stream are
+// not modelled (an anomaly).
+
+bool known_event(cudaEvent_t e) { return e != nullptr && st().events.count(e) != 0; }
+
+/// True once the event's record number `gen` has run (running its stream's
+/// queue up to that record, as far as it can).
+bool event_reached(const std::shared_ptr<FakeEventState>& ev, long gen) {
+  if (ev->completed >= gen) return true;
+  // Only as far as the record: the work queued after it stays behind.
+  if (ev->stream != nullptr) (void)progress(ev->stream, [&] { return ev->completed >= gen; });
+  return ev->completed >= gen;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  FAKE_LOCK;
+  cudaError_t err;
+  if (injected("cudaEventCreateWithFlags", &err)) return fail(err);
+  constexpr unsigned kKnown = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
+  if (event == nullptr || (flags & ~kKnown) != 0) return fail(cudaErrorInvalidValue);
+  auto* e = new CUevent_st;
+  st().events.insert(e);
+  *event = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  FAKE_LOCK;
+  if (!known_event(event)) {
+    anomaly("cudaEventDestroy of an unknown event");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  st().events.erase(event);
+  delete event;  // queued records and waits keep its state
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  FAKE_LOCK;
+  if (!known_event(event)) {
+    anomaly("cudaEventRecord of an unknown event");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  CUstream_st* q = resolve(stream);
+  if (q == nullptr) {
+    anomaly("cudaEventRecord on an unknown stream");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (q->capturing) {
+    anomaly("cudaEventRecord on a capturing stream (not modelled by the fake)");
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  std::shared_ptr<FakeEventState> ev = event->state;
+  ev->stream = q;
+  const long gen = ++ev->recorded;
+  return enqueue(stream, Op{"cudaEventRecord", false, [ev, gen] { ev->completed = std::max(ev->completed, gen); }});
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  FAKE_LOCK;
+  if (!known_event(event)) {
+    anomaly("cudaStreamWaitEvent on an unknown event");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  CUstream_st* q = resolve(stream);
+  if (q == nullptr || flags != 0) return fail(q == nullptr ? cudaErrorInvalidResourceHandle : cudaErrorInvalidValue);
+  if (q->capturing) {
+    anomaly("cudaStreamWaitEvent on a capturing stream (not modelled by the fake)");
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  std::shared_ptr<FakeEventState> ev = event->state;
+  if (ev->recorded == 0) return cudaSuccess;  // an event never recorded: nothing to wait for
+  const long gen = ev->recorded;
+  return enqueue(stream, Op{"cudaStreamWaitEvent", false, [] {}, [ev, gen] { return event_reached(ev, gen); }});
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  FAKE_LOCK;
+  cudaError_t err;
+  if (injected("cudaEventSynchronize", &err)) return fail(err);
+  if (!known_event(event)) {
+    anomaly("cudaEventSynchronize of an unknown event");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (prohibited_during_capture("cudaEventSynchronize", &err)) return err;
+  std::shared_ptr<FakeEventState> ev = event->state;
+  const long gen = ev->recorded;
+  if (!wait_until([&] { return event_reached(ev, gen); }, kDeadlock)) {
+    anomaly("cudaEventSynchronize: waited " + std::to_string(kDeadlock.count()) + " s (a deadlock)");
+    return fail(cudaErrorLaunchTimeout);
+  }
+  return cudaSuccess;
+}
+
+/// Does not wait: runs what can run; cudaErrorNotReady until the last record has run.
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  FAKE_LOCK;
+  if (!known_event(event)) {
+    anomaly("cudaEventQuery of an unknown event");
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  std::shared_ptr<FakeEventState> ev = event->state;
+  return event_reached(ev, ev->recorded) ? cudaSuccess : cudaErrorNotReady;
+}
+
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
   FAKE_LOCK;
   cudaError_t err;
@@ -993,6 +1125,10 @@ int live_streams() {
 int live_graphs() {
   FAKE_LOCK;
   return static_cast<int>(st().graphs.size());
+}
+int live_events() {
+  FAKE_LOCK;
+  return static_cast<int>(st().events.size());
 }
 int live_graph_execs() {
   FAKE_LOCK;
@@ -1251,6 +1387,65 @@ Status write_kv(const float* k, const float* v, int row_stride, int num_tokens, 
       const std::int32_t slot = slot_mapping[t];
       if (slot < 0 || slot >= slots) continue;  // skipped, as documented
       cpu::write_kv(k + static_cast<long>(t) * row_stride, v + static_cast<long>(t) * row_stride, row_stride, 1, &slot, c);
+    }
+  });
+}
+
+Status gather_kv(const KvGatherCache& cache, const KvGatherPiece* pieces, int num_pieces, int max_piece_layers,
+                 const std::int32_t* blocks, void* out, Stream stream) {
+  FAKE_LOCK;
+  if (num_pieces < 0 || max_piece_layers < 0 || cache.num_blocks < 0 || cache.num_kv_heads < 0 ||
+      cache.block_size <= 0 || cache.head_dim < 0)
+    return bad("gather_kv: bad size");
+  if (!dtype_ok(cache.dtype)) return make_error(ErrorCode::unsupported, "fake cuda: gather_kv dtype");
+  if (num_pieces == 0 || max_piece_layers == 0 || cache.num_kv_heads == 0 || cache.head_dim == 0)
+    return Status::ok_status();
+  if (cache.data == nullptr || pieces == nullptr || blocks == nullptr || out == nullptr)
+    return bad("gather_kv: null pointer");
+  if (static_cast<long>(max_piece_layers) * 2 * cache.num_kv_heads > 65535) return bad("gather_kv: grid limit");
+  const KvGatherCache c = cache;
+  return launch(stream, "gather_kv", [=] {
+    const char* op = "gather_kv";
+    const std::size_t es = dtype_size(c.dtype);
+    const long heads = c.num_kv_heads, bs = c.block_size, hd = c.head_dim;
+    const std::size_t cache_elems = static_cast<std::size_t>(c.num_layers) * 2 * c.num_blocks * heads * bs * hd;
+    if (!check(op, "cache", c.data, cache_elems * es) ||
+        !check(op, "pieces", pieces, static_cast<std::size_t>(num_pieces) * sizeof(KvGatherPiece)))
+      return;
+    const auto* src = static_cast<const char*>(c.data);
+    auto* dst = static_cast<char*>(out);
+    for (int i = 0; i < num_pieces; ++i) {
+      const KvGatherPiece p = pieces[i];
+      if (p.num_layers < 0 || p.num_layers > max_piece_layers || p.layer < 0 || p.layer + p.num_layers > c.num_layers ||
+          p.token_begin < 0 || p.num_tokens < 0 || p.out_offset < 0 || p.blocks_offset < 0) {
+        anomaly("gather_kv: piece " + std::to_string(i) + " is outside the cache or the launch's grid");
+        return;
+      }
+      if (p.num_tokens == 0 || p.num_layers == 0) continue;
+      const long first = p.token_begin / bs, last = (p.token_begin + p.num_tokens - 1) / bs;
+      const std::int32_t* table = blocks + p.blocks_offset;
+      const std::size_t piece_elems = static_cast<std::size_t>(p.num_layers) * 2 * heads * p.num_tokens * hd;
+      if (!check(op, "blocks", table, static_cast<std::size_t>(last - first + 1) * 4) ||
+          !check(op, "out", dst + p.out_offset * static_cast<long>(es), piece_elems * es))
+        return;
+      for (long b = 0; b <= last - first; ++b)
+        if (table[b] < 0 || table[b] >= c.num_blocks) {
+          anomaly("gather_kv: piece " + std::to_string(i) + " reads block " + std::to_string(table[b]) +
+                  " outside the cache's " + std::to_string(c.num_blocks));
+          return;
+        }
+      std::size_t o = static_cast<std::size_t>(p.out_offset);
+      for (long l = 0; l < p.num_layers; ++l)
+        for (long kv = 0; kv < 2; ++kv)
+          for (long h = 0; h < heads; ++h)
+            for (long t = 0; t < p.num_tokens; ++t)
+              for (long d = 0; d < hd; ++d, ++o) {
+                const long pos = p.token_begin + t;
+                const long blk = table[pos / bs - first], off = pos % bs;
+                const long slab = (((p.layer + l) * 2 + kv) * c.num_blocks + blk) * heads + h;
+                const long e = slab * bs * hd + (kv == 0 ? d * bs + off : off * hd + d);
+                std::memcpy(dst + o * es, src + static_cast<std::size_t>(e) * es, es);
+              }
     }
   });
 }

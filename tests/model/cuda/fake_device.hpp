@@ -30,6 +30,13 @@
 //    cudaMemcpy, memset, synchronisation, copies of pageable memory -- fail
 //    with cudaErrorStreamCaptureUnsupported, invalidate the capture and are
 //    recorded as anomalies (so is a cudaFree);
+//  - events (cudaEventRecord / cudaStreamWaitEvent / cudaEventSynchronize):
+//    a record is an operation on its stream; a wait stays at its stream's
+//    head until the record it names has run, running the recording stream
+//    as far as needed (so in deferred mode a copy stream that waits for a
+//    compute stream's event sees exactly that stream's work up to the
+//    record, and one that does not wait sees none of it). Records and waits
+//    while a stream captures are not modelled (anomalies);
 //  - kernels compute with the CPU reference kernels (kernels/cpu) and
 //    sampling::sample, row by row (GEMMs: a plain F32 loop over k in order,
 //    16-bit weights widened exactly after x is cast to their dtype in the
@@ -94,6 +101,8 @@ void reset(Execution mode);
 [[nodiscard]] int live_streams();
 [[nodiscard]] int live_graphs();
 [[nodiscard]] int live_graph_execs();
+/// Events made and not destroyed.
+[[nodiscard]] int live_events();
 /// Operations queued and not run yet (deferred mode), all streams.
 [[nodiscard]] int pending_ops();
 
