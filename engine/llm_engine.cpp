@@ -298,9 +298,12 @@ Status LlmEngine::fill_pipeline() {
     arm_layer_streaming(sched, by_layer);
     Status submitted = executor_->submit(sched.input);
     if (!by_layer.seqs.empty()) {
-      if (Status s = finish_layer_streaming(by_layer, submitted.ok()); !s.ok()) return submitted.ok() ? s : submitted;
-      // Every layer went out: the step-end increment starts after them.
-      if (by_layer.layers_done == kv_io_.shape().num_layers)
+      // Every layer went out: the step-end increment starts after them. A
+      // failed layer copy is not the step's failure: the positions stay
+      // unstreamed and go out whole after the step (whose own copy reports
+      // a copier that keeps failing).
+      const Status streamed = finish_layer_streaming(by_layer, submitted.ok());
+      if (submitted.ok() && streamed.ok() && by_layer.layers_done == kv_io_.shape().num_layers)
         for (const LayerStream& ls : by_layer.seqs)
           if (Sequence* seq = scheduler_.get(ls.seq_id); seq != nullptr) seq->num_streamed_tokens = ls.token_end;
     }

@@ -239,6 +239,12 @@ struct KvStreamItem {
 [[nodiscard]] Status split_part(const KvModelShape& shape, const KvRankLayout& layout, const KvRange& range,
                                 std::span<const std::byte> chunk, std::span<std::byte> part);
 
+/// One sequence's range for a batched copy (KvCopier::copy_out_batch).
+struct KvCopyItem {
+  std::span<const std::int32_t> block_table;  ///< the sequence's blocks, covering range.token_end
+  KvRange range;
+};
+
 /// A group's KV caches as copy_out / copy_in reach them: host-addressable
 /// views (KvViewsCopier), or ranks in other processes that gather and
 /// scatter their own share on request (engine/group/parallel_executor.hpp, a TCP
@@ -246,12 +252,6 @@ struct KvStreamItem {
 /// the canonical chunk of the range.
 /// Thread safety: an implementation says; the engine calls one from one
 /// thread at a time (its own, or Seesaw's KV mover thread).
-/// One sequence's range for a batched copy (KvCopier::copy_out_batch).
-struct KvCopyItem {
-  std::span<const std::int32_t> block_table;  ///< the sequence's blocks, covering range.token_end
-  KvRange range;
-};
-
 class KvCopier {
  public:
   virtual ~KvCopier() = default;
@@ -301,8 +301,9 @@ class KvCopier {
   /// invalid_argument (as copy_out), internal (a CUDA call).
   [[nodiscard]] virtual Result<std::uint64_t> begin_copy_out(std::span<const KvCopyItem> items);
   /// Waits for `ticket`'s copies and writes items[i]'s canonical chunk into
-  /// chunks[i]; the ticket ends, whether or not it succeeds. Tickets end in
-  /// the order they began. Errors: invalid_argument (not the oldest open
+  /// chunks[i]. Tickets end in the order they began: a ticket that is not
+  /// the oldest open one is refused and stays open; the oldest ends whether
+  /// or not the call succeeds. Errors: invalid_argument (not the oldest open
   /// ticket, chunks of the wrong number or size), internal (a CUDA call).
   [[nodiscard]] virtual Status end_copy_out(std::uint64_t ticket, std::span<const std::span<std::byte>> chunks);
 };

@@ -50,6 +50,7 @@ struct KvGatherPiece {
   std::int32_t num_tokens = 0;
   std::int32_t reserved = 0;
 };
+static_assert(sizeof(KvGatherPiece) == 32, "uploaded as is: the host and device layouts must agree");
 
 /// Gathers `num_pieces` pieces (device array) out of `cache` into `out`
 /// (device), on `stream`. `blocks` (device): for piece p, the physical

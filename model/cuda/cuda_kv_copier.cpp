@@ -21,6 +21,26 @@ Status cuda_status(const char* what, cudaError_t err) {
 
 Error invalid(const std::string& m) { return make_error(ErrorCode::invalid_argument, "cuda KV copier: " + m); }
 
+/// Restores the calling thread's CUDA device when a call returns (the
+/// copier switches to each cache's device).
+class DeviceRestorer {
+ public:
+  DeviceRestorer() {
+    if (cudaGetDevice(&device_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      device_ = -1;
+    }
+  }
+  ~DeviceRestorer() {
+    if (device_ >= 0) (void)cudaSetDevice(device_);
+  }
+  DeviceRestorer(const DeviceRestorer&) = delete;
+  DeviceRestorer& operator=(const DeviceRestorer&) = delete;
+
+ private:
+  int device_ = -1;
+};
+
 /// chunks[i] holds exactly items[i]'s canonical chunk.
 Status check_chunks(const kvstore::KvModelShape& shape, std::span<const kvstore::KvCopyItem> items,
                     std::span<const std::span<std::byte>> chunks) {
@@ -217,18 +237,22 @@ Status CudaKvCopier::copy_out(std::span<const std::int32_t> block_table, const k
 Status CudaKvCopier::copy_out_batch(std::span<const kvstore::KvCopyItem> items,
                                     std::span<const std::span<std::byte>> chunks) {
   std::lock_guard<std::mutex> lock(mu_);
+  const DeviceRestorer restore;
   if (Status s = check_chunks(shape_, items, chunks); !s) return s;
   Result<Ticket> t = queue_gathers(items, false);
-  if (!t) return std::move(t).error();
-  Status merged = finish(*t, chunks);
+  Status merged = t ? finish(*t, chunks) : Status(std::move(t).error());
   if (open_.empty()) release_retired();
   return merged;
 }
 
 Result<std::uint64_t> CudaKvCopier::begin_copy_out(std::span<const kvstore::KvCopyItem> items) {
   std::lock_guard<std::mutex> lock(mu_);
+  const DeviceRestorer restore;
   Result<Ticket> t = queue_gathers(items, true);
-  if (!t) return std::move(t).error();
+  if (!t) {
+    if (open_.empty()) release_retired();
+    return std::move(t).error();
+  }
   t->id = next_ticket_++;
   open_.push_back(std::move(t).value());
   return open_.back().id;
@@ -236,6 +260,7 @@ Result<std::uint64_t> CudaKvCopier::begin_copy_out(std::span<const kvstore::KvCo
 
 Status CudaKvCopier::end_copy_out(std::uint64_t ticket, std::span<const std::span<std::byte>> chunks) {
   std::lock_guard<std::mutex> lock(mu_);
+  const DeviceRestorer restore;
   if (open_.empty() || open_.front().id != ticket)
     return invalid("ticket " + std::to_string(ticket) + " is not the oldest open one");
   Ticket t = std::move(open_.front());
@@ -252,10 +277,15 @@ Status CudaKvCopier::end_copy_out(std::uint64_t ticket, std::span<const std::spa
 Result<std::byte*> CudaKvCopier::pinned(std::size_t bytes) {
   bytes = (bytes + 255) / 256 * 256;
   if (arena_used_ + bytes > arena_bytes_) {
-    // Outgrown: open tickets keep the old arena until the last one ends.
-    if (arena_ != nullptr) retired_pinned_.push_back(arena_);
+    // Outgrown: open tickets keep the old arena until the last one ends
+    // (and the new one doubles, for the tickets still to come); with none
+    // open it is freed now and the new one fits this call.
+    if (arena_ != nullptr) {
+      if (open_.empty()) (void)cudaFreeHost(arena_);
+      else retired_pinned_.push_back(arena_);
+    }
     arena_ = nullptr;
-    arena_bytes_ = std::max(bytes, 2 * arena_bytes_);
+    arena_bytes_ = open_.empty() ? bytes : std::max(bytes, 2 * arena_bytes_);
     arena_bytes_ = (arena_bytes_ + (1u << 20) - 1) / (1u << 20) * (1u << 20);
     arena_used_ = 0;
     void* p = nullptr;
@@ -314,6 +344,8 @@ void CudaKvCopier::release_retired() {
 
 Result<CudaKvCopier::Ticket> CudaKvCopier::queue_gathers(std::span<const kvstore::KvCopyItem> items,
                                                          bool after_writers) {
+  const std::byte* arena_at_entry = arena_;
+  const std::size_t used_at_entry = arena_used_;
   const int bs = caches_[0].layout.block_size;
   const std::size_t es = dtype_size(shape_.dtype);
   const auto hd = static_cast<std::size_t>(shape_.head_dim);
@@ -391,7 +423,9 @@ Result<CudaKvCopier::Ticket> CudaKvCopier::queue_gathers(std::span<const kvstore
       if (w.cache != c) continue;
       const kvstore::KvRange& r = items[w.item].range;
       const std::size_t per_layer = layer_row * static_cast<std::size_t>(r.num_tokens());
-      const int step = static_cast<int>(std::max<std::size_t>(1, gather_slot_bytes_ / per_layer));
+      // Whole layers up to the slot, and up to gather_kv's 65535 rows of its grid.
+      const auto grid_layers = static_cast<std::size_t>(65535) / (2 * lay.kv_heads.size());
+      const int step = static_cast<int>(std::max<std::size_t>(1, std::min(gather_slot_bytes_ / per_layer, grid_layers)));
       for (int l = w.layer_begin; l < w.layer_end; l += step) {
         const int le = std::min(w.layer_end, l + step);
         PassPiece pp;
@@ -509,10 +543,12 @@ Result<CudaKvCopier::Ticket> CudaKvCopier::queue_gathers(std::span<const kvstore
     }
   }
   if (!queued) {
-    // Nothing may still read the pinned or device memory of a refused ticket.
+    // Nothing may still read the pinned or device memory of a refused
+    // ticket; its part of the arena is given back.
     for (cudaStream_t stream : streams_) (void)cudaStreamSynchronize(stream);
     for (cudaEvent_t e : t.done)
       if (e != nullptr) (void)cudaEventDestroy(e);
+    if (arena_ == arena_at_entry) arena_used_ = used_at_entry;
     return queued.error();
   }
   return t;
@@ -527,22 +563,23 @@ Status CudaKvCopier::finish(Ticket& t, std::span<const std::span<std::byte>> chu
     free_events_[s].push_back(e);
     t.done[s] = nullptr;
   }
+  if (!landed)  // the memory is released next: nothing of the ticket may still run
+    for (cudaStream_t stream : streams_) (void)cudaStreamSynchronize(stream);
   if (!landed || chunks.empty()) return landed;
   // Merge: each (layer, head) of an item from the first cache holding it.
   const std::size_t es = dtype_size(shape_.dtype);
   const auto hd = static_cast<std::size_t>(shape_.head_dim);
   const auto heads = static_cast<std::size_t>(shape_.num_kv_heads);
-  std::vector<bool> claimed;
-  std::size_t item = SIZE_MAX;
+  // The pieces come cache by cache, so an item's claims live across them.
+  std::vector<std::vector<bool>> claims(t.ranges.size());
+  for (std::size_t i = 0; i < t.ranges.size(); ++i)
+    claims[i].assign(static_cast<std::size_t>(t.ranges[i].num_layers()) * heads, false);
   for (const Piece& p : t.pieces) {
     const kvstore::KvRange& r = t.ranges[p.item];
     const auto ntok = static_cast<std::size_t>(r.num_tokens());
     const std::size_t run = ntok * hd * es;  // one (layer, K|V, head)
     const std::vector<int>& slots = caches_[p.cache].layout.kv_heads;
-    if (p.item != item) {
-      item = p.item;
-      claimed.assign(static_cast<std::size_t>(r.num_layers()) * heads, false);
-    }
+    std::vector<bool>& claimed = claims[p.item];
     std::byte* chunk = chunks[p.item].data();
     // A cache of every head, in model order, holding the item's every
     // layer: its gathered piece is the canonical chunk.
@@ -573,6 +610,7 @@ Status CudaKvCopier::finish(Ticket& t, std::span<const std::span<std::byte>> chu
 Status CudaKvCopier::copy_in(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
                              std::span<const std::byte> chunk) {
   std::lock_guard<std::mutex> lock(mu_);
+  const DeviceRestorer restore;
   // The blocks' other tokens are kept: staged first, the range written over them.
   std::vector<Slab> slabs;
   std::vector<kvstore::KvCacheView> views;

@@ -96,7 +96,8 @@ class CudaKvCopier final : public kvstore::KvCopier {
   [[nodiscard]] Status copy_out_batch(std::span<const kvstore::KvCopyItem> items,
                                       std::span<const std::span<std::byte>> chunks) override;
   /// Queues copy_out_batch's copies after the work queued so far on every
-  /// cache's writer stream and returns. Errors: as copy_out (nothing queued).
+  /// cache's writer stream and returns. Errors: as copy_out (then no ticket
+  /// is open and nothing of the call is left queued).
   [[nodiscard]] Result<std::uint64_t> begin_copy_out(std::span<const kvstore::KvCopyItem> items) override;
   /// Waits for the ticket's copies and merges its chunks. Errors: see
   /// kvstore::KvCopier::end_copy_out.

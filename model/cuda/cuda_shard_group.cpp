@@ -116,6 +116,12 @@ class CudaShardGroup::ActiveCopier final : public kvstore::KvCopier {
     if (c == nullptr) return make_error(ErrorCode::internal, "cuda shard group: no KV copier");
     return c->copy_in(block_table, range, chunk);
   }
+  [[nodiscard]] Status copy_out_batch(std::span<const kvstore::KvCopyItem> items,
+                                      std::span<const std::span<std::byte>> chunks) override {
+    CudaKvCopier* c = group_.active_copier();
+    if (c == nullptr) return make_error(ErrorCode::internal, "cuda shard group: no KV copier");
+    return c->copy_out_batch(items, chunks);
+  }
 
  private:
   CudaShardGroup& group_;

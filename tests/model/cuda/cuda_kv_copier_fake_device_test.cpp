@@ -31,6 +31,7 @@
 //    way through the buffer: pairs without TP are bit-identical, pp=2 ->
 //    tp=2 within the TP bound.
 // Both timings of the fake.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -267,6 +268,50 @@ TEST_P(CudaKvCopierFakeDevice, ABatchIsOneGatherPerCacheOrOnePerPassOfTheSlot) {
   ASSERT_TRUE((*group)->kv_copier()->copy_out_batch(group_items, two).ok());
   EXPECT_EQ(whole, want[0]);
   EXPECT_EQ(tail, want[2]);
+}
+
+TEST_P(CudaKvCopierFakeDevice, ABatchTakesEachHeadFromItsFirstHolderAsTheHostPlanDoes) {
+  // Three caches whose heads overlap with different bytes (as replicated
+  // heads would if they ever differed): every (layer, head) of every item
+  // must come from the first cache holding it, as kvstore::copy_out's plan.
+  const kvstore::KvModelShape shape{2, 2, 4, DType::f32};
+  const std::vector<kvstore::KvRankLayout> layouts = {
+      {0, 2, {1}, 6, 4}, {0, 1, {0, 1}, 6, 4}, {1, 2, {0}, 6, 4}};  // head 1 of layer 0 twice
+  std::vector<std::vector<float>> host(layouts.size());
+  std::vector<kvstore::KvCacheView> views;
+  std::vector<model::DeviceKvCache> caches;
+  std::vector<void*> device;
+  for (std::size_t c = 0; c < layouts.size(); ++c) {
+    host[c].resize(kvstore::cache_bytes(shape, layouts[c]) / 4);
+    for (std::size_t i = 0; i < host[c].size(); ++i) host[c][i] = static_cast<float>(1000 * (c + 1) + i);
+    views.push_back({host[c].data(), layouts[c]});
+    void* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, host[c].size() * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d, host[c].data(), host[c].size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    device.push_back(d);
+    caches.push_back({d, layouts[c], 0, nullptr});
+  }
+  // The uploads land on the legacy stream, which the copy stream does not wait for.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  {
+    auto copier = model::CudaKvCopier::create(shape, caches);
+    ASSERT_TRUE(copier.ok()) << copier.error().to_string();
+    const std::vector<std::int32_t> t1 = {3, 0, 5}, t2 = {1, 4};
+    const std::vector<kvstore::KvCopyItem> items = {
+        {t1, kvstore::KvRange{0, 2, 2, 11}}, {t2, kvstore::KvRange{1, 2, 0, 7}}, {t1, kvstore::KvRange{0, 1, 4, 5}}};
+    std::vector<std::vector<std::byte>> got(items.size()), want(items.size());
+    std::vector<std::span<std::byte>> spans;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      got[i].resize(kvstore::chunk_bytes(shape, items[i].range));
+      want[i].resize(got[i].size());
+      spans.emplace_back(got[i]);
+      ASSERT_TRUE(kvstore::copy_out(shape, views, items[i].block_table, items[i].range, want[i]).ok());
+    }
+    ASSERT_TRUE((*copier)->copy_out_batch(items, spans).ok());
+    for (std::size_t i = 0; i < items.size(); ++i) EXPECT_EQ(got[i], want[i]) << "item " << i;
+    EXPECT_EQ((*copier)->num_gather_launches(), 3u) << "one per cache that supplies something";
+  }
+  for (void* d : device) ASSERT_EQ(cudaFree(d), cudaSuccess);
 }
 
 TEST_P(CudaKvCopierFakeDevice, LayerCopiesBegunDuringTheStepLandBehindTheirLayersKvWrites) {

@@ -62,9 +62,11 @@ struct CUgraphExec_st {
 /// What an event's operations share (they may outlive cudaEventDestroy, as
 /// on a GPU): how many records were made, how many have run.
 struct FakeEventState {
-  CUstream_st* stream = nullptr;  ///< the stream of the last record
+  int device = 0;                     ///< the device current when it was made
+  std::vector<CUstream_st*> streams;  ///< [records] the stream of each record
+  std::vector<char> ran;              ///< [records] whether each record has run
   long recorded = 0;
-  long completed = 0;
+  [[nodiscard]] bool reached(long gen) const { return gen <= 0 || ran[static_cast<std::size_t>(gen - 1)] != 0; }
 };
 struct CUevent_st {
   std::shared_ptr<FakeEventState> state = std::make_shared<FakeEventState>();
@@ -332,7 +334,7 @@ void run(Op& op) {
 thread_local std::set<CUstream_st*> progressing;  // streams progress() is inside (an event wait recurses)
 
 /// Runs q's operations in order while they can finish, until `enough`
-/// holds (null: until q is empty); true when q is empty.
+/// holds (null: until q is empty); true when q is empty (or `enough` held).
 bool progress(CUstream_st* q, const std::function<bool()>& enough = {}) {
   if (!progressing.insert(q).second) return q->pending.empty();  // a wait cycle: no progress here
   struct Leave {
@@ -671,6 +673,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   FAKE_LOCK;
+  ++st().counters.host_syncs;
   cudaError_t err;
   if (injected("cudaStreamSynchronize", &err)) return fail(err);
   CUstream_st* q = resolve(stream);
@@ -690,6 +693,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   FAKE_LOCK;
+  ++st().counters.host_syncs;
   cudaError_t err;
   if (injected("cudaDeviceSynchronize", &err)) return fail(err);
   if (prohibited_during_capture("cudaDeviceSynchronize", &err)) return err;
@@ -872,10 +876,11 @@ bool known_event(cudaEvent_t e) { return e != nullptr && st().events.count(e) !=
 /// True once the event's record number `gen` has run (running its stream's
 /// queue up to that record, as far as it can).
 bool event_reached(const std::shared_ptr<FakeEventState>& ev, long gen) {
-  if (ev->completed >= gen) return true;
+  if (ev->reached(gen)) return true;
   // Only as far as the record: the work queued after it stays behind.
-  if (ev->stream != nullptr) (void)progress(ev->stream, [&] { return ev->completed >= gen; });
-  return ev->completed >= gen;
+  CUstream_st* q = ev->streams[static_cast<std::size_t>(gen - 1)];
+  if (st().streams.count(q) != 0 || q == &st().legacy) (void)progress(q, [&] { return ev->reached(gen); });
+  return ev->reached(gen);
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
@@ -885,6 +890,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   constexpr unsigned kKnown = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
   if (event == nullptr || (flags & ~kKnown) != 0) return fail(cudaErrorInvalidValue);
   auto* e = new CUevent_st;
+  e->state->device = current_device_;
   st().events.insert(e);
   *event = e;
   return cudaSuccess;
@@ -919,9 +925,16 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     return fail(cudaErrorStreamCaptureUnsupported);
   }
   std::shared_ptr<FakeEventState> ev = event->state;
-  ev->stream = q;
+  const int device = q->legacy ? current_device_ : q->device;
+  if (device != ev->device) {
+    anomaly("cudaEventRecord of device " + std::to_string(ev->device) + "'s event on a stream of device " +
+            std::to_string(device));
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  ev->streams.push_back(q);
+  ev->ran.push_back(0);
   const long gen = ++ev->recorded;
-  return enqueue(stream, Op{"cudaEventRecord", false, [ev, gen] { ev->completed = std::max(ev->completed, gen); }});
+  return enqueue(stream, Op{"cudaEventRecord", false, [ev, gen] { ev->ran[static_cast<std::size_t>(gen - 1)] = 1; }});
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -944,6 +957,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   FAKE_LOCK;
+  ++st().counters.host_syncs;
   cudaError_t err;
   if (injected("cudaEventSynchronize", &err)) return fail(err);
   if (!known_event(event)) {

@@ -80,6 +80,7 @@ struct Counters {
   long graph_launches = 0;
   long graph_ops_replayed = 0;
   long kernels_run = 0;      ///< kernels (not copies) executed
+  long host_syncs = 0;       ///< cudaStreamSynchronize, cudaDeviceSynchronize and cudaEventSynchronize calls
 };
 
 /// Starts a fresh fake: sets the execution mode, clears counters, anomalies
