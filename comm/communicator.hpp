@@ -38,6 +38,8 @@
 
 #include "common/result.hpp"
 
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
 namespace shardline::comm {
 
 /// Timeout a communicator starts with.
@@ -52,6 +54,31 @@ class Communicator {
   /// model/cuda/inproc_device_comm.hpp); false for host memory. A runner
   /// checks its communicators against where its tensors live.
   [[nodiscard]] virtual bool on_device() const noexcept { return false; }
+
+  // ---- stream order (device communicators) -----------------------------------
+  // By default a device communicator's call reads its buffers once the
+  // caller's writes are complete (the caller synchronises its stream first)
+  // and returns when its results are in place. Bound to the caller's CUDA
+  // stream, a call instead queues its work on that stream, behind the work
+  // already queued there, and returns without waiting for the device
+  // (NCCL's model: ncclAllReduce(..., stream)): the caller's later kernels
+  // on the stream see the results, and no host synchronisation is needed.
+
+  /// Orders the following calls on `stream` (a cudaStream_t of this rank's
+  /// device). Errors: unsupported (host communicators; the default),
+  /// invalid_argument (already bound to another stream, a null stream),
+  /// io (the CUDA events cannot be made).
+  [[nodiscard]] virtual Status bind_stream(CUstream_st* /*stream*/) {
+    return make_error(ErrorCode::unsupported, "communicator: no stream order");
+  }
+  /// True when the collectives (barrier aside) are ordered on the bound stream.
+  [[nodiscard]] virtual bool collectives_in_stream_order() const noexcept { return false; }
+  /// True when send / recv are ordered on the bound stream too.
+  [[nodiscard]] virtual bool point_to_point_in_stream_order() const noexcept { return false; }
+  /// Waits until the bound stream's work is done, bounded by the timeout (a
+  /// dead peer fails it with io instead of hanging the caller's stream).
+  /// ok when nothing is bound. Errors: io.
+  [[nodiscard]] virtual Status wait_stream() { return {}; }
 
   /// This rank, in [0, world_size()).
   [[nodiscard]] virtual int rank() const noexcept = 0;

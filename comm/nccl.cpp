@@ -121,6 +121,24 @@ class NcclComm final : public NcclCommunicator {
   int device() const noexcept override { return device_; }
   std::string poisoned() const override { return poisoned_; }
 
+  Status bind_stream(CUstream_st* stream) override {
+    if (stream == nullptr) return make_error(ErrorCode::invalid_argument, who("bind_stream") + ": a null stream");
+    if (bound_ != nullptr && bound_ != stream)
+      return make_error(ErrorCode::invalid_argument, who("bind_stream") + ": already bound to another stream");
+    bound_ = stream;
+    return Status();
+  }
+  bool collectives_in_stream_order() const noexcept override { return bound_ != nullptr; }
+  bool point_to_point_in_stream_order() const noexcept override { return bound_ != nullptr; }
+  Status wait_stream() override {
+    if (bound_ == nullptr) return Status();
+    if (!comm_) return poisoned_error("wait_stream");
+    if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+      return make_error(ErrorCode::io, who("wait_stream") + ": cudaSetDevice: " + cuda_text(e));
+    }
+    return wait("wait_stream", deadline_after(timeout_), bound_);
+  }
+
   Status barrier() override { return collective(CollOp::barrier, nullptr, nullptr, 0, 0); }
   Status all_reduce_sum(float* data, std::size_t count) override {
     return collective(CollOp::all_reduce_sum, data, data, count, 0);
@@ -186,8 +204,10 @@ class NcclComm final : public NcclCommunicator {
     return fail(op, "failed: NCCL " + nccl_text(rc, comm_));
   }
 
-  /// Waits for everything enqueued on the stream, bounded by the deadline.
-  Status wait(const char* op, Clock::time_point deadline) {
+  /// Waits for everything enqueued on `stream` (the communicator's own by
+  /// default), bounded by the deadline.
+  Status wait(const char* op, Clock::time_point deadline, cudaStream_t stream = nullptr) {
+    if (stream == nullptr) stream = stream_;
     int spins = 0;
     for (;;) {
       ncclResult_t state = ncclSuccess;
@@ -197,7 +217,7 @@ class NcclComm final : public NcclCommunicator {
         return fail(op, "failed: NCCL " + nccl_text(state, comm_));
       }
       if (state == ncclSuccess) {
-        const cudaError_t q = cudaStreamQuery(stream_);
+        const cudaError_t q = cudaStreamQuery(stream);
         if (q == cudaSuccess) return Status();
         if (q != cudaErrorNotReady) return fail(op, "failed: CUDA " + cuda_text(q));
       }
@@ -312,7 +332,15 @@ class NcclComm final : public NcclCommunicator {
     }
     const auto deadline = deadline_after(timeout_);
     const std::uint8_t bad = check_local(op, send, recv, n, root);
-    if (check_args_) {
+    // Bound to the caller's stream (barriers aside): queued there behind its
+    // work, not waited for, and the arguments are not compared across ranks
+    // (that needs a wait); a rank's own bad arguments are still refused.
+    const bool ordered = bound_ != nullptr && op != CollOp::barrier;
+    cudaStream_t const stream = ordered ? bound_ : stream_;
+    if (ordered) {
+      if (bad != 0)
+        return make_error(ErrorCode::invalid_argument, who(name) + ": bad arguments: " + std::string(bad_text(bad)));
+    } else if (check_args_) {
       if (Status st = agree(name, op, n, root, bad, deadline); !st.ok()) return st;
       if (op == CollOp::barrier) return Status();
     } else if (bad != 0) {
@@ -323,27 +351,27 @@ class NcclComm final : public NcclCommunicator {
     ncclResult_t rc = ncclSuccess;
     switch (op) {
       case CollOp::barrier:
-        rc = ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_);
+        rc = ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream);
         break;
       case CollOp::all_reduce_sum:
-        rc = ncclAllReduce(send, recv, n, ncclFloat, ncclSum, comm_, stream_);
+        rc = ncclAllReduce(send, recv, n, ncclFloat, ncclSum, comm_, stream);
         break;
       case CollOp::all_gather:
-        rc = ncclAllGather(send, recv, n, ncclFloat, comm_, stream_);
+        rc = ncclAllGather(send, recv, n, ncclFloat, comm_, stream);
         break;
       case CollOp::reduce_scatter_sum:
-        rc = ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, comm_, stream_);
+        rc = ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, comm_, stream);
         break;
       case CollOp::broadcast:
-        rc = ncclBroadcast(send, recv, n, ncclFloat, root, comm_, stream_);
+        rc = ncclBroadcast(send, recv, n, ncclFloat, root, comm_, stream);
         break;
       case CollOp::all_to_all: {
         rc = ncclGroupStart();
         for (int k = 0; k < world_ && (rc == ncclSuccess || rc == ncclInProgress); ++k) {
           const std::size_t off = static_cast<std::size_t>(k) * n;
-          rc = ncclSend(send + off, n, ncclFloat, k, comm_, stream_);
+          rc = ncclSend(send + off, n, ncclFloat, k, comm_, stream);
           if (rc == ncclSuccess || rc == ncclInProgress) {
-            rc = ncclRecv(recv + off, n, ncclFloat, k, comm_, stream_);
+            rc = ncclRecv(recv + off, n, ncclFloat, k, comm_, stream);
           }
         }
         const ncclResult_t end = ncclGroupEnd();
@@ -352,7 +380,8 @@ class NcclComm final : public NcclCommunicator {
       }
     }
     if (Status st = enqueued(name, rc); !st.ok()) return st;
-    if (Status st = wait(name, deadline); !st.ok()) return st;
+    if (!ordered)
+      if (Status st = wait(name, deadline); !st.ok()) return st;
     bytes_sent_.fetch_add(logical_bytes(op, n, root));
     return Status();
   }
@@ -377,9 +406,14 @@ class NcclComm final : public NcclCommunicator {
       return make_error(ErrorCode::io, who(op) + ": cudaSetDevice: " + cuda_text(e));
     }
     const auto deadline = deadline_after(timeout_);
-    const ncclResult_t rc = is_send ? ncclSend(data, bytes, ncclInt8, peer, comm_, stream_)
-                                    : ncclRecv(data, bytes, ncclInt8, peer, comm_, stream_);
+    cudaStream_t const stream = bound_ != nullptr ? bound_ : stream_;
+    const ncclResult_t rc = is_send ? ncclSend(data, bytes, ncclInt8, peer, comm_, stream)
+                                    : ncclRecv(data, bytes, ncclInt8, peer, comm_, stream);
     if (Status st = enqueued(op, rc); !st.ok()) return st;
+    if (bound_ != nullptr) {  // in the caller's stream order: not waited for
+      if (is_send) bytes_sent_.fetch_add(bytes);
+      return Status();
+    }
     if (Status st = wait(op, deadline); !st.ok()) {
       return st.error().message.find("timed out") != std::string::npos
                  ? make_error(ErrorCode::io, st.error().message + " (waiting for rank " +
@@ -395,6 +429,7 @@ class NcclComm final : public NcclCommunicator {
   const int device_;
   ncclComm_t comm_;
   cudaStream_t stream_;
+  cudaStream_t bound_ = nullptr;  // bind_stream's: calls are queued there and not waited for
   void* scratch_;             // device: world * 4 u64 descriptors (>= 1 float)
   std::uint64_t* host_desc_;  // pinned: world * 4 u64 gathered + 4 u64 own
   const bool check_args_;

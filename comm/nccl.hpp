@@ -17,6 +17,14 @@
 ///    NCCL communicator is aborted (ncclCommAbort) and the call fails with io;
 ///    the communicator is then poisoned: every later call fails with io and
 ///    it must be rebuilt from a bootstrap group.
+///  - Bound to the caller's stream (bind_stream: a runner's), every call but
+///    barrier is queued on that stream, behind the caller's work, and
+///    returns without waiting (NCCL's own stream semantics; no host
+///    synchronisation between a GEMM and its all-reduce). The arguments are
+///    then not compared across ranks (check_args needs a wait); a rank's own
+///    bad arguments are still refused. Failures and dead peers surface at
+///    wait_stream(), which polls the bound stream up to the timeout and
+///    aborts the communicator (io) when it expires.
 ///  - Reductions follow NCCL's ring / tree order, not rank order: results can
 ///    differ in the last bits from the CPU backends, and across world sizes
 ///    or NCCL versions. (With 2 ranks a + b is order-free, so it matches.)

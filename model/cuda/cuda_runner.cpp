@@ -182,6 +182,38 @@ struct CudaModelRunner::Impl {
   comm::Communicator* tp_comm = nullptr;  ///< device buffers; null when tp == 1
   comm::Communicator* pp_comm = nullptr;  ///< device buffers, rank = stage; null when pp == 1
   comm::Communicator* sp_comm = nullptr;  ///< device buffers; null when sp == 1
+  // True when the communicator is bound to `stream` (bind_stream): its
+  // collectives (pp: its send / recv) queue behind this stream's kernels,
+  // so no host synchronisation precedes them.
+  bool tp_ordered = false, sp_ordered = false, pp_ordered = false;
+
+  /// The communicators bound to this stream, each once.
+  [[nodiscard]] std::vector<comm::Communicator*> bound_comms() const {
+    std::vector<comm::Communicator*> out;
+    for (comm::Communicator* c : {tp_comm, sp_comm, pp_comm})
+      if (c != nullptr && c->collectives_in_stream_order() && std::find(out.begin(), out.end(), c) == out.end())
+        out.push_back(c);
+    return out;
+  }
+
+  /// Waits for the step's queued work: each bound communicator polls the
+  /// stream up to its timeout (a dead NCCL peer is io, and aborts that
+  /// communicator, releasing its kernels), then a plain synchronisation.
+  /// The first error wins.
+  Status settle() {
+    Status first = Status::ok_status();
+    for (comm::Communicator* c : bound_comms())
+      if (Status s = c->wait_stream(); !s && first) first = s;
+    if (Status s = cuda_status("step", cudaStreamSynchronize(stream)); !s && first) first = s;
+    return first;
+  }
+
+  /// Host synchronisation before a collective of a communicator that is not
+  /// bound to this stream (it reads the buffer from its own stream).
+  Status sync_unless(bool ordered, const char* what) {
+    if (ordered) return Status::ok_status();
+    return cuda_status(what, cudaStreamSynchronize(stream));
+  }
   std::vector<int> sp_kv_begin;  ///< [sp] SP rank j's first KV head, among this TP rank's
   DType wdt = DType::bf16;
   cudaStream_t stream = nullptr;
@@ -296,7 +328,7 @@ struct CudaModelRunner::Impl {
   /// Sums a partial result over the TP group: the stream's work first, as
   /// the communicator reads the buffer from its own stream.
   Status all_reduce(float* data, std::size_t count) {
-    if (Status s = cuda_status("sync before all_reduce", cudaStreamSynchronize(stream)); !s) return s;
+    if (Status s = sync_unless(tp_ordered, "sync before all_reduce"); !s) return s;
     return tp_comm->all_reduce_sum(data, count);
   }
 
@@ -331,7 +363,7 @@ struct CudaModelRunner::Impl {
           !s)
         return s;
     }
-    if (Status s = cuda_status("sync before all_to_all", cudaStreamSynchronize(stream)); !s) return s;
+    if (Status s = sync_unless(sp_ordered, "sync before all_to_all"); !s) return s;
     return sp_comm->all_to_all(a2a_send, a2a_recv, static_cast<std::size_t>(ch) * attn_w_sp);
   }
 
@@ -347,7 +379,7 @@ struct CudaModelRunner::Impl {
                                                                       0, pad_rows * width * 4, stream));
           !s)
         return s;
-    if (Status s = cuda_status("sync before all_to_all", cudaStreamSynchronize(stream)); !s) return s;
+    if (Status s = sync_unless(sp_ordered, "sync before all_to_all"); !s) return s;
     if (Status s = sp_comm->all_to_all(attn, attn_back, static_cast<std::size_t>(ch) * width); !s) return s;
     for (int j = 0; j < spec.sp; ++j)
       if (Status s = copy_rows(attn_t + j * width, lay.hq_t * c.head_dim,
@@ -371,7 +403,7 @@ struct CudaModelRunner::Impl {
                                   mode, stream);
           !s)
         return s;
-    if (Status s = cuda_status("sync before all_gather", cudaStreamSynchronize(stream)); !s) return s;
+    if (Status s = sync_unless(tp_ordered, "sync before all_gather"); !s) return s;
     if (Status s = tp_comm->all_gather(mine, slot, logits_all); !s) return s;
     for (int t = 0; t < spec.tp; ++t) {
       const int cols = std::max(0, std::min(vs, vocab - t * vs));
@@ -530,7 +562,7 @@ struct CudaModelRunner::Impl {
     const int hidden = c.hidden_size;
     const float* final_rows = residual;
     if (spec.sp > 1) {
-      if (Status s = cuda_status("sync before all_gather", cudaStreamSynchronize(stream)); !s) return s;
+      if (Status s = sync_unless(sp_ordered, "sync before all_gather"); !s) return s;
       if (Status s = sp_comm->all_gather(residual, r.rows_x(hidden), gathered); !s) return s;
       final_rows = gathered;
     }
@@ -1147,7 +1179,10 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   if (!checked) return std::move(checked).error();
   CudaRunnerOptions o = std::move(checked).value();
   if (Status s = check_cuda_spec(c, spec, comms); !s) return s.error();
-  if (!spec.is_whole_model()) o.cuda_graphs = false;  // a collective or a send waits on the host: not capturable
+  // A group's step is not captured: the in-process device communicator meets
+  // its peers on the host at every collective (a rendezvous a graph cannot
+  // replay), and the fake NCCL does not model capture.
+  if (!spec.is_whole_model()) o.cuda_graphs = false;
   if (!o.upload_weights) o.cuda_graphs = false;       // a graph would hold the weight arena's addresses
   if (ffn) o.cuda_graphs = false;                     // SiDP: the executor works on the host between layers
   if (Status s = select_device(o.device_index); !s) return s.error();
@@ -1175,6 +1210,23 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
   m.wdt = wdt;
   if (Status s = cuda_status("stream", cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking)); !s)
     return s.error();
+  if (o.stream_ordered_comms) {
+    // Each communicator of this rank, bound to its stream once; one that
+    // cannot be (a host-synchronised backend) keeps the older contract.
+    const auto bind = [&](comm::Communicator* comm, bool& ordered, bool point_to_point) -> Status {
+      if (comm == nullptr) return Status::ok_status();
+      if (Status b = comm->bind_stream(m.stream); !b) {
+        if (comm->collectives_in_stream_order())
+          return make_error(ErrorCode::invalid_argument, "cuda runner: a communicator is bound to another runner's stream");
+        return Status::ok_status();
+      }
+      ordered = point_to_point ? comm->point_to_point_in_stream_order() : comm->collectives_in_stream_order();
+      return Status::ok_status();
+    };
+    if (Status s = bind(m.tp_comm, m.tp_ordered, false); !s) return s.error();
+    if (Status s = bind(m.sp_comm, m.sp_ordered, false); !s) return s.error();
+    if (Status s = bind(m.pp_comm, m.pp_ordered, true); !s) return s.error();
+  }
 
   m.qkv_rows = (m.lay.hq_t + 2 * m.lay.kv_t) * c.head_dim;
 
@@ -1294,7 +1346,7 @@ Result<model::StepOutput> CudaModelRunner::execute(const model::StepInput& in) {
   // A step that failed after queueing copies from the pinned mirror must not
   // leave them in flight: the next step rewrites the mirror.
   if (!out.ok()) {
-    (void)cudaStreamSynchronize(impl_->stream);
+    (void)impl_->settle();
     if (impl_->ffn) impl_->ffn->abort_step();
   }
   return out;
@@ -1345,15 +1397,22 @@ Result<model::StepOutput> CudaModelRunner::run_step(const model::StepInput& in) 
       return s.error();
     if (m.ffn) m.ffn->end_step();
     if (!spec_.last_stage()) {
-      // The residual goes on to the next stage, once this stream wrote it;
-      // this stage has no logits (the group takes the last stage's output).
-      if (Status s = cuda_status("sync before send", cudaStreamSynchronize(m.stream)); !s) return s.error();
+      // The residual goes on to the next stage: queued behind this stream's
+      // work (NCCL bound to it), or sent once this stream wrote it; this
+      // stage has no logits (the group takes the last stage's output).
+      if (Status s = m.sync_unless(m.pp_ordered, "sync before send"); !s) return s.error();
       if (Status s = m.pp_comm->send(m.residual, residual_bytes, spec_.stage + 1, kResidualTag); !s) return s.error();
+      if (Status s = m.settle(); !s) return s.error();
       last_stats_.forward_ms = ms_since(t1);
       return out;
     }
   }
 
+  // A step of stream-ordered collectives waits once, here, bounded by the
+  // communicators' timeouts (a dead NCCL peer must not hang the stream's
+  // synchronisations below).
+  if (!m.bound_comms().empty())
+    if (Status s = m.settle(); !s) return s.error();
   if (num_logits > 0 && !in.sampling.empty()) {
     Result<std::vector<std::int32_t>> ids = m.sample_on_device(in, num_logits);
     if (!ids) return std::move(ids).error();

@@ -87,6 +87,14 @@ struct CudaRunnerOptions {
   /// reload` makes the inactive config's runners so, so that a rank's GPU
   /// never holds both configs' weights at once.
   bool upload_weights = true;
+  /// A sharded runner binds its device communicators to its stream
+  /// (comm::Communicator::bind_stream): collectives (and NCCL's send / recv)
+  /// are queued behind its kernels with no host synchronisation between a
+  /// GEMM and its all-reduce; each step then waits once, at its end
+  /// (wait_stream, bounded by the communicators' timeouts). False: every
+  /// collective and send waits for the stream on the host first (the older
+  /// contract; the fake-device tests compare the two).
+  bool stream_ordered_comms = true;
 };
 
 /// Where a step went on the device, for benchmarks (ms of host wall time).
@@ -169,8 +177,11 @@ class CudaModelRunner final : public model::ModelExecutor {
   /// cache holds its KV heads, o_proj's and down_proj's partial sums are
   /// all-reduced over comms.tp (device buffers: comms.tp->on_device()), and
   /// the vocabulary slices of the logits are all-gathered, so every rank
-  /// ends a step with the whole logits (and samples the same ids). Each
-  /// collective waits for the runner's stream first.
+  /// ends a step with the whole logits (and samples the same ids). The
+  /// communicators are bound to the runner's stream
+  /// (options.stream_ordered_comms; one that cannot be bound makes each
+  /// collective wait for the stream on the host first), and a step ends
+  /// with each bound communicator's wait_stream().
   ///
   /// With a pipeline `spec` (pp > 1) it holds stage spec.stage's layers
   /// (model::stage_layer_range) and their KV cache; stage 0 holds the
@@ -191,8 +202,8 @@ class CudaModelRunner final : public model::ModelExecutor {
   /// read (replicated across SP ranks when fewer than them: Algorithm 1).
   /// The last stage all-gathers the chunks before the logits. With tp = 1
   /// the logits are one device's, bit for bit, in deterministic mode.
-  /// Graphs are not captured under TP, SP or PP (their collectives and
-  /// sends wait on the host).
+  /// Graphs are not captured under TP, SP or PP (the in-process device
+  /// communicator meets its peers on the host at every collective).
   /// Errors: invalid_argument (non-positive sizes, dtypes not supported:
   /// weight f32/bf16/f16, KV f32/bf16; head_dim outside 1..256);
   /// not_found (no such device, or no driver: with the CUDA message);
@@ -200,7 +211,7 @@ class CudaModelRunner final : public model::ModelExecutor {
   /// bytes); internal (a CUDA or cuBLAS call failed); invalid_argument for
   /// a spec the model cannot be split by (check_shardable), coordinates
   /// outside it, or a TP, SP or PP communicator that is missing, of
-  /// another size or rank, or on host memory.
+  /// another size or rank, on host memory, or bound to another stream.
   ///
   /// With `ffn` (SiDP's ranks: the whole model, one device each) the runner
   /// uploads no FFN weights: every layer's FFN runs through `ffn` (see

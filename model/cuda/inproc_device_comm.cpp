@@ -17,7 +17,7 @@ namespace {
 
 enum class Op : std::uint64_t { all_reduce_sum = 1, all_gather, reduce_scatter_sum, all_to_all, broadcast };
 
-constexpr std::size_t kPostFloats = 12;  // six uint64 words carried as floats (the host all_gather copies bytes)
+constexpr std::size_t kPostFloats = 16;  // eight uint64 words carried as floats (the host all_gather copies bytes)
 
 Status cuda_status(cudaError_t e, const std::string& what) {
   if (e == cudaSuccess) return Status::ok_status();
@@ -53,8 +53,64 @@ Result<std::unique_ptr<InProcDeviceCommunicator>> InProcDeviceCommunicator::crea
 }
 
 InProcDeviceCommunicator::~InProcDeviceCommunicator() {
+  // The bound stream may be gone (its runner is freed first); freeing the
+  // slots waits for the device (cudaFree), so no queued copy outlives them.
   scratch_.reset();
+  for (auto& slot : slots_) slot.reset();
+  for (cudaEvent_t e : slot_events_)
+    if (e != nullptr) (void)cudaEventDestroy(e);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+Status InProcDeviceCommunicator::bind_stream(CUstream_st* stream) {
+  if (stream == nullptr) return make_error(ErrorCode::invalid_argument, "device communicator: bind to a null stream");
+  if (bound_ == stream) return Status::ok_status();
+  if (bound_ != nullptr)
+    return make_error(ErrorCode::invalid_argument, "device communicator: already bound to another stream");
+  if (Status s = cuda_status(cudaSetDevice(device_), "cudaSetDevice"); !s) return s;
+  for (cudaEvent_t& e : slot_events_)
+    if (e == nullptr)
+      if (Status s = cuda_status(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"); !s) return s;
+  bound_ = stream;
+  return Status::ok_status();
+}
+
+Status InProcDeviceCommunicator::wait_stream() {
+  if (bound_ == nullptr) return Status::ok_status();
+  return cuda_status(cudaStreamSynchronize(bound_), "cudaStreamSynchronize");
+}
+
+Status InProcDeviceCommunicator::copy(void* dst, const void* src, std::size_t bytes, const char* what) {
+  if (dst == src || bytes == 0) return Status::ok_status();
+  return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, work_stream()), what);
+}
+
+Status InProcDeviceCommunicator::stage_in(const void* src, std::size_t bytes, Post& post) {
+  const std::size_t slot = calls_++ % 2;
+  kcu::DeviceBuffer& buf = slots_[slot];
+  if (buf.size_bytes() < bytes) {
+    // Growing frees the old slot, which waits for the device (cudaFree), so
+    // no queued read of it (a peer's of two calls ago) is left behind.
+    if (Status s = cuda_status(cudaSetDevice(device_), "cudaSetDevice"); !s) return s;
+    buf.reset();
+    auto grown = kcu::DeviceBuffer::allocate(bytes);
+    if (!grown) return make_error(ErrorCode::io, "device communicator: staging slot: " + grown.error().message);
+    buf = std::move(grown).value();
+  }
+  if (Status s = copy(buf.data(), src, bytes, "staging copy"); !s) return s;
+  if (Status s = cuda_status(cudaEventRecord(slot_events_[slot], bound_), "cudaEventRecord"); !s) return s;
+  post.send = reinterpret_cast<std::uintptr_t>(buf.data());
+  post.event = reinterpret_cast<std::uintptr_t>(slot_events_[slot]);
+  return Status::ok_status();
+}
+
+Status InProcDeviceCommunicator::wait_for_peers(const std::vector<Post>& posts) {
+  for (int k = 0; k < world_size(); ++k) {
+    if (k == rank()) continue;
+    auto* e = reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(posts[static_cast<std::size_t>(k)].event));
+    if (Status s = cuda_status(cudaStreamWaitEvent(bound_, e, 0), "cudaStreamWaitEvent"); !s) return s;
+  }
+  return Status::ok_status();
 }
 
 Status InProcDeviceCommunicator::expose(std::string name, const void* data, std::size_t bytes) {
@@ -122,12 +178,24 @@ Status InProcDeviceCommunicator::finish(Status work) {
 Status InProcDeviceCommunicator::all_reduce_sum(float* data, std::size_t count) {
   Post mine{static_cast<std::uint64_t>(Op::all_reduce_sum), count, 0, static_cast<std::uint64_t>(device_), 0,
             reinterpret_cast<std::uintptr_t>(data)};
+  if (bound_ != nullptr && count > 0)
+    if (Status s = stage_in(data, count * sizeof(float), mine); !s) return s;
   auto posts = exchange(mine, "all_reduce_sum");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
+  const int w = world_size();
+  if (bound_ != nullptr) {
+    // Every rank sums every slot in rank order into its own buffer.
+    Status work = wait_for_peers(*posts);
+    if (work) work = copy(data, as_floats((*posts)[0].send), count * sizeof(float), "all_reduce_sum copy");
+    for (int k = 1; k < w && work; ++k)
+      work = kcu::add_inplace(data, as_floats((*posts)[static_cast<std::size_t>(k)].send), static_cast<long>(count),
+                              bound_);
+    bytes_sent_ += static_cast<std::uint64_t>(w - 1) * count * sizeof(float);
+    return work;
+  }
   // Rank r owns slice r: sums it in rank order into rank 0's buffer, then
   // copies the sum into every other rank's (the slices are disjoint).
-  const int w = world_size();
   const auto [b, e] = comm::detail::reduce_slice(count, rank(), w);
   Status work = Status::ok_status();
   if (e > b) {
@@ -148,82 +216,85 @@ Status InProcDeviceCommunicator::all_reduce_sum(float* data, std::size_t count) 
 Status InProcDeviceCommunicator::all_gather(const float* send, std::size_t count, float* recv) {
   Post mine{static_cast<std::uint64_t>(Op::all_gather), count, 0, static_cast<std::uint64_t>(device_),
             reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
+  if (bound_ != nullptr && count > 0)
+    if (Status s = stage_in(send, count * sizeof(float), mine); !s) return s;
   auto posts = exchange(mine, "all_gather");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
-  Status work = Status::ok_status();
-  for (int k = 0; k < world_size() && work; ++k) {
-    const float* src = as_floats((*posts)[static_cast<std::size_t>(k)].send);
-    float* dst = recv + static_cast<std::size_t>(k) * count;
-    if (src != dst)
-      work = cuda_status(cudaMemcpyAsync(dst, src, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-                         "all_gather copy");
-  }
+  Status work = bound_ != nullptr ? wait_for_peers(*posts) : Status::ok_status();
+  for (int k = 0; k < world_size() && work; ++k)
+    work = copy(recv + static_cast<std::size_t>(k) * count, as_floats((*posts)[static_cast<std::size_t>(k)].send),
+                count * sizeof(float), "all_gather copy");
   bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
-  return finish(work);
+  return done(work);
 }
 
 Status InProcDeviceCommunicator::reduce_scatter_sum(const float* send, float* recv, std::size_t count) {
   Post mine{static_cast<std::uint64_t>(Op::reduce_scatter_sum), count, 0, static_cast<std::uint64_t>(device_),
             reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
+  const std::size_t all = static_cast<std::size_t>(world_size()) * count;
+  if (bound_ != nullptr && count > 0)
+    if (Status s = stage_in(send, all * sizeof(float), mine); !s) return s;
   auto posts = exchange(mine, "reduce_scatter_sum");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
-  // Summed in a scratch buffer (recv may be this rank's row of its send,
-  // which the sum needs to the end), then copied out.
-  Status work = Status::ok_status();
-  if (scratch_.size_bytes() < count * sizeof(float)) {
-    auto grown = kcu::DeviceBuffer::allocate(count * sizeof(float));
-    if (!grown) work = grown.error();
-    else scratch_ = std::move(grown).value();
-  }
-  auto* acc = static_cast<float*>(scratch_.data());
   const std::size_t off = static_cast<std::size_t>(rank()) * count;
-  if (work)
-    work = cuda_status(cudaMemcpyAsync(acc, as_floats((*posts)[0].send) + off, count * sizeof(float),
-                                       cudaMemcpyDeviceToDevice, stream_),
-                       "reduce_scatter_sum copy");
+  Status work = Status::ok_status();
+  float* acc = recv;  // in stream order the inputs are staged: sum straight into recv
+  if (bound_ != nullptr) {
+    work = wait_for_peers(*posts);
+  } else {
+    // Summed in a scratch buffer (recv may be this rank's row of its send,
+    // which the sum needs to the end), then copied out.
+    if (scratch_.size_bytes() < count * sizeof(float)) {
+      auto grown = kcu::DeviceBuffer::allocate(count * sizeof(float));
+      if (!grown) work = grown.error();
+      else scratch_ = std::move(grown).value();
+    }
+    acc = static_cast<float*>(scratch_.data());
+  }
+  if (work) work = copy(acc, as_floats((*posts)[0].send) + off, count * sizeof(float), "reduce_scatter_sum copy");
   for (int k = 1; k < world_size() && work; ++k)
     work = kcu::add_inplace(acc, as_floats((*posts)[static_cast<std::size_t>(k)].send) + off,
-                            static_cast<long>(count), stream_);
-  if (work)
-    work = cuda_status(cudaMemcpyAsync(recv, acc, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-                       "reduce_scatter_sum copy");
+                            static_cast<long>(count), work_stream());
+  if (work && acc != recv) work = copy(recv, acc, count * sizeof(float), "reduce_scatter_sum copy");
   bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
-  return finish(work);
+  return done(work);
 }
 
 Status InProcDeviceCommunicator::all_to_all(const float* send, float* recv, std::size_t count) {
   Post mine{static_cast<std::uint64_t>(Op::all_to_all), count, 0, static_cast<std::uint64_t>(device_),
             reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
+  if (bound_ != nullptr && count > 0)
+    if (Status s = stage_in(send, static_cast<std::size_t>(world_size()) * count * sizeof(float), mine); !s) return s;
   auto posts = exchange(mine, "all_to_all");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
-  Status work = Status::ok_status();
+  Status work = bound_ != nullptr ? wait_for_peers(*posts) : Status::ok_status();
   const std::size_t off = static_cast<std::size_t>(rank()) * count;
   for (int k = 0; k < world_size() && work; ++k)
-    work = cuda_status(cudaMemcpyAsync(recv + static_cast<std::size_t>(k) * count,
-                                       as_floats((*posts)[static_cast<std::size_t>(k)].send) + off,
-                                       count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-                       "all_to_all copy");
+    work = copy(recv + static_cast<std::size_t>(k) * count, as_floats((*posts)[static_cast<std::size_t>(k)].send) + off,
+                count * sizeof(float), "all_to_all copy");
   bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
-  return finish(work);
+  return done(work);
 }
 
 Status InProcDeviceCommunicator::broadcast(float* data, std::size_t count, int root) {
   Post mine{static_cast<std::uint64_t>(Op::broadcast), count, static_cast<std::uint64_t>(root),
             static_cast<std::uint64_t>(device_), 0, reinterpret_cast<std::uintptr_t>(data)};
   if (root < 0) mine.root = static_cast<std::uint64_t>(world_size());  // refused by every rank
+  // In stream order every rank stages (each call waits for every peer's event).
+  if (bound_ != nullptr && count > 0)
+    if (Status s = stage_in(data, count * sizeof(float), mine); !s) return s;
   auto posts = exchange(mine, "broadcast");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
-  Status work = Status::ok_status();
-  const float* src = as_floats((*posts)[static_cast<std::size_t>(root)].recv);
-  if (src != data)
-    work = cuda_status(cudaMemcpyAsync(data, src, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
-                       "broadcast copy");
+  Status work = bound_ != nullptr ? wait_for_peers(*posts) : Status::ok_status();
+  const auto& from = (*posts)[static_cast<std::size_t>(root)];
+  const float* src = as_floats(bound_ != nullptr ? from.send : from.recv);
+  if (work && rank() != root) work = copy(data, src, count * sizeof(float), "broadcast copy");
   if (rank() == root) bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
-  return finish(work);
+  return done(work);
 }
 
 namespace {

@@ -17,6 +17,18 @@
 /// call returns when every rank's results are in place. Not capturable in a
 /// CUDA graph.
 ///
+/// Bound to the caller's stream (bind_stream), the collectives are ordered
+/// on it instead and return without waiting for the device: a call copies
+/// this rank's input into one of two staging slots on the stream and
+/// records the slot's event; the host group exchanges every rank's slot and
+/// event (a rendezvous of the threads, no device wait); the stream waits
+/// for every peer's event, then reads the peers' slots into this rank's
+/// results (sums in rank order, as above). Every call waits for every
+/// peer's event, so a peer's slot is written again (two calls later) only
+/// after this rank's reads of it, and an event is re-recorded only after
+/// every peer queued its wait: nothing is synchronised on the host. Point
+/// to point stays a host rendezvous on the communicator's own stream.
+///
 /// Point to point (PP's residual between stages, SiDP's CaS rows): a
 /// rendezvous, as NCCL's ncclSend / ncclRecv are. send() posts its buffer's
 /// address to the peer and returns once the peer's recv() has copied it (so,
@@ -39,6 +51,7 @@
 #include "kernels/cuda/device_buffer.hpp"
 
 struct CUstream_st;
+struct CUevent_st;
 
 namespace shardline::model {
 
@@ -97,6 +110,14 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   [[nodiscard]] Status get(int peer, std::string name, std::size_t offset, void* dst, std::size_t bytes) override;
   [[nodiscard]] std::uint64_t bytes_sent() const noexcept override { return bytes_sent_; }
 
+  /// Orders the collectives on `stream` (see above). Errors:
+  /// invalid_argument (a null stream, already bound to another), io (events).
+  [[nodiscard]] Status bind_stream(CUstream_st* stream) override;
+  [[nodiscard]] bool collectives_in_stream_order() const noexcept override { return bound_ != nullptr; }
+  /// Synchronises the bound stream (no peer can leave it waiting: every
+  /// event it waits for was recorded before the exchange that named it).
+  [[nodiscard]] Status wait_stream() override;
+
   /// The host communicator it wraps: the same ranks, for host buffers (a
   /// SiDP rank's step control). Its calls must follow the same order on
   /// every rank as this one's.
@@ -111,8 +132,10 @@ class InProcDeviceCommunicator final : public comm::Communicator {
     std::uint64_t count = 0;
     std::uint64_t root = 0;
     std::uint64_t device = 0;
-    std::uint64_t send = 0;  ///< device addresses
+    std::uint64_t send = 0;  ///< device addresses (in stream order, send is the rank's staging slot)
     std::uint64_t recv = 0;
+    std::uint64_t event = 0;  ///< in stream order: the slot's event (a cudaEvent_t), recorded
+    std::uint64_t reserved = 0;
   };
   InProcDeviceCommunicator(std::unique_ptr<comm::Communicator> host, int device, CUstream_st* stream);
   /// send / recv's argument checks. Errors: invalid_argument.
@@ -127,9 +150,26 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   /// buffers). The first error wins.
   [[nodiscard]] Status finish(Status work);
 
+  /// In stream order: `bytes` of device `src` into this call's staging slot
+  /// on the bound stream, then the slot's event recorded; `post` gets the
+  /// slot and the event. Errors: io (a copy, memory, an event).
+  [[nodiscard]] Status stage_in(const void* src, std::size_t bytes, Post& post);
+  /// In stream order: the bound stream waits for every peer's event.
+  [[nodiscard]] Status wait_for_peers(const std::vector<Post>& posts);
+  /// An async device-to-device copy on the stream the op runs on.
+  [[nodiscard]] Status copy(void* dst, const void* src, std::size_t bytes, const char* what);
+  /// The stream the collectives run on: the bound one, or the communicator's own.
+  [[nodiscard]] CUstream_st* work_stream() const noexcept { return bound_ != nullptr ? bound_ : stream_; }
+  /// Ends a collective: in stream order nothing to wait for; otherwise finish().
+  [[nodiscard]] Status done(Status work) { return bound_ != nullptr ? work : finish(std::move(work)); }
+
   std::unique_ptr<comm::Communicator> host_;
   int device_ = 0;
   CUstream_st* stream_ = nullptr;
+  CUstream_st* bound_ = nullptr;          ///< bind_stream's (null: not bound)
+  CUevent_st* slot_events_[2] = {};       ///< the staging slots' events
+  kernels::cuda::DeviceBuffer slots_[2];  ///< staging slots, grown on demand
+  std::uint64_t calls_ = 0;               ///< collectives in stream order so far (slot = calls_ % 2)
   kernels::cuda::DeviceBuffer scratch_;  ///< [count] floats: reduce_scatter_sum's sum (its recv may be its send)
   std::uint64_t bytes_sent_ = 0;
 };

@@ -134,6 +134,53 @@ TEST_P(CudaShardGroupFakeDevice, TensorParallelRanksMatchTheCpuRunner) {
   }
 }
 
+// Collectives in stream order (the runner binds its communicators to its
+// stream): the same bits as with a host synchronisation before every
+// collective, without those synchronisations. The dummy qwen3 has 2 layers,
+// each with two all-reduces under TP and two all-to-alls under SP.
+TEST_P(CudaShardGroupFakeDevice, StreamOrderedCollectivesGiveTheSameBitsWithoutHostSyncsInTheStep) {
+  const auto w = dummy_model("qwen3");
+  ASSERT_NE(w, nullptr);
+  // The engine's steps: one device's run of the same requests (one
+  // embedding launch each; no graphs).
+  long steps = 0;
+  {
+    model::CudaRunnerOptions one = cuda_options();
+    one.cuda_graphs = false;
+    auto single = model::CudaModelRunner::create(w, one);
+    ASSERT_TRUE(single.ok()) << single.error().to_string();
+    const long embeds_before = fc::kernel_runs("embedding");
+    (void)run_requests(**single, w->config.vocab_size, true, greedy_eight());
+    steps = fc::kernel_runs("embedding") - embeds_before;
+  }
+  ASSERT_GT(steps, 0);
+  for (const auto& [tp, sp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+    const std::string name = "tp=" + std::to_string(tp) + " sp=" + std::to_string(sp);
+    std::map<std::uint64_t, RequestOutput> outs[2];
+    long syncs[2] = {0, 0};
+    for (int ordered = 0; ordered < 2; ++ordered) {
+      model::CudaRunnerOptions o = cuda_options();
+      o.stream_ordered_comms = ordered == 1;
+      auto group = model::CudaShardGroup::create(w, o, tp, 1, sp);
+      ASSERT_TRUE(group.ok()) << name << ": " << group.error().to_string();
+      const long syncs_before = fc::counters().host_syncs;
+      outs[ordered] = run_requests(**group, w->config.vocab_size, true, greedy_eight());
+      syncs[ordered] = fc::counters().host_syncs - syncs_before;
+    }
+    ASSERT_EQ(outs[1].size(), outs[0].size()) << name;
+    for (const auto& [id, want] : outs[0])
+      EXPECT_TRUE(testing_support::bit_identical(outs[1].at(id), want)) << name << " request " << id;
+    const long rank_steps = steps * tp * sp;
+    // Host-synchronised: a wait before each of the 2 layers' 2 (or 4)
+    // collectives per rank and step. In stream order, per rank and step,
+    // whatever the layers: each bound communicator's wait_stream, the
+    // stream's synchronisation after the forward and sampling's.
+    EXPECT_GE(syncs[0] - syncs[1], 4 * rank_steps) << name << ": " << syncs[0] << " vs " << syncs[1];
+    const long bound = (tp > 1) + (sp > 1);
+    EXPECT_EQ(syncs[1], (bound + 2) * rank_steps) << name << ": host syncs in " << rank_steps << " rank steps";
+  }
+}
+
 // Sampled on the device (seeded, temperature 0.8, top-p): every rank of the
 // last stage draws the same ids from its copy of the gathered logits
 // (CudaShardGroup checks each step), and they are the ids one fake device

@@ -350,5 +350,107 @@ TEST_P(InProcDeviceComm, SendAndRecvCrossTwoGpus) {
   EXPECT_TRUE(fc::anomalies().empty()) << fc::anomalies().front();
 }
 
+TEST_P(InProcDeviceComm, BoundToTheRanksStreamsCollectivesQueueBehindTheirWorkWithTheSameBits) {
+  // Each rank writes its inputs with copies queued on its own stream (never
+  // synchronised before a call) and runs five rounds of every collective
+  // bound to that stream, the inputs rewritten each round. In deferred
+  // timing nothing has run when a call returns: the results are right only
+  // if each rank's stream waits for every peer's staged input, and only if
+  // a staging slot is not rewritten before every peer has read it.
+  constexpr std::size_t n = 257;
+  constexpr int kRounds = 5;
+  const auto input = [](int rank, int round) { return awkward(rank + 10 * round, kRanks * n); };
+  // The host communicators' answers, round by round.
+  std::vector<std::vector<std::vector<float>>> want(kRanks, std::vector<std::vector<float>>(kRounds * 5));
+  {
+    auto host = host_group();
+    const auto st = on_ranks(kRanks, [&](int r) -> Status {
+      for (int round = 0; round < kRounds; ++round) {
+        std::vector<float> in = input(r, round);
+        std::vector<float> sum(in.begin(), in.begin() + n);
+        if (Status s = host[static_cast<std::size_t>(r)]->all_reduce_sum(sum.data(), n); !s) return s;
+        std::vector<float> gathered(kRanks * n);
+        if (Status s = host[static_cast<std::size_t>(r)]->all_gather(in.data(), n, gathered.data()); !s) return s;
+        std::vector<float> a2a(kRanks * n);
+        if (Status s = host[static_cast<std::size_t>(r)]->all_to_all(in.data(), a2a.data(), n); !s) return s;
+        std::vector<float> scattered(n);
+        if (Status s = host[static_cast<std::size_t>(r)]->reduce_scatter_sum(in.data(), scattered.data(), n); !s)
+          return s;
+        std::vector<float> bcast(in.begin(), in.begin() + n);
+        if (Status s = host[static_cast<std::size_t>(r)]->broadcast(bcast.data(), n, round % kRanks); !s) return s;
+        auto& w = want[static_cast<std::size_t>(r)];
+        w[static_cast<std::size_t>(round * 5)] = sum;
+        w[static_cast<std::size_t>(round * 5 + 1)] = gathered;
+        w[static_cast<std::size_t>(round * 5 + 2)] = a2a;
+        w[static_cast<std::size_t>(round * 5 + 3)] = scattered;
+        w[static_cast<std::size_t>(round * 5 + 4)] = bcast;
+      }
+      return Status::ok_status();
+    });
+    for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.error().to_string();
+  }
+  auto dev = device_group();
+  std::vector<std::vector<std::vector<float>>> got(kRanks, std::vector<std::vector<float>>(kRounds * 5));
+  std::vector<int> queued_after_call(kRanks, 0);
+  const auto st = on_ranks(kRanks, [&](int r) -> Status {
+    comm::Communicator& c = *dev[static_cast<std::size_t>(r)];
+    cudaStream_t stream = nullptr;
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+      return make_error(ErrorCode::internal, "stream");
+    if (Status s = c.bind_stream(stream); !s) return s;
+    if (!c.collectives_in_stream_order()) return make_error(ErrorCode::internal, "not in stream order");
+    if (c.bind_stream(reinterpret_cast<cudaStream_t>(&c)).ok()) return make_error(ErrorCode::internal, "rebound");
+    // Pinned inputs, one per round (a pinned source is read when its copy runs).
+    std::vector<float*> pinned(kRounds, nullptr);
+    for (int round = 0; round < kRounds; ++round) {
+      if (cudaMallocHost(reinterpret_cast<void**>(&pinned[static_cast<std::size_t>(round)]), kRanks * n * 4) !=
+          cudaSuccess)
+        return make_error(ErrorCode::internal, "pinned");
+      const std::vector<float> in = input(r, round);
+      std::memcpy(pinned[static_cast<std::size_t>(round)], in.data(), in.size() * 4);
+    }
+    auto in = DeviceBuffer::allocate(kRanks * n * 4), a = DeviceBuffer::allocate(kRanks * n * 4);
+    if (!in || !a) return make_error(ErrorCode::internal, "device memory");
+    std::vector<DeviceBuffer> outs;  // [round * 5 + op]
+    for (int i = 0; i < kRounds * 5; ++i) outs.push_back(std::move(DeviceBuffer::allocate(kRanks * n * 4)).value());
+    const auto put = [&](float* dst, const float* src, std::size_t count) {
+      return cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDefault, stream) == cudaSuccess
+                 ? Status::ok_status()
+                 : make_error(ErrorCode::internal, "copy");
+    };
+    for (int round = 0; round < kRounds; ++round) {
+      float* src = pinned[static_cast<std::size_t>(round)];
+      auto* inp = in->as<float>();
+      const auto out = [&](int op) { return outs[static_cast<std::size_t>(round * 5 + op)].as<float>(); };
+      if (Status s = put(inp, src, kRanks * n); !s) return s;
+      if (Status s = put(out(0), inp, n); !s) return s;
+      if (Status s = c.all_reduce_sum(out(0), n); !s) return s;
+      if (round == 0) queued_after_call[static_cast<std::size_t>(r)] = fc::pending_ops();
+      if (Status s = c.all_gather(inp, n, out(1)); !s) return s;
+      if (Status s = c.all_to_all(inp, out(2), n); !s) return s;
+      if (Status s = put(a->as<float>(), inp, kRanks * n); !s) return s;
+      if (Status s = c.reduce_scatter_sum(a->as<float>(), out(3), n); !s) return s;
+      if (Status s = put(out(4), inp, n); !s) return s;
+      if (Status s = c.broadcast(out(4), n, round % kRanks); !s) return s;
+    }
+    if (Status s = c.wait_stream(); !s) return s;
+    const std::size_t sizes[5] = {n, kRanks * n, kRanks * n, n, n};
+    for (int i = 0; i < kRounds * 5; ++i)
+      got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] = host_copy(outs[static_cast<std::size_t>(i)], sizes[i % 5]);
+    outs.clear();
+    for (float* p : pinned) (void)cudaFreeHost(p);
+    (void)cudaStreamDestroy(stream);
+    return Status::ok_status();
+  });
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.error().to_string();
+  for (int r = 0; r < kRanks; ++r)
+    for (int i = 0; i < kRounds * 5; ++i)
+      EXPECT_TRUE(same_bits(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)],
+                            want[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)]))
+          << "rank " << r << " round " << i / 5 << " op " << i % 5;
+  if (fc::execution() == fc::Execution::deferred)
+    for (int q : queued_after_call) EXPECT_GT(q, 0) << "a call in stream order must not wait for the device";
+}
+
 }  // namespace model_cuda_inproc_device_comm_fake_device_test
 }  // namespace shardline::model

@@ -65,6 +65,54 @@ TEST_P(NcclFakeDevice, PointToPointDisagreementAndAMissingRank) {
   });
 }
 
+// Bound to a rank's stream (a runner's), calls queue behind its work and
+// return without waiting; wait_stream() waits, and a rank that never joins
+// is io at the timeout there (the communicator aborted, its stream freed).
+TEST_P(NcclFakeDevice, BoundToAStreamCallsQueueBehindItsWorkAndAMissingRankIsIoAtTheWait) {
+  run_nccl(3, [](NcclCommunicator& c, int r) {
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_TRUE(c.bind_stream(stream).ok());
+    EXPECT_TRUE(c.collectives_in_stream_order());
+    EXPECT_TRUE(c.point_to_point_in_stream_order());
+    EXPECT_EQ(c.bind_stream(c.stream()).error().code, ErrorCode::invalid_argument);
+    constexpr std::size_t n = 64;
+    float* pinned = nullptr;
+    ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 3 * n * 4), cudaSuccess);
+    for (std::size_t i = 0; i < 3 * n; ++i) pinned[i] = static_cast<float>((r + 1) * 1000 + static_cast<int>(i));
+    DeviceFloats buf(3 * n), gathered(3 * n);
+    // The input lands on the stream; the collectives read it in stream order.
+    ASSERT_EQ(cudaMemcpyAsync(buf.get(), pinned, 3 * n * 4, cudaMemcpyHostToDevice, stream), cudaSuccess);
+    ASSERT_TRUE(c.all_reduce_sum(buf.get(), n).ok());
+    if (fc::execution() == fc::Execution::deferred)
+      EXPECT_GT(fc::pending_ops(), 0) << "a bound call must not wait for the device";
+    ASSERT_TRUE(c.all_gather(buf.get(), n, gathered.get()).ok());
+    ASSERT_TRUE(c.wait_stream().ok());
+    std::vector<float> sum(n), all(3 * n);
+    ASSERT_EQ(cudaMemcpy(sum.data(), buf.get(), n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(all.data(), gathered.get(), 3 * n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float want = (1000.0f + i) + (2000.0f + i) + (3000.0f + i);
+      EXPECT_EQ(sum[i], want) << "rank " << r << " element " << i;
+      for (int k = 0; k < 3; ++k) EXPECT_EQ(all[static_cast<std::size_t>(k) * n + i], want);
+    }
+    // Ranks 1 and 2 join one more all-reduce; rank 0 never does (and its
+    // collective teardown gives up on the aborted ranks at its timeout).
+    c.set_timeout(milliseconds(300));
+    if (r > 0) {
+      ASSERT_TRUE(c.all_reduce_sum(buf.get(), n).ok()) << "queued, not waited for";
+      const Status waited = c.wait_stream();
+      ASSERT_FALSE(waited.ok());
+      EXPECT_EQ(waited.error().code, ErrorCode::io) << waited.error().to_string();
+      EXPECT_NE(waited.error().message.find("timed out"), std::string::npos) << waited.error().message;
+      EXPECT_FALSE(c.poisoned().empty());
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << "the abort released the stream";
+    }
+    ASSERT_EQ(cudaFreeHost(pinned), cudaSuccess);
+    ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  });
+}
+
 // NCCL refuses two ranks of one communicator on one GPU ("duplicate GPU"):
 // every rank's create fails; nothing is left behind.
 TEST_P(NcclFakeDevice, TwoRanksOnOneGpuAreRefused) {
