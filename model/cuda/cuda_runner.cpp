@@ -198,8 +198,10 @@ struct CudaModelRunner::Impl {
 
   /// Waits for the step's queued work: each bound communicator polls the
   /// stream up to its timeout (a dead NCCL peer is io, and aborts that
-  /// communicator, releasing its kernels), then a plain synchronisation.
-  /// The first error wins.
+  /// communicator, releasing its kernels; with two NCCL communicators on
+  /// the stream the first to time out is aborted even if the other's peer
+  /// died, and the second then times out too: the group is broken either
+  /// way), then a plain synchronisation. The first error wins.
   Status settle() {
     Status first = Status::ok_status();
     for (comm::Communicator* c : bound_comms())
@@ -1216,9 +1218,10 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::create(std::shared_ptr
     const auto bind = [&](comm::Communicator* comm, bool& ordered, bool point_to_point) -> Status {
       if (comm == nullptr) return Status::ok_status();
       if (Status b = comm->bind_stream(m.stream); !b) {
-        if (comm->collectives_in_stream_order())
-          return make_error(ErrorCode::invalid_argument, "cuda runner: a communicator is bound to another runner's stream");
-        return Status::ok_status();
+        // Only a backend without stream order stays host-synchronised; any
+        // other failure would leave this rank unbound among bound peers.
+        if (b.error().code == ErrorCode::unsupported) return Status::ok_status();
+        return make_error(b.error().code, "cuda runner: binding a communicator to the stream: " + b.error().message);
       }
       ordered = point_to_point ? comm->point_to_point_in_stream_order() : comm->collectives_in_stream_order();
       return Status::ok_status();

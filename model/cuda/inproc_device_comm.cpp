@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -76,8 +77,11 @@ Status InProcDeviceCommunicator::bind_stream(CUstream_st* stream) {
 }
 
 Status InProcDeviceCommunicator::wait_stream() {
-  if (bound_ == nullptr) return Status::ok_status();
-  return cuda_status(cudaStreamSynchronize(bound_), "cudaStreamSynchronize");
+  // Nothing to poll: no peer can leave the stream waiting (every event it
+  // waits for was recorded before the exchange that named it), and the
+  // caller's own synchronisation covers the work (an unbounded wait here
+  // could hang behind another communicator's dead NCCL peer).
+  return Status::ok_status();
 }
 
 Status InProcDeviceCommunicator::copy(void* dst, const void* src, std::size_t bytes, const char* what) {
@@ -89,11 +93,14 @@ Status InProcDeviceCommunicator::stage_in(const void* src, std::size_t bytes, Po
   const std::size_t slot = calls_++ % 2;
   kcu::DeviceBuffer& buf = slots_[slot];
   if (buf.size_bytes() < bytes) {
-    // Growing frees the old slot, which waits for the device (cudaFree), so
-    // no queued read of it (a peer's of two calls ago) is left behind.
+    // Growing (twice the size, so it stops soon) waits for the device first:
+    // a peer's read of the old slot, two calls ago, may still be queued. A
+    // host synchronisation, but only while the sizes still grow.
     if (Status s = cuda_status(cudaSetDevice(device_), "cudaSetDevice"); !s) return s;
+    if (Status s = cuda_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); !s) return s;
+    const std::size_t want = std::max(bytes, 2 * buf.size_bytes());
     buf.reset();
-    auto grown = kcu::DeviceBuffer::allocate(bytes);
+    auto grown = kcu::DeviceBuffer::allocate(want);
     if (!grown) return make_error(ErrorCode::io, "device communicator: staging slot: " + grown.error().message);
     buf = std::move(grown).value();
   }
@@ -111,6 +118,34 @@ Status InProcDeviceCommunicator::wait_for_peers(const std::vector<Post>& posts) 
     if (Status s = cuda_status(cudaStreamWaitEvent(bound_, e, 0), "cudaStreamWaitEvent"); !s) return s;
   }
   return Status::ok_status();
+}
+
+Result<std::vector<InProcDeviceCommunicator::Post>> InProcDeviceCommunicator::meet(Post mine, const void* src,
+                                                                                   std::size_t bytes,
+                                                                                   const char* op_name) {
+  mine.mode = bound_ != nullptr ? 1 : 0;  // every rank must be in the same mode
+  if (bound_ == nullptr || mine.count == 0) return exchange(mine, op_name);
+  // Checked and staged here; a local failure still takes part in the
+  // exchange with null buffers, so that every rank fails together.
+  Status local = Status::ok_status();
+  bool staged = false;
+  if (src == nullptr || !is_device_memory(src)) {
+    local = make_error(ErrorCode::invalid_argument,
+                       std::string(op_name) + ": rank " + std::to_string(rank()) + ": the buffer is not device memory");
+  } else {
+    staged = true;
+    local = stage_in(src, bytes, mine);
+  }
+  if (!local) mine.send = mine.recv = 0;
+  auto posts = exchange(mine, op_name);
+  if (!local || !posts) {
+    // Nobody reads this call's slot: the next call takes it again, so that
+    // every slot's rewrite still follows a call that waited for every peer.
+    if (staged) --calls_;
+    return !local ? local.error() : posts.error();
+  }
+  if (Status s = wait_for_peers(*posts); !s) return s.error();
+  return posts;
 }
 
 Status InProcDeviceCommunicator::expose(std::string name, const void* data, std::size_t bytes) {
@@ -152,6 +187,9 @@ Result<std::vector<InProcDeviceCommunicator::Post>> InProcDeviceCommunicator::ex
     std::string why;
     if (p.op != posts[0].op || p.count != posts[0].count || p.root != posts[0].root)
       why = "ranks disagree on the op, count or root (rank " + std::to_string(k) + ")";
+    else if (p.mode != posts[0].mode)
+      why = "rank " + std::to_string(k) + (p.mode != 0 ? " is" : " is not") +
+            " bound to a stream and rank 0" + (posts[0].mode != 0 ? " is" : " is not");
     else if (p.device != posts[0].device)
       why = "rank " + std::to_string(k) + " is on device " + std::to_string(p.device) + ", rank 0 on " +
             std::to_string(posts[0].device) + ": ranks of this communicator share one device";
@@ -178,16 +216,13 @@ Status InProcDeviceCommunicator::finish(Status work) {
 Status InProcDeviceCommunicator::all_reduce_sum(float* data, std::size_t count) {
   Post mine{static_cast<std::uint64_t>(Op::all_reduce_sum), count, 0, static_cast<std::uint64_t>(device_), 0,
             reinterpret_cast<std::uintptr_t>(data)};
-  if (bound_ != nullptr && count > 0)
-    if (Status s = stage_in(data, count * sizeof(float), mine); !s) return s;
-  auto posts = exchange(mine, "all_reduce_sum");
+  auto posts = meet(mine, data, count * sizeof(float), "all_reduce_sum");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
   const int w = world_size();
   if (bound_ != nullptr) {
     // Every rank sums every slot in rank order into its own buffer.
-    Status work = wait_for_peers(*posts);
-    if (work) work = copy(data, as_floats((*posts)[0].send), count * sizeof(float), "all_reduce_sum copy");
+    Status work = copy(data, as_floats((*posts)[0].send), count * sizeof(float), "all_reduce_sum copy");
     for (int k = 1; k < w && work; ++k)
       work = kcu::add_inplace(data, as_floats((*posts)[static_cast<std::size_t>(k)].send), static_cast<long>(count),
                               bound_);
@@ -216,12 +251,10 @@ Status InProcDeviceCommunicator::all_reduce_sum(float* data, std::size_t count) 
 Status InProcDeviceCommunicator::all_gather(const float* send, std::size_t count, float* recv) {
   Post mine{static_cast<std::uint64_t>(Op::all_gather), count, 0, static_cast<std::uint64_t>(device_),
             reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
-  if (bound_ != nullptr && count > 0)
-    if (Status s = stage_in(send, count * sizeof(float), mine); !s) return s;
-  auto posts = exchange(mine, "all_gather");
+  auto posts = meet(mine, send, count * sizeof(float), "all_gather");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
-  Status work = bound_ != nullptr ? wait_for_peers(*posts) : Status::ok_status();
+  Status work = Status::ok_status();
   for (int k = 0; k < world_size() && work; ++k)
     work = copy(recv + static_cast<std::size_t>(k) * count, as_floats((*posts)[static_cast<std::size_t>(k)].send),
                 count * sizeof(float), "all_gather copy");
@@ -233,17 +266,13 @@ Status InProcDeviceCommunicator::reduce_scatter_sum(const float* send, float* re
   Post mine{static_cast<std::uint64_t>(Op::reduce_scatter_sum), count, 0, static_cast<std::uint64_t>(device_),
             reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
   const std::size_t all = static_cast<std::size_t>(world_size()) * count;
-  if (bound_ != nullptr && count > 0)
-    if (Status s = stage_in(send, all * sizeof(float), mine); !s) return s;
-  auto posts = exchange(mine, "reduce_scatter_sum");
+  auto posts = meet(mine, send, all * sizeof(float), "reduce_scatter_sum");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
   const std::size_t off = static_cast<std::size_t>(rank()) * count;
   Status work = Status::ok_status();
   float* acc = recv;  // in stream order the inputs are staged: sum straight into recv
-  if (bound_ != nullptr) {
-    work = wait_for_peers(*posts);
-  } else {
+  if (bound_ == nullptr) {
     // Summed in a scratch buffer (recv may be this rank's row of its send,
     // which the sum needs to the end), then copied out.
     if (scratch_.size_bytes() < count * sizeof(float)) {
@@ -265,12 +294,10 @@ Status InProcDeviceCommunicator::reduce_scatter_sum(const float* send, float* re
 Status InProcDeviceCommunicator::all_to_all(const float* send, float* recv, std::size_t count) {
   Post mine{static_cast<std::uint64_t>(Op::all_to_all), count, 0, static_cast<std::uint64_t>(device_),
             reinterpret_cast<std::uintptr_t>(send), reinterpret_cast<std::uintptr_t>(recv)};
-  if (bound_ != nullptr && count > 0)
-    if (Status s = stage_in(send, static_cast<std::size_t>(world_size()) * count * sizeof(float), mine); !s) return s;
-  auto posts = exchange(mine, "all_to_all");
+  auto posts = meet(mine, send, static_cast<std::size_t>(world_size()) * count * sizeof(float), "all_to_all");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
-  Status work = bound_ != nullptr ? wait_for_peers(*posts) : Status::ok_status();
+  Status work = Status::ok_status();
   const std::size_t off = static_cast<std::size_t>(rank()) * count;
   for (int k = 0; k < world_size() && work; ++k)
     work = copy(recv + static_cast<std::size_t>(k) * count, as_floats((*posts)[static_cast<std::size_t>(k)].send) + off,
@@ -284,12 +311,10 @@ Status InProcDeviceCommunicator::broadcast(float* data, std::size_t count, int r
             static_cast<std::uint64_t>(device_), 0, reinterpret_cast<std::uintptr_t>(data)};
   if (root < 0) mine.root = static_cast<std::uint64_t>(world_size());  // refused by every rank
   // In stream order every rank stages (each call waits for every peer's event).
-  if (bound_ != nullptr && count > 0)
-    if (Status s = stage_in(data, count * sizeof(float), mine); !s) return s;
-  auto posts = exchange(mine, "broadcast");
+  auto posts = meet(mine, data, count * sizeof(float), "broadcast");
   if (!posts) return posts.error();
   if (count == 0) return Status::ok_status();
-  Status work = bound_ != nullptr ? wait_for_peers(*posts) : Status::ok_status();
+  Status work = Status::ok_status();
   const auto& from = (*posts)[static_cast<std::size_t>(root)];
   const float* src = as_floats(bound_ != nullptr ? from.send : from.recv);
   if (work && rank() != root) work = copy(data, src, count * sizeof(float), "broadcast copy");

@@ -6,7 +6,7 @@
 /// communicator of the same ranks (an InProcGroup's): that one carries the
 /// buffer addresses and the barriers; the data moves as device-to-device
 /// copies and rank-order adds (kernels::cuda::add_inplace) on this
-/// communicator's own stream.
+/// communicator's own stream, or on the caller's once bound to it (below).
 ///
 /// Numerics: every reduction sums in rank order, ((x_0 + x_1) + x_2) + ...,
 /// each add rounded to nearest (IEEE), so results are bit-identical to the
@@ -23,11 +23,14 @@
 /// records the slot's event; the host group exchanges every rank's slot and
 /// event (a rendezvous of the threads, no device wait); the stream waits
 /// for every peer's event, then reads the peers' slots into this rank's
-/// results (sums in rank order, as above). Every call waits for every
-/// peer's event, so a peer's slot is written again (two calls later) only
+/// results (sums in rank order, as above). Every call that gets past the
+/// exchange waits for every peer's event (a call refused there gives its
+/// slot back), so a peer's slot is written again (two calls later) only
 /// after this rank's reads of it, and an event is re-recorded only after
-/// every peer queued its wait: nothing is synchronised on the host. Point
-/// to point stays a host rendezvous on the communicator's own stream.
+/// every peer queued its wait: nothing is synchronised on the host, except
+/// a device synchronisation while a slot still grows. Every rank of a group
+/// must be bound or none (a call refuses a mix). Point to point stays a
+/// host rendezvous on the communicator's own stream.
 ///
 /// Point to point (PP's residual between stages, SiDP's CaS rows): a
 /// rendezvous, as NCCL's ncclSend / ncclRecv are. send() posts its buffer's
@@ -114,8 +117,9 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   /// invalid_argument (a null stream, already bound to another), io (events).
   [[nodiscard]] Status bind_stream(CUstream_st* stream) override;
   [[nodiscard]] bool collectives_in_stream_order() const noexcept override { return bound_ != nullptr; }
-  /// Synchronises the bound stream (no peer can leave it waiting: every
-  /// event it waits for was recorded before the exchange that named it).
+  /// Returns at once: no peer can leave the bound stream waiting (every
+  /// event it waits for was recorded before the exchange that named it), so
+  /// the caller's own synchronisation of the stream is enough.
   [[nodiscard]] Status wait_stream() override;
 
   /// The host communicator it wraps: the same ranks, for host buffers (a
@@ -135,15 +139,16 @@ class InProcDeviceCommunicator final : public comm::Communicator {
     std::uint64_t send = 0;  ///< device addresses (in stream order, send is the rank's staging slot)
     std::uint64_t recv = 0;
     std::uint64_t event = 0;  ///< in stream order: the slot's event (a cudaEvent_t), recorded
-    std::uint64_t reserved = 0;
+    std::uint64_t mode = 0;   ///< 1: bound to a stream (every rank must agree)
   };
   InProcDeviceCommunicator(std::unique_ptr<comm::Communicator> host, int device, CUstream_st* stream);
   /// send / recv's argument checks. Errors: invalid_argument.
   [[nodiscard]] Status check_peer(int peer, int tag, const void* data, std::size_t bytes, const char* op) const;
   /// Every rank's post (a host all_gather), checked to agree: the same op,
-  /// count, root and device, non-null buffers. Errors: invalid_argument on
-  /// every rank when they disagree (no device work happened); the host
-  /// group's io.
+  /// count, root, device and mode, non-null buffers. Errors:
+  /// invalid_argument on every rank when they disagree (no device work of
+  /// the call's own happened, but for a bound rank's staging copy, which
+  /// nobody reads); the host group's io.
   [[nodiscard]] Result<std::vector<Post>> exchange(const Post& mine, const char* op_name);
   /// Waits for this rank's copies, then for every rank's (a host barrier,
   /// always taken so that no rank returns while a peer still reads its
@@ -156,6 +161,13 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   [[nodiscard]] Status stage_in(const void* src, std::size_t bytes, Post& post);
   /// In stream order: the bound stream waits for every peer's event.
   [[nodiscard]] Status wait_for_peers(const std::vector<Post>& posts);
+  /// A collective's rendezvous: exchange(); in stream order first stages
+  /// `bytes` of device `src` (checked locally; a rank that fails here still
+  /// joins the exchange with null buffers, so every rank fails together, and
+  /// gives its slot back) and afterwards makes the stream wait for every
+  /// peer's event. Errors: exchange's; invalid_argument (not device memory);
+  /// io (staging).
+  [[nodiscard]] Result<std::vector<Post>> meet(Post mine, const void* src, std::size_t bytes, const char* op_name);
   /// An async device-to-device copy on the stream the op runs on.
   [[nodiscard]] Status copy(void* dst, const void* src, std::size_t bytes, const char* what);
   /// The stream the collectives run on: the bound one, or the communicator's own.

@@ -172,12 +172,13 @@ TEST_P(CudaShardGroupFakeDevice, StreamOrderedCollectivesGiveTheSameBitsWithoutH
       EXPECT_TRUE(testing_support::bit_identical(outs[1].at(id), want)) << name << " request " << id;
     const long rank_steps = steps * tp * sp;
     // Host-synchronised: a wait before each of the 2 layers' 2 (or 4)
-    // collectives per rank and step. In stream order, per rank and step,
-    // whatever the layers: each bound communicator's wait_stream, the
-    // stream's synchronisation after the forward and sampling's.
+    // collectives per rank and step. In stream order, whatever the layers:
+    // 2 per rank and step (the end of the forward, sampling), and a device
+    // synchronisation each time one of a rank's two staging slots grows
+    // (doubling: a few times in a run).
     EXPECT_GE(syncs[0] - syncs[1], 4 * rank_steps) << name << ": " << syncs[0] << " vs " << syncs[1];
-    const long bound = (tp > 1) + (sp > 1);
-    EXPECT_EQ(syncs[1], (bound + 2) * rank_steps) << name << ": host syncs in " << rank_steps << " rank steps";
+    EXPECT_GE(syncs[1], 2 * rank_steps) << name;
+    EXPECT_LE(syncs[1], 2 * rank_steps + 10L * tp * sp) << name << ": host syncs in " << rank_steps << " rank steps";
   }
 }
 

@@ -432,8 +432,21 @@ TEST_P(InProcDeviceComm, BoundToTheRanksStreamsCollectivesQueueBehindTheirWorkWi
       if (Status s = c.reduce_scatter_sum(a->as<float>(), out(3), n); !s) return s;
       if (Status s = put(out(4), inp, n); !s) return s;
       if (Status s = c.broadcast(out(4), n, round % kRanks); !s) return s;
+      if (round == 1) {
+        // Refused calls between the rounds: one the ranks disagree on, one
+        // with a host buffer on rank 2 (refused on every rank together).
+        // They give their slots back, and the rounds go on.
+        const Status disagree = c.all_reduce_sum(out(0), r == 1 ? n / 2 : n);
+        if (disagree.ok() || disagree.error().code != ErrorCode::invalid_argument)
+          return make_error(ErrorCode::internal, "a disagreement was not refused");
+        std::vector<float> host_buf(n);
+        const Status not_device = c.all_gather(r == 2 ? host_buf.data() : inp, n, out(1));
+        if (not_device.ok() || not_device.error().code != ErrorCode::invalid_argument)
+          return make_error(ErrorCode::internal, "a host buffer was not refused on rank " + std::to_string(r));
+      }
     }
-    if (Status s = c.wait_stream(); !s) return s;
+    if (Status s = c.wait_stream(); !s) return s;  // returns at once: the caller synchronises its stream
+    if (cudaStreamSynchronize(stream) != cudaSuccess) return make_error(ErrorCode::internal, "sync");
     const std::size_t sizes[5] = {n, kRanks * n, kRanks * n, n, n};
     for (int i = 0; i < kRounds * 5; ++i)
       got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] = host_copy(outs[static_cast<std::size_t>(i)], sizes[i % 5]);
@@ -450,6 +463,31 @@ TEST_P(InProcDeviceComm, BoundToTheRanksStreamsCollectivesQueueBehindTheirWorkWi
           << "rank " << r << " round " << i / 5 << " op " << i % 5;
   if (fc::execution() == fc::Execution::deferred)
     for (int q : queued_after_call) EXPECT_GT(q, 0) << "a call in stream order must not wait for the device";
+}
+
+TEST_P(InProcDeviceComm, ARankThatIsNotBoundIsRefusedByEveryRank) {
+  auto dev = device_group();
+  std::vector<DeviceBuffer> bufs;
+  for (int r = 0; r < kRanks; ++r) bufs.push_back(device_copy(std::vector<float>(8, static_cast<float>(r + 1))));
+  settle();
+  std::vector<cudaStream_t> streams(kRanks, nullptr);
+  for (int r = 0; r < kRanks - 1; ++r) {  // the last rank stays unbound
+    ASSERT_EQ(cudaStreamCreateWithFlags(&streams[static_cast<std::size_t>(r)], cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_TRUE(dev[static_cast<std::size_t>(r)]->bind_stream(streams[static_cast<std::size_t>(r)]).ok());
+  }
+  const auto st = on_ranks(kRanks, [&](int r) {
+    return dev[static_cast<std::size_t>(r)]->all_reduce_sum(static_cast<float*>(bufs[static_cast<std::size_t>(r)].data()), 8);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_FALSE(st[static_cast<std::size_t>(r)].ok()) << "rank " << r;
+    EXPECT_EQ(st[static_cast<std::size_t>(r)].error().code, ErrorCode::invalid_argument);
+    EXPECT_NE(st[static_cast<std::size_t>(r)].error().message.find("bound"), std::string::npos)
+        << st[static_cast<std::size_t>(r)].error().message;
+    EXPECT_EQ(host_copy(bufs[static_cast<std::size_t>(r)], 8), std::vector<float>(8, static_cast<float>(r + 1)));
+  }
+  dev.clear();
+  for (cudaStream_t s : streams)
+    if (s != nullptr) ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 }  // namespace model_cuda_inproc_device_comm_fake_device_test
