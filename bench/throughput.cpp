@@ -1,10 +1,14 @@
 #include "bench/throughput.hpp"
 
+#include "engine/policies/prefix_order.hpp"
+
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -139,6 +143,14 @@ std::string ThroughputReport::to_json() const {
                    {"swapped_out_bytes", swapped_out_bytes},
                    {"computed_tokens", computed_tokens},
                    {"shared_prefix_len", shared_prefix_len},
+                   {"few_shot", few_shot},
+                   {"few_shot_pool", few_shot_pool},
+                   {"few_shot_len", few_shot_len},
+                   {"n", n},
+                   {"prefix_order", prefix_order},
+                   {"prefill_computed_tokens", prefill_computed_tokens},
+                   {"prefix_tree_tokens", prefix_tree_tokens},
+                   {"prefill_over_ideal", prefill_over_ideal},
                    {"prefix_caching", prefix_caching},
                    {"prefix_query_tokens", prefix_query_tokens},
                    {"prefix_hit_tokens", prefix_hit_tokens},
@@ -164,6 +176,16 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   if (o.shared_prefix_len < 0 || o.shared_prefix_len >= o.input_len)
     return make_error(ErrorCode::invalid_argument, "bench: --shared-prefix-len must be in [0, --input-len), got " +
                                                        std::to_string(o.shared_prefix_len));
+  if (o.few_shot < 0 || (o.few_shot > 0 && (o.few_shot_pool < o.few_shot || o.few_shot_len <= 0 ||
+                                            static_cast<long>(o.few_shot) * o.few_shot_len >= o.input_len ||
+                                            o.shared_prefix_len > 0)))
+    return make_error(ErrorCode::invalid_argument,
+                      "bench: --few-shot K needs K <= --few-shot-pool, K * --few-shot-len < --input-len and no "
+                      "--shared-prefix-len");
+  if (o.n < 1) return make_error(ErrorCode::invalid_argument, "bench: --n must be >= 1");
+  if (o.prefix_order != "input" && o.prefix_order != "sorted")
+    return make_error(ErrorCode::invalid_argument,
+                      "bench: --prefix-order must be input or sorted, got '" + o.prefix_order + "'");
   if (o.engine.device != model::DeviceKind::cpu)
     return make_error(ErrorCode::invalid_argument,
                       "bench: run_throughput measures CPU devices only; a cuda:N device goes through "
@@ -218,10 +240,43 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   // A shared head: prompt 0's first tokens on every prompt.
   for (std::size_t i = 1; i < prompts.size(); ++i)
     std::copy(prompts[0].begin(), prompts[0].begin() + o.shared_prefix_len, prompts[i].begin());
+  if (o.few_shot > 0) {
+    // K examples of the pool per prompt, distinct, in a seeded random order.
+    const auto pool = random_prompts(o.few_shot_pool, o.few_shot_len, e.weights->config.vocab_size, o.prompt_seed + 1);
+    std::mt19937_64 rng(o.prompt_seed + 2);
+    std::vector<int> ids(static_cast<std::size_t>(o.few_shot_pool));
+    std::iota(ids.begin(), ids.end(), 0);
+    for (auto& p : prompts) {
+      std::shuffle(ids.begin(), ids.end(), rng);
+      for (int k = 0; k < o.few_shot; ++k)
+        std::copy(pool[static_cast<std::size_t>(ids[static_cast<std::size_t>(k)])].begin(),
+                  pool[static_cast<std::size_t>(ids[static_cast<std::size_t>(k)])].end(),
+                  p.begin() + static_cast<long>(k) * o.few_shot_len);
+    }
+  }
+  // n samples of each prompt: its copies follow it.
+  if (o.n > 1) {
+    std::vector<std::vector<std::int32_t>> copies;
+    for (const auto& p : prompts) copies.insert(copies.end(), static_cast<std::size_t>(o.n), p);
+    prompts = std::move(copies);
+  }
+  const engine::PrefixOrder tree = engine::prefix_order(prompts);
+  if (o.prefix_order == "sorted") {
+    std::vector<std::vector<std::int32_t>> sorted;
+    sorted.reserve(prompts.size());
+    for (std::size_t i : tree.order) sorted.push_back(std::move(prompts[i]));
+    prompts = std::move(sorted);
+  }
   rep.shared_prefix_len = o.shared_prefix_len;
+  rep.few_shot = o.few_shot;
+  rep.few_shot_pool = o.few_shot > 0 ? o.few_shot_pool : 0;
+  rep.few_shot_len = o.few_shot > 0 ? o.few_shot_len : 0;
+  rep.n = o.n;
+  rep.prefix_order = o.prefix_order;
+  rep.prefix_tree_tokens = static_cast<long long>(tree.tree_tokens);
   rep.prefix_caching = ec.prefix_cache.enabled;
   sampling::SamplingParams sp;
-  sp.temperature = 0.0f;
+  sp.temperature = o.n > 1 ? 0.8f : 0.0f;  // n > 1: n different samples (a seed per request id)
   sp.max_tokens = o.output_len;
   sp.ignore_eos = true;
 
@@ -261,11 +316,16 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
 
   long generated = 0;
   for (const auto& out : *outputs) generated += static_cast<long>(out.token_ids.size());
+  // Prompt tokens count once per prompt, whatever n (vLLM's convention).
   rep.total_tok_s = (static_cast<double>(o.num_prompts) * o.input_len + generated) / rep.elapsed_s;
   for (const auto& s : (*eng)->step_stats()) {
     rep.num_preemptions += s.num_preemptions;
     rep.computed_tokens += s.num_prefill_tokens + s.num_decode_tokens;
+    rep.prefill_computed_tokens += s.num_prefill_tokens;
   }
+  if (rep.prefix_tree_tokens > 0)
+    rep.prefill_over_ideal =
+        static_cast<double>(rep.prefill_computed_tokens) / static_cast<double>(rep.prefix_tree_tokens) - 1.0;
   rep.preemption_mode = engine::preemption_mode_name(ec.preemption_mode);
   rep.prefix_query_tokens = (*eng)->scheduler().prefix_query_tokens();
   rep.prefix_hit_tokens = (*eng)->scheduler().prefix_hit_tokens();

@@ -25,6 +25,21 @@ struct ThroughputOptions {
   /// the same (a system prompt; issue 42's prefix caching workload), the
   /// rest random. 0: every prompt random. At most input_len - 1.
   int shared_prefix_len = 0;
+  /// `--few-shot K --few-shot-pool P --few-shot-len L` (issue 42's workload
+  /// (b)): each prompt starts with K examples of L tokens drawn without
+  /// repeats from a pool of P (seeded, in a random order per prompt); the
+  /// rest of its input_len tokens is a random question. 0: none.
+  /// K * L < input_len, K <= P. Not with shared_prefix_len.
+  int few_shot = 0;
+  int few_shot_pool = 32;
+  int few_shot_len = 100;
+  /// `--n`: each prompt is sampled this many times (temperature 0.8, a seed
+  /// per request; workload (c)); prompt tokens count once per prompt.
+  int n = 1;
+  /// `--prefix-order`: "input" (the prompts in their order) or "sorted"
+  /// (engine/policies/prefix_order.hpp: prompts sharing a prefix together,
+  /// as a prefix-aware job scheduler hands them out).
+  std::string prefix_order = "input";
   /// `--kv-stream`: "off", "store" (stream each step's KV to a KV-store
   /// actor) or "replicated" (and on to its ring successor); bench/kv_streaming.hpp.
   std::string kv_stream = "off";
@@ -94,6 +109,15 @@ struct ThroughputReport {
   /// without preemption; more when preemptions recompute).
   long long computed_tokens = 0;
   int shared_prefix_len = 0;
+  int few_shot = 0, few_shot_pool = 0, few_shot_len = 0, n = 1;
+  std::string prefix_order = "input";
+  /// Prompt tokens the steps computed (positions < input_len, every request).
+  long long prefill_computed_tokens = 0;
+  /// The prompts' prefix tree (engine/policies/prefix_order.hpp): the fewest
+  /// prompt tokens any run computes (each distinct prefix once).
+  long long prefix_tree_tokens = 0;
+  /// prefill_computed_tokens / prefix_tree_tokens - 1: how far over the ideal.
+  double prefill_over_ideal = 0;
   bool prefix_caching = false;       ///< --enable-prefix-caching
   long long prefix_query_tokens = 0;  ///< prefix caching: tokens looked up
   long long prefix_hit_tokens = 0;    ///< of them, found cached (not computed)

@@ -286,6 +286,22 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
                   "The first N prompt tokens are the same on every request (a system prompt; with "
                   "--enable-prefix-caching they are computed once; docs/prefix-caching.md)")
       ->capture_default_str();
+  cmd->add_option("--few-shot", a->options.few_shot,
+                  "Each prompt starts with K examples drawn (distinct, seeded) from a pool of --few-shot-pool, "
+                  "--few-shot-len tokens each; the rest of --input-len is a random question (issue 42's "
+                  "workload (b)). 0: none")
+      ->capture_default_str();
+  cmd->add_option("--few-shot-pool", a->options.few_shot_pool, "Examples in the --few-shot pool")
+      ->capture_default_str();
+  cmd->add_option("--few-shot-len", a->options.few_shot_len, "Tokens of each --few-shot example")
+      ->capture_default_str();
+  cmd->add_option("--n", a->options.n,
+                  "Samples per prompt (temperature 0.8, a seed each); prompt tokens count once per prompt")
+      ->capture_default_str();
+  cmd->add_option("--prefix-order", a->options.prefix_order,
+                  "Order the prompts run in: input, or sorted (prompts sharing a prefix together, as a "
+                  "prefix-aware job scheduler hands them out; engine/policies/prefix_order.hpp)")
+      ->capture_default_str();
   cmd->add_option("--output-len", a->options.output_len, "Generated tokens per request")
       ->capture_default_str();
   cmd->add_option("--max-batch", a->options.max_batch, "Running sequences at most")->capture_default_str();

@@ -184,6 +184,51 @@ TEST(CliE2e, BenchWithASharedPrefixCountsItsHitsWithCachingOnly) {
   EXPECT_NE(bad.out.find("--shared-prefix-len must be in [0, --input-len)"), std::string::npos) << bad.out;
 }
 
+// bench's other prefix workloads (issue 42): few-shot prompts from a small
+// pool, and n samples of each prompt. The report carries the prompts' prefix
+// tree (the ideal: each distinct prefix once) and what the steps computed;
+// with caching the n copies of a prompt compute its full blocks once, and
+// sorting the prompts by prefix never computes more than running them in
+// input order. Bad workload flags are clear errors.
+TEST(CliE2e, BenchFewShotAndNReportTheirPrefixTreeAndWhatTheyComputed) {
+  const auto bench = [&](const std::string& flags) {
+    const CliRun r = run("bench --model " + kModel + " --output-len 2 --max-batch 4 --threads 2 " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    const std::string last = r.out.substr(r.out.rfind("\n{") == std::string::npos ? 0 : r.out.rfind("\n{") + 1);
+    return nlohmann::json::parse(last.substr(0, last.find('\n')));
+  };
+  // n = 4 copies of 3 prompts of 40 tokens: the tree holds each prompt once.
+  const nlohmann::json n_off = bench("--num-prompts 3 --input-len 40 --n 4");
+  const nlohmann::json n_on = bench("--num-prompts 3 --input-len 40 --n 4 --enable-prefix-caching");
+  for (const nlohmann::json* j : {&n_off, &n_on}) {
+    EXPECT_EQ(j->at("n"), 4);
+    EXPECT_EQ(j->at("prefix_tree_tokens"), 3 * 40);
+  }
+  EXPECT_EQ(n_off.at("prefill_computed_tokens"), 12 * 40);
+  // With caching each copy hits its prompt's 2 full blocks (32 tokens).
+  EXPECT_EQ(n_on.at("prefix_hit_tokens"), 9 * 32) << n_on.dump();
+  EXPECT_EQ(n_on.at("prefill_computed_tokens"), 12 * 40 - 9 * 32);
+  EXPECT_NEAR(n_on.at("prefill_over_ideal").get<double>(), (12.0 * 40 - 9 * 32) / (3 * 40) - 1, 1e-9);
+  // 3-shot prompts from a pool of 4 examples of 16 tokens + an 8-token question.
+  std::map<std::string, nlohmann::json> few;
+  for (const std::string order : {"input", "sorted"})
+    few[order] = bench("--num-prompts 12 --input-len 56 --few-shot 3 --few-shot-pool 4 --few-shot-len 16 "
+                       "--enable-prefix-caching --prefix-order " + order);
+  EXPECT_EQ(few["input"].at("prefix_tree_tokens"), few["sorted"].at("prefix_tree_tokens"));
+  EXPECT_LT(few["input"].at("prefix_tree_tokens").get<long long>(), 12 * 56) << "the pool makes prefixes repeat";
+  EXPECT_EQ(few["sorted"].at("prefix_order"), "sorted");
+  EXPECT_GE(few["sorted"].at("prefill_computed_tokens").get<long long>(),
+            few["sorted"].at("prefix_tree_tokens").get<long long>());
+  EXPECT_LE(few["sorted"].at("prefill_computed_tokens").get<long long>(),
+            few["input"].at("prefill_computed_tokens").get<long long>());
+  for (const std::string& flags : {std::string("--few-shot 3 --few-shot-pool 2"), std::string("--n 0"),
+                                   std::string("--prefix-order random")}) {
+    const CliRun bad = run("bench --model " + kModel + " --num-prompts 2 --input-len 56 " + flags);
+    EXPECT_EQ(bad.exit_code, 1) << flags << ": " << bad.out;
+    EXPECT_NE(bad.out.find("bench: --"), std::string::npos) << bad.out;
+  }
+}
+
 TEST(CliE2e, TokenizeJson) {
   const CliRun r = run("tokenize --tokenizer " + std::string(SHARDLINE_SHARED_DIR) +
                     "/tokenizers/qwen3 --text 'Hello, my dog is cute' --json");
