@@ -327,8 +327,9 @@ struct CudaModelRunner::Impl {
     return k;
   }
 
-  /// Sums a partial result over the TP group: the stream's work first, as
-  /// the communicator reads the buffer from its own stream.
+  /// Sums a partial result over the TP group: queued behind the stream's
+  /// work when the communicator is bound to it; otherwise that work is
+  /// waited for first (the communicator reads the buffer from its own stream).
   Status all_reduce(float* data, std::size_t count) {
     if (Status s = sync_unless(tp_ordered, "sync before all_reduce"); !s) return s;
     return tp_comm->all_reduce_sum(data, count);
