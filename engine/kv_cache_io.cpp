@@ -123,32 +123,33 @@ Result<std::vector<std::byte>> KvCacheIo::copy_layers(const std::vector<std::int
   return chunk;
 }
 
-Result<std::vector<std::byte>> KvCacheIo::copy_increment(const std::vector<std::int32_t>& block_table,
-                                                         int token_begin, int token_end) {
-  const kvstore::KvRange range{0, shape_.num_layers, token_begin, token_end};
-  std::vector<std::byte> chunk(kvstore::chunk_bytes(shape_, range));
-  if (Status s = copy_out(block_table, range, chunk); !s.ok()) return s.error();
-  stats_.streamed_bytes += chunk.size();
-  return chunk;
-}
+namespace {
+
+/// One buffer per range, each the range's canonical chunk size, and spans over them.
+struct SizedChunks {
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<std::span<std::byte>> spans;
+  SizedChunks(const kvstore::KvModelShape& shape, std::size_t n, const auto& range_of) : bytes(n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      bytes[i].resize(kvstore::chunk_bytes(shape, range_of(i)));
+      spans.emplace_back(bytes[i]);
+    }
+  }
+};
+
+}  // namespace
 
 Result<std::vector<std::vector<std::byte>>> KvCacheIo::copy_increments(std::span<const kvstore::KvCopyItem> items) {
-  std::vector<std::vector<std::byte>> chunks(items.size());
-  std::vector<std::span<std::byte>> spans;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    chunks[i].resize(kvstore::chunk_bytes(shape_, items[i].range));
-    spans.emplace_back(chunks[i]);
-  }
+  SizedChunks chunks(shape_, items.size(), [&](std::size_t i) { return items[i].range; });
   if (!views_.empty()) {
     for (std::size_t i = 0; i < items.size(); ++i)
-      if (Status s = kvstore::copy_out(shape_, views_, items[i].block_table, items[i].range, spans[i]); !s.ok())
-        return s.error();
+      if (Status s = copy_out(items[i].block_table, items[i].range, chunks.spans[i]); !s.ok()) return s.error();
   } else {
     if (remote_ == nullptr) return make_error(ErrorCode::internal, "this executor's KV caches cannot be copied");
-    if (Status s = remote_->copy_out_batch(items, spans); !s.ok()) return s.error();
+    if (Status s = remote_->copy_out_batch(items, chunks.spans); !s.ok()) return s.error();
   }
-  for (const auto& c : chunks) stats_.streamed_bytes += c.size();
-  return chunks;
+  for (const auto& c : chunks.bytes) stats_.streamed_bytes += c.size();
+  return std::move(chunks.bytes);
 }
 
 Result<std::uint64_t> KvCacheIo::begin_copy_layers(std::span<const kvstore::KvCopyItem> items) {
@@ -161,15 +162,10 @@ Result<std::vector<std::vector<std::byte>>> KvCacheIo::end_copy_layers(std::uint
                                                                       std::span<const kvstore::KvRange> ranges) {
   if (!copies_in_stream_order())
     return make_error(ErrorCode::internal, "this executor's KV copier does not order copies on the device");
-  std::vector<std::vector<std::byte>> chunks(ranges.size());
-  std::vector<std::span<std::byte>> spans;
-  for (std::size_t i = 0; i < ranges.size(); ++i) {
-    chunks[i].resize(kvstore::chunk_bytes(shape_, ranges[i]));
-    spans.emplace_back(chunks[i]);
-  }
-  if (Status s = remote_->end_copy_out(ticket, spans); !s.ok()) return s.error();
-  for (const auto& c : chunks) stats_.streamed_bytes += c.size();
-  return chunks;
+  SizedChunks chunks(shape_, ranges.size(), [&](std::size_t i) { return ranges[i]; });
+  if (Status s = remote_->end_copy_out(ticket, chunks.spans); !s.ok()) return s.error();
+  for (const auto& c : chunks.bytes) stats_.streamed_bytes += c.size();
+  return std::move(chunks.bytes);
 }
 
 void KvCacheIo::drop(std::uint64_t seq_id) {

@@ -155,20 +155,17 @@ class KvCacheIo {
   /// for it: a bug), invalid_argument (token count mismatch).
   [[nodiscard]] Status restore(const KvRestore& restore, const std::vector<std::int32_t>& block_table);
 
-  /// Copies positions [token_begin, token_end) of a running sequence out of
-  /// the caches as one canonical chunk (all layers). Errors: invalid_argument.
-  [[nodiscard]] Result<std::vector<std::byte>> copy_increment(const std::vector<std::int32_t>& block_table,
-                                                              int token_begin, int token_end);
-  /// As copy_increment, for layers [layer_begin, layer_end) only (a
-  /// layer-by-layer prompt increment). Errors: invalid_argument.
+  /// Copies layers [layer_begin, layer_end) of positions [token_begin,
+  /// token_end) of a running sequence out of the caches as one canonical
+  /// chunk (a layer-by-layer prompt increment). Errors: invalid_argument.
   [[nodiscard]] Result<std::vector<std::byte>> copy_layers(const std::vector<std::int32_t>& block_table,
                                                            int layer_begin, int layer_end, int token_begin,
                                                            int token_end);
 
-  /// Positions [token_begin, token_end) of several running sequences, all
-  /// layers, one canonical chunk each (one gather for all of them on a
-  /// device copier: DéjàVu's buffered copies). `tables[i]` must stay valid
-  /// during the call. Errors: invalid_argument.
+  /// Each item's range of a running sequence, one canonical chunk each (one
+  /// gather for all of them on a device copier: DéjàVu's buffered copies).
+  /// The items' block tables must stay valid during the call. Errors:
+  /// invalid_argument.
   [[nodiscard]] Result<std::vector<std::vector<std::byte>>> copy_increments(
       std::span<const kvstore::KvCopyItem> items);
   /// True when the executor's copier orders copies on the device

@@ -41,6 +41,26 @@ class DeviceRestorer {
   int device_ = -1;
 };
 
+/// n rounded up to a multiple of `unit`.
+constexpr std::size_t round_up(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+/// `range` is a non-empty part of the model's layers and a non-empty token
+/// range, and `table` reaches its last token (blocks of `block_size`).
+/// Errors: invalid_argument, the message after `what`.
+Status check_range(const kvstore::KvModelShape& shape, int block_size, std::span<const std::int32_t> table,
+                   const kvstore::KvRange& range, const std::string& what) {
+  if (range.token_begin < 0 || range.token_end <= range.token_begin || range.layer_begin < 0 ||
+      range.layer_end <= range.layer_begin || range.layer_end > shape.num_layers)
+    return invalid(what + "empty or bad range: layers [" + std::to_string(range.layer_begin) + ", " +
+                   std::to_string(range.layer_end) + "), tokens [" + std::to_string(range.token_begin) + ", " +
+                   std::to_string(range.token_end) + ")");
+  if (static_cast<int>(table.size()) <= (range.token_end - 1) / block_size)
+    return invalid(what + "block table of " + std::to_string(table.size()) + " blocks does not reach token " +
+                   std::to_string(range.token_end));
+  return Status::ok_status();
+}
+
 /// chunks[i] holds exactly items[i]'s canonical chunk.
 Status check_chunks(const kvstore::KvModelShape& shape, std::span<const kvstore::KvCopyItem> items,
                     std::span<const std::span<std::byte>> chunks) {
@@ -145,17 +165,10 @@ std::size_t CudaKvCopier::open_tickets() const {
 Status CudaKvCopier::plan(std::span<const std::int32_t> block_table, const kvstore::KvRange& range,
                           std::vector<Slab>& slabs, std::vector<kvstore::KvCacheView>& views,
                           std::vector<std::int32_t>& table) {
-  if (range.token_begin < 0 || range.token_end <= range.token_begin || range.layer_begin < 0 ||
-      range.layer_end <= range.layer_begin || range.layer_end > shape_.num_layers)
-    return invalid("empty or bad range: layers [" + std::to_string(range.layer_begin) + ", " +
-                   std::to_string(range.layer_end) + "), tokens [" + std::to_string(range.token_begin) + ", " +
-                   std::to_string(range.token_end) + ")");
   const int bs = caches_[0].layout.block_size;
+  if (Status s = check_range(shape_, bs, block_table, range, ""); !s) return s;
   const int b0 = range.token_begin / bs, b1 = (range.token_end - 1) / bs;  // logical blocks of the range
   const int nb = b1 - b0 + 1;
-  if (static_cast<int>(block_table.size()) <= b1)
-    return invalid("block table of " + std::to_string(block_table.size()) + " blocks does not reach token " +
-                   std::to_string(range.token_end));
   slabs.clear();
   views.clear();
   std::vector<std::size_t> view_base;  // staging offset of each view
@@ -194,7 +207,7 @@ Status CudaKvCopier::plan(std::span<const std::int32_t> block_table, const kvsto
     if (staging_ != nullptr) (void)cudaFreeHost(staging_);
     staging_ = nullptr;
     staging_bytes_ = 0;
-    const std::size_t want = (total + (1u << 20) - 1) / (1u << 20) * (1u << 20);
+    const std::size_t want = round_up(total, kMiB);
     if (Status s = cuda_status("pinned staging", cudaMallocHost(&staging_, want)); !s) return s;
     staging_bytes_ = want;
   }
@@ -275,7 +288,7 @@ Status CudaKvCopier::end_copy_out(std::uint64_t ticket, std::span<const std::spa
 }
 
 Result<std::byte*> CudaKvCopier::pinned(std::size_t bytes) {
-  bytes = (bytes + 255) / 256 * 256;
+  bytes = round_up(bytes, 256);
   if (arena_used_ + bytes > arena_bytes_) {
     // Outgrown: open tickets keep the old arena until the last one ends
     // (and the new one doubles, for the tickets still to come); with none
@@ -286,7 +299,7 @@ Result<std::byte*> CudaKvCopier::pinned(std::size_t bytes) {
     }
     arena_ = nullptr;
     arena_bytes_ = open_.empty() ? bytes : std::max(bytes, 2 * arena_bytes_);
-    arena_bytes_ = (arena_bytes_ + (1u << 20) - 1) / (1u << 20) * (1u << 20);
+    arena_bytes_ = round_up(arena_bytes_, kMiB);
     arena_used_ = 0;
     void* p = nullptr;
     if (Status s = cuda_status("pinned buffer", cudaMallocHost(&p, arena_bytes_)); !s) {
@@ -307,7 +320,7 @@ Result<std::byte*> CudaKvCopier::slot(std::size_t s, std::size_t bytes) {
   if (slots_[s] != nullptr) retired_device_.push_back(slots_[s]);
   slots_[s] = nullptr;
   slot_bytes_[s] = 0;
-  const std::size_t want = (bytes + (1u << 20) - 1) / (1u << 20) * (1u << 20);
+  const std::size_t want = round_up(bytes, kMiB);
   void* p = nullptr;
   if (Status st = cuda_status("set device", cudaSetDevice(stream_devices_[s])); !st) return st.error();
   if (Status st = cuda_status("gather slot", cudaMalloc(&p, want)); !st) return st.error();
@@ -360,16 +373,9 @@ Result<CudaKvCopier::Ticket> CudaKvCopier::queue_gathers(std::span<const kvstore
   std::vector<Work> work;
   for (std::size_t i = 0; i < items.size(); ++i) {
     const kvstore::KvRange& r = items[i].range;
-    if (r.token_begin < 0 || r.token_end <= r.token_begin || r.layer_begin < 0 || r.layer_end <= r.layer_begin ||
-        r.layer_end > shape_.num_layers)
-      return invalid("items[" + std::to_string(i) + "]: empty or bad range: layers [" +
-                     std::to_string(r.layer_begin) + ", " + std::to_string(r.layer_end) + "), tokens [" +
-                     std::to_string(r.token_begin) + ", " + std::to_string(r.token_end) + ")");
+    if (Status s = check_range(shape_, bs, items[i].block_table, r, "items[" + std::to_string(i) + "]: "); !s)
+      return s.error();
     const int b0 = r.token_begin / bs, b1 = (r.token_end - 1) / bs;
-    if (static_cast<int>(items[i].block_table.size()) <= b1)
-      return invalid("items[" + std::to_string(i) + "]: block table of " +
-                     std::to_string(items[i].block_table.size()) + " blocks does not reach token " +
-                     std::to_string(r.token_end));
     std::vector<bool> claimed(static_cast<std::size_t>(r.num_layers()) * static_cast<std::size_t>(heads), false);
     for (std::size_t c = 0; c < caches_.size(); ++c) {
       const kvstore::KvRankLayout& lay = caches_[c].layout;
@@ -455,7 +461,7 @@ Result<CudaKvCopier::Ticket> CudaKvCopier::queue_gathers(std::span<const kvstore
 
   // 3. Each pass's arguments and output in pinned memory, laid out as in
   // its device slot: [pieces | blocks | gathered KV], 256-byte aligned parts.
-  const auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
+  const auto up = [](std::size_t n) { return round_up(n, 256); };
   std::vector<std::size_t> pass_host(passes.size()), pass_slot(passes.size());
   std::size_t total = 0;
   std::vector<std::size_t> slot_need(streams_.size(), 0);

@@ -89,6 +89,15 @@ Status InProcDeviceCommunicator::copy(void* dst, const void* src, std::size_t by
   return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, work_stream()), what);
 }
 
+Status InProcDeviceCommunicator::sum_in_rank_order(float* dst, const std::vector<Post>& posts, std::size_t offset,
+                                                   std::size_t count, const char* what) {
+  Status work = copy(dst, as_floats(posts[0].send) + offset, count * sizeof(float), what);
+  for (int k = 1; k < world_size() && work; ++k)
+    work = kcu::add_inplace(dst, as_floats(posts[static_cast<std::size_t>(k)].send) + offset,
+                            static_cast<long>(count), work_stream());
+  return work;
+}
+
 Status InProcDeviceCommunicator::stage_in(const void* src, std::size_t bytes, Post& post) {
   const std::size_t slot = calls_++ % 2;
   kcu::DeviceBuffer& buf = slots_[slot];
@@ -222,10 +231,7 @@ Status InProcDeviceCommunicator::all_reduce_sum(float* data, std::size_t count) 
   const int w = world_size();
   if (bound_ != nullptr) {
     // Every rank sums every slot in rank order into its own buffer.
-    Status work = copy(data, as_floats((*posts)[0].send), count * sizeof(float), "all_reduce_sum copy");
-    for (int k = 1; k < w && work; ++k)
-      work = kcu::add_inplace(data, as_floats((*posts)[static_cast<std::size_t>(k)].send), static_cast<long>(count),
-                              bound_);
+    Status work = sum_in_rank_order(data, *posts, 0, count, "all_reduce_sum copy");
     bytes_sent_ += static_cast<std::uint64_t>(w - 1) * count * sizeof(float);
     return work;
   }
@@ -282,10 +288,7 @@ Status InProcDeviceCommunicator::reduce_scatter_sum(const float* send, float* re
     }
     acc = static_cast<float*>(scratch_.data());
   }
-  if (work) work = copy(acc, as_floats((*posts)[0].send) + off, count * sizeof(float), "reduce_scatter_sum copy");
-  for (int k = 1; k < world_size() && work; ++k)
-    work = kcu::add_inplace(acc, as_floats((*posts)[static_cast<std::size_t>(k)].send) + off,
-                            static_cast<long>(count), work_stream());
+  if (work) work = sum_in_rank_order(acc, *posts, off, count, "reduce_scatter_sum copy");
   if (work && acc != recv) work = copy(recv, acc, count * sizeof(float), "reduce_scatter_sum copy");
   bytes_sent_ += static_cast<std::uint64_t>(world_size() - 1) * count * sizeof(float);
   return done(work);

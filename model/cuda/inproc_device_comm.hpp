@@ -168,6 +168,11 @@ class InProcDeviceCommunicator final : public comm::Communicator {
   /// peer's event. Errors: exchange's; invalid_argument (not device memory);
   /// io (staging).
   [[nodiscard]] Result<std::vector<Post>> meet(Post mine, const void* src, std::size_t bytes, const char* op_name);
+  /// dst[count] = the sum over ranks, in rank order, of elements
+  /// [offset, offset + count) of each post's send buffer, queued on the
+  /// stream the op runs on. Errors: io (a copy), the add's.
+  [[nodiscard]] Status sum_in_rank_order(float* dst, const std::vector<Post>& posts, std::size_t offset,
+                                         std::size_t count, const char* what);
   /// An async device-to-device copy on the stream the op runs on.
   [[nodiscard]] Status copy(void* dst, const void* src, std::size_t bytes, const char* what);
   /// The stream the collectives run on: the bound one, or the communicator's own.
