@@ -116,6 +116,35 @@ int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& toke
   return hit;
 }
 
+BlockManager::PartialBlockHit BlockManager::acquire_partial_block(std::uint64_t seq_id, const Tokens& tokens,
+                                                                  int max_tokens) {
+  if (!cache_) return {};
+  const auto it = seqs_.find(seq_id);
+  std::size_t k = 0;
+  if (it != seqs_.end()) {
+    if (it->second.names.size() != it->second.table.size()) return {};  // it computed blocks of its own
+    k = it->second.table.size();
+  }
+  const int begin = static_cast<int>(k) * block_size_;
+  const int end = std::min({begin + block_size_, max_tokens, tokens.size()});
+  if (end <= begin) return {};
+  std::vector<std::int32_t> want(static_cast<std::size_t>(end - begin));
+  for (int t = begin; t < end; ++t) want[static_cast<std::size_t>(t - begin)] = tokens.at(t);
+  const std::uint64_t parent = it == seqs_.end() ? root_name_ : parent_name(it->second, k);
+  const PrefixCache::PartialMatch m = cache_->find_partial(parent, want);
+  if (m.block < 0) return {};
+  cache_->hold(m.block);
+  ++refs_[static_cast<std::size_t>(m.block)];
+  pins_.push_back(m.block);
+  return {m.block, m.num_tokens};
+}
+
+void BlockManager::release_pins() {
+  for (std::int32_t b : pins_)
+    if (--refs_[static_cast<std::size_t>(b)] == 0) cache_->release(b);  // pinned blocks are named
+  pins_.clear();
+}
+
 std::uint64_t BlockManager::name_block(const Tokens& tokens, int block, std::uint64_t parent,
                                        std::vector<std::int32_t>& ids) const {
   ids.resize(static_cast<std::size_t>(block_size_));
@@ -176,6 +205,11 @@ Status BlockManager::check_integrity() const {
   for (auto b : free_list_) {
     if (b < 0 || b >= num_blocks_) return fail("free list holds out-of-range block " + std::to_string(b));
     ++free_uses[static_cast<std::size_t>(b)];
+  }
+  for (auto b : pins_) {
+    if (b < 0 || b >= num_blocks_ || !cache_ || !cache_->is_named(b))
+      return fail("pinned block " + std::to_string(b) + " is out of range or not named");
+    ++held[static_cast<std::size_t>(b)];
   }
   for (const auto& [id, s] : seqs_) {
     for (auto b : s.table) {

@@ -83,6 +83,24 @@ class BlockManager {
   /// block within max_tokens that was not cached (nullopt when every one was).
   int acquire_cached_prefix(std::uint64_t seq_id, const Tokens& tokens, int max_tokens,
                             std::optional<std::uint64_t>* miss_name);
+  /// A partial-block hit: the block to copy a sequence's next tokens' KV from.
+  struct PartialBlockHit {
+    std::int32_t src_block = -1;
+    int num_tokens = 0;  ///< its leading positions to copy (0: no hit)
+  };
+  /// Prefix caching's copy-on-write of a shared block's head: `seq_id`, which
+  /// holds only the cached full blocks acquire_cached_prefix gave it (k of
+  /// them; or none and no table), continues with tokens [k * block_size,
+  /// min((k + 1) * block_size, max_tokens)). Finds the named block after its
+  /// last one (another sequence's block k) whose tokens begin with the
+  /// longest run of those, and pins it (it is neither evicted nor handed
+  /// out) until release_pins(): the caller copies those positions' KV from
+  /// it into the sequence's own block k (a shared block is never written)
+  /// and computes from there on. {-1, 0} with caching off, a sequence that
+  /// computed blocks of its own, or no match.
+  [[nodiscard]] PartialBlockHit acquire_partial_block(std::uint64_t seq_id, const Tokens& tokens, int max_tokens);
+  /// Unpins the blocks acquire_partial_block pinned (their copies are done).
+  void release_pins();
   /// The names of `seq_id`'s full blocks within its first `max_tokens`
   /// tokens that it has not named yet (the ones it is about to compute),
   /// continuing its chain (none with caching off or an unknown sequence).
@@ -106,9 +124,9 @@ class BlockManager {
   [[nodiscard]] bool has_seq(std::uint64_t seq_id) const { return seqs_.count(seq_id) != 0; }
 
   /// Every block is either free (unnamed, once), evictable (named, no
-  /// holder) or in as many tables as its reference count (more than one only
-  /// when named), and each table has exactly blocks_for_tokens(covered
-  /// tokens) entries.
+  /// holder) or in as many tables and pins as its reference count (more than
+  /// one only when named; pinned only when named), and each table has
+  /// exactly blocks_for_tokens(covered tokens) entries.
   /// Errors: internal, naming the broken invariant.
   [[nodiscard]] Status check_integrity() const;
 
@@ -134,6 +152,7 @@ class BlockManager {
   std::uint64_t epoch_ = 0;              ///< new_prefix_epoch calls
   std::uint64_t root_name_ = 0;          ///< the first block's parent name (salt and epoch)
   std::unordered_map<std::uint64_t, SeqBlocks> seqs_;
+  std::vector<std::int32_t> pins_;       ///< blocks pinned as copy sources (each holds a reference)
 };
 
 }  // namespace shardline::engine

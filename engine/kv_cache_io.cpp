@@ -6,6 +6,7 @@ namespace shardline::engine {
 
 KvCacheIo::KvCacheIo(model::ModelExecutor& executor, std::uint64_t swap_space_bytes)
     : shape_(executor.kv_model_shape()),
+      block_size_(std::max(executor.block_size(), 1)),
       views_(executor.kv_cache_views()),
       swap_space_bytes_(swap_space_bytes) {
   if (views_.empty()) remote_ = executor.kv_copier();
@@ -112,6 +113,29 @@ void KvCacheIo::count_restore(const Held& held) noexcept {
     stats_.restored_tokens += static_cast<std::uint64_t>(held.num_tokens);
     count_resume_recompute(held.known_positions - held.num_tokens);
   }
+}
+
+Status KvCacheIo::copy_prefix(const PrefixCopy& copy, const std::vector<std::int32_t>& block_table) {
+  const std::string who = "prefix copy into request " + std::to_string(copy.seq_id) + ": ";
+  if (!can_copy_kv()) return make_error(ErrorCode::internal, who + "this executor's KV caches cannot be copied");
+  const auto block = static_cast<std::size_t>(std::max(copy.token_begin, 0) / block_size_);
+  if (copy.num_tokens <= 0 || copy.token_begin < 0 || copy.token_begin % block_size_ != 0 ||
+      copy.num_tokens >= block_size_ ||
+      block >= block_table.size())
+    return make_error(ErrorCode::invalid_argument,
+                      who + "positions [" + std::to_string(copy.token_begin) + ", " +
+                          std::to_string(copy.token_begin + copy.num_tokens) + ") are not the head of one of its " +
+                          std::to_string(block_table.size()) + " blocks");
+  // The sequence's table up to that block, whose entry is the source block.
+  std::vector<std::int32_t> src(block_table.begin(), block_table.begin() + static_cast<std::ptrdiff_t>(block) + 1);
+  src[block] = copy.src_block;
+  const kvstore::KvRange range{0, shape_.num_layers, copy.token_begin, copy.token_begin + copy.num_tokens};
+  std::vector<std::byte> chunk(copies_bytes() ? kvstore::chunk_bytes(shape_, range) : 0);
+  if (Status s = copy_out(src, range, chunk); !s.ok()) return make_error(s.error().code, who + s.error().message);
+  if (Status s = copy_in(block_table, range, chunk); !s.ok())
+    return make_error(s.error().code, who + s.error().message);
+  stats_.prefix_copied_tokens += static_cast<std::uint64_t>(copy.num_tokens);
+  return Status::ok_status();
 }
 
 Result<std::vector<std::byte>> KvCacheIo::copy_layers(const std::vector<std::int32_t>& block_table,

@@ -50,6 +50,7 @@ struct KvIoStats {
   std::uint64_t offloaded_bytes = 0;       ///< bytes copied to the host KV buffer
   std::uint64_t onboards = 0;              ///< restores of offloaded KV (the decode phase swapping sequences in)
   std::uint64_t onboarded_bytes = 0;
+  std::uint64_t prefix_copied_tokens = 0;  ///< prefix caching: positions copied from another's block (copy_prefix)
   std::uint64_t swap_space_bytes_used = 0;  ///< now, not monotonic (swap space and host KV buffer)
 };
 
@@ -155,6 +156,14 @@ class KvCacheIo {
   /// for it: a bug), invalid_argument (token count mismatch).
   [[nodiscard]] Status restore(const KvRestore& restore, const std::vector<std::int32_t>& block_table);
 
+  /// Prefix caching's copy-on-write of a shared block's head: copies the KV
+  /// of `copy`'s positions (every layer) from `copy.src_block` into the same
+  /// positions of `block_table` (the sequence's; it must cover them), through
+  /// a host chunk (copy_out, then copy_in: it works for every executor whose
+  /// caches can be copied). Errors: internal (caches that cannot be copied),
+  /// invalid_argument (a range outside the table), the copier's.
+  [[nodiscard]] Status copy_prefix(const PrefixCopy& copy, const std::vector<std::int32_t>& block_table);
+
   /// Copies layers [layer_begin, layer_end) of positions [token_begin,
   /// token_end) of a running sequence out of the caches as one canonical
   /// chunk (a layer-by-layer prompt increment). Errors: invalid_argument.
@@ -228,6 +237,7 @@ class KvCacheIo {
                                std::span<const std::byte> chunk);
 
   kvstore::KvModelShape shape_;
+  int block_size_;  ///< tokens per KV block of the executor's caches
   std::vector<kvstore::KvCacheView> views_;
   kvstore::KvCopier* remote_ = nullptr;  // the executor's, when its caches are not views
   std::uint64_t swap_space_bytes_;

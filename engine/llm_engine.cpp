@@ -64,7 +64,9 @@ LlmEngine::LlmEngine(model::ModelExecutor& executor, const text::Tokenizer& toke
              config_.max_num_seqs,
              config_.max_num_batched_tokens,
              config_.max_model_len,
-             config_.swap_space_bytes} {}
+             config_.swap_space_bytes} {
+  scheduler_.set_partial_block_copies(config_.prefix_cache.enabled && kv_io_.can_copy_kv());
+}
 
 Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
                               const sampling::SamplingParams& params) {
@@ -320,6 +322,11 @@ Status LlmEngine::fill_pipeline() {
 }
 
 Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
+  // First: a copy's source block may be handed out in this schedule (it is
+  // pinned, but only until the next one) and is written by no move below.
+  for (const PrefixCopy& c : sched.prefix_copies)
+    if (Status s = kv_io_.copy_prefix(c, scheduler_.block_manager().block_table(c.seq_id)); !s.ok())
+      return make_error(ErrorCode::internal, s.error().message);
   for (const SwapOut& swap : sched.swap_outs) {
     Result<bool> kept = kv_io_.swap_out(swap);
     if (!kept.ok()) return kept.error();

@@ -41,6 +41,22 @@ int PrefixCache::find(std::uint64_t hash, std::uint64_t parent, std::span<const 
   return it->second;
 }
 
+PrefixCache::PartialMatch PrefixCache::find_partial(std::uint64_t parent, std::span<const std::int32_t> tokens) const {
+  PartialMatch best;
+  const auto it = children_.find(parent);
+  if (it == children_.end() || tokens.empty()) return best;
+  const std::vector<int>& kids = it->second;
+  int scanned = 0;
+  for (auto k = kids.rbegin(); k != kids.rend() && scanned < kMaxPartialScan; ++k, ++scanned) {
+    const std::vector<std::int32_t>& have = tokens_[static_cast<std::size_t>(*k)];
+    const auto n = static_cast<int>(std::mismatch(tokens.begin(), tokens.end(), have.begin(), have.end()).first -
+                                    tokens.begin());
+    if (n > best.num_tokens) best = {*k, n};
+    if (best.num_tokens == static_cast<int>(tokens.size())) break;
+  }
+  return best;
+}
+
 bool PrefixCache::insert(int block, std::uint64_t hash, std::uint64_t parent, std::span<const std::int32_t> tokens) {
   const auto b = static_cast<std::size_t>(block);
   if (named_[b] != 0 || !index_.emplace(hash, block).second) return false;
@@ -48,6 +64,7 @@ bool PrefixCache::insert(int block, std::uint64_t hash, std::uint64_t parent, st
   hash_[b] = hash;
   parent_[b] = parent;
   tokens_[b].assign(tokens.begin(), tokens.end());
+  children_[parent].push_back(block);
   return true;
 }
 
@@ -74,6 +91,9 @@ int PrefixCache::evict() {
   named_[b] = 0;
   index_.erase(hash_[b]);
   tokens_[b].clear();
+  const auto kids = children_.find(parent_[b]);
+  std::erase(kids->second, block);
+  if (kids->second.empty()) children_.erase(kids);
   ++evictions_;
   return block;
 }
@@ -92,6 +112,15 @@ Status PrefixCache::check_integrity() const {
       return fail("named block " + std::to_string(b) + " is not indexed under its name");
   }
   if (named != index_.size()) return fail("the index holds blocks that are not named");
+  std::size_t listed = 0;
+  for (const auto& [parent, kids] : children_)
+    for (int k : kids) {
+      const auto b = static_cast<std::size_t>(k);
+      if (named_[b] == 0 || parent_[b] != parent)
+        return fail("block " + std::to_string(k) + " is listed as a child of a block that is not its parent");
+      ++listed;
+    }
+  if (listed != named) return fail("the children lists do not hold each named block once");
   std::size_t evictable = 0;
   for (char e : evictable_) evictable += e != 0 ? 1 : 0;
   if (evictable != lru_.size()) return fail("the LRU list and the evictable flags disagree");

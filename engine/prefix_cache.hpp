@@ -52,6 +52,17 @@ class PrefixCache {
   /// The block named `hash` whose parent is `parent` and whose tokens are
   /// `tokens`; -1 when there is none (or only a colliding one).
   [[nodiscard]] int find(std::uint64_t hash, std::uint64_t parent, std::span<const std::int32_t> tokens) const;
+  /// A partial-block hit (copy-on-write of a shared block's head): of the
+  /// named blocks whose parent is `parent`, the one whose tokens begin with
+  /// the longest run of `tokens` (tokens.size() <= a block), scanning at most
+  /// kMaxPartialScan of them, newest named first. {-1, 0} when none shares
+  /// a first token.
+  struct PartialMatch {
+    int block = -1;
+    int num_tokens = 0;  ///< its leading tokens equal to tokens[0, num_tokens)
+  };
+  static constexpr int kMaxPartialScan = 64;
+  [[nodiscard]] PartialMatch find_partial(std::uint64_t parent, std::span<const std::int32_t> tokens) const;
   /// Names `block` (not named yet) `hash`. False, and nothing changes, when
   /// another block has the name already (the first one stays cached).
   bool insert(int block, std::uint64_t hash, std::uint64_t parent, std::span<const std::int32_t> tokens);
@@ -72,11 +83,13 @@ class PrefixCache {
   [[nodiscard]] std::uint64_t num_named_blocks() const { return index_.size(); }
   [[nodiscard]] std::uint64_t num_evictions() const { return evictions_; }
   /// Every named block is indexed under its name and every indexed block is
-  /// named; every evictable block is named. Errors: internal.
+  /// named, and listed once among its parent's children; every evictable
+  /// block is named. Errors: internal.
   [[nodiscard]] Status check_integrity() const;
 
  private:
   std::unordered_map<std::uint64_t, int> index_;       ///< name -> block
+  std::unordered_map<std::uint64_t, std::vector<int>> children_;  ///< parent's name -> named blocks, oldest first
   std::vector<std::uint64_t> hash_;                   ///< [blocks] name (when named)
   std::vector<std::uint64_t> parent_;                 ///< [blocks] parent's name (when named)
   std::vector<std::vector<std::int32_t>> tokens_;     ///< [blocks] token ids (when named)

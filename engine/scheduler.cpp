@@ -233,6 +233,7 @@ SchedulerState Scheduler::state(int pipeline_depth) const {
 }
 
 SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long admit_kv_tokens) {
+  blocks_.release_pins();  // the last schedule's prefix copies are done
   SchedulerOutput out;
   int budget = config_.max_num_batched_tokens;
   int decode_left = limits != nullptr ? limits->max_decode_tokens : budget;
@@ -330,6 +331,12 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       ++w;
       continue;
     }
+    // The rest of the shared prefix, when it ends inside a block another
+    // request computed: its KV is copied (copy-on-write), not computed.
+    const BlockManager::PartialBlockHit partial =
+        restored == 0 && partial_block_copies_
+            ? blocks_.acquire_partial_block(seq->id, tokens_of(*seq), seq->num_tokens() - 1)
+            : BlockManager::PartialBlockHit{};
     if (phase_ == SchedulePhase::prefill && admit_kv_tokens >= 0) {
       if (seq->num_tokens() > admit_kv_tokens) {  // the host KV buffer has no room for it
         blocks_.free(seq->id);
@@ -338,7 +345,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       admit_kv_tokens -= seq->num_tokens();
     }
     if (phase_ == SchedulePhase::prefill) phase_admitted_tokens_ += seq->num_tokens();
-    const int start = restored + cached;
+    const int start = restored + cached + partial.num_tokens;
     const int n = std::min({seq->num_tokens() - start, budget, prefill_left});
     if (!blocks_.can_grow(seq->id, start + n)) {
       blocks_.free(seq->id);  // gives the cached blocks back
@@ -352,8 +359,9 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       seq->num_restore_tokens = 0;
     } else if (blocks_.prefix_caching()) {
       prefix_query_tokens_ += seq->num_tokens();
-      prefix_hit_tokens_ += cached;
-      seq->num_computed_tokens = cached;
+      prefix_hit_tokens_ += cached + partial.num_tokens;
+      seq->num_computed_tokens = cached + partial.num_tokens;
+      if (partial.num_tokens > 0) out.prefix_copies.push_back({seq->id, partial.src_block, cached, partial.num_tokens});
       // The blocks it computes from its cached ones on (their names continue the hit's chain).
       computing_.start(seq->id, blocks_.pending_names(seq->id, tokens_of(*seq), seq->num_tokens() - 1),
                        cached / blocks_.block_size());

@@ -99,6 +99,20 @@ struct KvRestore {
   int num_tokens = 0;
 };
 
+/// Prefix caching's copy-on-write of a shared block's head: positions
+/// [token_begin, token_begin + num_tokens) of `seq_id` (all in its block
+/// token_begin / block_size) equal those of the named block `src_block`,
+/// which another sequence computed; the engine copies their KV from it into
+/// the sequence's own block before the step runs, and the sequence computes
+/// from token_begin + num_tokens on. `src_block` stays pinned until the next
+/// schedule().
+struct PrefixCopy {
+  std::uint64_t seq_id = 0;
+  std::int32_t src_block = -1;
+  int token_begin = 0;  ///< a multiple of block_size
+  int num_tokens = 0;   ///< < block_size
+};
+
 /// One sequence's share of a step.
 struct ScheduledSeq {
   Sequence* seq = nullptr;
@@ -122,6 +136,9 @@ struct SchedulerOutput {
   /// to the host KV buffer (they hold their blocks until offload_done). Not
   /// preemptions: nothing is counted as one.
   std::vector<SwapOut> offloads;
+  /// Partial-block prefix hits to copy before the step runs (before any
+  /// other KV move), in admission order.
+  std::vector<PrefixCopy> prefix_copies;
   /// Decode phase: decode-ready sequences given blocks, whose held KV
   /// positions [0, num_tokens) are to be copied in before onboard_done().
   std::vector<KvRestore> onboards;
@@ -138,6 +155,12 @@ class Scheduler {
   /// invalid_argument (duplicate id, empty prompt, prompt > max_model_len),
   /// out_of_memory (prompt + max_tokens can never fit the whole KV cache).
   [[nodiscard]] Status add(std::unique_ptr<Sequence> seq);
+  /// Prefix caching: whether an admission may also copy the KV of a named
+  /// block's leading tokens that its next tokens match (PrefixCopy), so a
+  /// shared prefix that ends mid-block, or a prompt whose last block another
+  /// request computed, is not computed again (off by default; the engine
+  /// turns it on when its caches can be copied).
+  void set_partial_block_copies(bool on) noexcept { partial_block_copies_ = on; }
   /// Switches how later preemptions treat the victim's KV.
   void set_preemption_mode(PreemptionMode mode) noexcept { config_.preemption_mode = mode; }
 
@@ -254,6 +277,7 @@ class Scheduler {
   long long prefix_hit_tokens_ = 0;
   long long prefix_waits_ = 0;
   ComputingPrefixes computing_;  ///< prefix caching: blocks running sequences are computing
+  bool partial_block_copies_ = false;
   long long phase_admitted_tokens_ = 0;  ///< KV tokens (num_tokens) admitted since set_phase
   SchedulePhase phase_ = SchedulePhase::mixed;
 };

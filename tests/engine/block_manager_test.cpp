@@ -210,6 +210,66 @@ TEST(BlockManagerPrefix, DuplicateBlocksAndCollisionsNeverShareTheWrongKv) {
   EXPECT_NE(prefix_block_hash(root, t), prefix_block_hash(prefix_root_hash(1), t)) << "the salt names blocks";
 }
 
+// Copy-on-write of a shared block's head: a sequence whose next tokens
+// begin a named block (another's block k, after the same k blocks) gets that
+// block and how many of its leading tokens match, the longest match among
+// the siblings, within max_tokens; the block is pinned (not evictable, not
+// handed out) until release_pins(). No match, a different parent or a
+// sequence with blocks of its own: nothing.
+TEST(BlockManagerPrefix, APartialBlockHitPinsTheSiblingWithTheLongestMatchUntilReleased) {
+  BlockManager bm(8, 4, PrefixCacheConfig{true, 0});
+  const std::vector<std::int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8};    // block 1: 5 6 7 8
+  const std::vector<std::int32_t> b = {1, 2, 3, 4, 5, 6, 9, 9};    // block 1: 5 6 9 9
+  ASSERT_TRUE(bm.allocate_slots(1, 8).ok());
+  bm.cache_full_blocks(1, view(a), 8);
+  ASSERT_EQ(bm.acquire_cached_prefix(2, view(b), 7), 4);
+  ASSERT_TRUE(bm.allocate_slots(2, 8).ok());
+  bm.cache_full_blocks(2, view(b), 8);  // its own block 1, named: a sibling of a's
+  bm.free(1);
+  bm.free(2);
+
+  const std::vector<std::int32_t> c = {1, 2, 3, 4, 5, 6, 7, 0, 0};  // matches a's block 1 for 3 tokens
+  ASSERT_EQ(bm.acquire_cached_prefix(3, view(c), 8), 4);
+  const int evictable = bm.prefix_cache()->num_evictable();
+  const auto hit = bm.acquire_partial_block(3, view(c), 8);
+  EXPECT_EQ(hit.num_tokens, 3);
+  ASSERT_GE(hit.src_block, 0);
+  EXPECT_EQ(bm.prefix_cache()->num_evictable(), evictable - 1) << "the source is pinned";
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+  // Every other block is taken: the pinned source is not among them.
+  ASSERT_TRUE(bm.allocate_slots(3, 9).ok());
+  for (std::uint64_t id = 10; bm.num_free_blocks() > 0; ++id) ASSERT_TRUE(bm.allocate_slots(id, 4).ok());
+  for (std::uint64_t id = 10; bm.has_seq(id); ++id) EXPECT_NE(bm.block_table(id)[0], hit.src_block);
+  EXPECT_TRUE(bm.prefix_cache()->is_named(hit.src_block));
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+  bm.release_pins();
+  EXPECT_EQ(bm.num_free_blocks(), 1) << "unpinned and held by nobody: evictable again";
+  ASSERT_TRUE(bm.check_integrity().ok()) << bm.check_integrity().error().message;
+
+  // max_tokens caps the match (the last token is always computed).
+  BlockManager bm2(8, 4, PrefixCacheConfig{true, 0});
+  ASSERT_TRUE(bm2.allocate_slots(1, 8).ok());
+  bm2.cache_full_blocks(1, view(a), 8);
+  ASSERT_EQ(bm2.acquire_cached_prefix(2, view(a), 7), 4);
+  const auto capped = bm2.acquire_partial_block(2, view(a), 7);
+  EXPECT_EQ(capped.num_tokens, 3) << "tokens 4..6 of 8, the last one computed";
+  EXPECT_EQ(capped.src_block, bm2.block_table(1)[1]);
+  // From the root: a sequence with no full hit matches the first blocks.
+  const std::vector<std::int32_t> d = {1, 2, 7, 7, 7};
+  const auto root = bm2.acquire_partial_block(3, view(d), 4);
+  EXPECT_EQ(root.num_tokens, 2);
+  EXPECT_EQ(root.src_block, bm2.block_table(1)[0]);
+  // Another parent, or no common first token: nothing.
+  const std::vector<std::int32_t> e = {9, 2, 3, 4, 5};
+  EXPECT_EQ(bm2.acquire_partial_block(4, view(e), 4).src_block, -1);
+  // A sequence that computed a block of its own is past its shared head.
+  ASSERT_TRUE(bm2.allocate_slots(5, 2).ok());
+  EXPECT_EQ(bm2.acquire_partial_block(5, view(a), 7).src_block, -1);
+  ASSERT_TRUE(bm2.check_integrity().ok()) << bm2.check_integrity().error().message;
+  bm2.release_pins();
+  ASSERT_TRUE(bm2.check_integrity().ok()) << bm2.check_integrity().error().message;
+}
+
 // Random sharing, growth, frees and evictions: the counts, the sharing and
 // the index stay consistent (check_integrity after every operation).
 TEST(BlockManagerPrefix, IntegrityHoldsAfterRandomSharingAndEviction) {
@@ -231,6 +291,8 @@ TEST(BlockManagerPrefix, IntegrityHoldsAfterRandomSharingAndEviction) {
     } else if (!bm.has_seq(id)) {
       const int hit = bm.acquire_cached_prefix(id, view(ids), 29);
       ASSERT_EQ(hit % 4, 0);
+      if (rng() % 2 == 0) (void)bm.acquire_partial_block(id, view(ids), 29);
+      if (rng() % 4 == 0) bm.release_pins();
       const int want = hit + 1 + static_cast<int>(rng() % 8);
       if (!bm.can_grow(id, want)) {
         bm.free(id);

@@ -29,6 +29,7 @@ struct JobRun {
   long long prefill_tokens = 0;  ///< tokens the steps computed (not decodes)
   long long query_tokens = 0;
   long long hit_tokens = 0;
+  long long copied_tokens = 0;  ///< positions copied from another request's block (copy-on-write)
   int preemptions = 0;
 };
 
@@ -36,8 +37,9 @@ struct JobRun {
 using Job = std::map<std::uint64_t, std::pair<std::vector<std::int32_t>, sampling::SamplingParams>>;
 
 JobRun run_job(const Job& job, bool caching, int budget, std::uint64_t kv_cache_bytes, PreemptionMode mode,
-            int max_num_seqs = 64) {
+            int max_num_seqs = 64, ParallelConfig parallel = {}) {
   EngineOptions o;
+  o.parallel = parallel;
   o.model_dir = kStoriesDir;
   o.block_size = 16;
   o.kv_cache_bytes = kv_cache_bytes;
@@ -60,6 +62,7 @@ JobRun run_job(const Job& job, bool caching, int budget, std::uint64_t kv_cache_
   }
   r.query_tokens = e->engine->scheduler().prefix_query_tokens();
   r.hit_tokens = e->engine->scheduler().prefix_hit_tokens();
+  r.copied_tokens = static_cast<long long>(e->engine->kv_io().stats().prefix_copied_tokens);
   return r;
 }
 
@@ -155,9 +158,11 @@ TEST(PrefixCacheGolden, PreemptionAndEvictionInATinyCacheKeepTheOutputsIdentical
 
 // The `n` choices of a line are requests admitted together: 8 requests of
 // one 64-token prompt (sampled, other seeds) in one step budget. The first
-// computes the prompt; the others wait for its blocks (ComputingPrefixes)
-// and compute only the last block (the last token is always computed):
-// 64 + 7 x 16 prefill tokens instead of 8 x 64, the same outputs.
+// computes the prompt; the others wait for its blocks (ComputingPrefixes),
+// share its first 3 blocks and copy the KV of its last block's first 15
+// tokens (copy-on-write: their last token is always computed, into a block
+// of their own): 64 + 7 x 1 prefill tokens instead of 8 x 64, the same
+// outputs.
 TEST(PrefixCacheGolden, RequestsAdmittedTogetherComputeASharedPromptOnce) {
   Job job;
   const std::vector<std::int32_t> prompt = cat({1}, tokens(63, 900));
@@ -166,8 +171,57 @@ TEST(PrefixCacheGolden, RequestsAdmittedTogetherComputeASharedPromptOnce) {
   const JobRun on = run_job(job, true, 2048, 8u << 20, PreemptionMode::recompute);
   expect_same_outputs(on, off, "n = 8");
   EXPECT_EQ(off.prefill_tokens, 8 * 64);
-  EXPECT_EQ(on.prefill_tokens, 64 + 7 * 16);
-  EXPECT_EQ(on.hit_tokens, 7 * 48);
+  EXPECT_EQ(on.prefill_tokens, 64 + 7 * 1);
+  EXPECT_EQ(on.hit_tokens, 7 * 63);
+  EXPECT_EQ(on.copied_tokens, 7 * 15);
+}
+
+// A shared head that ends inside a block (70 tokens: 4 full blocks and 6),
+// twelve requests one after another: each later one shares the 4 blocks
+// and copies the KV of the head's last 6 tokens out of the block the
+// requests before it filled (copy-on-write), so the steps compute exactly
+// the prompts' prefix tree (the head once, every question once), and the
+// outputs are byte-identical to no caching. Planted bug (by hand): copying
+// out of the sequence's own block instead of the source
+// (KvCacheIo::copy_prefix) changes the outputs and this test fails.
+TEST(PrefixCacheGolden, AHeadEndingMidBlockIsCopiedNotComputed) {
+  Job job;
+  const std::vector<std::int32_t> head = cat({1}, tokens(69, 1));
+  long long ideal = 70;
+  for (int q = 0; q < 12; ++q) {
+    job[static_cast<std::uint64_t>(q)] = {cat(head, tokens(5 + q, 100 + q)), params(10 + q, q % 2 ? 0.8f : 0.0f, 12)};
+    ideal += 5 + q;  // the questions' first tokens all differ
+  }
+  const JobRun off = run_job(job, false, 2048, 8u << 20, PreemptionMode::recompute, 1);
+  const JobRun on = run_job(job, true, 2048, 8u << 20, PreemptionMode::recompute, 1);
+  expect_same_outputs(on, off, "one at a time");
+  EXPECT_EQ(on.prefill_tokens, ideal);
+  EXPECT_EQ(on.copied_tokens, 11 * 6);
+  EXPECT_EQ(on.hit_tokens, 11 * 70);
+  // Admitted together (a step's budget for all), the later ones wait for the
+  // head's blocks, then copy the same 6 tokens.
+  const JobRun together = run_job(job, true, 2048, 8u << 20, PreemptionMode::recompute);
+  expect_same_outputs(together, off, "admitted together");
+  EXPECT_LE(together.prefill_tokens, ideal + 11 * 6) << "at most the partial block again per request";
+}
+
+// The same on engine groups, whose block table is the group's and whose
+// ranks each hold a share of every block (TP: heads, PP: layers, SP: the
+// whole KV on each rank): the copy reaches every share, and the outputs are
+// the group's own uncached run's.
+TEST(PrefixCacheGolden, GroupsShareAndCopyTheirBlocksToo) {
+  Job job;
+  const std::vector<std::int32_t> head = cat({1}, tokens(69, 1));
+  for (int q = 0; q < 6; ++q)
+    job[static_cast<std::uint64_t>(q)] = {cat(head, tokens(5 + q, 100 + q)), params(10 + q, q % 2 ? 0.8f : 0.0f, 8)};
+  for (const ParallelConfig parallel : {ParallelConfig{2, 1, 1, 1}, ParallelConfig{1, 2, 1, 1}, ParallelConfig{1, 1, 2, 1}}) {
+    const std::string where = parallel.to_string();
+    const JobRun off = run_job(job, false, 2048, 8u << 20, PreemptionMode::recompute, 1, parallel);
+    const JobRun on = run_job(job, true, 2048, 8u << 20, PreemptionMode::recompute, 1, parallel);
+    expect_same_outputs(on, off, where);
+    EXPECT_EQ(on.hit_tokens, 5 * 70) << where;
+    EXPECT_EQ(on.copied_tokens, 5 * 6) << where;
+  }
 }
 
 }  // namespace engine_prefix_cache_golden_test

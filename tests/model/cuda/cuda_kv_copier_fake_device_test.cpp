@@ -470,6 +470,54 @@ TEST_P(CudaKvCopierFakeDevice, SwapPreemptionOnTheCudaCacheGivesTheUnpreemptedOu
     EXPECT_TRUE(testing_support::bit_identical(swp.at(id), want)) << "request " << id << " differs after swaps";
 }
 
+// Prefix caching on the CUDA cache (issue 42): six requests behind one
+// 40-token head (2 full blocks of 16 and 8 tokens), one at a time. The later
+// ones share the head's full blocks and copy the KV of its last 8 tokens out
+// of the block an earlier request filled (copy-on-write through the
+// runner's copier); the outputs are the uncached run's, bit for bit, with a
+// 16-token step budget that chunks every prompt.
+TEST_P(CudaKvCopierFakeDevice, PrefixCachingSharesAndCopiesBlocksOnTheCudaCache) {
+  const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_prefix");
+  ASSERT_NE(w, nullptr);
+  const int vocab = w->config.vocab_size;
+  const text::IdTokenizer tok(vocab, 1, 2);
+  std::vector<Request> reqs;
+  for (int r = 0; r < 6; ++r) {
+    Request q;
+    for (int t = 0; t < 40; ++t) q.prompt.push_back(3 + (13 * t + 5) % (vocab - 3));
+    for (int t = 0; t < 3 + r; ++t) q.prompt.push_back(3 + (41 * r + 7 * t + 1) % (vocab - 3));
+    q.params.temperature = 0.0f;
+    q.params.max_tokens = 10;
+    q.params.ignore_eos = true;
+    reqs.push_back(q);
+  }
+  auto run = [&](bool caching, long long* hits, KvIoStats* io) {
+    auto gpu = model::CudaModelRunner::create(w, testing_support::dummy_cuda_options());
+    EXPECT_TRUE(gpu.ok()) << gpu.error().to_string();
+    EngineConfig ec = engine_config(PreemptionMode::recompute);
+    ec.max_num_seqs = 1;
+    ec.prefix_cache.enabled = caching;
+    auto eng = LlmEngine::create(**gpu, tok, ec);
+    EXPECT_TRUE(eng.ok()) << eng.error().to_string();
+    for (std::uint64_t id = 0; id < reqs.size(); ++id)
+      EXPECT_TRUE((*eng)->add_request(id, reqs[id].prompt, reqs[id].params).ok());
+    auto out = run_all(**eng);
+    *hits = (*eng)->scheduler().prefix_hit_tokens();
+    *io = (*eng)->kv_io().stats();
+    return out;
+  };
+  long long ref_hits = 0, hits = 0;
+  KvIoStats ref_io, io;
+  const auto ref = run(false, &ref_hits, &ref_io);
+  const auto got = run(true, &hits, &io);
+  EXPECT_EQ(ref_hits, 0);
+  EXPECT_EQ(hits, 5 * 40) << "the head, for each later request";
+  EXPECT_EQ(io.prefix_copied_tokens, 5u * 8u) << "its last 8 tokens copied, not computed";
+  ASSERT_EQ(got.size(), ref.size());
+  for (const auto& [id, want] : ref)
+    EXPECT_TRUE(testing_support::bit_identical(got.at(id), want)) << "request " << id << " differs with caching";
+}
+
 TEST_P(CudaKvCopierFakeDevice, StreamedKvResumesRequestsWithoutRecomputingIt) {
   const auto w = testing_support::load_dummy_arch("qwen3", "kv_copier_resume");
   ASSERT_NE(w, nullptr);
