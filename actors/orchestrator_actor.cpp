@@ -78,6 +78,9 @@ messages::JobProgress to_message(const orchestrator::JobProgress& p, const orche
   m.resumed = p.resumed;
   m.error = p.error;
   m.paused = p.paused;
+  m.cached_tokens = p.cached_tokens;
+  m.prefix_ordered = p.prefix_ordered;
+  m.prefix_ideal_hit_rate = p.prefix_ideal_hit_rate;
   return m;
 }
 

@@ -358,7 +358,21 @@ nlohmann::json to_json(const messages::JobProgress& p) {
           {"tokens_per_s", p.tokens_per_s}, {"eta_s", p.eta_s},
           {"output", p.output},   {"parallel", p.parallel},
           {"token_budget", p.token_budget}, {"requeued", p.requeued},
-          {"resumed", p.resumed}, {"error", p.error}, {"paused", p.paused}};
+          {"resumed", p.resumed}, {"error", p.error}, {"paused", p.paused},
+          {"cached_tokens", p.cached_tokens}, {"prefix_ordered", p.prefix_ordered},
+          {"prefix_ideal_hit_rate", p.prefix_ideal_hit_rate}};
+}
+
+/// "prefix cache: 87.5% of prompt tokens cached (ideal 93.4%, the prompts'
+/// prefix tree; lines in prefix order)", or "" when the job has no prompt
+/// tokens or nothing to share.
+std::string prefix_cache_line(const messages::JobProgress& p) {
+  if (p.prompt_tokens == 0 || (p.cached_tokens == 0 && p.prefix_ideal_hit_rate <= 0)) return "";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "prefix cache: %.1f%% of prompt tokens cached (ideal %.1f%%, the prompts' prefix tree%s)",
+                100.0 * static_cast<double>(p.cached_tokens) / static_cast<double>(p.prompt_tokens),
+                100.0 * p.prefix_ideal_hit_rate, p.prefix_ordered ? "; lines in prefix order" : "");
+  return buf;
 }
 
 void print_actor_table(const messages::ActorList& actors) {
@@ -383,6 +397,7 @@ void print_progress_table(const messages::JobStatusList& jobs, const messages::A
                 static_cast<unsigned long long>(p.completion_tokens), p.tokens_per_s, format_eta(p.eta_s).c_str(),
                 static_cast<unsigned long long>(p.requeued), static_cast<unsigned long long>(p.resumed),
                 p.parallel.empty() ? "-" : p.parallel.c_str(), p.token_budget.c_str(), p.output.c_str());
+    if (const std::string line = prefix_cache_line(p); !line.empty()) std::printf("       %s\n", line.c_str());
     if (!p.error.empty()) std::printf("       %s\n", p.error.c_str());  // why it failed or is held back
     if (!p.paused.empty())  // a write failed (a full disk): retried until it succeeds
       std::printf("       paused: %s (retrying)\n", p.paused.c_str());
@@ -655,9 +670,11 @@ int follow_run_job(const RunArgs& a, actors::Node& node, messages::SubmitJob sj,
                   << " lines in " << p.output << ")" << (p.error.empty() ? "" : ": " + p.error) << "\n";
         return 1;
       }
-      if (!a.quiet)
+      if (!a.quiet) {
         std::cerr << "job " << job_id << ": " << p.done << " lines (" << p.failed << " with errors) -> " << p.output
                   << "\n";
+        if (const std::string line = prefix_cache_line(p); !line.empty()) std::cerr << line << "\n";
+      }
       return 0;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

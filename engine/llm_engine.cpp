@@ -174,6 +174,7 @@ RequestOutput LlmEngine::to_output(Sequence& seq) {
   out.finish_reason = seq.finish_reason;
   out.stop_reason = std::move(seq.stop_reason);
   out.num_preemptions = seq.num_preemptions;
+  out.num_cached_tokens = std::max(seq.num_cached_tokens, 0);
   out.logits = std::move(seq.captured_logits);
   out.logprobs = std::move(seq.logprobs);
   return out;

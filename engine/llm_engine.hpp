@@ -107,6 +107,10 @@ struct RequestOutput {
   FinishReason finish_reason = FinishReason::none;
   std::string stop_reason;  ///< matched stop string, or the stop token id as text ("" otherwise)
   int num_preemptions = 0;
+  /// Prefix caching: positions of its prompt found cached at its first
+  /// admission (OpenAI's usage.prompt_tokens_details.cached_tokens); 0
+  /// without caching or when it resumed or was restored.
+  int num_cached_tokens = 0;
   /// With capture_logits: one raw logits row [vocab] per generated token.
   std::vector<std::vector<float>> logits;
   /// With SamplingParams::logprobs >= 0: the logprobs of each token this

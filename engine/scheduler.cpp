@@ -361,6 +361,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       prefix_query_tokens_ += seq->num_tokens();
       prefix_hit_tokens_ += cached + partial.num_tokens;
       seq->num_computed_tokens = cached + partial.num_tokens;
+      if (seq->num_cached_tokens < 0) seq->num_cached_tokens = seq->num_computed_tokens;
       if (partial.num_tokens > 0) out.prefix_copies.push_back({seq->id, partial.src_block, cached, partial.num_tokens});
       // The blocks it computes from its cached ones on (their names continue the hit's chain).
       computing_.start(seq->id, blocks_.pending_names(seq->id, tokens_of(*seq), seq->num_tokens() - 1),

@@ -60,6 +60,9 @@ struct Sequence {
   /// its stream sink (or that a resumed request brought from a KV store).
   int num_streamed_tokens = 0;
   int num_preemptions = 0;
+  /// Prefix caching: prompt positions found cached (shared or copied) at its
+  /// first admission with nothing to restore; -1 before (or never).
+  int num_cached_tokens = -1;
   /// Part of a micro-batch whose logits are not back yet (pipeline
   /// parallelism): not scheduled again, not preempted, finished only later.
   bool in_flight = false;

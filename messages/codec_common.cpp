@@ -394,6 +394,7 @@ void put(wire::BatchResult::Builder b, const BatchResult& r) {
   b.setErrorMessage(text(r.error_message));
   b.setChat(r.chat);
   b.setLogprobs(r.logprobs);
+  b.setCachedTokens(r.cached_tokens);
 }
 
 BatchResult get(wire::BatchResult::Reader r, const std::string& field) {
@@ -415,6 +416,8 @@ BatchResult get(wire::BatchResult::Reader r, const std::string& field) {
   out.error_message = str(r.getErrorMessage());
   out.chat = r.getChat();
   out.logprobs = r.getLogprobs();
+  out.cached_tokens = r.getCachedTokens();
+  check_nonneg(out.cached_tokens, field + ".cachedTokens");
   return out;
 }
 
@@ -438,6 +441,9 @@ void put(wire::JobProgress::Builder b, const JobProgress& p) {
   b.setResumed(p.resumed);
   b.setError(text(p.error));
   b.setPaused(text(p.paused));
+  b.setCachedTokens(p.cached_tokens);
+  b.setPrefixOrdered(p.prefix_ordered);
+  b.setPrefixIdealHitRate(p.prefix_ideal_hit_rate);
 }
 
 JobProgress get(wire::JobProgress::Reader r) {
@@ -459,6 +465,9 @@ JobProgress get(wire::JobProgress::Reader r) {
   p.resumed = r.getResumed();
   p.error = str(r.getError());
   p.paused = str(r.getPaused());
+  p.cached_tokens = r.getCachedTokens();
+  p.prefix_ordered = r.getPrefixOrdered();
+  p.prefix_ideal_hit_rate = r.getPrefixIdealHitRate();
   return p;
 }
 

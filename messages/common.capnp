@@ -122,6 +122,7 @@ struct BatchResult {
   errorMessage @8 :Text;
   chat @9 :Bool;                 # a chat.completion
   logprobs @10 :Int32 = -1;      # top logprobs asked for; -1 = none
+  cachedTokens @11 :Int32;       # prompt tokens the first choice found in the prefix cache
 }
 
 # Progress of one job (orchestrator -> client).
@@ -143,6 +144,9 @@ struct JobProgress {
   resumed @14 :UInt64;     # lines handed out again with replicated KV to resume from (this process)
   error @15 :Text;         # why it failed, or why an unfinished job is held back; "" = nothing to say
   paused @16 :Text;        # why a write failed and the job waits to retry it ("disk_full: ..."); "" = not paused
+  cachedTokens @17 :UInt64;  # prompt tokens the workers found in their prefix caches
+  prefixOrdered @18 :Bool;   # lines go out in prefix-aware order
+  prefixIdealHitRate @19 :Float64;  # the prompts' prefix tree's share of their text (0..1)
 }
 
 # A worker's state (worker -> orchestrator, worker -> client).

@@ -75,6 +75,13 @@ struct JobProgress {
   /// "" unless the job is paused because a write failed: that error
   /// ("disk_full: ..."); it resumes by itself once the write succeeds.
   std::string paused;
+  /// Prefix caching (issue 42): prompt tokens the workers found cached (the
+  /// first choice of each committed line), whether the job's lines go out in
+  /// prefix-aware order, and its prompts' prefix tree's share of their text
+  /// (0..1: the hit rate a cache that never evicts reaches).
+  std::uint64_t cached_tokens = 0;
+  bool prefix_ordered = false;
+  double prefix_ideal_hit_rate = 0.0;
   bool operator==(const JobProgress&) const = default;
 };
 

@@ -87,6 +87,7 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
     j.recovery = *recovery;
     if (!active(j)) {
       (void)m->store_->delete_resume(id);  // left over by a crash right after it finished
+      (void)m->store_->delete_line_order(id);
       // A crash between the cancel's record and its finished output file.
       // Best effort: a file that cannot be written now must not keep the
       // orchestrator from starting; `job cancel` again retries and reports.
@@ -121,6 +122,13 @@ Result<std::unique_ptr<JobManager>> JobManager::open(const std::string& data_dir
       continue;
     }
     if (!active(j)) continue;  // activate() found it complete
+    if (j.rec.prefix_ordered) {
+      // A damaged or missing order costs the job its order, not its lines:
+      // it goes on in input order (committed lines are skipped either way).
+      auto order = m->store_->load_line_order(id);
+      if (order.ok() && !order->empty()) j.order = std::move(order).value();
+      else j.rec.prefix_ordered = false;
+    }
     auto resume = m->store_->load_resume(id);
     if (!resume.ok()) return resume.error();
     for (auto& r : *resume) {
@@ -228,8 +236,11 @@ void JobManager::finish_cleanup(Job& j) {
   j.unsaved.clear();
   j.resume.clear();
   j.paused.clear();
+  j.order.clear();
+  j.order.shrink_to_fit();
   // Best effort: what an I/O error leaves behind, open() deletes.
   (void)store_->delete_resume(j.rec.id);
+  (void)store_->delete_line_order(j.rec.id);
   if (j.session_started && j.session_t1 < 0) j.session_t1 = now();
 }
 
@@ -280,6 +291,7 @@ StoredResult JobManager::to_stored(const Job& j, const BatchResult& r, std::uint
   if (r.ok) {
     s.prompt_tokens = static_cast<std::uint64_t>(std::max(0, r.prompt_tokens));
     s.completion_tokens = static_cast<std::uint64_t>(std::max(0, r.completion_tokens));
+    s.cached_tokens = static_cast<std::uint64_t>(std::clamp(r.cached_tokens, 0, std::max(0, r.prompt_tokens)));
   }
   return s;
 }
@@ -398,6 +410,7 @@ Status JobManager::commit_bad_lines(Job& j) {
   ShardReader parser(j.rec.spec.input_paths, options_.max_line_bytes, &j.line_index);
   std::vector<StoredResult> batch;
   std::unordered_map<std::string, std::uint64_t> first_line;  // custom_id -> its first line index
+  LineOrderBuilder order;  // the good lines' prefix keys
   std::string line;
   for (;;) {
     auto more = parser.next(line);
@@ -416,12 +429,25 @@ Status JobManager::commit_bad_lines(Job& j) {
     } else if (!parsed.is_request()) {
       batch.push_back(to_stored(j, parsed.error(), parser.file_line()));
     } else {
+      order.add(index, parser.last_line_start(), parsed.request());
       continue;
     }
     if (batch.size() >= options_.commit_batch)
       if (Status st = commit(j, batch, nullptr); !st.ok()) return st;
   }
-  return commit(j, batch, nullptr);
+  if (Status st = commit(j, batch, nullptr); !st.ok()) return st;
+  // The prefix-aware order: stored before the record says so (a crash in
+  // between leaves the job in input order; finish_cleanup drops the order).
+  LineOrderBuilder::Built built = order.build();
+  j.rec.prefix_prompt_bytes = built.prompt_bytes;
+  j.rec.prefix_shared_bytes = built.shared_bytes;
+  if (options_.order_lines_by_prefix && built.order.size() > 1) {
+    if (Status st = store_->put_line_order(j.rec.id, built.order); !st.ok()) return st;
+    j.rec.prefix_ordered = true;
+    j.order = std::move(built.order);
+    j.order_next = 0;
+  }
+  return store_->update_job(j.rec);
 }
 
 Result<std::uint64_t> JobManager::submit(JobSpec spec, const ClusterShape* cluster) {
@@ -477,7 +503,26 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
     }
     std::vector<StoredResult> errors;
     std::string line;
-    while (j.reader && !j.reader->done() && out.size() < max_count) {
+    while (j.rec.prefix_ordered && j.reader && j.order_next < j.order.size() && out.size() < max_count) {
+      const LineOrderEntry& e = j.order[j.order_next++];
+      if (j.in_flight.count(e.line_index) != 0) continue;  // claimed (claim_in_flight)
+      auto committed = store_->has_result(j.rec.id, e.line_index);
+      if (!committed.ok()) {
+        fail_job(j, committed.error().to_string());
+        break;
+      }
+      if (*committed) continue;
+      Status seek = j.reader->seek_to(e.line_index, {static_cast<std::size_t>(e.shard), e.byte_offset, e.file_line});
+      auto more = seek.ok() ? j.reader->next(line) : Result<bool>(seek.error());
+      if (!more.ok() || !*more || j.reader->next_index() != e.line_index + 1) {
+        fail_job(j, more.ok() ? "input shard " + j.rec.spec.input_paths[static_cast<std::size_t>(e.shard)] +
+                                    ": line " + std::to_string(e.line_index + 1) + " of the job is not where it was"
+                              : more.error().to_string());
+        break;
+      }
+      if (!hand_out_read_line(j, e.line_index, line, worker, out, errors, resumed)) break;
+    }
+    while (!j.rec.prefix_ordered && j.reader && !j.reader->done() && out.size() < max_count) {
       auto more = j.reader->next(line);
       if (!more.ok()) {
         fail_job(j, more.error().to_string());
@@ -489,24 +534,7 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
         j.reader->stop();
         break;
       }
-      auto committed = store_->has_result(j.rec.id, index);
-      if (!committed.ok()) {
-        fail_job(j, committed.error().to_string());
-        break;
-      }
-      // Lines claimed ahead of the reader (claim_in_flight) are in flight;
-      // requeued, they left retry (taken first, above) before this point.
-      if (*committed || j.in_flight.count(index) != 0) continue;
-      BatchLine parsed = parse_read_line(*j.reader, line, j.rec.id, index);
-      if (!parsed.is_request()) {  // only after a crash during submit
-        errors.push_back(to_stored(j, parsed.error(), j.reader->file_line()));
-        continue;
-      }
-      parsed.request().input_line = j.reader->file_line();
-      apply_job_settings(j, parsed.request());
-      if (attach_resume(j, parsed.request())) ++resumed;  // pending since a restart
-      j.in_flight[index] = InFlight{worker, parsed.request()};
-      out.push_back(std::move(parsed.request()));
+      if (!hand_out_read_line(j, index, line, worker, out, errors, resumed)) break;
     }
     if (!active(j)) {  // failed while reading: take its requests back
       out.resize(before);
@@ -519,6 +547,30 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
     if (out.size() > before) mark_started(j);
   }
   return out;
+}
+
+bool JobManager::hand_out_read_line(Job& j, std::uint64_t index, const std::string& line, const std::string& worker,
+                                    std::vector<BatchRequest>& out, std::vector<StoredResult>& errors,
+                                    std::uint64_t& resumed) {
+  auto committed = store_->has_result(j.rec.id, index);
+  if (!committed.ok()) {
+    fail_job(j, committed.error().to_string());
+    return false;
+  }
+  // Lines claimed ahead of the reader (claim_in_flight) are in flight;
+  // requeued, they left retry (taken first) before this point.
+  if (*committed || j.in_flight.count(index) != 0) return true;
+  BatchLine parsed = parse_read_line(*j.reader, line, j.rec.id, index);
+  if (!parsed.is_request()) {  // only after a crash during submit
+    errors.push_back(to_stored(j, parsed.error(), j.reader->file_line()));
+    return true;
+  }
+  parsed.request().input_line = j.reader->file_line();
+  apply_job_settings(j, parsed.request());
+  if (attach_resume(j, parsed.request())) ++resumed;  // pending since a restart
+  j.in_flight[index] = InFlight{worker, parsed.request()};
+  out.push_back(std::move(parsed.request()));
+  return true;
 }
 
 void JobManager::mark_started(Job& j) {
@@ -558,7 +610,9 @@ Result<std::size_t> JobManager::claim_in_flight(const std::string& worker, const
     }
     // Pending lines the reader has passed are all in flight or in retry;
     // the others are unread (or committed).
-    if (!j.reader || l.line_index < j.reader->next_index()) continue;
+    // (In prefix order, lines behind the place handed out next were all
+    // handed out: in flight, in retry or committed.)
+    if (!j.reader || (!j.rec.prefix_ordered && l.line_index < j.reader->next_index())) continue;
     auto committed = store_->has_result(j.rec.id, l.line_index);
     if (!committed.ok()) return committed.error();
     if (!*committed) unread[l.job_id].insert(l.line_index);
@@ -750,12 +804,17 @@ JobProgress JobManager::progress_of(const Job& j) const {
   p.error = j.held.empty() ? j.rec.error : j.held;
   p.requeued = j.recovery.requeued;
   p.resumed = j.recovery.resumed;
+  p.prefix_ordered = j.rec.prefix_ordered;
+  if (j.rec.prefix_prompt_bytes > 0)
+    p.prefix_ideal_hit_rate =
+        static_cast<double>(j.rec.prefix_shared_bytes) / static_cast<double>(j.rec.prefix_prompt_bytes);
   JobCounters c;
   if (auto cc = store_->counters(j.rec.id); cc.ok()) c = *cc;
   p.done = c.committed();
   p.failed = c.failed;
   p.prompt_tokens = c.prompt_tokens;
   p.completion_tokens = c.completion_tokens;
+  p.cached_tokens = c.cached_tokens;
   p.in_flight = j.in_flight.size() + j.unsaved.size();
   p.paused = j.paused;
   p.pauses = j.pauses;
@@ -805,7 +864,7 @@ Result<JobRecord> JobManager::job(std::uint64_t job_id) const {
 
 bool JobManager::has_pending_work() const {
   for (const auto& [id, j] : jobs_)
-    if (served(j) && j.paused.empty() && (!j.retry.empty() || (j.reader && !j.reader->done()))) return true;
+    if (served(j) && j.paused.empty() && (!j.retry.empty() || unread_left(j))) return true;
   return false;
 }
 

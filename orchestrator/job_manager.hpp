@@ -9,7 +9,9 @@
 ///    errors as error results right away. Good lines are NOT kept in memory:
 ///    they are read again lazily from the shards by next_work().
 ///  - next_work(n, worker): hands out up to n pending requests, FIFO over jobs
-///    (lowest job id first; within a job, requeued lines first, then input
+///    (lowest job id first; within a job, requeued lines first, then the
+///    job's prefix-aware order (orchestrator/line_order.hpp: lines that
+///    share a prompt prefix go out together, to the asking worker), or input
 ///    order) and marks them in flight on `worker`. The job becomes running.
 ///  - on_result(s): commits each result exactly once (duplicates, e.g. from a
 ///    retried worker, are ignored), then appends the contiguous committed
@@ -53,6 +55,7 @@
 #include "orchestrator/batch_format.hpp"
 #include "orchestrator/job_admission.hpp"
 #include "orchestrator/job_store.hpp"
+#include "orchestrator/line_order.hpp"
 #include "orchestrator/output_lock.hpp"
 #include "orchestrator/output_writer.hpp"
 #include "orchestrator/shard_reader.hpp"
@@ -70,6 +73,9 @@ struct JobProgress {
   std::uint64_t written = 0;     ///< lines durably in the output file
   std::uint64_t prompt_tokens = 0;
   std::uint64_t completion_tokens = 0;
+  /// Of prompt_tokens, those the workers found in their prefix caches (the
+  /// first choice of each line): the job's hit rate is cached / prompt.
+  std::uint64_t cached_tokens = 0;
   /// Completion tokens per second since this process started serving the
   /// job (frozen when it finishes); for a job finished by an earlier process,
   /// the average over created → finished. 0 when unknown.
@@ -86,6 +92,11 @@ struct JobProgress {
   /// jobs.db without a sync: a power cut may lose the newest increments.
   std::uint64_t requeued = 0;  ///< lines handed back to pending because their worker failed (each time)
   std::uint64_t resumed = 0;   ///< lines handed out with some choice's num_kv_tokens > 0 (each time)
+  /// Its lines go out in prefix-aware order (else in input order).
+  bool prefix_ordered = false;
+  /// The prefix tree's share of the prompts' text, 0..1: the hit rate a
+  /// prefix cache that never evicts reaches (0 when unknown).
+  double prefix_ideal_hit_rate = 0.0;
 };
 
 struct JobManagerOptions {
@@ -112,6 +123,10 @@ struct JobManagerOptions {
   /// `line_too_long` error (issue 46, item 6). 0: no limit.
   std::uint64_t max_line_bytes = kDefaultMaxLineBytes;
   static constexpr std::uint64_t kDefaultMaxLineBytes = 16ull << 20;
+  /// Prefix-aware scheduling (issue 42, step 4; orchestrator/line_order.hpp):
+  /// a job's lines go out in the order of its prompts' prefix tree, computed
+  /// at submit and stored with it. False: input order.
+  bool order_lines_by_prefix = true;
 };
 
 class JobManager {
@@ -252,6 +267,11 @@ class JobManager {
     /// passes, the reader): claim_in_flight seeks instead of reading again.
     LineIndex line_index;
     std::map<std::uint64_t, worker::BatchRequest> retry;
+    /// Prefix-ordered jobs: where each line starts, in hand-out order, and
+    /// the next place to hand out (memory only: after a restart it starts
+    /// again at 0, skipping committed lines).
+    std::vector<LineOrderEntry> order;
+    std::size_t order_next = 0;
     std::map<std::uint64_t, InFlight> in_flight;
     /// Resume points of uncommitted lines ([n] per line), as in jobs.db 'K':
     /// the one source of BatchRequest::resume, which next_work() sets from it
@@ -296,6 +316,18 @@ class JobManager {
   /// submit's second read: commits the error result of each line that does
   /// not parse or repeats an earlier custom_id. Errors: reading, committing.
   [[nodiscard]] Status commit_bad_lines(Job& j);
+  /// Whether lines of the job are still to be read and handed out (its
+  /// order, or its reader, is not at the end).
+  [[nodiscard]] static bool unread_left(const Job& j) noexcept {
+    return j.rec.prefix_ordered ? j.order_next < j.order.size() : (j.reader && !j.reader->done());
+  }
+  /// next_work's handling of line `index`, just read by j.reader into
+  /// `line`: skipped when committed or in flight; a request goes into `out`,
+  /// in flight on `worker`; an error into `errors`. False when the store
+  /// failed (the job is failed).
+  bool hand_out_read_line(Job& j, std::uint64_t index, const std::string& line, const std::string& worker,
+                          std::vector<worker::BatchRequest>& out, std::vector<StoredResult>& errors,
+                          std::uint64_t& resumed);
   Status activate(Job& j);  ///< locks the output, opens writer + reader of an unfinished job
   /// Takes the lock of `output` (creating its folder) for a job of this
   /// data dir; job_id 0: not created yet.

@@ -77,6 +77,7 @@ std::string encode_counters(const JobCounters& c) {
   put_be64(s, c.failed);
   put_be64(s, c.prompt_tokens);
   put_be64(s, c.completion_tokens);
+  put_be64(s, c.cached_tokens);
   return s;
 }
 
@@ -99,6 +100,11 @@ std::string encode_record(const JobRecord& r) {
   j["input_sizes"] = r.input_sizes;
   j["error"] = r.error;
   if (!r.output_id_key.empty()) j["output_id_key"] = r.output_id_key;
+  if (r.prefix_ordered) j["prefix_ordered"] = true;
+  if (r.prefix_prompt_bytes != 0) {
+    j["prefix_prompt_bytes"] = r.prefix_prompt_bytes;
+    j["prefix_shared_bytes"] = r.prefix_shared_bytes;
+  }
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -118,6 +124,9 @@ Result<JobRecord> decode_record(std::string_view s) {
     r.spec.chat_template = j.value("chat_template", std::string());
     r.spec.model_fingerprint = j.value("model_fingerprint", std::string());
     r.output_id_key = j.value("output_id_key", std::string());
+    r.prefix_ordered = j.value("prefix_ordered", false);
+    r.prefix_prompt_bytes = j.value("prefix_prompt_bytes", std::uint64_t{0});
+    r.prefix_shared_bytes = j.value("prefix_shared_bytes", std::uint64_t{0});
     const auto state = j.at("state").get<std::string>();
     if (state == "queued") r.state = JobState::queued;
     else if (state == "running") r.state = JobState::running;
@@ -248,8 +257,9 @@ Result<JobCounters> JobStore::counters_locked(std::uint64_t job_id) {
   const rocksdb::Status g = db_->Get(rocksdb::ReadOptions(), job_key('C', job_id), &v);
   if (g.IsNotFound()) return make_error(ErrorCode::not_found, "job store: no job " + std::to_string(job_id));
   if (!g.ok()) return db_error("read counters", g);
-  if (v.size() != 32) return make_error(ErrorCode::corrupt, "job store: counters: bad size");
-  JobCounters c{get_be64(v, 0), get_be64(v, 8), get_be64(v, 16), get_be64(v, 24)};
+  if (v.size() != 32 && v.size() != 40) return make_error(ErrorCode::corrupt, "job store: counters: bad size");
+  JobCounters c{get_be64(v, 0), get_be64(v, 8), get_be64(v, 16), get_be64(v, 24),
+                v.size() == 40 ? get_be64(v, 32) : 0};  // 32 bytes: before cached_tokens
   counter_cache_[job_id] = c;
   return c;
 }
@@ -295,6 +305,7 @@ Result<std::size_t> JobStore::put_results(std::uint64_t job_id, const std::vecto
     else ++c.failed;
     c.prompt_tokens += r.prompt_tokens;
     c.completion_tokens += r.completion_tokens;
+    c.cached_tokens += r.cached_tokens;
     ++added;
   }
   for (const std::uint64_t line : drop_resume) batch.Delete(line_key('K', job_id, line));
@@ -430,19 +441,62 @@ Result<std::vector<ResumeRecord>> JobStore::load_resume(std::uint64_t job_id) {
   return out;
 }
 
-Status JobStore::delete_resume(std::uint64_t job_id) {
+Status JobStore::delete_resume(std::uint64_t job_id) { return delete_job_records('K', job_id, "resume records"); }
+
+Status JobStore::delete_job_records(char tag, std::uint64_t job_id, const char* what) {
   std::lock_guard lock(mu_);
   if (Status ready = ready_locked(); !ready.ok()) return ready.error();
-  const std::string prefix = job_key('K', job_id);
+  const std::string prefix = job_key(tag, job_id);
   rocksdb::WriteBatch batch;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) batch.Delete(it->key());
-  if (!it->status().ok()) return db_error("scan resume records", it->status());
+  if (!it->status().ok()) return db_error(std::string("scan ") + what, it->status());
   if (batch.Count() == 0) return Status::ok_status();
   const rocksdb::Status st = db_->Write(sync_write(), &batch);
-  if (!st.ok()) return db_.write_failed("delete resume records", st);
+  if (!st.ok()) return db_.write_failed(std::string("delete ") + what, st);
   return Status::ok_status();
 }
+
+Status JobStore::put_line_order(std::uint64_t job_id, const std::vector<LineOrderEntry>& order) {
+  std::lock_guard lock(mu_);
+  if (Status ready = ready_locked(); !ready.ok()) return ready.error();
+  rocksdb::WriteBatch batch;
+  for (std::size_t first = 0, chunk = 0; first < order.size(); first += kOrderChunk, ++chunk) {
+    std::string value;
+    for (std::size_t i = first; i < std::min(order.size(), first + kOrderChunk); ++i) {
+      put_be64(value, order[i].line_index);
+      put_be64(value, order[i].shard);
+      put_be64(value, order[i].byte_offset);
+      put_be64(value, order[i].file_line);
+    }
+    batch.Put(line_key('L', job_id, chunk), value);
+  }
+  const rocksdb::Status st = db_->Write(sync_write(), &batch);
+  if (!st.ok()) return db_.write_failed("store line order", st);
+  return Status::ok_status();
+}
+
+Result<std::vector<LineOrderEntry>> JobStore::load_line_order(std::uint64_t job_id) {
+  std::lock_guard lock(mu_);
+  if (Status ready = db_.readable(); !ready.ok()) return ready.error();
+  std::vector<LineOrderEntry> out;
+  const std::string prefix = job_key('L', job_id);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  std::uint64_t chunk = 0;
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next(), ++chunk) {
+    const auto key = it->key().ToStringView();
+    const auto value = it->value().ToStringView();
+    if (key.size() != 17 || get_be64(key, 9) != chunk || value.empty() || value.size() % 32 != 0)
+      return make_error(ErrorCode::corrupt, "job store: line order of job " + std::to_string(job_id) +
+                                                ": chunk " + std::to_string(chunk) + " is missing or damaged");
+    for (std::size_t at = 0; at < value.size(); at += 32)
+      out.push_back({get_be64(value, at), get_be64(value, at + 8), get_be64(value, at + 16), get_be64(value, at + 24)});
+  }
+  if (!it->status().ok()) return db_error("load line order", it->status());
+  return out;
+}
+
+Status JobStore::delete_line_order(std::uint64_t job_id) { return delete_job_records('L', job_id, "line order"); }
 
 Result<std::size_t> JobStore::count_resume_records(std::uint64_t job_id) {
   std::lock_guard lock(mu_);

@@ -8,11 +8,14 @@
 ///   'M' "next_job_id"           → u64 BE, the next job id (ids start at 1)
 ///   'J' job(8)                  → job record (JSON)
 ///   'R' job(8) line(8)          → the committed result: the output line itself
-///   'C' job(8)                  → counters: ok, failed, prompt_tokens, completion_tokens (4 × u64 BE)
+///   'C' job(8)                  → counters: ok, failed, prompt_tokens, completion_tokens, cached_tokens
+///                                 (5 × u64 BE; 4 in records of older versions)
 ///   'O' job(8)                  → output progress: file offset, next line (2 × u64 BE)
 ///   'K' job(8) line(8)          → resume record of an uncommitted line (encode: see below)
 ///   'F' job(8)                  → recovery counters: requeued, resumed (2 × u64 BE)
-/// Every write of 'M', 'J', 'R', 'C', 'O' is synchronous (WriteOptions::sync,
+///   'L' job(8) chunk(8)         → prefix-aware line order, kOrderChunk entries per chunk
+///                                 (line, shard, byte offset, file line: 4 × u64 BE each)
+/// Every write of 'M', 'J', 'R', 'C', 'O', 'L' is synchronous (WriteOptions::sync,
 /// one WriteBatch per call), so a write that returned is on disk even after
 /// `kill -9` or a power cut (tests/orchestrator/unsynced_writes_fault_test.cpp
 /// checks this on a file system that drops unsynced writes, see
@@ -107,6 +110,14 @@ struct JobRecord {
   std::uint64_t total_lines = 0;            ///< non-blank input lines over all shards
   std::vector<std::uint64_t> input_sizes;   ///< byte size of each shard at submit
   std::string error;                        ///< why the job failed (state failed)
+  /// Prefix-aware scheduling (orchestrator/line_order.hpp): the job's line
+  /// order is stored (JobStore::put_line_order) and its lines go out in it.
+  /// False: input order (jobs of older versions, or ordering turned off).
+  bool prefix_ordered = false;
+  /// The prefix tree of its prompts' text, at submit: their bytes and, of
+  /// them, the bytes it shares (the ideal a prefix cache can save).
+  std::uint64_t prefix_prompt_bytes = 0;
+  std::uint64_t prefix_shared_bytes = 0;
   /// 32 random hex digits drawn at submit: each output line's id and
   /// request_id derive from it and the line (format_result_line), so ids are
   /// unique across jobs and data dirs and the same on every resume. ""
@@ -120,6 +131,7 @@ struct JobCounters {
   std::uint64_t failed = 0;
   std::uint64_t prompt_tokens = 0;
   std::uint64_t completion_tokens = 0;
+  std::uint64_t cached_tokens = 0;  ///< of prompt_tokens, found in the workers' prefix caches
   [[nodiscard]] std::uint64_t committed() const noexcept { return ok + failed; }
 };
 
@@ -141,6 +153,17 @@ struct StoredResult {
   bool ok = false;
   std::uint64_t prompt_tokens = 0;
   std::uint64_t completion_tokens = 0;
+  std::uint64_t cached_tokens = 0;
+};
+
+/// Where a line of a job starts in its shards, at its place in the job's
+/// prefix-aware order (orchestrator/line_order.hpp; ShardReader::seek_to).
+struct LineOrderEntry {
+  std::uint64_t line_index = 0;
+  std::uint64_t shard = 0;        ///< position of its shard in JobSpec::input_paths
+  std::uint64_t byte_offset = 0;  ///< of its first byte in the shard
+  std::uint64_t file_line = 0;    ///< 1-based number in the shard of the raw line before it
+  bool operator==(const LineOrderEntry&) const = default;
 };
 
 /// Failures and recoveries of a job, for `job status`.
@@ -225,6 +248,15 @@ class JobStore {
   /// How many resume records a job has (a scan). Error: io.
   Result<std::size_t> count_resume_records(std::uint64_t job_id);
 
+  /// Stores a job's prefix-aware line order ('L' records of kOrderChunk
+  /// entries, 32 bytes each), in one synchronous batch. Errors: disk_full, io.
+  Status put_line_order(std::uint64_t job_id, const std::vector<LineOrderEntry>& order);
+  static constexpr std::size_t kOrderChunk = 4096;
+  /// The stored order (empty when none). Errors: io, corrupt.
+  Result<std::vector<LineOrderEntry>> load_line_order(std::uint64_t job_id);
+  /// Deletes it (one batch, synchronous). Errors: disk_full, io.
+  Status delete_line_order(std::uint64_t job_id);
+
   /// The job's recovery counters (zeros when never written). Errors: io, corrupt.
   Result<RecoveryCounters> recovery_counters(std::uint64_t job_id);
   /// Overwrites them, to the WAL without a sync. Errors: disk_full, io.
@@ -238,6 +270,9 @@ class JobStore {
  private:
   JobStore(std::string dir, std::unique_ptr<rocksdb::Env> env, kvstore::ReopenableDb db, std::uint64_t next_job_id);
   Result<JobCounters> counters_locked(std::uint64_t job_id);
+  /// Deletes every record of `job_id` under `tag` (one synchronous batch);
+  /// `what` names them in errors.
+  Status delete_job_records(char tag, std::uint64_t job_id, const char* what);
   /// db_.writable(), dropping the counter cache when it reopened.
   Status ready_locked();
 

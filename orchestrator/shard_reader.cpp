@@ -76,7 +76,8 @@ Result<bool> ShardReader::next(std::string& line) {
           --line_bytes_;
         }
       }
-      // `here` is where line next_index_ starts (or blank lines before it).
+      // `here` is where line next_index_ starts.
+      last_start_ = here;
       if (index_ != nullptr && next_index_ % LineIndex::kStride == 0 &&
           index_->checkpoints.size() == next_index_ / LineIndex::kStride)
         index_->checkpoints.push_back(here);
@@ -88,6 +89,24 @@ Result<bool> ShardReader::next(std::string& line) {
     ++shard_;
   }
   return false;
+}
+
+Status ShardReader::seek_to(std::uint64_t line_index, const LineCheckpoint& where) {
+  if (where.shard >= paths_.size())
+    return make_error(ErrorCode::invalid_argument, "line " + std::to_string(line_index) + ": shard " +
+                                                       std::to_string(where.shard) + " of " +
+                                                       std::to_string(paths_.size()));
+  done_ = false;
+  too_long_ = false;
+  line_bytes_ = 0;
+  // Reading on from here reaches it at once: no new read of the block.
+  if (in_.is_open() && shard_ == where.shard && next_index_ == line_index &&
+      block_offset_ + block_pos_ == where.byte_offset)
+    return Status::ok_status();
+  if (Status st = open_shard(where.shard, where.byte_offset); !st) return st;
+  next_index_ = line_index;
+  file_line_ = where.file_line;
+  return Status::ok_status();
 }
 
 Status ShardReader::seek_near(std::uint64_t line_index) {

@@ -55,6 +55,15 @@ class ShardReader {
   /// Errors: not_found (the shard cannot be opened).
   [[nodiscard]] Status seek_near(std::uint64_t line_index);
 
+  /// Makes line `line_index`, which starts at `where` (last_line_start() of
+  /// an earlier read), the next one next() reads: a prefix-ordered job's
+  /// lines are read in their order, each where it starts. Errors: not_found
+  /// (the shard cannot be opened), invalid_argument (no such shard).
+  [[nodiscard]] Status seek_to(std::uint64_t line_index, const LineCheckpoint& where);
+  /// Where the last line read starts (its shard, byte offset, and the
+  /// 1-based number of the raw line before it).
+  [[nodiscard]] const LineCheckpoint& last_line_start() const noexcept { return last_start_; }
+
   /// Index of the next non-blank line.
   [[nodiscard]] std::uint64_t next_index() const noexcept { return next_index_; }
   /// 1-based line number in its shard of the last line read.
@@ -91,6 +100,7 @@ class ShardReader {
   std::uint64_t file_line_ = 0;
   std::uint64_t line_bytes_ = 0;
   std::uint64_t raw_lines_read_ = 0;
+  LineCheckpoint last_start_;
   bool too_long_ = false;
   bool done_ = false;
 };

@@ -144,6 +144,10 @@ struct BatchResult {
   std::vector<BatchChoice> choices;
   int prompt_tokens = 0;
   int completion_tokens = 0;  ///< over all choices
+  /// Of prompt_tokens, those the first choice found in the worker's prefix
+  /// cache (engine/prefix_cache.hpp). Not in the output line (it depends on
+  /// timing, and a job's output must not): only the job's hit rate.
+  int cached_tokens = 0;
   // ok == false (OpenAI batch error object):
   std::string error_code;     ///< e.g. "invalid_json", "missing_prompt", "context_length_exceeded"
   std::string error_message;  ///< human-readable, names the field

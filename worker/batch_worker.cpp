@@ -319,6 +319,7 @@ Result<std::vector<BatchResult>> BatchWorker::step() {
       prompt_tokens_ += out.prompt_token_ids.size();
       generated_tokens_ += out.token_ids.size();
       line.completion_tokens += static_cast<int>(out.token_ids.size());
+      if (ref.choice == 0) line.cached_tokens = out.num_cached_tokens;
       BatchChoice& choice = line.choices[c];
       choice.index = ref.choice;
       choice.text = line.echo_text + out.text;
@@ -340,6 +341,7 @@ Result<std::vector<BatchResult>> BatchWorker::step() {
       r.choices = std::move(line.choices);
       r.prompt_tokens = line.prompt_tokens;
       r.completion_tokens = line.completion_tokens;
+      r.cached_tokens = line.cached_tokens;
       ready_.push_back(std::move(r));
       lines_.erase(lit);
     }

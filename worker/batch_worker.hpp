@@ -177,6 +177,7 @@ class BatchWorker {
     std::string echo_text;    ///< completions echo: the prompt's text, else ""
     int prompt_tokens = 0;
     int completion_tokens = 0;
+    int cached_tokens = 0;  ///< choice 0's prompt tokens found in the prefix cache
     std::vector<BatchChoice> choices;  ///< index i = choice i
     std::vector<std::uint64_t> request_ids;          ///< engine id of choice i
     std::vector<bool> done;

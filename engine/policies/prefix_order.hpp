@@ -22,8 +22,10 @@
 ///
 /// Cost: O(total tokens x log prompts) comparisons, no copy of the prompts.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -40,5 +42,28 @@ struct PrefixOrder {
 
 /// The prefix-aware order of `prompts` (token ids each; any may be empty).
 [[nodiscard]] PrefixOrder prefix_order(std::span<const std::vector<std::int32_t>> prompts);
+
+/// The same over any ids compared with < and == (the orchestrator orders a
+/// job's lines by hashes of their text's chunks: orchestrator/line_order.hpp);
+/// prompt_tokens and tree_tokens then count those ids.
+template <class Id>
+[[nodiscard]] PrefixOrder prefix_order_of(std::span<const std::vector<Id>> prompts) {
+  PrefixOrder out;
+  out.order.resize(prompts.size());
+  std::iota(out.order.begin(), out.order.end(), std::size_t{0});
+  std::stable_sort(out.order.begin(), out.order.end(), [&](std::size_t a, std::size_t b) {
+    return std::lexicographical_compare(prompts[a].begin(), prompts[a].end(), prompts[b].begin(), prompts[b].end());
+  });
+  for (const auto& p : prompts) out.prompt_tokens += p.size();
+  std::uint64_t shared = 0;
+  for (std::size_t i = 1; i < out.order.size(); ++i) {
+    const auto& a = prompts[out.order[i - 1]];
+    const auto& b = prompts[out.order[i]];
+    shared += static_cast<std::uint64_t>(
+        std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+  }
+  out.tree_tokens = out.prompt_tokens - shared;
+  return out;
+}
 
 }  // namespace shardline::engine

@@ -5,10 +5,12 @@
 // default), with `--enable-prefix-caching` said, and with
 // `--no-prefix-caching`; at another batch size and step budget too. The
 // run's metrics count the shared tokens as hits with caching on
-// (shardline_prefix_cache_hits_total) and none without.
+// (shardline_prefix_cache_hits_total) and none without; the run's last
+// lines give the job's hit rate beside its prefix tree's ideal.
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -96,6 +98,19 @@ TEST_F(PrefixCacheE2e, ASharedPrefixJobIsByteIdenticalWithAndWithoutCaching) {
     EXPECT_GT(hits, 20 * 48) << flags << ":\n" << metrics;
     EXPECT_LT(hits, queries) << flags;
   }
+  // Not quiet: the run ends with the job's hit rate beside its prompts'
+  // prefix tree's ideal, its lines handed out in prefix order.
+  const std::string loud_cmd = kShardline + " run --model " + testing_support::kStoriesDir + " --chat-template " +
+                               path("chat.jinja") + " --input " + path("in.jsonl") + " --output " + path("loud.jsonl");
+  const auto loud = run_command(loud_cmd);
+  ASSERT_EQ(loud.exit_code, 0) << loud.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(loud.out, m, std::regex(R"(prefix cache: ([0-9.]+)% of prompt tokens cached \(ideal ([0-9.]+)%, the prompts' prefix tree; lines in prefix order\))")))
+      << loud.out;
+  EXPECT_GT(std::stod(m[1]), 30.0) << "most lines are behind the long head";
+  EXPECT_GT(std::stod(m[2]), 30.0);
+  EXPECT_LE(std::stod(m[2]), 100.0);
+  EXPECT_TRUE(testing_support::same_output(read_file(path("loud.jsonl")), want)) << "prefix order changed the output";
 }
 
 }  // namespace cli_prefix_cache_e2e_test

@@ -48,6 +48,9 @@ TEST(MessagesCodecParallel, FieldsRoundTrip) {
   p.parallel = "tp=2,pp=1,sp=1,dp=2";
   p.token_budget = "throttle";
   p.paused = "disk_full: output: write /o.jsonl: No space left on device";
+  p.cached_tokens = 1234;
+  p.prefix_ordered = true;
+  p.prefix_ideal_hit_rate = 0.875;
   ActorInfo a{"n/cpu:0-1", "worker", "n", "idle", "tp=2,pp=1,sp=1"};
   auto list = decode_orchestrator_reply(encode(OrchestratorReply{JobStatusList{{p}}}));
   ASSERT_TRUE(list.ok()) << list.error().to_string();

@@ -342,6 +342,10 @@ TEST(MessagesCodec, RejectsInvalidResults) {
   expect_error(decode_orchestrator(encode(OrchestratorMsg{WorkerResults{"w", {r}}})),
                ErrorCode::invalid_argument, "orchestrator message workerResults: results[0].completionTokens");
   r = sample_result(1);
+  r.cached_tokens = -3;
+  expect_error(decode_orchestrator(encode(OrchestratorMsg{WorkerResults{"w", {r}}})),
+               ErrorCode::invalid_argument, "results[0].cachedTokens");
+  r = sample_result(1);
   r.choices[1].token_ids[0] = -1;
   expect_error(decode_orchestrator(encode(OrchestratorMsg{WorkerResults{"w", {r}}})),
                ErrorCode::invalid_argument, "results[0].choices[1].tokenIds[0]");

@@ -91,6 +91,7 @@ inline worker::BatchResult sample_result(int i) {
     }
     r.prompt_tokens = 12 + i;
     r.completion_tokens = 5 * static_cast<int>(r.choices.size());
+    r.cached_tokens = i % 2 == 0 ? 8 : 0;
     r.chat = i % 2 == 1;
     r.logprobs = i % 2 == 0 ? 2 : -1;
   }
@@ -219,6 +220,7 @@ inline void expect_result_eq(const worker::BatchResult& a, const worker::BatchRe
   EXPECT_EQ(a.logprobs, b.logprobs);
   EXPECT_EQ(a.prompt_tokens, b.prompt_tokens);
   EXPECT_EQ(a.completion_tokens, b.completion_tokens);
+  EXPECT_EQ(a.cached_tokens, b.cached_tokens);
   EXPECT_EQ(a.error_code, b.error_code);
   EXPECT_EQ(a.error_message, b.error_message);
 }
