@@ -132,7 +132,7 @@ BlockManager::PartialBlockHit BlockManager::acquire_partial_block(std::uint64_t 
   for (int t = begin; t < end; ++t) want[static_cast<std::size_t>(t - begin)] = tokens.at(t);
   const std::uint64_t parent = it == seqs_.end() ? root_name_ : parent_name(it->second, k);
   const PrefixCache::PartialMatch m = cache_->find_partial(parent, want);
-  if (m.block < 0) return {};
+  if (m.block < 0 || m.num_tokens < min_partial_tokens()) return {};
   cache_->hold(m.block);
   ++refs_[static_cast<std::size_t>(m.block)];
   pins_.push_back(m.block);
@@ -143,6 +143,13 @@ void BlockManager::release_pins() {
   for (std::int32_t b : pins_)
     if (--refs_[static_cast<std::size_t>(b)] == 0) cache_->release(b);  // pinned blocks are named
   pins_.clear();
+}
+
+void BlockManager::unpin(std::int32_t block) {
+  const auto it = std::find(pins_.rbegin(), pins_.rend(), block);
+  if (it == pins_.rend()) return;
+  pins_.erase(std::next(it).base());
+  if (--refs_[static_cast<std::size_t>(block)] == 0) cache_->release(block);
 }
 
 std::uint64_t BlockManager::name_block(const Tokens& tokens, int block, std::uint64_t parent,

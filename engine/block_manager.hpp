@@ -13,6 +13,7 @@
 /// the least recently freed is evicted). A shared block is never written:
 /// a sequence computes from the end of its shared blocks on.
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -97,10 +98,15 @@ class BlockManager {
   /// out) until release_pins(): the caller copies those positions' KV from
   /// it into the sequence's own block k (a shared block is never written)
   /// and computes from there on. {-1, 0} with caching off, a sequence that
-  /// computed blocks of its own, or no match.
+  /// computed blocks of its own, or no match of min_partial_tokens() or more.
   [[nodiscard]] PartialBlockHit acquire_partial_block(std::uint64_t seq_id, const Tokens& tokens, int max_tokens);
+  /// A match shorter than this is not worth a copy (a prompt's first token,
+  /// BOS, matches nearly every first block): block_size / 4, at least 1.
+  [[nodiscard]] int min_partial_tokens() const noexcept { return std::max(1, block_size_ / 4); }
   /// Unpins the blocks acquire_partial_block pinned (their copies are done).
   void release_pins();
+  /// Unpins one pin of `block` (an admission that gave its partial hit up).
+  void unpin(std::int32_t block);
   /// The names of `seq_id`'s full blocks within its first `max_tokens`
   /// tokens that it has not named yet (the ones it is about to compute),
   /// continuing its chain (none with caching off or an unknown sequence).

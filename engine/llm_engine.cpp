@@ -323,8 +323,8 @@ Status LlmEngine::fill_pipeline() {
 }
 
 Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
-  // First: a copy's source block may be handed out in this schedule (it is
-  // pinned, but only until the next one) and is written by no move below.
+  // First, before any move writes a block: a copy's source is pinned until
+  // the next schedule, so it is still the block that was matched.
   for (const PrefixCopy& c : sched.prefix_copies)
     if (Status s = kv_io_.copy_prefix(c, scheduler_.block_manager().block_table(c.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);

@@ -112,15 +112,17 @@ Status PrefixCache::check_integrity() const {
       return fail("named block " + std::to_string(b) + " is not indexed under its name");
   }
   if (named != index_.size()) return fail("the index holds blocks that are not named");
-  std::size_t listed = 0;
+  std::vector<int> listed(named_.size(), 0);
   for (const auto& [parent, kids] : children_)
     for (int k : kids) {
       const auto b = static_cast<std::size_t>(k);
       if (named_[b] == 0 || parent_[b] != parent)
         return fail("block " + std::to_string(k) + " is listed as a child of a block that is not its parent");
-      ++listed;
+      ++listed[b];
     }
-  if (listed != named) return fail("the children lists do not hold each named block once");
+  for (std::size_t b = 0; b < named_.size(); ++b)
+    if (listed[b] != (named_[b] != 0 ? 1 : 0))
+      return fail("block " + std::to_string(b) + " is listed " + std::to_string(listed[b]) + " times as a child");
   std::size_t evictable = 0;
   for (char e : evictable_) evictable += e != 0 ? 1 : 0;
   if (evictable != lru_.size()) return fail("the LRU list and the evictable flags disagree");

@@ -333,7 +333,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
     }
     // The rest of the shared prefix, when it ends inside a block another
     // request computed: its KV is copied (copy-on-write), not computed.
-    const BlockManager::PartialBlockHit partial =
+    BlockManager::PartialBlockHit partial =
         restored == 0 && partial_block_copies_
             ? blocks_.acquire_partial_block(seq->id, tokens_of(*seq), seq->num_tokens() - 1)
             : BlockManager::PartialBlockHit{};
@@ -345,8 +345,16 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       admit_kv_tokens -= seq->num_tokens();
     }
     if (phase_ == SchedulePhase::prefill) phase_admitted_tokens_ += seq->num_tokens();
-    const int start = restored + cached + partial.num_tokens;
-    const int n = std::min({seq->num_tokens() - start, budget, prefill_left});
+    int start = restored + cached + partial.num_tokens;
+    int n = std::min({seq->num_tokens() - start, budget, prefill_left});
+    if (!blocks_.can_grow(seq->id, start + n) && partial.num_tokens > 0) {
+      // The pinned source is a block eviction could have handed it: give
+      // the partial hit up rather than the admission.
+      blocks_.unpin(partial.src_block);
+      partial = {};
+      start = restored + cached;
+      n = std::min({seq->num_tokens() - start, budget, prefill_left});
+    }
     if (!blocks_.can_grow(seq->id, start + n)) {
       blocks_.free(seq->id);  // gives the cached blocks back
       break;
@@ -361,12 +369,15 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       prefix_query_tokens_ += seq->num_tokens();
       prefix_hit_tokens_ += cached + partial.num_tokens;
       seq->num_computed_tokens = cached + partial.num_tokens;
-      if (seq->num_cached_tokens < 0) seq->num_cached_tokens = seq->num_computed_tokens;
       if (partial.num_tokens > 0) out.prefix_copies.push_back({seq->id, partial.src_block, cached, partial.num_tokens});
       // The blocks it computes from its cached ones on (their names continue the hit's chain).
       computing_.start(seq->id, blocks_.pending_names(seq->id, tokens_of(*seq), seq->num_tokens() - 1),
                        cached / blocks_.block_size());
     }
+    // Its first admission says how much of its prompt was cached (none
+    // when it was restored: a resumed or swapped request).
+    if (seq->num_cached_tokens < 0)
+      seq->num_cached_tokens = restored > 0 || !blocks_.prefix_caching() ? 0 : cached + partial.num_tokens;
     seq->status = SeqStatus::running;
     insert_by_arrival(running_, seq);
     record(seq, n);

@@ -441,8 +441,10 @@ Status JobManager::commit_bad_lines(Job& j) {
   LineOrderBuilder::Built built = order.build();
   j.rec.prefix_prompt_bytes = built.prompt_bytes;
   j.rec.prefix_shared_bytes = built.shared_bytes;
-  if (options_.order_lines_by_prefix && built.order.size() > 1) {
-    if (Status st = store_->put_line_order(j.rec.id, built.order); !st.ok()) return st;
+  // An order that cannot be stored (a full disk) leaves the job in input
+  // order: the order is an optimisation, the job is not lost for it.
+  if (options_.order_lines_by_prefix && built.order.size() > 1 &&
+      store_->put_line_order(j.rec.id, built.order).ok()) {
     j.rec.prefix_ordered = true;
     j.order = std::move(built.order);
     j.order_next = 0;
@@ -514,13 +516,16 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
       if (*committed) continue;
       Status seek = j.reader->seek_to(e.line_index, {static_cast<std::size_t>(e.shard), e.byte_offset, e.file_line});
       auto more = seek.ok() ? j.reader->next(line) : Result<bool>(seek.error());
-      if (!more.ok() || !*more || j.reader->next_index() != e.line_index + 1) {
+      // A blank line or another line where the job's line started: the
+      // shard was edited in place (its size is checked at open).
+      if (!more.ok() || !*more || j.reader->last_line_start().byte_offset != e.byte_offset) {
         fail_job(j, more.ok() ? "input shard " + j.rec.spec.input_paths[static_cast<std::size_t>(e.shard)] +
-                                    ": line " + std::to_string(e.line_index + 1) + " of the job is not where it was"
+                                    ": line " + std::to_string(e.line_index + 1) +
+                                    " of the job is not where it was at submit (the shard changed)"
                               : more.error().to_string());
         break;
       }
-      if (!hand_out_read_line(j, e.line_index, line, worker, out, errors, resumed)) break;
+      if (!hand_out_read_line(j, e.line_index, line, worker, out, errors, resumed, /*known_uncommitted=*/true)) break;
     }
     while (!j.rec.prefix_ordered && j.reader && !j.reader->done() && out.size() < max_count) {
       auto more = j.reader->next(line);
@@ -551,15 +556,18 @@ std::vector<BatchRequest> JobManager::next_work(std::size_t max_count, const std
 
 bool JobManager::hand_out_read_line(Job& j, std::uint64_t index, const std::string& line, const std::string& worker,
                                     std::vector<BatchRequest>& out, std::vector<StoredResult>& errors,
-                                    std::uint64_t& resumed) {
-  auto committed = store_->has_result(j.rec.id, index);
-  if (!committed.ok()) {
-    fail_job(j, committed.error().to_string());
-    return false;
+                                    std::uint64_t& resumed, bool known_uncommitted) {
+  if (!known_uncommitted) {
+    auto committed = store_->has_result(j.rec.id, index);
+    if (!committed.ok()) {
+      fail_job(j, committed.error().to_string());
+      return false;
+    }
+    if (*committed) return true;
   }
   // Lines claimed ahead of the reader (claim_in_flight) are in flight;
   // requeued, they left retry (taken first) before this point.
-  if (*committed || j.in_flight.count(index) != 0) return true;
+  if (j.in_flight.count(index) != 0) return true;
   BatchLine parsed = parse_read_line(*j.reader, line, j.rec.id, index);
   if (!parsed.is_request()) {  // only after a crash during submit
     errors.push_back(to_stored(j, parsed.error(), j.reader->file_line()));

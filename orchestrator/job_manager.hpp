@@ -322,12 +322,12 @@ class JobManager {
     return j.rec.prefix_ordered ? j.order_next < j.order.size() : (j.reader && !j.reader->done());
   }
   /// next_work's handling of line `index`, just read by j.reader into
-  /// `line`: skipped when committed or in flight; a request goes into `out`,
-  /// in flight on `worker`; an error into `errors`. False when the store
-  /// failed (the job is failed).
+  /// `line`: skipped when committed (not looked up when `known_uncommitted`)
+  /// or in flight; a request goes into `out`, in flight on `worker`; an
+  /// error into `errors`. False when the store failed (the job is failed).
   bool hand_out_read_line(Job& j, std::uint64_t index, const std::string& line, const std::string& worker,
                           std::vector<worker::BatchRequest>& out, std::vector<StoredResult>& errors,
-                          std::uint64_t& resumed);
+                          std::uint64_t& resumed, bool known_uncommitted = false);
   Status activate(Job& j);  ///< locks the output, opens writer + reader of an unfinished job
   /// Takes the lock of `output` (creating its folder) for a job of this
   /// data dir; job_id 0: not created yet.

@@ -103,7 +103,18 @@ Status ShardReader::seek_to(std::uint64_t line_index, const LineCheckpoint& wher
   if (in_.is_open() && shard_ == where.shard && next_index_ == line_index &&
       block_offset_ + block_pos_ == where.byte_offset)
     return Status::ok_status();
-  if (Status st = open_shard(where.shard, where.byte_offset); !st) return st;
+  if (in_.is_open() && shard_ == where.shard && where.byte_offset >= block_offset_ &&
+      where.byte_offset < block_offset_ + block_.size()) {  // in the block read last: no read
+    block_pos_ = static_cast<std::size_t>(where.byte_offset - block_offset_);
+  } else if (in_.is_open() && shard_ == where.shard) {  // the same shard: a seek, not a new open
+    in_.clear();
+    in_.seekg(static_cast<std::streamoff>(where.byte_offset));
+    block_.clear();
+    block_pos_ = 0;
+    block_offset_ = where.byte_offset;
+  } else if (Status st = open_shard(where.shard, where.byte_offset); !st) {
+    return st;
+  }
   next_index_ = line_index;
   file_line_ = where.file_line;
   return Status::ok_status();

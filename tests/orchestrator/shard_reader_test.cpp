@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <string>
@@ -100,6 +101,45 @@ TEST(ShardReader, EveryLineIsReachedFromItsCheckpointAsReadFromTheStart) {
   }
   // The index is complete: readers record nothing twice.
   EXPECT_EQ(index.checkpoints.size(), (all.size() + LineIndex::kStride - 1) / LineIndex::kStride);
+}
+
+// seek_to (a prefix-ordered job's reads, orchestrator/line_order.hpp):
+// every line, in a shuffled order, read exactly where last_line_start()
+// said it starts, with one raw line read each (never a run of lines), the
+// same text, shard, line number and too-long flag as the first reading.
+TEST(ShardReader, EveryLineIsReadWhereItsStartWasRecordedInAnyOrder) {
+  testing::TempDir dir;
+  const std::vector<std::string> paths = write_shards(dir);
+  std::vector<ReadLine> all;
+  std::vector<LineCheckpoint> starts;
+  {
+    ShardReader first(paths, 200);
+    std::string line;
+    for (;;) {
+      auto more = first.next(line);
+      ASSERT_TRUE(more.ok()) << more.error().to_string();
+      if (!*more) break;
+      all.push_back(current(first, line));
+      starts.push_back(first.last_line_start());
+    }
+  }
+  std::vector<std::uint64_t> order(all.size());
+  for (std::uint64_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937(5));
+  order.insert(order.begin() + 10, order[9] + 1 < all.size() ? order[9] + 1 : 0);  // a next line: read on
+  ShardReader reader(paths, 200);
+  std::string line;
+  for (const std::uint64_t want : order) {
+    ASSERT_TRUE(reader.seek_to(want, starts[want]).ok());
+    const std::uint64_t raw_before = reader.raw_lines_read();
+    auto more = reader.next(line);
+    ASSERT_TRUE(more.ok());
+    ASSERT_TRUE(*more) << "line " << want;
+    EXPECT_EQ(reader.next_index(), want + 1);
+    EXPECT_EQ(current(reader, line), all[want]) << "line " << want;
+    EXPECT_EQ(reader.raw_lines_read() - raw_before, 1u) << "line " << want << " did not start where recorded";
+  }
+  EXPECT_FALSE(reader.seek_to(0, LineCheckpoint{9, 0, 0}).ok()) << "no shard 9";
 }
 
 TEST(ShardReader, SeekingAheadWithoutCheckpointsReadsOnAndAMissingShardIsAnError) {
