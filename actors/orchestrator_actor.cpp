@@ -663,6 +663,11 @@ void describe_node_metrics(MetricsRegistry& m) {
              "by worker (docs/prefix-caching.md).");
   m.describe("shardline_prefix_cache_hits_total", "counter",
              "Prefix caching: of those tokens, the ones found in cached KV blocks and not computed, by worker.");
+  m.describe("shardline_prefix_tier_restored_tokens_total", "counter",
+             "Prefix caching: prompt positions restored from the worker's prefix tier (--prefix-tier-mib) instead "
+             "of computed, by worker.");
+  m.describe("shardline_prefix_tier_spilled_blocks_total", "counter",
+             "Prefix caching: named KV blocks the device cache evicted and copied out to the prefix tier, by worker.");
   m.describe("shardline_kv_store_memory_bytes", "gauge", "Bytes in a KV store's host-memory tier, by store.");
   m.describe("shardline_kv_store_disk_bytes", "gauge", "Bytes of a KV store's RocksDB directory, by store.");
   m.describe("shardline_kv_replication_lag_tokens", "gauge",

@@ -107,6 +107,8 @@ void export_kv_metrics(WorkerActor* self) {
   add("shardline_kv_resume_fallbacks_total", l, g.resume_fallbacks);
   add("shardline_prefix_cache_queries_total", l, g.prefix_query_tokens);
   add("shardline_prefix_cache_hits_total", l, g.prefix_hit_tokens);
+  add("shardline_prefix_tier_restored_tokens_total", l, g.prefix_tier_restored_tokens);
+  add("shardline_prefix_tier_spilled_blocks_total", l, g.prefix_tier_spilled_blocks);
 }
 
 using WorkerReply = messages::WorkerReply;
@@ -247,7 +249,8 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   if (Status joined = st.runtime->join_sidp(); !joined) return fail_start(self, joined.error(), true);
   for (const char* metric : {"shardline_kv_streamed_bytes_total", "shardline_recovered_tokens_total",
                              "shardline_kv_resume_fallbacks_total", "shardline_prefix_cache_queries_total",
-                             "shardline_prefix_cache_hits_total"})
+                             "shardline_prefix_cache_hits_total", "shardline_prefix_tier_restored_tokens_total",
+                             "shardline_prefix_tier_spilled_blocks_total"})
     st.config.metrics->add(metric, "worker=\"" + st.config.name + "\"", 0);  // shown from the start
   st.config.metrics->add("shardline_recomputed_tokens_total", "cause=\"failure\",worker=\"" + st.config.name + "\"", 0);
   if (st.config.kv_store) {

@@ -243,6 +243,7 @@ int run_bench(BenchArgs& a) {
   // Benchmarks repeat synthetic prompts: caching would skip the prefills they
   // measure. On only when --enable-prefix-caching is said.
   eo->enable_prefix_caching = a.engine.enable_prefix_caching && !a.engine.no_prefix_caching;
+  eo->prefix_tier_bytes = a.engine.prefix_tier_mib << 20;
   if (!a.seesaw.empty()) return run_seesaw(a, *eo);
   if (a.weight_sharing == "sidp") return run_sidp(a, *eo);
   if (a.engine.shift) return run_shift(a, *eo);

@@ -129,6 +129,10 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                "Automatic prefix caching (the default, but for bench): a request's leading full KV blocks that another "
                "request computed are shared, not computed again; the output is the same either way "
                "(docs/prefix-caching.md)");
+  cmd.add_option("--prefix-tier-mib", f.prefix_tier_mib,
+                 "Host memory (MiB) for a prefix tier below the KV cache: prefix blocks the cache evicts are copied "
+                 "there and restored instead of computed again (docs/prefix-caching.md); 0: none")
+      ->capture_default_str();
   cmd.add_flag("--no-prefix-caching", f.no_prefix_caching,
                "Turn automatic prefix caching off: every request computes its whole prompt (wins over "
                "--enable-prefix-caching)");
@@ -252,6 +256,7 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
   if (!mode) return make_error(ErrorCode::invalid_argument, "--preemption-mode: " + mode.error().message);
   o.preemption_mode = *mode;
   o.enable_prefix_caching = !f.no_prefix_caching;
+  o.prefix_tier_bytes = f.prefix_tier_mib << 20;
   if (!(f.swap_space_gib >= 0.0)) return make_error(ErrorCode::invalid_argument, "--swap-space must be >= 0");
   o.swap_space_bytes = static_cast<std::uint64_t>(f.swap_space_gib * static_cast<double>(1ull << 30));
   if (f.shift) {

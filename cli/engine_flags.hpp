@@ -39,6 +39,7 @@ struct EngineFlags {
   std::string preemption_mode = "swap";  // measured faster (docs/kv-recovery.md)
   double swap_space_gib = 4.0;
   bool enable_prefix_caching = false;  ///< --enable-prefix-caching (caching is on unless --no-prefix-caching)
+  std::uint64_t prefix_tier_mib = 0;   ///< --prefix-tier-mib: host-memory prefix tier (0: none)
   bool no_prefix_caching = false;      ///< --no-prefix-caching
   std::string device;  ///< --device of generate / bench ("" = cpu); run / node use --devices
   bool shift = false;               ///< --shift (run, node start)

@@ -29,8 +29,12 @@ std::int32_t BlockManager::take_block() {
   if (!free_list_.empty()) {
     b = free_list_.back();
     free_list_.pop_back();
+  } else if (spill_ && epoch_ == 0) {
+    NamedBlock evicted;
+    b = cache_->evict(&evicted);  // callers checked num_free_blocks()
+    evicted_.push_back(std::move(evicted));
   } else {
-    b = cache_->evict();  // callers checked num_free_blocks()
+    b = cache_->evict();
   }
   ++refs_[static_cast<std::size_t>(b)];
   return b;
@@ -150,6 +154,28 @@ void BlockManager::unpin(std::int32_t block) {
   if (it == pins_.rend()) return;
   pins_.erase(std::next(it).base());
   if (--refs_[static_cast<std::size_t>(block)] == 0) cache_->release(block);
+}
+
+std::vector<NamedBlock> BlockManager::named_blocks() const {
+  std::vector<NamedBlock> out;
+  if (!tier_names()) return out;
+  for (int b = 0; b < num_blocks_; ++b)
+    if (cache_->is_named(b)) out.push_back(cache_->named_block(b));
+  return out;
+}
+
+int BlockManager::peek_cached_prefix(const Tokens& tokens, int max_tokens) const {
+  if (!cache_) return 0;
+  const int full = std::min(max_tokens, tokens.size()) / block_size_;
+  std::vector<std::int32_t> ids;
+  std::uint64_t parent = root_name_;
+  int hit = 0;
+  for (int i = 0; i < full; ++i, hit += block_size_) {
+    const std::uint64_t name = name_block(tokens, i, parent, ids);
+    if (cache_->find(name, parent, ids) < 0) break;
+    parent = name;
+  }
+  return hit;
 }
 
 std::uint64_t BlockManager::name_block(const Tokens& tokens, int block, std::uint64_t parent,

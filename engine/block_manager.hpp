@@ -19,6 +19,7 @@
 #include <optional>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/result.hpp"
@@ -123,6 +124,26 @@ class BlockManager {
   /// The prefix index (null with caching off).
   [[nodiscard]] const PrefixCache* prefix_cache() const { return cache_.get(); }
 
+  // ---- a PrefixTier below the cache (engine/prefix_tier.hpp) ----
+  /// Whether named blocks evicted from now on are listed for a spill
+  /// (take_evicted), while the epoch is 0 (a tier's names are epoch 0's).
+  void set_spill(bool on) noexcept { spill_ = on; }
+  /// The named blocks evicted since the last call, with what named them:
+  /// their KV is in the cache until a step writes the blocks again.
+  [[nodiscard]] std::vector<NamedBlock> take_evicted() { return std::exchange(evicted_, {}); }
+  /// Every named block (a spill of the whole cache); none outside epoch 0.
+  [[nodiscard]] std::vector<NamedBlock> named_blocks() const;
+  /// Names continue a tier's chain: epoch 0 (no Seesaw phase change yet).
+  [[nodiscard]] bool tier_names() const noexcept { return cache_ != nullptr && epoch_ == 0; }
+  /// The first block's parent name now.
+  [[nodiscard]] std::uint64_t root_name() const noexcept { return root_name_; }
+  /// Leading full blocks of `tokens`, within `max_tokens`, named in the
+  /// cache now (tokens; nothing is acquired).
+  [[nodiscard]] int peek_cached_prefix(const Tokens& tokens, int max_tokens) const;
+  /// The name of full block `block` of `tokens` after `parent` (its ids into `ids`).
+  [[nodiscard]] std::uint64_t name_block(const Tokens& tokens, int block, std::uint64_t parent,
+                                         std::vector<std::int32_t>& ids) const;
+
   /// `seq_id`'s block table (empty when it has none).
   [[nodiscard]] const std::vector<std::int32_t>& block_table(std::uint64_t seq_id) const;
   /// Tokens `seq_id`'s table was last grown to cover (0 when unknown).
@@ -144,9 +165,6 @@ class BlockManager {
   };
   /// A block for a table: an unnamed free one, else the evicted LRU named one.
   [[nodiscard]] std::int32_t take_block();
-  /// The name of full block `block` of `tokens` after `parent` (its ids into `ids`).
-  [[nodiscard]] std::uint64_t name_block(const Tokens& tokens, int block, std::uint64_t parent,
-                                         std::vector<std::int32_t>& ids) const;
   /// The parent name of `s`'s block `block` (block <= s.names.size()).
   [[nodiscard]] std::uint64_t parent_name(const SeqBlocks& s, std::size_t block) const;
   int num_blocks_;
@@ -159,6 +177,8 @@ class BlockManager {
   std::uint64_t root_name_ = 0;          ///< the first block's parent name (salt and epoch)
   std::unordered_map<std::uint64_t, SeqBlocks> seqs_;
   std::vector<std::int32_t> pins_;       ///< blocks pinned as copy sources (each holds a reference)
+  bool spill_ = false;
+  std::vector<NamedBlock> evicted_;      ///< evicted since take_evicted (spill_ on, epoch 0)
 };
 
 }  // namespace shardline::engine

@@ -51,6 +51,8 @@ struct KvIoStats {
   std::uint64_t onboards = 0;              ///< restores of offloaded KV (the decode phase swapping sequences in)
   std::uint64_t onboarded_bytes = 0;
   std::uint64_t prefix_copied_tokens = 0;  ///< prefix caching: positions copied from another's block (copy_prefix)
+  std::uint64_t prefix_tier_spilled_blocks = 0;  ///< evicted named blocks copied out to a PrefixTier
+  std::uint64_t prefix_tier_restored_tokens = 0;  ///< positions restored from a PrefixTier instead of computed
   std::uint64_t swap_space_bytes_used = 0;  ///< now, not monotonic (swap space and host KV buffer)
 };
 
@@ -151,6 +153,16 @@ class KvCacheIo {
   [[nodiscard]] Status hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk,
                                     int known_positions = 0);
 
+  /// Keeps the KV of a new request's first blocks, fetched from a prefix
+  /// tier (engine/prefix_tier.hpp): `blocks[i]` is the canonical chunk of
+  /// all layers x block i's positions; restore() copies them in. Errors:
+  /// invalid_argument (a chunk of the wrong size, caches that cannot be
+  /// copied).
+  [[nodiscard]] Status hold_prefix_blocks(std::uint64_t seq_id, std::vector<std::vector<std::byte>> blocks);
+  /// Copies a named block's KV out (the canonical chunk of all layers x its
+  /// positions: a spill to a prefix tier). Errors: invalid_argument.
+  [[nodiscard]] Result<std::vector<std::byte>> copy_block(std::int32_t block);
+
   /// Copies the held KV of `restore.seq_id` (swapped or resumed) into the
   /// blocks of `block_table` and forgets it. Errors: not_found (nothing held
   /// for it: a bug), invalid_argument (token count mismatch).
@@ -219,6 +231,9 @@ class KvCacheIo {
     bool moving = false;     ///< with the mover (chunk empty here until its completion)
     std::size_t bytes = 0;   ///< the chunk's size (counted in the budget when swapped)
     std::vector<std::byte> chunk;  // canonical chunk of KvRange{0, layers, 0, num_tokens}
+    /// Fetched from a prefix tier instead: [blocks] one canonical chunk per
+    /// block of positions (chunk is empty).
+    std::vector<std::vector<std::byte>> tier_blocks;
   };
   /// Counts a restore of `held` (all its positions) by its kind.
   void count_restore(const Held& held) noexcept;

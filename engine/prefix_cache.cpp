@@ -82,11 +82,17 @@ void PrefixCache::hold(int block) {
   evictable_[b] = 0;
 }
 
-int PrefixCache::evict() {
+NamedBlock PrefixCache::named_block(int block) const {
+  const auto b = static_cast<std::size_t>(block);
+  return NamedBlock{block, hash_[b], parent_[b], tokens_[b]};
+}
+
+int PrefixCache::evict(NamedBlock* evicted) {
   if (lru_.empty()) return -1;
   const int block = lru_.front();
   lru_.pop_front();
   const auto b = static_cast<std::size_t>(block);
+  if (evicted != nullptr) *evicted = NamedBlock{block, hash_[b], parent_[b], std::move(tokens_[b])};
   evictable_[b] = 0;
   named_[b] = 0;
   index_.erase(hash_[b]);

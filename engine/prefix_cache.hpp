@@ -44,6 +44,14 @@ struct PrefixCacheConfig {
 /// The name of a full block holding `tokens` (block_size ids) after the block named `parent`.
 [[nodiscard]] std::uint64_t prefix_block_hash(std::uint64_t parent, std::span<const std::int32_t> tokens) noexcept;
 
+/// A named block with what names it: its name, its parent's, its tokens.
+struct NamedBlock {
+  std::int32_t block = -1;
+  std::uint64_t name = 0;
+  std::uint64_t parent = 0;
+  std::vector<std::int32_t> tokens;
+};
+
 class PrefixCache {
  public:
   /// An index over blocks [0, num_blocks).
@@ -77,8 +85,11 @@ class PrefixCache {
   [[nodiscard]] bool is_evictable(int block) const { return evictable_[static_cast<std::size_t>(block)] != 0; }
   [[nodiscard]] int num_evictable() const { return static_cast<int>(lru_.size()); }
   /// Drops the least recently used evictable block's name and returns the
-  /// block (now a plain free block); -1 when none is evictable.
-  int evict();
+  /// block (now a plain free block); -1 when none is evictable. `evicted`,
+  /// when given, gets what named it (for a spill to a PrefixTier).
+  int evict(NamedBlock* evicted = nullptr);
+  /// What names a named block.
+  [[nodiscard]] NamedBlock named_block(int block) const;
 
   [[nodiscard]] std::uint64_t num_named_blocks() const { return index_.size(); }
   [[nodiscard]] std::uint64_t num_evictions() const { return evictions_; }

@@ -303,6 +303,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
   if (phase_ == SchedulePhase::decode) {
     if (out.num_preemptions == 0) onboard_decode_ready(out);
     out.input = make_step_input(out.scheduled, blocks_);
+    out.prefix_spills = blocks_.take_evicted();
     return out;
   }
   //    A prefill phase admits prompts only (within admit_kv_tokens).
@@ -365,6 +366,10 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       out.restores.push_back({seq->id, restored});
       seq->num_computed_tokens = restored;
       seq->num_restore_tokens = 0;
+      // Its restored and computed full blocks are named after the step:
+      // requests behind it wait for them (a prefix fetched from a tier once).
+      if (blocks_.prefix_caching())
+        computing_.start(seq->id, blocks_.pending_names(seq->id, tokens_of(*seq), seq->num_tokens() - 1), 0);
     } else if (blocks_.prefix_caching()) {
       prefix_query_tokens_ += seq->num_tokens();
       prefix_hit_tokens_ += cached + partial.num_tokens;
@@ -384,6 +389,7 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
   }
 
   out.input = make_step_input(out.scheduled, blocks_);
+  out.prefix_spills = blocks_.take_evicted();
   return out;
 }
 

@@ -139,6 +139,10 @@ struct SchedulerOutput {
   /// Partial-block prefix hits to copy before the step runs (before any
   /// other KV move), in admission order.
   std::vector<PrefixCopy> prefix_copies;
+  /// With a prefix tier (set_prefix_spill): named blocks evicted by this
+  /// schedule, whose KV is to be copied out to the tier before any other KV
+  /// move (the step, or a restore, may write the blocks again).
+  std::vector<NamedBlock> prefix_spills;
   /// Decode phase: decode-ready sequences given blocks, whose held KV
   /// positions [0, num_tokens) are to be copied in before onboard_done().
   std::vector<KvRestore> onboards;
@@ -161,6 +165,12 @@ class Scheduler {
   /// request computed, is not computed again (off by default; the engine
   /// turns it on when its caches can be copied).
   void set_partial_block_copies(bool on) noexcept { partial_block_copies_ = on; }
+  /// Prefix caching with a tier below it: named blocks evicted from now on
+  /// are listed in SchedulerOutput::prefix_spills (while the epoch is 0).
+  void set_prefix_spill(bool on) noexcept { blocks_.set_spill(on); }
+  /// Whether a running sequence computes (or restored and has not named
+  /// yet) the block named `name`.
+  [[nodiscard]] bool prefix_computing(std::uint64_t name) const { return computing_.computing(name); }
   /// Switches how later preemptions treat the victim's KV.
   void set_preemption_mode(PreemptionMode mode) noexcept { config_.preemption_mode = mode; }
 

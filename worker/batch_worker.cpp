@@ -411,6 +411,8 @@ WorkerStatusSnapshot BatchWorker::status() const {
   s.prefix_hit_tokens = static_cast<std::uint64_t>(sched.prefix_hit_tokens());
   const engine::KvIoStats& io = eng.kv_io().stats();
   s.kv_swap_outs = io.swap_outs;
+  s.prefix_tier_restored_tokens = io.prefix_tier_restored_tokens;
+  s.prefix_tier_spilled_blocks = io.prefix_tier_spilled_blocks;
   s.kv_restored_tokens = io.restored_tokens;
   s.kv_resume_fallbacks = io.resume_fallbacks;
   s.kv_resume_recomputed_tokens = io.resume_recomputed_tokens;

@@ -79,6 +79,10 @@ struct WorkerStatusSnapshot {
   /// admitted with nothing to restore, and those of them found cached.
   std::uint64_t prefix_query_tokens = 0;
   std::uint64_t prefix_hit_tokens = 0;
+  /// With a prefix tier (--prefix-tier-mib): positions restored from it
+  /// instead of computed, and named blocks spilled to it.
+  std::uint64_t prefix_tier_restored_tokens = 0;
+  std::uint64_t prefix_tier_spilled_blocks = 0;
   std::uint64_t kv_restored_tokens = 0;   ///< KV positions resumed lines restored from a store
   std::uint64_t kv_resume_fallbacks = 0;  ///< resumed choices whose KV could not be restored
   std::uint64_t kv_streamed_bytes = 0;    ///< KV bytes copied out for streaming

@@ -233,6 +233,8 @@ KvCounterGrowth WorkerRuntime::take_kv_counter_growth() {
   take(s.kv_resume_fallbacks, exported_.resume_fallbacks, grew.resume_fallbacks);
   take(s.prefix_query_tokens, exported_.prefix_query_tokens, grew.prefix_query_tokens);
   take(s.prefix_hit_tokens, exported_.prefix_hit_tokens, grew.prefix_hit_tokens);
+  take(s.prefix_tier_restored_tokens, exported_.prefix_tier_restored_tokens, grew.prefix_tier_restored_tokens);
+  take(s.prefix_tier_spilled_blocks, exported_.prefix_tier_spilled_blocks, grew.prefix_tier_spilled_blocks);
   return grew;
 }
 

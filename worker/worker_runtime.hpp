@@ -83,6 +83,8 @@ struct KvCounterGrowth {
   std::uint64_t resume_fallbacks = 0;
   std::uint64_t prefix_query_tokens = 0;  ///< prefix caching: tokens looked up
   std::uint64_t prefix_hit_tokens = 0;    ///< of them, found cached (not computed)
+  std::uint64_t prefix_tier_restored_tokens = 0;  ///< restored from the prefix tier (not computed)
+  std::uint64_t prefix_tier_spilled_blocks = 0;   ///< evicted named blocks spilled to it
 };
 
 class WorkerRuntime {

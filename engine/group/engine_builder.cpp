@@ -536,6 +536,10 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();
   e.engine = std::move(engine).value();
+  if (o.enable_prefix_caching && o.prefix_tier_bytes > 0) {
+    e.prefix_tier = std::make_unique<HostPrefixTier>(o.prefix_tier_bytes);
+    e.engine->set_prefix_tier(e.prefix_tier.get());
+  }
   // Loading and packing the weights ran parallel regions on this thread; the
   // engine may step on another (a worker's, a DP replica's), and this
   // thread's idle pool would slow its team (common/openmp_pool.hpp). A pool

@@ -101,6 +101,10 @@ struct EngineOptions {
   /// Automatic prefix caching (EngineConfig::prefix_cache). Off here; the job
   /// commands' flags turn it on unless `--no-prefix-caching`.
   bool enable_prefix_caching = false;
+  /// With prefix caching: bytes of a host-memory prefix tier below the
+  /// device cache (engine/prefix_tier.hpp: evicted prefix blocks spill
+  /// there and come back instead of being computed); 0: none.
+  std::uint64_t prefix_tier_bytes = 0;
   /// Seesaw phases (engine/seesaw/seesaw_phases.hpp); the host KV buffer is the swap space.
   std::optional<SeesawPolicyOptions> seesaw;
   /// Seesaw's decode config cd (seed 000 §4.1, dynamic model re-sharding):
@@ -151,6 +155,9 @@ struct EngineInstance {
   /// What runs the steps: one device's runner (model::make_device_executor),
   /// an InProcEngineGroup, or rank 0 of a TCP group (a ParallelExecutor).
   std::unique_ptr<model::ModelExecutor> executor;
+  /// EngineOptions::prefix_tier_bytes > 0: the engine's prefix tier (it
+  /// outlives the engine: declared before it).
+  std::unique_ptr<HostPrefixTier> prefix_tier;
   std::unique_ptr<LlmEngine> engine;
   std::uint64_t kv_cache_bytes = 0;  ///< what was allocated
   int num_kv_blocks = 0;

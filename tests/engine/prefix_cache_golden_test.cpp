@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/group/engine_builder.hpp"
+#include "engine/prefix_tier.hpp"
 #include "tests/support/engine_runs.hpp"
 #include "tests/support/stories_reference.hpp"
 
@@ -221,6 +222,123 @@ TEST(PrefixCacheGolden, GroupsShareAndCopyTheirBlocksToo) {
     expect_same_outputs(on, off, where);
     EXPECT_EQ(on.hit_tokens, 5 * 70) << where;
     EXPECT_EQ(on.copied_tokens, 5 * 6) << where;
+  }
+}
+
+// ---- a prefix tier below the cache (engine/prefix_tier.hpp) --------------------
+
+/// An engine over stories260K with `kv_blocks` blocks of 16, one request at a time.
+std::unique_ptr<EngineInstance> tier_engine(bool caching, int kv_blocks, PrefixTier* tier, int max_num_seqs = 1) {
+  EngineOptions o;
+  o.model_dir = kStoriesDir;
+  o.block_size = 16;
+  o.kv_cache_bytes = static_cast<std::uint64_t>(kv_blocks) * 16 * 5 * 4 * 8 * 2 * 4;  // F32 KV
+  o.max_num_seqs = max_num_seqs;
+  o.max_num_batched_tokens = 2048;
+  o.max_model_len = 128;
+  o.capture_logits = true;
+  o.check_integrity = true;
+  o.enable_prefix_caching = caching;
+  auto e = build_engine(o);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+  if (!e.ok()) return nullptr;
+  auto instance = std::make_unique<EngineInstance>(std::move(e).value());
+  instance->engine->set_prefix_tier(tier);
+  return instance;
+}
+
+/// Runs `job` to the end on `engine`; the prompt tokens its steps computed into `prefill`.
+std::map<std::uint64_t, RequestOutput> run_on(LlmEngine& engine, const Job& job, long long* prefill) {
+  engine.clear_step_stats();
+  for (const auto& [id, req] : job) EXPECT_TRUE(engine.add_request(id, req.first, req.second).ok()) << id;
+  auto out = testing_support::run_all(engine);
+  *prefill = 0;
+  for (const auto& s : engine.step_stats()) *prefill += s.num_prefill_tokens;
+  return out;
+}
+
+// A 16-block cache: a request behind a 70-token head (4 full blocks), then
+// four 112-token fillers that evict every named block, then another request
+// behind the head. With a host tier the evicted blocks were spilled, and
+// the head's 4 blocks come back from it (64 positions restored, 11
+// computed) instead of being computed again; the outputs are those of no
+// caching, bit for bit. Planted bug (by hand): the tier's blocks restored
+// in the wrong order (KvCacheIo::restore) changes the outputs and this
+// test fails.
+TEST(PrefixCacheGolden, EvictedBlocksSpillToATierAndComeBackInsteadOfBeingComputed) {
+  const std::vector<std::int32_t> head = cat({1}, tokens(69, 1));
+  Job first, fillers, again;
+  first[0] = {cat(head, tokens(5, 100)), params(10, 0.0f, 12)};
+  for (std::uint64_t f = 0; f < 4; ++f) fillers[10 + f] = {cat({1}, tokens(99, 700 + static_cast<int>(f))), params(20, 0.8f, 12)};
+  again[1] = {cat(head, tokens(5, 101)), params(11, 0.8f, 12)};
+  long long prefill = 0;
+  auto plain = tier_engine(false, 16, nullptr);
+  ASSERT_NE(plain, nullptr);
+  (void)run_on(*plain->engine, first, &prefill);
+  (void)run_on(*plain->engine, fillers, &prefill);
+  const auto want = run_on(*plain->engine, again, &prefill);
+
+  HostPrefixTier tier(64u << 20);
+  auto cached = tier_engine(true, 16, &tier);
+  ASSERT_NE(cached, nullptr);
+  (void)run_on(*cached->engine, first, &prefill);
+  (void)run_on(*cached->engine, fillers, &prefill);
+  const KvIoStats before = cached->engine->kv_io().stats();
+  EXPECT_GT(before.prefix_tier_spilled_blocks, 4u) << "the fillers evicted named blocks, the head's among them";
+  EXPECT_EQ(cached->engine->scheduler().block_manager().peek_cached_prefix({again.at(1).first, {}}, 74), 0)
+      << "the head is no longer on the device";
+  const auto got = run_on(*cached->engine, again, &prefill);
+  EXPECT_EQ(prefill, 75 - 64) << "the head's 4 blocks restored from the tier, the rest computed";
+  EXPECT_EQ(cached->engine->kv_io().stats().prefix_tier_restored_tokens, 64u);
+  EXPECT_EQ(tier.stats().hits, 4u);
+  ASSERT_EQ(got.count(1), 1u);
+  EXPECT_TRUE(testing_support::bit_identical(got.at(1), want.at(1))) << "the restored head's KV differs";
+
+  // Without the tier, the same engine computes the head again.
+  auto no_tier = tier_engine(true, 16, nullptr);
+  ASSERT_NE(no_tier, nullptr);
+  (void)run_on(*no_tier->engine, first, &prefill);
+  (void)run_on(*no_tier->engine, fillers, &prefill);
+  (void)run_on(*no_tier->engine, again, &prefill);
+  EXPECT_EQ(prefill, 75);
+}
+
+// A restart: the first engine spills its cache to the tier when it is done
+// (spill_prefix_cache), a second engine given the tier runs two requests
+// behind the same head, added together. The first fetches the head's 4
+// blocks from the tier; the second does not fetch them again, waits for
+// them and hits them on the device: 11 + 11 positions computed instead of
+// 2 x 75, and the outputs are those of no caching.
+TEST(PrefixCacheGolden, ASecondEngineStartsWarmFromTheTierTheFirstSpilledTo) {
+  const std::vector<std::int32_t> head = cat({1}, tokens(69, 1));
+  Job first, pair;
+  first[0] = {cat(head, tokens(5, 100)), params(10, 0.0f, 12)};
+  pair[1] = {cat(head, tokens(5, 101)), params(11, 0.8f, 12)};
+  pair[2] = {cat(head, tokens(5, 102)), params(12, 0.0f, 12)};
+  long long prefill = 0;
+  auto plain = tier_engine(false, 64, nullptr, 8);
+  ASSERT_NE(plain, nullptr);
+  const auto want = run_on(*plain->engine, pair, &prefill);
+
+  HostPrefixTier tier(64u << 20);
+  {
+    auto a = tier_engine(true, 64, &tier, 8);
+    ASSERT_NE(a, nullptr);
+    (void)run_on(*a->engine, first, &prefill);
+    ASSERT_TRUE(a->engine->spill_prefix_cache().ok());
+    EXPECT_EQ(tier.stats().blocks, 5u) << "the head's 4 blocks and the first request's fifth";
+  }
+  auto b = tier_engine(true, 64, &tier, 8);
+  ASSERT_NE(b, nullptr);
+  const auto got = run_on(*b->engine, pair, &prefill);
+  EXPECT_EQ(prefill, 2 * (75 - 64));
+  EXPECT_EQ(b->engine->kv_io().stats().prefix_tier_restored_tokens, 64u) << "one fetch, not one per request";
+  EXPECT_EQ(tier.stats().hits, 4u);
+  EXPECT_EQ(b->engine->scheduler().prefix_hit_tokens(), 64) << "the second request hit the restored blocks";
+  for (std::uint64_t id : {1u, 2u}) {
+    ASSERT_EQ(got.count(id), 1u);
+    EXPECT_TRUE(testing_support::bit_identical(got.at(id), want.at(id))) << "request " << id;
+    EXPECT_EQ(got.at(id).num_cached_tokens, 64) << "request " << id;
   }
 }
 
