@@ -164,6 +164,29 @@ std::vector<NamedBlock> BlockManager::named_blocks() const {
   return out;
 }
 
+std::vector<std::vector<std::byte>> BlockManager::fetch_from_tier(PrefixTier* tier, std::uint64_t seq_id,
+                                                                  const Tokens& tokens, int max_tokens) const {
+  std::vector<std::vector<std::byte>> out;
+  if (tier == nullptr || !tier_names()) return out;
+  const auto it = seqs_.find(seq_id);
+  std::size_t k = 0;
+  if (it != seqs_.end()) {
+    if (it->second.names.size() != it->second.table.size()) return out;  // it computed blocks of its own
+    k = it->second.table.size();
+  }
+  std::uint64_t parent = it == seqs_.end() ? root_name_ : parent_name(it->second, k);
+  const int full = std::min(max_tokens, tokens.size()) / block_size_;
+  std::vector<std::int32_t> ids;
+  for (auto i = static_cast<int>(k); i < full; ++i) {
+    const std::uint64_t name = name_block(tokens, i, parent, ids);
+    std::optional<std::vector<std::byte>> chunk = tier->get(name, parent, ids);
+    if (!chunk) break;
+    out.push_back(std::move(*chunk));
+    parent = name;
+  }
+  return out;
+}
+
 int BlockManager::peek_cached_prefix(const Tokens& tokens, int max_tokens) const {
   if (!cache_) return 0;
   const int full = std::min(max_tokens, tokens.size()) / block_size_;

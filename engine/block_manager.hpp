@@ -24,6 +24,7 @@
 
 #include "common/result.hpp"
 #include "engine/prefix_cache.hpp"
+#include "engine/prefix_tier.hpp"
 
 namespace shardline::engine {
 
@@ -137,6 +138,13 @@ class BlockManager {
   [[nodiscard]] bool tier_names() const noexcept { return cache_ != nullptr && epoch_ == 0; }
   /// The first block's parent name now.
   [[nodiscard]] std::uint64_t root_name() const noexcept { return root_name_; }
+  /// The chunks a prefix tier holds for `seq_id`'s next full blocks after
+  /// the cached ones it holds (acquire_cached_prefix; none: from the first),
+  /// within max_tokens, up to the first the tier lacks. Empty when the tier
+  /// is null, names are not epoch 0's, or the sequence computed blocks of
+  /// its own. Nothing is acquired.
+  [[nodiscard]] std::vector<std::vector<std::byte>> fetch_from_tier(PrefixTier* tier, std::uint64_t seq_id,
+                                                                    const Tokens& tokens, int max_tokens) const;
   /// Leading full blocks of `tokens`, within `max_tokens`, named in the
   /// cache now (tokens; nothing is acquired).
   [[nodiscard]] int peek_cached_prefix(const Tokens& tokens, int max_tokens) const;

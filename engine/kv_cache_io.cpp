@@ -86,21 +86,23 @@ Status KvCacheIo::hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector
   return Status::ok_status();
 }
 
-Status KvCacheIo::hold_prefix_blocks(std::uint64_t seq_id, std::vector<std::vector<std::byte>> blocks) {
-  const std::string who = "request " + std::to_string(seq_id) + ": ";
-  if (!can_move_kv() || !copies_bytes())
-    return make_error(ErrorCode::invalid_argument, who + "this executor's KV caches cannot be restored");
+Status KvCacheIo::restore_tier_blocks(const TierRestore& restore, const std::vector<std::int32_t>& block_table) {
+  const std::string who = "prefix tier restore into request " + std::to_string(restore.seq_id) + ": ";
+  if (!can_copy_kv()) return make_error(ErrorCode::internal, who + "this executor's KV caches cannot be copied");
   const std::size_t block_bytes = bytes_for(block_size_);
-  for (const auto& b : blocks)
-    if (b.size() != block_bytes)
-      return make_error(ErrorCode::invalid_argument, who + "a prefix block of " + std::to_string(b.size()) +
-                                                         " bytes, " + std::to_string(block_bytes) + " expected");
-  drop(seq_id);
-  Held h;
-  h.num_tokens = static_cast<int>(blocks.size()) * block_size_;
-  h.bytes = block_bytes * blocks.size();
-  h.tier_blocks = std::move(blocks);
-  held_.emplace(seq_id, std::move(h));
+  for (std::size_t i = 0; i < restore.blocks.size(); ++i) {
+    const int begin = restore.token_begin + static_cast<int>(i) * block_size_;
+    if ((copies_bytes() && restore.blocks[i].size() != block_bytes) ||
+        static_cast<std::size_t>(begin / block_size_) >= block_table.size())
+      return make_error(ErrorCode::invalid_argument,
+                        who + "block at position " + std::to_string(begin) + ": " +
+                            std::to_string(restore.blocks[i].size()) + " bytes (" + std::to_string(block_bytes) +
+                            " expected) into a table of " + std::to_string(block_table.size()) + " blocks");
+    const kvstore::KvRange range{0, shape_.num_layers, begin, begin + block_size_};
+    if (Status s = copy_in(block_table, range, restore.blocks[i]); !s.ok())
+      return make_error(s.error().code, who + s.error().message);
+  }
+  stats_.prefix_tier_restored_tokens += static_cast<std::uint64_t>(restore.blocks.size()) * block_size_;
   return Status::ok_status();
 }
 
@@ -121,17 +123,6 @@ Status KvCacheIo::restore(const KvRestore& restore, const std::vector<std::int32
     return make_error(ErrorCode::invalid_argument, who + std::to_string(restore.num_tokens) +
                                                        " positions asked, " +
                                                        std::to_string(it->second.num_tokens) + " held");
-  if (!it->second.tier_blocks.empty()) {  // a prefix tier's blocks, one copy each
-    for (std::size_t i = 0; i < it->second.tier_blocks.size(); ++i) {
-      const int begin = static_cast<int>(i) * block_size_;
-      const kvstore::KvRange block{0, shape_.num_layers, begin, begin + block_size_};
-      if (Status s = copy_in(block_table, block, it->second.tier_blocks[i]); !s.ok())
-        return make_error(s.error().code, who + s.error().message);
-    }
-    stats_.prefix_tier_restored_tokens += static_cast<std::uint64_t>(restore.num_tokens);
-    drop(restore.seq_id);
-    return Status::ok_status();
-  }
   const kvstore::KvRange range{0, shape_.num_layers, 0, restore.num_tokens};
   if (Status s = copy_in(block_table, range, it->second.chunk); !s.ok())
     return make_error(s.error().code, who + s.error().message);

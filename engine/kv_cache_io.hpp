@@ -153,12 +153,12 @@ class KvCacheIo {
   [[nodiscard]] Status hold_resumed(std::uint64_t seq_id, int num_tokens, std::vector<std::byte> chunk,
                                     int known_positions = 0);
 
-  /// Keeps the KV of a new request's first blocks, fetched from a prefix
-  /// tier (engine/prefix_tier.hpp): `blocks[i]` is the canonical chunk of
-  /// all layers x block i's positions; restore() copies them in. Errors:
-  /// invalid_argument (a chunk of the wrong size, caches that cannot be
-  /// copied).
-  [[nodiscard]] Status hold_prefix_blocks(std::uint64_t seq_id, std::vector<std::vector<std::byte>> blocks);
+  /// Copies a prefix tier's blocks (engine/prefix_tier.hpp) into a
+  /// sequence's: `restore.blocks[i]` into positions [token_begin + i *
+  /// block_size, + block_size) of `block_table`, every layer. Errors:
+  /// invalid_argument (a chunk of the wrong size, positions outside the
+  /// table), internal (caches that cannot be copied), the copier's.
+  [[nodiscard]] Status restore_tier_blocks(const TierRestore& restore, const std::vector<std::int32_t>& block_table);
   /// Copies a named block's KV out (the canonical chunk of all layers x its
   /// positions: a spill to a prefix tier). Errors: invalid_argument.
   [[nodiscard]] Result<std::vector<std::byte>> copy_block(std::int32_t block);
@@ -231,9 +231,6 @@ class KvCacheIo {
     bool moving = false;     ///< with the mover (chunk empty here until its completion)
     std::size_t bytes = 0;   ///< the chunk's size (counted in the budget when swapped)
     std::vector<std::byte> chunk;  // canonical chunk of KvRange{0, layers, 0, num_tokens}
-    /// Fetched from a prefix tier instead: [blocks] one canonical chunk per
-    /// block of positions (chunk is empty).
-    std::vector<std::vector<std::byte>> tier_blocks;
   };
   /// Counts a restore of `held` (all its positions) by its kind.
   void count_restore(const Held& held) noexcept;

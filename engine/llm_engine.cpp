@@ -89,48 +89,12 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
   if (!seq->prompt_ids.empty())
     seq->detokenizer = std::make_unique<text::IncrementalDetokenizer>(*tokenizer_, seq->prompt_ids,
                                                                        config_.skip_special_tokens);
-  if (scheduler_.find(request_id) == nullptr) fetch_prefix_from_tier(*seq);  // (a duplicate id is refused below)
-  const bool fetched = seq->num_restore_tokens > 0;
-  Status added = scheduler_.add(std::move(seq));
-  if (!added.ok() && fetched) kv_io_.drop(request_id);  // nothing held for a refused request
-  return added;
+  return scheduler_.add(std::move(seq));
 }
 
 void LlmEngine::set_prefix_tier(PrefixTier* tier) {
-  prefix_tier_ = tier;
-  scheduler_.set_prefix_spill(tier != nullptr && config_.prefix_cache.enabled && kv_io_.can_copy_kv());
-}
-
-void LlmEngine::fetch_prefix_from_tier(Sequence& seq) {
-  const BlockManager& bm = scheduler_.block_manager();
-  if (prefix_tier_ == nullptr || !bm.tier_names() || !kv_io_.can_move_kv() || !kv_io_.copies_bytes()) return;
-  const BlockManager::Tokens tokens{seq.prompt_ids, {}};
-  const int max_tokens = tokens.size() - 1;  // the last token is always computed
-  const int full = max_tokens / bm.block_size();
-  if (full == 0 || bm.peek_cached_prefix(tokens, max_tokens) > 0) return;  // none, or the device has its head
-  std::vector<std::int32_t> ids;
-  const std::uint64_t first = bm.name_block(tokens, 0, bm.root_name(), ids);
-  if (scheduler_.prefix_computing(first)) return;  // a running request computes it: this one will hit
-  if (const auto it = tier_fetching_.find(first); it != tier_fetching_.end()) {
-    const Sequence* other = scheduler_.find(it->second);
-    if (other != nullptr && other->status == SeqStatus::waiting && other->num_restore_tokens > 0) return;
-    tier_fetching_.erase(it);  // admitted or gone
-  }
-  std::vector<std::vector<std::byte>> blocks;
-  std::uint64_t parent = bm.root_name();
-  for (int i = 0; i < full; ++i) {
-    const std::uint64_t name = bm.name_block(tokens, i, parent, ids);
-    std::optional<std::vector<std::byte>> chunk = prefix_tier_->get(name, parent, ids);
-    if (!chunk) break;
-    blocks.push_back(std::move(*chunk));
-    parent = name;
-  }
-  if (blocks.empty()) return;
-  const int num_tokens = static_cast<int>(blocks.size()) * bm.block_size();
-  if (!kv_io_.hold_prefix_blocks(seq.id, std::move(blocks)).ok()) return;  // computed instead
-  seq.num_restore_tokens = num_tokens;
-  seq.num_cached_tokens = num_tokens;  // its usage counts them as cached, not computed
-  tier_fetching_[first] = seq.id;
+  prefix_tier_ = config_.prefix_cache.enabled && kv_io_.can_copy_kv() && kv_io_.copies_bytes() ? tier : nullptr;
+  scheduler_.set_prefix_tier(prefix_tier_);
 }
 
 Status LlmEngine::spill_block(const NamedBlock& b) {
@@ -385,6 +349,10 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
   if (prefix_tier_ != nullptr)
     for (const NamedBlock& b : sched.prefix_spills)
       if (Status s = spill_block(b); !s.ok()) return s;
+  // Then the tier's blocks admissions took, into their new blocks.
+  for (const TierRestore& r : sched.tier_restores)
+    if (Status s = kv_io_.restore_tier_blocks(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
+      return make_error(ErrorCode::internal, s.error().message);
   // First, before any move writes a block: a copy's source is pinned until
   // the next schedule, so it is still the block that was matched.
   for (const PrefixCopy& c : sched.prefix_copies)

@@ -205,10 +205,11 @@ class LlmEngine {
   /// A tier below the prefix cache (engine/prefix_tier.hpp; null: none; it
   /// must outlive the engine's use of it). With prefix caching on, named
   /// blocks the cache evicts are copied out to it before their blocks are
-  /// written again, and a new request whose first block is neither cached
-  /// nor being computed fetches its leading blocks from it, restored like a
-  /// resumed request's KV (KvIoStats::prefix_tier_*). Not while Seesaw's
-  /// phases lay the KV out anew (the names' epoch is no longer 0).
+  /// written again, and an admission takes the blocks after its device
+  /// hit that no request computes from it, copied into its own blocks
+  /// before the step (KvIoStats::prefix_tier_*). Not while Seesaw's phases
+  /// lay the KV out anew (the names' epoch is no longer 0), and not on an
+  /// executor whose caches cannot be copied (then it is ignored).
   void set_prefix_tier(PrefixTier* tier);
   /// Copies every named block of the cache out to the prefix tier (a clean
   /// stop: the next engine given the tier starts warm). Call with nothing
@@ -249,10 +250,6 @@ class LlmEngine {
   /// offloads and onboards of a phased schedule on the mover. Errors:
   /// internal.
   [[nodiscard]] Status apply_kv_moves(const SchedulerOutput& sched);
-  /// A new request's leading blocks from the prefix tier, when the device
-  /// has none of them and no request computes or fetched them: held for its
-  /// admission (seq.num_restore_tokens).
-  void fetch_prefix_from_tier(Sequence& seq);
   /// Copies named block `b` out to the prefix tier. Errors: internal.
   [[nodiscard]] Status spill_block(const NamedBlock& b);
   /// Hands the sink, when it accepts, each still-running sequence of
@@ -284,10 +281,7 @@ class LlmEngine {
   KvCacheIo kv_io_;
   KvStreamSink* kv_sink_ = nullptr;
   PrefixTier* prefix_tier_ = nullptr;
-  /// Requests holding KV fetched from the prefix tier and not admitted yet,
-  /// by the name of their first block: later requests with it do not fetch
-  /// it again (they wait for its blocks and hit them).
-  std::unordered_map<std::uint64_t, std::uint64_t> tier_fetching_;
+
   bool stream_prompt_by_layer_ = false;
   /// Arms the executor's layer hook for the prefill chunks of `sched`
   /// (set_stream_prompt_by_layer); returns the sequences it will stream.

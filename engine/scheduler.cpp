@@ -332,10 +332,16 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       ++w;
       continue;
     }
+    // Its next full blocks from the prefix tier, when the device lacks them
+    // and no request computes them (they were evicted and spilled).
+    std::vector<std::vector<std::byte>> tier_blocks;
+    if (restored == 0 && tier_ != nullptr && miss)
+      tier_blocks = blocks_.fetch_from_tier(tier_, seq->id, tokens_of(*seq), seq->num_tokens() - 1);
+    int tier_tokens = static_cast<int>(tier_blocks.size()) * blocks_.block_size();
     // The rest of the shared prefix, when it ends inside a block another
     // request computed: its KV is copied (copy-on-write), not computed.
     BlockManager::PartialBlockHit partial =
-        restored == 0 && partial_block_copies_
+        restored == 0 && partial_block_copies_ && tier_tokens == 0
             ? blocks_.acquire_partial_block(seq->id, tokens_of(*seq), seq->num_tokens() - 1)
             : BlockManager::PartialBlockHit{};
     if (phase_ == SchedulePhase::prefill && admit_kv_tokens >= 0) {
@@ -346,13 +352,16 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       admit_kv_tokens -= seq->num_tokens();
     }
     if (phase_ == SchedulePhase::prefill) phase_admitted_tokens_ += seq->num_tokens();
-    int start = restored + cached + partial.num_tokens;
+    int start = restored + cached + tier_tokens + partial.num_tokens;
     int n = std::min({seq->num_tokens() - start, budget, prefill_left});
-    if (!blocks_.can_grow(seq->id, start + n) && partial.num_tokens > 0) {
-      // The pinned source is a block eviction could have handed it: give
-      // the partial hit up rather than the admission.
-      blocks_.unpin(partial.src_block);
+    if (!blocks_.can_grow(seq->id, start + n) && (partial.num_tokens > 0 || tier_tokens > 0)) {
+      // The pinned source is a block eviction could have handed it, and
+      // more tokens at once may not fit: give those hits up rather than
+      // the admission (it computes them, in chunks).
+      if (partial.num_tokens > 0) blocks_.unpin(partial.src_block);
       partial = {};
+      tier_blocks.clear();
+      tier_tokens = 0;
       start = restored + cached;
       n = std::min({seq->num_tokens() - start, budget, prefill_left});
     }
@@ -366,23 +375,23 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
       out.restores.push_back({seq->id, restored});
       seq->num_computed_tokens = restored;
       seq->num_restore_tokens = 0;
-      // Its restored and computed full blocks are named after the step:
-      // requests behind it wait for them (a prefix fetched from a tier once).
-      if (blocks_.prefix_caching())
-        computing_.start(seq->id, blocks_.pending_names(seq->id, tokens_of(*seq), seq->num_tokens() - 1), 0);
     } else if (blocks_.prefix_caching()) {
       prefix_query_tokens_ += seq->num_tokens();
       prefix_hit_tokens_ += cached + partial.num_tokens;
-      seq->num_computed_tokens = cached + partial.num_tokens;
+      prefix_tier_hit_tokens_ += tier_tokens;
+      seq->num_computed_tokens = cached + tier_tokens + partial.num_tokens;
       if (partial.num_tokens > 0) out.prefix_copies.push_back({seq->id, partial.src_block, cached, partial.num_tokens});
-      // The blocks it computes from its cached ones on (their names continue the hit's chain).
+      if (tier_tokens > 0) out.tier_restores.push_back({seq->id, cached, std::move(tier_blocks)});
+      // The blocks it computes (or restores from the tier) from its cached
+      // ones on: requests behind it wait for them and hit them.
       computing_.start(seq->id, blocks_.pending_names(seq->id, tokens_of(*seq), seq->num_tokens() - 1),
                        cached / blocks_.block_size());
     }
     // Its first admission says how much of its prompt was cached (none
     // when it was restored: a resumed or swapped request).
     if (seq->num_cached_tokens < 0)
-      seq->num_cached_tokens = restored > 0 || !blocks_.prefix_caching() ? 0 : cached + partial.num_tokens;
+      seq->num_cached_tokens =
+          restored > 0 || !blocks_.prefix_caching() ? 0 : cached + tier_tokens + partial.num_tokens;
     seq->status = SeqStatus::running;
     insert_by_arrival(running_, seq);
     record(seq, n);

@@ -30,6 +30,7 @@
 
 #include "common/result.hpp"
 #include "engine/block_manager.hpp"
+#include "engine/prefix_tier.hpp"
 #include "engine/sequence.hpp"
 #include "model/executor.hpp"
 #include "engine/policies/seesaw_policy.hpp"
@@ -113,6 +114,17 @@ struct PrefixCopy {
   int num_tokens = 0;   ///< < block_size
 };
 
+/// Blocks of a new sequence's prompt fetched from a prefix tier at its
+/// admission (engine/prefix_tier.hpp): blocks[i] is the canonical chunk of
+/// all layers x positions [token_begin + i * block_size, + block_size); the
+/// engine copies them into the sequence's own blocks before the step runs
+/// (after the spills). token_begin is where its device hit ends.
+struct TierRestore {
+  std::uint64_t seq_id = 0;
+  int token_begin = 0;
+  std::vector<std::vector<std::byte>> blocks;
+};
+
 /// One sequence's share of a step.
 struct ScheduledSeq {
   Sequence* seq = nullptr;
@@ -143,6 +155,8 @@ struct SchedulerOutput {
   /// schedule, whose KV is to be copied out to the tier before any other KV
   /// move (the step, or a restore, may write the blocks again).
   std::vector<NamedBlock> prefix_spills;
+  /// With a prefix tier: admissions whose next blocks came from it.
+  std::vector<TierRestore> tier_restores;
   /// Decode phase: decode-ready sequences given blocks, whose held KV
   /// positions [0, num_tokens) are to be copied in before onboard_done().
   std::vector<KvRestore> onboards;
@@ -165,12 +179,18 @@ class Scheduler {
   /// request computed, is not computed again (off by default; the engine
   /// turns it on when its caches can be copied).
   void set_partial_block_copies(bool on) noexcept { partial_block_copies_ = on; }
-  /// Prefix caching with a tier below it: named blocks evicted from now on
-  /// are listed in SchedulerOutput::prefix_spills (while the epoch is 0).
-  void set_prefix_spill(bool on) noexcept { blocks_.set_spill(on); }
-  /// Whether a running sequence computes (or restored and has not named
-  /// yet) the block named `name`.
-  [[nodiscard]] bool prefix_computing(std::uint64_t name) const { return computing_.computing(name); }
+  /// Prefix caching with a tier below it (null: none; it must outlive its
+  /// use here): named blocks evicted from now on are listed in
+  /// SchedulerOutput::prefix_spills, and an admission whose next full
+  /// blocks after its device hit are not cached, nor being computed, takes
+  /// those the tier has (SchedulerOutput::tier_restores), while the epoch
+  /// is 0 (a tier's names are epoch 0's).
+  void set_prefix_tier(PrefixTier* tier) noexcept {
+    tier_ = tier;
+    blocks_.set_spill(tier != nullptr);
+  }
+  /// Prompt positions admissions took from the prefix tier.
+  [[nodiscard]] long long prefix_tier_hit_tokens() const { return prefix_tier_hit_tokens_; }
   /// Switches how later preemptions treat the victim's KV.
   void set_preemption_mode(PreemptionMode mode) noexcept { config_.preemption_mode = mode; }
 
@@ -288,6 +308,8 @@ class Scheduler {
   long long prefix_waits_ = 0;
   ComputingPrefixes computing_;  ///< prefix caching: blocks running sequences are computing
   bool partial_block_copies_ = false;
+  PrefixTier* tier_ = nullptr;
+  long long prefix_tier_hit_tokens_ = 0;
   long long phase_admitted_tokens_ = 0;  ///< KV tokens (num_tokens) admitted since set_phase
   SchedulePhase phase_ = SchedulePhase::mixed;
 };

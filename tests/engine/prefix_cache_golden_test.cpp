@@ -232,7 +232,7 @@ std::unique_ptr<EngineInstance> tier_engine(bool caching, int kv_blocks, PrefixT
   EngineOptions o;
   o.model_dir = kStoriesDir;
   o.block_size = 16;
-  o.kv_cache_bytes = static_cast<std::uint64_t>(kv_blocks) * 16 * 5 * 4 * 8 * 2 * 4;  // F32 KV
+  o.kv_cache_bytes = static_cast<std::uint64_t>(kv_blocks) * 16 * 2560;  // stories260K, F32 KV: 2,560 bytes a position
   o.max_num_seqs = max_num_seqs;
   o.max_num_batched_tokens = 2048;
   o.max_model_len = 128;
@@ -301,6 +301,41 @@ TEST(PrefixCacheGolden, EvictedBlocksSpillToATierAndComeBackInsteadOfBeingComput
   (void)run_on(*no_tier->engine, fillers, &prefill);
   (void)run_on(*no_tier->engine, again, &prefill);
   EXPECT_EQ(prefill, 75);
+}
+
+// The cache frees a request's blocks tail first, so under pressure a prefix
+// loses its tail and keeps its head (an 8-block cache, a filler that takes
+// the 3 free blocks and evicts 2). A request behind it then shares the
+// head's blocks on the device and takes the evicted tail's from the tier:
+// the head's first 3 blocks cached, its fourth restored, 11 positions
+// computed (27 without the tier), bit-identical to no caching.
+TEST(PrefixCacheGolden, APrefixWhoseTailWasEvictedTakesItFromTheTierAfterItsDeviceHit) {
+  const std::vector<std::int32_t> head = cat({1}, tokens(69, 1));
+  Job first, fillers, again;
+  first[0] = {cat(head, tokens(5, 100)), params(10, 0.0f, 12)};       // 87 tokens: 5 named blocks
+  fillers[10] = {cat({1}, tokens(67, 700)), params(20, 0.8f, 12)};    // 5 blocks: 3 free, 2 evicted (the tail's)
+  again[1] = {cat(head, tokens(5, 101)), params(11, 0.8f, 12)};
+  long long prefill = 0;
+  auto plain = tier_engine(false, 8, nullptr);
+  ASSERT_NE(plain, nullptr);
+  (void)run_on(*plain->engine, first, &prefill);
+  (void)run_on(*plain->engine, fillers, &prefill);
+  const auto want = run_on(*plain->engine, again, &prefill);
+
+  for (const bool with_tier : {true, false}) {
+    HostPrefixTier tier(64u << 20);
+    auto e = tier_engine(true, 8, with_tier ? &tier : nullptr);
+    ASSERT_NE(e, nullptr);
+    (void)run_on(*e->engine, first, &prefill);
+    (void)run_on(*e->engine, fillers, &prefill);
+    ASSERT_EQ(e->engine->scheduler().block_manager().peek_cached_prefix({again.at(1).first, {}}, 74), 48)
+        << "the head's first 3 blocks are still cached, its fourth was evicted";
+    const auto got = run_on(*e->engine, again, &prefill);
+    EXPECT_EQ(prefill, with_tier ? 75 - 64 : 75 - 48);
+    EXPECT_EQ(e->engine->kv_io().stats().prefix_tier_restored_tokens, with_tier ? 16u : 0u);
+    EXPECT_EQ(got.at(1).num_cached_tokens, with_tier ? 64 : 48);
+    EXPECT_TRUE(testing_support::bit_identical(got.at(1), want.at(1))) << (with_tier ? "tier" : "no tier");
+  }
 }
 
 // A restart: the first engine spills its cache to the tier when it is done
