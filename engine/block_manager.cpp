@@ -96,22 +96,11 @@ int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& toke
                                         std::optional<std::uint64_t>* miss_name) {
   if (miss_name != nullptr) miss_name->reset();
   if (!cache_ || seqs_.count(seq_id) != 0) return 0;
-  const int full = std::min(max_tokens, tokens.size()) / block_size_;
-  std::vector<std::int32_t> ids;
   SeqBlocks s;
-  std::uint64_t parent = root_name_;
-  for (int i = 0; i < full; ++i) {
-    const std::uint64_t name = name_block(tokens, i, parent, ids);
-    const int b = cache_->find(name, parent, ids);
-    if (b < 0) {
-      if (miss_name != nullptr) *miss_name = name;
-      break;
-    }
+  cached_chain(tokens, max_tokens, s.table, s.names, miss_name);
+  for (std::int32_t b : s.table) {
     cache_->hold(b);
     ++refs_[static_cast<std::size_t>(b)];
-    s.table.push_back(b);
-    s.names.push_back(name);
-    parent = name;
   }
   if (s.table.empty()) return 0;
   s.num_tokens = static_cast<int>(s.table.size()) * block_size_;
@@ -120,21 +109,47 @@ int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& toke
   return hit;
 }
 
+void BlockManager::cached_chain(const Tokens& tokens, int max_tokens, std::vector<std::int32_t>& blocks,
+                                std::vector<std::uint64_t>& names, std::optional<std::uint64_t>* miss_name) const {
+  const int full = std::min(max_tokens, tokens.size()) / block_size_;
+  std::vector<std::int32_t> ids;
+  std::uint64_t parent = root_name_;
+  for (int i = 0; i < full; ++i) {
+    const std::uint64_t name = name_block(tokens, i, parent, ids);
+    const int b = cache_->find(name, parent, ids);
+    if (b < 0) {
+      if (miss_name != nullptr) *miss_name = name;
+      return;
+    }
+    blocks.push_back(b);
+    names.push_back(name);
+    parent = name;
+  }
+}
+
+bool BlockManager::shared_head_end(std::uint64_t seq_id, std::size_t& block, std::uint64_t& parent) const {
+  const auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) {  // no hit: from the first block
+    block = 0;
+    parent = root_name_;
+    return true;
+  }
+  if (it->second.names.size() != it->second.table.size()) return false;  // it computed blocks of its own
+  block = it->second.table.size();
+  parent = parent_name(it->second, block);
+  return true;
+}
+
 BlockManager::PartialBlockHit BlockManager::acquire_partial_block(std::uint64_t seq_id, const Tokens& tokens,
                                                                   int max_tokens) {
-  if (!cache_) return {};
-  const auto it = seqs_.find(seq_id);
   std::size_t k = 0;
-  if (it != seqs_.end()) {
-    if (it->second.names.size() != it->second.table.size()) return {};  // it computed blocks of its own
-    k = it->second.table.size();
-  }
+  std::uint64_t parent = 0;
+  if (!cache_ || !shared_head_end(seq_id, k, parent)) return {};
   const int begin = static_cast<int>(k) * block_size_;
   const int end = std::min({begin + block_size_, max_tokens, tokens.size()});
   if (end <= begin) return {};
   std::vector<std::int32_t> want(static_cast<std::size_t>(end - begin));
   for (int t = begin; t < end; ++t) want[static_cast<std::size_t>(t - begin)] = tokens.at(t);
-  const std::uint64_t parent = it == seqs_.end() ? root_name_ : parent_name(it->second, k);
   const PrefixCache::PartialMatch m = cache_->find_partial(parent, want);
   if (m.block < 0 || m.num_tokens < min_partial_tokens()) return {};
   cache_->hold(m.block);
@@ -167,14 +182,9 @@ std::vector<NamedBlock> BlockManager::named_blocks() const {
 std::vector<std::vector<std::byte>> BlockManager::fetch_from_tier(PrefixTier* tier, std::uint64_t seq_id,
                                                                   const Tokens& tokens, int max_tokens) const {
   std::vector<std::vector<std::byte>> out;
-  if (tier == nullptr || !tier_names()) return out;
-  const auto it = seqs_.find(seq_id);
   std::size_t k = 0;
-  if (it != seqs_.end()) {
-    if (it->second.names.size() != it->second.table.size()) return out;  // it computed blocks of its own
-    k = it->second.table.size();
-  }
-  std::uint64_t parent = it == seqs_.end() ? root_name_ : parent_name(it->second, k);
+  std::uint64_t parent = 0;
+  if (tier == nullptr || !tier_names() || !shared_head_end(seq_id, k, parent)) return out;
   const int full = std::min(max_tokens, tokens.size()) / block_size_;
   std::vector<std::int32_t> ids;
   for (auto i = static_cast<int>(k); i < full; ++i) {
@@ -189,16 +199,10 @@ std::vector<std::vector<std::byte>> BlockManager::fetch_from_tier(PrefixTier* ti
 
 int BlockManager::peek_cached_prefix(const Tokens& tokens, int max_tokens) const {
   if (!cache_) return 0;
-  const int full = std::min(max_tokens, tokens.size()) / block_size_;
-  std::vector<std::int32_t> ids;
-  std::uint64_t parent = root_name_;
-  int hit = 0;
-  for (int i = 0; i < full; ++i, hit += block_size_) {
-    const std::uint64_t name = name_block(tokens, i, parent, ids);
-    if (cache_->find(name, parent, ids) < 0) break;
-    parent = name;
-  }
-  return hit;
+  std::vector<std::int32_t> blocks;
+  std::vector<std::uint64_t> names;
+  cached_chain(tokens, max_tokens, blocks, names, nullptr);
+  return static_cast<int>(blocks.size()) * block_size_;
 }
 
 std::uint64_t BlockManager::name_block(const Tokens& tokens, int block, std::uint64_t parent,

@@ -136,8 +136,6 @@ class BlockManager {
   [[nodiscard]] std::vector<NamedBlock> named_blocks() const;
   /// Names continue a tier's chain: epoch 0 (no Seesaw phase change yet).
   [[nodiscard]] bool tier_names() const noexcept { return cache_ != nullptr && epoch_ == 0; }
-  /// The first block's parent name now.
-  [[nodiscard]] std::uint64_t root_name() const noexcept { return root_name_; }
   /// The chunks a prefix tier holds for `seq_id`'s next full blocks after
   /// the cached ones it holds (acquire_cached_prefix; none: from the first),
   /// within max_tokens, up to the first the tier lacks. Empty when the tier
@@ -148,9 +146,6 @@ class BlockManager {
   /// Leading full blocks of `tokens`, within `max_tokens`, named in the
   /// cache now (tokens; nothing is acquired).
   [[nodiscard]] int peek_cached_prefix(const Tokens& tokens, int max_tokens) const;
-  /// The name of full block `block` of `tokens` after `parent` (its ids into `ids`).
-  [[nodiscard]] std::uint64_t name_block(const Tokens& tokens, int block, std::uint64_t parent,
-                                         std::vector<std::int32_t>& ids) const;
 
   /// `seq_id`'s block table (empty when it has none).
   [[nodiscard]] const std::vector<std::int32_t>& block_table(std::uint64_t seq_id) const;
@@ -173,6 +168,18 @@ class BlockManager {
   };
   /// A block for a table: an unnamed free one, else the evicted LRU named one.
   [[nodiscard]] std::int32_t take_block();
+  /// The name of full block `block` of `tokens` after `parent` (its ids into `ids`).
+  [[nodiscard]] std::uint64_t name_block(const Tokens& tokens, int block, std::uint64_t parent,
+                                         std::vector<std::int32_t>& ids) const;
+  /// The named blocks `tokens`' leading full blocks (within max_tokens) are
+  /// in the cache now, up to the first that is not, appended to `blocks`
+  /// and `names`; `miss_name`, when given, gets that first one's name.
+  void cached_chain(const Tokens& tokens, int max_tokens, std::vector<std::int32_t>& blocks,
+                    std::vector<std::uint64_t>& names, std::optional<std::uint64_t>* miss_name) const;
+  /// Where `seq_id`'s shared head ends: its next block index and that
+  /// block's parent name (block 0 and the root without a hit). False when
+  /// it computed blocks of its own (it is past its shared head).
+  [[nodiscard]] bool shared_head_end(std::uint64_t seq_id, std::size_t& block, std::uint64_t& parent) const;
   /// The parent name of `s`'s block `block` (block <= s.names.size()).
   [[nodiscard]] std::uint64_t parent_name(const SeqBlocks& s, std::size_t block) const;
   int num_blocks_;

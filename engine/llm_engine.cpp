@@ -98,6 +98,7 @@ void LlmEngine::set_prefix_tier(PrefixTier* tier) {
 }
 
 Status LlmEngine::spill_block(const NamedBlock& b) {
+  if (prefix_tier_->touch(b.name)) return Status::ok_status();  // kept already: no copy
   Result<std::vector<std::byte>> chunk = kv_io_.copy_block(b.block);
   if (!chunk.ok())
     return make_error(ErrorCode::internal, "spill of prefix block " + std::to_string(b.block) + " to the prefix tier: " +
@@ -353,8 +354,9 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
   for (const TierRestore& r : sched.tier_restores)
     if (Status s = kv_io_.restore_tier_blocks(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);
-  // First, before any move writes a block: a copy's source is pinned until
-  // the next schedule, so it is still the block that was matched.
+  // Then the partial-block copies, before any move below writes a block: a
+  // copy's source is pinned until the next schedule, so it is still the
+  // block that was matched.
   for (const PrefixCopy& c : sched.prefix_copies)
     if (Status s = kv_io_.copy_prefix(c, scheduler_.block_manager().block_table(c.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);

@@ -13,7 +13,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "common/result.hpp"
@@ -250,7 +249,8 @@ class LlmEngine {
   /// offloads and onboards of a phased schedule on the mover. Errors:
   /// internal.
   [[nodiscard]] Status apply_kv_moves(const SchedulerOutput& sched);
-  /// Copies named block `b` out to the prefix tier. Errors: internal.
+  /// Copies named block `b` out to the prefix tier, unless it keeps it
+  /// already. Errors: internal.
   [[nodiscard]] Status spill_block(const NamedBlock& b);
   /// Hands the sink, when it accepts, each still-running sequence of
   /// `sched` whose KV is computed past what it streamed before.
@@ -281,7 +281,6 @@ class LlmEngine {
   KvCacheIo kv_io_;
   KvStreamSink* kv_sink_ = nullptr;
   PrefixTier* prefix_tier_ = nullptr;
-
   bool stream_prompt_by_layer_ = false;
   /// Arms the executor's layer hook for the prefill chunks of `sched`
   /// (set_stream_prompt_by_layer); returns the sequences it will stream.

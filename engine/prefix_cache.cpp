@@ -92,7 +92,7 @@ int PrefixCache::evict(NamedBlock* evicted) {
   const int block = lru_.front();
   lru_.pop_front();
   const auto b = static_cast<std::size_t>(block);
-  if (evicted != nullptr) *evicted = NamedBlock{block, hash_[b], parent_[b], std::move(tokens_[b])};
+  if (evicted != nullptr) *evicted = named_block(block);
   evictable_[b] = 0;
   named_[b] = 0;
   index_.erase(hash_[b]);

@@ -7,10 +7,7 @@ namespace shardline::engine {
 void HostPrefixTier::put(std::uint64_t name, std::uint64_t parent, std::span<const std::int32_t> tokens,
                          std::vector<std::byte> chunk) {
   std::lock_guard lock(mu_);
-  if (const auto it = index_.find(name); it != index_.end()) {
-    lru_.splice(lru_.end(), lru_, it->second);  // kept already (the same KV): used now
-    return;
-  }
+  if (touch_locked(name)) return;  // kept already (the same KV): used now
   if (chunk.size() > budget_bytes_) return;
   while (stats_.bytes + chunk.size() > budget_bytes_ && !lru_.empty()) {
     stats_.bytes -= lru_.front().chunk.size();
@@ -22,7 +19,18 @@ void HostPrefixTier::put(std::uint64_t name, std::uint64_t parent, std::span<con
   lru_.push_back(Block{name, parent, std::vector<std::int32_t>(tokens.begin(), tokens.end()), std::move(chunk)});
   index_[name] = std::prev(lru_.end());
   ++stats_.puts;
-  stats_.blocks = lru_.size();
+}
+
+bool HostPrefixTier::touch_locked(std::uint64_t name) {
+  const auto it = index_.find(name);
+  if (it == index_.end()) return false;
+  lru_.splice(lru_.end(), lru_, it->second);
+  return true;
+}
+
+bool HostPrefixTier::touch(std::uint64_t name) {
+  std::lock_guard lock(mu_);
+  return touch_locked(name);
 }
 
 std::optional<std::vector<std::byte>> HostPrefixTier::get(std::uint64_t name, std::uint64_t parent,

@@ -40,6 +40,9 @@ class PrefixTier {
   /// A block kept already is only marked used.
   virtual void put(std::uint64_t name, std::uint64_t parent, std::span<const std::int32_t> tokens,
                    std::vector<std::byte> chunk) = 0;
+  /// Marks the block named `name` used when it is kept; false when it is
+  /// not (a spill then copies its KV out and puts it).
+  [[nodiscard]] virtual bool touch(std::uint64_t name) = 0;
   /// The chunk of the block named `name` whose parent and tokens are these;
   /// nullopt when none is kept (or only a colliding one).
   [[nodiscard]] virtual std::optional<std::vector<std::byte>> get(std::uint64_t name, std::uint64_t parent,
@@ -53,7 +56,7 @@ struct PrefixTierStats {
   std::uint64_t misses = 0;     ///< fetches of a block not kept
   std::uint64_t evictions = 0;  ///< blocks dropped for the budget
   std::uint64_t bytes = 0;      ///< chunk bytes kept now
-  std::uint64_t blocks = 0;     ///< blocks kept now
+  std::uint64_t blocks = 0;     ///< blocks kept now (filled by stats())
 };
 
 /// The host-memory tier: blocks in an LRU (a fetch or a put of a kept
@@ -64,11 +67,13 @@ class HostPrefixTier final : public PrefixTier {
   explicit HostPrefixTier(std::uint64_t budget_bytes) : budget_bytes_(budget_bytes) {}
   void put(std::uint64_t name, std::uint64_t parent, std::span<const std::int32_t> tokens,
            std::vector<std::byte> chunk) override;
+  [[nodiscard]] bool touch(std::uint64_t name) override;
   [[nodiscard]] std::optional<std::vector<std::byte>> get(std::uint64_t name, std::uint64_t parent,
                                                           std::span<const std::int32_t> tokens) override;
   [[nodiscard]] PrefixTierStats stats() const;
 
  private:
+  bool touch_locked(std::uint64_t name);  ///< touch() under mu_
   struct Block {
     std::uint64_t name = 0;
     std::uint64_t parent = 0;

@@ -378,7 +378,6 @@ SchedulerOutput Scheduler::schedule(const MicroBatchBudget* limits, long long ad
     } else if (blocks_.prefix_caching()) {
       prefix_query_tokens_ += seq->num_tokens();
       prefix_hit_tokens_ += cached + partial.num_tokens;
-      prefix_tier_hit_tokens_ += tier_tokens;
       seq->num_computed_tokens = cached + tier_tokens + partial.num_tokens;
       if (partial.num_tokens > 0) out.prefix_copies.push_back({seq->id, partial.src_block, cached, partial.num_tokens});
       if (tier_tokens > 0) out.tier_restores.push_back({seq->id, cached, std::move(tier_blocks)});

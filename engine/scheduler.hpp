@@ -189,8 +189,6 @@ class Scheduler {
     tier_ = tier;
     blocks_.set_spill(tier != nullptr);
   }
-  /// Prompt positions admissions took from the prefix tier.
-  [[nodiscard]] long long prefix_tier_hit_tokens() const { return prefix_tier_hit_tokens_; }
   /// Switches how later preemptions treat the victim's KV.
   void set_preemption_mode(PreemptionMode mode) noexcept { config_.preemption_mode = mode; }
 
@@ -309,7 +307,6 @@ class Scheduler {
   ComputingPrefixes computing_;  ///< prefix caching: blocks running sequences are computing
   bool partial_block_copies_ = false;
   PrefixTier* tier_ = nullptr;
-  long long prefix_tier_hit_tokens_ = 0;
   long long phase_admitted_tokens_ = 0;  ///< KV tokens (num_tokens) admitted since set_phase
   SchedulePhase phase_ = SchedulePhase::mixed;
 };

@@ -11,12 +11,17 @@ ShardReader::ShardReader(std::vector<std::string> paths, std::uint64_t max_line_
     : paths_(std::move(paths)), max_line_bytes_(max_line_bytes), index_(index) {}
 
 Status ShardReader::open_shard(std::size_t shard, std::uint64_t byte_offset) {
-  in_.close();
-  in_.clear();
-  shard_ = shard;
   block_.clear();
   block_pos_ = 0;
   block_offset_ = byte_offset;
+  if (in_.is_open() && shard_ == shard) {  // the same shard: a seek, not a new open
+    in_.clear();
+    in_.seekg(static_cast<std::streamoff>(byte_offset));
+    return Status::ok_status();
+  }
+  in_.close();
+  in_.clear();
+  shard_ = shard;
   in_.open(paths_[shard_], std::ios::binary);
   if (!in_.is_open()) return make_error(ErrorCode::not_found, "input shard " + paths_[shard_] + ": cannot open");
   if (byte_offset != 0) in_.seekg(static_cast<std::streamoff>(byte_offset));
@@ -99,19 +104,11 @@ Status ShardReader::seek_to(std::uint64_t line_index, const LineCheckpoint& wher
   done_ = false;
   too_long_ = false;
   line_bytes_ = 0;
-  // Reading on from here reaches it at once: no new read of the block.
-  if (in_.is_open() && shard_ == where.shard && next_index_ == line_index &&
-      block_offset_ + block_pos_ == where.byte_offset)
-    return Status::ok_status();
+  // In the block read last (up to its end, where reading on continues):
+  // no new read; else a seek, or an open of another shard.
   if (in_.is_open() && shard_ == where.shard && where.byte_offset >= block_offset_ &&
-      where.byte_offset < block_offset_ + block_.size()) {  // in the block read last: no read
+      where.byte_offset <= block_offset_ + block_.size()) {
     block_pos_ = static_cast<std::size_t>(where.byte_offset - block_offset_);
-  } else if (in_.is_open() && shard_ == where.shard) {  // the same shard: a seek, not a new open
-    in_.clear();
-    in_.seekg(static_cast<std::streamoff>(where.byte_offset));
-    block_.clear();
-    block_pos_ = 0;
-    block_offset_ = where.byte_offset;
   } else if (Status st = open_shard(where.shard, where.byte_offset); !st) {
     return st;
   }

@@ -86,6 +86,8 @@ class ShardReader {
  private:
   /// One raw line of the open shard (kept up to the limit); false at its end.
   bool read_line(std::string& line);
+  /// Reads `shard` from `byte_offset` on: a seek when it is the shard open
+  /// now, else an open. Errors: not_found.
   [[nodiscard]] Status open_shard(std::size_t shard, std::uint64_t byte_offset);
 
   std::vector<std::string> paths_;

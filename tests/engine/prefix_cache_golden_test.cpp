@@ -257,6 +257,13 @@ std::map<std::uint64_t, RequestOutput> run_on(LlmEngine& engine, const Job& job,
   return out;
 }
 
+/// Runs `first`, then `fillers` (which evict blocks of it), on `engine`.
+void run_then_fill(LlmEngine& engine, const Job& first, const Job& fillers) {
+  long long prefill = 0;
+  (void)run_on(engine, first, &prefill);
+  (void)run_on(engine, fillers, &prefill);
+}
+
 // A 16-block cache: a request behind a 70-token head (4 full blocks), then
 // four 112-token fillers that evict every named block, then another request
 // behind the head. With a host tier the evicted blocks were spilled, and
@@ -274,15 +281,13 @@ TEST(PrefixCacheGolden, EvictedBlocksSpillToATierAndComeBackInsteadOfBeingComput
   long long prefill = 0;
   auto plain = tier_engine(false, 16, nullptr);
   ASSERT_NE(plain, nullptr);
-  (void)run_on(*plain->engine, first, &prefill);
-  (void)run_on(*plain->engine, fillers, &prefill);
+  run_then_fill(*plain->engine, first, fillers);
   const auto want = run_on(*plain->engine, again, &prefill);
 
   HostPrefixTier tier(64u << 20);
   auto cached = tier_engine(true, 16, &tier);
   ASSERT_NE(cached, nullptr);
-  (void)run_on(*cached->engine, first, &prefill);
-  (void)run_on(*cached->engine, fillers, &prefill);
+  run_then_fill(*cached->engine, first, fillers);
   const KvIoStats before = cached->engine->kv_io().stats();
   EXPECT_GT(before.prefix_tier_spilled_blocks, 4u) << "the fillers evicted named blocks, the head's among them";
   EXPECT_EQ(cached->engine->scheduler().block_manager().peek_cached_prefix({again.at(1).first, {}}, 74), 0)
@@ -297,8 +302,7 @@ TEST(PrefixCacheGolden, EvictedBlocksSpillToATierAndComeBackInsteadOfBeingComput
   // Without the tier, the same engine computes the head again.
   auto no_tier = tier_engine(true, 16, nullptr);
   ASSERT_NE(no_tier, nullptr);
-  (void)run_on(*no_tier->engine, first, &prefill);
-  (void)run_on(*no_tier->engine, fillers, &prefill);
+  run_then_fill(*no_tier->engine, first, fillers);
   (void)run_on(*no_tier->engine, again, &prefill);
   EXPECT_EQ(prefill, 75);
 }
@@ -318,16 +322,14 @@ TEST(PrefixCacheGolden, APrefixWhoseTailWasEvictedTakesItFromTheTierAfterItsDevi
   long long prefill = 0;
   auto plain = tier_engine(false, 8, nullptr);
   ASSERT_NE(plain, nullptr);
-  (void)run_on(*plain->engine, first, &prefill);
-  (void)run_on(*plain->engine, fillers, &prefill);
+  run_then_fill(*plain->engine, first, fillers);
   const auto want = run_on(*plain->engine, again, &prefill);
 
   for (const bool with_tier : {true, false}) {
     HostPrefixTier tier(64u << 20);
     auto e = tier_engine(true, 8, with_tier ? &tier : nullptr);
     ASSERT_NE(e, nullptr);
-    (void)run_on(*e->engine, first, &prefill);
-    (void)run_on(*e->engine, fillers, &prefill);
+    run_then_fill(*e->engine, first, fillers);
     ASSERT_EQ(e->engine->scheduler().block_manager().peek_cached_prefix({again.at(1).first, {}}, 74), 48)
         << "the head's first 3 blocks are still cached, its fourth was evicted";
     const auto got = run_on(*e->engine, again, &prefill);

@@ -26,6 +26,8 @@ TEST(HostPrefixTier, KeepsBlocksUnderTheirNameAndChecksParentAndTokensOnAFetch) 
   EXPECT_FALSE(tier.get(12, 99, t2).has_value()) << "same name, another parent: a collision";
   EXPECT_FALSE(tier.get(12, 11, t1).has_value()) << "same name, other tokens: a collision";
   EXPECT_FALSE(tier.get(13, 11, t2).has_value());
+  EXPECT_TRUE(tier.touch(11));
+  EXPECT_FALSE(tier.touch(13)) << "not kept: a spill copies it";
   tier.put(11, 0, t1, bytes(100, 9));  // kept already: not stored again
   EXPECT_EQ(*tier.get(11, 0, t1), bytes(100, 1));
   const PrefixTierStats s = tier.stats();
