@@ -42,6 +42,27 @@
 /// every call while the disk stays full. Its LOG is written by
 /// open_info_log(), which survives a full disk.
 ///
+/// Prefix blocks (issue 42, step 5: the persistent prefix tier). Beside
+/// requests' chunks, the store keeps full KV blocks of shared prompt
+/// prefixes that workers spilled (engine/prefix_tier.hpp), so that a
+/// restarted node or the next job over the same prompts fetches them
+/// instead of computing them. A block is keyed by its name (the engine's
+/// hash chain, engine/prefix_cache.hpp) under a salt (what else changes the
+/// KV: model, dtypes, parallel layout), in the same key layout: job_id =
+/// kPrefixBlockJobBit | salt (63 bits), request_id = name, tokens
+/// [0, num_tokens), layers [0, num_layers). Job ids never have the top bit
+/// (puts of chunks with it are refused), so prefix blocks sort after every
+/// job's chunks, no job's GC reaches them and they have no coverage or
+/// acks. Value: the canonical chunk, then a trailer of the parent's name
+/// (u64), a use sequence number (u64) and the block's token ids (i32 each),
+/// little-endian; a fetch compares parent and tokens, so a 64-bit name
+/// collision never hands out another prefix's KV. They are bounded by
+/// their own share, `prefix_budget_bytes`, least recently used (put or
+/// fetched; across a reopen: last written) dropped first, and count towards
+/// `disk_budget_bytes` like chunks: a chunk put that would pass the disk
+/// budget first drops prefix blocks (a cache of a cache) before it is
+/// refused. They are not replicated.
+///
 /// Thread safety: none; one owner (the KV-store actor) serializes calls.
 /// Calls block on RocksDB (a synced write, a GC compaction).
 
@@ -131,6 +152,37 @@ struct KvStoreOptions {
   /// inject one that drops unsynced writes at a simulated crash
   /// (tests/support/fault_injection_rocksdb_fs.hpp).
   std::shared_ptr<rocksdb::FileSystem> file_system;
+  /// Bytes of prefix blocks (value bytes: chunk and trailer) the store
+  /// keeps at most (0: it keeps none, put_prefix_blocks stores nothing).
+  std::uint64_t prefix_budget_bytes = 1ull << 30;
+};
+
+/// The top bit of a prefix block's job id (see the file comment).
+inline constexpr std::uint64_t kPrefixBlockJobBit = 1ull << 63;
+
+/// One block of put_prefix_blocks.
+struct PrefixBlockWrite {
+  std::uint64_t salt = 0;                ///< its low 63 bits are used
+  std::uint64_t name = 0;                ///< the block's name (engine/prefix_cache.hpp)
+  std::uint64_t parent = 0;              ///< its parent's name
+  std::span<const std::int32_t> tokens;  ///< the block's token ids (>= 1)
+  std::span<const std::byte> chunk;      ///< canonical chunk of all layers x tokens.size() positions
+};
+
+/// A prefix block as fetch_prefix_blocks returns it.
+struct StoredPrefixBlock {
+  std::uint64_t name = 0;
+  std::uint64_t parent = 0;
+  std::vector<std::int32_t> tokens;
+  std::vector<std::byte> chunk;  ///< canonical chunk of all layers x tokens.size() positions
+};
+
+/// One block fetch_prefix_blocks looks for: the request's own parent name
+/// and tokens, compared with the stored block's.
+struct PrefixBlockQuery {
+  std::uint64_t name = 0;
+  std::uint64_t parent = 0;
+  std::span<const std::int32_t> tokens;
 };
 
 /// One write of `put_many`.
@@ -172,6 +224,11 @@ struct KvStoreStats {
   std::uint64_t disk_budget = 0;       ///< KvStoreOptions::disk_budget_bytes (0: none)
   std::uint64_t refused_writes = 0;    ///< put calls refused since open: budget spent or disk full
   std::uint64_t reopens = 0;           ///< RocksDB closed and opened again after a failed write
+  std::uint64_t prefix_blocks = 0;     ///< prefix blocks kept
+  std::uint64_t prefix_bytes = 0;      ///< their value bytes (<= prefix_budget)
+  std::uint64_t prefix_budget = 0;     ///< KvStoreOptions::prefix_budget_bytes
+  std::uint64_t prefix_evictions = 0;  ///< prefix blocks dropped for a budget since open
+  std::uint64_t prefix_hits = 0;       ///< prefix blocks fetched since open
 };
 
 class KvStore final : public KvTarget {
@@ -224,6 +281,22 @@ class KvStore final : public KvTarget {
   /// Compacts the key span deleted since the last compaction now (GC runs
   /// this itself after compact_after_bytes). Errors: io.
   [[nodiscard]] Status compact();
+
+  /// Keeps prefix blocks (see the file comment), in one write batch. A block
+  /// kept already (same salt and name) is only marked used. Blocks that do
+  /// not fit prefix_budget_bytes drop the least recently used ones first
+  /// (in the same batch); a block larger than the whole budget is skipped.
+  /// Returns how many blocks were newly stored. Errors: invalid_argument
+  /// (no tokens, more than 2^31 tokens, a chunk that is not all layers x
+  /// tokens.size() positions; nothing is written), disk_full (as put), io.
+  [[nodiscard]] Result<int> put_prefix_blocks(std::span<const PrefixBlockWrite> writes);
+
+  /// The leading run of `queries` the store keeps under `salt`, in order:
+  /// it stops at the first block that is not kept or whose stored parent or
+  /// tokens differ from the query's (a collision). Marks those returned
+  /// used. Errors: io, corrupt (a stored value of the wrong size).
+  [[nodiscard]] Result<std::vector<StoredPrefixBlock>> fetch_prefix_blocks(std::uint64_t salt,
+                                                                           std::span<const PrefixBlockQuery> queries);
 
   /// Every request the store holds chunks of, ascending (job, request).
   [[nodiscard]] std::vector<KvRequestCoverage> requests() const;
