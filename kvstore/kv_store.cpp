@@ -12,6 +12,7 @@
 #include <map>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include <sys/statvfs.h>
@@ -33,6 +34,16 @@ void put_be(std::string& s, std::uint64_t v, int bytes) {
 std::uint64_t get_be(std::string_view s, std::size_t at, int bytes) {
   std::uint64_t v = 0;
   for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(i)]);
+  return v;
+}
+
+void put_le(std::string& s, std::uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+std::uint64_t get_le(std::string_view s, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(i)]);
   return v;
 }
 
@@ -167,6 +178,30 @@ class HostTier {
   std::unordered_map<std::string, std::list<Entry>::iterator> index_;
 };
 
+/// Bytes of a prefix block's trailer after its chunk: parent and use sequence
+/// number (u64 each), then the tokens (i32 each).
+constexpr std::size_t kPrefixTrailerBytes = 16;
+
+/// The key range of a prefix block of `num_tokens` tokens: all layers.
+KvRange prefix_range(const KvModelShape& shape, std::size_t num_tokens) {
+  return KvRange{0, shape.num_layers, 0, static_cast<int>(num_tokens)};
+}
+
+/// The key of a prefix block (see the file comment of kv_store.hpp).
+/// Precondition: 1 <= num_tokens <= INT_MAX.
+std::string prefix_key(const KvModelShape& shape, std::uint64_t salt, std::uint64_t name, std::size_t num_tokens) {
+  return encode_key(KvChunkKey{kPrefixBlockJobBit | (salt & ~kPrefixBlockJobBit), name, prefix_range(shape, num_tokens)});
+}
+
+/// Value bytes of a prefix block of `num_tokens` tokens: chunk and trailer.
+std::size_t prefix_value_size(const KvModelShape& shape, std::size_t num_tokens) {
+  return chunk_size(shape, prefix_range(shape, num_tokens)) + kPrefixTrailerBytes + 4 * num_tokens;
+}
+
+std::string describe_prefix(std::uint64_t salt, std::uint64_t name) {
+  return "prefix block " + std::to_string(name) + " (salt " + std::to_string(salt & ~kPrefixBlockJobBit) + ")";
+}
+
 Status check_range(const KvModelShape& shape, const KvChunkKey& key) {
   const KvRange& r = key.range;
   if (r.layer_begin < 0 || r.layer_end > shape.num_layers || r.layer_begin >= r.layer_end)
@@ -237,7 +272,7 @@ struct KvStore::Impl {
   /// nothing). Free space is probed at most every reopen_interval_ms: a
   /// put comes with every decode step.
   ReopenableDb db;
-  std::uint64_t refused_writes = 0;   ///< put_many calls refused: the disk budget or the disk was full
+  std::uint64_t refused_writes = 0;   ///< put_many / put_prefix_blocks calls refused: the disk budget or the disk was full
   std::uint64_t held_bytes = 0;       ///< value bytes of every stored chunk (sum of RequestState::bytes)
   HostTier tier;
   std::map<RequestId, RequestState> requests;
@@ -245,14 +280,136 @@ struct KvStore::Impl {
   std::uint64_t compactions = 0;
   std::uint64_t memory_hits = 0;
   std::uint64_t disk_reads = 0;
-  std::uint64_t gc_pending = 0;  ///< chunk bytes deleted since the last compaction
+  std::uint64_t gc_pending = 0;  ///< chunk and prefix block bytes deleted since the last compaction
   std::string gc_begin, gc_end;  ///< the key span deleted since then (empty: none)
+
+  /// A kept prefix block. The LRU is ordered by `seq`, the highest at the
+  /// front: every put or use takes the next number (next_prefix_seq).
+  struct PrefixEntry {
+    std::string key;
+    std::uint64_t bytes = 0;  ///< value bytes: chunk and trailer
+    std::uint64_t seq = 0;    ///< last use (the stored one is the last write's)
+  };
+  std::list<PrefixEntry> prefix_lru;  ///< front: most recently used
+  std::unordered_map<std::string, std::list<PrefixEntry>::iterator> prefix_index;
+  std::uint64_t prefix_bytes = 0;     ///< sum of PrefixEntry::bytes
+  std::uint64_t next_prefix_seq = 0;  ///< past every seq stored or used
+  std::uint64_t prefix_evictions = 0;
+  std::uint64_t prefix_hits = 0;
 
   explicit Impl(std::uint64_t host_bytes) : tier(host_bytes) {}
 
-  /// Chunk bytes counted against options.disk_budget_bytes: those held and
-  /// those deleted since the last compaction (still on disk).
-  [[nodiscard]] std::uint64_t budgeted_bytes() const { return held_bytes + gc_pending; }
+  /// Bytes counted against options.disk_budget_bytes: chunks and prefix
+  /// blocks held, and those deleted since the last compaction (still on
+  /// disk).
+  [[nodiscard]] std::uint64_t budgeted_bytes() const { return held_bytes + prefix_bytes + gc_pending; }
+
+  /// Marks a kept prefix block used: the LRU's front, the next seq (in
+  /// memory only: the stored seq stays the last write's).
+  void touch_prefix(std::list<PrefixEntry>::iterator it) {
+    it->seq = next_prefix_seq++;
+    prefix_lru.splice(prefix_lru.begin(), prefix_lru, it);
+  }
+
+  /// Records a prefix block stored (the LRU's front).
+  void add_prefix(std::string key, std::uint64_t bytes, std::uint64_t seq) {
+    prefix_lru.push_front(PrefixEntry{std::move(key), bytes, seq});
+    prefix_index[prefix_lru.front().key] = prefix_lru.begin();
+    prefix_bytes += bytes;
+    next_prefix_seq = std::max(next_prefix_seq, seq + 1);
+  }
+
+  /// Forgets prefix blocks whose deletes were written: their bytes count as
+  /// deleted, like GC'd chunks, until the next compaction of their keys.
+  void forget_prefix(const std::vector<std::list<PrefixEntry>::iterator>& victims) {
+    for (const auto it : victims) {
+      const std::string end = it->key + std::string(1, '\0');  // the key's successor
+      if (gc_begin.empty() || it->key < gc_begin) gc_begin = it->key;
+      if (gc_end.empty() || end > gc_end) gc_end = end;
+      gc_pending += it->bytes;
+      deleted_bytes += it->bytes;
+      prefix_bytes -= it->bytes;
+      ++prefix_evictions;
+      prefix_index.erase(it->key);
+      prefix_lru.erase(it);
+    }
+  }
+
+  /// Drops least recently used prefix blocks, not those with seq >=
+  /// keep_from_seq, until at least `need` bytes are dropped or none is left
+  /// to drop; one write of its own. Errors: those of the write (nothing
+  /// dropped).
+  Status drop_prefix_lru(std::uint64_t need, std::uint64_t keep_from_seq) {
+    rocksdb::WriteBatch batch;
+    std::vector<std::list<PrefixEntry>::iterator> victims;
+    std::uint64_t freed = 0;
+    for (auto it = prefix_lru.end(); freed < need && it != prefix_lru.begin();) {
+      --it;
+      if (it->seq >= keep_from_seq) break;
+      if (const rocksdb::Status b = batch.Delete(it->key); !b.ok()) return db_error("batch prefix block delete", b);
+      victims.push_back(it);
+      freed += it->bytes;
+    }
+    if (victims.empty()) return {};
+    if (Status r = db.writable(); !r.ok()) return r;
+    const rocksdb::Status st = db->Write(write_options(), &batch);
+    if (!st.ok()) return db.write_failed("drop " + std::to_string(victims.size()) + " prefix block(s)", st);
+    forget_prefix(victims);
+    return {};
+  }
+
+  /// Whether a write of `adding` more value bytes may go ahead, shared by
+  /// put_many and put_prefix_blocks (`what` names what is written, for the
+  /// errors). Under options.disk_budget_bytes it first compacts the deleted
+  /// span, then drops least recently used prefix blocks (those with seq <
+  /// keep_from_seq; a write of their deletes and a compaction, before the
+  /// caller's write) when that makes it fit; then checks the disk reserve
+  /// and that RocksDB takes writes. Every refusal counts in refused_writes.
+  /// Errors: disk_full (the budget, the reserve, a full disk), io.
+  Status admit_write(std::uint64_t adding, std::uint64_t keep_from_seq, const std::string& what) {
+    if (const std::uint64_t budget = options.disk_budget_bytes; budget > 0 && budgeted_bytes() + adding > budget) {
+      if (gc_pending > 0) {
+        if (Status c = compact(); !c.ok()) return c;  // deleted keys give their space back first
+      }
+      if (budgeted_bytes() + adding > budget) {
+        // Then prefix blocks, a cache of a cache, when dropping them makes room.
+        std::uint64_t droppable = 0;
+        for (auto it = prefix_lru.rbegin(); it != prefix_lru.rend() && it->seq < keep_from_seq; ++it)
+          droppable += it->bytes;
+        const std::uint64_t over = budgeted_bytes() + adding - budget;
+        if (over <= droppable) {
+          if (Status d = drop_prefix_lru(over, keep_from_seq); !d.ok()) {
+            ++refused_writes;
+            return d;
+          }
+          if (Status c = compact(); !c.ok()) return c;
+        }
+      }
+      if (const std::uint64_t held = budgeted_bytes(); held + adding > budget) {
+        ++refused_writes;
+        return make_error(ErrorCode::disk_full, "kv store: disk budget of " + std::to_string(budget) + " bytes spent (" +
+                                                    std::to_string(held) + " held, " + std::to_string(adding) +
+                                                    " more asked): " + what + " not stored");
+      }
+    }
+    if (const std::uint64_t reserve = options.disk_reserve_bytes; reserve > 0) {
+      struct statvfs vfs {};
+      if (::statvfs(dir.c_str(), &vfs) == 0) {
+        const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+        if (free_bytes < reserve + adding) {
+          ++refused_writes;
+          return make_error(ErrorCode::disk_full, "kv store: " + std::to_string(free_bytes) + " bytes free under " +
+                                                      dir + ", it leaves " + std::to_string(reserve) +
+                                                      " free for jobs.db and outputs: " + what + " not stored");
+        }
+      }
+    }
+    if (Status r = db.writable(); !r.ok()) {
+      ++refused_writes;
+      return r;
+    }
+    return {};
+  }
 
   /// Records a stored chunk of `id` (RequestState::add), keeping held_bytes.
   void add_chunk(const RequestId& id, const KvRange& range, std::uint64_t size) {
@@ -355,7 +512,8 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   if (!db.ok()) return std::move(db).error();
   impl->db = std::move(db).value();
 
-  // Rebuild every request's coverage from what survived.
+  // Rebuild every request's coverage, and the prefix blocks, from what survived.
+  std::vector<Impl::PrefixEntry> prefix_blocks;
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(impl->db->NewIterator(ro));
@@ -363,6 +521,24 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
     const rocksdb::Slice k = it->key();
     auto key = decode_key(std::string_view(k.data(), k.size()));
     if (!key.ok()) return std::move(key).error();
+    if ((key->job_id & kPrefixBlockJobBit) != 0) {
+      const KvRange& r = key->range;
+      if (r.layer_begin != 0 || r.layer_end != shape.num_layers || r.token_begin != 0)
+        return make_error(ErrorCode::corrupt, "kv store: " + dir + ": " +
+                                                  describe_prefix(key->job_id, key->request_id) + ": key range " +
+                                                  describe(*key) + " is not all layers from token 0");
+      const std::size_t tokens = static_cast<std::size_t>(r.token_end);
+      const std::size_t want = prefix_value_size(shape, tokens);
+      if (it->value().size() != want)
+        return make_error(ErrorCode::corrupt, "kv store: " + dir + ": " +
+                                                  describe_prefix(key->job_id, key->request_id) + ": " +
+                                                  std::to_string(it->value().size()) + " bytes stored, " +
+                                                  std::to_string(tokens) + " tokens need " + std::to_string(want));
+      const std::string_view v(it->value().data(), it->value().size());
+      prefix_blocks.push_back(Impl::PrefixEntry{std::string(k.data(), k.size()), want,
+                                                get_le(v, chunk_size(shape, r) + 8, 8)});
+      continue;
+    }
     if (key->range.layer_end > shape.num_layers)
       return make_error(ErrorCode::corrupt, "kv store: " + dir + ": chunk " + describe(*key) + " beyond the model's " +
                                                 std::to_string(shape.num_layers) + " layers");
@@ -376,6 +552,10 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   if (!it->status().ok()) return db_error("scan " + dir, it->status());
   it.reset();
   for (auto& [id, state] : impl->requests) state.recompute();
+  // The LRU by last write: the oldest seq at the back, dropped first.
+  std::sort(prefix_blocks.begin(), prefix_blocks.end(),
+            [](const Impl::PrefixEntry& a, const Impl::PrefixEntry& b) { return a.seq < b.seq; });
+  for (Impl::PrefixEntry& e : prefix_blocks) impl->add_prefix(std::move(e.key), e.bytes, e.seq);
   return std::unique_ptr<KvStore>(new KvStore(std::move(impl)));
 }
 
@@ -392,6 +572,9 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes)
   std::vector<std::string> keys;
   keys.reserve(writes.size());
   for (const KvChunkWrite& w : writes) {
+    if ((w.key.job_id & kPrefixBlockJobBit) != 0)
+      return make_error(ErrorCode::invalid_argument,
+                        "kv store: chunk " + describe(w.key) + ": a job id with the top bit (kept for prefix blocks)");
     if (Status s = check_range(shape, w.key); !s.ok()) return s.error();
     const std::size_t want = chunk_size(shape, w.key.range);
     if (w.chunk.size() != want)
@@ -406,33 +589,8 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes)
   if (writes.empty()) return std::vector<int>{};
   std::uint64_t adding = 0;  // bytes the batch stores
   for (const KvChunkWrite& w : writes) adding += w.chunk.size();
-  if (const std::uint64_t budget = impl_->options.disk_budget_bytes; budget > 0) {
-    if (impl_->budgeted_bytes() + adding > budget && impl_->gc_pending > 0) {
-      if (Status c = impl_->compact(); !c.ok()) return c.error();  // deleted chunks give their space back first
-    }
-    if (const std::uint64_t held = impl_->budgeted_bytes(); held + adding > budget) {
-      ++impl_->refused_writes;
-      return make_error(ErrorCode::disk_full, "kv store: disk budget of " + std::to_string(budget) + " bytes spent (" +
-                                                  std::to_string(held) + " held, " + std::to_string(adding) +
-                                                  " more asked): chunks not stored");
-    }
-  }
-  if (const std::uint64_t reserve = impl_->options.disk_reserve_bytes; reserve > 0) {
-    struct statvfs vfs {};
-    if (::statvfs(impl_->dir.c_str(), &vfs) == 0) {
-      const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-      if (free_bytes < reserve + adding) {
-        ++impl_->refused_writes;
-        return make_error(ErrorCode::disk_full, "kv store: " + std::to_string(free_bytes) + " bytes free under " +
-                                                    impl_->dir + ", it leaves " + std::to_string(reserve) +
-                                                    " free for jobs.db and outputs: chunks not stored");
-      }
-    }
-  }
-  if (Status r = impl_->db.writable(); !r.ok()) {
-    ++impl_->refused_writes;
-    return r.error();
-  }
+  if (Status a = impl_->admit_write(adding, std::numeric_limits<std::uint64_t>::max(), "chunks"); !a.ok())
+    return a.error();
   // The chunks count only once this returned ok: durable at the policy's level.
   const rocksdb::Status st = impl_->db->Write(impl_->write_options(), &batch);
   if (!st.ok()) {
@@ -511,6 +669,9 @@ Status KvStore::drop_request(std::uint64_t job_id, std::uint64_t request_id) {
 }
 
 Status KvStore::drop_job(std::uint64_t job_id) {
+  if ((job_id & kPrefixBlockJobBit) != 0)
+    return make_error(ErrorCode::invalid_argument, "kv store: drop_job " + std::to_string(job_id) +
+                                                       ": a job id with the top bit (kept for prefix blocks)");
   std::vector<RequestId> ids;
   for (auto it = impl_->requests.lower_bound({job_id, 0}); it != impl_->requests.end() && it->first.first == job_id;
        ++it)
@@ -522,6 +683,163 @@ Status KvStore::drop_job(std::uint64_t job_id) {
 }
 
 Status KvStore::compact() { return impl_->compact(); }
+
+Result<int> KvStore::put_prefix_blocks(std::span<const PrefixBlockWrite> writes) {
+  Impl& m = *impl_;
+  const KvModelShape& shape = m.options.shape;
+  for (const PrefixBlockWrite& w : writes) {
+    if (w.tokens.empty() || w.tokens.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      return make_error(ErrorCode::invalid_argument, "kv store: " + describe_prefix(w.salt, w.name) + ": " +
+                                                         std::to_string(w.tokens.size()) +
+                                                         " tokens, expected 1 to 2^31 - 1");
+    const std::size_t want = chunk_size(shape, prefix_range(shape, w.tokens.size()));
+    if (w.chunk.size() != want)
+      return make_error(ErrorCode::invalid_argument, "kv store: " + describe_prefix(w.salt, w.name) + ": " +
+                                                         std::to_string(w.chunk.size()) + " chunk bytes, " +
+                                                         std::to_string(w.tokens.size()) + " tokens of all " +
+                                                         std::to_string(shape.num_layers) + " layers need " +
+                                                         std::to_string(want));
+  }
+  // Blocks kept already are used now (in memory, whatever the write does);
+  // they and the call's new blocks (seq >= first_seq) are not dropped for it.
+  const std::uint64_t first_seq = m.next_prefix_seq;
+  struct NewBlock {
+    std::size_t write = 0;  ///< index in `writes`
+    std::string key;
+    std::uint64_t bytes = 0;
+  };
+  std::vector<NewBlock> news;
+  std::unordered_set<std::string> new_keys;
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const PrefixBlockWrite& w = writes[i];
+    std::string key = prefix_key(shape, w.salt, w.name, w.tokens.size());
+    if (const auto kept = m.prefix_index.find(key); kept != m.prefix_index.end()) {
+      m.touch_prefix(kept->second);
+      continue;
+    }
+    if (!new_keys.insert(key).second) continue;  // named twice: the first counts
+    news.push_back(NewBlock{i, std::move(key), prefix_value_size(shape, w.tokens.size())});
+  }
+
+  // Which new blocks the budget takes, and which kept ones (least recently
+  // used first) make room for them: a block larger than the budget, or one
+  // that fits only by dropping blocks of this call, is skipped (the call's
+  // earlier blocks, a fetch's leading run, win). A store reopened with a
+  // smaller budget drops the excess here too.
+  const std::uint64_t budget = m.options.prefix_budget_bytes;
+  struct Plan {
+    std::vector<std::list<Impl::PrefixEntry>::iterator> victims;
+    std::vector<const NewBlock*> stored;
+    std::uint64_t adding = 0;
+  };
+  const auto plan = [&] {
+    Plan p;
+    std::uint64_t planned = m.prefix_bytes, droppable = 0;
+    for (auto it = m.prefix_lru.rbegin(); it != m.prefix_lru.rend() && it->seq < first_seq; ++it)
+      droppable += it->bytes;
+    auto next_victim = m.prefix_lru.end();
+    const auto drop_one = [&] {
+      --next_victim;
+      planned -= next_victim->bytes;
+      droppable -= next_victim->bytes;
+      p.victims.push_back(next_victim);
+    };
+    while (planned > budget && droppable > 0) drop_one();
+    for (const NewBlock& n : news) {
+      if (n.bytes > budget || planned - droppable + n.bytes > budget) continue;
+      while (planned + n.bytes > budget) drop_one();
+      planned += n.bytes;
+      p.stored.push_back(&n);
+      p.adding += n.bytes;
+    }
+    return p;
+  };
+  Plan p = plan();
+  if (p.victims.empty() && p.stored.empty()) return 0;
+  if (!p.stored.empty()) {
+    // The disk budget may drop more of the least recently used blocks (a
+    // write of their own): plan again over what is left. The same blocks
+    // are stored (those dropped were the plan's first victims).
+    if (Status a = m.admit_write(p.adding, first_seq, "prefix blocks"); !a.ok()) return a.error();
+    p = plan();
+  } else if (Status r = m.db.writable(); !r.ok()) {
+    return r.error();
+  }
+
+  rocksdb::WriteBatch batch;
+  for (const auto it : p.victims)
+    if (const rocksdb::Status b = batch.Delete(it->key); !b.ok()) return db_error("batch prefix block delete", b);
+  std::vector<std::uint64_t> seqs;
+  seqs.reserve(p.stored.size());
+  for (std::size_t i = 0; i < p.stored.size(); ++i) {
+    const NewBlock& n = *p.stored[i];
+    const PrefixBlockWrite& w = writes[n.write];
+    const std::uint64_t seq = m.next_prefix_seq + i;
+    seqs.push_back(seq);
+    std::string value;
+    value.reserve(n.bytes);
+    value.append(reinterpret_cast<const char*>(w.chunk.data()), w.chunk.size());
+    put_le(value, w.parent, 8);
+    put_le(value, seq, 8);
+    for (const std::int32_t t : w.tokens) put_le(value, static_cast<std::uint32_t>(t), 4);
+    if (const rocksdb::Status b = batch.Put(n.key, value); !b.ok())
+      return db_error("batch " + describe_prefix(w.salt, w.name), b);
+  }
+  const rocksdb::Status st = m.db->Write(m.write_options(), &batch);
+  if (!st.ok()) {
+    ++m.refused_writes;
+    return m.db.write_failed("write " + std::to_string(p.stored.size()) + " prefix block(s), drop " +
+                                 std::to_string(p.victims.size()),
+                             st);
+  }
+  m.forget_prefix(p.victims);
+  for (std::size_t i = 0; i < p.stored.size(); ++i) m.add_prefix(p.stored[i]->key, p.stored[i]->bytes, seqs[i]);
+  if (m.gc_pending >= m.options.compact_after_bytes) {
+    if (Status c = m.compact(); !c.ok()) return c.error();
+  }
+  return static_cast<int>(p.stored.size());
+}
+
+Result<std::vector<StoredPrefixBlock>> KvStore::fetch_prefix_blocks(std::uint64_t salt,
+                                                                    std::span<const PrefixBlockQuery> queries) {
+  Impl& m = *impl_;
+  const KvModelShape& shape = m.options.shape;
+  std::vector<StoredPrefixBlock> out;
+  for (const PrefixBlockQuery& q : queries) {
+    const std::size_t n = q.tokens.size();
+    if (n == 0 || n > static_cast<std::size_t>(std::numeric_limits<int>::max())) break;  // never stored
+    const std::string key = prefix_key(shape, salt, q.name, n);
+    const auto kept = m.prefix_index.find(key);
+    if (kept == m.prefix_index.end()) break;
+    if (Status r = m.db.readable(); !r.ok()) return r.error();
+    std::string v;
+    const rocksdb::Status st = m.db->Get(rocksdb::ReadOptions(), key, &v);
+    if (!st.ok()) return db_error("read " + describe_prefix(salt, q.name), st);  // not_found too: the index has it
+    const std::size_t want = prefix_value_size(shape, n);
+    if (v.size() != want)
+      return make_error(ErrorCode::corrupt, "kv store: " + describe_prefix(salt, q.name) + ": " +
+                                                std::to_string(v.size()) + " bytes stored, " + std::to_string(n) +
+                                                " tokens need " + std::to_string(want));
+    const std::size_t chunk_bytes = chunk_size(shape, prefix_range(shape, n));
+    const std::string_view view(v);
+    if (get_le(view, chunk_bytes, 8) != q.parent) break;  // another prefix under the same name
+    bool same = true;
+    for (std::size_t i = 0; i < n && same; ++i)
+      same = static_cast<std::int32_t>(static_cast<std::uint32_t>(get_le(view, chunk_bytes + kPrefixTrailerBytes + 4 * i, 4))) ==
+             q.tokens[i];
+    if (!same) break;
+    StoredPrefixBlock b;
+    b.name = q.name;
+    b.parent = q.parent;
+    b.tokens.assign(q.tokens.begin(), q.tokens.end());
+    b.chunk.resize(chunk_bytes);
+    std::memcpy(b.chunk.data(), v.data(), chunk_bytes);
+    out.push_back(std::move(b));
+    m.touch_prefix(kept->second);
+    ++m.prefix_hits;
+  }
+  return out;
+}
 
 std::vector<KvRequestCoverage> KvStore::requests() const {
   std::vector<KvRequestCoverage> out;
@@ -565,6 +883,11 @@ Result<KvStoreStats> KvStore::stats() const {
   }
   s.deleted_bytes = impl_->deleted_bytes;
   s.compactions = impl_->compactions;
+  s.prefix_blocks = impl_->prefix_index.size();
+  s.prefix_bytes = impl_->prefix_bytes;
+  s.prefix_budget = impl_->options.prefix_budget_bytes;
+  s.prefix_evictions = impl_->prefix_evictions;
+  s.prefix_hits = impl_->prefix_hits;
   return s;
 }
 

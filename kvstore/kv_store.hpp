@@ -61,7 +61,9 @@
 /// fetched; across a reopen: last written) dropped first, and count towards
 /// `disk_budget_bytes` like chunks: a chunk put that would pass the disk
 /// budget first drops prefix blocks (a cache of a cache) before it is
-/// refused. They are not replicated.
+/// refused (a write of their deletes and a compaction before the chunks'
+/// write). Dropped prefix blocks are deleted bytes like GC'd chunks
+/// (`compact_after_bytes`, the compacted span). They are not replicated.
 ///
 /// Thread safety: none; one owner (the KV-store actor) serializes calls.
 /// Calls block on RocksDB (a synced write, a GC compaction).
@@ -128,14 +130,16 @@ struct KvStoreOptions {
   /// RocksDB).
   std::uint64_t host_bytes = 256ull << 20;
   KvSyncPolicy sync = KvSyncPolicy::wal;
-  /// Compact the deleted key span once this many chunk bytes were deleted.
+  /// Compact the deleted key span once this many chunk (and prefix block)
+  /// bytes were deleted.
   std::uint64_t compact_after_bytes = 64ull << 20;
   /// RocksDB memtable size (write_buffer_size), bytes.
   std::uint64_t memtable_bytes = 16ull << 20;
-  /// Byte budget on disk (0: none): a put that would take the chunk bytes
-  /// held, plus those deleted but not compacted yet, past it first compacts
-  /// the deleted span, then is refused with disk_full (the store is a
-  /// cache: that KV is recomputed if needed). RocksDB's own files (index
+  /// Byte budget on disk (0: none): a put that would take the chunk and
+  /// prefix block bytes held, plus those deleted but not compacted yet, past
+  /// it first compacts the deleted span, then drops least recently used
+  /// prefix blocks when that makes it fit, else is refused with disk_full
+  /// (the store is a cache: that KV is recomputed if needed). RocksDB's own files (index
   /// blocks, MANIFEST, LOG) come on top, a few percent.
   std::uint64_t disk_budget_bytes = 0;
   /// Free space the store leaves on its disk (0: none): a put that would
@@ -219,10 +223,10 @@ struct KvStoreStats {
   std::uint64_t requests = 0;          ///< requests tracked
   std::uint64_t chunks = 0;            ///< chunks stored
   std::uint64_t chunk_bytes = 0;       ///< their value bytes
-  std::uint64_t deleted_bytes = 0;     ///< chunk bytes deleted by GC since open
+  std::uint64_t deleted_bytes = 0;     ///< chunk and prefix block bytes deleted (GC, budgets) since open
   std::uint64_t compactions = 0;       ///< GC compactions since open
   std::uint64_t disk_budget = 0;       ///< KvStoreOptions::disk_budget_bytes (0: none)
-  std::uint64_t refused_writes = 0;    ///< put calls refused since open: budget spent or disk full
+  std::uint64_t refused_writes = 0;    ///< put (chunk or prefix block) calls refused since open: budget spent or disk full
   std::uint64_t reopens = 0;           ///< RocksDB closed and opened again after a failed write
   std::uint64_t prefix_blocks = 0;     ///< prefix blocks kept
   std::uint64_t prefix_bytes = 0;      ///< their value bytes (<= prefix_budget)
@@ -237,7 +241,9 @@ class KvStore final : public KvTarget {
   /// the coverage of every stored request. Errors: invalid_argument (a bad
   /// shape), io (RocksDB cannot open it), corrupt (a key that does not
   /// decode, a value whose size is not its range's chunk size, a layer
-  /// outside the shape: the store was written for another model).
+  /// outside the shape, a prefix block whose key is not all layers from
+  /// token 0 or whose value is not chunk + trailer: the store was written
+  /// for another model).
   [[nodiscard]] static Result<std::unique_ptr<KvStore>> open(const std::string& dir, KvStoreOptions options);
   ~KvStore() override;
   KvStore(const KvStore&) = delete;
@@ -246,7 +252,8 @@ class KvStore final : public KvTarget {
   /// Stores one chunk (replacing an equal key) and returns the request's new
   /// durable_tokens: its acknowledgement. Errors: invalid_argument (layers
   /// outside [0, num_layers), an empty or negative range, a chunk that is not
-  /// the range's chunk size; nothing is written), disk_full (the disk
+  /// the range's chunk size, a job id with kPrefixBlockJobBit; nothing is
+  /// written), disk_full (the disk
   /// budget is spent or the disk is full; nothing counts), io (RocksDB;
   /// nothing counts).
   [[nodiscard]] Result<int> put(const KvChunkKey& key, std::span<const std::byte> chunk);
@@ -276,25 +283,37 @@ class KvStore final : public KvTarget {
   /// compaction. Errors: io (the delete: nothing changed; or the compaction:
   /// the chunks are deleted, their space comes back at the next one).
   [[nodiscard]] Status drop_request(std::uint64_t job_id, std::uint64_t request_id);
-  /// Deletes every chunk of a job. Errors: as drop_request.
+  /// Deletes every chunk of a job. Errors: as drop_request; invalid_argument
+  /// for a job id with kPrefixBlockJobBit (prefix blocks are not a job's;
+  /// nothing changes). drop_request of such an id is a no-op (no request).
   [[nodiscard]] Status drop_job(std::uint64_t job_id);
   /// Compacts the key span deleted since the last compaction now (GC runs
   /// this itself after compact_after_bytes). Errors: io.
   [[nodiscard]] Status compact();
 
   /// Keeps prefix blocks (see the file comment), in one write batch. A block
-  /// kept already (same salt and name) is only marked used. Blocks that do
-  /// not fit prefix_budget_bytes drop the least recently used ones first
-  /// (in the same batch); a block larger than the whole budget is skipped.
-  /// Returns how many blocks were newly stored. Errors: invalid_argument
-  /// (no tokens, more than 2^31 tokens, a chunk that is not all layers x
-  /// tokens.size() positions; nothing is written), disk_full (as put), io.
+  /// kept already (same salt, name and number of tokens) is only marked
+  /// used (in memory, not rewritten; also when the write then fails); a
+  /// name repeated in `writes` counts once. Blocks that do not fit
+  /// prefix_budget_bytes drop the least recently used ones first (deletes
+  /// in the same batch), never the blocks this call names; a block larger
+  /// than the whole budget, or one that would fit only by dropping blocks of
+  /// this call, is skipped (the call's leading blocks win, what a fetch's
+  /// leading run needs). The disk budget and reserve apply as in put_many
+  /// (which may drop least recently used blocks first, in a write of its
+  /// own). Returns how many blocks were newly stored (0 with a budget of
+  /// 0). Errors: invalid_argument (no tokens, 2^31 tokens or more, a chunk
+  /// that is not all layers x tokens.size() positions; nothing is written),
+  /// disk_full (as put), io (the write: nothing stored; or the GC
+  /// compaction that follows once compact_after_bytes were deleted: the
+  /// blocks are stored).
   [[nodiscard]] Result<int> put_prefix_blocks(std::span<const PrefixBlockWrite> writes);
 
   /// The leading run of `queries` the store keeps under `salt`, in order:
   /// it stops at the first block that is not kept or whose stored parent or
-  /// tokens differ from the query's (a collision). Marks those returned
-  /// used. Errors: io, corrupt (a stored value of the wrong size).
+  /// tokens differ from the query's (a collision), or that has no tokens.
+  /// Reads RocksDB (not the host tier). Marks those returned used (in
+  /// memory). Errors: io, corrupt (a stored value of the wrong size).
   [[nodiscard]] Result<std::vector<StoredPrefixBlock>> fetch_prefix_blocks(std::uint64_t salt,
                                                                            std::span<const PrefixBlockQuery> queries);
 

@@ -404,7 +404,8 @@ TEST(KvStore, DropRequestAndJobForgetTheirChunksOnly) {
   const auto shape = s->options().shape;
   for (const std::uint64_t job : {1u, 2u})
     for (const std::uint64_t req : {0ull, 5ull, ~0ull}) put(*s, job, req, KvRange{0, 4, 0, 3});
-  put(*s, ~0ull, ~0ull, KvRange{0, 4, 0, 2});
+  constexpr std::uint64_t kLastJob = kPrefixBlockJobBit - 1;  // the largest job id (the top bit: prefix blocks)
+  put(*s, kLastJob, ~0ull, KvRange{0, 4, 0, 2});
   ASSERT_TRUE(s->drop_request(1, 5).ok());
   ASSERT_TRUE(s->drop_request(1, 42).ok());  // unknown: nothing to do
   EXPECT_EQ(s->durable_tokens(1, 5), 0);
@@ -419,15 +420,15 @@ TEST(KvStore, DropRequestAndJobForgetTheirChunksOnly) {
     EXPECT_FALSE(s->fetch(chunk_key(2, req, KvRange{0, 4, 0, 3})).ok());
   }
   EXPECT_EQ(s->durable_tokens(1, 0), 3);
-  EXPECT_EQ(s->durable_tokens(~0ull, ~0ull), 2);
+  EXPECT_EQ(s->durable_tokens(kLastJob, ~0ull), 2);
   auto st = s->stats();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->requests, 2u);
   EXPECT_EQ(st->memory_chunks, 2u);  // the dropped ones left the host tier too
   EXPECT_EQ(st->deleted_bytes, 5 * testing::chunk_size(shape, KvRange{0, 4, 0, 3}));
-  ASSERT_TRUE(s->drop_job(~0ull).ok());
-  EXPECT_EQ(s->durable_tokens(~0ull, ~0ull), 0);
-  EXPECT_FALSE(s->fetch(chunk_key(~0ull, ~0ull, KvRange{0, 4, 0, 2})).ok());
+  ASSERT_TRUE(s->drop_job(kLastJob).ok());
+  EXPECT_EQ(s->durable_tokens(kLastJob, ~0ull), 0);
+  EXPECT_FALSE(s->fetch(chunk_key(kLastJob, ~0ull, KvRange{0, 4, 0, 2})).ok());
   // And the drops are durable: a reopened store does not bring them back.
   s.reset();
   s = open_store(tmp.file("kv"), options());
