@@ -281,7 +281,11 @@ struct KvStore::Impl {
   std::uint64_t memory_hits = 0;
   std::uint64_t disk_reads = 0;
   std::uint64_t gc_pending = 0;  ///< chunk and prefix block bytes deleted since the last compaction
-  std::string gc_begin, gc_end;  ///< the key span deleted since then (empty: none)
+  /// The key spans deleted since then (empty: none): jobs' chunks, and
+  /// prefix blocks apart (their keys sort after every job's, so one span
+  /// over both would compact every live chunk between them).
+  std::string gc_begin, gc_end;
+  std::string prefix_gc_begin, prefix_gc_end;
 
   /// A kept prefix block. The LRU is ordered by `seq`, the highest at the
   /// front: every put or use takes the next number (next_prefix_seq).
@@ -324,8 +328,8 @@ struct KvStore::Impl {
   void forget_prefix(const std::vector<std::list<PrefixEntry>::iterator>& victims) {
     for (const auto it : victims) {
       const std::string end = it->key + std::string(1, '\0');  // the key's successor
-      if (gc_begin.empty() || it->key < gc_begin) gc_begin = it->key;
-      if (gc_end.empty() || end > gc_end) gc_end = end;
+      if (prefix_gc_begin.empty() || it->key < prefix_gc_begin) prefix_gc_begin = it->key;
+      if (prefix_gc_end.empty() || end > prefix_gc_end) prefix_gc_end = end;
       gc_pending += it->bytes;
       deleted_bytes += it->bytes;
       prefix_bytes -= it->bytes;
@@ -470,17 +474,22 @@ struct KvStore::Impl {
   }
 
   Status compact() {
-    if (gc_begin.empty()) return {};
+    if (gc_begin.empty() && prefix_gc_begin.empty()) return {};
     if (Status r = db.writable(); !r.ok()) return r;
     rocksdb::CompactRangeOptions o;
     o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
-    const rocksdb::Slice b(gc_begin), e(gc_end);
-    const rocksdb::Status st = db->CompactRange(o, &b, &e);
-    if (!st.ok()) return db.write_failed("compact deleted range", st);
+    for (auto* span : {&gc_begin, &prefix_gc_begin}) {
+      std::string& begin = *span;
+      std::string& end = span == &gc_begin ? gc_end : prefix_gc_end;
+      if (begin.empty()) continue;
+      const rocksdb::Slice b(begin), e(end);
+      const rocksdb::Status st = db->CompactRange(o, &b, &e);
+      if (!st.ok()) return db.write_failed("compact deleted range", st);
+      begin.clear();
+      end.clear();
+    }
     ++compactions;
     gc_pending = 0;
-    gc_begin.clear();
-    gc_end.clear();
     return {};
   }
 };
