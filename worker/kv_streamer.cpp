@@ -25,12 +25,37 @@ bool KvStreamer::accepting() const {
 }
 
 void KvStreamer::push(QueuedIncrement increment) {
+  // An increment over a batch is split by layers: the canonical chunk is
+  // [layers, 2, heads, tokens, head_dim], so each layer's bytes are one run.
+  std::vector<QueuedIncrement> parts;
+  const kvstore::KvRange range = increment.key.range;
+  const int num_layers = range.num_layers();
+  if (increment.chunk.size() > options_.max_batch_bytes && num_layers > 1 &&
+      increment.chunk.size() % static_cast<std::size_t>(num_layers) == 0) {
+    const std::size_t slab = increment.chunk.size() / static_cast<std::size_t>(num_layers);
+    const int per_part = static_cast<int>(std::max<std::uint64_t>(1, options_.max_batch_bytes / slab));
+    for (int l = range.layer_begin; l < range.layer_end; l += per_part) {
+      QueuedIncrement part;
+      part.key = increment.key;
+      part.key.range.layer_begin = l;
+      part.key.range.layer_end = std::min(range.layer_end, l + per_part);
+      const auto* from = increment.chunk.data() + static_cast<std::size_t>(l - range.layer_begin) * slab;
+      part.chunk.assign(from, from + static_cast<std::size_t>(part.key.range.num_layers()) * slab);
+      part.token_ids = increment.token_ids;
+      part.num_prompt_tokens = increment.num_prompt_tokens;
+      parts.push_back(std::move(part));
+    }
+  } else {
+    parts.push_back(std::move(increment));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.queued_bytes += increment.chunk.size();
+    for (QueuedIncrement& part : parts) {
+      stats_.queued_bytes += part.chunk.size();
+      ++stats_.pushed;
+      queue_.push_back(std::move(part));
+    }
     stats_.max_queued_bytes_seen = std::max(stats_.max_queued_bytes_seen, stats_.queued_bytes);
-    ++stats_.pushed;
-    queue_.push_back(std::move(increment));
   }
   cv_.notify_one();
 }
@@ -67,9 +92,16 @@ void KvStreamer::run() {
   while (true) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    // Take everything queued as one batch: one buffer, one transfer.
-    std::vector<QueuedIncrement> batch(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
-    queue_.clear();
+    // Take what is queued, up to max_batch_bytes, as one batch: one buffer,
+    // one transfer (one message to the store).
+    std::vector<QueuedIncrement> batch;
+    std::uint64_t batch_bytes = 0;
+    while (!queue_.empty() &&
+           (batch.empty() || batch_bytes + queue_.front().chunk.size() <= options_.max_batch_bytes)) {
+      batch_bytes += queue_.front().chunk.size();
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
     in_flight_ = true;
     lock.unlock();
 

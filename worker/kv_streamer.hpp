@@ -10,8 +10,8 @@
 /// false and the engine stops copying increments out (the KV stays in its
 /// cache, and the engine later hands over one catch-up increment from the
 /// last streamed position: engine/llm_engine.hpp KvStreamSink). The thread
-/// flushes everything queued as one batch (KvTarget::flush_batch: buffered
-/// copies, one transfer per destination). A failed flush (the store is down
+/// flushes what is queued in batches of at most max_batch_bytes
+/// (KvTarget::flush_batch: buffered copies, one transfer per destination). A failed flush (the store is down
 /// or restarting) is retried every retry_interval, in order; nothing queued
 /// is dropped except by forget_request().
 ///
@@ -35,6 +35,12 @@ namespace shardline::worker {
 struct KvStreamerOptions {
   std::uint64_t max_queued_bytes = 64ull << 20;  ///< above it, accepting() is false
   std::chrono::milliseconds retry_interval{50};  ///< wait between retries of a failed flush
+  /// Chunk bytes of one flush_batch at most (one increment at least): a
+  /// batch is one message to the store, which refuses messages over
+  /// messages::kMaxMessageBytes (64 MiB), so an unbounded batch was refused
+  /// and retried for ever. An increment larger than this is split by layers
+  /// at push (a chunk's layers are contiguous), down to one layer each.
+  std::uint64_t max_batch_bytes = 32ull << 20;
 };
 
 /// One increment on its way to the store.
@@ -46,7 +52,7 @@ struct QueuedIncrement {
 };
 
 struct KvStreamerStats {
-  std::uint64_t pushed = 0;          ///< increments queued
+  std::uint64_t pushed = 0;          ///< increments queued (the parts of a split one each)
   std::uint64_t flushed = 0;         ///< increments the target accepted
   std::uint64_t flushed_bytes = 0;   ///< their chunk bytes
   std::uint64_t batches = 0;         ///< flush_batch calls that succeeded
@@ -73,7 +79,8 @@ class KvStreamer {
 
   /// True while the queued bytes are within max_queued_bytes.
   [[nodiscard]] bool accepting() const;
-  /// Queues one increment (never blocks).
+  /// Queues one increment (never blocks); one over max_batch_bytes is
+  /// queued as several of fewer layers each (same positions and token ids).
   void push(QueuedIncrement increment);
   /// Drops the queued increments of (job, request) (it finished or was
   /// cancelled: its KV is garbage). Returns how many.

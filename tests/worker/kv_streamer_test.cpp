@@ -156,5 +156,43 @@ TEST(KvStreamer, ForgetRequestDropsOnlyItsQueuedIncrements) {
   EXPECT_EQ(streamer.stats().forgotten, 2u);
 }
 
+// A batch is one message to the store, which refuses those over 64 MiB: the
+// streamer sends at most max_batch_bytes per flush_batch (one increment at
+// least), and splits an increment larger than that by layers, each part
+// with the same positions and token ids and its layers' bytes.
+TEST(KvStreamer, BatchesStayUnderTheirBoundAndALargeIncrementIsSplitByLayers) {
+  auto target = std::make_shared<GatedTarget>();
+  std::vector<kvstore::KvChunkKey> reported;
+  std::mutex mu;
+  KvStreamerOptions o;
+  o.max_batch_bytes = 100;
+  KvStreamer streamer(target, o, [&](std::vector<QueuedIncrement> flushed) {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& inc : flushed) {
+      EXPECT_EQ(inc.token_ids.size(), 3u);
+      reported.push_back(inc.key);
+    }
+  });
+  target->close();
+  for (int t = 0; t < 3; ++t) streamer.push(increment(1, 7, 2 * t, 2 * t + 2, 64));  // 2 layers of 32 bytes
+  const QueuedIncrement big = increment(1, 8, 0, 2, 256);                              // 2 layers of 128 bytes
+  streamer.push(big);
+  target->open();
+  ASSERT_TRUE(streamer.drain(std::chrono::seconds(10)));
+  EXPECT_EQ(target->calls.load(), 5) << "64 | 64 | 64 | 128 | 128: no batch of two fits 100 bytes";
+  const KvStreamerStats s = streamer.stats();
+  EXPECT_EQ(s.pushed, 5u);
+  EXPECT_EQ(s.flushed_bytes, 3u * 64u + 256u);
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(reported.size(), 5u);
+  for (int layer = 0; layer < 2; ++layer) {
+    const kvstore::KvChunkKey part{1, 8, kvstore::KvRange{layer, layer + 1, 0, 2}};
+    EXPECT_EQ(reported[3 + static_cast<std::size_t>(layer)], part);
+    auto bytes = target->memory.fetch(part);
+    ASSERT_TRUE(bytes.ok()) << "layer " << layer;
+    EXPECT_TRUE(std::equal(bytes->begin(), bytes->end(), big.chunk.begin() + layer * 128)) << "layer " << layer;
+  }
+}
+
 }  // namespace
 }  // namespace shardline::worker
