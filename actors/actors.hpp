@@ -176,6 +176,11 @@ struct WorkerConfig {
   /// streaming, and resumed lines recompute from their tokens.
   std::shared_ptr<KvStoreLink> kv_store;
   std::uint64_t kv_queue_bytes = 64ull << 20;  ///< KvStreamerOptions::max_queued_bytes
+  /// The persistent prefix tier (worker/store_prefix_tier.hpp) over the
+  /// node's KV store, with prefix caching on: host memory of this many
+  /// bytes in front of the store (`--prefix-tier-mib`, else 256 MiB); 0: off
+  /// (the store keeps no prefix blocks: `--kv-prefix-mib 0`).
+  std::uint64_t prefix_store_host_bytes = 0;
   /// `--weight-sharing sidp`: the node's SiDP group this worker is rank
   /// `sidp_rank` of (its engine comes from SidpNodeGroup::attach, not from
   /// `engine`); null = no SiDP.
@@ -225,6 +230,7 @@ struct KvStoreConfig {
   std::uint64_t capacity_bytes = 256ull << 20;  ///< host-memory tier budget (`--kv-store-bytes`)
   std::uint64_t disk_budget_bytes = 0;          ///< KvStoreOptions::disk_budget_bytes (`--kv-disk-mib`)
   std::uint64_t disk_reserve_bytes = 256ull << 20;  ///< KvStoreOptions::disk_reserve_bytes (`--kv-disk-reserve-mib`)
+  std::uint64_t prefix_budget_bytes = 1ull << 30;   ///< KvStoreOptions::prefix_budget_bytes (`--kv-prefix-mib`)
   kvstore::KvSyncPolicy sync = kvstore::KvSyncPolicy::wal;  ///< `--kv-sync`
   int replication_factor = kvstore::kDefaultReplicationFactor;  ///< `--kv-replication`
   std::shared_ptr<const ClusterKey> key;

@@ -103,4 +103,40 @@ void ActorResumeKvSource::drop_job(std::uint64_t job_id) {
   caf::anon_send(store, msg_atom::value, s.tag, s.bytes);
 }
 
+ActorPrefixBlockStore::ActorPrefixBlockStore(caf::actor_system& system, std::shared_ptr<KvStoreLink> link,
+                                             std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout)
+    : system_(system), link_(std::move(link)), key_(std::move(key)), timeout_(timeout) {}
+
+Result<int> ActorPrefixBlockStore::put_blocks(std::uint64_t salt, std::span<const kvstore::PrefixBlockWrite> blocks) {
+  messages::PutPrefixBlocks put;
+  put.salt = salt;
+  put.blocks.reserve(blocks.size());
+  for (const kvstore::PrefixBlockWrite& b : blocks)
+    put.blocks.push_back(messages::PrefixBlockData{b.name, b.parent, {b.tokens.begin(), b.tokens.end()},
+                                                   {b.chunk.begin(), b.chunk.end()}});
+  auto reply = ask_kv_store(system_, link_->get(), *key_, put, timeout_);
+  if (!reply) return std::move(reply).error();
+  auto* data = std::get_if<messages::PrefixBlocksData>(&*reply);
+  if (data == nullptr) return make_error(ErrorCode::io, "KV store: unexpected reply to putPrefixBlocks");
+  return data->stored;
+}
+
+Result<std::vector<kvstore::StoredPrefixBlock>> ActorPrefixBlockStore::fetch_blocks(
+    std::uint64_t salt, std::span<const kvstore::PrefixBlockQuery> queries) {
+  messages::FetchPrefixBlocks fetch;
+  fetch.salt = salt;
+  fetch.blocks.reserve(queries.size());
+  for (const kvstore::PrefixBlockQuery& q : queries)
+    fetch.blocks.push_back(messages::PrefixBlockData{q.name, q.parent, {q.tokens.begin(), q.tokens.end()}, {}});
+  auto reply = ask_kv_store(system_, link_->get(), *key_, fetch, timeout_);
+  if (!reply) return std::move(reply).error();
+  auto* data = std::get_if<messages::PrefixBlocksData>(&*reply);
+  if (data == nullptr) return make_error(ErrorCode::io, "KV store: unexpected reply to fetchPrefixBlocks");
+  std::vector<kvstore::StoredPrefixBlock> out;
+  out.reserve(data->blocks.size());
+  for (messages::PrefixBlockData& b : data->blocks)
+    out.push_back(kvstore::StoredPrefixBlock{b.name, b.parent, std::move(b.tokens), std::move(b.chunk)});
+  return out;
+}
+
 }  // namespace shardline::actors

@@ -92,6 +92,27 @@ class ActorResumeKvSource final : public worker::ResumeKvSource {
   std::chrono::milliseconds timeout_;
 };
 
+/// A PrefixBlockStore over the node's KV-store actor (the persistent prefix
+/// tier, worker/store_prefix_tier.hpp): put_blocks sends one
+/// PutPrefixBlocks, fetch_blocks one FetchPrefixBlocks, and each waits for
+/// the answer. Errors: io (no store now: it is restarting; no answer within
+/// `timeout`), or the store's.
+class ActorPrefixBlockStore final : public worker::PrefixBlockStore {
+ public:
+  ActorPrefixBlockStore(caf::actor_system& system, std::shared_ptr<KvStoreLink> link,
+                        std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+  [[nodiscard]] Result<int> put_blocks(std::uint64_t salt, std::span<const kvstore::PrefixBlockWrite> blocks) override;
+  [[nodiscard]] Result<std::vector<kvstore::StoredPrefixBlock>> fetch_blocks(
+      std::uint64_t salt, std::span<const kvstore::PrefixBlockQuery> queries) override;
+
+ private:
+  caf::actor_system& system_;
+  std::shared_ptr<KvStoreLink> link_;
+  std::shared_ptr<const ClusterKey> key_;
+  std::chrono::milliseconds timeout_;
+};
+
 /// Sends a signed KV-store message and waits for the reply. Errors: io (no
 /// store, timeout, a refused or undecodable reply), or the store's Error.
 [[nodiscard]] Result<messages::KvStoreReply> ask_kv_store(caf::actor_system& system, const caf::actor& store,

@@ -294,6 +294,38 @@ KvStoreReply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
   return messages::Ack{};
 }
 
+/// The persistent prefix tier's blocks (kvstore/kv_store.hpp "Prefix
+/// blocks"): kept here only, not replicated (a cache of recomputable KV).
+KvStoreReply handle_put_prefix_blocks(KvStoreState& st, const messages::PutPrefixBlocks& m) {
+  std::vector<kvstore::PrefixBlockWrite> writes;
+  writes.reserve(m.blocks.size());
+  for (const messages::PrefixBlockData& b : m.blocks)
+    writes.push_back(kvstore::PrefixBlockWrite{m.salt, b.name, b.parent, b.tokens, b.chunk});
+  auto stored = st.store->put_prefix_blocks(writes);
+  if (!stored) {
+    spdlog::debug("kvstore {}: prefix blocks not kept: {}", st.config.name, stored.error().to_string());
+    return stored.error();
+  }
+  return messages::PrefixBlocksData{{}, *stored};
+}
+
+KvStoreReply handle_fetch_prefix_blocks(KvStoreState& st, const messages::FetchPrefixBlocks& m) {
+  std::vector<kvstore::PrefixBlockQuery> queries;
+  queries.reserve(m.blocks.size());
+  for (const messages::PrefixBlockData& b : m.blocks)
+    queries.push_back(kvstore::PrefixBlockQuery{b.name, b.parent, b.tokens});
+  auto found = st.store->fetch_prefix_blocks(m.salt, queries);
+  if (!found) {
+    spdlog::warn("kvstore {}: fetch of prefix blocks: {}", st.config.name, found.error().to_string());
+    return found.error();
+  }
+  messages::PrefixBlocksData out;
+  out.blocks.reserve(found->size());
+  for (kvstore::StoredPrefixBlock& b : *found)
+    out.blocks.push_back(messages::PrefixBlockData{b.name, b.parent, std::move(b.tokens), std::move(b.chunk)});
+  return out;
+}
+
 messages::KvStoreStats stats_of(const KvStoreState& st) {
   messages::KvStoreStats out;
   out.store_name = st.config.name;
@@ -305,6 +337,8 @@ messages::KvStoreStats stats_of(const KvStoreState& st) {
     out.disk_bytes = s->disk_bytes;
     out.requests = s->requests;
     out.chunks = s->chunks;
+    out.prefix_blocks = s->prefix_blocks;
+    out.prefix_bytes = s->prefix_bytes;
   }
   const auto lag = st.tracker ? st.tracker->lag() : std::vector<kvstore::ReplicaLag>{};
   if (!lag.empty()) {
@@ -362,6 +396,7 @@ void heartbeat(KvStoreActor* self) {
     st.config.metrics->set("shardline_kv_store_memory_bytes", l, static_cast<double>(s.bytes_used));
     st.config.metrics->set("shardline_kv_store_disk_bytes", l, static_cast<double>(s.disk_bytes));
     st.config.metrics->set("shardline_kv_replication_lag_tokens", l, static_cast<double>(s.lag_tokens));
+    st.config.metrics->set("shardline_kv_store_prefix_bytes", l, static_cast<double>(s.prefix_bytes));
   }
   if (st.config.orchestrator) {
     const Signed sg = sign(*st.config.key, messages::encode(messages::OrchestratorMsg{messages::KvStoreHeartbeat{s}}));
@@ -390,6 +425,7 @@ Result<std::unique_ptr<kvstore::KvStore>> open_store(const KvStoreConfig& c) {
   o.disk_budget_bytes = c.disk_budget_bytes;
   o.disk_reserve_bytes = c.disk_reserve_bytes;
   o.sync = c.sync;
+  o.prefix_budget_bytes = c.prefix_budget_bytes;
   std::error_code mk;
   std::filesystem::create_directories(c.dir, mk);  // a joined node's data dir may not exist yet
   auto store = kvstore::KvStore::open(c.dir, o);
@@ -442,6 +478,10 @@ caf::behavior kvstore_behavior(KvStoreActor* self, KvStoreConfig config) {
         if (auto* put = std::get_if<messages::PutChunks>(&*msg)) return handle_put(self, *put, tag);
         if (auto* fetch = std::get_if<messages::FetchPrefix>(&*msg)) return handle_fetch(self, *fetch, tag);
         if (auto* drop = std::get_if<messages::DropRequests>(&*msg)) return reply(st, tag, handle_drop(self, *drop));
+        if (auto* put = std::get_if<messages::PutPrefixBlocks>(&*msg))
+          return reply(st, tag, handle_put_prefix_blocks(st, *put));
+        if (auto* fetch = std::get_if<messages::FetchPrefixBlocks>(&*msg))
+          return reply(st, tag, handle_fetch_prefix_blocks(st, *fetch));
         if (std::holds_alternative<messages::StatsQuery>(*msg)) return reply(st, tag, stats_of(st));
         return reply(st, tag, Error{ErrorCode::unsupported, std::string("kvstore: ") + messages::kind_name(*msg) +
                                                        " is not served (putBlocks/getBlocks/dropBlocks are retired; "

@@ -489,6 +489,7 @@ std::optional<KvStoreConfig> node_kv_store(const NodeOptions& o, const NodeShare
   kc.capacity_bytes = o.kv_store_bytes;
   kc.disk_budget_bytes = o.kv_disk_bytes;
   kc.disk_reserve_bytes = o.kv_disk_reserve_bytes;
+  kc.prefix_budget_bytes = o.kv_prefix_bytes;
   kc.sync = o.kv_sync;
   kc.replication_factor = o.kv_replication;
   kc.key = shared.key;
@@ -560,7 +561,11 @@ Result<std::unique_ptr<Node>> Node::start(NodeOptions o) {
   if (std::optional<KvStoreConfig> kc = node_kv_store(o, shared)) {
     sc->kvstore = std::move(*kc);
     sc->kv_link = std::make_shared<KvStoreLink>();
-    for (WorkerConfig& w : workers) w.kv_store = sc->kv_link;
+    for (WorkerConfig& w : workers) {
+      w.kv_store = sc->kv_link;
+      if (o.kv_prefix_bytes > 0 && w.engine.enable_prefix_caching)
+        w.prefix_store_host_bytes = w.engine.prefix_tier_bytes > 0 ? w.engine.prefix_tier_bytes : 256ull << 20;
+    }
   }
   apply_stall_hook(workers);
   node->num_workers_ = static_cast<int>(workers.size());

@@ -66,6 +66,10 @@ struct NodeOptions {
   /// (`--kv-disk-reserve-mib`): kvstore::KvStoreOptions.
   std::uint64_t kv_disk_bytes = 0;
   std::uint64_t kv_disk_reserve_bytes = 256ull << 20;
+  /// `--kv-prefix-mib`: the KV store's share for prefix blocks (the
+  /// persistent prefix tier, docs/prefix-caching.md); 0: none kept, and
+  /// workers keep evicted prefix blocks in host memory only.
+  std::uint64_t kv_prefix_bytes = 1ull << 30;
   /// `--kv-sync`: when a KV store write counts as durable (docs/kv-recovery.md).
   kvstore::KvSyncPolicy kv_sync = kvstore::KvSyncPolicy::wal;
   /// `--kv-replication`: copies of each KV chunk (this node's store and the

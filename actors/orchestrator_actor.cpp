@@ -664,10 +664,18 @@ void describe_node_metrics(MetricsRegistry& m) {
   m.describe("shardline_prefix_cache_hits_total", "counter",
              "Prefix caching: of those tokens, the ones found in cached KV blocks and not computed, by worker.");
   m.describe("shardline_prefix_tier_restored_tokens_total", "counter",
-             "Prefix caching: prompt positions restored from the worker's prefix tier (--prefix-tier-mib) instead "
-             "of computed, by worker.");
+             "Prefix caching: prompt positions restored from the worker's prefix tier (host memory, then the node's "
+             "KV store) instead of computed, by worker.");
   m.describe("shardline_prefix_tier_spilled_blocks_total", "counter",
-             "Prefix caching: named KV blocks the device cache evicted and copied out to the prefix tier, by worker.");
+             "Prefix caching: named KV blocks the device cache evicted (or, with the KV store's tier, shared for the "
+             "first time) and copied out to the prefix tier, by worker.");
+  m.describe("shardline_prefix_store_fetched_tokens_total", "counter",
+             "Prefix caching: prefix positions the node's KV store handed a worker's prefix tier (a restarted node "
+             "or a later job fetching a prefix instead of computing it), by worker.");
+  m.describe("shardline_prefix_store_kept_blocks_total", "counter",
+             "Prefix caching: prefix blocks a worker sent that the node's KV store newly kept, by worker.");
+  m.describe("shardline_kv_store_prefix_bytes", "gauge",
+             "Bytes of prefix blocks a KV store keeps (--kv-prefix-mib bounds them), by store.");
   m.describe("shardline_kv_store_memory_bytes", "gauge", "Bytes in a KV store's host-memory tier, by store.");
   m.describe("shardline_kv_store_disk_bytes", "gauge", "Bytes of a KV store's RocksDB directory, by store.");
   m.describe("shardline_kv_replication_lag_tokens", "gauge",

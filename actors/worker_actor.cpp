@@ -109,6 +109,8 @@ void export_kv_metrics(WorkerActor* self) {
   add("shardline_prefix_cache_hits_total", l, g.prefix_hit_tokens);
   add("shardline_prefix_tier_restored_tokens_total", l, g.prefix_tier_restored_tokens);
   add("shardline_prefix_tier_spilled_blocks_total", l, g.prefix_tier_spilled_blocks);
+  add("shardline_prefix_store_fetched_tokens_total", l, g.prefix_store_fetched_tokens);
+  add("shardline_prefix_store_kept_blocks_total", l, g.prefix_store_kept_blocks);
 }
 
 using WorkerReply = messages::WorkerReply;
@@ -250,7 +252,8 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
   for (const char* metric : {"shardline_kv_streamed_bytes_total", "shardline_recovered_tokens_total",
                              "shardline_kv_resume_fallbacks_total", "shardline_prefix_cache_queries_total",
                              "shardline_prefix_cache_hits_total", "shardline_prefix_tier_restored_tokens_total",
-                             "shardline_prefix_tier_spilled_blocks_total"})
+                             "shardline_prefix_tier_spilled_blocks_total", "shardline_prefix_store_fetched_tokens_total",
+                             "shardline_prefix_store_kept_blocks_total"})
     st.config.metrics->add(metric, "worker=\"" + st.config.name + "\"", 0);  // shown from the start
   st.config.metrics->add("shardline_recomputed_tokens_total", "cause=\"failure\",worker=\"" + st.config.name + "\"", 0);
   if (st.config.kv_store) {
@@ -268,6 +271,12 @@ caf::behavior worker_behavior(WorkerActor* self, WorkerConfig config) {
     if (!streaming)
       spdlog::warn("worker {}: its engine cannot copy KV out (no KV views): no KV streaming; a failed line "
                    "resumes from its tokens only", st.config.name);
+    if (st.config.prefix_store_host_bytes > 0 &&
+        st.runtime->connect_prefix_store(
+            std::make_shared<ActorPrefixBlockStore>(self->system(), st.config.kv_store, st.config.key),
+            st.config.prefix_store_host_bytes))
+      spdlog::info("worker {}: prefix blocks kept in {} MiB of host memory and the node's KV store", st.config.name,
+                   st.config.prefix_store_host_bytes >> 20);
   }
   // Refusals are not counted here (as before the inbox helper); the orchestrator counts its own.
   st.inbox = Inbox("worker " + st.config.name, st.config.key, nullptr);

@@ -63,13 +63,14 @@ int run_cluster_init(const std::string& key_file) {
 // ---- node start ---------------------------------------------------------------
 
 /// `--kv-sync`, `--kv-replication`, `--kv-store-mib`, `--kv-disk-mib`,
-/// `--kv-disk-reserve-mib` of `run` and `node start`.
+/// `--kv-disk-reserve-mib`, `--kv-prefix-mib` of `run` and `node start`.
 struct KvFlags {
   std::string sync = "wal";
   int replication = kvstore::kDefaultReplicationFactor;
   std::uint64_t store_mib = 256;
   std::uint64_t disk_mib = 0;
   std::uint64_t disk_reserve_mib = 256;
+  std::uint64_t prefix_mib = 1024;
 };
 
 struct NodeArgs {
@@ -164,6 +165,7 @@ Result<actors::NodeOptions> node_options(const NodeArgs& a) {
   o.kv_store_bytes = a.kv.store_mib << 20;
   o.kv_disk_bytes = a.kv.disk_mib << 20;
   o.kv_disk_reserve_bytes = a.kv.disk_reserve_mib << 20;
+  o.kv_prefix_bytes = a.kv.prefix_mib << 20;
   return o;
 }
 
@@ -250,6 +252,10 @@ void add_kv_flags(CLI::App& cmd, KvFlags& kv) {
       ->capture_default_str();
   cmd.add_option("--kv-disk-reserve-mib", kv.disk_reserve_mib,
                  "Free space the KV store leaves on its disk for jobs.db and outputs, MiB (0 = none)")
+      ->capture_default_str();
+  cmd.add_option("--kv-prefix-mib", kv.prefix_mib,
+                 "Prefix blocks this node's KV store keeps for prefix caching, MiB, least recently used dropped "
+                 "first: shared prompt prefixes survive a restart and serve the next job (0 = none)")
       ->capture_default_str();
 }
 

@@ -12,6 +12,7 @@ BlockManager::BlockManager(int num_blocks, int block_size, PrefixCacheConfig pre
   free_list_.reserve(static_cast<std::size_t>(num_blocks_));
   for (int b = num_blocks_ - 1; b >= 0; --b) free_list_.push_back(b);  // block 0 handed out first
   refs_.assign(static_cast<std::size_t>(num_blocks_), 0);
+  offered_.assign(static_cast<std::size_t>(num_blocks_), 0);
   if (prefix.enabled) {
     cache_ = std::make_unique<PrefixCache>(num_blocks_);
     salt_ = prefix.salt;
@@ -101,6 +102,11 @@ int BlockManager::acquire_cached_prefix(std::uint64_t seq_id, const Tokens& toke
   for (std::int32_t b : s.table) {
     cache_->hold(b);
     ++refs_[static_cast<std::size_t>(b)];
+    // Shared for the first time since it was named: offered to the tier.
+    if (spill_ && spill_shared_ && epoch_ == 0 && offered_[static_cast<std::size_t>(b)] == 0) {
+      offered_[static_cast<std::size_t>(b)] = 1;
+      evicted_.push_back(cache_->named_block(b));
+    }
   }
   if (s.table.empty()) return 0;
   s.num_tokens = static_cast<int>(s.table.size()) * block_size_;
@@ -197,6 +203,23 @@ std::vector<std::vector<std::byte>> BlockManager::fetch_from_tier(PrefixTier* ti
   return out;
 }
 
+std::vector<NamedBlock> BlockManager::uncached_blocks(const Tokens& tokens, int max_tokens) const {
+  std::vector<NamedBlock> out;
+  if (!tier_names()) return out;
+  std::vector<std::int32_t> blocks;
+  std::vector<std::uint64_t> names;
+  cached_chain(tokens, max_tokens, blocks, names, nullptr);
+  const int full = std::min(max_tokens, tokens.size()) / block_size_;
+  std::uint64_t parent = names.empty() ? root_name_ : names.back();
+  std::vector<std::int32_t> ids;
+  for (auto i = static_cast<int>(names.size()); i < full; ++i) {
+    const std::uint64_t name = name_block(tokens, i, parent, ids);
+    out.push_back(NamedBlock{-1, name, parent, ids});
+    parent = name;
+  }
+  return out;
+}
+
 int BlockManager::peek_cached_prefix(const Tokens& tokens, int max_tokens) const {
   if (!cache_) return 0;
   std::vector<std::int32_t> blocks;
@@ -242,7 +265,8 @@ void BlockManager::cache_full_blocks(std::uint64_t seq_id, const Tokens& tokens,
   for (auto i = static_cast<int>(s.names.size()); i < full; ++i) {
     const std::uint64_t parent = parent_name(s, static_cast<std::size_t>(i));
     const std::uint64_t name = name_block(tokens, i, parent, ids);
-    (void)cache_->insert(s.table[static_cast<std::size_t>(i)], name, parent, ids);
+    if (cache_->insert(s.table[static_cast<std::size_t>(i)], name, parent, ids))
+      offered_[static_cast<std::size_t>(s.table[static_cast<std::size_t>(i)])] = 0;  // named anew
     s.names.push_back(name);
   }
 }

@@ -129,8 +129,12 @@ class BlockManager {
   /// Whether named blocks evicted from now on are listed for a spill
   /// (take_evicted), while the epoch is 0 (a tier's names are epoch 0's).
   void set_spill(bool on) noexcept { spill_ = on; }
-  /// The named blocks evicted since the last call, with what named them:
-  /// their KV is in the cache until a step writes the blocks again.
+  /// Whether a named block is also listed (once per naming) when a second
+  /// sequence first shares it (PrefixTier::keeps_shared_blocks).
+  void set_spill_shared(bool on) noexcept { spill_shared_ = on; }
+  /// The named blocks evicted since the last call (with spill_shared, also
+  /// those first shared), with what named them: their KV is in the cache
+  /// until a step writes the blocks again (a shared block is not written).
   [[nodiscard]] std::vector<NamedBlock> take_evicted() { return std::exchange(evicted_, {}); }
   /// Every named block (a spill of the whole cache); none outside epoch 0.
   [[nodiscard]] std::vector<NamedBlock> named_blocks() const;
@@ -143,6 +147,10 @@ class BlockManager {
   /// its own. Nothing is acquired.
   [[nodiscard]] std::vector<std::vector<std::byte>> fetch_from_tier(PrefixTier* tier, std::uint64_t seq_id,
                                                                     const Tokens& tokens, int max_tokens) const;
+  /// The full blocks of `tokens` within `max_tokens` after those named in
+  /// the cache now, in chain order, with what names them (`block` -1): a
+  /// prefix tier may hold them. Empty with caching off or outside epoch 0.
+  [[nodiscard]] std::vector<NamedBlock> uncached_blocks(const Tokens& tokens, int max_tokens) const;
   /// Leading full blocks of `tokens`, within `max_tokens`, named in the
   /// cache now (tokens; nothing is acquired).
   [[nodiscard]] int peek_cached_prefix(const Tokens& tokens, int max_tokens) const;
@@ -193,7 +201,9 @@ class BlockManager {
   std::unordered_map<std::uint64_t, SeqBlocks> seqs_;
   std::vector<std::int32_t> pins_;       ///< blocks pinned as copy sources (each holds a reference)
   bool spill_ = false;
-  std::vector<NamedBlock> evicted_;      ///< evicted since take_evicted (spill_ on, epoch 0)
+  bool spill_shared_ = false;
+  std::vector<char> offered_;            ///< [blocks] listed since named (spill_shared_)
+  std::vector<NamedBlock> evicted_;      ///< evicted (or, with spill_shared_, first shared) since take_evicted
 };
 
 }  // namespace shardline::engine

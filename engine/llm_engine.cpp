@@ -107,6 +107,12 @@ Status LlmEngine::spill_block(const NamedBlock& b) {
   return Status::ok_status();
 }
 
+std::vector<NamedBlock> LlmEngine::uncached_prefix_blocks(std::span<const std::int32_t> prompt_ids) const {
+  if (prefix_tier_ == nullptr || prompt_ids.size() < 2) return {};
+  const BlockManager::Tokens tokens{prompt_ids, {}};
+  return scheduler_.block_manager().uncached_blocks(tokens, static_cast<int>(prompt_ids.size()) - 1);
+}
+
 Status LlmEngine::spill_prefix_cache() {
   if (prefix_tier_ == nullptr) return Status::ok_status();
   for (const NamedBlock& b : scheduler_.block_manager().named_blocks())

@@ -210,6 +210,12 @@ class LlmEngine {
   /// lay the KV out anew (the names' epoch is no longer 0), and not on an
   /// executor whose caches cannot be copied (then it is ignored).
   void set_prefix_tier(PrefixTier* tier);
+  /// The full blocks of a prompt (within all its tokens but the last, whose
+  /// logits an admission computes) after those the device cache holds now,
+  /// in chain order, with their names: what a prefix tier could supply
+  /// (worker/store_prefix_tier.hpp stages them from the node's KV store
+  /// when a line arrives). Empty without a prefix tier or outside epoch 0.
+  [[nodiscard]] std::vector<NamedBlock> uncached_prefix_blocks(std::span<const std::int32_t> prompt_ids) const;
   /// Copies every named block of the cache out to the prefix tier (a clean
   /// stop: the next engine given the tier starts warm). Call with nothing
   /// in flight. Errors: internal (a copy failed).

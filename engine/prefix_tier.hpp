@@ -15,11 +15,11 @@
 /// whatever else changes the KV (model, KV dtype) when a tier outlives one
 /// engine's model.
 ///
-/// Built: the interface and HostPrefixTier, a host-memory LRU under a byte
+/// Here: the interface and HostPrefixTier, a host-memory LRU under a byte
 /// budget, which an engine uses across its own evictions and which a second
-/// engine given the same tier uses after the first is gone. Not built: the
-/// tier in the node's KV store (RocksDB), which would survive a node
-/// restart (docs/prefix-caching.md).
+/// engine given the same tier uses after the first is gone. The tier in the
+/// node's KV store, which survives a node restart, is the worker's
+/// (worker/store_prefix_tier.hpp: a HostPrefixTier in front of the store).
 
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +47,12 @@ class PrefixTier {
   /// nullopt when none is kept (or only a colliding one).
   [[nodiscard]] virtual std::optional<std::vector<std::byte>> get(std::uint64_t name, std::uint64_t parent,
                                                                   std::span<const std::int32_t> tokens) = 0;
+  /// Whether a block is also offered (touch, else put) the first time a
+  /// second request shares it, not only when the cache evicts it: a tier
+  /// that outlives the process (the node's KV store) then holds a shared
+  /// prefix even when the process is killed while the prefix is still on
+  /// the device. Default: eviction only.
+  [[nodiscard]] virtual bool keeps_shared_blocks() const { return false; }
 };
 
 /// Counters of a HostPrefixTier (monotonic, but bytes and blocks).

@@ -184,10 +184,13 @@ class Scheduler {
   /// SchedulerOutput::prefix_spills, and an admission whose next full
   /// blocks after its device hit are not cached, nor being computed, takes
   /// those the tier has (SchedulerOutput::tier_restores), while the epoch
-  /// is 0 (a tier's names are epoch 0's).
+  /// is 0 (a tier's names are epoch 0's). A tier that keeps shared
+  /// blocks (PrefixTier::keeps_shared_blocks) also gets each named block
+  /// the first time a second sequence shares it.
   void set_prefix_tier(PrefixTier* tier) noexcept {
     tier_ = tier;
     blocks_.set_spill(tier != nullptr);
+    blocks_.set_spill_shared(tier != nullptr && tier->keeps_shared_blocks());
   }
   /// Switches how later preemptions treat the victim's KV.
   void set_preemption_mode(PreemptionMode mode) noexcept { config_.preemption_mode = mode; }

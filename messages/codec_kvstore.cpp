@@ -21,6 +21,39 @@ std::vector<std::byte> bytes_from(capnp::Data::Reader d) {
 
 std::string request_field(const char* what, std::size_t i) { return at(what, i); }
 
+void put_prefix_blocks(capnp::List<wire::PrefixBlock>::Builder list, const std::vector<PrefixBlockData>& blocks) {
+  for (unsigned i = 0; i < blocks.size(); ++i) {
+    const PrefixBlockData& b = blocks[i];
+    list[i].setName(b.name);
+    list[i].setParent(b.parent);
+    auto tokens = list[i].initTokens(static_cast<unsigned>(b.tokens.size()));
+    for (unsigned t = 0; t < b.tokens.size(); ++t) tokens.set(t, b.tokens[t]);
+    list[i].setChunk(bytes_of(b.chunk));
+  }
+}
+
+/// The blocks of a prefix-block message; every block needs tokens (the
+/// store checks the chunk against its model shape).
+std::vector<PrefixBlockData> get_prefix_blocks(capnp::List<wire::PrefixBlock>::Reader list) {
+  check_len(list, "blocks");
+  std::vector<PrefixBlockData> out;
+  out.reserve(list.size());
+  for (unsigned i = 0; i < list.size(); ++i) {
+    const auto r = list[i];
+    const auto tokens = r.getTokens();
+    check_len(tokens, at("blocks", i) + ".tokens");
+    if (tokens.size() == 0) fail(ErrorCode::invalid_argument, at("blocks", i) + ".tokens is empty");
+    PrefixBlockData b;
+    b.name = r.getName();
+    b.parent = r.getParent();
+    b.tokens.reserve(tokens.size());
+    for (const std::int32_t t : tokens) b.tokens.push_back(t);
+    b.chunk = bytes_from(r.getChunk());
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 }  // namespace
 
 void put(wire::KvStoreStats::Builder b, const KvStoreStats& m) {
@@ -34,6 +67,8 @@ void put(wire::KvStoreStats::Builder b, const KvStoreStats& m) {
   b.setLagTokens(m.lag_tokens);
   b.setReplicatedTokens(m.replicated_tokens);
   b.setStoreName(text(m.store_name));
+  b.setPrefixBlocks(m.prefix_blocks);
+  b.setPrefixBytes(m.prefix_bytes);
 }
 
 KvStoreStats get(wire::KvStoreStats::Reader r) {
@@ -48,6 +83,8 @@ KvStoreStats get(wire::KvStoreStats::Reader r) {
   m.lag_tokens = r.getLagTokens();
   m.replicated_tokens = r.getReplicatedTokens();
   m.store_name = str(r.getStoreName());
+  m.prefix_blocks = r.getPrefixBlocks();
+  m.prefix_bytes = r.getPrefixBytes();
   return m;
 }
 
@@ -184,6 +221,34 @@ struct Member<KM, SetRing> {
   static SetRing get(KM::Reader root) { return SetRing{get_texts(root.getSetRing().getNames(), "names")}; }
 };
 
+template <>
+struct Member<KM, PutPrefixBlocks> {
+  static constexpr auto which = KM::PUT_PREFIX_BLOCKS;
+  static void put(KM::Builder root, const PutPrefixBlocks& m) {
+    auto b = root.initPutPrefixBlocks();
+    b.setSalt(m.salt);
+    put_prefix_blocks(b.initBlocks(static_cast<unsigned>(m.blocks.size())), m.blocks);
+  }
+  static PutPrefixBlocks get(KM::Reader root) {
+    auto r = root.getPutPrefixBlocks();
+    return PutPrefixBlocks{r.getSalt(), get_prefix_blocks(r.getBlocks())};
+  }
+};
+
+template <>
+struct Member<KM, FetchPrefixBlocks> {
+  static constexpr auto which = KM::FETCH_PREFIX_BLOCKS;
+  static void put(KM::Builder root, const FetchPrefixBlocks& m) {
+    auto b = root.initFetchPrefixBlocks();
+    b.setSalt(m.salt);
+    put_prefix_blocks(b.initBlocks(static_cast<unsigned>(m.blocks.size())), m.blocks);
+  }
+  static FetchPrefixBlocks get(KM::Reader root) {
+    auto r = root.getFetchPrefixBlocks();
+    return FetchPrefixBlocks{r.getSalt(), get_prefix_blocks(r.getBlocks())};
+  }
+};
+
 // ============================================================================
 // KvStoreReply (Ack / Error: codec_detail.hpp)
 // ============================================================================
@@ -250,6 +315,21 @@ struct Member<KR, KvPrefixData> {
     auto r = root.getPrefixData();
     if (r.getTokens() < 0) fail(ErrorCode::invalid_argument, "tokens must be >= 0");
     return KvPrefixData{r.getTokens(), bytes_from(r.getChunk()), str(r.getSource())};
+  }
+};
+
+template <>
+struct Member<KR, PrefixBlocksData> {
+  static constexpr auto which = KR::PREFIX_BLOCKS;
+  static void put(KR::Builder root, const PrefixBlocksData& m) {
+    auto b = root.initPrefixBlocks();
+    put_prefix_blocks(b.initBlocks(static_cast<unsigned>(m.blocks.size())), m.blocks);
+    b.setStored(m.stored);
+  }
+  static PrefixBlocksData get(KR::Reader root) {
+    auto r = root.getPrefixBlocks();
+    if (r.getStored() < 0) fail(ErrorCode::invalid_argument, "stored must be >= 0");
+    return PrefixBlocksData{get_prefix_blocks(r.getBlocks()), r.getStored()};
   }
 };
 

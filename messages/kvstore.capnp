@@ -57,6 +57,29 @@ struct SetRing {
   names @0 :List(Text);    # every store of the cluster, in ring order
 }
 
+# A full KV block of a shared prompt prefix (issue 42's persistent prefix
+# tier, kvstore/kv_store.hpp "Prefix blocks"): its name (the engine's hash
+# chain), its parent's name, its token ids and its canonical chunk (all
+# layers x tokens; empty in a query).
+struct PrefixBlock {
+  name @0 :UInt64;
+  parent @1 :UInt64;
+  tokens @2 :List(Int32);
+  chunk @3 :Data;
+}
+
+# Keep prefix blocks a worker's prefix tier spilled (not replicated).
+struct PutPrefixBlocks {
+  salt @0 :UInt64;                # what else changes the KV (model, dtypes, layout)
+  blocks @1 :List(PrefixBlock);
+}
+
+# The leading run of these blocks (chunks empty) the store keeps.
+struct FetchPrefixBlocks {
+  salt @0 :UInt64;
+  blocks @1 :List(PrefixBlock);
+}
+
 struct KvStoreMessage {
   version @0 :UInt16;
   union {
@@ -68,6 +91,8 @@ struct KvStoreMessage {
     fetchPrefix @6 :FetchPrefix;
     dropRequests @7 :DropRequests;
     setRing @8 :SetRing;
+    putPrefixBlocks @9 :PutPrefixBlocks;
+    fetchPrefixBlocks @10 :FetchPrefixBlocks;
   }
 }
 
@@ -88,6 +113,8 @@ struct KvStoreStats {
   lagTokens @7 :UInt64;      # positions the replica is behind the local store
   replicatedTokens @8 :UInt64;  # positions acknowledged by every replica since open
   storeName @9 :Text;
+  prefixBlocks @10 :UInt64;  # prefix blocks kept (the persistent prefix tier)
+  prefixBytes @11 :UInt64;   # their bytes
 }
 
 # The acknowledged prefix of one request: the paper's (x, j, t).
@@ -107,6 +134,13 @@ struct KvPrefixData {
   source @2 :Text;         # the store that had it
 }
 
+# The answer to putPrefixBlocks (stored: blocks newly kept) and to
+# fetchPrefixBlocks (blocks: the leading run kept, with chunks).
+struct PrefixBlocksData {
+  blocks @0 :List(PrefixBlock);
+  stored @1 :Int32;
+}
+
 struct KvStoreReply {
   version @0 :UInt16;
   union {
@@ -116,5 +150,6 @@ struct KvStoreReply {
     errorReply @4 :C.ErrorReply;
     chunksAcked @5 :ChunksAcked;
     prefixData @6 :KvPrefixData;
+    prefixBlocks @7 :PrefixBlocksData;
   }
 }

@@ -320,6 +320,8 @@ struct KvStoreStats {
   std::uint64_t lag_tokens = 0;      ///< positions the replica is behind the local store
   std::uint64_t replicated_tokens = 0;  ///< positions acknowledged by every replica since open
   std::string store_name;
+  std::uint64_t prefix_blocks = 0;   ///< prefix blocks kept (the persistent prefix tier)
+  std::uint64_t prefix_bytes = 0;    ///< their bytes
   bool operator==(const KvStoreStats&) const = default;
 };
 
@@ -387,6 +389,38 @@ struct KvPrefixData {
   bool operator==(const KvPrefixData&) const = default;
 };
 
+/// A full KV block of a shared prompt prefix (kvstore/kv_store.hpp "Prefix
+/// blocks"). In a FetchPrefixBlocks query its chunk is empty.
+struct PrefixBlockData {
+  std::uint64_t name = 0;
+  std::uint64_t parent = 0;
+  std::vector<std::int32_t> tokens;  ///< the block's token ids
+  std::vector<std::byte> chunk;      ///< canonical chunk of all layers x tokens.size() positions
+  bool operator==(const PrefixBlockData&) const = default;
+};
+
+/// Keep prefix blocks a worker's prefix tier spilled (not replicated).
+struct PutPrefixBlocks {
+  std::uint64_t salt = 0;  ///< what else changes the KV (model, dtypes, layout)
+  std::vector<PrefixBlockData> blocks;
+  bool operator==(const PutPrefixBlocks&) const = default;
+};
+
+/// The leading run of `blocks` (queries: chunks empty) the store keeps.
+struct FetchPrefixBlocks {
+  std::uint64_t salt = 0;
+  std::vector<PrefixBlockData> blocks;
+  bool operator==(const FetchPrefixBlocks&) const = default;
+};
+
+/// The answer to PutPrefixBlocks (`stored`: blocks newly kept, `blocks`
+/// empty) and to FetchPrefixBlocks (`blocks`: the leading run, with chunks).
+struct PrefixBlocksData {
+  std::vector<PrefixBlockData> blocks;
+  int stored = 0;
+  bool operator==(const PrefixBlocksData&) const = default;
+};
+
 // ---- inboxes and replies ------------------------------------------------------------
 //
 // One std::variant per Cap'n Proto root (the struct with `version` and an
@@ -414,9 +448,9 @@ using WorkerReply = std::variant<WorkerStatus, Ack, Error>;
 /// PutBlocks / GetBlocks / DropBlocks are retired (the opaque-blob store
 /// before issue 11); the store answers them with an `unsupported` error.
 using KvStoreMsg = std::variant<PutBlocks, GetBlocks, DropBlocks, StatsQuery, PutChunks, FetchPrefix, DropRequests,
-                                SetRing>;
+                                SetRing, PutPrefixBlocks, FetchPrefixBlocks>;
 
 /// The KV store's answer (kvstore.capnp KvStoreReply); KvStoreStats travels as `stats`.
-using KvStoreReply = std::variant<BlocksData, KvStoreStats, Ack, Error, ChunksAcked, KvPrefixData>;
+using KvStoreReply = std::variant<BlocksData, KvStoreStats, Ack, Error, ChunksAcked, KvPrefixData, PrefixBlocksData>;
 
 }  // namespace shardline::messages

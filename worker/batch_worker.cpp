@@ -255,6 +255,11 @@ void BatchWorker::submit(BatchRequest request) {
   // such a line starts again from its prompt (same seeds, same result).
   if (request.params.logprobs >= 0) request.resume.clear();
 
+  // The persistent prefix tier: the prompt's blocks the device lacks come
+  // from the node's store into host memory, where the admission takes them.
+  if (prefix_store_tier_ != nullptr && static_cast<int>(request.resume.size()) != request.n)
+    (void)prefix_store_tier_->prefetch(eng.uncached_prefix_blocks(ids));
+
   Line line;
   line.custom_id = request.custom_id;
   line.return_token_ids = request.return_token_ids;

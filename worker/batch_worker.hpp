@@ -54,6 +54,7 @@
 #include "text/chat_template.hpp"
 #include "worker/batch_types.hpp"
 #include "worker/kv_streamer.hpp"
+#include "worker/store_prefix_tier.hpp"
 
 namespace shardline::worker {
 
@@ -143,6 +144,11 @@ class BatchWorker {
   /// each step; null stops streaming.
   /// Not owned; it must outlive the worker's steps.
   void set_kv_streamer(KvStreamer* streamer);
+  /// Stages each new line's prompt blocks from the node's KV store before
+  /// its requests enter the engine (StorePrefixTier::prefetch of
+  /// LlmEngine::uncached_prefix_blocks; not for a line that resumes with
+  /// its own KV); null: none. Not owned; it must outlive the worker's use.
+  void set_prefix_store_tier(StorePrefixTier* tier) { prefix_store_tier_ = tier; }
 
   [[nodiscard]] const std::string& name() const { return name_; }
   [[nodiscard]] const engine::LlmEngine& engine() const { return *engine_.engine; }
@@ -211,6 +217,7 @@ class BatchWorker {
   engine::EngineInstance engine_;
   std::string name_;
   std::unique_ptr<StreamAdapter> stream_adapter_;
+  StorePrefixTier* prefix_store_tier_ = nullptr;
   std::uint64_t next_request_id_ = 1;
   std::map<LineKey, Line> lines_;                       ///< accepted, in the engine
   /// engine id -> line, choice; on the heap so the stream adapter's view

@@ -9,10 +9,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "common/result.hpp"
+#include "kvstore/kv_store.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "worker/kv_progress.hpp"
 
@@ -49,6 +51,25 @@ class ResumeKvSource {
   /// Deletes every request's KV of `job_id` (best effort: with no store
   /// now, the orchestrator drops the job's KV when the job ends).
   virtual void drop_job(std::uint64_t job_id) = 0;
+};
+
+/// Where a worker's prefix tier keeps prefix blocks beyond its host memory:
+/// the node's KV store (kvstore/kv_store.hpp "Prefix blocks"; issue 42,
+/// step 5). Both calls block (a request to the store); the tier calls
+/// put_blocks from its writer thread and fetch_blocks from the worker's
+/// thread when a line arrives.
+class PrefixBlockStore {
+ public:
+  virtual ~PrefixBlockStore() = default;
+  /// Keeps `blocks` under `salt`. Returns how many were newly kept.
+  /// Errors: io (no store now, no answer in time), or the store's
+  /// (disk_full, invalid_argument).
+  [[nodiscard]] virtual Result<int> put_blocks(std::uint64_t salt,
+                                               std::span<const kvstore::PrefixBlockWrite> blocks) = 0;
+  /// The leading run of `queries` the store keeps under `salt`, in order
+  /// (parents and tokens compared). Errors: as put_blocks.
+  [[nodiscard]] virtual Result<std::vector<kvstore::StoredPrefixBlock>> fetch_blocks(
+      std::uint64_t salt, std::span<const kvstore::PrefixBlockQuery> queries) = 0;
 };
 
 }  // namespace shardline::worker

@@ -30,6 +30,17 @@ Result<std::unique_ptr<WorkerRuntime>> WorkerRuntime::create(WorkerRuntimeOption
 }
 
 WorkerRuntime::~WorkerRuntime() {
+  if (prefix_store_tier_) {
+    // Blocks still queued for the store go out first (a clean stop; a
+    // killed process loses them, as a crash does).
+    if (!prefix_store_tier_->drain(std::chrono::seconds(2)))
+      spdlog::warn("worker {}: prefix blocks still queued for the KV store are dropped", options_.name);
+    const StorePrefixTierStats p = prefix_store_tier_->stats();
+    spdlog::info("worker {}: prefix store: {} positions fetched from the KV store, {} blocks newly kept there "
+                 "({} sent, {} batches failed, {} not queued); host memory {} blocks, {} hits",
+                 options_.name, p.fetched_tokens, p.store_kept_blocks, p.store_sent_blocks, p.store_put_failures,
+                 p.dropped_blocks, p.host.blocks, p.host.hits);
+  }
   const engine::SeesawPhases* phases = worker_ ? seesaw() : nullptr;
   if (phases == nullptr) return;
   const engine::SeesawStats& s = phases->stats();
@@ -68,8 +79,34 @@ bool WorkerRuntime::connect_kv_store(std::shared_ptr<ResumeKvSource> source, std
   return true;
 }
 
+bool WorkerRuntime::connect_prefix_store(std::shared_ptr<PrefixBlockStore> store, std::uint64_t host_bytes) {
+  engine::LlmEngine& eng = worker_->engine();
+  const engine::KvCacheIo& io = eng.kv_io();
+  if (!eng.config().prefix_cache.enabled || !io.can_copy_kv() || !io.copies_bytes()) return false;
+  StorePrefixTierOptions o;
+  o.salt = eng.config().prefix_cache.salt;
+  o.host_bytes = host_bytes;
+  const kvstore::KvModelShape shape = io.shape();
+  o.block_bytes = kvstore::chunk_bytes(shape, kvstore::KvRange{0, shape.num_layers, 0, eng.scheduler().block_manager().block_size()});
+  worker_->set_prefix_store_tier(nullptr);
+  eng.set_prefix_tier(nullptr);
+  prefix_store_tier_ = std::make_unique<StorePrefixTier>(std::move(store), o);
+  eng.set_prefix_tier(prefix_store_tier_.get());
+  worker_->set_prefix_store_tier(prefix_store_tier_.get());
+  return true;
+}
+
+std::optional<StorePrefixTierStats> WorkerRuntime::prefix_store_stats() const {
+  if (!prefix_store_tier_) return std::nullopt;
+  return prefix_store_tier_->stats();
+}
+
 bool WorkerRuntime::drain_kv(std::chrono::milliseconds timeout) {
-  return kv_streamer_ ? kv_streamer_->drain(timeout) : true;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (kv_streamer_ && !kv_streamer_->drain(timeout)) return false;
+  if (!prefix_store_tier_) return true;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return prefix_store_tier_->drain(std::max(left, std::chrono::milliseconds(0)));
 }
 
 std::optional<ResumeFetchReport> WorkerRuntime::accept(BatchRequest request) {
@@ -235,6 +272,11 @@ KvCounterGrowth WorkerRuntime::take_kv_counter_growth() {
   take(s.prefix_hit_tokens, exported_.prefix_hit_tokens, grew.prefix_hit_tokens);
   take(s.prefix_tier_restored_tokens, exported_.prefix_tier_restored_tokens, grew.prefix_tier_restored_tokens);
   take(s.prefix_tier_spilled_blocks, exported_.prefix_tier_spilled_blocks, grew.prefix_tier_spilled_blocks);
+  if (prefix_store_tier_) {
+    const StorePrefixTierStats p = prefix_store_tier_->stats();
+    take(p.fetched_tokens, exported_.prefix_store_fetched_tokens, grew.prefix_store_fetched_tokens);
+    take(p.store_kept_blocks, exported_.prefix_store_kept_blocks, grew.prefix_store_kept_blocks);
+  }
   return grew;
 }
 

@@ -33,6 +33,7 @@
 #include "worker/kv_store_client.hpp"
 #include "worker/kv_streamer.hpp"
 #include "worker/sidp_stepper.hpp"
+#include "worker/store_prefix_tier.hpp"
 
 namespace shardline::worker {
 
@@ -85,6 +86,8 @@ struct KvCounterGrowth {
   std::uint64_t prefix_hit_tokens = 0;    ///< of them, found cached (not computed)
   std::uint64_t prefix_tier_restored_tokens = 0;  ///< restored from the prefix tier (not computed)
   std::uint64_t prefix_tier_spilled_blocks = 0;   ///< evicted named blocks spilled to it
+  std::uint64_t prefix_store_fetched_tokens = 0;  ///< prefix positions the node's KV store handed out
+  std::uint64_t prefix_store_kept_blocks = 0;     ///< prefix blocks the node's KV store newly kept
 };
 
 class WorkerRuntime {
@@ -119,8 +122,19 @@ class WorkerRuntime {
   [[nodiscard]] bool connect_kv_store(std::shared_ptr<ResumeKvSource> source, std::shared_ptr<AckedKvTarget> target,
                                       KvProgressCallback on_progress);
 
+  /// Connects the persistent prefix tier (worker/store_prefix_tier.hpp):
+  /// when the engine caches prefixes and can copy its KV out, its prefix
+  /// tier becomes a StorePrefixTier over `store` (host memory of
+  /// `host_bytes`, then the node's KV store) in place of the engine's own,
+  /// and each new line's prompt blocks are staged from the store. Returns
+  /// whether it is on.
+  [[nodiscard]] bool connect_prefix_store(std::shared_ptr<PrefixBlockStore> store, std::uint64_t host_bytes);
+  /// The persistent prefix tier's counters (nullopt when not connected).
+  [[nodiscard]] std::optional<StorePrefixTierStats> prefix_store_stats() const;
+
   /// Waits until every streamed increment queued so far reached the store
-  /// (true at once without streaming); false on timeout.
+  /// (true at once without streaming), and every prefix block queued for
+  /// it; false on timeout.
   [[nodiscard]] bool drain_kv(std::chrono::milliseconds timeout);
 
   /// Takes a line: switches the engine to the line's job token budget,
@@ -171,6 +185,7 @@ class WorkerRuntime {
   std::shared_ptr<AckedKvTarget> kv_target_;
   std::shared_ptr<KvProgressTracker> kv_progress_;
   std::shared_ptr<ResumeKvSource> resume_source_;
+  std::unique_ptr<StorePrefixTier> prefix_store_tier_;  ///< outlives the engine (declared before the worker)
   std::unique_ptr<engine::SidpRank> joining_rank_;  ///< a SiDP rank until join_sidp()
   std::unique_ptr<SidpStepper> sidp_;
   std::uint64_t weight_bytes_ = 0;  ///< EngineInstance::weight_bytes

@@ -1,17 +1,21 @@
 #include "engine/group/engine_builder.hpp"
 #include "model/tokenizer_loader.hpp"
 
+#include "common/checksum.hpp"
 #include "common/openmp_pool.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "engine/gpu_memory_plan.hpp"
 #include "engine/kv_budget.hpp"
 #include "engine/sidp_memory.hpp"
+#include "model/model_fingerprint.hpp"
 #include "text/id_tokenizer.hpp"
 #include "model/shard_runner.hpp"
 #include "text/tokenizer.hpp"
@@ -25,6 +29,31 @@
 namespace shardline::engine {
 
 namespace {
+
+/// The salt of the prefix cache's block names (PrefixCacheConfig::salt):
+/// everything besides the tokens that changes a block's KV bits, so that a
+/// tier that outlives this engine (the node's KV store,
+/// worker/store_prefix_tier.hpp) never hands one model's, dtype's or
+/// layout's KV to another: the model's fingerprint (and the seed of dummy
+/// weights), the weight and KV dtypes, the device kind, the parallel
+/// layout (a TP all-reduce sums in another order than one device) and
+/// batch-invariant GEMMs on CUDA. A model whose fingerprint cannot be taken
+/// gets a salt of its own (random): its names match only within this
+/// process. The CPU kernels are this build's, so a store moved to another
+/// build could hold other bits: the store is a node-local directory.
+std::uint64_t prefix_cache_salt(const EngineOptions& o) {
+  auto fingerprint = model::model_fingerprint(o.model_dir);
+  std::string what = fingerprint ? *fingerprint : "unknown:" + std::to_string(std::random_device{}()) + ":" +
+                                                      std::to_string(std::random_device{}());
+  what += "|format=" + std::to_string(static_cast<int>(o.load_format));
+  if (o.load_format == model::LoadFormat::dummy) what += "|seed=" + std::to_string(o.seed);
+  what += std::string("|dtype=") + dtype_name(o.dtype) + "|kv=" + dtype_name(o.kv_cache_dtype);
+  what += "|device=" + std::to_string(static_cast<int>(o.device)) + "|deterministic=" + std::to_string(o.deterministic);
+  const ParallelConfig& p = o.parallel;
+  what += "|tp=" + std::to_string(p.tp) + "|pp=" + std::to_string(p.pp) + "|sp=" + std::to_string(p.sp);
+  what += "|layers=" + std::to_string(o.num_layers_override);
+  return fnv1a64(kFnv1a64Empty, what);
+}
 
 /// The GPU of group rank r: group_devices[r], or device_index for every rank.
 int gpu_of_rank(const EngineOptions& o, int r) {
@@ -532,6 +561,7 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   ec.preemption_mode = o.preemption_mode;
   ec.swap_space_bytes = o.swap_space_bytes;
   ec.prefix_cache.enabled = o.enable_prefix_caching;
+  if (o.enable_prefix_caching) ec.prefix_cache.salt = prefix_cache_salt(o);
   if (o.seesaw) ec.step_phases = seesaw_phases(SeesawOptions{*o.seesaw, o.seesaw_async_kv, o.host_link});
   auto engine = LlmEngine::create(*e.executor, *e.tokenizer, ec);
   if (!engine) return std::move(engine).error();

@@ -351,6 +351,16 @@ TEST(MessagesCodec, RejectsInvalidResults) {
                ErrorCode::invalid_argument, "results[0].choices[1].tokenIds[0]");
 }
 
+TEST(MessagesCodec, RejectsPrefixBlocksWithoutTokens) {
+  const PrefixBlockData no_tokens{11, 10, {}, {}};
+  expect_error(decode_kvstore(encode(KvStoreMsg{FetchPrefixBlocks{7, {{12, 11, {1, 2}, {}}, no_tokens}}})),
+               ErrorCode::invalid_argument, "kvstore message fetchPrefixBlocks: blocks[1].tokens is empty");
+  expect_error(decode_kvstore(encode(KvStoreMsg{PutPrefixBlocks{7, {no_tokens}}})), ErrorCode::invalid_argument,
+               "blocks[0].tokens is empty");
+  expect_error(decode_kvstore_reply(encode(KvStoreReply{PrefixBlocksData{{}, -1}})), ErrorCode::invalid_argument,
+               "stored must be >= 0");
+}
+
 TEST(MessagesCodec, RejectsUnknownErrorCodes) {
   capnp::MallocMessageBuilder mb;
   auto root = mb.initRoot<wire::WorkerReply>();

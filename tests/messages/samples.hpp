@@ -274,6 +274,8 @@ inline KvStoreStats sample_kv_stats() {
   s.lag_tokens = 12;
   s.replicated_tokens = 1u << 20;
   s.store_name = "node-a/kvstore";
+  s.prefix_blocks = 63;
+  s.prefix_bytes = 63u * 73728u * 16u;
   return s;
 }
 
@@ -361,6 +363,10 @@ inline std::vector<KvStoreMsg> sample_kvstore_msgs() {
       KvStoreMsg{DropRequests{7, {1793, 1794}, ""}},
       KvStoreMsg{DropRequests{7, {}, "node-a/kvstore"}},
       KvStoreMsg{SetRing{{"a/kvstore", "b/kvstore"}}},
+      KvStoreMsg{PutPrefixBlocks{0x1234'5678'9abc'def0ull, {{11, 10, {1, 2, 3, 4}, sample_chunk(6 * 2 * 4 * 8, 5)},
+                                                           {12, 11, {5, 6, 7, 8}, sample_chunk(6 * 2 * 4 * 8, 6)}}}},
+      KvStoreMsg{FetchPrefixBlocks{7, {{11, 10, {1, 2, 3, 4}, {}}}}},
+      KvStoreMsg{PutPrefixBlocks{7, {}}},
   };
 }
 
@@ -373,6 +379,8 @@ inline std::vector<KvStoreReply> sample_kvstore_replies() {
       KvStoreReply{ChunksAcked{{{7, 1793, 9}, {7, 1794, 0}}}},
       KvStoreReply{KvPrefixData{9, sample_chunk(6 * 2 * 9 * 8, 6), "node-b/kvstore"}},
       KvStoreReply{KvPrefixData{0, {}, ""}},
+      KvStoreReply{PrefixBlocksData{{{11, 10, {1, 2, 3, 4}, sample_chunk(6 * 2 * 4 * 8, 7)}}, 0}},
+      KvStoreReply{PrefixBlocksData{{}, 2}},
       KvStoreReply{Ack{}},
       KvStoreReply{Error{ErrorCode::io, "rocksdb: disk full"}},
   };

@@ -1,0 +1,146 @@
+// StorePrefixTier's own rules, over a store played in memory: a prefetch
+// starts after the blocks host memory holds, asks in fetches of at most
+// max_fetch_bytes and stops where the store's run ends; puts reach the store
+// once per name, and not for a block the store handed out; a full queue
+// keeps a block in host memory only; a store that refuses loses nothing a
+// get needs.
+
+#include "worker/store_prefix_tier.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace shardline::worker {
+namespace worker_store_prefix_tier_test {
+
+class MemoryBlockStore final : public PrefixBlockStore {
+ public:
+  Result<int> put_blocks(std::uint64_t, std::span<const kvstore::PrefixBlockWrite> blocks) override {
+    std::lock_guard lock(mu_);
+    ++puts;
+    if (refuse_puts) return make_error(ErrorCode::disk_full, "kv store: disk budget spent");
+    int kept = 0;
+    for (const auto& b : blocks) {
+      sent.push_back(b.name);
+      kept += blocks_.count(b.name) == 0 ? 1 : 0;
+      blocks_[b.name] = kvstore::StoredPrefixBlock{b.name, b.parent, {b.tokens.begin(), b.tokens.end()},
+                                                   {b.chunk.begin(), b.chunk.end()}};
+    }
+    return kept;
+  }
+  Result<std::vector<kvstore::StoredPrefixBlock>> fetch_blocks(
+      std::uint64_t, std::span<const kvstore::PrefixBlockQuery> queries) override {
+    std::lock_guard lock(mu_);
+    fetch_sizes.push_back(static_cast<int>(queries.size()));
+    std::vector<kvstore::StoredPrefixBlock> out;
+    for (const auto& q : queries) {
+      const auto it = blocks_.find(q.name);
+      if (it == blocks_.end() || it->second.parent != q.parent) break;
+      out.push_back(it->second);
+    }
+    return out;
+  }
+  void hold(std::uint64_t name, std::uint64_t parent, std::vector<std::int32_t> tokens, std::byte fill) {
+    std::lock_guard lock(mu_);
+    blocks_[name] = kvstore::StoredPrefixBlock{name, parent, std::move(tokens), std::vector<std::byte>(100, fill)};
+  }
+  bool refuse_puts = false;
+  int puts = 0;
+  std::vector<std::uint64_t> sent;
+  std::vector<int> fetch_sizes;
+
+ private:
+  std::mutex mu_;
+  std::map<std::uint64_t, kvstore::StoredPrefixBlock> blocks_;
+};
+
+/// A chain of `n` blocks named 1..n (block i's parent is i - 1), 4 tokens each.
+std::vector<engine::NamedBlock> chain(int n) {
+  std::vector<engine::NamedBlock> out;
+  for (int i = 1; i <= n; ++i)
+    out.push_back(engine::NamedBlock{-1, static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(i - 1),
+                                     {i, i + 1, i + 2, i + 3}});
+  return out;
+}
+
+StorePrefixTierOptions small() {
+  StorePrefixTierOptions o;
+  o.salt = 7;
+  o.host_bytes = 1000;
+  o.block_bytes = 100;
+  o.max_fetch_bytes = 250;  // two blocks per fetch
+  return o;
+}
+
+TEST(StorePrefixTier, APrefetchStartsAfterHostMemoryAndAsksInBoundedFetchesUntilTheStoresRunEnds) {
+  auto store = std::make_shared<MemoryBlockStore>();
+  const auto blocks = chain(7);
+  for (int i = 0; i < 6; ++i)  // the store lacks block 7
+    store->hold(blocks[i].name, blocks[i].parent, blocks[i].tokens, std::byte{static_cast<unsigned char>(i)});
+  StorePrefixTier tier(store, small());
+  tier.put(1, 0, blocks[0].tokens, std::vector<std::byte>(100, std::byte{0}));  // host memory holds block 1
+  EXPECT_EQ(tier.prefetch(blocks), 5) << "blocks 2..6";
+  EXPECT_EQ(store->fetch_sizes, (std::vector<int>{2, 2, 2})) << "{2,3} {4,5} {6,7}: the third run ends at 6";
+  for (int i = 1; i < 6; ++i) {
+    auto got = tier.get(blocks[i].name, blocks[i].parent, blocks[i].tokens);
+    ASSERT_TRUE(got.has_value()) << "block " << i + 1;
+    EXPECT_EQ(got->at(0), std::byte{static_cast<unsigned char>(i)});
+  }
+  EXPECT_FALSE(tier.get(7, 6, blocks[6].tokens).has_value());
+  EXPECT_FALSE(tier.get(2, 1, std::vector<std::int32_t>{9, 9, 9, 9}).has_value()) << "other tokens: not handed out";
+  const StorePrefixTierStats s = tier.stats();
+  EXPECT_EQ(s.prefetches, 3u);
+  EXPECT_EQ(s.fetched_blocks, 5u);
+  EXPECT_EQ(s.fetched_tokens, 20u);
+  // Nothing fetched is sent back: the store keeps it.
+  tier.put(3, 2, blocks[2].tokens, std::vector<std::byte>(100));
+  ASSERT_TRUE(tier.drain(std::chrono::seconds(5)));
+  EXPECT_EQ(store->puts, 1) << "block 1 only";
+  EXPECT_EQ(store->sent, (std::vector<std::uint64_t>{1}));
+}
+
+TEST(StorePrefixTier, PutsReachTheStoreOncePerNameAndAFullQueueKeepsBlocksInHostMemoryOnly) {
+  auto store = std::make_shared<MemoryBlockStore>();
+  StorePrefixTierOptions o = small();
+  o.max_queued_bytes = 0;  // nothing fits the queue
+  {
+    StorePrefixTier full(store, o);
+    full.put(1, 0, chain(1)[0].tokens, std::vector<std::byte>(100));
+    ASSERT_TRUE(full.drain(std::chrono::seconds(5)));
+    EXPECT_EQ(full.stats().dropped_blocks, 1u);
+    EXPECT_TRUE(full.get(1, 0, chain(1)[0].tokens).has_value()) << "kept in host memory";
+    EXPECT_TRUE(store->sent.empty());
+  }
+  StorePrefixTier tier(store, small());
+  const auto blocks = chain(3);
+  for (int round = 0; round < 2; ++round)
+    for (const auto& b : blocks) tier.put(b.name, b.parent, b.tokens, std::vector<std::byte>(100));
+  ASSERT_TRUE(tier.drain(std::chrono::seconds(5)));
+  EXPECT_EQ(store->sent, (std::vector<std::uint64_t>{1, 2, 3})) << "each name once";
+  EXPECT_EQ(tier.stats().store_kept_blocks, 3u);
+}
+
+TEST(StorePrefixTier, AStoreThatRefusesPutsLosesNothingAGetNeeds) {
+  auto store = std::make_shared<MemoryBlockStore>();
+  store->refuse_puts = true;
+  StorePrefixTier tier(store, small());
+  const auto blocks = chain(2);
+  for (const auto& b : blocks) tier.put(b.name, b.parent, b.tokens, std::vector<std::byte>(100));
+  ASSERT_TRUE(tier.drain(std::chrono::seconds(5)));
+  const StorePrefixTierStats s = tier.stats();
+  EXPECT_GE(s.store_put_failures, 1u);
+  EXPECT_EQ(s.store_kept_blocks, 0u);
+  for (const auto& b : blocks) EXPECT_TRUE(tier.get(b.name, b.parent, b.tokens).has_value());
+  // Refused blocks are not remembered as stored: a later put sends them again.
+  store->refuse_puts = false;
+  tier.put(1, 0, blocks[0].tokens, std::vector<std::byte>(100));
+  ASSERT_TRUE(tier.drain(std::chrono::seconds(5)));
+  EXPECT_EQ(store->sent, (std::vector<std::uint64_t>{1}));
+}
+
+}  // namespace worker_store_prefix_tier_test
+}  // namespace shardline::worker

@@ -1,0 +1,143 @@
+#include "worker/store_prefix_tier.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace shardline::worker {
+
+StorePrefixTier::StorePrefixTier(std::shared_ptr<PrefixBlockStore> store, StorePrefixTierOptions options)
+    : host_(options.host_bytes), store_(std::move(store)), options_(options) {
+  thread_ = std::thread([this] { run(); });
+}
+
+StorePrefixTier::~StorePrefixTier() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StorePrefixTier::note_in_store_locked(std::uint64_t name) {
+  if (in_store_.size() >= kMaxKnownNames) in_store_.clear();
+  in_store_.insert(name);
+}
+
+void StorePrefixTier::put(std::uint64_t name, std::uint64_t parent, std::span<const std::int32_t> tokens,
+                          std::vector<std::byte> chunk) {
+  bool queue = false;
+  {
+    std::lock_guard lock(mu_);
+    if (in_store_.count(name) == 0 && queued_.count(name) == 0) {
+      if (stats_.queued_bytes + chunk.size() > options_.max_queued_bytes) {
+        ++stats_.dropped_blocks;
+      } else {
+        queue = true;
+        stats_.queued_bytes += chunk.size();
+        queued_.insert(name);
+        queue_.push_back(Pending{name, parent, std::vector<std::int32_t>(tokens.begin(), tokens.end()), chunk});
+      }
+    }
+  }
+  host_.put(name, parent, tokens, std::move(chunk));
+  if (queue) cv_.notify_one();
+}
+
+bool StorePrefixTier::touch(std::uint64_t name) { return host_.touch(name); }
+
+std::optional<std::vector<std::byte>> StorePrefixTier::get(std::uint64_t name, std::uint64_t parent,
+                                                           std::span<const std::int32_t> tokens) {
+  return host_.get(name, parent, tokens);
+}
+
+int StorePrefixTier::prefetch(std::span<const engine::NamedBlock> blocks) {
+  std::size_t next = 0;
+  while (next < blocks.size() && host_.touch(blocks[next].name)) ++next;
+  const std::size_t per_fetch =
+      std::max<std::size_t>(1, options_.block_bytes > 0 ? options_.max_fetch_bytes / options_.block_bytes : 1);
+  int staged = 0;
+  while (next < blocks.size()) {
+    const std::size_t end = std::min(blocks.size(), next + per_fetch);
+    std::vector<kvstore::PrefixBlockQuery> queries;
+    queries.reserve(end - next);
+    for (std::size_t i = next; i < end; ++i)
+      queries.push_back(kvstore::PrefixBlockQuery{blocks[i].name, blocks[i].parent, blocks[i].tokens});
+    auto fetched = store_->fetch_blocks(options_.salt, queries);
+    {
+      std::lock_guard lock(mu_);
+      ++stats_.prefetches;
+      if (!fetched) {
+        ++stats_.prefetch_failures;
+      } else {
+        stats_.fetched_blocks += fetched->size();
+        for (const kvstore::StoredPrefixBlock& b : *fetched) {
+          note_in_store_locked(b.name);
+          stats_.fetched_tokens += b.tokens.size();
+        }
+      }
+    }
+    if (!fetched) {
+      spdlog::debug("prefix tier: fetch of {} blocks from the KV store: {}", queries.size(),
+                    fetched.error().to_string());
+      break;
+    }
+    // The store compared each block's parent and tokens with the query's;
+    // host memory compares them again at the admission's get.
+    const std::size_t got = fetched->size();
+    for (kvstore::StoredPrefixBlock& b : *fetched) host_.put(b.name, b.parent, b.tokens, std::move(b.chunk));
+    staged += static_cast<int>(got);
+    if (got < queries.size()) break;  // the store's run ends here
+    next = end;
+  }
+  return staged;
+}
+
+void StorePrefixTier::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    std::vector<Pending> batch;
+    std::uint64_t batch_bytes = 0;
+    while (!queue_.empty() && (batch.empty() || batch_bytes + queue_.front().chunk.size() <= options_.max_batch_bytes)) {
+      batch_bytes += queue_.front().chunk.size();
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    in_flight_ = true;
+    lock.unlock();
+    std::vector<kvstore::PrefixBlockWrite> writes;
+    writes.reserve(batch.size());
+    for (const Pending& p : batch)
+      writes.push_back(kvstore::PrefixBlockWrite{options_.salt, p.name, p.parent, p.tokens, p.chunk});
+    auto kept = store_->put_blocks(options_.salt, writes);
+    if (!kept) spdlog::debug("prefix tier: {} blocks to the KV store: {}", batch.size(), kept.error().to_string());
+    lock.lock();
+    in_flight_ = false;
+    stats_.queued_bytes -= batch_bytes;
+    stats_.store_sent_blocks += batch.size();
+    for (const Pending& p : batch) {
+      queued_.erase(p.name);
+      if (kept) note_in_store_locked(p.name);
+    }
+    if (kept) stats_.store_kept_blocks += static_cast<std::uint64_t>(*kept);
+    else ++stats_.store_put_failures;
+    if (queue_.empty()) drained_.notify_all();
+  }
+}
+
+bool StorePrefixTier::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  return drained_.wait_for(lock, timeout, [this] { return queue_.empty() && !in_flight_; });
+}
+
+StorePrefixTierStats StorePrefixTier::stats() const {
+  std::lock_guard lock(mu_);
+  StorePrefixTierStats s = stats_;
+  s.host = host_.stats();
+  return s;
+}
+
+}  // namespace shardline::worker
