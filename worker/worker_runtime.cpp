@@ -87,7 +87,8 @@ bool WorkerRuntime::connect_prefix_store(std::shared_ptr<PrefixBlockStore> store
   o.salt = eng.config().prefix_cache.salt;
   o.host_bytes = host_bytes;
   const kvstore::KvModelShape shape = io.shape();
-  o.block_bytes = kvstore::chunk_bytes(shape, kvstore::KvRange{0, shape.num_layers, 0, eng.scheduler().block_manager().block_size()});
+  const int block_size = eng.scheduler().block_manager().block_size();
+  o.block_bytes = kvstore::chunk_bytes(shape, kvstore::KvRange{0, shape.num_layers, 0, block_size});
   worker_->set_prefix_store_tier(nullptr);
   eng.set_prefix_tier(nullptr);
   prefix_store_tier_ = std::make_unique<StorePrefixTier>(std::move(store), o);

@@ -28,7 +28,17 @@ using testing_support::kStoriesDir;
 using testing_support::read_file;
 using testing_support::run_command;
 
-using PrefixTierE2e = testing_support::ClusterJobTest;
+class PrefixTierE2e : public testing_support::ClusterJobTest {
+ protected:
+  /// Submits NAME.jsonl (output NAME_out.jsonl) as job `job` and waits until it is done.
+  void run_job(const std::string& client, const std::string& name, int job, Child& node) {
+    const auto submit = run_command(kShardline + " job submit" + client + " --model " + kStoriesDir + " --input " +
+                                    path(name + ".jsonl") + " --output " + path(name + "_out.jsonl"));
+    ASSERT_EQ(submit.exit_code, 0) << submit.out;
+    const nlohmann::json status = testing_support::wait_job_done(client, job, std::chrono::seconds(120));
+    ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
+  }
+};
 
 constexpr const char* kHead = "Once upon a time, there was a little girl named Lily. She loved to play in the park "
                               "with her friends. One day, ";
@@ -65,13 +75,7 @@ TEST_F(PrefixTierE2e, AHeadEvictedByAnotherJobComesBackFromTheTierForTheNextJob)
   const std::string client = testing_support::client_flags(at.addr, path("cluster.key"));
   int job = 0;
   for (const char* name : {"a", "fill", "b"}) {
-    const auto submit = run_command(kShardline + " job submit" + client + " --model " + kStoriesDir + " --input " +
-                                    path(std::string(name) + ".jsonl") + " --output " +
-                                    path(std::string(name) + "_out.jsonl"));
-    ASSERT_EQ(submit.exit_code, 0) << submit.out;
-    ++job;
-    const nlohmann::json status = testing_support::wait_job_done(client, job, std::chrono::seconds(120));
-    ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
+    ASSERT_NO_FATAL_FAILURE(run_job(client, name, ++job, node));
   }
   const std::string metrics = testing_support::scrape_eventually(at.metrics_port, std::chrono::seconds(10));
   const std::string worker = "{worker=\"node0/cpu:0\"}";
@@ -110,13 +114,7 @@ TEST_F(PrefixTierE2e, ANodeStartedAgainFetchesTheHeadFromItsKvStore) {
     const testing_support::NodeAddress at = testing_support::wait_for_node(node, true);
     ASSERT_FALSE(at.addr.empty()) << node.log();
     const std::string client = testing_support::client_flags(at.addr, path("cluster.key"));
-    const auto submit = run_command(kShardline + " job submit" + client + " --model " + kStoriesDir + " --input " +
-                                    path(std::string(name) + ".jsonl") + " --output " +
-                                    path(std::string(name) + "_out.jsonl"));
-    ASSERT_EQ(submit.exit_code, 0) << submit.out;
-    ++job;
-    const nlohmann::json status = testing_support::wait_job_done(client, job, std::chrono::seconds(120));
-    ASSERT_EQ(status["jobs"][0]["state"], "done") << status.dump() << node.log();
+    ASSERT_NO_FATAL_FAILURE(run_job(client, name, ++job, node));
     const std::string metrics = testing_support::scrape_eventually(at.metrics_port, std::chrono::seconds(10));
     const std::string worker = "{worker=\"node0/cpu:0\"}";
     const double fetched = testing_support::metric_in(metrics, "shardline_prefix_store_fetched_tokens_total" + worker);
