@@ -30,6 +30,7 @@ PrefixCache::PrefixCache(int num_blocks) {
   named_.assign(n, 0);
   evictable_.assign(n, 0);
   lru_pos_.resize(n);
+  child_pos_.resize(n);
 }
 
 int PrefixCache::find(std::uint64_t hash, std::uint64_t parent, std::span<const std::int32_t> tokens) const {
@@ -45,7 +46,7 @@ PrefixCache::PartialMatch PrefixCache::find_partial(std::uint64_t parent, std::s
   PartialMatch best;
   const auto it = children_.find(parent);
   if (it == children_.end() || tokens.empty()) return best;
-  const std::vector<int>& kids = it->second;
+  const std::list<int>& kids = it->second;
   int scanned = 0;
   for (auto k = kids.rbegin(); k != kids.rend() && scanned < kMaxPartialScan; ++k, ++scanned) {
     const std::vector<std::int32_t>& have = tokens_[static_cast<std::size_t>(*k)];
@@ -64,7 +65,8 @@ bool PrefixCache::insert(int block, std::uint64_t hash, std::uint64_t parent, st
   hash_[b] = hash;
   parent_[b] = parent;
   tokens_[b].assign(tokens.begin(), tokens.end());
-  children_[parent].push_back(block);
+  std::list<int>& kids = children_[parent];
+  child_pos_[b] = kids.insert(kids.end(), block);
   return true;
 }
 
@@ -98,7 +100,7 @@ int PrefixCache::evict(NamedBlock* evicted) {
   index_.erase(hash_[b]);
   tokens_[b].clear();
   const auto kids = children_.find(parent_[b]);
-  std::erase(kids->second, block);
+  kids->second.erase(child_pos_[b]);
   if (kids->second.empty()) children_.erase(kids);
   ++evictions_;
   return block;

@@ -100,7 +100,10 @@ class PrefixCache {
 
  private:
   std::unordered_map<std::uint64_t, int> index_;       ///< name -> block
-  std::unordered_map<std::uint64_t, std::vector<int>> children_;  ///< parent's name -> named blocks, oldest first
+  /// Parent's name -> named blocks, oldest first; a list, so that an
+  /// eviction unlinks its block in O(1) (child_pos_) and keeps the order.
+  std::unordered_map<std::uint64_t, std::list<int>> children_;
+  std::vector<std::list<int>::iterator> child_pos_;  ///< [blocks] position among its parent's children (when named)
   std::vector<std::uint64_t> hash_;                   ///< [blocks] name (when named)
   std::vector<std::uint64_t> parent_;                 ///< [blocks] parent's name (when named)
   std::vector<std::vector<std::int32_t>> tokens_;     ///< [blocks] token ids (when named)
