@@ -104,8 +104,9 @@ void ActorResumeKvSource::drop_job(std::uint64_t job_id) {
 }
 
 ActorPrefixBlockStore::ActorPrefixBlockStore(caf::actor_system& system, std::shared_ptr<KvStoreLink> link,
-                                             std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout)
-    : system_(system), link_(std::move(link)), key_(std::move(key)), timeout_(timeout) {}
+                                             std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout,
+                                             std::chrono::milliseconds fetch_timeout)
+    : system_(system), link_(std::move(link)), key_(std::move(key)), timeout_(timeout), fetch_timeout_(fetch_timeout) {}
 
 Result<int> ActorPrefixBlockStore::put_blocks(std::uint64_t salt, std::span<const kvstore::PrefixBlockWrite> blocks) {
   messages::PutPrefixBlocks put;
@@ -128,7 +129,7 @@ Result<std::vector<kvstore::StoredPrefixBlock>> ActorPrefixBlockStore::fetch_blo
   fetch.blocks.reserve(queries.size());
   for (const kvstore::PrefixBlockQuery& q : queries)
     fetch.blocks.push_back(messages::PrefixBlockData{q.name, q.parent, {q.tokens.begin(), q.tokens.end()}, {}});
-  auto reply = ask_kv_store(system_, link_->get(), *key_, fetch, timeout_);
+  auto reply = ask_kv_store(system_, link_->get(), *key_, fetch, fetch_timeout_);
   if (!reply) return std::move(reply).error();
   auto* data = std::get_if<messages::PrefixBlocksData>(&*reply);
   if (data == nullptr) return make_error(ErrorCode::io, "KV store: unexpected reply to fetchPrefixBlocks");

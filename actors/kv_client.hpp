@@ -95,12 +95,14 @@ class ActorResumeKvSource final : public worker::ResumeKvSource {
 /// A PrefixBlockStore over the node's KV-store actor (the persistent prefix
 /// tier, worker/store_prefix_tier.hpp): put_blocks sends one
 /// PutPrefixBlocks, fetch_blocks one FetchPrefixBlocks, and each waits for
-/// the answer. Errors: io (no store now: it is restarting; no answer within
-/// `timeout`), or the store's.
+/// the answer: a put (the tier's writer thread) up to `timeout`, a fetch
+/// (the worker's thread, ahead of a line) up to `fetch_timeout`. Errors: io
+/// (no store now: it is restarting; no answer in time), or the store's.
 class ActorPrefixBlockStore final : public worker::PrefixBlockStore {
  public:
   ActorPrefixBlockStore(caf::actor_system& system, std::shared_ptr<KvStoreLink> link,
-                        std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+                        std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout = std::chrono::seconds(5),
+                        std::chrono::milliseconds fetch_timeout = std::chrono::milliseconds(1000));
 
   [[nodiscard]] Result<int> put_blocks(std::uint64_t salt, std::span<const kvstore::PrefixBlockWrite> blocks) override;
   [[nodiscard]] Result<std::vector<kvstore::StoredPrefixBlock>> fetch_blocks(
@@ -111,6 +113,7 @@ class ActorPrefixBlockStore final : public worker::PrefixBlockStore {
   std::shared_ptr<KvStoreLink> link_;
   std::shared_ptr<const ClusterKey> key_;
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds fetch_timeout_;
 };
 
 /// Sends a signed KV-store message and waits for the reply. Errors: io (no

@@ -523,6 +523,8 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
 
   // Rebuild every request's coverage, and the prefix blocks, from what survived.
   std::vector<Impl::PrefixEntry> prefix_blocks;
+  std::vector<std::string> stale_prefix;  // prefix blocks that do not fit the shape
+  std::uint64_t stale_prefix_bytes = 0;
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(impl->db->NewIterator(ro));
@@ -531,18 +533,19 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
     auto key = decode_key(std::string_view(k.data(), k.size()));
     if (!key.ok()) return std::move(key).error();
     if ((key->job_id & kPrefixBlockJobBit) != 0) {
+      // A prefix block of another shape (the node now serves another model
+      // or KV dtype) or a damaged one is a cache entry of no use: dropped
+      // below, not a reason to call the store corrupt (prefix blocks
+      // outlive jobs, so a model change meets them).
       const KvRange& r = key->range;
-      if (r.layer_begin != 0 || r.layer_end != shape.num_layers || r.token_begin != 0)
-        return make_error(ErrorCode::corrupt, "kv store: " + dir + ": " +
-                                                  describe_prefix(key->job_id, key->request_id) + ": key range " +
-                                                  describe(*key) + " is not all layers from token 0");
       const std::size_t tokens = static_cast<std::size_t>(r.token_end);
       const std::size_t want = prefix_value_size(shape, tokens);
-      if (it->value().size() != want)
-        return make_error(ErrorCode::corrupt, "kv store: " + dir + ": " +
-                                                  describe_prefix(key->job_id, key->request_id) + ": " +
-                                                  std::to_string(it->value().size()) + " bytes stored, " +
-                                                  std::to_string(tokens) + " tokens need " + std::to_string(want));
+      if (r.layer_begin != 0 || r.layer_end != shape.num_layers || r.token_begin != 0 ||
+          it->value().size() != want) {
+        stale_prefix.emplace_back(k.data(), k.size());
+        stale_prefix_bytes += it->value().size();
+        continue;
+      }
       const std::string_view v(it->value().data(), it->value().size());
       prefix_blocks.push_back(Impl::PrefixEntry{std::string(k.data(), k.size()), want,
                                                 get_le(v, chunk_size(shape, r) + 8, 8)});
@@ -565,6 +568,33 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   std::sort(prefix_blocks.begin(), prefix_blocks.end(),
             [](const Impl::PrefixEntry& a, const Impl::PrefixEntry& b) { return a.seq < b.seq; });
   for (Impl::PrefixEntry& e : prefix_blocks) impl->add_prefix(std::move(e.key), e.bytes, e.seq);
+  // Blocks that do not fit the shape, and the least recently used past the
+  // budget (a store opened with a smaller --kv-prefix-mib, or 0), go in one
+  // write. If it fails the store still opens: stale blocks are not indexed
+  // (never read), and the budget is kept again by the next put.
+  std::vector<std::list<Impl::PrefixEntry>::iterator> over;
+  std::uint64_t kept = impl->prefix_bytes;
+  for (auto e = impl->prefix_lru.end(); kept > impl->options.prefix_budget_bytes && e != impl->prefix_lru.begin();) {
+    --e;
+    kept -= e->bytes;
+    over.push_back(e);
+  }
+  if (!stale_prefix.empty() || !over.empty()) {
+    rocksdb::WriteBatch drop;
+    bool ok = true;
+    for (const std::string& k : stale_prefix) ok = ok && drop.Delete(k).ok();
+    for (const auto& e : over) ok = ok && drop.Delete(e->key).ok();
+    if (ok && impl->db->Write(impl->write_options(), &drop).ok()) {
+      for (const std::string& k : stale_prefix) {
+        if (impl->prefix_gc_begin.empty() || k < impl->prefix_gc_begin) impl->prefix_gc_begin = k;
+        const std::string end = k + std::string(1, '\0');
+        if (impl->prefix_gc_end.empty() || end > impl->prefix_gc_end) impl->prefix_gc_end = end;
+      }
+      impl->gc_pending += stale_prefix_bytes;
+      impl->deleted_bytes += stale_prefix_bytes;
+      impl->forget_prefix(over);
+    }
+  }
   return std::unique_ptr<KvStore>(new KvStore(std::move(impl)));
 }
 

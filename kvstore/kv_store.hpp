@@ -58,7 +58,10 @@
 /// little-endian; a fetch compares parent and tokens, so a 64-bit name
 /// collision never hands out another prefix's KV. They are bounded by
 /// their own share, `prefix_budget_bytes`, least recently used (put or
-/// fetched; across a reopen: last written) dropped first, and count towards
+/// fetched; across a reopen: last written) dropped first (open drops those
+/// past the budget at once, and those that do not fit the shape: a node
+/// restarted with another model meets them, and they are a cache, so the
+/// store is not called corrupt for them), and count towards
 /// `disk_budget_bytes` like chunks: a chunk put that would pass the disk
 /// budget first drops prefix blocks (a cache of a cache) before it is
 /// refused (a write of their deletes and a compaction before the chunks'
@@ -240,10 +243,10 @@ class KvStore final : public KvTarget {
   /// Opens (creating if missing) the RocksDB database in `dir` and rebuilds
   /// the coverage of every stored request. Errors: invalid_argument (a bad
   /// shape), io (RocksDB cannot open it), corrupt (a key that does not
-  /// decode, a value whose size is not its range's chunk size, a layer
-  /// outside the shape, a prefix block whose key is not all layers from
-  /// token 0 or whose value is not chunk + trailer: the store was written
-  /// for another model).
+  /// decode, a request's chunk whose value size is not its range's chunk
+  /// size or with a layer outside the shape: the store was written for
+  /// another model). Prefix blocks that do not fit the shape are dropped,
+  /// not corrupt.
   [[nodiscard]] static Result<std::unique_ptr<KvStore>> open(const std::string& dir, KvStoreOptions options);
   ~KvStore() override;
   KvStore(const KvStore&) = delete;

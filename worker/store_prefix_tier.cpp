@@ -55,6 +55,14 @@ std::optional<std::vector<std::byte>> StorePrefixTier::get(std::uint64_t name, s
 int StorePrefixTier::prefetch(std::span<const engine::NamedBlock> blocks) {
   std::size_t next = 0;
   while (next < blocks.size() && host_.touch(blocks[next].name)) ++next;
+  if (next == blocks.size()) return 0;
+  {
+    std::lock_guard lock(mu_);
+    if (std::chrono::steady_clock::now() < fetch_again_at_) {
+      ++stats_.prefetches_skipped;
+      return 0;
+    }
+  }
   const std::size_t per_fetch =
       std::max<std::size_t>(1, options_.block_bytes > 0 ? options_.max_fetch_bytes / options_.block_bytes : 1);
   int staged = 0;
@@ -70,6 +78,7 @@ int StorePrefixTier::prefetch(std::span<const engine::NamedBlock> blocks) {
       ++stats_.prefetches;
       if (!fetched) {
         ++stats_.prefetch_failures;
+        fetch_again_at_ = std::chrono::steady_clock::now() + options_.fetch_backoff;
       } else {
         stats_.fetched_blocks += fetched->size();
         for (const kvstore::StoredPrefixBlock& b : *fetched) {
@@ -86,8 +95,16 @@ int StorePrefixTier::prefetch(std::span<const engine::NamedBlock> blocks) {
     // The store compared each block's parent and tokens with the query's;
     // host memory compares them again at the admission's get.
     const std::size_t got = fetched->size();
-    for (kvstore::StoredPrefixBlock& b : *fetched) host_.put(b.name, b.parent, b.tokens, std::move(b.chunk));
-    staged += static_cast<int>(got);
+    for (kvstore::StoredPrefixBlock& b : *fetched) {
+      if (options_.block_bytes > 0 && b.chunk.size() != options_.block_bytes) {
+        // Not this engine's block size: restoring it would fail the step.
+        std::lock_guard lock(mu_);
+        ++stats_.wrong_size_blocks;
+        return staged;
+      }
+      host_.put(b.name, b.parent, b.tokens, std::move(b.chunk));
+      ++staged;
+    }
     if (got < queries.size()) break;  // the store's run ends here
     next = end;
   }

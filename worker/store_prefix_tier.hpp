@@ -62,6 +62,9 @@ struct StorePrefixTierOptions {
   /// under messages::kMaxMessageBytes); a prefetch asks again for the rest
   /// while the store had every block asked.
   std::uint64_t max_fetch_bytes = 16ull << 20;
+  /// After a failed fetch (the store is down, restarting or slow), new lines
+  /// do not ask it for this long: each ask would hold the worker's thread.
+  std::chrono::milliseconds fetch_backoff{1000};
 };
 
 /// Counters (monotonic, but queued_bytes).
@@ -73,6 +76,8 @@ struct StorePrefixTierStats {
   std::uint64_t dropped_blocks = 0;        ///< blocks not queued: the queue was full
   std::uint64_t prefetches = 0;            ///< FetchPrefixBlocks requests to the store
   std::uint64_t prefetch_failures = 0;     ///< of them, failed (the line computes its prefix)
+  std::uint64_t prefetches_skipped = 0;    ///< lines that did not ask: within fetch_backoff of a failure
+  std::uint64_t wrong_size_blocks = 0;     ///< blocks the store handed out whose chunk is not block_bytes (dropped)
   std::uint64_t fetched_blocks = 0;        ///< blocks the store handed out, staged in host memory
   std::uint64_t fetched_tokens = 0;        ///< their positions
   std::uint64_t queued_bytes = 0;          ///< now
@@ -99,7 +104,7 @@ class StorePrefixTier final : public engine::PrefixTier {
   /// after the leading ones host memory holds, up to the first the store
   /// lacks. Returns how many were staged. A failed request to the store is
   /// counted and staged nothing (the line computes its prefix).
-  int prefetch(std::span<const engine::NamedBlock> blocks);
+  [[nodiscard]] int prefetch(std::span<const engine::NamedBlock> blocks);
   /// Waits until every queued block was sent; false on timeout.
   [[nodiscard]] bool drain(std::chrono::milliseconds timeout);
   [[nodiscard]] StorePrefixTierStats stats() const;
@@ -128,6 +133,7 @@ class StorePrefixTier final : public engine::PrefixTier {
   std::unordered_set<std::uint64_t> queued_;    ///< names queued or in flight
   bool in_flight_ = false;
   bool stop_ = false;
+  std::chrono::steady_clock::time_point fetch_again_at_{};  ///< no fetch before (after a failure)
   StorePrefixTierStats stats_;
   std::thread thread_;
 };

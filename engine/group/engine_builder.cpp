@@ -36,8 +36,9 @@ namespace {
 /// worker/store_prefix_tier.hpp) never hands one model's, dtype's or
 /// layout's KV to another: the model's fingerprint (and the seed of dummy
 /// weights), the weight and KV dtypes, the device kind, the parallel
-/// layout (a TP all-reduce sums in another order than one device) and
-/// batch-invariant GEMMs on CUDA. A model whose fingerprint cannot be taken
+/// layout (a TP all-reduce sums in another order than one device; Seesaw's
+/// decode config, Shift's TP config, SiDP) and batch-invariant GEMMs on
+/// CUDA. A model whose fingerprint cannot be taken
 /// gets a salt of its own (random): its names match only within this
 /// process. The CPU kernels are this build's, so a store moved to another
 /// build could hold other bits: the store is a node-local directory.
@@ -52,6 +53,14 @@ std::uint64_t prefix_cache_salt(const EngineOptions& o) {
   const ParallelConfig& p = o.parallel;
   what += "|tp=" + std::to_string(p.tp) + "|pp=" + std::to_string(p.pp) + "|sp=" + std::to_string(p.sp);
   what += "|layers=" + std::to_string(o.num_layers_override);
+  // Steps that run in another config over the same KV: Seesaw's decode
+  // config, Shift's TP config, SiDP's shared FFN layers.
+  if (o.parallel_decode) {
+    const ParallelConfig& d = *o.parallel_decode;
+    what += "|cd=" + std::to_string(d.tp) + "," + std::to_string(d.pp) + "," + std::to_string(d.sp);
+  }
+  if (o.shift) what += "|shift=" + std::to_string(o.shift->policy.threshold);
+  if (o.ffn || o.cuda_ffn) what += "|sidp";
   return fnv1a64(kFnv1a64Empty, what);
 }
 

@@ -36,10 +36,13 @@ class MemoryBlockStore final : public PrefixBlockStore {
       std::uint64_t, std::span<const kvstore::PrefixBlockQuery> queries) override {
     std::lock_guard lock(mu_);
     fetch_sizes.push_back(static_cast<int>(queries.size()));
+    if (fail_fetches) return make_error(ErrorCode::io, "KV store: no answer in time");
     std::vector<kvstore::StoredPrefixBlock> out;
     for (const auto& q : queries) {
       const auto it = blocks_.find(q.name);
-      if (it == blocks_.end() || it->second.parent != q.parent) break;
+      if (it == blocks_.end() || it->second.parent != q.parent ||
+          !std::equal(q.tokens.begin(), q.tokens.end(), it->second.tokens.begin(), it->second.tokens.end()))
+        break;
       out.push_back(it->second);
     }
     return out;
@@ -49,6 +52,7 @@ class MemoryBlockStore final : public PrefixBlockStore {
     blocks_[name] = kvstore::StoredPrefixBlock{name, parent, std::move(tokens), std::vector<std::byte>(100, fill)};
   }
   bool refuse_puts = false;
+  bool fail_fetches = false;
   int puts = 0;
   std::vector<std::uint64_t> sent;
   std::vector<int> fetch_sizes;
@@ -140,6 +144,38 @@ TEST(StorePrefixTier, AStoreThatRefusesPutsLosesNothingAGetNeeds) {
   tier.put(1, 0, blocks[0].tokens, std::vector<std::byte>(100));
   ASSERT_TRUE(tier.drain(std::chrono::seconds(5)));
   EXPECT_EQ(store->sent, (std::vector<std::uint64_t>{1}));
+}
+
+TEST(StorePrefixTier, AfterAFailedFetchLinesDoNotAskForAWhile) {
+  auto store = std::make_shared<MemoryBlockStore>();
+  store->fail_fetches = true;
+  const auto blocks = chain(2);
+  StorePrefixTierOptions o = small();
+  o.fetch_backoff = std::chrono::hours(1);
+  StorePrefixTier tier(store, o);
+  EXPECT_EQ(tier.prefetch(blocks), 0);
+  EXPECT_EQ(tier.prefetch(blocks), 0);
+  EXPECT_EQ(store->fetch_sizes.size(), 1u) << "the second line did not wait on a failing store";
+  StorePrefixTierStats s = tier.stats();
+  EXPECT_EQ(s.prefetch_failures, 1u);
+  EXPECT_EQ(s.prefetches_skipped, 1u);
+  o.fetch_backoff = std::chrono::milliseconds(0);
+  StorePrefixTier eager(store, o);
+  EXPECT_EQ(eager.prefetch(blocks), 0);
+  EXPECT_EQ(eager.prefetch(blocks), 0);
+  EXPECT_EQ(store->fetch_sizes.size(), 3u) << "no backoff: each line asks";
+}
+
+TEST(StorePrefixTier, ABlockOfAnotherSizeIsNotStaged) {
+  auto store = std::make_shared<MemoryBlockStore>();
+  const auto blocks = chain(2);
+  for (const auto& b : blocks) store->hold(b.name, b.parent, b.tokens, std::byte{1});  // 100-byte chunks
+  StorePrefixTierOptions o = small();
+  o.block_bytes = 64;  // this engine's blocks are 64 bytes
+  StorePrefixTier tier(store, o);
+  EXPECT_EQ(tier.prefetch(blocks), 0);
+  EXPECT_EQ(tier.stats().wrong_size_blocks, 1u);
+  EXPECT_FALSE(tier.get(1, 0, blocks[0].tokens).has_value()) << "restoring it would fail the step";
 }
 
 }  // namespace worker_store_prefix_tier_test
