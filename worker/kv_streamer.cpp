@@ -48,6 +48,43 @@ void KvStreamer::push(QueuedIncrement increment) {
   } else {
     parts.push_back(std::move(increment));
   }
+  // A single layer still over a batch is split by positions: within a
+  // layer the chunk is [2 * kv_heads rows, tokens, head_dim], so each part
+  // takes its positions' run from every row.
+  if (options_.num_kv_heads > 0) {
+    std::vector<QueuedIncrement> split;
+    for (QueuedIncrement& part : parts) {
+      const kvstore::KvRange r = part.key.range;
+      const auto rows = static_cast<std::size_t>(2 * options_.num_kv_heads);
+      const auto tokens = static_cast<std::size_t>(r.num_tokens());
+      if (part.chunk.size() <= options_.max_batch_bytes || r.num_layers() != 1 || tokens < 2 ||
+          part.chunk.size() % (rows * tokens) != 0) {
+        split.push_back(std::move(part));
+        continue;
+      }
+      const std::size_t row_bytes = part.chunk.size() / (rows * tokens);  // one position of one row
+      const std::size_t per = std::max<std::size_t>(1, options_.max_batch_bytes / (rows * row_bytes));
+      for (std::size_t t0 = 0; t0 < tokens; t0 += per) {
+        const std::size_t n = std::min(per, tokens - t0);
+        QueuedIncrement piece;
+        piece.key = part.key;
+        piece.key.range.token_begin = r.token_begin + static_cast<int>(t0);
+        piece.key.range.token_end = piece.key.range.token_begin + static_cast<int>(n);
+        piece.chunk.resize(rows * n * row_bytes);
+        for (std::size_t row = 0; row < rows; ++row)
+          std::copy_n(part.chunk.data() + (row * tokens + t0) * row_bytes, n * row_bytes,
+                      piece.chunk.data() + row * n * row_bytes);
+        // token_ids hold positions [token_begin, token_end + 1).
+        const std::size_t ids_end = std::min(part.token_ids.size(), t0 + n + 1);
+        if (t0 < ids_end)
+          piece.token_ids.assign(part.token_ids.begin() + static_cast<std::ptrdiff_t>(t0),
+                                 part.token_ids.begin() + static_cast<std::ptrdiff_t>(ids_end));
+        piece.num_prompt_tokens = part.num_prompt_tokens;
+        split.push_back(std::move(piece));
+      }
+    }
+    parts = std::move(split);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (QueuedIncrement& part : parts) {

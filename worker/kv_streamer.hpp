@@ -39,8 +39,12 @@ struct KvStreamerOptions {
   /// batch is one message to the store, which refuses messages over
   /// messages::kMaxMessageBytes (64 MiB), so an unbounded batch was refused
   /// and retried for ever. An increment larger than this is split by layers
-  /// at push (a chunk's layers are contiguous), down to one layer each.
+  /// at push (a chunk's layers are contiguous), down to one layer each, and
+  /// a single layer still over it by positions (with num_kv_heads known).
   std::uint64_t max_batch_bytes = 32ull << 20;
+  /// KV heads of the model (the chunk's rows per layer: 2 x heads); 0:
+  /// unknown, a single layer is not split by positions.
+  int num_kv_heads = 0;
 };
 
 /// One increment on its way to the store.

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 
 #include "kvstore/kv_targets.hpp"
@@ -191,6 +192,44 @@ TEST(KvStreamer, BatchesStayUnderTheirBoundAndALargeIncrementIsSplitByLayers) {
     auto bytes = target->memory.fetch(part);
     ASSERT_TRUE(bytes.ok()) << "layer " << layer;
     EXPECT_TRUE(std::equal(bytes->begin(), bytes->end(), big.chunk.begin() + layer * 128)) << "layer " << layer;
+  }
+}
+
+// One layer still over the bound is split by positions, each part taking
+// its positions from every (K|V, head) row.
+TEST(KvStreamer, ASingleLayerOverTheBoundIsSplitByPositions) {
+  auto target = std::make_shared<GatedTarget>();
+  KvStreamerOptions o;
+  o.max_batch_bytes = 40;
+  o.num_kv_heads = 2;  // 4 rows
+  std::mutex mu;
+  std::map<int, std::vector<std::int32_t>> ids;  // token_begin -> token ids reported
+  KvStreamer streamer(target, o, [&](std::vector<QueuedIncrement> flushed) {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& part : flushed) ids[part.key.range.token_begin] = part.token_ids;
+  });
+  QueuedIncrement inc;
+  inc.key = {1, 9, kvstore::KvRange{3, 4, 10, 16}};  // layer 3, positions [10, 16)
+  inc.chunk.resize(4 * 6 * 4);                        // 4 rows x 6 positions x 4 bytes
+  for (std::size_t i = 0; i < inc.chunk.size(); ++i) inc.chunk[i] = static_cast<std::byte>(i);
+  for (int p = 10; p <= 16; ++p) inc.token_ids.push_back(p * 10);
+  inc.num_prompt_tokens = 12;
+  const QueuedIncrement whole = inc;
+  streamer.push(std::move(inc));
+  ASSERT_TRUE(streamer.drain(std::chrono::seconds(10)));
+  EXPECT_EQ(streamer.stats().pushed, 3u) << "2 positions (32 bytes) per part";
+  for (int t0 = 0; t0 < 6; t0 += 2) {
+    const kvstore::KvChunkKey key{1, 9, kvstore::KvRange{3, 4, 10 + t0, 12 + t0}};
+    auto bytes = target->memory.fetch(key);
+    ASSERT_TRUE(bytes.ok()) << "positions from " << 10 + t0;
+    ASSERT_EQ(bytes->size(), 32u);
+    for (std::size_t row = 0; row < 4; ++row)
+      for (std::size_t b = 0; b < 8; ++b)
+        EXPECT_EQ((*bytes)[row * 8 + b], whole.chunk[(row * 6 + static_cast<std::size_t>(t0)) * 4 + b])
+            << "row " << row << " positions from " << 10 + t0;
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_EQ(ids[10 + t0], (std::vector<std::int32_t>{(10 + t0) * 10, (11 + t0) * 10, (12 + t0) * 10}))
+        << "the part's positions and the next one's token";
   }
 }
 
