@@ -323,15 +323,21 @@ struct KvStore::Impl {
     next_prefix_seq = std::max(next_prefix_seq, seq + 1);
   }
 
+  /// A prefix record's delete was written: its bytes count as deleted, and
+  /// its key joins the prefix span the next compaction covers.
+  void note_prefix_deleted(const std::string& key, std::uint64_t bytes) {
+    const std::string end = key + std::string(1, '\0');  // the key's successor
+    if (prefix_gc_begin.empty() || key < prefix_gc_begin) prefix_gc_begin = key;
+    if (prefix_gc_end.empty() || end > prefix_gc_end) prefix_gc_end = end;
+    gc_pending += bytes;
+    deleted_bytes += bytes;
+  }
+
   /// Forgets prefix blocks whose deletes were written: their bytes count as
   /// deleted, like GC'd chunks, until the next compaction of their keys.
   void forget_prefix(const std::vector<std::list<PrefixEntry>::iterator>& victims) {
     for (const auto it : victims) {
-      const std::string end = it->key + std::string(1, '\0');  // the key's successor
-      if (prefix_gc_begin.empty() || it->key < prefix_gc_begin) prefix_gc_begin = it->key;
-      if (prefix_gc_end.empty() || end > prefix_gc_end) prefix_gc_end = end;
-      gc_pending += it->bytes;
-      deleted_bytes += it->bytes;
+      note_prefix_deleted(it->key, it->bytes);
       prefix_bytes -= it->bytes;
       ++prefix_evictions;
       prefix_index.erase(it->key);
@@ -523,8 +529,7 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
 
   // Rebuild every request's coverage, and the prefix blocks, from what survived.
   std::vector<Impl::PrefixEntry> prefix_blocks;
-  std::vector<std::string> stale_prefix;  // prefix blocks that do not fit the shape
-  std::uint64_t stale_prefix_bytes = 0;
+  std::vector<std::pair<std::string, std::uint64_t>> stale_prefix;  // records that do not fit the shape, value bytes
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(impl->db->NewIterator(ro));
@@ -542,8 +547,7 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
       const std::size_t want = prefix_value_size(shape, tokens);
       if (r.layer_begin != 0 || r.layer_end != shape.num_layers || r.token_begin != 0 ||
           it->value().size() != want) {
-        stale_prefix.emplace_back(k.data(), k.size());
-        stale_prefix_bytes += it->value().size();
+        stale_prefix.emplace_back(std::string(k.data(), k.size()), it->value().size());
         continue;
       }
       const std::string_view v(it->value().data(), it->value().size());
@@ -568,33 +572,19 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   std::sort(prefix_blocks.begin(), prefix_blocks.end(),
             [](const Impl::PrefixEntry& a, const Impl::PrefixEntry& b) { return a.seq < b.seq; });
   for (Impl::PrefixEntry& e : prefix_blocks) impl->add_prefix(std::move(e.key), e.bytes, e.seq);
-  // Blocks that do not fit the shape, and the least recently used past the
-  // budget (a store opened with a smaller --kv-prefix-mib, or 0), go in one
-  // write. If it fails the store still opens: stale blocks are not indexed
-  // (never read), and the budget is kept again by the next put.
-  std::vector<std::list<Impl::PrefixEntry>::iterator> over;
-  std::uint64_t kept = impl->prefix_bytes;
-  for (auto e = impl->prefix_lru.end(); kept > impl->options.prefix_budget_bytes && e != impl->prefix_lru.begin();) {
-    --e;
-    kept -= e->bytes;
-    over.push_back(e);
-  }
-  if (!stale_prefix.empty() || !over.empty()) {
+  // Records that do not fit the shape are deleted, then the least recently
+  // used blocks past the budget (a store opened with a smaller
+  // --kv-prefix-mib, or 0). If a write fails the store still opens: stale
+  // records are not indexed (never read), and the next put keeps the budget.
+  if (!stale_prefix.empty()) {
     rocksdb::WriteBatch drop;
     bool ok = true;
-    for (const std::string& k : stale_prefix) ok = ok && drop.Delete(k).ok();
-    for (const auto& e : over) ok = ok && drop.Delete(e->key).ok();
-    if (ok && impl->db->Write(impl->write_options(), &drop).ok()) {
-      for (const std::string& k : stale_prefix) {
-        if (impl->prefix_gc_begin.empty() || k < impl->prefix_gc_begin) impl->prefix_gc_begin = k;
-        const std::string end = k + std::string(1, '\0');
-        if (impl->prefix_gc_end.empty() || end > impl->prefix_gc_end) impl->prefix_gc_end = end;
-      }
-      impl->gc_pending += stale_prefix_bytes;
-      impl->deleted_bytes += stale_prefix_bytes;
-      impl->forget_prefix(over);
-    }
+    for (const auto& [k, bytes] : stale_prefix) ok = ok && drop.Delete(k).ok();
+    if (ok && impl->db->Write(impl->write_options(), &drop).ok())
+      for (const auto& [k, bytes] : stale_prefix) impl->note_prefix_deleted(k, bytes);
   }
+  if (const std::uint64_t budget = impl->options.prefix_budget_bytes; impl->prefix_bytes > budget)
+    (void)impl->drop_prefix_lru(impl->prefix_bytes - budget, std::numeric_limits<std::uint64_t>::max());
   return std::unique_ptr<KvStore>(new KvStore(std::move(impl)));
 }
 
