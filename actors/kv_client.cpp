@@ -61,7 +61,17 @@ Result<std::vector<std::byte>> ActorKvTarget::fetch(const kvstore::KvChunkKey&) 
 }
 
 Status ActorKvTarget::flush_batch(std::span<const kvstore::KvChunkRef> chunks, std::span<const std::byte> buffer) {
+  return flush_linked(chunks, buffer, {});
+}
+
+Status ActorKvTarget::flush_linked(std::span<const kvstore::KvChunkRef> chunks, std::span<const std::byte> buffer,
+                                   std::span<const kvstore::PrefixLinkWrite> links) {
   messages::PutChunks put;
+  put.links.reserve(links.size());
+  for (const kvstore::PrefixLinkWrite& l : links)
+    put.links.push_back(messages::PrefixLinkData{l.job_id, l.request_id, l.salt, l.root,
+                                                 std::vector<std::uint64_t>(l.names.begin(), l.names.end()),
+                                                 std::vector<std::int32_t>(l.tokens.begin(), l.tokens.end())});
   put.chunks.reserve(chunks.size());
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     const kvstore::KvChunkRef& c = chunks[i];
@@ -108,7 +118,8 @@ ActorPrefixBlockStore::ActorPrefixBlockStore(caf::actor_system& system, std::sha
                                              std::chrono::milliseconds fetch_timeout)
     : system_(system), link_(std::move(link)), key_(std::move(key)), timeout_(timeout), fetch_timeout_(fetch_timeout) {}
 
-Result<int> ActorPrefixBlockStore::put_blocks(std::uint64_t salt, std::span<const kvstore::PrefixBlockWrite> blocks) {
+Result<worker::PrefixPutAck> ActorPrefixBlockStore::put_blocks(std::uint64_t salt,
+                                                               std::span<const kvstore::PrefixBlockWrite> blocks) {
   messages::PutPrefixBlocks put;
   put.salt = salt;
   put.blocks.reserve(blocks.size());
@@ -119,7 +130,7 @@ Result<int> ActorPrefixBlockStore::put_blocks(std::uint64_t salt, std::span<cons
   if (!reply) return std::move(reply).error();
   auto* data = std::get_if<messages::PrefixBlocksData>(&*reply);
   if (data == nullptr) return make_error(ErrorCode::io, "KV store: unexpected reply to putPrefixBlocks");
-  return data->stored;
+  return worker::PrefixPutAck{data->stored, std::move(data->kept)};
 }
 
 Result<std::vector<kvstore::StoredPrefixBlock>> ActorPrefixBlockStore::fetch_blocks(

@@ -58,6 +58,10 @@ class ActorKvTarget final : public worker::AckedKvTarget {
 
   [[nodiscard]] Status flush(const kvstore::KvChunkKey& key, std::span<const std::byte> chunk) override;
   [[nodiscard]] Result<std::vector<std::byte>> fetch(const kvstore::KvChunkKey& key) override;
+  /// One PutChunks of the chunks and the prefix links.
+  [[nodiscard]] Status flush_linked(std::span<const kvstore::KvChunkRef> chunks, std::span<const std::byte> buffer,
+                                    std::span<const kvstore::PrefixLinkWrite> links) override;
+  [[nodiscard]] bool takes_prefix_links() const override { return true; }
   [[nodiscard]] Status flush_batch(std::span<const kvstore::KvChunkRef> chunks,
                                    std::span<const std::byte> buffer) override;
 
@@ -104,7 +108,8 @@ class ActorPrefixBlockStore final : public worker::PrefixBlockStore {
                         std::shared_ptr<const ClusterKey> key, std::chrono::milliseconds timeout = std::chrono::seconds(5),
                         std::chrono::milliseconds fetch_timeout = std::chrono::milliseconds(1000));
 
-  [[nodiscard]] Result<int> put_blocks(std::uint64_t salt, std::span<const kvstore::PrefixBlockWrite> blocks) override;
+  [[nodiscard]] Result<worker::PrefixPutAck> put_blocks(std::uint64_t salt,
+                                                        std::span<const kvstore::PrefixBlockWrite> blocks) override;
   [[nodiscard]] Result<std::vector<kvstore::StoredPrefixBlock>> fetch_blocks(
       std::uint64_t salt, std::span<const kvstore::PrefixBlockQuery> queries) override;
 

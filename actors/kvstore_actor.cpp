@@ -46,6 +46,10 @@ struct KvStoreState {
   };
   std::vector<WaitingFetch> waiting_fetches;
   std::uint64_t replicated_tokens = 0;         ///< acked positions since open
+  /// Prefix blocks (salt, name) forwarded to each replica since it joined
+  /// (a replaced replica starts empty): a catch-up's link sends the others
+  /// first. Forgotten wholesale past kMaxForwardedBlocks (sent again).
+  std::map<std::string, std::set<std::pair<std::uint64_t, std::uint64_t>>> blocks_at_replica;
   bool refusing = false;  ///< the last put failed (a full disk or the disk budget): logged once until one works
   Inbox inbox;
   static inline const char* name = "shardline.kvstore";
@@ -61,6 +65,23 @@ std::string reply(const KvStoreState& st, std::string_view tag, const KvStoreRep
 }
 
 using ring_timeout_atom = caf::atom_constant<caf::atom("slkvring")>;
+
+constexpr std::size_t kMaxForwardedBlocks = 1u << 20;
+/// Chunk bytes of one PutPrefixBlocks a store forwards at most (a message
+/// stays well under messages::kMaxMessageBytes).
+constexpr std::uint64_t kMaxForwardBlockBytes = 16ull << 20;
+
+void note_forwarded(KvStoreState& st, const std::string& replica, std::uint64_t salt, std::uint64_t name) {
+  auto& sent = st.blocks_at_replica[replica];
+  if (sent.size() >= kMaxForwardedBlocks) sent.clear();
+  sent.insert({salt & ~kvstore::kPrefixBlockJobBit, name});
+}
+
+void send_signed(caf::event_based_actor* self, const KvStoreState& st, const caf::actor& to,
+                 const messages::KvStoreMsg& m) {
+  const Signed sg = sign(*st.config.key, messages::encode(m));
+  self->send(to, msg_atom::value, sg.tag, sg.bytes);
+}
 
 /// The replica that counts (f = 2: the ring successor): its name ("" when
 /// there is none: a single-store ring) and its handle (null while it is
@@ -79,19 +100,27 @@ using RequestKey = std::pair<std::uint64_t, std::uint64_t>;
 std::vector<RequestKey> requests_of(const messages::PutChunks& m) {
   std::set<RequestKey> keys;
   for (const auto& c : m.chunks) keys.insert({c.key.job_id, c.key.request_id});
+  for (const auto& l : m.links) keys.insert({l.job_id, l.request_id});
   return {keys.begin(), keys.end()};
 }
 
-/// Stores the chunks; returns each distinct request's durable tokens here.
+/// Stores the chunks and prefix links; returns each distinct request's
+/// durable tokens here.
 Result<std::map<RequestKey, int>> put_local(KvStoreState& st, const messages::PutChunks& m) {
   std::vector<kvstore::KvChunkWrite> writes;
   writes.reserve(m.chunks.size());
   for (const auto& c : m.chunks) writes.push_back(kvstore::KvChunkWrite{c.key, c.chunk});
-  auto durable = st.store->put_many(writes);
+  std::vector<kvstore::PrefixLinkWrite> links;
+  links.reserve(m.links.size());
+  for (const auto& l : m.links)
+    links.push_back(kvstore::PrefixLinkWrite{l.job_id, l.request_id, l.salt, l.root, l.names, l.tokens});
+  auto durable = st.store->put_many(writes, links);
   if (!durable) return std::move(durable).error();
   std::map<RequestKey, int> out;
   for (std::size_t i = 0; i < m.chunks.size(); ++i)
     out[{m.chunks[i].key.job_id, m.chunks[i].key.request_id}] = (*durable)[i];
+  for (std::size_t i = 0; i < m.links.size(); ++i)
+    out[{m.links[i].job_id, m.links[i].request_id}] = (*durable)[m.chunks.size() + i];
   return out;
 }
 
@@ -116,17 +145,59 @@ void count_replicated(KvStoreState& st, const std::vector<RequestKey>& requests,
                            static_cast<double>(delta));
 }
 
-/// What goes to the replica: the chunks, except that a request the replica
-/// holds less of than the batch starts at (it restarted, or missed a batch
-/// while it was down) gets its whole durable prefix from here instead
-/// (catch-up).
-messages::PutChunks forward_of(KvStoreState& st, const std::string& replica, messages::PutChunks m) {
-  std::map<RequestKey, int> first;
-  for (const auto& c : m.chunks) {
-    const RequestKey k{c.key.job_id, c.key.request_id};
-    auto it = first.find(k);
-    if (it == first.end() || c.key.range.token_begin < it->second) first[k] = c.key.range.token_begin;
+/// Sends `replica` the blocks of `link` this store keeps and has not
+/// forwarded to it since it joined (a replica that started empty, or lost
+/// them), ahead of the link (messages between two actors keep their order).
+void send_link_blocks(caf::event_based_actor* self, KvStoreState& st, const std::string& replica,
+                      const caf::actor& replica_handle, const kvstore::StoredPrefixLink& link) {
+  if (link.names.empty() || link.tokens.size() % link.names.size() != 0) return;
+  const std::size_t bt = link.tokens.size() / link.names.size();
+  const auto& sent = st.blocks_at_replica[replica];
+  std::vector<kvstore::PrefixBlockQuery> queries;
+  for (std::size_t i = 0; i < link.names.size(); ++i) {
+    if (sent.count({link.salt, link.names[i]}) != 0) continue;
+    queries.push_back(kvstore::PrefixBlockQuery{link.names[i], i == 0 ? link.root : link.names[i - 1],
+                                                std::span<const std::int32_t>(link.tokens).subspan(i * bt, bt)});
   }
+  if (queries.empty()) return;
+  auto found = st.store->fetch_prefix_blocks(link.salt, queries);
+  if (!found) {
+    spdlog::warn("kvstore {}: blocks of a link for {}: {}", st.config.name, replica, found.error().to_string());
+    return;
+  }
+  messages::PutPrefixBlocks out;
+  out.salt = link.salt;
+  out.from_peer = st.config.name;
+  std::uint64_t bytes = 0;
+  for (kvstore::StoredPrefixBlock& b : *found) {
+    if (!out.blocks.empty() && bytes + b.chunk.size() > kMaxForwardBlockBytes) {
+      send_signed(self, st, replica_handle, messages::KvStoreMsg{out});
+      out.blocks.clear();
+      bytes = 0;
+    }
+    note_forwarded(st, replica, link.salt, b.name);
+    bytes += b.chunk.size();
+    out.blocks.push_back(messages::PrefixBlockData{b.name, b.parent, std::move(b.tokens), std::move(b.chunk)});
+  }
+  if (!out.blocks.empty()) send_signed(self, st, replica_handle, messages::KvStoreMsg{out});
+}
+
+/// What goes to the replica: the chunks and links, except that a request
+/// the replica holds less of than the batch starts at (it restarted, missed
+/// a batch while it was down, or waits for a linked block) gets what this
+/// store holds of it instead (catch-up): its prefix link, if it has one
+/// (the replica links the blocks it keeps: this store forwards every
+/// prefix block put here), and its durable positions after the link as
+/// one chunk. A link in the batch starts its request at position 0.
+messages::PutChunks forward_of(caf::event_based_actor* self, KvStoreState& st, const std::string& replica,
+                               const caf::actor& replica_handle, messages::PutChunks m) {
+  std::map<RequestKey, int> first;
+  const auto note = [&first](const RequestKey& k, int begin) {
+    auto it = first.find(k);
+    if (it == first.end() || begin < it->second) first[k] = begin;
+  };
+  for (const auto& c : m.chunks) note({c.key.job_id, c.key.request_id}, c.key.range.token_begin);
+  for (const auto& l : m.links) note({l.job_id, l.request_id}, 0);
   std::set<RequestKey> catch_up;
   for (const auto& [k, begin] : first)
     if (st.tracker->replica_tokens(replica, k.first, k.second) < begin) catch_up.insert(k);
@@ -134,11 +205,20 @@ messages::PutChunks forward_of(KvStoreState& st, const std::string& replica, mes
   out.from_peer = st.config.name;
   for (auto& c : m.chunks)
     if (!catch_up.count({c.key.job_id, c.key.request_id})) out.chunks.push_back(std::move(c));
+  for (auto& l : m.links)
+    if (!catch_up.count({l.job_id, l.request_id})) out.links.push_back(std::move(l));
   for (const RequestKey& k : catch_up) {
+    int after_link = 0;
+    if (std::optional<kvstore::StoredPrefixLink> link = st.store->prefix_link(k.first, k.second)) {
+      after_link = static_cast<int>(link->tokens.size());
+      send_link_blocks(self, st, replica, replica_handle, *link);
+      out.links.push_back(messages::PrefixLinkData{k.first, k.second, link->salt, link->root, std::move(link->names),
+                                                   std::move(link->tokens)});
+    }
     const int t = st.store->durable_tokens(k.first, k.second);
-    auto prefix = st.store->fetch_prefix(k.first, k.second, t);
-    if (!prefix || prefix->tokens == 0) continue;
-    const kvstore::KvRange range{0, st.config.shape.num_layers, 0, prefix->tokens};
+    auto prefix = st.store->fetch_prefix(k.first, k.second, t, after_link);
+    if (!prefix || prefix->chunk.empty()) continue;
+    const kvstore::KvRange range{0, st.config.shape.num_layers, after_link, prefix->tokens};
     out.chunks.push_back(messages::KvChunkData{kvstore::KvChunkKey{k.first, k.second, range}, std::move(prefix->chunk)});
   }
   return out;
@@ -177,7 +257,8 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m, 
     return reply(st, tag, acked(st, requests));
   }
   if (!replica) return reply(st, tag, acked(st, requests));  // the replica is down: no new acks
-  const Signed fwd = sign(*st.config.key, messages::encode(messages::KvStoreMsg{forward_of(st, replica_name, std::move(m))}));
+  const Signed fwd = sign(*st.config.key,
+                          messages::encode(messages::KvStoreMsg{forward_of(self, st, replica_name, replica, std::move(m))}));
   auto rp = self->make_response_promise<std::string>();
   self->request(replica, kPeerTimeout, msg_atom::value, fwd.tag, fwd.bytes)
       .then(
@@ -295,8 +376,12 @@ KvStoreReply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
 }
 
 /// The persistent prefix tier's blocks (kvstore/kv_store.hpp "Prefix
-/// blocks"): kept here only, not replicated (a cache of recomputable KV).
-KvStoreReply handle_put_prefix_blocks(KvStoreState& st, const messages::PutPrefixBlocks& m) {
+/// blocks"). A worker's put is forwarded to the replica (no answer
+/// awaited): requests' prefix links are forwarded too, and the replica
+/// counts a link's positions only with its blocks. The answer names the
+/// blocks kept here after the put.
+KvStoreReply handle_put_prefix_blocks(KvStoreActor* self, messages::PutPrefixBlocks& m) {
+  KvStoreState& st = self->state;
   std::vector<kvstore::PrefixBlockWrite> writes;
   writes.reserve(m.blocks.size());
   for (const messages::PrefixBlockData& b : m.blocks)
@@ -306,7 +391,16 @@ KvStoreReply handle_put_prefix_blocks(KvStoreState& st, const messages::PutPrefi
     spdlog::debug("kvstore {}: prefix blocks not kept: {}", st.config.name, stored.error().to_string());
     return stored.error();
   }
-  return messages::PrefixBlocksData{{}, *stored};
+  messages::PrefixBlocksData out{{}, *stored, {}};
+  for (const messages::PrefixBlockData& b : m.blocks)
+    if (st.store->keeps_prefix_block(m.salt, b.name, b.tokens.size())) out.kept.push_back(b.name);
+  if (m.from_peer.empty())
+    if (auto [name, replica] = replica_of(st); replica) {
+      for (const messages::PrefixBlockData& b : m.blocks) note_forwarded(st, name, m.salt, b.name);
+      m.from_peer = st.config.name;
+      send_signed(self, st, replica, messages::KvStoreMsg{m});
+    }
+  return out;
 }
 
 KvStoreReply handle_fetch_prefix_blocks(KvStoreState& st, const messages::FetchPrefixBlocks& m) {
@@ -339,6 +433,8 @@ messages::KvStoreStats stats_of(const KvStoreState& st) {
     out.chunks = s->chunks;
     out.prefix_blocks = s->prefix_blocks;
     out.prefix_bytes = s->prefix_bytes;
+    out.prefix_links = s->prefix_links;
+    out.linked_tokens = s->linked_tokens;
   }
   const auto lag = st.tracker ? st.tracker->lag() : std::vector<kvstore::ReplicaLag>{};
   if (!lag.empty()) {
@@ -378,7 +474,10 @@ void set_ring(KvStoreActor* self, const messages::SetRing& m, const std::vector<
     auto was = st.peers.find(r);
     // Same name, another incarnation (or back from down): it restarted
     // from its RocksDB, which may lack what it missed: start over with it.
-    if (was != st.peers.end() && was->second != peers[r]) st.tracker->replica_replaced(r);
+    if (was != st.peers.end() && was->second != peers[r]) {
+      st.tracker->replica_replaced(r);
+      st.blocks_at_replica.erase(r);
+    }
   }
   st.tracker->set_replicas(*replicas);
   st.peers = std::move(peers);
@@ -397,6 +496,7 @@ void heartbeat(KvStoreActor* self) {
     st.config.metrics->set("shardline_kv_store_disk_bytes", l, static_cast<double>(s.disk_bytes));
     st.config.metrics->set("shardline_kv_replication_lag_tokens", l, static_cast<double>(s.lag_tokens));
     st.config.metrics->set("shardline_kv_store_prefix_bytes", l, static_cast<double>(s.prefix_bytes));
+    st.config.metrics->set("shardline_kv_linked_tokens_total", l, static_cast<double>(s.linked_tokens));
   }
   if (st.config.orchestrator) {
     const Signed sg = sign(*st.config.key, messages::encode(messages::OrchestratorMsg{messages::KvStoreHeartbeat{s}}));
@@ -479,7 +579,7 @@ caf::behavior kvstore_behavior(KvStoreActor* self, KvStoreConfig config) {
         if (auto* fetch = std::get_if<messages::FetchPrefix>(&*msg)) return handle_fetch(self, *fetch, tag);
         if (auto* drop = std::get_if<messages::DropRequests>(&*msg)) return reply(st, tag, handle_drop(self, *drop));
         if (auto* put = std::get_if<messages::PutPrefixBlocks>(&*msg))
-          return reply(st, tag, handle_put_prefix_blocks(st, *put));
+          return reply(st, tag, handle_put_prefix_blocks(self, *put));
         if (auto* fetch = std::get_if<messages::FetchPrefixBlocks>(&*msg))
           return reply(st, tag, handle_fetch_prefix_blocks(st, *fetch));
         if (std::holds_alternative<messages::StatsQuery>(*msg)) return reply(st, tag, stats_of(st));

@@ -676,6 +676,9 @@ void describe_node_metrics(MetricsRegistry& m) {
              "Prefix caching: prefix blocks a worker sent that the node's KV store newly kept, by worker.");
   m.describe("shardline_kv_store_prefix_bytes", "gauge",
              "Bytes of prefix blocks a KV store keeps (--kv-prefix-mib bounds them), by store.");
+  m.describe("shardline_kv_linked_tokens_total", "counter",
+             "DéjàVu streaming from the end of a cached prefix: positions a KV store counted from requests' "
+             "prefix links (their KV was not sent again) since it opened, by store.");
   m.describe("shardline_kv_store_memory_bytes", "gauge", "Bytes in a KV store's host-memory tier, by store.");
   m.describe("shardline_kv_store_disk_bytes", "gauge", "Bytes of a KV store's RocksDB directory, by store.");
   m.describe("shardline_kv_replication_lag_tokens", "gauge",

@@ -220,6 +220,20 @@ std::vector<NamedBlock> BlockManager::uncached_blocks(const Tokens& tokens, int 
   return out;
 }
 
+std::vector<std::uint64_t> BlockManager::head_names(const Tokens& tokens, int num_blocks) const {
+  std::vector<std::uint64_t> out;
+  if (!tier_names()) return out;
+  num_blocks = std::min(num_blocks, tokens.size() / block_size_);
+  out.reserve(static_cast<std::size_t>(std::max(num_blocks, 0)));
+  std::uint64_t parent = root_name_;
+  std::vector<std::int32_t> ids;
+  for (int i = 0; i < num_blocks; ++i) {
+    parent = name_block(tokens, i, parent, ids);
+    out.push_back(parent);
+  }
+  return out;
+}
+
 int BlockManager::peek_cached_prefix(const Tokens& tokens, int max_tokens) const {
   if (!cache_) return 0;
   std::vector<std::int32_t> blocks;

@@ -151,6 +151,12 @@ class BlockManager {
   /// the cache now, in chain order, with what names them (`block` -1): a
   /// prefix tier may hold them. Empty with caching off or outside epoch 0.
   [[nodiscard]] std::vector<NamedBlock> uncached_blocks(const Tokens& tokens, int max_tokens) const;
+  /// The names of `tokens`' first `num_blocks` full blocks in chain order,
+  /// from the root (root_name()): what a prefix tier keys them by. Empty
+  /// with caching off or outside epoch 0 (tier_names()).
+  [[nodiscard]] std::vector<std::uint64_t> head_names(const Tokens& tokens, int num_blocks) const;
+  /// The first block's parent name (the salt's and the epoch's).
+  [[nodiscard]] std::uint64_t root_name() const noexcept { return root_name_; }
   /// Leading full blocks of `tokens`, within `max_tokens`, named in the
   /// cache now (tokens; nothing is acquired).
   [[nodiscard]] int peek_cached_prefix(const Tokens& tokens, int max_tokens) const;

@@ -325,6 +325,7 @@ Status LlmEngine::fill_pipeline() {
     // micro-batch samples on the host.
     if (device_sampling && !wants_logprobs(sched)) attach_device_sampling(sched);
     f.submitted = Clock::now();
+    offer_prefix_links(sched);
     LayerStreaming by_layer;
     arm_layer_streaming(sched, by_layer);
     Status submitted = executor_->submit(sched.input);
@@ -380,6 +381,32 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
     if (Status s = kv_io_.begin_onboard(r, scheduler_.block_manager().block_table(r.seq_id)); !s.ok())
       return make_error(ErrorCode::internal, s.error().message);
   return Status::ok_status();
+}
+
+void LlmEngine::offer_prefix_links(const SchedulerOutput& sched) {
+  if (kv_sink_ == nullptr || !kv_io_.can_move_kv()) return;
+  const BlockManager& blocks = scheduler_.block_manager();
+  const int block_size = blocks.block_size();
+  for (const model::StepSeq& s : sched.input.seqs) {
+    Sequence* seq = scheduler_.get(s.seq_id);
+    if (seq == nullptr || seq->prefix_link_offered) continue;
+    seq->prefix_link_offered = true;
+    // A resumed or restored request has no cached head (num_cached_tokens
+    // 0): its KV came from the store or is streamed already.
+    const int num_blocks = std::max(seq->num_cached_tokens, 0) / block_size;
+    if (num_blocks == 0 || seq->num_streamed_tokens != 0) continue;
+    const std::vector<std::uint64_t> names =
+        blocks.head_names(BlockManager::Tokens{seq->prompt_ids, seq->output_ids}, num_blocks);
+    if (names.empty()) continue;
+    const auto n = names.size() * static_cast<std::size_t>(block_size);
+    if (n > seq->prompt_ids.size()) continue;  // a head past the prompt: no first admission
+    const int linked = kv_sink_->link_prefix(seq->id, blocks.root_name(), names,
+                                             std::span<const std::int32_t>(seq->prompt_ids.data(), n),
+                                             seq->num_prompt_tokens());
+    // Whole blocks of the cached head, which the step does not write.
+    if (linked > 0 && linked % block_size == 0 && linked <= std::min<int>(static_cast<int>(n), s.num_computed_tokens))
+      seq->num_streamed_tokens = linked;
+  }
 }
 
 void LlmEngine::arm_layer_streaming(const SchedulerOutput& sched, LayerStreaming& ls) {

@@ -98,6 +98,21 @@ class KvStreamSink {
   [[nodiscard]] virtual bool accepting() const = 0;
   /// Takes one increment (called on the stepping thread: only queue it).
   virtual void push(KvIncrement increment) = 0;
+  /// DéjàVu's streaming from the end of a cached prefix (issue 42): a
+  /// request's first positions hold a cached prompt prefix of full blocks,
+  /// named `names` by the prefix cache (chain order from `root`, the first
+  /// one's parent) and holding `token_ids` (names.size() x block size ids).
+  /// Returns how many of those positions the sink records by reference to
+  /// the blocks (whole blocks, <= token_ids.size()) instead of taking their
+  /// KV: the engine streams the request from there. Called on the stepping
+  /// thread, once per request, at its first step. Default: 0 (every
+  /// position is streamed).
+  [[nodiscard]] virtual int link_prefix(std::uint64_t request_id, std::uint64_t root,
+                                        std::span<const std::uint64_t> names,
+                                        std::span<const std::int32_t> token_ids, int num_prompt_tokens) {
+    (void)request_id, (void)root, (void)names, (void)token_ids, (void)num_prompt_tokens;
+    return 0;
+  }
 };
 
 struct RequestOutput {
@@ -261,6 +276,10 @@ class LlmEngine {
   /// Hands the sink, when it accepts, each still-running sequence of
   /// `sched` whose KV is computed past what it streamed before.
   [[nodiscard]] Status stream_increments(const SchedulerOutput& sched);
+  /// Offers the sink the cached head of each sequence of `sched` at its
+  /// first step (KvStreamSink::link_prefix); what the sink links counts as
+  /// streamed.
+  void offer_prefix_links(const SchedulerOutput& sched);
   /// Gives each logits row of `sched` what the device needs to sample it.
   void attach_device_sampling(SchedulerOutput& sched) const;
   /// True when a row of `sched` that gets logits asks for logprobs.

@@ -59,6 +59,9 @@ struct Sequence {
   /// Positions [0, num_streamed_tokens) whose KV the engine has handed to
   /// its stream sink (or that a resumed request brought from a KV store).
   int num_streamed_tokens = 0;
+  /// Its cached head was offered to the stream sink as a prefix link
+  /// (KvStreamSink::link_prefix), once, at its first step.
+  bool prefix_link_offered = false;
   int num_preemptions = 0;
   /// Prefix caching: prompt positions found cached (shared or copied) at its
   /// first admission with nothing to restore; -1 before (or never).

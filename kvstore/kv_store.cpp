@@ -10,6 +10,7 @@
 #include <limits>
 #include <list>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -103,12 +104,35 @@ void add_interval(std::map<int, int>& m, int b, int e) {
   m.emplace(b, e);
 }
 
+/// A request's prefix link (kv_store.hpp "Prefix links").
+struct PrefixLink {
+  std::uint64_t salt = 0;
+  std::uint64_t root = 0;                ///< the first block's parent name
+  std::vector<std::uint64_t> names;      ///< the blocks, first first
+  std::vector<std::int32_t> tokens;      ///< names.size() x block_tokens
+  int block_tokens = 0;
+  std::size_t held = 0;                  ///< leading blocks pinned and counted
+  bool broken = false;                   ///< block `held` differs from the link's: it ends there
+  std::string key;                       ///< its record's key
+  std::uint64_t record_bytes = 0;        ///< its record's value bytes
+
+  [[nodiscard]] bool pending() const { return held < names.size() && !broken; }
+  [[nodiscard]] int num_tokens() const { return static_cast<int>(tokens.size()); }
+};
+
 /// What the store knows of one request.
 struct RequestState {
   std::vector<std::map<int, int>> covered;        ///< per layer: stored token intervals
   std::map<KvRange, std::uint64_t, RangeLess> chunks;  ///< stored range -> value bytes
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0;                         ///< chunks' and the link record's value bytes
   int durable = 0;
+  std::optional<PrefixLink> link;
+
+  /// Positions [0, end) of every layer are held (a link's blocks).
+  void add_head(int num_layers, int end) {
+    if (covered.empty()) covered.resize(static_cast<std::size_t>(num_layers));
+    for (auto& layer : covered) add_interval(layer, 0, end);
+  }
 
   void add(int num_layers, const KvRange& r, std::uint64_t size) {
     if (covered.empty()) covered.resize(static_cast<std::size_t>(num_layers));
@@ -213,6 +237,78 @@ Status check_range(const KvModelShape& shape, const KvChunkKey& key) {
   return {};
 }
 
+/// Bytes of a prefix link record before its names: salt, root (u64 each),
+/// the number of names and the tokens per block (u32 each).
+constexpr std::size_t kLinkHeaderBytes = 24;
+
+/// A link record's key: the request's prefix, tokens [0, c), the link layer.
+std::string link_key(std::uint64_t job_id, std::uint64_t request_id, int num_tokens) {
+  return encode_key(KvChunkKey{job_id, request_id, KvRange{kPrefixLinkLayer, kPrefixLinkLayer + 1, 0, num_tokens}});
+}
+
+std::string encode_link(const PrefixLink& l) {
+  std::string v;
+  v.reserve(kLinkHeaderBytes + 8 * l.names.size() + 4 * l.tokens.size());
+  put_le(v, l.salt, 8);
+  put_le(v, l.root, 8);
+  put_le(v, l.names.size(), 4);
+  put_le(v, static_cast<std::uint64_t>(l.block_tokens), 4);
+  for (const std::uint64_t n : l.names) put_le(v, n, 8);
+  for (const std::int32_t t : l.tokens) put_le(v, static_cast<std::uint32_t>(t), 4);
+  return v;
+}
+
+/// A link record back (held 0). Errors: corrupt (sizes that disagree with
+/// each other or with the key's num_tokens).
+Result<PrefixLink> decode_link(std::string_view v, int num_tokens, const std::string& what) {
+  const auto bad = [&](const std::string& why) {
+    return make_error(ErrorCode::corrupt, "kv store: prefix link of " + what + ": " + why);
+  };
+  if (v.size() < kLinkHeaderBytes) return bad(std::to_string(v.size()) + " bytes, shorter than its header");
+  PrefixLink l;
+  l.salt = get_le(v, 0, 8);
+  l.root = get_le(v, 8, 8);
+  const std::uint64_t n = get_le(v, 16, 4), bt = get_le(v, 20, 4);
+  if (n == 0 || bt == 0 || n * bt != static_cast<std::uint64_t>(num_tokens) ||
+      v.size() != kLinkHeaderBytes + 8 * n + 4 * n * bt)
+    return bad(std::to_string(n) + " blocks of " + std::to_string(bt) + " tokens in " + std::to_string(v.size()) +
+               " bytes for " + std::to_string(num_tokens) + " positions");
+  l.block_tokens = static_cast<int>(bt);
+  l.names.resize(n);
+  for (std::size_t i = 0; i < n; ++i) l.names[i] = get_le(v, kLinkHeaderBytes + 8 * i, 8);
+  l.tokens.resize(n * bt);
+  const std::size_t at = kLinkHeaderBytes + 8 * n;
+  for (std::size_t i = 0; i < l.tokens.size(); ++i)
+    l.tokens[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(get_le(v, at + 4 * i, 4)));
+  l.record_bytes = v.size();
+  return l;
+}
+
+/// Copies the canonical chunk `src` of range `r` into `out`, the canonical
+/// chunk of all layers x positions [b, t): the positions of r within them.
+void place_chunk(const KvModelShape& shape, const KvRange& r, std::span<const std::byte> src, int b, int t,
+                 std::vector<std::byte>& out) {
+  const int from = std::max(r.token_begin, b), to = std::min(r.token_end, t);
+  if (from >= to) return;
+  const std::size_t row = static_cast<std::size_t>(shape.head_dim) * dtype_size(shape.dtype);
+  const std::size_t heads = static_cast<std::size_t>(shape.num_kv_heads);
+  const std::size_t src_tokens = static_cast<std::size_t>(r.num_tokens());
+  const std::size_t dst_tokens = static_cast<std::size_t>(t - b);
+  const std::size_t run = static_cast<std::size_t>(to - from) * row;
+  const std::size_t src_at = static_cast<std::size_t>(from - r.token_begin) * row;
+  const std::size_t dst_at = static_cast<std::size_t>(from - b) * row;
+  for (int l = r.layer_begin; l < r.layer_end; ++l) {
+    for (std::size_t kv = 0; kv < 2; ++kv) {
+      for (std::size_t h = 0; h < heads; ++h) {
+        const std::size_t src_slab = (static_cast<std::size_t>(l - r.layer_begin) * 2 + kv) * heads + h;
+        const std::size_t dst_slab = (static_cast<std::size_t>(l) * 2 + kv) * heads + h;
+        std::memcpy(out.data() + dst_slab * dst_tokens * row + dst_at, src.data() + src_slab * src_tokens * row + src_at,
+                    run);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 const char* kv_sync_policy_name(KvSyncPolicy policy) noexcept {
@@ -293,9 +389,19 @@ struct KvStore::Impl {
     std::string key;
     std::uint64_t bytes = 0;  ///< value bytes: chunk and trailer
     std::uint64_t seq = 0;    ///< last use (the stored one is the last write's)
+    std::uint64_t parent = 0;          ///< the trailer's parent name
+    std::vector<std::int32_t> tokens;  ///< the trailer's tokens (links compare them)
+    int pins = 0;                      ///< links that hold it (then it is in prefix_pinned)
   };
-  std::list<PrefixEntry> prefix_lru;  ///< front: most recently used
+  /// Unpinned blocks, the ones budgets may drop. Front: most recently used.
+  std::list<PrefixEntry> prefix_lru;
+  /// Blocks links pin: no budget drops them (their bytes still count).
+  std::list<PrefixEntry> prefix_pinned;
+  /// Every kept block, in either list (std::list::splice keeps iterators).
   std::unordered_map<std::string, std::list<PrefixEntry>::iterator> prefix_index;
+  /// Pending links by the key of the block each waits for.
+  std::unordered_map<std::string, std::vector<RequestId>> link_waiters;
+  std::uint64_t linked_tokens = 0;    ///< positions counted from links since open
   std::uint64_t prefix_bytes = 0;     ///< sum of PrefixEntry::bytes
   std::uint64_t next_prefix_seq = 0;  ///< past every seq stored or used
   std::uint64_t prefix_evictions = 0;
@@ -312,15 +418,108 @@ struct KvStore::Impl {
   /// memory only: the stored seq stays the last write's).
   void touch_prefix(std::list<PrefixEntry>::iterator it) {
     it->seq = next_prefix_seq++;
-    prefix_lru.splice(prefix_lru.begin(), prefix_lru, it);
+    if (it->pins == 0) prefix_lru.splice(prefix_lru.begin(), prefix_lru, it);
   }
 
   /// Records a prefix block stored (the LRU's front).
-  void add_prefix(std::string key, std::uint64_t bytes, std::uint64_t seq) {
-    prefix_lru.push_front(PrefixEntry{std::move(key), bytes, seq});
+  void add_prefix(std::string key, std::uint64_t bytes, std::uint64_t seq, std::uint64_t parent,
+                  std::vector<std::int32_t> tokens) {
+    prefix_lru.push_front(PrefixEntry{std::move(key), bytes, seq, parent, std::move(tokens), 0});
     prefix_index[prefix_lru.front().key] = prefix_lru.begin();
     prefix_bytes += bytes;
     next_prefix_seq = std::max(next_prefix_seq, seq + 1);
+  }
+
+  void pin(std::list<PrefixEntry>::iterator it) {
+    if (it->pins++ == 0) prefix_pinned.splice(prefix_pinned.begin(), prefix_lru, it);
+  }
+  /// The last unpin puts the block back at the LRU's front (just used).
+  void unpin(std::list<PrefixEntry>::iterator it) {
+    if (--it->pins > 0) return;
+    prefix_lru.splice(prefix_lru.begin(), prefix_pinned, it);
+    it->seq = next_prefix_seq++;
+  }
+
+  [[nodiscard]] std::string link_block_key(const PrefixLink& l, std::size_t i) const {
+    return prefix_key(options.shape, l.salt, l.names[i], static_cast<std::size_t>(l.block_tokens));
+  }
+
+  /// Pins and counts `id`'s link blocks from `held` on, up to the first the
+  /// store lacks (the request waits for it in link_waiters) or that differs
+  /// from the link's (a collision: the link ends there).
+  void advance_link(const RequestId& id, RequestState& state) {
+    PrefixLink& l = *state.link;
+    const std::size_t before = l.held;
+    const auto bt = static_cast<std::size_t>(l.block_tokens);
+    while (l.pending()) {
+      std::string key = link_block_key(l, l.held);
+      const auto kept = prefix_index.find(key);
+      if (kept == prefix_index.end()) {
+        link_waiters[std::move(key)].push_back(id);
+        break;
+      }
+      const PrefixEntry& e = *kept->second;
+      const std::uint64_t parent = l.held == 0 ? l.root : l.names[l.held - 1];
+      const auto want = l.tokens.begin() + static_cast<std::ptrdiff_t>(l.held * bt);
+      if (e.parent != parent || e.tokens.size() != bt || !std::equal(e.tokens.begin(), e.tokens.end(), want)) {
+        l.broken = true;
+        break;
+      }
+      pin(kept->second);
+      ++l.held;
+    }
+    if (l.held == before) return;
+    state.add_head(options.shape.num_layers, static_cast<int>(l.held * bt));
+    state.recompute();
+    linked_tokens += (l.held - before) * bt;
+  }
+
+  /// A block was stored: the links waiting for it go on.
+  void wake_links(const std::string& block_key) {
+    const auto it = link_waiters.find(block_key);
+    if (it == link_waiters.end()) return;
+    const std::vector<RequestId> ids = std::move(it->second);
+    link_waiters.erase(it);
+    for (const RequestId& id : ids) {
+      const auto r = requests.find(id);
+      if (r == requests.end() || !r->second.link || !r->second.link->pending()) continue;
+      if (link_block_key(*r->second.link, r->second.link->held) != block_key) continue;  // a stale entry
+      advance_link(id, r->second);
+    }
+  }
+
+  /// A request's link goes: its blocks are unpinned, it waits no more.
+  void release_link(const RequestId& id, PrefixLink& l) {
+    for (std::size_t i = 0; i < l.held; ++i)
+      if (const auto kept = prefix_index.find(link_block_key(l, i)); kept != prefix_index.end()) unpin(kept->second);
+    if (l.pending())
+      if (const auto w = link_waiters.find(link_block_key(l, l.held)); w != link_waiters.end()) {
+        std::erase(w->second, id);
+        if (w->second.empty()) link_waiters.erase(w);
+      }
+    l.held = 0;
+  }
+
+  /// Gives `id` the link `l` (its record is written), in place of the one
+  /// it extends (whose pinned blocks it keeps), and counts what it can.
+  void set_link(const RequestId& id, PrefixLink l) {
+    RequestState& state = requests[id];
+    if (state.link) {
+      PrefixLink& old = *state.link;
+      if (old.pending())
+        if (const auto w = link_waiters.find(link_block_key(old, old.held)); w != link_waiters.end()) {
+          std::erase(w->second, id);
+          if (w->second.empty()) link_waiters.erase(w);
+        }
+      l.held = old.held;
+      l.broken = old.broken;
+      state.bytes -= old.record_bytes;
+      held_bytes -= old.record_bytes;
+    }
+    state.bytes += l.record_bytes;
+    held_bytes += l.record_bytes;
+    state.link = std::move(l);
+    advance_link(id, state);
   }
 
   /// A prefix record's delete was written: its bytes count as deleted, and
@@ -467,6 +666,7 @@ struct KvStore::Impl {
     if (!st.ok()) return db.write_failed("delete range " + hex(begin), st);
     for (const RequestId& id : ids) {
       const auto it = requests.find(id);
+      if (it->second.link) release_link(id, *it->second.link);
       for (const auto& [range, size] : it->second.chunks) tier.erase(encode_key(KvChunkKey{id.first, id.second, range}));
       gc_pending += it->second.bytes;
       deleted_bytes += it->second.bytes;
@@ -505,9 +705,10 @@ KvStore::~KvStore() = default;
 
 Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOptions store_options) {
   const KvModelShape& shape = store_options.shape;
-  if (shape.num_layers < 1 || shape.num_layers > 65535 || shape.num_kv_heads < 1 || shape.head_dim < 1)
+  if (shape.num_layers < 1 || shape.num_layers > kPrefixLinkLayer || shape.num_kv_heads < 1 || shape.head_dim < 1)
     return make_error(ErrorCode::invalid_argument,
-                      "kv store: shape needs 1..65535 layers and positive num_kv_heads, head_dim (got " +
+                      "kv store: shape needs 1.." + std::to_string(kPrefixLinkLayer) +
+                          " layers and positive num_kv_heads, head_dim (got " +
                           std::to_string(shape.num_layers) + ", " + std::to_string(shape.num_kv_heads) + ", " +
                           std::to_string(shape.head_dim) + ")");
   auto impl = std::make_unique<Impl>(store_options.host_bytes);
@@ -530,6 +731,7 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   // Rebuild every request's coverage, and the prefix blocks, from what survived.
   std::vector<Impl::PrefixEntry> prefix_blocks;
   std::vector<std::pair<std::string, std::uint64_t>> stale_prefix;  // records that do not fit the shape, value bytes
+  std::vector<std::pair<RequestId, PrefixLink>> links;              // requests' prefix links
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(impl->db->NewIterator(ro));
@@ -551,8 +753,22 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
         continue;
       }
       const std::string_view v(it->value().data(), it->value().size());
-      prefix_blocks.push_back(Impl::PrefixEntry{std::string(k.data(), k.size()), want,
-                                                get_le(v, chunk_size(shape, r) + 8, 8)});
+      const std::size_t trailer = chunk_size(shape, r);
+      Impl::PrefixEntry e{std::string(k.data(), k.size()), want, get_le(v, trailer + 8, 8), get_le(v, trailer, 8),
+                          std::vector<std::int32_t>(tokens), 0};
+      for (std::size_t i = 0; i < tokens; ++i)
+        e.tokens[i] = static_cast<std::int32_t>(static_cast<std::uint32_t>(get_le(v, trailer + kPrefixTrailerBytes + 4 * i, 4)));
+      prefix_blocks.push_back(std::move(e));
+      continue;
+    }
+    if (key->range.layer_begin == kPrefixLinkLayer) {
+      const std::string what = "(" + std::to_string(key->job_id) + ", " + std::to_string(key->request_id) + ")";
+      auto link = decode_link(std::string_view(it->value().data(), it->value().size()), key->range.token_end, what);
+      if (!link.ok()) return std::move(link).error();
+      if (key->range.token_begin != 0 || key->range.layer_end != kPrefixLinkLayer + 1)
+        return make_error(ErrorCode::corrupt, "kv store: " + dir + ": prefix link " + describe(*key) + ": not [0, c)");
+      link->key = std::string(k.data(), k.size());
+      links.emplace_back(RequestId{key->job_id, key->request_id}, std::move(link).value());
       continue;
     }
     if (key->range.layer_end > shape.num_layers)
@@ -571,7 +787,8 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   // The LRU by last write: the oldest seq at the back, dropped first.
   std::sort(prefix_blocks.begin(), prefix_blocks.end(),
             [](const Impl::PrefixEntry& a, const Impl::PrefixEntry& b) { return a.seq < b.seq; });
-  for (Impl::PrefixEntry& e : prefix_blocks) impl->add_prefix(std::move(e.key), e.bytes, e.seq);
+  for (Impl::PrefixEntry& e : prefix_blocks)
+    impl->add_prefix(std::move(e.key), e.bytes, e.seq, e.parent, std::move(e.tokens));
   // Records that do not fit the shape are deleted, then the least recently
   // used blocks past the budget (a store opened with a smaller
   // --kv-prefix-mib, or 0). If a write fails the store still opens: stale
@@ -583,6 +800,11 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
     if (ok && impl->db->Write(impl->write_options(), &drop).ok())
       for (const auto& [k, bytes] : stale_prefix) impl->note_prefix_deleted(k, bytes);
   }
+  // Links pin their blocks again (so the budget below does not drop them)
+  // and count what those blocks hold. A request has one record (a longer
+  // link's write deletes the shorter one's in the same batch).
+  for (auto& [id, link] : links) impl->set_link(id, std::move(link));
+  impl->linked_tokens = 0;  // counts links made since open
   if (const std::uint64_t budget = impl->options.prefix_budget_bytes; impl->prefix_bytes > budget)
     (void)impl->drop_prefix_lru(impl->prefix_bytes - budget, std::numeric_limits<std::uint64_t>::max());
   return std::unique_ptr<KvStore>(new KvStore(std::move(impl)));
@@ -595,9 +817,55 @@ Result<int> KvStore::put(const KvChunkKey& key, std::span<const std::byte> chunk
   return acks->front();
 }
 
-Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes) {
+Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes,
+                                           std::span<const PrefixLinkWrite> links) {
   const KvModelShape& shape = impl_->options.shape;
   rocksdb::WriteBatch batch;
+  // The links that change something: new, or extending the request's link.
+  struct NewLink {
+    RequestId id;
+    PrefixLink link;
+  };
+  std::vector<NewLink> new_links;
+  std::uint64_t link_bytes = 0;
+  for (const PrefixLinkWrite& w : links) {
+    const std::string what = "(" + std::to_string(w.job_id) + ", " + std::to_string(w.request_id) + ")";
+    if ((w.job_id & kPrefixBlockJobBit) != 0)
+      return make_error(ErrorCode::invalid_argument,
+                        "kv store: prefix link of " + what + ": a job id with the top bit (kept for prefix blocks)");
+    if (w.names.empty() || w.tokens.empty() || w.tokens.size() % w.names.size() != 0 ||
+        w.tokens.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      return make_error(ErrorCode::invalid_argument, "kv store: prefix link of " + what + ": " +
+                                                         std::to_string(w.names.size()) + " blocks and " +
+                                                         std::to_string(w.tokens.size()) +
+                                                         " tokens (expected >= 1 block, the same tokens per block, "
+                                                         "< 2^31 tokens)");
+    PrefixLink l;
+    l.salt = w.salt & ~kPrefixBlockJobBit;
+    l.root = w.root;
+    l.names.assign(w.names.begin(), w.names.end());
+    l.tokens.assign(w.tokens.begin(), w.tokens.end());
+    l.block_tokens = static_cast<int>(w.tokens.size() / w.names.size());
+    const RequestId id{w.job_id, w.request_id};
+    // A link for a request with one: kept only when it extends it (a
+    // request resent with a longer cached head).
+    const PrefixLink* old = nullptr;
+    if (const auto r = impl_->requests.find(id); r != impl_->requests.end() && r->second.link) old = &*r->second.link;
+    for (const NewLink& n : new_links)
+      if (n.id == id) old = &n.link;
+    if (old != nullptr && !(old->salt == l.salt && old->root == l.root && old->block_tokens == l.block_tokens &&
+                            l.names.size() > old->names.size() &&
+                            std::equal(old->names.begin(), old->names.end(), l.names.begin())))
+      continue;
+    l.key = link_key(w.job_id, w.request_id, l.num_tokens());
+    const std::string value = encode_link(l);
+    l.record_bytes = value.size();
+    if (old != nullptr)
+      if (const rocksdb::Status b = batch.Delete(old->key); !b.ok()) return db_error("batch link delete " + what, b);
+    if (const rocksdb::Status b = batch.Put(l.key, value); !b.ok()) return db_error("batch link " + what, b);
+    link_bytes += l.record_bytes;
+    new_links.push_back(NewLink{id, std::move(l)});
+  }
   std::vector<std::string> keys;
   keys.reserve(writes.size());
   for (const KvChunkWrite& w : writes) {
@@ -615,8 +883,15 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes)
         keys.back(), rocksdb::Slice(reinterpret_cast<const char*>(w.chunk.data()), w.chunk.size()));
     if (!b.ok()) return db_error("batch " + describe(w.key), b);
   }
-  if (writes.empty()) return std::vector<int>{};
-  std::uint64_t adding = 0;  // bytes the batch stores
+  const auto acks_now = [&] {
+    std::vector<int> acks;
+    acks.reserve(writes.size() + links.size());
+    for (const KvChunkWrite& w : writes) acks.push_back(durable_tokens(w.key.job_id, w.key.request_id));
+    for (const PrefixLinkWrite& w : links) acks.push_back(durable_tokens(w.job_id, w.request_id));
+    return acks;
+  };
+  if (writes.empty() && new_links.empty()) return acks_now();
+  std::uint64_t adding = link_bytes;  // bytes the batch stores
   for (const KvChunkWrite& w : writes) adding += w.chunk.size();
   if (Status a = impl_->admit_write(adding, std::numeric_limits<std::uint64_t>::max(), "chunks"); !a.ok())
     return a.error();
@@ -631,16 +906,27 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes)
     impl_->add_chunk({w.key.job_id, w.key.request_id}, w.key.range, w.chunk.size());
     impl_->tier.put(keys[i], w.chunk);
   }
-  std::vector<int> acks;
-  acks.reserve(writes.size());
   for (const KvChunkWrite& w : writes) impl_->requests[{w.key.job_id, w.key.request_id}].recompute();
-  for (const KvChunkWrite& w : writes) acks.push_back(impl_->requests[{w.key.job_id, w.key.request_id}].durable);
-  return acks;
+  for (NewLink& n : new_links) impl_->set_link(n.id, std::move(n.link));
+  return acks_now();
 }
 
 Status KvStore::flush(const KvChunkKey& key, std::span<const std::byte> chunk) {
   auto ack = put(key, chunk);
   if (!ack.ok()) return std::move(ack).error();
+  return {};
+}
+
+Status KvStore::flush_linked(std::span<const KvChunkRef> chunks, std::span<const std::byte> buffer,
+                             std::span<const PrefixLinkWrite> links) {
+  std::vector<KvChunkWrite> writes;
+  writes.reserve(chunks.size());
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    if (Status s = check_chunk_ref(chunks[i], i, buffer.size()); !s.ok()) return s;
+    writes.push_back(KvChunkWrite{chunks[i].key, buffer.subspan(chunks[i].offset, chunks[i].bytes)});
+  }
+  auto acks = put_many(writes, links);
+  if (!acks.ok()) return std::move(acks).error();
   return {};
 }
 
@@ -654,39 +940,57 @@ int KvStore::durable_tokens(std::uint64_t job_id, std::uint64_t request_id) cons
   return it == impl_->requests.end() ? 0 : it->second.durable;
 }
 
-Result<KvPrefix> KvStore::fetch_prefix(std::uint64_t job_id, std::uint64_t request_id, int max_tokens) {
-  if (max_tokens < 0)
-    return make_error(ErrorCode::invalid_argument, "kv store: fetch_prefix: max_tokens " + std::to_string(max_tokens));
+Result<KvPrefix> KvStore::fetch_prefix(std::uint64_t job_id, std::uint64_t request_id, int max_tokens,
+                                       int token_begin) {
+  if (max_tokens < 0 || token_begin < 0)
+    return make_error(ErrorCode::invalid_argument, "kv store: fetch_prefix: max_tokens " + std::to_string(max_tokens) +
+                                                       ", token_begin " + std::to_string(token_begin));
   KvPrefix out;
   const auto found = impl_->requests.find({job_id, request_id});
   if (found == impl_->requests.end()) return out;
   const RequestState& state = found->second;
   const int t = std::min(state.durable, max_tokens);
+  const int b = token_begin;
   if (t == 0) return out;
-  const KvModelShape& shape = impl_->options.shape;
   out.tokens = t;
-  out.chunk.resize(chunk_size(shape, KvRange{0, shape.num_layers, 0, t}));
-  const std::size_t row = static_cast<std::size_t>(shape.head_dim) * dtype_size(shape.dtype);
-  const std::size_t heads = static_cast<std::size_t>(shape.num_kv_heads);
+  if (t <= b) return out;
+  const KvModelShape& shape = impl_->options.shape;
+  out.chunk.resize(chunk_size(shape, KvRange{0, shape.num_layers, b, t}));
+  if (state.link) {
+    // The linked blocks first (the request's own chunks of the same
+    // positions, if any, hold the same bytes).
+    const PrefixLink& l = *state.link;
+    for (std::size_t i = 0; i < l.held && static_cast<int>(i) * l.block_tokens < t; ++i) {
+      if (static_cast<int>(i + 1) * l.block_tokens <= b) continue;
+      const std::string key = impl_->link_block_key(l, i);
+      if (Status r = impl_->db.readable(); !r.ok()) return r.error();
+      std::string v;
+      const rocksdb::Status st = impl_->db->Get(rocksdb::ReadOptions(), key, &v);
+      if (!st.ok()) return db_error("read linked " + describe_prefix(l.salt, l.names[i]), st);  // pinned: kept
+      const KvRange r{0, shape.num_layers, static_cast<int>(i) * l.block_tokens,
+                      static_cast<int>(i + 1) * l.block_tokens};
+      if (v.size() != prefix_value_size(shape, static_cast<std::size_t>(l.block_tokens)))
+        return make_error(ErrorCode::corrupt, "kv store: linked " + describe_prefix(l.salt, l.names[i]) + ": " +
+                                                  std::to_string(v.size()) + " bytes stored");
+      place_chunk(shape, r, std::as_bytes(std::span<const char>(v.data(), chunk_size(shape, r))), b, t, out.chunk);
+    }
+  }
   // Ranges in token_begin order: stop at the first one starting at or past t.
   for (const auto& [r, size] : state.chunks) {
     if (r.token_begin >= t) break;
+    if (r.token_end <= b) continue;
     auto bytes = impl_->read(KvChunkKey{job_id, request_id, r});
     if (!bytes.ok()) return std::move(bytes).error();
-    const std::size_t src_tokens = static_cast<std::size_t>(r.num_tokens());
-    const std::size_t run = static_cast<std::size_t>(std::min(r.token_end, t) - r.token_begin) * row;
-    for (int l = r.layer_begin; l < r.layer_end; ++l) {
-      for (std::size_t kv = 0; kv < 2; ++kv) {
-        for (std::size_t h = 0; h < heads; ++h) {
-          const std::size_t src_slab = (static_cast<std::size_t>(l - r.layer_begin) * 2 + kv) * heads + h;
-          const std::size_t dst_slab = (static_cast<std::size_t>(l) * 2 + kv) * heads + h;
-          std::memcpy(out.chunk.data() + (dst_slab * static_cast<std::size_t>(t) + static_cast<std::size_t>(r.token_begin)) * row,
-                      bytes->data() + src_slab * src_tokens * row, run);
-        }
-      }
-    }
+    place_chunk(shape, r, *bytes, b, t, out.chunk);
   }
   return out;
+}
+
+std::optional<StoredPrefixLink> KvStore::prefix_link(std::uint64_t job_id, std::uint64_t request_id) const {
+  const auto found = impl_->requests.find({job_id, request_id});
+  if (found == impl_->requests.end() || !found->second.link) return std::nullopt;
+  const PrefixLink& l = *found->second.link;
+  return StoredPrefixLink{l.salt, l.root, l.names, l.tokens, static_cast<int>(l.held) * l.block_tokens};
 }
 
 Status KvStore::drop_request(std::uint64_t job_id, std::uint64_t request_id) {
@@ -822,7 +1126,12 @@ Result<int> KvStore::put_prefix_blocks(std::span<const PrefixBlockWrite> writes)
                              st);
   }
   m.forget_prefix(p.victims);
-  for (std::size_t i = 0; i < p.stored.size(); ++i) m.add_prefix(p.stored[i]->key, p.stored[i]->bytes, seqs[i]);
+  for (std::size_t i = 0; i < p.stored.size(); ++i) {
+    const PrefixBlockWrite& w = writes[p.stored[i]->write];
+    m.add_prefix(p.stored[i]->key, p.stored[i]->bytes, seqs[i], w.parent,
+                 std::vector<std::int32_t>(w.tokens.begin(), w.tokens.end()));
+  }
+  for (const NewBlock* n : p.stored) m.wake_links(n->key);
   if (m.gc_pending >= m.options.compact_after_bytes) {
     if (Status c = m.compact(); !c.ok()) return c.error();
   }
@@ -917,7 +1226,19 @@ Result<KvStoreStats> KvStore::stats() const {
   s.prefix_budget = impl_->options.prefix_budget_bytes;
   s.prefix_evictions = impl_->prefix_evictions;
   s.prefix_hits = impl_->prefix_hits;
+  for (const auto& [id, state] : impl_->requests)
+    if (state.link) {
+      ++s.prefix_links;
+      if (state.link->pending()) ++s.prefix_links_pending;
+    }
+  s.prefix_pinned = impl_->prefix_pinned.size();
+  s.linked_tokens = impl_->linked_tokens;
   return s;
+}
+
+bool KvStore::keeps_prefix_block(std::uint64_t salt, std::uint64_t name, std::size_t num_tokens) const {
+  if (num_tokens == 0 || num_tokens > static_cast<std::size_t>(std::numeric_limits<int>::max())) return false;
+  return impl_->prefix_index.count(prefix_key(impl_->options.shape, salt, name, num_tokens)) != 0;
 }
 
 const KvStoreOptions& KvStore::options() const noexcept { return impl_->options; }

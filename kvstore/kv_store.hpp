@@ -66,7 +66,28 @@
 /// budget first drops prefix blocks (a cache of a cache) before it is
 /// refused (a write of their deletes and a compaction before the chunks'
 /// write). Dropped prefix blocks are deleted bytes like GC'd chunks
-/// (`compact_after_bytes`, the compacted span). They are not replicated.
+/// (`compact_after_bytes`, the compacted span). The store itself does not
+/// replicate them (the KV-store actor forwards the puts to its replica).
+///
+/// Prefix links (issue 42: DéjàVu's token streaming from the end of a
+/// cached prefix). A request whose prompt starts with a cached prefix does
+/// not send that prefix's KV again: with its chunks from position c on, it
+/// sends a link, "positions [0, c) of (job, request) are the prefix blocks
+/// `names` under `salt`" (put_many's `links`). The store checks each named
+/// block by parent and tokens, as a fetch does, and counts the leading run
+/// it keeps as the request's positions, for every layer: they count towards
+/// durable_tokens and fetch_prefix merges the blocks' chunks in. A linked
+/// block is pinned: no budget drops it while a request links it; drop_request
+/// / drop_job unpin it. A block the store does not keep yet leaves the link
+/// pending there: the positions from it on do not count until a
+/// put_prefix_blocks brings it (the worker's prefix tier sends the blocks
+/// and the link on two queues, so either may come first); a block that
+/// differs (a collision) ends the link for good. Key: the request's
+/// prefix, tokens [0, c), layers [kPrefixLinkLayer, kPrefixLinkLayer + 1)
+/// (no chunk has that layer: models have at most kPrefixLinkLayer layers).
+/// Value: salt, root (the first block's parent), the number of names and
+/// of tokens per block (u32 each), the names (u64), the tokens (i32),
+/// little-endian. On open the links are read again and pin what they name.
 ///
 /// Thread safety: none; one owner (the KV-store actor) serializes calls.
 /// Calls block on RocksDB (a synced write, a GC compaction).
@@ -74,6 +95,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -126,7 +148,7 @@ inline constexpr std::size_t kKvRequestPrefixBytes = 16;
 [[nodiscard]] Result<KvChunkKey> decode_key(std::string_view bytes);
 
 struct KvStoreOptions {
-  /// KV geometry of the model: num_layers (1 .. 65535) for coverage and
+  /// KV geometry of the model: num_layers (1 .. kPrefixLinkLayer) for coverage and
   /// acks, num_kv_heads, head_dim and dtype for chunk sizes and merging.
   KvModelShape shape;
   /// Byte budget of the host-memory tier (0: no tier, every fetch reads
@@ -167,6 +189,10 @@ struct KvStoreOptions {
 /// The top bit of a prefix block's job id (see the file comment).
 inline constexpr std::uint64_t kPrefixBlockJobBit = 1ull << 63;
 
+/// The layer of a prefix link's key (see the file comment): one past the
+/// last layer a model may have.
+inline constexpr int kPrefixLinkLayer = 65534;
+
 /// One block of put_prefix_blocks.
 struct PrefixBlockWrite {
   std::uint64_t salt = 0;                ///< its low 63 bits are used
@@ -198,10 +224,20 @@ struct KvChunkWrite {
   std::span<const std::byte> chunk;  ///< the canonical chunk of key.range
 };
 
-/// A request's durable prefix as one canonical chunk.
+/// A request's durable prefix (or the part of it from token_begin on) as
+/// one canonical chunk.
 struct KvPrefix {
-  int tokens = 0;                ///< t: the chunk is KvRange{0, num_layers, 0, t}
-  std::vector<std::byte> chunk;  ///< chunk size of that range (empty for t = 0)
+  int tokens = 0;                ///< t: the chunk is KvRange{0, num_layers, token_begin, t}
+  std::vector<std::byte> chunk;  ///< chunk size of that range (empty when t <= token_begin)
+};
+
+/// A request's prefix link as the store keeps it (for a replica's catch-up).
+struct StoredPrefixLink {
+  std::uint64_t salt = 0;
+  std::uint64_t root = 0;
+  std::vector<std::uint64_t> names;
+  std::vector<std::int32_t> tokens;
+  int held_tokens = 0;  ///< positions of its leading blocks the store keeps (counted)
 };
 
 /// A request the store holds chunks of.
@@ -236,6 +272,10 @@ struct KvStoreStats {
   std::uint64_t prefix_budget = 0;     ///< KvStoreOptions::prefix_budget_bytes
   std::uint64_t prefix_evictions = 0;  ///< prefix blocks dropped for a budget since open
   std::uint64_t prefix_hits = 0;       ///< prefix blocks fetched since open
+  std::uint64_t prefix_links = 0;      ///< requests with a prefix link
+  std::uint64_t prefix_links_pending = 0;  ///< of them, waiting for a block the store does not keep yet
+  std::uint64_t prefix_pinned = 0;     ///< prefix blocks a link pins
+  std::uint64_t linked_tokens = 0;     ///< positions counted from links since open (KV not sent again)
 };
 
 class KvStore final : public KvTarget {
@@ -261,14 +301,24 @@ class KvStore final : public KvTarget {
   /// nothing counts).
   [[nodiscard]] Result<int> put(const KvChunkKey& key, std::span<const std::byte> chunk);
 
-  /// Stores several chunks in one RocksDB write batch (one fsync with
-  /// `fsync`): all or none. Returns each write's request's durable_tokens
-  /// after the batch, in `writes` order. Errors: as put (one invalid write
-  /// rejects the batch).
-  [[nodiscard]] Result<std::vector<int>> put_many(std::span<const KvChunkWrite> writes);
+  /// Stores several chunks, and prefix links (see the file comment), in one
+  /// RocksDB write batch (one fsync with `fsync`): all or none. Returns each
+  /// write's request's durable_tokens after the batch, in `writes` order,
+  /// then each link's request's. A link for a request that has one already
+  /// replaces it only when it extends it (same salt and root, the old names
+  /// a prefix of the new); otherwise it is ignored (the old one stays).
+  /// Errors: as put (one invalid write rejects the batch); invalid_argument
+  /// for a link without names, with tokens that are not a whole number per
+  /// name, of 2^31 tokens or more, or of a job id with kPrefixBlockJobBit.
+  [[nodiscard]] Result<std::vector<int>> put_many(std::span<const KvChunkWrite> writes,
+                                                  std::span<const PrefixLinkWrite> links = {});
 
   /// KvTarget: put without the ack.
   [[nodiscard]] Status flush(const KvChunkKey& key, std::span<const std::byte> chunk) override;
+  /// KvTarget: put_many of the chunks and links (acks dropped).
+  [[nodiscard]] Status flush_linked(std::span<const KvChunkRef> chunks, std::span<const std::byte> buffer,
+                                    std::span<const PrefixLinkWrite> links) override;
+  [[nodiscard]] bool takes_prefix_links() const override { return true; }
   /// KvTarget: the chunk stored under exactly `key` (host tier first).
   /// Errors: not_found, io, corrupt (a stored value of the wrong size).
   [[nodiscard]] Result<std::vector<std::byte>> fetch(const KvChunkKey& key) override;
@@ -276,11 +326,18 @@ class KvStore final : public KvTarget {
   /// The acknowledged prefix of a request (0 when unknown).
   [[nodiscard]] int durable_tokens(std::uint64_t job_id, std::uint64_t request_id) const;
 
-  /// What recovery needs: the request's positions [0, t),
+  /// What recovery needs: the request's positions [token_begin, t),
   /// t = min(durable_tokens, max_tokens), all layers, merged from the stored
-  /// chunks into one canonical chunk of KvRange{0, num_layers, 0, t}.
-  /// Errors: invalid_argument (max_tokens < 0), io, corrupt.
-  [[nodiscard]] Result<KvPrefix> fetch_prefix(std::uint64_t job_id, std::uint64_t request_id, int max_tokens);
+  /// chunks (and the linked prefix blocks) into one canonical chunk of
+  /// KvRange{0, num_layers, token_begin, t} (empty when t <= token_begin).
+  /// A token_begin > 0 fetches a long prefix in parts (each a message under
+  /// messages::kMaxMessageBytes), or the part after a prefix link.
+  /// Errors: invalid_argument (max_tokens or token_begin < 0), io, corrupt.
+  [[nodiscard]] Result<KvPrefix> fetch_prefix(std::uint64_t job_id, std::uint64_t request_id, int max_tokens,
+                                              int token_begin = 0);
+
+  /// The request's prefix link, if it has one.
+  [[nodiscard]] std::optional<StoredPrefixLink> prefix_link(std::uint64_t job_id, std::uint64_t request_id) const;
 
   /// Deletes a request's chunks (no-op when unknown); may run the GC
   /// compaction. Errors: io (the delete: nothing changed; or the compaction:
@@ -311,6 +368,10 @@ class KvStore final : public KvTarget {
   /// compaction that follows once compact_after_bytes were deleted: the
   /// blocks are stored).
   [[nodiscard]] Result<int> put_prefix_blocks(std::span<const PrefixBlockWrite> writes);
+
+  /// Whether the store keeps the prefix block (salt, name) of `num_tokens`
+  /// tokens now (the KV-store actor answers a put with the names kept).
+  [[nodiscard]] bool keeps_prefix_block(std::uint64_t salt, std::uint64_t name, std::size_t num_tokens) const;
 
   /// The leading run of `queries` the store keeps under `salt`, in order:
   /// it stops at the first block that is not kept or whose stored parent or

@@ -313,6 +313,14 @@ Status KvTarget::flush_batch(std::span<const KvChunkRef> chunks, std::span<const
   return {};
 }
 
+Status KvTarget::flush_linked(std::span<const KvChunkRef> chunks, std::span<const std::byte> buffer,
+                              std::span<const PrefixLinkWrite> links) {
+  if (!links.empty())
+    return make_error(ErrorCode::unsupported, "KV target: " + std::to_string(links.size()) +
+                                                  " prefix link(s) to a target that keeps no prefix blocks");
+  return flush_batch(chunks, buffer);
+}
+
 Status KvCopier::copy_out_batch(std::span<const KvCopyItem> items, std::span<const std::span<std::byte>> chunks) {
   if (chunks.size() != items.size())
     return bad("copy_out_batch: " + std::to_string(chunks.size()) + " chunks for " + std::to_string(items.size()) +

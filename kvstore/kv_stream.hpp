@@ -149,6 +149,19 @@ struct KvChunkRef {
 /// flush_batch checks first. Errors: invalid_argument naming the chunk.
 [[nodiscard]] Status check_chunk_ref(const KvChunkRef& chunk, std::size_t index, std::size_t buffer_bytes);
 
+/// A request's positions [0, c) as prefix blocks a KV store keeps
+/// (kvstore/kv_store.hpp "Prefix links"): KvTarget::flush_linked, KvStore::put_many.
+struct PrefixLinkWrite {
+  std::uint64_t job_id = 0;
+  std::uint64_t request_id = 0;
+  std::uint64_t salt = 0;                ///< the blocks' salt (its low 63 bits are used)
+  std::uint64_t root = 0;                ///< the first block's parent name
+  std::span<const std::uint64_t> names;  ///< the blocks, first first (>= 1)
+  /// The request's tokens at positions [0, c): every block's tokens in
+  /// order, c = names.size() x tokens per block.
+  std::span<const std::int32_t> tokens;
+};
+
 /// Where chunks go and come from.
 class KvTarget {
  public:
@@ -165,6 +178,14 @@ class KvTarget {
   /// (a chunk outside `buffer`), the target's.
   [[nodiscard]] virtual Status flush_batch(std::span<const KvChunkRef> chunks,
                                            std::span<const std::byte> buffer);
+  /// Whether flush_linked takes prefix links (a KV store does; DéjàVuLib's
+  /// memory and comm targets do not).
+  [[nodiscard]] virtual bool takes_prefix_links() const { return false; }
+  /// flush_batch, and prefix links in the same write. The default:
+  /// flush_batch when `links` is empty. Errors: unsupported (links to a
+  /// target that does not take them), those of flush_batch.
+  [[nodiscard]] virtual Status flush_linked(std::span<const KvChunkRef> chunks, std::span<const std::byte> buffer,
+                                            std::span<const PrefixLinkWrite> links);
 };
 
 // ---- stream_out / stream_in: a group of ranks <-> one canonical chunk -------------

@@ -69,6 +69,8 @@ void put(wire::KvStoreStats::Builder b, const KvStoreStats& m) {
   b.setStoreName(text(m.store_name));
   b.setPrefixBlocks(m.prefix_blocks);
   b.setPrefixBytes(m.prefix_bytes);
+  b.setPrefixLinks(m.prefix_links);
+  b.setLinkedTokens(m.linked_tokens);
 }
 
 KvStoreStats get(wire::KvStoreStats::Reader r) {
@@ -85,6 +87,8 @@ KvStoreStats get(wire::KvStoreStats::Reader r) {
   m.store_name = str(r.getStoreName());
   m.prefix_blocks = r.getPrefixBlocks();
   m.prefix_bytes = r.getPrefixBytes();
+  m.prefix_links = r.getPrefixLinks();
+  m.linked_tokens = r.getLinkedTokens();
   return m;
 }
 
@@ -146,6 +150,18 @@ struct Member<KM, PutChunks> {
       list[i].setChunk(bytes_of(m.chunks[i].chunk));
     }
     b.setFromPeer(text(m.from_peer));
+    auto links = b.initLinks(static_cast<unsigned>(m.links.size()));
+    for (unsigned i = 0; i < m.links.size(); ++i) {
+      const PrefixLinkData& l = m.links[i];
+      links[i].setJobId(l.job_id);
+      links[i].setRequestId(l.request_id);
+      links[i].setSalt(l.salt);
+      links[i].setRoot(l.root);
+      auto names = links[i].initNames(static_cast<unsigned>(l.names.size()));
+      for (unsigned j = 0; j < l.names.size(); ++j) names.set(j, l.names[j]);
+      auto tokens = links[i].initTokens(static_cast<unsigned>(l.tokens.size()));
+      for (unsigned j = 0; j < l.tokens.size(); ++j) tokens.set(j, l.tokens[j]);
+    }
   }
   static PutChunks get(KM::Reader root) {
     auto r = root.getPutChunks();
@@ -168,6 +184,27 @@ struct Member<KM, PutChunks> {
       m.chunks.push_back(std::move(d));
     }
     m.from_peer = str(r.getFromPeer());
+    auto links = r.getLinks();
+    check_len(links, "links");
+    m.links.reserve(links.size());
+    for (unsigned i = 0; i < links.size(); ++i) {
+      const auto l = links[i];
+      PrefixLinkData d{l.getJobId(), l.getRequestId(), l.getSalt(), l.getRoot(), {}, {}};
+      const auto names = l.getNames();
+      const auto tokens = l.getTokens();
+      check_len(names, request_field("links", i) + ".names");
+      check_len(tokens, request_field("links", i) + ".tokens");
+      // The store checks the blocks; here only what no store takes.
+      if (names.size() == 0 || tokens.size() == 0 || tokens.size() % names.size() != 0)
+        fail(ErrorCode::invalid_argument, request_field("links", i) + ": " + std::to_string(names.size()) +
+                                              " names for " + std::to_string(tokens.size()) +
+                                              " tokens (expected >= 1, the same tokens per name)");
+      d.names.reserve(names.size());
+      for (const std::uint64_t n : names) d.names.push_back(n);
+      d.tokens.reserve(tokens.size());
+      for (const std::int32_t t : tokens) d.tokens.push_back(t);
+      m.links.push_back(std::move(d));
+    }
     return m;
   }
 };
@@ -228,10 +265,11 @@ struct Member<KM, PutPrefixBlocks> {
     auto b = root.initPutPrefixBlocks();
     b.setSalt(m.salt);
     put_prefix_blocks(b.initBlocks(static_cast<unsigned>(m.blocks.size())), m.blocks);
+    b.setFromPeer(text(m.from_peer));
   }
   static PutPrefixBlocks get(KM::Reader root) {
     auto r = root.getPutPrefixBlocks();
-    return PutPrefixBlocks{r.getSalt(), get_prefix_blocks(r.getBlocks())};
+    return PutPrefixBlocks{r.getSalt(), get_prefix_blocks(r.getBlocks()), str(r.getFromPeer())};
   }
 };
 
@@ -325,11 +363,18 @@ struct Member<KR, PrefixBlocksData> {
     auto b = root.initPrefixBlocks();
     put_prefix_blocks(b.initBlocks(static_cast<unsigned>(m.blocks.size())), m.blocks);
     b.setStored(m.stored);
+    auto kept = b.initKept(static_cast<unsigned>(m.kept.size()));
+    for (unsigned i = 0; i < m.kept.size(); ++i) kept.set(i, m.kept[i]);
   }
   static PrefixBlocksData get(KR::Reader root) {
     auto r = root.getPrefixBlocks();
     if (r.getStored() < 0) fail(ErrorCode::invalid_argument, "stored must be >= 0");
-    return PrefixBlocksData{get_prefix_blocks(r.getBlocks()), r.getStored()};
+    const auto kept = r.getKept();
+    check_len(kept, "kept");
+    PrefixBlocksData m{get_prefix_blocks(r.getBlocks()), r.getStored(), {}};
+    m.kept.reserve(kept.size());
+    for (const std::uint64_t n : kept) m.kept.push_back(n);
+    return m;
   }
 };
 

@@ -30,10 +30,23 @@ struct KvChunk {
   chunk @6 :Data;
 }
 
+# A request's positions [0, c) as the prefix blocks `names` the store
+# keeps under `salt` (kvstore/kv_store.hpp "Prefix links"): DéjàVu's token
+# streaming from the end of a cached prefix.
+struct PrefixLink {
+  jobId @0 :UInt64;
+  requestId @1 :UInt64;
+  salt @2 :UInt64;
+  root @3 :UInt64;             # the first block's parent name
+  names @4 :List(UInt64);      # the blocks, first first
+  tokens @5 :List(Int32);      # the request's tokens at [0, c): every block's in order
+}
+
 # Store chunks (from a worker's streamer, or from a peer store replicating).
 struct PutChunks {
   chunks @0 :List(KvChunk);
   fromPeer @1 :Text;       # "" from a worker; else the replicating store's name (not forwarded again)
+  links @2 :List(PrefixLink);  # requests' heads as prefix blocks (acked with the chunks)
 }
 
 # The durable prefix of a request (recovery).
@@ -68,10 +81,12 @@ struct PrefixBlock {
   chunk @3 :Data;
 }
 
-# Keep prefix blocks a worker's prefix tier spilled (not replicated).
+# Keep prefix blocks a worker's prefix tier spilled; the store forwards
+# them to its replica (which links need there too).
 struct PutPrefixBlocks {
   salt @0 :UInt64;                # what else changes the KV (model, dtypes, layout)
   blocks @1 :List(PrefixBlock);
+  fromPeer @2 :Text;              # as PutChunks.fromPeer
 }
 
 # The leading run of these blocks (chunks empty) the store keeps.
@@ -115,6 +130,8 @@ struct KvStoreStats {
   storeName @9 :Text;
   prefixBlocks @10 :UInt64;  # prefix blocks kept (the persistent prefix tier)
   prefixBytes @11 :UInt64;   # their bytes
+  prefixLinks @12 :UInt64;   # requests whose head is a prefix link
+  linkedTokens @13 :UInt64;  # positions counted from links since open (their KV not sent again)
 }
 
 # The acknowledged prefix of one request: the paper's (x, j, t).
@@ -139,6 +156,7 @@ struct KvPrefixData {
 struct PrefixBlocksData {
   blocks @0 :List(PrefixBlock);
   stored @1 :Int32;
+  kept @2 :List(UInt64);          # putPrefixBlocks: the names of its blocks the store keeps after it
 }
 
 struct KvStoreReply {

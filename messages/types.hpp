@@ -322,6 +322,8 @@ struct KvStoreStats {
   std::string store_name;
   std::uint64_t prefix_blocks = 0;   ///< prefix blocks kept (the persistent prefix tier)
   std::uint64_t prefix_bytes = 0;    ///< their bytes
+  std::uint64_t prefix_links = 0;    ///< requests whose head is a prefix link
+  std::uint64_t linked_tokens = 0;   ///< positions counted from links since open (KV not sent again)
   bool operator==(const KvStoreStats&) const = default;
 };
 
@@ -338,11 +340,24 @@ struct KvChunkData {
   bool operator==(const KvChunkData&) const = default;
 };
 
+/// A request's positions [0, c) as prefix blocks the store keeps
+/// (kvstore/kv_store.hpp "Prefix links"; kvstore::PrefixLinkWrite).
+struct PrefixLinkData {
+  std::uint64_t job_id = 0;
+  std::uint64_t request_id = 0;
+  std::uint64_t salt = 0;
+  std::uint64_t root = 0;               ///< the first block's parent name
+  std::vector<std::uint64_t> names;     ///< the blocks, first first
+  std::vector<std::int32_t> tokens;     ///< the request's tokens at [0, c)
+  bool operator==(const PrefixLinkData&) const = default;
+};
+
 /// Store chunks: from a worker's streamer (from_peer ""), or from the peer
 /// store that replicates to this one (from_peer = its name; not forwarded).
 struct PutChunks {
   std::vector<KvChunkData> chunks;
   std::string from_peer;
+  std::vector<PrefixLinkData> links;  ///< requests' heads as prefix blocks, acked with the chunks
   bool operator==(const PutChunks&) const = default;
 };
 
@@ -399,10 +414,12 @@ struct PrefixBlockData {
   bool operator==(const PrefixBlockData&) const = default;
 };
 
-/// Keep prefix blocks a worker's prefix tier spilled (not replicated).
+/// Keep prefix blocks a worker's prefix tier spilled (the store forwards
+/// them to its replica: from_peer as PutChunks').
 struct PutPrefixBlocks {
   std::uint64_t salt = 0;  ///< what else changes the KV (model, dtypes, layout)
   std::vector<PrefixBlockData> blocks;
+  std::string from_peer;
   bool operator==(const PutPrefixBlocks&) const = default;
 };
 
@@ -413,11 +430,13 @@ struct FetchPrefixBlocks {
   bool operator==(const FetchPrefixBlocks&) const = default;
 };
 
-/// The answer to PutPrefixBlocks (`stored`: blocks newly kept, `blocks`
-/// empty) and to FetchPrefixBlocks (`blocks`: the leading run, with chunks).
+/// The answer to PutPrefixBlocks (`stored`: blocks newly kept, `kept`: the
+/// names of its blocks the store keeps after it, `blocks` empty) and to
+/// FetchPrefixBlocks (`blocks`: the leading run, with chunks).
 struct PrefixBlocksData {
   std::vector<PrefixBlockData> blocks;
   int stored = 0;
+  std::vector<std::uint64_t> kept;
   bool operator==(const PrefixBlocksData&) const = default;
 };
 

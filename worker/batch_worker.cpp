@@ -141,9 +141,32 @@ std::vector<ChoiceTokenLogprobs> BatchWorker::logprob_texts(const std::vector<sa
 
 class BatchWorker::StreamAdapter final : public engine::KvStreamSink {
  public:
-  StreamAdapter(KvStreamer* streamer, const std::unordered_map<std::uint64_t, RequestRef>* requests)
-      : streamer_(streamer), requests_(requests) {}
+  StreamAdapter(KvStreamer* streamer, const std::unordered_map<std::uint64_t, RequestRef>* requests,
+                StorePrefixTier* prefix_tier)
+      : streamer_(streamer), requests_(requests), prefix_tier_(prefix_tier) {}
+  void set_prefix_tier(StorePrefixTier* tier) { prefix_tier_ = tier; }
   bool accepting() const override { return streamer_->accepting(); }
+  /// A cached head whose blocks the node's KV store keeps (or is about to:
+  /// the prefix tier sends them) goes as a link, not as KV.
+  int link_prefix(std::uint64_t request_id, std::uint64_t root, std::span<const std::uint64_t> names,
+                  std::span<const std::int32_t> token_ids, int num_prompt_tokens) override {
+    StorePrefixTier* tier = prefix_tier_;
+    if (tier == nullptr || !streamer_->takes_prefix_links() || names.empty()) return 0;
+    const auto it = requests_->find(request_id);
+    if (it == requests_->end()) return 0;
+    const std::size_t k = tier->linkable_blocks(names);
+    if (k == 0) return 0;
+    const std::size_t block = token_ids.size() / names.size();
+    const int linked = static_cast<int>(k * block);
+    QueuedIncrement q;
+    q.key = kvstore::KvChunkKey{it->second.line.first, kv_request_key(it->second.line.second, it->second.choice),
+                                kvstore::KvRange{0, streamer_->num_layers(), 0, linked}};
+    q.token_ids.assign(token_ids.begin(), token_ids.begin() + linked);
+    q.num_prompt_tokens = num_prompt_tokens;
+    q.link = QueuedLink{tier->salt(), root, std::vector<std::uint64_t>(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(k))};
+    streamer_->push(std::move(q));
+    return linked;
+  }
   void push(engine::KvIncrement inc) override {
     const auto it = requests_->find(inc.request_id);
     if (it == requests_->end()) return;  // aborted
@@ -163,7 +186,13 @@ class BatchWorker::StreamAdapter final : public engine::KvStreamSink {
  private:
   KvStreamer* streamer_;
   const std::unordered_map<std::uint64_t, RequestRef>* requests_;
+  StorePrefixTier* prefix_tier_;  ///< the worker's (null: none, every position is streamed)
 };
+
+void BatchWorker::set_prefix_store_tier(StorePrefixTier* tier) {
+  prefix_store_tier_ = tier;
+  if (stream_adapter_) stream_adapter_->set_prefix_tier(tier);
+}
 
 BatchWorker::BatchWorker(BatchWorker&&) noexcept = default;
 BatchWorker& BatchWorker::operator=(BatchWorker&&) noexcept = default;
@@ -176,7 +205,7 @@ void BatchWorker::set_kv_streamer(KvStreamer* streamer) {
     stream_adapter_.reset();
     return;
   }
-  stream_adapter_ = std::make_unique<StreamAdapter>(streamer, requests_.get());
+  stream_adapter_ = std::make_unique<StreamAdapter>(streamer, requests_.get(), prefix_store_tier_);
   engine_.engine->set_kv_sink(stream_adapter_.get());
   engine_.engine->set_stream_prompt_by_layer(true);
 }

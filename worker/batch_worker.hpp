@@ -148,7 +148,9 @@ class BatchWorker {
   /// its requests enter the engine (StorePrefixTier::prefetch of
   /// LlmEngine::uncached_prefix_blocks; not for a line that resumes with
   /// its own KV); null: none. Not owned; it must outlive the worker's use.
-  void set_prefix_store_tier(StorePrefixTier* tier) { prefix_store_tier_ = tier; }
+  /// Its KV streaming then sends a request's cached head as a prefix link
+  /// when the tier has its blocks in the store (StreamAdapter::link_prefix).
+  void set_prefix_store_tier(StorePrefixTier* tier);
 
   [[nodiscard]] const std::string& name() const { return name_; }
   [[nodiscard]] const engine::LlmEngine& engine() const { return *engine_.engine; }

@@ -53,6 +53,12 @@ class ResumeKvSource {
   virtual void drop_job(std::uint64_t job_id) = 0;
 };
 
+/// The store's answer to a put of prefix blocks.
+struct PrefixPutAck {
+  int stored = 0;                    ///< blocks newly kept
+  std::vector<std::uint64_t> kept;   ///< the names of the put's blocks the store keeps after it
+};
+
 /// Where a worker's prefix tier keeps prefix blocks beyond its host memory:
 /// the node's KV store (kvstore/kv_store.hpp "Prefix blocks"; issue 42,
 /// step 5). Both calls block (a request to the store); the tier calls
@@ -61,11 +67,12 @@ class ResumeKvSource {
 class PrefixBlockStore {
  public:
   virtual ~PrefixBlockStore() = default;
-  /// Keeps `blocks` under `salt`. Returns how many were newly kept.
-  /// Errors: io (no store now, no answer in time), or the store's
-  /// (disk_full, invalid_argument).
-  [[nodiscard]] virtual Result<int> put_blocks(std::uint64_t salt,
-                                               std::span<const kvstore::PrefixBlockWrite> blocks) = 0;
+  /// Keeps `blocks` under `salt`. Returns how many were newly kept and
+  /// which the store keeps (its budget may skip some). Errors: io (no
+  /// store now, no answer in time), or the store's (disk_full,
+  /// invalid_argument).
+  [[nodiscard]] virtual Result<PrefixPutAck> put_blocks(std::uint64_t salt,
+                                                        std::span<const kvstore::PrefixBlockWrite> blocks) = 0;
   /// The leading run of `queries` the store keeps under `salt`, in order
   /// (parents and tokens compared). Errors: as put_blocks.
   [[nodiscard]] virtual Result<std::vector<kvstore::StoredPrefixBlock>> fetch_blocks(

@@ -143,15 +143,21 @@ void KvStreamer::run() {
     lock.unlock();
 
     std::vector<kvstore::KvChunkRef> refs;
+    std::vector<kvstore::PrefixLinkWrite> links;
     std::size_t total = 0;
     for (const QueuedIncrement& inc : batch) total += inc.chunk.size();
     std::vector<std::byte> buffer;
     buffer.reserve(total);
     for (const QueuedIncrement& inc : batch) {
+      if (inc.link) {
+        links.push_back(kvstore::PrefixLinkWrite{inc.key.job_id, inc.key.request_id, inc.link->salt, inc.link->root,
+                                                 inc.link->names, inc.token_ids});
+        continue;
+      }
       refs.push_back({inc.key, buffer.size(), inc.chunk.size()});
       buffer.insert(buffer.end(), inc.chunk.begin(), inc.chunk.end());
     }
-    const Status s = target_->flush_batch(refs, buffer);
+    const Status s = links.empty() ? target_->flush_batch(refs, buffer) : target_->flush_linked(refs, buffer, links);
 
     lock.lock();
     if (!s.ok()) {

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -45,14 +46,29 @@ struct KvStreamerOptions {
   /// KV heads of the model (the chunk's rows per layer: 2 x heads); 0:
   /// unknown, a single layer is not split by positions.
   int num_kv_heads = 0;
+  /// Layers of the model: a prefix link's key covers them all.
+  int num_layers = 1;
 };
 
-/// One increment on its way to the store.
+/// A request's cached head sent as a prefix link (kvstore/kv_store.hpp
+/// "Prefix links"; issue 42): the blocks' names under `salt`, from `root`.
+struct QueuedLink {
+  std::uint64_t salt = 0;
+  std::uint64_t root = 0;
+  std::vector<std::uint64_t> names;
+};
+
+/// One increment on its way to the store: KV, or a prefix link.
 struct QueuedIncrement {
   kvstore::KvChunkKey key;             ///< (job, request, all layers x positions)
-  std::vector<std::byte> chunk;        ///< canonical chunk of key.range
-  std::vector<std::int32_t> token_ids; ///< tokens at positions [token_begin, token_end + 1)
+  std::vector<std::byte> chunk;        ///< canonical chunk of key.range (empty for a link)
+  /// Tokens at positions [token_begin, token_end + 1); a link's at
+  /// [0, token_end): its blocks' tokens.
+  std::vector<std::int32_t> token_ids;
   int num_prompt_tokens = 0;
+  /// Set: positions key.range are these prefix blocks (no chunk). Flushed
+  /// in order with the chunks (KvTarget::flush_linked).
+  std::optional<QueuedLink> link;
 };
 
 struct KvStreamerStats {
@@ -83,6 +99,9 @@ class KvStreamer {
 
   /// True while the queued bytes are within max_queued_bytes.
   [[nodiscard]] bool accepting() const;
+  /// Whether the target takes prefix links (KvTarget::takes_prefix_links).
+  [[nodiscard]] bool takes_prefix_links() const { return target_->takes_prefix_links(); }
+  [[nodiscard]] int num_layers() const noexcept { return options_.num_layers; }
   /// Queues one increment (never blocks); one over max_batch_bytes is
   /// queued as several of fewer layers each (same positions and token ids).
   void push(QueuedIncrement increment);

@@ -135,14 +135,23 @@ void StorePrefixTier::run() {
     in_flight_ = false;
     stats_.queued_bytes -= batch_bytes;
     stats_.store_sent_blocks += batch.size();
-    for (const Pending& p : batch) {
-      queued_.erase(p.name);
-      if (kept) note_in_store_locked(p.name);
+    for (const Pending& p : batch) queued_.erase(p.name);
+    if (kept) {
+      for (const std::uint64_t name : kept->kept) note_in_store_locked(name);
+      stats_.store_kept_blocks += static_cast<std::uint64_t>(kept->stored);
+      stats_.store_skipped_blocks += batch.size() - std::min(batch.size(), kept->kept.size());
+    } else {
+      ++stats_.store_put_failures;
     }
-    if (kept) stats_.store_kept_blocks += static_cast<std::uint64_t>(*kept);
-    else ++stats_.store_put_failures;
     if (queue_.empty()) drained_.notify_all();
   }
+}
+
+std::size_t StorePrefixTier::linkable_blocks(std::span<const std::uint64_t> names) const {
+  std::lock_guard lock(mu_);
+  std::size_t n = 0;
+  while (n < names.size() && (in_store_.count(names[n]) != 0 || queued_.count(names[n]) != 0)) ++n;
+  return n;
 }
 
 bool StorePrefixTier::drain(std::chrono::milliseconds timeout) {

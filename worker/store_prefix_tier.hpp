@@ -72,6 +72,7 @@ struct StorePrefixTierStats {
   engine::PrefixTierStats host;            ///< the host-memory LRU
   std::uint64_t store_sent_blocks = 0;     ///< blocks sent to the store
   std::uint64_t store_kept_blocks = 0;     ///< of them, newly kept there
+  std::uint64_t store_skipped_blocks = 0;  ///< of them, not kept there (its budget)
   std::uint64_t store_put_failures = 0;    ///< batches the store refused or did not answer (dropped)
   std::uint64_t dropped_blocks = 0;        ///< blocks not queued: the queue was full
   std::uint64_t prefetches = 0;            ///< FetchPrefixBlocks requests to the store
@@ -105,6 +106,12 @@ class StorePrefixTier final : public engine::PrefixTier {
   /// lacks. Returns how many were staged. A failed request to the store is
   /// counted and staged nothing (the line computes its prefix).
   [[nodiscard]] int prefetch(std::span<const engine::NamedBlock> blocks);
+  /// How many of `names` (a chain, first first), from the first, the store
+  /// keeps or is about to be sent (queued or in flight): what a request's
+  /// prefix link may name (worker/batch_worker.hpp; the store counts a
+  /// block sent later once it arrives).
+  [[nodiscard]] std::size_t linkable_blocks(std::span<const std::uint64_t> names) const;
+  [[nodiscard]] std::uint64_t salt() const noexcept { return options_.salt; }
   /// Waits until every queued block was sent; false on timeout.
   [[nodiscard]] bool drain(std::chrono::milliseconds timeout);
   [[nodiscard]] StorePrefixTierStats stats() const;

@@ -69,6 +69,7 @@ bool WorkerRuntime::connect_kv_store(std::shared_ptr<ResumeKvSource> source, std
   KvStreamerOptions so;
   so.max_queued_bytes = options_.kv_queue_bytes;
   so.num_kv_heads = worker_->engine().kv_io().shape().num_kv_heads;
+  so.num_layers = worker_->engine().kv_io().shape().num_layers;
   // On the streamer's thread: only the shared target and tracker are touched.
   auto on_flushed = [target = kv_target_, progress = kv_progress_,
                      report = std::move(on_progress)](std::vector<QueuedIncrement> flushed) {

@@ -143,6 +143,89 @@ TEST_F(KvStoreActorTest, AcksOnlyWhatTheReplicaHoldsAndCatchesARestartedReplicaU
   kill(b);
 }
 
+/// Prefix links through the ring (issue 42): a worker's prefix blocks are
+/// forwarded to the replica, so a request whose head is a link to them is
+/// acknowledged as far as both stores hold it; a replica that missed a
+/// linked request gets the link and the positions after it (catch-up), not
+/// the head's KV.
+TEST_F(KvStoreActorTest, PrefixLinksAndTheirBlocksReachTheReplicaAndCatchUpSendsTheLink) {
+  caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
+  caf::actor b = spawn_kvstore(system_, config("b/kvstore"));
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  const kvstore::KvModelShape shape = small_shape();
+  constexpr std::uint64_t kSalt = 0x5a17, kRoot = 0x2007;
+  // The prompt's KV is the one of a request numbered (77, 7); its head is
+  // three blocks of four positions.
+  const auto source = [&](int begin, int end) { return make_chunk(shape, 77, 7, KvRange{0, shape.num_layers, begin, end}); };
+  messages::PutPrefixBlocks blocks;
+  blocks.salt = kSalt;
+  std::vector<std::uint64_t> names;
+  std::vector<std::int32_t> tokens;
+  for (int i = 0; i < 3; ++i) {
+    messages::PrefixBlockData b;
+    b.name = 500 + static_cast<std::uint64_t>(i);
+    b.parent = i == 0 ? kRoot : names.back();
+    for (int t = 0; t < 4; ++t) b.tokens.push_back(1000 + 4 * i + t);
+    b.chunk = source(4 * i, 4 * i + 4);
+    names.push_back(b.name);
+    tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+    blocks.blocks.push_back(std::move(b));
+  }
+  auto kept = ask(a, blocks);
+  ASSERT_TRUE(kept.ok()) << kept.error().to_string();
+  EXPECT_EQ(std::get<messages::PrefixBlocksData>(*kept).kept, names);
+  EXPECT_EQ(std::get<messages::PrefixBlocksData>(*kept).stored, 3);
+
+  const auto put_linked = [&](std::uint64_t request, int tail_begin, int tail_end, bool with_link) {
+    messages::PutChunks p;
+    const KvRange r{0, shape.num_layers, tail_begin, tail_end};
+    p.chunks.push_back({{1, request, r}, source(tail_begin, tail_end)});
+    if (with_link) p.links.push_back(messages::PrefixLinkData{1, request, kSalt, kRoot, names, tokens});
+    auto reply = ask(a, p);
+    EXPECT_TRUE(reply.ok()) << (reply ? "" : reply.error().to_string());
+    auto* acks = reply ? std::get_if<messages::ChunksAcked>(&*reply) : nullptr;
+    EXPECT_NE(acks, nullptr);
+    return acks != nullptr && acks->acks.size() == 1 ? acks->acks[0].tokens : -1;
+  };
+  EXPECT_EQ(put_linked(5, 12, 14, true), 14) << "the replica links the blocks a forwarded";
+  auto on_b = fetch(b, 1, 5, 100, false);
+  EXPECT_EQ(on_b.tokens, 14);
+  EXPECT_EQ(on_b.chunk, source(0, 14));
+
+  // The replica is down while request 6 links its head: a holds it, no ack.
+  kill(b);
+  EXPECT_EQ(put_linked(6, 12, 13, true), 0);
+  b = spawn_kvstore(system_, config("b/kvstore"));
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  // Back (with the blocks in its RocksDB): the next batch catches it up
+  // with the link and positions [12, 13), then the batch's own [13, 14).
+  EXPECT_EQ(put_linked(6, 13, 14, false), 14);
+  on_b = fetch(b, 1, 6, 100, false);
+  EXPECT_EQ(on_b.tokens, 14);
+  EXPECT_EQ(on_b.chunk, source(0, 14));
+  auto stats = ask(b, messages::StatsQuery{});
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(std::get<messages::KvStoreStats>(*stats).prefix_links, 2u);
+  EXPECT_EQ(std::get<messages::KvStoreStats>(*stats).linked_tokens, 12u) << "request 6's link, since b reopened";
+
+  // The replica's node is replaced by one with an empty disk: the catch-up
+  // sends the linked blocks it lacks, then the link and what follows.
+  kill(b);
+  std::filesystem::remove_all(std::filesystem::path(dir_.path()) / "b");
+  b = spawn_kvstore(system_, config("b/kvstore"));
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  EXPECT_EQ(put_linked(5, 14, 15, false), 15);
+  on_b = fetch(b, 1, 5, 100, false);
+  EXPECT_EQ(on_b.tokens, 15);
+  EXPECT_EQ(on_b.chunk, source(0, 15));
+  stats = ask(b, messages::StatsQuery{});
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(std::get<messages::KvStoreStats>(*stats).prefix_blocks, 3u);
+  EXPECT_EQ(std::get<messages::KvStoreStats>(*stats).linked_tokens, 12u);
+  kill(a);
+  kill(b);
+}
+
 TEST_F(KvStoreActorTest, ASingleStoreAcknowledgesItsOwnRocksDb) {
   caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
   set_ring({"a/kvstore"}, {a});

@@ -134,6 +134,17 @@ TEST_F(PrefixTierE2e, ANodeStartedAgainFetchesTheHeadFromItsKvStore) {
       (void)node.wait_or_kill(std::chrono::seconds(10));
     } else {
       EXPECT_GT(fetched, 0) << "the head came from the KV store\n" << metrics << node.log();
+      // Every request's head went to the store as a link to those blocks,
+      // not as its KV (the store's heartbeat reports it).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      double linked = 0;
+      while (linked == 0 && std::chrono::steady_clock::now() < deadline) {
+        linked = testing_support::metric_in(
+            testing_support::scrape_eventually(at.metrics_port, std::chrono::seconds(5)),
+            "shardline_kv_linked_tokens_total{store=\"node0/kvstore\"}");
+        if (linked == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      EXPECT_GT(linked, 0) << node.log();
       EXPECT_GT(testing_support::metric_in(metrics, "shardline_prefix_tier_restored_tokens_total" + worker), 0)
           << metrics;
       const auto b = testing_support::job_status(client, job);

@@ -72,18 +72,9 @@ std::string block_key(const KvModelShape& s, std::uint64_t salt, const Block& b)
 }
 
 KvStoreOptions options(std::uint64_t prefix_budget_bytes = 1ull << 30) {
-  KvStoreOptions o;
-  o.shape = small_shape();
-  o.prefix_budget_bytes = prefix_budget_bytes;
-  o.disk_reserve_bytes = 0;
-  return o;
+  return testing::prefix_store_options(prefix_budget_bytes);
 }
-
-std::unique_ptr<KvStore> open_store(const std::string& dir, const KvStoreOptions& o) {
-  auto s = KvStore::open(dir, o);
-  EXPECT_TRUE(s.ok()) << s.error().to_string();
-  return s.ok() ? std::move(*s) : nullptr;
-}
+using testing::open_store;
 
 /// put_prefix_blocks of `blocks` in one call; -1 on an error.
 int put(KvStore& s, const std::vector<Block>& blocks, std::uint64_t salt = kSalt) {

@@ -5,6 +5,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
+
+#include <gtest/gtest.h>
 #include <span>
 #include <vector>
 
@@ -57,5 +61,23 @@ inline KvChunkKey chunk_key(std::uint64_t job, std::uint64_t request, KvRange r)
 
 /// The range of a decode step at `token`: all layers, one position.
 inline KvRange decode_range(const KvModelShape& s, int token) { return KvRange{0, s.num_layers, token, token + 1}; }
+
+/// Options of a store of small_shape() with `prefix_budget_bytes` for
+/// prefix blocks and no disk reserve (a test's folder may sit on a full
+/// disk).
+inline KvStoreOptions prefix_store_options(std::uint64_t prefix_budget_bytes = 1ull << 30) {
+  KvStoreOptions o;
+  o.shape = small_shape();
+  o.prefix_budget_bytes = prefix_budget_bytes;
+  o.disk_reserve_bytes = 0;
+  return o;
+}
+
+/// Opens a store (a failure fails the test: null).
+inline std::unique_ptr<KvStore> open_store(const std::string& dir, const KvStoreOptions& o) {
+  auto s = KvStore::open(dir, o);
+  EXPECT_TRUE(s.ok()) << s.error().to_string();
+  return s.ok() ? std::move(*s) : nullptr;
+}
 
 }  // namespace shardline::kvstore::testing

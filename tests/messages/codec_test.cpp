@@ -355,10 +355,22 @@ TEST(MessagesCodec, RejectsPrefixBlocksWithoutTokens) {
   const PrefixBlockData no_tokens{11, 10, {}, {}};
   expect_error(decode_kvstore(encode(KvStoreMsg{FetchPrefixBlocks{7, {{12, 11, {1, 2}, {}}, no_tokens}}})),
                ErrorCode::invalid_argument, "kvstore message fetchPrefixBlocks: blocks[1].tokens is empty");
-  expect_error(decode_kvstore(encode(KvStoreMsg{PutPrefixBlocks{7, {no_tokens}}})), ErrorCode::invalid_argument,
+  expect_error(decode_kvstore(encode(KvStoreMsg{PutPrefixBlocks{7, {no_tokens}, ""}})), ErrorCode::invalid_argument,
                "blocks[0].tokens is empty");
-  expect_error(decode_kvstore_reply(encode(KvStoreReply{PrefixBlocksData{{}, -1}})), ErrorCode::invalid_argument,
+  expect_error(decode_kvstore_reply(encode(KvStoreReply{PrefixBlocksData{{}, -1, {}}})), ErrorCode::invalid_argument,
                "stored must be >= 0");
+}
+
+TEST(MessagesCodec, RejectsPrefixLinksWithoutNamesOrWithUnevenTokens) {
+  const PrefixLinkData good{7, 1, 0x5a17, 0x2007, {11, 12}, {1, 2, 3, 4}};
+  PrefixLinkData no_names = good;
+  no_names.names.clear();
+  PrefixLinkData uneven = good;
+  uneven.tokens.push_back(5);
+  expect_error(decode_kvstore(encode(KvStoreMsg{PutChunks{{}, "", {good, no_names}}})), ErrorCode::invalid_argument,
+               "links[1]: 0 names for 4 tokens");
+  expect_error(decode_kvstore(encode(KvStoreMsg{PutChunks{{}, "", {uneven}}})), ErrorCode::invalid_argument,
+               "links[0]: 2 names for 5 tokens");
 }
 
 TEST(MessagesCodec, RejectsUnknownErrorCodes) {

@@ -275,6 +275,8 @@ inline KvStoreStats sample_kv_stats() {
   s.replicated_tokens = 1u << 20;
   s.store_name = "node-a/kvstore";
   s.prefix_blocks = 63;
+  s.prefix_links = 5;
+  s.linked_tokens = 4096;
   s.prefix_bytes = 63u * 73728u * 16u;
   return s;
 }
@@ -359,6 +361,10 @@ inline std::vector<KvStoreMsg> sample_kvstore_msgs() {
                             {{7, 1794, {2, 3, 130, 131}}, sample_chunk(2 * 8, 5)}},
                            ""}},
       KvStoreMsg{PutChunks{{}, "node-a/kvstore"}},
+      KvStoreMsg{PutChunks{{{{7, 1795, {0, 6, 8, 9}}, sample_chunk(6 * 2 * 1 * 8, 8)}},
+                           "",
+                           {{7, 1795, 0x5a17, 0x2007, {11, 12}, {1, 2, 3, 4, 5, 6, 7, 8}},
+                            {7, 1796, 0x5a17, 0x2007, {11}, {1, 2, 3, 4}}}}},
       KvStoreMsg{FetchPrefix{7, 1793, 512, true}},
       KvStoreMsg{DropRequests{7, {1793, 1794}, ""}},
       KvStoreMsg{DropRequests{7, {}, "node-a/kvstore"}},
@@ -367,6 +373,7 @@ inline std::vector<KvStoreMsg> sample_kvstore_msgs() {
                                                            {12, 11, {5, 6, 7, 8}, sample_chunk(6 * 2 * 4 * 8, 6)}}}},
       KvStoreMsg{FetchPrefixBlocks{7, {{11, 10, {1, 2, 3, 4}, {}}}}},
       KvStoreMsg{PutPrefixBlocks{7, {}}},
+      KvStoreMsg{PutPrefixBlocks{7, {{11, 10, {1, 2, 3, 4}, sample_chunk(6 * 2 * 4 * 8, 9)}}, "node-a/kvstore"}},
   };
 }
 
@@ -381,6 +388,7 @@ inline std::vector<KvStoreReply> sample_kvstore_replies() {
       KvStoreReply{KvPrefixData{0, {}, ""}},
       KvStoreReply{PrefixBlocksData{{{11, 10, {1, 2, 3, 4}, sample_chunk(6 * 2 * 4 * 8, 7)}}, 0}},
       KvStoreReply{PrefixBlocksData{{}, 2}},
+      KvStoreReply{PrefixBlocksData{{}, 1, {11, 12}}},
       KvStoreReply{Ack{}},
       KvStoreReply{Error{ErrorCode::io, "rocksdb: disk full"}},
   };

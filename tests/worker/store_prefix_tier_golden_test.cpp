@@ -21,6 +21,7 @@
 #include "kvstore/kv_store.hpp"
 #include "tests/orchestrator/temp_dir.hpp"
 #include "tests/support/stories_reference.hpp"
+#include "tests/worker/shared_head_job.hpp"
 #include "worker/worker_runtime.hpp"
 
 namespace shardline::worker {
@@ -33,13 +34,13 @@ using testing_support::kStoriesDir;
 class DirectBlockStore final : public PrefixBlockStore {
  public:
   explicit DirectBlockStore(kvstore::KvStore* store) : store_(store) {}
-  Result<int> put_blocks(std::uint64_t salt, std::span<const kvstore::PrefixBlockWrite> blocks) override {
+  Result<PrefixPutAck> put_blocks(std::uint64_t salt, std::span<const kvstore::PrefixBlockWrite> blocks) override {
     std::lock_guard lock(mu_);
     ++puts;
     for (const auto& b : blocks)
       if ((b.salt & ~kvstore::kPrefixBlockJobBit) != (salt & ~kvstore::kPrefixBlockJobBit))
         return make_error(ErrorCode::internal, "a block of another salt in the batch");
-    return store_->put_prefix_blocks(blocks);
+    return testing::put_prefix_blocks_acked(*store_, salt, blocks);
   }
   Result<std::vector<kvstore::StoredPrefixBlock>> fetch_blocks(
       std::uint64_t salt, std::span<const kvstore::PrefixBlockQuery> queries) override {
@@ -58,64 +59,21 @@ class DirectBlockStore final : public PrefixBlockStore {
 };
 
 WorkerRuntimeOptions options(bool caching, DType kv_dtype = DType::f32) {
-  WorkerRuntimeOptions o;
-  o.name = "prefix-store";
-  o.engine.model_dir = kStoriesDir;
-  o.engine.block_size = 16;
-  o.engine.kv_cache_bytes = 2u << 20;
-  o.engine.max_num_seqs = 32;
-  o.engine.max_num_batched_tokens = 256;
-  o.engine.num_threads = 1;
-  o.engine.enable_prefix_caching = caching;
+  WorkerRuntimeOptions o = testing::shared_head_options("prefix-store", caching);
   o.engine.kv_cache_dtype = kv_dtype;
   return o;
 }
 
-std::unique_ptr<WorkerRuntime> make_runtime(WorkerRuntimeOptions o) {
-  auto rt = WorkerRuntime::create(std::move(o));
-  EXPECT_TRUE(rt.ok()) << (rt.ok() ? "" : rt.error().to_string());
-  return rt.ok() ? std::move(rt).value() : nullptr;
-}
+using testing::make_runtime;
 
-/// 70 shared tokens (4 full blocks and 6 more), then 5 of the line's own;
-/// sampled, seeded, two choices per line.
 std::vector<BatchRequest> lines(std::uint64_t job, int num_lines = 3) {
-  std::vector<std::int32_t> head{1};
-  for (int i = 1; i < 70; ++i) head.push_back(2 + (i * 37) % 480);
-  std::vector<BatchRequest> out;
-  for (int l = 0; l < num_lines; ++l) {
-    BatchRequest r;
-    r.job_id = job;
-    r.line_index = static_cast<std::uint64_t>(l);
-    r.custom_id = "line" + std::to_string(l);
-    r.prompt_token_ids = head;
-    for (int t = 0; t < 5; ++t) r.prompt_token_ids.push_back(3 + (l * 11 + t * 5) % 400);
-    r.params.temperature = 0.8f;
-    r.params.max_tokens = 12;
-    r.params.seed = 700 + static_cast<std::uint64_t>(l);
-    r.params.has_seed = true;
-    r.return_token_ids = true;
-    r.n = 2;
-    out.push_back(std::move(r));
-  }
-  return out;
+  return testing::shared_head_lines(job, num_lines, 12, 700);
 }
 
 /// Accepts the lines and steps until idle; the choices' token ids by line.
-std::map<std::uint64_t, std::vector<std::vector<std::int32_t>>> run(WorkerRuntime& rt,
-                                                                    std::vector<BatchRequest> job) {
+testing::LineOutputs run(WorkerRuntime& rt, std::vector<BatchRequest> job) {
   for (BatchRequest& l : job) (void)rt.accept(std::move(l));
-  std::map<std::uint64_t, std::vector<std::vector<std::int32_t>>> out;
-  for (int i = 0; i < 10000 && rt.has_work(); ++i) {
-    auto step = rt.step();
-    EXPECT_TRUE(step.ok()) << (step.ok() ? "" : step.error().to_string());
-    if (!step.ok()) break;
-    for (const BatchResult& r : step->results) {
-      EXPECT_TRUE(r.ok) << r.error_message;
-      for (const BatchChoice& c : r.choices) out[r.line_index].push_back(c.token_ids);
-    }
-  }
-  return out;
+  return testing::run_to_end(rt);
 }
 
 kvstore::KvStoreOptions store_options(const WorkerRuntime& rt) {

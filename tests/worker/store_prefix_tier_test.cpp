@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -19,18 +20,20 @@ namespace worker_store_prefix_tier_test {
 
 class MemoryBlockStore final : public PrefixBlockStore {
  public:
-  Result<int> put_blocks(std::uint64_t, std::span<const kvstore::PrefixBlockWrite> blocks) override {
+  Result<PrefixPutAck> put_blocks(std::uint64_t, std::span<const kvstore::PrefixBlockWrite> blocks) override {
     std::lock_guard lock(mu_);
     ++puts;
     if (refuse_puts) return make_error(ErrorCode::disk_full, "kv store: disk budget spent");
-    int kept = 0;
+    PrefixPutAck ack;
     for (const auto& b : blocks) {
       sent.push_back(b.name);
-      kept += blocks_.count(b.name) == 0 ? 1 : 0;
+      if (skip.count(b.name) != 0) continue;  // the store's budget skips it
+      ack.stored += blocks_.count(b.name) == 0 ? 1 : 0;
+      ack.kept.push_back(b.name);
       blocks_[b.name] = kvstore::StoredPrefixBlock{b.name, b.parent, {b.tokens.begin(), b.tokens.end()},
                                                    {b.chunk.begin(), b.chunk.end()}};
     }
-    return kept;
+    return ack;
   }
   Result<std::vector<kvstore::StoredPrefixBlock>> fetch_blocks(
       std::uint64_t, std::span<const kvstore::PrefixBlockQuery> queries) override {
@@ -53,6 +56,7 @@ class MemoryBlockStore final : public PrefixBlockStore {
   }
   bool refuse_puts = false;
   bool fail_fetches = false;
+  std::set<std::uint64_t> skip;  ///< names a put does not keep (the store's budget)
   int puts = 0;
   std::vector<std::uint64_t> sent;
   std::vector<int> fetch_sizes;
@@ -144,6 +148,26 @@ TEST(StorePrefixTier, AStoreThatRefusesPutsLosesNothingAGetNeeds) {
   tier.put(1, 0, blocks[0].tokens, std::vector<std::byte>(100));
   ASSERT_TRUE(tier.drain(std::chrono::seconds(5)));
   EXPECT_EQ(store->sent, (std::vector<std::uint64_t>{1}));
+}
+
+TEST(StorePrefixTier, LinkableBlocksAreTheLeadingOnesQueuedOrKept) {
+  auto store = std::make_shared<MemoryBlockStore>();
+  store->skip = {3};  // the store's budget skips block 3
+  StorePrefixTier tier(store, small());
+  const auto blocks = chain(4);
+  const std::vector<std::uint64_t> names{1, 2, 3, 4};
+  EXPECT_EQ(tier.linkable_blocks(names), 0u);
+  for (const auto& b : blocks) tier.put(b.name, b.parent, b.tokens, std::vector<std::byte>(100));
+  // Queued or in flight counts already: the store links them when they come.
+  EXPECT_EQ(tier.linkable_blocks(names), 4u);
+  ASSERT_TRUE(tier.drain(std::chrono::seconds(5)));
+  // Kept: what the store said it keeps, not what was sent.
+  EXPECT_EQ(tier.linkable_blocks(names), 2u);
+  EXPECT_EQ(tier.linkable_blocks(std::vector<std::uint64_t>{2, 1}), 2u);
+  EXPECT_EQ(tier.linkable_blocks(std::vector<std::uint64_t>{4}), 1u);
+  const StorePrefixTierStats s = tier.stats();
+  EXPECT_EQ(s.store_kept_blocks, 3u);
+  EXPECT_EQ(s.store_skipped_blocks, 1u);
 }
 
 TEST(StorePrefixTier, AfterAFailedFetchLinesDoNotAskForAWhile) {
