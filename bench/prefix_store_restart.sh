@@ -27,7 +27,7 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"custom_id": f"a{i}", "body": body}) + "\n")
 EOF
 metric() {  # metric FILE NAME: the sum over its series
-  awk -v n="$2" '$1 ~ "^"n"({|$)" {s += $2} END {printf "%d", s}' "$1"
+  awk -v n="$2" '$1 ~ "^"n"({|$)" {s += $2} END {printf "%.0f", s}' "$1"
 }
 for rep in $(seq "$reps"); do
   data="$out/data_$rep"
