@@ -84,8 +84,11 @@ Status ActorKvTarget::flush_linked(std::span<const kvstore::KvChunkRef> chunks, 
   auto* acked = std::get_if<messages::ChunksAcked>(&*reply);
   if (acked == nullptr) return make_error(ErrorCode::io, "KV store: unexpected reply to putChunks");
   for (const messages::KvAck& a : acked->acks) acks_.push_back(worker::KvStoreAck{a.job_id, a.request_id, a.tokens});
+  for (const messages::LinkWaitData& w : acked->waits) waits_.push_back(worker::KvLinkWait{w.job_id, w.request_id, w.name});
   return Status::ok_status();
 }
+
+std::vector<worker::KvLinkWait> ActorKvTarget::take_link_waits() { return std::exchange(waits_, {}); }
 
 std::vector<worker::KvStoreAck> ActorKvTarget::take_acks() {
   std::vector<worker::KvStoreAck> out;

@@ -67,6 +67,7 @@ class ActorKvTarget final : public worker::AckedKvTarget {
 
   /// The acknowledgements of the last successful flush (then cleared).
   [[nodiscard]] std::vector<worker::KvStoreAck> take_acks() override;
+  [[nodiscard]] std::vector<worker::KvLinkWait> take_link_waits() override;
 
  private:
   caf::actor_system& system_;
@@ -74,6 +75,7 @@ class ActorKvTarget final : public worker::AckedKvTarget {
   std::shared_ptr<const ClusterKey> key_;
   std::chrono::milliseconds timeout_;
   std::vector<worker::KvStoreAck> acks_;
+  std::vector<worker::KvLinkWait> waits_;
 };
 
 /// A ResumeKvSource over the node's KV-store actor: fetch_prefix is

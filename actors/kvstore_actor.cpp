@@ -124,10 +124,20 @@ Result<std::map<RequestKey, int>> put_local(KvStoreState& st, const messages::Pu
   return out;
 }
 
+/// The requests of `requests` whose prefix link waits here for a block.
+std::vector<messages::LinkWaitData> link_waits(const KvStoreState& st, const std::vector<RequestKey>& requests) {
+  std::vector<messages::LinkWaitData> out;
+  for (const auto& [job, req] : requests)
+    if (const std::optional<std::uint64_t> name = st.store->waiting_link_block(job, req))
+      out.push_back({job, req, *name});
+  return out;
+}
+
 messages::ChunksAcked acked(const KvStoreState& st, const std::vector<RequestKey>& requests) {
   messages::ChunksAcked a;
   for (const auto& [job, req] : requests)
     a.acks.push_back({job, req, st.tracker ? st.tracker->acked_tokens(job, req) : 0});
+  a.waits = link_waits(st, requests);
   return a;
 }
 
@@ -203,10 +213,9 @@ messages::PutChunks forward_of(caf::event_based_actor* self, KvStoreState& st, c
     if (st.tracker->replica_tokens(replica, k.first, k.second) < begin) catch_up.insert(k);
   messages::PutChunks out;
   out.from_peer = st.config.name;
-  for (auto& c : m.chunks)
-    if (!catch_up.count({c.key.job_id, c.key.request_id})) out.chunks.push_back(std::move(c));
   for (auto& l : m.links)
     if (!catch_up.count({l.job_id, l.request_id})) out.links.push_back(std::move(l));
+  std::set<RequestKey> merged;  // caught up with a chunk of their durable positions
   for (const RequestKey& k : catch_up) {
     int after_link = 0;
     if (std::optional<kvstore::StoredPrefixLink> link = st.store->prefix_link(k.first, k.second)) {
@@ -220,7 +229,13 @@ messages::PutChunks forward_of(caf::event_based_actor* self, KvStoreState& st, c
     if (!prefix || prefix->chunk.empty()) continue;
     const kvstore::KvRange range{0, st.config.shape.num_layers, after_link, prefix->tokens};
     out.chunks.push_back(messages::KvChunkData{kvstore::KvChunkKey{k.first, k.second, range}, std::move(prefix->chunk)});
+    merged.insert(k);
   }
+  // The batch's own chunks, but for requests the merged chunk covers (a
+  // request whose link still waits here has nothing durable past it: its
+  // chunks go as they came).
+  for (auto& c : m.chunks)
+    if (!merged.count({c.key.job_id, c.key.request_id})) out.chunks.push_back(std::move(c));
   return out;
 }
 
@@ -240,9 +255,11 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m, 
   if (st.refusing) spdlog::warn("kvstore {}: stores chunks again", st.config.name);
   st.refusing = false;
   if (!m.from_peer.empty()) {
-    // A peer replicating to us: answer with what we hold.
+    // A peer replicating to us: answer with what we hold, and the links
+    // that wait for a block it should send again.
     messages::ChunksAcked a;
     for (const auto& [k, t] : *local) a.acks.push_back({k.first, k.second, t});  // put_many's acks
+    a.waits = link_waits(st, requests);
     return reply(st, tag, a);
   }
   // No ring yet: stored, not acknowledged (the tracker takes what RocksDB
@@ -262,16 +279,26 @@ caf::result<std::string> handle_put(KvStoreActor* self, messages::PutChunks& m, 
   auto rp = self->make_response_promise<std::string>();
   self->request(replica, kPeerTimeout, msg_atom::value, fwd.tag, fwd.bytes)
       .then(
-          [self, rp, requests, before, replica_name, tag, fwd_tag = fwd.tag](std::string& sealed) mutable {
+          [self, rp, requests, before, replica_name, replica, tag, fwd_tag = fwd.tag](std::string& sealed) mutable {
             KvStoreState& st = self->state;
             auto opened = open_reply(*st.config.key, fwd_tag, sealed);
             if (!opened) spdlog::warn("kvstore {}: replica {}: {}", st.config.name, replica_name, opened.error().message);
             auto r = opened ? messages::decode_kvstore_reply(*opened) : Result<KvStoreReply>(opened.error());
             if (r) {
-              if (auto* a = std::get_if<messages::ChunksAcked>(&*r))
+              if (auto* a = std::get_if<messages::ChunksAcked>(&*r)) {
                 for (const messages::KvAck& ack : a->acks)
                   (void)st.tracker->on_replica(replica_name, ack.job_id, ack.request_id, ack.tokens);
-              else if (auto* e = std::get_if<Error>(&*r))
+                // The replica lacks a linked block it was sent (its budget
+                // dropped it, or skipped it): send it again, and the link's
+                // blocks after it (which it may have lost as well).
+                for (const messages::LinkWaitData& w : a->waits)
+                  if (std::optional<kvstore::StoredPrefixLink> link = st.store->prefix_link(w.job_id, w.request_id)) {
+                    auto& sent = st.blocks_at_replica[replica_name];
+                    const auto from = std::find(link->names.begin(), link->names.end(), w.name);
+                    for (auto n = from; n != link->names.end(); ++n) sent.erase({link->salt, *n});
+                    send_link_blocks(self, st, replica_name, replica, *link);
+                  }
+              } else if (auto* e = std::get_if<Error>(&*r))
                 spdlog::warn("kvstore {}: replica {} refused a batch: {}", st.config.name, replica_name, e->to_string());
             }
             count_replicated(st, requests, before);
@@ -391,14 +418,30 @@ KvStoreReply handle_put_prefix_blocks(KvStoreActor* self, messages::PutPrefixBlo
     spdlog::debug("kvstore {}: prefix blocks not kept: {}", st.config.name, stored.error().to_string());
     return stored.error();
   }
+  // Links that waited for these blocks count now: the acks that follow
+  // say so (the worker hears at its request's next batch).
+  for (const kvstore::KvRequestCoverage& r : st.store->take_woken_links())
+    if (st.tracker) st.tracker->on_local(r.job_id, r.request_id, r.durable_tokens);
   messages::PrefixBlocksData out{{}, *stored, {}};
   for (const messages::PrefixBlockData& b : m.blocks)
     if (st.store->keeps_prefix_block(m.salt, b.name, b.tokens.size())) out.kept.push_back(b.name);
   if (m.from_peer.empty())
     if (auto [name, replica] = replica_of(st); replica) {
-      for (const messages::PrefixBlockData& b : m.blocks) note_forwarded(st, name, m.salt, b.name);
+      // Only what the replica says it kept counts as forwarded: a block its
+      // budget skipped goes again with a link's catch-up.
       m.from_peer = st.config.name;
-      send_signed(self, st, replica, messages::KvStoreMsg{m});
+      const Signed sg = sign(*st.config.key, messages::encode(messages::KvStoreMsg{m}));
+      self->request(replica, kPeerTimeout, msg_atom::value, sg.tag, sg.bytes)
+          .then(
+              [self, name = name, salt = m.salt, fwd_tag = sg.tag](std::string& sealed) {
+                KvStoreState& st = self->state;
+                auto opened = open_reply(*st.config.key, fwd_tag, sealed);
+                auto r = opened ? messages::decode_kvstore_reply(*opened) : Result<KvStoreReply>(opened.error());
+                if (!r) return;
+                if (auto* d = std::get_if<messages::PrefixBlocksData>(&*r))
+                  for (const std::uint64_t kept : d->kept) note_forwarded(st, name, salt, kept);
+              },
+              [](caf::error&) {});  // not noted: a link's catch-up sends them
     }
   return out;
 }

@@ -383,6 +383,13 @@ Status LlmEngine::apply_kv_moves(const SchedulerOutput& sched) {
   return Status::ok_status();
 }
 
+bool LlmEngine::restream_kv(std::uint64_t request_id) {
+  Sequence* seq = scheduler_.get(request_id);
+  if (seq == nullptr || seq->is_finished()) return false;
+  seq->num_streamed_tokens = 0;
+  return true;
+}
+
 void LlmEngine::offer_prefix_links(const SchedulerOutput& sched) {
   if (kv_sink_ == nullptr || !kv_io_.can_move_kv()) return;
   const BlockManager& blocks = scheduler_.block_manager();

@@ -216,6 +216,11 @@ class LlmEngine {
   /// Receives every running sequence's new KV after each step (token
   /// streaming); null: none is copied out. Not owned; must outlive its use.
   void set_kv_sink(KvStreamSink* sink) { kv_sink_ = sink; }
+  /// Streams request `request_id`'s KV again from position 0 (its head went
+  /// as a prefix link the store cannot resolve: KvStreamSink::link_prefix);
+  /// the positions go out after its next step. False when it is not held
+  /// (finished or unknown).
+  bool restream_kv(std::uint64_t request_id);
   /// A tier below the prefix cache (engine/prefix_tier.hpp; null: none; it
   /// must outlive the engine's use of it). With prefix caching on, named
   /// blocks the cache evicts are copied out to it before their blocks are

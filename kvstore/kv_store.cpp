@@ -402,6 +402,7 @@ struct KvStore::Impl {
   /// Pending links by the key of the block each waits for.
   std::unordered_map<std::string, std::vector<RequestId>> link_waiters;
   std::uint64_t linked_tokens = 0;    ///< positions counted from links since open
+  std::vector<RequestId> woken;       ///< requests wake_links advanced (take_woken_links)
   std::uint64_t prefix_bytes = 0;     ///< sum of PrefixEntry::bytes
   std::uint64_t next_prefix_seq = 0;  ///< past every seq stored or used
   std::uint64_t prefix_evictions = 0;
@@ -484,7 +485,9 @@ struct KvStore::Impl {
       const auto r = requests.find(id);
       if (r == requests.end() || !r->second.link || !r->second.link->pending()) continue;
       if (link_block_key(*r->second.link, r->second.link->held) != block_key) continue;  // a stale entry
+      const int before = r->second.durable;
       advance_link(id, r->second);
+      if (r->second.durable > before) woken.push_back(id);
     }
   }
 
@@ -515,11 +518,22 @@ struct KvStore::Impl {
       l.broken = old.broken;
       state.bytes -= old.record_bytes;
       held_bytes -= old.record_bytes;
+      if (old.key != l.key) note_deleted(old.key, old.record_bytes);  // the batch deleted the old record
     }
     state.bytes += l.record_bytes;
     held_bytes += l.record_bytes;
     state.link = std::move(l);
     advance_link(id, state);
+  }
+
+  /// A request's record (a replaced link) was deleted: its bytes count as
+  /// deleted, and its key joins the jobs' span the next compaction covers.
+  void note_deleted(const std::string& key, std::uint64_t bytes) {
+    const std::string end = key + std::string(1, '\0');
+    if (gc_begin.empty() || key < gc_begin) gc_begin = key;
+    if (gc_end.empty() || end > gc_end) gc_end = end;
+    gc_pending += bytes;
+    deleted_bytes += bytes;
   }
 
   /// A prefix record's delete was written: its bytes count as deleted, and
@@ -732,6 +746,7 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   std::vector<Impl::PrefixEntry> prefix_blocks;
   std::vector<std::pair<std::string, std::uint64_t>> stale_prefix;  // records that do not fit the shape, value bytes
   std::vector<std::pair<RequestId, PrefixLink>> links;              // requests' prefix links
+  std::vector<std::pair<std::string, std::uint64_t>> stale_links;   // link records that do not decode
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(impl->db->NewIterator(ro));
@@ -764,9 +779,12 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
     if (key->range.layer_begin == kPrefixLinkLayer) {
       const std::string what = "(" + std::to_string(key->job_id) + ", " + std::to_string(key->request_id) + ")";
       auto link = decode_link(std::string_view(it->value().data(), it->value().size()), key->range.token_end, what);
-      if (!link.ok()) return std::move(link).error();
-      if (key->range.token_begin != 0 || key->range.layer_end != kPrefixLinkLayer + 1)
-        return make_error(ErrorCode::corrupt, "kv store: " + dir + ": prefix link " + describe(*key) + ": not [0, c)");
+      if (!link.ok() || key->range.token_begin != 0 || key->range.layer_end != kPrefixLinkLayer + 1) {
+        // A damaged link is dropped (its request then counts only its own
+        // chunks), not a reason to call the whole store corrupt.
+        stale_links.emplace_back(std::string(k.data(), k.size()), it->value().size());
+        continue;
+      }
       link->key = std::string(k.data(), k.size());
       links.emplace_back(RequestId{key->job_id, key->request_id}, std::move(link).value());
       continue;
@@ -793,12 +811,15 @@ Result<std::unique_ptr<KvStore>> KvStore::open(const std::string& dir, KvStoreOp
   // used blocks past the budget (a store opened with a smaller
   // --kv-prefix-mib, or 0). If a write fails the store still opens: stale
   // records are not indexed (never read), and the next put keeps the budget.
-  if (!stale_prefix.empty()) {
+  if (!stale_prefix.empty() || !stale_links.empty()) {
     rocksdb::WriteBatch drop;
     bool ok = true;
     for (const auto& [k, bytes] : stale_prefix) ok = ok && drop.Delete(k).ok();
-    if (ok && impl->db->Write(impl->write_options(), &drop).ok())
+    for (const auto& [k, bytes] : stale_links) ok = ok && drop.Delete(k).ok();
+    if (ok && impl->db->Write(impl->write_options(), &drop).ok()) {
       for (const auto& [k, bytes] : stale_prefix) impl->note_prefix_deleted(k, bytes);
+      for (const auto& [k, bytes] : stale_links) impl->note_deleted(k, bytes);
+    }
   }
   // Links pin their blocks again (so the budget below does not drop them)
   // and count what those blocks hold. A request has one record (a longer
@@ -855,7 +876,8 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes,
       if (n.id == id) old = &n.link;
     if (old != nullptr && !(old->salt == l.salt && old->root == l.root && old->block_tokens == l.block_tokens &&
                             l.names.size() > old->names.size() &&
-                            std::equal(old->names.begin(), old->names.end(), l.names.begin())))
+                            std::equal(old->names.begin(), old->names.end(), l.names.begin()) &&
+                            std::equal(old->tokens.begin(), old->tokens.end(), l.tokens.begin())))
       continue;
     l.key = link_key(w.job_id, w.request_id, l.num_tokens());
     const std::string value = encode_link(l);
@@ -893,7 +915,14 @@ Result<std::vector<int>> KvStore::put_many(std::span<const KvChunkWrite> writes,
   if (writes.empty() && new_links.empty()) return acks_now();
   std::uint64_t adding = link_bytes;  // bytes the batch stores
   for (const KvChunkWrite& w : writes) adding += w.chunk.size();
-  if (Status a = impl_->admit_write(adding, std::numeric_limits<std::uint64_t>::max(), "chunks"); !a.ok())
+  // The blocks the batch's links name are used now: a disk budget that drops
+  // prefix blocks to make room keeps them (admit_write keeps seq >= keep_from).
+  const std::uint64_t keep_from = new_links.empty() ? std::numeric_limits<std::uint64_t>::max() : impl_->next_prefix_seq;
+  for (const NewLink& n : new_links)
+    for (std::size_t i = 0; i < n.link.names.size(); ++i)
+      if (const auto kept = impl_->prefix_index.find(impl_->link_block_key(n.link, i)); kept != impl_->prefix_index.end())
+        impl_->touch_prefix(kept->second);
+  if (Status a = impl_->admit_write(adding, keep_from, "chunks"); !a.ok())
     return a.error();
   // The chunks count only once this returned ok: durable at the policy's level.
   const rocksdb::Status st = impl_->db->Write(impl_->write_options(), &batch);
@@ -984,6 +1013,23 @@ Result<KvPrefix> KvStore::fetch_prefix(std::uint64_t job_id, std::uint64_t reque
     place_chunk(shape, r, *bytes, b, t, out.chunk);
   }
   return out;
+}
+
+std::vector<KvRequestCoverage> KvStore::take_woken_links() {
+  std::vector<KvRequestCoverage> out;
+  for (const RequestId& id : std::exchange(impl_->woken, {}))
+    if (const auto r = impl_->requests.find(id); r != impl_->requests.end())
+      out.push_back(KvRequestCoverage{id.first, id.second, r->second.durable, r->second.chunks.size(), r->second.bytes});
+  return out;
+}
+
+std::optional<std::uint64_t> KvStore::waiting_link_block(std::uint64_t job_id, std::uint64_t request_id) const {
+  const auto found = impl_->requests.find({job_id, request_id});
+  if (found == impl_->requests.end() || !found->second.link || !found->second.link->pending()) return std::nullopt;
+  // Not once the request's own chunks cover the link's positions (its head
+  // was streamed as KV after all): then the wait holds nothing back.
+  if (found->second.durable >= found->second.link->num_tokens()) return std::nullopt;
+  return found->second.link->names[found->second.link->held];
 }
 
 std::optional<StoredPrefixLink> KvStore::prefix_link(std::uint64_t job_id, std::uint64_t request_id) const {

@@ -87,7 +87,10 @@
 /// (no chunk has that layer: models have at most kPrefixLinkLayer layers).
 /// Value: salt, root (the first block's parent), the number of names and
 /// of tokens per block (u32 each), the names (u64), the tokens (i32),
-/// little-endian. On open the links are read again and pin what they name.
+/// little-endian. On open the links are read again and pin what they name;
+/// a record that does not decode is deleted (its request counts only its
+/// own chunks), not called corrupt. A put_many whose links name blocks
+/// uses them: the disk budget does not drop them for that put.
 ///
 /// Thread safety: none; one owner (the KV-store actor) serializes calls.
 /// Calls block on RocksDB (a synced write, a GC compaction).
@@ -338,6 +341,12 @@ class KvStore final : public KvTarget {
 
   /// The request's prefix link, if it has one.
   [[nodiscard]] std::optional<StoredPrefixLink> prefix_link(std::uint64_t job_id, std::uint64_t request_id) const;
+  /// Requests whose durable_tokens grew because a put_prefix_blocks brought
+  /// a block their link waited for, since the last call (then cleared).
+  [[nodiscard]] std::vector<KvRequestCoverage> take_woken_links();
+  /// The name of the block the request's link waits for (pending), while
+  /// that keeps its durable_tokens below the link's end; else nullopt.
+  [[nodiscard]] std::optional<std::uint64_t> waiting_link_block(std::uint64_t job_id, std::uint64_t request_id) const;
 
   /// Deletes a request's chunks (no-op when unknown); may run the GC
   /// compaction. Errors: io (the delete: nothing changed; or the compaction:

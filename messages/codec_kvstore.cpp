@@ -195,6 +195,10 @@ struct Member<KM, PutChunks> {
       check_len(names, request_field("links", i) + ".names");
       check_len(tokens, request_field("links", i) + ".tokens");
       // The store checks the blocks; here only what no store takes.
+      // Job ids never have the top bit (the store keeps it for prefix
+      // blocks and refuses the whole batch): refused here, not retried.
+      if ((d.job_id >> 63) != 0)
+        fail(ErrorCode::invalid_argument, request_field("links", i) + ": a job id with the top bit");
       if (names.size() == 0 || tokens.size() == 0 || tokens.size() % names.size() != 0)
         fail(ErrorCode::invalid_argument, request_field("links", i) + ": " + std::to_string(names.size()) +
                                               " names for " + std::to_string(tokens.size()) +
@@ -319,11 +323,18 @@ template <>
 struct Member<KR, ChunksAcked> {
   static constexpr auto which = KR::CHUNKS_ACKED;
   static void put(KR::Builder root, const ChunksAcked& m) {
-    auto list = root.initChunksAcked().initAcks(static_cast<unsigned>(m.acks.size()));
+    auto b = root.initChunksAcked();
+    auto list = b.initAcks(static_cast<unsigned>(m.acks.size()));
     for (unsigned i = 0; i < m.acks.size(); ++i) {
       list[i].setJobId(m.acks[i].job_id);
       list[i].setRequestId(m.acks[i].request_id);
       list[i].setTokens(m.acks[i].tokens);
+    }
+    auto waits = b.initWaits(static_cast<unsigned>(m.waits.size()));
+    for (unsigned i = 0; i < m.waits.size(); ++i) {
+      waits[i].setJobId(m.waits[i].job_id);
+      waits[i].setRequestId(m.waits[i].request_id);
+      waits[i].setName(m.waits[i].name);
     }
   }
   static ChunksAcked get(KR::Reader root) {
@@ -336,6 +347,11 @@ struct Member<KR, ChunksAcked> {
       if (a.tokens < 0) fail(ErrorCode::invalid_argument, at("acks", i) + ".tokens must be >= 0");
       m.acks.push_back(a);
     }
+    auto waits = root.getChunksAcked().getWaits();
+    check_len(waits, "waits");
+    m.waits.reserve(waits.size());
+    for (unsigned i = 0; i < waits.size(); ++i)
+      m.waits.push_back(LinkWaitData{waits[i].getJobId(), waits[i].getRequestId(), waits[i].getName()});
     return m;
   }
 };

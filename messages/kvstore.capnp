@@ -134,6 +134,14 @@ struct KvStoreStats {
   linkedTokens @13 :UInt64;  # positions counted from links since open (their KV not sent again)
 }
 
+# A request whose prefix link waits for a block the store does not keep:
+# the sender sends the block again, or the request's head as KV.
+struct LinkWait {
+  jobId @0 :UInt64;
+  requestId @1 :UInt64;
+  name @2 :UInt64;   # the block it waits for
+}
+
 # The acknowledged prefix of one request: the paper's (x, j, t).
 struct KvAck {
   jobId @0 :UInt64;
@@ -143,6 +151,7 @@ struct KvAck {
 
 struct ChunksAcked {
   acks @0 :List(KvAck);
+  waits @1 :List(LinkWait);  # the batch's requests whose prefix link waits for a block
 }
 
 struct KvPrefixData {

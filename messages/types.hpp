@@ -392,8 +392,18 @@ struct KvAck {
   bool operator==(const KvAck&) const = default;
 };
 
+/// A request whose prefix link waits for a block the store does not keep
+/// (kvstore::KvStore::waiting_link_block).
+struct LinkWaitData {
+  std::uint64_t job_id = 0;
+  std::uint64_t request_id = 0;
+  std::uint64_t name = 0;  ///< the block it waits for
+  bool operator==(const LinkWaitData&) const = default;
+};
+
 struct ChunksAcked {
   std::vector<KvAck> acks;
+  std::vector<LinkWaitData> waits;  ///< the batch's requests whose prefix link waits for a block
   bool operator==(const ChunksAcked&) const = default;
 };
 

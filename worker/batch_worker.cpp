@@ -194,6 +194,13 @@ void BatchWorker::set_prefix_store_tier(StorePrefixTier* tier) {
   if (stream_adapter_) stream_adapter_->set_prefix_tier(tier);
 }
 
+bool BatchWorker::restream_kv(std::uint64_t job_id, std::uint64_t request_key) {
+  for (const auto& [id, ref] : *requests_)
+    if (ref.line.first == job_id && kv_request_key(ref.line.second, ref.choice) == request_key)
+      return engine_.engine->restream_kv(id);
+  return false;
+}
+
 BatchWorker::BatchWorker(BatchWorker&&) noexcept = default;
 BatchWorker& BatchWorker::operator=(BatchWorker&&) noexcept = default;
 BatchWorker::~BatchWorker() = default;

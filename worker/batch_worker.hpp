@@ -151,6 +151,9 @@ class BatchWorker {
   /// Its KV streaming then sends a request's cached head as a prefix link
   /// when the tier has its blocks in the store (StreamAdapter::link_prefix).
   void set_prefix_store_tier(StorePrefixTier* tier);
+  /// Streams choice (job_id, kv_request_key) again from position 0
+  /// (LlmEngine::restream_kv); false when it is not held.
+  bool restream_kv(std::uint64_t job_id, std::uint64_t request_key);
 
   [[nodiscard]] const std::string& name() const { return name_; }
   [[nodiscard]] const engine::LlmEngine& engine() const { return *engine_.engine; }

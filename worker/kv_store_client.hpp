@@ -20,6 +20,15 @@
 
 namespace shardline::worker {
 
+/// A request whose prefix link waits at the store for a block it does not
+/// keep (the store dropped it after the worker learned it kept it, or
+/// skipped it): its head must go as KV after all.
+struct KvLinkWait {
+  std::uint64_t job_id = 0;
+  std::uint64_t request_id = 0;  ///< kv_request_key(line, choice)
+  std::uint64_t name = 0;        ///< the block
+};
+
 /// A KvTarget whose flushes are acknowledged per request (the store's
 /// ChunksAcked): after a flush_batch that succeeded, take_acks() returns
 /// what the store holds now. Called on the streamer's thread only.
@@ -27,6 +36,8 @@ class AckedKvTarget : public kvstore::KvTarget {
  public:
   /// The acknowledgements of the last successful flush (then cleared).
   [[nodiscard]] virtual std::vector<KvStoreAck> take_acks() = 0;
+  /// The flushed requests whose link waits for a block (then cleared).
+  [[nodiscard]] virtual std::vector<KvLinkWait> take_link_waits() { return {}; }
 };
 
 /// A request's durable KV prefix, as the store answered a fetch.

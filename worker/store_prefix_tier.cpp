@@ -154,6 +154,13 @@ std::size_t StorePrefixTier::linkable_blocks(std::span<const std::uint64_t> name
   return n;
 }
 
+bool StorePrefixTier::on_its_way(std::uint64_t name) {
+  std::lock_guard lock(mu_);
+  if (queued_.count(name) != 0) return true;
+  in_store_.erase(name);
+  return false;
+}
+
 bool StorePrefixTier::drain(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
   return drained_.wait_for(lock, timeout, [this] { return queue_.empty() && !in_flight_; });

@@ -111,6 +111,11 @@ class StorePrefixTier final : public engine::PrefixTier {
   /// prefix link may name (worker/batch_worker.hpp; the store counts a
   /// block sent later once it arrives).
   [[nodiscard]] std::size_t linkable_blocks(std::span<const std::uint64_t> names) const;
+  /// A link waits at the store for `name`: true while the block is queued or
+  /// in flight (it is on its way: nothing to do); else the store does not
+  /// keep it after all, so it is no longer taken as kept (later links stop
+  /// before it) and false.
+  [[nodiscard]] bool on_its_way(std::uint64_t name);
   [[nodiscard]] std::uint64_t salt() const noexcept { return options_.salt; }
   /// Waits until every queued block was sent; false on timeout.
   [[nodiscard]] bool drain(std::chrono::milliseconds timeout);

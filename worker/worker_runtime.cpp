@@ -71,9 +71,13 @@ bool WorkerRuntime::connect_kv_store(std::shared_ptr<ResumeKvSource> source, std
   so.num_kv_heads = worker_->engine().kv_io().shape().num_kv_heads;
   so.num_layers = worker_->engine().kv_io().shape().num_layers;
   // On the streamer's thread: only the shared target and tracker are touched.
-  auto on_flushed = [target = kv_target_, progress = kv_progress_,
+  auto on_flushed = [target = kv_target_, progress = kv_progress_, waits = link_waits_,
                      report = std::move(on_progress)](std::vector<QueuedIncrement> flushed) {
     std::vector<KvProgress> p = progress->on_flushed(flushed, target->take_acks());
+    if (std::vector<KvLinkWait> w = target->take_link_waits(); !w.empty()) {
+      std::lock_guard lock(waits->mu);
+      waits->waits.insert(waits->waits.end(), w.begin(), w.end());
+    }
     if (!p.empty() && report) report(std::move(p));
   };
   kv_streamer_ = std::make_unique<KvStreamer>(kv_target_, so, std::move(on_flushed));
@@ -185,8 +189,12 @@ void WorkerRuntime::forget_kv(std::uint64_t job_id, const std::vector<std::uint6
   for (std::uint64_t r : request_ids) {
     kv_streamer_->forget_request(job_id, r);
     kv_progress_->forget(job_id, r);
+    restreamed_.erase({job_id, r});
   }
-  if (request_ids.empty()) kv_progress_->forget_job(job_id);
+  if (request_ids.empty()) {
+    kv_progress_->forget_job(job_id);
+    std::erase_if(restreamed_, [job_id](const auto& k) { return k.first == job_id; });
+  }
 }
 
 void WorkerRuntime::cancel_job(std::uint64_t job_id) {
@@ -211,8 +219,26 @@ Result<WorkerStepOutcome> WorkerRuntime::idle_turn() {
   return out;
 }
 
+void WorkerRuntime::handle_link_waits() {
+  std::vector<KvLinkWait> waits;
+  {
+    std::lock_guard lock(link_waits_->mu);
+    waits.swap(link_waits_->waits);
+  }
+  for (const KvLinkWait& w : waits) {
+    // The block is still on its way from this worker's tier (the link came
+    // first): the store counts the head once it lands.
+    if (prefix_store_tier_ && prefix_store_tier_->on_its_way(w.name)) continue;
+    if (!restreamed_.insert({w.job_id, w.request_id}).second) continue;  // streamed again already
+    if (worker_->restream_kv(w.job_id, w.request_id))
+      spdlog::debug("worker {}: the KV store lacks prefix block {} that choice ({}, {}) links: streaming its head",
+                    options_.name, w.name, w.job_id, w.request_id);
+  }
+}
+
 Result<WorkerStepOutcome> WorkerRuntime::engine_step() {
   ++steps_;
+  handle_link_waits();
   if (options_.before_step) options_.before_step(steps_);
   // A SiDP step hook that fails (not because a peer left: that only moves
   // the rank to WaS) is a crash of this worker, as an engine failure is.

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -196,6 +197,17 @@ class WorkerRuntime {
   KvCounterGrowth exported_;  ///< the counters' values at the last take
   std::uint64_t steps_ = 0;
   bool warned_slow_step_ = false;
+  /// Link waits the streamer's thread reported, for the worker's thread
+  /// (handle_link_waits), and the choices streamed again for one already.
+  struct LinkWaits {
+    std::mutex mu;
+    std::vector<KvLinkWait> waits;
+  };
+  std::shared_ptr<LinkWaits> link_waits_ = std::make_shared<LinkWaits>();
+  std::set<std::pair<std::uint64_t, std::uint64_t>> restreamed_;
+  /// On the worker's thread, before a step: a choice whose link waits for a
+  /// block that is not on its way to the store streams its head as KV.
+  void handle_link_waits();
 };
 
 }  // namespace shardline::worker

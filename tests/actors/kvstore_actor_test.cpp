@@ -73,6 +73,15 @@ class KvStoreActorTest : public ::testing::Test {
     return a ? a->acks : std::vector<messages::KvAck>{};
   }
 
+  /// The one ack of a putChunks of one request (-1 when it failed).
+  int single_ack(const caf::actor& store, const messages::PutChunks& p) {
+    auto reply = ask(store, p);
+    EXPECT_TRUE(reply.ok()) << (reply ? "" : reply.error().to_string());
+    auto* acks = reply ? std::get_if<messages::ChunksAcked>(&*reply) : nullptr;
+    EXPECT_NE(acks, nullptr);
+    return acks != nullptr && acks->acks.size() == 1 ? acks->acks[0].tokens : -1;
+  }
+
   messages::KvPrefixData fetch(const caf::actor& store, std::uint64_t job, std::uint64_t request, int max_tokens,
                                bool ask_peers) {
     auto reply = ask(store, messages::FetchPrefix{job, request, max_tokens, ask_peers});
@@ -143,6 +152,46 @@ TEST_F(KvStoreActorTest, AcksOnlyWhatTheReplicaHoldsAndCatchesARestartedReplicaU
   kill(b);
 }
 
+/// A prompt head of three blocks of four positions whose KV is the one of a
+/// request numbered (77, 7) (make_chunk), as a worker's prefix tier puts it
+/// and as requests of job 1 link it.
+struct LinkedHead {
+  static constexpr std::uint64_t kSalt = 0x5a17, kRoot = 0x2007;
+  kvstore::KvModelShape shape = small_shape();
+  std::vector<std::uint64_t> names{500, 501, 502};
+  std::vector<std::int32_t> tokens;
+
+  LinkedHead() {
+    for (int t = 0; t < 12; ++t) tokens.push_back(1000 + t);
+  }
+  /// The source's KV of positions [begin, end).
+  [[nodiscard]] std::vector<std::byte> source(int begin, int end) const {
+    return make_chunk(shape, 77, 7, KvRange{0, shape.num_layers, begin, end});
+  }
+  /// The head's blocks named name0.. (with other KV unless `real`).
+  [[nodiscard]] messages::PutPrefixBlocks blocks(std::uint64_t name0 = 500, bool real = true) const {
+    messages::PutPrefixBlocks m;
+    m.salt = kSalt;
+    for (int i = 0; i < 3; ++i) {
+      messages::PrefixBlockData b;
+      b.name = name0 + static_cast<std::uint64_t>(i);
+      b.parent = i == 0 ? kRoot : b.name - 1;
+      b.tokens.assign(tokens.begin() + 4 * i, tokens.begin() + 4 * i + 4);
+      b.chunk = real ? source(4 * i, 4 * i + 4) : make_chunk(shape, 1, 1, KvRange{0, shape.num_layers, 0, 4});
+      m.blocks.push_back(std::move(b));
+    }
+    return m;
+  }
+  /// (1, request)'s positions [tail_begin, tail_end), and the head's link.
+  [[nodiscard]] messages::PutChunks put(std::uint64_t request, int tail_begin, int tail_end, bool with_link) const {
+    messages::PutChunks p;
+    const KvRange r{0, shape.num_layers, tail_begin, tail_end};
+    p.chunks.push_back({{1, request, r}, source(tail_begin, tail_end)});
+    if (with_link) p.links.push_back(messages::PrefixLinkData{1, request, kSalt, kRoot, names, tokens});
+    return p;
+  }
+};
+
 /// Prefix links through the ring (issue 42): a worker's prefix blocks are
 /// forwarded to the replica, so a request whose head is a link to them is
 /// acknowledged as far as both stores hold it; a replica that missed a
@@ -152,40 +201,14 @@ TEST_F(KvStoreActorTest, PrefixLinksAndTheirBlocksReachTheReplicaAndCatchUpSends
   caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
   caf::actor b = spawn_kvstore(system_, config("b/kvstore"));
   set_ring({"a/kvstore", "b/kvstore"}, {a, b});
-  const kvstore::KvModelShape shape = small_shape();
-  constexpr std::uint64_t kSalt = 0x5a17, kRoot = 0x2007;
-  // The prompt's KV is the one of a request numbered (77, 7); its head is
-  // three blocks of four positions.
-  const auto source = [&](int begin, int end) { return make_chunk(shape, 77, 7, KvRange{0, shape.num_layers, begin, end}); };
-  messages::PutPrefixBlocks blocks;
-  blocks.salt = kSalt;
-  std::vector<std::uint64_t> names;
-  std::vector<std::int32_t> tokens;
-  for (int i = 0; i < 3; ++i) {
-    messages::PrefixBlockData b;
-    b.name = 500 + static_cast<std::uint64_t>(i);
-    b.parent = i == 0 ? kRoot : names.back();
-    for (int t = 0; t < 4; ++t) b.tokens.push_back(1000 + 4 * i + t);
-    b.chunk = source(4 * i, 4 * i + 4);
-    names.push_back(b.name);
-    tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
-    blocks.blocks.push_back(std::move(b));
-  }
-  auto kept = ask(a, blocks);
+  const LinkedHead head;
+  const auto source = [&](int begin, int end) { return head.source(begin, end); };
+  auto kept = ask(a, head.blocks());
   ASSERT_TRUE(kept.ok()) << kept.error().to_string();
-  EXPECT_EQ(std::get<messages::PrefixBlocksData>(*kept).kept, names);
+  EXPECT_EQ(std::get<messages::PrefixBlocksData>(*kept).kept, head.names);
   EXPECT_EQ(std::get<messages::PrefixBlocksData>(*kept).stored, 3);
-
   const auto put_linked = [&](std::uint64_t request, int tail_begin, int tail_end, bool with_link) {
-    messages::PutChunks p;
-    const KvRange r{0, shape.num_layers, tail_begin, tail_end};
-    p.chunks.push_back({{1, request, r}, source(tail_begin, tail_end)});
-    if (with_link) p.links.push_back(messages::PrefixLinkData{1, request, kSalt, kRoot, names, tokens});
-    auto reply = ask(a, p);
-    EXPECT_TRUE(reply.ok()) << (reply ? "" : reply.error().to_string());
-    auto* acks = reply ? std::get_if<messages::ChunksAcked>(&*reply) : nullptr;
-    EXPECT_NE(acks, nullptr);
-    return acks != nullptr && acks->acks.size() == 1 ? acks->acks[0].tokens : -1;
+    return single_ack(a, head.put(request, tail_begin, tail_end, with_link));
   };
   EXPECT_EQ(put_linked(5, 12, 14, true), 14) << "the replica links the blocks a forwarded";
   auto on_b = fetch(b, 1, 5, 100, false);
@@ -222,6 +245,46 @@ TEST_F(KvStoreActorTest, PrefixLinksAndTheirBlocksReachTheReplicaAndCatchUpSends
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(std::get<messages::KvStoreStats>(*stats).prefix_blocks, 3u);
   EXPECT_EQ(std::get<messages::KvStoreStats>(*stats).linked_tokens, 12u);
+  kill(a);
+  kill(b);
+}
+
+/// A replica that dropped a linked block it was sent (its budget made room
+/// for others once nothing linked it) names it in its answer, and the
+/// primary sends it again: the next batch is acknowledged in full.
+TEST_F(KvStoreActorTest, AReplicaThatLostALinkedBlockGetsItAgain) {
+  const kvstore::KvModelShape shape = small_shape();
+  const std::uint64_t block_bytes =
+      kvstore::chunk_bytes(shape, KvRange{0, shape.num_layers, 0, 4}) + 16 + 4 * 4;
+  KvStoreConfig bc = config("b/kvstore");
+  bc.prefix_budget_bytes = 3 * block_bytes;  // b keeps three blocks
+  caf::actor a = spawn_kvstore(system_, config("a/kvstore"));
+  caf::actor b = spawn_kvstore(system_, bc);
+  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  const LinkedHead head;
+  const auto source = [&](int begin, int end) { return head.source(begin, end); };
+  ASSERT_TRUE(ask(a, head.blocks()).ok());
+  const auto put_linked = [&](std::uint64_t request, int tail_begin, int tail_end, bool with_link) {
+    return single_ack(a, head.put(request, tail_begin, tail_end, with_link));
+  };
+  EXPECT_EQ(put_linked(5, 12, 14, true), 14);
+  // Request 5 is dropped (on both stores): the blocks are unpinned, and
+  // three other blocks put straight to b take its budget.
+  ASSERT_TRUE(ask(a, messages::DropRequests{1, {5}, ""}).ok());
+  std::this_thread::sleep_for(50ms);  // the forwarded drop is one-way
+  messages::PutPrefixBlocks others = head.blocks(900, false);
+  others.from_peer = "a/kvstore";  // as a peer's forward: b keeps them, forwards nothing
+  ASSERT_TRUE(ask(b, others).ok());
+  auto bs = ask(b, messages::StatsQuery{});
+  ASSERT_TRUE(bs.ok());
+  ASSERT_EQ(std::get<messages::KvStoreStats>(*bs).prefix_blocks, 3u);
+  // Request 6 links the head: a holds it, b waits for block 500 and says
+  // so; a sends the blocks again, and the next batch is acknowledged.
+  EXPECT_EQ(put_linked(6, 12, 14, true), 0) << "b does not hold the head yet";
+  EXPECT_EQ(put_linked(6, 14, 15, false), 15);
+  const auto on_b = fetch(b, 1, 6, 100, false);
+  EXPECT_EQ(on_b.tokens, 15);
+  EXPECT_EQ(on_b.chunk, source(0, 15));
   kill(a);
   kill(b);
 }

@@ -161,13 +161,34 @@ TEST(KvStorePrefixLinks, APendingLinkCountsEachBlockWhenItArrives) {
   // two queues): nothing of the head counts yet.
   EXPECT_EQ(put_linked(*s, 1, 5, prompt, 12, 13), (std::vector<int>{0, 0}));
   EXPECT_EQ(stats(*s).prefix_links_pending, 1u);
+  EXPECT_EQ(s->waiting_link_block(1, 5), std::optional<std::uint64_t>(600));
   put_blocks(*s, {prompt[1]});  // not the one it waits for
   EXPECT_EQ(s->durable_tokens(1, 5), 0);
+  EXPECT_EQ(s->waiting_link_block(1, 5), std::optional<std::uint64_t>(600));
+  EXPECT_TRUE(s->take_woken_links().empty());
   put_blocks(*s, {prompt[0]});  // block 0, then block 1 that was there
   EXPECT_EQ(s->durable_tokens(1, 5), 8);
+  const std::vector<KvRequestCoverage> woken = s->take_woken_links();
+  ASSERT_EQ(woken.size(), 1u);
+  EXPECT_EQ(woken[0].request_id, 5u);
+  EXPECT_EQ(woken[0].durable_tokens, 8);
+  EXPECT_TRUE(s->take_woken_links().empty());
+  EXPECT_EQ(s->waiting_link_block(1, 5), std::optional<std::uint64_t>(602));
   put_blocks(*s, {prompt[2]});
   EXPECT_EQ(s->durable_tokens(1, 5), 13);
   EXPECT_EQ(stats(*s).prefix_links_pending, 0u);
+  EXPECT_FALSE(s->waiting_link_block(1, 5).has_value());
+  // A link still waiting no longer holds anything back once the request's
+  // own chunks cover its positions (its head was streamed as KV after all).
+  const std::vector<Block> other = make_prompt(650, 2);
+  EXPECT_EQ(put_linked(*s, 1, 6, other, 8, 9), (std::vector<int>{0, 0}));
+  EXPECT_EQ(s->waiting_link_block(1, 6), std::optional<std::uint64_t>(650));
+  const KvModelShape shape = small_shape();
+  const KvRange head{0, shape.num_layers, 0, 8};
+  auto acked = s->put(KvChunkKey{1, 6, head}, make_chunk(shape, kSourceJob, kSourceRequest, head));  // the head as KV
+  ASSERT_TRUE(acked.ok());
+  EXPECT_EQ(*acked, 9);
+  EXPECT_FALSE(s->waiting_link_block(1, 6).has_value());
   auto got = s->fetch_prefix(1, 5, 100);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->tokens, 13);

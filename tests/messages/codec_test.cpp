@@ -371,6 +371,10 @@ TEST(MessagesCodec, RejectsPrefixLinksWithoutNamesOrWithUnevenTokens) {
                "links[1]: 0 names for 4 tokens");
   expect_error(decode_kvstore(encode(KvStoreMsg{PutChunks{{}, "", {uneven}}})), ErrorCode::invalid_argument,
                "links[0]: 2 names for 5 tokens");
+  PrefixLinkData top_bit = good;
+  top_bit.job_id |= 1ull << 63;
+  expect_error(decode_kvstore(encode(KvStoreMsg{PutChunks{{}, "", {top_bit}}})), ErrorCode::invalid_argument,
+               "links[0]: a job id with the top bit");
 }
 
 TEST(MessagesCodec, RejectsUnknownErrorCodes) {

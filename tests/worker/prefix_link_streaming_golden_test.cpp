@@ -56,11 +56,19 @@ class DirectStore final : public AckedKvTarget, public ResumeKvSource, public Pr
       acks_.push_back(KvStoreAck{writes[i].key.job_id, writes[i].key.request_id, (*durable)[i]});
     for (std::size_t i = 0; i < links.size(); ++i)
       acks_.push_back(KvStoreAck{links[i].job_id, links[i].request_id, (*durable)[writes.size() + i]});
+    // As the KV-store actor: the batch's requests whose link waits.
+    for (const KvStoreAck& a : acks_)
+      if (const auto name = store_->waiting_link_block(a.job_id, a.request_id))
+        waits_.push_back(KvLinkWait{a.job_id, a.request_id, *name});
     return Status::ok_status();
   }
   std::vector<KvStoreAck> take_acks() override {
     std::lock_guard lock(mu_);
     return std::exchange(acks_, {});
+  }
+  std::vector<KvLinkWait> take_link_waits() override {
+    std::lock_guard lock(mu_);
+    return std::exchange(waits_, {});
   }
   Result<KvPrefix> fetch_prefix(std::uint64_t job_id, std::uint64_t request_id, int max_tokens) override {
     std::lock_guard lock(mu_);
@@ -88,6 +96,7 @@ class DirectStore final : public AckedKvTarget, public ResumeKvSource, public Pr
   std::mutex mu_;
   kvstore::KvStore* store_;
   std::vector<KvStoreAck> acks_;
+  std::vector<KvLinkWait> waits_;
 };
 
 WorkerRuntimeOptions options(const std::string& name) { return testing::shared_head_options(name, true); }
@@ -223,6 +232,69 @@ TEST(PrefixLinkStreaming, TheStoreHoldsTheSameBytesTheLinkedHeadIsNotSentAndResu
   }
   EXPECT_EQ(run_all(*resumed), want) << "resumed through linked heads: byte-identical";
   EXPECT_EQ(resumed->take_kv_counter_growth().restored_tokens, replicated);
+}
+
+// The store dropped the head's blocks after the worker learned it kept
+// them (nothing linked them any more, and other blocks took the budget):
+// the next job's requests still link them, the store reports the links
+// waiting, and each request streams its head as KV instead. Every request
+// ends up with its whole KV acknowledged, the same bytes as streamed.
+TEST(PrefixLinkStreaming, ALinkToABlockTheStoreDroppedStreamsTheHeadAsKvInstead) {
+  constexpr int kSteps = 8;
+  Node streamed;
+  start_and_step(streamed, false, kSteps);
+
+  Node node;
+  node.rt = make_runtime(options("dropped"));
+  ASSERT_NE(node.rt, nullptr);
+  kvstore::KvStoreOptions so;
+  so.shape = node.rt->batch_worker().engine().kv_io().shape();
+  so.disk_reserve_bytes = 0;
+  const std::uint64_t block_bytes = kvstore::chunk_bytes(so.shape, kvstore::KvRange{0, so.shape.num_layers, 0, 16}) +
+                                    16 + 4 * 16;
+  so.prefix_budget_bytes = 4 * block_bytes;  // the head's 4 blocks, no more
+  auto store = kvstore::KvStore::open(node.dir.path(), so);
+  ASSERT_TRUE(store.ok()) << store.error().to_string();
+  node.store = std::move(store).value();
+  node.direct = std::make_shared<DirectStore>(node.store.get());
+  ASSERT_TRUE(node.rt->connect_kv_store(node.direct, node.direct, node.progress.callback()));
+  ASSERT_TRUE(node.rt->connect_prefix_store(node.direct, 8u << 20));
+  // A first job puts the head's blocks in the store; it ends and its KV is
+  // dropped, so nothing pins them.
+  std::vector<BatchRequest> first = lines();
+  for (BatchRequest& l : first) {
+    l.job_id = kJob + 1;
+    l.params.max_tokens = 2;
+    (void)node.rt->accept(std::move(l));
+  }
+  (void)run_all(*node.rt);
+  ASSERT_TRUE(node.rt->drain_kv(std::chrono::seconds(20)));
+  ASSERT_TRUE(node.store->drop_job(kJob + 1).ok());
+  ASSERT_EQ(node.store->stats()->prefix_blocks, 4u);
+  // Four other blocks take the budget: the head's are dropped.
+  std::vector<std::vector<std::int32_t>> tokens(4, std::vector<std::int32_t>(16, 7));
+  std::vector<std::vector<std::byte>> chunks(4, std::vector<std::byte>(block_bytes - 16 - 64));
+  std::vector<kvstore::PrefixBlockWrite> others;
+  for (std::uint64_t i = 0; i < 4; ++i)
+    others.push_back(kvstore::PrefixBlockWrite{node.rt->batch_worker().engine().config().prefix_cache.salt, 9000 + i,
+                                               8999 + i, tokens[i], chunks[i]});
+  ASSERT_TRUE(node.store->put_prefix_blocks(others).ok());
+  ASSERT_EQ(node.store->stats()->prefix_evictions, 4u);
+
+  // The job again: its requests find the head on the device and link it.
+  for (BatchRequest& l : lines()) (void)node.rt->accept(std::move(l));
+  for (int i = 0; i < kSteps + 4; ++i) ASSERT_TRUE(node.rt->step().ok());
+  ASSERT_TRUE(node.rt->drain_kv(std::chrono::seconds(20)));
+  const auto st = node.store->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_GT(st->prefix_links_pending, 0u) << "the requests linked the head, whose blocks the store dropped";
+  for (const kvstore::KvRequestCoverage& r : node.store->requests()) {
+    EXPECT_GT(r.durable_tokens, 70) << "request " << r.request_id << ": its head was streamed as KV";
+    auto got = node.store->fetch_prefix(kJob, r.request_id, 70);
+    auto want = streamed.store->fetch_prefix(kJob, r.request_id, 70);
+    ASSERT_TRUE(got.ok() && want.ok());
+    EXPECT_TRUE(got->chunk == want->chunk) << "request " << r.request_id;
+  }
 }
 
 }  // namespace worker_prefix_link_streaming_golden_test
