@@ -32,6 +32,8 @@
 #include "model/tokenizer_loader.hpp"
 #include "comm/inproc.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/quant_linear.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "kvstore/kv_targets.hpp"
 #include "messages/codec.hpp"
@@ -505,5 +507,89 @@ void BM_InprocAllReduce(benchmark::State& state) {
 }
 BENCHMARK(BM_InprocAllReduce)->Arg(4)->Arg(32 * 768 * 4)->Arg(64 * 768 * 4)->Arg(8L << 20)->Iterations(3)
     ->Unit(benchmark::kMillisecond);
+
+// ---- linear layers on quantized weights (issue 40) --------------------------------
+//
+// y = x W^T for stories110m's FFN down projection ([768, 2048]) at batch m
+// (state.range(0)), with W as Q8_0 or Q4_0 blocks (kernels/cpu/
+// quant_linear.hpp, the kernel `automatic` picks: its name is the label)
+// and, beside them, as F32 and BF16 (kernels/cpu/linear.hpp). Counters:
+// weight bytes read per second (the decode roofline's term) and GFLOP/s.
+
+constexpr int kLinN = 768, kLinK = 2048;
+
+void linear_counters(benchmark::State& state, int m, std::size_t weight_bytes) {
+  state.counters["weight_GBps"] = benchmark::Counter(static_cast<double>(weight_bytes) * 1e-9,
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] = benchmark::Counter(2.0 * m * kLinN * kLinK * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+std::vector<float> random_floats(std::size_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(count);
+  for (float& f : v) f = d(rng);
+  return v;
+}
+
+void BM_QuantLinear(benchmark::State& state, kernels::GgmlType type) {
+  const int m = static_cast<int>(state.range(0));
+  // Quantize random F32 weights row by row to Q8_0, then (for Q4_0) write
+  // each block's 4-bit values from the Q8_0 ones: any valid blocks do.
+  const std::vector<float> wf = random_floats(static_cast<std::size_t>(kLinN) * kLinK, 11);
+  std::vector<kernels::cpu::BlockQ8_0> q8(wf.size() / kernels::cpu::kQuantBlock);
+  for (int j = 0; j < kLinN; ++j)
+    kernels::cpu::quantize_row_q8_0(wf.data() + static_cast<std::size_t>(j) * kLinK, kLinK,
+                                    q8.data() + static_cast<std::size_t>(j) * kLinK / kernels::cpu::kQuantBlock);
+  std::vector<std::uint8_t> blocks;
+  for (const auto& b : q8) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&b);
+    if (type == kernels::GgmlType::q8_0) {
+      blocks.insert(blocks.end(), p, p + 34);
+      continue;
+    }
+    blocks.insert(blocks.end(), p, p + 2);
+    for (int i = 0; i < 16; ++i)
+      blocks.push_back(static_cast<std::uint8_t>(((b.qs[i] / 16 + 8) & 0x0F) | (((b.qs[i + 16] / 16 + 8) & 0x0F) << 4)));
+  }
+  auto w = kernels::cpu::PackedQuantLinear::pack(type, blocks, kLinN, kLinK);
+  if (!w.ok()) {
+    state.SkipWithError(w.error().to_string().c_str());
+    return;
+  }
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(m) * kLinK, 12);
+  std::vector<float> y(static_cast<std::size_t>(m) * kLinN);
+  for (auto _ : state) {
+    if (!kernels::cpu::quant_linear(x.data(), m, kLinK, *w, y.data(), kLinN).ok()) state.SkipWithError("failed");
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(kernels::cpu::quant_kernel_name());
+  linear_counters(state, m, blocks.size());
+}
+BENCHMARK_CAPTURE(BM_QuantLinear, Q8_0, kernels::GgmlType::q8_0)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0, kernels::GgmlType::q4_0)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+
+void BM_DenseLinear(benchmark::State& state, DType dtype) {
+  const int m = static_cast<int>(state.range(0));
+  const std::vector<float> wf = random_floats(static_cast<std::size_t>(kLinN) * kLinK, 11);
+  std::vector<std::uint16_t> wb;
+  const void* src = wf.data();
+  if (dtype == DType::bf16) {
+    wb.reserve(wf.size());
+    for (const float f : wf) wb.push_back(f32_to_bf16(f));
+    src = wb.data();
+  }
+  const auto w = kernels::cpu::PackedLinear::pack(src, dtype, kLinN, kLinK);
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(m) * kLinK, 12);
+  std::vector<float> y(static_cast<std::size_t>(m) * kLinN);
+  for (auto _ : state) {
+    kernels::cpu::linear(x.data(), m, kLinK, w, nullptr, y.data(), kLinN);
+    benchmark::DoNotOptimize(y.data());
+  }
+  linear_counters(state, m, static_cast<std::size_t>(kLinN) * kLinK * dtype_size(dtype));
+}
+BENCHMARK_CAPTURE(BM_DenseLinear, F32, DType::f32)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DenseLinear, BF16, DType::bf16)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -21,8 +21,9 @@
 ///   Q5_K [256]: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128]  176
 ///   Q6_K [256]: u8 ql[128], u8 qh[64], i8 scales[16], f16 d      210
 ///   Q8_K [256]: f32 d, i8 qs[256], i16 bsums[16]                 292
-/// Keeping weights quantized in memory and computing on them is later work
-/// (issue "Quantized CPU kernels"); today the loader dequantizes at load.
+/// The loader dequantizes at load; kernels/cpu/quant_linear.hpp computes on
+/// Q8_0 and Q4_0 blocks kept quantized (issue 40, not wired into the model
+/// yet).
 
 #include <cstddef>
 #include <cstdint>

@@ -1,0 +1,112 @@
+#pragma once
+/// \file
+/// Linear layers on weights kept quantized (issue 40, step 2 in part):
+/// y = x W^T with W [n, k] in llama.cpp's Q8_0 or Q4_0 blocks (the GGUF
+/// bytes, kernels/cpu/ggml_quants.hpp), computed with integer dot products
+/// as llama.cpp's CPU backend computes them:
+///
+///  - each row of x is quantized to Q8_0 per 32-element block
+///    (quantize_row_q8_0: ggml's quantize_row_q8_0_ref, bit-identical to the
+///    `gguf` package's quants.quantize);
+///  - each output element is, block by block in order, the exact integer
+///    dot product of the block's int8 values, scaled and added in F32 with
+///    the operations of ggml-quants.c's scalar ggml_vec_dot_q8_0_q8_0 /
+///    ggml_vec_dot_q4_0_q8_0:
+///      Q8_0: sumf += (float)sumi * (d_w * d_x)
+///      Q4_0: sumf += ((float)sumi * d_w) * d_x      (sumi over nibble - 8)
+///    with d_w, d_x the blocks' F16 scales widened to F32, no FMA.
+///
+/// So a result is bit-identical to llama.cpp's scalar reference for that
+/// pair of types, and to quant_linear_reference() here. The AVX2 kernel
+/// (chosen at run time where the CPU has AVX2) computes the block integers
+/// with vpmaddubsw / vpmaddwd over 8 output columns at once and keeps each
+/// element's F32 chain in block order, so it gives the same bits.
+/// llama.cpp's own AVX2 path does not: it sums 8 lanes of partial sums and
+/// reduces them at the end (another order). Batch-invariant: a row's
+/// quantization and each element's chain depend on nothing else in the
+/// batch, the tiling or the thread count.
+///
+/// Memory: a packed matrix keeps the blocks' quantized values (Q4_0: 4 bits
+/// each) and their scales as F32, in panels of 8 output columns (20 bytes
+/// per 32 Q4_0 weights, 36 per 32 Q8_0 weights; the file's are 18 and 34).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "common/memory.hpp"
+#include "common/result.hpp"
+#include "kernels/cpu/ggml_quants.hpp"
+
+namespace shardline::kernels::cpu {
+
+/// Elements per Q8_0 / Q4_0 block.
+inline constexpr int kQuantBlock = 32;
+
+/// One Q8_0 block as ggml lays it out: F16 scale, 32 int8 values (34 bytes).
+struct BlockQ8_0 {
+  std::uint16_t d = 0;  ///< IEEE half bits of the scale
+  std::int8_t qs[kQuantBlock] = {};
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+/// Quantizes x [k] (k a multiple of 32) into k / 32 Q8_0 blocks exactly as
+/// ggml's quantize_row_q8_0_ref: per block d = amax / 127, values
+/// roundf(x / d) (round half away from zero, with 1 / d computed first), d
+/// stored as F16 (nearest even). A NaN becomes 0 and an infinity the
+/// nearest end of the int8 range (ggml leaves both undefined).
+void quantize_row_q8_0(const float* x, int k, BlockQ8_0* y);
+
+/// Which kernel quant_linear runs.
+enum class QuantKernel {
+  automatic,  ///< AVX2 where the CPU has it, else scalar
+  scalar,     ///< the portable loop (tests compare the two)
+  avx2,       ///< requires AVX2 (unsupported otherwise)
+};
+
+/// The kernel `automatic` picks on this CPU: "avx2" or "scalar".
+[[nodiscard]] const char* quant_kernel_name();
+
+/// A quantized weight matrix W [n, k] packed for quant_linear. Owns its
+/// memory. Movable, not copyable.
+class PackedQuantLinear {
+ public:
+  PackedQuantLinear() = default;
+  /// Packs `blocks` (row-major: n rows of k / 32 blocks of `type`, the GGUF
+  /// tensor's bytes, any alignment). Errors: unsupported (a type other
+  /// than Q8_0 and Q4_0, named), invalid_argument (n < 1, k < 1 or not a
+  /// multiple of 32, fewer bytes than n rows need).
+  [[nodiscard]] static Result<PackedQuantLinear> pack(GgmlType type, std::span<const std::uint8_t> blocks, int n,
+                                                      int k);
+
+  [[nodiscard]] GgmlType type() const { return type_; }
+  [[nodiscard]] int out_features() const { return n_; }  ///< n
+  [[nodiscard]] int in_features() const { return k_; }   ///< k
+  [[nodiscard]] std::size_t bytes() const { return bytes_; }  ///< packed size
+  [[nodiscard]] const std::byte* data() const { return static_cast<const std::byte*>(data_.get()); }
+  [[nodiscard]] bool empty() const { return bytes_ == 0; }
+
+ private:
+  AlignedBuffer data_;
+  std::size_t bytes_ = 0;
+  GgmlType type_ = GgmlType::q8_0;
+  int n_ = 0;
+  int k_ = 0;
+};
+
+/// y[m, n] = x[m, k] W^T (see the file comment). `x` rows have stride
+/// `x_stride` floats (>= k), `y` rows `y_stride` (>= n); m may be 0.
+/// Parallel over panels of output columns with OpenMP. Errors:
+/// invalid_argument (m < 0, strides below k or n), unsupported (`kernel`
+/// avx2 on a CPU without it).
+[[nodiscard]] Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear& w, float* y,
+                                  int y_stride, QuantKernel kernel = QuantKernel::automatic);
+
+/// The scalar definition on the unpacked GGUF blocks (llama.cpp's
+/// quantize_row_q8_0_ref, then ggml_vec_dot_{q8_0,q4_0}_q8_0's scalar loop
+/// per element), for tests. Errors: as PackedQuantLinear::pack.
+[[nodiscard]] Status quant_linear_reference(const float* x, int m, int x_stride, GgmlType type,
+                                            std::span<const std::uint8_t> blocks, int n, int k, float* y,
+                                            int y_stride);
+
+}  // namespace shardline::kernels::cpu
