@@ -79,12 +79,14 @@ Status ActorKvTarget::flush_linked(std::span<const kvstore::KvChunkRef> chunks, 
     const std::byte* p = buffer.data() + c.offset;
     put.chunks.push_back(messages::KvChunkData{c.key, std::vector<std::byte>(p, p + c.bytes)});
   }
+  const auto sent_at = std::chrono::steady_clock::now();
   auto reply = ask_kv_store(system_, link_->get(), *key_, put, timeout_);
   if (!reply) return reply.error();
   auto* acked = std::get_if<messages::ChunksAcked>(&*reply);
   if (acked == nullptr) return make_error(ErrorCode::io, "KV store: unexpected reply to putChunks");
   for (const messages::KvAck& a : acked->acks) acks_.push_back(worker::KvStoreAck{a.job_id, a.request_id, a.tokens});
-  for (const messages::LinkWaitData& w : acked->waits) waits_.push_back(worker::KvLinkWait{w.job_id, w.request_id, w.name});
+  for (const messages::LinkWaitData& w : acked->waits)
+    waits_.push_back(worker::KvLinkWait{w.job_id, w.request_id, w.name, sent_at});
   return Status::ok_status();
 }
 

@@ -7,6 +7,7 @@
 /// streams through an AckedKvTarget, fetches resumed lines' KV from a
 /// ResumeKvSource and drops cancelled jobs' KV there.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -27,6 +28,9 @@ struct KvLinkWait {
   std::uint64_t job_id = 0;
   std::uint64_t request_id = 0;  ///< kv_request_key(line, choice)
   std::uint64_t name = 0;        ///< the block
+  /// When the batch the store answered with this was sent: a block the
+  /// tier learned was kept after that may have landed after the answer.
+  std::chrono::steady_clock::time_point sent_at{};
 };
 
 /// A KvTarget whose flushes are acknowledged per request (the store's

@@ -22,7 +22,7 @@ StorePrefixTier::~StorePrefixTier() {
 
 void StorePrefixTier::note_in_store_locked(std::uint64_t name) {
   if (in_store_.size() >= kMaxKnownNames) in_store_.clear();
-  in_store_.insert(name);
+  in_store_[name] = std::chrono::steady_clock::now();
 }
 
 void StorePrefixTier::put(std::uint64_t name, std::uint64_t parent, std::span<const std::int32_t> tokens,
@@ -154,10 +154,12 @@ std::size_t StorePrefixTier::linkable_blocks(std::span<const std::uint64_t> name
   return n;
 }
 
-bool StorePrefixTier::on_its_way(std::uint64_t name) {
+bool StorePrefixTier::on_its_way(std::uint64_t name, std::chrono::steady_clock::time_point sent_at) {
   std::lock_guard lock(mu_);
   if (queued_.count(name) != 0) return true;
-  in_store_.erase(name);
+  const auto kept = in_store_.find(name);
+  if (kept != in_store_.end() && kept->second >= sent_at) return true;
+  if (kept != in_store_.end()) in_store_.erase(kept);
   return false;
 }
 

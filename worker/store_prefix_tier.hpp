@@ -41,6 +41,7 @@
 #include <optional>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -111,11 +112,13 @@ class StorePrefixTier final : public engine::PrefixTier {
   /// prefix link may name (worker/batch_worker.hpp; the store counts a
   /// block sent later once it arrives).
   [[nodiscard]] std::size_t linkable_blocks(std::span<const std::uint64_t> names) const;
-  /// A link waits at the store for `name`: true while the block is queued or
-  /// in flight (it is on its way: nothing to do); else the store does not
-  /// keep it after all, so it is no longer taken as kept (later links stop
-  /// before it) and false.
-  [[nodiscard]] bool on_its_way(std::uint64_t name);
+  /// The store said, answering a batch sent at `sent_at`, that a link waits
+  /// for `name`. True when that may be stale: the block is queued or in
+  /// flight, or the store acknowledged it after `sent_at` (it may have
+  /// landed after the batch was answered; a later batch tells). Else the
+  /// store does not keep it after all: it is no longer taken as kept
+  /// (later links stop before it), and false.
+  [[nodiscard]] bool on_its_way(std::uint64_t name, std::chrono::steady_clock::time_point sent_at);
   [[nodiscard]] std::uint64_t salt() const noexcept { return options_.salt; }
   /// Waits until every queued block was sent; false on timeout.
   [[nodiscard]] bool drain(std::chrono::milliseconds timeout);
@@ -141,7 +144,9 @@ class StorePrefixTier final : public engine::PrefixTier {
   std::condition_variable cv_;       ///< work queued, or stop
   std::condition_variable drained_;  ///< queue empty and nothing in flight
   std::deque<Pending> queue_;
-  std::unordered_set<std::uint64_t> in_store_;  ///< names the store keeps (acknowledged or handed out)
+  /// Names the store keeps (acknowledged or handed out), with when this
+  /// tier learned it.
+  std::unordered_map<std::uint64_t, std::chrono::steady_clock::time_point> in_store_;
   std::unordered_set<std::uint64_t> queued_;    ///< names queued or in flight
   bool in_flight_ = false;
   bool stop_ = false;

@@ -227,8 +227,9 @@ void WorkerRuntime::handle_link_waits() {
   }
   for (const KvLinkWait& w : waits) {
     // The block is still on its way from this worker's tier (the link came
-    // first): the store counts the head once it lands.
-    if (prefix_store_tier_ && prefix_store_tier_->on_its_way(w.name)) continue;
+    // first), or landed after the batch was answered: the store counts the
+    // head once it lands (a later batch tells, if it does not).
+    if (prefix_store_tier_ && prefix_store_tier_->on_its_way(w.name, w.sent_at)) continue;
     if (!restreamed_.insert({w.job_id, w.request_id}).second) continue;  // streamed again already
     if (worker_->restream_kv(w.job_id, w.request_id))
       spdlog::debug("worker {}: the KV store lacks prefix block {} that choice ({}, {}) links: streaming its head",

@@ -271,7 +271,12 @@ TEST_F(KvStoreActorTest, AReplicaThatLostALinkedBlockGetsItAgain) {
   // Request 5 is dropped (on both stores): the blocks are unpinned, and
   // three other blocks put straight to b take its budget.
   ASSERT_TRUE(ask(a, messages::DropRequests{1, {5}, ""}).ok());
-  std::this_thread::sleep_for(50ms);  // the forwarded drop is one-way
+  // The forwarded drop is one-way: wait until b has dropped the request.
+  for (const auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
+    auto st = ask(b, messages::StatsQuery{});
+    if (st.ok() && std::get<messages::KvStoreStats>(*st).prefix_links == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
   messages::PutPrefixBlocks others = head.blocks(900, false);
   others.from_peer = "a/kvstore";  // as a peer's forward: b keeps them, forwards nothing
   ASSERT_TRUE(ask(b, others).ok());

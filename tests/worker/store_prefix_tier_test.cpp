@@ -13,6 +13,7 @@
 #include <set>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace shardline::worker {
@@ -168,6 +169,26 @@ TEST(StorePrefixTier, LinkableBlocksAreTheLeadingOnesQueuedOrKept) {
   const StorePrefixTierStats s = tier.stats();
   EXPECT_EQ(s.store_kept_blocks, 3u);
   EXPECT_EQ(s.store_skipped_blocks, 1u);
+}
+
+TEST(StorePrefixTier, AWaitForABlockKeptBeforeTheBatchWasSentMeansTheStoreLostIt) {
+  auto store = std::make_shared<MemoryBlockStore>();
+  StorePrefixTier tier(store, small());
+  const auto blocks = chain(2);
+  const auto before = std::chrono::steady_clock::now();
+  for (const auto& b : blocks) tier.put(b.name, b.parent, b.tokens, std::vector<std::byte>(100));
+  ASSERT_TRUE(tier.drain(std::chrono::seconds(5)));
+  const std::vector<std::uint64_t> names{1, 2};
+  EXPECT_EQ(tier.linkable_blocks(names), 2u);
+  // A batch sent before the store acknowledged block 1: its wait may be
+  // stale (the block landed after the answer), so nothing changes.
+  EXPECT_TRUE(tier.on_its_way(1, before));
+  EXPECT_EQ(tier.linkable_blocks(names), 2u);
+  // A batch sent after: the store has lost block 1.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));  // strictly after the acknowledgement
+  EXPECT_FALSE(tier.on_its_way(1, std::chrono::steady_clock::now()));
+  EXPECT_EQ(tier.linkable_blocks(names), 0u);
+  EXPECT_FALSE(tier.on_its_way(1, before)) << "no longer taken as kept";
 }
 
 TEST(StorePrefixTier, AfterAFailedFetchLinesDoNotAskForAWhile) {
