@@ -511,7 +511,7 @@ BENCHMARK(BM_InprocAllReduce)->Arg(4)->Arg(32 * 768 * 4)->Arg(64 * 768 * 4)->Arg
 // ---- linear layers on quantized weights (issue 40) --------------------------------
 //
 // y = x W^T for stories110m's FFN down projection ([768, 2048]) at batch m
-// (state.range(0)), with W as Q8_0 or Q4_0 blocks (kernels/cpu/
+// (state.range(0)), with W as Q8_0, Q4_0 or Q4_1 blocks (kernels/cpu/
 // quant_linear.hpp, the kernel `automatic` picks: its name is the label)
 // and, beside them, as F32 and BF16 (kernels/cpu/linear.hpp). Counters:
 // weight bytes read per second (the decode roofline's term) and GFLOP/s.
@@ -550,6 +550,7 @@ void BM_QuantLinear(benchmark::State& state, kernels::GgmlType type) {
       continue;
     }
     blocks.insert(blocks.end(), p, p + 2);
+    if (type == kernels::GgmlType::q4_1) blocks.insert(blocks.end(), p, p + 2);  // m: any half does
     for (int i = 0; i < 16; ++i)
       blocks.push_back(static_cast<std::uint8_t>(((b.qs[i] / 16 + 8) & 0x0F) | (((b.qs[i + 16] / 16 + 8) & 0x0F) << 4)));
   }
@@ -569,6 +570,7 @@ void BM_QuantLinear(benchmark::State& state, kernels::GgmlType type) {
 }
 BENCHMARK_CAPTURE(BM_QuantLinear, Q8_0, kernels::GgmlType::q8_0)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0, kernels::GgmlType::q4_0)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_1, kernels::GgmlType::q4_1)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 
 void BM_DenseLinear(benchmark::State& state, DType dtype) {
   const int m = static_cast<int>(state.range(0));

@@ -32,29 +32,39 @@ namespace {
 constexpr int kPanel = 8;  // output columns per panel
 constexpr int kRows = 4;   // rows of x per register tile
 
-[[nodiscard]] std::size_t block_stride(GgmlType t) { return 32 + (t == GgmlType::q8_0 ? 256 : 128); }
+/// Bytes of one GGUF block of `t`.
+[[nodiscard]] std::size_t gguf_block_bytes(GgmlType t) {
+  return t == GgmlType::q8_0 ? 34 : t == GgmlType::q4_0 ? 18 : 20;
+}
+/// Where a block's values start in the packed layout (after its scales,
+/// and Q4_1's minimums).
+[[nodiscard]] std::size_t values_offset(GgmlType t) { return t == GgmlType::q4_1 ? 64 : 32; }
+[[nodiscard]] std::size_t block_stride(GgmlType t) {
+  return values_offset(t) + (t == GgmlType::q8_0 ? 256 : 128);
+}
 
-/// One element of row `row` of the GGUF blocks: Q8_0's int8, or Q4_0's
-/// nibble (0..15, before the -8).
+/// One element of row `row` of the GGUF blocks: Q8_0's int8, or Q4_0's /
+/// Q4_1's nibble (0..15; Q4_0's before the -8).
 [[nodiscard]] int gguf_value(GgmlType t, const std::uint8_t* row, int e) {
   const int b = e / kQuantBlock, i = e % kQuantBlock;
-  if (t == GgmlType::q8_0) return static_cast<std::int8_t>(row[static_cast<std::size_t>(b) * 34 + 2 + i]);
-  const std::uint8_t byte = row[static_cast<std::size_t>(b) * 18 + 2 + i % 16];
+  const std::uint8_t* block = row + static_cast<std::size_t>(b) * gguf_block_bytes(t);
+  if (t == GgmlType::q8_0) return static_cast<std::int8_t>(block[2 + i]);
+  const std::uint8_t byte = block[(t == GgmlType::q4_0 ? 2 : 4) + i % 16];
   return i < 16 ? (byte & 0x0F) : (byte >> 4);
 }
 
-[[nodiscard]] float gguf_scale(GgmlType t, const std::uint8_t* row, int b) {
-  const std::size_t at = static_cast<std::size_t>(b) * (t == GgmlType::q8_0 ? 34 : 18);
+/// A block's F16 field at byte `field` (0: d; 2: Q4_1's m), widened.
+[[nodiscard]] float gguf_half(GgmlType t, const std::uint8_t* row, int b, int field = 0) {
   std::uint16_t h;
-  std::memcpy(&h, row + at, 2);
+  std::memcpy(&h, row + static_cast<std::size_t>(b) * gguf_block_bytes(t) + field, 2);
   return f16_to_f32(h);
 }
 
 [[nodiscard]] Status check_shape(GgmlType type, std::size_t have, int n, int k) {
-  if (type != GgmlType::q8_0 && type != GgmlType::q4_0)
+  if (type != GgmlType::q8_0 && type != GgmlType::q4_0 && type != GgmlType::q4_1)
     return make_error(ErrorCode::unsupported, "quantized linear: weights of type " +
                                                   ggml_type_name(static_cast<std::uint32_t>(type)) +
-                                                  " (Q8_0 and Q4_0 are kept quantized)");
+                                                  " (Q8_0, Q4_0 and Q4_1 are kept quantized)");
   if (n < 1 || k < 1 || k % kQuantBlock != 0)
     return make_error(ErrorCode::invalid_argument, "quantized linear: a [" + std::to_string(n) + ", " +
                                                        std::to_string(k) +
@@ -74,6 +84,7 @@ struct QuantizedRows {
   std::vector<std::int8_t> q;  // [m, k]
   std::vector<float> d;        // [m, nb]
   std::vector<std::int32_t> sum;  // [m, nb]
+  std::vector<float> s;        // [m, nb]: Q8_1's s (F16 of sum x d), widened
 };
 
 QuantizedRows quantize_rows(const float* x, int m, int xs, int k) {
@@ -82,11 +93,12 @@ QuantizedRows quantize_rows(const float* x, int m, int xs, int k) {
   out.q.resize(static_cast<std::size_t>(m) * k);
   out.d.resize(static_cast<std::size_t>(m) * nb);
   out.sum.resize(static_cast<std::size_t>(m) * nb);
-  std::vector<BlockQ8_0> row(static_cast<std::size_t>(nb));
+  out.s.resize(static_cast<std::size_t>(m) * nb);
+  std::vector<BlockQ8_1> row(static_cast<std::size_t>(nb));
   for (int i = 0; i < m; ++i) {
-    quantize_row_q8_0(x + static_cast<std::size_t>(i) * xs, k, row.data());
+    quantize_row_q8_1(x + static_cast<std::size_t>(i) * xs, k, row.data());
     for (int b = 0; b < nb; ++b) {
-      const BlockQ8_0& blk = row[static_cast<std::size_t>(b)];
+      const BlockQ8_1& blk = row[static_cast<std::size_t>(b)];
       std::int32_t s = 0;
       for (int j = 0; j < kQuantBlock; ++j) {
         out.q[static_cast<std::size_t>(i) * k + static_cast<std::size_t>(b) * kQuantBlock + j] = blk.qs[j];
@@ -94,15 +106,19 @@ QuantizedRows quantize_rows(const float* x, int m, int xs, int k) {
       }
       out.d[static_cast<std::size_t>(i) * nb + b] = f16_to_f32(blk.d);
       out.sum[static_cast<std::size_t>(i) * nb + b] = s;
+      out.s[static_cast<std::size_t>(i) * nb + b] = f16_to_f32(blk.s);
     }
   }
   return out;
 }
 
-/// The float step of one block, ggml-quants.c's association for each type.
-[[nodiscard]] inline float add_block(GgmlType t, float sumf, std::int32_t sumi, float dw, float dx) {
+/// The float step of one block, ggml-quants.c's association for each type
+/// (mw, sx: Q4_1's minimum and the Q8_1 block's s; unused otherwise).
+[[nodiscard]] inline float add_block(GgmlType t, float sumf, std::int32_t sumi, float dw, float dx, float mw = 0.0f,
+                                     float sx = 0.0f) {
   if (t == GgmlType::q8_0) return sumf + static_cast<float>(sumi) * (dw * dx);
-  return sumf + static_cast<float>(sumi) * dw * dx;
+  if (t == GgmlType::q4_0) return sumf + static_cast<float>(sumi) * dw * dx;
+  return sumf + ((dw * dx) * static_cast<float>(sumi) + mw * sx);
 }
 
 /// The portable kernel on the packed layout: columns [c0, c0 + 8) of panel
@@ -115,9 +131,10 @@ void panel_scalar(GgmlType t, const std::byte* panel, int nb, const QuantizedRow
     float acc[kPanel] = {};
     for (int b = 0; b < nb; ++b) {
       const std::byte* blk = panel + static_cast<std::size_t>(b) * stride;
-      float dw[kPanel];
+      float dw[kPanel], mw[kPanel] = {};
       std::memcpy(dw, blk, sizeof(dw));
-      const auto* v = reinterpret_cast<const std::uint8_t*>(blk + 32);
+      if (t == GgmlType::q4_1) std::memcpy(mw, blk + 32, sizeof(mw));
+      const auto* v = reinterpret_cast<const std::uint8_t*>(blk + values_offset(t));
       const std::int8_t* qx = xq.q.data() + static_cast<std::size_t>(i) * k + static_cast<std::size_t>(b) * kQuantBlock;
       for (int c = 0; c < kPanel; ++c) {
         std::int32_t sumi = 0;
@@ -127,11 +144,12 @@ void panel_scalar(GgmlType t, const std::byte* panel, int nb, const QuantizedRow
             w = static_cast<std::int8_t>(v[(e / 4) * 32 + c * 4 + e % 4]);
           } else {
             const std::uint8_t byte = v[(e / 8) * 32 + c * 4 + e % 4];
-            w = ((e % 8) < 4 ? (byte & 0x0F) : (byte >> 4)) - 8;
+            w = ((e % 8) < 4 ? (byte & 0x0F) : (byte >> 4)) - (t == GgmlType::q4_0 ? 8 : 0);
           }
           sumi += w * qx[e];
         }
-        acc[c] = add_block(t, acc[c], sumi, dw[c], xq.d[static_cast<std::size_t>(i) * nb + b]);
+        const std::size_t xb = static_cast<std::size_t>(i) * nb + b;
+        acc[c] = add_block(t, acc[c], sumi, dw[c], xq.d[xb], mw[c], xq.s[xb]);
       }
     }
     std::memcpy(y + static_cast<std::size_t>(i) * ys, acc, sizeof(float) * static_cast<std::size_t>(cols));
@@ -142,7 +160,8 @@ void panel_scalar(GgmlType t, const std::byte* panel, int nb, const QuantizedRow
 template <GgmlType T, int R>
 __attribute__((target("avx2"))) void panel_avx2(const std::byte* panel, int nb, const QuantizedRows& xq, int k,
                                                 int i0, float* y, int ys, int cols) {
-  constexpr std::size_t stride = T == GgmlType::q8_0 ? 288 : 160;
+  constexpr std::size_t offset = T == GgmlType::q4_1 ? 64 : 32;
+  constexpr std::size_t stride = offset + (T == GgmlType::q8_0 ? 256 : 128);
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[R];
@@ -152,7 +171,7 @@ __attribute__((target("avx2"))) void panel_avx2(const std::byte* panel, int nb, 
   for (int b = 0; b < nb; ++b) {
     const std::byte* blk = panel + static_cast<std::size_t>(b) * stride;
     const __m256 dw = _mm256_load_ps(reinterpret_cast<const float*>(blk));
-    const auto* v = reinterpret_cast<const __m256i*>(blk + 32);
+    const auto* v = reinterpret_cast<const __m256i*>(blk + offset);
     __m256i isum[R];
     for (int r = 0; r < R; ++r) isum[r] = _mm256_setzero_si256();
     if constexpr (T == GgmlType::q8_0) {
@@ -183,16 +202,25 @@ __attribute__((target("avx2"))) void panel_avx2(const std::byte* panel, int nb, 
           isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
         }
       }
-      // sum (n - 8) x = sum n x - 8 sum x, exactly.
-      for (int r = 0; r < R; ++r)
-        isum[r] = _mm256_sub_epi32(
-            isum[r], _mm256_set1_epi32(8 * xq.sum[static_cast<std::size_t>(i0 + r) * nb + b]));
+      // Q4_0: sum (n - 8) x = sum n x - 8 sum x, exactly.
+      if constexpr (T == GgmlType::q4_0)
+        for (int r = 0; r < R; ++r)
+          isum[r] = _mm256_sub_epi32(
+              isum[r], _mm256_set1_epi32(8 * xq.sum[static_cast<std::size_t>(i0 + r) * nb + b]));
     }
     for (int r = 0; r < R; ++r) {
-      const __m256 dx = _mm256_set1_ps(xq.d[static_cast<std::size_t>(i0 + r) * nb + b]);
+      const std::size_t xb = static_cast<std::size_t>(i0 + r) * nb + b;
+      const __m256 dx = _mm256_set1_ps(xq.d[xb]);
       const __m256 s = _mm256_cvtepi32_ps(isum[r]);
-      const __m256 term = T == GgmlType::q8_0 ? _mm256_mul_ps(s, _mm256_mul_ps(dw, dx))
-                                              : _mm256_mul_ps(_mm256_mul_ps(s, dw), dx);
+      __m256 term;
+      if constexpr (T == GgmlType::q8_0) {
+        term = _mm256_mul_ps(s, _mm256_mul_ps(dw, dx));
+      } else if constexpr (T == GgmlType::q4_0) {
+        term = _mm256_mul_ps(_mm256_mul_ps(s, dw), dx);
+      } else {
+        const __m256 mw = _mm256_load_ps(reinterpret_cast<const float*>(blk + 32));
+        term = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(dw, dx), s), _mm256_mul_ps(mw, _mm256_set1_ps(xq.s[xb])));
+      }
       acc[r] = _mm256_add_ps(acc[r], term);
     }
   }
@@ -215,21 +243,39 @@ void panel_rows_avx2(const std::byte* panel, int nb, const QuantizedRows& xq, in
 
 }  // namespace
 
+namespace {
+
+/// One block of ggml's quantize_row_q8_{0,1}_ref: values into `qs`; returns
+/// the F32 scale d = amax / 127 (stored as F16 by the caller). Finite x
+/// gives |value| <= 127; a NaN or infinity (which llama.cpp leaves
+/// undefined) becomes 0 or the nearest end instead of an undefined
+/// conversion.
+float quantize_block_q8(const float* v, std::int8_t* qs) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < kQuantBlock; ++j) {
+    const float r = std::roundf(v[j] * id);
+    qs[j] = std::isnan(r) ? 0 : static_cast<std::int8_t>(std::clamp(r, -128.0f, 127.0f));
+  }
+  return d;
+}
+
+}  // namespace
+
 void quantize_row_q8_0(const float* x, int k, BlockQ8_0* y) {
+  for (int b = 0; b < k / kQuantBlock; ++b)
+    y[b].d = f32_to_f16(quantize_block_q8(x + static_cast<std::size_t>(b) * kQuantBlock, y[b].qs));
+}
+
+void quantize_row_q8_1(const float* x, int k, BlockQ8_1* y) {
   for (int b = 0; b < k / kQuantBlock; ++b) {
-    const float* v = x + static_cast<std::size_t>(b) * kQuantBlock;
-    float amax = 0.0f;
-    for (int j = 0; j < kQuantBlock; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = quantize_block_q8(x + static_cast<std::size_t>(b) * kQuantBlock, y[b].qs);
     y[b].d = f32_to_f16(d);
-    for (int j = 0; j < kQuantBlock; ++j) {
-      // Finite x gives |r| <= 127; a NaN or infinity (which llama.cpp
-      // leaves undefined) becomes 0 or the nearest end instead of an
-      // undefined conversion.
-      const float r = std::roundf(v[j] * id);
-      y[b].qs[j] = std::isnan(r) ? 0 : static_cast<std::int8_t>(std::clamp(r, -128.0f, 127.0f));
-    }
+    int sum = 0;
+    for (int j = 0; j < kQuantBlock; ++j) sum += y[b].qs[j];
+    y[b].s = f32_to_f16(static_cast<float>(sum) * d);
   }
 }
 
@@ -255,21 +301,23 @@ Result<PackedQuantLinear> PackedQuantLinear::pack(GgmlType type, std::span<const
       for (int c = 0; c < kPanel; ++c) {
         const int j = p * kPanel + c;
         if (j >= n) {
-          // A padding column: zero scale and values (Q4_0's nibble 8 is 0).
-          if (type == GgmlType::q4_0)
-            for (int h = 0; h < 4; ++h)
-              for (int e = 0; e < 4; ++e) blk[32 + h * 32 + c * 4 + e] = 0x88;
+          // A padding column: zero scales (its result is never stored).
           continue;
         }
         const std::uint8_t* row = blocks.data() + static_cast<std::size_t>(j) * row_bytes;
-        const float dw = gguf_scale(type, row, b);
+        const float dw = gguf_half(type, row, b);
         std::memcpy(blk + static_cast<std::size_t>(c) * 4, &dw, 4);
+        if (type == GgmlType::q4_1) {
+          const float mw = gguf_half(type, row, b, 2);
+          std::memcpy(blk + 32 + static_cast<std::size_t>(c) * 4, &mw, 4);
+        }
+        std::uint8_t* values = blk + values_offset(type);
         for (int e = 0; e < kQuantBlock; ++e) {
           const int value = gguf_value(type, row, b * kQuantBlock + e);
           if (type == GgmlType::q8_0) {
-            blk[32 + (e / 4) * 32 + c * 4 + e % 4] = static_cast<std::uint8_t>(static_cast<std::int8_t>(value));
+            values[(e / 4) * 32 + c * 4 + e % 4] = static_cast<std::uint8_t>(static_cast<std::int8_t>(value));
           } else {
-            std::uint8_t& byte = blk[32 + (e / 8) * 32 + c * 4 + e % 4];
+            std::uint8_t& byte = values[(e / 8) * 32 + c * 4 + e % 4];
             byte = static_cast<std::uint8_t>((e % 8) < 4 ? ((byte & 0xF0) | value) : ((byte & 0x0F) | (value << 4)));
           }
         }
@@ -305,8 +353,10 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
       panel_scalar(t, panel, nb, xq, k, 0, m, yp, y_stride, cols);
     else if (t == GgmlType::q8_0)
       panel_rows_avx2<GgmlType::q8_0>(panel, nb, xq, k, m, yp, y_stride, cols);
-    else
+    else if (t == GgmlType::q4_0)
       panel_rows_avx2<GgmlType::q4_0>(panel, nb, xq, k, m, yp, y_stride, cols);
+    else
+      panel_rows_avx2<GgmlType::q4_1>(panel, nb, xq, k, m, yp, y_stride, cols);
   }
   return {};
 }
@@ -316,27 +366,32 @@ Status quant_linear_reference(const float* x, int m, int x_stride, GgmlType type
   if (Status s = check_shape(type, blocks.size(), n, k); !s.ok()) return s;
   const int nb = k / kQuantBlock;
   const std::size_t row_bytes = *ggml_row_bytes(static_cast<std::uint32_t>(type), k);
-  std::vector<BlockQ8_0> xq(static_cast<std::size_t>(nb));
+  // Q8_0 and Q4_0 take x as Q8_0, Q4_1 as Q8_1 (the same values and d,
+  // plus s).
+  std::vector<BlockQ8_1> xq(static_cast<std::size_t>(nb));
   for (int i = 0; i < m; ++i) {
-    quantize_row_q8_0(x + static_cast<std::size_t>(i) * x_stride, k, xq.data());
+    quantize_row_q8_1(x + static_cast<std::size_t>(i) * x_stride, k, xq.data());
     for (int j = 0; j < n; ++j) {
       const std::uint8_t* row = blocks.data() + static_cast<std::size_t>(j) * row_bytes;
       float sumf = 0.0f;
       for (int b = 0; b < nb; ++b) {
-        const BlockQ8_0& bx = xq[static_cast<std::size_t>(b)];
+        const BlockQ8_1& bx = xq[static_cast<std::size_t>(b)];
         std::int32_t sumi = 0;
         if (type == GgmlType::q8_0) {
           for (int e = 0; e < kQuantBlock; ++e) sumi += gguf_value(type, row, b * kQuantBlock + e) * bx.qs[e];
         } else {
-          // ggml_vec_dot_q4_0_q8_0: low nibbles with x[0, 16), high with x[16, 32).
+          // ggml_vec_dot_q4_{0,1}_q8_{0,1}: low nibbles with x[0, 16), high
+          // with x[16, 32); Q4_0's minus 8.
+          const int offset = type == GgmlType::q4_0 ? 8 : 0;
           std::int32_t sumi0 = 0, sumi1 = 0;
           for (int e = 0; e < 16; ++e) {
-            sumi0 += (gguf_value(type, row, b * kQuantBlock + e) - 8) * bx.qs[e];
-            sumi1 += (gguf_value(type, row, b * kQuantBlock + e + 16) - 8) * bx.qs[e + 16];
+            sumi0 += (gguf_value(type, row, b * kQuantBlock + e) - offset) * bx.qs[e];
+            sumi1 += (gguf_value(type, row, b * kQuantBlock + e + 16) - offset) * bx.qs[e + 16];
           }
           sumi = sumi0 + sumi1;
         }
-        sumf = add_block(type, sumf, sumi, gguf_scale(type, row, b), f16_to_f32(bx.d));
+        const float mw = type == GgmlType::q4_1 ? gguf_half(type, row, b, 2) : 0.0f;
+        sumf = add_block(type, sumf, sumi, gguf_half(type, row, b), f16_to_f32(bx.d), mw, f16_to_f32(bx.s));
       }
       y[static_cast<std::size_t>(i) * y_stride + j] = sumf;
     }

@@ -1,20 +1,22 @@
 #pragma once
 /// \file
 /// Linear layers on weights kept quantized (issue 40, step 2 in part):
-/// y = x W^T with W [n, k] in llama.cpp's Q8_0 or Q4_0 blocks (the GGUF
-/// bytes, kernels/cpu/ggml_quants.hpp), computed with integer dot products
-/// as llama.cpp's CPU backend computes them:
+/// y = x W^T with W [n, k] in llama.cpp's Q8_0, Q4_0 or Q4_1 blocks (the
+/// GGUF bytes, kernels/cpu/ggml_quants.hpp), computed with integer dot
+/// products as llama.cpp's CPU backend computes them:
 ///
-///  - each row of x is quantized to Q8_0 per 32-element block
-///    (quantize_row_q8_0: ggml's quantize_row_q8_0_ref, bit-identical to the
-///    `gguf` package's quants.quantize);
+///  - each row of x is quantized per 32-element block to Q8_0 (Q4_1: Q8_1,
+///    the same values plus s) (quantize_row_q8_0: ggml's
+///    quantize_row_q8_0_ref, bit-identical to the `gguf` package's
+///    quants.quantize);
 ///  - each output element is, block by block in order, the exact integer
-///    dot product of the block's int8 values, scaled and added in F32 with
-///    the operations of ggml-quants.c's scalar ggml_vec_dot_q8_0_q8_0 /
-///    ggml_vec_dot_q4_0_q8_0:
+///    dot product of the block's values, scaled and added in F32 with the
+///    operations of ggml-quants.c's scalar ggml_vec_dot_q8_0_q8_0 /
+///    ggml_vec_dot_q4_0_q8_0 / ggml_vec_dot_q4_1_q8_1:
 ///      Q8_0: sumf += (float)sumi * (d_w * d_x)
 ///      Q4_0: sumf += ((float)sumi * d_w) * d_x      (sumi over nibble - 8)
-///    with d_w, d_x the blocks' F16 scales widened to F32, no FMA.
+///      Q4_1: sumf += (d_w * d_x) * (float)sumi + m_w * s_x   (sumi over nibble)
+///    with d_w, m_w, d_x, s_x the blocks' F16 fields widened to F32, no FMA.
 ///
 /// So a result is bit-identical to llama.cpp's scalar reference for that
 /// pair of types, and to quant_linear_reference() here. The AVX2 kernel
@@ -26,9 +28,10 @@
 /// quantization and each element's chain depend on nothing else in the
 /// batch, the tiling or the thread count.
 ///
-/// Memory: a packed matrix keeps the blocks' quantized values (Q4_0: 4 bits
-/// each) and their scales as F32, in panels of 8 output columns (20 bytes
-/// per 32 Q4_0 weights, 36 per 32 Q8_0 weights; the file's are 18 and 34).
+/// Memory: a packed matrix keeps the blocks' quantized values (Q4_0, Q4_1:
+/// 4 bits each) and their scales (and Q4_1's minimums) as F32, in panels of
+/// 8 output columns (20 bytes per 32 Q4_0 weights, 24 per 32 Q4_1, 36 per
+/// 32 Q8_0; the file's are 18, 20 and 34).
 
 #include <cstddef>
 #include <cstdint>
@@ -50,12 +53,26 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34);
 
+/// One Q8_1 block as ggml lays it out: F16 scale, F16 s (the values' sum
+/// times the scale), 32 int8 values (36 bytes).
+struct BlockQ8_1 {
+  std::uint16_t d = 0;
+  std::uint16_t s = 0;
+  std::int8_t qs[kQuantBlock] = {};
+};
+static_assert(sizeof(BlockQ8_1) == 36);
+
 /// Quantizes x [k] (k a multiple of 32) into k / 32 Q8_0 blocks exactly as
 /// ggml's quantize_row_q8_0_ref: per block d = amax / 127, values
 /// roundf(x / d) (round half away from zero, with 1 / d computed first), d
 /// stored as F16 (nearest even). A NaN becomes 0 and an infinity the
 /// nearest end of the int8 range (ggml leaves both undefined).
 void quantize_row_q8_0(const float* x, int k, BlockQ8_0* y);
+
+/// Quantizes x [k] into Q8_1 blocks as ggml's quantize_row_q8_1_ref: d and
+/// the values as quantize_row_q8_0, s = F16(sum of the values x the F32 d).
+/// What Q4_1 weights multiply.
+void quantize_row_q8_1(const float* x, int k, BlockQ8_1* y);
 
 /// Which kernel quant_linear runs.
 enum class QuantKernel {
@@ -74,7 +91,7 @@ class PackedQuantLinear {
   PackedQuantLinear() = default;
   /// Packs `blocks` (row-major: n rows of k / 32 blocks of `type`, the GGUF
   /// tensor's bytes, any alignment). Errors: unsupported (a type other
-  /// than Q8_0 and Q4_0, named), invalid_argument (n < 1, k < 1 or not a
+  /// than Q8_0, Q4_0 and Q4_1, named), invalid_argument (n < 1, k < 1 or not a
   /// multiple of 32, fewer bytes than n rows need).
   [[nodiscard]] static Result<PackedQuantLinear> pack(GgmlType type, std::span<const std::uint8_t> blocks, int n,
                                                       int k);
@@ -103,8 +120,9 @@ class PackedQuantLinear {
                                   int y_stride, QuantKernel kernel = QuantKernel::automatic);
 
 /// The scalar definition on the unpacked GGUF blocks (llama.cpp's
-/// quantize_row_q8_0_ref, then ggml_vec_dot_{q8_0,q4_0}_q8_0's scalar loop
-/// per element), for tests. Errors: as PackedQuantLinear::pack.
+/// quantize_row_q8_{0,1}_ref, then ggml_vec_dot_{q8_0_q8_0, q4_0_q8_0,
+/// q4_1_q8_1}'s scalar loop per element), for tests. Errors: as
+/// PackedQuantLinear::pack.
 [[nodiscard]] Status quant_linear_reference(const float* x, int m, int x_stride, GgmlType type,
                                             std::span<const std::uint8_t> blocks, int n, int k, float* y,
                                             int y_stride);

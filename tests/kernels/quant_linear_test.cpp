@@ -11,6 +11,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -63,10 +64,14 @@ std::vector<std::uint8_t> make_w(GgmlType type, int n, int k, std::mt19937& rng)
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& v : w) v = static_cast<std::uint8_t>(byte(rng));
   std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
-  const std::size_t block_bytes = type == GgmlType::q8_0 ? 34 : 18;
+  const std::size_t block_bytes = type == GgmlType::q8_0 ? 34 : type == GgmlType::q4_0 ? 18 : 20;
   for (std::size_t at = 0; at < w.size(); at += block_bytes) {
     const std::uint16_t h = f32_to_f16(scale(rng));
     std::memcpy(w.data() + at, &h, 2);
+    if (type == GgmlType::q4_1) {  // Q4_1's minimum
+      const std::uint16_t m = f32_to_f16(scale(rng) * 8.0f);
+      std::memcpy(w.data() + at + 2, &m, 2);
+    }
   }
   return w;
 }
@@ -131,9 +136,36 @@ TEST(QuantLinear, RowsQuantizeToQ8_0LikeTheGgufPackage) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(QuantLinear, Q8_1IsQ8_0WithTheSumOfItsValuesTimesTheScale) {
+  constexpr int kM = 40, kK = 256;
+  std::mt19937 rng(4005);
+  const std::vector<float> x = make_x(kM, kK, rng);
+  std::vector<BlockQ8_0> q80(kK / kQuantBlock);
+  std::vector<BlockQ8_1> q81(kK / kQuantBlock);
+  for (int i = 0; i < kM; ++i) {
+    const float* row = x.data() + static_cast<std::size_t>(i) * kK;
+    quantize_row_q8_0(row, kK, q80.data());
+    quantize_row_q8_1(row, kK, q81.data());
+    for (int b = 0; b < kK / kQuantBlock; ++b) {
+      const BlockQ8_0& a = q80[static_cast<std::size_t>(b)];
+      const BlockQ8_1& c = q81[static_cast<std::size_t>(b)];
+      ASSERT_EQ(a.d, c.d) << "row " << i << " block " << b;
+      ASSERT_EQ(std::memcmp(a.qs, c.qs, sizeof(a.qs)), 0) << "row " << i << " block " << b;
+      // ggml's quantize_row_q8_1_ref: s = F16(sum * d) with the F32 d.
+      float amax = 0.0f;
+      int sum = 0;
+      for (int j = 0; j < kQuantBlock; ++j) {
+        amax = std::max(amax, std::fabs(row[b * kQuantBlock + j]));
+        sum += c.qs[j];
+      }
+      EXPECT_EQ(c.s, f32_to_f16(static_cast<float>(sum) * (amax / 127.0f))) << "row " << i << " block " << b;
+    }
+  }
+}
+
 class QuantLinearTypes : public ::testing::TestWithParam<GgmlType> {};
 
-INSTANTIATE_TEST_SUITE_P(Types, QuantLinearTypes, ::testing::Values(GgmlType::q8_0, GgmlType::q4_0),
+INSTANTIATE_TEST_SUITE_P(Types, QuantLinearTypes, ::testing::Values(GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1),
                          [](const ::testing::TestParamInfo<GgmlType>& i) {
                            return ggml_type_name(static_cast<std::uint32_t>(i.param));
                          });
@@ -206,15 +238,27 @@ TEST_P(QuantLinearTypes, TheResultIsTheDequantizedProductUpToF32Rounding) {
   std::vector<float> wd(static_cast<std::size_t>(kN) * kK);
   ASSERT_TRUE(dequantize_row(GetParam(), w.data(), wd.data(), static_cast<std::int64_t>(wd.size())).ok());
   for (int i = 0; i < kM; ++i) {
-    std::vector<BlockQ8_0> xq(kK / kQuantBlock);
-    quantize_row_q8_0(x.data() + static_cast<std::size_t>(i) * kK, kK, xq.data());
+    std::vector<BlockQ8_1> xq(kK / kQuantBlock);
+    quantize_row_q8_1(x.data() + static_cast<std::size_t>(i) * kK, kK, xq.data());
     for (int j = 0; j < kN; ++j) {
-      // In double: the dequantized weights times the dequantized x.
+      // In double: the dequantized weights times the dequantized x. Q4_1's
+      // minimum multiplies the block's s, F16 like ggml's (not the exact
+      // sum of the dequantized x).
       double exact = 0.0, magnitude = 0.0;
       for (int e = 0; e < kK; ++e) {
-        const BlockQ8_0& b = xq[static_cast<std::size_t>(e / kQuantBlock)];
-        const double term = static_cast<double>(wd[static_cast<std::size_t>(j) * kK + e]) *
-                            static_cast<double>(f16_to_f32(b.d)) * b.qs[e % kQuantBlock];
+        const BlockQ8_1& b = xq[static_cast<std::size_t>(e / kQuantBlock)];
+        double w_e = wd[static_cast<std::size_t>(j) * kK + e];
+        if (GetParam() == GgmlType::q4_1) {
+          std::uint16_t m;
+          std::memcpy(&m, w.data() + (static_cast<std::size_t>(j) * kK + e) / kQuantBlock * 20 + 2, 2);
+          w_e -= f16_to_f32(m);  // the nibble's part; the minimum's is added per block below
+          if (e % kQuantBlock == 0) {
+            const double mterm = static_cast<double>(f16_to_f32(m)) * f16_to_f32(b.s);
+            exact += mterm;
+            magnitude += std::fabs(mterm);
+          }
+        }
+        const double term = w_e * static_cast<double>(f16_to_f32(b.d)) * b.qs[e % kQuantBlock];
         exact += term;
         magnitude += std::fabs(term);
       }
