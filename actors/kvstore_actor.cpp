@@ -394,8 +394,7 @@ KvStoreReply handle_drop(KvStoreActor* self, const messages::DropRequests& m) {
     if (replica) {
       messages::DropRequests fwd = m;
       fwd.from_peer = st.config.name;
-      const Signed sg = sign(*st.config.key, messages::encode(messages::KvStoreMsg{fwd}));
-      self->send(replica, msg_atom::value, sg.tag, sg.bytes);
+      send_signed(self, st, replica, messages::KvStoreMsg{fwd});
     }
   }
   if (!s) return s.error();

@@ -13,22 +13,9 @@
 set -euo pipefail
 out=${1:?usage: prefix_store_restart.sh OUT [REPS]}
 reps=${2:-3}
-bin=./build/cli/shardline
-shape=${SHAPE:-../shared/models/shapes/stories110m}
+source "$(dirname "$0")/prefix_workload_a.sh"  # bin, shape, write_workload_a, metric
 mkdir -p "$out"
-python3 - "$out/a.jsonl" <<'EOF'
-import json, random, sys
-rng = random.Random(42)
-head = [rng.randrange(3, 32000) for _ in range(1000)]
-with open(sys.argv[1], "w") as f:
-    for i in range(256):
-        prompt = head + [rng.randrange(3, 32000) for _ in range(64)]
-        body = {"prompt": prompt, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
-        f.write(json.dumps({"custom_id": f"a{i}", "body": body}) + "\n")
-EOF
-metric() {  # metric FILE NAME: the sum over its series
-  awk -v n="$2" '$1 ~ "^"n"({|$)" {s += $2} END {printf "%.0f", s}' "$1"
-}
+write_workload_a "$out/a.jsonl"
 for rep in $(seq "$reps"); do
   data="$out/data_$rep"
   rm -rf "$data" "$out/cold_$rep.jsonl" "$out/warm_$rep.jsonl"

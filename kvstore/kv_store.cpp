@@ -491,15 +491,20 @@ struct KvStore::Impl {
     }
   }
 
+  /// `id`'s link `l` waits no more (for the block it was waiting for).
+  void stop_waiting(const RequestId& id, const PrefixLink& l) {
+    if (!l.pending()) return;
+    if (const auto w = link_waiters.find(link_block_key(l, l.held)); w != link_waiters.end()) {
+      std::erase(w->second, id);
+      if (w->second.empty()) link_waiters.erase(w);
+    }
+  }
+
   /// A request's link goes: its blocks are unpinned, it waits no more.
   void release_link(const RequestId& id, PrefixLink& l) {
     for (std::size_t i = 0; i < l.held; ++i)
       if (const auto kept = prefix_index.find(link_block_key(l, i)); kept != prefix_index.end()) unpin(kept->second);
-    if (l.pending())
-      if (const auto w = link_waiters.find(link_block_key(l, l.held)); w != link_waiters.end()) {
-        std::erase(w->second, id);
-        if (w->second.empty()) link_waiters.erase(w);
-      }
+    stop_waiting(id, l);
     l.held = 0;
   }
 
@@ -509,11 +514,7 @@ struct KvStore::Impl {
     RequestState& state = requests[id];
     if (state.link) {
       PrefixLink& old = *state.link;
-      if (old.pending())
-        if (const auto w = link_waiters.find(link_block_key(old, old.held)); w != link_waiters.end()) {
-          std::erase(w->second, id);
-          if (w->second.empty()) link_waiters.erase(w);
-        }
+      stop_waiting(id, old);
       l.held = old.held;
       l.broken = old.broken;
       state.bytes -= old.record_bytes;

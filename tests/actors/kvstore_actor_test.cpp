@@ -215,11 +215,18 @@ TEST_F(KvStoreActorTest, PrefixLinksAndTheirBlocksReachTheReplicaAndCatchUpSends
   EXPECT_EQ(on_b.tokens, 14);
   EXPECT_EQ(on_b.chunk, source(0, 14));
 
+  // b comes back as a new incarnation (its disk wiped first when asked)
+  // and rejoins the ring.
+  const auto restart_b = [&](bool empty_disk) {
+    if (empty_disk) std::filesystem::remove_all(std::filesystem::path(dir_.path()) / "b");
+    b = spawn_kvstore(system_, config("b/kvstore"));
+    set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  };
+
   // The replica is down while request 6 links its head: a holds it, no ack.
   kill(b);
   EXPECT_EQ(put_linked(6, 12, 13, true), 0);
-  b = spawn_kvstore(system_, config("b/kvstore"));
-  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  restart_b(false);
   // Back (with the blocks in its RocksDB): the next batch catches it up
   // with the link and positions [12, 13), then the batch's own [13, 14).
   EXPECT_EQ(put_linked(6, 13, 14, false), 14);
@@ -234,9 +241,7 @@ TEST_F(KvStoreActorTest, PrefixLinksAndTheirBlocksReachTheReplicaAndCatchUpSends
   // The replica's node is replaced by one with an empty disk: the catch-up
   // sends the linked blocks it lacks, then the link and what follows.
   kill(b);
-  std::filesystem::remove_all(std::filesystem::path(dir_.path()) / "b");
-  b = spawn_kvstore(system_, config("b/kvstore"));
-  set_ring({"a/kvstore", "b/kvstore"}, {a, b});
+  restart_b(true);
   EXPECT_EQ(put_linked(5, 14, 15, false), 15);
   on_b = fetch(b, 1, 5, 100, false);
   EXPECT_EQ(on_b.tokens, 15);
