@@ -224,7 +224,26 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   if (!built) return std::move(built).error();
   engine::EngineInstance& e = *built;
   rep.kv_cache_bytes = e.kv_cache_bytes;
-  const double elem_bytes = static_cast<double>(dtype_size(o.engine.dtype));
+  // The matrices' bytes per weight as held (a quantized file's blocks:
+  // Q4_1 0.625, Q8_0 1.0625), and their formats, e.g. "Q4_1+Q8_0".
+  double matrix_bytes = 0, matrix_elems = 0;
+  std::vector<std::string> formats;
+  const auto count = [&](const model::Matrix& m) {
+    if (m.empty()) return;
+    matrix_bytes += static_cast<double>(m.bytes());
+    matrix_elems += static_cast<double>(m.rows) * m.cols;
+    if (std::find(formats.begin(), formats.end(), m.format_name()) == formats.end()) formats.push_back(m.format_name());
+  };
+  count(e.weights->embed_tokens);
+  if (e.weights->lm_head.data != e.weights->embed_tokens.data) count(e.weights->lm_head);
+  for (const model::LayerWeights& l : e.weights->layers)
+    for (const model::Matrix* m : {&l.qkv, &l.o_proj, &l.gate_up, &l.down_proj}) count(*m);
+  if (!formats.empty()) {
+    rep.dtype = formats.front();
+    for (std::size_t i = 1; i < formats.size(); ++i) rep.dtype += "+" + formats[i];
+  }
+  const double elem_bytes =
+      matrix_elems > 0 ? matrix_bytes / matrix_elems : static_cast<double>(dtype_size(o.engine.dtype));
 
   // The engine must run on the measuring executor: build a second engine over it.
   auto* cpu_runner = e.executor_as<model::CpuModelRunner>();

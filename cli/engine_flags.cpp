@@ -72,8 +72,14 @@ Result<std::uint64_t> parse_byte_size(std::string_view text) {
 void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--dtype", f.dtype,
                  "Weights in memory: f32 or bf16 (CUDA also f16); the linear layers compute in the weight "
-                 "dtype with F32 accumulation (CPU BF16: activations rounded to BF16, VDPBF16PS)")
+                 "dtype with F32 accumulation (CPU BF16: activations rounded to BF16, VDPBF16PS). auto: a GGUF "
+                 "file's Q8_0 / Q4_0 / Q4_1 matrices stay quantized on CPU (integer dot products on Q8 "
+                 "activations, llama.cpp's arithmetic), the rest in bf16; CUDA and SiDP dequantize them")
       ->capture_default_str();
+  cmd.add_option("--quantization", f.quantization,
+                 "CPU: quantize every matrix on load to q8_0, q4_0 or q4_1 (llama-quantize's rounding, from the "
+                 "source values in F32), computed with integer dot products as under --dtype auto")
+      ->check(CLI::IsMember({"q8_0", "q4_0", "q4_1"}));
   cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype,
                  "KV cache storage: f32 (exact) or bf16 (half the bytes; attention math stays F32)")
       ->capture_default_str();
@@ -197,9 +203,15 @@ Result<engine::EngineOptions> to_engine_options(const EngineFlags& f, const std:
     o.dtype = DType::bf16;
   } else if (f.dtype == "f16" || f.dtype == "float16") {
     o.dtype = DType::f16;
+  } else if (f.dtype == "auto") {
+    o.dtype = DType::bf16;
+    o.keep_quantized = true;
   } else {
-    return make_error(ErrorCode::invalid_argument, "--dtype must be f32, bf16 or f16, got '" + f.dtype + "'");
+    return make_error(ErrorCode::invalid_argument, "--dtype must be auto, f32, bf16 or f16, got '" + f.dtype + "'");
   }
+  if (f.quantization == "q8_0") o.quantization = kernels::GgmlType::q8_0;
+  if (f.quantization == "q4_0") o.quantization = kernels::GgmlType::q4_0;
+  if (f.quantization == "q4_1") o.quantization = kernels::GgmlType::q4_1;
   if (f.device.empty() || f.device == "cpu" || f.device == "cpu:0") {
     o.device = model::DeviceKind::cpu;
   } else {

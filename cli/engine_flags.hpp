@@ -19,6 +19,7 @@ namespace shardline::cli {
 
 struct EngineFlags {
   std::string dtype = "f32";
+  std::string quantization;  ///< "", q8_0, q4_0 or q4_1
   std::string kv_cache_dtype = "f32";
   std::string step_overlap = "none";  ///< --step-overlap
   double overlap_prefetch_mib = 12;   ///< --overlap-prefetch-mib

@@ -328,7 +328,7 @@ class Planner {
         dst += count * dtype_size(dt);
       }
       if (p.is_matrix) {
-        *p.matrix = Matrix{dt, p.rows, p.cols, buf.value()};
+        *p.matrix = Matrix{dt, p.rows, p.cols, buf.value(), std::nullopt};
       } else {
         *p.vector = Vector{p.rows, static_cast<const float*>(buf.value())};
       }
@@ -344,8 +344,11 @@ class Planner {
 
 }  // namespace
 
-Result<ModelWeights> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
-  if (Status s = detail::check_storage_dtype(options.dtype); !s.ok()) return s.error();
+namespace {
+
+/// load_model without LoadOptions::quantization: the matrices as stored
+/// (converted to options.dtype, or a GGUF file's blocks kept).
+Result<ModelWeights> load_model_as_stored(const std::filesystem::path& dir, const LoadOptions& options) {
   auto gguf_path = gguf::find_gguf(dir);
   if (!gguf_path.ok()) return gguf_path.error();
   if (gguf_path->has_value()) {
@@ -417,6 +420,22 @@ Result<ModelWeights> load_model(const std::filesystem::path& dir, const LoadOpti
   if (s = plan.execute(w); !s.ok()) return s.error();
   if (cfg.tie_word_embeddings) w.lm_head = w.embed_tokens;
   return w;
+}
+
+}  // namespace
+
+Result<ModelWeights> load_model(const std::filesystem::path& dir, const LoadOptions& options) {
+  if (Status s = detail::check_storage_dtype(options.dtype); !s.ok()) return s.error();
+  if (!options.quantization) return load_model_as_stored(dir, options);
+  // Quantize on load: from the source values widened to F32 exactly (F32,
+  // BF16 and F16 all are), as llama-quantize quantizes a converted file.
+  LoadOptions f32 = options;
+  f32.dtype = DType::f32;
+  f32.keep_quantized = false;
+  f32.quantization.reset();
+  auto dense = load_model_as_stored(dir, f32);
+  if (!dense.ok()) return dense.error();
+  return quantize_weights(std::move(dense).value(), *options.quantization, options.dtype);
 }
 
 }  // namespace shardline::model

@@ -18,12 +18,26 @@ namespace {
 
 using RowRange = ShardLayout::Range;
 
+Error invalid(const std::string& m) { return make_error(ErrorCode::invalid_argument, "shard: " + m); }
+
+/// Packs a dense or quantized [rows, cols] matrix whose rows are `bytes`.
+/// `what` names the tensor in errors.
+Result<kc::PackedWeight> pack_matrix(const Matrix& m, const void* bytes, int rows, int cols, const std::string& what) {
+  if (!m.quant) return kc::PackedWeight(kc::PackedLinear::pack(bytes, m.dtype, rows, cols));
+  const std::size_t row_bytes = *kernels::ggml_row_bytes(static_cast<std::uint32_t>(*m.quant), cols);
+  auto packed = kc::PackedQuantLinear::pack(
+      *m.quant, {static_cast<const std::uint8_t*>(bytes), static_cast<std::size_t>(rows) * row_bytes}, rows, cols);
+  if (!packed.ok()) return make_error(packed.error().code, what + ": " + packed.error().message);
+  return kc::PackedWeight(std::move(packed).value());
+}
+
 /// Packs the rows of `m` named by `ranges`, in order (one contiguous copy
-/// when they are not simply the whole matrix).
-kc::PackedLinear pack_rows(const Matrix& m, const std::vector<RowRange>& ranges) {
+/// when they are not simply the whole matrix). A quantized row is whole
+/// blocks, so any row range is a block boundary.
+Result<kc::PackedWeight> pack_rows(const Matrix& m, const std::vector<RowRange>& ranges, const std::string& what) {
   if (ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].count == m.rows)
-    return kc::PackedLinear::pack(m.data, m.dtype, m.rows, m.cols);
-  const std::size_t row_bytes = static_cast<std::size_t>(m.cols) * dtype_size(m.dtype);
+    return pack_matrix(m, m.data, m.rows, m.cols, what);
+  const std::size_t row_bytes = m.row_bytes();
   int rows = 0;
   for (const RowRange& r : ranges) rows += r.count;
   std::vector<std::byte> buf(static_cast<std::size_t>(rows) * row_bytes);
@@ -33,19 +47,33 @@ kc::PackedLinear pack_rows(const Matrix& m, const std::vector<RowRange>& ranges)
                 static_cast<std::size_t>(r.count) * row_bytes);
     at += static_cast<std::size_t>(r.count) * row_bytes;
   }
-  return kc::PackedLinear::pack(buf.data(), m.dtype, rows, m.cols);
+  return pack_matrix(m, buf.data(), rows, m.cols, what);
 }
 
-/// Packs columns [begin, begin + count) of `m`.
-kc::PackedLinear pack_cols(const Matrix& m, int begin, int count) {
-  if (begin == 0 && count == m.cols) return kc::PackedLinear::pack(m.data, m.dtype, m.rows, m.cols);
-  const std::size_t es = dtype_size(m.dtype);
-  std::vector<std::byte> buf(static_cast<std::size_t>(m.rows) * count * es);
+/// Packs columns [begin, begin + count) of `m`. A quantized matrix splits
+/// only at block boundaries: invalid_argument naming `what` otherwise.
+Result<kc::PackedWeight> pack_cols(const Matrix& m, int begin, int count, const std::string& what) {
+  if (begin == 0 && count == m.cols) return pack_matrix(m, m.data, m.rows, m.cols, what);
+  std::size_t elem_bytes = dtype_size(m.dtype);  // bytes per column unit
+  int unit = 1;                                  // columns per unit
+  if (m.quant) {
+    const auto traits = *kernels::ggml_type_traits(static_cast<std::uint32_t>(*m.quant));
+    unit = traits.block_size;
+    elem_bytes = static_cast<std::size_t>(traits.type_size);
+    if (begin % unit != 0 || count % unit != 0)
+      return invalid(what + ": columns [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+                     ") split " + traits.name + " blocks of " + std::to_string(unit) +
+                     " (a quantized shard must start and end at a block boundary)");
+  }
+  const std::size_t src_row = m.row_bytes();
+  const std::size_t dst_row = static_cast<std::size_t>(count / unit) * elem_bytes;
+  std::vector<std::byte> buf(static_cast<std::size_t>(m.rows) * dst_row);
   for (int r = 0; r < m.rows; ++r)
-    std::memcpy(buf.data() + static_cast<std::size_t>(r) * count * es,
-                static_cast<const std::byte*>(m.data) + (static_cast<std::size_t>(r) * m.cols + begin) * es,
-                static_cast<std::size_t>(count) * es);
-  return kc::PackedLinear::pack(buf.data(), m.dtype, m.rows, count);
+    std::memcpy(buf.data() + static_cast<std::size_t>(r) * dst_row,
+                static_cast<const std::byte*>(m.data) + static_cast<std::size_t>(r) * src_row +
+                    static_cast<std::size_t>(begin / unit) * elem_bytes,
+                dst_row);
+  return pack_matrix(m, buf.data(), m.rows, count, what);
 }
 
 std::vector<float> slice_vector(const Vector& v, const std::vector<RowRange>& ranges) {
@@ -55,7 +83,6 @@ std::vector<float> slice_vector(const Vector& v, const std::vector<RowRange>& ra
   return out;
 }
 
-Error invalid(const std::string& m) { return make_error(ErrorCode::invalid_argument, "shard: " + m); }
 
 }  // namespace
 
@@ -195,6 +222,10 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
     return invalid(std::string("KV cache dtype must be F32 or BF16, got ") + dtype_name(options.kv_cache_dtype));
   const ModelConfig& c = weights->config;
   if (Status st = check_shard_spec(c, spec, comms); !st) return st.error();
+  if (ffn)
+    for (const LayerWeights& lw : weights->layers)
+      if (lw.gate_up.quantized() || lw.down_proj.quantized())
+        return invalid("an FFN executor (SiDP) takes dense weights; these FFNs are " + lw.gate_up.format_name());
   if (options.num_threads > 0) omp_set_num_threads(options.num_threads);
 
   if (ffn && !spec.is_whole_model())
@@ -218,7 +249,7 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
   r->vocab_rows_ = lay.vocab_rows;
 
   r->layers_.resize(static_cast<std::size_t>(r->layer_end_ - r->layer_begin_));
-  r->pack_weights();
+  if (Status st = r->pack_weights(); !st.ok()) return st.error();
 
   r->inv_freq_ = kc::rope_inv_freq(rope_params_for(c));
 
@@ -256,32 +287,57 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_on_kv_memory(std::share
   return r;
 }
 
-void ShardRunner::pack_weights() {
+Status ShardRunner::pack_weights() {
   const ShardLayout lay = shard_layout(weights_->config, spec_);
   for (int l = layer_begin_; l < layer_end_; ++l) {
     const LayerWeights& lw = weights_->layers[static_cast<std::size_t>(l)];
     PackedLayer& pl = layers_[static_cast<std::size_t>(l - layer_begin_)];
-    pl.qkv = pack_rows(lw.qkv, lay.qkv_rows);
+    const std::string b = "blk." + std::to_string(l) + ".";
+    auto qkv = pack_rows(lw.qkv, lay.qkv_rows, b + "attn_qkv");
+    if (!qkv.ok()) return qkv.error();
+    pl.qkv = std::move(qkv).value();
     pl.qkv_bias = slice_vector(lw.qkv_bias, lay.qkv_rows);
-    pl.o_proj = pack_cols(lw.o_proj, lay.o_proj_cols.begin, lay.o_proj_cols.count);
+    auto o = pack_cols(lw.o_proj, lay.o_proj_cols.begin, lay.o_proj_cols.count, b + "attn_output");
+    if (!o.ok()) return o.error();
+    pl.o_proj = std::move(o).value();
     if (!ffn_) {  // an FfnExecutor (SiDP) runs the FFNs: none packed here
-      pl.gate_up = pack_rows(lw.gate_up, lay.gate_up_rows);
-      pl.down = pack_cols(lw.down_proj, lay.down_cols.begin, lay.down_cols.count);
+      auto gu = pack_rows(lw.gate_up, lay.gate_up_rows, b + "ffn_gate_up");
+      if (!gu.ok()) return gu.error();
+      pl.gate_up = std::move(gu).value();
+      auto dn = pack_cols(lw.down_proj, lay.down_cols.begin, lay.down_cols.count, b + "ffn_down");
+      if (!dn.ok()) return dn.error();
+      pl.down = std::move(dn).value();
     }
   }
-  if (spec_.last_stage() && vocab_rows_ > 0) lm_head_ = pack_rows(weights_->lm_head, {{vocab_begin_, vocab_rows_}});
+  if (spec_.last_stage() && vocab_rows_ > 0) {
+    auto lm = pack_rows(weights_->lm_head, {{vocab_begin_, vocab_rows_}}, "output");
+    if (!lm.ok()) return lm.error();
+    lm_head_ = std::move(lm).value();
+  }
   weights_packed_ = true;
+  return Status::ok_status();
 }
 
 void ShardRunner::release_weights() {
   for (PackedLayer& pl : layers_) pl = PackedLayer{};
-  lm_head_ = kc::PackedLinear{};
+  lm_head_ = kc::PackedWeight{};
   weights_packed_ = false;
 }
 
 Status ShardRunner::load_weights() {
-  if (!weights_packed_) pack_weights();
+  if (!weights_packed_) return pack_weights();
   return Status::ok_status();
+}
+
+void ShardRunner::embed(const std::int32_t* token_ids, int num_tokens, float* out) const {
+  const Matrix& table = weights_->embed_tokens;
+  const int hidden = table.cols;
+  if (!table.quantized()) {
+    kc::embedding(token_ids, num_tokens, table.data, table.dtype, hidden, out);
+    return;
+  }
+  for (int t = 0; t < num_tokens; ++t)
+    matrix_row_f32(table, token_ids[t], out + static_cast<std::size_t>(t) * hidden);
 }
 
 std::size_t ShardRunner::packed_weight_bytes() const {
@@ -555,8 +611,7 @@ Status ShardRunner::run_layers(const model::StepInput& in) {
   const std::size_t chunk_elems = static_cast<std::size_t>(ch) * hidden;
 
   if (spec_.first_stage()) {
-    kc::embedding(in.token_ids.data() + row0, real, weights_->embed_tokens.data, weights_->embed_tokens.dtype,
-                  hidden, residual);
+    embed(in.token_ids.data() + row0, real, residual);
     std::fill(residual + static_cast<std::size_t>(real) * hidden, residual + chunk_elems, 0.0f);
   }
 
@@ -618,7 +673,6 @@ Status ShardRunner::run_layers_nano_batch(const model::StepInput& in, std::span<
                                           std::size_t split) {
   const int n = in.num_tokens();
   const ModelConfig& c = config();
-  const int hidden = c.hidden_size;
   const int hd = c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int qkv_w = (hq_t_ + 2 * kv_t_) * hd;
@@ -631,8 +685,7 @@ Status ShardRunner::run_layers_nano_batch(const model::StepInput& in, std::span<
   const int rows[2] = {r0[1], n - r0[1]};
 
   if (spec_.first_stage())
-    kc::embedding(in.token_ids.data(), n, weights_->embed_tokens.data, weights_->embed_tokens.dtype, hidden,
-                  residual_.data());
+    embed(in.token_ids.data(), n, residual_.data());
   // Half h's layer-l front: QKV (carrying `side`), then its KV written.
   auto front = [&](int h, int l, kc::LinePrefetchQueue* side) {
     qkv_rows(l, r0[h], rows[h], rows[h], in.positions.data() + r0[h], side, timer);

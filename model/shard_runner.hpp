@@ -48,6 +48,7 @@
 #include "model/ffn_executor.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/weight_linear.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kvstore/kv_stream.hpp"
 #include "model/weights.hpp"
@@ -213,9 +214,13 @@ class ShardRunner {
   /// With `ffn` (whole model only: tp = sp = pp = 1), every layer's FFN runs
   /// through it and the runner packs no FFN weights (SiDP,
   /// model/sidp/sidp_ffn.hpp).
+  /// Quantized matrices (Matrix::quant) are packed quantized and computed
+  /// with integer dot products (kernels/cpu/quant_linear.hpp); an `ffn`
+  /// takes dense weights only.
   /// Errors: invalid_argument (bad spec or options, see check_shardable;
   /// a communicator missing or of the wrong size; an ffn with a sharded
-  /// spec), out_of_memory.
+  /// spec or quantized weights; a TP shard of a quantized o_proj or
+  /// down_proj that would split a block, naming the tensor), out_of_memory.
   [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create(
       std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
       const CpuRunnerOptions& options, ShardComms comms = {}, std::shared_ptr<FfnExecutor> ffn = nullptr);
@@ -297,8 +302,8 @@ class ShardRunner {
   /// run until load_weights().
   void release_weights();
   /// Slices and packs the weights again from the host ModelWeights (a
-  /// no-op when they are packed). Errors: none so far (out of memory
-  /// aborts, as at create()).
+  /// no-op when they are packed). Errors: as create()'s packing (out of
+  /// memory aborts, as at create()).
   [[nodiscard]] Status load_weights();
   /// True unless release_weights() was called since the last pack.
   [[nodiscard]] bool weights_packed() const { return weights_packed_; }
@@ -307,12 +312,14 @@ class ShardRunner {
   [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create_impl(
       std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec, const CpuRunnerOptions& options,
       ShardComms comms, std::shared_ptr<FfnExecutor> ffn, bool allocate_kv);
+  /// Dense (F32 / BF16) or quantized (the GGUF file's Q8_0 / Q4_0 / Q4_1
+  /// blocks) as the host Matrix is.
   struct PackedLayer {
-    kernels::cpu::PackedLinear qkv;      // [(hq_t + 2 kv_t) * hd, hidden]
+    kernels::cpu::PackedWeight qkv;      // [(hq_t + 2 kv_t) * hd, hidden]
     std::vector<float> qkv_bias;         // [(hq_t + 2 kv_t) * hd] or empty
-    kernels::cpu::PackedLinear o_proj;   // [hidden, hq_t * hd]
-    kernels::cpu::PackedLinear gate_up;  // [2 * inter_t, hidden] (empty with an FfnExecutor)
-    kernels::cpu::PackedLinear down;     // [hidden, inter_t] (empty with an FfnExecutor)
+    kernels::cpu::PackedWeight o_proj;   // [hidden, hq_t * hd]
+    kernels::cpu::PackedWeight gate_up;  // [2 * inter_t, hidden] (empty with an FfnExecutor)
+    kernels::cpu::PackedWeight down;     // [hidden, inter_t] (empty with an FfnExecutor)
   };
 
   ShardRunner(std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,
@@ -339,7 +346,12 @@ class ShardRunner {
   /// attention to carry. Null when overlap is none or there is nothing.
   kernels::cpu::LinePrefetchQueue* plan_kv_prefetch(std::span<const kernels::cpu::AttentionSeq> seqs, int layer);
   /// Slices and packs layers_ and lm_head_ from weights_ (this rank's shard).
-  void pack_weights();
+  /// Errors: invalid_argument (a quantized matrix whose shard would split a
+  /// block, naming the tensor).
+  [[nodiscard]] Status pack_weights();
+  /// out [num_tokens, hidden] = the token table's rows of `token_ids`,
+  /// widened (dense) or dequantized (quantized) to F32.
+  void embed(const std::int32_t* token_ids, int num_tokens, float* out) const;
   /// Allocates (and faults in) `bytes` of KV memory as kv_cache_.
   [[nodiscard]] Status allocate_kv_memory(std::size_t bytes);
   [[nodiscard]] kernels::cpu::KvCacheLayer kv_layer(int local_layer);
@@ -366,7 +378,7 @@ class ShardRunner {
   std::vector<int> sp_kv_begin_;  ///< [sp] first local KV head (of kv_t) sent to each SP rank
 
   std::vector<PackedLayer> layers_;  ///< this stage's layers
-  kernels::cpu::PackedLinear lm_head_;  // [vocab_rows, hidden] (last stage)
+  kernels::cpu::PackedWeight lm_head_;  // [vocab_rows, hidden] (last stage)
   std::vector<float> inv_freq_;          // [head_dim / 2]
   /// [layers_t, 2, num_kv_blocks, kv_attn, block_size, head_dim]; shared with
   /// the runner of the group's other config under Shift Parallelism.

@@ -2,7 +2,9 @@
 /// \file
 /// In-memory model weights. Matrices are row-major `[out_features, in_features]`
 /// (the Hugging Face / PyTorch `nn.Linear` layout) stored as F32 or BF16
-/// (`--dtype`). Activations are F32; with BF16 weights each linear layer's
+/// (`--dtype`), or, from a GGUF file loaded with `--dtype auto`
+/// (LoadOptions::keep_quantized), as the file's Q8_0 / Q4_0 / Q4_1 blocks
+/// (kernels/cpu/quant_linear.hpp computes on them; issue 40). Activations are F32; with BF16 weights each linear layer's
 /// input is rounded to BF16 and multiplied with F32 accumulation
 /// (kernels/cpu/linear.hpp). The loader fuses q/k/v into one QKV matrix
 /// and gate/up into one gate_up matrix so a layer runs two big GEMMs instead of
@@ -12,11 +14,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/dtype.hpp"
 #include "common/result.hpp"
+#include "kernels/cpu/ggml_quants.hpp"
 #include "model/config.hpp"
 
 namespace shardline::model {
@@ -24,17 +28,29 @@ namespace shardline::model {
 using shardline::DType;
 
 /// A non-owning 2-D view over weight storage: `rows x cols`, row-major,
-/// contiguous (row stride = cols). `dtype` is F32 or BF16 (F16 files are
-/// converted at load).
+/// contiguous. Dense (`quant` empty): `dtype` elements, F32 or BF16 (F16
+/// files are converted at load), row stride = cols. Quantized (`quant` set):
+/// each row is cols / block_size GGUF blocks of that type (row stride =
+/// row_bytes()); `dtype` is then the model's storage dtype for its dense
+/// matrices and does not describe these bytes.
 struct Matrix {
   DType dtype = DType::f32;
   int rows = 0;
   int cols = 0;
   const void* data = nullptr;
+  std::optional<kernels::GgmlType> quant;  ///< set: GGUF blocks of this type
 
   [[nodiscard]] bool empty() const { return data == nullptr; }
-  [[nodiscard]] std::size_t bytes() const {
-    return static_cast<std::size_t>(rows) * cols * dtype_size(dtype);
+  [[nodiscard]] bool quantized() const { return quant.has_value(); }
+  /// Bytes of one row.
+  [[nodiscard]] std::size_t row_bytes() const {
+    if (quant) return kernels::ggml_row_bytes(static_cast<std::uint32_t>(*quant), cols).value_or(0);
+    return static_cast<std::size_t>(cols) * dtype_size(dtype);
+  }
+  [[nodiscard]] std::size_t bytes() const { return static_cast<std::size_t>(rows) * row_bytes(); }
+  /// "F32", "BF16", or the GGML type's name ("Q4_1").
+  [[nodiscard]] std::string format_name() const {
+    return quant ? kernels::ggml_type_name(static_cast<std::uint32_t>(*quant)) : dtype_name(dtype);
   }
 };
 
@@ -84,7 +100,44 @@ struct LoadOptions {
   DType dtype = DType::f32;     ///< storage dtype in memory: f32 or bf16
   std::uint64_t seed = 0;       ///< for dummy weights
   int num_layers_override = 0;  ///< >0: keep only the first N layers (smoke tests)
+  /// GGUF only (`--dtype auto`): a matrix whose tensors are all of one type
+  /// the CPU computes on quantized (Q8_0, Q4_0, Q4_1:
+  /// matrix_stays_quantized) is kept as the file's blocks; the others are
+  /// dequantized to `dtype` as without it. Safetensors and dummy weights
+  /// ignore it.
+  bool keep_quantized = false;
+  /// Quantize on load (`--quantization`, llama-quantize's pure mode): every
+  /// matrix (embeddings, QKV, o_proj, gate_up, down_proj, lm_head) becomes
+  /// blocks of this type (Q8_0, Q4_0 or Q4_1), quantized from the source
+  /// values in F32 (quantize_weights). Unset: as stored.
+  std::optional<kernels::GgmlType> quantization;
 };
+
+/// True for the GGML types a matrix can stay quantized in (what
+/// kernels::cpu::PackedQuantLinear packs): Q8_0, Q4_0 and Q4_1.
+[[nodiscard]] bool matrix_stays_quantized(kernels::GgmlType type);
+
+/// Row `row` of `m` as F32 into `out` [m.cols]: a dense row widened, a
+/// quantized one dequantized exactly as llama.cpp's dequantize_row_*
+/// (embedding lookups of a quantized token table). Precondition: 0 <= row
+/// < m.rows.
+void matrix_row_f32(const Matrix& m, int row, float* out);
+
+/// `weights` (dense, F32) with every matrix quantized to `type` by
+/// kernels::cpu::quantize_row (llama.cpp's quantize_row_*_ref, row by row),
+/// the F32 buffers freed; `dtype` becomes the storage dtype recorded for
+/// dense matrices. A tied lm_head stays tied. Errors: unsupported (a type
+/// other than Q8_0, Q4_0 and Q4_1), invalid_argument (a matrix whose
+/// columns are not whole blocks of 32, named; weights not F32),
+/// out_of_memory.
+[[nodiscard]] Result<ModelWeights> quantize_weights(ModelWeights weights, kernels::GgmlType type, DType dtype);
+
+/// `weights` with every quantized matrix dequantized (llama.cpp's
+/// dequantize_row_*) and stored as `weights.dtype`: for the runners that
+/// compute on dense weights only (CUDA, SiDP). Returns `weights` itself
+/// when nothing is quantized. Errors: out_of_memory.
+[[nodiscard]] Result<std::shared_ptr<const ModelWeights>> dequantized_weights(
+    std::shared_ptr<const ModelWeights> weights);
 
 /// Loads `dir` (config.json + weights). Safetensors files are memory-mapped,
 /// validated, converted to `options.dtype` and fused. A GGUF model (`dir` a

@@ -48,7 +48,10 @@ std::uint64_t prefix_cache_salt(const EngineOptions& o) {
                                                       std::to_string(std::random_device{}());
   what += "|format=" + std::to_string(static_cast<int>(o.load_format));
   if (o.load_format == model::LoadFormat::dummy) what += "|seed=" + std::to_string(o.seed);
-  what += std::string("|dtype=") + dtype_name(o.dtype) + "|kv=" + dtype_name(o.kv_cache_dtype);
+  what += std::string("|dtype=") + dtype_name(o.dtype) + (o.keep_quantized ? "+quantized" : "") +
+          (o.quantization ? "|quantization=" + kernels::ggml_type_name(static_cast<std::uint32_t>(*o.quantization))
+                          : std::string()) +
+          "|kv=" + dtype_name(o.kv_cache_dtype);
   what += "|device=" + std::to_string(static_cast<int>(o.device)) + "|deterministic=" + std::to_string(o.deterministic);
   const ParallelConfig& p = o.parallel;
   what += "|tp=" + std::to_string(p.tp) + "|pp=" + std::to_string(p.pp) + "|sp=" + std::to_string(p.sp);
@@ -492,9 +495,17 @@ Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOpti
   lo.dtype = o.dtype == DType::f16 ? DType::f32 : o.dtype;
   lo.seed = o.seed;
   lo.num_layers_override = o.num_layers_override;
+  lo.keep_quantized = o.keep_quantized;
+  lo.quantization = o.quantization;
   auto weights = model::load_model(o.model_dir, lo);
   if (!weights) return std::move(weights).error();
   return std::make_shared<const model::ModelWeights>(std::move(weights).value());
+}
+
+Result<std::shared_ptr<const model::ModelWeights>> load_dense_weights(const EngineOptions& o) {
+  auto weights = load_weights(o);
+  if (!weights) return std::move(weights).error();
+  return model::dequantized_weights(std::move(weights).value());
 }
 
 Status preflight_engine(const EngineOptions& o) {
@@ -554,7 +565,9 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   e.weight_bytes = o.device_memory_bytes > 0   ? plan_weight_bytes
                    : o.sidp_owned_ffn_layers >= 0 ? sidp_weight_bytes_for(c, o.dtype, o.sidp_owned_ffn_layers,
                                                                           o.sidp_cache_slots)
-                                                  : weight_bytes_for(c, o.dtype);
+                  : (o.keep_quantized || o.quantization) && o.device == model::DeviceKind::cpu
+                      ? e.weights->total_bytes()  // the quantized matrices' own bytes
+                      : weight_bytes_for(c, o.dtype);
   if (Status s = size_kv_cache(o, plan_kv_bytes, max_model_len, e); !s) return s.error();
   if (Status s = make_executor(o, max_model_len, e); !s) return s.error();
 

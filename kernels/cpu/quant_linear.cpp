@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -277,6 +278,79 @@ void quantize_row_q8_1(const float* x, int k, BlockQ8_1* y) {
     for (int j = 0; j < kQuantBlock; ++j) sum += y[b].qs[j];
     y[b].s = f32_to_f16(static_cast<float>(sum) * d);
   }
+}
+
+namespace {
+
+/// (uint8)MIN(15, (int8_t)v) for v >= 0 as ggml writes it; a NaN becomes 0.
+std::uint8_t nibble_of(float v) {
+  const float t = std::trunc(v);
+  return std::isnan(t) ? 0 : static_cast<std::uint8_t>(std::clamp(t, 0.0f, 15.0f));
+}
+
+/// ggml's quantize_row_q4_0_ref for one block: d = (the value of largest
+/// magnitude, the first one) / -8, nibbles MIN(15, (int8)(x / d + 8.5)).
+void quantize_block_q4_0(const float* v, std::uint8_t* out) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < kQuantBlock; ++j)
+    if (amax < std::fabs(v[j])) {
+      amax = std::fabs(v[j]);
+      max = v[j];
+    }
+  const float d = max / -8;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const std::uint16_t dh = f32_to_f16(d);
+  std::memcpy(out, &dh, 2);
+  for (int j = 0; j < kQuantBlock / 2; ++j)
+    out[2 + j] = static_cast<std::uint8_t>(nibble_of(v[j] * id + 8.5f) |
+                                           (nibble_of(v[kQuantBlock / 2 + j] * id + 8.5f) << 4));
+}
+
+/// ggml's quantize_row_q4_1_ref for one block: d = (max - min) / 15, m =
+/// min, nibbles MIN(15, (int8)((x - min) / d + 0.5)).
+void quantize_block_q4_1(const float* v, std::uint8_t* out) {
+  float min = std::numeric_limits<float>::max(), max = -std::numeric_limits<float>::max();
+  for (int j = 0; j < kQuantBlock; ++j) {
+    if (v[j] < min) min = v[j];
+    if (v[j] > max) max = v[j];
+  }
+  const float d = (max - min) / ((1 << 4) - 1);
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const std::uint16_t dh = f32_to_f16(d), mh = f32_to_f16(min);
+  std::memcpy(out, &dh, 2);
+  std::memcpy(out + 2, &mh, 2);
+  for (int j = 0; j < kQuantBlock / 2; ++j)
+    out[4 + j] = static_cast<std::uint8_t>(nibble_of((v[j] - min) * id + 0.5f) |
+                                           (nibble_of((v[kQuantBlock / 2 + j] - min) * id + 0.5f) << 4));
+}
+
+}  // namespace
+
+Status quantize_row(GgmlType type, const float* x, int k, void* blocks) {
+  if (k < 1 || k % kQuantBlock != 0)
+    return make_error(ErrorCode::invalid_argument,
+                      "quantize_row: " + std::to_string(k) + " elements are not whole blocks of 32");
+  auto* out = static_cast<std::uint8_t*>(blocks);
+  const std::size_t block_bytes = gguf_block_bytes(type);
+  for (int b = 0; b < k / kQuantBlock; ++b) {
+    const float* v = x + static_cast<std::size_t>(b) * kQuantBlock;
+    std::uint8_t* o = out + static_cast<std::size_t>(b) * block_bytes;
+    switch (type) {
+      case GgmlType::q8_0: {
+        BlockQ8_0 q;
+        q.d = f32_to_f16(quantize_block_q8(v, q.qs));
+        std::memcpy(o, &q, sizeof q);
+        break;
+      }
+      case GgmlType::q4_0: quantize_block_q4_0(v, o); break;
+      case GgmlType::q4_1: quantize_block_q4_1(v, o); break;
+      default:
+        return make_error(ErrorCode::unsupported, "quantize_row: GGML " +
+                                                      ggml_type_name(static_cast<std::uint32_t>(type)) +
+                                                      " (this build quantizes to Q8_0, Q4_0 and Q4_1)");
+    }
+  }
+  return Status::ok_status();
 }
 
 const char* quant_kernel_name() { return cpu_has_avx2() ? "avx2" : "scalar"; }

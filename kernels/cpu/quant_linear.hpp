@@ -74,6 +74,20 @@ void quantize_row_q8_0(const float* x, int k, BlockQ8_0* y);
 /// What Q4_1 weights multiply.
 void quantize_row_q8_1(const float* x, int k, BlockQ8_1* y);
 
+/// Quantizes x [k] (k a multiple of 32) into k / 32 GGUF blocks of `type`
+/// at `blocks` (any alignment) as llama.cpp's quantize_row_*_ref (what
+/// llama-quantize writes for a pure file, bit-identical to the `gguf`
+/// package's quants.quantize):
+///   Q8_0: d = amax / 127, values roundf(x / d) (quantize_row_q8_0);
+///   Q4_0: d = (the first value of largest magnitude) / -8, nibbles
+///         MIN(15, (int8)(x / d + 8.5));
+///   Q4_1: d = (max - min) / 15, m = min, nibbles
+///         MIN(15, (int8)((x - min) / d + 0.5));
+/// d and m stored as F16 (nearest even), 1 / d computed first. A NaN
+/// becomes the zero nibble / value (ggml leaves it undefined). Errors:
+/// invalid_argument (k not whole blocks), unsupported (another type).
+[[nodiscard]] Status quantize_row(GgmlType type, const float* x, int k, void* blocks);
+
 /// Which kernel quant_linear runs.
 enum class QuantKernel {
   automatic,  ///< AVX2 where the CPU has it, else scalar

@@ -659,7 +659,12 @@ struct CudaModelRunner::Impl {
   /// `wdt`, norms, biases and RoPE frequencies as F32; a tied lm_head shares
   /// the embedding. Sets the layer pointers. Returns the arena's bytes.
   /// Errors: out_of_memory (the arena), internal (a copy failed).
-  Result<std::size_t> upload_weights(const ModelWeights& host) {
+  Result<std::size_t> upload_weights(const ModelWeights& host_weights) {
+    // The CUDA runner computes on dense weights: quantized matrices (a GGUF
+    // file under --dtype auto) are dequantized on the host first (issue 40).
+    auto dense = dequantized_weights(std::shared_ptr<const ModelWeights>(&host_weights, [](const ModelWeights*) {}));
+    if (!dense) return std::move(dense).error();
+    const ModelWeights& host = **dense;
     /// rows x cols elements of a source whose rows are src_stride elements
     /// apart (a block of a matrix), to `off` in the arena, row after row.
     struct Upload {

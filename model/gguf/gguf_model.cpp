@@ -207,7 +207,8 @@ struct Part {
 
 class WeightPlanner {
  public:
-  WeightPlanner(const GgufFile& f, ModelWeights& w) : f_(f), w_(w) {}
+  WeightPlanner(const GgufFile& f, ModelWeights& w, bool keep_quantized)
+      : f_(f), w_(w), keep_quantized_(keep_quantized) {}
 
   /// Looks up `name` and checks it is [rows, cols] (GGUF dims {cols, rows},
   /// or {rows} for a vector when cols == 0).
@@ -272,6 +273,28 @@ class WeightPlanner {
     return buf.value();
   }
 
+  /// Copies `parts` (each [rows_i, cols] of one quantized type) stacked
+  /// by rows, block bytes as they are (rows unpermuted).
+  Result<void*> copy_blocks(const std::vector<Part>& parts, std::int64_t cols, const std::string& what) {
+    const std::size_t row_bytes = *kernels::ggml_row_bytes(parts.front().tensor->ggml_type, cols);
+    std::int64_t rows = 0;
+    for (const Part& p : parts) rows += p.tensor->num_rows();
+    auto buf = detail::allocate_storage(w_, static_cast<std::size_t>(rows) * row_bytes, what);
+    if (!buf.ok()) return buf.error();
+    auto* dst = static_cast<std::byte*>(buf.value());
+    for (const Part& p : parts) {
+      const std::int64_t n = p.tensor->num_rows();
+      const std::int64_t head_dim = p.permute_heads > 0 ? n / p.permute_heads : 0;
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t src = head_dim > 0 ? unpermuted_source_row(r, head_dim) : r;
+        std::memcpy(dst + static_cast<std::size_t>(r) * row_bytes, p.tensor->data + static_cast<std::size_t>(src) * row_bytes,
+                    row_bytes);
+      }
+      dst += static_cast<std::size_t>(n) * row_bytes;
+    }
+    return buf.value();
+  }
+
   Status matrix(Matrix* out, const std::vector<std::string>& names, const std::vector<std::int64_t>& rows,
                 std::int64_t cols, const std::vector<int>& permute_heads = {}) {
     std::vector<Part> parts;
@@ -282,9 +305,20 @@ class WeightPlanner {
       parts.push_back({t.value(), i < permute_heads.size() ? permute_heads[i] : 0});
       total += rows[i];
     }
+    // --dtype auto: tensors of one type the CPU computes on quantized stay
+    // as the file's blocks; a fused matrix of mixed types is dequantized.
+    const auto type = static_cast<kernels::GgmlType>(parts.front().tensor->ggml_type);
+    bool keep = keep_quantized_ && matrix_stays_quantized(type);
+    for (const Part& p : parts) keep = keep && static_cast<kernels::GgmlType>(p.tensor->ggml_type) == type;
+    if (keep) {
+      auto blocks = copy_blocks(parts, cols, names.front());
+      if (!blocks.ok()) return blocks.error();
+      *out = Matrix{w_.dtype, static_cast<int>(total), static_cast<int>(cols), blocks.value(), type};
+      return {};
+    }
     auto buf = fill(parts, cols, w_.dtype, names.front());
     if (!buf.ok()) return buf.error();
-    *out = Matrix{w_.dtype, static_cast<int>(total), static_cast<int>(cols), buf.value()};
+    *out = Matrix{w_.dtype, static_cast<int>(total), static_cast<int>(cols), buf.value(), std::nullopt};
     return {};
   }
 
@@ -326,6 +360,7 @@ class WeightPlanner {
  private:
   const GgufFile& f_;
   ModelWeights& w_;
+  bool keep_quantized_ = false;  ///< LoadOptions::keep_quantized
 };
 
 }  // namespace
@@ -342,7 +377,7 @@ Result<ModelWeights> load_weights(const GgufFile& f, const ModelConfig& cfg, con
   const std::vector<int> qk_heads =
       permuted ? std::vector<int>{cfg.num_attention_heads, cfg.num_key_value_heads, 0} : std::vector<int>{};
 
-  WeightPlanner plan(f, w);
+  WeightPlanner plan(f, w, options.keep_quantized);
   Status s;
   if (s = plan.matrix(&w.embed_tokens, {"token_embd.weight"}, {V}, H); !s.ok()) return s.error();
   for (int i = 0; i < layers; ++i) {

@@ -53,6 +53,11 @@ Result<std::unique_ptr<LayerOwner>> LayerOwner::create(std::shared_ptr<const Mod
     return make_error(ErrorCode::invalid_argument,
                       "sidp owner: the plan has " + std::to_string(plan.num_layers()) + " layers, the model " +
                           std::to_string(weights->config.num_hidden_layers));
+  for (const LayerWeights& lw : weights->layers)
+    if (lw.gate_up.quantized() || lw.down_proj.quantized())
+      return make_error(ErrorCode::unsupported,
+                        "sidp owner: the FFN weights are quantized (" + lw.gate_up.format_name() +
+                            "); SiDP shares dense layers only (model::dequantized_weights)");
   const FfnLayout layout = ffn_layout(weights->config, weights->dtype);
   return std::unique_ptr<LayerOwner>(new LayerOwner(std::move(weights), rank, plan.owned_layers(rank), layout));
 }

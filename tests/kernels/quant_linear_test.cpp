@@ -1,5 +1,6 @@
 // Quantized linear layers (kernels/cpu/quant_linear.hpp, issue 40 step 2 in
-// part): x rows quantized to Q8_0 bit for bit like the `gguf` package;
+// part): x rows (and weights quantized on load: Q8_0, Q4_0, Q4_1)
+// quantized bit for bit like the `gguf` package;
 // the scalar and AVX2 kernels on packed Q8_0 / Q4_0 weights bit for bit
 // like the scalar definition (llama.cpp's quantize_row_q8_0_ref and
 // ggml_vec_dot_{q8_0,q4_0}_q8_0) for any batch, row position and thread
@@ -50,7 +51,12 @@ std::vector<float> make_x(int m, int k, std::mt19937& rng) {
       case 3:  // a scale that underflows F16 to zero
         for (int j = 0; j < kQuantBlock; ++j) row[b + j] = 1e-30f * static_cast<float>(j - 16);
         break;
-      default: break;
+      default:  // the largest magnitude twice, both signs (Q4_0 takes the first)
+        row[b + 3] = -4.0f;
+        row[b + 9] = 4.0f;
+        for (int j = 0; j < kQuantBlock; ++j)
+          if (j != 3 && j != 9) row[b + j] = 0.25f * static_cast<float>(j % 16) - 2.0f;
+        break;
     }
   }
   return x;
@@ -106,34 +112,66 @@ std::vector<QuantKernel> kernels() {
   return out;
 }
 
-TEST(QuantLinear, RowsQuantizeToQ8_0LikeTheGgufPackage) {
+class QuantizeRow : public ::testing::TestWithParam<GgmlType> {};
+INSTANTIATE_TEST_SUITE_P(Types, QuantizeRow, ::testing::Values(GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1),
+                         [](const auto& info) { return ggml_type_name(static_cast<std::uint32_t>(info.param)); });
+
+// Weights quantized on load (--quantization) and activations (Q8_0) are
+// llama.cpp's quantize_row_*_ref, bit for bit like the gguf package.
+TEST_P(QuantizeRow, RowsQuantizeLikeTheGgufPackage) {
+  const GgmlType type = GetParam();
   const std::string problem = testing_support::python_env_problem("gguf, numpy");
   ASSERT_TRUE(problem.empty()) << problem;
   constexpr int kM = 40, kK = 256;
   std::mt19937 rng(4001);
   const std::vector<float> x = make_x(kM, kK, rng);
-  std::vector<BlockQ8_0> ours(static_cast<std::size_t>(kM) * kK / kQuantBlock);
-  for (int i = 0; i < kM; ++i)
-    quantize_row_q8_0(x.data() + static_cast<std::size_t>(i) * kK, kK,
-                      ours.data() + static_cast<std::size_t>(i) * kK / kQuantBlock);
-  const auto dir = std::filesystem::temp_directory_path() / ("shardline_quant_linear_" + std::to_string(::getpid()));
+  const std::size_t row_bytes = *ggml_row_bytes(static_cast<std::uint32_t>(type), kK);
+  std::vector<std::uint8_t> ours(kM * row_bytes);
+  for (int i = 0; i < kM; ++i) {
+    const Status s = quantize_row(type, x.data() + static_cast<std::size_t>(i) * kK, kK, ours.data() + i * row_bytes);
+    ASSERT_TRUE(s.ok()) << s.error().to_string();
+  }
+  if (type == GgmlType::q8_0) {  // the activations' quantizer is the same function
+    std::vector<BlockQ8_0> act(static_cast<std::size_t>(kM) * kK / kQuantBlock);
+    for (int i = 0; i < kM; ++i)
+      quantize_row_q8_0(x.data() + static_cast<std::size_t>(i) * kK, kK,
+                        act.data() + static_cast<std::size_t>(i) * kK / kQuantBlock);
+    EXPECT_EQ(std::memcmp(act.data(), ours.data(), ours.size()), 0);
+  }
+  const std::string name = ggml_type_name(static_cast<std::uint32_t>(type));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("shardline_quant_linear_" + std::to_string(::getpid()) + "_" + name);
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "x.f32", std::ios::binary)
       .write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(x.size() * 4));
   const auto r = testing_support::run_command(testing_support::kPython + " " + SHARDLINE_SOURCE_DIR +
                                               "/tests/kernels/quant_oracle.py " + dir.string() + " " +
-                                              std::to_string(kK));
+                                              std::to_string(kK) + " " + name);
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  std::ifstream in(dir / "x.q8_0", std::ios::binary);
-  std::vector<char> want(ours.size() * sizeof(BlockQ8_0));
+  std::ifstream in(dir / "x.blocks", std::ios::binary);
+  std::vector<char> want(ours.size());
   in.read(want.data(), static_cast<std::streamsize>(want.size()));
   ASSERT_EQ(in.gcount(), static_cast<std::streamsize>(want.size()));
+  const std::size_t block_bytes = row_bytes / (kK / kQuantBlock);
   int bad = 0;
-  for (std::size_t b = 0; b < ours.size(); ++b)
-    if (std::memcmp(&ours[b], want.data() + b * sizeof(BlockQ8_0), sizeof(BlockQ8_0)) != 0 && ++bad <= 3)
-      ADD_FAILURE() << "block " << b << " (row " << b / (kK / kQuantBlock) << ") differs from gguf's";
+  for (std::size_t b = 0; b < ours.size() / block_bytes; ++b)
+    if (std::memcmp(ours.data() + b * block_bytes, want.data() + b * block_bytes, block_bytes) != 0 && ++bad <= 3)
+      ADD_FAILURE() << name << " block " << b << " (row " << b / (kK / kQuantBlock) << ") differs from gguf's";
   EXPECT_EQ(bad, 0);
   std::filesystem::remove_all(dir);
+}
+
+TEST(QuantizeRowErrors, PartialBlocksAndOtherTypesAreRefused) {
+  std::vector<float> x(48, 1.0f);
+  std::vector<std::uint8_t> out(64);
+  const Status partial = quantize_row(GgmlType::q4_0, x.data(), 48, out.data());
+  ASSERT_FALSE(partial.ok());
+  EXPECT_EQ(partial.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(partial.error().message.find("48 elements"), std::string::npos) << partial.error().message;
+  const Status other = quantize_row(GgmlType::q4_k, x.data(), 32, out.data());
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.error().code, ErrorCode::unsupported);
+  EXPECT_NE(other.error().message.find("Q4_K"), std::string::npos) << other.error().message;
 }
 
 TEST(QuantLinear, Q8_1IsQ8_0WithTheSumOfItsValuesTimesTheScale) {

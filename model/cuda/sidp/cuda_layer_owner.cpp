@@ -38,8 +38,12 @@ Result<std::shared_ptr<CudaLayerOwner>> CudaLayerOwner::create(const OwnershipPl
 
 CudaLayerOwner::~CudaLayerOwner() { unload(); }
 
-Status CudaLayerOwner::load(const ModelWeights& host, comm::Communicator& weights_comm) {
+Status CudaLayerOwner::load(const ModelWeights& host_weights, comm::Communicator& weights_comm) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Dense FFN layers only: quantized ones are dequantized on the host (issue 40).
+  auto dense = dequantized_weights(std::shared_ptr<const ModelWeights>(&host_weights, [](const ModelWeights*) {}));
+  if (!dense) return std::move(dense).error();
+  const ModelWeights& host = **dense;
   if (comm_ != nullptr) return Status::ok_status();
   if (host.layers.size() != static_cast<std::size_t>(plan_.num_layers()))
     return make_error(ErrorCode::invalid_argument, "sidp cuda owner: the host copy has no layers");

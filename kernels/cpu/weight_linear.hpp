@@ -1,0 +1,56 @@
+#pragma once
+/// \file
+/// A linear layer's packed weight W [n, k] in the format it computes in:
+/// dense (PackedLinear: F32 or BF16, kernels/cpu/linear.hpp) or kept
+/// quantized (PackedQuantLinear: Q8_0, Q4_0, Q4_1 blocks with integer dot
+/// products, kernels/cpu/quant_linear.hpp), and the one `linear` call the
+/// model's layers make on either (issue 40).
+///
+/// Both paths are batch-invariant (a row's result depends on nothing else
+/// in the batch, the tiling or the thread count) and keep their own
+/// exactness contract: the dense path's fixed per-element chain, the
+/// quantized path's llama.cpp scalar arithmetic.
+
+#include <string>
+#include <variant>
+
+#include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/quant_linear.hpp"
+
+namespace shardline::kernels::cpu {
+
+/// A packed weight: empty, dense or quantized. Movable, not copyable.
+class PackedWeight {
+ public:
+  PackedWeight() = default;
+  PackedWeight(PackedLinear dense) : w_(std::move(dense)) {}        // NOLINT(google-explicit-constructor)
+  PackedWeight(PackedQuantLinear quant) : w_(std::move(quant)) {}  // NOLINT(google-explicit-constructor)
+
+  [[nodiscard]] bool empty() const;
+  [[nodiscard]] int out_features() const;  ///< n
+  [[nodiscard]] int in_features() const;   ///< k
+  [[nodiscard]] std::size_t bytes() const;  ///< packed bytes
+  /// The dense weight, or null when quantized or empty.
+  [[nodiscard]] const PackedLinear* dense() const { return std::get_if<PackedLinear>(&w_); }
+  /// The quantized weight, or null when dense or empty.
+  [[nodiscard]] const PackedQuantLinear* quantized() const { return std::get_if<PackedQuantLinear>(&w_); }
+  /// "F32", "BF16", "Q8_0", "Q4_0", "Q4_1"; "" when empty.
+  [[nodiscard]] std::string format_name() const;
+
+ private:
+  std::variant<std::monostate, PackedLinear, PackedQuantLinear> w_;
+};
+
+/// y[m, n] = x[m, k] W^T (+ bias[n] if non-null), on either format (see
+/// linear() and quant_linear() for strides, threading and rounding). A
+/// quantized weight adds the bias after its dot product, in F32, as
+/// llama.cpp adds a bias tensor after the matrix product. `side` is
+/// prefetched by the dense path only (the quantized kernel ignores it; the
+/// result is the same bits either way). Precondition: `w` is not empty, and
+/// the strides are at least k and n (the model's layers pack the weights
+/// they call this with; a violation throws std::logic_error, a programming
+/// error).
+void linear(const float* x, int m, int x_stride, const PackedWeight& w, const float* bias, float* y, int y_stride,
+            LinePrefetchQueue* side = nullptr);
+
+}  // namespace shardline::kernels::cpu
