@@ -83,7 +83,6 @@ std::vector<float> slice_vector(const Vector& v, const std::vector<RowRange>& ra
   return out;
 }
 
-
 }  // namespace
 
 ShardSpec shard_spec_at(int tp, int sp, int pp, int group_rank) {

@@ -142,7 +142,10 @@ void matrix_row_f32(const Matrix& m, int row, float* out);
 /// Loads `dir` (config.json + weights). Safetensors files are memory-mapped,
 /// validated, converted to `options.dtype` and fused. A GGUF model (`dir` a
 /// .gguf file, or a folder holding one and no config.json) is mapped,
-/// validated and dequantized at load (gguf/gguf_model.hpp), with its errors.
+/// validated and dequantized at load (gguf/gguf_model.hpp), with its errors;
+/// `options.keep_quantized` keeps its Q8_0 / Q4_0 / Q4_1 matrices, and
+/// `options.quantization` quantizes every matrix after loading
+/// (quantize_weights, with its errors).
 /// Errors (each names the file and, where relevant, the tensor):
 ///   not_found: config.json, model.safetensors / index, a shard, or a tensor missing;
 ///   corrupt: header length past EOF, bad header JSON, data offsets outside the

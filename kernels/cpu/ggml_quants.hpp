@@ -21,9 +21,8 @@
 ///   Q5_K [256]: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128]  176
 ///   Q6_K [256]: u8 ql[128], u8 qh[64], i8 scales[16], f16 d      210
 ///   Q8_K [256]: f32 d, i8 qs[256], i16 bsums[16]                 292
-/// The loader dequantizes at load; kernels/cpu/quant_linear.hpp computes on
-/// Q8_0, Q4_0 and Q4_1 blocks kept quantized (issue 40, not wired into the
-/// model yet).
+/// The loader dequantizes at load, or with `--dtype auto` keeps Q8_0, Q4_0
+/// and Q4_1 matrices as blocks for kernels/cpu/quant_linear.hpp (issue 40).
 
 #include <cstddef>
 #include <cstdint>

@@ -45,7 +45,10 @@ namespace shardline::model::gguf {
 
 /// The weights, dequantized (kernels::dequantize_row) and converted to
 /// `options.dtype` (F32 or BF16, round to nearest even), q/k/v and gate/up
-/// fused as the safetensors loader fuses them. Errors: not_found (a tensor,
+/// fused as the safetensors loader fuses them. With
+/// `options.keep_quantized`, a matrix whose tensors all have one type of
+/// matrix_stays_quantized() is kept as the file's blocks instead
+/// (Matrix::quant; llama's q/k rows un-permuted the same way). Errors: not_found (a tensor,
 /// named), mismatch (a tensor's shape disagrees with the hyper-parameters:
 /// both shapes, in [rows, cols] order), unsupported (a tensor type without a
 /// dequantization), out_of_memory.

@@ -76,13 +76,6 @@ ojson conversations() {
   return all;
 }
 
-std::vector<float> read_f32(const std::string& file) {
-  std::ifstream in(file, std::ios::binary | std::ios::ate);
-  std::vector<float> v(static_cast<std::size_t>(in.tellg()) / 4);
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  return v;
-}
 
 using GgufGolden = testing_support::TempDirTest;
 
@@ -129,7 +122,7 @@ TEST_F(GgufGolden, SmolLm2MatchesTransformersOnChatPrompts) {
     const auto want_ids = want["prompt_ids"].get<std::vector<std::int32_t>>();
     ASSERT_EQ(ids, want_ids) << where << ": the GGUF tokenizer disagrees with transformers'";
 
-    const std::vector<float> ref = read_f32(path("logits_" + std::to_string(k) + ".f32"));
+    const std::vector<float> ref = testing_support::read_f32_file(path("logits_" + std::to_string(k) + ".f32"));
     ASSERT_EQ(ref.size(), ids.size() * static_cast<std::size_t>(vocab)) << where;
     const int seq = driver.add_seq(0, ro.num_kv_blocks);  // sequences run one after another in the same blocks
     auto rows = driver.step({{.seq = seq, .tokens = ids, .all_logits = true}});

@@ -63,6 +63,16 @@ std::shared_ptr<const ModelWeights> load(const std::string& dir, LoadOptions lo)
   return std::make_shared<const ModelWeights>(std::move(w).value());
 }
 
+/// SmolLM2 under --dtype auto: its Q4_1 / Q8_0 matrices kept quantized;
+/// `layers` > 0 keeps only the first ones.
+std::shared_ptr<const ModelWeights> load_smol_quantized(int layers = 0) {
+  LoadOptions quant;
+  quant.dtype = DType::bf16;
+  quant.keep_quantized = true;
+  quant.num_layers_override = layers;
+  return load(kSmolDir, quant);
+}
+
 std::unique_ptr<CpuModelRunner> runner_for(std::shared_ptr<const ModelWeights> w, int threads = 0) {
   CpuRunnerOptions ro;
   ro.num_kv_blocks = 32;
@@ -84,10 +94,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(QuantizedModel, SmolLm2StaysQuantizedAndMatchesItsDequantizedSelf) {
-  LoadOptions quant;
-  quant.dtype = DType::bf16;
-  quant.keep_quantized = true;
-  auto q = load(kSmolDir, quant);
+  auto q = load_smol_quantized();
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->embed_tokens.format_name(), "Q8_0");
   EXPECT_EQ(q->lm_head.data, q->embed_tokens.data) << "the tied lm_head is the Q8_0 token table";
@@ -142,13 +149,6 @@ TEST(QuantizedModel, SmolLm2StaysQuantizedAndMatchesItsDequantizedSelf) {
               static_cast<double>(worst), static_cast<double>(kQuantBound), differing, decodes);
 }
 
-std::vector<float> read_f32(const std::string& file) {
-  std::ifstream in(file, std::ios::binary | std::ios::ate);
-  std::vector<float> v(static_cast<std::size_t>(in.tellg()) / 4);
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
-  return v;
-}
 
 /// One group of matrices and what it is held to against the oracle.
 struct OracleCase {
@@ -212,11 +212,7 @@ TEST_P(QuantizedOracle, OneGroupQuantizedMatchesTheEmulatedArithmetic) {
       dir_.string() + " " + std::to_string(kLayers) + " " + c.group);
   ASSERT_EQ(r.exit_code, 0) << r.out;
 
-  LoadOptions quant;
-  quant.dtype = DType::bf16;
-  quant.keep_quantized = true;
-  quant.num_layers_override = kLayers;
-  auto q = load(kSmolDir, quant);
+  auto q = load_smol_quantized(kLayers);
   ASSERT_NE(q, nullptr);
   LoadOptions dense;
   dense.dtype = DType::f32;
@@ -230,7 +226,7 @@ TEST_P(QuantizedOracle, OneGroupQuantizedMatchesTheEmulatedArithmetic) {
   double sum = 0.0, sum_dense = 0.0;
   std::size_t count = 0;
   for (std::size_t k = 0; k < prompts.size(); ++k) {
-    const std::vector<float> want = read_f32(path("logits_" + std::to_string(k) + ".f32"));
+    const std::vector<float> want = testing_support::read_f32_file(path("logits_" + std::to_string(k) + ".f32"));
     const auto rows = dq.step({{.seq = dq.add_seq(0, 32), .tokens = prompts[k], .all_logits = true}});
     const auto dense_rows = df.step({{.seq = df.add_seq(0, 32), .tokens = prompts[k], .all_logits = true}});
     ASSERT_EQ(want.size(), rows.size() * rows.at(0).size()) << "prompt " << k;
@@ -256,10 +252,7 @@ TEST_P(QuantizedOracle, OneGroupQuantizedMatchesTheEmulatedArithmetic) {
 }
 
 TEST(QuantizedModel, ARowsLogitsDoNotDependOnTheBatchOrTheThreads) {
-  LoadOptions quant;
-  quant.dtype = DType::bf16;
-  quant.keep_quantized = true;
-  auto q = load(kSmolDir, quant);
+  auto q = load_smol_quantized();
   ASSERT_NE(q, nullptr);
   const std::vector<std::int32_t> a = {504, 3458, 282, 4649, 314, 2752, 30, 216, 1280};
   const std::vector<std::int32_t> other1 = {19, 28, 37, 46, 55, 64, 73, 82, 91, 100, 109, 118, 127, 136, 145, 154, 163};

@@ -51,6 +51,15 @@ inline CommandResult run_command(const std::string& args) {
   return r;
 }
 
+/// The little-endian float32 values of a whole file (an oracle's output).
+inline std::vector<float> read_f32_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  std::vector<float> v(static_cast<std::size_t>(in.tellg()) / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
+
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
