@@ -1,6 +1,9 @@
 // Matrices kept as GGUF blocks (issue 40): which types stay quantized, row
 // reads, and the dense copy for runners that compute on dense weights only.
 #include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/quant_linear.hpp"
@@ -25,6 +28,28 @@ void matrix_row_f32(const Matrix& m, int row, float* out) {
 
 namespace {
 
+/// Calls fn(matrix, name) on every matrix of `w` (llama.cpp's tensor names,
+/// the fused ones attn_qkv and ffn_gate_up), the token table first, and
+/// stops at the first error. A tied lm_head is not visited: it is made the
+/// token table again afterwards (`w` non-const).
+template <class Weights, class Fn>
+Status for_each_matrix(Weights& w, Fn&& fn) {
+  const bool tied = w.lm_head.data == w.embed_tokens.data;
+  if (Status s = fn(w.embed_tokens, "token_embd"); !s.ok()) return s;
+  if (!tied)
+    if (Status s = fn(w.lm_head, "output"); !s.ok()) return s;
+  for (std::size_t i = 0; i < w.layers.size(); ++i) {
+    auto& l = w.layers[i];
+    const std::string b = "blk." + std::to_string(i) + ".";
+    for (auto [m, name] : {std::pair{&l.qkv, "attn_qkv"}, {&l.o_proj, "attn_output"}, {&l.gate_up, "ffn_gate_up"},
+                           {&l.down_proj, "ffn_down"}})
+      if (Status s = fn(*m, b + name); !s.ok()) return s;
+  }
+  if constexpr (!std::is_const_v<Weights>)
+    if (tied) w.lm_head = w.embed_tokens;
+  return Status::ok_status();
+}
+
 /// A dense copy of quantized `m` in `w`'s storage dtype, kept in `w.storage`.
 Status dequantize_into(ModelWeights& w, Matrix& m, const std::string& what) {
   if (!m.quantized()) return Status::ok_status();
@@ -45,10 +70,6 @@ Status dequantize_into(ModelWeights& w, Matrix& m, const std::string& what) {
   m = Matrix{w.dtype, m.rows, m.cols, buf.value(), std::nullopt};
   return Status::ok_status();
 }
-
-}  // namespace
-
-namespace {
 
 /// Replaces dense F32 `m` by its blocks of `type` in new storage of `w`.
 Status quantize_into(ModelWeights& w, Matrix& m, kernels::GgmlType type, const std::string& what) {
@@ -89,47 +110,24 @@ Result<ModelWeights> quantize_weights(ModelWeights w, kernels::GgmlType type, DT
   if (!matrix_stays_quantized(type))
     return make_error(ErrorCode::unsupported, "--quantization " + kernels::ggml_type_name(static_cast<std::uint32_t>(type)) +
                                                   ": this build quantizes to Q8_0, Q4_0 and Q4_1");
-  const bool tied = w.lm_head.data == w.embed_tokens.data;
-  if (Status s = quantize_into(w, w.embed_tokens, type, "token_embd"); !s.ok()) return s.error();
-  if (tied) {
-    w.lm_head = w.embed_tokens;
-  } else if (Status s = quantize_into(w, w.lm_head, type, "output"); !s.ok()) {
+  w.dtype = dtype;  // what each quantized Matrix records
+  if (Status s = for_each_matrix(w, [&](Matrix& m, const std::string& name) { return quantize_into(w, m, type, name); });
+      !s.ok())
     return s.error();
-  }
-  for (std::size_t i = 0; i < w.layers.size(); ++i) {
-    LayerWeights& l = w.layers[i];
-    const std::string b = "blk." + std::to_string(i) + ".";
-    for (auto [m, name] : {std::pair{&l.qkv, "attn_qkv"}, {&l.o_proj, "attn_output"}, {&l.gate_up, "ffn_gate_up"},
-                           {&l.down_proj, "ffn_down"}})
-      if (Status s = quantize_into(w, *m, type, b + name); !s.ok()) return s.error();
-  }
-  w.dtype = dtype;
-  for (Matrix* m : {&w.embed_tokens, &w.lm_head}) m->dtype = dtype;
-  for (LayerWeights& l : w.layers)
-    for (Matrix* m : {&l.qkv, &l.o_proj, &l.gate_up, &l.down_proj}) m->dtype = dtype;
   return w;
 }
 
 Result<std::shared_ptr<const ModelWeights>> dequantized_weights(std::shared_ptr<const ModelWeights> weights) {
-  bool any = weights->embed_tokens.quantized() || weights->lm_head.quantized();
-  for (const LayerWeights& l : weights->layers)
-    any = any || l.qkv.quantized() || l.o_proj.quantized() || l.gate_up.quantized() || l.down_proj.quantized();
+  bool any = false;
+  (void)for_each_matrix(*weights, [&any](const Matrix& m, const std::string&) {
+    any = any || m.quantized();
+    return Status::ok_status();
+  });
   if (!any) return weights;
   auto out = std::make_shared<ModelWeights>(*weights);  // shares the storage the dense views point into
-  const bool tied = out->lm_head.data == out->embed_tokens.data;
-  if (Status s = dequantize_into(*out, out->embed_tokens, "token_embd"); !s.ok()) return s.error();
-  if (tied) {
-    out->lm_head = out->embed_tokens;
-  } else if (Status s = dequantize_into(*out, out->lm_head, "output"); !s.ok()) {
+  if (Status s = for_each_matrix(*out, [&](Matrix& m, const std::string& name) { return dequantize_into(*out, m, name); });
+      !s.ok())
     return s.error();
-  }
-  for (std::size_t i = 0; i < out->layers.size(); ++i) {
-    LayerWeights& l = out->layers[i];
-    const std::string b = "layer " + std::to_string(i) + " ";
-    for (auto [m, name] : {std::pair{&l.qkv, "qkv"}, {&l.o_proj, "o_proj"}, {&l.gate_up, "gate_up"},
-                           {&l.down_proj, "down_proj"}})
-      if (Status s = dequantize_into(*out, *m, b + name); !s.ok()) return s.error();
-  }
   return std::shared_ptr<const ModelWeights>(std::move(out));
 }
 

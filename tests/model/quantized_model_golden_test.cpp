@@ -251,6 +251,36 @@ TEST_P(QuantizedOracle, OneGroupQuantizedMatchesTheEmulatedArithmetic) {
               static_cast<double>(worst_dense), mean_dense);
 }
 
+// What the CUDA runner and SiDP compute on: the quantized matrices
+// dequantized, byte for byte the dense load of the same file.
+TEST(QuantizedModel, DequantizedWeightsAreTheDenseLoad) {
+  LoadOptions quant;
+  quant.dtype = DType::f32;
+  quant.keep_quantized = true;
+  quant.num_layers_override = 2;
+  auto q = load(kSmolDir, quant);
+  ASSERT_NE(q, nullptr);
+  auto d = dequantized_weights(q);
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  LoadOptions dense = quant;
+  dense.keep_quantized = false;
+  auto f = load(kSmolDir, dense);
+  ASSERT_NE(f, nullptr);
+  const auto same = [](const Matrix& a, const Matrix& b) {
+    return !a.quantized() && a.dtype == b.dtype && a.bytes() == b.bytes() &&
+           std::memcmp(a.data, b.data, a.bytes()) == 0;
+  };
+  EXPECT_TRUE(same((*d)->embed_tokens, f->embed_tokens));
+  EXPECT_EQ((*d)->lm_head.data, (*d)->embed_tokens.data) << "still tied";
+  for (std::size_t i = 0; i < f->layers.size(); ++i) {
+    const LayerWeights &a = (*d)->layers[i], &b = f->layers[i];
+    EXPECT_TRUE(same(a.qkv, b.qkv) && same(a.o_proj, b.o_proj) && same(a.gate_up, b.gate_up) &&
+                same(a.down_proj, b.down_proj))
+        << "layer " << i;
+  }
+  EXPECT_EQ(dequantized_weights(f)->get(), f.get()) << "dense weights come back as they are";
+}
+
 TEST(QuantizedModel, ARowsLogitsDoNotDependOnTheBatchOrTheThreads) {
   auto q = load_smol_quantized();
   ASSERT_NE(q, nullptr);
