@@ -533,16 +533,31 @@ std::vector<float> random_floats(std::size_t count, unsigned seed) {
   return v;
 }
 
-void BM_QuantLinear(benchmark::State& state, kernels::GgmlType type) {
-  const int m = static_cast<int>(state.range(0));
-  // Quantize random F32 weights row by row to Q8_0, then (for Q4_0) write
-  // each block's 4-bit values from the Q8_0 ones: any valid blocks do.
+/// [kLinN, kLinK] weights as GGUF blocks of `type` (any valid blocks do:
+/// the speed does not depend on the values).
+std::vector<std::uint8_t> bench_blocks(kernels::GgmlType type) {
+  std::vector<std::uint8_t> blocks;
+  if (type == kernels::GgmlType::q4_k || type == kernels::GgmlType::q6_k) {
+    // K-quants: any bytes are valid values and packed scales; a small F16
+    // d (and Q4_K's dmin) over them.
+    const std::size_t block_bytes = type == kernels::GgmlType::q4_k ? 144 : 210;
+    std::mt19937 rng(13);
+    blocks.resize(static_cast<std::size_t>(kLinN) * kLinK / 256 * block_bytes);
+    for (auto& v : blocks) v = static_cast<std::uint8_t>(rng());
+    const std::uint16_t d = f32_to_f16(1e-3f);
+    for (std::size_t at = 0; at < blocks.size(); at += block_bytes) {
+      std::memcpy(blocks.data() + at + (type == kernels::GgmlType::q6_k ? 208 : 0), &d, 2);
+      if (type == kernels::GgmlType::q4_k) std::memcpy(blocks.data() + at + 2, &d, 2);
+    }
+    return blocks;
+  }
+  // Quantize random F32 weights row by row to Q8_0, then (for Q4_0, Q4_1)
+  // write each block's 4-bit values from the Q8_0 ones.
   const std::vector<float> wf = random_floats(static_cast<std::size_t>(kLinN) * kLinK, 11);
   std::vector<kernels::cpu::BlockQ8_0> q8(wf.size() / kernels::cpu::kQuantBlock);
   for (int j = 0; j < kLinN; ++j)
     kernels::cpu::quantize_row_q8_0(wf.data() + static_cast<std::size_t>(j) * kLinK, kLinK,
                                     q8.data() + static_cast<std::size_t>(j) * kLinK / kernels::cpu::kQuantBlock);
-  std::vector<std::uint8_t> blocks;
   for (const auto& b : q8) {
     const auto* p = reinterpret_cast<const std::uint8_t*>(&b);
     if (type == kernels::GgmlType::q8_0) {
@@ -554,6 +569,17 @@ void BM_QuantLinear(benchmark::State& state, kernels::GgmlType type) {
     for (int i = 0; i < 16; ++i)
       blocks.push_back(static_cast<std::uint8_t>(((b.qs[i] / 16 + 8) & 0x0F) | (((b.qs[i + 16] / 16 + 8) & 0x0F) << 4)));
   }
+  return blocks;
+}
+
+void BM_QuantLinear(benchmark::State& state, kernels::GgmlType type,
+                    kernels::cpu::QuantKernel kernel = kernels::cpu::QuantKernel::automatic) {
+  const int m = static_cast<int>(state.range(0));
+  if (!kernels::cpu::quant_kernel_supported(kernel)) {
+    state.SkipWithError("this CPU lacks the kernel");
+    return;
+  }
+  const std::vector<std::uint8_t> blocks = bench_blocks(type);
   auto w = kernels::cpu::PackedQuantLinear::pack(type, blocks, kLinN, kLinK);
   if (!w.ok()) {
     state.SkipWithError(w.error().to_string().c_str());
@@ -562,15 +588,25 @@ void BM_QuantLinear(benchmark::State& state, kernels::GgmlType type) {
   const std::vector<float> x = random_floats(static_cast<std::size_t>(m) * kLinK, 12);
   std::vector<float> y(static_cast<std::size_t>(m) * kLinN);
   for (auto _ : state) {
-    if (!kernels::cpu::quant_linear(x.data(), m, kLinK, *w, y.data(), kLinN).ok()) state.SkipWithError("failed");
+    if (!kernels::cpu::quant_linear(x.data(), m, kLinK, *w, y.data(), kLinN, kernel).ok())
+      state.SkipWithError("failed");
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(kernels::cpu::quant_kernel_name());
+  state.SetLabel(kernel == kernels::cpu::QuantKernel::automatic ? kernels::cpu::quant_kernel_name(type)
+                 : kernel == kernels::cpu::QuantKernel::avx2   ? "avx2"
+                                                               : "avx512_vnni");
   linear_counters(state, m, blocks.size());
 }
 BENCHMARK_CAPTURE(BM_QuantLinear, Q8_0, kernels::GgmlType::q8_0)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0, kernels::GgmlType::q4_0)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_1, kernels::GgmlType::q4_1)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K, kernels::GgmlType::q4_k)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q6_K, kernels::GgmlType::q6_k)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+// The kernels side by side where the CPU has both (the label says which).
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0_avx2, kernels::GgmlType::q4_0, kernels::cpu::QuantKernel::avx2)
+    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0_avx512_vnni, kernels::GgmlType::q4_0, kernels::cpu::QuantKernel::avx512_vnni)
+    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 
 void BM_DenseLinear(benchmark::State& state, DType dtype) {
   const int m = static_cast<int>(state.range(0));

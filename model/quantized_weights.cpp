@@ -13,7 +13,9 @@
 namespace shardline::model {
 
 bool matrix_stays_quantized(kernels::GgmlType type) {
-  return type == kernels::GgmlType::q8_0 || type == kernels::GgmlType::q4_0 || type == kernels::GgmlType::q4_1;
+  using kernels::GgmlType;
+  return type == GgmlType::q8_0 || type == GgmlType::q4_0 || type == GgmlType::q4_1 || type == GgmlType::q4_k ||
+         type == GgmlType::q6_k;
 }
 
 void matrix_row_f32(const Matrix& m, int row, float* out) {
@@ -107,7 +109,7 @@ Status quantize_into(ModelWeights& w, Matrix& m, kernels::GgmlType type, const s
 }  // namespace
 
 Result<ModelWeights> quantize_weights(ModelWeights w, kernels::GgmlType type, DType dtype) {
-  if (!matrix_stays_quantized(type))
+  if (type != kernels::GgmlType::q8_0 && type != kernels::GgmlType::q4_0 && type != kernels::GgmlType::q4_1)
     return make_error(ErrorCode::unsupported, "--quantization " + kernels::ggml_type_name(static_cast<std::uint32_t>(type)) +
                                                   ": this build quantizes to Q8_0, Q4_0 and Q4_1");
   w.dtype = dtype;  // what each quantized Matrix records

@@ -312,7 +312,7 @@ class ShardRunner {
   [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create_impl(
       std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec, const CpuRunnerOptions& options,
       ShardComms comms, std::shared_ptr<FfnExecutor> ffn, bool allocate_kv);
-  /// Dense (F32 / BF16) or quantized (the GGUF file's Q8_0 / Q4_0 / Q4_1
+  /// Dense (F32 / BF16) or quantized (the GGUF file's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K
   /// blocks) as the host Matrix is.
   struct PackedLayer {
     kernels::cpu::PackedWeight qkv;      // [(hq_t + 2 kv_t) * hd, hidden]

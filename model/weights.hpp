@@ -3,7 +3,7 @@
 /// In-memory model weights. Matrices are row-major `[out_features, in_features]`
 /// (the Hugging Face / PyTorch `nn.Linear` layout) stored as F32 or BF16
 /// (`--dtype`), or, from a GGUF file loaded with `--dtype auto`
-/// (LoadOptions::keep_quantized), as the file's Q8_0 / Q4_0 / Q4_1 blocks
+/// (LoadOptions::keep_quantized), as the file's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K blocks
 /// (kernels/cpu/quant_linear.hpp computes on them; issue 40). Activations are F32; with BF16 weights each linear layer's
 /// input is rounded to BF16 and multiplied with F32 accumulation
 /// (kernels/cpu/linear.hpp). The loader fuses q/k/v into one QKV matrix
@@ -101,7 +101,7 @@ struct LoadOptions {
   std::uint64_t seed = 0;       ///< for dummy weights
   int num_layers_override = 0;  ///< >0: keep only the first N layers (smoke tests)
   /// GGUF only (`--dtype auto`): a matrix whose tensors are all of one type
-  /// the CPU computes on quantized (Q8_0, Q4_0, Q4_1:
+  /// the CPU computes on quantized (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K:
   /// matrix_stays_quantized) is kept as the file's blocks; the others are
   /// dequantized to `dtype` as without it. Safetensors and dummy weights
   /// ignore it.
@@ -114,7 +114,7 @@ struct LoadOptions {
 };
 
 /// True for the GGML types a matrix can stay quantized in (what
-/// kernels::cpu::PackedQuantLinear packs): Q8_0, Q4_0 and Q4_1.
+/// kernels::cpu::PackedQuantLinear packs): Q8_0, Q4_0, Q4_1, Q4_K and Q6_K.
 [[nodiscard]] bool matrix_stays_quantized(kernels::GgmlType type);
 
 /// Row `row` of `m` as F32 into `out` [m.cols]: a dense row widened, a
@@ -143,7 +143,7 @@ void matrix_row_f32(const Matrix& m, int row, float* out);
 /// validated, converted to `options.dtype` and fused. A GGUF model (`dir` a
 /// .gguf file, or a folder holding one and no config.json) is mapped,
 /// validated and dequantized at load (gguf/gguf_model.hpp), with its errors;
-/// `options.keep_quantized` keeps its Q8_0 / Q4_0 / Q4_1 matrices, and
+/// `options.keep_quantized` keeps its Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices, and
 /// `options.quantization` quantizes every matrix after loading
 /// (quantize_weights, with its errors).
 /// Errors (each names the file and, where relevant, the tensor):

@@ -36,7 +36,7 @@ struct EngineOptions {
   std::string model_dir;  ///< HF model folder, or a shape folder with --load-format dummy
   model::LoadFormat load_format = model::LoadFormat::safetensors;
   DType dtype = DType::f32;       ///< weight storage: f32 or bf16 (cuda also f16)
-  /// `--dtype auto`: a GGUF file's Q8_0 / Q4_0 / Q4_1 matrices stay
+  /// `--dtype auto`: a GGUF file's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices stay
   /// quantized on CPU devices (model::LoadOptions::keep_quantized; the
   /// others in `dtype`). The CUDA runner and SiDP dequantize them.
   bool keep_quantized = false;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "kernels/cpu/quant_linear_k.hpp"
 
 // Compiled with -ffp-contract=off (kernels/CMakeLists.txt): the scalar
 // loops are ggml-quants.c's arithmetic, no a*b+c fused into an FMA.
@@ -61,15 +62,21 @@ constexpr int kRows = 4;   // rows of x per register tile
   return f16_to_f32(h);
 }
 
+/// Elements per block of `t`: 32, or 256 for the K-quants.
+[[nodiscard]] int block_elements(GgmlType t) { return kquant::is_k_quant(t) ? kQuantSuperBlock : kQuantBlock; }
+
 [[nodiscard]] Status check_shape(GgmlType type, std::size_t have, int n, int k) {
-  if (type != GgmlType::q8_0 && type != GgmlType::q4_0 && type != GgmlType::q4_1)
+  if (type != GgmlType::q8_0 && type != GgmlType::q4_0 && type != GgmlType::q4_1 && !kquant::is_k_quant(type))
     return make_error(ErrorCode::unsupported, "quantized linear: weights of type " +
                                                   ggml_type_name(static_cast<std::uint32_t>(type)) +
-                                                  " (Q8_0, Q4_0 and Q4_1 are kept quantized)");
-  if (n < 1 || k < 1 || k % kQuantBlock != 0)
+                                                  " (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K are kept quantized)");
+  const int unit = block_elements(type);
+  if (n < 1 || k < 1 || k % unit != 0)
     return make_error(ErrorCode::invalid_argument, "quantized linear: a [" + std::to_string(n) + ", " +
-                                                       std::to_string(k) +
-                                                       "] matrix (k must be a positive multiple of 32)");
+                                                       std::to_string(k) + "] " +
+                                                       ggml_type_name(static_cast<std::uint32_t>(type)) +
+                                                       " matrix (k must be a positive multiple of " +
+                                                       std::to_string(unit) + ")");
   const std::size_t need = static_cast<std::size_t>(n) * *ggml_row_bytes(static_cast<std::uint32_t>(type), k);
   if (have < need)
     return make_error(ErrorCode::invalid_argument, "quantized linear: " + std::to_string(have) + " bytes for a [" +
@@ -78,6 +85,10 @@ constexpr int kRows = 4;   // rows of x per register tile
                                                        " matrix, which needs " + std::to_string(need));
   return {};
 }
+
+float quantize_block_q8(const float* v, std::int8_t* qs);
+float quantize_block_q8_avx2(const float* v, std::int8_t* qs);
+[[nodiscard]] bool cpu_has_avx2();
 
 /// x rows quantized to Q8_0: values, scales widened to F32, and each
 /// block's sum of values (Q4_0 subtracts 8 x that).
@@ -95,19 +106,21 @@ QuantizedRows quantize_rows(const float* x, int m, int xs, int k) {
   out.d.resize(static_cast<std::size_t>(m) * nb);
   out.sum.resize(static_cast<std::size_t>(m) * nb);
   out.s.resize(static_cast<std::size_t>(m) * nb);
-  std::vector<BlockQ8_1> row(static_cast<std::size_t>(nb));
+  const bool avx2 = cpu_has_avx2();
+  // Rows are independent: quantized in parallel, each the same bits as
+  // quantize_row_q8_1 (d and s through F16, as the blocks store them).
+#pragma omp parallel for schedule(static) if (m > 1)
   for (int i = 0; i < m; ++i) {
-    quantize_row_q8_1(x + static_cast<std::size_t>(i) * xs, k, row.data());
     for (int b = 0; b < nb; ++b) {
-      const BlockQ8_1& blk = row[static_cast<std::size_t>(b)];
-      std::int32_t s = 0;
-      for (int j = 0; j < kQuantBlock; ++j) {
-        out.q[static_cast<std::size_t>(i) * k + static_cast<std::size_t>(b) * kQuantBlock + j] = blk.qs[j];
-        s += blk.qs[j];
-      }
-      out.d[static_cast<std::size_t>(i) * nb + b] = f16_to_f32(blk.d);
-      out.sum[static_cast<std::size_t>(i) * nb + b] = s;
-      out.s[static_cast<std::size_t>(i) * nb + b] = f16_to_f32(blk.s);
+      const std::size_t at = static_cast<std::size_t>(i) * k + static_cast<std::size_t>(b) * kQuantBlock;
+      std::int8_t* qs = out.q.data() + at;
+      const float d = avx2 ? quantize_block_q8_avx2(x + static_cast<std::size_t>(i) * xs + b * kQuantBlock, qs)
+                           : quantize_block_q8(x + static_cast<std::size_t>(i) * xs + b * kQuantBlock, qs);
+      std::int32_t sum = 0;
+      for (int j = 0; j < kQuantBlock; ++j) sum += qs[j];
+      out.d[static_cast<std::size_t>(i) * nb + b] = f16_to_f32(f32_to_f16(d));
+      out.sum[static_cast<std::size_t>(i) * nb + b] = sum;
+      out.s[static_cast<std::size_t>(i) * nb + b] = f16_to_f32(f32_to_f16(static_cast<float>(sum) * d));
     }
   }
   return out;
@@ -240,7 +253,116 @@ void panel_rows_avx2(const std::byte* panel, int nb, const QuantizedRows& xq, in
   for (; i < m; ++i) panel_avx2<T, 1>(panel, nb, xq, k, i, y, ys, cols);
 }
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() (`__Y = __Y`)
+// and warn that it may be used uninitialized (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+/// The AVX512-VNNI kernel: two panels side by side (columns [0, 8) from
+/// `panel0`, [8, 16) from `panel1`; the same panel twice for an odd last
+/// one, whose upper half is never stored), the block integers with
+/// vpdpbusd and the same per-element F32 chain as the others, 16 columns
+/// per register. vpdpbusd multiplies unsigned bytes by signed ones: Q4's
+/// nibbles are unsigned already; Q8_0's values are flipped to w + 128
+/// (xor 0x80) and 128 x (the x block's sum) taken back out, exactly.
+template <GgmlType T, int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void pair_avx512(const std::byte* panel0,
+                                                                       const std::byte* panel1, int nb,
+                                                                       const QuantizedRows& xq, int k, int i0,
+                                                                       float* y, int ys, int cols) {
+  constexpr std::size_t offset = T == GgmlType::q4_1 ? 64 : 32;
+  constexpr std::size_t stride = offset + (T == GgmlType::q8_0 ? 256 : 128);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  // 32 bytes of each panel at `at` into one register.
+  const auto load_pair = [&](std::size_t at) {
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(panel0 + at))),
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(panel1 + at)), 1);
+  };
+  const auto load_pair_ps = [&](std::size_t at) { return _mm512_castsi512_ps(load_pair(at)); };
+  const auto x_word = [](const std::int8_t* p) {
+    std::int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  };
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const std::int8_t* qx[R];
+  for (int r = 0; r < R; ++r) qx[r] = xq.q.data() + static_cast<std::size_t>(i0 + r) * k;
+  for (int b = 0; b < nb; ++b) {
+    const std::size_t blk = static_cast<std::size_t>(b) * stride;
+    __m512i isum[R];
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
+    if constexpr (T == GgmlType::q8_0) {
+      for (int g = 0; g < 8; ++g) {
+        const __m512i w = _mm512_xor_si512(load_pair(blk + offset + 32 * static_cast<std::size_t>(g)), flip);
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], w, x_word(qx[r] + b * kQuantBlock + 4 * g));
+      }
+    } else {
+      for (int h = 0; h < 4; ++h) {
+        const __m512i bytes = load_pair(blk + offset + 32 * static_cast<std::size_t>(h));
+        const __m512i lo = _mm512_and_si512(bytes, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
+        for (int r = 0; r < R; ++r) {
+          isum[r] = _mm512_dpbusd_epi32(isum[r], lo, x_word(qx[r] + b * kQuantBlock + 8 * h));
+          isum[r] = _mm512_dpbusd_epi32(isum[r], hi, x_word(qx[r] + b * kQuantBlock + 8 * h + 4));
+        }
+      }
+    }
+    // Q8_0: sum (w + 128) x - 128 sum x; Q4_0: sum n x - 8 sum x; exact.
+    if constexpr (T != GgmlType::q4_1) {
+      constexpr int kOffset = T == GgmlType::q8_0 ? 128 : 8;
+      for (int r = 0; r < R; ++r)
+        isum[r] = _mm512_sub_epi32(
+            isum[r], _mm512_set1_epi32(kOffset * xq.sum[static_cast<std::size_t>(i0 + r) * nb + b]));
+    }
+    const __m512 dw = load_pair_ps(blk);
+    for (int r = 0; r < R; ++r) {
+      const std::size_t xb = static_cast<std::size_t>(i0 + r) * nb + b;
+      const __m512 dx = _mm512_set1_ps(xq.d[xb]);
+      const __m512 s = _mm512_cvtepi32_ps(isum[r]);
+      __m512 term;
+      if constexpr (T == GgmlType::q8_0) {
+        term = _mm512_mul_ps(s, _mm512_mul_ps(dw, dx));
+      } else if constexpr (T == GgmlType::q4_0) {
+        term = _mm512_mul_ps(_mm512_mul_ps(s, dw), dx);
+      } else {
+        const __m512 mw = load_pair_ps(blk + 32);
+        term = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(dw, dx), s), _mm512_mul_ps(mw, _mm512_set1_ps(xq.s[xb])));
+      }
+      acc[r] = _mm512_add_ps(acc[r], term);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float out[2 * kPanel];
+    _mm512_store_ps(out, acc[r]);
+    std::memcpy(y + static_cast<std::size_t>(i0 + r) * ys, out, sizeof(float) * static_cast<std::size_t>(cols));
+  }
+}
+
+#pragma GCC diagnostic pop
+
+template <GgmlType T>
+void pair_rows_avx512(const std::byte* panel0, const std::byte* panel1, int nb, const QuantizedRows& xq, int k,
+                      int m, float* y, int ys, int cols) {
+  constexpr int kPairRows = 4;
+  int i = 0;
+  for (; i + kPairRows <= m; i += kPairRows) pair_avx512<T, kPairRows>(panel0, panel1, nb, xq, k, i, y, ys, cols);
+  for (; i < m; ++i) pair_avx512<T, 1>(panel0, panel1, nb, xq, k, i, y, ys, cols);
+}
+
 [[nodiscard]] bool cpu_has_avx2() { return __builtin_cpu_supports("avx2"); }
+[[nodiscard]] bool cpu_has_avx512_vnni() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+/// What `automatic` resolves to on this CPU.
+[[nodiscard]] QuantKernel best_kernel() {
+  if (cpu_has_avx512_vnni()) return QuantKernel::avx512_vnni;
+  return cpu_has_avx2() ? QuantKernel::avx2 : QuantKernel::scalar;
+}
 
 }  // namespace
 
@@ -260,6 +382,47 @@ float quantize_block_q8(const float* v, std::int8_t* qs) {
     const float r = std::roundf(v[j] * id);
     qs[j] = std::isnan(r) ? 0 : static_cast<std::int8_t>(std::clamp(r, -128.0f, 127.0f));
   }
+  return d;
+}
+
+/// quantize_block_q8 with AVX2, the same bits: the same multiply by 1 / d,
+/// roundf as truncation plus one step away from zero where the dropped
+/// fraction is at least a half (exact: no x + 0.5 rounding), a NaN (or an
+/// infinity's 0 x inf) to 0, and NaN lanes never raise the maximum.
+__attribute__((target("avx2"))) float quantize_block_q8_avx2(const float* v, std::int8_t* qs) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  __m256 x[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int g = 0; g < 4; ++g) {
+    x[g] = _mm256_loadu_ps(v + 8 * g);
+    // max(new, acc): a NaN in `new` returns acc, as std::max(acc, new) does.
+    amax = _mm256_max_ps(_mm256_andnot_ps(sign_bit, x[g]), amax);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float d = _mm_cvtss_f32(m4) / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m256 vid = _mm256_set1_ps(id);
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256 lo = _mm256_set1_ps(-128.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i q[4];
+  for (int g = 0; g < 4; ++g) {
+    const __m256 p = _mm256_mul_ps(x[g], vid);
+    const __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(p, t));
+    const __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ),
+                                      _mm256_or_ps(one, _mm256_and_ps(sign_bit, p)));
+    __m256 r = _mm256_add_ps(t, step);
+    r = _mm256_andnot_ps(_mm256_cmp_ps(r, r, _CMP_UNORD_Q), r);  // NaN -> 0
+    r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+    q[g] = _mm256_cvttps_epi32(r);
+  }
+  // 32 int32 -> 32 int8 in order (packs work per 128-bit lane: permute back).
+  const __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i b = _mm256_packs_epi16(w01, w23);
+  const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), ordered);
   return d;
 }
 
@@ -353,14 +516,31 @@ Status quantize_row(GgmlType type, const float* x, int k, void* blocks) {
   return Status::ok_status();
 }
 
-const char* quant_kernel_name() { return cpu_has_avx2() ? "avx2" : "scalar"; }
+const char* quant_kernel_name(GgmlType type) {
+  const QuantKernel k = best_kernel();
+  if (k == QuantKernel::avx512_vnni && kquant::is_k_quant(type)) return "avx2";
+  switch (k) {
+    case QuantKernel::avx512_vnni: return "avx512_vnni";
+    case QuantKernel::avx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+bool quant_kernel_supported(QuantKernel kernel) {
+  switch (kernel) {
+    case QuantKernel::avx2: return cpu_has_avx2();
+    case QuantKernel::avx512_vnni: return cpu_has_avx512_vnni();
+    default: return true;
+  }
+}
 
 Result<PackedQuantLinear> PackedQuantLinear::pack(GgmlType type, std::span<const std::uint8_t> blocks, int n, int k) {
   if (Status s = check_shape(type, blocks.size(), n, k); !s.ok()) return s.error();
-  const int nb = k / kQuantBlock;
+  const bool k_quant = kquant::is_k_quant(type);
+  const int nb = k / block_elements(type);
   const int panels = (n + kPanel - 1) / kPanel;
   const std::size_t row_bytes = *ggml_row_bytes(static_cast<std::uint32_t>(type), k);
-  const std::size_t stride = block_stride(type);
+  const std::size_t stride = k_quant ? kquant::packed_block_bytes(type) : block_stride(type);
   PackedQuantLinear out;
   out.type_ = type;
   out.n_ = n;
@@ -369,6 +549,15 @@ Result<PackedQuantLinear> PackedQuantLinear::pack(GgmlType type, std::span<const
   out.data_ = allocate_aligned(out.bytes_);
   auto* base = static_cast<std::uint8_t*>(out.data_.get());
   std::memset(base, 0, out.bytes_);
+  if (k_quant) {
+    // Padding columns keep zero scales (their results are never stored).
+    const std::size_t gguf_bytes = row_bytes / static_cast<std::size_t>(nb);
+    for (int j = 0; j < n; ++j)
+      for (int b = 0; b < nb; ++b)
+        kquant::pack_column_block(type, blocks.data() + static_cast<std::size_t>(j) * row_bytes + b * gguf_bytes,
+                                  j % kPanel, base + (static_cast<std::size_t>(j / kPanel) * nb + b) * stride);
+    return out;
+  }
   for (int p = 0; p < panels; ++p) {
     for (int b = 0; b < nb; ++b) {
       std::uint8_t* blk = base + (static_cast<std::size_t>(p) * nb + b) * stride;
@@ -409,21 +598,52 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
                       "quantized linear: m " + std::to_string(m) + ", x stride " + std::to_string(x_stride) +
                           ", y stride " + std::to_string(y_stride) + " for a [" + std::to_string(n) + ", " +
                           std::to_string(k) + "] matrix");
-  if (kernel == QuantKernel::avx2 && !cpu_has_avx2())
-    return make_error(ErrorCode::unsupported, "quantized linear: the AVX2 kernel on a CPU without AVX2");
+  if (!quant_kernel_supported(kernel))
+    return make_error(ErrorCode::unsupported, std::string("quantized linear: the ") +
+                                                  (kernel == QuantKernel::avx2 ? "AVX2" : "AVX512-VNNI") +
+                                                  " kernel on a CPU without it");
   if (m == 0) return {};
-  const bool avx2 = kernel == QuantKernel::avx2 || (kernel == QuantKernel::automatic && cpu_has_avx2());
+  const QuantKernel chosen = kernel == QuantKernel::automatic ? best_kernel() : kernel;
+  const GgmlType t = w.type();
+  const int panels = (n + kPanel - 1) / kPanel;
+  if (kquant::is_k_quant(t)) {
+    // The K-quants have scalar and AVX2 kernels; avx512_vnni runs the AVX2
+    // one (the same bits).
+    const kquant::Rows xq = kquant::quantize_rows(t, x, m, x_stride, k);
+    const int nb = k / kQuantSuperBlock;
+    const std::size_t panel_bytes = static_cast<std::size_t>(nb) * kquant::packed_block_bytes(t);
+#pragma omp parallel for schedule(static)
+    for (int p = 0; p < panels; ++p)
+      kquant::panel(t, chosen != QuantKernel::scalar, w.data() + static_cast<std::size_t>(p) * panel_bytes, nb, xq,
+                    k, m, y + static_cast<std::size_t>(p) * kPanel, y_stride, std::min(kPanel, n - p * kPanel));
+    return {};
+  }
   const QuantizedRows xq = quantize_rows(x, m, x_stride, k);
   const int nb = k / kQuantBlock;
-  const int panels = (n + kPanel - 1) / kPanel;
   const std::size_t panel_bytes = static_cast<std::size_t>(nb) * block_stride(w.type());
-  const GgmlType t = w.type();
+  if (chosen == QuantKernel::avx512_vnni) {
+    const int pairs = (panels + 1) / 2;
+#pragma omp parallel for schedule(static)
+    for (int q = 0; q < pairs; ++q) {
+      const std::byte* panel0 = w.data() + static_cast<std::size_t>(2 * q) * panel_bytes;
+      const std::byte* panel1 = w.data() + static_cast<std::size_t>(std::min(2 * q + 1, panels - 1)) * panel_bytes;
+      const int cols = std::min(2 * kPanel, n - 2 * q * kPanel);
+      float* yp = y + static_cast<std::size_t>(2 * q) * kPanel;
+      if (t == GgmlType::q8_0)
+        pair_rows_avx512<GgmlType::q8_0>(panel0, panel1, nb, xq, k, m, yp, y_stride, cols);
+      else if (t == GgmlType::q4_0)
+        pair_rows_avx512<GgmlType::q4_0>(panel0, panel1, nb, xq, k, m, yp, y_stride, cols);
+      else
+        pair_rows_avx512<GgmlType::q4_1>(panel0, panel1, nb, xq, k, m, yp, y_stride, cols);
+    }
+    return {};
+  }
 #pragma omp parallel for schedule(static)
   for (int p = 0; p < panels; ++p) {
     const std::byte* panel = w.data() + static_cast<std::size_t>(p) * panel_bytes;
     const int cols = std::min(kPanel, n - p * kPanel);
     float* yp = y + static_cast<std::size_t>(p) * kPanel;
-    if (!avx2)
+    if (chosen == QuantKernel::scalar)
       panel_scalar(t, panel, nb, xq, k, 0, m, yp, y_stride, cols);
     else if (t == GgmlType::q8_0)
       panel_rows_avx2<GgmlType::q8_0>(panel, nb, xq, k, m, yp, y_stride, cols);
@@ -438,8 +658,18 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
 Status quant_linear_reference(const float* x, int m, int x_stride, GgmlType type, std::span<const std::uint8_t> blocks,
                               int n, int k, float* y, int y_stride) {
   if (Status s = check_shape(type, blocks.size(), n, k); !s.ok()) return s;
-  const int nb = k / kQuantBlock;
   const std::size_t row_bytes = *ggml_row_bytes(static_cast<std::uint32_t>(type), k);
+  if (kquant::is_k_quant(type)) {
+    std::vector<BlockQ8_K> xq(static_cast<std::size_t>(k / kQuantSuperBlock));
+    for (int i = 0; i < m; ++i) {
+      quantize_row_q8_k(x + static_cast<std::size_t>(i) * x_stride, k, xq.data(), QuantKernel::scalar);
+      for (int j = 0; j < n; ++j)
+        y[static_cast<std::size_t>(i) * y_stride + j] =
+            kquant::reference_row(type, blocks.data() + static_cast<std::size_t>(j) * row_bytes, xq.data(), k);
+    }
+    return {};
+  }
+  const int nb = k / kQuantBlock;
   // Q8_0 and Q4_0 take x as Q8_0, Q4_1 as Q8_1 (the same values and d,
   // plus s).
   std::vector<BlockQ8_1> xq(static_cast<std::size_t>(nb));

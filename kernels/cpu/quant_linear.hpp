@@ -20,13 +20,19 @@
 ///
 /// So a result is bit-identical to llama.cpp's scalar reference for that
 /// pair of types, and to quant_linear_reference() here. The AVX2 kernel
-/// (chosen at run time where the CPU has AVX2) computes the block integers
-/// with vpmaddubsw / vpmaddwd over 8 output columns at once and keeps each
-/// element's F32 chain in block order, so it gives the same bits.
+/// computes the block integers with vpmaddubsw / vpmaddwd over 8 output
+/// columns at once; the AVX512-VNNI kernel with vpdpbusd (u8 x s8 summed
+/// into int32, no saturation) over 16 columns. Both keep each element's F32
+/// chain in block order, so every kernel gives the same bits; the fastest
+/// the CPU has is chosen at run time.
 /// llama.cpp's own AVX2 path does not: it sums 8 lanes of partial sums and
 /// reduces them at the end (another order). Batch-invariant: a row's
 /// quantization and each element's chain depend on nothing else in the
 /// batch, the tiling or the thread count.
+///
+/// Q4_K and Q6_K (the K-quants of Q4_K_M files) multiply x quantized per
+/// 256 elements to Q8_K with their own scalar definition and kernels:
+/// kernels/cpu/quant_linear_k.hpp.
 ///
 /// Memory: a packed matrix keeps the blocks' quantized values (Q4_0, Q4_1:
 /// 4 bits each) and their scales (and Q4_1's minimums) as F32, in panels of
@@ -62,6 +68,38 @@ struct BlockQ8_1 {
 };
 static_assert(sizeof(BlockQ8_1) == 36);
 
+/// Which kernel quant_linear runs. All give the same bits.
+enum class QuantKernel {
+  automatic,    ///< the fastest this CPU has: avx512_vnni, else avx2, else scalar
+  scalar,       ///< the portable loop (tests compare the others with it)
+  avx2,         ///< vpmaddubsw / vpmaddwd, 8 columns per register; requires AVX2
+  avx512_vnni,  ///< vpdpbusd, 16 columns per register (two panels); requires
+                ///< AVX512F, AVX512BW and AVX512-VNNI; Q4_K and Q6_K run
+                ///< the AVX2 kernel under it
+};
+
+/// Elements per Q8_K block (QK_K): what Q4_K and Q6_K weights multiply.
+inline constexpr int kQuantSuperBlock = 256;
+
+/// One Q8_K block as ggml lays it out: F32 scale, 256 int8 values, the
+/// sums of each 16 values (292 bytes).
+struct BlockQ8_K {
+  float d = 0.0f;
+  std::int8_t qs[kQuantSuperBlock] = {};
+  std::int16_t bsums[kQuantSuperBlock / 16] = {};
+};
+static_assert(sizeof(BlockQ8_K) == 292);
+
+/// Quantizes x [k] (k a multiple of 256) into Q8_K blocks exactly as ggml's
+/// quantize_row_q8_K_ref: per block, max = the first value of largest
+/// magnitude, iscale = -127 / max, values MIN(127, nearest_int(iscale x))
+/// (round half to even), d = 1 / iscale (F32), bsums the sums of each 16
+/// values; an all-zero block is d = 0 and zeros. A NaN value becomes 0.
+/// `kernel`: scalar, or AVX2 (the same bits; what quant_linear uses where
+/// the CPU has it; avx512_vnni means AVX2 here). Precondition: the CPU
+/// runs `kernel` (quant_kernel_supported).
+void quantize_row_q8_k(const float* x, int k, BlockQ8_K* y, QuantKernel kernel = QuantKernel::automatic);
+
 /// Quantizes x [k] (k a multiple of 32) into k / 32 Q8_0 blocks exactly as
 /// ggml's quantize_row_q8_0_ref: per block d = amax / 127, values
 /// roundf(x / d) (round half away from zero, with 1 / d computed first), d
@@ -88,25 +126,24 @@ void quantize_row_q8_1(const float* x, int k, BlockQ8_1* y);
 /// invalid_argument (k not whole blocks), unsupported (another type).
 [[nodiscard]] Status quantize_row(GgmlType type, const float* x, int k, void* blocks);
 
-/// Which kernel quant_linear runs.
-enum class QuantKernel {
-  automatic,  ///< AVX2 where the CPU has it, else scalar
-  scalar,     ///< the portable loop (tests compare the two)
-  avx2,       ///< requires AVX2 (unsupported otherwise)
-};
+/// The kernel `automatic` runs for weights of `type` on this CPU:
+/// "avx512_vnni", "avx2" or "scalar" (Q4_K and Q6_K have no AVX512-VNNI
+/// kernel yet: "avx2" on such a CPU).
+[[nodiscard]] const char* quant_kernel_name(GgmlType type);
 
-/// The kernel `automatic` picks on this CPU: "avx2" or "scalar".
-[[nodiscard]] const char* quant_kernel_name();
+/// Whether this CPU can run `kernel` (automatic and scalar: always).
+[[nodiscard]] bool quant_kernel_supported(QuantKernel kernel);
 
 /// A quantized weight matrix W [n, k] packed for quant_linear. Owns its
 /// memory. Movable, not copyable.
 class PackedQuantLinear {
  public:
   PackedQuantLinear() = default;
-  /// Packs `blocks` (row-major: n rows of k / 32 blocks of `type`, the GGUF
-  /// tensor's bytes, any alignment). Errors: unsupported (a type other
-  /// than Q8_0, Q4_0 and Q4_1, named), invalid_argument (n < 1, k < 1 or not a
-  /// multiple of 32, fewer bytes than n rows need).
+  /// Packs `blocks` (row-major: n rows of k / 32 blocks of `type`, or k /
+  /// 256 for Q4_K and Q6_K; the GGUF tensor's bytes, any alignment).
+  /// Errors: unsupported (a type other than Q8_0, Q4_0, Q4_1, Q4_K and Q6_K,
+  /// named), invalid_argument (n < 1, k < 1 or not whole blocks, fewer bytes
+  /// than n rows need).
   [[nodiscard]] static Result<PackedQuantLinear> pack(GgmlType type, std::span<const std::uint8_t> blocks, int n,
                                                       int k);
 
@@ -129,7 +166,7 @@ class PackedQuantLinear {
 /// `x_stride` floats (>= k), `y` rows `y_stride` (>= n); m may be 0.
 /// Parallel over panels of output columns with OpenMP. Errors:
 /// invalid_argument (m < 0, strides below k or n), unsupported (`kernel`
-/// avx2 on a CPU without it).
+/// avx2 or avx512_vnni on a CPU without it).
 [[nodiscard]] Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear& w, float* y,
                                   int y_stride, QuantKernel kernel = QuantKernel::automatic);
 

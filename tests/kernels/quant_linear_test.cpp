@@ -1,7 +1,7 @@
 // Quantized linear layers (kernels/cpu/quant_linear.hpp, issue 40 step 2 in
 // part): x rows (and weights quantized on load: Q8_0, Q4_0, Q4_1)
 // quantized bit for bit like the `gguf` package;
-// the scalar and AVX2 kernels on packed Q8_0 / Q4_0 weights bit for bit
+// the scalar, AVX2 and AVX512-VNNI kernels on packed weights bit for bit
 // like the scalar definition (llama.cpp's quantize_row_q8_0_ref and
 // ggml_vec_dot_{q8_0,q4_0}_q8_0) for any batch, row position and thread
 // count; and close to the dequantized product.
@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "tests/support/ggml_blocks.hpp"
 #include "tests/support/python.hpp"
 
 namespace shardline::kernels::cpu {
@@ -30,15 +32,17 @@ namespace kernels_quant_linear_test {
 
 /// Rows of x: random normals, plus blocks that test the rounding: all zero,
 /// one huge value beside tiny ones, values at exact halves of the step (both
-/// signs), tiny values whose scale underflows F16.
-std::vector<float> make_x(int m, int k, std::mt19937& rng) {
+/// signs), tiny values whose scale underflows F16, a NaN (unless
+/// `with_nan` is false), values a hair below a half of the step; row 8
+/// (when m > 8) all zeros.
+std::vector<float> make_x(int m, int k, std::mt19937& rng, bool with_nan = true) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(static_cast<std::size_t>(m) * k);
   for (float& v : x) v = normal(rng);
   for (int i = 0; i < m; ++i) {
     float* row = x.data() + static_cast<std::size_t>(i) * k;
     const int b = (i % (k / kQuantBlock)) * kQuantBlock;
-    switch (i % 5) {
+    switch (i % 7) {
       case 0: std::fill(row + b, row + b + kQuantBlock, 0.0f); break;
       case 1:
         row[b] = 3.0e4f;
@@ -51,36 +55,34 @@ std::vector<float> make_x(int m, int k, std::mt19937& rng) {
       case 3:  // a scale that underflows F16 to zero
         for (int j = 0; j < kQuantBlock; ++j) row[b + j] = 1e-30f * static_cast<float>(j - 16);
         break;
-      default:  // the largest magnitude twice, both signs (Q4_0 takes the first)
+      case 4:  // the largest magnitude twice, both signs (Q4_0 takes the first)
         row[b + 3] = -4.0f;
         row[b + 9] = 4.0f;
         for (int j = 0; j < kQuantBlock; ++j)
           if (j != 3 && j != 9) row[b + j] = 0.25f * static_cast<float>(j % 16) - 2.0f;
         break;
+      case 5:  // a NaN (quantized to 0; llama.cpp leaves it undefined: not for the oracles)
+        if (with_nan) row[b + 7] = std::numeric_limits<float>::quiet_NaN();
+        break;
+      default:  // amax 127 (d = 1) and values a hair below a half: x + 0.5 would round them up
+        row[b] = -127.0f;
+        for (int j = 1; j < kQuantBlock; ++j)
+          row[b + j] = (j % 2 == 0 ? 1.0f : -1.0f) * std::nextafter(static_cast<float>(j % 4) + 0.5f, 0.0f);
+        break;
     }
   }
+  if (m > 8)  // a whole row of zeros (Q8_K: all-zero super-blocks)
+    std::fill(x.begin() + static_cast<std::ptrdiff_t>(8) * k, x.begin() + static_cast<std::ptrdiff_t>(9) * k, 0.0f);
   return x;
 }
 
-/// n rows of `type` blocks with random values and sane random F16 scales;
-/// Q8_0 values cover -128 .. 127 (a file may hold -128).
-std::vector<std::uint8_t> make_w(GgmlType type, int n, int k, std::mt19937& rng) {
-  const std::size_t row_bytes = *ggml_row_bytes(static_cast<std::uint32_t>(type), k);
-  std::vector<std::uint8_t> w(static_cast<std::size_t>(n) * row_bytes);
-  std::uniform_int_distribution<int> byte(0, 255);
-  for (auto& v : w) v = static_cast<std::uint8_t>(byte(rng));
-  std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
-  const std::size_t block_bytes = type == GgmlType::q8_0 ? 34 : type == GgmlType::q4_0 ? 18 : 20;
-  for (std::size_t at = 0; at < w.size(); at += block_bytes) {
-    const std::uint16_t h = f32_to_f16(scale(rng));
-    std::memcpy(w.data() + at, &h, 2);
-    if (type == GgmlType::q4_1) {  // Q4_1's minimum
-      const std::uint16_t m = f32_to_f16(scale(rng) * 8.0f);
-      std::memcpy(w.data() + at + 2, &m, 2);
-    }
-  }
-  return w;
-}
+using testing_support::random_ggml_blocks;
+
+bool k_quant(GgmlType t) { return testing_support::is_k_quant(t); }
+
+/// A k of `k32` 32-element blocks' size for the 32-block types, 8 x that
+/// for the K-quants (whole super-blocks).
+int scaled_k(GgmlType t, int k32) { return k_quant(t) ? 8 * k32 : k32; }
 
 std::vector<float> reference(const std::vector<float>& x, int m, int k, GgmlType type,
                              const std::vector<std::uint8_t>& w, int n) {
@@ -106,10 +108,16 @@ int mismatches(const std::vector<float>& a, const std::vector<float>& b, const s
   return bad;
 }
 
+/// Every kernel this CPU runs (the scalar one everywhere).
 std::vector<QuantKernel> kernels() {
-  std::vector<QuantKernel> out{QuantKernel::scalar};
-  if (std::string(quant_kernel_name()) == "avx2") out.push_back(QuantKernel::avx2);
+  std::vector<QuantKernel> out;
+  for (const QuantKernel k : {QuantKernel::scalar, QuantKernel::avx2, QuantKernel::avx512_vnni})
+    if (quant_kernel_supported(k)) out.push_back(k);
   return out;
+}
+
+std::string kernel_label(QuantKernel k) {
+  return k == QuantKernel::avx2 ? "avx2" : k == QuantKernel::avx512_vnni ? "avx512_vnni" : "scalar";
 }
 
 class QuantizeRow : public ::testing::TestWithParam<GgmlType> {};
@@ -124,7 +132,7 @@ TEST_P(QuantizeRow, RowsQuantizeLikeTheGgufPackage) {
   ASSERT_TRUE(problem.empty()) << problem;
   constexpr int kM = 40, kK = 256;
   std::mt19937 rng(4001);
-  const std::vector<float> x = make_x(kM, kK, rng);
+  const std::vector<float> x = make_x(kM, kK, rng, /*with_nan=*/false);
   const std::size_t row_bytes = *ggml_row_bytes(static_cast<std::uint32_t>(type), kK);
   std::vector<std::uint8_t> ours(kM * row_bytes);
   for (int i = 0; i < kM; ++i) {
@@ -158,6 +166,52 @@ TEST_P(QuantizeRow, RowsQuantizeLikeTheGgufPackage) {
     if (std::memcmp(ours.data() + b * block_bytes, want.data() + b * block_bytes, block_bytes) != 0 && ++bad <= 3)
       ADD_FAILURE() << name << " block " << b << " (row " << b / (kK / kQuantBlock) << ") differs from gguf's";
   EXPECT_EQ(bad, 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Q4_K's and Q6_K's activations: ggml's quantize_row_q8_K_ref, written out
+// in numpy by the oracle (the gguf package has no Q8_K quantizer). The rows
+// hold exact halves of the step (round half to even), a largest magnitude
+// seen twice with both signs (the first one sets the sign of d), a scale
+// that underflows, and an all-zero super-block.
+TEST(QuantizeRowQ8K, RowsQuantizeLikeGgmlsDefinition) {
+  const std::string problem = testing_support::python_env_problem("gguf, numpy");
+  ASSERT_TRUE(problem.empty()) << problem;
+  constexpr int kM = 41, kK = 512, kBlocks = kK / kQuantSuperBlock;
+  std::mt19937 rng(4006);
+  std::vector<float> x = make_x(kM - 1, kK, rng, /*with_nan=*/false);
+  x.resize(static_cast<std::size_t>(kM) * kK, 0.0f);
+  // Every path: the scalar definition, and AVX2 where the CPU has it.
+  std::vector<std::vector<BlockQ8_K>> paths;
+  for (const QuantKernel kernel : {QuantKernel::scalar, QuantKernel::avx2}) {
+    if (!quant_kernel_supported(kernel)) continue;
+    std::vector<BlockQ8_K>& ours = paths.emplace_back(static_cast<std::size_t>(kM) * kBlocks);
+    for (int i = 0; i < kM; ++i)
+      quantize_row_q8_k(x.data() + static_cast<std::size_t>(i) * kK, kK,
+                        ours.data() + static_cast<std::size_t>(i) * kBlocks, kernel);
+  }
+  const auto dir = std::filesystem::temp_directory_path() / ("shardline_quant_q8k_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "x.f32", std::ios::binary)
+      .write(reinterpret_cast<const char*>(x.data()), static_cast<std::streamsize>(x.size() * 4));
+  const auto r = testing_support::run_command(testing_support::kPython + " " + SHARDLINE_SOURCE_DIR +
+                                              "/tests/kernels/quant_oracle.py " + dir.string() + " " +
+                                              std::to_string(kK) + " Q8_K");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream in(dir / "x.blocks", std::ios::binary);
+  std::vector<BlockQ8_K> want(static_cast<std::size_t>(kM) * kBlocks);
+  in.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(want.size() * sizeof(BlockQ8_K)));
+  ASSERT_EQ(in.gcount(), static_cast<std::streamsize>(want.size() * sizeof(BlockQ8_K)));
+  for (std::size_t p = 0; p < paths.size(); ++p) {
+    const std::vector<BlockQ8_K>& ours = paths[p];
+    int bad = 0;
+    for (std::size_t b = 0; b < ours.size(); ++b)
+      if (std::memcmp(&ours[b], &want[b], sizeof(BlockQ8_K)) != 0 && ++bad <= 3)
+        ADD_FAILURE() << (p == 0 ? "scalar" : "avx2") << " Q8_K block " << b << " (row " << b / kBlocks
+                      << ") differs: d " << ours[b].d << " vs " << want[b].d;
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(ours.back().d, 0.0f) << "an all-zero block";
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -203,22 +257,27 @@ TEST(QuantLinear, Q8_1IsQ8_0WithTheSumOfItsValuesTimesTheScale) {
 
 class QuantLinearTypes : public ::testing::TestWithParam<GgmlType> {};
 
-INSTANTIATE_TEST_SUITE_P(Types, QuantLinearTypes, ::testing::Values(GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1),
+INSTANTIATE_TEST_SUITE_P(Types, QuantLinearTypes,
+                         ::testing::Values(GgmlType::q8_0, GgmlType::q4_0, GgmlType::q4_1, GgmlType::q4_k,
+                                           GgmlType::q6_k),
                          [](const ::testing::TestParamInfo<GgmlType>& i) {
                            return ggml_type_name(static_cast<std::uint32_t>(i.param));
                          });
 
 TEST_P(QuantLinearTypes, EveryKernelMatchesTheScalarDefinitionBitForBit) {
   std::mt19937 rng(4002);
-  for (const auto& [n, k] : std::vector<std::pair<int, int>>{{37, 256}, {8, 32}, {64, 512}, {3, 96}}) {
-    const std::vector<std::uint8_t> w = make_w(GetParam(), n, k, rng);
+  // n: one panel, a partial one, odd and even panel counts (the VNNI
+  // kernel takes panels in pairs).
+  for (const auto& [n, k32] : std::vector<std::pair<int, int>>{{37, 256}, {8, 32}, {64, 512}, {3, 96}, {24, 64}}) {
+    const int k = scaled_k(GetParam(), k32);
+    const std::vector<std::uint8_t> w = random_ggml_blocks(GetParam(), n, k, rng);
     auto packed = PackedQuantLinear::pack(GetParam(), w, n, k);
     ASSERT_TRUE(packed.ok()) << packed.error().to_string();
     for (const int m : {1, 3, 4, 5, 9}) {
       const std::vector<float> x = make_x(m, k, rng);
       const std::vector<float> want = reference(x, m, k, GetParam(), w, n);
       for (const QuantKernel kernel : kernels()) {
-        const std::string what = std::string(kernel == QuantKernel::avx2 ? "avx2" : "scalar") + " n " +
+        const std::string what = kernel_label(kernel) + " n " +
                                  std::to_string(n) + " k " + std::to_string(k) + " m " + std::to_string(m);
         EXPECT_EQ(mismatches(run(x, m, k, *packed, kernel), want, what), 0) << what;
       }
@@ -235,7 +294,7 @@ struct Problem {
 
 Problem make_problem(GgmlType type, int n, int k, int m, std::mt19937& rng) {
   Problem p;
-  p.w = make_w(type, n, k, rng);
+  p.w = random_ggml_blocks(type, n, k, rng);
   auto packed = PackedQuantLinear::pack(type, p.w, n, k);
   EXPECT_TRUE(packed.ok()) << packed.error().to_string();
   if (packed.ok()) p.packed = std::move(packed).value();
@@ -245,7 +304,8 @@ Problem make_problem(GgmlType type, int n, int k, int m, std::mt19937& rng) {
 
 TEST_P(QuantLinearTypes, ARowsResultDoesNotDependOnTheBatchOrTheThreads) {
   std::mt19937 rng(4003);
-  constexpr int kN = 45, kK = 320, kM = 11;
+  constexpr int kN = 45, kM = 11;
+  const int kK = scaled_k(GetParam(), 320);
   const Problem problem = make_problem(GetParam(), kN, kK, kM, rng);
   const auto& [w, packed, x] = problem;
   const int threads = omp_get_max_threads();
@@ -267,14 +327,54 @@ TEST_P(QuantLinearTypes, ARowsResultDoesNotDependOnTheBatchOrTheThreads) {
   omp_set_num_threads(threads);
 }
 
+/// The K-quants' half of the test below: y [m, n] against the dequantized
+/// weights `wd` times x dequantized from Q8_K, in double. Q4_K's weights
+/// are d sc q - dmin m: both parts are dequantized apart (a copy with dmin
+/// zeroed, one with d zeroed) so that the bound covers their cancellation.
+void expect_k_quant_product(GgmlType type, const std::vector<std::uint8_t>& w, const std::vector<float>& wd,
+                            const std::vector<float>& x, const std::vector<float>& y, int n, int k, int m) {
+  std::vector<float> scale_part = wd, min_part(wd.size(), 0.0f);
+  if (type == GgmlType::q4_k) {
+    std::vector<std::uint8_t> no_min = w, no_scale = w;
+    for (std::size_t at = 0; at < w.size(); at += 144) {
+      std::memset(no_min.data() + at + 2, 0, 2);
+      std::memset(no_scale.data() + at, 0, 2);
+    }
+    const auto count = static_cast<std::int64_t>(wd.size());
+    ASSERT_TRUE(dequantize_row(type, no_min.data(), scale_part.data(), count).ok());
+    ASSERT_TRUE(dequantize_row(type, no_scale.data(), min_part.data(), count).ok());
+  }
+  std::vector<BlockQ8_K> xq(static_cast<std::size_t>(k / kQuantSuperBlock));
+  for (int i = 0; i < m; ++i) {
+    quantize_row_q8_k(x.data() + static_cast<std::size_t>(i) * k, k, xq.data());
+    for (int j = 0; j < n; ++j) {
+      double exact = 0.0, magnitude = 0.0;
+      for (int e = 0; e < k; ++e) {
+        const BlockQ8_K& b = xq[static_cast<std::size_t>(e / kQuantSuperBlock)];
+        const double x_e = static_cast<double>(b.d) * b.qs[e % kQuantSuperBlock];
+        const std::size_t at = static_cast<std::size_t>(j) * k + e;
+        exact += (static_cast<double>(scale_part[at]) + min_part[at]) * x_e;
+        magnitude += (std::fabs(scale_part[at]) + std::fabs(min_part[at])) * std::fabs(x_e);
+      }
+      EXPECT_NEAR(y[static_cast<std::size_t>(i) * n + j], exact, 1e-5 * magnitude + 1e-30)
+          << "row " << i << " column " << j;
+    }
+  }
+}
+
 TEST_P(QuantLinearTypes, TheResultIsTheDequantizedProductUpToF32Rounding) {
   std::mt19937 rng(4004);
-  constexpr int kN = 24, kK = 512, kM = 6;
+  constexpr int kN = 24, kM = 6;
+  const int kK = scaled_k(GetParam(), 512);
   const Problem problem = make_problem(GetParam(), kN, kK, kM, rng);
   const auto& [w, packed, x] = problem;
   const std::vector<float> y = run(x, kM, kK, packed, QuantKernel::automatic);
   std::vector<float> wd(static_cast<std::size_t>(kN) * kK);
   ASSERT_TRUE(dequantize_row(GetParam(), w.data(), wd.data(), static_cast<std::int64_t>(wd.size())).ok());
+  if (k_quant(GetParam())) {
+    expect_k_quant_product(GetParam(), w, wd, x, y, kN, kK, kM);
+    return;
+  }
   for (int i = 0; i < kM; ++i) {
     std::vector<BlockQ8_1> xq(kK / kQuantBlock);
     quantize_row_q8_1(x.data() + static_cast<std::size_t>(i) * kK, kK, xq.data());
@@ -308,10 +408,15 @@ TEST_P(QuantLinearTypes, TheResultIsTheDequantizedProductUpToF32Rounding) {
 
 TEST(QuantLinear, BadShapesAndTypesAreRefusedWithAClearError) {
   std::vector<std::uint8_t> w(34 * 4);
-  auto q4k = PackedQuantLinear::pack(GgmlType::q4_k, w, 1, 256);
-  ASSERT_FALSE(q4k.ok());
-  EXPECT_EQ(q4k.error().code, ErrorCode::unsupported);
-  EXPECT_NE(q4k.error().message.find("Q4_K"), std::string::npos) << q4k.error().message;
+  auto q5k = PackedQuantLinear::pack(GgmlType::q5_k, w, 1, 256);
+  ASSERT_FALSE(q5k.ok());
+  EXPECT_EQ(q5k.error().code, ErrorCode::unsupported);
+  EXPECT_NE(q5k.error().message.find("Q5_K"), std::string::npos) << q5k.error().message;
+  auto partial_super_block = PackedQuantLinear::pack(GgmlType::q4_k, w, 1, 128);
+  ASSERT_FALSE(partial_super_block.ok());
+  EXPECT_EQ(partial_super_block.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(partial_super_block.error().message.find("multiple of 256"), std::string::npos)
+      << partial_super_block.error().message;
   auto odd_k = PackedQuantLinear::pack(GgmlType::q8_0, w, 1, 48);
   ASSERT_FALSE(odd_k.ok());
   EXPECT_EQ(odd_k.error().code, ErrorCode::invalid_argument);

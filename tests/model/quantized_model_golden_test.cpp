@@ -14,7 +14,10 @@
 //    shards of a quantized model split rows and columns at block
 //    boundaries (logits within all-reduce rounding of one device's); a
 //    shard that would split a block and a matrix that is not whole blocks
-//    are refused, naming the tensor.
+//    are refused, naming the tensor;
+//  - a file with llama.cpp's Q4_K_M pattern (Q4_K matrices, Q6_K ffn_down,
+//    output and some attn_v) keeps its K-quant matrices, dequantizes a
+//    fused matrix of mixed types, and agrees with its dequantized self.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -32,6 +35,8 @@
 #include "model/cpu_runner.hpp"
 #include "model/tokenizer_loader.hpp"
 #include "model/weights.hpp"
+#include "tests/model/gguf_writer.hpp"
+#include "tests/support/ggml_blocks.hpp"
 #include "tests/support/runner_driver.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/python.hpp"
@@ -404,6 +409,138 @@ TEST_F(QuantizedShards, AShardThatSplitsABlockAndAPartialBlockAreRefusedByName) 
   EXPECT_EQ(bad.error().code, ErrorCode::invalid_argument);
   EXPECT_NE(bad.error().message.find("blk.0.ffn_down"), std::string::npos) << bad.error().message;
   EXPECT_NE(bad.error().message.find("172 columns"), std::string::npos) << bad.error().message;
+}
+
+using KQuantModel = testing_support::TempDirTest;
+
+/// A 2-layer llama GGUF (hidden 256, 4 heads of 64, 2 KV heads, FFN 512,
+/// vocab 96) with random blocks in llama-quantize's Q4_K_M pattern: Q4_K
+/// everywhere but ffn_down, output and layer 1's attn_v (Q6_K); so layer
+/// 1's fused q/k/v mixes two types.
+void write_q4_k_m_llama(const std::string& path) {
+  constexpr int kHidden = 256, kHeads = 4, kKvHeads = 2, kHeadDim = 64, kFfn = 512, kVocab = 96;
+  testing_support::GgufWriter w;
+  w.put_str("general.architecture", "llama");
+  w.put_u32("llama.block_count", 2);
+  w.put_u32("llama.embedding_length", kHidden);
+  w.put_u32("llama.feed_forward_length", kFfn);
+  w.put_u32("llama.attention.head_count", kHeads);
+  w.put_u32("llama.attention.head_count_kv", kKvHeads);
+  w.put_u32("llama.context_length", 256);
+  w.put_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.put_f32("llama.rope.freq_base", 10000.0f);
+  w.put_u32("llama.vocab_size", kVocab);
+  w.put_u32("tokenizer.ggml.bos_token_id", 1);
+  w.put_u32("tokenizer.ggml.eos_token_id", 2);
+  std::mt19937 rng(4007);
+  const auto matrix = [&](const std::string& name, GgmlType type, int rows, int cols) {
+    const std::vector<std::uint8_t> b = testing_support::random_ggml_blocks(type, rows, cols, rng);
+    w.add_tensor(name, {static_cast<std::uint64_t>(cols), static_cast<std::uint64_t>(rows)},
+                 static_cast<std::uint32_t>(type), std::string(b.begin(), b.end()));
+  };
+  const auto norm = [&](const std::string& name) {
+    w.add_f32(name, {kHidden}, std::vector<float>(kHidden, 1.0f));
+  };
+  matrix("token_embd.weight", GgmlType::q4_k, kVocab, kHidden);
+  for (int l = 0; l < 2; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    norm(b + "attn_norm.weight");
+    matrix(b + "attn_q.weight", GgmlType::q4_k, kHeads * kHeadDim, kHidden);
+    matrix(b + "attn_k.weight", GgmlType::q4_k, kKvHeads * kHeadDim, kHidden);
+    matrix(b + "attn_v.weight", l == 0 ? GgmlType::q4_k : GgmlType::q6_k, kKvHeads * kHeadDim, kHidden);
+    matrix(b + "attn_output.weight", GgmlType::q4_k, kHidden, kHeads * kHeadDim);
+    norm(b + "ffn_norm.weight");
+    matrix(b + "ffn_gate.weight", GgmlType::q4_k, kFfn, kHidden);
+    matrix(b + "ffn_up.weight", GgmlType::q4_k, kFfn, kHidden);
+    matrix(b + "ffn_down.weight", GgmlType::q6_k, kHidden, kFfn);
+  }
+  norm("output_norm.weight");
+  matrix("output.weight", GgmlType::q6_k, kVocab, kHidden);
+  w.write(path);
+}
+
+// Max |Δ| of the logits (the largest is 62.5 here), K-quant compute
+// against the same random weights dequantized to F32: each of the 7
+// linear layers' inputs is rounded to Q8_K (8 bits per 256 values, an RMS
+// error of about 0.7% of a Gaussian input), and random weights amplify it.
+// Measured 1.51 (2026-12-01, 12 prompt positions and 8 decodes; every
+// machine computes the same bits), bound 1.5x. Planted bug caught: the
+// kept blocks' q/k rows left permuted (max |Δ| 85.5, and the exact check
+// of the dequantized matrices below).
+constexpr float kKQuantBound = 2.3f;
+
+TEST_F(KQuantModel, AQ4KMFileKeepsItsKQuantsAndMatchesItsDequantizedSelf) {
+  write_q4_k_m_llama(path("q4_k_m.gguf"));
+  LoadOptions quant;
+  quant.dtype = DType::f32;
+  quant.keep_quantized = true;
+  auto q = load(path("q4_k_m.gguf"), quant);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->embed_tokens.format_name(), "Q4_K");
+  EXPECT_EQ(q->lm_head.format_name(), "Q6_K");
+  EXPECT_EQ(q->layers[0].qkv.format_name(), "Q4_K");
+  EXPECT_EQ(q->layers[1].qkv.format_name(), "F32") << "Q4_K q and k beside a Q6_K v: dequantized";
+  for (const LayerWeights& l : q->layers) {
+    EXPECT_EQ(l.o_proj.format_name(), "Q4_K");
+    EXPECT_EQ(l.gate_up.format_name(), "Q4_K");
+    EXPECT_EQ(l.down_proj.format_name(), "Q6_K");
+  }
+  LoadOptions dense;
+  dense.dtype = DType::f32;
+  auto f = load(path("q4_k_m.gguf"), dense);
+  ASSERT_NE(f, nullptr);
+  // The kept blocks, dequantized, are the dense load byte for byte: the
+  // same rows in the same order (llama's q/k rows un-permuted).
+  auto d = dequantized_weights(q);
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  const auto same = [](const Matrix& a, const Matrix& b) {
+    return a.bytes() == b.bytes() && std::memcmp(a.data, b.data, a.bytes()) == 0;
+  };
+  EXPECT_TRUE(same((*d)->embed_tokens, f->embed_tokens));
+  EXPECT_TRUE(same((*d)->lm_head, f->lm_head));
+  for (std::size_t i = 0; i < f->layers.size(); ++i) {
+    const LayerWeights &a = (*d)->layers[i], &b = f->layers[i];
+    EXPECT_TRUE(same(a.qkv, b.qkv) && same(a.o_proj, b.o_proj) && same(a.gate_up, b.gate_up) &&
+                same(a.down_proj, b.down_proj))
+        << "layer " << i;
+  }
+  auto rq = runner_for(q), rf = runner_for(f);
+  ASSERT_TRUE(rq && rf);
+  testing_support::RunnerDriver dq(*rq, kBlockSize), df(*rf, kBlockSize);
+  const std::vector<std::int32_t> ids = {1, 17, 33, 58, 90, 4, 71, 12, 45, 66, 3, 29};
+  const int sq = dq.add_seq(0, 4), sf = df.add_seq(0, 4);
+  auto a = dq.step({{.seq = sq, .tokens = ids, .all_logits = true}});
+  auto b = df.step({{.seq = sf, .tokens = ids, .all_logits = true}});
+  float worst = 0.0f, largest = 0.0f;
+  for (std::size_t t = 0; t < a.size(); ++t) {
+    worst = std::max(worst, max_abs_diff(a[t], b[t]));
+    for (const float v : b[t]) largest = std::max(largest, std::fabs(v));
+  }
+  std::vector<float> la = a.back(), lb = b.back();
+  for (int step = 0; step < 8; ++step) {  // both fed the dense model's greedy token
+    const int next = testing_support::argmax_of(lb);
+    la = dq.step({{.seq = sq, .tokens = {next}}}).at(0);
+    lb = df.step({{.seq = sf, .tokens = {next}}}).at(0);
+    worst = std::max(worst, max_abs_diff(la, lb));
+  }
+  EXPECT_LE(worst, kKQuantBound);
+  EXPECT_GT(largest, 1.0f) << "logits of a size the bound means something against";
+  std::printf("  Q4_K_M-pattern llama, K-quants kept vs dequantized F32: max |logit delta| %.3g (bound %.3g), "
+              "largest logit %.3g\n",
+              static_cast<double>(worst), static_cast<double>(kKQuantBound), static_cast<double>(largest));
+
+  // Batch invariance on the K-quant kernels: alone with one thread, and
+  // beside another sequence with two.
+  auto r1 = runner_for(q, 1), r2 = runner_for(q, 2);
+  ASSERT_TRUE(r1 && r2);
+  testing_support::RunnerDriver d1(*r1, kBlockSize), d2(*r2, kBlockSize);
+  const auto alone = d1.step({{.seq = d1.add_seq(0, 4), .tokens = ids, .all_logits = true}});
+  const int other = d2.add_seq(0, 4), mine = d2.add_seq(4, 4);
+  const auto batched = d2.step({{.seq = other, .tokens = {5, 6, 7, 8, 9}},
+                                {.seq = mine, .tokens = ids, .all_logits = true}});
+  ASSERT_EQ(batched.size(), 1 + ids.size());
+  for (std::size_t t = 0; t < ids.size(); ++t)
+    EXPECT_TRUE(same_bits(alone[t], batched[1 + t])) << "prompt position " << t;
 }
 
 }  // namespace model_quantized_model_golden_test
