@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <optional>
+#include <map>
 #include <chrono>
 #include <memory>
 #include <numeric>
@@ -19,6 +21,7 @@
 #include "sim/calibration/workload.hpp"
 #include "sim/calibration/roofline.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/quant_linear.hpp"
 
 namespace shardline::bench {
 
@@ -93,6 +96,7 @@ class MeasuringExecutor final : public model::ModelExecutor {
 std::string ThroughputReport::to_json() const {
   nlohmann::json j{{"model", model},
                    {"dtype", dtype},
+                   {"quant_kernels", quant_kernels},
                    {"kv_cache_dtype", kv_cache_dtype},
                    {"step_overlap", step_overlap},
                    {"num_prompts", num_prompts},
@@ -132,6 +136,8 @@ std::string ThroughputReport::to_json() const {
                    {"gemm_gflops", gemm_gflops},
                    {"openblas_gflops", openblas_gflops},
                    {"linear_gflops", linear_gflops},
+                   {"quant_linear_gflops", quant_linear_gflops},
+                   {"gemm_format", gemm_format},
                    {"fma_peak_gflops", fma_peak_gflops},
                    {"num_steps", num_steps},
                    {"model_s", model_s},
@@ -205,6 +211,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   // Hardware limits, measured on this machine before and after the run; the
   // best of the two is the limit (a neighbour's load can only lower a reading).
   const DType weight_dtype = o.engine.dtype;
+  std::optional<kernels::GgmlType> quant_format;  // the quantized format holding most weights
   const auto measure_limits = [&] {
     rep.membw_gbs = std::max(rep.membw_gbs, measure_triad_bandwidth_gbs(threads));
     rep.openblas_gflops = std::max(rep.openblas_gflops, measure_sgemm_gflops(threads));
@@ -213,8 +220,14 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
     rep.fma_peak_gflops = std::max(rep.fma_peak_gflops, measure_fma_peak_gflops(threads, weight_dtype));
     // OpenBLAS' sgemm is an F32 GEMM: a peak for F32 weights only.
     rep.gemm_gflops = weight_dtype == DType::f32 ? std::max(rep.openblas_gflops, rep.linear_gflops) : rep.linear_gflops;
+    rep.gemm_format = dtype_name(weight_dtype);
+    if (quant_format) {
+      rep.quant_linear_gflops =
+          std::max(rep.quant_linear_gflops, sim::calibration::measure_quant_linear_gflops(*quant_format));
+      rep.gemm_gflops = rep.quant_linear_gflops;
+      rep.gemm_format = kernels::ggml_type_name(static_cast<std::uint32_t>(*quant_format));
+    }
   };
-  measure_limits();
 
   engine::EngineOptions eo = o.engine;
   eo.num_threads = threads;
@@ -228,11 +241,17 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   // Q4_1 0.625, Q8_0 1.0625), and their formats, e.g. "Q4_1+Q8_0".
   double matrix_bytes = 0, matrix_elems = 0;
   std::vector<std::string> formats;
+  std::map<kernels::GgmlType, double> quant_elems;
   const auto count = [&](const model::Matrix& m) {
     if (m.empty()) return;
     matrix_bytes += static_cast<double>(m.bytes());
     matrix_elems += static_cast<double>(m.rows) * m.cols;
-    if (std::find(formats.begin(), formats.end(), m.format_name()) == formats.end()) formats.push_back(m.format_name());
+    if (m.quant) quant_elems[*m.quant] += static_cast<double>(m.rows) * m.cols;
+    if (std::find(formats.begin(), formats.end(), m.format_name()) != formats.end()) return;
+    formats.push_back(m.format_name());
+    if (m.quant)
+      rep.quant_kernels += std::string(rep.quant_kernels.empty() ? "" : "+") + m.format_name() + ":" +
+                           kernels::cpu::quant_kernel_name(*m.quant);
   };
   count(e.weights->embed_tokens);
   if (e.weights->lm_head.data != e.weights->embed_tokens.data) count(e.weights->lm_head);
@@ -244,6 +263,9 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   }
   const double elem_bytes =
       matrix_elems > 0 ? matrix_bytes / matrix_elems : static_cast<double>(dtype_size(o.engine.dtype));
+  for (const auto& [type, elems] : quant_elems)
+    if (!quant_format || elems > quant_elems[*quant_format]) quant_format = type;
+  measure_limits();
 
   // The engine must run on the measuring executor: build a second engine over it.
   auto* cpu_runner = e.executor_as<model::CpuModelRunner>();

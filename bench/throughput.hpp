@@ -50,6 +50,10 @@ struct ThroughputReport {
   int num_prompts = 0, input_len = 0, output_len = 0, max_batch = 0, threads = 0;
   std::string model;
   std::string dtype;           ///< weight storage
+  /// The kernel each quantized format runs on this CPU, e.g.
+  /// "Q4_1:avx512_vnni+Q8_0:avx512_vnni" (kernels/cpu/quant_linear.hpp's
+  /// quant_kernel_name); empty for dense weights.
+  std::string quant_kernels;
   std::string kv_cache_dtype;  ///< KV cache storage
   std::string step_overlap = "none";  ///< --step-overlap (model/shard_runner.hpp's StepOverlap)
   double elapsed_s = 0;          ///< wall time of the whole run (scheduling + sampling included)
@@ -96,6 +100,11 @@ struct ThroughputReport {
   double gemm_gflops = 0;
   double openblas_gflops = 0;    ///< OpenBLAS sgemm on 2048^3
   double linear_gflops = 0;      ///< Shardline's batch-invariant linear on 2048^3, the run's dtype
+  /// Quantized weights: the linear layer on 2048^3 weights of the format
+  /// holding most of the model's weights (`gemm_format`), which is then
+  /// the GEMM limit (`gemm_gflops`); 0 for dense weights.
+  double quant_linear_gflops = 0;
+  std::string gemm_format;       ///< the format gemm_gflops was measured in
   /// Register-only FMA / VDPBF16PS throughput of the run's dtype on the run's
   /// threads (sim/calibration/hardware.hpp): the instruction ceiling above any GEMM.
   double fma_peak_gflops = 0;

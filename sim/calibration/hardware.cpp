@@ -21,6 +21,7 @@
 #include "comm/inproc.hpp"
 #include "common/dtype.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/quant_linear.hpp"
 
 namespace shardline::sim::calibration {
 
@@ -124,6 +125,34 @@ double measure_linear_gflops(int n, int repeats, DType dtype) {
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     kernels::cpu::linear(x.data(), n, n, packed, nullptr, y.data(), n);
+    best = std::min(best, seconds_since(t0));
+  }
+  return 2.0 * n * static_cast<double>(n) * n / best / 1e9;
+}
+
+double measure_quant_linear_gflops(kernels::GgmlType type, int n, int repeats) {
+  const auto row_bytes = kernels::ggml_row_bytes(static_cast<std::uint32_t>(type), n);
+  if (!row_bytes) return 0.0;
+  // Valid blocks of any type: bytes from a fixed pattern, with the F16
+  // scales (d at byte 0, or 208 for Q6_K; Q4_1's m / Q4_K's dmin at 2) set
+  // to 2^-10 so that no value is NaN or infinite.
+  const auto traits = *kernels::ggml_type_traits(static_cast<std::uint32_t>(type));
+  std::vector<std::uint8_t> blocks(static_cast<std::size_t>(n) * *row_bytes);
+  for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<std::uint8_t>((i * 73 + 11) % 251);
+  const std::uint16_t scale = f32_to_f16(1.0f / 1024.0f);
+  for (std::size_t at = 0; at < blocks.size(); at += static_cast<std::size_t>(traits.type_size)) {
+    std::memcpy(blocks.data() + at + (type == kernels::GgmlType::q6_k ? 208 : 0), &scale, 2);
+    if (type == kernels::GgmlType::q4_1 || type == kernels::GgmlType::q4_k) std::memcpy(blocks.data() + at + 2, &scale, 2);
+  }
+  auto packed = kernels::cpu::PackedQuantLinear::pack(type, blocks, n, n);
+  if (!packed.ok()) return 0.0;
+  std::vector<float> x(static_cast<std::size_t>(n) * n), y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 5) % 11) * 0.01f - 0.05f;
+  if (!kernels::cpu::quant_linear(x.data(), n, n, *packed, y.data(), n).ok()) return 0.0;  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)kernels::cpu::quant_linear(x.data(), n, n, *packed, y.data(), n);
     best = std::min(best, seconds_since(t0));
   }
   return 2.0 * n * static_cast<double>(n) * n / best / 1e9;

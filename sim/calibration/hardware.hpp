@@ -4,6 +4,7 @@
 /// are honest on whatever machine runs it.
 
 #include "common/dtype.hpp"
+#include "kernels/cpu/ggml_quants.hpp"
 
 namespace shardline::sim::calibration {
 
@@ -29,6 +30,14 @@ namespace shardline::sim::calibration {
 /// VDPBF16PS) and the calling thread's OpenMP threads, best of `repeats`.
 /// Returns GFLOP/s.
 [[nodiscard]] double measure_linear_gflops(int n = 2048, int repeats = 3, DType dtype = DType::f32);
+
+/// Shardline's linear layer on quantized weights (kernels/cpu/quant_linear.hpp,
+/// the kernel it picks on this CPU) on an n x n x n problem with W in
+/// GGML `type` (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; any valid blocks: the speed
+/// does not depend on the values) and the calling thread's OpenMP threads,
+/// best of `repeats`. Includes quantizing x, as every call does. Returns
+/// GFLOP/s (2 n^3 / s / 1e9); 0 for a type it does not compute.
+[[nodiscard]] double measure_quant_linear_gflops(kernels::GgmlType type, int n = 2048, int repeats = 3);
 
 /// The instruction peak of the dot products a linear layer in `dtype` runs:
 /// independent register-only FMAs (F32: VFMADD, 32 FLOP per zmm / 16 per

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/quant_linear.hpp"
 #include "tests/support/process.hpp"
 #if SHARDLINE_HAVE_CUDA
 #include "kernels/cuda/device.hpp"
@@ -155,7 +156,28 @@ TEST(CliE2e, BenchReportsEachDecodePhaseAgainstItsLimit) {
     EXPECT_DOUBLE_EQ(j.at("gemm_gflops").get<double>(), dtype == "bf16" ? linear : std::max(linear, openblas));
     // A phase's limit is below the whole step's roofline (it is one term of it).
     EXPECT_LE(j.at("decode_gemm_limit_ms").get<double>(), j.at("roofline_step_ms").get<double>() * (1 + 1e-9));
+    EXPECT_EQ(j.at("quant_kernels"), "");
+    EXPECT_EQ(j.at("gemm_format"), dtype == "bf16" ? "BF16" : "F32");
   }
+}
+
+// A quantized GGUF file under --dtype auto: the report names its formats
+// and the kernel each runs, and its GEMM limit is the quantized linear
+// layer's, measured on the format holding most weights (SmolLM2's Q4_1
+// layers; its token table is Q8_0).
+TEST(CliE2e, BenchOfAQuantizedFileReportsItsFormatsAndKernels) {
+  const std::string smol = std::string(SHARDLINE_SOURCE_DIR) + "/models/smollm2-135m-instruct";
+  const CliRun r = run("bench --model " + smol + " --num-prompts 4 --input-len 16 --output-len 4 --max-batch 4 " +
+                       "--threads 2 --dtype auto --kv-cache-dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string last = r.out.substr(r.out.rfind("\n{") == std::string::npos ? 0 : r.out.rfind("\n{") + 1);
+  const auto j = nlohmann::json::parse(last.substr(0, last.find('\n')));
+  EXPECT_EQ(j.at("dtype"), "Q8_0+Q4_1");
+  const std::string kernel = kernels::cpu::quant_kernel_name(kernels::GgmlType::q4_1);
+  EXPECT_EQ(j.at("quant_kernels"), "Q8_0:" + kernel + "+Q4_1:" + kernel);
+  EXPECT_EQ(j.at("gemm_format"), "Q4_1");
+  EXPECT_GT(j.at("quant_linear_gflops").get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(j.at("gemm_gflops").get<double>(), j.at("quant_linear_gflops").get<double>());
 }
 
 // bench --shared-prefix-len (issue 42's workload): with
