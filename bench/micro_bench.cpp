@@ -607,6 +607,10 @@ BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0_avx2, kernels::GgmlType::q4_0, kernels::c
     ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0_avx512_vnni, kernels::GgmlType::q4_0, kernels::cpu::QuantKernel::avx512_vnni)
     ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K_avx2, kernels::GgmlType::q4_k, kernels::cpu::QuantKernel::avx2)
+    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K_avx512_vnni, kernels::GgmlType::q4_k, kernels::cpu::QuantKernel::avx512_vnni)
+    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 
 void BM_DenseLinear(benchmark::State& state, DType dtype) {
   const int m = static_cast<int>(state.range(0));

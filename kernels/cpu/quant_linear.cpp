@@ -516,10 +516,8 @@ Status quantize_row(GgmlType type, const float* x, int k, void* blocks) {
   return Status::ok_status();
 }
 
-const char* quant_kernel_name(GgmlType type) {
-  const QuantKernel k = best_kernel();
-  if (k == QuantKernel::avx512_vnni && kquant::is_k_quant(type)) return "avx2";
-  switch (k) {
+const char* quant_kernel_name(GgmlType /*type*/) {
+  switch (best_kernel()) {
     case QuantKernel::avx512_vnni: return "avx512_vnni";
     case QuantKernel::avx2: return "avx2";
     default: return "scalar";
@@ -607,11 +605,19 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
   const GgmlType t = w.type();
   const int panels = (n + kPanel - 1) / kPanel;
   if (kquant::is_k_quant(t)) {
-    // The K-quants have scalar and AVX2 kernels; avx512_vnni runs the AVX2
-    // one (the same bits).
     const kquant::Rows xq = kquant::quantize_rows(t, x, m, x_stride, k);
     const int nb = k / kQuantSuperBlock;
     const std::size_t panel_bytes = static_cast<std::size_t>(nb) * kquant::packed_block_bytes(t);
+    if (chosen == QuantKernel::avx512_vnni) {
+      const int pairs = (panels + 1) / 2;
+#pragma omp parallel for schedule(static)
+      for (int q = 0; q < pairs; ++q)
+        kquant::panel_pair_avx512(t, w.data() + static_cast<std::size_t>(2 * q) * panel_bytes,
+                                  w.data() + static_cast<std::size_t>(std::min(2 * q + 1, panels - 1)) * panel_bytes,
+                                  nb, xq, k, m, y + static_cast<std::size_t>(2 * q) * kPanel, y_stride,
+                                  std::min(2 * kPanel, n - 2 * q * kPanel));
+      return {};
+    }
 #pragma omp parallel for schedule(static)
     for (int p = 0; p < panels; ++p)
       kquant::panel(t, chosen != QuantKernel::scalar, w.data() + static_cast<std::size_t>(p) * panel_bytes, nb, xq,

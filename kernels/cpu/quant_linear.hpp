@@ -73,9 +73,9 @@ enum class QuantKernel {
   automatic,    ///< the fastest this CPU has: avx512_vnni, else avx2, else scalar
   scalar,       ///< the portable loop (tests compare the others with it)
   avx2,         ///< vpmaddubsw / vpmaddwd, 8 columns per register; requires AVX2
-  avx512_vnni,  ///< vpdpbusd, 16 columns per register (two panels); requires
-                ///< AVX512F, AVX512BW and AVX512-VNNI; Q4_K and Q6_K run
-                ///< the AVX2 kernel under it
+  avx512_vnni,  ///< 16 columns per register (two panels): vpdpbusd (Q8_0,
+                ///< Q4_0, Q4_1), vpdpwssd (Q4_K, Q6_K); requires AVX512F,
+                ///< AVX512BW and AVX512-VNNI
 };
 
 /// Elements per Q8_K block (QK_K): what Q4_K and Q6_K weights multiply.
@@ -127,8 +127,7 @@ void quantize_row_q8_1(const float* x, int k, BlockQ8_1* y);
 [[nodiscard]] Status quantize_row(GgmlType type, const float* x, int k, void* blocks);
 
 /// The kernel `automatic` runs for weights of `type` on this CPU:
-/// "avx512_vnni", "avx2" or "scalar" (Q4_K and Q6_K have no AVX512-VNNI
-/// kernel yet: "avx2" on such a CPU).
+/// "avx512_vnni", "avx2" or "scalar" (today the same for every type).
 [[nodiscard]] const char* quant_kernel_name(GgmlType type);
 
 /// Whether this CPU can run `kernel` (automatic and scalar: always).

@@ -347,6 +347,133 @@ void panel_rows_avx2(const std::byte* panel, int nb, const Rows& xq, int k, int 
   for (; i < m; ++i) panel_avx2<T, 1>(panel, nb, xq, k, i, y, ys, cols);
 }
 
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and warn
+// that it may be used uninitialized (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+/// The AVX512-VNNI kernel: panel_avx2's arithmetic on two panels side by
+/// side (columns [0, 8) from `panel0`, [8, 16) from `panel1`; the same panel
+/// twice for an odd last one, whose upper half is never stored), 16 columns
+/// per register, with vpdpwssd adding the scale-weighted pairs into 32 bits
+/// (vpmaddwd + vpaddd in one).
+template <GgmlType T, int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void pair_avx512(const std::byte* panel0,
+                                                                       const std::byte* panel1, int nb,
+                                                                       const Rows& xq, int k, int i0, float* y,
+                                                                       int ys, int cols) {
+  constexpr std::size_t stride = T == GgmlType::q4_k ? 1216 : 1696;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // panel_avx2's vpshufb patterns, in each 128-bit lane.
+  alignas(64) static constexpr std::uint8_t kDup[2][64] = {
+      {0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13,
+       0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13},
+      {2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,
+       2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15}};
+  const __m512i dup_first = _mm512_load_si512(kDup[0]);
+  const __m512i dup_second = _mm512_load_si512(kDup[1]);
+  const auto* base0 = reinterpret_cast<const std::uint8_t*>(panel0);
+  const auto* base1 = reinterpret_cast<const std::uint8_t*>(panel1);
+  // 32 bytes of each panel at `at` into one register.
+  const auto load_pair = [&](std::size_t at) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(base0 + at))),
+                              _mm256_load_si256(reinterpret_cast<const __m256i*>(base1 + at)), 1);
+  };
+  // 16 bytes of each panel at `at`, widened to 16-bit lanes (signed or not).
+  const auto widen_pair = [&](std::size_t at, bool is_signed) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base0 + at));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base1 + at));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(is_signed ? _mm256_cvtepi8_epi16(a) : _mm256_cvtepu8_epi16(a)),
+                              is_signed ? _mm256_cvtepi8_epi16(b) : _mm256_cvtepu8_epi16(b), 1);
+  };
+  const auto x_word = [](const std::int8_t* p) {
+    std::int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  };
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    const std::size_t blk = static_cast<std::size_t>(b) * stride;
+    const std::int8_t* qx[R];
+    const std::int32_t* pairs[R];
+    for (int r = 0; r < R; ++r) {
+      qx[r] = xq.q.data() + static_cast<std::size_t>(i0 + r) * k + static_cast<std::size_t>(b) * kSuperBlock;
+      pairs[r] = xq.pairs.data() + (static_cast<std::size_t>(i0 + r) * nb + b) * xq.pairs_per_block;
+    }
+    __m512i isum[R], ioff[R];
+    for (int r = 0; r < R; ++r) isum[r] = ioff[r] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+      __m512i scale[2];
+      std::size_t values;
+      __m512i high_lo = _mm512_setzero_si512(), high_hi = _mm512_setzero_si512();
+      if constexpr (T == GgmlType::q4_k) {
+        const __m512i sc = widen_pair(blk + kQ4kScales + 16 * (g / 2), false);
+        scale[0] = scale[1] = _mm512_shuffle_epi8(sc, g % 2 == 0 ? dup_first : dup_second);
+        if (g % 2 == 0) {
+          const __m512i mn = widen_pair(blk + kQ4kMins + 16 * (g / 2), false);
+          for (int r = 0; r < R; ++r) ioff[r] = _mm512_dpwssd_epi32(ioff[r], mn, _mm512_set1_epi32(pairs[r][g / 2]));
+        }
+        values = blk + kQ4kValues + kQ4kGroup * g;
+      } else {
+        const __m512i sc = widen_pair(blk + kQ6kScales + 16 * g, true);
+        scale[0] = _mm512_shuffle_epi8(sc, dup_first);
+        scale[1] = _mm512_shuffle_epi8(sc, dup_second);
+        for (int r = 0; r < R; ++r) ioff[r] = _mm512_dpwssd_epi32(ioff[r], sc, _mm512_set1_epi32(pairs[r][g]));
+        values = blk + kQ6kValues + kQ6kGroup * g;
+        high_lo = load_pair(values + 128);
+        high_hi = load_pair(values + 160);
+      }
+      for (int h = 0; h < 4; ++h) {
+        const __m512i bytes = load_pair(values + 32 * static_cast<std::size_t>(h));
+        __m512i lo = _mm512_and_si512(bytes, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
+        if constexpr (T == GgmlType::q6_k) {
+          const __m512i bits45 = _mm512_set1_epi8(0x30);
+          const auto to45 = [&](__m512i v) {
+            return _mm512_and_si512(h < 2 ? _mm512_slli_epi16(v, 4 - 2 * h) : _mm512_srli_epi16(v, 2 * h - 4), bits45);
+          };
+          lo = _mm512_or_si512(lo, to45(high_lo));
+          hi = _mm512_or_si512(hi, to45(high_hi));
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(lo, x_word(qx[r] + kGroup * g + 8 * h)),
+                                             _mm512_maddubs_epi16(hi, x_word(qx[r] + kGroup * g + 8 * h + 4)));
+          isum[r] = _mm512_dpwssd_epi32(isum[r], p, scale[h / 2]);
+        }
+      }
+    }
+    const __m512 dw = _mm512_castsi512_ps(load_pair(blk));
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx = _mm512_set1_ps(xq.d[static_cast<std::size_t>(i0 + r) * nb + b]);
+      if constexpr (T == GgmlType::q4_k) {
+        const __m512 dmin = _mm512_castsi512_ps(load_pair(blk + 32));
+        const __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[r]));
+        const __m512 u = _mm512_mul_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(ioff[r]));
+        acc[r] = _mm512_add_ps(acc[r], _mm512_sub_ps(t, u));
+      } else {
+        const __m512i exact = _mm512_sub_epi32(isum[r], _mm512_slli_epi32(ioff[r], 5));
+        acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(exact)));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float out[2 * kPanel];
+    _mm512_store_ps(out, acc[r]);
+    std::memcpy(y + static_cast<std::size_t>(i0 + r) * ys, out, sizeof(float) * static_cast<std::size_t>(cols));
+  }
+}
+
+#pragma GCC diagnostic pop
+
+template <GgmlType T>
+void pair_rows_avx512(const std::byte* panel0, const std::byte* panel1, int nb, const Rows& xq, int k, int m, float* y,
+                      int ys, int cols) {
+  int i = 0;
+  for (; i + kRows <= m; i += kRows) pair_avx512<T, kRows>(panel0, panel1, nb, xq, k, i, y, ys, cols);
+  for (; i < m; ++i) pair_avx512<T, 1>(panel0, panel1, nb, xq, k, i, y, ys, cols);
+}
+
 }  // namespace
 
 bool is_k_quant(GgmlType t) { return t == GgmlType::q4_k || t == GgmlType::q6_k; }
@@ -423,6 +550,14 @@ void panel(GgmlType t, bool avx2, const std::byte* panel, int nb, const Rows& xq
     panel_rows_avx2<GgmlType::q4_k>(panel, nb, xq, k, m, y, y_stride, cols);
   else
     panel_rows_avx2<GgmlType::q6_k>(panel, nb, xq, k, m, y, y_stride, cols);
+}
+
+void panel_pair_avx512(GgmlType t, const std::byte* panel0, const std::byte* panel1, int nb, const Rows& xq, int k,
+                       int m, float* y, int y_stride, int cols) {
+  if (t == GgmlType::q4_k)
+    pair_rows_avx512<GgmlType::q4_k>(panel0, panel1, nb, xq, k, m, y, y_stride, cols);
+  else
+    pair_rows_avx512<GgmlType::q6_k>(panel0, panel1, nb, xq, k, m, y, y_stride, cols);
 }
 
 float reference_row(GgmlType t, const std::uint8_t* w_row, const BlockQ8_K* x, int k) {

@@ -78,6 +78,13 @@ struct Rows {
 void panel(GgmlType t, bool avx2, const std::byte* panel, int nb, const Rows& xq, int k, int m, float* y,
            int y_stride, int cols);
 
+/// The AVX512-VNNI kernel (the caller checked the CPU; the same bits): y[i,
+/// 0 .. cols) for every row i < m from two packed panels side by side
+/// (columns [0, 8) from `panel0`, [8, 16) from `panel1`; pass the same panel
+/// twice for an odd last one, with cols <= 8).
+void panel_pair_avx512(GgmlType t, const std::byte* panel0, const std::byte* panel1, int nb, const Rows& xq, int k,
+                       int m, float* y, int y_stride, int cols);
+
 /// The scalar definition on GGUF bytes: the dot product of one weight row
 /// (`k` / 256 blocks of `t`) with one row of x as Q8_K blocks.
 [[nodiscard]] float reference_row(GgmlType t, const std::uint8_t* w_row, const BlockQ8_K* x, int k);
