@@ -588,6 +588,16 @@ Result<PackedQuantLinear> PackedQuantLinear::pack(GgmlType type, std::span<const
   return out;
 }
 
+namespace {
+/// Panels (or panel pairs) a thread takes at a time out of `count`: about
+/// eight chunks per thread, so that a thread slowed by another process on
+/// its core hands its share to the others (ggml's chunked mul_mat does the
+/// same). Which thread computes a panel never changes its bits.
+[[nodiscard]] int panel_chunk(int count) {
+  return std::max(1, count / (8 * std::max(1, omp_get_max_threads())));
+}
+}  // namespace
+
 Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear& w, float* y, int y_stride,
                     QuantKernel kernel) {
   const int n = w.out_features(), k = w.in_features();
@@ -610,7 +620,8 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
     const std::size_t panel_bytes = static_cast<std::size_t>(nb) * kquant::packed_block_bytes(t);
     if (chosen == QuantKernel::avx512_vnni) {
       const int pairs = (panels + 1) / 2;
-#pragma omp parallel for schedule(static)
+      const int chunk = panel_chunk(pairs);
+#pragma omp parallel for schedule(dynamic, chunk)
       for (int q = 0; q < pairs; ++q)
         kquant::panel_pair_avx512(t, w.data() + static_cast<std::size_t>(2 * q) * panel_bytes,
                                   w.data() + static_cast<std::size_t>(std::min(2 * q + 1, panels - 1)) * panel_bytes,
@@ -618,7 +629,8 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
                                   std::min(2 * kPanel, n - 2 * q * kPanel));
       return {};
     }
-#pragma omp parallel for schedule(static)
+    const int chunk = panel_chunk(panels);
+#pragma omp parallel for schedule(dynamic, chunk)
     for (int p = 0; p < panels; ++p)
       kquant::panel(t, chosen != QuantKernel::scalar, w.data() + static_cast<std::size_t>(p) * panel_bytes, nb, xq,
                     k, m, y + static_cast<std::size_t>(p) * kPanel, y_stride, std::min(kPanel, n - p * kPanel));
@@ -629,7 +641,8 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
   const std::size_t panel_bytes = static_cast<std::size_t>(nb) * block_stride(w.type());
   if (chosen == QuantKernel::avx512_vnni) {
     const int pairs = (panels + 1) / 2;
-#pragma omp parallel for schedule(static)
+    const int chunk = panel_chunk(pairs);
+#pragma omp parallel for schedule(dynamic, chunk)
     for (int q = 0; q < pairs; ++q) {
       const std::byte* panel0 = w.data() + static_cast<std::size_t>(2 * q) * panel_bytes;
       const std::byte* panel1 = w.data() + static_cast<std::size_t>(std::min(2 * q + 1, panels - 1)) * panel_bytes;
@@ -644,7 +657,8 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
     }
     return {};
   }
-#pragma omp parallel for schedule(static)
+  const int chunk = panel_chunk(panels);
+#pragma omp parallel for schedule(dynamic, chunk)
   for (int p = 0; p < panels; ++p) {
     const std::byte* panel = w.data() + static_cast<std::size_t>(p) * panel_bytes;
     const int cols = std::min(kPanel, n - p * kPanel);
