@@ -246,12 +246,20 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
     if (m.empty()) return;
     matrix_bytes += static_cast<double>(m.bytes());
     matrix_elems += static_cast<double>(m.rows) * m.cols;
-    if (m.quant) quant_elems[*m.quant] += static_cast<double>(m.rows) * m.cols;
-    if (std::find(formats.begin(), formats.end(), m.format_name()) != formats.end()) return;
-    formats.push_back(m.format_name());
-    if (m.quant)
-      rep.quant_kernels += std::string(rep.quant_kernels.empty() ? "" : "+") + m.format_name() + ":" +
-                           kernels::cpu::quant_kernel_name(*m.quant);
+    // A mixed matrix (a Q4_K_M file's attn_qkv) counts each run of rows
+    // under its own type.
+    std::vector<std::pair<int, std::optional<kernels::GgmlType>>> runs;  // (rows, type)
+    if (m.mixed.empty()) runs.emplace_back(m.rows, m.quant);
+    for (const model::QuantRows& r : m.mixed) runs.emplace_back(r.rows, r.type);
+    for (const auto& [rows, type] : runs) {
+      if (type) quant_elems[*type] += static_cast<double>(rows) * m.cols;
+      const std::string name = type ? kernels::ggml_type_name(static_cast<std::uint32_t>(*type)) : m.format_name();
+      if (std::find(formats.begin(), formats.end(), name) != formats.end()) continue;
+      formats.push_back(name);
+      if (type)
+        rep.quant_kernels += std::string(rep.quant_kernels.empty() ? "" : "+") + name + ":" +
+                             kernels::cpu::quant_kernel_name(*type);
+    }
   };
   count(e.weights->embed_tokens);
   if (e.weights->lm_head.data != e.weights->embed_tokens.data) count(e.weights->lm_head);

@@ -76,7 +76,7 @@ struct Maker {
     auto buf = detail::allocate_storage(w, n * dtype_size(w.dtype), what);
     if (!buf.ok()) return std::move(buf).error();
     fill_uniform(buf.value(), w.dtype, n, seed, id, 1.0f / std::sqrt(static_cast<float>(cols)));
-    return Matrix{w.dtype, rows, cols, buf.value(), std::nullopt};
+    return Matrix{w.dtype, rows, cols, buf.value(), std::nullopt, {}};
   }
 
   [[nodiscard]] Result<Vector> ones(int size, const std::string& what) {

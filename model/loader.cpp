@@ -328,7 +328,7 @@ class Planner {
         dst += count * dtype_size(dt);
       }
       if (p.is_matrix) {
-        *p.matrix = Matrix{dt, p.rows, p.cols, buf.value(), std::nullopt};
+        *p.matrix = Matrix{dt, p.rows, p.cols, buf.value(), std::nullopt, {}};
       } else {
         *p.vector = Vector{p.rows, static_cast<const float*>(buf.value())};
       }

@@ -19,10 +19,10 @@ bool matrix_stays_quantized(kernels::GgmlType type) {
 }
 
 void matrix_row_f32(const Matrix& m, int row, float* out) {
-  const auto* src = static_cast<const std::byte*>(m.data) + static_cast<std::size_t>(row) * m.row_bytes();
-  if (m.quant) {
+  const std::byte* src = m.row_data(row);
+  if (const auto type = m.row_type(row)) {
     // Cannot fail: the loader checked the type and the row's length.
-    (void)kernels::dequantize_row(*m.quant, src, out, m.cols);
+    (void)kernels::dequantize_row(*type, src, out, m.cols);
     return;
   }
   detail::convert_elements(src, m.dtype, out, DType::f32, static_cast<std::size_t>(m.cols));
@@ -69,7 +69,7 @@ Status dequantize_into(ModelWeights& w, Matrix& m, const std::string& what) {
                                static_cast<std::size_t>(m.cols));
     }
   }
-  m = Matrix{w.dtype, m.rows, m.cols, buf.value(), std::nullopt};
+  m = Matrix{w.dtype, m.rows, m.cols, buf.value(), std::nullopt, {}};
   return Status::ok_status();
 }
 
@@ -102,7 +102,7 @@ Status quantize_into(ModelWeights& w, Matrix& m, kernels::GgmlType type, const s
   // Free the F32 buffer (the loaders give each matrix its own).
   const void* old = m.data;
   std::erase_if(w.storage, [old](const std::shared_ptr<void>& p) { return p.get() == old; });
-  m = Matrix{w.dtype, m.rows, m.cols, buf.value(), type};
+  m = Matrix{w.dtype, m.rows, m.cols, buf.value(), type, {}};
   return Status::ok_status();
 }
 

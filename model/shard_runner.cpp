@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "kernels/cpu/ops.hpp"
@@ -20,60 +21,119 @@ using RowRange = ShardLayout::Range;
 
 Error invalid(const std::string& m) { return make_error(ErrorCode::invalid_argument, "shard: " + m); }
 
-/// Packs a dense or quantized [rows, cols] matrix whose rows are `bytes`.
-/// `what` names the tensor in errors.
-Result<kc::PackedWeight> pack_matrix(const Matrix& m, const void* bytes, int rows, int cols, const std::string& what) {
-  if (!m.quant) return kc::PackedWeight(kc::PackedLinear::pack(bytes, m.dtype, rows, cols));
-  const std::size_t row_bytes = *kernels::ggml_row_bytes(static_cast<std::uint32_t>(*m.quant), cols);
+/// A run of consecutive rows of a Matrix in one format: dense (`type`
+/// unset, the matrix's dtype) or one GGML type. A Matrix is one run unless
+/// it is `mixed`.
+struct Run {
+  int begin = 0;  ///< first row in the matrix
+  int rows = 0;
+  std::optional<kernels::GgmlType> type;
+  const std::byte* data = nullptr;  ///< row `begin`'s bytes
+  std::size_t row_bytes = 0;
+};
+
+std::vector<Run> runs_of(const Matrix& m) {
+  if (m.mixed.empty()) return {Run{0, m.rows, m.quant, static_cast<const std::byte*>(m.data), m.row_bytes()}};
+  std::vector<Run> out;
+  int begin = 0;
+  for (const QuantRows& r : m.mixed) {
+    out.push_back(Run{begin, r.rows, r.type, m.row_data(begin),
+                      *kernels::ggml_row_bytes(static_cast<std::uint32_t>(r.type), m.cols)});
+    begin += r.rows;
+  }
+  return out;
+}
+
+/// Packs [rows, cols] whose rows are `bytes`, dense in `dtype` or blocks of
+/// `type`. `what` names the tensor in errors.
+Result<kc::PackedWeight> pack_part(DType dtype, std::optional<kernels::GgmlType> type, const void* bytes, int rows,
+                                   int cols, const std::string& what) {
+  if (!type) return kc::PackedWeight(kc::PackedLinear::pack(bytes, dtype, rows, cols));
+  const std::size_t row_bytes = *kernels::ggml_row_bytes(static_cast<std::uint32_t>(*type), cols);
   auto packed = kc::PackedQuantLinear::pack(
-      *m.quant, {static_cast<const std::uint8_t*>(bytes), static_cast<std::size_t>(rows) * row_bytes}, rows, cols);
+      *type, {static_cast<const std::uint8_t*>(bytes), static_cast<std::size_t>(rows) * row_bytes}, rows, cols);
   if (!packed.ok()) return make_error(packed.error().code, what + ": " + packed.error().message);
   return kc::PackedWeight(std::move(packed).value());
 }
 
-/// Packs the rows of `m` named by `ranges`, in order (one contiguous copy
-/// when they are not simply the whole matrix). A quantized row is whole
-/// blocks, so any row range is a block boundary.
-Result<kc::PackedWeight> pack_rows(const Matrix& m, const std::vector<RowRange>& ranges, const std::string& what) {
-  if (ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].count == m.rows)
-    return pack_matrix(m, m.data, m.rows, m.cols, what);
-  const std::size_t row_bytes = m.row_bytes();
-  int rows = 0;
-  for (const RowRange& r : ranges) rows += r.count;
-  std::vector<std::byte> buf(static_cast<std::size_t>(rows) * row_bytes);
-  std::size_t at = 0;
-  for (const RowRange& r : ranges) {
-    std::memcpy(buf.data() + at, static_cast<const std::byte*>(m.data) + static_cast<std::size_t>(r.begin) * row_bytes,
-                static_cast<std::size_t>(r.count) * row_bytes);
-    at += static_cast<std::size_t>(r.count) * row_bytes;
+/// One packed weight of `parts` stacked by rows: the part itself when there
+/// is one, else a PackedQuantStack (only quantized runs are ever mixed).
+Result<kc::PackedWeight> stack_parts(std::vector<kc::PackedWeight> parts, const std::string& what) {
+  if (parts.size() == 1) return std::move(parts.front());
+  kc::PackedQuantStack stack;
+  for (kc::PackedWeight& p : parts) {
+    kc::PackedQuantLinear* q = p.quantized();
+    if (q == nullptr) return make_error(ErrorCode::internal, what + ": a stack of parts must be quantized");
+    stack.parts.push_back(std::move(*q));
   }
-  return pack_matrix(m, buf.data(), rows, m.cols, what);
+  return kc::PackedWeight(std::move(stack));
 }
 
-/// Packs columns [begin, begin + count) of `m`. A quantized matrix splits
-/// only at block boundaries: invalid_argument naming `what` otherwise.
+/// Packs the rows of `m` named by `ranges`, in order (one contiguous copy
+/// per run of one format when they are not simply the whole matrix). A
+/// quantized row is whole blocks, so any row range is a block boundary; the
+/// rows of a mixed matrix keep their own types (a PackedQuantStack).
+Result<kc::PackedWeight> pack_rows(const Matrix& m, const std::vector<RowRange>& ranges, const std::string& what) {
+  const std::vector<Run> runs = runs_of(m);
+  if (runs.size() == 1 && ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].count == m.rows)
+    return pack_part(m.dtype, m.quant, m.data, m.rows, m.cols, what);
+  std::vector<kc::PackedWeight> parts;
+  std::vector<std::byte> buf;  // [rows of the part being gathered, row_bytes]
+  std::optional<kernels::GgmlType> type;
+  int rows = 0;
+  auto flush = [&]() -> Status {
+    if (rows == 0) return Status::ok_status();
+    auto p = pack_part(m.dtype, type, buf.data(), rows, m.cols, what);
+    if (!p.ok()) return p.error();
+    parts.push_back(std::move(p).value());
+    buf.clear();
+    rows = 0;
+    return Status::ok_status();
+  };
+  for (const RowRange& r : ranges)
+    for (const Run& run : runs) {
+      const int lo = std::max(r.begin, run.begin), hi = std::min(r.begin + r.count, run.begin + run.rows);
+      if (lo >= hi) continue;
+      if (rows > 0 && type != run.type)
+        if (Status s = flush(); !s.ok()) return s.error();
+      type = run.type;
+      const std::byte* src = run.data + static_cast<std::size_t>(lo - run.begin) * run.row_bytes;
+      buf.insert(buf.end(), src, src + static_cast<std::size_t>(hi - lo) * run.row_bytes);
+      rows += hi - lo;
+    }
+  if (Status s = flush(); !s.ok()) return s.error();
+  return stack_parts(std::move(parts), what);
+}
+
+/// Packs columns [begin, begin + count) of `m`, each run of rows in its own
+/// format. A quantized matrix splits only at block boundaries:
+/// invalid_argument naming `what` otherwise.
 Result<kc::PackedWeight> pack_cols(const Matrix& m, int begin, int count, const std::string& what) {
-  if (begin == 0 && count == m.cols) return pack_matrix(m, m.data, m.rows, m.cols, what);
-  std::size_t elem_bytes = dtype_size(m.dtype);  // bytes per column unit
-  int unit = 1;                                  // columns per unit
-  if (m.quant) {
-    const auto traits = *kernels::ggml_type_traits(static_cast<std::uint32_t>(*m.quant));
-    unit = traits.block_size;
-    elem_bytes = static_cast<std::size_t>(traits.type_size);
-    if (begin % unit != 0 || count % unit != 0)
-      return invalid(what + ": columns [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
-                     ") split " + traits.name + " blocks of " + std::to_string(unit) +
-                     " (a quantized shard must start and end at a block boundary)");
+  if (begin == 0 && count == m.cols) return pack_rows(m, {{0, m.rows}}, what);
+  std::vector<kc::PackedWeight> parts;
+  for (const Run& run : runs_of(m)) {
+    std::size_t elem_bytes = dtype_size(m.dtype);  // bytes per column unit
+    int unit = 1;                                  // columns per unit
+    if (run.type) {
+      const auto traits = *kernels::ggml_type_traits(static_cast<std::uint32_t>(*run.type));
+      unit = traits.block_size;
+      elem_bytes = static_cast<std::size_t>(traits.type_size);
+      if (begin % unit != 0 || count % unit != 0)
+        return invalid(what + ": columns [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+                       ") split " + traits.name + " blocks of " + std::to_string(unit) +
+                       " (a quantized shard must start and end at a block boundary)");
+    }
+    const std::size_t dst_row = static_cast<std::size_t>(count / unit) * elem_bytes;
+    std::vector<std::byte> buf(static_cast<std::size_t>(run.rows) * dst_row);  // [run.rows, dst_row]
+    for (int r = 0; r < run.rows; ++r)
+      std::memcpy(buf.data() + static_cast<std::size_t>(r) * dst_row,
+                  run.data + static_cast<std::size_t>(r) * run.row_bytes + static_cast<std::size_t>(begin / unit) * elem_bytes,
+                  dst_row);
+    auto p = pack_part(m.dtype, run.type, buf.data(), run.rows, count, what);
+    if (!p.ok()) return p.error();
+    parts.push_back(std::move(p).value());
   }
-  const std::size_t src_row = m.row_bytes();
-  const std::size_t dst_row = static_cast<std::size_t>(count / unit) * elem_bytes;
-  std::vector<std::byte> buf(static_cast<std::size_t>(m.rows) * dst_row);
-  for (int r = 0; r < m.rows; ++r)
-    std::memcpy(buf.data() + static_cast<std::size_t>(r) * dst_row,
-                static_cast<const std::byte*>(m.data) + static_cast<std::size_t>(r) * src_row +
-                    static_cast<std::size_t>(begin / unit) * elem_bytes,
-                dst_row);
-  return pack_matrix(m, buf.data(), m.rows, count, what);
+  return stack_parts(std::move(parts), what);
 }
 
 std::vector<float> slice_vector(const Vector& v, const std::vector<RowRange>& ranges) {

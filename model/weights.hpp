@@ -27,30 +27,71 @@ namespace shardline::model {
 
 using shardline::DType;
 
+/// A run of consecutive rows of a quantized Matrix stored in one GGML type.
+struct QuantRows {
+  int rows = 0;
+  kernels::GgmlType type = kernels::GgmlType::q8_0;
+};
+
 /// A non-owning 2-D view over weight storage: `rows x cols`, row-major,
-/// contiguous. Dense (`quant` empty): `dtype` elements, F32 or BF16 (F16
-/// files are converted at load), row stride = cols. Quantized (`quant` set):
-/// each row is cols / block_size GGUF blocks of that type (row stride =
-/// row_bytes()); `dtype` is then the model's storage dtype for its dense
-/// matrices and does not describe these bytes.
+/// contiguous. Dense (not quantized()): `dtype` elements, F32 or BF16 (F16
+/// files are converted at load), row stride = cols. Quantized: each row is
+/// cols / block_size GGUF blocks, either of one type (`quant` set, row
+/// stride = row_bytes()) or, for a fused matrix whose parts the file stores
+/// in different types (`mixed` non-empty, `quant` unset: a Q4_K_M file's
+/// attn_qkv with Q4_K q/k and Q6_K v), of each run's type, the runs'
+/// blocks one after another in row order. `dtype` is then the model's
+/// storage dtype for its dense matrices and does not describe these bytes.
 struct Matrix {
   DType dtype = DType::f32;
   int rows = 0;
   int cols = 0;
   const void* data = nullptr;
   std::optional<kernels::GgmlType> quant;  ///< set: GGUF blocks of this type
+  std::vector<QuantRows> mixed;            ///< non-empty: runs of rows in their own types (sum of rows = rows)
 
   [[nodiscard]] bool empty() const { return data == nullptr; }
-  [[nodiscard]] bool quantized() const { return quant.has_value(); }
-  /// Bytes of one row.
+  [[nodiscard]] bool quantized() const { return quant.has_value() || !mixed.empty(); }
+  /// Bytes of one row. Precondition: not mixed (see row_data).
   [[nodiscard]] std::size_t row_bytes() const {
     if (quant) return kernels::ggml_row_bytes(static_cast<std::uint32_t>(*quant), cols).value_or(0);
     return static_cast<std::size_t>(cols) * dtype_size(dtype);
   }
-  [[nodiscard]] std::size_t bytes() const { return static_cast<std::size_t>(rows) * row_bytes(); }
-  /// "F32", "BF16", or the GGML type's name ("Q4_1").
+  /// The GGML type of row `row` (0 <= row < rows), or nullopt when dense.
+  [[nodiscard]] std::optional<kernels::GgmlType> row_type(int row) const {
+    for (const QuantRows& r : mixed) {
+      if (row < r.rows) return r.type;
+      row -= r.rows;
+    }
+    return quant;
+  }
+  /// The bytes of row `row` (0 <= row < rows), on every layout.
+  [[nodiscard]] const std::byte* row_data(int row) const {
+    const auto* at = static_cast<const std::byte*>(data);
+    if (mixed.empty()) return at + static_cast<std::size_t>(row) * row_bytes();
+    for (const QuantRows& r : mixed) {
+      const std::size_t rb = kernels::ggml_row_bytes(static_cast<std::uint32_t>(r.type), cols).value_or(0);
+      if (row < r.rows) return at + static_cast<std::size_t>(row) * rb;
+      at += static_cast<std::size_t>(r.rows) * rb;
+      row -= r.rows;
+    }
+    return at;
+  }
+  [[nodiscard]] std::size_t bytes() const {
+    if (mixed.empty()) return static_cast<std::size_t>(rows) * row_bytes();
+    return static_cast<std::size_t>(row_data(rows) - static_cast<const std::byte*>(data));
+  }
+  /// "F32", "BF16", the GGML type's name ("Q4_1"), or the runs' types
+  /// joined by '+' ("Q4_K+Q6_K").
   [[nodiscard]] std::string format_name() const {
-    return quant ? kernels::ggml_type_name(static_cast<std::uint32_t>(*quant)) : dtype_name(dtype);
+    if (mixed.empty())
+      return quant ? kernels::ggml_type_name(static_cast<std::uint32_t>(*quant)) : dtype_name(dtype);
+    std::string out;
+    for (std::size_t i = 0; i < mixed.size(); ++i) {
+      const std::string name = kernels::ggml_type_name(static_cast<std::uint32_t>(mixed[i].type));
+      if (out.find(name) == std::string::npos) out += (out.empty() ? "" : "+") + name;
+    }
+    return out;
   }
 };
 

@@ -2,9 +2,11 @@
 /// \file
 /// A linear layer's packed weight W [n, k] in the format it computes in:
 /// dense (PackedLinear: F32 or BF16, kernels/cpu/linear.hpp) or kept
-/// quantized (PackedQuantLinear: Q8_0, Q4_0, Q4_1 blocks with integer dot
-/// products, kernels/cpu/quant_linear.hpp), and the one `linear` call the
-/// model's layers make on either (issue 40).
+/// quantized (PackedQuantLinear: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K blocks with
+/// integer dot products, kernels/cpu/quant_linear.hpp), or quantized parts
+/// of different types stacked by rows (PackedQuantStack: a Q4_K_M file's
+/// fused q/k/v with a Q6_K v), and the one `linear` call the model's layers
+/// make on any of them (issue 40).
 ///
 /// Both paths are batch-invariant (a row's result depends on nothing else
 /// in the batch, the tiling or the thread count) and keep their own
@@ -13,18 +15,30 @@
 
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/quant_linear.hpp"
 
 namespace shardline::kernels::cpu {
 
-/// A packed weight: empty, dense or quantized. Movable, not copyable.
+/// W [n, k] as quantized parts stacked by rows, each [n_i, k] in its own
+/// GGML type (sum of n_i = n): output columns [0, n_0) come from parts[0],
+/// the next n_1 from parts[1], and so on. Each output is computed exactly
+/// as the same row in a matrix of its part's type alone (quant_linear), so
+/// stacking never changes a bit.
+struct PackedQuantStack {
+  std::vector<PackedQuantLinear> parts;  ///< at least two, one in_features
+};
+
+/// A packed weight: empty, dense, quantized or a quantized stack. Movable,
+/// not copyable.
 class PackedWeight {
  public:
   PackedWeight() = default;
   PackedWeight(PackedLinear dense) : w_(std::move(dense)) {}        // NOLINT(google-explicit-constructor)
   PackedWeight(PackedQuantLinear quant) : w_(std::move(quant)) {}  // NOLINT(google-explicit-constructor)
+  PackedWeight(PackedQuantStack stack) : w_(std::move(stack)) {}   // NOLINT(google-explicit-constructor)
 
   [[nodiscard]] bool empty() const;
   [[nodiscard]] int out_features() const;  ///< n
@@ -32,13 +46,17 @@ class PackedWeight {
   [[nodiscard]] std::size_t bytes() const;  ///< packed bytes
   /// The dense weight, or null when quantized or empty.
   [[nodiscard]] const PackedLinear* dense() const { return std::get_if<PackedLinear>(&w_); }
-  /// The quantized weight, or null when dense or empty.
+  /// The quantized weight of one type, or null otherwise.
   [[nodiscard]] const PackedQuantLinear* quantized() const { return std::get_if<PackedQuantLinear>(&w_); }
-  /// "F32", "BF16", "Q8_0", "Q4_0", "Q4_1"; "" when empty.
+  [[nodiscard]] PackedQuantLinear* quantized() { return std::get_if<PackedQuantLinear>(&w_); }
+  /// The quantized stack, or null otherwise.
+  [[nodiscard]] const PackedQuantStack* stack() const { return std::get_if<PackedQuantStack>(&w_); }
+  /// "F32", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", a stack's part
+  /// types joined by '+' ("Q4_K+Q6_K"); "" when empty.
   [[nodiscard]] std::string format_name() const;
 
  private:
-  std::variant<std::monostate, PackedLinear, PackedQuantLinear> w_;
+  std::variant<std::monostate, PackedLinear, PackedQuantLinear, PackedQuantStack> w_;
 };
 
 /// y[m, n] = x[m, k] W^T (+ bias[n] if non-null), on either format (see

@@ -273,16 +273,17 @@ class WeightPlanner {
     return buf.value();
   }
 
-  /// Copies `parts` (each [rows_i, cols] of one quantized type) stacked
-  /// by rows, block bytes as they are (rows unpermuted).
+  /// Copies `parts` (each [rows_i, cols], quantized, each in its own type)
+  /// stacked by rows, block bytes as they are (rows unpermuted).
   Result<void*> copy_blocks(const std::vector<Part>& parts, std::int64_t cols, const std::string& what) {
-    const std::size_t row_bytes = *kernels::ggml_row_bytes(parts.front().tensor->ggml_type, cols);
-    std::int64_t rows = 0;
-    for (const Part& p : parts) rows += p.tensor->num_rows();
-    auto buf = detail::allocate_storage(w_, static_cast<std::size_t>(rows) * row_bytes, what);
+    std::size_t total = 0;
+    for (const Part& p : parts)
+      total += static_cast<std::size_t>(p.tensor->num_rows()) * *kernels::ggml_row_bytes(p.tensor->ggml_type, cols);
+    auto buf = detail::allocate_storage(w_, total, what);
     if (!buf.ok()) return buf.error();
     auto* dst = static_cast<std::byte*>(buf.value());
     for (const Part& p : parts) {
+      const std::size_t row_bytes = *kernels::ggml_row_bytes(p.tensor->ggml_type, cols);
       const std::int64_t n = p.tensor->num_rows();
       const std::int64_t head_dim = p.permute_heads > 0 ? n / p.permute_heads : 0;
       for (std::int64_t r = 0; r < n; ++r) {
@@ -305,20 +306,33 @@ class WeightPlanner {
       parts.push_back({t.value(), i < permute_heads.size() ? permute_heads[i] : 0});
       total += rows[i];
     }
-    // --dtype auto: tensors of one type the CPU computes on quantized stay
-    // as the file's blocks; a fused matrix of mixed types is dequantized.
-    const auto type = static_cast<kernels::GgmlType>(parts.front().tensor->ggml_type);
-    bool keep = keep_quantized_ && matrix_stays_quantized(type);
-    for (const Part& p : parts) keep = keep && static_cast<kernels::GgmlType>(p.tensor->ggml_type) == type;
+    // --dtype auto: tensors of the types the CPU computes on quantized stay
+    // as the file's blocks; a fused matrix whose parts differ in type (a
+    // Q4_K_M file's Q6_K attn_v beside Q4_K q and k) keeps each part's
+    // type as a run of rows.
+    bool keep = keep_quantized_;
+    std::vector<QuantRows> runs;
+    for (const Part& p : parts) {
+      const auto type = static_cast<kernels::GgmlType>(p.tensor->ggml_type);
+      keep = keep && matrix_stays_quantized(type);
+      if (!runs.empty() && runs.back().type == type)
+        runs.back().rows += static_cast<int>(p.tensor->num_rows());
+      else
+        runs.push_back({static_cast<int>(p.tensor->num_rows()), type});
+    }
     if (keep) {
       auto blocks = copy_blocks(parts, cols, names.front());
       if (!blocks.ok()) return blocks.error();
-      *out = Matrix{w_.dtype, static_cast<int>(total), static_cast<int>(cols), blocks.value(), type};
+      *out = Matrix{w_.dtype, static_cast<int>(total), static_cast<int>(cols), blocks.value(), std::nullopt, {}};
+      if (runs.size() == 1)
+        out->quant = runs.front().type;
+      else
+        out->mixed = std::move(runs);
       return {};
     }
     auto buf = fill(parts, cols, w_.dtype, names.front());
     if (!buf.ok()) return buf.error();
-    *out = Matrix{w_.dtype, static_cast<int>(total), static_cast<int>(cols), buf.value(), std::nullopt};
+    *out = Matrix{w_.dtype, static_cast<int>(total), static_cast<int>(cols), buf.value(), std::nullopt, {}};
     return {};
   }
 

@@ -21,9 +21,11 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "kernels/cpu/weight_linear.hpp"
 #include "tests/support/ggml_blocks.hpp"
 #include "tests/support/python.hpp"
 
@@ -403,6 +405,52 @@ TEST_P(QuantLinearTypes, TheResultIsTheDequantizedProductUpToF32Rounding) {
       EXPECT_NEAR(y[static_cast<std::size_t>(i) * kN + j], exact, 1e-5 * magnitude + 1e-30)
           << "row " << i << " column " << j;
     }
+  }
+}
+
+TEST(QuantLinear, AStackOfTypesIsEachPartsOwnProductBitForBit) {
+  // A Q4_K_M file's fused q/k/v: Q4_K rows above Q6_K rows. linear() on the
+  // stack writes each part's columns at its offset, exactly the part's own
+  // quant_linear, then the bias over all of them.
+  std::mt19937 rng(4011);
+  constexpr int kK = 512, kM = 5, kN0 = 37, kN1 = 24, kN = kN0 + kN1, kStride = kN + 3;
+  const std::vector<std::uint8_t> w0 = random_ggml_blocks(GgmlType::q4_k, kN0, kK, rng);
+  const std::vector<std::uint8_t> w1 = random_ggml_blocks(GgmlType::q6_k, kN1, kK, rng);
+  PackedQuantStack st;
+  for (const auto& [type, w, n] : {std::tuple{GgmlType::q4_k, &w0, kN0}, std::tuple{GgmlType::q6_k, &w1, kN1}}) {
+    auto p = PackedQuantLinear::pack(type, *w, n, kK);
+    ASSERT_TRUE(p.ok()) << p.error().to_string();
+    st.parts.push_back(std::move(p).value());
+  }
+  const std::size_t part_bytes = st.parts[0].bytes() + st.parts[1].bytes();
+  const PackedWeight stacked(std::move(st));
+  EXPECT_EQ(stacked.format_name(), "Q4_K+Q6_K");
+  EXPECT_EQ(stacked.out_features(), kN);
+  EXPECT_EQ(stacked.in_features(), kK);
+  EXPECT_EQ(stacked.bytes(), part_bytes);
+  const std::vector<float> x = make_x(kM, kK, rng);
+  const std::vector<float> want0 = reference(x, kM, kK, GgmlType::q4_k, w0, kN0);
+  const std::vector<float> want1 = reference(x, kM, kK, GgmlType::q6_k, w1, kN1);
+  std::vector<float> bias(kN);
+  for (int j = 0; j < kN; ++j) bias[j] = 0.125f * static_cast<float>(j) - 3.0f;
+  for (const bool with_bias : {false, true}) {
+    std::vector<float> y(static_cast<std::size_t>(kM) * kStride, -7.0f);  // [m, stride]: n columns and a margin
+    linear(x.data(), kM, kK, stacked, with_bias ? bias.data() : nullptr, y.data(), kStride);
+    int bad = 0;
+    for (int i = 0; i < kM; ++i) {
+      for (int j = 0; j < kN; ++j) {
+        float want = j < kN0 ? want0[static_cast<std::size_t>(i) * kN0 + j]
+                             : want1[static_cast<std::size_t>(i) * kN1 + j - kN0];
+        if (with_bias) want += bias[j];
+        const float got = y[static_cast<std::size_t>(i) * kStride + j];
+        if (std::memcmp(&got, &want, 4) != 0 && ++bad <= 3)
+          ADD_FAILURE() << "row " << i << " column " << j << (with_bias ? " with bias: " : ": ") << got << " vs "
+                        << want;
+      }
+      for (int j = kN; j < kStride; ++j)
+        EXPECT_EQ(y[static_cast<std::size_t>(i) * kStride + j], -7.0f) << "the margin past n is untouched";
+    }
+    EXPECT_EQ(bad, 0);
   }
 }
 

@@ -16,8 +16,9 @@
 //    shard that would split a block and a matrix that is not whole blocks
 //    are refused, naming the tensor;
 //  - a file with llama.cpp's Q4_K_M pattern (Q4_K matrices, Q6_K ffn_down,
-//    output and some attn_v) keeps its K-quant matrices, dequantizes a
-//    fused matrix of mixed types, and agrees with its dequantized self.
+//    output and some attn_v) keeps its K-quant matrices, a fused q/k/v of
+//    Q4_K and Q6_K rows as both, agrees with its dequantized self, and TP
+//    shards it by runs of rows at super-block boundaries.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -413,12 +414,12 @@ TEST_F(QuantizedShards, AShardThatSplitsABlockAndAPartialBlockAreRefusedByName) 
 
 using KQuantModel = testing_support::TempDirTest;
 
-/// A 2-layer llama GGUF (hidden 256, 4 heads of 64, 2 KV heads, FFN 512,
-/// vocab 96) with random blocks in llama-quantize's Q4_K_M pattern: Q4_K
-/// everywhere but ffn_down, output and layer 1's attn_v (Q6_K); so layer
-/// 1's fused q/k/v mixes two types.
-void write_q4_k_m_llama(const std::string& path) {
-  constexpr int kHidden = 256, kHeads = 4, kKvHeads = 2, kHeadDim = 64, kFfn = 512, kVocab = 96;
+/// A 2-layer llama GGUF (by default hidden 256, 4 heads of 64, 2 KV heads,
+/// FFN 512; vocab 96) with random blocks in llama-quantize's Q4_K_M
+/// pattern: Q4_K everywhere but ffn_down, output and layer 1's attn_v
+/// (Q6_K); so layer 1's fused q/k/v mixes two types.
+void write_q4_k_m_llama(const std::string& path, int kHidden = 256, int kHeads = 4, int kFfn = 512) {
+  constexpr int kKvHeads = 2, kHeadDim = 64, kVocab = 96;
   testing_support::GgufWriter w;
   w.put_str("general.architecture", "llama");
   w.put_u32("llama.block_count", 2);
@@ -432,6 +433,18 @@ void write_q4_k_m_llama(const std::string& path) {
   w.put_u32("llama.vocab_size", kVocab);
   w.put_u32("tokenizer.ggml.bos_token_id", 1);
   w.put_u32("tokenizer.ggml.eos_token_id", 2);
+  // A SentencePiece vocabulary of kVocab pieces, so that an engine can be
+  // built on the file (the tests feed token ids).
+  std::vector<std::string> pieces = {"<unk>", "<s>", "</s>"};
+  while (static_cast<int>(pieces.size()) < kVocab) pieces.push_back("p" + std::to_string(pieces.size()));
+  std::vector<std::int32_t> piece_types(kVocab, 1);
+  piece_types[0] = 2;
+  piece_types[1] = piece_types[2] = 3;
+  w.put_str("tokenizer.ggml.model", "llama");
+  w.put_str_array("tokenizer.ggml.tokens", pieces);
+  w.put_f32_array("tokenizer.ggml.scores", std::vector<float>(kVocab, 0.0f));
+  w.put_i32_array("tokenizer.ggml.token_type", piece_types);
+  w.put_u32("tokenizer.ggml.unknown_token_id", 0);
   std::mt19937 rng(4007);
   const auto matrix = [&](const std::string& name, GgmlType type, int rows, int cols) {
     const std::vector<std::uint8_t> b = testing_support::random_ggml_blocks(type, rows, cols, rng);
@@ -463,8 +476,9 @@ void write_q4_k_m_llama(const std::string& path) {
 // against the same random weights dequantized to F32: each of the 7
 // linear layers' inputs is rounded to Q8_K (8 bits per 256 values, an RMS
 // error of about 0.7% of a Gaussian input), and random weights amplify it.
-// Measured 1.51 (2026-12-01, 12 prompt positions and 8 decodes; every
-// machine computes the same bits), bound 1.5x. Planted bug caught: the
+// Measured 1.57 (2026-12-02, 12 prompt positions and 8 decodes, layer
+// 1's q/k/v kept as Q4_K and Q6_K rows; 1.51 when it was dequantized;
+// every machine computes the same bits), bound about 1.5x. Planted bug caught: the
 // kept blocks' q/k rows left permuted (max |Δ| 85.5, and the exact check
 // of the dequantized matrices below).
 constexpr float kKQuantBound = 2.3f;
@@ -479,7 +493,10 @@ TEST_F(KQuantModel, AQ4KMFileKeepsItsKQuantsAndMatchesItsDequantizedSelf) {
   EXPECT_EQ(q->embed_tokens.format_name(), "Q4_K");
   EXPECT_EQ(q->lm_head.format_name(), "Q6_K");
   EXPECT_EQ(q->layers[0].qkv.format_name(), "Q4_K");
-  EXPECT_EQ(q->layers[1].qkv.format_name(), "F32") << "Q4_K q and k beside a Q6_K v: dequantized";
+  EXPECT_EQ(q->layers[1].qkv.format_name(), "Q4_K+Q6_K") << "Q4_K q and k beside a Q6_K v, each kept";
+  ASSERT_EQ(q->layers[1].qkv.mixed.size(), 2u);
+  EXPECT_EQ(q->layers[1].qkv.mixed[0].rows, 6 * 64) << "q and k: one run of Q4_K rows";
+  EXPECT_EQ(q->layers[1].qkv.mixed[1].rows, 2 * 64) << "v: Q6_K rows";
   for (const LayerWeights& l : q->layers) {
     EXPECT_EQ(l.o_proj.format_name(), "Q4_K");
     EXPECT_EQ(l.gate_up.format_name(), "Q4_K");
@@ -541,6 +558,61 @@ TEST_F(KQuantModel, AQ4KMFileKeepsItsKQuantsAndMatchesItsDequantizedSelf) {
   ASSERT_EQ(batched.size(), 1 + ids.size());
   for (std::size_t t = 0; t < ids.size(); ++t)
     EXPECT_TRUE(same_bits(alone[t], batched[1 + t])) << "prompt position " << t;
+}
+
+TEST_F(KQuantModel, TpShardsAMixedFusedMatrixByRunsAndRefusesASplitSuperBlock) {
+  // hidden 512, 8 heads of 64: TP = 2 gives each rank 4 q heads and one KV
+  // head, so layer 1's q/k/v shard is Q4_K q and k rows over Q6_K v rows,
+  // and attn_output's 256 columns per rank are one whole super-block.
+  write_q4_k_m_llama(path("wide.gguf"), 512, 8, 1024);
+  LoadOptions quant;
+  quant.dtype = DType::f32;
+  quant.keep_quantized = true;
+  auto q = load(path("wide.gguf"), quant);
+  ASSERT_NE(q, nullptr);
+  ASSERT_EQ(q->layers[1].qkv.format_name(), "Q4_K+Q6_K");
+  std::vector<std::vector<float>> logits;
+  for (int tp : {1, 2}) {
+    engine::EngineOptions o;
+    o.model_dir = path("wide.gguf");
+    o.weights = q;
+    o.kv_cache_bytes = 4u << 20;
+    o.max_num_seqs = 4;
+    o.parallel.tp = tp;
+    auto e = engine::build_engine(o);
+    ASSERT_TRUE(e.ok()) << e.error().to_string();
+    testing_support::RunnerDriver d(*e->executor, kBlockSize);
+    const int s = d.add_seq(0, 2);
+    logits.push_back(d.step({{.seq = s, .tokens = {1, 17, 33, 58, 90, 4}}}).at(0));
+  }
+  float largest = 0.0f;
+  for (const float v : logits[0]) largest = std::max(largest, std::fabs(v));
+  const float delta = max_abs_diff(logits[0], logits[1]);
+  // Each rank computes its q/k/v columns and its FFN rows bit for bit as
+  // one device does; only the all-reduce of attn_output's and ffn_down's
+  // two partial sums (one device adds all super-blocks of a row in order)
+  // rounds differently: F32 rounding of the logits' size.
+  EXPECT_LE(delta, 1e-5f * largest) << "largest logit " << largest;
+  EXPECT_GT(largest, 1.0f);
+  std::printf("  Q4_K_M-pattern llama, TP 2 vs 1: max |logit delta| %.3g (largest logit %.3g)\n",
+              static_cast<double>(delta), static_cast<double>(largest));
+
+  // The default shape's attn_output has 256 columns, one Q4_K super-block
+  // a row: TP = 2 would split it, and is refused by name.
+  write_q4_k_m_llama(path("narrow.gguf"));
+  auto narrow = load(path("narrow.gguf"), quant);
+  ASSERT_NE(narrow, nullptr);
+  engine::EngineOptions o;
+  o.model_dir = path("narrow.gguf");
+  o.weights = narrow;
+  o.kv_cache_bytes = 4u << 20;
+  o.max_num_seqs = 4;
+  o.parallel.tp = 2;
+  auto e = engine::build_engine(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(e.error().message.find("blk.0.attn_output"), std::string::npos) << e.error().message;
+  EXPECT_NE(e.error().message.find("Q4_K blocks of 256"), std::string::npos) << e.error().message;
 }
 
 }  // namespace model_quantized_model_golden_test
