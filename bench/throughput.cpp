@@ -97,6 +97,7 @@ std::string ThroughputReport::to_json() const {
   nlohmann::json j{{"model", model},
                    {"dtype", dtype},
                    {"quant_kernels", quant_kernels},
+                   {"linear_kernel", linear_kernel},
                    {"kv_cache_dtype", kv_cache_dtype},
                    {"step_overlap", step_overlap},
                    {"num_prompts", num_prompts},
@@ -203,6 +204,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.max_batch = o.max_batch;
   rep.model = o.engine.model_dir;
   rep.dtype = dtype_name(o.engine.dtype);
+  rep.linear_kernel = kernels::cpu::linear_kernel_name(kernels::cpu::LinearKernel::automatic);
   rep.kv_cache_dtype = dtype_name(o.engine.kv_cache_dtype);
   rep.step_overlap = model::step_overlap_name(o.engine.step_overlap);
   const int threads = o.engine.num_threads > 0 ? o.engine.num_threads : omp_get_num_procs();

@@ -54,6 +54,10 @@ struct ThroughputReport {
   /// "Q4_1:avx512_vnni+Q8_0:avx512_vnni" (kernels/cpu/quant_linear.hpp's
   /// quant_kernel_name); empty for dense weights.
   std::string quant_kernels;
+  /// The instruction path of the dense linear layers (F32/BF16 weights) on
+  /// this CPU: kernels/cpu/linear.hpp's linear_kernel_name, e.g.
+  /// "avx512_bf16" or "avx2" (SHARDLINE_LINEAR_KERNEL can pick a narrower one).
+  std::string linear_kernel;
   std::string kv_cache_dtype;  ///< KV cache storage
   std::string step_overlap = "none";  ///< --step-overlap (model/shard_runner.hpp's StepOverlap)
   double elapsed_s = 0;          ///< wall time of the whole run (scheduling + sampling included)

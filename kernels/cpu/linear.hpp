@@ -1,7 +1,8 @@
 #pragma once
 /// \file
-/// Batch-invariant linear layer y = x W^T (+ bias) on CPU (AVX-512, AVX2+FMA,
-/// or a portable scalar fallback; the same bits on each).
+/// Batch-invariant linear layer y = x W^T (+ bias) on CPU (AVX-512 with or
+/// without AVX512-BF16, AVX2+FMA, or a portable scalar path, chosen at run
+/// time; the same bits on each).
 ///
 /// Why not plain OpenBLAS sgemm: OpenBLAS picks different kernels by problem
 /// size (small-matrix kernels, GEMV for M=1, different threading splits), so a
@@ -71,6 +72,28 @@ class PackedLinear {
   DType dtype_ = DType::f32;
 };
 
+/// The instruction paths of linear(), each in its own file compiled for its
+/// instructions (linear_avx2.cpp without AVX-512 even on an AVX-512 build
+/// machine; linear_avx512.cpp) and chosen at run time. Every path computes
+/// the same bits (tests/kernels/linear_test.cpp runs each this CPU has
+/// against linear_reference).
+enum class LinearKernel {
+  automatic,    ///< the best this CPU has: avx512_bf16, avx512, avx2, portable
+  portable,     ///< scalar std::fma chains (no SIMD; slow, for any CPU)
+  avx2,         ///< AVX2 + FMA: 4-row x 2..8-ymm register tiles, BF16 widened to F32 under DAZ+FTZ
+  avx512,       ///< AVX-512F/BW/VL: 6-row x 4-zmm tiles, BF16 widened to F32 under DAZ+FTZ
+  avx512_bf16,  ///< avx512 with VDPBF16PS for BF16 weights (F32 weights as avx512)
+};
+
+/// True when this CPU runs `kernel` (automatic and portable: always).
+[[nodiscard]] bool linear_kernel_supported(LinearKernel kernel);
+/// "portable", "avx2", "avx512", "avx512_bf16"; automatic: the name of the
+/// path it resolves to here. `automatic` takes the best path unless the
+/// environment variable SHARDLINE_LINEAR_KERNEL names another one this CPU
+/// runs (read once per process; to measure a narrower path, e.g. avx2 on an
+/// AVX-512 machine).
+[[nodiscard]] const char* linear_kernel_name(LinearKernel kernel);
+
 /// y[m, n] = x[m, k] * W^T (+ bias[n] if non-null). `x` rows are contiguous
 /// with stride `x_stride` (>= k) floats, `y` with stride `y_stride` (>= n).
 /// With BF16 weights x is rounded to BF16 first (into a per-thread scratch of
@@ -79,13 +102,16 @@ class PackedLinear {
 /// `side` (optional): while it computes, OpenMP thread t pops runs of its
 /// slice of the queue, up to two per register tile, and prefetches their
 /// lines into L2 spread over the tile's sweep of k (prefetch.hpp). The
-/// result is the same bits with or without it. The portable build (no AVX)
-/// ignores it.
+/// result is the same bits with or without it. The portable path ignores
+/// it. `kernel`: the instruction path (see LinearKernel); one this CPU
+/// cannot run throws std::logic_error (a programming error: check
+/// linear_kernel_supported).
 void linear(const float* x, int m, int x_stride, const PackedLinear& w, const float* bias,
-            float* y, int y_stride, LinePrefetchQueue* side = nullptr);
+            float* y, int y_stride, LinePrefetchQueue* side = nullptr,
+            LinearKernel kernel = LinearKernel::automatic);
 
-/// True when linear() prefetches a `side` queue (the AVX-512 and AVX2
-/// builds); the portable build ignores it.
+/// True when linear()'s automatic path prefetches a `side` queue (every
+/// SIMD path); the portable one ignores it.
 [[nodiscard]] bool linear_uses_side_prefetch();
 
 /// Reference (naive, same per-element accumulation order and, for BF16, the

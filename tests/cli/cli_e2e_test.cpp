@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/quant_linear.hpp"
 #include "tests/support/process.hpp"
 #if SHARDLINE_HAVE_CUDA
@@ -157,6 +158,8 @@ TEST(CliE2e, BenchReportsEachDecodePhaseAgainstItsLimit) {
     // A phase's limit is below the whole step's roofline (it is one term of it).
     EXPECT_LE(j.at("decode_gemm_limit_ms").get<double>(), j.at("roofline_step_ms").get<double>() * (1 + 1e-9));
     EXPECT_EQ(j.at("quant_kernels"), "");
+    EXPECT_EQ(j.at("linear_kernel"), kernels::cpu::linear_kernel_name(kernels::cpu::LinearKernel::automatic))
+        << "the dense path that ran";
     EXPECT_EQ(j.at("gemm_format"), dtype == "bf16" ? "BF16" : "F32");
   }
 }
