@@ -612,8 +612,13 @@ BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K_avx2, kernels::GgmlType::q4_k, kernels::c
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K_avx512_vnni, kernels::GgmlType::q4_k, kernels::cpu::QuantKernel::avx512_vnni)
     ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 
-void BM_DenseLinear(benchmark::State& state, DType dtype) {
+void BM_DenseLinear(benchmark::State& state, DType dtype,
+                    kernels::cpu::LinearKernel kernel = kernels::cpu::LinearKernel::automatic) {
   const int m = static_cast<int>(state.range(0));
+  if (!kernels::cpu::linear_kernel_supported(kernel)) {
+    state.SkipWithError("this CPU lacks the path");
+    return;
+  }
   const std::vector<float> wf = random_floats(static_cast<std::size_t>(kLinN) * kLinK, 11);
   std::vector<std::uint16_t> wb;
   const void* src = wf.data();
@@ -626,12 +631,23 @@ void BM_DenseLinear(benchmark::State& state, DType dtype) {
   const std::vector<float> x = random_floats(static_cast<std::size_t>(m) * kLinK, 12);
   std::vector<float> y(static_cast<std::size_t>(m) * kLinN);
   for (auto _ : state) {
-    kernels::cpu::linear(x.data(), m, kLinK, w, nullptr, y.data(), kLinN);
+    kernels::cpu::linear(x.data(), m, kLinK, w, nullptr, y.data(), kLinN, nullptr, kernel);
     benchmark::DoNotOptimize(y.data());
   }
+  state.SetLabel(kernels::cpu::linear_kernel_name(kernel));
   linear_counters(state, m, static_cast<std::size_t>(kLinN) * kLinK * dtype_size(dtype));
 }
 BENCHMARK_CAPTURE(BM_DenseLinear, F32, DType::f32)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DenseLinear, BF16, DType::bf16)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+// Each instruction path where the CPU has it (the label says which): the
+// AVX2 one is what an AVX2-only CPU runs (kernels/cpu/linear_avx2.cpp).
+BENCHMARK_CAPTURE(BM_DenseLinear, F32_avx2, DType::f32, kernels::cpu::LinearKernel::avx2)
+    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DenseLinear, BF16_avx2, DType::bf16, kernels::cpu::LinearKernel::avx2)
+    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DenseLinear, F32_avx512, DType::f32, kernels::cpu::LinearKernel::avx512)
+    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DenseLinear, BF16_avx512, DType::bf16, kernels::cpu::LinearKernel::avx512)
+    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 
 BENCHMARK_MAIN();
