@@ -55,6 +55,26 @@ template <int M, int NV>
   }
 }
 
+/// One BF16 pair step q of an M x NV register tile: NV lanes of pairs at
+/// `wq` widened to F32 (even: shift, odd: AND), the odd element's FMA
+/// before the even one's (under the caller's DAZ+FTZ).
+template <int M, int NV>
+[[gnu::always_inline]] inline void bf16_step(__m256 (&acc)[M][NV], const float* const (&xr)[M], int q,
+                                             const __m256i* wq, __m256i hi_mask) {
+  __m256 even[NV], odd[NV];
+  for (int v = 0; v < NV; ++v) {
+    const __m256i wv = _mm256_load_si256(wq + v);
+    even[v] = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));
+    odd[v] = _mm256_castsi256_ps(_mm256_and_si256(wv, hi_mask));
+  }
+  for (int r = 0; r < M; ++r) {
+    const __m256 ao = _mm256_broadcast_ss(xr[r] + 2 * q + 1);
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ao, odd[v], acc[r][v]);
+    const __m256 ae = _mm256_broadcast_ss(xr[r] + 2 * q);
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ae, even[v], acc[r][v]);
+  }
+}
+
 /// Register tile: rows [0, M) x NV ymm columns of the sub-block at c0 of one
 /// panel, over the full k (F32) or its ksteps pairs (BF16, under DAZ+FTZ:
 /// the odd element's FMA, then the even one's). Columns >= ncols (panel
@@ -74,20 +94,16 @@ template <int M, int NV, bool kBf16>
     const __m256i* w = reinterpret_cast<const __m256i*>(static_cast<const std::uint32_t*>(panel) + c0);
     const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     const DazFtzScope daz_ftz;
-    for (int q = 0; q < ksteps; ++q, w += kNr / 8) {
+    // Two pairs per prefetch bookkeeping (as the F32 loop below).
+    int q = 0;
+    for (; q + 2 <= ksteps; q += 2, w += 2 * (kNr / 8)) {
+      prefetch_steps(pf, q, 2);
+      bf16_step<M, NV>(acc, xr, q, w, hi_mask);
+      bf16_step<M, NV>(acc, xr, q + 1, w + kNr / 8, hi_mask);
+    }
+    for (; q < ksteps; ++q, w += kNr / 8) {
       prefetch_step(pf, q);
-      __m256 even[NV], odd[NV];
-      for (int v = 0; v < NV; ++v) {
-        const __m256i wv = _mm256_load_si256(w + v);
-        even[v] = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));
-        odd[v] = _mm256_castsi256_ps(_mm256_and_si256(wv, hi_mask));
-      }
-      for (int r = 0; r < M; ++r) {
-        const __m256 ao = _mm256_broadcast_ss(xr[r] + 2 * q + 1);
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ao, odd[v], acc[r][v]);
-        const __m256 ae = _mm256_broadcast_ss(xr[r] + 2 * q);
-        for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ae, even[v], acc[r][v]);
-      }
+      bf16_step<M, NV>(acc, xr, q, w, hi_mask);
     }
   } else {
     const float* w = static_cast<const float*>(panel) + c0;
