@@ -83,6 +83,25 @@ template <int M>
   store_tile<M>(acc, bias, y, y_stride, ncols);
 }
 
+/// One pair step q of the widened BF16 tile: 4 zmm of pairs at `wq`
+/// widened to F32 (even: shift, odd: AND), the odd element's FMA before
+/// the even one's (under the caller's DAZ+FTZ).
+template <int M>
+[[gnu::always_inline]] inline void widened_bf16_step(__m512 (&acc)[M][4], const float* const (&xr)[M], int q,
+                                                     const __m512i* wq, __m512i hi_mask) {
+  __m512 even[4], odd[4];
+  for (int c = 0; c < 4; ++c) {
+    const __m512i wc = _mm512_load_si512(wq + c);
+    even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(wc, 16));
+    odd[c] = _mm512_castsi512_ps(_mm512_and_si512(wc, hi_mask));
+  }
+  for (int r = 0; r < M; ++r) {
+    const __m512 ao = _mm512_set1_ps(xr[r][2 * q + 1]), ae = _mm512_set1_ps(xr[r][2 * q]);
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(ao, odd[c], acc[r][c]);
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(ae, even[c], acc[r][c]);
+  }
+}
+
 /// The BF16 register tile without AVX512-BF16: rows [0, M) x 64 columns
 /// over the `pairs` pairs, the odd and the even element's F32 FMA under
 /// DAZ+FTZ (the bits of VDPBF16PS).
@@ -99,19 +118,16 @@ template <int M>
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   {
     const DazFtzScope daz_ftz;
-    for (int q = 0; q < pairs; ++q, w += 4) {
+    // Two pairs per prefetch bookkeeping (as the AVX2 path).
+    int q = 0;
+    for (; q + 2 <= pairs; q += 2, w += 8) {
+      prefetch_steps(pf, q, 2);
+      widened_bf16_step<M>(acc, xr, q, w, hi_mask);
+      widened_bf16_step<M>(acc, xr, q + 1, w + 4, hi_mask);
+    }
+    for (; q < pairs; ++q, w += 4) {
       prefetch_step(pf, q);
-      __m512 even[4], odd[4];
-      for (int c = 0; c < 4; ++c) {
-        const __m512i wc = _mm512_load_si512(w + c);
-        even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(wc, 16));
-        odd[c] = _mm512_castsi512_ps(_mm512_and_si512(wc, hi_mask));
-      }
-      for (int r = 0; r < M; ++r) {
-        const __m512 ao = _mm512_set1_ps(xr[r][2 * q + 1]), ae = _mm512_set1_ps(xr[r][2 * q]);
-        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(ao, odd[c], acc[r][c]);
-        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(ae, even[c], acc[r][c]);
-      }
+      widened_bf16_step<M>(acc, xr, q, w, hi_mask);
     }
   }
   store_tile<M>(acc, bias, y, y_stride, ncols);

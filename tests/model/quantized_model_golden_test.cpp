@@ -327,6 +327,28 @@ std::string write_shape(const std::filesystem::path& dir, int hidden, int heads,
   return dir.string();
 }
 
+/// Options for an engine of `tp` CPU ranks over `weights` (4 MiB of KV).
+engine::EngineOptions tp_options(const std::string& dir, std::shared_ptr<const ModelWeights> weights, int tp) {
+  engine::EngineOptions o;
+  o.model_dir = dir;
+  o.weights = std::move(weights);
+  o.kv_cache_bytes = 4u << 20;
+  o.max_num_seqs = 4;
+  o.parallel.tp = tp;
+  return o;
+}
+
+/// The last prompt position's logits of `tokens` on an engine built from
+/// `o` (empty, with a test failure, if it cannot be built).
+std::vector<float> prompt_logits(const engine::EngineOptions& o, const std::vector<std::int32_t>& tokens) {
+  auto e = engine::build_engine(o);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().to_string());
+  if (!e.ok()) return {};
+  testing_support::RunnerDriver d(*e->executor, kBlockSize);
+  const int s = d.add_seq(0, 2);
+  return d.step({{.seq = s, .tokens = tokens}}).at(0);
+}
+
 using QuantizedShards = testing_support::TempDirTest;
 
 TEST_F(QuantizedShards, QuantizeOnLoadAndTpShardsAtBlockBoundaries) {
@@ -359,19 +381,8 @@ TEST_F(QuantizedShards, QuantizeOnLoadAndTpShardsAtBlockBoundaries) {
   // TP = 2 over the quantized weights: o_proj and down_proj split by
   // columns at 64 and 128 (whole blocks).
   std::vector<std::vector<float>> logits;
-  for (int tp : {1, 2}) {
-    engine::EngineOptions o;
-    o.model_dir = shape;
-    o.weights = q;
-    o.kv_cache_bytes = 4u << 20;
-    o.max_num_seqs = 4;
-    o.parallel.tp = tp;
-    auto e = engine::build_engine(o);
-    ASSERT_TRUE(e.ok()) << e.error().to_string();
-    testing_support::RunnerDriver d(*e->executor, kBlockSize);
-    const int s = d.add_seq(0, 2);
-    logits.push_back(d.step({{.seq = s, .tokens = {1, 17, 33, 99, 200, 5}}}).at(0));
-  }
+  for (int tp : {1, 2}) logits.push_back(prompt_logits(tp_options(shape, q, tp), {1, 17, 33, 99, 200, 5}));
+  ASSERT_EQ(logits[0].size(), logits[1].size());
   const float delta = max_abs_diff(logits[0], logits[1]);
   // The all-reduce adds two partial sums where one device adds 8 blocks in
   // a row: F32 rounding of values around 1.
@@ -387,12 +398,7 @@ TEST_F(QuantizedShards, AShardThatSplitsABlockAndAPartialBlockAreRefusedByName) 
   lo.quantization = GgmlType::q8_0;
   auto q = load(shape, lo);
   ASSERT_NE(q, nullptr);
-  engine::EngineOptions o;
-  o.model_dir = shape;
-  o.weights = q;
-  o.kv_cache_bytes = 4u << 20;
-  o.max_num_seqs = 4;
-  o.parallel.tp = 4;
+  engine::EngineOptions o = tp_options(shape, q, 4);
   auto e = engine::build_engine(o);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.error().code, ErrorCode::invalid_argument);
@@ -572,19 +578,8 @@ TEST_F(KQuantModel, TpShardsAMixedFusedMatrixByRunsAndRefusesASplitSuperBlock) {
   ASSERT_NE(q, nullptr);
   ASSERT_EQ(q->layers[1].qkv.format_name(), "Q4_K+Q6_K");
   std::vector<std::vector<float>> logits;
-  for (int tp : {1, 2}) {
-    engine::EngineOptions o;
-    o.model_dir = path("wide.gguf");
-    o.weights = q;
-    o.kv_cache_bytes = 4u << 20;
-    o.max_num_seqs = 4;
-    o.parallel.tp = tp;
-    auto e = engine::build_engine(o);
-    ASSERT_TRUE(e.ok()) << e.error().to_string();
-    testing_support::RunnerDriver d(*e->executor, kBlockSize);
-    const int s = d.add_seq(0, 2);
-    logits.push_back(d.step({{.seq = s, .tokens = {1, 17, 33, 58, 90, 4}}}).at(0));
-  }
+  for (int tp : {1, 2}) logits.push_back(prompt_logits(tp_options(path("wide.gguf"), q, tp), {1, 17, 33, 58, 90, 4}));
+  ASSERT_EQ(logits[0].size(), logits[1].size());
   float largest = 0.0f;
   for (const float v : logits[0]) largest = std::max(largest, std::fabs(v));
   const float delta = max_abs_diff(logits[0], logits[1]);
@@ -602,13 +597,7 @@ TEST_F(KQuantModel, TpShardsAMixedFusedMatrixByRunsAndRefusesASplitSuperBlock) {
   write_q4_k_m_llama(path("narrow.gguf"));
   auto narrow = load(path("narrow.gguf"), quant);
   ASSERT_NE(narrow, nullptr);
-  engine::EngineOptions o;
-  o.model_dir = path("narrow.gguf");
-  o.weights = narrow;
-  o.kv_cache_bytes = 4u << 20;
-  o.max_num_seqs = 4;
-  o.parallel.tp = 2;
-  auto e = engine::build_engine(o);
+  auto e = engine::build_engine(tp_options(path("narrow.gguf"), narrow, 2));
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.error().code, ErrorCode::invalid_argument);
   EXPECT_NE(e.error().message.find("blk.0.attn_output"), std::string::npos) << e.error().message;
