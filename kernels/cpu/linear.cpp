@@ -54,7 +54,7 @@ void round_rows_bf16(const float* x, int m, long xs, int k, int kp, void* xb, bo
 #pragma omp parallel for schedule(static) if (static_cast<long>(m) * k > (1 << 16))
   for (int i = 0; i < m; ++i) {
     if (bits) {
-      detail::round_rows_bf16_avx512(x + i * xs, 1, xs, k, kp, static_cast<std::uint16_t*>(xb) + static_cast<long>(i) * kp);
+      detail::round_row_bf16_avx512(x + i * xs, k, kp, static_cast<std::uint16_t*>(xb) + static_cast<long>(i) * kp);
       continue;
     }
     const float* xi = x + i * xs;
@@ -81,11 +81,10 @@ void round_rows_bf16(const float* x, int m, long xs, int k, int kp, void* xb, bo
 /// environment variable, read once, may name a supported one instead).
 [[nodiscard]] LinearKernel resolve_automatic() {
   static const LinearKernel chosen = [] {
-    for (const LinearKernel k : {LinearKernel::avx512_bf16, LinearKernel::avx512, LinearKernel::avx2,
-                                 LinearKernel::portable})
-      if (const char* env = std::getenv("SHARDLINE_LINEAR_KERNEL");
-          env != nullptr && std::string(env) == linear_kernel_name(k) && cpu_has(k))
-        return k;
+    if (const char* env = std::getenv("SHARDLINE_LINEAR_KERNEL"); env != nullptr)
+      for (const LinearKernel k : {LinearKernel::avx512_bf16, LinearKernel::avx512, LinearKernel::avx2,
+                                   LinearKernel::portable})
+        if (std::string(env) == linear_kernel_name(k) && cpu_has(k)) return k;
     for (const LinearKernel k : {LinearKernel::avx512_bf16, LinearKernel::avx512, LinearKernel::avx2})
       if (cpu_has(k)) return k;
     return LinearKernel::portable;

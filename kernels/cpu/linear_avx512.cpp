@@ -208,21 +208,17 @@ void linear_panels_avx512(const void* x, int m, long xs, const PackedLinear& w, 
     linear_panels<Avx512, true>(static_cast<const float*>(x), m, xs, w, bias, y, ys, p0, p1, side, thread);
 }
 
-SHARDLINE_BF16_TARGET void round_rows_bf16_avx512(const float* x, int m, long xs, int k, int kp, std::uint16_t* xb) {
-  for (int i = 0; i < m; ++i) {
-    const float* xi = x + i * xs;
-    std::uint16_t* out = xb + static_cast<long>(i) * kp;
-    int kk = 0;
-    for (; kk + 16 <= k; kk += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kk),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(xi + kk))));
-    if (kk < k) {
-      const __mmask16 mask = static_cast<__mmask16>((1u << (k - kk)) - 1u);
-      _mm256_mask_storeu_epi16(out + kk, mask,
-                               reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, xi + kk))));
-    }
-    if (kp > k) out[k] = 0;
+SHARDLINE_BF16_TARGET void round_row_bf16_avx512(const float* x, int k, int kp, std::uint16_t* xb) {
+  int kk = 0;
+  for (; kk + 16 <= k; kk += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + kk),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + kk))));
+  if (kk < k) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (k - kk)) - 1u);
+    _mm256_mask_storeu_epi16(xb + kk, mask,
+                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x + kk))));
   }
+  if (kp > k) xb[k] = 0;
 }
 
 }  // namespace detail

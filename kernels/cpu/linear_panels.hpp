@@ -91,26 +91,14 @@ struct Prefetch {
   int side_per_k = 0;
 };
 
-[[gnu::always_inline]] inline void prefetch_step(const Prefetch& pf, int kk) {
-  const int first = kk * pf.per_k;
-  const int last = std::min(first + pf.per_k, pf.lines);
-  for (int l = first; l < last; ++l) __builtin_prefetch(pf.next + static_cast<long>(l) * 64, 0, 2);
-  if (pf.side_per_k == 0) [[likely]] return;  // no side stream: one test a step
-  const int side_first = kk * pf.side_per_k;
-  const int side_last = std::min(side_first + pf.side_per_k, pf.side_lines);
-  for (int l = side_first; l < side_last; ++l)
-    __builtin_prefetch(l < pf.side0_lines ? pf.side0 + static_cast<long>(l) * 64
-                                          : pf.side1 + static_cast<long>(l - pf.side0_lines) * 64,
-                       0, 2);
-}
-
-/// prefetch_step for the `n` steps from `kk` at once: a loop unrolled by n
-/// pays the bookkeeping once per n steps (the same lines, a little earlier).
+/// The lines of k steps [kk, kk + n): per_k of the next panel's and
+/// side_per_k of the side stream's per step. A loop unrolled by n pays the
+/// bookkeeping once per n steps (the same lines, a little earlier).
 [[gnu::always_inline]] inline void prefetch_steps(const Prefetch& pf, int kk, int n) {
   const int first = kk * pf.per_k;
   const int last = std::min(first + n * pf.per_k, pf.lines);
   for (int l = first; l < last; ++l) __builtin_prefetch(pf.next + static_cast<long>(l) * 64, 0, 2);
-  if (pf.side_per_k == 0) [[likely]] return;
+  if (pf.side_per_k == 0) [[likely]] return;  // no side stream: one test
   const int side_first = kk * pf.side_per_k;
   const int side_last = std::min(side_first + n * pf.side_per_k, pf.side_lines);
   for (int l = side_first; l < side_last; ++l)
@@ -118,6 +106,9 @@ struct Prefetch {
                                           : pf.side1 + static_cast<long>(l - pf.side0_lines) * 64,
                        0, 2);
 }
+
+/// The lines of k step kk alone.
+[[gnu::always_inline]] inline void prefetch_step(const Prefetch& pf, int kk) { prefetch_steps(pf, kk, 1); }
 
 /// Takes up to two of `thread`'s runs from `side` into pf's side stream,
 /// spread over the tile's `ksteps`.
@@ -194,8 +185,8 @@ void linear_panels_avx2(const void* x, int m, long xs, const PackedLinear& w, co
 /// VDPBF16PS on BF16 bits of x (AVX512-BF16), else the F32 emulation.
 void linear_panels_avx512(const void* x, int m, long xs, const PackedLinear& w, const float* bias, float* y,
                           long ys, int p0, int p1, LinePrefetchQueue* side, int thread, bool native_bf16);
-/// x [m, xs] -> xb [m, kp] BF16 bits, rounded as VCVTNEPS2BF16 rounds
+/// One row of x [k] -> xb [kp] BF16 bits, rounded as VCVTNEPS2BF16 rounds
 /// (AVX512-BF16 only); the pad element (kp > k) is zero.
-void round_rows_bf16_avx512(const float* x, int m, long xs, int k, int kp, std::uint16_t* xb);
+void round_row_bf16_avx512(const float* x, int k, int kp, std::uint16_t* xb);
 
 }  // namespace shardline::kernels::cpu::detail
