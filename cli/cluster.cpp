@@ -1,6 +1,10 @@
 // `shardline cluster init`, `node start`, `job submit|status`, `actor list|kill`, `run`.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <cstdio>
@@ -259,23 +263,63 @@ void add_kv_flags(CLI::App& cmd, KvFlags& kv) {
       ->capture_default_str();
 }
 
-int wait_for_signal() {
+// The stop signals (SIGINT, SIGTERM) reach the node's main thread through a
+// pipe. Blocking them in every thread and sigwait-ing in main is not enough:
+// a thread that a shared library started before main() runs with them
+// unblocked (OpenBLAS's pthread build starts its pool in its constructor),
+// the kernel may hand a process-directed signal to that thread, and there
+// the default action ends the process with 128 + signal, no clean stop. A
+// handler runs on whichever thread takes the signal and only writes the
+// signal's number to the pipe (async-signal-safe).
+int g_stop_pipe[2] = {-1, -1};  // [read end, write end (non-blocking)]
+
+void on_stop_signal(int sig) {
+  const int saved_errno = errno;
+  const auto byte = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(g_stop_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+/// Installs the stop handler for SIGINT and SIGTERM and blocks both in the
+/// calling thread, so that the threads it starts from now on inherit the
+/// block and only the main thread (in wait_for_stop_signal) or a foreign
+/// thread takes them. Errors: internal when the pipe or a handler cannot be
+/// set up.
+[[nodiscard]] Status install_stop_signals() {
+  if (::pipe2(g_stop_pipe, O_CLOEXEC) != 0 || ::fcntl(g_stop_pipe[1], F_SETFL, O_NONBLOCK) != 0)
+    return make_error(ErrorCode::internal, std::string("stop-signal pipe: ") + std::strerror(errno));
+  struct sigaction action{};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigset_t set;
+  sigemptyset(&set);
+  for (const int sig : {SIGINT, SIGTERM}) {
+    if (::sigaction(sig, &action, nullptr) != 0)
+      return make_error(ErrorCode::internal, std::string("stop-signal handler: ") + std::strerror(errno));
+    sigaddset(&set, sig);
+  }
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return Status::ok_status();
+}
+
+/// Unblocks the stop signals in the calling (main) thread and waits until
+/// one has arrived, on any thread; returns its number.
+int wait_for_stop_signal() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  int sig = 0;
-  sigwait(&set, &sig);
-  return sig;
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  unsigned char byte = 0;
+  while (::read(g_stop_pipe[0], &byte, 1) != 1) {
+    if (errno != EINTR) return 0;
+  }
+  return byte;
 }
 
 int run_node_start(NodeArgs& a) {
-  // Block the stop signals in every thread; the main thread waits for them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  if (Status s = install_stop_signals(); !s) return fail(s.error());
   auto o = node_options(a);
   if (!o) return fail(o.error(), 2);
   if (!o->join.empty()) o->listen.clear();
@@ -322,7 +366,7 @@ int run_node_start(NodeArgs& a) {
     if (!http->authenticated())
       spdlog::warn("http api on {} without --api-key-file: loopback only, no authentication", a.http);
   }
-  const int sig = wait_for_signal();
+  const int sig = wait_for_stop_signal();
   spdlog::info("node {}: signal {}, stopping", a.name, sig);
   http.reset();  // no new batches while the node stops
   (*node)->stop();

@@ -2,8 +2,13 @@
 // restart, and the finished output is byte-identical to a run without kills
 // (every custom_id exactly once); `actor kill` of the worker mid-job (it
 // holds unfinished lines, which are requeued) and the job still finishes with
-// the same bytes.
+// the same bytes. A SIGTERM that the kernel hands to a thread other than
+// the main one (a thread a library started before main()) still stops the
+// node cleanly.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -167,6 +172,41 @@ TEST_F(NodeFault, ActorKillOfTheWorkerStillFinishesTheJob) {
   EXPECT_TRUE(testing_support::same_output(got, expected)) << "output after the worker kill differs";
   node.kill(SIGTERM);
   EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(20)), 0) << "node did not stop on SIGTERM: " << node.log();
+}
+
+/// The threads of `pid` other than its main thread that do not block
+/// SIGTERM (their SigBlk in /proc/PID/task/TID/status lacks bit 15).
+std::vector<int> threads_taking_sigterm(int pid) {
+  std::vector<int> out;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    const int tid = std::stoi(task.path().filename().string());
+    if (tid == pid) continue;
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("SigBlk:", 0) != 0) continue;
+      const unsigned long long blocked = std::stoull(line.substr(7), nullptr, 16);
+      if ((blocked & (1ull << (SIGTERM - 1))) == 0) out.push_back(tid);
+    }
+  }
+  return out;
+}
+
+TEST_F(NodeFault, SigtermTakenByAThreadOtherThanMainStillStopsTheNodeCleanly) {
+  // OpenBLAS (pthread build) starts its thread pool in its library
+  // constructor, before main() blocks the stop signals, so its threads take
+  // them. Two BLAS threads make one such thread on any machine. A
+  // process-directed SIGTERM may land on it; tgkill sends it there for sure.
+  ASSERT_EQ(::setenv("OPENBLAS_NUM_THREADS", "2", 1), 0);
+  ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);
+  Child node({kShardline, "node", "start", "--listen", "127.0.0.1:0", "--data-dir", path("data"), "--model",
+              testing_support::kStoriesDir, "--key-file", path("cluster.key"), "--threads", "1"},
+             path("node.log"));
+  node.wait_for_log("listening on", std::chrono::seconds(30));
+  const std::vector<int> foreign = threads_taking_sigterm(node.pid());
+  ASSERT_FALSE(foreign.empty()) << "no thread but main takes SIGTERM: this test cannot reach its case";
+  ASSERT_EQ(::syscall(SYS_tgkill, node.pid(), foreign.front(), SIGTERM), 0);
+  EXPECT_EQ(node.wait_or_kill(std::chrono::seconds(30)), 0) << "the node did not stop cleanly: " << node.log();
+  EXPECT_NE(node.log().find("signal 15, stopping"), std::string::npos) << node.log();
 }
 
 }  // namespace

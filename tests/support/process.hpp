@@ -117,6 +117,8 @@ class Child {
     }
   }
   [[nodiscard]] bool started() const { return pid_ > 0; }
+  /// The process id (-1 when the spawn failed).
+  [[nodiscard]] pid_t pid() const { return pid_; }
   void kill(int sig) {
     if (pid_ > 0) ::kill(pid_, sig);
   }
