@@ -612,6 +612,43 @@ BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K_avx2, kernels::GgmlType::q4_k, kernels::c
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K_avx512_vnni, kernels::GgmlType::q4_k, kernels::cpu::QuantKernel::avx512_vnni)
     ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 
+/// One decode row (m = 1) against weights that come from DRAM, as in a
+/// model's decode step: `kStreamedCopies` packed [kLinN, kLinK] matrices
+/// (about 40 MB for Q4_K, more than these machines' L3 share), each call
+/// the next one. `weight_GBps` beside `triad_GBps`, the STREAM triad of
+/// the same threads measured in this run, is the kernel's share of the
+/// bandwidth; the in-cache BM_QuantLinear/.../1 says nothing about it.
+constexpr int kStreamedCopies = 48;
+void BM_QuantLinearStreamed(benchmark::State& state, kernels::GgmlType type) {
+  const std::vector<std::uint8_t> blocks = bench_blocks(type);
+  std::vector<kernels::cpu::PackedQuantLinear> copies;
+  for (int c = 0; c < kStreamedCopies; ++c) {
+    auto w = kernels::cpu::PackedQuantLinear::pack(type, blocks, kLinN, kLinK);
+    if (!w.ok()) {
+      state.SkipWithError(w.error().to_string().c_str());
+      return;
+    }
+    copies.push_back(std::move(w).value());
+  }
+  const std::vector<float> x = random_floats(kLinK, 12);  // [1, kLinK]
+  std::vector<float> y(kLinN);                            // [1, kLinN]
+  const double triad_gbs = sim::calibration::measure_triad_bandwidth_gbs(omp_get_max_threads(), 64L << 20, 3);
+  std::size_t next = 0;
+  for (auto _ : state) {
+    if (!kernels::cpu::quant_linear(x.data(), 1, kLinK, copies[next], y.data(), kLinN).ok())
+      state.SkipWithError("failed");
+    benchmark::DoNotOptimize(y.data());
+    next = (next + 1) % copies.size();
+  }
+  state.SetLabel(kernels::cpu::quant_kernel_name(type));
+  linear_counters(state, 1, blocks.size());
+  state.counters["triad_GBps"] = triad_gbs;
+}
+BENCHMARK_CAPTURE(BM_QuantLinearStreamed, Q8_0, kernels::GgmlType::q8_0)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinearStreamed, Q4_1, kernels::GgmlType::q4_1)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinearStreamed, Q4_K, kernels::GgmlType::q4_k)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinearStreamed, Q6_K, kernels::GgmlType::q6_k)->UseRealTime();
+
 void BM_DenseLinear(benchmark::State& state, DType dtype,
                     kernels::cpu::LinearKernel kernel = kernels::cpu::LinearKernel::automatic) {
   const int m = static_cast<int>(state.range(0));
