@@ -250,11 +250,9 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
     matrix_elems += static_cast<double>(m.rows) * m.cols;
     // A mixed matrix (a Q4_K_M file's attn_qkv) counts each run of rows
     // under its own type.
-    std::vector<std::pair<int, std::optional<kernels::GgmlType>>> runs;  // (rows, type)
-    if (m.mixed.empty()) runs.emplace_back(m.rows, m.quant);
-    for (const model::QuantRows& r : m.mixed) runs.emplace_back(r.rows, r.type);
-    for (const auto& [rows, type] : runs) {
-      if (type) quant_elems[*type] += static_cast<double>(rows) * m.cols;
+    for (const model::RowRun& run : m.runs()) {
+      const std::optional<kernels::GgmlType>& type = run.type;
+      if (type) quant_elems[*type] += static_cast<double>(run.rows) * m.cols;
       const std::string name = type ? kernels::ggml_type_name(static_cast<std::uint32_t>(*type)) : m.format_name();
       if (std::find(formats.begin(), formats.end(), name) != formats.end()) continue;
       formats.push_back(name);

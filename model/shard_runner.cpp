@@ -21,29 +21,6 @@ using RowRange = ShardLayout::Range;
 
 Error invalid(const std::string& m) { return make_error(ErrorCode::invalid_argument, "shard: " + m); }
 
-/// A run of consecutive rows of a Matrix in one format: dense (`type`
-/// unset, the matrix's dtype) or one GGML type. A Matrix is one run unless
-/// it is `mixed`.
-struct Run {
-  int begin = 0;  ///< first row in the matrix
-  int rows = 0;
-  std::optional<kernels::GgmlType> type;
-  const std::byte* data = nullptr;  ///< row `begin`'s bytes
-  std::size_t row_bytes = 0;
-};
-
-std::vector<Run> runs_of(const Matrix& m) {
-  if (m.mixed.empty()) return {Run{0, m.rows, m.quant, static_cast<const std::byte*>(m.data), m.row_bytes()}};
-  std::vector<Run> out;
-  int begin = 0;
-  for (const QuantRows& r : m.mixed) {
-    out.push_back(Run{begin, r.rows, r.type, m.row_data(begin),
-                      *kernels::ggml_row_bytes(static_cast<std::uint32_t>(r.type), m.cols)});
-    begin += r.rows;
-  }
-  return out;
-}
-
 /// Packs [rows, cols] whose rows are `bytes`, dense in `dtype` or blocks of
 /// `type`. `what` names the tensor in errors.
 Result<kc::PackedWeight> pack_part(DType dtype, std::optional<kernels::GgmlType> type, const void* bytes, int rows,
@@ -74,7 +51,7 @@ Result<kc::PackedWeight> stack_parts(std::vector<kc::PackedWeight> parts, const 
 /// quantized row is whole blocks, so any row range is a block boundary; the
 /// rows of a mixed matrix keep their own types (a PackedQuantStack).
 Result<kc::PackedWeight> pack_rows(const Matrix& m, const std::vector<RowRange>& ranges, const std::string& what) {
-  const std::vector<Run> runs = runs_of(m);
+  const std::vector<RowRun> runs = m.runs();
   if (runs.size() == 1 && ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].count == m.rows)
     return pack_part(m.dtype, m.quant, m.data, m.rows, m.cols, what);
   std::vector<kc::PackedWeight> parts;
@@ -91,7 +68,7 @@ Result<kc::PackedWeight> pack_rows(const Matrix& m, const std::vector<RowRange>&
     return Status::ok_status();
   };
   for (const RowRange& r : ranges)
-    for (const Run& run : runs) {
+    for (const RowRun& run : runs) {
       const int lo = std::max(r.begin, run.begin), hi = std::min(r.begin + r.count, run.begin + run.rows);
       if (lo >= hi) continue;
       if (rows > 0 && type != run.type)
@@ -111,7 +88,7 @@ Result<kc::PackedWeight> pack_rows(const Matrix& m, const std::vector<RowRange>&
 Result<kc::PackedWeight> pack_cols(const Matrix& m, int begin, int count, const std::string& what) {
   if (begin == 0 && count == m.cols) return pack_rows(m, {{0, m.rows}}, what);
   std::vector<kc::PackedWeight> parts;
-  for (const Run& run : runs_of(m)) {
+  for (const RowRun& run : m.runs()) {
     std::size_t elem_bytes = dtype_size(m.dtype);  // bytes per column unit
     int unit = 1;                                  // columns per unit
     if (run.type) {

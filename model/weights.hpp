@@ -33,6 +33,16 @@ struct QuantRows {
   kernels::GgmlType type = kernels::GgmlType::q8_0;
 };
 
+/// Consecutive rows of a Matrix in one format: dense (`type` unset, the
+/// matrix's dtype) or one GGML type (Matrix::runs).
+struct RowRun {
+  int begin = 0;  ///< first row in the matrix
+  int rows = 0;
+  std::optional<kernels::GgmlType> type;
+  const std::byte* data = nullptr;  ///< row `begin`'s bytes
+  std::size_t row_bytes = 0;        ///< bytes of one row of this run
+};
+
 /// A non-owning 2-D view over weight storage: `rows x cols`, row-major,
 /// contiguous. Dense (not quantized()): `dtype` elements, F32 or BF16 (F16
 /// files are converted at load), row stride = cols. Quantized: each row is
@@ -80,6 +90,19 @@ struct Matrix {
   [[nodiscard]] std::size_t bytes() const {
     if (mixed.empty()) return static_cast<std::size_t>(rows) * row_bytes();
     return static_cast<std::size_t>(row_data(rows) - static_cast<const std::byte*>(data));
+  }
+  /// The rows as runs of one format each, in row order: one run (the whole
+  /// matrix) unless `mixed`, else one per QuantRows.
+  [[nodiscard]] std::vector<RowRun> runs() const {
+    if (mixed.empty()) return {RowRun{0, rows, quant, static_cast<const std::byte*>(data), row_bytes()}};
+    std::vector<RowRun> out;
+    int begin = 0;
+    for (const QuantRows& r : mixed) {
+      out.push_back(RowRun{begin, r.rows, r.type, row_data(begin),
+                           kernels::ggml_row_bytes(static_cast<std::uint32_t>(r.type), cols).value_or(0)});
+      begin += r.rows;
+    }
+    return out;
   }
   /// "F32", "BF16", the GGML type's name ("Q4_1"), or the runs' types
   /// joined by '+' ("Q4_K+Q6_K").
