@@ -20,6 +20,7 @@
 #include "bench/kv_streaming.hpp"
 #include "sim/calibration/workload.hpp"
 #include "sim/calibration/roofline.hpp"
+#include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/quant_linear.hpp"
 
@@ -98,6 +99,7 @@ std::string ThroughputReport::to_json() const {
                    {"dtype", dtype},
                    {"quant_kernels", quant_kernels},
                    {"linear_kernel", linear_kernel},
+                   {"attention_kernel", attention_kernel},
                    {"kv_cache_dtype", kv_cache_dtype},
                    {"step_overlap", step_overlap},
                    {"num_prompts", num_prompts},
@@ -205,6 +207,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.model = o.engine.model_dir;
   rep.dtype = dtype_name(o.engine.dtype);
   rep.linear_kernel = kernels::cpu::linear_kernel_name(kernels::cpu::LinearKernel::automatic);
+  rep.attention_kernel = kernels::cpu::attention_kernel_name(kernels::cpu::AttentionKernel::automatic);
   rep.kv_cache_dtype = dtype_name(o.engine.kv_cache_dtype);
   rep.step_overlap = model::step_overlap_name(o.engine.step_overlap);
   const int threads = o.engine.num_threads > 0 ? o.engine.num_threads : omp_get_num_procs();

@@ -58,6 +58,10 @@ struct ThroughputReport {
   /// this CPU: kernels/cpu/linear.hpp's linear_kernel_name, e.g.
   /// "avx512_bf16" or "avx2" (SHARDLINE_LINEAR_KERNEL can pick a narrower one).
   std::string linear_kernel;
+  /// The instruction path of paged attention on this CPU:
+  /// kernels/cpu/attention.hpp's attention_kernel_name ("avx512", "avx2",
+  /// "portable").
+  std::string attention_kernel;
   std::string kv_cache_dtype;  ///< KV cache storage
   std::string step_overlap = "none";  ///< --step-overlap (model/shard_runner.hpp's StepOverlap)
   double elapsed_s = 0;          ///< wall time of the whole run (scheduling + sampling included)

@@ -55,15 +55,31 @@ struct AttentionSeq {
   const std::int32_t* block_table = nullptr;  ///< [ceil(context_len / block_size)]
 };
 
+/// paged_attention's instruction paths. `automatic` is the widest this CPU
+/// has: avx512 (AVX-512 F/BW/VL + FMA), else avx2 (AVX2 + FMA), else
+/// portable. avx512 and avx2 give the same bits; portable keeps its own
+/// order (close to them, not bit-identical). Each SIMD path is compiled for
+/// its instructions whatever the build machine and chosen at run time.
+enum class AttentionKernel { automatic, portable, avx2, avx512 };
+
+/// Whether this CPU can run `kernel` (automatic and portable: always).
+[[nodiscard]] bool attention_kernel_supported(AttentionKernel kernel);
+
+/// "avx512", "avx2" or "portable": the path `kernel` runs on this CPU
+/// (automatic resolved).
+[[nodiscard]] const char* attention_kernel_name(AttentionKernel kernel = AttentionKernel::automatic);
+
 /// out[t, h*d:(h+1)*d] = softmax(q_t,h . K^T * scale) V over the keys of
 /// positions 0..p_t (causal; p_t = context_len - num_q + i for the i-th query
 /// of its sequence). Query head h reads KV head h / (num_heads / num_kv_heads).
 /// q: rows of num_heads * head_dim with stride q_stride; out: [rows, num_heads*head_dim]
 /// with stride out_stride. K/V of this step's tokens must already be written.
-/// Parallel over (sequence, query token, kv head) with OpenMP.
+/// Parallel over (sequence, query token, kv head) with OpenMP. `kernel`
+/// picks the instruction path. Throws std::invalid_argument for a KV cache
+/// dtype other than F32 / BF16 or a path this CPU lacks.
 void paged_attention(const float* q, int q_stride, std::span<const AttentionSeq> seqs,
                      const KvCacheLayer& cache, int num_heads, float scale, float* out,
-                     int out_stride);
+                     int out_stride, AttentionKernel kernel = AttentionKernel::automatic);
 
 /// The cache lines paged_attention() will read for `seqs`, as runs for a
 /// LinePrefetchQueue (prefetch.hpp), in per-thread slices for `num_threads`

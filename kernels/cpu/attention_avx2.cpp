@@ -1,8 +1,10 @@
-#include "kernels/cpu/attention_avx2.hpp"
+#include "kernels/cpu/attention_paths.hpp"
 
 #include "kernels/cpu/vec_math.hpp"  // first of the rest: includes immintrin.h
 
-#if defined(SHARDLINE_ATTENTION_AVX2)
+#if !(defined(__AVX2__) && defined(__FMA__)) || defined(__AVX512F__)
+#error "attention_avx2.cpp needs -mavx2 -mfma -mno-avx512f (kernels/CMakeLists.txt)"
+#endif
 
 #include <omp.h>
 
@@ -260,4 +262,3 @@ void paged_attention_avx2(const float* q, int q_stride, std::span<const Attentio
 
 }  // namespace shardline::kernels::cpu::detail
 
-#endif  // SHARDLINE_ATTENTION_AVX2

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/quant_linear.hpp"
 #include "tests/support/process.hpp"
@@ -160,6 +161,9 @@ TEST(CliE2e, BenchReportsEachDecodePhaseAgainstItsLimit) {
     EXPECT_EQ(j.at("quant_kernels"), "");
     EXPECT_EQ(j.at("linear_kernel"), kernels::cpu::linear_kernel_name(kernels::cpu::LinearKernel::automatic))
         << "the dense path that ran";
+    EXPECT_EQ(j.at("attention_kernel"),
+              kernels::cpu::attention_kernel_name(kernels::cpu::AttentionKernel::automatic))
+        << "the attention path that ran";
     EXPECT_EQ(j.at("gemm_format"), dtype == "bf16" ? "BF16" : "F32");
   }
 }

@@ -106,15 +106,25 @@ std::vector<double> reference(const Fixture& f, const float* q, const std::vecto
   return out;
 }
 
-#if (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)) || \
-    (defined(__AVX2__) && defined(__FMA__))
-constexpr bool kSimdOrder = true;  // the AVX-512 or AVX2 path: the order below, bit for bit
-#else
-constexpr bool kSimdOrder = false;  // portable path: an order of its own
-#endif
+/// Every instruction path of paged_attention this CPU can run (the SIMD
+/// ones are compiled whatever the build machine and chosen at run time).
+std::vector<AttentionKernel> runnable_kernels() {
+  std::vector<AttentionKernel> out;
+  for (AttentionKernel k : {AttentionKernel::portable, AttentionKernel::avx2, AttentionKernel::avx512})
+    if (attention_kernel_supported(k)) out.push_back(k);
+  return out;
+}
+
+/// The SIMD paths this CPU can run: both follow the order below, bit for bit.
+std::vector<AttentionKernel> simd_kernels() {
+  std::vector<AttentionKernel> out;
+  for (AttentionKernel k : {AttentionKernel::avx2, AttentionKernel::avx512})
+    if (attention_kernel_supported(k)) out.push_back(k);
+  return out;
+}
 
 /// Output of query head h of one token at position p in the documented order
-/// of the SIMD paths (attention.cpp): 8 score chains and their tree, 16-lane
+/// of the SIMD paths (attention_avx512.cpp): 8 score chains and their tree, 16-lane
 /// max / sums reduced like GCC's _mm512_reduce_{max,add}_ps, even / odd PV
 /// chains. k, v: dense rows [pos, kv_heads * d] as stored.
 std::vector<float> order_reference(const float* q, const std::vector<float>& k,
@@ -190,15 +200,19 @@ TEST_P(PagedAttentionTest, MatchesDenseCausalGqa) {
     for (int i = 0; i < batch[s].num_q; ++i)
       std::copy_n(&seqs[s].q[i * qrow], qrow, &q[(batch[s].q_start + i) * q_stride]);
   }
-  paged_attention(q.data(), q_stride, batch, f.cache, sh.heads, scale, out.data(), out_stride);
-  for (std::size_t s = 0; s < seqs.size(); ++s)
-    for (int i = 0; i < batch[s].num_q; ++i) {
-      const int p = batch[s].context_len - batch[s].num_q + i;
-      const auto ref = reference(f, &seqs[s].q[i * qrow], as_stored(seqs[s].k, dtype),
-                                 as_stored(seqs[s].v, dtype), p, scale);
-      const float* o = &out[(batch[s].q_start + i) * out_stride];
-      for (int e = 0; e < qrow; ++e) ASSERT_NEAR(o[e], ref[e], 2e-5) << "seq " << s << " q " << i << " e " << e;
-    }
+  for (const AttentionKernel kernel : runnable_kernels()) {
+    SCOPED_TRACE(attention_kernel_name(kernel));
+    std::fill(out.begin(), out.end(), std::nanf(""));
+    paged_attention(q.data(), q_stride, batch, f.cache, sh.heads, scale, out.data(), out_stride, kernel);
+    for (std::size_t s = 0; s < seqs.size(); ++s)
+      for (int i = 0; i < batch[s].num_q; ++i) {
+        const int p = batch[s].context_len - batch[s].num_q + i;
+        const auto ref = reference(f, &seqs[s].q[i * qrow], as_stored(seqs[s].k, dtype),
+                                   as_stored(seqs[s].v, dtype), p, scale);
+        const float* o = &out[(batch[s].q_start + i) * out_stride];
+        for (int e = 0; e < qrow; ++e) ASSERT_NEAR(o[e], ref[e], 2e-5) << "seq " << s << " q " << i << " e " << e;
+      }
+  }
 }
 
 TEST_P(PagedAttentionTest, ChunkingInvariantBitExact) {
@@ -237,7 +251,7 @@ TEST_P(PagedAttentionTest, ChunkingInvariantBitExact) {
 // here; prefill chunks and decode steps, scores spread wide enough (scale 6)
 // that exp underflows to denormals and 0.
 TEST_P(PagedAttentionTest, MatchesSimdOrderBitExact) {
-  if (!kSimdOrder) GTEST_SKIP() << "portable path: not the SIMD order";
+  if (simd_kernels().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512: no SIMD path to check";
   const auto [sh, dtype] = GetParam();
   Fixture f(sh.block_size, sh.heads, sh.kv_heads, sh.head_dim, 256, dtype);
   const int row = sh.kv_heads * sh.head_dim, qrow = sh.heads * sh.head_dim, d = sh.head_dim;
@@ -250,16 +264,19 @@ TEST_P(PagedAttentionTest, MatchesSimdOrderBitExact) {
       const auto q = f.randn(static_cast<std::size_t>(nq) * qrow);
       const auto table = f.alloc_table(ctx);
       f.write(k, v, table, 0, ctx);
-      std::vector<float> out(q.size());
       const AttentionSeq seq{0, nq, ctx, table.data()};
-      paged_attention(q.data(), qrow, {&seq, 1}, f.cache, sh.heads, scale, out.data(), qrow);
       const auto ks = as_stored(k, dtype), vs = as_stored(v, dtype);
-      for (int i = 0; i < nq; ++i)
-        for (int h = 0; h < sh.heads; ++h) {
-          const std::size_t at = static_cast<std::size_t>(i) * qrow + static_cast<std::size_t>(h) * d;
-          const auto ref = order_reference(&q[at], ks, vs, row, h / group, d, ctx - nq + i, scale);
-          ASSERT_EQ(std::memcmp(&out[at], ref.data(), sizeof(float) * d), 0) << "q " << i << " head " << h;
-        }
+      for (const AttentionKernel kernel : simd_kernels()) {
+        SCOPED_TRACE(attention_kernel_name(kernel));
+        std::vector<float> out(q.size());
+        paged_attention(q.data(), qrow, {&seq, 1}, f.cache, sh.heads, scale, out.data(), qrow, kernel);
+        for (int i = 0; i < nq; ++i)
+          for (int h = 0; h < sh.heads; ++h) {
+            const std::size_t at = static_cast<std::size_t>(i) * qrow + static_cast<std::size_t>(h) * d;
+            const auto ref = order_reference(&q[at], ks, vs, row, h / group, d, ctx - nq + i, scale);
+            ASSERT_EQ(std::memcmp(&out[at], ref.data(), sizeof(float) * d), 0) << "q " << i << " head " << h;
+          }
+      }
       for (std::int32_t b : table) f.free_blocks.push_back(b);
     }
   }
