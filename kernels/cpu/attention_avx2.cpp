@@ -1,4 +1,5 @@
 #include "kernels/cpu/attention_paths.hpp"
+#include "kernels/cpu/local_buffer.hpp"
 
 #include "kernels/cpu/vec_math.hpp"  // first of the rest: includes immintrin.h
 
@@ -151,12 +152,12 @@ inline void pv_head(const float* e, const T* const* rows, int n, int d, float in
 }
 
 struct Scratch {
-  std::vector<float> kt;  ///< gathered K tile [head_dim][8]
-  std::vector<float> s;   ///< scores, [group][padded positions]
-  std::vector<const float*> rows_f32;  ///< V row of each position (F32 cache)
-  std::vector<const bf16_t*> rows_bf16;  ///< V row of each position (BF16 cache)
+  LocalBuffer<float> kt;  ///< gathered K tile [head_dim][8]
+  LocalBuffer<float> s;   ///< scores, [group][padded positions]
+  LocalBuffer<const float*> rows_f32;  ///< V row of each position (F32 cache)
+  LocalBuffer<const bf16_t*> rows_bf16;  ///< V row of each position (BF16 cache)
   template <typename T>
-  std::vector<const T*>& rows() {
+  LocalBuffer<const T*>& rows() {
     if constexpr (sizeof(T) == 2) return rows_bf16;
     else return rows_f32;
   }
@@ -212,7 +213,7 @@ void attend(const float* q, float* out, int p, const std::int32_t* table, int kh
   }
 
   // 2. + 3. softmax, then V rows weighted, per query head
-  std::vector<const T*>& rv = scr.rows<T>();
+  LocalBuffer<const T*>& rv = scr.rows<T>();
   rv.resize(n);
   const T** rows = rv.data();
   for (int j = 0; j < n; ++j) rows[j] = slab(vbase, j) + static_cast<long>(j % bs) * d;
@@ -233,7 +234,8 @@ void paged_attention_avx2(const float* q, int q_stride, std::span<const Attentio
   const bool bf16 = cache.dtype == DType::bf16;
   // Work item w -> (sequence, query token, kv head) through a prefix sum;
   // walked from the last (latest token, costliest) for dynamic balance.
-  std::vector<long> first(seqs.size() + 1, 0);
+  LocalBuffer<long> first;  // [num_seqs + 1]
+  first.resize(seqs.size() + 1);
   for (std::size_t s = 0; s < seqs.size(); ++s)
     first[s + 1] = first[s] + static_cast<long>(seqs[s].num_q) * hkv;
   const long items = first.back();

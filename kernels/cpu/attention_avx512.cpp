@@ -2,6 +2,7 @@
 // -mavx512f -mavx512bw -mavx512vl -mfma (kernels/CMakeLists.txt) whatever
 // the build machine; attention.cpp calls it only on a CPU that has them.
 #include "kernels/cpu/attention_paths.hpp"
+#include "kernels/cpu/local_buffer.hpp"
 
 #include "kernels/cpu/vec_math.hpp"  // first of the rest: includes immintrin.h
 
@@ -470,12 +471,12 @@ inline void pv_run(float* const* eptr, float* const* optr, const T* const* vrows
 
 /// Per-thread scratch, 64-byte aligned.
 struct Scratch {
-  std::vector<float> kt_buf, s_buf, o_buf, qq_buf;
-  std::vector<const float*> qp;
-  std::vector<float*> sp, op, ep;
-  std::vector<int> pos;
-  std::vector<float> inv_l;
-  static float* aligned(std::vector<float>& v, std::size_t n) {
+  LocalBuffer<float> kt_buf, s_buf, o_buf, qq_buf;
+  LocalBuffer<const float*> qp;
+  LocalBuffer<float*> sp, op, ep;
+  LocalBuffer<int> pos;
+  LocalBuffer<float> inv_l;
+  static float* aligned(LocalBuffer<float>& v, std::size_t n) {
     if (v.size() < n + 16) v.resize(n + 16);
     auto a = reinterpret_cast<std::uintptr_t>(v.data());
     return reinterpret_cast<float*>((a + 63) & ~std::uintptr_t(63));
