@@ -22,6 +22,7 @@
 #include "sim/calibration/roofline.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/quant_linear.hpp"
 
 namespace shardline::bench {
@@ -100,6 +101,7 @@ std::string ThroughputReport::to_json() const {
                    {"quant_kernels", quant_kernels},
                    {"linear_kernel", linear_kernel},
                    {"attention_kernel", attention_kernel},
+                   {"ops_kernel", ops_kernel},
                    {"kv_cache_dtype", kv_cache_dtype},
                    {"step_overlap", step_overlap},
                    {"num_prompts", num_prompts},
@@ -208,6 +210,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.dtype = dtype_name(o.engine.dtype);
   rep.linear_kernel = kernels::cpu::linear_kernel_name(kernels::cpu::LinearKernel::automatic);
   rep.attention_kernel = kernels::cpu::attention_kernel_name(kernels::cpu::AttentionKernel::automatic);
+  rep.ops_kernel = kernels::cpu::ops_kernel_name(kernels::cpu::OpsKernel::automatic);
   rep.kv_cache_dtype = dtype_name(o.engine.kv_cache_dtype);
   rep.step_overlap = model::step_overlap_name(o.engine.step_overlap);
   const int threads = o.engine.num_threads > 0 ? o.engine.num_threads : omp_get_num_procs();

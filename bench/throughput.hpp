@@ -62,6 +62,9 @@ struct ThroughputReport {
   /// kernels/cpu/attention.hpp's attention_kernel_name ("avx512", "avx2",
   /// "portable").
   std::string attention_kernel;
+  /// The instruction path of RMSNorm and SiLU on this CPU:
+  /// kernels/cpu/ops.hpp's ops_kernel_name ("avx512", "avx2", "portable").
+  std::string ops_kernel;
   std::string kv_cache_dtype;  ///< KV cache storage
   std::string step_overlap = "none";  ///< --step-overlap (model/shard_runner.hpp's StepOverlap)
   double elapsed_s = 0;          ///< wall time of the whole run (scheduling + sampling included)

@@ -1,12 +1,14 @@
 #include "kernels/cpu/ops.hpp"
 
-#include "kernels/cpu/vec_math.hpp"  // first: includes immintrin.h
+#include "kernels/cpu/ops_paths.hpp"
 
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <stdexcept>
+#include <string>
 
 // Every row-wise op computes a row with the same instruction sequence whatever
 // the number of rows or the thread split (OpenMP over rows), so each row's
@@ -15,48 +17,68 @@
 namespace shardline::kernels::cpu {
 namespace {
 
-/// Sum of squares of x[0..n) in a fixed order: 16 lane-wise partial sums over
-/// the full 16-blocks, the lanes reduced in a fixed tree, then the tail in order.
-[[nodiscard]] float sum_squares(const float* x, int n) {
-  int i = 0;
+/// `kernel` with automatic made the widest path this CPU has (decided once);
+/// throws std::invalid_argument for a path the CPU lacks.
+OpsKernel resolve(OpsKernel kernel) {
+  if (kernel == OpsKernel::automatic) {
+    static const OpsKernel widest = ops_kernel_supported(OpsKernel::avx512) ? OpsKernel::avx512
+                                    : ops_kernel_supported(OpsKernel::avx2) ? OpsKernel::avx2
+                                                                            : OpsKernel::portable;
+    return widest;
+  }
+  if (!ops_kernel_supported(kernel))
+    throw std::invalid_argument(std::string("ops: the ") + (kernel == OpsKernel::avx2 ? "AVX2" : "AVX-512") +
+                                " path on a CPU without it");
+  return kernel;
+}
+
+// The portable path: one FMA chain, in order.
+[[nodiscard]] float sum_squares_portable(const float* x, int n) {
   float s = 0.0f;
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    acc = _mm512_fmadd_ps(v, v, acc);
-  }
-  s = detail::hsum16(acc);
-#elif defined(__AVX2__) && defined(__FMA__)
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // the 16 lanes as two halves
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
-    lo = _mm256_fmadd_ps(a, a, lo);
-    hi = _mm256_fmadd_ps(b, b, hi);
-  }
-  s = detail::hsum16(lo, hi);
-#endif
-  for (; i < n; ++i) s = std::fma(x[i], x[i], s);
+  for (int i = 0; i < n; ++i) s = std::fma(x[i], x[i], s);
   return s;
 }
 
-/// y[0..n) = x * inv_rms * w  (x == y allowed).
-void scale_row(const float* x, float inv_rms, const float* w, float* y, int n) {
-  int i = 0;
-#if defined(__AVX512F__)
-  const __m512 r = _mm512_set1_ps(inv_rms);
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), r),
-                                          _mm512_loadu_ps(w + i)));
-#endif
-  for (; i < n; ++i) y[i] = (x[i] * inv_rms) * w[i];
+void scale_row_portable(const float* x, float inv_rms, const float* w, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] = (x[i] * inv_rms) * w[i];
 }
 
-[[nodiscard]] float inv_rms(const float* x, int n, float eps) {
-  return 1.0f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + eps);
+void silu_mul_row_portable(const float* g, const float* u, float* out, int n) {
+  for (int i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+/// y = rms_norm(x) of one row on path `k` (resolved).
+void norm_row(OpsKernel k, const float* x, const float* w, float* y, int n, float eps) {
+  const float ss = k == OpsKernel::avx512 ? detail::sum_squares_avx512(x, n)
+                   : k == OpsKernel::avx2 ? detail::sum_squares_avx2(x, n)
+                                          : sum_squares_portable(x, n);
+  const float inv_rms = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  if (k == OpsKernel::avx512)
+    detail::scale_row_avx512(x, inv_rms, w, y, n);
+  else
+    scale_row_portable(x, inv_rms, w, y, n);  // two roundings per element: any vector width, the same bits
 }
 
 }  // namespace
+
+bool ops_kernel_supported(OpsKernel kernel) {
+  switch (kernel) {
+    case OpsKernel::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+    case OpsKernel::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    default:
+      return true;
+  }
+}
+
+const char* ops_kernel_name(OpsKernel kernel) {
+  switch (resolve(kernel)) {
+    case OpsKernel::avx512: return "avx512";
+    case OpsKernel::avx2: return "avx2";
+    default: return "portable";
+  }
+}
 
 void embedding(const std::int32_t* token_ids, int num_tokens, const void* table, DType dtype,
                int hidden, float* out) {
@@ -77,22 +99,22 @@ void embedding(const std::int32_t* token_ids, int num_tokens, const void* table,
 }
 
 void rms_norm(const float* x, int x_stride, const float* weight, float* y, int y_stride,
-              int rows, int dim, float eps) {
+              int rows, int dim, float eps, OpsKernel kernel) {
+  const OpsKernel k = resolve(kernel);
 #pragma omp parallel for schedule(static) if (rows > 8)
-  for (int r = 0; r < rows; ++r) {
-    const float* xr = x + static_cast<long>(r) * x_stride;
-    scale_row(xr, inv_rms(xr, dim, eps), weight, y + static_cast<long>(r) * y_stride, dim);
-  }
+  for (int r = 0; r < rows; ++r)
+    norm_row(k, x + static_cast<long>(r) * x_stride, weight, y + static_cast<long>(r) * y_stride, dim, eps);
 }
 
 void add_rms_norm(float* residual, const float* x, const float* weight, float* y, int rows,
-                  int dim, float eps) {
+                  int dim, float eps, OpsKernel kernel) {
+  const OpsKernel k = resolve(kernel);
 #pragma omp parallel for schedule(static) if (rows > 8)
   for (int r = 0; r < rows; ++r) {
     float* res = residual + static_cast<long>(r) * dim;  // [dim]
     const float* xr = x + static_cast<long>(r) * dim;
     for (int i = 0; i < dim; ++i) res[i] += xr[i];
-    scale_row(res, inv_rms(res, dim, eps), weight, y + static_cast<long>(r) * dim, dim);
+    norm_row(k, res, weight, y + static_cast<long>(r) * dim, dim, eps);
   }
 }
 
@@ -101,31 +123,19 @@ void add_inplace(float* residual, const float* x, long n) {
   for (long i = 0; i < n; ++i) residual[i] += x[i];
 }
 
-void silu_and_mul(const float* gate_up, float* out, int rows, int inter) {
+void silu_and_mul(const float* gate_up, float* out, int rows, int inter, OpsKernel kernel) {
+  const OpsKernel k = resolve(kernel);
 #pragma omp parallel for schedule(static) if (static_cast<long>(rows) * inter > 8192)
   for (int r = 0; r < rows; ++r) {
     const float* g = gate_up + static_cast<long>(r) * 2 * inter;  // [2 * inter]
     const float* u = g + inter;
     float* o = out + static_cast<long>(r) * inter;  // [inter]
-    int i = 0;
-#if defined(__AVX512F__)
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (; i + 16 <= inter; i += 16) {
-      const __m512 gv = _mm512_loadu_ps(g + i);
-      const __m512 e = detail::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-      const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
-      _mm512_storeu_ps(o + i, _mm512_mul_ps(s, _mm512_loadu_ps(u + i)));
-    }
-#elif defined(__AVX2__) && defined(__FMA__)
-    const __m256 one = _mm256_set1_ps(1.0f);
-    for (const int full = inter / 16 * 16; i < full; i += 8) {  // the AVX-512 path's 16-blocks
-      const __m256 gv = _mm256_loadu_ps(g + i);
-      const __m256 e = detail::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-      const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
-    }
-#endif
-    for (; i < inter; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    if (k == OpsKernel::avx512)
+      detail::silu_mul_row_avx512(g, u, o, inter);
+    else if (k == OpsKernel::avx2)
+      detail::silu_mul_row_avx2(g, u, o, inter);
+    else
+      silu_mul_row_portable(g, u, o, inter);
   }
 }
 

@@ -16,23 +16,40 @@ namespace shardline::kernels::cpu {
 void embedding(const std::int32_t* token_ids, int num_tokens, const void* table, DType dtype,
                int hidden, float* out);
 
+/// The instruction paths of rms_norm, add_rms_norm and silu_and_mul.
+/// `automatic` is the widest this CPU has: avx512 (AVX-512 F + FMA), else
+/// avx2 (AVX2 + FMA), else portable. avx512 and avx2 give the same bits (16
+/// lane chains over the full 16-blocks, reduced like _mm512_reduce_add_ps;
+/// SiLU's exp16 polynomial); portable keeps its own order (one FMA chain,
+/// std::exp): close, not bit-identical. Each SIMD path is compiled for its
+/// instructions whatever the build machine (ops_avx2.cpp, ops_avx512.cpp).
+enum class OpsKernel { automatic, portable, avx2, avx512 };
+
+/// Whether this CPU can run `kernel` (automatic and portable: always).
+[[nodiscard]] bool ops_kernel_supported(OpsKernel kernel);
+
+/// "avx512", "avx2" or "portable": the path `kernel` runs on this CPU
+/// (automatic resolved).
+[[nodiscard]] const char* ops_kernel_name(OpsKernel kernel = OpsKernel::automatic);
+
 /// RMSNorm (Zhang & Sennrich 2019): y = x / sqrt(mean(x^2) + eps) * weight.
 /// x, y: `rows` rows of `dim` floats with strides x_stride / y_stride
-/// (in-place allowed: x == y). weight: [dim].
+/// (in-place allowed: x == y). weight: [dim]. Throws std::invalid_argument
+/// for a `kernel` this CPU lacks.
 void rms_norm(const float* x, int x_stride, const float* weight, float* y, int y_stride,
-              int rows, int dim, float eps);
+              int rows, int dim, float eps, OpsKernel kernel = OpsKernel::automatic);
 
 /// Fused residual add + RMSNorm: residual += x; y = rms_norm(residual).
 /// residual, x, y: [rows, dim] contiguous.
 void add_rms_norm(float* residual, const float* x, const float* weight, float* y, int rows,
-                  int dim, float eps);
+                  int dim, float eps, OpsKernel kernel = OpsKernel::automatic);
 
 /// residual[i] += x[i] for i < n.
 void add_inplace(float* residual, const float* x, long n);
 
 /// SwiGLU: out[t, j] = silu(gate_up[t, j]) * gate_up[t, inter + j].
 /// gate_up: [rows, 2 * inter]; out: [rows, inter].
-void silu_and_mul(const float* gate_up, float* out, int rows, int inter);
+void silu_and_mul(const float* gate_up, float* out, int rows, int inter, OpsKernel kernel = OpsKernel::automatic);
 
 /// Rotary position embedding frequencies (RoFormer, Su et al. 2021) with
 /// optional Llama 3 scaling (Meta llama3 `apply_scaling`).

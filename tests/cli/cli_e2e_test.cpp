@@ -17,6 +17,7 @@
 
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/quant_linear.hpp"
 #include "tests/support/process.hpp"
 #if SHARDLINE_HAVE_CUDA
@@ -164,6 +165,8 @@ TEST(CliE2e, BenchReportsEachDecodePhaseAgainstItsLimit) {
     EXPECT_EQ(j.at("attention_kernel"),
               kernels::cpu::attention_kernel_name(kernels::cpu::AttentionKernel::automatic))
         << "the attention path that ran";
+    EXPECT_EQ(j.at("ops_kernel"), kernels::cpu::ops_kernel_name(kernels::cpu::OpsKernel::automatic))
+        << "the RMSNorm / SiLU path that ran";
     EXPECT_EQ(j.at("gemm_format"), dtype == "bf16" ? "BF16" : "F32");
   }
 }

@@ -38,6 +38,15 @@ TEST(Embedding, F32AndBf16Rows) {
     }
 }
 
+/// Every path of the row ops this CPU can run (the SIMD ones are compiled
+/// whatever the build machine and chosen at run time).
+std::vector<OpsKernel> runnable_ops_kernels() {
+  std::vector<OpsKernel> out;
+  for (OpsKernel k : {OpsKernel::portable, OpsKernel::avx2, OpsKernel::avx512})
+    if (ops_kernel_supported(k)) out.push_back(k);
+  return out;
+}
+
 double rms_ref(const float* x, int dim, double eps) {
   double ss = 0;
   for (int i = 0; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
@@ -46,20 +55,23 @@ double rms_ref(const float* x, int dim, double eps) {
 
 TEST(RmsNorm, MatchesDoubleWithStridesAndInPlace) {
   std::mt19937 rng(2);
-  for (int dim : {8, 64, 77, 768}) {
-    const int rows = 5, xs = dim + 3, ys = dim + 1;
-    const auto x = randn(static_cast<std::size_t>(rows) * xs, rng, 3.0f);
-    const auto w = randn(dim, rng);
-    std::vector<float> y(static_cast<std::size_t>(rows) * ys, 0.0f);
-    rms_norm(x.data(), xs, w.data(), y.data(), ys, rows, dim, 1e-5f);
-    auto inplace = x;
-    rms_norm(inplace.data(), xs, w.data(), inplace.data(), xs, rows, dim, 1e-5f);
-    for (int r = 0; r < rows; ++r) {
-      const double s = rms_ref(&x[r * xs], dim, 1e-5);
-      for (int i = 0; i < dim; ++i) {
-        const double ref = x[r * xs + i] * s * w[i];
-        ASSERT_NEAR(y[r * ys + i], ref, 1e-5 * std::fabs(ref) + 1e-6) << dim << " " << r << " " << i;
-        ASSERT_EQ(inplace[r * xs + i], y[r * ys + i]);
+  for (const OpsKernel kernel : runnable_ops_kernels()) {
+    for (int dim : {8, 64, 77, 768}) {
+      SCOPED_TRACE(ops_kernel_name(kernel));
+      const int rows = 5, xs = dim + 3, ys = dim + 1;
+      const auto x = randn(static_cast<std::size_t>(rows) * xs, rng, 3.0f);
+      const auto w = randn(dim, rng);
+      std::vector<float> y(static_cast<std::size_t>(rows) * ys, 0.0f);
+      rms_norm(x.data(), xs, w.data(), y.data(), ys, rows, dim, 1e-5f, kernel);
+      auto inplace = x;
+      rms_norm(inplace.data(), xs, w.data(), inplace.data(), xs, rows, dim, 1e-5f, kernel);
+      for (int r = 0; r < rows; ++r) {
+        const double s = rms_ref(&x[r * xs], dim, 1e-5);
+        for (int i = 0; i < dim; ++i) {
+          const double ref = x[r * xs + i] * s * w[i];
+          ASSERT_NEAR(y[r * ys + i], ref, 1e-5 * std::fabs(ref) + 1e-6) << dim << " " << r << " " << i;
+          ASSERT_EQ(inplace[r * xs + i], y[r * ys + i]);
+        }
       }
     }
   }
@@ -85,17 +97,21 @@ TEST(AddRmsNorm, UpdatesResidualAndNormalises) {
   const auto x = randn(rows * dim, rng);
   const auto w = randn(dim, rng);
   const auto res0 = residual;
-  std::vector<float> y(rows * dim);
-  add_rms_norm(residual.data(), x.data(), w.data(), y.data(), rows, dim, 1e-5f);
-  for (int r = 0; r < rows; ++r) {
-    std::vector<float> sum(dim);
-    for (int i = 0; i < dim; ++i) {
-      sum[i] = res0[r * dim + i] + x[r * dim + i];
-      ASSERT_EQ(residual[r * dim + i], sum[i]);
+  for (const OpsKernel kernel : runnable_ops_kernels()) {
+    SCOPED_TRACE(ops_kernel_name(kernel));
+    residual = res0;
+    std::vector<float> y(rows * dim);
+    add_rms_norm(residual.data(), x.data(), w.data(), y.data(), rows, dim, 1e-5f, kernel);
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> sum(dim);
+      for (int i = 0; i < dim; ++i) {
+        sum[i] = res0[r * dim + i] + x[r * dim + i];
+        ASSERT_EQ(residual[r * dim + i], sum[i]);
+      }
+      const double s = rms_ref(sum.data(), dim, 1e-5);
+      for (int i = 0; i < dim; ++i)
+        ASSERT_NEAR(y[r * dim + i], sum[i] * s * w[i], 1e-5 * std::fabs(sum[i] * s * w[i]) + 1e-6);
     }
-    const double s = rms_ref(sum.data(), dim, 1e-5);
-    for (int i = 0; i < dim; ++i)
-      ASSERT_NEAR(y[r * dim + i], sum[i] * s * w[i], 1e-5 * std::fabs(sum[i] * s * w[i]) + 1e-6);
   }
 }
 
@@ -111,63 +127,71 @@ TEST(SiluAndMul, MatchesDouble) {
   auto gu = randn(static_cast<std::size_t>(rows) * 2 * inter, rng, 4.0f);
   gu[0] = -100.0f;  // saturated tails
   gu[1] = 100.0f;
-  std::vector<float> out(rows * inter);
-  silu_and_mul(gu.data(), out.data(), rows, inter);
-  for (int r = 0; r < rows; ++r)
-    for (int j = 0; j < inter; ++j) {
-      const double g = gu[r * 2 * inter + j], u = gu[r * 2 * inter + inter + j];
-      const double ref = g / (1.0 + std::exp(-g)) * u;
-      ASSERT_NEAR(out[r * inter + j], ref, 2e-6 * std::fabs(ref) + 1e-30) << r << " " << j;
-    }
+  for (const OpsKernel kernel : runnable_ops_kernels()) {
+    SCOPED_TRACE(ops_kernel_name(kernel));
+    std::vector<float> out(rows * inter);
+    silu_and_mul(gu.data(), out.data(), rows, inter, kernel);
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < inter; ++j) {
+        const double g = gu[r * 2 * inter + j], u = gu[r * 2 * inter + inter + j];
+        const double ref = g / (1.0 + std::exp(-g)) * u;
+        ASSERT_NEAR(out[r * inter + j], ref, 2e-6 * std::fabs(ref) + 1e-30) << r << " " << j;
+      }
+  }
 }
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-constexpr bool kSimdOrder = true;
-#else
-constexpr bool kSimdOrder = false;
-#endif
+/// The SIMD paths this CPU can run: both follow the order below, bit for bit.
+std::vector<OpsKernel> simd_ops_kernels() {
+  std::vector<OpsKernel> out;
+  for (OpsKernel k : {OpsKernel::avx2, OpsKernel::avx512})
+    if (ops_kernel_supported(k)) out.push_back(k);
+  return out;
+}
 
 // The AVX-512 and AVX2 paths give the same bits: both must match the scalar
 // emulation of their order (16 lane chains over the full 16-blocks, the
 // lanes reduced like _mm512_reduce_add_ps, the tail in order; SiLU with
 // exp16 on the 16-blocks, std::exp on the tail).
 TEST(RowOps, RmsNormAndSiluMatchSimdOrderBitExact) {
-  if (!kSimdOrder) GTEST_SKIP() << "portable path: an order of its own";
-  std::mt19937 rng(8);
-  const int rows = 64;  // a last-bit change in one sum rarely survives sqrt and 1/x: many rows
-  for (int dim : {8, 16, 32, 77, 768}) {
-    const auto x = randn(static_cast<std::size_t>(rows) * dim, rng, 3.0f), w = randn(dim, rng);
-    std::vector<float> y(x.size());
-    rms_norm(x.data(), dim, w.data(), y.data(), dim, rows, dim, 1e-5f);
-    for (int r = 0; r < rows; ++r) {
-      const float* xr = &x[static_cast<std::size_t>(r) * dim];
-      float lane[16] = {};
-      int i = 0;
-      for (; i + 16 <= dim; i += 16)
-        for (int l = 0; l < 16; ++l) lane[l] = std::fma(xr[i + l], xr[i + l], lane[l]);
-      float ss = i ? testing_order::reduce16(lane, [](float a, float b) { return a + b; }) : 0.0f;
-      for (; i < dim; ++i) ss = std::fma(xr[i], xr[i], ss);
-      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + 1e-5f);
-      for (int c = 0; c < dim; ++c) {
-        const float ref = (xr[c] * inv) * w[c];
-        ASSERT_EQ(std::memcmp(&y[static_cast<std::size_t>(r) * dim + c], &ref, sizeof(float)), 0)
-            << dim << " " << r << " " << c;
+  if (simd_ops_kernels().empty()) GTEST_SKIP() << "this CPU has neither AVX2+FMA nor AVX-512: no SIMD path to check";
+  for (const OpsKernel kernel : simd_ops_kernels()) {
+    SCOPED_TRACE(ops_kernel_name(kernel));
+    std::mt19937 rng(8);
+    const int rows = 64;  // a last-bit change in one sum rarely survives sqrt and 1/x: many rows
+    for (int dim : {8, 16, 32, 77, 768}) {
+      const auto x = randn(static_cast<std::size_t>(rows) * dim, rng, 3.0f), w = randn(dim, rng);
+      std::vector<float> y(x.size());
+      rms_norm(x.data(), dim, w.data(), y.data(), dim, rows, dim, 1e-5f, kernel);
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = &x[static_cast<std::size_t>(r) * dim];
+        float lane[16] = {};
+        int i = 0;
+        for (; i + 16 <= dim; i += 16)
+          for (int l = 0; l < 16; ++l) lane[l] = std::fma(xr[i + l], xr[i + l], lane[l]);
+        float ss = i ? testing_order::reduce16(lane, [](float a, float b) { return a + b; }) : 0.0f;
+        for (; i < dim; ++i) ss = std::fma(xr[i], xr[i], ss);
+        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + 1e-5f);
+        for (int c = 0; c < dim; ++c) {
+          const float ref = (xr[c] * inv) * w[c];
+          ASSERT_EQ(std::memcmp(&y[static_cast<std::size_t>(r) * dim + c], &ref, sizeof(float)), 0)
+              << dim << " " << r << " " << c;
+        }
       }
     }
-  }
-  for (int inter : {8, 32, 40, 83}) {
-    const auto gu = randn(static_cast<std::size_t>(rows) * 2 * inter, rng, 4.0f);
-    std::vector<float> out(static_cast<std::size_t>(rows) * inter);
-    silu_and_mul(gu.data(), out.data(), rows, inter);
-    for (int r = 0; r < rows; ++r)
-      for (int j = 0; j < inter; ++j) {
-        const float g = gu[static_cast<std::size_t>(r) * 2 * inter + j];
-        const float u = gu[static_cast<std::size_t>(r) * 2 * inter + inter + j];
-        const float e = j < inter / 16 * 16 ? testing_order::exp_lane(0.0f - g) : std::exp(-g);
-        const float ref = g / (1.0f + e) * u;
-        ASSERT_EQ(std::memcmp(&out[static_cast<std::size_t>(r) * inter + j], &ref, sizeof(float)), 0)
-            << inter << " " << r << " " << j;
-      }
+    for (int inter : {8, 32, 40, 83}) {
+      const auto gu = randn(static_cast<std::size_t>(rows) * 2 * inter, rng, 4.0f);
+      std::vector<float> out(static_cast<std::size_t>(rows) * inter);
+      silu_and_mul(gu.data(), out.data(), rows, inter, kernel);
+      for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < inter; ++j) {
+          const float g = gu[static_cast<std::size_t>(r) * 2 * inter + j];
+          const float u = gu[static_cast<std::size_t>(r) * 2 * inter + inter + j];
+          const float e = j < inter / 16 * 16 ? testing_order::exp_lane(0.0f - g) : std::exp(-g);
+          const float ref = g / (1.0f + e) * u;
+          ASSERT_EQ(std::memcmp(&out[static_cast<std::size_t>(r) * inter + j], &ref, sizeof(float)), 0)
+              << inter << " " << r << " " << j;
+        }
+    }
   }
 }
 
