@@ -1,6 +1,7 @@
 #include "kernels/cpu/attention.hpp"
 
 #include "kernels/cpu/attention_paths.hpp"
+#include "kernels/cpu/kernel_paths.hpp"
 
 #include <omp.h>
 
@@ -108,20 +109,17 @@ void paged_attention_scalar(const float* q, int q_stride, std::span<const Attent
 }
 
 
-/// `kernel` with automatic made the widest path this CPU has (decided once);
-/// throws std::invalid_argument for a path the CPU lacks.
-AttentionKernel resolve(AttentionKernel kernel) {
-  if (kernel == AttentionKernel::automatic) {
-    static const AttentionKernel widest = attention_kernel_supported(AttentionKernel::avx512) ? AttentionKernel::avx512
-                                          : attention_kernel_supported(AttentionKernel::avx2) ? AttentionKernel::avx2
-                                                                                              : AttentionKernel::portable;
-    return widest;
-  }
-  if (!attention_kernel_supported(kernel))
-    throw std::invalid_argument(std::string("attention: the ") + (kernel == AttentionKernel::avx2 ? "AVX2" : "AVX-512") +
-                                " path on a CPU without it");
-  return kernel;
-}
+/// The paths, widest first; SHARDLINE_ATTENTION_KERNEL may name the
+/// automatic one.
+constexpr detail::KernelPaths<AttentionKernel, 3> kPaths{
+    "attention",
+    AttentionKernel::automatic,
+    "SHARDLINE_ATTENTION_KERNEL",
+    {{{AttentionKernel::avx512, "avx512", detail::CpuFeatures::avx512},
+      {AttentionKernel::avx2, "avx2", detail::CpuFeatures::avx2},
+      {AttentionKernel::portable, "portable", detail::CpuFeatures::none}}}};
+
+[[nodiscard]] AttentionKernel resolve(AttentionKernel kernel) { return kPaths.resolve(kernel); }
 
 void check_dtype(const KvCacheLayer& cache) {
   if (cache.dtype != DType::f32 && cache.dtype != DType::bf16)
@@ -162,25 +160,9 @@ void write_kv(const float* k, const float* v, int row_stride, int num_tokens,
   }
 }
 
-bool attention_kernel_supported(AttentionKernel kernel) {
-  switch (kernel) {
-    case AttentionKernel::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-    case AttentionKernel::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    default:
-      return true;
-  }
-}
+bool attention_kernel_supported(AttentionKernel kernel) { return kPaths.supported(kernel); }
 
-const char* attention_kernel_name(AttentionKernel kernel) {
-  switch (resolve(kernel)) {
-    case AttentionKernel::avx512: return "avx512";
-    case AttentionKernel::avx2: return "avx2";
-    default: return "portable";
-  }
-}
+const char* attention_kernel_name(AttentionKernel kernel) { return kPaths.name(kernel); }
 
 void paged_attention(const float* q, int q_stride, std::span<const AttentionSeq> seqs,
                      const KvCacheLayer& cache, int num_heads, float scale, float* out,

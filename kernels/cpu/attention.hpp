@@ -57,7 +57,8 @@ struct AttentionSeq {
 
 /// paged_attention's instruction paths. `automatic` is the widest this CPU
 /// has: avx512 (AVX-512 F/BW/VL + FMA), else avx2 (AVX2 + FMA), else
-/// portable. avx512 and avx2 give the same bits; portable keeps its own
+/// portable, unless the environment variable SHARDLINE_ATTENTION_KERNEL
+/// names another one this CPU runs (read once). avx512 and avx2 give the same bits; portable keeps its own
 /// order (close to them, not bit-identical). Each SIMD path is compiled for
 /// its instructions whatever the build machine and chosen at run time.
 enum class AttentionKernel { automatic, portable, avx2, avx512 };
@@ -65,8 +66,8 @@ enum class AttentionKernel { automatic, portable, avx2, avx512 };
 /// Whether this CPU can run `kernel` (automatic and portable: always).
 [[nodiscard]] bool attention_kernel_supported(AttentionKernel kernel);
 
-/// "avx512", "avx2" or "portable": the path `kernel` runs on this CPU
-/// (automatic resolved).
+/// "avx512", "avx2" or "portable": the path `kernel` names (automatic: the
+/// one it runs on this CPU).
 [[nodiscard]] const char* attention_kernel_name(AttentionKernel kernel = AttentionKernel::automatic);
 
 /// out[t, h*d:(h+1)*d] = softmax(q_t,h . K^T * scale) V over the keys of

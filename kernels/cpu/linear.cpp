@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <new>
-#include <string>
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/cpu/kernel_paths.hpp"
 #include "kernels/cpu/linear_panels.hpp"
 
 // The accumulation order every path keeps, the BF16 chain and the packed
@@ -64,33 +63,16 @@ void round_rows_bf16(const float* x, int m, long xs, int k, int kp, void* xb, bo
   }
 }
 
-[[nodiscard]] bool cpu_has(LinearKernel kernel) {
-  switch (kernel) {
-    case LinearKernel::portable: return true;
-    case LinearKernel::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case LinearKernel::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-    case LinearKernel::avx512_bf16: return cpu_has(LinearKernel::avx512) && __builtin_cpu_supports("avx512bf16");
-    case LinearKernel::automatic: return true;
-  }
-  return false;
-}
-
-/// What `automatic` resolves to on this CPU (the SHARDLINE_LINEAR_KERNEL
-/// environment variable, read once, may name a supported one instead).
-[[nodiscard]] LinearKernel resolve_automatic() {
-  static const LinearKernel chosen = [] {
-    if (const char* env = std::getenv("SHARDLINE_LINEAR_KERNEL"); env != nullptr)
-      for (const LinearKernel k : {LinearKernel::avx512_bf16, LinearKernel::avx512, LinearKernel::avx2,
-                                   LinearKernel::portable})
-        if (std::string(env) == linear_kernel_name(k) && cpu_has(k)) return k;
-    for (const LinearKernel k : {LinearKernel::avx512_bf16, LinearKernel::avx512, LinearKernel::avx2})
-      if (cpu_has(k)) return k;
-    return LinearKernel::portable;
-  }();
-  return chosen;
-}
+/// The paths, widest first; SHARDLINE_LINEAR_KERNEL may name the automatic
+/// one.
+constexpr detail::KernelPaths<LinearKernel, 4> kPaths{
+    "linear",
+    LinearKernel::automatic,
+    "SHARDLINE_LINEAR_KERNEL",
+    {{{LinearKernel::avx512_bf16, "avx512_bf16", detail::CpuFeatures::avx512_bf16},
+      {LinearKernel::avx512, "avx512", detail::CpuFeatures::avx512},
+      {LinearKernel::avx2, "avx2", detail::CpuFeatures::avx2},
+      {LinearKernel::portable, "portable", detail::CpuFeatures::none}}}};
 
 /// The BF16 chain of one output element (the definition every path meets):
 /// xb = x rounded to BF16 (row of kp, zero pad), w = the BF16 row of W.
@@ -158,25 +140,14 @@ PackedLinear PackedLinear::pack(const void* w, DType dtype, int n, int k) {
   return out;
 }
 
-const char* linear_kernel_name(LinearKernel kernel) {
-  switch (kernel) {
-    case LinearKernel::automatic: return linear_kernel_name(resolve_automatic());
-    case LinearKernel::portable: return "portable";
-    case LinearKernel::avx2: return "avx2";
-    case LinearKernel::avx512: return "avx512";
-    case LinearKernel::avx512_bf16: return "avx512_bf16";
-  }
-  return "?";
-}
+const char* linear_kernel_name(LinearKernel kernel) { return kPaths.name(kernel); }
 
-bool linear_kernel_supported(LinearKernel kernel) { return cpu_has(kernel); }
+bool linear_kernel_supported(LinearKernel kernel) { return kPaths.supported(kernel); }
 
 void linear(const float* x, int m, int x_stride, const PackedLinear& w, const float* bias, float* y, int y_stride,
             LinePrefetchQueue* side, LinearKernel kernel) {
   if (m <= 0 || w.out_features() <= 0) return;
-  if (kernel == LinearKernel::automatic) kernel = resolve_automatic();
-  if (!cpu_has(kernel))
-    throw std::logic_error(std::string("linear: this CPU cannot run the ") + linear_kernel_name(kernel) + " path");
+  kernel = kPaths.resolve(kernel);
   const int n = w.out_features(), k = w.in_features();
   const int panels = (n + kNr - 1) / kNr;
   const bool bf16 = w.dtype() == DType::bf16;
@@ -233,7 +204,7 @@ void linear(const float* x, int m, int x_stride, const PackedLinear& w, const fl
   }
 }
 
-bool linear_uses_side_prefetch() { return resolve_automatic() != LinearKernel::portable; }
+bool linear_uses_side_prefetch() { return kPaths.chosen() != LinearKernel::portable; }
 
 void linear_reference(const float* x, int m, int x_stride, const void* w, DType dtype, int n,
                       int k, const float* bias, float* y, int y_stride) {

@@ -104,7 +104,7 @@ enum class LinearKernel {
 /// lines into L2 spread over the tile's sweep of k (prefetch.hpp). The
 /// result is the same bits with or without it. The portable path ignores
 /// it. `kernel`: the instruction path (see LinearKernel); one this CPU
-/// cannot run throws std::logic_error (a programming error: check
+/// cannot run throws std::invalid_argument (a programming error: check
 /// linear_kernel_supported).
 void linear(const float* x, int m, int x_stride, const PackedLinear& w, const float* bias,
             float* y, int y_stride, LinePrefetchQueue* side = nullptr,

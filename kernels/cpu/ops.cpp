@@ -1,5 +1,6 @@
 #include "kernels/cpu/ops.hpp"
 
+#include "kernels/cpu/kernel_paths.hpp"
 #include "kernels/cpu/ops_paths.hpp"
 
 #include <omp.h>
@@ -7,8 +8,6 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
-#include <stdexcept>
-#include <string>
 
 // Every row-wise op computes a row with the same instruction sequence whatever
 // the number of rows or the thread split (OpenMP over rows), so each row's
@@ -17,20 +16,16 @@
 namespace shardline::kernels::cpu {
 namespace {
 
-/// `kernel` with automatic made the widest path this CPU has (decided once);
-/// throws std::invalid_argument for a path the CPU lacks.
-OpsKernel resolve(OpsKernel kernel) {
-  if (kernel == OpsKernel::automatic) {
-    static const OpsKernel widest = ops_kernel_supported(OpsKernel::avx512) ? OpsKernel::avx512
-                                    : ops_kernel_supported(OpsKernel::avx2) ? OpsKernel::avx2
-                                                                            : OpsKernel::portable;
-    return widest;
-  }
-  if (!ops_kernel_supported(kernel))
-    throw std::invalid_argument(std::string("ops: the ") + (kernel == OpsKernel::avx2 ? "AVX2" : "AVX-512") +
-                                " path on a CPU without it");
-  return kernel;
-}
+/// The paths, widest first; SHARDLINE_OPS_KERNEL may name the automatic one.
+constexpr detail::KernelPaths<OpsKernel, 3> kPaths{
+    "ops",
+    OpsKernel::automatic,
+    "SHARDLINE_OPS_KERNEL",
+    {{{OpsKernel::avx512, "avx512", detail::CpuFeatures::avx512},
+      {OpsKernel::avx2, "avx2", detail::CpuFeatures::avx2},
+      {OpsKernel::portable, "portable", detail::CpuFeatures::none}}}};
+
+[[nodiscard]] OpsKernel resolve(OpsKernel kernel) { return kPaths.resolve(kernel); }
 
 // The portable path: one FMA chain, in order.
 [[nodiscard]] float sum_squares_portable(const float* x, int n) {
@@ -61,24 +56,9 @@ void norm_row(OpsKernel k, const float* x, const float* w, float* y, int n, floa
 
 }  // namespace
 
-bool ops_kernel_supported(OpsKernel kernel) {
-  switch (kernel) {
-    case OpsKernel::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-    case OpsKernel::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    default:
-      return true;
-  }
-}
+bool ops_kernel_supported(OpsKernel kernel) { return kPaths.supported(kernel); }
 
-const char* ops_kernel_name(OpsKernel kernel) {
-  switch (resolve(kernel)) {
-    case OpsKernel::avx512: return "avx512";
-    case OpsKernel::avx2: return "avx2";
-    default: return "portable";
-  }
-}
+const char* ops_kernel_name(OpsKernel kernel) { return kPaths.name(kernel); }
 
 void embedding(const std::int32_t* token_ids, int num_tokens, const void* table, DType dtype,
                int hidden, float* out) {

@@ -17,19 +17,20 @@ void embedding(const std::int32_t* token_ids, int num_tokens, const void* table,
                int hidden, float* out);
 
 /// The instruction paths of rms_norm, add_rms_norm and silu_and_mul.
-/// `automatic` is the widest this CPU has: avx512 (AVX-512 F + FMA), else
-/// avx2 (AVX2 + FMA), else portable. avx512 and avx2 give the same bits (16
-/// lane chains over the full 16-blocks, reduced like _mm512_reduce_add_ps;
-/// SiLU's exp16 polynomial); portable keeps its own order (one FMA chain,
-/// std::exp): close, not bit-identical. Each SIMD path is compiled for its
+/// `automatic` is the widest this CPU has: avx512 (AVX-512 F/BW/VL + FMA),
+/// else avx2 (AVX2 + FMA), else portable, unless the environment variable
+/// SHARDLINE_OPS_KERNEL names another one this CPU runs (read once). avx512
+/// and avx2 give the same bits (16 lane chains over the full 16-blocks,
+/// reduced like _mm512_reduce_add_ps; SiLU's exp16 polynomial); portable
+/// keeps its own order (one FMA chain, std::exp): close, not bit-identical. Each SIMD path is compiled for its
 /// instructions whatever the build machine (ops_avx2.cpp, ops_avx512.cpp).
 enum class OpsKernel { automatic, portable, avx2, avx512 };
 
 /// Whether this CPU can run `kernel` (automatic and portable: always).
 [[nodiscard]] bool ops_kernel_supported(OpsKernel kernel);
 
-/// "avx512", "avx2" or "portable": the path `kernel` runs on this CPU
-/// (automatic resolved).
+/// "avx512", "avx2" or "portable": the path `kernel` names (automatic: the
+/// one it runs on this CPU).
 [[nodiscard]] const char* ops_kernel_name(OpsKernel kernel = OpsKernel::automatic);
 
 /// RMSNorm (Zhang & Sennrich 2019): y = x / sqrt(mean(x^2) + eps) * weight.

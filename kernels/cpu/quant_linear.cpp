@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "kernels/cpu/kernel_paths.hpp"
 #include "kernels/cpu/quant_linear_k.hpp"
 
 // Compiled with -ffp-contract=off (kernels/CMakeLists.txt): the scalar
@@ -88,7 +90,6 @@ constexpr int kRows = 4;   // rows of x per register tile
 
 float quantize_block_q8(const float* v, std::int8_t* qs);
 float quantize_block_q8_avx2(const float* v, std::int8_t* qs);
-[[nodiscard]] bool cpu_has_avx2();
 
 /// x rows quantized to Q8_0: values, scales widened to F32, and each
 /// block's sum of values (Q4_0 subtracts 8 x that).
@@ -106,7 +107,7 @@ QuantizedRows quantize_rows(const float* x, int m, int xs, int k) {
   out.d.resize(static_cast<std::size_t>(m) * nb);
   out.sum.resize(static_cast<std::size_t>(m) * nb);
   out.s.resize(static_cast<std::size_t>(m) * nb);
-  const bool avx2 = cpu_has_avx2();
+  const bool avx2 = detail::cpu_has(detail::CpuFeatures::avx2);  // the same bits as scalar
   // Rows are independent: quantized in parallel, each the same bits as
   // quantize_row_q8_1 (d and s through F16, as the blocks store them).
 #pragma omp parallel for schedule(static) if (m > 1)
@@ -172,7 +173,7 @@ void panel_scalar(GgmlType t, const std::byte* panel, int nb, const QuantizedRow
 
 /// The AVX2 kernel: the same per-element chain, 8 columns per register.
 template <GgmlType T, int R>
-__attribute__((target("avx2"))) void panel_avx2(const std::byte* panel, int nb, const QuantizedRows& xq, int k,
+SHARDLINE_TARGET_AVX2 void panel_avx2(const std::byte* panel, int nb, const QuantizedRows& xq, int k,
                                                 int i0, float* y, int ys, int cols) {
   constexpr std::size_t offset = T == GgmlType::q4_1 ? 64 : 32;
   constexpr std::size_t stride = offset + (T == GgmlType::q8_0 ? 256 : 128);
@@ -266,7 +267,7 @@ void panel_rows_avx2(const std::byte* panel, int nb, const QuantizedRows& xq, in
 /// nibbles are unsigned already; Q8_0's values are flipped to w + 128
 /// (xor 0x80) and 128 x (the x block's sum) taken back out, exactly.
 template <GgmlType T, int R>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void pair_avx512(const std::byte* panel0,
+SHARDLINE_TARGET_AVX512_VNNI void pair_avx512(const std::byte* panel0,
                                                                        const std::byte* panel1, int nb,
                                                                        const QuantizedRows& xq, int k, int i0,
                                                                        float* y, int ys, int cols) {
@@ -275,13 +276,15 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void pair_avx512(const st
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   // 32 bytes of each panel at `at` into one register.
-  const auto load_pair = [&](std::size_t at) {
+  const auto load_pair = [&](std::size_t at) SHARDLINE_TARGET_AVX512_VNNI {
     return _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(panel0 + at))),
         _mm256_load_si256(reinterpret_cast<const __m256i*>(panel1 + at)), 1);
   };
-  const auto load_pair_ps = [&](std::size_t at) { return _mm512_castsi512_ps(load_pair(at)); };
-  const auto x_word = [](const std::int8_t* p) {
+  const auto load_pair_ps = [&](std::size_t at) SHARDLINE_TARGET_AVX512_VNNI {
+    return _mm512_castsi512_ps(load_pair(at));
+  };
+  const auto x_word = [](const std::int8_t* p) SHARDLINE_TARGET_AVX512_VNNI {
     std::int32_t v;
     std::memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
@@ -352,17 +355,15 @@ void pair_rows_avx512(const std::byte* panel0, const std::byte* panel1, int nb, 
   for (; i < m; ++i) pair_avx512<T, 1>(panel0, panel1, nb, xq, k, i, y, ys, cols);
 }
 
-[[nodiscard]] bool cpu_has_avx2() { return __builtin_cpu_supports("avx2"); }
-[[nodiscard]] bool cpu_has_avx512_vnni() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
-}
-
-/// What `automatic` resolves to on this CPU.
-[[nodiscard]] QuantKernel best_kernel() {
-  if (cpu_has_avx512_vnni()) return QuantKernel::avx512_vnni;
-  return cpu_has_avx2() ? QuantKernel::avx2 : QuantKernel::scalar;
-}
+/// The paths, widest first; SHARDLINE_QUANT_KERNEL may name the automatic
+/// one.
+constexpr detail::KernelPaths<QuantKernel, 3> kPaths{
+    "quantized linear",
+    QuantKernel::automatic,
+    "SHARDLINE_QUANT_KERNEL",
+    {{{QuantKernel::avx512_vnni, "avx512_vnni", detail::CpuFeatures::avx512_vnni},
+      {QuantKernel::avx2, "avx2", detail::CpuFeatures::avx2},
+      {QuantKernel::scalar, "scalar", detail::CpuFeatures::none}}}};
 
 }  // namespace
 
@@ -389,7 +390,7 @@ float quantize_block_q8(const float* v, std::int8_t* qs) {
 /// roundf as truncation plus one step away from zero where the dropped
 /// fraction is at least a half (exact: no x + 0.5 rounding), a NaN (or an
 /// infinity's 0 x inf) to 0, and NaN lanes never raise the maximum.
-__attribute__((target("avx2"))) float quantize_block_q8_avx2(const float* v, std::int8_t* qs) {
+SHARDLINE_TARGET_AVX2 float quantize_block_q8_avx2(const float* v, std::int8_t* qs) {
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
   __m256 x[4];
   __m256 amax = _mm256_setzero_ps();
@@ -516,20 +517,40 @@ Status quantize_row(GgmlType type, const float* x, int k, void* blocks) {
   return Status::ok_status();
 }
 
-const char* quant_kernel_name(GgmlType /*type*/) {
-  switch (best_kernel()) {
-    case QuantKernel::avx512_vnni: return "avx512_vnni";
-    case QuantKernel::avx2: return "avx2";
-    default: return "scalar";
-  }
+const char* quant_kernel_name(GgmlType /*type*/) { return kPaths.name(QuantKernel::automatic); }
+
+bool quant_kernel_supported(QuantKernel kernel) { return kPaths.supported(kernel); }
+
+namespace {
+
+/// Panels of kPanel columns, each nb blocks of `stride` bytes.
+[[nodiscard]] std::size_t packed_size(GgmlType type, int n, int k) {
+  const std::size_t stride = kquant::is_k_quant(type) ? kquant::packed_block_bytes(type) : block_stride(type);
+  const std::size_t panels = static_cast<std::size_t>((n + kPanel - 1) / kPanel);
+  return panels * static_cast<std::size_t>(k / block_elements(type)) * stride;
 }
 
-bool quant_kernel_supported(QuantKernel kernel) {
-  switch (kernel) {
-    case QuantKernel::avx2: return cpu_has_avx2();
-    case QuantKernel::avx512_vnni: return cpu_has_avx512_vnni();
-    default: return true;
-  }
+}  // namespace
+
+Result<std::size_t> PackedQuantLinear::packed_bytes(GgmlType type, int n, int k) {
+  const std::size_t row_bytes = ggml_row_bytes(static_cast<std::uint32_t>(type), k).value_or(0);
+  if (Status s = check_shape(type, row_bytes * static_cast<std::size_t>(std::max(n, 0)), n, k); !s.ok())
+    return s.error();
+  return packed_size(type, n, k);
+}
+
+Result<PackedQuantLinear> PackedQuantLinear::view(const void* data, GgmlType type, int n, int k) {
+  auto bytes = packed_bytes(type, n, k);
+  if (!bytes.ok()) return bytes.error();
+  if (reinterpret_cast<std::uintptr_t>(data) % 64 != 0)
+    return make_error(ErrorCode::invalid_argument, "quantized linear: a view's data must be 64-byte aligned");
+  PackedQuantLinear out;
+  out.type_ = type;
+  out.n_ = n;
+  out.k_ = k;
+  out.bytes_ = *bytes;
+  out.view_ = static_cast<const std::byte*>(data);
+  return out;
 }
 
 Result<PackedQuantLinear> PackedQuantLinear::pack(GgmlType type, std::span<const std::uint8_t> blocks, int n, int k) {
@@ -543,7 +564,7 @@ Result<PackedQuantLinear> PackedQuantLinear::pack(GgmlType type, std::span<const
   out.type_ = type;
   out.n_ = n;
   out.k_ = k;
-  out.bytes_ = static_cast<std::size_t>(panels) * nb * stride;
+  out.bytes_ = packed_size(type, n, k);
   out.data_ = allocate_aligned(out.bytes_);
   auto* base = static_cast<std::uint8_t*>(out.data_.get());
   std::memset(base, 0, out.bytes_);
@@ -606,12 +627,11 @@ Status quant_linear(const float* x, int m, int x_stride, const PackedQuantLinear
                       "quantized linear: m " + std::to_string(m) + ", x stride " + std::to_string(x_stride) +
                           ", y stride " + std::to_string(y_stride) + " for a [" + std::to_string(n) + ", " +
                           std::to_string(k) + "] matrix");
-  if (!quant_kernel_supported(kernel))
-    return make_error(ErrorCode::unsupported, std::string("quantized linear: the ") +
-                                                  (kernel == QuantKernel::avx2 ? "AVX2" : "AVX512-VNNI") +
-                                                  " kernel on a CPU without it");
+  if (!kPaths.supported(kernel))
+    return make_error(ErrorCode::unsupported,
+                      std::string("quantized linear: the ") + kPaths.name(kernel) + " kernel on a CPU without it");
   if (m == 0) return {};
-  const QuantKernel chosen = kernel == QuantKernel::automatic ? best_kernel() : kernel;
+  const QuantKernel chosen = kPaths.resolve(kernel);
   const GgmlType t = w.type();
   const int panels = (n + kPanel - 1) / kPanel;
   if (kquant::is_k_quant(t)) {

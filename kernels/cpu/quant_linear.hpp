@@ -70,12 +70,14 @@ static_assert(sizeof(BlockQ8_1) == 36);
 
 /// Which kernel quant_linear runs. All give the same bits.
 enum class QuantKernel {
-  automatic,    ///< the fastest this CPU has: avx512_vnni, else avx2, else scalar
+  automatic,    ///< the fastest this CPU has: avx512_vnni, else avx2, else
+                ///< scalar, unless the environment variable
+                ///< SHARDLINE_QUANT_KERNEL names another one it runs (read once)
   scalar,       ///< the portable loop (tests compare the others with it)
-  avx2,         ///< vpmaddubsw / vpmaddwd, 8 columns per register; requires AVX2
+  avx2,         ///< vpmaddubsw / vpmaddwd, 8 columns per register; requires AVX2 + FMA
   avx512_vnni,  ///< 16 columns per register (two panels): vpdpbusd (Q8_0,
-                ///< Q4_0, Q4_1), vpdpwssd (Q4_K, Q6_K); requires AVX512F,
-                ///< AVX512BW and AVX512-VNNI
+                ///< Q4_0, Q4_1), vpdpwssd (Q4_K, Q6_K); requires AVX-512
+                ///< F/BW/VL, FMA and AVX512-VNNI
 };
 
 /// Elements per Q8_K block (QK_K): what Q4_K and Q6_K weights multiply.
@@ -145,16 +147,27 @@ class PackedQuantLinear {
   /// than n rows need).
   [[nodiscard]] static Result<PackedQuantLinear> pack(GgmlType type, std::span<const std::uint8_t> blocks, int n,
                                                       int k);
+  /// The packed size of W [n, k] of `type`, as pack() lays it out. Errors:
+  /// as pack() (without the byte count).
+  [[nodiscard]] static Result<std::size_t> packed_bytes(GgmlType type, int n, int k);
+  /// A matrix over `data`, packed_bytes(type, n, k) bytes that pack() laid
+  /// out (a copy of data() elsewhere: a SiDP region fetched from its owner),
+  /// not owned; `data` must outlive the view and be 64-byte aligned. Errors:
+  /// as packed_bytes; invalid_argument for misaligned data.
+  [[nodiscard]] static Result<PackedQuantLinear> view(const void* data, GgmlType type, int n, int k);
 
   [[nodiscard]] GgmlType type() const { return type_; }
   [[nodiscard]] int out_features() const { return n_; }  ///< n
   [[nodiscard]] int in_features() const { return k_; }   ///< k
   [[nodiscard]] std::size_t bytes() const { return bytes_; }  ///< packed size
-  [[nodiscard]] const std::byte* data() const { return static_cast<const std::byte*>(data_.get()); }
+  [[nodiscard]] const std::byte* data() const {
+    return view_ != nullptr ? view_ : static_cast<const std::byte*>(data_.get());
+  }
   [[nodiscard]] bool empty() const { return bytes_ == 0; }
 
  private:
   AlignedBuffer data_;
+  const std::byte* view_ = nullptr;  ///< view(): memory owned elsewhere
   std::size_t bytes_ = 0;
   GgmlType type_ = GgmlType::q8_0;
   int n_ = 0;

@@ -58,7 +58,7 @@ void quantize_block_q8_k(const float* v, BlockQ8_K& out) {
 /// quantize_row_q8_k for one block with AVX2, the same bits: the same
 /// first value of largest magnitude (NaN lanes never raise it), the same
 /// multiply and nearest_int add, a NaN product to 0.
-__attribute__((target("avx2"))) void quantize_block_q8_k_avx2(const float* v, BlockQ8_K& out) {
+SHARDLINE_TARGET_AVX2 void quantize_block_q8_k_avx2(const float* v, BlockQ8_K& out) {
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
   __m256 amax8 = _mm256_setzero_ps();
   for (int j = 0; j < kQuantSuperBlock; j += 8)
@@ -101,7 +101,7 @@ __attribute__((target("avx2"))) void quantize_block_q8_k_avx2(const float* v, Bl
 }  // namespace
 
 void quantize_row_q8_k(const float* x, int k, BlockQ8_K* y, QuantKernel kernel) {
-  const bool avx2 = kernel != QuantKernel::scalar && __builtin_cpu_supports("avx2");
+  const bool avx2 = kernel != QuantKernel::scalar && quant_kernel_supported(QuantKernel::avx2);
   for (int b = 0; b < k / kQuantSuperBlock; ++b) {
     const float* v = x + static_cast<std::size_t>(b) * kQuantSuperBlock;
     if (avx2)
@@ -242,7 +242,7 @@ void panel_scalar(GgmlType t, const std::byte* panel, int nb, const Rows& xq, in
 /// at most 2 x 63 x 127, and two of them added, 32,004, no overflow), and
 /// vpmaddwd by the column's sub-block scale sums pairs into 32 bits.
 template <GgmlType T, int R>
-__attribute__((target("avx2"))) void panel_avx2(const std::byte* panel, int nb, const Rows& xq, int k, int i0,
+SHARDLINE_TARGET_AVX2 void panel_avx2(const std::byte* panel, int nb, const Rows& xq, int k, int i0,
                                                 float* y, int ys, int cols) {
   constexpr std::size_t stride = T == GgmlType::q4_k ? 1216 : 1696;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -252,7 +252,7 @@ __attribute__((target("avx2"))) void panel_avx2(const std::byte* panel, int nb, 
                                              0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
   const __m256i dup_second = _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15,  //
                                               2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
-  const auto x_word = [](const std::int8_t* p) {
+  const auto x_word = [](const std::int8_t* p) SHARDLINE_TARGET_AVX2 {
     std::int32_t v;
     std::memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
@@ -305,7 +305,7 @@ __attribute__((target("avx2"))) void panel_avx2(const std::byte* panel, int nb, 
           // Bits 2h..2h+1 of each byte to bits 4..5 (16-bit shifts: the mask
           // keeps only bits that came from the same byte).
           const __m256i bits45 = _mm256_set1_epi8(0x30);
-          const auto to45 = [&](__m256i v) {
+          const auto to45 = [&](__m256i v) SHARDLINE_TARGET_AVX2 {
             return _mm256_and_si256(h < 2 ? _mm256_slli_epi16(v, 4 - 2 * h) : _mm256_srli_epi16(v, 2 * h - 4), bits45);
           };
           lo = _mm256_or_si256(lo, to45(high_lo));
@@ -358,7 +358,7 @@ void panel_rows_avx2(const std::byte* panel, int nb, const Rows& xq, int k, int 
 /// per register, with vpdpwssd adding the scale-weighted pairs into 32 bits
 /// (vpmaddwd + vpaddd in one).
 template <GgmlType T, int R>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void pair_avx512(const std::byte* panel0,
+SHARDLINE_TARGET_AVX512_VNNI void pair_avx512(const std::byte* panel0,
                                                                        const std::byte* panel1, int nb,
                                                                        const Rows& xq, int k, int i0, float* y,
                                                                        int ys, int cols) {
@@ -375,18 +375,18 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void pair_avx512(const st
   const auto* base0 = reinterpret_cast<const std::uint8_t*>(panel0);
   const auto* base1 = reinterpret_cast<const std::uint8_t*>(panel1);
   // 32 bytes of each panel at `at` into one register.
-  const auto load_pair = [&](std::size_t at) {
+  const auto load_pair = [&](std::size_t at) SHARDLINE_TARGET_AVX512_VNNI {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(base0 + at))),
                               _mm256_load_si256(reinterpret_cast<const __m256i*>(base1 + at)), 1);
   };
   // 16 bytes of each panel at `at`, widened to 16-bit lanes (signed or not).
-  const auto widen_pair = [&](std::size_t at, bool is_signed) {
+  const auto widen_pair = [&](std::size_t at, bool is_signed) SHARDLINE_TARGET_AVX512_VNNI {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base0 + at));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base1 + at));
     return _mm512_inserti64x4(_mm512_castsi256_si512(is_signed ? _mm256_cvtepi8_epi16(a) : _mm256_cvtepu8_epi16(a)),
                               is_signed ? _mm256_cvtepi8_epi16(b) : _mm256_cvtepu8_epi16(b), 1);
   };
-  const auto x_word = [](const std::int8_t* p) {
+  const auto x_word = [](const std::int8_t* p) SHARDLINE_TARGET_AVX512_VNNI {
     std::int32_t v;
     std::memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
@@ -430,7 +430,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void pair_avx512(const st
         __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low4);
         if constexpr (T == GgmlType::q6_k) {
           const __m512i bits45 = _mm512_set1_epi8(0x30);
-          const auto to45 = [&](__m512i v) {
+          const auto to45 = [&](__m512i v) SHARDLINE_TARGET_AVX512_VNNI {
             return _mm512_and_si512(h < 2 ? _mm512_slli_epi16(v, 4 - 2 * h) : _mm512_srli_epi16(v, 2 * h - 4), bits45);
           };
           lo = _mm512_or_si512(lo, to45(high_lo));

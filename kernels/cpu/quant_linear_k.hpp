@@ -35,6 +35,14 @@
 ///     the first holds, in bits 2h..2h+1, the high bits of element 8h + j of
 ///     column c; the second of element 8h + 4 + j.
 
+// The SIMD kernels of quant_linear.cpp and quant_linear_k.cpp carry their
+// instructions as target attributes: those files are compiled for the build
+// machine's (-march=native, maybe AVX2 only), and quant_linear picks a kernel
+// at run time (kernels/cpu/kernel_paths.hpp). A lambda inside such a function
+// does not inherit its target (GCC), so it carries the same one.
+#define SHARDLINE_TARGET_AVX2 __attribute__((target("avx2")))
+#define SHARDLINE_TARGET_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>

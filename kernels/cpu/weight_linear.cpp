@@ -1,6 +1,8 @@
 #include "kernels/cpu/weight_linear.hpp"
 
+#include <cstdint>
 #include <stdexcept>
+#include <string>
 
 namespace shardline::kernels::cpu {
 
@@ -38,6 +40,57 @@ std::size_t PackedWeight::bytes() const {
     return b;
   }
   return 0;
+}
+
+Result<std::size_t> packed_part_bytes(DType dtype, std::optional<GgmlType> quant, int rows, int cols) {
+  if (quant) return PackedQuantLinear::packed_bytes(*quant, rows, cols);
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    return make_error(ErrorCode::invalid_argument,
+                      std::string("packed weight: a dense part of ") + dtype_name(dtype) + " (F32 or BF16)");
+  if (rows < 1 || cols < 1)
+    return make_error(ErrorCode::invalid_argument, "packed weight: a [" + std::to_string(rows) + ", " +
+                                                       std::to_string(cols) + "] part");
+  return PackedLinear::packed_bytes(dtype, rows, cols);
+}
+
+std::vector<PackedPart> PackedWeight::parts() const {
+  auto quant_part = [](const PackedQuantLinear& q) {
+    return PackedPart{DType::f32, q.type(), q.out_features(), q.in_features(), q.bytes(), q.data()};
+  };
+  if (const auto* d = dense(); d != nullptr && !d->empty())
+    return {PackedPart{d->dtype(), std::nullopt, d->out_features(), d->in_features(), d->bytes(),
+                       static_cast<const std::byte*>(d->data())}};
+  if (const auto* q = quantized(); q != nullptr && !q->empty()) return {quant_part(*q)};
+  std::vector<PackedPart> out;
+  if (const auto* st = stack())
+    for (const PackedQuantLinear& p : st->parts) out.push_back(quant_part(p));
+  return out;
+}
+
+Result<PackedWeight> PackedWeight::view(std::span<const PackedPart> parts) {
+  auto bad = [](const std::string& m) { return make_error(ErrorCode::invalid_argument, "packed weight view: " + m); };
+  if (parts.empty()) return bad("no parts");
+  for (const PackedPart& p : parts) {
+    auto want = packed_part_bytes(p.dtype, p.quant, p.rows, p.cols);
+    if (!want.ok()) return want.error();
+    if (p.bytes != *want)
+      return bad(std::to_string(p.bytes) + " bytes for a part that packs into " + std::to_string(*want));
+    if (reinterpret_cast<std::uintptr_t>(p.data) % 64 != 0) return bad("a part's data is not 64-byte aligned");
+    if (p.cols != parts.front().cols) return bad("parts of unequal in_features");
+    if (parts.size() > 1 && !p.quant) return bad("a dense part in a stack (only quantized parts stack)");
+  }
+  if (!parts.front().quant) {
+    const PackedPart& p = parts.front();
+    return PackedWeight(PackedLinear::view(p.data, p.dtype, p.rows, p.cols));
+  }
+  std::vector<PackedQuantLinear> views;
+  for (const PackedPart& p : parts) {
+    auto v = PackedQuantLinear::view(p.data, *p.quant, p.rows, p.cols);
+    if (!v.ok()) return v.error();
+    views.push_back(std::move(v).value());
+  }
+  if (views.size() == 1) return PackedWeight(std::move(views.front()));
+  return PackedWeight(PackedQuantStack{std::move(views)});
 }
 
 std::string PackedWeight::format_name() const {

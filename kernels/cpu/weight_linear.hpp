@@ -13,9 +13,14 @@
 /// exactness contract: the dense path's fixed per-element chain, the
 /// quantized path's llama.cpp scalar arithmetic.
 
+#include <cstddef>
+#include <optional>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "common/result.hpp"
 
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/quant_linear.hpp"
@@ -30,6 +35,24 @@ namespace shardline::kernels::cpu {
 struct PackedQuantStack {
   std::vector<PackedQuantLinear> parts;  ///< at least two, one in_features
 };
+
+/// One packed part of a weight as bytes: its format, shape and where its
+/// packed bytes are. What copying a packed weight elsewhere (a SiDP owner's
+/// region, seed 002 §4.2) and viewing the copy there needs.
+struct PackedPart {
+  DType dtype = DType::f32;                ///< a dense part's element type (F32 or BF16)
+  std::optional<GgmlType> quant;           ///< set: blocks of this type (dtype unused)
+  int rows = 0;                            ///< output features of the part
+  int cols = 0;                            ///< in_features
+  std::size_t bytes = 0;                   ///< packed size
+  const std::byte* data = nullptr;         ///< the packed bytes (64-byte aligned)
+};
+
+/// The packed size of a part of `rows` x `cols` in its format (what
+/// PackedLinear::pack or PackedQuantLinear::pack allocate). Errors: as
+/// PackedQuantLinear::packed_bytes; invalid_argument for a dense dtype other
+/// than F32 or BF16.
+[[nodiscard]] Result<std::size_t> packed_part_bytes(DType dtype, std::optional<GgmlType> quant, int rows, int cols);
 
 /// A packed weight: empty, dense, quantized or a quantized stack. Movable,
 /// not copyable.
@@ -51,6 +74,15 @@ class PackedWeight {
   [[nodiscard]] PackedQuantLinear* quantized() { return std::get_if<PackedQuantLinear>(&w_); }
   /// The quantized stack, or null otherwise.
   [[nodiscard]] const PackedQuantStack* stack() const { return std::get_if<PackedQuantStack>(&w_); }
+  /// The packed parts in row order (one, or a stack's parts), `data`
+  /// pointing into this weight; empty when the weight is.
+  [[nodiscard]] std::vector<PackedPart> parts() const;
+  /// A weight over `parts` (their `data`, not owned, must outlive it): the
+  /// part itself for one, a PackedQuantStack for several (all quantized, one
+  /// cols). Errors: invalid_argument (no parts, several with a dense one,
+  /// unequal cols, a size that is not the format's packed size, misaligned
+  /// data), unsupported (a type the kernels do not keep quantized).
+  [[nodiscard]] static Result<PackedWeight> view(std::span<const PackedPart> parts);
   /// "F32", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", a stack's part
   /// types joined by '+' ("Q4_K+Q6_K"); "" when empty.
   [[nodiscard]] std::string format_name() const;
