@@ -687,4 +687,15 @@ BENCHMARK_CAPTURE(BM_DenseLinear, F32_avx512, DType::f32, kernels::cpu::LinearKe
 BENCHMARK_CAPTURE(BM_DenseLinear, BF16_avx512, DType::bf16, kernels::cpu::LinearKernel::avx512)
     ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
 
+// The F32 FMA peak with OpenMP's thread count (a register-only FMA loop,
+// sim/calibration/hardware.hpp; what `bench` reports as fma_peak_gflops):
+// the limit BM_DenseLinear's GFLOP/s are read against in the same run.
+void BM_FmaPeak(benchmark::State& state) {
+  double gflops = 0;
+  for (auto _ : state)
+    gflops = std::max(gflops, sim::calibration::measure_fma_peak_gflops(omp_get_max_threads(), DType::f32, 1));
+  state.counters["GFLOPs"] = gflops;  // GFLOP/s, best of the iterations
+}
+BENCHMARK(BM_FmaPeak)->Iterations(5)->UseRealTime();
+
 BENCHMARK_MAIN();

@@ -74,7 +74,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "Weights in memory: f32 or bf16 (CUDA also f16); the linear layers compute in the weight "
                  "dtype with F32 accumulation (CPU BF16: activations rounded to BF16, VDPBF16PS). auto: a GGUF "
                  "file's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices stay quantized on CPU (integer dot products on Q8 "
-                 "activations, llama.cpp's integer sums), the rest in bf16; CUDA and SiDP dequantize them")
+                 "activations, llama.cpp's integer sums), the rest in bf16; CUDA dequantizes them (SiDP on CPU "
+                 "keeps them)")
       ->capture_default_str();
   cmd.add_option("--quantization", f.quantization,
                  "CPU: quantize every matrix on load to q8_0, q4_0 or q4_1 (llama-quantize's rounding, from the "

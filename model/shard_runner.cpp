@@ -258,10 +258,6 @@ Result<std::unique_ptr<ShardRunner>> ShardRunner::create_impl(std::shared_ptr<co
     return invalid(std::string("KV cache dtype must be F32 or BF16, got ") + dtype_name(options.kv_cache_dtype));
   const ModelConfig& c = weights->config;
   if (Status st = check_shard_spec(c, spec, comms); !st) return st.error();
-  if (ffn)
-    for (const LayerWeights& lw : weights->layers)
-      if (lw.gate_up.quantized() || lw.down_proj.quantized())
-        return invalid("an FFN executor (SiDP) takes dense weights; these FFNs are " + lw.gate_up.format_name());
   if (options.num_threads > 0) omp_set_num_threads(options.num_threads);
 
   if (ffn && !spec.is_whole_model())

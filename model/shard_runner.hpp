@@ -215,11 +215,11 @@ class ShardRunner {
   /// through it and the runner packs no FFN weights (SiDP,
   /// model/sidp/sidp_ffn.hpp).
   /// Quantized matrices (Matrix::quant) are packed quantized and computed
-  /// with integer dot products (kernels/cpu/quant_linear.hpp); an `ffn`
-  /// takes dense weights only.
+  /// with integer dot products (kernels/cpu/quant_linear.hpp); so are an
+  /// `ffn`'s (SiDP's layer owners keep them quantized).
   /// Errors: invalid_argument (bad spec or options, see check_shardable;
   /// a communicator missing or of the wrong size; an ffn with a sharded
-  /// spec or quantized weights; a TP shard of a quantized o_proj or
+  /// spec; a TP shard of a quantized o_proj or
   /// down_proj that would split a block, naming the tensor), out_of_memory.
   [[nodiscard]] static Result<std::unique_ptr<ShardRunner>> create(
       std::shared_ptr<const ModelWeights> weights, const ShardSpec& spec,

@@ -502,12 +502,6 @@ Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOpti
   return std::make_shared<const model::ModelWeights>(std::move(weights).value());
 }
 
-Result<std::shared_ptr<const model::ModelWeights>> load_dense_weights(const EngineOptions& o) {
-  auto weights = load_weights(o);
-  if (!weights) return std::move(weights).error();
-  return model::dequantized_weights(std::move(weights).value());
-}
-
 Status preflight_engine(const EngineOptions& o) {
   if (Status s = check_engine_options(o); !s) return s;
   auto cfg = model::load_model_config(o.model_dir);

@@ -38,7 +38,8 @@ struct EngineOptions {
   DType dtype = DType::f32;       ///< weight storage: f32 or bf16 (cuda also f16)
   /// `--dtype auto`: a GGUF file's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices stay
   /// quantized on CPU devices (model::LoadOptions::keep_quantized; the
-  /// others in `dtype`). The CUDA runner and SiDP dequantize them.
+  /// others in `dtype`), also in SiDP's owners and WaS fetches. The CUDA
+  /// runner and CUDA SiDP owners dequantize them.
   bool keep_quantized = false;
   /// `--quantization`: every matrix quantized on load to this type
   /// (model::LoadOptions::quantization); unset: as stored.
@@ -216,10 +217,5 @@ struct EngineInstance {
 /// loaded with its load_format, dtype (F16 as F32), seed and layer override.
 /// Errors: what model::load_model returns.
 [[nodiscard]] Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOptions& options);
-
-/// load_weights with every matrix dense (quantized ones dequantized): for
-/// SiDP, whose owners share dense FFN layers only. Errors: as load_weights,
-/// out_of_memory.
-[[nodiscard]] Result<std::shared_ptr<const model::ModelWeights>> load_dense_weights(const EngineOptions& options);
 
 }  // namespace shardline::engine

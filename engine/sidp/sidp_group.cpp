@@ -141,7 +141,7 @@ Result<SidpRankComms> SidpRankComms::in_process(int dp, std::chrono::millisecond
 Result<std::unique_ptr<SidpGroup>> SidpGroup::create(const EngineOptions& base, const SidpOptions& o) {
   if (Status ok = check_sidp_options(base, o); !ok) return ok.error();
 
-  auto loaded = load_dense_weights(base);
+  auto loaded = load_weights(base);
   if (!loaded) return std::move(loaded).error();
   const std::shared_ptr<const model::ModelWeights> weights = std::move(loaded).value();
   auto plan = sidp::parse_plan(o.ownership, weights->config.num_hidden_layers, o.dp);

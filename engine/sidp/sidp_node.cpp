@@ -41,7 +41,7 @@ Result<SidpRankComms> SidpNodeGroup::make_comms() const {
 
 Result<std::shared_ptr<SidpNodeGroup>> SidpNodeGroup::create(const EngineOptions& base, const SidpOptions& o) {
   if (Status ok = check_sidp_options(base, o, /*allow_cuda=*/true); !ok) return ok.error();
-  auto loaded = load_dense_weights(base);
+  auto loaded = load_weights(base);
   if (!loaded) return std::move(loaded).error();
   std::shared_ptr<SidpNodeGroup> g(new SidpNodeGroup());
   g->options_ = o;

@@ -665,7 +665,7 @@ Status serve_sidp_rank(const EngineOptions& base, int dp, int rank, const TcpGro
   } catch (const json::exception& e) {
     return tell_rank0(control, corrupt(std::string("setup: ") + e.what()));
   }
-  auto weights = load_dense_weights(base);
+  auto weights = load_weights(base);
   if (!weights) return tell_rank0(control, std::move(weights).error());
   auto setup = read_setup(s, base, (*weights)->config, dp, rank);
   if (!setup) return tell_rank0(control, std::move(setup).error());

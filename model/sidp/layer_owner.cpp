@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "kernels/cpu/ops.hpp"
 
@@ -9,24 +10,78 @@ namespace shardline::model::sidp {
 
 namespace kc = kernels::cpu;
 
-FfnLayout ffn_layout(const ModelConfig& c, DType dtype) {
+namespace {
+
+[[nodiscard]] std::size_t align64(std::size_t v) { return (v + 63) / 64 * 64; }
+
+/// Appends the parts of `m` (one per run of rows of one format) from
+/// `offset`; returns the offset after the last one (unaligned).
+Result<std::size_t> place_parts(const Matrix& m, const std::string& what, std::size_t offset,
+                                std::vector<RegionPart>& parts) {
+  for (const RowRun& run : m.runs()) {
+    auto bytes = kc::packed_part_bytes(m.dtype, run.type, run.rows, m.cols);
+    if (!bytes.ok()) return make_error(bytes.error().code, what + ": " + bytes.error().message);
+    offset = align64(offset);
+    parts.push_back(RegionPart{kc::PackedPart{m.dtype, run.type, run.rows, m.cols, *bytes, nullptr}, offset});
+    offset += *bytes;
+  }
+  return offset;
+}
+
+/// Packs the rows of run `run` of `m` (its part `p`) into `dst`.
+Status pack_part_into(const Matrix& m, const RowRun& run, const RegionPart& p, std::byte* dst,
+                      const std::string& what) {
+  if (!run.type) {
+    const kc::PackedLinear w = kc::PackedLinear::pack(run.data, m.dtype, run.rows, m.cols);
+    std::memcpy(dst + p.offset, w.data(), w.bytes());
+    return Status::ok_status();
+  }
+  auto w = kc::PackedQuantLinear::pack(
+      *run.type, {reinterpret_cast<const std::uint8_t*>(run.data), static_cast<std::size_t>(run.rows) * run.row_bytes},
+      run.rows, m.cols);
+  if (!w.ok()) return make_error(w.error().code, what + ": " + w.error().message);
+  std::memcpy(dst + p.offset, w->data(), w->bytes());
+  return Status::ok_status();
+}
+
+Result<kc::PackedWeight> view_parts(const std::vector<RegionPart>& parts, const std::byte* base) {
+  std::vector<kc::PackedPart> at;
+  for (const RegionPart& p : parts) {
+    kc::PackedPart v = p.part;
+    v.data = base + p.offset;
+    at.push_back(v);
+  }
+  return kc::PackedWeight::view(at);
+}
+
+}  // namespace
+
+Result<FfnLayout> ffn_layout(const ModelConfig& c, const LayerWeights& lw, int layer) {
   FfnLayout l;
-  l.dtype = dtype;
+  l.dtype = lw.gate_up.dtype;
   l.hidden = c.hidden_size;
   l.intermediate = c.intermediate_size;
-  l.gate_up_bytes = kc::PackedLinear::packed_bytes(dtype, 2 * c.intermediate_size, c.hidden_size);
-  l.down_offset = (l.gate_up_bytes + 63) / 64 * 64;
-  l.down_bytes = kc::PackedLinear::packed_bytes(dtype, c.hidden_size, c.intermediate_size);
-  l.bytes = l.down_offset + l.down_bytes;
+  const std::string b = "blk." + std::to_string(layer) + ".";
+  auto gu_end = place_parts(lw.gate_up, b + "ffn_gate_up", 0, l.gate_up_parts);
+  if (!gu_end.ok()) return gu_end.error();
+  l.gate_up_bytes = *gu_end;
+  l.down_offset = align64(l.gate_up_bytes);
+  auto dn_end = place_parts(lw.down_proj, b + "ffn_down", l.down_offset, l.down_parts);
+  if (!dn_end.ok()) return dn_end.error();
+  l.down_bytes = *dn_end - l.down_offset;
+  l.bytes = *dn_end;
   return l;
 }
 
 std::string ffn_region_name(int layer) { return "sidp.ffn." + std::to_string(layer); }
 
-FfnMatrices ffn_views(const FfnLayout& l, const void* region) {
+Result<FfnMatrices> ffn_views(const FfnLayout& l, const void* region) {
   const auto* base = static_cast<const std::byte*>(region);
-  return FfnMatrices{kc::PackedLinear::view(base, l.dtype, 2 * l.intermediate, l.hidden),
-                     kc::PackedLinear::view(base + l.down_offset, l.dtype, l.hidden, l.intermediate)};
+  auto gu = view_parts(l.gate_up_parts, base);
+  if (!gu.ok()) return gu.error();
+  auto dn = view_parts(l.down_parts, base);
+  if (!dn.ok()) return dn.error();
+  return FfnMatrices{std::move(gu).value(), std::move(dn).value()};
 }
 
 void ffn_forward(const FfnMatrices& w, const float* x, int rows, float* gate_up, float* act, float* out) {
@@ -38,8 +93,12 @@ void ffn_forward(const FfnMatrices& w, const float* x, int rows, float* gate_up,
 }
 
 LayerOwner::LayerOwner(std::shared_ptr<const ModelWeights> weights, int rank, std::vector<int> owned,
-                       FfnLayout layout)
-    : weights_(std::move(weights)), rank_(rank), owned_(std::move(owned)), layout_(layout) {}
+                       std::vector<FfnLayout> layouts, std::string format)
+    : weights_(std::move(weights)),
+      rank_(rank),
+      owned_(std::move(owned)),
+      layouts_(std::move(layouts)),
+      format_(std::move(format)) {}
 
 LayerOwner::~LayerOwner() = default;
 
@@ -53,13 +112,23 @@ Result<std::unique_ptr<LayerOwner>> LayerOwner::create(std::shared_ptr<const Mod
     return make_error(ErrorCode::invalid_argument,
                       "sidp owner: the plan has " + std::to_string(plan.num_layers()) + " layers, the model " +
                           std::to_string(weights->config.num_hidden_layers));
-  for (const LayerWeights& lw : weights->layers)
-    if (lw.gate_up.quantized() || lw.down_proj.quantized())
-      return make_error(ErrorCode::unsupported,
-                        "sidp owner: the FFN weights are quantized (" + lw.gate_up.format_name() +
-                            "); SiDP shares dense layers only (model::dequantized_weights)");
-  const FfnLayout layout = ffn_layout(weights->config, weights->dtype);
-  return std::unique_ptr<LayerOwner>(new LayerOwner(std::move(weights), rank, plan.owned_layers(rank), layout));
+  std::vector<FfnLayout> layouts;
+  std::string format;
+  for (std::size_t l = 0; l < weights->layers.size(); ++l) {
+    const LayerWeights& lw = weights->layers[l];
+    auto layout = ffn_layout(weights->config, lw, static_cast<int>(l));
+    if (!layout.ok()) return make_error(layout.error().code, "sidp owner: " + layout.error().message);
+    layouts.push_back(std::move(layout).value());
+    for (const auto* parts : {&layouts.back().gate_up_parts, &layouts.back().down_parts})
+      for (const RegionPart& p : *parts) {
+        const std::string name = p.part.quant ? kernels::ggml_type_name(static_cast<std::uint32_t>(*p.part.quant))
+                                              : std::string(dtype_name(p.part.dtype));
+        if (("+" + format + "+").find("+" + name + "+") == std::string::npos)
+          format += (format.empty() ? "" : "+") + name;
+      }
+  }
+  return std::unique_ptr<LayerOwner>(
+      new LayerOwner(std::move(weights), rank, plan.owned_layers(rank), std::move(layouts), std::move(format)));
 }
 
 Status LayerOwner::load(comm::Communicator* comm) {
@@ -71,24 +140,27 @@ Status LayerOwner::load(comm::Communicator* comm) {
   std::vector<AlignedBuffer> regions;
   for (int l : owned_) {
     const LayerWeights& lw = weights_->layers[static_cast<std::size_t>(l)];
-    AlignedBuffer region = allocate_aligned(layout_.bytes);
+    const FfnLayout& layout = layouts_[static_cast<std::size_t>(l)];
+    AlignedBuffer region = allocate_aligned(layout.bytes);
     if (!region)
       return make_error(ErrorCode::out_of_memory, "sidp owner " + std::to_string(rank_) + ": cannot allocate " +
-                                                      std::to_string(layout_.bytes) + " bytes for layer " +
+                                                      std::to_string(layout.bytes) + " bytes for layer " +
                                                       std::to_string(l));
     auto* base = static_cast<std::byte*>(region.get());
-    std::memset(base, 0, layout_.bytes);
-    const kc::PackedLinear gu = kc::PackedLinear::pack(lw.gate_up.data, lw.gate_up.dtype, lw.gate_up.rows,
-                                                       lw.gate_up.cols);
-    const kc::PackedLinear dn = kc::PackedLinear::pack(lw.down_proj.data, lw.down_proj.dtype, lw.down_proj.rows,
-                                                       lw.down_proj.cols);
-    std::memcpy(base, gu.data(), gu.bytes());
-    std::memcpy(base + layout_.down_offset, dn.data(), dn.bytes());
+    std::memset(base, 0, layout.bytes);
+    const std::string b = "sidp owner: blk." + std::to_string(l) + ".";
+    for (const auto& [m, parts, what] : {std::tuple{&lw.gate_up, &layout.gate_up_parts, b + "ffn_gate_up"},
+                                         std::tuple{&lw.down_proj, &layout.down_parts, b + "ffn_down"}}) {
+      const std::vector<RowRun> runs = m->runs();
+      for (std::size_t i = 0; i < runs.size(); ++i)
+        if (Status st = pack_part_into(*m, runs[i], (*parts)[i], base, what); !st) return st;
+    }
     regions.push_back(std::move(region));
   }
   if (comm != nullptr) {
     for (std::size_t i = 0; i < owned_.size(); ++i) {
-      if (Status st = comm->expose(ffn_region_name(owned_[i]), regions[i].get(), layout_.bytes); !st) {
+      const std::size_t bytes = layouts_[static_cast<std::size_t>(owned_[i])].bytes;
+      if (Status st = comm->expose(ffn_region_name(owned_[i]), regions[i].get(), bytes); !st) {
         for (std::size_t j = 0; j < i; ++j) (void)comm->unexpose(ffn_region_name(owned_[j]));
         return st;
       }
@@ -119,6 +191,18 @@ bool LayerOwner::loaded() const {
   return loaded_;
 }
 
+std::vector<std::size_t> LayerOwner::region_bytes() const {
+  std::vector<std::size_t> out;
+  for (const FfnLayout& l : layouts_) out.push_back(l.bytes);
+  return out;
+}
+
+std::size_t LayerOwner::weight_bytes() const {
+  std::size_t total = 0;
+  for (int l : owned_) total += layouts_[static_cast<std::size_t>(l)].bytes;
+  return total;
+}
+
 std::uint64_t LayerOwner::loads() const {
   std::lock_guard lk(mu_);
   return loads_;
@@ -137,7 +221,9 @@ Result<LayerOwner::Lease> LayerOwner::acquire(int layer, std::chrono::millisecon
     {
       std::unique_lock lk(mu_);
       if (loaded_) {
-        lease.m_ = ffn_views(layout_, regions_[idx].get());
+        auto views = ffn_views(layouts_[static_cast<std::size_t>(layer)], regions_[idx].get());
+        if (!views.ok()) return views.error();
+        lease.m_ = std::move(views).value();
         return lease;
       }
     }

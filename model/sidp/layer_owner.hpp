@@ -5,11 +5,17 @@
 /// read with the communicator's one-sided get (WaS) and that the owning rank
 /// computes with (its own layers, and CaS for its peers).
 ///
-/// Region of layer l, named ffn_region_name(l), FfnLayout::bytes long:
-///   [0, gate_up_bytes)                 gate_up packed ([2 * intermediate, hidden])
-///   [down_offset, down_offset + down_bytes)  down_proj packed ([hidden, intermediate])
-/// laid out as kernels::cpu::PackedLinear::pack lays them out, so a copy of
-/// the region is directly usable through PackedLinear::view.
+/// Region of layer l, named ffn_region_name(l), ffn_layout(...).bytes long:
+/// gate_up ([2 * intermediate, hidden]) then down_proj ([hidden,
+/// intermediate]), each as its packed parts, one per run of rows of one
+/// format (Matrix::runs()), every part at a 64-byte-aligned offset and laid
+/// out as kernels::cpu::PackedLinear::pack (F32, BF16) or
+/// PackedQuantLinear::pack (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) lays it out. So a
+/// copy of the region is directly usable through PackedWeight::view, and a
+/// quantized file's FFN crosses the link as its quantized blocks (WaS moves
+/// the bytes the kernels read: 4.5 bits per weight for Q4_K against 16 for
+/// BF16). Layers may differ in format (a Q4_K_M file's Q6_K ffn_down on some
+/// layers), so each layer has its own layout and size.
 ///
 /// Killing an owner (unload) withdraws its regions and frees the weights;
 /// readers then get not_found and wait. A respawned owner (load again)
@@ -33,43 +39,59 @@
 #include "comm/communicator.hpp"
 #include "common/memory.hpp"
 #include "common/result.hpp"
-#include "kernels/cpu/linear.hpp"
+#include "kernels/cpu/weight_linear.hpp"
 #include "model/sidp/ownership.hpp"
 #include "model/weights.hpp"
 
 namespace shardline::model::sidp {
 
+/// One packed part of a layer's FFN matrix inside its region.
+struct RegionPart {
+  kernels::cpu::PackedPart part;  ///< format and size (part.data unused: null)
+  std::size_t offset = 0;         ///< bytes from the region's start, 64-byte aligned
+};
+
 /// Byte layout of one layer's FFN region (see the file comment).
 struct FfnLayout {
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  ///< dense regions (the CUDA layout): the weights' dtype
   int hidden = 0;
   int intermediate = 0;
-  std::size_t gate_up_bytes = 0;
-  std::size_t down_offset = 0;  ///< gate_up_bytes rounded up to 64
-  std::size_t down_bytes = 0;
-  std::size_t bytes = 0;        ///< the whole region
+  std::size_t gate_up_bytes = 0;  ///< gate_up's parts, from offset 0
+  std::size_t down_offset = 0;    ///< where down's parts start, 64-byte aligned
+  std::size_t down_bytes = 0;     ///< down's parts
+  std::size_t bytes = 0;          ///< the whole region
+  std::vector<RegionPart> gate_up_parts;  ///< CPU regions: gate_up's parts, in row order
+  std::vector<RegionPart> down_parts;     ///< CPU regions: down's parts, in row order
 };
-[[nodiscard]] FfnLayout ffn_layout(const ModelConfig& config, DType dtype);
+
+/// The CPU layout of layer `lw`'s FFN region. Errors: what
+/// kernels::cpu::packed_part_bytes returns for a part the kernels cannot
+/// hold (named by the tensor).
+[[nodiscard]] Result<FfnLayout> ffn_layout(const ModelConfig& config, const LayerWeights& lw, int layer);
 
 /// "sidp.ffn.<layer>".
 [[nodiscard]] std::string ffn_region_name(int layer);
 
 /// Views of one layer's packed FFN matrices over a region (not owned).
 struct FfnMatrices {
-  kernels::cpu::PackedLinear gate_up;  // [2 * intermediate, hidden]
-  kernels::cpu::PackedLinear down;     // [hidden, intermediate]
+  kernels::cpu::PackedWeight gate_up;  // [2 * intermediate, hidden]
+  kernels::cpu::PackedWeight down;     // [hidden, intermediate]
 };
-[[nodiscard]] FfnMatrices ffn_views(const FfnLayout& layout, const void* region);
+/// Views of the matrices in `region` (64-byte aligned, layout.bytes long).
+/// Errors: invalid_argument (a layout PackedWeight::view refuses, or a
+/// misaligned region).
+[[nodiscard]] Result<FfnMatrices> ffn_views(const FfnLayout& layout, const void* region);
 
 /// out[rows, hidden] = down(silu(x gate^T) * (x up^T)), x = [rows, hidden].
 /// `gate_up` [rows, 2 * intermediate] and `act` [rows, intermediate] are
-/// scratch. Row-wise batch-invariant (the kernels are).
+/// scratch. Row-wise batch-invariant (the kernels are, dense and quantized).
 void ffn_forward(const FfnMatrices& w, const float* x, int rows, float* gate_up, float* act, float* out);
 
 class LayerOwner {
  public:
   /// Not loaded yet: call load(). Errors: invalid_argument (rank outside the
-  /// plan, plan and model disagree on the layer count).
+  /// plan, plan and model disagree on the layer count), what ffn_layout
+  /// returns for a layer.
   [[nodiscard]] static Result<std::unique_ptr<LayerOwner>> create(std::shared_ptr<const ModelWeights> weights,
                                                                   const OwnershipPlan& plan, int rank);
   ~LayerOwner();
@@ -101,19 +123,28 @@ class LayerOwner {
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] const std::vector<int>& owned_layers() const { return owned_; }
-  [[nodiscard]] const FfnLayout& layout() const { return layout_; }
+  /// The region layout of `layer` (any layer of the model: peers read the
+  /// layers other ranks own with it). Precondition: 0 <= layer < layers.
+  [[nodiscard]] const FfnLayout& layout(int layer) const { return layouts_[static_cast<std::size_t>(layer)]; }
+  /// [num_layers] the region bytes of every layer (what a WaS fetch moves).
+  [[nodiscard]] std::vector<std::size_t> region_bytes() const;
+  /// The FFN's format: "F32", "BF16", or the GGML types of its parts joined
+  /// by '+' over every layer ("Q4_K+Q6_K").
+  [[nodiscard]] const std::string& format_name() const { return format_; }
   /// Bytes of the owned layers' FFN weights (whether loaded or not).
-  [[nodiscard]] std::size_t weight_bytes() const { return layout_.bytes * owned_.size(); }
+  [[nodiscard]] std::size_t weight_bytes() const;
   /// Times load() packed the weights (1 after the first load; +1 per respawn).
   [[nodiscard]] std::uint64_t loads() const;
 
  private:
-  LayerOwner(std::shared_ptr<const ModelWeights> weights, int rank, std::vector<int> owned, FfnLayout layout);
+  LayerOwner(std::shared_ptr<const ModelWeights> weights, int rank, std::vector<int> owned,
+             std::vector<FfnLayout> layouts, std::string format);
 
   std::shared_ptr<const ModelWeights> weights_;
   int rank_;
   std::vector<int> owned_;  ///< ascending
-  FfnLayout layout_;
+  std::vector<FfnLayout> layouts_;  ///< [num_layers]
+  std::string format_;
 
   std::shared_mutex use_mu_;  ///< leases hold it shared, unload exclusive
   mutable std::mutex mu_;

@@ -10,7 +10,8 @@ SidpFfn::SidpFfn(const OwnershipPlan& plan, int rank, std::shared_ptr<LayerOwner
     : SidpRankFfn(plan, rank, weights_comm, options.initial_mode),
       owner_(std::move(owner)),
       options_(options),
-      layout_(owner_->layout()) {}
+      hidden_(owner_->layout(0).hidden),
+      intermediate_(owner_->layout(0).intermediate) {}
 
 SidpFfn::~SidpFfn() = default;
 
@@ -23,7 +24,7 @@ Result<std::shared_ptr<SidpFfn>> SidpFfn::create(const OwnershipPlan& plan, int 
   if (Status st = check_rank(plan, rank, weights_comm, compute_comm, options.initial_mode); !st) return st.error();
   std::shared_ptr<SidpFfn> f(new SidpFfn(plan, rank, std::move(owner), weights_comm, options));
   if (Status st = f->attach_compute(compute_comm); !st) return st.error();
-  if (Status st = f->make_cache(f->layout_, options); !st) return st.error();
+  if (Status st = f->make_cache(f->owner_->region_bytes(), options); !st) return st.error();
   return f;
 }
 
@@ -32,8 +33,8 @@ std::size_t SidpFfn::ffn_weight_bytes() const { return owner_->weight_bytes() + 
 Status SidpFfn::begin_step(int num_rows) { return begin_control(num_rows); }
 
 Status SidpFfn::serve(int layer, const float* x, int num_rows, float* out) {
-  const int hidden = layout_.hidden;
-  const int inter = layout_.intermediate;
+  const int hidden = hidden_;
+  const int inter = intermediate_;
   const std::size_t row_elems = static_cast<std::size_t>(hidden);
   const int total = num_rows + peer_rows_to_serve();
   if (total == 0) return Status::ok_status();
@@ -55,10 +56,10 @@ Status SidpFfn::serve(int layer, const float* x, int num_rows, float* out) {
 }
 
 Status SidpFfn::forward(int layer, const float* x, int num_rows, float* out) {
-  const int inter = layout_.intermediate;
+  const int inter = intermediate_;
   const int owner = plan_.owner(layer);
   if (mode() == SidpMode::cas) {
-    if (owner != rank_) return num_rows > 0 ? exchange_with_owner(layer, x, num_rows, layout_.hidden, out)
+    if (owner != rank_) return num_rows > 0 ? exchange_with_owner(layer, x, num_rows, hidden_, out)
                                             : Status::ok_status();
     Status st = serve(layer, x, num_rows, out);
     if (!st) mark_broken();
@@ -74,9 +75,10 @@ Status SidpFfn::forward(int layer, const float* x, int num_rows, float* out) {
   }
   auto region = cache_->acquire(layer);
   if (!region) return std::move(region).error();
-  ffn_forward(ffn_views(layout_, *region), x, num_rows, gate_up_.data(), act_.data(), out);
+  auto views = ffn_views(owner_->layout(layer), *region);
+  if (views.ok()) ffn_forward(*views, x, num_rows, gate_up_.data(), act_.data(), out);
   cache_->release(layer);
-  return Status::ok_status();
+  return views.ok() ? Status::ok_status() : Status(views.error());
 }
 
 void SidpFfn::abort_step() { abort_control(); }

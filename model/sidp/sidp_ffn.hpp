@@ -68,7 +68,8 @@ class SidpFfn final : public FfnExecutor, public SidpRankFfn {
 
   std::shared_ptr<LayerOwner> owner_;
   SidpFfnOptions options_;
-  FfnLayout layout_;
+  int hidden_;        ///< the model's hidden size
+  int intermediate_;  ///< the FFN's intermediate size
 
   std::vector<float> staging_;    // [total rows, hidden] CaS fused input
   std::vector<float> staged_out_; // [total rows, hidden]

@@ -54,12 +54,12 @@ Status SidpRankFfn::attach_compute(comm::Communicator* compute_comm) {
   return Status::ok_status();
 }
 
-Status SidpRankFfn::make_cache(const FfnLayout& layout, const SidpFfnOptions& options) {
+Status SidpRankFfn::make_cache(std::vector<std::size_t> region_bytes, const SidpFfnOptions& options) {
   std::vector<int> order = prefetch_order(plan_, rank_, options.peak_shifting);
   if (order.empty()) return Status::ok_status();
   WeightCacheOptions co = options.cache;
   co.start_paused = options.initial_mode == SidpMode::cas;
-  auto cache = WeightCache::create(plan_, rank_, std::move(order), layout, weights_comm_, co);
+  auto cache = WeightCache::create(plan_, rank_, std::move(order), std::move(region_bytes), weights_comm_, co);
   if (!cache) return cache.error();
   cache_ = std::move(cache).value();
   return Status::ok_status();

@@ -132,8 +132,9 @@ class SidpRankFfn {
   /// create()'s WaS cache over the weights communicator: the layers this
   /// rank does not own in `options`' prefetch order, paused when the rank
   /// starts in CaS (none when it owns every layer). `options.cache` says
-  /// where the slots live. Errors: what WeightCache::create returns.
-  [[nodiscard]] Status make_cache(const FfnLayout& layout, const SidpFfnOptions& options);
+  /// where the slots live; `region_bytes` [num_layers] each layer's region
+  /// size. Errors: what WeightCache::create returns.
+  [[nodiscard]] Status make_cache(std::vector<std::size_t> region_bytes, const SidpFfnOptions& options);
   /// Bytes of the cache's slots (0 without a cache).
   [[nodiscard]] std::size_t cache_bytes() const;
 

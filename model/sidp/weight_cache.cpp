@@ -11,31 +11,50 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
-WeightCache::WeightCache(const OwnershipPlan& plan, int rank, std::vector<int> order, const FfnLayout& layout,
-                         comm::Communicator* comm, const WeightCacheOptions& options)
-    : plan_(plan), rank_(rank), order_(std::move(order)), layout_(layout), comm_(comm), options_(options) {}
+WeightCache::WeightCache(const OwnershipPlan& plan, int rank, std::vector<int> order,
+                         std::vector<std::size_t> region_bytes, std::size_t slot_bytes, comm::Communicator* comm,
+                         const WeightCacheOptions& options)
+    : plan_(plan),
+      rank_(rank),
+      order_(std::move(order)),
+      region_bytes_(std::move(region_bytes)),
+      slot_bytes_(slot_bytes),
+      comm_(comm),
+      options_(options) {}
 
 Result<std::unique_ptr<WeightCache>> WeightCache::create(const OwnershipPlan& plan, int rank,
-                                                         std::vector<int> fetch_order, const FfnLayout& layout,
+                                                         std::vector<int> fetch_order,
+                                                         std::vector<std::size_t> region_bytes,
                                                          comm::Communicator* comm, const WeightCacheOptions& options) {
   if (fetch_order.empty())
     return make_error(ErrorCode::invalid_argument, "sidp weight cache: rank " + std::to_string(rank) +
                                                        " owns every layer, it fetches nothing");
   if (comm == nullptr) return make_error(ErrorCode::invalid_argument, "sidp weight cache: no communicator");
+  if (region_bytes.size() != static_cast<std::size_t>(plan.num_layers()))
+    return make_error(ErrorCode::invalid_argument, "sidp weight cache: region sizes of " +
+                                                       std::to_string(region_bytes.size()) + " layers for a plan of " +
+                                                       std::to_string(plan.num_layers()));
+  std::size_t slot_bytes = 0;  // the largest region the ring fetches
+  for (int l : fetch_order) {
+    if (l < 0 || l >= plan.num_layers())
+      return make_error(ErrorCode::invalid_argument, "sidp weight cache: layer " + std::to_string(l) +
+                                                         " outside the plan");
+    slot_bytes = std::max(slot_bytes, region_bytes[static_cast<std::size_t>(l)]);
+  }
   const int need = min_cache_slots(plan, rank, fetch_order);
   const int n = std::max(options.cache_slots, need);
-  std::unique_ptr<WeightCache> c(new WeightCache(plan, rank, std::move(fetch_order), layout, comm, options));
+  std::unique_ptr<WeightCache> c(new WeightCache(plan, rank, std::move(fetch_order), std::move(region_bytes), slot_bytes, comm, options));
   c->slots_.resize(static_cast<std::size_t>(n));
   for (Slot& s : c->slots_) {
     if (options.slot_memory) {
-      s.region = options.slot_memory->allocate(layout.bytes);
-    } else if ((s.host = allocate_aligned(layout.bytes))) {
+      s.region = options.slot_memory->allocate(slot_bytes);
+    } else if ((s.host = allocate_aligned(slot_bytes))) {
       s.region = s.host.get();
-      std::memset(s.region, 0, layout.bytes);  // fault the pages in now, not during steps
+      std::memset(s.region, 0, slot_bytes);  // fault the pages in now, not during steps
     }
     if (s.region == nullptr)
       return make_error(ErrorCode::out_of_memory, "sidp weight cache: cannot allocate " + std::to_string(n) +
-                                                      " slots of " + std::to_string(layout.bytes) + " bytes" +
+                                                      " slots of " + std::to_string(slot_bytes) + " bytes" +
                                                       (options.slot_memory ? " of device memory" : ""));
   }
   c->paused_ = options.start_paused;
@@ -60,7 +79,7 @@ Status WeightCache::fetch(int layer, void* dst) {
   const std::string name = ffn_region_name(layer);
   const auto deadline = Clock::now() + options_.owner_wait;
   for (;;) {
-    Status st = comm_->get(owner, name, 0, dst, layout_.bytes);
+    Status st = comm_->get(owner, name, 0, dst, region_bytes_[static_cast<std::size_t>(layer)]);
     // not_found: the owner withdrew its regions (killed, respawning): wait.
     // io: the owner's rank is gone (a dead process, a rank marked dead) or
     // did not answer within the communicator's timeout: waiting more would
@@ -105,7 +124,7 @@ void WeightCache::housekeeper_loop() {
     } else if (st.ok()) {
       slot.state = SlotState::ready;
       ++stats_.fetches;
-      stats_.fetched_bytes += layout_.bytes;
+      stats_.fetched_bytes += region_bytes_[static_cast<std::size_t>(layer)];
     } else {
       slot.state = SlotState::failed;
       slot.error = st;

@@ -77,14 +77,17 @@ struct WeightCacheStats {
 
 class WeightCache {
  public:
-  /// Allocates max(options.cache_slots, min_cache_slots) slots of
-  /// layout.bytes and starts the housekeeper, which uses `comm` (this rank
-  /// of the group the owners expose on; used by the housekeeper thread only,
-  /// and not owned). Errors: invalid_argument (empty order, no comm),
-  /// out_of_memory.
+  /// Allocates max(options.cache_slots, min_cache_slots) slots, each the
+  /// largest of the fetched layers' regions (`region_bytes` [num_layers]:
+  /// the bytes of each layer's region, LayerOwner::region_bytes(); layers
+  /// may differ, a Q4_K_M file's Q6_K ffn_down), and starts the
+  /// housekeeper, which uses `comm` (this rank of the group the owners
+  /// expose on; used by the housekeeper thread only, and not owned). Errors:
+  /// invalid_argument (empty order, no comm, region_bytes not one per layer
+  /// of the plan, a layer outside it), out_of_memory.
   [[nodiscard]] static Result<std::unique_ptr<WeightCache>> create(const OwnershipPlan& plan, int rank,
                                                                    std::vector<int> fetch_order,
-                                                                   const FfnLayout& layout,
+                                                                   std::vector<std::size_t> region_bytes,
                                                                    comm::Communicator* comm,
                                                                    const WeightCacheOptions& options);
   ~WeightCache();  ///< stops the housekeeper (a get in flight ends first)
@@ -92,7 +95,7 @@ class WeightCache {
   WeightCache& operator=(const WeightCache&) = delete;
 
   /// Waits until a slot holds `layer` (fetched), marks it in use and returns
-  /// its region (layout.bytes). Errors: what the fetch failed with (io
+  /// its region (region_bytes[layer] of it are the layer's). Errors: what the fetch failed with (io
   /// naming the owner when it stayed down past owner_wait), internal when the
   /// ring is full of other layers (out of phase: call reset()).
   [[nodiscard]] Result<const void*> acquire(int layer);
@@ -106,7 +109,7 @@ class WeightCache {
   void reset();
 
   [[nodiscard]] int slots() const { return static_cast<int>(slots_.size()); }
-  [[nodiscard]] std::size_t slot_bytes() const { return layout_.bytes; }
+  [[nodiscard]] std::size_t slot_bytes() const { return slot_bytes_; }
   [[nodiscard]] const std::vector<int>& fetch_order() const { return order_; }
   [[nodiscard]] WeightCacheStats stats() const;
   /// The layers of the slots that are ready or in use, by slot (-1: free or
@@ -116,23 +119,24 @@ class WeightCache {
  private:
   enum class SlotState { free, filling, ready, in_use, failed };
   struct Slot {
-    AlignedBuffer host;      // [layout.bytes] without a SlotMemory
-    void* region = nullptr;  // [layout.bytes]: host.get() or the SlotMemory's
+    AlignedBuffer host;      // [slot_bytes] without a SlotMemory
+    void* region = nullptr;  // [slot_bytes]: host.get() or the SlotMemory's
     SlotState state = SlotState::free;
     int layer = -1;
     std::uint64_t generation = 0;  ///< reset() generation of the fetch
     Status error;                  ///< failed: why
   };
 
-  WeightCache(const OwnershipPlan& plan, int rank, std::vector<int> order, const FfnLayout& layout,
-              comm::Communicator* comm, const WeightCacheOptions& options);
+  WeightCache(const OwnershipPlan& plan, int rank, std::vector<int> order, std::vector<std::size_t> region_bytes,
+              std::size_t slot_bytes, comm::Communicator* comm, const WeightCacheOptions& options);
   void housekeeper_loop();
   [[nodiscard]] Status fetch(int layer, void* dst);
 
   OwnershipPlan plan_;
   int rank_;
   std::vector<int> order_;
-  FfnLayout layout_;
+  std::vector<std::size_t> region_bytes_;  ///< [num_layers]
+  std::size_t slot_bytes_;                 ///< max of region_bytes_ over order_
   comm::Communicator* comm_;
   WeightCacheOptions options_;
 

@@ -5,10 +5,13 @@
 //  - stories260K (5 layers) at dp = 2 and 4, token budgets 7 (chunked
 //    prefill) and 256;
 //  - a dummy Qwen3 shape (qwen3-0.6b, 5 layers) at dp = 2 and 4.
+//  - SmolLM2-135M's Q4_1 file (4 layers), its FFN kept quantized: WaS
+//    fetches the blocks.
 // Also: CaS dummy skipping, byte-exact (a rank with no work sends nothing
 // but the step control and the outputs of the layers it owns).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +23,8 @@
 #include "engine/data_parallel.hpp"
 #include "engine/group/engine_builder.hpp"
 #include "engine/sidp/sidp_group.hpp"
+#include "model/sidp/layer_owner.hpp"
+#include "model/weights.hpp"
 #include "tests/support/sidp_golden.hpp"
 #include "tests/support/dummy_qwen3.hpp"
 #include "tests/support/stories_reference.hpp"
@@ -298,6 +303,99 @@ TEST(SidpGolden, OverTcpSocketsWasCasAndSwitchingAreBitIdentical) {
     std::uint64_t wire = 0;
     for (int r = 0; r < dp; ++r) wire += g.weights_comm(r).bytes_sent() + g.compute_comm(r).bytes_sent();
     EXPECT_GT(wire, 0u) << what << ": nothing crossed the sockets";
+  }
+}
+
+// WaS on a quantized file (issue 40, step 3): the owners keep SmolLM2's
+// Q4_1 FFN blocks quantized, WaS fetches them as blocks (the kernels' packed
+// Q4_1, 0.75 bytes a weight, against 2 for the same layer in BF16), and
+// WaS, CaS and switching are bit-identical to one device on the same
+// weights. Layer 1's FFN is dense BF16 here, so the layers' regions differ
+// in size and the WaS slots hold the largest (a Q4_K_M file's Q6_K
+// ffn_down layers do the same).
+TEST(SidpGolden, QuantizedFfnCrossesAsItsBlocksAndMatchesOneDevice) {
+  const std::string smol = std::string(SHARDLINE_SOURCE_DIR) + "/models/smollm2-135m-instruct";
+  model::LoadOptions lo;
+  lo.dtype = DType::bf16;
+  lo.keep_quantized = true;
+  lo.num_layers_override = 4;
+  auto loaded = model::load_model(smol, lo);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().to_string();
+  auto quant = std::make_shared<model::ModelWeights>(std::move(loaded).value());
+  ASSERT_EQ(quant->layers[0].gate_up.format_name(), "Q4_1");
+  auto dense = model::dequantized_weights(quant);
+  ASSERT_TRUE(dense.ok()) << dense.error().to_string();
+  auto mix = std::make_shared<model::ModelWeights>(*quant);
+  mix->storage.insert(mix->storage.end(), (*dense)->storage.begin(), (*dense)->storage.end());
+  mix->layers[1].gate_up = (*dense)->layers[1].gate_up;
+  mix->layers[1].down_proj = (*dense)->layers[1].down_proj;
+
+  EngineOptions o;
+  o.model_dir = smol;
+  o.weights = mix;
+  o.dtype = DType::bf16;
+  o.keep_quantized = true;
+  o.block_size = 16;
+  o.kv_cache_bytes = 8u << 20;
+  o.max_num_seqs = 8;
+  o.max_num_batched_tokens = 64;
+  o.max_model_len = 128;
+  o.capture_logits = true;
+  o.num_threads = 1;
+  const std::vector<std::vector<std::int32_t>> prompts = {
+      {1, 504, 3458, 282, 4649, 314}, {1, 9690, 28, 940}, {1, 378, 4479, 30, 1010, 2165, 288, 253, 1834}};
+  sampling::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  greedy.max_tokens = 20;  // the scripted switches come at rank 0's steps 3, 8 and 14
+  greedy.ignore_eos = true;
+  auto single = run_single(o, prompts, greedy);
+  ASSERT_TRUE(single.ok()) << single.error().to_string();
+
+  for (Drive drive : {Drive::was, Drive::cas, Drive::switching}) {
+    const std::string what = std::string("SmolLM2 Q4_1 dp=2 ") + drive_name(drive);
+    SCOPED_TRACE(what);
+    SidpOptions so;
+    so.dp = 2;
+    so.initial_mode = drive == Drive::cas ? SidpMode::cas : SidpMode::was;
+    auto group = SidpGroup::create(o, so);
+    ASSERT_TRUE(group.ok()) << group.error().to_string();
+    SidpGroup& g = **group;
+    const model::sidp::LayerOwner& owner = g.owner(0);
+    EXPECT_EQ(owner.format_name(), "Q4_1+BF16");
+    // Layer 0: gate_up [3072, 576] and down [576, 1536] as packed Q4_1
+    // blocks; layer 1 as packed BF16.
+    const model::sidp::FfnLayout& q4 = owner.layout(0);
+    const model::sidp::FfnLayout& bf16 = owner.layout(1);
+    ASSERT_EQ(q4.gate_up_parts.size(), 1u);
+    EXPECT_EQ(q4.gate_up_parts[0].part.quant, kernels::GgmlType::q4_1);
+    EXPECT_FALSE(bf16.gate_up_parts[0].part.quant.has_value());
+    const std::size_t weights = 3u * 576 * 1536;
+    // Packed Q4_1: 16 bytes of nibbles and F32 d and m per 32 weights, 0.75
+    // bytes a weight (the file's 0.625, with F16 scales); BF16: 2.
+    EXPECT_EQ(q4.bytes, weights * 3 / 4);
+    EXPECT_EQ(bf16.bytes, weights * 2);
+    std::atomic<int> steps{0};
+    SidpStepObserver observer;
+    if (drive == Drive::switching) observer = scripted_switches(g, steps);
+    auto got = generate_sidp(g, prompts, greedy, 1, observer);
+    ASSERT_TRUE(got.ok()) << got.error().to_string();
+    expect_bit_identical(*got, *single, what);
+    std::vector<model::sidp::SidpFfnStats> stats;
+    for (int r = 0; r < 2; ++r) stats.push_back(g.ffn(r).stats());
+    testing_support::expect_modes_ran(stats, drive, what);
+    if (drive == Drive::was) {
+      // The owner of the BF16 layer fetches Q4_1 regions only; the other
+      // rank's slots are sized for the BF16 one, the largest it fetches.
+      const std::vector<int> own0 = g.owner(0).owned_layers();
+      const int keeper = std::find(own0.begin(), own0.end(), 1) != own0.end() ? 0 : 1;
+      const auto c = stats[static_cast<std::size_t>(keeper)].cache;
+      ASSERT_GT(c.fetches, 0u);
+      EXPECT_EQ(c.fetched_bytes, c.fetches * q4.bytes) << "rank " << keeper << " moved other than Q4_1 regions";
+      const int fetcher = 1 - keeper;
+      auto& f = g.ffn(fetcher);
+      EXPECT_EQ(f.ffn_weight_bytes() - g.owner(fetcher).weight_bytes(),
+                static_cast<std::size_t>(f.cache_slots()) * bf16.bytes);
+    }
   }
 }
 

@@ -57,7 +57,10 @@ Result<std::shared_ptr<CudaSidpFfn>> CudaSidpFfn::create(const OwnershipPlan& pl
   f->owner_wait_ = options.cache.owner_wait;
   if (Status st = f->attach_compute(compute_comm); !st) return st.error();
   options.cache.slot_memory = std::make_shared<DeviceSlots>(f->owner_->device());  // the slots in the GPU's memory
-  if (Status st = f->make_cache(f->owner_->layout(), options); !st) return st.error();
+  // Every layer's region has the one dense CUDA layout (quantized files are
+  // dequantized at load here).
+  std::vector<std::size_t> region_bytes(static_cast<std::size_t>(plan.num_layers()), f->owner_->layout().bytes);
+  if (Status st = f->make_cache(std::move(region_bytes), options); !st) return st.error();
   return f;
 }
 

@@ -65,9 +65,10 @@ std::vector<float> random_rows(int rows, int hidden, unsigned seed) {
 std::vector<float> local_ffn(int layer, const std::vector<float>& x, int rows) {
   const auto& lw = stories()->layers[static_cast<std::size_t>(layer)];
   const int hidden = stories()->config.hidden_size, inter = stories()->config.intermediate_size;
-  FfnMatrices m{kernels::cpu::PackedLinear::pack(lw.gate_up.data, lw.gate_up.dtype, lw.gate_up.rows, lw.gate_up.cols),
-                kernels::cpu::PackedLinear::pack(lw.down_proj.data, lw.down_proj.dtype, lw.down_proj.rows,
-                                                 lw.down_proj.cols)};
+  FfnMatrices m{kernels::cpu::PackedWeight(kernels::cpu::PackedLinear::pack(lw.gate_up.data, lw.gate_up.dtype,
+                                                                            lw.gate_up.rows, lw.gate_up.cols)),
+                kernels::cpu::PackedWeight(kernels::cpu::PackedLinear::pack(
+                    lw.down_proj.data, lw.down_proj.dtype, lw.down_proj.rows, lw.down_proj.cols))};
   std::vector<float> gu(static_cast<std::size_t>(rows) * 2 * inter), act(static_cast<std::size_t>(rows) * inter),
       out(static_cast<std::size_t>(rows) * hidden);
   ffn_forward(m, x.data(), rows, gu.data(), act.data(), out.data());

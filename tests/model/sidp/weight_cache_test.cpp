@@ -40,7 +40,7 @@ struct Fixture {
   }
   ~Fixture() { owner0->unload(c0.get()); }
   std::unique_ptr<WeightCache> cache(WeightCacheOptions o) {
-    auto c = WeightCache::create(plan, 1, prefetch_order(plan, 1, false), owner0->layout(), c1.get(), o);
+    auto c = WeightCache::create(plan, 1, prefetch_order(plan, 1, false), owner0->region_bytes(), c1.get(), o);
     EXPECT_TRUE(c.ok()) << c.error().to_string();
     return c.ok() ? std::move(c).value() : nullptr;
   }
@@ -80,7 +80,7 @@ TEST(SidpWeightCache, NoSlotIsRefilledBeforeItsGemmIsDone) {
   ASSERT_TRUE(eventually([&] { return cache->stats().fetches == 2; }));
   auto r0 = cache->acquire(0);
   ASSERT_TRUE(r0.ok()) << r0.error().to_string();
-  const auto want0 = expected_region(f.owner0->layout(), 0);
+  const auto want0 = expected_region(f.owner0->layout(0), 0);
   EXPECT_EQ(0, std::memcmp(*r0, want0.data(), want0.size()));
   // Slot of layer 0 is in use, slot of layer 2 ready: the ring is full, so
   // layer 4 must not be fetched, however long we wait, even with the
@@ -101,11 +101,11 @@ TEST(SidpWeightCache, NoSlotIsRefilledBeforeItsGemmIsDone) {
   for (int layer : {2, 4, 0, 2}) {  // the order cycles step after step
     auto r = cache->acquire(layer);
     ASSERT_TRUE(r.ok()) << r.error().to_string();
-    const auto want = expected_region(f.owner0->layout(), layer);
+    const auto want = expected_region(f.owner0->layout(layer), layer);
     EXPECT_EQ(0, std::memcmp(*r, want.data(), want.size())) << "layer " << layer;
     cache->release(layer);
   }
-  EXPECT_EQ(cache->stats().fetched_bytes, cache->stats().fetches * f.owner0->layout().bytes);
+  EXPECT_EQ(cache->stats().fetched_bytes, cache->stats().fetches * f.owner0->layout(0).bytes);
 }
 
 TEST(SidpWeightCache, WaitsForADownOwnerAndRetriesUntilItIsRespawned) {
@@ -121,7 +121,7 @@ TEST(SidpWeightCache, WaitsForADownOwnerAndRetriesUntilItIsRespawned) {
   auto r = cache->acquire(0);
   respawn.join();
   ASSERT_TRUE(r.ok()) << r.error().to_string();
-  const auto want = expected_region(f.owner0->layout(), 0);
+  const auto want = expected_region(f.owner0->layout(0), 0);
   EXPECT_EQ(0, std::memcmp(*r, want.data(), want.size()));
   EXPECT_GT(cache->stats().fetch_retries, 0u);
   cache->release(0);
