@@ -62,6 +62,19 @@ u64 sidp_weight_bytes_for(const model::ModelConfig& c, DType weight_dtype, int n
   return replicated + static_cast<u64>(owned) * ffn + nonneg(cache_slots) * ffn;
 }
 
+u64 sidp_weight_bytes_of(const model::ModelWeights& w, int num_owned_ffn_layers, int cache_slots) noexcept {
+  const u64 layers = w.layers.size();
+  u64 ffn_total = 0, ffn_largest = 0;
+  for (const model::LayerWeights& l : w.layers) {
+    const u64 b = (l.gate_up.empty() ? 0 : l.gate_up.bytes()) + (l.down_proj.empty() ? 0 : l.down_proj.bytes());
+    ffn_total += b;
+    ffn_largest = std::max(ffn_largest, b);
+  }
+  const u64 owned = num_owned_ffn_layers < 0 ? layers : std::min<u64>(num_owned_ffn_layers, layers);
+  const u64 mean = layers == 0 ? 0 : (ffn_total + layers - 1) / layers;
+  return w.total_bytes() - ffn_total + owned * mean + nonneg(cache_slots) * ffn_largest;
+}
+
 u64 KvCapacity::plain_kv_tokens() const noexcept {
   u64 total = 0;
   for (const RankKvCapacity& r : plain) total += r.kv_tokens;

@@ -11,7 +11,8 @@
 /// benchmark's capacity table, which needs no compute).
 ///
 /// Pure arithmetic over `model::ModelConfig`, consistent with
-/// `weight_bytes_for` (engine/gpu_memory_plan.hpp). All sizes in bytes.
+/// `weight_bytes_for` (engine/gpu_memory_plan.hpp), and for loaded weights
+/// over their matrices' bytes (sidp_weight_bytes_of). All sizes in bytes.
 
 #include <cstdint>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "common/dtype.hpp"
 #include "common/result.hpp"
 #include "model/config.hpp"
+#include "model/weights.hpp"
 
 namespace shardline::engine {
 
@@ -45,6 +47,15 @@ namespace shardline::engine {
 /// and 0 slots this equals `weight_bytes_for`.
 [[nodiscard]] std::uint64_t sidp_weight_bytes_for(const model::ModelConfig& config, DType weight_dtype,
                                                   int num_owned_ffn_layers, int cache_slots) noexcept;
+
+/// sidp_weight_bytes_for on loaded weights in their own formats (a quantized
+/// file kept quantized, `--dtype auto`): the bytes of every matrix and
+/// vector as stored (ModelWeights::total_bytes) less the FFN layers this
+/// rank does not own, counted as `num_owned_ffn_layers` layers of the mean
+/// FFN layer's bytes (rounded up) plus `cache_slots` of the largest (a WaS
+/// slot holds any layer). Arguments as sidp_weight_bytes_for.
+[[nodiscard]] std::uint64_t sidp_weight_bytes_of(const model::ModelWeights& weights, int num_owned_ffn_layers,
+                                                 int cache_slots) noexcept;
 
 /// What the capacity comparison is computed from: one model on `dp` CPU
 /// devices of `device_memory_bytes` each.

@@ -556,12 +556,14 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
                       "max_model_len unknown: config.json has no max_position_embeddings; pass --max-model-len");
   // A SiDP rank holds the replicated weights, its owned FFN layers and its
   // cache slots (engine/sidp_memory.hpp), not the whole model.
-  e.weight_bytes = o.device_memory_bytes > 0   ? plan_weight_bytes
-                   : o.sidp_owned_ffn_layers >= 0 ? sidp_weight_bytes_for(c, o.dtype, o.sidp_owned_ffn_layers,
-                                                                          o.sidp_cache_slots)
-                  : (o.keep_quantized || o.quantization) && o.device == model::DeviceKind::cpu
-                      ? e.weights->total_bytes()  // the quantized matrices' own bytes
-                      : weight_bytes_for(c, o.dtype);
+  // A quantized model on CPU counts its matrices' own bytes.
+  const bool own_formats = (o.keep_quantized || o.quantization) && o.device == model::DeviceKind::cpu;
+  e.weight_bytes = o.device_memory_bytes > 0 ? plan_weight_bytes
+                   : o.sidp_owned_ffn_layers >= 0
+                       ? (own_formats ? sidp_weight_bytes_of(*e.weights, o.sidp_owned_ffn_layers, o.sidp_cache_slots)
+                                      : sidp_weight_bytes_for(c, o.dtype, o.sidp_owned_ffn_layers, o.sidp_cache_slots))
+                   : own_formats ? e.weights->total_bytes()
+                                 : weight_bytes_for(c, o.dtype);
   if (Status s = size_kv_cache(o, plan_kv_bytes, max_model_len, e); !s) return s.error();
   if (Status s = make_executor(o, max_model_len, e); !s) return s.error();
 

@@ -100,6 +100,35 @@ TEST(SidpMemory, PlainEqualsTheLoadersBytes) {
   }
 }
 
+TEST(SidpMemory, LoadedWeightsCountTheirOwnFormats) {
+  // Dense: the loaded bytes give the config's arithmetic exactly.
+  for (const DType d : {DType::f32, DType::bf16}) {
+    model::LoadOptions o;
+    o.format = model::LoadFormat::dummy;
+    o.dtype = d;
+    auto w = model::make_dummy_weights(tiny_config(5), o);
+    ASSERT_TRUE(w.ok()) << w.error().to_string();
+    for (const int owned : {-1, 0, 2, 5})
+      for (const int slots : {0, 2})
+        EXPECT_EQ(sidp_weight_bytes_of(*w, owned, slots), sidp_weight_bytes_for(tiny_config(5), d, owned, slots))
+            << "owned " << owned << " slots " << slots;
+  }
+  // SmolLM2-135M's Q4_1 file kept quantized (4 layers): an FFN layer is
+  // 3 x 576 x 1536 weights at 20 bytes per 32 (F16 d and m, 16 bytes of
+  // nibbles), 1,658,880 bytes, against 5,308,416 in BF16.
+  model::LoadOptions q;
+  q.dtype = DType::bf16;
+  q.keep_quantized = true;
+  q.num_layers_override = 4;
+  auto w = model::load_model(std::string(SHARDLINE_SOURCE_DIR) + "/models/smollm2-135m-instruct", q);
+  ASSERT_TRUE(w.ok()) << w.error().to_string();
+  const std::uint64_t ffn_layer = 3ull * 576 * 1536 / 32 * 20;
+  ASSERT_EQ(w->layers[0].gate_up.bytes() + w->layers[0].down_proj.bytes(), ffn_layer);
+  EXPECT_EQ(sidp_weight_bytes_of(*w, -1, 0), w->total_bytes());
+  EXPECT_EQ(sidp_weight_bytes_of(*w, 1, 2), w->total_bytes() - 3 * ffn_layer + 2 * ffn_layer);
+  EXPECT_LT(sidp_weight_bytes_of(*w, 1, 2), sidp_weight_bytes_for(w->config, DType::bf16, 1, 2));
+}
+
 CpuMemoryPlanInput cpu_input(std::uint64_t device_memory, std::uint64_t weights, std::uint64_t activations) {
   CpuMemoryPlanInput in;
   in.device_memory_bytes = device_memory;
