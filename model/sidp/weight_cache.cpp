@@ -43,7 +43,8 @@ Result<std::unique_ptr<WeightCache>> WeightCache::create(const OwnershipPlan& pl
   }
   const int need = min_cache_slots(plan, rank, fetch_order);
   const int n = std::max(options.cache_slots, need);
-  std::unique_ptr<WeightCache> c(new WeightCache(plan, rank, std::move(fetch_order), std::move(region_bytes), slot_bytes, comm, options));
+  std::unique_ptr<WeightCache> c(
+      new WeightCache(plan, rank, std::move(fetch_order), std::move(region_bytes), slot_bytes, comm, options));
   c->slots_.resize(static_cast<std::size_t>(n));
   for (Slot& s : c->slots_) {
     if (options.slot_memory) {

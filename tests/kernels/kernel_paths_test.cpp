@@ -48,9 +48,12 @@ TEST(KernelPaths, AutomaticIsTheWidestPathTheCpuRuns) {
 
 TEST(KernelPaths, FeatureGroupsNest) {
   // What each group adds to the one below it (the SIMD files' flags).
-  if (cpu_has(CpuFeatures::avx512)) EXPECT_TRUE(cpu_has(CpuFeatures::avx2));
-  if (cpu_has(CpuFeatures::avx512_bf16) || cpu_has(CpuFeatures::avx512_vnni))
+  if (cpu_has(CpuFeatures::avx512)) {
+    EXPECT_TRUE(cpu_has(CpuFeatures::avx2));
+  }
+  if (cpu_has(CpuFeatures::avx512_bf16) || cpu_has(CpuFeatures::avx512_vnni)) {
     EXPECT_TRUE(cpu_has(CpuFeatures::avx512));
+  }
   EXPECT_TRUE(cpu_has(CpuFeatures::none));
   EXPECT_EQ(cpu_has(CpuFeatures::avx2), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
 }
