@@ -332,6 +332,10 @@ void KvChaosFault::run_chaos(const ChaosPlan& asked) {
               << clean_s << " s" << std::endl;
   }
   testing_support::expect_each_custom_id_once(expected, static_cast<std::size_t>(plan.lines));
+  // The job under kills takes the fault-free time plus the restarts'; on a
+  // slow machine 480 s is not enough (a watchdog against a hang, not a
+  // speed check): at least three fault-free runs.
+  plan.job_timeout_s = std::max(plan.job_timeout_s, static_cast<int>(std::ceil(3 * clean_s)));
 
   ASSERT_TRUE(start(a_)) << logs();
   ASSERT_TRUE(start(b_)) << logs();
