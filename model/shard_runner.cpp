@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cpu/ops.hpp"
+#include "model/weight_pack.hpp"
 
 namespace shardline::model {
 
@@ -20,18 +21,6 @@ namespace {
 using RowRange = ShardLayout::Range;
 
 Error invalid(const std::string& m) { return make_error(ErrorCode::invalid_argument, "shard: " + m); }
-
-/// Packs [rows, cols] whose rows are `bytes`, dense in `dtype` or blocks of
-/// `type`. `what` names the tensor in errors.
-Result<kc::PackedWeight> pack_part(DType dtype, std::optional<kernels::GgmlType> type, const void* bytes, int rows,
-                                   int cols, const std::string& what) {
-  if (!type) return kc::PackedWeight(kc::PackedLinear::pack(bytes, dtype, rows, cols));
-  const std::size_t row_bytes = *kernels::ggml_row_bytes(static_cast<std::uint32_t>(*type), cols);
-  auto packed = kc::PackedQuantLinear::pack(
-      *type, {static_cast<const std::uint8_t*>(bytes), static_cast<std::size_t>(rows) * row_bytes}, rows, cols);
-  if (!packed.ok()) return make_error(packed.error().code, what + ": " + packed.error().message);
-  return kc::PackedWeight(std::move(packed).value());
-}
 
 /// One packed weight of `parts` stacked by rows: the part itself when there
 /// is one, else a PackedQuantStack (only quantized runs are ever mixed).

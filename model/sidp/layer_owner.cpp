@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "kernels/cpu/ops.hpp"
+#include "model/weight_pack.hpp"
 
 namespace shardline::model::sidp {
 
@@ -31,16 +32,10 @@ Result<std::size_t> place_parts(const Matrix& m, const std::string& what, std::s
 /// Packs the rows of run `run` of `m` (its part `p`) into `dst`.
 Status pack_part_into(const Matrix& m, const RowRun& run, const RegionPart& p, std::byte* dst,
                       const std::string& what) {
-  if (!run.type) {
-    const kc::PackedLinear w = kc::PackedLinear::pack(run.data, m.dtype, run.rows, m.cols);
-    std::memcpy(dst + p.offset, w.data(), w.bytes());
-    return Status::ok_status();
-  }
-  auto w = kc::PackedQuantLinear::pack(
-      *run.type, {reinterpret_cast<const std::uint8_t*>(run.data), static_cast<std::size_t>(run.rows) * run.row_bytes},
-      run.rows, m.cols);
-  if (!w.ok()) return make_error(w.error().code, what + ": " + w.error().message);
-  std::memcpy(dst + p.offset, w->data(), w->bytes());
+  auto w = pack_part(m.dtype, run.type, run.data, run.rows, m.cols, what);
+  if (!w.ok()) return w.error();
+  const kc::PackedPart packed = w->parts().front();  // one run: one part
+  std::memcpy(dst + p.offset, packed.data, packed.bytes);
   return Status::ok_status();
 }
 
