@@ -265,5 +265,42 @@ TEST(Rope, RotateHalfMatchesDirectFormula) {
   }
 }
 
+// RoPE's bits do not depend on the build machine: each product is rounded
+// before the sum, as Hugging Face's x * cos + rotate_half(x) * sin (two
+// torch multiplies, then an add), never fused into an FMA (ops.cpp is
+// compiled with -ffp-contract=off, kernels/CMakeLists.txt). The reference
+// rounds each product through a volatile float, which no compiler may fuse;
+// cos and sin are the same libm calls on the same float angle. The
+// products are chosen so that fusing them would show: with one rounding
+// fewer, a * c - b * s differs in its last bits for many of these inputs.
+TEST(Rope, EachProductIsRoundedBeforeTheSumBitForBit) {
+  std::mt19937 rng(7);
+  const int tokens = 6, heads = 2, d = 128, stride = heads * d;
+  RopeParams p;
+  p.head_dim = d;
+  p.theta = 500000.0f;
+  const auto inv = rope_inv_freq(p);
+  const std::int32_t pos[] = {0, 3, 255, 4097, 30000, 131071};
+  auto x = randn(static_cast<std::size_t>(tokens) * stride, rng);
+  const auto x0 = x;
+  rope(x.data(), tokens, stride, heads, d, pos, inv.data());
+  int fused_would_differ = 0;
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < d / 2; ++i) {
+        const float angle = static_cast<float>(pos[t]) * inv[i];
+        const float c = std::cos(angle), s = std::sin(angle);
+        const float a = x0[t * stride + h * d + i], b = x0[t * stride + h * d + i + d / 2];
+        volatile float ac = a * c, bs = b * s, bc = b * c, as = a * s;
+        const float want1 = ac - bs, want2 = bc + as;
+        ASSERT_EQ(x[t * stride + h * d + i], want1) << t << " " << h << " " << i;
+        ASSERT_EQ(x[t * stride + h * d + i + d / 2], want2) << t << " " << h << " " << i;
+        if (std::fma(a, c, -static_cast<float>(bs)) != want1) ++fused_would_differ;
+      }
+  // The check can fail: a fused product changes about a fifth of these
+  // (166 of 768 measured).
+  EXPECT_GT(fused_would_differ, tokens * heads * d / 16);
+}
+
 }  // namespace
 }  // namespace shardline::kernels::cpu
