@@ -597,20 +597,20 @@ void BM_QuantLinear(benchmark::State& state, kernels::GgmlType type,
                                                                : "avx512_vnni");
   linear_counters(state, m, blocks.size());
 }
-BENCHMARK_CAPTURE(BM_QuantLinear, Q8_0, kernels::GgmlType::q8_0)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
-BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0, kernels::GgmlType::q4_0)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
-BENCHMARK_CAPTURE(BM_QuantLinear, Q4_1, kernels::GgmlType::q4_1)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
-BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K, kernels::GgmlType::q4_k)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
-BENCHMARK_CAPTURE(BM_QuantLinear, Q6_K, kernels::GgmlType::q6_k)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q8_0, kernels::GgmlType::q8_0)->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0, kernels::GgmlType::q4_0)->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_1, kernels::GgmlType::q4_1)->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K, kernels::GgmlType::q4_k)->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_QuantLinear, Q6_K, kernels::GgmlType::q6_k)->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 // The kernels side by side where the CPU has both (the label says which).
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0_avx2, kernels::GgmlType::q4_0, kernels::cpu::QuantKernel::avx2)
-    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+    ->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_0_avx512_vnni, kernels::GgmlType::q4_0, kernels::cpu::QuantKernel::avx512_vnni)
-    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+    ->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K_avx2, kernels::GgmlType::q4_k, kernels::cpu::QuantKernel::avx2)
-    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+    ->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_QuantLinear, Q4_K_avx512_vnni, kernels::GgmlType::q4_k, kernels::cpu::QuantKernel::avx512_vnni)
-    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+    ->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 
 /// One decode row (m = 1) against weights that come from DRAM, as in a
 /// model's decode step: `kStreamedCopies` packed [kLinN, kLinK] matrices
@@ -674,18 +674,18 @@ void BM_DenseLinear(benchmark::State& state, DType dtype,
   state.SetLabel(kernels::cpu::linear_kernel_name(kernel));
   linear_counters(state, m, static_cast<std::size_t>(kLinN) * kLinK * dtype_size(dtype));
 }
-BENCHMARK_CAPTURE(BM_DenseLinear, F32, DType::f32)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
-BENCHMARK_CAPTURE(BM_DenseLinear, BF16, DType::bf16)->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DenseLinear, F32, DType::f32)->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
+BENCHMARK_CAPTURE(BM_DenseLinear, BF16, DType::bf16)->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 // Each instruction path where the CPU has it (the label says which): the
 // AVX2 one is what an AVX2-only CPU runs (kernels/cpu/linear_avx2.cpp).
 BENCHMARK_CAPTURE(BM_DenseLinear, F32_avx2, DType::f32, kernels::cpu::LinearKernel::avx2)
-    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+    ->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DenseLinear, BF16_avx2, DType::bf16, kernels::cpu::LinearKernel::avx2)
-    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+    ->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DenseLinear, F32_avx512, DType::f32, kernels::cpu::LinearKernel::avx512)
-    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+    ->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 BENCHMARK_CAPTURE(BM_DenseLinear, BF16_avx512, DType::bf16, kernels::cpu::LinearKernel::avx512)
-    ->Arg(1)->Arg(32)->Arg(256)->UseRealTime();
+    ->Arg(1)->Arg(32)->Arg(64)->Arg(256)->UseRealTime();
 
 // The F32 FMA peak with OpenMP's thread count (a register-only FMA loop,
 // sim/calibration/hardware.hpp; what `bench` reports as fma_peak_gflops):
