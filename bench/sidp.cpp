@@ -24,6 +24,7 @@ namespace shardline::bench {
 // The measurement pieces the benchmarks share with the simulator's calibration.
 using sim::calibration::decode_median_ms;
 using sim::calibration::measure_linear_gflops;
+using sim::calibration::measure_quant_linear_gflops;
 using sim::calibration::measure_triad_bandwidth_gbs;
 using sim::calibration::random_prompts;
 
@@ -139,6 +140,7 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
   omp_set_num_threads(rep.cores);
   rep.membw_gbs = measure_triad_bandwidth_gbs(rep.cores);
   rep.gemm_gflops = measure_linear_gflops(2048, 3, o.engine.dtype);  // the weights' compute
+  rep.gemm_format = dtype_name(o.engine.dtype);
   comm::LinkSpec link = o.link;
   if (link.gbps <= 0) link = comm::LinkSpec{o.link_ratio * rep.membw_gbs / o.dp, o.link.latency_us};
   rep.link_gbs = link.gbps;
@@ -151,10 +153,20 @@ Result<SidpBenchReport> run_sidp_bench(const SidpBenchOptions& o) {
   eo.weights = *weights;
   eo.num_threads = threads;
 
-  // The cost model's b*, per rank, with each rank's share of the machine.
+  // The cost model's b*, per rank, with each rank's share of the machine;
+  // a quantized FFN at its regions' bytes and its kernel's GEMM rate.
+  auto ffn = engine::sidp_ffn_format(**weights);
+  if (!ffn) return std::move(ffn).error();
+  double weight_bytes = static_cast<double>(dtype_size(o.engine.dtype));
+  if (ffn->quant_type) {
+    weight_bytes = ffn->region_bytes_per_weight;
+    rep.gemm_gflops = measure_quant_linear_gflops(*ffn->quant_type);
+    rep.gemm_format = kernels::ggml_type_name(static_cast<std::uint32_t>(*ffn->quant_type));
+  }
+  rep.weight_bytes = weight_bytes;
   const auto link_spec = sim::LinkSpec::from_gbps(link.gbps, link.latency_us);
-  auto cost = sim::CostModel::for_sidp_rank(config, o.engine.dtype, o.engine.kv_cache_dtype,
-                                                     rep.membw_gbs * 1e9, rep.gemm_gflops * 1e9, o.dp, link_spec);
+  auto cost = sim::CostModel::for_sidp_rank(config, weight_bytes, o.engine.kv_cache_dtype, rep.membw_gbs * 1e9,
+                                            rep.gemm_gflops * 1e9, o.dp, link_spec);
   if (!cost) return std::move(cost).error();
   auto bstar = cost->sidp_switch_batch(link_spec);
   if (!bstar) return std::move(bstar).error();
@@ -341,6 +353,8 @@ std::string SidpBenchReport::to_json() const {
   j["threads_per_rank"] = threads_per_rank;
   j["membw_gbs"] = membw_gbs;
   j["gemm_gflops"] = gemm_gflops;
+  j["gemm_format"] = gemm_format;
+  j["weight_bytes"] = weight_bytes;
   j["link_gbs"] = link_gbs;
   j["link_latency_us"] = link_latency_us;
   j["device_memory_bytes"] = device_memory_bytes;
@@ -369,11 +383,12 @@ std::string SidpBenchReport::to_json() const {
 
 std::string SidpBenchReport::to_table() const {
   std::string s;
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof line,
-                "SiDP bench: %s, dp=%d, %d threads/rank; triad %.1f GB/s, linear %.1f GFLOP/s; emulated link %.2f GB/s + "
-                "%.1f us per rank\n",
-                model.c_str(), dp, threads_per_rank, membw_gbs, gemm_gflops, link_gbs, link_latency_us);
+                "SiDP bench: %s, dp=%d, %d threads/rank; triad %.1f GB/s, linear %.1f GFLOP/s (%s, %.3f bytes a weight); "
+                "emulated link %.2f GB/s + %.1f us per rank\n",
+                model.c_str(), dp, threads_per_rank, membw_gbs, gemm_gflops, gemm_format.c_str(), weight_bytes, link_gbs,
+                link_latency_us);
   s += line;
   if (!capacity.empty()) {
     std::snprintf(line, sizeof line, "\n1. KV capacity per device at --device-memory %.1f MiB\n%4s %14s %14s %7s\n",

@@ -85,7 +85,9 @@ struct SidpPeakRow {
 struct SidpBenchReport {
   std::string model;
   int dp = 0, cores = 0, threads_per_rank = 0;
-  double membw_gbs = 0, gemm_gflops = 0;  ///< measured, whole machine
+  double membw_gbs = 0, gemm_gflops = 0;  ///< measured, whole machine (a quantized FFN: its kernel's rate)
+  double weight_bytes = 0;  ///< per weight, what the cost model prices (a quantized FFN: its regions' bytes)
+  std::string gemm_format;  ///< what gemm_gflops measured: the weights' dtype or quantized type
   double link_gbs = 0, link_latency_us = 0;
   std::uint64_t device_memory_bytes = 0;
   std::vector<SidpCapacityRow> capacity;

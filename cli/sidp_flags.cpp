@@ -4,6 +4,8 @@
 
 #include "sim/calibration/hardware.hpp"
 #include "common/dtype.hpp"
+#include "engine/group/engine_builder.hpp"
+#include "engine/sidp_memory.hpp"
 #include "model/config.hpp"
 #include "sim/cost_model.hpp"
 
@@ -52,20 +54,40 @@ Result<long long> cost_model_switch_batch(const engine::EngineOptions& engine, c
   const int dp = so.dp;
   const int threads = std::max(1, engine.num_threads) * dp;
   const double membw_gbs = sim::calibration::measure_triad_bandwidth_gbs(threads, 64L << 20, 3);
-  const double gemm_gflops = sim::calibration::measure_linear_gflops(512, 2, engine.dtype);  // the weights' compute
+  double gemm_gflops = sim::calibration::measure_linear_gflops(512, 2, engine.dtype);  // the weights' compute
+  double weight_bytes = static_cast<double>(dtype_size(engine.dtype));
+  if (engine.keep_quantized || engine.quantization) {
+    // Weights kept in their own formats: a quantized FFN is priced at its
+    // regions' bytes (what WaS moves) and its kernel's GEMM rate. Reading
+    // them needs the weights: the ones given, else a load of the model
+    // that is dropped here (the rank loads its own).
+    std::shared_ptr<const model::ModelWeights> weights = engine.weights;
+    if (!weights) {
+      auto loaded = engine::load_weights(engine);
+      if (!loaded) return std::move(loaded).error();
+      weights = *loaded;
+    }
+    auto ffn = engine::sidp_ffn_format(*weights);
+    if (!ffn) return std::move(ffn).error();
+    if (ffn->quant_type) {
+      weight_bytes = ffn->region_bytes_per_weight;
+      gemm_gflops = sim::calibration::measure_quant_linear_gflops(*ffn->quant_type);
+    }
+  }
   // Without emulation a weight get is a memcpy on the shared bus.
   const double link_gbs = so.link.gbps > 0 ? so.link.gbps : membw_gbs / dp;
   const auto link = sim::LinkSpec::from_gbps(link_gbs, so.link.latency_us);
-  auto cost = sim::CostModel::for_sidp_rank(*config, engine.dtype, engine.kv_cache_dtype, membw_gbs * 1e9,
-                                                     gemm_gflops * 1e9, dp, link);
+  auto cost = sim::CostModel::for_sidp_rank(*config, weight_bytes, engine.kv_cache_dtype, membw_gbs * 1e9,
+                                            gemm_gflops * 1e9, dp, link);
   if (!cost) return std::move(cost).error();
   auto point = cost->sidp_switch_batch_overlapped(link, dp);
   if (!point) return std::move(point).error();
   const long long group = point->switch_batch * dp;
   spdlog::info("sidp: b* = {} per rank (cost model: fetch {:.3f} ms per layer at {:.1f} GB/s, a layer's forward {:.3f} ms; "
-               "measured {:.1f} GB/s, {:.0f} GFLOP/s over {} ranks{}); the group switches below {} running sequences",
-               point->switch_batch, point->fetch_ms, link_gbs, point->layer_ms, membw_gbs, gemm_gflops,
-               dp, point->capped ? ", capped" : "", group);
+               "measured {:.1f} GB/s, {:.0f} GFLOP/s over {} ranks, weights at {:.3f} bytes each{}); the group switches below {} "
+               "running sequences",
+               point->switch_batch, point->fetch_ms, link_gbs, point->layer_ms, membw_gbs, gemm_gflops, dp,
+               weight_bytes, point->capped ? ", capped" : "", group);
   return group;
 }
 

@@ -1,9 +1,11 @@
 #include "engine/sidp_memory.hpp"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "engine/gpu_memory_plan.hpp"
+#include "model/sidp/layer_owner.hpp"
 
 namespace shardline::engine {
 namespace {
@@ -73,6 +75,38 @@ u64 sidp_weight_bytes_of(const model::ModelWeights& w, int num_owned_ffn_layers,
   const u64 owned = num_owned_ffn_layers < 0 ? layers : std::min<u64>(num_owned_ffn_layers, layers);
   const u64 mean = layers == 0 ? 0 : (ffn_total + layers - 1) / layers;
   return w.total_bytes() - ffn_total + owned * mean + nonneg(cache_slots) * ffn_largest;
+}
+
+Result<SidpFfnFormat> sidp_ffn_format(const model::ModelWeights& w) {
+  if (w.layers.empty()) return make_error(ErrorCode::invalid_argument, "SiDP FFN format: the model has no layers");
+  double region_bytes = 0, weights = 0;
+  std::map<kernels::GgmlType, double> quant_weights;  // FFN weights per quantized type
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const model::LayerWeights& lw = w.layers[l];
+    if (lw.gate_up.empty() || lw.down_proj.empty())
+      return make_error(ErrorCode::invalid_argument,
+                        "SiDP FFN format: layer " + std::to_string(l) + " has no gate_up or down_proj");
+    auto layout = model::sidp::ffn_layout(w.config, lw, static_cast<int>(l));
+    if (!layout) return std::move(layout).error();
+    region_bytes += static_cast<double>(layout->bytes);
+    for (const model::Matrix* m : {&lw.gate_up, &lw.down_proj}) {
+      weights += static_cast<double>(m->rows) * m->cols;
+      for (const model::RowRun& run : m->runs())
+        if (run.type) quant_weights[*run.type] += static_cast<double>(run.rows) * m->cols;
+    }
+  }
+  SidpFfnFormat out;
+  out.region_bytes_per_weight = region_bytes / weights;
+  double quantized = 0, most = 0;
+  for (const auto& [type, count] : quant_weights) {
+    quantized += count;
+    if (count > most) {
+      most = count;
+      out.quant_type = type;
+    }
+  }
+  if (quantized * 2 < weights) out.quant_type.reset();  // mostly dense
+  return out;
 }
 
 u64 KvCapacity::plain_kv_tokens() const noexcept {

@@ -15,6 +15,7 @@
 /// over their matrices' bytes (sidp_weight_bytes_of). All sizes in bytes.
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -56,6 +57,24 @@ namespace shardline::engine {
 /// slot holds any layer). Arguments as sidp_weight_bytes_for.
 [[nodiscard]] std::uint64_t sidp_weight_bytes_of(const model::ModelWeights& weights, int num_owned_ffn_layers,
                                                  int cache_slots) noexcept;
+
+/// A SiDP group's FFN weights as WaS moves them between CPU ranks: what the
+/// cost model (sim::CostModel::for_sidp_rank) prices a layer's fetch and
+/// GEMM at.
+struct SidpFfnFormat {
+  /// Mean bytes of a layer's FFN region (model::sidp::ffn_layout: the
+  /// matrices' packed parts, 64-byte aligned) per FFN weight (3 x hidden x
+  /// intermediate): F32 about 4, BF16 about 2, Q8_0 1.125, Q4_1 0.75.
+  double region_bytes_per_weight = 0;
+  /// The quantized type holding most FFN weights (its kernel's GEMM rate is
+  /// the one to measure); nullopt when most are dense.
+  std::optional<kernels::GgmlType> quant_type;
+};
+
+/// SidpFfnFormat of loaded weights. Errors: invalid_argument (no layers, or
+/// a layer without gate_up / down_proj), and what model::sidp::ffn_layout
+/// returns for a matrix the CPU kernels cannot hold.
+[[nodiscard]] Result<SidpFfnFormat> sidp_ffn_format(const model::ModelWeights& weights);
 
 /// What the capacity comparison is computed from: one model on `dp` CPU
 /// devices of `device_memory_bytes` each.

@@ -293,9 +293,20 @@ Result<CostModel> CostModel::for_cpu_devices(const model::ModelConfig& config, D
 Result<CostModel> CostModel::for_sidp_rank(const model::ModelConfig& config, DType weight_dtype, DType kv_cache_dtype,
                                            double machine_memory_bw_bytes_per_s, double machine_flops_per_s, int dp,
                                            const LinkSpec& link) {
+  return for_sidp_rank(config, static_cast<double>(dtype_size(weight_dtype)), kv_cache_dtype,
+                       machine_memory_bw_bytes_per_s, machine_flops_per_s, dp, link);
+}
+
+Result<CostModel> CostModel::for_sidp_rank(const model::ModelConfig& config, double weight_bytes, DType kv_cache_dtype,
+                                           double machine_memory_bw_bytes_per_s, double machine_flops_per_s, int dp,
+                                           const LinkSpec& link) {
   if (dp < 1) return bad("dp must be >= 1, got " + std::to_string(dp)).error();
-  return for_cpu_devices(config, weight_dtype, kv_cache_dtype, machine_memory_bw_bytes_per_s, machine_flops_per_s, dp,
-                         link);
+  auto model = for_cpu_devices(config, DType::f32, kv_cache_dtype, machine_memory_bw_bytes_per_s, machine_flops_per_s,
+                               dp, link);
+  if (!model) return model;
+  ElementSizes sizes = model->sizes_;
+  sizes.weight_bytes = weight_bytes;
+  return create(model->shape_, sizes, model->hw_);
 }
 
 Result<ShiftThresholdPoint> CostModel::shift_threshold(const engine::ParallelConfig& base,

@@ -295,6 +295,14 @@ class CostModel {
   [[nodiscard]] static Result<CostModel> for_sidp_rank(const model::ModelConfig& config, DType weight_dtype,
                                                        DType kv_cache_dtype, double machine_memory_bw_bytes_per_s,
                                                        double machine_flops_per_s, int dp, const LinkSpec& link);
+  /// As above with the weights at `weight_bytes` per element instead of a
+  /// dtype's size: weights held in their own formats, e.g. a quantized
+  /// file's FFN regions as WaS moves them (engine::sidp_ffn_format: Q4_1
+  /// 0.75), with `machine_flops_per_s` the GEMM rate of their kernel.
+  /// Errors: as create() (weight_bytes <= 0 or not finite among them).
+  [[nodiscard]] static Result<CostModel> for_sidp_rank(const model::ModelConfig& config, double weight_bytes,
+                                                       DType kv_cache_dtype, double machine_memory_bw_bytes_per_s,
+                                                       double machine_flops_per_s, int dp, const LinkSpec& link);
 
   /// The model of one of `num_devices` CPU devices of one machine (an
   /// in-process engine group or a SiDP group): each gets 1/num_devices of the

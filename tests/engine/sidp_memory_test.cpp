@@ -129,6 +129,44 @@ TEST(SidpMemory, LoadedWeightsCountTheirOwnFormats) {
   EXPECT_LT(sidp_weight_bytes_of(*w, 1, 2), sidp_weight_bytes_for(w->config, DType::bf16, 1, 2));
 }
 
+// What the SiDP cost model prices a layer's fetch at: the FFN regions'
+// bytes per weight, and the quantized type that holds most of them.
+TEST(SidpMemory, FfnFormatIsTheRegionsBytesPerWeight) {
+  // SmolLM2-135M's Q4_1 file kept quantized (4 layers): a region holds
+  // gate_up [3072, 576] and down [576, 1536] packed at 24 bytes per 32
+  // weights (16 bytes of nibbles, F32 d and m), both multiples of 64 bytes:
+  // exactly 0.75 bytes a weight, against the file's 0.625.
+  model::LoadOptions q;
+  q.dtype = DType::bf16;
+  q.keep_quantized = true;
+  q.num_layers_override = 4;
+  const std::string dir = std::string(SHARDLINE_SOURCE_DIR) + "/models/smollm2-135m-instruct";
+  auto w = model::load_model(dir, q);
+  ASSERT_TRUE(w.ok()) << w.error().to_string();
+  auto f = sidp_ffn_format(*w);
+  ASSERT_TRUE(f.ok()) << f.error().to_string();
+  EXPECT_DOUBLE_EQ(f->region_bytes_per_weight, 0.75);
+  ASSERT_TRUE(f->quant_type.has_value());
+  EXPECT_EQ(*f->quant_type, kernels::GgmlType::q4_1);
+  // The same file dequantized to BF16: 2 bytes a weight (576 and 1536 are
+  // whole 64-column panels), dense.
+  model::LoadOptions d = q;
+  d.keep_quantized = false;
+  auto wd = model::load_model(dir, d);
+  ASSERT_TRUE(wd.ok()) << wd.error().to_string();
+  auto fd = sidp_ffn_format(*wd);
+  ASSERT_TRUE(fd.ok()) << fd.error().to_string();
+  EXPECT_DOUBLE_EQ(fd->region_bytes_per_weight, 2.0);
+  EXPECT_FALSE(fd->quant_type.has_value());
+  // Bad input: a model without layers is refused by name.
+  model::ModelWeights empty = *wd;
+  empty.layers.clear();
+  auto e = sidp_ffn_format(empty);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().code, ErrorCode::invalid_argument);
+  EXPECT_NE(e.error().message.find("no layers"), std::string::npos) << e.error().message;
+}
+
 CpuMemoryPlanInput cpu_input(std::uint64_t device_memory, std::uint64_t weights, std::uint64_t activations) {
   CpuMemoryPlanInput in;
   in.device_memory_bytes = device_memory;

@@ -703,6 +703,47 @@ TEST(CostModel, ForSidpRankTakesItsShareOfTheMachine) {
   EXPECT_FALSE(CostModel::for_sidp_rank(c, DType::bf16, DType::f32, 4000, 40000, 0, link).ok());
 }
 
+// A SiDP rank whose FFN is held in its own format (a quantized file's
+// regions, engine::sidp_ffn_format): the fetch and the GEMM floor move with
+// the bytes per weight, by hand on the shape above (F = 3 x 8 x 16 = 384
+// FFN weights a layer; per rank 1000 B/s, 10000 FLOP/s; link 100 B/s +
+// 10 ms):
+//   Q4_1's 0.75 B: T_fetch = 0.01 + 384 x 0.75 / 100 = 2.89 s;
+//     b* = ceil(10000 (0.01 / 768 + 0.75 / 200)) = ceil(37.63) = 38
+//   BF16's 2 B:    T_fetch = 0.01 + 768 / 100 = 7.69 s;  b* = ceil(100.13) = 101
+TEST(CostModel, ForSidpRankPricesWeightsAtTheirOwnBytes) {
+  model::ModelConfig c;
+  c.num_hidden_layers = 2;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.intermediate_size = 16;
+  c.vocab_size = 32;
+  const LinkSpec link{.bandwidth_bytes_per_s = 100, .latency_s = 0.01};
+  auto q = CostModel::for_sidp_rank(c, 0.75, DType::f32, 4000, 40000, 4, link);
+  ASSERT_TRUE(q.ok()) << q.error().to_string();
+  EXPECT_DOUBLE_EQ(q->sizes().weight_bytes, 0.75);
+  EXPECT_DOUBLE_EQ(q->hardware().flops_per_s, 10000);
+  EXPECT_DOUBLE_EQ(q->ffn_layer_bytes(), 288);
+  EXPECT_NEAR(q->sidp_weight_fetch_ms(link), 2890, 1e-9);
+  EXPECT_EQ(q->sidp_switch_batch(link).value().switch_batch, 38);
+  auto d = CostModel::for_sidp_rank(c, DType::bf16, DType::f32, 4000, 40000, 4, link);
+  ASSERT_TRUE(d.ok()) << d.error().to_string();
+  EXPECT_NEAR(d->sidp_weight_fetch_ms(link), 7690, 1e-9);
+  EXPECT_EQ(d->sidp_switch_batch(link).value().switch_batch, 101);
+  // The DType form is the bytes form at the dtype's size.
+  auto b = CostModel::for_sidp_rank(c, 2.0, DType::f32, 4000, 40000, 4, link);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->sidp_switch_batch_overlapped(link, 2).value().switch_batch,
+            d->sidp_switch_batch_overlapped(link, 2).value().switch_batch);
+  for (const double bad : {0.0, -1.0, std::nan("")}) {
+    auto r = CostModel::for_sidp_rank(c, bad, DType::f32, 4000, 40000, 4, link);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code, ErrorCode::invalid_argument);
+  }
+}
+
 TEST(CostModel, SidpSwitchBatchErrors) {
   const CostModel m = make(tiny(), slow_hw());
   const auto expect_bad = [&](LinkSpec link, long long max_batch, const std::string& what) {
