@@ -1,0 +1,255 @@
+#include "sampling/structured_output/grammar.hpp"
+
+#include <xgrammar/xgrammar.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
+
+namespace shardline::sampling {
+namespace {
+
+[[nodiscard]] Error bad(std::string message) { return make_error(ErrorCode::invalid_argument, std::move(message)); }
+
+/// xgrammar's message without its "[HH:MM:SS] file:line: " prefix and
+/// trailing newline: what the line's error shows.
+[[nodiscard]] std::string xgrammar_message(const std::exception& e) {
+  std::string m = e.what();
+  if (!m.empty() && m.front() == '[') {
+    // "[12:00:00] /path/file.cc:123: message" -> "message"
+    const std::size_t close = m.find("] ");
+    const std::size_t colon = close == std::string::npos ? std::string::npos : m.find(": ", close + 2);
+    if (colon != std::string::npos) m = m.substr(colon + 2);
+  }
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  return m;
+}
+
+/// A choice as an EBNF string literal: the bytes with \\, \", and control
+/// bytes escaped (\n, \r, \t, \xHH), as xgrammar's EBNF parser reads them.
+[[nodiscard]] std::string ebnf_literal(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += ch;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02X", c);
+      out += hex;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+/// DLTensor over one row of a bitmask (xgrammar reads int32 words).
+struct BitmaskTensor {
+  std::int64_t shape[1];
+  DLTensor tensor;
+  explicit BitmaskTensor(std::span<std::uint32_t> words) : shape{static_cast<std::int64_t>(words.size())} {
+    tensor.data = words.data();
+    tensor.device = DLDevice{kDLCPU, 0};
+    tensor.ndim = 1;
+    tensor.dtype = xgrammar::GetBitmaskDLType();
+    tensor.shape = shape;
+    tensor.strides = nullptr;
+    tensor.byte_offset = 0;
+  }
+};
+
+}  // namespace
+
+const char* grammar_kind_name(GrammarKind kind) noexcept {
+  switch (kind) {
+    case GrammarKind::json_schema: return "json_schema";
+    case GrammarKind::json_object: return "json_object";
+    case GrammarKind::regex: return "regex";
+    case GrammarKind::choice: return "choice";
+    case GrammarKind::ebnf: return "ebnf";
+  }
+  return "unknown";
+}
+
+int bitmask_words(int vocab_size) noexcept { return vocab_size <= 0 ? 0 : (vocab_size + 31) / 32; }
+
+void apply_token_bitmask(std::span<float> logits, std::span<const std::uint32_t> bitmask) noexcept {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const std::size_t n = logits.size();
+  for (std::size_t w = 0; w * 32 < n; ++w) {
+    const std::uint32_t word = bitmask[w];
+    if (word == 0xFFFFFFFFu) continue;
+    const std::size_t end = std::min(n, w * 32 + 32);
+    for (std::size_t i = w * 32; i < end; ++i)
+      if (((word >> (i % 32)) & 1u) == 0) logits[i] = neg_inf;
+  }
+}
+
+// ---- CompiledGrammar ---------------------------------------------------------------
+
+struct CompiledGrammar::Impl {
+  xgrammar::CompiledGrammar grammar;
+};
+
+CompiledGrammar::CompiledGrammar(std::unique_ptr<Impl> impl, int vocab_size)
+    : impl_(std::move(impl)), vocab_size_(vocab_size) {}
+CompiledGrammar::~CompiledGrammar() = default;
+
+// ---- GrammarCompiler ---------------------------------------------------------------
+
+struct GrammarCompiler::Impl {
+  xgrammar::GrammarCompiler compiler;
+  std::mutex mu;
+  /// (kind, text, choices, any_whitespace) -> the compiled grammar.
+  std::map<std::tuple<int, std::string, std::vector<std::string>, bool>, std::shared_ptr<const CompiledGrammar>> cache;
+  std::atomic<long long> compiled{0};
+};
+
+GrammarCompiler::GrammarCompiler(std::unique_ptr<Impl> impl, int vocab_size)
+    : impl_(std::move(impl)), vocab_size_(vocab_size) {}
+GrammarCompiler::~GrammarCompiler() = default;
+
+Result<std::shared_ptr<GrammarCompiler>> GrammarCompiler::create(const text::Tokenizer& tokenizer, int vocab_size,
+                                                                 std::vector<std::int32_t> stop_token_ids,
+                                                                 int max_threads) {
+  const int tokenizer_vocab = tokenizer.vocab_size();
+  if (vocab_size < tokenizer_vocab)
+    return bad("grammar compiler: vocab_size " + std::to_string(vocab_size) + " is below the tokenizer's " +
+               std::to_string(tokenizer_vocab));
+  if (stop_token_ids.empty()) return bad("grammar compiler: no stop token");
+  for (const std::int32_t id : stop_token_ids)
+    if (id < 0 || id >= vocab_size)
+      return bad("grammar compiler: stop token " + std::to_string(id) + " is outside the vocabulary of " +
+                 std::to_string(vocab_size));
+  if (max_threads < 1) return bad("grammar compiler: max_threads must be >= 1");
+  // Each token as the bytes it adds to text (RAW: used as they are);
+  // special tokens empty, which xgrammar never allows (but as stop tokens).
+  std::vector<std::string> vocab(static_cast<std::size_t>(tokenizer_vocab));
+  for (int id = 0; id < tokenizer_vocab; ++id)
+    if (!tokenizer.is_special(id)) vocab[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
+  try {
+    xgrammar::TokenizerInfo info(vocab, xgrammar::VocabType::RAW, vocab_size, stop_token_ids, false);
+    auto impl = std::unique_ptr<Impl>(new Impl{xgrammar::GrammarCompiler(info, max_threads, false), {}, {}, {}});
+    return std::shared_ptr<GrammarCompiler>(new GrammarCompiler(std::move(impl), vocab_size));
+  } catch (const std::exception& e) {
+    return bad("grammar compiler: " + xgrammar_message(e));
+  }
+}
+
+long long GrammarCompiler::num_compiled() const noexcept { return impl_->compiled.load(); }
+
+Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::compile(const GrammarSpec& spec) {
+  auto key = std::make_tuple(static_cast<int>(spec.kind), spec.kind == GrammarKind::json_object ? "" : spec.text,
+                             spec.kind == GrammarKind::choice ? spec.choices : std::vector<std::string>{},
+                             spec.any_whitespace);
+  {
+    std::lock_guard lock(impl_->mu);
+    if (auto it = impl_->cache.find(key); it != impl_->cache.end()) return it->second;
+  }
+  if (spec.kind == GrammarKind::choice && spec.choices.empty()) return bad("choice: no choices given");
+  std::optional<xgrammar::CompiledGrammar> compiled;
+  try {
+    switch (spec.kind) {
+      case GrammarKind::json_schema:
+        compiled = impl_->compiler.CompileJSONSchema(spec.text, spec.any_whitespace);
+        break;
+      case GrammarKind::json_object:
+        compiled = impl_->compiler.CompileBuiltinJSONGrammar();
+        break;
+      case GrammarKind::regex:
+        compiled = impl_->compiler.CompileRegex(spec.text);
+        break;
+      case GrammarKind::choice: {
+        std::string ebnf = "root ::= ";
+        for (std::size_t i = 0; i < spec.choices.size(); ++i)
+          ebnf += (i == 0 ? "" : " | ") + ebnf_literal(spec.choices[i]);
+        compiled = impl_->compiler.CompileGrammar(ebnf, "root");
+        break;
+      }
+      case GrammarKind::ebnf:
+        compiled = impl_->compiler.CompileGrammar(spec.text, "root");
+        break;
+    }
+  } catch (const std::exception& e) {
+    return bad(std::string(grammar_kind_name(spec.kind)) + ": " + xgrammar_message(e));
+  }
+  auto out = std::shared_ptr<const CompiledGrammar>(
+      new CompiledGrammar(std::unique_ptr<CompiledGrammar::Impl>(new CompiledGrammar::Impl{std::move(*compiled)}),
+                          vocab_size_));
+  impl_->compiled.fetch_add(1);
+  std::lock_guard lock(impl_->mu);
+  return impl_->cache.emplace(std::move(key), std::move(out)).first->second;
+}
+
+// ---- GrammarMatcher ----------------------------------------------------------------
+
+struct GrammarMatcher::Impl {
+  std::shared_ptr<const CompiledGrammar> grammar;
+  xgrammar::GrammarMatcher matcher;
+};
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
+    : vocab_size_(grammar->vocab_size()) {
+  xgrammar::GrammarMatcher m(grammar->impl_->grammar);
+  impl_ = std::unique_ptr<Impl>(new Impl{std::move(grammar), std::move(m)});
+}
+GrammarMatcher::~GrammarMatcher() = default;
+GrammarMatcher::GrammarMatcher(GrammarMatcher&&) noexcept = default;
+GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
+
+Status GrammarMatcher::fill_next_token_bitmask(std::span<std::uint32_t> bitmask) {
+  if (static_cast<int>(bitmask.size()) != bitmask_words(vocab_size_))
+    return bad("token bitmask of " + std::to_string(bitmask.size()) + " words, " +
+               std::to_string(bitmask_words(vocab_size_)) + " expected");
+  if (impl_->matcher.IsTerminated())
+    return make_error(ErrorCode::internal, "token bitmask asked after the grammar's stop token");
+  try {
+    BitmaskTensor t(bitmask);
+    impl_->matcher.FillNextTokenBitmask(&t.tensor, 0);
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "token bitmask: " + xgrammar_message(e));
+  }
+  return {};
+}
+
+Status GrammarMatcher::accept_token(std::int32_t token_id) {
+  if (token_id < 0 || token_id >= vocab_size_)
+    return bad("token " + std::to_string(token_id) + " is outside the vocabulary of " + std::to_string(vocab_size_));
+  if (impl_->matcher.IsTerminated()) return bad("token " + std::to_string(token_id) + " after the stop token");
+  if (!impl_->matcher.AcceptToken(token_id))
+    return bad("token " + std::to_string(token_id) + " is not allowed by the grammar here");
+  ++num_accepted_;
+  return {};
+}
+
+Status GrammarMatcher::rollback(int num_tokens) {
+  if (num_tokens < 0 || num_tokens > num_accepted_)
+    return bad("rollback of " + std::to_string(num_tokens) + " tokens, " + std::to_string(num_accepted_) +
+               " accepted");
+  try {
+    impl_->matcher.Rollback(num_tokens);
+  } catch (const std::exception& e) {
+    return make_error(ErrorCode::internal, "rollback: " + xgrammar_message(e));
+  }
+  num_accepted_ -= num_tokens;
+  return {};
+}
+
+bool GrammarMatcher::is_terminated() const { return impl_->matcher.IsTerminated(); }
+
+}  // namespace shardline::sampling
