@@ -34,7 +34,10 @@ endif()
 
 file(GLOB_RECURSE SHARDLINE_XGRAMMAR_SOURCES CONFIGURE_DEPENDS ${xgrammar_SOURCE_DIR}/cpp/*.cc)
 list(FILTER SHARDLINE_XGRAMMAR_SOURCES EXCLUDE REGEX "/cpp/tvm_ffi/")
-add_library(shardline_xgrammar STATIC ${SHARDLINE_XGRAMMAR_SOURCES})
+# Its log goes to Shardline's sink (sampling/structured_output/xgrammar_log.cpp):
+# fatal messages throw, warnings are captured per compile.
+add_library(shardline_xgrammar STATIC ${SHARDLINE_XGRAMMAR_SOURCES}
+            ${CMAKE_SOURCE_DIR}/sampling/structured_output/xgrammar_log.cpp)
 set_target_properties(shardline_xgrammar PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
                                                     POSITION_INDEPENDENT_CODE ON)
 # Third-party code: its warnings are upstream's, not ours.
@@ -42,5 +45,7 @@ target_compile_options(shardline_xgrammar PRIVATE -w)
 target_include_directories(shardline_xgrammar SYSTEM PUBLIC ${xgrammar_SOURCE_DIR}/include
                            ${xgrammar_SOURCE_DIR}/3rdparty/dlpack/include)
 target_include_directories(shardline_xgrammar SYSTEM PRIVATE ${xgrammar_SOURCE_DIR}/3rdparty/picojson)
-target_compile_definitions(shardline_xgrammar PUBLIC XGRAMMAR_ENABLE_CPPTRACE=0 XGRAMMAR_ENABLE_INTERNAL_CHECK=0)
+target_compile_definitions(shardline_xgrammar PUBLIC XGRAMMAR_ENABLE_CPPTRACE=0 XGRAMMAR_ENABLE_INTERNAL_CHECK=0
+                           XGRAMMAR_LOG_CUSTOMIZE=1)
+target_include_directories(shardline_xgrammar PRIVATE ${CMAKE_SOURCE_DIR})
 target_link_libraries(shardline_xgrammar PUBLIC Threads::Threads)

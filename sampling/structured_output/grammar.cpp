@@ -1,5 +1,6 @@
 #include "sampling/structured_output/grammar.hpp"
 
+#include <nlohmann/json.hpp>
 #include <xgrammar/xgrammar.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <stdexcept>
 #include <tuple>
 #include <utility>
+
+#include "sampling/structured_output/xgrammar_log.hpp"
 
 namespace shardline::sampling {
 namespace {
@@ -56,6 +59,127 @@ namespace {
     }
   }
   return out + "\"";
+}
+
+// JSON Schema string formats whose xgrammar regex is wider than the format
+// (json_schema_converter.cc: a date's day up to 31 in every month, an
+// IPv4 byte with leading zeros, a date-time's second 60), replaced by exact
+// patterns before compiling, so that every output validates:
+//  - date: RFC 3339 full-date, years 0001-9999, each month's days, Feb 29
+//    in leap years only (divisible by 4, centuries by 400);
+//  - date-time: that date, "T", hh:mm:ss (seconds 00-59) with an optional
+//    fraction, "Z" or a +hh:mm / -hh:mm offset;
+//  - ipv4: four decimal bytes 0-255 without leading zeros (RFC 2673's
+//    dotted-quad, as Python's ipaddress reads it).
+constexpr const char* kDatePattern =
+    "((000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-"
+    "((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)|"
+    "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29)";
+constexpr const char* kTimePattern =
+    "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]([.][0-9]+){0,1}(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+constexpr const char* kIpv4Byte = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
+
+[[nodiscard]] std::optional<std::string> exact_format_pattern(const std::string& format) {
+  if (format == "date") return std::string("^") + kDatePattern + "$";
+  if (format == "date-time") return std::string("^") + kDatePattern + "T" + kTimePattern + "$";
+  if (format == "ipv4")
+    return std::string("^(") + kIpv4Byte + "[.]){3}" + kIpv4Byte + "$";
+  return std::nullopt;
+}
+
+/// A `pattern` as xgrammar 0.2.9 enforces it inside a JSON string: there
+/// an optional group whose body repeats, `(x[0-9]+)?`, loses its first
+/// element (its outputs include "a8932b" for ^a(x[0-9]+)?b$; the same regex
+/// compiled alone is right), while `(x[0-9]+){0,1}` is right. So, outside
+/// character classes and escapes, `)?` (and the lazy `)??`) becomes
+/// `){0,1}` and a non-capturing `(?:` a plain `(`: the same language.
+[[nodiscard]] std::string workaround_optional_groups(const std::string& re) {
+  std::string out;
+  out.reserve(re.size() + 8);
+  bool in_class = false;
+  for (std::size_t i = 0; i < re.size(); ++i) {
+    const char c = re[i];
+    if (c == '\\' && i + 1 < re.size()) {  // an escape: copied as it is
+      out += c;
+      out += re[++i];
+      continue;
+    }
+    if (in_class) {
+      if (c == ']') in_class = false;
+      out += c;
+      continue;
+    }
+    if (c == '[') {
+      in_class = true;
+      out += c;
+      if (i + 1 < re.size() && re[i + 1] == '^') out += re[++i];
+      if (i + 1 < re.size() && re[i + 1] == ']') out += re[++i];  // a leading ] is a member
+      continue;
+    }
+    if (c == '(' && re.compare(i + 1, 2, "?:") == 0) {
+      out += '(';
+      i += 2;
+      continue;
+    }
+    if (c == ')' && i + 1 < re.size() && re[i + 1] == '?') {
+      out += "){0,1}";
+      ++i;
+      if (i + 1 < re.size() && re[i + 1] == '?') ++i;  // lazy: the same language
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+/// Keywords xgrammar 0.2.9 accepts and ignores without a word
+/// (json_schema_converter.cc calls WarnUnsupportedKeywords with verbose
+/// off): a schema using one is refused, since outputs could break it.
+constexpr const char* kIgnoredKeywords[] = {"not",         "if",         "then",       "else",
+                                            "dependentRequired", "dependentSchemas", "uniqueItems",
+                                            "contains",    "minContains", "maxContains"};
+
+/// Walks a schema and its subschemas by JSON Schema's structure (keywords
+/// holding a schema, an array of schemas or a map of names to schemas;
+/// nothing inside enum, const, default or examples values): refuses the
+/// ignored keywords and replaces the formats above by their exact patterns.
+/// Errors: invalid_argument naming the keyword, or a format given together
+/// with a pattern (xgrammar would keep one of them).
+[[nodiscard]] Status check_schema(nlohmann::json& schema) {
+  if (!schema.is_object()) return {};  // true / false
+  for (const char* keyword : kIgnoredKeywords)
+    if (schema.contains(keyword))
+      return bad(std::string("keyword \"") + keyword + "\" is not supported (the grammar engine would ignore it)");
+  if (auto f = schema.find("format"); f != schema.end() && f->is_string()) {
+    if (auto pattern = exact_format_pattern(f->get<std::string>())) {
+      if (schema.contains("pattern"))
+        return bad("format \"" + f->get<std::string>() + "\" together with a pattern is not supported");
+      schema.erase(f);
+      schema["pattern"] = *pattern;
+    }
+  }
+  if (auto p = schema.find("pattern"); p != schema.end() && p->is_string())
+    *p = workaround_optional_groups(p->get<std::string>());
+  for (const char* key : {"items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems",
+                          "propertyNames", "additionalItems"}) {
+    auto it = schema.find(key);
+    if (it == schema.end()) continue;
+    if (it->is_array()) {  // draft-04 tuple items
+      for (auto& sub : *it)
+        if (Status st = check_schema(sub); !st.ok()) return st;
+    } else if (Status st = check_schema(*it); !st.ok()) {
+      return st;
+    }
+  }
+  for (const char* key : {"allOf", "anyOf", "oneOf", "prefixItems"})
+    if (auto it = schema.find(key); it != schema.end() && it->is_array())
+      for (auto& sub : *it)
+        if (Status st = check_schema(sub); !st.ok()) return st;
+  for (const char* key : {"properties", "patternProperties", "$defs", "definitions"})
+    if (auto it = schema.find(key); it != schema.end() && it->is_object())
+      for (auto& [name, sub] : it->items())
+        if (Status st = check_schema(sub); !st.ok()) return st;
+  return {};
 }
 
 /// DLTensor over one row of a bitmask (xgrammar reads int32 words).
@@ -163,11 +287,20 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::compile(const Gr
   }
   if (spec.kind == GrammarKind::choice && spec.choices.empty()) return bad("choice: no choices given");
   std::optional<xgrammar::CompiledGrammar> compiled;
+  detail::WarningCapture warnings;
   try {
     switch (spec.kind) {
-      case GrammarKind::json_schema:
-        compiled = impl_->compiler.CompileJSONSchema(spec.text, spec.any_whitespace);
+      case GrammarKind::json_schema: {
+        std::string schema = spec.text;
+        nlohmann::json parsed = nlohmann::json::parse(spec.text, nullptr, false);
+        if (!parsed.is_discarded()) {  // (else xgrammar reports the parse error)
+          if (Status s = check_schema(parsed); !s.ok())
+            return bad(std::string("json_schema: ") + s.error().message);
+          schema = parsed.dump();
+        }
+        compiled = impl_->compiler.CompileJSONSchema(schema, spec.any_whitespace);
         break;
+      }
       case GrammarKind::json_object:
         compiled = impl_->compiler.CompileBuiltinJSONGrammar();
         break;
@@ -187,6 +320,13 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::compile(const Gr
     }
   } catch (const std::exception& e) {
     return bad(std::string(grammar_kind_name(spec.kind)) + ": " + xgrammar_message(e));
+  }
+  // xgrammar compiled it but said it ignores part of it: its outputs would
+  // not be guaranteed to match, so it is refused.
+  if (!warnings.warnings().empty()) {
+    std::string why;
+    for (const std::string& w : warnings.warnings()) why += (why.empty() ? "" : "; ") + w;
+    return bad(std::string(grammar_kind_name(spec.kind)) + ": not supported by the grammar engine: " + why);
   }
   auto out = std::shared_ptr<const CompiledGrammar>(
       new CompiledGrammar(std::unique_ptr<CompiledGrammar::Impl>(new CompiledGrammar::Impl{std::move(*compiled)}),

@@ -88,9 +88,19 @@ class GrammarCompiler {
 
   /// The compiled grammar of `spec`, from the cache when a spec with the
   /// same kind, text, choices and whitespace rule was compiled before.
-  /// Errors: invalid_argument naming the kind and what xgrammar reported
-  /// (a schema that is not JSON or uses what it cannot compile, a regex or
-  /// grammar that does not parse, an empty choice list).
+  /// A JSON schema is checked and adjusted first, so that every output
+  /// validates against it: the keywords xgrammar would silently ignore
+  /// (not, if/then/else, dependentRequired, dependentSchemas, uniqueItems,
+  /// contains, minContains, maxContains) are refused; the formats date,
+  /// date-time and ipv4, whose xgrammar regexes are wider than the formats,
+  /// become exact patterns; optional groups in patterns are rewritten
+  /// around an xgrammar 0.2.9 bug (grammar.cpp). A compile during which
+  /// xgrammar warns that it ignores part of the input (allOf of several
+  /// schemas, multipleOf on a number, ...) is refused too.
+  /// Errors: invalid_argument starting with the kind's name and saying what
+  /// failed (a schema that is not JSON, a refused keyword, a format with a
+  /// pattern, what xgrammar reported or warned; a regex or grammar that
+  /// does not parse; an empty choice list).
   [[nodiscard]] Result<std::shared_ptr<const CompiledGrammar>> compile(const GrammarSpec& spec);
 
   [[nodiscard]] int vocab_size() const noexcept { return vocab_size_; }
