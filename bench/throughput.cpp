@@ -24,6 +24,7 @@
 #include "kernels/cpu/linear.hpp"
 #include "kernels/cpu/ops.hpp"
 #include "kernels/cpu/quant_linear.hpp"
+#include "sampling/structured_output/grammar.hpp"
 
 namespace shardline::bench {
 
@@ -124,6 +125,10 @@ std::string ThroughputReport::to_json() const {
                    {"decode_logits_limit_ms", decode_logits_limit_ms},
                    {"decode_other_ms", decode_other_ms},
                    {"decode_sample_ms", decode_sample_ms},
+                   {"guided_json", guided_json},
+                   {"grammar_compile_ms", grammar_compile_ms},
+                   {"decode_grammar_wait_ms", decode_grammar_wait_ms},
+                   {"decode_grammar_fill_ms", decode_grammar_fill_ms},
                    {"decode_schedule_ms", decode_schedule_ms},
                    {"decode_engine_other_ms", decode_engine_other_ms},
                    {"roofline_ratio", roofline_ratio},
@@ -335,6 +340,22 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   sp.max_tokens = o.output_len;
   sp.ignore_eos = true;
 
+  // Structured outputs: every request under the schema's grammar.
+  std::shared_ptr<const sampling::CompiledGrammar> grammar;
+  if (!o.guided_json.empty()) {
+    std::vector<std::int32_t> stops(ec.eos_token_ids.begin(), ec.eos_token_ids.end());
+    auto compiler = sampling::GrammarCompiler::create(*e.tokenizer, e.executor->vocab_size(), std::move(stops));
+    if (!compiler) return make_error(ErrorCode::invalid_argument, "bench --guided-json: " + compiler.error().message);
+    const auto tc = Clock::now();
+    auto g = (*compiler)->compile(
+        sampling::GrammarSpec{sampling::GrammarKind::json_schema, o.guided_json, {}, /*any_whitespace=*/false});
+    rep.grammar_compile_ms = ms_since(tc);
+    if (!g) return make_error(ErrorCode::invalid_argument, "bench --guided-json: " + g.error().message);
+    grammar = std::move(g).value();
+    rep.guided_json = true;
+    sp.ignore_eos = false;  // a constrained output ends with its grammar
+  }
+
   auto stream_mode = parse_kv_stream_mode(o.kv_stream);
   if (!stream_mode) return std::move(stream_mode).error();
   std::unique_ptr<KvStreaming> streaming;
@@ -353,7 +374,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   }
 
   const auto t0 = Clock::now();
-  auto outputs = (*eng)->generate(prompts, sp);
+  auto outputs = (*eng)->generate(prompts, sp, grammar);
   rep.elapsed_s = ms_since(t0) / 1e3;
   if (!outputs) return std::move(outputs).error();
   if (streaming) {
@@ -450,14 +471,18 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   rep.decode_attention_gbs = median(attention_gbs);
   rep.decode_logits_limit_ms = median(logits_limit);
   // The engine's side of the same steps (full-batch pure decodes).
-  std::vector<double> sample_ms, schedule_ms, engine_other_ms;
+  std::vector<double> sample_ms, schedule_ms, engine_other_ms, grammar_wait_ms, grammar_fill_ms;
   for (const engine::StepStats& s : (*eng)->step_stats()) {
     if (s.num_prefill_tokens != 0 || s.num_decode_tokens != max_decode_batch) continue;
     sample_ms.push_back(s.sample_ms);
+    grammar_wait_ms.push_back(s.grammar_wait_ms);
+    grammar_fill_ms.push_back(s.grammar_fill_ms);
     schedule_ms.push_back(s.schedule_ms);
     engine_other_ms.push_back(std::max(0.0, s.step_ms - s.schedule_ms - s.execute_ms - s.sample_ms));
   }
   rep.decode_sample_ms = median(sample_ms);
+  rep.decode_grammar_wait_ms = median(grammar_wait_ms);
+  rep.decode_grammar_fill_ms = median(grammar_fill_ms);
   rep.decode_schedule_ms = median(schedule_ms);
   rep.decode_engine_other_ms = median(engine_other_ms);
   rep.roofline_step_ms = median(full_decode_roof);

@@ -44,6 +44,11 @@ struct ThroughputOptions {
   /// actor) or "replicated" (and on to its ring successor); bench/kv_streaming.hpp.
   std::string kv_stream = "off";
   std::string kv_sync = "none";  ///< `--kv-sync` of the stores (none, wal, fsync)
+  /// `--guided-json FILE`'s text: every request's output constrained to this
+  /// JSON schema (structured outputs, issue 43; compact whitespace), ending
+  /// with its grammar (not ignore_eos). "": unconstrained. Needs a model
+  /// with a tokenizer.
+  std::string guided_json;
 };
 
 struct ThroughputReport {
@@ -93,6 +98,13 @@ struct ThroughputReport {
   double decode_logits_limit_ms = 0;  ///< max(lm_head bytes / bw, lm_head FLOPs / gemm peak)
   double decode_other_ms = 0;      ///< norms, RoPE, SwiGLU, residual adds (no limit computed)
   double decode_sample_ms = 0;     ///< host sampling of the step's rows (engine)
+  /// Structured outputs (--guided-json): the schema's compile time, and per
+  /// full-batch decode step the time sampling waited for the grammar masks
+  /// and the time the mask thread filled them (beside the forward pass).
+  bool guided_json = false;
+  double grammar_compile_ms = 0;
+  double decode_grammar_wait_ms = 0;
+  double decode_grammar_fill_ms = 0;
   double decode_schedule_ms = 0;   ///< the scheduler's plan of the step (engine)
   double decode_engine_other_ms = 0;  ///< step wall - schedule - execute - sample (outputs, bookkeeping)
   double prefill_gflops = 0;     ///< achieved FLOP rate of prefill-carrying steps

@@ -1,5 +1,7 @@
 // `shardline bench`: offline throughput benchmark with same-run hardware limits.
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +27,7 @@ struct BenchArgs {
   std::string shape_dir;
   EngineFlags engine;
   bench::ThroughputOptions options;
+  std::string guided_json_file;  ///< --guided-json: a JSON schema file
   std::vector<std::string> parallel;  ///< --parallel, one config each
   std::string token_budget = "both";
   std::string weight_sharing = "none";
@@ -261,6 +264,14 @@ int run_bench(BenchArgs& a) {
   if (!a.parallel.empty()) return run_parallel(a, *eo);
   a.options.engine = *eo;
   if (eo->device == model::DeviceKind::cuda) return print_report(bench::run_gpu_throughput(a.options));
+  if (!a.guided_json_file.empty()) {
+    std::ifstream in(a.guided_json_file);
+    if (!in) {
+      std::cerr << "error: --guided-json: cannot read " << a.guided_json_file << "\n";
+      return 2;
+    }
+    a.options.guided_json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   auto rep = bench::run_throughput(a.options);
   if (!rep) {
     std::cerr << "error: " << rep.error().to_string() << "\n";
@@ -283,6 +294,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& run) {
   add_device_flag(*cmd, a->engine);
   cmd->add_option("--num-prompts", a->options.num_prompts, "Requests")->capture_default_str();
   cmd->add_option("--input-len", a->options.input_len, "Prompt tokens per request")->capture_default_str();
+  cmd->add_option("--guided-json", a->guided_json_file,
+                  "A JSON schema file: every request's output constrained to it (structured outputs; the "
+                  "report adds the schema's compile time and the grammar masks' time per step)");
   cmd->add_option("--shared-prefix-len", a->options.shared_prefix_len,
                   "The first N prompt tokens are the same on every request (a system prompt; with "
                   "--enable-prefix-caching they are computed once; docs/prefix-caching.md)")

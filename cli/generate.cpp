@@ -1,6 +1,9 @@
 // `shardline generate`: continuations of prompts on a CPU device.
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "engine/group/engine_builder.hpp"
 #include "engine/group/parallel_config.hpp"
 #include "engine/sidp/sidp_group.hpp"
+#include "sampling/structured_output/grammar.hpp"
 #include "text/chat_template.hpp"
 
 namespace shardline::cli {
@@ -33,7 +37,53 @@ struct GenerateArgs {
   std::string parallel;  ///< dp=N with --weight-sharing sidp
   SidpFlags sidp;
   GroupFlags group;
+  // Structured outputs (at most one): every prompt's output constrained.
+  std::string guided_json_file;             ///< --guided-json FILE: a JSON schema
+  std::string guided_regex;                 ///< --guided-regex RE
+  std::vector<std::string> guided_choice;   ///< --guided-choice TEXT (repeatable)
+  std::string guided_grammar_file;          ///< --guided-grammar FILE: EBNF
+  bool json_object = false;                 ///< --json-object: any JSON
 };
+
+/// The structured-output spec of the flags (nullopt: none). Errors:
+/// invalid_argument (two constraints), io (a file that cannot be read).
+Result<std::optional<sampling::GrammarSpec>> grammar_spec(const GenerateArgs& a) {
+  std::optional<sampling::GrammarSpec> spec;
+  int given = 0;
+  const auto read = [](const std::string& path) -> Result<std::string> {
+    std::ifstream in(path);
+    if (!in) return make_error(ErrorCode::io, "cannot read " + path);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  if (!a.guided_json_file.empty()) {
+    auto text = read(a.guided_json_file);
+    if (!text) return std::move(text).error();
+    spec = sampling::GrammarSpec{sampling::GrammarKind::json_schema, *text, {}, true};
+    ++given;
+  }
+  if (!a.guided_regex.empty()) {
+    spec = sampling::GrammarSpec{sampling::GrammarKind::regex, a.guided_regex, {}, true};
+    ++given;
+  }
+  if (!a.guided_choice.empty()) {
+    spec = sampling::GrammarSpec{sampling::GrammarKind::choice, "", a.guided_choice, true};
+    ++given;
+  }
+  if (!a.guided_grammar_file.empty()) {
+    auto text = read(a.guided_grammar_file);
+    if (!text) return std::move(text).error();
+    spec = sampling::GrammarSpec{sampling::GrammarKind::ebnf, *text, {}, true};
+    ++given;
+  }
+  if (a.json_object) {
+    spec = sampling::GrammarSpec{sampling::GrammarKind::json_object, "", {}, true};
+    ++given;
+  }
+  if (given > 1)
+    return make_error(ErrorCode::invalid_argument,
+                      "give one of --guided-json, --guided-regex, --guided-choice, --guided-grammar, --json-object");
+  return spec;
+}
 
 /// The prompts over a SiDP group (in this process, or over processes with
 /// --group-master). Errors: bad flags (invalid_argument), what the group returns.
@@ -85,7 +135,16 @@ int run_generate(GenerateArgs& a) {
     std::cerr << "error: give --prompt or --messages (at least one)\n";
     return 2;
   }
+  auto spec = grammar_spec(a);
+  if (!spec) {
+    std::cerr << "error: " << spec.error().to_string() << "\n";
+    return 2;
+  }
   const bool sidp = a.sidp.weight_sharing == "sidp";
+  if (sidp && spec->has_value()) {
+    std::cerr << "error: structured outputs run on one device in generate (not with --weight-sharing sidp)\n";
+    return 2;
+  }
   if (!sidp && (!a.parallel.empty() || !a.group.master.empty())) {
     std::cerr << "error: generate runs one device; --parallel and --group-master need --weight-sharing sidp\n";
     return 2;
@@ -131,7 +190,23 @@ int run_generate(GenerateArgs& a) {
       return 1;
     }
     e = std::move(built).value();
-    outputs = e.engine->generate(prompt_ids, a.sampling);
+    std::shared_ptr<const sampling::CompiledGrammar> grammar;
+    if (spec->has_value()) {
+      std::vector<std::int32_t> stops(e.engine->config().eos_token_ids.begin(),
+                                      e.engine->config().eos_token_ids.end());
+      auto compiler = sampling::GrammarCompiler::create(*e.tokenizer, e.executor->vocab_size(), std::move(stops));
+      if (!compiler) {
+        std::cerr << "error: " << compiler.error().to_string() << "\n";
+        return 1;
+      }
+      auto g = (*compiler)->compile(**spec);
+      if (!g) {
+        std::cerr << "error: invalid_response_format: " << g.error().message << "\n";
+        return 2;
+      }
+      grammar = std::move(g).value();
+    }
+    outputs = e.engine->generate(prompt_ids, a.sampling, grammar);
   }
   if (!outputs) {
     std::cerr << "error: " << outputs.error().to_string() << "\n";
@@ -182,6 +257,14 @@ void add_generate_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--request-seed", a->request_seed,
                   "Sampling seed of every prompt (default: derived from --seed and the prompt index)");
   cmd->add_flag("--ignore-eos", s.ignore_eos, "Do not stop at the model's EOS ids");
+  cmd->add_option("--guided-json", a->guided_json_file,
+                  "Structured output: every output is JSON valid against the schema in this file");
+  cmd->add_option("--guided-regex", a->guided_regex, "Structured output: every output matches this regex");
+  cmd->add_option("--guided-choice", a->guided_choice,
+                  "Structured output: every output is one of these (repeatable)");
+  cmd->add_option("--guided-grammar", a->guided_grammar_file,
+                  "Structured output: every output matches the EBNF grammar (a root rule) in this file");
+  cmd->add_flag("--json-object", a->json_object, "Structured output: every output is JSON");
   cmd->add_option("--stop", s.stop, "Stop string (repeatable); cut from the text");
   cmd->add_option("--stop-token-id", s.stop_token_ids, "Extra stop token id (repeatable)");
   cmd->add_option("--parallel", a->parallel, "dp=N: a SiDP group of N CPU devices (with --weight-sharing sidp)");

@@ -69,10 +69,15 @@ LlmEngine::LlmEngine(model::ModelExecutor& executor, const text::Tokenizer& toke
 }
 
 Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
-                              const sampling::SamplingParams& params) {
+                              const sampling::SamplingParams& params,
+                              std::shared_ptr<const sampling::CompiledGrammar> grammar) {
   const std::string who = "request " + std::to_string(request_id) + ": ";
   if (Status s = params.validate(); !s.ok()) return make_error(s.error().code, who + s.error().message);
   const int vocab = executor_->vocab_size();
+  if (grammar && grammar->vocab_size() != vocab)
+    return make_error(ErrorCode::invalid_argument, who + "a grammar compiled for a vocabulary of " +
+                                                       std::to_string(grammar->vocab_size()) + " ids, the model has " +
+                                                       std::to_string(vocab));
   for (auto id : prompt_token_ids)
     if (id < 0 || id >= vocab)
       return make_error(ErrorCode::invalid_argument,
@@ -86,6 +91,7 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
     for (int id : config_.eos_token_ids) seq->min_tokens_masked_ids.push_back(id);
   for (int id : params.stop_token_ids) seq->min_tokens_masked_ids.push_back(id);
   seq->output_ids.reserve(static_cast<std::size_t>(params.max_tokens));
+  if (grammar) seq->grammar = std::make_shared<GrammarState>(std::move(grammar));
   if (!seq->prompt_ids.empty())
     seq->detokenizer = std::make_unique<text::IncrementalDetokenizer>(*tokenizer_, seq->prompt_ids,
                                                                        config_.skip_special_tokens);
@@ -121,7 +127,8 @@ Status LlmEngine::spill_prefix_cache() {
 }
 
 Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
-                              const sampling::SamplingParams& params, ResumeState resume) {
+                              const sampling::SamplingParams& params, ResumeState resume,
+                              std::shared_ptr<const sampling::CompiledGrammar> grammar) {
   const std::string who = "request " + std::to_string(request_id) + ": ";
   const int vocab = executor_->vocab_size();
   for (auto id : resume.output_ids)
@@ -129,6 +136,20 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
       return make_error(ErrorCode::invalid_argument,
                         who + "resumed output token id " + std::to_string(id) + " outside vocab of " +
                             std::to_string(vocab));
+  // A constrained request replays what it generated into a fresh matcher
+  // (the grammar's state is a function of the accepted tokens).
+  std::shared_ptr<GrammarState> replayed;
+  if (grammar) {
+    if (grammar->vocab_size() != vocab)
+      return make_error(ErrorCode::invalid_argument, who + "a grammar compiled for a vocabulary of " +
+                                                         std::to_string(grammar->vocab_size()) +
+                                                         " ids, the model has " + std::to_string(vocab));
+    replayed = std::make_shared<GrammarState>(grammar);
+    for (std::size_t i = 0; i < resume.output_ids.size(); ++i)
+      if (Status s = replayed->accept(resume.output_ids[i]); !s.ok())
+        return make_error(ErrorCode::invalid_argument, who + "resumed output token " + std::to_string(i) +
+                                                           " does not fit its grammar: " + s.error().message);
+  }
   if (static_cast<long long>(resume.output_ids.size()) >= params.max_tokens)
     return make_error(ErrorCode::invalid_argument,
                       who + "resumes with " + std::to_string(resume.output_ids.size()) +
@@ -164,6 +185,7 @@ Status LlmEngine::add_request(std::uint64_t request_id, std::vector<std::int32_t
     return s;
   }
   Sequence* seq = scheduler_.get(request_id);
+  seq->grammar = std::move(replayed);
   for (std::int32_t id : resume.output_ids) {
     seq->output_ids.push_back(id);
     if (seq->detokenizer) (void)seq->detokenizer->push(id);
@@ -323,7 +345,8 @@ Status LlmEngine::fill_pipeline() {
     }
     // A row that asks for logprobs needs its logits on the host: such a
     // micro-batch samples on the host.
-    if (device_sampling && !wants_logprobs(sched)) attach_device_sampling(sched);
+    // Constrained rows sample on the host: their grammar masks are CPU-side.
+    if (device_sampling && !wants_logprobs(sched) && !has_grammar(sched)) attach_device_sampling(sched);
     f.submitted = Clock::now();
     offer_prefix_links(sched);
     LayerStreaming by_layer;
@@ -538,6 +561,12 @@ bool LlmEngine::wants_logprobs(const SchedulerOutput& sched) {
   return false;
 }
 
+bool LlmEngine::has_grammar(const SchedulerOutput& sched) {
+  for (std::size_t i = 0; i < sched.scheduled.size(); ++i)
+    if (sched.input.seqs[i].needs_logits && sched.scheduled[i].seq->grammar) return true;
+  return false;
+}
+
 void LlmEngine::attach_device_sampling(SchedulerOutput& sched) const {
   sched.input.sampling.clear();
   for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
@@ -569,7 +598,7 @@ Result<model::StepOutput> LlmEngine::collect_oldest(InFlight& f) {
   return exec;
 }
 
-std::vector<Sequence*> LlmEngine::sample_rows(const InFlight& f, const model::StepOutput& output) {
+std::vector<Sequence*> LlmEngine::sample_rows(InFlight& f, const model::StepOutput& output) {
   const SchedulerOutput& sched = f.sched;
   const bool sampled_on_device = !sched.input.sampling.empty();
   const auto vocab = static_cast<std::size_t>(output.vocab_size);
@@ -577,22 +606,61 @@ std::vector<Sequence*> LlmEngine::sample_rows(const InFlight& f, const model::St
   std::vector<Sequence*> sampled_seqs;
   sampled.reserve(static_cast<std::size_t>(sched.input.num_logits()));
   std::vector<float> scratch;  // [vocab] when a row's params change its logits
+  std::vector<float> masked;   // [vocab]: a constrained row's logits under its grammar's mask
+  // The masks filled beside this micro-batch's forward pass.
+  const auto t_wait = Clock::now();
+  if (Status s = grammar_masks_.wait(); !s.ok() && deferred_error_.ok()) deferred_error_ = s;
+  f.stats.grammar_wait_ms = ms_since(t_wait);
+  f.stats.grammar_fill_ms = grammar_masks_.last_fill_ms();
+  std::vector<std::shared_ptr<GrammarState>> constrained;  // sampled now: their next masks
   for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
     if (!sched.input.seqs[i].needs_logits) continue;
     Sequence& seq = *sched.scheduled[i].seq;
-    if (sampled_on_device) {
+    if (sampled_on_device) {  // (never with a constrained row: fill_pipeline)
       sampled.push_back(output.sampled_token_ids[sampled.size()]);
     } else {
       const float* row = output.logits.data() + sampled.size() * vocab;
       if (config_.capture_logits) seq.captured_logits.emplace_back(row, row + vocab);
-      const std::int32_t id = sampling::sample_row({row, vocab}, seq.params, sample_context(seq), scratch);
+      const float* sample_from = row;
+      // A grammar that cannot go on ends its request (finish_reason abort,
+      // the reason in stop_reason), never the engine: its stop token was
+      // taken but the request did not stop on it (a stop token the engine
+      // does not stop on), or the sampled token is refused (every allowed
+      // token masked again after the grammar's mask, e.g. min_tokens holding
+      // back the only allowed stop token).
+      const auto end_by_grammar = [&](const std::string& why) {
+        seq.stop_reason = "grammar: " + why;
+        seq.abort_requested = true;
+      };
+      Status grammar_ok = Status::ok_status();
+      if (seq.grammar) {
+        ++f.stats.num_constrained_rows;
+        if (seq.grammar->matcher.is_terminated())
+          grammar_ok = make_error(ErrorCode::invalid_argument, "complete, but the request did not stop");
+        else
+          grammar_ok = seq.grammar->fill_mask();
+        if (grammar_ok.ok()) {
+          masked.assign(row, row + vocab);
+          sampling::apply_token_bitmask(masked, seq.grammar->mask);
+          sample_from = masked.data();
+        }
+      }
+      const std::int32_t id = sampling::sample_row({sample_from, vocab}, seq.params, sample_context(seq), scratch);
       if (seq.params.logprobs >= 0)
         seq.logprobs.push_back(sampling::compute_logprobs({row, vocab}, id, seq.params.logprobs));
+      if (seq.grammar) {
+        if (grammar_ok.ok()) grammar_ok = seq.grammar->accept(id);
+        if (!grammar_ok.ok())
+          end_by_grammar(grammar_ok.error().message);
+        else if (!seq.grammar->matcher.is_terminated())
+          constrained.push_back(seq.grammar);
+      }
       sampled.push_back(id);
     }
     sampled_seqs.push_back(&seq);
   }
   scheduler_.update(sched, sampled);
+  grammar_masks_.start(std::move(constrained));
   return sampled_seqs;
 }
 
@@ -618,12 +686,13 @@ void LlmEngine::finish_sequences(const SchedulerOutput& sched, const std::vector
 }
 
 Result<std::vector<RequestOutput>> LlmEngine::generate(const std::vector<std::vector<std::int32_t>>& prompts,
-                                                       const sampling::SamplingParams& params) {
+                                                       const sampling::SamplingParams& params,
+                                                       std::shared_ptr<const sampling::CompiledGrammar> grammar) {
   if (has_unfinished())
     return make_error(ErrorCode::invalid_argument, "generate: requests are already in flight");
   if (Status s = params.validate(); !s.ok()) return s.error();
   for (std::size_t i = 0; i < prompts.size(); ++i) {
-    if (Status s = add_request(i, prompts[i], params); !s.ok()) {
+    if (Status s = add_request(i, prompts[i], params, grammar); !s.ok()) {
       for (std::size_t j = 0; j < i; ++j) (void)scheduler_.finish(j, FinishReason::abort);
       return s.error();
     }

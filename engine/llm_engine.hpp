@@ -22,6 +22,7 @@
 #include "engine/scheduler.hpp"
 #include "engine/sequence.hpp"
 #include "engine/step_phases.hpp"
+#include "engine/structured_output/grammar_masks.hpp"
 #include "model/executor.hpp"
 #include "engine/policies/token_budget.hpp"
 #include <deque>
@@ -145,6 +146,12 @@ struct StepStats {
   double execute_ms = 0.0;
   double sample_ms = 0.0;  ///< host sampling of the step's logits rows (0 when the executor samples)
   double step_ms = 0.0;  ///< whole step wall time
+  /// Structured outputs: rows sampled under a grammar, the time sampling
+  /// waited for their masks (the filling the forward pass did not hide;
+  /// part of sample_ms), and the time the mask thread spent filling them.
+  int num_constrained_rows = 0;
+  double grammar_wait_ms = 0.0;
+  double grammar_fill_ms = 0.0;
 };
 
 class LlmEngine {
@@ -160,8 +167,13 @@ class LlmEngine {
   /// Queues a request. Errors: invalid_argument (bad params naming the field,
   /// empty prompt, prompt longer than max_model_len, token id outside the
   /// vocab, duplicate id), out_of_memory (prompt + max_tokens never fits the cache).
+  /// `grammar` (structured outputs): the grammar every generated token must
+  /// match (sampling/structured_output/grammar.hpp; its stop tokens should
+  /// be the ones this request stops on); null: unconstrained. Errors also:
+  /// invalid_argument (a grammar compiled for another vocabulary size).
   [[nodiscard]] Status add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
-                                   const sampling::SamplingParams& params);
+                                   const sampling::SamplingParams& params,
+                                   std::shared_ptr<const sampling::CompiledGrammar> grammar = nullptr);
   /// Queues a request that resumes after a failure: its generated tokens are
   /// taken as output so far (the text, penalties and stop rules see them),
   /// the KV of resume.num_kv_tokens positions is copied into the cache when
@@ -172,8 +184,12 @@ class LlmEngine {
   /// add_request; invalid_argument (an output id outside the vocab, as many
   /// outputs as max_tokens, num_kv_tokens out of range, a chunk of the wrong
   /// size).
+  /// With a `grammar`, the resumed output ids are replayed into a fresh
+  /// matcher first (invalid_argument when they do not fit it), so the
+  /// request continues under the grammar exactly where it stopped.
   [[nodiscard]] Status add_request(std::uint64_t request_id, std::vector<std::int32_t> prompt_token_ids,
-                                   const sampling::SamplingParams& params, ResumeState resume);
+                                   const sampling::SamplingParams& params, ResumeState resume,
+                                   std::shared_ptr<const sampling::CompiledGrammar> grammar = nullptr);
 
   /// Finishes a request now with finish_reason "abort" (one in flight: when
   /// its micro-batch lands); its output is returned by a later step(). False
@@ -195,8 +211,10 @@ class LlmEngine {
   /// added on error) and steps until all finish. Outputs in prompt order.
   /// Errors: invalid_argument (also when requests are already in flight),
   /// any add_request / step error.
-  [[nodiscard]] Result<std::vector<RequestOutput>> generate(const std::vector<std::vector<std::int32_t>>& prompts,
-                                                            const sampling::SamplingParams& params);
+  /// `grammar`: every request under it (structured outputs); null: none.
+  [[nodiscard]] Result<std::vector<RequestOutput>> generate(
+      const std::vector<std::vector<std::int32_t>>& prompts, const sampling::SamplingParams& params,
+      std::shared_ptr<const sampling::CompiledGrammar> grammar = nullptr);
 
   [[nodiscard]] const std::vector<StepStats>& step_stats() const { return step_stats_; }
   void clear_step_stats() { step_stats_.clear(); }
@@ -289,13 +307,15 @@ class LlmEngine {
   void attach_device_sampling(SchedulerOutput& sched) const;
   /// True when a row of `sched` that gets logits asks for logprobs.
   [[nodiscard]] static bool wants_logprobs(const SchedulerOutput& sched);
+  /// True when a row of `sched` that gets logits has a grammar.
+  [[nodiscard]] static bool has_grammar(const SchedulerOutput& sched);
   /// Collects the oldest micro-batch's output and checks its shape (logits
   /// [num_logits, vocab], or num_logits sampled ids). Errors: the executor's;
   /// internal for a wrong shape.
   [[nodiscard]] Result<model::StepOutput> collect_oldest(InFlight& f);
   /// Samples every logits row of `f` (or takes the device's ids), appends
   /// the tokens (Scheduler::update) and returns the sequences that got one.
-  [[nodiscard]] std::vector<Sequence*> sample_rows(const InFlight& f, const model::StepOutput& output);
+  [[nodiscard]] std::vector<Sequence*> sample_rows(InFlight& f, const model::StepOutput& output);
   /// Applies the stop rules to `sampled` and finishes the stopped and the
   /// abort-requested sequences of `sched` into `results`.
   void finish_sequences(const SchedulerOutput& sched, const std::vector<Sequence*>& sampled,
@@ -341,6 +361,8 @@ class LlmEngine {
   /// An error abort_request() met applying the mover's completions (it
   /// returns a bool): the next step() returns it.
   Status deferred_error_ = Status::ok_status();
+  /// Fills constrained sequences' next masks beside the forward pass.
+  GrammarMaskFiller grammar_masks_;
   std::deque<InFlight> in_flight_;  ///< micro-batches submitted, oldest first
   std::vector<StepStats> step_stats_;
   std::function<void(const StepStats&)> step_callback_;

@@ -14,6 +14,8 @@
 
 namespace shardline::engine {
 
+struct GrammarState;  // engine/structured_output/grammar_masks.hpp
+
 enum class SeqStatus { waiting, running, finished };
 
 enum class FinishReason { none, stop, length, abort };
@@ -80,6 +82,10 @@ struct Sequence {
   /// With params.logprobs >= 0: one entry per token sampled by this engine
   /// (a resumed sequence's given output_ids have none).
   std::vector<sampling::SampleLogprobs> logprobs;
+  /// Structured outputs: the grammar its tokens must match and the mask of
+  /// its next token (shared with the mask filler's thread); null when the
+  /// request is unconstrained.
+  std::shared_ptr<GrammarState> grammar;
 
   /// Prompt plus generated tokens: every token with a known id.
   [[nodiscard]] int num_tokens() const {

@@ -282,6 +282,11 @@ void put(wire::BatchRequest::Builder b, const worker::BatchRequest& r) {
   b.setChatTemplate(text(r.chat_template));
   b.setMaxTokensFromContext(r.max_tokens_from_context);
   b.setEcho(r.echo);
+  b.setGrammarKind(text(r.grammar_kind));
+  b.setGrammarText(text(r.grammar_text));
+  auto choices = b.initGrammarChoices(static_cast<unsigned>(r.grammar_choices.size()));
+  for (unsigned i = 0; i < r.grammar_choices.size(); ++i) choices.set(i, text(r.grammar_choices[i]));
+  b.setGrammarAnyWhitespace(r.grammar_any_whitespace);
 }
 
 BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
@@ -317,6 +322,15 @@ BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
   q.chat_template = str(r.getChatTemplate());
   q.max_tokens_from_context = r.getMaxTokensFromContext();
   q.echo = r.getEcho();
+  q.grammar_kind = str(r.getGrammarKind());
+  if (!q.grammar_kind.empty() && q.grammar_kind != "json_schema" && q.grammar_kind != "json_object" &&
+      q.grammar_kind != "regex" && q.grammar_kind != "choice" && q.grammar_kind != "ebnf")
+    fail(ErrorCode::invalid_argument, field + ".grammarKind: unknown kind \"" + q.grammar_kind + "\"");
+  q.grammar_text = str(r.getGrammarText());
+  auto choices = r.getGrammarChoices();
+  check_len(choices, field + ".grammarChoices");
+  for (unsigned i = 0; i < choices.size(); ++i) q.grammar_choices.push_back(str(choices[i]));
+  q.grammar_any_whitespace = r.getGrammarAnyWhitespace();
   if (q.chat && q.messages_json.empty()) fail(ErrorCode::invalid_argument, field + ": a chat line without messages");
   return q;
 }

@@ -69,6 +69,10 @@ struct BatchRequest {
   chatTemplate @14 :Text;         # the job's --chat-template text; "" = the model folder's
   maxTokensFromContext @15 :Bool; # chat without max_tokens: up to the context's end
   echo @16 :Bool;                 # completions echo
+  grammarKind @17 :Text;          # structured outputs: "json_schema", "json_object", "regex", "choice", "ebnf"; "" = none
+  grammarText @18 :Text;          # the schema, regex or grammar
+  grammarChoices @19 :List(Text); # "choice": the allowed outputs
+  grammarAnyWhitespace @20 :Bool = true;
 }
 
 # worker::ChoiceResume without its KV (the worker fetches that from a KV store).

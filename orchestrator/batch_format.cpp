@@ -127,6 +127,9 @@ constexpr const char* kCommonKeys[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "logprobs",
     "return_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
     "ignore_eos", "stop_token_ids",
+    // structured outputs (parse_structured_output): OpenAI's response_format,
+    // vLLM's guided_* and its newer structured_outputs object
+    "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
     // accepted and ignored: they do not change the output of an offline job
     "user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"};
 /// Known to both endpoints and refused unless "off" (check_refused).
@@ -134,7 +137,7 @@ constexpr const char* kCommonRefusedKeys[] = {"logit_bias", "stream", "stream_op
 constexpr const char* kCompletionKeys[] = {"prompt", "echo", "best_of", "suffix"};
 constexpr const char* kChatKeys[] = {
     "messages", "max_completion_tokens", "top_logprobs", "chat_template_kwargs", "add_generation_prompt",
-    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format", "audio",
+    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
     "modalities", "prediction", "reasoning_effort", "web_search_options", "verbosity"};
 
 template <std::size_t N>
@@ -176,9 +179,6 @@ std::optional<LineError> check_refused(const json& body, const std::string& pref
     return unsupported(name("tool_choice"), "tool calling is not supported (only \"none\")");
   for (const char* k : {"functions", "function_call"})
     if (field(k) != nullptr) return unsupported(name(k), "function calling is not supported");
-  if (const json* v = field("response_format");
-      v != nullptr && !(v->is_object() && v->size() == 1 && v->value("type", json()) == "text"))
-    return unsupported(name("response_format"), "structured output is not supported (only {\"type\": \"text\"})");
   if (const json* v = field("modalities"); v != nullptr && *v != json::array({"text"}))
     return unsupported(name("modalities"), "only [\"text\"] output is supported");
   for (const char* k : {"audio", "prediction", "reasoning_effort", "web_search_options", "verbosity"})
@@ -250,6 +250,152 @@ std::optional<LineError> parse_logprobs(const Field& field, const Name& name, bo
     if (!on) return LineError{"invalid_parameter", name("top_logprobs") + ": needs logprobs set to true"};
   }
   if (on) k = static_cast<int>(top);
+  return std::nullopt;
+}
+
+/// One structured-output constraint into `req` (grammar_*), refusing a
+/// second one: whoever set it is named in `set_by`.
+std::optional<LineError> set_grammar(BatchRequest& req, std::string& set_by, const std::string& field,
+                                     const char* kind, std::string text, std::vector<std::string> choices = {}) {
+  if (!set_by.empty())
+    return LineError{"invalid_parameter", field + ": only one structured-output constraint per line, and " + set_by +
+                                              " gives one already"};
+  set_by = field;
+  req.grammar_kind = kind;
+  req.grammar_text = std::move(text);
+  req.grammar_choices = std::move(choices);
+  return std::nullopt;
+}
+
+/// A JSON schema given as an object or as a string holding one.
+std::optional<LineError> schema_text(const json& v, const std::string& field, std::string& out) {
+  if (v.is_object() || v.is_boolean()) {
+    out = v.dump(-1, ' ', false, json::error_handler_t::replace);
+    return std::nullopt;
+  }
+  if (v.is_string()) {
+    out = v.get<std::string>();
+    return std::nullopt;
+  }
+  return bad_type(field, "a JSON schema (an object, or a string holding one)", v);
+}
+
+std::optional<LineError> choice_list(const json& v, const std::string& field, std::vector<std::string>& out) {
+  if (!v.is_array() || v.empty()) return bad_type(field, "a non-empty array of strings", v);
+  for (const auto& c : v) {
+    if (!c.is_string()) return bad_type(field + " element", "a string", c);
+    out.push_back(c.get<std::string>());
+  }
+  return std::nullopt;
+}
+
+/// Structured outputs: at most one of
+///   response_format {"type": "json_schema", "json_schema": {"name",
+///     "schema", "strict", "description"}} (no schema: any JSON), {"type":
+///     "json_object"}, {"type": "text"} (none);
+///   guided_json (a schema object or string), guided_regex (a string),
+///   guided_choice (a non-empty array of strings), guided_grammar (an EBNF
+///   string), as vLLM's extra parameters;
+///   structured_outputs {"json" | "regex" | "choice" | "grammar" |
+///     "json_object": true, and "disable_any_whitespace"}, vLLM's newer form.
+/// What the grammar engine then refuses is the worker's per-line
+/// invalid_response_format.
+std::optional<LineError> parse_structured_output(const json& body, const std::string& prefix, BatchRequest& req) {
+  auto field = [&](const char* k) { return given(body, k); };
+  auto name = [&](const std::string& n) { return prefix + n; };
+  std::string set_by;
+  if (const json* rf = field("response_format")) {
+    const std::string f = name("response_format");
+    if (!rf->is_object()) return bad_type(f, "an object", *rf);
+    for (auto it = rf->begin(); it != rf->end(); ++it)
+      if (it.key() != "type" && it.key() != "json_schema")
+        return LineError{"unknown_parameter", f + "." + it.key() + ": unknown parameter"};
+    const json type = rf->value("type", json());
+    if (!type.is_string()) return bad_type(f + ".type", "a string", type);
+    const std::string t = type.get<std::string>();
+    if (t == "json_object") {
+      if (auto e = set_grammar(req, set_by, f, "json_object", "")) return e;
+    } else if (t == "json_schema") {
+      auto js = rf->find("json_schema");
+      if (js == rf->end() || !js->is_object())
+        return bad_type(f + ".json_schema", "an object", js == rf->end() ? json() : *js);
+      for (auto it = js->begin(); it != js->end(); ++it)
+        if (it.key() != "name" && it.key() != "schema" && it.key() != "strict" && it.key() != "description")
+          return LineError{"unknown_parameter", f + ".json_schema." + it.key() + ": unknown parameter"};
+      if (const json* n = given(*js, "name"); n != nullptr && !n->is_string())
+        return bad_type(f + ".json_schema.name", "a string", *n);
+      if (const json* st = given(*js, "strict"); st != nullptr && !st->is_boolean())
+        return bad_type(f + ".json_schema.strict", "a boolean", *st);
+      if (const json* schema = given(*js, "schema")) {
+        if (!schema->is_object()) return bad_type(f + ".json_schema.schema", "an object", *schema);
+        if (auto e = set_grammar(req, set_by, f, "json_schema", schema->dump(-1, ' ', false, json::error_handler_t::replace)))
+          return e;
+      } else if (auto e = set_grammar(req, set_by, f, "json_object", "")) {
+        return e;
+      }
+    } else if (t != "text") {
+      return LineError{"invalid_parameter",
+                       f + ".type: must be \"text\", \"json_object\" or \"json_schema\", got " + short_dump(type)};
+    }
+  }
+  if (const json* v = field("guided_json")) {
+    std::string text;
+    if (auto e = schema_text(*v, name("guided_json"), text)) return e;
+    if (auto e = set_grammar(req, set_by, name("guided_json"), "json_schema", std::move(text))) return e;
+  }
+  if (const json* v = field("guided_regex")) {
+    if (!v->is_string()) return bad_type(name("guided_regex"), "a string", *v);
+    if (auto e = set_grammar(req, set_by, name("guided_regex"), "regex", v->get<std::string>())) return e;
+  }
+  if (const json* v = field("guided_choice")) {
+    std::vector<std::string> choices;
+    if (auto e = choice_list(*v, name("guided_choice"), choices)) return e;
+    if (auto e = set_grammar(req, set_by, name("guided_choice"), "choice", "", std::move(choices))) return e;
+  }
+  if (const json* v = field("guided_grammar")) {
+    if (!v->is_string()) return bad_type(name("guided_grammar"), "a string", *v);
+    if (auto e = set_grammar(req, set_by, name("guided_grammar"), "ebnf", v->get<std::string>())) return e;
+  }
+  if (const json* so = field("structured_outputs")) {
+    const std::string f = name("structured_outputs");
+    if (!so->is_object()) return bad_type(f, "an object", *so);
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      const std::string k = it.key();
+      if (k != "json" && k != "regex" && k != "choice" && k != "grammar" && k != "json_object" &&
+          k != "disable_any_whitespace")
+        return unsupported(f + "." + k, "not supported (json, regex, choice, grammar, json_object and "
+                                        "disable_any_whitespace are)");
+    }
+    if (const json* v = given(*so, "json")) {
+      std::string text;
+      if (auto e = schema_text(*v, f + ".json", text)) return e;
+      if (auto e = set_grammar(req, set_by, f + ".json", "json_schema", std::move(text))) return e;
+    }
+    if (const json* v = given(*so, "regex")) {
+      if (!v->is_string()) return bad_type(f + ".regex", "a string", *v);
+      if (auto e = set_grammar(req, set_by, f + ".regex", "regex", v->get<std::string>())) return e;
+    }
+    if (const json* v = given(*so, "choice")) {
+      std::vector<std::string> choices;
+      if (auto e = choice_list(*v, f + ".choice", choices)) return e;
+      if (auto e = set_grammar(req, set_by, f + ".choice", "choice", "", std::move(choices))) return e;
+    }
+    if (const json* v = given(*so, "grammar")) {
+      if (!v->is_string()) return bad_type(f + ".grammar", "a string", *v);
+      if (auto e = set_grammar(req, set_by, f + ".grammar", "ebnf", v->get<std::string>())) return e;
+    }
+    if (const json* v = given(*so, "json_object")) {
+      bool on = false;
+      if (auto e = get_bool(*v, f + ".json_object", on)) return e;
+      if (on)
+        if (auto e = set_grammar(req, set_by, f + ".json_object", "json_object", "")) return e;
+    }
+    if (const json* v = given(*so, "disable_any_whitespace")) {
+      bool off = false;
+      if (auto e = get_bool(*v, f + ".disable_any_whitespace", off)) return e;
+      req.grammar_any_whitespace = !off;
+    }
+  }
   return std::nullopt;
 }
 
@@ -362,6 +508,7 @@ std::optional<LineError> parse_body(const json& body, const std::string& prefix,
     }
   }
   if (auto e = parse_logprobs(field, name, chat, req)) return e;
+  if (auto e = parse_structured_output(body, prefix, req)) return e;
   if (!chat) {
     if (const json* v = field("echo"))
       if (auto e = get_bool(*v, name("echo"), req.echo)) return e;

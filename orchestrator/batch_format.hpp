@@ -23,7 +23,10 @@
 /// uint64), stop (string or array of strings), n (1..128; choice i samples
 /// with seed + i), return_token_ids (bool), presence_penalty,
 /// frequency_penalty, repetition_penalty, min_tokens, ignore_eos (bool),
-/// stop_token_ids (array of integers); user, store, metadata, service_tier,
+/// stop_token_ids (array of integers); structured outputs, at most one of
+/// response_format, guided_json, guided_regex, guided_choice, guided_grammar
+/// and structured_outputs (into BatchRequest::grammar_*; docs/cli.md);
+/// user, store, metadata, service_tier,
 /// prompt_cache_key and safety_identifier are accepted and ignored.
 /// Completions: prompt (a non-empty string, or a non-empty array of token ids
 /// in [0, 2^31)), logprobs (0..20: the sampled token's logprob and the k most
@@ -37,8 +40,7 @@
 /// parallel_tool_calls (ignored).
 /// Refused unless "off" (unsupported_parameter): stream (false),
 /// stream_options, logit_bias ({}), suffix (""), tools ([]), tool_choice
-/// ("none"), functions, function_call, response_format ({"type": "text"}),
-/// modalities (["text"]), audio, prediction, reasoning_effort,
+/// ("none"), functions, function_call, modalities (["text"]), audio, prediction, reasoning_effort,
 /// web_search_options, verbosity. A key with the value null counts as not
 /// given. Integers may be written as integral floats (16.0).
 ///
@@ -53,8 +55,9 @@
 ///   invalid_method         method other than "POST"
 /// The job manager adds line_too_long (a line over
 /// JobManagerOptions::max_line_bytes, never parsed) and duplicate_custom_id.
-/// The worker adds chat_template_missing, chat_template_error and
-/// context_length_exceeded (worker/batch_worker.hpp).
+/// The worker adds chat_template_missing, chat_template_error,
+/// context_length_exceeded and invalid_response_format (a grammar it cannot
+/// compile or enforce) (worker/batch_worker.hpp).
 ///
 /// Blank lines (only whitespace, including a lone '\r') are skipped by the
 /// job manager: they get no line index and no output line. `line_index` is the

@@ -81,6 +81,16 @@ struct BatchRequest {
   /// wire (a worker sees 0).
   std::uint64_t input_line = 0;
 
+  // ---- structured outputs ----
+  /// What the output must match (response_format, guided_*,
+  /// structured_outputs; orchestrator/batch_format.hpp): a
+  /// sampling::GrammarKind name, "json_schema", "json_object", "regex",
+  /// "choice" or "ebnf"; "" = unconstrained.
+  std::string grammar_kind;
+  std::string grammar_text;                  ///< the schema, regex or grammar
+  std::vector<std::string> grammar_choices;  ///< "choice": the allowed outputs
+  bool grammar_any_whitespace = true;        ///< JSON kinds: any whitespace between tokens
+
   // ---- /v1/chat/completions lines ----
   /// A chat line: the worker renders `messages_json` with the chat template
   /// (text/chat_template.hpp) and tokenizes the result without adding

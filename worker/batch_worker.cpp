@@ -232,6 +232,23 @@ void BatchWorker::submit(BatchRequest request) {
     return;
   }
 
+  // Structured outputs: the line's grammar (a schema the grammar engine
+  // cannot compile or enforce fails this line only).
+  std::shared_ptr<const sampling::CompiledGrammar> grammar;
+  if (!request.grammar_kind.empty()) {
+    if (request.params.ignore_eos) {
+      push_error(request, "invalid_parameter",
+                 "ignore_eos: a structured output ends with its grammar, so it cannot ignore EOS");
+      return;
+    }
+    Result<std::shared_ptr<const sampling::CompiledGrammar>> g = compile_grammar(request);
+    if (!g.ok()) {
+      push_error(request, "invalid_response_format", g.error().message);
+      return;
+    }
+    grammar = std::move(g).value();
+  }
+
   // A long prompt that cannot fit is refused before it is tokenized: a line
   // of megabytes would hold this thread, and so its heartbeats, for seconds
   // (issue 46, item 6). The bound never refuses a prompt that fits; shorter
@@ -319,9 +336,9 @@ void BatchWorker::submit(BatchRequest request) {
     if (resumes) {
       ChoiceResume& cr = request.resume[static_cast<std::size_t>(i)];
       engine::ResumeState rs{std::move(cr.output_ids), cr.num_kv_tokens, std::move(cr.kv_chunk)};
-      s = eng.add_request(rid, std::move(prompt), p, std::move(rs));
+      s = eng.add_request(rid, std::move(prompt), p, std::move(rs), grammar);
     } else {
-      s = eng.add_request(rid, std::move(prompt), p);
+      s = eng.add_request(rid, std::move(prompt), p, grammar);
     }
     if (!s.ok()) {
       for (std::uint64_t prev : line.request_ids) {
@@ -336,6 +353,29 @@ void BatchWorker::submit(BatchRequest request) {
     requests_->emplace(rid, RequestRef{key, i});
   }
   lines_.emplace(key, std::move(line));
+}
+
+Result<std::shared_ptr<const sampling::CompiledGrammar>> BatchWorker::compile_grammar(const BatchRequest& request) {
+  if (!grammar_compiler_) {
+    // A constrained output ends on the engine's stop tokens (EOS, a chat
+    // model's end-of-turn), which its grammar allows once it may end.
+    std::vector<std::int32_t> stops;
+    for (const int id : engine_.engine->config().eos_token_ids) stops.push_back(id);
+    auto c = sampling::GrammarCompiler::create(*engine_.tokenizer, engine_.executor->vocab_size(), std::move(stops));
+    if (!c.ok()) return std::move(c).error();
+    grammar_compiler_ = std::move(c).value();
+  }
+  sampling::GrammarSpec spec;
+  const std::string& k = request.grammar_kind;
+  spec.kind = k == "json_schema"   ? sampling::GrammarKind::json_schema
+              : k == "json_object" ? sampling::GrammarKind::json_object
+              : k == "regex"       ? sampling::GrammarKind::regex
+              : k == "choice"      ? sampling::GrammarKind::choice
+                                   : sampling::GrammarKind::ebnf;
+  spec.text = request.grammar_text;
+  spec.choices = request.grammar_choices;
+  spec.any_whitespace = request.grammar_any_whitespace;
+  return grammar_compiler_->compile(spec);
 }
 
 Result<std::vector<BatchResult>> BatchWorker::step() {

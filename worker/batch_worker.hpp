@@ -51,6 +51,7 @@
 
 #include "common/result.hpp"
 #include "engine/group/engine_builder.hpp"
+#include "sampling/structured_output/grammar.hpp"
 #include "text/chat_template.hpp"
 #include "worker/batch_types.hpp"
 #include "worker/kv_streamer.hpp"
@@ -209,6 +210,12 @@ class BatchWorker {
   /// Errors: not_found (no template: chat_template_missing), others
   /// (chat_template_error).
   [[nodiscard]] Result<std::string> render_chat(const BatchRequest& request);
+  /// The line's structured-output grammar (request.grammar_kind set),
+  /// compiled against this worker's tokenizer and stop tokens, once per
+  /// distinct spec (the compiler's cache). Errors: invalid_argument saying
+  /// what the grammar engine cannot compile or enforce
+  /// (sampling::GrammarCompiler::compile).
+  [[nodiscard]] Result<std::shared_ptr<const sampling::CompiledGrammar>> compile_grammar(const BatchRequest& request);
   /// One choice's logprobs with token texts (text offsets from `offset`,
   /// in code points).
   [[nodiscard]] std::vector<ChoiceTokenLogprobs> logprob_texts(const std::vector<sampling::SampleLogprobs>& lps,
@@ -232,6 +239,9 @@ class BatchWorker {
   std::vector<BatchResult> ready_;        ///< to be returned
   /// Parsed chat templates by template text ("" = the model folder's).
   std::map<std::string, Result<std::shared_ptr<const text::ChatTemplate>>> chat_templates_;
+  /// Structured outputs: compiles lines' grammars (made at the first
+  /// constrained line; its cache serves every job of this worker).
+  std::shared_ptr<sampling::GrammarCompiler> grammar_compiler_;
   std::uint64_t prompt_tokens_ = 0;
   std::uint64_t generated_tokens_ = 0;
   std::uint64_t steps_done_ = 0;

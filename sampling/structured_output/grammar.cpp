@@ -182,6 +182,12 @@ constexpr const char* kIgnoredKeywords[] = {"not",         "if",         "then",
   return {};
 }
 
+/// With any_whitespace, at most this many whitespace characters in a row
+/// between JSON tokens (xgrammar's max_whitespace_cnt): unbounded, a greedy
+/// small model can emit spaces or newlines until max_tokens (found with
+/// stories260K on `{"type": "object", ...}`: "{ " then whitespace).
+constexpr int kMaxWhitespaceRun = 4;
+
 /// DLTensor over one row of a bitmask (xgrammar reads int32 words).
 struct BitmaskTensor {
   std::int64_t shape[1];
@@ -298,7 +304,8 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::compile(const Gr
             return bad(std::string("json_schema: ") + s.error().message);
           schema = parsed.dump();
         }
-        compiled = impl_->compiler.CompileJSONSchema(schema, spec.any_whitespace);
+        compiled = impl_->compiler.CompileJSONSchema(schema, spec.any_whitespace, std::nullopt, std::nullopt,
+                                                     /*strict_mode=*/true, kMaxWhitespaceRun);
         break;
       }
       case GrammarKind::json_object:

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <iterator>
 #include <sstream>
 #include <string>
@@ -102,6 +103,58 @@ TEST(CliE2e, RunWritesItsFinalMetricsToAFile) {
   std::ifstream out(dir / "b.jsonl");
   const std::string lines((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
   EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2) << "the job's output is complete: " << lines;
+  fs::remove_all(dir);
+}
+
+// Structured outputs end to end: a `run` job whose lines carry
+// response_format, guided_regex and guided_choice gets outputs that match
+// them, a line with a schema the grammar engine cannot compile gets its
+// invalid_response_format error and the rest of the job completes; and
+// `generate` takes the same constraints as flags.
+TEST(CliE2e, StructuredOutputsInAJobAndInGenerate) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardline_cli_structured_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "in.jsonl")
+      << R"({"custom_id": "json", "prompt": "Once upon a time", "max_tokens": 60, "temperature": 0, )"
+         R"("response_format": {"type": "json_schema", "json_schema": {"name": "m", "schema": {"type": "object", )"
+         R"("properties": {"mood": {"enum": ["happy", "sad"]}}, "required": ["mood"], "additionalProperties": false}}}})"
+      << "\n"
+      << R"({"custom_id": "regex", "prompt": "One day", "max_tokens": 16, "guided_regex": "[a-c]{2}-[0-9]{2}"})" "\n"
+      << R"({"custom_id": "choice", "prompt": "Lily", "max_tokens": 16, "guided_choice": ["yes", "no"]})" "\n"
+      << R"({"custom_id": "bad", "prompt": "Tom", "guided_json": "{\"type\": \"object\", \"properties\": "})" "\n";
+  CliRun r = run("run --quiet --model " + kModel + " --input " + (dir / "in.jsonl").string() + " --output " +
+                 (dir / "out.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::map<std::string, nlohmann::json> out;
+  std::ifstream in(dir / "out.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out[j["custom_id"].get<std::string>()] = j;
+  }
+  ASSERT_EQ(out.size(), 4u);
+  const auto text = [&](const std::string& id) {
+    return out[id]["response"]["body"]["choices"][0]["text"].get<std::string>();
+  };
+  const auto mood = nlohmann::json::parse(text("json"), nullptr, false);
+  ASSERT_TRUE(mood.is_object()) << text("json");
+  EXPECT_TRUE((mood == nlohmann::json{{"mood", "happy"}} || mood == nlohmann::json{{"mood", "sad"}})) << text("json");
+  EXPECT_TRUE(std::regex_match(text("regex"), std::regex("[a-c]{2}-[0-9]{2}"))) << text("regex");
+  EXPECT_TRUE(text("choice") == "yes" || text("choice") == "no") << text("choice");
+  EXPECT_TRUE(out["bad"]["response"].is_null());
+  EXPECT_EQ(out["bad"]["error"]["code"], "invalid_response_format") << out["bad"].dump();
+
+  r = run("generate --model " + kModel + " --prompt 'Once upon a time' --max-tokens 16 --guided-regex '[0-9]{3}' --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto g = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(std::regex_match(g["text"].get<std::string>(), std::regex("[0-9]{3}"))) << r.out;
+  EXPECT_EQ(g["finish_reason"], "stop");
+  r = run("generate --model " + kModel + " --prompt x --guided-regex a --guided-choice b");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("give one of --guided-json"), std::string::npos) << r.out;
+  r = run("generate --model " + kModel + " --prompt x --guided-regex '(ab'");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("invalid_response_format"), std::string::npos) << r.out;
   fs::remove_all(dir);
 }
 

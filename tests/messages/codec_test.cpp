@@ -331,6 +331,11 @@ TEST(MessagesCodec, RejectsInvalidSamplingParams) {
                "requests[0].n must be >= 1");
 
   r = sample_request(1);
+  r.grammar_kind = "xml";  // not a structured-output kind
+  expect_error(decode_worker(encode(WorkerMsg{AssignWork{{r}}})), ErrorCode::invalid_argument,
+               "requests[0].grammarKind: unknown kind \"xml\"");
+
+  r = sample_request(1);
   r.prompt_token_ids[2] = -5;
   expect_error(decode_worker(encode(WorkerMsg{AssignWork{{r}}})), ErrorCode::invalid_argument,
                "requests[0].promptTokenIds[2]");

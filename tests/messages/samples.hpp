@@ -62,6 +62,12 @@ inline worker::BatchRequest sample_request(int i) {
   }
   r.echo = i % 4 == 2;
   r.params.logprobs = i % 5 - 1;
+  if (i % 4 == 1) {  // a structured output
+    r.grammar_kind = i % 8 == 1 ? "json_schema" : "choice";
+    r.grammar_text = i % 8 == 1 ? R"({"type": "object", "properties": {"✓": {"type": "integer"}}})" : "";
+    if (i % 8 != 1) r.grammar_choices = {"yes", "no \"really\"", ""};
+    r.grammar_any_whitespace = i % 3 == 0;
+  }
   return r;
 }
 
@@ -201,6 +207,10 @@ inline void expect_request_eq(const worker::BatchRequest& a, const worker::Batch
   EXPECT_EQ(a.chat_template, b.chat_template);
   EXPECT_EQ(a.max_tokens_from_context, b.max_tokens_from_context);
   EXPECT_EQ(a.echo, b.echo);
+  EXPECT_EQ(a.grammar_kind, b.grammar_kind);
+  EXPECT_EQ(a.grammar_text, b.grammar_text);
+  EXPECT_EQ(a.grammar_choices, b.grammar_choices);
+  EXPECT_EQ(a.grammar_any_whitespace, b.grammar_any_whitespace);
 }
 
 inline void expect_result_eq(const worker::BatchResult& a, const worker::BatchResult& b) {

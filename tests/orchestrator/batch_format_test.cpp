@@ -275,8 +275,7 @@ TEST(BatchFormat, RefusedFieldsGiveUnsupportedParameter) {
   const std::string chat = R"({"url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"x"}],)";
   for (const char* f : {R"("stream":true)", R"("stream_options":{"include_usage":true})", R"("logit_bias":{"5":10})",
                         R"("tools":[{"type":"function"}])", R"("tool_choice":"auto")", R"("functions":[])",
-                        R"("function_call":"auto")", R"("response_format":{"type":"json_object"})",
-                        R"("modalities":["text","audio"])", R"("audio":{})", R"("prediction":{})",
+                        R"("function_call":"auto")", R"("modalities":["text","audio"])", R"("audio":{})", R"("prediction":{})",
                         R"("reasoning_effort":"low")", R"("web_search_options":{})", R"("verbosity":"low")"}) {
     const std::string field = std::string(f).substr(1, std::string(f).find('"', 1) - 1);
     expect_error(chat + f + "}}", "unsupported_parameter", "body." + field);
@@ -290,6 +289,81 @@ TEST(BatchFormat, RefusedFieldsGiveUnsupportedParameter) {
   // The "off" values are accepted.
   const BatchRequest ok = ok_line(cmpl + R"("stream":false,"logit_bias":{},"suffix":"","best_of":1,"user":"u"}})");
   EXPECT_FALSE(ok.chat);
+}
+
+// Structured outputs: OpenAI's response_format, vLLM's guided_* and its
+// structured_outputs object, on both endpoints, into the request's grammar.
+TEST(BatchFormat, StructuredOutputFieldsBecomeTheLinesGrammar) {
+  const std::string chat = R"({"url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"x"}],)";
+  const std::string cmpl = R"({"body":{"prompt":"x",)";
+  BatchRequest r = ok_line(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"p",)"
+                                  R"("strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}}}}}}})");
+  EXPECT_EQ(r.grammar_kind, "json_schema");
+  EXPECT_EQ(r.grammar_text, R"({"properties":{"a":{"type":"integer"}},"type":"object"})");
+  EXPECT_TRUE(r.grammar_any_whitespace);
+  EXPECT_EQ(ok_line(chat + R"("response_format":{"type":"json_object"}}})").grammar_kind, "json_object");
+  // A json_schema without a schema: any JSON, as json_object.
+  EXPECT_EQ(ok_line(chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"any"}}}})").grammar_kind,
+            "json_object");
+  EXPECT_EQ(ok_line(chat + R"("response_format":{"type":"text"}}})").grammar_kind, "");
+  EXPECT_EQ(ok_line(cmpl + R"("response_format":{"type":"json_object"}}})").grammar_kind, "json_object");
+
+  r = ok_line(cmpl + R"("guided_json":"{\"type\": \"integer\"}"}})");
+  EXPECT_EQ(r.grammar_kind, "json_schema");
+  EXPECT_EQ(r.grammar_text, R"({"type": "integer"})");
+  EXPECT_EQ(ok_line(cmpl + R"("guided_json":{"type":"integer"}}})").grammar_text, R"({"type":"integer"})");
+  r = ok_line(cmpl + R"("guided_regex":"[a-z]+"}})");
+  EXPECT_EQ(r.grammar_kind, "regex");
+  EXPECT_EQ(r.grammar_text, "[a-z]+");
+  r = ok_line(chat + R"("guided_choice":["yes","no"]}})");
+  EXPECT_EQ(r.grammar_kind, "choice");
+  EXPECT_EQ(r.grammar_choices, (std::vector<std::string>{"yes", "no"}));
+  r = ok_line(cmpl + R"("guided_grammar":"root ::= \"a\""}})");
+  EXPECT_EQ(r.grammar_kind, "ebnf");
+  EXPECT_EQ(r.grammar_text, R"(root ::= "a")");
+
+  r = ok_line(cmpl + R"("structured_outputs":{"regex":"[0-9]","disable_any_whitespace":true}}})");
+  EXPECT_EQ(r.grammar_kind, "regex");
+  EXPECT_FALSE(r.grammar_any_whitespace);
+  EXPECT_EQ(ok_line(chat + R"("structured_outputs":{"json":{"type":"null"}}}})").grammar_kind, "json_schema");
+  EXPECT_EQ(ok_line(chat + R"("structured_outputs":{"choice":["a"]}}})").grammar_choices.size(), 1u);
+  EXPECT_EQ(ok_line(chat + R"("structured_outputs":{"grammar":"root ::= \"b\""}}})").grammar_kind, "ebnf");
+  EXPECT_EQ(ok_line(chat + R"("structured_outputs":{"json_object":true}}})").grammar_kind, "json_object");
+  EXPECT_EQ(ok_line(chat + R"("structured_outputs":{"json_object":false}}})").grammar_kind, "");
+  // Unconstrained by default.
+  EXPECT_EQ(ok_line(cmpl + R"("max_tokens":3}})").grammar_kind, "");
+}
+
+TEST(BatchFormat, StructuredOutputErrorsNameTheField) {
+  const std::string chat = R"({"url":"/v1/chat/completions","body":{"messages":[{"role":"user","content":"x"}],)";
+  const std::string cmpl = R"({"body":{"prompt":"x",)";
+  // Two constraints at once.
+  expect_error(cmpl + R"("guided_regex":"a","guided_choice":["b"]}})", "invalid_parameter", "body.guided_choice");
+  expect_error(chat + R"("response_format":{"type":"json_object"},"structured_outputs":{"regex":"a"}}})",
+               "invalid_parameter", "only one structured-output constraint");
+  expect_error(cmpl + R"("structured_outputs":{"regex":"a","choice":["b"]}}})", "invalid_parameter",
+               "body.structured_outputs.choice");
+  // Shapes and values.
+  expect_error(chat + R"("response_format":"json"}})", "invalid_parameter", "body.response_format");
+  expect_error(chat + R"("response_format":{"type":"xml"}}})", "invalid_parameter", "body.response_format.type");
+  expect_error(chat + R"("response_format":{"type":"json_schema"}}})", "invalid_parameter",
+               "body.response_format.json_schema");
+  expect_error(chat + R"("response_format":{"type":"json_schema","json_schema":{"schema":[1]}}}})",
+               "invalid_parameter", "body.response_format.json_schema.schema");
+  expect_error(chat + R"("response_format":{"type":"json_schema","json_schema":{"nam":"x"}}}})", "unknown_parameter",
+               "body.response_format.json_schema.nam");
+  expect_error(chat + R"("response_format":{"type":"json_object","extra":1}}})", "unknown_parameter",
+               "body.response_format.extra");
+  expect_error(cmpl + R"("guided_json":5}})", "invalid_parameter", "body.guided_json");
+  expect_error(cmpl + R"("guided_regex":["a"]}})", "invalid_parameter", "body.guided_regex");
+  expect_error(cmpl + R"("guided_choice":[]}})", "invalid_parameter", "body.guided_choice");
+  expect_error(cmpl + R"("guided_choice":["a",2]}})", "invalid_parameter", "body.guided_choice element");
+  expect_error(cmpl + R"("guided_grammar":{}}})", "invalid_parameter", "body.guided_grammar");
+  expect_error(cmpl + R"("structured_outputs":{"structural_tag":"x"}}})", "unsupported_parameter",
+               "body.structured_outputs.structural_tag");
+  expect_error(cmpl + R"("structured_outputs":[1]}})", "invalid_parameter", "body.structured_outputs");
+  // The plain form names the fields without a prefix.
+  expect_error(R"({"prompt":"x","guided_regex":1})", "invalid_parameter", "guided_regex");
 }
 
 TEST(BatchFormat, CompletionsLogprobsAndEcho) {

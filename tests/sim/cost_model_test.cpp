@@ -679,7 +679,8 @@ TEST(CostModel, SidpOverlappedSwitchBatchByHand) {
   EXPECT_FALSE(m.sidp_switch_batch_overlapped({.bandwidth_bytes_per_s = 0, .latency_s = 0}, 2).ok());
 }
 
-TEST(CostModel, ForSidpRankTakesItsShareOfTheMachine) {
+/// The 2-layer shape of the SiDP rank tests, and their link (100 B/s, 10 ms).
+model::ModelConfig sidp_rank_config() {
   model::ModelConfig c;
   c.num_hidden_layers = 2;
   c.hidden_size = 8;
@@ -688,7 +689,13 @@ TEST(CostModel, ForSidpRankTakesItsShareOfTheMachine) {
   c.head_dim = 4;
   c.intermediate_size = 16;
   c.vocab_size = 32;
-  const LinkSpec link{.bandwidth_bytes_per_s = 100, .latency_s = 0.01};
+  return c;
+}
+constexpr LinkSpec kSidpRankLink{.bandwidth_bytes_per_s = 100, .latency_s = 0.01};
+
+TEST(CostModel, ForSidpRankTakesItsShareOfTheMachine) {
+  const model::ModelConfig c = sidp_rank_config();
+  const LinkSpec link = kSidpRankLink;
   auto m = CostModel::for_sidp_rank(c, DType::bf16, DType::f32, 4000, 40000, 4, link);
   ASSERT_TRUE(m.ok()) << m.error().to_string();
   EXPECT_DOUBLE_EQ(m->hardware().memory_bw_bytes_per_s, 1000);
@@ -712,15 +719,8 @@ TEST(CostModel, ForSidpRankTakesItsShareOfTheMachine) {
 //     b* = ceil(10000 (0.01 / 768 + 0.75 / 200)) = ceil(37.63) = 38
 //   BF16's 2 B:    T_fetch = 0.01 + 768 / 100 = 7.69 s;  b* = ceil(100.13) = 101
 TEST(CostModel, ForSidpRankPricesWeightsAtTheirOwnBytes) {
-  model::ModelConfig c;
-  c.num_hidden_layers = 2;
-  c.hidden_size = 8;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.intermediate_size = 16;
-  c.vocab_size = 32;
-  const LinkSpec link{.bandwidth_bytes_per_s = 100, .latency_s = 0.01};
+  const model::ModelConfig c = sidp_rank_config();
+  const LinkSpec link = kSidpRankLink;
   auto q = CostModel::for_sidp_rank(c, 0.75, DType::f32, 4000, 40000, 4, link);
   ASSERT_TRUE(q.ok()) << q.error().to_string();
   EXPECT_DOUBLE_EQ(q->sizes().weight_bytes, 0.75);
