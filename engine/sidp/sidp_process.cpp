@@ -118,12 +118,16 @@ class SidpRemoteRanks::Control {
         header[1] < 0)
       return corrupt("bad header from rank " + std::to_string(peer));
     std::vector<std::uint8_t> bytes(static_cast<std::size_t>(header[1]));
-    // The body was sent right after its header: wait for it as for a peer call.
+    // The body was sent right after its header: wait for it as for a peer call,
+    // unless the peer died between the two (killed after its header went out:
+    // without this check rank 0 waited the whole 60 s, seen once in CI).
     const auto body_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (;;) {
       Status st = comm_->recv(bytes.data(), bytes.size(), peer, kTagBody);
       if (st.ok()) break;
       if (st.error().code != ErrorCode::io || std::chrono::steady_clock::now() >= body_deadline) return st.error();
+      if (comm_->peer_dead(peer))
+        return make_error(ErrorCode::io, "sidp control: rank " + std::to_string(peer) + " went away");
     }
     Message m;
     m.kind = static_cast<Kind>(header[0]);
