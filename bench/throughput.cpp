@@ -343,8 +343,7 @@ Result<ThroughputReport> run_throughput(const ThroughputOptions& o) {
   // Structured outputs: every request under the schema's grammar.
   std::shared_ptr<const sampling::CompiledGrammar> grammar;
   if (!o.guided_json.empty()) {
-    std::vector<std::int32_t> stops(ec.eos_token_ids.begin(), ec.eos_token_ids.end());
-    auto compiler = sampling::GrammarCompiler::create(*e.tokenizer, e.executor->vocab_size(), std::move(stops));
+    auto compiler = engine::make_grammar_compiler(e);
     if (!compiler) return make_error(ErrorCode::invalid_argument, "bench --guided-json: " + compiler.error().message);
     const auto tc = Clock::now();
     auto g = (*compiler)->compile(

@@ -192,9 +192,7 @@ int run_generate(GenerateArgs& a) {
     e = std::move(built).value();
     std::shared_ptr<const sampling::CompiledGrammar> grammar;
     if (spec->has_value()) {
-      std::vector<std::int32_t> stops(e.engine->config().eos_token_ids.begin(),
-                                      e.engine->config().eos_token_ids.end());
-      auto compiler = sampling::GrammarCompiler::create(*e.tokenizer, e.executor->vocab_size(), std::move(stops));
+      auto compiler = engine::make_grammar_compiler(e);
       if (!compiler) {
         std::cerr << "error: " << compiler.error().to_string() << "\n";
         return 1;

@@ -10,6 +10,7 @@
 #include <new>
 #include <utility>
 
+#include "sampling/structured_output/grammar.hpp"
 #include "engine/policies/token_budget_policies.hpp"
 #include "messages/codec_detail.hpp"
 
@@ -323,8 +324,7 @@ BatchRequest get(wire::BatchRequest::Reader r, const std::string& field) {
   q.max_tokens_from_context = r.getMaxTokensFromContext();
   q.echo = r.getEcho();
   q.grammar_kind = str(r.getGrammarKind());
-  if (!q.grammar_kind.empty() && q.grammar_kind != "json_schema" && q.grammar_kind != "json_object" &&
-      q.grammar_kind != "regex" && q.grammar_kind != "choice" && q.grammar_kind != "ebnf")
+  if (!q.grammar_kind.empty() && !sampling::parse_grammar_kind(q.grammar_kind))
     fail(ErrorCode::invalid_argument, field + ".grammarKind: unknown kind \"" + q.grammar_kind + "\"");
   q.grammar_text = str(r.getGrammarText());
   auto choices = r.getGrammarChoices();

@@ -359,19 +359,15 @@ Result<std::shared_ptr<const sampling::CompiledGrammar>> BatchWorker::compile_gr
   if (!grammar_compiler_) {
     // A constrained output ends on the engine's stop tokens (EOS, a chat
     // model's end-of-turn), which its grammar allows once it may end.
-    std::vector<std::int32_t> stops;
-    for (const int id : engine_.engine->config().eos_token_ids) stops.push_back(id);
-    auto c = sampling::GrammarCompiler::create(*engine_.tokenizer, engine_.executor->vocab_size(), std::move(stops));
+    auto c = engine::make_grammar_compiler(engine_);
     if (!c.ok()) return std::move(c).error();
     grammar_compiler_ = std::move(c).value();
   }
+  const std::optional<sampling::GrammarKind> kind = sampling::parse_grammar_kind(request.grammar_kind);
+  if (!kind)
+    return make_error(ErrorCode::invalid_argument, "unknown structured-output kind \"" + request.grammar_kind + "\"");
   sampling::GrammarSpec spec;
-  const std::string& k = request.grammar_kind;
-  spec.kind = k == "json_schema"   ? sampling::GrammarKind::json_schema
-              : k == "json_object" ? sampling::GrammarKind::json_object
-              : k == "regex"       ? sampling::GrammarKind::regex
-              : k == "choice"      ? sampling::GrammarKind::choice
-                                   : sampling::GrammarKind::ebnf;
+  spec.kind = *kind;
   spec.text = request.grammar_text;
   spec.choices = request.grammar_choices;
   spec.any_whitespace = request.grammar_any_whitespace;

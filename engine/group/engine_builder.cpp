@@ -596,4 +596,10 @@ Result<EngineInstance> build_engine(const EngineOptions& o) {
   return e;
 }
 
+Result<std::shared_ptr<sampling::GrammarCompiler>> make_grammar_compiler(const EngineInstance& instance) {
+  const std::vector<int>& eos = instance.engine->config().eos_token_ids;
+  return sampling::GrammarCompiler::create(*instance.tokenizer, instance.executor->vocab_size(),
+                                           std::vector<std::int32_t>(eos.begin(), eos.end()));
+}
+
 }  // namespace shardline::engine

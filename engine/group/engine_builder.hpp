@@ -25,6 +25,7 @@
 #include "model/ffn_executor.hpp"
 #include "text/tokenizer.hpp"
 #include "model/weights.hpp"
+#include "sampling/structured_output/grammar.hpp"
 
 namespace shardline::model {
 class CudaFfnExecutor;  // model/cuda/cuda_runner.hpp (CUDA builds)
@@ -217,5 +218,11 @@ struct EngineInstance {
 /// loaded with its load_format, dtype (F16 as F32), seed and layer override.
 /// Errors: what model::load_model returns.
 [[nodiscard]] Result<std::shared_ptr<const model::ModelWeights>> load_weights(const EngineOptions& options);
+
+/// A structured-output grammar compiler for `instance`'s model: its
+/// tokenizer, its logits' width, and its engine's EOS ids as the stop
+/// tokens a constrained output ends on. Errors: what
+/// sampling::GrammarCompiler::create returns.
+[[nodiscard]] Result<std::shared_ptr<sampling::GrammarCompiler>> make_grammar_compiler(const EngineInstance& instance);
 
 }  // namespace shardline::engine

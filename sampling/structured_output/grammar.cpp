@@ -216,6 +216,13 @@ const char* grammar_kind_name(GrammarKind kind) noexcept {
   return "unknown";
 }
 
+std::optional<GrammarKind> parse_grammar_kind(std::string_view name) noexcept {
+  for (const GrammarKind k : {GrammarKind::json_schema, GrammarKind::json_object, GrammarKind::regex,
+                              GrammarKind::choice, GrammarKind::ebnf})
+    if (name == grammar_kind_name(k)) return k;
+  return std::nullopt;
+}
+
 int bitmask_words(int vocab_size) noexcept { return vocab_size <= 0 ? 0 : (vocab_size + 31) / 32; }
 
 void apply_token_bitmask(std::span<float> logits, std::span<const std::uint32_t> bitmask) noexcept {

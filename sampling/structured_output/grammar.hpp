@@ -26,8 +26,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/result.hpp"
@@ -46,6 +48,8 @@ enum class GrammarKind {
 
 /// "json_schema", "json_object", "regex", "choice" or "ebnf".
 [[nodiscard]] const char* grammar_kind_name(GrammarKind kind) noexcept;
+/// The kind grammar_kind_name names; nullopt for any other text.
+[[nodiscard]] std::optional<GrammarKind> parse_grammar_kind(std::string_view name) noexcept;
 
 /// One constraint, as a request gives it.
 struct GrammarSpec {
