@@ -345,8 +345,10 @@ Status LlmEngine::fill_pipeline() {
     }
     // A row that asks for logprobs needs its logits on the host: such a
     // micro-batch samples on the host.
-    // Constrained rows sample on the host: their grammar masks are CPU-side.
-    if (device_sampling && !wants_logprobs(sched) && !has_grammar(sched)) attach_device_sampling(sched);
+    // Constrained rows sample on the device too, under their masks, once
+    // these are ready (grammar_masks_ready).
+    if (device_sampling && !wants_logprobs(sched) && grammar_masks_ready(sched, f.stats))
+      attach_device_sampling(sched);
     f.submitted = Clock::now();
     offer_prefix_links(sched);
     LayerStreaming by_layer;
@@ -567,6 +569,27 @@ bool LlmEngine::has_grammar(const SchedulerOutput& sched) {
   return false;
 }
 
+bool LlmEngine::grammar_masks_ready(const SchedulerOutput& sched, StepStats& stats) {
+  if (!has_grammar(sched)) return true;
+  const auto t_wait = Clock::now();
+  const Status filled = grammar_masks_.wait();
+  stats.grammar_wait_ms += ms_since(t_wait);
+  stats.grammar_fill_ms += grammar_masks_.last_fill_ms();
+  if (!filled.ok()) {
+    if (deferred_error_.ok()) deferred_error_ = filled;
+    return false;
+  }
+  for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
+    if (!sched.input.seqs[i].needs_logits) continue;
+    GrammarState* g = sched.scheduled[i].seq->grammar.get();
+    if (g == nullptr) continue;
+    // A grammar with no next mask (ended, or its fill fails): sample_rows
+    // ends that request on the host.
+    if (g->matcher.is_terminated() || !g->fill_mask().ok()) return false;
+  }
+  return true;
+}
+
 void LlmEngine::attach_device_sampling(SchedulerOutput& sched) const {
   sched.input.sampling.clear();
   for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
@@ -575,6 +598,7 @@ void LlmEngine::attach_device_sampling(SchedulerOutput& sched) const {
     model::RowSampling row;
     row.params = &seq.params;
     row.ctx = sample_context(seq);
+    if (seq.grammar) row.token_bitmask = seq.grammar->mask;  // ready: grammar_masks_ready
     sched.input.sampling.push_back(row);
   }
 }
@@ -598,7 +622,7 @@ Result<model::StepOutput> LlmEngine::collect_oldest(InFlight& f) {
   return exec;
 }
 
-std::vector<Sequence*> LlmEngine::sample_rows(InFlight& f, const model::StepOutput& output) {
+std::vector<Sequence*> LlmEngine::sample_rows(InFlight& f, model::StepOutput& output) {
   const SchedulerOutput& sched = f.sched;
   const bool sampled_on_device = !sched.input.sampling.empty();
   const auto vocab = static_cast<std::size_t>(output.vocab_size);
@@ -606,57 +630,63 @@ std::vector<Sequence*> LlmEngine::sample_rows(InFlight& f, const model::StepOutp
   std::vector<Sequence*> sampled_seqs;
   sampled.reserve(static_cast<std::size_t>(sched.input.num_logits()));
   std::vector<float> scratch;  // [vocab] when a row's params change its logits
-  std::vector<float> masked;   // [vocab]: a constrained row's logits under its grammar's mask
-  // The masks filled beside this micro-batch's forward pass.
+  std::vector<float> masked;   // [vocab]: a constrained row's masked logits when its raw row is kept for logprobs
+  // The masks filled beside this micro-batch's forward pass (for a
+  // micro-batch sampled on the device, waited for before it went out).
   const auto t_wait = Clock::now();
   if (Status s = grammar_masks_.wait(); !s.ok() && deferred_error_.ok()) deferred_error_ = s;
-  f.stats.grammar_wait_ms = ms_since(t_wait);
-  f.stats.grammar_fill_ms = grammar_masks_.last_fill_ms();
+  f.stats.grammar_wait_ms += ms_since(t_wait);
+  f.stats.grammar_fill_ms += grammar_masks_.last_fill_ms();
   std::vector<std::shared_ptr<GrammarState>> constrained;  // sampled now: their next masks
   for (std::size_t i = 0; i < sched.scheduled.size(); ++i) {
     if (!sched.input.seqs[i].needs_logits) continue;
     Sequence& seq = *sched.scheduled[i].seq;
-    if (sampled_on_device) {  // (never with a constrained row: fill_pipeline)
-      sampled.push_back(output.sampled_token_ids[sampled.size()]);
+    // A grammar that cannot go on ends its request (finish_reason abort,
+    // the reason in stop_reason), never the engine: its stop token was
+    // taken but the request did not stop on it (a stop token the engine
+    // does not stop on), or the sampled token is refused (every allowed
+    // token masked again after the grammar's mask, e.g. min_tokens holding
+    // back the only allowed stop token).
+    Status grammar_ok = Status::ok_status();
+    std::int32_t id = 0;
+    if (seq.grammar) ++f.stats.num_constrained_rows;
+    if (sampled_on_device) {  // constrained rows under their masks (grammar_masks_ready)
+      id = output.sampled_token_ids[sampled.size()];
     } else {
-      const float* row = output.logits.data() + sampled.size() * vocab;
+      float* row = output.logits.data() + sampled.size() * vocab;
       if (config_.capture_logits) seq.captured_logits.emplace_back(row, row + vocab);
       const float* sample_from = row;
-      // A grammar that cannot go on ends its request (finish_reason abort,
-      // the reason in stop_reason), never the engine: its stop token was
-      // taken but the request did not stop on it (a stop token the engine
-      // does not stop on), or the sampled token is refused (every allowed
-      // token masked again after the grammar's mask, e.g. min_tokens holding
-      // back the only allowed stop token).
-      const auto end_by_grammar = [&](const std::string& why) {
-        seq.stop_reason = "grammar: " + why;
-        seq.abort_requested = true;
-      };
-      Status grammar_ok = Status::ok_status();
       if (seq.grammar) {
-        ++f.stats.num_constrained_rows;
         if (seq.grammar->matcher.is_terminated())
           grammar_ok = make_error(ErrorCode::invalid_argument, "complete, but the request did not stop");
         else
           grammar_ok = seq.grammar->fill_mask();
         if (grammar_ok.ok()) {
-          masked.assign(row, row + vocab);
-          sampling::apply_token_bitmask(masked, seq.grammar->mask);
-          sample_from = masked.data();
+          // In place, unless the raw row is still needed (logprobs are those
+          // of the unmasked row, as vLLM returns them).
+          std::span<float> to_mask{row, vocab};
+          if (seq.params.logprobs >= 0) {
+            masked.assign(row, row + vocab);
+            to_mask = masked;
+          }
+          sampling::apply_token_bitmask(to_mask, seq.grammar->mask);
+          sample_from = to_mask.data();
         }
       }
-      const std::int32_t id = sampling::sample_row({sample_from, vocab}, seq.params, sample_context(seq), scratch);
+      id = sampling::sample_row({sample_from, vocab}, seq.params, sample_context(seq), scratch);
       if (seq.params.logprobs >= 0)
         seq.logprobs.push_back(sampling::compute_logprobs({row, vocab}, id, seq.params.logprobs));
-      if (seq.grammar) {
-        if (grammar_ok.ok()) grammar_ok = seq.grammar->accept(id);
-        if (!grammar_ok.ok())
-          end_by_grammar(grammar_ok.error().message);
-        else if (!seq.grammar->matcher.is_terminated())
-          constrained.push_back(seq.grammar);
-      }
-      sampled.push_back(id);
     }
+    if (seq.grammar) {
+      if (grammar_ok.ok()) grammar_ok = seq.grammar->accept(id);
+      if (!grammar_ok.ok()) {
+        seq.stop_reason = "grammar: " + grammar_ok.error().message;
+        seq.abort_requested = true;
+      } else if (!seq.grammar->matcher.is_terminated()) {
+        constrained.push_back(seq.grammar);
+      }
+    }
+    sampled.push_back(id);
     sampled_seqs.push_back(&seq);
   }
   scheduler_.update(sched, sampled);

@@ -309,13 +309,21 @@ class LlmEngine {
   [[nodiscard]] static bool wants_logprobs(const SchedulerOutput& sched);
   /// True when a row of `sched` that gets logits has a grammar.
   [[nodiscard]] static bool has_grammar(const SchedulerOutput& sched);
+  /// Whether every constrained row of `sched` has its next grammar mask, as
+  /// device sampling needs before the step goes out: waits for the masks
+  /// being filled (beside the micro-batches in flight) and fills the rest,
+  /// adding the wait to `stats`. False when a grammar has no next mask (it
+  /// ended, or its fill fails): that micro-batch samples on the host, where
+  /// sample_rows ends such a request.
+  [[nodiscard]] bool grammar_masks_ready(const SchedulerOutput& sched, StepStats& stats);
   /// Collects the oldest micro-batch's output and checks its shape (logits
   /// [num_logits, vocab], or num_logits sampled ids). Errors: the executor's;
   /// internal for a wrong shape.
   [[nodiscard]] Result<model::StepOutput> collect_oldest(InFlight& f);
   /// Samples every logits row of `f` (or takes the device's ids), appends
   /// the tokens (Scheduler::update) and returns the sequences that got one.
-  [[nodiscard]] std::vector<Sequence*> sample_rows(InFlight& f, const model::StepOutput& output);
+  /// A constrained row's logits in `output` are masked in place.
+  [[nodiscard]] std::vector<Sequence*> sample_rows(InFlight& f, model::StepOutput& output);
   /// Applies the stop rules to `sampled` and finishes the stopped and the
   /// abort-requested sequences of `sched` into `results`.
   void finish_sequences(const SchedulerOutput& sched, const std::vector<Sequence*>& sampled,

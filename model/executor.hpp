@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "common/result.hpp"
@@ -31,6 +32,12 @@ struct StepSeq {
 struct RowSampling {
   const sampling::SamplingParams* params = nullptr;  ///< valid (SamplingParams::validate)
   sampling::SampleContext ctx;                       ///< seed, position, prompt / output / masked ids
+  /// Structured outputs: the row's grammar mask, [ceil(vocab / 32)] words,
+  /// bit i of word i / 32 set when token i is allowed
+  /// (sampling/structured_output/grammar.hpp); the sampler sets every other
+  /// token's logit to -inf before anything else, as
+  /// sampling::apply_token_bitmask does on the host. Empty: no mask.
+  std::span<const std::uint32_t> token_bitmask;
 };
 
 /// A whole step, flattened. Token rows are ordered by sequence (seqs[0]'s

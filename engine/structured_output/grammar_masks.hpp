@@ -6,13 +6,19 @@
 ///
 /// Per step, for a sequence with a grammar (LlmEngine::sample_rows):
 ///   1. wait for the masks started after the previous sampling;
-///   2. mask the row's logits (sampling::apply_token_bitmask on a copy:
-///      logprobs stay those of the raw row, as vLLM returns them) and
-///      sample from the masked row;
+///   2. mask the row's logits (sampling::apply_token_bitmask, in place; on
+///      a copy when the row asks for logprobs, which stay those of the raw
+///      row, as vLLM returns them) and sample from the masked row;
 ///   3. accept the sampled token into the matcher;
 ///   4. start filling the next masks of the sequences just sampled
 ///      (GrammarMaskFiller::start), which runs beside the next micro-batch's
 ///      forward pass.
+/// An executor that samples on its device (the CUDA runner) gets each
+/// constrained row's mask in its model::RowSampling and masks the row on the
+/// device: the engine waits for the masks being filled before such a
+/// micro-batch goes out (LlmEngine::grammar_masks_ready), so there the fill
+/// overlaps only the micro-batches already in flight, as in vLLM V1, whose
+/// scheduler fills the bitmasks before the forward pass.
 /// A mask depends only on the tokens the sequence accepted, so a row's
 /// output is the same alone or batched, at any pipeline depth (batch
 /// invariance), and a resumed sequence that replays its generated tokens

@@ -128,6 +128,12 @@ __global__ void __launch_bounds__(kT)
   float* l = logits + static_cast<long>(blockIdx.x) * vocab;
   const int tid = threadIdx.x;
 
+  // 0. the grammar's token bitmask (structured outputs).
+  if (p.token_bitmask != nullptr) {
+    for (int i = tid; i < vocab; i += kT)
+      if (((p.token_bitmask[i >> 5] >> (i & 31)) & 1u) == 0u) l[i] = kNegInf;
+    __syncthreads();
+  }
   // 1. penalties (each listed id is distinct, so one thread owns each write).
   const bool rep = p.repetition_penalty != 1.0f;
   const bool pres_freq = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;

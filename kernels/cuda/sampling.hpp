@@ -107,6 +107,12 @@ struct SampleRow {
   /// ids are harmless). May be null when num_masked_ids == 0.
   const std::int32_t* masked_ids = nullptr;
   int num_masked_ids = 0;
+  /// Structured outputs: the grammar's token bitmask (device), [ceil(vocab /
+  /// 32)] words, bit i % 32 of word i / 32 set when token i is allowed; every
+  /// other token's logit becomes -inf first, before the penalties (as
+  /// sampling::apply_token_bitmask before sampling::sample on the host).
+  /// Null: no mask.
+  const std::uint32_t* token_bitmask = nullptr;
 };
 
 /// The penalty list of a row: distinct in-range ids of prompt ∪ output,
@@ -140,9 +146,9 @@ struct PenaltyList {
 }
 
 /// The scalar fields of the SampleRow for (params, ctx); the device pointers
-/// (penalty_ids, output_counts, masked_ids) and their counts are left for the
-/// caller to fill with device copies of make_penalty_list(...) and
-/// ctx.min_tokens_masked_ids.
+/// (penalty_ids, output_counts, masked_ids, token_bitmask) and their counts
+/// are left for the caller to fill with device copies of
+/// make_penalty_list(...), ctx.min_tokens_masked_ids and the grammar mask.
 [[nodiscard]] inline SampleRow make_sample_row(const sampling::SamplingParams& params,
                                                const sampling::SampleContext& ctx) {
   SampleRow r;
@@ -161,8 +167,9 @@ struct PenaltyList {
 }
 
 /// Samples one token per row. logits: [num_rows, vocab] F32 contiguous on the
-/// device, modified in place exactly like sampling::sample modifies its row
-/// (penalties, masks, then / temperature unless greedy); rows: [num_rows]
+/// device, modified in place exactly like sampling::apply_token_bitmask then
+/// sampling::sample modify the row (grammar mask, penalties, min_tokens
+/// mask, then / temperature unless greedy); rows: [num_rows]
 /// SampleRow on the device; out_ids: [num_rows] int32 on the device.
 /// vocab == 0 gives id 0 for every row (as sampling::sample on an empty row).
 /// Errors: invalid_argument for negative sizes or null pointers with

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -1004,15 +1005,20 @@ struct CudaModelRunner::Impl {
   }
 
   /// Samples the step's num_logits rows on the device (penalty and masked
-  /// id lists uploaded alongside) and returns the ids, after the stream's
-  /// sync. Errors: invalid_argument (rows and sequences disagree), internal.
+  /// id lists and grammar bitmasks uploaded alongside) and returns the ids,
+  /// after the stream's sync. Errors: invalid_argument (rows and sequences
+  /// disagree, a bitmask of the wrong size), internal.
   Result<std::vector<std::int32_t>> sample_on_device(const model::StepInput& in, int num_logits) {
-    std::vector<std::int32_t>& extra = extra_host;  // penalty ids, output counts and masked ids of every row
+    // Penalty ids, output counts, masked ids and grammar bitmask words
+    // (as int32) of every row.
+    std::vector<std::int32_t>& extra = extra_host;
     extra.clear();
     struct Spans {
-      std::size_t ids = 0, counts = 0, masked = 0;
+      std::size_t ids = 0, counts = 0, masked = 0, bitmask = 0;
       int num_ids = 0, num_masked = 0;
+      bool has_bitmask = false;
     };
+    const auto bitmask_words = static_cast<std::size_t>((c.vocab_size + 31) / 32);
     std::vector<Spans> spans(static_cast<std::size_t>(num_logits));
     std::vector<std::uint64_t> row_seq_ids;  // the sequence of each logits row (rows follow seqs' order)
     row_seq_ids.reserve(static_cast<std::size_t>(num_logits));
@@ -1040,6 +1046,17 @@ struct CudaModelRunner::Impl {
         sp.masked = extra.size();
         extra.insert(extra.end(), rs.ctx.min_tokens_masked_ids.begin(), rs.ctx.min_tokens_masked_ids.end());
       }
+      if (!rs.token_bitmask.empty()) {
+        if (rs.token_bitmask.size() != bitmask_words)
+          return make_error(ErrorCode::invalid_argument,
+                            "step: row " + std::to_string(i) + "'s token bitmask has " +
+                                std::to_string(rs.token_bitmask.size()) + " words, " +
+                                std::to_string(bitmask_words) + " for a vocabulary of " +
+                                std::to_string(c.vocab_size));
+        sp.has_bitmask = true;
+        sp.bitmask = extra.size();
+        for (const std::uint32_t w : rs.token_bitmask) extra.push_back(std::bit_cast<std::int32_t>(w));
+      }
     }
     if (extra.size() * 4 > sample_ids.size_bytes()) {
       if (Status s = cuda_status("sync", cudaStreamSynchronize(stream)); !s) return s.error();
@@ -1063,6 +1080,7 @@ struct CudaModelRunner::Impl {
         r.masked_ids = extra_dev + sp.masked;
         r.num_masked_ids = sp.num_masked;
       }
+      if (sp.has_bitmask) r.token_bitmask = reinterpret_cast<const std::uint32_t*>(extra_dev + sp.bitmask);
       rows_host[i] = r;
     }
     // `extra` lives in the runner until the next step, after this one's sync.

@@ -226,14 +226,21 @@ std::optional<GrammarKind> parse_grammar_kind(std::string_view name) noexcept {
 int bitmask_words(int vocab_size) noexcept { return vocab_size <= 0 ? 0 : (vocab_size + 31) / 32; }
 
 void apply_token_bitmask(std::span<float> logits, std::span<const std::uint32_t> bitmask) noexcept {
+  // A grammar allows few tokens at most steps, so most words are 0: those
+  // fill 32 logits at once, and a mixed word's loop has no branch (both
+  // vectorize); a word of all ones leaves its logits as they are.
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const std::size_t n = logits.size();
+  float* l = logits.data();
   for (std::size_t w = 0; w * 32 < n; ++w) {
     const std::uint32_t word = bitmask[w];
     if (word == 0xFFFFFFFFu) continue;
-    const std::size_t end = std::min(n, w * 32 + 32);
-    for (std::size_t i = w * 32; i < end; ++i)
-      if (((word >> (i % 32)) & 1u) == 0) logits[i] = neg_inf;
+    const std::size_t begin = w * 32, end = std::min(n, begin + 32);
+    if (word == 0) {
+      std::fill(l + begin, l + end, neg_inf);
+      continue;
+    }
+    for (std::size_t i = begin; i < end; ++i) l[i] = ((word >> (i - begin)) & 1u) != 0 ? l[i] : neg_inf;
   }
 }
 
@@ -316,7 +323,12 @@ Result<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::compile(const Gr
         break;
       }
       case GrammarKind::json_object:
-        compiled = impl_->compiler.CompileBuiltinJSONGrammar();
+        // Any JSON object (OpenAI's json_object), as the schema
+        // {"type": "object"} with its properties open (not strict), so the
+        // whitespace between tokens is bounded as for a schema (xgrammar's
+        // builtin JSON grammar has no bound, and allows any JSON value).
+        compiled = impl_->compiler.CompileJSONSchema(R"({"type": "object"})", spec.any_whitespace, std::nullopt,
+                                                     std::nullopt, /*strict_mode=*/false, kMaxWhitespaceRun);
         break;
       case GrammarKind::regex:
         compiled = impl_->compiler.CompileRegex(spec.text);

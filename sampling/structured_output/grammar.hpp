@@ -40,7 +40,7 @@ namespace shardline::sampling {
 /// What a line's output must match.
 enum class GrammarKind {
   json_schema,  ///< `text` is a JSON schema (response_format json_schema, guided_json)
-  json_object,  ///< any JSON object (response_format json_object); `text` unused
+  json_object,  ///< any JSON object (response_format json_object), whitespace runs bounded as a schema's; `text` unused
   regex,        ///< `text` is a regular expression the whole output matches (guided_regex)
   choice,       ///< the output is exactly one of `choices` (guided_choice)
   ebnf,         ///< `text` is an EBNF grammar with a `root` rule, xgrammar's GBNF dialect (guided_grammar)

@@ -2,7 +2,8 @@
 // restart, and the finished output is byte-identical to a run without kills
 // (every custom_id exactly once); `actor kill` of the worker mid-job (it
 // holds unfinished lines, which are requeued) and the job still finishes with
-// the same bytes. A SIGTERM that the kernel hands to a thread other than
+// the same bytes, also when every line is under a grammar (structured
+// outputs). A SIGTERM that the kernel hands to a thread other than
 // the main one (a thread a library started before main()) still stops the
 // node cleanly.
 #include <gtest/gtest.h>
@@ -14,7 +15,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <sstream>
 #include <regex>
 #include <thread>
 
@@ -40,9 +43,12 @@ class NodeFault : public testing_support::TempDirTest {
  protected:
   /// The first `n` requests of the demo set with `max_tokens` each (seeded
   /// sampling, every 10th line greedy, as in the demo set).
-  void write_input(int n, int max_tokens) {
-    testing_support::write_demo_prompts(path("in.jsonl"), n,
-                                        [&](int, nlohmann::json& body) { body["max_tokens"] = max_tokens; });
+  /// `edit(i, body)` may change line i's request body further.
+  void write_input(int n, int max_tokens, const std::function<void(int, nlohmann::json&)>& edit = nullptr) {
+    testing_support::write_demo_prompts(path("in.jsonl"), n, [&](int i, nlohmann::json& body) {
+      body["max_tokens"] = max_tokens;
+      if (edit) edit(i, body);
+    });
   }
 
   std::vector<std::string> run_args(const std::string& output, const std::string& data_dir) const {
@@ -56,6 +62,12 @@ class NodeFault : public testing_support::TempDirTest {
     EXPECT_EQ(clean.wait(), 0) << clean.log();
     return read_file(path("clean.jsonl"));
   }
+
+  /// Submits in.jsonl (`num_lines` lines) to a node, kills its worker with
+  /// `actor kill` once a max batch of lines is done (so it holds lines it
+  /// has not finished), and checks that the job finishes with the bytes of
+  /// an uninterrupted run, each line once.
+  void kill_the_worker_mid_job(int num_lines);
 
 };
 
@@ -110,8 +122,44 @@ TEST_F(NodeFault, ActorKillOfTheWorkerStillFinishesTheJob) {
   // Enough lines that the job is far from done when the kill lands, even
   // on a loaded machine where `actor kill` takes a while to start (with
   // 120 the rest of the job once finished before the kill landed).
-  constexpr int kLines = 360, kMaxBatch = 32;
-  write_input(kLines, 120);
+  write_input(360, 120);
+  kill_the_worker_mid_job(360);
+}
+
+// Structured outputs (issue 43): every line under a grammar (vLLM's guided
+// JSON schema, regex and choice), the worker killed mid-job. Its unfinished lines go to the
+// restarted worker, whose matchers replay what each line generated, and the
+// output is the uninterrupted run's, byte for byte.
+TEST_F(NodeFault, ActorKillOfTheWorkerMidLineKeepsConstrainedOutputs) {
+  const nlohmann::json schema = {
+      {"type", "object"},
+      {"properties",
+       {{"name", {{"type", "string"}, {"maxLength", 40}}},
+        {"age", {{"type", "integer"}, {"minimum", 0}, {"maximum", 120}}},
+        {"mood", {{"enum", {"happy", "sad", "sleepy"}}}}}},
+      {"required", {"name", "age", "mood"}},
+      {"additionalProperties", false}};
+  write_input(360, 120, [&](int i, nlohmann::json& body) {
+    switch (i % 3) {
+      case 0: body["guided_json"] = schema; break;
+      case 1: body["guided_regex"] = "(The|A) [a-z]{1,12}( [a-z]{1,12}){2,10}\\."; break;
+      default: body["guided_choice"] = {"happy", "sad", "very sleepy"};
+    }
+  });
+  kill_the_worker_mid_job(360);
+  // The grammars were applied: each choice line's text is one of its choices.
+  int num_chosen = 0;
+  std::istringstream out(read_file(path("out.jsonl")));
+  for (std::string line; std::getline(out, line);) {
+    const auto text = nlohmann::json::parse(line)["response"]["body"]["choices"][0]["text"].get<std::string>();
+    num_chosen += text == "happy" || text == "sad" || text == "very sleepy" ? 1 : 0;
+  }
+  EXPECT_EQ(num_chosen, 120);
+}
+
+void NodeFault::kill_the_worker_mid_job(int num_lines) {
+  const int kLines = num_lines;
+  constexpr int kMaxBatch = 32;
   const std::string expected = clean_output();
   expect_each_custom_id_once(expected, kLines);
   ASSERT_EQ(run_command(kShardline + " cluster init --key-file " + path("cluster.key")).exit_code, 0);

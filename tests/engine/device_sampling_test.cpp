@@ -8,46 +8,14 @@
 #include <map>
 
 #include "engine/group/engine_builder.hpp"
-#include "sampling/sampler.hpp"
 #include "tests/support/engine_runs.hpp"
+#include "tests/support/sampling_executor.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
 namespace engine_device_sampling_test {
 
-/// Runs the wrapped executor, then samples every row the way a device
-/// sampler must: from its RowSampling only.
-class SamplingExecutor final : public model::ModelExecutor {
- public:
-  explicit SamplingExecutor(model::ModelExecutor& inner) : inner_(inner) {}
-  Result<model::StepOutput> execute(const model::StepInput& in) override {
-    Result<model::StepOutput> r = inner_.execute(in);
-    if (!r.ok() || in.sampling.empty()) {
-      ++logits_steps_;
-      return r;
-    }
-    model::StepOutput out = std::move(r).value();
-    EXPECT_EQ(in.sampling.size(), static_cast<std::size_t>(in.num_logits()));
-    const auto vocab = static_cast<std::size_t>(out.vocab_size);
-    for (std::size_t i = 0; i < in.sampling.size(); ++i) {
-      std::vector<float> row(out.logits.begin() + static_cast<long>(i * vocab),
-                             out.logits.begin() + static_cast<long>((i + 1) * vocab));
-      out.sampled_token_ids.push_back(sampling::sample(row, *in.sampling[i].params, in.sampling[i].ctx));
-    }
-    out.logits.clear();
-    ++sampled_steps_;
-    return out;
-  }
-  int vocab_size() const override { return inner_.vocab_size(); }
-  int num_kv_blocks() const override { return inner_.num_kv_blocks(); }
-  int block_size() const override { return inner_.block_size(); }
-  bool samples_on_device() const override { return true; }
-  int sampled_steps_ = 0;
-  int logits_steps_ = 0;
-
- private:
-  model::ModelExecutor& inner_;
-};
+using testing_support::SamplingExecutor;
 
 EngineInstance make_engine() {
   EngineOptions o;

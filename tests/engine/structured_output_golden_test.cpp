@@ -15,6 +15,7 @@
 #include "engine/group/engine_builder.hpp"
 #include "sampling/structured_output/grammar.hpp"
 #include "tests/support/engine_runs.hpp"
+#include "tests/support/sampling_executor.hpp"
 #include "tests/support/stories_reference.hpp"
 
 namespace shardline::engine {
@@ -144,6 +145,34 @@ TEST_F(StructuredOutputEngine, BatchedEqualsAlone) {
   testing_support::add_fillers(*e.engine, *e.tokenizer, 1000, 20);
   auto outs = run_all(*e.engine);
   EXPECT_EQ(compiler->num_compiled(), static_cast<long long>(kSpecs.size()));  // once per spec
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    EXPECT_EQ(outs.at(i).token_ids, alone_[i].token_ids) << "case " << i;
+    EXPECT_EQ(outs.at(i).text, alone_[i].text) << "case " << i;
+  }
+}
+
+// Device sampling (an executor that samples from its RowSampling, as the
+// CUDA runner does): every constrained row goes out with its grammar's mask,
+// and the outputs are those the engine gave sampling on the host, batched
+// and chunked as above.
+TEST_F(StructuredOutputEngine, DeviceSamplingMasksEachRowAndGivesTheSameOutputs) {
+  EngineInstance e = make_engine(7);
+  testing_support::SamplingExecutor exec(*e.executor);
+  auto engine = LlmEngine::create(exec, *e.tokenizer, e.engine->config());
+  ASSERT_TRUE(engine.ok()) << engine.error().to_string();
+  auto compiler = compiler_for(e);
+  const std::vector<Case> cs = cases();
+  long constrained_tokens = 0;
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    auto g = compiler->compile(kSpecs[cs[i].spec]);
+    ASSERT_TRUE(g.ok());
+    ASSERT_TRUE((*engine)->add_request(i, e.tokenizer->encode(cs[i].prompt, true), cs[i].params, *g).ok());
+    constrained_tokens += static_cast<long>(alone_[i].token_ids.size());
+  }
+  testing_support::add_fillers(**engine, *e.tokenizer, 1000, 20);
+  auto outs = run_all(**engine);
+  EXPECT_GT(exec.sampled_steps_, 0);
+  EXPECT_EQ(exec.masked_rows_, constrained_tokens) << "each constrained token sampled on the device under its mask";
   for (std::size_t i = 0; i < cs.size(); ++i) {
     EXPECT_EQ(outs.at(i).token_ids, alone_[i].token_ids) << "case " << i;
     EXPECT_EQ(outs.at(i).text, alone_[i].text) << "case " << i;

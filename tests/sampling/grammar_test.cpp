@@ -43,6 +43,17 @@ TEST(StructuredOutputGrammar, BitmaskAppliesAsWordsOfBits) {
     else
       EXPECT_EQ(logits[static_cast<std::size_t>(i)], -std::numeric_limits<float>::infinity()) << i;
   }
+  // A word of zeros masks all its 32 tokens, one of ones none of them, a
+  // mixed word exactly its clear bits (the three cases the apply handles
+  // apart), up to a vocabulary that ends inside the last word.
+  std::vector<float> row(100);
+  for (std::size_t i = 0; i < row.size(); ++i) row[i] = static_cast<float>(i) - 50.0f;
+  const std::vector<std::uint32_t> words{0u, 0xFFFFFFFFu, 0xA5A5A5A5u, 0xFFFFFFFFu};
+  apply_token_bitmask(row, words);
+  for (std::size_t i = 0; i < row.size(); ++i) {
+    const bool allowed = ((words[i / 32] >> (i % 32)) & 1u) != 0;
+    EXPECT_EQ(row[i], allowed ? static_cast<float>(i) - 50.0f : -std::numeric_limits<float>::infinity()) << i;
+  }
 }
 
 TEST(StructuredOutputGrammar, JsonSchemaOutputsParseAndFitTheSchema) {
@@ -96,6 +107,30 @@ TEST(StructuredOutputGrammar, JsonObjectRegexChoiceAndEbnfOutputsMatch) {
           generate(v, GrammarSpec{GrammarKind::ebnf, R"g(root ::= "(" [0-9]+ ("," [0-9]+)* ")")g", {}, true}, seed);
       ASSERT_TRUE(eb.terminated) << eb.text;
       EXPECT_TRUE(std::regex_match(eb.text, std::regex(R"(\([0-9]+(,[0-9]+)*\))"))) << eb.text;
+    }
+  }
+}
+
+// json_object is any JSON object, its whitespace runs bounded as a schema's
+// (at most 4 in a row): the fifth space in a row is refused, and a walk's
+// output is an object.
+TEST(StructuredOutputGrammar, JsonObjectIsAnObjectWithBoundedWhitespace) {
+  for (const Vocab& v : {stories260k(), smollm2()}) {
+    auto g = v.compiler->compile(GrammarSpec{GrammarKind::json_object, "", {}, true});
+    ASSERT_TRUE(g.ok()) << g.error().to_string();
+    const std::int32_t brace = id_of_bytes(*v.tokenizer, "{"), space = id_of_bytes(*v.tokenizer, " ");
+    ASSERT_GE(brace, 0);
+    ASSERT_GE(space, 0);
+    GrammarMatcher m(*g);
+    ASSERT_TRUE(m.accept_token(brace).ok());
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(m.accept_token(space).ok()) << "space " << i + 1;
+    EXPECT_FALSE(m.accept_token(space).ok()) << "a fifth space in a row";
+    GrammarMatcher arr(*g);
+    EXPECT_FALSE(arr.accept_token(id_of_bytes(*v.tokenizer, "[")).ok()) << "an array is not an object";
+    for (const unsigned seed : {1u, 2u}) {
+      const Generated obj = generate(v, GrammarSpec{GrammarKind::json_object, "", {}, true}, seed);
+      ASSERT_TRUE(obj.terminated) << obj.text;
+      EXPECT_TRUE(nlohmann::json::parse(obj.text, nullptr, false).is_object()) << obj.text;
     }
   }
 }

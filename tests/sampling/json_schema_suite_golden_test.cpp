@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "tests/sampling/grammar_walk.hpp"
-#include "tests/support/python.hpp"
+#include "tests/sampling/schema_suite.hpp"
 
 namespace shardline::sampling {
 namespace sampling_json_schema_suite_golden_test {
@@ -35,19 +35,13 @@ using grammar_walk::generate;
 using grammar_walk::Generated;
 using grammar_walk::Vocab;
 
-std::vector<nlohmann::json> load_suite() {
-  std::ifstream in(std::string(SHARDLINE_SOURCE_DIR) + "/tests/sampling/data/json_schemas.jsonl");
-  std::vector<nlohmann::json> suite;
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) suite.push_back(nlohmann::json::parse(line));
-  return suite;
-}
+using testing_support::check_schema_outputs;
+using testing_support::load_schema_suite;
 
 TEST(JsonSchemaSuite, EveryOutputValidatesAgainstItsSchema) {
   const std::string problem = testing_support::python_env_problem("jsonschema");
   ASSERT_EQ(problem, "");
-  const std::vector<nlohmann::json> suite = load_suite();
+  const std::vector<nlohmann::json> suite = load_schema_suite();
   ASSERT_GE(suite.size(), 40u);
   const std::filesystem::path out_path =
       std::filesystem::temp_directory_path() / ("shardline_schema_suite_" + std::to_string(::getpid()) + ".jsonl");
@@ -57,7 +51,7 @@ TEST(JsonSchemaSuite, EveryOutputValidatesAgainstItsSchema) {
   for (const Vocab& v : {grammar_walk::stories260k(), grammar_walk::smollm2()}) {
     for (const nlohmann::json& c : suite) {
       const std::string name = c["name"].get<std::string>();
-      const std::string text = c.contains("schema_text") ? c["schema_text"].get<std::string>() : c["schema"].dump();
+      const std::string text = testing_support::schema_text(c);
       const GrammarSpec spec{GrammarKind::json_schema, text, {}, false};
       const auto t0 = std::chrono::steady_clock::now();
       auto compiled = v.compiler->compile(spec);
@@ -88,9 +82,7 @@ TEST(JsonSchemaSuite, EveryOutputValidatesAgainstItsSchema) {
   out.close();
   EXPECT_GE(num_outputs, 2 * 2 * 40);
   EXPECT_GE(num_refused, 2 * 5);
-  const auto r = testing_support::run_command("'" + testing_support::kPython + "' '" + SHARDLINE_SOURCE_DIR +
-                                              "/tests/sampling/check_json_schema_outputs.py' '" +
-                                              out_path.string() + "'");
+  const auto r = check_schema_outputs(out_path.string());
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find(std::to_string(num_outputs) + " of " + std::to_string(num_outputs) + " outputs valid"),
             std::string::npos)
@@ -114,8 +106,7 @@ TEST(JsonSchemaSuite, TheOracleRefusesAnOutputOutsideItsSchema) {
     out << R"({"name": "format", "schema": {"type": "string", "format": "date"}, "output": "\"2023-02-30\""})"
         << "\n";
   }
-  const auto r = testing_support::run_command("'" + testing_support::kPython + "' '" + SHARDLINE_SOURCE_DIR +
-                                              "/tests/sampling/check_json_schema_outputs.py' '" + path.string() + "'");
+  const auto r = check_schema_outputs(path.string());
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("FAIL over"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("FAIL format"), std::string::npos) << r.out;

@@ -22,6 +22,7 @@
 
 #include "sampling/rng.hpp"
 #include "sampling/sampler.hpp"
+#include "sampling/structured_output/grammar.hpp"
 #include "sampling/sampling_params.hpp"
 #include "kernels/cuda/device.hpp"
 #include "kernels/cuda/device_buffer.hpp"
@@ -54,6 +55,7 @@ struct RowSpec {
   std::uint64_t seed = 0;
   int position = 0;
   std::vector<std::int32_t> prompt, output, masked;
+  std::vector<std::uint32_t> bitmask;  ///< a grammar's token bitmask, [ceil(vocab / 32)] words; empty: none
 };
 
 struct Outcome {
@@ -65,6 +67,7 @@ Outcome run_cpu(const std::vector<RowSpec>& rows) {
   Outcome o;
   for (const RowSpec& r : rows) {
     std::vector<float> l = r.logits;
+    if (!r.bitmask.empty()) sampling::apply_token_bitmask(l, r.bitmask);  // as the engine, before sampling
     sampling::SampleContext ctx{r.seed, r.position, r.prompt, r.output, r.masked};
     o.ids.push_back(sampling::sample(l, r.params, ctx));
     o.logits.push_back(std::move(l));
@@ -78,7 +81,7 @@ Outcome run_gpu(const std::vector<RowSpec>& rows, int vocab) {
   std::vector<float> logits;
   std::vector<std::int32_t> ints;  // all penalty ids, counts and masked ids
   std::vector<SampleRow> srows;
-  std::vector<std::size_t> pen_off, cnt_off, mask_off;
+  std::vector<std::size_t> pen_off, cnt_off, mask_off, bitmask_off;
   for (const RowSpec& r : rows) {
     EXPECT_EQ(static_cast<int>(r.logits.size()), vocab);
     logits.insert(logits.end(), r.logits.begin(), r.logits.end());
@@ -91,6 +94,8 @@ Outcome run_gpu(const std::vector<RowSpec>& rows, int vocab) {
     ints.insert(ints.end(), pl.output_counts.begin(), pl.output_counts.end());
     mask_off.push_back(ints.size());
     ints.insert(ints.end(), r.masked.begin(), r.masked.end());
+    bitmask_off.push_back(r.bitmask.empty() ? SIZE_MAX : ints.size());
+    for (const std::uint32_t w : r.bitmask) ints.push_back(static_cast<std::int32_t>(w));
     s.num_penalty_ids = static_cast<int>(pl.ids.size());
     s.num_masked_ids = static_cast<int>(r.masked.size());
     srows.push_back(s);
@@ -102,6 +107,7 @@ Outcome run_gpu(const std::vector<RowSpec>& rows, int vocab) {
     srows[i].penalty_ids = base + pen_off[i];
     srows[i].output_counts = base + cnt_off[i];
     srows[i].masked_ids = base + mask_off[i];
+    if (bitmask_off[i] != SIZE_MAX) srows[i].token_bitmask = reinterpret_cast<const std::uint32_t*>(base + bitmask_off[i]);
   }
   logits.push_back(0.0f);
   srows.emplace_back();
@@ -341,6 +347,29 @@ TEST_F(CudaSampling, SeededDrawsMatchCpuForTruncationAndPenaltyCombos) {
       SCOPED_TRACE("vocab " + std::to_string(vocab) + " scale " + std::to_string(scale));
       expect_same(rows, vocab);
     }
+  }
+}
+
+// Structured outputs: a row's grammar bitmask masks it first (words of
+// zeros, of ones and mixed, a vocabulary ending inside a word), then the
+// penalties and the rest, as the engine's host mask before sampling::sample.
+TEST_F(CudaSampling, GrammarBitmaskMasksTheRowFirst) {
+  for (int vocab : {33, 1000, 49152}) {
+    std::vector<RowSpec> rows;
+    std::mt19937 rng(43u + static_cast<std::uint32_t>(vocab));
+    for (int i = 0; i < 30; ++i) {
+      RowSpec r = make_row(vocab, i, 2.0f, false);
+      r.bitmask.assign(static_cast<std::size_t>((vocab + 31) / 32), 0u);
+      for (std::uint32_t& w : r.bitmask) {
+        const unsigned kind = rng() % 4;  // mostly few allowed tokens, as a grammar's mask
+        w = kind == 0 ? 0xFFFFFFFFu : kind == 1 ? static_cast<std::uint32_t>(rng()) : 0u;
+      }
+      r.bitmask[static_cast<std::size_t>(i) % r.bitmask.size()] |= 1u;  // never all masked
+      if (i % 5 == 0) r.bitmask.clear();  // unconstrained rows beside them
+      rows.push_back(std::move(r));
+    }
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    expect_same(rows, vocab);
   }
 }
 

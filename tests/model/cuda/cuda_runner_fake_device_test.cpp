@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>  // cudaError_t values for fault injection
 
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "engine/gpu_memory_plan.hpp"
 #include "model/tokenizer_loader.hpp"
@@ -41,6 +42,7 @@
 #include "text/id_tokenizer.hpp"
 #include "text/tokenizer.hpp"
 #include "model/weights.hpp"
+#include "sampling/structured_output/grammar.hpp"
 #include "tests/model/cuda/dummy_archs.hpp"
 #include "tests/model/cuda/fake_device.hpp"
 #include "tests/support/engine_runs.hpp"
@@ -447,6 +449,76 @@ TEST_P(CudaRunnerFakeDevice, DeviceSamplingMatchesHostSampling) {
   ASSERT_EQ(greedy_outs.size(), refs.size());
   for (std::size_t i = 0; i < refs.size(); ++i)
     EXPECT_EQ(greedy_outs.at(i).token_ids, refs[i].generated_ids) << "greedy case " << i;
+}
+
+// 3b. Structured outputs sampled on the device: each constrained row's
+// grammar bitmask goes up with its SampleRow and the sample kernel masks the
+// row first; the outputs are those of host sampling (captured logits), and
+// each matches its grammar.
+TEST_P(CudaRunnerFakeDevice, DeviceSamplingAppliesGrammarMasks) {
+  Config probe;
+  Instance first = make(probe);
+  ASSERT_NE(first.engine, nullptr);
+  const model::ModelConfig& mc = first.runner->config();
+  auto compiler = sampling::GrammarCompiler::create(tokenizer(), mc.vocab_size, mc.eos_token_ids);
+  ASSERT_TRUE(compiler.ok()) << compiler.error().to_string();
+  const std::vector<sampling::GrammarSpec> specs = {
+      {sampling::GrammarKind::regex, "[a-c]{2}-[0-9]{3}", {}, true},
+      {sampling::GrammarKind::choice, "", {"Once upon a time", "The end", "Lily"}, true},
+      {sampling::GrammarKind::json_schema,
+       R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+           "required": ["n"], "additionalProperties": false})",
+       {},
+       false},
+  };
+  std::vector<std::shared_ptr<const sampling::CompiledGrammar>> grammars;
+  for (const auto& spec : specs) {
+    auto g = (*compiler)->compile(spec);
+    ASSERT_TRUE(g.ok()) << g.error().to_string();
+    grammars.push_back(*g);
+  }
+  const char* prompts[] = {"Once upon a time", "The little girl", "Tom had a"};
+  std::map<std::uint64_t, RequestOutput> outs[2];
+  long sample_kernels[2] = {0, 0};
+  for (int host = 0; host < 2; ++host) {
+    Config s;
+    s.max_num_batched_tokens = 256;
+    s.capture_logits = host == 1;
+    Instance e = make(s);
+    ASSERT_NE(e.engine, nullptr);
+    const long before = fc::kernel_runs("sample");
+    std::uint64_t id = 0;
+    for (std::size_t g = 0; g < grammars.size(); ++g)
+      for (const char* prompt : prompts)
+        for (const bool greedy : {true, false}) {
+          sampling::SamplingParams p;
+          p.max_tokens = 40;
+          p.temperature = greedy ? 0.0f : 1.0f;
+          p.seed = 500 + id;
+          p.has_seed = !greedy;
+          ASSERT_TRUE(e.engine->add_request(id++, tokenizer().encode(prompt, true), p, grammars[g]).ok());
+        }
+    outs[host] = run_all(*e.engine);
+    sample_kernels[host] = fc::kernel_runs("sample") - before;
+  }
+  EXPECT_GT(sample_kernels[0], 0) << "constrained rows should be sampled on the device";
+  EXPECT_EQ(sample_kernels[1], 0);
+  ASSERT_EQ(outs[0].size(), 18u);
+  ASSERT_EQ(outs[1].size(), 18u);
+  for (const auto& [id, out] : outs[1]) {
+    EXPECT_EQ(outs[0].at(id).token_ids, out.token_ids) << "request " << id;
+    EXPECT_EQ(outs[0].at(id).finish_reason, FinishReason::stop) << "request " << id << ": " << outs[0].at(id).text;
+    const std::string& text = outs[0].at(id).text;
+    switch (id / 6) {
+      case 0: EXPECT_TRUE(std::regex_match(text, std::regex("[a-c]{2}-[0-9]{3}"))) << text; break;
+      case 1: EXPECT_TRUE(text == "Once upon a time" || text == "The end" || text == "Lily") << text; break;
+      default: {
+        const auto j = nlohmann::json::parse(text, nullptr, false);
+        ASSERT_TRUE(j.is_object() && j.size() == 1 && j.contains("n") && j["n"].is_number_integer()) << text;
+        EXPECT_LE(j["n"].get<int>(), 99) << text;
+      }
+    }
+  }
 }
 
 // 4. BF16 and F16 weights (converted while uploading) stay close to the F32

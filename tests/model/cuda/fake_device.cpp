@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -1651,8 +1652,14 @@ Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows, std
       }
       const auto np = static_cast<std::size_t>(r.num_penalty_ids);
       if (!check(op, "penalty_ids", r.penalty_ids, np * 4) || !check(op, "output_counts", r.output_counts, np * 4) ||
-          !check(op, "masked_ids", r.masked_ids, static_cast<std::size_t>(r.num_masked_ids) * 4))
+          !check(op, "masked_ids", r.masked_ids, static_cast<std::size_t>(r.num_masked_ids) * 4) ||
+          (r.token_bitmask != nullptr &&
+           !check(op, "token_bitmask", r.token_bitmask, (static_cast<std::size_t>(vocab) + 31) / 32 * 4)))
         return;
+      float* row = logits + static_cast<long>(i) * vocab;
+      if (r.token_bitmask != nullptr)  // the grammar mask first, as the kernel's step 0
+        for (int t = 0; t < vocab; ++t)
+          if (((r.token_bitmask[t / 32] >> (t % 32)) & 1u) == 0u) row[t] = -std::numeric_limits<float>::infinity();
       for (std::size_t j = 0; j < np; ++j)
         if (r.output_counts[j] < 0 || (j > 0 && r.penalty_ids[j] <= r.penalty_ids[j - 1])) {
           anomaly("sample: row " + std::to_string(i) + ": penalty list not distinct ascending ids with counts >= 0");
@@ -1685,7 +1692,7 @@ Status sample(float* logits, int num_rows, int vocab, const SampleRow* rows, std
       ctx.prompt_ids = prompt;
       ctx.output_ids = output;
       ctx.min_tokens_masked_ids = masked;
-      out_ids[i] = vocab == 0 ? 0 : sampling::sample(std::span<float>(logits + static_cast<long>(i) * vocab, vocab), p, ctx);
+      out_ids[i] = vocab == 0 ? 0 : sampling::sample(std::span<float>(row, vocab), p, ctx);
     }
   });
 }
