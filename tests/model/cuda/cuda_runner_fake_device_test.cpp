@@ -188,6 +188,30 @@ std::vector<std::int32_t> long_prompt(const std::string& text, std::size_t n) {
   return ids;
 }
 
+/// The outputs of the requests `add` puts in an engine that samples on the
+/// device ([0]) and in one that samples captured logits on the host ([1]),
+/// and the sample kernels each ran.
+struct DeviceAndHost {
+  std::map<std::uint64_t, RequestOutput> outs[2];
+  long sample_kernels[2] = {0, 0};
+};
+DeviceAndHost run_device_and_host(const std::function<void(LlmEngine&)>& add) {
+  DeviceAndHost r;
+  for (int host = 0; host < 2; ++host) {
+    Config s;
+    s.max_num_batched_tokens = 256;
+    s.capture_logits = host == 1;
+    Instance e = make(s);
+    EXPECT_NE(e.engine, nullptr);
+    if (e.engine == nullptr) return r;
+    const long before = fc::kernel_runs("sample");
+    add(*e.engine);
+    r.outs[host] = run_all(*e.engine);
+    r.sample_kernels[host] = fc::kernel_runs("sample") - before;
+  }
+  return r;
+}
+
 class CudaRunnerFakeDevice : public testing_support::FakeDeviceTimingTest {
  protected:
   void SetUp() override {
@@ -404,20 +428,12 @@ TEST_P(CudaRunnerFakeDevice, DeviceSamplingMatchesHostSampling) {
     const char* prompts[] = {"Once upon a time", "The little girl", "Tom had a", "In the park"};
     return tokenizer().encode(i >= first_masked_request ? refs[0].prompt : prompts[i % 4], true);
   };
-  std::map<std::uint64_t, RequestOutput> outs[2];
-  long sample_kernels[2] = {0, 0};
-  for (int host = 0; host < 2; ++host) {
-    Config s;
-    s.max_num_batched_tokens = 256;
-    s.capture_logits = host == 1;
-    Instance e = make(s);
-    ASSERT_NE(e.engine, nullptr);
-    const long before = fc::kernel_runs("sample");
+  const DeviceAndHost run = run_device_and_host([&](LlmEngine& engine) {
     for (std::size_t i = 0; i < params.size(); ++i)
-      ASSERT_TRUE(e.engine->add_request(i, prompt_of(i), params[i]).ok());
-    outs[host] = run_all(*e.engine);
-    sample_kernels[host] = fc::kernel_runs("sample") - before;
-  }
+      ASSERT_TRUE(engine.add_request(i, prompt_of(i), params[i]).ok());
+  });
+  const auto& outs = run.outs;
+  const auto& sample_kernels = run.sample_kernels;
   EXPECT_GT(sample_kernels[0], 0) << "device sampling should run the sample kernel";
   EXPECT_EQ(sample_kernels[1], 0) << "captured logits are sampled on the host";
   ASSERT_EQ(outs[0].size(), params.size());
@@ -478,15 +494,7 @@ TEST_P(CudaRunnerFakeDevice, DeviceSamplingAppliesGrammarMasks) {
     grammars.push_back(*g);
   }
   const char* prompts[] = {"Once upon a time", "The little girl", "Tom had a"};
-  std::map<std::uint64_t, RequestOutput> outs[2];
-  long sample_kernels[2] = {0, 0};
-  for (int host = 0; host < 2; ++host) {
-    Config s;
-    s.max_num_batched_tokens = 256;
-    s.capture_logits = host == 1;
-    Instance e = make(s);
-    ASSERT_NE(e.engine, nullptr);
-    const long before = fc::kernel_runs("sample");
+  const DeviceAndHost run = run_device_and_host([&](LlmEngine& engine) {
     std::uint64_t id = 0;
     for (std::size_t g = 0; g < grammars.size(); ++g)
       for (const char* prompt : prompts)
@@ -496,11 +504,11 @@ TEST_P(CudaRunnerFakeDevice, DeviceSamplingAppliesGrammarMasks) {
           p.temperature = greedy ? 0.0f : 1.0f;
           p.seed = 500 + id;
           p.has_seed = !greedy;
-          ASSERT_TRUE(e.engine->add_request(id++, tokenizer().encode(prompt, true), p, grammars[g]).ok());
+          ASSERT_TRUE(engine.add_request(id++, tokenizer().encode(prompt, true), p, grammars[g]).ok());
         }
-    outs[host] = run_all(*e.engine);
-    sample_kernels[host] = fc::kernel_runs("sample") - before;
-  }
+  });
+  const auto& outs = run.outs;
+  const auto& sample_kernels = run.sample_kernels;
   EXPECT_GT(sample_kernels[0], 0) << "constrained rows should be sampled on the device";
   EXPECT_EQ(sample_kernels[1], 0);
   ASSERT_EQ(outs[0].size(), 18u);
